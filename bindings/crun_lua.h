@@ -1,0 +1,43 @@
+/* crun_lua.h — shared helpers of the Lua C module crun.core.
+ * One binding file per area (store.c, tensor.c, pg.c, ...) mirrors one part
+ * of crun.h; each exports crun_l_open_<area>() which adds its functions to the
+ * module table on the top of the stack. */
+#ifndef CRUN_LUA_H
+#define CRUN_LUA_H
+
+#include <lauxlib.h>
+#include <lua.h>
+
+#include "crun.h"
+
+/* Raises a Lua error carrying crun_last_error() (or the status name when no
+ * detail was recorded) for a failed call. Never returns. */
+int crun_l_fail(lua_State *L, int status);
+
+/* Calls crun_l_fail when status < 0; returns status otherwise. */
+#define CRUN_L_CHECK(L, call)                           \
+  do {                                                  \
+    int crun__l_rc = (call);                            \
+    if (crun__l_rc < 0) crun_l_fail((L), crun__l_rc);   \
+  } while (0)
+
+/* Sets the functions of `fns` into a new metatable named `name` (with
+ * __index pointing at itself) and leaves nothing on the stack. */
+void crun_l_newclass(lua_State *L, const char *name, const luaL_Reg *methods);
+
+/* Reads an optional numeric field of the table at `idx`; `def` when absent. */
+double crun_l_optfield_number(lua_State *L, int idx, const char *field, double def);
+lua_Integer crun_l_optfield_integer(lua_State *L, int idx, const char *field, lua_Integer def);
+int crun_l_optfield_boolean(lua_State *L, int idx, const char *field, int def);
+const char *crun_l_optfield_string(lua_State *L, int idx, const char *field, const char *def);
+
+/* The areas; each adds its entries to the table at the top of the stack. */
+void crun_l_open_core(lua_State *L);
+void crun_l_open_store(lua_State *L);
+void crun_l_open_tensor(lua_State *L);
+void crun_l_open_pg(lua_State *L);
+
+/* Opens the whole module (the table of crun.core) and returns 1. */
+int luaopen_crun_core(lua_State *L);
+
+#endif /* CRUN_LUA_H */

@@ -1,0 +1,120 @@
+/* module.c — luaopen_crun_core and the helpers shared by every binding file. */
+#include "crun_lua.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int crun_l_fail(lua_State *L, int status) {
+  const char *msg = crun_last_error();
+  if (!msg || !*msg) msg = crun_strerror(status);
+  /* The detail already starts with the status name; keep it the first word. */
+  if (strncmp(msg, crun_err_name(status), strlen(crun_err_name(status))) == 0)
+    lua_pushstring(L, msg);
+  else
+    lua_pushfstring(L, "%s: %s", crun_err_name(status), msg);
+  return lua_error(L);
+}
+
+void crun_l_newclass(lua_State *L, const char *name, const luaL_Reg *methods) {
+  luaL_newmetatable(L, name);
+  luaL_setfuncs(L, methods, 0);
+  if (lua_getfield(L, -1, "__index") == LUA_TNIL) {
+    lua_pop(L, 1);
+    lua_pushvalue(L, -1);
+    lua_setfield(L, -2, "__index");
+  } else {
+    lua_pop(L, 1);
+  }
+  lua_pop(L, 1);
+}
+
+double crun_l_optfield_number(lua_State *L, int idx, const char *field, double def) {
+  double v = def;
+  if (lua_getfield(L, idx, field) != LUA_TNIL) {
+    if (!lua_isnumber(L, -1)) luaL_error(L, "bad field '%s' (number expected, got %s)", field, luaL_typename(L, -1));
+    v = lua_tonumber(L, -1);
+  }
+  lua_pop(L, 1);
+  return v;
+}
+
+lua_Integer crun_l_optfield_integer(lua_State *L, int idx, const char *field, lua_Integer def) {
+  lua_Integer v = def;
+  if (lua_getfield(L, idx, field) != LUA_TNIL) {
+    int ok;
+    v = lua_tointegerx(L, -1, &ok);
+    if (!ok) luaL_error(L, "bad field '%s' (integer expected, got %s)", field, luaL_typename(L, -1));
+  }
+  lua_pop(L, 1);
+  return v;
+}
+
+int crun_l_optfield_boolean(lua_State *L, int idx, const char *field, int def) {
+  int v = def;
+  if (lua_getfield(L, idx, field) != LUA_TNIL) v = lua_toboolean(L, -1);
+  lua_pop(L, 1);
+  return v;
+}
+
+const char *crun_l_optfield_string(lua_State *L, int idx, const char *field, const char *def) {
+  const char *v = def;
+  if (lua_getfield(L, idx, field) != LUA_TNIL) {
+    if (!lua_isstring(L, -1)) luaL_error(L, "bad field '%s' (string expected, got %s)", field, luaL_typename(L, -1));
+    v = lua_tostring(L, -1); /* stays alive: the table holds the string */
+  }
+  lua_pop(L, 1);
+  return v;
+}
+
+/* core.clock() -> monotonic seconds. */
+static int l_clock(lua_State *L) {
+  lua_pushnumber(L, crun_clock());
+  return 1;
+}
+
+/* core.strerror(code) -> name, message. */
+static int l_strerror(lua_State *L) {
+  int code = (int)luaL_checkinteger(L, 1);
+  lua_pushstring(L, crun_err_name(code));
+  lua_pushstring(L, crun_strerror(code));
+  return 2;
+}
+
+/* core.log(level, subsys, msg): logs through the runtime's logger. */
+static int l_log(lua_State *L) {
+  static const char *levels[] = {"NONE", "WARN", "INFO", "TRACE", NULL};
+  int level = luaL_checkoption(L, 1, "INFO", levels);
+  const char *msg = luaL_checkstring(L, 2);
+  if (crun_log_enabled((crun_log_level_t)level, CRUN_SUB_LUA))
+    crun_log((crun_log_level_t)level, CRUN_SUB_LUA, "%s", msg);
+  return 0;
+}
+
+/* core.set_log_rank(rank) */
+static int l_set_log_rank(lua_State *L) {
+  crun_log_set_rank((int)luaL_checkinteger(L, 1));
+  return 0;
+}
+
+void crun_l_open_core(lua_State *L) {
+  static const luaL_Reg fns[] = {
+      {"clock", l_clock}, {"strerror", l_strerror}, {"log", l_log},
+      {"set_log_rank", l_set_log_rank}, {NULL, NULL}};
+  luaL_setfuncs(L, fns, 0);
+  lua_pushstring(L, CRUN_VERSION_STRING);
+  lua_setfield(L, -2, "version");
+  lua_pushboolean(L, CRUN_HAVE_MPI);
+  lua_setfield(L, -2, "have_mpi");
+  lua_pushboolean(L, CRUN_HAVE_NCCL);
+  lua_setfield(L, -2, "have_nccl");
+}
+
+int luaopen_crun_core(lua_State *L) {
+  lua_newtable(L);
+  crun_l_open_core(L);
+  crun_l_open_store(L);
+  crun_l_open_tensor(L);
+  crun_l_open_pg(L);
+  return 1;
+}

@@ -1,0 +1,26 @@
+--- crun: torch.distributed as a small C runtime, scripted in Lua 5.4.
+-- `local crun = require "crun"`; submodules (crun.store, crun.tensor, crun.dist,
+-- crun.nn, crun.optim, crun.data, ...) load on first use.
+local core = require "crun.core"
+
+local crun = {
+  core = core,
+  version = core.version,
+  clock = core.clock,
+}
+
+-- Submodules that load lazily from lua/crun/<name>.lua on first access.
+local lazy = {
+  store = true, tensor = true, dist = true, nn = true, optim = true,
+  data = true, ddp = true, serialize = true, repl = true,
+}
+
+return setmetatable(crun, {
+  __index = function(t, k)
+    if lazy[k] then
+      local m = require("crun." .. k)
+      rawset(t, k, m)
+      return m
+    end
+  end,
+})

@@ -1,0 +1,107 @@
+/* log.c — CRUN_DEBUG=WARN|INFO|TRACE, CRUN_DEBUG_SUBSYS=STORE,PG,...,
+ * CRUN_DEBUG_FILE=path (%r in the path becomes the rank, %p the pid). */
+#include "crun.h"
+
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+
+static const char *subsys_names[CRUN_SUB_COUNT] = {
+#define CRUN_X_SUBNAME(name) #name,
+    CRUN_SUBSYS_MAP(CRUN_X_SUBNAME)
+#undef CRUN_X_SUBNAME
+};
+
+static const char *level_names[] = {"NONE", "WARN", "INFO", "TRACE"};
+
+static struct {
+  pthread_once_t once;
+  pthread_mutex_t mu;
+  int level;
+  unsigned subsys_mask;
+  FILE *out;
+  int rank;
+} g = {PTHREAD_ONCE_INIT, PTHREAD_MUTEX_INITIALIZER, CRUN_LOG_WARN, ~0u, NULL, -1};
+
+/* Parses a level name; WARN when unknown. */
+static int parse_level(const char *s) {
+  if (!s || !*s) return CRUN_LOG_WARN;
+  for (int i = 0; i <= CRUN_LOG_TRACE; i++)
+    if (strcasecmp(s, level_names[i]) == 0) return i;
+  if (strcasecmp(s, "VERSION") == 0) return CRUN_LOG_WARN;
+  return CRUN_LOG_WARN;
+}
+
+/* Parses "STORE,PG" (or "^NET" to exclude) into a bit mask. */
+static unsigned parse_subsys(const char *s) {
+  if (!s || !*s || strcasecmp(s, "ALL") == 0) return ~0u;
+  int negate = s[0] == '^';
+  unsigned mask = 0;
+  char buf[256];
+  snprintf(buf, sizeof buf, "%s", s + negate);
+  for (char *save, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save))
+    for (int i = 0; i < CRUN_SUB_COUNT; i++)
+      if (strcasecmp(tok, subsys_names[i]) == 0) mask |= 1u << i;
+  return negate ? ~mask : mask;
+}
+
+/* Opens CRUN_DEBUG_FILE, expanding %r (rank) and %p (pid). */
+static FILE *open_log_file(const char *pattern) {
+  char path[512];
+  size_t o = 0;
+  for (const char *p = pattern; *p && o < sizeof path - 24; p++) {
+    if (p[0] == '%' && p[1] == 'p') { o += snprintf(path + o, sizeof path - o, "%d", (int)getpid()); p++; }
+    else if (p[0] == '%' && p[1] == 'r') { o += snprintf(path + o, sizeof path - o, "%d", g.rank); p++; }
+    else path[o++] = *p;
+  }
+  path[o] = 0;
+  FILE *f = fopen(path, "a");
+  if (f) setvbuf(f, NULL, _IOLBF, 0);
+  return f ? f : stderr;
+}
+
+static void init_once(void) {
+  const char *rank = getenv("RANK");
+  if (rank && g.rank < 0) g.rank = atoi(rank);
+  const char *lvl = getenv("CRUN_DEBUG");
+  g.level = lvl ? parse_level(lvl) : CRUN_LOG_WARN;
+  g.subsys_mask = parse_subsys(getenv("CRUN_DEBUG_SUBSYS"));
+  const char *file = getenv("CRUN_DEBUG_FILE");
+  g.out = (file && *file) ? open_log_file(file) : stderr;
+}
+
+void crun_log_init(void) {
+  pthread_once(&g.once, init_once);
+  pthread_mutex_lock(&g.mu);
+  init_once();
+  pthread_mutex_unlock(&g.mu);
+}
+
+void crun_log_set_rank(int rank) { g.rank = rank; }
+
+int crun_log_enabled(crun_log_level_t level, crun_subsys_t sub) {
+  pthread_once(&g.once, init_once);
+  return (int)level <= g.level && (g.subsys_mask & (1u << sub));
+}
+
+void crun_log(crun_log_level_t level, crun_subsys_t sub, const char *fmt, ...) {
+  char line[2048];
+  int n;
+  pthread_once(&g.once, init_once);
+  if (g.rank >= 0)
+    n = snprintf(line, sizeof line, "crun[%d] %s %s: ", g.rank, level_names[level], subsys_names[sub]);
+  else
+    n = snprintf(line, sizeof line, "crun[pid %d] %s %s: ", (int)getpid(), level_names[level], subsys_names[sub]);
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(line + n, sizeof line - (size_t)n - 1, fmt, ap);
+  va_end(ap);
+  pthread_mutex_lock(&g.mu);
+  fprintf(g.out, "%s\n", line);
+  fflush(g.out);
+  pthread_mutex_unlock(&g.mu);
+}

@@ -1,0 +1,124 @@
+/* crun/store.h — key-value stores with torch.distributed's Store semantics.
+ * Include <crun.h>.
+ *
+ * Four kinds behind one vtable: hash (in-process), file (processes on one host
+ * share a file), prefix (wraps any store) and tcp (a client of a server on
+ * libuv; the server can be embedded in any process). Every blocking call has
+ * a deadline: the store's timeout (default 300 s) unless the call takes one. A
+ * call past its deadline fails with CRUN_ETIMEDOUT and an error text naming
+ * the keys. Values are binary-safe byte strings. Stores are reference counted
+ * and thread-safe. */
+#ifndef CRUN_STORE_H
+#define CRUN_STORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define CRUN_STORE_DEFAULT_TIMEOUT 300.0
+
+typedef struct crun_store crun_store_t;
+
+/* A byte string returned by a store; free with crun_buf_free(). */
+typedef struct {
+  void *data;
+  size_t len;
+} crun_buf_t;
+
+void crun_buf_free(crun_buf_t *b);
+
+/* Creates an in-process, thread-safe store. */
+int crun_store_hash_new(crun_store_t **out);
+
+/* Creates a store kept in the file at `path`, shared by every process on this
+ * host that opens the same path (safe under concurrent writers). */
+int crun_store_file_new(const char *path, crun_store_t **out);
+
+/* Creates a store that prepends "<prefix>/" to every key and forwards to
+ * `inner` (which it retains). */
+int crun_store_prefix_new(const char *prefix, crun_store_t *inner, crun_store_t **out);
+
+typedef struct {
+  const char *host;      /* server address to connect to / bind; "127.0.0.1" if NULL */
+  int port;              /* 0 with is_master: pick a free port (see crun_store_tcp_port) */
+  int is_master;         /* start an embedded server in this process */
+  int world_size;        /* >0: the master's create waits until this many clients joined; 0: don't */
+  double timeout;        /* seconds for every blocking call; <=0 means the default */
+  double connect_timeout;/* seconds to keep retrying the connect; <=0 means `timeout` */
+} crun_store_tcp_opts_t;
+
+/* Creates a TCP store client, starting an embedded server first when
+ * opts->is_master. Blocks until connected (retrying until the deadline). */
+int crun_store_tcp_new(const crun_store_tcp_opts_t *opts, crun_store_t **out);
+
+/* Returns the port a TCP store is connected to (the picked one for port 0);
+ * -1 for other kinds. */
+int crun_store_tcp_port(crun_store_t *s);
+
+/* Takes / drops a reference; the last release closes the store. */
+void crun_store_retain(crun_store_t *s);
+void crun_store_release(crun_store_t *s);
+
+/* Sets / gets the deadline (seconds) used by blocking calls without their own. */
+void crun_store_set_timeout(crun_store_t *s, double seconds);
+double crun_store_get_timeout(crun_store_t *s);
+
+/* Sets key to the value. */
+int crun_store_set(crun_store_t *s, const char *key, const void *val, size_t len);
+
+/* Blocks until key exists (or the deadline), then returns its value in *out. */
+int crun_store_get(crun_store_t *s, const char *key, crun_buf_t *out);
+
+/* Adds delta to the integer stored at key (created as 0) and returns the new
+ * value in *out. Values are stored as decimal text, as torch does. */
+int crun_store_add(crun_store_t *s, const char *key, int64_t delta, int64_t *out);
+
+/* torch semantics: if key is missing and expected is empty, sets desired; if
+ * key holds expected, sets desired; returns the value now stored (for a
+ * missing key with non-empty expected: returns expected, stores nothing). */
+int crun_store_compare_set(crun_store_t *s, const char *key,
+                           const void *expected, size_t elen,
+                           const void *desired, size_t dlen, crun_buf_t *out);
+
+/* Blocks until every key exists; timeout <= 0 means the store's timeout. */
+int crun_store_wait(crun_store_t *s, const char *const *keys, size_t n, double timeout);
+
+/* Sets *all_exist to 1 when every key exists now, else 0. Never blocks. */
+int crun_store_check(crun_store_t *s, const char *const *keys, size_t n, int *all_exist);
+
+/* Deletes key; *existed (may be NULL) tells whether it was there. */
+int crun_store_delete_key(crun_store_t *s, const char *key, int *existed);
+
+/* Returns the number of keys in *out. */
+int crun_store_num_keys(crun_store_t *s, int64_t *out);
+
+/* Appends the bytes to key's value (creating it). */
+int crun_store_append(crun_store_t *s, const char *key, const void *val, size_t len);
+
+/* Blocks until every key exists, then fills outs[0..n-1]. */
+int crun_store_multi_get(crun_store_t *s, const char *const *keys, size_t n, crun_buf_t *outs);
+
+/* Sets every key to its value, atomically with respect to other clients. */
+int crun_store_multi_set(crun_store_t *s, const char *const *keys, size_t n,
+                         const void *const *vals, const size_t *lens);
+
+/* A standalone TCP store server on libuv, running on its own thread. */
+typedef struct crun_store_server crun_store_server_t;
+
+/* Binds host:port (port 0 picks a free one) and starts serving. Fails with
+ * CRUN_EADDRINUSE naming the address when the port is taken. */
+int crun_store_server_start(const char *host, int port, crun_store_server_t **out);
+
+/* Returns the port the server listens on. */
+int crun_store_server_port(crun_store_server_t *srv);
+
+/* Stops the server, closes every connection and frees it. */
+void crun_store_server_stop(crun_store_server_t *srv);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* CRUN_STORE_H */

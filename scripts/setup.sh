@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Installs the Debian packages crun needs, only those that are missing.
+# Idempotent: prints nothing and does nothing when every package is present.
+set -euo pipefail
+
+PKGS=(lua5.4 liblua5.4-dev libuv1-dev lua-busted libopenblas-dev
+      libopenmpi-dev openmpi-bin libreadline-dev cmake make gcc pkg-config)
+
+missing=()
+for p in "${PKGS[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then
+  if command -v sudo >/dev/null 2>&1; then SUDO="sudo"; else
+    echo "setup: missing packages (${missing[*]}) and not root and no sudo" >&2; exit 1
+  fi
+fi
+echo "setup: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+echo "setup: done"

@@ -1,0 +1,56 @@
+/* harness.c — runs each case in a forked child under a deadline and prints
+ * one line per case plus "N passed, N failed". */
+#include "harness.h"
+
+#include <signal.h>
+#include <stdarg.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+void crun_test_fail(const char *file, int line, const char *fmt, ...) {
+  va_list ap;
+  fprintf(stderr, "  FAIL %s:%d: ", file, line);
+  va_start(ap, fmt);
+  vfprintf(stderr, fmt, ap);
+  va_end(ap);
+  fputc('\n', stderr);
+  fflush(stderr);
+  _exit(1);
+}
+
+/* Runs one case in a child; returns 1 when it passed. */
+static int run_case(const crun_test_case *c, int deadline_s) {
+  fflush(stdout);
+  pid_t pid = fork();
+  if (pid == 0) {
+    alarm((unsigned)deadline_s);
+    c->fn();
+    fflush(stdout);
+    _exit(0);
+  }
+  int st = 0;
+  while (waitpid(pid, &st, 0) < 0) {}
+  if (WIFEXITED(st) && WEXITSTATUS(st) == 0) return 1;
+  if (WIFSIGNALED(st))
+    fprintf(stderr, "  %s died by signal %d%s\n", c->name, WTERMSIG(st),
+            WTERMSIG(st) == SIGALRM ? " (deadline passed)" : "");
+  return 0;
+}
+
+int crun_test_run(int argc, char **argv, const crun_test_case *cases, size_t n) {
+  int deadline = (int)crun_env_int("CRUN_TEST_DEADLINE", 120);
+  int passed = 0, failed = 0;
+  signal(SIGPIPE, SIG_IGN);
+  for (size_t i = 0; i < n; i++) {
+    int wanted = argc < 2;
+    for (int a = 1; a < argc; a++) wanted |= strcmp(argv[a], cases[i].name) == 0;
+    if (!wanted) continue;
+    double t0 = crun_clock();
+    int ok = run_case(&cases[i], deadline);
+    printf("%s %s (%.3f s)\n", ok ? "ok  " : "FAIL", cases[i].name, crun_clock() - t0);
+    ok ? passed++ : failed++;
+  }
+  printf("%d passed, %d failed\n", passed, failed);
+  return failed ? 1 : (passed ? 0 : 1);
+}
