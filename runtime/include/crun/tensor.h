@@ -60,6 +60,46 @@ int crun_tensor_is_contiguous(const crun_tensor_t *t);
 /* Returns the address of the first element (storage + offset). */
 void *crun_tensor_data(const crun_tensor_t *t);
 
+
+/* ---------------------------------------------------------------- reductions
+ * The element-wise kernels every backend shares. AVG reduces as SUM; the
+ * caller divides once at the end (crun_scale_div). Bitwise ops on float dtypes
+ * fail with CRUN_EINVAL. float16/bfloat16 are computed in float32 and rounded
+ * (round-to-nearest-even) once per call. */
+#define CRUN_REDUCE_OP_MAP(X) \
+  X(SUM, sum) X(PRODUCT, product) X(MIN, min) X(MAX, max) X(AVG, avg) \
+  X(BAND, band) X(BOR, bor) X(BXOR, bxor)
+
+typedef enum {
+#define CRUN_X_OP(NAME, name) CRUN_OP_##NAME,
+  CRUN_REDUCE_OP_MAP(CRUN_X_OP)
+#undef CRUN_X_OP
+  CRUN_OP_COUNT
+} crun_reduce_op_t;
+
+/* Parses "sum" (case-insensitive; also "SUM", "prod"); CRUN_EINVAL otherwise. */
+int crun_reduce_op_parse(const char *name, crun_reduce_op_t *out);
+const char *crun_reduce_op_name(crun_reduce_op_t op);
+
+/* Returns 0 when op is defined on dt, else CRUN_EINVAL with a message
+ * ("bxor is only defined on integer dtypes, got float32"). */
+int crun_reduce_op_check(crun_dtype_t dt, crun_reduce_op_t op);
+
+/* dst[i] = dst[i] op src[i], i < n. dst == src is allowed. */
+int crun_reduce_into(crun_dtype_t dt, crun_reduce_op_t op, void *dst, const void *src, size_t n);
+
+/* dst[i] = a[i] op b[i]; dst may alias a or b. */
+int crun_reduce3(crun_dtype_t dt, crun_reduce_op_t op, void *dst, const void *a,
+                 const void *b, size_t n);
+
+/* dst[i] = srcs[0][i] op srcs[1][i] op ... (nsrc >= 1), accumulating
+ * float16/bfloat16 in float32 and rounding once; dst may alias any src. */
+int crun_reduce_n(crun_dtype_t dt, crun_reduce_op_t op, void *dst,
+                  const void *const *srcs, int nsrc, size_t n);
+
+/* data[i] /= d (integers: truncating division), for AVG. */
+int crun_scale_div(crun_dtype_t dt, void *data, size_t n, double d);
+
 #ifdef __cplusplus
 }
 #endif
