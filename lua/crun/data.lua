@@ -1,0 +1,267 @@
+--- crun.data: DistributedSampler, DataLoader and exactly-once distributed evaluation.
+--
+-- Index convention: every index list this module returns holds 1-BASED
+-- dataset indices (Lua lists and crun tensors are 1-based). Index i here is
+-- torch's index i-1: the sampler applies torch's formulas to 0-based
+-- positions and adds 1 when it hands an index out.
+--
+-- Shuffle: torch draws torch.randperm from a generator seeded with
+-- seed + epoch; we cannot reproduce torch's RNG bit for bit, so a shuffled
+-- epoch is a Fisher-Yates permutation driven by splitmix64 seeded with
+-- seed + epoch (j = (x >> 11) % (i + 1), from the last position down).
+-- It is deterministic and identical on every rank. Padding, striding,
+-- num_samples, total_size and drop_last follow torch exactly.
+local data = {}
+
+local function ceil_div(a, b) return (a + b - 1) // b end
+
+-- splitmix64: returns a generator of 64-bit integers for `seed`.
+local function splitmix64(seed)
+  local state = math.tointeger(seed) or error("seed must be an integer", 3)
+  return function()
+    state = state + 0x9E3779B97F4A7C15
+    local z = state
+    z = (z ~ (z >> 30)) * 0xBF58476D1CE4E5B9
+    z = (z ~ (z >> 27)) * 0x94D049BB133111EB
+    return z ~ (z >> 31)
+  end
+end
+data.splitmix64 = splitmix64
+
+--- Returns a permutation of 0..n-1 (a Lua list) determined by `seed` alone.
+function data.permutation(n, seed)
+  local p = {}
+  for i = 1, n do p[i] = i - 1 end
+  local rnd = splitmix64(seed)
+  for i = n, 2, -1 do
+    local j = ((rnd() >> 11) % i) + 1
+    p[i], p[j] = p[j], p[i]
+  end
+  return p
+end
+
+-- The process group's size and rank when one exists, else RANK/WORLD_SIZE, else 1/0.
+local function default_world()
+  local ok, dist = pcall(require, "crun.dist")
+  if ok and type(dist) == "table" and dist.is_initialized and dist.is_initialized() then
+    return dist.get_world_size(), dist.get_rank()
+  end
+  return tonumber(os.getenv("WORLD_SIZE") or "1"), tonumber(os.getenv("RANK") or "0")
+end
+data.default_world = default_world
+
+local function check_int(v, name, min)
+  if math.type(v) ~= "integer" or v < min then
+    error(string.format("bad argument '%s' to DistributedSampler (integer >= %d expected, got %s)",
+      name, min, tostring(v)), 4)
+  end
+  return v
+end
+
+local Sampler = {}
+Sampler.__index = Sampler
+Sampler.__name = "crun.DistributedSampler"
+
+--- DistributedSampler{size=, num_replicas=, rank=, shuffle=true, seed=0,
+-- drop_last=false, drop_padding=false}. With drop_padding=true the rank's list
+-- omits the wrap-around duplicates torch pads with, so every sample is seen
+-- exactly once over all ranks (ranks' lengths then differ by at most one):
+-- use it for evaluation.
+function data.DistributedSampler(opts)
+  if type(opts) ~= "table" then error("bad argument #1 to 'DistributedSampler' (table expected)", 2) end
+  local W, R = default_world()
+  local s = setmetatable({}, Sampler)
+  s.size = check_int(opts.size, "size", 0)
+  s.num_replicas = check_int(opts.num_replicas or W, "num_replicas", 1)
+  s.rank = check_int(opts.rank or R, "rank", 0)
+  if s.rank >= s.num_replicas then
+    error(string.format("bad argument 'rank' to DistributedSampler (rank %d out of range [0, %d))",
+      s.rank, s.num_replicas), 2)
+  end
+  s.shuffle = opts.shuffle ~= false
+  s.seed = check_int(opts.seed or 0, "seed", math.mininteger)
+  s.drop_last = opts.drop_last == true
+  s.drop_padding = opts.drop_padding == true
+  s.epoch = 0
+  if s.drop_last and s.size % s.num_replicas ~= 0 then
+    s.num_samples = ceil_div(s.size - s.num_replicas, s.num_replicas)
+  else
+    s.num_samples = ceil_div(s.size, s.num_replicas)
+  end
+  if s.num_samples < 0 then s.num_samples = 0 end
+  s.total_size = s.num_samples * s.num_replicas
+  return s
+end
+
+--- Sets the epoch: the next shuffled order comes from seed + epoch.
+function Sampler:set_epoch(epoch)
+  self.epoch = check_int(epoch, "epoch", 0)
+end
+
+-- The global 0-based order of this epoch before padding / truncation.
+function Sampler:_order()
+  if self.shuffle then return data.permutation(self.size, self.seed + self.epoch) end
+  local p = {}
+  for i = 1, self.size do p[i] = i - 1 end
+  return p
+end
+
+-- Pads by wrap-around (repeating the list as often as needed) or truncates,
+-- exactly as torch does, giving total_size 0-based indices.
+function Sampler:_global()
+  local idx, n = self:_order(), self.size
+  if not self.drop_last then
+    if n == 0 and self.total_size > 0 then error("DistributedSampler: cannot pad an empty data set", 3) end
+    for k = n + 1, self.total_size do idx[k] = idx[((k - n - 1) % n) + 1] end
+  else
+    for k = self.total_size + 1, n do idx[k] = nil end
+  end
+  return idx
+end
+
+--- Returns this rank's list of 1-based dataset indices for the current epoch
+-- (global positions rank, rank + num_replicas, ...). Length num_samples, or
+-- fewer with drop_padding.
+function Sampler:indices()
+  local g, out = self:_global(), {}
+  local limit = self.drop_padding and math.min(self.size, self.total_size) or self.total_size
+  for pos = self.rank, limit - 1, self.num_replicas do out[#out + 1] = g[pos + 1] + 1 end
+  return out
+end
+
+--- Number of indices this rank yields per epoch.
+function Sampler:__len()
+  if not self.drop_padding then return self.num_samples end
+  local limit = math.min(self.size, self.total_size)
+  if self.rank >= limit then return 0 end
+  return (limit - 1 - self.rank) // self.num_replicas + 1
+end
+
+--- Iterator over (position, 1-based index).
+function Sampler:iter()
+  return ipairs(self:indices())
+end
+
+Sampler.__tostring = function(s)
+  return string.format("crun.DistributedSampler(size=%d, rank=%d/%d, num_samples=%d, shuffle=%s, drop_last=%s, epoch=%d)",
+    s.size, s.rank, s.num_replicas, s.num_samples, tostring(s.shuffle), tostring(s.drop_last), s.epoch)
+end
+
+--- SequentialSampler-like helper for one process: indices 1..size (shuffled
+-- per epoch when shuffle=true), same interface as DistributedSampler.
+function data.LocalSampler(opts)
+  local o = {}
+  for k, v in pairs(opts) do o[k] = v end
+  o.num_replicas, o.rank = 1, 0
+  if o.shuffle == nil then o.shuffle = false end
+  return data.DistributedSampler(o)
+end
+
+local Loader = {}
+Loader.__index = Loader
+Loader.__name = "crun.DataLoader"
+
+--- DataLoader{dataset={X, Y, ...}, batch_size=, sampler=, drop_last=false}:
+-- batches tensors whose first dimension is the sample dimension, in the
+-- sampler's order (a DistributedSampler, or 1..N in order when absent).
+function data.DataLoader(opts)
+  if type(opts) ~= "table" or type(opts.dataset) ~= "table" or #opts.dataset == 0 then
+    error("bad argument #1 to 'DataLoader' (table with dataset={tensors...} expected)", 2)
+  end
+  local n = opts.dataset[1]:size(1)
+  for i, t in ipairs(opts.dataset) do
+    if t:size(1) ~= n then
+      error(string.format("DataLoader: dataset[%d] has %d samples, dataset[1] has %d", i, t:size(1), n), 2)
+    end
+  end
+  local bs = opts.batch_size or 1
+  if math.type(bs) ~= "integer" or bs < 1 then error("bad argument 'batch_size' to DataLoader (integer >= 1 expected)", 2) end
+  local l = setmetatable({dataset = opts.dataset, batch_size = bs, n = n,
+    sampler = opts.sampler, drop_last = opts.drop_last == true}, Loader)
+  return l
+end
+
+function Loader:_indices()
+  if self.sampler then return self.sampler:indices() end
+  local idx = {}
+  for i = 1, self.n do idx[i] = i end
+  return idx
+end
+
+--- Number of batches per epoch.
+function Loader:__len()
+  local m = self.sampler and #self.sampler or self.n
+  if self.drop_last then return m // self.batch_size end
+  return ceil_div(m, self.batch_size)
+end
+
+--- Iterates batches: for i, X, Y, ... in loader:iter() (each a new tensor
+-- gathered with index_select along dimension 1).
+function Loader:iter()
+  local T = require "crun.tensor"
+  local idx, bs, nb = self:_indices(), self.batch_size, #self
+  local b = 0
+  return function()
+    b = b + 1
+    if b > nb then return nil end
+    local first = (b - 1) * bs + 1
+    local last = math.min(first + bs - 1, #idx)
+    local sel = {}
+    for k = first, last do sel[#sel + 1] = idx[k] end
+    local it = T.new(sel, "int64")
+    local out = {b}
+    for i, t in ipairs(self.dataset) do out[i + 1] = t:index_select(1, it) end
+    return table.unpack(out)
+  end
+end
+
+--- Sums a table of numbers over every rank of the process group (float64
+-- all_reduce); returns a new table. With no process group, returns a copy.
+function data.all_reduce_metrics(metrics)
+  local keys = {}
+  for k in pairs(metrics) do keys[#keys + 1] = k end
+  table.sort(keys)
+  local out = {}
+  local ok, dist = pcall(require, "crun.dist")
+  if not (ok and dist.is_initialized and dist.is_initialized()) or #keys == 0 then
+    for _, k in ipairs(keys) do out[k] = metrics[k] end
+    return out
+  end
+  local T = require "crun.tensor"
+  local t = T.zeros({#keys}, "float64")
+  for i, k in ipairs(keys) do t[i] = metrics[k] end
+  dist.all_reduce(t, "sum")
+  for i, k in ipairs(keys) do out[k] = t[i] end
+  return out
+end
+
+--- Exactly-once distributed evaluation. opts: size (data set size),
+-- batch_size, fn(indices) -> table of additive metrics for that batch of
+-- 1-based indices (e.g. {correct=, loss_sum=, count=}), and optionally
+-- num_replicas / rank. Each sample is evaluated by exactly one rank (no
+-- padding duplicates); the metric sums over every rank are returned
+-- (identical on every rank), with `count` the number of samples seen.
+-- opts.metrics lists the keys fn returns (every rank must reduce the same
+-- keys, even a rank with no samples).
+function data.evaluate(opts)
+  local s = data.DistributedSampler{size = opts.size, num_replicas = opts.num_replicas,
+    rank = opts.rank, shuffle = false, drop_padding = true}
+  local idx, bs = s:indices(), opts.batch_size or 256
+  local acc = {count = 0}
+  for _, k in ipairs(opts.metrics or {}) do acc[k] = 0 end
+  for first = 1, #idx, bs do
+    local sel = {}
+    for k = first, math.min(first + bs - 1, #idx) do sel[#sel + 1] = idx[k] end
+    local m = opts.fn(sel)
+    for k, v in pairs(m or {}) do
+      if acc[k] == nil or k == "count" then
+        error(string.format("data.evaluate: fn returned metric '%s' not listed in opts.metrics", k), 2)
+      end
+      acc[k] = acc[k] + v
+    end
+    acc.count = acc.count + #sel
+  end
+  return data.all_reduce_metrics(acc)
+end
+
+return data
