@@ -1,0 +1,217 @@
+--- crun.serialize: crun.save(path, value) / crun.load(path) for plain Lua
+-- values (nil, booleans, numbers, strings, tables, nested) holding tensors.
+--
+-- File format (little-endian): "CRUNSAV1", then one encoded value, then
+-- "END!" and the byte length of everything before it (<I8), so a truncated
+-- or foreign file is refused by load(). Values: 'n' nil, 'T'/'F' booleans,
+-- 'i' <i8 integer, 'd' <d float, 's' <s4 string, 't' <I4 count + key/value
+-- pairs (keys sorted: the same value always gives the same bytes), 'X' tensor:
+-- <s1 dtype, <I1 ndim, ndim x <i8 dims, <s8 raw contiguous element bytes.
+-- save() writes "<path>.tmp.<pid>", flushes and fsyncs it, then renames it
+-- over <path>: a crash never leaves a torn file at <path>.
+local serialize = {}
+
+local MAGIC, TRAILER = "CRUNSAV1", "END!"
+
+local PACK = {float32 = "<f", float64 = "<d", int32 = "<i4", int64 = "<i8", uint8 = "B"}
+
+local function core() return require "crun.core" end
+local function tensor_mod() return require "crun.tensor" end
+
+--- Returns true when v is a crun tensor.
+function serialize.is_tensor(v)
+  if type(v) ~= "userdata" then return false end
+  local mt = getmetatable(v)
+  return type(mt) == "table" and mt.__name == "crun.Tensor"
+end
+
+-- Raw little-endian bytes of a tensor's elements in row-major order.
+local function tensor_bytes(t)
+  local c = core()
+  if c.tensor_bytes then return c.tensor_bytes(t) end
+  local fmt = PACK[t:dtype()]
+  if not fmt then error("crun.save: no Lua fallback for dtype " .. t:dtype(), 0) end
+  local flat = t:contiguous():view(t:numel()):totable()
+  local parts = {}
+  for i = 1, #flat do parts[i] = string.pack(fmt, flat[i]) end
+  return table.concat(parts)
+end
+
+-- Builds a tensor of dtype/shape from raw bytes.
+local function tensor_from_bytes(dtype, shape, bytes)
+  local c = core()
+  if c.tensor_from_bytes then return c.tensor_from_bytes(dtype, shape, bytes) end
+  local fmt = PACK[dtype]
+  if not fmt then error("crun.load: no Lua fallback for dtype " .. dtype, 0) end
+  local T = tensor_mod()
+  local n = 1
+  for _, d in ipairs(shape) do n = n * d end
+  local t = T.zeros(shape, dtype)
+  if n == 0 then return t end
+  local flat, pos = t:view(n), 1
+  for i = 1, n do flat[i], pos = string.unpack(fmt, bytes, pos) end
+  return t
+end
+
+local encode
+
+local function sorted_keys(tbl, where)
+  local keys = {}
+  for k in pairs(tbl) do
+    local tk = type(k)
+    if tk ~= "string" and tk ~= "number" and tk ~= "boolean" then
+      error(string.format("crun.save: table key of type %s at %s cannot be saved", tk, where), 0)
+    end
+    keys[#keys + 1] = k
+  end
+  table.sort(keys, function(a, b)
+    local ta, tb = type(a), type(b)
+    if ta ~= tb then return ta < tb end
+    if ta == "boolean" then return (not a) and b end
+    return a < b
+  end)
+  return keys
+end
+
+local function encode_table(v, out, where, seen)
+  if seen[v] then error("crun.save: cycle in the value at " .. where, 0) end
+  seen[v] = true
+  local keys = sorted_keys(v, where)
+  out[#out + 1] = "t" .. string.pack("<I4", #keys)
+  for _, k in ipairs(keys) do
+    encode(k, out, where, seen)
+    encode(v[k], out, where .. "." .. tostring(k), seen)
+  end
+  seen[v] = nil
+end
+
+local function encode_tensor(v, out)
+  local shape = v:size()
+  local parts = {"X", string.pack("<s1<I1", v:dtype(), #shape)}
+  for _, d in ipairs(shape) do parts[#parts + 1] = string.pack("<i8", d) end
+  parts[#parts + 1] = string.pack("<s8", tensor_bytes(v))
+  out[#out + 1] = table.concat(parts)
+end
+
+-- Appends the encoding of v to the list out; `where` names v for errors.
+encode = function(v, out, where, seen)
+  local tv = type(v)
+  if tv == "nil" then out[#out + 1] = "n"
+  elseif tv == "boolean" then out[#out + 1] = v and "T" or "F"
+  elseif math.type(v) == "integer" then out[#out + 1] = "i" .. string.pack("<i8", v)
+  elseif tv == "number" then out[#out + 1] = "d" .. string.pack("<d", v)
+  elseif tv == "string" then out[#out + 1] = "s" .. string.pack("<s4", v)
+  elseif serialize.is_tensor(v) then encode_tensor(v, out)
+  elseif tv == "table" then encode_table(v, out, where, seen)
+  else error(string.format("crun.save: cannot save a %s at %s", tv, where), 0) end
+end
+
+--- Returns the bytes of v in the format above (no file involved).
+function serialize.dumps(v)
+  local out = {MAGIC}
+  encode(v, out, "value", {})
+  local body = table.concat(out)
+  return body .. TRAILER .. string.pack("<I8", #body)
+end
+
+local decode
+
+local function decode_tensor(s, pos)
+  local dtype, ndim
+  dtype, ndim, pos = string.unpack("<s1<I1", s, pos)
+  local shape = {}
+  for i = 1, ndim do shape[i], pos = string.unpack("<i8", s, pos) end
+  local bytes
+  bytes, pos = string.unpack("<s8", s, pos)
+  return tensor_from_bytes(dtype, shape, bytes), pos
+end
+
+-- Decodes one value of s at pos; returns value, next position.
+decode = function(s, pos)
+  local tag = s:sub(pos, pos)
+  pos = pos + 1
+  if tag == "n" then return nil, pos
+  elseif tag == "T" then return true, pos
+  elseif tag == "F" then return false, pos
+  elseif tag == "i" then return string.unpack("<i8", s, pos)
+  elseif tag == "d" then return string.unpack("<d", s, pos)
+  elseif tag == "s" then return string.unpack("<s4", s, pos)
+  elseif tag == "X" then return decode_tensor(s, pos)
+  elseif tag == "t" then
+    local n
+    n, pos = string.unpack("<I4", s, pos)
+    local t = {}
+    for _ = 1, n do
+      local k, v
+      k, pos = decode(s, pos)
+      v, pos = decode(s, pos)
+      t[k] = v
+    end
+    return t, pos
+  end
+  error(string.format("bad tag %q at byte %d", tag, pos - 1), 0)
+end
+
+--- Decodes bytes made by dumps(); `name` names the source in errors.
+function serialize.loads(s, name)
+  name = name or "string"
+  if s:sub(1, #MAGIC) ~= MAGIC then
+    error(string.format("EPROTO: crun.load: %s is not a crun save file (bad magic)", name), 0)
+  end
+  local tl = #TRAILER + 8
+  if #s < #MAGIC + tl or s:sub(-tl, -9) ~= TRAILER
+      or string.unpack("<I8", s, #s - 7) ~= #s - tl then
+    error(string.format("EPROTO: crun.load: %s is truncated or corrupt (bad trailer)", name), 0)
+  end
+  local ok, v, pos = pcall(decode, s, #MAGIC + 1)
+  if not ok then error(string.format("EPROTO: crun.load: %s is corrupt: %s", name, tostring(v)), 0) end
+  if pos ~= #s - tl + 1 then
+    error(string.format("EPROTO: crun.load: %s has %d stray bytes", name, #s - tl + 1 - pos), 0)
+  end
+  return v
+end
+
+--- Saves v to path atomically (temp file + fsync + rename). Raises on failure.
+function serialize.save(path, v)
+  if type(path) ~= "string" then error("bad argument #1 to 'save' (string expected)", 2) end
+  local bytes = serialize.dumps(v)
+  local c = core()
+  local pid = c.getpid and c.getpid() or math.random(1, 1 << 30)
+  local tmp = string.format("%s.tmp.%d", path, pid)
+  local f, err = io.open(tmp, "wb")
+  if not f then error("EIO: crun.save: cannot open " .. tostring(err), 2) end
+  local ok, werr = f:write(bytes)
+  if ok then ok, werr = f:flush() end
+  f:close()
+  if ok and c.fsync_path then ok, werr = pcall(c.fsync_path, tmp) end
+  if not ok then
+    os.remove(tmp)
+    error("EIO: crun.save: writing " .. tmp .. ": " .. tostring(werr), 2)
+  end
+  local rok, rerr = os.rename(tmp, path)
+  if not rok then
+    os.remove(tmp)
+    error("EIO: crun.save: rename to " .. path .. ": " .. tostring(rerr), 2)
+  end
+  return path
+end
+
+--- Loads a value saved by save(). Raises ENOTFOUND when path is missing,
+-- EPROTO when the file is not a complete crun save file.
+function serialize.load(path)
+  if type(path) ~= "string" then error("bad argument #1 to 'load' (string expected)", 2) end
+  local f = io.open(path, "rb")
+  if not f then error("ENOTFOUND: crun.load: no file " .. path, 2) end
+  local s = f:read("a")
+  f:close()
+  return serialize.loads(s, path)
+end
+
+--- Returns true when path holds a file (for "resume if a checkpoint exists").
+function serialize.exists(path)
+  local f = io.open(path, "rb")
+  if f then f:close() return true end
+  return false
+end
+
+return serialize
