@@ -1,0 +1,182 @@
+/* store.c — the public store API: argument checks, deadlines, reference
+ * counting, then dispatch through the kind's vtable. */
+#include "store/store_impl.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void crun_buf_free(crun_buf_t *b) {
+  if (!b) return;
+  free(b->data);
+  b->data = NULL;
+  b->len = 0;
+}
+
+int crun__buf_set(crun_buf_t *b, const void *data, size_t len) {
+  b->data = malloc(len + 1);
+  b->len = 0;
+  if (!b->data) return crun_error(CRUN_ENOMEM, "store: out of memory for a %zu-byte value", len);
+  if (len) memcpy(b->data, data, len);
+  ((char *)b->data)[len] = 0;
+  b->len = len;
+  return 0;
+}
+
+void crun__store_init(crun_store_t *s, const crun__store_ops_t *ops) {
+  s->ops = ops;
+  atomic_init(&s->refs, 1);
+  atomic_init(&s->timeout_ns, (int64_t)(CRUN_STORE_DEFAULT_TIMEOUT * 1e9));
+}
+
+const char *crun__store_keys_str(const char *const *keys, size_t n, char *buf, size_t cap) {
+  size_t used = 0, shown = n < 4 ? n : 4;
+  buf[0] = 0;
+  for (size_t i = 0; i < shown && used < cap; i++)
+    used += (size_t)snprintf(buf + used, cap - used, "%s'%s'", i ? ", " : "", keys[i]);
+  if (n > shown && used < cap) snprintf(buf + used, cap - used, " (+%zu more)", n - shown);
+  return buf;
+}
+
+void crun_store_retain(crun_store_t *s) {
+  if (s) atomic_fetch_add(&s->refs, 1);
+}
+
+void crun_store_release(crun_store_t *s) {
+  if (s && atomic_fetch_sub(&s->refs, 1) == 1) s->ops->destroy(s);
+}
+
+void crun_store_set_timeout(crun_store_t *s, double seconds) {
+  if (!s) return;
+  if (seconds <= 0) seconds = CRUN_STORE_DEFAULT_TIMEOUT;
+  atomic_store(&s->timeout_ns, (int64_t)(seconds * 1e9));
+}
+
+double crun_store_get_timeout(crun_store_t *s) {
+  return s ? (double)atomic_load(&s->timeout_ns) * 1e-9 : CRUN_STORE_DEFAULT_TIMEOUT;
+}
+
+/* Absolute deadline for a call with `timeout` (<= 0: the store's). */
+static double deadline_of(crun_store_t *s, double timeout) {
+  return crun_clock() + (timeout > 0 ? timeout : crun_store_get_timeout(s));
+}
+
+/* Validates the store and one key. */
+static int check_key(crun_store_t *s, const char *key, const char *op) {
+  if (!s) return crun_error(CRUN_EINVAL, "store %s: store is NULL", op);
+  if (!key) return crun_error(CRUN_EINVAL, "store %s: key is NULL", op);
+  return 0;
+}
+
+/* Validates the store and a key list. */
+static int check_keys(crun_store_t *s, const char *const *keys, size_t n, const char *op) {
+  if (!s) return crun_error(CRUN_EINVAL, "store %s: store is NULL", op);
+  if (n && !keys) return crun_error(CRUN_EINVAL, "store %s: key list is NULL", op);
+  for (size_t i = 0; i < n; i++)
+    if (!keys[i]) return crun_error(CRUN_EINVAL, "store %s: key #%zu is NULL", op, i + 1);
+  return 0;
+}
+
+#define CRUN__SLOT(s, slot, op)                                                     \
+  do {                                                                              \
+    if (!(s)->ops->slot)                                                            \
+      return crun_error(CRUN_ENOTSUP, "%s store does not support %s", (s)->ops->kind, op); \
+  } while (0)
+
+int crun_store_set(crun_store_t *s, const char *key, const void *val, size_t len) {
+  CRUN_CHECK(check_key(s, key, "set"));
+  if (len && !val) return crun_error(CRUN_EINVAL, "store set '%s': value is NULL", key);
+  CRUN__SLOT(s, set, "set");
+  return s->ops->set(s, key, val, len);
+}
+
+int crun_store_get(crun_store_t *s, const char *key, crun_buf_t *out) {
+  CRUN_CHECK(check_key(s, key, "get"));
+  if (!out) return crun_error(CRUN_EINVAL, "store get '%s': out is NULL", key);
+  out->data = NULL;
+  out->len = 0;
+  CRUN__SLOT(s, get, "get");
+  return s->ops->get(s, key, deadline_of(s, 0), out);
+}
+
+int crun_store_add(crun_store_t *s, const char *key, int64_t delta, int64_t *out) {
+  int64_t tmp;
+  CRUN_CHECK(check_key(s, key, "add"));
+  CRUN__SLOT(s, add, "add");
+  return s->ops->add(s, key, delta, out ? out : &tmp);
+}
+
+int crun_store_compare_set(crun_store_t *s, const char *key, const void *expected, size_t elen,
+                           const void *desired, size_t dlen, crun_buf_t *out) {
+  CRUN_CHECK(check_key(s, key, "compare_set"));
+  if ((elen && !expected) || (dlen && !desired) || !out)
+    return crun_error(CRUN_EINVAL, "store compare_set '%s': NULL argument", key);
+  out->data = NULL;
+  out->len = 0;
+  CRUN__SLOT(s, compare_set, "compare_set");
+  return s->ops->compare_set(s, key, expected, elen, desired, dlen, out);
+}
+
+int crun_store_wait(crun_store_t *s, const char *const *keys, size_t n, double timeout) {
+  CRUN_CHECK(check_keys(s, keys, n, "wait"));
+  if (n == 0) return 0;
+  CRUN__SLOT(s, wait, "wait");
+  return s->ops->wait(s, keys, n, deadline_of(s, timeout));
+}
+
+int crun_store_check(crun_store_t *s, const char *const *keys, size_t n, int *all_exist) {
+  CRUN_CHECK(check_keys(s, keys, n, "check"));
+  if (!all_exist) return crun_error(CRUN_EINVAL, "store check: all_exist is NULL");
+  *all_exist = 1;
+  if (n == 0) return 0;
+  CRUN__SLOT(s, check, "check");
+  return s->ops->check(s, keys, n, all_exist);
+}
+
+int crun_store_delete_key(crun_store_t *s, const char *key, int *existed) {
+  int tmp;
+  CRUN_CHECK(check_key(s, key, "delete_key"));
+  CRUN__SLOT(s, delete_key, "delete_key");
+  return s->ops->delete_key(s, key, existed ? existed : &tmp);
+}
+
+int crun_store_num_keys(crun_store_t *s, int64_t *out) {
+  if (!s || !out) return crun_error(CRUN_EINVAL, "store num_keys: NULL argument");
+  CRUN__SLOT(s, num_keys, "num_keys");
+  return s->ops->num_keys(s, out);
+}
+
+int crun_store_append(crun_store_t *s, const char *key, const void *val, size_t len) {
+  CRUN_CHECK(check_key(s, key, "append"));
+  if (len && !val) return crun_error(CRUN_EINVAL, "store append '%s': value is NULL", key);
+  CRUN__SLOT(s, append, "append");
+  return s->ops->append(s, key, val, len);
+}
+
+int crun_store_multi_get(crun_store_t *s, const char *const *keys, size_t n, crun_buf_t *outs) {
+  CRUN_CHECK(check_keys(s, keys, n, "multi_get"));
+  if (n && !outs) return crun_error(CRUN_EINVAL, "store multi_get: outs is NULL");
+  for (size_t i = 0; i < n; i++) outs[i].data = NULL, outs[i].len = 0;
+  if (n == 0) return 0;
+  CRUN__SLOT(s, multi_get, "multi_get");
+  int rc = s->ops->multi_get(s, keys, n, deadline_of(s, 0), outs);
+  if (rc < 0)
+    for (size_t i = 0; i < n; i++) crun_buf_free(&outs[i]);
+  return rc;
+}
+
+int crun_store_multi_set(crun_store_t *s, const char *const *keys, size_t n,
+                         const void *const *vals, const size_t *lens) {
+  CRUN_CHECK(check_keys(s, keys, n, "multi_set"));
+  if (n && (!vals || !lens)) return crun_error(CRUN_EINVAL, "store multi_set: values are NULL");
+  for (size_t i = 0; i < n; i++)
+    if (lens[i] && !vals[i])
+      return crun_error(CRUN_EINVAL, "store multi_set: value #%zu is NULL", i + 1);
+  if (n == 0) return 0;
+  CRUN__SLOT(s, multi_set, "multi_set");
+  return s->ops->multi_set(s, keys, n, vals, lens);
+}
+
+int crun_store_tcp_port(crun_store_t *s) {
+  return (s && s->ops->port) ? s->ops->port(s) : -1;
+}

@@ -1,0 +1,81 @@
+/* store_impl.h — the store vtable every kind fills, and the shared in-memory
+ * key/value table (crun__kv) used by the hash store, the file store's cache and
+ * the TCP server. Internal to libcrunrt. */
+#ifndef CRUN_STORE_IMPL_H
+#define CRUN_STORE_IMPL_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "crun.h"
+
+/* Every slot receives an absolute deadline (crun_clock() seconds) where it may
+ * block. A NULL optional slot makes the public call return CRUN_ENOTSUP. */
+typedef struct crun__store_ops {
+  const char *kind;
+  int (*set)(crun_store_t *s, const char *key, const void *val, size_t len);
+  int (*get)(crun_store_t *s, const char *key, double deadline, crun_buf_t *out);
+  int (*add)(crun_store_t *s, const char *key, int64_t delta, int64_t *out);
+  int (*compare_set)(crun_store_t *s, const char *key, const void *exp, size_t elen,
+                     const void *des, size_t dlen, crun_buf_t *out);
+  int (*wait)(crun_store_t *s, const char *const *keys, size_t n, double deadline);
+  int (*check)(crun_store_t *s, const char *const *keys, size_t n, int *all);
+  int (*delete_key)(crun_store_t *s, const char *key, int *existed);
+  int (*num_keys)(crun_store_t *s, int64_t *out);
+  int (*append)(crun_store_t *s, const char *key, const void *val, size_t len);
+  int (*multi_get)(crun_store_t *s, const char *const *keys, size_t n, double deadline,
+                   crun_buf_t *outs);
+  int (*multi_set)(crun_store_t *s, const char *const *keys, size_t n,
+                   const void *const *vals, const size_t *lens);
+  int (*port)(crun_store_t *s);
+  void (*destroy)(crun_store_t *s);
+} crun__store_ops_t;
+
+/* The common head of every store; each kind embeds it as its first member. */
+struct crun_store {
+  const crun__store_ops_t *ops;
+  atomic_int refs;
+  _Atomic int64_t timeout_ns;
+};
+
+/* Fills the common head (one reference, default timeout). */
+void crun__store_init(crun_store_t *s, const crun__store_ops_t *ops);
+
+/* Formats up to a few keys as "'a', 'b' (+3 more)" into buf for error texts. */
+const char *crun__store_keys_str(const char *const *keys, size_t n, char *buf, size_t cap);
+
+/* Copies bytes into a fresh crun_buf_t (a NUL is kept after the data). */
+int crun__buf_set(crun_buf_t *b, const void *data, size_t len);
+
+/* ---- crun__kv: a string-keyed hash table of byte values (not thread-safe) */
+typedef struct crun__kv_entry {
+  struct crun__kv_entry *next;
+  uint64_t hash;
+  size_t klen, len, cap;
+  char *key;       /* NUL-terminated */
+  uint8_t *val;
+} crun__kv_entry_t;
+
+typedef struct {
+  crun__kv_entry_t **slots;
+  size_t nslots, count;
+} crun__kv_t;
+
+int crun__kv_init(crun__kv_t *kv);
+void crun__kv_free(crun__kv_t *kv);
+crun__kv_entry_t *crun__kv_find(crun__kv_t *kv, const char *key, size_t klen);
+/* Sets key to val (creating it). */
+int crun__kv_set(crun__kv_t *kv, const char *key, size_t klen, const void *val, size_t len);
+/* Appends to key's value (creating it). */
+int crun__kv_append(crun__kv_t *kv, const char *key, size_t klen, const void *val, size_t len);
+/* Removes key; returns 1 when it existed. */
+int crun__kv_delete(crun__kv_t *kv, const char *key, size_t klen);
+/* torch add: parses the decimal value (missing = 0), adds, stores text. */
+int crun__kv_add(crun__kv_t *kv, const char *key, size_t klen, int64_t delta, int64_t *out);
+/* torch compare_set; *res points into the table (valid until next change). */
+int crun__kv_compare_set(crun__kv_t *kv, const char *key, size_t klen, const void *exp,
+                         size_t elen, const void *des, size_t dlen, const void **res,
+                         size_t *rlen);
+
+#endif
