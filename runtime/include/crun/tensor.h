@@ -60,6 +60,88 @@ int crun_tensor_is_contiguous(const crun_tensor_t *t);
 /* Returns the address of the first element (storage + offset). */
 void *crun_tensor_data(const crun_tensor_t *t);
 
+/* ---------------------------------------------------------------- creation
+ * Shapes have 0..CRUN_MAX_DIMS dims, each >= 0 (a 0-d tensor holds one
+ * element). Every function returning a tensor through `out` gives the caller
+ * one reference. Dims and indices in the C API are 0-based. */
+
+/* Creates a contiguous tensor with uninitialised elements. */
+int crun_tensor_empty(crun_dtype_t dt, int ndim, const int64_t *shape, crun_tensor_t **out);
+
+/* Creates a contiguous tensor holding a copy of `nbytes` bytes of row-major
+ * elements at `data`; nbytes must equal numel * element size. */
+int crun_tensor_from_data(crun_dtype_t dt, int ndim, const int64_t *shape, const void *data,
+                          size_t nbytes, crun_tensor_t **out);
+
+/* ---------------------------------------------------------------- views
+ * Views share the storage of `t` (writes through a view change t). */
+
+/* Narrows dim to [start, start + len). */
+int crun_tensor_narrow(crun_tensor_t *t, int dim, int64_t start, int64_t len, crun_tensor_t **out);
+
+/* Selects index `i` of `dim`, dropping that dim. */
+int crun_tensor_select(crun_tensor_t *t, int dim, int64_t i, crun_tensor_t **out);
+
+/* Reshapes a contiguous tensor; one entry of shape may be -1 (inferred).
+ * CRUN_EINVAL when t is not contiguous or the element counts differ. */
+int crun_tensor_view(crun_tensor_t *t, int ndim, const int64_t *shape, crun_tensor_t **out);
+
+/* Swaps two dims (a strided view, not contiguous in general). */
+int crun_tensor_transpose(crun_tensor_t *t, int d0, int d1, crun_tensor_t **out);
+
+/* Views a dim of size 1 as `size` copies (stride 0): a read-only broadcast. */
+int crun_tensor_expand(crun_tensor_t *t, int ndim, const int64_t *shape, crun_tensor_t **out);
+
+/* Returns non-zero when a and b use the same storage. */
+int crun_tensor_same_storage(const crun_tensor_t *a, const crun_tensor_t *b);
+
+/* ---------------------------------------------------------------- copies */
+
+/* Returns t itself (a new reference) when contiguous, else a contiguous copy. */
+int crun_tensor_contiguous(crun_tensor_t *t, crun_tensor_t **out);
+
+/* Returns a contiguous copy of t (with dtype dt; same dtype: pass t's). */
+int crun_tensor_clone(crun_tensor_t *t, crun_tensor_t **out);
+int crun_tensor_to(crun_tensor_t *t, crun_dtype_t dt, crun_tensor_t **out);
+
+/* Copies src into dst element by element, converting dtypes (float -> int
+ * truncates toward zero; 16-bit floats round to nearest even). Shapes must be
+ * equal; src may be a view of dst only when both are the same elements. */
+int crun_tensor_copy(crun_tensor_t *dst, crun_tensor_t *src);
+
+/* Sets every element of t to v (converted to t's dtype). */
+int crun_tensor_fill(crun_tensor_t *t, double v);
+
+/* Returns 1 when a and b have the same shape and values (any dtypes,
+ * compared as doubles; nan never equals), else 0. */
+int crun_tensor_equal(crun_tensor_t *a, crun_tensor_t *b);
+
+/* Reads / writes one element at 0-based `idx` (ndim entries). Integer
+ * dtypes keep all 64 bits through the int64 forms. */
+int crun_tensor_get_double(const crun_tensor_t *t, const int64_t *idx, double *out);
+int crun_tensor_set_double(crun_tensor_t *t, const int64_t *idx, double v);
+int crun_tensor_get_int64(const crun_tensor_t *t, const int64_t *idx, int64_t *out);
+int crun_tensor_set_int64(crun_tensor_t *t, const int64_t *idx, int64_t v);
+
+/* Reads / writes element `i` (0-based) of a contiguous run of dtype dt. */
+double crun_elem_get_double(crun_dtype_t dt, const void *base, int64_t i);
+void crun_elem_set_double(crun_dtype_t dt, void *base, int64_t i, double v);
+
+/* ---------------------------------------------------------------- random
+ * xoshiro256** seeded through splitmix64: the same seed gives the same
+ * numbers on every machine. Not thread-safe per generator. */
+typedef struct { uint64_t s[4]; int has_spare; double spare; } crun_generator_t;
+
+void crun_generator_seed(crun_generator_t *g, uint64_t seed);
+uint64_t crun_generator_next(crun_generator_t *g);
+double crun_generator_uniform(crun_generator_t *g);  /* [0, 1), 53 bits */
+double crun_generator_normal(crun_generator_t *g);   /* N(0, 1), Box-Muller */
+
+/* Fills t with uniform values in [lo, hi) / normal values (mean, std), in
+ * row-major order; integer dtypes get floor of the uniform value. */
+int crun_tensor_uniform_(crun_tensor_t *t, crun_generator_t *g, double lo, double hi);
+int crun_tensor_normal_(crun_tensor_t *t, crun_generator_t *g, double mean, double std);
+
 
 /* ---------------------------------------------------------------- reductions
  * The element-wise kernels every backend shares. AVG reduces as SUM; the

@@ -1,0 +1,196 @@
+/* copy.c — element access, dtype conversion, copy, fill and comparison. */
+#include "tensor/half.h"
+#include "tensor/tensor_impl.h"
+
+#include <math.h>
+#include <string.h>
+
+/* Converts a double to an integer type, truncating toward zero and saturating
+ * (nan -> 0) so that no conversion is undefined behaviour. */
+static int64_t sat_i64(double v, double lo, double hi) {
+  if (isnan(v)) return 0;
+  if (v <= lo) return (int64_t)lo;
+  if (v >= hi) return (int64_t)hi;
+  return (int64_t)v;
+}
+
+double crun_elem_get_double(crun_dtype_t dt, const void *base, int64_t i) {
+  switch (dt) {
+    case CRUN_FLOAT32: return ((const float *)base)[i];
+    case CRUN_FLOAT64: return ((const double *)base)[i];
+    case CRUN_FLOAT16: return crun__f16_to_f32(((const uint16_t *)base)[i]);
+    case CRUN_BFLOAT16: return crun__bf16_to_f32(((const uint16_t *)base)[i]);
+    case CRUN_INT32: return ((const int32_t *)base)[i];
+    case CRUN_INT64: return (double)((const int64_t *)base)[i];
+    case CRUN_UINT8: return ((const uint8_t *)base)[i];
+    default: return 0;
+  }
+}
+
+void crun_elem_set_double(crun_dtype_t dt, void *base, int64_t i, double v) {
+  switch (dt) {
+    case CRUN_FLOAT32: ((float *)base)[i] = (float)v; break;
+    case CRUN_FLOAT64: ((double *)base)[i] = v; break;
+    case CRUN_FLOAT16: ((uint16_t *)base)[i] = crun__f32_to_f16((float)v); break;
+    case CRUN_BFLOAT16: ((uint16_t *)base)[i] = crun__f32_to_bf16((float)v); break;
+    case CRUN_INT32: ((int32_t *)base)[i] = (int32_t)sat_i64(v, -2147483648.0, 2147483647.0); break;
+    case CRUN_INT64: ((int64_t *)base)[i] = sat_i64(v, -9223372036854775808.0, 9223372036854774784.0); break;
+    case CRUN_UINT8: ((uint8_t *)base)[i] = (uint8_t)sat_i64(v, 0.0, 255.0); break;
+    default: break;
+  }
+}
+
+int64_t crun__elem_get_int64(crun_dtype_t dt, const void *base, int64_t i) {
+  switch (dt) {
+    case CRUN_INT32: return ((const int32_t *)base)[i];
+    case CRUN_INT64: return ((const int64_t *)base)[i];
+    case CRUN_UINT8: return ((const uint8_t *)base)[i];
+    default: return sat_i64(crun_elem_get_double(dt, base, i), -9223372036854775808.0, 9223372036854774784.0);
+  }
+}
+
+/* Integer targets wrap like a C cast of the int64 (torch does the same). */
+void crun__elem_set_int64(crun_dtype_t dt, void *base, int64_t i, int64_t v) {
+  switch (dt) {
+    case CRUN_INT32: ((int32_t *)base)[i] = (int32_t)(uint32_t)(uint64_t)v; break;
+    case CRUN_INT64: ((int64_t *)base)[i] = v; break;
+    case CRUN_UINT8: ((uint8_t *)base)[i] = (uint8_t)(uint64_t)v; break;
+    default: crun_elem_set_double(dt, base, i, (double)v); break;
+  }
+}
+
+/* ------------------------------------------------------------ element access */
+
+static int elem_offset(const crun_tensor_t *t, const int64_t *idx, int64_t *off) {
+  int64_t o = 0;
+  for (int d = 0; d < t->ndim; d++) {
+    if (idx[d] < 0 || idx[d] >= t->shape[d])
+      return crun_error(CRUN_ERANGE, "index %lld out of range for dim %d of size %lld",
+                        (long long)idx[d] + 1, d + 1, (long long)t->shape[d]);
+    o += idx[d] * t->strides[d];
+  }
+  *off = o;
+  return 0;
+}
+
+int crun_tensor_get_double(const crun_tensor_t *t, const int64_t *idx, double *out) {
+  int64_t o;
+  CRUN_CHECK(elem_offset(t, idx, &o));
+  *out = crun_elem_get_double(t->dt, crun_tensor_data(t), o);
+  return 0;
+}
+
+int crun_tensor_set_double(crun_tensor_t *t, const int64_t *idx, double v) {
+  int64_t o;
+  CRUN_CHECK(elem_offset(t, idx, &o));
+  crun_elem_set_double(t->dt, crun_tensor_data(t), o, v);
+  return 0;
+}
+
+int crun_tensor_get_int64(const crun_tensor_t *t, const int64_t *idx, int64_t *out) {
+  int64_t o;
+  CRUN_CHECK(elem_offset(t, idx, &o));
+  *out = crun__elem_get_int64(t->dt, crun_tensor_data(t), o);
+  return 0;
+}
+
+int crun_tensor_set_int64(crun_tensor_t *t, const int64_t *idx, int64_t v) {
+  int64_t o;
+  CRUN_CHECK(elem_offset(t, idx, &o));
+  crun__elem_set_int64(t->dt, crun_tensor_data(t), o, v);
+  return 0;
+}
+
+/* ------------------------------------------------------------ copy */
+
+/* Copies one row of n elements (strided) between dtypes. */
+static void copy_row(crun_dtype_t ddt, char *d, int64_t ds, crun_dtype_t sdt, const char *s,
+                     int64_t ss, int64_t n) {
+  size_t es = crun_dtype_size(ddt);
+  if (ddt == sdt && ds == 1 && ss == 1) {
+    memmove(d, s, (size_t)n * es);
+  } else if (ddt == sdt) {
+    for (int64_t i = 0; i < n; i++) memcpy(d + i * ds * (int64_t)es, s + i * ss * (int64_t)es, es);
+  } else if (crun_dtype_is_integer(ddt) && crun_dtype_is_integer(sdt)) {
+    for (int64_t i = 0; i < n; i++) crun__elem_set_int64(ddt, d, i * ds, crun__elem_get_int64(sdt, s, i * ss));
+  } else {
+    for (int64_t i = 0; i < n; i++) crun_elem_set_double(ddt, d, i * ds, crun_elem_get_double(sdt, s, i * ss));
+  }
+}
+
+int crun_tensor_copy(crun_tensor_t *dst, crun_tensor_t *src) {
+  char a[128], b[128];
+  if (dst->ndim != src->ndim || memcmp(dst->shape, src->shape, (size_t)dst->ndim * sizeof(int64_t)))
+    return crun_error(CRUN_EINVAL, "copy: shape mismatch, destination is %s, source is %s",
+                      crun__shape_str(dst->ndim, dst->shape, a, sizeof a),
+                      crun__shape_str(src->ndim, src->shape, b, sizeof b));
+  if (crun_tensor_numel(dst) == 0) return 0;
+  if (crun_tensor_is_contiguous(dst) && crun_tensor_is_contiguous(src)) {
+    copy_row(dst->dt, crun_tensor_data(dst), 1, src->dt, crun_tensor_data(src), 1, crun_tensor_numel(dst));
+    return 0;
+  }
+  crun__rowiter_t di, si;
+  crun__rowiter_init(&di, dst);
+  crun__rowiter_init(&si, src);
+  do {
+    copy_row(dst->dt, di.row, di.step, src->dt, si.row, si.step, di.len);
+  } while (crun__rowiter_next(&di) && crun__rowiter_next(&si));
+  return 0;
+}
+
+int crun_tensor_to(crun_tensor_t *t, crun_dtype_t dt, crun_tensor_t **out) {
+  crun_tensor_t *c;
+  CRUN_CHECK(crun_tensor_empty(dt, t->ndim, t->shape, &c));
+  int rc = crun_tensor_copy(c, t);
+  if (rc < 0) {
+    crun_tensor_release(c);
+    return rc;
+  }
+  *out = c;
+  return 0;
+}
+
+int crun_tensor_clone(crun_tensor_t *t, crun_tensor_t **out) { return crun_tensor_to(t, t->dt, out); }
+
+int crun_tensor_contiguous(crun_tensor_t *t, crun_tensor_t **out) {
+  if (crun_tensor_is_contiguous(t)) {
+    crun_tensor_retain(t);
+    *out = t;
+    return 0;
+  }
+  return crun_tensor_clone(t, out);
+}
+
+/* ------------------------------------------------------------ fill, equal */
+
+int crun_tensor_fill(crun_tensor_t *t, double v) {
+  size_t es = crun_dtype_size(t->dt);
+  unsigned char one[8];
+  crun_elem_set_double(t->dt, one, 0, v);
+  crun__rowiter_t it;
+  crun__rowiter_init(&it, t);
+  if (it.rows_left <= 0) return 0;
+  do {
+    for (int64_t i = 0; i < it.len; i++) memcpy(it.row + i * it.step * (int64_t)es, one, es);
+  } while (crun__rowiter_next(&it));
+  return 0;
+}
+
+int crun_tensor_equal(crun_tensor_t *a, crun_tensor_t *b) {
+  if (a->ndim != b->ndim || memcmp(a->shape, b->shape, (size_t)a->ndim * sizeof(int64_t))) return 0;
+  if (crun_tensor_numel(a) == 0) return 1;
+  int ints = crun_dtype_is_integer(a->dt) && crun_dtype_is_integer(b->dt);
+  crun__rowiter_t ai, bi;
+  crun__rowiter_init(&ai, a);
+  crun__rowiter_init(&bi, b);
+  do {
+    for (int64_t i = 0; i < ai.len; i++) {
+      int same = ints ? crun__elem_get_int64(a->dt, ai.row, i * ai.step) ==
+                            crun__elem_get_int64(b->dt, bi.row, i * bi.step)
+                      : crun_elem_get_double(a->dt, ai.row, i * ai.step) ==
+                            crun_elem_get_double(b->dt, bi.row, i * bi.step);
+      if (!same) return 0;
+    }
+  } while (crun__rowiter_next(&ai) && crun__rowiter_next(&bi));
+  return 1;
+}

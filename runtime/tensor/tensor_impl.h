@@ -1,0 +1,57 @@
+/* tensor_impl.h — the tensor struct and a row iterator (internal to runtime/). */
+#ifndef CRUN_TENSOR_IMPL_H
+#define CRUN_TENSOR_IMPL_H
+
+#include <stdatomic.h>
+
+#include "crun.h"
+
+/* Refcounted, 64-byte aligned element storage shared by views. */
+typedef struct crun__storage {
+  atomic_long refs;
+  size_t nbytes;
+  void *data;
+} crun__storage_t;
+
+struct crun_tensor {
+  atomic_long refs;
+  crun_dtype_t dt;
+  int ndim;
+  int64_t shape[CRUN_MAX_DIMS];
+  int64_t strides[CRUN_MAX_DIMS]; /* in elements */
+  int64_t offset;                 /* in elements */
+  crun__storage_t *st;
+};
+
+/* Walks a tensor row by row (the last dim) in row-major order. A 0-d tensor
+ * is one row of one element; an empty tensor has no rows. */
+typedef struct {
+  int nd;                       /* dims above the last one */
+  int64_t idx[CRUN_MAX_DIMS];
+  const int64_t *shape, *strides;
+  char *row;                    /* first element of the current row */
+  size_t es;
+  int64_t len, step;            /* elements per row, stride inside the row */
+  int64_t rows_left;
+} crun__rowiter_t;
+
+void crun__rowiter_init(crun__rowiter_t *it, const crun_tensor_t *t);
+
+/* Advances to the next row; returns 0 when there is none left. */
+int crun__rowiter_next(crun__rowiter_t *it);
+
+/* Reads / writes element i of a run with the given element stride. */
+int64_t crun__elem_get_int64(crun_dtype_t dt, const void *base, int64_t i);
+void crun__elem_set_int64(crun_dtype_t dt, void *base, int64_t i, int64_t v);
+
+/* Formats a shape as "2x3" (or "scalar") into buf. */
+const char *crun__shape_str(int ndim, const int64_t *shape, char *buf, size_t cap);
+
+/* Validates a new tensor's shape: ndim range and dims >= 0. */
+int crun__check_shape(int ndim, const int64_t *shape, const char *where);
+
+/* Creates a tensor struct viewing t's storage with the given geometry. */
+int crun__tensor_view_of(crun_tensor_t *t, int ndim, const int64_t *shape,
+                         const int64_t *strides, int64_t offset, crun_tensor_t **out);
+
+#endif
