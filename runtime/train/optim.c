@@ -1,0 +1,82 @@
+/* optim.c — fused per-parameter updates of SGD and Adam/AdamW, with the
+ * update rules of torch.optim (single-tensor path of torch 1.13). */
+#include <math.h>
+
+#include "train/check.h"
+
+#define SGD_LOOP(T)                                                                   \
+  static void sgd_##T(T *p, const T *g, T *buf, int64_t n, const crun_sgd_opts_t *o,  \
+                      int first) {                                                    \
+    T lr = (T)o->lr, wd = (T)o->weight_decay, mom = (T)o->momentum;                   \
+    T damp = (T)(1.0 - o->dampening), sign = o->maximize ? (T)-1 : (T)1;              \
+    for (int64_t i = 0; i < n; i++) {                                                 \
+      T d = sign * g[i] + wd * p[i];                                                  \
+      if (buf) {                                                                      \
+        buf[i] = first ? d : mom * buf[i] + damp * d;                                 \
+        d = o->nesterov ? d + mom * buf[i] : buf[i];                                  \
+      }                                                                               \
+      p[i] -= lr * d;                                                                 \
+    }                                                                                 \
+  }
+SGD_LOOP(float)
+SGD_LOOP(double)
+
+int crun_optim_sgd_update(crun_tensor_t *p, const crun_tensor_t *g, crun_tensor_t *buf,
+                          const crun_sgd_opts_t *o, int first) {
+  static const char *fn = "SGD step";
+  CRUN_CHECK(crun__train_check_float(fn, "param", p));
+  CRUN_CHECK(crun__train_check_like(fn, "grad", p, g));
+  if (o->momentum != 0 && !buf) return crun_error(CRUN_EINVAL, "%s: momentum needs a buffer", fn);
+  if (o->nesterov && (o->momentum <= 0 || o->dampening != 0))
+    return crun_error(CRUN_EINVAL, "%s: nesterov needs momentum > 0 and dampening 0", fn);
+  if (o->momentum == 0) buf = NULL;
+  if (buf) CRUN_CHECK(crun__train_check_like(fn, "momentum buffer", p, buf));
+  int64_t n = crun_tensor_numel(p);
+  if (crun_tensor_dtype(p) == CRUN_FLOAT32)
+    sgd_float(crun_tensor_data(p), crun_tensor_data(g), buf ? crun_tensor_data(buf) : NULL, n, o, first);
+  else
+    sgd_double(crun_tensor_data(p), crun_tensor_data(g), buf ? crun_tensor_data(buf) : NULL, n, o, first);
+  return 0;
+}
+
+#define ADAM_LOOP(T, SQRT)                                                              \
+  static void adam_##T(T *p, const T *g, T *m, T *v, T *vmax, int64_t n, int64_t step,  \
+                       const crun_adam_opts_t *o) {                                     \
+    T b1 = (T)o->beta1, b2 = (T)o->beta2, wd = (T)o->weight_decay, eps = (T)o->eps;     \
+    T sign = o->maximize ? (T)-1 : (T)1, decay = (T)(1.0 - o->lr * o->weight_decay);    \
+    T step_size = (T)(o->lr / (1.0 - pow(o->beta1, (double)step)));                     \
+    T bc2_sqrt = (T)sqrt(1.0 - pow(o->beta2, (double)step));                            \
+    for (int64_t i = 0; i < n; i++) {                                                   \
+      T gi = sign * g[i];                                                               \
+      if (o->decoupled) p[i] *= decay;                                                  \
+      else gi += wd * p[i];                                                             \
+      m[i] = m[i] * b1 + gi * ((T)1 - b1);                                              \
+      v[i] = v[i] * b2 + gi * gi * ((T)1 - b2);                                         \
+      T s = v[i];                                                                       \
+      if (vmax) s = vmax[i] = vmax[i] > v[i] ? vmax[i] : v[i];                          \
+      p[i] -= step_size * m[i] / (SQRT(s) / bc2_sqrt + eps);                            \
+    }                                                                                   \
+  }
+ADAM_LOOP(float, sqrtf)
+ADAM_LOOP(double, sqrt)
+
+int crun_optim_adam_update(crun_tensor_t *p, const crun_tensor_t *g, crun_tensor_t *m,
+                           crun_tensor_t *v, crun_tensor_t *vmax, int64_t step,
+                           const crun_adam_opts_t *o) {
+  static const char *fn = "Adam step";
+  CRUN_CHECK(crun__train_check_float(fn, "param", p));
+  CRUN_CHECK(crun__train_check_like(fn, "grad", p, g));
+  CRUN_CHECK(crun__train_check_like(fn, "exp_avg", p, m));
+  CRUN_CHECK(crun__train_check_like(fn, "exp_avg_sq", p, v));
+  if (o->amsgrad) CRUN_CHECK(crun__train_check_like(fn, "max_exp_avg_sq", p, vmax));
+  else vmax = NULL;
+  if (step < 1) return crun_error(CRUN_EINVAL, "%s: step must be >= 1, got %lld", fn, (long long)step);
+  int64_t n = crun_tensor_numel(p);
+  if (crun_tensor_dtype(p) == CRUN_FLOAT32)
+    adam_float(crun_tensor_data(p), crun_tensor_data(g), crun_tensor_data(m), crun_tensor_data(v),
+               vmax ? crun_tensor_data(vmax) : NULL, n, step, o);
+  else
+    adam_double(crun_tensor_data(p), crun_tensor_data(g), crun_tensor_data(m), crun_tensor_data(v),
+                vmax ? crun_tensor_data(vmax) : NULL, n, step, o);
+  return 0;
+}
