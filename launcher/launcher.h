@@ -1,0 +1,149 @@
+/* launcher.h — the parts of crun-lua and how they meet.
+ *
+ *   main.c       options, --help/--version, picks a mode (launch, in-process, REPL)
+ *   supervise.c  watchdog, fork of the workers, one poll loop (pipes, signals,
+ *                deadlines), kill on failure, restarts, the exit summary
+ *   output.c     whole-line prefixing of worker output, log files, stderr tails
+ *   worker.c     the worker side: environment and one Lua state running the script
+ *   agent.c      the store server of node 0 and the multi-node rendezvous
+ *   repl.c       the interactive mode (-i); plugged in through crun__repl_run
+ *
+ * Internal names carry the crun__ prefix; nothing here is public API. */
+#ifndef CRUN_LAUNCHER_H
+#define CRUN_LAUNCHER_H
+
+#include <stddef.h>
+#include <sys/types.h>
+
+#include "crun.h"
+
+#define CRUN_LAUNCH_DEFAULT_PORT 29500
+#define CRUN_LAUNCH_DEFAULT_GRACE 3.0
+#define CRUN_LAUNCH_DEFAULT_RDZV_TIMEOUT 300.0
+#define CRUN_LAUNCH_TAIL_LINES 32
+
+typedef struct crun__agent crun__agent_t;
+
+/* Everything the command line says, after validation. */
+typedef struct {
+  int nproc;                /* -n: workers on this node */
+  int nnodes;               /* --nnodes */
+  int node_rank;            /* --node-rank */
+  const char *master_addr;  /* --master-addr */
+  int master_port;          /* --master-port; 0 picks a free port */
+  int max_restarts;         /* --max-restarts */
+  const char *log_dir;      /* --log-dir, NULL when not given */
+  int tee;                  /* --tee: console and log files */
+  const char *backend;      /* --backend, NULL when not given */
+  int no_prefix;            /* --no-prefix */
+  int repl;                 /* -i */
+  double grace;             /* --grace-period: SIGTERM -> SIGKILL, seconds */
+  double rdzv_timeout;      /* --rdzv-timeout: nodes must join within, seconds */
+  const char *script;       /* the script path (NULL with -i and no script) */
+  int argc;                 /* the launcher's whole argv, for Lua's `arg` */
+  char **argv;
+  int script_index;         /* argv[script_index] == script */
+} crun__opts_t;
+
+/* Where one worker stands in the job (what its environment will say). */
+typedef struct {
+  int rank, local_rank, world_size, local_world_size, group_rank;
+  int restart_count;
+  const char *master_addr;
+  int master_port;
+} crun__placement_t;
+
+/* ---- worker.c */
+
+/* Sets RANK, LOCAL_RANK, ..., MASTER_PORT, CRUN_RESTART_COUNT, CRUN_BACKEND,
+ * CRUN_LAUNCHER and OMP_NUM_THREADS (unless already set) in this process. */
+void crun__worker_setenv(const crun__opts_t *o, const crun__placement_t *p);
+
+/* Runs o->script in a fresh Lua state with crun preloaded and `arg` set as
+ * the lua interpreter does. Returns the process exit code: 0 on success, the
+ * os.exit() code, or 1 after printing a Lua error with its traceback. */
+int crun__worker_run(const crun__opts_t *o);
+
+/* Parses the script once without running it, so that a missing file or a
+ * syntax error is reported once by the launcher instead of by every rank.
+ * Returns 0 or CRUN_EINVAL with the Lua message in crun_last_error(). */
+int crun__script_check(const char *script);
+
+/* Fills *p from OMPI_COMM_WORLD_*, PMI_* or SLURM_* when this process is
+ * already one rank of a job started by mpirun/srun. Returns 1 when it is, 0
+ * when not, or CRUN_EINVAL when those variables are malformed. */
+int crun__engine_detect(crun__placement_t *p);
+
+/* ---- output.c */
+
+typedef struct {
+  int fd;              /* read end of the worker's pipe; -1 once at EOF */
+  int console_fd;      /* 1 or 2, or -1 when not shown */
+  int log_fd;          /* per-rank log file, or -1 */
+  int keep_tail;       /* remember the last lines (stderr) */
+  char prefix[24];
+  size_t prefix_len;
+  char *buf;           /* the partial line not yet shown */
+  size_t len, cap;
+  char *tail[CRUN_LAUNCH_TAIL_LINES]; /* ring of the last complete lines */
+  int tail_next, tail_count;
+} crun__stream_t;
+
+/* Prepares a stream reading fd; prefix may be "" (no prefix). */
+void crun__stream_init(crun__stream_t *s, int fd, int console_fd, int log_fd,
+                       const char *prefix, int keep_tail);
+
+/* Reads what is available on s->fd (one read), shows whole lines and logs
+ * every byte. Returns 1 while open, 0 at EOF (partial line flushed, fd closed). */
+int crun__stream_pump(crun__stream_t *s);
+
+/* Shows the partial line (if any) and closes the fd; the tail stays. */
+void crun__stream_finish(crun__stream_t *s);
+
+/* Copies up to `max` of the last tail lines of s, oldest first, into out
+ * (pointers into s, valid until s is freed). Lines after a Lua traceback's
+ * "stack traceback:" header are skipped so a traceback is shown only once. */
+int crun__stream_tail(const crun__stream_t *s, const char **out, int max);
+
+/* Closes the fd (when open) and frees the buffers. */
+void crun__stream_free(crun__stream_t *s);
+
+/* Writes all of buf to fd, retrying on EINTR and short writes. */
+void crun__write_all(int fd, const char *buf, size_t len);
+
+/* ---- supervise.c */
+
+/* Runs the job on this node: spawns o->nproc workers placed by `base`
+ * (rank = base->rank + local rank), supervises them, restarts up to
+ * o->max_restarts times, prints the summary. Returns the exit code. */
+int crun__supervise(const crun__opts_t *o, const crun__placement_t *base,
+                    crun__agent_t *agent);
+
+/* ---- agent.c */
+
+/* Starts the store server (node 0) and meets the other nodes on it. Fills
+ * base with this node's first global rank, the world size and the master
+ * port actually used. Returns 0 or a crun status naming what failed. */
+int crun__agent_start(const crun__opts_t *o, crun__placement_t *base, crun__agent_t **out);
+
+/* Before attempt `attempt` (0-based): on multi-node jobs, every node waits
+ * here for the others. Returns 0 or a crun status. */
+int crun__agent_begin_attempt(crun__agent_t *a, int attempt);
+
+/* Reports this node's outcome of an attempt (exit code, 0 = success) and
+ * learns the job's: returns in *job_failed whether any node failed. */
+int crun__agent_end_attempt(crun__agent_t *a, int attempt, int code, int *job_failed);
+
+/* Returns an fd that becomes readable when another node reported a failure
+ * of the current attempt, or -1 on single-node jobs. */
+int crun__agent_failure_fd(crun__agent_t *a);
+
+/* Stops the server and frees the agent (NULL is fine). */
+void crun__agent_stop(crun__agent_t *a);
+
+/* ---- repl.c */
+
+/* Runs the interactive mode (-i). Returns the exit code. */
+int crun__repl_run(const crun__opts_t *o);
+
+#endif /* CRUN_LAUNCHER_H */

@@ -1,0 +1,509 @@
+/* supervise.c — fork the workers of this node, watch them, stop them.
+ *
+ * One attempt: the launcher forks nproc workers (no exec: each child sets up
+ * its environment and runs the script in a fresh Lua state). All workers of
+ * an attempt share one process group, so kill(-pgid) reaches grandchildren
+ * too. One poll loop reads every worker pipe and a signalfd (SIGCHLD, SIGINT,
+ * SIGTERM, SIGHUP). The first worker that exits non-zero or dies by a signal
+ * stops the attempt: SIGTERM to the group at once, SIGKILL after the grace
+ * period. A signal to the launcher is forwarded to the group the same way.
+ *
+ * Workers die with the launcher: PR_SET_PDEATHSIG(SIGKILL) in each worker,
+ * and a watchdog process (its own session, outside the workers' group) that
+ * holds the read end of a pipe from the launcher and SIGKILLs the current
+ * group when that pipe reaches EOF, i.e. when the launcher is gone however it
+ * ended. That also takes grandchildren, which PDEATHSIG does not reach. */
+#include "launcher.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/signalfd.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define CRUN_DRAIN_SECONDS 2.0
+#define CRUN_SUMMARY_TAIL 5
+
+typedef struct {
+  int local_rank, rank;
+  pid_t pid;
+  int running;  /* forked and not yet reaped */
+  int status;   /* wait status once reaped */
+  crun__stream_t out, err;
+} proc_t;
+
+/* The first failure of one attempt, kept for the final summary. */
+typedef struct {
+  int rank;       /* -1: no local failure */
+  pid_t pid;
+  int status;     /* wait status */
+  int remote;     /* stopped because another node failed */
+} failure_t;
+
+typedef struct {
+  const crun__opts_t *o;
+  crun__placement_t base;
+  crun__agent_t *agent;
+  proc_t *procs;
+  int sfd;               /* signalfd */
+  int watch_fd;          /* write end of the watchdog pipe */
+  pid_t watch_pid;
+  pid_t self;
+  pid_t pgid;            /* the current attempt's process group */
+  int stopping;          /* 0 running, 1 SIGTERM sent, 2 SIGKILL sent */
+  double kill_at;        /* when SIGTERM turns into SIGKILL */
+  double drain_until;    /* all workers reaped: stop waiting for pipes then */
+  int signal_seen;       /* a signal the launcher received, 0 if none */
+  failure_t fail;        /* of the current attempt */
+} sup_t;
+
+/* Returns "SIGSEGV" style names. */
+static const char *signame(int sig, char *buf, size_t n) {
+  const char *abbrev = sigabbrev_np(sig);
+  if (abbrev) snprintf(buf, n, "SIG%s", abbrev);
+  else snprintf(buf, n, "signal %d", sig);
+  return buf;
+}
+
+/* The process exit code that stands for a wait status. */
+static int status_code(int status) {
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return 1;
+}
+
+/* "exited with code 3" / "was killed by signal SIGKILL". */
+static const char *status_text(int status, char *buf, size_t n) {
+  char sb[32];
+  if (WIFSIGNALED(status))
+    snprintf(buf, n, "was killed by signal %s%s", signame(WTERMSIG(status), sb, sizeof sb),
+             WCOREDUMP(status) ? " (core dumped)" : "");
+  else
+    snprintf(buf, n, "exited with code %d", status_code(status));
+  return buf;
+}
+
+/* Prints one launcher line to stderr. */
+static void say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void say(const char *fmt, ...) {
+  char buf[2048];
+  va_list ap;
+  va_start(ap, fmt);
+  int n = snprintf(buf, sizeof buf, "crun-lua: ");
+  n += vsnprintf(buf + n, sizeof buf - (size_t)n - 1, fmt, ap);
+  va_end(ap);
+  if (n > (int)sizeof buf - 2) n = (int)sizeof buf - 2;
+  buf[n++] = '\n';
+  crun__write_all(2, buf, (size_t)n);
+}
+
+/* ---------------------------------------------------------------- watchdog */
+
+/* The watchdog's whole life: remember the latest group, kill it at EOF. */
+static void watchdog_main(int rfd) {
+  pid_t pgid = 0, next;
+  for (;;) {
+    ssize_t n = read(rfd, &next, sizeof next);
+    if (n < 0 && errno == EINTR) continue;
+    if (n != (ssize_t)sizeof next) break;
+    pgid = next;
+  }
+  if (pgid > 0) kill(-pgid, SIGKILL);
+  _exit(0);
+}
+
+/* Forks the watchdog into its own session; it ignores terminal signals. */
+static int watchdog_start(sup_t *s) {
+  int p[2];
+  if (pipe2(p, O_CLOEXEC) < 0) return crun_error(CRUN_ESYS, "pipe: %s", strerror(errno));
+  pid_t pid = fork();
+  if (pid < 0) {
+    close(p[0]);
+    close(p[1]);
+    return crun_error(CRUN_ESYS, "fork of the watchdog: %s", strerror(errno));
+  }
+  if (pid == 0) {
+    setsid();
+    signal(SIGINT, SIG_IGN);
+    signal(SIGTERM, SIG_IGN);
+    signal(SIGHUP, SIG_IGN);
+    sigset_t all;
+    sigemptyset(&all);
+    sigprocmask(SIG_SETMASK, &all, NULL);
+    prctl(PR_SET_NAME, "crun-lua-watch");
+    int keep = dup2(p[0], 3);
+    close_range(4, ~0U, 0);
+    watchdog_main(keep);
+  }
+  close(p[0]);
+  s->watch_fd = p[1];
+  s->watch_pid = pid;
+  return 0;
+}
+
+/* Tells the watchdog which group to kill if the launcher dies. */
+static void watchdog_set(sup_t *s, pid_t pgid) {
+  if (s->watch_fd >= 0 && write(s->watch_fd, &pgid, sizeof pgid) != (ssize_t)sizeof pgid)
+    CRUN_LOG(WARN, LAUNCH, "cannot reach the watchdog: %s", strerror(errno));
+}
+
+/* Closes the pipe (the watchdog kills the last group, then exits) and reaps it. */
+static void watchdog_stop(sup_t *s) {
+  if (s->watch_fd < 0) return;
+  close(s->watch_fd);
+  s->watch_fd = -1;
+  while (waitpid(s->watch_pid, NULL, 0) < 0 && errno == EINTR) {}
+}
+
+/* ---------------------------------------------------------------- spawning */
+
+/* Opens <log_dir>/attempt_<k>/rank_<r>.<what> for writing; -1 on failure
+ * with the reason recorded. */
+static int open_log(const crun__opts_t *o, int attempt, int rank, const char *what) {
+  char path[4096];
+  snprintf(path, sizeof path, "%s/attempt_%d", o->log_dir, attempt);
+  if (mkdir(o->log_dir, 0777) < 0 && errno != EEXIST) goto fail;
+  if (mkdir(path, 0777) < 0 && errno != EEXIST) goto fail;
+  snprintf(path, sizeof path, "%s/attempt_%d/rank_%d.%s", o->log_dir, attempt, rank, what);
+  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+  if (fd >= 0) return fd;
+fail:
+  crun_error(CRUN_ESYS, "cannot create log file %s: %s", path, strerror(errno));
+  return -1;
+}
+
+/* In the child: join the group, die with the launcher, wire stdio, run. */
+static void child_main(sup_t *s, proc_t *p, int out_w, int err_w, int attempt) {
+  setpgid(0, s->pgid);
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != s->self) _exit(128 + SIGKILL); /* the launcher is already gone */
+  int devnull = open("/dev/null", O_RDONLY);
+  if (devnull >= 0) dup2(devnull, 0);
+  dup2(out_w, 1);
+  dup2(err_w, 2);
+  close_range(3, ~0U, 0);
+  sigset_t none;
+  sigemptyset(&none);
+  sigprocmask(SIG_SETMASK, &none, NULL);
+  signal(SIGPIPE, SIG_DFL);
+  setvbuf(stdout, NULL, _IOLBF, 0);
+  crun__placement_t pl = s->base;
+  pl.rank = s->base.rank + p->local_rank;
+  pl.local_rank = p->local_rank;
+  pl.restart_count = attempt;
+  crun__worker_setenv(s->o, &pl);
+  _exit(crun__worker_run(s->o));
+}
+
+/* Forks worker p with its two pipes and its log files. */
+static int spawn_one(sup_t *s, proc_t *p, int attempt) {
+  const crun__opts_t *o = s->o;
+  int out[2], err[2];
+  int log_out = -1, log_err = -1;
+  if (o->log_dir) {
+    if ((log_out = open_log(o, attempt, p->rank, "stdout")) < 0) return CRUN_ESYS;
+    if ((log_err = open_log(o, attempt, p->rank, "stderr")) < 0) { close(log_out); return CRUN_ESYS; }
+  }
+  if (pipe2(out, O_CLOEXEC) < 0) goto fail;
+  if (pipe2(err, O_CLOEXEC) < 0) { close(out[0]); close(out[1]); goto fail; }
+  pid_t pid = fork();
+  if (pid < 0) { close(out[0]); close(out[1]); close(err[0]); close(err[1]); goto fail; }
+  if (pid == 0) child_main(s, p, out[1], err[1], attempt);
+  if (s->pgid == 0) s->pgid = pid;
+  setpgid(pid, s->pgid);
+  close(out[1]);
+  close(err[1]);
+  p->pid = pid;
+  p->running = 1;
+  char prefix[24] = "";
+  if (!o->no_prefix) snprintf(prefix, sizeof prefix, "[%d] ", p->rank);
+  int show = !o->log_dir || o->tee;
+  crun__stream_init(&p->out, out[0], show ? 1 : -1, log_out, prefix, 0);
+  crun__stream_init(&p->err, err[0], show ? 2 : -1, log_err, prefix, 1);
+  return 0;
+fail:
+  if (log_out >= 0) close(log_out);
+  if (log_err >= 0) close(log_err);
+  return crun_error(CRUN_ESYS, "cannot start rank %d: %s", p->rank, strerror(errno));
+}
+
+/* ---------------------------------------------------------------- stopping */
+
+/* Sends sig to every worker of the attempt (and their children). */
+static void signal_group(sup_t *s, int sig) {
+  if (s->pgid > 0) kill(-s->pgid, sig);
+}
+
+/* Starts stopping the attempt: sig now, SIGKILL after the grace period. */
+static void begin_stop(sup_t *s, int sig) {
+  if (s->stopping >= 1) {
+    if (sig != SIGTERM || s->signal_seen) { signal_group(s, SIGKILL); s->stopping = 2; }
+    return;
+  }
+  signal_group(s, sig);
+  s->stopping = 1;
+  s->kill_at = crun_clock() + s->o->grace;
+}
+
+/* Reaps every exited worker; the first failure stops the others. */
+static void reap(sup_t *s) {
+  int status;
+  pid_t pid;
+  while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+    for (int i = 0; i < s->o->nproc; i++) {
+      proc_t *p = &s->procs[i];
+      if (p->pid != pid || !p->running) continue;
+      p->running = 0;
+      p->status = status;
+      CRUN_LOG(INFO, LAUNCH, "rank %d (pid %d) %s", p->rank, (int)pid,
+               WIFSIGNALED(status) ? "died by a signal" : "exited");
+      int failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+      if (failed && !s->stopping && s->fail.rank < 0 && !s->signal_seen) {
+        s->fail.rank = p->rank;
+        s->fail.pid = pid;
+        s->fail.status = status;
+        begin_stop(s, SIGTERM);
+      }
+    }
+  }
+}
+
+/* Handles what the signalfd has: children exiting or a signal to forward. */
+static void on_signals(sup_t *s) {
+  struct signalfd_siginfo si;
+  while (read(s->sfd, &si, sizeof si) == (ssize_t)sizeof si) {
+    int sig = (int)si.ssi_signo;
+    if (sig == SIGCHLD) continue;
+    char sb[32];
+    if (!s->signal_seen) {
+      s->signal_seen = sig;
+      say("received %s; stopping %d worker%s", signame(sig, sb, sizeof sb), s->o->nproc,
+          s->o->nproc == 1 ? "" : "s");
+      begin_stop(s, sig);
+    } else {
+      begin_stop(s, SIGKILL);
+    }
+  }
+  reap(s);
+}
+
+/* ---------------------------------------------------------------- the loop */
+
+/* Counts workers still running and streams still open. */
+static void count_live(sup_t *s, int *running, int *open) {
+  *running = *open = 0;
+  for (int i = 0; i < s->o->nproc; i++) {
+    *running += s->procs[i].running;
+    *open += (s->procs[i].out.fd >= 0) + (s->procs[i].err.fd >= 0);
+  }
+}
+
+/* Milliseconds until the nearest deadline, -1 for none. */
+static int poll_timeout(sup_t *s, int running) {
+  double now = crun_clock(), until = -1;
+  if (s->stopping == 1) until = s->kill_at;
+  if (!running) until = s->drain_until;
+  if (until < 0) return -1;
+  double ms = (until - now) * 1e3;
+  return ms <= 0 ? 0 : (int)ms + 1;
+}
+
+/* Acts on passed deadlines: SIGKILL after the grace period; after the drain
+ * period, gives up on pipes that children of the workers keep open. */
+static void on_deadlines(sup_t *s, int running) {
+  double now = crun_clock();
+  if (s->stopping == 1 && now >= s->kill_at) {
+    CRUN_LOG(INFO, LAUNCH, "grace period over; sending SIGKILL");
+    signal_group(s, SIGKILL);
+    s->stopping = 2;
+  }
+  if (!running && now >= s->drain_until)
+    for (int i = 0; i < s->o->nproc; i++) {
+      crun__stream_finish(&s->procs[i].out);
+      crun__stream_finish(&s->procs[i].err);
+    }
+}
+
+/* Polls the signalfd, the remote-failure fd and every open pipe once. */
+static void poll_once(sup_t *s, struct pollfd *fds, int running) {
+  int n = 0, remote_fd = crun__agent_failure_fd(s->agent);
+  fds[n++] = (struct pollfd){.fd = s->sfd, .events = POLLIN};
+  fds[n++] = (struct pollfd){.fd = s->stopping ? -1 : remote_fd, .events = POLLIN};
+  for (int i = 0; i < s->o->nproc; i++) {
+    fds[n++] = (struct pollfd){.fd = s->procs[i].out.fd, .events = POLLIN};
+    fds[n++] = (struct pollfd){.fd = s->procs[i].err.fd, .events = POLLIN};
+  }
+  int rc = poll(fds, (nfds_t)n, poll_timeout(s, running));
+  if (rc > 0) {
+    for (int i = 0; i < s->o->nproc; i++) {
+      if (fds[2 + 2 * i].revents) crun__stream_pump(&s->procs[i].out);
+      if (fds[3 + 2 * i].revents) crun__stream_pump(&s->procs[i].err);
+    }
+    if (fds[0].revents) on_signals(s);
+    if (fds[1].revents && !s->stopping) {
+      s->fail.remote = 1;
+      begin_stop(s, SIGTERM);
+    }
+  }
+}
+
+/* One line naming a failure: "rank 3 (pid 42) exited with code 7". */
+static const char *failure_text(const failure_t *f, char *buf, size_t n) {
+  char st[96];
+  if (f->rank < 0) snprintf(buf, n, "%s", f->remote ? "stopped: a worker on another node failed" : "succeeded");
+  else snprintf(buf, n, "rank %d (pid %d) %s", f->rank, (int)f->pid, status_text(f->status, st, sizeof st));
+  return buf;
+}
+
+/* Prints the first failure of the attempt with the last lines of its stderr
+ * (a Lua traceback is left out: the worker printed it already). */
+static void report_failure(sup_t *s, int attempt) {
+  char ft[160];
+  if (s->fail.rank < 0 && !s->fail.remote) return;
+  say("attempt %d failed: %s", attempt, failure_text(&s->fail, ft, sizeof ft));
+  if (s->fail.rank < 0) return;
+  proc_t *p = &s->procs[s->fail.rank - s->base.rank];
+  const char *lines[CRUN_SUMMARY_TAIL];
+  int n = crun__stream_tail(&p->err, lines, CRUN_SUMMARY_TAIL);
+  if (n == 0) say("  rank %d wrote nothing to stderr", p->rank);
+  else say("  last stderr lines of rank %d:", p->rank);
+  for (int i = 0; i < n; i++) say("  | %s", lines[i]);
+}
+
+/* Runs one attempt to its end; returns this node's exit code for it. */
+static int run_attempt(sup_t *s, int attempt, struct pollfd *fds) {
+  s->pgid = 0;
+  s->stopping = 0;
+  s->fail = (failure_t){.rank = -1};
+  fflush(NULL);
+  int rc = 0;
+  for (int i = 0; i < s->o->nproc && rc == 0; i++) {
+    s->procs[i] = (proc_t){.local_rank = i, .rank = s->base.rank + i};
+    s->procs[i].out.fd = s->procs[i].err.fd = -1;
+    rc = spawn_one(s, &s->procs[i], attempt);
+    if (rc == 0 && i == 0) watchdog_set(s, s->pgid);
+  }
+  if (rc < 0) {
+    say("%s", crun_last_error());
+    begin_stop(s, SIGKILL);
+  }
+  int running, open;
+  count_live(s, &running, &open);
+  s->drain_until = -1;
+  while (running || open) {
+    poll_once(s, fds, running);
+    count_live(s, &running, &open);
+    if (!running && s->drain_until < 0) {
+      signal_group(s, SIGKILL); /* children the workers left behind */
+      s->drain_until = crun_clock() + CRUN_DRAIN_SECONDS;
+    }
+    on_deadlines(s, running);
+    count_live(s, &running, &open);
+  }
+  report_failure(s, attempt);
+  for (int i = 0; i < s->o->nproc; i++) {
+    crun__stream_free(&s->procs[i].out);
+    crun__stream_free(&s->procs[i].err);
+  }
+  if (rc < 0) return 1;
+  if (s->fail.rank >= 0) return status_code(s->fail.status);
+  if (s->signal_seen) return 128 + s->signal_seen;
+  return s->fail.remote ? 1 : 0;
+}
+
+/* Blocks the signals the loop handles and opens the signalfd for them. */
+static int signals_setup(sup_t *s, sigset_t *old) {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGCHLD);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGHUP);
+  sigprocmask(SIG_BLOCK, &set, old);
+  signal(SIGPIPE, SIG_IGN);
+  s->sfd = signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
+  if (s->sfd < 0) return crun_error(CRUN_ESYS, "signalfd: %s", strerror(errno));
+  return 0;
+}
+
+/* The closing lines: every attempt when there were several, and the code. */
+static void final_summary(sup_t *s, const failure_t *hist, int attempts, int code) {
+  char ft[160], sb[32];
+  if (attempts > 1) {
+    say("%s after %d attempt%s:", code == 0 ? "job succeeded" : "job failed", attempts,
+        attempts == 1 ? "" : "s");
+    for (int i = 0; i < attempts; i++) say("  attempt %d: %s", i, failure_text(&hist[i], ft, sizeof ft));
+  }
+  if (s->signal_seen)
+    say("stopped by %s; exit code %d", signame(s->signal_seen, sb, sizeof sb), code);
+  else if (code != 0 && hist[attempts - 1].rank >= 0)
+    say("exit code %d (from rank %d)", code, hist[attempts - 1].rank);
+  else if (code != 0)
+    say("exit code %d", code);
+}
+
+/* Runs attempts until one succeeds, restarts run out, or a signal came. */
+static int run_attempts(sup_t *s, failure_t *hist, int *attempts, struct pollfd *fds) {
+  int code = 1;
+  for (int attempt = 0; attempt <= s->o->max_restarts; attempt++) {
+    int rc = crun__agent_begin_attempt(s->agent, attempt);
+    if (rc < 0) {
+      say("%s", crun_last_error());
+      return 1;
+    }
+    code = run_attempt(s, attempt, fds);
+    hist[attempt] = s->fail;
+    *attempts = attempt + 1;
+    if (s->signal_seen) return code;
+    int job_failed = code != 0;
+    if (crun__agent_end_attempt(s->agent, attempt, code, &job_failed) < 0) {
+      say("%s", crun_last_error());
+      return code ? code : 1;
+    }
+    if (!job_failed) return 0;
+    if (code == 0) {
+      code = 1;
+      hist[attempt].remote = 1;
+    }
+    if (attempt < s->o->max_restarts)
+      say("restarting all workers (restart %d of %d)", attempt + 1, s->o->max_restarts);
+  }
+  return code;
+}
+
+int crun__supervise(const crun__opts_t *o, const crun__placement_t *base, crun__agent_t *agent) {
+  sup_t s = {.o = o, .base = *base, .agent = agent, .sfd = -1, .watch_fd = -1, .self = getpid()};
+  s.procs = calloc((size_t)o->nproc, sizeof *s.procs);
+  struct pollfd *fds = calloc((size_t)o->nproc * 2 + 2, sizeof *fds);
+  failure_t *hist = calloc((size_t)o->max_restarts + 1, sizeof *hist);
+  sigset_t old;
+  int code = 1, attempts = 0;
+  if (!s.procs || !fds || !hist) {
+    say("out of memory for %d workers", o->nproc);
+    goto out;
+  }
+  if (signals_setup(&s, &old) < 0 || watchdog_start(&s) < 0) {
+    say("%s", crun_last_error());
+    goto out;
+  }
+  code = run_attempts(&s, hist, &attempts, fds);
+  if (attempts > 0) final_summary(&s, hist, attempts, code);
+out:
+  watchdog_stop(&s);
+  if (s.sfd >= 0) {
+    close(s.sfd);
+    sigprocmask(SIG_SETMASK, &old, NULL);
+  }
+  free(s.procs);
+  free(fds);
+  free(hist);
+  return code;
+}

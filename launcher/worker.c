@@ -1,0 +1,173 @@
+/* worker.c — one rank: its environment and the Lua state that runs the script.
+ *
+ * Used in a forked child of the launcher, and in-process when mpirun or srun
+ * already made this process one rank of a job. */
+#include "launcher.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include <lauxlib.h>
+#include <lua.h>
+#include <lualib.h>
+
+#include "crun_lua.h"
+
+/* Sets name to the decimal value. */
+static void setenv_int(const char *name, long value) {
+  char buf[32];
+  snprintf(buf, sizeof buf, "%ld", value);
+  setenv(name, buf, 1);
+}
+
+void crun__worker_setenv(const crun__opts_t *o, const crun__placement_t *p) {
+  setenv_int("RANK", p->rank);
+  setenv_int("LOCAL_RANK", p->local_rank);
+  setenv_int("WORLD_SIZE", p->world_size);
+  setenv_int("LOCAL_WORLD_SIZE", p->local_world_size);
+  setenv_int("GROUP_RANK", p->group_rank);
+  setenv_int("CRUN_RESTART_COUNT", p->restart_count);
+  setenv("MASTER_ADDR", p->master_addr, 1);
+  setenv_int("MASTER_PORT", p->master_port);
+  setenv("OMP_NUM_THREADS", "1", 0); /* keep the user's value */
+  if (o->backend) setenv("CRUN_BACKEND", o->backend, 1);
+  setenv("CRUN_LAUNCHER", "1", 1); /* the launcher serves the store: ranks must not */
+  crun_log_set_rank(p->rank);
+  crun_log_init();
+}
+
+/* The lua dir holding crun/init.lua: the build tree's when it exists. */
+static const char *lua_dir(void) {
+  struct stat st;
+  if (stat(CRUN_LUA_BUILD_DIR "/crun/init.lua", &st) == 0) return CRUN_LUA_BUILD_DIR;
+  return CRUN_LUA_INSTALL_LDIR;
+}
+
+/* package.preload["crun.core"] and package.path with the crun lua dir first. */
+static void setup_package(lua_State *L) {
+  lua_getglobal(L, "package");
+  lua_getfield(L, -1, "preload");
+  lua_pushcfunction(L, luaopen_crun_core);
+  lua_setfield(L, -2, "crun.core");
+  lua_pop(L, 1);
+  const char *dir = lua_dir();
+  lua_getfield(L, -1, "path");
+  lua_pushfstring(L, "%s/?.lua;%s/?/init.lua;%s", dir, dir, lua_tostring(L, -1));
+  lua_setfield(L, -3, "path");
+  lua_pop(L, 2);
+}
+
+/* The global `arg`: arg[0] the script, arg[1..] its arguments, negative
+ * indices the launcher and its options (as lua.c does). Pushes the script
+ * arguments too and returns how many, for the chunk's `...`. */
+static int setup_arg(lua_State *L, const crun__opts_t *o) {
+  int nargs = o->argc - o->script_index - 1;
+  lua_createtable(L, nargs, o->script_index + 1);
+  for (int i = 0; i < o->argc; i++) {
+    lua_pushstring(L, o->argv[i]);
+    lua_rawseti(L, -2, i - o->script_index);
+  }
+  lua_setglobal(L, "arg");
+  luaL_checkstack(L, nargs, "too many script arguments");
+  for (int i = 1; i <= nargs; i++) lua_pushstring(L, o->argv[o->script_index + i]);
+  return nargs;
+}
+
+/* Message handler: the error text followed by a traceback. */
+static int msghandler(lua_State *L) {
+  const char *msg = lua_tostring(L, 1);
+  if (msg == NULL) {
+    if (luaL_callmeta(L, 1, "__tostring") && lua_type(L, -1) == LUA_TSTRING) return 1;
+    msg = lua_pushfstring(L, "(error object is a %s value)", luaL_typename(L, 1));
+  }
+  luaL_traceback(L, L, msg, 1);
+  return 1;
+}
+
+/* Loads the script and calls it under the traceback handler. */
+static int run_script(lua_State *L, const crun__opts_t *o) {
+  lua_pushcfunction(L, msghandler);
+  int base = lua_gettop(L);
+  if (luaL_loadfile(L, o->script) != LUA_OK) return LUA_ERRSYNTAX;
+  int nargs = setup_arg(L, o);
+  return lua_pcall(L, nargs, 0, base);
+}
+
+int crun__worker_run(const crun__opts_t *o) {
+  lua_State *L = luaL_newstate();
+  if (!L) {
+    fprintf(stderr, "crun-lua: cannot create a Lua state (out of memory)\n");
+    return 1;
+  }
+  luaL_openlibs(L);
+  setup_package(L);
+  int rc = run_script(L, o);
+  if (rc != LUA_OK) {
+    const char *msg = lua_tostring(L, -1);
+    fprintf(stderr, "crun-lua: %s\n", msg ? msg : "(error without a message)");
+  }
+  lua_close(L);
+  fflush(stdout);
+  fflush(stderr);
+  return rc == LUA_OK ? 0 : 1;
+}
+
+int crun__script_check(const char *script) {
+  lua_State *L = luaL_newstate();
+  if (!L) return crun_error(CRUN_ENOMEM, "cannot create a Lua state");
+  int rc = luaL_loadfile(L, script);
+  if (rc != LUA_OK) {
+    crun_error(CRUN_EINVAL, "%s", lua_tostring(L, -1));
+    lua_close(L);
+    return CRUN_EINVAL;
+  }
+  lua_close(L);
+  return 0;
+}
+
+/* Reads a non-negative integer variable into *out; 0 when unset, 1 when read,
+ * CRUN_EINVAL when set but not a number. */
+static int env_nonneg(const char *name, int *out) {
+  const char *s = getenv(name);
+  if (!s || !*s) return 0;
+  char *end;
+  long v = strtol(s, &end, 10);
+  if (*end || v < 0 || v > 1 << 24)
+    return crun_error(CRUN_EINVAL, "%s='%s' is not a non-negative integer", name, s);
+  *out = (int)v;
+  return 1;
+}
+
+/* Tries one engine's variable names; see crun__engine_detect. */
+static int engine_try(const char *rank_var, const char *size_var, const char *lrank_var,
+                      const char *lsize_var, crun__placement_t *p) {
+  int rank = 0, size = 0, lrank = -1, lsize = -1, rc;
+  if ((rc = env_nonneg(rank_var, &rank)) <= 0) return rc;
+  if ((rc = env_nonneg(size_var, &size)) <= 0)
+    return rc < 0 ? rc : crun_error(CRUN_EINVAL, "%s is set but %s is not", rank_var, size_var);
+  if (rank >= size) return crun_error(CRUN_EINVAL, "%s=%d is not below %s=%d", rank_var, rank, size_var, size);
+  if (lrank_var && env_nonneg(lrank_var, &lrank) < 0) return CRUN_EINVAL;
+  if (lsize_var && env_nonneg(lsize_var, &lsize) < 0) return CRUN_EINVAL;
+  p->rank = rank;
+  p->world_size = size;
+  p->local_rank = lrank >= 0 ? lrank : 0;
+  p->local_world_size = lsize > 0 ? lsize : (lrank >= 0 ? size : 1);
+  p->group_rank = rank / p->local_world_size; /* node-major placement, as mpirun/srun default */
+  return 1;
+}
+
+int crun__engine_detect(crun__placement_t *p) {
+  int rc = engine_try("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+                      "OMPI_COMM_WORLD_LOCAL_SIZE", p);
+  if (rc == 0) rc = engine_try("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS", p);
+  if (rc == 0) rc = engine_try("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", NULL, p);
+  if (rc == 1 && getenv("SLURM_PROCID") && !getenv("OMPI_COMM_WORLD_RANK") && !getenv("PMI_RANK")) {
+    int node = 0, nnodes = 0;
+    if (env_nonneg("SLURM_NODEID", &node) == 1) p->group_rank = node;
+    if (env_nonneg("SLURM_NNODES", &nnodes) == 1 && nnodes > 0 && p->world_size % nnodes == 0)
+      p->local_world_size = p->world_size / nnodes;
+  }
+  return rc;
+}
