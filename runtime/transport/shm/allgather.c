@@ -1,0 +1,69 @@
+/* allgather.c — all_gather on the shared segment: every rank copies its
+ * input into its slot (or chunk by chunk into its buffers) and copies every
+ * peer's out after the synchronisation. In place when in is out's block. */
+#include "transport/shm/shm_int.h"
+
+#include <string.h>
+
+static void ag_fill(shm_op_t *o, char *mine) { memcpy(mine, o->in, o->small_len); }
+
+/* Copies this rank's own n elements from base into its block of out. */
+static void own_block(shm_op_t *o, size_t base, size_t n) {
+  char *dst = o->out + ((size_t)o->c->rank * o->count + base) * o->es;
+  const char *src = o->in + base * o->es;
+  if (dst != src) memmove(dst, src, n * o->es);
+}
+
+static int ag_finish(shm_op_t *o, int b) {
+  crun__shm_comm_t *c = o->c;
+  size_t bytes = o->count * o->es;
+  for (int q = 0; q < c->size; q++)
+    if (q != c->rank) memcpy(o->out + (size_t)q * bytes, crun__shm_small_data(c, q, b), bytes);
+  own_block(o, 0, o->count);
+  return 0;
+}
+
+static size_t chunk_len(shm_op_t *o, size_t t, size_t *base) {
+  *base = t * o->chunk_elems;
+  size_t left = o->count - *base;
+  return left < o->chunk_elems ? left : o->chunk_elems;
+}
+
+static void ag_copy_in(shm_op_t *o, size_t t, char *mine) {
+  size_t base, n = chunk_len(o, t, &base);
+  memcpy(mine, o->in + base * o->es, n * o->es);
+}
+
+static int ag_copy_out(shm_op_t *o, size_t t, int b) {
+  crun__shm_comm_t *c = o->c;
+  size_t base, n = chunk_len(o, t, &base);
+  for (int q = 0; q < c->size; q++)
+    if (q != c->rank)
+      memcpy(o->out + ((size_t)q * o->count + base) * o->es, crun__shm_buf(c, q, b), n * o->es);
+  own_block(o, base, n);
+  return 0;
+}
+
+int crun__shm_all_gather(crun__shm_comm_t *c, void *out, const void *in, size_t count,
+                         crun_dtype_t dt, double timeout) {
+  CRUN_CHECK(crun__shm_begin(c, SHM_ALLGATHER, dt, 0, -1, count, c ? (size_t)c->size : 1,
+                             out && in, timeout));
+  shm_op_t o = {.c = c, .kind = SHM_ALLGATHER, .dt = dt, .count = count};
+  o.es = crun_dtype_size(dt);
+  o.in = in;
+  o.out = out;
+  size_t bytes = count * o.es;
+  if (bytes <= c->small_bytes) {
+    o.small_len = bytes;
+    o.fill = ag_fill;
+    o.finish = count ? ag_finish : NULL;
+    return crun__shm_run_small(&o);
+  }
+  o.chunk_elems = c->chunk / o.es;
+  o.nchunks = (count + o.chunk_elems - 1) / o.chunk_elems;
+  o.copy_in = ag_copy_in;
+  o.copy_out = ag_copy_out;
+  o.out_wait_ctr = SHM_CTR_IN;
+  o.out_wait_who = -1;
+  return crun__shm_run_pipeline(&o);
+}

@@ -1,0 +1,103 @@
+/* allreduce.c — all_reduce and reduce(root) on the shared segment.
+ * One-shot: every rank copies its input into its slot; each rank (only the
+ * root for reduce) reduces the size slots in rank order. Pipelined: each rank
+ * copies chunk t (but its own slice) into its buffer, reduces its 1/size
+ * slice from its private input and the peers' buffers, then every rank (only
+ * the root for reduce) copies the reduced slices out. */
+#include "transport/shm/shm_int.h"
+
+#include <string.h>
+
+/* Bounds of rank q's slice of chunk t (elements, relative to the chunk). */
+static size_t chunk_len(shm_op_t *o, size_t t, size_t *base) {
+  *base = t * o->chunk_elems;
+  size_t left = o->count - *base;
+  return left < o->chunk_elems ? left : o->chunk_elems;
+}
+
+static void slice_of(shm_op_t *o, size_t n, int q, size_t *lo, size_t *hi) {
+  crun__shm_slice(n, o->c->size, SHM_LINE / o->es, q, lo, hi);
+}
+
+static void ar_fill(shm_op_t *o, char *mine) { memcpy(mine, o->in, o->small_len); }
+
+static int ar_finish(shm_op_t *o, int b) {
+  crun__shm_comm_t *c = o->c;
+  if (o->kind == SHM_REDUCE && c->rank != o->root) return 0;
+  const void *srcs[CRUN_SHM_MAX_RANKS];
+  for (int q = 0; q < c->size; q++)
+    srcs[q] = q == c->rank ? (const void *)o->in : crun__shm_small_data(c, q, b);
+  CRUN_CHECK(crun_reduce_n(o->dt, o->op, o->out, srcs, c->size, o->count));
+  if (o->op == CRUN_OP_AVG) CRUN_CHECK(crun_scale_div(o->dt, o->out, o->count, c->size));
+  return 0;
+}
+
+static void ar_copy_in(shm_op_t *o, size_t t, char *mine) {
+  size_t base, n = chunk_len(o, t, &base), lo, hi;
+  slice_of(o, n, o->c->rank, &lo, &hi);
+  const char *src = o->in + base * o->es;
+  memcpy(mine, src, lo * o->es);
+  memcpy(mine + hi * o->es, src + hi * o->es, (n - hi) * o->es);
+}
+
+static int ar_reduce(shm_op_t *o, size_t t, int b) {
+  crun__shm_comm_t *c = o->c;
+  size_t base, n = chunk_len(o, t, &base), lo, hi;
+  slice_of(o, n, c->rank, &lo, &hi);
+  if (hi == lo) return 0;
+  const void *srcs[CRUN_SHM_MAX_RANKS];
+  for (int q = 0; q < c->size; q++)
+    srcs[q] = q == c->rank ? o->in + (base + lo) * o->es
+                           : (const char *)crun__shm_buf(c, q, b) + lo * o->es;
+  char *dst = crun__shm_buf(c, c->rank, b) + lo * o->es;
+  CRUN_CHECK(crun_reduce_n(o->dt, o->op, dst, srcs, c->size, hi - lo));
+  if (o->op == CRUN_OP_AVG) CRUN_CHECK(crun_scale_div(o->dt, dst, hi - lo, c->size));
+  return 0;
+}
+
+static int ar_copy_out(shm_op_t *o, size_t t, int b) {
+  crun__shm_comm_t *c = o->c;
+  size_t base, n = chunk_len(o, t, &base), lo, hi;
+  for (int q = 0; q < c->size; q++) {
+    slice_of(o, n, q, &lo, &hi);
+    memcpy(o->out + (base + lo) * o->es, crun__shm_buf(c, q, b) + lo * o->es, (hi - lo) * o->es);
+  }
+  return 0;
+}
+
+/* Runs all_reduce (root < 0) or reduce(root) once begin() accepted it. */
+static int run(crun__shm_comm_t *c, shm_kind_t kind, void *buf, const void *sendbuf,
+               size_t count, crun_dtype_t dt, crun_reduce_op_t op, int root) {
+  shm_op_t o = {.c = c, .kind = kind, .dt = dt, .op = op, .root = root, .count = count};
+  o.es = crun_dtype_size(dt);
+  o.in = sendbuf ? sendbuf : buf;
+  o.out = buf;
+  size_t bytes = count * o.es;
+  if (bytes <= c->small_bytes) {
+    o.small_len = bytes;
+    o.fill = ar_fill;
+    o.finish = count ? ar_finish : NULL;
+    return crun__shm_run_small(&o);
+  }
+  o.chunk_elems = c->chunk / o.es;
+  o.nchunks = (count + o.chunk_elems - 1) / o.chunk_elems;
+  o.has_reduce = 1;
+  o.copy_in = ar_copy_in;
+  o.reduce = ar_reduce;
+  o.copy_out = kind == SHM_ALLREDUCE || c->rank == root ? ar_copy_out : NULL;
+  o.out_wait_ctr = SHM_CTR_RED;
+  o.out_wait_who = -1;
+  return crun__shm_run_pipeline(&o);
+}
+
+int crun__shm_allreduce(crun__shm_comm_t *c, void *buf, const void *sendbuf, size_t count,
+                        crun_dtype_t dt, crun_reduce_op_t op, double timeout) {
+  CRUN_CHECK(crun__shm_begin(c, SHM_ALLREDUCE, dt, op, -1, count, 1, buf != NULL, timeout));
+  return run(c, SHM_ALLREDUCE, buf, sendbuf, count, dt, op, -1);
+}
+
+int crun__shm_reduce(crun__shm_comm_t *c, void *buf, const void *sendbuf, size_t count,
+                     crun_dtype_t dt, crun_reduce_op_t op, int root, double timeout) {
+  CRUN_CHECK(crun__shm_begin(c, SHM_REDUCE, dt, op, root, count, 1, buf != NULL, timeout));
+  return run(c, SHM_REDUCE, buf, sendbuf, count, dt, op, root);
+}

@@ -1,0 +1,168 @@
+/* engine.c — what every collective shares: argument checks and the op
+ * description, the one-shot path and the chunked pipeline. */
+#include "transport/shm/shm_int.h"
+
+#include <stdint.h>
+#include <string.h>
+
+/* Splits n items into `parts` nearly equal slices whose bounds are multiples
+ * of align (except the end); slice i is [*lo, *hi), possibly empty. */
+void crun__shm_slice(size_t n, int parts, size_t align, int i, size_t *lo, size_t *hi) {
+  size_t per = (n + (size_t)parts - 1) / (size_t)parts;
+  per = (per + align - 1) / align * align;
+  size_t a = per * (size_t)i, b = a + per;
+  *lo = a < n ? a : n;
+  *hi = b < n ? b : n;
+}
+
+static int check_args(crun__shm_comm_t *c, shm_kind_t kind, crun_dtype_t dt,
+                      crun_reduce_op_t op, int root, size_t count, size_t nblocks,
+                      int bufs_ok) {
+  const char *name = crun__shm_kind_name(kind);
+  if (!c) return crun_error(CRUN_EINVAL, "shm %s: communicator is NULL", name);
+  if (c->broken)
+    return crun_error(CRUN_ESTATE, "shm %s on rank %d: the communicator is unusable after an "
+                      "earlier failure; destroy it", name, c->rank);
+  if ((unsigned)dt >= CRUN_DTYPE_COUNT)
+    return crun_error(CRUN_EINVAL, "shm %s on rank %d: unknown dtype %d", name, c->rank, dt);
+  if (kind == SHM_ALLREDUCE || kind == SHM_REDUCE || kind == SHM_REDUCE_SCATTER) {
+    if ((unsigned)op >= CRUN_OP_COUNT)
+      return crun_error(CRUN_EINVAL, "shm %s on rank %d: unknown reduce op %d", name, c->rank,
+                        op);
+    int rc = crun_reduce_op_check(dt, op);
+    if (rc < 0)
+      return crun_error(rc, "shm %s on rank %d: %s", name, c->rank,
+                        crun_last_error() + strlen(crun_err_name(rc)) + 2);
+  }
+  if ((kind == SHM_REDUCE || kind == SHM_BROADCAST) && (root < 0 || root >= c->size))
+    return crun_error(CRUN_EINVAL, "shm %s on rank %d: root %d out of range 0..%d", name,
+                      c->rank, root, c->size - 1);
+  if (count > 0 && !bufs_ok)
+    return crun_error(CRUN_EINVAL, "shm %s on rank %d: buffer is NULL for count %zu", name,
+                      c->rank, count);
+  if (count > SIZE_MAX / 16 / nblocks)
+    return crun_error(CRUN_EINVAL, "shm %s on rank %d: count %zu too large", name, c->rank,
+                      count);
+  return 0;
+}
+
+/* Checks the arguments, starts op number opseq+1 and publishes its
+ * description in this rank's ring. */
+int crun__shm_begin(crun__shm_comm_t *c, shm_kind_t kind, crun_dtype_t dt,
+                    crun_reduce_op_t op, int root, size_t count, size_t nblocks,
+                    int bufs_ok, double timeout) {
+  int rc = check_args(c, kind, dt, op, root, count, nblocks, bufs_ok);
+  if (rc < 0) return c && !c->broken ? crun__shm_fail_last(c, rc) : rc;
+  int uses_op = kind == SHM_ALLREDUCE || kind == SHM_REDUCE || kind == SHM_REDUCE_SCATTER;
+  int uses_root = kind == SHM_REDUCE || kind == SHM_BROADCAST;
+  c->opseq++;
+  c->kind = kind;
+  c->count = count;
+  c->sig = (uint64_t)kind | (uint64_t)dt << 8 | (uint64_t)(uses_op ? op : 0) << 16 |
+           (uint64_t)(uses_root ? root + 1 : 0) << 24;
+  c->op_timeout = timeout > 0 ? timeout : c->timeout;
+  c->deadline = crun_clock() + c->op_timeout;
+  shm_desc_t *d = &c->ctrl[c->rank].ring[c->opseq % SHM_RING];
+  atomic_store_explicit(&d->sig, c->sig, memory_order_relaxed);
+  atomic_store_explicit(&d->count, count, memory_order_relaxed);
+  atomic_store_explicit(&d->opseq, c->opseq, memory_order_release);
+  return 0;
+}
+
+/* Checks that every peer runs the same op as this rank (after a wait that
+ * proved they published it in their small slot header). */
+static int check_small_descs(crun__shm_comm_t *c, int b) {
+  for (int q = 0; q < c->size; q++) {
+    if (q == c->rank) continue;
+    shm_small_hdr_t *h = crun__shm_small_hdr(c, q, b);
+    uint64_t sig = atomic_load_explicit(&h->sig, memory_order_relaxed);
+    uint64_t count = atomic_load_explicit(&h->count, memory_order_relaxed);
+    CRUN_CHECK(crun__shm_check_desc(c, q, c->opseq, sig, count));
+  }
+  return 0;
+}
+
+/* One-shot path: fill this rank's slot, post, wait for every rank, finish
+ * from every slot. Slots alternate between two buffers: a rank can't start op
+ * s+2 before every rank posted s+1, i.e. finished reading op s. */
+int crun__shm_run_small(shm_op_t *o) {
+  crun__shm_comm_t *c = o->c;
+  uint64_t s = ++c->small_seq;
+  int b = (int)(s & 1);
+  shm_small_hdr_t *h = crun__shm_small_hdr(c, c->rank, b);
+  atomic_store_explicit(&h->opseq, c->opseq, memory_order_relaxed);
+  atomic_store_explicit(&h->sig, c->sig, memory_order_relaxed);
+  atomic_store_explicit(&h->count, c->count, memory_order_relaxed);
+  if (o->fill && o->small_len) o->fill(o, crun__shm_small_data(c, c->rank, b));
+  crun__shm_post(c, &h->seq, s);
+  CRUN_CHECK(crun__shm_wait(c, SHM_CTR_SMALL, -1, s));
+  CRUN_CHECK(check_small_descs(c, b));
+  if (o->finish) {
+    int rc = o->finish(o, b);
+    if (rc < 0) return crun__shm_fail_last(c, rc);
+  }
+  return 0;
+}
+
+/* Copies chunk t into this rank's buffer once every rank is done with the
+ * chunk that used it last, then posts IN. */
+static int stage_in(shm_op_t *o, uint64_t g0, size_t t) {
+  crun__shm_comm_t *c = o->c;
+  uint64_t g = g0 + t;
+  if (g > (uint64_t)c->nbuf) CRUN_CHECK(crun__shm_wait(c, SHM_CTR_OUT, -1, g - c->nbuf));
+  if (o->copy_in) o->copy_in(o, t, crun__shm_buf(c, c->rank, (int)(g % c->nbuf)));
+  crun__shm_post(c, &c->ctrl[c->rank].ctr[SHM_CTR_IN], g);
+  return 0;
+}
+
+/* Checks every peer's description of this op in its ring (every peer has
+ * posted IN for the op's first chunk, so it has published it). */
+static int check_ring_descs(crun__shm_comm_t *c) {
+  for (int q = 0; q < c->size; q++) {
+    if (q == c->rank) continue;
+    shm_desc_t *d = &c->ctrl[q].ring[c->opseq % SHM_RING];
+    uint64_t sig = atomic_load_explicit(&d->sig, memory_order_relaxed);
+    uint64_t count = atomic_load_explicit(&d->count, memory_order_relaxed);
+    if (atomic_load_explicit(&d->opseq, memory_order_acquire) != c->opseq)
+      return crun__shm_fail(c, CRUN_EMISMATCH, "shm %s #%llu on rank %d: rank %d is on "
+                            "another collective", crun__shm_kind_name(c->kind),
+                            (unsigned long long)c->opseq, c->rank, q);
+    CRUN_CHECK(crun__shm_check_desc(c, q, c->opseq, sig, count));
+  }
+  return 0;
+}
+
+/* Phases B (reduce) and C (copy out) of chunk t. */
+static int chunk_finish(shm_op_t *o, uint64_t g0, size_t t) {
+  crun__shm_comm_t *c = o->c;
+  uint64_t g = g0 + t;
+  int b = (int)(g % c->nbuf), rc;
+  if (o->has_reduce) {
+    CRUN_CHECK(crun__shm_wait(c, SHM_CTR_IN, -1, g));
+    if ((rc = o->reduce(o, t, b)) < 0) return crun__shm_fail_last(c, rc);
+    crun__shm_post(c, &c->ctrl[c->rank].ctr[SHM_CTR_RED], g);
+  }
+  if (o->copy_out) {
+    CRUN_CHECK(crun__shm_wait(c, (shm_ctr_t)o->out_wait_ctr, o->out_wait_who, g));
+    if ((rc = o->copy_out(o, t, b)) < 0) return crun__shm_fail_last(c, rc);
+  }
+  crun__shm_post(c, &c->ctrl[c->rank].ctr[SHM_CTR_OUT], g);
+  return 0;
+}
+
+/* Pipelined path: chunk t+1 is copied in before chunk t is reduced and
+ * copied out. Chunk numbers (g) run on across ops; buffer = g % nbuf. */
+int crun__shm_run_pipeline(shm_op_t *o) {
+  crun__shm_comm_t *c = o->c;
+  uint64_t g0 = c->chunk_seq + 1;
+  size_t T = o->nchunks;
+  c->chunk_seq += T;
+  CRUN_CHECK(stage_in(o, g0, 0));
+  CRUN_CHECK(crun__shm_wait(c, SHM_CTR_IN, -1, g0));
+  CRUN_CHECK(check_ring_descs(c));
+  for (size_t t = 0; t < T; t++) {
+    if (t + 1 < T) CRUN_CHECK(stage_in(o, g0, t + 1));
+    CRUN_CHECK(chunk_finish(o, g0, t));
+  }
+  return 0;
+}

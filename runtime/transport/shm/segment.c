@@ -1,0 +1,281 @@
+/* segment.c — creating, attaching and unlinking the shared segment of a
+ * communicator, and the per-process set-up (peer pidfds, waiting policy). */
+#include "transport/shm/shm_int.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+static size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
+
+/* Offsets of the parts of a segment for the given layout. */
+typedef struct { size_t pids, ctrl, small, large, total; } shm_layout_t;
+
+static shm_layout_t layout_of(int size, size_t small_bytes, size_t chunk, int nbuf) {
+  shm_layout_t l;
+  l.pids = round_up(sizeof(shm_header_t), SHM_LINE);
+  l.ctrl = round_up(l.pids + sizeof(int32_t) * (size_t)size, SHM_LINE);
+  l.small = l.ctrl + sizeof(shm_ctrl_t) * (size_t)size;
+  l.large = round_up(l.small + (SHM_LINE + small_bytes) * 2 * (size_t)size, 4096);
+  l.total = l.large + chunk * (size_t)nbuf * (size_t)size;
+  return l;
+}
+
+/* Points the communicator's fields at the parts of its mapped segment. */
+static void bind_layout(crun__shm_comm_t *c) {
+  shm_header_t *h = c->base;
+  shm_layout_t l = layout_of(c->size, h->small_bytes, h->chunk, (int)h->nbuf);
+  c->hdr = h;
+  c->pids = (int32_t *)(void *)((char *)c->base + l.pids);
+  c->ctrl = (shm_ctrl_t *)(void *)((char *)c->base + l.ctrl);
+  c->small = (char *)c->base + l.small;
+  c->small_bytes = h->small_bytes;
+  c->small_stride = SHM_LINE + h->small_bytes;
+  c->large = (char *)c->base + l.large;
+  c->chunk = h->chunk;
+  c->nbuf = (int)h->nbuf;
+}
+
+/* Rank 0: creates and sizes a fresh segment, fills its header, maps it. */
+static int segment_create(crun__shm_comm_t *c) {
+  size_t small = round_up((size_t)crun_env_int("CRUN_SHM_SMALL", 32768), SHM_LINE);
+  size_t chunk = (size_t)crun_env_int("CRUN_SHM_CHUNK", 512 * 1024);
+  long nbuf = crun_env_int("CRUN_SHM_NBUF", 3);
+  if (small > (64u << 20)) small = 64u << 20;
+  if (chunk < 256 * (size_t)c->size) chunk = 256 * (size_t)c->size;
+  if (chunk > (256u << 20)) chunk = 256u << 20;
+  chunk = round_up(chunk, 4096);
+  if (nbuf < 2) nbuf = 2;
+  if (nbuf > 16) nbuf = 16;
+  shm_layout_t l = layout_of(c->size, small, chunk, (int)nbuf);
+  static _Atomic unsigned counter;
+  snprintf(c->name, sizeof c->name, "/crun-shm-%d-%u-%08lx", (int)getpid(),
+           atomic_fetch_add(&counter, 1), (unsigned long)(crun_clock_ns() & 0xffffffffu));
+  int fd = shm_open(c->name, O_RDWR | O_CREAT | O_EXCL, 0600);
+  if (fd < 0)
+    return crun_error(CRUN_ESYS, "shm create on rank 0: shm_open('%s') failed: %s", c->name,
+                      strerror(errno));
+  int rc = 0;
+  if (ftruncate(fd, (off_t)l.total) != 0) {
+    rc = crun_error(CRUN_ESYS, "shm create on rank 0: sizing '%s' to %zu bytes failed: %s",
+                    c->name, l.total, strerror(errno));
+  } else {
+    c->base = mmap(NULL, l.total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (c->base == MAP_FAILED) {
+      c->base = NULL;
+      rc = crun_error(CRUN_ESYS, "shm create on rank 0: mmap of %zu bytes failed: %s", l.total,
+                      strerror(errno));
+    }
+  }
+  close(fd);
+  if (rc < 0) {
+    shm_unlink(c->name);
+    return rc;
+  }
+  c->len = l.total;
+  shm_header_t *h = c->base;
+  h->size = (uint32_t)c->size;
+  h->nbuf = (uint32_t)nbuf;
+  h->total = l.total;
+  h->small_bytes = small;
+  h->chunk = chunk;
+  atomic_store(&h->attached, 0);
+  atomic_store_explicit((_Atomic uint64_t *)&h->magic, SHM_MAGIC, memory_order_release);
+  return 0;
+}
+
+/* Ranks > 0: opens the segment rank 0 published and checks its header. */
+static int segment_attach(crun__shm_comm_t *c) {
+  int fd = shm_open(c->name, O_RDWR, 0600);
+  if (fd < 0)
+    return crun_error(CRUN_ESYS, "shm attach on rank %d: shm_open('%s') failed: %s (stale "
+                      "store key, or the prefix is shared by two communicators?)",
+                      c->rank, c->name, strerror(errno));
+  struct stat st;
+  int rc = 0;
+  if (fstat(fd, &st) != 0 || (size_t)st.st_size < sizeof(shm_header_t)) {
+    rc = crun_error(CRUN_EPROTO, "shm attach on rank %d: segment '%s' is too small", c->rank,
+                    c->name);
+  } else {
+    c->len = (size_t)st.st_size;
+    c->base = mmap(NULL, c->len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (c->base == MAP_FAILED) {
+      c->base = NULL;
+      rc = crun_error(CRUN_ESYS, "shm attach on rank %d: mmap failed: %s", c->rank,
+                      strerror(errno));
+    }
+  }
+  close(fd);
+  if (rc < 0) return rc;
+  shm_header_t *h = c->base;
+  if (atomic_load_explicit((_Atomic uint64_t *)&h->magic, memory_order_acquire) != SHM_MAGIC ||
+      h->total != c->len)
+    return crun_error(CRUN_EPROTO, "shm attach on rank %d: '%s' is not a crun segment",
+                      c->rank, c->name);
+  if ((int)h->size != c->size)
+    return crun_error(CRUN_EMISMATCH, "shm attach on rank %d: rank 0 created the group with "
+                      "size %u, this rank was given size %d", c->rank, h->size, c->size);
+  shm_layout_t l = layout_of(c->size, h->small_bytes, h->chunk, (int)h->nbuf);
+  if (l.total != c->len)
+    return crun_error(CRUN_EPROTO, "shm attach on rank %d: bad layout in '%s'", c->rank,
+                      c->name);
+  return 0;
+}
+
+/* Names the ranks that have not written their pid yet into buf. */
+static void missing_ranks(crun__shm_comm_t *c, char *buf, size_t n) {
+  size_t off = 0;
+  buf[0] = 0;
+  for (int q = 0; q < c->size && off + 16 < n; q++)
+    if (atomic_load((_Atomic int32_t *)&c->pids[q]) == 0)
+      off += (size_t)snprintf(buf + off, n - off, "%s%d", off ? ", " : "", q);
+}
+
+/* Registers this rank and waits (polling) until every rank has attached.
+ * The last rank to attach unlinks the segment name. */
+static int attach_all(crun__shm_comm_t *c, double deadline) {
+  atomic_store((_Atomic int32_t *)&c->pids[c->rank], (int32_t)getpid());
+  uint32_t n = atomic_fetch_add(&c->hdr->attached, 1) + 1;
+  if (n == (uint32_t)c->size) shm_unlink(c->name);
+  struct timespec nap = {0, 100000};
+  while (atomic_load(&c->hdr->attached) < (uint32_t)c->size) {
+    if (crun_clock() > deadline) {
+      char who[256];
+      missing_ranks(c, who, sizeof who);
+      return crun_error(CRUN_ETIMEDOUT, "shm create on rank %d: rank(s) %s did not attach "
+                        "to the segment within the timeout", c->rank, who);
+    }
+    nanosleep(&nap, NULL);
+  }
+  return 0;
+}
+
+/* Opens a pidfd per peer so a dead peer is seen at once (-1 when unknown). */
+static int open_pidfds(crun__shm_comm_t *c) {
+  c->pidfd = malloc(sizeof(int) * (size_t)c->size);
+  if (!c->pidfd) return crun_error(CRUN_ENOMEM, "shm create: out of memory");
+  for (int q = 0; q < c->size; q++) {
+    c->pidfd[q] = -1;
+    if (q == c->rank) continue;
+#ifdef SYS_pidfd_open
+    c->pidfd[q] = (int)syscall(SYS_pidfd_open, (pid_t)c->pids[q], 0);
+    if (c->pidfd[q] < 0 && errno == ESRCH)
+      return crun_error(CRUN_EPEERDIED, "shm create on rank %d: rank %d (pid %d) exited "
+                        "right after attaching", c->rank, q, c->pids[q]);
+#endif
+  }
+  return 0;
+}
+
+/* Picks spin-then-futex or yield-then-futex from ranks vs. usable cores. */
+static void pick_policy(crun__shm_comm_t *c) {
+  cpu_set_t set;
+  int ncpu = 1;
+  if (sched_getaffinity(0, sizeof set, &set) == 0) ncpu = CPU_COUNT(&set);
+  c->oversub = c->size > ncpu;
+  c->policy_yield = c->oversub;
+  const char *w = getenv("CRUN_SHM_WAIT");
+  if (w && strcmp(w, "spin") == 0) c->policy_yield = 0;
+  if (w && strcmp(w, "yield") == 0) c->policy_yield = 1;
+  c->spin_ns = crun_env_int("CRUN_SHM_SPIN_US", 50) * 1000;
+  c->yields = crun_env_int("CRUN_SHM_YIELDS", 50);
+}
+
+/* Rank 0 publishes the segment name; the others fetch it. */
+static int exchange_name(crun__shm_comm_t *c, crun_store_t *store, const char *key,
+                         double timeout) {
+  if (c->rank == 0) return crun_store_set(store, key, c->name, strlen(c->name));
+  const char *keys[1] = {key};
+  int rc = crun_store_wait(store, keys, 1, timeout);
+  if (rc == CRUN_ETIMEDOUT)
+    return crun_error(CRUN_ETIMEDOUT, "shm create on rank %d: rank 0 did not publish the "
+                      "segment name under '%s' within %.1f s", c->rank, key, timeout);
+  CRUN_CHECK(rc);
+  crun_buf_t v = {0};
+  CRUN_CHECK(crun_store_get(store, key, &v));
+  if (v.len == 0 || v.len >= sizeof c->name || ((char *)v.data)[0] != '/') {
+    crun_buf_free(&v);
+    return crun_error(CRUN_EPROTO, "shm create on rank %d: store key '%s' does not hold a "
+                      "segment name", c->rank, key);
+  }
+  memcpy(c->name, v.data, v.len);
+  c->name[v.len] = 0;
+  crun_buf_free(&v);
+  return 0;
+}
+
+static int check_create_args(crun_store_t *store, const char *prefix, int rank, int size,
+                             crun__shm_comm_t **out) {
+  if (!out) return crun_error(CRUN_EINVAL, "shm create: out is NULL");
+  *out = NULL;
+  if (!store || !prefix) return crun_error(CRUN_EINVAL, "shm create: store or prefix is NULL");
+  if (strlen(prefix) > 200) return crun_error(CRUN_EINVAL, "shm create: prefix too long");
+  if (size < 1 || size > CRUN_SHM_MAX_RANKS)
+    return crun_error(CRUN_EINVAL, "shm create: size %d out of range 1..%d", size,
+                      CRUN_SHM_MAX_RANKS);
+  if (rank < 0 || rank >= size)
+    return crun_error(CRUN_EINVAL, "shm create: rank %d out of range 0..%d", rank, size - 1);
+  return 0;
+}
+
+/* Runs the steps of create after argument checks; on failure the caller
+ * destroys c (and rank 0 unlinks the name). */
+static int create_steps(crun__shm_comm_t *c, crun_store_t *store, const char *prefix) {
+  char key[256];
+  snprintf(key, sizeof key, "%s/shm_name", prefix);
+  double deadline = crun_clock() + c->timeout;
+  if (c->rank == 0) CRUN_CHECK(segment_create(c));
+  CRUN_CHECK(exchange_name(c, store, key, c->timeout));
+  if (c->rank != 0) CRUN_CHECK(segment_attach(c));
+  bind_layout(c);
+  CRUN_CHECK(attach_all(c, deadline));
+  if (c->rank == 0) {
+    shm_unlink(c->name); /* normally done by the last rank already */
+    crun_store_delete_key(store, key, NULL);
+  }
+  CRUN_CHECK(open_pidfds(c));
+  pick_policy(c);
+  return 0;
+}
+
+int crun__shm_comm_create(crun_store_t *store, const char *prefix, int rank, int size,
+                          double timeout, crun__shm_comm_t **out) {
+  CRUN_CHECK(check_create_args(store, prefix, rank, size, out));
+  crun__shm_comm_t *c = calloc(1, sizeof *c);
+  if (!c) return crun_error(CRUN_ENOMEM, "shm create: out of memory");
+  c->rank = rank;
+  c->size = size;
+  c->timeout = timeout > 0 ? timeout : crun_store_get_timeout(store);
+  int rc = create_steps(c, store, prefix);
+  if (rc < 0) {
+    if (rank == 0 && c->name[0]) shm_unlink(c->name);
+    crun__shm_comm_destroy(c);
+    return rc;
+  }
+  CRUN_LOG(INFO, SHM, "rank %d/%d attached '%s' (%zu bytes, small %zu, chunk %zu x %d, %s)",
+           rank, size, c->name, c->len, c->small_bytes, c->chunk, c->nbuf,
+           c->policy_yield ? "yield" : "spin");
+  *out = c;
+  return 0;
+}
+
+void crun__shm_comm_destroy(crun__shm_comm_t *c) {
+  if (!c) return;
+  if (c->pidfd)
+    for (int q = 0; q < c->size; q++)
+      if (c->pidfd[q] >= 0) close(c->pidfd[q]);
+  free(c->pidfd);
+  if (c->base) munmap(c->base, c->len);
+  free(c);
+}
+
+int crun__shm_comm_rank(const crun__shm_comm_t *c) { return c ? c->rank : -1; }
+int crun__shm_comm_size(const crun__shm_comm_t *c) { return c ? c->size : 0; }

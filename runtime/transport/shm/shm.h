@@ -1,0 +1,94 @@
+/* shm.h — the same-host shared-memory collective engine (internal API).
+ *
+ * A communicator joins `size` processes of one host through one POSIX shared
+ * memory segment. Rank 0 creates it and publishes its name through a store
+ * under "<prefix>/shm_name"; the others attach, and the last one to attach
+ * unlinks it at once, so nothing stays in /dev/shm even when a rank crashes
+ * later. The segment is mapped by every rank and freed by the kernel when the
+ * last mapping goes away.
+ *
+ * Every collective is blocking and must be called by every rank in the same
+ * order with the same kind, count, dtype, op and root; a rank that does
+ * otherwise is reported at once with CRUN_EMISMATCH naming it. Two paths run
+ * a collective: up to CRUN_SHM_SMALL bytes (default 32 KiB) a one-shot path
+ * (each rank copies its input into its slot, one synchronisation, each rank
+ * computes its result from every slot); above that a pipelined path in chunks
+ * of CRUN_SHM_CHUNK bytes (default 512 KiB) through CRUN_SHM_NBUF (default 3)
+ * buffers per rank, where for reductions each rank reduces its 1/size slice of
+ * a chunk while the next chunk is copied in.
+ *
+ * Waiting: with ranks <= cores a waiter spins CRUN_SHM_SPIN_US (default 50)
+ * microseconds, else it yields CRUN_SHM_YIELDS (default 50) times; then it
+ * sleeps on a futex (woken only when someone sleeps). CRUN_SHM_WAIT=spin|yield
+ * forces one policy. Every wait has a deadline: `timeout` seconds of the call
+ * (<= 0 means the communicator's timeout). Past it the call fails with
+ * CRUN_ETIMEDOUT naming the ranks that never arrived; a peer process that
+ * exits makes the others fail with CRUN_EPEERDIED naming it. After any failure
+ * the communicator is broken: every rank's next call fails with CRUN_ESTATE
+ * (ranks still waiting learn of the failure within ~50 ms), and the only thing
+ * left to do is crun__shm_comm_destroy().
+ *
+ * Reductions use the kernels of crun/tensor.h: every dtype, every op defined
+ * on it; avg sums then divides (integers: truncating). Results are identical
+ * on every rank (each element is reduced in rank order by one rank).
+ * A communicator is used by one thread at a time. */
+#ifndef CRUN_TRANSPORT_SHM_H
+#define CRUN_TRANSPORT_SHM_H
+
+#include <stddef.h>
+
+#include "crun.h"
+
+#define CRUN_SHM_MAX_RANKS 1024
+
+typedef struct crun__shm_comm crun__shm_comm_t;
+
+/* Creates the communicator of `rank` among `size` processes on this host,
+ * meeting through `store` under keys starting with `prefix` (unique for each
+ * communicator that is alive at the same time). Blocks until every rank has
+ * attached or `timeout` seconds passed (<= 0: the store's timeout), which
+ * also becomes the default timeout of the collectives. */
+int crun__shm_comm_create(crun_store_t *store, const char *prefix, int rank, int size,
+                          double timeout, crun__shm_comm_t **out);
+
+/* Unmaps the segment and frees the communicator; NULL is a no-op. Does not
+ * synchronise with the other ranks. */
+void crun__shm_comm_destroy(crun__shm_comm_t *c);
+
+int crun__shm_comm_rank(const crun__shm_comm_t *c);
+int crun__shm_comm_size(const crun__shm_comm_t *c);
+
+/* Sums (or op) `count` elements across ranks; every rank gets the result in
+ * buf. sendbuf NULL (or == buf) means in place: buf is the input; otherwise
+ * sendbuf is the input and is not modified (it must not overlap buf). */
+int crun__shm_allreduce(crun__shm_comm_t *c, void *buf, const void *sendbuf, size_t count,
+                        crun_dtype_t dt, crun_reduce_op_t op, double timeout);
+
+/* Like allreduce, but only `root` receives the result in buf; the other
+ * ranks' buf is left unchanged when sendbuf is given, else unspecified. */
+int crun__shm_reduce(crun__shm_comm_t *c, void *buf, const void *sendbuf, size_t count,
+                     crun_dtype_t dt, crun_reduce_op_t op, int root, double timeout);
+
+/* Copies `count` elements of root's buf into every other rank's buf. */
+int crun__shm_broadcast(crun__shm_comm_t *c, void *buf, size_t count, crun_dtype_t dt,
+                        int root, double timeout);
+
+/* out (size * count elements) receives every rank's `count` input elements in
+ * rank order. In place when in == out + rank * count (elements). */
+int crun__shm_all_gather(crun__shm_comm_t *c, void *out, const void *in, size_t count,
+                         crun_dtype_t dt, double timeout);
+
+/* in holds size blocks of `count` elements; out (count elements) receives
+ * block `rank` reduced across ranks. out may be in's block `rank`. */
+int crun__shm_reduce_scatter(crun__shm_comm_t *c, void *out, const void *in, size_t count,
+                             crun_dtype_t dt, crun_reduce_op_t op, double timeout);
+
+/* in and out hold size blocks of `count` elements; block q of out receives
+ * block `rank` of rank q's in. in == out (in place) is allowed. */
+int crun__shm_all_to_all(crun__shm_comm_t *c, void *out, const void *in, size_t count,
+                         crun_dtype_t dt, double timeout);
+
+/* Returns once every rank has entered the barrier. */
+int crun__shm_barrier(crun__shm_comm_t *c, double timeout);
+
+#endif /* CRUN_TRANSPORT_SHM_H */

@@ -1,0 +1,142 @@
+/* shm_int.h — the segment layout, the communicator and the pieces shared by
+ * the engine files (segment.c, wait.c, engine.c, one file per collective).
+ *
+ * Segment layout (every part 64-byte aligned, large buffers 4 KiB aligned):
+ *   header            magic, layout, attach count, abort record
+ *   pids[size]        pid of each rank
+ *   ctrl[size]        per rank: progress counters (written by the owner only),
+ *                     bell + sleepers (the futex a waiter sleeps on), op ring
+ *   small[size][2]    one-shot slots: a header line (seq + op) then data
+ *   large[size][nbuf] pipeline buffers of `chunk` bytes
+ * Counters are monotonic sequence numbers, never reset: a waiter waits for
+ * "counter >= target". */
+#ifndef CRUN_TRANSPORT_SHM_INT_H
+#define CRUN_TRANSPORT_SHM_INT_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "transport/shm/shm.h"
+
+#define SHM_LINE 64
+#define SHM_MAGIC 0x6372756e73686d31ull /* "crunshm1" */
+#define SHM_RING 4
+
+typedef enum {
+  SHM_ALLREDUCE = 1, SHM_REDUCE, SHM_BROADCAST, SHM_ALLGATHER, SHM_REDUCE_SCATTER,
+  SHM_ALLTOALL, SHM_BARRIER
+} shm_kind_t;
+
+/* The counters a rank publishes for the pipelined path. */
+typedef enum { SHM_CTR_IN = 0, SHM_CTR_RED, SHM_CTR_OUT, SHM_CTR_SMALL } shm_ctr_t;
+
+typedef struct {
+  uint64_t magic;
+  uint32_t size, nbuf;
+  uint64_t total, small_bytes, chunk;
+  _Atomic uint32_t attached;
+  _Atomic uint32_t abort_claim;  /* first failing rank + 1 claims the record */
+  _Atomic uint32_t abort_rank;   /* set (release) once the record is written */
+  int32_t abort_status;
+  char abort_text[400];
+} shm_header_t;
+
+/* One op description, published so peers can check they run the same op. */
+typedef struct {
+  _Atomic uint64_t opseq, sig, count, pad;
+} shm_desc_t;
+
+typedef struct {
+  _Alignas(SHM_LINE) _Atomic uint64_t ctr[3];    /* IN, RED, OUT; owner writes */
+  _Alignas(SHM_LINE) _Atomic uint32_t bell;      /* futex word, owner bumps */
+  _Atomic uint32_t sleepers;                     /* waiters sleeping on bell */
+  _Alignas(SHM_LINE) shm_desc_t ring[SHM_RING];  /* op descriptions by opseq */
+} shm_ctrl_t;
+
+typedef struct {
+  _Atomic uint64_t seq, opseq, sig, count;
+  char pad[SHM_LINE - 32];
+} shm_small_hdr_t;
+
+struct crun__shm_comm {
+  int rank, size;
+  void *base;
+  size_t len;
+  shm_header_t *hdr;
+  int32_t *pids;
+  shm_ctrl_t *ctrl;
+  char *small;              /* small[q][b] at small + (q*2+b)*small_stride */
+  size_t small_bytes, small_stride;
+  char *large;              /* large[q][b] at large + (q*nbuf+b)*chunk */
+  size_t chunk;
+  int nbuf;
+  uint64_t opseq, small_seq, chunk_seq;
+  double timeout;
+  int *pidfd;               /* per rank; -1 for self or unknown */
+  int oversub, policy_yield;
+  long spin_ns, yields;
+  uint64_t last_live_ns;
+  int broken;
+  char name[96];
+  /* the op in progress, for error texts and checks */
+  shm_kind_t kind;
+  uint64_t sig, count;
+  double deadline, op_timeout;
+};
+
+/* Per-op arguments of a collective, filled by the collective's entry point. */
+typedef struct shm_op shm_op_t;
+struct shm_op {
+  crun__shm_comm_t *c;
+  shm_kind_t kind;
+  crun_dtype_t dt;
+  crun_reduce_op_t op;
+  int root;
+  size_t count, es;
+  const char *in;
+  char *out;
+  /* pipelined path */
+  size_t nchunks, chunk_elems; /* chunk_elems: elements of one chunk step */
+  int has_reduce;              /* phase B: wait IN of all, reduce, post RED */
+  int out_wait_ctr;            /* phase C waits this counter ... */
+  int out_wait_who;            /* ... of this rank, or -1: every rank */
+  void (*copy_in)(shm_op_t *o, size_t t, char *mine);
+  int (*reduce)(shm_op_t *o, size_t t, int b);
+  int (*copy_out)(shm_op_t *o, size_t t, int b);
+  /* one-shot path */
+  size_t small_len;            /* bytes this rank writes into its slot */
+  void (*fill)(shm_op_t *o, char *mine);
+  int (*finish)(shm_op_t *o, int b);
+};
+
+static inline char *crun__shm_small_data(crun__shm_comm_t *c, int q, int b) {
+  return c->small + ((size_t)q * 2 + (size_t)b) * c->small_stride + SHM_LINE;
+}
+static inline shm_small_hdr_t *crun__shm_small_hdr(crun__shm_comm_t *c, int q, int b) {
+  return (shm_small_hdr_t *)(void *)(c->small + ((size_t)q * 2 + (size_t)b) * c->small_stride);
+}
+static inline char *crun__shm_buf(crun__shm_comm_t *c, int q, int b) {
+  return c->large + ((size_t)q * (size_t)c->nbuf + (size_t)b) * c->chunk;
+}
+
+/* wait.c */
+const char *crun__shm_kind_name(shm_kind_t k);
+void crun__shm_post(crun__shm_comm_t *c, _Atomic uint64_t *ctr, uint64_t v);
+int crun__shm_wait(crun__shm_comm_t *c, shm_ctr_t ctr, int who, uint64_t target);
+int crun__shm_fail(crun__shm_comm_t *c, int status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+int crun__shm_fail_last(crun__shm_comm_t *c, int status);
+int crun__shm_check_abort(crun__shm_comm_t *c);
+int crun__shm_check_peers(crun__shm_comm_t *c);
+int crun__shm_check_desc(crun__shm_comm_t *c, int q, uint64_t opseq, uint64_t sig,
+                         uint64_t count);
+
+/* engine.c */
+int crun__shm_begin(crun__shm_comm_t *c, shm_kind_t kind, crun_dtype_t dt,
+                    crun_reduce_op_t op, int root, size_t count, size_t nblocks,
+                    int bufs_ok, double timeout);
+int crun__shm_run_small(shm_op_t *o);
+int crun__shm_run_pipeline(shm_op_t *o);
+void crun__shm_slice(size_t n, int parts, size_t align, int i, size_t *lo, size_t *hi);
+
+#endif /* CRUN_TRANSPORT_SHM_INT_H */

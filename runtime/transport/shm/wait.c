@@ -1,0 +1,237 @@
+/* wait.c — posting progress and waiting for peers: spin or yield, then sleep
+ * on the peer's futex bell; deadlines, dead peers, aborts and op mismatches. */
+#include "transport/shm/shm_int.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#define SHM_SLEEP_SLICE_NS 50000000ull /* longest futex sleep between checks */
+#define SHM_LIVE_EVERY_NS 20000000ull  /* how often sleepers look for dead peers */
+
+const char *crun__shm_kind_name(shm_kind_t k) {
+  switch (k) {
+  case SHM_ALLREDUCE: return "all_reduce";
+  case SHM_REDUCE: return "reduce";
+  case SHM_BROADCAST: return "broadcast";
+  case SHM_ALLGATHER: return "all_gather";
+  case SHM_REDUCE_SCATTER: return "reduce_scatter";
+  case SHM_ALLTOALL: return "all_to_all";
+  case SHM_BARRIER: return "barrier";
+  }
+  return "?";
+}
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ __volatile__("yield");
+#endif
+}
+
+static void futex_wake_all(_Atomic uint32_t *w) {
+  syscall(SYS_futex, (uint32_t *)w, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
+
+static void futex_sleep(_Atomic uint32_t *w, uint32_t val, uint64_t ns) {
+  struct timespec ts = {(time_t)(ns / 1000000000ull), (long)(ns % 1000000000ull)};
+  syscall(SYS_futex, (uint32_t *)w, FUTEX_WAIT, val, &ts, NULL, 0);
+}
+
+/* Publishes v in one of this rank's counters and wakes its sleepers, if any. */
+void crun__shm_post(crun__shm_comm_t *c, _Atomic uint64_t *ctr, uint64_t v) {
+  shm_ctrl_t *me = &c->ctrl[c->rank];
+  atomic_store(ctr, v); /* seq_cst: pairs with the sleeper's increment */
+  if (atomic_load(&me->sleepers)) {
+    atomic_fetch_add(&me->bell, 1);
+    futex_wake_all(&me->bell);
+  }
+}
+
+/* Records the failure text for this rank and for every peer (abort record),
+ * marks the communicator broken, and returns status. */
+int crun__shm_fail(crun__shm_comm_t *c, int status, const char *fmt, ...) {
+  char text[600];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(text, sizeof text, fmt, ap);
+  va_end(ap);
+  c->broken = 1;
+  shm_header_t *h = c->hdr;
+  uint32_t none = 0;
+  if (atomic_compare_exchange_strong(&h->abort_claim, &none, (uint32_t)c->rank + 1)) {
+    h->abort_status = status;
+    size_t n = strlen(text);
+    if (n >= sizeof h->abort_text) n = sizeof h->abort_text - 1;
+    memcpy(h->abort_text, text, n);
+    h->abort_text[n] = 0;
+    atomic_store_explicit(&h->abort_rank, (uint32_t)c->rank + 1, memory_order_release);
+    for (int q = 0; q < c->size; q++) {
+      atomic_fetch_add(&c->ctrl[q].bell, 1);
+      futex_wake_all(&c->ctrl[q].bell);
+    }
+  }
+  CRUN_LOG(WARN, SHM, "%s", text);
+  return crun_error(status, "%s", text);
+}
+
+/* crun__shm_fail with the current last error's text (its name prefix cut). */
+int crun__shm_fail_last(crun__shm_comm_t *c, int status) {
+  const char *t = crun_last_error();
+  const char *name = crun_err_name(status);
+  size_t n = strlen(name);
+  if (strncmp(t, name, n) == 0 && t[n] == ':') t += n + (t[n + 1] == ' ' ? 2 : 1);
+  return crun__shm_fail(c, status, "%s", t);
+}
+
+/* Fails when another rank has aborted the communicator. */
+int crun__shm_check_abort(crun__shm_comm_t *c) {
+  uint32_t who = atomic_load_explicit(&c->hdr->abort_rank, memory_order_acquire);
+  if (!who || (int)who - 1 == c->rank) return 0;
+  c->broken = 1;
+  return crun_error(c->hdr->abort_status, "shm %s #%llu on rank %d: rank %u failed first: %s",
+                    crun__shm_kind_name(c->kind), (unsigned long long)c->opseq, c->rank,
+                    who - 1, c->hdr->abort_text);
+}
+
+/* Fails with CRUN_EPEERDIED when a peer process has exited. */
+int crun__shm_check_peers(crun__shm_comm_t *c) {
+  for (int q = 0; q < c->size; q++) {
+    if (q == c->rank) continue;
+    int dead = 0;
+    if (c->pidfd[q] >= 0) {
+      struct pollfd p = {c->pidfd[q], POLLIN, 0};
+      dead = poll(&p, 1, 0) > 0;
+    } else {
+      dead = kill((pid_t)c->pids[q], 0) != 0 && errno == ESRCH;
+    }
+    if (dead)
+      return crun__shm_fail(c, CRUN_EPEERDIED, "shm %s #%llu on rank %d: rank %d (pid %d) "
+                            "died", crun__shm_kind_name(c->kind),
+                            (unsigned long long)c->opseq, c->rank, q, (int)c->pids[q]);
+  }
+  return 0;
+}
+
+/* Writes "all_reduce(count 4, float32, sum)" for an op signature. */
+static void describe(uint64_t sig, uint64_t count, char *buf, size_t n) {
+  shm_kind_t k = (shm_kind_t)(sig & 0xff);
+  int root = (int)(sig >> 24) - 1;
+  int off = snprintf(buf, n, "%s(count %llu, %s", crun__shm_kind_name(k),
+                     (unsigned long long)count, crun_dtype_name((crun_dtype_t)((sig >> 8) & 0xff)));
+  if (k == SHM_ALLREDUCE || k == SHM_REDUCE || k == SHM_REDUCE_SCATTER)
+    off += snprintf(buf + off, n - (size_t)off, ", %s",
+                    crun_reduce_op_name((crun_reduce_op_t)((sig >> 16) & 0xff)));
+  if (root >= 0) off += snprintf(buf + off, n - (size_t)off, ", root %d", root);
+  snprintf(buf + off, n - (size_t)off, ")");
+}
+
+/* Fails with CRUN_EMISMATCH when rank q published a different op for opseq. */
+int crun__shm_check_desc(crun__shm_comm_t *c, int q, uint64_t opseq, uint64_t sig,
+                         uint64_t count) {
+  if (sig == c->sig && count == c->count) return 0;
+  char theirs[128], mine[128];
+  describe(sig, count, theirs, sizeof theirs);
+  describe(c->sig, c->count, mine, sizeof mine);
+  return crun__shm_fail(c, CRUN_EMISMATCH, "shm collective #%llu on rank %d: rank %d called %s "
+                        "but this rank called %s", (unsigned long long)opseq, c->rank, q, theirs,
+                        mine);
+}
+
+/* Checks q's op ring for the current op: catches ranks that took another
+ * path (one-shot vs. pipelined) and so never post what we wait for. */
+static int ring_check(crun__shm_comm_t *c, int q) {
+  shm_desc_t *d = &c->ctrl[q].ring[c->opseq % SHM_RING];
+  if (atomic_load_explicit(&d->opseq, memory_order_acquire) != c->opseq) return 0;
+  uint64_t sig = atomic_load_explicit(&d->sig, memory_order_relaxed);
+  uint64_t count = atomic_load_explicit(&d->count, memory_order_relaxed);
+  if (atomic_load_explicit(&d->opseq, memory_order_acquire) != c->opseq) return 0;
+  return crun__shm_check_desc(c, q, c->opseq, sig, count);
+}
+
+static _Atomic uint64_t *counter(crun__shm_comm_t *c, shm_ctr_t ctr, int q, uint64_t target) {
+  if (ctr == SHM_CTR_SMALL) return &crun__shm_small_hdr(c, q, (int)(target & 1))->seq;
+  return &c->ctrl[q].ctr[ctr];
+}
+
+/* Formats the ranks of the wait set still short of target. */
+static void laggards(crun__shm_comm_t *c, shm_ctr_t ctr, int who, uint64_t target, char *buf,
+                     size_t n) {
+  size_t off = 0;
+  buf[0] = 0;
+  for (int q = who < 0 ? 0 : who; q < (who < 0 ? c->size : who + 1) && off + 16 < n; q++)
+    if (q != c->rank && atomic_load(counter(c, ctr, q, target)) < target)
+      off += (size_t)snprintf(buf + off, n - off, "%s%d", off ? ", " : "", q);
+}
+
+/* The slow checks done before each sleep: abort, dead peers, deadline. */
+static int before_sleep(crun__shm_comm_t *c, shm_ctr_t ctr, int who, int q, uint64_t target,
+                        uint64_t now) {
+  CRUN_CHECK(crun__shm_check_abort(c));
+  CRUN_CHECK(ring_check(c, q));
+  if (now - c->last_live_ns >= SHM_LIVE_EVERY_NS) {
+    c->last_live_ns = now;
+    CRUN_CHECK(crun__shm_check_peers(c));
+  }
+  if ((double)now * 1e-9 > c->deadline) {
+    char late[300];
+    laggards(c, ctr, who, target, late, sizeof late);
+    return crun__shm_fail(c, CRUN_ETIMEDOUT, "shm %s #%llu on rank %d: no progress from "
+                          "rank(s) %s before the deadline (timeout %.1f s)",
+                          crun__shm_kind_name(c->kind), (unsigned long long)c->opseq,
+                          c->rank, late, c->op_timeout);
+  }
+  return 0;
+}
+
+/* Sleeps on q's bell until q posts, a slice passes, or someone aborts. */
+static void sleep_on(crun__shm_comm_t *c, _Atomic uint64_t *ctr, int q, uint64_t target,
+                     uint64_t now) {
+  shm_ctrl_t *p = &c->ctrl[q];
+  uint32_t bell = atomic_load(&p->bell);
+  atomic_fetch_add(&p->sleepers, 1); /* seq_cst: pairs with the poster's store */
+  if (atomic_load(ctr) < target) {
+    double left = c->deadline - (double)now * 1e-9;
+    uint64_t ns = left <= 0 ? 1000000 : (uint64_t)(left * 1e9) + 1000000;
+    futex_sleep(&p->bell, bell, ns < SHM_SLEEP_SLICE_NS ? ns : SHM_SLEEP_SLICE_NS);
+  }
+  atomic_fetch_sub(&p->sleepers, 1);
+}
+
+/* Waits until counter ctr of rank `who` (-1: every rank but this one)
+ * reaches target, or fails (deadline, dead peer, abort, mismatch). */
+int crun__shm_wait(crun__shm_comm_t *c, shm_ctr_t ctr, int who, uint64_t target) {
+  int q = who < 0 ? 0 : who, end = who < 0 ? c->size : who + 1;
+  uint64_t t0 = 0;
+  long iter = 0;
+  for (;;) {
+    while (q < end && (q == c->rank || atomic_load_explicit(counter(c, ctr, q, target),
+                                                            memory_order_acquire) >= target))
+      q++;
+    if (q == end) return 0;
+    iter++;
+    if (!c->policy_yield) {
+      cpu_relax();
+      if (iter & 63) continue;
+      uint64_t now = crun_clock_ns();
+      if (!t0) t0 = now;
+      if ((long)(now - t0) < c->spin_ns) continue;
+    } else if (iter <= c->yields) {
+      sched_yield();
+      continue;
+    }
+    uint64_t now = crun_clock_ns();
+    CRUN_CHECK(before_sleep(c, ctr, who, q, target, now));
+    sleep_on(c, counter(c, ctr, q, target), q, target, now);
+  }
+}
