@@ -194,6 +194,8 @@ static void child_main(sup_t *s, proc_t *p, int out_w, int err_w, int attempt) {
   sigemptyset(&none);
   sigprocmask(SIG_SETMASK, &none, NULL);
   signal(SIGPIPE, SIG_DFL);
+  signal(SIGINT, SIG_DFL); /* even when started in the background by a shell */
+  signal(SIGTERM, SIG_DFL);
   setvbuf(stdout, NULL, _IOLBF, 0);
   crun__placement_t pl = s->base;
   pl.rank = s->base.rank + p->local_rank;
@@ -426,7 +428,9 @@ static int signals_setup(sup_t *s, sigset_t *old) {
   sigaddset(&set, SIGCHLD);
   sigaddset(&set, SIGINT);
   sigaddset(&set, SIGTERM);
-  sigaddset(&set, SIGHUP);
+  struct sigaction hup;
+  sigaction(SIGHUP, NULL, &hup);
+  if (hup.sa_handler != SIG_IGN) sigaddset(&set, SIGHUP); /* nohup keeps working */
   sigprocmask(SIG_BLOCK, &set, old);
   signal(SIGPIPE, SIG_IGN);
   s->sfd = signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);

@@ -1,0 +1,348 @@
+-- crun-lua, the launcher: environment, arguments, output, failures, signals,
+-- restarts. Every job here takes milliseconds; the slowest cases wait for a
+-- grace period of a second or two.
+local U = require "helpers.launcher_util"
+local q, FIX = U.q, U.FIX
+
+--- Parses the "ENV K=V ..." lines of env.lua into {[rank] = {K = V}}.
+local function env_by_rank(out)
+  local t = {}
+  for line in out:gmatch("[^\n]+") do
+    local body = line:match("^%[%d+%] ENV (.*)$") or line:match("^ENV (.*)$")
+    if body then
+      local e = {}
+      for k, v in body:gmatch("(%S+)=(%S+)") do e[k] = v end
+      t[tonumber(e.RANK)] = e
+    end
+  end
+  return t
+end
+
+local function count(s, pat)
+  local n = 0
+  for _ in s:gmatch(pat) do n = n + 1 end
+  return n
+end
+
+describe("crun-lua environment", function()
+  for _, n in ipairs({1, 2, 8}) do
+    it("gives every one of " .. n .. " ranks its variables", function()
+      local r = U.run("-n " .. n .. " --master-port 0 " .. q(FIX .. "env.lua"))
+      assert.are.equal(0, r.code, r.err)
+      local env = env_by_rank(r.out)
+      local port
+      for rank = 0, n - 1 do
+        local e = env[rank]
+        assert.is_table(e, "no ENV line from rank " .. rank .. " in:\n" .. r.out)
+        assert.are.equal(tostring(rank), e.LOCAL_RANK)
+        assert.are.equal(tostring(n), e.WORLD_SIZE)
+        assert.are.equal(tostring(n), e.LOCAL_WORLD_SIZE)
+        assert.are.equal("0", e.GROUP_RANK)
+        assert.are.equal("127.0.0.1", e.MASTER_ADDR)
+        assert.are.equal("0", e.CRUN_RESTART_COUNT)
+        assert.are.equal("1", e.OMP_NUM_THREADS)
+        assert.are.equal("1", e.CRUN_LAUNCHER)
+        assert.are.equal("nil", e.CRUN_BACKEND)
+        assert.are_not.equal("nil", e.crun) -- require "crun" worked
+        assert.is_truthy(tonumber(e.MASTER_PORT))
+        assert.are_not.equal("0", e.MASTER_PORT) -- port 0 was replaced by the picked one
+        port = port or e.MASTER_PORT
+        assert.are.equal(port, e.MASTER_PORT)
+      end
+    end)
+  end
+
+  it("keeps the user's OMP_NUM_THREADS and passes --backend", function()
+    local r = U.run("-n 2 --master-port 0 --backend cpu " .. q(FIX .. "env.lua"), "OMP_NUM_THREADS=3")
+    assert.are.equal(0, r.code, r.err)
+    local env = env_by_rank(r.out)
+    assert.are.equal("3", env[1].OMP_NUM_THREADS)
+    assert.are.equal("cpu", env[0].CRUN_BACKEND)
+  end)
+
+  it("runs in-process as the rank mpirun gave (OMPI_COMM_WORLD_*)", function()
+    local r = U.run(q(FIX .. "env.lua"),
+      "OMPI_COMM_WORLD_RANK=2 OMPI_COMM_WORLD_SIZE=4 OMPI_COMM_WORLD_LOCAL_RANK=0 " ..
+      "OMPI_COMM_WORLD_LOCAL_SIZE=2 MASTER_ADDR=10.1.2.3 MASTER_PORT=1234")
+    assert.are.equal(0, r.code, r.err)
+    assert.is_truthy(r.out:match("^ENV "), "no prefix expected in-process: " .. r.out)
+    local e = env_by_rank(r.out)[2]
+    assert.are.equal("4", e.WORLD_SIZE)
+    assert.are.equal("0", e.LOCAL_RANK)
+    assert.are.equal("2", e.LOCAL_WORLD_SIZE)
+    assert.are.equal("1", e.GROUP_RANK)
+    assert.are.equal("10.1.2.3", e.MASTER_ADDR)
+    assert.are.equal("1234", e.MASTER_PORT)
+    assert.are.equal("nil", e.CRUN_LAUNCHER) -- nobody serves a store: rank 0 hosts it
+  end)
+
+  it("runs in-process under srun (SLURM_*) with default master address", function()
+    local r = U.run(q(FIX .. "env.lua"),
+      "SLURM_PROCID=3 SLURM_NTASKS=4 SLURM_LOCALID=1 SLURM_NODEID=1 SLURM_NNODES=2 MASTER_ADDR= MASTER_PORT=")
+    assert.are.equal(0, r.code, r.err)
+    local e = env_by_rank(r.out)[3]
+    assert.are.equal("1", e.LOCAL_RANK)
+    assert.are.equal("2", e.LOCAL_WORLD_SIZE)
+    assert.are.equal("1", e.GROUP_RANK)
+    assert.are.equal("127.0.0.1", e.MASTER_ADDR)
+    assert.are.equal("29500", e.MASTER_PORT)
+  end)
+
+  it("rejects malformed engine variables clearly", function()
+    local r = U.run(q(FIX .. "env.lua"), "PMI_RANK=5 PMI_SIZE=4")
+    assert.are.equal(2, r.code)
+    assert.is_truthy(r.err:find("PMI_RANK=5 is not below PMI_SIZE=4", 1, true), r.err)
+  end)
+end)
+
+describe("crun-lua arguments", function()
+  it("sets arg and ... as the lua interpreter does", function()
+    local r = U.run("-n 2 --master-port 0 --no-prefix " .. q(FIX .. "args.lua") .. " one 'two words' -n 3")
+    assert.are.equal(0, r.code, r.err)
+    assert.are.equal(2, count(r.out, "nargs=4 varargs=4\n"))
+    assert.are.equal(2, count(r.out, "arg%[0%]=<[^>]*args%.lua>"))
+    assert.are.equal(2, count(r.out, "arg%[2%]=<two words>"))
+    assert.are.equal(2, count(r.out, "arg%[3%]=<%-n>"))
+    assert.are.equal(2, count(r.out, "arg%[%-1%]=<%-%-no%-prefix>")) -- the launcher's own options
+    assert.are.equal(2, count(r.out, "arg%[%-2%]=<0>"))
+    assert.are.equal(2, count(r.out, "arg%[%-3%]=<%-%-master%-port>"))
+    assert.are.equal(2, count(r.out, "dots=<one|two words|%-n|3>"))
+  end)
+
+  it("accepts --opt=value and torchrun's underscore spelling", function()
+    local r = U.run("--nproc_per_node=3 --master-port=0 " .. q(FIX .. "env.lua"))
+    assert.are.equal(0, r.code, r.err)
+    assert.are.equal("3", env_by_rank(r.out)[2].WORLD_SIZE)
+  end)
+
+  it("reports bad options clearly", function()
+    local cases = {
+      {"-n 0 x.lua", "%-n: expected an integer in 1%.%.4096, got '0'"},
+      {"--bogus x.lua", "unknown option '%-%-bogus'"},
+      {"--tee x.lua", "%-%-tee needs %-%-log%-dir"},
+      {"-n", "option %-n needs a value"},
+      {"--backend gloo x.lua", "unknown backend 'gloo'"},
+      {"--nnodes 2 --node-rank 2 x.lua", "%-%-node%-rank 2 is not below %-%-nnodes 2"},
+      {"", "no script given"},
+    }
+    for _, c in ipairs(cases) do
+      local r = U.run(c[1])
+      assert.are.equal(2, r.code, c[1])
+      assert.is_truthy(r.err:match(c[2]), c[1] .. " gave: " .. r.err)
+    end
+  end)
+
+  it("reports a missing script or a syntax error once, before spawning", function()
+    local r = U.run("-n 4 /nonexistent/script.lua")
+    assert.are.equal(1, r.code)
+    assert.are.equal(1, count(r.err, "cannot open /nonexistent/script.lua"), r.err)
+    local dir = U.tmpdir()
+    local f = io.open(dir .. "/bad.lua", "w")
+    f:write("local x = = 1\n")
+    f:close()
+    r = U.run("-n 4 " .. q(dir .. "/bad.lua"))
+    U.rmrf(dir)
+    assert.are.equal(1, r.code)
+    assert.are.equal(1, count(r.err, "bad%.lua:1:"), r.err)
+  end)
+
+  it("prints --version, --help with every option, and -i's status", function()
+    local r = U.run("--version")
+    assert.are.equal(0, r.code)
+    assert.is_truthy(r.out:match("^crun%-lua %d+%.%d+%.%d+"))
+    r = U.run("--help")
+    assert.are.equal(0, r.code)
+    for _, opt in ipairs({"--nproc-per-node", "--nnodes", "--node-rank", "--master-addr", "--master-port",
+                          "--max-restarts", "--log-dir", "--tee", "--backend", "--no-prefix", "-i",
+                          "--grace-period", "--rdzv-timeout", "--version", "examples:"}) do
+      assert.is_truthy(r.out:find(opt, 1, true), "--help does not mention " .. opt)
+    end
+    r = U.run("-i")
+    assert.are.equal(2, r.code)
+    assert.is_truthy(r.err:find("not available yet", 1, true), r.err)
+  end)
+end)
+
+describe("crun-lua output", function()
+  it("prefixes whole lines with the rank and keeps stdout and stderr apart", function()
+    local r = U.run("-n 4 --master-port 0 " .. q(FIX .. "output.lua"))
+    assert.are.equal(0, r.code, r.err)
+    for rank = 0, 3 do
+      local p = "[" .. rank .. "] "
+      assert.is_truthy(("\n" .. r.out):find("\n" .. p .. "out-a-" .. rank .. "-b\n", 1, true), r.out)
+      assert.is_truthy(r.out:find(p .. "line2-" .. rank .. "\n", 1, true))
+      assert.is_truthy(r.out:find(p .. "last-" .. rank .. "\n", 1, true)) -- partial line flushed at exit
+      assert.is_truthy(r.out:find(p .. "\n", 1, true))                    -- the empty line
+      assert.are.equal(p .. "err-" .. rank, (r.err:match("%[" .. rank .. "%] err%-" .. rank)))
+      assert.is_falsy(r.out:find("err-" .. rank, 1, true))
+    end
+    for _, l in ipairs(U.lines(r.out)) do
+      assert.is_truthy(l:match("^%[%d%] "), "unprefixed stdout line: " .. l)
+    end
+    assert.are.equal(16, #U.lines(r.out))
+  end)
+
+  it("shows lines unprefixed with --no-prefix", function()
+    local r = U.run("-n 2 --master-port 0 --no-prefix " .. q(FIX .. "output.lua"))
+    assert.are.equal(0, r.code, r.err)
+    assert.is_truthy(r.out:find("out-a-1-b\n", 1, true))
+    assert.is_falsy(r.out:find("[", 1, true))
+    assert.is_truthy(r.err:match("^err%-%d\nerr%-%d\n$"), r.err)
+  end)
+
+  it("writes one log file per rank and attempt with --log-dir, and shows them with --tee", function()
+    local dir = U.tmpdir()
+    local r = U.run("-n 2 --master-port 0 --max-restarts 1 --log-dir " .. q(dir .. "/logs") .. " " ..
+                    q(FIX .. "restart.lua") .. " 1")
+    assert.are.equal(0, r.code, r.err)
+    assert.are.equal("", r.out) -- not shown without --tee
+    for attempt = 0, 1 do
+      for rank = 0, 1 do
+        local base = string.format("%s/logs/attempt_%d/rank_%d.", dir, attempt, rank)
+        assert.are.equal(string.format("attempt %d rank %d\n", attempt, rank), U.slurp(base .. "stdout"))
+        assert.is_string(U.slurp(base .. "stderr"))
+      end
+    end
+    assert.are.equal("rank 1 fails in attempt 0\n", U.slurp(dir .. "/logs/attempt_0/rank_1.stderr"))
+    r = U.run("-n 2 --master-port 0 --tee --log-dir " .. q(dir .. "/tee") .. " " .. q(FIX .. "output.lua"))
+    assert.are.equal(0, r.code, r.err)
+    assert.are.equal("out-a-1-b\n\nline2-1\nlast-1", U.slurp(dir .. "/tee/attempt_0/rank_1.stdout"))
+    assert.is_truthy(r.out:find("[1] out-a-1-b\n", 1, true))
+    U.rmrf(dir)
+  end)
+
+  it("names the log directory that cannot be created", function()
+    local r = U.run("-n 1 --master-port 0 --log-dir /proc/nope " .. q(FIX .. "env.lua"))
+    assert.are_not.equal(0, r.code)
+    assert.is_truthy(r.err:find("cannot create log file /proc/nope", 1, true), r.err)
+  end)
+end)
+
+describe("crun-lua failures", function()
+  it("propagates a worker's exit code and names it, stopping the others", function()
+    local r = U.run("-n 3 --master-port 0 " .. q(FIX .. "fail.lua") .. " exit")
+    assert.are.equal(7, r.code, r.err)
+    assert.is_truthy(r.err:match("rank 1 %(pid %d+%) exited with code 7"), r.err)
+    assert.is_truthy(r.err:find("| rank 1 fails by exit", 1, true), r.err) -- its last stderr line
+    assert.is_truthy(r.seconds < 10, "the other ranks were not stopped")
+  end)
+
+  it("prints a Lua error's traceback once, prefixed, and exits 1", function()
+    local r = U.run("-n 3 --master-port 0 " .. q(FIX .. "fail.lua") .. " error")
+    assert.are.equal(1, r.code, r.err)
+    assert.are.equal(1, count(r.err, "stack traceback:"), r.err)
+    assert.is_truthy(r.err:find("[1] stack traceback:", 1, true), r.err)
+    assert.is_truthy(r.err:find("[1] crun-lua: " .. FIX .. "fail.lua:9: boom in rank 1", 1, true), r.err)
+    assert.is_truthy(r.err:match("rank 1 %(pid %d+%) exited with code 1"), r.err)
+  end)
+
+  for _, c in ipairs({{"kill", "SIGKILL", 137}, {"segv", "SIGSEGV", 139}}) do
+    it("reports a worker killed by " .. c[2] .. " and exits " .. c[3], function()
+      local r = U.run("-n 3 --master-port 0 " .. q(FIX .. "fail.lua") .. " " .. c[1])
+      assert.are.equal(c[3], r.code, r.err)
+      assert.is_truthy(r.err:match("rank 1 %(pid %d+%) was killed by signal " .. c[2]), r.err)
+      assert.is_truthy(r.seconds < 10)
+    end)
+  end
+
+  it("kills workers that ignore SIGTERM after the grace period", function()
+    local dir = U.tmpdir()
+    local f = io.open(dir .. "/stubborn.lua", "w")
+    f:write([[
+      if os.getenv("RANK") == "0" then os.execute("sleep 0.2") os.exit(4) end
+      os.execute("trap '' TERM; sleep 30")   -- the shell child ignores SIGTERM
+    ]])
+    f:close()
+    local t0 = os.time()
+    local r = U.run("-n 2 --master-port 0 --grace-period 1 " .. q(dir .. "/stubborn.lua"))
+    U.rmrf(dir)
+    assert.are.equal(4, r.code, r.err)
+    assert.is_truthy(os.time() - t0 < 10)
+  end)
+
+  it("restarts every worker up to --max-restarts, counting in CRUN_RESTART_COUNT", function()
+    local r = U.run("-n 2 --master-port 0 --max-restarts 3 " .. q(FIX .. "restart.lua") .. " 2")
+    assert.are.equal(0, r.code, r.err)
+    for attempt = 0, 2 do
+      for rank = 0, 1 do
+        assert.is_truthy(r.out:find(string.format("[%d] attempt %d rank %d\n", rank, attempt, rank), 1, true), r.out)
+      end
+    end
+    assert.is_falsy(r.out:find("attempt 3", 1, true))
+    assert.is_truthy(r.err:find("job succeeded after 3 attempts", 1, true), r.err)
+    assert.is_truthy(r.err:match("attempt 1: rank 1 %(pid %d+%) exited with code 5"), r.err)
+    assert.is_truthy(r.err:find("attempt 2: succeeded", 1, true), r.err)
+  end)
+
+  it("gives up after --max-restarts and lists each attempt", function()
+    local r = U.run("-n 2 --master-port 0 --max-restarts 1 " .. q(FIX .. "restart.lua") .. " 5")
+    assert.are.equal(5, r.code, r.err)
+    assert.is_truthy(r.err:find("job failed after 2 attempts", 1, true), r.err)
+    assert.is_truthy(r.err:match("attempt 0: rank 1 %(pid %d+%) exited with code 5"), r.err)
+    assert.is_truthy(r.err:match("attempt 1: rank 1 %(pid %d+%) exited with code 5"), r.err)
+  end)
+end)
+
+describe("crun-lua signals", function()
+  --- Starts linger.lua on n ranks; returns the handle, the dir, the marker and the workers' group.
+  local function start_linger(n)
+    local dir = U.tmpdir()
+    local marker = U.unique_marker("linger")
+    local h = U.start("-n " .. n .. " --master-port 0 " .. q(FIX .. "linger.lua") .. " " .. q(dir) .. " " .. marker)
+    local ok = U.wait_for(function()
+      for r = 0, n - 1 do if not U.slurp(dir .. "/ready." .. r) then return false end end
+      return true
+    end, 20)
+    assert.is_truthy(ok, "workers did not start")
+    return h, dir, marker, tonumber(U.slurp(dir .. "/ready.0"))
+  end
+
+  local function assert_nothing_left(marker, pgid)
+    local gone = U.wait_for(function()
+      return #U.pids_with(marker) == 0 and #U.pids_in_group(pgid) == 0
+    end, 10)
+    assert.is_truthy(gone, "processes left: marker " .. table.concat(U.pids_with(marker), ",") ..
+                     " group " .. table.concat(U.pids_in_group(pgid), ","))
+  end
+
+  it("forwards Ctrl-C (SIGINT) to every worker and exits 130", function()
+    local h, dir, marker, pgid = start_linger(3)
+    assert.is_true(#U.pids_in_group(pgid) >= 6) -- 3 workers and their sleeping children
+    os.execute("kill -INT " .. h.pid)
+    local r = h:wait(20)
+    assert.are.equal(130, r.code, r.err)
+    assert.is_truthy(r.err:find("received SIGINT; stopping 3 workers", 1, true), r.err)
+    assert_nothing_left(marker, pgid)
+    U.rmrf(dir)
+  end)
+
+  it("forwards SIGTERM the same way and exits 143", function()
+    local h, dir, marker, pgid = start_linger(2)
+    os.execute("kill -TERM " .. h.pid)
+    local r = h:wait(20)
+    assert.are.equal(143, r.code, r.err)
+    assert_nothing_left(marker, pgid)
+    U.rmrf(dir)
+  end)
+
+  it("leaves no worker nor grandchild behind when the launcher is SIGKILLed", function()
+    local h, dir, marker, pgid = start_linger(4)
+    assert.is_true(#U.pids_with(marker) >= 4) -- the grandchildren carry the marker
+    os.execute("kill -KILL " .. h.pid)
+    h:wait(20)
+    assert_nothing_left(marker, pgid)
+    U.rmrf(dir)
+  end)
+
+  it("stops grandchildren when the workers succeed", function()
+    local dir = U.tmpdir()
+    local marker = U.unique_marker("bg")
+    local f = io.open(dir .. "/bg.lua", "w")
+    f:write(string.format("os.execute(\"sh -c 'sleep 30; echo %s' >/dev/null 2>&1 &\")\n", marker))
+    f:close()
+    local r = U.run("-n 2 --master-port 0 " .. q(dir .. "/bg.lua"))
+    U.rmrf(dir)
+    assert.are.equal(0, r.code, r.err)
+    assert.is_truthy(U.wait_for(function() return #U.pids_with(marker) == 0 end, 10))
+  end)
+end)
