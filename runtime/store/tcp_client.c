@@ -1,0 +1,511 @@
+/* tcp_client.c — the TCP store client (see tcp_proto.h for the protocol).
+ *
+ * One blocking socket per store, one request in flight (a mutex serializes
+ * threads). Deadlines are enforced here: the reply is awaited with ppoll()
+ * up to the call's deadline. On a timeout the connection is closed (the
+ * server then drops the parked request) and the next call reconnects, so a
+ * timed-out store stays usable. A server that goes away yields
+ * CRUN_ECONNRESET for the call in flight; later calls try to reconnect for
+ * up to 2 s and then fail with CRUN_ECONNREFUSED. */
+#include "store/store_impl.h"
+#include "store/tcp_proto.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#define RECONNECT_WINDOW 2.0
+
+typedef struct {
+  crun_store_t base;
+  pthread_mutex_t mu;
+  int fd, port;
+  char *host;
+  double connect_timeout;
+  crun_store_server_t *server; /* embedded (is_master) */
+  uint8_t *sbuf, *rbuf;
+  size_t scap, rcap, rlen;
+  crun__sarg_t *rargs;         /* the last reply's arguments (views into rbuf) */
+  unsigned rnargs, rargcap;
+} tcp_store_t;
+
+#define T(s) ((tcp_store_t *)(s))
+
+/* ------------------------------------------------------------ connecting */
+
+/* Waits for a non-blocking connect to finish; returns 0 or an errno. */
+static int finish_connect(int fd, double deadline) {
+  struct pollfd p = {fd, POLLOUT, 0};
+  double left = deadline - crun_clock();
+  if (left < 0) left = 0;
+  struct timespec ts = {(time_t)left, (long)((left - (double)(time_t)left) * 1e9)};
+  int r = ppoll(&p, 1, &ts, NULL);
+  if (r == 0) return ETIMEDOUT;
+  if (r < 0) return errno;
+  int err = 0;
+  socklen_t el = sizeof err;
+  getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el);
+  return err;
+}
+
+/* One connect attempt to every address of host:port; returns fd or -errno. */
+static int connect_once(const char *host, int port, double deadline) {
+  struct addrinfo hints = {0}, *res = NULL;
+  char ps[16];
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  snprintf(ps, sizeof ps, "%d", port);
+  int gai = getaddrinfo(host, ps, &hints, &res);
+  if (gai != 0) return -EHOSTUNREACH;
+  int err = ECONNREFUSED;
+  for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
+    int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0) {
+      err = errno;
+      continue;
+    }
+    int r = connect(fd, ai->ai_addr, ai->ai_addrlen) == 0 ? 0 : errno;
+    if (r == EINPROGRESS) r = finish_connect(fd, deadline);
+    if (r == 0) {
+      int one = 1;
+      setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+      fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+      freeaddrinfo(res);
+      return fd;
+    }
+    err = r;
+    close(fd);
+  }
+  freeaddrinfo(res);
+  return -err;
+}
+
+/* Connects, retrying with backoff until the deadline. */
+static int tcp_connect(tcp_store_t *t, double deadline) {
+  long sleep_us = 5000;
+  double t0 = crun_clock();
+  for (;;) {
+    int fd = connect_once(t->host, t->port, deadline);
+    if (fd >= 0) {
+      t->fd = fd;
+      t->rlen = 0;
+      return 0;
+    }
+    double left = deadline - crun_clock();
+    if (left <= 0 || fd == -EHOSTUNREACH) {
+      int st = fd == -ECONNREFUSED ? CRUN_ECONNREFUSED : fd == -ETIMEDOUT ? CRUN_ETIMEDOUT : CRUN_ESYS;
+      return crun_error(st, "cannot connect to the store at %s:%d within %.1f s: %s%s", t->host,
+                        t->port, crun_clock() - t0,
+                        fd == -EHOSTUNREACH ? "cannot resolve the host" : strerror(-fd),
+                        st == CRUN_ECONNREFUSED ? " (is the master running?)" : "");
+    }
+    long us = sleep_us < left * 1e6 ? sleep_us : (long)(left * 1e6) + 1;
+    struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
+    nanosleep(&ts, NULL);
+    if (sleep_us < 200000) sleep_us *= 2;
+  }
+}
+
+static void drop_conn(tcp_store_t *t) {
+  if (t->fd >= 0) close(t->fd);
+  t->fd = -1;
+  t->rlen = 0;
+}
+
+/* ------------------------------------------------------------ framing */
+
+/* Encodes a request frame into t->sbuf; returns its length or a status. */
+static long encode(tcp_store_t *t, int op, unsigned n, const void *const *a, const size_t *l) {
+  size_t total = CRUN_STORE_FRAME_HDR;
+  for (unsigned i = 0; i < n; i++) total += 4 + l[i];
+  if (total - 4 > CRUN_STORE_MAX_FRAME || n > CRUN_STORE_MAX_ARGS)
+    return crun_error(CRUN_ERANGE, "store request of %zu bytes / %u keys is over the limit "
+                      "(%u bytes, %d keys)", total, n, CRUN_STORE_MAX_FRAME, CRUN_STORE_MAX_ARGS);
+  if (total > t->scap) {
+    uint8_t *nb = realloc(t->sbuf, total);
+    if (!nb) return crun_error(CRUN_ENOMEM, "store: out of memory for a %zu-byte request", total);
+    t->sbuf = nb;
+    t->scap = total;
+  }
+  uint8_t *p = t->sbuf;
+  crun__put_u32(p, (uint32_t)(total - 4));
+  p[4] = CRUN_STORE_PROTO_VERSION, p[5] = (uint8_t)op, p[6] = (uint8_t)n, p[7] = (uint8_t)(n >> 8);
+  p += CRUN_STORE_FRAME_HDR;
+  for (unsigned i = 0; i < n; i++) {
+    crun__put_u32(p, (uint32_t)l[i]);
+    if (l[i]) memcpy(p + 4, a[i], l[i]);
+    p += 4 + l[i];
+  }
+  return (long)total;
+}
+
+static int send_all(tcp_store_t *t, size_t len, const char *what) {
+  size_t done = 0;
+  while (done < len) {
+    ssize_t w = send(t->fd, t->sbuf + done, len - done, MSG_NOSIGNAL);
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0) {
+      int e = errno;
+      drop_conn(t);
+      return crun_error(CRUN_ECONNRESET, "%s: lost the store server %s:%d: %s", what, t->host,
+                        t->port, strerror(e));
+    }
+    done += (size_t)w;
+  }
+  return 0;
+}
+
+/* Returns the size of the complete frame in rbuf, 0 if incomplete, <0 if bad. */
+static long frame_ready(tcp_store_t *t, const char *what) {
+  if (t->rlen < 4) return 0;
+  uint32_t flen = crun__get_u32(t->rbuf);
+  if (flen > CRUN_STORE_MAX_FRAME || flen < CRUN_STORE_FRAME_HDR - 4) {
+    drop_conn(t);
+    return crun_error(CRUN_EPROTO, "%s: bad reply frame (%u bytes) from %s:%d", what, flen,
+                      t->host, t->port);
+  }
+  if (t->rcap < 4 + (size_t)flen) {
+    uint8_t *nb = realloc(t->rbuf, 4 + (size_t)flen);
+    if (!nb) return crun_error(CRUN_ENOMEM, "store: out of memory for a %u-byte reply", flen);
+    t->rbuf = nb;
+    t->rcap = 4 + (size_t)flen;
+  }
+  return t->rlen >= 4 + (size_t)flen ? (long)(4 + flen) : 0;
+}
+
+/* Reads one reply frame into rbuf before the deadline. */
+static int recv_frame(tcp_store_t *t, double deadline, const char *what, long *flen) {
+  t->rlen = 0;
+  for (;;) {
+    long n = frame_ready(t, what);
+    if (n < 0) return (int)n;
+    if (n > 0) return (int)(*flen = n, 0);
+    double left = deadline - crun_clock();
+    struct pollfd p = {t->fd, POLLIN, 0};
+    struct timespec ts = {(time_t)(left > 0 ? left : 0), 0};
+    ts.tv_nsec = left > 0 ? (long)((left - (double)ts.tv_sec) * 1e9) : 0;
+    int r = left > 0 ? ppoll(&p, 1, &ts, NULL) : 0;
+    if (r < 0 && errno == EINTR) continue;
+    if (r == 0) {
+      drop_conn(t);
+      return crun_error(CRUN_ETIMEDOUT, "%s: no answer from the store %s:%d within the deadline",
+                        what, t->host, t->port);
+    }
+    if (t->rcap - t->rlen < 4096) {
+      size_t cap = t->rcap * 2 > 65536 ? t->rcap * 2 : 65536;
+      uint8_t *nb = realloc(t->rbuf, cap);
+      if (!nb) return crun_error(CRUN_ENOMEM, "store: out of memory for a reply");
+      t->rbuf = nb;
+      t->rcap = cap;
+    }
+    ssize_t got = recv(t->fd, t->rbuf + t->rlen, t->rcap - t->rlen, 0);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) {
+      int e = got < 0 ? errno : 0;
+      drop_conn(t);
+      return crun_error(CRUN_ECONNRESET, "%s: the store server %s:%d closed the connection%s%s",
+                        what, t->host, t->port, e ? ": " : "", e ? strerror(e) : "");
+    }
+    t->rlen += (size_t)got;
+  }
+}
+
+/* Splits the reply in rbuf into t->rargs, or turns an error reply into a status. */
+static int parse_reply(tcp_store_t *t, long flen, const char *what) {
+  unsigned code = t->rbuf[5], n = (unsigned)t->rbuf[6] | (unsigned)t->rbuf[7] << 8;
+  if (n > t->rargcap) {
+    crun__sarg_t *na = realloc(t->rargs, n * sizeof *na);
+    if (!na) return crun_error(CRUN_ENOMEM, "store: out of memory for a reply");
+    t->rargs = na;
+    t->rargcap = n;
+  }
+  if (t->rbuf[4] != CRUN_STORE_PROTO_VERSION ||
+      crun__sproto_parse(t->rbuf + CRUN_STORE_FRAME_HDR, (size_t)flen - CRUN_STORE_FRAME_HDR, n,
+                         t->rargs) < 0) {
+    drop_conn(t);
+    return crun_error(CRUN_EPROTO, "%s: malformed reply from the store %s:%d", what, t->host, t->port);
+  }
+  t->rnargs = n;
+  if (code == 0) return 0;
+  int st = -(int)code;
+  const char *msg = n ? (const char *)t->rargs[0].p : "";
+  int mlen = n ? (int)t->rargs[0].len : 0;
+  size_t nl = strlen(crun_err_name(st));
+  if (mlen > (int)nl + 2 && strncmp(msg, crun_err_name(st), nl) == 0) msg += nl + 2, mlen -= (int)nl + 2;
+  return crun_error(st, "%.*s (store %s:%d)", mlen, msg, t->host, t->port);
+}
+
+/* Sends one request and waits for its reply before the deadline (lock held). */
+static int request(tcp_store_t *t, int op, unsigned n, const void *const *a, const size_t *l,
+                   double deadline, const char *what) {
+  long len = encode(t, op, n, a, l), flen = 0;
+  if (len < 0) return (int)len;
+  if (t->fd < 0) {
+    double d = crun_clock() + RECONNECT_WINDOW;
+    CRUN_CHECK(tcp_connect(t, d < deadline ? d : deadline));
+  }
+  CRUN_CHECK(send_all(t, (size_t)len, what));
+  CRUN_CHECK(recv_frame(t, deadline, what, &flen));
+  return parse_reply(t, flen, what);
+}
+
+/* Expects one 8-byte integer in the reply. */
+static int reply_i64(tcp_store_t *t, int64_t *out, const char *what) {
+  if (t->rnargs != 1 || t->rargs[0].len != 8)
+    return crun_error(CRUN_EPROTO, "%s: unexpected reply from the store %s:%d", what, t->host, t->port);
+  *out = crun__get_i64(t->rargs[0].p);
+  return 0;
+}
+
+/* Copies reply argument i into out. */
+static int reply_buf(tcp_store_t *t, unsigned i, crun_buf_t *out, const char *what) {
+  if (i >= t->rnargs)
+    return crun_error(CRUN_EPROTO, "%s: unexpected reply from the store %s:%d", what, t->host, t->port);
+  return crun__buf_set(out, t->rargs[i].p, t->rargs[i].len);
+}
+
+/* ------------------------------------------------------------ ops */
+
+static double deadline_now(crun_store_t *s) { return crun_clock() + crun_store_get_timeout(s); }
+
+#define LOCKED(t, expr)                                                             \
+  do {                                                                              \
+    pthread_mutex_lock(&(t)->mu);                                                   \
+    int rc_ = (expr);                                                               \
+    pthread_mutex_unlock(&(t)->mu);                                                 \
+    return rc_;                                                                     \
+  } while (0)
+
+static int k_set(crun_store_t *s, const char *key, const void *val, size_t len) {
+  char what[160];
+  snprintf(what, sizeof what, "set '%.100s'", key);
+  const void *a[2] = {key, val};
+  size_t l[2] = {strlen(key), len};
+  LOCKED(T(s), request(T(s), CRUN__SOP_SET, 2, a, l, deadline_now(s), what));
+}
+
+static int k_append(crun_store_t *s, const char *key, const void *val, size_t len) {
+  char what[160];
+  snprintf(what, sizeof what, "append '%.100s'", key);
+  const void *a[2] = {key, val};
+  size_t l[2] = {strlen(key), len};
+  LOCKED(T(s), request(T(s), CRUN__SOP_APPEND, 2, a, l, deadline_now(s), what));
+}
+
+static int do_get(tcp_store_t *t, const char *key, double deadline, crun_buf_t *out, const char *what) {
+  const void *a[1] = {key};
+  size_t l[1] = {strlen(key)};
+  CRUN_CHECK(request(t, CRUN__SOP_GET, 1, a, l, deadline, what));
+  return reply_buf(t, 0, out, what);
+}
+
+static int k_get(crun_store_t *s, const char *key, double deadline, crun_buf_t *out) {
+  char what[160];
+  snprintf(what, sizeof what, "get '%.100s' (key not set?)", key);
+  LOCKED(T(s), do_get(T(s), key, deadline, out, what));
+}
+
+static int do_add(tcp_store_t *t, const char *key, int64_t delta, int64_t *out, const char *what) {
+  uint8_t d[8];
+  crun__put_i64(d, delta);
+  const void *a[2] = {key, d};
+  size_t l[2] = {strlen(key), 8};
+  CRUN_CHECK(request(t, CRUN__SOP_ADD, 2, a, l, deadline_now(&t->base), what));
+  return reply_i64(t, out, what);
+}
+
+static int k_add(crun_store_t *s, const char *key, int64_t delta, int64_t *out) {
+  char what[160];
+  snprintf(what, sizeof what, "add '%.100s'", key);
+  LOCKED(T(s), do_add(T(s), key, delta, out, what));
+}
+
+static int do_cas(tcp_store_t *t, const void *const *a, const size_t *l, crun_buf_t *out,
+                  const char *what) {
+  CRUN_CHECK(request(t, CRUN__SOP_CAS, 3, a, l, deadline_now(&t->base), what));
+  return reply_buf(t, 0, out, what);
+}
+
+static int k_compare_set(crun_store_t *s, const char *key, const void *exp, size_t elen,
+                         const void *des, size_t dlen, crun_buf_t *out) {
+  char what[160];
+  snprintf(what, sizeof what, "compare_set '%.100s'", key);
+  const void *a[3] = {key, exp, des};
+  size_t l[3] = {strlen(key), elen, dlen};
+  LOCKED(T(s), do_cas(T(s), a, l, out, what));
+}
+
+/* Runs a request whose arguments are a key list (WAIT, CHECK, MULTI_GET). */
+static int keys_request(tcp_store_t *t, int op, const char *const *keys, size_t n,
+                        double deadline, const char *opname) {
+  size_t *l = malloc(n * sizeof *l);
+  if (!l) return crun_error(CRUN_ENOMEM, "store %s: out of memory", opname);
+  for (size_t i = 0; i < n; i++) l[i] = strlen(keys[i]);
+  char what[300], ks[256];
+  snprintf(what, sizeof what, "%s %s", opname, crun__store_keys_str(keys, n, ks, sizeof ks));
+  int rc = request(t, op, (unsigned)n, (const void *const *)keys, l, deadline, what);
+  free(l);
+  return rc;
+}
+
+static int k_wait(crun_store_t *s, const char *const *keys, size_t n, double deadline) {
+  LOCKED(T(s), keys_request(T(s), CRUN__SOP_WAIT, keys, n, deadline, "wait"));
+}
+
+static int do_check(tcp_store_t *t, const char *const *keys, size_t n, int *all) {
+  int64_t v;
+  CRUN_CHECK(keys_request(t, CRUN__SOP_CHECK, keys, n, deadline_now(&t->base), "check"));
+  CRUN_CHECK(reply_i64(t, &v, "check"));
+  *all = v != 0;
+  return 0;
+}
+
+static int k_check(crun_store_t *s, const char *const *keys, size_t n, int *all) {
+  LOCKED(T(s), do_check(T(s), keys, n, all));
+}
+
+static int do_multi_get(tcp_store_t *t, const char *const *keys, size_t n, double deadline,
+                        crun_buf_t *outs) {
+  CRUN_CHECK(keys_request(t, CRUN__SOP_MULTI_GET, keys, n, deadline, "multi_get"));
+  if (t->rnargs != n)
+    return crun_error(CRUN_EPROTO, "multi_get: %u values for %zu keys from the store %s:%d",
+                      t->rnargs, n, t->host, t->port);
+  for (size_t i = 0; i < n; i++) CRUN_CHECK(reply_buf(t, (unsigned)i, &outs[i], "multi_get"));
+  return 0;
+}
+
+static int k_multi_get(crun_store_t *s, const char *const *keys, size_t n, double deadline,
+                       crun_buf_t *outs) {
+  LOCKED(T(s), do_multi_get(T(s), keys, n, deadline, outs));
+}
+
+static int do_multi_set(tcp_store_t *t, const char *const *keys, size_t n,
+                        const void *const *vals, const size_t *lens) {
+  const void **a = malloc(2 * n * sizeof *a);
+  size_t *l = malloc(2 * n * sizeof *l);
+  int rc = (!a || !l) ? crun_error(CRUN_ENOMEM, "store multi_set: out of memory") : 0;
+  for (size_t i = 0; rc == 0 && i < n; i++) {
+    a[2 * i] = keys[i], l[2 * i] = strlen(keys[i]);
+    a[2 * i + 1] = vals[i], l[2 * i + 1] = lens[i];
+  }
+  if (rc == 0) rc = request(t, CRUN__SOP_MULTI_SET, (unsigned)(2 * n), a, l, deadline_now(&t->base), "multi_set");
+  free(a);
+  free(l);
+  return rc;
+}
+
+static int k_multi_set(crun_store_t *s, const char *const *keys, size_t n,
+                       const void *const *vals, const size_t *lens) {
+  if (2 * n > CRUN_STORE_MAX_ARGS)
+    return crun_error(CRUN_ERANGE, "multi_set of %zu keys: at most %d per call", n, CRUN_STORE_MAX_ARGS / 2);
+  LOCKED(T(s), do_multi_set(T(s), keys, n, vals, lens));
+}
+
+/* Runs a request that answers one integer. */
+static int int_request(tcp_store_t *t, int op, unsigned n, const void *const *a, const size_t *l,
+                       double deadline, int64_t *out, const char *what) {
+  CRUN_CHECK(request(t, op, n, a, l, deadline, what));
+  return reply_i64(t, out, what);
+}
+
+static int k_delete_key(crun_store_t *s, const char *key, int *existed) {
+  char what[160];
+  int64_t v = 0;
+  snprintf(what, sizeof what, "delete_key '%.100s'", key);
+  const void *a[1] = {key};
+  size_t l[1] = {strlen(key)};
+  pthread_mutex_lock(&T(s)->mu);
+  int rc = int_request(T(s), CRUN__SOP_DELETE, 1, a, l, deadline_now(s), &v, what);
+  pthread_mutex_unlock(&T(s)->mu);
+  *existed = v != 0;
+  return rc;
+}
+
+static int k_num_keys(crun_store_t *s, int64_t *out) {
+  LOCKED(T(s), int_request(T(s), CRUN__SOP_NUM_KEYS, 0, NULL, NULL, deadline_now(s), out, "num_keys"));
+}
+
+static int k_port(crun_store_t *s) { return T(s)->port; }
+
+static void k_destroy(crun_store_t *s) {
+  tcp_store_t *t = T(s);
+  drop_conn(t);
+  if (t->server) crun_store_server_stop(t->server);
+  pthread_mutex_destroy(&t->mu);
+  free(t->host);
+  free(t->sbuf);
+  free(t->rbuf);
+  free(t->rargs);
+  free(t);
+}
+
+static const crun__store_ops_t tcp_ops = {
+    .kind = "tcp", .set = k_set, .get = k_get, .add = k_add, .compare_set = k_compare_set,
+    .wait = k_wait, .check = k_check, .delete_key = k_delete_key, .num_keys = k_num_keys,
+    .append = k_append, .multi_get = k_multi_get, .multi_set = k_multi_set, .port = k_port,
+    .destroy = k_destroy};
+
+/* ------------------------------------------------------------ create */
+
+/* Joins the world: counts this client and, on the master, waits for all. */
+static int tcp_join(tcp_store_t *t, const crun_store_tcp_opts_t *o) {
+  int64_t v;
+  double deadline = deadline_now(&t->base);
+  CRUN_CHECK(int_request(t, CRUN__SOP_JOIN, 0, NULL, NULL, deadline, &v, "join"));
+  if (!o->is_master) return 0;
+  uint8_t n[8];
+  crun__put_i64(n, o->world_size);
+  const void *a[1] = {n};
+  size_t l[1] = {8};
+  char what[128];
+  snprintf(what, sizeof what, "waiting for world_size=%d clients to join", o->world_size);
+  return int_request(t, CRUN__SOP_JOIN_WAIT, 1, a, l, deadline, &v, what);
+}
+
+/* Opens the connection (starting the embedded server first on the master). */
+static int tcp_open(tcp_store_t *t, const crun_store_tcp_opts_t *o) {
+  if (o->is_master) {
+    CRUN_CHECK(crun_store_server_start(o->host, o->port, &t->server));
+    t->port = crun_store_server_port(t->server);
+  }
+  double ct = o->connect_timeout > 0 ? o->connect_timeout : crun_store_get_timeout(&t->base);
+  CRUN_CHECK(tcp_connect(t, crun_clock() + ct));
+  return o->world_size > 0 ? tcp_join(t, o) : 0;
+}
+
+int crun_store_tcp_new(const crun_store_tcp_opts_t *opts, crun_store_t **out) {
+  if (!opts || !out) return crun_error(CRUN_EINVAL, "tcp store: opts and out are required");
+  if (opts->port < 0 || opts->port > 65535 || (opts->port == 0 && !opts->is_master))
+    return crun_error(CRUN_EINVAL, "tcp store: bad port %d (0 picks a free port on the master only)",
+                      opts->port);
+  if (opts->world_size < 0) return crun_error(CRUN_EINVAL, "tcp store: world_size %d < 0", opts->world_size);
+  tcp_store_t *t = calloc(1, sizeof *t);
+  const char *host = opts->host && *opts->host ? opts->host : "127.0.0.1";
+  if (!t || !(t->host = strdup(host))) {
+    free(t);
+    return crun_error(CRUN_ENOMEM, "tcp store: out of memory");
+  }
+  crun__store_init(&t->base, &tcp_ops);
+  crun_store_set_timeout(&t->base, opts->timeout);
+  pthread_mutex_init(&t->mu, NULL);
+  t->fd = -1;
+  t->port = opts->port;
+  int rc = tcp_open(t, opts);
+  if (rc < 0) {
+    k_destroy(&t->base);
+    return rc;
+  }
+  *out = &t->base;
+  return 0;
+}

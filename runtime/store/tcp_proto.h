@@ -1,0 +1,87 @@
+/* tcp_proto.h — the TCP store wire protocol, shared by client and server.
+ *
+ * Every message, both ways, is one frame (integers little-endian):
+ *   u32 len      bytes that follow this field; at most CRUN_STORE_MAX_FRAME
+ *   u8  version  CRUN_STORE_PROTO_VERSION
+ *   u8  code     request: the op (crun__sop); reply: 0 ok, else -crun_status
+ *   u16 nargs    number of arguments that follow
+ *   nargs x { u32 alen; alen bytes }
+ * The arguments exactly fill the frame. A reply with a non-zero code carries
+ * one argument, the error text. Integers travel as 8-byte arguments.
+ *
+ * A client has one request in flight per connection. The server answers
+ * GET, WAIT, MULTI_GET and JOIN_WAIT only once their keys exist (the
+ * request is parked on the server; the client does not poll). Deadlines are
+ * the client's: a client that gives up closes its connection, which drops
+ * the parked request, and reconnects on its next call. */
+#ifndef CRUN_STORE_TCP_PROTO_H
+#define CRUN_STORE_TCP_PROTO_H
+
+#include <stdint.h>
+#include <string.h>
+
+#define CRUN_STORE_PROTO_VERSION 1
+#define CRUN_STORE_MAX_FRAME (1u << 30) /* 1 GiB: a larger claim closes the connection */
+#define CRUN_STORE_FRAME_HDR 8          /* len + version + code + nargs */
+#define CRUN_STORE_MAX_ARGS 65535
+
+/* Request ops and their arguments -> reply arguments. */
+typedef enum {
+  CRUN__SOP_SET = 1,       /* key, value -> () */
+  CRUN__SOP_GET = 2,       /* key -> value (parks) */
+  CRUN__SOP_ADD = 3,       /* key, i64 delta -> i64 new value */
+  CRUN__SOP_CAS = 4,       /* key, expected, desired -> value now stored */
+  CRUN__SOP_WAIT = 5,      /* keys... -> () (parks) */
+  CRUN__SOP_CHECK = 6,     /* keys... -> i64 all_exist */
+  CRUN__SOP_DELETE = 7,    /* key -> i64 existed */
+  CRUN__SOP_NUM_KEYS = 8,  /* () -> i64 count */
+  CRUN__SOP_APPEND = 9,    /* key, value -> () */
+  CRUN__SOP_MULTI_GET = 10,/* keys... -> values... (parks) */
+  CRUN__SOP_MULTI_SET = 11,/* key1, value1, key2, value2... -> () */
+  CRUN__SOP_PING = 12,     /* () -> "crun-store" */
+  CRUN__SOP_JOIN = 13,     /* () -> i64 clients joined so far (counts this one) */
+  CRUN__SOP_JOIN_WAIT = 14,/* i64 n -> i64 joined, once >= n (parks) */
+  CRUN__SOP_MAX = 14
+} crun__sop;
+
+static inline void crun__put_u32(uint8_t *p, uint32_t v) {
+  p[0] = (uint8_t)v, p[1] = (uint8_t)(v >> 8), p[2] = (uint8_t)(v >> 16), p[3] = (uint8_t)(v >> 24);
+}
+
+static inline uint32_t crun__get_u32(const uint8_t *p) {
+  return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static inline void crun__put_i64(uint8_t *p, int64_t v) {
+  crun__put_u32(p, (uint32_t)(uint64_t)v);
+  crun__put_u32(p + 4, (uint32_t)((uint64_t)v >> 32));
+}
+
+static inline int64_t crun__get_i64(const uint8_t *p) {
+  return (int64_t)((uint64_t)crun__get_u32(p) | (uint64_t)crun__get_u32(p + 4) << 32);
+}
+
+/* One parsed argument: a view into the frame. */
+typedef struct {
+  const uint8_t *p;
+  uint32_t len;
+} crun__sarg_t;
+
+/* Splits the body of a frame (after the 8-byte header) into nargs arguments;
+ * returns 0, or -1 when they do not exactly fill the body. */
+static inline int crun__sproto_parse(const uint8_t *body, size_t blen, unsigned nargs,
+                                     crun__sarg_t *args) {
+  size_t p = 0;
+  for (unsigned i = 0; i < nargs; i++) {
+    if (blen - p < 4) return -1;
+    uint32_t l = crun__get_u32(body + p);
+    p += 4;
+    if (blen - p < l) return -1;
+    args[i].p = body + p;
+    args[i].len = l;
+    p += l;
+  }
+  return p == blen ? 0 : -1;
+}
+
+#endif

@@ -1,0 +1,559 @@
+/* tcp_server.c — the TCP store server: one libuv loop on its own thread.
+ *
+ * Each connection buffers what it reads and serves its frames in order. A
+ * GET / WAIT / MULTI_GET / JOIN_WAIT whose keys are missing stays at the head
+ * of its connection's buffer and the connection is "parked" (nothing more is
+ * read from it until it is answered). A write that creates a key a parked
+ * request names moves that connection to the ready queue, which is drained
+ * at the end of every callback, so handlers never recurse. A frame that
+ * breaks the protocol (bad version, length over CRUN_STORE_MAX_FRAME,
+ * arguments that do not fill the frame, unknown op) closes that connection
+ * with a WARN STORE log line; others are not affected. */
+#include "store/store_impl.h"
+#include "store/tcp_proto.h"
+
+#include <arpa/inet.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <uv.h>
+
+typedef struct conn conn_t;
+
+struct crun_store_server {
+  uv_loop_t loop;
+  uv_tcp_t listener;
+  uv_async_t stop_async;
+  uv_thread_t thread;
+  int port, started;
+  char addr[80];
+  crun__kv_t kv;
+  int64_t joined;
+  conn_t *conns;              /* every open connection */
+  conn_t *parked;             /* connections whose head request waits */
+  conn_t *ready, *ready_tail; /* parked ones to look at again */
+  int draining;
+};
+
+struct conn {
+  uv_tcp_t tcp;
+  crun_store_server_t *srv;
+  conn_t *prev, *next;   /* srv->conns */
+  conn_t *pprev, *pnext; /* srv->parked */
+  conn_t *rnext;         /* srv->ready */
+  int parked, in_ready, closing;
+  uint8_t *buf;
+  size_t off, len, cap;  /* unserved bytes are buf[off..len) */
+  char peer[64];
+};
+
+typedef struct {
+  uv_write_t req;
+  uv_buf_t buf;
+} wreq_t;
+
+enum { FRAME_DONE, FRAME_PARK, FRAME_CLOSE };
+
+/* Bytes a client may pipeline behind a request that is waiting. */
+#define PARKED_BACKLOG_MAX ((size_t)64 << 20)
+
+/* ------------------------------------------------------------ lists */
+
+static void parked_add(crun_store_server_t *srv, conn_t *c) {
+  c->parked = 1;
+  c->pprev = NULL;
+  c->pnext = srv->parked;
+  if (srv->parked) srv->parked->pprev = c;
+  srv->parked = c;
+}
+
+static void parked_remove(crun_store_server_t *srv, conn_t *c) {
+  if (!c->parked) return;
+  if (c->pprev) c->pprev->pnext = c->pnext;
+  else srv->parked = c->pnext;
+  if (c->pnext) c->pnext->pprev = c->pprev;
+  c->parked = 0;
+}
+
+static void ready_push(crun_store_server_t *srv, conn_t *c) {
+  if (c->in_ready) return;
+  c->in_ready = 1;
+  c->rnext = NULL;
+  if (srv->ready_tail) srv->ready_tail->rnext = c;
+  else srv->ready = c;
+  srv->ready_tail = c;
+}
+
+static void ready_remove(crun_store_server_t *srv, conn_t *c) {
+  conn_t **pp = &srv->ready, *prev = NULL;
+  for (; *pp && *pp != c; prev = *pp, pp = &(*pp)->rnext) {}
+  if (!*pp) return;
+  *pp = c->rnext;
+  if (srv->ready_tail == c) srv->ready_tail = prev;
+  c->in_ready = 0;
+}
+
+/* ------------------------------------------------------------ connections */
+
+static void on_conn_closed(uv_handle_t *h) {
+  conn_t *c = h->data;
+  free(c->buf);
+  free(c);
+}
+
+/* Closes a connection (once), dropping any parked request. */
+static void conn_close(conn_t *c, const char *why) {
+  if (c->closing) return;
+  crun_store_server_t *srv = c->srv;
+  c->closing = 1;
+  if (why) CRUN_LOG(WARN, STORE, "store server %s: closing connection from %s: %s", srv->addr, c->peer, why);
+  parked_remove(srv, c);
+  if (c->in_ready) ready_remove(srv, c);
+  if (c->prev) c->prev->next = c->next;
+  else srv->conns = c->next;
+  if (c->next) c->next->prev = c->prev;
+  uv_close((uv_handle_t *)&c->tcp, on_conn_closed);
+}
+
+static void on_written(uv_write_t *req, int status) {
+  wreq_t *w = (wreq_t *)req;
+  if (status < 0 && status != UV_ECANCELED) {
+    conn_t *c = req->handle->data;
+    conn_close(c, uv_strerror(status));
+  }
+  free(w);
+}
+
+/* Sends one reply frame with nargs arguments. */
+static int reply(conn_t *c, int code, unsigned nargs, const void *const *args, const size_t *lens) {
+  size_t total = CRUN_STORE_FRAME_HDR;
+  for (unsigned i = 0; i < nargs; i++) total += 4 + lens[i];
+  wreq_t *w = malloc(sizeof *w + total);
+  if (!w) return crun_error(CRUN_ENOMEM, "store server: out of memory for a reply");
+  uint8_t *p = (uint8_t *)(w + 1);
+  crun__put_u32(p, (uint32_t)(total - 4));
+  p[4] = CRUN_STORE_PROTO_VERSION;
+  p[5] = (uint8_t)(code < 0 ? -code : code);
+  p[6] = (uint8_t)nargs, p[7] = (uint8_t)(nargs >> 8);
+  p += CRUN_STORE_FRAME_HDR;
+  for (unsigned i = 0; i < nargs; i++) {
+    crun__put_u32(p, (uint32_t)lens[i]);
+    if (lens[i]) memcpy(p + 4, args[i], lens[i]);
+    p += 4 + lens[i];
+  }
+  w->buf = uv_buf_init((char *)(w + 1), (unsigned)total);
+  int rc = uv_write(&w->req, (uv_stream_t *)&c->tcp, &w->buf, 1, on_written);
+  if (rc < 0) {
+    free(w);
+    conn_close(c, uv_strerror(rc));
+  }
+  return 0;
+}
+
+static int reply_ok0(conn_t *c) { return reply(c, 0, 0, NULL, NULL); }
+
+static int reply_i64(conn_t *c, int64_t v) {
+  uint8_t b[8];
+  crun__put_i64(b, v);
+  const void *a[1] = {b};
+  size_t l[1] = {8};
+  return reply(c, 0, 1, a, l);
+}
+
+/* Replies with the error recorded by the failed status on this thread. */
+static int reply_err(conn_t *c, int status) {
+  const char *msg = crun_last_error();
+  const void *a[1] = {msg};
+  size_t l[1] = {strlen(msg)};
+  return reply(c, status, 1, a, l);
+}
+
+/* ------------------------------------------------------------ waking */
+
+/* Returns 1 when key equals one of the key arguments of c's head frame. */
+static int head_names_key(conn_t *c, const char *key, size_t klen) {
+  const uint8_t *f = c->buf + c->off;
+  unsigned nargs = (unsigned)f[6] | (unsigned)f[7] << 8;
+  size_t p = CRUN_STORE_FRAME_HDR;
+  for (unsigned i = 0; i < nargs; i++) {
+    uint32_t l = crun__get_u32(f + p);
+    if (l == klen && memcmp(f + p + 4, key, klen) == 0) return 1;
+    p += 4 + l;
+  }
+  return 0;
+}
+
+/* Queues the parked connections waiting on key (NULL: on the join count). */
+static void wake(crun_store_server_t *srv, const char *key, size_t klen) {
+  for (conn_t *c = srv->parked; c; c = c->pnext) {
+    int join = c->buf[c->off + 5] == CRUN__SOP_JOIN_WAIT;
+    if (key ? (!join && head_names_key(c, key, klen)) : join) ready_push(srv, c);
+  }
+}
+
+/* ------------------------------------------------------------ ops */
+
+#define KEY(a) ((const char *)(a).p), (a).len
+
+/* Returns 1 when every argument from `first` on (stride step) names a key. */
+static int keys_present(crun_store_server_t *srv, const crun__sarg_t *a, unsigned n) {
+  for (unsigned i = 0; i < n; i++)
+    if (!crun__kv_find(&srv->kv, KEY(a[i]))) return 0;
+  return 1;
+}
+
+static int op_get(conn_t *c, const crun__sarg_t *a, unsigned n, int multi) {
+  crun_store_server_t *srv = c->srv;
+  if (!keys_present(srv, a, n)) return FRAME_PARK;
+  const void *stack_v[16] = {0};
+  size_t stack_l[16] = {0};
+  const void **vals = n <= 16 ? stack_v : malloc(n * sizeof *vals);
+  size_t *lens = n <= 16 ? stack_l : malloc(n * sizeof *lens);
+  if (!vals || !lens) {
+    if (n > 16) free(vals), free(lens);
+    return FRAME_CLOSE;
+  }
+  for (unsigned i = 0; i < n; i++) {
+    crun__kv_entry_t *e = crun__kv_find(&srv->kv, KEY(a[i]));
+    vals[i] = e->val;
+    lens[i] = e->len;
+  }
+  reply(c, 0, multi ? n : 1, vals, lens);
+  if (n > 16) free(vals), free(lens);
+  return FRAME_DONE;
+}
+
+static int op_cas(conn_t *c, const crun__sarg_t *a) {
+  const void *res;
+  size_t rlen;
+  int rc = crun__kv_compare_set(&c->srv->kv, KEY(a[0]), a[1].p, a[1].len, a[2].p, a[2].len,
+                                &res, &rlen);
+  if (rc < 0) return reply_err(c, rc), FRAME_DONE;
+  reply(c, 0, 1, &res, &rlen);
+  wake(c->srv, KEY(a[0]));
+  return FRAME_DONE;
+}
+
+static int op_multi_set(conn_t *c, const crun__sarg_t *a, unsigned n) {
+  for (unsigned i = 0; i < n; i += 2) {
+    int rc = crun__kv_set(&c->srv->kv, KEY(a[i]), a[i + 1].p, a[i + 1].len);
+    if (rc < 0) return reply_err(c, rc), FRAME_DONE;
+  }
+  reply_ok0(c);
+  for (unsigned i = 0; i < n; i += 2) wake(c->srv, KEY(a[i]));
+  return FRAME_DONE;
+}
+
+/* Runs one op whose arguments were checked against its arity. */
+static int run_op(conn_t *c, int op, const crun__sarg_t *a, unsigned n) {
+  crun_store_server_t *srv = c->srv;
+  int rc;
+  int64_t v;
+  switch (op) {
+  case CRUN__SOP_SET:
+  case CRUN__SOP_APPEND:
+    rc = op == CRUN__SOP_SET ? crun__kv_set(&srv->kv, KEY(a[0]), a[1].p, a[1].len)
+                             : crun__kv_append(&srv->kv, KEY(a[0]), a[1].p, a[1].len);
+    rc < 0 ? reply_err(c, rc) : reply_ok0(c);
+    if (rc == 0) wake(srv, KEY(a[0]));
+    return FRAME_DONE;
+  case CRUN__SOP_GET: return op_get(c, a, 1, 0);
+  case CRUN__SOP_MULTI_GET: return op_get(c, a, n, 1);
+  case CRUN__SOP_WAIT:
+    if (!keys_present(srv, a, n)) return FRAME_PARK;
+    return reply_ok0(c), FRAME_DONE;
+  case CRUN__SOP_ADD:
+    rc = crun__kv_add(&srv->kv, KEY(a[0]), crun__get_i64(a[1].p), &v);
+    rc < 0 ? reply_err(c, rc) : reply_i64(c, v);
+    if (rc == 0) wake(srv, KEY(a[0]));
+    return FRAME_DONE;
+  case CRUN__SOP_CAS: return op_cas(c, a);
+  case CRUN__SOP_CHECK: return reply_i64(c, keys_present(srv, a, n)), FRAME_DONE;
+  case CRUN__SOP_DELETE: return reply_i64(c, crun__kv_delete(&srv->kv, KEY(a[0]))), FRAME_DONE;
+  case CRUN__SOP_NUM_KEYS: return reply_i64(c, (int64_t)srv->kv.count), FRAME_DONE;
+  case CRUN__SOP_MULTI_SET: return op_multi_set(c, a, n);
+  case CRUN__SOP_PING: {
+    const void *p = "crun-store";
+    size_t l = 10;
+    return reply(c, 0, 1, &p, &l), FRAME_DONE;
+  }
+  case CRUN__SOP_JOIN:
+    reply_i64(c, ++srv->joined);
+    wake(srv, NULL, 0);
+    return FRAME_DONE;
+  case CRUN__SOP_JOIN_WAIT:
+    if (srv->joined < crun__get_i64(a[0].p)) return FRAME_PARK;
+    return reply_i64(c, srv->joined), FRAME_DONE;
+  }
+  return FRAME_CLOSE;
+}
+
+/* Returns NULL when op accepts n arguments, else the reason it does not. */
+static const char *arity_error(int op, unsigned n, const crun__sarg_t *a) {
+  switch (op) {
+  case CRUN__SOP_SET: case CRUN__SOP_APPEND: return n == 2 ? NULL : "needs 2 arguments";
+  case CRUN__SOP_GET: case CRUN__SOP_DELETE: return n == 1 ? NULL : "needs 1 argument";
+  case CRUN__SOP_ADD: return n == 2 && a[1].len == 8 ? NULL : "needs a key and an 8-byte delta";
+  case CRUN__SOP_CAS: return n == 3 ? NULL : "needs 3 arguments";
+  case CRUN__SOP_WAIT: case CRUN__SOP_CHECK: case CRUN__SOP_MULTI_GET:
+    return n >= 1 ? NULL : "needs at least one key";
+  case CRUN__SOP_MULTI_SET: return n >= 2 && n % 2 == 0 ? NULL : "needs key/value pairs";
+  case CRUN__SOP_NUM_KEYS: case CRUN__SOP_PING: case CRUN__SOP_JOIN:
+    return n == 0 ? NULL : "takes no arguments";
+  case CRUN__SOP_JOIN_WAIT: return n == 1 && a[0].len == 8 ? NULL : "needs an 8-byte count";
+  }
+  return "unknown op";
+}
+
+/* Serves the frame at the head of c's buffer (complete, length checked). */
+static int serve_frame(conn_t *c, size_t flen, char *why, size_t whylen) {
+  const uint8_t *f = c->buf + c->off;
+  int op = f[5];
+  unsigned nargs = (unsigned)f[6] | (unsigned)f[7] << 8;
+  crun__sarg_t stack[16], *a = nargs <= 16 ? stack : malloc(nargs * sizeof *a);
+  if (!a) return snprintf(why, whylen, "out of memory"), FRAME_CLOSE;
+  int res = FRAME_CLOSE;
+  const char *bad = NULL;
+  if (crun__sproto_parse(f + CRUN_STORE_FRAME_HDR, flen + 4 - CRUN_STORE_FRAME_HDR, nargs, a) < 0)
+    bad = "arguments do not fill the frame";
+  else if ((bad = arity_error(op, nargs, a)) == NULL)
+    res = run_op(c, op, a, nargs);
+  if (bad) snprintf(why, whylen, "op %d with %u arguments: %s", op, nargs, bad);
+  if (a != stack) free(a);
+  return res;
+}
+
+/* Checks a frame header as soon as its 8 bytes are in, so garbage is
+ * refused before its "length" is awaited; fills why and returns -1 if bad. */
+static int header_ok(conn_t *c, char *why, size_t whylen) {
+  const uint8_t *f = c->buf + c->off;
+  uint32_t flen = crun__get_u32(f);
+  if (flen > CRUN_STORE_MAX_FRAME || flen < CRUN_STORE_FRAME_HDR - 4) {
+    snprintf(why, whylen, "frame of %u bytes (limit %u, minimum %d)", flen, CRUN_STORE_MAX_FRAME,
+             CRUN_STORE_FRAME_HDR - 4);
+    return -1;
+  }
+  if (c->len - c->off < CRUN_STORE_FRAME_HDR) return 0;
+  if (f[4] != CRUN_STORE_PROTO_VERSION) {
+    crun_error(CRUN_EPROTO, "store protocol version %u not supported (server speaks %d)", f[4],
+               CRUN_STORE_PROTO_VERSION);
+    reply_err(c, CRUN_EPROTO);
+    snprintf(why, whylen, "protocol version %u, expected %d", f[4], CRUN_STORE_PROTO_VERSION);
+    return -1;
+  }
+  if (f[5] == 0 || f[5] > CRUN__SOP_MAX) {
+    snprintf(why, whylen, "unknown op %u", f[5]);
+    return -1;
+  }
+  return 0;
+}
+
+/* Serves every complete frame buffered on c until it parks or closes. */
+static void serve_conn(conn_t *c) {
+  char why[160];
+  while (!c->parked && !c->closing && c->len - c->off >= 4) {
+    uint32_t flen = crun__get_u32(c->buf + c->off);
+    if (header_ok(c, why, sizeof why) < 0) return conn_close(c, why);
+    if (c->len - c->off < 4 + (size_t)flen) break;
+    int r = serve_frame(c, flen, why, sizeof why);
+    if (r == FRAME_CLOSE) return conn_close(c, why);
+    if (r == FRAME_PARK) return parked_add(c->srv, c);
+    c->off += 4 + (size_t)flen;
+  }
+  if (c->off == c->len) c->off = c->len = 0;
+}
+
+/* Looks again at every queued parked connection (iteratively). */
+static void drain_ready(crun_store_server_t *srv) {
+  if (srv->draining) return;
+  srv->draining = 1;
+  while (srv->ready) {
+    conn_t *c = srv->ready;
+    srv->ready = c->rnext;
+    if (!srv->ready) srv->ready_tail = NULL;
+    c->in_ready = 0;
+    parked_remove(srv, c);
+    serve_conn(c);
+  }
+  srv->draining = 0;
+}
+
+/* ------------------------------------------------------------ libuv callbacks */
+
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *out) {
+  conn_t *c = h->data;
+  if (c->off > 0 && c->off == c->len) c->off = c->len = 0;
+  size_t want = 65536;
+  if (c->len - c->off >= 4) { /* room for the whole frame at once */
+    uint32_t flen = crun__get_u32(c->buf + c->off);
+    if (flen <= CRUN_STORE_MAX_FRAME && c->off + 4 + flen > c->len)
+      want = c->off + 4 + flen - c->len;
+  }
+  if (c->off > 0 && c->cap - c->len < want) { /* compact first */
+    memmove(c->buf, c->buf + c->off, c->len - c->off);
+    c->len -= c->off;
+    c->off = 0;
+  }
+  if (c->cap - c->len < want) {
+    size_t cap = c->len + want;
+    uint8_t *nb = realloc(c->buf, cap);
+    if (!nb) {
+      *out = uv_buf_init(NULL, 0);
+      return;
+    }
+    c->buf = nb;
+    c->cap = cap;
+  }
+  *out = uv_buf_init((char *)c->buf + c->len, (unsigned)(c->cap - c->len > 1u << 30 ? 1u << 30 : c->cap - c->len));
+}
+
+static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
+  conn_t *c = st->data;
+  if (nread == UV_ENOBUFS) return conn_close(c, "out of memory for the read buffer");
+  if (nread < 0) {
+    if (nread != UV_EOF && nread != UV_ECONNRESET)
+      CRUN_LOG(INFO, STORE, "store server %s: read from %s: %s", c->srv->addr, c->peer,
+               uv_strerror((int)nread));
+    return conn_close(c, NULL);
+  }
+  c->len += (size_t)nread;
+  if (c->parked && c->len - c->off > 4 + (size_t)crun__get_u32(c->buf + c->off) + PARKED_BACKLOG_MAX)
+    return conn_close(c, "over 64 MiB sent behind a parked request");
+  if (!c->parked) serve_conn(c);
+  drain_ready(c->srv);
+}
+
+/* Records "ip:port" of the peer for log lines. */
+static void peer_name(conn_t *c) {
+  struct sockaddr_storage ss;
+  int len = sizeof ss;
+  char ip[INET6_ADDRSTRLEN] = "?";
+  int port = 0;
+  if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&ss, &len) == 0) {
+    if (ss.ss_family == AF_INET) {
+      uv_ip4_name((struct sockaddr_in *)&ss, ip, sizeof ip);
+      port = ntohs(((struct sockaddr_in *)&ss)->sin_port);
+    } else {
+      uv_ip6_name((struct sockaddr_in6 *)&ss, ip, sizeof ip);
+      port = ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
+    }
+  }
+  snprintf(c->peer, sizeof c->peer, "%s:%d", ip, port);
+}
+
+static void on_connection(uv_stream_t *server, int status) {
+  crun_store_server_t *srv = server->data;
+  if (status < 0) {
+    CRUN_LOG(WARN, STORE, "store server %s: accept: %s", srv->addr, uv_strerror(status));
+    return;
+  }
+  conn_t *c = calloc(1, sizeof *c);
+  if (!c) return;
+  c->srv = srv;
+  uv_tcp_init(&srv->loop, &c->tcp);
+  c->tcp.data = c;
+  if (uv_accept(server, (uv_stream_t *)&c->tcp) < 0) {
+    uv_close((uv_handle_t *)&c->tcp, on_conn_closed);
+    return;
+  }
+  uv_tcp_nodelay(&c->tcp, 1);
+  peer_name(c);
+  c->next = srv->conns;
+  if (srv->conns) srv->conns->prev = c;
+  srv->conns = c;
+  CRUN_LOG(TRACE, STORE, "store server %s: connection from %s", srv->addr, c->peer);
+  uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);
+}
+
+static void on_stop(uv_async_t *a) {
+  crun_store_server_t *srv = a->data;
+  while (srv->conns) conn_close(srv->conns, NULL);
+  uv_close((uv_handle_t *)&srv->listener, NULL);
+  uv_close((uv_handle_t *)&srv->stop_async, NULL);
+}
+
+static void server_thread(void *arg) {
+  crun_store_server_t *srv = arg;
+  uv_run(&srv->loop, UV_RUN_DEFAULT);
+}
+
+/* ------------------------------------------------------------ public */
+
+/* Fills a bind address: an IP literal as given, anything else -> 0.0.0.0. */
+static int bind_addr(const char *host, int port, struct sockaddr_storage *ss) {
+  if (host && *host && uv_ip4_addr(host, port, (struct sockaddr_in *)ss) == 0) return 0;
+  if (host && *host && uv_ip6_addr(host, port, (struct sockaddr_in6 *)ss) == 0) return 0;
+  return uv_ip4_addr("0.0.0.0", port, (struct sockaddr_in *)ss);
+}
+
+/* Binds and listens (on the caller's thread, so errors are immediate). */
+static int server_listen(crun_store_server_t *srv, const char *host, int port) {
+  struct sockaddr_storage ss;
+  memset(&ss, 0, sizeof ss);
+  bind_addr(host, port, &ss);
+  uv_tcp_init(&srv->loop, &srv->listener);
+  srv->listener.data = srv;
+  int rc = uv_tcp_bind(&srv->listener, (struct sockaddr *)&ss, 0);
+  if (rc == 0) rc = uv_listen((uv_stream_t *)&srv->listener, 4096, on_connection);
+  if (rc < 0)
+    return crun_error(rc == UV_EADDRINUSE ? CRUN_EADDRINUSE : CRUN_ESYS,
+                      "store server: cannot listen on %s:%d: %s", host ? host : "0.0.0.0", port,
+                      uv_strerror(rc));
+  struct sockaddr_storage got;
+  int glen = sizeof got;
+  uv_tcp_getsockname(&srv->listener, (struct sockaddr *)&got, &glen);
+  srv->port = ntohs(((struct sockaddr_in *)&got)->sin_port);
+  snprintf(srv->addr, sizeof srv->addr, "%s:%d", host && *host ? host : "0.0.0.0", srv->port);
+  return 0;
+}
+
+/* Closes every handle of a loop that never ran and frees the server. */
+static void server_abort(crun_store_server_t *srv) {
+  uv_close((uv_handle_t *)&srv->listener, NULL);
+  uv_close((uv_handle_t *)&srv->stop_async, NULL);
+  uv_run(&srv->loop, UV_RUN_DEFAULT);
+  uv_loop_close(&srv->loop);
+  crun__kv_free(&srv->kv);
+  free(srv);
+}
+
+int crun_store_server_start(const char *host, int port, crun_store_server_t **out) {
+  if (!out || port < 0 || port > 65535)
+    return crun_error(CRUN_EINVAL, "store server: bad port %d or NULL out", port);
+  crun_store_server_t *srv = calloc(1, sizeof *srv);
+  if (!srv || crun__kv_init(&srv->kv) < 0) {
+    free(srv);
+    return crun_error(CRUN_ENOMEM, "store server: out of memory");
+  }
+  int rc = uv_loop_init(&srv->loop);
+  if (rc < 0) {
+    crun__kv_free(&srv->kv);
+    free(srv);
+    return crun_error(CRUN_ESYS, "store server: uv_loop_init: %s", uv_strerror(rc));
+  }
+  uv_async_init(&srv->loop, &srv->stop_async, on_stop);
+  srv->stop_async.data = srv;
+  rc = server_listen(srv, host, port);
+  if (rc == 0 && uv_thread_create(&srv->thread, server_thread, srv) != 0)
+    rc = crun_error(CRUN_ESYS, "store server %s: cannot start its thread", srv->addr);
+  if (rc < 0) {
+    server_abort(srv);
+    return rc;
+  }
+  srv->started = 1;
+  CRUN_LOG(INFO, STORE, "store server listening on %s", srv->addr);
+  *out = srv;
+  return 0;
+}
+
+int crun_store_server_port(crun_store_server_t *srv) { return srv ? srv->port : -1; }
+
+void crun_store_server_stop(crun_store_server_t *srv) {
+  if (!srv) return;
+  uv_async_send(&srv->stop_async);
+  uv_thread_join(&srv->thread);
+  uv_loop_close(&srv->loop);
+  crun__kv_free(&srv->kv);
+  CRUN_LOG(INFO, STORE, "store server %s stopped", srv->addr);
+  free(srv);
+}

@@ -1,0 +1,351 @@
+/* test_store_tcp.c — the TCP store: semantics, parked waits, port 0 and
+ * EADDRINUSE, world_size joins, hostile frames, server loss, 1,000
+ * concurrent clients and a multi-process race. */
+#include "test_store_common.h"
+#include "store/tcp_proto.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+/* Opens a TCP client of the server on 127.0.0.1:port. */
+static crun_store_t *client(int port, double timeout) {
+  crun_store_tcp_opts_t o = {.host = "127.0.0.1", .port = port, .timeout = timeout,
+                             .connect_timeout = 5};
+  crun_store_t *s = NULL;
+  EXPECT_OK(crun_store_tcp_new(&o, &s));
+  return s;
+}
+
+/* A raw TCP socket to 127.0.0.1:port. */
+static int raw_connect(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+  inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+  EXPECT(connect(fd, (struct sockaddr *)&a, sizeof a) == 0);
+  return fd;
+}
+
+/* Returns 1 when the server closes fd within 5 s (reads until EOF). */
+static int closed_by_server(int fd) {
+  char buf[256];
+  struct pollfd p = {fd, POLLIN, 0};
+  double end = crun_clock() + 5;
+  while (crun_clock() < end) {
+    if (poll(&p, 1, 100) <= 0) continue;
+    ssize_t n = recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) return 1;
+  }
+  return 0;
+}
+
+/* Builds a GET frame for key into buf; returns its size. */
+static size_t get_frame(uint8_t *buf, const char *key) {
+  uint32_t kl = (uint32_t)strlen(key);
+  crun__put_u32(buf, CRUN_STORE_FRAME_HDR - 4 + 4 + kl);
+  buf[4] = CRUN_STORE_PROTO_VERSION, buf[5] = CRUN__SOP_GET, buf[6] = 1, buf[7] = 0;
+  crun__put_u32(buf + 8, kl);
+  memcpy(buf + 12, key, kl);
+  return 12 + kl;
+}
+
+TEST(tcp_semantics) {
+  crun_store_tcp_opts_t o = {.host = "127.0.0.1", .port = 0, .is_master = 1, .timeout = 10};
+  crun_store_t *s;
+  EXPECT_OK(crun_store_tcp_new(&o, &s));
+  EXPECT(crun_store_tcp_port(s) > 0);
+  exercise(s);
+  exercise_deadlines(s); /* also proves the store reconnects after a timeout */
+  crun_store_t *c = client(crun_store_tcp_port(s), 10);
+  expect_value(c, "cs", "second");
+  crun_store_release(c);
+  crun_store_release(s);
+}
+
+struct late { int port; const char *key; };
+static void *late_set(void *arg) {
+  struct late *l = arg;
+  usleep(150000);
+  crun_store_t *c = client(l->port, 5);
+  crun_store_set(c, l->key, "later", 5);
+  crun_store_release(c);
+  return NULL;
+}
+
+TEST(tcp_get_is_parked_until_set) {
+  crun_store_server_t *srv;
+  EXPECT_OK(crun_store_server_start("127.0.0.1", 0, &srv));
+  int port = crun_store_server_port(srv);
+  crun_store_t *s = client(port, 10);
+  struct late l = {port, "late"};
+  pthread_t th;
+  pthread_create(&th, NULL, late_set, &l);
+  double t0 = crun_clock();
+  expect_value(s, "late", "later");
+  double dt = crun_clock() - t0;
+  EXPECT(dt > 0.1 && dt < 5);
+  pthread_join(th, NULL);
+  l.key = "w2";
+  pthread_create(&th, NULL, late_set, &l);
+  EXPECT_OK(crun_store_wait(s, (const char *[]){"late", "w2"}, 2, 5));
+  pthread_join(th, NULL);
+  crun_store_release(s);
+  crun_store_server_stop(srv);
+}
+
+TEST(tcp_port_in_use) {
+  crun_store_server_t *a, *b = NULL;
+  EXPECT_OK(crun_store_server_start("127.0.0.1", 0, &a));
+  int port = crun_store_server_port(a);
+  EXPECT_STATUS(crun_store_server_start("127.0.0.1", port, &b), CRUN_EADDRINUSE);
+  char want[64];
+  snprintf(want, sizeof want, "127.0.0.1:%d", port);
+  EXPECT(strstr(crun_last_error(), want) != NULL);
+  crun_store_tcp_opts_t o = {.host = "127.0.0.1", .port = port, .is_master = 1, .timeout = 1};
+  crun_store_t *s = NULL;
+  EXPECT_STATUS(crun_store_tcp_new(&o, &s), CRUN_EADDRINUSE);
+  crun_store_server_stop(a);
+}
+
+TEST(tcp_connect_refused) {
+  crun_store_server_t *a;
+  EXPECT_OK(crun_store_server_start("127.0.0.1", 0, &a));
+  int port = crun_store_server_port(a);
+  crun_store_server_stop(a); /* now nothing listens there */
+  crun_store_tcp_opts_t o = {.host = "127.0.0.1", .port = port, .timeout = 5, .connect_timeout = 0.3};
+  crun_store_t *s = NULL;
+  double t0 = crun_clock();
+  EXPECT_STATUS(crun_store_tcp_new(&o, &s), CRUN_ECONNREFUSED);
+  EXPECT(crun_clock() - t0 < 3);
+  o.port = 0;
+  EXPECT_STATUS(crun_store_tcp_new(&o, &s), CRUN_EINVAL);
+}
+
+/* Picks a port that was free a moment ago. */
+static int free_port(void) {
+  crun_store_server_t *a;
+  EXPECT_OK(crun_store_server_start("127.0.0.1", 0, &a));
+  int port = crun_store_server_port(a);
+  crun_store_server_stop(a);
+  return port;
+}
+
+TEST(tcp_world_size_join) {
+  int port = free_port();
+  pid_t kids[3];
+  for (int i = 0; i < 3; i++) {
+    if ((kids[i] = fork()) == 0) {
+      usleep(100000 * (unsigned)i);
+      crun_store_tcp_opts_t o = {.host = "127.0.0.1", .port = port, .world_size = 4,
+                                 .timeout = 10, .connect_timeout = 10};
+      crun_store_t *s;
+      if (crun_store_tcp_new(&o, &s) < 0) _exit(2);
+      crun_buf_t b;
+      if (crun_store_get(s, "go", &b) < 0) _exit(3);
+      crun_store_release(s);
+      _exit(0);
+    }
+  }
+  crun_store_tcp_opts_t o = {.host = "127.0.0.1", .port = port, .is_master = 1,
+                             .world_size = 4, .timeout = 10};
+  crun_store_t *s;
+  EXPECT_OK(crun_store_tcp_new(&o, &s)); /* returns once all 4 joined */
+  EXPECT_OK(crun_store_set(s, "go", "1", 1));
+  for (int i = 0; i < 3; i++) {
+    int st;
+    waitpid(kids[i], &st, 0);
+    EXPECT(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  }
+  crun_store_release(s);
+  /* a master whose world never fills times out */
+  o.port = 0;
+  o.timeout = 0.3;
+  EXPECT_STATUS(crun_store_tcp_new(&o, &s), CRUN_ETIMEDOUT);
+  EXPECT(strstr(crun_last_error(), "world_size=4") != NULL);
+}
+
+TEST(tcp_hostile_frames) {
+  crun_store_server_t *srv;
+  EXPECT_OK(crun_store_server_start("127.0.0.1", 0, &srv));
+  int port = crun_store_server_port(srv);
+  crun_store_t *good = client(port, 5);
+  EXPECT_OK(crun_store_set(good, "k", "v", 1));
+  /* garbage text: its first 4 bytes read as a huge length */
+  int fd = raw_connect(port);
+  const char *junk = "GET / HTTP/1.1\r\nHost: x\r\n\r\n";
+  EXPECT(send(fd, junk, strlen(junk), 0) > 0);
+  EXPECT(closed_by_server(fd));
+  close(fd);
+  /* a frame claiming 4 GiB */
+  fd = raw_connect(port);
+  uint8_t huge[8] = {0xff, 0xff, 0xff, 0xff, CRUN_STORE_PROTO_VERSION, CRUN__SOP_SET, 2, 0};
+  EXPECT(send(fd, huge, sizeof huge, 0) == sizeof huge);
+  EXPECT(closed_by_server(fd));
+  close(fd);
+  /* bad version, unknown op, arguments that overrun the frame, wrong arity */
+  uint8_t bad[4][16] = {
+      {12, 0, 0, 0, 99, CRUN__SOP_PING, 0, 0},
+      {4, 0, 0, 0, CRUN_STORE_PROTO_VERSION, 200, 0, 0},
+      {12, 0, 0, 0, CRUN_STORE_PROTO_VERSION, CRUN__SOP_GET, 1, 0, 0xff, 0, 0, 0, 'k', 0, 0, 0},
+      {4, 0, 0, 0, CRUN_STORE_PROTO_VERSION, CRUN__SOP_GET, 0, 0}};
+  size_t blen[4] = {16, 8, 16, 8};
+  for (int i = 0; i < 4; i++) {
+    fd = raw_connect(port);
+    EXPECT(send(fd, bad[i], blen[i], 0) == (ssize_t)blen[i]);
+    if (!closed_by_server(fd)) crun_test_fail(__FILE__, __LINE__, "bad frame #%d not closed", i);
+    close(fd);
+  }
+  /* a frame cut short, then the peer vanishes: nothing to serve, no crash */
+  fd = raw_connect(port);
+  EXPECT(send(fd, huge + 4, 3, 0) == 3);
+  close(fd);
+  /* the server still serves the good client and new ones */
+  expect_value(good, "k", "v");
+  crun_store_t *c2 = client(port, 5);
+  EXPECT_OK(crun_store_set(c2, "k2", "v2", 2));
+  expect_value(good, "k2", "v2");
+  crun_store_release(c2);
+  crun_store_release(good);
+  crun_store_server_stop(srv);
+}
+
+struct stopper { crun_store_server_t *srv; };
+static void *stop_later(void *arg) {
+  usleep(200000);
+  crun_store_server_stop(((struct stopper *)arg)->srv);
+  return NULL;
+}
+
+TEST(tcp_server_goes_away) {
+  crun_store_server_t *srv;
+  EXPECT_OK(crun_store_server_start("127.0.0.1", 0, &srv));
+  crun_store_t *s = client(crun_store_server_port(srv), 60);
+  struct stopper st = {srv};
+  pthread_t th;
+  pthread_create(&th, NULL, stop_later, &st);
+  crun_buf_t b;
+  double t0 = crun_clock();
+  EXPECT_STATUS(crun_store_get(s, "never", &b), CRUN_ECONNRESET);
+  EXPECT(crun_clock() - t0 < 5);
+  EXPECT(strstr(crun_last_error(), "never") != NULL);
+  pthread_join(th, NULL);
+  t0 = crun_clock();
+  EXPECT_STATUS(crun_store_set(s, "k", "v", 1), CRUN_ECONNREFUSED);
+  EXPECT(crun_clock() - t0 < 5);
+  crun_store_release(s);
+}
+
+TEST(tcp_thousand_clients) {
+  enum { N = 1000 };
+  struct rlimit rl;
+  getrlimit(RLIMIT_NOFILE, &rl);
+  if (rl.rlim_cur < 2 * N + 64) {
+    rl.rlim_cur = rl.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &rl);
+  }
+  getrlimit(RLIMIT_NOFILE, &rl);
+  EXPECT(rl.rlim_cur >= 2 * N + 64);
+  crun_store_server_t *srv;
+  EXPECT_OK(crun_store_server_start("127.0.0.1", 0, &srv));
+  int port = crun_store_server_port(srv);
+  /* N raw connections, each parking a GET on "go" at the same time */
+  static int fds[N];
+  uint8_t frame[64];
+  size_t flen = get_frame(frame, "go");
+  for (int i = 0; i < N; i++) {
+    fds[i] = raw_connect(port);
+    EXPECT(send(fds[i], frame, flen, 0) == (ssize_t)flen);
+  }
+  /* N store clients, all connected at once, each adding 1 */
+  static crun_store_t *cs[N];
+  int64_t v = 0;
+  for (int i = 0; i < N; i++) {
+    cs[i] = client(port, 20);
+    EXPECT_OK(crun_store_add(cs[i], "count", 1, &v));
+  }
+  EXPECT_EQ_INT(v, N);
+  EXPECT_OK(crun_store_set(cs[0], "go", "yes", 3));
+  for (int i = 0; i < N; i++) {
+    uint8_t r[64];
+    size_t got = 0;
+    while (got < 19) { /* 8-byte header + 4-byte length + "yes" + slack */
+      struct pollfd p = {fds[i], POLLIN, 0};
+      EXPECT(poll(&p, 1, 5000) == 1);
+      ssize_t n = recv(fds[i], r + got, sizeof r - got, 0);
+      EXPECT(n > 0);
+      got += (size_t)n;
+      if (got >= 15) break;
+    }
+    EXPECT(got == 15 && r[5] == 0 && memcmp(r + 12, "yes", 3) == 0);
+    close(fds[i]);
+  }
+  for (int i = 0; i < N; i++) crun_store_release(cs[i]);
+  crun_store_server_stop(srv);
+}
+
+static int race_port;
+static void race_child(int idx) {
+  crun_store_t *s;
+  crun_store_tcp_opts_t o = {.host = "127.0.0.1", .port = race_port, .timeout = 20, .connect_timeout = 5};
+  int64_t v;
+  char key[32], me[8];
+  if (crun_store_tcp_new(&o, &s) < 0) _exit(2);
+  for (int i = 0; i < 500; i++)
+    if (crun_store_add(s, "counter", 1, &v) < 0) _exit(3);
+  int ml = snprintf(me, sizeof me, "%d", idx);
+  for (int slot = 0; slot < 20; slot++) {
+    crun_buf_t b;
+    snprintf(key, sizeof key, "slot%d", slot);
+    if (crun_store_compare_set(s, key, "", 0, me, (size_t)ml, &b) < 0) _exit(4);
+    crun_buf_free(&b);
+  }
+  crun_store_release(s);
+}
+
+TEST(tcp_multiprocess_race) {
+  crun_store_server_t *srv;
+  EXPECT_OK(crun_store_server_start("127.0.0.1", 0, &srv));
+  race_port = crun_store_server_port(srv);
+  pid_t kids[8];
+  for (int i = 0; i < 8; i++)
+    if ((kids[i] = fork()) == 0) race_child(i), _exit(0);
+  for (int i = 0; i < 8; i++) {
+    int st;
+    waitpid(kids[i], &st, 0);
+    EXPECT(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  }
+  crun_store_t *s = client(race_port, 5);
+  expect_value(s, "counter", "4000");
+  int64_t n;
+  EXPECT_OK(crun_store_num_keys(s, &n));
+  EXPECT_EQ_INT(n, 21);
+  crun_store_release(s);
+  crun_store_server_stop(srv);
+}
+
+TEST(tcp_big_value) {
+  crun_store_server_t *srv;
+  EXPECT_OK(crun_store_server_start("127.0.0.1", 0, &srv));
+  crun_store_t *s = client(crun_store_server_port(srv), 20);
+  size_t len = 24u << 20;
+  char *v = malloc(len);
+  for (size_t i = 0; i < len; i++) v[i] = (char)(i * 131u);
+  EXPECT_OK(crun_store_set(s, "big", v, len));
+  crun_buf_t b;
+  EXPECT_OK(crun_store_get(s, "big", &b));
+  EXPECT(b.len == len && memcmp(b.data, v, len) == 0);
+  crun_buf_free(&b);
+  free(v);
+  crun_store_release(s);
+  crun_store_server_stop(srv);
+}
+
+#define CRUN_TESTS(X) X(tcp_semantics) X(tcp_get_is_parked_until_set) X(tcp_port_in_use) \
+  X(tcp_connect_refused) X(tcp_world_size_join) X(tcp_hostile_frames) X(tcp_server_goes_away) \
+  X(tcp_thousand_clients) X(tcp_multiprocess_race) X(tcp_big_value)
+CRUN_TEST_MAIN()
