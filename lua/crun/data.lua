@@ -198,7 +198,8 @@ end
 --- Iterates batches: for i, X, Y, ... in loader:iter() (each a new tensor
 -- gathered with index_select along dimension 1).
 function Loader:iter()
-  local T = require "crun.tensor"
+  local okt, T = pcall(require, "crun.tensor")
+  if not okt then T = require("crun.core").tensor end
   local idx, bs, nb = self:_indices(), self.batch_size, #self
   local b = 0
   return function()
@@ -227,7 +228,8 @@ function data.all_reduce_metrics(metrics)
     for _, k in ipairs(keys) do out[k] = metrics[k] end
     return out
   end
-  local T = require "crun.tensor"
+  local okt, T = pcall(require, "crun.tensor")
+  if not okt then T = require("crun.core").tensor end
   local t = T.zeros({#keys}, "float64")
   for i, k in ipairs(keys) do t[i] = metrics[k] end
   dist.all_reduce(t, "sum")

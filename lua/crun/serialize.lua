@@ -16,7 +16,10 @@ local MAGIC, TRAILER = "CRUNSAV1", "END!"
 local PACK = {float32 = "<f", float64 = "<d", int32 = "<i4", int64 = "<i8", uint8 = "B"}
 
 local function core() return require "crun.core" end
-local function tensor_mod() return require "crun.tensor" end
+local function tensor_mod()
+  local ok, t = pcall(require, "crun.tensor")
+  return ok and t or require("crun.core").tensor
+end
 
 --- Returns true when v is a crun tensor.
 function serialize.is_tensor(v)

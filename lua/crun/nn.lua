@@ -1,0 +1,483 @@
+--- crun.nn: neural network modules in the Torch7 style.
+--
+--   local nn = crun.nn
+--   local net = nn.Sequential():add(nn.Linear(16, 64)):add(nn.ReLU()):add(nn.Linear(64, 4))
+--   local crit = nn.CrossEntropyCriterion()
+--   local out = net:forward(x)                 -- x: [N, 16] float tensor
+--   local loss = crit:forward(out, labels)     -- labels: [N] int64, 1-based classes
+--   net:zero_grad()
+--   net:backward(x, crit:backward(out, labels))
+--   local params, grads = net:parameters()
+--
+-- forward() returns the module's output buffer (reused across calls, as in
+-- Torch7): clone it to keep it past the next forward. backward() computes the
+-- gradient with respect to the input AND accumulates the parameter gradients
+-- (zero_grad() clears them). The hot loops are C kernels (crun/train.h).
+-- Leaf modules with parameters call the hooks added by add_grad_hook(fn) as
+-- soon as their parameter gradients are final for this backward: DDP uses it
+-- to start all-reducing a bucket while backward goes on.
+local core = require "crun.core"
+
+local nn = {}
+
+local default_dtype = "float32"
+local seed_base, seed_count = 0, 0
+
+--- Sets the dtype new modules use ("float32" or "float64").
+function nn.set_default_dtype(dt)
+  if dt ~= "float32" and dt ~= "float64" then
+    error("bad argument #1 to 'set_default_dtype' (float32 or float64 expected, got " .. tostring(dt) .. ")", 2)
+  end
+  default_dtype = dt
+end
+
+function nn.get_default_dtype() return default_dtype end
+
+--- Seeds parameter initialisation: the k-th module created after
+-- manual_seed(s) draws from seed s * 1000003 + k, so every rank building the
+-- same model gets the same initial weights.
+function nn.manual_seed(s)
+  seed_base, seed_count = math.tointeger(s) or error("manual_seed: integer expected", 2), 0
+end
+
+local function next_seed()
+  seed_count = seed_count + 1
+  return seed_base * 1000003 + seed_count
+end
+
+-- crun.tensor (falls back to the raw bindings while tensor.lua is absent).
+local function T()
+  local ok, t = pcall(require, "crun.tensor")
+  return ok and t or require("crun.core").tensor
+end
+
+-- Returns buf when it already has `shape` and dtype, else a new zero tensor.
+local function ensure(buf, shape, dtype)
+  if buf and buf:dtype() == dtype and buf:dim() == #shape then
+    local same = true
+    for i, d in ipairs(shape) do
+      if buf:size(i) ~= d then same = false break end
+    end
+    if same then return buf end
+  end
+  return T().zeros(shape, dtype)
+end
+nn._ensure = ensure
+
+local function contig(x)
+  if not x:is_contiguous() then return x:contiguous() end
+  return x
+end
+
+local function check_tensor(x, fname, what)
+  if type(x) ~= "userdata" then
+    error(string.format("bad argument to '%s' (%s: tensor expected, got %s)", fname, what, type(x)), 3)
+  end
+end
+
+-- ---------------------------------------------------------------- Module
+
+local Module = {}
+Module.__index = Module
+nn.Module = Module
+
+--- Creates a subclass: `local Foo = nn.class("Foo", parent)`.
+function nn.class(name, parent)
+  parent = parent or Module
+  local c = setmetatable({}, {__index = parent})
+  c.__index = c
+  c.__name = "crun.nn." .. name
+  c.__tostring = function(self) return self:describe() end
+  c._parent = parent
+  return c
+end
+
+function Module:describe() return (self.__name or "crun.nn.Module"):gsub("^crun%.nn%.", "nn.") end
+
+function Module:_init()
+  self.training = true
+  self._hooks = {}
+  return self
+end
+
+--- Returns (params, grads): two lists of tensors in registration order.
+function Module:parameters()
+  local p, g = {}, {}
+  for i, t in ipairs(self._params or {}) do
+    p[#p + 1], g[#g + 1] = t, self._grads[i]
+  end
+  return p, g
+end
+
+--- Number of parameter elements.
+function Module:num_parameters()
+  local n = 0
+  for _, t in ipairs((self:parameters())) do n = n + t:numel() end
+  return n
+end
+
+--- Sets every parameter gradient to zero.
+function Module:zero_grad()
+  local _, grads = self:parameters()
+  for _, g in ipairs(grads) do g:fill(0) end
+end
+
+--- Training mode (Dropout drops) / evaluation mode (Dropout passes through).
+function Module:train() self.training = true; return self end
+function Module:evaluate() self.training = false; return self end
+Module.eval = Module.evaluate
+
+--- Calls fn(module) after each backward of this module, once its
+-- parameter gradients are final. Returns a handle with :remove().
+function Module:add_grad_hook(fn)
+  local hooks = self._hooks
+  hooks[#hooks + 1] = fn
+  return {remove = function()
+    for i, h in ipairs(hooks) do
+      if h == fn then table.remove(hooks, i) return end
+    end
+  end}
+end
+
+function Module:_grads_ready()
+  for _, h in ipairs(self._hooks) do h(self) end
+end
+
+--- Leaf modules (no children) in registration order, self included if a leaf.
+function Module:leaves(out)
+  out = out or {}
+  if self.modules then
+    for _, m in ipairs(self.modules) do m:leaves(out) end
+  else
+    out[#out + 1] = self
+  end
+  return out
+end
+
+--- Replaces the gradient tensor of this leaf's i-th parameter (DDP's
+-- gradient_as_bucket_view makes gradients views of its bucket buffers).
+function Module:_set_grad(i, t) self._grads[i] = t end
+
+--- Plain list of the parameter values (copies), for crun.save.
+function Module:state_dict()
+  local sd = {}
+  for i, p in ipairs((self:parameters())) do sd[i] = p:clone() end
+  return sd
+end
+
+--- Copies parameter values from a state_dict() list (shapes must match).
+function Module:load_state_dict(sd)
+  local params = self:parameters()
+  if type(sd) ~= "table" or #sd ~= #params then
+    error(string.format("load_state_dict: expected %d tensors, got %s", #params,
+      type(sd) == "table" and tostring(#sd) or type(sd)), 2)
+  end
+  for i, p in ipairs(params) do
+    if sd[i]:numel() ~= p:numel() then
+      error(string.format("load_state_dict: tensor %d has %d elements, the model's has %d",
+        i, sd[i]:numel(), p:numel()), 2)
+    end
+    p:copy(sd[i]:view(p:size()))
+  end
+end
+
+-- ---------------------------------------------------------------- Linear
+
+local Linear = nn.class("Linear")
+nn.LinearClass = Linear
+
+--- Linear(in, out, {bias=true, dtype=, seed=}): y = x W^T + b with
+-- W [out, in] and b [out] drawn uniformly from +-1/sqrt(in) (torch's default).
+function nn.Linear(nin, nout, opts)
+  opts = opts or {}
+  if math.type(nin) ~= "integer" or nin < 1 or math.type(nout) ~= "integer" or nout < 1 then
+    error(string.format("bad argument to 'Linear' (positive integer sizes expected, got %s, %s)",
+      tostring(nin), tostring(nout)), 2)
+  end
+  local self = setmetatable({}, Linear):_init()
+  local dt = opts.dtype or default_dtype
+  self.in_features, self.out_features, self.dtype = nin, nout, dt
+  local bound = 1 / math.sqrt(nin)
+  local gen = T().Generator(opts.seed or next_seed())
+  self.weight = T().zeros({nout, nin}, dt):uniform_(-bound, bound, gen)
+  self.gradWeight = T().zeros({nout, nin}, dt)
+  self._params, self._grads = {self.weight}, {self.gradWeight}
+  if opts.bias ~= false then
+    self.bias = T().zeros({nout}, dt):uniform_(-bound, bound, gen)
+    self.gradBias = T().zeros({nout}, dt)
+    self._params[2], self._grads[2] = self.bias, self.gradBias
+  end
+  return self
+end
+
+function Linear:_set_grad(i, t)
+  self._grads[i] = t
+  if i == 1 then self.gradWeight = t else self.gradBias = t end
+end
+
+function Linear:describe()
+  return string.format("nn.Linear(%d -> %d%s)", self.in_features, self.out_features,
+    self.bias and "" or ", no bias")
+end
+
+function Linear:forward(x)
+  check_tensor(x, "Linear:forward", "input")
+  x = contig(x)
+  self.output = ensure(self.output, {x:size(1), self.out_features}, self.dtype)
+  core.nn_linear_forward(x, self.weight, self.bias, self.output)
+  return self.output
+end
+
+function Linear:backward(x, gy)
+  check_tensor(gy, "Linear:backward", "gradOutput")
+  x, gy = contig(x), contig(gy)
+  self.gradInput = ensure(self.gradInput, x:size(), self.dtype)
+  core.nn_linear_backward(x, self.weight, gy, self.gradInput, self.gradWeight, self.gradBias)
+  self:_grads_ready()
+  return self.gradInput
+end
+
+-- ---------------------------------------------------------------- activations
+
+local Activation = nn.class("Activation")
+
+local function activation(kind, label)
+  return function()
+    local self = setmetatable({}, Activation):_init()
+    self.kind, self.label = kind, label
+    return self
+  end
+end
+
+nn.ReLU = activation("relu", "ReLU")
+nn.Tanh = activation("tanh", "Tanh")
+nn.Sigmoid = activation("sigmoid", "Sigmoid")
+
+function Activation:describe() return "nn." .. self.label .. "()" end
+
+function Activation:forward(x)
+  check_tensor(x, self.label .. ":forward", "input")
+  x = contig(x)
+  self.output = ensure(self.output, x:size(), x:dtype())
+  core.nn_act_forward(self.kind, x, self.output)
+  return self.output
+end
+
+function Activation:backward(x, gy)
+  check_tensor(gy, self.label .. ":backward", "gradOutput")
+  gy = contig(gy)
+  self.gradInput = ensure(self.gradInput, gy:size(), gy:dtype())
+  core.nn_act_backward(self.kind, self.output, gy, self.gradInput)
+  return self.gradInput
+end
+
+-- ---------------------------------------------------------------- LogSoftMax
+
+local LogSoftMax = nn.class("LogSoftMax")
+
+--- LogSoftMax(): row-wise log-softmax of [N, C] input.
+function nn.LogSoftMax() return setmetatable({}, LogSoftMax):_init() end
+
+function LogSoftMax:forward(x)
+  check_tensor(x, "LogSoftMax:forward", "input")
+  x = contig(x)
+  self.output = ensure(self.output, x:size(), x:dtype())
+  core.nn_log_softmax_forward(x, self.output)
+  return self.output
+end
+
+function LogSoftMax:backward(x, gy)
+  gy = contig(gy)
+  self.gradInput = ensure(self.gradInput, gy:size(), gy:dtype())
+  core.nn_log_softmax_backward(self.output, gy, self.gradInput)
+  return self.gradInput
+end
+
+-- ---------------------------------------------------------------- Dropout
+
+local Dropout = nn.class("Dropout")
+
+--- Dropout(p=0.5, {seed=}): in training, zeroes each element with
+-- probability p and scales the rest by 1/(1-p); identity in evaluate().
+function nn.Dropout(p, opts)
+  p = p or 0.5
+  if type(p) ~= "number" or p < 0 or p >= 1 then
+    error("bad argument #1 to 'Dropout' (p in [0, 1) expected, got " .. tostring(p) .. ")", 2)
+  end
+  local self = setmetatable({}, Dropout):_init()
+  self.p = p
+  self.state = (opts and opts.seed) or next_seed()
+  return self
+end
+
+function Dropout:describe() return string.format("nn.Dropout(%g)", self.p) end
+
+function Dropout:forward(x)
+  if not self.training or self.p == 0 then
+    self.output = x
+    return x
+  end
+  x = contig(x)
+  self.output = ensure(self.output ~= x and self.output or nil, x:size(), x:dtype())
+  self.mask = ensure(self.mask, x:size(), x:dtype())
+  self.state = core.nn_dropout_forward(x, self.output, self.mask, self.p, self.state)
+  return self.output
+end
+
+function Dropout:backward(x, gy)
+  if not self.training or self.p == 0 then
+    self.gradInput = gy
+    return gy
+  end
+  gy = contig(gy)
+  self.gradInput = ensure(self.gradInput, gy:size(), gy:dtype())
+  core.nn_mul(gy, self.mask, self.gradInput)
+  return self.gradInput
+end
+
+-- ---------------------------------------------------------------- Sequential
+
+local Sequential = nn.class("Sequential")
+
+--- Sequential(m1, m2, ...): applies its modules in order.
+function nn.Sequential(...)
+  local self = setmetatable({}, Sequential):_init()
+  self.modules = {}
+  for _, m in ipairs{...} do self:add(m) end
+  return self
+end
+
+--- Appends a module; returns self (chainable).
+function Sequential:add(m)
+  if type(m) ~= "table" or type(m.forward) ~= "function" then
+    error("bad argument #1 to 'add' (nn module expected)", 2)
+  end
+  self.modules[#self.modules + 1] = m
+  return self
+end
+
+function Sequential:describe()
+  local parts = {"nn.Sequential {"}
+  for i, m in ipairs(self.modules) do parts[#parts + 1] = string.format("  (%d) %s", i, m:describe()) end
+  parts[#parts + 1] = "}"
+  return table.concat(parts, "\n")
+end
+
+function Sequential:forward(x)
+  self._inputs = {}
+  for i, m in ipairs(self.modules) do
+    self._inputs[i] = x
+    x = m:forward(x)
+  end
+  self.output = x
+  return x
+end
+
+--- Backward in reverse module order (so the last layer's gradients are
+-- ready first, which is the order DDP buckets them in).
+function Sequential:backward(x, gy)
+  if not self._inputs then error("Sequential:backward called before forward", 2) end
+  for i = #self.modules, 1, -1 do
+    gy = self.modules[i]:backward(self._inputs[i], gy)
+  end
+  self.gradInput = gy
+  return gy
+end
+
+function Sequential:parameters()
+  local p, g = {}, {}
+  for _, m in ipairs(self.modules) do
+    local mp, mg = m:parameters()
+    for i = 1, #mp do p[#p + 1], g[#g + 1] = mp[i], mg[i] end
+  end
+  return p, g
+end
+
+function Sequential:train()
+  self.training = true
+  for _, m in ipairs(self.modules) do m:train() end
+  return self
+end
+
+function Sequential:evaluate()
+  self.training = false
+  for _, m in ipairs(self.modules) do m:evaluate() end
+  return self
+end
+Sequential.eval = Sequential.evaluate
+
+-- ---------------------------------------------------------------- criteria
+
+local CrossEntropy = nn.class("CrossEntropyCriterion")
+
+--- CrossEntropyCriterion{reduction="mean"|"sum"}: log-softmax + negative log
+-- likelihood of 1-based class labels (int64/int32 tensor [N]), fused.
+-- After forward, self.correct holds how many rows' argmax equal their label.
+function nn.CrossEntropyCriterion(opts)
+  local self = setmetatable({}, CrossEntropy):_init()
+  self.sum = opts and opts.reduction == "sum" or false
+  return self
+end
+nn.CrossEntropy = nn.CrossEntropyCriterion
+
+function CrossEntropy:forward(x, labels)
+  check_tensor(x, "CrossEntropyCriterion:forward", "input")
+  check_tensor(labels, "CrossEntropyCriterion:forward", "labels")
+  x = contig(x)
+  self.gradInput = ensure(self.gradInput, x:size(), x:dtype())
+  self.output, self.correct = core.nn_cross_entropy(x, contig(labels), self.gradInput, self.sum)
+  return self.output
+end
+
+--- Returns d loss / d input for the last forward (computed there).
+function CrossEntropy:backward(x, labels)
+  if not self.output then error("CrossEntropyCriterion:backward called before forward", 2) end
+  return self.gradInput
+end
+
+local ClassNLL = nn.class("ClassNLLCriterion")
+
+--- ClassNLLCriterion(): mean of -input[i][label_i] (use after LogSoftMax).
+function nn.ClassNLLCriterion() return setmetatable({}, ClassNLL):_init() end
+
+function ClassNLL:forward(x, labels)
+  local n, c = x:size(1), x:size(2)
+  local s = 0
+  for i = 1, n do
+    local l = math.tointeger(labels[i])
+    if not l or l < 1 or l > c then
+      error(string.format("ERANGE: ClassNLLCriterion: label %s of row %d is out of range 1..%d", tostring(labels[i]), i, c), 2)
+    end
+    s = s - x[i][l]
+  end
+  self.output = n > 0 and s / n or 0
+  return self.output
+end
+
+function ClassNLL:backward(x, labels)
+  local n = x:size(1)
+  self.gradInput = ensure(self.gradInput, x:size(), x:dtype())
+  self.gradInput:fill(0)
+  for i = 1, n do self.gradInput[i][math.tointeger(labels[i])] = -1 / n end
+  return self.gradInput
+end
+
+local MSE = nn.class("MSECriterion")
+
+--- MSECriterion(): mean((input - target)^2) over all elements.
+function nn.MSECriterion() return setmetatable({}, MSE):_init() end
+nn.MSE = nn.MSECriterion
+
+function MSE:forward(x, t)
+  x = contig(x)
+  self.gradInput = ensure(self.gradInput, x:size(), x:dtype())
+  self.output = core.nn_mse(x, contig(t), self.gradInput)
+  return self.output
+end
+
+function MSE:backward(x, t)
+  if not self.output then error("MSECriterion:backward called before forward", 2) end
+  return self.gradInput
+end
+
+return nn

@@ -1,0 +1,211 @@
+-- crun.nn: forward values against plain Lua references, and finite-difference
+-- gradient checks (float64) of every module and criterion.
+local nn = require "crun.nn"
+local util = require "helpers.train_util"
+local T = util.T()
+
+local TOL = 1e-6
+
+local function randn(shape, seed) return T.randn(shape, {seed = seed, dtype = "float64"}) end
+
+-- Checks d(sum(m(x) .* r))/dx and /dparams against finite differences.
+local function gradcheck(m, x, seed)
+  local out = m:forward(x)
+  local r = randn(out:size(), seed or 99)
+  local function f() return util.dot(m:forward(x), r) end
+  m:forward(x)
+  m:zero_grad()
+  local gx = m:backward(x, r):clone()
+  local params, grads = m:parameters()
+  local gcopy = {}
+  for i, g in ipairs(grads) do gcopy[i] = g:clone() end
+  assert.is_true(util.max_rel_err(gx, util.numgrad(f, x)) < TOL, "gradInput")
+  for i, p in ipairs(params) do
+    local e = util.max_rel_err(gcopy[i], util.numgrad(f, p))
+    assert.is_true(e < TOL, "gradient of parameter " .. i .. " off by " .. e)
+  end
+end
+
+describe("nn modules (float64)", function()
+  setup(function() nn.set_default_dtype("float64"); nn.manual_seed(7) end)
+  teardown(function() nn.set_default_dtype("float32") end)
+
+  it("Linear computes x W^T + b", function()
+    local m = nn.Linear(3, 2)
+    local x = randn({4, 3}, 1)
+    local y = m:forward(x)
+    for i = 1, 4 do
+      for j = 1, 2 do
+        local s = m.bias[j]
+        for k = 1, 3 do s = s + x[i][k] * m.weight[j][k] end
+        assert.is_true(math.abs(y[i][j] - s) < 1e-12)
+      end
+    end
+    local bound = 1 / math.sqrt(3)
+    for _, v in ipairs(util.list(m.weight)) do assert.is_true(math.abs(v) <= bound) end
+  end)
+
+  it("Linear passes a gradient check, with and without bias", function()
+    gradcheck(nn.Linear(5, 3), randn({4, 5}, 2))
+    gradcheck(nn.Linear(5, 3, {bias = false}), randn({4, 5}, 3))
+  end)
+
+  it("accumulates parameter gradients until zero_grad", function()
+    local m, x = nn.Linear(3, 2), randn({2, 3}, 4)
+    local r = randn({2, 2}, 5)
+    m:zero_grad(); m:forward(x); m:backward(x, r)
+    local once = util.list(m.gradWeight)
+    m:forward(x); m:backward(x, r)
+    local twice = util.list(m.gradWeight)
+    for i = 1, #once do assert.is_true(math.abs(twice[i] - 2 * once[i]) < 1e-12) end
+    m:zero_grad()
+    for _, v in ipairs(util.list(m.gradWeight)) do assert.are.equal(0, v) end
+  end)
+
+  it("activations match their formulas and pass gradient checks", function()
+    local x = randn({3, 4}, 6)
+    -- keep ReLU inputs away from the kink
+    local fx = util.flat(x)
+    for i = 1, x:numel() do if math.abs(fx[i]) < 0.05 then fx[i] = 0.3 end end
+    local refs = {
+      ReLU = function(v) return v > 0 and v or 0 end,
+      Tanh = math.tanh or function(v) return (math.exp(2 * v) - 1) / (math.exp(2 * v) + 1) end,
+      Sigmoid = function(v) return 1 / (1 + math.exp(-v)) end,
+    }
+    for name, ref in pairs(refs) do
+      local m = nn[name]()
+      local y = util.list(m:forward(x))
+      local xs = util.list(x)
+      for i = 1, #xs do assert.is_true(math.abs(y[i] - ref(xs[i])) < 1e-12, name) end
+      gradcheck(m, x)
+    end
+  end)
+
+  it("LogSoftMax is stable and passes a gradient check", function()
+    local x = randn({3, 5}, 8)
+    local y = nn.LogSoftMax():forward(x)
+    for i = 1, 3 do
+      local s = 0
+      for j = 1, 5 do s = s + math.exp(y[i][j]) end
+      assert.is_true(math.abs(s - 1) < 1e-12)
+    end
+    local big = T.new({{1000, 1001, 1002}}, "float64")
+    local yb = nn.LogSoftMax():forward(big)
+    assert.is_true(math.abs(yb[1][3] - (-math.log(1 + math.exp(-1) + math.exp(-2)))) < 1e-9)
+    gradcheck(nn.LogSoftMax(), x)
+  end)
+
+  it("Sequential chains modules and passes a gradient check", function()
+    local net = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 5), nn.Sigmoid(),
+      nn.Linear(5, 3), nn.LogSoftMax())
+    gradcheck(net, randn({5, 4}, 9))
+    local p = net:parameters()
+    assert.are.equal(6, #p)
+    assert.are.equal(4 * 6 + 6 + 6 * 5 + 5 + 5 * 3 + 3, net:num_parameters())
+    assert.is_truthy(tostring(net):match("nn.Linear%(4 %-> 6%)"))
+  end)
+
+  it("Dropout drops with probability p, scales the rest, and is identity in evaluate()", function()
+    local m = nn.Dropout(0.25, {seed = 3})
+    local x = T.ones({100, 40}, "float64")
+    local y = util.list(m:forward(x))
+    local zeros = 0
+    for _, v in ipairs(y) do
+      if v == 0 then zeros = zeros + 1 else assert.is_true(math.abs(v - 1 / 0.75) < 1e-12) end
+    end
+    assert.is_true(zeros > 800 and zeros < 1200, "dropped " .. zeros .. " of 4000")
+    local g = util.list(m:backward(x, T.full({100, 40}, 2, "float64")))
+    for i, v in ipairs(g) do assert.are.equal(2 * y[i], v) end
+    m:evaluate()
+    assert.are.equal(x, m:forward(x))
+    assert.has_error(function() nn.Dropout(1) end)
+  end)
+
+  it("train()/evaluate() reach every submodule", function()
+    local d = nn.Dropout(0.5)
+    local net = nn.Sequential(nn.Linear(2, 2), d)
+    net:evaluate()
+    assert.is_false(d.training)
+    net:train()
+    assert.is_true(d.training)
+  end)
+end)
+
+describe("nn criteria (float64)", function()
+  setup(function() nn.set_default_dtype("float64") end)
+  teardown(function() nn.set_default_dtype("float32") end)
+
+  it("CrossEntropy matches -log softmax and passes a gradient check", function()
+    local x = randn({4, 3}, 11)
+    local y = T.new({1, 3, 2, 3}, "int64")
+    local c = nn.CrossEntropyCriterion()
+    local loss = c:forward(x, y)
+    local ref, correct = 0, 0
+    for i = 1, 4 do
+      local s, best = 0, 1
+      for j = 1, 3 do
+        s = s + math.exp(x[i][j])
+        if x[i][j] > x[i][best] then best = j end
+      end
+      ref = ref - (x[i][y[i]] - math.log(s))
+      if best == y[i] then correct = correct + 1 end
+    end
+    assert.is_true(math.abs(loss - ref / 4) < 1e-12)
+    assert.are.equal(correct, c.correct)
+    local g = c:backward(x, y):clone()
+    local num = util.numgrad(function() return c:forward(x, y) end, x)
+    assert.is_true(util.max_rel_err(g, num) < TOL)
+  end)
+
+  it("CrossEntropy with reduction=sum, and ClassNLL after LogSoftMax agree", function()
+    local x = randn({5, 4}, 12)
+    local y = T.new({4, 1, 2, 2, 3}, "int64")
+    local mean = nn.CrossEntropyCriterion():forward(x, y)
+    local sum = nn.CrossEntropyCriterion{reduction = "sum"}:forward(x, y)
+    assert.is_true(math.abs(sum - 5 * mean) < 1e-12)
+    local lsm, nll = nn.LogSoftMax(), nn.ClassNLLCriterion()
+    assert.is_true(math.abs(nll:forward(lsm:forward(x), y) - mean) < 1e-12)
+    local g = nll:backward(lsm.output, y):clone()
+    local num = util.numgrad(function() return nll:forward(lsm.output, y) end, lsm.output)
+    assert.is_true(util.max_rel_err(g, num) < TOL)
+  end)
+
+  it("MSE matches its formula and passes a gradient check", function()
+    local x, t = randn({3, 4}, 13), randn({3, 4}, 14)
+    local c = nn.MSECriterion()
+    local loss = c:forward(x, t)
+    local xs, ts, ref = util.list(x), util.list(t), 0
+    for i = 1, #xs do ref = ref + (xs[i] - ts[i]) ^ 2 end
+    assert.is_true(math.abs(loss - ref / 12) < 1e-12)
+    local g = c:backward(x, t):clone()
+    assert.is_true(util.max_rel_err(g, util.numgrad(function() return c:forward(x, t) end, x)) < TOL)
+  end)
+end)
+
+describe("nn bad input", function()
+  it("names the layer and the shapes on a width mismatch", function()
+    local m = nn.Linear(3, 2)
+    local ok, err = pcall(m.forward, m, T.zeros({4, 5}))
+    assert.is_false(ok)
+    assert.is_truthy(tostring(err):match("^EINVAL: Linear forward: input float32 4x5 does not match weight float32 2x3"))
+  end)
+
+  it("rejects labels out of range with ERANGE", function()
+    local c = nn.CrossEntropyCriterion()
+    local ok, err = pcall(c.forward, c, T.zeros({2, 3}), T.new({1, 4}, "int64"))
+    assert.is_false(ok)
+    assert.is_truthy(tostring(err):match("^ERANGE: CrossEntropy: label 4 of row 2 is out of range 1..3"))
+    ok, err = pcall(c.forward, c, T.zeros({2, 3}), T.new({1.5, 2}, "float32"))
+    assert.is_false(ok)
+    assert.is_truthy(tostring(err):match("labels must be int64 or int32"))
+  end)
+
+  it("rejects bad sizes and dtype mixes", function()
+    assert.has_error(function() nn.Linear(0, 2) end)
+    assert.has_error(function() nn.Linear(2.5, 2) end)
+    local m = nn.Linear(3, 2)
+    assert.has_error(function() m:forward(T.zeros({2, 3}, "float64")) end)
+    assert.has_error(function() m:forward("x") end)
+    assert.has_error(function() nn.Sequential():add(42) end)
+  end)
+end)
