@@ -31,6 +31,14 @@ lua_Integer crun_l_optfield_integer(lua_State *L, int idx, const char *field, lu
 int crun_l_optfield_boolean(lua_State *L, int idx, const char *field, int def);
 const char *crun_l_optfield_string(lua_State *L, int idx, const char *field, const char *def);
 
+/* Returns the tensor of the "crun.Tensor" userdata at idx (raises a
+ * bad-argument error when it is not one or is closed); no reference taken. */
+crun_tensor_t *crun_l_check_tensor(lua_State *L, int idx);
+
+/* Pushes a new "crun.Tensor" userdata for t; it takes its own reference
+ * (crun_tensor_retain), so the caller still owns and releases its own. */
+void crun_l_push_tensor(lua_State *L, crun_tensor_t *t);
+
 /* The areas; each adds its entries to the table at the top of the stack. */
 void crun_l_open_core(lua_State *L);
 void crun_l_open_store(lua_State *L);

@@ -1,4 +1,793 @@
-/* tensor.c — Lua bindings for the tensor part of crun.h (to be filled in). */
+/* tensor.c — Lua bindings for the tensor part of crun.h: the userdata
+ * "crun.Tensor" (a box holding one reference), the seeded "crun.Generator",
+ * factories in core.tensor, and the methods. Dims and indices are 1-based on
+ * the Lua side (Torch7 style); negative dims count from the end. */
 #include "crun_lua.h"
 
-void crun_l_open_tensor(lua_State *L) { (void)L; }
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define TENSOR_MT "crun.Tensor"
+#define GEN_MT "crun.Generator"
+#define DEFAULT_GEN_KEY "crun.tensor.default_generator"
+
+/* ------------------------------------------------------------ boxes */
+
+crun_tensor_t *crun_l_check_tensor(lua_State *L, int idx) {
+  crun_tensor_t **box = luaL_checkudata(L, idx, TENSOR_MT);
+  if (!*box) luaL_argerror(L, idx, "tensor is closed");
+  return *box;
+}
+
+void crun_l_push_tensor(lua_State *L, crun_tensor_t *t) {
+  crun_tensor_t **box = lua_newuserdatauv(L, sizeof *box, 0);
+  *box = t;
+  crun_tensor_retain(t);
+  luaL_setmetatable(L, TENSOR_MT);
+}
+
+/* Returns the tensor at idx, or NULL when the value there is not a tensor. */
+static crun_tensor_t *test_tensor(lua_State *L, int idx) {
+  crun_tensor_t **box = luaL_testudata(L, idx, TENSOR_MT);
+  if (box && !*box) luaL_argerror(L, idx, "tensor is closed");
+  return box ? *box : NULL;
+}
+
+/* Pushes a tensor the caller owns (dropping the caller's reference), or
+ * raises the failure of the call that was to create it. */
+static int push_owned(lua_State *L, int rc, crun_tensor_t **t) {
+  if (rc < 0) crun_l_fail(L, rc);
+  crun_l_push_tensor(L, *t);
+  crun_tensor_release(*t);
+  return 1;
+}
+
+/* ------------------------------------------------------------ argument helpers */
+
+/* Reads a dtype name at idx (default when none/nil). */
+static crun_dtype_t opt_dtype(lua_State *L, int idx, crun_dtype_t def) {
+  if (lua_isnoneornil(L, idx)) return def;
+  crun_dtype_t dt;
+  if (crun_dtype_parse(luaL_checkstring(L, idx), &dt) < 0)
+    luaL_argerror(L, idx, lua_pushfstring(L, "unknown dtype '%s'", lua_tostring(L, idx)));
+  return dt;
+}
+
+/* Reads a shape given as a table {2, 3} at idx or as integers idx, idx+1, ...;
+ * returns the index of the first argument after the shape. */
+static int read_shape(lua_State *L, int idx, int64_t *shape, int *ndim) {
+  int n = 0;
+  if (lua_istable(L, idx)) {
+    n = (int)luaL_len(L, idx);
+    if (n > CRUN_MAX_DIMS) luaL_argerror(L, idx, "too many dims (at most 8)");
+    for (int i = 0; i < n; i++) {
+      lua_geti(L, idx, i + 1);
+      int ok;
+      lua_Integer v = lua_tointegerx(L, -1, &ok);
+      if (!ok || v < 0)
+        luaL_argerror(L, idx, lua_pushfstring(L, "shape entry %d must be an integer >= 0", i + 1));
+      shape[i] = v;
+      lua_pop(L, 1);
+    }
+    *ndim = n;
+    return idx + 1;
+  }
+  while (lua_type(L, idx + n) == LUA_TNUMBER) {
+    if (n == CRUN_MAX_DIMS) luaL_argerror(L, idx + n, "too many dims (at most 8)");
+    lua_Integer v = luaL_checkinteger(L, idx + n);
+    if (v < 0) luaL_argerror(L, idx + n, "size must be >= 0");
+    shape[n++] = v;
+  }
+  *ndim = n;
+  return idx + n;
+}
+
+/* Reads a 1-based (or negative, from the end) dim at arg; returns it 0-based. */
+static int check_dim(lua_State *L, int arg, const crun_tensor_t *t) {
+  lua_Integer d = luaL_checkinteger(L, arg);
+  int nd = crun_tensor_ndim(t);
+  if (d < 0) d += nd + 1;
+  if (d < 1 || d > nd)
+    luaL_argerror(L, arg, lua_pushfstring(L, "dim %d out of range for a %d-d tensor",
+                                          (int)luaL_checkinteger(L, arg), nd));
+  return (int)d - 1;
+}
+
+/* Reads a 1-based index at arg for a dim of the given size; returns 0-based. */
+static int64_t check_index(lua_State *L, int arg, lua_Integer i, int64_t size) {
+  if (i < 1 || i > size)
+    luaL_argerror(L, arg, lua_pushfstring(L, "index %I out of range (size %I)", i, (lua_Integer)size));
+  return i - 1;
+}
+
+static void push_elem_at(lua_State *L, const crun_tensor_t *t, const int64_t *idx) {
+  if (crun_dtype_is_integer(crun_tensor_dtype(t))) {
+    int64_t v;
+    CRUN_L_CHECK(L, crun_tensor_get_int64(t, idx, &v));
+    lua_pushinteger(L, v);
+  } else {
+    double v;
+    CRUN_L_CHECK(L, crun_tensor_get_double(t, idx, &v));
+    lua_pushnumber(L, v);
+  }
+}
+
+static void set_elem_at(lua_State *L, int varg, crun_tensor_t *t, const int64_t *idx) {
+  if (lua_isinteger(L, varg) && crun_dtype_is_integer(crun_tensor_dtype(t)))
+    CRUN_L_CHECK(L, crun_tensor_set_int64(t, idx, lua_tointeger(L, varg)));
+  else
+    CRUN_L_CHECK(L, crun_tensor_set_double(t, idx, luaL_checknumber(L, varg)));
+}
+
+/* ------------------------------------------------------------ factories */
+
+static int new_filled(lua_State *L, int first, double v) {
+  int64_t shape[CRUN_MAX_DIMS];
+  int nd, next = read_shape(L, first, shape, &nd);
+  crun_tensor_t *t;
+  int rc = crun_tensor_new(opt_dtype(L, next, CRUN_FLOAT32), nd, shape, &t);
+  if (rc == 0 && v != 0.0) crun_tensor_fill(t, v);
+  return push_owned(L, rc, &t);
+}
+
+/* tensor.zeros(shape[, dtype]) / tensor.ones(shape[, dtype]) */
+static int t_zeros(lua_State *L) { return new_filled(L, 1, 0.0); }
+static int t_ones(lua_State *L) { return new_filled(L, 1, 1.0); }
+
+/* tensor.empty(shape[, dtype]): elements are unspecified. */
+static int t_empty(lua_State *L) {
+  int64_t shape[CRUN_MAX_DIMS];
+  int nd, next = read_shape(L, 1, shape, &nd);
+  crun_tensor_t *t;
+  return push_owned(L, crun_tensor_empty(opt_dtype(L, next, CRUN_FLOAT32), nd, shape, &t), &t);
+}
+
+/* tensor.full(shape, value[, dtype]) */
+static int t_full(lua_State *L) {
+  int64_t shape[CRUN_MAX_DIMS];
+  int nd;
+  luaL_checktype(L, 1, LUA_TTABLE);
+  read_shape(L, 1, shape, &nd);
+  double v = luaL_checknumber(L, 2);
+  crun_tensor_t *t;
+  int rc = crun_tensor_new(opt_dtype(L, 3, CRUN_FLOAT32), nd, shape, &t);
+  if (rc == 0) crun_tensor_fill(t, v);
+  return push_owned(L, rc, &t);
+}
+
+/* tensor.arange(n[, dtype]) or arange(a, b[, step][, dtype]): [a, b) by step;
+ * int64 when every bound is an integer, else float32 (as in torch). */
+static int t_arange(lua_State *L) {
+  int nnum = 0;
+  while (nnum < 3 && lua_type(L, nnum + 1) == LUA_TNUMBER) nnum++;
+  if (nnum == 0) luaL_argerror(L, 1, "number expected");
+  int ints = 1;
+  for (int i = 1; i <= nnum; i++) ints &= lua_isinteger(L, i);
+  double a = nnum >= 2 ? lua_tonumber(L, 1) : 0, b = lua_tonumber(L, nnum >= 2 ? 2 : 1);
+  double step = nnum == 3 ? lua_tonumber(L, 3) : 1;
+  if (step == 0 || isnan(step)) luaL_argerror(L, 3, "step must be non-zero");
+  double cnt = ceil((b - a) / step);
+  if (cnt > 1e12) luaL_argerror(L, 1, "range too large");
+  int64_t n = cnt > 0 ? (int64_t)cnt : 0;
+  crun_tensor_t *t;
+  int rc = crun_tensor_empty(opt_dtype(L, nnum + 1, ints ? CRUN_INT64 : CRUN_FLOAT32), 1, &n, &t);
+  if (rc < 0) crun_l_fail(L, rc);
+  for (int64_t i = 0; i < n; i++) {
+    if (ints) CRUN_L_CHECK(L, crun_tensor_set_int64(t, &i, (int64_t)a + i * (int64_t)step));
+    else CRUN_L_CHECK(L, crun_tensor_set_double(t, &i, a + (double)i * step));
+  }
+  return push_owned(L, 0, &t);
+}
+
+/* Finds the shape of a nested table by following first entries. */
+static void nested_shape(lua_State *L, int idx, int64_t *shape, int *nd) {
+  int n = 0;
+  lua_pushvalue(L, idx);
+  while (lua_istable(L, -1)) {
+    if (n == CRUN_MAX_DIMS) luaL_argerror(L, 1, "nested too deep (at most 8 dims)");
+    shape[n++] = (int64_t)luaL_len(L, -1);
+    lua_geti(L, -1, 1);
+    lua_remove(L, -2);
+  }
+  lua_pop(L, 1);
+  *nd = n;
+}
+
+/* Fills t from the nested table on the top of the stack at depth d; `pos`
+ * counts elements written so far. */
+static void nested_fill(lua_State *L, crun_tensor_t *t, int d, int64_t *idx) {
+  int nd = crun_tensor_ndim(t);
+  const int64_t *shape = crun_tensor_shape(t);
+  if (!lua_istable(L, -1) || luaL_len(L, -1) != shape[d])
+    luaL_argerror(L, 1, lua_pushfstring(L, "ragged nested table: an entry at depth %d has %I entries, "
+                                        "expected %I", d + 1, lua_istable(L, -1) ? luaL_len(L, -1) : 0,
+                                        (lua_Integer)shape[d]));
+  for (int64_t i = 0; i < shape[d]; i++) {
+    idx[d] = i;
+    lua_geti(L, -1, i + 1);
+    if (d + 1 < nd) {
+      nested_fill(L, t, d + 1, idx);
+    } else {
+      if (lua_type(L, -1) != LUA_TNUMBER)
+        luaL_argerror(L, 1, lua_pushfstring(L, "element %I at depth %d is a %s, number expected",
+                                            (lua_Integer)i + 1, d + 1, luaL_typename(L, -1)));
+      set_elem_at(L, lua_gettop(L), t, idx);
+    }
+    lua_pop(L, 1);
+  }
+}
+
+/* tensor.new(nested_table[, dtype]) */
+static int t_new(lua_State *L) {
+  luaL_checktype(L, 1, LUA_TTABLE);
+  int64_t shape[CRUN_MAX_DIMS], idx[CRUN_MAX_DIMS];
+  int nd;
+  nested_shape(L, 1, shape, &nd);
+  crun_tensor_t *t;
+  int rc = crun_tensor_new(opt_dtype(L, 2, CRUN_FLOAT32), nd, shape, &t);
+  if (rc < 0) crun_l_fail(L, rc);
+  crun_l_push_tensor(L, t);
+  crun_tensor_release(t); /* the box owns it now; errors below free it */
+  lua_pushvalue(L, 1);
+  if (nd > 0 && shape[0] > 0) nested_fill(L, t, 0, idx);
+  lua_pop(L, 1);
+  return 1;
+}
+
+/* tensor.from_bytes(dtype, shape, bytes): row-major little-endian elements. */
+static int t_from_bytes(lua_State *L) {
+  crun_dtype_t dt = opt_dtype(L, 1, CRUN_FLOAT32);
+  int64_t shape[CRUN_MAX_DIMS];
+  int nd;
+  luaL_checktype(L, 2, LUA_TTABLE);
+  read_shape(L, 2, shape, &nd);
+  size_t len;
+  const char *s = luaL_checklstring(L, 3, &len);
+  crun_tensor_t *t;
+  return push_owned(L, crun_tensor_from_data(dt, nd, shape, s, len, &t), &t);
+}
+
+/* ------------------------------------------------------------ generators */
+
+static crun_generator_t *check_gen(lua_State *L, int idx) { return luaL_checkudata(L, idx, GEN_MT); }
+
+static uint64_t check_seed(lua_State *L, int idx) {
+  if (lua_isinteger(L, idx)) return (uint64_t)lua_tointeger(L, idx);
+  double d = luaL_checknumber(L, idx);
+  if (d != floor(d)) luaL_argerror(L, idx, "seed must be an integer");
+  return (uint64_t)(int64_t)d;
+}
+
+/* tensor.Generator(seed): a seeded generator object. */
+static int t_generator(lua_State *L) {
+  uint64_t seed = lua_isnoneornil(L, 1) ? 0 : check_seed(L, 1);
+  crun_generator_t *g = lua_newuserdatauv(L, sizeof *g, 0);
+  crun_generator_seed(g, seed);
+  luaL_setmetatable(L, GEN_MT);
+  return 1;
+}
+
+static int g_manual_seed(lua_State *L) {
+  crun_generator_seed(check_gen(L, 1), check_seed(L, 2));
+  lua_settop(L, 1);
+  return 1;
+}
+static int g_uniform(lua_State *L) {
+  crun_generator_t *g = check_gen(L, 1);
+  double lo = luaL_optnumber(L, 2, 0), hi = luaL_optnumber(L, 3, 1);
+  lua_pushnumber(L, lo + (hi - lo) * crun_generator_uniform(g));
+  return 1;
+}
+static int g_normal(lua_State *L) {
+  crun_generator_t *g = check_gen(L, 1);
+  lua_pushnumber(L, luaL_optnumber(L, 2, 0) + luaL_optnumber(L, 3, 1) * crun_generator_normal(g));
+  return 1;
+}
+/* g:random(n) -> integer in [1, n] (like math.random(n)); no n: a raw 63-bit integer. */
+static int g_random(lua_State *L) {
+  crun_generator_t *g = check_gen(L, 1);
+  uint64_t r = crun_generator_next(g);
+  if (lua_isnoneornil(L, 2)) {
+    lua_pushinteger(L, (lua_Integer)(r >> 1));
+    return 1;
+  }
+  lua_Integer n = luaL_checkinteger(L, 2);
+  luaL_argcheck(L, n >= 1, 2, "n must be >= 1");
+  lua_pushinteger(L, (lua_Integer)((r >> 1) % (uint64_t)n) + 1);
+  return 1;
+}
+
+static crun_generator_t *default_gen(lua_State *L) {
+  lua_getfield(L, LUA_REGISTRYINDEX, DEFAULT_GEN_KEY);
+  crun_generator_t *g = lua_touserdata(L, -1);
+  lua_pop(L, 1); /* the registry keeps it alive */
+  return g;
+}
+
+/* tensor.manual_seed(seed): reseeds the default generator. */
+static int t_manual_seed(lua_State *L) {
+  crun_generator_seed(default_gen(L), check_seed(L, 1));
+  return 0;
+}
+
+/* Shared by rand/randn: shape, then a dtype string or {seed=, dtype=, generator=}. */
+static int random_tensor(lua_State *L, int normal) {
+  int64_t shape[CRUN_MAX_DIMS];
+  int nd, next = read_shape(L, 1, shape, &nd);
+  crun_dtype_t dt = CRUN_FLOAT32;
+  crun_generator_t local, *g = default_gen(L);
+  if (lua_istable(L, next)) {
+    dt = opt_dtype(L, (lua_getfield(L, next, "dtype"), lua_gettop(L)), CRUN_FLOAT32);
+    if (lua_getfield(L, next, "generator") != LUA_TNIL) g = check_gen(L, lua_gettop(L));
+    if (lua_getfield(L, next, "seed") != LUA_TNIL) {
+      crun_generator_seed(&local, check_seed(L, lua_gettop(L)));
+      g = &local;
+    }
+  } else {
+    dt = opt_dtype(L, next, CRUN_FLOAT32);
+  }
+  crun_tensor_t *t;
+  int rc = crun_tensor_empty(dt, nd, shape, &t);
+  if (rc == 0) {
+    rc = normal ? crun_tensor_normal_(t, g, 0, 1) : crun_tensor_uniform_(t, g, 0, 1);
+    if (rc < 0) crun_tensor_release(t);
+  }
+  return push_owned(L, rc, &t);
+}
+
+static int t_rand(lua_State *L) { return random_tensor(L, 0); }
+static int t_randn(lua_State *L) { return random_tensor(L, 1); }
+
+/* t:uniform_([lo, hi][, gen]) / t:normal_([mean, std][, gen]): in place. */
+static int m_uniform_(lua_State *L) {
+  crun_tensor_t *t = crun_l_check_tensor(L, 1);
+  crun_generator_t *g = lua_isnoneornil(L, 4) ? default_gen(L) : check_gen(L, 4);
+  CRUN_L_CHECK(L, crun_tensor_uniform_(t, g, luaL_optnumber(L, 2, 0), luaL_optnumber(L, 3, 1)));
+  lua_settop(L, 1);
+  return 1;
+}
+static int m_normal_(lua_State *L) {
+  crun_tensor_t *t = crun_l_check_tensor(L, 1);
+  crun_generator_t *g = lua_isnoneornil(L, 4) ? default_gen(L) : check_gen(L, 4);
+  CRUN_L_CHECK(L, crun_tensor_normal_(t, g, luaL_optnumber(L, 2, 0), luaL_optnumber(L, 3, 1)));
+  lua_settop(L, 1);
+  return 1;
+}
+
+/* ------------------------------------------------------------ shape queries */
+
+static int m_numel(lua_State *L) {
+  lua_pushinteger(L, crun_tensor_numel(crun_l_check_tensor(L, 1)));
+  return 1;
+}
+
+static int m_dim(lua_State *L) {
+  lua_pushinteger(L, crun_tensor_ndim(crun_l_check_tensor(L, 1)));
+  return 1;
+}
+
+/* t:size() -> {d1, d2, ...}; t:size(d) -> one dim. */
+static int m_size(lua_State *L) {
+  crun_tensor_t *t = crun_l_check_tensor(L, 1);
+  if (!lua_isnoneornil(L, 2)) {
+    lua_pushinteger(L, crun_tensor_shape(t)[check_dim(L, 2, t)]);
+    return 1;
+  }
+  lua_createtable(L, crun_tensor_ndim(t), 0);
+  for (int d = 0; d < crun_tensor_ndim(t); d++) {
+    lua_pushinteger(L, crun_tensor_shape(t)[d]);
+    lua_rawseti(L, -2, d + 1);
+  }
+  return 1;
+}
+
+/* t:stride() -> table of element strides; t:stride(d) -> one. */
+static int m_stride(lua_State *L) {
+  crun_tensor_t *t = crun_l_check_tensor(L, 1);
+  if (!lua_isnoneornil(L, 2)) {
+    lua_pushinteger(L, crun_tensor_strides(t)[check_dim(L, 2, t)]);
+    return 1;
+  }
+  lua_createtable(L, crun_tensor_ndim(t), 0);
+  for (int d = 0; d < crun_tensor_ndim(t); d++) {
+    lua_pushinteger(L, crun_tensor_strides(t)[d]);
+    lua_rawseti(L, -2, d + 1);
+  }
+  return 1;
+}
+
+static int m_dtype(lua_State *L) {
+  lua_pushstring(L, crun_dtype_name(crun_tensor_dtype(crun_l_check_tensor(L, 1))));
+  return 1;
+}
+
+static int m_is_contiguous(lua_State *L) {
+  lua_pushboolean(L, crun_tensor_is_contiguous(crun_l_check_tensor(L, 1)));
+  return 1;
+}
+
+/* t:data_ptr() -> light userdata of the first element (for C extensions). */
+static int m_data_ptr(lua_State *L) {
+  lua_pushlightuserdata(L, crun_tensor_data(crun_l_check_tensor(L, 1)));
+  return 1;
+}
+
+/* ------------------------------------------------------------ conversions */
+
+/* Pushes the nested table of t's elements at depth d. */
+static void push_table(lua_State *L, const crun_tensor_t *t, int d, int64_t *idx) {
+  int nd = crun_tensor_ndim(t);
+  if (nd == 0) {
+    push_elem_at(L, t, idx);
+    return;
+  }
+  int64_t n = crun_tensor_shape(t)[d];
+  lua_createtable(L, (int)n, 0);
+  for (int64_t i = 0; i < n; i++) {
+    idx[d] = i;
+    if (d + 1 < nd) push_table(L, t, d + 1, idx);
+    else push_elem_at(L, t, idx);
+    lua_rawseti(L, -2, i + 1);
+  }
+}
+
+/* t:totable() -> nested Lua table (a number for a 0-d tensor). */
+static int m_totable(lua_State *L) {
+  int64_t idx[CRUN_MAX_DIMS] = {0};
+  push_table(L, crun_l_check_tensor(L, 1), 0, idx);
+  return 1;
+}
+
+/* t:item() -> the value of a one-element tensor. */
+static int m_item(lua_State *L) {
+  crun_tensor_t *t = crun_l_check_tensor(L, 1);
+  if (crun_tensor_numel(t) != 1)
+    luaL_argerror(L, 1, lua_pushfstring(L, "item() needs one element, tensor has %I",
+                                        (lua_Integer)crun_tensor_numel(t)));
+  int64_t idx[CRUN_MAX_DIMS] = {0};
+  push_elem_at(L, t, idx);
+  return 1;
+}
+
+/* t:bytes() -> the elements as a row-major little-endian string. */
+static int m_bytes(lua_State *L) {
+  crun_tensor_t *t = crun_l_check_tensor(L, 1), *c;
+  CRUN_L_CHECK(L, crun_tensor_contiguous(t, &c));
+  lua_pushlstring(L, crun_tensor_data(c), crun_tensor_nbytes(c));
+  crun_tensor_release(c);
+  return 1;
+}
+
+static int m_clone(lua_State *L) {
+  crun_tensor_t *c;
+  return push_owned(L, crun_tensor_clone(crun_l_check_tensor(L, 1), &c), &c);
+}
+
+static int m_contiguous(lua_State *L) {
+  crun_tensor_t *c;
+  return push_owned(L, crun_tensor_contiguous(crun_l_check_tensor(L, 1), &c), &c);
+}
+
+/* t:to(dtype): a converted copy (t itself when the dtype is the same). */
+static int m_to(lua_State *L) {
+  crun_tensor_t *t = crun_l_check_tensor(L, 1), *c;
+  luaL_checkstring(L, 2);
+  crun_dtype_t dt = opt_dtype(L, 2, CRUN_FLOAT32);
+  if (dt == crun_tensor_dtype(t)) {
+    lua_settop(L, 1);
+    return 1;
+  }
+  return push_owned(L, crun_tensor_to(t, dt, &c), &c);
+}
+
+/* t:copy(src): element-wise copy with dtype conversion; shapes must match. */
+static int m_copy(lua_State *L) {
+  crun_tensor_t *t = crun_l_check_tensor(L, 1), *s = crun_l_check_tensor(L, 2);
+  CRUN_L_CHECK(L, crun_tensor_copy(t, s));
+  lua_settop(L, 1);
+  return 1;
+}
+
+static int m_fill(lua_State *L) {
+  crun_tensor_t *t = crun_l_check_tensor(L, 1);
+  CRUN_L_CHECK(L, crun_tensor_fill(t, luaL_checknumber(L, 2)));
+  lua_settop(L, 1);
+  return 1;
+}
+
+static int m_zero(lua_State *L) {
+  CRUN_L_CHECK(L, crun_tensor_fill(crun_l_check_tensor(L, 1), 0));
+  lua_settop(L, 1);
+  return 1;
+}
+
+static int m_equal(lua_State *L) {
+  crun_tensor_t *a = crun_l_check_tensor(L, 1), *b = crun_l_check_tensor(L, 2);
+  lua_pushboolean(L, crun_tensor_equal(a, b));
+  return 1;
+}
+
+/* t:allclose(o[, rtol=1e-5[, atol=1e-8]]) */
+static int m_allclose(lua_State *L) {
+  crun_tensor_t *a = crun_l_check_tensor(L, 1), *b = crun_l_check_tensor(L, 2);
+  lua_pushboolean(L, crun_tensor_allclose(a, b, luaL_optnumber(L, 3, 1e-5), luaL_optnumber(L, 4, 1e-8)));
+  return 1;
+}
+
+/* ------------------------------------------------------------ views */
+
+/* t:narrow(dim, start, len): 1-based start. */
+static int m_narrow(lua_State *L) {
+  crun_tensor_t *t = crun_l_check_tensor(L, 1), *v;
+  int d = check_dim(L, 2, t);
+  lua_Integer start = luaL_checkinteger(L, 3), len = luaL_checkinteger(L, 4);
+  int64_t size = crun_tensor_shape(t)[d];
+  if (start < 1 || start > size + 1)
+    luaL_argerror(L, 3, lua_pushfstring(L, "start %I out of range for dim %d of size %I", start, d + 1, (lua_Integer)size));
+  if (len < 0 || start - 1 + len > size)
+    luaL_argerror(L, 4, lua_pushfstring(L, "length %I from %I exceeds dim %d of size %I", len, start, d + 1, (lua_Integer)size));
+  return push_owned(L, crun_tensor_narrow(t, d, start - 1, len, &v), &v);
+}
+
+/* t:select(dim, i): 1-based i; drops the dim. */
+static int m_select(lua_State *L) {
+  crun_tensor_t *t = crun_l_check_tensor(L, 1), *v;
+  int d = check_dim(L, 2, t);
+  int64_t i = check_index(L, 3, luaL_checkinteger(L, 3), crun_tensor_shape(t)[d]);
+  return push_owned(L, crun_tensor_select(t, d, i, &v), &v);
+}
+
+/* Reads a view shape (table or varargs, -1 allowed once) starting at arg 2. */
+static int read_view_shape(lua_State *L, int64_t *shape) {
+  int n = 0;
+  if (lua_istable(L, 2)) {
+    n = (int)luaL_len(L, 2);
+    luaL_argcheck(L, n <= CRUN_MAX_DIMS, 2, "too many dims");
+    for (int i = 0; i < n; i++) {
+      lua_geti(L, 2, i + 1);
+      int ok;
+      shape[i] = lua_tointegerx(L, -1, &ok);
+      if (!ok) luaL_argerror(L, 2, "shape entries must be integers");
+      lua_pop(L, 1);
+    }
+    return n;
+  }
+  for (; !lua_isnone(L, 2 + n); n++) {
+    luaL_argcheck(L, n < CRUN_MAX_DIMS, 2 + n, "too many dims");
+    shape[n] = luaL_checkinteger(L, 2 + n);
+  }
+  return n;
+}
+
+/* t:view(shape...) — contiguous tensors only; one size may be -1. */
+static int m_view(lua_State *L) {
+  crun_tensor_t *t = crun_l_check_tensor(L, 1), *v;
+  int64_t shape[CRUN_MAX_DIMS];
+  int n = read_view_shape(L, shape);
+  return push_owned(L, crun_tensor_view(t, n, shape, &v), &v);
+}
+
+/* t:reshape(shape...) — a view when contiguous, else a reshaped copy. */
+static int m_reshape(lua_State *L) {
+  crun_tensor_t *t = crun_l_check_tensor(L, 1), *c, *v;
+  int64_t shape[CRUN_MAX_DIMS];
+  int n = read_view_shape(L, shape);
+  CRUN_L_CHECK(L, crun_tensor_contiguous(t, &c));
+  int rc = crun_tensor_view(c, n, shape, &v);
+  crun_tensor_release(c);
+  return push_owned(L, rc, &v);
+}
+
+/* t:transpose(d1, d2); t:t() for 2-d. */
+static int m_transpose(lua_State *L) {
+  crun_tensor_t *t = crun_l_check_tensor(L, 1), *v;
+  int a = check_dim(L, 2, t), b = check_dim(L, 3, t);
+  return push_owned(L, crun_tensor_transpose(t, a, b, &v), &v);
+}
+
+static int m_t(lua_State *L) {
+  crun_tensor_t *t = crun_l_check_tensor(L, 1), *v;
+  if (crun_tensor_ndim(t) != 2)
+    luaL_argerror(L, 1, lua_pushfstring(L, "t() expects a 2-d tensor, got %d-d", crun_tensor_ndim(t)));
+  return push_owned(L, crun_tensor_transpose(t, 0, 1, &v), &v);
+}
+
+/* t:expand(shape...): broadcast size-1 dims (read-only view). */
+static int m_expand(lua_State *L) {
+  crun_tensor_t *t = crun_l_check_tensor(L, 1), *v;
+  int64_t shape[CRUN_MAX_DIMS];
+  int n = read_view_shape(L, shape);
+  return push_owned(L, crun_tensor_expand(t, n, shape, &v), &v);
+}
+
+static int m_is_same_storage(lua_State *L) {
+  lua_pushboolean(L, crun_tensor_same_storage(crun_l_check_tensor(L, 1), crun_l_check_tensor(L, 2)));
+  return 1;
+}
+
+/* ------------------------------------------------------------ metamethods */
+
+/* Reads a table index {i, j, ...} (1-based, one per dim) into idx. */
+static void table_index(lua_State *L, int arg, const crun_tensor_t *t, int64_t *idx) {
+  int nd = crun_tensor_ndim(t);
+  if (luaL_len(L, arg) != nd)
+    luaL_argerror(L, arg, lua_pushfstring(L, "index has %I entries, tensor has %d dims", luaL_len(L, arg), nd));
+  for (int d = 0; d < nd; d++) {
+    lua_geti(L, arg, d + 1);
+    int ok;
+    lua_Integer i = lua_tointegerx(L, -1, &ok);
+    if (!ok) luaL_argerror(L, arg, "index entries must be integers");
+    lua_pop(L, 1);
+    if (i < 1 || i > crun_tensor_shape(t)[d])
+      luaL_argerror(L, arg, lua_pushfstring(L, "index %I out of range for dim %d of size %I", i, d + 1,
+                                            (lua_Integer)crun_tensor_shape(t)[d]));
+    idx[d] = i - 1;
+  }
+}
+
+/* Checks a 1-based index into dim 1; returns it 0-based. */
+static int64_t row_index(lua_State *L, const crun_tensor_t *t, lua_Integer i) {
+  if (crun_tensor_ndim(t) == 0) luaL_argerror(L, 2, "cannot index a 0-d tensor (use item())");
+  int64_t size = crun_tensor_shape(t)[0];
+  if (i < 1 || i > size)
+    luaL_argerror(L, 2, lua_pushfstring(L, "index %I out of range for dim 1 of size %I", i, (lua_Integer)size));
+  return i - 1;
+}
+
+/* t[k]: methods by name; t[i] a number (1-d) or a view of row i; t[{i,j}] an element. */
+static int m_index(lua_State *L) {
+  crun_tensor_t *t = crun_l_check_tensor(L, 1);
+  if (lua_type(L, 2) == LUA_TSTRING) {
+    lua_pushvalue(L, 2);
+    lua_rawget(L, lua_upvalueindex(1));
+    return 1;
+  }
+  if (lua_isinteger(L, 2)) {
+    int64_t i = row_index(L, t, lua_tointeger(L, 2));
+    if (crun_tensor_ndim(t) == 1) {
+      push_elem_at(L, t, &i);
+      return 1;
+    }
+    crun_tensor_t *v;
+    return push_owned(L, crun_tensor_select(t, 0, i, &v), &v);
+  }
+  if (lua_istable(L, 2)) {
+    int64_t idx[CRUN_MAX_DIMS];
+    table_index(L, 2, t, idx);
+    push_elem_at(L, t, idx);
+    return 1;
+  }
+  return luaL_argerror(L, 2, lua_pushfstring(L, "integer index expected, got %s", luaL_typename(L, 2)));
+}
+
+/* t[i] = v: sets an element (1-d) or fills / copies row i; t[{i,j}] = v. */
+static int m_newindex(lua_State *L) {
+  crun_tensor_t *t = crun_l_check_tensor(L, 1);
+  if (lua_istable(L, 2)) {
+    int64_t idx[CRUN_MAX_DIMS];
+    table_index(L, 2, t, idx);
+    set_elem_at(L, 3, t, idx);
+    return 0;
+  }
+  if (!lua_isinteger(L, 2))
+    return luaL_argerror(L, 2, lua_pushfstring(L, "integer index expected, got %s", luaL_typename(L, 2)));
+  int64_t i = row_index(L, t, lua_tointeger(L, 2));
+  if (crun_tensor_ndim(t) == 1) {
+    set_elem_at(L, 3, t, &i);
+    return 0;
+  }
+  crun_tensor_t *row, *src = test_tensor(L, 3);
+  CRUN_L_CHECK(L, crun_tensor_select(t, 0, i, &row));
+  int rc = src ? crun_tensor_copy(row, src)
+               : (lua_type(L, 3) == LUA_TNUMBER ? crun_tensor_fill(row, lua_tonumber(L, 3))
+                                                : crun_error(CRUN_EINVAL, "row assignment needs a number or a tensor, got %s",
+                                                             luaL_typename(L, 3)));
+  crun_tensor_release(row);
+  if (rc < 0) crun_l_fail(L, rc);
+  return 0;
+}
+
+static int m_len(lua_State *L) {
+  crun_tensor_t *t = crun_l_check_tensor(L, 1);
+  if (crun_tensor_ndim(t) == 0) luaL_argerror(L, 1, "len() of a 0-d tensor");
+  lua_pushinteger(L, crun_tensor_shape(t)[0]);
+  return 1;
+}
+
+/* __gc / __close / t:close(): drops the reference; using t afterwards raises. */
+static int m_gc(lua_State *L) {
+  crun_tensor_t **box = luaL_checkudata(L, 1, TENSOR_MT);
+  crun_tensor_release(*box);
+  *box = NULL;
+  return 0;
+}
+
+/* Fallback __tostring (lua/crun/tensor.lua installs the pretty printer). */
+static int m_tostring(lua_State *L) {
+  crun_tensor_t **box = luaL_checkudata(L, 1, TENSOR_MT);
+  if (!*box) {
+    lua_pushstring(L, "crun.Tensor (closed)");
+    return 1;
+  }
+  luaL_Buffer b;
+  luaL_buffinit(L, &b);
+  lua_pushfstring(L, "crun.Tensor %s of size ", crun_dtype_name(crun_tensor_dtype(*box)));
+  luaL_addvalue(&b);
+  for (int d = 0; d < crun_tensor_ndim(*box); d++) {
+    lua_pushfstring(L, d ? "x%I" : "%I", (lua_Integer)crun_tensor_shape(*box)[d]);
+    luaL_addvalue(&b);
+  }
+  luaL_pushresult(&b);
+  return 1;
+}
+
+/* core.is_tensor(v) */
+static int t_is_tensor(lua_State *L) {
+  lua_pushboolean(L, luaL_testudata(L, 1, TENSOR_MT) != NULL);
+  return 1;
+}
+
+/* ------------------------------------------------------------ registration */
+
+static const luaL_Reg tensor_methods[] = {
+    {"numel", m_numel}, {"nElement", m_numel}, {"dim", m_dim}, {"nDimension", m_dim},
+    {"size", m_size}, {"stride", m_stride}, {"dtype", m_dtype},
+    {"is_contiguous", m_is_contiguous}, {"isContiguous", m_is_contiguous}, {"data_ptr", m_data_ptr},
+    {"totable", m_totable}, {"item", m_item}, {"bytes", m_bytes}, {"clone", m_clone},
+    {"contiguous", m_contiguous}, {"to", m_to}, {"copy", m_copy}, {"fill", m_fill}, {"fill_", m_fill},
+    {"zero", m_zero}, {"zero_", m_zero}, {"equal", m_equal}, {"allclose", m_allclose},
+    {"narrow", m_narrow}, {"select", m_select}, {"view", m_view}, {"reshape", m_reshape},
+    {"transpose", m_transpose}, {"t", m_t}, {"expand", m_expand},
+    {"is_same_storage", m_is_same_storage}, {"uniform_", m_uniform_}, {"normal_", m_normal_},
+    {"close", m_gc}, {NULL, NULL}};
+
+static const luaL_Reg gen_methods[] = {
+    {"manual_seed", g_manual_seed}, {"seed", g_manual_seed}, {"uniform", g_uniform},
+    {"normal", g_normal}, {"random", g_random}, {NULL, NULL}};
+
+static const luaL_Reg tensor_fns[] = {
+    {"zeros", t_zeros}, {"ones", t_ones}, {"empty", t_empty}, {"full", t_full},
+    {"arange", t_arange}, {"new", t_new}, {"from_bytes", t_from_bytes},
+    {"rand", t_rand}, {"randn", t_randn}, {"Generator", t_generator},
+    {"manual_seed", t_manual_seed}, {"is_tensor", t_is_tensor}, {NULL, NULL}};
+
+void crun__l_tensor_math_methods(lua_State *L);
+
+/* Creates the metatable "crun.Tensor": __index dispatches through the methods
+ * table (left on the stack for the caller). */
+static void open_tensor_class(lua_State *L) {
+  luaL_newmetatable(L, TENSOR_MT);
+  lua_newtable(L); /* methods */
+  luaL_setfuncs(L, tensor_methods, 0);
+  crun__l_tensor_math_methods(L);
+  lua_pushvalue(L, -1);
+  lua_pushcclosure(L, m_index, 1);
+  lua_setfield(L, -3, "__index");
+  static const luaL_Reg meta[] = {{"__newindex", m_newindex}, {"__len", m_len}, {"__gc", m_gc},
+                                  {"__close", m_gc}, {"__tostring", m_tostring}, {NULL, NULL}};
+  lua_pushvalue(L, -2);
+  luaL_setfuncs(L, meta, 0);
+  lua_pop(L, 1);
+}
+
+void crun_l_open_tensor(lua_State *L) {
+  crun_l_newclass(L, GEN_MT, gen_methods);
+  lua_newtable(L); /* core.tensor */
+  luaL_setfuncs(L, tensor_fns, 0);
+  open_tensor_class(L);  /* pushes metatable, methods */
+  lua_setfield(L, -3, "methods");
+  lua_setfield(L, -2, "metatable");
+  crun_generator_t *g = lua_newuserdatauv(L, sizeof *g, 0); /* default, seed 0 */
+  crun_generator_seed(g, 0);
+  luaL_setmetatable(L, GEN_MT);
+  lua_setfield(L, LUA_REGISTRYINDEX, DEFAULT_GEN_KEY);
+  lua_setfield(L, -2, "tensor");
+  lua_pushcfunction(L, m_bytes);
+  lua_setfield(L, -2, "tensor_bytes");
+  lua_pushcfunction(L, t_from_bytes);
+  lua_setfield(L, -2, "tensor_from_bytes");
+}
+
+/* Adds the math methods (filled in with the math bindings). */
+void crun__l_tensor_math_methods(lua_State *L) { (void)L; }

@@ -194,3 +194,20 @@ int crun_tensor_equal(crun_tensor_t *a, crun_tensor_t *b) {
   } while (crun__rowiter_next(&ai) && crun__rowiter_next(&bi));
   return 1;
 }
+
+int crun_tensor_allclose(crun_tensor_t *a, crun_tensor_t *b, double rtol, double atol) {
+  if (a->ndim != b->ndim || memcmp(a->shape, b->shape, (size_t)a->ndim * sizeof(int64_t))) return 0;
+  if (crun_tensor_numel(a) == 0) return 1;
+  crun__rowiter_t ai, bi;
+  crun__rowiter_init(&ai, a);
+  crun__rowiter_init(&bi, b);
+  do {
+    for (int64_t i = 0; i < ai.len; i++) {
+      double x = crun_elem_get_double(a->dt, ai.row, i * ai.step);
+      double y = crun_elem_get_double(b->dt, bi.row, i * bi.step);
+      if (x == y) continue; /* equal infinities */
+      if (!(fabs(x - y) <= atol + rtol * fabs(y))) return 0;
+    }
+  } while (crun__rowiter_next(&ai) && crun__rowiter_next(&bi));
+  return 1;
+}

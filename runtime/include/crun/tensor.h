@@ -116,6 +116,10 @@ int crun_tensor_fill(crun_tensor_t *t, double v);
  * compared as doubles; nan never equals), else 0. */
 int crun_tensor_equal(crun_tensor_t *a, crun_tensor_t *b);
 
+/* Returns 1 when shapes match and |a - b| <= atol + rtol * |b| everywhere
+ * (nan never close), else 0. */
+int crun_tensor_allclose(crun_tensor_t *a, crun_tensor_t *b, double rtol, double atol);
+
 /* Reads / writes one element at 0-based `idx` (ndim entries). Integer
  * dtypes keep all 64 bits through the int64 forms. */
 int crun_tensor_get_double(const crun_tensor_t *t, const int64_t *idx, double *out);

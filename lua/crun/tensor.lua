@@ -1,0 +1,185 @@
+--- crun.tensor: n-d tensors in the Torch7 style, backed by libcrunrt.
+--   local T = require "crun.tensor"      -- or crun.tensor
+--   local a = T.zeros({3, 4}, "float64"); a[1][2] = 5; print(a[1][2])
+--   local b = T.new({{1, 2}, {3, 4}}, "int32"); T.randn({2, 3}, {seed = 1})
+-- Dims and indices are 1-based (negative dims count from the end). Views
+-- (narrow, select, view, transpose, t[i] of an n-d tensor) share storage.
+local core = require "crun.core"
+local C = core.tensor
+
+local T = {}
+for k, v in pairs(C) do
+  if k ~= "methods" and k ~= "metatable" then T[k] = v end
+end
+
+local methods, mt = C.methods, C.metatable
+T.methods = methods     -- add methods here: every tensor sees them
+T.metatable = mt
+
+-- dtype shorthands, as in Torch7 (t:float(), t:double(), ...).
+local shorthands = {float = "float32", double = "float64", half = "float16",
+  bfloat16 = "bfloat16", int = "int32", long = "int64", byte = "uint8"}
+for name, dt in pairs(shorthands) do
+  methods[name] = function(t) return t:to(dt) end
+end
+
+--- t:type() -> "crun.FloatTensor"-like name (Torch7 spelling of the dtype).
+local tnames = {float32 = "Float", float64 = "Double", float16 = "Half", bfloat16 = "BFloat16",
+  int32 = "Int", int64 = "Long", uint8 = "Byte"}
+function methods.type(t) return "crun." .. tnames[t:dtype()] .. "Tensor" end
+
+--- T.zeros_like(t[, dtype]) / T.ones_like / T.empty_like / T.full_like(t, v[, dtype])
+function T.zeros_like(t, dtype) return T.zeros(t:size(), dtype or t:dtype()) end
+function T.ones_like(t, dtype) return T.ones(t:size(), dtype or t:dtype()) end
+function T.empty_like(t, dtype) return T.empty(t:size(), dtype or t:dtype()) end
+function T.full_like(t, v, dtype) return T.full(t:size(), v, dtype or t:dtype()) end
+
+-- Checks that every tensor of list has the shape of list[1] except along dim.
+local function check_cat(list, dim, fname)
+  if type(list) ~= "table" or #list == 0 then
+    error("bad argument #1 to '" .. fname .. "' (non-empty list of tensors expected)", 3)
+  end
+  local first = list[1]:size()
+  for i, t in ipairs(list) do
+    if not T.is_tensor(t) then
+      error(string.format("bad argument #1 to '%s' (entry %d is a %s, tensor expected)", fname, i, type(t)), 3)
+    end
+    local s = t:size()
+    if #s ~= #first then
+      error(string.format("bad argument #1 to '%s' (tensor %d has %d dims, tensor 1 has %d)", fname, i, #s, #first), 3)
+    end
+    for d = 1, #s do
+      if d ~= dim and s[d] ~= first[d] then
+        error(string.format("bad argument #1 to '%s' (tensor %d has size %d in dim %d, tensor 1 has %d)",
+          fname, i, s[d], d, first[d]), 3)
+      end
+    end
+  end
+  return first
+end
+
+--- T.cat(list, dim=1): concatenates tensors along an existing dim.
+function T.cat(list, dim)
+  dim = dim or 1
+  local shape = check_cat(list, dim, "cat")
+  if dim < 0 then dim = #shape + dim + 1 end
+  if dim < 1 or dim > #shape then error("bad argument #2 to 'cat' (dim out of range)", 2) end
+  local total = 0
+  for _, t in ipairs(list) do total = total + t:size(dim) end
+  shape[dim] = total
+  local out, pos = T.empty(shape, list[1]:dtype()), 1
+  for _, t in ipairs(list) do
+    local n = t:size(dim)
+    if n > 0 then out:narrow(dim, pos, n):copy(t) end
+    pos = pos + n
+  end
+  return out
+end
+
+--- T.stack(list, dim=1): stacks same-shaped tensors along a new dim.
+function T.stack(list, dim)
+  dim = dim or 1
+  local shape = check_cat(list, 0, "stack")
+  if dim < 0 then dim = #shape + dim + 2 end
+  if dim < 1 or dim > #shape + 1 then error("bad argument #2 to 'stack' (dim out of range)", 2) end
+  table.insert(shape, dim, #list)
+  local out = T.empty(shape, list[1]:dtype())
+  for i, t in ipairs(list) do out:select(dim, i):copy(t) end
+  return out
+end
+
+-- ------------------------------------------------------------ printing
+
+local MAX_PRINT = 2000
+
+-- Picks one format for all values: integers, fixed or scientific.
+local function number_format(vals, is_int)
+  if is_int then return "%d" end
+  local maxabs, minabs, integral = 0, math.huge, true
+  for _, v in ipairs(vals) do
+    local a = math.abs(v)
+    if a == a and a ~= math.huge then
+      if a > maxabs then maxabs = a end
+      if a > 0 and a < minabs then minabs = a end
+      if v ~= math.floor(v) then integral = false end
+    end
+  end
+  if integral and maxabs < 1e9 then return "%.0f" end
+  if maxabs >= 1e5 or minabs < 1e-4 then return "%.4e" end
+  return "%.4f"
+end
+
+local function fmt_value(f, v)
+  if v ~= v then return "nan" end
+  if v == math.huge then return "inf" elseif v == -math.huge then return "-inf" end
+  if f == "%d" then return string.format("%d", v) end
+  return string.format(f, v)
+end
+
+local function size_str(s)
+  local parts = {}
+  for i, d in ipairs(s) do parts[i] = tostring(d) end
+  return table.concat(parts, "x")
+end
+
+-- Formats a matrix (list of rows) right-aligned in one width.
+local function format_rows(rows, f, out)
+  local cells, width = {}, 0
+  for i, row in ipairs(rows) do
+    cells[i] = {}
+    for j, v in ipairs(row) do
+      local s = fmt_value(f, v)
+      cells[i][j] = s
+      if #s > width then width = #s end
+    end
+  end
+  for _, row in ipairs(cells) do
+    local line = {}
+    for j, s in ipairs(row) do line[j] = string.rep(" ", width - #s + 1) .. s end
+    out[#out + 1] = table.concat(line, " ")
+  end
+end
+
+-- Appends the 2-d slices of an n-d nested table with "(i,j,.,.) =" headers.
+local function format_slices(tbl, depth, ndim, prefix, f, out)
+  if ndim - depth == 2 then
+    out[#out + 1] = "(" .. table.concat(prefix, ",") .. ",.,.) = "
+    format_rows(tbl, f, out)
+    out[#out + 1] = ""
+    return
+  end
+  for i, sub in ipairs(tbl) do
+    prefix[#prefix + 1] = tostring(i)
+    format_slices(sub, depth + 1, ndim, prefix, f, out)
+    prefix[#prefix] = nil
+  end
+end
+
+--- tostring(t): the values, then "[crun.Tensor float32 of size 2x3]".
+function mt.__tostring(t)
+  local ok, dtype = pcall(function() return t:dtype() end)
+  if not ok then return "crun.Tensor (closed)" end
+  local s, n = t:size(), t:numel()
+  local footer = string.format("[crun.Tensor %s of size %s]", dtype, size_str(s))
+  if #s == 0 then
+    return tostring(t:item()) .. "\n[crun.Tensor " .. dtype .. " with no dimension]"
+  end
+  if n == 0 then return "[crun.Tensor " .. dtype .. " of size " .. size_str(s) .. " (empty)]" end
+  if n > MAX_PRINT then return "... (" .. n .. " elements not shown)\n" .. footer end
+  local flat = t:contiguous():view(n):totable()
+  local f = number_format(flat, t:dtype():find("int") ~= nil or dtype == "uint8")
+  local out = {}
+  if #s == 1 then
+    local rows = {}
+    for i, v in ipairs(flat) do rows[i] = {v} end
+    format_rows(rows, f, out)
+  elseif #s == 2 then
+    format_rows(t:totable(), f, out)
+  else
+    format_slices(t:totable(), 0, #s, {}, f, out)
+  end
+  out[#out + 1] = footer
+  return table.concat(out, "\n")
+end
+
+return T
