@@ -1,0 +1,167 @@
+-- crun.optim: SGD and Adam/AdamW follow torch.optim's update rules. Checked
+-- against a plain Lua transcription of torch's formulas and, when Debian's
+-- torch is installed, against torch.optim itself.
+local optim = require "crun.optim"
+local util = require "helpers.train_util"
+local T = util.T()
+
+local N, STEPS = 6, 7
+
+local function p0(i) return 0.5 - 0.17 * i end
+local function grad(i, k) return math.sin(1.3 * i + 0.7 * k) * (1 + 0.1 * k) end
+
+local CONFIGS = {
+  {kind = "SGD", lr = 0.1},
+  {kind = "SGD", lr = 0.05, momentum = 0.9},
+  {kind = "SGD", lr = 0.05, momentum = 0.9, dampening = 0.3, weight_decay = 0.01},
+  {kind = "SGD", lr = 0.05, momentum = 0.8, nesterov = true, weight_decay = 0.02},
+  {kind = "Adam", lr = 0.01},
+  {kind = "Adam", lr = 0.02, betas = {0.8, 0.99}, eps = 1e-6, weight_decay = 0.05},
+  {kind = "Adam", lr = 0.02, amsgrad = true},
+  {kind = "AdamW", lr = 0.01},
+  {kind = "AdamW", lr = 0.03, weight_decay = 0.1, amsgrad = true},
+}
+
+-- torch's update rules transcribed literally, element by element.
+local function reference(c)
+  local p, buf, m, v, vmax = {}, {}, {}, {}, {}
+  for i = 1, N do p[i], m[i], v[i], vmax[i] = p0(i), 0, 0, 0 end
+  local wd = c.weight_decay or (c.kind == "AdamW" and 0.01 or 0)
+  local b1, b2 = (c.betas or {0.9, 0.999})[1], (c.betas or {0.9, 0.999})[2]
+  for k = 1, STEPS do
+    for i = 1, N do
+      local g = grad(i, k)
+      if c.kind == "SGD" then
+        local d = g + wd * p[i]
+        if (c.momentum or 0) ~= 0 then
+          buf[i] = k == 1 and d or c.momentum * buf[i] + (1 - (c.dampening or 0)) * d
+          d = c.nesterov and d + c.momentum * buf[i] or buf[i]
+        end
+        p[i] = p[i] - c.lr * d
+      else
+        if c.kind == "AdamW" then p[i] = p[i] * (1 - c.lr * wd) else g = g + wd * p[i] end
+        m[i] = m[i] * b1 + (1 - b1) * g
+        v[i] = v[i] * b2 + (1 - b2) * g * g
+        local s = v[i]
+        if c.amsgrad then vmax[i] = math.max(vmax[i], v[i]); s = vmax[i] end
+        local denom = math.sqrt(s) / math.sqrt(1 - b2 ^ k) + (c.eps or 1e-8)
+        p[i] = p[i] - (c.lr / (1 - b1 ^ k)) * m[i] / denom
+      end
+    end
+  end
+  return p
+end
+
+-- Runs crun.optim for config c in dtype dt; returns the final parameters.
+local function run(c, dt)
+  local p, g = T.zeros({2, 3}, dt), T.zeros({2, 3}, dt)
+  local fp, fg = util.flat(p), util.flat(g)
+  for i = 1, N do fp[i] = p0(i) end
+  local o = optim[c.kind]({p}, {g}, c)
+  for k = 1, STEPS do
+    for i = 1, N do fg[i] = grad(i, k) end
+    o:step()
+  end
+  return util.list(p)
+end
+
+-- torch.optim's answers for every config, or nil without torch.
+local function torch_answers()
+  local lines = {}
+  for _, c in ipairs(CONFIGS) do
+    local args = {}
+    for k, v in pairs(c) do
+      if k ~= "kind" then
+        local val = type(v) == "table" and string.format("(%s, %s)", v[1], v[2]) or tostring(v)
+        if val == "true" then val = "True" end
+        args[#args + 1] = k .. "=" .. val
+      end
+    end
+    lines[#lines + 1] = string.format("run(torch.optim.%s, dict(%s))", c.kind, table.concat(args, ", "))
+  end
+  local py = string.format([[
+import sys, math
+try:
+    import torch
+except Exception:
+    print("SKIP"); sys.exit(0)
+def run(cls, kw):
+    p = torch.tensor([0.5 - 0.17 * i for i in range(1, %d)], dtype=torch.float64, requires_grad=True)
+    o = cls([p], **kw)
+    for k in range(1, %d):
+        p.grad = torch.tensor([math.sin(1.3 * i + 0.7 * k) * (1 + 0.1 * k) for i in range(1, %d)], dtype=torch.float64)
+        o.step()
+    print(" ".join(repr(float(x)) for x in p.detach()))
+%s
+]], N + 1, STEPS + 1, N + 1, table.concat(lines, "\n"))
+  local path = os.tmpname()
+  local f = io.open(path, "w"); f:write(py); f:close()
+  local h = io.popen("/usr/bin/python3 " .. path .. " 2>&1")
+  local out = h and h:read("a") or "SKIP"
+  if h then h:close() end
+  os.remove(path)
+  if out:match("^SKIP") or not out:match("^[-%d]") then return nil end
+  local res = {}
+  for line in out:gmatch("[^\n]+") do
+    local r = {}
+    for w in line:gmatch("%S+") do r[#r + 1] = tonumber(w) end
+    res[#res + 1] = r
+  end
+  return res
+end
+
+describe("optim update rules", function()
+  for ci, c in ipairs(CONFIGS) do
+    it(string.format("%s #%d matches torch's formulas in float64 and float32", c.kind, ci), function()
+      local ref = reference(c)
+      assert.is_true(util.max_rel_err(run(c, "float64"), ref) < 1e-12)
+      assert.is_true(util.max_rel_err(run(c, "float32"), ref) < 1e-5)
+    end)
+  end
+
+  it("matches torch.optim itself (when torch is installed)", function()
+    local ans = torch_answers()
+    if not ans then return end
+    assert.are.equal(#CONFIGS, #ans)
+    for ci, c in ipairs(CONFIGS) do
+      local e = util.max_rel_err(run(c, "float64"), ans[ci])
+      assert.is_true(e < 1e-12, string.format("%s #%d differs from torch by %g", c.kind, ci, e))
+    end
+  end)
+
+  it("takes a module and zero_grad clears its gradients", function()
+    local nn = require "crun.nn"
+    local m = nn.Linear(2, 2)
+    m.gradWeight:fill(1)
+    local o = optim.SGD(m, {lr = 0.5})
+    local before = util.list(m.weight)
+    o:step()
+    local after = util.list(m.weight)
+    for i = 1, 4 do assert.is_true(math.abs(before[i] - 0.5 - after[i]) < 1e-6) end
+    o:zero_grad()
+    for _, v in ipairs(util.list(m.gradWeight)) do assert.are.equal(0, v) end
+  end)
+
+  it("saves and restores its state", function()
+    local c = {kind = "Adam", lr = 0.01}
+    local p, g = T.zeros({3}, "float64"), T.ones({3}, "float64")
+    local o = optim.Adam({p}, {g}, c)
+    o:step(); o:step()
+    local sd = o:state_dict()
+    local p2 = p:clone()
+    local o2 = optim.Adam({p2}, {g}, c)
+    o2:load_state_dict(sd)
+    o:step(); o2:step()
+    assert.are.same(util.list(p), util.list(p2))
+    assert.are.equal(3, o2.state[1].step)
+  end)
+
+  it("rejects bad arguments", function()
+    local p, g = T.zeros({3}), T.zeros({3})
+    assert.has_error(function() optim.SGD({p}, {g}, {}) end)
+    assert.has_error(function() optim.SGD({p}, {g}, {lr = -1}) end)
+    assert.has_error(function() optim.SGD({p}, {g}, {lr = 0.1, nesterov = true}) end)
+    assert.has_error(function() optim.SGD({p}, {T.zeros({4})}, {lr = 0.1}) end)
+    assert.has_error(function() optim.Adam({p}, {g, g}) end)
+  end)
+end)
