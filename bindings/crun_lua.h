@@ -39,6 +39,11 @@ crun_tensor_t *crun_l_check_tensor(lua_State *L, int idx);
  * (crun_tensor_retain), so the caller still owns and releases its own. */
 void crun_l_push_tensor(lua_State *L, crun_tensor_t *t);
 
+/* Returns the store of the crun.Store userdata at idx (bindings/store.c);
+ * raises a bad-argument error for other values and ECLOSED for a closed one.
+ * The pointer stays valid while the userdata lives (retain it to keep it). */
+crun_store_t *crun_l_check_store(lua_State *L, int idx);
+
 /* The areas; each adds its entries to the table at the top of the stack. */
 void crun_l_open_core(lua_State *L);
 void crun_l_open_store(lua_State *L);

@@ -1,0 +1,95 @@
+--- crun.store: key-value stores with torch.distributed's Store semantics.
+--
+--   local s = crun.store.tcp{host="127.0.0.1", port=29500, is_master=true, timeout=30}
+--   s:set("k", "v"); s:get("k"); s:add("n", 1); s:wait{"k"}
+--
+-- Kinds: tcp (client of a server; is_master starts one in this process),
+-- file (processes of one host share a file), hash (in-process) and prefix
+-- (wraps another store). Every method of crun.Store is in bindings/store.c;
+-- errors start with the status name ("ETIMEDOUT: ...").
+local core = require "crun.core"
+
+local M = {}
+
+--- Opens a TCP store: {host=, port=, is_master=, world_size=, timeout=, connect_timeout=}.
+-- port=0 with is_master=true picks a free port (see s:port()).
+function M.tcp(opts)
+  if type(opts) ~= "table" then
+    error("bad argument #1 to 'tcp' (table expected, got " .. type(opts) .. ")", 2)
+  end
+  return core.store_tcp(opts)
+end
+
+--- Opens (creating if needed) the file store at path.
+function M.file(path)
+  if type(path) ~= "string" then
+    error("bad argument #1 to 'file' (string expected, got " .. type(path) .. ")", 2)
+  end
+  return core.store_file(path)
+end
+
+--- Creates an in-process store.
+function M.hash()
+  return core.store_hash()
+end
+
+--- Wraps store so that every key becomes "<prefix>/<key>".
+function M.prefix(prefix, store)
+  return core.store_prefix(prefix, store)
+end
+
+--- Starts a standalone TCP store server (host defaults to 0.0.0.0, port 0
+-- picks a free one); returns an object with :port() and :stop().
+function M.server(opts)
+  opts = opts or {}
+  return core.store_server(opts.host, opts.port or 0)
+end
+
+--- Builds a TCP store from the torchrun variables MASTER_ADDR / MASTER_PORT.
+-- Under crun-lua (CRUN_LAUNCHER=1) the launcher hosts the server and every
+-- rank is a client; otherwise rank 0 (RANK, default 0) hosts it, as torch's
+-- env:// does. opts may override host, port, is_master, timeout, world_size.
+function M.from_env(opts)
+  opts = opts or {}
+  local port = opts.port or tonumber(os.getenv("MASTER_PORT") or "")
+  if not port then
+    error("EINVAL: crun.store.from_env: MASTER_PORT is not set (run under crun-lua, or export MASTER_ADDR and MASTER_PORT)", 2)
+  end
+  local rank = tonumber(os.getenv("RANK") or "0") or 0
+  local is_master = opts.is_master
+  if is_master == nil then
+    is_master = os.getenv("CRUN_LAUNCHER") == nil and rank == 0
+  end
+  return core.store_tcp{
+    host = opts.host or os.getenv("MASTER_ADDR") or "127.0.0.1",
+    port = port,
+    is_master = is_master,
+    world_size = opts.world_size,
+    timeout = opts.timeout or tonumber(os.getenv("CRUN_STORE_TIMEOUT") or ""),
+    connect_timeout = opts.connect_timeout,
+  }
+end
+
+--- Blocks until world_size ranks called barrier(store, name, ...) with the
+-- same name, or raises "ETIMEDOUT: ..." after timeout seconds (default: the
+-- store's). Reusable: the k-th use of a name waits for the k-th generation.
+function M.barrier(store, name, world_size, rank, timeout)
+  assert(type(name) == "string", "bad argument #2 to 'barrier' (string expected)")
+  assert(math.type(world_size) == "integer" and world_size > 0,
+         "bad argument #3 to 'barrier' (positive integer expected)")
+  local key = "barrier/" .. name
+  local n = store:add(key .. "/count", 1)
+  local gen = (n - 1) // world_size
+  local done = key .. "/done/" .. gen
+  if n % world_size == 0 then store:set(done, "1") end
+  local ok, err = pcall(store.wait, store, {done}, timeout)
+  if not ok then
+    if not tostring(err):match("^ETIMEDOUT") then error(err, 2) end
+    local seen = tonumber(store:check{key .. "/count"} and store:get(key .. "/count")) or 0
+    error(string.format("ETIMEDOUT: barrier '%s' on rank %s: %d of %d ranks arrived within %.3g s",
+                        name, tostring(rank), seen - gen * world_size, world_size,
+                        timeout or store:timeout()), 2)
+  end
+end
+
+return M
