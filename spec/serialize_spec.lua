@@ -1,0 +1,110 @@
+-- crun.serialize: save/load round trips of plain values with tensors, atomic
+-- writes, and clear errors for truncated or foreign files.
+local serialize = require "crun.serialize"
+local util = require "helpers.train_util"
+local T = util.T()
+
+describe("crun.save / crun.load", function()
+  local dir
+  setup(function() dir = util.tmpdir() end)
+  teardown(function() os.execute("rm -rf " .. dir) end)
+
+  it("round-trips nested tables of every plain type and tensors of every dtype", function()
+    local v = {
+      n = 42, f = 2.5, neg = -7, big = math.maxinteger, s = "bytes\0and\255", yes = true, no = false,
+      list = {1, 2, {3, {4}}}, [7] = "seven", [2.5] = "float key", [true] = "bool key",
+      tensors = {},
+    }
+    for _, dt in ipairs{"float32", "float64", "int32", "int64", "uint8", "float16", "bfloat16"} do
+      v.tensors[dt] = T.arange(12, dt):view(3, 4)
+    end
+    v.tensors.empty = T.zeros({0, 5})
+    v.tensors.view = T.arange(20, "float64"):view(4, 5):narrow(2, 2, 3) -- not contiguous
+    local path = dir .. "/a.crun"
+    serialize.save(path, v)
+    local w = serialize.load(path)
+    for _, k in ipairs{"n", "f", "neg", "big", "s", "yes", "no"} do assert.are.equal(v[k], w[k]) end
+    assert.are.equal("integer", math.type(w.n))
+    assert.are.equal("float", math.type(w.f))
+    assert.are.same(v.list, w.list)
+    assert.are.equal("seven", w[7]); assert.are.equal("float key", w[2.5]); assert.are.equal("bool key", w[true])
+    for k, t in pairs(v.tensors) do
+      local u = w.tensors[k]
+      assert.are.equal(t:dtype(), u:dtype())
+      assert.are.same(t:size(), u:size())
+      assert.is_true(t:equal(u), k)
+    end
+  end)
+
+  it("writes the same bytes for the same value (sorted keys)", function()
+    local a = serialize.dumps({b = 1, a = 2, c = {z = 1, y = 2}})
+    local b = serialize.dumps({c = {y = 2, z = 1}, a = 2, b = 1})
+    assert.are.equal(a, b)
+  end)
+
+  it("replaces the file atomically and leaves no temporary behind", function()
+    local path = dir .. "/b.crun"
+    serialize.save(path, {epoch = 1})
+    serialize.save(path, {epoch = 2})
+    assert.are.equal(2, serialize.load(path).epoch)
+    local p = io.popen("ls -a " .. dir)
+    local names = p:read("a"); p:close()
+    assert.is_nil(names:match("%.tmp%."))
+  end)
+
+  it("keeps the old file when a save fails half-way", function()
+    local path = dir .. "/c.crun"
+    serialize.save(path, {ok = true})
+    assert.has_error(function() serialize.save(path, {ok = false, bad = print}) end,
+      "crun.save: cannot save a function at value.bad")
+    assert.is_true(serialize.load(path).ok)
+    assert.has_error(function() serialize.save(dir .. "/no/such/dir/x", 1) end)
+  end)
+
+  it("refuses truncated, corrupt and foreign files with EPROTO", function()
+    local path = dir .. "/d.crun"
+    serialize.save(path, {w = T.ones({10, 10})})
+    local f = io.open(path, "rb"); local bytes = f:read("a"); f:close()
+    for _, cut in ipairs{#bytes - 1, #bytes // 2, 9, 3} do
+      local ok, err = pcall(serialize.loads, bytes:sub(1, cut), "cut")
+      assert.is_false(ok)
+      assert.is_truthy(err:match("^EPROTO: crun.load: cut is"), err)
+    end
+    local bad = bytes:sub(1, 8) .. "Z" .. bytes:sub(10)
+    local ok, err = pcall(serialize.loads, bad, "bad")
+    assert.is_false(ok)
+    assert.is_truthy(err:match("^EPROTO"))
+    ok, err = pcall(serialize.load, dir .. "/missing.crun")
+    assert.is_false(ok)
+    assert.is_truthy(err:match("ENOTFOUND"))
+    assert.is_false(serialize.exists(dir .. "/missing.crun"))
+    assert.is_true(serialize.exists(path))
+  end)
+
+  it("rejects cycles and unsupported values with the path of the value", function()
+    local t = {a = {}}
+    t.a.back = t
+    assert.has_error(function() serialize.dumps(t) end, "crun.save: cycle in the value at value.a.back")
+    assert.has_error(function() serialize.dumps({co = coroutine.create(print)}) end,
+      "crun.save: cannot save a thread at value.co")
+  end)
+
+  it("round-trips a model and optimizer checkpoint", function()
+    local nn, optim = require "crun.nn", require "crun.optim"
+    local m = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+    local o = optim.Adam(m, {lr = 0.1})
+    m.modules[1].gradWeight:fill(0.5)
+    o:step()
+    local path = dir .. "/ckpt.crun"
+    serialize.save(path, {model = m:state_dict(), optim = o:state_dict(), epoch = 3})
+    local m2 = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+    local o2 = optim.Adam(m2, {lr = 0.1})
+    local ck = serialize.load(path)
+    m2:load_state_dict(ck.model)
+    o2:load_state_dict(ck.optim)
+    local p1, p2 = m:parameters(), m2:parameters()
+    for i = 1, #p1 do assert.is_true(p1[i]:equal(p2[i])) end
+    assert.are.equal(1, o2.state[1].step)
+    assert.are.equal(3, ck.epoch)
+  end)
+end)
