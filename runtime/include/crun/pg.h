@@ -1,11 +1,167 @@
-/* crun/pg.h — process groups, backends, collectives and Work handles.
- * Include <crun.h>. (Filled in by the collectives work.) */
+/* crun/pg.h — process groups, collectives and Work handles. Include <crun.h>.
+ *
+ * A process group (crun_pg_t) is a set of `size` ranks that rendezvous through
+ * a store and then talk over a backend ("cpu": a full mesh of TCP connections,
+ * with a shared-memory engine taking over what it supports). Every collective
+ * works on plain host buffers of `count` elements of one dtype, so C programs
+ * can use the runtime the way they would use Gloo.
+ *
+ * Blocking and async: every collective takes `crun_work_t **work`. NULL means
+ * blocking: the call returns when this rank's part is done (running inline on
+ * the calling thread when nothing is queued on the group). Non-NULL means
+ * async: the call returns at once with a Work handle in *work; the buffers must
+ * stay valid until crun_work_wait() returns; errors surface there. Work on one
+ * group runs in issue order, on the group's progress thread.
+ *
+ * Failure: a collective that fails (mismatch between ranks, timeout, a peer that
+ * died) fails on every rank that takes part, with a text naming the ranks and
+ * calls; the group is then broken and further calls fail with CRUN_ESTATE.
+ * Collectives must be called in the same order on every rank of the group. */
 #ifndef CRUN_PG_H
 #define CRUN_PG_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "store.h"
+#include "tensor.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+#define CRUN_PG_DEFAULT_TIMEOUT 300.0
+#define CRUN_ANY_SOURCE (-1)
+
+typedef struct crun_pg crun_pg_t;
+typedef struct crun_work crun_work_t;
+
+typedef struct {
+  crun_store_t *store;  /* rendezvous store; the group retains it */
+  int rank;             /* 0 <= rank < world_size */
+  int world_size;       /* >= 1 */
+  double timeout;       /* default deadline of every collective, s; <=0: 300 */
+  const char *backend;  /* "cpu" (NULL or "auto" mean "cpu") */
+  const char *name;     /* prefixes the group's store keys; NULL: "pg" */
+} crun_pg_opts_t;
+
+/* Per-call options; pass NULL for the defaults. */
+typedef struct {
+  double timeout;       /* deadline of this call in s; <=0: the group's */
+  int tag;              /* send/recv only: matched between the two sides */
+} crun_coll_opts_t;
+
+/* Creates the group: every rank publishes its address in the store and the
+ * full mesh is connected. Blocks until all `world_size` ranks joined or the
+ * timeout passed (CRUN_ETIMEDOUT naming the missing ranks). */
+int crun_pg_new(const crun_pg_opts_t *opts, crun_pg_t **out);
+
+/* Creates a sub-group of `parent` holding the parent ranks ranks[0..n-1] (in
+ * that order: ranks[i] becomes group rank i). Every rank of the parent must
+ * call it, in the same order; non-members get *out = NULL and return 0.
+ * Blocks like crun_pg_new. timeout <= 0 inherits the parent's. */
+int crun_pg_new_group(crun_pg_t *parent, const int *ranks, int n, double timeout,
+                      crun_pg_t **out);
+
+/* Takes / drops a reference. The last release waits for queued work (failing
+ * what cannot run), closes the connections and frees the group. */
+void crun_pg_retain(crun_pg_t *pg);
+void crun_pg_release(crun_pg_t *pg);
+
+/* Returns this rank in the group / the number of ranks. */
+int crun_pg_rank(const crun_pg_t *pg);
+int crun_pg_size(const crun_pg_t *pg);
+
+/* Returns the rank in the root group (the one made by crun_pg_new) of group
+ * rank r; -1 when r is out of range. */
+int crun_pg_global_rank(const crun_pg_t *pg, int r);
+
+/* Returns the backend name ("cpu"). */
+const char *crun_pg_backend(const crun_pg_t *pg);
+
+/* Sets / gets the default per-collective deadline (seconds). */
+void crun_pg_set_timeout(crun_pg_t *pg, double seconds);
+double crun_pg_get_timeout(const crun_pg_t *pg);
+
+/* Returns the sequence number the next collective will get (1 for the first). */
+uint64_t crun_pg_next_seq(const crun_pg_t *pg);
+
+/* ---------------------------------------------------------------- p2p */
+
+/* Sends count elements to group rank dst; completes when the bytes are handed
+ * to the transport (the receiver may not have them yet). */
+int crun_pg_send(crun_pg_t *pg, const void *buf, size_t count, crun_dtype_t dt, int dst,
+                 const crun_coll_opts_t *opts, crun_work_t **work);
+
+/* Receives count elements from group rank src (CRUN_ANY_SOURCE: from whoever
+ * sends first) with a matching tag; stores the sender in *src_out (may be NULL;
+ * for async use crun_work_source). The sender's count and dtype must match. */
+int crun_pg_recv(crun_pg_t *pg, void *buf, size_t count, crun_dtype_t dt, int src,
+                 const crun_coll_opts_t *opts, int *src_out, crun_work_t **work);
+
+/* ---------------------------------------------------------------- collectives
+ * `ins` / `outs` are arrays of `size` pointers, one block of `count` elements
+ * per rank (entry i belongs to group rank i). */
+
+/* Copies root's buf into buf on every rank. */
+int crun_pg_broadcast(crun_pg_t *pg, void *buf, size_t count, crun_dtype_t dt, int root,
+                      const crun_coll_opts_t *opts, crun_work_t **work);
+
+/* Reduces buf element-wise over all ranks, in place; every rank gets the result. */
+int crun_pg_all_reduce(crun_pg_t *pg, void *buf, size_t count, crun_dtype_t dt,
+                       crun_reduce_op_t op, const crun_coll_opts_t *opts, crun_work_t **work);
+
+/* Reduces buf over all ranks into root's buf (in place); other ranks' buf is
+ * left unchanged. */
+int crun_pg_reduce(crun_pg_t *pg, void *buf, size_t count, crun_dtype_t dt,
+                   crun_reduce_op_t op, int root, const crun_coll_opts_t *opts,
+                   crun_work_t **work);
+
+/* Every rank's `in` lands in outs[rank] on every rank. in == outs[rank] is allowed. */
+int crun_pg_all_gather(crun_pg_t *pg, void *const *outs, const void *in, size_t count,
+                       crun_dtype_t dt, const crun_coll_opts_t *opts, crun_work_t **work);
+
+/* Every rank's `in` lands in outs[rank] on root; outs is ignored elsewhere. */
+int crun_pg_gather(crun_pg_t *pg, const void *in, void *const *outs, size_t count,
+                   crun_dtype_t dt, int root, const crun_coll_opts_t *opts, crun_work_t **work);
+
+/* Root's ins[r] lands in out on rank r; ins is ignored elsewhere. */
+int crun_pg_scatter(crun_pg_t *pg, void *out, const void *const *ins, size_t count,
+                    crun_dtype_t dt, int root, const crun_coll_opts_t *opts, crun_work_t **work);
+
+/* out on rank r = reduction over all ranks of their ins[r]. out may not alias ins. */
+int crun_pg_reduce_scatter(crun_pg_t *pg, void *out, const void *const *ins, size_t count,
+                           crun_dtype_t dt, crun_reduce_op_t op, const crun_coll_opts_t *opts,
+                           crun_work_t **work);
+
+/* ins[j] (in_counts[j] elements) on rank r lands in outs[r] on rank j, which
+ * must expect out_counts[r] == in_counts[j] elements. ins and outs may not alias. */
+int crun_pg_all_to_all(crun_pg_t *pg, void *const *outs, const size_t *out_counts,
+                       const void *const *ins, const size_t *in_counts, crun_dtype_t dt,
+                       const crun_coll_opts_t *opts, crun_work_t **work);
+
+/* Returns when every rank of the group entered the barrier. */
+int crun_pg_barrier(crun_pg_t *pg, const crun_coll_opts_t *opts, crun_work_t **work);
+
+/* ---------------------------------------------------------------- Work */
+
+/* Blocks until the work finished or `timeout` seconds passed (<= 0: until it
+ * finished; the operation's own deadline bounds that). Returns the operation's
+ * status (its error text in crun_last_error()), or CRUN_ETIMEDOUT when the
+ * wait itself timed out (the work keeps running). */
+int crun_work_wait(crun_work_t *w, double timeout);
+
+/* Returns non-zero when the work finished (successfully or not). Never blocks. */
+int crun_work_is_completed(crun_work_t *w);
+
+/* Returns the sender's rank of a finished recv; -1 otherwise. */
+int crun_work_source(crun_work_t *w);
+
+/* Returns a short description ("all_reduce #3"). */
+const char *crun_work_describe(crun_work_t *w);
+
+/* Drops the handle; an unfinished work still runs to completion. */
+void crun_work_release(crun_work_t *w);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,73 @@
+/* algo.h — collective algorithms over point-to-point steps, one per file.
+ *
+ * An algorithm sees the group as a crun__link_t: its rank and size, a step
+ * function (send to one peer while receiving from another, optionally reducing
+ * what arrives) and a scratch allocator. It never touches sockets, so any
+ * transport that provides `xfer` runs every algorithm. */
+#ifndef CRUN_ALGO_H
+#define CRUN_ALGO_H
+
+#include "pg/pg_internal.h"
+
+/* One step: send sbytes to `to` and/or receive rbytes from `from` (-1: none).
+ * With red_dst set, received elements are reduced (c->op) into red_dst as
+ * they arrive, rbuf being scratch of rbytes. */
+typedef struct {
+  int to;
+  const void *sbuf;
+  size_t sbytes;
+  int from;
+  void *rbuf;
+  size_t rbytes;
+  void *red_dst;
+} crun__xfer_t;
+
+typedef struct crun__link {
+  int rank, size;
+  void *impl;
+  int (*xfer)(void *impl, crun__coll_t *c, const crun__xfer_t *x);
+  /* Returns a buffer of at least n bytes valid until the next call (cached). */
+  void *(*scratch)(void *impl, size_t n);
+} crun__link_t;
+
+typedef int (*crun__algo_fn)(crun__link_t *l, crun__coll_t *c);
+
+typedef struct {
+  const char *name;   /* selectable with CRUN_ALGO=<name> */
+  int kind;           /* CRUN__COLL_* */
+  crun__algo_fn run;
+} crun__algo_t;
+
+/* Picks the algorithm for c on a group of `size` ranks: CRUN_ALGO when it
+ * names one for c's kind, else by message size and world size. */
+const crun__algo_t *crun__algo_pick(const crun__coll_t *c, int size);
+
+/* Helpers shared by the algorithms. */
+static inline size_t crun__esize(const crun__coll_t *c) { return crun_dtype_size(c->dt); }
+
+/* Element range [*off, *off + *n) of block b when count is split in `parts`. */
+static inline void crun__block(size_t count, int parts, int b, size_t *off, size_t *n) {
+  size_t q = count / (size_t)parts, r = count % (size_t)parts, ub = (size_t)b;
+  *off = ub * q + (ub < r ? ub : r);
+  *n = q + (ub < r ? 1 : 0);
+}
+
+/* Sends / receives / both in one step. */
+int crun__send(crun__link_t *l, crun__coll_t *c, int to, const void *buf, size_t bytes);
+int crun__recv(crun__link_t *l, crun__coll_t *c, int from, void *buf, size_t bytes);
+int crun__sendrecv(crun__link_t *l, crun__coll_t *c, int to, const void *sbuf, size_t sbytes,
+                   int from, void *rbuf, size_t rbytes);
+
+/* Divides the result by the group size when c->op is AVG. */
+int crun__finish_avg(crun__link_t *l, crun__coll_t *c, void *buf, size_t count);
+
+#define CRUN_ALGO_LIST(X)                                                   \
+  X(allreduce_ring) X(allreduce_rd) X(bcast_binomial) X(bcast_chain)        \
+  X(reduce_binomial) X(allgather_ring) X(gather_linear) X(scatter_linear)   \
+  X(reduce_scatter_ring) X(alltoall_pairwise) X(barrier_dissemination)
+
+#define CRUN_X_ALGO_DECL(name) extern const crun__algo_t crun__algo_##name;
+CRUN_ALGO_LIST(CRUN_X_ALGO_DECL)
+#undef CRUN_X_ALGO_DECL
+
+#endif

@@ -1,0 +1,71 @@
+/* common.c — the step helpers every algorithm uses and the algorithm choice
+ * (CRUN_ALGO override, else by message size and world size). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "algo/algo.h"
+
+int crun__send(crun__link_t *l, crun__coll_t *c, int to, const void *buf, size_t bytes) {
+  crun__xfer_t x = {.to = to, .sbuf = buf, .sbytes = bytes, .from = -1};
+  return l->xfer(l->impl, c, &x);
+}
+
+int crun__recv(crun__link_t *l, crun__coll_t *c, int from, void *buf, size_t bytes) {
+  crun__xfer_t x = {.to = -1, .from = from, .rbuf = buf, .rbytes = bytes};
+  return l->xfer(l->impl, c, &x);
+}
+
+int crun__sendrecv(crun__link_t *l, crun__coll_t *c, int to, const void *sbuf, size_t sbytes,
+                   int from, void *rbuf, size_t rbytes) {
+  crun__xfer_t x = {.to = to, .sbuf = sbuf, .sbytes = sbytes, .from = from, .rbuf = rbuf,
+                    .rbytes = rbytes};
+  return l->xfer(l->impl, c, &x);
+}
+
+int crun__finish_avg(crun__link_t *l, crun__coll_t *c, void *buf, size_t count) {
+  if (c->op != CRUN_OP_AVG || count == 0) return 0;
+  return crun_scale_div(c->dt, buf, count, (double)l->size);
+}
+
+static const crun__algo_t *const all_algos[] = {
+#define CRUN_X_ALGO_REF(name) &crun__algo_##name,
+    CRUN_ALGO_LIST(CRUN_X_ALGO_REF)
+#undef CRUN_X_ALGO_REF
+};
+
+/* Returns the algorithm for `kind` named in the comma list CRUN_ALGO, or NULL. */
+static const crun__algo_t *env_pick(int kind) {
+  const char *env = getenv("CRUN_ALGO");
+  if (!env || !*env) return NULL;
+  for (size_t i = 0; i < sizeof all_algos / sizeof all_algos[0]; i++) {
+    const crun__algo_t *a = all_algos[i];
+    if (a->kind != kind) continue;
+    size_t n = strlen(a->name);
+    for (const char *p = env; (p = strstr(p, a->name)) != NULL; p += n) {
+      int start = p == env || p[-1] == ',' || p[-1] == '_';
+      int end = p[n] == 0 || p[n] == ',';
+      if (start && end) return a;
+    }
+  }
+  return NULL;
+}
+
+const crun__algo_t *crun__algo_pick(const crun__coll_t *c, int size) {
+  const crun__algo_t *a = env_pick(c->kind);
+  if (a) return a;
+  size_t bytes = c->count * crun_dtype_size(c->dt);
+  switch (c->kind) {
+  case CRUN__COLL_ALL_REDUCE:
+    return bytes < (256u << 10) || size < 2 ? &crun__algo_allreduce_rd : &crun__algo_allreduce_ring;
+  case CRUN__COLL_BROADCAST:
+    return bytes < (1u << 20) || size <= 2 ? &crun__algo_bcast_binomial : &crun__algo_bcast_chain;
+  case CRUN__COLL_REDUCE: return &crun__algo_reduce_binomial;
+  case CRUN__COLL_ALL_GATHER: return &crun__algo_allgather_ring;
+  case CRUN__COLL_GATHER: return &crun__algo_gather_linear;
+  case CRUN__COLL_SCATTER: return &crun__algo_scatter_linear;
+  case CRUN__COLL_REDUCE_SCATTER: return &crun__algo_reduce_scatter_ring;
+  case CRUN__COLL_ALL_TO_ALL: return &crun__algo_alltoall_pairwise;
+  case CRUN__COLL_BARRIER: return &crun__algo_barrier_dissemination;
+  }
+  return NULL;
+}

@@ -1,0 +1,28 @@
+/* backend.c — the backend registry and vtable slot lookup. */
+#include <string.h>
+
+#include "backend/backend.h"
+
+crun_backend_fn crun__backend_slot(const crun_backend_vtable_t *vt, int kind) {
+  switch (kind) {
+  case CRUN__COLL_SEND: return vt->send;
+  case CRUN__COLL_RECV: return vt->recv;
+  case CRUN__COLL_BROADCAST: return vt->broadcast;
+  case CRUN__COLL_ALL_REDUCE: return vt->all_reduce;
+  case CRUN__COLL_REDUCE: return vt->reduce;
+  case CRUN__COLL_ALL_GATHER: return vt->all_gather;
+  case CRUN__COLL_GATHER: return vt->gather;
+  case CRUN__COLL_SCATTER: return vt->scatter;
+  case CRUN__COLL_REDUCE_SCATTER: return vt->reduce_scatter;
+  case CRUN__COLL_ALL_TO_ALL: return vt->all_to_all;
+  case CRUN__COLL_BARRIER: return vt->barrier;
+  }
+  return NULL;
+}
+
+const crun_backend_vtable_t *crun__backend_find(const char *name) {
+  if (!name || !*name || !strcmp(name, "auto") || !strcmp(name, "cpu") || !strcmp(name, "gloo") ||
+      !strcmp(name, "tcp"))
+    return &crun__backend_cpu;
+  return NULL;
+}

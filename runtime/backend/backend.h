@@ -1,0 +1,50 @@
+/* backend.h — the one fixed vtable every backend fills (cpu, later mpi and
+ * nccl), and the engine hook through which a collective engine (the same-host
+ * shared-memory one) takes over collectives of a cpu group.
+ *
+ * A slot left NULL means "not supported": the group fails the call with
+ * CRUN_ENOTSUP naming the backend and the collective. Every collective slot
+ * gets the descriptor with its deadline set and must return by it. */
+#ifndef CRUN_BACKEND_H
+#define CRUN_BACKEND_H
+
+#include "pg/pg_internal.h"
+
+typedef int (*crun_backend_fn)(void *state, crun__coll_t *c);
+
+typedef struct crun_backend_vtable {
+  const char *name;
+  /* Connects the group (blocks, collective over its ranks). */
+  int (*create)(crun_pg_t *pg, void **state);
+  /* Tells the peers the group failed (best effort, never blocks) and closes. */
+  void (*abort)(void *state, int status, const char *text);
+  void (*destroy)(void *state);
+  crun_backend_fn send, recv, broadcast, all_reduce, reduce, all_gather, gather,
+      scatter, reduce_scatter, all_to_all, barrier;
+} crun_backend_vtable_t;
+
+/* Returns the slot of `kind` (NULL when unsupported). */
+crun_backend_fn crun__backend_slot(const crun_backend_vtable_t *vt, int kind);
+
+/* Returns the backend named `name` ("cpu"; NULL/"auto" give cpu), or NULL. */
+const crun_backend_vtable_t *crun__backend_find(const char *name);
+
+extern const crun_backend_vtable_t crun__backend_cpu;
+
+/* A collective engine attached to a cpu group: when supports(c) is non-zero,
+ * run(c) does the whole collective instead of the TCP algorithms. */
+typedef struct crun__engine {
+  const char *name;
+  void *state;
+  int (*supports)(void *state, const crun__coll_t *c);
+  int (*run)(void *state, crun__coll_t *c);
+  void (*destroy)(void *state);
+} crun__engine_t;
+
+/* Optional hook, defined by the shm engine when it is linked in: called by the
+ * cpu backend once the TCP mesh is up (so it may use collectives over `pg`'s
+ * store); returns 0 with *out filled to attach, CRUN_ENOTSUP to decline. It
+ * must return the same decision on every rank (decide collectively). */
+int crun__shm_engine_open(crun_pg_t *pg, crun__engine_t *out) __attribute__((weak));
+
+#endif

@@ -1,0 +1,220 @@
+/* coll.c — the public collective entry points: validate the arguments on
+ * this rank (a clear EINVAL naming the call and rank), describe the operation
+ * and hand it to the group's queue. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "pg/pg_internal.h"
+
+/* Allocates a work for kind on pg with the per-call options applied. */
+static crun_work_t *work_new(crun_pg_t *pg, int kind, crun_dtype_t dt, size_t count,
+                             const crun_coll_opts_t *o) {
+  crun_work_t *w = calloc(1, sizeof *w);
+  if (!w) return NULL;
+  atomic_init(&w->refs, 1);
+  crun_pg_retain(pg);
+  w->pg = pg;
+  w->c.kind = kind;
+  w->c.dt = dt;
+  w->c.count = count;
+  w->c.tag = o ? o->tag : 0;
+  w->c.timeout = o && o->timeout > 0 ? o->timeout : pg->timeout;
+  w->c.src_out = -1;
+  return w;
+}
+
+/* Checks what every call shares: group, dtype and (when used) op. */
+static int check_common(const crun_pg_t *pg, int kind, crun_dtype_t dt, int has_op, crun_reduce_op_t op) {
+  const char *name = crun__coll_name(kind);
+  if (!pg) return crun_error(CRUN_EINVAL, "%s: the process group is NULL", name);
+  if ((int)dt < 0 || dt >= CRUN_DTYPE_COUNT) return crun_error(CRUN_EINVAL, "%s on rank %d: bad dtype %d", name, pg->rank, (int)dt);
+  if (!has_op) return 0;
+  if ((int)op < 0 || op >= CRUN_OP_COUNT) return crun_error(CRUN_EINVAL, "%s on rank %d: bad reduce op %d", name, pg->rank, (int)op);
+  if (crun_reduce_op_check(dt, op) < 0)
+    return crun_error(CRUN_EINVAL, "%s on rank %d: %s", name, pg->rank, crun_last_error() + strlen("EINVAL: "));
+  return 0;
+}
+
+static int check_rank(const crun_pg_t *pg, int kind, const char *what, int r) {
+  if (r >= 0 && r < pg->size) return 0;
+  return crun_error(CRUN_EINVAL, "%s on rank %d: %s %d is out of range for a group of %d ranks",
+                    crun__coll_name(kind), pg->rank, what, r, pg->size);
+}
+
+static int check_buf(const crun_pg_t *pg, int kind, const void *p, size_t count, const char *what) {
+  if (p || count == 0) return 0;
+  return crun_error(CRUN_EINVAL, "%s on rank %d: %s is NULL", crun__coll_name(kind), pg->rank, what);
+}
+
+/* Copies an array of `size` buffer pointers, checking each one. */
+static int copy_ptrs(crun_pg_t *pg, int kind, const void *const *src, size_t count, const char *what, void ***dst) {
+  if (!src) return crun_error(CRUN_EINVAL, "%s on rank %d: the %s list is NULL", crun__coll_name(kind), pg->rank, what);
+  *dst = malloc(sizeof(void *) * (size_t)pg->size);
+  if (!*dst) return crun_error(CRUN_ENOMEM, "%s list", what);
+  for (int i = 0; i < pg->size; i++) {
+    CRUN_CHECK(check_buf(pg, kind, src[i], count, what));
+    (*dst)[i] = (void *)src[i];
+  }
+  return 0;
+}
+
+/* Submits w; blocking calls release it here. */
+static int submit(crun_pg_t *pg, crun_work_t *w, crun_work_t **work, int *src_out) {
+  int rc = crun__pg_submit(pg, w, work);
+  if (work && rc == 0) return 0;
+  if (src_out) *src_out = rc == 0 ? w->c.src_out : -1;
+  crun_work_release(w);
+  return rc;
+}
+
+#define NEW_WORK(w, kind, dt, count)                                   \
+  crun_work_t *w = work_new(pg, kind, dt, count, opts);                \
+  if (!w) return crun_error(CRUN_ENOMEM, "%s", crun__coll_name(kind))
+
+#define FAIL_WORK(w, call)                                             \
+  do {                                                                 \
+    int crun__r = (call);                                              \
+    if (crun__r < 0) { crun_work_release(w); return crun__r; }         \
+  } while (0)
+
+int crun_pg_send(crun_pg_t *pg, const void *buf, size_t count, crun_dtype_t dt, int dst,
+                 const crun_coll_opts_t *opts, crun_work_t **work) {
+  CRUN_CHECK(check_common(pg, CRUN__COLL_SEND, dt, 0, 0));
+  CRUN_CHECK(check_rank(pg, CRUN__COLL_SEND, "destination rank", dst));
+  if (dst == pg->rank) return crun_error(CRUN_EINVAL, "send on rank %d: cannot send to itself", pg->rank);
+  CRUN_CHECK(check_buf(pg, CRUN__COLL_SEND, buf, count, "buffer"));
+  NEW_WORK(w, CRUN__COLL_SEND, dt, count);
+  w->c.buf = (void *)buf;
+  w->c.root = dst;
+  return submit(pg, w, work, NULL);
+}
+
+int crun_pg_recv(crun_pg_t *pg, void *buf, size_t count, crun_dtype_t dt, int src,
+                 const crun_coll_opts_t *opts, int *src_out, crun_work_t **work) {
+  CRUN_CHECK(check_common(pg, CRUN__COLL_RECV, dt, 0, 0));
+  if (src != CRUN_ANY_SOURCE) CRUN_CHECK(check_rank(pg, CRUN__COLL_RECV, "source rank", src));
+  if (src == pg->rank) return crun_error(CRUN_EINVAL, "recv on rank %d: cannot receive from itself", pg->rank);
+  if (src == CRUN_ANY_SOURCE && pg->size < 2)
+    return crun_error(CRUN_EINVAL, "recv on rank %d: no other rank to receive from", pg->rank);
+  CRUN_CHECK(check_buf(pg, CRUN__COLL_RECV, buf, count, "buffer"));
+  NEW_WORK(w, CRUN__COLL_RECV, dt, count);
+  w->c.buf = buf;
+  w->c.root = src;
+  return submit(pg, w, work, src_out);
+}
+
+int crun_pg_broadcast(crun_pg_t *pg, void *buf, size_t count, crun_dtype_t dt, int root,
+                      const crun_coll_opts_t *opts, crun_work_t **work) {
+  CRUN_CHECK(check_common(pg, CRUN__COLL_BROADCAST, dt, 0, 0));
+  CRUN_CHECK(check_rank(pg, CRUN__COLL_BROADCAST, "root", root));
+  CRUN_CHECK(check_buf(pg, CRUN__COLL_BROADCAST, buf, count, "buffer"));
+  NEW_WORK(w, CRUN__COLL_BROADCAST, dt, count);
+  w->c.buf = buf;
+  w->c.root = root;
+  return submit(pg, w, work, NULL);
+}
+
+int crun_pg_all_reduce(crun_pg_t *pg, void *buf, size_t count, crun_dtype_t dt,
+                       crun_reduce_op_t op, const crun_coll_opts_t *opts, crun_work_t **work) {
+  CRUN_CHECK(check_common(pg, CRUN__COLL_ALL_REDUCE, dt, 1, op));
+  CRUN_CHECK(check_buf(pg, CRUN__COLL_ALL_REDUCE, buf, count, "buffer"));
+  NEW_WORK(w, CRUN__COLL_ALL_REDUCE, dt, count);
+  w->c.buf = buf;
+  w->c.op = op;
+  return submit(pg, w, work, NULL);
+}
+
+int crun_pg_reduce(crun_pg_t *pg, void *buf, size_t count, crun_dtype_t dt, crun_reduce_op_t op,
+                   int root, const crun_coll_opts_t *opts, crun_work_t **work) {
+  CRUN_CHECK(check_common(pg, CRUN__COLL_REDUCE, dt, 1, op));
+  CRUN_CHECK(check_rank(pg, CRUN__COLL_REDUCE, "root", root));
+  CRUN_CHECK(check_buf(pg, CRUN__COLL_REDUCE, buf, count, "buffer"));
+  NEW_WORK(w, CRUN__COLL_REDUCE, dt, count);
+  w->c.buf = buf;
+  w->c.op = op;
+  w->c.root = root;
+  return submit(pg, w, work, NULL);
+}
+
+int crun_pg_all_gather(crun_pg_t *pg, void *const *outs, const void *in, size_t count,
+                       crun_dtype_t dt, const crun_coll_opts_t *opts, crun_work_t **work) {
+  CRUN_CHECK(check_common(pg, CRUN__COLL_ALL_GATHER, dt, 0, 0));
+  CRUN_CHECK(check_buf(pg, CRUN__COLL_ALL_GATHER, in, count, "input"));
+  NEW_WORK(w, CRUN__COLL_ALL_GATHER, dt, count);
+  w->c.in = in;
+  FAIL_WORK(w, copy_ptrs(pg, CRUN__COLL_ALL_GATHER, (const void *const *)outs, count, "output", &w->c.outs));
+  return submit(pg, w, work, NULL);
+}
+
+int crun_pg_gather(crun_pg_t *pg, const void *in, void *const *outs, size_t count, crun_dtype_t dt,
+                   int root, const crun_coll_opts_t *opts, crun_work_t **work) {
+  CRUN_CHECK(check_common(pg, CRUN__COLL_GATHER, dt, 0, 0));
+  CRUN_CHECK(check_rank(pg, CRUN__COLL_GATHER, "root", root));
+  CRUN_CHECK(check_buf(pg, CRUN__COLL_GATHER, in, count, "input"));
+  NEW_WORK(w, CRUN__COLL_GATHER, dt, count);
+  w->c.in = in;
+  w->c.root = root;
+  if (pg->rank == root)
+    FAIL_WORK(w, copy_ptrs(pg, CRUN__COLL_GATHER, (const void *const *)outs, count, "output", &w->c.outs));
+  return submit(pg, w, work, NULL);
+}
+
+int crun_pg_scatter(crun_pg_t *pg, void *out, const void *const *ins, size_t count, crun_dtype_t dt,
+                    int root, const crun_coll_opts_t *opts, crun_work_t **work) {
+  CRUN_CHECK(check_common(pg, CRUN__COLL_SCATTER, dt, 0, 0));
+  CRUN_CHECK(check_rank(pg, CRUN__COLL_SCATTER, "root", root));
+  CRUN_CHECK(check_buf(pg, CRUN__COLL_SCATTER, out, count, "output"));
+  NEW_WORK(w, CRUN__COLL_SCATTER, dt, count);
+  w->c.buf = out;
+  w->c.root = root;
+  if (pg->rank == root)
+    FAIL_WORK(w, copy_ptrs(pg, CRUN__COLL_SCATTER, ins, count, "input", (void ***)&w->c.ins));
+  return submit(pg, w, work, NULL);
+}
+
+int crun_pg_reduce_scatter(crun_pg_t *pg, void *out, const void *const *ins, size_t count,
+                           crun_dtype_t dt, crun_reduce_op_t op, const crun_coll_opts_t *opts,
+                           crun_work_t **work) {
+  CRUN_CHECK(check_common(pg, CRUN__COLL_REDUCE_SCATTER, dt, 1, op));
+  CRUN_CHECK(check_buf(pg, CRUN__COLL_REDUCE_SCATTER, out, count, "output"));
+  NEW_WORK(w, CRUN__COLL_REDUCE_SCATTER, dt, count);
+  w->c.buf = out;
+  w->c.op = op;
+  FAIL_WORK(w, copy_ptrs(pg, CRUN__COLL_REDUCE_SCATTER, ins, count, "input", (void ***)&w->c.ins));
+  return submit(pg, w, work, NULL);
+}
+
+/* Copies the per-peer counts of all_to_all. */
+static int copy_counts(crun_pg_t *pg, const size_t *src, const char *what, size_t **dst) {
+  if (!src) return crun_error(CRUN_EINVAL, "all_to_all on rank %d: %s counts are NULL", pg->rank, what);
+  *dst = malloc(sizeof(size_t) * (size_t)pg->size);
+  if (!*dst) return crun_error(CRUN_ENOMEM, "all_to_all counts");
+  memcpy(*dst, src, sizeof(size_t) * (size_t)pg->size);
+  return 0;
+}
+
+int crun_pg_all_to_all(crun_pg_t *pg, void *const *outs, const size_t *out_counts,
+                       const void *const *ins, const size_t *in_counts, crun_dtype_t dt,
+                       const crun_coll_opts_t *opts, crun_work_t **work) {
+  CRUN_CHECK(check_common(pg, CRUN__COLL_ALL_TO_ALL, dt, 0, 0));
+  NEW_WORK(w, CRUN__COLL_ALL_TO_ALL, dt, 0);
+  FAIL_WORK(w, copy_counts(pg, out_counts, "output", &w->c.out_counts));
+  FAIL_WORK(w, copy_counts(pg, in_counts, "input", &w->c.in_counts));
+  FAIL_WORK(w, copy_ptrs(pg, CRUN__COLL_ALL_TO_ALL, (const void *const *)outs, 0, "output", &w->c.outs));
+  FAIL_WORK(w, copy_ptrs(pg, CRUN__COLL_ALL_TO_ALL, ins, 0, "input", (void ***)&w->c.ins));
+  for (int i = 0; i < pg->size; i++) {
+    w->c.count += in_counts[i];
+    if ((!outs[i] && out_counts[i]) || (!ins[i] && in_counts[i]))
+      FAIL_WORK(w, crun_error(CRUN_EINVAL, "all_to_all on rank %d: buffer %d is NULL", pg->rank, i));
+  }
+  if (in_counts[pg->rank] != out_counts[pg->rank])
+    FAIL_WORK(w, crun_error(CRUN_EINVAL, "all_to_all on rank %d: sends %zu elements to itself but expects %zu",
+                            pg->rank, in_counts[pg->rank], out_counts[pg->rank]));
+  return submit(pg, w, work, NULL);
+}
+
+int crun_pg_barrier(crun_pg_t *pg, const crun_coll_opts_t *opts, crun_work_t **work) {
+  CRUN_CHECK(check_common(pg, CRUN__COLL_BARRIER, CRUN_UINT8, 0, 0));
+  NEW_WORK(w, CRUN__COLL_BARRIER, CRUN_UINT8, 0);
+  return submit(pg, w, work, NULL);
+}

@@ -1,0 +1,263 @@
+/* pg.c — the process group object: creation through a store, sub-groups,
+ * references, and the progress board ("progress/<rank>" = "op #seq") read
+ * when a collective times out. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "backend/backend.h"
+
+const char *crun__coll_name(int kind) {
+  static const char *names[] = {
+#define CRUN_X_NAME(NAME, name) #name,
+      CRUN_COLL_MAP(CRUN_X_NAME)
+#undef CRUN_X_NAME
+  };
+  return kind >= 0 && kind < CRUN__COLL_COUNT ? names[kind] : "?";
+}
+
+void crun__coll_desc(const crun__coll_t *c, char *buf, size_t cap) {
+  if (c->kind == CRUN__COLL_SEND)
+    snprintf(buf, cap, "send to rank %d (tag %d)", c->root, c->tag);
+  else if (c->kind == CRUN__COLL_RECV && c->root == CRUN_ANY_SOURCE)
+    snprintf(buf, cap, "recv from any rank (tag %d)", c->tag);
+  else if (c->kind == CRUN__COLL_RECV)
+    snprintf(buf, cap, "recv from rank %d (tag %d)", c->root, c->tag);
+  else
+    snprintf(buf, cap, "%s #%llu", crun__coll_name(c->kind), (unsigned long long)c->seq);
+}
+
+static uint32_t fnv1a(const char *s) {
+  uint32_t h = 2166136261u;
+  for (; *s; s++) h = (h ^ (uint8_t)*s) * 16777619u;
+  return h;
+}
+
+/* Allocates a group object (no connections yet). */
+static crun_pg_t *pg_alloc(crun_store_t *base, const char *prefix, int rank, int size, double timeout) {
+  crun_pg_t *pg = calloc(1, sizeof *pg);
+  if (!pg) return NULL;
+  atomic_init(&pg->refs, 1);
+  atomic_init(&pg->cur, 0);
+  pg->prefix = strdup(prefix);
+  pg->global = calloc((size_t)size, sizeof(int));
+  pg->rank = rank;
+  pg->size = size;
+  pg->timeout = timeout > 0 ? timeout : CRUN_PG_DEFAULT_TIMEOUT;
+  pg->group_id = fnv1a(prefix);
+  pg->base = base;
+  crun_store_retain(base);
+  pthread_mutex_init(&pg->mu, NULL);
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&pg->cv, &ca);
+  pthread_cond_init(&pg->pub_cv, &ca);
+  pthread_condattr_destroy(&ca);
+  if (!pg->prefix || !pg->global || crun_store_prefix_new(prefix, base, &pg->store) < 0) {
+    crun_pg_release(pg);
+    return NULL;
+  }
+  return pg;
+}
+
+/* Connects the backend; releases pg on failure. */
+static int pg_connect(crun_pg_t *pg, const crun_backend_vtable_t *be, crun_pg_t **out) {
+  pg->be = be;
+  int rc = be->create(pg, &pg->be_state);
+  if (rc < 0) {
+    pg->be = NULL;
+    crun_pg_release(pg);
+    return rc;
+  }
+  CRUN_LOG(INFO, PG, "group '%s' up: rank %d of %d, backend %s", pg->prefix, pg->rank, pg->size, be->name);
+  *out = pg;
+  return 0;
+}
+
+int crun_pg_new(const crun_pg_opts_t *o, crun_pg_t **out) {
+  if (!o || !o->store || !out) return crun_error(CRUN_EINVAL, "crun_pg_new: store and out are required");
+  if (o->world_size < 1 || o->rank < 0 || o->rank >= o->world_size)
+    return crun_error(CRUN_EINVAL, "crun_pg_new: rank %d is out of range for world_size %d", o->rank, o->world_size);
+  const crun_backend_vtable_t *be = crun__backend_find(o->backend);
+  if (!be) return crun_error(CRUN_ENOTSUP, "backend '%s' is not available in this build (have: cpu)", o->backend);
+  const char *name = o->name && *o->name ? o->name : "pg";
+  char key[256], prefix[300];
+  int64_t n;
+  snprintf(key, sizeof key, "%s/incarnation", name);
+  CRUN_CHECK(crun_store_add(o->store, key, 1, &n));
+  snprintf(prefix, sizeof prefix, "%s/%lld", name, (long long)((n - 1) / o->world_size));
+  crun_pg_t *pg = pg_alloc(o->store, prefix, o->rank, o->world_size, o->timeout);
+  if (!pg) return crun_error(CRUN_ENOMEM, "process group");
+  for (int i = 0; i < o->world_size; i++) pg->global[i] = i;
+  return pg_connect(pg, be, out);
+}
+
+/* Checks the rank list of new_group; returns my index in it or -1. */
+static int check_ranks(const crun_pg_t *parent, const int *ranks, int n, int *me) {
+  if (!ranks || n < 1) return crun_error(CRUN_EINVAL, "new_group: needs at least one rank");
+  *me = -1;
+  for (int i = 0; i < n; i++) {
+    if (ranks[i] < 0 || ranks[i] >= parent->size)
+      return crun_error(CRUN_EINVAL, "new_group: rank %d is out of range for a group of %d ranks", ranks[i], parent->size);
+    for (int j = 0; j < i; j++)
+      if (ranks[j] == ranks[i]) return crun_error(CRUN_EINVAL, "new_group: rank %d is listed twice", ranks[i]);
+    if (ranks[i] == parent->rank) *me = i;
+  }
+  return 0;
+}
+
+int crun_pg_new_group(crun_pg_t *parent, const int *ranks, int n, double timeout, crun_pg_t **out) {
+  if (!parent || !out) return crun_error(CRUN_EINVAL, "new_group: parent and out are required");
+  int me = -1;
+  *out = NULL;
+  CRUN_CHECK(check_ranks(parent, ranks, n, &me));
+  pthread_mutex_lock(&parent->mu);
+  int idx = ++parent->nchildren;
+  pthread_mutex_unlock(&parent->mu);
+  if (me < 0) return 0;
+  char prefix[512];
+  snprintf(prefix, sizeof prefix, "%s/g%d", parent->prefix, idx);
+  crun_pg_t *pg = pg_alloc(parent->base, prefix, me, n, timeout > 0 ? timeout : parent->timeout);
+  if (!pg) return crun_error(CRUN_ENOMEM, "process group");
+  for (int i = 0; i < n; i++) pg->global[i] = parent->global[ranks[i]];
+  return pg_connect(pg, parent->be, out);
+}
+
+void crun_pg_retain(crun_pg_t *pg) { atomic_fetch_add(&pg->refs, 1); }
+
+void crun_pg_release(crun_pg_t *pg) {
+  if (!pg || atomic_fetch_sub(&pg->refs, 1) != 1) return;
+  crun__pg_queue_stop(pg);
+  crun__pg_progress_stop(pg);
+  if (pg->be && pg->be_state) pg->be->destroy(pg->be_state);
+  if (pg->store) crun_store_release(pg->store);
+  if (pg->base) crun_store_release(pg->base);
+  pthread_mutex_destroy(&pg->mu);
+  pthread_cond_destroy(&pg->cv);
+  pthread_cond_destroy(&pg->pub_cv);
+  free(pg->broken);
+  free(pg->prefix);
+  free(pg->global);
+  free(pg);
+}
+
+int crun_pg_rank(const crun_pg_t *pg) { return pg->rank; }
+int crun_pg_size(const crun_pg_t *pg) { return pg->size; }
+int crun_pg_global_rank(const crun_pg_t *pg, int r) { return r >= 0 && r < pg->size ? pg->global[r] : -1; }
+const char *crun_pg_backend(const crun_pg_t *pg) { return pg->be ? pg->be->name : "none"; }
+void crun_pg_set_timeout(crun_pg_t *pg, double s) { pg->timeout = s > 0 ? s : CRUN_PG_DEFAULT_TIMEOUT; }
+double crun_pg_get_timeout(const crun_pg_t *pg) { return pg->timeout; }
+
+uint64_t crun_pg_next_seq(const crun_pg_t *pg) {
+  pthread_mutex_lock((pthread_mutex_t *)&pg->mu);
+  uint64_t s = pg->next_seq + 1;
+  pthread_mutex_unlock((pthread_mutex_t *)&pg->mu);
+  return s;
+}
+
+/* ---------------------------------------------------------------- progress board */
+
+static void progress_text(uint64_t v, char *buf, size_t cap) {
+  int kind = (int)(v >> 56);
+  uint64_t seq = v & ((1ull << 56) - 1);
+  if (kind == CRUN__COLL_SEND || kind == CRUN__COLL_RECV) snprintf(buf, cap, "%s", crun__coll_name(kind));
+  else snprintf(buf, cap, "%s #%llu", crun__coll_name(kind), (unsigned long long)seq);
+}
+
+static void publish(crun_pg_t *pg, uint64_t v) {
+  char key[32], val[64];
+  snprintf(key, sizeof key, "progress/%d", pg->rank);
+  progress_text(v, val, sizeof val);
+  if (crun_store_set(pg->store, key, val, strlen(val)) < 0)
+    CRUN_LOG(INFO, PG, "could not publish progress: %s", crun_last_error());
+}
+
+/* Publishes the current collective at most every 200 ms, only when it changed. */
+static void *publisher(void *arg) {
+  crun_pg_t *pg = arg;
+  pthread_mutex_lock(&pg->mu);
+  while (!pg->pub_stop) {
+    uint64_t v = atomic_load(&pg->cur);
+    if (v != pg->published) {
+      pg->published = v;
+      pthread_mutex_unlock(&pg->mu);
+      publish(pg, v);
+      pthread_mutex_lock(&pg->mu);
+    }
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    ts.tv_nsec += 200 * 1000 * 1000;
+    if (ts.tv_nsec >= 1000000000) { ts.tv_sec++; ts.tv_nsec -= 1000000000; }
+    pthread_cond_timedwait(&pg->pub_cv, &pg->mu, &ts);
+  }
+  pthread_mutex_unlock(&pg->mu);
+  return NULL;
+}
+
+void crun__pg_mark(crun_pg_t *pg, const crun__coll_t *c) {
+  atomic_store(&pg->cur, ((uint64_t)c->kind << 56) | (c->seq & ((1ull << 56) - 1)));
+  if (pg->has_pub || pg->size < 2) return;
+  pthread_mutex_lock(&pg->mu);
+  if (!pg->has_pub && !pg->pub_stop)
+    pg->has_pub = pthread_create(&pg->pub_thread, NULL, publisher, pg) == 0;
+  pthread_mutex_unlock(&pg->mu);
+}
+
+void crun__pg_progress_stop(crun_pg_t *pg) {
+  pthread_mutex_lock(&pg->mu);
+  pg->pub_stop = 1;
+  pthread_cond_broadcast(&pg->pub_cv);
+  int had = pg->has_pub;
+  pthread_mutex_unlock(&pg->mu);
+  if (had) pthread_join(pg->pub_thread, NULL);
+}
+
+/* Appends "rank 3" or "ranks 0-2" (a,b inclusive, sorted runs) to buf. */
+static size_t ranks_text(char *buf, size_t cap, const int *rs, int n) {
+  size_t len = (size_t)snprintf(buf, cap, "%s ", n > 1 ? "ranks" : "rank");
+  for (int i = 0; i < n && len < cap;) {
+    int j = i;
+    while (j + 1 < n && rs[j + 1] == rs[j] + 1) j++;
+    len += (size_t)snprintf(buf + len, cap - len, "%s%d", i ? "," : "", rs[i]);
+    if (j > i && len < cap) len += (size_t)snprintf(buf + len, cap - len, "-%d", rs[j]);
+    i = j + 1;
+  }
+  return len;
+}
+
+void crun__pg_progress_report(crun_pg_t *pg, char *out, size_t cap) {
+  int n = pg->size, *rs = malloc(sizeof(int) * (size_t)n), *done = calloc((size_t)n, sizeof(int));
+  char (*txt)[64] = calloc((size_t)n, 64);
+  out[0] = 0;
+  if (!rs || !done || !txt) goto out;
+  publish(pg, atomic_load(&pg->cur));
+  for (int r = 0; r < n; r++) {
+    char key[32];
+    snprintf(key, sizeof key, "progress/%d", r);
+    const char *k = key;
+    int ok = 0;
+    crun_buf_t v = {0};
+    if (crun_store_check(pg->store, &k, 1, &ok) == 0 && ok && crun_store_get(pg->store, key, &v) == 0)
+      snprintf(txt[r], 64, "%.*s", (int)v.len, (char *)v.data);
+    crun_buf_free(&v);
+  }
+  size_t len = 0;
+  for (int r = 0; r < n && len < cap; r++) {
+    if (done[r]) continue;
+    int m = 0;
+    for (int q = r; q < n; q++)
+      if (!done[q] && !strcmp(txt[q], txt[r])) { rs[m++] = q; done[q] = 1; }
+    if (len) len += (size_t)snprintf(out + len, cap - len, "; ");
+    if (len < cap) len += ranks_text(out + len, cap - len, rs, m);
+    if (len < cap && txt[r][0])
+      len += (size_t)snprintf(out + len, cap - len, " %s at %s", m > 1 ? "are" : "is", txt[r]);
+    else if (len < cap)
+      len += (size_t)snprintf(out + len, cap - len, " %s not entered any collective", m > 1 ? "have" : "has");
+  }
+out:
+  free(rs);
+  free(done);
+  free(txt);
+}

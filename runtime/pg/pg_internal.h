@@ -1,0 +1,116 @@
+/* pg_internal.h — the process group object, collective descriptors and the
+ * work queue, shared by runtime/pg, runtime/backend and runtime/algo. */
+#ifndef CRUN_PG_INTERNAL_H
+#define CRUN_PG_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "crun.h"
+
+/* Every operation a group runs; also the `kind` byte of a wire header. */
+#define CRUN_COLL_MAP(X)                                                      \
+  X(SEND, send) X(RECV, recv) X(BROADCAST, broadcast) X(ALL_REDUCE, all_reduce) \
+  X(REDUCE, reduce) X(ALL_GATHER, all_gather) X(GATHER, gather)              \
+  X(SCATTER, scatter) X(REDUCE_SCATTER, reduce_scatter)                      \
+  X(ALL_TO_ALL, all_to_all) X(BARRIER, barrier)
+
+typedef enum {
+#define CRUN_X_COLL(NAME, name) CRUN__COLL_##NAME,
+  CRUN_COLL_MAP(CRUN_X_COLL)
+#undef CRUN_X_COLL
+  CRUN__COLL_COUNT
+} crun__coll_kind_t;
+
+/* Returns "all_reduce" for CRUN__COLL_ALL_REDUCE; "?" for others. */
+const char *crun__coll_name(int kind);
+
+/* One operation: what to do, on which buffers, with which deadline. */
+typedef struct crun__coll {
+  int kind;
+  crun_dtype_t dt;
+  crun_reduce_op_t op;
+  size_t count;
+  int root;                  /* broadcast/reduce/gather/scatter; peer for send/recv */
+  int tag;                   /* send/recv */
+  void *buf;                 /* send/recv/broadcast/all_reduce/reduce/scatter out */
+  const void *in;            /* all_gather/gather */
+  void **outs;               /* size entries (owned copy) */
+  const void **ins;          /* size entries (owned copy) */
+  size_t *out_counts;        /* all_to_all (owned copy) */
+  size_t *in_counts;
+  uint64_t seq;              /* collectives: group-wide number; p2p: 0 */
+  double timeout;            /* seconds */
+  double deadline;           /* crun_clock() value, set when it starts */
+  int src_out;               /* recv: the sender */
+} crun__coll_t;
+
+struct crun_backend_vtable;
+
+struct crun_pg {
+  atomic_int refs;
+  crun_store_t *store;       /* prefixed with `prefix` */
+  crun_store_t *base;        /* the store the root group was made with */
+  char *prefix;
+  int rank, size;
+  int *global;               /* global rank of each group rank */
+  double timeout;
+  uint32_t group_id;
+  uint64_t next_seq;         /* guarded by mu */
+  int nchildren;             /* sub-groups made so far (names them) */
+  const struct crun_backend_vtable *be;
+  void *be_state;
+  char *broken;              /* error text once the group failed; guarded by mu */
+  /* work queue */
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  struct crun_work *head, *tail;
+  int busy, stop, has_thread;
+  pthread_t thread;
+  /* progress publication: (kind << 56 | seq) of the current collective */
+  atomic_uint_fast64_t cur;
+  uint64_t published;
+  int pub_stop, has_pub;
+  pthread_t pub_thread;
+  pthread_cond_t pub_cv;
+};
+
+struct crun_work {
+  atomic_int refs;
+  crun_pg_t *pg;
+  crun__coll_t c;
+  int async;
+  int done, status;
+  char *err;
+  char desc[48];
+  struct crun_work *next;
+};
+
+/* Runs a work: backend dispatch, error capture, group-broken bookkeeping. */
+void crun__pg_execute(crun_pg_t *pg, struct crun_work *w);
+
+/* Queues or inlines the work and, when blocking, waits for it. Takes
+ * ownership of one reference of w. Returns the status of a blocking op. */
+int crun__pg_submit(crun_pg_t *pg, struct crun_work *w, crun_work_t **out);
+
+/* Describes c ("all_reduce #3", "send to rank 1 tag 0") into buf. */
+void crun__coll_desc(const crun__coll_t *c, char *buf, size_t cap);
+
+/* Frees the owned arrays of a coll. */
+void crun__coll_free(crun__coll_t *c);
+
+/* Publishes "<kind> #<seq>" under progress/<rank> now (used before reporting a
+ * timeout) and returns a text describing where the ranks in `peers` (or all
+ * when peers is NULL) are, e.g. "rank 3 is at barrier #41; ranks 0-2 ...". */
+void crun__pg_progress_report(crun_pg_t *pg, char *out, size_t cap);
+
+/* Marks the current collective for the progress publisher. */
+void crun__pg_mark(crun_pg_t *pg, const crun__coll_t *c);
+
+/* Stops the publisher thread (destroy). */
+void crun__pg_progress_stop(crun_pg_t *pg);
+
+/* Stops the progress thread, failing queued work with `status`. */
+void crun__pg_queue_stop(crun_pg_t *pg);
+
+#endif

@@ -1,0 +1,188 @@
+/* work.c — Work handles and the group's queue: a blocking call with nothing
+ * queued runs inline on the caller's thread; async calls (and blocking ones
+ * issued behind them) run on the group's progress thread in issue order. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "backend/backend.h"
+
+void crun__coll_free(crun__coll_t *c) {
+  free(c->outs);
+  free(c->ins);
+  free(c->out_counts);
+  free(c->in_counts);
+}
+
+/* Skips the "ENAME: " prefix of a recorded error text. */
+static const char *strip_name(const char *text) {
+  const char *p = strstr(text, ": ");
+  return p ? p + 2 : text;
+}
+
+/* Marks the group broken and tells the peers (first failure only). */
+static void break_group(crun_pg_t *pg, int rc, const char *text) {
+  pthread_mutex_lock(&pg->mu);
+  int first = pg->broken == NULL;
+  if (first) pg->broken = strdup(text);
+  pthread_mutex_unlock(&pg->mu);
+  if (first && pg->be->abort) pg->be->abort(pg->be_state, rc, text);
+}
+
+void crun__pg_execute(crun_pg_t *pg, crun_work_t *w) {
+  crun__coll_t *c = &w->c;
+  int rc;
+  pthread_mutex_lock(&pg->mu);
+  char *broken = pg->broken ? strdup(pg->broken) : NULL;
+  pthread_mutex_unlock(&pg->mu);
+  crun_backend_fn fn = crun__backend_slot(pg->be, c->kind);
+  if (broken) {
+    rc = crun_error(CRUN_ESTATE, "%s on rank %d: the group is unusable after an earlier failure: %s",
+                    w->desc, pg->rank, broken);
+  } else if (!fn) {
+    rc = crun_error(CRUN_ENOTSUP, "%s is not supported by backend %s", crun__coll_name(c->kind), pg->be->name);
+  } else {
+    c->deadline = crun_clock() + c->timeout;
+    crun__pg_mark(pg, c);
+    rc = fn(pg->be_state, c);
+    if (rc < 0) break_group(pg, rc, crun_last_error());
+  }
+  free(broken);
+  w->status = rc < 0 ? rc : 0;
+  if (rc < 0) w->err = strdup(crun_last_error());
+}
+
+/* Publishes completion of w to waiters. Called with pg->mu held. */
+static void finish_locked(crun_pg_t *pg, crun_work_t *w) {
+  w->done = 1;
+  pthread_cond_broadcast(&pg->cv);
+}
+
+static void work_unref(crun_work_t *w);
+
+static void *progress_main(void *arg) {
+  crun_pg_t *pg = arg;
+  pthread_mutex_lock(&pg->mu);
+  for (;;) {
+    while (!(pg->head && !pg->busy) && !pg->stop) pthread_cond_wait(&pg->cv, &pg->mu);
+    if (!pg->head || pg->busy) break;
+    crun_work_t *w = pg->head;
+    pg->head = w->next;
+    if (!pg->head) pg->tail = NULL;
+    pg->busy = 1;
+    pthread_mutex_unlock(&pg->mu);
+    crun__pg_execute(pg, w);
+    pthread_mutex_lock(&pg->mu);
+    pg->busy = 0;
+    finish_locked(pg, w);
+    pthread_mutex_unlock(&pg->mu);
+    work_unref(w);
+    pthread_mutex_lock(&pg->mu);
+  }
+  pthread_mutex_unlock(&pg->mu);
+  return NULL;
+}
+
+void crun__pg_queue_stop(crun_pg_t *pg) {
+  pthread_mutex_lock(&pg->mu);
+  pg->stop = 1;
+  pthread_cond_broadcast(&pg->cv);
+  int had = pg->has_thread;
+  pthread_mutex_unlock(&pg->mu);
+  if (had) pthread_join(pg->thread, NULL);
+}
+
+/* Appends w to the queue, starting the progress thread on first use. */
+static int enqueue_locked(crun_pg_t *pg, crun_work_t *w) {
+  if (!pg->has_thread) {
+    if (pthread_create(&pg->thread, NULL, progress_main, pg) != 0)
+      return crun_error(CRUN_ESYS, "cannot start the progress thread of group '%s'", pg->prefix);
+    pg->has_thread = 1;
+  }
+  atomic_fetch_add(&w->refs, 1);
+  w->next = NULL;
+  if (pg->tail) pg->tail->next = w;
+  else pg->head = w;
+  pg->tail = w;
+  pthread_cond_broadcast(&pg->cv);
+  return 0;
+}
+
+int crun__pg_submit(crun_pg_t *pg, crun_work_t *w, crun_work_t **out) {
+  w->async = out != NULL;
+  pthread_mutex_lock(&pg->mu);
+  if (w->c.kind != CRUN__COLL_SEND && w->c.kind != CRUN__COLL_RECV) w->c.seq = ++pg->next_seq;
+  crun__coll_desc(&w->c, w->desc, sizeof w->desc);
+  if (!w->async && !pg->head && !pg->busy && !pg->stop) {
+    pg->busy = 1;
+    pthread_mutex_unlock(&pg->mu);
+    crun__pg_execute(pg, w);
+    pthread_mutex_lock(&pg->mu);
+    pg->busy = 0;
+    finish_locked(pg, w);
+    pthread_mutex_unlock(&pg->mu);
+    return w->status < 0 ? crun_error(w->status, "%s", strip_name(w->err)) : 0;
+  }
+  int rc = pg->stop ? crun_error(CRUN_ECLOSED, "group '%s' is being destroyed", pg->prefix)
+                    : enqueue_locked(pg, w);
+  pthread_mutex_unlock(&pg->mu);
+  if (rc < 0) return rc;
+  if (w->async) {
+    *out = w;
+    return 0;
+  }
+  return crun_work_wait(w, 0);
+}
+
+int crun_work_wait(crun_work_t *w, double timeout) {
+  if (!w) return crun_error(CRUN_EINVAL, "crun_work_wait: NULL work");
+  crun_pg_t *pg = w->pg;
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  double end = (double)ts.tv_sec + ts.tv_nsec * 1e-9 + timeout;
+  pthread_mutex_lock(&pg->mu);
+  while (!w->done) {
+    if (timeout <= 0) {
+      pthread_cond_wait(&pg->cv, &pg->mu);
+      continue;
+    }
+    ts.tv_sec = (time_t)end;
+    ts.tv_nsec = (long)((end - (double)ts.tv_sec) * 1e9);
+    if (pthread_cond_timedwait(&pg->cv, &pg->mu, &ts) != 0 && !w->done) {
+      pthread_mutex_unlock(&pg->mu);
+      return crun_error(CRUN_ETIMEDOUT, "wait on %s (rank %d) timed out after %.3g s; it is still running",
+                        w->desc, pg->rank, timeout);
+    }
+  }
+  pthread_mutex_unlock(&pg->mu);
+  return w->status < 0 ? crun_error(w->status, "%s", strip_name(w->err)) : 0;
+}
+
+int crun_work_is_completed(crun_work_t *w) {
+  pthread_mutex_lock(&w->pg->mu);
+  int d = w->done;
+  pthread_mutex_unlock(&w->pg->mu);
+  return d;
+}
+
+int crun_work_source(crun_work_t *w) {
+  return crun_work_is_completed(w) && w->status == 0 && w->c.kind == CRUN__COLL_RECV ? w->c.src_out : -1;
+}
+
+const char *crun_work_describe(crun_work_t *w) { return w->desc; }
+
+/* Drops one reference of the work object itself (never the group's). */
+static void work_unref(crun_work_t *w) {
+  if (atomic_fetch_sub(&w->refs, 1) != 1) return;
+  crun__coll_free(&w->c);
+  free(w->err);
+  free(w);
+}
+
+void crun_work_release(crun_work_t *w) {
+  if (!w) return;
+  crun_pg_t *pg = w->pg;
+  work_unref(w);
+  crun_pg_release(pg); /* the handle's reference; queued work never outlives its group */
+}

@@ -1,0 +1,240 @@
+/* tcp_mesh.c — builds the full mesh of a group: every rank listens on an
+ * ephemeral port and publishes host:port under "tcp/<rank>" in the group's
+ * store; each rank connects to every lower rank and accepts every higher one. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "transport/tcp_priv.h"
+
+typedef struct {
+  uint32_t magic, group;
+  int32_t rank, size;
+} hello_t;
+
+int crun__tcp_wait_fd(int fd, short ev, double deadline) {
+  for (;;) {
+    double left = deadline - crun_clock();
+    if (left <= 0) return 0;
+    struct pollfd p = {.fd = fd, .events = ev};
+    int ms = left > 1000.0 ? 1000000 : (int)(left * 1000.0) + 1;
+    int n = poll(&p, 1, ms);
+    if (n > 0) return 1;
+    if (n < 0 && errno != EINTR) return crun_error(CRUN_ESYS, "poll: %s", strerror(errno));
+  }
+}
+
+/* Applies the socket options of a mesh connection. */
+static void tune_socket(int fd) {
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  long buf = crun_env_int("CRUN_TCP_BUFFER", 4L << 20);
+  if (buf > 0) {
+    int b = (int)buf;
+    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &b, sizeof b);
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &b, sizeof b);
+  }
+}
+
+static void set_nonblock(int fd) { fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK); }
+
+/* Finds the address peers should dial: CRUN_HOST, else the local address
+ * that routes to MASTER_ADDR, else loopback. */
+static void local_host(char *buf, size_t cap) {
+  const char *h = getenv("CRUN_HOST");
+  const char *m = getenv("MASTER_ADDR");
+  snprintf(buf, cap, "127.0.0.1");
+  if (h && *h) { snprintf(buf, cap, "%s", h); return; }
+  if (!m || !*m || !strcmp(m, "localhost") || !strncmp(m, "127.", 4)) return;
+  struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_DGRAM}, *ai = NULL;
+  if (getaddrinfo(m, "9", &hints, &ai) != 0 || !ai) return;
+  int fd = socket(AF_INET, SOCK_DGRAM, 0);
+  struct sockaddr_in sa;
+  socklen_t sl = sizeof sa;
+  if (fd >= 0 && connect(fd, ai->ai_addr, ai->ai_addrlen) == 0 &&
+      getsockname(fd, (struct sockaddr *)&sa, &sl) == 0)
+    inet_ntop(AF_INET, &sa.sin_addr, buf, (socklen_t)cap);
+  if (fd >= 0) close(fd);
+  freeaddrinfo(ai);
+}
+
+/* Opens a listening socket on an ephemeral port; returns the fd, port in *port. */
+static int listen_ephemeral(int backlog, int *port) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return crun_error(CRUN_ESYS, "socket: %s", strerror(errno));
+  tune_socket(fd);
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_ANY)};
+  socklen_t sl = sizeof sa;
+  if (bind(fd, (struct sockaddr *)&sa, sizeof sa) < 0 || listen(fd, backlog) < 0 ||
+      getsockname(fd, (struct sockaddr *)&sa, &sl) < 0) {
+    int e = errno;
+    close(fd);
+    return crun_error(CRUN_ESYS, "listen on an ephemeral port: %s", strerror(e));
+  }
+  *port = ntohs(sa.sin_port);
+  set_nonblock(fd);
+  return fd;
+}
+
+/* Writes / reads exactly n bytes of a non-blocking fd by the deadline. */
+static int io_full(int fd, void *buf, size_t n, int writing, double deadline) {
+  char *p = buf;
+  while (n > 0) {
+    ssize_t k = writing ? send(fd, p, n, MSG_NOSIGNAL) : recv(fd, p, n, 0);
+    if (k > 0) { p += k; n -= (size_t)k; continue; }
+    if (k == 0) return crun_error(CRUN_EPEERDIED, "connection closed during the handshake");
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN && errno != EWOULDBLOCK)
+      return crun_error(CRUN_ECONNRESET, "handshake: %s", strerror(errno));
+    int r = crun__tcp_wait_fd(fd, writing ? POLLOUT : POLLIN, deadline);
+    if (r < 0) return r;
+    if (r == 0) return crun_error(CRUN_ETIMEDOUT, "handshake timed out");
+  }
+  return 0;
+}
+
+/* Connects to host:port, retrying refused connects until the deadline. */
+static int dial(const char *host, const char *port, double deadline) {
+  struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM}, *ai = NULL;
+  int rc = getaddrinfo(host, port, &hints, &ai);
+  if (rc != 0) return crun_error(CRUN_EINVAL, "cannot resolve '%s': %s", host, gai_strerror(rc));
+  int fd = -1;
+  while (fd < 0) {
+    fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    tune_socket(fd);
+    if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0) break;
+    int e = errno;
+    close(fd);
+    fd = -1;
+    if (crun_clock() > deadline) {
+      freeaddrinfo(ai);
+      return crun_error(CRUN_ECONNREFUSED, "connect to %s:%s: %s", host, port, strerror(e));
+    }
+    struct timespec ts = {0, 10 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+  }
+  freeaddrinfo(ai);
+  set_nonblock(fd);
+  return fd;
+}
+
+/* Connects to lower rank j (address from the store) and says hello. */
+static int connect_lower(crun__tcp_t *t, int j, double deadline) {
+  char key[32];
+  snprintf(key, sizeof key, "tcp/%d", j);
+  const char *keys[1] = {key};
+  double left = deadline - crun_clock();
+  int rc = crun_store_wait(t->pg->store, keys, 1, left > 0.001 ? left : 0.001);
+  if (rc < 0) return crun_error(rc, "rank %d never published its address", j);
+  crun_buf_t v = {0};
+  CRUN_CHECK(crun_store_get(t->pg->store, key, &v));
+  char addr[128];
+  snprintf(addr, sizeof addr, "%.*s", (int)v.len, (char *)v.data);
+  crun_buf_free(&v);
+  char *colon = strrchr(addr, ':');
+  if (!colon) return crun_error(CRUN_EPROTO, "bad address '%s' of rank %d", addr, j);
+  *colon = 0;
+  int fd = dial(addr, colon + 1, deadline);
+  if (fd < 0) return fd;
+  hello_t h = {CRUN__TCP_HELLO, t->group, t->rank, t->size};
+  rc = io_full(fd, &h, sizeof h, 1, deadline);
+  if (rc < 0) { close(fd); return rc; }
+  t->fds[j] = fd;
+  return 0;
+}
+
+/* Accepts one connection from a higher rank and places it by its hello. */
+static int accept_higher(crun__tcp_t *t, int lfd, double deadline) {
+  int r = crun__tcp_wait_fd(lfd, POLLIN, deadline);
+  if (r <= 0) return r < 0 ? r : CRUN_ETIMEDOUT;
+  int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+  if (fd < 0) return (errno == EAGAIN || errno == EINTR) ? 0 : crun_error(CRUN_ESYS, "accept: %s", strerror(errno));
+  tune_socket(fd);
+  hello_t h;
+  int rc = io_full(fd, &h, sizeof h, 0, deadline);
+  if (rc == 0 && (h.magic != CRUN__TCP_HELLO || h.group != t->group || h.rank <= t->rank ||
+                  h.rank >= t->size || h.size != t->size || t->fds[h.rank] >= 0))
+    rc = crun_error(CRUN_EPROTO, "unexpected hello (rank %d of %d, group %08x)", h.rank, h.size, h.group);
+  if (rc < 0) { close(fd); return rc; }
+  t->fds[h.rank] = fd;
+  return 1;
+}
+
+/* Lists the peers that are still unconnected, for the timeout message. */
+static void missing_list(crun__tcp_t *t, char *buf, size_t cap) {
+  size_t n = 0;
+  buf[0] = 0;
+  for (int j = 0; j < t->size && n + 12 < cap; j++)
+    if (j != t->rank && t->fds[j] < 0) n += (size_t)snprintf(buf + n, cap - n, "%s%d", n ? "," : "", j);
+}
+
+static int build_mesh(crun__tcp_t *t, double deadline) {
+  int port = 0, lfd = listen_ephemeral(t->size + 16, &port);
+  if (lfd < 0) return lfd;
+  char host[64], val[96], key[32];
+  local_host(host, sizeof host);
+  snprintf(val, sizeof val, "%s:%d", host, port);
+  snprintf(key, sizeof key, "tcp/%d", t->rank);
+  int rc = crun_store_set(t->pg->store, key, val, strlen(val));
+  for (int j = 0; rc >= 0 && j < t->rank; j++) rc = connect_lower(t, j, deadline);
+  for (int got = 0; rc >= 0 && got < t->size - 1 - t->rank;) {
+    rc = accept_higher(t, lfd, deadline);
+    if (rc > 0) got++;
+    if (rc == CRUN_ETIMEDOUT) rc = crun_error(CRUN_ETIMEDOUT, "accept timed out");
+  }
+  close(lfd);
+  if (rc < 0) {
+    char miss[256];
+    missing_list(t, miss, sizeof miss);
+    char why[512];
+    snprintf(why, sizeof why, "%s", crun_last_error());
+    return crun_error(rc, "group '%s' on rank %d: mesh not connected, missing ranks %s (%s)",
+                      t->pg->prefix, t->rank, miss, why);
+  }
+  return 0;
+}
+
+int crun__tcp_open(crun_pg_t *pg, crun__tcp_t **out) {
+  crun__tcp_t *t = calloc(1, sizeof *t);
+  if (!t) return crun_error(CRUN_ENOMEM, "tcp transport");
+  t->pg = pg;
+  t->rank = pg->rank;
+  t->size = pg->size;
+  t->group = pg->group_id;
+  t->fds = malloc(sizeof(int) * (size_t)pg->size);
+  t->tx_dirty = calloc((size_t)pg->size, 1);
+  t->stash = calloc((size_t)pg->size, sizeof *t->stash);
+  if (!t->fds || !t->tx_dirty || !t->stash) { crun__tcp_close(t); return crun_error(CRUN_ENOMEM, "tcp transport"); }
+  for (int j = 0; j < pg->size; j++) t->fds[j] = -1;
+  int rc = pg->size > 1 ? build_mesh(t, crun_clock() + pg->timeout) : 0;
+  if (rc < 0) { crun__tcp_close(t); return rc; }
+  CRUN_LOG(INFO, NET, "group '%s': tcp mesh of %d ranks connected", pg->prefix, pg->size);
+  *out = t;
+  return 0;
+}
+
+void crun__tcp_close(crun__tcp_t *t) {
+  if (!t) return;
+  for (int j = 0; t->fds && j < t->size; j++) {
+    if (t->fds[j] >= 0) close(t->fds[j]);
+    for (crun__stash_t *s = t->stash ? t->stash[j] : NULL, *n; s; s = n) {
+      n = s->next;
+      free(s->data);
+      free(s);
+    }
+  }
+  free(t->fds);
+  free(t->tx_dirty);
+  free(t->stash);
+  free(t);
+}

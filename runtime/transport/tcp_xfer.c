@@ -1,0 +1,453 @@
+/* tcp_xfer.c — framed, non-blocking, full-duplex steps over the mesh.
+ *
+ * One step sends a frame to one peer while receiving a frame from another,
+ * polling both sockets until the deadline. A received header is checked
+ * against the caller's operation before any payload byte reaches its buffer:
+ * another collective, count, dtype, op or root fails with CRUN_EMISMATCH
+ * naming both calls. Frames that belong to a later point-to-point receive (or
+ * were read by an any-source receive) wait in a per-peer stash. */
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+#include "transport/tcp_priv.h"
+
+#define HDR sizeof(crun__hdr_t)
+#define REDUCE_SEG (128u << 10)
+
+enum { RX_HDR, RX_PAYLOAD, RX_STASH, RX_ABORT, RX_DONE };
+
+typedef struct {
+  crun__tcp_t *t;
+  crun__coll_t *c;
+  /* send side */
+  int to;
+  crun__hdr_t th;
+  const char *sp;
+  size_t sbytes, toff;
+  int watch_to;           /* also watch `to` for an abort/EOF while only sending */
+  /* receive side */
+  int from, rstate, stash_only;
+  crun__hdr_t rh;
+  size_t hgot, rbytes, rgot, reduced;
+  char *rp;
+  void *red_dst;
+  crun__stash_t *pending; /* frame being read into the stash */
+  char *abort_text;
+} io_t;
+
+static int rx_enter_payload(io_t *io, const crun__hdr_t *h);
+
+static int is_rooted(int kind) {
+  return kind == CRUN__COLL_BROADCAST || kind == CRUN__COLL_REDUCE ||
+         kind == CRUN__COLL_GATHER || kind == CRUN__COLL_SCATTER;
+}
+
+static int is_reduction(int kind) {
+  return kind == CRUN__COLL_ALL_REDUCE || kind == CRUN__COLL_REDUCE ||
+         kind == CRUN__COLL_REDUCE_SCATTER;
+}
+
+static size_t elsize(crun_dtype_t dt) {
+  size_t s = crun_dtype_size(dt);
+  return s ? s : 1;
+}
+
+/* The count a frame header carries: per-message for p2p and all_to_all. */
+static uint64_t hdr_count(const crun__coll_t *c, size_t nbytes) {
+  if (c->kind == CRUN__COLL_SEND || c->kind == CRUN__COLL_RECV || c->kind == CRUN__COLL_ALL_TO_ALL)
+    return nbytes / elsize(c->dt);
+  return c->count;
+}
+
+static void fill_hdr(crun__tcp_t *t, const crun__coll_t *c, size_t nbytes, crun__hdr_t *h) {
+  memset(h, 0, sizeof *h);
+  h->magic = CRUN__TCP_MAGIC;
+  h->group = t->group;
+  h->kind = (uint8_t)(c->kind == CRUN__COLL_RECV ? CRUN__COLL_SEND : c->kind);
+  h->dtype = (uint8_t)c->dt;
+  h->op = (uint8_t)c->op;
+  h->root = c->kind == CRUN__COLL_SEND ? t->rank : c->root;
+  h->tag = c->tag;
+  h->seq = c->seq;
+  h->count = hdr_count(c, nbytes);
+  h->nbytes = nbytes;
+}
+
+/* Writes "float32[512]" plus the op / root when they differ from the other call. */
+static int call_shape(char *b, size_t cap, int kind, int dt, uint64_t count, int op,
+                      int root, int show_op, int show_root) {
+  const char *dn = crun_dtype_name((crun_dtype_t)dt);
+  int n = snprintf(b, cap, "%s[%llu]", dn ? dn : "?", (unsigned long long)count);
+  if (show_op && is_reduction(kind) && (size_t)n < cap)
+    n += snprintf(b + n, cap - (size_t)n, " %s", crun_reduce_op_name((crun_reduce_op_t)op));
+  if (show_root && is_rooted(kind) && (size_t)n < cap)
+    n += snprintf(b + n, cap - (size_t)n, " root %d", root);
+  return n;
+}
+
+/* Reports a collective frame that does not match our call. */
+static int mismatch(io_t *io, const crun__hdr_t *h) {
+  const crun__coll_t *c = io->c;
+  char desc[64], mine[96], theirs[96], seq[32] = "";
+  crun__coll_desc(c, desc, sizeof desc);
+  int kind = h->kind, dop = h->op != c->op, droot = h->root != c->root;
+  uint64_t want = hdr_count(c, io->rbytes);
+  call_shape(mine, sizeof mine, c->kind, c->dt, want, c->op, c->root, dop, droot);
+  call_shape(theirs, sizeof theirs, kind, h->dtype, h->count, h->op, h->root, dop, droot);
+  if (h->seq != c->seq && kind != CRUN__COLL_SEND)
+    snprintf(seq, sizeof seq, " #%llu", (unsigned long long)h->seq);
+  if (c->kind == CRUN__COLL_RECV)
+    return crun_error(CRUN_EMISMATCH, "%s on rank %d expected %s, rank %d sent %s (tag %d)",
+                      desc, io->t->rank, mine, io->from, theirs, h->tag);
+  return crun_error(CRUN_EMISMATCH, "%s on rank %d expected %s, rank %d sent %s%s %s", desc,
+                    io->t->rank, mine, io->from, crun__coll_name(kind), seq, theirs);
+}
+
+/* Classifies a received header: 0 it is ours, 1 stash it, <0 mismatch. */
+static int classify(io_t *io, const crun__hdr_t *h) {
+  const crun__coll_t *c = io->c;
+  if (io->stash_only) return 1;
+  if (c->kind == CRUN__COLL_RECV) {
+    if (h->kind != CRUN__COLL_SEND || h->tag != c->tag) return 1;
+    if (h->dtype != c->dt || h->nbytes != io->rbytes) return mismatch(io, h);
+    return 0;
+  }
+  if (h->kind == CRUN__COLL_SEND) return 1;
+  int same = h->kind == c->kind && h->seq == c->seq && h->dtype == c->dt &&
+             h->count == hdr_count(c, io->rbytes) &&
+             (!is_reduction(c->kind) || h->op == c->op) && (!is_rooted(c->kind) || h->root == c->root);
+  if (!same) return mismatch(io, h);
+  if (h->nbytes != io->rbytes) {
+    char desc[64];
+    crun__coll_desc(c, desc, sizeof desc);
+    return crun_error(CRUN_EPROTO, "%s on rank %d: rank %d sent %llu bytes where %zu were expected "
+                      "(different CRUN_ALGO settings?)", desc, io->t->rank, io->from,
+                      (unsigned long long)h->nbytes, io->rbytes);
+  }
+  return 0;
+}
+
+static int peer_died(io_t *io, int peer, const char *how) {
+  char desc[64];
+  crun__coll_desc(io->c, desc, sizeof desc);
+  return crun_error(CRUN_EPEERDIED, "%s on rank %d: connection to rank %d %s (the process died "
+                    "or left the group)", desc, io->t->rank, peer, how);
+}
+
+/* Turns a received abort frame into our error. */
+static int aborted_by(io_t *io, int peer, const crun__hdr_t *h, const char *text) {
+  char desc[64];
+  crun__coll_desc(io->c, desc, sizeof desc);
+  int st = -(int)h->status;
+  if (st >= 0 || !strcmp(crun_err_name(st), "EUNKNOWN")) st = CRUN_EIO;
+  const char *sp = strstr(text, ": ");
+  const char *body = (sp && !strncmp(text, crun_err_name(st), (size_t)(sp - text))) ? sp + 2 : text;
+  return crun_error(st, "%s [reported by rank %d; rank %d was in %s]", body, peer, io->t->rank, desc);
+}
+
+/* Uses a stashed frame when one matches the receive; 1 when consumed. */
+static int rx_from_stash(io_t *io) {
+  crun__stash_t **pp = &io->t->stash[io->from];
+  for (; *pp; pp = &(*pp)->next) {
+    int r = classify(io, &(*pp)->h);
+    if (r < 0) return r;
+    if (r == 1) continue;
+    crun__stash_t *s = *pp;
+    *pp = s->next;
+    if (io->red_dst)
+      crun_reduce_into(io->c->dt, io->c->op, io->red_dst, s->data, io->rbytes / elsize(io->c->dt));
+    else if (io->rbytes)
+      memcpy(io->rp, s->data, io->rbytes);
+    io->rh = s->h;
+    free(s->data);
+    free(s);
+    io->rstate = RX_DONE;
+    return 1;
+  }
+  return 0;
+}
+
+/* Sends what the socket takes now; 1 progress, 0 would block, <0 error. */
+static int tx_some(io_t *io) {
+  size_t total = HDR + io->sbytes;
+  if (io->toff >= total) return 0;
+  struct iovec iov[2];
+  int n = 0;
+  if (io->toff < HDR) {
+    iov[n++] = (struct iovec){(char *)&io->th + io->toff, HDR - io->toff};
+    if (io->sbytes) iov[n++] = (struct iovec){(void *)io->sp, io->sbytes};
+  } else {
+    iov[n++] = (struct iovec){(void *)(io->sp + (io->toff - HDR)), total - io->toff};
+  }
+  struct msghdr m = {.msg_iov = iov, .msg_iovlen = (size_t)n};
+  ssize_t k = sendmsg(io->t->fds[io->to], &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+  if (k > 0) {
+    io->toff += (size_t)k;
+    io->t->tx_dirty[io->to] = io->toff < total;
+    return 1;
+  }
+  if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return errno == EINTR;
+  return peer_died(io, io->to, k < 0 ? strerror(errno) : "closed");
+}
+
+/* Reads up to n bytes of the receive side; returns bytes, 0 would block, <0 error. */
+static ssize_t rx_read(io_t *io, void *p, size_t n) {
+  ssize_t k = recv(io->t->fds[io->from], p, n, MSG_DONTWAIT);
+  if (k > 0) return k;
+  if (k == 0) return peer_died(io, io->from, "closed");
+  if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return 0;
+  return peer_died(io, io->from, strerror(errno));
+}
+
+/* A whole header arrived: decide where its payload goes. */
+static int rx_header_done(io_t *io) {
+  crun__hdr_t *h = &io->rh;
+  if (h->magic != CRUN__TCP_MAGIC || h->group != io->t->group)
+    return crun_error(CRUN_EPROTO, "rank %d: garbled frame from rank %d (magic %08x group %08x)",
+                      io->t->rank, io->from, h->magic, h->group);
+  if (h->kind == CRUN__KIND_ABORT) {
+    size_t n = h->nbytes > 4096 ? 4096 : h->nbytes;
+    io->abort_text = calloc(1, n + 1);
+    io->rgot = 0;
+    io->rstate = RX_ABORT;
+    return io->abort_text ? 0 : crun_error(CRUN_ENOMEM, "abort text");
+  }
+  int r = classify(io, h);
+  if (r < 0) return r;
+  if (r == 0) return rx_enter_payload(io, h);
+  io->pending = calloc(1, sizeof *io->pending);
+  if (io->pending) io->pending->data = malloc(h->nbytes ? h->nbytes : 1);
+  if (!io->pending || !io->pending->data) return crun_error(CRUN_ENOMEM, "stash of %llu bytes", (unsigned long long)h->nbytes);
+  io->pending->h = *h;
+  io->rgot = 0;
+  io->rstate = RX_STASH;
+  return 0;
+}
+
+static int rx_enter_payload(io_t *io, const crun__hdr_t *h) {
+  io->rgot = 0;
+  io->rstate = h->nbytes ? RX_PAYLOAD : RX_DONE;
+  return 0;
+}
+
+/* Reduces the whole elements received so far (in segments) into red_dst. */
+static void rx_reduce(io_t *io, int final) {
+  size_t es = elsize(io->c->dt), avail = io->rgot / es * es;
+  if (avail > io->reduced && (final || avail - io->reduced >= REDUCE_SEG)) {
+    crun_reduce_into(io->c->dt, io->c->op, (char *)io->red_dst + io->reduced,
+                     io->rp + io->reduced, (avail - io->reduced) / es);
+    io->reduced = avail;
+  }
+}
+
+/* Appends the finished pending frame to the peer's stash. */
+static void stash_push(io_t *io) {
+  crun__stash_t **pp = &io->t->stash[io->from];
+  while (*pp) pp = &(*pp)->next;
+  *pp = io->pending;
+  io->pending = NULL;
+}
+
+/* Advances the receive state machine; 1 progress, 0 would block, <0 error. */
+static int rx_some(io_t *io) {
+  ssize_t k;
+  switch (io->rstate) {
+  case RX_HDR:
+    if ((k = rx_read(io, (char *)&io->rh + io->hgot, HDR - io->hgot)) <= 0) return (int)k;
+    if ((io->hgot += (size_t)k) == HDR) {
+      io->hgot = 0;
+      int r = rx_header_done(io);
+      return r < 0 ? r : 1;
+    }
+    return 1;
+  case RX_PAYLOAD:
+    if ((k = rx_read(io, io->rp + io->rgot, io->rbytes - io->rgot)) <= 0) return (int)k;
+    io->rgot += (size_t)k;
+    if (io->red_dst) rx_reduce(io, io->rgot == io->rbytes);
+    if (io->rgot == io->rbytes) io->rstate = RX_DONE;
+    return 1;
+  case RX_STASH:
+    k = io->rh.nbytes ? rx_read(io, (char *)io->pending->data + io->rgot, io->rh.nbytes - io->rgot) : 0;
+    if (k < 0 || (k == 0 && io->rh.nbytes)) return (int)k;
+    if ((io->rgot += (size_t)k) == io->rh.nbytes) {
+      stash_push(io);
+      io->rstate = io->stash_only ? RX_DONE : RX_HDR;
+    }
+    return 1;
+  case RX_ABORT: {
+    char sink[4096];
+    size_t cap = io->rh.nbytes > 4096 ? 4096 : io->rh.nbytes;
+    char *dst = io->rgot < cap ? io->abort_text + io->rgot : sink;
+    size_t want = io->rgot < cap ? cap - io->rgot : io->rh.nbytes - io->rgot;
+    if (want && (k = rx_read(io, dst, want)) <= 0) return (int)k;
+    io->rgot += want ? (size_t)k : 0;
+    if (io->rgot == io->rh.nbytes) return aborted_by(io, io->from, &io->rh, io->abort_text);
+    return 1;
+  }
+  }
+  return 0;
+}
+
+/* While only sending to `to`, looks whether it sent an abort frame or closed. */
+static int peek_abort(io_t *io) {
+  crun__hdr_t h;
+  ssize_t k = recv(io->t->fds[io->to], &h, HDR, MSG_PEEK | MSG_DONTWAIT);
+  if (k == 0) return peer_died(io, io->to, "closed");
+  io->watch_to = 0;
+  if (k != (ssize_t)HDR || h.kind != CRUN__KIND_ABORT) return 0;
+  char text[4097] = "";
+  size_t n = h.nbytes > 4096 ? 4096 : h.nbytes;
+  recv(io->t->fds[io->to], &h, HDR, MSG_DONTWAIT);
+  recv(io->t->fds[io->to], text, n, MSG_DONTWAIT);
+  return aborted_by(io, io->to, &h, text);
+}
+
+/* The step's deadline passed: name the peer and where every rank is. */
+static int timed_out(io_t *io) {
+  char desc[64], where[1024];
+  crun__coll_desc(io->c, desc, sizeof desc);
+  crun__pg_progress_report(io->t->pg, where, sizeof where);
+  if (io->rstate != RX_DONE && io->from >= 0)
+    return crun_error(CRUN_ETIMEDOUT, "%s on rank %d: no data from rank %d after %.1f s; %s", desc,
+                      io->t->rank, io->from, io->c->timeout, where);
+  return crun_error(CRUN_ETIMEDOUT, "%s on rank %d: rank %d took no data for %.1f s; %s", desc,
+                    io->t->rank, io->to, io->c->timeout, where);
+}
+
+/* Polls the step's sockets until one is ready; <0 on timeout. */
+static int io_wait(io_t *io) {
+  struct pollfd p[2];
+  int n = 0, tx = io->to >= 0 && io->toff < HDR + io->sbytes, rx = io->from >= 0 && io->rstate != RX_DONE;
+  if (tx) p[n++] = (struct pollfd){io->t->fds[io->to], (short)(POLLOUT | (io->watch_to ? POLLIN : 0)), 0};
+  if (rx && tx && io->from == io->to) p[0].events |= POLLIN;
+  else if (rx) p[n++] = (struct pollfd){io->t->fds[io->from], POLLIN, 0};
+  double left = io->c->deadline - crun_clock();
+  if (left <= 0) return timed_out(io);
+  int ms = left > 1000.0 ? 1000000 : (int)(left * 1000.0) + 1;
+  int k = poll(p, (nfds_t)n, ms);
+  if (k < 0 && errno != EINTR) return crun_error(CRUN_ESYS, "poll: %s", strerror(errno));
+  if (k > 0 && tx && io->watch_to && (p[0].revents & (POLLIN | POLLHUP)) && !(rx && io->from == io->to))
+    return peek_abort(io);
+  return 0;
+}
+
+/* Drives both sides until done, an error, or the deadline. */
+static int io_run(io_t *io) {
+  for (;;) {
+    int progress = 0, r;
+    while (io->to >= 0 && (r = tx_some(io)) != 0) {
+      if (r < 0) return r;
+      progress = 1;
+    }
+    while (io->from >= 0 && io->rstate != RX_DONE && (r = rx_some(io)) != 0) {
+      if (r < 0) return r;
+      progress = 1;
+    }
+    int tx_left = io->to >= 0 && io->toff < HDR + io->sbytes;
+    int rx_left = io->from >= 0 && io->rstate != RX_DONE;
+    if (!tx_left && !rx_left) return 0;
+    if (!progress && (r = io_wait(io)) < 0) return r;
+  }
+}
+
+static void io_free(io_t *io) {
+  if (io->pending) { free(io->pending->data); free(io->pending); }
+  free(io->abort_text);
+}
+
+static int run_step(crun__tcp_t *t, crun__coll_t *c, const crun__xfer_t *x, int stash_only) {
+  io_t io = {.t = t, .c = c, .to = x->to, .sp = x->sbuf, .sbytes = x->sbytes, .watch_to = 1,
+             .from = x->from, .rp = x->rbuf, .rbytes = x->rbytes, .red_dst = x->red_dst,
+             .stash_only = stash_only, .rstate = RX_HDR};
+  if (x->to >= 0) fill_hdr(t, c, x->sbytes, &io.th);
+  int rc = 0;
+  if (x->from >= 0 && !stash_only) rc = rx_from_stash(&io);
+  if (rc >= 0) rc = io_run(&io);
+  io_free(&io);
+  return rc;
+}
+
+int crun__tcp_xfer(crun__tcp_t *t, crun__coll_t *c, const crun__xfer_t *x) {
+  if (t->aborted) return crun_error(CRUN_ESTATE, "rank %d: the tcp transport was aborted", t->rank);
+  int rc = run_step(t, c, x, 0);
+  return rc < 0 ? rc : 0;
+}
+
+int crun__tcp_send(crun__tcp_t *t, crun__coll_t *c) {
+  crun__xfer_t x = {.to = c->root, .sbuf = c->buf, .sbytes = c->count * elsize(c->dt), .from = -1};
+  return crun__tcp_xfer(t, c, &x);
+}
+
+/* Takes the first stashed send with our tag from any peer; 1 when found. */
+static int recv_any_from_stash(crun__tcp_t *t, crun__coll_t *c, size_t nbytes) {
+  for (int j = 0; j < t->size; j++) {
+    if (j == t->rank || !t->stash[j]) continue;
+    io_t io = {.t = t, .c = c, .to = -1, .from = j, .rp = c->buf, .rbytes = nbytes, .rstate = RX_HDR};
+    int r = rx_from_stash(&io);
+    if (r != 0) { if (r > 0) c->src_out = j; return r; }
+  }
+  return 0;
+}
+
+/* Waits for any peer to be readable and stashes one frame from it. */
+static int recv_any_step(crun__tcp_t *t, crun__coll_t *c) {
+  struct pollfd *p = calloc((size_t)t->size, sizeof *p);
+  if (!p) return crun_error(CRUN_ENOMEM, "poll set");
+  for (int j = 0; j < t->size; j++) p[j] = (struct pollfd){j == t->rank ? -1 : t->fds[j], POLLIN, 0};
+  double left = c->deadline - crun_clock();
+  int k = left > 0 ? poll(p, (nfds_t)t->size, left > 1000 ? 1000000 : (int)(left * 1000) + 1) : 0;
+  int rc = 0;
+  for (int j = 0; k > 0 && j < t->size && rc >= 0; j++)
+    if (p[j].revents) {
+      crun__xfer_t x = {.to = -1, .from = j};
+      rc = run_step(t, c, &x, 1);
+    }
+  free(p);
+  if (k == 0 && crun_clock() >= c->deadline) {
+    char desc[64], where[1024];
+    crun__coll_desc(c, desc, sizeof desc);
+    crun__pg_progress_report(t->pg, where, sizeof where);
+    return crun_error(CRUN_ETIMEDOUT, "%s on rank %d: no sender after %.1f s; %s", desc, t->rank,
+                      c->timeout, where);
+  }
+  return rc;
+}
+
+int crun__tcp_recv(crun__tcp_t *t, crun__coll_t *c) {
+  if (t->aborted) return crun_error(CRUN_ESTATE, "rank %d: the tcp transport was aborted", t->rank);
+  size_t nbytes = c->count * elsize(c->dt);
+  if (c->root != CRUN_ANY_SOURCE) {
+    crun__xfer_t x = {.to = -1, .from = c->root, .rbuf = c->buf, .rbytes = nbytes};
+    c->src_out = c->root;
+    return crun__tcp_xfer(t, c, &x);
+  }
+  for (;;) {
+    int r = recv_any_from_stash(t, c, nbytes);
+    if (r != 0) return r < 0 ? r : 0;
+    if ((r = recv_any_step(t, c)) < 0) return r;
+  }
+}
+
+void crun__tcp_abort(crun__tcp_t *t, int status, const char *text) {
+  if (!t || t->aborted) return;
+  t->aborted = 1;
+  const char *cut = strstr(text, " [reported by rank");
+  size_t len = cut ? (size_t)(cut - text) : strlen(text);
+  for (int j = 0; j < t->size; j++) {
+    if (t->fds[j] < 0) continue;
+    if (!t->tx_dirty[j]) {
+      crun__hdr_t h = {.magic = CRUN__TCP_MAGIC, .group = t->group, .kind = CRUN__KIND_ABORT,
+                       .status = (uint32_t)(-status), .nbytes = len};
+      struct iovec iov[2] = {{&h, HDR}, {(void *)text, len}};
+      struct msghdr m = {.msg_iov = iov, .msg_iovlen = 2};
+      if (sendmsg(t->fds[j], &m, MSG_NOSIGNAL | MSG_DONTWAIT) < 0)
+        CRUN_LOG(INFO, NET, "abort frame to rank %d: %s", j, strerror(errno));
+    }
+    shutdown(t->fds[j], SHUT_WR);
+  }
+}

@@ -1,0 +1,64 @@
+/* test_pg_util.h — runs a function on N forked ranks joined in a process
+ * group over a file store, for the pg and collective C tests. */
+#ifndef CRUN_TEST_PG_UTIL_H
+#define CRUN_TEST_PG_UTIL_H
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+typedef void (*pg_rank_fn)(crun_pg_t *pg, void *arg);
+
+/* Forks n ranks; each joins a group (timeout s) and runs fn. Returns the
+ * number of ranks that failed (non-zero exit, signal, or over `limit` s).
+ * Ranks listed in `expect_fail` (bitmask) are allowed to exit non-zero. */
+static int pg_spawn_ex(int n, pg_rank_fn fn, void *arg, double timeout, double limit) {
+  char path[64];
+  snprintf(path, sizeof path, "/tmp/crun_pgtest_%d_%ld", (int)getpid(), (long)time(NULL));
+  unlink(path);
+  pid_t pids[64];
+  for (int r = 0; r < n; r++) {
+    pids[r] = fork();
+    if (pids[r] == 0) {
+      crun_store_t *s = NULL;
+      EXPECT_OK(crun_store_file_new(path, &s));
+      crun_pg_opts_t o = {.store = s, .rank = r, .world_size = n, .timeout = timeout, .name = "t"};
+      crun_pg_t *pg = NULL;
+      EXPECT_OK(crun_pg_new(&o, &pg));
+      fn(pg, arg);
+      crun_pg_release(pg);
+      crun_store_release(s);
+      _exit(0);
+    }
+  }
+  int failed = 0, left = n;
+  double end = crun_clock() + limit;
+  while (left > 0) {
+    int st;
+    pid_t p = waitpid(-1, &st, WNOHANG);
+    if (p > 0) {
+      left--;
+      if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) failed++;
+      continue;
+    }
+    if (crun_clock() > end) {
+      for (int r = 0; r < n; r++) kill(pids[r], SIGKILL);
+      while (waitpid(-1, &st, 0) > 0) {}
+      failed += left;
+      break;
+    }
+    struct timespec ts = {0, 5 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+  }
+  unlink(path);
+  return failed;
+}
+
+static inline void pg_spawn(int n, pg_rank_fn fn, void *arg) {
+  EXPECT_EQ_INT(pg_spawn_ex(n, fn, arg, 30.0, 60.0), 0);
+}
+
+#endif
