@@ -7,6 +7,11 @@ local crun = {
   core = core,
   version = core.version,
   clock = core.clock,
+  -- training shortcuts (lua/crun/ddp.lua, serialize.lua), loaded on call
+  DDP = function(...) return require("crun.ddp").DDP(...) end,
+  join = function(...) return require("crun.ddp").join(...) end,
+  save = function(...) return require("crun.serialize").save(...) end,
+  load = function(...) return require("crun.serialize").load(...) end,
 }
 
 -- Submodules that load lazily from lua/crun/<name>.lua on first access.
