@@ -198,8 +198,6 @@ end
 --- Iterates batches: for i, X, Y, ... in loader:iter() (each a new tensor
 -- gathered with index_select along dimension 1).
 function Loader:iter()
-  local okt, T = pcall(require, "crun.tensor")
-  if not okt then T = require("crun.core").tensor end
   local idx, bs, nb = self:_indices(), self.batch_size, #self
   local b = 0
   return function()
@@ -209,11 +207,27 @@ function Loader:iter()
     local last = math.min(first + bs - 1, #idx)
     local sel = {}
     for k = first, last do sel[#sel + 1] = idx[k] end
-    local it = T.new(sel, "int64")
     local out = {b}
-    for i, t in ipairs(self.dataset) do out[i + 1] = t:index_select(1, it) end
+    for i, t in ipairs(self.dataset) do out[i + 1] = data.gather_rows(t, sel) end
     return table.unpack(out)
   end
+end
+
+--- Returns a new tensor holding rows idx[1], idx[2], ... (1-based) of t
+-- (index_select along dimension 1).
+function data.gather_rows(t, idx)
+  local okt, T = pcall(require, "crun.tensor")
+  if not okt then T = require("crun.core").tensor end
+  if t.index_select then return t:index_select(1, T.new(idx, "int64")) end
+  local shape = t:size()
+  shape[1] = #idx
+  local out = T.zeros(shape, t:dtype())
+  if t:dim() == 1 then
+    for k, i in ipairs(idx) do out[k] = t[i] end
+  else
+    for k, i in ipairs(idx) do out:select(1, k):copy(t:select(1, i)) end
+  end
+  return out
 end
 
 --- Sums a table of numbers over every rank of the process group (float64
