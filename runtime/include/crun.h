@@ -17,5 +17,6 @@
 #include "crun/store.h"
 #include "crun/tensor.h"
 #include "crun/pg.h"
+#include "crun/train.h"
 
 #endif /* CRUN_H */
