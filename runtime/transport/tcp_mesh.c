@@ -213,8 +213,9 @@ int crun__tcp_open(crun_pg_t *pg, crun__tcp_t **out) {
   t->group = pg->group_id;
   t->fds = malloc(sizeof(int) * (size_t)pg->size);
   t->tx_dirty = calloc((size_t)pg->size, 1);
+  t->closed = calloc((size_t)pg->size, 1);
   t->stash = calloc((size_t)pg->size, sizeof *t->stash);
-  if (!t->fds || !t->tx_dirty || !t->stash) { crun__tcp_close(t); return crun_error(CRUN_ENOMEM, "tcp transport"); }
+  if (!t->fds || !t->tx_dirty || !t->closed || !t->stash) { crun__tcp_close(t); return crun_error(CRUN_ENOMEM, "tcp transport"); }
   for (int j = 0; j < pg->size; j++) t->fds[j] = -1;
   int rc = pg->size > 1 ? build_mesh(t, crun_clock() + pg->timeout) : 0;
   if (rc < 0) { crun__tcp_close(t); return rc; }
@@ -235,6 +236,7 @@ void crun__tcp_close(crun__tcp_t *t) {
   }
   free(t->fds);
   free(t->tx_dirty);
+  free(t->closed);
   free(t->stash);
   free(t);
 }

@@ -35,6 +35,7 @@ struct crun__tcp {
   uint32_t group;
   int *fds;             /* fds[peer]; -1 for self */
   char *tx_dirty;       /* a frame to that peer was left half sent */
+  char *closed;         /* the peer closed its side (seen by an any-source recv) */
   crun__stash_t **stash;/* per-peer FIFO */
   int aborted;
 };

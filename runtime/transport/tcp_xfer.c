@@ -398,12 +398,25 @@ static int recv_any_from_stash(crun__tcp_t *t, crun__coll_t *c, size_t nbytes) {
 static int recv_any_step(crun__tcp_t *t, crun__coll_t *c) {
   struct pollfd *p = calloc((size_t)t->size, sizeof *p);
   if (!p) return crun_error(CRUN_ENOMEM, "poll set");
-  for (int j = 0; j < t->size; j++) p[j] = (struct pollfd){j == t->rank ? -1 : t->fds[j], POLLIN, 0};
+  int open = 0;
+  for (int j = 0; j < t->size; j++) {
+    p[j] = (struct pollfd){j == t->rank || t->closed[j] ? -1 : t->fds[j], POLLIN, 0};
+    open += p[j].fd >= 0;
+  }
+  if (!open) {
+    free(p);
+    return crun_error(CRUN_EPEERDIED, "recv from any rank on rank %d: every peer closed its connection", t->rank);
+  }
   double left = c->deadline - crun_clock();
   int k = left > 0 ? poll(p, (nfds_t)t->size, left > 1000 ? 1000000 : (int)(left * 1000) + 1) : 0;
   int rc = 0;
   for (int j = 0; k > 0 && j < t->size && rc >= 0; j++)
     if (p[j].revents) {
+      char b;
+      if (recv(t->fds[j], &b, 1, MSG_PEEK | MSG_DONTWAIT) == 0) { /* a peer that left sends nothing more */
+        t->closed[j] = 1;
+        continue;
+      }
       crun__xfer_t x = {.to = -1, .from = j};
       rc = run_step(t, c, &x, 1);
     }

@@ -1,5 +1,5 @@
 /* engine.c — what every collective shares: argument checks and the op
- * description, the one-shot path and the chunked pipeline. */
+ * description, and the one-shot path. The chunked path is in pipeline.c. */
 #include "transport/shm/shm_int.h"
 
 #include <stdint.h>
@@ -100,69 +100,6 @@ int crun__shm_run_small(shm_op_t *o) {
   if (o->finish) {
     int rc = o->finish(o, b);
     if (rc < 0) return crun__shm_fail_last(c, rc);
-  }
-  return 0;
-}
-
-/* Copies chunk t into this rank's buffer once every rank is done with the
- * chunk that used it last, then posts IN. */
-static int stage_in(shm_op_t *o, uint64_t g0, size_t t) {
-  crun__shm_comm_t *c = o->c;
-  uint64_t g = g0 + t;
-  if (g > (uint64_t)c->nbuf) CRUN_CHECK(crun__shm_wait(c, SHM_CTR_OUT, -1, g - c->nbuf));
-  if (o->copy_in) o->copy_in(o, t, crun__shm_buf(c, c->rank, (int)(g % c->nbuf)));
-  crun__shm_post(c, &c->ctrl[c->rank].ctr[SHM_CTR_IN], g);
-  return 0;
-}
-
-/* Checks every peer's description of this op in its ring (every peer has
- * posted IN for the op's first chunk, so it has published it). */
-static int check_ring_descs(crun__shm_comm_t *c) {
-  for (int q = 0; q < c->size; q++) {
-    if (q == c->rank) continue;
-    shm_desc_t *d = &c->ctrl[q].ring[c->opseq % SHM_RING];
-    uint64_t sig = atomic_load_explicit(&d->sig, memory_order_relaxed);
-    uint64_t count = atomic_load_explicit(&d->count, memory_order_relaxed);
-    if (atomic_load_explicit(&d->opseq, memory_order_acquire) != c->opseq)
-      return crun__shm_fail(c, CRUN_EMISMATCH, "shm %s #%llu on rank %d: rank %d is on "
-                            "another collective", crun__shm_kind_name(c->kind),
-                            (unsigned long long)c->opseq, c->rank, q);
-    CRUN_CHECK(crun__shm_check_desc(c, q, c->opseq, sig, count));
-  }
-  return 0;
-}
-
-/* Phases B (reduce) and C (copy out) of chunk t. */
-static int chunk_finish(shm_op_t *o, uint64_t g0, size_t t) {
-  crun__shm_comm_t *c = o->c;
-  uint64_t g = g0 + t;
-  int b = (int)(g % c->nbuf), rc;
-  if (o->has_reduce) {
-    CRUN_CHECK(crun__shm_wait(c, SHM_CTR_IN, -1, g));
-    if ((rc = o->reduce(o, t, b)) < 0) return crun__shm_fail_last(c, rc);
-    crun__shm_post(c, &c->ctrl[c->rank].ctr[SHM_CTR_RED], g);
-  }
-  if (o->copy_out) {
-    CRUN_CHECK(crun__shm_wait(c, (shm_ctr_t)o->out_wait_ctr, o->out_wait_who, g));
-    if ((rc = o->copy_out(o, t, b)) < 0) return crun__shm_fail_last(c, rc);
-  }
-  crun__shm_post(c, &c->ctrl[c->rank].ctr[SHM_CTR_OUT], g);
-  return 0;
-}
-
-/* Pipelined path: chunk t+1 is copied in before chunk t is reduced and
- * copied out. Chunk numbers (g) run on across ops; buffer = g % nbuf. */
-int crun__shm_run_pipeline(shm_op_t *o) {
-  crun__shm_comm_t *c = o->c;
-  uint64_t g0 = c->chunk_seq + 1;
-  size_t T = o->nchunks;
-  c->chunk_seq += T;
-  CRUN_CHECK(stage_in(o, g0, 0));
-  CRUN_CHECK(crun__shm_wait(c, SHM_CTR_IN, -1, g0));
-  CRUN_CHECK(check_ring_descs(c));
-  for (size_t t = 0; t < T; t++) {
-    if (t + 1 < T) CRUN_CHECK(stage_in(o, g0, t + 1));
-    CRUN_CHECK(chunk_finish(o, g0, t));
   }
   return 0;
 }

@@ -120,6 +120,10 @@ static inline char *crun__shm_buf(crun__shm_comm_t *c, int q, int b) {
 }
 
 /* wait.c */
+typedef struct { long iter; uint64_t t0; } shm_waiter_t;
+int crun__shm_ready(crun__shm_comm_t *c, shm_ctr_t ctr, int who, uint64_t target);
+int crun__shm_idle(crun__shm_comm_t *c, shm_waiter_t *w, shm_ctr_t ctr, int who, int q,
+                   uint64_t target);
 const char *crun__shm_kind_name(shm_kind_t k);
 void crun__shm_post(crun__shm_comm_t *c, _Atomic uint64_t *ctr, uint64_t v);
 int crun__shm_wait(crun__shm_comm_t *c, shm_ctr_t ctr, int who, uint64_t target);
@@ -127,7 +131,6 @@ int crun__shm_fail(crun__shm_comm_t *c, int status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 int crun__shm_fail_last(crun__shm_comm_t *c, int status);
 int crun__shm_check_abort(crun__shm_comm_t *c);
-int crun__shm_check_peers(crun__shm_comm_t *c);
 int crun__shm_check_desc(crun__shm_comm_t *c, int q, uint64_t opseq, uint64_t sig,
                          uint64_t count);
 

@@ -104,18 +104,23 @@ int crun__shm_check_abort(crun__shm_comm_t *c) {
                     who - 1, c->hdr->abort_text);
 }
 
-/* Fails with CRUN_EPEERDIED when a peer process has exited. */
-int crun__shm_check_peers(crun__shm_comm_t *c) {
-  for (int q = 0; q < c->size; q++) {
-    if (q == c->rank) continue;
-    int dead = 0;
-    if (c->pidfd[q] >= 0) {
-      struct pollfd p = {c->pidfd[q], POLLIN, 0};
-      dead = poll(&p, 1, 0) > 0;
-    } else {
-      dead = kill((pid_t)c->pids[q], 0) != 0 && errno == ESRCH;
-    }
-    if (dead)
+/* Returns non-zero when rank q's process has exited. */
+static int peer_dead(crun__shm_comm_t *c, int q) {
+  if (c->pidfd[q] >= 0) {
+    struct pollfd p = {c->pidfd[q], POLLIN, 0};
+    return poll(&p, 1, 0) > 0;
+  }
+  return kill((pid_t)c->pids[q], 0) != 0 && errno == ESRCH;
+}
+
+static _Atomic uint64_t *counter(crun__shm_comm_t *c, shm_ctr_t ctr, int q, uint64_t target);
+
+/* Fails with CRUN_EPEERDIED when a rank we still wait for (short of target
+ * on ctr) has exited; ranks that exited after posting it are fine. */
+static int check_peers(crun__shm_comm_t *c, shm_ctr_t ctr, int who, uint64_t target) {
+  for (int q = who < 0 ? 0 : who; q < (who < 0 ? c->size : who + 1); q++) {
+    if (q == c->rank || atomic_load(counter(c, ctr, q, target)) >= target) continue;
+    if (peer_dead(c, q))
       return crun__shm_fail(c, CRUN_EPEERDIED, "shm %s #%llu on rank %d: rank %d (pid %d) "
                             "died", crun__shm_kind_name(c->kind),
                             (unsigned long long)c->opseq, c->rank, q, (int)c->pids[q]);
@@ -181,7 +186,7 @@ static int before_sleep(crun__shm_comm_t *c, shm_ctr_t ctr, int who, int q, uint
   CRUN_CHECK(ring_check(c, q));
   if (now - c->last_live_ns >= SHM_LIVE_EVERY_NS) {
     c->last_live_ns = now;
-    CRUN_CHECK(crun__shm_check_peers(c));
+    CRUN_CHECK(check_peers(c, ctr, who, target));
   }
   if ((double)now * 1e-9 > c->deadline) {
     char late[300];
@@ -208,30 +213,44 @@ static void sleep_on(crun__shm_comm_t *c, _Atomic uint64_t *ctr, int q, uint64_t
   atomic_fetch_sub(&p->sleepers, 1);
 }
 
+/* Returns -1 when counter ctr of rank `who` (-1: every rank but this one)
+ * has reached target, else the first rank that has not. Never blocks. */
+int crun__shm_ready(crun__shm_comm_t *c, shm_ctr_t ctr, int who, uint64_t target) {
+  int end = who < 0 ? c->size : who + 1;
+  for (int q = who < 0 ? 0 : who; q < end; q++)
+    if (q != c->rank &&
+        atomic_load_explicit(counter(c, ctr, q, target), memory_order_acquire) < target)
+      return q;
+  return -1;
+}
+
+/* One step of backing off while rank q is short of target on ctr: a burst
+ * of pause instructions or one sched_yield, and after the spin time / the
+ * yields, one futex sleep on q's bell preceded by the slow checks. */
+int crun__shm_idle(crun__shm_comm_t *c, shm_waiter_t *w, shm_ctr_t ctr, int who, int q,
+                   uint64_t target) {
+  w->iter++;
+  if (!c->policy_yield) {
+    for (int i = 0; i < 64; i++) cpu_relax();
+    uint64_t now = crun_clock_ns();
+    if (!w->t0) w->t0 = now;
+    if ((long)(now - w->t0) < c->spin_ns) return 0;
+  } else if (w->iter <= c->yields) {
+    sched_yield();
+    return 0;
+  }
+  uint64_t now = crun_clock_ns();
+  CRUN_CHECK(before_sleep(c, ctr, who, q, target, now));
+  sleep_on(c, counter(c, ctr, q, target), q, target, now);
+  return 0;
+}
+
 /* Waits until counter ctr of rank `who` (-1: every rank but this one)
  * reaches target, or fails (deadline, dead peer, abort, mismatch). */
 int crun__shm_wait(crun__shm_comm_t *c, shm_ctr_t ctr, int who, uint64_t target) {
-  int q = who < 0 ? 0 : who, end = who < 0 ? c->size : who + 1;
-  uint64_t t0 = 0;
-  long iter = 0;
-  for (;;) {
-    while (q < end && (q == c->rank || atomic_load_explicit(counter(c, ctr, q, target),
-                                                            memory_order_acquire) >= target))
-      q++;
-    if (q == end) return 0;
-    iter++;
-    if (!c->policy_yield) {
-      cpu_relax();
-      if (iter & 63) continue;
-      uint64_t now = crun_clock_ns();
-      if (!t0) t0 = now;
-      if ((long)(now - t0) < c->spin_ns) continue;
-    } else if (iter <= c->yields) {
-      sched_yield();
-      continue;
-    }
-    uint64_t now = crun_clock_ns();
-    CRUN_CHECK(before_sleep(c, ctr, who, q, target, now));
-    sleep_on(c, counter(c, ctr, q, target), q, target, now);
-  }
+  shm_waiter_t w = {0, 0};
+  int q;
+  while ((q = crun__shm_ready(c, ctr, who, target)) >= 0)
+    CRUN_CHECK(crun__shm_idle(c, &w, ctr, who, q, target));
+  return 0;
 }

@@ -1,0 +1,217 @@
+/* test_pg.c — process group semantics on forked ranks: async ordering,
+ * sub-groups, point-to-point matching by source and tag, argument errors,
+ * and the failure reports (mismatch, timeout, a peer killed mid-collective). */
+#include <pthread.h>
+#include <stdlib.h>
+
+#include "test_pg_util.h"
+
+#define EXPECT_TEXT(needle)                                                           \
+  do {                                                                                \
+    if (!strstr(crun_last_error(), (needle)))                                         \
+      crun_test_fail(__FILE__, __LINE__, "error text lacks '%s': %s", (needle), crun_last_error()); \
+  } while (0)
+
+static void async_order(crun_pg_t *pg, void *arg) {
+  (void)arg;
+  int r = crun_pg_rank(pg), p = crun_pg_size(pg);
+  enum { N = 6, C = 50000 };
+  static float bufs[N][C];
+  crun_work_t *w[N];
+  for (int k = 0; k < N; k++) {
+    for (int i = 0; i < C; i++) bufs[k][i] = (float)(r + k);
+    EXPECT_OK(crun_pg_all_reduce(pg, bufs[k], C, CRUN_FLOAT32, CRUN_OP_SUM, NULL, &w[k]));
+  }
+  float x = (float)r;
+  EXPECT_OK(crun_pg_all_reduce(pg, &x, 1, CRUN_FLOAT32, CRUN_OP_MAX, NULL, NULL)); /* behind the queue */
+  EXPECT(x == (float)(p - 1));
+  for (int k = N - 1; k >= 0; k--) {
+    EXPECT_OK(crun_work_wait(w[k], 10));
+    EXPECT(crun_work_is_completed(w[k]));
+    crun_work_release(w[k]);
+    float want = (float)(p * (p - 1) / 2 + p * k);
+    EXPECT(bufs[k][0] == want && bufs[k][C - 1] == want);
+  }
+  EXPECT_EQ_INT(crun_pg_next_seq(pg), N + 2);
+}
+
+TEST(async_ordering) { pg_spawn(3, async_order, NULL); }
+
+static void subgroups(crun_pg_t *pg, void *arg) {
+  (void)arg;
+  int r = crun_pg_rank(pg);
+  int a[] = {0, 2}, b[] = {3, 1};
+  crun_pg_t *ga = NULL, *gb = NULL;
+  EXPECT_OK(crun_pg_new_group(pg, a, 2, 0, &ga));
+  EXPECT_OK(crun_pg_new_group(pg, b, 2, 0, &gb));
+  EXPECT((ga != NULL) == (r == 0 || r == 2));
+  EXPECT((gb != NULL) == (r == 1 || r == 3));
+  crun_pg_t *g = ga ? ga : gb;
+  EXPECT_EQ_INT(crun_pg_size(g), 2);
+  EXPECT_EQ_INT(crun_pg_global_rank(g, crun_pg_rank(g)), r);
+  int64_t v = r;
+  EXPECT_OK(crun_pg_all_reduce(g, &v, 1, CRUN_INT64, CRUN_OP_SUM, NULL, NULL));
+  EXPECT_EQ_INT(v, ga ? 2 : 4);
+  int64_t root_val = r * 10;
+  EXPECT_OK(crun_pg_broadcast(g, &root_val, 1, CRUN_INT64, 0, NULL, NULL));
+  EXPECT_EQ_INT(root_val, ga ? 0 : 30); /* group rank 0 of gb is global rank 3 */
+  crun_pg_release(g);
+  EXPECT_OK(crun_pg_barrier(pg, NULL, NULL));
+  int bad[] = {0, 4};
+  crun_pg_t *gx = NULL;
+  EXPECT_STATUS(crun_pg_new_group(pg, bad, 2, 0, &gx), CRUN_EINVAL);
+  EXPECT_TEXT("rank 4 is out of range");
+}
+
+TEST(sub_groups) { pg_spawn(4, subgroups, NULL); }
+
+static void p2p(crun_pg_t *pg, void *arg) {
+  (void)arg;
+  int r = crun_pg_rank(pg), p = crun_pg_size(pg), src = -2;
+  int32_t a[3] = {r, r, r}, b[3] = {0};
+  crun_coll_opts_t t1 = {.tag = 1}, t2 = {.tag = 2};
+  if (r == 0) {
+    int32_t x[3] = {11, 12, 13}, y[3] = {21, 22, 23};
+    EXPECT_OK(crun_pg_send(pg, x, 3, CRUN_INT32, 1, &t1, NULL));
+    EXPECT_OK(crun_pg_send(pg, y, 3, CRUN_INT32, 1, &t2, NULL));
+    for (int k = 1; k < p; k++) {
+      EXPECT_OK(crun_pg_recv(pg, b, 3, CRUN_INT32, CRUN_ANY_SOURCE, NULL, &src, NULL));
+      EXPECT(src >= 1 && src < p && b[0] == src && b[2] == src);
+    }
+  } else {
+    if (r == 1) {
+      EXPECT_OK(crun_pg_recv(pg, b, 3, CRUN_INT32, 0, &t2, &src, NULL)); /* tag 1 waits in the stash */
+      EXPECT(src == 0 && b[0] == 21 && b[2] == 23);
+      crun_work_t *w;
+      EXPECT_OK(crun_pg_recv(pg, b, 3, CRUN_INT32, 0, &t1, NULL, &w));
+      EXPECT_OK(crun_work_wait(w, 10));
+      EXPECT_EQ_INT(crun_work_source(w), 0);
+      crun_work_release(w);
+      EXPECT(b[0] == 11 && b[2] == 13);
+    }
+    EXPECT_OK(crun_pg_send(pg, a, 3, CRUN_INT32, 0, NULL, NULL));
+  }
+  /* a size mismatch on a matching tag is an error on the receiver */
+  if (r == 0) EXPECT_OK(crun_pg_send(pg, a, 2, CRUN_INT32, 1, &t1, NULL));
+  if (r == 1) {
+    EXPECT_STATUS(crun_pg_recv(pg, b, 3, CRUN_INT32, 0, &t1, NULL, NULL), CRUN_EMISMATCH);
+    EXPECT_TEXT("expected int32[3], rank 0 sent int32[2]");
+  }
+}
+
+TEST(send_recv_matching) { pg_spawn(3, p2p, NULL); }
+
+static void wait_timeout(crun_pg_t *pg, void *arg) {
+  (void)arg;
+  double v = 0;
+  if (crun_pg_rank(pg) == 1) {
+    crun_work_t *w;
+    EXPECT_OK(crun_pg_recv(pg, &v, 1, CRUN_FLOAT64, 0, NULL, NULL, &w));
+    EXPECT_STATUS(crun_work_wait(w, 0.2), CRUN_ETIMEDOUT);
+    EXPECT(!crun_work_is_completed(w));
+    EXPECT_OK(crun_pg_send(pg, &v, 1, CRUN_FLOAT64, 0, NULL, NULL)); /* queued behind the recv */
+    EXPECT_OK(crun_work_wait(w, 10));
+    EXPECT(v == 7.5);
+    crun_work_release(w);
+  } else {
+    usleep(500 * 1000);
+    v = 7.5;
+    EXPECT_OK(crun_pg_send(pg, &v, 1, CRUN_FLOAT64, 1, NULL, NULL));
+    EXPECT_OK(crun_pg_recv(pg, &v, 1, CRUN_FLOAT64, 1, NULL, NULL, NULL));
+  }
+}
+
+TEST(work_wait_timeout) { pg_spawn(2, wait_timeout, NULL); }
+
+static void bad_args(crun_pg_t *pg, void *arg) {
+  (void)arg;
+  float f[4] = {0};
+  EXPECT_STATUS(crun_pg_all_reduce(pg, f, 4, CRUN_FLOAT32, CRUN_OP_BXOR, NULL, NULL), CRUN_EINVAL);
+  EXPECT_TEXT("bxor");
+  EXPECT_STATUS(crun_pg_broadcast(pg, f, 4, CRUN_FLOAT32, 5, NULL, NULL), CRUN_EINVAL);
+  EXPECT_TEXT("root 5 is out of range for a group of 2 ranks");
+  EXPECT_STATUS(crun_pg_send(pg, f, 4, CRUN_FLOAT32, crun_pg_rank(pg), NULL, NULL), CRUN_EINVAL);
+  EXPECT_STATUS(crun_pg_all_reduce(pg, NULL, 4, CRUN_FLOAT32, CRUN_OP_SUM, NULL, NULL), CRUN_EINVAL);
+  /* nothing above reached the wire: the group still works */
+  EXPECT_OK(crun_pg_all_reduce(pg, f, 4, CRUN_FLOAT32, CRUN_OP_SUM, NULL, NULL));
+}
+
+TEST(argument_errors) { pg_spawn(2, bad_args, NULL); }
+
+/* Rank 2 calls all_gather (or another count) where the others all_reduce. */
+static void mismatch(crun_pg_t *pg, void *arg) {
+  int r = crun_pg_rank(pg), mode = *(int *)arg;
+  float buf[4 * 1024] = {0}, *outs[3] = {buf, buf + 1024, buf + 2048};
+  int rc;
+  if (r == 2 && mode == 0) rc = crun_pg_all_gather(pg, (void *const *)outs, buf + 3072, 512, CRUN_FLOAT32, NULL, NULL);
+  else rc = crun_pg_all_reduce(pg, buf, r == 2 ? 512 : 1024, CRUN_FLOAT32, CRUN_OP_SUM, NULL, NULL);
+  EXPECT_EQ_INT(rc, CRUN_EMISMATCH);
+  /* whichever rank saw it first, every rank names both calls and rank 2 */
+  EXPECT_TEXT("all_reduce");
+  EXPECT_TEXT(mode == 0 ? "all_gather" : "float32[1024]");
+  EXPECT_TEXT("float32[512]");
+  EXPECT_TEXT("rank 2");
+  /* the group is unusable afterwards, and says why */
+  EXPECT_STATUS(crun_pg_barrier(pg, NULL, NULL), CRUN_ESTATE);
+  EXPECT_TEXT("earlier failure");
+}
+
+TEST(mismatch_reported_everywhere) {
+  int mode = 0;
+  EXPECT_EQ_INT(pg_spawn_ex(3, mismatch, &mode, 20.0, 30.0), 0);
+  mode = 1;
+  EXPECT_EQ_INT(pg_spawn_ex(3, mismatch, &mode, 20.0, 30.0), 0);
+}
+
+static void timeout_case(crun_pg_t *pg, void *arg) {
+  (void)arg;
+  int r = crun_pg_rank(pg);
+  float x = 1;
+  EXPECT_OK(crun_pg_barrier(pg, NULL, NULL));
+  if (r == 2) {
+    usleep(2500 * 1000);
+    /* the late rank may still complete all_reduce from buffered data, but the
+     * group is aborted: at the latest the next call fails */
+    int rc = crun_pg_all_reduce(pg, &x, 1, CRUN_FLOAT32, CRUN_OP_SUM, NULL, NULL);
+    if (rc == 0) rc = crun_pg_barrier(pg, NULL, NULL);
+    EXPECT(rc < 0);
+    return;
+  }
+  crun_coll_opts_t o = {.timeout = 1.0};
+  double t0 = crun_clock();
+  EXPECT_STATUS(crun_pg_all_reduce(pg, &x, 1, CRUN_FLOAT32, CRUN_OP_SUM, &o, NULL), CRUN_ETIMEDOUT);
+  EXPECT(crun_clock() - t0 < 2.0);
+  EXPECT_TEXT("all_reduce #2");
+  EXPECT_TEXT("rank 2 is at barrier #1");
+  if (r == 1) {
+    EXPECT_TEXT("no data from rank 2 after 1.0 s");
+    EXPECT_TEXT("ranks 0-1 are at all_reduce #2");
+  }
+}
+
+TEST(timeout_names_ranks) { EXPECT_EQ_INT(pg_spawn_ex(3, timeout_case, NULL, 20.0, 30.0), 0); }
+
+static void killed_case(crun_pg_t *pg, void *arg) {
+  (void)arg;
+  int r = crun_pg_rank(pg);
+  size_t n = 4 << 20;
+  float *buf = calloc(n, sizeof(float));
+  EXPECT_OK(crun_pg_barrier(pg, NULL, NULL));
+  if (r == 2) {
+    usleep(300 * 1000);
+    raise(SIGKILL);
+  }
+  double t0 = crun_clock();
+  int rc = 0;
+  for (int k = 0; k < 50 && rc == 0; k++) rc = crun_pg_all_reduce(pg, buf, n, CRUN_FLOAT32, CRUN_OP_SUM, NULL, NULL);
+  EXPECT(rc == CRUN_EPEERDIED || rc == CRUN_ECONNRESET);
+  EXPECT_TEXT("rank 2");
+  EXPECT(crun_clock() - t0 < 10.0);
+  free(buf);
+}
+
+TEST(peer_killed_mid_all_reduce) { EXPECT_EQ_INT(pg_spawn_ex(3, killed_case, NULL, 60.0, 30.0), 1); }
+
+#define CRUN_TESTS(X) X(async_ordering) X(sub_groups) X(send_recv_matching) X(work_wait_timeout) \
+  X(argument_errors) X(mismatch_reported_everywhere) X(timeout_names_ranks) X(peer_killed_mid_all_reduce)
+CRUN_TEST_MAIN()
