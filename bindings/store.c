@@ -62,6 +62,7 @@ static int push_store(lua_State *L, crun_store_t *s, const char *kind) {
 /* Reads a list of string keys (a table, or one string) at idx into a new
  * array kept alive by the stack; returns the count. */
 static size_t check_keys(lua_State *L, int idx, const char ***out) {
+  if (lua_gettop(L) < idx + 1) lua_settop(L, idx + 1); /* later args keep their index */
   if (lua_type(L, idx) == LUA_TSTRING) {
     const char **ks = lua_newuserdatauv(L, sizeof *ks, 0);
     ks[0] = lua_tostring(L, idx);
@@ -172,11 +173,12 @@ static int m_compare_set(lua_State *L) {
 /* s:wait(keys[, timeout]) */
 static int m_wait(lua_State *L) {
   crun_store_t *s = crun_l_check_store(L, 1);
+  double timeout = luaL_optnumber(L, 3, 0);
+  if (!lua_isnoneornil(L, 3) && timeout <= 0)
+    return luaL_argerror(L, 3, "timeout must be > 0 seconds");
+  lua_settop(L, 3);
   const char **ks;
   size_t n = check_keys(L, 2, &ks);
-  double timeout = luaL_optnumber(L, 3, 0);
-  if (lua_gettop(L) >= 3 && !lua_isnil(L, 3) && timeout <= 0)
-    return luaL_argerror(L, 3, "timeout must be > 0 seconds");
   STORE_CHECK(L, crun_store_wait(s, ks, n, timeout));
   return 0;
 }
