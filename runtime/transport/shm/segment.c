@@ -158,7 +158,8 @@ static int attach_all(crun__shm_comm_t *c, double deadline) {
   return 0;
 }
 
-/* Opens a pidfd per peer so a dead peer is seen at once (-1 when unknown). */
+/* Opens a pidfd per peer so a dead peer is seen at once, even while it is
+ * an unreaped zombie (-1 when not available). */
 static int open_pidfds(crun__shm_comm_t *c) {
   c->pidfd = malloc(sizeof(int) * (size_t)c->size);
   if (!c->pidfd) return crun_error(CRUN_ENOMEM, "shm create: out of memory");
@@ -166,10 +167,8 @@ static int open_pidfds(crun__shm_comm_t *c) {
     c->pidfd[q] = -1;
     if (q == c->rank) continue;
 #ifdef SYS_pidfd_open
+    /* a peer that already exited gets -1: waits then check it with kill() */
     c->pidfd[q] = (int)syscall(SYS_pidfd_open, (pid_t)c->pids[q], 0);
-    if (c->pidfd[q] < 0 && errno == ESRCH)
-      return crun_error(CRUN_EPEERDIED, "shm create on rank %d: rank %d (pid %d) exited "
-                        "right after attaching", c->rank, q, c->pids[q]);
 #endif
   }
   return 0;
