@@ -1,0 +1,344 @@
+--- crun.ddp: DistributedDataParallel and Join for crun.nn modules.
+--
+--   local model = crun.DDP(net, {bucket_cap_mb=25, first_bucket_mb=1})
+--   local out = model:forward(x)
+--   model:backward(x, crit:backward(out, y))   -- all-reduces (averages) grads
+--   opt:step()
+--
+-- At wrap time every parameter is broadcast from rank 0. Parameters are
+-- grouped into buckets in REVERSE registration order (the order backward
+-- produces their gradients): the first bucket holds at most first_bucket_mb,
+-- the others bucket_cap_mb, and a bucket never mixes dtypes. During backward,
+-- each leaf module reports when its gradients are final (nn add_grad_hook);
+-- when every gradient of a bucket is ready and every earlier bucket has been
+-- launched, the bucket's async all_reduce (op avg) starts, so communication
+-- overlaps the rest of backward. Buckets launch in the same order on every
+-- rank. backward() returns once every bucket is reduced and copied back into
+-- the gradients (gradient_as_bucket_view=true makes the gradients views of
+-- the buckets instead: no copies). ddp:no_sync(fn) runs fn with gradient
+-- synchronisation off (gradients accumulate locally; the next synced
+-- backward all-reduces the accumulated sum).
+--
+-- Join (uneven inputs): crun.join({ddp}, fn) runs fn (the rank's own loop).
+-- While some rank still trains, each training forward all-reduces a small
+-- "still active" tensor; ranks that finished shadow that all-reduce and the
+-- gradient all-reduces with zeros, so nobody hangs. Gradients are still
+-- divided by the full world size (torch's divide_by_initial_world_size).
+-- At the end, the parameters of the rank that trained the most iterations
+-- (the highest such rank on ties) are broadcast to every rank.
+local ddp = {}
+
+-- crun.tensor (falls back to the raw bindings while tensor.lua is absent).
+local function T()
+  local ok, t = pcall(require, "crun.tensor")
+  return ok and t or require("crun.core").tensor
+end
+local function dist() return require "crun.dist" end
+
+local ELSIZE = {float32 = 4, float64 = 8, float16 = 2, bfloat16 = 2}
+
+local DDP = {}
+DDP.__index = DDP
+DDP.__name = "crun.DDP"
+
+-- Builds the buckets (reverse registration order) over params.
+local function make_buckets(params, first_cap, cap)
+  local buckets, cur, limit = {}, nil, first_cap
+  for i = #params, 1, -1 do
+    local p = params[i]
+    local dt, n = p:dtype(), p:numel()
+    local bytes = n * (ELSIZE[dt] or error("DDP: parameter " .. i .. " has unsupported dtype " .. dt, 3))
+    if cur and (cur.dtype ~= dt or (cur.bytes > 0 and cur.bytes + bytes > limit)) then
+      buckets[#buckets + 1] = cur
+      limit, cur = cap, nil
+    end
+    cur = cur or {dtype = dt, bytes = 0, numel = 0, entries = {}}
+    cur.entries[#cur.entries + 1] = {param = i, offset = cur.numel, numel = n}
+    cur.numel, cur.bytes = cur.numel + n, cur.bytes + bytes
+  end
+  if cur then buckets[#buckets + 1] = cur end
+  return buckets
+end
+
+--- DDP(module, {bucket_cap_mb=25, first_bucket_mb=1, broadcast_buffers=true,
+-- gradient_as_bucket_view=false, group=nil, overlap=true}). Blocks until
+-- rank 0's parameters have been broadcast to every rank of the group.
+-- overlap=false launches every all_reduce only after backward (for
+-- measuring how much overlap hides).
+function ddp.DDP(module, opts)
+  opts = opts or {}
+  if type(module) ~= "table" or type(module.parameters) ~= "function" then
+    error("bad argument #1 to 'DDP' (crun.nn module expected)", 2)
+  end
+  local d = dist()
+  if not d.is_initialized() then
+    error("ESTATE: DDP needs a process group: call crun.dist.init_process_group() first", 2)
+  end
+  local self = setmetatable({module = module, group = opts.group, require_sync = true,
+    overlap = opts.overlap ~= false, broadcast_buffers = opts.broadcast_buffers ~= false,
+    as_view = opts.gradient_as_bucket_view == true,
+    stats = {steps = 0, comm_wait_s = 0, backward_s = 0}}, DDP)
+  self.copts = self.group and {group = self.group} or nil
+  self.async_opts = {async_op = true, group = self.group}
+  self.world = d.get_world_size(self.copts)
+  self.rank = d.get_rank(self.copts)
+  self.params, self.grads = module:parameters()
+  local mb = 1024 * 1024
+  self.buckets = make_buckets(self.params, (opts.first_bucket_mb or 1) * mb, (opts.bucket_cap_mb or 25) * mb)
+  self:_index_params()
+  for _, b in ipairs(self.buckets) do b.buffer = T().zeros({b.numel}, b.dtype) end
+  self:_sync_params(0)
+  if self.as_view then self:_make_grad_views() end
+  self:_install_hooks()
+  self:_reset()
+  return self
+end
+
+-- Maps each parameter to its bucket and entry, and each leaf module to its
+-- parameter indices.
+function DDP:_index_params()
+  self.where = {}
+  for bi, b in ipairs(self.buckets) do
+    for _, e in ipairs(b.entries) do
+      e.view = nil
+      self.where[e.param] = {bucket = bi, entry = e}
+    end
+  end
+  self.leaf_params, self.owner = {}, {}
+  local k = 0
+  for _, leaf in ipairs(self.module:leaves()) do
+    local lp = leaf:parameters()
+    local list = {}
+    for j = 1, #lp do
+      k = k + 1
+      list[j] = k
+      self.owner[k] = {leaf = leaf, index = j}
+    end
+    self.leaf_params[leaf] = list
+  end
+  if k ~= #self.params then
+    error(string.format("DDP: the module's leaves hold %d parameters but parameters() lists %d", k, #self.params), 3)
+  end
+end
+
+-- The 1-d slice of bucket b that holds entry e.
+local function slice(b, e)
+  e.view = e.view or b.buffer:narrow(1, e.offset + 1, e.numel)
+  return e.view
+end
+
+-- Broadcasts every parameter from `src`, one coalesced broadcast per bucket.
+-- (A scratch buffer per bucket: the bucket buffers may be the gradients.)
+function DDP:_sync_params(src)
+  local d = dist()
+  for _, b in ipairs(self.buckets) do
+    local buf = T().zeros({b.numel}, b.dtype)
+    for _, e in ipairs(b.entries) do
+      buf:narrow(1, e.offset + 1, e.numel):copy(self.params[e.param]:contiguous():view(e.numel))
+    end
+    d.broadcast(buf, src, self.copts)
+    for _, e in ipairs(b.entries) do
+      self.params[e.param]:view(e.numel):copy(buf:narrow(1, e.offset + 1, e.numel))
+    end
+  end
+end
+
+-- gradient_as_bucket_view: the module's gradients become views of the buckets.
+function DDP:_make_grad_views()
+  for _, b in ipairs(self.buckets) do
+    for _, e in ipairs(b.entries) do
+      local g = self.grads[e.param]
+      local v = slice(b, e):view(g:size())
+      v:copy(g)
+      local o = self.owner[e.param]
+      o.leaf:_set_grad(o.index, v)
+      self.grads[e.param] = v
+    end
+  end
+end
+
+function DDP:_install_hooks()
+  self.hooks = {}
+  for leaf, list in pairs(self.leaf_params) do
+    if #list > 0 then
+      self.hooks[#self.hooks + 1] = leaf:add_grad_hook(function() self:_leaf_ready(list) end)
+    end
+  end
+end
+
+-- Clears per-backward readiness.
+function DDP:_reset()
+  self.ready, self.next_launch, self.works = {}, 1, {}
+  for _, b in ipairs(self.buckets) do b.pending = #b.entries end
+end
+
+-- Hook: every gradient of `list` is final for this backward.
+function DDP:_leaf_ready(list)
+  if not self.require_sync or not self.in_backward then return end
+  for _, i in ipairs(list) do self:_mark_ready(i) end
+  if self.overlap then self:_launch_ready() end
+end
+
+function DDP:_mark_ready(i)
+  if self.ready[i] then
+    error(string.format("DDP: gradient of parameter %d marked ready twice in one backward (rank %d); "
+      .. "a module used twice per forward is not supported", i, self.rank), 0)
+  end
+  self.ready[i] = true
+  local w = self.where[i]
+  local b = self.buckets[w.bucket]
+  if not self.as_view then slice(b, w.entry):copy(self.grads[i]:view(w.entry.numel)) end
+  b.pending = b.pending - 1
+end
+
+-- Launches, in bucket order, every bucket that is complete.
+function DDP:_launch_ready()
+  local d = dist()
+  while self.next_launch <= #self.buckets and self.buckets[self.next_launch].pending == 0 do
+    local b = self.buckets[self.next_launch]
+    self.works[self.next_launch] = d.all_reduce(b.buffer, "avg", self.async_opts)
+    self.next_launch = self.next_launch + 1
+  end
+end
+
+-- Marks unused parameters ready, launches what is left, waits for every
+-- bucket and copies the averaged gradients back.
+function DDP:_finalize()
+  for i = 1, #self.params do
+    if not self.ready[i] then self:_mark_ready(i) end
+  end
+  self:_launch_ready()
+  local t0 = require("crun.core").clock()
+  for k, w in ipairs(self.works) do
+    w:wait()
+    if not self.as_view then
+      local b = self.buckets[k]
+      for _, e in ipairs(b.entries) do self.grads[e.param]:view(e.numel):copy(slice(b, e)) end
+    end
+  end
+  self.stats.comm_wait_s = self.stats.comm_wait_s + (require("crun.core").clock() - t0)
+end
+
+--- Forward of the wrapped module. Under crun.join it first tells ranks that
+-- already finished that this rank still trains.
+function DDP:forward(x)
+  if self.join_enabled and self.join_lead and self.module.training then self:_notify_join() end
+  if self.broadcast_buffers and self.module.buffers then
+    for _, buf in ipairs(self.module:buffers()) do dist().broadcast(buf, 0, self.copts) end
+  end
+  self.output = self.module:forward(x)
+  return self.output
+end
+
+--- Backward of the wrapped module; with synchronisation on, returns after
+-- every gradient is averaged over the group (blocking).
+function DDP:backward(x, gy)
+  local core = require "crun.core"
+  local t0 = core.clock()
+  self:_reset()
+  self.in_backward = true
+  local ok, err = pcall(self.module.backward, self.module, x, gy)
+  self.in_backward = false
+  if not ok then error(err, 0) end
+  if self.require_sync then
+    if self.join_enabled then self.join_iters = self.join_iters + 1 end
+    self:_finalize()
+    self.stats.steps = self.stats.steps + 1
+  end
+  self.stats.backward_s = self.stats.backward_s + (core.clock() - t0)
+  self.gradInput = self.module.gradInput
+  return self.gradInput
+end
+
+--- Runs fn() with gradient synchronisation off (gradient accumulation);
+-- returns fn's results.
+function DDP:no_sync(fn)
+  local prev = self.require_sync
+  self.require_sync = false
+  local res = table.pack(pcall(fn))
+  self.require_sync = prev
+  if not res[1] then error(res[2], 0) end
+  return table.unpack(res, 2, res.n)
+end
+
+function DDP:parameters() return self.module:parameters() end
+function DDP:zero_grad() return self.module:zero_grad() end
+function DDP:train() self.module:train(); return self end
+function DDP:evaluate() self.module:evaluate(); return self end
+DDP.eval = DDP.evaluate
+function DDP:state_dict() return self.module:state_dict() end
+function DDP:load_state_dict(sd) return self.module:load_state_dict(sd) end
+
+--- Removes the hooks; the module keeps working on its own.
+function DDP:close()
+  for _, h in ipairs(self.hooks or {}) do h.remove() end
+  self.hooks = {}
+end
+
+function DDP:__tostring()
+  return string.format("crun.DDP(%d params in %d buckets, world %d)", #self.params, #self.buckets, self.world)
+end
+
+-- ---------------------------------------------------------------- Join
+
+-- Active rank, each training forward: [1, sync?] summed over the group.
+function DDP:_notify_join()
+  local t = T().zeros({2}, "float64")
+  t[1], t[2] = 1, self.require_sync and 1 or 0
+  dist().all_reduce(t, "sum", self.copts)
+end
+
+-- Joined rank: mirrors one iteration of the ranks still training.
+function DDP:_shadow(sync)
+  if sync == 0 then return end
+  local d = dist()
+  local works = {}
+  for k, b in ipairs(self.buckets) do
+    b.buffer:fill(0)
+    works[k] = d.all_reduce(b.buffer, "avg", self.async_opts)
+  end
+  for _, w in ipairs(works) do w:wait() end
+end
+
+--- join(joinables, fn, {throw_on_early_termination=false}): runs fn() on
+-- this rank, then shadows the collectives of ranks that still train until
+-- every rank is done; finally broadcasts the parameters of the rank with the
+-- most iterations. Returns fn's results.
+function ddp.join(joinables, fn, opts)
+  if type(joinables) ~= "table" or type(fn) ~= "function" then
+    error("bad argument to 'join' (list of DDP models and a function expected)", 2)
+  end
+  for k, j in ipairs(joinables) do
+    if getmetatable(j) ~= DDP then error("bad argument #1 to 'join' (DDP models expected)", 2) end
+    -- only the first model announces "still training", once per iteration
+    j.join_enabled, j.join_iters, j.join_lead = true, 0, k == 1
+  end
+  local res = table.pack(pcall(fn))
+  if not res[1] then
+    for _, j in ipairs(joinables) do j.join_enabled = false end
+    error(res[2], 0)
+  end
+  local lead = joinables[1]
+  if lead then
+    local d = dist()
+    while true do
+      local t = T().zeros({2}, "float64")
+      d.all_reduce(t, "sum", lead.copts)
+      if t[1] == 0 then break end
+      for _, j in ipairs(joinables) do j:_shadow(t[2]) end
+    end
+    local key = T().zeros({1}, "float64")
+    key[1] = lead.join_iters * lead.world + lead.rank
+    d.all_reduce(key, "max", lead.copts)
+    local src = math.tointeger(key[1] % lead.world)
+    for _, j in ipairs(joinables) do
+      j:_sync_params(src)
+      j.join_enabled = false
+    end
+  end
+  return table.unpack(res, 2, res.n)
+end
+
+ddp.DDPClass = DDP
+ddp._make_buckets = make_buckets -- for specs
+return ddp
