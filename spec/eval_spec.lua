@@ -1,0 +1,64 @@
+-- Exactly-once distributed evaluation: for data set sizes not divisible by
+-- the world size, the global count equals the data set size and every sample
+-- is evaluated by exactly one rank (torch's sampler would count the padding).
+local data = require "crun.data"
+local util = require "helpers.train_util"
+local serialize = require "crun.serialize"
+
+local SIZES = {0, 1, 5, 7, 10, 101, 1003}
+
+describe("exactly-once evaluation", function()
+  it("covers each index once over explicit ranks (no process group)", function()
+    for _, n in ipairs(SIZES) do
+      for W = 1, 5 do
+        local seen, count = {}, 0
+        for r = 0, W - 1 do
+          local m = data.evaluate{size = n, num_replicas = W, rank = r, batch_size = 3, metrics = {"k"},
+            fn = function(idx)
+              for _, i in ipairs(idx) do
+                assert.is_nil(seen[i], "index " .. i .. " twice"); seen[i] = true
+              end
+              return {k = #idx}
+            end}
+          assert.are.equal(m.count, m.k)
+          count = count + m.count
+        end
+        assert.are.equal(n, count)
+        -- torch's padded sampler would have counted ceil(n / W) * W samples
+        local padded = 0
+        for r = 0, W - 1 do padded = padded + #data.DistributedSampler{size = n, num_replicas = W, rank = r, shuffle = false} end
+        assert.are.equal(math.ceil(n / W) * W, padded)
+      end
+    end
+  end)
+
+  it("rejects metrics that were not declared (every rank must reduce the same keys)", function()
+    assert.has_error(function()
+      data.evaluate{size = 4, num_replicas = 1, rank = 0, fn = function() return {oops = 1} end}
+    end)
+  end)
+
+  for _, world in ipairs{2, 3, 4} do
+    it(string.format("counts each sample once over %d ranks with all_reduce", world), function()
+      if not util.have_launcher() then pending("crun-lua / crun.dist not built") return end
+      local dir = util.tmpdir()
+      local ok, out = util.crun(world, "spec/helpers/train_eval_job.lua", dir)
+      assert(ok, out)
+      local per = {}
+      for r = 0, world - 1 do per[r] = serialize.load(string.format("%s/eval.r%d.crun", dir, r)) end
+      for _, n in ipairs(SIZES) do
+        local seen = {}
+        for r = 0, world - 1 do
+          local res = per[r][n]
+          assert.are.equal(n, res.count)                  -- the global count, on every rank
+          assert.are.equal(n * (n + 1) // 2, res.idxsum)
+          for _, i in ipairs(res.seen) do
+            assert.is_nil(seen[i], string.format("index %d evaluated twice (n=%d)", i, n)); seen[i] = true
+          end
+        end
+        for i = 1, n do assert.is_true(seen[i], "index " .. i .. " never evaluated") end
+      end
+      os.execute("rm -rf " .. dir)
+    end)
+  end
+end)
