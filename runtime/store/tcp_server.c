@@ -13,6 +13,8 @@
 #include "store/tcp_proto.h"
 
 #include <arpa/inet.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,7 +43,7 @@ struct conn {
   conn_t *prev, *next;   /* srv->conns */
   conn_t *pprev, *pnext; /* srv->parked */
   conn_t *rnext;         /* srv->ready */
-  int parked, in_ready, closing;
+  int parked, in_ready, closing, throttled;
   uint8_t *buf;
   size_t off, len, cap;  /* unserved bytes are buf[off..len) */
   char peer[64];
@@ -56,6 +58,9 @@ enum { FRAME_DONE, FRAME_PARK, FRAME_CLOSE };
 
 /* Bytes a client may pipeline behind a request that is waiting. */
 #define PARKED_BACKLOG_MAX ((size_t)64 << 20)
+/* Reply bytes queued for a client that does not read, before the server
+ * stops serving (and reading) that connection until they drain. */
+#define WRITE_BACKLOG_MAX ((size_t)64 << 20)
 
 /* ------------------------------------------------------------ lists */
 
@@ -115,13 +120,27 @@ static void conn_close(conn_t *c, const char *why) {
   uv_close((uv_handle_t *)&c->tcp, on_conn_closed);
 }
 
+static void serve_conn(conn_t *c);
+static void drain_ready(crun_store_server_t *srv);
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *out);
+static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf);
+
 static void on_written(uv_write_t *req, int status) {
   wreq_t *w = (wreq_t *)req;
-  if (status < 0 && status != UV_ECANCELED) {
-    conn_t *c = req->handle->data;
-    conn_close(c, uv_strerror(status));
-  }
+  conn_t *c = req->handle->data;
   free(w);
+  if (status < 0 && status != UV_ECANCELED) { /* the client went away: not its fault */
+    CRUN_LOG(INFO, STORE, "store server %s: write to %s: %s", c->srv->addr, c->peer,
+             uv_strerror(status));
+    conn_close(c, NULL);
+  }
+  if (c->closing || !c->throttled ||
+      uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp) > WRITE_BACKLOG_MAX / 2)
+    return;
+  c->throttled = 0;
+  uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);
+  serve_conn(c);
+  drain_ready(c->srv);
 }
 
 /* Sends one reply frame with nargs arguments. */
@@ -352,6 +371,11 @@ static int header_ok(conn_t *c, char *why, size_t whylen) {
 static void serve_conn(conn_t *c) {
   char why[160];
   while (!c->parked && !c->closing && c->len - c->off >= 4) {
+    if (uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp) > WRITE_BACKLOG_MAX) {
+      c->throttled = 1; /* resumed by on_written once the replies drain */
+      uv_read_stop((uv_stream_t *)&c->tcp);
+      return;
+    }
     uint32_t flen = crun__get_u32(c->buf + c->off);
     if (header_ok(c, why, sizeof why) < 0) return conn_close(c, why);
     if (c->len - c->off < 4 + (size_t)flen) break;
@@ -427,7 +451,7 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
 static void peer_name(conn_t *c) {
   struct sockaddr_storage ss;
   int len = sizeof ss;
-  char ip[INET6_ADDRSTRLEN] = "?";
+  char ip[INET6_ADDRSTRLEN] = "unknown peer";
   int port = 0;
   if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&ss, &len) == 0) {
     if (ss.ss_family == AF_INET) {
@@ -438,7 +462,8 @@ static void peer_name(conn_t *c) {
       port = ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
     }
   }
-  snprintf(c->peer, sizeof c->peer, "%s:%d", ip, port);
+  if (port) snprintf(c->peer, sizeof c->peer, "%s:%d", ip, port);
+  else snprintf(c->peer, sizeof c->peer, "%s", ip);
 }
 
 static void on_connection(uv_stream_t *server, int status) {
@@ -517,6 +542,19 @@ static void server_abort(crun_store_server_t *srv) {
   free(srv);
 }
 
+/* Starts the loop thread with every signal blocked: SIGPIPE from a write to
+ * a vanished client becomes EPIPE, and the host process's signal handling
+ * (the launcher's SIGINT/SIGCHLD) stays on its own threads. */
+static int start_thread(crun_store_server_t *srv) {
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  int rc = uv_thread_create(&srv->thread, server_thread, srv);
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  return rc == 0 ? 0 : crun_error(CRUN_ESYS, "store server %s: cannot start its thread: %s",
+                                  srv->addr, uv_strerror(rc));
+}
+
 int crun_store_server_start(const char *host, int port, crun_store_server_t **out) {
   if (!out || port < 0 || port > 65535)
     return crun_error(CRUN_EINVAL, "store server: bad port %d or NULL out", port);
@@ -534,8 +572,7 @@ int crun_store_server_start(const char *host, int port, crun_store_server_t **ou
   uv_async_init(&srv->loop, &srv->stop_async, on_stop);
   srv->stop_async.data = srv;
   rc = server_listen(srv, host, port);
-  if (rc == 0 && uv_thread_create(&srv->thread, server_thread, srv) != 0)
-    rc = crun_error(CRUN_ESYS, "store server %s: cannot start its thread", srv->addr);
+  if (rc == 0) rc = start_thread(srv);
   if (rc < 0) {
     server_abort(srv);
     return rc;

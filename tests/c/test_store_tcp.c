@@ -8,6 +8,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
+#include <signal.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -345,7 +346,62 @@ TEST(tcp_big_value) {
   crun_store_server_stop(srv);
 }
 
+/* Reads exactly len bytes from fd within 10 s. */
+static int read_exact(int fd, uint8_t *buf, size_t len) {
+  size_t got = 0;
+  while (got < len) {
+    struct pollfd p = {fd, POLLIN, 0};
+    if (poll(&p, 1, 10000) != 1) return -1;
+    ssize_t n = recv(fd, buf + got, len - got, 0);
+    if (n <= 0) return -1;
+    got += (size_t)n;
+  }
+  return 0;
+}
+
+TEST(tcp_pipelined_clients) {
+  signal(SIGPIPE, SIG_DFL); /* the harness ignores it; an embedding process may not */
+  crun_store_server_t *srv;
+  EXPECT_OK(crun_store_server_start("127.0.0.1", 0, &srv));
+  int port = crun_store_server_port(srv);
+  crun_store_t *s = client(port, 20);
+  size_t len = 1u << 20;
+  uint8_t *v = malloc(len);
+  for (size_t i = 0; i < len; i++) v[i] = (uint8_t)(i * 7u);
+  EXPECT_OK(crun_store_set(s, "big", v, len));
+  /* 200 pipelined GETs of 1 MiB: over the server's 64 MiB reply backlog, so
+   * it pauses that connection and resumes as the client reads */
+  enum { REQS = 200 };
+  uint8_t one[64], *many = malloc(REQS * sizeof one), *r = malloc(len + 64);
+  size_t flen = get_frame(one, "big");
+  for (int i = 0; i < REQS; i++) memcpy(many + i * flen, one, flen);
+  int fd = raw_connect(port);
+  EXPECT(send(fd, many, REQS * flen, 0) == (ssize_t)(REQS * flen));
+  for (int i = 0; i < REQS; i++) {
+    EXPECT(read_exact(fd, r, 12 + len) == 0);
+    EXPECT(crun__get_u32(r) == 8 + len && r[5] == 0 && memcmp(r + 12, v, len) == 0);
+  }
+  close(fd);
+  /* clients that pipeline and vanish (FIN or RST) before their replies */
+  for (int i = 0; i < 10; i++) {
+    fd = raw_connect(port);
+    EXPECT(send(fd, many, REQS * flen, 0) == (ssize_t)(REQS * flen));
+    if (i % 2) {
+      struct linger lg = {1, 0};
+      setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+    }
+    close(fd);
+  }
+  free(many);
+  free(r);
+  free(v);
+  EXPECT_OK(crun_store_set(s, "alive", "1", 1));
+  expect_value(s, "alive", "1");
+  crun_store_release(s);
+  crun_store_server_stop(srv);
+}
+
 #define CRUN_TESTS(X) X(tcp_semantics) X(tcp_get_is_parked_until_set) X(tcp_port_in_use) \
   X(tcp_connect_refused) X(tcp_world_size_join) X(tcp_hostile_frames) X(tcp_server_goes_away) \
-  X(tcp_thousand_clients) X(tcp_multiprocess_race) X(tcp_big_value)
+  X(tcp_thousand_clients) X(tcp_multiprocess_race) X(tcp_big_value) X(tcp_pipelined_clients)
 CRUN_TEST_MAIN()
