@@ -5,6 +5,7 @@
 #include "crun_lua.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -728,6 +729,273 @@ static int t_is_tensor(lua_State *L) {
   return 1;
 }
 
+/* ------------------------------------------------------------ math */
+
+/* Binary op on (tensor|number, tensor|number), new result or in place. The
+ * op is the closure's upvalue 1, in-place flag upvalue 2. t:add(x, alpha)
+ * and t:sub(x, alpha) scale a tensor x by alpha first (torch's alpha). */
+static int m_binop(lua_State *L) {
+  crun_binop_t op = (crun_binop_t)lua_tointeger(L, lua_upvalueindex(1));
+  int inplace = lua_toboolean(L, lua_upvalueindex(2));
+  crun_tensor_t *a = test_tensor(L, 1), *b = test_tensor(L, 2), *r = NULL, *scaled = NULL;
+  int rc;
+  if (!a && !b) return luaL_argerror(L, 1, "tensor expected");
+  if (!a && inplace) return luaL_argerror(L, 1, "tensor expected");
+  if (b && !lua_isnoneornil(L, 3) && (op == CRUN_BIN_ADD || op == CRUN_BIN_SUB)) {
+    CRUN_L_CHECK(L, crun_tensor_binop_scalar(CRUN_BIN_MUL, b, luaL_checknumber(L, 3), 0, &scaled));
+    b = scaled;
+  }
+  if (a && b) {
+    rc = inplace ? crun_tensor_binop_out(op, a, b, a) : crun_tensor_binop(op, a, b, &r);
+  } else if (a) {
+    double s = luaL_checknumber(L, 2);
+    rc = inplace ? crun_tensor_binop_scalar_out(op, a, s, 0, a) : crun_tensor_binop_scalar(op, a, s, 0, &r);
+  } else {
+    rc = crun_tensor_binop_scalar(op, b, luaL_checknumber(L, 1), 1, &r);
+  }
+  crun_tensor_release(scaled);
+  if (rc < 0) crun_l_fail(L, rc);
+  if (inplace) {
+    lua_settop(L, 1);
+    return 1;
+  }
+  return push_owned(L, 0, &r);
+}
+
+/* Unary op (upvalue 1), in place when upvalue 2 is true. */
+static int m_unop(lua_State *L) {
+  crun_unop_t op = (crun_unop_t)lua_tointeger(L, lua_upvalueindex(1));
+  crun_tensor_t *a = crun_l_check_tensor(L, 1), *r;
+  if (lua_toboolean(L, lua_upvalueindex(2))) {
+    CRUN_L_CHECK(L, crun_tensor_unop_out(op, a, a));
+    lua_settop(L, 1);
+    return 1;
+  }
+  return push_owned(L, crun_tensor_unop(op, a, &r), &r);
+}
+
+/* t:clamp(lo, hi) / t:clamp_(lo, hi); nil leaves that side open. */
+static int clamp_common(lua_State *L, int inplace) {
+  crun_tensor_t *a = crun_l_check_tensor(L, 1), *r;
+  double lo = luaL_optnumber(L, 2, -HUGE_VAL), hi = luaL_optnumber(L, 3, HUGE_VAL);
+  if (inplace) {
+    CRUN_L_CHECK(L, crun_tensor_clamp_out(a, lo, hi, a));
+    lua_settop(L, 1);
+    return 1;
+  }
+  return push_owned(L, crun_tensor_clamp(a, lo, hi, &r), &r);
+}
+static int m_clamp(lua_State *L) { return clamp_common(L, 0); }
+static int m_clamp_(lua_State *L) { return clamp_common(L, 1); }
+
+static void push_scalar_of(lua_State *L, crun_tensor_t *t) {
+  int64_t idx[CRUN_MAX_DIMS] = {0};
+  push_elem_at(L, t, idx);
+}
+
+/* Reduction (upvalue 1): t:sum() -> number; t:sum(dim[, keepdim]) -> tensor;
+ * max/min with a dim also return the 1-based positions. */
+static int m_reduce(lua_State *L) {
+  crun_dimred_t op = (crun_dimred_t)lua_tointeger(L, lua_upvalueindex(1));
+  crun_tensor_t *a = crun_l_check_tensor(L, 1), *v = NULL, *ix = NULL;
+  int all = lua_isnoneornil(L, 2), dim = all ? -1 : check_dim(L, 2, a);
+  int with_idx = !all && (op == CRUN_DIMRED_MAX || op == CRUN_DIMRED_MIN);
+  CRUN_L_CHECK(L, crun_tensor_reduce_dim(op, a, dim, lua_toboolean(L, 3), 1, &v, with_idx ? &ix : NULL));
+  if (all) {
+    push_scalar_of(L, v);
+    crun_tensor_release(v);
+    return 1;
+  }
+  push_owned(L, 0, &v);
+  if (!with_idx) return 1;
+  push_owned(L, 0, &ix);
+  return 2;
+}
+
+/* t:argmax([dim[, keepdim]]) / t:argmin: 1-based positions (a number with no dim). */
+static int arg_common(lua_State *L, crun_dimred_t op) {
+  crun_tensor_t *a = crun_l_check_tensor(L, 1), *v = NULL, *ix = NULL;
+  int all = lua_isnoneornil(L, 2), dim = all ? -1 : check_dim(L, 2, a);
+  CRUN_L_CHECK(L, crun_tensor_reduce_dim(op, a, dim, lua_toboolean(L, 3), 1, &v, &ix));
+  crun_tensor_release(v);
+  if (all) {
+    push_scalar_of(L, ix);
+    crun_tensor_release(ix);
+    return 1;
+  }
+  return push_owned(L, 0, &ix);
+}
+static int m_argmax(lua_State *L) { return arg_common(L, CRUN_DIMRED_MAX); }
+static int m_argmin(lua_State *L) { return arg_common(L, CRUN_DIMRED_MIN); }
+
+/* t:matmul(o) (also T.matmul(a, b)); 1-d x 1-d gives a number. */
+static int m_matmul(lua_State *L) {
+  crun_tensor_t *a = crun_l_check_tensor(L, 1), *b = crun_l_check_tensor(L, 2), *r;
+  CRUN_L_CHECK(L, crun_tensor_matmul(a, b, &r));
+  if (crun_tensor_ndim(r) == 0) {
+    push_scalar_of(L, r);
+    crun_tensor_release(r);
+    return 1;
+  }
+  return push_owned(L, 0, &r);
+}
+
+/* t:mm(o): 2-d x 2-d only. */
+static int m_mm(lua_State *L) {
+  crun_tensor_t *a = crun_l_check_tensor(L, 1), *b = crun_l_check_tensor(L, 2);
+  if (crun_tensor_ndim(a) != 2 || crun_tensor_ndim(b) != 2)
+    return luaL_argerror(L, crun_tensor_ndim(a) != 2 ? 1 : 2, "mm expects 2-d tensors");
+  return m_matmul(L);
+}
+
+/* t:addmm_(A, B[, beta=1[, alpha=1]]): t = beta t + alpha A B, in place. */
+static int m_addmm_(lua_State *L) {
+  crun_tensor_t *c = crun_l_check_tensor(L, 1), *a = crun_l_check_tensor(L, 2), *b = crun_l_check_tensor(L, 3);
+  CRUN_L_CHECK(L, crun_tensor_gemm(0, 0, luaL_optnumber(L, 5, 1), a, b, luaL_optnumber(L, 4, 1), c));
+  lua_settop(L, 1);
+  return 1;
+}
+
+/* T.addmm(M, A, B[, beta[, alpha]]): beta M + alpha A B, M broadcast. */
+static int t_addmm(lua_State *L) {
+  crun_tensor_t *m = crun_l_check_tensor(L, 1), *a = crun_l_check_tensor(L, 2), *b = crun_l_check_tensor(L, 3);
+  crun_tensor_t *o, *e;
+  double beta = luaL_optnumber(L, 4, 1), alpha = luaL_optnumber(L, 5, 1);
+  if (crun_tensor_ndim(a) != 2 || crun_tensor_ndim(b) != 2) return luaL_argerror(L, 2, "addmm expects 2-d A and B");
+  int64_t shape[2] = {crun_tensor_shape(a)[0], crun_tensor_shape(b)[1]};
+  CRUN_L_CHECK(L, crun_tensor_empty(crun_tensor_dtype(a), 2, shape, &o));
+  crun_l_push_tensor(L, o);
+  crun_tensor_release(o); /* owned by the userdata from here */
+  CRUN_L_CHECK(L, crun_tensor_expand(m, 2, shape, &e));
+  int rc = crun_tensor_copy(o, e);
+  crun_tensor_release(e);
+  CRUN_L_CHECK(L, rc);
+  CRUN_L_CHECK(L, crun_tensor_gemm(0, 0, alpha, a, b, beta, o));
+  return 1;
+}
+
+/* T.linear(x, W[, b]): x W^T + b. */
+static int t_linear(lua_State *L) {
+  crun_tensor_t *x = crun_l_check_tensor(L, 1), *w = crun_l_check_tensor(L, 2), *r;
+  crun_tensor_t *b = lua_isnoneornil(L, 3) ? NULL : crun_l_check_tensor(L, 3);
+  return push_owned(L, crun_tensor_linear(x, w, b, &r), &r);
+}
+
+/* T.linear_backward(x, W, gy) -> gx = gy W, gW = gy^T x, gb = sum of gy rows. */
+static int t_linear_backward(lua_State *L) {
+  crun_tensor_t *x = crun_l_check_tensor(L, 1), *w = crun_l_check_tensor(L, 2), *gy = crun_l_check_tensor(L, 3);
+  if (crun_tensor_ndim(x) != 2 || crun_tensor_ndim(gy) != 2)
+    return luaL_argerror(L, crun_tensor_ndim(x) != 2 ? 1 : 3, "linear_backward expects 2-d x and gy");
+  crun_tensor_t *gx, *gw, *gb;
+  crun_dtype_t dt = crun_tensor_dtype(x);
+  CRUN_L_CHECK(L, crun_tensor_new(dt, 2, crun_tensor_shape(x), &gx));
+  push_owned(L, 0, &gx);
+  CRUN_L_CHECK(L, crun_tensor_new(dt, 2, crun_tensor_shape(w), &gw));
+  push_owned(L, 0, &gw);
+  CRUN_L_CHECK(L, crun_tensor_gemm(0, 0, 1, gy, w, 0, crun_l_check_tensor(L, -2)));
+  CRUN_L_CHECK(L, crun_tensor_gemm(1, 0, 1, gy, x, 0, crun_l_check_tensor(L, -1)));
+  return 2 + push_owned(L, crun_tensor_reduce_dim(CRUN_DIMRED_SUM, gy, 0, 0, 0, &gb, NULL), &gb);
+}
+
+/* Reads an index argument: an int tensor, or a Lua list turned into int64. */
+static crun_tensor_t *index_arg(lua_State *L, int arg, crun_tensor_t **owned) {
+  *owned = NULL;
+  if (!lua_istable(L, arg)) return crun_l_check_tensor(L, arg);
+  int64_t n = (int64_t)luaL_len(L, arg);
+  CRUN_L_CHECK(L, crun_tensor_empty(CRUN_INT64, 1, &n, owned));
+  for (int64_t i = 0; i < n; i++) {
+    lua_geti(L, arg, i + 1);
+    int ok;
+    ((int64_t *)crun_tensor_data(*owned))[i] = lua_tointegerx(L, -1, &ok);
+    lua_pop(L, 1);
+    if (!ok) {
+      crun_tensor_release(*owned);
+      luaL_argerror(L, arg, "index list entries must be integers");
+    }
+  }
+  return *owned;
+}
+
+/* t:index_select(dim, index): 1-based index values. */
+static int m_index_select(lua_State *L) {
+  crun_tensor_t *a = crun_l_check_tensor(L, 1), *owned, *r;
+  int dim = check_dim(L, 2, a);
+  crun_tensor_t *ix = index_arg(L, 3, &owned);
+  int rc = crun_tensor_index_select(a, dim, ix, 1, &r);
+  crun_tensor_release(owned);
+  return push_owned(L, rc, &r);
+}
+
+/* t:gather(dim, index): 1-based index values (torch.gather). */
+static int m_gather(lua_State *L) {
+  crun_tensor_t *a = crun_l_check_tensor(L, 1), *r;
+  int dim = check_dim(L, 2, a);
+  return push_owned(L, crun_tensor_gather(a, dim, crun_l_check_tensor(L, 3), 1, &r), &r);
+}
+
+/* t:scatter_add_(dim, index, src): in place, 1-based index values. */
+static int m_scatter_add_(lua_State *L) {
+  crun_tensor_t *a = crun_l_check_tensor(L, 1);
+  int dim = check_dim(L, 2, a);
+  CRUN_L_CHECK(L, crun_tensor_scatter_add_(a, dim, crun_l_check_tensor(L, 3), crun_l_check_tensor(L, 4), 1));
+  lua_settop(L, 1);
+  return 1;
+}
+
+static int softmax_common(lua_State *L, int use_log) {
+  crun_tensor_t *a = crun_l_check_tensor(L, 1), *r;
+  int dim = lua_isnoneornil(L, 2) ? crun_tensor_ndim(a) - 1 : check_dim(L, 2, a);
+  if (crun_tensor_ndim(a) == 0) return luaL_argerror(L, 1, "softmax of a 0-d tensor");
+  return push_owned(L, crun_tensor_softmax(a, dim, use_log, &r), &r);
+}
+static int m_softmax(lua_State *L) { return softmax_common(L, 0); }
+static int m_log_softmax(lua_State *L) { return softmax_common(L, 1); }
+
+/* Registers name -> closure(fn, op, inplace) into the table at -1. */
+static void set_op(lua_State *L, const char *name, lua_CFunction fn, int op, int inplace) {
+  lua_pushinteger(L, op);
+  lua_pushboolean(L, inplace);
+  lua_pushcclosure(L, fn, 2);
+  lua_setfield(L, -2, name);
+}
+
+/* Adds the math methods to the methods table on the top of the stack. */
+static void tensor_math_methods(lua_State *L) {
+  char name[32];
+  for (int op = 0; op < CRUN_BINOP_COUNT; op++) {
+    set_op(L, crun_binop_name((crun_binop_t)op), m_binop, op, 0);
+    snprintf(name, sizeof name, "%s_", crun_binop_name((crun_binop_t)op));
+    set_op(L, name, m_binop, op, 1);
+  }
+  for (int op = 0; op < CRUN_UNOP_COUNT; op++) {
+    set_op(L, crun_unop_name((crun_unop_t)op), m_unop, op, 0);
+    snprintf(name, sizeof name, "%s_", crun_unop_name((crun_unop_t)op));
+    set_op(L, name, m_unop, op, 1);
+  }
+  static const char *reds[] = {
+#define CRUN_X_RN(NAME, name) #name,
+      CRUN_DIMRED_MAP(CRUN_X_RN)
+#undef CRUN_X_RN
+  };
+  for (int op = 0; op < CRUN_DIMRED_COUNT; op++) set_op(L, reds[op], m_reduce, op, 0);
+  static const luaL_Reg fns[] = {
+      {"clamp", m_clamp}, {"clamp_", m_clamp_}, {"argmax", m_argmax}, {"argmin", m_argmin},
+      {"matmul", m_matmul}, {"mm", m_mm}, {"addmm_", m_addmm_}, {"index_select", m_index_select},
+      {"gather", m_gather}, {"scatter_add_", m_scatter_add_}, {"softmax", m_softmax},
+      {"log_softmax", m_log_softmax}, {NULL, NULL}};
+  luaL_setfuncs(L, fns, 0);
+}
+
+/* Arithmetic metamethods: + - * / ^ and unary minus (element-wise). */
+static void set_arith_meta(lua_State *L) {
+  set_op(L, "__add", m_binop, CRUN_BIN_ADD, 0);
+  set_op(L, "__sub", m_binop, CRUN_BIN_SUB, 0);
+  set_op(L, "__mul", m_binop, CRUN_BIN_MUL, 0);
+  set_op(L, "__div", m_binop, CRUN_BIN_DIV, 0);
+  set_op(L, "__pow", m_binop, CRUN_BIN_POW, 0);
+  set_op(L, "__unm", m_unop, CRUN_UN_NEG, 0);
+}
+
 /* ------------------------------------------------------------ registration */
 
 static const luaL_Reg tensor_methods[] = {
@@ -750,9 +1018,9 @@ static const luaL_Reg tensor_fns[] = {
     {"zeros", t_zeros}, {"ones", t_ones}, {"empty", t_empty}, {"full", t_full},
     {"arange", t_arange}, {"new", t_new}, {"from_bytes", t_from_bytes},
     {"rand", t_rand}, {"randn", t_randn}, {"Generator", t_generator},
-    {"manual_seed", t_manual_seed}, {"is_tensor", t_is_tensor}, {NULL, NULL}};
+    {"manual_seed", t_manual_seed}, {"is_tensor", t_is_tensor}, {"matmul", m_matmul},
+    {"addmm", t_addmm}, {"linear", t_linear}, {"linear_backward", t_linear_backward}, {NULL, NULL}};
 
-void crun__l_tensor_math_methods(lua_State *L);
 
 /* Creates the metatable "crun.Tensor": __index dispatches through the methods
  * table (left on the stack for the caller). */
@@ -760,7 +1028,7 @@ static void open_tensor_class(lua_State *L) {
   luaL_newmetatable(L, TENSOR_MT);
   lua_newtable(L); /* methods */
   luaL_setfuncs(L, tensor_methods, 0);
-  crun__l_tensor_math_methods(L);
+  tensor_math_methods(L);
   lua_pushvalue(L, -1);
   lua_pushcclosure(L, m_index, 1);
   lua_setfield(L, -3, "__index");
@@ -768,6 +1036,7 @@ static void open_tensor_class(lua_State *L) {
                                   {"__close", m_gc}, {"__tostring", m_tostring}, {NULL, NULL}};
   lua_pushvalue(L, -2);
   luaL_setfuncs(L, meta, 0);
+  set_arith_meta(L);
   lua_pop(L, 1);
 }
 
@@ -788,6 +1057,3 @@ void crun_l_open_tensor(lua_State *L) {
   lua_pushcfunction(L, t_from_bytes);
   lua_setfield(L, -2, "tensor_from_bytes");
 }
-
-/* Adds the math methods (filled in with the math bindings). */
-void crun__l_tensor_math_methods(lua_State *L) { (void)L; }

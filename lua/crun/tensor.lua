@@ -88,6 +88,25 @@ function T.stack(list, dim)
   return out
 end
 
+--- Function forms of the math methods: T.exp(t), T.add(a, b), T.softmax(t, dim), ...
+local function_forms = {"add", "sub", "mul", "div", "pow", "maximum", "minimum", "eq", "ne",
+  "lt", "le", "gt", "ge", "neg", "exp", "log", "tanh", "sigmoid", "relu", "sqrt", "abs", "sin",
+  "cos", "floor", "ceil", "round", "sign", "reciprocal", "square", "log1p", "expm1", "rsqrt",
+  "clamp", "sum", "mean", "prod", "max", "min", "argmax", "argmin", "mm", "softmax",
+  "log_softmax", "index_select", "gather", "transpose", "t", "narrow", "select", "view",
+  "reshape", "clone", "contiguous", "numel", "equal", "allclose"}
+for _, name in ipairs(function_forms) do
+  if T[name] == nil then
+    local m = methods[name]
+    T[name] = function(t, ...)
+      if not T.is_tensor(t) then
+        error(string.format("bad argument #1 to '%s' (tensor expected, got %s)", name, type(t)), 2)
+      end
+      return m(t, ...)
+    end
+  end
+end
+
 -- ------------------------------------------------------------ printing
 
 local MAX_PRINT = 2000

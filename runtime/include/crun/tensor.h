@@ -147,6 +147,105 @@ int crun_tensor_uniform_(crun_tensor_t *t, crun_generator_t *g, double lo, doubl
 int crun_tensor_normal_(crun_tensor_t *t, crun_generator_t *g, double mean, double std);
 
 
+/* ---------------------------------------------------------------- math
+ * Element-wise ops, reductions along a dim, BLAS products, indexing and
+ * softmax. Float ops need float32 or float64 (CRUN_ENOTSUP for other dtypes,
+ * named in the message); add/sub/mul/maximum/minimum and the comparisons also
+ * take int32, int64 and uint8. Binary ops broadcast with numpy's rules. Each
+ * `_out` form writes into an existing `out` of the result shape and dtype;
+ * out may be an input (in-place). Functions returning `**out` give a new
+ * tensor (one reference). Indices in index tensors are counted from `base`
+ * (0 for C, 1 for Lua). */
+#define CRUN_BINOP_MAP(X) \
+  X(ADD, add) X(SUB, sub) X(MUL, mul) X(DIV, div) X(POW, pow) X(MAXIMUM, maximum) \
+  X(MINIMUM, minimum) X(EQ, eq) X(NE, ne) X(LT, lt) X(LE, le) X(GT, gt) X(GE, ge)
+
+typedef enum {
+#define CRUN_X_BIN(NAME, name) CRUN_BIN_##NAME,
+  CRUN_BINOP_MAP(CRUN_X_BIN)
+#undef CRUN_X_BIN
+  CRUN_BINOP_COUNT
+} crun_binop_t;
+
+#define CRUN_UNOP_MAP(X) \
+  X(NEG, neg) X(EXP, exp) X(LOG, log) X(TANH, tanh) X(SIGMOID, sigmoid) X(RELU, relu) \
+  X(SQRT, sqrt) X(ABS, abs) X(SIN, sin) X(COS, cos) X(FLOOR, floor) X(CEIL, ceil)   \
+  X(ROUND, round) X(SIGN, sign) X(RECIPROCAL, reciprocal) X(SQUARE, square)          \
+  X(LOG1P, log1p) X(EXPM1, expm1) X(RSQRT, rsqrt)
+
+typedef enum {
+#define CRUN_X_UN(NAME, name) CRUN_UN_##NAME,
+  CRUN_UNOP_MAP(CRUN_X_UN)
+#undef CRUN_X_UN
+  CRUN_UNOP_COUNT
+} crun_unop_t;
+
+/* Returns the name ("add", "exp") of an op; NULL if bad. Parses a name. */
+const char *crun_binop_name(crun_binop_t op);
+const char *crun_unop_name(crun_unop_t op);
+int crun_binop_parse(const char *name, crun_binop_t *out);
+int crun_unop_parse(const char *name, crun_unop_t *out);
+
+/* out = a op b, broadcast; comparisons give uint8 0/1. */
+int crun_tensor_binop(crun_binop_t op, crun_tensor_t *a, crun_tensor_t *b, crun_tensor_t **out);
+int crun_tensor_binop_out(crun_binop_t op, crun_tensor_t *a, crun_tensor_t *b, crun_tensor_t *out);
+
+/* out = a op s, or s op a when `reverse`. Integer tensors need an integral s. */
+int crun_tensor_binop_scalar(crun_binop_t op, crun_tensor_t *a, double s, int reverse,
+                             crun_tensor_t **out);
+int crun_tensor_binop_scalar_out(crun_binop_t op, crun_tensor_t *a, double s, int reverse,
+                                 crun_tensor_t *out);
+
+/* out = f(a) element-wise. */
+int crun_tensor_unop(crun_unop_t op, crun_tensor_t *a, crun_tensor_t **out);
+int crun_tensor_unop_out(crun_unop_t op, crun_tensor_t *a, crun_tensor_t *out);
+
+/* out = min(max(a, lo), hi); pass -INFINITY / INFINITY for one side. */
+int crun_tensor_clamp(crun_tensor_t *a, double lo, double hi, crun_tensor_t **out);
+int crun_tensor_clamp_out(crun_tensor_t *a, double lo, double hi, crun_tensor_t *out);
+
+#define CRUN_DIMRED_MAP(X) X(SUM, sum) X(MEAN, mean) X(PROD, prod) X(MAX, max) X(MIN, min)
+typedef enum {
+#define CRUN_X_DR(NAME, name) CRUN_DIMRED_##NAME,
+  CRUN_DIMRED_MAP(CRUN_X_DR)
+#undef CRUN_X_DR
+  CRUN_DIMRED_COUNT
+} crun_dimred_t;
+
+/* Reduces `dim` (0-based; -1 = every element, giving a 0-d tensor). Sums and
+ * products of integer dtypes give int64, mean needs a float dtype. For MAX /
+ * MIN, `indices` (nullable) receives int64 positions counted from `base`
+ * (the first of equal values; nan wins). keepdim keeps dim with size 1. */
+int crun_tensor_reduce_dim(crun_dimred_t op, crun_tensor_t *a, int dim, int keepdim, int64_t base,
+                           crun_tensor_t **values, crun_tensor_t **indices);
+
+/* C = alpha * op(A) op(B) + beta * C for 2-d float tensors of one dtype,
+ * op(X) = X or X^T; C must not overlap A or B. Uses OpenBLAS gemm. */
+int crun_tensor_gemm(int trans_a, int trans_b, double alpha, crun_tensor_t *A, crun_tensor_t *B,
+                     double beta, crun_tensor_t *C);
+
+/* Matrix products: 1-d x 1-d (dot, 0-d result), 2-d x 1-d, 1-d x 2-d,
+ * 2-d x 2-d, 3-d x 3-d (batched) and 3-d x 2-d. */
+int crun_tensor_matmul(crun_tensor_t *a, crun_tensor_t *b, crun_tensor_t **out);
+
+/* out = x W^T + b (b nullable) for x [N, in] or [in], W [out, in], b [out]. */
+int crun_tensor_linear(crun_tensor_t *x, crun_tensor_t *W, crun_tensor_t *b, crun_tensor_t **out);
+
+/* Picks entries `index` (1-d int32/int64) along dim: out has dim sized
+ * numel(index). Any dtype. */
+int crun_tensor_index_select(crun_tensor_t *a, int dim, crun_tensor_t *index, int64_t base,
+                             crun_tensor_t **out);
+
+/* out[i][j] = a[i][index[i][j]] along dim (torch.gather); index has a's
+ * ndim and no larger dims elsewhere. scatter_add_: a[..index..] += src. */
+int crun_tensor_gather(crun_tensor_t *a, int dim, crun_tensor_t *index, int64_t base,
+                       crun_tensor_t **out);
+int crun_tensor_scatter_add_(crun_tensor_t *a, int dim, crun_tensor_t *index, crun_tensor_t *src,
+                             int64_t base);
+
+/* Softmax / log-softmax along dim, numerically stable (max subtracted). */
+int crun_tensor_softmax(crun_tensor_t *a, int dim, int log, crun_tensor_t **out);
+
 /* ---------------------------------------------------------------- reductions
  * The element-wise kernels every backend shares. AVG reduces as SUM; the
  * caller divides once at the end (crun_scale_div). Bitwise ops on float dtypes

@@ -1,0 +1,236 @@
+-- crun.tensor math: element-wise ops with broadcasting, unary functions,
+-- matrix products, linear layers, indexing and softmax, each checked against
+-- a straightforward Lua reference on float32 and float64.
+local T = require "crun.tensor"
+
+local function flat(t) return t:contiguous():view(t:numel()):totable() end
+
+-- Asserts that tensor t matches the flat list ref within tol (relative + absolute).
+local function assert_close(t, ref, tol, what)
+  local got = flat(t)
+  assert.equal(#ref, #got, (what or "") .. ": element count")
+  for i = 1, #ref do
+    local a, b = got[i], ref[i]
+    if not (a == b or math.abs(a - b) <= tol * (1 + math.abs(b))) then
+      error(string.format("%s: element %d is %.9g, expected %.9g", what or "values", i, a, b), 2)
+    end
+  end
+end
+
+local tol = {float32 = 2e-6, float64 = 1e-12}
+
+for _, dt in ipairs({"float32", "float64"}) do
+  describe("element-wise on " .. dt, function()
+    local a = T.randn({3, 4}, {seed = 1, dtype = dt})
+    local b = T.randn({3, 4}, {seed = 2, dtype = dt})
+    local row = T.randn({4}, {seed = 3, dtype = dt})
+    local col = T.randn({3, 1}, {seed = 4, dtype = dt})
+    local A, B, R, Cl = flat(a), flat(b), flat(row), flat(col)
+
+    local ops = {
+      add = function(x, y) return x + y end, sub = function(x, y) return x - y end,
+      mul = function(x, y) return x * y end, div = function(x, y) return x / y end,
+      maximum = math.max, minimum = math.min,
+    }
+    for name, f in pairs(ops) do
+      it(name .. " with a tensor, a row, a column and scalars", function()
+        local same, r, c, s, rs = {}, {}, {}, {}, {}
+        for i = 1, 12 do
+          local j, k = (i - 1) % 4 + 1, (i - 1) // 4 + 1
+          same[i], r[i], c[i] = f(A[i], B[i]), f(A[i], R[j]), f(A[i], Cl[k])
+          s[i], rs[i] = f(A[i], 0.5), f(0.5, A[i])
+        end
+        assert_close(a[name](a, b), same, tol[dt], name)
+        assert_close(a[name](a, row), r, tol[dt], name .. " row")
+        assert_close(a[name](a, col), c, tol[dt], name .. " column")
+        assert_close(a[name](a, 0.5), s, tol[dt], name .. " scalar")
+        assert_close(T[name](a, 0.5), s, tol[dt], "T." .. name)
+        local x = a:clone()
+        x[name .. "_"](x, b)
+        assert_close(x, same, tol[dt], name .. "_")
+        if name == "sub" then assert_close(0.5 - a, rs, tol[dt], "reverse sub") end
+        if name == "div" then assert_close(0.5 / a, rs, tol[dt], "reverse div") end
+      end)
+    end
+
+    it("metamethods + - * / ^ and unary minus", function()
+      local ref = {}
+      for i = 1, 12 do ref[i] = -(A[i] + B[i]) * 2 - A[i] / 4 + (A[i] * A[i]) end
+      assert_close(-(a + b) * 2 - a / 4 + a ^ 2, ref, 4 * tol[dt], "expression")
+      assert.equal(dt, (2 * a):dtype())
+    end)
+
+    it("add with alpha and in place on a non-contiguous view", function()
+      local x = a:clone()
+      x:add_(b, -0.5)
+      local ref = {}
+      for i = 1, 12 do ref[i] = A[i] - 0.5 * B[i] end
+      assert_close(x, ref, tol[dt], "add_ alpha")
+      local y = a:clone()
+      y:t():mul_(3)
+      for i = 1, 12 do ref[i] = A[i] * 3 end
+      assert_close(y, ref, tol[dt], "mul_ on t()")
+    end)
+
+    local unary = {
+      exp = math.exp, tanh = function(x) return (math.exp(2 * x) - 1) / (math.exp(2 * x) + 1) end,
+      sigmoid = function(x) return 1 / (1 + math.exp(-x)) end, relu = function(x) return x > 0 and x or 0 end,
+      abs = math.abs, neg = function(x) return -x end, square = function(x) return x * x end,
+      sin = math.sin, cos = math.cos, floor = math.floor, ceil = math.ceil,
+    }
+    for name, f in pairs(unary) do
+      it(name, function()
+        local ref = {}
+        for i = 1, 12 do ref[i] = f(A[i]) end
+        assert_close(a[name](a), ref, 4 * tol[dt], name)
+        local x = a:clone()
+        x[name .. "_"](x)
+        assert_close(x, ref, 4 * tol[dt], name .. "_")
+      end)
+    end
+
+    it("log, sqrt, pow and clamp on positive values", function()
+      local p = a:abs():add(0.1)
+      local P, rl, rs, rp, rc = flat(p), {}, {}, {}, {}
+      for i = 1, 12 do
+        rl[i], rs[i], rp[i] = math.log(P[i]), math.sqrt(P[i]), P[i] ^ 1.5
+        rc[i] = math.min(math.max(A[i], -0.5), 0.5)
+      end
+      assert_close(p:log(), rl, 4 * tol[dt], "log")
+      assert_close(p:sqrt(), rs, 4 * tol[dt], "sqrt")
+      assert_close(p:pow(1.5), rp, 8 * tol[dt], "pow")
+      assert_close(a:clamp(-0.5, 0.5), rc, 0, "clamp")
+      local lo = {}
+      for i = 1, 12 do lo[i] = math.max(A[i], 0) end
+      assert_close(a:clamp(0), lo, 0, "clamp min only")
+    end)
+
+    it("matmul of 2-d, transposed views, 1-d and batched 3-d", function()
+      local m = T.randn({5, 3}, {seed = 5, dtype = dt})
+      local function ref_mm(x, y)
+        local xt, yt, out = x:totable(), y:totable(), {}
+        for i = 1, #xt do
+          for j = 1, #yt[1] do
+            local s = 0
+            for k = 1, #yt do s = s + xt[i][k] * yt[k][j] end
+            out[#out + 1] = s
+          end
+        end
+        return out
+      end
+      assert_close(a:matmul(a:t()), ref_mm(a, a:t()), 4 * tol[dt], "a a^T")
+      assert_close(m:matmul(a:narrow(2, 1, 3):t():contiguous()), ref_mm(m, a:narrow(2, 1, 3):t()), 4 * tol[dt], "m (a_3)^T")
+      assert_close(a:t():matmul(b), ref_mm(a:t(), b), 4 * tol[dt], "a^T b")
+      assert_close(a:narrow(2, 2, 3):matmul(m:t()), ref_mm(a:narrow(2, 2, 3), m:t()), 4 * tol[dt], "narrowed")
+      local v = T.randn({4}, {seed = 6, dtype = dt})
+      assert_close(a:matmul(v), ref_mm(a, v:view(4, 1)), 4 * tol[dt], "matrix-vector")
+      local dot = 0
+      for i, x in ipairs(flat(v)) do dot = dot + x * x end
+      assert.is_true(math.abs(v:matmul(v) - dot) < 1e-5 * (1 + dot))
+      local ba, bb = T.randn({2, 3, 4}, {seed = 7, dtype = dt}), T.randn({2, 4, 2}, {seed = 8, dtype = dt})
+      local out = ba:matmul(bb)
+      assert.same({2, 3, 2}, out:size())
+      for i = 1, 2 do assert_close(out[i], ref_mm(ba[i], bb[i]), 4 * tol[dt], "batch " .. i) end
+      local ok, err = pcall(function() return a:matmul(a) end)
+      assert.is_false(ok)
+      assert.matches("cannot multiply 3x4 by 3x4", err)
+    end)
+
+    it("linear, linear_backward and addmm", function()
+      local W, bias = T.randn({2, 4}, {seed = 9, dtype = dt}), T.randn({2}, {seed = 10, dtype = dt})
+      local y = T.linear(a, W, bias)
+      local ref = {}
+      local at, wt, bt = a:totable(), W:totable(), flat(bias)
+      for i = 1, 3 do
+        for o = 1, 2 do
+          local s = bt[o]
+          for k = 1, 4 do s = s + at[i][k] * wt[o][k] end
+          ref[#ref + 1] = s
+        end
+      end
+      assert_close(y, ref, 4 * tol[dt], "linear")
+      assert_close(T.addmm(bias, a, W:t()), ref, 4 * tol[dt], "addmm")
+      local gy = T.randn({3, 2}, {seed = 11, dtype = dt})
+      local gx, gW, gb = T.linear_backward(a, W, gy)
+      assert_close(gx, flat(gy:matmul(W)), 4 * tol[dt], "grad x")
+      assert_close(gW, flat(gy:t():matmul(a)), 4 * tol[dt], "grad W")
+      assert_close(gb, flat(gy:sum(1)), 4 * tol[dt], "grad b")
+      local c = T.zeros({3, 2}, dt)
+      c:addmm_(a, W:t())
+      assert_close(c, flat(a:matmul(W:t())), 4 * tol[dt], "addmm_")
+    end)
+
+    it("softmax and log_softmax are stable along any dim", function()
+      local big = a * 1000
+      local Bg = big:totable()
+      for _, d in ipairs({1, 2}) do
+        local ref, lref = {}, {}
+        for i = 1, 3 do
+          for j = 1, 4 do
+            local mx, s = -math.huge, 0
+            local n = d == 2 and 4 or 3
+            local function at(k) if d == 2 then return Bg[i][k] else return Bg[k][j] end end
+            for k = 1, n do mx = math.max(mx, at(k)) end
+            for k = 1, n do s = s + math.exp(at(k) - mx) end
+            ref[#ref + 1] = math.exp(Bg[i][j] - mx) / s
+            lref[#lref + 1] = Bg[i][j] - mx - math.log(s)
+          end
+        end
+        assert_close(big:softmax(d), ref, 4 * tol[dt], "softmax dim " .. d)
+        assert_close(big:log_softmax(d), lref, 4 * tol[dt], "log_softmax dim " .. d)
+      end
+      for _, v in ipairs(flat(big:softmax(2))) do assert.is_true(v == v) end
+    end)
+  end)
+end
+
+describe("indexing", function()
+  local a = T.arange(12, "float32"):view(3, 4)
+
+  it("index_select with a tensor or a list of 1-based indices", function()
+    assert.same({{8, 9, 10, 11}, {0, 1, 2, 3}, {8, 9, 10, 11}}, a:index_select(1, T.new({3, 1, 3}, "int64")):totable())
+    assert.same({{1, 3}, {5, 7}, {9, 11}}, a:index_select(2, {2, 4}):totable())
+    local ok, err = pcall(function() return a:index_select(1, {1, 4}) end)
+    assert.is_false(ok)
+    assert.matches("index 4 %(entry 2%) out of range for dim 1 of size 3", err)
+  end)
+
+  it("gather and scatter_add_ (torch semantics, 1-based)", function()
+    local idx = T.new({{4, 1}, {2, 2}, {1, 3}}, "int64")
+    assert.same({{3, 0}, {5, 5}, {8, 10}}, a:gather(2, idx):totable())
+    local z = T.zeros({3, 4})
+    z:scatter_add_(2, idx, T.ones(3, 2))
+    assert.same({{1, 0, 0, 1}, {0, 2, 0, 0}, {1, 0, 1, 0}}, z:totable())
+    local ok, err = pcall(function() return a:gather(2, T.new({{5}}, "int64")) end)
+    assert.matches("index 5", err)
+    ok, err = pcall(function() z:scatter_add_(2, T.new({{1, 9}}, "int64"), T.ones(1, 2)) end)
+    assert.is_false(ok)
+    assert.same({1, 0, 0, 1}, z[1]:totable()) -- nothing applied on error
+  end)
+end)
+
+describe("dtype rules", function()
+  it("integer tensors support add/sub/mul/comparisons, not float math", function()
+    local i = T.new({1, 2, 3}, "int64")
+    assert.same({2, 4, 6}, (i + i):totable())
+    assert.same({3, 6, 9}, (i * 3):totable())
+    assert.same({0, 1, 1}, i:gt(1):totable())
+    assert.equal("uint8", i:eq(2):dtype())
+    local ok, err = pcall(function() return i / 2 end)
+    assert.is_false(ok)
+    assert.matches("^ENOTSUP: div is not supported on int64", err)
+    ok, err = pcall(function() return i:exp() end)
+    assert.matches("^ENOTSUP: exp needs a float32 or float64 tensor, got int64", err)
+    ok, err = pcall(function() return i * 0.5 end)
+    assert.matches("non%-integral scalar", err)
+  end)
+
+  it("mismatched dtypes and shapes are named", function()
+    local ok, err = pcall(function() return T.ones(2) + T.ones(2, "float64") end)
+    assert.matches("add: dtype mismatch, float32 and float64", err)
+    ok, err = pcall(function() return T.ones(2, 3) + T.ones(2) end)
+    assert.matches("shapes 2x3 and 2 cannot be broadcast", err)
+    ok, err = pcall(function() T.ones(3):add_(T.ones(2, 3)) end)
+    assert.matches("output has shape 3, expected 2x3", err)
+  end)
+end)
