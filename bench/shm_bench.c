@@ -3,7 +3,8 @@
  * every op on its own (back to back); the per-iteration time is the max over
  * ranks; the table gives the median (and min, mean), algbw = bytes / median
  * and busbw as nccl-tests define it (all_reduce x2(n-1)/n, broadcast x1,
- * all_gather x(n-1)/n, bytes = one rank's input).
+ * all_gather x(n-1)/n; bytes = one rank's input, but for all_gather the total
+ * gathered, as in nccl-tests and the Gloo anchor).
  *
  * Usage: shm_bench [-n ranks] [-c all_reduce|broadcast|all_gather|reduce_scatter|all_to_all]
  *                  [-b budget_s_per_size] [bytes ...]
@@ -62,7 +63,10 @@ static double bus_factor(const char *coll, int n) {
 /* Times one size on every rank; rank 0 prints the CSV line. */
 static int bench_size(crun__shm_comm_t *c, const bench_opts_t *o, size_t bytes) {
   int rank = crun__shm_comm_rank(c), n = o->n, warm, iters;
-  size_t count = bytes / 4 ? bytes / 4 : 1;
+  /* all_gather: bytes is the total gathered, as nccl-tests and the Gloo anchor count it */
+  int ag = !strcmp(o->coll, "all_gather");
+  size_t count = bytes / 4 / (ag ? (size_t)n : 1);
+  if (!count) count = 1;
   size_t in_n = !strcmp(o->coll, "reduce_scatter") || !strcmp(o->coll, "all_to_all") ? count * n : count;
   size_t out_n = !strcmp(o->coll, "all_gather") || !strcmp(o->coll, "all_to_all") ? count * n : count;
   float *sb = malloc(in_n * 4), *rb = calloc(out_n, 4);
@@ -92,8 +96,9 @@ static int bench_size(crun__shm_comm_t *c, const bench_opts_t *o, size_t bytes) 
     mean /= iters;
     qsort(t, (size_t)iters, sizeof(double), cmpd);
     double med = iters % 2 ? t[iters / 2] : 0.5 * (t[iters / 2 - 1] + t[iters / 2]);
-    double alg = (double)count * 4 / med / 1e9;
-    printf("%s,%d,%zu,%d,%.6e,%.6e,%.6e,%.4f,%.4f\n", o->coll, n, count * 4, iters, med, t[0],
+    size_t b = count * 4 * (ag ? (size_t)n : 1);
+    double alg = (double)b / med / 1e9;
+    printf("%s,%d,%zu,%d,%.6e,%.6e,%.6e,%.4f,%.4f\n", o->coll, n, b, iters, med, t[0],
            mean, alg, alg * bus_factor(o->coll, n));
     fflush(stdout);
   }

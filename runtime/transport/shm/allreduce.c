@@ -50,6 +50,11 @@ static int ar_reduce(shm_op_t *o, size_t t, int b) {
     srcs[q] = q == c->rank ? o->in + (base + lo) * o->es
                            : (const char *)crun__shm_buf(c, q, b) + lo * o->es;
   char *dst = crun__shm_buf(c, c->rank, b) + lo * o->es;
+  if (o->fused) {
+    crun__shm_sum_f32_dual((float *)(void *)(o->out + (base + lo) * o->es), (float *)(void *)dst,
+                           (const float *const *)srcs, c->size, hi - lo, o->op == CRUN_OP_AVG);
+    return 0;
+  }
   CRUN_CHECK(crun_reduce_n(o->dt, o->op, dst, srcs, c->size, hi - lo));
   if (o->op == CRUN_OP_AVG) CRUN_CHECK(crun_scale_div(o->dt, dst, hi - lo, c->size));
   return 0;
@@ -59,6 +64,7 @@ static int ar_copy_out(shm_op_t *o, size_t t, int b) {
   crun__shm_comm_t *c = o->c;
   size_t base, n = chunk_len(o, t, &base), lo, hi;
   for (int q = 0; q < c->size; q++) {
+    if (q == c->rank && o->fused) continue; /* written by the fused reduce */
     slice_of(o, n, q, &lo, &hi);
     memcpy(o->out + (base + lo) * o->es, crun__shm_buf(c, q, b) + lo * o->es, (hi - lo) * o->es);
   }
@@ -85,6 +91,9 @@ static int run(crun__shm_comm_t *c, shm_kind_t kind, void *buf, const void *send
   o.copy_in = ar_copy_in;
   o.reduce = ar_reduce;
   o.copy_out = kind == SHM_ALLREDUCE || c->rank == root ? ar_copy_out : NULL;
+  /* float32 sum/avg: the reduce writes this rank's slice to out as well */
+  o.fused = o.copy_out && dt == CRUN_FLOAT32 && (op == CRUN_OP_SUM || op == CRUN_OP_AVG) &&
+            !crun_env_int("CRUN_SHM_NO_FUSED", 0);
   o.out_wait_ctr = SHM_CTR_RED;
   o.out_wait_who = -1;
   return crun__shm_run_pipeline(&o);

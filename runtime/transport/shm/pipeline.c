@@ -100,7 +100,7 @@ static int check_ring_descs(crun__shm_comm_t *c) {
  * known to run the same op before any data is read. */
 static int start(shm_op_t *o, pipe_t *p) {
   crun__shm_comm_t *c = o->c;
-  shm_waiter_t w = {0, 0};
+  shm_waiter_t w = {0, 0, 0};
   int rc;
   p->blk_q = -1;
   while ((rc = try_in(o, p)) == 0) {
@@ -108,6 +108,7 @@ static int start(shm_op_t *o, pipe_t *p) {
     p->blk_q = -1;
   }
   CRUN_CHECK(rc);
+  crun__shm_waited(c, &w);
   CRUN_CHECK(crun__shm_wait(c, SHM_CTR_IN, -1, p->g0));
   return check_ring_descs(c);
 }
@@ -117,7 +118,7 @@ int crun__shm_run_pipeline(shm_op_t *o) {
   pipe_t p = {.g0 = c->chunk_seq + 1, .T = o->nchunks};
   c->chunk_seq += p.T;
   CRUN_CHECK(start(o, &p));
-  shm_waiter_t w = {0, 0};
+  shm_waiter_t w = {0, 0, 0};
   while (p.nout < p.T) {
     int rc, did = 0;
     p.blk_q = -1;
@@ -128,7 +129,7 @@ int crun__shm_run_pipeline(shm_op_t *o) {
     if (!did && (rc = try_in(o, &p)) < 0) return rc;
     did |= rc;
     if (did) {
-      w.iter = 0, w.t0 = 0;
+      crun__shm_waited(c, &w);
       continue;
     }
     CRUN_CHECK(crun__shm_idle(c, &w, p.blk_ctr, p.blk_who, p.blk_q, p.blk_target));

@@ -186,6 +186,7 @@ static void pick_policy(crun__shm_comm_t *c) {
   if (w && strcmp(w, "yield") == 0) c->policy_yield = 1;
   c->spin_ns = crun_env_int("CRUN_SHM_SPIN_US", 50) * 1000;
   c->yields = crun_env_int("CRUN_SHM_YIELDS", 50);
+  c->spin_cur = c->policy_yield ? 0 : c->spin_ns;
 }
 
 /* Rank 0 publishes the segment name; the others fetch it. */

@@ -74,7 +74,7 @@ struct crun__shm_comm {
   double timeout;
   int *pidfd;               /* per rank; -1 for self or unknown */
   int oversub, policy_yield;
-  long spin_ns, yields;
+  long spin_ns, spin_cur, yields;
   uint64_t last_live_ns;
   int broken;
   char name[96];
@@ -98,6 +98,7 @@ struct shm_op {
   /* pipelined path */
   size_t nchunks, chunk_elems; /* chunk_elems: elements of one chunk step */
   int has_reduce;              /* phase B: wait IN of all, reduce, post RED */
+  int fused;                   /* reduce also writes this rank's slice to out */
   int out_wait_ctr;            /* phase C waits this counter ... */
   int out_wait_who;            /* ... of this rank, or -1: every rank */
   void (*copy_in)(shm_op_t *o, size_t t, char *mine);
@@ -120,10 +121,11 @@ static inline char *crun__shm_buf(crun__shm_comm_t *c, int q, int b) {
 }
 
 /* wait.c */
-typedef struct { long iter; uint64_t t0; } shm_waiter_t;
+typedef struct { long iter; uint64_t t0; int slept; } shm_waiter_t;
 int crun__shm_ready(crun__shm_comm_t *c, shm_ctr_t ctr, int who, uint64_t target);
 int crun__shm_idle(crun__shm_comm_t *c, shm_waiter_t *w, shm_ctr_t ctr, int who, int q,
                    uint64_t target);
+void crun__shm_waited(crun__shm_comm_t *c, shm_waiter_t *w);
 const char *crun__shm_kind_name(shm_kind_t k);
 void crun__shm_post(crun__shm_comm_t *c, _Atomic uint64_t *ctr, uint64_t v);
 int crun__shm_wait(crun__shm_comm_t *c, shm_ctr_t ctr, int who, uint64_t target);
@@ -133,6 +135,10 @@ int crun__shm_fail_last(crun__shm_comm_t *c, int status);
 int crun__shm_check_abort(crun__shm_comm_t *c);
 int crun__shm_check_desc(crun__shm_comm_t *c, int q, uint64_t opseq, uint64_t sig,
                          uint64_t count);
+
+/* kernels.c */
+void crun__shm_sum_f32_dual(float *d1, float *d2, const float *const *srcs, int n,
+                            size_t count, int avg);
 
 /* engine.c */
 int crun__shm_begin(crun__shm_comm_t *c, shm_kind_t kind, crun_dtype_t dt,

@@ -225,32 +225,46 @@ int crun__shm_ready(crun__shm_comm_t *c, shm_ctr_t ctr, int who, uint64_t target
 }
 
 /* One step of backing off while rank q is short of target on ctr: a burst
- * of pause instructions or one sched_yield, and after the spin time / the
- * yields, one futex sleep on q's bell preceded by the slow checks. */
+ * of pause instructions while within the spin time, then one sched_yield
+ * per step up to the yield count, then one futex sleep on q's bell preceded
+ * by the slow checks. A wait that had to sleep halves the spin time of the
+ * next ones (down to 1 us: the cores are busy with others), one that did not
+ * doubles it back (up to CRUN_SHM_SPIN_US). */
 int crun__shm_idle(crun__shm_comm_t *c, shm_waiter_t *w, shm_ctr_t ctr, int who, int q,
                    uint64_t target) {
-  w->iter++;
-  if (!c->policy_yield) {
+  uint64_t now = crun_clock_ns();
+  if (!w->t0) w->t0 = now;
+  if ((long)(now - w->t0) < c->spin_cur) {
     for (int i = 0; i < 64; i++) cpu_relax();
-    uint64_t now = crun_clock_ns();
-    if (!w->t0) w->t0 = now;
-    if ((long)(now - w->t0) < c->spin_ns) return 0;
-  } else if (w->iter <= c->yields) {
+    return 0;
+  }
+  if (w->iter < c->yields) {
+    w->iter++;
     sched_yield();
     return 0;
   }
-  uint64_t now = crun_clock_ns();
+  if (!w->slept && c->spin_cur > 1000) c->spin_cur /= 2;
+  w->slept = 1;
   CRUN_CHECK(before_sleep(c, ctr, who, q, target, now));
   sleep_on(c, counter(c, ctr, q, target), q, target, now);
   return 0;
 }
 
+/* Ends a successful wait: lets the spin time grow back when no sleep was
+ * needed, and resets the waiter. */
+void crun__shm_waited(crun__shm_comm_t *c, shm_waiter_t *w) {
+  if (w->t0 && !w->slept && !c->policy_yield && c->spin_cur < c->spin_ns)
+    c->spin_cur = c->spin_cur * 2 < c->spin_ns ? c->spin_cur * 2 : c->spin_ns;
+  w->iter = 0, w->t0 = 0, w->slept = 0;
+}
+
 /* Waits until counter ctr of rank `who` (-1: every rank but this one)
  * reaches target, or fails (deadline, dead peer, abort, mismatch). */
 int crun__shm_wait(crun__shm_comm_t *c, shm_ctr_t ctr, int who, uint64_t target) {
-  shm_waiter_t w = {0, 0};
+  shm_waiter_t w = {0, 0, 0};
   int q;
   while ((q = crun__shm_ready(c, ctr, who, target)) >= 0)
     CRUN_CHECK(crun__shm_idle(c, &w, ctr, who, q, target));
+  crun__shm_waited(c, &w);
   return 0;
 }
