@@ -94,12 +94,12 @@ int crun_tensor_from_data(crun_dtype_t dt, int ndim, const int64_t *shape, const
                           size_t nbytes, crun_tensor_t **out) {
   crun_tensor_t *t;
   CRUN_CHECK(crun_tensor_empty(dt, ndim, shape, &t));
-  if (nbytes != t->st->nbytes) {
+  size_t need = t->st->nbytes;
+  if (nbytes != need) {
     char sh[128];
     crun_tensor_release(t);
     return crun_error(CRUN_EINVAL, "tensor_from_data: %zu bytes given, a %s %s tensor needs %zu",
-                      nbytes, crun_dtype_name(dt), crun__shape_str(ndim, shape, sh, sizeof sh),
-                      t->st->nbytes);
+                      nbytes, crun_dtype_name(dt), crun__shape_str(ndim, shape, sh, sizeof sh), need);
   }
   if (nbytes) memcpy(t->st->data, data, nbytes);
   *out = t;
