@@ -644,8 +644,10 @@ static int m_index(lua_State *L) {
     lua_rawget(L, lua_upvalueindex(1));
     return 1;
   }
-  if (lua_isinteger(L, 2)) {
-    int64_t i = row_index(L, t, lua_tointeger(L, 2));
+  int isint;
+  lua_Integer key = lua_tointegerx(L, 2, &isint); /* 2 and 2.0 alike */
+  if (isint) {
+    int64_t i = row_index(L, t, key);
     if (crun_tensor_ndim(t) == 1) {
       push_elem_at(L, t, &i);
       return 1;
@@ -671,9 +673,11 @@ static int m_newindex(lua_State *L) {
     set_elem_at(L, 3, t, idx);
     return 0;
   }
-  if (!lua_isinteger(L, 2))
+  int isint;
+  lua_Integer key = lua_tointegerx(L, 2, &isint);
+  if (!isint || lua_type(L, 2) != LUA_TNUMBER)
     return luaL_argerror(L, 2, lua_pushfstring(L, "integer index expected, got %s", luaL_typename(L, 2)));
-  int64_t i = row_index(L, t, lua_tointeger(L, 2));
+  int64_t i = row_index(L, t, key);
   if (crun_tensor_ndim(t) == 1) {
     set_elem_at(L, 3, t, &i);
     return 0;
