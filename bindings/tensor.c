@@ -338,6 +338,40 @@ static int random_tensor(lua_State *L, int normal) {
 }
 
 static int t_rand(lua_State *L) { return random_tensor(L, 0); }
+
+/* tensor.randint(lo, hi, shape[, opts]): uniform integers in [lo, hi), int64
+ * unless opts/dtype says otherwise; opts as for rand. */
+static int t_randint(lua_State *L) {
+  lua_Integer lo = luaL_checkinteger(L, 1), hi = luaL_checkinteger(L, 2);
+  luaL_argcheck(L, lo < hi, 2, "empty range (hi must be > lo)");
+  int64_t shape[CRUN_MAX_DIMS];
+  int nd;
+  luaL_checktype(L, 3, LUA_TTABLE);
+  read_shape(L, 3, shape, &nd);
+  crun_dtype_t dt = CRUN_INT64;
+  crun_generator_t local, *g = default_gen(L);
+  if (lua_istable(L, 4)) {
+    dt = opt_dtype(L, (lua_getfield(L, 4, "dtype"), lua_gettop(L)), CRUN_INT64);
+    if (lua_getfield(L, 4, "generator") != LUA_TNIL) g = check_gen(L, lua_gettop(L));
+    if (lua_getfield(L, 4, "seed") != LUA_TNIL) {
+      crun_generator_seed(&local, check_seed(L, lua_gettop(L)));
+      g = &local;
+    }
+  } else {
+    dt = opt_dtype(L, 4, CRUN_INT64);
+  }
+  crun_tensor_t *t;
+  CRUN_L_CHECK(L, crun_tensor_empty(dt, nd, shape, &t));
+  crun_l_push_tensor(L, t);
+  crun_tensor_release(t);
+  uint64_t span = (uint64_t)hi - (uint64_t)lo;
+  for (int64_t i = 0, n = crun_tensor_numel(t); i < n; i++) {
+    int64_t v = (int64_t)((uint64_t)lo + crun_generator_next(g) % span);
+    if (crun_dtype_is_integer(dt)) crun_elem_set_int64(dt, crun_tensor_data(t), i, v);
+    else crun_elem_set_double(dt, crun_tensor_data(t), i, (double)v);
+  }
+  return 1;
+}
 static int t_randn(lua_State *L) { return random_tensor(L, 1); }
 
 /* t:uniform_([lo, hi][, gen]) / t:normal_([mean, std][, gen]): in place. */
@@ -753,6 +787,7 @@ static int m_binop(lua_State *L) {
     rc = inplace ? crun_tensor_binop_out(op, a, b, a) : crun_tensor_binop(op, a, b, &r);
   } else if (a) {
     double s = luaL_checknumber(L, 2);
+    if (!lua_isnoneornil(L, 3) && (op == CRUN_BIN_ADD || op == CRUN_BIN_SUB)) s *= luaL_checknumber(L, 3);
     rc = inplace ? crun_tensor_binop_scalar_out(op, a, s, 0, a) : crun_tensor_binop_scalar(op, a, s, 0, &r);
   } else {
     rc = crun_tensor_binop_scalar(op, b, luaL_checknumber(L, 1), 1, &r);
@@ -1021,7 +1056,7 @@ static const luaL_Reg gen_methods[] = {
 static const luaL_Reg tensor_fns[] = {
     {"zeros", t_zeros}, {"ones", t_ones}, {"empty", t_empty}, {"full", t_full},
     {"arange", t_arange}, {"new", t_new}, {"from_bytes", t_from_bytes},
-    {"rand", t_rand}, {"randn", t_randn}, {"Generator", t_generator},
+    {"rand", t_rand}, {"randn", t_randn}, {"randint", t_randint}, {"Generator", t_generator},
     {"manual_seed", t_manual_seed}, {"is_tensor", t_is_tensor}, {"matmul", m_matmul},
     {"addmm", t_addmm}, {"linear", t_linear}, {"linear_backward", t_linear_backward}, {NULL, NULL}};
 

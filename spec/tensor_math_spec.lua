@@ -66,6 +66,8 @@ for _, dt in ipairs({"float32", "float64"}) do
       local ref = {}
       for i = 1, 12 do ref[i] = A[i] - 0.5 * B[i] end
       assert_close(x, ref, tol[dt], "add_ alpha")
+      for i = 1, 12 do ref[i] = A[i] + 1.5 end
+      assert_close(a:add(0.5, 3), ref, tol[dt], "add scalar alpha")
       local y = a:clone()
       y:t():mul_(3)
       for i = 1, 12 do ref[i] = A[i] * 3 end

@@ -59,6 +59,14 @@ void crun__elem_set_int64(crun_dtype_t dt, void *base, int64_t i, int64_t v) {
   }
 }
 
+int64_t crun_elem_get_int64(crun_dtype_t dt, const void *base, int64_t i) {
+  return crun__elem_get_int64(dt, base, i);
+}
+
+void crun_elem_set_int64(crun_dtype_t dt, void *base, int64_t i, int64_t v) {
+  crun__elem_set_int64(dt, base, i, v);
+}
+
 /* ------------------------------------------------------------ element access */
 
 static int elem_offset(const crun_tensor_t *t, const int64_t *idx, int64_t *off) {

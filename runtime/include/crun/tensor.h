@@ -130,6 +130,8 @@ int crun_tensor_set_int64(crun_tensor_t *t, const int64_t *idx, int64_t v);
 /* Reads / writes element `i` (0-based) of a contiguous run of dtype dt. */
 double crun_elem_get_double(crun_dtype_t dt, const void *base, int64_t i);
 void crun_elem_set_double(crun_dtype_t dt, void *base, int64_t i, double v);
+int64_t crun_elem_get_int64(crun_dtype_t dt, const void *base, int64_t i);
+void crun_elem_set_int64(crun_dtype_t dt, void *base, int64_t i, int64_t v);
 
 /* ---------------------------------------------------------------- random
  * xoshiro256** seeded through splitmix64: the same seed gives the same
