@@ -17,8 +17,9 @@
 /* Binary ops on T computed in U (unsigned for integers: overflow wraps). */
 #define OP_SUM(T, U, a, b) ((T)((U)(a) + (U)(b)))
 #define OP_PRODUCT(T, U, a, b) ((T)((U)(a) * (U)(b)))
-#define OP_MIN(T, U, a, b) ((b) < (a) ? (b) : (a))
-#define OP_MAX(T, U, a, b) ((b) > (a) ? (b) : (a))
+/* min / max propagate nan from either side (b != b is false for integers). */
+#define OP_MIN(T, U, a, b) (((b) < (a) || (b) != (b)) ? (b) : (a))
+#define OP_MAX(T, U, a, b) (((b) > (a) || (b) != (b)) ? (b) : (a))
 #define OP_BAND(T, U, a, b) ((T)((a) & (b)))
 #define OP_BOR(T, U, a, b) ((T)((a) | (b)))
 #define OP_BXOR(T, U, a, b) ((T)((a) ^ (b)))

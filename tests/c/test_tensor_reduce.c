@@ -138,16 +138,16 @@ static double refd(crun_reduce_op_t op, double a, double b) {
   switch (op) {
     case CRUN_OP_SUM: case CRUN_OP_AVG: return a + b;
     case CRUN_OP_PRODUCT: return a * b;
-    case CRUN_OP_MIN: return b < a ? b : a;
-    default: return b > a ? b : a;
+    case CRUN_OP_MIN: return (b < a || b != b) ? b : a;
+    default: return (b > a || b != b) ? b : a;
   }
 }
 static float reff(crun_reduce_op_t op, float a, float b) {
   switch (op) {
     case CRUN_OP_SUM: case CRUN_OP_AVG: return a + b;
     case CRUN_OP_PRODUCT: return a * b;
-    case CRUN_OP_MIN: return b < a ? b : a;
-    default: return b > a ? b : a;
+    case CRUN_OP_MIN: return (b < a || b != b) ? b : a;
+    default: return (b > a || b != b) ? b : a;
   }
 }
 static int64_t refi(crun_reduce_op_t op, int64_t a, int64_t b) {
@@ -254,6 +254,14 @@ TEST(reduce_into_self) {
   EXPECT(isinf(crun__f16_to_f32(h[2])));
 }
 
+TEST(min_max_propagate_nan) {
+  float a[3] = {1.0f, NAN, 3.0f}, b[3] = {NAN, 2.0f, NAN}, d[3];
+  EXPECT_OK(crun_reduce3(CRUN_FLOAT32, CRUN_OP_MIN, d, a, b, 3));
+  EXPECT(isnan(d[0]) && isnan(d[1]) && isnan(d[2]));
+  EXPECT_OK(crun_reduce3(CRUN_FLOAT32, CRUN_OP_MAX, d, b, a, 3));
+  EXPECT(isnan(d[0]) && isnan(d[1]) && isnan(d[2]));
+}
+
 TEST(half_sum_rounds_once) {
   /* 2048 + 1 + 1 in float16: pairwise rounding would give 2048 twice (the
    * spacing there is 2), accumulating in float32 gives 2050. */
@@ -315,6 +323,6 @@ TEST(bench_reduce_n) {
 }
 
 #define CRUN_TESTS(X) X(dtype_names) X(op_names) X(float16_conversions) X(bfloat16_conversions) \
-  X(every_dtype_and_op_matches_reference) X(reduce_into_self) X(half_sum_rounds_once)         \
+  X(every_dtype_and_op_matches_reference) X(reduce_into_self) X(min_max_propagate_nan) X(half_sum_rounds_once)         \
   X(scale_div) X(bench_reduce_n)
 CRUN_TEST_MAIN()

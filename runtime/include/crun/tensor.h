@@ -252,7 +252,8 @@ int crun_tensor_softmax(crun_tensor_t *a, int dim, int log, crun_tensor_t **out)
  * The element-wise kernels every backend shares. AVG reduces as SUM; the
  * caller divides once at the end (crun_scale_div). Bitwise ops on float dtypes
  * fail with CRUN_EINVAL. float16/bfloat16 are computed in float32 and rounded
- * (round-to-nearest-even) once per call. */
+ * (round-to-nearest-even) once per call. MIN / MAX propagate nan; integer
+ * SUM / PRODUCT wrap around on overflow. */
 #define CRUN_REDUCE_OP_MAP(X) \
   X(SUM, sum) X(PRODUCT, product) X(MIN, min) X(MAX, max) X(AVG, avg) \
   X(BAND, band) X(BOR, bor) X(BXOR, bxor)
