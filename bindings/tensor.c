@@ -779,6 +779,7 @@ static int m_binop(lua_State *L) {
   int rc;
   if (!a && !b) return luaL_argerror(L, 1, "tensor expected");
   if (!a && inplace) return luaL_argerror(L, 1, "tensor expected");
+  if (!a) luaL_checknumber(L, 1); /* raise before anything is allocated */
   if (b && !lua_isnoneornil(L, 3) && (op == CRUN_BIN_ADD || op == CRUN_BIN_SUB)) {
     CRUN_L_CHECK(L, crun_tensor_binop_scalar(CRUN_BIN_MUL, b, luaL_checknumber(L, 3), 0, &scaled));
     b = scaled;
