@@ -1,8 +1,8 @@
 /* tcp_client.c — the TCP store client (see tcp_proto.h for the protocol).
  *
  * One blocking socket per store, one request in flight (a mutex serializes
- * threads). Deadlines are enforced here: the reply is awaited with ppoll()
- * up to the call's deadline. On a timeout the connection is closed (the
+ * threads). Deadlines are enforced here: the reply is awaited with a blocking
+ * recv() bounded by SO_RCVTIMEO to the call's deadline. On a timeout the connection is closed (the
  * server then drops the parked request) and the next call reconnects, so a
  * timed-out store stays usable. A server that goes away yields
  * CRUN_ECONNRESET for the call in flight; later calls try to reconnect for
@@ -22,6 +22,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/time.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -31,6 +33,7 @@ typedef struct {
   crun_store_t base;
   pthread_mutex_t mu;
   int fd, port;
+  double rcvtimeo;              /* SO_RCVTIMEO now set on fd; 0: none */
   char *host;
   double connect_timeout;
   crun_store_server_t *server; /* embedded (is_master) */
@@ -41,6 +44,24 @@ typedef struct {
 } tcp_store_t;
 
 #define T(s) ((tcp_store_t *)(s))
+
+/* What a request is, for error texts; formatted only when one fails. */
+typedef struct {
+  const char *op;          /* "get" */
+  const char *const *keys; /* the keys it names (may be NULL) */
+  size_t nkeys;
+  const char *text;        /* when set: the whole description */
+} what_t;
+
+/* Formats w as "get 'k'" / "wait 'a', 'b'" into buf. */
+static const char *what_fmt(const what_t *w, char *buf, size_t cap) {
+  char ks[256];
+  if (w->text) return w->text;
+  if (!w->nkeys) return w->op;
+  snprintf(buf, cap, "%s %s", w->op, crun__store_keys_str(w->keys, w->nkeys, ks, sizeof ks));
+  return buf;
+}
+#define WHAT(w) what_fmt((w), (char[320]){0}, 320)
 
 /* ------------------------------------------------------------ connecting */
 
@@ -91,15 +112,40 @@ static int connect_once(const char *host, int port, double deadline) {
   return -err;
 }
 
+/* Returns 1 when host names this machine's loopback. */
+static int is_loopback(const char *host) {
+  return strncmp(host, "127.", 4) == 0 || strcmp(host, "::1") == 0 ||
+         strcmp(host, "localhost") == 0;
+}
+
+/* Connects to the server's unix socket when it runs on this host and was
+ * bound to host (or to the wildcard); returns the fd or -1. */
+static int connect_local(const char *host, int port) {
+  if (!is_loopback(host) || crun_env_int("CRUN_STORE_UNIX", 1) == 0) return -1;
+  const char *v6 = strchr(host, ':') ? "::" : NULL;
+  const char *names[2] = {strcmp(host, "localhost") == 0 ? "127.0.0.1" : host, v6 ? v6 : "0.0.0.0"};
+  for (int i = 0; i < 2; i++) {
+    struct sockaddr_un un;
+    socklen_t len = crun__store_local_addr(names[i], port, &un);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return -1;
+    if (connect(fd, (struct sockaddr *)&un, len) == 0) return fd;
+    close(fd);
+  }
+  return -1;
+}
+
 /* Connects, retrying with backoff until the deadline. */
 static int tcp_connect(tcp_store_t *t, double deadline) {
   long sleep_us = 5000;
   double t0 = crun_clock();
   for (;;) {
-    int fd = connect_once(t->host, t->port, deadline);
+    int fd = connect_local(t->host, t->port);
+    if (fd < 0) fd = connect_once(t->host, t->port, deadline);
     if (fd >= 0) {
       t->fd = fd;
       t->rlen = 0;
+      t->rcvtimeo = 0;
       return 0;
     }
     double left = deadline - crun_clock();
@@ -121,6 +167,7 @@ static void drop_conn(tcp_store_t *t) {
   if (t->fd >= 0) close(t->fd);
   t->fd = -1;
   t->rlen = 0;
+  t->rcvtimeo = 0;
 }
 
 /* ------------------------------------------------------------ framing */
@@ -150,7 +197,7 @@ static long encode(tcp_store_t *t, int op, unsigned n, const void *const *a, con
   return (long)total;
 }
 
-static int send_all(tcp_store_t *t, size_t len, const char *what) {
+static int send_all(tcp_store_t *t, size_t len, const what_t *what) {
   size_t done = 0;
   while (done < len) {
     ssize_t w = send(t->fd, t->sbuf + done, len - done, MSG_NOSIGNAL);
@@ -158,7 +205,7 @@ static int send_all(tcp_store_t *t, size_t len, const char *what) {
     if (w < 0) {
       int e = errno;
       drop_conn(t);
-      return crun_error(CRUN_ECONNRESET, "%s: lost the store server %s:%d: %s", what, t->host,
+      return crun_error(CRUN_ECONNRESET, "%s: lost the store server %s:%d: %s", WHAT(what), t->host,
                         t->port, strerror(e));
     }
     done += (size_t)w;
@@ -167,12 +214,12 @@ static int send_all(tcp_store_t *t, size_t len, const char *what) {
 }
 
 /* Returns the size of the complete frame in rbuf, 0 if incomplete, <0 if bad. */
-static long frame_ready(tcp_store_t *t, const char *what) {
+static long frame_ready(tcp_store_t *t, const what_t *what) {
   if (t->rlen < 4) return 0;
   uint32_t flen = crun__get_u32(t->rbuf);
   if (flen > CRUN_STORE_MAX_FRAME || flen < CRUN_STORE_FRAME_HDR - 4) {
     drop_conn(t);
-    return crun_error(CRUN_EPROTO, "%s: bad reply frame (%u bytes) from %s:%d", what, flen,
+    return crun_error(CRUN_EPROTO, "%s: bad reply frame (%u bytes) from %s:%d", WHAT(what), flen,
                       t->host, t->port);
   }
   if (t->rcap < 4 + (size_t)flen) {
@@ -184,23 +231,31 @@ static long frame_ready(tcp_store_t *t, const char *what) {
   return t->rlen >= 4 + (size_t)flen ? (long)(4 + flen) : 0;
 }
 
+/* Makes a blocking recv return by the deadline: sets SO_RCVTIMEO to what is
+ * left when the current setting could overshoot it. A setting shorter than
+ * what is left only costs an early EAGAIN and another turn, so most calls
+ * make no setsockopt at all (one syscall less than poll + recv). */
+static void bound_recv(tcp_store_t *t, double left) {
+  if (t->rcvtimeo > 0 && t->rcvtimeo <= left + 0.001) return;
+  struct timeval tv = {(time_t)left, (suseconds_t)((left - (double)(time_t)left) * 1e6)};
+  if (tv.tv_sec == 0 && tv.tv_usec == 0) tv.tv_usec = 1;
+  setsockopt(t->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  t->rcvtimeo = left;
+}
+
 /* Reads one reply frame into rbuf before the deadline. */
-static int recv_frame(tcp_store_t *t, double deadline, const char *what, long *flen) {
+static int recv_frame(tcp_store_t *t, double deadline, const what_t *what, long *flen) {
   t->rlen = 0;
   for (;;) {
     long n = frame_ready(t, what);
     if (n < 0) return (int)n;
     if (n > 0) return (int)(*flen = n, 0);
     double left = deadline - crun_clock();
-    struct pollfd p = {t->fd, POLLIN, 0};
-    struct timespec ts = {(time_t)(left > 0 ? left : 0), 0};
-    ts.tv_nsec = left > 0 ? (long)((left - (double)ts.tv_sec) * 1e9) : 0;
-    int r = left > 0 ? ppoll(&p, 1, &ts, NULL) : 0;
-    if (r < 0 && errno == EINTR) continue;
-    if (r == 0) {
+    if (left <= 0) {
       drop_conn(t);
-      return crun_error(CRUN_ETIMEDOUT, "%s: no answer from the store %s:%d within the deadline",
-                        what, t->host, t->port);
+      return crun_error(CRUN_ETIMEDOUT, "%s: no answer from the store %s:%d within the deadline "
+                        "(get, wait and multi_get answer once their keys are set)",
+                        WHAT(what), t->host, t->port);
     }
     if (t->rcap - t->rlen < 4096) {
       size_t cap = t->rcap * 2 > 65536 ? t->rcap * 2 : 65536;
@@ -209,20 +264,21 @@ static int recv_frame(tcp_store_t *t, double deadline, const char *what, long *f
       t->rbuf = nb;
       t->rcap = cap;
     }
+    bound_recv(t, left);
     ssize_t got = recv(t->fd, t->rbuf + t->rlen, t->rcap - t->rlen, 0);
-    if (got < 0 && errno == EINTR) continue;
+    if (got < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
     if (got <= 0) {
       int e = got < 0 ? errno : 0;
       drop_conn(t);
       return crun_error(CRUN_ECONNRESET, "%s: the store server %s:%d closed the connection%s%s",
-                        what, t->host, t->port, e ? ": " : "", e ? strerror(e) : "");
+                        WHAT(what), t->host, t->port, e ? ": " : "", e ? strerror(e) : "");
     }
     t->rlen += (size_t)got;
   }
 }
 
 /* Splits the reply in rbuf into t->rargs, or turns an error reply into a status. */
-static int parse_reply(tcp_store_t *t, long flen, const char *what) {
+static int parse_reply(tcp_store_t *t, long flen, const what_t *what) {
   unsigned code = t->rbuf[5], n = (unsigned)t->rbuf[6] | (unsigned)t->rbuf[7] << 8;
   if (n > t->rargcap) {
     crun__sarg_t *na = realloc(t->rargs, n * sizeof *na);
@@ -234,7 +290,7 @@ static int parse_reply(tcp_store_t *t, long flen, const char *what) {
       crun__sproto_parse(t->rbuf + CRUN_STORE_FRAME_HDR, (size_t)flen - CRUN_STORE_FRAME_HDR, n,
                          t->rargs) < 0) {
     drop_conn(t);
-    return crun_error(CRUN_EPROTO, "%s: malformed reply from the store %s:%d", what, t->host, t->port);
+    return crun_error(CRUN_EPROTO, "%s: malformed reply from the store %s:%d", WHAT(what), t->host, t->port);
   }
   t->rnargs = n;
   if (code == 0) return 0;
@@ -248,7 +304,7 @@ static int parse_reply(tcp_store_t *t, long flen, const char *what) {
 
 /* Sends one request and waits for its reply before the deadline (lock held). */
 static int request(tcp_store_t *t, int op, unsigned n, const void *const *a, const size_t *l,
-                   double deadline, const char *what) {
+                   double deadline, const what_t *what) {
   long len = encode(t, op, n, a, l), flen = 0;
   if (len < 0) return (int)len;
   if (t->fd < 0) {
@@ -261,17 +317,17 @@ static int request(tcp_store_t *t, int op, unsigned n, const void *const *a, con
 }
 
 /* Expects one 8-byte integer in the reply. */
-static int reply_i64(tcp_store_t *t, int64_t *out, const char *what) {
+static int reply_i64(tcp_store_t *t, int64_t *out, const what_t *what) {
   if (t->rnargs != 1 || t->rargs[0].len != 8)
-    return crun_error(CRUN_EPROTO, "%s: unexpected reply from the store %s:%d", what, t->host, t->port);
+    return crun_error(CRUN_EPROTO, "%s: unexpected reply from the store %s:%d", WHAT(what), t->host, t->port);
   *out = crun__get_i64(t->rargs[0].p);
   return 0;
 }
 
 /* Copies reply argument i into out. */
-static int reply_buf(tcp_store_t *t, unsigned i, crun_buf_t *out, const char *what) {
+static int reply_buf(tcp_store_t *t, unsigned i, crun_buf_t *out, const what_t *what) {
   if (i >= t->rnargs)
-    return crun_error(CRUN_EPROTO, "%s: unexpected reply from the store %s:%d", what, t->host, t->port);
+    return crun_error(CRUN_EPROTO, "%s: unexpected reply from the store %s:%d", WHAT(what), t->host, t->port);
   return crun__buf_set(out, t->rargs[i].p, t->rargs[i].len);
 }
 
@@ -288,22 +344,20 @@ static double deadline_now(crun_store_t *s) { return crun_clock() + crun_store_g
   } while (0)
 
 static int k_set(crun_store_t *s, const char *key, const void *val, size_t len) {
-  char what[160];
-  snprintf(what, sizeof what, "set '%.100s'", key);
+  const what_t w = {"set", &key, 1, NULL}, *what = &w;
   const void *a[2] = {key, val};
   size_t l[2] = {strlen(key), len};
   LOCKED(T(s), request(T(s), CRUN__SOP_SET, 2, a, l, deadline_now(s), what));
 }
 
 static int k_append(crun_store_t *s, const char *key, const void *val, size_t len) {
-  char what[160];
-  snprintf(what, sizeof what, "append '%.100s'", key);
+  const what_t w = {"append", &key, 1, NULL}, *what = &w;
   const void *a[2] = {key, val};
   size_t l[2] = {strlen(key), len};
   LOCKED(T(s), request(T(s), CRUN__SOP_APPEND, 2, a, l, deadline_now(s), what));
 }
 
-static int do_get(tcp_store_t *t, const char *key, double deadline, crun_buf_t *out, const char *what) {
+static int do_get(tcp_store_t *t, const char *key, double deadline, crun_buf_t *out, const what_t *what) {
   const void *a[1] = {key};
   size_t l[1] = {strlen(key)};
   CRUN_CHECK(request(t, CRUN__SOP_GET, 1, a, l, deadline, what));
@@ -311,12 +365,11 @@ static int do_get(tcp_store_t *t, const char *key, double deadline, crun_buf_t *
 }
 
 static int k_get(crun_store_t *s, const char *key, double deadline, crun_buf_t *out) {
-  char what[160];
-  snprintf(what, sizeof what, "get '%.100s' (key not set?)", key);
+  const what_t w = {"get", &key, 1, NULL}, *what = &w;
   LOCKED(T(s), do_get(T(s), key, deadline, out, what));
 }
 
-static int do_add(tcp_store_t *t, const char *key, int64_t delta, int64_t *out, const char *what) {
+static int do_add(tcp_store_t *t, const char *key, int64_t delta, int64_t *out, const what_t *what) {
   uint8_t d[8];
   crun__put_i64(d, delta);
   const void *a[2] = {key, d};
@@ -326,21 +379,19 @@ static int do_add(tcp_store_t *t, const char *key, int64_t delta, int64_t *out, 
 }
 
 static int k_add(crun_store_t *s, const char *key, int64_t delta, int64_t *out) {
-  char what[160];
-  snprintf(what, sizeof what, "add '%.100s'", key);
+  const what_t w = {"add", &key, 1, NULL}, *what = &w;
   LOCKED(T(s), do_add(T(s), key, delta, out, what));
 }
 
 static int do_cas(tcp_store_t *t, const void *const *a, const size_t *l, crun_buf_t *out,
-                  const char *what) {
+                  const what_t *what) {
   CRUN_CHECK(request(t, CRUN__SOP_CAS, 3, a, l, deadline_now(&t->base), what));
   return reply_buf(t, 0, out, what);
 }
 
 static int k_compare_set(crun_store_t *s, const char *key, const void *exp, size_t elen,
                          const void *des, size_t dlen, crun_buf_t *out) {
-  char what[160];
-  snprintf(what, sizeof what, "compare_set '%.100s'", key);
+  const what_t w = {"compare_set", &key, 1, NULL}, *what = &w;
   const void *a[3] = {key, exp, des};
   size_t l[3] = {strlen(key), elen, dlen};
   LOCKED(T(s), do_cas(T(s), a, l, out, what));
@@ -352,9 +403,8 @@ static int keys_request(tcp_store_t *t, int op, const char *const *keys, size_t 
   size_t *l = malloc(n * sizeof *l);
   if (!l) return crun_error(CRUN_ENOMEM, "store %s: out of memory", opname);
   for (size_t i = 0; i < n; i++) l[i] = strlen(keys[i]);
-  char what[300], ks[256];
-  snprintf(what, sizeof what, "%s %s", opname, crun__store_keys_str(keys, n, ks, sizeof ks));
-  int rc = request(t, op, (unsigned)n, (const void *const *)keys, l, deadline, what);
+  const what_t w = {opname, keys, n, NULL};
+  int rc = request(t, op, (unsigned)n, (const void *const *)keys, l, deadline, &w);
   free(l);
   return rc;
 }
@@ -366,7 +416,7 @@ static int k_wait(crun_store_t *s, const char *const *keys, size_t n, double dea
 static int do_check(tcp_store_t *t, const char *const *keys, size_t n, int *all) {
   int64_t v;
   CRUN_CHECK(keys_request(t, CRUN__SOP_CHECK, keys, n, deadline_now(&t->base), "check"));
-  CRUN_CHECK(reply_i64(t, &v, "check"));
+  CRUN_CHECK(reply_i64(t, &v, &(const what_t){"check", keys, n, NULL}));
   *all = v != 0;
   return 0;
 }
@@ -381,7 +431,7 @@ static int do_multi_get(tcp_store_t *t, const char *const *keys, size_t n, doubl
   if (t->rnargs != n)
     return crun_error(CRUN_EPROTO, "multi_get: %u values for %zu keys from the store %s:%d",
                       t->rnargs, n, t->host, t->port);
-  for (size_t i = 0; i < n; i++) CRUN_CHECK(reply_buf(t, (unsigned)i, &outs[i], "multi_get"));
+  for (size_t i = 0; i < n; i++) CRUN_CHECK(reply_buf(t, (unsigned)i, &outs[i], &(const what_t){"multi_get", keys, n, NULL}));
   return 0;
 }
 
@@ -399,7 +449,8 @@ static int do_multi_set(tcp_store_t *t, const char *const *keys, size_t n,
     a[2 * i] = keys[i], l[2 * i] = strlen(keys[i]);
     a[2 * i + 1] = vals[i], l[2 * i + 1] = lens[i];
   }
-  if (rc == 0) rc = request(t, CRUN__SOP_MULTI_SET, (unsigned)(2 * n), a, l, deadline_now(&t->base), "multi_set");
+  if (rc == 0) rc = request(t, CRUN__SOP_MULTI_SET, (unsigned)(2 * n), a, l, deadline_now(&t->base),
+                            &(const what_t){"multi_set", keys, n, NULL});
   free(a);
   free(l);
   return rc;
@@ -414,15 +465,14 @@ static int k_multi_set(crun_store_t *s, const char *const *keys, size_t n,
 
 /* Runs a request that answers one integer. */
 static int int_request(tcp_store_t *t, int op, unsigned n, const void *const *a, const size_t *l,
-                       double deadline, int64_t *out, const char *what) {
+                       double deadline, int64_t *out, const what_t *what) {
   CRUN_CHECK(request(t, op, n, a, l, deadline, what));
   return reply_i64(t, out, what);
 }
 
 static int k_delete_key(crun_store_t *s, const char *key, int *existed) {
-  char what[160];
+  const what_t w = {"delete_key", &key, 1, NULL}, *what = &w;
   int64_t v = 0;
-  snprintf(what, sizeof what, "delete_key '%.100s'", key);
   const void *a[1] = {key};
   size_t l[1] = {strlen(key)};
   pthread_mutex_lock(&T(s)->mu);
@@ -433,7 +483,8 @@ static int k_delete_key(crun_store_t *s, const char *key, int *existed) {
 }
 
 static int k_num_keys(crun_store_t *s, int64_t *out) {
-  LOCKED(T(s), int_request(T(s), CRUN__SOP_NUM_KEYS, 0, NULL, NULL, deadline_now(s), out, "num_keys"));
+  LOCKED(T(s), int_request(T(s), CRUN__SOP_NUM_KEYS, 0, NULL, NULL, deadline_now(s), out,
+                            &(const what_t){"num_keys", NULL, 0, NULL}));
 }
 
 static int k_port(crun_store_t *s) { return T(s)->port; }
@@ -462,15 +513,16 @@ static const crun__store_ops_t tcp_ops = {
 static int tcp_join(tcp_store_t *t, const crun_store_tcp_opts_t *o) {
   int64_t v;
   double deadline = deadline_now(&t->base);
-  CRUN_CHECK(int_request(t, CRUN__SOP_JOIN, 0, NULL, NULL, deadline, &v, "join"));
+  CRUN_CHECK(int_request(t, CRUN__SOP_JOIN, 0, NULL, NULL, deadline, &v, &(const what_t){"join", NULL, 0, NULL}));
   if (!o->is_master) return 0;
   uint8_t n[8];
   crun__put_i64(n, o->world_size);
   const void *a[1] = {n};
   size_t l[1] = {8};
-  char what[128];
-  snprintf(what, sizeof what, "waiting for world_size=%d clients to join", o->world_size);
-  return int_request(t, CRUN__SOP_JOIN_WAIT, 1, a, l, deadline, &v, what);
+  char text[128];
+  snprintf(text, sizeof text, "waiting for world_size=%d clients to join", o->world_size);
+  const what_t w = {NULL, NULL, 0, text};
+  return int_request(t, CRUN__SOP_JOIN_WAIT, 1, a, l, deadline, &v, &w);
 }
 
 /* Opens the connection (starting the embedded server first on the master). */

@@ -13,12 +13,21 @@
  * GET, WAIT, MULTI_GET and JOIN_WAIT only once their keys exist (the
  * request is parked on the server; the client does not poll). Deadlines are
  * the client's: a client that gives up closes its connection, which drops
- * the parked request, and reconnects on its next call. */
+ * the parked request, and reconnects on its next call.
+ *
+ * Transport: TCP, and for clients on the server's host an abstract unix
+ * socket (crun__store_local_addr) that a server bound to a loopback or
+ * wildcard address also listens on; the frames are the same on both.
+ * CRUN_STORE_UNIX=0 turns the unix socket off on either side. */
 #ifndef CRUN_STORE_TCP_PROTO_H
 #define CRUN_STORE_TCP_PROTO_H
 
+#include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 
 #define CRUN_STORE_PROTO_VERSION 1
 #define CRUN_STORE_MAX_FRAME (1u << 30) /* 1 GiB: a larger claim closes the connection */
@@ -82,6 +91,17 @@ static inline int crun__sproto_parse(const uint8_t *body, size_t blen, unsigned 
     p += l;
   }
   return p == blen ? 0 : -1;
+}
+
+/* The abstract unix socket a server bound to ip:port also listens on, for
+ * clients on the same host ("\0crun-store:<ip>:<port>"). Fills un and
+ * returns the address length to pass to bind/connect. */
+static inline socklen_t crun__store_local_addr(const char *ip, int port, struct sockaddr_un *un) {
+  memset(un, 0, sizeof *un);
+  un->sun_family = AF_UNIX;
+  int n = snprintf(un->sun_path + 1, sizeof un->sun_path - 1, "crun-store:%s:%d", ip, port);
+  if (n < 0 || n >= (int)sizeof un->sun_path - 1) n = (int)sizeof un->sun_path - 2;
+  return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n);
 }
 
 #endif

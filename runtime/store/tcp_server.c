@@ -13,6 +13,10 @@
 #include "store/tcp_proto.h"
 
 #include <arpa/inet.h>
+#include <errno.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -25,6 +29,8 @@ typedef struct conn conn_t;
 struct crun_store_server {
   uv_loop_t loop;
   uv_tcp_t listener;
+  uv_pipe_t local;            /* same-host clients: an abstract unix socket */
+  int has_local;
   uv_async_t stop_async;
   uv_thread_t thread;
   int port, started;
@@ -38,7 +44,10 @@ struct crun_store_server {
 };
 
 struct conn {
-  uv_tcp_t tcp;
+  union {
+    uv_tcp_t tcp;   /* a client over TCP */
+    uv_pipe_t pipe; /* a same-host client over the unix socket */
+  } h;
   crun_store_server_t *srv;
   conn_t *prev, *next;   /* srv->conns */
   conn_t *pprev, *pnext; /* srv->parked */
@@ -117,7 +126,7 @@ static void conn_close(conn_t *c, const char *why) {
   if (c->prev) c->prev->next = c->next;
   else srv->conns = c->next;
   if (c->next) c->next->prev = c->prev;
-  uv_close((uv_handle_t *)&c->tcp, on_conn_closed);
+  uv_close((uv_handle_t *)&c->h, on_conn_closed);
 }
 
 static void serve_conn(conn_t *c);
@@ -135,12 +144,35 @@ static void on_written(uv_write_t *req, int status) {
     conn_close(c, NULL);
   }
   if (c->closing || !c->throttled ||
-      uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp) > WRITE_BACKLOG_MAX / 2)
+      uv_stream_get_write_queue_size((uv_stream_t *)&c->h) > WRITE_BACKLOG_MAX / 2)
     return;
   c->throttled = 0;
-  uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);
+  uv_read_start((uv_stream_t *)&c->h, on_alloc, on_read);
   serve_conn(c);
   drain_ready(c->srv);
+}
+
+/* Writes w's buffer now if the socket takes it all (no request, no callback,
+ * no epoll change: the common case), else queues the rest with uv_write. */
+static int send_reply(conn_t *c, wreq_t *w) {
+  int n = uv_try_write((uv_stream_t *)&c->h, &w->buf, 1);
+  if (n == (int)w->buf.len) {
+    free(w);
+    return 0;
+  }
+  if (n < 0 && n != UV_EAGAIN) {
+    CRUN_LOG(INFO, STORE, "store server %s: write to %s: %s", c->srv->addr, c->peer, uv_strerror(n));
+    free(w);
+    conn_close(c, NULL);
+    return 0;
+  }
+  if (n > 0) w->buf = uv_buf_init(w->buf.base + n, w->buf.len - (unsigned)n);
+  int rc = uv_write(&w->req, (uv_stream_t *)&c->h, &w->buf, 1, on_written);
+  if (rc < 0) {
+    free(w);
+    conn_close(c, uv_strerror(rc));
+  }
+  return 0;
 }
 
 /* Sends one reply frame with nargs arguments. */
@@ -161,12 +193,7 @@ static int reply(conn_t *c, int code, unsigned nargs, const void *const *args, c
     p += 4 + lens[i];
   }
   w->buf = uv_buf_init((char *)(w + 1), (unsigned)total);
-  int rc = uv_write(&w->req, (uv_stream_t *)&c->tcp, &w->buf, 1, on_written);
-  if (rc < 0) {
-    free(w);
-    conn_close(c, uv_strerror(rc));
-  }
-  return 0;
+  return send_reply(c, w);
 }
 
 static int reply_ok0(conn_t *c) { return reply(c, 0, 0, NULL, NULL); }
@@ -371,9 +398,9 @@ static int header_ok(conn_t *c, char *why, size_t whylen) {
 static void serve_conn(conn_t *c) {
   char why[160];
   while (!c->parked && !c->closing && c->len - c->off >= 4) {
-    if (uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp) > WRITE_BACKLOG_MAX) {
+    if (uv_stream_get_write_queue_size((uv_stream_t *)&c->h) > WRITE_BACKLOG_MAX) {
       c->throttled = 1; /* resumed by on_written once the replies drain */
-      uv_read_stop((uv_stream_t *)&c->tcp);
+      uv_read_stop((uv_stream_t *)&c->h);
       return;
     }
     uint32_t flen = crun__get_u32(c->buf + c->off);
@@ -447,13 +474,24 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
   drain_ready(c->srv);
 }
 
-/* Records "ip:port" of the peer for log lines. */
-static void peer_name(conn_t *c) {
+/* Records "ip:port" (or "local pid N") of the peer for log lines. */
+static void peer_name(conn_t *c, int local) {
   struct sockaddr_storage ss;
   int len = sizeof ss;
   char ip[INET6_ADDRSTRLEN] = "unknown peer";
   int port = 0;
-  if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&ss, &len) == 0) {
+  uv_os_fd_t fd;
+  struct ucred cred;
+  socklen_t cl = sizeof cred;
+  if (local) {
+    if (uv_fileno((uv_handle_t *)&c->h, &fd) == 0 &&
+        getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) == 0)
+      snprintf(c->peer, sizeof c->peer, "local pid %d", (int)cred.pid);
+    else
+      snprintf(c->peer, sizeof c->peer, "local peer");
+    return;
+  }
+  if (uv_tcp_getpeername(&c->h.tcp, (struct sockaddr *)&ss, &len) == 0) {
     if (ss.ss_family == AF_INET) {
       uv_ip4_name((struct sockaddr_in *)&ss, ip, sizeof ip);
       port = ntohs(((struct sockaddr_in *)&ss)->sin_port);
@@ -466,8 +504,16 @@ static void peer_name(conn_t *c) {
   else snprintf(c->peer, sizeof c->peer, "%s", ip);
 }
 
+/* Initializes c's handle for the listener it arrives on. */
+static void conn_handle_init(crun_store_server_t *srv, conn_t *c, int local) {
+  if (local) uv_pipe_init(&srv->loop, &c->h.pipe, 0);
+  else uv_tcp_init(&srv->loop, &c->h.tcp);
+  c->h.tcp.data = c; /* same offset in both: the uv_handle_t head */
+}
+
 static void on_connection(uv_stream_t *server, int status) {
   crun_store_server_t *srv = server->data;
+  int local = server == (uv_stream_t *)&srv->local;
   if (status < 0) {
     CRUN_LOG(WARN, STORE, "store server %s: accept: %s", srv->addr, uv_strerror(status));
     return;
@@ -475,25 +521,25 @@ static void on_connection(uv_stream_t *server, int status) {
   conn_t *c = calloc(1, sizeof *c);
   if (!c) return;
   c->srv = srv;
-  uv_tcp_init(&srv->loop, &c->tcp);
-  c->tcp.data = c;
-  if (uv_accept(server, (uv_stream_t *)&c->tcp) < 0) {
-    uv_close((uv_handle_t *)&c->tcp, on_conn_closed);
+  conn_handle_init(srv, c, local);
+  if (uv_accept(server, (uv_stream_t *)&c->h) < 0) {
+    uv_close((uv_handle_t *)&c->h, on_conn_closed);
     return;
   }
-  uv_tcp_nodelay(&c->tcp, 1);
-  peer_name(c);
+  if (!local) uv_tcp_nodelay(&c->h.tcp, 1);
+  peer_name(c, local);
   c->next = srv->conns;
   if (srv->conns) srv->conns->prev = c;
   srv->conns = c;
   CRUN_LOG(TRACE, STORE, "store server %s: connection from %s", srv->addr, c->peer);
-  uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);
+  uv_read_start((uv_stream_t *)&c->h, on_alloc, on_read);
 }
 
 static void on_stop(uv_async_t *a) {
   crun_store_server_t *srv = a->data;
   while (srv->conns) conn_close(srv->conns, NULL);
   uv_close((uv_handle_t *)&srv->listener, NULL);
+  if (srv->has_local) uv_close((uv_handle_t *)&srv->local, NULL);
   uv_close((uv_handle_t *)&srv->stop_async, NULL);
 }
 
@@ -509,6 +555,39 @@ static int bind_addr(const char *host, int port, struct sockaddr_storage *ss) {
   if (host && *host && uv_ip4_addr(host, port, (struct sockaddr_in *)ss) == 0) return 0;
   if (host && *host && uv_ip6_addr(host, port, (struct sockaddr_in6 *)ss) == 0) return 0;
   return uv_ip4_addr("0.0.0.0", port, (struct sockaddr_in *)ss);
+}
+
+/* Returns 1 when clients on this host reach ss through 127.0.0.1 / ::1
+ * (a loopback or wildcard bind). */
+static int loopback_reachable(const struct sockaddr_storage *ss) {
+  if (ss->ss_family == AF_INET) {
+    uint32_t a = ntohl(((const struct sockaddr_in *)ss)->sin_addr.s_addr);
+    return a == 0 || (a >> 24) == 127;
+  }
+  const struct in6_addr *a6 = &((const struct sockaddr_in6 *)ss)->sin6_addr;
+  return IN6_IS_ADDR_UNSPECIFIED(a6) || IN6_IS_ADDR_LOOPBACK(a6);
+}
+
+/* Also listens on the abstract unix socket crun__store_local_name(ip, port),
+ * so same-host clients skip the TCP stack. Optional: failures are logged. */
+static void listen_local(crun_store_server_t *srv, const struct sockaddr_storage *ss) {
+  char ip[INET6_ADDRSTRLEN];
+  struct sockaddr_un un;
+  if (!loopback_reachable(ss) || crun_env_int("CRUN_STORE_UNIX", 1) == 0) return;
+  if (ss->ss_family == AF_INET) uv_ip4_name((const struct sockaddr_in *)ss, ip, sizeof ip);
+  else uv_ip6_name((const struct sockaddr_in6 *)ss, ip, sizeof ip);
+  socklen_t len = crun__store_local_addr(ip, srv->port, &un);
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0 || bind(fd, (struct sockaddr *)&un, len) < 0 || listen(fd, 4096) < 0) {
+    CRUN_LOG(INFO, STORE, "store server %s: no local socket: %s", srv->addr, strerror(errno));
+    if (fd >= 0) close(fd);
+    return;
+  }
+  uv_pipe_init(&srv->loop, &srv->local, 0);
+  srv->local.data = srv;
+  srv->has_local = 1;
+  if (uv_pipe_open(&srv->local, fd) < 0 || uv_listen((uv_stream_t *)&srv->local, 4096, on_connection) < 0)
+    CRUN_LOG(INFO, STORE, "store server %s: local socket not served", srv->addr);
 }
 
 /* Binds and listens (on the caller's thread, so errors are immediate). */
@@ -529,12 +608,14 @@ static int server_listen(crun_store_server_t *srv, const char *host, int port) {
   uv_tcp_getsockname(&srv->listener, (struct sockaddr *)&got, &glen);
   srv->port = ntohs(((struct sockaddr_in *)&got)->sin_port);
   snprintf(srv->addr, sizeof srv->addr, "%s:%d", host && *host ? host : "0.0.0.0", srv->port);
+  listen_local(srv, &got);
   return 0;
 }
 
 /* Closes every handle of a loop that never ran and frees the server. */
 static void server_abort(crun_store_server_t *srv) {
   uv_close((uv_handle_t *)&srv->listener, NULL);
+  if (srv->has_local) uv_close((uv_handle_t *)&srv->local, NULL);
   uv_close((uv_handle_t *)&srv->stop_async, NULL);
   uv_run(&srv->loop, UV_RUN_DEFAULT);
   uv_loop_close(&srv->loop);

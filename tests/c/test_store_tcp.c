@@ -245,12 +245,12 @@ TEST(tcp_thousand_clients) {
   enum { N = 1000 };
   struct rlimit rl;
   getrlimit(RLIMIT_NOFILE, &rl);
-  if (rl.rlim_cur < 2 * N + 64) {
+  if (rl.rlim_cur < 3 * N + 64) { /* raw + client + server-side sockets */
     rl.rlim_cur = rl.rlim_max;
     setrlimit(RLIMIT_NOFILE, &rl);
   }
   getrlimit(RLIMIT_NOFILE, &rl);
-  EXPECT(rl.rlim_cur >= 2 * N + 64);
+  EXPECT(rl.rlim_cur >= 3 * N + 64);
   crun_store_server_t *srv;
   EXPECT_OK(crun_store_server_start("127.0.0.1", 0, &srv));
   int port = crun_store_server_port(srv);
@@ -401,7 +401,47 @@ TEST(tcp_pipelined_clients) {
   crun_store_server_stop(srv);
 }
 
+/* Counts the lines of /proc/net/unix naming the abstract socket @name. */
+static int unix_sockets_named(const char *name) {
+  FILE *f = fopen("/proc/net/unix", "r");
+  char line[512];
+  int n = 0;
+  while (f && fgets(line, sizeof line, f)) {
+    char *at = strchr(line, '@');
+    if (at && strncmp(at + 1, name, strlen(name)) == 0 && (at[1 + strlen(name)] == '\n'))
+      n++;
+  }
+  if (f) fclose(f);
+  return n;
+}
+
+TEST(tcp_both_transports) {
+  /* same-host clients of a loopback server come in over its unix socket */
+  crun_store_server_t *srv;
+  EXPECT_OK(crun_store_server_start("127.0.0.1", 0, &srv));
+  int port = crun_store_server_port(srv);
+  char name[64];
+  snprintf(name, sizeof name, "crun-store:127.0.0.1:%d", port);
+  EXPECT_EQ_INT(unix_sockets_named(name), 1); /* the listener */
+  crun_store_t *s = client(port, 10);
+  EXPECT_OK(crun_store_set(s, "k", "v", 1));
+  EXPECT(unix_sockets_named(name) >= 2);      /* + the accepted connection */
+  crun_store_release(s);
+  crun_store_server_stop(srv);
+  EXPECT_EQ_INT(unix_sockets_named(name), 0);
+  /* CRUN_STORE_UNIX=0: plain TCP on both sides, same behaviour */
+  setenv("CRUN_STORE_UNIX", "0", 1);
+  crun_store_tcp_opts_t o = {.host = "127.0.0.1", .port = 0, .is_master = 1, .timeout = 10};
+  EXPECT_OK(crun_store_tcp_new(&o, &s));
+  snprintf(name, sizeof name, "crun-store:127.0.0.1:%d", crun_store_tcp_port(s));
+  EXPECT_EQ_INT(unix_sockets_named(name), 0);
+  exercise(s);
+  exercise_deadlines(s);
+  crun_store_release(s);
+  unsetenv("CRUN_STORE_UNIX");
+}
+
 #define CRUN_TESTS(X) X(tcp_semantics) X(tcp_get_is_parked_until_set) X(tcp_port_in_use) \
   X(tcp_connect_refused) X(tcp_world_size_join) X(tcp_hostile_frames) X(tcp_server_goes_away) \
-  X(tcp_thousand_clients) X(tcp_multiprocess_race) X(tcp_big_value) X(tcp_pipelined_clients)
+  X(tcp_thousand_clients) X(tcp_multiprocess_race) X(tcp_big_value) X(tcp_pipelined_clients) X(tcp_both_transports)
 CRUN_TEST_MAIN()
