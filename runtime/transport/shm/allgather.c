@@ -9,7 +9,7 @@ static void ag_fill(shm_op_t *o, char *mine) { memcpy(mine, o->in, o->small_len)
 
 /* Copies this rank's own n elements from base into its block of out. */
 static void own_block(shm_op_t *o, size_t base, size_t n) {
-  char *dst = o->out + ((size_t)o->c->rank * o->count + base) * o->es;
+  char *dst = crun__shm_out_blk(o, o->c->rank) + base * o->es;
   const char *src = o->in + base * o->es;
   if (dst != src) memmove(dst, src, n * o->es);
 }
@@ -18,7 +18,7 @@ static int ag_finish(shm_op_t *o, int b) {
   crun__shm_comm_t *c = o->c;
   size_t bytes = o->count * o->es;
   for (int q = 0; q < c->size; q++)
-    if (q != c->rank) memcpy(o->out + (size_t)q * bytes, crun__shm_small_data(c, q, b), bytes);
+    if (q != c->rank) memcpy(crun__shm_out_blk(o, q), crun__shm_small_data(c, q, b), bytes);
   own_block(o, 0, o->count);
   return 0;
 }
@@ -39,19 +39,20 @@ static int ag_copy_out(shm_op_t *o, size_t t, int b) {
   size_t base, n = chunk_len(o, t, &base);
   for (int q = 0; q < c->size; q++)
     if (q != c->rank)
-      memcpy(o->out + ((size_t)q * o->count + base) * o->es, crun__shm_buf(c, q, b), n * o->es);
+      memcpy(crun__shm_out_blk(o, q) + base * o->es, crun__shm_buf(c, q, b), n * o->es);
   own_block(o, base, n);
   return 0;
 }
 
-int crun__shm_all_gather(crun__shm_comm_t *c, void *out, const void *in, size_t count,
-                         crun_dtype_t dt, double timeout) {
+static int all_gather(crun__shm_comm_t *c, void *out, void *const *outs, const void *in,
+                      size_t count, crun_dtype_t dt, int bufs_ok, double timeout) {
   CRUN_CHECK(crun__shm_begin(c, SHM_ALLGATHER, dt, 0, -1, count, c ? (size_t)c->size : 1,
-                             out && in, timeout));
+                             bufs_ok, timeout));
   shm_op_t o = {.c = c, .kind = SHM_ALLGATHER, .dt = dt, .count = count};
   o.es = crun_dtype_size(dt);
   o.in = in;
   o.out = out;
+  o.outs = (char *const *)outs;
   size_t bytes = count * o.es;
   if (bytes <= c->small_bytes) {
     o.small_len = bytes;
@@ -66,4 +67,23 @@ int crun__shm_all_gather(crun__shm_comm_t *c, void *out, const void *in, size_t 
   o.out_wait_ctr = SHM_CTR_IN;
   o.out_wait_who = -1;
   return crun__shm_run_pipeline(&o);
+}
+
+int crun__shm_all_gather(crun__shm_comm_t *c, void *out, const void *in, size_t count,
+                         crun_dtype_t dt, double timeout) {
+  return all_gather(c, out, NULL, in, count, dt, out && in, timeout);
+}
+
+/* Returns non-zero when list and its size entries are non-NULL. */
+int crun__shm_blocks_ok(const crun__shm_comm_t *c, const void *const *list) {
+  if (!c || !list) return 0;
+  for (int q = 0; q < c->size; q++)
+    if (!list[q]) return 0;
+  return 1;
+}
+
+int crun__shm_all_gather_v(crun__shm_comm_t *c, void *const *outs, const void *in,
+                           size_t count, crun_dtype_t dt, double timeout) {
+  int ok = in && crun__shm_blocks_ok(c, (const void *const *)outs);
+  return all_gather(c, NULL, outs, in, count, dt, ok, timeout);
 }

@@ -46,6 +46,10 @@ static int check_args(crun__shm_comm_t *c, shm_kind_t kind, crun_dtype_t dt,
   return 0;
 }
 
+void crun__shm_comm_label(crun__shm_comm_t *c, uint64_t seq) {
+  if (c) c->next_label = seq;
+}
+
 /* Checks the arguments, starts op number opseq+1 and publishes its
  * description in this rank's ring. */
 int crun__shm_begin(crun__shm_comm_t *c, shm_kind_t kind, crun_dtype_t dt,
@@ -56,6 +60,8 @@ int crun__shm_begin(crun__shm_comm_t *c, shm_kind_t kind, crun_dtype_t dt,
   int uses_op = kind == SHM_ALLREDUCE || kind == SHM_REDUCE || kind == SHM_REDUCE_SCATTER;
   int uses_root = kind == SHM_REDUCE || kind == SHM_BROADCAST;
   c->opseq++;
+  c->label = c->next_label ? c->next_label : c->opseq;
+  c->next_label = 0;
   c->kind = kind;
   c->count = count;
   c->sig = (uint64_t)kind | (uint64_t)dt << 8 | (uint64_t)(uses_op ? op : 0) << 16 |

@@ -90,7 +90,7 @@ static int check_ring_descs(crun__shm_comm_t *c) {
     if (atomic_load_explicit(&d->opseq, memory_order_acquire) != c->opseq)
       return crun__shm_fail(c, CRUN_EMISMATCH, "shm %s #%llu on rank %d: rank %d is on "
                             "another collective", crun__shm_kind_name(c->kind),
-                            (unsigned long long)c->opseq, c->rank, q);
+                            (unsigned long long)c->label, c->rank, q);
     CRUN_CHECK(crun__shm_check_desc(c, q, c->opseq, sig, count));
   }
   return 0;

@@ -10,7 +10,7 @@ static size_t blk(shm_op_t *o) { return o->count * o->es; }
 
 static void rs_fill(shm_op_t *o, char *mine) {
   for (int q = 0; q < o->c->size; q++)
-    if (q != o->c->rank) memcpy(mine + q * blk(o), o->in + q * blk(o), blk(o));
+    if (q != o->c->rank) memcpy(mine + q * blk(o), crun__shm_in_blk(o, q), blk(o));
 }
 
 static int reduce_block(shm_op_t *o, void *dst, const void *const *srcs, size_t n) {
@@ -23,7 +23,8 @@ static int rs_finish(shm_op_t *o, int b) {
   crun__shm_comm_t *c = o->c;
   const void *srcs[CRUN_SHM_MAX_RANKS];
   for (int q = 0; q < c->size; q++)
-    srcs[q] = (q == c->rank ? o->in : crun__shm_small_data(c, q, b)) + c->rank * blk(o);
+    srcs[q] = q == c->rank ? crun__shm_in_blk(o, q)
+                           : crun__shm_small_data(c, q, b) + c->rank * blk(o);
   return reduce_block(o, o->out, srcs, o->count);
 }
 
@@ -37,7 +38,7 @@ static void rs_copy_in(shm_op_t *o, size_t t, char *mine) {
   size_t base, n = chunk_len(o, t, &base), piece = o->chunk_elems * o->es;
   for (int q = 0; q < o->c->size; q++)
     if (q != o->c->rank)
-      memcpy(mine + q * piece, o->in + ((size_t)q * o->count + base) * o->es, n * o->es);
+      memcpy(mine + q * piece, crun__shm_in_blk(o, q) + base * o->es, n * o->es);
 }
 
 static int rs_reduce(shm_op_t *o, size_t t, int b) {
@@ -45,18 +46,20 @@ static int rs_reduce(shm_op_t *o, size_t t, int b) {
   size_t base, n = chunk_len(o, t, &base), piece = o->chunk_elems * o->es;
   const void *srcs[CRUN_SHM_MAX_RANKS];
   for (int q = 0; q < c->size; q++)
-    srcs[q] = q == c->rank ? o->in + ((size_t)c->rank * o->count + base) * o->es
+    srcs[q] = q == c->rank ? crun__shm_in_blk(o, q) + base * o->es
                            : (const char *)crun__shm_buf(c, q, b) + c->rank * piece;
   return reduce_block(o, o->out + base * o->es, srcs, n);
 }
 
-int crun__shm_reduce_scatter(crun__shm_comm_t *c, void *out, const void *in, size_t count,
-                             crun_dtype_t dt, crun_reduce_op_t op, double timeout) {
+static int reduce_scatter(crun__shm_comm_t *c, void *out, const void *in,
+                          const void *const *ins, size_t count, crun_dtype_t dt,
+                          crun_reduce_op_t op, int bufs_ok, double timeout) {
   CRUN_CHECK(crun__shm_begin(c, SHM_REDUCE_SCATTER, dt, op, -1, count,
-                             c ? (size_t)c->size : 1, out && in, timeout));
+                             c ? (size_t)c->size : 1, bufs_ok, timeout));
   shm_op_t o = {.c = c, .kind = SHM_REDUCE_SCATTER, .dt = dt, .op = op, .count = count};
   o.es = crun_dtype_size(dt);
   o.in = in;
+  o.ins = (const char *const *)ins;
   o.out = out;
   if (count * o.es * (size_t)c->size <= c->small_bytes) {
     o.small_len = count * o.es * (size_t)c->size;
@@ -70,4 +73,16 @@ int crun__shm_reduce_scatter(crun__shm_comm_t *c, void *out, const void *in, siz
   o.copy_in = rs_copy_in;
   o.reduce = rs_reduce;
   return crun__shm_run_pipeline(&o);
+}
+
+int crun__shm_reduce_scatter(crun__shm_comm_t *c, void *out, const void *in, size_t count,
+                             crun_dtype_t dt, crun_reduce_op_t op, double timeout) {
+  return reduce_scatter(c, out, in, NULL, count, dt, op, out && in, timeout);
+}
+
+int crun__shm_reduce_scatter_v(crun__shm_comm_t *c, void *out, const void *const *ins,
+                               size_t count, crun_dtype_t dt, crun_reduce_op_t op,
+                               double timeout) {
+  int ok = out && crun__shm_blocks_ok(c, ins);
+  return reduce_scatter(c, out, NULL, ins, count, dt, op, ok, timeout);
 }

@@ -201,6 +201,11 @@ static int exchange_name(crun__shm_comm_t *c, crun_store_t *store, const char *k
   CRUN_CHECK(rc);
   crun_buf_t v = {0};
   CRUN_CHECK(crun_store_get(store, key, &v));
+  if (v.len > 0 && ((char *)v.data)[0] == '!') {
+    crun_buf_free(&v);
+    return crun_error(CRUN_EIO, "shm create on rank %d: rank 0 could not create the shared "
+                      "segment (see rank 0's error)", c->rank);
+  }
   if (v.len == 0 || v.len >= sizeof c->name || ((char *)v.data)[0] != '/') {
     crun_buf_free(&v);
     return crun_error(CRUN_EPROTO, "shm create on rank %d: store key '%s' does not hold a "
@@ -232,7 +237,13 @@ static int create_steps(crun__shm_comm_t *c, crun_store_t *store, const char *pr
   char key[256];
   snprintf(key, sizeof key, "%s/shm_name", prefix);
   double deadline = crun_clock() + c->timeout;
-  if (c->rank == 0) CRUN_CHECK(segment_create(c));
+  if (c->rank == 0) {
+    int rc = segment_create(c);
+    if (rc < 0) {
+      crun_store_set(store, key, "!", 1); /* so the others fail now, not at the timeout */
+      return rc;
+    }
+  }
   CRUN_CHECK(exchange_name(c, store, key, c->timeout));
   if (c->rank != 0) CRUN_CHECK(segment_attach(c));
   bind_layout(c);

@@ -58,6 +58,10 @@ void crun__shm_comm_destroy(crun__shm_comm_t *c);
 int crun__shm_comm_rank(const crun__shm_comm_t *c);
 int crun__shm_comm_size(const crun__shm_comm_t *c);
 
+/* Names the next collective "#seq" in error texts (a process group passes
+ * its own numbering); by default the engine counts its own collectives. */
+void crun__shm_comm_label(crun__shm_comm_t *c, uint64_t seq);
+
 /* Sums (or op) `count` elements across ranks; every rank gets the result in
  * buf. sendbuf NULL (or == buf) means in place: buf is the input; otherwise
  * sendbuf is the input and is not modified (it must not overlap buf). */
@@ -78,10 +82,21 @@ int crun__shm_broadcast(crun__shm_comm_t *c, void *buf, size_t count, crun_dtype
 int crun__shm_all_gather(crun__shm_comm_t *c, void *out, const void *in, size_t count,
                          crun_dtype_t dt, double timeout);
 
+/* all_gather into size separate blocks: outs[q] receives rank q's input.
+ * In place when in == outs[rank]. */
+int crun__shm_all_gather_v(crun__shm_comm_t *c, void *const *outs, const void *in,
+                           size_t count, crun_dtype_t dt, double timeout);
+
 /* in holds size blocks of `count` elements; out (count elements) receives
  * block `rank` reduced across ranks. out may be in's block `rank`. */
 int crun__shm_reduce_scatter(crun__shm_comm_t *c, void *out, const void *in, size_t count,
                              crun_dtype_t dt, crun_reduce_op_t op, double timeout);
+
+/* reduce_scatter from size separate input blocks ins[q]; out may be
+ * ins[rank]. */
+int crun__shm_reduce_scatter_v(crun__shm_comm_t *c, void *out, const void *const *ins,
+                               size_t count, crun_dtype_t dt, crun_reduce_op_t op,
+                               double timeout);
 
 /* in and out hold size blocks of `count` elements; block q of out receives
  * block `rank` of rank q's in. in == out (in place) is allowed. */

@@ -71,6 +71,7 @@ struct crun__shm_comm {
   size_t chunk;
   int nbuf;
   uint64_t opseq, small_seq, chunk_seq;
+  uint64_t label, next_label; /* the op's number in error texts */
   double timeout;
   int *pidfd;               /* per rank; -1 for self or unknown */
   int oversub, policy_yield;
@@ -95,6 +96,8 @@ struct shm_op {
   size_t count, es;
   const char *in;
   char *out;
+  const char *const *ins;      /* block lists (size entries) instead of in/out */
+  char *const *outs;
   /* pipelined path */
   size_t nchunks, chunk_elems; /* chunk_elems: elements of one chunk step */
   int has_reduce;              /* phase B: wait IN of all, reduce, post RED */
@@ -109,6 +112,14 @@ struct shm_op {
   void (*fill)(shm_op_t *o, char *mine);
   int (*finish)(shm_op_t *o, int b);
 };
+
+/* Block q (count elements) of an op's input / output. */
+static inline const char *crun__shm_in_blk(const shm_op_t *o, int q) {
+  return o->ins ? o->ins[q] : o->in + (size_t)q * o->count * o->es;
+}
+static inline char *crun__shm_out_blk(const shm_op_t *o, int q) {
+  return o->outs ? o->outs[q] : o->out + (size_t)q * o->count * o->es;
+}
 
 static inline char *crun__shm_small_data(crun__shm_comm_t *c, int q, int b) {
   return c->small + ((size_t)q * 2 + (size_t)b) * c->small_stride + SHM_LINE;
@@ -139,6 +150,9 @@ int crun__shm_check_desc(crun__shm_comm_t *c, int q, uint64_t opseq, uint64_t si
 /* kernels.c */
 void crun__shm_sum_f32_dual(float *d1, float *d2, const float *const *srcs, int n,
                             size_t count, int avg);
+
+/* allgather.c */
+int crun__shm_blocks_ok(const crun__shm_comm_t *c, const void *const *list);
 
 /* engine.c */
 int crun__shm_begin(crun__shm_comm_t *c, shm_kind_t kind, crun_dtype_t dt,

@@ -100,7 +100,7 @@ int crun__shm_check_abort(crun__shm_comm_t *c) {
   if (!who || (int)who - 1 == c->rank) return 0;
   c->broken = 1;
   return crun_error(c->hdr->abort_status, "shm %s #%llu on rank %d: rank %u failed first: %s",
-                    crun__shm_kind_name(c->kind), (unsigned long long)c->opseq, c->rank,
+                    crun__shm_kind_name(c->kind), (unsigned long long)c->label, c->rank,
                     who - 1, c->hdr->abort_text);
 }
 
@@ -123,17 +123,21 @@ static int check_peers(crun__shm_comm_t *c, shm_ctr_t ctr, int who, uint64_t tar
     if (peer_dead(c, q))
       return crun__shm_fail(c, CRUN_EPEERDIED, "shm %s #%llu on rank %d: rank %d (pid %d) "
                             "died", crun__shm_kind_name(c->kind),
-                            (unsigned long long)c->opseq, c->rank, q, (int)c->pids[q]);
+                            (unsigned long long)c->label, c->rank, q, (int)c->pids[q]);
   }
   return 0;
 }
 
-/* Writes "all_reduce(count 4, float32, sum)" for an op signature. */
+/* Writes "all_reduce(float32[1024], sum)" for an op signature. */
 static void describe(uint64_t sig, uint64_t count, char *buf, size_t n) {
   shm_kind_t k = (shm_kind_t)(sig & 0xff);
   int root = (int)(sig >> 24) - 1;
-  int off = snprintf(buf, n, "%s(count %llu, %s", crun__shm_kind_name(k),
-                     (unsigned long long)count, crun_dtype_name((crun_dtype_t)((sig >> 8) & 0xff)));
+  if (k == SHM_BARRIER) {
+    snprintf(buf, n, "barrier()");
+    return;
+  }
+  int off = snprintf(buf, n, "%s(%s[%llu]", crun__shm_kind_name(k),
+                     crun_dtype_name((crun_dtype_t)((sig >> 8) & 0xff)), (unsigned long long)count);
   if (k == SHM_ALLREDUCE || k == SHM_REDUCE || k == SHM_REDUCE_SCATTER)
     off += snprintf(buf + off, n - (size_t)off, ", %s",
                     crun_reduce_op_name((crun_reduce_op_t)((sig >> 16) & 0xff)));
@@ -144,13 +148,14 @@ static void describe(uint64_t sig, uint64_t count, char *buf, size_t n) {
 /* Fails with CRUN_EMISMATCH when rank q published a different op for opseq. */
 int crun__shm_check_desc(crun__shm_comm_t *c, int q, uint64_t opseq, uint64_t sig,
                          uint64_t count) {
+  (void)opseq;
   if (sig == c->sig && count == c->count) return 0;
   char theirs[128], mine[128];
   describe(sig, count, theirs, sizeof theirs);
   describe(c->sig, c->count, mine, sizeof mine);
   return crun__shm_fail(c, CRUN_EMISMATCH, "shm collective #%llu on rank %d: rank %d called %s "
-                        "but this rank called %s", (unsigned long long)opseq, c->rank, q, theirs,
-                        mine);
+                        "but rank %d called %s", (unsigned long long)c->label, c->rank, q,
+                        theirs, c->rank, mine);
 }
 
 /* Checks q's op ring for the current op: catches ranks that took another
@@ -191,10 +196,10 @@ static int before_sleep(crun__shm_comm_t *c, shm_ctr_t ctr, int who, int q, uint
   if ((double)now * 1e-9 > c->deadline) {
     char late[300];
     laggards(c, ctr, who, target, late, sizeof late);
-    return crun__shm_fail(c, CRUN_ETIMEDOUT, "shm %s #%llu on rank %d: no progress from "
-                          "rank(s) %s before the deadline (timeout %.1f s)",
-                          crun__shm_kind_name(c->kind), (unsigned long long)c->opseq,
-                          c->rank, late, c->op_timeout);
+    return crun__shm_fail(c, CRUN_ETIMEDOUT, "shm %s #%llu on rank %d: no data from rank%s %s "
+                          "after %.1f s", crun__shm_kind_name(c->kind),
+                          (unsigned long long)c->label, c->rank, strchr(late, ',') ? "s" : "",
+                          late, c->op_timeout);
   }
   return 0;
 }

@@ -1,0 +1,133 @@
+/* pg_engine.c — attaches the shared-memory engine to a cpu process group
+ * (the crun__shm_engine_open hook of backend/backend.h).
+ *
+ * Attaching is decided collectively through the group's store: every rank
+ * publishes its host identity (boot id + hostname); when all match, every
+ * rank creates the communicator and publishes whether that worked; the
+ * engine is used only when it worked everywhere, else every rank declines
+ * and the group stays on TCP. The engine takes broadcast, all_reduce,
+ * reduce, all_gather, reduce_scatter and barrier (a decision that depends on
+ * the kind only, so it is the same on every rank); the rest stays on TCP.
+ * CRUN_SHM=0 turns the engine off (checked by the cpu backend). */
+#include "transport/shm/shm_int.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "backend/backend.h"
+
+/* Writes "<boot id>/<hostname>" into buf: equal on processes of one host. */
+static void host_identity(char *buf, size_t n) {
+  char boot[64] = "", host[256] = "";
+  FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+  if (f) {
+    if (!fgets(boot, sizeof boot, f)) boot[0] = 0;
+    fclose(f);
+  }
+  boot[strcspn(boot, "\n")] = 0;
+  if (gethostname(host, sizeof host - 1) != 0) host[0] = 0;
+  snprintf(buf, n, "%s/%s", boot, host);
+}
+
+/* Publishes `val` under "<what>/<rank>" and sets *all_same to whether every
+ * rank published the same value. */
+static int agree(crun_pg_t *pg, const char *what, const char *val, int *all_same) {
+  char key[64];
+  snprintf(key, sizeof key, "shm/%s/%d", what, pg->rank);
+  CRUN_CHECK(crun_store_set(pg->store, key, val, strlen(val)));
+  *all_same = 1;
+  for (int q = 0; q < pg->size; q++) {
+    crun_buf_t v = {0};
+    snprintf(key, sizeof key, "shm/%s/%d", what, q);
+    CRUN_CHECK(crun_store_get(pg->store, key, &v));
+    if (v.len != strlen(val) || memcmp(v.data, val, v.len) != 0) *all_same = 0;
+    crun_buf_free(&v);
+  }
+  return 0;
+}
+
+typedef struct {
+  crun_pg_t *pg;
+  crun__shm_comm_t *comm;
+} eng_t;
+
+static int eng_supports(void *state, const crun__coll_t *c) {
+  (void)state;
+  switch (c->kind) {
+  case CRUN__COLL_BROADCAST: case CRUN__COLL_ALL_REDUCE: case CRUN__COLL_REDUCE:
+  case CRUN__COLL_ALL_GATHER: case CRUN__COLL_REDUCE_SCATTER: case CRUN__COLL_BARRIER:
+    return 1;
+  default:
+    return 0;
+  }
+}
+
+/* Runs the collective on the communicator. */
+static int dispatch(crun__shm_comm_t *s, crun__coll_t *c, double t) {
+  switch (c->kind) {
+  case CRUN__COLL_BROADCAST:
+    return crun__shm_broadcast(s, c->buf, c->count, c->dt, c->root, t);
+  case CRUN__COLL_ALL_REDUCE:
+    return crun__shm_allreduce(s, c->buf, NULL, c->count, c->dt, c->op, t);
+  case CRUN__COLL_REDUCE:
+    return crun__shm_reduce(s, c->buf, NULL, c->count, c->dt, c->op, c->root, t);
+  case CRUN__COLL_ALL_GATHER:
+    return crun__shm_all_gather_v(s, c->outs, c->in, c->count, c->dt, t);
+  case CRUN__COLL_REDUCE_SCATTER:
+    return crun__shm_reduce_scatter_v(s, c->buf, c->ins, c->count, c->dt, c->op, t);
+  case CRUN__COLL_BARRIER:
+    return crun__shm_barrier(s, t);
+  }
+  return crun_error(CRUN_ENOTSUP, "shm engine: %s is not supported", crun__coll_name(c->kind));
+}
+
+/* Runs one collective of the group on the engine by the group's deadline,
+ * numbered as the group numbers it; a timeout also says where every rank is. */
+static int eng_run(void *state, crun__coll_t *c) {
+  eng_t *e = state;
+  double t = c->deadline > 0 ? c->deadline - crun_clock() : c->timeout;
+  if (t <= 0) t = 1e-3;
+  crun__shm_comm_label(e->comm, c->seq);
+  int rc = dispatch(e->comm, c, t);
+  if (rc == CRUN_ETIMEDOUT) {
+    char where[512], text[1024];
+    snprintf(text, sizeof text, "%s", crun_last_error() + strlen("ETIMEDOUT: "));
+    crun__pg_progress_report(e->pg, where, sizeof where);
+    return crun_error(rc, "%s; %s", text, where);
+  }
+  return rc;
+}
+
+static void eng_destroy(void *state) {
+  eng_t *e = state;
+  crun__shm_comm_destroy(e->comm);
+  free(e);
+}
+
+int crun__shm_engine_open(crun_pg_t *pg, crun__engine_t *out) {
+  char host[400];
+  int same = 0, ok = 0;
+  host_identity(host, sizeof host);
+  CRUN_CHECK(agree(pg, "host", host, &same));
+  if (!same) return CRUN_ENOTSUP;
+  crun__shm_comm_t *c = NULL;
+  int rc = crun__shm_comm_create(pg->store, "shm", pg->rank, pg->size, pg->timeout, &c);
+  if (rc < 0)
+    CRUN_LOG(WARN, SHM, "rank %d: shared memory unavailable, staying on TCP: %s", pg->rank,
+             crun_last_error());
+  eng_t *e = rc == 0 ? calloc(1, sizeof *e) : NULL;
+  rc = agree(pg, "ok", e ? "1" : "0", &ok);
+  if (rc < 0 || !ok || !e) {
+    crun__shm_comm_destroy(c);
+    free(e);
+    return rc < 0 ? rc : CRUN_ENOTSUP;
+  }
+  e->pg = pg;
+  e->comm = c;
+  *out = (crun__engine_t){.name = "shm", .state = e, .supports = eng_supports,
+                          .run = eng_run, .destroy = eng_destroy};
+  CRUN_LOG(INFO, SHM, "group of %d ranks uses the shared-memory engine", pg->size);
+  return 0;
+}
