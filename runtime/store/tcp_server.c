@@ -179,8 +179,19 @@ static int send_reply(conn_t *c, wreq_t *w) {
 static int reply(conn_t *c, int code, unsigned nargs, const void *const *args, const size_t *lens) {
   size_t total = CRUN_STORE_FRAME_HDR;
   for (unsigned i = 0; i < nargs; i++) total += 4 + lens[i];
+  if (total - 4 > CRUN_STORE_MAX_FRAME) {
+    char msg[128];
+    int n = snprintf(msg, sizeof msg, "ERANGE: reply of %zu bytes is over the %u-byte frame limit",
+                     total, CRUN_STORE_MAX_FRAME);
+    const void *a[1] = {msg};
+    size_t l[1] = {(size_t)n};
+    return reply(c, CRUN_ERANGE, 1, a, l);
+  }
   wreq_t *w = malloc(sizeof *w + total);
-  if (!w) return crun_error(CRUN_ENOMEM, "store server: out of memory for a reply");
+  if (!w) {
+    conn_close(c, "out of memory for a reply");
+    return CRUN_ENOMEM;
+  }
   uint8_t *p = (uint8_t *)(w + 1);
   crun__put_u32(p, (uint32_t)(total - 4));
   p[4] = CRUN_STORE_PROTO_VERSION;
@@ -241,7 +252,7 @@ static void wake(crun_store_server_t *srv, const char *key, size_t klen) {
 
 #define KEY(a) ((const char *)(a).p), (a).len
 
-/* Returns 1 when every argument from `first` on (stride step) names a key. */
+/* Returns 1 when every one of the n key arguments exists. */
 static int keys_present(crun_store_server_t *srv, const crun__sarg_t *a, unsigned n) {
   for (unsigned i = 0; i < n; i++)
     if (!crun__kv_find(&srv->kv, KEY(a[i]))) return 0;
