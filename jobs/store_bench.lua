@@ -8,7 +8,11 @@
 --               add:    each does K add("shared_ctr", 1) (final value checked)
 --               aggregate ops/s = total ops / (last finish - first start)
 -- The server (is_master) lives in this process, which only waits; clients are
--- separate lua5.4 processes, so every op crosses loopback TCP. Values: 16 B.
+-- separate lua5.4 processes connecting to 127.0.0.1, so every op crosses a
+-- socket: crun's same-host clients use the server's unix socket
+-- (CRUN_STORE_UNIX=0 in the environment forces loopback TCP, as torch uses).
+-- torch 1.13's set sends without waiting for a reply; crun's set waits for
+-- its acknowledgement (a round trip). Values: 16 B.
 --
 --   lua5.4 jobs/store_bench.lua [--lat-ops 10000] [--clients 8] [--tput-ops 5000]
 --                               [--torch-csv FILE] [--out FILE]
@@ -162,7 +166,8 @@ local function main()
 
   local torch = read_torch(o.torch_csv)
   local function f(v, fmt) return v and string.format(fmt, v) or "-" end
-  print("crun TCP store vs torch TCPStore (127.0.0.1, value 16 B; us = microseconds)")
+  print(string.format("crun TCP store (%s) vs torch TCPStore (127.0.0.1, value 16 B; us = microseconds)",
+                      os.getenv("CRUN_STORE_UNIX") == "0" and "loopback TCP" or "unix socket"))
   print(string.format("%-18s %7s %8s | %9s %9s | %9s %9s | %11s %11s %7s", "test", "clients",
                       "ops/cli", "crun med", "torch med", "crun p99", "torch p99", "crun ops/s",
                       "torch ops/s", "speedup"))
