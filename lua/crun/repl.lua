@@ -1,0 +1,567 @@
+--- crun.repl: the interactive mode of crun-lua (-i).
+--
+-- Two sides meet on the TCP store that the launcher serves:
+--   * the front end (the launcher process, launcher/repl.c) reads chunks,
+--     sets crun/repl/<n>/chunk = "<targets>\n<source>" and waits for
+--     crun/repl/<n>/out/<rank> = "<kind>\n<text>" from every target rank,
+--     then shows the results grouped: ranks with identical output share a line.
+--   * every worker (launcher/repl_worker.c) runs the user script, initializes
+--     the default process group, then takes chunk after chunk in order, runs
+--     those it is a target of with print/io.write captured, and reports.
+-- Other keys: pid/<rank> (set first), ready/<rank> (after the script and
+-- init_process_group), state/<rank> ("idle <n>" or "running <n> <os.time>").
+-- The chunk "!quit" ends every worker. Nothing here blocks without a
+-- deadline: waits are short slices between which signals and liveness are
+-- checked.
+local M = {}
+
+M.PREFIX = "crun/repl/"
+M.QUIT = "!quit"
+M.SLICE = 0.2          -- seconds of one store wait in the front end
+M.WORKER_SLICE = 2.0   -- seconds of one store wait in an idle worker
+
+local P = M.PREFIX
+
+-- ---------------------------------------------------------------- rank sets
+
+--- "[0-3]", "[0,2]", "[0-1,3]" for a sorted list of ranks.
+function M.format_ranks(list)
+  local parts, i = {}, 1
+  while i <= #list do
+    local j = i
+    while j < #list and list[j + 1] == list[j] + 1 do j = j + 1 end
+    parts[#parts + 1] = j > i and (list[i] .. "-" .. list[j]) or tostring(list[i])
+    i = j + 1
+  end
+  return "[" .. table.concat(parts, ",") .. "]"
+end
+
+--- Parses "0,2", "1-3", "0,2-3" or "all" into a sorted list of distinct
+-- ranks below world. Returns the list, or nil and a message.
+function M.parse_ranks(spec, world)
+  if spec == "all" or spec == "*" then
+    local all = {}
+    for r = 0, world - 1 do all[#all + 1] = r end
+    return all
+  end
+  local seen, list = {}, {}
+  for item in (spec .. ","):gmatch("([^,]*),") do
+    local a, b = item:match("^%s*(%d+)%s*%-%s*(%d+)%s*$")
+    if not a then a = item:match("^%s*(%d+)%s*$"); b = a end
+    if not a then
+      return nil, string.format("bad rank list '%s': expected ranks like 0,2 or 1-3", spec)
+    end
+    a, b = tonumber(a), tonumber(b)
+    if a > b then return nil, string.format("bad rank range '%s' in '%s'", item, spec) end
+    for r = a, b do
+      if r >= world then
+        return nil, string.format("no rank %d: the world has ranks 0-%d", r, world - 1)
+      end
+      if not seen[r] then seen[r] = true; list[#list + 1] = r end
+    end
+  end
+  table.sort(list)
+  return list
+end
+
+-- ---------------------------------------------------------------- grouping
+
+--- Groups results ({[rank] = {kind=, text=}}) of the ranks in `order`:
+-- ranks with the same kind and text share a group. Returns a list of
+-- {ranks = {...}, kind =, text =} ordered by each group's lowest rank.
+function M.group(results, order)
+  local groups, by_key = {}, {}
+  for _, r in ipairs(order) do
+    local res = results[r]
+    if res then
+      local key = res.kind .. "\0" .. res.text
+      local g = by_key[key]
+      if not g then
+        g = {ranks = {}, kind = res.kind, text = res.text}
+        by_key[key] = g
+        groups[#groups + 1] = g
+      end
+      g.ranks[#g.ranks + 1] = r
+    end
+  end
+  return groups
+end
+
+--- Renders one group: the first line after its rank label, the others
+-- indented under it. Returns "" for a group with nothing to show.
+function M.render_group(g)
+  local text = g.text:gsub("\n$", "")
+  if text == "" then return "" end
+  local label = M.format_ranks(g.ranks)
+  local pad = string.rep(" ", #label + 1)
+  local out, first = {}, true
+  for line in (text .. "\n"):gmatch("([^\n]*)\n") do
+    out[#out + 1] = (first and (label .. " ") or pad) .. line
+    first = false
+  end
+  return table.concat(out, "\n") .. "\n"
+end
+
+--- Renders groups: returns the text for stdout (kind "ok") and for stderr
+-- (errors, dead or abandoned ranks), in rank order within each.
+function M.render(groups)
+  local out, err = {}, {}
+  for _, g in ipairs(groups) do
+    local s = M.render_group(g)
+    if g.kind == "ok" then out[#out + 1] = s else err[#err + 1] = s end
+  end
+  return table.concat(out), table.concat(err)
+end
+
+-- ---------------------------------------------------------------- worker
+
+--- The first part of a worker's life, before the user script: connects to
+-- the store and announces this process. h carries the C helpers (pid, run).
+function M.worker_begin(h)
+  local crun = require "crun"
+  local rank = tonumber(os.getenv("RANK") or "")
+  local world = tonumber(os.getenv("WORLD_SIZE") or "")
+  if not rank or not world then
+    error("EINVAL: crun.repl: RANK and WORLD_SIZE must be set (start it with crun-lua -i)", 0)
+  end
+  local store = crun.store.from_env()
+  store:set(P .. "pid/" .. rank, tostring(h.pid))
+  return {h = h, store = store, rank = rank, world = world}
+end
+
+-- Keeps the traceback lines down to the user's code: the REPL's own frames
+-- (from the C helper h.run that called the chunk on) are noise.
+local function trim_traceback(tb)
+  local lines = {}
+  for line in (tb .. "\n"):gmatch("([^\n]*)\n") do lines[#lines + 1] = line end
+  for i, line in ipairs(lines) do
+    if line:find("crun/repl.lua:", 1, true) then
+      local last = i - 1
+      if last >= 1 and lines[last]:match("^\t%[C%]: in field 'run'$") then last = last - 1 end
+      return table.concat(lines, "\n", 1, last)
+    end
+  end
+  return tb
+end
+
+local function message_handler(m)
+  if type(m) ~= "string" then
+    local mt = getmetatable(m)
+    if mt and mt.__tostring then m = tostring(m)
+    else m = string.format("(error object is a %s value)", type(m)) end
+  end
+  return debug.traceback(m, 2)
+end
+
+--- Runs chunk source `src` in the global environment with print and
+-- io.write captured; h.run arms the Ctrl-C hook around it. Returns kind
+-- ("ok" or "err") and the text to show (printed output, then the values or
+-- the error with its traceback).
+function M.run_chunk(h, src)
+  local buf = {}
+  local function cprint(...)
+    local n = select("#", ...)
+    for i = 1, n do
+      if i > 1 then buf[#buf + 1] = "\t" end
+      buf[#buf + 1] = tostring((select(i, ...)))
+    end
+    buf[#buf + 1] = "\n"
+  end
+  local function cwrite(...)
+    for i = 1, select("#", ...) do
+      local v = select(i, ...)
+      local t = type(v)
+      if t ~= "string" and t ~= "number" then
+        error(string.format("bad argument #%d to 'write' (string expected, got %s)", i, t), 2)
+      end
+      buf[#buf + 1] = tostring(v)
+    end
+    return io.stdout
+  end
+  local fn, err = load(src, "=stdin", "t")
+  if not fn then return "err", err end
+  local saved_print, saved_write = print, io.write
+  print, io.write = cprint, cwrite
+  local res = table.pack(h.run(fn, message_handler))
+  if print == cprint then print = saved_print end        -- the chunk may have
+  if io.write == cwrite then io.write = saved_write end  -- replaced them itself
+  if not res[1] then
+    return "err", table.concat(buf) .. trim_traceback(tostring(res[2]))
+  end
+  if res.n > 1 then
+    for i = 2, res.n do
+      if i > 2 then buf[#buf + 1] = "\t" end
+      buf[#buf + 1] = tostring(res[i])
+    end
+    buf[#buf + 1] = "\n"
+  end
+  return "ok", table.concat(buf)
+end
+
+-- The collective timeout of the REPL's process group, in seconds.
+local function repl_timeout()
+  local t = tonumber(os.getenv("CRUN_REPL_TIMEOUT") or "")
+  return (t and t > 0) and t or 30
+end
+
+-- Makes crun, T and dist globals (unless the script took those names) and
+-- initializes the default process group. Returns a note to show, or "".
+local function setup_globals()
+  local crun = require "crun"
+  if rawget(_G, "crun") == nil then rawset(_G, "crun", crun) end
+  if rawget(_G, "T") == nil then rawset(_G, "T", crun.tensor) end
+  local ok, dist = pcall(require, "crun.dist")
+  if not ok then
+    return "note: crun.dist is not available, so there is no process group: "
+           .. tostring(dist):match("^[^\n]*")
+  end
+  if rawget(_G, "dist") == nil then rawset(_G, "dist", dist) end
+  if dist.is_initialized and dist.is_initialized() then return "" end
+  local iok, ierr = pcall(dist.init_process_group, {timeout = repl_timeout()})
+  if not iok then
+    return "init_process_group failed: " .. tostring(ierr)
+  end
+  return ""
+end
+
+-- Waits for key in slices; returns true, or nil and a message when the
+-- store is gone.
+local function worker_wait(store, key)
+  while true do
+    local ok, err = pcall(store.wait, store, {key}, M.WORKER_SLICE)
+    if ok then return true end
+    if not tostring(err):match("^ETIMEDOUT") then return nil, tostring(err) end
+  end
+end
+
+--- The rest of a worker's life, after the user script (script_err is its
+-- error message with traceback, or nil): sets up the globals and the
+-- process group, reports ready, then runs chunks until "!quit". Returns
+-- nothing on a clean quit; raises when the front end's store goes away.
+function M.worker_loop(st, script_err)
+  local store, rank = st.store, st.rank
+  local kind, text = "ok", ""
+  if script_err then kind, text = "err", trim_traceback(script_err) end
+  local note = setup_globals()
+  if note ~= "" then
+    if kind == "ok" and note:match("^note") then text = note else kind, text = "err", text .. (text ~= "" and "\n" or "") .. note end
+  end
+  store:set(P .. "state/" .. rank, "idle 0")
+  store:set(P .. "ready/" .. rank, kind .. "\n" .. text)
+  local n = 1
+  while true do
+    local key = P .. n .. "/chunk"
+    local ok, err = worker_wait(store, key)
+    if not ok then
+      error("ECONN: rank " .. rank .. " lost the REPL's store (the launcher is gone?): " .. err, 0)
+    end
+    local v = store:get(key)
+    if v == M.QUIT then return end
+    local targets, src = v:match("^([^\n]*)\n(.*)$")
+    local mine = targets == "*"
+    if not mine then
+      for r in targets:gmatch("%d+") do
+        if tonumber(r) == rank then mine = true end
+      end
+    end
+    if mine then
+      store:set(P .. "state/" .. rank, string.format("running %d %d", n, os.time()))
+      local k, t = M.run_chunk(st.h, src)
+      store:set(P .. n .. "/out/" .. rank, k .. "\n" .. t)
+      store:set(P .. "state/" .. rank, "idle " .. n)
+    end
+    n = n + 1
+  end
+end
+
+-- ---------------------------------------------------------------- front end
+
+local HELP = [[
+Every chunk you enter runs on every rank; results come back grouped:
+ranks with the same output share one line, e.g. "[0-3] 4.0".
+  <expr>              shows its value on every rank (as the lua prompt does)
+  <statement>         runs it; globals persist between chunks on each rank
+  :on 0,2 <chunk>     runs the chunk on ranks 0 and 2 only (also 1-3, all)
+  :ranks              which ranks are alive and what they are doing
+  :help               this text
+  :quit, Ctrl-D       end the session on every rank
+Ctrl-C interrupts a running chunk on every rank (twice: stop waiting for it).
+Globals: crun, T (= crun.tensor), dist (process group initialized; collective
+timeout CRUN_REPL_TIMEOUT seconds, default 30).
+print and io.write inside a chunk are captured per rank; other output of
+the ranks appears as "[rank] line" when it is written.
+]]
+
+local Front = {}
+Front.__index = Front
+
+local function new_front(h, opts)
+  local crun = require "crun"
+  local store = crun.store.tcp{host = opts.host, port = opts.port, is_master = false,
+                               timeout = 60, connect_timeout = 30}
+  local all = {}
+  for r = 0, opts.world - 1 do all[r + 1] = r end
+  return setmetatable({h = h, store = store, world = opts.world, tty = opts.tty,
+                       all = all, pid = {}, dead = {}, n = 0, busy = {}}, Front)
+end
+
+function Front:out(s)
+  if s ~= "" then io.stdout:write(s); io.stdout:flush() end
+end
+
+function Front:err(s)
+  if s ~= "" then io.stdout:flush(); io.stderr:write(s); io.stderr:flush() end
+end
+
+-- Learns the pid of rank r from the store once it is there.
+function Front:learn_pid(r)
+  if self.pid[r] then return self.pid[r] end
+  local key = P .. "pid/" .. r
+  if self.store:check{key} then self.pid[r] = tonumber(self.store:get(key)) end
+  return self.pid[r]
+end
+
+-- Whether rank r is known to be gone (marks it dead).
+function Front:check_dead(r)
+  if self.dead[r] then return true end
+  local pid = self:learn_pid(r)
+  if (pid and not self.h.alive(pid)) or self.h.supervisor() then self.dead[r] = true end
+  return self.dead[r] or false
+end
+
+-- Waits for keys[r] of every rank in `ranks`; returns {[r] = value}, the
+-- ranks found dead, and why it stopped early ("interrupt", "terminate") or
+-- nil. on_interrupt(pending) is called at the first Ctrl-C; a second one
+-- gives up with "interrupt".
+function Front:collect(ranks, keyf, on_interrupt)
+  local got, pending = {}, {}
+  for _, r in ipairs(ranks) do pending[#pending + 1] = r end
+  local interrupts = 0
+  while #pending > 0 do
+    local still = {}
+    for _, r in ipairs(pending) do
+      local key = keyf(r)
+      if self.store:check{key} then
+        got[r] = self.store:get(key)
+      elseif not self:check_dead(r) then
+        still[#still + 1] = r
+      end
+    end
+    pending = still
+    if #pending == 0 then break end
+    local sig = self.h.signals()
+    if sig == "terminate" then return got, pending, "terminate" end
+    if sig == "interrupt" then
+      interrupts = interrupts + 1
+      if interrupts >= 2 or not on_interrupt then return got, pending, "interrupt" end
+      on_interrupt(pending)
+    end
+    pcall(self.store.wait, self.store, {keyf(pending[1])}, M.SLICE)
+  end
+  return got, {}, nil
+end
+
+-- Splits "<kind>\n<text>".
+local function parse_result(v)
+  local kind, text = v:match("^(%a+)\n(.*)$")
+  return {kind = kind or "err", text = text or v}
+end
+
+-- Waits for every rank to be ready; shows what the script and
+-- init_process_group said. Returns nil, or "interrupt"/"terminate".
+function Front:startup()
+  local got, _, why = self:collect(self.all, function(r) return P .. "ready/" .. r end)
+  if why then return why end
+  local results = {}
+  for _, r in ipairs(self.all) do
+    if got[r] then results[r] = parse_result(got[r])
+    else results[r] = {kind = "dead", text = "(rank " .. r .. " ended before the prompt opened)"} end
+  end
+  local out, err = M.render(M.group(results, self.all))
+  self:out(out)
+  self:err(err)
+  return nil
+end
+
+--- Sends chunk src to the ranks `targets` (nil: all) and shows the grouped
+-- results. Returns "terminate" when a SIGTERM/SIGHUP arrived, else nil.
+function Front:run(src, targets)
+  self.n = self.n + 1
+  local n = self.n
+  local list = targets or self.all
+  local tspec = targets and table.concat(targets, ",") or "*"
+  self.store:set(P .. n .. "/chunk", tspec .. "\n" .. src)
+  local live, results = {}, {}
+  for _, r in ipairs(list) do
+    if self:check_dead(r) then -- named ranks only: :ranks lists the dead
+      if targets then results[r] = {kind = "dead", text = "(rank " .. r .. " is dead)"} end
+    else
+      live[#live + 1] = r
+    end
+  end
+  local function key(r) return P .. n .. "/out/" .. r end
+  local got, left, why = self:collect(live, key, function(pending)
+    for _, r in ipairs(pending) do
+      if self.pid[r] then self.h.kill(self.pid[r]) end
+    end
+  end)
+  for r, v in pairs(got) do
+    results[r] = parse_result(v)
+    self.store:delete_key(key(r))
+  end
+  for _, r in ipairs(live) do
+    if not results[r] then
+      if self.dead[r] then
+        results[r] = {kind = "dead", text = "(rank " .. r .. " died while running the chunk)"}
+      end
+    end
+  end
+  for _, r in ipairs(left) do
+    self.busy[r] = n
+    results[r] = {kind = "busy", text = "(still running; no longer waited for; see :ranks)"}
+  end
+  local out, err = M.render(M.group(results, list))
+  self:out(out)
+  self:err(err)
+  if why == "terminate" then return why end
+  return nil
+end
+
+--- Text for :ranks.
+function Front:ranks_text()
+  local lines, now = {}, os.time()
+  for _, r in ipairs(self.all) do
+    local pid = self:learn_pid(r)
+    local what
+    if self:check_dead(r) then
+      what = "dead"
+    else
+      local sk = P .. "state/" .. r
+      local s = self.store:check{sk} and self.store:get(sk) or "starting"
+      local rn, t0 = s:match("^running (%d+) (%d+)")
+      if rn then
+        what = string.format("running chunk %s for %d s", rn, now - tonumber(t0))
+      elseif s:match("^idle") then
+        what = "idle"
+      else
+        what = s
+      end
+    end
+    lines[#lines + 1] = string.format("[%d] pid %-8s %s", r, pid and tostring(pid) or "?", what)
+  end
+  return table.concat(lines, "\n") .. "\n"
+end
+
+-- Compiles a chunk the way lua.c does: "return <line>" first (for the first
+-- line only), then the chunk itself. Returns the source to send, or nil and
+-- "incomplete", or nil and the syntax error.
+local function compile(buf, first_only)
+  if first_only then
+    local ret = "return " .. buf
+    if load(ret, "=stdin", "t") then return ret end
+  end
+  local fn, err = load(buf, "=stdin", "t")
+  if fn then return buf end
+  if err:match("<eof>$") then return nil, "incomplete" end
+  return nil, err
+end
+
+-- Handles a meta command line (":..."). Returns
+--   "chunk", targets, rest     to run rest on targets
+--   "done"                     handled
+--   "quit"                     end the session
+function Front:meta(line)
+  local cmd, rest = line:match("^:(%a+)%s*(.-)%s*$")
+  if cmd == "help" or cmd == "h" then
+    self:out(HELP)
+  elseif cmd == "ranks" then
+    self:out(self:ranks_text())
+  elseif cmd == "quit" or cmd == "q" or cmd == "exit" then
+    return "quit"
+  elseif cmd == "on" then
+    local spec, body = rest:match("^(%S+)%s+(.+)$")
+    if not spec then
+      self:err("usage: :on <ranks> <chunk>   e.g. :on 0,2 x = 1\n")
+      return "done"
+    end
+    local targets, err = M.parse_ranks(spec, self.world)
+    if not targets then self:err(":on: " .. err .. "\n"); return "done" end
+    return "chunk", targets, body
+  else
+    self:err(string.format("unknown command '%s' (:help lists them)\n", line))
+  end
+  return "done"
+end
+
+-- Reads one line; returns it, or nil at EOF, or false and why
+-- ("interrupt", "terminate", "gone").
+function Front:read(prompt)
+  return self.h.readline(self.tty and prompt or "")
+end
+
+--- The session: startup, then read-eval-print until EOF or :quit. Returns
+-- how it ended: "quit", "gone" (every worker ended), "interrupt" (Ctrl-C
+-- before the prompt opened) or "terminate" (SIGTERM/SIGHUP).
+function Front:loop()
+  local why = self:startup()
+  if why then return why end
+  if self.tty then
+    self:out(string.format("crun %s REPL on %d rank%s (%s); :help for help, Ctrl-D to quit\n",
+                           require("crun").version, self.world, self.world == 1 and "" or "s",
+                           _VERSION))
+  end
+  while true do
+    local line, how = self:read("> ")
+    if line == nil then
+      if self.tty then self:out("\n") end
+      return "quit"
+    end
+    if line == false then
+      if how ~= "interrupt" then return how end
+    elseif line:match("^%s*$") then -- luacheck: ignore 542
+    else
+      local targets, body = nil, line
+      local kind = "chunk"
+      if line:match("^:") then kind, targets, body = self:meta(line) end
+      if kind == "quit" then return "quit" end
+      if kind == "chunk" then
+        local src, err = compile(body, true)
+        local whole, typed = body, line
+        while not src and err == "incomplete" do
+          local more, mhow = self:read(">> ")
+          if more == nil then err = "unexpected end of input in a multi-line chunk"; break end
+          if more == false then
+            if mhow ~= "interrupt" then return mhow end
+            err = nil
+            break
+          end
+          whole = whole .. "\n" .. more
+          typed = typed .. "\n" .. more
+          src, err = compile(whole, false)
+        end
+        self.h.add_history(typed)
+        if src then
+          if self:run(src, targets) == "terminate" then return "terminate" end
+        elseif err then
+          self:err(err .. "\n")
+        end
+      end
+    end
+    if self.h.supervisor() then return "gone" end
+  end
+end
+
+--- The front end's entry point (launcher/repl.c). h: the C helpers;
+-- opts: {host=, port=, world=, tty=}. Sends "!quit" to the workers when
+-- the session ends normally. Returns how it ended (see Front:loop).
+function M.front(h, opts)
+  local f = new_front(h, opts)
+  local how = f:loop()
+  if how == "quit" then
+    f.store:set(P .. (f.n + 1) .. "/chunk", M.QUIT)
+  end
+  f.store:close()
+  return how
+end
+
+return M

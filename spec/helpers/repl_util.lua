@@ -1,0 +1,153 @@
+--- Helpers for the REPL specs: run crun-lua -i with piped input, in the
+-- background with a fifo, or inside tmux (a real terminal).
+local M = {}
+
+M.CRUN_LUA = assert(os.getenv("CRUN_LUA"), "CRUN_LUA must point at the built crun-lua")
+M.SOURCE = os.getenv("CRUN_SOURCE_DIR") or "."
+
+function M.q(s)
+  return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
+end
+
+function M.slurp(path)
+  local f = io.open(path, "rb")
+  if not f then return nil end
+  local s = f:read("a")
+  f:close()
+  return s
+end
+
+function M.write(path, s)
+  local f = assert(io.open(path, "wb"))
+  f:write(s)
+  f:close()
+end
+
+function M.tmpdir()
+  local p = io.popen("mktemp -d /tmp/crun-repl-spec.XXXXXX")
+  local d = p:read("l")
+  p:close()
+  return d
+end
+
+function M.rmrf(dir)
+  if dir and dir:match("^/tmp/crun%-repl%-spec") then os.execute("rm -rf " .. M.q(dir)) end
+end
+
+function M.sleep(s)
+  os.execute("sleep " .. s)
+end
+
+--- Calls f every 100 ms until it returns a truthy value or timeout s pass.
+function M.wait_for(f, timeout)
+  local t0 = os.time()
+  while true do
+    local v = f()
+    if v then return v end
+    if os.time() - t0 > timeout then return nil end
+    M.sleep(0.1)
+  end
+end
+
+--- Runs `crun-lua <args>` with `input` on its stdin (a pipe). Returns
+-- {code=, out=, err=}. Bounded by `timeout` seconds (default 60).
+function M.run(args, input, env, timeout)
+  local dir = M.tmpdir()
+  M.write(dir .. "/in", input)
+  local cmd = string.format("cd %s && %s timeout -s KILL %d %s %s <%s/in >%s/out 2>%s/err",
+    M.q(M.SOURCE), env or "", timeout or 60, M.q(M.CRUN_LUA), args, dir, dir, dir)
+  local _, _, code = os.execute(cmd)
+  local r = {code = code, out = M.slurp(dir .. "/out") or "", err = M.slurp(dir .. "/err") or ""}
+  M.rmrf(dir)
+  return r
+end
+
+--- Starts crun-lua in the background reading a fifo; returns a handle:
+-- h:send(text), h:signal(name), h:close() (EOF), h:wait(timeout) -> {code, out, err},
+-- h:out(), h:err().
+function M.start(args, env)
+  local dir = M.tmpdir()
+  assert(os.execute("mkfifo " .. M.q(dir .. "/in")))
+  -- a holder keeps the fifo open for writing until h:close(), so that each
+  -- h:send() does not end the input
+  local script = string.format(
+    "cd %s && { %s %s %s <%s/in >%s/out 2>%s/err & echo $! >%s/pid; wait $!; echo $? >%s/rc.tmp; mv %s/rc.tmp %s/rc; } &"
+    .. " { sleep 600 >%s/in & echo $! >%s/holder; } ",
+    M.q(M.SOURCE), env or "", M.q(M.CRUN_LUA), args, dir, dir, dir, dir, dir, dir, dir, dir, dir)
+  os.execute(script)
+  local h = {dir = dir}
+  assert(M.wait_for(function() return M.slurp(dir .. "/pid") and M.slurp(dir .. "/holder") end, 10))
+  h.pid = tonumber(M.slurp(dir .. "/pid"))
+  h.holder = tonumber(M.slurp(dir .. "/holder"))
+  function h:send(text)
+    local f = assert(io.open(dir .. "/in", "ab"))
+    f:write(text)
+    f:close()
+  end
+  function h:signal(name) os.execute("kill -" .. name .. " " .. self.pid) end
+  function h:close() os.execute("kill " .. self.holder .. " 2>/dev/null") end
+  function h:out() return M.slurp(dir .. "/out") or "" end
+  function h:err() return M.slurp(dir .. "/err") or "" end
+  function h:wait(timeout)
+    local ok = M.wait_for(function() return M.slurp(dir .. "/rc") end, timeout or 30)
+    self:close()
+    if not ok then
+      os.execute("kill -KILL " .. self.pid .. " 2>/dev/null")
+      error("crun-lua (pid " .. self.pid .. ") did not exit in time; out:\n" .. self:out() .. "\nerr:\n" .. self:err())
+    end
+    local r = {code = tonumber(M.slurp(dir .. "/rc")), out = self:out(), err = self:err()}
+    M.rmrf(dir)
+    return r
+  end
+  return h
+end
+
+--- The pids listed by :ranks output ("[r] pid N ...").
+function M.pids(text)
+  local t = {}
+  for r, pid in text:gmatch("%[(%d+)%] pid (%d+)") do t[tonumber(r)] = tonumber(pid) end
+  return t
+end
+
+--- Whether process pid exists (zombies count as gone).
+function M.alive(pid)
+  local s = M.slurp("/proc/" .. pid .. "/stat")
+  return s ~= nil and not s:match("%) [ZX] ")
+end
+
+-- ---------------------------------------------------------------- tmux
+
+local function sh(cmd)
+  local p = io.popen(cmd .. " 2>&1")
+  local s = p:read("a")
+  p:close()
+  return s
+end
+
+--- Starts `crun-lua <args>` in a detached tmux session of its own server.
+-- Returns a handle: t:keys(...) (tmux send-keys), t:screen(), t:wait_screen(pat, timeout),
+-- t:dead(), t:kill().
+function M.tmux(args, env)
+  local sock = "crun-repl-spec-" .. sh("echo $$"):match("%d+") .. "-" .. math.random(1, 1e9)
+  local t = {sock = sock}
+  local function tm(rest) return sh("tmux -L " .. sock .. " " .. rest) end
+  local inner = string.format("cd %s && %s %s %s", M.q(M.SOURCE), env or "", M.q(M.CRUN_LUA), args)
+  tm("-f /dev/null new-session -d -x 120 -y 50 -s repl " .. M.q(inner))
+  tm("set-option -t repl remain-on-exit on")
+  function t:keys(...)
+    local words = {}
+    for i, k in ipairs({...}) do words[i] = M.q(k) end
+    tm("send-keys -t repl " .. table.concat(words, " "))
+  end
+  function t:screen() return tm("capture-pane -p -t repl -S -200") end
+  function t:wait_screen(pat, timeout)
+    return M.wait_for(function() return self:screen():find(pat) and true end, timeout or 20)
+  end
+  function t:dead()
+    return tm("display-message -p -t repl '#{pane_dead} #{pane_dead_status}'"):match("^1 (%d+)")
+  end
+  function t:kill() tm("kill-server") end
+  return t
+end
+
+return M
