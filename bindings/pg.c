@@ -1,4 +1,451 @@
-/* pg.c — Lua bindings for the pg part of crun.h (to be filled in). */
+/* pg.c — Lua bindings for crun/pg.h: crun.ProcessGroup (every collective on
+ * crun.Tensor arguments, plus byte-string collectives for the object ones in
+ * lua/crun/dist.lua) and crun.Work (async handles that keep their tensors
+ * alive until the work finished). Ranks are 0-based, as in torch. */
+#include <stdlib.h>
+#include <string.h>
+
 #include "crun_lua.h"
 
-void crun_l_open_pg(lua_State *L) { (void)L; }
+#define PG_MT "crun.ProcessGroup"
+#define WORK_MT "crun.Work"
+
+typedef struct { crun_pg_t *pg; } l_pg;
+typedef struct { crun_work_t *w; } l_work;
+
+/* Returns the live group of the userdata at idx (raises on a destroyed one). */
+static crun_pg_t *check_pg(lua_State *L, int idx) {
+  l_pg *u = luaL_checkudata(L, idx, PG_MT);
+  if (!u->pg) {
+    crun_error(CRUN_ECLOSED, "the process group was destroyed");
+    crun_l_fail(L, CRUN_ECLOSED);
+  }
+  return u->pg;
+}
+
+static void push_pg(lua_State *L, crun_pg_t *pg) {
+  l_pg *u = lua_newuserdatauv(L, sizeof *u, 0);
+  u->pg = pg;
+  luaL_setmetatable(L, PG_MT);
+}
+
+/* Returns a contiguous tensor argument. */
+static crun_tensor_t *check_tensor(lua_State *L, int idx, const char *fname) {
+  crun_tensor_t *t = crun_l_check_tensor(L, idx);
+  if (!crun_tensor_is_contiguous(t))
+    luaL_error(L, "bad argument #%d to '%s' (tensor must be contiguous; call :contiguous())", idx - 1, fname);
+  return t;
+}
+
+/* Reads a rank argument (integer, 0-based). */
+static int check_rank_arg(lua_State *L, int idx) { return (int)luaL_checkinteger(L, idx); }
+
+/* Reads the reduce op at idx: a name ("sum", "SUM", dist.ReduceOp.SUM); default sum. */
+static crun_reduce_op_t check_op(lua_State *L, int idx) {
+  if (lua_isnoneornil(L, idx)) return CRUN_OP_SUM;
+  crun_reduce_op_t op;
+  const char *name = luaL_checkstring(L, idx);
+  if (crun_reduce_op_parse(name, &op) < 0)
+    luaL_error(L, "bad argument #%d (unknown reduce op '%s'; use sum, product, min, max, avg, band, bor or bxor)",
+               idx - 1, name);
+  return op;
+}
+
+/* Reads {timeout=, tag=, async_op=} at idx; returns async_op. */
+static int check_opts(lua_State *L, int idx, crun_coll_opts_t *o) {
+  memset(o, 0, sizeof *o);
+  if (lua_isnoneornil(L, idx)) return 0;
+  luaL_checktype(L, idx, LUA_TTABLE);
+  o->timeout = crun_l_optfield_number(L, idx, "timeout", 0);
+  o->tag = (int)crun_l_optfield_integer(L, idx, "tag", 0);
+  return crun_l_optfield_boolean(L, idx, "async_op", 0);
+}
+
+/* Fills ptrs[0..n-1] from the list of tensors at idx, each like `like`. */
+static void check_list(lua_State *L, int idx, int n, crun_tensor_t *like, const char *fname, void **ptrs) {
+  luaL_checktype(L, idx, LUA_TTABLE);
+  if ((int)luaL_len(L, idx) != n)
+    luaL_error(L, "bad argument #%d to '%s' (list of %d tensors expected, got %d)", idx - 1, fname, n, (int)luaL_len(L, idx));
+  for (int i = 0; i < n; i++) {
+    lua_geti(L, idx, i + 1);
+    crun_tensor_t *t = check_tensor(L, lua_gettop(L), fname);
+    if (crun_tensor_dtype(t) != crun_tensor_dtype(like) || crun_tensor_numel(t) != crun_tensor_numel(like))
+      luaL_error(L, "bad argument #%d to '%s' (tensor %d is %s[%d], expected %s[%d] like the other argument)",
+                 idx - 1, fname, i + 1, crun_dtype_name(crun_tensor_dtype(t)), (int)crun_tensor_numel(t),
+                 crun_dtype_name(crun_tensor_dtype(like)), (int)crun_tensor_numel(like));
+    ptrs[i] = crun_tensor_data(t);
+    lua_pop(L, 1);
+  }
+}
+
+/* Finishes a collective call: raises on failure; pushes a Work holding the
+ * arguments at stack slots first..last alive when async, else nothing. */
+static int finish(lua_State *L, int rc, crun_work_t *w, int async, int first, int last) {
+  if (rc < 0) return crun_l_fail(L, rc);
+  if (!async) return 0;
+  l_work *u = lua_newuserdatauv(L, sizeof *u, 1);
+  u->w = w;
+  luaL_setmetatable(L, WORK_MT);
+  lua_createtable(L, last - first + 1, 0);
+  for (int i = first; i <= last; i++) {
+    lua_pushvalue(L, i);
+    lua_rawseti(L, -2, i - first + 1);
+  }
+  lua_setiuservalue(L, -2, 1);
+  return 1;
+}
+
+#define WORK_ARG(async) ((async) ? &w : NULL)
+
+/* pg:all_reduce(t[, op][, opts]) */
+static int l_all_reduce(lua_State *L) {
+  crun_pg_t *pg = check_pg(L, 1);
+  crun_tensor_t *t = check_tensor(L, 2, "all_reduce");
+  crun_reduce_op_t op = check_op(L, 3);
+  crun_coll_opts_t o;
+  int async = check_opts(L, 4, &o);
+  crun_work_t *w = NULL;
+  int rc = crun_pg_all_reduce(pg, crun_tensor_data(t), (size_t)crun_tensor_numel(t), crun_tensor_dtype(t), op, &o, WORK_ARG(async));
+  return finish(L, rc, w, async, 2, 2);
+}
+
+/* pg:broadcast(t, src[, opts]) */
+static int l_broadcast(lua_State *L) {
+  crun_pg_t *pg = check_pg(L, 1);
+  crun_tensor_t *t = check_tensor(L, 2, "broadcast");
+  int src = check_rank_arg(L, 3);
+  crun_coll_opts_t o;
+  int async = check_opts(L, 4, &o);
+  crun_work_t *w = NULL;
+  int rc = crun_pg_broadcast(pg, crun_tensor_data(t), (size_t)crun_tensor_numel(t), crun_tensor_dtype(t), src, &o, WORK_ARG(async));
+  return finish(L, rc, w, async, 2, 2);
+}
+
+/* pg:reduce(t, dst[, op][, opts]) */
+static int l_reduce(lua_State *L) {
+  crun_pg_t *pg = check_pg(L, 1);
+  crun_tensor_t *t = check_tensor(L, 2, "reduce");
+  int dst = check_rank_arg(L, 3);
+  crun_reduce_op_t op = check_op(L, 4);
+  crun_coll_opts_t o;
+  int async = check_opts(L, 5, &o);
+  crun_work_t *w = NULL;
+  int rc = crun_pg_reduce(pg, crun_tensor_data(t), (size_t)crun_tensor_numel(t), crun_tensor_dtype(t), op, dst, &o, WORK_ARG(async));
+  return finish(L, rc, w, async, 2, 2);
+}
+
+/* pg:all_gather(list_out, t[, opts]) */
+static int l_all_gather(lua_State *L) {
+  crun_pg_t *pg = check_pg(L, 1);
+  crun_tensor_t *t = check_tensor(L, 3, "all_gather");
+  int n = crun_pg_size(pg);
+  void **outs = lua_newuserdatauv(L, sizeof(void *) * (size_t)n, 0);
+  check_list(L, 2, n, t, "all_gather", outs);
+  crun_coll_opts_t o;
+  int async = check_opts(L, 4, &o);
+  crun_work_t *w = NULL;
+  int rc = crun_pg_all_gather(pg, outs, crun_tensor_data(t), (size_t)crun_tensor_numel(t), crun_tensor_dtype(t), &o, WORK_ARG(async));
+  return finish(L, rc, w, async, 2, 3);
+}
+
+/* pg:gather(t, list_or_nil, dst[, opts]); the list is needed on dst only. */
+static int l_gather(lua_State *L) {
+  crun_pg_t *pg = check_pg(L, 1);
+  crun_tensor_t *t = check_tensor(L, 2, "gather");
+  int dst = check_rank_arg(L, 4), n = crun_pg_size(pg);
+  void **outs = lua_newuserdatauv(L, sizeof(void *) * (size_t)n, 0);
+  if (dst == crun_pg_rank(pg)) check_list(L, 3, n, t, "gather", outs);
+  crun_coll_opts_t o;
+  int async = check_opts(L, 5, &o);
+  crun_work_t *w = NULL;
+  int rc = crun_pg_gather(pg, crun_tensor_data(t), outs, (size_t)crun_tensor_numel(t), crun_tensor_dtype(t), dst, &o, WORK_ARG(async));
+  return finish(L, rc, w, async, 2, 3);
+}
+
+/* pg:scatter(t, list_or_nil, src[, opts]); the list is needed on src only. */
+static int l_scatter(lua_State *L) {
+  crun_pg_t *pg = check_pg(L, 1);
+  crun_tensor_t *t = check_tensor(L, 2, "scatter");
+  int src = check_rank_arg(L, 4), n = crun_pg_size(pg);
+  void **ins = lua_newuserdatauv(L, sizeof(void *) * (size_t)n, 0);
+  if (src == crun_pg_rank(pg)) check_list(L, 3, n, t, "scatter", ins);
+  crun_coll_opts_t o;
+  int async = check_opts(L, 5, &o);
+  crun_work_t *w = NULL;
+  int rc = crun_pg_scatter(pg, crun_tensor_data(t), (const void *const *)ins, (size_t)crun_tensor_numel(t),
+                           crun_tensor_dtype(t), src, &o, WORK_ARG(async));
+  return finish(L, rc, w, async, 2, 3);
+}
+
+/* pg:reduce_scatter(out, list_in[, op][, opts]) */
+static int l_reduce_scatter(lua_State *L) {
+  crun_pg_t *pg = check_pg(L, 1);
+  crun_tensor_t *t = check_tensor(L, 2, "reduce_scatter");
+  int n = crun_pg_size(pg);
+  void **ins = lua_newuserdatauv(L, sizeof(void *) * (size_t)n, 0);
+  check_list(L, 3, n, t, "reduce_scatter", ins);
+  for (int i = 0; i < n; i++)
+    if (ins[i] == crun_tensor_data(t)) luaL_error(L, "bad argument #1 to 'reduce_scatter' (output aliases input %d)", i + 1);
+  crun_reduce_op_t op = check_op(L, 4);
+  crun_coll_opts_t o;
+  int async = check_opts(L, 5, &o);
+  crun_work_t *w = NULL;
+  int rc = crun_pg_reduce_scatter(pg, crun_tensor_data(t), (const void *const *)ins, (size_t)crun_tensor_numel(t),
+                                  crun_tensor_dtype(t), op, &o, WORK_ARG(async));
+  return finish(L, rc, w, async, 2, 3);
+}
+
+/* Fills ptrs/counts from a list of n tensors of one dtype (any sizes). */
+static crun_dtype_t check_any_list(lua_State *L, int idx, int n, const char *fname, void **ptrs, size_t *counts) {
+  luaL_checktype(L, idx, LUA_TTABLE);
+  if ((int)luaL_len(L, idx) != n)
+    luaL_error(L, "bad argument #%d to '%s' (list of %d tensors expected, got %d)", idx - 1, fname, n, (int)luaL_len(L, idx));
+  crun_dtype_t dt = CRUN_FLOAT32;
+  for (int i = 0; i < n; i++) {
+    lua_geti(L, idx, i + 1);
+    crun_tensor_t *t = check_tensor(L, lua_gettop(L), fname);
+    if (i > 0 && crun_tensor_dtype(t) != dt)
+      luaL_error(L, "bad argument #%d to '%s' (tensor %d is %s, tensor 1 is %s)", idx - 1, fname, i + 1,
+                 crun_dtype_name(crun_tensor_dtype(t)), crun_dtype_name(dt));
+    dt = crun_tensor_dtype(t);
+    ptrs[i] = crun_tensor_data(t);
+    counts[i] = (size_t)crun_tensor_numel(t);
+    lua_pop(L, 1);
+  }
+  return dt;
+}
+
+/* pg:all_to_all(outs, ins[, opts]): ins[j] goes to rank j-1, outs[j] comes from it. */
+static int l_all_to_all(lua_State *L) {
+  crun_pg_t *pg = check_pg(L, 1);
+  int n = crun_pg_size(pg);
+  void **p = lua_newuserdatauv(L, (sizeof(void *) + sizeof(size_t)) * 2 * (size_t)n, 0);
+  size_t *cnt = (size_t *)(p + 2 * n);
+  crun_dtype_t dto = check_any_list(L, 2, n, "all_to_all", p, cnt);
+  crun_dtype_t dti = check_any_list(L, 3, n, "all_to_all", p + n, cnt + n);
+  if (dto != dti) luaL_error(L, "bad argument #1 to 'all_to_all' (outputs are %s, inputs %s)", crun_dtype_name(dto), crun_dtype_name(dti));
+  crun_coll_opts_t o;
+  int async = check_opts(L, 4, &o);
+  crun_work_t *w = NULL;
+  int rc = crun_pg_all_to_all(pg, p, cnt, (const void *const *)(p + n), cnt + n, dto, &o, WORK_ARG(async));
+  return finish(L, rc, w, async, 2, 3);
+}
+
+/* pg:barrier([opts]) */
+static int l_barrier(lua_State *L) {
+  crun_pg_t *pg = check_pg(L, 1);
+  crun_coll_opts_t o;
+  int async = check_opts(L, 2, &o);
+  crun_work_t *w = NULL;
+  return finish(L, crun_pg_barrier(pg, &o, WORK_ARG(async)), w, async, 1, 1);
+}
+
+/* pg:send(t, dst[, opts{tag=, async_op=}]) */
+static int l_send(lua_State *L) {
+  crun_pg_t *pg = check_pg(L, 1);
+  crun_tensor_t *t = check_tensor(L, 2, "send");
+  int dst = check_rank_arg(L, 3);
+  crun_coll_opts_t o;
+  int async = check_opts(L, 4, &o);
+  crun_work_t *w = NULL;
+  int rc = crun_pg_send(pg, crun_tensor_data(t), (size_t)crun_tensor_numel(t), crun_tensor_dtype(t), dst, &o, WORK_ARG(async));
+  return finish(L, rc, w, async, 2, 2);
+}
+
+/* pg:recv(t[, src][, opts]) -> sender rank (blocking) or Work (async) */
+static int l_recv(lua_State *L) {
+  crun_pg_t *pg = check_pg(L, 1);
+  crun_tensor_t *t = check_tensor(L, 2, "recv");
+  int src = lua_isnoneornil(L, 3) ? CRUN_ANY_SOURCE : check_rank_arg(L, 3);
+  crun_coll_opts_t o;
+  int async = check_opts(L, 4, &o), got = -1;
+  crun_work_t *w = NULL;
+  int rc = crun_pg_recv(pg, crun_tensor_data(t), (size_t)crun_tensor_numel(t), crun_tensor_dtype(t), src, &o,
+                        &got, WORK_ARG(async));
+  if (async) return finish(L, rc, w, 1, 2, 2);
+  if (rc < 0) return crun_l_fail(L, rc);
+  lua_pushinteger(L, got);
+  return 1;
+}
+
+/* pg:broadcast_bytes(s_or_nil, src[, opts]) -> root's string on every rank */
+static int l_broadcast_bytes(lua_State *L) {
+  crun_pg_t *pg = check_pg(L, 1);
+  int src = check_rank_arg(L, 3);
+  crun_coll_opts_t o;
+  check_opts(L, 4, &o);
+  size_t len = 0;
+  const char *s = src == crun_pg_rank(pg) ? luaL_checklstring(L, 2, &len) : NULL;
+  int64_t n = (int64_t)len;
+  CRUN_L_CHECK(L, crun_pg_broadcast(pg, &n, 1, CRUN_INT64, src, &o, NULL));
+  char *buf = lua_newuserdatauv(L, (size_t)n + 1, 0);
+  if (s) memcpy(buf, s, len);
+  CRUN_L_CHECK(L, crun_pg_broadcast(pg, buf, (size_t)n, CRUN_UINT8, src, &o, NULL));
+  lua_pushlstring(L, buf, (size_t)n);
+  return 1;
+}
+
+/* pg:all_gather_bytes(s[, opts]) -> {s_rank0, s_rank1, ...} */
+static int l_all_gather_bytes(lua_State *L) {
+  crun_pg_t *pg = check_pg(L, 1);
+  size_t len;
+  const char *s = luaL_checklstring(L, 2, &len);
+  crun_coll_opts_t o;
+  check_opts(L, 3, &o);
+  int n = crun_pg_size(pg);
+  int64_t *lens = lua_newuserdatauv(L, sizeof(int64_t) * (size_t)n + sizeof(void *) * (size_t)n, 0);
+  void **outs = (void **)(lens + n);
+  for (int i = 0; i < n; i++) outs[i] = &lens[i];
+  int64_t mine = (int64_t)len, mx = 0;
+  CRUN_L_CHECK(L, crun_pg_all_gather(pg, outs, &mine, 1, CRUN_INT64, &o, NULL));
+  for (int i = 0; i < n; i++) mx = lens[i] > mx ? lens[i] : mx;
+  char *buf = lua_newuserdatauv(L, (size_t)(mx * (n + 1)) + 1, 0);
+  for (int i = 0; i < n; i++) outs[i] = buf + (size_t)mx * (size_t)i;
+  char *in = buf + (size_t)mx * (size_t)n;
+  memcpy(in, s, len);
+  CRUN_L_CHECK(L, crun_pg_all_gather(pg, outs, in, (size_t)mx, CRUN_UINT8, &o, NULL));
+  lua_createtable(L, n, 0);
+  for (int i = 0; i < n; i++) {
+    lua_pushlstring(L, outs[i], (size_t)lens[i]);
+    lua_rawseti(L, -2, i + 1);
+  }
+  return 1;
+}
+
+/* pg:new_group(ranks[, timeout]) -> sub-group, or nil on ranks not in it */
+static int l_new_group(lua_State *L) {
+  crun_pg_t *pg = check_pg(L, 1);
+  luaL_checktype(L, 2, LUA_TTABLE);
+  int n = (int)luaL_len(L, 2);
+  int *ranks = lua_newuserdatauv(L, sizeof(int) * (size_t)(n + 1), 0);
+  for (int i = 0; i < n; i++) {
+    lua_geti(L, 2, i + 1);
+    if (!lua_isinteger(L, -1)) luaL_error(L, "bad argument #1 to 'new_group' (entry %d is not an integer rank)", i + 1);
+    ranks[i] = (int)lua_tointeger(L, -1);
+    lua_pop(L, 1);
+  }
+  crun_pg_t *g = NULL;
+  CRUN_L_CHECK(L, crun_pg_new_group(pg, ranks, n, luaL_optnumber(L, 3, 0), &g));
+  if (!g) lua_pushnil(L);
+  else push_pg(L, g);
+  return 1;
+}
+
+static int l_rank(lua_State *L) { lua_pushinteger(L, crun_pg_rank(check_pg(L, 1))); return 1; }
+static int l_size(lua_State *L) { lua_pushinteger(L, crun_pg_size(check_pg(L, 1))); return 1; }
+static int l_backend(lua_State *L) { lua_pushstring(L, crun_pg_backend(check_pg(L, 1))); return 1; }
+static int l_next_seq(lua_State *L) { lua_pushinteger(L, (lua_Integer)crun_pg_next_seq(check_pg(L, 1))); return 1; }
+
+static int l_global_rank(lua_State *L) {
+  lua_pushinteger(L, crun_pg_global_rank(check_pg(L, 1), (int)luaL_checkinteger(L, 2)));
+  return 1;
+}
+
+/* pg:timeout([seconds]) -> the default deadline (sets it first when given). */
+static int l_timeout(lua_State *L) {
+  crun_pg_t *pg = check_pg(L, 1);
+  if (!lua_isnoneornil(L, 2)) crun_pg_set_timeout(pg, luaL_checknumber(L, 2));
+  lua_pushnumber(L, crun_pg_get_timeout(pg));
+  return 1;
+}
+
+/* pg:destroy(): drops the group (queued work finishes first); idempotent. */
+static int l_destroy(lua_State *L) {
+  l_pg *u = luaL_checkudata(L, 1, PG_MT);
+  if (u->pg) crun_pg_release(u->pg);
+  u->pg = NULL;
+  return 0;
+}
+
+static int l_pg_tostring(lua_State *L) {
+  l_pg *u = luaL_checkudata(L, 1, PG_MT);
+  if (!u->pg) lua_pushstring(L, "crun.ProcessGroup (destroyed)");
+  else lua_pushfstring(L, "crun.ProcessGroup (rank %d of %d, %s)", crun_pg_rank(u->pg), crun_pg_size(u->pg), crun_pg_backend(u->pg));
+  return 1;
+}
+
+/* ---------------------------------------------------------------- Work */
+
+static crun_work_t *check_work(lua_State *L, int idx) {
+  l_work *u = luaL_checkudata(L, idx, WORK_MT);
+  if (!u->w) {
+    crun_error(CRUN_ECLOSED, "the work handle was released");
+    crun_l_fail(L, CRUN_ECLOSED);
+  }
+  return u->w;
+}
+
+/* w:wait([timeout]) -> true; raises the operation's error. */
+static int l_work_wait(lua_State *L) {
+  crun_work_t *w = check_work(L, 1);
+  CRUN_L_CHECK(L, crun_work_wait(w, luaL_optnumber(L, 2, 0)));
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+static int l_work_is_completed(lua_State *L) {
+  lua_pushboolean(L, crun_work_is_completed(check_work(L, 1)));
+  return 1;
+}
+
+/* w:source() -> sender of a finished recv, else nil */
+static int l_work_source(lua_State *L) {
+  int s = crun_work_source(check_work(L, 1));
+  if (s < 0) lua_pushnil(L);
+  else lua_pushinteger(L, s);
+  return 1;
+}
+
+/* __gc/__close: waits for unfinished work (its tensors are referenced here) then releases. */
+static int l_work_gc(lua_State *L) {
+  l_work *u = luaL_checkudata(L, 1, WORK_MT);
+  if (u->w) {
+    crun_work_wait(u->w, 0);
+    crun_work_release(u->w);
+  }
+  u->w = NULL;
+  return 0;
+}
+
+static int l_work_tostring(lua_State *L) {
+  l_work *u = luaL_checkudata(L, 1, WORK_MT);
+  if (!u->w) lua_pushstring(L, "crun.Work (released)");
+  else lua_pushfstring(L, "crun.Work (%s, %s)", crun_work_describe(u->w), crun_work_is_completed(u->w) ? "completed" : "pending");
+  return 1;
+}
+
+/* core.pg_new{store=, rank=, world_size=, timeout=, backend=, name=} */
+static int l_pg_new(lua_State *L) {
+  luaL_checktype(L, 1, LUA_TTABLE);
+  crun_pg_opts_t o = {0};
+  lua_getfield(L, 1, "store");
+  o.store = crun_l_check_store(L, lua_gettop(L));
+  o.rank = (int)crun_l_optfield_integer(L, 1, "rank", -1);
+  o.world_size = (int)crun_l_optfield_integer(L, 1, "world_size", -1);
+  o.timeout = crun_l_optfield_number(L, 1, "timeout", 0);
+  o.backend = crun_l_optfield_string(L, 1, "backend", NULL);
+  o.name = crun_l_optfield_string(L, 1, "name", NULL);
+  crun_pg_t *pg = NULL;
+  CRUN_L_CHECK(L, crun_pg_new(&o, &pg));
+  push_pg(L, pg);
+  return 1;
+}
+
+void crun_l_open_pg(lua_State *L) {
+  static const luaL_Reg pg_methods[] = {
+      {"all_reduce", l_all_reduce}, {"broadcast", l_broadcast}, {"reduce", l_reduce},
+      {"all_gather", l_all_gather}, {"gather", l_gather}, {"scatter", l_scatter},
+      {"reduce_scatter", l_reduce_scatter}, {"all_to_all", l_all_to_all}, {"barrier", l_barrier},
+      {"send", l_send}, {"recv", l_recv}, {"broadcast_bytes", l_broadcast_bytes},
+      {"all_gather_bytes", l_all_gather_bytes}, {"new_group", l_new_group}, {"rank", l_rank},
+      {"size", l_size}, {"backend", l_backend}, {"next_seq", l_next_seq},
+      {"global_rank", l_global_rank}, {"timeout", l_timeout}, {"destroy", l_destroy},
+      {"__gc", l_destroy}, {"__close", l_destroy}, {"__tostring", l_pg_tostring}, {NULL, NULL}};
+  static const luaL_Reg work_methods[] = {
+      {"wait", l_work_wait}, {"is_completed", l_work_is_completed}, {"source", l_work_source},
+      {"__gc", l_work_gc}, {"__close", l_work_gc}, {"__tostring", l_work_tostring}, {NULL, NULL}};
+  crun_l_newclass(L, PG_MT, pg_methods);
+  crun_l_newclass(L, WORK_MT, work_methods);
+  lua_pushcfunction(L, l_pg_new);
+  lua_setfield(L, -2, "pg_new");
+}
