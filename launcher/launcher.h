@@ -146,4 +146,17 @@ void crun__agent_stop(crun__agent_t *a);
 /* Runs the interactive mode (-i). Returns the exit code. */
 int crun__repl_run(const crun__opts_t *o);
 
+/* ---- repl_worker.c (a worker under -i; called by crun__worker_run) */
+
+struct lua_State;
+
+/* Before the script: Ctrl-C handling, announces the worker on the store.
+ * Returns LUA_OK, or a Lua status with the message on the stack. */
+int crun__repl_worker_begin(struct lua_State *L);
+
+/* After the script (script_rc its status, its message on the stack when not
+ * LUA_OK): runs chunks until the session ends. Returns LUA_OK, or a Lua
+ * status with the message on the stack. */
+int crun__repl_worker_loop(struct lua_State *L, int script_rc);
+
 #endif /* CRUN_LAUNCHER_H */

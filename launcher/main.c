@@ -235,6 +235,7 @@ int main(int argc, char **argv) {
   int layout = 0;
   int rc = parse_args(&o, argc, argv, &layout);
   if (rc) return rc < 0 ? 0 : rc;
+  if (!o.script && layout) o.repl = 1; /* crun-lua -n 4: the REPL */
   if ((rc = check_opts(&o))) return rc;
   if (o.repl) return crun__repl_run(&o);
   if (crun__script_check(o.script) < 0) {

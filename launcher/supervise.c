@@ -272,7 +272,7 @@ static void reap(sup_t *s) {
         s->fail.rank = p->rank;
         s->fail.pid = pid;
         s->fail.status = status;
-        begin_stop(s, SIGTERM);
+        if (!s->o->repl) begin_stop(s, SIGTERM); /* -i: the prompt goes on without it */
       }
     }
   }

@@ -103,7 +103,9 @@ int crun__worker_run(const crun__opts_t *o) {
   }
   luaL_openlibs(L);
   setup_package(L);
-  int rc = run_script(L, o);
+  int rc = o->repl ? crun__repl_worker_begin(L) : LUA_OK;
+  if (rc == LUA_OK && o->script) rc = run_script(L, o);
+  if (o->repl) rc = crun__repl_worker_loop(L, rc);
   if (rc != LUA_OK) {
     const char *msg = lua_tostring(L, -1);
     fprintf(stderr, "crun-lua: %s\n", msg ? msg : "(error without a message)");
