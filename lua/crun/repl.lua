@@ -399,6 +399,12 @@ function Front:run(src, targets)
       live[#live + 1] = r
     end
   end
+  local notes = {}
+  for _, r in ipairs(live) do
+    if self.busy[r] then notes[#notes + 1] = string.format(
+      "[%d] (still busy with chunk %d; this one runs after it)\n", r, self.busy[r]) end
+  end
+  self:err(table.concat(notes))
   local function key(r) return P .. n .. "/out/" .. r end
   local got, left, why = self:collect(live, key, function(pending)
     for _, r in ipairs(pending) do
@@ -406,6 +412,7 @@ function Front:run(src, targets)
     end
   end)
   for r, v in pairs(got) do
+    self.busy[r] = nil
     results[r] = parse_result(v)
     self.store:delete_key(key(r))
   end
