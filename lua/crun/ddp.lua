@@ -80,8 +80,8 @@ function ddp.DDP(module, opts)
     stats = {steps = 0, comm_wait_s = 0, backward_s = 0}}, DDP)
   self.copts = self.group and {group = self.group} or nil
   self.async_opts = {async_op = true, group = self.group}
-  self.world = d.get_world_size(self.copts)
-  self.rank = d.get_rank(self.copts)
+  self.world = d.get_world_size(self.group)
+  self.rank = d.get_rank(self.group)
   self.params, self.grads = module:parameters()
   local mb = 1024 * 1024
   self.buckets = make_buckets(self.params, (opts.first_bucket_mb or 1) * mb, (opts.bucket_cap_mb or 25) * mb)
@@ -131,6 +131,7 @@ end
 -- (A scratch buffer per bucket: the bucket buffers may be the gradients.)
 function DDP:_sync_params(src)
   local d = dist()
+  if self.group then src = d.get_global_rank(self.group, src) end -- broadcast takes a global rank
   for _, b in ipairs(self.buckets) do
     local buf = T().zeros({b.numel}, b.dtype)
     for _, e in ipairs(b.entries) do
