@@ -539,9 +539,95 @@ TEST(create_times_out) {
   expect_shm_clean(p[0]);
 }
 
+/* Rank 0 is killed while it waits for rank 2 (never started) to attach: rank
+ * 1 times out and removes the segment, so nothing is left in /dev/shm. */
+TEST(creator_killed_during_create) {
+  snprintf(store_path, sizeof store_path, "/tmp/crun_shm_test_%d", (int)getpid());
+  unlink(store_path);
+  pid_t p0 = fork();
+  if (p0 == 0) {
+    crun_store_t *s = NULL;
+    crun__shm_comm_t *c = NULL;
+    EXPECT_OK(crun_store_file_new(store_path, &s));
+    crun__shm_comm_create(s, "t", 0, 3, 30.0, &c);
+    _exit(1);
+  }
+  pid_t p1 = fork();
+  if (p1 == 0) {
+    crun_store_t *s = NULL;
+    crun__shm_comm_t *c = NULL;
+    EXPECT_OK(crun_store_file_new(store_path, &s));
+    EXPECT_STATUS(crun__shm_comm_create(s, "t", 1, 3, 1.5, &c), CRUN_ETIMEDOUT);
+    _exit(0);
+  }
+  usleep(500000);
+  kill(p0, SIGKILL);
+  int st0, st1;
+  waitpid(p0, &st0, 0);
+  waitpid(p1, &st1, 0);
+  unlink(store_path);
+  EXPECT(WIFSIGNALED(st0));
+  EXPECT(WIFEXITED(st1) && WEXITSTATUS(st1) == 0);
+  expect_shm_clean(p0);
+}
+
+/* A long pseudo-random sequence of every collective and size on few, small
+ * buffers (two of 16 KiB), so that every reuse of a slot or buffer across
+ * ops and paths is exercised; every result is checked. */
+static void body_mixed(crun__shm_comm_t *c, int rank, int size) {
+  uint64_t x = 12345;
+  size_t cap = 40000 * (size_t)size;
+  float *a = xmalloc(cap * 4), *b = xmalloc(cap * 4);
+  for (int it = 0; it < 150; it++) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    size_t n = (size_t)(x >> 33) % 40000;
+    if ((x >> 20) % 3 == 0) n %= 300;
+    int kind = (int)((x >> 40) % 6), root = (int)((x >> 50) % (uint64_t)size);
+    fill(CRUN_FLOAT32, CRUN_OP_SUM, rank, a, n * size);
+    if (kind == 0) {
+      EXPECT_OK(crun__shm_allreduce(c, a, NULL, n, CRUN_FLOAT32, CRUN_OP_SUM, 0));
+      for (size_t i = 0; i < n; i++) EXPECT(a[i] == (float)expected(CRUN_FLOAT32, CRUN_OP_SUM, size, i));
+    } else if (kind == 1) {
+      fill(CRUN_FLOAT32, CRUN_OP_SUM, rank == root ? 77 : rank, a, n);
+      EXPECT_OK(crun__shm_broadcast(c, a, n, CRUN_FLOAT32, root, 0));
+      for (size_t i = 0; i < n; i++) EXPECT(a[i] == (float)value(CRUN_FLOAT32, CRUN_OP_SUM, 77, i));
+    } else if (kind == 2) {
+      EXPECT_OK(crun__shm_all_gather(c, b, a, n, CRUN_FLOAT32, 0));
+      for (int q = 0; q < size; q++)
+        for (size_t i = 0; i < n; i++) EXPECT(b[q * n + i] == (float)value(CRUN_FLOAT32, CRUN_OP_SUM, q, i));
+    } else if (kind == 3) {
+      EXPECT_OK(crun__shm_reduce_scatter(c, b, a, n, CRUN_FLOAT32, CRUN_OP_SUM, 0));
+      for (size_t i = 0; i < n; i++)
+        EXPECT(b[i] == (float)expected(CRUN_FLOAT32, CRUN_OP_SUM, size, rank * n + i));
+    } else if (kind == 4) {
+      EXPECT_OK(crun__shm_all_to_all(c, b, a, n, CRUN_FLOAT32, 0));
+      for (int q = 0; q < size; q++)
+        for (size_t i = 0; i < n; i++)
+          EXPECT(b[q * n + i] == (float)value(CRUN_FLOAT32, CRUN_OP_SUM, q, rank * n + i));
+    } else {
+      EXPECT_OK(crun__shm_reduce(c, a, NULL, n, CRUN_FLOAT32, CRUN_OP_SUM, root, 0));
+      if (rank == root)
+        for (size_t i = 0; i < n; i++) EXPECT(a[i] == (float)expected(CRUN_FLOAT32, CRUN_OP_SUM, size, i));
+    }
+  }
+  free(a);
+  free(b);
+}
+
+TEST(mixed_sequence_2_and_8_ranks) {
+  setenv("CRUN_SHM_CHUNK", "16384", 1);
+  setenv("CRUN_SHM_NBUF", "2", 1);
+  setenv("CRUN_SHM_SMALL", "4096", 1);
+  RUN_RANKS(2, body_mixed);
+  RUN_RANKS(3, body_mixed);
+  RUN_RANKS(8, body_mixed);
+  unsetenv("CRUN_SHM_NBUF");
+}
+
 #define CRUN_TESTS(X) X(allreduce_1_to_4_ranks) X(reduce_1_to_4_ranks) X(broadcast_1_to_4_ranks) \
   X(all_gather_1_to_4_ranks) X(reduce_scatter_1_to_4_ranks) X(all_to_all_1_to_4_ranks)          \
   X(block_lists_1_to_4_ranks) X(barrier_1_to_4_ranks) X(oversubscribed_8_ranks) X(default_layout_3_ranks)                    \
   X(mismatched_collective) X(mismatched_count) X(timeout_names_missing_rank) X(bad_arguments)   \
-  X(peer_killed_mid_collective) X(create_times_out)
+  X(peer_killed_mid_collective) X(create_times_out) X(creator_killed_during_create)          \
+  X(mixed_sequence_2_and_8_ranks)
 CRUN_TEST_MAIN()

@@ -267,7 +267,9 @@ int crun__shm_comm_create(crun_store_t *store, const char *prefix, int rank, int
   c->timeout = timeout > 0 ? timeout : crun_store_get_timeout(store);
   int rc = create_steps(c, store, prefix);
   if (rc < 0) {
-    if (rank == 0 && c->name[0]) shm_unlink(c->name);
+    /* the group cannot form: whoever knows the name removes it, so a creator
+     * killed before everyone attached leaves nothing behind either */
+    if (c->name[0]) shm_unlink(c->name);
     crun__shm_comm_destroy(c);
     return rc;
   }
