@@ -1,0 +1,65 @@
+-- dist_errors_spec.lua — what ranks see when a job goes wrong: a collective
+-- mismatch, a count mismatch, a late rank (timeout report read from the
+-- store's progress board) and a peer killed mid all_reduce. Every rank must
+-- fail with a message naming the ranks and calls, never hang.
+local run = require "helpers.dist_run"
+
+local SCRIPT = "spec/helpers/dist_errors.lua"
+
+local function scenario(mode, opts)
+  local dir = run.tmpdir()
+  local _, out = run.run(3, SCRIPT, mode .. " " .. dir, opts or {limit = 60})
+  local res = {}
+  for r = 0, 2 do res[r] = run.text(dir, r) end
+  run.cleanup(dir)
+  return res, out
+end
+
+describe("dist failures", function()
+  it("report a different collective on every rank, naming both calls", function()
+    local res, out = scenario("mismatch")
+    for r = 0, 2 do
+      local t = res[r]
+      assert.is_truthy(t:match("^error EMISMATCH: "), "rank " .. r .. ": " .. t .. "\n" .. out)
+      assert.is_truthy(t:find("all_reduce", 1, true), t)
+      assert.is_truthy(t:find("all_gather", 1, true), t)
+      assert.is_truthy(t:find("float32[512]", 1, true), t)
+      assert.is_truthy(t:find("rank 2", 1, true), t)
+    end
+  end)
+
+  it("report a different count on every rank", function()
+    local res, out = scenario("count")
+    for r = 0, 2 do
+      local t = res[r]
+      assert.is_truthy(t:match("^error EMISMATCH: all_reduce #1 on rank %d"), "rank " .. r .. ": " .. t .. "\n" .. out)
+      assert.is_truthy(t:find("float32[1024]", 1, true) and t:find("float32[512]", 1, true), t)
+    end
+  end)
+
+  it("time out naming the late rank and where every rank is", function()
+    local res, out = scenario("timeout")
+    for r = 0, 1 do
+      local t = res[r]
+      assert.is_truthy(t:match("^error ETIMEDOUT: "), "rank " .. r .. ": " .. t .. "\n" .. out)
+      assert.is_truthy(t:find("all_reduce #2", 1, true), t)
+      assert.is_truthy(t:find("rank 2 is at barrier #1", 1, true), t)
+      assert.is_true(tonumber(t:match("elapsed ([%d.]+)")) < 2.5, t)
+    end
+    -- rank 1 waits on rank 2 itself: its own report names it
+    assert.is_truthy(res[1]:find("no data from rank 2 after 1.0 s", 1, true), res[1])
+    assert.is_truthy(res[1]:find("ranks 0-1 are at all_reduce #2", 1, true), res[1])
+    -- the late rank fails too instead of hanging
+    assert.is_truthy(res[2]:match("^error E"), res[2] .. "\n" .. out)
+  end)
+
+  it("fail promptly with EPEERDIED when a peer is killed mid all_reduce", function()
+    local res, out = scenario("kill", {limit = 60, direct = true})
+    for r = 0, 1 do
+      local t = res[r]
+      assert.is_truthy(t:match("^error EPEERDIED: ") or t:match("^error ECONNRESET: "), "rank " .. r .. ": " .. t .. "\n" .. out)
+      assert.is_truthy(t:find("rank 2", 1, true), t)
+      assert.is_true(tonumber(t:match("elapsed ([%d.]+)")) < 10, t)
+    end
+  end)
+end)

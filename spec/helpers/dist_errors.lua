@@ -1,0 +1,56 @@
+-- dist_errors.lua MODE OUTDIR — one failure scenario on 3 ranks; each rank
+-- writes what it saw to OUTDIR/rank<r>.txt ("error <text>", "ok", timings).
+--   mismatch  rank 2 calls all_gather where ranks 0-1 call all_reduce
+--   count     rank 2 calls all_reduce with 512 elements, the others 1024
+--   timeout   rank 2 arrives 3 s late; the others use timeout=1
+--   kill      rank 2 kills itself (SIGKILL) while the others run large all_reduces
+local crun = require "crun"
+local dist, T = crun.dist, crun.tensor
+local mode, outdir = arg[1], arg[2]
+
+dist.init_process_group{timeout = 30}
+local rank = dist.get_rank()
+local out = assert(io.open(outdir .. "/rank" .. rank .. ".txt", "w"))
+local function record(ok, err) out:write(ok and "ok" or ("error " .. tostring(err)), "\n"); out:flush() end
+
+if mode == "mismatch" then
+  local ok, err
+  if rank == 2 then
+    local list = {T.zeros({512}), T.zeros({512}), T.zeros({512})}
+    ok, err = pcall(dist.all_gather, list, T.ones({512}))
+  else
+    ok, err = pcall(dist.all_reduce, T.ones({1024}), "sum")
+  end
+  record(ok, err)
+elseif mode == "count" then
+  record(pcall(dist.all_reduce, T.ones({rank == 2 and 512 or 1024}), "sum"))
+elseif mode == "timeout" then
+  dist.barrier()
+  if rank == 2 then
+    os.execute("sleep 3")
+    local ok, err = pcall(dist.all_reduce, T.ones({1}), "sum")
+    if ok then ok, err = pcall(dist.barrier) end
+    record(ok, err)
+  else
+    local t0 = crun.clock()
+    local ok, err = pcall(dist.all_reduce, T.ones({1}), "sum", {timeout = 1})
+    record(ok, err)
+    out:write(string.format("elapsed %.3f\n", crun.clock() - t0))
+  end
+elseif mode == "kill" then
+  local t = T.ones({1 << 22})
+  dist.barrier()
+  if rank == 2 then
+    os.execute("sleep 0.3")
+    local pid = io.open("/proc/self/stat"):read("n")
+    os.execute("kill -9 " .. pid)
+  end
+  local t0, ok, err = crun.clock(), true, nil
+  for _ = 1, 200 do
+    ok, err = pcall(dist.all_reduce, t, "sum")
+    if not ok then break end
+  end
+  record(ok, err)
+  out:write(string.format("elapsed %.3f\n", crun.clock() - t0))
+end
+out:close()
