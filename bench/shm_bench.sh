@@ -68,6 +68,6 @@ for key in sorted(k for k in rows if k[0] == "shm"):
     print(f"| {op} | {n} | {b} | {fmt_t(s[0])} | {s[1]:.3f} | {fmt_t(m[0]) if m else '-'} | "
           f"{m[1]:.3f} | {ratio} |" if m else
           f"| {op} | {n} | {b} | {fmt_t(s[0])} | {s[1]:.3f} | - | - | - |")
-print(f"\n(median of {REPS} runs each; per-op time = max over ranks, median over iterations)"
-      .replace("{REPS}", str(max(len(v) for v in rows.values()))))
+runs = max(len(v) for v in rows.values())
+print(f"\n(median of {runs} runs each; per-op time = max over ranks, median over iterations)")
 EOF
