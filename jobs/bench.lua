@@ -1,0 +1,125 @@
+--- jobs/bench.lua — an nccl-tests style table for one collective.
+--
+--   crun-lua -n 4 jobs/bench.lua all_reduce [--min-bytes 8] [--max-bytes 64M]
+--            [--iters N] [--warmup N] [--dtype float32] [--op sum] [--csv]
+--
+-- Collectives: all_reduce, all_gather, broadcast, reduce_scatter, all_to_all.
+-- size is the whole buffer in bytes as nccl-tests counts it (all_gather: the
+-- gathered output; reduce_scatter: the input of all blocks; all_to_all: the
+-- send buffer). Each iteration starts after a barrier; its time is the max
+-- over ranks, and the table shows the median over iterations. algbw = size /
+-- time; busbw = algbw x (2(n-1)/n for all_reduce, (n-1)/n for all_gather,
+-- reduce_scatter and all_to_all, 1 for broadcast).
+local crun = require "crun"
+local dist, T = crun.dist, crun.tensor
+
+local function usage(msg)
+  io.stderr:write((msg and (msg .. "\n") or ""), "usage: crun-lua -n N jobs/bench.lua COLLECTIVE ",
+    "[--min-bytes B] [--max-bytes B] [--iters N] [--warmup N] [--dtype D] [--op OP] [--csv]\n")
+  os.exit(2)
+end
+
+local function parse_bytes(s)
+  local n, unit = tostring(s):match("^(%d+)([KkMmGg]?)[Bb]?$")
+  if not n then usage("bad size '" .. tostring(s) .. "'") end
+  local mult = ({k = 1024, m = 1024 ^ 2, g = 1024 ^ 3})[unit:lower()] or 1
+  return math.tointeger(tonumber(n) * mult)
+end
+
+local function parse_args(a)
+  local o = {coll = "all_reduce", min = 8, max = 64 * 1024 * 1024, warmup = 3, dtype = "float32", op = "sum"}
+  local i = 1
+  while a[i] do
+    local k, v = a[i], a[i + 1]
+    if k == "--min-bytes" then o.min, i = parse_bytes(v), i + 1
+    elseif k == "--max-bytes" then o.max, i = parse_bytes(v), i + 1
+    elseif k == "--iters" then o.iters, i = math.tointeger(tonumber(v)), i + 1
+    elseif k == "--warmup" then o.warmup, i = math.tointeger(tonumber(v)), i + 1
+    elseif k == "--dtype" then o.dtype, i = v, i + 1
+    elseif k == "--op" then o.op, i = v, i + 1
+    elseif k == "--csv" then o.csv = true
+    elseif k:sub(1, 2) ~= "--" then o.coll = k
+    else usage("unknown option " .. k) end
+    i = i + 1
+  end
+  return o
+end
+
+local BUS = {
+  all_reduce = function(n) return 2 * (n - 1) / n end,
+  all_gather = function(n) return (n - 1) / n end,
+  reduce_scatter = function(n) return (n - 1) / n end,
+  all_to_all = function(n) return (n - 1) / n end,
+  broadcast = function() return 1 end,
+}
+
+-- Returns a function running one op of `bytes` total, and the element count.
+local function setup(o, n, bytes, esize)
+  local per = math.max(1, bytes // esize // ((o.coll == "all_reduce" or o.coll == "broadcast") and 1 or n))
+  local ones = function() return T.ones({per}, o.dtype) end
+  if o.coll == "all_reduce" then
+    local t = ones()
+    return function() dist.all_reduce(t, o.op) end, per
+  elseif o.coll == "broadcast" then
+    local t = ones()
+    return function() dist.broadcast(t, 0) end, per
+  end
+  local list, list2 = {}, {}
+  for j = 1, n do list[j], list2[j] = ones(), ones() end
+  local t = ones()
+  if o.coll == "all_gather" then return function() dist.all_gather(list, t) end, per * n end
+  if o.coll == "reduce_scatter" then return function() dist.reduce_scatter(t, list, o.op) end, per * n end
+  if o.coll == "all_to_all" then return function() dist.all_to_all(list2, list) end, per * n end
+  usage("unknown collective " .. o.coll)
+end
+
+-- Times `iters` runs of fn; returns the median of the per-iteration max over ranks.
+local function measure(fn, iters, warmup)
+  for _ = 1, warmup do fn() end
+  local times = T.zeros({iters}, "float64")
+  for i = 1, iters do
+    dist.barrier()
+    local t0 = crun.clock()
+    fn()
+    times[i] = crun.clock() - t0
+  end
+  dist.all_reduce(times, "max")
+  local v = times:totable()
+  table.sort(v)
+  return v[(iters + 1) // 2]
+end
+
+local function main()
+  local o = parse_args(arg)
+  if not BUS[o.coll] then usage("unknown collective " .. o.coll) end
+  dist.init_process_group{}
+  local n, rank = dist.get_world_size(), dist.get_rank()
+  local esize = T.zeros({1}, o.dtype):bytes():len()
+  local function out(...) if rank == 0 then io.write(string.format(...)) end end
+  if o.csv then
+    out("collective,ranks,bytes,count,dtype,op,time_us,algbw_gbs,busbw_gbs\n")
+  else
+    out("# crun bench: %s on %d ranks, backend %s, %s, %s\n", o.coll, n, dist.get_backend(), o.dtype,
+        (o.coll == "all_reduce" or o.coll == "reduce_scatter") and o.op or "-")
+    out("# %12s %12s %9s %7s %12s %12s %12s\n", "size(B)", "count", "type", "redop", "time(us)", "algbw(GB/s)", "busbw(GB/s)")
+  end
+  local bytes = o.min
+  while bytes <= o.max do
+    local fn, count = setup(o, n, bytes, esize)
+    local real = count * esize
+    local iters = o.iters or math.max(5, math.min(200, (256 * 1024 * 1024) // math.max(real, 1) // 4))
+    local t = measure(fn, iters, o.warmup)
+    local algbw = real / t / 1e9
+    local opname = (o.coll == "all_reduce" or o.coll == "reduce_scatter") and o.op or "-"
+    if o.csv then
+      out("%s,%d,%d,%d,%s,%s,%.2f,%.4f,%.4f\n", o.coll, n, real, count, o.dtype, opname, t * 1e6, algbw, algbw * BUS[o.coll](n))
+    else
+      out("  %12d %12d %9s %7s %12.2f %12.4f %12.4f\n", real, count, o.dtype, opname, t * 1e6, algbw, algbw * BUS[o.coll](n))
+    end
+    io.stdout:flush()
+    bytes = bytes * 2
+  end
+  dist.destroy_process_group()
+end
+
+main()
