@@ -1,4 +1,5 @@
 /* backend.c — the backend registry and vtable slot lookup. */
+#include <stdlib.h>
 #include <string.h>
 
 #include "backend/backend.h"
@@ -21,6 +22,11 @@ crun_backend_fn crun__backend_slot(const crun_backend_vtable_t *vt, int kind) {
 }
 
 const crun_backend_vtable_t *crun__backend_find(const char *name) {
+#if CRUN_HAVE_MPI
+  /* "auto" means mpi when mpirun started this process (backend/mpi/README.md). */
+  if (name && (!strcmp(name, "mpi") || (!strcmp(name, "auto") && getenv("OMPI_COMM_WORLD_SIZE"))))
+    return &crun__backend_mpi;
+#endif
   if (!name || !*name || !strcmp(name, "auto") || !strcmp(name, "cpu") || !strcmp(name, "gloo") ||
       !strcmp(name, "tcp"))
     return &crun__backend_cpu;

@@ -30,6 +30,9 @@ crun_backend_fn crun__backend_slot(const crun_backend_vtable_t *vt, int kind);
 const crun_backend_vtable_t *crun__backend_find(const char *name);
 
 extern const crun_backend_vtable_t crun__backend_cpu;
+#if CRUN_HAVE_MPI
+extern const crun_backend_vtable_t crun__backend_mpi; /* backend/mpi, MPI builds only */
+#endif
 
 /* A collective engine attached to a cpu group: when supports(c) is non-zero,
  * run(c) does the whole collective instead of the TCP algorithms. */

@@ -1,0 +1,159 @@
+/* check.c — the signature exchange that precedes every collective: each rank
+ * sends every other rank what it is calling (kind, seq, dtype, count, op,
+ * root; for all_to_all the count it sends that peer) and waits for theirs
+ * until the call's deadline. All ranks see the same signatures, so a mismatch
+ * fails on every rank, naming both calls, before anyone enters MPI; a rank
+ * that never comes is named in an ETIMEDOUT. Since nobody leaves before every
+ * rank arrived, the exchange is also a complete barrier.
+ *
+ * A rank that arrives after a peer gave up still finds that peer's signature
+ * (sent when it entered). So signatures carry the sender's deadline in wall
+ * time: a rank that arrived after a peer's deadline fails instead of entering
+ * MPI alone, and one that arrived close to it waits briefly for that peer's
+ * abort notice. This assumes the hosts' clocks agree to well under GUARD. */
+#include <time.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/mpi/mpi_int.h"
+
+#define GUARD 0.5 /* seconds around a peer's deadline where we cannot tell */
+
+static int is_rooted(int kind) {
+  return kind == CRUN__COLL_BROADCAST || kind == CRUN__COLL_REDUCE || kind == CRUN__COLL_GATHER ||
+         kind == CRUN__COLL_SCATTER;
+}
+
+static int is_reduction(int kind) {
+  return kind == CRUN__COLL_ALL_REDUCE || kind == CRUN__COLL_REDUCE || kind == CRUN__COLL_REDUCE_SCATTER;
+}
+
+/* Fills the signature of c as seen by peer p; `incoming` gives the count we
+ * expect from p (all_to_all) instead of the one we send it. */
+static void fill_sig(const crun__coll_t *c, int p, int incoming, int64_t *s) {
+  s[CRUN__SIG_KIND] = c->kind;
+  s[CRUN__SIG_SEQ] = (int64_t)c->seq;
+  s[CRUN__SIG_DTYPE] = c->dt;
+  if (c->kind == CRUN__COLL_ALL_TO_ALL) s[CRUN__SIG_COUNT] = (int64_t)(incoming ? c->out_counts[p] : c->in_counts[p]);
+  else s[CRUN__SIG_COUNT] = (int64_t)c->count;
+  s[CRUN__SIG_OP] = is_reduction(c->kind) ? (int64_t)c->op : -1;
+  s[CRUN__SIG_ROOT] = is_rooted(c->kind) ? c->root : -1;
+}
+
+/* Wall-clock seconds (comparable between processes and, roughly, hosts). */
+static double wall(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Writes "float32[512]" plus the op / root when the two calls differ there. */
+static void shape(char *b, size_t cap, const int64_t *s, int show_op, int show_root) {
+  const char *dn = crun_dtype_name((crun_dtype_t)s[CRUN__SIG_DTYPE]);
+  size_t n = (size_t)snprintf(b, cap, "%s[%lld]", dn ? dn : "?", (long long)s[CRUN__SIG_COUNT]);
+  if (show_op && s[CRUN__SIG_OP] >= 0 && n < cap)
+    n += (size_t)snprintf(b + n, cap - n, " %s", crun_reduce_op_name((crun_reduce_op_t)s[CRUN__SIG_OP]));
+  if (show_root && s[CRUN__SIG_ROOT] >= 0 && n < cap)
+    snprintf(b + n, cap - n, " root %lld", (long long)s[CRUN__SIG_ROOT]);
+}
+
+/* Reports peer p's signature `t` against our expectation `e`. */
+static int mismatch(const crun__mpi_t *b, const crun__coll_t *c, int p, const int64_t *e, const int64_t *t) {
+  char desc[64], mine[96], theirs[96];
+  crun__coll_desc(c, desc, sizeof desc);
+  int dop = e[CRUN__SIG_OP] != t[CRUN__SIG_OP], droot = e[CRUN__SIG_ROOT] != t[CRUN__SIG_ROOT];
+  shape(mine, sizeof mine, e, dop, droot);
+  shape(theirs, sizeof theirs, t, dop, droot);
+  return crun_error(CRUN_EMISMATCH, "%s on rank %d expected %s, rank %d sent %s #%lld %s", desc, b->rank, mine, p,
+                    crun__coll_name((int)t[CRUN__SIG_KIND]), (long long)t[CRUN__SIG_SEQ], theirs);
+}
+
+/* Compares every peer's signature with what we expect from it. */
+static int compare(const crun__mpi_t *b, const crun__coll_t *c) {
+  int64_t e[CRUN__SIG_WORDS];
+  for (int p = 0; p < b->size; p++) {
+    if (p == b->rank) continue;
+    const int64_t *t = b->sig_in + (size_t)p * CRUN__SIG_WORDS;
+    fill_sig(c, p, 1, e);
+    if (memcmp(e, t, sizeof(int64_t) * CRUN__SIG_CMP)) return mismatch(b, c, p, e, t);
+  }
+  return 0;
+}
+
+/* Names the ranks whose signature did not come and cancels those receives. */
+static int timed_out(crun__mpi_t *b, const crun__coll_t *c) {
+  int *late = malloc(sizeof(int) * (size_t)b->size), *in = malloc(sizeof(int) * (size_t)b->size), nl = 0, ni = 0;
+  for (int p = 0; p < b->size; p++) {
+    MPI_Request *r = &b->reqs[p];
+    if (p != b->rank && *r != MPI_REQUEST_NULL) {
+      MPI_Cancel(r);
+      MPI_Wait(r, MPI_STATUS_IGNORE);
+      if (late) late[nl++] = p;
+    } else if (in) {
+      in[ni++] = p;
+    }
+  }
+  char desc[64], who[256] = "some ranks", here[256] = "";
+  crun__coll_desc(c, desc, sizeof desc);
+  if (late && nl) crun__mpi_ranks_text(who, sizeof who, late, nl);
+  if (in) crun__mpi_ranks_text(here, sizeof here, in, ni);
+  free(late);
+  free(in);
+  return crun_error(CRUN_ETIMEDOUT, "%s on rank %d: no data from %s after %.1f s; %s %s not entered %s; %s %s in it",
+                    desc, b->rank, who, c->timeout, who, nl > 1 ? "have" : "has", desc, here, ni > 1 ? "wait" : "waits");
+}
+
+/* Frees our own signature sends that are still pending (the group is failing). */
+static void drop_sends(crun__mpi_t *b) {
+  for (int p = 0; p < b->size; p++)
+    if (b->reqs[b->size + p] != MPI_REQUEST_NULL) MPI_Request_free(&b->reqs[b->size + p]);
+}
+
+/* Decides whether a peer may have given up on this call before our
+ * signature reached it (see the top of the file). */
+static int check_late(crun__mpi_t *b, crun__coll_t *c, double entered, const char *desc) {
+  double wait_until = 0;
+  for (int p = 0; p < b->size; p++) {
+    if (p == b->rank) continue;
+    double pd = (double)b->sig_in[(size_t)p * CRUN__SIG_WORDS + CRUN__SIG_DEADLINE] * 1e-6;
+    if (entered >= pd + GUARD)
+      return crun_error(CRUN_ETIMEDOUT, "%s on rank %d: arrived %.1f s after rank %d's deadline for it; rank %d "
+                        "gave up waiting (timeout %.1f s)", desc, b->rank, entered - pd, p, p, c->timeout);
+    if (entered > pd - GUARD && pd + GUARD > wait_until) wait_until = pd + GUARD;
+  }
+  crun__mpi_spin_t spin = {0};
+  while (wall() < wait_until) { /* a peer may have timed out just now: its notice would come */
+    int rc = crun__mpi_poll_abort(b, desc);
+    if (rc < 0) return rc;
+    crun__mpi_relax(&spin);
+  }
+  return 0;
+}
+
+int crun__mpi_check(crun__mpi_t *b, crun__coll_t *c) {
+  int n = b->size;
+  if (n < 2) return 0;
+  double entered = wall();
+  int64_t dl = (int64_t)((entered + (c->deadline - crun_clock())) * 1e6);
+  for (int p = 0; p < n; p++) {
+    b->reqs[p] = b->reqs[n + p] = MPI_REQUEST_NULL;
+    if (p == b->rank) continue;
+    int64_t *out = b->sig_out + (size_t)p * CRUN__SIG_WORDS;
+    fill_sig(c, p, 0, out);
+    out[CRUN__SIG_DEADLINE] = dl;
+    MPI_Irecv(b->sig_in + (size_t)p * CRUN__SIG_WORDS, CRUN__SIG_WORDS, MPI_INT64_T, p, CRUN__MPI_TAG_SIG, b->ctrl,
+              &b->reqs[p]);
+    MPI_Isend(out, CRUN__SIG_WORDS, MPI_INT64_T, p, CRUN__MPI_TAG_SIG, b->ctrl, &b->reqs[n + p]);
+  }
+  char desc[64];
+  crun__coll_desc(c, desc, sizeof desc);
+  int rc = crun__mpi_wait(b, b->reqs, 2 * n, c->deadline, desc);
+  if (rc == 0 && (rc = crun__mpi_poll_abort(b, desc)) == 0 && (rc = compare(b, c)) == 0)
+    return check_late(b, c, entered, desc);
+  if (rc == 1) rc = timed_out(b, c);
+  for (int p = 0; p < n; p++)
+    if (b->reqs[p] != MPI_REQUEST_NULL) MPI_Cancel(&b->reqs[p]), MPI_Wait(&b->reqs[p], MPI_STATUS_IGNORE);
+  drop_sends(b);
+  return rc;
+}

@@ -1,0 +1,284 @@
+/* coll.c — every collective on its MPI counterpart, after the signature
+ * exchange (check.c): MPI_Bcast, MPI_Allreduce, MPI_Reduce, MPI_Allgather,
+ * MPI_Gather, MPI_Scatter, MPI_Reduce_scatter_block, MPI_Alltoall(v),
+ * MPI_Barrier. float16/bfloat16 reductions run on a float32 copy (summed in
+ * float32, rounded once at the end); avg is a sum divided once by the group
+ * size (crun_scale_div, truncating for integers, as the cpu backend does).
+ * Per-rank buffer lists that are not laid out back to back go through a
+ * staging buffer. */
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/mpi/mpi_int.h"
+#include "tensor/half.h"
+
+MPI_Datatype crun__mpi_type(crun_dtype_t dt) {
+  switch (dt) {
+  case CRUN_FLOAT32: return MPI_FLOAT;
+  case CRUN_FLOAT64: return MPI_DOUBLE;
+  case CRUN_INT32: return MPI_INT32_T;
+  case CRUN_INT64: return MPI_INT64_T;
+  case CRUN_UINT8: return MPI_UINT8_T;
+  default: return MPI_UINT16_T; /* float16 / bfloat16 bits */
+  }
+}
+
+static MPI_Op mpi_op(crun_reduce_op_t op) {
+  switch (op) {
+  case CRUN_OP_PRODUCT: return MPI_PROD;
+  case CRUN_OP_MIN: return MPI_MIN;
+  case CRUN_OP_MAX: return MPI_MAX;
+  case CRUN_OP_BAND: return MPI_BAND;
+  case CRUN_OP_BOR: return MPI_BOR;
+  case CRUN_OP_BXOR: return MPI_BXOR;
+  default: return MPI_SUM; /* sum, avg */
+  }
+}
+
+static int is_half(crun_dtype_t dt) { return dt == CRUN_FLOAT16 || dt == CRUN_BFLOAT16; }
+
+/* Runs one blocking MPI call under the watchdog; returns on failure. */
+#define RUN(b, c, name, call)                                                \
+  do {                                                                       \
+    char d_[64];                                                             \
+    crun__coll_desc((c), d_, sizeof d_);                                     \
+    crun__mpi_watch_begin(&(b)->watch, (c)->timeout, d_, name);              \
+    int r_ = (call);                                                         \
+    crun__mpi_watch_end(&(b)->watch);                                        \
+    if (r_ != MPI_SUCCESS) return crun__mpi_fail(r_, d_, (b)->rank, name);   \
+  } while (0)
+
+#define NOMEM(c) crun_error(CRUN_ENOMEM, "%s on rank %d: staging buffer", crun__coll_name((c)->kind), b->rank)
+
+/* ---------------------------------------------------------------- reductions */
+
+/* Copies n elements of src to dst as a reduction's working data: as they
+ * are, or widened to float32 for the 16-bit float dtypes. Returns dst. */
+static void *red_in(const crun__coll_t *c, void *dst, const void *src, size_t n) {
+  if (!is_half(c->dt)) {
+    if (dst != src && n) memcpy(dst, src, n * crun_dtype_size(c->dt));
+    return dst;
+  }
+  if (c->dt == CRUN_FLOAT16) crun__f16_to_f32_n(dst, src, n);
+  else crun__bf16_to_f32_n(dst, src, n);
+  return dst;
+}
+
+/* Applies avg's division and writes a float32 result back as float16/bfloat16. */
+static void red_out(crun__mpi_t *b, const crun__coll_t *c, void *buf, void *work, size_t n) {
+  crun_dtype_t wt = is_half(c->dt) ? CRUN_FLOAT32 : c->dt;
+  if (c->op == CRUN_OP_AVG) crun_scale_div(wt, work, n, (double)b->size);
+  if (c->dt == CRUN_FLOAT16) crun__f32_to_f16_n(buf, work, n);
+  else if (c->dt == CRUN_BFLOAT16) crun__f32_to_bf16_n(buf, work, n);
+}
+
+/* The working buffer of an in-place reduction on buf: buf itself or a float32 copy. */
+static void *red_buf(crun__mpi_t *b, const crun__coll_t *c, void *buf, size_t n) {
+  if (!is_half(c->dt)) return buf;
+  void *s = crun__mpi_stage(b, 0, n * sizeof(float));
+  return s ? red_in(c, s, buf, n) : NULL;
+}
+
+static MPI_Datatype red_type(const crun__coll_t *c) { return is_half(c->dt) ? MPI_FLOAT : crun__mpi_type(c->dt); }
+
+static int all_reduce(crun__mpi_t *b, crun__coll_t *c) {
+  void *w = red_buf(b, c, c->buf, c->count);
+  if (!w) return NOMEM(c);
+  RUN(b, c, "MPI_Allreduce", MPI_Allreduce(MPI_IN_PLACE, w, (int)c->count, red_type(c), mpi_op(c->op), b->comm));
+  red_out(b, c, c->buf, w, c->count);
+  return 0;
+}
+
+static int reduce(crun__mpi_t *b, crun__coll_t *c) {
+  void *w = red_buf(b, c, c->buf, c->count);
+  if (!w) return NOMEM(c);
+  int root = c->root == b->rank;
+  RUN(b, c, "MPI_Reduce", MPI_Reduce(root ? MPI_IN_PLACE : w, root ? w : NULL, (int)c->count, red_type(c),
+                                     mpi_op(c->op), c->root, b->comm));
+  if (root) red_out(b, c, c->buf, w, c->count);
+  return 0;
+}
+
+/* Returns the start of ptrs when block i sits at start + i * bytes for every i. */
+static char *contiguous(void *const *ptrs, int n, size_t bytes) {
+  char *base = ptrs[0];
+  for (int i = 1; i < n; i++)
+    if ((char *)ptrs[i] != base + (size_t)i * bytes) return NULL;
+  return base;
+}
+
+static int reduce_scatter(crun__mpi_t *b, crun__coll_t *c) {
+  size_t n = c->count, es = crun_dtype_size(c->dt), ws = is_half(c->dt) ? sizeof(float) : es;
+  char *in = is_half(c->dt) ? NULL : contiguous((void *const *)c->ins, b->size, n * es);
+  if (!in) {
+    if (!(in = crun__mpi_stage(b, 0, (size_t)b->size * n * ws))) return NOMEM(c);
+    for (int r = 0; r < b->size; r++) red_in(c, in + (size_t)r * n * ws, c->ins[r], n);
+  }
+  void *out = is_half(c->dt) ? crun__mpi_stage(b, 1, n * ws) : c->buf;
+  if (!out) return NOMEM(c);
+  RUN(b, c, "MPI_Reduce_scatter_block",
+      MPI_Reduce_scatter_block(in, out, (int)n, red_type(c), mpi_op(c->op), b->comm));
+  red_out(b, c, c->buf, out, n);
+  return 0;
+}
+
+/* ---------------------------------------------------------------- data movement */
+
+static int broadcast(crun__mpi_t *b, crun__coll_t *c) {
+  RUN(b, c, "MPI_Bcast", MPI_Bcast(c->buf, (int)c->count, crun__mpi_type(c->dt), c->root, b->comm));
+  return 0;
+}
+
+/* Copies n blocks of `bytes` from a packed buffer out to ptrs. */
+static void unpack(void *const *ptrs, int n, const char *src, size_t bytes) {
+  for (int i = 0; i < n; i++)
+    if (bytes) memcpy(ptrs[i], src + (size_t)i * bytes, bytes);
+}
+
+static int all_gather(crun__mpi_t *b, crun__coll_t *c) {
+  size_t bytes = c->count * crun_dtype_size(c->dt);
+  MPI_Datatype t = crun__mpi_type(c->dt);
+  int n = (int)c->count;
+  char *base = contiguous(c->outs, b->size, bytes);
+  if (base) {
+    const void *in = c->in == c->outs[b->rank] ? MPI_IN_PLACE : c->in;
+    RUN(b, c, "MPI_Allgather", MPI_Allgather(in, n, t, base, n, t, b->comm));
+    return 0;
+  }
+  char *s = crun__mpi_stage(b, 0, bytes * (size_t)b->size);
+  if (!s) return NOMEM(c);
+  RUN(b, c, "MPI_Allgather", MPI_Allgather(c->in, n, t, s, n, t, b->comm));
+  unpack(c->outs, b->size, s, bytes);
+  return 0;
+}
+
+static int gather(crun__mpi_t *b, crun__coll_t *c) {
+  size_t bytes = c->count * crun_dtype_size(c->dt);
+  MPI_Datatype t = crun__mpi_type(c->dt);
+  int n = (int)c->count;
+  if (c->root != b->rank) {
+    RUN(b, c, "MPI_Gather", MPI_Gather(c->in, n, t, NULL, 0, t, c->root, b->comm));
+    return 0;
+  }
+  char *base = contiguous(c->outs, b->size, bytes);
+  if (base) {
+    const void *in = c->in == c->outs[b->rank] ? MPI_IN_PLACE : c->in;
+    RUN(b, c, "MPI_Gather", MPI_Gather(in, n, t, base, n, t, c->root, b->comm));
+    return 0;
+  }
+  char *s = crun__mpi_stage(b, 0, bytes * (size_t)b->size);
+  if (!s) return NOMEM(c);
+  RUN(b, c, "MPI_Gather", MPI_Gather(c->in, n, t, s, n, t, c->root, b->comm));
+  unpack(c->outs, b->size, s, bytes);
+  return 0;
+}
+
+static int scatter(crun__mpi_t *b, crun__coll_t *c) {
+  size_t bytes = c->count * crun_dtype_size(c->dt);
+  MPI_Datatype t = crun__mpi_type(c->dt);
+  int n = (int)c->count;
+  if (c->root != b->rank) {
+    RUN(b, c, "MPI_Scatter", MPI_Scatter(NULL, 0, t, c->buf, n, t, c->root, b->comm));
+    return 0;
+  }
+  char *base = contiguous((void *const *)c->ins, b->size, bytes);
+  void *out = base && c->buf == c->ins[b->rank] ? MPI_IN_PLACE : c->buf;
+  if (!base) {
+    if (!(base = crun__mpi_stage(b, 0, bytes * (size_t)b->size))) return NOMEM(c);
+    for (int r = 0; r < b->size; r++)
+      if (bytes) memcpy(base + (size_t)r * bytes, c->ins[r], bytes);
+  }
+  RUN(b, c, "MPI_Scatter", MPI_Scatter(base, n, t, out, n, t, c->root, b->comm));
+  return 0;
+}
+
+/* ---------------------------------------------------------------- all_to_all */
+
+/* Packs (or, with dir < 0, unpacks) the per-peer blocks of all_to_all. */
+static void a2a_copy(void *const *ptrs, const size_t *counts, int n, char *packed, size_t es, int dir) {
+  size_t off = 0;
+  for (int i = 0; i < n; i++) {
+    size_t bytes = counts[i] * es;
+    if (bytes && dir > 0) memcpy(packed + off, ptrs[i], bytes);
+    if (bytes && dir < 0) memcpy(ptrs[i], packed + off, bytes);
+    off += bytes;
+  }
+}
+
+/* Fills MPI's int counts and displacements; ERANGE when a total exceeds int. */
+static int a2a_layout(crun__mpi_t *b, crun__coll_t *c, const size_t *counts, int *cnt, int *disp, size_t *total) {
+  *total = 0;
+  for (int i = 0; i < b->size; i++) {
+    if (*total + counts[i] > INT_MAX)
+      return crun_error(CRUN_ERANGE, "all_to_all #%llu on rank %d: more than %d elements in one call are not "
+                        "supported by the mpi backend", (unsigned long long)c->seq, b->rank, INT_MAX);
+    cnt[i] = (int)counts[i];
+    disp[i] = (int)*total;
+    *total += counts[i];
+  }
+  return 0;
+}
+
+/* Sends the packed blocks: MPI_Alltoall when every block has one size, else MPI_Alltoallv. */
+static int a2a_run(crun__mpi_t *b, crun__coll_t *c, const char *s, char *r, const int *lay) {
+  const int *sc = lay, *sd = lay + b->size, *rc = lay + 2 * b->size, *rd = lay + 3 * b->size;
+  MPI_Datatype t = crun__mpi_type(c->dt);
+  int uniform = 1;
+  for (int i = 1; i < b->size; i++) uniform &= sc[i] == sc[0] && rc[i] == rc[0];
+  if (uniform && sc[0] == rc[0]) {
+    RUN(b, c, "MPI_Alltoall", MPI_Alltoall(s, sc[0], t, r, rc[0], t, b->comm));
+    return 0;
+  }
+  RUN(b, c, "MPI_Alltoallv", MPI_Alltoallv(s, sc, sd, t, r, rc, rd, t, b->comm));
+  return 0;
+}
+
+static int all_to_all(crun__mpi_t *b, crun__coll_t *c) {
+  size_t es = crun_dtype_size(c->dt), tin, tout;
+  int *lay = malloc(sizeof(int) * 4 * (size_t)b->size), rc;
+  if (!lay) return NOMEM(c);
+  if ((rc = a2a_layout(b, c, c->in_counts, lay, lay + b->size, &tin)) < 0 ||
+      (rc = a2a_layout(b, c, c->out_counts, lay + 2 * b->size, lay + 3 * b->size, &tout)) < 0) {
+    free(lay);
+    return rc;
+  }
+  char *s = crun__mpi_stage(b, 0, tin * es), *r = crun__mpi_stage(b, 1, tout * es);
+  if (!s || !r) {
+    free(lay);
+    return NOMEM(c);
+  }
+  a2a_copy((void *const *)c->ins, c->in_counts, b->size, s, es, 1);
+  rc = a2a_run(b, c, s, r, lay);
+  if (rc == 0) a2a_copy(c->outs, c->out_counts, b->size, r, es, -1);
+  free(lay);
+  return rc;
+}
+
+/* ---------------------------------------------------------------- dispatch */
+
+static int barrier(crun__mpi_t *b, crun__coll_t *c) {
+  if (b->check && b->size > 1) return 0; /* the signature exchange was a complete barrier */
+  RUN(b, c, "MPI_Barrier", MPI_Barrier(b->comm));
+  return 0;
+}
+
+int crun__mpi_coll(void *state, crun__coll_t *c) {
+  crun__mpi_t *b = state;
+  if (c->count > INT_MAX)
+    return crun_error(CRUN_ERANGE, "%s #%llu on rank %d: %zu elements exceed the mpi backend's limit of %d per call",
+                      crun__coll_name(c->kind), (unsigned long long)c->seq, b->rank, c->count, INT_MAX);
+  if (b->check) CRUN_CHECK(crun__mpi_check(b, c));
+  switch (c->kind) {
+  case CRUN__COLL_BROADCAST: return broadcast(b, c);
+  case CRUN__COLL_ALL_REDUCE: return all_reduce(b, c);
+  case CRUN__COLL_REDUCE: return reduce(b, c);
+  case CRUN__COLL_ALL_GATHER: return all_gather(b, c);
+  case CRUN__COLL_GATHER: return gather(b, c);
+  case CRUN__COLL_SCATTER: return scatter(b, c);
+  case CRUN__COLL_REDUCE_SCATTER: return reduce_scatter(b, c);
+  case CRUN__COLL_ALL_TO_ALL: return all_to_all(b, c);
+  case CRUN__COLL_BARRIER: return barrier(b, c);
+  }
+  return crun_error(CRUN_ENOTSUP, "mpi backend: no collective %s", crun__coll_name(c->kind));
+}

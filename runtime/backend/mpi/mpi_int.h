@@ -1,0 +1,105 @@
+/* mpi_int.h — the "mpi" backend over Open MPI (or any MPI-3 library).
+ *
+ * Each group owns two communicators made from the ranks of its members:
+ * `comm` carries the MPI collectives and the user's send/recv, `ctrl` the
+ * backend's own small messages (call signatures, abort notices). Before a
+ * collective every rank sends its call's signature (kind, seq, dtype, count,
+ * op, root) to every other rank on `ctrl` and waits for theirs, polling with
+ * the call's deadline: a rank that never arrives is named in an ETIMEDOUT, a
+ * rank that called something else in an EMISMATCH, on every rank. Only then
+ * does the rank enter the blocking MPI collective (MPI_Allreduce, ...), which
+ * every member is then known to enter too. MPI cannot cancel a collective: a
+ * watchdog thread aborts the MPI job when one overstays its deadline (a peer
+ * stopped or died inside it). See README.md beside this file. */
+#ifndef CRUN_MPI_INT_H
+#define CRUN_MPI_INT_H
+
+#include <mpi.h>
+#include <stdatomic.h>
+
+#include "backend/backend.h"
+
+/* Tags of the ctrl communicators. */
+enum { CRUN__MPI_TAG_SIG = 1, CRUN__MPI_TAG_ABORT = 2, CRUN__MPI_TAG_JOIN = 3 };
+
+/* Signature words of one call (sent as MPI_INT64_T): the first
+ * CRUN__SIG_CMP must match between ranks; DEADLINE is the sender's deadline
+ * for the call in wall-clock microseconds. */
+enum { CRUN__SIG_KIND, CRUN__SIG_SEQ, CRUN__SIG_DTYPE, CRUN__SIG_COUNT, CRUN__SIG_OP,
+       CRUN__SIG_ROOT, CRUN__SIG_CMP, CRUN__SIG_DEADLINE = CRUN__SIG_CMP, CRUN__SIG_WORDS };
+
+/* A blocking MPI call the watchdog keeps an eye on. */
+typedef struct crun__mpi_watch {
+  _Atomic double deadline;       /* crun_clock() value; 0 when idle */
+  char what[96];                 /* "all_reduce #3 (MPI_Allreduce)" */
+  int rank;
+  struct crun__mpi_watch *next;  /* registry list, guarded by the registry lock */
+} crun__mpi_watch_t;
+
+/* One group's backend state. */
+typedef struct crun__mpi {
+  crun_pg_t *pg;
+  MPI_Comm comm, ctrl;
+  int rank, size;
+  int check;                     /* CRUN_MPI_CHECK: signature exchange before collectives */
+  int64_t *sig_out, *sig_in;     /* size x CRUN__SIG_WORDS each */
+  MPI_Request *reqs;             /* 2 x size */
+  void *stage[2];                /* reusable staging buffers */
+  size_t stage_cap[2];
+  int peer_aborted;              /* our failure came from a peer's abort notice */
+  char *abort_msg;               /* our own notice, kept while its sends are pending */
+  MPI_Request *abort_reqs;
+  crun__mpi_watch_t watch;
+} crun__mpi_t;
+
+/* Initializes MPI once per process with MPI_THREAD_MULTIPLE (or checks the
+ * level of an MPI the program initialized itself) and returns the process
+ * wide duplicates of MPI_COMM_WORLD: *world for groups, *join for the
+ * group-creation handshake. Fails clearly when the level is lower. */
+int crun__mpi_up(MPI_Comm *world, MPI_Comm *join);
+
+/* Non-zero when MPI may still be called (initialized and not finalized). */
+int crun__mpi_alive(void);
+
+/* Records an EIO (EMISMATCH for truncation) naming the MPI call and error. */
+int crun__mpi_fail(int mpirc, const char *desc, int rank, const char *call);
+
+/* Waiting policy of polling loops: spin, then yield (at once when the host
+ * runs more ranks than cores), then nap, so oversubscribed ranks progress. */
+typedef struct { double start; unsigned spins; } crun__mpi_spin_t;
+void crun__mpi_relax(crun__mpi_spin_t *s);
+
+/* Polls reqs[0..n-1] (completed ones become MPI_REQUEST_NULL) until all are
+ * done (0), the deadline passes (1, no text recorded) or, when b is not
+ * NULL, a peer's abort notice arrives (<0, the peer's error recorded). */
+int crun__mpi_wait(crun__mpi_t *b, MPI_Request *reqs, int n, double deadline, const char *desc);
+
+/* Returns <0 with the peer's error when an abort notice is waiting on ctrl. */
+int crun__mpi_poll_abort(crun__mpi_t *b, const char *desc);
+
+/* Brackets a blocking MPI call for the watchdog (deadline: now + timeout). */
+void crun__mpi_watch_begin(crun__mpi_watch_t *w, double timeout, const char *desc, const char *call);
+void crun__mpi_watch_end(crun__mpi_watch_t *w);
+void crun__mpi_watch_add(crun__mpi_watch_t *w);
+void crun__mpi_watch_remove(crun__mpi_watch_t *w);
+
+/* Exchanges call signatures over ctrl with the call's deadline. */
+int crun__mpi_check(crun__mpi_t *b, crun__coll_t *c);
+
+/* Formats "ranks 0-2,5" (a sorted list) into buf. */
+void crun__mpi_ranks_text(char *buf, size_t cap, const int *ranks, int n);
+
+/* Returns staging buffer i (0 or 1) of at least n bytes, or NULL. */
+void *crun__mpi_stage(crun__mpi_t *b, int i, size_t n);
+
+/* Runs any collective (coll.c): the vtable's collective slots. */
+int crun__mpi_coll(void *state, crun__coll_t *c);
+
+/* Point-to-point: the vtable's send and recv slots. */
+int crun__mpi_send(void *state, crun__coll_t *c);
+int crun__mpi_recv(void *state, crun__coll_t *c);
+
+/* The MPI datatype carrying dt's bits (float16/bfloat16 as MPI_UINT16_T). */
+MPI_Datatype crun__mpi_type(crun_dtype_t dt);
+
+#endif

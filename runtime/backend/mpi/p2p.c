@@ -1,0 +1,176 @@
+/* p2p.c — send and recv on the group's communicator. A message is a 16-byte
+ * header (dtype, count) followed by the payload, sent as bytes in one MPI
+ * message: packed into a staging buffer when small, described in place by a
+ * struct datatype (no copy) when large. The receiver polls MPI_Improbe until
+ * the deadline, so a recv that times out leaves nothing posted in MPI; it
+ * checks the size before receiving and the header after, so a sender with
+ * another count or dtype gets an EMISMATCH naming both sides. */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/mpi/mpi_int.h"
+
+#define HDR 16
+#define SMALL 8192
+
+static pthread_once_t g_types_once = PTHREAD_ONCE_INIT;
+static MPI_Datatype g_elem[9]; /* g_elem[s]: s contiguous bytes */
+
+static void make_types(void) {
+  for (int s = 1; s <= 8; s *= 2) {
+    if (s == 1) {
+      g_elem[s] = MPI_BYTE;
+      continue;
+    }
+    MPI_Type_contiguous(s, MPI_BYTE, &g_elem[s]);
+    MPI_Type_commit(&g_elem[s]);
+  }
+}
+
+/* Checks the tag against MPI's range. */
+static int check_tag(const crun__mpi_t *b, const crun__coll_t *c, const char *desc) {
+  int *ub = NULL, flag = 0;
+  MPI_Comm_get_attr(b->comm, MPI_TAG_UB, &ub, &flag);
+  int max = flag && ub ? *ub : 32767;
+  if (c->tag >= 0 && c->tag <= max && c->count <= INT32_MAX) return 0;
+  if (c->count > INT32_MAX)
+    return crun_error(CRUN_ERANGE, "%s on rank %d: %zu elements exceed the mpi backend's limit of %d per message",
+                      desc, b->rank, c->count, INT32_MAX);
+  return crun_error(CRUN_EINVAL, "%s on rank %d: tag %d is outside MPI's range 0..%d", desc, b->rank, c->tag, max);
+}
+
+/* Builds the datatype of (header, payload) at their absolute addresses. */
+static int msg_type(int64_t *hdr, void *buf, const crun__coll_t *c, MPI_Datatype *out) {
+  pthread_once(&g_types_once, make_types);
+  int lens[2] = {HDR, (int)c->count};
+  MPI_Aint at[2];
+  MPI_Datatype types[2] = {MPI_BYTE, g_elem[crun_dtype_size(c->dt)]};
+  MPI_Get_address(hdr, &at[0]);
+  MPI_Get_address(buf ? buf : (void *)hdr, &at[1]);
+  int rc = MPI_Type_create_struct(2, lens, at, types, out);
+  return rc == MPI_SUCCESS ? MPI_Type_commit(out) : rc;
+}
+
+/* Starts the send of header + payload; *hdr is heap memory MPI reads until done. */
+static int start_send(crun__mpi_t *b, crun__coll_t *c, int64_t *hdr, size_t bytes, MPI_Request *r) {
+  if (bytes <= SMALL) {
+    char *s = crun__mpi_stage(b, 0, HDR + bytes);
+    if (!s) return MPI_ERR_NO_MEM;
+    memcpy(s, hdr, HDR);
+    if (bytes) memcpy(s + HDR, c->buf, bytes);
+    return MPI_Isend(s, (int)(HDR + bytes), MPI_BYTE, c->root, c->tag, b->comm, r);
+  }
+  MPI_Datatype t;
+  int rc = msg_type(hdr, c->buf, c, &t);
+  if (rc != MPI_SUCCESS) return rc;
+  rc = MPI_Isend(MPI_BOTTOM, 1, t, c->root, c->tag, b->comm, r);
+  MPI_Type_free(&t);
+  return rc;
+}
+
+int crun__mpi_send(void *state, crun__coll_t *c) {
+  crun__mpi_t *b = state;
+  char desc[64];
+  crun__coll_desc(c, desc, sizeof desc);
+  CRUN_CHECK(check_tag(b, c, desc));
+  size_t bytes = c->count * crun_dtype_size(c->dt);
+  int64_t *hdr = malloc(HDR);
+  if (!hdr) return crun_error(CRUN_ENOMEM, "%s: header", desc);
+  hdr[0] = c->dt, hdr[1] = (int64_t)c->count;
+  MPI_Request r = MPI_REQUEST_NULL;
+  int rc = start_send(b, c, hdr, bytes, &r);
+  if (rc != MPI_SUCCESS) {
+    free(hdr);
+    return crun__mpi_fail(rc, desc, b->rank, "MPI_Isend");
+  }
+  rc = crun__mpi_wait(b, &r, 1, c->deadline, desc);
+  if (rc == 0) {
+    free(hdr);
+    return 0;
+  }
+  MPI_Request_free(&r); /* MPI may still read hdr and the buffer: hdr is left allocated */
+  if (rc < 0) return rc;
+  return crun_error(CRUN_ETIMEDOUT, "%s on rank %d: rank %d took no data for %.1f s (no matching recv)", desc,
+                    b->rank, c->root, c->timeout);
+}
+
+/* ---------------------------------------------------------------- recv */
+
+/* Polls for a message matching (source, tag) until the deadline. */
+static int probe(crun__mpi_t *b, crun__coll_t *c, const char *desc, MPI_Message *m, MPI_Status *st) {
+  crun__mpi_spin_t spin = {0};
+  int src = c->root == CRUN_ANY_SOURCE ? MPI_ANY_SOURCE : c->root;
+  for (;;) {
+    int flag = 0, rc = MPI_Improbe(src, c->tag, b->comm, &flag, m, st);
+    if (rc != MPI_SUCCESS) return crun__mpi_fail(rc, desc, b->rank, "MPI_Improbe");
+    if (flag) return 0;
+    if ((rc = crun__mpi_poll_abort(b, desc)) < 0) return rc;
+    if (crun_clock() >= c->deadline) break;
+    crun__mpi_relax(&spin);
+  }
+  if (src == MPI_ANY_SOURCE)
+    return crun_error(CRUN_ETIMEDOUT, "%s on rank %d: no sender after %.1f s", desc, b->rank, c->timeout);
+  return crun_error(CRUN_ETIMEDOUT, "%s on rank %d: no data from rank %d after %.1f s", desc, b->rank, c->root,
+                    c->timeout);
+}
+
+/* Reports a message whose header or size differs from the receive. */
+static int mismatch(crun__mpi_t *b, crun__coll_t *c, const char *desc, int from, const int64_t *h, int has_hdr,
+                    long long bytes) {
+  const char *want = crun_dtype_name(c->dt), *got = has_hdr ? crun_dtype_name((crun_dtype_t)h[0]) : NULL;
+  if (!got)
+    return crun_error(CRUN_EMISMATCH, "%s on rank %d expected %s[%zu], rank %d sent %lld bytes that are not a "
+                      "crun message (tag %d)", desc, b->rank, want, c->count, from, bytes, c->tag);
+  return crun_error(CRUN_EMISMATCH, "%s on rank %d expected %s[%zu], rank %d sent %s[%lld] (tag %d)", desc, b->rank,
+                    want, c->count, from, got, (long long)h[1], c->tag);
+}
+
+/* Receives a message of another size into scratch memory and reports it. */
+static int recv_wrong(crun__mpi_t *b, crun__coll_t *c, const char *desc, MPI_Message *m, int from, MPI_Count got) {
+  char *s = got <= INT32_MAX ? crun__mpi_stage(b, 1, (size_t)got) : NULL;
+  if (!s) {
+    MPI_Mrecv(NULL, 0, MPI_BYTE, m, MPI_STATUS_IGNORE); /* truncates: only the size is reported */
+    return mismatch(b, c, desc, from, NULL, 0, (long long)got);
+  }
+  MPI_Mrecv(s, (int)got, MPI_BYTE, m, MPI_STATUS_IGNORE);
+  int64_t h[2] = {-1, 0};
+  if (got >= HDR) memcpy(h, s, HDR);
+  return mismatch(b, c, desc, from, h, got >= HDR && h[0] >= 0 && h[0] < CRUN_DTYPE_COUNT, (long long)got);
+}
+
+/* Receives a message of the expected size into the buffer. */
+static int recv_right(crun__mpi_t *b, crun__coll_t *c, const char *desc, MPI_Message *m, int from, size_t bytes) {
+  int64_t h[2];
+  int rc;
+  if (bytes <= SMALL) {
+    char *s = crun__mpi_stage(b, 1, HDR + bytes);
+    if (!s) return crun_error(CRUN_ENOMEM, "%s: staging buffer", desc);
+    rc = MPI_Mrecv(s, (int)(HDR + bytes), MPI_BYTE, m, MPI_STATUS_IGNORE);
+    memcpy(h, s, HDR);
+    if (rc == MPI_SUCCESS && h[0] == c->dt && bytes) memcpy(c->buf, s + HDR, bytes);
+  } else {
+    MPI_Datatype t;
+    rc = msg_type(h, c->buf, c, &t);
+    if (rc == MPI_SUCCESS) rc = MPI_Mrecv(MPI_BOTTOM, 1, t, m, MPI_STATUS_IGNORE), MPI_Type_free(&t);
+  }
+  if (rc != MPI_SUCCESS) return crun__mpi_fail(rc, desc, b->rank, "MPI_Mrecv");
+  if (h[0] != c->dt || h[1] != (int64_t)c->count) return mismatch(b, c, desc, from, h, h[0] >= 0 && h[0] < CRUN_DTYPE_COUNT, 0);
+  return 0;
+}
+
+int crun__mpi_recv(void *state, crun__coll_t *c) {
+  crun__mpi_t *b = state;
+  char desc[64];
+  crun__coll_desc(c, desc, sizeof desc);
+  CRUN_CHECK(check_tag(b, c, desc));
+  MPI_Message m;
+  MPI_Status st;
+  CRUN_CHECK(probe(b, c, desc, &m, &st));
+  MPI_Count got = 0;
+  MPI_Get_elements_x(&st, MPI_BYTE, &got);
+  size_t bytes = c->count * crun_dtype_size(c->dt);
+  c->src_out = st.MPI_SOURCE;
+  if (got != (MPI_Count)(HDR + bytes)) return recv_wrong(b, c, desc, &m, st.MPI_SOURCE, got);
+  return recv_right(b, c, desc, &m, st.MPI_SOURCE, bytes);
+}
