@@ -72,8 +72,11 @@ function dist.init_process_group(opts)
     fail("EINVAL: init_process_group: rank %d is out of range for world_size %d", rank, world_size)
   end
   local timeout = opts.timeout or 300
-  local store = opts.store or store_for(opts.init_method or "env://", rank, world_size, timeout)
   local backend = opts.backend or os.getenv("CRUN_BACKEND") or "auto"
+  if backend == "auto" and core.have_mpi and os.getenv("OMPI_COMM_WORLD_SIZE") then backend = "mpi" end
+  -- backend mpi meets through MPI itself: a private in-process store suffices
+  local store = opts.store or (backend == "mpi" and require("crun.store").hash())
+                or store_for(opts.init_method or "env://", rank, world_size, timeout)
   state.pg = core.pg_new{store = store, rank = rank, world_size = world_size, timeout = timeout,
                          backend = backend, name = opts.group_name or "default"}
   state.store = store

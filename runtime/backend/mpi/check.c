@@ -81,27 +81,52 @@ static int compare(const crun__mpi_t *b, const crun__coll_t *c) {
   return 0;
 }
 
-/* Names the ranks whose signature did not come and cancels those receives. */
-static int timed_out(crun__mpi_t *b, const crun__coll_t *c) {
-  int *late = malloc(sizeof(int) * (size_t)b->size), *in = malloc(sizeof(int) * (size_t)b->size), nl = 0, ni = 0;
-  for (int p = 0; p < b->size; p++) {
-    MPI_Request *r = &b->reqs[p];
-    if (p != b->rank && *r != MPI_REQUEST_NULL) {
-      MPI_Cancel(r);
-      MPI_Wait(r, MPI_STATUS_IGNORE);
-      if (late) late[nl++] = p;
-    } else if (in) {
-      in[ni++] = p;
-    }
+/* Where rank p is: this call when its signature came, else the last call
+ * whose signature we got from it ("" when none yet). */
+static void whereabouts(const crun__mpi_t *b, const crun__coll_t *c, int p, int arrived, char *buf, size_t cap) {
+  const int64_t *t = b->sig_in + (size_t)p * CRUN__SIG_WORDS;
+  if (arrived) crun__coll_desc(c, buf, cap);
+  else if (t[CRUN__SIG_KIND] < 0) buf[0] = 0;
+  else snprintf(buf, cap, "%s #%lld", crun__coll_name((int)t[CRUN__SIG_KIND]), (long long)t[CRUN__SIG_SEQ]);
+}
+
+/* Appends "rank 2 is at barrier #1; ranks 0-1 are at all_reduce #2" to out. */
+static void report(char *out, size_t cap, char (*at)[64], int n, int *rs) {
+  size_t len = strlen(out);
+  char *done = calloc((size_t)n, 1);
+  for (int r = 0; done && r < n && len < cap; r++) {
+    if (done[r]) continue;
+    int m = 0;
+    for (int q = r; q < n; q++)
+      if (!done[q] && !strcmp(at[q], at[r])) rs[m++] = q, done[q] = 1;
+    char who[256];
+    crun__mpi_ranks_text(who, sizeof who, rs, m);
+    if (at[r][0]) len += (size_t)snprintf(out + len, cap - len, "; %s %s at %s", who, m > 1 ? "are" : "is", at[r]);
+    else len += (size_t)snprintf(out + len, cap - len, "; %s %s not entered any collective", who, m > 1 ? "have" : "has");
   }
-  char desc[64], who[256] = "some ranks", here[256] = "";
+  free(done);
+}
+
+/* Names the ranks whose signature did not come (cancelling those receives)
+ * and where every rank is. */
+static int timed_out(crun__mpi_t *b, const crun__coll_t *c) {
+  int n = b->size, nl = 0, *late = malloc(sizeof(int) * (size_t)n);
+  char (*at)[64] = calloc((size_t)n, 64), desc[64], who[256] = "some ranks", where[1024] = "";
   crun__coll_desc(c, desc, sizeof desc);
-  if (late && nl) crun__mpi_ranks_text(who, sizeof who, late, nl);
-  if (in) crun__mpi_ranks_text(here, sizeof here, in, ni);
+  for (int p = 0; late && at && p < n; p++) {
+    MPI_Request *r = &b->reqs[p];
+    int arrived = p == b->rank || *r == MPI_REQUEST_NULL;
+    if (!arrived) MPI_Cancel(r), MPI_Wait(r, MPI_STATUS_IGNORE), late[nl++] = p;
+    whereabouts(b, c, p, arrived, at[p], 64);
+  }
+  if (late && at && nl) {
+    crun__mpi_ranks_text(who, sizeof who, late, nl);
+    report(where, sizeof where, at, n, late);
+  }
   free(late);
-  free(in);
-  return crun_error(CRUN_ETIMEDOUT, "%s on rank %d: no data from %s after %.1f s; %s %s not entered %s; %s %s in it",
-                    desc, b->rank, who, c->timeout, who, nl > 1 ? "have" : "has", desc, here, ni > 1 ? "wait" : "waits");
+  free(at);
+  return crun_error(CRUN_ETIMEDOUT, "%s on rank %d: no data from %s after %.1f s%s", desc, b->rank, who,
+                    c->timeout, where);
 }
 
 /* Frees our own signature sends that are still pending (the group is failing). */

@@ -1,6 +1,7 @@
 /* env.c — the MPI library's lifetime in the process (MPI_Init_thread with
  * MPI_THREAD_MULTIPLE, MPI_Finalize at a clean exit), error texts, the
  * waiting policy of polling loops, and the watchdog of blocking MPI calls. */
+#include <dlfcn.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
@@ -66,10 +67,20 @@ static int start_mpi(void) {
 
 static void *watchdog_main(void *arg);
 
+/* When this code lives in a loaded module (crun/core.so under lua5.4), keeps
+ * the module mapped for good: the exit handler and the watchdog thread run
+ * after lua_close would unload it. */
+static void pin_module(void) {
+  Dl_info info;
+  if (dladdr((void *)pin_module, &info) && info.dli_fname && !dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE))
+    CRUN_LOG(INFO, PG, "mpi backend: %s stays as loaded (%s)", info.dli_fname, dlerror());
+}
+
 int crun__mpi_up(MPI_Comm *world, MPI_Comm *join) {
   int rc = 0;
   pthread_mutex_lock(&g_lock);
   if (!g_up) {
+    pin_module();
     rc = start_mpi();
     if (rc == 0 && (MPI_Comm_dup(MPI_COMM_WORLD, &g_world) != MPI_SUCCESS ||
                     MPI_Comm_dup(MPI_COMM_WORLD, &g_join) != MPI_SUCCESS))

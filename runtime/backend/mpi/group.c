@@ -148,6 +148,7 @@ static crun__mpi_t *state_new(crun_pg_t *pg) {
   b->sig_in = calloc(n * CRUN__SIG_WORDS, sizeof(int64_t));
   b->reqs = malloc(2 * n * sizeof(MPI_Request));
   b->watch.rank = pg->rank;
+  for (size_t p = 0; b->sig_in && p < n; p++) b->sig_in[p * CRUN__SIG_WORDS + CRUN__SIG_KIND] = -1;
   if (b->sig_out && b->sig_in && b->reqs) return b;
   free(b->sig_out), free(b->sig_in), free(b->reqs), free(b);
   return NULL;
