@@ -19,14 +19,15 @@ end
 
 local function direct_cmd(n, script, args, limit)
   local port = 20000 + math.random(0, 19999)
-  local parts = {}
+  local parts = {"unset CRUN_LAUNCHER; pids=();"}
   for r = 0, n - 1 do
     parts[#parts + 1] = string.format(
       "(RANK=%d WORLD_SIZE=%d LOCAL_RANK=%d LOCAL_WORLD_SIZE=%d MASTER_ADDR=127.0.0.1 MASTER_PORT=%d " ..
-      "timeout -s KILL %d lua5.4 %s %s 2>&1 | sed 's/^/[%d] /') &", r, n, r, n, port, limit,
-      sh_quote(script), args, r)
+      "timeout -s KILL %d lua5.4 %s %s 2>&1 | sed 's/^/[%d] /'; exit ${PIPESTATUS[0]}) & pids+=($!);",
+      r, n, r, n, port, limit, sh_quote(script), args, r)
   end
-  return "unset CRUN_LAUNCHER; " .. table.concat(parts, " ") .. " wait"
+  parts[#parts + 1] = 'rc=0; for p in "${pids[@]}"; do wait $p || rc=1; done; exit $rc'
+  return "bash -c " .. sh_quote(table.concat(parts, " "))
 end
 
 function M.run(n, script, args, opts)
