@@ -1,32 +1,288 @@
-/* agent.c — the node agent (interim: single node, no store server yet). */
+/* agent.c — the node agent: node 0 serves the TCP store in-process; on
+ * multi-node jobs every node's agent meets the others on that store.
+ *
+ * Keys (all under "crun/launch/"):
+ *   node/<r>            nproc of node r, set once when it joins
+ *   attempt/<k>/joined  counter; the last node to arrive sets attempt/<k>/go
+ *   attempt/<k>/failed  "<node>:<code>" of the first node whose workers failed
+ *   attempt/<k>/done    counter; the last node to finish sets attempt/<k>/alldone
+ * While attempt k runs, a watcher thread (with its own connection) waits for
+ * attempt/<k>/failed and wakes the supervise loop through a pipe, so a failure
+ * on any node stops the workers of every node. It does the same when the
+ * store goes away (node 0 died). */
 #include "launcher.h"
 
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define KEY_PREFIX "crun/launch/"
+#define WATCH_SLICE 0.25
+#define SLICE 1.0
+
 struct crun__agent {
-  int unused;
+  const crun__opts_t *o;
+  crun_store_server_t *server; /* node 0 only */
+  crun_store_t *store;         /* multi-node: the agent's client */
+  crun_store_t *watch_store;   /* multi-node: the watcher's client */
+  int fail_pipe[2];
+  pthread_t watcher;
+  int watching;
+  atomic_int stop_watch;
+  int attempt;
+  int port;
 };
 
-static crun__agent_t single;
+/* The text of the last error without its leading "ENAME: ". */
+static const char *bare_error(void) {
+  const char *e = crun_last_error(), *sep = strstr(e, ": ");
+  return sep && sep - e < 16 ? sep + 2 : e;
+}
+
+/* Starts the store server of node 0 on --master-addr:--master-port. */
+static int serve_store(crun__agent_t *a) {
+  const crun__opts_t *o = a->o;
+  int rc = crun_store_server_start(o->master_addr, o->master_port, &a->server);
+  if (rc == CRUN_EADDRINUSE)
+    return crun_error(rc, "cannot serve the store on %s:%d: the address is already in use "
+                          "(another job?); choose another --master-port, or 0 for a free one",
+                      o->master_addr, o->master_port);
+  if (rc < 0) return crun_error(rc, "cannot serve the store on %s:%d: %s", o->master_addr,
+                                o->master_port, bare_error());
+  a->port = crun_store_server_port(a->server);
+  return 0;
+}
+
+/* Connects one client to node 0's store, retrying until the rendezvous
+ * deadline (in one-second tries, so that Ctrl-C ends the wait). */
+static int connect_store(crun__agent_t *a, crun_store_t **out) {
+  const crun__opts_t *o = a->o;
+  crun_store_tcp_opts_t to = {.host = o->master_addr, .port = a->port, .timeout = o->rdzv_timeout,
+                              .connect_timeout = SLICE};
+  double deadline = crun_clock() + o->rdzv_timeout;
+  int rc;
+  while ((rc = crun_store_tcp_new(&to, out)) < 0 && crun_clock() < deadline) {
+    if (crun__signals_pending()) return crun_error(CRUN_EINTR, "rendezvous: interrupted by a signal");
+  }
+  if (rc < 0)
+    return crun_error(rc, "node %d cannot reach the store of node 0 at %s:%d within %g s: %s",
+                      o->node_rank, o->master_addr, a->port, o->rdzv_timeout, bare_error());
+  return 0;
+}
+
+/* Formats KEY_PREFIX + the rest into buf. */
+static const char *key(char *buf, size_t n, const char *fmt, int x) {
+  int o = snprintf(buf, n, KEY_PREFIX);
+  snprintf(buf + o, n - (size_t)o, fmt, x);
+  return buf;
+}
+
+/* Registers this node; fails when another node took the same node rank. */
+static int join(crun__agent_t *a) {
+  char k[96], val[32];
+  int len = snprintf(val, sizeof val, "%d", a->o->nproc);
+  crun_buf_t got = {0};
+  int rc = crun_store_compare_set(a->store, key(k, sizeof k, "node/%d", a->o->node_rank), "", 0, val,
+                                  (size_t)len, &got);
+  if (rc < 0) return crun_error(rc, "rendezvous: joining as node %d: %s", a->o->node_rank, bare_error());
+  int same = got.len == (size_t)len && memcmp(got.data, val, (size_t)len) == 0;
+  crun_buf_free(&got);
+  if (!same)
+    return crun_error(CRUN_EINVAL, "rendezvous: node rank %d joined twice (two crun-lua with the same "
+                                   "--node-rank?)", a->o->node_rank);
+  return 0;
+}
+
+/* crun_store_wait in slices until `timeout`, returning CRUN_EINTR early when
+ * SIGINT/SIGTERM/SIGHUP is pending (they are blocked while the agent waits). */
+static int wait_sliced(crun_store_t *st, const char **keys, size_t n, double timeout) {
+  double deadline = crun_clock() + timeout;
+  for (;;) {
+    double left = deadline - crun_clock();
+    int rc = crun_store_wait(st, keys, n, left < SLICE ? (left > 0.001 ? left : 0.001) : SLICE);
+    if (rc != CRUN_ETIMEDOUT) return rc;
+    if (crun__signals_pending()) return crun_error(CRUN_EINTR, "interrupted by a signal");
+    if (crun_clock() >= deadline) return rc;
+  }
+}
+
+/* Names the nodes whose keys are missing, for the timeout message. */
+static void missing_nodes(crun__agent_t *a, char *out, size_t n) {
+  size_t o = 0;
+  out[0] = 0;
+  for (int r = 0; r < a->o->nnodes && o + 16 < n; r++) {
+    char k[96];
+    const char *kp = key(k, sizeof k, "node/%d", r);
+    int exists = 0;
+    if (crun_store_check(a->store, &kp, 1, &exists) == 0 && !exists)
+      o += (size_t)snprintf(out + o, n - o, "%s%d", o ? ", " : "", r);
+  }
+}
+
+/* Waits for every node, then places this node's ranks after the lower nodes'. */
+static int meet(crun__agent_t *a, crun__placement_t *base) {
+  const crun__opts_t *o = a->o;
+  int nn = o->nnodes, rc = 0;
+  char (*keys)[96] = calloc((size_t)nn, sizeof *keys);
+  const char **kp = calloc((size_t)nn, sizeof *kp);
+  crun_buf_t *vals = calloc((size_t)nn, sizeof *vals);
+  if (!keys || !kp || !vals) { rc = crun_error(CRUN_ENOMEM, "rendezvous: out of memory"); goto out; }
+  for (int r = 0; r < nn; r++) kp[r] = key(keys[r], sizeof keys[r], "node/%d", r);
+  rc = wait_sliced(a->store, kp, (size_t)nn, o->rdzv_timeout);
+  if (rc == CRUN_ETIMEDOUT) {
+    char miss[512];
+    missing_nodes(a, miss, sizeof miss);
+    rc = crun_error(rc, "rendezvous at %s:%d: node(s) %s of %d did not join within %g s "
+                        "(start crun-lua --nnodes %d --node-rank R on each node)",
+                    o->master_addr, a->port, miss, nn, o->rdzv_timeout, nn);
+    goto out;
+  }
+  if (rc < 0 || (rc = crun_store_multi_get(a->store, kp, (size_t)nn, vals)) < 0) {
+    rc = crun_error(rc, "rendezvous at %s:%d: %s", o->master_addr, a->port, bare_error());
+    goto out;
+  }
+  base->world_size = base->rank = 0;
+  for (int r = 0; r < nn; r++) {
+    char num[16] = {0};
+    memcpy(num, vals[r].data, vals[r].len < 15 ? vals[r].len : 15);
+    int np = atoi(num);
+    if (np <= 0) {
+      rc = crun_error(CRUN_EPROTO, "rendezvous: node %d registered a bad worker count '%s'", r, num);
+      goto out;
+    }
+    if (r < o->node_rank) base->rank += np;
+    base->world_size += np;
+  }
+out:
+  for (int r = 0; vals && r < nn; r++) crun_buf_free(&vals[r]);
+  free(keys);
+  free(kp);
+  free(vals);
+  return rc;
+}
 
 int crun__agent_start(const crun__opts_t *o, crun__placement_t *base, crun__agent_t **out) {
-  if (o->nnodes > 1) return crun_error(CRUN_ENOTSUP, "--nnodes > 1 needs the TCP store (not built yet)");
-  base->rank = 0;
-  base->world_size = o->nproc;
-  base->local_world_size = o->nproc;
-  base->group_rank = 0;
-  base->master_addr = o->master_addr;
-  base->master_port = o->master_port;
-  *out = &single;
+  crun__agent_t *a = calloc(1, sizeof *a);
+  if (!a) return crun_error(CRUN_ENOMEM, "out of memory");
+  a->o = o;
+  a->fail_pipe[0] = a->fail_pipe[1] = -1;
+  a->port = o->master_port;
+  int rc = o->node_rank == 0 ? serve_store(a) : 0;
+  *base = (crun__placement_t){.rank = 0, .world_size = o->nproc, .local_world_size = o->nproc,
+                              .group_rank = o->node_rank, .master_addr = o->master_addr};
+  if (rc == 0 && o->nnodes > 1) {
+    if (pipe2(a->fail_pipe, O_CLOEXEC | O_NONBLOCK) < 0)
+      rc = crun_error(CRUN_ESYS, "pipe: %s", strerror(errno));
+    if (rc == 0) rc = connect_store(a, &a->store);
+    if (rc == 0) rc = connect_store(a, &a->watch_store);
+    if (rc == 0) rc = join(a);
+    if (rc == 0) rc = meet(a, base);
+  }
+  base->master_port = a->port;
+  if (rc < 0) {
+    crun__agent_stop(a);
+    return rc;
+  }
+  CRUN_LOG(INFO, LAUNCH, "node %d of %d: ranks %d..%d of %d, store %s:%d", o->node_rank, o->nnodes,
+           base->rank, base->rank + o->nproc - 1, base->world_size, o->master_addr, a->port);
+  *out = a;
   return 0;
 }
 
-int crun__agent_begin_attempt(crun__agent_t *a, int attempt) { (void)a; (void)attempt; return 0; }
+/* The watcher thread: wakes the supervise loop when attempt k failed anywhere. */
+static void *watch_main(void *arg) {
+  crun__agent_t *a = arg;
+  char k[96];
+  const char *kp = key(k, sizeof k, "attempt/%d/failed", a->attempt);
+  while (!atomic_load(&a->stop_watch)) {
+    int rc = crun_store_wait(a->watch_store, &kp, 1, WATCH_SLICE);
+    if (rc == CRUN_ETIMEDOUT) continue;
+    if (rc < 0) CRUN_LOG(WARN, LAUNCH, "lost the store of node 0: %s", crun_last_error());
+    if (write(a->fail_pipe[1], "!", 1) < 0) CRUN_LOG(WARN, LAUNCH, "wake-up pipe: %s", strerror(errno));
+    break;
+  }
+  return NULL;
+}
+
+/* Adds one to counter `ck`; the last of nnodes sets `flag`; then everyone
+ * waits for `flag`, in slices so that SIGINT/SIGTERM end the wait. */
+static int node_barrier(crun__agent_t *a, const char *ck, const char *flag, const char *what) {
+  const crun__opts_t *o = a->o;
+  int64_t n = 0;
+  int rc = crun_store_add(a->store, ck, 1, &n);
+  if (rc == 0 && n == o->nnodes) rc = crun_store_set(a->store, flag, "1", 1);
+  if (rc == 0) rc = wait_sliced(a->store, &flag, 1, o->rdzv_timeout);
+  if (rc == CRUN_ETIMEDOUT) {
+    crun_store_add(a->store, ck, 0, &n);
+    return crun_error(rc, "%s: only %lld of %d nodes arrived within %g s", what, (long long)n,
+                      o->nnodes, o->rdzv_timeout);
+  }
+  if (rc < 0) return crun_error(rc, "%s: %s", what, bare_error());
+  return 0;
+}
+
+int crun__agent_begin_attempt(crun__agent_t *a, int attempt) {
+  if (a->o->nnodes == 1) return 0;
+  char ck[96], flag[96], what[64];
+  snprintf(what, sizeof what, "attempt %d on node %d", attempt, a->o->node_rank);
+  CRUN_CHECK(node_barrier(a, key(ck, sizeof ck, "attempt/%d/joined", attempt),
+                          key(flag, sizeof flag, "attempt/%d/go", attempt), what));
+  a->attempt = attempt;
+  atomic_store(&a->stop_watch, 0);
+  if (pthread_create(&a->watcher, NULL, watch_main, a) != 0)
+    return crun_error(CRUN_ESYS, "%s: cannot start the watcher thread", what);
+  a->watching = 1;
+  return 0;
+}
+
+/* Stops the watcher thread and empties the wake-up pipe. */
+static void stop_watcher(crun__agent_t *a) {
+  if (!a->watching) return;
+  atomic_store(&a->stop_watch, 1);
+  pthread_join(a->watcher, NULL);
+  a->watching = 0;
+  char drain[64];
+  while (read(a->fail_pipe[0], drain, sizeof drain) > 0) {}
+}
 
 int crun__agent_end_attempt(crun__agent_t *a, int attempt, int code, int *job_failed) {
-  (void)a; (void)attempt;
   *job_failed = code != 0;
+  if (a->o->nnodes == 1) return 0;
+  stop_watcher(a);
+  char fk[96], ck[96], flag[96], what[64], val[32];
+  key(fk, sizeof fk, "attempt/%d/failed", attempt);
+  if (code != 0) {
+    int len = snprintf(val, sizeof val, "%d:%d", a->o->node_rank, code);
+    crun_buf_t got = {0};
+    if (crun_store_compare_set(a->store, fk, "", 0, val, (size_t)len, &got) == 0) crun_buf_free(&got);
+  }
+  snprintf(what, sizeof what, "end of attempt %d on node %d", attempt, a->o->node_rank);
+  CRUN_CHECK(node_barrier(a, key(ck, sizeof ck, "attempt/%d/done", attempt),
+                          key(flag, sizeof flag, "attempt/%d/alldone", attempt), what));
+  const char *kp = fk;
+  int failed = 0;
+  CRUN_CHECK(crun_store_check(a->store, &kp, 1, &failed));
+  *job_failed = failed;
   return 0;
 }
 
-int crun__agent_failure_fd(crun__agent_t *a) { (void)a; return -1; }
+int crun__agent_failure_fd(crun__agent_t *a) {
+  return a ? a->fail_pipe[0] : -1;
+}
 
-void crun__agent_stop(crun__agent_t *a) { (void)a; }
+void crun__agent_stop(crun__agent_t *a) {
+  if (!a) return;
+  stop_watcher(a);
+  if (a->watch_store) crun_store_release(a->watch_store);
+  if (a->store) crun_store_release(a->store);
+  if (a->server) crun_store_server_stop(a->server);
+  if (a->fail_pipe[0] >= 0) close(a->fail_pipe[0]);
+  if (a->fail_pipe[1] >= 0) close(a->fail_pipe[1]);
+  free(a);
+}

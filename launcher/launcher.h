@@ -119,6 +119,14 @@ void crun__write_all(int fd, const char *buf, size_t len);
 int crun__supervise(const crun__opts_t *o, const crun__placement_t *base,
                     crun__agent_t *agent);
 
+/* Blocks SIGCHLD, SIGINT, SIGTERM, SIGHUP (they are read from a signalfd)
+ * and ignores SIGPIPE. Call before any thread starts, so that no thread
+ * takes these signals away from the signalfd. */
+void crun__signals_block(void);
+
+/* Returns SIGINT, SIGTERM or SIGHUP when one is pending (blocked), else 0. */
+int crun__signals_pending(void);
+
 /* ---- agent.c */
 
 /* Starts the store server (node 0) and meets the other nodes on it. Fills

@@ -220,9 +220,11 @@ static int run_in_process(const crun__opts_t *o, crun__placement_t *p) {
 static int launch(const crun__opts_t *o) {
   crun__placement_t base = {0};
   crun__agent_t *agent = NULL;
+  crun__signals_block();
   if (crun__agent_start(o, &base, &agent) < 0) {
     fprintf(stderr, "crun-lua: %s\n", crun_last_error());
-    return 1;
+    int sig = crun__signals_pending();
+    return sig ? 128 + sig : 1;
   }
   int code = crun__supervise(o, &base, agent);
   crun__agent_stop(agent);

@@ -421,18 +421,38 @@ static int run_attempt(sup_t *s, int attempt, struct pollfd *fds) {
   return s->fail.remote ? 1 : 0;
 }
 
-/* Blocks the signals the loop handles and opens the signalfd for them. */
-static int signals_setup(sup_t *s, sigset_t *old) {
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGCHLD);
-  sigaddset(&set, SIGINT);
-  sigaddset(&set, SIGTERM);
+/* The signals the loop handles: SIGCHLD, SIGINT, SIGTERM, and SIGHUP unless
+ * it is ignored (nohup keeps working). */
+static void handled_signals(sigset_t *set) {
+  sigemptyset(set);
+  sigaddset(set, SIGCHLD);
+  sigaddset(set, SIGINT);
+  sigaddset(set, SIGTERM);
   struct sigaction hup;
   sigaction(SIGHUP, NULL, &hup);
-  if (hup.sa_handler != SIG_IGN) sigaddset(&set, SIGHUP); /* nohup keeps working */
-  sigprocmask(SIG_BLOCK, &set, old);
+  if (hup.sa_handler != SIG_IGN) sigaddset(set, SIGHUP);
+}
+
+void crun__signals_block(void) {
+  sigset_t set;
+  handled_signals(&set);
+  sigprocmask(SIG_BLOCK, &set, NULL);
   signal(SIGPIPE, SIG_IGN);
+}
+
+int crun__signals_pending(void) {
+  sigset_t pend;
+  sigpending(&pend);
+  if (sigismember(&pend, SIGINT)) return SIGINT;
+  if (sigismember(&pend, SIGTERM)) return SIGTERM;
+  if (sigismember(&pend, SIGHUP)) return SIGHUP;
+  return 0;
+}
+
+/* Opens the signalfd for the handled signals (blocked by crun__signals_block). */
+static int signals_setup(sup_t *s) {
+  sigset_t set;
+  handled_signals(&set);
   s->sfd = signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
   if (s->sfd < 0) return crun_error(CRUN_ESYS, "signalfd: %s", strerror(errno));
   return 0;
@@ -488,13 +508,12 @@ int crun__supervise(const crun__opts_t *o, const crun__placement_t *base, crun__
   s.procs = calloc((size_t)o->nproc, sizeof *s.procs);
   struct pollfd *fds = calloc((size_t)o->nproc * 2 + 2, sizeof *fds);
   failure_t *hist = calloc((size_t)o->max_restarts + 1, sizeof *hist);
-  sigset_t old;
   int code = 1, attempts = 0;
   if (!s.procs || !fds || !hist) {
     say("out of memory for %d workers", o->nproc);
     goto out;
   }
-  if (signals_setup(&s, &old) < 0 || watchdog_start(&s) < 0) {
+  if (signals_setup(&s) < 0 || watchdog_start(&s) < 0) {
     say("%s", crun_last_error());
     goto out;
   }
@@ -502,10 +521,7 @@ int crun__supervise(const crun__opts_t *o, const crun__placement_t *base, crun__
   if (attempts > 0) final_summary(&s, hist, attempts, code);
 out:
   watchdog_stop(&s);
-  if (s.sfd >= 0) {
-    close(s.sfd);
-    sigprocmask(SIG_SETMASK, &old, NULL);
-  }
+  if (s.sfd >= 0) close(s.sfd);
   free(s.procs);
   free(fds);
   free(hist);
