@@ -145,6 +145,12 @@ static int l_fsync_path(lua_State *L) {
   return 0;
 }
 
+/* blas_threads([n]) -> threads BLAS now uses; n <= 0 or none: cores / LOCAL_WORLD_SIZE */
+static int l_blas_threads(lua_State *L) {
+  lua_pushinteger(L, crun_blas_set_threads((int)luaL_optinteger(L, 1, 0)));
+  return 1;
+}
+
 /* getpid() -> this process's id */
 static int l_getpid(lua_State *L) {
   lua_pushinteger(L, (lua_Integer)getpid());
@@ -159,6 +165,6 @@ void crun_l_open_train(lua_State *L) {
       {"nn_cross_entropy", l_cross_entropy}, {"nn_mse", l_mse},
       {"nn_dropout_forward", l_dropout_forward}, {"nn_mul", l_mul},
       {"optim_sgd", l_sgd}, {"optim_adam", l_adam},
-      {"fsync_path", l_fsync_path}, {"getpid", l_getpid}, {NULL, NULL}};
+      {"fsync_path", l_fsync_path}, {"getpid", l_getpid}, {"blas_threads", l_blas_threads}, {NULL, NULL}};
   luaL_setfuncs(L, fns, 0);
 }

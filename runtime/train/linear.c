@@ -1,5 +1,6 @@
 /* linear.c — y = x W^T + b and its backward through BLAS (sgemm/dgemm). */
 #include <cblas.h>
+#include <unistd.h>
 
 #include "train/check.h"
 
@@ -105,4 +106,16 @@ int crun_nn_linear_backward(const crun_tensor_t *x, const crun_tensor_t *w,
          crun_tensor_data(gw));
   if (gb) bias_grad(dt, crun_tensor_data(gb), crun_tensor_data(gy), n, out);
   return 0;
+}
+
+int crun_blas_set_threads(int n) {
+  if (n <= 0) {
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    long local = crun_env_int("LOCAL_WORLD_SIZE", 1);
+    n = (int)(cores > 0 && local > 0 ? cores / local : 1);
+    if (n < 1) n = 1;
+  }
+  openblas_set_num_threads(n);
+  CRUN_LOG(INFO, DDP, "BLAS uses %d thread(s)", openblas_get_num_threads());
+  return openblas_get_num_threads();
 }

@@ -28,6 +28,11 @@ int crun_nn_linear_backward(const crun_tensor_t *x, const crun_tensor_t *w,
                             const crun_tensor_t *gy, crun_tensor_t *gx,
                             crun_tensor_t *gw, crun_tensor_t *gb);
 
+/* Sets how many threads BLAS (OpenBLAS) may use in this process; n <= 0
+ * picks online cores / LOCAL_WORLD_SIZE (at least 1), so that ranks sharing
+ * a host do not oversubscribe it. Returns the number now in use. */
+int crun_blas_set_threads(int n);
+
 typedef enum { CRUN_ACT_RELU, CRUN_ACT_TANH, CRUN_ACT_SIGMOID } crun_act_t;
 
 /* Parses "relu", "tanh", "sigmoid"; CRUN_EINVAL otherwise. */
