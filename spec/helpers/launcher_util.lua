@@ -117,6 +117,14 @@ function M.pids_in_group(pgid)
   return t
 end
 
+--- A TCP port that was free a moment ago (a store server on port 0, stopped).
+function M.free_port()
+  local srv = require("crun").store.server{host = "127.0.0.1", port = 0}
+  local port = srv:port()
+  srv:stop()
+  return port
+end
+
 --- A marker unlikely to appear in any other command line.
 function M.unique_marker(tag)
   return string.format("crunspec_%s_%d_%d", tag, os.time(), math.random(1, 1e9))
