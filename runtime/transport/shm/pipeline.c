@@ -100,7 +100,7 @@ static int check_ring_descs(crun__shm_comm_t *c) {
  * known to run the same op before any data is read. */
 static int start(shm_op_t *o, pipe_t *p) {
   crun__shm_comm_t *c = o->c;
-  shm_waiter_t w = {0, 0, 0};
+  shm_waiter_t w = {0};
   int rc;
   p->blk_q = -1;
   while ((rc = try_in(o, p)) == 0) {
@@ -118,7 +118,7 @@ int crun__shm_run_pipeline(shm_op_t *o) {
   pipe_t p = {.g0 = c->chunk_seq + 1, .T = o->nchunks};
   c->chunk_seq += p.T;
   CRUN_CHECK(start(o, &p));
-  shm_waiter_t w = {0, 0, 0};
+  shm_waiter_t w = {0};
   while (p.nout < p.T) {
     int rc, did = 0;
     p.blk_q = -1;
