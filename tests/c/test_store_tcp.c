@@ -141,6 +141,7 @@ TEST(tcp_world_size_join) {
   pid_t kids[3];
   for (int i = 0; i < 3; i++) {
     if ((kids[i] = fork()) == 0) {
+      alarm(60);
       usleep(100000 * (unsigned)i);
       crun_store_tcp_opts_t o = {.host = "127.0.0.1", .port = port, .world_size = 4,
                                  .timeout = 10, .connect_timeout = 10};
@@ -309,12 +310,15 @@ static void race_child(int idx) {
 }
 
 TEST(tcp_multiprocess_race) {
-  crun_store_server_t *srv;
-  EXPECT_OK(crun_store_server_start("127.0.0.1", 0, &srv));
-  race_port = crun_store_server_port(srv);
+  /* fork before the server thread exists (a child forked while another
+   * thread holds a lock, e.g. the allocator's, can deadlock); the children
+   * keep retrying their connect until the server is up */
+  race_port = free_port();
   pid_t kids[8];
   for (int i = 0; i < 8; i++)
-    if ((kids[i] = fork()) == 0) race_child(i), _exit(0);
+    if ((kids[i] = fork()) == 0) alarm(60), race_child(i), _exit(0);
+  crun_store_server_t *srv;
+  EXPECT_OK(crun_store_server_start("127.0.0.1", race_port, &srv));
   for (int i = 0; i < 8; i++) {
     int st;
     waitpid(kids[i], &st, 0);
