@@ -60,6 +60,58 @@ describe("DDP equivalence", function()
     assert.are.same({3, 2, 1}, ids(one[1]))
   end)
 
+  it("launches a bucket's all_reduce during backward, as soon as the bucket is ready", function()
+    -- a recording stand-in for crun.dist (one rank), installed for this test only
+    local events = {}
+    local fake = {
+      is_initialized = function() return true end,
+      get_rank = function() return 0 end,
+      get_world_size = function() return 1 end,
+      broadcast = function() events[#events + 1] = "broadcast" end,
+      all_reduce = function(t, op, o)
+        events[#events + 1] = string.format("all_reduce %d %s", t:numel(), op)
+        return {wait = function() events[#events + 1] = "wait" end}
+      end,
+    }
+    local saved_dist, saved_ddp = package.loaded["crun.dist"], package.loaded["crun.ddp"]
+    package.loaded["crun.dist"], package.loaded["crun.ddp"] = fake, nil
+    local ok, err = pcall(function()
+      local ddp, nn = require "crun.ddp", require "crun.nn"
+      local T = util.T()
+      local l1, l2 = nn.Linear(3, 4), nn.Linear(4, 2)
+      local net = nn.Sequential(l1, nn.Tanh(), l2)
+      -- mark the start of each Linear's backward in the event list
+      for name, l in pairs{L1 = l1, L2 = l2} do
+        local bw = l.backward
+        l.backward = function(self, x, gy)
+          events[#events + 1] = "backward " .. name
+          return bw(self, x, gy)
+        end
+      end
+      -- one bucket per layer: l2's weight+bias (10 floats) first, then l1's (16)
+      local m = ddp.DDP(net, {first_bucket_mb = 40 / 2 ^ 20, bucket_cap_mb = 64 / 2 ^ 20})
+      assert.are.equal(2, #m.buckets)
+      local x = T.randn({5, 3}, {seed = 1})
+      events = {}
+      m:forward(x)
+      m:backward(x, T.ones({5, 2}))
+      assert.are.same({"backward L2", "all_reduce 10 avg", "backward L1", "all_reduce 16 avg", "wait", "wait"}, events)
+      -- overlap=false: every all_reduce after backward
+      local seq = ddp.DDP(net, {first_bucket_mb = 40 / 2 ^ 20, bucket_cap_mb = 64 / 2 ^ 20, overlap = false})
+      m:close()
+      events = {}
+      seq:forward(x)
+      seq:backward(x, T.ones({5, 2}))
+      assert.are.same({"backward L2", "backward L1", "all_reduce 10 avg", "all_reduce 16 avg", "wait", "wait"}, events)
+      -- no_sync: no communication at all
+      events = {}
+      seq:no_sync(function() seq:forward(x); seq:backward(x, T.ones({5, 2})) end)
+      assert.are.same({"backward L2", "backward L1"}, events)
+    end)
+    package.loaded["crun.dist"], package.loaded["crun.ddp"] = saved_dist, saved_ddp
+    assert(ok, err)
+  end)
+
   for _, world in ipairs{1, 2, 4} do
     it(string.format("gives the 1-process parameters on %d rank%s (plain, bucket views, no_sync, join)",
       world, world > 1 and "s" or ""), function()
