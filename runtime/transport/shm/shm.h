@@ -4,7 +4,7 @@
  * memory segment. Rank 0 creates it and publishes its name through a store
  * under "<prefix>/shm_name"; the others attach, and the last one to attach
  * unlinks it at once, so nothing stays in /dev/shm even when a rank crashes
- * later. The segment is mapped by every rank and freed by the kernel when the
+ * later (a create that fails on a rank also removes the name there). The segment is mapped by every rank and freed by the kernel when the
  * last mapping goes away.
  *
  * Every collective is blocking and must be called by every rank in the same
@@ -17,21 +17,29 @@
  * buffers per rank, where for reductions each rank reduces its 1/size slice of
  * a chunk while the next chunk is copied in.
  *
- * Waiting: with ranks <= cores a waiter spins CRUN_SHM_SPIN_US (default 50)
- * microseconds, else it yields CRUN_SHM_YIELDS (default 50) times; then it
- * sleeps on a futex (woken only when someone sleeps). CRUN_SHM_WAIT=spin|yield
- * forces one policy. Every wait has a deadline: `timeout` seconds of the call
- * (<= 0 means the communicator's timeout). Past it the call fails with
- * CRUN_ETIMEDOUT naming the ranks that never arrived; a peer process that
- * exits makes the others fail with CRUN_EPEERDIED naming it. After any failure
- * the communicator is broken: every rank's next call fails with CRUN_ESTATE
- * (ranks still waiting learn of the failure within ~50 ms), and the only thing
- * left to do is crun__shm_comm_destroy().
+ * Waiting: with ranks <= cores a waiter spins up to CRUN_SHM_SPIN_US (default
+ * 50) microseconds, then yields up to CRUN_SHM_YIELDS (default 50) times, then
+ * sleeps on a futex (a poster calls FUTEX_WAKE only when someone sleeps);
+ * with more ranks than cores it skips the spin. A wait that ended in a sleep
+ * halves the spin time of the next ones (other load is on the cores), one
+ * that did not lets it grow back. CRUN_SHM_WAIT=spin|yield forces a policy.
+ * Every wait has a deadline: `timeout` seconds of the call (<= 0 means the
+ * communicator's timeout). Past it the call fails with CRUN_ETIMEDOUT naming
+ * the ranks that never arrived ("no data from rank 2 after 1.0 s"); a peer
+ * process that exits before posting what this rank waits for makes it fail
+ * with CRUN_EPEERDIED naming it (pidfds: seen within ~20 ms). After any
+ * failure the communicator is broken: every rank's next call fails with
+ * CRUN_ESTATE (ranks still waiting learn of the failure within ~50 ms, with
+ * the first failing rank's text), and the only thing left to do is
+ * crun__shm_comm_destroy().
  *
  * Reductions use the kernels of crun/tensor.h: every dtype, every op defined
- * on it; avg sums then divides (integers: truncating). Results are identical
- * on every rank (each element is reduced in rank order by one rank).
- * A communicator is used by one thread at a time. */
+ * on it; avg sums then divides (integers: truncating); float32 sum/avg on the
+ * pipelined path use the engine's fused kernel (kernels.c), which sums in the
+ * same order. Results are identical on every rank (each element is reduced in
+ * rank order by one rank).
+ * A communicator is used by one thread at a time. pg_engine.c attaches one to
+ * every cpu process group whose ranks share a host (CRUN_SHM=0: never). */
 #ifndef CRUN_TRANSPORT_SHM_H
 #define CRUN_TRANSPORT_SHM_H
 
