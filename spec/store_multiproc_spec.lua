@@ -100,6 +100,28 @@ describe("crun.store with 8 processes", function()
     os.remove(portfile)
   end)
 
+  it("a master with world_size waits until every client joined", function()
+    local probe = S.server{host = "127.0.0.1"}
+    local port = probe:port()
+    probe:stop()
+    local script = string.format([[
+      local s = require("crun").store.tcp{host="127.0.0.1", port=%d, world_size=3,
+                                          timeout=20, connect_timeout=20}
+      s:get("go")]], port)
+    local kids = {}
+    for i = 1, 2 do kids[i] = io.popen(LUA .. " -e " .. q(script) .. " 2>&1", "r") end
+    local m = S.tcp{host = "127.0.0.1", port = port, is_master = true, world_size = 3, timeout = 20}
+    m:set("go", "1") -- reached only once both children joined
+    for i = 1, 2 do
+      local out = kids[i]:read("a")
+      assert.is_true(kids[i]:close(), out)
+    end
+    m:close()
+    local err = select(2, pcall(S.tcp, {host = "127.0.0.1", port = 0, is_master = true,
+                                         world_size = 2, timeout = 0.2}))
+    assert.is_truthy(tostring(err):match("^ETIMEDOUT: .*world_size=2"), err)
+  end)
+
   it("from_env builds a client from MASTER_ADDR / MASTER_PORT", function()
     local m = S.tcp{host = "127.0.0.1", port = 0, is_master = true, timeout = 10}
     local script = [[
