@@ -107,6 +107,10 @@ describe("DDP equivalence", function()
       events = {}
       seq:no_sync(function() seq:forward(x); seq:backward(x, T.ones({5, 2})) end)
       assert.are.same({"backward L2", "backward L1"}, events)
+      -- a closed DDP raises
+      local okc, errc = pcall(m.forward, m, x)
+      assert.is_false(okc)
+      assert.is_truthy(tostring(errc):match("ECLOSED: DDP:forward on rank 0"))
     end)
     package.loaded["crun.dist"], package.loaded["crun.ddp"] = saved_dist, saved_ddp
     assert(ok, err)

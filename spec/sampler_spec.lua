@@ -207,3 +207,33 @@ describe("DistributedSampler bad input", function()
     assert.are.equal(R, s.rank)
   end)
 end)
+
+describe("DataLoader", function()
+  it("batches a tensor data set in the sampler's order", function()
+    local okt, T = pcall(require, "crun.tensor")
+    if not okt then T = require("crun.core").tensor end
+    local X = T.arange(20, "float64"):view(10, 2)   -- row i holds 2(i-1), 2(i-1)+1
+    local Y = T.arange(10, "int64")
+    local s = data.DistributedSampler{size = 10, num_replicas = 3, rank = 1, shuffle = true, seed = 3}
+    s:set_epoch(2)
+    local idx = s:indices()
+    for _, dl in ipairs{false, true} do
+      local loader = data.DataLoader{dataset = {X, Y}, batch_size = 3, sampler = s, drop_last = dl}
+      assert.are.equal(dl and 1 or 2, #loader)
+      local k, batches = 0, 0
+      for b, xb, yb in loader:iter() do
+        batches = batches + 1
+        assert.are.equal(batches, b)
+        for r = 1, xb:size(1) do
+          k = k + 1
+          assert.are.equal(idx[k] - 1, yb[r])
+          assert.are.equal(2 * (idx[k] - 1) + 1, xb[r][2])
+        end
+      end
+      assert.are.equal(#loader, batches)
+      assert.are.equal(dl and 3 or 4, k)
+    end
+    assert.has_error(function() data.DataLoader{dataset = {X, T.zeros({9})}} end)
+    assert.has_error(function() data.DataLoader{dataset = {X}, batch_size = 0} end)
+  end)
+end)

@@ -223,6 +223,7 @@ end
 --- Forward of the wrapped module. Under crun.join it first tells ranks that
 -- already finished that this rank still trains.
 function DDP:forward(x)
+  self:_check_open("forward")
   if self.join_enabled and self.join_lead and self.module.training then self:_notify_join() end
   if self.broadcast_buffers and self.module.buffers then
     for _, buf in ipairs(self.module:buffers()) do dist().broadcast(buf, 0, self.copts) end
@@ -234,6 +235,7 @@ end
 --- Backward of the wrapped module; with synchronisation on, returns after
 -- every gradient is averaged over the group (blocking).
 function DDP:backward(x, gy)
+  self:_check_open("backward")
   local core = require "crun.core"
   local t0 = core.clock()
   self:_reset()
@@ -270,10 +272,15 @@ DDP.eval = DDP.evaluate
 function DDP:state_dict() return self.module:state_dict() end
 function DDP:load_state_dict(sd) return self.module:load_state_dict(sd) end
 
---- Removes the hooks; the module keeps working on its own.
+--- Removes the hooks; the module keeps working on its own, the DDP object
+-- raises ECLOSED if used again.
 function DDP:close()
   for _, h in ipairs(self.hooks or {}) do h.remove() end
-  self.hooks = {}
+  self.hooks, self.closed = {}, true
+end
+
+function DDP:_check_open(what)
+  if self.closed then error(string.format("ECLOSED: DDP:%s on rank %d: this DDP was closed", what, self.rank), 3) end
 end
 
 function DDP:__tostring()
