@@ -88,6 +88,22 @@ describe("crun-lua environment", function()
     assert.are.equal("29500", e.MASTER_PORT)
   end)
 
+  it("runs each rank of a real mpirun job in-process (hello.lua, rank 0 hosts the store)", function()
+    if not io.popen("command -v mpirun"):read("l") then return pending("mpirun not installed") end
+    local dir = U.tmpdir()
+    local cmd = string.format("cd %s && MASTER_PORT=%d timeout -s KILL 60 mpirun --allow-run-as-root " ..
+      "--oversubscribe --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo -x MASTER_PORT -np 3 " ..
+      "%s examples/hello.lua >%s/out 2>%s/err", q(U.SOURCE), U.free_port(), q(U.CRUN_LUA), dir, dir)
+    local _, _, code = os.execute(cmd)
+    local out, err = U.slurp(dir .. "/out"), U.slurp(dir .. "/err")
+    U.rmrf(dir)
+    assert.are.equal(0, code, err)
+    for rank = 0, 2 do -- no "[r] " prefix: mpirun owns the output
+      assert.is_truthy(out:find("\nhello from rank " .. rank .. " of 3\n", 1, true) or
+                       out:find("^hello from rank " .. rank .. " of 3\n"), out)
+    end
+  end)
+
   it("rejects malformed engine variables clearly", function()
     local r = U.run(q(FIX .. "env.lua"), "PMI_RANK=5 PMI_SIZE=4")
     assert.are.equal(2, r.code)

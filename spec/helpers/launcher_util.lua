@@ -53,7 +53,7 @@ end
 function M.start(args, env)
   local dir = M.tmpdir()
   local script = string.format(
-    "cd %s && { %s %s %s >%s/out 2>%s/err & echo $! >%s/pid.tmp; mv %s/pid.tmp %s/pid; wait $!; echo $? >%s/rc.tmp; mv %s/rc.tmp %s/rc; } &",
+    "cd %s && { %s %s %s >%s/out 2>%s/err & echo $! >%s/pid.tmp; mv %s/pid.tmp %s/pid; wait $!; echo $? >%s/rc.tmp; mv %s/rc.tmp %s/rc; } 2>/dev/null &",
     M.q(M.SOURCE), env or "", M.q(M.CRUN_LUA), args, dir, dir, dir, dir, dir, dir, dir, dir)
   os.execute(script)
   local h = {dir = dir}
