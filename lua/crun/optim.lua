@@ -15,12 +15,12 @@ local function T()
   return ok and t or require("crun.core").tensor
 end
 
--- Returns params, grads, opts from (model, opts) or (params, grads, opts).
+-- Returns params, grads, opts, module from (model, opts) or (params, grads, opts).
 local function unpack_args(fname, a, b, c)
-  local params, grads, opts
+  local params, grads, opts, module
   if type(a) == "table" and type(a.parameters) == "function" then
     params, grads = a:parameters()
-    opts = b
+    opts, module = b, a
   else
     params, grads, opts = a, b, c
   end
@@ -32,7 +32,7 @@ local function unpack_args(fname, a, b, c)
       error(string.format("%s: parameter %d and its gradient differ in size or dtype", fname, i), 3)
     end
   end
-  return params, grads, opts or {}
+  return params, grads, opts or {}, module
 end
 
 local function check_lr(fname, o)
@@ -44,8 +44,15 @@ end
 local Optimizer = {}
 Optimizer.__index = Optimizer
 
+-- Built from a module: takes its current gradient tensors (DDP's
+-- gradient_as_bucket_view swaps them for bucket views after wrapping).
+function Optimizer:_refresh()
+  if self.module then self.params, self.grads = self.module:parameters() end
+end
+
 --- Sets every gradient to zero.
 function Optimizer:zero_grad()
+  self:_refresh()
   for _, g in ipairs(self.grads) do g:fill(0) end
 end
 
@@ -81,9 +88,9 @@ SGD.__index = SGD
 
 --- SGD(model | params, grads, {lr=, momentum=0, dampening=0, weight_decay=0, nesterov=false, maximize=false})
 function optim.SGD(a, b, c)
-  local params, grads, o = unpack_args("SGD", a, b, c)
+  local params, grads, o, module = unpack_args("SGD", a, b, c)
   check_lr("SGD", o)
-  local self = setmetatable({kind = "SGD", params = params, grads = grads, state = {},
+  local self = setmetatable({kind = "SGD", params = params, grads = grads, module = module, state = {},
     opts = {lr = o.lr, momentum = o.momentum or 0, dampening = o.dampening or 0,
       weight_decay = o.weight_decay or 0, nesterov = o.nesterov == true, maximize = o.maximize == true}}, SGD)
   if self.opts.nesterov and (self.opts.momentum <= 0 or self.opts.dampening ~= 0) then
@@ -94,6 +101,7 @@ end
 
 --- One update of every parameter from its current gradient.
 function SGD:step()
+  self:_refresh()
   local o = self.opts
   for i, p in ipairs(self.params) do
     local s = self.state[i]
@@ -112,11 +120,11 @@ local Adam = setmetatable({}, {__index = Optimizer})
 Adam.__index = Adam
 
 local function adam(kind, decoupled, default_wd, a, b, c)
-  local params, grads, o = unpack_args(kind, a, b, c)
+  local params, grads, o, module = unpack_args(kind, a, b, c)
   o.lr = o.lr or 1e-3
   check_lr(kind, o)
   local betas = o.betas or {0.9, 0.999}
-  return setmetatable({kind = kind, params = params, grads = grads, state = {},
+  return setmetatable({kind = kind, params = params, grads = grads, module = module, state = {},
     opts = {lr = o.lr, beta1 = betas[1], beta2 = betas[2], eps = o.eps or 1e-8,
       weight_decay = o.weight_decay or default_wd, decoupled = decoupled,
       amsgrad = o.amsgrad == true, maximize = o.maximize == true}}, Adam)
@@ -129,6 +137,7 @@ function optim.Adam(a, b, c) return adam("Adam", false, 0, a, b, c) end
 function optim.AdamW(a, b, c) return adam("AdamW", true, 1e-2, a, b, c) end
 
 function Adam:step()
+  self:_refresh()
   local o = self.opts
   for i, p in ipairs(self.params) do
     local s = self.state[i]

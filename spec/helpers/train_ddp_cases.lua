@@ -92,8 +92,10 @@ cases.LIST = {
 function cases.run_ddp(c, rank, world)
   local crun = require "crun"
   local net = cases.model(c.dtype, 1 + rank) -- different init per rank: DDP must broadcast rank 0's
-  local model = crun.DDP(net, c.ddp)
+  -- the optimizer comes first: with gradient_as_bucket_view it must pick up
+  -- the bucket views DDP puts in place of the gradients
   local opt = cases.optimizer(net, c.opt)
+  local model = crun.DDP(net, c.ddp)
   if c.kind == "join" then
     local nb = cases.join_batches(c.pattern, rank, world)
     crun.join({model}, function()
