@@ -7,8 +7,8 @@
 -- 'i' <i8 integer, 'd' <d float, 's' <s4 string, 't' <I4 count + key/value
 -- pairs (keys sorted: the same value always gives the same bytes), 'X' tensor:
 -- <s1 dtype, <I1 ndim, ndim x <i8 dims, <s8 raw contiguous element bytes.
--- save() writes "<path>.tmp.<pid>", flushes and fsyncs it, then renames it
--- over <path>: a crash never leaves a torn file at <path>.
+-- save() writes "<path>.tmp.<pid>", flushes and fsyncs it, renames it over
+-- <path> and fsyncs the directory: a crash never leaves a torn file at <path>.
 local serialize = {}
 
 local MAGIC, TRAILER = "CRUNSAV1", "END!"
@@ -196,6 +196,8 @@ function serialize.save(path, v)
     os.remove(tmp)
     error("EIO: crun.save: rename to " .. path .. ": " .. tostring(rerr), 2)
   end
+  -- make the rename itself durable (best effort: some file systems refuse)
+  if c.fsync_path then pcall(c.fsync_path, path:match("^(.*)/[^/]*$") or ".") end
   return path
 end
 
