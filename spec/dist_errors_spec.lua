@@ -6,9 +6,12 @@ local run = require "helpers.dist_run"
 
 local SCRIPT = "spec/helpers/dist_errors.lua"
 
+-- Over TCP alone (CRUN_SHM=0): the shared-memory engine words its own reports.
 local function scenario(mode, opts)
+  opts = opts or {limit = 60}
+  opts.env = opts.env or "CRUN_SHM=0"
   local dir = run.tmpdir()
-  local _, out = run.run(3, SCRIPT, mode .. " " .. dir, opts or {limit = 60})
+  local _, out = run.run(3, SCRIPT, mode .. " " .. dir, opts)
   local res = {}
   for r = 0, 2 do res[r] = run.text(dir, r) end
   run.cleanup(dir)
@@ -25,6 +28,14 @@ describe("dist failures", function()
       assert.is_truthy(t:find("all_gather", 1, true), t)
       assert.is_truthy(t:find("float32[512]", 1, true), t)
       assert.is_truthy(t:find("rank 2", 1, true), t)
+    end
+  end)
+
+  it("report a mismatch on every rank with the shared-memory engine too", function()
+    local res, out = scenario("count", {limit = 60, env = "CRUN_SHM=1"})
+    for r = 0, 2 do
+      assert.is_truthy(res[r]:match("^error EMISMATCH: "), "rank " .. r .. ": " .. res[r] .. "\n" .. out)
+      assert.is_truthy(res[r]:find("float32[512]", 1, true), res[r])
     end
   end)
 

@@ -55,10 +55,13 @@ static crun_pg_t *pg_alloc(crun_store_t *base, const char *prefix, int rank, int
   pthread_cond_init(&pg->cv, &ca);
   pthread_cond_init(&pg->pub_cv, &ca);
   pthread_condattr_destroy(&ca);
-  if (!pg->prefix || !pg->global || crun_store_prefix_new(prefix, base, &pg->store) < 0) {
+  if (!pg->prefix || !pg->global || crun_store_prefix_new(prefix, base, &pg->store) < 0 ||
+      crun_store_prefix_new(prefix, base, &pg->board) < 0) {
     crun_pg_release(pg);
     return NULL;
   }
+  /* a failure report must not wait long on a store that is gone */
+  crun_store_set_timeout(pg->board, 2.0);
   return pg;
 }
 
@@ -133,6 +136,7 @@ void crun_pg_release(crun_pg_t *pg) {
   crun__pg_progress_stop(pg);
   if (pg->be && pg->be_state) pg->be->destroy(pg->be_state);
   if (pg->store) crun_store_release(pg->store);
+  if (pg->board) crun_store_release(pg->board);
   if (pg->base) crun_store_release(pg->base);
   pthread_mutex_destroy(&pg->mu);
   pthread_cond_destroy(&pg->cv);
@@ -170,7 +174,7 @@ static void publish(crun_pg_t *pg, uint64_t v) {
   char key[32], val[64];
   snprintf(key, sizeof key, "progress/%d", pg->rank);
   progress_text(v, val, sizeof val);
-  if (crun_store_set(pg->store, key, val, strlen(val)) < 0)
+  if (crun_store_set(pg->board, key, val, strlen(val)) < 0)
     CRUN_LOG(INFO, PG, "could not publish progress: %s", crun_last_error());
 }
 
@@ -239,7 +243,7 @@ void crun__pg_progress_report(crun_pg_t *pg, char *out, size_t cap) {
     const char *k = key;
     int ok = 0;
     crun_buf_t v = {0};
-    if (crun_store_check(pg->store, &k, 1, &ok) == 0 && ok && crun_store_get(pg->store, key, &v) == 0)
+    if (crun_store_check(pg->board, &k, 1, &ok) == 0 && ok && crun_store_get(pg->board, key, &v) == 0)
       snprintf(txt[r], 64, "%.*s", (int)v.len, (char *)v.data);
     crun_buf_free(&v);
   }

@@ -51,6 +51,7 @@ struct crun_pg {
   atomic_int refs;
   crun_store_t *store;       /* prefixed with `prefix` */
   crun_store_t *base;        /* the store the root group was made with */
+  crun_store_t *board;       /* like store, with a short timeout: the progress board */
   char *prefix;
   int rank, size;
   int *global;               /* global rank of each group rank */

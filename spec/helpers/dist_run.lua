@@ -1,6 +1,6 @@
 -- dist_run.lua — launches multi-rank jobs for the dist/collectives specs and
 -- reads back what every rank wrote.
---   run(n, script, args, {limit=, direct=}) -> exit code, output
+--   run(n, script, args, {limit=, direct=, env="K=V ..."}) -> exit code, output
 -- By default the job runs under `$CRUN_LUA -n N --master-port 0`; direct=true
 -- (or CRUN_SPEC_DIRECT=1) starts N lua5.4 processes with RANK/WORLD_SIZE/
 -- MASTER_* set instead (rank 0 hosts the store), for cases where the
@@ -41,6 +41,7 @@ function M.run(n, script, args, opts)
     cmd = string.format("timeout -s KILL %d %s -n %d --master-port 0 %s %s", limit,
                         os.getenv("CRUN_LUA"), n, sh_quote(script), args)
   end
+  if opts.env then cmd = "env " .. opts.env .. " " .. cmd end
   local p = io.popen("{ " .. cmd .. "; } 2>&1")
   local out = p:read("a")
   local _, _, code = p:close()

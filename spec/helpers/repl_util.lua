@@ -125,7 +125,8 @@ local function sh(cmd)
 end
 
 --- Starts `crun-lua <args>` in a detached tmux session of its own server.
--- Returns a handle: t:keys(...) (tmux send-keys), t:screen(), t:wait_screen(pat, timeout),
+-- Returns a handle: t:type(text) (literal), t:keys(...) (key names: Enter,
+-- C-c, Up; a word like "end" is a key name too), t:screen(), t:wait_screen(pat, timeout),
 -- t:dead(), t:kill().
 function M.tmux(args, env)
   local sock = "crun-repl-spec-" .. sh("echo $$"):match("%d+") .. "-" .. math.random(1, 1e9)
@@ -139,6 +140,7 @@ function M.tmux(args, env)
     for i, k in ipairs({...}) do words[i] = M.q(k) end
     tm("send-keys -t repl " .. table.concat(words, " "))
   end
+  function t:type(text) tm("send-keys -l -t repl " .. M.q(text)) end
   function t:screen() return tm("capture-pane -p -t repl -S -200") end
   function t:wait_screen(pat, timeout)
     return M.wait_for(function() return self:screen():find(pat) and true end, timeout or 20)

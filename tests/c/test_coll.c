@@ -104,10 +104,16 @@ static void matrix(crun_pg_t *pg, void *arg) {
   EXPECT_OK(crun_pg_barrier(pg, NULL, NULL));
 }
 
+/* With the default engine choice (shared memory takes what it supports). */
 TEST(world_1) { pg_spawn(1, matrix, NULL); }
 TEST(world_2) { pg_spawn(2, matrix, NULL); }
 TEST(world_3) { pg_spawn(3, matrix, NULL); }
 TEST(world_4) { pg_spawn(4, matrix, NULL); }
+
+/* Over TCP alone. */
+TEST(tcp_world_2) { setenv("CRUN_SHM", "0", 1); pg_spawn(2, matrix, NULL); }
+TEST(tcp_world_3) { setenv("CRUN_SHM", "0", 1); pg_spawn(3, matrix, NULL); }
+TEST(tcp_world_4) { setenv("CRUN_SHM", "0", 1); pg_spawn(4, matrix, NULL); }
 
 /* Forces every non-default algorithm on 3 and 4 ranks (float32, int32). */
 static void forced(crun_pg_t *pg, void *arg) {
@@ -120,16 +126,19 @@ static void forced(crun_pg_t *pg, void *arg) {
 }
 
 TEST(algo_ring_chain) {
+  setenv("CRUN_SHM", "0", 1);
   setenv("CRUN_ALGO", "ring,chain", 1);
   pg_spawn(3, forced, NULL);
   pg_spawn(4, forced, NULL);
 }
 
 TEST(algo_rd_binomial) {
+  setenv("CRUN_SHM", "0", 1);
   setenv("CRUN_ALGO", "rd,binomial", 1);
   pg_spawn(3, forced, NULL);
   pg_spawn(4, forced, NULL);
 }
 
-#define CRUN_TESTS(X) X(world_1) X(world_2) X(world_3) X(world_4) X(algo_ring_chain) X(algo_rd_binomial)
+#define CRUN_TESTS(X) X(world_1) X(world_2) X(world_3) X(world_4) X(tcp_world_2) X(tcp_world_3) \
+  X(tcp_world_4) X(algo_ring_chain) X(algo_rd_binomial)
 CRUN_TEST_MAIN()

@@ -212,6 +212,24 @@ static void killed_case(crun_pg_t *pg, void *arg) {
 
 TEST(peer_killed_mid_all_reduce) { EXPECT_EQ_INT(pg_spawn_ex(3, killed_case, NULL, 60.0, 30.0), 1); }
 
+/* The failure reports over TCP alone (the shm engine has its own wording). */
+TEST(tcp_mismatch) {
+  setenv("CRUN_SHM", "0", 1);
+  int mode = 0;
+  EXPECT_EQ_INT(pg_spawn_ex(3, mismatch, &mode, 20.0, 30.0), 0);
+}
+
+TEST(tcp_timeout) {
+  setenv("CRUN_SHM", "0", 1);
+  EXPECT_EQ_INT(pg_spawn_ex(3, timeout_case, NULL, 20.0, 30.0), 0);
+}
+
+TEST(tcp_peer_killed) {
+  setenv("CRUN_SHM", "0", 1);
+  EXPECT_EQ_INT(pg_spawn_ex(3, killed_case, NULL, 60.0, 30.0), 1);
+}
+
 #define CRUN_TESTS(X) X(async_ordering) X(sub_groups) X(send_recv_matching) X(work_wait_timeout) \
-  X(argument_errors) X(mismatch_reported_everywhere) X(timeout_names_ranks) X(peer_killed_mid_all_reduce)
+  X(argument_errors) X(mismatch_reported_everywhere) X(timeout_names_ranks) X(peer_killed_mid_all_reduce) \
+  X(tcp_mismatch) X(tcp_timeout) X(tcp_peer_killed)
 CRUN_TEST_MAIN()
