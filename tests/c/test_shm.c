@@ -351,6 +351,39 @@ static void body_block_lists(crun__shm_comm_t *c, int rank, int size) {
   }
 }
 
+/* gather and scatter from every root; the root's own block in place on
+ * odd counts. Non-roots pass no block list. */
+static void body_gather_scatter(crun__shm_comm_t *c, int rank, int size) {
+  static const int dts[] = {CRUN_FLOAT32, CRUN_INT64, CRUN_UINT8};
+  for (int root = 0; root < size; root++)
+    for (int d = 0; d < 3; d++)
+      for (size_t k = 0; k < NCOUNTS; k++) {
+        int dt = dts[d], inplace = (int)k % 2;
+        size_t n = counts[k], es = crun_dtype_size(dt);
+        char *blocks[8] = {0}, *mine = xmalloc(n * es);
+        for (int q = 0; q < size && rank == root; q++) blocks[q] = xmalloc(n * es);
+        fill(dt, CRUN_OP_SUM, rank, mine, n);
+        const char *in = mine;
+        if (rank == root && inplace) {
+          memcpy(blocks[root], mine, n * es);
+          in = blocks[root];
+        }
+        EXPECT_OK(crun__shm_gather_v(c, rank == root ? (void *const *)blocks : NULL, in, n, dt,
+                                     root, 0));
+        for (int q = 0; q < size && rank == root; q++)
+          for (size_t i = 0; i < n; i++)
+            check_elem("gather", dt, CRUN_OP_SUM, rank, blocks[q], i, value(dt, CRUN_OP_SUM, q, i));
+        for (int q = 0; q < size && rank == root; q++) fill(dt, CRUN_OP_SUM, 10 + q, blocks[q], n);
+        char *out = rank == root && inplace ? blocks[root] : mine;
+        EXPECT_OK(crun__shm_scatter_v(c, out, rank == root ? (const void *const *)blocks : NULL,
+                                      n, dt, root, 0));
+        for (size_t i = 0; i < n; i++)
+          check_elem("scatter", dt, CRUN_OP_SUM, rank, out, i, value(dt, CRUN_OP_SUM, 10 + rank, i));
+        for (int q = 0; q < size; q++) free(blocks[q]);
+        free(mine);
+      }
+}
+
 static void body_barrier(crun__shm_comm_t *c, int rank, int size) {
   for (int i = 0; i < 200; i++) EXPECT_OK(crun__shm_barrier(c, 0));
 }
@@ -484,6 +517,10 @@ TEST(all_to_all_1_to_4_ranks) {
 TEST(block_lists_1_to_4_ranks) {
   small_chunks();
   for (int n = 1; n <= 4; n++) RUN_RANKS(n, body_block_lists);
+}
+TEST(gather_scatter_1_to_4_ranks) {
+  small_chunks();
+  for (int n = 1; n <= 4; n++) RUN_RANKS(n, body_gather_scatter);
 }
 TEST(barrier_1_to_4_ranks) {
   for (int n = 1; n <= 4; n++) RUN_RANKS(n, body_barrier);
@@ -626,7 +663,7 @@ TEST(mixed_sequence_2_and_8_ranks) {
 
 #define CRUN_TESTS(X) X(allreduce_1_to_4_ranks) X(reduce_1_to_4_ranks) X(broadcast_1_to_4_ranks) \
   X(all_gather_1_to_4_ranks) X(reduce_scatter_1_to_4_ranks) X(all_to_all_1_to_4_ranks)          \
-  X(block_lists_1_to_4_ranks) X(barrier_1_to_4_ranks) X(oversubscribed_8_ranks) X(default_layout_3_ranks)                    \
+  X(block_lists_1_to_4_ranks) X(gather_scatter_1_to_4_ranks) X(barrier_1_to_4_ranks) X(oversubscribed_8_ranks) X(default_layout_3_ranks)                    \
   X(mismatched_collective) X(mismatched_count) X(timeout_names_missing_rank) X(bad_arguments)   \
   X(peer_killed_mid_collective) X(create_times_out) X(creator_killed_during_create)          \
   X(mixed_sequence_2_and_8_ranks)

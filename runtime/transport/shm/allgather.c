@@ -1,8 +1,10 @@
-/* allgather.c — all_gather on the shared segment: every rank copies its
- * input into its slot (or chunk by chunk into its buffers) and copies every
- * peer's out after the synchronisation. In place when in is out's block. */
+/* allgather.c — all_gather and gather(root) on the shared segment: every
+ * rank copies its input into its slot (or chunk by chunk into its buffers);
+ * every rank (gather: the root only) copies every peer's out after the
+ * synchronisation. In place when in is this rank's block of out. */
 #include "transport/shm/shm_int.h"
 
+#include <stdint.h>
 #include <string.h>
 
 static void ag_fill(shm_op_t *o, char *mine) { memcpy(mine, o->in, o->small_len); }
@@ -44,11 +46,14 @@ static int ag_copy_out(shm_op_t *o, size_t t, int b) {
   return 0;
 }
 
+/* Runs all_gather (root < 0) or gather(root). */
 static int all_gather(crun__shm_comm_t *c, void *out, void *const *outs, const void *in,
-                      size_t count, crun_dtype_t dt, int bufs_ok, double timeout) {
-  CRUN_CHECK(crun__shm_begin(c, SHM_ALLGATHER, dt, 0, -1, count, c ? (size_t)c->size : 1,
-                             bufs_ok, timeout));
-  shm_op_t o = {.c = c, .kind = SHM_ALLGATHER, .dt = dt, .count = count};
+                      size_t count, crun_dtype_t dt, int root, int bufs_ok, double timeout) {
+  shm_kind_t kind = root < 0 ? SHM_ALLGATHER : SHM_GATHER;
+  CRUN_CHECK(crun__shm_begin(c, kind, dt, 0, root, count, c ? (size_t)c->size : 1, bufs_ok,
+                             timeout));
+  int takes = root < 0 || c->rank == root;
+  shm_op_t o = {.c = c, .kind = kind, .dt = dt, .root = root, .count = count};
   o.es = crun_dtype_size(dt);
   o.in = in;
   o.out = out;
@@ -57,13 +62,13 @@ static int all_gather(crun__shm_comm_t *c, void *out, void *const *outs, const v
   if (bytes <= c->small_bytes) {
     o.small_len = bytes;
     o.fill = ag_fill;
-    o.finish = count ? ag_finish : NULL;
+    o.finish = count && takes ? ag_finish : NULL;
     return crun__shm_run_small(&o);
   }
   o.chunk_elems = c->chunk / o.es;
   o.nchunks = (count + o.chunk_elems - 1) / o.chunk_elems;
   o.copy_in = ag_copy_in;
-  o.copy_out = ag_copy_out;
+  o.copy_out = takes ? ag_copy_out : NULL;
   o.out_wait_ctr = SHM_CTR_IN;
   o.out_wait_who = -1;
   return crun__shm_run_pipeline(&o);
@@ -71,7 +76,7 @@ static int all_gather(crun__shm_comm_t *c, void *out, void *const *outs, const v
 
 int crun__shm_all_gather(crun__shm_comm_t *c, void *out, const void *in, size_t count,
                          crun_dtype_t dt, double timeout) {
-  return all_gather(c, out, NULL, in, count, dt, out && in, timeout);
+  return all_gather(c, out, NULL, in, count, dt, -1, out && in, timeout);
 }
 
 /* Returns non-zero when list and its size entries are non-NULL. */
@@ -85,5 +90,11 @@ int crun__shm_blocks_ok(const crun__shm_comm_t *c, const void *const *list) {
 int crun__shm_all_gather_v(crun__shm_comm_t *c, void *const *outs, const void *in,
                            size_t count, crun_dtype_t dt, double timeout) {
   int ok = in && crun__shm_blocks_ok(c, (const void *const *)outs);
-  return all_gather(c, NULL, outs, in, count, dt, ok, timeout);
+  return all_gather(c, NULL, outs, in, count, dt, -1, ok, timeout);
+}
+
+int crun__shm_gather_v(crun__shm_comm_t *c, void *const *outs, const void *in, size_t count,
+                       crun_dtype_t dt, int root, double timeout) {
+  int ok = in && (!c || c->rank != root || crun__shm_blocks_ok(c, (const void *const *)outs));
+  return all_gather(c, NULL, outs, in, count, dt, root < 0 ? INT32_MAX : root, ok, timeout);
 }

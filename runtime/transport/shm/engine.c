@@ -34,7 +34,8 @@ static int check_args(crun__shm_comm_t *c, shm_kind_t kind, crun_dtype_t dt,
       return crun_error(rc, "shm %s on rank %d: %s", name, c->rank,
                         crun_last_error() + strlen(crun_err_name(rc)) + 2);
   }
-  if ((kind == SHM_REDUCE || kind == SHM_BROADCAST) && (root < 0 || root >= c->size))
+  if ((kind == SHM_REDUCE || kind == SHM_BROADCAST || kind == SHM_GATHER ||
+       kind == SHM_SCATTER) && (root < 0 || root >= c->size))
     return crun_error(CRUN_EINVAL, "shm %s on rank %d: root %d out of range 0..%d", name,
                       c->rank, root, c->size - 1);
   if (count > 0 && !bufs_ok)
@@ -58,7 +59,8 @@ int crun__shm_begin(crun__shm_comm_t *c, shm_kind_t kind, crun_dtype_t dt,
   int rc = check_args(c, kind, dt, op, root, count, nblocks, bufs_ok);
   if (rc < 0) return c && !c->broken ? crun__shm_fail_last(c, rc) : rc;
   int uses_op = kind == SHM_ALLREDUCE || kind == SHM_REDUCE || kind == SHM_REDUCE_SCATTER;
-  int uses_root = kind == SHM_REDUCE || kind == SHM_BROADCAST;
+  int uses_root = kind == SHM_REDUCE || kind == SHM_BROADCAST || kind == SHM_GATHER ||
+                  kind == SHM_SCATTER;
   c->opseq++;
   c->label = c->next_label ? c->next_label : c->opseq;
   c->next_label = 0;

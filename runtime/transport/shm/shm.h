@@ -95,6 +95,16 @@ int crun__shm_all_gather(crun__shm_comm_t *c, void *out, const void *in, size_t 
 int crun__shm_all_gather_v(crun__shm_comm_t *c, void *const *outs, const void *in,
                            size_t count, crun_dtype_t dt, double timeout);
 
+/* gather to root: outs[q] (significant on root only) receives rank q's
+ * input. In place when in == outs[root] on the root. */
+int crun__shm_gather_v(crun__shm_comm_t *c, void *const *outs, const void *in, size_t count,
+                       crun_dtype_t dt, int root, double timeout);
+
+/* scatter from root: out on rank q receives root's ins[q] (ins is
+ * significant on root only). out may be ins[root] on the root. */
+int crun__shm_scatter_v(crun__shm_comm_t *c, void *out, const void *const *ins, size_t count,
+                        crun_dtype_t dt, int root, double timeout);
+
 /* in holds size blocks of `count` elements; out (count elements) receives
  * block `rank` reduced across ranks. out may be in's block `rank`. */
 int crun__shm_reduce_scatter(crun__shm_comm_t *c, void *out, const void *in, size_t count,

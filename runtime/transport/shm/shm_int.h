@@ -24,7 +24,7 @@
 
 typedef enum {
   SHM_ALLREDUCE = 1, SHM_REDUCE, SHM_BROADCAST, SHM_ALLGATHER, SHM_REDUCE_SCATTER,
-  SHM_ALLTOALL, SHM_BARRIER
+  SHM_ALLTOALL, SHM_BARRIER, SHM_GATHER, SHM_SCATTER
 } shm_kind_t;
 
 /* The counters a rank publishes for the pipelined path. */

@@ -27,6 +27,8 @@ const char *crun__shm_kind_name(shm_kind_t k) {
   case SHM_REDUCE_SCATTER: return "reduce_scatter";
   case SHM_ALLTOALL: return "all_to_all";
   case SHM_BARRIER: return "barrier";
+  case SHM_GATHER: return "gather";
+  case SHM_SCATTER: return "scatter";
   }
   return "?";
 }
