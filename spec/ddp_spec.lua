@@ -107,6 +107,9 @@ describe("DDP equivalence", function()
       events = {}
       seq:no_sync(function() seq:forward(x); seq:backward(x, T.ones({5, 2})) end)
       assert.are.same({"backward L2", "backward L1"}, events)
+      assert.has_error(function() ddp.DDP(net, {bucket_cap_mb = 0}) end,
+        "bad argument #2 to 'DDP' (bucket_cap_mb must be a positive number, got 0)")
+      assert.has_error(function() ddp.DDP({}) end, "bad argument #1 to 'DDP' (crun.nn module expected)")
       -- a closed DDP raises
       local okc, errc = pcall(m.forward, m, x)
       assert.is_false(okc)

@@ -74,6 +74,14 @@ function ddp.DDP(module, opts)
   if not d.is_initialized() then
     error("ESTATE: DDP needs a process group: call crun.dist.init_process_group() first", 2)
   end
+  for _, k in ipairs{"bucket_cap_mb", "first_bucket_mb"} do
+    if opts[k] ~= nil and (type(opts[k]) ~= "number" or opts[k] <= 0) then
+      error(string.format("bad argument #2 to 'DDP' (%s must be a positive number, got %s)", k, tostring(opts[k])), 2)
+    end
+  end
+  if opts.group ~= nil and d.get_rank(opts.group) < 0 then
+    error("bad argument #2 to 'DDP' (this rank is not a member of the group)", 2)
+  end
   local self = setmetatable({module = module, group = opts.group, require_sync = true,
     overlap = opts.overlap ~= false, broadcast_buffers = opts.broadcast_buffers ~= false,
     as_view = opts.gradient_as_bucket_view == true,
