@@ -25,6 +25,17 @@ local function check_world(world)
       end
     end
   end
+  for r = 0, world - 1 do
+    local t = serialize.load(string.format("%s/throw.r%d.crun", dir, r))
+    if world == 1 then
+      assert.is_false(t.raised, t.msg)
+      assert.are.equal(2, t.steps)
+    else
+      assert.is_true(t.raised, "rank " .. r .. " did not raise")
+      assert.is_truthy(t.msg:match("^EINTR: join on rank " .. r .. ": "), t.msg)
+      assert.are.equal(2, t.steps)
+    end
+  end
   os.execute("rm -rf " .. dir)
 end
 
@@ -120,7 +131,7 @@ describe("DDP equivalence", function()
   end)
 
   for _, world in ipairs{1, 2, 4} do
-    it(string.format("gives the 1-process parameters on %d rank%s (plain, bucket views, no_sync, join)",
+    it(string.format("gives the 1-process parameters on %d rank%s (plain, bucket views, no_sync, join, join throw)",
       world, world > 1 and "s" or ""), function()
       if not have then pending("crun-lua / crun.dist not built") return end
       check_world(world)

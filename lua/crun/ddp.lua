@@ -298,10 +298,16 @@ end
 -- ---------------------------------------------------------------- Join
 
 -- Active rank, each training forward: [1, sync?] summed over the group.
+-- Active rank, each training forward: [1, sync?, 0] summed over the group;
+-- the third entry counts joined ranks asking everyone to stop.
 function DDP:_notify_join()
-  local t = T().zeros({2}, "float64")
+  local t = T().zeros({3}, "float64")
   t[1], t[2] = 1, self.require_sync and 1 or 0
   dist().all_reduce(t, "sum", self.copts)
+  if t[3] > 0 then
+    error(string.format("EINTR: join on rank %d: %d rank(s) ran out of inputs (throw_on_early_termination)",
+      self.rank, math.tointeger(t[3])), 0)
+  end
 end
 
 -- Joined rank: mirrors one iteration of the ranks still training.
@@ -316,10 +322,33 @@ function DDP:_shadow(sync)
   for _, w in ipairs(works) do w:wait() end
 end
 
+-- Shadow loop of a rank whose fn returned; then the final parameter sync.
+local function join_finish(joinables, throw)
+  local lead = joinables[1]
+  local d = dist()
+  while true do
+    local t = T().zeros({3}, "float64")
+    t[3] = throw and 1 or 0
+    d.all_reduce(t, "sum", lead.copts)
+    if t[1] == 0 then break end
+    if throw then
+      error(string.format("EINTR: join on rank %d: this rank ran out of inputs while %d still train "
+        .. "(throw_on_early_termination)", lead.rank, math.tointeger(t[1])), 0)
+    end
+    for _, j in ipairs(joinables) do j:_shadow(t[2]) end
+  end
+  local key = T().zeros({1}, "float64")
+  key[1] = lead.join_iters * lead.world + lead.rank
+  d.all_reduce(key, "max", lead.copts)
+  local src = math.tointeger(key[1] % lead.world)
+  for _, j in ipairs(joinables) do j:_sync_params(src) end
+end
+
 --- join(joinables, fn, {throw_on_early_termination=false}): runs fn() on
 -- this rank, then shadows the collectives of ranks that still train until
 -- every rank is done; finally broadcasts the parameters of the rank with the
--- most iterations. Returns fn's results.
+-- most iterations. Returns fn's results. With throw_on_early_termination,
+-- every rank instead raises EINTR as soon as one rank runs out of inputs.
 function ddp.join(joinables, fn, opts)
   if type(joinables) ~= "table" or type(fn) ~= "function" then
     error("bad argument to 'join' (list of DDP models and a function expected)", 2)
@@ -330,28 +359,12 @@ function ddp.join(joinables, fn, opts)
     j.join_enabled, j.join_iters, j.join_lead = true, 0, k == 1
   end
   local res = table.pack(pcall(fn))
-  if not res[1] then
-    for _, j in ipairs(joinables) do j.join_enabled = false end
-    error(res[2], 0)
+  local ok, err = res[1], res[2]
+  if ok and joinables[1] then
+    ok, err = pcall(join_finish, joinables, opts and opts.throw_on_early_termination)
   end
-  local lead = joinables[1]
-  if lead then
-    local d = dist()
-    while true do
-      local t = T().zeros({2}, "float64")
-      d.all_reduce(t, "sum", lead.copts)
-      if t[1] == 0 then break end
-      for _, j in ipairs(joinables) do j:_shadow(t[2]) end
-    end
-    local key = T().zeros({1}, "float64")
-    key[1] = lead.join_iters * lead.world + lead.rank
-    d.all_reduce(key, "max", lead.copts)
-    local src = math.tointeger(key[1] % lead.world)
-    for _, j in ipairs(joinables) do
-      j:_sync_params(src)
-      j.join_enabled = false
-    end
-  end
+  for _, j in ipairs(joinables) do j.join_enabled = false end
+  if not ok then error(err, 0) end
   return table.unpack(res, 2, res.n)
 end
 

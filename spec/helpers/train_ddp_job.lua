@@ -12,6 +12,25 @@ for _, c in ipairs(cases.LIST) do
   local params = cases.run_ddp(c, rank, world)
   crun.save(string.format("%s/%s.r%d.crun", out, c.name, rank), params)
 end
+-- throw_on_early_termination: rank r has 2 + r batches; every rank must
+-- raise EINTR at the third step (rank 0 is out of data by then).
+do
+  local c = cases.LIST[1]
+  local net = cases.model(c.dtype, 1)
+  local model = crun.DDP(net, c.ddp)
+  local opt = cases.optimizer(net, "sgd")
+  local steps = 0
+  local ok, err = pcall(crun.join, {model}, function()
+    for s = 1, cases.join_batches("inc", rank, world) do
+      opt:zero_grad()
+      cases.fwd_bwd(model, cases.batch(c.dtype, s, rank))
+      opt:step()
+      steps = steps + 1
+    end
+  end, {throw_on_early_termination = true})
+  model:close()
+  crun.save(string.format("%s/throw.r%d.crun", out, rank), {raised = not ok, msg = tostring(err), steps = steps})
+end
 crun.dist.barrier()
 crun.save(string.format("%s/done.r%d", out, rank), {world = world})
 crun.dist.destroy_process_group()
