@@ -182,6 +182,33 @@ describe("nn criteria (float64)", function()
   end)
 end)
 
+describe("nn in float32", function()
+  it("agrees with the float64 computation (forward, backward, loss)", function()
+    nn.set_default_dtype("float64")
+    local net64 = nn.Sequential(nn.Linear(6, 5, {seed = 3}), nn.Sigmoid(), nn.Linear(5, 4, {seed = 4}),
+      nn.Tanh(), nn.Linear(4, 3, {seed = 5}), nn.ReLU(), nn.LogSoftMax())
+    nn.set_default_dtype("float32")
+    local net32 = nn.Sequential(nn.Linear(6, 5, {seed = 3}), nn.Sigmoid(), nn.Linear(5, 4, {seed = 4}),
+      nn.Tanh(), nn.Linear(4, 3, {seed = 5}), nn.ReLU(), nn.LogSoftMax())
+    local p64, p32 = net64:parameters(), net32:parameters()
+    for i = 1, #p64 do p32[i]:copy(p64[i]) end
+    local x64 = randn({7, 6}, 21)
+    local x32 = x64:to("float32")
+    local c64, c32 = nn.CrossEntropyCriterion(), nn.CrossEntropyCriterion()
+    local y = T.new({1, 2, 3, 1, 2, 3, 1}, "int64")
+    local o64, o32 = net64:forward(x64), net32:forward(x32)
+    assert.are.equal("float32", o32:dtype())
+    assert.is_true(util.max_rel_err(o32, o64) < 1e-5)
+    assert.is_true(math.abs(c64:forward(o64, y) - c32:forward(o32, y)) < 1e-5)
+    net64:zero_grad(); net32:zero_grad()
+    assert.is_true(util.max_rel_err(net32:backward(x32, c32:backward(o32, y)),
+      net64:backward(x64, c64:backward(o64, y))) < 1e-5)
+    local _, g64 = net64:parameters()
+    local _, g32 = net32:parameters()
+    for i = 1, #g64 do assert.is_true(util.max_rel_err(g32[i], g64[i]) < 1e-5, "grad " .. i) end
+  end)
+end)
+
 describe("nn bad input", function()
   it("names the layer and the shapes on a width mismatch", function()
     local m = nn.Linear(3, 2)
