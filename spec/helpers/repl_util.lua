@@ -71,9 +71,11 @@ function M.start(args, env)
   -- a holder keeps the fifo open for writing until h:close(), so that each
   -- h:send() does not end the input
   local script = string.format(
-    "cd %s && { %s %s %s <%s/in >%s/out 2>%s/err & echo $! >%s/pid; wait $!; echo $? >%s/rc.tmp; mv %s/rc.tmp %s/rc; } &"
-    .. " { sleep 600 >%s/in & echo $! >%s/holder; } ",
-    M.q(M.SOURCE), env or "", M.q(M.CRUN_LUA), args, dir, dir, dir, dir, dir, dir, dir, dir, dir)
+    "cd %s && { %s %s %s <%s/in >%s/out 2>%s/err & echo $! >%s/pid.tmp; mv %s/pid.tmp %s/pid;"
+    .. " wait $!; echo $? >%s/rc.tmp; mv %s/rc.tmp %s/rc; } &"
+    .. " { sleep 600 >%s/in & echo $! >%s/holder.tmp; mv %s/holder.tmp %s/holder; } ",
+    M.q(M.SOURCE), env or "", M.q(M.CRUN_LUA), args, dir, dir, dir, dir, dir, dir, dir, dir, dir,
+    dir, dir, dir, dir)
   os.execute(script)
   local h = {dir = dir}
   assert(M.wait_for(function() return M.slurp(dir .. "/pid") and M.slurp(dir .. "/holder") end, 10))
