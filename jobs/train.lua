@@ -48,12 +48,20 @@ local function parse_args(argv)
     end
     i = i + 1
   end
+  for _, k in ipairs{"epochs", "batch-size", "hidden", "layers", "samples", "dims", "classes", "seed", "bench-steps"} do
+    local v = math.tointeger(o[k])
+    if not v or v < (k == "layers" and 0 or (k == "seed" and math.mininteger or 1)) then
+      error(string.format("train.lua: --%s must be a %s integer, got %s", k,
+        k == "layers" and "non-negative" or "positive", tostring(o[k])), 0)
+    end
+    o[k] = v
+  end
   return o
 end
 
--- The data set as tensors: train and test splits.
 local config_of
 
+-- The data set as tensors: train and test splits.
 local function load_data(o)
   local X, Y = data.make_spirals{n = o.samples, classes = o.classes, dims = o.dims, seed = 1234}
   local ntest = math.floor(o.samples * o["test-fraction"])
