@@ -125,12 +125,19 @@ describe("crun-lua -i with piped input", function()
   it("keeps the prompt working when a rank dies", function()
     local input = ":on 1 os.exit(3)\n1 + 1\n:on 0-1 'x'\n:ranks\n"
     local r = U.run("-n 3 " .. ARGS, input)
-    assert.is_truthy(r.err:find("[1] (rank 1 died while running the chunk)", 1, true), r.err)
+    assert.is_truthy(r.err:find("[1] (died while running the chunk)", 1, true), r.err)
     assert.is_truthy(r.out:find("[0,2] 2\n[0] x\n", 1, true), r.out)
-    assert.are.equal(1, count(r.err, "%[1%] %(rank 1 is dead%)"), r.err)
+    assert.are.equal(1, count(r.err, "%[1%] %(dead%)"), r.err)
     assert.is_truthy(r.out:match("%[1%] pid %d+ +dead"), r.out)
     assert.is_truthy(r.out:match("%[2%] pid %d+ +idle"), r.out)
     assert.are.equal(3, r.code, "the exit code tells that rank 1 failed")
+  end)
+
+  it("leaves when every rank has ended", function()
+    local r = U.run("-n 2 " .. ARGS, "os.exit(0)\n1\n2\n")
+    assert.is_truthy(r.err:find("[0-1] (died while running the chunk)\ncrun-lua: every rank has ended", 1, true), r.err)
+    assert.are.equal("", r.out)
+    assert.are.equal(0, r.code, r.err)
   end)
 
   it("rejects -i across nodes", function()
@@ -175,6 +182,21 @@ describe("crun-lua -i signals", function()
     assert.are.equal(128 + 15, r.code)
     local pids = U.pids(r.out)
     for rank = 0, 1 do assert.is_false(U.alive(pids[rank])) end
+  end)
+end)
+
+describe("crun-lua -i when the launcher is killed", function()
+  it("takes every rank with it", function()
+    local h = U.start("-n 3 " .. ARGS)
+    h:send(":ranks\n")
+    assert.is_truthy(U.wait_for(function() return h:out():find("[2] pid", 1, true) end, 20), h:err())
+    local pids = U.pids(h:out())
+    h:signal("KILL")
+    h:wait(10)
+    for rank = 0, 2 do
+      assert.is_truthy(U.wait_for(function() return not U.alive(pids[rank]) end, 15),
+                       "rank " .. rank .. " outlived the launcher")
+    end
   end)
 end)
 

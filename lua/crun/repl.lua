@@ -253,7 +253,7 @@ function M.worker_loop(st, script_err)
     local key = P .. n .. "/chunk"
     local ok, err = worker_wait(store, key)
     if not ok then
-      error("ECONN: rank " .. rank .. " lost the REPL's store (the launcher is gone?): " .. err, 0)
+      error("ECONNRESET: rank " .. rank .. " lost the REPL's store (the launcher is gone?): " .. err, 0)
     end
     local v = store:get(key)
     if v == M.QUIT then return end
@@ -375,7 +375,7 @@ function Front:startup()
   local results = {}
   for _, r in ipairs(self.all) do
     if got[r] then results[r] = parse_result(got[r])
-    else results[r] = {kind = "dead", text = "(rank " .. r .. " ended before the prompt opened)"} end
+    else results[r] = {kind = "dead", text = "(ended before the prompt opened)"} end
   end
   local out, err = M.render(M.group(results, self.all))
   self:out(out)
@@ -394,7 +394,7 @@ function Front:run(src, targets)
   local live, results = {}, {}
   for _, r in ipairs(list) do
     if self:check_dead(r) then -- named ranks only: :ranks lists the dead
-      if targets then results[r] = {kind = "dead", text = "(rank " .. r .. " is dead)"} end
+      if targets then results[r] = {kind = "dead", text = "(dead)"} end
     else
       live[#live + 1] = r
     end
@@ -419,7 +419,7 @@ function Front:run(src, targets)
   for _, r in ipairs(live) do
     if not results[r] then
       if self.dead[r] then
-        results[r] = {kind = "dead", text = "(rank " .. r .. " died while running the chunk)"}
+        results[r] = {kind = "dead", text = "(died while running the chunk)"}
       end
     end
   end
@@ -432,6 +432,17 @@ function Front:run(src, targets)
   self:err(err)
   if why == "terminate" then return why end
   return nil
+end
+
+--- Whether every rank has ended (then says so).
+function Front:all_gone()
+  local alive = 0
+  for _, r in ipairs(self.all) do
+    if not self:check_dead(r) then alive = alive + 1 end
+  end
+  if alive > 0 then return false end
+  self:err("crun-lua: every rank has ended; leaving the REPL\n")
+  return true
 end
 
 --- Text for :ranks.
@@ -518,6 +529,7 @@ function Front:loop()
                            _VERSION))
   end
   while true do
+    if self:all_gone() then return "gone" end
     local line, how = self:read("> ")
     if line == nil then
       if self.tty then self:out("\n") end
@@ -554,7 +566,6 @@ function Front:loop()
         end
       end
     end
-    if self.h.supervisor() then return "gone" end
   end
 end
 
