@@ -197,6 +197,28 @@ describe("crun-lua output", function()
     assert.are.equal(16, #U.lines(r.out))
   end)
 
+  it("never mixes lines of different ranks, and splits an endless line", function()
+    local n = 2000
+    local r = U.run("-n 4 --master-port 0 " .. q(FIX .. "flood.lua") .. " " .. n)
+    assert.are.equal(0, r.code, r.err)
+    local seen = {}
+    for _, l in ipairs(U.lines(r.out)) do
+      local rank, body, i = l:match("^%[(%d)%] (%d+) (%d+)$")
+      assert.is_truthy(rank, "mixed or unprefixed line: " .. l:sub(1, 200))
+      assert.are.equal(string.rep(rank, 100), body)
+      seen[rank] = (seen[rank] or 0) + 1
+      assert.are.equal(seen[rank], tonumber(i)) -- in order within a rank
+    end
+    for rank = 0, 3 do assert.are.equal(n, seen[tostring(rank)]) end
+    local xs = {}
+    for _, l in ipairs(U.lines(r.err)) do
+      local rank, body = l:match("^%[(%d)%] (x+)$")
+      assert.is_truthy(rank, "bad stderr line: " .. l:sub(1, 200))
+      xs[rank] = (xs[rank] or 0) + #body
+    end
+    for rank = 0, 3 do assert.are.equal(100000, xs[tostring(rank)]) end
+  end)
+
   it("shows lines unprefixed with --no-prefix", function()
     local r = U.run("-n 2 --master-port 0 --no-prefix " .. q(FIX .. "output.lua"))
     assert.are.equal(0, r.code, r.err)
