@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -387,9 +388,11 @@ static int run_attempt(sup_t *s, int attempt, struct pollfd *fds) {
   s->fail = (failure_t){.rank = -1};
   fflush(NULL);
   int rc = 0;
-  for (int i = 0; i < s->o->nproc && rc == 0; i++) {
+  for (int i = 0; i < s->o->nproc; i++) {
     s->procs[i] = (proc_t){.local_rank = i, .rank = s->base.rank + i};
     s->procs[i].out.fd = s->procs[i].err.fd = -1;
+  }
+  for (int i = 0; i < s->o->nproc && rc == 0; i++) {
     rc = spawn_one(s, &s->procs[i], attempt);
     if (rc == 0 && i == 0) watchdog_set(s, s->pgid);
   }
@@ -458,6 +461,15 @@ static int signals_setup(sup_t *s) {
   return 0;
 }
 
+/* Raises the soft limit on open files when 2 pipes per worker need it. */
+static void ensure_fd_limit(int nproc) {
+  struct rlimit rl;
+  rlim_t need = (rlim_t)nproc * 2 + 64;
+  if (getrlimit(RLIMIT_NOFILE, &rl) < 0 || rl.rlim_cur >= need) return;
+  rl.rlim_cur = rl.rlim_max < need ? rl.rlim_max : need;
+  setrlimit(RLIMIT_NOFILE, &rl);
+}
+
 /* The closing lines: every attempt when there were several, and the code. */
 static void final_summary(sup_t *s, const failure_t *hist, int attempts, int code) {
   char ft[160], sb[32];
@@ -513,6 +525,7 @@ int crun__supervise(const crun__opts_t *o, const crun__placement_t *base, crun__
     say("out of memory for %d workers", o->nproc);
     goto out;
   }
+  ensure_fd_limit(o->nproc);
   if (signals_setup(&s) < 0 || watchdog_start(&s) < 0) {
     say("%s", crun_last_error());
     goto out;
