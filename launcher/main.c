@@ -15,6 +15,7 @@
 
 static const char usage_text[] =
     "usage: crun-lua [options] script.lua [args]\n"
+    "       crun-lua [options] -i [script.lua [args]]    (interactive)\n"
     "\n"
     "Runs script.lua on N ranks. Each rank is a process with its own Lua 5.4\n"
     "state in which `require \"crun\"` works, `arg` is set as the lua\n"
@@ -37,7 +38,9 @@ static const char usage_text[] =
     "  --tee                   with --log-dir: show the output too\n"
     "  --backend NAME          sets CRUN_BACKEND for the workers: auto, cpu, mpi or nccl\n"
     "  --no-prefix             do not prefix worker lines with \"[rank] \"\n"
-    "  -i                      interactive mode (REPL on rank 0, lines run on every rank)\n"
+    "  -i                      interactive mode: a prompt whose lines run on every rank\n"
+    "                          (after the script, if one is given; -n N without a script\n"
+    "                          also opens it)\n"
     "  -h, --help              this text\n"
     "  --version               the crun version\n"
     "Options may also be written --name=value, and torchrun's --nproc_per_node style.\n"
