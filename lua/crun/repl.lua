@@ -345,6 +345,8 @@ function Front:collect(ranks, keyf, on_interrupt)
         got[r] = self.store:get(key)
       elseif not self:check_dead(r) then
         still[#still + 1] = r
+      elseif self.store:check{key} then -- it answered, then ended
+        got[r] = self.store:get(key)
       end
     end
     pending = still
@@ -390,7 +392,6 @@ function Front:run(src, targets)
   local n = self.n
   local list = targets or self.all
   local tspec = targets and table.concat(targets, ",") or "*"
-  self.store:set(P .. n .. "/chunk", tspec .. "\n" .. src)
   local live, results = {}, {}
   for _, r in ipairs(list) do
     if self:check_dead(r) then -- named ranks only: :ranks lists the dead
@@ -405,6 +406,7 @@ function Front:run(src, targets)
       "[%d] (still busy with chunk %d; this one runs after it)\n", r, self.busy[r]) end
   end
   self:err(table.concat(notes))
+  self.store:set(P .. n .. "/chunk", tspec .. "\n" .. src) -- after the liveness check
   local function key(r) return P .. n .. "/out/" .. r end
   local got, left, why = self:collect(live, key, function(pending)
     for _, r in ipairs(pending) do
