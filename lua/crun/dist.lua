@@ -27,12 +27,13 @@ local NON_MEMBER = dist.GroupMember.NON_GROUP_MEMBER
 
 local state = {pg = nil, store = nil, groups = {}, maps = setmetatable({}, {__mode = "k"})}
 
-local function fail(fmt, ...) error(string.format(fmt, ...), 3) end
+-- Raises a status-prefixed error (no position: the text starts with the name).
+local function fail(fmt, ...) error(string.format(fmt, ...), 0) end
 
 local function default_pg(fname)
   if not state.pg then
     error("ESTATE: " .. fname .. ": the default process group is not initialized; "
-          .. "call crun.dist.init_process_group() first", 3)
+          .. "call crun.dist.init_process_group() first", 0)
   end
   return state.pg
 end

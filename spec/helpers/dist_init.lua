@@ -1,0 +1,103 @@
+-- dist_init.lua OUTDIR — init_process_group in every form, on every rank:
+-- env://, tcp://, file://, store=, destroy + re-init, and the misuse errors.
+-- Writes "ok <case>" / "FAIL <case>: <why>" lines, then "done <n>".
+local crun = require "crun"
+local dist, T = crun.dist, crun.tensor
+local outdir = assert(arg[1])
+local rank, size = tonumber(os.getenv("RANK")), tonumber(os.getenv("WORLD_SIZE"))
+local out = assert(io.open(outdir .. "/rank" .. rank .. ".txt", "w"))
+local n = 0
+
+local function case(name, fn)
+  n = n + 1
+  local ok, err = pcall(fn)
+  out:write(ok and ("ok " .. name) or ("FAIL " .. name .. ": " .. tostring(err)), "\n")
+  out:flush()
+end
+
+local function expect_error(pattern, fn, ...)
+  local ok, err = pcall(fn, ...)
+  assert(not ok, "expected an error matching " .. pattern)
+  assert(tostring(err):find(pattern), "error '" .. tostring(err) .. "' does not match " .. pattern)
+end
+
+local function sum_check()
+  local t = T.full({3}, rank + 1)
+  dist.all_reduce(t)
+  assert(t[1] == size * (size + 1) / 2, "all_reduce gave " .. t[1])
+end
+
+case("before_init", function()
+  assert(not dist.is_initialized())
+  expect_error("^ESTATE: get_rank", dist.get_rank)
+  expect_error("^ESTATE: all_reduce", dist.all_reduce, T.ones({1}))
+end)
+
+case("env", function()
+  dist.init_process_group{}
+  assert(dist.is_initialized() and dist.get_rank() == rank and dist.get_world_size() == size)
+  assert(dist.get_backend() == "cpu")
+  sum_check()
+  expect_error("^ESTATE: init_process_group: already initialized", dist.init_process_group, {})
+  dist.destroy_process_group()
+  assert(not dist.is_initialized())
+end)
+
+case("env_again_after_destroy", function()
+  dist.init_process_group{timeout = 30}
+  sum_check()
+  dist.destroy_process_group()
+end)
+
+case("file", function()
+  local path = outdir .. "/filestore"
+  dist.init_process_group{init_method = "file://" .. path, rank = rank, world_size = size}
+  sum_check()
+  dist.destroy_process_group()
+end)
+
+case("tcp", function()
+  -- rank 0 hosts the tcp:// store, as torch does: it picks a free port (a
+  -- server started and stopped) and shares it through the job's store
+  local S = crun.store
+  local main = S.from_env{}
+  local port
+  if rank == 0 then
+    local srv = S.server{host = "127.0.0.1", port = 0}
+    port = srv:port()
+    srv:stop()
+    main:set("dist_init/port", tostring(port))
+  else
+    main:wait{"dist_init/port"}
+    port = tonumber(main:get("dist_init/port"))
+  end
+  dist.init_process_group{init_method = "tcp://127.0.0.1:" .. port, rank = rank, world_size = size}
+  sum_check()
+  dist.barrier()
+  dist.destroy_process_group()
+end)
+
+case("store", function()
+  local s = crun.store.prefix("custom", crun.store.from_env{})
+  dist.init_process_group{store = s, rank = rank, world_size = size}
+  sum_check()
+  dist.destroy_process_group()
+end)
+
+case("bad_arguments", function()
+  expect_error("^ENOTSUP: backend 'nope'", dist.init_process_group, {backend = "nope"})
+  expect_error("^EINVAL: init_process_group: unknown init_method", dist.init_process_group,
+               {init_method = "udp://x"})
+  expect_error("^EINVAL: init_process_group: rank 9 is out of range", dist.init_process_group,
+               {rank = 9, world_size = 2})
+  assert(not dist.is_initialized())
+end)
+
+case("timeout_option_reaches_the_group", function()
+  dist.init_process_group{timeout = 12}
+  assert(dist.group():timeout() == 12)
+  dist.destroy_process_group()
+end)
+
+out:write("done ", n, "\n")
+out:close()
