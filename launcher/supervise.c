@@ -361,7 +361,7 @@ static void poll_once(sup_t *s, struct pollfd *fds, int running) {
 /* One line naming a failure: "rank 3 (pid 42) exited with code 7". */
 static const char *failure_text(const failure_t *f, char *buf, size_t n) {
   char st[96];
-  if (f->rank < 0) snprintf(buf, n, "%s", f->remote ? "stopped: a worker on another node failed" : "succeeded");
+  if (f->rank < 0) snprintf(buf, n, "%s", f->remote ? "stopped: another node failed or went away" : "succeeded");
   else snprintf(buf, n, "rank %d (pid %d) %s", f->rank, (int)f->pid, status_text(f->status, st, sizeof st));
   return buf;
 }
