@@ -104,6 +104,21 @@ describe("crun-lua environment", function()
     end
   end)
 
+  it("runs in-process under an MPICH-style launcher (PMI_*)", function()
+    local r = U.run(q(FIX .. "env.lua"), "PMI_RANK=1 PMI_SIZE=2 MPI_LOCALRANKID=1 MPI_LOCALNRANKS=2")
+    assert.are.equal(0, r.code, r.err)
+    local e = env_by_rank(r.out)[1]
+    assert.are.equal("2", e.WORLD_SIZE)
+    assert.are.equal("1", e.LOCAL_RANK)
+    assert.are.equal("0", e.GROUP_RANK)
+  end)
+
+  it("launches workers as usual under mpirun variables when -n is given", function()
+    local r = U.run("-n 2 --master-port 0 " .. q(FIX .. "env.lua"), "OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_SIZE=1")
+    assert.are.equal(0, r.code, r.err)
+    assert.are.equal("2", env_by_rank(r.out)[1].WORLD_SIZE)
+  end)
+
   it("rejects malformed engine variables clearly", function()
     local r = U.run(q(FIX .. "env.lua"), "PMI_RANK=5 PMI_SIZE=4")
     assert.are.equal(2, r.code)
