@@ -2,12 +2,14 @@
 --
 --   crun-lua -n 4 jobs/bench.lua all_reduce [--min-bytes 8] [--max-bytes 64M]
 --            [--iters N] [--warmup N] [--dtype float32] [--op sum] [--csv]
+--            [--sizes 8,1K,64K] [--no-barrier]
 --
 -- Collectives: all_reduce, all_gather, broadcast, reduce_scatter, all_to_all.
 -- size is the whole buffer in bytes as nccl-tests counts it (all_gather: the
 -- gathered output; reduce_scatter: the input of all blocks; all_to_all: the
--- send buffer). Each iteration starts after a barrier; its time is the max
--- over ranks, and the table shows the median over iterations. algbw = size /
+-- send buffer). Each iteration starts after a barrier (--no-barrier: back to
+-- back, as the Gloo and MPI anchors time it); its time is the max over ranks,
+-- and the table shows the median over iterations. algbw = size /
 -- time; busbw = algbw x (2(n-1)/n for all_reduce, (n-1)/n for all_gather,
 -- reduce_scatter and all_to_all, 1 for broadcast).
 local crun = require "crun"
@@ -15,7 +17,8 @@ local dist, T = crun.dist, crun.tensor
 
 local function usage(msg)
   io.stderr:write((msg and (msg .. "\n") or ""), "usage: crun-lua -n N jobs/bench.lua COLLECTIVE ",
-    "[--min-bytes B] [--max-bytes B] [--iters N] [--warmup N] [--dtype D] [--op OP] [--csv]\n")
+    "[--min-bytes B] [--max-bytes B] [--sizes B,B,...] [--iters N] [--warmup N] [--dtype D] [--op OP] ",
+    "[--csv] [--no-barrier]\n")
   os.exit(2)
 end
 
@@ -38,6 +41,10 @@ local function parse_args(a)
     elseif k == "--dtype" then o.dtype, i = v, i + 1
     elseif k == "--op" then o.op, i = v, i + 1
     elseif k == "--csv" then o.csv = true
+    elseif k == "--no-barrier" then o.no_barrier = true
+    elseif k == "--sizes" then
+      o.sizes, i = {}, i + 1
+      for part in tostring(v):gmatch("[^,]+") do o.sizes[#o.sizes + 1] = parse_bytes(part) end
     elseif k:sub(1, 2) ~= "--" then o.coll = k
     else usage("unknown option " .. k) end
     i = i + 1
@@ -74,11 +81,12 @@ local function setup(o, n, bytes, esize)
 end
 
 -- Times `iters` runs of fn; returns the median of the per-iteration max over ranks.
-local function measure(fn, iters, warmup)
+local function measure(fn, iters, warmup, no_barrier)
   for _ = 1, warmup do fn() end
   local times = T.zeros({iters}, "float64")
+  if no_barrier then dist.barrier() end
   for i = 1, iters do
-    dist.barrier()
+    if not no_barrier then dist.barrier() end
     local t0 = crun.clock()
     fn()
     times[i] = crun.clock() - t0
@@ -103,12 +111,17 @@ local function main()
         (o.coll == "all_reduce" or o.coll == "reduce_scatter") and o.op or "-")
     out("# %12s %12s %9s %7s %12s %12s %12s\n", "size(B)", "count", "type", "redop", "time(us)", "algbw(GB/s)", "busbw(GB/s)")
   end
-  local bytes = o.min
-  while bytes <= o.max do
+  local sizes = o.sizes
+  if not sizes then
+    sizes = {}
+    local b = o.min
+    while b <= o.max do sizes[#sizes + 1] = b; b = b * 2 end
+  end
+  for _, bytes in ipairs(sizes) do
     local fn, count = setup(o, n, bytes, esize)
     local real = count * esize
     local iters = o.iters or math.max(5, math.min(200, (256 * 1024 * 1024) // math.max(real, 1) // 4))
-    local t = measure(fn, iters, o.warmup)
+    local t = measure(fn, iters, o.warmup, o.no_barrier)
     local algbw = real / t / 1e9
     local opname = (o.coll == "all_reduce" or o.coll == "reduce_scatter") and o.op or "-"
     if o.csv then
@@ -117,7 +130,6 @@ local function main()
       out("  %12d %12d %9s %7s %12.2f %12.4f %12.4f\n", real, count, o.dtype, opname, t * 1e6, algbw, algbw * BUS[o.coll](n))
     end
     io.stdout:flush()
-    bytes = bytes * 2
   end
   dist.destroy_process_group()
 end
