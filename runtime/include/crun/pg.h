@@ -16,7 +16,20 @@
  * Failure: a collective that fails (mismatch between ranks, timeout, a peer that
  * died) fails on every rank that takes part, with a text naming the ranks and
  * calls; the group is then broken and further calls fail with CRUN_ESTATE.
- * Collectives must be called in the same order on every rank of the group. */
+ * Collectives must be called in the same order on every rank of the group.
+ *
+ * Timeouts name the peer that sent nothing and where every rank is: each
+ * group keeps "progress/<rank>" = "<op> #<seq>" in its store, published by a
+ * background thread at most every 200 ms (a collective itself only stores an
+ * atomic), e.g. "ETIMEDOUT: all_reduce #42 on rank 0: no data from rank 3
+ * after 2.0 s; ranks 0-2 are at all_reduce #42; rank 3 is at barrier #41".
+ *
+ * Environment: CRUN_ALGO=ring,rd,binomial,chain,... forces algorithms (one
+ * file each in runtime/algo/); CRUN_SHM=0 keeps every collective on TCP
+ * (otherwise ranks on one host use the shared-memory engine for what it
+ * supports); CRUN_TCP_BUFFER sets SO_SNDBUF/SO_RCVBUF (default 4 MiB, 0 =
+ * kernel autotuning); CRUN_HOST is the address peers dial (default: the
+ * local address routing to MASTER_ADDR, else 127.0.0.1). */
 #ifndef CRUN_PG_H
 #define CRUN_PG_H
 
