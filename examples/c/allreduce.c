@@ -1,7 +1,7 @@
 /* examples/c/allreduce.c — libcrunrt from C, the way one would use Gloo.
  *
- *   build/examples/example_allreduce, once per rank with the torchrun variables:
- *   RANK=r WORLD_SIZE=4 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 build/examples/example_allreduce
+ *   build/examples/allreduce (target example_allreduce), once per rank with the torchrun variables:
+ *   RANK=r WORLD_SIZE=4 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 build/examples/allreduce
  *
  * Joins the TCP store at MASTER_ADDR:MASTER_PORT (rank 0 hosts it unless a
  * launcher that serves it set CRUN_LAUNCHER), makes the process group, runs a

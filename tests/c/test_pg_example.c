@@ -1,4 +1,4 @@
-/* test_pg_example.c — runs build/examples/example_allreduce (examples/c/allreduce.c)
+/* test_pg_example.c — runs build/examples/allreduce (examples/c/allreduce.c)
  * as 3 ranks over a TCP store hosted by rank 0, the way a user would. */
 #include <signal.h>
 #include <sys/wait.h>
@@ -10,7 +10,7 @@
 static void run_example(int n) {
   const char *dir = getenv("CRUN_BUILD_DIR");
   char bin[1024], port[16];
-  snprintf(bin, sizeof bin, "%s/examples/example_allreduce", dir ? dir : ".");
+  snprintf(bin, sizeof bin, "%s/examples/allreduce", dir ? dir : ".");
   EXPECT(access(bin, X_OK) == 0);
   snprintf(port, sizeof port, "%d", 20000 + (int)(getpid() % 20000));
   pid_t pids[8];
