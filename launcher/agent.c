@@ -251,6 +251,33 @@ static void stop_watcher(crun__agent_t *a) {
   while (read(a->fail_pipe[0], drain, sizeof drain) > 0) {}
 }
 
+/* After the end barrier: other nodes tell node 0 they are done with the
+ * store for this attempt, and node 0 waits for that, so that it never stops
+ * the server while another node still waits on it. */
+static int acknowledge(crun__agent_t *a, int attempt) {
+  char k[96];
+  int nn = a->o->nnodes;
+  if (a->o->node_rank != 0) {
+    snprintf(k, sizeof k, KEY_PREFIX "attempt/%d/ack/%d", attempt, a->o->node_rank);
+    int rc = crun_store_set(a->store, k, "1", 1);
+    return rc < 0 ? crun_error(rc, "end of attempt %d: %s", attempt, bare_error()) : 0;
+  }
+  char (*keys)[96] = calloc((size_t)nn, sizeof *keys);
+  const char **kp = calloc((size_t)nn, sizeof *kp);
+  int rc = keys && kp ? 0 : crun_error(CRUN_ENOMEM, "out of memory");
+  for (int r = 1; rc == 0 && r < nn; r++) {
+    snprintf(keys[r], sizeof keys[r], KEY_PREFIX "attempt/%d/ack/%d", attempt, r);
+    kp[r - 1] = keys[r];
+  }
+  if (rc == 0) rc = wait_sliced(a->store, kp, (size_t)nn - 1, a->o->rdzv_timeout);
+  if (rc < 0 && rc != CRUN_ENOMEM)
+    rc = crun_error(rc, "end of attempt %d: not every node confirmed within %g s: %s", attempt,
+                    a->o->rdzv_timeout, bare_error());
+  free(keys);
+  free(kp);
+  return rc;
+}
+
 int crun__agent_end_attempt(crun__agent_t *a, int attempt, int code, int *job_failed) {
   *job_failed = code != 0;
   if (a->o->nnodes == 1) return 0;
@@ -269,7 +296,7 @@ int crun__agent_end_attempt(crun__agent_t *a, int attempt, int code, int *job_fa
   int failed = 0;
   CRUN_CHECK(crun_store_check(a->store, &kp, 1, &failed));
   *job_failed = failed;
-  return 0;
+  return acknowledge(a, attempt);
 }
 
 int crun__agent_failure_fd(crun__agent_t *a) {
