@@ -16,6 +16,7 @@ static crun_work_t *work_new(crun_pg_t *pg, int kind, crun_dtype_t dt, size_t co
   w->pg = pg;
   w->c.kind = kind;
   w->c.dt = dt;
+  w->c.user_dt = -1;
   w->c.count = count;
   w->c.tag = o ? o->tag : 0;
   w->c.timeout = o && o->timeout > 0 ? o->timeout : pg->timeout;

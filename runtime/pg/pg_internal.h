@@ -29,6 +29,8 @@ const char *crun__coll_name(int kind);
 typedef struct crun__coll {
   int kind;
   crun_dtype_t dt;
+  int user_dt;               /* dtype wire headers name (-1: dt); differs when a
+                                float16/bfloat16 reduction runs widened to float32 */
   crun_reduce_op_t op;
   size_t count;
   int root;                  /* broadcast/reduce/gather/scatter; peer for send/recv */

@@ -64,12 +64,15 @@ static uint64_t hdr_count(const crun__coll_t *c, size_t nbytes) {
   return c->count;
 }
 
+/* The dtype a header names: the caller's, also when the data travels widened. */
+static int hdr_dtype(const crun__coll_t *c) { return c->user_dt >= 0 ? c->user_dt : (int)c->dt; }
+
 static void fill_hdr(crun__tcp_t *t, const crun__coll_t *c, size_t nbytes, crun__hdr_t *h) {
   memset(h, 0, sizeof *h);
   h->magic = CRUN__TCP_MAGIC;
   h->group = t->group;
   h->kind = (uint8_t)(c->kind == CRUN__COLL_RECV ? CRUN__COLL_SEND : c->kind);
-  h->dtype = (uint8_t)c->dt;
+  h->dtype = (uint8_t)hdr_dtype(c);
   h->op = (uint8_t)c->op;
   h->root = c->kind == CRUN__COLL_SEND ? t->rank : c->root;
   h->tag = c->tag;
@@ -97,7 +100,7 @@ static int mismatch(io_t *io, const crun__hdr_t *h) {
   crun__coll_desc(c, desc, sizeof desc);
   int kind = h->kind, dop = h->op != c->op, droot = h->root != c->root;
   uint64_t want = hdr_count(c, io->rbytes);
-  call_shape(mine, sizeof mine, c->kind, c->dt, want, c->op, c->root, dop, droot);
+  call_shape(mine, sizeof mine, c->kind, hdr_dtype(c), want, c->op, c->root, dop, droot);
   call_shape(theirs, sizeof theirs, kind, h->dtype, h->count, h->op, h->root, dop, droot);
   if (h->seq != c->seq && kind != CRUN__COLL_SEND)
     snprintf(seq, sizeof seq, " #%llu", (unsigned long long)h->seq);
@@ -114,11 +117,11 @@ static int classify(io_t *io, const crun__hdr_t *h) {
   if (io->stash_only) return 1;
   if (c->kind == CRUN__COLL_RECV) {
     if (h->kind != CRUN__COLL_SEND || h->tag != c->tag) return 1;
-    if (h->dtype != c->dt || h->nbytes != io->rbytes) return mismatch(io, h);
+    if (h->dtype != hdr_dtype(c) || h->nbytes != io->rbytes) return mismatch(io, h);
     return 0;
   }
   if (h->kind == CRUN__COLL_SEND) return 1;
-  int same = h->kind == c->kind && h->seq == c->seq && h->dtype == c->dt &&
+  int same = h->kind == c->kind && h->seq == c->seq && h->dtype == hdr_dtype(c) &&
              h->count == hdr_count(c, io->rbytes) &&
              (!is_reduction(c->kind) || h->op == c->op) && (!is_rooted(c->kind) || h->root == c->root);
   if (!same) return mismatch(io, h);

@@ -139,6 +139,47 @@ TEST(algo_rd_binomial) {
   pg_spawn(4, forced, NULL);
 }
 
+/* float16/bfloat16 reductions accumulate in float32 and round once: 2048 + 1
+ * + 1 + 1 is 2051 -> 2052 in float16 (pairwise float16 sums would stay 2048);
+ * for bfloat16, 256 + 1 + 1 + 1 = 259 -> 260. Checked for every algorithm. */
+static void half_accumulation(crun_pg_t *pg, void *arg) {
+  (void)arg;
+  int r = crun_pg_rank(pg), p = crun_pg_size(pg);
+  enum { N = 300000 };
+  crun_dtype_t dts[2] = {CRUN_FLOAT16, CRUN_BFLOAT16};
+  double big[2] = {2048, 256}, want[2] = {2052, 260};
+  uint16_t *buf = malloc(N * 2), *ins[4], *out = malloc(N * 2);
+  for (int k = 0; k < 2; k++) {
+    for (int i = 0; i < N; i++) crun_elem_set_double(dts[k], buf, i, r == 0 ? big[k] : 1);
+    EXPECT_OK(crun_pg_all_reduce(pg, buf, N, dts[k], CRUN_OP_SUM, NULL, NULL));
+    EXPECT(crun_elem_get_double(dts[k], buf, 0) == want[k] && crun_elem_get_double(dts[k], buf, N - 1) == want[k]);
+    for (int i = 0; i < N; i++) crun_elem_set_double(dts[k], buf, i, r == 0 ? big[k] : 1);
+    EXPECT_OK(crun_pg_reduce(pg, buf, N, dts[k], CRUN_OP_SUM, p - 1, NULL, NULL));
+    EXPECT(crun_elem_get_double(dts[k], buf, 7) == (r == p - 1 ? want[k] : (r == 0 ? big[k] : 1)));
+    for (int j = 0; j < p; j++) {
+      ins[j] = malloc(N * 2);
+      for (int i = 0; i < N; i++) crun_elem_set_double(dts[k], ins[j], i, r == 0 ? big[k] : 1);
+    }
+    EXPECT_OK(crun_pg_reduce_scatter(pg, out, (const void *const *)ins, N, dts[k], CRUN_OP_SUM, NULL, NULL));
+    EXPECT(crun_elem_get_double(dts[k], out, N / 2) == want[k]);
+    for (int j = 0; j < p; j++) free(ins[j]);
+  }
+  free(buf);
+  free(out);
+}
+
+TEST(half_accumulates_in_float32) {
+  setenv("CRUN_SHM", "0", 1);
+  pg_spawn(4, half_accumulation, NULL);
+  setenv("CRUN_ALGO", "ring", 1);
+  pg_spawn(4, half_accumulation, NULL);
+  setenv("CRUN_ALGO", "rd", 1);
+  pg_spawn(4, half_accumulation, NULL);
+  setenv("CRUN_SHM", "1", 1);
+  unsetenv("CRUN_ALGO");
+  pg_spawn(4, half_accumulation, NULL);
+}
+
 #define CRUN_TESTS(X) X(world_1) X(world_2) X(world_3) X(world_4) X(tcp_world_2) X(tcp_world_3) \
-  X(tcp_world_4) X(algo_ring_chain) X(algo_rd_binomial)
+  X(tcp_world_4) X(algo_ring_chain) X(algo_rd_binomial) X(half_accumulates_in_float32)
 CRUN_TEST_MAIN()

@@ -5,6 +5,7 @@
 
 #include "algo/algo.h"
 #include "backend/backend.h"
+#include "tensor/half.h"
 #include "transport/tcp.h"
 
 typedef struct {
@@ -56,6 +57,49 @@ static void cpu_destroy(void *state) {
   free(b);
 }
 
+static int is_half(crun_dtype_t dt) { return dt == CRUN_FLOAT16 || dt == CRUN_BFLOAT16; }
+
+static void widen(crun_dtype_t dt, float *dst, const void *src, size_t n) {
+  if (dt == CRUN_FLOAT16) crun__f16_to_f32_n(dst, src, n);
+  else crun__bf16_to_f32_n(dst, src, n);
+}
+
+static void narrow_to(crun_dtype_t dt, void *dst, const float *src, size_t n) {
+  if (dt == CRUN_FLOAT16) crun__f32_to_f16_n(dst, src, n);
+  else crun__f32_to_bf16_n(dst, src, n);
+}
+
+/* Runs a float16/bfloat16 reduction in float32: every step accumulates in
+ * float32 and the result is rounded once at the end, as crun_reduce_n does
+ * (the wire carries float32; headers still name the caller's dtype). */
+static int run_widened(crun__link_t *l, const crun__algo_t *a, crun__coll_t *c) {
+  int rs = c->kind == CRUN__COLL_REDUCE_SCATTER, p = l->size;
+  size_t nin = rs ? c->count * (size_t)p : c->count;
+  float *w = malloc((nin + c->count + 1) * sizeof(float));
+  const void **ins = rs ? malloc(sizeof(void *) * (size_t)p) : NULL;
+  if (!w || (rs && !ins)) { free(w); free(ins); return crun_error(CRUN_ENOMEM, "float32 accumulation buffer"); }
+  crun__coll_t wc = *c;
+  wc.dt = CRUN_FLOAT32;
+  wc.user_dt = (int)c->dt;
+  wc.buf = rs ? w + nin : w;
+  for (int j = 0; rs && j < p; j++) {
+    widen(c->dt, w + (size_t)j * c->count, c->ins[j], c->count);
+    ins[j] = w + (size_t)j * c->count;
+  }
+  if (rs) wc.ins = ins;
+  else widen(c->dt, w, c->buf, c->count);
+  int rc = a->run(l, &wc);
+  if (rc == 0 && (c->kind != CRUN__COLL_REDUCE || l->rank == c->root)) narrow_to(c->dt, c->buf, wc.buf, c->count);
+  free(ins);
+  free(w);
+  return rc;
+}
+
+static int needs_widening(const crun__coll_t *c) {
+  return is_half(c->dt) && (c->kind == CRUN__COLL_ALL_REDUCE || c->kind == CRUN__COLL_REDUCE ||
+                            c->kind == CRUN__COLL_REDUCE_SCATTER);
+}
+
 /* Runs any collective: the engine when it takes it, else the picked algorithm. */
 static int cpu_coll(void *state, crun__coll_t *c) {
   cpu_t *b = state;
@@ -65,7 +109,7 @@ static int cpu_coll(void *state, crun__coll_t *c) {
   CRUN_LOG(TRACE, COLL, "%s #%llu: %s, %zu x %s", crun__coll_name(c->kind),
            (unsigned long long)c->seq, a->name, c->count, crun_dtype_name(c->dt));
   crun__link_t l = {b->pg->rank, b->pg->size, b, link_xfer, link_scratch};
-  return a->run(&l, c);
+  return needs_widening(c) ? run_widened(&l, a, c) : a->run(&l, c);
 }
 
 static int cpu_send(void *state, crun__coll_t *c) { return crun__tcp_send(((cpu_t *)state)->tcp, c); }
