@@ -72,12 +72,12 @@ describe("DDP equivalence", function()
   end)
 
   it("launches a bucket's all_reduce during backward, as soon as the bucket is ready", function()
-    -- a recording stand-in for crun.dist (one rank), installed for this test only
+    -- a recording stand-in for crun.dist (rank 0 of 2), installed for this test only
     local events = {}
     local fake = {
       is_initialized = function() return true end,
       get_rank = function() return 0 end,
-      get_world_size = function() return 1 end,
+      get_world_size = function() return 2 end,
       broadcast = function() events[#events + 1] = "broadcast" end,
       all_reduce = function(t, op, o)
         events[#events + 1] = string.format("all_reduce %d %s", t:numel(), op)

@@ -183,7 +183,7 @@ end
 
 -- Hook: every gradient of `list` is final for this backward.
 function DDP:_leaf_ready(list)
-  if not self.require_sync or not self.in_backward then return end
+  if not self.require_sync or not self.in_backward or self.world == 1 then return end
   for _, i in ipairs(list) do self:_mark_ready(i) end
   if self.overlap then self:_launch_ready() end
 end
@@ -253,7 +253,8 @@ function DDP:backward(x, gy)
   if not ok then error(err, 0) end
   if self.require_sync then
     if self.join_enabled then self.join_iters = self.join_iters + 1 end
-    self:_finalize()
+    -- one rank: the average is the gradient itself, nothing to communicate
+    if self.world > 1 then self:_finalize() end
     self.stats.steps = self.stats.steps + 1
   end
   self.stats.backward_s = self.stats.backward_s + (core.clock() - t0)
