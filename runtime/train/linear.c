@@ -1,5 +1,6 @@
 /* linear.c — y = x W^T + b and its backward through BLAS (sgemm/dgemm). */
 #include <cblas.h>
+#include <stdlib.h>
 #include <unistd.h>
 
 #include "train/check.h"
@@ -109,6 +110,8 @@ int crun_nn_linear_backward(const crun_tensor_t *x, const crun_tensor_t *w,
 }
 
 int crun_blas_set_threads(int n) {
+  if (n <= 0 && (getenv("OPENBLAS_NUM_THREADS") || getenv("OMP_NUM_THREADS")))
+    return openblas_get_num_threads(); /* the user's setting wins */
   if (n <= 0) {
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     long local = crun_env_int("LOCAL_WORLD_SIZE", 1);
