@@ -228,15 +228,16 @@ local function time_steps(ctx, model, steps)
   return t[1]
 end
 
-local function median(l)
-  table.sort(l)
-  return l[(#l + 1) // 2]
+local function minimum(l)
+  local m = math.huge
+  for _, v in ipairs(l) do m = math.min(m, v) end
+  return m
 end
 
 -- --bench: step time without communication, with DDP all-reduce after
 -- backward (no overlap), and with DDP overlapping backward; the three are
--- measured in alternating rounds (median of 5) so that load changes on a
--- shared machine hit them alike.
+-- measured in 7 alternating rounds and the fastest round of each counts, so
+-- that load from other processes on a shared machine disturbs them least.
 local function bench(o)
   local rank, world = dist.get_rank(), dist.get_world_size()
   local Xtr, Ytr = load_data(o)
@@ -247,14 +248,14 @@ local function bench(o)
   local ddp = crun.DDP(net, {bucket_cap_mb = o["bucket-cap-mb"]})
   local modes, times = {net, seq, ddp}, {{}, {}, {}}
   for _, m in ipairs(modes) do time_steps(ctx, m, math.max(1, steps // 4)) end -- warm up
-  for _ = 1, 5 do
+  for _ = 1, 7 do
     for k, m in ipairs(modes) do times[k][#times[k] + 1] = time_steps(ctx, m, steps) end
   end
-  local t_local, t_seq, t_ddp = median(times[1]), median(times[2]), median(times[3])
+  local t_local, t_seq, t_ddp = minimum(times[1]), minimum(times[2]), minimum(times[3])
   if rank == 0 then
     local comm = t_seq - t_local
     local hidden = comm > 0 and math.max(0, math.min(1, (t_seq - t_ddp) / comm)) or 0
-    print(string.format("bench: %d ranks, %d params (%.1f MB), %d buckets (cap %g MB), batch %d/rank, %d steps x 5 rounds",
+    print(string.format("bench: %d ranks, %d params (%.1f MB), %d buckets (cap %g MB), batch %d/rank, best of 7 rounds of %d steps",
       world, net:num_parameters(), net:num_parameters() * 4 / 2 ^ 20, #ddp.buckets, o["bucket-cap-mb"],
       o["batch-size"], steps))
     print(string.format("  step time: no comm %.3f ms | DDP, all-reduce after backward %.3f ms | DDP overlapped %.3f ms",
