@@ -35,10 +35,14 @@ local function test_split(c)
   return T.new(xs, "float32"), T.new(ys, "int64")
 end
 
+-- The architecture of jobs/train.lua: `layers` hidden ReLU layers, then the classifier.
 local function build_model(c)
-  local net = nn.Sequential(nn.Linear(c.dims, c.hidden), nn.ReLU())
-  for _ = 2, c.layers do net:add(nn.Linear(c.hidden, c.hidden)):add(nn.ReLU()) end
-  net:add(nn.Linear(c.hidden, c.classes))
+  local net, width = nn.Sequential(), c.dims
+  for _ = 1, c.layers do
+    net:add(nn.Linear(width, c.hidden)):add(nn.ReLU())
+    width = c.hidden
+  end
+  net:add(nn.Linear(width, c.classes))
   return net
 end
 
