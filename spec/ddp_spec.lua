@@ -138,3 +138,13 @@ describe("DDP equivalence", function()
     end)
   end
 end)
+
+describe("examples/uneven_inputs.lua", function()
+  it("finishes on 3 ranks with identical parameters everywhere", function()
+    if not util.have_launcher() then pending("crun-lua / crun.dist not built") return end
+    local ok, out = util.crun(3, "examples/uneven_inputs.lua")
+    assert(ok, out)
+    assert.is_truthy(out:match("rank 2 batch 7/7"), out)
+    assert.is_truthy(out:match("parameters identical on all 3 ranks: true"), out)
+  end)
+end)
