@@ -36,6 +36,16 @@ local function check_world(world)
       assert.are.equal(2, t.steps)
     end
   end
+  for r = 0, world - 1 do
+    local m = serialize.load(string.format("%s/mismatch.r%d.crun", dir, r))
+    if world == 1 then
+      assert.is_true(m.ok, m.msg)
+    else
+      assert.is_false(m.ok)
+      assert.are.equal(string.format("EMISMATCH: DDP on rank %d: parameter 1 is float32[5x3] on rank %d but "
+        .. "float32[4x3] on rank 0 (every rank must wrap the same model)", r, world - 1), m.msg)
+    end
+  end
   os.execute("rm -rf " .. dir)
 end
 
@@ -79,6 +89,7 @@ describe("DDP equivalence", function()
       get_rank = function() return 0 end,
       get_world_size = function() return 2 end,
       broadcast = function() events[#events + 1] = "broadcast" end,
+      all_gather_object = function(v) return {v, v} end,
       all_reduce = function(t, op, o)
         events[#events + 1] = string.format("all_reduce %d %s", t:numel(), op)
         return {wait = function() events[#events + 1] = "wait" end}

@@ -94,6 +94,7 @@ function ddp.DDP(module, opts)
   local mb = 1024 * 1024
   self.buckets = make_buckets(self.params, (opts.first_bucket_mb or 1) * mb, (opts.bucket_cap_mb or 25) * mb)
   self:_index_params()
+  self:_verify_params()
   for _, b in ipairs(self.buckets) do b.buffer = T().zeros({b.numel}, b.dtype) end
   self:_sync_params(0)
   if self.as_view then self:_make_grad_views() end
@@ -126,6 +127,24 @@ function DDP:_index_params()
   end
   if k ~= #self.params then
     error(string.format("DDP: the module's leaves hold %d parameters but parameters() lists %d", k, #self.params), 3)
+  end
+end
+
+-- Checks that every rank wraps parameters of the same dtypes and shapes
+-- (as torch's DDP does), naming the first difference on every rank.
+function DDP:_verify_params()
+  local sig = {}
+  for i, p in ipairs(self.params) do sig[i] = p:dtype() .. "[" .. table.concat(p:size(), "x") .. "]" end
+  local all = dist().all_gather_object(sig, self.copts)
+  for r = 2, #all do
+    local other = all[r]
+    for i = 1, math.max(#sig, #other) do
+      if all[1][i] ~= other[i] then
+        error(string.format("EMISMATCH: DDP on rank %d: parameter %d is %s on rank %d but %s on rank 0 "
+          .. "(every rank must wrap the same model)", self.rank, i, tostring(other[i] or "missing"), r - 1,
+          tostring(all[1][i] or "missing")), 0)
+      end
+    end
   end
 end
 

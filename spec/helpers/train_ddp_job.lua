@@ -31,6 +31,14 @@ do
   model:close()
   crun.save(string.format("%s/throw.r%d.crun", out, rank), {raised = not ok, msg = tostring(err), steps = steps})
 end
+-- a model that differs across ranks is refused on every rank, by name
+do
+  local nn = require "crun.nn"
+  local h = rank == world - 1 and 5 or 4
+  local net = nn.Sequential(nn.Linear(3, h), nn.ReLU(), nn.Linear(h, 2))
+  local ok, err = pcall(crun.DDP, net)
+  crun.save(string.format("%s/mismatch.r%d.crun", out, rank), {ok = ok, msg = tostring(err)})
+end
 crun.dist.barrier()
 crun.save(string.format("%s/done.r%d", out, rank), {world = world})
 crun.dist.destroy_process_group()
