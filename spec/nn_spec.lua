@@ -236,3 +236,15 @@ describe("nn bad input", function()
     assert.has_error(function() nn.Sequential():add(42) end)
   end)
 end)
+
+describe("nn errors under a launcher", function()
+  it("name the rank from RANK", function()
+    local lua = "lua5.4"
+    local cmd = [[RANK=3 ]] .. lua .. [[ -e 'local nn = require "crun.nn"; local T = require "crun.tensor"
+      local m = nn.Linear(3, 2); local ok, e = pcall(m.forward, m, T.zeros({4, 5})); io.write(e)' 2>&1]]
+    local p = io.popen(cmd)
+    local out = p:read("a")
+    p:close()
+    assert.is_truthy(out:match("^EINVAL: Linear forward: .* %(rank 3%)$"), out)
+  end)
+end)

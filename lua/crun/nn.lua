@@ -18,6 +18,21 @@
 -- to start all-reducing a bucket while backward goes on.
 local core = require "crun.core"
 
+-- The C kernels, wrapped so that a failure also names this process's rank.
+local K = {}
+do
+  local rank = os.getenv("RANK")
+  local suffix = rank and (" (rank " .. rank .. ")") or ""
+  for _, name in ipairs{"nn_act_backward", "nn_act_forward", "nn_cross_entropy", "nn_dropout_forward", "nn_linear_backward", "nn_linear_forward", "nn_log_softmax_backward", "nn_log_softmax_forward", "nn_mse", "nn_mul"} do
+    local f = core[name]
+    K[name] = function(...)
+      local res = table.pack(pcall(f, ...))
+      if not res[1] then error(tostring(res[2]) .. suffix, 0) end
+      return table.unpack(res, 2, res.n)
+    end
+  end
+end
+
 local nn = {}
 
 local default_dtype = "float32"
@@ -224,7 +239,7 @@ function Linear:forward(x)
   check_tensor(x, "Linear:forward", "input")
   x = contig(x)
   self.output = ensure(self.output, {x:size(1), self.out_features}, self.dtype)
-  core.nn_linear_forward(x, self.weight, self.bias, self.output)
+  K.nn_linear_forward(x, self.weight, self.bias, self.output)
   return self.output
 end
 
@@ -232,7 +247,7 @@ function Linear:backward(x, gy)
   check_tensor(gy, "Linear:backward", "gradOutput")
   x, gy = contig(x), contig(gy)
   self.gradInput = ensure(self.gradInput, x:size(), self.dtype)
-  core.nn_linear_backward(x, self.weight, gy, self.gradInput, self.gradWeight, self.gradBias)
+  K.nn_linear_backward(x, self.weight, gy, self.gradInput, self.gradWeight, self.gradBias)
   self:_grads_ready()
   return self.gradInput
 end
@@ -259,7 +274,7 @@ function Activation:forward(x)
   check_tensor(x, self.label .. ":forward", "input")
   x = contig(x)
   self.output = ensure(self.output, x:size(), x:dtype())
-  core.nn_act_forward(self.kind, x, self.output)
+  K.nn_act_forward(self.kind, x, self.output)
   return self.output
 end
 
@@ -267,7 +282,7 @@ function Activation:backward(x, gy)
   check_tensor(gy, self.label .. ":backward", "gradOutput")
   gy = contig(gy)
   self.gradInput = ensure(self.gradInput, gy:size(), gy:dtype())
-  core.nn_act_backward(self.kind, self.output, gy, self.gradInput)
+  K.nn_act_backward(self.kind, self.output, gy, self.gradInput)
   return self.gradInput
 end
 
@@ -282,14 +297,14 @@ function LogSoftMax:forward(x)
   check_tensor(x, "LogSoftMax:forward", "input")
   x = contig(x)
   self.output = ensure(self.output, x:size(), x:dtype())
-  core.nn_log_softmax_forward(x, self.output)
+  K.nn_log_softmax_forward(x, self.output)
   return self.output
 end
 
 function LogSoftMax:backward(x, gy)
   gy = contig(gy)
   self.gradInput = ensure(self.gradInput, gy:size(), gy:dtype())
-  core.nn_log_softmax_backward(self.output, gy, self.gradInput)
+  K.nn_log_softmax_backward(self.output, gy, self.gradInput)
   return self.gradInput
 end
 
@@ -320,7 +335,7 @@ function Dropout:forward(x)
   x = contig(x)
   self.output = ensure(self.output ~= x and self.output or nil, x:size(), x:dtype())
   self.mask = ensure(self.mask, x:size(), x:dtype())
-  self.state = core.nn_dropout_forward(x, self.output, self.mask, self.p, self.state)
+  self.state = K.nn_dropout_forward(x, self.output, self.mask, self.p, self.state)
   return self.output
 end
 
@@ -331,7 +346,7 @@ function Dropout:backward(x, gy)
   end
   gy = contig(gy)
   self.gradInput = ensure(self.gradInput, gy:size(), gy:dtype())
-  core.nn_mul(gy, self.mask, self.gradInput)
+  K.nn_mul(gy, self.mask, self.gradInput)
   return self.gradInput
 end
 
@@ -425,7 +440,7 @@ function CrossEntropy:forward(x, labels)
   check_tensor(labels, "CrossEntropyCriterion:forward", "labels")
   x = contig(x)
   self.gradInput = ensure(self.gradInput, x:size(), x:dtype())
-  self.output, self.correct = core.nn_cross_entropy(x, contig(labels), self.gradInput, self.sum)
+  self.output, self.correct = K.nn_cross_entropy(x, contig(labels), self.gradInput, self.sum)
   return self.output
 end
 
@@ -471,7 +486,7 @@ nn.MSE = nn.MSECriterion
 function MSE:forward(x, t)
   x = contig(x)
   self.gradInput = ensure(self.gradInput, x:size(), x:dtype())
-  self.output = core.nn_mse(x, contig(t), self.gradInput)
+  self.output = K.nn_mse(x, contig(t), self.gradInput)
   return self.output
 end
 

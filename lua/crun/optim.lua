@@ -7,6 +7,21 @@
 --   opt:zero_grad(); ...backward...; opt:step()
 local core = require "crun.core"
 
+-- The C kernels, wrapped so that a failure also names this process's rank.
+local K = {}
+do
+  local rank = os.getenv("RANK")
+  local suffix = rank and (" (rank " .. rank .. ")") or ""
+  for _, name in ipairs{"optim_adam", "optim_sgd"} do
+    local f = core[name]
+    K[name] = function(...)
+      local res = table.pack(pcall(f, ...))
+      if not res[1] then error(tostring(res[2]) .. suffix, 0) end
+      return table.unpack(res, 2, res.n)
+    end
+  end
+end
+
 local optim = {}
 
 -- crun.tensor (falls back to the raw bindings while tensor.lua is absent).
@@ -110,7 +125,7 @@ function SGD:step()
       s = {momentum_buffer = T().zeros(p:size(), p:dtype())}
       self.state[i], first = s, true
     end
-    core.optim_sgd(p, self.grads[i], s and s.momentum_buffer, o, first)
+    K.optim_sgd(p, self.grads[i], s and s.momentum_buffer, o, first)
   end
 end
 
@@ -147,7 +162,7 @@ function Adam:step()
       self.state[i] = s
     end
     s.step = s.step + 1
-    core.optim_adam(p, self.grads[i], s.exp_avg, s.exp_avg_sq, s.max_exp_avg_sq, s.step, o)
+    K.optim_adam(p, self.grads[i], s.exp_avg, s.exp_avg_sq, s.max_exp_avg_sq, s.step, o)
   end
 end
 
