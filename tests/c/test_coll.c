@@ -139,6 +139,15 @@ TEST(algo_rd_binomial) {
   pg_spawn(4, forced, NULL);
 }
 
+/* The ring run slice by slice (4 KiB slices: many slices and a remainder). */
+TEST(algo_ring_sliced) {
+  setenv("CRUN_SHM", "0", 1);
+  setenv("CRUN_ALGO", "ring", 1);
+  setenv("CRUN_RING_SLICE", "4096", 1);
+  pg_spawn(3, forced, NULL);
+  pg_spawn(4, forced, NULL);
+}
+
 /* float16/bfloat16 reductions accumulate in float32 and round once: 2048 + 1
  * + 1 + 1 is 2051 -> 2052 in float16 (pairwise float16 sums would stay 2048);
  * for bfloat16, 256 + 1 + 1 + 1 = 259 -> 260. Checked for every algorithm. */
@@ -181,5 +190,6 @@ TEST(half_accumulates_in_float32) {
 }
 
 #define CRUN_TESTS(X) X(world_1) X(world_2) X(world_3) X(world_4) X(tcp_world_2) X(tcp_world_3) \
-  X(tcp_world_4) X(algo_ring_chain) X(algo_rd_binomial) X(half_accumulates_in_float32)
+  X(tcp_world_4) X(algo_ring_chain) X(algo_rd_binomial) X(algo_ring_sliced) \
+  X(half_accumulates_in_float32)
 CRUN_TEST_MAIN()

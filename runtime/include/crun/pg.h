@@ -25,7 +25,8 @@
  * after 2.0 s; ranks 0-2 are at all_reduce #42; rank 3 is at barrier #41".
  *
  * Environment: CRUN_ALGO=ring,rd,binomial,chain,... forces algorithms (one
- * file each in runtime/algo/); CRUN_SHM=0 keeps every collective on TCP
+ * file each in runtime/algo/); CRUN_RING_SLICE is the slice (bytes, default
+ * 512 KiB) the ring all_reduce works through at a time; CRUN_SHM=0 keeps every collective on TCP
  * (otherwise ranks on one host use the shared-memory engine for what it
  * supports); CRUN_TCP_BUFFER sets SO_SNDBUF/SO_RCVBUF (default 4 MiB, 0 =
  * kernel autotuning); CRUN_HOST is the address peers dial (default: the
