@@ -19,9 +19,10 @@
 
 #include "backend/backend.h"
 
-/* Writes "<boot id>/<hostname>" into buf: equal on processes of one host. */
+/* Writes "<boot id>/<hostname>/<ipc ns>/<mount ns>" into buf: equal on the
+ * processes that can open each other's segments in /dev/shm. */
 static void host_identity(char *buf, size_t n) {
-  char boot[64] = "", host[256] = "";
+  char boot[64] = "", host[256] = "", ipc[64] = "", mnt[64] = "";
   FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
   if (f) {
     if (!fgets(boot, sizeof boot, f)) boot[0] = 0;
@@ -29,7 +30,11 @@ static void host_identity(char *buf, size_t n) {
   }
   boot[strcspn(boot, "\n")] = 0;
   if (gethostname(host, sizeof host - 1) != 0) host[0] = 0;
-  snprintf(buf, n, "%s/%s", boot, host);
+  ssize_t k = readlink("/proc/self/ns/ipc", ipc, sizeof ipc - 1);
+  ipc[k > 0 ? k : 0] = 0;
+  k = readlink("/proc/self/ns/mnt", mnt, sizeof mnt - 1);
+  mnt[k > 0 ? k : 0] = 0;
+  snprintf(buf, n, "%s/%s/%s/%s", boot, host, ipc, mnt);
 }
 
 /* Publishes `val` under "<what>/<rank>" and sets *all_same to whether every
