@@ -240,7 +240,8 @@ local function with_async(opts)
   return o
 end
 
---- isend / irecv: as send / recv with async_op; return a crun.Work.
+--- isend / irecv: as send / recv with async_op; return a crun.Work. After
+-- wait, w:source() is the sender's rank in the group (global for the default group).
 function dist.isend(t, dst, opts) return dist.send(t, dst, with_async(opts)) end
 function dist.irecv(t, src, opts)
   if type(src) == "table" then src, opts = nil, src end

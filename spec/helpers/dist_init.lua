@@ -99,5 +99,16 @@ case("timeout_option_reaches_the_group", function()
   dist.destroy_process_group()
 end)
 
+case("destroyed_group_raises", function()
+  local pg = dist.init_process_group{}
+  local w = dist.all_reduce(T.ones({4}), "sum", {async_op = true})
+  dist.destroy_process_group()
+  assert(w:wait() == true)         -- the work outlives the group handle
+  expect_error("^ECLOSED: the process group was destroyed", pg.rank, pg)
+  expect_error("^ECLOSED", pg.all_reduce, pg, T.ones({1}))
+  w:__close()
+  expect_error("^ECLOSED: the work handle was released", w.wait, w)
+end)
+
 out:write("done ", n, "\n")
 out:close()
