@@ -55,7 +55,7 @@ describe("dist failures", function()
       assert.is_truthy(t:match("^error ETIMEDOUT: "), "rank " .. r .. ": " .. t .. "\n" .. out)
       assert.is_truthy(t:find("all_reduce #2", 1, true), t)
       assert.is_truthy(t:find("rank 2 is at barrier #1", 1, true), t)
-      assert.is_true(tonumber(t:match("elapsed ([%d.]+)")) < 2.5, t)
+      assert.is_true(tonumber(t:match("elapsed ([%d.]+)")) < 5, t)
     end
     -- rank 1 waits on rank 2 itself: its own report names it
     assert.is_truthy(res[1]:find("no data from rank 2 after 1.0 s", 1, true), res[1])

@@ -180,7 +180,7 @@ static void timeout_case(crun_pg_t *pg, void *arg) {
   crun_coll_opts_t o = {.timeout = 1.0};
   double t0 = crun_clock();
   EXPECT_STATUS(crun_pg_all_reduce(pg, &x, 1, CRUN_FLOAT32, CRUN_OP_SUM, &o, NULL), CRUN_ETIMEDOUT);
-  EXPECT(crun_clock() - t0 < 2.0);
+  EXPECT(crun_clock() - t0 < 5.0); /* 1 s deadline + the report; far below the group timeout */
   EXPECT_TEXT("all_reduce #2");
   EXPECT_TEXT("rank 2 is at barrier #1");
   if (r == 1) {
