@@ -101,27 +101,39 @@ static void p2p(crun_pg_t *pg, void *arg) {
 
 TEST(send_recv_matching) { pg_spawn(3, p2p, NULL); }
 
+/* Rank 1's wait(0.2) must time out while rank 0 holds its send back until
+ * rank 1 says (through a flag file) that it saw the timeout. */
 static void wait_timeout(crun_pg_t *pg, void *arg) {
-  (void)arg;
+  const char *flag = arg;
   double v = 0;
   if (crun_pg_rank(pg) == 1) {
     crun_work_t *w;
     EXPECT_OK(crun_pg_recv(pg, &v, 1, CRUN_FLOAT64, 0, NULL, NULL, &w));
     EXPECT_STATUS(crun_work_wait(w, 0.2), CRUN_ETIMEDOUT);
     EXPECT(!crun_work_is_completed(w));
+    FILE *f = fopen(flag, "w");
+    EXPECT(f != NULL);
+    fclose(f);
     EXPECT_OK(crun_pg_send(pg, &v, 1, CRUN_FLOAT64, 0, NULL, NULL)); /* queued behind the recv */
     EXPECT_OK(crun_work_wait(w, 10));
     EXPECT(v == 7.5);
     crun_work_release(w);
   } else {
-    usleep(500 * 1000);
+    double end = crun_clock() + 20;
+    while (access(flag, F_OK) != 0 && crun_clock() < end) usleep(10000);
     v = 7.5;
     EXPECT_OK(crun_pg_send(pg, &v, 1, CRUN_FLOAT64, 1, NULL, NULL));
     EXPECT_OK(crun_pg_recv(pg, &v, 1, CRUN_FLOAT64, 1, NULL, NULL, NULL));
   }
 }
 
-TEST(work_wait_timeout) { pg_spawn(2, wait_timeout, NULL); }
+TEST(work_wait_timeout) {
+  char flag[64];
+  snprintf(flag, sizeof flag, "/tmp/crun_pgtest_flag_%d", (int)getpid());
+  unlink(flag);
+  pg_spawn(2, wait_timeout, flag);
+  unlink(flag);
+}
 
 static void bad_args(crun_pg_t *pg, void *arg) {
   (void)arg;
