@@ -401,7 +401,11 @@ static int check_repl_opts(crun__opts_t *o) {
 static int finish(const char *how) {
   int code;
   if (!strcmp(how, "quit") && supervisor_wait(QUIT_WAIT_SECONDS) >= 0) code = g_sup_code;
-  else if (!strcmp(how, "gone")) code = supervisor_wait(TERM_WAIT_SECONDS) >= 0 ? g_sup_code : supervisor_stop();
+  else if (!strcmp(how, "quit")) {
+    fprintf(stderr, "crun-lua: ranks still busy %g s after the end of the session; stopping them\n",
+            QUIT_WAIT_SECONDS);
+    code = supervisor_stop();
+  } else if (!strcmp(how, "gone")) code = supervisor_wait(TERM_WAIT_SECONDS) >= 0 ? g_sup_code : supervisor_stop();
   else code = supervisor_stop();
   if (!strcmp(how, "terminate")) return 128 + (int)g_term;
   if (!strcmp(how, "interrupt")) return 128 + SIGINT;
