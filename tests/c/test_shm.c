@@ -207,6 +207,11 @@ static int op_ok(crun_dtype_t dt, crun_reduce_op_t op) {
 
 /* ---------------------------------------------------------------- bodies */
 
+static void expect_text(const char *needle) {
+  if (!strstr(crun_last_error(), needle))
+    crun_test_fail(__FILE__, __LINE__, "error text '%s' lacks '%s'", crun_last_error(), needle);
+}
+
 /* all_reduce, every dtype x op x count, in place and out of place. */
 static void body_allreduce(crun__shm_comm_t *c, int rank, int size) {
   for (int dt = 0; dt < CRUN_DTYPE_COUNT; dt++)
@@ -384,6 +389,45 @@ static void body_gather_scatter(crun__shm_comm_t *c, int rank, int size) {
       }
 }
 
+/* all_to_all_v: rank r sends cnt(r, q) elements to q, small and large. */
+static size_t a2av_cnt(int r, int q, int big) {
+  size_t k = (size_t)((r * 3 + q * 5 + big) % 7);
+  return big ? k * 20011 : k;
+}
+
+static void body_all_to_all_v(crun__shm_comm_t *c, int rank, int size) {
+  for (int big = 0; big < 2; big++) {
+    size_t inc[8], outc[8];
+    float *ins[8], *outs[8];
+    for (int q = 0; q < size; q++) {
+      inc[q] = a2av_cnt(rank, q, big);
+      outc[q] = a2av_cnt(q, rank, big);
+      ins[q] = xmalloc(inc[q] * 4);
+      outs[q] = xmalloc(outc[q] * 4);
+      fill(CRUN_FLOAT32, CRUN_OP_SUM, rank * 16 + q, ins[q], inc[q]);
+    }
+    EXPECT_OK(crun__shm_all_to_all_v(c, (void *const *)outs, outc, (const void *const *)ins, inc,
+                                     CRUN_FLOAT32, 0));
+    for (int q = 0; q < size; q++) {
+      for (size_t i = 0; i < outc[q]; i++)
+        EXPECT(outs[q][i] == (float)value(CRUN_FLOAT32, CRUN_OP_SUM, q * 16 + rank, i));
+      free(ins[q]);
+      free(outs[q]);
+    }
+  }
+}
+
+/* Rank 1 expects one element less from rank 0 than rank 0 sends. */
+static void body_all_to_all_v_mismatch(crun__shm_comm_t *c, int rank, int size) {
+  size_t inc[4] = {3, 3, 3, 3}, outc[4] = {3, 3, 3, 3};
+  float buf[8][3] = {{0}};
+  void *outs[4] = {buf[0], buf[1], buf[2], buf[3]};
+  const void *ins[4] = {buf[4], buf[5], buf[6], buf[7]};
+  if (rank == 1) outc[0] = 2;
+  EXPECT_STATUS(crun__shm_all_to_all_v(c, outs, outc, ins, inc, CRUN_FLOAT32, 10), CRUN_EMISMATCH);
+  expect_text("rank 0 sends 3 elements but this rank expects 2");
+}
+
 static void body_barrier(crun__shm_comm_t *c, int rank, int size) {
   for (int i = 0; i < 200; i++) EXPECT_OK(crun__shm_barrier(c, 0));
 }
@@ -409,11 +453,6 @@ static void body_oversub(crun__shm_comm_t *c, int rank, int size) {
 }
 
 /* ---------------------------------------------------------------- failures */
-
-static void expect_text(const char *needle) {
-  if (!strstr(crun_last_error(), needle))
-    crun_test_fail(__FILE__, __LINE__, "error text '%s' lacks '%s'", crun_last_error(), needle);
-}
 
 /* Rank 1 calls broadcast while the others call all_reduce. */
 static void body_mismatch_kind(crun__shm_comm_t *c, int rank, int size) {
@@ -522,6 +561,12 @@ TEST(gather_scatter_1_to_4_ranks) {
   small_chunks();
   for (int n = 1; n <= 4; n++) RUN_RANKS(n, body_gather_scatter);
 }
+TEST(all_to_all_v_1_to_4_and_8_ranks) {
+  small_chunks();
+  for (int n = 1; n <= 4; n++) RUN_RANKS(n, body_all_to_all_v);
+  RUN_RANKS(8, body_all_to_all_v);
+}
+TEST(all_to_all_v_count_mismatch) { RUN_RANKS(3, body_all_to_all_v_mismatch); }
 TEST(barrier_1_to_4_ranks) {
   for (int n = 1; n <= 4; n++) RUN_RANKS(n, body_barrier);
 }
@@ -663,7 +708,8 @@ TEST(mixed_sequence_2_and_8_ranks) {
 
 #define CRUN_TESTS(X) X(allreduce_1_to_4_ranks) X(reduce_1_to_4_ranks) X(broadcast_1_to_4_ranks) \
   X(all_gather_1_to_4_ranks) X(reduce_scatter_1_to_4_ranks) X(all_to_all_1_to_4_ranks)          \
-  X(block_lists_1_to_4_ranks) X(gather_scatter_1_to_4_ranks) X(barrier_1_to_4_ranks) X(oversubscribed_8_ranks) X(default_layout_3_ranks)                    \
+  X(block_lists_1_to_4_ranks) X(gather_scatter_1_to_4_ranks)                                   \
+  X(all_to_all_v_1_to_4_and_8_ranks) X(all_to_all_v_count_mismatch) X(barrier_1_to_4_ranks) X(oversubscribed_8_ranks) X(default_layout_3_ranks)                    \
   X(mismatched_collective) X(mismatched_count) X(timeout_names_missing_rank) X(bad_arguments)   \
   X(peer_killed_mid_collective) X(create_times_out) X(creator_killed_during_create)          \
   X(mixed_sequence_2_and_8_ranks)

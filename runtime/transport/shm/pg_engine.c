@@ -2,13 +2,13 @@
  * (the crun__shm_engine_open hook of backend/backend.h).
  *
  * Attaching is decided collectively through the group's store: every rank
- * publishes its host identity (boot id + hostname); when all match, every
- * rank creates the communicator and publishes whether that worked; the
- * engine is used only when it worked everywhere, else every rank declines
- * and the group stays on TCP. The engine takes broadcast, all_reduce,
- * reduce, all_gather, gather, scatter, reduce_scatter and barrier (a decision
- * that depends on the kind only, so it is the same on every rank); send/recv
- * and all_to_all (whose counts may differ per rank) stay on TCP.
+ * publishes its host identity (boot id, hostname, IPC and mount namespaces);
+ * when all match, every rank creates the communicator and publishes whether
+ * that worked; the engine is used only when it worked everywhere, else every
+ * rank declines and the group stays on TCP. The engine takes every
+ * collective (broadcast, all_reduce, reduce, all_gather, gather, scatter,
+ * reduce_scatter, all_to_all, barrier: a decision that depends on the kind
+ * only, so it is the same on every rank); send/recv stay on TCP.
  * CRUN_SHM=0 turns the engine off (checked by the cpu backend). */
 #include "transport/shm/shm_int.h"
 
@@ -64,7 +64,7 @@ static int eng_supports(void *state, const crun__coll_t *c) {
   switch (c->kind) {
   case CRUN__COLL_BROADCAST: case CRUN__COLL_ALL_REDUCE: case CRUN__COLL_REDUCE:
   case CRUN__COLL_ALL_GATHER: case CRUN__COLL_REDUCE_SCATTER: case CRUN__COLL_BARRIER:
-  case CRUN__COLL_GATHER: case CRUN__COLL_SCATTER:
+  case CRUN__COLL_GATHER: case CRUN__COLL_SCATTER: case CRUN__COLL_ALL_TO_ALL:
     return 1;
   default:
     return 0;
@@ -88,6 +88,9 @@ static int dispatch(crun__shm_comm_t *s, crun__coll_t *c, double t) {
     return crun__shm_gather_v(s, c->outs, c->in, c->count, c->dt, c->root, t);
   case CRUN__COLL_SCATTER:
     return crun__shm_scatter_v(s, c->buf, (const void *const *)c->ins, c->count, c->dt, c->root, t);
+  case CRUN__COLL_ALL_TO_ALL:
+    return crun__shm_all_to_all_v(s, c->outs, c->out_counts, (const void *const *)c->ins,
+                                  c->in_counts, c->dt, t);
   case CRUN__COLL_BARRIER:
     return crun__shm_barrier(s, t);
   }

@@ -50,6 +50,7 @@ static int segment_create(crun__shm_comm_t *c) {
   size_t chunk = (size_t)crun_env_int("CRUN_SHM_CHUNK", 512 * 1024);
   long nbuf = crun_env_int("CRUN_SHM_NBUF", 3);
   if (small > (64u << 20)) small = 64u << 20;
+  if (small < 8 * (size_t)c->size) small = 8 * (size_t)c->size; /* all_to_all_v counts */
   if (chunk < 256 * (size_t)c->size) chunk = 256 * (size_t)c->size;
   if (chunk > (256u << 20)) chunk = 256u << 20;
   chunk = round_up(chunk, 4096);

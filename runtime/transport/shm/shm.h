@@ -121,6 +121,15 @@ int crun__shm_reduce_scatter_v(crun__shm_comm_t *c, void *out, const void *const
 int crun__shm_all_to_all(crun__shm_comm_t *c, void *out, const void *in, size_t count,
                          crun_dtype_t dt, double timeout);
 
+/* all_to_all with blocks of any length: ins[q] (in_counts[q] elements) goes
+ * to rank q, outs[q] receives out_counts[q] elements from rank q, which must
+ * equal what q sends here (else CRUN_EMISMATCH naming q). ins and outs may
+ * not overlap except ins[rank] == outs[rank]. Costs one extra one-shot
+ * exchange of the counts. */
+int crun__shm_all_to_all_v(crun__shm_comm_t *c, void *const *outs, const size_t *out_counts,
+                           const void *const *ins, const size_t *in_counts, crun_dtype_t dt,
+                           double timeout);
+
 /* Returns once every rank has entered the barrier. */
 int crun__shm_barrier(crun__shm_comm_t *c, double timeout);
 

@@ -24,7 +24,7 @@
 
 typedef enum {
   SHM_ALLREDUCE = 1, SHM_REDUCE, SHM_BROADCAST, SHM_ALLGATHER, SHM_REDUCE_SCATTER,
-  SHM_ALLTOALL, SHM_BARRIER, SHM_GATHER, SHM_SCATTER
+  SHM_ALLTOALL, SHM_BARRIER, SHM_GATHER, SHM_SCATTER, SHM_ALLTOALLV
 } shm_kind_t;
 
 /* The counters a rank publishes for the pipelined path. */
@@ -98,6 +98,7 @@ struct shm_op {
   char *out;
   const char *const *ins;      /* block lists (size entries) instead of in/out */
   char *const *outs;
+  const size_t *in_counts, *out_counts; /* all_to_all_v: per-block counts */
   /* pipelined path */
   size_t nchunks, chunk_elems; /* chunk_elems: elements of one chunk step */
   int has_reduce;              /* phase B: wait IN of all, reduce, post RED */

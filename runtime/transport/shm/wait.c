@@ -29,6 +29,7 @@ const char *crun__shm_kind_name(shm_kind_t k) {
   case SHM_BARRIER: return "barrier";
   case SHM_GATHER: return "gather";
   case SHM_SCATTER: return "scatter";
+  case SHM_ALLTOALLV: return "all_to_all";
   }
   return "?";
 }
