@@ -121,14 +121,10 @@ static int supervisor_start(const crun__opts_t *o, const crun__placement_t *base
     if (getppid() != parent) _exit(1);
     signal(SIGINT, SIG_DFL);
     signal(SIGTERM, SIG_DFL);
-    signal(SIGHUP, SIG_DFL);
-    sigset_t set; /* crun__supervise reads these from a signalfd: blocked */
-    sigemptyset(&set);
-    sigaddset(&set, SIGCHLD);
-    sigaddset(&set, SIGINT);
-    sigaddset(&set, SIGTERM);
-    sigaddset(&set, SIGHUP);
-    sigprocmask(SIG_BLOCK, &set, NULL);
+    struct sigaction hup;
+    sigaction(SIGHUP, NULL, &hup);
+    if (hup.sa_handler != SIG_IGN) signal(SIGHUP, SIG_DFL); /* nohup keeps working */
+    crun__signals_block(); /* crun__supervise reads them from a signalfd */
     int dn = open("/dev/null", O_RDONLY);
     if (dn >= 0) { dup2(dn, 0); close(dn); }
     _exit(crun__supervise(o, base, agent));
