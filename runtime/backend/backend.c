@@ -1,5 +1,6 @@
 /* backend.c — the backend registry and vtable slot lookup. */
 #include <stdlib.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "backend/backend.h"
@@ -21,14 +22,21 @@ crun_backend_fn crun__backend_slot(const crun_backend_vtable_t *vt, int kind) {
   return NULL;
 }
 
+const char *crun__backend_names(void) {
+  const crun_backend_vtable_t *mpi = CRUN__BACKEND_MPI, *nccl = &crun__backend_nccl;
+  if (mpi && nccl) return "cpu, mpi, nccl";
+  if (mpi) return "cpu, mpi";
+  return nccl ? "cpu, nccl" : "cpu";
+}
+
+static int started_by_mpirun(void) { return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE"); }
+
 const crun_backend_vtable_t *crun__backend_find(const char *name) {
-#if CRUN_HAVE_MPI
-  /* "auto" means mpi when mpirun started this process (backend/mpi/README.md). */
-  if (name && (!strcmp(name, "mpi") || (!strcmp(name, "auto") && getenv("OMPI_COMM_WORLD_SIZE"))))
-    return &crun__backend_mpi;
-#endif
-  if (!name || !*name || !strcmp(name, "auto") || !strcmp(name, "cpu") || !strcmp(name, "gloo") ||
-      !strcmp(name, "tcp"))
+  int is_auto = !name || !*name || !strcmp(name, "auto");
+  const crun_backend_vtable_t *mpi = CRUN__BACKEND_MPI, *nccl = &crun__backend_nccl;
+  if (mpi && (is_auto ? started_by_mpirun() : !strcmp(name, "mpi"))) return mpi;
+  if (nccl && !is_auto && !strcmp(name, "nccl")) return nccl;
+  if (is_auto || !strcmp(name, "cpu") || !strcmp(name, "gloo") || !strcmp(name, "tcp"))
     return &crun__backend_cpu;
   return NULL;
 }

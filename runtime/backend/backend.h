@@ -26,10 +26,25 @@ typedef struct crun_backend_vtable {
 /* Returns the slot of `kind` (NULL when unsupported). */
 crun_backend_fn crun__backend_slot(const crun_backend_vtable_t *vt, int kind);
 
-/* Returns the backend named `name` ("cpu"; NULL/"auto" give cpu), or NULL. */
+/* Returns the backend named `name` ("cpu", "mpi", "nccl" when built in), or
+ * NULL. NULL/"auto" give mpi when started by mpirun/srun (OMPI_COMM_WORLD_SIZE
+ * or PMI_SIZE set) and MPI is built in, else cpu. */
 const crun_backend_vtable_t *crun__backend_find(const char *name);
 
+/* Returns the names of the backends in this build ("cpu, mpi"). */
+const char *crun__backend_names(void);
+
 extern const crun_backend_vtable_t crun__backend_cpu;
+/* Defined by runtime/backend/mpi/ (built when CRUN_HAVE_MPI; referenced
+ * strongly so static links pull it in) and runtime/backend/nccl/ (weak until
+ * that backend exists: an absent backend is simply not found). */
+#if CRUN_HAVE_MPI
+extern const crun_backend_vtable_t crun__backend_mpi;
+#define CRUN__BACKEND_MPI (&crun__backend_mpi)
+#else
+#define CRUN__BACKEND_MPI ((const crun_backend_vtable_t *)0)
+#endif
+extern const crun_backend_vtable_t crun__backend_nccl __attribute__((weak));
 #if CRUN_HAVE_MPI
 extern const crun_backend_vtable_t crun__backend_mpi; /* backend/mpi, MPI builds only */
 #endif

@@ -84,7 +84,9 @@ int crun_pg_new(const crun_pg_opts_t *o, crun_pg_t **out) {
   if (o->world_size < 1 || o->rank < 0 || o->rank >= o->world_size)
     return crun_error(CRUN_EINVAL, "crun_pg_new: rank %d is out of range for world_size %d", o->rank, o->world_size);
   const crun_backend_vtable_t *be = crun__backend_find(o->backend);
-  if (!be) return crun_error(CRUN_ENOTSUP, "backend '%s' is not available in this build (have: cpu)", o->backend);
+  if (!be)
+    return crun_error(CRUN_ENOTSUP, "backend '%s' is not available in this build (have: %s)", o->backend,
+                      crun__backend_names());
   const char *name = o->name && *o->name ? o->name : "pg";
   char key[256], prefix[300];
   int64_t n;
