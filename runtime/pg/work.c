@@ -27,6 +27,7 @@ static void break_group(crun_pg_t *pg, int rc, const char *text) {
   int first = pg->broken == NULL;
   if (first) pg->broken = strdup(text);
   pthread_mutex_unlock(&pg->mu);
+  if (first) CRUN_LOG(WARN, PG, "group '%s' failed: %s", pg->prefix, text);
   if (first && pg->be->abort) pg->be->abort(pg->be_state, rc, text);
 }
 
