@@ -1,6 +1,6 @@
 -- The shared-memory engine under crun.dist: crun-lua -n 1..4 on one host
--- attaches it to the cpu group (the INFO log says so), every collective it
--- takes gives the reference result for every dtype and op over one-shot and
+-- attaches it to the cpu group (the INFO log says so), every collective
+-- gives the reference result for every dtype and op over one-shot and
 -- pipelined sizes, a late rank is reported as a timeout naming it, and no
 -- segment is left in /dev/shm afterwards.
 
@@ -85,6 +85,33 @@ for _, count in ipairs({7, 100003}) do
   local out = T.zeros({count}, "float32")
   dist.reduce_scatter(out, ins, "sum")
   for i = 1, count do check("reduce_scatter", out[i], expected("float32", "sum", r * count + i - 1), "float32", "sum", i) end
+end
+-- gather and scatter from rank n-1; all_to_all with blocks of uneven lengths
+local count = 30011
+local t = filled("float32", "sum", r, count)
+local list = nil
+if r == n - 1 then
+  list = {}
+  for q = 1, n do list[q] = T.zeros({count}, "float32") end
+end
+dist.gather(t, list, n - 1)
+if list then
+  for q = 1, n do check("gather", list[q][count], value("float32", "sum", q - 1, count - 1), "float32", "", q) end
+  for q = 1, n do list[q] = filled("float32", "sum", 40 + q - 1, count) end
+end
+dist.scatter(t, list, n - 1)
+for i = 1, count, 101 do check("scatter", t[i], value("float32", "sum", 40 + r, i - 1), "float32", "", i) end
+local function len(src, dst) return 1000 * (src + dst) + 7 end
+local outs, ins = {}, {}
+for q = 1, n do
+  ins[q] = filled("float32", "sum", r * 16 + q - 1, len(r, q - 1))
+  outs[q] = T.zeros({len(q - 1, r)}, "float32")
+end
+dist.all_to_all(outs, ins)
+for q = 1, n do
+  for i = 1, len(q - 1, r), 13 do
+    check("all_to_all", outs[q][i], value("float32", "sum", (q - 1) * 16 + r, i - 1), "float32", "", i)
+  end
 end
 for _ = 1, 50 do dist.barrier() end
 print("DONE " .. r)
