@@ -64,10 +64,12 @@ static int segment_create(crun__shm_comm_t *c) {
   if (fd < 0)
     return crun_error(CRUN_ESYS, "shm create on rank 0: shm_open('%s') failed: %s", c->name,
                       strerror(errno));
-  int rc = 0;
-  if (ftruncate(fd, (off_t)l.total) != 0) {
-    rc = crun_error(CRUN_ESYS, "shm create on rank 0: sizing '%s' to %zu bytes failed: %s",
-                    c->name, l.total, strerror(errno));
+  int rc = 0, err;
+  /* reserve the pages now: a full /dev/shm must fail here, not as SIGBUS later */
+  if ((err = posix_fallocate(fd, 0, (off_t)l.total)) != 0) {
+    rc = crun_error(CRUN_ESYS, "shm create on rank 0: cannot reserve %zu bytes in /dev/shm "
+                    "for '%s': %s (mount a larger /dev/shm, lower CRUN_SHM_CHUNK, or set "
+                    "CRUN_SHM=0)", l.total, c->name, strerror(err));
   } else {
     c->base = mmap(NULL, l.total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (c->base == MAP_FAILED) {
