@@ -153,15 +153,10 @@ local function message_handler(m)
   return debug.traceback(m, 2)
 end
 
---- Runs chunk source `src` in the global environment with print and
--- io.write captured; h.run arms the Ctrl-C hook around it. Returns kind
--- ("ok" or "err") and the text to show (printed output, then the values or
--- the error with its traceback).
-function M.run_chunk(h, src)
-  local buf = {}
+-- Replacements for print and io.write that append to buf.
+local function capture(buf)
   local function cprint(...)
-    local n = select("#", ...)
-    for i = 1, n do
+    for i = 1, select("#", ...) do
       if i > 1 then buf[#buf + 1] = "\t" end
       buf[#buf + 1] = tostring((select(i, ...)))
     end
@@ -178,23 +173,25 @@ function M.run_chunk(h, src)
     end
     return io.stdout
   end
+  return cprint, cwrite
+end
+
+--- Runs chunk source `src` in the global environment with print and
+-- io.write captured; h.run arms the Ctrl-C hook around it. Returns kind
+-- ("ok" or "err") and the text to show (printed output, then the values or
+-- the error with its traceback).
+function M.run_chunk(h, src)
   local fn, err = load(src, "=stdin", "t")
   if not fn then return "err", err end
+  local buf = {}
+  local cprint, cwrite = capture(buf)
   local saved_print, saved_write = print, io.write
   print, io.write = cprint, cwrite
   local res = table.pack(h.run(fn, message_handler))
   if print == cprint then print = saved_print end        -- the chunk may have
   if io.write == cwrite then io.write = saved_write end  -- replaced them itself
-  if not res[1] then
-    return "err", table.concat(buf) .. trim_traceback(tostring(res[2]))
-  end
-  if res.n > 1 then
-    for i = 2, res.n do
-      if i > 2 then buf[#buf + 1] = "\t" end
-      buf[#buf + 1] = tostring(res[i])
-    end
-    buf[#buf + 1] = "\n"
-  end
+  if not res[1] then return "err", table.concat(buf) .. trim_traceback(tostring(res[2])) end
+  if res.n > 1 then cprint(table.unpack(res, 2, res.n)) end
   return "ok", table.concat(buf)
 end
 
@@ -234,44 +231,57 @@ local function worker_wait(store, key)
   end
 end
 
+-- The ready message: the script's error (if any) and what setting up the
+-- globals and the process group said.
+local function ready_message(script_err)
+  local kind, text = "ok", ""
+  if script_err then kind, text = "err", trim_traceback(script_err) end
+  local note = setup_globals()
+  if note == "" then return kind .. "\n" .. text end
+  if kind == "ok" and note:match("^note") then return "ok\n" .. note end
+  return "err\n" .. text .. (text ~= "" and "\n" or "") .. note
+end
+
+-- Whether the targets spec of a chunk ("*" or "0,2") names rank.
+local function is_target(targets, rank)
+  if targets == "*" then return true end
+  for r in targets:gmatch("%d+") do
+    if tonumber(r) == rank then return true end
+  end
+  return false
+end
+
+-- Waits for chunk n and runs it when this rank is a target. Returns false
+-- at "!quit", true otherwise; raises when the store is gone.
+local function worker_step(st, n)
+  local store, rank = st.store, st.rank
+  local key = P .. n .. "/chunk"
+  local ok, err = worker_wait(store, key)
+  if not ok then
+    error("ECONNRESET: rank " .. rank .. " lost the REPL's store (the launcher is gone?): " .. err, 0)
+  end
+  local v = store:get(key)
+  if v == M.QUIT then return false end
+  local targets, src = v:match("^([^\n]*)\n(.*)$")
+  if is_target(targets, rank) then
+    store:set(P .. "state/" .. rank, string.format("running %d %d", n, os.time()))
+    local k, t = M.run_chunk(st.h, src)
+    store:set(P .. n .. "/out/" .. rank, k .. "\n" .. t)
+    store:set(P .. "state/" .. rank, "idle " .. n)
+  end
+  return true
+end
+
 --- The rest of a worker's life, after the user script (script_err is its
 -- error message with traceback, or nil): sets up the globals and the
 -- process group, reports ready, then runs chunks until "!quit". Returns
 -- nothing on a clean quit; raises when the front end's store goes away.
 function M.worker_loop(st, script_err)
-  local store, rank = st.store, st.rank
-  local kind, text = "ok", ""
-  if script_err then kind, text = "err", trim_traceback(script_err) end
-  local note = setup_globals()
-  if note ~= "" then
-    if kind == "ok" and note:match("^note") then text = note else kind, text = "err", text .. (text ~= "" and "\n" or "") .. note end
-  end
-  store:set(P .. "state/" .. rank, "idle 0")
-  store:set(P .. "ready/" .. rank, kind .. "\n" .. text)
+  local msg = ready_message(script_err)
+  st.store:set(P .. "state/" .. st.rank, "idle 0")
+  st.store:set(P .. "ready/" .. st.rank, msg)
   local n = 1
-  while true do
-    local key = P .. n .. "/chunk"
-    local ok, err = worker_wait(store, key)
-    if not ok then
-      error("ECONNRESET: rank " .. rank .. " lost the REPL's store (the launcher is gone?): " .. err, 0)
-    end
-    local v = store:get(key)
-    if v == M.QUIT then return end
-    local targets, src = v:match("^([^\n]*)\n(.*)$")
-    local mine = targets == "*"
-    if not mine then
-      for r in targets:gmatch("%d+") do
-        if tonumber(r) == rank then mine = true end
-      end
-    end
-    if mine then
-      store:set(P .. "state/" .. rank, string.format("running %d %d", n, os.time()))
-      local k, t = M.run_chunk(st.h, src)
-      store:set(P .. n .. "/out/" .. rank, k .. "\n" .. t)
-      store:set(P .. "state/" .. rank, "idle " .. n)
-    end
-    n = n + 1
-  end
+  while worker_step(st, n) do n = n + 1 end
 end
 
 -- ---------------------------------------------------------------- front end
@@ -385,20 +395,13 @@ function Front:startup()
   return nil
 end
 
---- Sends chunk src to the ranks `targets` (nil: all) and shows the grouped
--- results. Returns "terminate" when a SIGTERM/SIGHUP arrived, else nil.
-function Front:run(src, targets)
-  self.n = self.n + 1
-  local n = self.n
-  local list = targets or self.all
-  local tspec = targets and table.concat(targets, ",") or "*"
-  local live, results = {}, {}
+-- The ranks of list that are not known dead; the dead ones get a "(dead)"
+-- result when `named` (with :on), else only :ranks lists them.
+function Front:split_live(list, named, results)
+  local live = {}
   for _, r in ipairs(list) do
-    if self:check_dead(r) then -- named ranks only: :ranks lists the dead
-      if targets then results[r] = {kind = "dead", text = "(dead)"} end
-    else
-      live[#live + 1] = r
-    end
+    if not self:check_dead(r) then live[#live + 1] = r
+    elseif named then results[r] = {kind = "dead", text = "(dead)"} end
   end
   local notes = {}
   for _, r in ipairs(live) do
@@ -406,34 +409,46 @@ function Front:run(src, targets)
       "[%d] (still busy with chunk %d; this one runs after it)\n", r, self.busy[r]) end
   end
   self:err(table.concat(notes))
-  self.store:set(P .. n .. "/chunk", tspec .. "\n" .. src) -- after the liveness check
-  local function key(r) return P .. n .. "/out/" .. r end
-  local got, left, why = self:collect(live, key, function(pending)
-    for _, r in ipairs(pending) do
-      if self.pid[r] then self.h.kill(self.pid[r]) end
-    end
-  end)
+  return live
+end
+
+-- Turns what collect() returned for chunk n into results.
+function Front:take_results(n, live, got, left, results)
   for r, v in pairs(got) do
     self.busy[r] = nil
     results[r] = parse_result(v)
-    self.store:delete_key(key(r))
+    self.store:delete_key(P .. n .. "/out/" .. r)
   end
   for _, r in ipairs(live) do
-    if not results[r] then
-      if self.dead[r] then
-        results[r] = {kind = "dead", text = "(died while running the chunk)"}
-      end
+    if not results[r] and self.dead[r] then
+      results[r] = {kind = "dead", text = "(died while running the chunk)"}
     end
   end
   for _, r in ipairs(left) do
     self.busy[r] = n
     results[r] = {kind = "busy", text = "(still running; no longer waited for; see :ranks)"}
   end
+end
+
+--- Sends chunk src to the ranks `targets` (nil: all) and shows the grouped
+-- results. Returns "terminate" when a SIGTERM/SIGHUP arrived, else nil.
+function Front:run(src, targets)
+  self.n = self.n + 1
+  local n, list, results = self.n, targets or self.all, {}
+  local live = self:split_live(list, targets ~= nil, results)
+  local tspec = targets and table.concat(targets, ",") or "*"
+  self.store:set(P .. n .. "/chunk", tspec .. "\n" .. src) -- after the liveness check
+  local got, left, why = self:collect(live, function(r) return P .. n .. "/out/" .. r end,
+    function(pending)
+      for _, r in ipairs(pending) do
+        if self.pid[r] then self.h.kill(self.pid[r]) end
+      end
+    end)
+  self:take_results(n, live, got, left, results)
   local out, err = M.render(M.group(results, list))
   self:out(out)
   self:err(err)
-  if why == "terminate" then return why end
-  return nil
+  return why == "terminate" and why or nil
 end
 
 --- Whether every rank has ended (then says so).
@@ -519,6 +534,39 @@ function Front:read(prompt)
   return self.h.readline(self.tty and prompt or "")
 end
 
+-- Reads the rest of a chunk whose first line is body (typed as line).
+-- Returns the source to run (or nil and a syntax error, or nil and nil
+-- after Ctrl-C), the text typed, and how input ended early ("terminate",
+-- "gone") if it did.
+function Front:read_chunk(body, line)
+  local src, err = compile(body, true)
+  local whole, typed = body, line
+  while not src and err == "incomplete" do
+    local more, how = self:read(">> ")
+    if more == nil then return nil, "unexpected end of input in a multi-line chunk", typed end
+    if more == false then return nil, nil, typed, how ~= "interrupt" and how or nil end
+    whole, typed = whole .. "\n" .. more, typed .. "\n" .. more
+    src, err = compile(whole, false)
+  end
+  return src, err, typed
+end
+
+-- Handles one line read at the main prompt. Returns how the session ends,
+-- or nil to go on.
+function Front:handle(line)
+  if line:match("^%s*$") then return nil end
+  local kind, targets, body = "chunk", nil, line
+  if line:match("^:") then kind, targets, body = self:meta(line) end
+  if kind == "quit" then return "quit" end
+  if kind ~= "chunk" then return nil end
+  local src, err, typed, ended = self:read_chunk(body, line)
+  self.h.add_history(typed)
+  if ended then return ended end
+  if src then return self:run(src, targets) end
+  if err then self:err(err .. "\n") end
+  return nil
+end
+
 --- The session: startup, then read-eval-print until EOF or :quit. Returns
 -- how it ended: "quit", "gone" (every worker ended), "interrupt" (Ctrl-C
 -- before the prompt opened) or "terminate" (SIGTERM/SIGHUP).
@@ -537,37 +585,9 @@ function Front:loop()
       if self.tty then self:out("\n") end
       return "quit"
     end
-    if line == false then
-      if how ~= "interrupt" then return how end
-    elseif line:match("^%s*$") then -- luacheck: ignore 542
-    else
-      local targets, body = nil, line
-      local kind = "chunk"
-      if line:match("^:") then kind, targets, body = self:meta(line) end
-      if kind == "quit" then return "quit" end
-      if kind == "chunk" then
-        local src, err = compile(body, true)
-        local whole, typed = body, line
-        while not src and err == "incomplete" do
-          local more, mhow = self:read(">> ")
-          if more == nil then err = "unexpected end of input in a multi-line chunk"; break end
-          if more == false then
-            if mhow ~= "interrupt" then return mhow end
-            err = nil
-            break
-          end
-          whole = whole .. "\n" .. more
-          typed = typed .. "\n" .. more
-          src, err = compile(whole, false)
-        end
-        self.h.add_history(typed)
-        if src then
-          if self:run(src, targets) == "terminate" then return "terminate" end
-        elseif err then
-          self:err(err .. "\n")
-        end
-      end
-    end
+    if line == false and how ~= "interrupt" then return how end
+    local ended = line and self:handle(line)
+    if ended then return ended end
   end
 end
 
