@@ -140,6 +140,14 @@ describe("crun-lua -i with piped input", function()
     assert.are.equal(0, r.code, r.err)
   end)
 
+  it("ends when nobody reads its output any more", function()
+    local p = io.popen(string.format("cd %s && exec 3>&1 && { yes 'x = (x or 0) + 1; return x' | timeout -s KILL 30 %s -n 2 %s; echo rc=$? >&3; } | head -2",
+                                     q(U.SOURCE), q(U.CRUN_LUA), ARGS))
+    local out = p:read("a")
+    p:close()
+    assert.are.equal("[0-1] 1\n[0-1] 2\nrc=0\n", out)
+  end)
+
   it("rejects -i across nodes", function()
     local r = U.run("--nnodes 2 --master-port 29555 -i", "")
     assert.are.equal(2, r.code)

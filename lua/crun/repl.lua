@@ -316,7 +316,9 @@ local function new_front(h, opts)
 end
 
 function Front:out(s)
-  if s ~= "" then io.stdout:write(s); io.stdout:flush() end
+  if s == "" then return end
+  local ok = io.stdout:write(s)
+  if not ok or not io.stdout:flush() then self.closed = true end -- nobody reads our output
 end
 
 function Front:err(s)
@@ -580,6 +582,7 @@ function Front:loop()
   end
   while true do
     if self:all_gone() then return "gone" end
+    if self.closed then return "quit" end
     local line, how = self:read("> ")
     if line == nil then
       if self.tty then self:out("\n") end
