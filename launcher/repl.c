@@ -182,6 +182,17 @@ static void rl_abandon(void) {
   fflush(stdout);
 }
 
+/* Why reading must stop now ("terminate", "interrupt", "gone"), or NULL. */
+static const char *stop_reason(void) {
+  if (g_term) return "terminate";
+  if (g_int) {
+    g_int = 0;
+    return "interrupt";
+  }
+  if (supervisor_poll() >= 0) return "gone";
+  return NULL;
+}
+
 /* Reads a line with readline's callback interface, polling stdin, the
  * signal pipe and (every 250 ms) the supervisor. */
 static int read_rl(lua_State *L, const char *prompt) {
@@ -189,10 +200,7 @@ static int read_rl(lua_State *L, const char *prompt) {
   g_line_done = 0;
   rl_callback_handler_install(prompt, on_line);
   for (;;) {
-    const char *why = NULL;
-    if (g_term) why = "terminate";
-    else if (g_int) { g_int = 0; why = "interrupt"; }
-    else if (supervisor_poll() >= 0) why = "gone";
+    const char *why = stop_reason();
     if (why) {
       rl_abandon();
       lua_pushboolean(L, 0);
