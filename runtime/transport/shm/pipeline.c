@@ -68,6 +68,9 @@ static int try_red(shm_op_t *o, pipe_t *p) {
 static int try_in(shm_op_t *o, pipe_t *p) {
   crun__shm_comm_t *c = o->c;
   if (p->nin >= p->T) return 0;
+  /* this rank's own copy-out of the buffer's last chunk comes first (the
+   * older stages are tried before, so one of them is noted as blocking) */
+  if (p->nin >= p->nout + (size_t)c->nbuf) return 0;
   uint64_t g = p->g0 + p->nin;
   if (g > (uint64_t)c->nbuf) {
     int q = crun__shm_ready(c, SHM_CTR_OUT, -1, g - c->nbuf);
