@@ -45,9 +45,6 @@ extern const crun_backend_vtable_t crun__backend_mpi;
 #define CRUN__BACKEND_MPI ((const crun_backend_vtable_t *)0)
 #endif
 extern const crun_backend_vtable_t crun__backend_nccl __attribute__((weak));
-#if CRUN_HAVE_MPI
-extern const crun_backend_vtable_t crun__backend_mpi; /* backend/mpi, MPI builds only */
-#endif
 
 /* A collective engine attached to a cpu group: when supports(c) is non-zero,
  * run(c) does the whole collective instead of the TCP algorithms. */
