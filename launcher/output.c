@@ -97,8 +97,9 @@ static void flush_complete(crun__stream_t *s, int at_eof) {
   size_t cut = 0;
   for (size_t i = s->len; i > 0; i--)
     if (s->buf[i - 1] == '\n') { cut = i; break; }
+  if (cut == 0 && !at_eof && s->len < CRUN_LINE_MAX) return;
   if (cut > 0) show_lines(s, s->buf, cut, 0);
-  memmove(s->buf, s->buf + cut, s->len - cut);
+  if (s->len > cut) memmove(s->buf, s->buf + cut, s->len - cut);
   s->len -= cut;
   if (s->len > 0 && (at_eof || s->len >= CRUN_LINE_MAX)) {
     show_lines(s, s->buf, s->len, 1);
