@@ -262,6 +262,9 @@ static void history_open(void) {
   rl_catch_signals = 0;
   rl_readline_name = "crun";
   using_history();
+  history_comment_char = '#';    /* "#<time>" lines delimit the entries, so */
+  history_write_timestamps = 1;  /* that a multi-line chunk comes back whole */
+  history_multiline_entries = 1;
   if (g_hist[0]) read_history(g_hist);
 #endif
 }

@@ -260,6 +260,17 @@ describe("crun-lua -i in a terminal", function()
     end)
     t:kill()
     local h = U.slurp(hist) or ""
+    local t2 = ok and U.tmux("-n 1 " .. ARGS, "CRUN_HISTORY=" .. q(hist))
+    if t2 then -- a new session recalls the last one's chunks
+      ok, err = pcall(function()
+        assert(t2:wait_screen("REPL on 1 rank", 20), t2:screen())
+        t2:keys("Up", "Up")
+        assert(t2:wait_screen("\n> while true do end%s*$", 10), t2:screen())
+        t2:keys("C-u", "C-d")
+        assert(U.wait_for(function() return t2:dead() end, 20), t2:screen())
+      end)
+      t2:kill()
+    end
     U.rmrf(dir)
     assert(ok, err)
     assert.is_truthy(h:find("1 + 1", 1, true), h)

@@ -129,12 +129,14 @@ end
 --- Starts `crun-lua <args>` in a detached tmux session of its own server.
 -- Returns a handle: t:type(text) (literal), t:keys(...) (key names: Enter,
 -- C-c, Up; a word like "end" is a key name too), t:screen(), t:wait_screen(pat, timeout),
--- t:dead(), t:kill().
+-- t:dead() (crun-lua's exit code once it ended), t:kill().
 function M.tmux(args, env)
   local sock = "crun-repl-spec-" .. sh("echo $$"):match("%d+") .. "-" .. math.random(1, 1e9)
-  local t = {sock = sock}
+  local t = {sock = sock, rcfile = "/tmp/" .. sock .. ".rc"}
   local function tm(rest) return sh("tmux -L " .. sock .. " " .. rest) end
-  local inner = string.format("cd %s && %s %s %s", M.q(M.SOURCE), env or "", M.q(M.CRUN_LUA), args)
+  -- the exit code goes to a file: tmux may notice the end of the pane late
+  local inner = string.format("cd %s && %s %s %s; echo $? >%s.tmp; mv %s.tmp %s", M.q(M.SOURCE),
+    env or "", M.q(M.CRUN_LUA), args, t.rcfile, t.rcfile, t.rcfile)
   tm("-f /dev/null new-session -d -x 120 -y 50 -s repl " .. M.q(inner))
   tm("set-option -t repl remain-on-exit on")
   function t:keys(...)
@@ -148,9 +150,13 @@ function M.tmux(args, env)
     return M.wait_for(function() return self:screen():find(pat) and true end, timeout or 20)
   end
   function t:dead()
-    return tm("display-message -p -t repl '#{pane_dead} #{pane_dead_status}'"):match("^1 (%d+)")
+    local rc = M.slurp(self.rcfile)
+    return rc and rc:match("%d+")
   end
-  function t:kill() tm("kill-server") end
+  function t:kill()
+    tm("kill-server")
+    os.remove(self.rcfile)
+  end
   return t
 end
 
