@@ -88,6 +88,14 @@ function M.start(args, env)
   end
   function h:signal(name) os.execute("kill -" .. name .. " " .. self.pid) end
   function h:close() os.execute("kill " .. self.holder .. " 2>/dev/null") end
+  -- For finally(): ends whatever is left of a session a failed spec abandoned.
+  function h:cleanup()
+    if self.done then return end
+    self:close()
+    if not M.slurp(dir .. "/rc") then os.execute("kill -TERM " .. self.pid .. " 2>/dev/null") end
+    M.wait_for(function() return M.slurp(dir .. "/rc") end, 10)
+    M.rmrf(dir)
+  end
   function h:out() return M.slurp(dir .. "/out") or "" end
   function h:err() return M.slurp(dir .. "/err") or "" end
   function h:wait(timeout)
@@ -98,6 +106,7 @@ function M.start(args, env)
       error("crun-lua (pid " .. self.pid .. ") did not exit in time; out:\n" .. self:out() .. "\nerr:\n" .. self:err())
     end
     local r = {code = tonumber(M.slurp(dir .. "/rc")), out = self:out(), err = self:err()}
+    self.done = true
     M.rmrf(dir)
     return r
   end
