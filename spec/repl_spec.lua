@@ -223,10 +223,16 @@ describe("crun-lua -i with dist", function()
   end)
 
   run_it("ends a collective called on some ranks only with the collective timeout", function()
-    local r = U.run("-n 2 " .. ARGS, ":on 0 dist.all_reduce(T.ones({2}), 'sum')\n'after'\n",
-                    "CRUN_REPL_TIMEOUT=2")
-    assert.is_truthy(r.err:find("[0] ", 1, true) and r.err:find("ETIMEDOUT", 1, true), r.err)
-    assert.is_truthy(r.out:find("after", 1, true), r.out)
+    local input = ":on 0 dist.all_reduce(T.ones({2}), 'sum')\n'after'\n"
+                  .. "dist.destroy_process_group(); dist.init_process_group{}\n"
+                  .. "t = T.ones({2}); dist.all_reduce(t, 'sum'); return t[2]\n"
+    local t0 = os.time()
+    local r = U.run("-n 2 " .. ARGS, input, "CRUN_REPL_TIMEOUT=2")
+    assert.is_truthy(r.err:find("[0] ETIMEDOUT", 1, true), r.err)
+    assert.is_truthy(r.out:find("[0-1] after\n", 1, true), r.out)
+    assert.is_truthy(r.out:find("[0-1] 2.0\n", 1, true), "a new group works:\n" .. r.out .. r.err)
+    assert.is_true(os.time() - t0 < 30)
+    assert.are.equal(0, r.code, r.err)
   end)
 end)
 

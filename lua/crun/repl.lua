@@ -297,7 +297,9 @@ ranks with the same output share one line, e.g. "[0-3] 4.0".
   :quit, Ctrl-D       end the session on every rank
 Ctrl-C interrupts a running chunk on every rank (twice: stop waiting for it).
 Globals: crun, T (= crun.tensor), dist (process group initialized; collective
-timeout CRUN_REPL_TIMEOUT seconds, default 30).
+timeout CRUN_REPL_TIMEOUT seconds, default 30). A collective that some ranks
+did not enter ends in ETIMEDOUT and leaves the group unusable; start a new one
+with: dist.destroy_process_group(); dist.init_process_group{}
 print and io.write inside a chunk are captured per rank; other output of
 the ranks appears as "[rank] line" when it is written.
 ]]
