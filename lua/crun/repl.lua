@@ -19,6 +19,7 @@ M.PREFIX = "crun/repl/"
 M.QUIT = "!quit"
 M.SLICE = 0.2          -- seconds of one store wait in the front end
 M.WORKER_SLICE = 2.0   -- seconds of one store wait in an idle worker
+M.MAX_OUTPUT = 64 << 20 -- bytes of one rank's result shown; the rest is cut
 
 local P = M.PREFIX
 
@@ -266,6 +267,9 @@ local function worker_step(st, n)
   if is_target(targets, rank) then
     store:set(P .. "state/" .. rank, string.format("running %d %d", n, os.time()))
     local k, t = M.run_chunk(st.h, src)
+    if #t > M.MAX_OUTPUT then
+      t = t:sub(1, M.MAX_OUTPUT) .. string.format("\n(%d more bytes not shown)\n", #t - M.MAX_OUTPUT)
+    end
     store:set(P .. n .. "/out/" .. rank, k .. "\n" .. t)
     store:set(P .. "state/" .. rank, "idle " .. n)
   end
