@@ -78,11 +78,12 @@ describe("crun-lua -i with piped input", function()
   end)
 
   it("answers :ranks and :help, rejects unknown commands", function()
-    local r = U.run("-n 2 " .. ARGS, ":ranks\n:help\n:bogus\n")
+    local r = U.run("-n 2 " .. ARGS, ":ranks\n:help\n:bogus\n::top:: do return 'label' end\n")
     assert.are.equal(0, r.code, r.err)
     assert.is_truthy(r.out:match("%[0%] pid %d+ +idle\n%[1%] pid %d+ +idle\n"), r.out)
     assert.is_truthy(r.out:find(":on 0,2 <chunk>", 1, true), r.out)
     assert.is_truthy(r.err:find("unknown command ':bogus'", 1, true), r.err)
+    assert.is_truthy(r.out:find("[0-1] label\n", 1, true), "a ::label:: is Lua:\n" .. r.out)
   end)
 
   it("ends every rank cleanly at EOF and at :quit, without prompt noise", function()

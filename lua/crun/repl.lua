@@ -564,7 +564,7 @@ end
 function Front:handle(line)
   if line:match("^%s*$") then return nil end
   local kind, targets, body = "chunk", nil, line
-  if line:match("^:") then kind, targets, body = self:meta(line) end
+  if line:match("^:[^:]") then kind, targets, body = self:meta(line) end -- "::label::" is Lua
   if kind == "quit" then return "quit" end
   if kind ~= "chunk" then return nil end
   local src, err, typed, ended = self:read_chunk(body, line)
