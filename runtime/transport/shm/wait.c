@@ -232,12 +232,10 @@ int crun__shm_ready(crun__shm_comm_t *c, shm_ctr_t ctr, int who, uint64_t target
   return -1;
 }
 
-/* One step of backing off while rank q is short of target on ctr: a burst
- * of pause instructions while within the spin time, then one sched_yield
- * per step up to the yield count, then one futex sleep on q's bell preceded
- * by the slow checks. A wait that had to sleep halves the spin time of the
- * next ones (down to 1 us: the cores are busy with others), one that did not
- * doubles it back (up to CRUN_SHM_SPIN_US). */
+/* One step of backing off while rank q is short of target on ctr: a pause
+ * while within the spin time (c->spin_cur, adapted by crun__shm_waited),
+ * then one sched_yield per step up to the yield count, then one futex sleep
+ * on q's bell preceded by the slow checks. */
 int crun__shm_idle(crun__shm_comm_t *c, shm_waiter_t *w, shm_ctr_t ctr, int who, int q,
                    uint64_t target) {
   /* one pause per call (a pause is ~40 ns to ~140 cycles: the caller re-checks
@@ -257,18 +255,23 @@ int crun__shm_idle(crun__shm_comm_t *c, shm_waiter_t *w, shm_ctr_t ctr, int who,
     sched_yield();
     return 0;
   }
-  if (!w->slept && c->spin_cur > 1000) c->spin_cur /= 2;
   w->slept = 1;
   CRUN_CHECK(before_sleep(c, ctr, who, q, target, now));
   sleep_on(c, counter(c, ctr, q, target), q, target, now);
   return 0;
 }
 
-/* Ends a successful wait: lets the spin time grow back when no sleep was
- * needed, and resets the waiter. */
+/* Ends a successful wait and adapts the spin time: a wait that had to yield
+ * or sleep halves it (down to 0.5 us: the peer shares this core, or other
+ * load does, and spinning only delays it), one that ended while spinning
+ * doubles it back (up to CRUN_SHM_SPIN_US). Resets the waiter. */
 void crun__shm_waited(crun__shm_comm_t *c, shm_waiter_t *w) {
-  if (w->t0 && !w->slept && !c->policy_yield && c->spin_cur < c->spin_ns)
-    c->spin_cur = c->spin_cur * 2 < c->spin_ns ? c->spin_cur * 2 : c->spin_ns;
+  if (!c->policy_yield && w->spins) {
+    if (w->iter || w->slept)
+      c->spin_cur = c->spin_cur / 2 > 500 ? c->spin_cur / 2 : 500;
+    else if (c->spin_cur < c->spin_ns)
+      c->spin_cur = c->spin_cur * 2 < c->spin_ns ? c->spin_cur * 2 : c->spin_ns;
+  }
   w->iter = 0, w->spins = 0, w->t0 = 0, w->slept = 0;
 }
 
