@@ -48,6 +48,7 @@ typedef struct {
 
 typedef struct {
   _Alignas(SHM_LINE) _Atomic uint64_t ctr[3];    /* IN, RED, OUT; owner writes */
+  _Atomic int32_t cpu;                           /* owner's CPU at its last post */
   _Alignas(SHM_LINE) _Atomic uint32_t bell;      /* futex word, owner bumps */
   _Atomic uint32_t sleepers;                     /* waiters sleeping on bell */
   _Alignas(SHM_LINE) shm_desc_t ring[SHM_RING];  /* op descriptions by opseq */
@@ -133,7 +134,7 @@ static inline char *crun__shm_buf(crun__shm_comm_t *c, int q, int b) {
 }
 
 /* wait.c */
-typedef struct { long iter, spins; uint64_t t0; int slept; } shm_waiter_t;
+typedef struct { long iter, spins; uint64_t t0; int slept, cocore; } shm_waiter_t;
 int crun__shm_ready(crun__shm_comm_t *c, shm_ctr_t ctr, int who, uint64_t target);
 int crun__shm_idle(crun__shm_comm_t *c, shm_waiter_t *w, shm_ctr_t ctr, int who, int q,
                    uint64_t target);

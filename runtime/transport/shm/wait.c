@@ -54,6 +54,7 @@ static void futex_sleep(_Atomic uint32_t *w, uint32_t val, uint64_t ns) {
 /* Publishes v in one of this rank's counters and wakes its sleepers, if any. */
 void crun__shm_post(crun__shm_comm_t *c, _Atomic uint64_t *ctr, uint64_t v) {
   shm_ctrl_t *me = &c->ctrl[c->rank];
+  if (!c->policy_yield) atomic_store_explicit(&me->cpu, sched_getcpu(), memory_order_relaxed);
   atomic_store(ctr, v); /* seq_cst: pairs with the sleeper's increment */
   if (atomic_load(&me->sleepers)) {
     atomic_fetch_add(&me->bell, 1);
@@ -238,15 +239,18 @@ int crun__shm_ready(crun__shm_comm_t *c, shm_ctr_t ctr, int who, uint64_t target
  * on q's bell preceded by the slow checks. */
 int crun__shm_idle(crun__shm_comm_t *c, shm_waiter_t *w, shm_ctr_t ctr, int who, int q,
                    uint64_t target) {
+  /* no spinning for a peer that last ran on this CPU: it needs the CPU */
+  if (!w->spins && !w->t0 && !c->policy_yield)
+    w->cocore = sched_getcpu() == atomic_load_explicit(&c->ctrl[q].cpu, memory_order_relaxed);
   /* one pause per call (a pause is ~40 ns to ~140 cycles: the caller re-checks
-   * its condition right after), the clock every 32 calls */
-  if (c->spin_cur > 0 && (w->spins++ & 31) != 0) {
+   * its condition right after), the clock every 8 calls */
+  if (c->spin_cur > 0 && !w->cocore && (w->spins++ & 7) != 0) {
     cpu_relax();
     return 0;
   }
   uint64_t now = crun_clock_ns();
   if (!w->t0) w->t0 = now;
-  if ((long)(now - w->t0) < c->spin_cur) {
+  if (!w->cocore && (long)(now - w->t0) < c->spin_cur) {
     cpu_relax();
     return 0;
   }
@@ -262,17 +266,17 @@ int crun__shm_idle(crun__shm_comm_t *c, shm_waiter_t *w, shm_ctr_t ctr, int who,
 }
 
 /* Ends a successful wait and adapts the spin time: a wait that had to yield
- * or sleep halves it (down to 0.5 us: the peer shares this core, or other
- * load does, and spinning only delays it), one that ended while spinning
+ * or sleep halves it (down to 2 us: other load shares the cores, and
+ * spinning only delays the peer), one that ended while spinning
  * doubles it back (up to CRUN_SHM_SPIN_US). Resets the waiter. */
 void crun__shm_waited(crun__shm_comm_t *c, shm_waiter_t *w) {
   if (!c->policy_yield && w->spins) {
     if (w->iter || w->slept)
-      c->spin_cur = c->spin_cur / 2 > 500 ? c->spin_cur / 2 : 500;
+      c->spin_cur = c->spin_cur / 2 > 2000 ? c->spin_cur / 2 : 2000;
     else if (c->spin_cur < c->spin_ns)
       c->spin_cur = c->spin_cur * 2 < c->spin_ns ? c->spin_cur * 2 : c->spin_ns;
   }
-  w->iter = 0, w->spins = 0, w->t0 = 0, w->slept = 0;
+  w->iter = 0, w->spins = 0, w->t0 = 0, w->slept = 0, w->cocore = 0;
 }
 
 /* Waits until counter ctr of rank `who` (-1: every rank but this one)
