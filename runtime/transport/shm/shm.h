@@ -20,9 +20,11 @@
  * Waiting: with ranks <= cores a waiter spins up to CRUN_SHM_SPIN_US (default
  * 50) microseconds, then yields up to CRUN_SHM_YIELDS (default 50) times, then
  * sleeps on a futex (a poster calls FUTEX_WAKE only when someone sleeps);
- * with more ranks than cores it skips the spin. A wait that ended in a sleep
- * halves the spin time of the next ones (other load is on the cores), one
- * that did not lets it grow back. CRUN_SHM_WAIT=spin|yield forces a policy.
+ * with more ranks than cores, or when the awaited peer last posted from this
+ * CPU, it skips the spin. A wait that had to yield or sleep halves the spin
+ * time of the next ones (down to 2 us: other load is on the cores), one that
+ * ended while spinning doubles it back. CRUN_SHM_WAIT=spin|yield forces a
+ * policy.
  * Every wait has a deadline: `timeout` seconds of the call (<= 0 means the
  * communicator's timeout). Past it the call fails with CRUN_ETIMEDOUT naming
  * the ranks that never arrived ("no data from rank 2 after 1.0 s"); a peer
