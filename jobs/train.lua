@@ -262,8 +262,13 @@ local function bench(o)
       o["batch-size"], steps))
     print(string.format("  step time: no comm %.3f ms | DDP, all-reduce after backward %.3f ms | DDP overlapped %.3f ms",
       1e3 * t_local, 1e3 * t_seq, 1e3 * t_ddp))
-    print(string.format("  DDP overlapped: %.0f samples/s; all-reduce %.3f ms/step, %.0f%% of it hidden behind backward",
-      world * o["batch-size"] / t_ddp, 1e3 * comm, 100 * hidden))
+    if world == 1 then
+      print(string.format("  DDP: %.0f samples/s; one rank: DDP communicates nothing, overlap n/a",
+        o["batch-size"] / t_ddp))
+    else
+      print(string.format("  DDP overlapped: %.0f samples/s; all-reduce %.3f ms/step, %.0f%% of it hidden behind backward",
+        world * o["batch-size"] / t_ddp, 1e3 * comm, 100 * hidden))
+    end
   end
 end
 
