@@ -46,8 +46,10 @@ static void bind_layout(crun__shm_comm_t *c) {
 
 /* Rank 0: creates and sizes a fresh segment, fills its header, maps it. */
 static int segment_create(crun__shm_comm_t *c) {
-  size_t small = round_up((size_t)crun_env_int("CRUN_SHM_SMALL", 32768), SHM_LINE);
-  size_t chunk = (size_t)crun_env_int("CRUN_SHM_CHUNK", 512 * 1024);
+  long small_env = crun_env_int("CRUN_SHM_SMALL", 32768);
+  long chunk_env = crun_env_int("CRUN_SHM_CHUNK", 512 * 1024);
+  size_t small = round_up((size_t)(small_env >= 0 ? small_env : 32768), SHM_LINE);
+  size_t chunk = (size_t)(chunk_env > 0 ? chunk_env : 512 * 1024);
   long nbuf = crun_env_int("CRUN_SHM_NBUF", 3);
   if (small > (64u << 20)) small = 64u << 20;
   if (small < 8 * (size_t)c->size) small = 8 * (size_t)c->size; /* all_to_all_v counts */
