@@ -1,10 +1,13 @@
 /* cpu.c — the "cpu" backend: collectives over the TCP mesh with the algorithm
  * picked per call (runtime/algo), unless an attached engine (the same-host
- * shared-memory one) supports the call, in which case it runs it. */
+ * shared-memory one, or the hierarchical one across hosts: hier.c picks by
+ * CRUN_TRANSPORT and the ranks' hosts) supports the call, in which case it
+ * runs it. */
 #include <stdlib.h>
 
 #include "algo/algo.h"
 #include "backend/backend.h"
+#include "backend/cpu/hier.h"
 #include "tensor/half.h"
 #include "transport/tcp.h"
 
@@ -15,6 +18,7 @@ typedef struct {
   size_t scap;
   int has_engine;
   crun__engine_t engine;
+  crun__link_t link;      /* the TCP link, for engines that use it */
 } cpu_t;
 
 static int link_xfer(void *impl, crun__coll_t *c, const crun__xfer_t *x) {
@@ -36,10 +40,18 @@ static int cpu_create(crun_pg_t *pg, void **state) {
   cpu_t *b = calloc(1, sizeof *b);
   if (!b) return crun_error(CRUN_ENOMEM, "cpu backend");
   b->pg = pg;
-  int rc = crun__tcp_open(pg, &b->tcp);
+  crun__transport_t mode;
+  int rc = crun__cpu_transport(&mode);
+  if (rc == 0) rc = crun__tcp_open(pg, &b->tcp);
   if (rc < 0) { free(b); return rc; }
-  if (crun__shm_engine_open && crun_env_int("CRUN_SHM", 1) != 0 && pg->size > 1)
-    b->has_engine = crun__shm_engine_open(pg, &b->engine) == 0;
+  b->link = (crun__link_t){pg->rank, pg->size, b, link_xfer, link_scratch};
+  rc = crun__cpu_engine_open(pg, mode, &b->link, &b->engine);
+  b->has_engine = rc == 0;
+  if (rc < 0 && rc != CRUN_ENOTSUP) {
+    crun__tcp_close(b->tcp);
+    free(b);
+    return rc;
+  }
   *state = b;
   return 0;
 }
@@ -100,16 +112,19 @@ static int needs_widening(const crun__coll_t *c) {
                             c->kind == CRUN__COLL_REDUCE_SCATTER);
 }
 
+int crun__cpu_run_link(crun__link_t *l, crun__coll_t *c) {
+  const crun__algo_t *a = crun__algo_pick(c, l->size);
+  if (!a) return crun_error(CRUN_ENOTSUP, "cpu backend: no algorithm for %s", crun__coll_name(c->kind));
+  CRUN_LOG(TRACE, COLL, "%s #%llu: %s, %zu x %s on %d ranks", crun__coll_name(c->kind),
+           (unsigned long long)c->seq, a->name, c->count, crun_dtype_name(c->dt), l->size);
+  return needs_widening(c) ? run_widened(l, a, c) : a->run(l, c);
+}
+
 /* Runs any collective: the engine when it takes it, else the picked algorithm. */
 static int cpu_coll(void *state, crun__coll_t *c) {
   cpu_t *b = state;
   if (b->has_engine && b->engine.supports(b->engine.state, c)) return b->engine.run(b->engine.state, c);
-  const crun__algo_t *a = crun__algo_pick(c, b->pg->size);
-  if (!a) return crun_error(CRUN_ENOTSUP, "cpu backend: no algorithm for %s", crun__coll_name(c->kind));
-  CRUN_LOG(TRACE, COLL, "%s #%llu: %s, %zu x %s", crun__coll_name(c->kind),
-           (unsigned long long)c->seq, a->name, c->count, crun_dtype_name(c->dt));
-  crun__link_t l = {b->pg->rank, b->pg->size, b, link_xfer, link_scratch};
-  return needs_widening(c) ? run_widened(&l, a, c) : a->run(&l, c);
+  return crun__cpu_run_link(&b->link, c);
 }
 
 static int cpu_send(void *state, crun__coll_t *c) { return crun__tcp_send(((cpu_t *)state)->tcp, c); }

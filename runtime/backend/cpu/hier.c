@@ -1,0 +1,314 @@
+/* hier.c — transport selection for cpu groups and the hierarchical engine for
+ * groups that span hosts.
+ *
+ * Selection (crun__cpu_engine_open, called once the TCP mesh is up):
+ *   CRUN_TRANSPORT=tcp (or CRUN_SHM=0): TCP only.
+ *   CRUN_TRANSPORT=shm: every rank must be on one host and the shared-memory
+ *     engine must attach, else the group fails to form with CRUN_EINVAL.
+ *   unset / auto: ranks on one host use the shared-memory engine; ranks on
+ *     several hosts with at least one host holding two or more ranks use the
+ *     hierarchical engine below (CRUN_HIER=0: flat TCP instead); one rank per
+ *     host stays on TCP.
+ * A rank's host is its boot id, hostname and IPC/mount namespaces, unless
+ * CRUN_HOST_ID says otherwise: "rank_div:K" puts global rank r on fake host
+ * r / K (so one machine can pretend to be several: specs, tests), any other
+ * text is the host's name as given.
+ *
+ * The hierarchical engine joins the ranks of each host with a shared-memory
+ * communicator and runs the inter-host stage over the group's own TCP mesh
+ * among one representative per host:
+ *   all_reduce: shm reduce to local rank 0, TCP all_reduce among them, shm
+ *               broadcast back;
+ *   broadcast:  TCP broadcast among the root and the first rank of every
+ *               other host, then shm broadcast on every host;
+ *   reduce:     shm reduce to the root (its host) or the first rank, TCP
+ *               reduce among them to the root;
+ *   barrier:    shm barrier, TCP barrier among first ranks, shm barrier.
+ * all_gather, reduce_scatter, gather, scatter and all_to_all stay on the flat
+ * TCP algorithms (their data crosses hosts once anyway). avg runs as sum and
+ * divides by the group size once at the end. */
+#include "backend/cpu/hier.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "transport/shm/shm.h"
+
+typedef struct {
+  crun_pg_t *pg;
+  crun__link_t base;        /* the group's TCP link */
+  crun__shm_comm_t *comm;   /* this host's ranks; NULL when alone */
+  int nhosts, host;
+  int *host_of, *lrank_of, *first, *reps;  /* size, size, nhosts, nhosts */
+} hier_t;
+
+/* A link over the representatives: rank i of the sub-link is pg rank map[i]. */
+typedef struct {
+  crun__link_t *base;
+  const int *map;
+} sub_t;
+
+static int sub_xfer(void *impl, crun__coll_t *c, const crun__xfer_t *x) {
+  sub_t *s = impl;
+  crun__xfer_t y = *x;
+  y.to = x->to >= 0 ? s->map[x->to] : -1;
+  y.from = x->from >= 0 ? s->map[x->from] : -1;
+  return s->base->xfer(s->base->impl, c, &y);
+}
+
+static void *sub_scratch(void *impl, size_t n) {
+  sub_t *s = impl;
+  return s->base->scratch(s->base->impl, n);
+}
+
+/* Writes this rank's host identity into buf (see the file comment). */
+static void host_key(const crun_pg_t *pg, char *buf, size_t n) {
+  const char *id = getenv("CRUN_HOST_ID");
+  if (id && *id) {
+    long k = 0;
+    if (sscanf(id, "rank_div:%ld", &k) == 1 && k > 0) {
+      snprintf(buf, n, "fake-%ld", (long)pg->global[pg->rank] / k);
+      return;
+    }
+    snprintf(buf, n, "id-%s", id);
+    return;
+  }
+  char boot[64] = "", host[256] = "", ipc[64] = "", mnt[64] = "";
+  FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+  if (f) {
+    if (!fgets(boot, sizeof boot, f)) boot[0] = 0;
+    fclose(f);
+  }
+  boot[strcspn(boot, "\n")] = 0;
+  if (gethostname(host, sizeof host - 1) != 0) host[0] = 0;
+  ssize_t k = readlink("/proc/self/ns/ipc", ipc, sizeof ipc - 1);
+  ipc[k > 0 ? k : 0] = 0;
+  k = readlink("/proc/self/ns/mnt", mnt, sizeof mnt - 1);
+  mnt[k > 0 ? k : 0] = 0;
+  snprintf(buf, n, "%s/%s/%s/%s", boot, host, ipc, mnt);
+}
+
+/* Exchanges host keys; host_of[r] = index of r's host in order of first
+ * appearance. Returns the number of hosts or a negative status. */
+static int map_hosts(crun_pg_t *pg, int *host_of, char *desc, size_t cap) {
+  char key[64], mine[400];
+  host_key(pg, mine, sizeof mine);
+  snprintf(key, sizeof key, "hier/host/%d", pg->rank);
+  CRUN_CHECK(crun_store_set(pg->store, key, mine, strlen(mine)));
+  crun_buf_t *keys = calloc((size_t)pg->size, sizeof *keys);
+  if (!keys) return crun_error(CRUN_ENOMEM, "host map");
+  int nhosts = 0, rc = 0;
+  size_t used = 0;
+  desc[0] = 0;
+  for (int q = 0; q < pg->size && rc == 0; q++) {
+    snprintf(key, sizeof key, "hier/host/%d", q);
+    rc = crun_store_get(pg->store, key, &keys[q]);
+    if (rc < 0) break;
+    int h = 0;
+    while (h < q && !(keys[h].len == keys[q].len && !memcmp(keys[h].data, keys[q].data, keys[q].len))) h++;
+    host_of[q] = h < q ? host_of[h] : nhosts++;
+    if (used + 40 < cap) used += (size_t)snprintf(desc + used, cap - used, "%srank %d on host %d",
+                                                  q ? ", " : "", q, host_of[q]);
+  }
+  for (int q = 0; q < pg->size; q++) crun_buf_free(&keys[q]);
+  free(keys);
+  return rc < 0 ? rc : nhosts;
+}
+
+/* Publishes ok and sets *all to whether every rank published 1. */
+static int agree_ok(crun_pg_t *pg, int ok, int *all) {
+  char key[64];
+  snprintf(key, sizeof key, "hier/ok/%d", pg->rank);
+  CRUN_CHECK(crun_store_set(pg->store, key, ok ? "1" : "0", 1));
+  *all = 1;
+  for (int q = 0; q < pg->size; q++) {
+    crun_buf_t v = {0};
+    snprintf(key, sizeof key, "hier/ok/%d", q);
+    CRUN_CHECK(crun_store_get(pg->store, key, &v));
+    if (v.len != 1 || ((char *)v.data)[0] != '1') *all = 0;
+    crun_buf_free(&v);
+  }
+  return 0;
+}
+
+static double left(const crun__coll_t *c) {
+  double t = c->deadline > 0 ? c->deadline - crun_clock() : c->timeout;
+  return t > 1e-3 ? t : 1e-3;
+}
+
+/* Runs c (kind, root in representative indices) among reps over TCP. */
+static int reps_run(hier_t *h, crun__coll_t *c) {
+  sub_t s = {&h->base, h->reps};
+  crun__link_t l = {h->host, h->nhosts, &s, sub_xfer, sub_scratch};
+  return crun__cpu_run_link(&l, c);
+}
+
+static int is_rep(const hier_t *h) { return h->reps[h->host] == h->pg->rank; }
+
+/* reps[x] = the root on the root's host, else the host's first rank. */
+static void set_reps(hier_t *h, int root) {
+  for (int x = 0; x < h->nhosts; x++) h->reps[x] = h->first[x];
+  if (root >= 0) h->reps[h->host_of[root]] = root;
+}
+
+static int h_all_reduce(hier_t *h, crun__coll_t *c) {
+  crun__coll_t s = *c;
+  if (c->op == CRUN_OP_AVG) s.op = CRUN_OP_SUM;
+  set_reps(h, -1);
+  if (h->comm) CRUN_CHECK(crun__shm_reduce(h->comm, c->buf, NULL, c->count, c->dt, s.op, 0, left(c)));
+  if (is_rep(h)) CRUN_CHECK(reps_run(h, &s));
+  if (h->comm) CRUN_CHECK(crun__shm_broadcast(h->comm, c->buf, c->count, c->dt, 0, left(c)));
+  crun__link_t all = {h->pg->rank, h->pg->size, NULL, NULL, NULL};
+  return crun__finish_avg(&all, c, c->buf, c->count);
+}
+
+static int h_broadcast(hier_t *h, crun__coll_t *c) {
+  set_reps(h, c->root);
+  crun__coll_t s = *c;
+  s.root = h->host_of[c->root];
+  if (is_rep(h)) CRUN_CHECK(reps_run(h, &s));
+  if (!h->comm) return 0;
+  return crun__shm_broadcast(h->comm, c->buf, c->count, c->dt, h->lrank_of[h->reps[h->host]], left(c));
+}
+
+static int h_reduce(hier_t *h, crun__coll_t *c) {
+  set_reps(h, c->root);
+  crun__coll_t s = *c;
+  s.root = h->host_of[c->root];
+  if (c->op == CRUN_OP_AVG) s.op = CRUN_OP_SUM;
+  int root = h->pg->rank == c->root;
+  size_t bytes = c->count * crun_dtype_size(c->dt);
+  void *tmp = root ? c->buf : malloc(bytes ? bytes : 1);
+  if (!tmp) return crun_error(CRUN_ENOMEM, "reduce: %zu-byte buffer on rank %d", bytes, h->pg->rank);
+  int rc = 0;
+  if (h->comm)
+    rc = crun__shm_reduce(h->comm, tmp, root ? NULL : c->buf, c->count, c->dt, s.op,
+                          h->lrank_of[h->reps[h->host]], left(c));
+  else if (!root)
+    memcpy(tmp, c->buf, bytes);
+  s.buf = tmp;
+  if (rc == 0 && is_rep(h)) rc = reps_run(h, &s);
+  if (!root) free(tmp);
+  if (rc < 0 || !root) return rc;
+  crun__link_t all = {h->pg->rank, h->pg->size, NULL, NULL, NULL};
+  return crun__finish_avg(&all, c, c->buf, c->count);
+}
+
+static int h_barrier(hier_t *h, crun__coll_t *c) {
+  set_reps(h, -1);
+  if (h->comm) CRUN_CHECK(crun__shm_barrier(h->comm, left(c)));
+  if (is_rep(h)) CRUN_CHECK(reps_run(h, c));
+  return h->comm ? crun__shm_barrier(h->comm, left(c)) : 0;
+}
+
+static int h_supports(void *state, const crun__coll_t *c) {
+  (void)state;
+  return c->kind == CRUN__COLL_ALL_REDUCE || c->kind == CRUN__COLL_BROADCAST ||
+         c->kind == CRUN__COLL_REDUCE || c->kind == CRUN__COLL_BARRIER;
+}
+
+static int h_dispatch(hier_t *h, crun__coll_t *c) {
+  switch (c->kind) {
+  case CRUN__COLL_ALL_REDUCE: return h_all_reduce(h, c);
+  case CRUN__COLL_BROADCAST: return h_broadcast(h, c);
+  case CRUN__COLL_REDUCE: return h_reduce(h, c);
+  case CRUN__COLL_BARRIER: return h_barrier(h, c);
+  }
+  return crun_error(CRUN_ENOTSUP, "hierarchical engine: %s", crun__coll_name(c->kind));
+}
+
+/* Runs one collective; a timeout also says where every rank is. */
+static int h_run(void *state, crun__coll_t *c) {
+  hier_t *h = state;
+  if (h->comm) crun__shm_comm_label(h->comm, c->seq);
+  int rc = h_dispatch(h, c);
+  if (rc == CRUN_ETIMEDOUT) {
+    char where[512], text[1024];
+    snprintf(text, sizeof text, "%s", crun_last_error() + strlen("ETIMEDOUT: "));
+    crun__pg_progress_report(h->pg, where, sizeof where);
+    return crun_error(rc, "%s; %s", text, where);
+  }
+  return rc;
+}
+
+static void h_destroy(void *state) {
+  hier_t *h = state;
+  if (!h) return;
+  crun__shm_comm_destroy(h->comm);
+  free(h->host_of);
+  free(h);
+}
+
+/* Builds the hierarchical engine from the host map (collective). */
+static int hier_open(crun_pg_t *pg, const crun__link_t *tcp, int *host_of, int nhosts,
+                     crun__engine_t *out) {
+  int n = pg->size, lsize = 0, all = 0;
+  hier_t *h = calloc(1, sizeof *h);
+  int *arr = malloc(sizeof(int) * (size_t)(2 * n + 2 * nhosts));
+  if (!h || !arr) { free(h); free(arr); free(host_of); return crun_error(CRUN_ENOMEM, "hierarchical engine"); }
+  memcpy(arr, host_of, sizeof(int) * (size_t)n);
+  free(host_of);
+  *h = (hier_t){.pg = pg, .base = *tcp, .nhosts = nhosts, .host_of = arr, .lrank_of = arr + n,
+                .first = arr + 2 * n, .reps = arr + 2 * n + nhosts};
+  h->host = arr[pg->rank];
+  int *count = h->reps;
+  for (int x = 0; x < nhosts; x++) count[x] = 0;
+  for (int q = n - 1; q >= 0; q--) h->first[arr[q]] = q;
+  for (int q = 0; q < n; q++) h->lrank_of[q] = count[arr[q]]++;
+  lsize = count[h->host];
+  int rc = 0;
+  if (lsize > 1) {
+    char prefix[48];
+    snprintf(prefix, sizeof prefix, "hier/shm/%d", h->host);
+    rc = crun__shm_comm_create(pg->store, prefix, h->lrank_of[pg->rank], lsize, pg->timeout, &h->comm);
+    if (rc < 0)
+      CRUN_LOG(WARN, SHM, "rank %d: shared memory unavailable, staying on TCP: %s", pg->rank, crun_last_error());
+  }
+  int ar = agree_ok(pg, rc == 0, &all);
+  if (ar < 0 || !all) { h_destroy(h); return ar < 0 ? ar : CRUN_ENOTSUP; }
+  *out = (crun__engine_t){.name = "hier", .state = h, .supports = h_supports, .run = h_run,
+                          .destroy = h_destroy};
+  if (pg->rank == 0)
+    CRUN_LOG(INFO, SHM, "group of %d ranks on %d hosts uses the hierarchical engine", n, nhosts);
+  return 0;
+}
+
+/* Reads CRUN_TRANSPORT (and the CRUN_SHM=0 alias) into *mode. */
+int crun__cpu_transport(crun__transport_t *mode) {
+  const char *t = getenv("CRUN_TRANSPORT");
+  *mode = CRUN__TR_AUTO;
+  if (t && *t && strcmp(t, "auto") != 0) {
+    if (!strcmp(t, "tcp")) *mode = CRUN__TR_TCP;
+    else if (!strcmp(t, "shm")) *mode = CRUN__TR_SHM;
+    else return crun_error(CRUN_EINVAL, "CRUN_TRANSPORT=%s: expected tcp, shm or auto", t);
+  }
+  if (*mode == CRUN__TR_AUTO && crun_env_int("CRUN_SHM", 1) == 0) *mode = CRUN__TR_TCP;
+  return 0;
+}
+
+int crun__cpu_engine_open(crun_pg_t *pg, crun__transport_t mode, const crun__link_t *tcp,
+                          crun__engine_t *out) {
+  if (mode == CRUN__TR_TCP || pg->size < 2) return CRUN_ENOTSUP;
+  int *host_of = malloc(sizeof(int) * (size_t)pg->size);
+  char desc[256];
+  if (!host_of) return crun_error(CRUN_ENOMEM, "host map");
+  int nhosts = map_hosts(pg, host_of, desc, sizeof desc);
+  if (nhosts < 0) { free(host_of); return nhosts; }
+  if (nhosts == 1) {
+    free(host_of);
+    int rc = crun__shm_engine_open ? crun__shm_engine_open(pg, out) : CRUN_ENOTSUP;
+    if (rc < 0 && mode == CRUN__TR_SHM)
+      return crun_error(CRUN_EINVAL, "CRUN_TRANSPORT=shm: rank %d: the shared-memory engine could not "
+                        "attach (%s)", pg->rank, crun__shm_engine_open ? crun_last_error() : "not built in");
+    return rc;
+  }
+  if (mode == CRUN__TR_SHM) {
+    free(host_of);
+    return crun_error(CRUN_EINVAL, "CRUN_TRANSPORT=shm needs every rank on one host, but rank %d sees "
+                      "%d hosts: %s", pg->rank, nhosts, desc);
+  }
+  if (nhosts == pg->size || crun_env_int("CRUN_HIER", 1) == 0) { free(host_of); return CRUN_ENOTSUP; }
+  return hier_open(pg, tcp, host_of, nhosts, out);
+}
