@@ -7,6 +7,7 @@
  * Per-rank buffer lists that are not laid out back to back go through a
  * staging buffer. */
 #include <limits.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -24,7 +25,33 @@ MPI_Datatype crun__mpi_type(crun_dtype_t dt) {
   }
 }
 
-static MPI_Op mpi_op(crun_reduce_op_t op) {
+/* uint8 sum and product as user ops that wrap modulo 256 as C does: Open
+ * MPI 4.1's AVX kernels (op/avx) saturate MPI_SUM on MPI_UINT8_T at 255. */
+static void u8_sum(void *in, void *inout, int *len, MPI_Datatype *dt) {
+  const uint8_t *a = in;
+  uint8_t *b = inout;
+  for (int i = 0; i < *len; i++) b[i] = (uint8_t)(b[i] + a[i]);
+}
+
+static void u8_prod(void *in, void *inout, int *len, MPI_Datatype *dt) {
+  const uint8_t *a = in;
+  uint8_t *b = inout;
+  for (int i = 0; i < *len; i++) b[i] = (uint8_t)(b[i] * a[i]);
+}
+
+static pthread_once_t g_ops_once = PTHREAD_ONCE_INIT;
+static MPI_Op g_u8_sum = MPI_OP_NULL, g_u8_prod = MPI_OP_NULL;
+
+static void make_ops(void) {
+  MPI_Op_create(u8_sum, 1, &g_u8_sum);
+  MPI_Op_create(u8_prod, 1, &g_u8_prod);
+}
+
+static MPI_Op mpi_op(crun_dtype_t dt, crun_reduce_op_t op) {
+  if (dt == CRUN_UINT8 && (op == CRUN_OP_SUM || op == CRUN_OP_AVG || op == CRUN_OP_PRODUCT)) {
+    pthread_once(&g_ops_once, make_ops);
+    return op == CRUN_OP_PRODUCT ? g_u8_prod : g_u8_sum;
+  }
   switch (op) {
   case CRUN_OP_PRODUCT: return MPI_PROD;
   case CRUN_OP_MIN: return MPI_MIN;
@@ -85,7 +112,7 @@ static MPI_Datatype red_type(const crun__coll_t *c) { return is_half(c->dt) ? MP
 static int all_reduce(crun__mpi_t *b, crun__coll_t *c) {
   void *w = red_buf(b, c, c->buf, c->count);
   if (!w) return NOMEM(c);
-  RUN(b, c, "MPI_Allreduce", MPI_Allreduce(MPI_IN_PLACE, w, (int)c->count, red_type(c), mpi_op(c->op), b->comm));
+  RUN(b, c, "MPI_Allreduce", MPI_Allreduce(MPI_IN_PLACE, w, (int)c->count, red_type(c), mpi_op(c->dt, c->op), b->comm));
   red_out(b, c, c->buf, w, c->count);
   return 0;
 }
@@ -95,7 +122,7 @@ static int reduce(crun__mpi_t *b, crun__coll_t *c) {
   if (!w) return NOMEM(c);
   int root = c->root == b->rank;
   RUN(b, c, "MPI_Reduce", MPI_Reduce(root ? MPI_IN_PLACE : w, root ? w : NULL, (int)c->count, red_type(c),
-                                     mpi_op(c->op), c->root, b->comm));
+                                     mpi_op(c->dt, c->op), c->root, b->comm));
   if (root) red_out(b, c, c->buf, w, c->count);
   return 0;
 }
@@ -118,7 +145,7 @@ static int reduce_scatter(crun__mpi_t *b, crun__coll_t *c) {
   void *out = is_half(c->dt) ? crun__mpi_stage(b, 1, n * ws) : c->buf;
   if (!out) return NOMEM(c);
   RUN(b, c, "MPI_Reduce_scatter_block",
-      MPI_Reduce_scatter_block(in, out, (int)n, red_type(c), mpi_op(c->op), b->comm));
+      MPI_Reduce_scatter_block(in, out, (int)n, red_type(c), mpi_op(c->dt, c->op), b->comm));
   red_out(b, c, c->buf, out, n);
   return 0;
 }

@@ -230,6 +230,7 @@ static void mpi_destroy(void *state) {
   if (!b) return;
   int alive = crun__mpi_alive();
   crun__mpi_watch_remove(&b->watch);
+  if (alive) crun__mpi_sends_drain(b, b->pg->timeout < 10 ? b->pg->timeout : 10);
   drop_abort(b, alive);
   if (alive && b->ctrl != MPI_COMM_NULL) MPI_Comm_free(&b->ctrl);
   if (alive && b->comm != MPI_COMM_NULL) MPI_Comm_free(&b->comm);

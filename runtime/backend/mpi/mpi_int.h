@@ -36,6 +36,13 @@ typedef struct crun__mpi_watch {
   struct crun__mpi_watch *next;  /* registry list, guarded by the registry lock */
 } crun__mpi_watch_t;
 
+/* A buffered send still in flight (p2p.c). */
+typedef struct crun__mpi_send {
+  MPI_Request req;
+  struct crun__mpi_send *next;
+  char data[];                   /* header + payload */
+} crun__mpi_send_t;
+
 /* One group's backend state. */
 typedef struct crun__mpi {
   crun_pg_t *pg;
@@ -49,6 +56,7 @@ typedef struct crun__mpi {
   int peer_aborted;              /* our failure came from a peer's abort notice */
   char *abort_msg;               /* our own notice, kept while its sends are pending */
   MPI_Request *abort_reqs;
+  crun__mpi_send_t *sends;       /* buffered sends in flight */
   crun__mpi_watch_t watch;
 } crun__mpi_t;
 
@@ -94,6 +102,9 @@ void *crun__mpi_stage(crun__mpi_t *b, int i, size_t n);
 
 /* Runs any collective (coll.c): the vtable's collective slots. */
 int crun__mpi_coll(void *state, crun__coll_t *c);
+
+/* Finishes the buffered sends, waiting up to `wait` seconds (teardown). */
+void crun__mpi_sends_drain(crun__mpi_t *b, double wait);
 
 /* Point-to-point: the vtable's send and recv slots. */
 int crun__mpi_send(void *state, crun__coll_t *c);

@@ -52,19 +52,42 @@ static int msg_type(int64_t *hdr, void *buf, const crun__coll_t *c, MPI_Datatype
   return rc == MPI_SUCCESS ? MPI_Type_commit(out) : rc;
 }
 
-/* Starts the send of header + payload; *hdr is heap memory MPI reads until done. */
-static int start_send(crun__mpi_t *b, crun__coll_t *c, int64_t *hdr, size_t bytes, MPI_Request *r) {
-  if (bytes <= SMALL) {
-    char *s = crun__mpi_stage(b, 0, HDR + bytes);
-    if (!s) return MPI_ERR_NO_MEM;
-    memcpy(s, hdr, HDR);
-    if (bytes) memcpy(s + HDR, c->buf, bytes);
-    return MPI_Isend(s, (int)(HDR + bytes), MPI_BYTE, c->root, c->tag, b->comm, r);
+/* Drops the finished buffered sends; with wait > 0, first waits up to that
+ * many seconds for the others, then lets MPI finish them (their memory is
+ * then left allocated: MPI may still read it). */
+static void reap(crun__mpi_t *b, double wait) {
+  crun__mpi_spin_t spin = {0};
+  double end = crun_clock() + wait;
+  for (;;) {
+    crun__mpi_send_t **p = &b->sends;
+    while (*p) {
+      int done = 0;
+      if (MPI_Test(&(*p)->req, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) done = 1;
+      if (!done && !(wait > 0 && crun_clock() >= end)) { p = &(*p)->next; continue; }
+      crun__mpi_send_t *s = *p;
+      *p = s->next;
+      if (done) free(s);
+      else MPI_Request_free(&s->req);
+    }
+    if (!b->sends || wait <= 0) return;
+    crun__mpi_relax(&spin);
   }
+}
+
+void crun__mpi_sends_drain(crun__mpi_t *b, double wait) { reap(b, wait); }
+
+/* Starts the send of a heap copy of (header, payload); its completion does
+ * not wait for the receiver, so a send followed by a recv in one queue never
+ * deadlocks whatever the size (as a send into a socket buffer would not). */
+static int start_send(crun__mpi_t *b, crun__coll_t *c, size_t bytes, crun__mpi_send_t *s) {
+  int64_t *hdr = (int64_t *)s->data;
+  hdr[0] = c->dt, hdr[1] = (int64_t)c->count;
+  if (bytes) memcpy(s->data + HDR, c->buf, bytes);
+  if (HDR + bytes <= INT32_MAX) return MPI_Isend(s->data, (int)(HDR + bytes), MPI_BYTE, c->root, c->tag, b->comm, &s->req);
   MPI_Datatype t;
-  int rc = msg_type(hdr, c->buf, c, &t);
+  int rc = msg_type(hdr, s->data + HDR, c, &t);
   if (rc != MPI_SUCCESS) return rc;
-  rc = MPI_Isend(MPI_BOTTOM, 1, t, c->root, c->tag, b->comm, r);
+  rc = MPI_Isend(MPI_BOTTOM, 1, t, c->root, c->tag, b->comm, &s->req);
   MPI_Type_free(&t);
   return rc;
 }
@@ -74,25 +97,19 @@ int crun__mpi_send(void *state, crun__coll_t *c) {
   char desc[64];
   crun__coll_desc(c, desc, sizeof desc);
   CRUN_CHECK(check_tag(b, c, desc));
+  CRUN_CHECK(crun__mpi_poll_abort(b, desc));
+  reap(b, 0);
   size_t bytes = c->count * crun_dtype_size(c->dt);
-  int64_t *hdr = malloc(HDR);
-  if (!hdr) return crun_error(CRUN_ENOMEM, "%s: header", desc);
-  hdr[0] = c->dt, hdr[1] = (int64_t)c->count;
-  MPI_Request r = MPI_REQUEST_NULL;
-  int rc = start_send(b, c, hdr, bytes, &r);
+  crun__mpi_send_t *s = malloc(sizeof *s + HDR + bytes);
+  if (!s) return crun_error(CRUN_ENOMEM, "%s on rank %d: no memory to buffer %zu bytes", desc, b->rank, bytes);
+  int rc = start_send(b, c, bytes, s);
   if (rc != MPI_SUCCESS) {
-    free(hdr);
+    free(s);
     return crun__mpi_fail(rc, desc, b->rank, "MPI_Isend");
   }
-  rc = crun__mpi_wait(b, &r, 1, c->deadline, desc);
-  if (rc == 0) {
-    free(hdr);
-    return 0;
-  }
-  MPI_Request_free(&r); /* MPI may still read hdr and the buffer: hdr is left allocated */
-  if (rc < 0) return rc;
-  return crun_error(CRUN_ETIMEDOUT, "%s on rank %d: rank %d took no data for %.1f s (no matching recv)", desc,
-                    b->rank, c->root, c->timeout);
+  s->next = b->sends;
+  b->sends = s;
+  return 0;
 }
 
 /* ---------------------------------------------------------------- recv */
@@ -164,6 +181,7 @@ int crun__mpi_recv(void *state, crun__coll_t *c) {
   char desc[64];
   crun__coll_desc(c, desc, sizeof desc);
   CRUN_CHECK(check_tag(b, c, desc));
+  reap(b, 0);
   MPI_Message m;
   MPI_Status st;
   CRUN_CHECK(probe(b, c, desc, &m, &st));

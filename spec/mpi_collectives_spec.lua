@@ -1,0 +1,128 @@
+-- mpi_collectives_spec.lua — the mpi backend under `mpirun -np N crun-lua`:
+-- the collective matrix of the cpu backend's spec (spec/helpers/dist_cases.lua,
+-- run unchanged: backend "auto" picks mpi under mpirun) at 1-4 ranks, the
+-- failure scenarios of spec/helpers/dist_errors.lua, and the start-up rules.
+local mpi = require "helpers.mpi_run"
+local run = require "helpers.dist_run"
+
+local ok, why = mpi.available()
+
+-- Checks that every rank of an n-rank job wrote only "ok" lines, then "done N".
+local function all_ok(dir, n, out, min_cases)
+  local cases
+  for r = 0, n - 1 do
+    local lines = run.lines(dir, r)
+    assert.is_true(#lines > 0, "rank " .. r .. " wrote nothing; job output:\n" .. out)
+    local done = tonumber(lines[#lines]:match("^done (%d+)$"))
+    assert.is_not_nil(done, "rank " .. r .. " did not finish (last line: " .. lines[#lines] .. "); output:\n" .. out)
+    local failed = {}
+    for i = 1, #lines - 1 do
+      if not lines[i]:match("^ok ") then failed[#failed + 1] = lines[i] end
+    end
+    assert.are.same({}, failed)
+    assert.are.equal(done, #lines - 1)
+    cases = cases or done
+    assert.are.equal(cases, done)
+  end
+  assert.is_true(cases >= min_cases, "only " .. tostring(cases) .. " cases ran")
+end
+
+local function scenario(mode)
+  local dir = run.tmpdir()
+  local _, out = mpi.run(3, "spec/helpers/dist_errors.lua", mode .. " " .. dir, {limit = 60})
+  local res = {}
+  for r = 0, 2 do res[r] = run.text(dir, r) end
+  run.cleanup(dir)
+  return res, out
+end
+
+describe("the mpi backend", function()
+  if not ok then
+    pending("skipped: " .. why)
+    return
+  end
+
+  for n = 1, 4 do
+    it("passes the whole collective matrix on every rank of mpirun -np " .. n, function()
+      local dir = run.tmpdir()
+      local code, out = mpi.run(n, "spec/helpers/dist_cases.lua", dir, {limit = 150})
+      all_ok(dir, n, out, 650)
+      assert.are.equal(0, code, out)
+      run.cleanup(dir)
+    end)
+  end
+
+  it("is what backend auto picks under mpirun, and needs no store or MASTER_PORT", function()
+    local dir = run.tmpdir()
+    local f = assert(io.open(dir .. "/job.lua", "w"))
+    f:write([[
+      local dist = require("crun").dist
+      dist.init_process_group{}
+      local f = assert(io.open(arg[1] .. "/rank" .. dist.get_rank() .. ".txt", "w"))
+      f:write(dist.get_backend(), " ", dist.get_rank(), " ", dist.get_world_size(), "\n")
+      f:close()
+      dist.destroy_process_group()
+    ]])
+    f:close()
+    local code, out = mpi.run(3, dir .. "/job.lua", dir, {env = {MASTER_PORT = "1"}})
+    assert.are.equal(0, code, out)
+    for r = 0, 2 do assert.are.equal("mpi " .. r .. " 3", run.text(dir, r), out) end
+    run.cleanup(dir)
+  end)
+
+  it("reports a different collective on every rank, naming both calls", function()
+    local res, out = scenario("mismatch")
+    for r = 0, 2 do
+      local t = res[r]
+      assert.is_truthy(t:match("^error EMISMATCH: "), "rank " .. r .. ": " .. t .. "\n" .. out)
+      for _, want in ipairs({"all_reduce", "all_gather", "float32[512]", "rank 2"}) do
+        assert.is_truthy(t:find(want, 1, true), t)
+      end
+    end
+  end)
+
+  it("reports a different count on every rank", function()
+    local res, out = scenario("count")
+    for r = 0, 2 do
+      local t = res[r]
+      assert.is_truthy(t:match("^error EMISMATCH: all_reduce #1 on rank %d"), "rank " .. r .. ": " .. t .. "\n" .. out)
+      assert.is_truthy(t:find("float32[1024]", 1, true) and t:find("float32[512]", 1, true), t)
+    end
+  end)
+
+  it("times out naming the late rank and where every rank is; the late rank fails too", function()
+    local res, out = scenario("timeout")
+    for r = 0, 1 do
+      local t = res[r]
+      assert.is_truthy(t:match("^error ETIMEDOUT: "), "rank " .. r .. ": " .. t .. "\n" .. out)
+      assert.is_truthy(t:find("all_reduce #2", 1, true), t)
+      assert.is_truthy(t:find("no data from rank 2 after 1.0 s", 1, true), t)
+      assert.is_truthy(t:find("rank 2 is at barrier #1", 1, true), t)
+      assert.is_truthy(t:find("ranks 0-1 are at all_reduce #2", 1, true), t)
+      assert.is_true(tonumber(t:match("elapsed ([%d.]+)")) < 2.5, t)
+    end
+    assert.is_truthy(res[2]:match("^error ETIMEDOUT: "), res[2] .. "\n" .. out)
+  end)
+
+  it("refuses world_size > 1 when the processes were not started by mpirun", function()
+    local dir = run.tmpdir()
+    local f = assert(io.open(dir .. "/job.lua", "w"))
+    f:write([[
+      local ok, err = pcall(require("crun").dist.init_process_group, {backend = "mpi"})
+      io.open(arg[1] .. "/rank" .. os.getenv("RANK") .. ".txt", "w"):write(tostring(err))
+    ]])
+    f:close()
+    local cmd = string.format("timeout -s KILL 60 %s -n 2 --master-port 0 %s %s 2>&1", os.getenv("CRUN_LUA"),
+                              dir .. "/job.lua", dir)
+    local p = io.popen(cmd)
+    local out = p:read("a")
+    p:close()
+    for r = 0, 1 do
+      local t = run.text(dir, r)
+      assert.is_truthy(t:match("^EINVAL: backend mpi on rank %d: world_size is 2 but this process was not started by mpirun"),
+                       t .. "\n" .. out)
+      assert.is_truthy(t:find("mpirun -np 2 crun-lua", 1, true), t)
+    end
+    run.cleanup(dir)
+  end)
+end)
