@@ -1,0 +1,42 @@
+-- collectives_hier_spec.lua — groups spanning hosts, faked on one machine
+-- with CRUN_HOST_ID=rank_div:K (global rank r is on host r // K): the
+-- hierarchical engine (shared memory within a host, TCP among one rank per
+-- host) runs all_reduce/broadcast/reduce/barrier, the rest stays on flat
+-- TCP; roots sit on either host and at either local position. Also: the
+-- transport chosen by CRUN_TRANSPORT=shm fails clearly across hosts.
+local matrix = require "helpers.dist_matrix"
+local run = require "helpers.dist_run"
+
+describe("collectives across fake hosts", function()
+  -- {ranks, K}: 2 ranks on 2 hosts (one rank each: flat TCP), 3 ranks as 2+1,
+  -- 4 ranks as 2+2 and as 3+1.
+  for _, job in ipairs({{2, 1}, {3, 2}, {4, 2}, {4, 3}}) do
+    local n, k = job[1], job[2]
+    it("pass the representative cases on " .. n .. " ranks with CRUN_HOST_ID=rank_div:" .. k, function()
+      matrix.check(n, "CRUN_HOST_ID=rank_div:" .. k, {subset = true, min_cases = 120})
+    end)
+  end
+
+  it("run 8 oversubscribed ranks on 2 and on 3 hosts", function()
+    for _, k in ipairs({4, 3}) do
+      local code, out = run.run(8, "spec/helpers/dist_stress.lua", "",
+                                {limit = 120, env = "CRUN_HOST_ID=rank_div:" .. k})
+      assert.are.equal(0, code, out)
+      assert.is_truthy(out:find("8 ranks: 200 rounds in", 1, true), out)
+    end
+  end)
+
+  it("refuse CRUN_TRANSPORT=shm when the ranks are on several hosts, naming them", function()
+    local code, out = run.run(2, "spec/helpers/dist_stress.lua", "",
+                              {limit = 60, env = "CRUN_TRANSPORT=shm CRUN_HOST_ID=rank_div:1"})
+    assert.are_not.equal(0, code)
+    assert.is_truthy(out:find("EINVAL: CRUN_TRANSPORT=shm needs every rank on one host", 1, true), out)
+    assert.is_truthy(out:find("rank 1 on host 1", 1, true), out)
+  end)
+
+  it("reject an unknown CRUN_TRANSPORT", function()
+    local code, out = run.run(2, "spec/helpers/dist_stress.lua", "", {limit = 60, env = "CRUN_TRANSPORT=udp"})
+    assert.are_not.equal(0, code)
+    assert.is_truthy(out:find("CRUN_TRANSPORT=udp: expected tcp, shm or auto", 1, true), out)
+  end)
+end)

@@ -1,0 +1,16 @@
+-- collectives_tcp_spec.lua — the collective cases over TCP alone
+-- (CRUN_TRANSPORT=tcp, and its older spelling CRUN_SHM=0) at 2-4 ranks:
+-- every collective, every dtype once, every op once, counts 0/1/7/100003
+-- (dist_cases.lua "subset"), plus the cases that are not dtype x op.
+local matrix = require "helpers.dist_matrix"
+
+describe("collectives over TCP alone", function()
+  for n = 2, 4 do
+    it("pass the representative cases on a " .. n .. "-rank job with CRUN_TRANSPORT=tcp", function()
+      matrix.check(n, "CRUN_TRANSPORT=tcp", {subset = true, min_cases = 120})
+    end)
+  end
+  it("pass them with CRUN_SHM=0 (alias of CRUN_TRANSPORT=tcp) at 3 ranks", function()
+    matrix.check(3, "CRUN_SHM=0", {subset = true, min_cases = 120})
+  end)
+end)
