@@ -192,8 +192,8 @@ static void *watchdog_main(void *arg) {
       double d = atomic_load(&w->deadline);
       if (d <= 0 || now < d) continue;
       CRUN_LOG(WARN, COLL, "ETIMEDOUT: %s on rank %d is still inside MPI past its deadline; a peer "
-               "stopped or died inside the operation, and MPI cannot cancel it: aborting the MPI job",
-               w->what, w->rank);
+               "never joined the operation or stopped inside it, and MPI cannot cancel it: aborting "
+               "the MPI job", w->what, w->rank);
       MPI_Abort(MPI_COMM_WORLD, 124);
     }
     pthread_mutex_unlock(&g_lock);
