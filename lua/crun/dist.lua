@@ -74,7 +74,10 @@ function dist.init_process_group(opts)
   end
   local timeout = opts.timeout or 300
   local backend = opts.backend or os.getenv("CRUN_BACKEND") or "auto"
-  if backend == "auto" and core.have_mpi and os.getenv("OMPI_COMM_WORLD_SIZE") then backend = "mpi" end
+  if backend == "auto" and core.have_mpi and (os.getenv("OMPI_COMM_WORLD_SIZE") or os.getenv("PMI_SIZE"))
+     and not os.getenv("CRUN_LAUNCHER") then
+    backend = "mpi"  -- as runtime/backend/backend.c decides it
+  end
   -- backend mpi meets through MPI itself: a private in-process store suffices
   local store = opts.store or (backend == "mpi" and require("crun.store").hash())
                 or store_for(opts.init_method or "env://", rank, world_size, timeout)

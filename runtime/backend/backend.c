@@ -29,7 +29,10 @@ const char *crun__backend_names(void) {
   return nccl ? "cpu, nccl" : "cpu";
 }
 
-static int started_by_mpirun(void) { return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE"); }
+/* mpirun/srun started this process and crun-lua did not spawn it (CRUN_LAUNCHER). */
+static int started_by_mpirun(void) {
+  return (getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE")) && !getenv("CRUN_LAUNCHER");
+}
 
 const crun_backend_vtable_t *crun__backend_find(const char *name) {
   int is_auto = !name || !*name || !strcmp(name, "auto");
