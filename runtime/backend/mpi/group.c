@@ -28,11 +28,11 @@ void *crun__mpi_stage(crun__mpi_t *b, int i, size_t n) {
   return b->stage[i] ? b->stage[i] : (n ? NULL : b);
 }
 
-/* A world size above 1 needs a process manager that started every rank. */
+/* A world size above 1 needs a process manager that started every rank (a
+ * worker crun-lua spawned, CRUN_LAUNCHER=1, is not one even under mpirun). */
 static int check_launch(const crun_pg_t *pg) {
-  if (pg->size < 2 || crun__mpi_alive() || getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") ||
-      getenv("PMIX_RANK"))
-    return 0;
+  int by_mpi = (getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") || getenv("PMIX_RANK")) && !getenv("CRUN_LAUNCHER");
+  if (pg->size < 2 || crun__mpi_alive() || by_mpi) return 0;
   return crun_error(CRUN_EINVAL, "backend mpi on rank %d: world_size is %d but this process was not started by "
                     "mpirun (no OMPI_COMM_WORLD_SIZE or PMI_SIZE); run `mpirun -np %d crun-lua script.lua` "
                     "or use backend \"cpu\"", pg->rank, pg->size, pg->size);
