@@ -149,14 +149,23 @@ int crun__agent_failure_fd(crun__agent_t *a);
 /* Stops the server and frees the agent (NULL is fine). */
 void crun__agent_stop(crun__agent_t *a);
 
+/* ---- worker.c: the Lua state of a worker and of the -i front */
+
+struct lua_State;
+
+/* A new Lua state with the standard libraries, package.preload["crun.core"]
+ * and package.path with the crun lua dir first; NULL when out of memory. */
+struct lua_State *crun__lua_state_new(void);
+
+/* lua_pcall message handler: the error text followed by a traceback. */
+int crun__lua_msghandler(struct lua_State *L);
+
 /* ---- repl.c */
 
 /* Runs the interactive mode (-i). Returns the exit code. */
 int crun__repl_run(const crun__opts_t *o);
 
 /* ---- repl_worker.c (a worker under -i; called by crun__worker_run) */
-
-struct lua_State;
 
 /* Before the script: Ctrl-C handling, announces the worker on the store.
  * Returns LUA_OK, or a Lua status with the message on the stack. */

@@ -19,7 +19,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
-#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -322,37 +321,6 @@ static int l_supervisor(lua_State *L) {
 
 /* ---------------------------------------------------------------- Lua state */
 
-/* The lua dir holding crun/init.lua: the build tree's when it exists. */
-static const char *lua_dir(void) {
-  struct stat st;
-  if (stat(CRUN_LUA_BUILD_DIR "/crun/init.lua", &st) == 0) return CRUN_LUA_BUILD_DIR;
-  return CRUN_LUA_INSTALL_LDIR;
-}
-
-/* A Lua state where require "crun" works. */
-static lua_State *front_state(void) {
-  lua_State *L = luaL_newstate();
-  if (!L) return NULL;
-  luaL_openlibs(L);
-  lua_getglobal(L, "package");
-  lua_getfield(L, -1, "preload");
-  lua_pushcfunction(L, luaopen_crun_core);
-  lua_setfield(L, -2, "crun.core");
-  lua_pop(L, 1);
-  const char *dir = lua_dir();
-  lua_getfield(L, -1, "path");
-  lua_pushfstring(L, "%s/?.lua;%s/?/init.lua;%s", dir, dir, lua_tostring(L, -1));
-  lua_setfield(L, -3, "path");
-  lua_pop(L, 2);
-  return L;
-}
-
-static int traceback_handler(lua_State *L) {
-  const char *msg = lua_tostring(L, 1);
-  luaL_traceback(L, L, msg ? msg : "(error object is not a string)", 1);
-  return 1;
-}
-
 /* Runs require("crun.repl").front(h, opts); returns how the session ended
  * ("quit", "gone", "interrupt", "terminate") or "error" after printing it. */
 static const char *front_run(lua_State *L, const crun__placement_t *base, const char *host,
@@ -360,7 +328,7 @@ static const char *front_run(lua_State *L, const crun__placement_t *base, const 
   static const luaL_Reg helpers[] = {
       {"readline", l_readline}, {"add_history", l_add_history}, {"signals", l_signals},
       {"alive", l_alive}, {"kill", l_kill}, {"supervisor", l_supervisor}, {NULL, NULL}};
-  lua_pushcfunction(L, traceback_handler);
+  lua_pushcfunction(L, crun__lua_msghandler);
   lua_getglobal(L, "require");
   lua_pushstring(L, "crun.repl");
   if (lua_pcall(L, 1, 1, 1) != LUA_OK) goto fail;
@@ -444,7 +412,7 @@ int crun__repl_run(const crun__opts_t *opts) {
     return 1;
   }
   sigprocmask(SIG_SETMASK, &old, NULL);
-  lua_State *L = front_state();
+  lua_State *L = crun__lua_state_new();
   char how[32] = "error";
   if (!L) fprintf(stderr, "crun-lua: cannot create a Lua state (out of memory)\n");
   else {

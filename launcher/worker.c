@@ -45,8 +45,10 @@ static const char *lua_dir(void) {
   return CRUN_LUA_INSTALL_LDIR;
 }
 
-/* package.preload["crun.core"] and package.path with the crun lua dir first. */
-static void setup_package(lua_State *L) {
+lua_State *crun__lua_state_new(void) {
+  lua_State *L = luaL_newstate();
+  if (!L) return NULL;
+  luaL_openlibs(L);
   lua_getglobal(L, "package");
   lua_getfield(L, -1, "preload");
   lua_pushcfunction(L, luaopen_crun_core);
@@ -57,6 +59,7 @@ static void setup_package(lua_State *L) {
   lua_pushfstring(L, "%s/?.lua;%s/?/init.lua;%s", dir, dir, lua_tostring(L, -1));
   lua_setfield(L, -3, "path");
   lua_pop(L, 2);
+  return L;
 }
 
 /* The global `arg`: arg[0] the script, arg[1..] its arguments, negative
@@ -75,8 +78,7 @@ static int setup_arg(lua_State *L, const crun__opts_t *o) {
   return nargs;
 }
 
-/* Message handler: the error text followed by a traceback. */
-static int msghandler(lua_State *L) {
+int crun__lua_msghandler(lua_State *L) {
   const char *msg = lua_tostring(L, 1);
   if (msg == NULL) {
     if (luaL_callmeta(L, 1, "__tostring") && lua_type(L, -1) == LUA_TSTRING) return 1;
@@ -88,7 +90,7 @@ static int msghandler(lua_State *L) {
 
 /* Loads the script and calls it under the traceback handler. */
 static int run_script(lua_State *L, const crun__opts_t *o) {
-  lua_pushcfunction(L, msghandler);
+  lua_pushcfunction(L, crun__lua_msghandler);
   int base = lua_gettop(L);
   if (luaL_loadfile(L, o->script) != LUA_OK) return LUA_ERRSYNTAX;
   int nargs = setup_arg(L, o);
@@ -96,13 +98,11 @@ static int run_script(lua_State *L, const crun__opts_t *o) {
 }
 
 int crun__worker_run(const crun__opts_t *o) {
-  lua_State *L = luaL_newstate();
+  lua_State *L = crun__lua_state_new();
   if (!L) {
     fprintf(stderr, "crun-lua: cannot create a Lua state (out of memory)\n");
     return 1;
   }
-  luaL_openlibs(L);
-  setup_package(L);
   int rc = o->repl ? crun__repl_worker_begin(L) : LUA_OK;
   if (rc == LUA_OK && o->script) rc = run_script(L, o);
   if (o->repl) rc = crun__repl_worker_loop(L, rc);

@@ -2,90 +2,39 @@
 -- start it in the background, wait for files, look for leftover processes.
 local M = {}
 
-M.CRUN_LUA = assert(os.getenv("CRUN_LUA"), "CRUN_LUA must point at the built crun-lua")
-M.SOURCE = os.getenv("CRUN_SOURCE_DIR") or "."
+local C = require("helpers.common")
+
+M.CRUN_LUA = assert(C.CRUN_LUA, "CRUN_LUA must point at the built crun-lua")
+M.SOURCE = C.SOURCE
 M.FIX = M.SOURCE .. "/spec/fixtures/launcher/"
-
-local function slurp(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local s = f:read("a")
-  f:close()
-  return s
-end
-M.slurp = slurp
-
---- Quotes one word for sh.
-function M.q(s)
-  return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
-end
+M.slurp, M.q, M.rmrf, M.sleep, M.wait_for = C.slurp, C.q, C.rmrf, C.sleep, C.wait_for
 
 --- A fresh temporary directory (removed by M.rmrf).
-function M.tmpdir()
-  local p = io.popen("mktemp -d /tmp/crun-launcher-spec.XXXXXX")
-  local d = p:read("l")
-  p:close()
-  return d
-end
-
-function M.rmrf(dir)
-  if dir and dir:match("^/tmp/crun%-launcher%-spec") then os.execute("rm -rf " .. M.q(dir)) end
-end
+function M.tmpdir() return C.tmpdir("launcher") end
 
 --- Runs crun-lua with the argument string `args` (already quoted where
 -- needed) and an optional env prefix ("A=1 B=2"). Returns
 -- {code=, out=, err=, seconds=}. `timeout` (s) bounds the run (default 60).
 function M.run(args, env, timeout)
-  local dir = M.tmpdir()
-  local cmd = string.format("cd %s && %s timeout -s KILL %d %s %s >%s/out 2>%s/err",
-    M.q(M.SOURCE), env or "", timeout or 60, M.q(M.CRUN_LUA), args, dir, dir)
-  local t0 = os.time()
-  local clock0 = os.clock()
-  local _, _, code = os.execute(cmd)
-  local r = {code = code, out = slurp(dir .. "/out") or "", err = slurp(dir .. "/err") or "",
-             seconds = os.time() - t0, cpu = os.clock() - clock0}
-  M.rmrf(dir)
-  return r
+  return C.run(args, {env = env, timeout = timeout})
 end
 
 --- Starts crun-lua in the background; returns a handle with .pid, and
 -- :wait(timeout) -> {code=, out=, err=} once it has exited.
 function M.start(args, env)
   local dir = M.tmpdir()
-  local script = string.format(
-    "cd %s && { %s %s %s >%s/out 2>%s/err & echo $! >%s/pid.tmp; mv %s/pid.tmp %s/pid; wait $!; echo $? >%s/rc.tmp; mv %s/rc.tmp %s/rc; } 2>/dev/null &",
-    M.q(M.SOURCE), env or "", M.q(M.CRUN_LUA), args, dir, dir, dir, dir, dir, dir, dir, dir)
-  os.execute(script)
-  local h = {dir = dir}
-  assert(M.wait_for(function() return slurp(dir .. "/pid") end, 10), "crun-lua did not start")
-  h.pid = tonumber(slurp(dir .. "/pid"))
+  local h = {dir = dir, pid = C.spawn(dir, args, env)}
   function h:wait(timeout)
-    local ok = M.wait_for(function() return slurp(dir .. "/rc") end, timeout or 30)
-    if not ok then
+    local rc = C.wait_rc(dir, timeout or 30)
+    if not rc then
       os.execute("kill -KILL " .. self.pid .. " 2>/dev/null")
       error("crun-lua (pid " .. self.pid .. ") did not exit in time")
     end
-    local r = {code = tonumber(slurp(dir .. "/rc")), out = slurp(dir .. "/out"), err = slurp(dir .. "/err")}
+    local r = {code = rc, out = C.slurp(dir .. "/out"), err = C.slurp(dir .. "/err")}
     M.rmrf(dir)
     return r
   end
   return h
-end
-
---- Sleeps a little (fractions of a second) without a busy loop.
-function M.sleep(s)
-  os.execute("sleep " .. s)
-end
-
---- Calls f every 50 ms until it returns a truthy value or `timeout` s pass.
-function M.wait_for(f, timeout)
-  local deadline = os.time() + timeout + 1
-  repeat
-    local v = f()
-    if v then return v end
-    M.sleep(0.05)
-  until os.time() > deadline
-  return nil
 end
 
 --- Lines of `s` as a list.

@@ -2,64 +2,18 @@
 -- background with a fifo, or inside tmux (a real terminal).
 local M = {}
 
-M.CRUN_LUA = assert(os.getenv("CRUN_LUA"), "CRUN_LUA must point at the built crun-lua")
-M.SOURCE = os.getenv("CRUN_SOURCE_DIR") or "."
+local C = require("helpers.common")
 
-function M.q(s)
-  return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
-end
+M.CRUN_LUA = assert(C.CRUN_LUA, "CRUN_LUA must point at the built crun-lua")
+M.SOURCE = C.SOURCE
+M.q, M.slurp, M.write, M.rmrf, M.sleep, M.wait_for = C.q, C.slurp, C.write, C.rmrf, C.sleep, C.wait_for
 
-function M.slurp(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local s = f:read("a")
-  f:close()
-  return s
-end
-
-function M.write(path, s)
-  local f = assert(io.open(path, "wb"))
-  f:write(s)
-  f:close()
-end
-
-function M.tmpdir()
-  local p = io.popen("mktemp -d /tmp/crun-repl-spec.XXXXXX")
-  local d = p:read("l")
-  p:close()
-  return d
-end
-
-function M.rmrf(dir)
-  if dir and dir:match("^/tmp/crun%-repl%-spec") then os.execute("rm -rf " .. M.q(dir)) end
-end
-
-function M.sleep(s)
-  os.execute("sleep " .. s)
-end
-
---- Calls f every 100 ms until it returns a truthy value or timeout s pass.
-function M.wait_for(f, timeout)
-  local t0 = os.time()
-  while true do
-    local v = f()
-    if v then return v end
-    if os.time() - t0 > timeout then return nil end
-    M.sleep(0.1)
-  end
-end
+function M.tmpdir() return C.tmpdir("repl") end
 
 --- Runs `crun-lua <args>` with `input` on its stdin (a pipe). Returns
 -- {code=, out=, err=}. Bounded by `timeout` seconds (default 60).
 function M.run(args, input, env, timeout)
-  local dir = M.tmpdir()
-  M.write(dir .. "/in", input)
-  local cmd = string.format("cd %s && %s timeout -s KILL %d %s %s <%s/in >%s/out 2>%s/err",
-    M.q(M.SOURCE), env or "", timeout or 60, M.q(M.CRUN_LUA), args, dir, dir, dir)
-  local _, _, code = os.execute(cmd)
-  local r = {code = code, out = M.slurp(dir .. "/out") or "", err = M.slurp(dir .. "/err") or ""}
-  M.rmrf(dir)
-  return r
+  return C.run(args, {input = input, env = env, timeout = timeout})
 end
 
 --- Starts crun-lua in the background reading a fifo; returns a handle:
@@ -68,18 +22,12 @@ end
 function M.start(args, env)
   local dir = M.tmpdir()
   assert(os.execute("mkfifo " .. M.q(dir .. "/in")))
+  local h = {dir = dir, pid = C.spawn(dir, args, env, "<" .. dir .. "/in")}
   -- a holder keeps the fifo open for writing until h:close(), so that each
   -- h:send() does not end the input
-  local script = string.format(
-    "cd %s && { %s %s %s <%s/in >%s/out 2>%s/err & echo $! >%s/pid.tmp; mv %s/pid.tmp %s/pid;"
-    .. " wait $!; echo $? >%s/rc.tmp; mv %s/rc.tmp %s/rc; } &"
-    .. " { sleep 600 >%s/in & echo $! >%s/holder.tmp; mv %s/holder.tmp %s/holder; } ",
-    M.q(M.SOURCE), env or "", M.q(M.CRUN_LUA), args, dir, dir, dir, dir, dir, dir, dir, dir, dir,
-    dir, dir, dir, dir)
-  os.execute(script)
-  local h = {dir = dir}
-  assert(M.wait_for(function() return M.slurp(dir .. "/pid") and M.slurp(dir .. "/holder") end, 10))
-  h.pid = tonumber(M.slurp(dir .. "/pid"))
+  os.execute(string.format("{ sleep 600 >%s/in & echo $! >%s/holder.tmp; mv %s/holder.tmp %s/holder; }",
+    dir, dir, dir, dir))
+  assert(M.wait_for(function() return M.slurp(dir .. "/holder") end, 10))
   h.holder = tonumber(M.slurp(dir .. "/holder"))
   function h:send(text)
     local f = assert(io.open(dir .. "/in", "ab"))
@@ -93,19 +41,19 @@ function M.start(args, env)
     if self.done then return end
     self:close()
     if not M.slurp(dir .. "/rc") then os.execute("kill -TERM " .. self.pid .. " 2>/dev/null") end
-    M.wait_for(function() return M.slurp(dir .. "/rc") end, 10)
+    C.wait_rc(dir, 10)
     M.rmrf(dir)
   end
   function h:out() return M.slurp(dir .. "/out") or "" end
   function h:err() return M.slurp(dir .. "/err") or "" end
   function h:wait(timeout)
-    local ok = M.wait_for(function() return M.slurp(dir .. "/rc") end, timeout or 30)
+    local rc = C.wait_rc(dir, timeout or 30)
     self:close()
-    if not ok then
+    if not rc then
       os.execute("kill -KILL " .. self.pid .. " 2>/dev/null")
       error("crun-lua (pid " .. self.pid .. ") did not exit in time; out:\n" .. self:out() .. "\nerr:\n" .. self:err())
     end
-    local r = {code = tonumber(M.slurp(dir .. "/rc")), out = self:out(), err = self:err()}
+    local r = {code = rc, out = self:out(), err = self:err()}
     self.done = true
     M.rmrf(dir)
     return r

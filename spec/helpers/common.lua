@@ -1,0 +1,106 @@
+--- What many specs repeat: quoting for sh, temporary directories, reading
+-- and writing files, polling with a deadline, and running crun-lua (in the
+-- foreground bounded by a timeout, or in the background).
+local M = {}
+
+M.CRUN_LUA = os.getenv("CRUN_LUA")
+M.SOURCE = os.getenv("CRUN_SOURCE_DIR") or "."
+
+--- Quotes one word for sh.
+function M.q(s)
+  return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
+end
+
+--- The whole content of the file at `path`, or nil when it cannot be read.
+function M.slurp(path)
+  local f = io.open(path, "rb")
+  if not f then return nil end
+  local s = f:read("a")
+  f:close()
+  return s
+end
+
+--- Writes `s` to the file at `path` (replacing it).
+function M.write(path, s)
+  local f = assert(io.open(path, "wb"))
+  f:write(s)
+  f:close()
+end
+
+--- A fresh directory /tmp/crun-<tag>-spec.XXXXXX (removed by M.rmrf).
+function M.tmpdir(tag)
+  local p = io.popen("mktemp -d /tmp/crun-" .. tag .. "-spec.XXXXXX")
+  local d = p:read("l")
+  p:close()
+  return d
+end
+
+--- Removes a directory made by M.tmpdir (and nothing else).
+function M.rmrf(dir)
+  if dir and dir:match("^/tmp/crun%-[%w_]+%-spec%.") then os.execute("rm -rf " .. M.q(dir)) end
+end
+
+--- Sleeps `s` seconds (fractions too) without a busy loop.
+function M.sleep(s)
+  os.execute("sleep " .. s)
+end
+
+--- Calls f every 50 ms until it returns a truthy value (returned) or
+-- `timeout` seconds pass (nil).
+function M.wait_for(f, timeout)
+  local deadline = os.time() + timeout
+  while true do
+    local v = f()
+    if v then return v end
+    if os.time() > deadline then return nil end
+    M.sleep(0.05)
+  end
+end
+
+local function crun_lua()
+  return M.q(assert(M.CRUN_LUA, "CRUN_LUA must point at the built crun-lua"))
+end
+
+--- Runs `crun-lua <args>` (args already quoted for sh) from the source dir,
+-- killed after opts.timeout seconds (default 60); opts.env is an env prefix
+-- ("A=1 B=2"), opts.input text for its stdin (else it inherits ours).
+-- Returns {code=, out=, err=, seconds=}.
+function M.run(args, opts)
+  opts = opts or {}
+  local dir = M.tmpdir("run")
+  local stdin = ""
+  if opts.input then
+    M.write(dir .. "/in", opts.input)
+    stdin = "<" .. dir .. "/in"
+  end
+  local cmd = string.format("cd %s && %s timeout -s KILL %d %s %s %s >%s/out 2>%s/err",
+    M.q(M.SOURCE), opts.env or "", opts.timeout or 60, crun_lua(), args, stdin, dir, dir)
+  local t0 = os.time()
+  local _, _, code = os.execute(cmd)
+  local r = {code = code, out = M.slurp(dir .. "/out") or "", err = M.slurp(dir .. "/err") or "",
+             seconds = os.time() - t0}
+  M.rmrf(dir)
+  return r
+end
+
+--- Starts `crun-lua <args>` in the background from the source dir, its
+-- output in dir/out and dir/err, its exit code in dir/rc once it ended;
+-- `stdin` an optional redirection ("<path"), `env` an env prefix. Returns
+-- its pid (an error when it did not start within 10 s).
+function M.spawn(dir, args, env, stdin)
+  local script = string.format(
+    "cd %s && { %s %s %s %s >%s/out 2>%s/err & echo $! >%s/pid.tmp; mv %s/pid.tmp %s/pid;"
+    .. " wait $!; echo $? >%s/rc.tmp; mv %s/rc.tmp %s/rc; } 2>/dev/null &",
+    M.q(M.SOURCE), env or "", crun_lua(), args, stdin or "", dir, dir, dir, dir, dir, dir, dir, dir)
+  os.execute(script)
+  assert(M.wait_for(function() return M.slurp(dir .. "/pid") end, 10), "crun-lua did not start")
+  return tonumber(M.slurp(dir .. "/pid"))
+end
+
+--- The exit code of a process started by M.spawn in `dir`, waiting up to
+-- `timeout` seconds; nil when it has not ended by then.
+function M.wait_rc(dir, timeout)
+  return tonumber(M.wait_for(function() return M.slurp(dir .. "/rc") end, timeout))
+end
+
+return M
