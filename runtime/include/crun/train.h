@@ -11,6 +11,7 @@
 
 #include <stdint.h>
 
+#include "crun/pg.h"
 #include "crun/tensor.h"
 
 #ifdef __cplusplus
@@ -95,6 +96,103 @@ typedef struct {
 int crun_optim_adam_update(crun_tensor_t *p, const crun_tensor_t *g, crun_tensor_t *m,
                            crun_tensor_t *v, crun_tensor_t *vmax, int64_t step,
                            const crun_adam_opts_t *o);
+
+
+/* ---- DistributedSampler index math (torch.utils.data.DistributedSampler).
+ * Indices are 0-based. num_samples = ceil(size / R), or with drop_last and
+ * size % R != 0, ceil((size - R) / R) (at least 0); total_size = num_samples
+ * * R. The global order (0..size-1, or a shuffled permutation of it from
+ * seed + epoch) is padded by wrap-around (repeated as often as needed) or,
+ * with drop_last, truncated to total_size; rank r takes positions r, r + R,
+ * ... With drop_padding != 0 (set the field after init) the padded
+ * duplicates are omitted, so every sample is seen exactly once over all
+ * ranks. The shuffle is a Fisher-Yates permutation driven by splitmix64
+ * (j = (x >> 11) % (i + 1), from the last position down), identical on
+ * every rank and to lua/crun/data.lua's. */
+typedef struct {
+  int64_t size, num_samples, total_size, epoch;
+  uint64_t seed;
+  int num_replicas, rank, shuffle, drop_last, drop_padding;
+} crun_sampler_t;
+
+/* Fills *s; size < 0, num_replicas < 1 or rank outside [0, num_replicas)
+ * fail with CRUN_EINVAL naming the value. */
+int crun_sampler_init(crun_sampler_t *s, int64_t size, int num_replicas, int rank,
+                      int shuffle, uint64_t seed, int drop_last);
+
+/* Number of indices this rank gets per epoch (num_samples, or fewer with
+ * drop_padding). */
+int64_t crun_sampler_len(const crun_sampler_t *s);
+
+/* Writes this rank's indices of `epoch` (>= 0) into out (room for
+ * crun_sampler_len(s)) and their count into *n. */
+int crun_sampler_indices(const crun_sampler_t *s, int64_t epoch, int64_t *out, int64_t *n);
+
+/* Writes the permutation of 0..n-1 for `seed` (the sampler's shuffle). */
+void crun_permutation(int64_t n, uint64_t seed, int64_t *out);
+
+/* Advances the splitmix64 stream *state and returns its next value. */
+uint64_t crun_splitmix64_next(uint64_t *state);
+
+/* ---- DDP gradient reducer (torch's Reducer). Gradients (contiguous
+ * float32/float64/float16/bfloat16 tensors, in registration order) are
+ * grouped into flat buckets in REVERSE registration order (the order
+ * backward produces them): the first bucket holds at most first_bucket_bytes,
+ * the others bucket_cap_bytes (a gradient larger than the cap gets a bucket
+ * of its own), and a dtype change closes the bucket. mark_ready(i) copies
+ * gradient i into its bucket (no copy with grad_as_view: the gradients are
+ * views of the buckets) and, with overlap, launches the async all_reduce
+ * (average over the group) of every complete bucket in bucket order, so
+ * every rank launches them in the same order. finalize marks the gradients
+ * still unready as ready (their current values count), launches what is
+ * left, waits for each bucket in order and copies the averages back into
+ * the gradients, then resets for the next iteration. */
+typedef struct crun_reducer crun_reducer_t;
+
+typedef struct {
+  size_t bucket_cap_bytes;   /* 0: 25 MiB */
+  size_t first_bucket_bytes; /* 0: 1 MiB */
+  int grad_as_view;          /* gradients become views of the buckets */
+  int no_overlap;            /* launch every all_reduce only in finalize */
+} crun_reducer_opts_t;
+
+/* Builds the reducer over grads[0..n-1] (references taken) on pg (retained;
+ * NULL only for planning: bucket layout queries work, communication fails
+ * with CRUN_ESTATE). With grad_as_view the buckets start with the gradients'
+ * values. A bad dtype or a non-contiguous gradient fails with CRUN_EINVAL
+ * naming its index. */
+int crun_reducer_new(crun_pg_t *pg, crun_tensor_t *const *grads, int n,
+                     const crun_reducer_opts_t *opts, crun_reducer_t **out);
+
+/* Waits for (or drops) outstanding all_reduces and frees r (NULL is fine). */
+void crun_reducer_free(crun_reducer_t *r);
+
+/* Number of buckets; bucket b's flat tensor (borrowed), its gradient count
+ * and entry k (0-based gradient index and element offset in the bucket). */
+int crun_reducer_num_buckets(const crun_reducer_t *r);
+crun_tensor_t *crun_reducer_bucket(const crun_reducer_t *r, int b);
+int crun_reducer_bucket_size(const crun_reducer_t *r, int b);
+int crun_reducer_bucket_entry(const crun_reducer_t *r, int b, int k, int *grad, int64_t *offset);
+
+/* *view = a new tensor shaped like gradient i over its slice of the bucket
+ * (release it). With grad_as_view it is the gradient the reducer reduces. */
+int crun_reducer_bucket_view(crun_reducer_t *r, int i, crun_tensor_t **view);
+
+/* Gradient i is final for this iteration. Marking it twice before finalize
+ * fails with CRUN_ESTATE naming it; an out-of-range i with CRUN_EINVAL. */
+int crun_reducer_mark_ready(crun_reducer_t *r, int i);
+
+/* Completes the iteration (see above); timeout in s (<= 0: the group's)
+ * bounds each wait. On failure every outstanding all_reduce is dropped and
+ * the reducer is reset (the gradients are then unspecified). */
+int crun_reducer_finalize(crun_reducer_t *r, double timeout);
+
+/* Join: a rank without inputs mirrors one iteration of the ranks still
+ * training: every bucket is zeroed and all-reduced (averaged) in order. */
+int crun_reducer_shadow(crun_reducer_t *r, double timeout);
+
+/* Buckets launched in the current iteration so far (for tests/tracing). */
+int crun_reducer_launched(const crun_reducer_t *r);
 
 #ifdef __cplusplus
 }

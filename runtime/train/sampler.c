@@ -1,0 +1,90 @@
+/* sampler.c — torch.utils.data.DistributedSampler's index math: num_samples,
+ * total_size, wrap-around padding, rank striding, drop_last, a deterministic
+ * shuffle (splitmix64 Fisher-Yates seeded with seed + epoch) and the
+ * exactly-once mode that omits the padded duplicates. */
+#include <stdlib.h>
+
+#include "crun/core.h"
+#include "crun/train.h"
+
+/* Floor division (b > 0), as Lua's // on integers. */
+static int64_t floor_div(int64_t a, int64_t b) {
+  int64_t q = a / b;
+  return (a % b != 0 && a < 0) ? q - 1 : q;
+}
+
+uint64_t crun_splitmix64_next(uint64_t *state) {
+  uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+void crun_permutation(int64_t n, uint64_t seed, int64_t *out) {
+  for (int64_t i = 0; i < n; i++) out[i] = i;
+  uint64_t st = seed;
+  for (int64_t i = n - 1; i >= 1; i--) {
+    int64_t j = (int64_t)((crun_splitmix64_next(&st) >> 11) % (uint64_t)(i + 1));
+    int64_t t = out[i];
+    out[i] = out[j];
+    out[j] = t;
+  }
+}
+
+int crun_sampler_init(crun_sampler_t *s, int64_t size, int num_replicas, int rank,
+                      int shuffle, uint64_t seed, int drop_last) {
+  if (!s) return crun_error(CRUN_EINVAL, "sampler init: NULL sampler");
+  if (size < 0) return crun_error(CRUN_EINVAL, "sampler: size %lld is negative", (long long)size);
+  if (num_replicas < 1)
+    return crun_error(CRUN_EINVAL, "sampler: num_replicas %d must be >= 1", num_replicas);
+  if (rank < 0 || rank >= num_replicas)
+    return crun_error(CRUN_EINVAL, "sampler: rank %d out of range [0, %d)", rank, num_replicas);
+  s->size = size;
+  s->num_replicas = num_replicas;
+  s->rank = rank;
+  s->shuffle = shuffle != 0;
+  s->seed = seed;
+  s->drop_last = drop_last != 0;
+  s->drop_padding = 0;
+  s->epoch = 0;
+  int64_t R = num_replicas;
+  if (s->drop_last && size % R != 0)
+    s->num_samples = floor_div(size - R + R - 1, R);
+  else
+    s->num_samples = floor_div(size + R - 1, R);
+  if (s->num_samples < 0) s->num_samples = 0;
+  s->total_size = s->num_samples * R;
+  return 0;
+}
+
+/* The global positions this rank reads stop before this one. */
+static int64_t limit_of(const crun_sampler_t *s) {
+  if (!s->drop_padding) return s->total_size;
+  return s->size < s->total_size ? s->size : s->total_size;
+}
+
+int64_t crun_sampler_len(const crun_sampler_t *s) {
+  int64_t limit = limit_of(s);
+  if (s->rank >= limit) return 0;
+  return (limit - 1 - s->rank) / s->num_replicas + 1;
+}
+
+int crun_sampler_indices(const crun_sampler_t *s, int64_t epoch, int64_t *out, int64_t *n) {
+  if (!s || !out || !n) return crun_error(CRUN_EINVAL, "sampler_indices: NULL argument");
+  if (epoch < 0) return crun_error(CRUN_EINVAL, "sampler_indices: epoch %lld is negative", (long long)epoch);
+  int64_t size = s->size, limit = limit_of(s), k = 0;
+  if (size == 0 && limit > 0) return crun_error(CRUN_EINVAL, "sampler: cannot pad an empty data set");
+  int64_t *order = NULL;
+  if (s->shuffle && size > 0) {
+    order = malloc((size_t)size * sizeof *order);
+    if (!order) return crun_error(CRUN_ENOMEM, "sampler: no memory for a permutation of %lld", (long long)size);
+    crun_permutation(size, s->seed + (uint64_t)epoch, order);
+  }
+  for (int64_t pos = s->rank; pos < limit; pos += s->num_replicas) {
+    int64_t p = pos % size; /* wrap-around padding; drop_last truncates (limit <= size) */
+    out[k++] = order ? order[p] : p;
+  }
+  free(order);
+  *n = k;
+  return 0;
+}
