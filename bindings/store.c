@@ -131,14 +131,18 @@ static int l_store_prefix(lua_State *L) {
 
 /* ------------------------------------------------------------ methods */
 
-/* s:set(key, value) */
-static int m_set(lua_State *L) {
+/* s:<op>(key, value) for the store calls taking a key and a value. */
+static int key_value_op(lua_State *L,
+                        int (*op)(crun_store_t *, const char *, const void *, size_t)) {
   crun_store_t *s = crun_l_check_store(L, 1);
   size_t len;
   const char *k = luaL_checkstring(L, 2), *v = luaL_checklstring(L, 3, &len);
-  STORE_CHECK(L, crun_store_set(s, k, v, len));
+  STORE_CHECK(L, op(s, k, v, len));
   return 0;
 }
+
+/* s:set(key, value) */
+static int m_set(lua_State *L) { return key_value_op(L, crun_store_set); }
 
 /* s:get(key) -> value (blocks until set or the store's timeout) */
 static int m_get(lua_State *L) {
@@ -213,13 +217,7 @@ static int m_num_keys(lua_State *L) {
 }
 
 /* s:append(key, value) */
-static int m_append(lua_State *L) {
-  crun_store_t *s = crun_l_check_store(L, 1);
-  size_t len;
-  const char *k = luaL_checkstring(L, 2), *v = luaL_checklstring(L, 3, &len);
-  STORE_CHECK(L, crun_store_append(s, k, v, len));
-  return 0;
-}
+static int m_append(lua_State *L) { return key_value_op(L, crun_store_append); }
 
 /* s:multi_get(keys) -> {values} */
 static int m_multi_get(lua_State *L) {

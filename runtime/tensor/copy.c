@@ -111,6 +111,11 @@ int crun_tensor_set_int64(crun_tensor_t *t, const int64_t *idx, int64_t v) {
 
 /* ------------------------------------------------------------ copy */
 
+/* Whether a and b have the same number of dims and the same sizes. */
+static int same_shape(const crun_tensor_t *a, const crun_tensor_t *b) {
+  return a->ndim == b->ndim && memcmp(a->shape, b->shape, (size_t)a->ndim * sizeof(int64_t)) == 0;
+}
+
 /* Copies one row of n elements (strided) between dtypes. */
 static void copy_row(crun_dtype_t ddt, char *d, int64_t ds, crun_dtype_t sdt, const char *s,
                      int64_t ss, int64_t n) {
@@ -128,7 +133,7 @@ static void copy_row(crun_dtype_t ddt, char *d, int64_t ds, crun_dtype_t sdt, co
 
 int crun_tensor_copy(crun_tensor_t *dst, crun_tensor_t *src) {
   char a[128], b[128];
-  if (dst->ndim != src->ndim || memcmp(dst->shape, src->shape, (size_t)dst->ndim * sizeof(int64_t)))
+  if (!same_shape(dst, src))
     return crun_error(CRUN_EINVAL, "copy: shape mismatch, destination is %s, source is %s",
                       crun__shape_str(dst->ndim, dst->shape, a, sizeof a),
                       crun__shape_str(src->ndim, src->shape, b, sizeof b));
@@ -185,7 +190,7 @@ int crun_tensor_fill(crun_tensor_t *t, double v) {
 }
 
 int crun_tensor_equal(crun_tensor_t *a, crun_tensor_t *b) {
-  if (a->ndim != b->ndim || memcmp(a->shape, b->shape, (size_t)a->ndim * sizeof(int64_t))) return 0;
+  if (!same_shape(a, b)) return 0;
   if (crun_tensor_numel(a) == 0) return 1;
   int ints = crun_dtype_is_integer(a->dt) && crun_dtype_is_integer(b->dt);
   crun__rowiter_t ai, bi;
@@ -204,7 +209,7 @@ int crun_tensor_equal(crun_tensor_t *a, crun_tensor_t *b) {
 }
 
 int crun_tensor_allclose(crun_tensor_t *a, crun_tensor_t *b, double rtol, double atol) {
-  if (a->ndim != b->ndim || memcmp(a->shape, b->shape, (size_t)a->ndim * sizeof(int64_t))) return 0;
+  if (!same_shape(a, b)) return 0;
   if (crun_tensor_numel(a) == 0) return 1;
   crun__rowiter_t ai, bi;
   crun__rowiter_init(&ai, a);
