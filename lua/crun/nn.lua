@@ -16,22 +16,9 @@
 -- Leaf modules with parameters call the hooks added by add_grad_hook(fn) as
 -- soon as their parameter gradients are final for this backward: DDP uses it
 -- to start all-reducing a bucket while backward goes on.
-local core = require "crun.core"
 
 -- The C kernels, wrapped so that a failure also names this process's rank.
-local K = {}
-do
-  local rank = os.getenv("RANK")
-  local suffix = rank and (" (rank " .. rank .. ")") or ""
-  for _, name in ipairs{"nn_act_backward", "nn_act_forward", "nn_cross_entropy", "nn_dropout_forward", "nn_linear_backward", "nn_linear_forward", "nn_log_softmax_backward", "nn_log_softmax_forward", "nn_mse", "nn_mul"} do
-    local f = core[name]
-    K[name] = function(...)
-      local res = table.pack(pcall(f, ...))
-      if not res[1] then error(tostring(res[2]) .. suffix, 0) end
-      return table.unpack(res, 2, res.n)
-    end
-  end
-end
+local K = require("crun.tensor")._rank_kernels{"nn_act_backward", "nn_act_forward", "nn_cross_entropy", "nn_dropout_forward", "nn_linear_backward", "nn_linear_forward", "nn_log_softmax_backward", "nn_log_softmax_forward", "nn_mse", "nn_mul"}
 
 local nn = {}
 
@@ -60,11 +47,8 @@ local function next_seed()
   return seed_base * 1000003 + seed_count
 end
 
--- crun.tensor (falls back to the raw bindings while tensor.lua is absent).
-local function T()
-  local ok, t = pcall(require, "crun.tensor")
-  return ok and t or require("crun.core").tensor
-end
+-- crun.tensor.
+local function T() return require "crun.tensor" end
 
 -- Returns buf when it already has `shape` and dtype, else a new zero tensor.
 local function ensure(buf, shape, dtype)

@@ -5,30 +5,14 @@
 --   local opt = crun.optim.SGD(model, {lr=0.1, momentum=0.9})   -- model or DDP
 --   local opt = crun.optim.Adam(params, grads, {lr=1e-3})       -- or two lists
 --   opt:zero_grad(); ...backward...; opt:step()
-local core = require "crun.core"
 
 -- The C kernels, wrapped so that a failure also names this process's rank.
-local K = {}
-do
-  local rank = os.getenv("RANK")
-  local suffix = rank and (" (rank " .. rank .. ")") or ""
-  for _, name in ipairs{"optim_adam", "optim_sgd"} do
-    local f = core[name]
-    K[name] = function(...)
-      local res = table.pack(pcall(f, ...))
-      if not res[1] then error(tostring(res[2]) .. suffix, 0) end
-      return table.unpack(res, 2, res.n)
-    end
-  end
-end
+local K = require("crun.tensor")._rank_kernels{"optim_adam", "optim_sgd"}
 
 local optim = {}
 
--- crun.tensor (falls back to the raw bindings while tensor.lua is absent).
-local function T()
-  local ok, t = pcall(require, "crun.tensor")
-  return ok and t or require("crun.core").tensor
-end
+-- crun.tensor.
+local function T() return require "crun.tensor" end
 
 -- Returns params, grads, opts, module from (model, opts) or (params, grads, opts).
 local function unpack_args(fname, a, b, c)

@@ -201,4 +201,21 @@ function mt.__tostring(t)
   return table.concat(out, "\n")
 end
 
+--- Internal (for crun.nn, crun.optim): the crun.core functions `names`,
+-- wrapped so that a failure also names this process's rank (from RANK).
+function T._rank_kernels(names)
+  local rank = os.getenv("RANK")
+  local suffix = rank and (" (rank " .. rank .. ")") or ""
+  local K = {}
+  for _, name in ipairs(names) do
+    local f = core[name]
+    K[name] = function(...)
+      local res = table.pack(pcall(f, ...))
+      if not res[1] then error(tostring(res[2]) .. suffix, 0) end
+      return table.unpack(res, 2, res.n)
+    end
+  end
+  return K
+end
+
 return T

@@ -142,18 +142,24 @@ static int fs_encode(uint8_t **buf, size_t *pos, size_t *cap, uint8_t type, cons
   return 0;
 }
 
+/* Appends the encoded records buf[0..len) under LOCK_EX when rc (the status
+ * of encoding them) is 0; frees buf. Returns rc or the write's status. */
+static int fs_commit(crun_store_t *s, uint8_t *buf, size_t len, int rc) {
+  if (rc == 0 && (rc = fs_lock(F(s), LOCK_EX)) == 0) {
+    rc = fs_refresh(F(s));
+    if (rc == 0) rc = fs_write(F(s), buf, len);
+    fs_unlock(F(s));
+  }
+  free(buf);
+  return rc;
+}
+
 /* Writes one record under LOCK_EX. */
 static int fs_put(crun_store_t *s, uint8_t type, const char *key, const void *val, size_t len) {
   uint8_t *buf = NULL;
   size_t pos = 0, cap = 0;
   int rc = fs_encode(&buf, &pos, &cap, type, key, val, len);
-  if (rc == 0 && (rc = fs_lock(F(s), LOCK_EX)) == 0) {
-    rc = fs_refresh(F(s));
-    if (rc == 0) rc = fs_write(F(s), buf, pos);
-    fs_unlock(F(s));
-  }
-  free(buf);
-  return rc;
+  return fs_commit(s, buf, pos, rc);
 }
 
 static int f_set(crun_store_t *s, const char *key, const void *val, size_t len) {
@@ -285,13 +291,7 @@ static int f_multi_set(crun_store_t *s, const char *const *keys, size_t n,
   int rc = 0;
   for (size_t i = 0; rc == 0 && i < n; i++)
     rc = fs_encode(&buf, &pos, &cap, 'S', keys[i], vals[i], lens[i]);
-  if (rc == 0 && (rc = fs_lock(F(s), LOCK_EX)) == 0) {
-    rc = fs_refresh(F(s));
-    if (rc == 0) rc = fs_write(F(s), buf, pos);
-    fs_unlock(F(s));
-  }
-  free(buf);
-  return rc;
+  return fs_commit(s, buf, pos, rc);
 }
 
 static void f_destroy(crun_store_t *s) {

@@ -47,12 +47,18 @@ static int wait_locked(hash_store_t *h, const char *const *keys, size_t n, doubl
   return 0;
 }
 
-static int h_set(crun_store_t *s, const char *key, const void *val, size_t len) {
+/* Runs a kv write (set or append) under the lock and wakes the waiters. */
+static int h_write(crun_store_t *s, const char *key, const void *val, size_t len,
+                   int (*write)(crun__kv_t *, const char *, size_t, const void *, size_t)) {
   pthread_mutex_lock(&H(s)->mu);
-  int rc = crun__kv_set(&H(s)->kv, key, strlen(key), val, len);
+  int rc = write(&H(s)->kv, key, strlen(key), val, len);
   pthread_cond_broadcast(&H(s)->cv);
   pthread_mutex_unlock(&H(s)->mu);
   return rc;
+}
+
+static int h_set(crun_store_t *s, const char *key, const void *val, size_t len) {
+  return h_write(s, key, val, len, crun__kv_set);
 }
 
 static int h_get(crun_store_t *s, const char *key, double deadline, crun_buf_t *out) {
@@ -115,11 +121,7 @@ static int h_num_keys(crun_store_t *s, int64_t *out) {
 }
 
 static int h_append(crun_store_t *s, const char *key, const void *val, size_t len) {
-  pthread_mutex_lock(&H(s)->mu);
-  int rc = crun__kv_append(&H(s)->kv, key, strlen(key), val, len);
-  pthread_cond_broadcast(&H(s)->cv);
-  pthread_mutex_unlock(&H(s)->mu);
-  return rc;
+  return h_write(s, key, val, len, crun__kv_append);
 }
 
 static int h_multi_get(crun_store_t *s, const char *const *keys, size_t n, double deadline,
