@@ -1,6 +1,6 @@
 -- mpi_collectives_spec.lua — the mpi backend under `mpirun -np N crun-lua`:
 -- the collective matrix of the cpu backend's spec (spec/helpers/dist_cases.lua,
--- run unchanged: backend "auto" picks mpi under mpirun) at 1-4 ranks, the
+-- run unchanged: backend "auto" picks mpi under mpirun) at 1-4 and 8 ranks, the
 -- failure scenarios of spec/helpers/dist_errors.lua, and the start-up rules.
 local mpi = require "helpers.mpi_run"
 local run = require "helpers.dist_run"
@@ -42,7 +42,7 @@ describe("the mpi backend", function()
     return
   end
 
-  for n = 1, 4 do
+  for _, n in ipairs({1, 2, 3, 4, 8}) do   -- 8: oversubscribed 4x on 2 cores
     it("passes the whole collective matrix on every rank of mpirun -np " .. n, function()
       local dir = run.tmpdir()
       local code, out = mpi.run(n, "spec/helpers/dist_cases.lua", dir, {limit = 150})
