@@ -2,9 +2,12 @@
  * the fsync / getpid helpers that crun.save uses (its raw tensor bytes come
  * from the tensor bindings: core.tensor_bytes, core.tensor_from_bytes).
  * Every function lives on the crun.core table; lua/crun/{nn,optim,
- * serialize}.lua wrap them. Outputs are tensors the caller allocated. */
+ * serialize}.lua wrap them; the sampler index math and crun.Reducer (DDP
+ * gradient buckets) serve lua/crun/{data,ddp}.lua. Outputs are tensors the caller allocated. */
 #include <errno.h>
 #include <fcntl.h>
+#include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -157,6 +160,221 @@ static int l_getpid(lua_State *L) {
   return 1;
 }
 
+/* ---------------------------------------------------------------- sampler */
+
+/* sampler_indices(size, num_replicas, rank, shuffle, seed, drop_last,
+ * drop_padding, epoch) -> list of 1-based indices, len (crun/train.h) */
+static int l_sampler_indices(lua_State *L) {
+  crun_sampler_t s;
+  lua_Integer R = luaL_checkinteger(L, 2), rank = luaL_checkinteger(L, 3);
+  if (R < 1 || R > INT32_MAX) return luaL_argerror(L, 2, "num_replicas out of range");
+  if (rank < INT32_MIN || rank > INT32_MAX) return luaL_argerror(L, 3, "rank out of range");
+  CRUN_L_CHECK(L, crun_sampler_init(&s, luaL_checkinteger(L, 1), (int)R, (int)rank, lua_toboolean(L, 4),
+                                    (uint64_t)luaL_checkinteger(L, 5), lua_toboolean(L, 6)));
+  s.drop_padding = lua_toboolean(L, 7);
+  int64_t n = crun_sampler_len(&s), got = 0;
+  int64_t *out = malloc((size_t)(n > 0 ? n : 1) * sizeof *out);
+  if (!out) return luaL_error(L, "ENOMEM: sampler_indices: %lld indices", (long long)n);
+  int rc = crun_sampler_indices(&s, luaL_checkinteger(L, 8), out, &got);
+  if (rc < 0) {
+    free(out);
+    return crun_l_fail(L, rc);
+  }
+  lua_createtable(L, (int)got, 0);
+  for (int64_t k = 0; k < got; k++) {
+    lua_pushinteger(L, (lua_Integer)out[k] + 1);
+    lua_rawseti(L, -2, (lua_Integer)k + 1);
+  }
+  free(out);
+  lua_pushinteger(L, (lua_Integer)s.num_samples);
+  lua_pushinteger(L, (lua_Integer)s.total_size);
+  return 3;
+}
+
+/* sampler_len(size, num_replicas, rank, drop_last, drop_padding) -> len,
+ * num_samples, total_size */
+static int l_sampler_len(lua_State *L) {
+  crun_sampler_t s;
+  lua_Integer R = luaL_checkinteger(L, 2), rank = luaL_checkinteger(L, 3);
+  if (R < 1 || R > INT32_MAX) return luaL_argerror(L, 2, "num_replicas out of range");
+  if (rank < INT32_MIN || rank > INT32_MAX) return luaL_argerror(L, 3, "rank out of range");
+  CRUN_L_CHECK(L, crun_sampler_init(&s, luaL_checkinteger(L, 1), (int)R, (int)rank, 0, 0, lua_toboolean(L, 4)));
+  s.drop_padding = lua_toboolean(L, 5);
+  lua_pushinteger(L, (lua_Integer)crun_sampler_len(&s));
+  lua_pushinteger(L, (lua_Integer)s.num_samples);
+  lua_pushinteger(L, (lua_Integer)s.total_size);
+  return 3;
+}
+
+/* permutation(n, seed) -> list of 0..n-1 in the sampler's shuffled order */
+static int l_permutation(lua_State *L) {
+  lua_Integer n = luaL_checkinteger(L, 1);
+  if (n < 0) return luaL_argerror(L, 1, "negative length");
+  int64_t *p = malloc((size_t)(n > 0 ? n : 1) * sizeof *p);
+  if (!p) return luaL_error(L, "ENOMEM: permutation of %lld", (long long)n);
+  crun_permutation(n, (uint64_t)luaL_checkinteger(L, 2), p);
+  lua_createtable(L, (int)n, 0);
+  for (lua_Integer k = 0; k < n; k++) {
+    lua_pushinteger(L, (lua_Integer)p[k]);
+    lua_rawseti(L, -2, k + 1);
+  }
+  free(p);
+  return 1;
+}
+
+/* ---------------------------------------------------------------- reducer */
+
+#define REDUCER_MT "crun.Reducer"
+
+/* The group of a crun.ProcessGroup userdata (bindings/pg.c stores a single
+ * crun_pg_t pointer, NULL once destroyed). */
+static crun_pg_t *check_group(lua_State *L, int idx) {
+  crun_pg_t **u = luaL_checkudata(L, idx, "crun.ProcessGroup");
+  if (!*u) {
+    crun_error(CRUN_ECLOSED, "reducer: the process group was destroyed");
+    crun_l_fail(L, CRUN_ECLOSED);
+  }
+  return *u;
+}
+
+static crun_reducer_t *check_reducer(lua_State *L, int idx) {
+  crun_reducer_t **u = luaL_checkudata(L, idx, REDUCER_MT);
+  if (!*u) {
+    crun_error(CRUN_ECLOSED, "the reducer was closed");
+    crun_l_fail(L, CRUN_ECLOSED);
+  }
+  return *u;
+}
+
+/* 1-based gradient index argument -> 0-based. */
+static int check_grad_index(lua_State *L, int idx) {
+  lua_Integer i = luaL_checkinteger(L, idx);
+  if (i < 1 || i > INT32_MAX) return luaL_argerror(L, idx, "gradient index out of range");
+  return (int)(i - 1);
+}
+
+/* reducer_new(pg|nil, {grads...}, {bucket_cap_bytes=, first_bucket_bytes=,
+ * gradient_as_bucket_view=, overlap=}) -> crun.Reducer */
+static int l_reducer_new(lua_State *L) {
+  crun_pg_t *pg = lua_isnoneornil(L, 1) ? NULL : check_group(L, 1);
+  luaL_checktype(L, 2, LUA_TTABLE);
+  luaL_checktype(L, 3, LUA_TTABLE);
+  lua_Integer n = (lua_Integer)luaL_len(L, 2);
+  if (n > INT32_MAX / 2) return luaL_argerror(L, 2, "too many gradients");
+  crun_tensor_t **g = lua_newuserdatauv(L, sizeof *g * (size_t)(n > 0 ? n : 1), 0); /* freed by the GC */
+  for (lua_Integer k = 1; k <= n; k++) {
+    lua_geti(L, 2, k);
+    g[k - 1] = crun_l_check_tensor(L, -1);
+    lua_pop(L, 1);
+  }
+  crun_reducer_opts_t o = {
+      .bucket_cap_bytes = (size_t)crun_l_optfield_number(L, 3, "bucket_cap_bytes", 25 << 20),
+      .first_bucket_bytes = (size_t)crun_l_optfield_number(L, 3, "first_bucket_bytes", 1 << 20),
+      .grad_as_view = crun_l_optfield_boolean(L, 3, "gradient_as_bucket_view", 0),
+      .no_overlap = !crun_l_optfield_boolean(L, 3, "overlap", 1)};
+  if (o.bucket_cap_bytes < 1) o.bucket_cap_bytes = 1;
+  if (o.first_bucket_bytes < 1) o.first_bucket_bytes = 1;
+  crun_reducer_t **u = lua_newuserdatauv(L, sizeof *u, 0);
+  *u = NULL;
+  luaL_setmetatable(L, REDUCER_MT);
+  CRUN_L_CHECK(L, crun_reducer_new(pg, g, (int)n, &o, u));
+  return 1;
+}
+
+/* r:mark_ready(i) — gradient i (1-based) is final for this iteration */
+static int m_mark_ready(lua_State *L) {
+  crun_reducer_t *r = check_reducer(L, 1);
+  CRUN_L_CHECK(L, crun_reducer_mark_ready(r, check_grad_index(L, 2)));
+  return 0;
+}
+
+/* r:finalize([timeout]) */
+static int m_finalize(lua_State *L) {
+  CRUN_L_CHECK(L, crun_reducer_finalize(check_reducer(L, 1), luaL_optnumber(L, 2, 0)));
+  return 0;
+}
+
+/* r:shadow([timeout]) — join: all-reduce zeros in every bucket */
+static int m_shadow(lua_State *L) {
+  CRUN_L_CHECK(L, crun_reducer_shadow(check_reducer(L, 1), luaL_optnumber(L, 2, 0)));
+  return 0;
+}
+
+/* r:launched() -> buckets launched so far in this iteration */
+static int m_launched(lua_State *L) {
+  lua_pushinteger(L, crun_reducer_launched(check_reducer(L, 1)));
+  return 1;
+}
+
+/* r:bucket_view(i) -> tensor shaped like gradient i over its bucket slice */
+static int m_bucket_view(lua_State *L) {
+  crun_reducer_t *r = check_reducer(L, 1);
+  crun_tensor_t *v = NULL;
+  CRUN_L_CHECK(L, crun_reducer_bucket_view(r, check_grad_index(L, 2), &v));
+  crun_l_push_tensor(L, v);
+  crun_tensor_release(v);
+  return 1;
+}
+
+/* Pushes bucket b as {dtype=, numel=, buffer=, entries={{param=, offset=, numel=}...}}. */
+static void push_bucket(lua_State *L, crun_reducer_t *r, int b) {
+  crun_tensor_t *buf = crun_reducer_bucket(r, b);
+  int count = crun_reducer_bucket_size(r, b);
+  lua_createtable(L, 0, 4);
+  lua_pushstring(L, crun_dtype_name(crun_tensor_dtype(buf)));
+  lua_setfield(L, -2, "dtype");
+  lua_pushinteger(L, (lua_Integer)crun_tensor_numel(buf));
+  lua_setfield(L, -2, "numel");
+  crun_l_push_tensor(L, buf);
+  lua_setfield(L, -2, "buffer");
+  lua_createtable(L, count, 0);
+  for (int k = 0; k < count; k++) {
+    int g = 0;
+    int64_t off = 0;
+    crun_reducer_bucket_entry(r, b, k, &g, &off);
+    crun_tensor_t *v = NULL;
+    CRUN_L_CHECK(L, crun_reducer_bucket_view(r, g, &v));
+    lua_createtable(L, 0, 3);
+    lua_pushinteger(L, g + 1);
+    lua_setfield(L, -2, "param");
+    lua_pushinteger(L, (lua_Integer)off);
+    lua_setfield(L, -2, "offset");
+    lua_pushinteger(L, (lua_Integer)crun_tensor_numel(v));
+    lua_setfield(L, -2, "numel");
+    crun_tensor_release(v);
+    lua_rawseti(L, -2, k + 1);
+  }
+  lua_setfield(L, -2, "entries");
+}
+
+/* r:buckets() -> list of buckets in launch order (see push_bucket) */
+static int m_buckets(lua_State *L) {
+  crun_reducer_t *r = check_reducer(L, 1);
+  int nb = crun_reducer_num_buckets(r);
+  lua_createtable(L, nb, 0);
+  for (int b = 0; b < nb; b++) {
+    push_bucket(L, r, b);
+    lua_rawseti(L, -2, b + 1);
+  }
+  return 1;
+}
+
+/* __gc / __close / r:close(): waits for in-flight work and frees the reducer. */
+static int m_close(lua_State *L) {
+  crun_reducer_t **u = luaL_checkudata(L, 1, REDUCER_MT);
+  crun_reducer_free(*u);
+  *u = NULL;
+  return 0;
+}
+
+static void open_reducer(lua_State *L) {
+  static const luaL_Reg methods[] = {
+      {"mark_ready", m_mark_ready}, {"finalize", m_finalize}, {"shadow", m_shadow},
+      {"launched", m_launched}, {"bucket_view", m_bucket_view}, {"buckets", m_buckets},
+      {"close", m_close}, {"__gc", m_close}, {"__close", m_close}, {NULL, NULL}};
+  crun_l_newclass(L, REDUCER_MT, methods);
+}
+
 void crun_l_open_train(lua_State *L) {
   static const luaL_Reg fns[] = {
       {"nn_linear_forward", l_linear_forward}, {"nn_linear_backward", l_linear_backward},
@@ -165,6 +383,9 @@ void crun_l_open_train(lua_State *L) {
       {"nn_cross_entropy", l_cross_entropy}, {"nn_mse", l_mse},
       {"nn_dropout_forward", l_dropout_forward}, {"nn_mul", l_mul},
       {"optim_sgd", l_sgd}, {"optim_adam", l_adam},
-      {"fsync_path", l_fsync_path}, {"getpid", l_getpid}, {"blas_threads", l_blas_threads}, {NULL, NULL}};
+      {"fsync_path", l_fsync_path}, {"getpid", l_getpid}, {"blas_threads", l_blas_threads},
+      {"sampler_indices", l_sampler_indices}, {"sampler_len", l_sampler_len}, {"permutation", l_permutation},
+      {"reducer_new", l_reducer_new}, {NULL, NULL}};
   luaL_setfuncs(L, fns, 0);
+  open_reducer(L);
 }

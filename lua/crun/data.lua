@@ -11,6 +11,9 @@
 -- seed + epoch (j = (x >> 11) % (i + 1), from the last position down).
 -- It is deterministic and identical on every rank. Padding, striding,
 -- num_samples, total_size and drop_last follow torch exactly.
+-- The index math itself lives in libcrunrt (crun_sampler_*, runtime/train/
+-- sampler.c) so C programs share it; this module validates arguments and
+-- converts to 1-based lists.
 local data = {}
 
 local function ceil_div(a, b) return (a + b - 1) // b end
@@ -28,16 +31,12 @@ local function splitmix64(seed)
 end
 data.splitmix64 = splitmix64
 
---- Returns a permutation of 0..n-1 (a Lua list) determined by `seed` alone.
+--- Returns a permutation of 0..n-1 (a Lua list) determined by `seed` alone
+-- (the sampler's shuffle: splitmix64 Fisher-Yates, computed in C).
 function data.permutation(n, seed)
-  local p = {}
-  for i = 1, n do p[i] = i - 1 end
-  local rnd = splitmix64(seed)
-  for i = n, 2, -1 do
-    local j = ((rnd() >> 11) % i) + 1
-    p[i], p[j] = p[j], p[i]
-  end
-  return p
+  if math.type(n) ~= "integer" or n < 0 then error("bad argument #1 to 'permutation' (integer >= 0 expected)", 2) end
+  if math.type(seed) ~= "integer" then error("bad argument #2 to 'permutation' (integer seed expected)", 2) end
+  return require("crun.core").permutation(n, seed)
 end
 
 -- The process group's size and rank when one exists, else RANK/WORLD_SIZE, else 1/0.
@@ -83,13 +82,8 @@ function data.DistributedSampler(opts)
   s.drop_last = opts.drop_last == true
   s.drop_padding = opts.drop_padding == true
   s.epoch = 0
-  if s.drop_last and s.size % s.num_replicas ~= 0 then
-    s.num_samples = ceil_div(s.size - s.num_replicas, s.num_replicas)
-  else
-    s.num_samples = ceil_div(s.size, s.num_replicas)
-  end
-  if s.num_samples < 0 then s.num_samples = 0 end
-  s.total_size = s.num_samples * s.num_replicas
+  s.len, s.num_samples, s.total_size = require("crun.core").sampler_len(s.size, s.num_replicas, s.rank,
+    s.drop_last, s.drop_padding)
   return s
 end
 
@@ -98,44 +92,16 @@ function Sampler:set_epoch(epoch)
   self.epoch = check_int(epoch, "epoch", 0)
 end
 
--- The global 0-based order of this epoch before padding / truncation.
-function Sampler:_order()
-  if self.shuffle then return data.permutation(self.size, self.seed + self.epoch) end
-  local p = {}
-  for i = 1, self.size do p[i] = i - 1 end
-  return p
-end
-
--- Pads by wrap-around (repeating the list as often as needed) or truncates,
--- exactly as torch does, giving total_size 0-based indices.
-function Sampler:_global()
-  local idx, n = self:_order(), self.size
-  if not self.drop_last then
-    if n == 0 and self.total_size > 0 then error("DistributedSampler: cannot pad an empty data set", 3) end
-    for k = n + 1, self.total_size do idx[k] = idx[((k - n - 1) % n) + 1] end
-  else
-    for k = self.total_size + 1, n do idx[k] = nil end
-  end
-  return idx
-end
-
 --- Returns this rank's list of 1-based dataset indices for the current epoch
--- (global positions rank, rank + num_replicas, ...). Length num_samples, or
--- fewer with drop_padding.
+-- (global positions rank, rank + num_replicas, ... of the padded or
+-- truncated order). Length num_samples, or fewer with drop_padding.
 function Sampler:indices()
-  local g, out = self:_global(), {}
-  local limit = self.drop_padding and math.min(self.size, self.total_size) or self.total_size
-  for pos = self.rank, limit - 1, self.num_replicas do out[#out + 1] = g[pos + 1] + 1 end
-  return out
+  return (require("crun.core").sampler_indices(self.size, self.num_replicas, self.rank, self.shuffle,
+    self.seed, self.drop_last, self.drop_padding, self.epoch))
 end
 
 --- Number of indices this rank yields per epoch.
-function Sampler:__len()
-  if not self.drop_padding then return self.num_samples end
-  local limit = math.min(self.size, self.total_size)
-  if self.rank >= limit then return 0 end
-  return (limit - 1 - self.rank) // self.num_replicas + 1
-end
+function Sampler:__len() return self.len end
 
 --- Iterator over (position, 1-based index).
 function Sampler:iter()
