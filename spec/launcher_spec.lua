@@ -18,11 +18,7 @@ local function env_by_rank(out)
   return t
 end
 
-local function count(s, pat)
-  local n = 0
-  for _ in s:gmatch(pat) do n = n + 1 end
-  return n
-end
+local count = U.count
 
 describe("crun-lua environment", function()
   for _, n in ipairs({1, 2, 8}) do

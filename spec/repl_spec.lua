@@ -6,11 +6,14 @@ local q = U.q
 
 local ARGS = "--master-port 0 -i"
 
-local function count(s, pat)
-  local n = 0
-  for _ in s:gmatch(pat) do n = n + 1 end
-  return n
+--- Pipes `input` into an n-rank REPL session that must end with code 0.
+local function session(n, input)
+  local r = U.run("-n " .. n .. " " .. ARGS, input)
+  assert.are.equal(0, r.code, r.err)
+  return r
 end
+
+local count = U.count
 
 -- Whether crun.dist loads in this build (the dist cases need it).
 local function have_dist()
@@ -20,29 +23,25 @@ end
 
 describe("crun-lua -i with piped input", function()
   it("evaluates expressions and statements on every rank and folds equal output", function()
-    local r = U.run("-n 4 " .. ARGS, "x = 21\nx * 2\n'a' .. 'b', 7\n")
-    assert.are.equal(0, r.code, r.err)
+    local r = session(4, "x = 21\nx * 2\n'a' .. 'b', 7\n")
     assert.are.equal("[0-3] 42\n[0-3] ab\t7\n", r.out)
     assert.are.equal("", r.err)
   end)
 
   it("lists ranks whose output differs, one line each", function()
-    local r = U.run("-n 3 " .. ARGS, "rank = tonumber(os.getenv('RANK'))\nrank * 10\nrank % 2\n")
-    assert.are.equal(0, r.code, r.err)
+    local r = session(3, "rank = tonumber(os.getenv('RANK'))\nrank * 10\nrank % 2\n")
     assert.are.equal("[0] 0\n[1] 10\n[2] 20\n[0,2] 0\n[1] 1\n", r.out)
   end)
 
   it("continues incomplete chunks over several lines", function()
     local input = "function f(a)\n  return a + 1\nend\nf(41)\nfor i = 1, 3 do\n  print(i)\nend\nt = {\n1,\n2}\n#t\n"
-    local r = U.run("-n 2 " .. ARGS, input)
-    assert.are.equal(0, r.code, r.err)
+    local r = session(2, input)
     assert.are.equal("[0-1] 42\n[0-1] 1\n      2\n      3\n[0-1] 2\n", r.out)
   end)
 
   it("captures print and io.write per rank, and restores them", function()
     local input = "print('r', os.getenv('RANK'))\nio.write('a', 1, '\\n'); print(nil)\nprint == _G.print\n"
-    local r = U.run("-n 2 " .. ARGS, input)
-    assert.are.equal(0, r.code, r.err)
+    local r = session(2, input)
     assert.are.equal("[0] r\t0\n[1] r\t1\n[0-1] a1\n      nil\n[0-1] true\n", r.out)
   end)
 
@@ -50,8 +49,7 @@ describe("crun-lua -i with piped input", function()
     local input = "r = tonumber(os.getenv('RANK'))\n"
                   .. "if r == 1 then error('boom on ' .. r) end; return 'fine'\n"
                   .. "1 + 1\n"
-    local r = U.run("-n 3 " .. ARGS, input)
-    assert.are.equal(0, r.code, r.err)
+    local r = session(3, input)
     assert.are.equal("[0,2] fine\n[0-2] 2\n", r.out)
     assert.is_truthy(r.err:find("[1] stdin:1: boom on 1\n", 1, true), r.err)
     assert.is_truthy(r.err:find("stack traceback:", 1, true), r.err)
@@ -61,8 +59,7 @@ describe("crun-lua -i with piped input", function()
   end)
 
   it("reports a syntax error once, without running anything", function()
-    local r = U.run("-n 4 " .. ARGS, "x = = 1\n'still here'\n")
-    assert.are.equal(0, r.code, r.err)
+    local r = session(4, "x = = 1\n'still here'\n")
     assert.are.equal("stdin:1: unexpected symbol near '='\n", r.err)
     assert.are.equal("[0-3] still here\n", r.out)
   end)
@@ -70,16 +67,14 @@ describe("crun-lua -i with piped input", function()
   it("runs :on chunks on some ranks only", function()
     local input = ":on 0,2 y = 5\ny\n:on 1-2 print('here')\n:on 1 for i = 1, 2 do\nprint(i) end\n"
                   .. ":on 7 y\n:on 0,x y\n"
-    local r = U.run("-n 3 " .. ARGS, input)
-    assert.are.equal(0, r.code, r.err)
+    local r = session(3, input)
     assert.are.equal("[0,2] 5\n[1] nil\n[1-2] here\n[1] 1\n    2\n", r.out)
     assert.is_truthy(r.err:find(":on: no rank 7: the world has ranks 0-2", 1, true), r.err)
     assert.is_truthy(r.err:find(":on: bad rank list '0,x'", 1, true), r.err)
   end)
 
   it("answers :ranks and :help, rejects unknown commands", function()
-    local r = U.run("-n 2 " .. ARGS, ":ranks\n:help\n:bogus\n::top:: do return 'label' end\n")
-    assert.are.equal(0, r.code, r.err)
+    local r = session(2, ":ranks\n:help\n:bogus\n::top:: do return 'label' end\n")
     assert.is_truthy(r.out:match("%[0%] pid %d+ +idle\n%[1%] pid %d+ +idle\n"), r.out)
     assert.is_truthy(r.out:find(":on 0,2 <chunk>", 1, true), r.out)
     assert.is_truthy(r.err:find("unknown command ':bogus'", 1, true), r.err)
@@ -88,8 +83,7 @@ describe("crun-lua -i with piped input", function()
 
   it("ends every rank cleanly at EOF and at :quit, without prompt noise", function()
     for _, input in ipairs({":ranks\n", ":ranks\n:quit\n1\n"}) do
-      local r = U.run("-n 3 " .. ARGS, input)
-      assert.are.equal(0, r.code, r.err)
+      local r = session(3, input)
       assert.is_falsy(r.out:find("> ", 1, true), r.out)
       assert.are.equal("", r.err)
       local pids = U.pids(r.out)
@@ -217,8 +211,7 @@ describe("crun-lua -i with dist", function()
   local run_it = have_dist() and it or pending
   run_it("makes dist and T globals with the default group initialized", function()
     local input = "x = dist.get_rank()\nx * 2\nt = T.ones({2}); dist.all_reduce(t, 'sum'); return t[1]\n"
-    local r = U.run("-n 4 " .. ARGS, input)
-    assert.are.equal(0, r.code, r.err)
+    local r = session(4, input)
     assert.is_truthy(r.out:find("[0] 0\n[1] 2\n[2] 4\n[3] 6\n", 1, true), r.out)
     assert.is_truthy(r.out:find("[0-3] 4.0\n", 1, true) or r.out:find("[0-3] 4\n", 1, true), r.out)
   end)

@@ -9,7 +9,8 @@ local WORKERS, ADDS, SLOTS = 8, 300, 10
 local LUA = os.getenv("LUA_INTERP") or "lua5.4"
 local HELPER = "spec/helpers/store_worker.lua"
 
-local function q(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+local C = require "helpers.common"
+local q = C.q
 
 --- Starts every worker at once (io.popen does not wait) and collects them.
 local function run_workers(kind, where)
@@ -76,16 +77,10 @@ describe("crun.store with 8 processes", function()
       os.execute("sleep 0.5")
       os.exit(0)]], portfile)
     local child = io.popen(LUA .. " -e " .. q(script) .. " 2>&1", "r")
-    local port, t0 = nil, crun.clock()
-    while not port and crun.clock() - t0 < 20 do
-      local f = io.open(portfile)
-      port = f and tonumber(f:read("a"))
-      if f then f:close() end
-      if not port then os.execute("sleep 0.02") end
-    end
+    local port = C.wait_for(function() return tonumber(C.slurp(portfile) or "") end, 20)
     assert.is_number(port, "the server child never wrote its port")
     local c = S.tcp{host = "127.0.0.1", port = port, timeout = 30}
-    t0 = crun.clock()
+    local t0 = crun.clock()
     local ok, err = pcall(c.get, c, "never-set")
     assert.is_false(ok)
     assert.is_truthy(tostring(err):match("^ECONNRESET: .*never%-set"), err)

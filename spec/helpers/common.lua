@@ -20,6 +20,13 @@ function M.slurp(path)
   return s
 end
 
+--- How many times the Lua pattern `pat` matches in `s`.
+function M.count(s, pat)
+  local n = 0
+  for _ in s:gmatch(pat) do n = n + 1 end
+  return n
+end
+
 --- Writes `s` to the file at `path` (replacing it).
 function M.write(path, s)
   local f = assert(io.open(path, "wb"))

@@ -6,6 +6,7 @@ local C = require("helpers.common")
 
 M.CRUN_LUA = assert(C.CRUN_LUA, "CRUN_LUA must point at the built crun-lua")
 M.SOURCE = C.SOURCE
+M.count = C.count
 M.FIX = M.SOURCE .. "/spec/fixtures/launcher/"
 M.slurp, M.q, M.rmrf, M.sleep, M.wait_for = C.slurp, C.q, C.rmrf, C.sleep, C.wait_for
 

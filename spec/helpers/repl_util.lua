@@ -6,6 +6,7 @@ local C = require("helpers.common")
 
 M.CRUN_LUA = assert(C.CRUN_LUA, "CRUN_LUA must point at the built crun-lua")
 M.SOURCE = C.SOURCE
+M.count = C.count
 M.q, M.slurp, M.write, M.rmrf, M.sleep, M.wait_for = C.q, C.slurp, C.write, C.rmrf, C.sleep, C.wait_for
 
 function M.tmpdir() return C.tmpdir("repl") end
