@@ -374,21 +374,18 @@ static int t_randint(lua_State *L) {
 }
 static int t_randn(lua_State *L) { return random_tensor(L, 1); }
 
-/* t:uniform_([lo, hi][, gen]) / t:normal_([mean, std][, gen]): in place. */
-static int m_uniform_(lua_State *L) {
+/* t:uniform_([lo, hi][, gen]) / t:normal_([mean, std][, gen]): in place,
+ * the two parameters defaulting to 0 and 1. */
+static int random_fill(lua_State *L,
+                       int (*fill)(crun_tensor_t *, crun_generator_t *, double, double)) {
   crun_tensor_t *t = crun_l_check_tensor(L, 1);
   crun_generator_t *g = lua_isnoneornil(L, 4) ? default_gen(L) : check_gen(L, 4);
-  CRUN_L_CHECK(L, crun_tensor_uniform_(t, g, luaL_optnumber(L, 2, 0), luaL_optnumber(L, 3, 1)));
+  CRUN_L_CHECK(L, fill(t, g, luaL_optnumber(L, 2, 0), luaL_optnumber(L, 3, 1)));
   lua_settop(L, 1);
   return 1;
 }
-static int m_normal_(lua_State *L) {
-  crun_tensor_t *t = crun_l_check_tensor(L, 1);
-  crun_generator_t *g = lua_isnoneornil(L, 4) ? default_gen(L) : check_gen(L, 4);
-  CRUN_L_CHECK(L, crun_tensor_normal_(t, g, luaL_optnumber(L, 2, 0), luaL_optnumber(L, 3, 1)));
-  lua_settop(L, 1);
-  return 1;
-}
+static int m_uniform_(lua_State *L) { return random_fill(L, crun_tensor_uniform_); }
+static int m_normal_(lua_State *L) { return random_fill(L, crun_tensor_normal_); }
 
 /* ------------------------------------------------------------ shape queries */
 
@@ -402,35 +399,27 @@ static int m_dim(lua_State *L) {
   return 1;
 }
 
-/* t:size() -> {d1, d2, ...}; t:size(d) -> one dim. */
-static int m_size(lua_State *L) {
+/* Pushes the per-dim array `get`(t) as a table, or its entry for dim arg 2. */
+static int push_per_dim(lua_State *L, const int64_t *(*get)(const crun_tensor_t *)) {
   crun_tensor_t *t = crun_l_check_tensor(L, 1);
+  const int64_t *v = get(t);
   if (!lua_isnoneornil(L, 2)) {
-    lua_pushinteger(L, crun_tensor_shape(t)[check_dim(L, 2, t)]);
+    lua_pushinteger(L, v[check_dim(L, 2, t)]);
     return 1;
   }
   lua_createtable(L, crun_tensor_ndim(t), 0);
   for (int d = 0; d < crun_tensor_ndim(t); d++) {
-    lua_pushinteger(L, crun_tensor_shape(t)[d]);
+    lua_pushinteger(L, v[d]);
     lua_rawseti(L, -2, d + 1);
   }
   return 1;
 }
 
+/* t:size() -> {d1, d2, ...}; t:size(d) -> one dim. */
+static int m_size(lua_State *L) { return push_per_dim(L, crun_tensor_shape); }
+
 /* t:stride() -> table of element strides; t:stride(d) -> one. */
-static int m_stride(lua_State *L) {
-  crun_tensor_t *t = crun_l_check_tensor(L, 1);
-  if (!lua_isnoneornil(L, 2)) {
-    lua_pushinteger(L, crun_tensor_strides(t)[check_dim(L, 2, t)]);
-    return 1;
-  }
-  lua_createtable(L, crun_tensor_ndim(t), 0);
-  for (int d = 0; d < crun_tensor_ndim(t); d++) {
-    lua_pushinteger(L, crun_tensor_strides(t)[d]);
-    lua_rawseti(L, -2, d + 1);
-  }
-  return 1;
-}
+static int m_stride(lua_State *L) { return push_per_dim(L, crun_tensor_strides); }
 
 static int m_dtype(lua_State *L) {
   lua_pushstring(L, crun_dtype_name(crun_tensor_dtype(crun_l_check_tensor(L, 1))));
