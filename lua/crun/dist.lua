@@ -154,9 +154,12 @@ function dist.get_group_rank(group, global_rank) return to_group_rank(group, glo
 function dist.get_global_rank(group, group_rank) return group:global_rank(group_rank) end
 
 --- Parses (op, opts) where op may be left out: returns op, opts, group or nil for non-members.
+-- The options of a call given none: shared, read-only (no table per call).
+local NO_OPTS = setmetatable({}, {__newindex = function() error("internal: NO_OPTS is read-only", 2) end})
+
 local function split_op(op, opts)
   if type(op) == "table" then op, opts = nil, op end
-  return op, opts or {}
+  return op, opts or NO_OPTS
 end
 
 local function group_of(opts, fname)

@@ -31,11 +31,19 @@ static void break_group(crun_pg_t *pg, int rc, const char *text) {
   if (first && pg->be->abort) pg->be->abort(pg->be_state, rc, text);
 }
 
+/* Returns w's description, written on first use (not on the hot path: a
+ * collective that succeeds never formats it). Called with pg->mu held. */
+static const char *desc_locked(crun_work_t *w) {
+  if (!w->desc[0]) crun__coll_desc(&w->c, w->desc, sizeof w->desc);
+  return w->desc;
+}
+
 void crun__pg_execute(crun_pg_t *pg, crun_work_t *w) {
   crun__coll_t *c = &w->c;
   int rc;
   pthread_mutex_lock(&pg->mu);
   char *broken = pg->broken ? strdup(pg->broken) : NULL;
+  if (broken) desc_locked(w);
   pthread_mutex_unlock(&pg->mu);
   crun_backend_fn fn = crun__backend_slot(pg->be, c->kind);
   if (broken) {
@@ -114,7 +122,6 @@ int crun__pg_submit(crun_pg_t *pg, crun_work_t *w, crun_work_t **out) {
   w->async = out != NULL;
   pthread_mutex_lock(&pg->mu);
   if (w->c.kind != CRUN__COLL_SEND && w->c.kind != CRUN__COLL_RECV) w->c.seq = ++pg->next_seq;
-  crun__coll_desc(&w->c, w->desc, sizeof w->desc);
   if (!w->async && !pg->head && !pg->busy && !pg->stop) {
     pg->busy = 1;
     pthread_mutex_unlock(&pg->mu);
@@ -151,6 +158,7 @@ int crun_work_wait(crun_work_t *w, double timeout) {
     ts.tv_sec = (time_t)end;
     ts.tv_nsec = (long)((end - (double)ts.tv_sec) * 1e9);
     if (pthread_cond_timedwait(&pg->cv, &pg->mu, &ts) != 0 && !w->done) {
+      desc_locked(w);
       pthread_mutex_unlock(&pg->mu);
       return crun_error(CRUN_ETIMEDOUT, "wait on %s (rank %d) timed out after %.3g s; it is still running",
                         w->desc, pg->rank, timeout);
@@ -171,7 +179,12 @@ int crun_work_source(crun_work_t *w) {
   return crun_work_is_completed(w) && w->status == 0 && w->c.kind == CRUN__COLL_RECV ? w->c.src_out : -1;
 }
 
-const char *crun_work_describe(crun_work_t *w) { return w->desc; }
+const char *crun_work_describe(crun_work_t *w) {
+  pthread_mutex_lock(&w->pg->mu);
+  const char *d = desc_locked(w);
+  pthread_mutex_unlock(&w->pg->mu);
+  return d;
+}
 
 /* Drops one reference of the work object itself (never the group's). */
 static void work_unref(crun_work_t *w) {
