@@ -26,9 +26,16 @@
  *
  * Environment: CRUN_ALGO=ring,rd,binomial,chain,... forces algorithms (one
  * file each in runtime/algo/); CRUN_RING_SLICE is the slice (bytes, default
- * 512 KiB) the ring all_reduce works through at a time; CRUN_SHM=0 keeps every collective on TCP
- * (otherwise ranks on one host use the shared-memory engine for what it
- * supports); CRUN_TCP_BUFFER sets SO_SNDBUF/SO_RCVBUF (default 4 MiB, 0 =
+ * 512 KiB) the ring all_reduce works through at a time;
+ * CRUN_TRANSPORT=tcp (or CRUN_SHM=0) keeps every collective on TCP,
+ * CRUN_TRANSPORT=shm requires the shared-memory engine (group creation fails
+ * with CRUN_EINVAL naming the hosts otherwise), unset/auto: ranks on one host
+ * use the shared-memory engine, groups spanning hosts the hierarchical one
+ * (shm within each host, TCP among one rank per host, for all_reduce,
+ * broadcast, reduce and barrier; CRUN_HIER=0: flat TCP); a rank's host is its
+ * boot id, hostname and namespaces unless CRUN_HOST_ID names it
+ * (CRUN_HOST_ID=rank_div:K fakes hosts: global rank r on host r / K) — see
+ * runtime/backend/cpu/hier.c; CRUN_TCP_BUFFER sets SO_SNDBUF/SO_RCVBUF (default 4 MiB, 0 =
  * kernel autotuning); CRUN_HOST is the address peers dial (default: the
  * local address routing to MASTER_ADDR, else 127.0.0.1). */
 #ifndef CRUN_PG_H
