@@ -584,13 +584,17 @@ static int read_view_shape(lua_State *L, int64_t *shape) {
   return n;
 }
 
-/* t:view(shape...) — contiguous tensors only; one size may be -1. */
-static int m_view(lua_State *L) {
+/* t:<op>(shape...) for the view-making calls that take a new shape. */
+static int shaped_view(lua_State *L,
+                       int (*op)(crun_tensor_t *, int, const int64_t *, crun_tensor_t **)) {
   crun_tensor_t *t = crun_l_check_tensor(L, 1), *v;
   int64_t shape[CRUN_MAX_DIMS];
   int n = read_view_shape(L, shape);
-  return push_owned(L, crun_tensor_view(t, n, shape, &v), &v);
+  return push_owned(L, op(t, n, shape, &v), &v);
 }
+
+/* t:view(shape...) — contiguous tensors only; one size may be -1. */
+static int m_view(lua_State *L) { return shaped_view(L, crun_tensor_view); }
 
 /* t:reshape(shape...) — a view when contiguous, else a reshaped copy. */
 static int m_reshape(lua_State *L) {
@@ -618,12 +622,7 @@ static int m_t(lua_State *L) {
 }
 
 /* t:expand(shape...): broadcast size-1 dims (read-only view). */
-static int m_expand(lua_State *L) {
-  crun_tensor_t *t = crun_l_check_tensor(L, 1), *v;
-  int64_t shape[CRUN_MAX_DIMS];
-  int n = read_view_shape(L, shape);
-  return push_owned(L, crun_tensor_expand(t, n, shape, &v), &v);
-}
+static int m_expand(lua_State *L) { return shaped_view(L, crun_tensor_expand); }
 
 static int m_is_same_storage(lua_State *L) {
   lua_pushboolean(L, crun_tensor_same_storage(crun_l_check_tensor(L, 1), crun_l_check_tensor(L, 2)));

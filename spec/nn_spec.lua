@@ -235,6 +235,13 @@ describe("nn bad input", function()
     assert.has_error(function() m:forward("x") end)
     assert.has_error(function() nn.Sequential():add(42) end)
   end)
+
+  it("names the criterion whose backward is called before forward", function()
+    for _, name in ipairs({"CrossEntropyCriterion", "MSECriterion"}) do
+      local c = nn[name]()
+      assert.has_error(function() c:backward() end, name .. ":backward called before forward")
+    end
+  end)
 end)
 
 describe("nn errors under a launcher", function()

@@ -50,6 +50,15 @@ end
 -- crun.tensor.
 local function T() return require "crun.tensor" end
 
+-- backward(x, target) for a criterion whose forward computed the gradient:
+-- returns it (an error naming `name` before any forward).
+local function grad_from_forward(name)
+  return function(self)
+    if not self.output then error(name .. ":backward called before forward", 2) end
+    return self.gradInput
+  end
+end
+
 -- Returns buf when it already has `shape` and dtype, else a new zero tensor.
 local function ensure(buf, shape, dtype)
   if buf and buf:dtype() == dtype and buf:dim() == #shape then
@@ -429,10 +438,7 @@ function CrossEntropy:forward(x, labels)
 end
 
 --- Returns d loss / d input for the last forward (computed there).
-function CrossEntropy:backward(x, labels)
-  if not self.output then error("CrossEntropyCriterion:backward called before forward", 2) end
-  return self.gradInput
-end
+CrossEntropy.backward = grad_from_forward("CrossEntropyCriterion")
 
 local ClassNLL = nn.class("ClassNLLCriterion")
 
@@ -474,9 +480,6 @@ function MSE:forward(x, t)
   return self.output
 end
 
-function MSE:backward(x, t)
-  if not self.output then error("MSECriterion:backward called before forward", 2) end
-  return self.gradInput
-end
+MSE.backward = grad_from_forward("MSECriterion")
 
 return nn
