@@ -300,6 +300,12 @@ static int m_shadow(lua_State *L) {
   return 0;
 }
 
+/* r:reset() — abandons the current iteration */
+static int m_reset(lua_State *L) {
+  crun_reducer_reset(check_reducer(L, 1));
+  return 0;
+}
+
 /* r:launched() -> buckets launched so far in this iteration */
 static int m_launched(lua_State *L) {
   lua_pushinteger(L, crun_reducer_launched(check_reducer(L, 1)));
@@ -370,7 +376,7 @@ static int m_close(lua_State *L) {
 static void open_reducer(lua_State *L) {
   static const luaL_Reg methods[] = {
       {"mark_ready", m_mark_ready}, {"finalize", m_finalize}, {"shadow", m_shadow},
-      {"launched", m_launched}, {"bucket_view", m_bucket_view}, {"buckets", m_buckets},
+      {"launched", m_launched}, {"reset", m_reset}, {"bucket_view", m_bucket_view}, {"buckets", m_buckets},
       {"close", m_close}, {"__gc", m_close}, {"__close", m_close}, {NULL, NULL}};
   crun_l_newclass(L, REDUCER_MT, methods);
 }

@@ -82,6 +82,34 @@ describe("DDP equivalence", function()
   end)
 
   it("launches a bucket's all_reduce during backward, as soon as the bucket is ready", function()
+    if not have then pending("crun-lua / crun.dist not built") return end
+    -- 2 real ranks (the reducer all-reduces on the C process group): the
+    -- job records the reducer's launch count at the start of each Linear's
+    -- backward and when backward ends, before the final wait
+    local dir = util.tmpdir()
+    local ok, out = util.crun(2, "spec/helpers/train_ddp_launch_job.lua", dir)
+    assert(ok, "crun-lua -n 2 failed:\n" .. out)
+    for r = 0, 1 do
+      local res = serialize.load(string.format("%s/launch.r%d.crun", dir, r))
+      -- one bucket per layer: l2's (10 floats) launches before l1's backward starts
+      assert.are.equal(2, res.overlap.buckets)
+      assert.are.same({"backward L2 after 0 launches", "backward L1 after 1 launches"}, res.overlap.events)
+      assert.are.equal(2, res.overlap.launched)
+      assert.is_true(res.overlap.same, "rank " .. r .. ": gradients differ after an averaged backward")
+      -- overlap=false: every all_reduce after backward
+      assert.are.same({"backward L2 after 0 launches", "backward L1 after 0 launches"}, res.sequential.events)
+      assert.are.equal(0, res.sequential.launched)
+      assert.is_true(res.sequential.same)
+      assert.are.equal(1, res.sequential.steps)
+      -- no_sync: no communication at all (different inputs: the gradients differ)
+      assert.are.same({"backward L2 after 0 launches", "backward L1 after 0 launches"}, res.no_sync.events)
+      assert.are.equal(1, res.no_sync.steps)
+      assert.is_false(res.no_sync.same)
+    end
+    os.execute("rm -rf " .. dir)
+  end)
+
+  it("checks its arguments and refuses use after close", function()
     -- a recording stand-in for crun.dist (rank 0 of 2), installed for this test only
     local events = {}
     local fake = {
@@ -113,19 +141,19 @@ describe("DDP equivalence", function()
       -- one bucket per layer: l2's weight+bias (10 floats) first, then l1's (16)
       local m = ddp.DDP(net, {first_bucket_mb = 40 / 2 ^ 20, bucket_cap_mb = 64 / 2 ^ 20})
       assert.are.equal(2, #m.buckets)
+      assert.are.same({10, 16}, {m.buckets[1].numel, m.buckets[2].numel})
       local x = T.randn({5, 3}, {seed = 1})
+      -- wrapping broadcast rank 0's parameters; the stand-in has no C group,
+      -- so a synchronised backward fails clearly instead of communicating
+      assert.are.same({"broadcast", "broadcast"}, events)
       events = {}
       m:forward(x)
-      m:backward(x, T.ones({5, 2}))
-      assert.are.same({"backward L2", "all_reduce 10 avg", "backward L1", "all_reduce 16 avg", "wait", "wait"}, events)
-      -- overlap=false: every all_reduce after backward
+      local okb, errb = pcall(m.backward, m, x, T.ones({5, 2}))
+      assert.is_false(okb)
+      assert.is_truthy(tostring(errb):match("^ESTATE: reducer mark_ready: this reducer has no process group"), errb)
+      -- no_sync: no communication at all
       local seq = ddp.DDP(net, {first_bucket_mb = 40 / 2 ^ 20, bucket_cap_mb = 64 / 2 ^ 20, overlap = false})
       m:close()
-      events = {}
-      seq:forward(x)
-      seq:backward(x, T.ones({5, 2}))
-      assert.are.same({"backward L2", "backward L1", "all_reduce 10 avg", "all_reduce 16 avg", "wait", "wait"}, events)
-      -- no_sync: no communication at all
       events = {}
       seq:no_sync(function() seq:forward(x); seq:backward(x, T.ones({5, 2})) end)
       assert.are.same({"backward L2", "backward L1"}, events)

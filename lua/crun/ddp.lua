@@ -13,7 +13,9 @@
 -- when every gradient of a bucket is ready and every earlier bucket has been
 -- launched, the bucket's async all_reduce (op avg) starts, so communication
 -- overlaps the rest of backward. Buckets launch in the same order on every
--- rank. backward() returns once every bucket is reduced and copied back into
+-- rank. The bucketing, readiness and all_reduces are libcrunrt's reducer
+-- (crun_reducer_*, runtime/train/reducer.c, a crun.Reducer here); this
+-- module drives it from the grad hooks. backward() returns once every bucket is reduced and copied back into
 -- the gradients (gradient_as_bucket_view=true makes the gradients views of
 -- the buckets instead: no copies). ddp:no_sync(fn) runs fn with gradient
 -- synchronisation off (gradients accumulate locally; the next synced
@@ -41,23 +43,28 @@ local DDP = {}
 DDP.__index = DDP
 DDP.__name = "crun.DDP"
 
--- Builds the buckets (reverse registration order) over params.
-local function make_buckets(params, first_cap, cap)
-  local buckets, cur, limit = {}, nil, first_cap
-  for i = #params, 1, -1 do
-    local p = params[i]
-    local dt, n = p:dtype(), p:numel()
-    local bytes = n * (ELSIZE[dt] or error("DDP: parameter " .. i .. " has unsupported dtype " .. dt, 3))
-    if cur and (cur.dtype ~= dt or (cur.bytes > 0 and cur.bytes + bytes > limit)) then
-      buckets[#buckets + 1] = cur
-      limit, cur = cap, nil
-    end
-    cur = cur or {dtype = dt, bytes = 0, numel = 0, entries = {}}
-    cur.entries[#cur.entries + 1] = {param = i, offset = cur.numel, numel = n}
-    cur.numel, cur.bytes = cur.numel + n, cur.bytes + bytes
+-- Checks that every parameter has a dtype DDP can average.
+local function check_dtypes(params, level)
+  for i, p in ipairs(params) do
+    if not ELSIZE[p:dtype()] then error("DDP: parameter " .. i .. " has unsupported dtype " .. p:dtype(), level + 1) end
   end
-  if cur then buckets[#buckets + 1] = cur end
-  return buckets
+end
+
+-- A crun.Reducer over `grads` on group `pg` (nil: layout only).
+local function new_reducer(pg, grads, first_cap, cap, o)
+  return require("crun.core").reducer_new(pg, grads, {first_bucket_bytes = first_cap, bucket_cap_bytes = cap,
+    gradient_as_bucket_view = o and o.as_view, overlap = not o or o.overlap})
+end
+
+-- The bucket layout over params (reverse registration order, caps, dtypes),
+-- as the reducer builds it: {dtype=, numel=, entries={{param=, offset=, numel=}}}.
+local function make_buckets(params, first_cap, cap)
+  check_dtypes(params, 2)
+  local r = new_reducer(nil, params, first_cap, cap)
+  local b = r:buckets()
+  r:close()
+  for _, bk in ipairs(b) do bk.buffer = nil end
+  return b
 end
 
 --- DDP(module, {bucket_cap_mb=25, first_bucket_mb=1, broadcast_buffers=true,
@@ -87,32 +94,28 @@ function ddp.DDP(module, opts)
     as_view = opts.gradient_as_bucket_view == true,
     stats = {steps = 0, comm_wait_s = 0, backward_s = 0}}, DDP)
   self.copts = self.group and {group = self.group} or nil
-  self.async_opts = {async_op = true, group = self.group}
+  self.opts_first_cap = (opts.first_bucket_mb or 1) * 1024 * 1024
+  self.opts_cap = (opts.bucket_cap_mb or 25) * 1024 * 1024
   self.world = d.get_world_size(self.group)
   self.rank = d.get_rank(self.group)
   self.params, self.grads = module:parameters()
-  local mb = 1024 * 1024
-  self.buckets = make_buckets(self.params, (opts.first_bucket_mb or 1) * mb, (opts.bucket_cap_mb or 25) * mb)
+  check_dtypes(self.params, 2)
   self:_index_params()
   self:_verify_params()
-  for _, b in ipairs(self.buckets) do b.buffer = T().zeros({b.numel}, b.dtype) end
   self:_sync_params(0)
+  local mb = 1024 * 1024
+  -- the group's handle (absent when crun.dist is a stand-in: layout only)
+  local pg = self.group or (d.group and d.group()) or nil
+  self.reducer = new_reducer(pg, self.grads, (opts.first_bucket_mb or 1) * mb, (opts.bucket_cap_mb or 25) * mb, self)
+  self.buckets = self.reducer:buckets()
   if self.as_view then self:_make_grad_views() end
   self:_install_hooks()
-  self:_reset()
   return self
 end
 
--- Maps each parameter to its bucket and entry, and each leaf module to its
--- parameter indices.
+-- Maps each leaf module to its parameter indices and each parameter to its
+-- leaf.
 function DDP:_index_params()
-  self.where = {}
-  for bi, b in ipairs(self.buckets) do
-    for _, e in ipairs(b.entries) do
-      e.view = nil
-      self.where[e.param] = {bucket = bi, entry = e}
-    end
-  end
   self.leaf_params, self.owner = {}, {}
   local k = 0
   for _, leaf in ipairs(self.module:leaves()) do
@@ -148,18 +151,14 @@ function DDP:_verify_params()
   end
 end
 
--- The 1-d slice of bucket b that holds entry e.
-local function slice(b, e)
-  e.view = e.view or b.buffer:narrow(1, e.offset + 1, e.numel)
-  return e.view
-end
-
--- Broadcasts every parameter from `src`, one coalesced broadcast per bucket.
--- (A scratch buffer per bucket: the bucket buffers may be the gradients.)
+-- Broadcasts every parameter from `src`, one coalesced broadcast per bucket
+-- of the parameters' own layout (a scratch buffer per bucket: the reducer's
+-- buckets may be the gradients).
 function DDP:_sync_params(src)
   local d = dist()
   if self.group then src = d.get_global_rank(self.group, src) end -- broadcast takes a global rank
-  for _, b in ipairs(self.buckets) do
+  self.param_buckets = self.param_buckets or make_buckets(self.params, self.opts_first_cap, self.opts_cap)
+  for _, b in ipairs(self.param_buckets) do
     local buf = T().zeros({b.numel}, b.dtype)
     for _, e in ipairs(b.entries) do
       buf:narrow(1, e.offset + 1, e.numel):copy(self.params[e.param]:contiguous():view(e.numel))
@@ -171,17 +170,14 @@ function DDP:_sync_params(src)
   end
 end
 
--- gradient_as_bucket_view: the module's gradients become views of the buckets.
+-- gradient_as_bucket_view: the module's gradients become the views of the
+-- buckets the reducer made (holding their values).
 function DDP:_make_grad_views()
-  for _, b in ipairs(self.buckets) do
-    for _, e in ipairs(b.entries) do
-      local g = self.grads[e.param]
-      local v = slice(b, e):view(g:size())
-      v:copy(g)
-      local o = self.owner[e.param]
-      o.leaf:_set_grad(o.index, v)
-      self.grads[e.param] = v
-    end
+  for i = 1, #self.params do
+    local v = self.reducer:bucket_view(i)
+    local o = self.owner[i]
+    o.leaf:_set_grad(o.index, v)
+    self.grads[i] = v
   end
 end
 
@@ -194,57 +190,20 @@ function DDP:_install_hooks()
   end
 end
 
--- Clears per-backward readiness.
-function DDP:_reset()
-  self.ready, self.next_launch, self.works = {}, 1, {}
-  for _, b in ipairs(self.buckets) do b.pending = #b.entries end
-end
-
 -- Hook: every gradient of `list` is final for this backward.
 function DDP:_leaf_ready(list)
   if not self.require_sync or not self.in_backward or self.world == 1 then return end
-  for _, i in ipairs(list) do self:_mark_ready(i) end
-  if self.overlap then self:_launch_ready() end
-end
-
-function DDP:_mark_ready(i)
-  if self.ready[i] then
-    error(string.format("DDP: gradient of parameter %d marked ready twice in one backward (rank %d); "
-      .. "a module used twice per forward is not supported", i, self.rank), 0)
-  end
-  self.ready[i] = true
-  local w = self.where[i]
-  local b = self.buckets[w.bucket]
-  if not self.as_view then slice(b, w.entry):copy(self.grads[i]:view(w.entry.numel)) end
-  b.pending = b.pending - 1
-end
-
--- Launches, in bucket order, every bucket that is complete.
-function DDP:_launch_ready()
-  local d = dist()
-  while self.next_launch <= #self.buckets and self.buckets[self.next_launch].pending == 0 do
-    local b = self.buckets[self.next_launch]
-    self.works[self.next_launch] = d.all_reduce(b.buffer, "avg", self.async_opts)
-    self.next_launch = self.next_launch + 1
-  end
+  for _, i in ipairs(list) do self.reducer:mark_ready(i) end
 end
 
 -- Marks unused parameters ready, launches what is left, waits for every
--- bucket and copies the averaged gradients back.
+-- bucket and copies the averaged gradients back (the reducer does it all).
 function DDP:_finalize()
-  for i = 1, #self.params do
-    if not self.ready[i] then self:_mark_ready(i) end
-  end
-  self:_launch_ready()
-  local t0 = require("crun.core").clock()
-  for k, w in ipairs(self.works) do
-    w:wait()
-    if not self.as_view then
-      local b = self.buckets[k]
-      for _, e in ipairs(b.entries) do self.grads[e.param]:view(e.numel):copy(slice(b, e)) end
-    end
-  end
-  self.stats.comm_wait_s = self.stats.comm_wait_s + (require("crun.core").clock() - t0)
+  local core = require "crun.core"
+  self.stats.launched_in_backward = self.reducer:launched()
+  local t0 = core.clock()
+  self.reducer:finalize()
+  self.stats.comm_wait_s = self.stats.comm_wait_s + (core.clock() - t0)
 end
 
 --- Forward of the wrapped module. Under crun.join it first tells ranks that
@@ -265,11 +224,13 @@ function DDP:backward(x, gy)
   self:_check_open("backward")
   local core = require "crun.core"
   local t0 = core.clock()
-  self:_reset()
   self.in_backward = true
   local ok, err = pcall(self.module.backward, self.module, x, gy)
   self.in_backward = false
-  if not ok then error(err, 0) end
+  if not ok then
+    if self.require_sync and self.world > 1 then self.reducer:reset() end
+    error(err, 0)
+  end
   if self.require_sync then
     if self.join_enabled then self.join_iters = self.join_iters + 1 end
     -- one rank: the average is the gradient itself, nothing to communicate
@@ -305,6 +266,7 @@ function DDP:load_state_dict(sd) return self.module:load_state_dict(sd) end
 function DDP:close()
   for _, h in ipairs(self.hooks or {}) do h.remove() end
   self.hooks, self.closed = {}, true
+  if self.reducer then self.reducer:close() end
 end
 
 function DDP:_check_open(what)
@@ -331,15 +293,10 @@ function DDP:_notify_join()
 end
 
 -- Joined rank: mirrors one iteration of the ranks still training.
+-- (the reducer all-reduces zeros in every bucket, in bucket order)
 function DDP:_shadow(sync)
   if sync == 0 then return end
-  local d = dist()
-  local works = {}
-  for k, b in ipairs(self.buckets) do
-    b.buffer:fill(0)
-    works[k] = d.all_reduce(b.buffer, "avg", self.async_opts)
-  end
-  for _, w in ipairs(works) do w:wait() end
+  self.reducer:shadow()
 end
 
 -- Shadow loop of a rank whose fn returned; then the final parameter sync.

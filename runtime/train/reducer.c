@@ -289,4 +289,10 @@ int crun_reducer_shadow(crun_reducer_t *r, double timeout) {
   return rc;
 }
 
+void crun_reducer_reset(crun_reducer_t *r) {
+  if (!r) return;
+  drain(r);
+  reset(r);
+}
+
 int crun_reducer_launched(const crun_reducer_t *r) { return r ? r->next_launch : 0; }

@@ -187,6 +187,11 @@ int crun_reducer_mark_ready(crun_reducer_t *r, int i);
  * the reducer is reset (the gradients are then unspecified). */
 int crun_reducer_finalize(crun_reducer_t *r, double timeout);
 
+/* Abandons the current iteration (e.g. backward failed): waits for the
+ * all_reduces already launched (bounded by their own deadlines) and clears
+ * readiness. */
+void crun_reducer_reset(crun_reducer_t *r);
+
 /* Join: a rank without inputs mirrors one iteration of the ranks still
  * training: every bucket is zeroed and all-reduced (averaged) in order. */
 int crun_reducer_shadow(crun_reducer_t *r, double timeout);
