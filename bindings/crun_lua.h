@@ -44,6 +44,10 @@ void crun_l_push_tensor(lua_State *L, crun_tensor_t *t);
  * The pointer stays valid while the userdata lives (retain it to keep it). */
 crun_store_t *crun_l_check_store(lua_State *L, int idx);
 
+/* Returns the live group of the crun.ProcessGroup at idx (raises ECLOSED on
+ * a destroyed one). Defined in pg.c. */
+crun_pg_t *crun_l_check_pg(lua_State *L, int idx);
+
 /* The areas; each adds its entries to the table at the top of the stack. */
 void crun_l_open_core(lua_State *L);
 void crun_l_open_store(lua_State *L);

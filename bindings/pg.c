@@ -23,6 +23,8 @@ static crun_pg_t *check_pg(lua_State *L, int idx) {
   return u->pg;
 }
 
+crun_pg_t *crun_l_check_pg(lua_State *L, int idx) { return check_pg(L, idx); }
+
 static void push_pg(lua_State *L, crun_pg_t *pg) {
   l_pg *u = lua_newuserdatauv(L, sizeof *u, 0);
   u->pg = pg;

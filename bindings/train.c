@@ -226,17 +226,6 @@ static int l_permutation(lua_State *L) {
 
 #define REDUCER_MT "crun.Reducer"
 
-/* The group of a crun.ProcessGroup userdata (bindings/pg.c stores a single
- * crun_pg_t pointer, NULL once destroyed). */
-static crun_pg_t *check_group(lua_State *L, int idx) {
-  crun_pg_t **u = luaL_checkudata(L, idx, "crun.ProcessGroup");
-  if (!*u) {
-    crun_error(CRUN_ECLOSED, "reducer: the process group was destroyed");
-    crun_l_fail(L, CRUN_ECLOSED);
-  }
-  return *u;
-}
-
 static crun_reducer_t *check_reducer(lua_State *L, int idx) {
   crun_reducer_t **u = luaL_checkudata(L, idx, REDUCER_MT);
   if (!*u) {
@@ -256,7 +245,7 @@ static int check_grad_index(lua_State *L, int idx) {
 /* reducer_new(pg|nil, {grads...}, {bucket_cap_bytes=, first_bucket_bytes=,
  * gradient_as_bucket_view=, overlap=}) -> crun.Reducer */
 static int l_reducer_new(lua_State *L) {
-  crun_pg_t *pg = lua_isnoneornil(L, 1) ? NULL : check_group(L, 1);
+  crun_pg_t *pg = lua_isnoneornil(L, 1) ? NULL : crun_l_check_pg(L, 1);
   luaL_checktype(L, 2, LUA_TTABLE);
   luaL_checktype(L, 3, LUA_TTABLE);
   lua_Integer n = (lua_Integer)luaL_len(L, 2);
