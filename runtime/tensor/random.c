@@ -4,7 +4,7 @@
 
 #include <math.h>
 
-static uint64_t splitmix64(uint64_t *x) {
+uint64_t crun_splitmix64_next(uint64_t *x) {
   uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
@@ -12,7 +12,7 @@ static uint64_t splitmix64(uint64_t *x) {
 }
 
 void crun_generator_seed(crun_generator_t *g, uint64_t seed) {
-  for (int i = 0; i < 4; i++) g->s[i] = splitmix64(&seed);
+  for (int i = 0; i < 4; i++) g->s[i] = crun_splitmix64_next(&seed);
   g->has_spare = 0;
   g->spare = 0;
 }

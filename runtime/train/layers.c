@@ -102,14 +102,6 @@ int crun_nn_log_softmax_backward(const crun_tensor_t *y, const crun_tensor_t *gy
   return 0;
 }
 
-/* Next value of the splitmix64 stream at *s. */
-static uint64_t splitmix64(uint64_t *s) {
-  uint64_t z = (*s += 0x9E3779B97F4A7C15ULL);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-  return z ^ (z >> 31);
-}
-
 int crun_nn_dropout_forward(const crun_tensor_t *x, crun_tensor_t *y, crun_tensor_t *mask,
                             double p, uint64_t *state) {
   CRUN_CHECK(crun__train_check_float("Dropout forward", "input", x));
@@ -120,7 +112,7 @@ int crun_nn_dropout_forward(const crun_tensor_t *x, crun_tensor_t *y, crun_tenso
   double keep = 1.0 / (1.0 - p);
   int f32 = crun_tensor_dtype(x) == CRUN_FLOAT32;
   for (int64_t i = 0; i < n; i++) {
-    double u = (double)(splitmix64(state) >> 11) * (1.0 / 9007199254740992.0);
+    double u = (double)(crun_splitmix64_next(state) >> 11) * (1.0 / 9007199254740992.0);
     double m = u < p ? 0.0 : keep;
     if (f32) {
       ((float *)crun_tensor_data(mask))[i] = (float)m;

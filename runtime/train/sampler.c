@@ -13,12 +13,6 @@ static int64_t floor_div(int64_t a, int64_t b) {
   return (a % b != 0 && a < 0) ? q - 1 : q;
 }
 
-uint64_t crun_splitmix64_next(uint64_t *state) {
-  uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
 
 void crun_permutation(int64_t n, uint64_t seed, int64_t *out) {
   for (int64_t i = 0; i < n; i++) out[i] = i;

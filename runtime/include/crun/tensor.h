@@ -248,6 +248,9 @@ int crun_tensor_scatter_add_(crun_tensor_t *a, int dim, crun_tensor_t *index, cr
 /* Softmax / log-softmax along dim, numerically stable (max subtracted). */
 int crun_tensor_softmax(crun_tensor_t *a, int dim, int log, crun_tensor_t **out);
 
+/* Advances the splitmix64 stream *state and returns its next value. */
+uint64_t crun_splitmix64_next(uint64_t *state);
+
 /* ---------------------------------------------------------------- reductions
  * The element-wise kernels every backend shares. AVG reduces as SUM; the
  * caller divides once at the end (crun_scale_div). Bitwise ops on float dtypes

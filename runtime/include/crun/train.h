@@ -131,8 +131,6 @@ int crun_sampler_indices(const crun_sampler_t *s, int64_t epoch, int64_t *out, i
 /* Writes the permutation of 0..n-1 for `seed` (the sampler's shuffle). */
 void crun_permutation(int64_t n, uint64_t seed, int64_t *out);
 
-/* Advances the splitmix64 stream *state and returns its next value. */
-uint64_t crun_splitmix64_next(uint64_t *state);
 
 /* ---- DDP gradient reducer (torch's Reducer). Gradients (contiguous
  * float32/float64/float16/bfloat16 tensors, in registration order) are
