@@ -1,17 +1,12 @@
 /* check.c — argument checks shared by the train kernels. */
 #include "train/check.h"
 
+#include "tensor/tensor_impl.h"
+
 #include <stdio.h>
 
 const char *crun__train_shape_str(const crun_tensor_t *t, char *buf, size_t n) {
-  int nd = crun_tensor_ndim(t);
-  const int64_t *s = crun_tensor_shape(t);
-  size_t used = 0;
-  if (nd == 0) snprintf(buf, n, "scalar");
-  else buf[0] = '\0';
-  for (int i = 0; i < nd && used < n; i++)
-    used += (size_t)snprintf(buf + used, n - used, i ? "x%lld" : "%lld", (long long)s[i]);
-  return buf;
+  return crun__shape_str(crun_tensor_ndim(t), crun_tensor_shape(t), buf, n);
 }
 
 int crun__train_check_float(const char *fn, const char *arg, const crun_tensor_t *t) {
