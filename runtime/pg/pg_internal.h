@@ -76,6 +76,10 @@ struct crun_pg {
   int pub_stop, has_pub;
   pthread_t pub_thread;
   pthread_cond_t pub_cv;
+  /* point-to-point operations the backend progresses in the background */
+  int npending;              /* guarded by mu */
+  int (*pump)(void *arg, double wait_s); /* progresses them; set by the backend */
+  void *pump_arg;
 };
 
 struct crun_work {
@@ -83,14 +87,23 @@ struct crun_work {
   crun_pg_t *pg;
   crun__coll_t c;
   int async;
+  int queued;                /* the queue holds a reference */
   int done, status;
   char *err;
   char desc[48];
   struct crun_work *next;
 };
 
-/* Runs a work: backend dispatch, error capture, group-broken bookkeeping. */
-void crun__pg_execute(crun_pg_t *pg, struct crun_work *w);
+/* A backend's send/recv returns this when the operation continues in the
+ * background; it then reports the end through crun__pg_p2p_done. */
+#define CRUN__PENDING 1
+
+/* Runs a work: backend dispatch, error capture, group-broken bookkeeping.
+ * Returns CRUN__PENDING when a p2p operation goes on in the background. */
+int crun__pg_execute(crun_pg_t *pg, struct crun_work *w);
+
+/* Ends a pending p2p operation (rc < 0: crun_last_error() holds the text). */
+void crun__pg_p2p_done(crun_pg_t *pg, crun__coll_t *c, int rc);
 
 /* Queues or inlines the work and, when blocking, waits for it. Takes
  * ownership of one reference of w. Returns the status of a blocking op. */

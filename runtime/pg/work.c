@@ -1,6 +1,7 @@
 /* work.c — Work handles and the group's queue: a blocking call with nothing
  * queued runs inline on the caller's thread; async calls (and blocking ones
  * issued behind them) run on the group's progress thread in issue order. */
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,7 +39,7 @@ static const char *desc_locked(crun_work_t *w) {
   return w->desc;
 }
 
-void crun__pg_execute(crun_pg_t *pg, crun_work_t *w) {
+int crun__pg_execute(crun_pg_t *pg, crun_work_t *w) {
   crun__coll_t *c = &w->c;
   int rc;
   pthread_mutex_lock(&pg->mu);
@@ -55,11 +56,35 @@ void crun__pg_execute(crun_pg_t *pg, crun_work_t *w) {
     c->deadline = crun_clock() + c->timeout;
     crun__pg_mark(pg, c);
     rc = fn(pg->be_state, c);
+    if (rc == CRUN__PENDING) {
+      pthread_mutex_lock(&pg->mu);
+      pg->npending++;
+      pthread_mutex_unlock(&pg->mu);
+      free(broken);
+      return CRUN__PENDING;
+    }
     if (rc < 0) break_group(pg, rc, crun_last_error());
   }
   free(broken);
   w->status = rc < 0 ? rc : 0;
   if (rc < 0) w->err = strdup(crun_last_error());
+  return 0;
+}
+
+static void work_unref(crun_work_t *w);
+
+void crun__pg_p2p_done(crun_pg_t *pg, crun__coll_t *c, int rc) {
+  crun_work_t *w = (crun_work_t *)(void *)((char *)c - offsetof(crun_work_t, c));
+  w->status = rc < 0 ? rc : 0;
+  if (rc < 0) w->err = strdup(crun_last_error());
+  pthread_mutex_lock(&pg->mu);
+  pg->npending--;
+  w->done = 1;
+  pthread_cond_broadcast(&pg->cv);
+  int queued = w->queued;
+  pthread_mutex_unlock(&pg->mu);
+  if (rc < 0 && rc != CRUN_ECLOSED) break_group(pg, rc, w->err ? w->err : "p2p failure");
+  if (queued) work_unref(w);
 }
 
 /* Publishes completion of w to waiters. Called with pg->mu held. */
@@ -68,26 +93,49 @@ static void finish_locked(crun_pg_t *pg, crun_work_t *w) {
   pthread_cond_broadcast(&pg->cv);
 }
 
-static void work_unref(crun_work_t *w);
+/* Progresses background p2p work for a moment. Called with pg->mu held and
+ * busy clear; returns with them the same. */
+static void pump_locked(crun_pg_t *pg, double wait_s) {
+  pg->busy = 1;
+  pthread_mutex_unlock(&pg->mu);
+  if (pg->pump) pg->pump(pg->pump_arg, wait_s);
+  pthread_mutex_lock(&pg->mu);
+  pg->busy = 0;
+  pthread_cond_broadcast(&pg->cv);
+}
 
+/* Runs the head of the queue. Called with pg->mu held; returns with it held. */
+static void run_head_locked(crun_pg_t *pg) {
+  crun_work_t *w = pg->head;
+  pg->head = w->next;
+  if (!pg->head) pg->tail = NULL;
+  pg->busy = 1;
+  w->queued = 1;
+  pthread_mutex_unlock(&pg->mu);
+  int pending = crun__pg_execute(pg, w) == CRUN__PENDING;
+  pthread_mutex_lock(&pg->mu);
+  pg->busy = 0;
+  if (pending) { /* crun__pg_p2p_done finishes it and drops the queue's reference */
+    pthread_cond_broadcast(&pg->cv);
+    return;
+  }
+  finish_locked(pg, w);
+  pthread_mutex_unlock(&pg->mu);
+  work_unref(w);
+  pthread_mutex_lock(&pg->mu);
+}
+
+/* The progress thread: runs queued work in issue order; between them, and
+ * while nothing is queued, progresses background p2p operations. */
 static void *progress_main(void *arg) {
   crun_pg_t *pg = arg;
   pthread_mutex_lock(&pg->mu);
   for (;;) {
-    while (!(pg->head && !pg->busy) && !pg->stop) pthread_cond_wait(&pg->cv, &pg->mu);
-    if (!pg->head || pg->busy) break;
-    crun_work_t *w = pg->head;
-    pg->head = w->next;
-    if (!pg->head) pg->tail = NULL;
-    pg->busy = 1;
-    pthread_mutex_unlock(&pg->mu);
-    crun__pg_execute(pg, w);
-    pthread_mutex_lock(&pg->mu);
-    pg->busy = 0;
-    finish_locked(pg, w);
-    pthread_mutex_unlock(&pg->mu);
-    work_unref(w);
-    pthread_mutex_lock(&pg->mu);
+    while (!pg->stop && (pg->busy || (!pg->head && !(pg->npending && pg->pump))))
+      pthread_cond_wait(&pg->cv, &pg->mu);
+    if (pg->busy || (pg->stop && !pg->head)) break;
+    if (pg->head) run_head_locked(pg);
+    else pump_locked(pg, 0.001);
   }
   pthread_mutex_unlock(&pg->mu);
   return NULL;
@@ -125,10 +173,12 @@ int crun__pg_submit(crun_pg_t *pg, crun_work_t *w, crun_work_t **out) {
   if (!w->async && !pg->head && !pg->busy && !pg->stop) {
     pg->busy = 1;
     pthread_mutex_unlock(&pg->mu);
-    crun__pg_execute(pg, w);
+    int pending = crun__pg_execute(pg, w) == CRUN__PENDING;
     pthread_mutex_lock(&pg->mu);
     pg->busy = 0;
-    finish_locked(pg, w);
+    while (pending && !w->done) pump_locked(pg, 0.05);
+    if (!pending) finish_locked(pg, w);
+    else pthread_cond_broadcast(&pg->cv);
     pthread_mutex_unlock(&pg->mu);
     return w->status < 0 ? crun_error(w->status, "%s", strip_name(w->err)) : 0;
   }

@@ -215,10 +215,14 @@ int crun__tcp_open(crun_pg_t *pg, crun__tcp_t **out) {
   t->tx_dirty = calloc((size_t)pg->size, 1);
   t->closed = calloc((size_t)pg->size, 1);
   t->stash = calloc((size_t)pg->size, sizeof *t->stash);
-  if (!t->fds || !t->tx_dirty || !t->closed || !t->stash) { crun__tcp_close(t); return crun_error(CRUN_ENOMEM, "tcp transport"); }
+  t->outq = calloc((size_t)pg->size, sizeof *t->outq);
+  t->prx = calloc((size_t)pg->size, sizeof *t->prx);
+  t->pfd = calloc((size_t)pg->size, sizeof *t->pfd);
+  if (!t->fds || !t->tx_dirty || !t->closed || !t->stash || !t->outq || !t->prx || !t->pfd) { crun__tcp_close(t); return crun_error(CRUN_ENOMEM, "tcp transport"); }
   for (int j = 0; j < pg->size; j++) t->fds[j] = -1;
   int rc = pg->size > 1 ? build_mesh(t, crun_clock() + pg->timeout) : 0;
   if (rc < 0) { crun__tcp_close(t); return rc; }
+  crun__tcp_p2p_attach(t);
   CRUN_LOG(INFO, NET, "group '%s': tcp mesh of %d ranks connected", pg->prefix, pg->size);
   *out = t;
   return 0;
@@ -226,6 +230,8 @@ int crun__tcp_open(crun_pg_t *pg, crun__tcp_t **out) {
 
 void crun__tcp_close(crun__tcp_t *t) {
   if (!t) return;
+  if (t->outq && t->prx) crun__tcp_fail_all(t, CRUN_ECLOSED, "the group was destroyed while it was pending");
+  if (t->pg && t->pg->pump_arg == t) t->pg->pump = NULL;
   for (int j = 0; t->fds && j < t->size; j++) {
     if (t->fds[j] >= 0) close(t->fds[j]);
     for (crun__stash_t *s = t->stash ? t->stash[j] : NULL, *n; s; s = n) {
@@ -233,7 +239,12 @@ void crun__tcp_close(crun__tcp_t *t) {
       free(s->data);
       free(s);
     }
+    if (t->prx && t->prx[j].frame) { free(t->prx[j].frame->data); free(t->prx[j].frame); }
+    if (t->prx) free(t->prx[j].text);
   }
+  free(t->outq);
+  free(t->prx);
+  free(t->pfd);
   free(t->fds);
   free(t->tx_dirty);
   free(t->closed);

@@ -3,6 +3,8 @@
 #ifndef CRUN_TRANSPORT_TCP_PRIV_H
 #define CRUN_TRANSPORT_TCP_PRIV_H
 
+#include <poll.h>
+
 #include "transport/tcp.h"
 
 #define CRUN__TCP_MAGIC 0x314e5243u /* "CRN1" */
@@ -29,6 +31,28 @@ typedef struct crun__stash {
   struct crun__stash *next;
 } crun__stash_t;
 
+/* A point-to-point operation the transport progresses in the background: a
+ * send whose frame did not fit in the socket yet, or a posted receive. */
+typedef struct crun__p2p_op {
+  crun__coll_t *c;
+  int peer;             /* send: destination; recv: source or CRUN_ANY_SOURCE */
+  crun__hdr_t h;        /* send: the frame header */
+  size_t off, nbytes;   /* send: bytes of header+payload written; payload bytes */
+  struct crun__p2p_op *next;
+} crun__p2p_op_t;
+
+/* The background reader of one peer: frames for posted receives go straight
+ * to their buffer, anything else to the stash. */
+enum { CRUN__PRX_HDR, CRUN__PRX_DIRECT, CRUN__PRX_STASH, CRUN__PRX_ABORT, CRUN__PRX_DEAD };
+typedef struct {
+  int state;
+  crun__hdr_t h;
+  size_t hgot, got;
+  crun__stash_t *frame;     /* STASH: the frame being read */
+  crun__p2p_op_t *direct;   /* DIRECT: the receive being filled */
+  char *text;               /* ABORT: its text */
+} crun__prx_t;
+
 struct crun__tcp {
   crun_pg_t *pg;
   int rank, size;
@@ -38,7 +62,37 @@ struct crun__tcp {
   char *closed;         /* the peer closed its side (seen by an any-source recv) */
   crun__stash_t **stash;/* per-peer FIFO */
   int aborted;
+  crun__p2p_op_t **outq;  /* per-peer FIFO of sends not fully written */
+  crun__p2p_op_t *posted; /* receives in posting order */
+  crun__prx_t *prx;       /* per-peer background reader */
+  struct pollfd *pfd;     /* size entries */
+  int npending;
 };
+
+/* Progresses every pending p2p operation without blocking, leaving peer
+ * `skip` (the one a collective step reads) alone. Returns 1 on progress.
+ * Operations finish through crun__pg_p2p_done. */
+int crun__tcp_pump(crun__tcp_t *t, int skip);
+
+/* Adds the events pending p2p operations wait for to t->pfd (skip as above). */
+void crun__tcp_pump_events(crun__tcp_t *t, int skip);
+
+/* The earliest deadline of a pending p2p operation (a large value if none). */
+double crun__tcp_pump_deadline(crun__tcp_t *t);
+
+/* Finishes a partly read background frame from `peer` before a step reads
+ * that socket itself; <0 at `deadline`. */
+int crun__tcp_settle(crun__tcp_t *t, int peer, double deadline);
+
+/* Gives stashed send frames to posted receives that match them. */
+void crun__tcp_match(crun__tcp_t *t);
+
+/* Fails every pending p2p operation with status/text (no group break when
+ * status is CRUN_ECLOSED). */
+void crun__tcp_fail_all(crun__tcp_t *t, int status, const char *text);
+
+/* Makes the group's progress thread pump this transport (tcp_p2p.c). */
+void crun__tcp_p2p_attach(crun__tcp_t *t);
 
 /* Returns 1 when fd is ready for `ev`, 0 at the deadline, <0 on poll error. */
 int crun__tcp_wait_fd(int fd, short ev, double deadline);

@@ -178,7 +178,7 @@ static int rx_from_stash(io_t *io) {
 /* Sends what the socket takes now; 1 progress, 0 would block, <0 error. */
 static int tx_some(io_t *io) {
   size_t total = HDR + io->sbytes;
-  if (io->toff >= total) return 0;
+  if (io->toff >= total || io->t->outq[io->to]) return 0; /* earlier sends to `to` go first */
   struct iovec iov[2];
   int n = 0;
   if (io->toff < HDR) {
@@ -322,19 +322,26 @@ static int timed_out(io_t *io) {
                     io->t->rank, io->to, io->c->timeout, where);
 }
 
-/* Polls the step's sockets until one is ready; <0 on timeout. */
+/* Polls the step's sockets (and those pending p2p operations wait on) until
+ * one is ready; <0 on timeout. */
 static int io_wait(io_t *io) {
-  struct pollfd p[2];
-  int n = 0, tx = io->to >= 0 && io->toff < HDR + io->sbytes, rx = io->from >= 0 && io->rstate != RX_DONE;
-  if (tx) p[n++] = (struct pollfd){io->t->fds[io->to], (short)(POLLOUT | (io->watch_to ? POLLIN : 0)), 0};
-  if (rx && tx && io->from == io->to) p[0].events |= POLLIN;
-  else if (rx) p[n++] = (struct pollfd){io->t->fds[io->from], POLLIN, 0};
+  crun__tcp_t *t = io->t;
+  struct pollfd *p = t->pfd;
+  int tx = io->to >= 0 && io->toff < HDR + io->sbytes, rx = io->from >= 0 && io->rstate != RX_DONE;
+  for (int j = 0; j < t->size; j++) p[j] = (struct pollfd){-1, 0, 0};
+  if (tx) p[io->to].events |= (short)(POLLOUT | (io->watch_to ? POLLIN : 0));
+  if (rx) p[io->from].events |= POLLIN;
+  crun__tcp_pump_events(t, rx ? io->from : -1);
+  for (int j = 0; j < t->size; j++)
+    if (p[j].events) p[j].fd = t->fds[j];
   double left = io->c->deadline - crun_clock();
   if (left <= 0) return timed_out(io);
+  double pl = crun__tcp_pump_deadline(t) - crun_clock();
+  if (pl < left) left = pl > 0 ? pl : 0;
   int ms = left > 1000.0 ? 1000000 : (int)(left * 1000.0) + 1;
-  int k = poll(p, (nfds_t)n, ms);
+  int k = poll(p, (nfds_t)t->size, ms);
   if (k < 0 && errno != EINTR) return crun_error(CRUN_ESYS, "poll: %s", strerror(errno));
-  if (k > 0 && tx && io->watch_to && (p[0].revents & (POLLIN | POLLHUP)) && !(rx && io->from == io->to))
+  if (k > 0 && tx && io->watch_to && (p[io->to].revents & (POLLIN | POLLHUP)) && !(rx && io->from == io->to))
     return peek_abort(io);
   return 0;
 }
@@ -353,6 +360,10 @@ static int io_run(io_t *io) {
     }
     int tx_left = io->to >= 0 && io->toff < HDR + io->sbytes;
     int rx_left = io->from >= 0 && io->rstate != RX_DONE;
+    if (io->t->npending) {
+      crun__tcp_match(io->t);
+      progress |= crun__tcp_pump(io->t, rx_left ? io->from : -1);
+    }
     if (!tx_left && !rx_left) return 0;
     if (!progress && (r = io_wait(io)) < 0) return r;
   }
@@ -369,7 +380,8 @@ static int run_step(crun__tcp_t *t, crun__coll_t *c, const crun__xfer_t *x, int 
              .stash_only = stash_only, .rstate = RX_HDR};
   if (x->to >= 0) fill_hdr(t, c, x->sbytes, &io.th);
   int rc = 0;
-  if (x->from >= 0 && !stash_only) rc = rx_from_stash(&io);
+  if (x->from >= 0 && !stash_only) rc = crun__tcp_settle(t, x->from, c->deadline);
+  if (x->from >= 0 && !stash_only && rc >= 0) rc = rx_from_stash(&io);
   if (rc >= 0) rc = io_run(&io);
   io_free(&io);
   return rc;
@@ -381,79 +393,13 @@ int crun__tcp_xfer(crun__tcp_t *t, crun__coll_t *c, const crun__xfer_t *x) {
   return rc < 0 ? rc : 0;
 }
 
-int crun__tcp_send(crun__tcp_t *t, crun__coll_t *c) {
-  crun__xfer_t x = {.to = c->root, .sbuf = c->buf, .sbytes = c->count * elsize(c->dt), .from = -1};
-  return crun__tcp_xfer(t, c, &x);
-}
-
-/* Takes the first stashed send with our tag from any peer; 1 when found. */
-static int recv_any_from_stash(crun__tcp_t *t, crun__coll_t *c, size_t nbytes) {
-  for (int j = 0; j < t->size; j++) {
-    if (j == t->rank || !t->stash[j]) continue;
-    io_t io = {.t = t, .c = c, .to = -1, .from = j, .rp = c->buf, .rbytes = nbytes, .rstate = RX_HDR};
-    int r = rx_from_stash(&io);
-    if (r != 0) { if (r > 0) c->src_out = j; return r; }
-  }
-  return 0;
-}
-
-/* Waits for any peer to be readable and stashes one frame from it. */
-static int recv_any_step(crun__tcp_t *t, crun__coll_t *c) {
-  struct pollfd *p = calloc((size_t)t->size, sizeof *p);
-  if (!p) return crun_error(CRUN_ENOMEM, "poll set");
-  int open = 0;
-  for (int j = 0; j < t->size; j++) {
-    p[j] = (struct pollfd){j == t->rank || t->closed[j] ? -1 : t->fds[j], POLLIN, 0};
-    open += p[j].fd >= 0;
-  }
-  if (!open) {
-    free(p);
-    return crun_error(CRUN_EPEERDIED, "recv from any rank on rank %d: every peer closed its connection", t->rank);
-  }
-  double left = c->deadline - crun_clock();
-  int k = left > 0 ? poll(p, (nfds_t)t->size, left > 1000 ? 1000000 : (int)(left * 1000) + 1) : 0;
-  int rc = 0;
-  for (int j = 0; k > 0 && j < t->size && rc >= 0; j++)
-    if (p[j].revents) {
-      char b;
-      if (recv(t->fds[j], &b, 1, MSG_PEEK | MSG_DONTWAIT) == 0) { /* a peer that left sends nothing more */
-        t->closed[j] = 1;
-        continue;
-      }
-      crun__xfer_t x = {.to = -1, .from = j};
-      rc = run_step(t, c, &x, 1);
-    }
-  free(p);
-  if (k == 0 && crun_clock() >= c->deadline) {
-    char desc[64], where[1024];
-    crun__coll_desc(c, desc, sizeof desc);
-    crun__pg_progress_report(t->pg, where, sizeof where);
-    return crun_error(CRUN_ETIMEDOUT, "%s on rank %d: no sender after %.1f s; %s", desc, t->rank,
-                      c->timeout, where);
-  }
-  return rc;
-}
-
-int crun__tcp_recv(crun__tcp_t *t, crun__coll_t *c) {
-  if (t->aborted) return crun_error(CRUN_ESTATE, "rank %d: the tcp transport was aborted", t->rank);
-  size_t nbytes = c->count * elsize(c->dt);
-  if (c->root != CRUN_ANY_SOURCE) {
-    crun__xfer_t x = {.to = -1, .from = c->root, .rbuf = c->buf, .rbytes = nbytes};
-    c->src_out = c->root;
-    return crun__tcp_xfer(t, c, &x);
-  }
-  for (;;) {
-    int r = recv_any_from_stash(t, c, nbytes);
-    if (r != 0) return r < 0 ? r : 0;
-    if ((r = recv_any_step(t, c)) < 0) return r;
-  }
-}
-
 void crun__tcp_abort(crun__tcp_t *t, int status, const char *text) {
   if (!t || t->aborted) return;
   t->aborted = 1;
   const char *cut = strstr(text, " [reported by rank");
   size_t len = cut ? (size_t)(cut - text) : strlen(text);
+  char why[512];
+  snprintf(why, sizeof why, "the group is unusable after an earlier failure: %.*s", (int)(len < 400 ? len : 400), text);
   for (int j = 0; j < t->size; j++) {
     if (t->fds[j] < 0) continue;
     if (!t->tx_dirty[j]) {
@@ -466,4 +412,5 @@ void crun__tcp_abort(crun__tcp_t *t, int status, const char *text) {
     }
     shutdown(t->fds[j], SHUT_WR);
   }
+  crun__tcp_fail_all(t, CRUN_ESTATE, why);
 }

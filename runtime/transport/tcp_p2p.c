@@ -1,0 +1,469 @@
+/* tcp_p2p.c — point-to-point operations that progress in the background.
+ *
+ * A send writes what the socket takes at once; the rest waits in a per-peer
+ * FIFO. A receive takes a stashed frame or is posted. Whoever drives the
+ * transport next (a collective step, another p2p call, or the group's
+ * progress thread when idle) pumps every pending send and reads from every
+ * peer a posted receive waits on, so a posted send never keeps a later
+ * receive from running (isend+recv rings over any message size). Frames to
+ * one peer leave in issue order, and frames of one peer are matched to
+ * receives in posting order per tag, as torch promises. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+#include "transport/tcp_priv.h"
+
+#define HDR sizeof(crun__hdr_t)
+
+static size_t elsize(crun_dtype_t dt) {
+  size_t s = crun_dtype_size(dt);
+  return s ? s : 1;
+}
+
+/* Ends op (already unlinked) with rc; the text is in crun_last_error(). */
+static void op_end(crun__tcp_t *t, crun__p2p_op_t *op, int rc) {
+  crun__coll_t *c = op->c;
+  free(op);
+  t->npending--;
+  crun__pg_p2p_done(t->pg, c, rc);
+}
+
+/* Fails op (already unlinked) with a formatted error. */
+#define OP_FAIL(t, op, st, ...) op_end((t), (op), crun_error((st), __VA_ARGS__))
+
+static void op_desc(const crun__p2p_op_t *op, char *buf, size_t cap) { crun__coll_desc(op->c, buf, cap); }
+
+/* Unlinks and returns the first posted receive from `peer` (or any) with
+ * `tag`; NULL when none. */
+static crun__p2p_op_t *take_posted(crun__tcp_t *t, int peer, int tag) {
+  for (crun__p2p_op_t **pp = &t->posted; *pp; pp = &(*pp)->next) {
+    crun__p2p_op_t *op = *pp;
+    if ((op->peer == peer || op->peer == CRUN_ANY_SOURCE) && op->c->tag == tag) {
+      *pp = op->next;
+      return op;
+    }
+  }
+  return NULL;
+}
+
+/* Checks a send frame against the receive it matched; <0 with the text. */
+static int check_frame(crun__tcp_t *t, const crun__p2p_op_t *op, int from, const crun__hdr_t *h) {
+  const crun__coll_t *c = op->c;
+  int dt = c->user_dt >= 0 ? c->user_dt : (int)c->dt;
+  if (h->dtype == dt && h->nbytes == op->nbytes) return 0;
+  char desc[64];
+  op_desc(op, desc, sizeof desc);
+  const char *mine = crun_dtype_name((crun_dtype_t)dt), *theirs = crun_dtype_name((crun_dtype_t)h->dtype);
+  return crun_error(CRUN_EMISMATCH, "%s on rank %d expected %s[%llu], rank %d sent %s[%llu] (tag %d)", desc,
+                    t->rank, mine ? mine : "?", (unsigned long long)(op->nbytes / elsize(c->dt)), from,
+                    theirs ? theirs : "?", (unsigned long long)h->count, h->tag);
+}
+
+/* Finds the first stashed send frame some posted receive takes; 1 when one
+ * was handed over (the lists may have changed). */
+static int match_one(crun__tcp_t *t) {
+  for (int j = 0; j < t->size; j++)
+    for (crun__stash_t **sp = &t->stash[j]; *sp; sp = &(*sp)->next) {
+      crun__stash_t *s = *sp;
+      if (s->h.kind != CRUN__COLL_SEND) continue;
+      crun__p2p_op_t *op = take_posted(t, j, s->h.tag);
+      if (!op) continue;
+      *sp = s->next;
+      int rc = check_frame(t, op, j, &s->h);
+      if (rc == 0 && op->nbytes) memcpy(op->c->buf, s->data, op->nbytes);
+      op->c->src_out = j;
+      free(s->data);
+      free(s);
+      op_end(t, op, rc);
+      return 1;
+    }
+  return 0;
+}
+
+void crun__tcp_match(crun__tcp_t *t) {
+  while (t->posted && match_one(t)) {}
+}
+
+/* ---------------------------------------------------------------- sends */
+
+/* Writes what the socket takes of op; 1 done, 0 would block, <0 error. */
+static int op_write(crun__tcp_t *t, crun__p2p_op_t *op) {
+  size_t total = HDR + op->nbytes;
+  while (op->off < total) {
+    struct iovec iov[2];
+    int n = 0;
+    if (op->off < HDR) {
+      iov[n++] = (struct iovec){(char *)&op->h + op->off, HDR - op->off};
+      if (op->nbytes) iov[n++] = (struct iovec){op->c->buf, op->nbytes};
+    } else {
+      iov[n++] = (struct iovec){(char *)op->c->buf + (op->off - HDR), total - op->off};
+    }
+    struct msghdr m = {.msg_iov = iov, .msg_iovlen = (size_t)n};
+    ssize_t k = sendmsg(t->fds[op->peer], &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (k > 0) {
+      op->off += (size_t)k;
+      t->tx_dirty[op->peer] = op->off < total;
+      continue;
+    }
+    if (k < 0 && errno == EINTR) continue;
+    if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
+    char desc[64];
+    op_desc(op, desc, sizeof desc);
+    return crun_error(CRUN_EPEERDIED, "%s on rank %d: connection to rank %d %s (the process died or left the group)",
+                      desc, t->rank, op->peer, k < 0 ? strerror(errno) : "closed");
+  }
+  return 1;
+}
+
+/* Pumps the send FIFO of peer j; 1 on progress. */
+static int pump_sends(crun__tcp_t *t, int j) {
+  int progress = 0;
+  while (t->outq[j]) {
+    crun__p2p_op_t *op = t->outq[j];
+    size_t before = op->off;
+    int r = op_write(t, op);
+    progress |= op->off != before;
+    if (r == 0) break;
+    t->outq[j] = op->next;
+    op_end(t, op, r < 0 ? r : 0);
+    progress = 1;
+  }
+  return progress;
+}
+
+int crun__tcp_send(crun__tcp_t *t, crun__coll_t *c) {
+  if (t->aborted) return crun_error(CRUN_ESTATE, "rank %d: the tcp transport was aborted", t->rank);
+  crun__p2p_op_t *op = calloc(1, sizeof *op);
+  if (!op) return crun_error(CRUN_ENOMEM, "send");
+  op->c = c;
+  op->peer = c->root;
+  op->nbytes = c->count * elsize(c->dt);
+  op->h = (crun__hdr_t){.magic = CRUN__TCP_MAGIC, .group = t->group, .kind = CRUN__COLL_SEND,
+                        .dtype = (uint8_t)(c->user_dt >= 0 ? c->user_dt : (int)c->dt), .op = (uint8_t)c->op,
+                        .root = t->rank, .tag = c->tag, .count = c->count, .nbytes = op->nbytes};
+  if (!t->outq[op->peer]) {
+    int r = op_write(t, op);
+    if (r != 0) {
+      free(op);
+      return r < 0 ? r : 0;
+    }
+  }
+  crun__p2p_op_t **pp = &t->outq[op->peer];
+  while (*pp) pp = &(*pp)->next;
+  *pp = op;
+  t->npending++;
+  return CRUN__PENDING;
+}
+
+/* ---------------------------------------------------------------- receives */
+
+/* Does a pending receive wait on peer j (or is a frame of j half read)? */
+static int wants_peer(crun__tcp_t *t, int j) {
+  if (j == t->rank || t->fds[j] < 0 || t->prx[j].state == CRUN__PRX_DEAD) return 0;
+  if (t->prx[j].state != CRUN__PRX_HDR || t->prx[j].hgot) return 1;
+  if (t->closed[j]) return 0;
+  for (crun__p2p_op_t *op = t->posted; op; op = op->next)
+    if (op->peer == j || op->peer == CRUN_ANY_SOURCE) return 1;
+  return 0;
+}
+
+/* Fails the receives that can no longer be served after peer j went away. */
+static void peer_gone(crun__tcp_t *t, int j, const char *how) {
+  crun__prx_t *x = &t->prx[j];
+  x->state = CRUN__PRX_DEAD;
+  t->closed[j] = 1;
+  if (x->frame) { free(x->frame->data); free(x->frame); x->frame = NULL; }
+  int open = 0;
+  for (int k = 0; k < t->size; k++) open += k != t->rank && !t->closed[k];
+  crun__p2p_op_t *op = x->direct;
+  x->direct = NULL;
+  for (;;) {
+    if (!op) {
+      crun__p2p_op_t **pp = &t->posted;
+      while (*pp && !((*pp)->peer == j || ((*pp)->peer == CRUN_ANY_SOURCE && !open))) pp = &(*pp)->next;
+      if (!(op = *pp)) return;
+      *pp = op->next;
+    }
+    char desc[64];
+    op_desc(op, desc, sizeof desc);
+    if (op->peer == CRUN_ANY_SOURCE)
+      OP_FAIL(t, op, CRUN_EPEERDIED, "%s on rank %d: every peer closed its connection", desc, t->rank);
+    else
+      OP_FAIL(t, op, CRUN_EPEERDIED, "%s on rank %d: connection to rank %d %s (the process died or left the group)",
+              desc, t->rank, j, how);
+    op = NULL;
+  }
+}
+
+/* Reads up to n bytes from peer j; bytes, 0 would block, -1 gone (handled). */
+static ssize_t prx_read(crun__tcp_t *t, int j, void *p, size_t n) {
+  ssize_t k = recv(t->fds[j], p, n, MSG_DONTWAIT);
+  if (k > 0) return k;
+  if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return 0;
+  peer_gone(t, j, k == 0 ? "closed" : strerror(errno));
+  return -1;
+}
+
+/* A whole header of peer j arrived: pick where its payload goes. */
+static void prx_header(crun__tcp_t *t, int j) {
+  crun__prx_t *x = &t->prx[j];
+  x->hgot = 0;
+  x->got = 0;
+  if (x->h.magic != CRUN__TCP_MAGIC || x->h.group != t->group) {
+    char text[160];
+    snprintf(text, sizeof text, "rank %d: garbled frame from rank %d (magic %08x group %08x)", t->rank, j,
+             x->h.magic, x->h.group);
+    x->state = CRUN__PRX_DEAD;
+    crun__tcp_fail_all(t, CRUN_EPROTO, text);
+    return;
+  }
+  if (x->h.kind == CRUN__KIND_ABORT) {
+    x->text = calloc(1, 4097);
+    x->state = x->text ? CRUN__PRX_ABORT : CRUN__PRX_DEAD;
+    return;
+  }
+  crun__p2p_op_t *op = x->h.kind == CRUN__COLL_SEND ? take_posted(t, j, x->h.tag) : NULL;
+  if (op && check_frame(t, op, j, &x->h) < 0) {
+    op_end(t, op, CRUN_EMISMATCH); /* the frame itself goes to the stash */
+    op = NULL;
+  }
+  if (op) {
+    op->c->src_out = j;
+    x->direct = op;
+    x->state = CRUN__PRX_DIRECT;
+    return;
+  }
+  x->frame = calloc(1, sizeof *x->frame);
+  if (x->frame) x->frame->data = malloc(x->h.nbytes ? x->h.nbytes : 1);
+  if (!x->frame || !x->frame->data) {
+    if (x->frame) free(x->frame);
+    x->frame = NULL;
+    x->state = CRUN__PRX_DEAD;
+    crun__tcp_fail_all(t, CRUN_ENOMEM, "out of memory for a received frame");
+    return;
+  }
+  x->frame->h = x->h;
+  x->state = CRUN__PRX_STASH;
+}
+
+/* A whole frame of peer j arrived. */
+static void prx_frame_done(crun__tcp_t *t, int j) {
+  crun__prx_t *x = &t->prx[j];
+  x->state = CRUN__PRX_HDR;
+  if (x->direct) {
+    crun__p2p_op_t *op = x->direct;
+    x->direct = NULL;
+    op_end(t, op, 0);
+    return;
+  }
+  crun__stash_t **pp = &t->stash[j];
+  while (*pp) pp = &(*pp)->next;
+  *pp = x->frame;
+  x->frame = NULL;
+  crun__tcp_match(t);
+}
+
+/* An abort frame of peer j was read whole: every pending operation fails. */
+static void prx_abort_done(crun__tcp_t *t, int j) {
+  crun__prx_t *x = &t->prx[j];
+  x->state = CRUN__PRX_DEAD;
+  int st = -(int)x->h.status;
+  if (st >= 0 || !strcmp(crun_err_name(st), "EUNKNOWN")) st = CRUN_EIO;
+  char text[4200];
+  const char *sp = strstr(x->text, ": ");
+  const char *body = sp && !strncmp(x->text, crun_err_name(st), (size_t)(sp - x->text)) ? sp + 2 : x->text;
+  snprintf(text, sizeof text, "%s [reported by rank %d; rank %d was in a point-to-point operation]", body, j,
+           t->rank);
+  free(x->text);
+  x->text = NULL;
+  crun__tcp_fail_all(t, st, text);
+}
+
+/* A header was read whole: zero-byte frames end at once. */
+static void prx_after_header(crun__tcp_t *t, int j) {
+  crun__prx_t *x = &t->prx[j];
+  prx_header(t, j);
+  if (x->h.nbytes) return;
+  if (x->state == CRUN__PRX_DIRECT || x->state == CRUN__PRX_STASH) prx_frame_done(t, j);
+  else if (x->state == CRUN__PRX_ABORT) prx_abort_done(t, j);
+}
+
+/* Reads what peer j has; 1 on progress. */
+static int pump_reads(crun__tcp_t *t, int j) {
+  crun__prx_t *x = &t->prx[j];
+  int progress = 0;
+  while (x->state != CRUN__PRX_DEAD && wants_peer(t, j)) {
+    ssize_t k;
+    size_t n = x->h.nbytes;
+    if (x->state == CRUN__PRX_HDR) {
+      if ((k = prx_read(t, j, (char *)&x->h + x->hgot, HDR - x->hgot)) <= 0) return progress;
+      progress = 1;
+      if ((x->hgot += (size_t)k) == HDR) prx_after_header(t, j);
+    } else if (x->state == CRUN__PRX_ABORT) {
+      char sink[4096];
+      char *dst = x->got < 4096 ? x->text + x->got : sink;
+      size_t want = x->got < 4096 ? (n < 4096 ? n : 4096) - x->got : n - x->got;
+      if (want && (k = prx_read(t, j, dst, want)) <= 0) return progress;
+      x->got += want ? (size_t)k : 0;
+      progress = 1;
+      if (x->got >= n) prx_abort_done(t, j);
+    } else {
+      char *dst = x->state == CRUN__PRX_DIRECT ? (char *)x->direct->c->buf : (char *)x->frame->data;
+      if ((k = prx_read(t, j, dst + x->got, n - x->got)) <= 0) return progress;
+      x->got += (size_t)k;
+      progress = 1;
+      if (x->got == n) prx_frame_done(t, j);
+    }
+  }
+  return progress;
+}
+
+int crun__tcp_recv(crun__tcp_t *t, crun__coll_t *c) {
+  if (t->aborted) return crun_error(CRUN_ESTATE, "rank %d: the tcp transport was aborted", t->rank);
+  crun__p2p_op_t *op = calloc(1, sizeof *op);
+  if (!op) return crun_error(CRUN_ENOMEM, "recv");
+  op->c = c;
+  op->peer = c->root;
+  op->nbytes = c->count * elsize(c->dt);
+  if (op->peer != CRUN_ANY_SOURCE && t->prx[op->peer].state == CRUN__PRX_DEAD && !t->stash[op->peer]) {
+    free(op);
+    char desc[64];
+    crun__coll_desc(c, desc, sizeof desc);
+    return crun_error(CRUN_EPEERDIED, "%s on rank %d: connection to rank %d is closed", desc, t->rank, c->root);
+  }
+  crun__p2p_op_t **pp = &t->posted;
+  while (*pp) pp = &(*pp)->next;
+  *pp = op;
+  t->npending++;
+  /* a stashed frame may serve it at once: then it ends through the group */
+  crun__tcp_match(t);
+  crun__tcp_pump(t, -1);
+  return CRUN__PENDING;
+}
+
+/* ---------------------------------------------------------------- the pump */
+
+/* Fails the pending operations whose deadline passed. */
+static void expire(crun__tcp_t *t) {
+  double now = crun_clock();
+  for (int again = 1; again;) {
+    again = 0;
+    crun__p2p_op_t *op = NULL;
+    int peer = -1;
+    for (crun__p2p_op_t **pp = &t->posted; *pp; pp = &(*pp)->next)
+      if ((*pp)->c->deadline <= now) { op = *pp; *pp = op->next; break; }
+    for (int j = 0; !op && j < t->size; j++) {
+      if (t->outq && t->outq[j] && t->outq[j]->c->deadline <= now) { op = t->outq[j]; t->outq[j] = op->next; }
+      else if (t->prx[j].direct && t->prx[j].direct->c->deadline <= now) {
+        op = t->prx[j].direct;
+        t->prx[j].direct = NULL;
+        t->prx[j].state = CRUN__PRX_DEAD; /* its frame is half read into a buffer we give back */
+      }
+      peer = j;
+    }
+    if (!op) return;
+    char desc[64], where[1024];
+    op_desc(op, desc, sizeof desc);
+    crun__pg_progress_report(t->pg, where, sizeof where);
+    int is_send = op->c->kind == CRUN__COLL_SEND;
+    if (is_send)
+      OP_FAIL(t, op, CRUN_ETIMEDOUT, "%s on rank %d: rank %d took no data for %.1f s; %s", desc, t->rank, peer,
+              op->c->timeout, where);
+    else if (op->peer == CRUN_ANY_SOURCE)
+      OP_FAIL(t, op, CRUN_ETIMEDOUT, "%s on rank %d: no sender after %.1f s; %s", desc, t->rank, op->c->timeout, where);
+    else
+      OP_FAIL(t, op, CRUN_ETIMEDOUT, "%s on rank %d: no data from rank %d after %.1f s; %s", desc, t->rank,
+              op->peer, op->c->timeout, where);
+    again = 1;
+  }
+}
+
+int crun__tcp_pump(crun__tcp_t *t, int skip) {
+  if (!t->npending && !t->posted) return 0;
+  int progress = 0;
+  for (int j = 0; j < t->size; j++) {
+    if (j == t->rank || t->fds[j] < 0) continue;
+    if (t->outq[j]) progress |= pump_sends(t, j);
+    if (j != skip) progress |= pump_reads(t, j);
+  }
+  expire(t);
+  return progress;
+}
+
+void crun__tcp_pump_events(crun__tcp_t *t, int skip) {
+  for (int j = 0; j < t->size; j++) {
+    if (j == t->rank || t->fds[j] < 0) continue;
+    if (t->outq[j]) t->pfd[j].events |= POLLOUT;
+    if (j != skip && wants_peer(t, j)) t->pfd[j].events |= POLLIN;
+  }
+}
+
+double crun__tcp_pump_deadline(crun__tcp_t *t) {
+  double d = 1e300;
+  for (crun__p2p_op_t *op = t->posted; op; op = op->next)
+    if (op->c->deadline < d) d = op->c->deadline;
+  for (int j = 0; j < t->size; j++) {
+    if (t->outq[j] && t->outq[j]->c->deadline < d) d = t->outq[j]->c->deadline;
+    if (t->prx[j].direct && t->prx[j].direct->c->deadline < d) d = t->prx[j].direct->c->deadline;
+  }
+  return d;
+}
+
+/* Polls the pending operations' sockets for at most wait_s seconds. */
+static void pump_wait(crun__tcp_t *t, int skip, double wait_s) {
+  for (int j = 0; j < t->size; j++) t->pfd[j] = (struct pollfd){-1, 0, 0};
+  crun__tcp_pump_events(t, skip);
+  for (int j = 0; j < t->size; j++)
+    if (t->pfd[j].events) t->pfd[j].fd = t->fds[j];
+  double left = crun__tcp_pump_deadline(t) - crun_clock();
+  if (left > wait_s) left = wait_s;
+  if (left < 0) left = 0;
+  poll(t->pfd, (nfds_t)t->size, (int)(left * 1000.0) + 1);
+}
+
+/* The group's pump callback: progress, wait up to wait_s, progress again. */
+static int tcp_progress(void *arg, double wait_s) {
+  crun__tcp_t *t = arg;
+  if (crun__tcp_pump(t, -1)) return 1;
+  if (!t->npending) return 0;
+  pump_wait(t, -1, wait_s);
+  return crun__tcp_pump(t, -1);
+}
+
+void crun__tcp_p2p_attach(crun__tcp_t *t) {
+  t->pg->pump = tcp_progress;
+  t->pg->pump_arg = t;
+}
+
+int crun__tcp_settle(crun__tcp_t *t, int peer, double deadline) {
+  crun__prx_t *x = &t->prx[peer];
+  while (x->state != CRUN__PRX_DEAD && (x->state != CRUN__PRX_HDR || x->hgot)) {
+    if (crun__tcp_pump(t, -1)) continue;
+    if (crun_clock() >= deadline)
+      return crun_error(CRUN_ETIMEDOUT, "rank %d: a frame from rank %d stayed half received", t->rank, peer);
+    pump_wait(t, -1, deadline - crun_clock());
+  }
+  return 0;
+}
+
+void crun__tcp_fail_all(crun__tcp_t *t, int status, const char *text) {
+  for (;;) {
+    crun__p2p_op_t *op = t->posted;
+    if (op) t->posted = op->next;
+    for (int j = 0; !op && t->outq && j < t->size; j++)
+      if ((op = t->outq[j])) t->outq[j] = op->next;
+    for (int j = 0; !op && t->prx && j < t->size; j++)
+      if ((op = t->prx[j].direct)) {
+        t->prx[j].direct = NULL;
+        t->prx[j].state = CRUN__PRX_DEAD;
+      }
+    if (!op) return;
+    char desc[64];
+    op_desc(op, desc, sizeof desc);
+    OP_FAIL(t, op, status, "%s on rank %d: %s", desc, t->rank, text);
+  }
+}

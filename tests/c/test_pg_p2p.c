@@ -1,0 +1,151 @@
+/* test_pg_p2p.c — point-to-point progress on forked ranks: ring exchanges
+ * where every rank posts its send (or its receive) before the matching call
+ * (isend+recv and irecv+send, 8 B to 4 MiB, 2-4 ranks, with and without the
+ * shared-memory engine), many messages in flight to one peer arriving in
+ * order per tag, and p2p interleaved with collectives. */
+#include <stdlib.h>
+
+#include "test_pg_util.h"
+
+static const size_t sizes[] = {8, 512u << 10, 4u << 20};
+
+/* Fills n bytes with a pattern of (rank, round). */
+static void fill(uint8_t *b, size_t n, int r, int k) {
+  for (size_t i = 0; i < n; i++) b[i] = (uint8_t)(i * 7 + (size_t)r * 31 + (size_t)k * 13);
+}
+
+static int same(const uint8_t *b, size_t n, int r, int k) {
+  for (size_t i = 0; i < n; i++)
+    if (b[i] != (uint8_t)(i * 7 + (size_t)r * 31 + (size_t)k * 13)) return 0;
+  return 1;
+}
+
+/* Every rank: isend to the right then recv from the left (or irecv from the
+ * left then send to the right), for every size. */
+static void ring(crun_pg_t *pg, void *arg) {
+  int recv_first = *(int *)arg;
+  int r = crun_pg_rank(pg), p = crun_pg_size(pg), right = (r + 1) % p, left = (r + p - 1) % p;
+  for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++) {
+    size_t n = sizes[s];
+    uint8_t *out = malloc(n), *in = malloc(n);
+    EXPECT(out && in);
+    fill(out, n, r, (int)s);
+    memset(in, 0, n);
+    crun_work_t *w = NULL;
+    if (recv_first) {
+      EXPECT_OK(crun_pg_recv(pg, in, n, CRUN_UINT8, left, NULL, NULL, &w));
+      EXPECT_OK(crun_pg_send(pg, out, n, CRUN_UINT8, right, NULL, NULL));
+    } else {
+      EXPECT_OK(crun_pg_send(pg, out, n, CRUN_UINT8, right, NULL, &w));
+      EXPECT_OK(crun_pg_recv(pg, in, n, CRUN_UINT8, left, NULL, NULL, NULL));
+    }
+    EXPECT_OK(crun_work_wait(w, 20));
+    crun_work_release(w);
+    EXPECT(same(in, n, left, (int)s));
+    free(out);
+    free(in);
+  }
+}
+
+static void run_rings(const char *shm) {
+  setenv("CRUN_SHM", shm, 1);
+  for (int p = 2; p <= 4; p++)
+    for (int order = 0; order < 2; order++) EXPECT_EQ_INT(pg_spawn_ex(p, ring, &order, 15.0, 60.0), 0);
+}
+
+TEST(ring_exchange) { run_rings("1"); }
+TEST(ring_exchange_tcp) { run_rings("0"); }
+
+/* Rank 0 posts K isends per tag to rank 1 (two tags interleaved, sizes
+ * alternating small and large); rank 1 receives tag 2 first, then tag 1, and
+ * every message must come in issue order within its tag. */
+static void in_order(crun_pg_t *pg, void *arg) {
+  (void)arg;
+  enum { K = 12 };
+  int r = crun_pg_rank(pg);
+  if (r > 1) return;
+  crun_work_t *w[2 * K];
+  uint8_t *bufs[2 * K];
+  for (int k = 0; k < 2 * K; k++) {
+    size_t n = (k / 2) % 2 ? (256u << 10) : 16;
+    crun_coll_opts_t o = {.tag = 1 + k % 2};
+    bufs[k] = malloc(n);
+    EXPECT(bufs[k] != NULL);
+    if (r == 0) {
+      fill(bufs[k], n, 0, k);
+      EXPECT_OK(crun_pg_send(pg, bufs[k], n, CRUN_UINT8, 1, &o, &w[k]));
+    }
+  }
+  if (r == 1) {
+    for (int pass = 0; pass < 2; pass++)
+      for (int k = pass ? 0 : 1; k < 2 * K; k += 2) {
+        size_t n = (k / 2) % 2 ? (256u << 10) : 16;
+        crun_coll_opts_t o = {.tag = 1 + k % 2};
+        EXPECT_OK(crun_pg_recv(pg, bufs[k], n, CRUN_UINT8, 0, &o, NULL, &w[k]));
+      }
+  }
+  for (int k = 0; k < 2 * K; k++) {
+    EXPECT_OK(crun_work_wait(w[k], 20));
+    crun_work_release(w[k]);
+    if (r == 1) EXPECT(same(bufs[k], (k / 2) % 2 ? (256u << 10) : 16, 0, k));
+    free(bufs[k]);
+  }
+}
+
+TEST(many_in_flight_in_order) {
+  setenv("CRUN_SHM", "0", 1);
+  EXPECT_EQ_INT(pg_spawn_ex(2, in_order, NULL, 15.0, 60.0), 0);
+  setenv("CRUN_SHM", "1", 1);
+  EXPECT_EQ_INT(pg_spawn_ex(3, in_order, NULL, 15.0, 60.0), 0);
+}
+
+/* A pending isend of 1 MiB, then an all_reduce, an uneven all_to_all, then
+ * the receive: collectives keep their order and results while the send is
+ * in flight. */
+static void mixed(crun_pg_t *pg, void *arg) {
+  (void)arg;
+  int r = crun_pg_rank(pg), p = crun_pg_size(pg), right = (r + 1) % p, left = (r + p - 1) % p;
+  size_t n = 1u << 20;
+  for (int round = 0; round < 4; round++) {
+    uint8_t *out = malloc(n), *in = malloc(n);
+    EXPECT(out && in);
+    fill(out, n, r, round);
+    crun_work_t *w;
+    EXPECT_OK(crun_pg_send(pg, out, n, CRUN_UINT8, right, NULL, &w));
+    int64_t v = r + round;
+    EXPECT_OK(crun_pg_all_reduce(pg, &v, 1, CRUN_INT64, CRUN_OP_SUM, NULL, NULL));
+    EXPECT_EQ_INT(v, p * (p - 1) / 2 + p * round);
+    /* all_to_all where rank r sends j+1+r elements to rank j */
+    float *ins[8], *outs[8];
+    size_t ic[8], oc[8];
+    for (int j = 0; j < p; j++) {
+      ic[j] = (size_t)(j + 1 + r) * 1000;
+      oc[j] = (size_t)(r + 1 + j) * 1000;
+      ins[j] = malloc(ic[j] * sizeof(float));
+      outs[j] = malloc(oc[j] * sizeof(float));
+      for (size_t i = 0; i < ic[j]; i++) ins[j][i] = (float)(r * 100 + j);
+    }
+    EXPECT_OK(crun_pg_all_to_all(pg, (void **)outs, oc, (const void **)ins, ic, CRUN_FLOAT32, NULL, NULL));
+    for (int j = 0; j < p; j++) {
+      EXPECT(outs[j][0] == (float)(j * 100 + r) && outs[j][oc[j] - 1] == (float)(j * 100 + r));
+      free(ins[j]);
+      free(outs[j]);
+    }
+    EXPECT_OK(crun_pg_recv(pg, in, n, CRUN_UINT8, left, NULL, NULL, NULL));
+    EXPECT_OK(crun_work_wait(w, 20));
+    crun_work_release(w);
+    EXPECT(same(in, n, left, round));
+    free(out);
+    free(in);
+  }
+}
+
+TEST(p2p_between_collectives) {
+  for (int shm = 0; shm < 2; shm++) {
+    setenv("CRUN_SHM", shm ? "1" : "0", 1);
+    for (int p = 2; p <= 4; p++) EXPECT_EQ_INT(pg_spawn_ex(p, mixed, NULL, 15.0, 60.0), 0);
+  }
+}
+
+#define CRUN_TESTS(X) X(ring_exchange) X(ring_exchange_tcp) X(many_in_flight_in_order) X(p2p_between_collectives)
+CRUN_TEST_MAIN()
