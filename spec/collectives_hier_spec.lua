@@ -17,6 +17,15 @@ describe("collectives across fake hosts", function()
     end)
   end
 
+  it("all-reduce every element right around the split threshold (2+2, 3+1, 4+4 ranks)", function()
+    for _, job in ipairs({{4, 2}, {4, 3}, {8, 4}}) do
+      local code, out = run.run(job[1], "spec/helpers/dist_hier_check.lua", "",
+                                {limit = 120, env = "CRUN_HOST_ID=rank_div:" .. job[2]})
+      assert.are.equal(0, code, out)
+      assert.is_truthy(out:find("hier check ok 63 cases", 1, true), out)
+    end
+  end)
+
   it("run 8 oversubscribed ranks on 2 and on 3 hosts", function()
     for _, k in ipairs({4, 3}) do
       local code, out = run.run(8, "spec/helpers/dist_stress.lua", "",

@@ -18,7 +18,11 @@
  * communicator and runs the inter-host stage over the group's own TCP mesh
  * among one representative per host:
  *   all_reduce: shm reduce to local rank 0, TCP all_reduce among them, shm
- *               broadcast back;
+ *               broadcast back; from CRUN_HIER_SPLIT bytes (default 64 KiB;
+ *               <= 0: never) when every host holds L ranks and L divides the
+ *               count: shm reduce_scatter into L slices, slice j all-reduced
+ *               over TCP among the local ranks j of every host (L streams at
+ *               once), shm all_gather;
  *   broadcast:  TCP broadcast among the root and the first rank of every
  *               other host, then shm broadcast on every host;
  *   reduce:     shm reduce to the root (its host) or the first rank, TCP
@@ -42,6 +46,9 @@ typedef struct {
   crun__shm_comm_t *comm;   /* this host's ranks; NULL when alone */
   int nhosts, host;
   int *host_of, *lrank_of, *first, *reps;  /* size, size, nhosts, nhosts */
+  int *column;              /* [host * L + j] = pg rank of local rank j on host
+                               (when every host holds L > 1 ranks), else NULL */
+  size_t split_bytes;       /* all_reduce from this size splits (CRUN_HIER_SPLIT) */
 } hier_t;
 
 /* A link over the representatives: rank i of the sub-link is pg rank map[i]. */
@@ -153,14 +160,34 @@ static void set_reps(hier_t *h, int root) {
   if (root >= 0) h->reps[h->host_of[root]] = root;
 }
 
+/* Large all_reduce when every host holds L ranks and L divides count: shm
+ * reduce_scatter into L slices, slice j all-reduced over TCP among the ranks
+ * of local rank j (one per host, all slices at once), shm all_gather. */
+static int h_all_reduce_split(hier_t *h, crun__coll_t *c, crun__coll_t *s) {
+  int l = crun__shm_comm_size(h->comm), j = crun__shm_comm_rank(h->comm);
+  size_t q = c->count / (size_t)l, es = crun_dtype_size(c->dt);
+  char *mine = (char *)c->buf + (size_t)j * q * es;
+  CRUN_CHECK(crun__shm_reduce_scatter(h->comm, mine, c->buf, q, c->dt, s->op, left(c)));
+  for (int x = 0; x < h->nhosts; x++) h->reps[x] = h->column[x * l + j];
+  s->buf = mine;
+  s->count = q;
+  CRUN_CHECK(reps_run(h, s));
+  return crun__shm_all_gather(h->comm, c->buf, mine, q, c->dt, left(c));
+}
+
 static int h_all_reduce(hier_t *h, crun__coll_t *c) {
   crun__coll_t s = *c;
   if (c->op == CRUN_OP_AVG) s.op = CRUN_OP_SUM;
+  crun__link_t all = {h->pg->rank, h->pg->size, NULL, NULL, NULL};
+  if (h->column && c->count * crun_dtype_size(c->dt) >= h->split_bytes &&
+      c->count % (size_t)crun__shm_comm_size(h->comm) == 0) {
+    CRUN_CHECK(h_all_reduce_split(h, c, &s));
+    return crun__finish_avg(&all, c, c->buf, c->count);
+  }
   set_reps(h, -1);
   if (h->comm) CRUN_CHECK(crun__shm_reduce(h->comm, c->buf, NULL, c->count, c->dt, s.op, 0, left(c)));
   if (is_rep(h)) CRUN_CHECK(reps_run(h, &s));
   if (h->comm) CRUN_CHECK(crun__shm_broadcast(h->comm, c->buf, c->count, c->dt, 0, left(c)));
-  crun__link_t all = {h->pg->rank, h->pg->size, NULL, NULL, NULL};
   return crun__finish_avg(&all, c, c->buf, c->count);
 }
 
@@ -238,6 +265,7 @@ static void h_destroy(void *state) {
   if (!h) return;
   crun__shm_comm_destroy(h->comm);
   free(h->host_of);
+  free(h->column);
   free(h);
 }
 
@@ -258,6 +286,12 @@ static int hier_open(crun_pg_t *pg, const crun__link_t *tcp, int *host_of, int n
   for (int q = n - 1; q >= 0; q--) h->first[arr[q]] = q;
   for (int q = 0; q < n; q++) h->lrank_of[q] = count[arr[q]]++;
   lsize = count[h->host];
+  int even = lsize > 1;
+  for (int x = 0; x < nhosts; x++) even = even && count[x] == lsize;
+  h->column = even ? malloc(sizeof(int) * (size_t)n) : NULL;
+  for (int q = 0; h->column && q < n; q++) h->column[arr[q] * lsize + h->lrank_of[q]] = q;
+  long split = crun_env_int("CRUN_HIER_SPLIT", 64L << 10);
+  h->split_bytes = split > 0 ? (size_t)split : (size_t)-1;
   int rc = 0;
   if (lsize > 1) {
     char prefix[48];
