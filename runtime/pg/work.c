@@ -41,7 +41,7 @@ static const char *desc_locked(crun_work_t *w) {
 
 int crun__pg_execute(crun_pg_t *pg, crun_work_t *w) {
   crun__coll_t *c = &w->c;
-  int rc;
+  int rc, ran = 0;
   pthread_mutex_lock(&pg->mu);
   char *broken = pg->broken ? strdup(pg->broken) : NULL;
   if (broken) desc_locked(w);
@@ -56,6 +56,7 @@ int crun__pg_execute(crun_pg_t *pg, crun_work_t *w) {
     c->deadline = crun_clock() + c->timeout;
     crun__pg_mark(pg, c);
     rc = fn(pg->be_state, c);
+    ran = 1;
     if (rc == CRUN__PENDING) {
       pthread_mutex_lock(&pg->mu);
       pg->npending++;
@@ -63,11 +64,12 @@ int crun__pg_execute(crun_pg_t *pg, crun_work_t *w) {
       free(broken);
       return CRUN__PENDING;
     }
-    if (rc < 0) break_group(pg, rc, crun_last_error());
   }
   free(broken);
   w->status = rc < 0 ? rc : 0;
   if (rc < 0) w->err = strdup(crun_last_error());
+  /* after the copy: aborting the backend fails pending p2p, which records text */
+  if (rc < 0 && ran) break_group(pg, rc, w->err ? w->err : crun_last_error());
   return 0;
 }
 
@@ -93,8 +95,9 @@ static void finish_locked(crun_pg_t *pg, crun_work_t *w) {
   pthread_cond_broadcast(&pg->cv);
 }
 
-/* Progresses background p2p work for a moment. Called with pg->mu held and
- * busy clear; returns with them the same. */
+/* Progresses background p2p work for a moment on this thread (a blocking
+ * call waiting for its own operation). Called with pg->mu held and busy
+ * clear; returns with them the same. */
 static void pump_locked(crun_pg_t *pg, double wait_s) {
   pg->busy = 1;
   pthread_mutex_unlock(&pg->mu);
@@ -125,17 +128,15 @@ static void run_head_locked(crun_pg_t *pg) {
   pthread_mutex_lock(&pg->mu);
 }
 
-/* The progress thread: runs queued work in issue order; between them, and
- * while nothing is queued, progresses background p2p operations. */
+/* The progress thread: runs queued work in issue order. A p2p operation that
+ * goes on in the background (the backend pumps it) does not hold the queue. */
 static void *progress_main(void *arg) {
   crun_pg_t *pg = arg;
   pthread_mutex_lock(&pg->mu);
   for (;;) {
-    while (!pg->stop && (pg->busy || (!pg->head && !(pg->npending && pg->pump))))
-      pthread_cond_wait(&pg->cv, &pg->mu);
-    if (pg->busy || (pg->stop && !pg->head)) break;
-    if (pg->head) run_head_locked(pg);
-    else pump_locked(pg, 0.001);
+    while (!pg->stop && (pg->busy || !pg->head)) pthread_cond_wait(&pg->cv, &pg->mu);
+    if (pg->busy || !pg->head) break;
+    run_head_locked(pg);
   }
   pthread_mutex_unlock(&pg->mu);
   return NULL;

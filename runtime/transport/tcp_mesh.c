@@ -220,9 +220,10 @@ int crun__tcp_open(crun_pg_t *pg, crun__tcp_t **out) {
   t->pfd = calloc((size_t)pg->size, sizeof *t->pfd);
   if (!t->fds || !t->tx_dirty || !t->closed || !t->stash || !t->outq || !t->prx || !t->pfd) { crun__tcp_close(t); return crun_error(CRUN_ENOMEM, "tcp transport"); }
   for (int j = 0; j < pg->size; j++) t->fds[j] = -1;
-  int rc = pg->size > 1 ? build_mesh(t, crun_clock() + pg->timeout) : 0;
+  int rc = crun__tcp_p2p_init(t);
   if (rc < 0) { crun__tcp_close(t); return rc; }
-  crun__tcp_p2p_attach(t);
+  rc = pg->size > 1 ? build_mesh(t, crun_clock() + pg->timeout) : 0;
+  if (rc < 0) { crun__tcp_close(t); return rc; }
   CRUN_LOG(INFO, NET, "group '%s': tcp mesh of %d ranks connected", pg->prefix, pg->size);
   *out = t;
   return 0;
@@ -230,8 +231,7 @@ int crun__tcp_open(crun_pg_t *pg, crun__tcp_t **out) {
 
 void crun__tcp_close(crun__tcp_t *t) {
   if (!t) return;
-  if (t->outq && t->prx) crun__tcp_fail_all(t, CRUN_ECLOSED, "the group was destroyed while it was pending");
-  if (t->pg && t->pg->pump_arg == t) t->pg->pump = NULL;
+  crun__tcp_p2p_fini(t);
   for (int j = 0; t->fds && j < t->size; j++) {
     if (t->fds[j] >= 0) close(t->fds[j]);
     for (crun__stash_t *s = t->stash ? t->stash[j] : NULL, *n; s; s = n) {

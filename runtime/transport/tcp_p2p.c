@@ -14,6 +14,8 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
+#include <fcntl.h>
+#include <unistd.h>
 
 #include "transport/tcp_priv.h"
 
@@ -135,7 +137,7 @@ static int pump_sends(crun__tcp_t *t, int j) {
   return progress;
 }
 
-int crun__tcp_send(crun__tcp_t *t, crun__coll_t *c) {
+static int send_locked(crun__tcp_t *t, crun__coll_t *c) {
   if (t->aborted) return crun_error(CRUN_ESTATE, "rank %d: the tcp transport was aborted", t->rank);
   crun__p2p_op_t *op = calloc(1, sizeof *op);
   if (!op) return crun_error(CRUN_ENOMEM, "send");
@@ -322,7 +324,7 @@ static int pump_reads(crun__tcp_t *t, int j) {
   return progress;
 }
 
-int crun__tcp_recv(crun__tcp_t *t, crun__coll_t *c) {
+static int recv_locked(crun__tcp_t *t, crun__coll_t *c) {
   if (t->aborted) return crun_error(CRUN_ESTATE, "rank %d: the tcp transport was aborted", t->rank);
   crun__p2p_op_t *op = calloc(1, sizeof *op);
   if (!op) return crun_error(CRUN_ENOMEM, "recv");
@@ -425,19 +427,122 @@ static void pump_wait(crun__tcp_t *t, int skip, double wait_s) {
   poll(t->pfd, (nfds_t)t->size, (int)(left * 1000.0) + 1);
 }
 
-/* The group's pump callback: progress, wait up to wait_s, progress again. */
+/* The group's pump callback (a blocking call waiting for its own p2p
+ * operation): progress, wait up to wait_s, progress again. */
 static int tcp_progress(void *arg, double wait_s) {
   crun__tcp_t *t = arg;
-  if (crun__tcp_pump(t, -1)) return 1;
-  if (!t->npending) return 0;
-  pump_wait(t, -1, wait_s);
-  return crun__tcp_pump(t, -1);
+  pthread_mutex_lock(&t->mu);
+  int r = crun__tcp_pump(t, -1);
+  if (!r && t->npending) {
+    pump_wait(t, -1, wait_s);
+    r = crun__tcp_pump(t, -1);
+  }
+  pthread_mutex_unlock(&t->mu);
+  return r;
 }
 
-void crun__tcp_p2p_attach(crun__tcp_t *t) {
+/* Wakes the pump thread: new pending work or stop. Called with mu held. */
+static void wake_pump(crun__tcp_t *t) {
+  pthread_cond_signal(&t->cv);
+  char b = 1;
+  if (t->has_pump && write(t->wake[1], &b, 1) < 0 && errno != EAGAIN)
+    CRUN_LOG(TRACE, NET, "pump wake: %s", strerror(errno));
+}
+
+/* Builds the pump thread's poll set (sockets + the wake pipe); returns the
+ * poll timeout in ms. Called with mu held. */
+static int pump_poll_set(crun__tcp_t *t) {
+  for (int j = 0; j < t->size; j++) t->pfd[j] = (struct pollfd){-1, 0, 0};
+  crun__tcp_pump_events(t, -1);
+  for (int j = 0; j < t->size; j++)
+    t->tpfd[j] = (struct pollfd){t->pfd[j].events ? t->fds[j] : -1, t->pfd[j].events, 0};
+  t->tpfd[t->size] = (struct pollfd){t->wake[0], POLLIN, 0};
+  double left = crun__tcp_pump_deadline(t) - crun_clock();
+  if (left > 0.5) left = 0.5;
+  return left > 0 ? (int)(left * 1000.0) + 1 : 0;
+}
+
+/* The pump thread: while p2p operations are pending and no other thread
+ * drives the transport, progresses them. */
+static void *pump_main(void *arg) {
+  crun__tcp_t *t = arg;
+  pthread_mutex_lock(&t->mu);
+  while (!t->pump_stop) {
+    if (!t->npending) {
+      pthread_cond_wait(&t->cv, &t->mu);
+      continue;
+    }
+    if (crun__tcp_pump(t, -1)) continue;
+    int ms = pump_poll_set(t);
+    pthread_mutex_unlock(&t->mu);
+    poll(t->tpfd, (nfds_t)t->size + 1, ms);
+    char sink[64];
+    if (t->tpfd[t->size].revents & POLLIN)
+      while (read(t->wake[0], sink, sizeof sink) > 0) {}
+    pthread_mutex_lock(&t->mu);
+  }
+  pthread_mutex_unlock(&t->mu);
+  return NULL;
+}
+
+int crun__tcp_p2p_init(crun__tcp_t *t) {
+  t->tpfd = calloc((size_t)t->size + 1, sizeof *t->tpfd);
+  if (!t->tpfd) return crun_error(CRUN_ENOMEM, "tcp transport");
+  if (pipe(t->wake) < 0) return crun_error(CRUN_ESYS, "tcp transport: pipe: %s", strerror(errno));
+  for (int i = 0; i < 2; i++) fcntl(t->wake[i], F_SETFL, fcntl(t->wake[i], F_GETFL) | O_NONBLOCK | FD_CLOEXEC);
+  pthread_mutexattr_t a;
+  pthread_mutexattr_init(&a);
+  pthread_mutexattr_settype(&a, PTHREAD_MUTEX_RECURSIVE);
+  pthread_mutex_init(&t->mu, &a);
+  pthread_mutexattr_destroy(&a);
+  pthread_cond_init(&t->cv, NULL);
+  t->has_mu = 1;
   t->pg->pump = tcp_progress;
   t->pg->pump_arg = t;
+  return 0;
 }
+
+/* Starts the pump thread on the first pending operation. Called with mu held. */
+static void pump_start(crun__tcp_t *t) {
+  if (t->has_pump || t->pump_stop) return;
+  t->has_pump = pthread_create(&t->pump_th, NULL, pump_main, t) == 0;
+  if (!t->has_pump) CRUN_LOG(WARN, NET, "rank %d: no p2p pump thread; p2p progresses only inside calls", t->rank);
+}
+
+void crun__tcp_p2p_fini(crun__tcp_t *t) {
+  if (!t->has_mu) return;
+  pthread_mutex_lock(&t->mu);
+  t->pump_stop = 1;
+  wake_pump(t);
+  int had = t->has_pump;
+  pthread_mutex_unlock(&t->mu);
+  if (had) pthread_join(t->pump_th, NULL);
+  pthread_mutex_lock(&t->mu);
+  crun__tcp_fail_all(t, CRUN_ECLOSED, "the group was destroyed while it was pending");
+  pthread_mutex_unlock(&t->mu);
+  if (t->pg->pump_arg == t) t->pg->pump = NULL;
+  close(t->wake[0]);
+  close(t->wake[1]);
+  pthread_cond_destroy(&t->cv);
+  pthread_mutex_destroy(&t->mu);
+  free(t->tpfd);
+  t->has_mu = 0;
+}
+
+/* Runs a send or receive under the lock; wakes the pump when it is pending. */
+static int p2p_call(crun__tcp_t *t, crun__coll_t *c, int (*fn)(crun__tcp_t *, crun__coll_t *)) {
+  pthread_mutex_lock(&t->mu);
+  int rc = fn(t, c);
+  if (rc == CRUN__PENDING) {
+    pump_start(t);
+    wake_pump(t);
+  }
+  pthread_mutex_unlock(&t->mu);
+  return rc;
+}
+
+int crun__tcp_send(crun__tcp_t *t, crun__coll_t *c) { return p2p_call(t, c, send_locked); }
+int crun__tcp_recv(crun__tcp_t *t, crun__coll_t *c) { return p2p_call(t, c, recv_locked); }
 
 int crun__tcp_settle(crun__tcp_t *t, int peer, double deadline) {
   crun__prx_t *x = &t->prx[peer];

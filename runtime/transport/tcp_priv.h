@@ -4,6 +4,7 @@
 #define CRUN_TRANSPORT_TCP_PRIV_H
 
 #include <poll.h>
+#include <pthread.h>
 
 #include "transport/tcp.h"
 
@@ -67,6 +68,15 @@ struct crun__tcp {
   crun__prx_t *prx;       /* per-peer background reader */
   struct pollfd *pfd;     /* size entries */
   int npending;
+  /* every entry point holds mu (recursive: a failure reported while pumping
+   * aborts the transport); the pump thread progresses pending p2p while no
+   * one else drives the transport, e.g. during a shared-memory collective */
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  pthread_t pump_th;
+  int has_mu, has_pump, pump_stop;
+  int wake[2];            /* a byte here wakes the pump thread's poll */
+  struct pollfd *tpfd;    /* the pump thread's poll set: size + 1 entries */
 };
 
 /* Progresses every pending p2p operation without blocking, leaving peer
@@ -91,8 +101,11 @@ void crun__tcp_match(crun__tcp_t *t);
  * status is CRUN_ECLOSED). */
 void crun__tcp_fail_all(crun__tcp_t *t, int status, const char *text);
 
-/* Makes the group's progress thread pump this transport (tcp_p2p.c). */
-void crun__tcp_p2p_attach(crun__tcp_t *t);
+/* Sets up the lock and the background pump (tcp_p2p.c); <0 on failure. */
+int crun__tcp_p2p_init(crun__tcp_t *t);
+
+/* Stops the pump thread and fails what is still pending (close). */
+void crun__tcp_p2p_fini(crun__tcp_t *t);
 
 /* Returns 1 when fd is ready for `ev`, 0 at the deadline, <0 on poll error. */
 int crun__tcp_wait_fd(int fd, short ev, double deadline);

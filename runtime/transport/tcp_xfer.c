@@ -389,12 +389,15 @@ static int run_step(crun__tcp_t *t, crun__coll_t *c, const crun__xfer_t *x, int 
 
 int crun__tcp_xfer(crun__tcp_t *t, crun__coll_t *c, const crun__xfer_t *x) {
   if (t->aborted) return crun_error(CRUN_ESTATE, "rank %d: the tcp transport was aborted", t->rank);
+  pthread_mutex_lock(&t->mu);
   int rc = run_step(t, c, x, 0);
+  pthread_mutex_unlock(&t->mu);
   return rc < 0 ? rc : 0;
 }
 
 void crun__tcp_abort(crun__tcp_t *t, int status, const char *text) {
   if (!t || t->aborted) return;
+  pthread_mutex_lock(&t->mu);
   t->aborted = 1;
   const char *cut = strstr(text, " [reported by rank");
   size_t len = cut ? (size_t)(cut - text) : strlen(text);
@@ -413,4 +416,5 @@ void crun__tcp_abort(crun__tcp_t *t, int status, const char *text) {
     shutdown(t->fds[j], SHUT_WR);
   }
   crun__tcp_fail_all(t, CRUN_ESTATE, why);
+  pthread_mutex_unlock(&t->mu);
 }

@@ -147,5 +147,42 @@ TEST(p2p_between_collectives) {
   }
 }
 
-#define CRUN_TESTS(X) X(ring_exchange) X(ring_exchange_tcp) X(many_in_flight_in_order) X(p2p_between_collectives)
+/* Rank 0's isend of 32 MiB to rank 1 is still pending when rank 0 enters a
+ * barrier, which rank 1 enters only after its recv: the send must progress
+ * while rank 0 waits in the collective (also when the shm engine runs it). */
+static void across(crun_pg_t *pg, void *arg) {
+  (void)arg;
+  int r = crun_pg_rank(pg);
+  size_t n = 32u << 20;
+  uint8_t *b = malloc(n);
+  EXPECT(b != NULL);
+  for (int round = 0; round < 3; round++) {
+    crun_work_t *w = NULL;
+    if (r == 0) {
+      fill(b, n, 0, round);
+      EXPECT_OK(crun_pg_send(pg, b, n, CRUN_UINT8, 1, NULL, &w));
+    } else if (r == 1) {
+      memset(b, 0, n);
+      EXPECT_OK(crun_pg_recv(pg, b, n, CRUN_UINT8, 0, NULL, NULL, NULL));
+      EXPECT(same(b, n, 0, round));
+    }
+    EXPECT_OK(crun_pg_barrier(pg, NULL, NULL));
+    if (w) {
+      EXPECT_OK(crun_work_wait(w, 20));
+      crun_work_release(w);
+    }
+  }
+  free(b);
+}
+
+TEST(send_pending_across_collective) {
+  for (int shm = 0; shm < 2; shm++) {
+    setenv("CRUN_SHM", shm ? "1" : "0", 1);
+    EXPECT_EQ_INT(pg_spawn_ex(2, across, NULL, 10.0, 30.0), 0);
+    EXPECT_EQ_INT(pg_spawn_ex(3, across, NULL, 10.0, 30.0), 0);
+  }
+}
+
+#define CRUN_TESTS(X) X(ring_exchange) X(ring_exchange_tcp) X(many_in_flight_in_order) X(p2p_between_collectives) \
+  X(send_pending_across_collective)
 CRUN_TEST_MAIN()
