@@ -1,0 +1,102 @@
+--- dist_p2p.lua — a job for dist_p2p_spec, run on N ranks:
+--   dist_p2p.lua <case> [rounds]
+-- cases: ring (isend+recv and irecv+send exchanges, 8 B to 4 MiB),
+-- order (many messages in flight to one peer, two tags), mixed (p2p between
+-- all_reduce and uneven all_to_all, then a 128 KiB ring). Every rank prints
+-- "rank <r> ok <case>" when all its checks passed; a failed check errors.
+local crun = require "crun"
+local dist, T = crun.dist, crun.tensor
+
+local case, rounds = arg[1] or "ring", tonumber(arg[2] or "1")
+
+dist.init_process_group{backend = "cpu", timeout = 30}
+local rank, size = dist.get_rank(), dist.get_world_size()
+local right, left = (rank + 1) % size, (rank - 1 + size) % size
+
+local function check(t, v, what)
+  if not t:equal(T.full_like(t, v)) then
+    error(string.format("rank %d: %s: expected every element %s, got %s at [1] and %s at [%d]",
+                        rank, what, v, t[1], t[t:numel()], t:numel()), 0)
+  end
+end
+
+-- one exchange with the neighbours; recv_first posts the receive first
+local function exchange(n, k, recv_first)
+  local out, got = T.full({n}, rank * 1000 + k, "int32"), T.zeros({n}, "int32")
+  if recv_first then
+    local w = dist.irecv(got, left)
+    dist.send(out, right)
+    w:wait()
+  else
+    local w = dist.isend(out, right)
+    dist.recv(got, left)
+    w:wait()
+  end
+  check(got, left * 1000 + k, string.format("%d-element %s exchange %d", n, recv_first and "irecv+send" or "isend+recv", k))
+end
+
+local cases = {}
+
+function cases.ring()
+  local k = 0
+  for _ = 1, rounds do
+    for _, bytes in ipairs{8, 512 * 1024, 4 * 1024 * 1024} do
+      for _, first in ipairs{false, true} do
+        k = k + 1
+        exchange(bytes // 4, k, first)
+      end
+    end
+  end
+end
+
+function cases.order()
+  if rank > 1 then return end
+  local works, bufs, K = {}, {}, 10
+  local function n_of(i) return (i // 2) % 2 == 1 and 65536 or 4 end
+  for i = 0, 2 * K - 1 do
+    local opts = {tag = 1 + i % 2}
+    if rank == 0 then
+      works[i] = dist.isend(T.full({n_of(i)}, i, "int32"), 1, opts)
+    end
+  end
+  if rank == 1 then
+    for _, start in ipairs{1, 0} do           -- tag 2 first, then tag 1
+      for i = start, 2 * K - 1, 2 do
+        bufs[i] = T.zeros({n_of(i)}, "int32")
+        works[i] = dist.irecv(bufs[i], 0, {tag = 1 + i % 2})
+      end
+    end
+  end
+  for i = 0, 2 * K - 1 do
+    works[i]:wait()
+    if rank == 1 then check(bufs[i], i, "message " .. i .. " of tag " .. (1 + i % 2)) end
+  end
+end
+
+function cases.mixed()
+  for k = 1, rounds do
+    local w = dist.isend(T.full({262144}, rank * 1000 + k, "int32"), right)
+    local s = T.full({1}, rank + k, "int64")
+    dist.all_reduce(s, "sum")
+    check(s, size * (size - 1) // 2 + size * k, "all_reduce between p2p")
+    -- uneven all_to_all: rank r sends (r + j + 1) * 100 + k elements to rank j
+    local ins, outs = {}, {}
+    for j = 0, size - 1 do
+      ins[j + 1] = T.full({(rank + j + 1) * 100 + k}, rank * 10 + j, "float32")
+      outs[j + 1] = T.zeros({(j + rank + 1) * 100 + k}, "float32")
+    end
+    dist.all_to_all(outs, ins)
+    for j = 0, size - 1 do check(outs[j + 1], j * 10 + rank, "all_to_all block from rank " .. j) end
+    local got = T.zeros({262144}, "int32")
+    dist.recv(got, left)
+    w:wait()
+    check(got, left * 1000 + k, "1 MiB message received after the collectives")
+    exchange(32768, k, k % 2 == 0)                       -- the 128 KiB ring of the report
+  end
+end
+
+assert(cases[case], "unknown case " .. case)
+cases[case]()
+dist.barrier()
+print(string.format("rank %d ok %s", rank, case))
+dist.destroy_process_group()
