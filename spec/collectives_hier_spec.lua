@@ -35,6 +35,18 @@ describe("collectives across fake hosts", function()
     end
   end)
 
+  it("fail every rank within seconds when a rank of the other host dies, naming the ranks", function()
+    local _, out = run.run(4, "spec/helpers/dist_hier_die.lua", "",
+                           {limit = 60, direct = true, env = "CRUN_HOST_ID=rank_div:2"})
+    for _, r in ipairs({0, 1, 2}) do
+      local s, err = out:match("rank " .. r .. " failed after ([%d.]+) s: ([^\n]*)")
+      assert.is_not_nil(s, "rank " .. r .. " did not report; output:\n" .. out)
+      assert.is_true(tonumber(s) < 10, "rank " .. r .. " took " .. s .. " s: " .. err)
+      assert.is_truthy(err:find("^E[A-Z]+: "), err)
+    end
+    assert.is_truthy(out:find("group ranks 2,3", 1, true), out)
+  end)
+
   it("refuse CRUN_TRANSPORT=shm when the ranks are on several hosts, naming them", function()
     local code, out = run.run(2, "spec/helpers/dist_stress.lua", "",
                               {limit = 60, env = "CRUN_TRANSPORT=shm CRUN_HOST_ID=rank_div:1"})

@@ -38,7 +38,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "transport/shm/shm.h"
+#include "transport/shm/shm_int.h"
 
 typedef struct {
   crun_pg_t *pg;
@@ -152,6 +152,37 @@ static int reps_run(hier_t *h, crun__coll_t *c) {
   return crun__cpu_run_link(&l, c);
 }
 
+/* Adds to a shm stage's error which group ranks its (local) ranks are. */
+static int shm_err(hier_t *h, int rc) {
+  char map[160];
+  size_t used = 0;
+  map[0] = 0;
+  for (int q = 0; q < h->pg->size && used + 12 < sizeof map; q++)
+    if (h->host_of[q] == h->host)
+      used += (size_t)snprintf(map + used, sizeof map - used, "%s%d", used ? "," : "", q);
+  char text[900];
+  snprintf(text, sizeof text, "%s", crun_last_error());
+  const char *name = crun_err_name(rc);
+  const char *t = strncmp(text, name, strlen(name)) == 0 ? text + strlen(name) + 2 : text;
+  return crun_error(rc, "%s [hierarchical engine: shm ranks 0.. on host %d are group ranks %s]", t,
+                    h->host, map);
+}
+
+#define SHM(call)                                                             \
+  do {                                                                        \
+    crun__shm_comm_label(h->comm, c->seq);                                    \
+    int shm_rc_ = (call);                                                     \
+    if (shm_rc_ < 0) return shm_err(h, shm_rc_);                              \
+  } while (0)
+
+/* The TCP stage among reps; a failure also aborts this host's communicator,
+ * so the local ranks waiting for this rank fail at once with its error
+ * instead of at their deadline. */
+static int reps_stage(hier_t *h, crun__coll_t *c) {
+  int rc = reps_run(h, c);
+  return rc < 0 && h->comm ? crun__shm_fail_last(h->comm, rc) : rc;
+}
+
 static int is_rep(const hier_t *h) { return h->reps[h->host] == h->pg->rank; }
 
 /* reps[x] = the root on the root's host, else the host's first rank. */
@@ -167,12 +198,13 @@ static int h_all_reduce_split(hier_t *h, crun__coll_t *c, crun__coll_t *s) {
   int l = crun__shm_comm_size(h->comm), j = crun__shm_comm_rank(h->comm);
   size_t q = c->count / (size_t)l, es = crun_dtype_size(c->dt);
   char *mine = (char *)c->buf + (size_t)j * q * es;
-  CRUN_CHECK(crun__shm_reduce_scatter(h->comm, mine, c->buf, q, c->dt, s->op, left(c)));
+  SHM(crun__shm_reduce_scatter(h->comm, mine, c->buf, q, c->dt, s->op, left(c)));
   for (int x = 0; x < h->nhosts; x++) h->reps[x] = h->column[x * l + j];
   s->buf = mine;
   s->count = q;
-  CRUN_CHECK(reps_run(h, s));
-  return crun__shm_all_gather(h->comm, c->buf, mine, q, c->dt, left(c));
+  CRUN_CHECK(reps_stage(h, s));
+  SHM(crun__shm_all_gather(h->comm, c->buf, mine, q, c->dt, left(c)));
+  return 0;
 }
 
 static int h_all_reduce(hier_t *h, crun__coll_t *c) {
@@ -185,9 +217,9 @@ static int h_all_reduce(hier_t *h, crun__coll_t *c) {
     return crun__finish_avg(&all, c, c->buf, c->count);
   }
   set_reps(h, -1);
-  if (h->comm) CRUN_CHECK(crun__shm_reduce(h->comm, c->buf, NULL, c->count, c->dt, s.op, 0, left(c)));
-  if (is_rep(h)) CRUN_CHECK(reps_run(h, &s));
-  if (h->comm) CRUN_CHECK(crun__shm_broadcast(h->comm, c->buf, c->count, c->dt, 0, left(c)));
+  if (h->comm) SHM(crun__shm_reduce(h->comm, c->buf, NULL, c->count, c->dt, s.op, 0, left(c)));
+  if (is_rep(h)) CRUN_CHECK(reps_stage(h, &s));
+  if (h->comm) SHM(crun__shm_broadcast(h->comm, c->buf, c->count, c->dt, 0, left(c)));
   return crun__finish_avg(&all, c, c->buf, c->count);
 }
 
@@ -195,9 +227,9 @@ static int h_broadcast(hier_t *h, crun__coll_t *c) {
   set_reps(h, c->root);
   crun__coll_t s = *c;
   s.root = h->host_of[c->root];
-  if (is_rep(h)) CRUN_CHECK(reps_run(h, &s));
-  if (!h->comm) return 0;
-  return crun__shm_broadcast(h->comm, c->buf, c->count, c->dt, h->lrank_of[h->reps[h->host]], left(c));
+  if (is_rep(h)) CRUN_CHECK(reps_stage(h, &s));
+  if (h->comm) SHM(crun__shm_broadcast(h->comm, c->buf, c->count, c->dt, h->lrank_of[h->reps[h->host]], left(c)));
+  return 0;
 }
 
 static int h_reduce(hier_t *h, crun__coll_t *c) {
@@ -210,13 +242,16 @@ static int h_reduce(hier_t *h, crun__coll_t *c) {
   void *tmp = root ? c->buf : malloc(bytes ? bytes : 1);
   if (!tmp) return crun_error(CRUN_ENOMEM, "reduce: %zu-byte buffer on rank %d", bytes, h->pg->rank);
   int rc = 0;
-  if (h->comm)
+  if (h->comm) {
+    crun__shm_comm_label(h->comm, c->seq);
     rc = crun__shm_reduce(h->comm, tmp, root ? NULL : c->buf, c->count, c->dt, s.op,
                           h->lrank_of[h->reps[h->host]], left(c));
-  else if (!root)
+    if (rc < 0) rc = shm_err(h, rc);
+  } else if (!root) {
     memcpy(tmp, c->buf, bytes);
+  }
   s.buf = tmp;
-  if (rc == 0 && is_rep(h)) rc = reps_run(h, &s);
+  if (rc == 0 && is_rep(h)) rc = reps_stage(h, &s);
   if (!root) free(tmp);
   if (rc < 0 || !root) return rc;
   crun__link_t all = {h->pg->rank, h->pg->size, NULL, NULL, NULL};
@@ -225,9 +260,10 @@ static int h_reduce(hier_t *h, crun__coll_t *c) {
 
 static int h_barrier(hier_t *h, crun__coll_t *c) {
   set_reps(h, -1);
-  if (h->comm) CRUN_CHECK(crun__shm_barrier(h->comm, left(c)));
-  if (is_rep(h)) CRUN_CHECK(reps_run(h, c));
-  return h->comm ? crun__shm_barrier(h->comm, left(c)) : 0;
+  if (h->comm) SHM(crun__shm_barrier(h->comm, left(c)));
+  if (is_rep(h)) CRUN_CHECK(reps_stage(h, c));
+  if (h->comm) SHM(crun__shm_barrier(h->comm, left(c)));
+  return 0;
 }
 
 static int h_supports(void *state, const crun__coll_t *c) {
