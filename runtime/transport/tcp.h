@@ -3,7 +3,9 @@
  * the group, the operation (kind, sequence number, dtype, count, op, root) so
  * that a receiver detects a rank that called something else before touching
  * its buffer. All I/O is non-blocking with poll()-based deadlines; one call
- * sends and receives at the same time so ring steps never deadlock. */
+ * sends and receives at the same time so ring steps never deadlock, and
+ * point-to-point operations progress in the background (any transport call
+ * and a pump thread drive them), so a posted send never blocks a receive. */
 #ifndef CRUN_TRANSPORT_TCP_H
 #define CRUN_TRANSPORT_TCP_H
 
@@ -20,11 +22,14 @@ void crun__tcp_close(crun__tcp_t *t);
 /* Runs one step (see crun__xfer_t) of collective c by c->deadline. */
 int crun__tcp_xfer(crun__tcp_t *t, crun__coll_t *c, const crun__xfer_t *x);
 
-/* Point-to-point: sends c->buf to c->root with c->tag. */
+/* Point-to-point: sends c->buf to c->root with c->tag. Returns 0 when the
+ * whole frame was written, or CRUN__PENDING: the rest goes out in the
+ * background (tcp_p2p.c) and crun__pg_p2p_done(pg, c, rc) reports the end;
+ * c (inside its crun_work) and c->buf must live until then. */
 int crun__tcp_send(crun__tcp_t *t, crun__coll_t *c);
 
-/* Point-to-point: receives into c->buf from c->root (or any) with c->tag;
- * sets c->src_out. */
+/* Point-to-point: receives into c->buf from c->root (or any) with c->tag and
+ * sets c->src_out; CRUN__PENDING and the end as for crun__tcp_send. */
 int crun__tcp_recv(crun__tcp_t *t, crun__coll_t *c);
 
 /* Sends an abort frame with the text to every peer it can reach without

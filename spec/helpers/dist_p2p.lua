@@ -2,7 +2,8 @@
 --   dist_p2p.lua <case> [rounds]
 -- cases: ring (isend+recv and irecv+send exchanges, 8 B to 4 MiB),
 -- order (many messages in flight to one peer, two tags), mixed (p2p between
--- all_reduce and uneven all_to_all, then a 128 KiB ring). Every rank prints
+-- all_reduce and uneven all_to_all, then a 128 KiB ring), a2a_ring (uneven
+-- all_to_all then a 128 KiB isend+recv ring). Every rank prints
 -- "rank <r> ok <case>" when all its checks passed; a failed check errors.
 local crun = require "crun"
 local dist, T = crun.dist, crun.tensor
@@ -92,6 +93,21 @@ function cases.mixed()
     w:wait()
     check(got, left * 1000 + k, "1 MiB message received after the collectives")
     exchange(32768, k, k % 2 == 0)                       -- the 128 KiB ring of the report
+  end
+end
+
+-- the lost-frame report: uneven all_to_all (sizes change every round), then
+-- a 128 KiB isend+recv ring, many times
+function cases.a2a_ring()
+  for k = 1, rounds do
+    local ins, outs = {}, {}
+    for j = 0, size - 1 do
+      ins[j + 1] = T.full({((rank * 7 + j * 3 + k) % 11) * 997 + 1}, rank * 100 + j + k, "float32")
+      outs[j + 1] = T.zeros({((j * 7 + rank * 3 + k) % 11) * 997 + 1}, "float32")
+    end
+    dist.all_to_all(outs, ins)
+    for j = 0, size - 1 do check(outs[j + 1], j * 100 + rank + k, "all_to_all block from rank " .. j) end
+    exchange(32768, k, false)
   end
 end
 
