@@ -385,8 +385,7 @@ static void expire(crun__tcp_t *t) {
 }
 
 int crun__tcp_pump(crun__tcp_t *t, int skip) {
-  if (!t->npending && !t->posted) return 0;
-  int progress = 0;
+  int progress = 0; /* no shortcut on npending == 0: a stash frame may be half read */
   for (int j = 0; j < t->size; j++) {
     if (j == t->rank || t->fds[j] < 0) continue;
     if (t->outq[j]) progress |= pump_sends(t, j);

@@ -183,6 +183,49 @@ TEST(send_pending_across_collective) {
   }
 }
 
+/* Rank 0 posts two any-source irecvs of 2 MiB while ranks 1 and 2 both send
+ * one (frames of both are read at the same time, one into the stash), then
+ * everyone runs all_reduces that read from those same sockets. */
+static void any_source(crun_pg_t *pg, void *arg) {
+  (void)arg;
+  int r = crun_pg_rank(pg), p = crun_pg_size(pg);
+  size_t n = 2u << 20;
+  for (int round = 0; round < 4; round++) {
+    if (r == 0) {
+      uint8_t *b[2] = {malloc(n), malloc(n)};
+      crun_work_t *w[2];
+      for (int i = 0; i < 2; i++) EXPECT_OK(crun_pg_recv(pg, b[i], n, CRUN_UINT8, CRUN_ANY_SOURCE, NULL, NULL, &w[i]));
+      int seen = 0;
+      for (int i = 0; i < 2; i++) {
+        EXPECT_OK(crun_work_wait(w[i], 20));
+        int src = crun_work_source(w[i]);
+        EXPECT(src == 1 || src == 2);
+        seen |= 1 << src;
+        EXPECT(same(b[i], n, src, round));
+        crun_work_release(w[i]);
+        free(b[i]);
+      }
+      EXPECT_EQ_INT(seen, 6);
+    } else if (r <= 2) {
+      uint8_t *b = malloc(n);
+      fill(b, n, r, round);
+      EXPECT_OK(crun_pg_send(pg, b, n, CRUN_UINT8, 0, NULL, NULL));
+      free(b);
+    }
+    for (int k = 0; k < 3; k++) {
+      int64_t v = r + k;
+      EXPECT_OK(crun_pg_all_reduce(pg, &v, 1, CRUN_INT64, CRUN_OP_SUM, NULL, NULL));
+      EXPECT_EQ_INT(v, p * (p - 1) / 2 + p * k);
+    }
+  }
+}
+
+TEST(any_source_then_collectives) {
+  setenv("CRUN_SHM", "0", 1);
+  EXPECT_EQ_INT(pg_spawn_ex(3, any_source, NULL, 15.0, 60.0), 0);
+  EXPECT_EQ_INT(pg_spawn_ex(4, any_source, NULL, 15.0, 60.0), 0);
+}
+
 #define CRUN_TESTS(X) X(ring_exchange) X(ring_exchange_tcp) X(many_in_flight_in_order) X(p2p_between_collectives) \
-  X(send_pending_across_collective)
+  X(send_pending_across_collective) X(any_source_then_collectives)
 CRUN_TEST_MAIN()
