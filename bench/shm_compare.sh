@@ -15,7 +15,8 @@
 # --no-barrier), takes the max over ranks per iteration and its median;
 # busbw as nccl-tests define it. Output: raw CSVs under $OUT/raw, the merged
 # $OUT/all.csv (system,op,ranks,bytes,time_us,busbw_gbs: median of the runs)
-# for bench/chart.sh, and a table on stdout with the machine's load.
+# for bench/chart.sh, a table on stdout with the machine's load, and
+# $OUT/all_reduce_<n>ranks.{svg,png} charts.
 set -u
 BUILD=${1:-build}; shift || true
 NS=${*:-2 4 8}
@@ -96,3 +97,10 @@ for op in ["all_reduce", "broadcast", "all_gather"]:
             print("%10d" % b + "".join("%22s" % ("%.1f / %.3f" % get[(s, op, n, b)][4:6] if (s, op, n, b) in get else "-")
                                        for s in systems))
 PY
+
+# Charts of busbw against size per world size (bench/chart.sh; skipped with a
+# note when gnuplot is missing).
+for n in $NS; do
+  bash "$SRC/bench/chart.sh" -o "$OUT/all_reduce_${n}ranks" -n "$n" \
+    -t "all_reduce float32 sum, $n ranks (median of $REPS runs)" "$OUT/all.csv" || true
+done
