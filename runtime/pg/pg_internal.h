@@ -45,6 +45,7 @@ typedef struct crun__coll {
   double timeout;            /* seconds */
   double deadline;           /* crun_clock() value, set when it starts */
   int src_out;               /* recv: the sender */
+  int caller_pumps;          /* p2p run inline: the caller's thread drives it to the end */
 } crun__coll_t;
 
 struct crun_backend_vtable;

@@ -173,6 +173,7 @@ int crun__pg_submit(crun_pg_t *pg, crun_work_t *w, crun_work_t **out) {
   if (w->c.kind != CRUN__COLL_SEND && w->c.kind != CRUN__COLL_RECV) w->c.seq = ++pg->next_seq;
   if (!w->async && !pg->head && !pg->busy && !pg->stop) {
     pg->busy = 1;
+    w->c.caller_pumps = pg->pump != NULL;
     pthread_mutex_unlock(&pg->mu);
     int pending = crun__pg_execute(pg, w) == CRUN__PENDING;
     pthread_mutex_lock(&pg->mu);

@@ -532,7 +532,7 @@ void crun__tcp_p2p_fini(crun__tcp_t *t) {
 static int p2p_call(crun__tcp_t *t, crun__coll_t *c, int (*fn)(crun__tcp_t *, crun__coll_t *)) {
   pthread_mutex_lock(&t->mu);
   int rc = fn(t, c);
-  if (rc == CRUN__PENDING) {
+  if (rc == CRUN__PENDING && !c->caller_pumps) {
     pump_start(t);
     wake_pump(t);
   }
