@@ -528,11 +528,14 @@ void crun__tcp_p2p_fini(crun__tcp_t *t) {
   t->has_mu = 0;
 }
 
-/* Runs a send or receive under the lock; wakes the pump when it is pending. */
+/* Runs a send or receive under the lock; wakes the pump when it is pending.
+ * A pending operation may already have ended (and its work be freed) when fn
+ * returns, so c is not read after the call. */
 static int p2p_call(crun__tcp_t *t, crun__coll_t *c, int (*fn)(crun__tcp_t *, crun__coll_t *)) {
+  int caller_pumps = c->caller_pumps; /* c may be gone once fn returns */
   pthread_mutex_lock(&t->mu);
   int rc = fn(t, c);
-  if (rc == CRUN__PENDING && !c->caller_pumps) {
+  if (rc == CRUN__PENDING && !caller_pumps) {
     pump_start(t);
     wake_pump(t);
   }
