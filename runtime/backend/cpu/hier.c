@@ -82,19 +82,7 @@ static void host_key(const crun_pg_t *pg, char *buf, size_t n) {
     snprintf(buf, n, "id-%s", id);
     return;
   }
-  char boot[64] = "", host[256] = "", ipc[64] = "", mnt[64] = "";
-  FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
-  if (f) {
-    if (!fgets(boot, sizeof boot, f)) boot[0] = 0;
-    fclose(f);
-  }
-  boot[strcspn(boot, "\n")] = 0;
-  if (gethostname(host, sizeof host - 1) != 0) host[0] = 0;
-  ssize_t k = readlink("/proc/self/ns/ipc", ipc, sizeof ipc - 1);
-  ipc[k > 0 ? k : 0] = 0;
-  k = readlink("/proc/self/ns/mnt", mnt, sizeof mnt - 1);
-  mnt[k > 0 ? k : 0] = 0;
-  snprintf(buf, n, "%s/%s/%s/%s", boot, host, ipc, mnt);
+  crun__shm_host_identity(buf, n);
 }
 
 /* Exchanges host keys; host_of[r] = index of r's host in order of first

@@ -19,9 +19,7 @@
 
 #include "backend/backend.h"
 
-/* Writes "<boot id>/<hostname>/<ipc ns>/<mount ns>" into buf: equal on the
- * processes that can open each other's segments in /dev/shm. */
-static void host_identity(char *buf, size_t n) {
+void crun__shm_host_identity(char *buf, size_t n) {
   char boot[64] = "", host[256] = "", ipc[64] = "", mnt[64] = "";
   FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
   if (f) {
@@ -123,7 +121,7 @@ static void eng_destroy(void *state) {
 int crun__shm_engine_open(crun_pg_t *pg, crun__engine_t *out) {
   char host[400];
   int same = 0, ok = 0;
-  host_identity(host, sizeof host);
+  crun__shm_host_identity(host, sizeof host);
   CRUN_CHECK(agree(pg, "host", host, &same));
   if (!same) return CRUN_ENOTSUP;
   crun__shm_comm_t *c = NULL;
