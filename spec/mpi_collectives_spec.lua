@@ -4,28 +4,10 @@
 -- failure scenarios of spec/helpers/dist_errors.lua, and the start-up rules.
 local mpi = require "helpers.mpi_run"
 local run = require "helpers.dist_run"
+local matrix = require "helpers.dist_matrix"
+local expect = require "helpers.dist_expect"
 
 local ok, why = mpi.available()
-
--- Checks that every rank of an n-rank job wrote only "ok" lines, then "done N".
-local function all_ok(dir, n, out, min_cases)
-  local cases
-  for r = 0, n - 1 do
-    local lines = run.lines(dir, r)
-    assert.is_true(#lines > 0, "rank " .. r .. " wrote nothing; job output:\n" .. out)
-    local done = tonumber(lines[#lines]:match("^done (%d+)$"))
-    assert.is_not_nil(done, "rank " .. r .. " did not finish (last line: " .. lines[#lines] .. "); output:\n" .. out)
-    local failed = {}
-    for i = 1, #lines - 1 do
-      if not lines[i]:match("^ok ") then failed[#failed + 1] = lines[i] end
-    end
-    assert.are.same({}, failed)
-    assert.are.equal(done, #lines - 1)
-    cases = cases or done
-    assert.are.equal(cases, done)
-  end
-  assert.is_true(cases >= min_cases, "only " .. tostring(cases) .. " cases ran")
-end
 
 local function scenario(mode)
   local dir = run.tmpdir()
@@ -46,7 +28,7 @@ describe("the mpi backend", function()
     it("passes the whole collective matrix on every rank of mpirun -np " .. n, function()
       local dir = run.tmpdir()
       local code, out = mpi.run(n, "spec/helpers/dist_cases.lua", dir, {limit = 150})
-      all_ok(dir, n, out, 650)
+      matrix.verdicts(dir, n, out, 650)
       assert.are.equal(0, code, out)
       run.cleanup(dir)
     end)
@@ -71,23 +53,11 @@ describe("the mpi backend", function()
   end)
 
   it("reports a different collective on every rank, naming both calls", function()
-    local res, out = scenario("mismatch")
-    for r = 0, 2 do
-      local t = res[r]
-      assert.is_truthy(t:match("^error EMISMATCH: "), "rank " .. r .. ": " .. t .. "\n" .. out)
-      for _, want in ipairs({"all_reduce", "all_gather", "float32[512]", "rank 2"}) do
-        assert.is_truthy(t:find(want, 1, true), t)
-      end
-    end
+    expect.mismatch(scenario("mismatch"))
   end)
 
   it("reports a different count on every rank", function()
-    local res, out = scenario("count")
-    for r = 0, 2 do
-      local t = res[r]
-      assert.is_truthy(t:match("^error EMISMATCH: all_reduce #1 on rank %d"), "rank " .. r .. ": " .. t .. "\n" .. out)
-      assert.is_truthy(t:find("float32[1024]", 1, true) and t:find("float32[512]", 1, true), t)
-    end
+    expect.count(scenario("count"))
   end)
 
   it("times out naming the late rank and where every rank is; the late rank fails too", function()

@@ -4,16 +4,15 @@
 -- collectives_tcp_spec: CRUN_TRANSPORT=tcp; collectives_hier_spec: fake
 -- hosts through CRUN_HOST_ID, the hierarchical engine).
 --   check(n, env, {subset = bool, min_cases = k, limit = s})
+--   verdicts(dir, n, job_output, min_cases): the per-rank checks alone
 local run = require "helpers.dist_run"
 local assert = require "luassert"
 
 local M = {}
 
-function M.check(n, env, opts)
-  opts = opts or {}
-  local dir = run.tmpdir()
-  local code, out = run.run(n, "spec/helpers/dist_cases.lua", dir .. (opts.subset and " subset" or ""),
-                            {limit = opts.limit or 150, env = env})
+-- Asserts that every rank of an n-rank job wrote only "ok" lines and then
+-- "done N", the same N on every rank, at least min_cases.
+function M.verdicts(dir, n, out, min_cases)
   local cases
   for r = 0, n - 1 do
     local lines = run.lines(dir, r)
@@ -30,7 +29,15 @@ function M.check(n, env, opts)
     cases = cases or done
     assert.are.equal(cases, done)
   end
-  assert.is_true(cases >= (opts.min_cases or 650), "only " .. tostring(cases) .. " cases ran")
+  assert.is_true(cases >= (min_cases or 650), "only " .. tostring(cases) .. " cases ran")
+end
+
+function M.check(n, env, opts)
+  opts = opts or {}
+  local dir = run.tmpdir()
+  local code, out = run.run(n, "spec/helpers/dist_cases.lua", dir .. (opts.subset and " subset" or ""),
+                            {limit = opts.limit or 150, env = env})
+  M.verdicts(dir, n, out, opts.min_cases)
   assert.are.equal(0, code, out)
   run.cleanup(dir)
 end

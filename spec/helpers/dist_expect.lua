@@ -1,0 +1,29 @@
+-- dist_expect.lua — what every rank of a 3-rank job must report in the
+-- mismatch scenarios of spec/helpers/dist_errors.lua; shared by the cpu
+-- backend's spec (dist_errors_spec) and the mpi backend's (mpi_collectives_spec).
+-- res[r] is the text rank r wrote; out is the job's output, shown on failure.
+local assert = require "luassert"
+
+local M = {}
+
+-- Rank 2 called all_gather float32[512] where the others called all_reduce.
+function M.mismatch(res, out)
+  for r = 0, 2 do
+    local t = res[r]
+    assert.is_truthy(t:match("^error EMISMATCH: "), "rank " .. r .. ": " .. t .. "\n" .. out)
+    for _, want in ipairs({"all_reduce", "all_gather", "float32[512]", "rank 2"}) do
+      assert.is_truthy(t:find(want, 1, true), t)
+    end
+  end
+end
+
+-- Rank 2 called all_reduce with 512 elements where the others gave 1024.
+function M.count(res, out)
+  for r = 0, 2 do
+    local t = res[r]
+    assert.is_truthy(t:match("^error EMISMATCH: all_reduce #1 on rank %d"), "rank " .. r .. ": " .. t .. "\n" .. out)
+    assert.is_truthy(t:find("float32[1024]", 1, true) and t:find("float32[512]", 1, true), t)
+  end
+end
+
+return M
