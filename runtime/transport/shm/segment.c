@@ -191,6 +191,9 @@ static void pick_policy(crun__shm_comm_t *c) {
   if (w && strcmp(w, "yield") == 0) c->policy_yield = 1;
   c->spin_ns = crun_env_int("CRUN_SHM_SPIN_US", 50) * 1000;
   c->yields = crun_env_int("CRUN_SHM_YIELDS", 50);
+  /* oversubscribed one-shot waits are short: a futex sleep (20-25 us to
+   * wake) costs more than many yields, and yields run the awaited ranks */
+  c->small_yields = crun_env_int("CRUN_SHM_YIELDS", c->oversub ? 1000 : 50);
   c->spin_cur = c->policy_yield ? 0 : c->spin_ns;
 }
 

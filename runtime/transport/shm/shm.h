@@ -21,9 +21,12 @@
  * 50) microseconds, then yields up to CRUN_SHM_YIELDS (default 50) times, then
  * sleeps on a futex (a poster calls FUTEX_WAKE only when someone sleeps);
  * with more ranks than cores, or when the awaited peer last posted from this
- * CPU, it skips the spin. A wait that had to yield or sleep halves the spin
- * time of the next ones (down to 2 us: other load is on the cores), one that
- * ended while spinning doubles it back. CRUN_SHM_WAIT=spin|yield forces a
+ * CPU, it skips the spin; with more ranks than cores the one-shot path's
+ * waits yield up to 1000 times by default (a futex wake-up costs 20-25 us,
+ * and yielding runs the awaited ranks; CRUN_SHM_YIELDS sets both counts).
+ * A wait that had to yield or sleep halves the spin time of the next ones
+ * (down to 2 us: other load is on the cores), one that ended while spinning
+ * doubles it back. CRUN_SHM_WAIT=spin|yield forces a
  * policy.
  * Every wait has a deadline: `timeout` seconds of the call (<= 0 means the
  * communicator's timeout). Past it the call fails with CRUN_ETIMEDOUT naming

@@ -77,6 +77,7 @@ struct crun__shm_comm {
   int *pidfd;               /* per rank; -1 for self or unknown */
   int oversub, policy_yield;
   long spin_ns, spin_cur, yields;
+  long small_yields;        /* yields on the one-shot path (SHM_CTR_SMALL) */
   uint64_t last_live_ns;
   int broken;
   char name[96];

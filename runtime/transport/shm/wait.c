@@ -235,7 +235,8 @@ int crun__shm_ready(crun__shm_comm_t *c, shm_ctr_t ctr, int who, uint64_t target
 
 /* One step of backing off while rank q is short of target on ctr: a pause
  * while within the spin time (c->spin_cur, adapted by crun__shm_waited),
- * then one sched_yield per step up to the yield count, then one futex sleep
+ * then one sched_yield per step up to the yield count (c->small_yields on
+ * the one-shot path, else c->yields), then one futex sleep
  * on q's bell preceded by the slow checks. */
 int crun__shm_idle(crun__shm_comm_t *c, shm_waiter_t *w, shm_ctr_t ctr, int who, int q,
                    uint64_t target) {
@@ -254,7 +255,7 @@ int crun__shm_idle(crun__shm_comm_t *c, shm_waiter_t *w, shm_ctr_t ctr, int who,
     cpu_relax();
     return 0;
   }
-  if (w->iter < c->yields) {
+  if (w->iter < (ctr == SHM_CTR_SMALL ? c->small_yields : c->yields)) {
     w->iter++;
     sched_yield();
     return 0;
