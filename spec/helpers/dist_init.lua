@@ -58,14 +58,17 @@ end)
 
 case("tcp", function()
   -- rank 0 hosts the tcp:// store, as torch does: it picks a free port (a
-  -- server started and stopped) and shares it through the job's store
+  -- server started and stopped, below the ephemeral range so that no other
+  -- test's outgoing connection takes it meanwhile) and shares it through the
+  -- job's store
   local S = crun.store
   local main = S.from_env{}
   local port
   if rank == 0 then
-    local srv = S.server{host = "127.0.0.1", port = 0}
-    port = srv:port()
-    srv:stop()
+    repeat
+      local ok, srv = pcall(S.server, {host = "127.0.0.1", port = 20000 + math.random(0, 12000)})
+      if ok then port = srv:port(); srv:stop() end
+    until port
     main:set("dist_init/port", tostring(port))
   else
     main:wait{"dist_init/port"}

@@ -67,12 +67,20 @@ function M.pids_in_group(pgid)
   return t
 end
 
---- A TCP port that was free a moment ago (a store server on port 0, stopped).
+--- A TCP port that was free a moment ago: tried with a store server and
+-- stopped. It is drawn below Linux's ephemeral range (32768 and up), so no
+-- outgoing connection of a test running beside this one can take it meanwhile.
 function M.free_port()
-  local srv = require("crun").store.server{host = "127.0.0.1", port = 0}
-  local port = srv:port()
-  srv:stop()
-  return port
+  local store = require("crun").store
+  for _ = 1, 50 do
+    local port = 20000 + math.random(0, 12000)
+    local ok, srv = pcall(store.server, {host = "127.0.0.1", port = port})
+    if ok then
+      srv:stop()
+      return port
+    end
+  end
+  error("no free port found in 20000-32000")
 end
 
 --- A marker unlikely to appear in any other command line.
