@@ -233,6 +233,14 @@ static size_t ranks_text(char *buf, size_t cap, const int *rs, int n) {
   return len;
 }
 
+int crun__pg_timeout_report(crun_pg_t *pg, int rc) {
+  if (rc != CRUN_ETIMEDOUT) return rc;
+  char where[512], text[1024];
+  snprintf(text, sizeof text, "%s", crun_last_error() + strlen("ETIMEDOUT: "));
+  crun__pg_progress_report(pg, where, sizeof where);
+  return crun_error(rc, "%s; %s", text, where);
+}
+
 void crun__pg_progress_report(crun_pg_t *pg, char *out, size_t cap) {
   int n = pg->size, *rs = malloc(sizeof(int) * (size_t)n), *done = calloc((size_t)n, sizeof(int));
   char (*txt)[64] = calloc((size_t)n, 64);

@@ -121,6 +121,10 @@ void crun__coll_free(crun__coll_t *c);
  * when peers is NULL) are, e.g. "rank 3 is at barrier #41; ranks 0-2 ...". */
 void crun__pg_progress_report(crun_pg_t *pg, char *out, size_t cap);
 
+/* Returns rc; when it is CRUN_ETIMEDOUT (an engine's timeout), first appends
+ * the progress report to this thread's error text ("...; rank 3 is at ..."). */
+int crun__pg_timeout_report(crun_pg_t *pg, int rc);
+
 /* Marks the current collective for the progress publisher. */
 void crun__pg_mark(crun_pg_t *pg, const crun__coll_t *c);
 

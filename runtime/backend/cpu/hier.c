@@ -274,14 +274,7 @@ static int h_dispatch(hier_t *h, crun__coll_t *c) {
 static int h_run(void *state, crun__coll_t *c) {
   hier_t *h = state;
   if (h->comm) crun__shm_comm_label(h->comm, c->seq);
-  int rc = h_dispatch(h, c);
-  if (rc == CRUN_ETIMEDOUT) {
-    char where[512], text[1024];
-    snprintf(text, sizeof text, "%s", crun_last_error() + strlen("ETIMEDOUT: "));
-    crun__pg_progress_report(h->pg, where, sizeof where);
-    return crun_error(rc, "%s; %s", text, where);
-  }
-  return rc;
+  return crun__pg_timeout_report(h->pg, h_dispatch(h, c));
 }
 
 static void h_destroy(void *state) {

@@ -102,14 +102,7 @@ static int eng_run(void *state, crun__coll_t *c) {
   double t = c->deadline > 0 ? c->deadline - crun_clock() : c->timeout;
   if (t <= 0) t = 1e-3;
   crun__shm_comm_label(e->comm, c->seq);
-  int rc = dispatch(e->comm, c, t);
-  if (rc == CRUN_ETIMEDOUT) {
-    char where[512], text[1024];
-    snprintf(text, sizeof text, "%s", crun_last_error() + strlen("ETIMEDOUT: "));
-    crun__pg_progress_report(e->pg, where, sizeof where);
-    return crun_error(rc, "%s; %s", text, where);
-  }
-  return rc;
+  return crun__pg_timeout_report(e->pg, dispatch(e->comm, c, t));
 }
 
 static void eng_destroy(void *state) {
