@@ -35,15 +35,9 @@ local function test_split(c)
   return T.new(xs, "float32"), T.new(ys, "int64")
 end
 
--- The architecture of jobs/train.lua: `layers` hidden ReLU layers, then the classifier.
+-- The architecture of jobs/train.lua (both use nn.mlp).
 local function build_model(c)
-  local net, width = nn.Sequential(), c.dims
-  for _ = 1, c.layers do
-    net:add(nn.Linear(width, c.hidden)):add(nn.ReLU())
-    width = c.hidden
-  end
-  net:add(nn.Linear(width, c.classes))
-  return net
+  return nn.mlp(c.dims, c.hidden, c.layers, c.classes)
 end
 
 local o = parse_args(arg or {})

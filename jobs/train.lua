@@ -79,13 +79,7 @@ end
 -- An MLP with `layers` hidden ReLU layers; layers = 0 gives a linear model.
 local function build_model(o)
   nn.manual_seed(o.seed)
-  local net, width = nn.Sequential(), o.dims
-  for _ = 1, o.layers do
-    net:add(nn.Linear(width, o.hidden)):add(nn.ReLU())
-    width = o.hidden
-  end
-  net:add(nn.Linear(width, o.classes))
-  return net
+  return nn.mlp(o.dims, o.hidden, o.layers, o.classes)
 end
 
 -- Exactly-once distributed evaluation: each test sample on one rank only.

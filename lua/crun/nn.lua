@@ -421,6 +421,19 @@ local CrossEntropy = nn.class("CrossEntropyCriterion")
 --- CrossEntropyCriterion{reduction="mean"|"sum"}: log-softmax + negative log
 -- likelihood of 1-based class labels (int64/int32 tensor [N]), fused.
 -- After forward, self.correct holds how many rows' argmax equal their label.
+--- nn.mlp(inputs, hidden, layers, outputs): a Sequential of `layers` hidden
+-- Linear+ReLU layers of width `hidden`, then a Linear classifier to `outputs`
+-- (layers = 0 gives a linear model). jobs/train.lua and jobs/evaluate.lua
+-- both build their model with it, so a checkpoint always fits.
+function nn.mlp(inputs, hidden, layers, outputs)
+  local net, width = nn.Sequential(), inputs
+  for _ = 1, layers do
+    net:add(nn.Linear(width, hidden)):add(nn.ReLU())
+    width = hidden
+  end
+  return net:add(nn.Linear(width, outputs))
+end
+
 function nn.CrossEntropyCriterion(opts)
   local self = setmetatable({}, CrossEntropy):_init()
   self.sum = opts and opts.reduction == "sum" or false
