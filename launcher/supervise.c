@@ -14,6 +14,7 @@
  * group when that pipe reaches EOF, i.e. when the launcher is gone however it
  * ended. That also takes grandchildren, which PDEATHSIG does not reach. */
 #include "launcher.h"
+#include "core/heap.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -202,6 +203,7 @@ static void child_main(sup_t *s, proc_t *p, int out_w, int err_w, int attempt) {
   pl.rank = s->base.rank + p->local_rank;
   pl.local_rank = p->local_rank;
   pl.restart_count = attempt;
+  crun__heap_use_slot(p->local_rank);
   crun__worker_setenv(s->o, &pl);
   _exit(crun__worker_run(s->o));
 }
@@ -388,6 +390,7 @@ static int run_attempt(sup_t *s, int attempt, struct pollfd *fds) {
   s->fail = (failure_t){.rank = -1};
   fflush(NULL);
   int rc = 0;
+  crun__heap_reserve(s->o->nproc); /* the workers' shared tensor heap (core/heap.h) */
   for (int i = 0; i < s->o->nproc; i++) {
     s->procs[i] = (proc_t){.local_rank = i, .rank = s->base.rank + i};
     s->procs[i].out.fd = s->procs[i].err.fd = -1;

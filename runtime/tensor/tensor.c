@@ -1,6 +1,8 @@
 /* tensor.c — tensor lifecycle, geometry and views over refcounted storage. */
 #include "tensor/tensor_impl.h"
 
+#include "core/heap.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -55,7 +57,7 @@ static int tensor_alloc(crun_dtype_t dt, int ndim, const int64_t *shape, crun__s
 
 static void storage_release(crun__storage_t *st) {
   if (atomic_fetch_sub(&st->refs, 1) == 1) {
-    free(st->data);
+    if (!crun__heap_free(st->data)) free(st->data);
     free(st);
   }
 }
@@ -68,7 +70,11 @@ int crun_tensor_empty(crun_dtype_t dt, int ndim, const int64_t *shape, crun_tens
   for (int d = 0; d < ndim; d++) n *= shape[d];
   size_t nbytes = (size_t)n * crun_dtype_size(dt);
   crun__storage_t *st = calloc(1, sizeof *st);
-  void *data = st ? aligned_alloc(64, (nbytes + 63) / 64 * 64 + 64) : NULL;
+  /* large storage from the node's shared heap when the launcher made one
+   * (same-host collectives then read it in place), else from malloc */
+  size_t padded = (nbytes + 63) / 64 * 64 + 64;
+  void *data = !st ? NULL : crun__heap_alloc(padded);
+  if (st && !data) data = aligned_alloc(64, padded);
   if (!data) {
     free(st);
     return crun_error(CRUN_ENOMEM, "tensor: cannot allocate %zu bytes", nbytes);
@@ -78,7 +84,7 @@ int crun_tensor_empty(crun_dtype_t dt, int ndim, const int64_t *shape, crun_tens
   atomic_init(&st->refs, 0);
   int rc = tensor_alloc(dt, ndim, shape, st, out);
   if (rc < 0) {
-    free(data);
+    if (!crun__heap_free(data)) free(data);
     free(st);
   }
   return rc;

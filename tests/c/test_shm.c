@@ -13,7 +13,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "transport/shm/shm.h"
+#include "core/heap.h"
+#include "transport/shm/shm_int.h"
 
 typedef void (*rank_fn)(crun__shm_comm_t *c, int rank, int size);
 
@@ -128,15 +129,25 @@ static void check_elem(const char *what, crun_dtype_t dt, crun_reduce_op_t op, i
                    crun_dtype_name(dt), crun_reduce_op_name(op), rank, i, g, want);
 }
 
+/* Buffers come from the shared tensor heap when the test made one (the
+ * direct path), except on rank `malloc_rank` (the mixed case). */
+static int malloc_rank = -1, my_rank = -1;
+
 static void *xmalloc(size_t n) {
-  void *p = malloc(n ? n : 1);
+  void *p = my_rank != malloc_rank ? crun__heap_alloc(n ? n : 1) : NULL;
+  if (!p) p = malloc(n ? n : 1);
   if (!p) crun_test_fail(__FILE__, __LINE__, "out of memory");
   return p;
+}
+
+static void xfree(void *p) {
+  if (!crun__heap_free(p)) free(p);
 }
 
 /* ---------------------------------------------------------------- ranks */
 
 static char store_path[64];
+static int expect_direct = -1; /* 1: some ops must take the direct path, 0: none */
 
 /* Fails when /dev/shm still holds a segment created by process pid. */
 static void expect_shm_clean(pid_t pid) {
@@ -157,11 +168,16 @@ static void expect_shm_clean(pid_t pid) {
 static void rank_main(int rank, int size, rank_fn fn) {
   alarm(90);
   crun_log_set_rank(rank);
+  my_rank = rank;
+  crun__heap_use_slot(rank); /* a no-op unless the test reserved a heap */
   crun_store_t *s = NULL;
   crun__shm_comm_t *c = NULL;
   EXPECT_OK(crun_store_file_new(store_path, &s));
   EXPECT_OK(crun__shm_comm_create(s, "t", rank, size, 30, &c));
   fn(c, rank, size);
+  if (expect_direct >= 0 && size > 1 && (c->direct_ops > 0) != expect_direct)
+    crun_test_fail(__FILE__, __LINE__, "rank %d: %llu ops on the direct path, expected %s",
+                   rank, (unsigned long long)c->direct_ops, expect_direct ? "some" : "none");
   crun__shm_comm_destroy(c);
   crun_store_release(s);
   _exit(0);
@@ -228,8 +244,8 @@ static void body_allreduce(crun__shm_comm_t *c, int rank, int size) {
           check_elem("all_reduce", dt, op, rank, out, i, expected(dt, op, size, i));
         if (!inplace)
           for (size_t i = 0; i < n; i++) EXPECT(get(dt, in, i) == value(dt, op, rank, i));
-        free(in);
-        free(out);
+        xfree(in);
+        xfree(out);
       }
     }
 }
@@ -251,8 +267,8 @@ static void body_reduce(crun__shm_comm_t *c, int rank, int size) {
           if (rank == root) check_elem("reduce", dt, op, rank, out, i, expected(dt, op, size, i));
           else EXPECT(((unsigned char *)out)[i * es] == 0x5a);
         }
-        free(in);
-        free(out);
+        xfree(in);
+        xfree(out);
       }
 }
 
@@ -267,7 +283,7 @@ static void body_broadcast(crun__shm_comm_t *c, int rank, int size) {
         EXPECT_OK(crun__shm_broadcast(c, buf, n, dt, root, 0));
         for (size_t i = 0; i < n; i++)
           check_elem("broadcast", dt, CRUN_OP_SUM, rank, buf, i, value(dt, CRUN_OP_SUM, 100 + root, i));
-        free(buf);
+        xfree(buf);
       }
 }
 
@@ -286,8 +302,8 @@ static void body_all_gather(crun__shm_comm_t *c, int rank, int size) {
         for (size_t i = 0; i < n; i++)
           check_elem("all_gather", dt, CRUN_OP_SUM, rank, out + q * n * es, i,
                      value(dt, CRUN_OP_SUM, q, i));
-      free(in);
-      free(out);
+      xfree(in);
+      xfree(out);
     }
 }
 
@@ -305,8 +321,8 @@ static void body_reduce_scatter(crun__shm_comm_t *c, int rank, int size) {
       EXPECT_OK(crun__shm_reduce_scatter(c, dst, in, n, dt, op, 0));
       for (size_t i = 0; i < n; i++)
         check_elem("reduce_scatter", dt, op, rank, dst, i, expected(dt, op, size, rank * n + i));
-      free(in);
-      free(out);
+      xfree(in);
+      xfree(out);
     }
 }
 
@@ -325,8 +341,8 @@ static void body_all_to_all(crun__shm_comm_t *c, int rank, int size) {
         for (size_t i = 0; i < n; i++)
           check_elem("all_to_all", dt, CRUN_OP_SUM, rank, out + q * n * es, i,
                      value(dt, CRUN_OP_SUM, q, rank * n + i));
-      free(in);
-      free(out);
+      xfree(in);
+      xfree(out);
     }
 }
 
@@ -351,8 +367,8 @@ static void body_block_lists(crun__shm_comm_t *c, int rank, int size) {
     for (size_t i = 0; i < n; i++)
       check_elem("reduce_scatter_v", CRUN_FLOAT32, CRUN_OP_MAX, rank, in, i,
                  expected(CRUN_FLOAT32, CRUN_OP_MAX, size, i));
-    for (int q = 0; q < size; q++) free(blocks[q]);
-    free(in);
+    for (int q = 0; q < size; q++) xfree(blocks[q]);
+    xfree(in);
   }
 }
 
@@ -384,8 +400,8 @@ static void body_gather_scatter(crun__shm_comm_t *c, int rank, int size) {
                                       n, dt, root, 0));
         for (size_t i = 0; i < n; i++)
           check_elem("scatter", dt, CRUN_OP_SUM, rank, out, i, value(dt, CRUN_OP_SUM, 10 + rank, i));
-        for (int q = 0; q < size; q++) free(blocks[q]);
-        free(mine);
+        for (int q = 0; q < size; q++) xfree(blocks[q]);
+        xfree(mine);
       }
 }
 
@@ -411,8 +427,8 @@ static void body_all_to_all_v(crun__shm_comm_t *c, int rank, int size) {
     for (int q = 0; q < size; q++) {
       for (size_t i = 0; i < outc[q]; i++)
         EXPECT(outs[q][i] == (float)value(CRUN_FLOAT32, CRUN_OP_SUM, q * 16 + rank, i));
-      free(ins[q]);
-      free(outs[q]);
+      xfree(ins[q]);
+      xfree(outs[q]);
     }
   }
 }
@@ -447,7 +463,7 @@ static void body_oversub(crun__shm_comm_t *c, int rank, int size) {
     EXPECT_OK(crun__shm_broadcast(c, buf, n, CRUN_FLOAT32, 5, 0));
     for (size_t i = 0; i < n; i++) EXPECT(buf[i] == (float)value(CRUN_FLOAT32, CRUN_OP_SUM, 5, i));
     EXPECT_OK(crun__shm_barrier(c, 0));
-    free(buf);
+    xfree(buf);
   }
   for (int i = 0; i < 100; i++) EXPECT_OK(crun__shm_barrier(c, 0));
 }
@@ -474,19 +490,21 @@ static void body_mismatch_count(crun__shm_comm_t *c, int rank, int size) {
   EXPECT(crun_clock() - t0 < 5);
   expect_text("float32[100000]");
   expect_text("float32[10]");
-  free(buf);
+  xfree(buf);
 }
 
 /* Rank 2 skips the collective: the others time out naming it. */
+static size_t timeout_count = 1000; /* one-shot path; the direct test: large */
 static void body_timeout(crun__shm_comm_t *c, int rank, int size) {
-  float buf[1000] = {0};
+  float *buf = xmalloc(timeout_count * 4);
+  memset(buf, 0, timeout_count * 4);
   if (rank == 2) {
     usleep(1500000);
     EXPECT(crun__shm_barrier(c, 5) < 0); /* learns of the abort quickly */
     return;
   }
   double t0 = crun_clock();
-  int rc = crun__shm_allreduce(c, buf, NULL, 1000, CRUN_FLOAT32, CRUN_OP_SUM, 0.5);
+  int rc = crun__shm_allreduce(c, buf, NULL, timeout_count, CRUN_FLOAT32, CRUN_OP_SUM, 0.5);
   EXPECT(rc == CRUN_ETIMEDOUT);
   EXPECT(crun_clock() - t0 < 3);
   if (rank == 0 || strstr(crun_last_error(), "failed first") == NULL) expect_text("no data from rank 2 after 0.5 s");
@@ -505,7 +523,7 @@ static void body_peer_killed(crun__shm_comm_t *c, int rank, int size) {
   EXPECT_EQ_INT(rc, CRUN_EPEERDIED);
   expect_text("rank 1");
   EXPECT(crun_clock() - t0 < 5);
-  free(buf);
+  xfree(buf);
 }
 
 /* Bad arguments fail on the caller with a clear error and break the comm. */
@@ -578,6 +596,46 @@ TEST(default_layout_3_ranks) {
   unsetenv("CRUN_SHM_CHUNK");
   unsetenv("CRUN_SHM_SMALL");
   RUN_RANKS(3, body_allreduce);
+}
+/* Buffers in a shared heap (as under crun-lua): the large ops read and
+ * write peers' buffers in place; every result must be the same. */
+static void direct_setup(int nslots) {
+  small_chunks();
+  setenv("CRUN_HEAP_MIN", "1", 1);
+  EXPECT_OK(crun__heap_reserve(nslots));
+  expect_direct = 1;
+}
+TEST(direct_path_1_to_4_ranks) {
+  direct_setup(8);
+  for (int n = 1; n <= 4; n++) {
+    RUN_RANKS(n, body_allreduce);
+    RUN_RANKS(n, body_reduce);
+    RUN_RANKS(n, body_broadcast);
+    RUN_RANKS(n, body_all_gather);
+    RUN_RANKS(n, body_block_lists);
+  }
+  RUN_RANKS(8, body_oversub);
+}
+/* One rank's buffers are not in the heap: every rank takes the bounce path. */
+TEST(direct_path_needs_every_rank) {
+  direct_setup(3);
+  expect_direct = 0;
+  malloc_rank = 1;
+  RUN_RANKS(3, body_allreduce);
+  RUN_RANKS(3, body_all_gather);
+}
+/* CRUN_SHM_DIRECT=0 keeps a heap-backed group on the bounce path. */
+TEST(direct_path_off_by_env) {
+  direct_setup(2);
+  expect_direct = 0;
+  setenv("CRUN_SHM_DIRECT", "0", 1);
+  RUN_RANKS(2, body_broadcast);
+}
+TEST(direct_path_timeout_names_missing_rank) {
+  direct_setup(3);
+  expect_direct = -1;
+  timeout_count = 100000;
+  RUN_RANKS(3, body_timeout);
 }
 TEST(mismatched_collective) { RUN_RANKS(3, body_mismatch_kind); }
 TEST(mismatched_count) { RUN_RANKS(3, body_mismatch_count); }
@@ -692,8 +750,8 @@ static void body_mixed(crun__shm_comm_t *c, int rank, int size) {
         for (size_t i = 0; i < n; i++) EXPECT(a[i] == (float)expected(CRUN_FLOAT32, CRUN_OP_SUM, size, i));
     }
   }
-  free(a);
-  free(b);
+  xfree(a);
+  xfree(b);
 }
 
 TEST(mixed_sequence_2_and_8_ranks) {
@@ -712,5 +770,6 @@ TEST(mixed_sequence_2_and_8_ranks) {
   X(all_to_all_v_1_to_4_and_8_ranks) X(all_to_all_v_count_mismatch) X(barrier_1_to_4_ranks) X(oversubscribed_8_ranks) X(default_layout_3_ranks)                    \
   X(mismatched_collective) X(mismatched_count) X(timeout_names_missing_rank) X(bad_arguments)   \
   X(peer_killed_mid_collective) X(create_times_out) X(creator_killed_during_create)          \
-  X(mixed_sequence_2_and_8_ranks)
+  X(mixed_sequence_2_and_8_ranks) X(direct_path_1_to_4_ranks) X(direct_path_needs_every_rank)  \
+  X(direct_path_off_by_env) X(direct_path_timeout_names_missing_rank)
 CRUN_TEST_MAIN()

@@ -7,6 +7,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "core/heap.h"
+
 static void ag_fill(shm_op_t *o, char *mine) { memcpy(mine, o->in, o->small_len); }
 
 /* Copies this rank's own n elements from base into its block of out. */
@@ -65,6 +67,12 @@ static int all_gather(crun__shm_comm_t *c, void *out, void *const *outs, const v
     o.finish = count && takes ? ag_finish : NULL;
     return crun__shm_run_small(&o);
   }
+  /* peers read only this rank's input */
+  o.direct = crun__shm_direct_copy;
+  o.direct_ok = crun__heap_contains(in, bytes);
+  o.direct_wait = 1;
+  int rc = crun__shm_run_direct(&o);
+  if (rc != 0) return rc < 0 ? rc : 0;
   o.chunk_elems = c->chunk / o.es;
   o.nchunks = (count + o.chunk_elems - 1) / o.chunk_elems;
   o.copy_in = ag_copy_in;

@@ -8,6 +8,8 @@
 
 #include <string.h>
 
+#include "core/heap.h"
+
 /* Bounds of rank q's slice of chunk t (elements, relative to the chunk). */
 static size_t chunk_len(shm_op_t *o, size_t t, size_t *base) {
   *base = t * o->chunk_elems;
@@ -85,6 +87,13 @@ static int run(crun__shm_comm_t *c, shm_kind_t kind, void *buf, const void *send
     o.finish = count ? ar_finish : NULL;
     return crun__shm_run_small(&o);
   }
+  /* peers read every input and write the outputs that get the result */
+  o.direct = crun__shm_direct_reduce;
+  o.direct_ok = crun__heap_contains(o.in, bytes) &&
+                (kind == SHM_REDUCE && c->rank != root ? 1 : crun__heap_contains(o.out, bytes));
+  o.direct_wait = 1;
+  int rc = crun__shm_run_direct(&o);
+  if (rc != 0) return rc < 0 ? rc : 0;
   o.chunk_elems = c->chunk / o.es;
   o.nchunks = (count + o.chunk_elems - 1) / o.chunk_elems;
   o.has_reduce = 1;

@@ -6,6 +6,8 @@
 
 #include <string.h>
 
+#include "core/heap.h"
+
 static void bc_fill(shm_op_t *o, char *mine) { memcpy(mine, o->out, o->small_len); }
 
 static int bc_finish(shm_op_t *o, int b) {
@@ -44,6 +46,12 @@ int crun__shm_broadcast(crun__shm_comm_t *c, void *buf, size_t count, crun_dtype
     o.finish = is_root || !count ? NULL : bc_finish;
     return crun__shm_run_small(&o);
   }
+  /* peers read the root's buffer; the root returns once they all did */
+  o.direct = crun__shm_direct_copy;
+  o.direct_ok = !is_root || crun__heap_contains(buf, bytes);
+  o.direct_wait = is_root;
+  int rc = crun__shm_run_direct(&o);
+  if (rc != 0) return rc < 0 ? rc : 0;
   o.chunk_elems = c->chunk / o.es;
   o.nchunks = (count + o.chunk_elems - 1) / o.chunk_elems;
   o.copy_in = is_root ? bc_copy_in : NULL;

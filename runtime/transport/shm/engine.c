@@ -77,6 +77,23 @@ int crun__shm_begin(crun__shm_comm_t *c, shm_kind_t kind, crun_dtype_t dt,
   return 0;
 }
 
+/* Checks every peer's description of this op in its ring (once every peer
+ * posted past the op's start, so it has published it). */
+int crun__shm_check_ring(crun__shm_comm_t *c) {
+  for (int q = 0; q < c->size; q++) {
+    if (q == c->rank) continue;
+    shm_desc_t *d = &c->ctrl[q].ring[c->opseq % SHM_RING];
+    uint64_t sig = atomic_load_explicit(&d->sig, memory_order_relaxed);
+    uint64_t count = atomic_load_explicit(&d->count, memory_order_relaxed);
+    if (atomic_load_explicit(&d->opseq, memory_order_acquire) != c->opseq)
+      return crun__shm_fail(c, CRUN_EMISMATCH, "shm %s #%llu on rank %d: rank %d is on "
+                            "another collective", crun__shm_kind_name(c->kind),
+                            (unsigned long long)c->label, c->rank, q);
+    CRUN_CHECK(crun__shm_check_desc(c, q, c->opseq, sig, count));
+  }
+  return 0;
+}
+
 /* Checks that every peer runs the same op as this rank (after a wait that
  * proved they published it in their small slot header). */
 static int check_small_descs(crun__shm_comm_t *c, int b) {

@@ -82,23 +82,6 @@ static int try_in(shm_op_t *o, pipe_t *p) {
   return 1;
 }
 
-/* Checks every peer's description of this op in its ring (every peer has
- * posted IN for the op's first chunk, so it has published it). */
-static int check_ring_descs(crun__shm_comm_t *c) {
-  for (int q = 0; q < c->size; q++) {
-    if (q == c->rank) continue;
-    shm_desc_t *d = &c->ctrl[q].ring[c->opseq % SHM_RING];
-    uint64_t sig = atomic_load_explicit(&d->sig, memory_order_relaxed);
-    uint64_t count = atomic_load_explicit(&d->count, memory_order_relaxed);
-    if (atomic_load_explicit(&d->opseq, memory_order_acquire) != c->opseq)
-      return crun__shm_fail(c, CRUN_EMISMATCH, "shm %s #%llu on rank %d: rank %d is on "
-                            "another collective", crun__shm_kind_name(c->kind),
-                            (unsigned long long)c->label, c->rank, q);
-    CRUN_CHECK(crun__shm_check_desc(c, q, c->opseq, sig, count));
-  }
-  return 0;
-}
-
 /* Copies in chunk 0 and waits until every rank did, so that every rank is
  * known to run the same op before any data is read. */
 static int start(shm_op_t *o, pipe_t *p) {
@@ -113,7 +96,7 @@ static int start(shm_op_t *o, pipe_t *p) {
   CRUN_CHECK(rc);
   crun__shm_waited(c, &w);
   CRUN_CHECK(crun__shm_wait(c, SHM_CTR_IN, -1, p->g0));
-  return check_ring_descs(c);
+  return crun__shm_check_ring(c);
 }
 
 int crun__shm_run_pipeline(shm_op_t *o) {

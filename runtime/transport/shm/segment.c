@@ -2,6 +2,8 @@
  * communicator, and the per-process set-up (peer pidfds, waiting policy). */
 #include "transport/shm/shm_int.h"
 
+#include "core/heap.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <sched.h>
@@ -147,6 +149,9 @@ static void missing_ranks(crun__shm_comm_t *c, char *buf, size_t n) {
 /* Registers this rank and waits (polling) until every rank has attached.
  * The last rank to attach unlinks the segment name. */
 static int attach_all(crun__shm_comm_t *c, double deadline) {
+  /* the direct path needs one heap shared by every rank; CRUN_SHM_DIRECT=0
+   * publishes no heap (the bounce path under the launcher, for testing) */
+  c->ctrl[c->rank].heap = crun_env_int("CRUN_SHM_DIRECT", 1) ? crun__heap_id() : 0;
   atomic_store((_Atomic int32_t *)&c->pids[c->rank], (int32_t)getpid());
   uint32_t n = atomic_fetch_add(&c->hdr->attached, 1) + 1;
   if (n == (uint32_t)c->size) shm_unlink(c->name);
@@ -160,6 +165,9 @@ static int attach_all(crun__shm_comm_t *c, double deadline) {
     }
     nanosleep(&nap, NULL);
   }
+  c->direct = c->ctrl[c->rank].heap != 0;
+  for (int q = 0; q < c->size; q++)
+    if (c->ctrl[q].heap != c->ctrl[c->rank].heap) c->direct = 0;
   return 0;
 }
 
@@ -281,9 +289,9 @@ int crun__shm_comm_create(crun_store_t *store, const char *prefix, int rank, int
     crun__shm_comm_destroy(c);
     return rc;
   }
-  CRUN_LOG(INFO, SHM, "rank %d/%d attached '%s' (%zu bytes, small %zu, chunk %zu x %d, %s)",
-           rank, size, c->name, c->len, c->small_bytes, c->chunk, c->nbuf,
-           c->policy_yield ? "yield" : "spin");
+  CRUN_LOG(INFO, SHM, "rank %d/%d attached '%s' (%zu bytes, small %zu, chunk %zu x %d, %s, "
+           "direct path %s)", rank, size, c->name, c->len, c->small_bytes, c->chunk, c->nbuf,
+           c->policy_yield ? "yield" : "spin", c->direct ? "on" : "off");
   *out = c;
   return 0;
 }

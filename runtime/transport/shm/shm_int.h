@@ -27,8 +27,12 @@ typedef enum {
   SHM_ALLTOALL, SHM_BARRIER, SHM_GATHER, SHM_SCATTER, SHM_ALLTOALLV
 } shm_kind_t;
 
-/* The counters a rank publishes for the pipelined path. */
-typedef enum { SHM_CTR_IN = 0, SHM_CTR_RED, SHM_CTR_OUT, SHM_CTR_SMALL } shm_ctr_t;
+/* The counters a rank publishes: IN, RED, OUT for the pipelined path (chunk
+ * numbers), ENTER and DONE for the direct path (op numbers); SMALL names the
+ * one-shot slot's sequence word. */
+typedef enum {
+  SHM_CTR_IN = 0, SHM_CTR_RED, SHM_CTR_OUT, SHM_CTR_ENTER, SHM_CTR_DONE, SHM_CTR_SMALL
+} shm_ctr_t;
 
 typedef struct {
   uint64_t magic;
@@ -41,14 +45,18 @@ typedef struct {
   char abort_text[400];
 } shm_header_t;
 
-/* One op description, published so peers can check they run the same op. */
+/* One op description, published so peers can check they run the same op;
+ * the direct path adds the rank's buffers and whether peers may use them. */
 typedef struct {
-  _Atomic uint64_t opseq, sig, count, pad;
+  _Atomic uint64_t opseq, sig, count, direct_ok;
+  _Atomic uint64_t in, out; /* addresses in the shared tensor heap */
+  uint64_t pad[2];
 } shm_desc_t;
 
 typedef struct {
-  _Alignas(SHM_LINE) _Atomic uint64_t ctr[3];    /* IN, RED, OUT; owner writes */
+  _Alignas(SHM_LINE) _Atomic uint64_t ctr[5];    /* IN .. DONE; owner writes */
   _Atomic int32_t cpu;                           /* owner's CPU at its last post */
+  uint64_t heap;                                 /* owner's heap id (core/heap.h) */
   _Alignas(SHM_LINE) _Atomic uint32_t bell;      /* futex word, owner bumps */
   _Atomic uint32_t sleepers;                     /* waiters sleeping on bell */
   _Alignas(SHM_LINE) shm_desc_t ring[SHM_RING];  /* op descriptions by opseq */
@@ -80,6 +88,8 @@ struct crun__shm_comm {
   long small_yields;        /* yields on the one-shot path (SHM_CTR_SMALL) */
   uint64_t last_live_ns;
   int broken;
+  int direct;               /* every rank shares one tensor heap: direct path on */
+  uint64_t direct_ops;      /* ops that took it (for tests) */
   char name[96];
   /* the op in progress, for error texts and checks */
   shm_kind_t kind;
@@ -114,6 +124,10 @@ struct shm_op {
   size_t small_len;            /* bytes this rank writes into its slot */
   void (*fill)(shm_op_t *o, char *mine);
   int (*finish)(shm_op_t *o, int b);
+  /* direct path: the work on peers' buffers, whether peers may touch this
+   * rank's buffers, and whether to wait for every rank's DONE */
+  int (*direct)(shm_op_t *o);
+  int direct_ok, direct_wait;
 };
 
 /* Block q (count elements) of an op's input / output. */
@@ -153,6 +167,8 @@ int crun__shm_check_desc(crun__shm_comm_t *c, int q, uint64_t opseq, uint64_t si
 /* kernels.c */
 void crun__shm_sum_f32_dual(float *d1, float *d2, const float *const *srcs, int n,
                             size_t count, int avg);
+void crun__shm_sum_f32_multi(float *const *dsts, int nd, const float *const *srcs, int n,
+                             size_t count, int avg);
 
 /* allgather.c */
 int crun__shm_blocks_ok(const crun__shm_comm_t *c, const void *const *list);
@@ -163,6 +179,14 @@ int crun__shm_begin(crun__shm_comm_t *c, shm_kind_t kind, crun_dtype_t dt,
                     int bufs_ok, double timeout);
 int crun__shm_run_small(shm_op_t *o);
 int crun__shm_run_pipeline(shm_op_t *o);
+int crun__shm_check_ring(crun__shm_comm_t *c);
+
+/* direct.c */
+int crun__shm_run_direct(shm_op_t *o);
+const char *crun__shm_peer_in(crun__shm_comm_t *c, int q);
+char *crun__shm_peer_out(crun__shm_comm_t *c, int q);
+int crun__shm_direct_reduce(shm_op_t *o);
+int crun__shm_direct_copy(shm_op_t *o);
 void crun__shm_slice(size_t n, int parts, size_t align, int i, size_t *lo, size_t *hi);
 
 #endif /* CRUN_TRANSPORT_SHM_INT_H */

@@ -255,7 +255,7 @@ int crun__shm_idle(crun__shm_comm_t *c, shm_waiter_t *w, shm_ctr_t ctr, int who,
     cpu_relax();
     return 0;
   }
-  if (w->iter < (ctr == SHM_CTR_SMALL ? c->small_yields : c->yields)) {
+  if (w->iter < (ctr >= SHM_CTR_ENTER ? c->small_yields : c->yields)) {
     w->iter++;
     sched_yield();
     return 0;
