@@ -38,6 +38,7 @@ typedef struct {
   int no_prefix;            /* --no-prefix */
   int repl;                 /* -i */
   double grace;             /* --grace-period: SIGTERM -> SIGKILL, seconds */
+  const char *cpu_bind;     /* --cpu-bind: auto, core or none (NULL: auto) */
   double rdzv_timeout;      /* --rdzv-timeout: nodes must join within, seconds */
   const char *script;       /* the script path (NULL with -i and no script) */
   int argc;                 /* the launcher's whole argv, for Lua's `arg` */

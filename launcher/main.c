@@ -37,6 +37,9 @@ static const char usage_text[] =
     "                          showing worker output (k counts restarts from 0)\n"
     "  --tee                   with --log-dir: show the output too\n"
     "  --backend NAME          sets CRUN_BACKEND for the workers: auto, cpu, mpi or nccl\n"
+  "  --cpu-bind MODE         core: pin local rank i to the i-th usable CPU (round robin);\n"
+  "                          none: leave placement to the kernel; auto (default): core\n"
+  "                          when the workers are at least as many as the usable CPUs\n"
     "  --no-prefix             do not prefix worker lines with \"[rank] \"\n"
     "  -i                      interactive mode: a prompt whose lines run on every rank\n"
     "                          (after the script, if one is given; -n N without a script\n"
@@ -119,7 +122,7 @@ static const char *split_option(const char *arg, char *name, size_t n) {
 static const char *const valued[] = {"-n", "--nproc-per-node", "--nnodes", "--node-rank",
                                      "--master-addr", "--master-port", "--max-restarts",
                                      "--log-dir", "--backend", "--grace-period",
-                                     "--rdzv-timeout", NULL};
+                                     "--rdzv-timeout", "--cpu-bind", NULL};
 
 static int is_valued(const char *name) {
   for (int i = 0; valued[i]; i++)
@@ -148,6 +151,10 @@ static int apply_valued(crun__opts_t *o, const char *name, const char *v, int *l
   } else if (!strcmp(name, "--log-dir")) {
     if (!*v) return usage_error("%s: empty directory name", name);
     o->log_dir = v;
+  } else if (!strcmp(name, "--cpu-bind")) {
+    if (strcmp(v, "auto") && strcmp(v, "core") && strcmp(v, "none"))
+      return usage_error("--cpu-bind: unknown mode '%s' (expected auto, core or none)", v);
+    o->cpu_bind = v;
   } else if (!strcmp(name, "--backend")) {
     if (strcmp(v, "auto") && strcmp(v, "cpu") && strcmp(v, "mpi") && strcmp(v, "nccl"))
       return usage_error("--backend: unknown backend '%s' (expected auto, cpu, mpi or nccl)", v);

@@ -17,6 +17,7 @@
 #include "core/heap.h"
 
 #include <errno.h>
+#include <sched.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -182,6 +183,31 @@ fail:
   return -1;
 }
 
+/* --cpu-bind: pins local rank i to the (i mod n)-th of the n CPUs the
+ * launcher may use. auto pins when the workers are at least as many as those
+ * CPUs: every core is taken anyway, and a fixed, even spread keeps ranks from
+ * piling onto one core (with 8 ranks on 2 cores an uneven 5/3 split doubled
+ * small-message latency); with fewer workers the kernel keeps them free to
+ * move, and their helper threads free to use the spare cores. */
+static void bind_cpu(const crun__opts_t *o, int local_rank) {
+  const char *mode = o->cpu_bind ? o->cpu_bind : "auto";
+  if (!strcmp(mode, "none")) return;
+  cpu_set_t usable, one;
+  if (sched_getaffinity(0, sizeof usable, &usable) != 0) return;
+  int n = CPU_COUNT(&usable);
+  if (n < 1 || (!strcmp(mode, "auto") && o->nproc < n)) return;
+  int k = local_rank % n;
+  for (int cpu = 0; cpu < CPU_SETSIZE; cpu++) {
+    if (!CPU_ISSET(cpu, &usable) || k-- > 0) continue;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    if (sched_setaffinity(0, sizeof one, &one) != 0)
+      CRUN_LOG(WARN, LAUNCH, "cannot pin local rank %d to CPU %d: %s", local_rank, cpu,
+               strerror(errno));
+    return;
+  }
+}
+
 /* In the child: join the group, die with the launcher, wire stdio, run. */
 static void child_main(sup_t *s, proc_t *p, int out_w, int err_w, int attempt) {
   setpgid(0, s->pgid);
@@ -204,6 +230,7 @@ static void child_main(sup_t *s, proc_t *p, int out_w, int err_w, int attempt) {
   pl.local_rank = p->local_rank;
   pl.restart_count = attempt;
   crun__heap_use_slot(p->local_rank);
+  bind_cpu(s->o, p->local_rank);
   crun__worker_setenv(s->o, &pl);
   _exit(crun__worker_run(s->o));
 }

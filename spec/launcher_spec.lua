@@ -149,6 +149,7 @@ describe("crun-lua arguments", function()
       {"--tee x.lua", "%-%-tee needs %-%-log%-dir"},
       {"-n", "option %-n needs a value"},
       {"--backend gloo x.lua", "unknown backend 'gloo'"},
+      {"--cpu-bind socket x.lua", "unknown mode 'socket'"},
       {"--nnodes 2 --node-rank 2 x.lua", "%-%-node%-rank 2 is not below %-%-nnodes 2"},
       {"", "no script given"},
     }
@@ -181,11 +182,57 @@ describe("crun-lua arguments", function()
     assert.are.equal(0, r.code)
     for _, opt in ipairs({"--nproc-per-node", "--nnodes", "--node-rank", "--master-addr", "--master-port",
                           "--max-restarts", "--log-dir", "--tee", "--backend", "--no-prefix", "-i",
-                          "--grace-period", "--rdzv-timeout", "--version", "examples:"}) do
+                          "--grace-period", "--rdzv-timeout", "--cpu-bind", "--version", "examples:"}) do
       assert.is_truthy(r.out:find(opt, 1, true), "--help does not mention " .. opt)
     end
     r = U.run("-i --master-port 0 </dev/null") -- the REPL (spec/repl_spec.lua); EOF ends it
     assert.are.equal(0, r.code, r.err)
+  end)
+end)
+
+describe("crun-lua --cpu-bind", function()
+  -- the CPUs this process may use, in order ("0-1,4" -> {0, 1, 4})
+  local function usable()
+    local f = assert(io.open("/proc/self/status"))
+    local list = f:read("a"):match("Cpus_allowed_list:%s*(%S+)")
+    f:close()
+    local cpus = {}
+    for a, b in list:gmatch("(%d+)%-?(%d*)") do
+      for c = tonumber(a), tonumber(b ~= "" and b or a) do cpus[#cpus + 1] = c end
+    end
+    return cpus, list
+  end
+  local function cpus_by_rank(out)
+    local t = {}
+    for r, l in out:gmatch("CPUS (%d+) (%S+)") do t[tonumber(r)] = l end
+    return t
+  end
+
+  it("pins local rank i to the (i mod n)-th usable CPU with core", function()
+    local cpus = usable()
+    local n = #cpus + 1 -- one more rank than CPUs: the first CPU is used twice
+    local r = U.run("-n " .. n .. " --cpu-bind core --master-port 0 " .. q(FIX .. "cpus.lua"))
+    assert.are.equal(0, r.code, r.err)
+    local got = cpus_by_rank(r.out)
+    for rank = 0, n - 1 do
+      assert.are.equal(tostring(cpus[rank % #cpus + 1]), got[rank], r.out)
+    end
+  end)
+
+  it("leaves every CPU to each rank with none, and with auto below one rank per CPU", function()
+    local cpus, list = usable()
+    local r = U.run("-n 2 --cpu-bind none --master-port 0 " .. q(FIX .. "cpus.lua"))
+    assert.are.equal(0, r.code, r.err)
+    local got = cpus_by_rank(r.out)
+    assert.are.equal(list, got[0], r.out)
+    assert.are.equal(list, got[1], r.out)
+    if #cpus > 1 then
+      r = U.run("-n 1 --master-port 0 " .. q(FIX .. "cpus.lua"))
+      assert.are.equal(list, cpus_by_rank(r.out)[0], r.out)
+    end
+    -- auto with as many ranks as CPUs pins, as core does
+    r = U.run("-n " .. #cpus .. " --master-port 0 " .. q(FIX .. "cpus.lua"))
+    assert.are.equal(tostring(cpus[#cpus]), cpus_by_rank(r.out)[#cpus - 1], r.out)
   end)
 end)
 
