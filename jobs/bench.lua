@@ -83,14 +83,17 @@ end
 -- Times `iters` runs of fn; returns the median of the per-iteration max over ranks.
 local function measure(fn, iters, warmup, no_barrier)
   for _ = 1, warmup do fn() end
-  local times = T.zeros({iters}, "float64")
+  -- a plain Lua table while timing (no binding call per iteration: with
+  -- more ranks than cores every rank's bookkeeping delays the others)
+  local raw, clock = {}, crun.clock
   if no_barrier then dist.barrier() end
   for i = 1, iters do
     if not no_barrier then dist.barrier() end
-    local t0 = crun.clock()
+    local t0 = clock()
     fn()
-    times[i] = crun.clock() - t0
+    raw[i] = clock() - t0
   end
+  local times = T.new(raw, "float64")
   dist.all_reduce(times, "max")
   local v = times:totable()
   table.sort(v)
