@@ -169,12 +169,18 @@ local function group_of(opts, fname)
 end
 
 function dist.all_reduce(t, op, opts)
+  -- the common call (default group, no options) goes straight to the binding:
+  -- with more ranks than cores every instruction of every rank adds latency
+  local pg = state.pg
+  if opts == nil and pg and type(op) ~= "table" then return pg:all_reduce(t, op) end
   op, opts = split_op(op, opts)
   local g = group_of(opts, "all_reduce")
   if g then return g:all_reduce(t, op, opts) end
 end
 
 function dist.broadcast(t, src, opts)
+  local pg = state.pg
+  if opts == nil and pg and math.type(src) == "integer" then return pg:broadcast(t, src) end
   opts = opts or {}
   local g = group_of(opts, "broadcast")
   if g then return g:broadcast(t, to_group_rank(g, src, "broadcast"), opts) end
@@ -217,6 +223,8 @@ function dist.all_to_all(outs, ins, opts)
 end
 
 function dist.barrier(opts)
+  local pg = state.pg
+  if opts == nil and pg then return pg:barrier() end
   opts = opts or {}
   local g = group_of(opts, "barrier")
   if g then return g:barrier(opts) end

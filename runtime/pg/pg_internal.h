@@ -65,6 +65,7 @@ struct crun_pg {
   const struct crun_backend_vtable *be;
   void *be_state;
   char *broken;              /* error text once the group failed; guarded by mu */
+  _Atomic int is_broken;     /* set after broken: lets the hot path skip mu */
   /* work queue */
   pthread_mutex_t mu;
   pthread_cond_t cv;

@@ -27,6 +27,7 @@ static void break_group(crun_pg_t *pg, int rc, const char *text) {
   pthread_mutex_lock(&pg->mu);
   int first = pg->broken == NULL;
   if (first) pg->broken = strdup(text);
+  atomic_store(&pg->is_broken, 1);
   pthread_mutex_unlock(&pg->mu);
   if (first) CRUN_LOG(WARN, PG, "group '%s' failed: %s", pg->prefix, text);
   if (first && pg->be->abort) pg->be->abort(pg->be_state, rc, text);
@@ -42,10 +43,13 @@ static const char *desc_locked(crun_work_t *w) {
 int crun__pg_execute(crun_pg_t *pg, crun_work_t *w) {
   crun__coll_t *c = &w->c;
   int rc, ran = 0;
-  pthread_mutex_lock(&pg->mu);
-  char *broken = pg->broken ? strdup(pg->broken) : NULL;
-  if (broken) desc_locked(w);
-  pthread_mutex_unlock(&pg->mu);
+  char *broken = NULL;
+  if (atomic_load(&pg->is_broken)) {
+    pthread_mutex_lock(&pg->mu);
+    broken = pg->broken ? strdup(pg->broken) : NULL;
+    if (broken) desc_locked(w);
+    pthread_mutex_unlock(&pg->mu);
+  }
   crun_backend_fn fn = crun__backend_slot(pg->be, c->kind);
   if (broken) {
     rc = crun_error(CRUN_ESTATE, "%s on rank %d: the group is unusable after an earlier failure: %s",
