@@ -46,10 +46,10 @@ int crun__shm_broadcast(crun__shm_comm_t *c, void *buf, size_t count, crun_dtype
     o.finish = is_root || !count ? NULL : bc_finish;
     return crun__shm_run_small(&o);
   }
-  /* peers read the root's buffer; the root returns once they all did */
+  /* every rank copies a slice of the root's buffer into every other one */
   o.direct = crun__shm_direct_copy;
-  o.direct_ok = !is_root || crun__heap_contains(buf, bytes);
-  o.direct_wait = is_root;
+  o.direct_ok = crun__heap_contains(buf, bytes);
+  o.direct_wait = 1;
   int rc = crun__shm_run_direct(&o);
   if (rc != 0) return rc < 0 ? rc : 0;
   o.chunk_elems = c->chunk / o.es;

@@ -9,7 +9,8 @@
  *   all_reduce      rank r reduces its 1/size slice from every rank's input
  *                   and writes the result into every rank's output
  *   reduce          the same, into the root's output only
- *   broadcast       every other rank copies the root's buffer
+ *   broadcast       rank r copies its 1/size slice of the root's buffer into
+ *                   every other rank's buffer (the root works too)
  *   all_gather      every rank copies every peer's input (gather: the root)
  *
  * Two synchronisations frame the work: ENTER (every rank published its
@@ -106,13 +107,22 @@ int crun__shm_direct_reduce(shm_op_t *o) {
   return hi > lo ? reduce_range(o, lo, hi) : 0;
 }
 
-/* broadcast: a non-root copies the root's buffer; all_gather/gather: the
- * receiving ranks copy every rank's input into their blocks of out. */
+/* broadcast: this rank's slice of the root's buffer into every other
+ * rank's, a block at a time (read once, written size-1 times while it is in
+ * cache); all_gather/gather: the receiving ranks copy every rank's input into
+ * their blocks of out. */
 int crun__shm_direct_copy(shm_op_t *o) {
   crun__shm_comm_t *c = o->c;
   size_t bytes = o->count * o->es;
   if (o->kind == SHM_BROADCAST) {
-    if (c->rank != o->root) memcpy(o->out, crun__shm_peer_out(c, o->root), bytes);
+    size_t lo, hi;
+    crun__shm_slice(bytes, c->size, DIRECT_ALIGN, c->rank, &lo, &hi);
+    const char *src = crun__shm_peer_out(c, o->root);
+    for (size_t a = lo; a < hi; a += DIRECT_BLOCK * 4) {
+      size_t m = hi - a < DIRECT_BLOCK * 4 ? hi - a : DIRECT_BLOCK * 4;
+      for (int q = 0; q < c->size; q++)
+        if (q != o->root) memcpy(crun__shm_peer_out(c, q) + a, src + a, m);
+    }
     return 0;
   }
   if (o->kind == SHM_GATHER && c->rank != o->root) return 0;
