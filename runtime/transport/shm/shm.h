@@ -15,13 +15,19 @@
  * computes its result from every slot); above that a pipelined path in chunks
  * of CRUN_SHM_CHUNK bytes (default 512 KiB) through CRUN_SHM_NBUF (default 3)
  * buffers per rank, where for reductions each rank reduces its 1/size slice of
- * a chunk while the next chunk is copied in.
+ * a chunk while the next chunk is copied in. When every rank's buffers lie in
+ * one shared tensor heap (core/heap.h: workers of one crun-lua), large
+ * all_reduce, reduce, broadcast, all_gather and gather take the direct path
+ * instead (direct.c): peers' buffers are read and written in place between
+ * two synchronisations, one pass over the data.
  *
  * Waiting: with ranks <= cores a waiter spins up to CRUN_SHM_SPIN_US (default
  * 50) microseconds, then yields up to CRUN_SHM_YIELDS (default 50) times, then
  * sleeps on a futex (a poster calls FUTEX_WAKE only when someone sleeps);
  * with more ranks than cores, or when the awaited peer last posted from this
- * CPU, it skips the spin; with more ranks than cores the one-shot path's
+ * CPU, it skips the spin (except direct-path waits whose missing ranks all
+ * last posted from other CPUs: they spin up to CRUN_SHM_SPIN_US); with more
+ * ranks than cores the one-shot path's
  * waits yield up to 1000 times by default (a futex wake-up costs 20-25 us,
  * and yielding runs the awaited ranks; CRUN_SHM_YIELDS sets both counts).
  * A wait that had to yield or sleep halves the spin time of the next ones
