@@ -14,25 +14,20 @@ local function count(out, needle)
 end
 
 describe("shared-memory direct path", function()
-  it("is on for every rank of a crun-lua job", function()
-    local code, out = run.run(4, "spec/helpers/dist_stress.lua", "", {limit = 60, env = LOG})
-    assert.are.equal(0, code, out)
-    assert.is_truthy(out:find("4 ranks: 200 rounds in", 1, true), out)
-    assert.are.equal(4, count(out, "direct path on"), out)
-  end)
-
-  it("is off with CRUN_HEAP=0, and the job still passes", function()
-    local code, out = run.run(4, "spec/helpers/dist_stress.lua", "",
-                              {limit = 60, env = LOG .. " CRUN_HEAP=0"})
-    assert.are.equal(0, code, out)
-    assert.is_truthy(out:find("4 ranks: 200 rounds in", 1, true), out)
-    assert.are.equal(4, count(out, "direct path off"), out)
-  end)
-
-  it("is off without the launcher (lua5.4 processes)", function()
-    local code, out = run.run(3, "spec/helpers/dist_stress.lua", "",
-                              {limit = 60, env = LOG, direct = true})
-    assert.are.equal(0, code, out)
-    assert.are.equal(3, count(out, "direct path off"), out)
-  end)
+  -- {what, ranks, extra env, run without the launcher, expected state}
+  local cases = {
+    {"is on for every rank of a crun-lua job", 4, "", false, "on"},
+    {"is off with CRUN_HEAP=0, and the job still passes", 4, " CRUN_HEAP=0", false, "off"},
+    {"is off without the launcher (lua5.4 processes)", 3, "", true, "off"},
+  }
+  for _, c in ipairs(cases) do
+    local what, n, env, direct, state = table.unpack(c)
+    it(what, function()
+      local code, out = run.run(n, "spec/helpers/dist_stress.lua", "",
+                                {limit = 60, env = LOG .. env, direct = direct})
+      assert.are.equal(0, code, out)
+      assert.is_truthy(out:find(n .. " ranks: 200 rounds in", 1, true), out)
+      assert.are.equal(n, count(out, "direct path " .. state), out)
+    end)
+  end
 end)

@@ -1,8 +1,9 @@
 /* kernels.c — the engine's own fused kernel for its hottest case: float32
- * sum/avg over `n` sources written to two destinations at once (the rank's
- * private output and its shared slice), which saves copying the slice out
- * again. Sums in rank order ((s0 + s1) + s2) + ..., as crun_reduce_n does,
- * so every path gives bit-identical results. Built for AVX2 and baseline
+ * sum/avg over `n` sources written to several destinations at once (the
+ * pipelined path: the rank's private output and its shared slice; the direct
+ * path: every rank's output), which saves copying the result out again.
+ * Sums in rank order ((s0 + s1) + s2) + ..., as crun_reduce_n does, so every
+ * path gives bit-identical results. Built for AVX2 and baseline
  * x86-64, picked at load time (target_clones). */
 #include "transport/shm/shm_int.h"
 
@@ -13,54 +14,6 @@
 #else
 #define SHM_CLONES
 #endif
-
-SHM_CLONES
-static void sum_block(float *restrict d1, float *restrict d2, const float *const *srcs,
-                      int n, size_t off, size_t m, float div, int scale) {
-  float acc[KB];
-  const float *s0 = srcs[0] + off;
-  for (size_t j = 0; j < m; j++) acc[j] = s0[j];
-  for (int k = 1; k < n; k++) {
-    const float *s = srcs[k] + off;
-    for (size_t j = 0; j < m; j++) acc[j] += s[j];
-  }
-  if (scale)
-    for (size_t j = 0; j < m; j++) acc[j] /= div;
-  for (size_t j = 0; j < m; j++) {
-    d1[off + j] = acc[j];
-    d2[off + j] = acc[j];
-  }
-}
-
-SHM_CLONES
-static void sum_full_blocks(float *restrict d1, float *restrict d2, const float *const *srcs,
-                            int n, size_t nblocks, float div, int scale) {
-  for (size_t b = 0; b < nblocks; b++) {
-    float acc[KB];
-    size_t off = b * KB;
-    const float *s0 = srcs[0] + off;
-    for (size_t j = 0; j < KB; j++) acc[j] = s0[j];
-    for (int k = 1; k < n; k++) {
-      const float *s = srcs[k] + off;
-      for (size_t j = 0; j < KB; j++) acc[j] += s[j];
-    }
-    if (scale)
-      for (size_t j = 0; j < KB; j++) acc[j] /= div;
-    for (size_t j = 0; j < KB; j++) {
-      d1[off + j] = acc[j];
-      d2[off + j] = acc[j];
-    }
-  }
-}
-
-/* d1[i] = d2[i] = srcs[0][i] + ... + srcs[n-1][i] (divided by n when avg);
- * d1 and d2 must not overlap the sources or each other. */
-void crun__shm_sum_f32_dual(float *d1, float *d2, const float *const *srcs, int n,
-                            size_t count, int avg) {
-  size_t full = count / KB;
-  sum_full_blocks(d1, d2, srcs, n, full, (float)n, avg);
-  if (count > full * KB) sum_block(d1, d2, srcs, n, full * KB, count - full * KB, (float)n, avg);
-}
 
 /* Sums one block of m <= KB floats at off into every destination. No
  * restrict: a destination may be a source (in place), which is safe because
@@ -113,4 +66,11 @@ void crun__shm_sum_f32_multi(float *const *dsts, int nd, const float *const *src
   sum_full_blocks_multi(dsts, nd, srcs, n, full, (float)n, avg);
   if (count > full * KB)
     sum_block_multi(dsts, nd, srcs, n, full * KB, count - full * KB, (float)n, avg);
+}
+
+/* d1[i] = d2[i] = srcs[0][i] + ... + srcs[n-1][i] (divided by n when avg). */
+void crun__shm_sum_f32_dual(float *d1, float *d2, const float *const *srcs, int n,
+                            size_t count, int avg) {
+  float *dsts[2] = {d1, d2};
+  crun__shm_sum_f32_multi(dsts, 2, srcs, n, count, avg);
 }
