@@ -513,7 +513,8 @@ static void body_timeout(crun__shm_comm_t *c, int rank, int size) {
 /* Rank 1 is SIGKILLed in the middle of a pipelined all_reduce. */
 static void body_peer_killed(crun__shm_comm_t *c, int rank, int size) {
   size_t n = 4 << 20;
-  float *buf = calloc(n, 4);
+  float *buf = xmalloc(n * 4); /* in the heap for the direct-path test */
+  memset(buf, 0, n * 4);
   EXPECT_OK(crun__shm_allreduce(c, buf, NULL, n, CRUN_FLOAT32, CRUN_OP_SUM, 0));
   if (rank == 1) raise(SIGKILL);
   double t0 = crun_clock();
@@ -636,6 +637,12 @@ TEST(direct_path_timeout_names_missing_rank) {
   expect_direct = -1;
   timeout_count = 100000;
   RUN_RANKS(3, body_timeout);
+}
+/* A peer killed between direct ops: the others fail naming it, no crash. */
+TEST(direct_path_peer_killed) {
+  direct_setup(3);
+  expect_direct = -1;
+  EXPECT_EQ_INT(run_ranks(3, body_peer_killed), 1);
 }
 TEST(mismatched_collective) { RUN_RANKS(3, body_mismatch_kind); }
 TEST(mismatched_count) { RUN_RANKS(3, body_mismatch_count); }
@@ -771,5 +778,5 @@ TEST(mixed_sequence_2_and_8_ranks) {
   X(mismatched_collective) X(mismatched_count) X(timeout_names_missing_rank) X(bad_arguments)   \
   X(peer_killed_mid_collective) X(create_times_out) X(creator_killed_during_create)          \
   X(mixed_sequence_2_and_8_ranks) X(direct_path_1_to_4_ranks) X(direct_path_needs_every_rank)  \
-  X(direct_path_off_by_env) X(direct_path_timeout_names_missing_rank)
+  X(direct_path_off_by_env) X(direct_path_timeout_names_missing_rank) X(direct_path_peer_killed)
 CRUN_TEST_MAIN()
