@@ -68,10 +68,7 @@ static int all_gather(crun__shm_comm_t *c, void *out, void *const *outs, const v
     return crun__shm_run_small(&o);
   }
   /* peers read only this rank's input */
-  o.direct = crun__shm_direct_copy;
-  o.direct_ok = crun__heap_contains(in, bytes);
-  o.direct_wait = 1;
-  int rc = crun__shm_run_direct(&o);
+  int rc = crun__shm_run_direct(&o, crun__shm_direct_copy, crun__heap_contains(in, bytes));
   if (rc != 0) return rc < 0 ? rc : 0;
   o.chunk_elems = c->chunk / o.es;
   o.nchunks = (count + o.chunk_elems - 1) / o.chunk_elems;

@@ -88,11 +88,10 @@ static int run(crun__shm_comm_t *c, shm_kind_t kind, void *buf, const void *send
     return crun__shm_run_small(&o);
   }
   /* peers read every input and write the outputs that get the result */
-  o.direct = crun__shm_direct_reduce;
-  o.direct_ok = crun__heap_contains(o.in, bytes) &&
-                (kind == SHM_REDUCE && c->rank != root ? 1 : crun__heap_contains(o.out, bytes));
-  o.direct_wait = 1;
-  int rc = crun__shm_run_direct(&o);
+  int rc = crun__shm_run_direct(&o, crun__shm_direct_reduce,
+                                crun__heap_contains(o.in, bytes) &&
+                                    ((kind == SHM_REDUCE && c->rank != root) ||
+                                     crun__heap_contains(o.out, bytes)));
   if (rc != 0) return rc < 0 ? rc : 0;
   o.chunk_elems = c->chunk / o.es;
   o.nchunks = (count + o.chunk_elems - 1) / o.chunk_elems;

@@ -47,10 +47,7 @@ int crun__shm_broadcast(crun__shm_comm_t *c, void *buf, size_t count, crun_dtype
     return crun__shm_run_small(&o);
   }
   /* every rank copies a slice of the root's buffer into every other one */
-  o.direct = crun__shm_direct_copy;
-  o.direct_ok = crun__heap_contains(buf, bytes);
-  o.direct_wait = 1;
-  int rc = crun__shm_run_direct(&o);
+  int rc = crun__shm_run_direct(&o, crun__shm_direct_copy, crun__heap_contains(buf, bytes));
   if (rc != 0) return rc < 0 ? rc : 0;
   o.chunk_elems = c->chunk / o.es;
   o.nchunks = (count + o.chunk_elems - 1) / o.chunk_elems;

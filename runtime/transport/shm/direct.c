@@ -42,16 +42,17 @@ char *crun__shm_peer_out(crun__shm_comm_t *c, int q) {
   return (char *)(uintptr_t)atomic_load_explicit(&d->out, memory_order_relaxed);
 }
 
-/* Publishes this rank's buffers, meets every rank at ENTER and returns 1
- * when every rank's buffers are in the heap (then runs the op and meets at
- * DONE), 0 when the op must take the bounce path, < 0 on failure. */
-int crun__shm_run_direct(shm_op_t *o) {
+/* Publishes this rank's buffers (mine_ok: peers may use them), meets every
+ * rank at ENTER and, when every rank said so, runs `work` on the peers'
+ * buffers and meets every rank at DONE: returns 1. Returns 0 when the op must
+ * take the bounce path, < 0 on failure. */
+int crun__shm_run_direct(shm_op_t *o, int (*work)(shm_op_t *o), int mine_ok) {
   crun__shm_comm_t *c = o->c;
-  if (!c->direct || !o->direct) return 0;
+  if (!c->direct) return 0;
   shm_desc_t *d = &c->ctrl[c->rank].ring[c->opseq % SHM_RING];
   atomic_store_explicit(&d->in, (uint64_t)(uintptr_t)o->in, memory_order_relaxed);
   atomic_store_explicit(&d->out, (uint64_t)(uintptr_t)o->out, memory_order_relaxed);
-  atomic_store_explicit(&d->direct_ok, (uint64_t)o->direct_ok, memory_order_relaxed);
+  atomic_store_explicit(&d->direct_ok, (uint64_t)mine_ok, memory_order_relaxed);
   crun__shm_post(c, &c->ctrl[c->rank].ctr[SHM_CTR_ENTER], c->opseq);
   CRUN_CHECK(crun__shm_wait(c, SHM_CTR_ENTER, -1, c->opseq));
   CRUN_CHECK(crun__shm_check_ring(c));
@@ -59,11 +60,11 @@ int crun__shm_run_direct(shm_op_t *o) {
     if (!atomic_load_explicit(&c->ctrl[q].ring[c->opseq % SHM_RING].direct_ok,
                               memory_order_relaxed))
       return 0;
-  int rc = o->direct(o);
+  int rc = work(o);
   if (rc < 0) return crun__shm_fail_last(c, rc);
   c->direct_ops++;
   crun__shm_post(c, &c->ctrl[c->rank].ctr[SHM_CTR_DONE], c->opseq);
-  if (o->direct_wait) CRUN_CHECK(crun__shm_wait(c, SHM_CTR_DONE, -1, c->opseq));
+  CRUN_CHECK(crun__shm_wait(c, SHM_CTR_DONE, -1, c->opseq));
   return 1;
 }
 

@@ -124,10 +124,6 @@ struct shm_op {
   size_t small_len;            /* bytes this rank writes into its slot */
   void (*fill)(shm_op_t *o, char *mine);
   int (*finish)(shm_op_t *o, int b);
-  /* direct path: the work on peers' buffers, whether peers may touch this
-   * rank's buffers, and whether to wait for every rank's DONE */
-  int (*direct)(shm_op_t *o);
-  int direct_ok, direct_wait;
 };
 
 /* Block q (count elements) of an op's input / output. */
@@ -182,7 +178,7 @@ int crun__shm_run_pipeline(shm_op_t *o);
 int crun__shm_check_ring(crun__shm_comm_t *c);
 
 /* direct.c */
-int crun__shm_run_direct(shm_op_t *o);
+int crun__shm_run_direct(shm_op_t *o, int (*work)(shm_op_t *o), int mine_ok);
 const char *crun__shm_peer_in(crun__shm_comm_t *c, int q);
 char *crun__shm_peer_out(crun__shm_comm_t *c, int q);
 int crun__shm_direct_reduce(shm_op_t *o);
