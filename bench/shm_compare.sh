@@ -9,6 +9,9 @@
 #        seconds per cell, 1), ANCHORS (default /tmp/anchors-hier, copied from
 #        /work/shared/anchors when missing)
 #
+# Systems: crun shm (the engine as crun-lua runs it: direct path on the shared
+# tensor heap), crun bounce (the same engine copying through its segment, as
+# without crun-lua: CRUN_SHM_DIRECT=0), crun tcp, Gloo, Open MPI.
 # Measured: all_reduce float32 sum 8 B..64 MiB (every system), broadcast and
 # all_gather at 1 and 16 MiB (crun shm and Gloo: gloo_bench.py measures
 # both). Every system times ops back to back (crun: jobs/bench.lua
@@ -34,8 +37,10 @@ mkdir -p "$OUT/raw"
 if [ ! -x "$ANCH/build/mpi_allreduce" ] && command -v mpicc >/dev/null; then
   mkdir -p "$ANCH/build" && mpicc -O2 -march=native -o "$ANCH/build/mpi_allreduce" "$ANCH/mpi/mpi_allreduce.c"
 fi
-crun() {  # crun <transport> <ranks> <collective> <sizes> <out>
-  CRUN_TRANSPORT=$1 timeout 600 "$BUILD/crun-lua" -n "$2" --master-port 0 --no-prefix "$SRC/jobs/bench.lua" \
+crun() {  # crun <transport> <ranks> <collective> <sizes> <out> (bounce: shm without the direct path)
+  local tr=$1 direct=1
+  [ "$tr" = bounce ] && tr=shm direct=0
+  CRUN_TRANSPORT=$tr CRUN_SHM_DIRECT=$direct timeout 600 "$BUILD/crun-lua" -n "$2" --master-port 0 --no-prefix "$SRC/jobs/bench.lua" \
     "$3" --sizes "$4" --no-barrier --csv > "$5" || echo "shm_compare: crun $1 $3 at $2 ranks failed" >&2
 }
 echo "# load before: $(cut -d' ' -f1-3 /proc/loadavg)" | tee "$OUT/load.txt"
@@ -45,6 +50,7 @@ for rep in $(seq 1 "$REPS"); do
     crun shm "$n" all_reduce $AR_SIZES "${R}_crun_shm_all_reduce.csv"
     crun shm "$n" broadcast $BIG_SIZES "${R}_crun_shm_broadcast.csv"
     crun shm "$n" all_gather $BIG_SIZES "${R}_crun_shm_all_gather.csv"
+    crun bounce "$n" all_reduce $AR_SIZES "${R}_crun_bounce_all_reduce.csv"
     crun tcp "$n" all_reduce $AR_SIZES "${R}_crun_tcp_all_reduce.csv"
     timeout 600 /usr/bin/python3 "$ANCH/gloo/gloo_bench.py" --world-size "$n" --budget "$BUDGET" \
       --ops allreduce,broadcast,allgather --out "${R}_gloo.csv" > /dev/null 2>&1 || echo "shm_compare: gloo at $n ranks failed" >&2
@@ -86,7 +92,7 @@ with open(f"{out}/all.csv", "w") as f:
     f.write("system,op,ranks,bytes,time_us,busbw_gbs,runs\n")
     for r in rows: f.write("%s,%s,%d,%d,%.2f,%.4f,%d\n" % r)
 get = {(r[0], r[1], r[2], r[3]): r for r in rows}
-systems = ["crun shm", "crun tcp", "gloo", "openmpi"]
+systems = ["crun shm", "crun bounce", "crun tcp", "gloo", "openmpi"]
 for op in ["all_reduce", "broadcast", "all_gather"]:
     for n in sorted({r[2] for r in rows}):
         sizes = sorted({r[3] for r in rows if r[1] == op and r[2] == n})
