@@ -6,6 +6,8 @@
 --   local w = dist.all_reduce(t, dist.ReduceOp.MAX, {async_op=true}); w:wait()
 --   local g = dist.new_group{0, 2}                   -- every rank calls it
 --   dist.broadcast(t, 2, {group=g})                  -- src is a global rank
+--   dist.all_gather_into_tensor(out, t)              -- out: world_size * t:numel()
+--   dist.reduce_scatter_tensor(out, input, "sum")    -- input: world_size * out:numel()
 --
 -- Ranks are 0-based. As in torch, src/dst arguments are global ranks even
 -- with {group=g}; get_rank(g)/get_world_size(g) give the rank/size inside g.
@@ -196,6 +198,40 @@ function dist.all_gather(list, t, opts)
   opts = opts or {}
   local g = group_of(opts, "all_gather")
   if g then return g:all_gather(list, t, opts) end
+end
+
+--- Views of a contiguous tensor as `n` equal consecutive blocks (1-D), each
+--- `per` elements; fails naming fname when the sizes do not match.
+local function blocks_of(big, n, per, fname, what)
+  if not big:is_contiguous() then
+    fail("EINVAL: %s: the %s tensor must be contiguous", fname, what)
+  end
+  if big:numel() ~= n * per then
+    fail("EINVAL: %s: the %s tensor has %d elements, expected %d (world size %d x %d)",
+         fname, what, big:numel(), n * per, n, per)
+  end
+  local flat, list = big:view(n * per), {}
+  for r = 1, n do list[r] = flat:narrow(1, (r - 1) * per + 1, per) end
+  return list
+end
+
+--- all_gather_into_tensor(out, t[, opts]): torch's form with one output
+--- tensor of world_size * t:numel() elements, rank r's input in block r.
+function dist.all_gather_into_tensor(out, t, opts)
+  opts = opts or {}
+  local g = group_of(opts, "all_gather_into_tensor")
+  if not g then return nil end
+  return g:all_gather(blocks_of(out, g:size(), t:numel(), "all_gather_into_tensor", "output"), t, opts)
+end
+
+--- reduce_scatter_tensor(out, input[, op][, opts]): torch's form with one
+--- input tensor of world_size * out:numel() elements; rank r gets block r
+--- reduced over every rank.
+function dist.reduce_scatter_tensor(out, input, op, opts)
+  op, opts = split_op(op, opts)
+  local g = group_of(opts, "reduce_scatter_tensor")
+  if not g then return nil end
+  return g:reduce_scatter(out, blocks_of(input, g:size(), out:numel(), "reduce_scatter_tensor", "input"), op, opts)
 end
 
 function dist.gather(t, list, dst, opts)

@@ -124,6 +124,13 @@ local function reductions(dtype, op, n)
     dist.reduce_scatter(o, ins, op)
     expect(o, n, periodic(reference(op, dtype, rank)), dtype, "reduce_scatter", "rs:" .. op .. ":" .. n)
   end)
+  case("reduce_scatter_tensor/" .. tag, function()
+    local big = T.zeros({size * n}, dtype)
+    for b = 0, size - 1 do big:narrow(1, b * n + 1, n):copy(input(rank, n, dtype, op, b)) end
+    local o = T.zeros({n}, dtype)
+    dist.reduce_scatter_tensor(o, big, op)
+    expect(o, n, periodic(reference(op, dtype, rank)), dtype, "reduce_scatter_tensor", "rs:" .. op .. ":" .. n)
+  end)
 end
 
 local function moves(dtype, n)
@@ -139,6 +146,14 @@ local function moves(dtype, n)
     for j = 1, size do list[j] = T.zeros({n}, dtype) end
     dist.all_gather(list, input(rank, n, dtype, "sum", 0))
     for j = 1, size do expect(list[j], n, from_rank(j - 1, "sum", 0), dtype, "all_gather " .. j, in_key(j - 1, "sum", 0, n)) end
+  end)
+  case("all_gather_into_tensor/" .. tag, function()
+    local out = T.zeros({size * n}, dtype)
+    dist.all_gather_into_tensor(out, input(rank, n, dtype, "sum", 0))
+    for j = 1, size do
+      expect(out:narrow(1, (j - 1) * n + 1, n), n, from_rank(j - 1, "sum", 0), dtype,
+             "all_gather_into_tensor " .. j, in_key(j - 1, "sum", 0, n))
+    end
   end)
   case("all_gather_inplace/" .. tag, function()
     local list = {}

@@ -613,6 +613,7 @@ TEST(direct_path_1_to_4_ranks) {
     RUN_RANKS(n, body_reduce);
     RUN_RANKS(n, body_broadcast);
     RUN_RANKS(n, body_all_gather);
+    RUN_RANKS(n, body_reduce_scatter);
     RUN_RANKS(n, body_block_lists);
   }
   RUN_RANKS(8, body_oversub);

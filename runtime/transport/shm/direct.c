@@ -9,6 +9,9 @@
  *   all_reduce      rank r reduces its 1/size slice from every rank's input
  *                   and writes the result into every rank's output
  *   reduce          the same, into the root's output only
+ *   reduce_scatter  rank r reduces block r of every rank's input into its
+ *                   own output (input given as one buffer, or as blocks that
+ *                   follow each other in memory)
  *   broadcast       rank r copies its 1/size slice of the root's buffer into
  *                   every other rank's buffer (the root works too)
  *   all_gather      every rank copies every peer's input (gather: the root)
@@ -20,9 +23,9 @@
  * description says whether this rank's buffers are in the heap; unless all
  * say yes, every rank takes the bounce path. Slices are reduced by one rank
  * each, in rank order, so results are the same as on the other paths.
- * reduce_scatter, scatter and all_to_all take lists of blocks from the
- * process group, which one published address cannot describe: they stay on
- * the bounce path. */
+ * scatter and all_to_all (and a reduce_scatter whose input blocks are
+ * scattered in memory) take lists of blocks, which one published address
+ * cannot describe: they stay on the bounce path. */
 #include "transport/shm/shm_int.h"
 
 #include <string.h>
@@ -68,18 +71,21 @@ int crun__shm_run_direct(shm_op_t *o, int (*work)(shm_op_t *o), int mine_ok) {
   return 1;
 }
 
-/* Reduces elements [lo, hi) from every rank's input into every rank's
- * output (all_reduce) or the root's (reduce). */
-static int reduce_range(shm_op_t *o, size_t lo, size_t hi) {
+/* Reduces elements [lo, hi) of block `blk` of every rank's input into every
+ * rank's output (all_reduce), the root's (reduce) or this rank's own
+ * (reduce_scatter: block = this rank). */
+static int reduce_range(shm_op_t *o, size_t blk, size_t lo, size_t hi) {
   crun__shm_comm_t *c = o->c;
   int n = c->size, nd = 0;
   const void *srcs[CRUN_SHM_MAX_RANKS];
   char *dsts[CRUN_SHM_MAX_RANKS];
-  for (int q = 0; q < n; q++) srcs[q] = crun__shm_peer_in(c, q) + lo * o->es;
+  for (int q = 0; q < n; q++) srcs[q] = crun__shm_peer_in(c, q) + (blk * o->count + lo) * o->es;
   if (o->kind == SHM_ALLREDUCE)
     for (int q = 0; q < n; q++) dsts[nd++] = crun__shm_peer_out(c, q) + lo * o->es;
-  else
+  else if (o->kind == SHM_REDUCE)
     dsts[nd++] = crun__shm_peer_out(c, o->root) + lo * o->es;
+  else
+    dsts[nd++] = o->out + lo * o->es;
   int avg = o->op == CRUN_OP_AVG;
   if (o->dt == CRUN_FLOAT32 && (o->op == CRUN_OP_SUM || avg)) {
     crun__shm_sum_f32_multi((float *const *)(void *)dsts, nd, (const float *const *)srcs, n,
@@ -103,9 +109,10 @@ static int reduce_range(shm_op_t *o, size_t lo, size_t hi) {
 
 int crun__shm_direct_reduce(shm_op_t *o) {
   crun__shm_comm_t *c = o->c;
+  if (o->kind == SHM_REDUCE_SCATTER) return reduce_range(o, (size_t)c->rank, 0, o->count);
   size_t lo, hi;
   crun__shm_slice(o->count, c->size, DIRECT_ALIGN / o->es, c->rank, &lo, &hi);
-  return hi > lo ? reduce_range(o, lo, hi) : 0;
+  return hi > lo ? reduce_range(o, 0, lo, hi) : 0;
 }
 
 /* broadcast: this rank's slice of the root's buffer into every other

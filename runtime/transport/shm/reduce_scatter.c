@@ -6,6 +6,8 @@
 
 #include <string.h>
 
+#include "core/heap.h"
+
 static size_t blk(shm_op_t *o) { return o->count * o->es; }
 
 static void rs_fill(shm_op_t *o, char *mine) {
@@ -51,6 +53,14 @@ static int rs_reduce(shm_op_t *o, size_t t, int b) {
   return reduce_block(o, o->out + base * o->es, srcs, n);
 }
 
+/* Whether the n blocks of `bytes` each follow one another in memory (as
+ * dist.reduce_scatter_tensor passes them): then they are one input. */
+static int consecutive(const void *const *ins, int n, size_t bytes) {
+  for (int q = 1; q < n; q++)
+    if ((const char *)ins[q] != (const char *)ins[0] + (size_t)q * bytes) return 0;
+  return 1;
+}
+
 static int reduce_scatter(crun__shm_comm_t *c, void *out, const void *in,
                           const void *const *ins, size_t count, crun_dtype_t dt,
                           crun_reduce_op_t op, int bufs_ok, double timeout) {
@@ -58,6 +68,7 @@ static int reduce_scatter(crun__shm_comm_t *c, void *out, const void *in,
                              c ? (size_t)c->size : 1, bufs_ok, timeout));
   shm_op_t o = {.c = c, .kind = SHM_REDUCE_SCATTER, .dt = dt, .op = op, .count = count};
   o.es = crun_dtype_size(dt);
+  if (ins && consecutive(ins, c->size, count * o.es)) in = ins[0], ins = NULL;
   o.in = in;
   o.ins = (const char *const *)ins;
   o.out = out;
@@ -67,6 +78,10 @@ static int reduce_scatter(crun__shm_comm_t *c, void *out, const void *in,
     o.finish = count ? rs_finish : NULL;
     return crun__shm_run_small(&o);
   }
+  /* peers read this rank's whole input */
+  int rc = crun__shm_run_direct(&o, crun__shm_direct_reduce,
+                                in && crun__heap_contains(in, count * o.es * (size_t)c->size));
+  if (rc != 0) return rc < 0 ? rc : 0;
   o.chunk_elems = (c->chunk / (size_t)c->size) / SHM_LINE * SHM_LINE / o.es;
   o.nchunks = (count + o.chunk_elems - 1) / o.chunk_elems;
   o.has_reduce = 1;
