@@ -4,7 +4,8 @@
 --            [--iters N] [--warmup N] [--dtype float32] [--op sum] [--csv]
 --            [--sizes 8,1K,64K] [--no-barrier]
 --
--- Collectives: all_reduce, all_gather, broadcast, reduce_scatter, all_to_all.
+-- Collectives: all_reduce, all_gather, broadcast, reduce_scatter, all_to_all,
+-- and the one-tensor forms all_gather_into_tensor and reduce_scatter_tensor.
 -- size is the whole buffer in bytes as nccl-tests counts it (all_gather: the
 -- gathered output; reduce_scatter: the input of all blocks; all_to_all: the
 -- send buffer). Each iteration starts after a barrier (--no-barrier: back to
@@ -58,6 +59,8 @@ local BUS = {
   reduce_scatter = function(n) return (n - 1) / n end,
   all_to_all = function(n) return (n - 1) / n end,
   broadcast = function() return 1 end,
+  all_gather_into_tensor = function(n) return (n - 1) / n end,
+  reduce_scatter_tensor = function(n) return (n - 1) / n end,
 }
 
 -- Returns a function running one op of `bytes` total, and the element count.
@@ -77,6 +80,9 @@ local function setup(o, n, bytes, esize)
   if o.coll == "all_gather" then return function() dist.all_gather(list, t) end, per * n end
   if o.coll == "reduce_scatter" then return function() dist.reduce_scatter(t, list, o.op) end, per * n end
   if o.coll == "all_to_all" then return function() dist.all_to_all(list2, list) end, per * n end
+  local big = T.ones({per * n}, o.dtype)
+  if o.coll == "all_gather_into_tensor" then return function() dist.all_gather_into_tensor(big, t) end, per * n end
+  if o.coll == "reduce_scatter_tensor" then return function() dist.reduce_scatter_tensor(t, big, o.op) end, per * n end
   usage("unknown collective " .. o.coll)
 end
 
@@ -111,7 +117,7 @@ local function main()
     out("collective,ranks,bytes,count,dtype,op,time_us,algbw_gbs,busbw_gbs\n")
   else
     out("# crun bench: %s on %d ranks, backend %s, %s, %s\n", o.coll, n, dist.get_backend(), o.dtype,
-        (o.coll == "all_reduce" or o.coll == "reduce_scatter") and o.op or "-")
+        (o.coll == "all_reduce" or o.coll:find("^reduce_scatter")) and o.op or "-")
     out("# %12s %12s %9s %7s %12s %12s %12s\n", "size(B)", "count", "type", "redop", "time(us)", "algbw(GB/s)", "busbw(GB/s)")
   end
   local sizes = o.sizes
@@ -126,7 +132,7 @@ local function main()
     local iters = o.iters or math.max(5, math.min(200, (256 * 1024 * 1024) // math.max(real, 1) // 4))
     local t = measure(fn, iters, o.warmup, o.no_barrier)
     local algbw = real / t / 1e9
-    local opname = (o.coll == "all_reduce" or o.coll == "reduce_scatter") and o.op or "-"
+    local opname = (o.coll == "all_reduce" or o.coll:find("^reduce_scatter")) and o.op or "-"
     if o.csv then
       out("%s,%d,%d,%d,%s,%s,%.2f,%.4f,%.4f\n", o.coll, n, real, count, o.dtype, opname, t * 1e6, algbw, algbw * BUS[o.coll](n))
     else
