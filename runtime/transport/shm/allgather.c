@@ -27,20 +27,14 @@ static int ag_finish(shm_op_t *o, int b) {
   return 0;
 }
 
-static size_t chunk_len(shm_op_t *o, size_t t, size_t *base) {
-  *base = t * o->chunk_elems;
-  size_t left = o->count - *base;
-  return left < o->chunk_elems ? left : o->chunk_elems;
-}
-
 static void ag_copy_in(shm_op_t *o, size_t t, char *mine) {
-  size_t base, n = chunk_len(o, t, &base);
+  size_t base, n = crun__shm_chunk_len(o, t, &base);
   memcpy(mine, o->in + base * o->es, n * o->es);
 }
 
 static int ag_copy_out(shm_op_t *o, size_t t, int b) {
   crun__shm_comm_t *c = o->c;
-  size_t base, n = chunk_len(o, t, &base);
+  size_t base, n = crun__shm_chunk_len(o, t, &base);
   for (int q = 0; q < c->size; q++)
     if (q != c->rank)
       memcpy(crun__shm_out_blk(o, q) + base * o->es, crun__shm_buf(c, q, b), n * o->es);

@@ -10,13 +10,7 @@
 
 #include "core/heap.h"
 
-/* Bounds of rank q's slice of chunk t (elements, relative to the chunk). */
-static size_t chunk_len(shm_op_t *o, size_t t, size_t *base) {
-  *base = t * o->chunk_elems;
-  size_t left = o->count - *base;
-  return left < o->chunk_elems ? left : o->chunk_elems;
-}
-
+/* Bounds of rank q's slice of a chunk of n elements (relative to the chunk). */
 static void slice_of(shm_op_t *o, size_t n, int q, size_t *lo, size_t *hi) {
   crun__shm_slice(n, o->c->size, SHM_LINE / o->es, q, lo, hi);
 }
@@ -35,7 +29,7 @@ static int ar_finish(shm_op_t *o, int b) {
 }
 
 static void ar_copy_in(shm_op_t *o, size_t t, char *mine) {
-  size_t base, n = chunk_len(o, t, &base), lo, hi;
+  size_t base, n = crun__shm_chunk_len(o, t, &base), lo, hi;
   slice_of(o, n, o->c->rank, &lo, &hi);
   const char *src = o->in + base * o->es;
   memcpy(mine, src, lo * o->es);
@@ -44,7 +38,7 @@ static void ar_copy_in(shm_op_t *o, size_t t, char *mine) {
 
 static int ar_reduce(shm_op_t *o, size_t t, int b) {
   crun__shm_comm_t *c = o->c;
-  size_t base, n = chunk_len(o, t, &base), lo, hi;
+  size_t base, n = crun__shm_chunk_len(o, t, &base), lo, hi;
   slice_of(o, n, c->rank, &lo, &hi);
   if (hi == lo) return 0;
   const void *srcs[CRUN_SHM_MAX_RANKS];
@@ -64,7 +58,7 @@ static int ar_reduce(shm_op_t *o, size_t t, int b) {
 
 static int ar_copy_out(shm_op_t *o, size_t t, int b) {
   crun__shm_comm_t *c = o->c;
-  size_t base, n = chunk_len(o, t, &base), lo, hi;
+  size_t base, n = crun__shm_chunk_len(o, t, &base), lo, hi;
   for (int q = 0; q < c->size; q++) {
     if (q == c->rank && o->fused) continue; /* written by the fused reduce */
     slice_of(o, n, q, &lo, &hi);

@@ -29,14 +29,8 @@ static int a2a_finish(shm_op_t *o, int b) {
   return 0;
 }
 
-static size_t chunk_len(shm_op_t *o, size_t t, size_t *base) {
-  *base = t * o->chunk_elems;
-  size_t left = o->count - *base;
-  return left < o->chunk_elems ? left : o->chunk_elems;
-}
-
 static void a2a_copy_in(shm_op_t *o, size_t t, char *mine) {
-  size_t base, n = chunk_len(o, t, &base), piece = o->chunk_elems * o->es;
+  size_t base, n = crun__shm_chunk_len(o, t, &base), piece = o->chunk_elems * o->es;
   for (int q = 0; q < o->c->size; q++)
     if (q != o->c->rank)
       memcpy(mine + q * piece, o->in + ((size_t)q * o->count + base) * o->es, n * o->es);
@@ -44,7 +38,7 @@ static void a2a_copy_in(shm_op_t *o, size_t t, char *mine) {
 
 static int a2a_copy_out(shm_op_t *o, size_t t, int b) {
   crun__shm_comm_t *c = o->c;
-  size_t base, n = chunk_len(o, t, &base), piece = o->chunk_elems * o->es;
+  size_t base, n = crun__shm_chunk_len(o, t, &base), piece = o->chunk_elems * o->es;
   for (int q = 0; q < c->size; q++)
     if (q != c->rank)
       memcpy(o->out + ((size_t)q * o->count + base) * o->es,

@@ -15,19 +15,13 @@ static int bc_finish(shm_op_t *o, int b) {
   return 0;
 }
 
-static size_t chunk_len(shm_op_t *o, size_t t, size_t *base) {
-  *base = t * o->chunk_elems;
-  size_t left = o->count - *base;
-  return left < o->chunk_elems ? left : o->chunk_elems;
-}
-
 static void bc_copy_in(shm_op_t *o, size_t t, char *mine) {
-  size_t base, n = chunk_len(o, t, &base);
+  size_t base, n = crun__shm_chunk_len(o, t, &base);
   memcpy(mine, o->out + base * o->es, n * o->es);
 }
 
 static int bc_copy_out(shm_op_t *o, size_t t, int b) {
-  size_t base, n = chunk_len(o, t, &base);
+  size_t base, n = crun__shm_chunk_len(o, t, &base);
   memcpy(o->out + base * o->es, crun__shm_buf(o->c, o->root, b), n * o->es);
   return 0;
 }

@@ -30,14 +30,8 @@ static int rs_finish(shm_op_t *o, int b) {
   return reduce_block(o, o->out, srcs, o->count);
 }
 
-static size_t chunk_len(shm_op_t *o, size_t t, size_t *base) {
-  *base = t * o->chunk_elems;
-  size_t left = o->count - *base;
-  return left < o->chunk_elems ? left : o->chunk_elems;
-}
-
 static void rs_copy_in(shm_op_t *o, size_t t, char *mine) {
-  size_t base, n = chunk_len(o, t, &base), piece = o->chunk_elems * o->es;
+  size_t base, n = crun__shm_chunk_len(o, t, &base), piece = o->chunk_elems * o->es;
   for (int q = 0; q < o->c->size; q++)
     if (q != o->c->rank)
       memcpy(mine + q * piece, crun__shm_in_blk(o, q) + base * o->es, n * o->es);
@@ -45,7 +39,7 @@ static void rs_copy_in(shm_op_t *o, size_t t, char *mine) {
 
 static int rs_reduce(shm_op_t *o, size_t t, int b) {
   crun__shm_comm_t *c = o->c;
-  size_t base, n = chunk_len(o, t, &base), piece = o->chunk_elems * o->es;
+  size_t base, n = crun__shm_chunk_len(o, t, &base), piece = o->chunk_elems * o->es;
   const void *srcs[CRUN_SHM_MAX_RANKS];
   for (int q = 0; q < c->size; q++)
     srcs[q] = q == c->rank ? crun__shm_in_blk(o, q) + base * o->es

@@ -22,14 +22,8 @@ static int sc_finish(shm_op_t *o, int b) {
   return 0;
 }
 
-static size_t chunk_len(shm_op_t *o, size_t t, size_t *base) {
-  *base = t * o->chunk_elems;
-  size_t left = o->count - *base;
-  return left < o->chunk_elems ? left : o->chunk_elems;
-}
-
 static void sc_copy_in(shm_op_t *o, size_t t, char *mine) {
-  size_t base, n = chunk_len(o, t, &base), piece = o->chunk_elems * o->es;
+  size_t base, n = crun__shm_chunk_len(o, t, &base), piece = o->chunk_elems * o->es;
   for (int q = 0; q < o->c->size; q++)
     if (q != o->c->rank) memcpy(mine + q * piece, crun__shm_in_blk(o, q) + base * o->es, n * o->es);
   const char *own = crun__shm_in_blk(o, o->c->rank) + base * o->es;
@@ -37,7 +31,7 @@ static void sc_copy_in(shm_op_t *o, size_t t, char *mine) {
 }
 
 static int sc_copy_out(shm_op_t *o, size_t t, int b) {
-  size_t base, n = chunk_len(o, t, &base), piece = o->chunk_elems * o->es;
+  size_t base, n = crun__shm_chunk_len(o, t, &base), piece = o->chunk_elems * o->es;
   memcpy(o->out + base * o->es, crun__shm_buf(o->c, o->root, b) + o->c->rank * piece, n * o->es);
   return 0;
 }

@@ -134,6 +134,14 @@ static inline char *crun__shm_out_blk(const shm_op_t *o, int q) {
   return o->outs ? o->outs[q] : o->out + (size_t)q * o->count * o->es;
 }
 
+/* Chunk t of a pipelined op: sets *base to its first element and returns
+ * its length in elements (the last chunk may be short). */
+static inline size_t crun__shm_chunk_len(const shm_op_t *o, size_t t, size_t *base) {
+  *base = t * o->chunk_elems;
+  size_t left = o->count - *base;
+  return left < o->chunk_elems ? left : o->chunk_elems;
+}
+
 static inline char *crun__shm_small_data(crun__shm_comm_t *c, int q, int b) {
   return c->small + ((size_t)q * 2 + (size_t)b) * c->small_stride + SHM_LINE;
 }
