@@ -220,8 +220,7 @@ void crun__pg_progress_stop(crun_pg_t *pg) {
   if (had) pthread_join(pg->pub_thread, NULL);
 }
 
-/* Appends "rank 3" or "ranks 0-2" (a,b inclusive, sorted runs) to buf. */
-static size_t ranks_text(char *buf, size_t cap, const int *rs, int n) {
+size_t crun__ranks_text(char *buf, size_t cap, const int *rs, int n) {
   size_t len = (size_t)snprintf(buf, cap, "%s ", n > 1 ? "ranks" : "rank");
   for (int i = 0; i < n && len < cap;) {
     int j = i;
@@ -264,7 +263,7 @@ void crun__pg_progress_report(crun_pg_t *pg, char *out, size_t cap) {
     for (int q = r; q < n; q++)
       if (!done[q] && !strcmp(txt[q], txt[r])) { rs[m++] = q; done[q] = 1; }
     if (len) len += (size_t)snprintf(out + len, cap - len, "; ");
-    if (len < cap) len += ranks_text(out + len, cap - len, rs, m);
+    if (len < cap) len += crun__ranks_text(out + len, cap - len, rs, m);
     if (len < cap && txt[r][0])
       len += (size_t)snprintf(out + len, cap - len, " %s at %s", m > 1 ? "are" : "is", txt[r]);
     else if (len < cap)

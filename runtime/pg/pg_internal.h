@@ -122,6 +122,10 @@ void crun__coll_free(crun__coll_t *c);
  * when peers is NULL) are, e.g. "rank 3 is at barrier #41; ranks 0-2 ...". */
 void crun__pg_progress_report(crun_pg_t *pg, char *out, size_t cap);
 
+/* Writes "rank 3" or "ranks 0-2,5" (sorted ranks, runs joined) into buf;
+ * returns the length written (snprintf-style, capped by cap). */
+size_t crun__ranks_text(char *buf, size_t cap, const int *rs, int n);
+
 /* Returns rc; when it is CRUN_ETIMEDOUT (an engine's timeout), first appends
  * the progress report to this thread's error text ("...; rank 3 is at ..."). */
 int crun__pg_timeout_report(crun_pg_t *pg, int rc);

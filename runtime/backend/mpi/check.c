@@ -100,7 +100,7 @@ static void report(char *out, size_t cap, char (*at)[64], int n, int *rs) {
     for (int q = r; q < n; q++)
       if (!done[q] && !strcmp(at[q], at[r])) rs[m++] = q, done[q] = 1;
     char who[256];
-    crun__mpi_ranks_text(who, sizeof who, rs, m);
+    crun__ranks_text(who, sizeof who, rs, m);
     if (at[r][0]) len += (size_t)snprintf(out + len, cap - len, "; %s %s at %s", who, m > 1 ? "are" : "is", at[r]);
     else len += (size_t)snprintf(out + len, cap - len, "; %s %s not entered any collective", who, m > 1 ? "have" : "has");
   }
@@ -120,7 +120,7 @@ static int timed_out(crun__mpi_t *b, const crun__coll_t *c) {
     whereabouts(b, c, p, arrived, at[p], 64);
   }
   if (late && at && nl) {
-    crun__mpi_ranks_text(who, sizeof who, late, nl);
+    crun__ranks_text(who, sizeof who, late, nl);
     report(where, sizeof where, at, n, late);
   }
   free(late);

@@ -8,17 +8,6 @@
 
 #include "backend/mpi/mpi_int.h"
 
-void crun__mpi_ranks_text(char *buf, size_t cap, const int *ranks, int n) {
-  size_t len = (size_t)snprintf(buf, cap, "%s ", n > 1 ? "ranks" : "rank");
-  for (int i = 0; i < n && len < cap;) {
-    int j = i;
-    while (j + 1 < n && ranks[j + 1] == ranks[j] + 1) j++;
-    len += (size_t)snprintf(buf + len, cap - len, "%s%d", i ? "," : "", ranks[i]);
-    if (j > i && len < cap) len += (size_t)snprintf(buf + len, cap - len, "-%d", ranks[j]);
-    i = j + 1;
-  }
-}
-
 void *crun__mpi_stage(crun__mpi_t *b, int i, size_t n) {
   if (n > b->stage_cap[i]) {
     free(b->stage[i]);
@@ -64,7 +53,7 @@ static int join_timeout(const crun_pg_t *pg, MPI_Request *recvs, double timeout)
     if (missing) missing[n++] = i;
   }
   char who[256] = "some ranks";
-  if (missing) crun__mpi_ranks_text(who, sizeof who, missing, n);
+  if (missing) crun__ranks_text(who, sizeof who, missing, n);
   free(missing);
   return crun_error(CRUN_ETIMEDOUT, "creating group '%s' (backend mpi) on rank %d: %s did not join within %.1f s; "
                     "every member must create the group, in the same order on every rank",

@@ -94,8 +94,6 @@ void crun__mpi_watch_remove(crun__mpi_watch_t *w);
 /* Exchanges call signatures over ctrl with the call's deadline. */
 int crun__mpi_check(crun__mpi_t *b, crun__coll_t *c);
 
-/* Formats "ranks 0-2,5" (a sorted list) into buf. */
-void crun__mpi_ranks_text(char *buf, size_t cap, const int *ranks, int n);
 
 /* Returns staging buffer i (0 or 1) of at least n bytes, or NULL. */
 void *crun__mpi_stage(crun__mpi_t *b, int i, size_t n);
