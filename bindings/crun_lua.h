@@ -31,6 +31,15 @@ lua_Integer crun_l_optfield_integer(lua_State *L, int idx, const char *field, lu
 int crun_l_optfield_boolean(lua_State *L, int idx, const char *field, int def);
 const char *crun_l_optfield_string(lua_State *L, int idx, const char *field, const char *def);
 
+/* Returns v when lo <= v <= hi, else raises "EINVAL: fname: what v is out of
+ * range (lo..hi)" (no silent narrowing of ranks, roots, tags or ports). */
+lua_Integer crun_l_check_range(lua_State *L, lua_Integer v, lua_Integer lo, lua_Integer hi,
+                               const char *fname, const char *what);
+
+/* crun_l_optfield_integer checked with crun_l_check_range (what = field). */
+lua_Integer crun_l_optfield_range(lua_State *L, int idx, const char *field, lua_Integer def, lua_Integer lo,
+                                  lua_Integer hi, const char *fname);
+
 /* Returns the tensor of the "crun.Tensor" userdata at idx (raises a
  * bad-argument error when it is not one or is closed); no reference taken. */
 crun_tensor_t *crun_l_check_tensor(lua_State *L, int idx);
@@ -38,6 +47,11 @@ crun_tensor_t *crun_l_check_tensor(lua_State *L, int idx);
 /* Pushes a new "crun.Tensor" userdata for t; it takes its own reference
  * (crun_tensor_retain), so the caller still owns and releases its own. */
 void crun_l_push_tensor(lua_State *L, crun_tensor_t *t);
+
+/* Adds delta to the pending-operation count of the tensor at idx (a tensor
+ * with a count above 0 cannot be closed); returns 0 when the value there is
+ * not an open tensor. */
+int crun_l_tensor_pin(lua_State *L, int idx, int delta);
 
 /* Returns the store of the crun.Store userdata at idx (bindings/store.c);
  * raises a bad-argument error for other values and ECLOSED for a closed one.

@@ -3,6 +3,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <limits.h>
 #include <string.h>
 
 int crun_l_fail(lua_State *L, int status) {
@@ -67,6 +68,21 @@ const char *crun_l_optfield_string(lua_State *L, int idx, const char *field, con
   return v;
 }
 
+lua_Integer crun_l_check_range(lua_State *L, lua_Integer v, lua_Integer lo, lua_Integer hi,
+                               const char *fname, const char *what) {
+  if (v < lo || v > hi) {
+    crun_error(CRUN_EINVAL, "%s: %s %lld is out of range (%lld..%lld)", fname, what, (long long)v,
+               (long long)lo, (long long)hi);
+    crun_l_fail(L, CRUN_EINVAL);
+  }
+  return v;
+}
+
+lua_Integer crun_l_optfield_range(lua_State *L, int idx, const char *field, lua_Integer def, lua_Integer lo,
+                                  lua_Integer hi, const char *fname) {
+  return crun_l_check_range(L, crun_l_optfield_integer(L, idx, field, def), lo, hi, fname, field);
+}
+
 /* core.clock() -> monotonic seconds. */
 static int l_clock(lua_State *L) {
   lua_pushnumber(L, crun_clock());
@@ -75,7 +91,7 @@ static int l_clock(lua_State *L) {
 
 /* core.strerror(code) -> name, message. */
 static int l_strerror(lua_State *L) {
-  int code = (int)luaL_checkinteger(L, 1);
+  int code = (int)crun_l_check_range(L, luaL_checkinteger(L, 1), INT_MIN, INT_MAX, "strerror", "code");
   lua_pushstring(L, crun_err_name(code));
   lua_pushstring(L, crun_strerror(code));
   return 2;
@@ -93,7 +109,7 @@ static int l_log(lua_State *L) {
 
 /* core.set_log_rank(rank) */
 static int l_set_log_rank(lua_State *L) {
-  crun_log_set_rank((int)luaL_checkinteger(L, 1));
+  crun_log_set_rank((int)crun_l_check_range(L, luaL_checkinteger(L, 1), -1, INT_MAX, "set_log_rank", "rank"));
   return 0;
 }
 

@@ -2,6 +2,7 @@
  * crun.Tensor arguments, plus byte-string collectives for the object ones in
  * lua/crun/dist.lua) and crun.Work (async handles that keep their tensors
  * alive until the work finished). Ranks are 0-based, as in torch. */
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -11,7 +12,14 @@
 #define WORK_MT "crun.Work"
 
 typedef struct { crun_pg_t *pg; } l_pg;
-typedef struct { crun_work_t *w; } l_work;
+/* A Work: the handle, and whether the tensors it uses are still pinned.
+ * User value 1: every value the operation uses (tensors of argument lists
+ * included, so dropping or editing a list cannot free a buffer in flight);
+ * user value 2: torch's result() list. */
+typedef struct {
+  crun_work_t *w;
+  int pinned;
+} l_work;
 
 /* Returns the live group of the userdata at idx (raises on a destroyed one). */
 static crun_pg_t *check_pg(lua_State *L, int idx) {
@@ -39,8 +47,10 @@ static crun_tensor_t *check_tensor(lua_State *L, int idx, const char *fname) {
   return t;
 }
 
-/* Reads a rank argument (integer, 0-based). */
-static int check_rank_arg(lua_State *L, int idx) { return (int)luaL_checkinteger(L, idx); }
+/* Reads a rank argument (integer, 0-based) of group pg: 0..size-1, else EINVAL. */
+static int check_rank_arg(lua_State *L, int idx, crun_pg_t *pg, const char *fname, const char *what) {
+  return (int)crun_l_check_range(L, luaL_checkinteger(L, idx), 0, crun_pg_size(pg) - 1, fname, what);
+}
 
 /* Reads the reduce op at idx: a name ("sum", "SUM", dist.ReduceOp.SUM); default sum. */
 static crun_reduce_op_t check_op(lua_State *L, int idx) {
@@ -59,7 +69,7 @@ static int check_opts(lua_State *L, int idx, crun_coll_opts_t *o) {
   if (lua_isnoneornil(L, idx)) return 0;
   luaL_checktype(L, idx, LUA_TTABLE);
   o->timeout = crun_l_optfield_number(L, idx, "timeout", 0);
-  o->tag = (int)crun_l_optfield_integer(L, idx, "tag", 0);
+  o->tag = (int)crun_l_optfield_range(L, idx, "tag", 0, INT_MIN, INT_MAX, "collective");
   return crun_l_optfield_boolean(L, idx, "async_op", 0);
 }
 
@@ -80,21 +90,73 @@ static void check_list(lua_State *L, int idx, int n, crun_tensor_t *like, const 
   }
 }
 
-/* Finishes a collective call: raises on failure; pushes a Work holding the
- * arguments at stack slots first..last alive when async, else nothing. */
-static int finish(lua_State *L, int rc, crun_work_t *w, int async, int first, int last) {
+/* Appends the value at idx to the holder table at the top of the stack
+ * (pinning it when it is a tensor); a table's elements are appended too. */
+static void hold_value(lua_State *L, int idx) {
+  int holder = lua_gettop(L);
+  if (lua_istable(L, idx)) {
+    lua_Integer n = luaL_len(L, idx);
+    for (lua_Integer i = 1; i <= n; i++) {
+      lua_geti(L, idx, i);
+      crun_l_tensor_pin(L, -1, 1);
+      lua_rawseti(L, holder, luaL_len(L, holder) + 1);
+    }
+  }
+  crun_l_tensor_pin(L, idx, 1);
+  lua_pushvalue(L, idx);
+  lua_rawseti(L, holder, luaL_len(L, holder) + 1);
+}
+
+/* Pushes torch's result() list for the output argument at idx (0: none):
+ * the tensors of a list, or {tensor}. */
+static void push_result(lua_State *L, int idx) {
+  lua_newtable(L);
+  if (idx == 0 || lua_isnoneornil(L, idx)) return;
+  if (!lua_istable(L, idx)) {
+    lua_pushvalue(L, idx);
+    lua_rawseti(L, -2, 1);
+    return;
+  }
+  lua_Integer n = luaL_len(L, idx);
+  for (lua_Integer i = 1; i <= n; i++) {
+    lua_geti(L, idx, i);
+    lua_rawseti(L, -2, i);
+  }
+}
+
+/* Finishes a collective call: raises on failure; when async pushes a Work
+ * that holds (and pins) every value in stack slots first..last until the
+ * operation completed; `out` is the output argument's slot (0: none). */
+static int finish(lua_State *L, int rc, crun_work_t *w, int async, int first, int last, int out) {
   if (rc < 0) return crun_l_fail(L, rc);
   if (!async) return 0;
-  l_work *u = lua_newuserdatauv(L, sizeof *u, 1);
+  l_work *u = lua_newuserdatauv(L, sizeof *u, 2);
   u->w = w;
+  u->pinned = 1;
   luaL_setmetatable(L, WORK_MT);
-  lua_createtable(L, last - first + 1, 0);
-  for (int i = first; i <= last; i++) {
-    lua_pushvalue(L, i);
-    lua_rawseti(L, -2, i - first + 1);
-  }
+  lua_newtable(L);
+  for (int i = first; i <= last; i++) hold_value(L, i);
   lua_setiuservalue(L, -2, 1);
+  push_result(L, out);
+  lua_setiuservalue(L, -2, 2);
   return 1;
+}
+
+/* Unpins the tensors of the Work at idx once its operation completed. */
+static void unpin_if_done(lua_State *L, int idx) {
+  l_work *u = luaL_checkudata(L, idx, WORK_MT);
+  if (!u->pinned || !u->w || !crun_work_is_completed(u->w)) return;
+  u->pinned = 0;
+  lua_getiuservalue(L, idx, 1);
+  lua_Integer n = luaL_len(L, -1);
+  for (lua_Integer i = 1; i <= n; i++) {
+    lua_geti(L, -1, i);
+    crun_l_tensor_pin(L, -1, -1);
+    lua_pop(L, 1);
+  }
+  lua_pop(L, 1);
+  lua_pushnil(L);
+  lua_setiuservalue(L, idx, 1);
 }
 
 #define WORK_ARG(async) ((async) ? &w : NULL)
@@ -108,32 +170,32 @@ static int l_all_reduce(lua_State *L) {
   int async = check_opts(L, 4, &o);
   crun_work_t *w = NULL;
   int rc = crun_pg_all_reduce(pg, crun_tensor_data(t), (size_t)crun_tensor_numel(t), crun_tensor_dtype(t), op, &o, WORK_ARG(async));
-  return finish(L, rc, w, async, 2, 2);
+  return finish(L, rc, w, async, 2, 2, 2);
 }
 
 /* pg:broadcast(t, src[, opts]) */
 static int l_broadcast(lua_State *L) {
   crun_pg_t *pg = check_pg(L, 1);
   crun_tensor_t *t = check_tensor(L, 2, "broadcast");
-  int src = check_rank_arg(L, 3);
+  int src = check_rank_arg(L, 3, pg, "broadcast", "src");
   crun_coll_opts_t o;
   int async = check_opts(L, 4, &o);
   crun_work_t *w = NULL;
   int rc = crun_pg_broadcast(pg, crun_tensor_data(t), (size_t)crun_tensor_numel(t), crun_tensor_dtype(t), src, &o, WORK_ARG(async));
-  return finish(L, rc, w, async, 2, 2);
+  return finish(L, rc, w, async, 2, 2, 2);
 }
 
 /* pg:reduce(t, dst[, op][, opts]) */
 static int l_reduce(lua_State *L) {
   crun_pg_t *pg = check_pg(L, 1);
   crun_tensor_t *t = check_tensor(L, 2, "reduce");
-  int dst = check_rank_arg(L, 3);
+  int dst = check_rank_arg(L, 3, pg, "reduce", "dst");
   crun_reduce_op_t op = check_op(L, 4);
   crun_coll_opts_t o;
   int async = check_opts(L, 5, &o);
   crun_work_t *w = NULL;
   int rc = crun_pg_reduce(pg, crun_tensor_data(t), (size_t)crun_tensor_numel(t), crun_tensor_dtype(t), op, dst, &o, WORK_ARG(async));
-  return finish(L, rc, w, async, 2, 2);
+  return finish(L, rc, w, async, 2, 2, 2);
 }
 
 /* pg:all_gather(list_out, t[, opts]) */
@@ -147,28 +209,28 @@ static int l_all_gather(lua_State *L) {
   int async = check_opts(L, 4, &o);
   crun_work_t *w = NULL;
   int rc = crun_pg_all_gather(pg, outs, crun_tensor_data(t), (size_t)crun_tensor_numel(t), crun_tensor_dtype(t), &o, WORK_ARG(async));
-  return finish(L, rc, w, async, 2, 3);
+  return finish(L, rc, w, async, 2, 3, 2);
 }
 
 /* pg:gather(t, list_or_nil, dst[, opts]); the list is needed on dst only. */
 static int l_gather(lua_State *L) {
   crun_pg_t *pg = check_pg(L, 1);
   crun_tensor_t *t = check_tensor(L, 2, "gather");
-  int dst = check_rank_arg(L, 4), n = crun_pg_size(pg);
+  int dst = check_rank_arg(L, 4, pg, "gather", "dst"), n = crun_pg_size(pg);
   void **outs = lua_newuserdatauv(L, sizeof(void *) * (size_t)n, 0);
   if (dst == crun_pg_rank(pg)) check_list(L, 3, n, t, "gather", outs);
   crun_coll_opts_t o;
   int async = check_opts(L, 5, &o);
   crun_work_t *w = NULL;
   int rc = crun_pg_gather(pg, crun_tensor_data(t), outs, (size_t)crun_tensor_numel(t), crun_tensor_dtype(t), dst, &o, WORK_ARG(async));
-  return finish(L, rc, w, async, 2, 3);
+  return finish(L, rc, w, async, 2, 3, 3);
 }
 
 /* pg:scatter(t, list_or_nil, src[, opts]); the list is needed on src only. */
 static int l_scatter(lua_State *L) {
   crun_pg_t *pg = check_pg(L, 1);
   crun_tensor_t *t = check_tensor(L, 2, "scatter");
-  int src = check_rank_arg(L, 4), n = crun_pg_size(pg);
+  int src = check_rank_arg(L, 4, pg, "scatter", "src"), n = crun_pg_size(pg);
   void **ins = lua_newuserdatauv(L, sizeof(void *) * (size_t)n, 0);
   if (src == crun_pg_rank(pg)) check_list(L, 3, n, t, "scatter", ins);
   crun_coll_opts_t o;
@@ -176,7 +238,7 @@ static int l_scatter(lua_State *L) {
   crun_work_t *w = NULL;
   int rc = crun_pg_scatter(pg, crun_tensor_data(t), (const void *const *)ins, (size_t)crun_tensor_numel(t),
                            crun_tensor_dtype(t), src, &o, WORK_ARG(async));
-  return finish(L, rc, w, async, 2, 3);
+  return finish(L, rc, w, async, 2, 3, 2);
 }
 
 /* pg:reduce_scatter(out, list_in[, op][, opts]) */
@@ -194,7 +256,7 @@ static int l_reduce_scatter(lua_State *L) {
   crun_work_t *w = NULL;
   int rc = crun_pg_reduce_scatter(pg, crun_tensor_data(t), (const void *const *)ins, (size_t)crun_tensor_numel(t),
                                   crun_tensor_dtype(t), op, &o, WORK_ARG(async));
-  return finish(L, rc, w, async, 2, 3);
+  return finish(L, rc, w, async, 2, 3, 2);
 }
 
 /* Fills ptrs/counts from a list of n tensors of one dtype (any sizes). */
@@ -230,7 +292,7 @@ static int l_all_to_all(lua_State *L) {
   int async = check_opts(L, 4, &o);
   crun_work_t *w = NULL;
   int rc = crun_pg_all_to_all(pg, p, cnt, (const void *const *)(p + n), cnt + n, dto, &o, WORK_ARG(async));
-  return finish(L, rc, w, async, 2, 3);
+  return finish(L, rc, w, async, 2, 3, 2);
 }
 
 /* pg:barrier([opts]) */
@@ -239,32 +301,33 @@ static int l_barrier(lua_State *L) {
   crun_coll_opts_t o;
   int async = check_opts(L, 2, &o);
   crun_work_t *w = NULL;
-  return finish(L, crun_pg_barrier(pg, &o, WORK_ARG(async)), w, async, 1, 1);
+  int rc = crun_pg_barrier(pg, &o, WORK_ARG(async)); /* sets w: read it after the call */
+  return finish(L, rc, w, async, 1, 1, 0);
 }
 
 /* pg:send(t, dst[, opts{tag=, async_op=}]) */
 static int l_send(lua_State *L) {
   crun_pg_t *pg = check_pg(L, 1);
   crun_tensor_t *t = check_tensor(L, 2, "send");
-  int dst = check_rank_arg(L, 3);
+  int dst = check_rank_arg(L, 3, pg, "send", "dst");
   crun_coll_opts_t o;
   int async = check_opts(L, 4, &o);
   crun_work_t *w = NULL;
   int rc = crun_pg_send(pg, crun_tensor_data(t), (size_t)crun_tensor_numel(t), crun_tensor_dtype(t), dst, &o, WORK_ARG(async));
-  return finish(L, rc, w, async, 2, 2);
+  return finish(L, rc, w, async, 2, 2, 2);
 }
 
 /* pg:recv(t[, src][, opts]) -> sender rank (blocking) or Work (async) */
 static int l_recv(lua_State *L) {
   crun_pg_t *pg = check_pg(L, 1);
   crun_tensor_t *t = check_tensor(L, 2, "recv");
-  int src = lua_isnoneornil(L, 3) ? CRUN_ANY_SOURCE : check_rank_arg(L, 3);
+  int src = lua_isnoneornil(L, 3) ? CRUN_ANY_SOURCE : check_rank_arg(L, 3, pg, "recv", "src");
   crun_coll_opts_t o;
   int async = check_opts(L, 4, &o), got = -1;
   crun_work_t *w = NULL;
   int rc = crun_pg_recv(pg, crun_tensor_data(t), (size_t)crun_tensor_numel(t), crun_tensor_dtype(t), src, &o,
                         &got, WORK_ARG(async));
-  if (async) return finish(L, rc, w, 1, 2, 2);
+  if (async) return finish(L, rc, w, 1, 2, 2, 2);
   if (rc < 0) return crun_l_fail(L, rc);
   lua_pushinteger(L, got);
   return 1;
@@ -273,7 +336,7 @@ static int l_recv(lua_State *L) {
 /* pg:broadcast_bytes(s_or_nil, src[, opts]) -> root's string on every rank */
 static int l_broadcast_bytes(lua_State *L) {
   crun_pg_t *pg = check_pg(L, 1);
-  int src = check_rank_arg(L, 3);
+  int src = check_rank_arg(L, 3, pg, "broadcast_bytes", "src");
   crun_coll_opts_t o;
   check_opts(L, 4, &o);
   size_t len = 0;
@@ -323,7 +386,7 @@ static int l_new_group(lua_State *L) {
   for (int i = 0; i < n; i++) {
     lua_geti(L, 2, i + 1);
     if (!lua_isinteger(L, -1)) luaL_error(L, "bad argument #1 to 'new_group' (entry %d is not an integer rank)", i + 1);
-    ranks[i] = (int)lua_tointeger(L, -1);
+    ranks[i] = (int)crun_l_check_range(L, lua_tointeger(L, -1), 0, crun_pg_size(pg) - 1, "new_group", "rank");
     lua_pop(L, 1);
   }
   crun_pg_t *g = NULL;
@@ -339,7 +402,8 @@ static int l_backend(lua_State *L) { lua_pushstring(L, crun_pg_backend(check_pg(
 static int l_next_seq(lua_State *L) { lua_pushinteger(L, (lua_Integer)crun_pg_next_seq(check_pg(L, 1))); return 1; }
 
 static int l_global_rank(lua_State *L) {
-  lua_pushinteger(L, crun_pg_global_rank(check_pg(L, 1), (int)luaL_checkinteger(L, 2)));
+  crun_pg_t *pg = check_pg(L, 1);
+  lua_pushinteger(L, crun_pg_global_rank(pg, check_rank_arg(L, 2, pg, "get_global_rank", "group rank")));
   return 1;
 }
 
@@ -380,13 +444,17 @@ static crun_work_t *check_work(lua_State *L, int idx) {
 /* w:wait([timeout]) -> true; raises the operation's error. */
 static int l_work_wait(lua_State *L) {
   crun_work_t *w = check_work(L, 1);
-  CRUN_L_CHECK(L, crun_work_wait(w, luaL_optnumber(L, 2, 0)));
+  int rc = crun_work_wait(w, luaL_optnumber(L, 2, 0));
+  unpin_if_done(L, 1);
+  CRUN_L_CHECK(L, rc);
   lua_pushboolean(L, 1);
   return 1;
 }
 
 static int l_work_is_completed(lua_State *L) {
-  lua_pushboolean(L, crun_work_is_completed(check_work(L, 1)));
+  int done = crun_work_is_completed(check_work(L, 1));
+  unpin_if_done(L, 1);
+  lua_pushboolean(L, done);
   return 1;
 }
 
@@ -398,11 +466,47 @@ static int l_work_source(lua_State *L) {
   return 1;
 }
 
+/* w:result() -> torch's list of output tensors ({} for a barrier); valid
+ * once the work completed (they are the caller's own tensors). */
+static int l_work_result(lua_State *L) {
+  check_work(L, 1);
+  lua_getiuservalue(L, 1, 2);
+  return 1;
+}
+
+/* w:exception() -> nil while pending or after success, else the error text
+ * ("ETIMEDOUT: ..."). Never blocks. */
+static int l_work_exception(lua_State *L) {
+  crun_work_t *w = check_work(L, 1);
+  if (!crun_work_is_completed(w)) return 0;
+  int rc = crun_work_wait(w, 0); /* completed: returns its status at once */
+  unpin_if_done(L, 1);
+  if (rc >= 0) return 0;
+  const char *msg = crun_last_error();
+  if (!msg || !*msg) msg = crun_strerror(rc);
+  if (strncmp(msg, crun_err_name(rc), strlen(crun_err_name(rc))) == 0) lua_pushstring(L, msg);
+  else lua_pushfstring(L, "%s: %s", crun_err_name(rc), msg);
+  return 1;
+}
+
+/* w:get_future() -> a crun.Future over this work (lua/crun/future.lua). */
+static int l_work_get_future(lua_State *L) {
+  check_work(L, 1);
+  lua_getglobal(L, "require");
+  lua_pushliteral(L, "crun.future");
+  lua_call(L, 1, 1);
+  lua_getfield(L, -1, "new");
+  lua_pushvalue(L, 1);
+  lua_call(L, 1, 1);
+  return 1;
+}
+
 /* __gc/__close: waits for unfinished work (its tensors are referenced here) then releases. */
 static int l_work_gc(lua_State *L) {
   l_work *u = luaL_checkudata(L, 1, WORK_MT);
   if (u->w) {
     crun_work_wait(u->w, 0);
+    unpin_if_done(L, 1);
     crun_work_release(u->w);
   }
   u->w = NULL;
@@ -422,8 +526,8 @@ static int l_pg_new(lua_State *L) {
   crun_pg_opts_t o = {0};
   lua_getfield(L, 1, "store");
   o.store = crun_l_check_store(L, lua_gettop(L));
-  o.rank = (int)crun_l_optfield_integer(L, 1, "rank", -1);
-  o.world_size = (int)crun_l_optfield_integer(L, 1, "world_size", -1);
+  o.rank = (int)crun_l_optfield_range(L, 1, "rank", -1, -1, INT_MAX, "init_process_group");
+  o.world_size = (int)crun_l_optfield_range(L, 1, "world_size", -1, -1, INT_MAX, "init_process_group");
   o.timeout = crun_l_optfield_number(L, 1, "timeout", 0);
   o.backend = crun_l_optfield_string(L, 1, "backend", NULL);
   o.name = crun_l_optfield_string(L, 1, "name", NULL);
@@ -445,6 +549,7 @@ void crun_l_open_pg(lua_State *L) {
       {"__gc", l_destroy}, {"__close", l_destroy}, {"__tostring", l_pg_tostring}, {NULL, NULL}};
   static const luaL_Reg work_methods[] = {
       {"wait", l_work_wait}, {"is_completed", l_work_is_completed}, {"source", l_work_source},
+      {"result", l_work_result}, {"exception", l_work_exception}, {"get_future", l_work_get_future},
       {"__gc", l_work_gc}, {"__close", l_work_gc}, {"__tostring", l_work_tostring}, {NULL, NULL}};
   crun_l_newclass(L, PG_MT, pg_methods);
   crun_l_newclass(L, WORK_MT, work_methods);

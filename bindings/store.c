@@ -4,6 +4,8 @@
  * variable is set, end with the rank. */
 #include "crun_lua.h"
 
+#include <limits.h>
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -96,9 +98,9 @@ static int l_store_tcp(lua_State *L) {
   luaL_checktype(L, 1, LUA_TTABLE);
   crun_store_tcp_opts_t o = {0};
   o.host = crun_l_optfield_string(L, 1, "host", "127.0.0.1");
-  o.port = (int)crun_l_optfield_integer(L, 1, "port", -1);
+  o.port = (int)crun_l_optfield_range(L, 1, "port", -1, -1, 65535, "store.tcp");
   o.is_master = crun_l_optfield_boolean(L, 1, "is_master", 0);
-  o.world_size = (int)crun_l_optfield_integer(L, 1, "world_size", 0);
+  o.world_size = (int)crun_l_optfield_range(L, 1, "world_size", 0, 0, INT_MAX, "store.tcp");
   o.timeout = crun_l_optfield_number(L, 1, "timeout", 0);
   o.connect_timeout = crun_l_optfield_number(L, 1, "connect_timeout", 0);
   if (o.port < 0) return luaL_error(L, "bad argument #1 to 'tcp' (field 'port' is required)");
@@ -305,10 +307,11 @@ static int m_tostring(lua_State *L) {
 
 /* ------------------------------------------------------------ server */
 
-/* store_server(host, port) -> crun.StoreServer */
+/* store_server(host, port) -> crun.StoreServer; host defaults to loopback
+ * (serving other hosts is asked for by naming the address to bind). */
 static int l_store_server(lua_State *L) {
-  const char *host = luaL_optstring(L, 1, "0.0.0.0");
-  int port = (int)luaL_optinteger(L, 2, 0);
+  const char *host = luaL_optstring(L, 1, "127.0.0.1");
+  int port = (int)crun_l_check_range(L, luaL_optinteger(L, 2, 0), 0, 65535, "store.server", "port");
   l_server_t *u = lua_newuserdatauv(L, sizeof *u, 0);
   u->srv = NULL;
   luaL_setmetatable(L, SERVER_MT);

@@ -15,24 +15,39 @@
 
 /* ------------------------------------------------------------ boxes */
 
+/* The userdata: one reference to a tensor, and how many pending async
+ * operations use it (a pinned tensor cannot be closed). */
+typedef struct {
+  crun_tensor_t *t;
+  int pins;
+} tbox;
+
 crun_tensor_t *crun_l_check_tensor(lua_State *L, int idx) {
-  crun_tensor_t **box = luaL_checkudata(L, idx, TENSOR_MT);
-  if (!*box) luaL_argerror(L, idx, "tensor is closed");
-  return *box;
+  tbox *box = luaL_checkudata(L, idx, TENSOR_MT);
+  if (!box->t) luaL_argerror(L, idx, "tensor is closed");
+  return box->t;
 }
 
 void crun_l_push_tensor(lua_State *L, crun_tensor_t *t) {
-  crun_tensor_t **box = lua_newuserdatauv(L, sizeof *box, 0);
-  *box = t;
+  tbox *box = lua_newuserdatauv(L, sizeof *box, 0);
+  box->t = t;
+  box->pins = 0;
   crun_tensor_retain(t);
   luaL_setmetatable(L, TENSOR_MT);
 }
 
+int crun_l_tensor_pin(lua_State *L, int idx, int delta) {
+  tbox *box = luaL_testudata(L, idx, TENSOR_MT);
+  if (!box || !box->t) return 0;
+  box->pins += delta;
+  return 1;
+}
+
 /* Returns the tensor at idx, or NULL when the value there is not a tensor. */
 static crun_tensor_t *test_tensor(lua_State *L, int idx) {
-  crun_tensor_t **box = luaL_testudata(L, idx, TENSOR_MT);
-  if (box && !*box) luaL_argerror(L, idx, "tensor is closed");
-  return box ? *box : NULL;
+  tbox *box = luaL_testudata(L, idx, TENSOR_MT);
+  if (box && !box->t) luaL_argerror(L, idx, "tensor is closed");
+  return box ? box->t : NULL;
 }
 
 /* Pushes a tensor the caller owns (dropping the caller's reference), or
@@ -722,27 +737,40 @@ static int m_len(lua_State *L) {
   return 1;
 }
 
-/* __gc / __close / t:close(): drops the reference; using t afterwards raises. */
+/* __gc: drops the reference (a pending async operation holds the box, so a
+ * collected box is never in use). */
 static int m_gc(lua_State *L) {
-  crun_tensor_t **box = luaL_checkudata(L, 1, TENSOR_MT);
-  crun_tensor_release(*box);
-  *box = NULL;
+  tbox *box = luaL_checkudata(L, 1, TENSOR_MT);
+  crun_tensor_release(box->t);
+  box->t = NULL;
   return 0;
+}
+
+/* t:close() / __close: as __gc, but a tensor that a pending async operation
+ * reads or writes raises ESTATE instead (wait on its work first). */
+static int m_close(lua_State *L) {
+  tbox *box = luaL_checkudata(L, 1, TENSOR_MT);
+  if (box->pins > 0) {
+    crun_error(CRUN_ESTATE, "tensor close: the tensor is in use by %d pending async operation%s; "
+               "wait on its work first", box->pins, box->pins == 1 ? "" : "s");
+    return crun_l_fail(L, CRUN_ESTATE);
+  }
+  return m_gc(L);
 }
 
 /* Fallback __tostring (lua/crun/tensor.lua installs the pretty printer). */
 static int m_tostring(lua_State *L) {
-  crun_tensor_t **box = luaL_checkudata(L, 1, TENSOR_MT);
-  if (!*box) {
+  tbox *box = luaL_checkudata(L, 1, TENSOR_MT);
+  if (!box->t) {
     lua_pushstring(L, "crun.Tensor (closed)");
     return 1;
   }
   luaL_Buffer b;
   luaL_buffinit(L, &b);
-  lua_pushfstring(L, "crun.Tensor %s of size ", crun_dtype_name(crun_tensor_dtype(*box)));
+  lua_pushfstring(L, "crun.Tensor %s of size ", crun_dtype_name(crun_tensor_dtype(box->t)));
   luaL_addvalue(&b);
-  for (int d = 0; d < crun_tensor_ndim(*box); d++) {
-    lua_pushfstring(L, d ? "x%I" : "%I", (lua_Integer)crun_tensor_shape(*box)[d]);
+  for (int d = 0; d < crun_tensor_ndim(box->t); d++) {
+    lua_pushfstring(L, d ? "x%I" : "%I", (lua_Integer)crun_tensor_shape(box->t)[d]);
     luaL_addvalue(&b);
   }
   luaL_pushresult(&b);
@@ -1036,7 +1064,7 @@ static const luaL_Reg tensor_methods[] = {
     {"narrow", m_narrow}, {"select", m_select}, {"view", m_view}, {"reshape", m_reshape},
     {"transpose", m_transpose}, {"t", m_t}, {"expand", m_expand},
     {"is_same_storage", m_is_same_storage}, {"uniform_", m_uniform_}, {"normal_", m_normal_},
-    {"close", m_gc}, {NULL, NULL}};
+    {"close", m_close}, {NULL, NULL}};
 
 static const luaL_Reg gen_methods[] = {
     {"manual_seed", g_manual_seed}, {"seed", g_manual_seed}, {"uniform", g_uniform},
@@ -1061,7 +1089,7 @@ static void open_tensor_class(lua_State *L) {
   lua_pushcclosure(L, m_index, 1);
   lua_setfield(L, -3, "__index");
   static const luaL_Reg meta[] = {{"__newindex", m_newindex}, {"__len", m_len}, {"__gc", m_gc},
-                                  {"__close", m_gc}, {"__tostring", m_tostring}, {NULL, NULL}};
+                                  {"__close", m_close}, {"__tostring", m_tostring}, {NULL, NULL}};
   lua_pushvalue(L, -2);
   luaL_setfuncs(L, meta, 0);
   set_arith_meta(L);

@@ -38,7 +38,7 @@ function M.prefix(prefix, store)
   return core.store_prefix(prefix, store)
 end
 
---- Starts a standalone TCP store server (host defaults to 0.0.0.0, port 0
+--- Starts a standalone TCP store server (host defaults to 127.0.0.1, port 0
 -- picks a free one); returns an object with :port() and :stop().
 function M.server(opts)
   opts = opts or {}
