@@ -105,8 +105,8 @@ static int check_dim(lua_State *L, int arg, const crun_tensor_t *t) {
   int nd = crun_tensor_ndim(t);
   if (d < 0) d += nd + 1;
   if (d < 1 || d > nd)
-    luaL_argerror(L, arg, lua_pushfstring(L, "dim %d out of range for a %d-d tensor",
-                                          (int)luaL_checkinteger(L, arg), nd));
+    luaL_argerror(L, arg, lua_pushfstring(L, "dim %I out of range for a %d-d tensor",
+                                          luaL_checkinteger(L, arg), nd));
   return (int)d - 1;
 }
 
@@ -564,7 +564,7 @@ static int m_narrow(lua_State *L) {
   int64_t size = crun_tensor_shape(t)[d];
   if (start < 1 || start > size + 1)
     luaL_argerror(L, 3, lua_pushfstring(L, "start %I out of range for dim %d of size %I", start, d + 1, (lua_Integer)size));
-  if (len < 0 || start - 1 + len > size)
+  if (len < 0 || len > size - (start - 1)) /* start <= size + 1: no overflow */
     luaL_argerror(L, 4, lua_pushfstring(L, "length %I from %I exceeds dim %d of size %I", len, start, d + 1, (lua_Integer)size));
   return push_owned(L, crun_tensor_narrow(t, d, start - 1, len, &v), &v);
 }

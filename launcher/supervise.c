@@ -295,6 +295,7 @@ static void reap(sup_t *s) {
       if (p->pid != pid || !p->running) continue;
       p->running = 0;
       p->status = status;
+      crun__heap_release_slot(p->local_rank); /* its tensors died with it */
       CRUN_LOG(INFO, LAUNCH, "rank %d (pid %d) %s", p->rank, (int)pid,
                WIFSIGNALED(status) ? "died by a signal" : "exited");
       int failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);

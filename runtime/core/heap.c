@@ -10,6 +10,7 @@
 #include "core/heap.h"
 
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <sys/random.h>
@@ -127,9 +128,35 @@ static long long take(size_t len) {
   return (long long)off;
 }
 
+/* Whether the machine can back len more bytes now (MemAvailable + SwapFree
+ * from /proc/meminfo; yes when it cannot be read). The heap is mapped with
+ * MAP_NORESERVE, so without this a request beyond the machine would succeed
+ * and its first touch bring the OOM killer instead of a clean ENOMEM. */
+static int can_back(size_t len) {
+  FILE *f = fopen("/proc/meminfo", "re");
+  if (!f) return 1;
+  char line[128];
+  unsigned long long kb, avail = 0, swap = 0;
+  int seen = 0;
+  while (fgets(line, sizeof line, f)) {
+    if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) avail = kb, seen |= 1;
+    else if (sscanf(line, "SwapFree: %llu kB", &kb) == 1) swap = kb, seen |= 2;
+  }
+  fclose(f);
+  if (!(seen & 1)) return 1;
+  return (unsigned long long)(len >> 10) <= avail + swap;
+}
+
 void *crun__heap_alloc(size_t nbytes) {
   if (H.slot < 0 || nbytes < H.min_bytes || nbytes > H.slot_len) return NULL;
   size_t len = round_up(nbytes + HEAP_LINE, HEAP_PAGE);
+  /* big requests only: small ones cannot exhaust a machine alone, and this
+   * costs a file read (malloc then decides, under the kernel's overcommit
+   * rules, as it does without the launcher) */
+  if (len >= ((size_t)8 << 20) && !can_back(len)) {
+    CRUN_LOG(INFO, CORE, "heap: %zu bytes is more than the machine can back now; left to malloc", nbytes);
+    return NULL;
+  }
   pthread_mutex_lock(&H.mu);
   long long off = H.slot < 0 ? -1 : take(len);
   pthread_mutex_unlock(&H.mu);
@@ -171,6 +198,11 @@ static void give_back(size_t off, size_t len) {
     free(*lp);
     *lp = NULL;
   }
+}
+
+void crun__heap_release_slot(int slot) {
+  if (!H.base || slot < 0 || slot >= H.nslots) return;
+  madvise(H.base + (size_t)slot * H.slot_len, H.slot_len, MADV_REMOVE);
 }
 
 int crun__heap_free(void *p) {

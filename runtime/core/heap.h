@@ -34,6 +34,10 @@ void crun__heap_use_slot(int slot);
  * heap is off, nbytes is below the minimum, or the slot is full. */
 void *crun__heap_alloc(size_t nbytes);
 
+/* In the launcher, once slot's worker exited: drops every page of its slot
+ * (the mapping stays, so a peer still reading it sees zeros, never a fault). */
+void crun__heap_release_slot(int slot);
+
 /* Frees p if it came from crun__heap_alloc and returns 1; 0 otherwise. */
 int crun__heap_free(void *p);
 

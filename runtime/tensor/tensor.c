@@ -1,6 +1,7 @@
 /* tensor.c — tensor lifecycle, geometry and views over refcounted storage. */
 #include "tensor/tensor_impl.h"
 
+#include "core/checked.h"
 #include "core/heap.h"
 
 #include <stdio.h>
@@ -177,9 +178,9 @@ static int check_dim(const crun_tensor_t *t, int dim, const char *where) {
 
 int crun_tensor_narrow(crun_tensor_t *t, int dim, int64_t start, int64_t len, crun_tensor_t **out) {
   CRUN_CHECK(check_dim(t, dim, "narrow"));
-  if (start < 0 || len < 0 || start + len > t->shape[dim])
-    return crun_error(CRUN_EINVAL, "narrow: [%lld, %lld) out of range for dim %d of size %lld",
-                      (long long)start + 1, (long long)(start + len) + 1, dim + 1, (long long)t->shape[dim]);
+  if (start < 0 || len < 0 || start > t->shape[dim] || len > t->shape[dim] - start)
+    return crun_error(CRUN_EINVAL, "narrow: start %lld (1-based) and length %lld are out of range for dim %d of size %lld",
+                      (long long)start + 1, (long long)len, dim + 1, (long long)t->shape[dim]);
   int64_t shape[CRUN_MAX_DIMS];
   memcpy(shape, t->shape, sizeof shape);
   shape[dim] = len;
@@ -209,7 +210,7 @@ static int infer_shape(int ndim, int64_t *shape, int64_t numel, const crun_tenso
   for (int d = 0; d < ndim; d++) {
     if (shape[d] == -1 && infer < 0) { infer = d; continue; }
     if (shape[d] < 0) return crun_error(CRUN_EINVAL, "view: bad size %lld in dim %d", (long long)shape[d], d + 1);
-    n *= shape[d];
+    if (crun__mul_i64(n, shape[d], &n)) goto mismatch; /* more elements than any tensor has */
   }
   if (infer >= 0) {
     if (n == 0 || numel % n != 0) goto mismatch;
@@ -259,6 +260,7 @@ int crun_tensor_expand(crun_tensor_t *t, int ndim, const int64_t *shape, crun_te
     else if (have == 1 && shape[d] >= 0) strides[d] = 0;
     else goto bad;
   }
+  CRUN_CHECK(crun__check_shape(ndim, shape, "expand"));
   return crun__tensor_view_of(t, ndim, shape, strides, t->offset, out);
 bad:
   return crun_error(CRUN_EINVAL, "expand: cannot broadcast size %s to %s",

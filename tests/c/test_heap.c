@@ -113,5 +113,39 @@ TEST(off_by_env) {
   EXPECT(crun__heap_alloc(1 << 20) == NULL);
 }
 
-#define CRUN_TESTS(X) X(off_without_reserve) X(slots_allocate_and_share) X(off_by_env)
+/* A dead worker's slot: the launcher drops its pages; other slots keep theirs. */
+TEST(release_dead_slot) {
+  setenv("CRUN_HEAP_SLOT_GB", "1", 1);
+  EXPECT_OK(crun__heap_reserve(2));
+  crun__heap_use_slot(1);
+  char *keep = crun__heap_alloc(1 << 16);
+  EXPECT(keep != NULL);
+  memcpy(keep, "slot 1", 7);
+  crun__heap_use_slot(0);
+  char *dead = crun__heap_alloc(1 << 16);
+  EXPECT(dead != NULL);
+  memcpy(dead, "slot 0", 7);
+  crun__heap_release_slot(0);
+  EXPECT(dead[0] == 0 && dead[5] == 0);
+  EXPECT(memcmp(keep, "slot 1", 7) == 0);
+  crun__heap_release_slot(7); /* out of range: ignored */
+}
+
+/* A request beyond what the machine can back is left to malloc (which
+ * refuses it under the kernel's rules) instead of a MAP_NORESERVE promise. */
+TEST(refuses_what_the_machine_cannot_back) {
+  setenv("CRUN_HEAP_SLOT_GB", "1024", 1);
+  if (crun__heap_reserve(1) < 0) {
+    printf("SKIP: cannot map a 1 TiB heap slot here\n");
+    return;
+  }
+  crun__heap_use_slot(0);
+  EXPECT(crun__heap_alloc((size_t)1 << 39) == NULL); /* 512 GiB */
+  char *ok = crun__heap_alloc((size_t)16 << 20);
+  EXPECT(ok != NULL);
+  crun__heap_free(ok);
+}
+
+#define CRUN_TESTS(X) X(off_without_reserve) X(slots_allocate_and_share) X(off_by_env) X(release_dead_slot) \
+  X(refuses_what_the_machine_cannot_back)
 CRUN_TEST_MAIN()

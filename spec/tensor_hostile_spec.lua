@@ -1,0 +1,80 @@
+-- tensor_hostile_spec.lua — sizes, offsets, dims and indices at the edges of
+-- the integer range: each call raises a clear error (never a view past its
+-- storage, a crash or a wrap-around), and a tensor bigger than the machine
+-- is ENOMEM under crun-lua (shared heap) as it is under lua5.4.
+local T = require "crun.tensor"
+local M, m = math.maxinteger, math.mininteger
+
+describe("hostile tensor arguments", function()
+  local a = T.zeros({4, 6})
+
+  local cases = {
+    {"narrow past the end by overflow", function() return a:narrow(1, 2, M) end, "length 9223372036854775807 from 2 exceeds dim 1 of size 4"},
+    {"narrow from maxinteger", function() return a:narrow(1, M, 1) end, "start 9223372036854775807 out of range"},
+    {"narrow from mininteger", function() return a:narrow(1, m, 2) end, "start %-9223372036854775808 out of range"},
+    {"narrow by a negative length", function() return a:narrow(2, 2, m) end, "length %-9223372036854775808 from 2 exceeds"},
+    {"narrow of a narrowed view", function() return a:narrow(2, 2, 4):narrow(2, 3, M - 1) end, "exceeds dim 2 of size 4"},
+    {"select at maxinteger", function() return a:select(1, M) end, "index 9223372036854775807 out of range"},
+    {"view whose product wraps", function() return a:view(1 << 62, 1 << 62) end, "^EINVAL: view: shape .* is invalid for a tensor of size 4x6"},
+    {"view whose product wraps to zero", function() return a:view(1 << 32, 1 << 32, 0) end, "^EINVAL: view: shape"},
+    {"view with -1 and maxinteger", function() return a:view(-1, M) end, "^EINVAL: view: shape"},
+    {"reshape to maxinteger", function() return a:reshape(M, 2) end, "^EINVAL: view: shape"},
+    {"expand to maxinteger", function() return a:expand(M, 4, 6) end, "^EINVAL: expand: shape too large"},
+    {"expand to 2^80 elements", function() return a:expand(1 << 40, 1 << 40, 4, 6) end, "^EINVAL: expand: shape too large"},
+    {"transpose dim maxinteger", function() return a:transpose(M, 1) end, "dim 9223372036854775807 out of range for a 2%-d tensor"},
+    {"zeros of maxinteger", function() return T.zeros({M}) end, "^EINVAL: tensor: shape too large"},
+    {"zeros whose product wraps", function() return T.zeros({1 << 31, 1 << 31, 1 << 31}) end, "^EINVAL: tensor: shape too large"},
+    {"full of 4 TiB", function() return T.full({1 << 40}, 1) end, "^ENOMEM: tensor: cannot allocate 4398046511104 bytes"},
+    {"arange of maxinteger", function() return T.arange(M) end, "range too large"},
+    {"index at maxinteger", function() return a[M] end, "index 9223372036854775807 out of range"},
+    {"index at mininteger", function() return a[m] end, "index %-9223372036854775808 out of range"},
+    {"store at maxinteger", function() a[M] = 1 end, "index 9223372036854775807 out of range"},
+    {"table index at maxinteger", function() return a[{1, M}] end, "index 9223372036854775807 out of range for dim 2"},
+    {"index_select at maxinteger", function() return a:index_select(1, T.new({M}, "int64")) end, "^ERANGE: index_select: index 9223372036854775807"},
+  }
+
+  for _, c in ipairs(cases) do
+    it(c[1], function()
+      local ok, err = pcall(c[2])
+      assert.is_false(ok)
+      assert.matches(c[3], tostring(err))
+    end)
+  end
+
+  it("leaves the neighbouring tensor alone", function()
+    local x, y = T.zeros({8}), T.full({8}, 7)
+    pcall(function() x:narrow(1, 2, M):fill(1) end)
+    assert.is_true(y:equal(T.full({8}, 7)))
+    assert.is_true(x:equal(T.zeros({8})))
+  end)
+
+  it("a tensor bigger than the machine is ENOMEM under crun-lua too (shared heap)", function()
+    local crun_lua = os.getenv("CRUN_LUA")
+    if not crun_lua then pending("CRUN_LUA is not set (run through ctest)") return end
+    local path = os.tmpname()
+    local f = assert(io.open(path, "w"))
+    f:write([[
+local T = require("crun").tensor
+local mem = 0
+for line in io.lines("/proc/meminfo") do
+  local kb = line:match("^MemTotal:%s+(%d+)") or line:match("^SwapTotal:%s+(%d+)")
+  if kb then mem = mem + tonumber(kb) * 1024 end
+end
+local n = (mem // 4) * 2  -- float32 elements: twice the machine
+local ok, err = pcall(T.zeros, {n})
+print("big", ok, err)
+local ok2, t = pcall(T.zeros, {1 << 20})
+print("small", ok2, ok2 and t:numel())
+]])
+    f:close()
+    local p = io.popen("timeout -s KILL 60 " .. crun_lua .. " -n 2 " .. path .. " 2>&1")
+    local out = p:read("a")
+    local _, _, code = p:close()
+    os.remove(path)
+    assert.are.equal(0, code, out)
+    for r = 0, 1 do
+      assert.matches("%[" .. r .. "%] big\tfalse\tENOMEM: tensor: cannot allocate", out)
+      assert.matches("%[" .. r .. "%] small\ttrue\t1048576", out)
+    end
+  end)
+end)
