@@ -64,12 +64,12 @@ static crun_reduce_op_t check_op(lua_State *L, int idx) {
 }
 
 /* Reads {timeout=, tag=, async_op=} at idx; returns async_op. */
-static int check_opts(lua_State *L, int idx, crun_coll_opts_t *o) {
+static int check_opts(lua_State *L, int idx, crun_coll_opts_t *o, const char *fname) {
   memset(o, 0, sizeof *o);
   if (lua_isnoneornil(L, idx)) return 0;
   luaL_checktype(L, idx, LUA_TTABLE);
   o->timeout = crun_l_optfield_number(L, idx, "timeout", 0);
-  o->tag = (int)crun_l_optfield_range(L, idx, "tag", 0, INT_MIN, INT_MAX, "collective");
+  o->tag = (int)crun_l_optfield_range(L, idx, "tag", 0, INT_MIN, INT_MAX, fname);
   return crun_l_optfield_boolean(L, idx, "async_op", 0);
 }
 
@@ -167,7 +167,7 @@ static int l_all_reduce(lua_State *L) {
   crun_tensor_t *t = check_tensor(L, 2, "all_reduce");
   crun_reduce_op_t op = check_op(L, 3);
   crun_coll_opts_t o;
-  int async = check_opts(L, 4, &o);
+  int async = check_opts(L, 4, &o, "all_reduce");
   crun_work_t *w = NULL;
   int rc = crun_pg_all_reduce(pg, crun_tensor_data(t), (size_t)crun_tensor_numel(t), crun_tensor_dtype(t), op, &o, WORK_ARG(async));
   return finish(L, rc, w, async, 2, 2, 2);
@@ -179,7 +179,7 @@ static int l_broadcast(lua_State *L) {
   crun_tensor_t *t = check_tensor(L, 2, "broadcast");
   int src = check_rank_arg(L, 3, pg, "broadcast", "src");
   crun_coll_opts_t o;
-  int async = check_opts(L, 4, &o);
+  int async = check_opts(L, 4, &o, "broadcast");
   crun_work_t *w = NULL;
   int rc = crun_pg_broadcast(pg, crun_tensor_data(t), (size_t)crun_tensor_numel(t), crun_tensor_dtype(t), src, &o, WORK_ARG(async));
   return finish(L, rc, w, async, 2, 2, 2);
@@ -192,7 +192,7 @@ static int l_reduce(lua_State *L) {
   int dst = check_rank_arg(L, 3, pg, "reduce", "dst");
   crun_reduce_op_t op = check_op(L, 4);
   crun_coll_opts_t o;
-  int async = check_opts(L, 5, &o);
+  int async = check_opts(L, 5, &o, "reduce");
   crun_work_t *w = NULL;
   int rc = crun_pg_reduce(pg, crun_tensor_data(t), (size_t)crun_tensor_numel(t), crun_tensor_dtype(t), op, dst, &o, WORK_ARG(async));
   return finish(L, rc, w, async, 2, 2, 2);
@@ -206,7 +206,7 @@ static int l_all_gather(lua_State *L) {
   void **outs = lua_newuserdatauv(L, sizeof(void *) * (size_t)n, 0);
   check_list(L, 2, n, t, "all_gather", outs);
   crun_coll_opts_t o;
-  int async = check_opts(L, 4, &o);
+  int async = check_opts(L, 4, &o, "all_gather");
   crun_work_t *w = NULL;
   int rc = crun_pg_all_gather(pg, outs, crun_tensor_data(t), (size_t)crun_tensor_numel(t), crun_tensor_dtype(t), &o, WORK_ARG(async));
   return finish(L, rc, w, async, 2, 3, 2);
@@ -220,7 +220,7 @@ static int l_gather(lua_State *L) {
   void **outs = lua_newuserdatauv(L, sizeof(void *) * (size_t)n, 0);
   if (dst == crun_pg_rank(pg)) check_list(L, 3, n, t, "gather", outs);
   crun_coll_opts_t o;
-  int async = check_opts(L, 5, &o);
+  int async = check_opts(L, 5, &o, "gather");
   crun_work_t *w = NULL;
   int rc = crun_pg_gather(pg, crun_tensor_data(t), outs, (size_t)crun_tensor_numel(t), crun_tensor_dtype(t), dst, &o, WORK_ARG(async));
   return finish(L, rc, w, async, 2, 3, 3);
@@ -234,7 +234,7 @@ static int l_scatter(lua_State *L) {
   void **ins = lua_newuserdatauv(L, sizeof(void *) * (size_t)n, 0);
   if (src == crun_pg_rank(pg)) check_list(L, 3, n, t, "scatter", ins);
   crun_coll_opts_t o;
-  int async = check_opts(L, 5, &o);
+  int async = check_opts(L, 5, &o, "scatter");
   crun_work_t *w = NULL;
   int rc = crun_pg_scatter(pg, crun_tensor_data(t), (const void *const *)ins, (size_t)crun_tensor_numel(t),
                            crun_tensor_dtype(t), src, &o, WORK_ARG(async));
@@ -252,7 +252,7 @@ static int l_reduce_scatter(lua_State *L) {
     if (ins[i] == crun_tensor_data(t)) luaL_error(L, "bad argument #1 to 'reduce_scatter' (output aliases input %d)", i + 1);
   crun_reduce_op_t op = check_op(L, 4);
   crun_coll_opts_t o;
-  int async = check_opts(L, 5, &o);
+  int async = check_opts(L, 5, &o, "reduce_scatter");
   crun_work_t *w = NULL;
   int rc = crun_pg_reduce_scatter(pg, crun_tensor_data(t), (const void *const *)ins, (size_t)crun_tensor_numel(t),
                                   crun_tensor_dtype(t), op, &o, WORK_ARG(async));
@@ -289,7 +289,7 @@ static int l_all_to_all(lua_State *L) {
   crun_dtype_t dti = check_any_list(L, 3, n, "all_to_all", p + n, cnt + n);
   if (dto != dti) luaL_error(L, "bad argument #1 to 'all_to_all' (outputs are %s, inputs %s)", crun_dtype_name(dto), crun_dtype_name(dti));
   crun_coll_opts_t o;
-  int async = check_opts(L, 4, &o);
+  int async = check_opts(L, 4, &o, "all_to_all");
   crun_work_t *w = NULL;
   int rc = crun_pg_all_to_all(pg, p, cnt, (const void *const *)(p + n), cnt + n, dto, &o, WORK_ARG(async));
   return finish(L, rc, w, async, 2, 3, 2);
@@ -299,7 +299,7 @@ static int l_all_to_all(lua_State *L) {
 static int l_barrier(lua_State *L) {
   crun_pg_t *pg = check_pg(L, 1);
   crun_coll_opts_t o;
-  int async = check_opts(L, 2, &o);
+  int async = check_opts(L, 2, &o, "barrier");
   crun_work_t *w = NULL;
   int rc = crun_pg_barrier(pg, &o, WORK_ARG(async)); /* sets w: read it after the call */
   return finish(L, rc, w, async, 1, 1, 0);
@@ -311,7 +311,7 @@ static int l_send(lua_State *L) {
   crun_tensor_t *t = check_tensor(L, 2, "send");
   int dst = check_rank_arg(L, 3, pg, "send", "dst");
   crun_coll_opts_t o;
-  int async = check_opts(L, 4, &o);
+  int async = check_opts(L, 4, &o, "send");
   crun_work_t *w = NULL;
   int rc = crun_pg_send(pg, crun_tensor_data(t), (size_t)crun_tensor_numel(t), crun_tensor_dtype(t), dst, &o, WORK_ARG(async));
   return finish(L, rc, w, async, 2, 2, 2);
@@ -323,7 +323,7 @@ static int l_recv(lua_State *L) {
   crun_tensor_t *t = check_tensor(L, 2, "recv");
   int src = lua_isnoneornil(L, 3) ? CRUN_ANY_SOURCE : check_rank_arg(L, 3, pg, "recv", "src");
   crun_coll_opts_t o;
-  int async = check_opts(L, 4, &o), got = -1;
+  int async = check_opts(L, 4, &o, "recv"), got = -1;
   crun_work_t *w = NULL;
   int rc = crun_pg_recv(pg, crun_tensor_data(t), (size_t)crun_tensor_numel(t), crun_tensor_dtype(t), src, &o,
                         &got, WORK_ARG(async));
@@ -338,7 +338,7 @@ static int l_broadcast_bytes(lua_State *L) {
   crun_pg_t *pg = check_pg(L, 1);
   int src = check_rank_arg(L, 3, pg, "broadcast_bytes", "src");
   crun_coll_opts_t o;
-  check_opts(L, 4, &o);
+  check_opts(L, 4, &o, "broadcast_bytes");
   size_t len = 0;
   const char *s = src == crun_pg_rank(pg) ? luaL_checklstring(L, 2, &len) : NULL;
   int64_t n = (int64_t)len;
@@ -356,7 +356,7 @@ static int l_all_gather_bytes(lua_State *L) {
   size_t len;
   const char *s = luaL_checklstring(L, 2, &len);
   crun_coll_opts_t o;
-  check_opts(L, 3, &o);
+  check_opts(L, 3, &o, "all_gather_bytes");
   int n = crun_pg_size(pg);
   int64_t *lens = lua_newuserdatauv(L, sizeof(int64_t) * (size_t)n + sizeof(void *) * (size_t)n, 0);
   void **outs = (void **)(lens + n);

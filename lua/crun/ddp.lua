@@ -68,12 +68,29 @@ local function make_buckets(params, first_cap, cap)
 end
 
 --- DDP(module, {bucket_cap_mb=25, first_bucket_mb=1, broadcast_buffers=true,
--- gradient_as_bucket_view=false, group=nil, overlap=true}). Blocks until
+-- gradient_as_bucket_view=false, group=nil, overlap=true}). torch's
+-- process_group is accepted for group; find_unused_parameters, static_graph,
+-- device_ids, output_device, dim, check_reduction and mixed_precision are
+-- accepted and reported once on rank 0 as having no effect; any other key is
+-- EINVAL. Blocks until
 -- rank 0's parameters have been broadcast to every rank of the group.
 -- overlap=false launches every all_reduce only after backward (for
 -- measuring how much overlap hides).
+local DDP_OPTS = require("crun.opts").spec{"bucket_cap_mb", "first_bucket_mb", "broadcast_buffers",
+  "gradient_as_bucket_view", "group", "overlap",
+  aliases = {process_group = "group"},
+  inert = {
+    find_unused_parameters = "every parameter's gradient is reduced every step; an unused one contributes zeros",
+    static_graph = "the reducer needs no graph hint",
+    device_ids = "crun's DDP runs where the module's tensors are",
+    output_device = "crun's DDP runs where the module's tensors are",
+    dim = "crun's DDP does not scatter inputs",
+    check_reduction = "deprecated in torch as well",
+    mixed_precision = "not supported yet",
+  }}
+
 function ddp.DDP(module, opts)
-  opts = opts or {}
+  opts = require("crun.opts").check(DDP_OPTS, "DDP", opts)
   if type(module) ~= "table" or type(module.parameters) ~= "function" then
     error("bad argument #1 to 'DDP' (crun.nn module expected)", 2)
   end

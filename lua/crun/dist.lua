@@ -16,8 +16,23 @@
 -- opts.async_op, which returns a crun.Work (w:wait([timeout]), w:is_completed()).
 -- Failures raise errors that start with the status name ("ETIMEDOUT: ...").
 local core = require "crun.core"
+local O = require "crun.opts"
 
 local dist = {}
+
+-- The options each call accepts (crun.opts: unknown keys are EINVAL).
+local COLL = O.spec{"async_op", "group", "timeout"}
+local P2P = O.spec{"async_op", "group", "timeout", "tag"}
+local OBJ = O.spec{"group", "timeout"}
+local INIT = O.spec{"backend", "init_method", "world_size", "rank", "store", "timeout", "group_name",
+  inert = {pg_options = "crun's backends take no per-group options", device_id = "no device binding in crun's cpu backends"}}
+local NEW_GROUP = O.spec{"timeout", "backend",
+  inert = {pg_options = "crun's backends take no per-group options",
+           use_local_synchronization = "crun's new_group always synchronizes the parent group"}}
+local MONITORED = O.spec{"group", "timeout", "wait_all_ranks"}
+
+-- torch's backend names -> crun's
+local BACKEND_ALIAS = {gloo = "cpu", ["cpu:gloo"] = "cpu", ["cpu:gloo,cuda:nccl"] = "auto"}
 
 dist.ReduceOp = {SUM = "sum", PRODUCT = "product", MIN = "min", MAX = "max", AVG = "avg",
   BAND = "band", BOR = "bor", BXOR = "bxor"}
@@ -27,7 +42,8 @@ dist.GroupMember = {NON_GROUP_MEMBER = setmetatable({}, {__tostring = function()
   return "crun.dist.NON_GROUP_MEMBER" end})}
 local NON_MEMBER = dist.GroupMember.NON_GROUP_MEMBER
 
-local state = {pg = nil, store = nil, groups = {}, maps = setmetatable({}, {__mode = "k"})}
+local state = {pg = nil, store = nil, groups = {}, maps = setmetatable({}, {__mode = "k"}),
+               ngroups = 0, gid = setmetatable({}, {__mode = "k"}), mb_seq = setmetatable({}, {__mode = "k"})}
 
 -- Raises a status-prefixed error (no position: the text starts with the name).
 local function fail(fmt, ...) error(string.format(fmt, ...), 0) end
@@ -62,8 +78,21 @@ local function env_int(name)
 end
 
 --- init_process_group{backend=, init_method=, world_size=, rank=, store=, timeout=}
-function dist.init_process_group(opts)
-  opts = opts or {}
+--- Also torch's positional form: init_process_group("gloo"[, opts]).
+function dist.init_process_group(backend, opts)
+  if type(backend) == "table" and opts == nil then backend, opts = nil, backend end
+  if backend ~= nil and type(backend) ~= "string" then
+    fail("EINVAL: init_process_group: backend must be a string (gloo, cpu, mpi, nccl or auto), got %s", type(backend))
+  end
+  opts = O.check(INIT, "init_process_group", opts)
+  if backend ~= nil then
+    if opts.backend ~= nil and opts.backend ~= backend then
+      fail("EINVAL: init_process_group: backend '%s' given twice with different values ('%s')", backend, opts.backend)
+    end
+    local o = {}
+    for k, v in pairs(opts) do o[k] = v end
+    o.backend, opts = backend, o
+  end
   if state.pg then fail("ESTATE: init_process_group: already initialized (call destroy_process_group first)") end
   local rank = opts.rank or env_int("RANK")
   local world_size = opts.world_size or env_int("WORLD_SIZE")
@@ -76,6 +105,7 @@ function dist.init_process_group(opts)
   end
   local timeout = opts.timeout or 300
   local backend = opts.backend or os.getenv("CRUN_BACKEND") or "auto"
+  backend = BACKEND_ALIAS[backend] or backend
   if backend == "auto" and core.have_mpi and (os.getenv("OMPI_COMM_WORLD_SIZE") or os.getenv("PMI_SIZE"))
      and not os.getenv("CRUN_LAUNCHER") then
     backend = "mpi"  -- as runtime/backend/backend.c decides it
@@ -101,7 +131,7 @@ function dist.destroy_process_group(group)
   end
   for _, g in ipairs(state.groups) do g:destroy() end
   if state.pg then state.pg:destroy() end
-  state.pg, state.store, state.groups = nil, nil, {}
+  state.pg, state.store, state.groups, state.ngroups = nil, nil, {}, 0
 end
 
 local function resolve(group, fname)
@@ -124,18 +154,84 @@ function dist.get_backend(group) return resolve(group, "get_backend"):backend() 
 --- The default group's store (for users who need extra keys).
 function dist.get_store() default_pg("get_store"); return state.store end
 
---- new_group(ranks[, opts{timeout=}]): every rank of the default group calls it.
+--- new_group(ranks[, opts{timeout=, backend=}]): every rank of the default
+-- group calls it with the same ranks (in any order: as in torch, group rank i
+-- is the i-th lowest global rank). Ranks that disagree get EMISMATCH naming
+-- the lists. torch's positional new_group(ranks, timeout) works too.
 function dist.new_group(ranks, opts)
   local pg = default_pg("new_group")
+  if type(opts) == "number" then opts = {timeout = opts} end
+  opts = O.check(NEW_GROUP, "new_group", opts)
+  if opts.backend ~= nil then
+    local want = BACKEND_ALIAS[opts.backend] or opts.backend
+    if want ~= "auto" and want ~= pg:backend() then
+      fail("ENOTSUP: new_group: backend '%s' differs from the default group's '%s' (crun builds sub-groups on the "
+           .. "default group's backend)", opts.backend, pg:backend())
+    end
+  end
   if ranks == nil then
     ranks = {}
     for r = 0, pg:size() - 1 do ranks[#ranks + 1] = r end
   end
   if type(ranks) ~= "table" then fail("bad argument #1 to 'new_group' (list of ranks expected)") end
-  local g = pg:new_group(ranks, opts and opts.timeout)
+  local g = pg:new_group(ranks, opts.timeout)
+  state.ngroups = state.ngroups + 1  -- counted on every rank, member or not
   if not g then return NON_MEMBER end
   state.groups[#state.groups + 1] = g
+  state.gid[g] = state.ngroups
   return g
+end
+
+--- get_process_group_ranks(g) -> the global ranks of g, in group-rank order.
+function dist.get_process_group_ranks(group)
+  local g = resolve(group, "get_process_group_ranks")
+  if g == NON_MEMBER then fail("EINVAL: get_process_group_ranks: this rank is not in the group") end
+  local out = {}
+  for r = 0, g:size() - 1 do out[r + 1] = g:global_rank(r) end
+  return out
+end
+
+--- new_subgroups_by_enumeration(list_of_rank_lists[, opts]) -> this rank's
+-- subgroup (NON_GROUP_MEMBER when in none), and every subgroup (this rank's
+-- entries hold its group, the others NON_GROUP_MEMBER), as torch returns them.
+function dist.new_subgroups_by_enumeration(lists, opts)
+  if type(lists) ~= "table" or #lists == 0 then
+    fail("EINVAL: new_subgroups_by_enumeration: a non-empty list of rank lists is expected")
+  end
+  local seen, mine, all = {}, NON_MEMBER, {}
+  for i, ranks in ipairs(lists) do
+    if type(ranks) ~= "table" then fail("EINVAL: new_subgroups_by_enumeration: entry %d is not a list of ranks", i) end
+    for _, r in ipairs(ranks) do
+      if seen[r] then fail("EINVAL: new_subgroups_by_enumeration: rank %s is in subgroups %d and %d", tostring(r), seen[r], i) end
+      seen[r] = i
+    end
+  end
+  for i, ranks in ipairs(lists) do
+    local g = dist.new_group(ranks, opts)
+    all[i] = g
+    if g ~= NON_MEMBER then mine = g end
+  end
+  return mine, all
+end
+
+--- new_subgroups([group_size][, opts]) -> this rank's subgroup and every
+-- subgroup: consecutive blocks of group_size ranks (default: LOCAL_WORLD_SIZE,
+-- one subgroup per node); the world size must be a multiple of it.
+function dist.new_subgroups(group_size, opts)
+  if type(group_size) == "table" then group_size, opts = nil, group_size end
+  local n = default_pg("new_subgroups"):size()
+  group_size = group_size or env_int("LOCAL_WORLD_SIZE") or n
+  if math.type(group_size) ~= "integer" or group_size < 1 or n % group_size ~= 0 then
+    fail("EINVAL: new_subgroups: group_size %s must be a positive integer dividing the world size %d",
+         tostring(group_size), n)
+  end
+  local lists = {}
+  for b = 0, n // group_size - 1 do
+    local l = {}
+    for r = b * group_size, (b + 1) * group_size - 1 do l[#l + 1] = r end
+    lists[#lists + 1] = l
+  end
+  return dist.new_subgroups_by_enumeration(lists, opts)
 end
 
 --- Global rank -> rank in group (and back), cached per group.
@@ -155,13 +251,10 @@ end
 function dist.get_group_rank(group, global_rank) return to_group_rank(group, global_rank, "get_group_rank") end
 function dist.get_global_rank(group, group_rank) return group:global_rank(group_rank) end
 
---- Parses (op, opts) where op may be left out: returns op, opts, group or nil for non-members.
--- The options of a call given none: shared, read-only (no table per call).
-local NO_OPTS = setmetatable({}, {__newindex = function() error("internal: NO_OPTS is read-only", 2) end})
-
-local function split_op(op, opts)
+--- Parses (op, opts) where op may be left out; checks opts against spec.
+local function split_op(op, opts, spec, fname)
   if type(op) == "table" then op, opts = nil, op end
-  return op, opts or NO_OPTS
+  return op, O.check(spec, fname, opts)
 end
 
 local function group_of(opts, fname)
@@ -175,7 +268,7 @@ function dist.all_reduce(t, op, opts)
   -- with more ranks than cores every instruction of every rank adds latency
   local pg = state.pg
   if opts == nil and pg and type(op) ~= "table" then return pg:all_reduce(t, op) end
-  op, opts = split_op(op, opts)
+  op, opts = split_op(op, opts, COLL, "all_reduce")
   local g = group_of(opts, "all_reduce")
   if g then return g:all_reduce(t, op, opts) end
 end
@@ -183,19 +276,19 @@ end
 function dist.broadcast(t, src, opts)
   local pg = state.pg
   if opts == nil and pg and math.type(src) == "integer" then return pg:broadcast(t, src) end
-  opts = opts or {}
+  opts = O.check(COLL, "broadcast", opts)
   local g = group_of(opts, "broadcast")
   if g then return g:broadcast(t, to_group_rank(g, src, "broadcast"), opts) end
 end
 
 function dist.reduce(t, dst, op, opts)
-  op, opts = split_op(op, opts)
+  op, opts = split_op(op, opts, COLL, "reduce")
   local g = group_of(opts, "reduce")
   if g then return g:reduce(t, to_group_rank(g, dst, "reduce"), op, opts) end
 end
 
 function dist.all_gather(list, t, opts)
-  opts = opts or {}
+  opts = O.check(COLL, "all_gather", opts)
   local g = group_of(opts, "all_gather")
   if g then return g:all_gather(list, t, opts) end
 end
@@ -218,7 +311,7 @@ end
 --- all_gather_into_tensor(out, t[, opts]): torch's form with one output
 --- tensor of world_size * t:numel() elements, rank r's input in block r.
 function dist.all_gather_into_tensor(out, t, opts)
-  opts = opts or {}
+  opts = O.check(COLL, "all_gather_into_tensor", opts)
   local g = group_of(opts, "all_gather_into_tensor")
   if not g then return nil end
   return g:all_gather(blocks_of(out, g:size(), t:numel(), "all_gather_into_tensor", "output"), t, opts)
@@ -228,47 +321,152 @@ end
 --- input tensor of world_size * out:numel() elements; rank r gets block r
 --- reduced over every rank.
 function dist.reduce_scatter_tensor(out, input, op, opts)
-  op, opts = split_op(op, opts)
+  op, opts = split_op(op, opts, COLL, "reduce_scatter_tensor")
   local g = group_of(opts, "reduce_scatter_tensor")
   if not g then return nil end
   return g:reduce_scatter(out, blocks_of(input, g:size(), out:numel(), "reduce_scatter_tensor", "input"), op, opts)
 end
 
 function dist.gather(t, list, dst, opts)
-  opts = opts or {}
+  opts = O.check(COLL, "gather", opts)
   local g = group_of(opts, "gather")
   if g then return g:gather(t, list, to_group_rank(g, dst or 0, "gather"), opts) end
 end
 
 function dist.scatter(t, list, src, opts)
-  opts = opts or {}
+  opts = O.check(COLL, "scatter", opts)
   local g = group_of(opts, "scatter")
   if g then return g:scatter(t, list, to_group_rank(g, src or 0, "scatter"), opts) end
 end
 
 function dist.reduce_scatter(out, list, op, opts)
-  op, opts = split_op(op, opts)
+  op, opts = split_op(op, opts, COLL, "reduce_scatter")
   local g = group_of(opts, "reduce_scatter")
   if g then return g:reduce_scatter(out, list, op, opts) end
 end
 
 function dist.all_to_all(outs, ins, opts)
-  opts = opts or {}
+  opts = O.check(COLL, "all_to_all", opts)
   local g = group_of(opts, "all_to_all")
   if g then return g:all_to_all(outs, ins, opts) end
+end
+
+--- Splits dim 1 of a contiguous tensor into views of the given sizes (equal
+--- when sizes is nil); fails naming fname and what when they do not add up.
+local function split_dim1(t, n, sizes, fname, what)
+  if not t:is_contiguous() then fail("EINVAL: %s: the %s tensor must be contiguous", fname, what) end
+  local rows = t:dim() == 0 and 1 or t:size()[1]
+  if sizes == nil then
+    if rows % n ~= 0 then
+      fail("EINVAL: %s: dim 1 of the %s tensor (%d) is not divisible by the group size %d; pass split sizes",
+           fname, what, rows, n)
+    end
+    sizes = {}
+    for i = 1, n do sizes[i] = rows // n end
+  end
+  if type(sizes) ~= "table" or #sizes ~= n then
+    fail("EINVAL: %s: %s split sizes must be a list of %d integers", fname, what, n)
+  end
+  local views, at, total = {}, 1, 0
+  for i = 1, n do
+    local k = sizes[i]
+    if math.type(k) ~= "integer" or k < 0 then fail("EINVAL: %s: %s split size %d is %s", fname, what, i, tostring(k)) end
+    total = total + k
+  end
+  if total ~= rows then
+    fail("EINVAL: %s: %s split sizes add up to %d, dim 1 of the %s tensor is %d", fname, what, total, what, rows)
+  end
+  local flat = t:dim() == 0 and t:view(1) or t
+  for i = 1, n do
+    views[i] = flat:narrow(1, at, sizes[i])
+    at = at + sizes[i]
+  end
+  return views
+end
+
+--- all_to_all_single(output, input[, output_split_sizes][, input_split_sizes][, opts]):
+-- torch's one-tensor all_to_all: dim 1 of input is cut into blocks (equal, or
+-- input_split_sizes rows each); block j goes to rank j, and output receives
+-- rank j's block for this rank at its j-th block (output_split_sizes rows).
+function dist.all_to_all_single(output, input, out_splits, in_splits, opts)
+  if type(out_splits) == "table" and #out_splits == 0 and next(out_splits) ~= nil then
+    out_splits, in_splits, opts = nil, nil, out_splits
+  end
+  if opts == nil and type(in_splits) == "table" and #in_splits == 0 and next(in_splits) ~= nil then
+    in_splits, opts = nil, in_splits
+  end
+  opts = O.check(COLL, "all_to_all_single", opts)
+  local g = group_of(opts, "all_to_all_single")
+  if not g then return nil end
+  local n = g:size()
+  local outs = split_dim1(output, n, out_splits, "all_to_all_single", "output")
+  local ins = split_dim1(input, n, in_splits, "all_to_all_single", "input")
+  return g:all_to_all(outs, ins, opts)
 end
 
 function dist.barrier(opts)
   local pg = state.pg
   if opts == nil and pg then return pg:barrier() end
-  opts = opts or {}
+  opts = O.check(COLL, "barrier", opts)
   local g = group_of(opts, "barrier")
   if g then return g:barrier(opts) end
 end
 
+--- monitored_barrier([opts{group=, timeout=, wait_all_ranks=false}]): a
+-- barrier through the store in which group rank 0 waits for every other rank
+-- until the timeout and then raises ETIMEDOUT naming the first rank that did
+-- not arrive (every such rank with wait_all_ranks); the other ranks get the
+-- same error. Not for hot loops: it is for finding the rank that is stuck.
+function dist.monitored_barrier(opts, timeout, wait_all_ranks)
+  if type(opts) == "userdata" or opts == NON_MEMBER then  -- torch's positional form
+    opts = {group = opts, timeout = timeout, wait_all_ranks = wait_all_ranks}
+  end
+  opts = O.check(MONITORED, "monitored_barrier", opts)
+  local g = group_of(opts, "monitored_barrier")
+  if not g then return end
+  timeout = opts.timeout or g:timeout()
+  if g:backend() == "mpi" then  -- no shared store under mpirun: MPI's own barrier, bounded
+    return g:barrier({timeout = timeout})
+  end
+  local seq = (state.mb_seq[g] or 0) + 1
+  state.mb_seq[g] = seq
+  local store = state.store
+  local base = string.format("crun/monitored_barrier/%d/%d/", state.gid[g] or 0, seq)
+  local me, n = g:rank(), g:size()
+  if me ~= 0 then
+    store:set(base .. "arrived/" .. g:global_rank(me), "1")
+    local ok, err = pcall(store.wait, store, {base .. "released"}, timeout + 5)
+    if not ok then
+      fail("ETIMEDOUT: monitored_barrier on rank %d: group rank 0 (global %d) did not release the barrier within %.3g s (%s)",
+           g:global_rank(me), g:global_rank(0), timeout + 5, tostring(err))
+    end
+    local verdict = store:get(base .. "released")
+    if verdict ~= "ok" then error(verdict, 0) end
+    return
+  end
+  local deadline, missing = core.clock() + timeout, {}
+  for r = 1, n - 1 do
+    local key = base .. "arrived/" .. g:global_rank(r)
+    local left = deadline - core.clock()
+    local ok = left > 0 and pcall(store.wait, store, {key}, left) or store:check({key})
+    if not ok then
+      missing[#missing + 1] = g:global_rank(r)
+      if not opts.wait_all_ranks then break end
+    end
+  end
+  if #missing == 0 then
+    store:set(base .. "released", "ok")
+    return
+  end
+  local text = string.format("ETIMEDOUT: monitored_barrier: rank%s %s did not arrive within %.3g s (seen by rank %d)",
+                             #missing > 1 and "s" or "", table.concat(missing, ", "), timeout, g:global_rank(0))
+  store:set(base .. "released", text)
+  error(text, 0)
+end
+
 --- send(t, dst[, opts{tag=, group=}])
 function dist.send(t, dst, opts)
-  opts = opts or {}
+  opts = O.check(P2P, "send", opts)
   local g = group_of(opts, "send")
   if g then return g:send(t, to_group_rank(g, dst, "send"), opts) end
 end
@@ -276,7 +474,7 @@ end
 --- recv(t[, src][, opts{tag=, group=}]) -> the sender's global rank
 function dist.recv(t, src, opts)
   if type(src) == "table" then src, opts = nil, src end
-  opts = opts or {}
+  opts = O.check(P2P, "recv", opts)
   local g = group_of(opts, "recv")
   if not g then return -1 end
   local from = g:recv(t, src and to_group_rank(g, src, "recv"), opts)
@@ -295,15 +493,45 @@ end
 function dist.isend(t, dst, opts) return dist.send(t, dst, with_async(opts)) end
 function dist.irecv(t, src, opts)
   if type(src) == "table" then src, opts = nil, src end
-  opts = opts or {}
+  opts = O.check(P2P, "irecv", opts)
   local g = group_of(opts, "irecv")
   if g then return g:recv(t, src and to_group_rank(g, src, "irecv"), with_async(opts)) end
+end
+
+--- P2POp(op, tensor, peer[, group][, tag]): one operation of a batch for
+-- batch_isend_irecv; op is dist.isend or dist.irecv (or "isend"/"irecv").
+function dist.P2POp(op, tensor, peer, group, tag)
+  local kind = (op == dist.isend or op == "isend") and "isend" or (op == dist.irecv or op == "irecv") and "irecv"
+  if not kind then fail("EINVAL: P2POp: op must be dist.isend or dist.irecv") end
+  if math.type(peer) ~= "integer" then fail("EINVAL: P2POp: peer must be an integer rank, got %s", tostring(peer)) end
+  return {op = kind, tensor = tensor, peer = peer, group = group, tag = tag}
+end
+
+--- batch_isend_irecv(ops) -> a list of crun.Work, one per op (wait on each).
+-- Every op is posted before any is waited on, and sends and receives progress
+-- independently, so a batch in which every rank sends right and receives left
+-- (in either order) cannot deadlock.
+function dist.batch_isend_irecv(ops)
+  if type(ops) ~= "table" or #ops == 0 then fail("EINVAL: batch_isend_irecv: a non-empty list of P2POp is expected") end
+  local g0 = ops[1].group
+  for i, p in ipairs(ops) do
+    if type(p) ~= "table" or (p.op ~= "isend" and p.op ~= "irecv") then
+      fail("EINVAL: batch_isend_irecv: entry %d is not a P2POp", i)
+    end
+    if p.group ~= g0 then fail("EINVAL: batch_isend_irecv: entry %d is on another group than entry 1", i) end
+  end
+  local works = {}
+  for i, p in ipairs(ops) do
+    local o = {group = p.group, tag = p.tag}
+    works[i] = p.op == "isend" and dist.isend(p.tensor, p.peer, o) or dist.irecv(p.tensor, p.peer, o)
+  end
+  return works
 end
 
 --- broadcast_object(v, src[, opts]) -> src's value on every rank (plain Lua
 -- values: nil, booleans, numbers, strings, tables of those, tensors).
 function dist.broadcast_object(v, src, opts)
-  opts = opts or {}
+  opts = O.check(OBJ, "broadcast_object", opts)
   local g = group_of(opts, "broadcast_object")
   if not g then return nil end
   local S = require "crun.serialize"
@@ -312,19 +540,94 @@ function dist.broadcast_object(v, src, opts)
   return S.loads(g:broadcast_bytes(bytes, gsrc, opts), "broadcast_object")
 end
 
---- all_gather_object(v[, opts]) -> {v_of_rank0, v_of_rank1, ...}
-function dist.all_gather_object(v, opts)
-  opts = opts or {}
-  local g = group_of(opts, "all_gather_object")
-  if not g then return nil end
+-- Every rank's value, gathered (a list indexed by group rank + 1).
+local function gather_values(v, g, opts, fname)
   local S = require "crun.serialize"
   local parts = g:all_gather_bytes(S.dumps(v), opts)
   local out = {}
-  for i, b in ipairs(parts) do out[i] = S.loads(b, "all_gather_object") end
+  for i, b in ipairs(parts) do out[i] = S.loads(b, fname) end
   return out
 end
 
---- The default group object (crun.ProcessGroup) for direct method calls.
-function dist.group() return default_pg("group") end
+-- Whether t is an options table of the object collectives (keys group/timeout only).
+local function is_obj_opts(t)
+  if type(t) ~= "table" or getmetatable(t) ~= nil or next(t) == nil then return false end
+  for k in pairs(t) do if k ~= "group" and k ~= "timeout" then return false end end
+  return true
+end
+
+--- all_gather_object(list, obj[, opts]): torch's form, fills list[1..n] with
+-- every rank's obj. all_gather_object(v[, opts]) -> that list (crun's
+-- convenience; chosen when there is one argument or the second is an options
+-- table {group=, timeout=}).
+function dist.all_gather_object(a, b, opts)
+  local torch_form = select("#", a, b, opts) >= 2 and b ~= nil and not (opts == nil and is_obj_opts(b))
+  if not torch_form then
+    local o = O.check(OBJ, "all_gather_object", b)
+    local g = group_of(o, "all_gather_object")
+    if not g then return nil end
+    return gather_values(a, g, o, "all_gather_object")
+  end
+  if type(a) ~= "table" then fail("EINVAL: all_gather_object: the output list must be a table") end
+  opts = O.check(OBJ, "all_gather_object", opts)
+  local g = group_of(opts, "all_gather_object")
+  if not g then return nil end
+  local vals = gather_values(b, g, opts, "all_gather_object")
+  for i = 1, g:size() do a[i] = vals[i] end
+  for i = #a, g:size() + 1, -1 do a[i] = nil end
+end
+
+--- broadcast_object_list(list, src[, opts]): every rank's list gets src's
+-- elements in place (torch: the lists have the same length on every rank).
+function dist.broadcast_object_list(list, src, opts)
+  if type(list) ~= "table" then fail("EINVAL: broadcast_object_list: a list is expected") end
+  opts = O.check(OBJ, "broadcast_object_list", opts)
+  local g = group_of(opts, "broadcast_object_list")
+  if not g then return nil end
+  local got = dist.broadcast_object({n = #list, table.unpack(list, 1, #list)}, src or 0, opts)
+  if got.n ~= #list then
+    fail("EMISMATCH: broadcast_object_list on rank %d: the list has %d elements, rank %d's has %d",
+         g:global_rank(g:rank()), #list, src or 0, got.n)
+  end
+  for i = 1, got.n do list[i] = got[i] end
+end
+
+--- gather_object(obj, list, dst[, opts]): dst's list gets every rank's obj
+-- (list[r+1] from group rank r); list is ignored (may be nil) elsewhere.
+function dist.gather_object(obj, list, dst, opts)
+  opts = O.check(OBJ, "gather_object", opts)
+  local g = group_of(opts, "gather_object")
+  if not g then return nil end
+  local gdst = to_group_rank(g, dst or 0, "gather_object")
+  if g:rank() == gdst and type(list) ~= "table" then
+    fail("EINVAL: gather_object on rank %d (dst): the output list must be a table", g:global_rank(gdst))
+  end
+  local vals = gather_values(obj, g, opts, "gather_object")
+  if g:rank() ~= gdst then return nil end
+  for i = 1, g:size() do list[i] = vals[i] end
+end
+
+--- scatter_object_list(out, in, src[, opts]): out[1] gets src's in[r+1] on
+-- group rank r; in is read on src only.
+function dist.scatter_object_list(out, input, src, opts)
+  if type(out) ~= "table" then fail("EINVAL: scatter_object_list: the output list must be a table") end
+  opts = O.check(OBJ, "scatter_object_list", opts)
+  local g = group_of(opts, "scatter_object_list")
+  if not g then return nil end
+  local gsrc = to_group_rank(g, src or 0, "scatter_object_list")
+  if g:rank() == gsrc and (type(input) ~= "table" or #input ~= g:size()) then
+    fail("EINVAL: scatter_object_list on rank %d (src): the input list must have %d elements",
+         g:global_rank(gsrc), g:size())
+  end
+  local all = dist.broadcast_object(g:rank() == gsrc and {n = #input, table.unpack(input, 1, #input)} or nil, src or 0, opts)
+  out[1] = all[g:rank() + 1]
+end
+
+--- dist.group(): the default group (crun.ProcessGroup) for direct method
+-- calls; dist.group.WORLD is the same object, as in torch.
+dist.group = setmetatable({}, {
+  __call = function() return default_pg("group") end,
+  __index = function(_, k) if k == "WORLD" then return default_pg("group.WORLD") end end,
+})
 
 return dist

@@ -99,34 +99,106 @@ int crun_pg_new(const crun_pg_opts_t *o, crun_pg_t **out) {
   return pg_connect(pg, be, out);
 }
 
-/* Checks the rank list of new_group; returns my index in it or -1. */
-static int check_ranks(const crun_pg_t *parent, const int *ranks, int n, int *me) {
+/* Checks the rank list of new_group (sorted copy in sorted[]); returns my
+ * index in it or -1 in *me. */
+static int check_ranks(const crun_pg_t *parent, const int *ranks, int n, int *sorted, int *me) {
   if (!ranks || n < 1) return crun_error(CRUN_EINVAL, "new_group: needs at least one rank");
   *me = -1;
   for (int i = 0; i < n; i++) {
     if (ranks[i] < 0 || ranks[i] >= parent->size)
       return crun_error(CRUN_EINVAL, "new_group: rank %d is out of range for a group of %d ranks", ranks[i], parent->size);
-    for (int j = 0; j < i; j++)
-      if (ranks[j] == ranks[i]) return crun_error(CRUN_EINVAL, "new_group: rank %d is listed twice", ranks[i]);
-    if (ranks[i] == parent->rank) *me = i;
+    /* insertion sort: lists are short, and torch orders group ranks by global rank */
+    int j = i;
+    for (; j > 0 && sorted[j - 1] > ranks[i]; j--) sorted[j] = sorted[j - 1];
+    if (j > 0 && sorted[j - 1] == ranks[i]) return crun_error(CRUN_EINVAL, "new_group: rank %d is listed twice", ranks[i]);
+    sorted[j] = ranks[i];
   }
+  for (int i = 0; i < n; i++)
+    if (sorted[i] == parent->rank) *me = i;
   return 0;
+}
+
+/* FNV-1a over a rank list, with its length first. */
+static int64_t list_hash(const int *rs, int n) {
+  uint64_t h = 1469598103934665603ull;
+  for (int i = -1; i < n; i++) {
+    uint32_t v = (uint32_t)(i < 0 ? n : rs[i]);
+    for (int b = 0; b < 4; b++) h = (h ^ ((v >> (8 * b)) & 0xff)) * 1099511628211ull;
+  }
+  return (int64_t)(h >> 1);
+}
+
+/* Writes "{0,2,5}" into buf (every rank, truncated with "..." past cap). */
+static void list_text(char *buf, size_t cap, const int64_t *rs, int n) {
+  size_t len = (size_t)snprintf(buf, cap, "{");
+  for (int i = 0; i < n && len + 16 < cap; i++) len += (size_t)snprintf(buf + len, cap - len, i ? ",%lld" : "%lld", (long long)rs[i]);
+  snprintf(buf + len, cap - len, len + 16 < cap ? "}" : "...}");
+}
+
+/* Every rank of the parent compares its sorted list for new_group #idx with
+ * everyone's through one all_gather of list hashes on the parent (any
+ * backend); when they differ, a second all_gather brings the lists so the
+ * EMISMATCH names two of them. A rank that never calls new_group shows as
+ * the parent's collective timeout naming it. */
+static int agree_on_ranks(crun_pg_t *parent, int idx, const int *sorted, int n, double timeout) {
+  int size = parent->size, rc = 0;
+  crun_coll_opts_t o = {.timeout = timeout};
+  int64_t *h = calloc((size_t)size, sizeof *h), *lists = NULL, mine = list_hash(sorted, n);
+  void **outs = calloc((size_t)size, sizeof *outs);
+  if (!h || !outs) { rc = crun_error(CRUN_ENOMEM, "new_group: rank lists"); goto out; }
+  for (int r = 0; r < size; r++) outs[r] = &h[r];
+  CRUN_CHECK_GOTO(crun_pg_all_gather(parent, outs, &mine, 1, CRUN_INT64, &o, NULL), rc, out);
+  int other = -1;
+  for (int r = 0; r < size && other < 0; r++)
+    if (h[r] != h[0]) other = r;
+  if (other < 0) goto out; /* everyone agrees */
+  /* every rank saw the same hashes, so every rank takes this second step */
+  size_t w = (size_t)size + 1;
+  lists = calloc(w * (size_t)(size + 1), sizeof *lists);
+  if (!lists) { rc = crun_error(CRUN_ENOMEM, "new_group: rank lists"); goto out; }
+  int64_t *me = lists + w * (size_t)size;
+  me[0] = n;
+  for (int i = 0; i < n; i++) me[i + 1] = sorted[i];
+  for (int r = 0; r < size; r++) outs[r] = lists + w * (size_t)r;
+  CRUN_CHECK_GOTO(crun_pg_all_gather(parent, outs, me, w, CRUN_INT64, &o, NULL), rc, out);
+  char a[160], b[160];
+  list_text(a, sizeof a, lists + 1, (int)lists[0]);
+  list_text(b, sizeof b, lists + w * (size_t)other + 1, (int)lists[w * (size_t)other]);
+  rc = crun_error(CRUN_EMISMATCH, "new_group #%d on rank %d: ranks disagree on the members: rank %d gave %s, rank %d gave %s",
+                  idx, parent->rank, parent->global[0], a, parent->global[other], b);
+out:
+  free(h);
+  free(outs);
+  free(lists);
+  return rc;
 }
 
 int crun_pg_new_group(crun_pg_t *parent, const int *ranks, int n, double timeout, crun_pg_t **out) {
   if (!parent || !out) return crun_error(CRUN_EINVAL, "new_group: parent and out are required");
   int me = -1;
   *out = NULL;
-  CRUN_CHECK(check_ranks(parent, ranks, n, &me));
+  if (n > parent->size) return crun_error(CRUN_EINVAL, "new_group: %d ranks listed, the group has %d", n, parent->size);
+  int *sorted = malloc(sizeof(int) * (size_t)(n > 0 ? n : 1));
+  if (!sorted) return crun_error(CRUN_ENOMEM, "new_group");
+  int rc = check_ranks(parent, ranks, n, sorted, &me);
   pthread_mutex_lock(&parent->mu);
-  int idx = ++parent->nchildren;
+  int idx = ++parent->nchildren; /* counted on every call, so ranks stay in step after an error */
   pthread_mutex_unlock(&parent->mu);
-  if (me < 0) return 0;
+  double t = timeout > 0 ? timeout : parent->timeout;
+  if (rc == 0) rc = agree_on_ranks(parent, idx, sorted, n, t);
+  if (rc < 0 || me < 0) {
+    free(sorted);
+    return rc < 0 ? rc : 0;
+  }
   char prefix[512];
   snprintf(prefix, sizeof prefix, "%s/g%d", parent->prefix, idx);
-  crun_pg_t *pg = pg_alloc(parent->base, prefix, me, n, timeout > 0 ? timeout : parent->timeout);
-  if (!pg) return crun_error(CRUN_ENOMEM, "process group");
-  for (int i = 0; i < n; i++) pg->global[i] = parent->global[ranks[i]];
+  crun_pg_t *pg = pg_alloc(parent->base, prefix, me, n, t);
+  if (!pg) {
+    free(sorted);
+    return crun_error(CRUN_ENOMEM, "process group");
+  }
+  for (int i = 0; i < n; i++) pg->global[i] = parent->global[sorted[i]];
+  free(sorted);
   return pg_connect(pg, parent->be, out);
 }
 

@@ -106,7 +106,8 @@ function cases.ranks()
     {function() dist.reduce(t, -1) end, "^EINVAL: reduce: dst %-1 is out of range"},
     {function() dist.send(t, (1 << 32) + 1) end, "^EINVAL: send: dst 4294967297 is out of range"},
     {function() dist.gather(t, nil, 1 << 33) end, "^EINVAL: gather: dst 8589934592 is out of range"},
-    {function() dist.all_reduce(t, "sum", {tag = 1 << 40}) end, "^EINVAL: collective: tag 1099511627776 is out of range"},
+    {function() dist.send(t, 1, {tag = 1 << 40}) end, "^EINVAL: send: tag 1099511627776 is out of range"},
+    {function() dist.all_reduce(t, "sum", {tga = 1}) end, "^EINVAL: all_reduce: unknown option 'tga'"},
     {function() dist.new_group({0, 1 << 32}) end, "^EINVAL: new_group: rank 4294967296 is out of range"},
   }
   for i, b in ipairs(bad) do

@@ -1,0 +1,212 @@
+--- dist_parity.lua — a job for dist_parity_spec (torch.distributed parity),
+-- run on N ranks: dist_parity.lua <case>. Every rank prints
+-- "rank <r> ok <case>" when all its checks passed; a failed check errors.
+local crun = require "crun"
+local dist, T = crun.dist, crun.tensor
+
+local case = arg[1]
+dist.init_process_group("gloo", {timeout = 30})  -- torch's positional form
+local rank, size = dist.get_rank(), dist.get_world_size()
+
+local function check(cond, fmt, ...)
+  if not cond then error(string.format("rank %d: " .. fmt, rank, ...), 0) end
+end
+
+local function same(a, b)
+  if #a ~= #b then return false end
+  for i = 1, #a do if a[i] ~= b[i] then return false end end
+  return true
+end
+
+local function expect_error(pattern, f, ...)
+  local ok, err = pcall(f, ...)
+  check(not ok and tostring(err):match(pattern), "expected an error matching %s, got %s", pattern, tostring(err))
+  return err
+end
+
+local cases = {}
+
+function cases.init()
+  check(dist.get_backend() == "cpu", "init_process_group('gloo') gave backend %s", dist.get_backend())
+  expect_error("^EINVAL: init_process_group: unknown option 'bogus' %(accepted: ", dist.init_process_group, {bogus = 1})
+  expect_error("^ESTATE: init_process_group: already initialized", dist.init_process_group, "gloo")
+  check(dist.group.WORLD == dist.group(), "group.WORLD is the default group")
+  local all = dist.get_process_group_ranks(dist.group.WORLD)
+  check(#all == size and all[1] == 0 and all[size] == size - 1, "WORLD ranks")
+  expect_error("^EINVAL: all_reduce: unknown option 'async' %(accepted: async_op, group, timeout%)",
+               dist.all_reduce, T.ones({2}), "sum", {async = true})
+  expect_error("^EINVAL: send: unknown option 'dst'", dist.send, T.ones({2}), (rank + 1) % size, {dst = 1})
+  expect_error("^ENOTSUP: new_group: backend 'mpi' differs", dist.new_group, {0}, {backend = "mpi"})
+  dist.barrier()
+end
+
+function cases.new_group_sorted()
+  local g = dist.new_group({size - 1, 0})  -- torch orders members by global rank
+  if rank == 0 or rank == size - 1 then
+    local want = rank == 0 and 0 or 1
+    check(dist.get_rank(g) == want, "group rank %d, expected %d", dist.get_rank(g), want)
+    check(same(dist.get_process_group_ranks(g), {0, size - 1}), "group ranks {%s}",
+          table.concat(dist.get_process_group_ranks(g), ","))
+    local t = T.full({5}, rank == size - 1 and -17 or 0, "int32")
+    dist.broadcast(t, size - 1, {group = g})
+    check(t[5] == -17, "broadcast from global rank %d in the group gave %d", size - 1, t[5])
+  else
+    check(g == dist.GroupMember.NON_GROUP_MEMBER, "non-member placeholder")
+  end
+end
+
+function cases.new_group_mismatch()
+  -- ranks 0 and 1 say {0, 1}; the last rank says {0, last}: everyone is told
+  local list = rank == size - 1 and {0, size - 1} or {0, 1}
+  expect_error("^EMISMATCH: new_group #1 on rank %d: ranks disagree on the members: rank %d gave {[%d,]+}, rank %d gave {[%d,]+}",
+               dist.new_group, list)
+end
+
+function cases.subgroups()
+  local mine, all = dist.new_subgroups(2)
+  check(#all == size // 2, "%d subgroups", #all)
+  local t = T.full({3}, rank * 10 - 25, "int64")
+  dist.all_reduce(t, "sum", {group = mine})
+  local base = rank - rank % 2
+  check(t[3] == (base * 10 - 25) + ((base + 1) * 10 - 25), "pair sum %d", t[3])
+  local odd, lists = dist.new_subgroups_by_enumeration({{0, size - 1}, {1}})
+  check(#lists == 2, "two subgroups")
+  if rank == 0 or rank == size - 1 then
+    check(same(dist.get_process_group_ranks(odd), {0, size - 1}), "enumerated group")
+  elseif rank == 1 then
+    check(same(dist.get_process_group_ranks(odd), {1}), "singleton group")
+  else
+    check(odd == dist.GroupMember.NON_GROUP_MEMBER, "rank in no subgroup gets NON_GROUP_MEMBER")
+  end
+  expect_error("^EINVAL: new_subgroups: group_size 3 must be a positive integer dividing the world size",
+               dist.new_subgroups, size == 3 and 2 or 3)
+  expect_error("^EINVAL: new_subgroups_by_enumeration: rank 0 is in subgroups 1 and 2",
+               dist.new_subgroups_by_enumeration, {{0}, {0, 1}})
+end
+
+-- value sent by rank s to rank d, row k, column c: signed and non-periodic
+local function a2a_val(s, d, k, c) return (s * 7919 + d * 104729 + k * 31 + c) % 20011 - 10005 end
+local function rows(s, d) return (s * 3 + d * 5) % 4 + (s == d and 0 or 1) end  -- some zero-row blocks
+
+function cases.a2a_single()
+  local in_splits, out_splits, nin, nout = {}, {}, 0, 0
+  for j = 0, size - 1 do
+    in_splits[j + 1], out_splits[j + 1] = rows(rank, j), rows(j, rank)
+    nin, nout = nin + in_splits[j + 1], nout + out_splits[j + 1]
+  end
+  local input, output = T.zeros({nin, 3}, "int64"), T.full({nout, 3}, 99999, "int64")
+  local at = 1
+  for j = 0, size - 1 do
+    for k = 1, in_splits[j + 1] do
+      for c = 1, 3 do input[{at, c}] = a2a_val(rank, j, k, c) end
+      at = at + 1
+    end
+  end
+  local w = dist.all_to_all_single(output, input, out_splits, in_splits, {async_op = true})
+  w:wait()
+  at = 1
+  for j = 0, size - 1 do
+    for k = 1, out_splits[j + 1] do
+      for c = 1, 3 do
+        check(output[{at, c}] == a2a_val(j, rank, k, c), "row %d col %d from rank %d: %d, expected %d",
+              at, c, j, output[{at, c}], a2a_val(j, rank, k, c))
+      end
+      at = at + 1
+    end
+  end
+  -- equal splits (no sizes)
+  local x, y = T.zeros({2 * size}, "float64"), T.zeros({2 * size}, "float64")
+  for i = 1, 2 * size do x[i] = rank * 100 + i - 0.5 end
+  dist.all_to_all_single(y, x)
+  for j = 0, size - 1 do
+    for k = 1, 2 do check(y[2 * j + k] == j * 100 + 2 * rank + k - 0.5, "equal split %d/%d", j, k) end
+  end
+  expect_error("^EINVAL: all_to_all_single: input split sizes add up to", dist.all_to_all_single, output, input,
+               out_splits, {nin + 1, table.unpack(in_splits, 2)})
+end
+
+function cases.batch()
+  local n = (1 << 20) + 7  -- crosses chunk sizes
+  local right, left = (rank + 1) % size, (rank - 1 + size) % size
+  local out, got = T.zeros({n}, "int32"), T.zeros({n}, "int32")
+  for _, i in ipairs{1, 2, 4096, 4097, n} do out[i] = rank * 1000003 - i end
+  -- even ranks list the receive first, odd ranks the send: no order deadlocks
+  local ops = {dist.P2POp(dist.isend, out, right), dist.P2POp(dist.irecv, got, left)}
+  if rank % 2 == 0 then ops[1], ops[2] = ops[2], ops[1] end
+  local works = dist.batch_isend_irecv(ops)
+  check(#works == 2, "one work per op")
+  for _, w in ipairs(works) do w:wait() end
+  for _, i in ipairs{1, 2, 4096, 4097, n} do
+    check(got[i] == left * 1000003 - i, "element %d from rank %d: %d", i, left, got[i])
+  end
+  expect_error("^EINVAL: P2POp: op must be dist.isend or dist.irecv", dist.P2POp, dist.send, out, right)
+end
+
+function cases.monitored()
+  dist.monitored_barrier({timeout = 10})
+  dist.monitored_barrier({timeout = 10, wait_all_ranks = true})
+  -- the last two ranks do not come: rank 0 names them, every waiting rank is told
+  local absent = rank >= size - 2 and rank > 0
+  if not absent then
+    local err = expect_error("^ETIMEDOUT: monitored_barrier: ranks? ", dist.monitored_barrier,
+                             {timeout = 1, wait_all_ranks = true})
+    local want = size == 2 and "rank 1 did" or string.format("ranks %d, %d did", size - 2, size - 1)
+    check(err:find(want, 1, true), "error %s should name %s", err, want)
+  end
+  dist.barrier()
+  if rank == 0 then
+    -- without wait_all_ranks only the first missing rank is named
+    local err = expect_error("^ETIMEDOUT: monitored_barrier: rank %d+ did not arrive", dist.monitored_barrier,
+                             {group = dist.new_group({0, size - 1}), timeout = 0.5})
+    check(err:find("rank " .. (size - 1) .. " did not arrive", 1, true), "names rank %d: %s", size - 1, err)
+  else
+    dist.new_group({0, size - 1})
+  end
+end
+
+function cases.objects()
+  local list = rank == 1 and {"a", {x = -3.5}, 42} or {false, false, false}
+  dist.broadcast_object_list(list, 1)
+  check(list[1] == "a" and list[2].x == -3.5 and list[3] == 42, "broadcast_object_list")
+  local gathered = {}
+  dist.all_gather_object(gathered, {r = rank, s = ("x"):rep(rank * 1000 + 1)})
+  check(#gathered == size, "all_gather_object fills %d", #gathered)
+  for r = 1, size do check(gathered[r].r == r - 1 and #gathered[r].s == (r - 1) * 1000 + 1, "entry %d", r) end
+  local legacy = dist.all_gather_object(rank * 2 - 7)
+  check(legacy[size] == (size - 1) * 2 - 7, "value-returning all_gather_object still works")
+  local out = rank == size - 1 and {} or nil
+  dist.gather_object(-rank, out, size - 1)
+  if rank == size - 1 then for r = 1, size do check(out[r] == -(r - 1), "gather_object %d", r) end end
+  local mine = {}
+  local src_list
+  if rank == 0 then src_list = {} for r = 1, size do src_list[r] = {"for", r - 1} end end
+  dist.scatter_object_list(mine, src_list, 0)
+  check(mine[1][2] == rank, "scatter_object_list gave %s", tostring(mine[1] and mine[1][2]))
+end
+
+function cases.ddp_group()
+  local nn = require "crun.nn"
+  local g = dist.new_group({0, 1})
+  local net = nn.Sequential(nn.Linear(4, 3))
+  expect_error("^EINVAL: DDP: unknown option 'bucket_size'", crun.DDP, net, {bucket_size = 1})
+  if rank > 1 then return end  -- not in the group: nothing to hang on
+  nn.manual_seed(rank + 1)     -- different on purpose: DDP broadcasts group rank 0's
+  net = nn.Sequential(nn.Linear(4, 3))
+  local model = crun.DDP(net, {process_group = g, find_unused_parameters = true})
+  local opt = require("crun.optim").SGD(net, {lr = 0.1})
+  for s = 1, 3 do
+    opt:zero_grad()
+    local x = T.randn({2, 4}, {seed = 10 * s + rank})
+    local out = model:forward(x)
+    model:backward(x, T.ones_like and T.ones_like(out) or T.full(out:size(), 1))
+    opt:step()
+  end
+  local mine = net.modules and net:parameters()[1] or net:parameters()[1]
+  local other = mine:clone()
+  dist.broadcast(other, 0, {group = g})
+  check(mine:equal(other), "parameters equal on both group ranks after training")
+  model:close()
+end
+
+cases[case]()
+print(string.format("rank %d ok %s", rank, case))
