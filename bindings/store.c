@@ -93,7 +93,7 @@ static void push_buf(lua_State *L, crun_buf_t *b) {
 
 /* ------------------------------------------------------------ constructors */
 
-/* store.tcp{host=, port=, is_master=, world_size=, timeout=, connect_timeout=} */
+/* store.tcp{host=, port=, is_master=, world_size=, timeout=, connect_timeout=, token=} */
 static int l_store_tcp(lua_State *L) {
   luaL_checktype(L, 1, LUA_TTABLE);
   crun_store_tcp_opts_t o = {0};
@@ -103,6 +103,7 @@ static int l_store_tcp(lua_State *L) {
   o.world_size = (int)crun_l_optfield_range(L, 1, "world_size", 0, 0, INT_MAX, "store.tcp");
   o.timeout = crun_l_optfield_number(L, 1, "timeout", 0);
   o.connect_timeout = crun_l_optfield_number(L, 1, "connect_timeout", 0);
+  o.token = crun_l_optfield_string(L, 1, "token", NULL); /* nil: CRUN_TOKEN; "": none */
   if (o.port < 0) return luaL_error(L, "bad argument #1 to 'tcp' (field 'port' is required)");
   crun_store_t *s;
   STORE_CHECK(L, crun_store_tcp_new(&o, &s));
@@ -307,15 +308,16 @@ static int m_tostring(lua_State *L) {
 
 /* ------------------------------------------------------------ server */
 
-/* store_server(host, port) -> crun.StoreServer; host defaults to loopback
+/* store_server(host, port[, token]) -> crun.StoreServer; host defaults to loopback
  * (serving other hosts is asked for by naming the address to bind). */
 static int l_store_server(lua_State *L) {
   const char *host = luaL_optstring(L, 1, "127.0.0.1");
   int port = (int)crun_l_check_range(L, luaL_optinteger(L, 2, 0), 0, 65535, "store.server", "port");
+  const char *token = luaL_optstring(L, 3, NULL); /* nil: CRUN_TOKEN; "": none */
   l_server_t *u = lua_newuserdatauv(L, sizeof *u, 0);
   u->srv = NULL;
   luaL_setmetatable(L, SERVER_MT);
-  STORE_CHECK(L, crun_store_server_start(host, port, &u->srv));
+  STORE_CHECK(L, crun_store_server_start_token(host, port, token, &u->srv));
   return 1;
 }
 

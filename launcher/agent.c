@@ -67,7 +67,7 @@ static int connect_store(crun__agent_t *a, crun_store_t **out) {
                               .connect_timeout = SLICE};
   double deadline = crun_clock() + o->rdzv_timeout;
   int rc;
-  while ((rc = crun_store_tcp_new(&to, out)) < 0 && crun_clock() < deadline) {
+  while ((rc = crun_store_tcp_new(&to, out)) < 0 && rc != CRUN_EACCES && crun_clock() < deadline) { /* a wrong secret stays wrong */
     if (crun__signals_pending()) return crun_error(CRUN_EINTR, "rendezvous: interrupted by a signal");
   }
   if (rc < 0)

@@ -2,6 +2,7 @@
  * choice between launching workers, running in-process under mpirun/srun,
  * and the interactive mode. */
 #include "launcher.h"
+#include "core/auth.h"
 
 #include <lua.h>
 
@@ -227,6 +228,23 @@ static int run_in_process(const crun__opts_t *o, crun__placement_t *p) {
   return crun__worker_run(o);
 }
 
+/* Gives the job its secret (core/auth.h): CRUN_TOKEN as the user set it,
+ * else a fresh one for a one-node job. The workers and the store server
+ * inherit it through the environment; it never appears on a command line.
+ * Nodes of a multi-node job must share one, so the user sets it there. */
+static int ensure_token(const crun__opts_t *o) {
+  const char *t = getenv("CRUN_TOKEN");
+  if (t && *t) return 0;
+  if (o->nnodes > 1)
+    return usage_error("--nnodes %d: every node needs the same secret in CRUN_TOKEN (e.g. run "
+                       "'export CRUN_TOKEN=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d \" \\n\")' once and "
+                       "pass it to each node's environment)", o->nnodes);
+  char hex[65];
+  crun__auth_new_token(hex);
+  setenv("CRUN_TOKEN", hex, 1);
+  return 0;
+}
+
 /* Starts the node agent, supervises the workers, stops the agent. */
 static int launch(const crun__opts_t *o) {
   crun__placement_t base = {0};
@@ -250,7 +268,7 @@ int main(int argc, char **argv) {
   if (rc) return rc < 0 ? 0 : rc;
   if (!o.script && layout) o.repl = 1; /* crun-lua -n 4: the REPL */
   if ((rc = check_opts(&o))) return rc;
-  if (o.repl) return crun__repl_run(&o);
+  if (o.repl) return o.nnodes == 1 && (rc = ensure_token(&o)) ? rc : crun__repl_run(&o); /* -i is one node */
   if (crun__script_check(o.script) < 0) {
     fprintf(stderr, "crun-lua: %s\n", crun_last_error() + strlen("EINVAL: "));
     return 1;
@@ -264,5 +282,6 @@ int main(int argc, char **argv) {
   if (engine) return run_in_process(&o, &p);
   if (o.master_port < 0) o.master_port = CRUN_LAUNCH_DEFAULT_PORT;
   if (!o.master_addr) o.master_addr = "127.0.0.1";
+  if ((rc = ensure_token(&o))) return rc;
   return launch(&o);
 }

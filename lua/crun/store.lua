@@ -8,16 +8,27 @@
 -- (wraps another store). Every method of crun.Store is in bindings/store.c;
 -- errors start with the status name ("ETIMEDOUT: ...").
 local core = require "crun.core"
+local O = require "crun.opts"
 
 local M = {}
 
---- Opens a TCP store: {host=, port=, is_master=, world_size=, timeout=, connect_timeout=}.
--- port=0 with is_master=true picks a free port (see s:port()).
+local TCP = O.spec{"host", "port", "is_master", "world_size", "timeout", "connect_timeout", "token",
+  aliases = {host_name = "host"},
+  inert = {wait_for_workers = "a master with world_size always waits for the workers",
+           multi_tenant = "every crun server serves any number of clients",
+           use_libuv = "crun's server always runs on libuv"}}
+local SERVER = O.spec{"host", "port", "token"}
+local FROM_ENV = O.spec{"host", "port", "is_master", "timeout", "world_size", "token"}
+
+--- Opens a TCP store: {host=, port=, is_master=, world_size=, timeout=, connect_timeout=, token=}.
+-- port=0 with is_master=true picks a free port (see s:port()). token is the
+-- job's secret that every connection proves (default: CRUN_TOKEN, which
+-- crun-lua sets; "" for none): see the README's Security section.
 function M.tcp(opts)
   if type(opts) ~= "table" then
     error("bad argument #1 to 'tcp' (table expected, got " .. type(opts) .. ")", 2)
   end
-  return core.store_tcp(opts)
+  return core.store_tcp(O.check(TCP, "crun.store.tcp", opts))
 end
 
 --- Opens (creating if needed) the file store at path.
@@ -41,8 +52,8 @@ end
 --- Starts a standalone TCP store server (host defaults to 127.0.0.1, port 0
 -- picks a free one); returns an object with :port() and :stop().
 function M.server(opts)
-  opts = opts or {}
-  return core.store_server(opts.host, opts.port or 0)
+  opts = O.check(SERVER, "crun.store.server", opts)
+  return core.store_server(opts.host, opts.port or 0, opts.token)
 end
 
 --- Builds a TCP store from the torchrun variables MASTER_ADDR / MASTER_PORT.
@@ -50,7 +61,7 @@ end
 -- rank is a client; otherwise rank 0 (RANK, default 0) hosts it, as torch's
 -- env:// does. opts may override host, port, is_master, timeout, world_size.
 function M.from_env(opts)
-  opts = opts or {}
+  opts = O.check(FROM_ENV, "crun.store.from_env", opts)
   local port = opts.port or tonumber(os.getenv("MASTER_PORT") or "")
   if not port then
     error("EINVAL: crun.store.from_env: MASTER_PORT is not set (run under crun-lua, or export MASTER_ADDR and MASTER_PORT)", 2)
@@ -66,7 +77,7 @@ function M.from_env(opts)
     is_master = is_master,
     world_size = opts.world_size,
     timeout = opts.timeout or tonumber(os.getenv("CRUN_STORE_TIMEOUT") or ""),
-    connect_timeout = opts.connect_timeout,
+    token = opts.token,
   }
 end
 

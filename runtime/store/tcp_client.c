@@ -9,6 +9,7 @@
  * up to 2 s and then fail with CRUN_ECONNREFUSED. */
 #include "store/store_impl.h"
 #include "store/tcp_proto.h"
+#include "core/auth.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -41,6 +42,7 @@ typedef struct {
   size_t scap, rcap, rlen;
   crun__sarg_t *rargs;         /* the last reply's arguments (views into rbuf) */
   unsigned rnargs, rargcap;
+  crun__auth_t auth;           /* the job's secret (core/auth.h) */
 } tcp_store_t;
 
 #define T(s) ((tcp_store_t *)(s))
@@ -135,14 +137,80 @@ static int connect_local(const char *host, int port) {
   return -1;
 }
 
+/* Reads exactly n bytes from the blocking fd by the deadline. */
+static int read_exact(int fd, void *buf, size_t n, double deadline) {
+  char *p = buf;
+  while (n > 0) {
+    double left = deadline - crun_clock();
+    if (left <= 0) return -ETIMEDOUT;
+    struct timeval tv = {(time_t)left, (suseconds_t)((left - (double)(time_t)left) * 1e6) + 1};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    ssize_t k = recv(fd, p, n, 0);
+    if (k < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
+    if (k <= 0) return k < 0 ? -errno : -ECONNRESET;
+    p += k;
+    n -= (size_t)k;
+  }
+  return 0;
+}
+
+/* Whether the server on a unix-socket fd runs as this user (or root). The
+ * socket's name is public: another user may have bound it first to read the
+ * job's keys. Then the client goes over TCP (and says so once). */
+static int served_by_this_user(tcp_store_t *t, int fd) {
+  static int warned;
+  struct ucred cred;
+  socklen_t cl = sizeof cred;
+  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) == 0 && (cred.uid == geteuid() || cred.uid == 0)) return 1;
+  if (!warned++)
+    CRUN_LOG(WARN, STORE, "the store's unix socket for %s:%d is held by uid %d (pid %d), not this user: "
+             "ignoring it and connecting over TCP", t->host, t->port, (int)cred.uid, (int)cred.pid);
+  return 0;
+}
+
+/* Proves the job's secret to the server on a new connection, and checks
+ * the server's proof (core/auth.h). Returns 0 or a status naming the store. */
+static int client_handshake(tcp_store_t *t, int fd, int local, double deadline) {
+  char peer[160];
+  snprintf(peer, sizeof peer, "the store server %s:%d%s", t->host, t->port, local ? " (unix socket)" : "");
+  unsigned char greet[CRUN__AUTH_GREET], answer[CRUN__AUTH_ANSWER], want[CRUN__AUTH_PROOF], got[CRUN__AUTH_PROOF];
+  int r = read_exact(fd, greet, sizeof greet, deadline);
+  if (r < 0)
+    return crun_error(r == -ETIMEDOUT ? CRUN_ETIMEDOUT : CRUN_ECONNRESET, "%s sent no greeting: %s", peer,
+                      strerror(-r));
+  CRUN_CHECK(crun__auth_answer(&t->auth, "store", peer, greet, answer, want));
+  size_t done = 0;
+  while (done < sizeof answer) {
+    ssize_t w = send(fd, answer + done, sizeof answer - done, MSG_NOSIGNAL);
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0) return crun_error(CRUN_ECONNRESET, "%s: %s", peer, strerror(errno));
+    done += (size_t)w;
+  }
+  if (!t->auth.on) return 0;
+  r = read_exact(fd, got, sizeof got, deadline);
+  if (r < 0)
+    return crun_error(CRUN_EACCES, "%s refused this client's proof of the job's secret (CRUN_TOKEN differs "
+                      "from the job's)", peer);
+  return crun__auth_check_proof(want, got, peer);
+}
+
 /* Connects, retrying with backoff until the deadline. */
 static int tcp_connect(tcp_store_t *t, double deadline) {
   long sleep_us = 5000;
   double t0 = crun_clock();
   for (;;) {
-    int fd = connect_local(t->host, t->port);
+    int fd = connect_local(t->host, t->port), local = fd >= 0;
+    if (local && !served_by_this_user(t, fd)) {
+      close(fd);
+      fd = -1, local = 0;
+    }
     if (fd < 0) fd = connect_once(t->host, t->port, deadline);
     if (fd >= 0) {
+      int rc = client_handshake(t, fd, local, deadline);
+      if (rc < 0) {
+        close(fd);
+        return rc;
+      }
       t->fd = fd;
       t->rlen = 0;
       t->rcvtimeo = 0;
@@ -527,8 +595,9 @@ static int tcp_join(tcp_store_t *t, const crun_store_tcp_opts_t *o) {
 
 /* Opens the connection (starting the embedded server first on the master). */
 static int tcp_open(tcp_store_t *t, const crun_store_tcp_opts_t *o) {
+  CRUN_CHECK(crun__auth_init(&t->auth, o->token ? o->token : getenv("CRUN_TOKEN")));
   if (o->is_master) {
-    CRUN_CHECK(crun_store_server_start(o->host, o->port, &t->server));
+    CRUN_CHECK(crun_store_server_start_token(o->host, o->port, o->token, &t->server));
     t->port = crun_store_server_port(t->server);
   }
   double ct = o->connect_timeout > 0 ? o->connect_timeout : crun_store_get_timeout(&t->base);

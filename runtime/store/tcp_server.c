@@ -11,9 +11,11 @@
  * with a WARN STORE log line; others are not affected. */
 #include "store/store_impl.h"
 #include "store/tcp_proto.h"
+#include "core/auth.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <netdb.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -37,6 +39,8 @@ struct crun_store_server {
   char addr[80];
   crun__kv_t kv;
   int64_t joined;
+  crun__auth_t auth;          /* the job's secret (auth.on == 0: open store) */
+  unsigned long refused;      /* clients refused (logged once, then counted) */
   conn_t *conns;              /* every open connection */
   conn_t *parked;             /* connections whose head request waits */
   conn_t *ready, *ready_tail; /* parked ones to look at again */
@@ -53,6 +57,8 @@ struct conn {
   conn_t *pprev, *pnext; /* srv->parked */
   conn_t *rnext;         /* srv->ready */
   int parked, in_ready, closing, throttled;
+  int authed;              /* passed the challenge-response (core/auth.h) */
+  unsigned char nonce[32]; /* the greeting's nonce */
   uint8_t *buf;
   size_t off, len, cap;  /* unserved bytes are buf[off..len) */
   char peer[64];
@@ -405,9 +411,41 @@ static int header_ok(conn_t *c, char *why, size_t whylen) {
   return 0;
 }
 
+/* Refuses a client that failed the challenge-response (or the unix
+ * socket's credentials check): logs the first one, counts the others. */
+static void refuse(conn_t *c, const char *why) {
+  crun_store_server_t *srv = c->srv;
+  if (srv->refused++ == 0)
+    CRUN_LOG(WARN, STORE, "store server %s: refused %s: %s (further refusals are counted, not logged)", srv->addr,
+             c->peer, why);
+  conn_close(c, NULL);
+}
+
+/* Checks the client's answer to the greeting (the first 64 bytes it sends)
+ * and sends the proof; returns 0 when c may go on, -1 when it waits or was
+ * refused. */
+static int authenticate(conn_t *c) {
+  if (c->len - c->off < CRUN__AUTH_ANSWER) return -1;
+  unsigned char proof[CRUN__AUTH_PROOF];
+  if (crun__auth_check_answer(&c->srv->auth, "store", c->nonce, c->buf + c->off, proof) < 0) {
+    refuse(c, "no proof of the job's secret (CRUN_TOKEN)");
+    return -1;
+  }
+  c->off += CRUN__AUTH_ANSWER;
+  c->authed = 1;
+  if (!c->srv->auth.on) return 0;
+  wreq_t *w = malloc(sizeof *w + CRUN__AUTH_PROOF);
+  if (!w) return conn_close(c, "out of memory"), -1;
+  memcpy(w + 1, proof, CRUN__AUTH_PROOF);
+  w->buf = uv_buf_init((char *)(w + 1), CRUN__AUTH_PROOF);
+  send_reply(c, w);
+  return c->closing ? -1 : 0;
+}
+
 /* Serves every complete frame buffered on c until it parks or closes. */
 static void serve_conn(conn_t *c) {
   char why[160];
+  if (!c->authed && authenticate(c) < 0) return;
   while (!c->parked && !c->closing && c->len - c->off >= 4) {
     if (uv_stream_get_write_queue_size((uv_stream_t *)&c->h) > WRITE_BACKLOG_MAX) {
       c->throttled = 1; /* resumed by on_written once the replies drain */
@@ -446,7 +484,8 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *out) {
   conn_t *c = h->data;
   if (c->off > 0 && c->off == c->len) c->off = c->len = 0;
   size_t want = 65536;
-  if (c->len - c->off >= 4) { /* room for the whole frame at once */
+  if (!c->authed) want = CRUN__AUTH_ANSWER; /* nothing is sized by a stranger's bytes */
+  else if (c->len - c->off >= 4) { /* room for the whole frame at once */
     uint32_t flen = crun__get_u32(c->buf + c->off);
     if (flen <= CRUN_STORE_MAX_FRAME && c->off + 4 + flen > c->len)
       want = c->off + 4 + flen - c->len;
@@ -515,6 +554,16 @@ static void peer_name(conn_t *c, int local) {
   else snprintf(c->peer, sizeof c->peer, "%s", ip);
 }
 
+/* Whether the peer of a unix-socket connection runs as this user (or root). */
+static int same_user(conn_t *c) {
+  uv_os_fd_t fd;
+  struct ucred cred;
+  socklen_t cl = sizeof cred;
+  if (uv_fileno((uv_handle_t *)&c->h, &fd) != 0 || getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) != 0)
+    return 0;
+  return cred.uid == geteuid() || cred.uid == 0;
+}
+
 /* Initializes c's handle for the listener it arrives on. */
 static void conn_handle_init(crun_store_server_t *srv, conn_t *c, int local) {
   if (local) uv_pipe_init(&srv->loop, &c->h.pipe, 0);
@@ -543,6 +592,13 @@ static void on_connection(uv_stream_t *server, int status) {
   if (srv->conns) srv->conns->prev = c;
   srv->conns = c;
   CRUN_LOG(TRACE, STORE, "store server %s: connection from %s", srv->addr, c->peer);
+  if (local && !same_user(c)) return refuse(c, "the unix socket's peer is another user");
+  wreq_t *w = malloc(sizeof *w + CRUN__AUTH_GREET);
+  if (!w) return conn_close(c, "out of memory");
+  crun__auth_greet(&srv->auth, (unsigned char *)(w + 1), c->nonce);
+  w->buf = uv_buf_init((char *)(w + 1), CRUN__AUTH_GREET);
+  send_reply(c, w);
+  if (c->closing) return;
   uv_read_start((uv_stream_t *)&c->h, on_alloc, on_read);
 }
 
@@ -561,11 +617,20 @@ static void server_thread(void *arg) {
 
 /* ------------------------------------------------------------ public */
 
-/* Fills a bind address: an IP literal as given, anything else -> 0.0.0.0. */
+/* Fills a bind address: an IP literal as given; "localhost" or nothing ->
+ * 127.0.0.1; a host name -> its first IPv4 address (the address the job
+ * publishes, never the wildcard unless asked for with "0.0.0.0"). */
 static int bind_addr(const char *host, int port, struct sockaddr_storage *ss) {
-  if (host && *host && uv_ip4_addr(host, port, (struct sockaddr_in *)ss) == 0) return 0;
-  if (host && *host && uv_ip6_addr(host, port, (struct sockaddr_in6 *)ss) == 0) return 0;
-  return uv_ip4_addr("0.0.0.0", port, (struct sockaddr_in *)ss);
+  if (!host || !*host || strcmp(host, "localhost") == 0) return uv_ip4_addr("127.0.0.1", port, (struct sockaddr_in *)ss);
+  if (uv_ip4_addr(host, port, (struct sockaddr_in *)ss) == 0) return 0;
+  if (uv_ip6_addr(host, port, (struct sockaddr_in6 *)ss) == 0) return 0;
+  struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM}, *ai = NULL;
+  if (getaddrinfo(host, NULL, &hints, &ai) != 0 || !ai)
+    return crun_error(CRUN_EINVAL, "store server: cannot resolve '%s' to an address to listen on", host);
+  memcpy(ss, ai->ai_addr, ai->ai_addrlen);
+  ((struct sockaddr_in *)ss)->sin_port = htons((uint16_t)port);
+  freeaddrinfo(ai);
+  return 0;
 }
 
 /* Returns 1 when clients on this host reach ss through 127.0.0.1 / ::1
@@ -605,7 +670,7 @@ static void listen_local(crun_store_server_t *srv, const struct sockaddr_storage
 static int server_listen(crun_store_server_t *srv, const char *host, int port) {
   struct sockaddr_storage ss;
   memset(&ss, 0, sizeof ss);
-  bind_addr(host, port, &ss);
+  CRUN_CHECK(bind_addr(host, port, &ss));
   uv_tcp_init(&srv->loop, &srv->listener);
   srv->listener.data = srv;
   int rc = uv_tcp_bind(&srv->listener, (struct sockaddr *)&ss, 0);
@@ -648,12 +713,22 @@ static int start_thread(crun_store_server_t *srv) {
 }
 
 int crun_store_server_start(const char *host, int port, crun_store_server_t **out) {
+  return crun_store_server_start_token(host, port, NULL, out);
+}
+
+int crun_store_server_start_token(const char *host, int port, const char *token, crun_store_server_t **out) {
   if (!out || port < 0 || port > 65535)
     return crun_error(CRUN_EINVAL, "store server: bad port %d or NULL out", port);
   crun_store_server_t *srv = calloc(1, sizeof *srv);
   if (!srv || crun__kv_init(&srv->kv) < 0) {
     free(srv);
     return crun_error(CRUN_ENOMEM, "store server: out of memory");
+  }
+  int arc = crun__auth_init(&srv->auth, token ? token : getenv("CRUN_TOKEN"));
+  if (arc < 0) {
+    crun__kv_free(&srv->kv);
+    free(srv);
+    return arc;
   }
   int rc = uv_loop_init(&srv->loop);
   if (rc < 0) {
@@ -683,6 +758,7 @@ void crun_store_server_stop(crun_store_server_t *srv) {
   uv_thread_join(&srv->thread);
   uv_loop_close(&srv->loop);
   crun__kv_free(&srv->kv);
-  CRUN_LOG(INFO, STORE, "store server %s stopped", srv->addr);
+  CRUN_LOG(INFO, STORE, "store server %s stopped (%lu client%s refused)", srv->addr, srv->refused,
+           srv->refused == 1 ? "" : "s");
   free(srv);
 }

@@ -52,6 +52,13 @@ void crun_test_fail(const char *file, int line, const char *fmt, ...)
                      crun_last_error());                                      \
   } while (0)
 
+/* Expects crun_last_error() to contain needle. */
+#define EXPECT_TEXT(needle)                                                           \
+  do {                                                                                \
+    if (!strstr(crun_last_error(), (needle)))                                         \
+      crun_test_fail(__FILE__, __LINE__, "error text lacks '%s': %s", (needle), crun_last_error()); \
+  } while (0)
+
 #define CRUN_X_CASE(name) {#name, test_##name},
 #define CRUN_TEST_MAIN()                                                      \
   int main(int argc, char **argv) {                                           \

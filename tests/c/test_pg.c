@@ -6,12 +6,6 @@
 
 #include "test_pg_util.h"
 
-#define EXPECT_TEXT(needle)                                                           \
-  do {                                                                                \
-    if (!strstr(crun_last_error(), (needle)))                                         \
-      crun_test_fail(__FILE__, __LINE__, "error text lacks '%s': %s", (needle), crun_last_error()); \
-  } while (0)
-
 static void async_order(crun_pg_t *pg, void *arg) {
   (void)arg;
   int r = crun_pg_rank(pg), p = crun_pg_size(pg);

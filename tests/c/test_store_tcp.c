@@ -11,6 +11,7 @@
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -23,12 +24,28 @@ static crun_store_t *client(int port, double timeout) {
   return s;
 }
 
-/* A raw TCP socket to 127.0.0.1:port. */
-static int raw_connect(int port) {
+/* A raw TCP socket to 127.0.0.1:port, before any greeting is read. */
+static int raw_socket(int port) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
   inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
   EXPECT(connect(fd, (struct sockaddr *)&a, sizeof a) == 0);
+  return fd;
+}
+
+/* A raw TCP socket to an open (secret-less) server at 127.0.0.1:port that
+ * has read the greeting and sent the (empty) answer, so frames come next. */
+static int raw_connect(int port) {
+  int fd = raw_socket(port);
+  char greet[40], answer[64] = {0};
+  size_t got = 0;
+  while (got < sizeof greet) {
+    ssize_t n = recv(fd, greet + got, sizeof greet - got, 0);
+    EXPECT(n > 0);
+    got += (size_t)n;
+  }
+  EXPECT(memcmp(greet, "crunopen", 8) == 0);
+  EXPECT(send(fd, answer, sizeof answer, 0) == (ssize_t)sizeof answer);
   return fd;
 }
 
@@ -445,7 +462,111 @@ TEST(tcp_both_transports) {
   unsetenv("CRUN_STORE_UNIX");
 }
 
+/* A store opened with a secret: clients that prove it are served; clients
+ * with another secret or none, strangers' bytes and a server without the
+ * secret are refused with EACCES, and nothing is read or written for them. */
+static crun_store_t *token_client(int port, const char *token, int unix_socket, int *rc) {
+  crun_store_tcp_opts_t o = {.host = "127.0.0.1", .port = port, .timeout = 3, .connect_timeout = 1, .token = token};
+  crun_store_t *s = NULL;
+  setenv("CRUN_STORE_UNIX", unix_socket ? "1" : "0", 1);
+  *rc = crun_store_tcp_new(&o, &s);
+  unsetenv("CRUN_STORE_UNIX");
+  return s;
+}
+
+TEST(tcp_secret) {
+  crun_store_server_t *srv;
+  EXPECT_OK(crun_store_server_start_token("127.0.0.1", 0, "job-secret-1", &srv));
+  int port = crun_store_server_port(srv), rc;
+  for (int local = 0; local < 2; local++) {
+    crun_store_t *s = token_client(port, "job-secret-1", local, &rc);
+    EXPECT_OK(rc);
+    EXPECT_OK(crun_store_set(s, "k", "v", 1));
+    crun_store_release(s);
+    EXPECT(token_client(port, "job-secret-2", local, &rc) == NULL);
+    EXPECT_STATUS(rc, CRUN_EACCES);
+    EXPECT_TEXT("refused this client's proof");
+    EXPECT(token_client(port, "", local, &rc) == NULL);
+    EXPECT_STATUS(rc, CRUN_EACCES);
+    EXPECT_TEXT("requires the job's secret");
+  }
+  /* a stranger's bytes: a forged answer and frames behind it are never served */
+  int fd = raw_socket(port);
+  char greet[40];
+  EXPECT(recv(fd, greet, sizeof greet, MSG_WAITALL) == 40 && memcmp(greet, "crunauth", 8) == 0);
+  uint8_t forged[64 + 64] = {0}, frame[64];
+  size_t flen = get_frame(frame, "k");
+  memcpy(forged + 64, frame, flen);
+  EXPECT(send(fd, forged, 64 + flen, 0) == (ssize_t)(64 + flen));
+  EXPECT(closed_by_server(fd));
+  close(fd);
+  /* a client with the secret does not talk to a server without it */
+  crun_store_server_t *open;
+  EXPECT_OK(crun_store_server_start_token("127.0.0.1", 0, "", &open));
+  EXPECT(token_client(crun_store_server_port(open), "job-secret-1", 0, &rc) == NULL);
+  EXPECT_STATUS(rc, CRUN_EACCES);
+  EXPECT_TEXT("does not know the job's secret");
+  crun_store_server_stop(open);
+  crun_store_t *s = token_client(port, "job-secret-1", 0, &rc);
+  EXPECT_OK(rc);
+  crun_buf_t b;
+  EXPECT_OK(crun_store_get(s, "k", &b)); /* the server kept serving */
+  EXPECT(b.len == 1 && memcmp(b.data, "v", 1) == 0);
+  crun_buf_free(&b);
+  crun_store_release(s);
+  crun_store_server_stop(srv);
+}
+
+/* Another user who binds the store's unix socket name first gets nothing:
+ * the client sees the socket's owner (SO_PEERCRED) and goes over TCP. */
+TEST(tcp_unix_socket_taken_by_another_user) {
+  if (geteuid() != 0) {
+    printf("SKIP: needs root to act as another user\n");
+    return;
+  }
+  int port = free_port();
+  int ready[2], told[2];
+  EXPECT(pipe(ready) == 0 && pipe(told) == 0);
+  pid_t kid = fork();
+  if (kid == 0) { /* the squatter: binds the name, reports whether it ever got a byte */
+    alarm(20);
+    if (setgid(65534) != 0 || setuid(65534) != 0) _exit(3);
+    struct sockaddr_un un;
+    socklen_t len = crun__store_local_addr("127.0.0.1", port, &un);
+    int lfd = socket(AF_UNIX, SOCK_STREAM, 0);
+    if (bind(lfd, (struct sockaddr *)&un, len) < 0 || listen(lfd, 8) < 0) _exit(4);
+    if (write(ready[1], "r", 1) != 1) _exit(5);
+    char got = 'n', b[64];
+    for (;;) {
+      struct pollfd p = {lfd, POLLIN, 0};
+      if (poll(&p, 1, 3000) != 1) break;
+      int c = accept(lfd, NULL, NULL);
+      struct pollfd q = {c, POLLIN, 0};
+      if (poll(&q, 1, 500) == 1 && recv(c, b, sizeof b, 0) > 0) got = 'y';
+      close(c);
+    }
+    if (write(told[1], &got, 1) != 1) _exit(6);
+    _exit(0);
+  }
+  char c;
+  EXPECT(read(ready[0], &c, 1) == 1);
+  crun_store_server_t *srv; /* its own unix socket cannot be bound: the name is taken */
+  EXPECT_OK(crun_store_server_start_token("127.0.0.1", port, "", &srv));
+  crun_store_tcp_opts_t o = {.host = "127.0.0.1", .port = port, .timeout = 3, .connect_timeout = 1, .token = ""};
+  crun_store_t *s = NULL;
+  EXPECT_OK(crun_store_tcp_new(&o, &s));
+  EXPECT_OK(crun_store_set(s, "secret-key", "v", 1));
+  int64_t n;
+  EXPECT_OK(crun_store_num_keys(s, &n));
+  crun_store_release(s);
+  crun_store_server_stop(srv);
+  EXPECT(read(told[0], &c, 1) == 1);
+  waitpid(kid, NULL, 0);
+  EXPECT(c == 'n');
+}
+
 #define CRUN_TESTS(X) X(tcp_semantics) X(tcp_get_is_parked_until_set) X(tcp_port_in_use) \
   X(tcp_connect_refused) X(tcp_world_size_join) X(tcp_hostile_frames) X(tcp_server_goes_away) \
-  X(tcp_thousand_clients) X(tcp_multiprocess_race) X(tcp_big_value) X(tcp_pipelined_clients) X(tcp_both_transports)
+  X(tcp_thousand_clients) X(tcp_multiprocess_race) X(tcp_big_value) X(tcp_pipelined_clients) X(tcp_both_transports) \
+  X(tcp_secret) X(tcp_unix_socket_taken_by_another_user)
 CRUN_TEST_MAIN()

@@ -33,7 +33,8 @@ extern "C" {
   X(ESTATE,     -14,  "invalid state for this operation")                    \
   X(EINTR,      -15,  "interrupted")                                         \
   X(EPEERDIED,  -16,  "peer process died")                                   \
-  X(ESYS,       -17,  "system call failed")
+  X(ESYS,       -17,  "system call failed")                                  \
+  X(EACCES,     -18,  "permission denied")
 
 typedef enum {
 #define CRUN_X_ENUM(name, value, msg) CRUN_##name = (value),

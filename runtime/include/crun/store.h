@@ -48,6 +48,7 @@ typedef struct {
   int world_size;        /* >0: the master's create waits until this many clients joined; 0: don't */
   double timeout;        /* seconds for every blocking call; <=0 means the default */
   double connect_timeout;/* seconds to keep retrying the connect; <=0 means `timeout` */
+  const char *token;     /* the job's secret; NULL: CRUN_TOKEN from the environment; "": none */
 } crun_store_tcp_opts_t;
 
 /* Creates a TCP store client, starting an embedded server first when
@@ -111,6 +112,11 @@ typedef struct crun_store_server crun_store_server_t;
 /* Binds host:port (port 0 picks a free one) and starts serving. Fails with
  * CRUN_EADDRINUSE naming the address when the port is taken. */
 int crun_store_server_start(const char *host, int port, crun_store_server_t **out);
+
+/* As crun_store_server_start with the job's secret: every client must prove
+ * it (challenge-response, runtime/core/auth.h) before its first request.
+ * token NULL: CRUN_TOKEN from the environment; "": an open store. */
+int crun_store_server_start_token(const char *host, int port, const char *token, crun_store_server_t **out);
 
 /* Returns the port the server listens on. */
 int crun_store_server_port(crun_store_server_t *srv);
