@@ -1,6 +1,11 @@
 /* tcp_mesh.c — builds the full mesh of a group: every rank listens on an
- * ephemeral port and publishes host:port under "tcp/<rank>" in the group's
- * store; each rank connects to every lower rank and accepts every higher one. */
+ * ephemeral port of the address it publishes (never the wildcard) under
+ * "tcp/<rank>" in the group's store; each rank connects to every lower rank
+ * and accepts every higher one. A connection says hello (group, rank, size)
+ * and, when the job has a secret, passes the challenge-response of
+ * core/auth.h bound to (group, connector, acceptor) before it is used. A
+ * connection that fails either (junk bytes, a forged hello, no proof) is
+ * closed and logged once; the mesh goes on accepting the real ranks. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -16,6 +21,7 @@
 #include <unistd.h>
 
 #include "transport/tcp_priv.h"
+#include "core/auth.h"
 
 typedef struct {
   uint32_t magic, group;
@@ -68,12 +74,18 @@ static void local_host(char *buf, size_t cap) {
   freeaddrinfo(ai);
 }
 
-/* Opens a listening socket on an ephemeral port; returns the fd, port in *port. */
-static int listen_ephemeral(int backlog, int *port) {
+/* Opens a listening socket on an ephemeral port of host (the address this
+ * rank publishes; the wildcard only when host is not an IPv4 literal);
+ * returns the fd, port in *port. */
+static int listen_ephemeral(const char *host, int backlog, int *port) {
   int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return crun_error(CRUN_ESYS, "socket: %s", strerror(errno));
   tune_socket(fd);
   struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_ANY)};
+  if (inet_pton(AF_INET, host, &sa.sin_addr) != 1) {
+    sa.sin_addr.s_addr = htonl(INADDR_ANY);
+    CRUN_LOG(WARN, NET, "tcp mesh: '%s' is not an IPv4 address; listening on every address", host);
+  }
   socklen_t sl = sizeof sa;
   if (bind(fd, (struct sockaddr *)&sa, sizeof sa) < 0 || listen(fd, backlog) < 0 ||
       getsockname(fd, (struct sockaddr *)&sa, &sl) < 0) {
@@ -128,6 +140,39 @@ static int dial(const char *host, const char *port, double deadline) {
   return fd;
 }
 
+/* The auth context of the connection from rank `from` to rank `to`. */
+static void mesh_ctx(const crun__tcp_t *t, int from, int to, char *buf, size_t cap) {
+  snprintf(buf, cap, "mesh %08x %d->%d of %d", t->group, from, to, t->size);
+}
+
+/* Connector: answers lower rank j's greeting and checks its proof. */
+static int prove(crun__tcp_t *t, int fd, int j, double deadline) {
+  char ctx[96], peer[64];
+  unsigned char greet[CRUN__AUTH_GREET], answer[CRUN__AUTH_ANSWER], want[CRUN__AUTH_PROOF], got[CRUN__AUTH_PROOF];
+  mesh_ctx(t, t->rank, j, ctx, sizeof ctx);
+  snprintf(peer, sizeof peer, "rank %d of the mesh", j);
+  CRUN_CHECK(io_full(fd, greet, sizeof greet, 0, deadline));
+  CRUN_CHECK(crun__auth_answer(&t->auth, ctx, peer, greet, answer, want));
+  CRUN_CHECK(io_full(fd, answer, sizeof answer, 1, deadline));
+  if (!t->auth.on) return 0;
+  int rc = io_full(fd, got, sizeof got, 0, deadline);
+  if (rc < 0) return crun_error(CRUN_EACCES, "%s refused this rank's proof of the job's secret", peer);
+  return crun__auth_check_proof(want, got, peer);
+}
+
+/* Acceptor: greets the connector of hello h and checks its answer. */
+static int challenge(crun__tcp_t *t, int fd, const hello_t *h, double deadline) {
+  char ctx[96];
+  unsigned char greet[CRUN__AUTH_GREET], nonce[32], answer[CRUN__AUTH_ANSWER], proof[CRUN__AUTH_PROOF];
+  mesh_ctx(t, h->rank, t->rank, ctx, sizeof ctx);
+  crun__auth_greet(&t->auth, greet, nonce);
+  CRUN_CHECK(io_full(fd, greet, sizeof greet, 1, deadline));
+  CRUN_CHECK(io_full(fd, answer, sizeof answer, 0, deadline));
+  if (crun__auth_check_answer(&t->auth, ctx, nonce, answer, proof) < 0)
+    return crun_error(CRUN_EACCES, "no proof of the job's secret from a connection claiming rank %d", h->rank);
+  return t->auth.on ? io_full(fd, proof, sizeof proof, 1, deadline) : 0;
+}
+
 /* Connects to lower rank j (address from the store) and says hello. */
 static int connect_lower(crun__tcp_t *t, int j, double deadline) {
   char key[32];
@@ -148,6 +193,7 @@ static int connect_lower(crun__tcp_t *t, int j, double deadline) {
   if (fd < 0) return fd;
   hello_t h = {CRUN__TCP_HELLO, t->group, t->rank, t->size};
   rc = io_full(fd, &h, sizeof h, 1, deadline);
+  if (rc == 0) rc = prove(t, fd, j, deadline);
   if (rc < 0) { close(fd); return rc; }
   t->fds[j] = fd;
   return 0;
@@ -161,11 +207,20 @@ static int accept_higher(crun__tcp_t *t, int lfd, double deadline) {
   if (fd < 0) return (errno == EAGAIN || errno == EINTR) ? 0 : crun_error(CRUN_ESYS, "accept: %s", strerror(errno));
   tune_socket(fd);
   hello_t h;
-  int rc = io_full(fd, &h, sizeof h, 0, deadline);
+  /* a stranger gets a short while for its hello and proof, not the mesh's deadline */
+  double d = crun_clock() + 2.0 < deadline ? crun_clock() + 2.0 : deadline;
+  int rc = io_full(fd, &h, sizeof h, 0, d);
   if (rc == 0 && (h.magic != CRUN__TCP_HELLO || h.group != t->group || h.rank <= t->rank ||
                   h.rank >= t->size || h.size != t->size || t->fds[h.rank] >= 0))
     rc = crun_error(CRUN_EPROTO, "unexpected hello (rank %d of %d, group %08x)", h.rank, h.size, h.group);
-  if (rc < 0) { close(fd); return rc; }
+  if (rc == 0) rc = challenge(t, fd, &h, d);
+  if (rc < 0) {
+    close(fd);
+    if (t->refused++ == 0)
+      CRUN_LOG(WARN, NET, "group '%s' rank %d: refused a mesh connection: %s (further ones are counted)",
+               t->pg->prefix, t->rank, crun_last_error());
+    return 0; /* keep accepting: the real ranks are still to come */
+  }
   t->fds[h.rank] = fd;
   return 1;
 }
@@ -179,10 +234,11 @@ static void missing_list(crun__tcp_t *t, char *buf, size_t cap) {
 }
 
 static int build_mesh(crun__tcp_t *t, double deadline) {
-  int port = 0, lfd = listen_ephemeral(t->size + 16, &port);
-  if (lfd < 0) return lfd;
+  CRUN_CHECK(crun__auth_from_env(&t->auth));
   char host[64], val[96], key[32];
   local_host(host, sizeof host);
+  int port = 0, lfd = listen_ephemeral(host, t->size + 16, &port);
+  if (lfd < 0) return lfd;
   snprintf(val, sizeof val, "%s:%d", host, port);
   snprintf(key, sizeof key, "tcp/%d", t->rank);
   int rc = crun_store_set(t->pg->store, key, val, strlen(val));

@@ -7,6 +7,7 @@
 #include <pthread.h>
 
 #include "transport/tcp.h"
+#include "core/auth.h"
 
 #define CRUN__TCP_MAGIC 0x314e5243u /* "CRN1" */
 #define CRUN__TCP_HELLO 0x4f4c4548u /* "HELO" */
@@ -58,6 +59,8 @@ struct crun__tcp {
   crun_pg_t *pg;
   int rank, size;
   uint32_t group;
+  crun__auth_t auth;      /* the job's secret: every mesh connection proves it */
+  unsigned long refused;  /* mesh connections refused while building (logged once) */
   int *fds;             /* fds[peer]; -1 for self */
   char *tx_dirty;       /* a frame to that peer was left half sent */
   char *closed;         /* the peer closed its side (seen by an any-source recv) */
