@@ -207,14 +207,17 @@ static int tcp_connect(tcp_store_t *t, double deadline) {
     if (fd < 0) fd = connect_once(t->host, t->port, deadline);
     if (fd >= 0) {
       int rc = client_handshake(t, fd, local, deadline);
-      if (rc < 0) {
-        close(fd);
-        return rc;
+      if (rc == 0) {
+        t->fd = fd;
+        t->rlen = 0;
+        t->rcvtimeo = 0;
+        return 0;
       }
-      t->fd = fd;
-      t->rlen = 0;
-      t->rcvtimeo = 0;
-      return 0;
+      close(fd);
+      /* a wrong secret stays wrong; a handshake cut short (a busy server
+       * shedding connections) is tried again until the deadline */
+      if (rc == CRUN_EACCES || rc == CRUN_EPROTO || crun_clock() >= deadline) return rc;
+      fd = -ECONNRESET;
     }
     double left = deadline - crun_clock();
     if (left <= 0 || fd == -EHOSTUNREACH) {

@@ -16,6 +16,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netdb.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -42,7 +43,8 @@ struct crun_store_server {
   crun__auth_t auth;          /* the job's secret (auth.on == 0: open store) */
   unsigned long refused;      /* clients refused (logged once, then counted) */
   conn_t *conns;              /* every open connection */
-  conn_t *parked;             /* connections whose head request waits */
+  conn_t *waiters[1024];      /* parked requests by the hash of the key they wait for */
+  conn_t *join_waiters;       /* parked JOIN_WAITs */
   conn_t *ready, *ready_tail; /* parked ones to look at again */
   int draining;
 };
@@ -54,10 +56,15 @@ struct conn {
   } h;
   crun_store_server_t *srv;
   conn_t *prev, *next;   /* srv->conns */
-  conn_t *pprev, *pnext; /* srv->parked */
+  conn_t *pprev, *pnext; /* the list it is parked in (srv->waiters[i] or srv->join_waiters) */
+  conn_t **plist;        /* that list's head */
+  size_t wrel;           /* the missing key it waits for: at buf + off + wrel */
+  uint32_t wlen;         /* (an offset: buf moves as more bytes arrive) */
   conn_t *rnext;         /* srv->ready */
   int parked, in_ready, closing, throttled;
   int authed;              /* passed the challenge-response (core/auth.h) */
+  double since;            /* when it connected (unauthenticated ones expire) */
+  size_t queued;           /* bytes of queued replies, with their bookkeeping */
   unsigned char nonce[32]; /* the greeting's nonce */
   uint8_t *buf;
   size_t off, len, cap;  /* unserved bytes are buf[off..len) */
@@ -73,24 +80,60 @@ enum { FRAME_DONE, FRAME_PARK, FRAME_CLOSE };
 
 /* Bytes a client may pipeline behind a request that is waiting. */
 #define PARKED_BACKLOG_MAX ((size_t)64 << 20)
-/* Reply bytes queued for a client that does not read, before the server
- * stops serving (and reading) that connection until they drain. */
+/* Reply bytes queued for a client that does not read (counting each
+ * reply's bookkeeping, so a flood of tiny replies is bounded too), before the
+ * server stops serving (and reading) that connection until they drain. */
 #define WRITE_BACKLOG_MAX ((size_t)64 << 20)
+/* Connections still in the handshake: at most this many (the oldest goes
+ * when another arrives: a real client finishes in well under a millisecond),
+ * each for at most HANDSHAKE_SECONDS. */
+#define PENDING_MAX 1024
+#define HANDSHAKE_SECONDS 10.0
 
 /* ------------------------------------------------------------ lists */
 
+static unsigned key_bucket(const void *key, size_t len) {
+  const uint8_t *p = key;
+  uint32_t h = 2166136261u;
+  for (size_t i = 0; i < len; i++) h = (h ^ p[i]) * 16777619u;
+  return h % 1024u;
+}
+
+static int key_exists(crun_store_server_t *srv, const uint8_t *k, uint32_t len) {
+  return crun__kv_find(&srv->kv, (const char *)k, len) != NULL;
+}
+
+/* Parks c's head request: indexed by the first of its keys that is missing
+ * (a set of that key wakes it; it then looks again and, if another key is
+ * still missing, parks on that one), or in the join list. So a set looks at
+ * the requests waiting for its own key only. */
 static void parked_add(crun_store_server_t *srv, conn_t *c) {
+  const uint8_t *f = c->buf + c->off;
+  c->wrel = 0, c->wlen = 0;
+  c->plist = &srv->join_waiters;
+  if (f[5] != CRUN__SOP_JOIN_WAIT) {
+    unsigned nargs = (unsigned)f[6] | (unsigned)f[7] << 8;
+    size_t p = CRUN_STORE_FRAME_HDR;
+    for (unsigned i = 0; i < nargs; i++) {
+      uint32_t l = crun__get_u32(f + p);
+      c->wrel = p + 4, c->wlen = l;
+      if (!key_exists(srv, f + p + 4, l)) break;
+      p += 4 + l;
+    }
+    c->plist = &srv->waiters[key_bucket(f + c->wrel, c->wlen)];
+  }
   c->parked = 1;
   c->pprev = NULL;
-  c->pnext = srv->parked;
-  if (srv->parked) srv->parked->pprev = c;
-  srv->parked = c;
+  c->pnext = *c->plist;
+  if (*c->plist) (*c->plist)->pprev = c;
+  *c->plist = c;
 }
 
 static void parked_remove(crun_store_server_t *srv, conn_t *c) {
+  (void)srv;
   if (!c->parked) return;
   if (c->pprev) c->pprev->pnext = c->pnext;
-  else srv->parked = c->pnext;
+  else *c->plist = c->pnext;
   if (c->pnext) c->pnext->pprev = c->pprev;
   c->parked = 0;
 }
@@ -143,14 +186,14 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf);
 static void on_written(uv_write_t *req, int status) {
   wreq_t *w = (wreq_t *)req;
   conn_t *c = req->handle->data;
+  c->queued -= sizeof *w + w->buf.len;
   free(w);
   if (status < 0 && status != UV_ECANCELED) { /* the client went away: not its fault */
     CRUN_LOG(INFO, STORE, "store server %s: write to %s: %s", c->srv->addr, c->peer,
              uv_strerror(status));
     conn_close(c, NULL);
   }
-  if (c->closing || !c->throttled ||
-      uv_stream_get_write_queue_size((uv_stream_t *)&c->h) > WRITE_BACKLOG_MAX / 2)
+  if (c->closing || !c->throttled || c->queued > WRITE_BACKLOG_MAX / 2)
     return;
   c->throttled = 0;
   uv_read_start((uv_stream_t *)&c->h, on_alloc, on_read);
@@ -177,7 +220,9 @@ static int send_reply(conn_t *c, wreq_t *w) {
   if (rc < 0) {
     free(w);
     conn_close(c, uv_strerror(rc));
+    return 0;
   }
+  c->queued += sizeof *w + w->buf.len;
   return 0;
 }
 
@@ -233,25 +278,11 @@ static int reply_err(conn_t *c, int status) {
 
 /* ------------------------------------------------------------ waking */
 
-/* Returns 1 when key equals one of the key arguments of c's head frame. */
-static int head_names_key(conn_t *c, const char *key, size_t klen) {
-  const uint8_t *f = c->buf + c->off;
-  unsigned nargs = (unsigned)f[6] | (unsigned)f[7] << 8;
-  size_t p = CRUN_STORE_FRAME_HDR;
-  for (unsigned i = 0; i < nargs; i++) {
-    uint32_t l = crun__get_u32(f + p);
-    if (l == klen && memcmp(f + p + 4, key, klen) == 0) return 1;
-    p += 4 + l;
-  }
-  return 0;
-}
-
-/* Queues the parked connections waiting on key (NULL: on the join count). */
+/* Queues the parked requests waiting on key (NULL: on the join count). */
 static void wake(crun_store_server_t *srv, const char *key, size_t klen) {
-  for (conn_t *c = srv->parked; c; c = c->pnext) {
-    int join = c->buf[c->off + 5] == CRUN__SOP_JOIN_WAIT;
-    if (key ? (!join && head_names_key(c, key, klen)) : join) ready_push(srv, c);
-  }
+  conn_t *c = key ? srv->waiters[key_bucket(key, klen)] : srv->join_waiters;
+  for (; c; c = c->pnext)
+    if (!key || (c->wlen == klen && memcmp(c->buf + c->off + c->wrel, key, klen) == 0)) ready_push(srv, c);
 }
 
 /* ------------------------------------------------------------ ops */
@@ -447,7 +478,7 @@ static void serve_conn(conn_t *c) {
   char why[160];
   if (!c->authed && authenticate(c) < 0) return;
   while (!c->parked && !c->closing && c->len - c->off >= 4) {
-    if (uv_stream_get_write_queue_size((uv_stream_t *)&c->h) > WRITE_BACKLOG_MAX) {
+    if (c->queued > WRITE_BACKLOG_MAX) {
       c->throttled = 1; /* resumed by on_written once the replies drain */
       uv_read_stop((uv_stream_t *)&c->h);
       return;
@@ -554,6 +585,26 @@ static void peer_name(conn_t *c, int local) {
   else snprintf(c->peer, sizeof c->peer, "%s", ip);
 }
 
+/* Closes connections that are still in the handshake after
+ * HANDSHAKE_SECONDS, and the oldest ones beyond PENDING_MAX (never `keep`):
+ * idle strangers cannot use up the server's file descriptors. */
+static void expire_pending(crun_store_server_t *srv, conn_t *keep) {
+  double now = crun_clock();
+  int pending = 0;
+  conn_t *oldest = NULL;
+  for (conn_t *c = srv->conns, *next; c; c = next) {
+    next = c->next;
+    if (c->authed || c == keep) continue;
+    if (now - c->since > HANDSHAKE_SECONDS) {
+      refuse(c, "no handshake within the deadline");
+      continue;
+    }
+    pending++;
+    oldest = c; /* the list is newest first */
+  }
+  if (pending >= PENDING_MAX && oldest) refuse(oldest, "too many connections in the handshake");
+}
+
 /* Whether the peer of a unix-socket connection runs as this user (or root). */
 static int same_user(conn_t *c) {
   uv_os_fd_t fd;
@@ -593,6 +644,8 @@ static void on_connection(uv_stream_t *server, int status) {
   srv->conns = c;
   CRUN_LOG(TRACE, STORE, "store server %s: connection from %s", srv->addr, c->peer);
   if (local && !same_user(c)) return refuse(c, "the unix socket's peer is another user");
+  c->since = crun_clock();
+  expire_pending(srv, c);
   wreq_t *w = malloc(sizeof *w + CRUN__AUTH_GREET);
   if (!w) return conn_close(c, "out of memory");
   crun__auth_greet(&srv->auth, (unsigned char *)(w + 1), c->nonce);
@@ -712,6 +765,16 @@ static int start_thread(crun_store_server_t *srv) {
                                   srv->addr, uv_strerror(rc));
 }
 
+/* Raises this process's open-file limit to its hard limit (a server of many
+ * ranks needs many descriptors; 1024 is the usual soft default). */
+static void raise_fd_limit(void) {
+  struct rlimit rl;
+  if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+    rl.rlim_cur = rl.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &rl);
+  }
+}
+
 int crun_store_server_start(const char *host, int port, crun_store_server_t **out) {
   return crun_store_server_start_token(host, port, NULL, out);
 }
@@ -724,6 +787,7 @@ int crun_store_server_start_token(const char *host, int port, const char *token,
     free(srv);
     return crun_error(CRUN_ENOMEM, "store server: out of memory");
   }
+  raise_fd_limit();
   int arc = crun__auth_init(&srv->auth, token ? token : getenv("CRUN_TOKEN"));
   if (arc < 0) {
     crun__kv_free(&srv->kv);

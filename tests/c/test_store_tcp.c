@@ -6,6 +6,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -565,8 +566,134 @@ TEST(tcp_unix_socket_taken_by_another_user) {
   EXPECT(c == 'n');
 }
 
+/* Resident memory of this process in MiB. */
+static long rss_mib(void) {
+  long pages = 0, rss = 0;
+  FILE *f = fopen("/proc/self/statm", "r");
+  if (f) {
+    if (fscanf(f, "%ld %ld", &pages, &rss) != 2) rss = 0;
+    fclose(f);
+  }
+  return rss * sysconf(_SC_PAGESIZE) / (1 << 20);
+}
+
+/* A client that pipelines ~90 MiB of tiny requests and never reads its
+ * replies: the server's memory stays bounded (bytes, bookkeeping counted),
+ * it stops reading that connection, and serves the others meanwhile. */
+TEST(tcp_client_that_never_reads) {
+  crun_store_server_t *srv;
+  EXPECT_OK(crun_store_server_start("127.0.0.1", 0, &srv));
+  int port = crun_store_server_port(srv);
+  long before = rss_mib();
+  int fd = raw_connect(port);
+  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+  uint8_t one[8] = {4, 0, 0, 0, CRUN_STORE_PROTO_VERSION, CRUN__SOP_NUM_KEYS, 0, 0};
+  enum { BATCH = 8192 };
+  static uint8_t many[BATCH * 8];
+  for (int i = 0; i < BATCH; i++) memcpy(many + 8 * i, one, 8);
+  size_t sent = 0, off = 0;
+  double end = crun_clock() + 3; /* bounded: the server stops reading long before */
+  while (sent < ((size_t)90 << 20) && crun_clock() < end) {
+    ssize_t n = send(fd, many + off, sizeof many - off, MSG_NOSIGNAL);
+    if (n > 0) {
+      sent += (size_t)n;
+      off = (off + (size_t)n) % sizeof many;
+    } else {
+      struct pollfd p = {fd, POLLOUT, 0};
+      poll(&p, 1, 50);
+    }
+  }
+  crun_store_t *other = client(port, 5); /* the server still serves others */
+  int64_t n;
+  EXPECT_OK(crun_store_num_keys(other, &n));
+  long grown = rss_mib() - before;
+  printf("sent %zu MiB of requests without reading; the process grew by %ld MiB\n", sent >> 20, grown);
+  EXPECT(grown < 400);
+  close(fd);
+  crun_store_release(other);
+  crun_store_server_stop(srv);
+}
+
+/* Many parked waits on distinct keys: each is answered when (and only when)
+ * its own key is set; a multi-key wait parks on each missing key in turn. */
+TEST(tcp_waiters_by_key) {
+  crun_store_server_t *srv;
+  EXPECT_OK(crun_store_server_start("127.0.0.1", 0, &srv));
+  int port = crun_store_server_port(srv);
+  enum { W = 300 };
+  static int fds[W];
+  uint8_t frame[64];
+  char key[32];
+  for (int i = 0; i < W; i++) {
+    snprintf(key, sizeof key, "w%d", i);
+    size_t flen = get_frame(frame, key);
+    fds[i] = raw_connect(port);
+    EXPECT(send(fds[i], frame, flen, 0) == (ssize_t)flen);
+  }
+  crun_store_t *s = client(port, 10);
+  const char *multi_keys[3] = {"m2", "m0", "m1"};
+  pthread_t th;
+  struct { crun_store_t *s; const char *const *k; int rc; } arg = {client(port, 10), multi_keys, 1};
+  void *waiter(void *a);
+  EXPECT(pthread_create(&th, NULL, waiter, &arg) == 0);
+  for (int i = 0; i < 3; i++) {
+    snprintf(key, sizeof key, "m%d", i);
+    EXPECT_OK(crun_store_set(s, key, "x", 1));
+  }
+  pthread_join(th, NULL);
+  EXPECT_OK(arg.rc);
+  crun_store_release(arg.s);
+  for (int k = 0; k < W; k++) {
+    int i = (k * 7 + 3) % W; /* W and 7 coprime: every key once, out of order */
+    snprintf(key, sizeof key, "w%d", i);
+    EXPECT_OK(crun_store_set(s, key, key, strlen(key)));
+    uint8_t r[64];
+    ssize_t n = recv(fds[i], r, sizeof r, 0);
+    EXPECT(n >= 12 && r[5] == 0 && memcmp(r + 12, key, strlen(key)) == 0);
+    if (k + 1 < W) { /* the next one in line is still parked */
+      int j = ((k + 1) * 7 + 3) % W;
+      struct pollfd p = {fds[j], POLLIN, 0};
+      EXPECT(poll(&p, 1, 0) == 0);
+    }
+    close(fds[i]);
+  }
+  crun_store_release(s);
+  crun_store_server_stop(srv);
+}
+
+void *waiter(void *a) {
+  struct { crun_store_t *s; const char *const *k; int rc; } *w = a;
+  w->rc = crun_store_wait(w->s, w->k, 3, 10);
+  return NULL;
+}
+
+/* 1500 idle connections that never pass the handshake (a 1024-descriptor
+ * soft limit would be gone): the job's own clients still connect. */
+TEST(tcp_idle_connection_flood) {
+  struct rlimit rl;
+  getrlimit(RLIMIT_NOFILE, &rl);
+  if (rl.rlim_max < 4000) {
+    printf("SKIP: the hard file limit (%ld) is too low for 1500 connections on both ends\n", (long)rl.rlim_max);
+    return;
+  }
+  rl.rlim_cur = 1024; /* the usual default soft limit */
+  setrlimit(RLIMIT_NOFILE, &rl);
+  crun_store_server_t *srv;
+  EXPECT_OK(crun_store_server_start("127.0.0.1", 0, &srv)); /* raises the soft limit */
+  int port = crun_store_server_port(srv);
+  enum { IDLE = 1500 };
+  static int fds[IDLE];
+  for (int i = 0; i < IDLE; i++) fds[i] = raw_socket(port);
+  crun_store_t *s = client(port, 5);
+  EXPECT_OK(crun_store_set(s, "alive", "1", 1));
+  crun_store_release(s);
+  for (int i = 0; i < IDLE; i++) close(fds[i]);
+  crun_store_server_stop(srv);
+}
+
 #define CRUN_TESTS(X) X(tcp_semantics) X(tcp_get_is_parked_until_set) X(tcp_port_in_use) \
   X(tcp_connect_refused) X(tcp_world_size_join) X(tcp_hostile_frames) X(tcp_server_goes_away) \
   X(tcp_thousand_clients) X(tcp_multiprocess_race) X(tcp_big_value) X(tcp_pipelined_clients) X(tcp_both_transports) \
-  X(tcp_secret) X(tcp_unix_socket_taken_by_another_user)
+  X(tcp_secret) X(tcp_unix_socket_taken_by_another_user) X(tcp_client_that_never_reads) X(tcp_waiters_by_key) \
+  X(tcp_idle_connection_flood)
 CRUN_TEST_MAIN()
