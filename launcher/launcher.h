@@ -65,8 +65,10 @@ void crun__worker_setenv(const crun__opts_t *o, const crun__placement_t *p);
  * os.exit() code, or 1 after printing a Lua error with its traceback. */
 int crun__worker_run(const crun__opts_t *o);
 
-/* Parses the script once without running it, so that a missing file or a
- * syntax error is reported once by the launcher instead of by every rank.
+/* Reads the script once (workers and restarts load these same bytes, so a
+ * pipe or /dev/stdin works) and parses it without running it, so that a
+ * missing file or a syntax error is reported once by the launcher instead of
+ * by every rank.
  * Returns 0 or CRUN_EINVAL with the Lua message in crun_last_error(). */
 int crun__script_check(const char *script);
 
