@@ -44,3 +44,69 @@ if attempt == "0" and rank == "1" then os.exit(3) end
     assert.are.equal(1, U.count(r.err, "/dev/stdin:1:"), r.err)
   end)
 end)
+
+describe("crun.save refuses targets that are not regular files (item 12)", function()
+  local serialize = require "crun.serialize"
+  local dir
+  before_each(function() dir = U.tmpdir() end)
+  after_each(function() U.rmrf(dir) end)
+
+  local function kind(path)
+    local p = io.popen("stat -c %F " .. q(path) .. " 2>/dev/null")
+    local k = p:read("l")
+    p:close()
+    return k
+  end
+
+  it("leaves a symbolic link and the file it points to alone", function()
+    C.write(dir .. "/victim", "precious\n")
+    assert(os.execute("ln -s victim " .. q(dir .. "/link")))
+    local ok, err = pcall(serialize.save, dir .. "/link", {epoch = 1})
+    assert.is_false(ok)
+    assert.are.equal("EINVAL: crun.save: " .. dir .. "/link is a symbolic link, not a regular "
+                     .. "file; refusing to replace it", err)
+    assert.are.equal("symbolic link", kind(dir .. "/link"))
+    assert.are.equal("precious\n", U.slurp(dir .. "/victim"))
+  end)
+
+  it("refuses a fifo, a directory and (as root) a device node", function()
+    assert(os.execute("mkfifo " .. q(dir .. "/fifo") .. " && mkdir " .. q(dir .. "/d")))
+    local targets = {fifo = "a fifo", d = "a directory"}
+    if os.execute("mknod " .. q(dir .. "/null") .. " c 1 3 2>/dev/null") then
+      targets.null = "a character device"
+    end
+    for name, what in pairs(targets) do
+      local ok, err = pcall(serialize.save, dir .. "/" .. name, 42)
+      assert.is_false(ok, name)
+      assert.are.equal("EINVAL: crun.save: " .. dir .. "/" .. name .. " is " .. what ..
+                       ", not a regular file; refusing to replace it", err)
+    end
+    assert.are.equal("fifo", kind(dir .. "/fifo"))
+    assert.are.equal("directory", kind(dir .. "/d"))
+    if targets.null then assert.are.equal("character special file", kind(dir .. "/null")) end
+    local left = io.popen("ls -A " .. q(dir)):read("a")
+    assert.are.equal(nil, left:find("tmp", 1, true), left) -- no temp file left behind
+  end)
+
+  it("never writes through a link planted at the temp file's name", function()
+    C.write(dir .. "/victim", "precious\n")
+    local pid = require("crun.core").getpid()
+    assert(os.execute(string.format("ln -s victim %s", q(dir .. "/ck.tmp." .. pid))))
+    serialize.save(dir .. "/ck", {epoch = 7})
+    assert.are.equal(7, serialize.load(dir .. "/ck").epoch)
+    assert.are.equal("precious\n", U.slurp(dir .. "/victim"))
+    assert.are.equal("symbolic link", kind(dir .. "/ck.tmp." .. pid))
+  end)
+
+  it("replaces a regular file and creates a missing one", function()
+    C.write(dir .. "/ck", "old")
+    serialize.save(dir .. "/ck", {a = 1})
+    serialize.save(dir .. "/new", {b = 2})
+    assert.are.equal(1, serialize.load(dir .. "/ck").a)
+    assert.are.equal(2, serialize.load(dir .. "/new").b)
+    local ok, err = pcall(serialize.save, dir .. "/no/such/dir/x", 1)
+    assert.is_false(ok)
+    assert.is_truthy(err:match("^EIO: crun.save: cannot create " .. dir:gsub("%p", "%%%0") ..
+                               "/no/such/dir/x%.tmp%.%d+: No such file or directory$"), err)
+  end)
+end)
