@@ -168,18 +168,58 @@ static void watchdog_stop(sup_t *s) {
 
 /* ---------------------------------------------------------------- spawning */
 
+/* What a path that is not a regular file is, for messages. */
+static const char *kind_of(mode_t m) {
+  if (S_ISLNK(m)) return "a symbolic link";
+  if (S_ISDIR(m)) return "a directory";
+  if (S_ISFIFO(m)) return "a fifo";
+  if (S_ISCHR(m) || S_ISBLK(m)) return "a device";
+  if (S_ISSOCK(m)) return "a socket";
+  return "not a regular file";
+}
+
 /* Opens <log_dir>/attempt_<k>/rank_<r>.<what> for writing; -1 on failure
- * with the reason recorded. */
+ * with the reason recorded. Nothing is followed or truncated in place: the
+ * attempt directory is opened O_NOFOLLOW, the file created O_EXCL|O_NOFOLLOW;
+ * a regular file left by an earlier job is unlinked and created anew (a hard
+ * link to it keeps its content), anything else there (a symbolic link, a
+ * fifo, a device) is refused. */
 static int open_log(const crun__opts_t *o, int attempt, int rank, const char *what) {
-  char path[4096];
+  char path[4096], name[64];
+  int dfd = -1, fd = -1;
   snprintf(path, sizeof path, "%s/attempt_%d", o->log_dir, attempt);
   if (mkdir(o->log_dir, 0777) < 0 && errno != EEXIST) goto fail;
   if (mkdir(path, 0777) < 0 && errno != EEXIST) goto fail;
-  snprintf(path, sizeof path, "%s/attempt_%d/rank_%d.%s", o->log_dir, attempt, rank, what);
-  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
-  if (fd >= 0) return fd;
+  dfd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (dfd < 0) {
+    if (errno == ELOOP || errno == ENOTDIR) {
+      crun_error(CRUN_EINVAL, "cannot create log files in %s: it is not a directory (a "
+                 "symbolic link there is not followed)", path);
+      return -1;
+    }
+    goto fail;
+  }
+  snprintf(name, sizeof name, "rank_%d.%s", rank, what);
+  snprintf(path, sizeof path, "%s/attempt_%d/%s", o->log_dir, attempt, name);
+  for (int tries = 0; tries < 2 && fd < 0; tries++) {
+    fd = openat(dfd, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
+    if (fd >= 0 || errno != EEXIST) break;
+    struct stat st;
+    if (fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && !S_ISREG(st.st_mode)) {
+      close(dfd);
+      crun_error(CRUN_EINVAL, "cannot create log file %s: it is %s, not a regular file "
+                 "(refusing to follow or replace it)", path, kind_of(st.st_mode));
+      return -1;
+    }
+    if (unlinkat(dfd, name, 0) < 0 && errno != ENOENT) break;
+  }
+  if (fd >= 0) {
+    close(dfd);
+    return fd;
+  }
 fail:
   crun_error(CRUN_ESYS, "cannot create log file %s: %s", path, strerror(errno));
+  if (dfd >= 0) close(dfd);
   return -1;
 }
 

@@ -110,3 +110,55 @@ describe("crun.save refuses targets that are not regular files (item 12)", funct
                                "/no/such/dir/x%.tmp%.%d+: No such file or directory$"), err)
   end)
 end)
+
+describe("log files never follow a link (item 12)", function()
+  local dir
+  before_each(function() dir = U.tmpdir() end)
+  after_each(function() U.rmrf(dir) end)
+
+  it("--log-dir refuses a symbolic link at a log file's name and leaves its target alone", function()
+    C.write(dir .. "/victim", "precious\n")
+    assert(os.execute("mkdir -p " .. q(dir .. "/logs/attempt_0") .. " && ln -s ../../victim " ..
+                      q(dir .. "/logs/attempt_0/rank_1.stderr")))
+    local r = U.run("-n 2 --master-port 0 --log-dir " .. q(dir .. "/logs") .. " " ..
+                    q(U.FIX .. "env.lua"))
+    assert.are.equal(1, r.code, r.err)
+    assert.is_truthy(r.err:find("EINVAL: cannot create log file " .. dir ..
+      "/logs/attempt_0/rank_1.stderr: it is a symbolic link, not a regular file", 1, true), r.err)
+    assert.are.equal("precious\n", U.slurp(dir .. "/victim"))
+  end)
+
+  it("--log-dir refuses an attempt directory that is a symbolic link", function()
+    assert(os.execute("mkdir -p " .. q(dir .. "/elsewhere") .. " " .. q(dir .. "/logs") ..
+                      " && ln -s ../elsewhere " .. q(dir .. "/logs/attempt_0")))
+    local r = U.run("-n 1 --master-port 0 --log-dir " .. q(dir .. "/logs") .. " " ..
+                    q(U.FIX .. "env.lua"))
+    assert.are.equal(1, r.code, r.err)
+    assert.is_truthy(r.err:find("EINVAL: cannot create log files in " .. dir ..
+      "/logs/attempt_0: it is not a directory", 1, true), r.err)
+    assert.are.equal("", io.popen("ls -A " .. q(dir .. "/elsewhere")):read("a"))
+  end)
+
+  it("--log-dir replaces a regular file of an earlier job without writing through its hard links", function()
+    assert(os.execute("mkdir -p " .. q(dir .. "/logs/attempt_0")))
+    C.write(dir .. "/victim", "precious\n")
+    assert(os.execute("ln " .. q(dir .. "/victim") .. " " .. q(dir .. "/logs/attempt_0/rank_0.stdout")))
+    local r = U.run("-n 1 --master-port 0 --log-dir " .. q(dir .. "/logs") .. " " ..
+                    q(U.FIX .. "env.lua"))
+    assert.are.equal(0, r.code, r.err)
+    assert.is_truthy(U.slurp(dir .. "/logs/attempt_0/rank_0.stdout"):find("ENV ", 1, true))
+    assert.are.equal("precious\n", U.slurp(dir .. "/victim"))
+  end)
+
+  it("CRUN_DEBUG_FILE does not follow a symbolic link: the warning goes to stderr", function()
+    C.write(dir .. "/victim", "precious\n")
+    assert(os.execute("ln -s victim " .. q(dir .. "/dbg.0.log")))
+    local r = U.run("-n 1 --master-port 0 " .. q(U.FIX .. "env.lua"),
+                    "CRUN_DEBUG=INFO CRUN_DEBUG_FILE=" .. q(dir .. "/dbg.%r.log"))
+    assert.are.equal(0, r.code, r.err)
+    assert.are.equal("precious\n", U.slurp(dir .. "/victim"))
+    assert.is_truthy(r.err:find("EINVAL: CRUN_DEBUG_FILE=" .. dir .. "/dbg.%r.log: cannot log to " ..
+      dir .. "/dbg.0.log: it is a symbolic link (not followed); logging to stderr instead", 1, true), r.err)
+    assert.are.equal(1, U.count(r.err, "CRUN_DEBUG_FILE="), r.err) -- said once
+  end)
+end)
