@@ -16,6 +16,7 @@
 #include "launcher.h"
 #include "core/heap.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <sched.h>
 #include <fcntl.h>
@@ -25,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/signalfd.h>
@@ -110,16 +112,70 @@ static void say(const char *fmt, ...) {
 
 /* ---------------------------------------------------------------- watchdog */
 
-/* The watchdog's whole life: remember the latest group, kill it at EOF. */
+/* Unlinks /dev/shm/crun-shm-<pid>-* of the given (dead) workers: a rank 0
+ * killed between creating its group's segment and the last rank attaching
+ * (a signal's default action runs no cleanup) leaves the name behind; the
+ * pid in the name says whose it was (runtime/transport/shm/segment.c). */
+static void shm_sweep(const pid_t *pids, int n) {
+  if (n <= 0) return;
+  DIR *d = opendir("/dev/shm");
+  if (!d) return;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL) {
+    if (strncmp(e->d_name, "crun-shm-", 9) != 0) continue;
+    char *end;
+    long pid = strtol(e->d_name + 9, &end, 10);
+    if (end == e->d_name + 9 || *end != '-') continue;
+    for (int i = 0; i < n; i++)
+      if (pids[i] == (pid_t)pid) {
+        char name[300];
+        snprintf(name, sizeof name, "/%s", e->d_name);
+        if (shm_unlink(name) == 0)
+          CRUN_LOG(INFO, LAUNCH, "removed %s left by worker pid %ld", name, pid);
+        break;
+      }
+  }
+  closedir(d);
+}
+
+/* Whether pid has ended (gone, or a zombie nobody reaped yet). */
+static int pid_ended(pid_t pid) {
+  char path[64], buf[512];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 1;
+  ssize_t n = read(fd, buf, sizeof buf - 1);
+  close(fd);
+  if (n <= 0) return 1;
+  buf[n] = 0;
+  const char *paren = strrchr(buf, ')');
+  return paren && paren[1] == ' ' && (paren[2] == 'Z' || paren[2] == 'X');
+}
+
+/* The watchdog's whole life: remember the latest group and its workers
+ * (a message -pgid starts an attempt, a positive pid adds a worker); at EOF
+ * kill the group, wait (bounded) until the workers are gone, and remove the
+ * shared-memory names they may have left. */
 static void watchdog_main(int rfd) {
-  pid_t pgid = 0, next;
+  pid_t pgid = 0, next, *pids = NULL;
+  int n = 0, cap = 0;
   for (;;) {
-    ssize_t n = read(rfd, &next, sizeof next);
-    if (n < 0 && errno == EINTR) continue;
-    if (n != (ssize_t)sizeof next) break;
-    pgid = next;
+    ssize_t r = read(rfd, &next, sizeof next);
+    if (r < 0 && errno == EINTR) continue;
+    if (r != (ssize_t)sizeof next) break;
+    if (next < 0) {
+      pgid = -next;
+      n = 0;
+    } else if (n < cap || (pids = realloc(pids, sizeof *pids * (size_t)(cap = cap * 2 + 16)))) {
+      pids[n++] = next;
+    }
   }
   if (pgid > 0) kill(-pgid, SIGKILL);
+  for (int i = 0; i < n; i++) kill(pids[i], SIGKILL);
+  double until = crun_clock() + 5.0;
+  for (int i = 0; i < n; i++)
+    while (!pid_ended(pids[i]) && crun_clock() < until) usleep(2000);
+  shm_sweep(pids, n);
   _exit(0);
 }
 
@@ -152,7 +208,8 @@ static int watchdog_start(sup_t *s) {
   return 0;
 }
 
-/* Tells the watchdog which group to kill if the launcher dies. */
+/* Tells the watchdog what to kill if the launcher dies: -pgid starts an
+ * attempt's group, a positive pid adds one of its workers. */
 static void watchdog_set(sup_t *s, pid_t pgid) {
   if (s->watch_fd >= 0 && write(s->watch_fd, &pgid, sizeof pgid) != (ssize_t)sizeof pgid)
     CRUN_LOG(WARN, LAUNCH, "cannot reach the watchdog: %s", strerror(errno));
@@ -465,7 +522,8 @@ static int run_attempt(sup_t *s, int attempt, struct pollfd *fds) {
   }
   for (int i = 0; i < s->o->nproc && rc == 0; i++) {
     rc = spawn_one(s, &s->procs[i], attempt);
-    if (rc == 0 && i == 0) watchdog_set(s, s->pgid);
+    if (rc == 0 && i == 0) watchdog_set(s, -s->pgid);
+    if (rc == 0) watchdog_set(s, s->procs[i].pid);
   }
   if (rc < 0) {
     say("%s", crun_last_error());
@@ -485,6 +543,12 @@ static int run_attempt(sup_t *s, int attempt, struct pollfd *fds) {
     count_live(s, &running, &open);
   }
   report_failure(s, attempt);
+  pid_t *dead = malloc(sizeof *dead * (size_t)s->o->nproc);
+  int ndead = 0;
+  for (int i = 0; dead && i < s->o->nproc; i++)
+    if (s->procs[i].pid > 0) dead[ndead++] = s->procs[i].pid;
+  shm_sweep(dead, ndead); /* every worker is reaped: their names are free */
+  free(dead);
   for (int i = 0; i < s->o->nproc; i++) {
     crun__stream_free(&s->procs[i].out);
     crun__stream_free(&s->procs[i].err);

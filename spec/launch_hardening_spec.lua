@@ -162,3 +162,52 @@ describe("log files never follow a link (item 12)", function()
     assert.are.equal(1, U.count(r.err, "CRUN_DEBUG_FILE="), r.err) -- said once
   end)
 end)
+
+describe("/dev/shm after the launcher is killed during start-up (item 14)", function()
+  -- A private /dev/shm (a mount namespace) so that the segments of jobs
+  -- running beside this spec are not counted.
+  local function can_unshare()
+    return os.execute("unshare -m sh -c 'mount -t tmpfs none /dev/shm' 2>/dev/null")
+  end
+
+  it("leaves no crun-shm-* segment, whatever moment of start-up a signal hits", function()
+    if not can_unshare() then
+      pending("needs a private /dev/shm: unshare -m and mount -t tmpfs are not permitted here")
+      return
+    end
+    local dir = U.tmpdir()
+    C.write(dir .. "/job.lua", [[
+local crun = require "crun"
+crun.dist.init_process_group{backend = "auto"}
+local t = crun.tensor.ones({1000})
+crun.dist.all_reduce(t)
+]])
+    math.randomseed(os.time())
+    -- how each run is killed: the launcher only (its SIGTERM is forwarded),
+    -- the launcher and its workers at once (as pkill would), the launcher by
+    -- SIGKILL (the watchdog stops the workers) with and without the workers
+    local modes = {
+      "kill -TERM $p",
+      "kill -TERM $p $(pgrep -P $p)",
+      "kill -KILL $p",
+      "kill -TERM $(pgrep -P $p) $p",
+      "kill -KILL $p; kill -TERM $(pgrep -P $p) 2>/dev/null",
+    }
+    local lines = {"mount -t tmpfs none /dev/shm || exit 99"}
+    local runs = 60
+    for i = 1, runs do
+      lines[#lines + 1] = string.format(
+        "%s -n 4 --master-port 0 %s >/dev/null 2>&1 & p=$!; sleep %.3f; %s; wait $p",
+        q(U.CRUN_LUA), q(dir .. "/job.lua"), math.random(0, 40) / 1000, modes[(i - 1) % #modes + 1])
+    end
+    -- the watchdog of a SIGKILLed launcher cleans up on its own: wait for it
+    lines[#lines + 1] = "i=0; while [ $i -lt 100 ] && [ -n \"$(ls -A /dev/shm)\" ]; do sleep 0.1; i=$((i+1)); done"
+    lines[#lines + 1] = "ls -A /dev/shm > " .. q(dir .. "/left")
+    C.write(dir .. "/run.sh", table.concat(lines, "\n") .. "\n")
+    local ok = os.execute("timeout -s KILL 300 unshare -m sh " .. q(dir .. "/run.sh") .. " 2>/dev/null")
+    local left = U.slurp(dir .. "/left")
+    U.rmrf(dir)
+    assert.is_truthy(left, "the kill loop did not finish: " .. tostring(ok))
+    assert.are.equal("", left, "segments left in /dev/shm after " .. runs .. " killed start-ups")
+  end)
+end)
