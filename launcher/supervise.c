@@ -62,6 +62,7 @@ typedef struct {
   int watch_fd;          /* write end of the watchdog pipe */
   pid_t watch_pid;
   pid_t self;
+  crun__cgroup_t cg;     /* the job's cgroup (cgroup.c); cg.on 0: none */
   pid_t pgid;            /* the current attempt's process group */
   int stopping;          /* 0 running, 1 SIGTERM sent, 2 SIGKILL sent */
   double kill_at;        /* when SIGTERM turns into SIGKILL */
@@ -156,7 +157,7 @@ static int pid_ended(pid_t pid) {
  * (a message -pgid starts an attempt, a positive pid adds a worker); at EOF
  * kill the group, wait (bounded) until the workers are gone, and remove the
  * shared-memory names they may have left. */
-static void watchdog_main(int rfd) {
+static void watchdog_main(int rfd, crun__cgroup_t *cg) {
   pid_t pgid = 0, next, *pids = NULL;
   int n = 0, cap = 0;
   for (;;) {
@@ -171,7 +172,7 @@ static void watchdog_main(int rfd) {
     }
   }
   if (pgid > 0) kill(-pgid, SIGKILL);
-  for (int i = 0; i < n; i++) kill(pids[i], SIGKILL);
+  crun__cgroup_close(cg); /* descendants that left the group */
   double until = crun_clock() + 5.0;
   for (int i = 0; i < n; i++)
     while (!pid_ended(pids[i]) && crun_clock() < until) usleep(2000);
@@ -200,7 +201,7 @@ static int watchdog_start(sup_t *s) {
     prctl(PR_SET_NAME, "crun-lua-watch");
     int keep = dup2(p[0], 3);
     close_range(4, ~0U, 0);
-    watchdog_main(keep);
+    watchdog_main(keep, &s->cg);
   }
   close(p[0]);
   s->watch_fd = p[1];
@@ -308,6 +309,7 @@ static void bind_cpu(const crun__opts_t *o, int local_rank) {
 /* In the child: join the group, die with the launcher, wire stdio, run. */
 static void child_main(sup_t *s, proc_t *p, int out_w, int err_w, int attempt) {
   setpgid(0, s->pgid);
+  crun__cgroup_enter(&s->cg); /* before anything can be started */
   prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (getppid() != s->self) _exit(128 + SIGKILL); /* the launcher is already gone */
   int devnull = open("/dev/null", O_RDONLY);
@@ -369,6 +371,7 @@ fail:
 /* Sends sig to every worker of the attempt (and their children). */
 static void signal_group(sup_t *s, int sig) {
   if (s->pgid > 0) kill(-s->pgid, sig);
+  crun__cgroup_signal(s->cg.attempt, sig, s->pgid); /* also those that left the group */
 }
 
 /* Starts stopping the attempt: sig now, SIGKILL after the grace period. */
@@ -513,6 +516,10 @@ static int run_attempt(sup_t *s, int attempt, struct pollfd *fds) {
   s->pgid = 0;
   s->stopping = 0;
   s->fail = (failure_t){.rank = -1};
+  char why[CRUN_CGROUP_PATH + 128];
+  if (s->cg.on && crun__cgroup_begin(&s->cg, attempt, why, sizeof why) < 0)
+    say("warning: %s; descendants of the workers that leave their process group (setsid) "
+        "may outlive attempt %d", why, attempt);
   fflush(NULL);
   int rc = 0;
   crun__heap_reserve(s->o->nproc); /* the workers' shared tensor heap (core/heap.h) */
@@ -542,6 +549,7 @@ static int run_attempt(sup_t *s, int attempt, struct pollfd *fds) {
     on_deadlines(s, running);
     count_live(s, &running, &open);
   }
+  crun__cgroup_end(&s->cg); /* what the workers left behind, setsid or not */
   report_failure(s, attempt);
   pid_t *dead = malloc(sizeof *dead * (size_t)s->o->nproc);
   int ndead = 0;
@@ -661,14 +669,20 @@ int crun__supervise(const crun__opts_t *o, const crun__placement_t *base, crun__
     goto out;
   }
   ensure_fd_limit(o->nproc);
+  char why[CRUN_CGROUP_PATH + 128];
+  int cg = crun__cgroup_open(&s.cg, why, sizeof why); /* the watchdog learns the path */
   if (signals_setup(&s) < 0 || watchdog_start(&s) < 0) {
     say("%s", crun_last_error());
     goto out;
   }
+  if (cg < 0 || (cg == 0 && crun__cgroup_create(&s.cg, why, sizeof why) < 0))
+    say("warning: no cgroup for the workers (%s): descendants that leave the workers' "
+        "process group (setsid) may outlive the job; CRUN_CGROUP=0 silences this", why);
   code = run_attempts(&s, hist, &attempts, fds);
   if (attempts > 0) final_summary(&s, hist, attempts, code);
 out:
   watchdog_stop(&s);
+  crun__cgroup_close(&s.cg);
   if (s.sfd >= 0) close(s.sfd);
   free(s.procs);
   free(fds);

@@ -211,3 +211,60 @@ crun.dist.all_reduce(t)
     assert.are.equal("", left, "segments left in /dev/shm after " .. runs .. " killed start-ups")
   end)
 end)
+
+describe("descendants that leave the process group (item 15)", function()
+  -- kills what a failed case left (our own marker processes, by pid)
+  local function reap(marker)
+    for _, pid in ipairs(U.pids_with(marker)) do os.execute("kill -KILL " .. pid .. " 2>/dev/null") end
+  end
+
+  for _, case in ipairs({
+    {name = "a job that succeeds", code = 0, tail = ""},
+    {name = "a job whose rank 1 fails", code = 3,
+     tail = "if os.getenv('RANK') == '1' then os.exit(3) end\nos.execute('sleep 30')\n"},
+  }) do
+    it("end with " .. case.name .. " (setsid sleep in every worker)", function()
+      local marker = string.format("%d.%04d", math.random(100, 899), math.random(0, 9999))
+      local dir = U.tmpdir()
+      C.write(dir .. "/job.lua", "os.execute('setsid sleep " .. marker .. " >/dev/null 2>&1 &')\n" ..
+        "os.execute('sleep 0.2')\n" .. case.tail)
+      local r = U.run("-n 2 --master-port 0 --grace-period 1 " .. q(dir .. "/job.lua"))
+      U.rmrf(dir)
+      local no_cg = r.err:match("warning: no cgroup for the workers %(([^)]*)%)")
+      if no_cg then
+        reap("sleep " .. marker)
+        pending("no writable cgroup v2 here (" .. no_cg .. "): the process-group kill cannot reach setsid descendants")
+        return
+      end
+      assert.are.equal(case.code, r.code, r.err)
+      local left = U.wait_for(function() return #U.pids_with("sleep " .. marker) == 0 end, 5)
+      local pids = U.pids_with("sleep " .. marker)
+      reap("sleep " .. marker)
+      assert.is_truthy(left, "setsid descendants outlived the job: pids " .. table.concat(pids, ","))
+    end)
+  end
+
+  it("removes its cgroup directories", function()
+    local r = U.run("-n 2 --master-port 0 " .. q(U.FIX .. "env.lua"), "CRUN_DEBUG=INFO CRUN_DEBUG_SUBSYS=LAUNCH")
+    if r.err:match("warning: no cgroup for the workers") then
+      pending("no writable cgroup v2 here")
+      return
+    end
+    assert.are.equal(0, r.code, r.err)
+    local p = io.popen("awk '$9 == \"cgroup2\" {print $5}' /proc/self/mountinfo | head -1")
+    local mnt = p:read("l")
+    p:close()
+    assert.is_truthy(mnt)
+    local own = io.popen("sed -n 's/^0:://p' /proc/self/cgroup"):read("l")
+    local base = mnt .. (own == "/" and "" or own)
+    local ls = io.popen("ls -d " .. q(base) .. "/crun-* 2>/dev/null"):read("a")
+    -- other launchers may run beside this spec: only ours (no live pid) must be gone
+    for d in ls:gmatch("[^\n]+") do
+      local pid = tonumber(d:match("crun%-(%d+)$"))
+      if pid then
+        assert.is_true(os.execute("kill -0 " .. pid .. " 2>/dev/null") and true or false,
+          "a cgroup of a launcher that ended is left: " .. d)
+      end
+    end
+  end)
+end)
