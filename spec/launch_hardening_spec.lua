@@ -268,3 +268,26 @@ describe("descendants that leave the process group (item 15)", function()
     end
   end)
 end)
+
+describe("a piped REPL session with a runaway chunk (item 17)", function()
+  it("interrupts the chunk at CRUN_REPL_TIMEOUT with ETIMEDOUT on every rank running it and goes on", function()
+    local input = "x = 10\n:on 1 while true do x = x + 1 end\n'after ' .. tostring(x > 10)\n" ..
+                  "y = 0; while true do y = y - 1 end\ny < 0\n"
+    local r = C.run("-n 3 -i", {input = input, env = "CRUN_REPL_TIMEOUT=1", timeout = 60})
+    assert.are.equal(0, r.code, r.err)
+    assert.are.equal(1, U.count(r.err, "%[1%] ETIMEDOUT: chunk 2 ran longer than CRUN_REPL_TIMEOUT=1 s; interrupted\n"), r.err)
+    assert.are.equal(1, U.count(r.err, "%[0%-2%] ETIMEDOUT: chunk 4 ran longer than CRUN_REPL_TIMEOUT=1 s; interrupted\n"), r.err)
+    -- the session went on: rank 1 ran its loop, the others did not; every rank ran chunk 5
+    assert.is_truthy(r.out:find("[0,2] after false\n[1] after true\n", 1, true), r.out .. r.err)
+    assert.is_truthy(r.out:find("[0-2] true\n", 1, true), r.out .. r.err)
+  end)
+
+  it("ends at the end of the input even when a rank ignores the interrupt", function()
+    local input = "while true do pcall(function() while true do end end) end\n"
+    local r = C.run("-n 2 -i --grace-period 1", {input = input, env = "CRUN_REPL_TIMEOUT=1", timeout = 60})
+    assert.is_truthy(r.err:find("[0-1] (still running after the chunk timeout and an interrupt; " ..
+                                "no longer waited for; see :ranks)", 1, true), r.err)
+    assert.is_truthy(r.err:find("ranks still busy", 1, true), r.err)
+    assert.are.equal(128 + 15, r.code, r.err) -- the supervisor stopped them with SIGTERM
+  end)
+end)
