@@ -67,6 +67,7 @@ typedef struct {
   int stopping;          /* 0 running, 1 SIGTERM sent, 2 SIGKILL sent */
   double kill_at;        /* when SIGTERM turns into SIGKILL */
   double drain_until;    /* all workers reaped: stop waiting for pipes then */
+  double stop_at;        /* CRUN_STOP_DELAY: stop the survivors then (-1: not due) */
   int signal_seen;       /* a signal the launcher received, 0 if none */
   failure_t fail;        /* of the current attempt */
 } sup_t;
@@ -403,7 +404,10 @@ static void reap(sup_t *s) {
         s->fail.rank = p->rank;
         s->fail.pid = pid;
         s->fail.status = status;
-        if (!s->o->repl) begin_stop(s, SIGTERM); /* -i: the prompt goes on without it */
+        double delay = crun_env_double("CRUN_STOP_DELAY", 0);
+        if (s->o->repl) {} /* -i: the prompt goes on without it */
+        else if (delay > 0) s->stop_at = crun_clock() + delay; /* survivors may end on their own */
+        else begin_stop(s, SIGTERM);
       }
     }
   }
@@ -443,6 +447,7 @@ static void count_live(sup_t *s, int *running, int *open) {
 static int poll_timeout(sup_t *s, int running) {
   double now = crun_clock(), until = -1;
   if (s->stopping == 1) until = s->kill_at;
+  if (!s->stopping && s->stop_at >= 0) until = s->stop_at;
   if (!running) until = s->drain_until;
   if (until < 0) return -1;
   double ms = (until - now) * 1e3;
@@ -453,6 +458,10 @@ static int poll_timeout(sup_t *s, int running) {
  * period, gives up on pipes that children of the workers keep open. */
 static void on_deadlines(sup_t *s, int running) {
   double now = crun_clock();
+  if (!s->stopping && s->stop_at >= 0 && now >= s->stop_at) {
+    say("CRUN_STOP_DELAY over: stopping the workers still running");
+    begin_stop(s, SIGTERM);
+  }
   if (s->stopping == 1 && now >= s->kill_at) {
     CRUN_LOG(INFO, LAUNCH, "grace period over; sending SIGKILL");
     signal_group(s, SIGKILL);
@@ -515,6 +524,7 @@ static void report_failure(sup_t *s, int attempt) {
 static int run_attempt(sup_t *s, int attempt, struct pollfd *fds) {
   s->pgid = 0;
   s->stopping = 0;
+  s->stop_at = -1;
   s->fail = (failure_t){.rank = -1};
   char why[CRUN_CGROUP_PATH + 128];
   if (s->cg.on && crun__cgroup_begin(&s->cg, attempt, why, sizeof why) < 0)
