@@ -42,6 +42,7 @@ typedef struct {
   pid_t pid;
   int running;  /* forked and not yet reaped */
   int status;   /* wait status once reaped */
+  int own_death; /* died by a signal crun-lua had not sent (after another failure) */
   crun__stream_t out, err;
 } proc_t;
 
@@ -69,6 +70,7 @@ typedef struct {
   double drain_until;    /* all workers reaped: stop waiting for pipes then */
   double stop_at;        /* CRUN_STOP_DELAY: stop the survivors then (-1: not due) */
   int signal_seen;       /* a signal the launcher received, 0 if none */
+  unsigned sent;         /* signals sent to the workers this attempt (1u << sig) */
   failure_t fail;        /* of the current attempt */
 } sup_t;
 
@@ -371,6 +373,7 @@ fail:
 
 /* Sends sig to every worker of the attempt (and their children). */
 static void signal_group(sup_t *s, int sig) {
+  if (sig > 0 && sig < 32) s->sent |= 1u << sig;
   if (s->pgid > 0) kill(-s->pgid, sig);
   crun__cgroup_signal(s->cg.attempt, sig, s->pgid); /* also those that left the group */
 }
@@ -390,6 +393,7 @@ static void begin_stop(sup_t *s, int sig) {
 static void reap(sup_t *s) {
   int status;
   pid_t pid;
+  proc_t *first = NULL; /* the failure that stops the attempt, of this batch */
   while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
     for (int i = 0; i < s->o->nproc; i++) {
       proc_t *p = &s->procs[i];
@@ -400,16 +404,22 @@ static void reap(sup_t *s) {
       CRUN_LOG(INFO, LAUNCH, "rank %d (pid %d) %s", p->rank, (int)pid,
                WIFSIGNALED(status) ? "died by a signal" : "exited");
       int failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-      if (failed && !s->stopping && s->fail.rank < 0 && !s->signal_seen) {
-        s->fail.rank = p->rank;
-        s->fail.pid = pid;
-        s->fail.status = status;
-        double delay = crun_env_double("CRUN_STOP_DELAY", 0);
-        if (s->o->repl) {} /* -i: the prompt goes on without it */
-        else if (delay > 0) s->stop_at = crun_clock() + delay; /* survivors may end on their own */
-        else begin_stop(s, SIGTERM);
-      }
+      if (!failed) continue;
+      int sig = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
+      p->own_death = sig && !(sig < 32 && (s->sent & (1u << sig)));
+      /* a rank killed by a signal is the likelier cause than the peers that
+       * exited after seeing it die (EPEERDIED): within one batch it wins */
+      if (!first || (sig && !WIFSIGNALED(first->status))) first = p;
     }
+  }
+  if (first && !s->stopping && s->fail.rank < 0 && !s->signal_seen) {
+    s->fail.rank = first->rank;
+    s->fail.pid = first->pid;
+    s->fail.status = first->status;
+    double delay = crun_env_double("CRUN_STOP_DELAY", 0);
+    if (s->o->repl) {} /* -i: the prompt goes on without it */
+    else if (delay > 0) s->stop_at = crun_clock() + delay; /* survivors may end on their own */
+    else begin_stop(s, SIGTERM);
   }
 }
 
@@ -518,6 +528,11 @@ static void report_failure(sup_t *s, int attempt) {
   if (n == 0) say("  rank %d wrote nothing to stderr", p->rank);
   else say("  last stderr lines of rank %d:", p->rank);
   for (int i = 0; i < n; i++) say("  | %s", lines[i]);
+  char st[96];
+  for (int i = 0; i < s->o->nproc; i++) /* other ranks that died on their own */
+    if (s->procs[i].own_death && s->procs[i].rank != s->fail.rank)
+      say("  also: rank %d (pid %d) %s", s->procs[i].rank, (int)s->procs[i].pid,
+          status_text(s->procs[i].status, st, sizeof st));
 }
 
 /* Runs one attempt to its end; returns this node's exit code for it. */
@@ -525,6 +540,7 @@ static int run_attempt(sup_t *s, int attempt, struct pollfd *fds) {
   s->pgid = 0;
   s->stopping = 0;
   s->stop_at = -1;
+  s->sent = 0;
   s->fail = (failure_t){.rank = -1};
   char why[CRUN_CGROUP_PATH + 128];
   if (s->cg.on && crun__cgroup_begin(&s->cg, attempt, why, sizeof why) < 0)
