@@ -1,11 +1,12 @@
 # crun — the two commands of the quick start, and a few helpers.
 #   make demo   set up, build, run the main job on 4 ranks
 #   make test   set up, build, run every test (C tests + busted specs, via ctest)
+#   make fault-inject  kill random ranks/the launcher during collectives, check what is left (FI_RUNS=100)
 BUILD ?= build
 JOBS  ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_FLAGS ?=
 
-.PHONY: all setup configure build test demo bench clean install
+.PHONY: all setup configure build test demo bench clean install fault-inject
 
 all: build
 
@@ -25,6 +26,12 @@ test: build
 
 demo: build
 	bash scripts/demo.sh $(BUILD)
+
+# kills a random rank or the launcher during random collectives FI_RUNS times
+# and checks errors, summary and leftovers (jobs/fault_inject.lua)
+FI_RUNS ?= 100
+fault-inject: build
+	lua5.4 jobs/fault_inject.lua --runs $(FI_RUNS) --crun $(BUILD)/crun-lua
 
 install: build
 	cmake --install $(BUILD)

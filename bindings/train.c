@@ -6,6 +6,7 @@
  * gradient buckets) serve lua/crun/{data,ddp}.lua. Outputs are tensors the caller allocated. */
 #include <errno.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -145,6 +146,93 @@ static int l_fsync_path(lua_State *L) {
     return luaL_error(L, "EIO: fsync %s: %s", path, strerror(e));
   }
   close(fd);
+  return 0;
+}
+
+/* save_file(path, bytes): writes bytes to path atomically for crun.save.
+ * Refuses a path that exists and is not a regular file (a symbolic link, a
+ * device such as /dev/null, a fifo, a directory): EINVAL naming it. Writes a
+ * temp file next to it, opened O_CREAT|O_EXCL|O_NOFOLLOW (never an existing
+ * file or a planted link), fsyncs it, renames it over path, fsyncs the
+ * directory (best effort). Raises EINVAL, EACCES or EIO naming the path. */
+static int save_fail(lua_State *L, const char *what, const char *path, int e) {
+  const char *st = (e == EACCES || e == EPERM || e == EROFS) ? "EACCES" : "EIO";
+  return luaL_error(L, "%s: crun.save: %s %s: %s", st, what, path, strerror(e));
+}
+
+static const char *file_kind(mode_t m) {
+  if (S_ISLNK(m)) return "a symbolic link";
+  if (S_ISDIR(m)) return "a directory";
+  if (S_ISCHR(m)) return "a character device";
+  if (S_ISBLK(m)) return "a block device";
+  if (S_ISFIFO(m)) return "a fifo";
+  if (S_ISSOCK(m)) return "a socket";
+  return "not a regular file";
+}
+
+static int check_target(lua_State *L, const char *path) {
+  struct stat st;
+  if (lstat(path, &st) == 0) {
+    if (!S_ISREG(st.st_mode))
+      return luaL_error(L, "EINVAL: crun.save: %s is %s, not a regular file; refusing to "
+                        "replace it", path, file_kind(st.st_mode));
+  } else if (errno != ENOENT) {
+    return save_fail(L, "cannot check", path, errno);
+  }
+  return 0;
+}
+
+static int l_save_file(lua_State *L) {
+  const char *path = luaL_checkstring(L, 1);
+  size_t len;
+  const char *bytes = luaL_checklstring(L, 2, &len);
+  check_target(L, path);
+  char tmp[4096];
+  int fd = -1;
+  for (int i = 0; i < 100 && fd < 0; i++) {
+    if (i == 0) snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
+    else snprintf(tmp, sizeof tmp, "%s.tmp.%d.%d", path, (int)getpid(), i);
+    fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
+    if (fd < 0 && errno != EEXIST) return save_fail(L, "cannot create", tmp, errno);
+  }
+  if (fd < 0) return save_fail(L, "cannot create", tmp, EEXIST);
+  for (size_t off = 0; off < len;) {
+    ssize_t n = write(fd, bytes + off, len - off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      int e = errno;
+      close(fd);
+      unlink(tmp);
+      return save_fail(L, "writing", tmp, e);
+    }
+    off += (size_t)n;
+  }
+  if (fsync(fd) != 0 || close(fd) != 0) {
+    int e = errno;
+    unlink(tmp);
+    return save_fail(L, "writing", tmp, e);
+  }
+  struct stat st; /* again, just before the rename */
+  if (lstat(path, &st) == 0 && !S_ISREG(st.st_mode)) {
+    unlink(tmp);
+    return check_target(L, path);
+  }
+  if (rename(tmp, path) != 0) {
+    int e = errno;
+    unlink(tmp);
+    return save_fail(L, "cannot rename the temp file to", path, e);
+  }
+  char dir[4096];
+  snprintf(dir, sizeof dir, "%s", path);
+  char *slash = strrchr(dir, '/');
+  if (slash == dir) dir[1] = 0;
+  else if (slash) *slash = 0;
+  else snprintf(dir, sizeof dir, ".");
+  int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) { /* makes the rename durable; some file systems refuse */
+    if (fsync(dfd) != 0) {}
+    close(dfd);
+  }
   return 0;
 }
 
@@ -378,7 +466,7 @@ void crun_l_open_train(lua_State *L) {
       {"nn_cross_entropy", l_cross_entropy}, {"nn_mse", l_mse},
       {"nn_dropout_forward", l_dropout_forward}, {"nn_mul", l_mul},
       {"optim_sgd", l_sgd}, {"optim_adam", l_adam},
-      {"fsync_path", l_fsync_path}, {"getpid", l_getpid}, {"blas_threads", l_blas_threads},
+      {"fsync_path", l_fsync_path}, {"save_file", l_save_file}, {"getpid", l_getpid}, {"blas_threads", l_blas_threads},
       {"sampler_indices", l_sampler_indices}, {"sampler_len", l_sampler_len}, {"permutation", l_permutation},
       {"reducer_new", l_reducer_new}, {NULL, NULL}};
   luaL_setfuncs(L, fns, 0);

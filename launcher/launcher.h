@@ -7,6 +7,7 @@
  *   worker.c     the worker side: environment and one Lua state running the script
  *   agent.c      the store server of node 0 and the multi-node rendezvous
  *   repl.c       the interactive mode (-i); plugged in through crun__repl_run
+ *   cgroup.c     a cgroup v2 per attempt, so descendants that setsid end too
  *
  * Internal names carry the crun__ prefix; nothing here is public API. */
 #ifndef CRUN_LAUNCHER_H
@@ -65,8 +66,10 @@ void crun__worker_setenv(const crun__opts_t *o, const crun__placement_t *p);
  * os.exit() code, or 1 after printing a Lua error with its traceback. */
 int crun__worker_run(const crun__opts_t *o);
 
-/* Parses the script once without running it, so that a missing file or a
- * syntax error is reported once by the launcher instead of by every rank.
+/* Reads the script once (workers and restarts load these same bytes, so a
+ * pipe or /dev/stdin works) and parses it without running it, so that a
+ * missing file or a syntax error is reported once by the launcher instead of
+ * by every rank.
  * Returns 0 or CRUN_EINVAL with the Lua message in crun_last_error(). */
 int crun__script_check(const char *script);
 
@@ -127,6 +130,43 @@ void crun__signals_block(void);
 
 /* Returns SIGINT, SIGTERM or SIGHUP when one is pending (blocked), else 0. */
 int crun__signals_pending(void);
+
+/* ---- cgroup.c */
+
+#define CRUN_CGROUP_PATH 2048
+
+typedef struct {
+  int on;                          /* the job's cgroup exists */
+  char job[CRUN_CGROUP_PATH];      /* <own cgroup>/crun-<launcher pid> */
+  char attempt[CRUN_CGROUP_PATH];  /* job/a<k> while an attempt runs, else "" */
+} crun__cgroup_t;
+
+/* Finds the job's cgroup path under the launcher's own (cgroup v2), without
+ * creating it (the watchdog learns the path first). Returns 0, 1 when
+ * CRUN_CGROUP=0 turned it off, or -1 with the reason in why. */
+int crun__cgroup_open(crun__cgroup_t *cg, char *why, size_t wn);
+
+/* Creates the job's cgroup found by crun__cgroup_open; 0 or -1 with why. */
+int crun__cgroup_create(crun__cgroup_t *cg, char *why, size_t wn);
+
+/* Creates attempt k's cgroup; -1 with the reason in why (the attempt then
+ * runs without one). */
+int crun__cgroup_begin(crun__cgroup_t *cg, int attempt, char *why, size_t wn);
+
+/* In a worker: moves this process into the attempt's cgroup (0 or -errno). */
+int crun__cgroup_enter(const crun__cgroup_t *cg);
+
+/* Sends sig to every process in the cgroup dir ("" or NULL: nothing) but
+ * those of process group `except` (0: none), which were signalled already. */
+void crun__cgroup_signal(const char *dir, int sig, pid_t except);
+
+/* After an attempt: kills what is left in its cgroup, waits (bounded) until
+ * it is empty, removes it. */
+void crun__cgroup_end(crun__cgroup_t *cg);
+
+/* Empties and removes every attempt's cgroup and the job's (the watchdog
+ * calls it when the launcher is gone, the launcher at its end). */
+void crun__cgroup_close(crun__cgroup_t *cg);
 
 /* ---- agent.c */
 

@@ -16,6 +16,7 @@
 #include "launcher.h"
 #include "core/heap.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <sched.h>
 #include <fcntl.h>
@@ -25,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/signalfd.h>
@@ -40,6 +42,7 @@ typedef struct {
   pid_t pid;
   int running;  /* forked and not yet reaped */
   int status;   /* wait status once reaped */
+  int own_death; /* died by a signal crun-lua had not sent (after another failure) */
   crun__stream_t out, err;
 } proc_t;
 
@@ -60,11 +63,14 @@ typedef struct {
   int watch_fd;          /* write end of the watchdog pipe */
   pid_t watch_pid;
   pid_t self;
+  crun__cgroup_t cg;     /* the job's cgroup (cgroup.c); cg.on 0: none */
   pid_t pgid;            /* the current attempt's process group */
   int stopping;          /* 0 running, 1 SIGTERM sent, 2 SIGKILL sent */
   double kill_at;        /* when SIGTERM turns into SIGKILL */
   double drain_until;    /* all workers reaped: stop waiting for pipes then */
+  double stop_at;        /* CRUN_STOP_DELAY: stop the survivors then (-1: not due) */
   int signal_seen;       /* a signal the launcher received, 0 if none */
+  unsigned sent;         /* signals sent to the workers this attempt (1u << sig) */
   failure_t fail;        /* of the current attempt */
 } sup_t;
 
@@ -110,16 +116,70 @@ static void say(const char *fmt, ...) {
 
 /* ---------------------------------------------------------------- watchdog */
 
-/* The watchdog's whole life: remember the latest group, kill it at EOF. */
-static void watchdog_main(int rfd) {
-  pid_t pgid = 0, next;
+/* Unlinks /dev/shm/crun-shm-<pid>-* of the given (dead) workers: a rank 0
+ * killed between creating its group's segment and the last rank attaching
+ * (a signal's default action runs no cleanup) leaves the name behind; the
+ * pid in the name says whose it was (runtime/transport/shm/segment.c). */
+static void shm_sweep(const pid_t *pids, int n) {
+  if (n <= 0) return;
+  DIR *d = opendir("/dev/shm");
+  if (!d) return;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL) {
+    if (strncmp(e->d_name, "crun-shm-", 9) != 0) continue;
+    char *end;
+    long pid = strtol(e->d_name + 9, &end, 10);
+    if (end == e->d_name + 9 || *end != '-') continue;
+    for (int i = 0; i < n; i++)
+      if (pids[i] == (pid_t)pid) {
+        char name[300];
+        snprintf(name, sizeof name, "/%s", e->d_name);
+        if (shm_unlink(name) == 0)
+          CRUN_LOG(INFO, LAUNCH, "removed %s left by worker pid %ld", name, pid);
+        break;
+      }
+  }
+  closedir(d);
+}
+
+/* Whether pid has ended (gone, or a zombie nobody reaped yet). */
+static int pid_ended(pid_t pid) {
+  char path[64], buf[512];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 1;
+  ssize_t n = read(fd, buf, sizeof buf - 1);
+  close(fd);
+  if (n <= 0) return 1;
+  buf[n] = 0;
+  const char *paren = strrchr(buf, ')');
+  return paren && paren[1] == ' ' && (paren[2] == 'Z' || paren[2] == 'X');
+}
+
+/* The watchdog's whole life: remember the latest group and its workers
+ * (a message -pgid starts an attempt, a positive pid adds a worker); at EOF
+ * kill the group, wait (bounded) until the workers are gone, and remove the
+ * shared-memory names they may have left. */
+static void watchdog_main(int rfd, crun__cgroup_t *cg) {
+  pid_t pgid = 0, next, *pids = NULL;
+  int n = 0, cap = 0;
   for (;;) {
-    ssize_t n = read(rfd, &next, sizeof next);
-    if (n < 0 && errno == EINTR) continue;
-    if (n != (ssize_t)sizeof next) break;
-    pgid = next;
+    ssize_t r = read(rfd, &next, sizeof next);
+    if (r < 0 && errno == EINTR) continue;
+    if (r != (ssize_t)sizeof next) break;
+    if (next < 0) {
+      pgid = -next;
+      n = 0;
+    } else if (n < cap || (pids = realloc(pids, sizeof *pids * (size_t)(cap = cap * 2 + 16)))) {
+      pids[n++] = next;
+    }
   }
   if (pgid > 0) kill(-pgid, SIGKILL);
+  crun__cgroup_close(cg); /* descendants that left the group */
+  double until = crun_clock() + 5.0;
+  for (int i = 0; i < n; i++)
+    while (!pid_ended(pids[i]) && crun_clock() < until) usleep(2000);
+  shm_sweep(pids, n);
   _exit(0);
 }
 
@@ -144,7 +204,7 @@ static int watchdog_start(sup_t *s) {
     prctl(PR_SET_NAME, "crun-lua-watch");
     int keep = dup2(p[0], 3);
     close_range(4, ~0U, 0);
-    watchdog_main(keep);
+    watchdog_main(keep, &s->cg);
   }
   close(p[0]);
   s->watch_fd = p[1];
@@ -152,7 +212,8 @@ static int watchdog_start(sup_t *s) {
   return 0;
 }
 
-/* Tells the watchdog which group to kill if the launcher dies. */
+/* Tells the watchdog what to kill if the launcher dies: -pgid starts an
+ * attempt's group, a positive pid adds one of its workers. */
 static void watchdog_set(sup_t *s, pid_t pgid) {
   if (s->watch_fd >= 0 && write(s->watch_fd, &pgid, sizeof pgid) != (ssize_t)sizeof pgid)
     CRUN_LOG(WARN, LAUNCH, "cannot reach the watchdog: %s", strerror(errno));
@@ -168,18 +229,58 @@ static void watchdog_stop(sup_t *s) {
 
 /* ---------------------------------------------------------------- spawning */
 
+/* What a path that is not a regular file is, for messages. */
+static const char *kind_of(mode_t m) {
+  if (S_ISLNK(m)) return "a symbolic link";
+  if (S_ISDIR(m)) return "a directory";
+  if (S_ISFIFO(m)) return "a fifo";
+  if (S_ISCHR(m) || S_ISBLK(m)) return "a device";
+  if (S_ISSOCK(m)) return "a socket";
+  return "not a regular file";
+}
+
 /* Opens <log_dir>/attempt_<k>/rank_<r>.<what> for writing; -1 on failure
- * with the reason recorded. */
+ * with the reason recorded. Nothing is followed or truncated in place: the
+ * attempt directory is opened O_NOFOLLOW, the file created O_EXCL|O_NOFOLLOW;
+ * a regular file left by an earlier job is unlinked and created anew (a hard
+ * link to it keeps its content), anything else there (a symbolic link, a
+ * fifo, a device) is refused. */
 static int open_log(const crun__opts_t *o, int attempt, int rank, const char *what) {
-  char path[4096];
+  char path[4096], name[64];
+  int dfd = -1, fd = -1;
   snprintf(path, sizeof path, "%s/attempt_%d", o->log_dir, attempt);
   if (mkdir(o->log_dir, 0777) < 0 && errno != EEXIST) goto fail;
   if (mkdir(path, 0777) < 0 && errno != EEXIST) goto fail;
-  snprintf(path, sizeof path, "%s/attempt_%d/rank_%d.%s", o->log_dir, attempt, rank, what);
-  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
-  if (fd >= 0) return fd;
+  dfd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (dfd < 0) {
+    if (errno == ELOOP || errno == ENOTDIR) {
+      crun_error(CRUN_EINVAL, "cannot create log files in %s: it is not a directory (a "
+                 "symbolic link there is not followed)", path);
+      return -1;
+    }
+    goto fail;
+  }
+  snprintf(name, sizeof name, "rank_%d.%s", rank, what);
+  snprintf(path, sizeof path, "%s/attempt_%d/%s", o->log_dir, attempt, name);
+  for (int tries = 0; tries < 2 && fd < 0; tries++) {
+    fd = openat(dfd, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
+    if (fd >= 0 || errno != EEXIST) break;
+    struct stat st;
+    if (fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && !S_ISREG(st.st_mode)) {
+      close(dfd);
+      crun_error(CRUN_EINVAL, "cannot create log file %s: it is %s, not a regular file "
+                 "(refusing to follow or replace it)", path, kind_of(st.st_mode));
+      return -1;
+    }
+    if (unlinkat(dfd, name, 0) < 0 && errno != ENOENT) break;
+  }
+  if (fd >= 0) {
+    close(dfd);
+    return fd;
+  }
 fail:
   crun_error(CRUN_ESYS, "cannot create log file %s: %s", path, strerror(errno));
+  if (dfd >= 0) close(dfd);
   return -1;
 }
 
@@ -211,6 +312,7 @@ static void bind_cpu(const crun__opts_t *o, int local_rank) {
 /* In the child: join the group, die with the launcher, wire stdio, run. */
 static void child_main(sup_t *s, proc_t *p, int out_w, int err_w, int attempt) {
   setpgid(0, s->pgid);
+  crun__cgroup_enter(&s->cg); /* before anything can be started */
   prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (getppid() != s->self) _exit(128 + SIGKILL); /* the launcher is already gone */
   int devnull = open("/dev/null", O_RDONLY);
@@ -271,7 +373,9 @@ fail:
 
 /* Sends sig to every worker of the attempt (and their children). */
 static void signal_group(sup_t *s, int sig) {
+  if (sig > 0 && sig < 32) s->sent |= 1u << sig;
   if (s->pgid > 0) kill(-s->pgid, sig);
+  crun__cgroup_signal(s->cg.attempt, sig, s->pgid); /* also those that left the group */
 }
 
 /* Starts stopping the attempt: sig now, SIGKILL after the grace period. */
@@ -289,6 +393,7 @@ static void begin_stop(sup_t *s, int sig) {
 static void reap(sup_t *s) {
   int status;
   pid_t pid;
+  proc_t *first = NULL; /* the failure that stops the attempt, of this batch */
   while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
     for (int i = 0; i < s->o->nproc; i++) {
       proc_t *p = &s->procs[i];
@@ -299,13 +404,22 @@ static void reap(sup_t *s) {
       CRUN_LOG(INFO, LAUNCH, "rank %d (pid %d) %s", p->rank, (int)pid,
                WIFSIGNALED(status) ? "died by a signal" : "exited");
       int failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-      if (failed && !s->stopping && s->fail.rank < 0 && !s->signal_seen) {
-        s->fail.rank = p->rank;
-        s->fail.pid = pid;
-        s->fail.status = status;
-        if (!s->o->repl) begin_stop(s, SIGTERM); /* -i: the prompt goes on without it */
-      }
+      if (!failed) continue;
+      int sig = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
+      p->own_death = sig && !(sig < 32 && (s->sent & (1u << sig)));
+      /* a rank killed by a signal is the likelier cause than the peers that
+       * exited after seeing it die (EPEERDIED): within one batch it wins */
+      if (!first || (sig && !WIFSIGNALED(first->status))) first = p;
     }
+  }
+  if (first && !s->stopping && s->fail.rank < 0 && !s->signal_seen) {
+    s->fail.rank = first->rank;
+    s->fail.pid = first->pid;
+    s->fail.status = first->status;
+    double delay = crun_env_double("CRUN_STOP_DELAY", 0);
+    if (s->o->repl) {} /* -i: the prompt goes on without it */
+    else if (delay > 0) s->stop_at = crun_clock() + delay; /* survivors may end on their own */
+    else begin_stop(s, SIGTERM);
   }
 }
 
@@ -343,6 +457,7 @@ static void count_live(sup_t *s, int *running, int *open) {
 static int poll_timeout(sup_t *s, int running) {
   double now = crun_clock(), until = -1;
   if (s->stopping == 1) until = s->kill_at;
+  if (!s->stopping && s->stop_at >= 0) until = s->stop_at;
   if (!running) until = s->drain_until;
   if (until < 0) return -1;
   double ms = (until - now) * 1e3;
@@ -353,6 +468,10 @@ static int poll_timeout(sup_t *s, int running) {
  * period, gives up on pipes that children of the workers keep open. */
 static void on_deadlines(sup_t *s, int running) {
   double now = crun_clock();
+  if (!s->stopping && s->stop_at >= 0 && now >= s->stop_at) {
+    say("CRUN_STOP_DELAY over: stopping the workers still running");
+    begin_stop(s, SIGTERM);
+  }
   if (s->stopping == 1 && now >= s->kill_at) {
     CRUN_LOG(INFO, LAUNCH, "grace period over; sending SIGKILL");
     signal_group(s, SIGKILL);
@@ -409,13 +528,24 @@ static void report_failure(sup_t *s, int attempt) {
   if (n == 0) say("  rank %d wrote nothing to stderr", p->rank);
   else say("  last stderr lines of rank %d:", p->rank);
   for (int i = 0; i < n; i++) say("  | %s", lines[i]);
+  char st[96];
+  for (int i = 0; i < s->o->nproc; i++) /* other ranks that died on their own */
+    if (s->procs[i].own_death && s->procs[i].rank != s->fail.rank)
+      say("  also: rank %d (pid %d) %s", s->procs[i].rank, (int)s->procs[i].pid,
+          status_text(s->procs[i].status, st, sizeof st));
 }
 
 /* Runs one attempt to its end; returns this node's exit code for it. */
 static int run_attempt(sup_t *s, int attempt, struct pollfd *fds) {
   s->pgid = 0;
   s->stopping = 0;
+  s->stop_at = -1;
+  s->sent = 0;
   s->fail = (failure_t){.rank = -1};
+  char why[CRUN_CGROUP_PATH + 128];
+  if (s->cg.on && crun__cgroup_begin(&s->cg, attempt, why, sizeof why) < 0)
+    say("warning: %s; descendants of the workers that leave their process group (setsid) "
+        "may outlive attempt %d", why, attempt);
   fflush(NULL);
   int rc = 0;
   crun__heap_reserve(s->o->nproc); /* the workers' shared tensor heap (core/heap.h) */
@@ -425,7 +555,8 @@ static int run_attempt(sup_t *s, int attempt, struct pollfd *fds) {
   }
   for (int i = 0; i < s->o->nproc && rc == 0; i++) {
     rc = spawn_one(s, &s->procs[i], attempt);
-    if (rc == 0 && i == 0) watchdog_set(s, s->pgid);
+    if (rc == 0 && i == 0) watchdog_set(s, -s->pgid);
+    if (rc == 0) watchdog_set(s, s->procs[i].pid);
   }
   if (rc < 0) {
     say("%s", crun_last_error());
@@ -444,7 +575,14 @@ static int run_attempt(sup_t *s, int attempt, struct pollfd *fds) {
     on_deadlines(s, running);
     count_live(s, &running, &open);
   }
+  crun__cgroup_end(&s->cg); /* what the workers left behind, setsid or not */
   report_failure(s, attempt);
+  pid_t *dead = malloc(sizeof *dead * (size_t)s->o->nproc);
+  int ndead = 0;
+  for (int i = 0; dead && i < s->o->nproc; i++)
+    if (s->procs[i].pid > 0) dead[ndead++] = s->procs[i].pid;
+  shm_sweep(dead, ndead); /* every worker is reaped: their names are free */
+  free(dead);
   for (int i = 0; i < s->o->nproc; i++) {
     crun__stream_free(&s->procs[i].out);
     crun__stream_free(&s->procs[i].err);
@@ -557,14 +695,20 @@ int crun__supervise(const crun__opts_t *o, const crun__placement_t *base, crun__
     goto out;
   }
   ensure_fd_limit(o->nproc);
+  char why[CRUN_CGROUP_PATH + 128];
+  int cg = crun__cgroup_open(&s.cg, why, sizeof why); /* the watchdog learns the path */
   if (signals_setup(&s) < 0 || watchdog_start(&s) < 0) {
     say("%s", crun_last_error());
     goto out;
   }
+  if (cg < 0 || (cg == 0 && crun__cgroup_create(&s.cg, why, sizeof why) < 0))
+    say("warning: no cgroup for the workers (%s): descendants that leave the workers' "
+        "process group (setsid) may outlive the job; CRUN_CGROUP=0 silences this", why);
   code = run_attempts(&s, hist, &attempts, fds);
   if (attempts > 0) final_summary(&s, hist, attempts, code);
 out:
   watchdog_stop(&s);
+  crun__cgroup_close(&s.cg);
   if (s.sfd >= 0) close(s.sfd);
   free(s.procs);
   free(fds);

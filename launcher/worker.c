@@ -4,10 +4,13 @@
  * already made this process one rank of a job. */
 #include "launcher.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <lauxlib.h>
 #include <lua.h>
@@ -88,11 +91,68 @@ int crun__lua_msghandler(lua_State *L) {
   return 1;
 }
 
+/* The script's bytes, read once by crun__script_check before any worker is
+ * forked: every worker and every restart loads these same bytes, so a script
+ * given as a pipe or /dev/stdin is not consumed by the first reader. */
+static char *g_script;
+static size_t g_script_len;
+static size_t g_script_skip; /* a UTF-8 BOM and a "#!" first line (its \n kept) */
+
+/* Reads the whole of path into g_script. Returns 0 or CRUN_EINVAL/ENOMEM. */
+static int script_read(const char *path) {
+  if (g_script) return 0;
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return crun_error(CRUN_EINVAL, "cannot open %s: %s", path, strerror(errno));
+  size_t cap = 1 << 16, len = 0;
+  char *buf = malloc(cap);
+  for (;;) {
+    if (!buf) { close(fd); return crun_error(CRUN_EINVAL, "cannot read %s: out of memory", path); }
+    if (len == cap) {
+      char *nb = cap > ((size_t)1 << 30) ? NULL : realloc(buf, cap *= 2);
+      if (!nb) free(buf);
+      buf = nb;
+      continue;
+    }
+    ssize_t n = read(fd, buf + len, cap - len);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      int e = errno;
+      free(buf);
+      close(fd);
+      return crun_error(CRUN_EINVAL, "cannot read %s: %s", path, strerror(e));
+    }
+    if (n == 0) break;
+    len += (size_t)n;
+  }
+  close(fd);
+  size_t skip = 0;
+  if (len >= 3 && memcmp(buf, "\xEF\xBB\xBF", 3) == 0) skip = 3;
+  if (skip < len && buf[skip] == '#') /* as luaL_loadfile: the line goes, its \n stays */
+    while (skip < len && buf[skip] != '\n') skip++;
+  g_script = buf;
+  g_script_len = len;
+  g_script_skip = skip;
+  return 0;
+}
+
+/* Loads the script's bytes as a chunk named after its path. */
+static int script_load(lua_State *L, const char *path) {
+  lua_pushfstring(L, "@%s", path);
+  int rc = luaL_loadbufferx(L, g_script + g_script_skip, g_script_len - g_script_skip,
+                            lua_tostring(L, -1), NULL);
+  lua_remove(L, -2); /* the chunk name */
+  return rc;
+}
+
 /* Loads the script and calls it under the traceback handler. */
 static int run_script(lua_State *L, const crun__opts_t *o) {
   lua_pushcfunction(L, crun__lua_msghandler);
   int base = lua_gettop(L);
-  if (luaL_loadfile(L, o->script) != LUA_OK) return LUA_ERRSYNTAX;
+  if (!g_script && script_read(o->script) < 0) {
+    lua_pushstring(L, crun_last_error() + strlen("EINVAL: "));
+    return LUA_ERRFILE;
+  }
+  if (script_load(L, o->script) != LUA_OK) return LUA_ERRSYNTAX;
   int nargs = setup_arg(L, o);
   return lua_pcall(L, nargs, 0, base);
 }
@@ -119,7 +179,11 @@ int crun__worker_run(const crun__opts_t *o) {
 int crun__script_check(const char *script) {
   lua_State *L = luaL_newstate();
   if (!L) return crun_error(CRUN_ENOMEM, "cannot create a Lua state");
-  int rc = luaL_loadfile(L, script);
+  if (script_read(script) < 0) {
+    lua_close(L);
+    return CRUN_EINVAL;
+  }
+  int rc = script_load(L, script);
   if (rc != LUA_OK) {
     crun_error(CRUN_EINVAL, "%s", lua_tostring(L, -1));
     lua_close(L);

@@ -20,6 +20,7 @@ M.QUIT = "!quit"
 M.SLICE = 0.2          -- seconds of one store wait in the front end
 M.WORKER_SLICE = 2.0   -- seconds of one store wait in an idle worker
 M.MAX_OUTPUT = 64 << 20 -- bytes of one rank's result shown; the rest is cut
+M.TIMEOUT_GRACE = 5.0  -- seconds to wait for ranks interrupted at the chunk timeout
 
 local P = M.PREFIX
 
@@ -181,7 +182,7 @@ end
 -- io.write captured; h.run arms the Ctrl-C hook around it. Returns kind
 -- ("ok" or "err") and the text to show (printed output, then the values or
 -- the error with its traceback).
-function M.run_chunk(h, src)
+function M.run_chunk(h, src, on_err)
   local fn, err = load(src, "=stdin", "t")
   if not fn then return "err", err end
   local buf = {}
@@ -191,7 +192,11 @@ function M.run_chunk(h, src)
   local res = table.pack(h.run(fn, message_handler))
   if print == cprint then print = saved_print end        -- the chunk may have
   if io.write == cwrite then io.write = saved_write end  -- replaced them itself
-  if not res[1] then return "err", table.concat(buf) .. trim_traceback(tostring(res[2])) end
+  if not res[1] then
+    local msg = trim_traceback(tostring(res[2]))
+    if on_err then msg = on_err(msg) end
+    return "err", table.concat(buf) .. msg
+  end
   if res.n > 1 then cprint(table.unpack(res, 2, res.n)) end
   return "ok", table.concat(buf)
 end
@@ -266,7 +271,14 @@ local function worker_step(st, n)
   local targets, src = v:match("^([^\n]*)\n(.*)$")
   if is_target(targets, rank) then
     store:set(P .. "state/" .. rank, string.format("running %d %d", n, os.time()))
-    local k, t = M.run_chunk(st.h, src)
+    local k, t = M.run_chunk(st.h, src, function(msg)
+      -- the front end interrupted this chunk at CRUN_REPL_TIMEOUT: say so
+      -- (no rank in the text: ranks with the same result share one labelled line)
+      local tkey = P .. n .. "/timeout"
+      if not msg:match("^interrupted!") or not store:check{tkey} then return msg end
+      return string.format("ETIMEDOUT: chunk %d ran longer than CRUN_REPL_TIMEOUT=%s s; "
+        .. "interrupted", n, store:get(tkey)) .. msg:sub(#"interrupted!" + 1)
+    end)
     if #t > M.MAX_OUTPUT then
       t = t:sub(1, M.MAX_OUTPUT) .. string.format("\n(%d more bytes not shown)\n", #t - M.MAX_OUTPUT)
     end
@@ -300,6 +312,9 @@ ranks with the same output share one line, e.g. "[0-3] 4.0".
   :help               this text
   :quit, Ctrl-D       end the session on every rank
 Ctrl-C interrupts a running chunk on every rank (twice: stop waiting for it).
+A chunk still running after CRUN_REPL_TIMEOUT seconds (default 30 when the
+input is not a terminal; on a terminal only when the variable is set) is
+interrupted on every rank with ETIMEDOUT, and the session goes on.
 Globals: crun, T (= crun.tensor), dist (process group initialized; collective
 timeout CRUN_REPL_TIMEOUT seconds, default 30). A collective that some ranks
 did not enter ends in ETIMEDOUT and leaves the group unusable; start a new one
@@ -351,10 +366,14 @@ end
 -- ranks found dead, and why it stopped early ("interrupt", "terminate") or
 -- nil. on_interrupt(pending) is called at the first Ctrl-C; a second one
 -- gives up with "interrupt".
-function Front:collect(ranks, keyf, on_interrupt)
+-- With `limit` (seconds), on_timeout(pending) is called once that long has
+-- passed, and collect gives up with "timeout" M.TIMEOUT_GRACE seconds later.
+function Front:collect(ranks, keyf, on_interrupt, limit, on_timeout)
   local got, pending = {}, {}
   for _, r in ipairs(ranks) do pending[#pending + 1] = r end
   local interrupts = 0
+  local clock = require("crun.core").clock
+  local deadline, timed_out = limit and clock() + limit, false
   while #pending > 0 do
     local still = {}
     for _, r in ipairs(pending) do
@@ -375,6 +394,11 @@ function Front:collect(ranks, keyf, on_interrupt)
       interrupts = interrupts + 1
       if interrupts >= 2 or not on_interrupt then return got, pending, "interrupt" end
       on_interrupt(pending)
+    end
+    if deadline and clock() > deadline then
+      if timed_out then return got, pending, "timeout" end
+      timed_out, deadline = true, clock() + M.TIMEOUT_GRACE
+      on_timeout(pending)
     end
     pcall(self.store.wait, self.store, {keyf(pending[1])}, M.SLICE)
   end
@@ -421,7 +445,7 @@ function Front:split_live(list, named, results)
 end
 
 -- Turns what collect() returned for chunk n into results.
-function Front:take_results(n, live, got, left, results)
+function Front:take_results(n, live, got, left, results, why)
   for r, v in pairs(got) do
     self.busy[r] = nil
     results[r] = parse_result(v)
@@ -434,7 +458,9 @@ function Front:take_results(n, live, got, left, results)
   end
   for _, r in ipairs(left) do
     self.busy[r] = n
-    results[r] = {kind = "busy", text = "(still running; no longer waited for; see :ranks)"}
+    results[r] = {kind = "busy", text = why == "timeout"
+      and "(still running after the chunk timeout and an interrupt; no longer waited for; see :ranks)"
+      or "(still running; no longer waited for; see :ranks)"}
   end
 end
 
@@ -446,17 +472,46 @@ function Front:run(src, targets)
   local live = self:split_live(list, targets ~= nil, results)
   local tspec = targets and table.concat(targets, ",") or "*"
   self.store:set(P .. n .. "/chunk", tspec .. "\n" .. src) -- after the liveness check
+  local function interrupt(pending)
+    for _, r in ipairs(pending) do
+      if self.pid[r] then self.h.kill(self.pid[r]) end
+    end
+  end
+  local limit = self:chunk_limit()
   local got, left, why = self:collect(live, function(r) return P .. n .. "/out/" .. r end,
-    function(pending)
-      for _, r in ipairs(pending) do
-        if self.pid[r] then self.h.kill(self.pid[r]) end
-      end
+    interrupt, limit and limit.wait, function(pending)
+      self.store:set(P .. n .. "/timeout", limit.text) -- before the interrupt: the ranks look
+      interrupt(pending)
     end)
-  self:take_results(n, live, got, left, results)
+  self:take_results(n, live, got, left, results, why)
   local out, err = M.render(M.group(results, list))
   self:out(out)
   self:err(err)
   return why == "terminate" and why or nil
+end
+
+--- How long a chunk may run: {wait = seconds, text = CRUN_REPL_TIMEOUT's
+-- value}, or nil for no limit. CRUN_REPL_TIMEOUT when set; else 30 s when
+-- the input is not a terminal (a piped runaway chunk must not hang the
+-- session), none on a terminal (Ctrl-C is there). The collectives of the
+-- chunk time out after the same value, so the front waits a little longer
+-- (a tenth, at least 1 s) and their own ETIMEDOUT comes first.
+function Front:chunk_limit()
+  local env = os.getenv("CRUN_REPL_TIMEOUT")
+  local t = tonumber(env or "")
+  if not (t and t > 0) then
+    if self.tty then return nil end
+    t, env = 30, "30"
+  end
+  return {wait = t + math.max(1, t / 10), text = env}
+end
+
+--- Sends SIGINT to the ranks still busy with a chunk nobody waits for (at
+-- the end of the input: they then take "!quit").
+function Front:interrupt_busy()
+  for r in pairs(self.busy) do
+    if self.pid[r] and not self:check_dead(r) then self.h.kill(self.pid[r]) end
+  end
 end
 
 --- Whether every rank has ended (then says so).
@@ -592,6 +647,7 @@ function Front:loop()
     local line, how = self:read("> ")
     if line == nil then
       if self.tty then self:out("\n") end
+      self:interrupt_busy()
       return "quit"
     end
     if line == false and how ~= "interrupt" then return how end

@@ -8,7 +8,8 @@
 -- pairs (keys sorted: the same value always gives the same bytes), 'X' tensor:
 -- <s1 dtype, <I1 ndim, ndim x <i8 dims, <s8 raw contiguous element bytes.
 -- save() writes "<path>.tmp.<pid>", flushes and fsyncs it, renames it over
--- <path> and fsyncs the directory: a crash never leaves a torn file at <path>.
+-- <path> and fsyncs the directory: a crash never leaves a torn file at <path>;
+-- a <path> that is not a regular file is refused, never replaced.
 local serialize = {}
 
 local MAGIC, TRAILER = "CRUNSAV1", "END!"
@@ -174,30 +175,15 @@ function serialize.loads(s, name)
   return v
 end
 
---- Saves v to path atomically (temp file + fsync + rename). Raises on failure.
+--- Saves v to path atomically (temp file + fsync + rename). Raises on failure:
+-- EINVAL when path exists and is not a regular file (a symbolic link, a
+-- device, a fifo, a directory: never replaced), EACCES or EIO naming the path.
+-- The temp file is opened O_EXCL|O_NOFOLLOW next to path (core.save_file).
 function serialize.save(path, v)
   if type(path) ~= "string" then error("bad argument #1 to 'save' (string expected)", 2) end
   local bytes = serialize.dumps(v)
-  local c = core()
-  local pid = c.getpid and c.getpid() or math.random(1, 1 << 30)
-  local tmp = string.format("%s.tmp.%d", path, pid)
-  local f, err = io.open(tmp, "wb")
-  if not f then error("EIO: crun.save: cannot open " .. tostring(err), 2) end
-  local ok, werr = f:write(bytes)
-  if ok then ok, werr = f:flush() end
-  f:close()
-  if ok and c.fsync_path then ok, werr = pcall(c.fsync_path, tmp) end
-  if not ok then
-    os.remove(tmp)
-    error("EIO: crun.save: writing " .. tmp .. ": " .. tostring(werr), 2)
-  end
-  local rok, rerr = os.rename(tmp, path)
-  if not rok then
-    os.remove(tmp)
-    error("EIO: crun.save: rename to " .. path .. ": " .. tostring(rerr), 2)
-  end
-  -- make the rename itself durable (best effort: some file systems refuse)
-  if c.fsync_path then pcall(c.fsync_path, path:match("^(.*)/[^/]*$") or ".") end
+  local ok, err = pcall(core().save_file, path, bytes)
+  if not ok then error(tostring(err), 0) end -- starts with the status name
   return path
 end
 

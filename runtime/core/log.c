@@ -2,12 +2,15 @@
  * CRUN_DEBUG_FILE=path (%r in the path becomes the rank, %p the pid). */
 #include "crun.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static const char *subsys_names[CRUN_SUB_COUNT] = {
@@ -59,9 +62,28 @@ static FILE *open_log_file(const char *pattern) {
     else path[o++] = *p;
   }
   path[o] = 0;
-  FILE *f = fopen(path, "a");
-  if (f) setvbuf(f, NULL, _IOLBF, 0);
-  return f ? f : stderr;
+  /* appends, but never through a symbolic link (O_NOFOLLOW) nor into a
+   * fifo or a device (O_NONBLOCK keeps a fifo from blocking the open) */
+  const char *why = NULL;
+  int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0666);
+  struct stat st;
+  if (fd < 0) why = errno == ELOOP ? "it is a symbolic link (not followed)" : strerror(errno);
+  else if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) why = "it is not a regular file";
+  FILE *f = NULL;
+  if (!why) {
+    fcntl(fd, F_SETFL, O_APPEND);
+    f = fdopen(fd, "a");
+    if (!f) why = strerror(errno);
+  }
+  if (why) {
+    static int warned; /* crun_log_init opens it again: say it once */
+    if (fd >= 0) close(fd);
+    if (!warned++) fprintf(stderr, "crun: EINVAL: CRUN_DEBUG_FILE=%s: cannot log to %s: %s; logging to "
+            "stderr instead\n", pattern, path, why);
+    return stderr;
+  }
+  setvbuf(f, NULL, _IOLBF, 0);
+  return f;
 }
 
 static void init_once(void) {
@@ -71,6 +93,7 @@ static void init_once(void) {
   g.level = lvl ? parse_level(lvl) : CRUN_LOG_WARN;
   g.subsys_mask = parse_subsys(getenv("CRUN_DEBUG_SUBSYS"));
   const char *file = getenv("CRUN_DEBUG_FILE");
+  if (g.out && g.out != stderr) fclose(g.out); /* crun_log_init opens it again */
   g.out = (file && *file) ? open_log_file(file) : stderr;
 }
 
