@@ -75,6 +75,15 @@ FLOAT_KERNELS(f64, double)
 INT_KERNELS(i32, int32_t, uint32_t)
 INT_KERNELS(i64, int64_t, uint64_t)
 INT_KERNELS(u8, uint8_t, unsigned)
+INT_KERNELS(i8, int8_t, unsigned)
+INT_KERNELS(i16, int16_t, unsigned)
+
+/* bool bytes are 0 or 1: or / and are the logical ops on them. */
+#define OP_LOR(T, U, a, b) ((T)((a) | (b)))
+#define OP_LAND(T, U, a, b) ((T)((a) & (b)))
+KERNEL_PAIR(b8, uint8_t, unsigned, lor, OP_LOR)
+KERNEL_PAIR(b8, uint8_t, unsigned, land, OP_LAND)
+KERNEL_PAIR(b8, uint8_t, unsigned, bxor, OP_BXOR)
 
 /* Kernel tables indexed [dtype][op]; NULL where the op is undefined. Half
  * types use the float32 kernels through conversion (see the *_half helpers). */
@@ -85,17 +94,26 @@ INT_KERNELS(u8, uint8_t, unsigned)
   {pre##_##tn##_sum, pre##_##tn##_product, pre##_##tn##_min, pre##_##tn##_max, \
    pre##_##tn##_sum, pre##_##tn##_band, pre##_##tn##_bor, pre##_##tn##_bxor}
 
+/* bool: sum / max are or, product / min and, no avg (torch has none). */
+#define BOOL_ROW(pre)                                                          \
+  {pre##_b8_lor, pre##_b8_land, pre##_b8_land, pre##_b8_lor, NULL,             \
+   pre##_b8_land, pre##_b8_lor, pre##_b8_bxor}
+
 static const into_fn into_table[CRUN_DTYPE_COUNT][CRUN_OP_COUNT] = {
     [CRUN_FLOAT32] = FLOAT_ROW(into, f32), [CRUN_FLOAT64] = FLOAT_ROW(into, f64),
     [CRUN_FLOAT16] = FLOAT_ROW(into, f32), [CRUN_BFLOAT16] = FLOAT_ROW(into, f32),
     [CRUN_INT32] = INT_ROW(into, i32),     [CRUN_INT64] = INT_ROW(into, i64),
     [CRUN_UINT8] = INT_ROW(into, u8),
+    [CRUN_INT8] = INT_ROW(into, i8),       [CRUN_INT16] = INT_ROW(into, i16),
+    [CRUN_BOOL] = BOOL_ROW(into),
 };
 static const r3_fn r3_table[CRUN_DTYPE_COUNT][CRUN_OP_COUNT] = {
     [CRUN_FLOAT32] = FLOAT_ROW(r3, f32), [CRUN_FLOAT64] = FLOAT_ROW(r3, f64),
     [CRUN_FLOAT16] = FLOAT_ROW(r3, f32), [CRUN_BFLOAT16] = FLOAT_ROW(r3, f32),
     [CRUN_INT32] = INT_ROW(r3, i32),     [CRUN_INT64] = INT_ROW(r3, i64),
     [CRUN_UINT8] = INT_ROW(r3, u8),
+    [CRUN_INT8] = INT_ROW(r3, i8),       [CRUN_INT16] = INT_ROW(r3, i16),
+    [CRUN_BOOL] = BOOL_ROW(r3),
 };
 
 /* ------------------------------------------------------------ op names */
@@ -130,6 +148,9 @@ const char *crun_reduce_op_name(crun_reduce_op_t op) {
 int crun_reduce_op_check(crun_dtype_t dt, crun_reduce_op_t op) {
   if ((unsigned)dt >= CRUN_DTYPE_COUNT) return crun_error(CRUN_EINVAL, "bad dtype %d", (int)dt);
   if ((unsigned)op >= CRUN_OP_COUNT) return crun_error(CRUN_EINVAL, "bad reduce op %d", (int)op);
+  if (!into_table[dt][op] && dt == CRUN_BOOL)
+    return crun_error(CRUN_EINVAL, "%s is not defined on bool (torch has no bool average)",
+                      crun_reduce_op_name(op));
   if (!into_table[dt][op])
     return crun_error(CRUN_EINVAL, "%s is only defined on integer dtypes, got %s",
                       crun_reduce_op_name(op), crun_dtype_name(dt));
@@ -284,6 +305,9 @@ int crun_scale_div(crun_dtype_t dt, void *data, size_t n, double d) {
     case CRUN_INT32: DIV_INT(int32_t); break;
     case CRUN_INT64: DIV_INT(int64_t); break;
     case CRUN_UINT8: DIV_INT(uint8_t); break;
+    case CRUN_INT8: DIV_INT(int8_t); break;
+    case CRUN_INT16: DIV_INT(int16_t); break;
+    case CRUN_BOOL: return crun_error(CRUN_EINVAL, "scale_div: not defined on bool");
     default: scale_div_half(dt, data, n, d); break;
   }
   return 0;

@@ -20,7 +20,10 @@ extern "C" {
   X(BFLOAT16, bfloat16, 2)       \
   X(INT32, int32, 4)             \
   X(INT64, int64, 8)             \
-  X(UINT8, uint8, 1)
+  X(UINT8, uint8, 1)             \
+  X(INT8, int8, 1)               \
+  X(INT16, int16, 2)             \
+  X(BOOL, bool, 1)
 
 typedef enum {
 #define CRUN_X_DT(NAME, name, size) CRUN_##NAME,
@@ -37,7 +40,7 @@ const char *crun_dtype_name(crun_dtype_t dt);
  * returns CRUN_EINVAL for unknown names. */
 int crun_dtype_parse(const char *name, crun_dtype_t *out);
 
-/* Returns non-zero for int32, int64, uint8. */
+/* Returns non-zero for int32, int64, uint8, int8, int16 (not bool). */
 int crun_dtype_is_integer(crun_dtype_t dt);
 
 typedef struct crun_tensor crun_tensor_t;
@@ -256,7 +259,9 @@ uint64_t crun_splitmix64_next(uint64_t *state);
  * caller divides once at the end (crun_scale_div). Bitwise ops on float dtypes
  * fail with CRUN_EINVAL. float16/bfloat16 are computed in float32 and rounded
  * (round-to-nearest-even) once per call. MIN / MAX propagate nan; integer
- * SUM / PRODUCT wrap around on overflow. */
+ * SUM / PRODUCT wrap around on overflow. bool (bytes 0 / 1) reduces as torch
+ * does: SUM and MAX are logical or, PRODUCT and MIN logical and; AVG on bool
+ * is CRUN_EINVAL. */
 #define CRUN_REDUCE_OP_MAP(X) \
   X(SUM, sum) X(PRODUCT, product) X(MIN, min) X(MAX, max) X(AVG, avg) \
   X(BAND, band) X(BOR, bor) X(BXOR, bxor)
