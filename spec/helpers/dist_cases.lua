@@ -321,6 +321,74 @@ for _, dtype in ipairs(DTYPES) do
   expected_cache = {}
 end
 
+-- premul_sum (dist.make_premul_sum): each input times F, then summed; the
+-- inputs that are not outputs (reduce off the root, reduce_scatter) stay as
+-- they were. F * x is rounded to the dtype once per input (float16/bfloat16),
+-- then the sum once.
+local F = -0.375
+local function premul_reference(dtype, n, salt)
+  return cached(table.concat({"pm", dtype, n, salt}, ":"), function()
+    local cols = {}
+    for r = 0, size - 1 do cols[r] = input_vals(r, n, dtype, "sum", salt) end
+    local ref = {}
+    for i = 1, n do
+      local acc = 0
+      for r = 0, size - 1 do
+        local v = F * cols[r][i]
+        acc = acc + (SIG[dtype] and round_sig(v, SIG[dtype]) or v)
+      end
+      ref[i] = SIG[dtype] and round_sig(acc, SIG[dtype]) or acc
+    end
+    return ref
+  end)
+end
+
+local pm_k = 0
+for _, dtype in ipairs({"float32", "float64", "float16", "bfloat16"}) do
+  for _, n in ipairs({7, 100003}) do
+    if not SUBSET or dtype == "float32" then
+      local tag, op = dtype .. "/" .. n, dist.make_premul_sum(F)
+      local tol = SIG[dtype] and not HALF_EXACT and tolerance(dtype, "sum") or nil
+      pm_k = pm_k + 1
+      local dst = pm_k % size
+      case("premul_sum all_reduce/" .. tag, function()
+        local t = input(rank, n, dtype, "sum", 0)
+        dist.all_reduce(t, op)
+        expect(t, premul_reference(dtype, n, 0), dtype, "premul all_reduce", "pm:" .. n, tol)
+      end)
+      case("premul_sum reduce/" .. tag .. "/root" .. dst, function()
+        local t = input(rank, n, dtype, "sum", 0)
+        dist.reduce(t, dst, op)
+        if rank == dst then
+          expect(t, premul_reference(dtype, n, 0), dtype, "premul reduce", "pm:" .. n, tol)
+        else
+          expect(t, input_vals(rank, n, dtype, "sum", 0), dtype, "premul reduce input", "pmin:" .. rank .. ":" .. n)
+        end
+      end)
+      case("premul_sum reduce_scatter/" .. tag, function()
+        local ins = {}
+        for b = 0, size - 1 do ins[b + 1] = input(rank, n, dtype, "sum", b) end
+        local o = T.zeros({n}, dtype)
+        dist.reduce_scatter(o, ins, op)
+        expect(o, premul_reference(dtype, n, rank), dtype, "premul reduce_scatter", "pmrs:" .. n, tol)
+        for b = 0, size - 1 do
+          expect(ins[b + 1], input_vals(rank, n, dtype, "sum", b), dtype, "premul reduce_scatter input " .. b,
+                 "pmrsin:" .. b .. ":" .. n)
+        end
+      end)
+    end
+  end
+  cache, expected_cache = {}, {}
+end
+
+case("premul_sum_on_int_is_an_error", function()
+  local ok, err = pcall(dist.all_reduce, T.new({1, 2}, "int32"), dist.make_premul_sum(2))
+  assert(not ok and tostring(err):match("^EINVAL") and tostring(err):find("floating", 1, true),
+         "expected an EINVAL premul_sum-on-int32 error, got " .. tostring(err))
+  local ok2, err2 = pcall(dist.all_reduce, T.new({1.5}), dist.ReduceOp.PREMUL_SUM)
+  assert(not ok2 and tostring(err2):find("make_premul_sum", 1, true), tostring(err2))
+end)
+
 case("avg_on_bool_is_an_error", function()
   local ok, err = pcall(dist.all_reduce, T.new({true, false}, "bool"), "avg")
   assert(not ok and tostring(err):match("^EINVAL") and tostring(err):find("bool", 1, true),

@@ -37,6 +37,9 @@ function M.expected_cases(n, subset)
       total = total + 4 * ops + (mv and moves or 0)
     end
   end
+  -- premul_sum: all_reduce, reduce, reduce_scatter per float dtype (float32
+  -- alone in the subset) x counts 7 and 100003, and its error case
+  total = total + 3 * 2 * (subset and 1 or 4) + 1
   -- bitwise on float, avg on bool, async ordering, objects, send/recv, sub-groups
   return total + 6
 end

@@ -222,7 +222,7 @@ static int run_ranks(int size, rank_fn fn) {
 
 /* bool (or / and semantics) runs in the collectives matrix, not here. */
 static int op_ok(crun_dtype_t dt, crun_reduce_op_t op) {
-  if (dt == CRUN_BOOL) return 0;
+  if (dt == CRUN_BOOL || op == CRUN_OP_PREMUL_SUM) return 0; /* premul_sum: a pg-level op */
   return op != CRUN_OP_BAND && op != CRUN_OP_BOR && op != CRUN_OP_BXOR ? 1
                                                                         : crun_dtype_is_integer(dt);
 }

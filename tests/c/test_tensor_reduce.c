@@ -250,6 +250,7 @@ static void check_case(crun_dtype_t dt, crun_reduce_op_t op, size_t n) {
 TEST(every_dtype_and_op_matches_reference) {
   for (int dt = 0; dt < CRUN_DTYPE_COUNT; dt++)
     for (int op = 0; op < CRUN_OP_COUNT; op++) {
+      if (op == CRUN_OP_PREMUL_SUM) continue; /* not a kernel: see premul_sum_is_scale_then_sum */
       if (crun_reduce_op_check((crun_dtype_t)dt, (crun_reduce_op_t)op) < 0) {
         EXPECT((!crun_dtype_is_integer((crun_dtype_t)dt) && op >= CRUN_OP_BAND) ||
                (dt == CRUN_BOOL && op == CRUN_OP_AVG));
@@ -258,6 +259,21 @@ TEST(every_dtype_and_op_matches_reference) {
       for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
         check_case((crun_dtype_t)dt, (crun_reduce_op_t)op, sizes[i]);
     }
+}
+
+TEST(premul_sum_is_scale_then_sum) {
+  float a[3] = {1.5f, -2.0f, 0.25f}, d[3];
+  EXPECT_OK(crun_reduce_op_check(CRUN_FLOAT32, CRUN_OP_PREMUL_SUM));
+  EXPECT(crun_reduce_op_check(CRUN_INT32, CRUN_OP_PREMUL_SUM) == CRUN_EINVAL);
+  EXPECT(strstr(crun_last_error(), "floating") != NULL);
+  EXPECT(crun_reduce_into(CRUN_FLOAT32, CRUN_OP_PREMUL_SUM, d, a, 3) == CRUN_EINVAL);
+  EXPECT_OK(crun_scale_mul(CRUN_FLOAT32, d, a, 3, -4.0));
+  EXPECT(d[0] == -6.0f && d[1] == 8.0f && d[2] == -1.0f && a[0] == 1.5f);
+  uint16_t h[2] = {crun__f32_to_f16(3.0f), crun__f32_to_f16(-0.5f)};
+  EXPECT_OK(crun_scale_mul(CRUN_FLOAT16, h, h, 2, 0.5));
+  EXPECT(crun__f16_to_f32(h[0]) == 1.5f && crun__f16_to_f32(h[1]) == -0.25f);
+  int8_t i8[1] = {3};
+  EXPECT(crun_scale_mul(CRUN_INT8, i8, i8, 1, 2.0) == CRUN_EINVAL);
 }
 
 TEST(reduce_into_self) {
@@ -349,6 +365,6 @@ TEST(bench_reduce_n) {
 }
 
 #define CRUN_TESTS(X) X(dtype_names) X(op_names) X(float16_conversions) X(bfloat16_conversions) \
-  X(every_dtype_and_op_matches_reference) X(reduce_into_self) X(min_max_propagate_nan) X(half_sum_rounds_once)         \
+  X(every_dtype_and_op_matches_reference) X(premul_sum_is_scale_then_sum) X(reduce_into_self) X(min_max_propagate_nan) X(half_sum_rounds_once)         \
   X(scale_div) X(bench_reduce_n)
 CRUN_TEST_MAIN()

@@ -264,7 +264,7 @@ uint64_t crun_splitmix64_next(uint64_t *state);
  * is CRUN_EINVAL. */
 #define CRUN_REDUCE_OP_MAP(X) \
   X(SUM, sum) X(PRODUCT, product) X(MIN, min) X(MAX, max) X(AVG, avg) \
-  X(BAND, band) X(BOR, bor) X(BXOR, bxor)
+  X(BAND, band) X(BOR, bor) X(BXOR, bxor) X(PREMUL_SUM, premul_sum)
 
 typedef enum {
 #define CRUN_X_OP(NAME, name) CRUN_OP_##NAME,
@@ -292,6 +292,14 @@ int crun_reduce3(crun_dtype_t dt, crun_reduce_op_t op, void *dst, const void *a,
  * float16/bfloat16 in float32 and rounding once; dst may alias any src. */
 int crun_reduce_n(crun_dtype_t dt, crun_reduce_op_t op, void *dst,
                   const void *const *srcs, int nsrc, size_t n);
+
+/* PREMUL_SUM (torch's make_premul_sum): every input multiplied by a factor,
+ * then summed; floating dtypes only. The kernels above refuse it: the process
+ * group scales copies of the inputs with crun_scale_mul and sums those. */
+
+/* dst[i] = src[i] * f in the dtype's precision (float16/bfloat16 through
+ * float32, rounded once); floating dtypes only. dst may equal src. */
+int crun_scale_mul(crun_dtype_t dt, void *dst, const void *src, size_t n, double f);
 
 /* data[i] /= d (integers: truncating division), for AVG. */
 int crun_scale_div(crun_dtype_t dt, void *data, size_t n, double d);
