@@ -1,5 +1,5 @@
 -- dist_cases.lua — the collective matrix, run as one crun-lua job per world
--- size: every collective x op x dtype x counts {0, 1, 7, 100003}, every root
+-- size: every collective x op x dtype x counts {0, 1, 7, 40009}, every root
 -- of broadcast/gather/scatter (reduce's root walks over the ranks), in-place
 -- and out-of-place forms, async ordering, sub-groups, object collectives and
 -- send/recv matching. Inputs are hashes of (rank, index): signed, spanning each
@@ -30,7 +30,7 @@ local OPS = {"sum", "product", "min", "max", "avg", "band", "bor", "bxor"}
 -- the large count crosses pages, shm chunks and (over TCP) ring slices; at
 -- more than 4 ranks (mpirun -np 8, oversubscribed) it is cut to 20011 so that
 -- the references computed here stay within the job's time limit
-local BIG = size > 4 and 20011 or 100003
+local BIG = size > 4 and 20011 or 40009
 local COUNTS = {0, 1, 7, BIG}
 local SUBSET = arg[2] == "subset"
 -- float16/bfloat16 sums accumulate in float32 and are rounded once by the
@@ -296,7 +296,7 @@ end
 
 -- Whether (dtype, op, n) runs: everything in the full matrix; with arg[2] ==
 -- "subset" (the tcp and hierarchical modes) every dtype once (sum, 7), every
--- op once (int32 and float32 where defined, 100003) and every count once
+-- op once (int32 and float32 where defined, the large count) and every count once
 -- (float32 sum). spec/helpers/dist_matrix.lua counts the same cases on its own.
 local function wanted(dtype, op, n)
   if not SUBSET then return true end

@@ -23,22 +23,22 @@ function M.expected_cases(n, subset)
   local moves = 4 + 3 * n -- all_gather x3, all_to_all; broadcast/gather/scatter per root
   local total = 0
   for d, k in pairs(nops) do
-    for _, count in ipairs({0, 1, 7, 100003}) do
+    for _, count in ipairs({0, 1, 7, "big"}) do
       local ops, mv
       if not subset then
         ops, mv = k, true
       else
-        if d == "float32" and count == 100003 then ops = 5
-        elseif d == "int32" and count == 100003 then ops = 8
+        if d == "float32" and count == "big" then ops = 5
+        elseif d == "int32" and count == "big" then ops = 8
         elseif count == 7 or d == "float32" then ops = 1 -- sum
         else ops = 0 end
-        mv = count == 7 or d == "float32" or (d == "int32" and count == 100003)
+        mv = count == 7 or d == "float32" or (d == "int32" and count == "big")
       end
       total = total + 4 * ops + (mv and moves or 0)
     end
   end
   -- premul_sum: all_reduce, reduce, reduce_scatter per float dtype (float32
-  -- alone in the subset) x counts 7 and 100003, and its error case
+  -- alone in the subset) x counts 7 and the large one, and its error case
   total = total + 3 * 2 * (subset and 1 or 4) + 1
   -- bitwise on float, avg on bool, async ordering, objects, send/recv, sub-groups
   return total + 6
