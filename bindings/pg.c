@@ -57,10 +57,23 @@ static crun_reduce_op_t check_op(lua_State *L, int idx) {
   if (lua_isnoneornil(L, idx)) return CRUN_OP_SUM;
   crun_reduce_op_t op;
   const char *name = luaL_checkstring(L, idx);
+  if (strncmp(name, "premul_sum:", 11) == 0) return CRUN_OP_PREMUL_SUM;
   if (crun_reduce_op_parse(name, &op) < 0)
     luaL_error(L, "bad argument #%d (unknown reduce op '%s'; use sum, product, min, max, avg, band, bor or bxor)",
                idx - 1, name);
   return op;
+}
+
+/* The factor of "premul_sum:<factor>" (dist.make_premul_sum) at idx, for
+ * an op check_op read as premul_sum; EINVAL when there is none. */
+static double premul_arg(lua_State *L, int idx, crun_reduce_op_t op) {
+  if (op != CRUN_OP_PREMUL_SUM) return 1.0;
+  const char *s = lua_tostring(L, idx), *c = s ? strchr(s, ':') : NULL;
+  char *end = NULL;
+  double f = c ? strtod(c + 1, &end) : 0;
+  if (!c || end == c + 1 || *end != '\0')
+    luaL_error(L, "EINVAL: premul_sum needs a factor: use dist.make_premul_sum(factor)");
+  return f;
 }
 
 /* Reads {timeout=, tag=, async_op=} at idx; returns async_op. */
@@ -168,6 +181,7 @@ static int l_all_reduce(lua_State *L) {
   crun_reduce_op_t op = check_op(L, 3);
   crun_coll_opts_t o;
   int async = check_opts(L, 4, &o, "all_reduce");
+  o.premul_factor = premul_arg(L, 3, op);
   crun_work_t *w = NULL;
   int rc = crun_pg_all_reduce(pg, crun_tensor_data(t), (size_t)crun_tensor_numel(t), crun_tensor_dtype(t), op, &o, WORK_ARG(async));
   return finish(L, rc, w, async, 2, 2, 2);
@@ -193,6 +207,7 @@ static int l_reduce(lua_State *L) {
   crun_reduce_op_t op = check_op(L, 4);
   crun_coll_opts_t o;
   int async = check_opts(L, 5, &o, "reduce");
+  o.premul_factor = premul_arg(L, 4, op);
   crun_work_t *w = NULL;
   int rc = crun_pg_reduce(pg, crun_tensor_data(t), (size_t)crun_tensor_numel(t), crun_tensor_dtype(t), op, dst, &o, WORK_ARG(async));
   return finish(L, rc, w, async, 2, 2, 2);
@@ -253,6 +268,7 @@ static int l_reduce_scatter(lua_State *L) {
   crun_reduce_op_t op = check_op(L, 4);
   crun_coll_opts_t o;
   int async = check_opts(L, 5, &o, "reduce_scatter");
+  o.premul_factor = premul_arg(L, 4, op);
   crun_work_t *w = NULL;
   int rc = crun_pg_reduce_scatter(pg, crun_tensor_data(t), (const void *const *)ins, (size_t)crun_tensor_numel(t),
                                   crun_tensor_dtype(t), op, &o, WORK_ARG(async));

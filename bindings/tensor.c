@@ -118,7 +118,11 @@ static int64_t check_index(lua_State *L, int arg, lua_Integer i, int64_t size) {
 }
 
 static void push_elem_at(lua_State *L, const crun_tensor_t *t, const int64_t *idx) {
-  if (crun_dtype_is_integer(crun_tensor_dtype(t))) {
+  if (crun_tensor_dtype(t) == CRUN_BOOL) { /* true / false, as torch's tolist() */
+    int64_t v;
+    CRUN_L_CHECK(L, crun_tensor_get_int64(t, idx, &v));
+    lua_pushboolean(L, v != 0);
+  } else if (crun_dtype_is_integer(crun_tensor_dtype(t))) {
     int64_t v;
     CRUN_L_CHECK(L, crun_tensor_get_int64(t, idx, &v));
     lua_pushinteger(L, v);
@@ -130,7 +134,9 @@ static void push_elem_at(lua_State *L, const crun_tensor_t *t, const int64_t *id
 }
 
 static void set_elem_at(lua_State *L, int varg, crun_tensor_t *t, const int64_t *idx) {
-  if (lua_isinteger(L, varg) && crun_dtype_is_integer(crun_tensor_dtype(t)))
+  if (lua_isboolean(L, varg))
+    CRUN_L_CHECK(L, crun_tensor_set_int64(t, idx, lua_toboolean(L, varg)));
+  else if (lua_isinteger(L, varg) && crun_dtype_is_integer(crun_tensor_dtype(t)))
     CRUN_L_CHECK(L, crun_tensor_set_int64(t, idx, lua_tointeger(L, varg)));
   else
     CRUN_L_CHECK(L, crun_tensor_set_double(t, idx, luaL_checknumber(L, varg)));
@@ -225,7 +231,7 @@ static void nested_fill(lua_State *L, crun_tensor_t *t, int d, int64_t *idx) {
     if (d + 1 < nd) {
       nested_fill(L, t, d + 1, idx);
     } else {
-      if (lua_type(L, -1) != LUA_TNUMBER)
+      if (lua_type(L, -1) != LUA_TNUMBER && !lua_isboolean(L, -1))
         luaL_argerror(L, 1, lua_pushfstring(L, "element %I at depth %d is a %s, number expected",
                                             (lua_Integer)i + 1, d + 1, luaL_typename(L, -1)));
       set_elem_at(L, lua_gettop(L), t, idx);

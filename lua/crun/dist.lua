@@ -35,7 +35,17 @@ local MONITORED = O.spec{"group", "timeout", "wait_all_ranks"}
 local BACKEND_ALIAS = {gloo = "cpu", ["cpu:gloo"] = "cpu", ["cpu:gloo,cuda:nccl"] = "auto"}
 
 dist.ReduceOp = {SUM = "sum", PRODUCT = "product", MIN = "min", MAX = "max", AVG = "avg",
-  BAND = "band", BOR = "bor", BXOR = "bxor"}
+  BAND = "band", BOR = "bor", BXOR = "bxor", PREMUL_SUM = "premul_sum"}
+
+--- dist.make_premul_sum(factor) -> the op that multiplies every input by
+-- factor, then sums (torch's; floating dtypes only). The inputs of reduce on
+-- a non-root rank and of reduce_scatter are left as they were.
+function dist.make_premul_sum(factor)
+  if type(factor) ~= "number" or factor ~= factor then
+    error("EINVAL: make_premul_sum: factor must be a number, got " .. tostring(factor), 2)
+  end
+  return string.format("premul_sum:%.17g", factor)
+end
 
 --- The placeholder new_group returns on ranks that are not in the group.
 dist.GroupMember = {NON_GROUP_MEMBER = setmetatable({}, {__tostring = function()

@@ -14,7 +14,8 @@ local serialize = {}
 
 local MAGIC, TRAILER = "CRUNSAV1", "END!"
 
-local PACK = {float32 = "<f", float64 = "<d", int32 = "<i4", int64 = "<i8", uint8 = "B"}
+local PACK = {float32 = "<f", float64 = "<d", int32 = "<i4", int64 = "<i8", uint8 = "B",
+  int8 = "<i1", int16 = "<i2"}
 
 local function core() return require "crun.core" end
 local function tensor_mod()

@@ -18,14 +18,16 @@ T.metatable = mt
 
 -- dtype shorthands, as in Torch7 (t:float(), t:double(), ...).
 local shorthands = {float = "float32", double = "float64", half = "float16",
-  bfloat16 = "bfloat16", int = "int32", long = "int64", byte = "uint8"}
+  bfloat16 = "bfloat16", int = "int32", long = "int64", byte = "uint8",
+  char = "int8", short = "int16", bool = "bool"}
 for name, dt in pairs(shorthands) do
   methods[name] = function(t) return t:to(dt) end
 end
 
 --- t:type() -> "crun.FloatTensor"-like name (Torch7 spelling of the dtype).
 local tnames = {float32 = "Float", float64 = "Double", float16 = "Half", bfloat16 = "BFloat16",
-  int32 = "Int", int64 = "Long", uint8 = "Byte"}
+  int32 = "Int", int64 = "Long", uint8 = "Byte",
+  int8 = "Char", int16 = "Short", bool = "Bool"}
 function methods.type(t) return "crun." .. tnames[t:dtype()] .. "Tensor" end
 
 --- T.zeros_like(t[, dtype]) / T.ones_like / T.empty_like / T.full_like(t, v[, dtype])
@@ -129,6 +131,7 @@ local function number_format(vals, is_int)
 end
 
 local function fmt_value(f, v)
+  if type(v) == "boolean" then return tostring(v) end -- bool tensors
   if v ~= v then return "nan" end
   if v == math.huge then return "inf" elseif v == -math.huge then return "-inf" end
   if f == "%d" then return string.format("%d", v) end
@@ -186,7 +189,7 @@ function mt.__tostring(t)
   if n == 0 then return "[crun.Tensor " .. dtype .. " of size " .. size_str(s) .. " (empty)]" end
   if n > MAX_PRINT then return "... (" .. n .. " elements not shown)\n" .. footer end
   local flat = t:contiguous():view(n):totable()
-  local f = number_format(flat, t:dtype():find("int") ~= nil or dtype == "uint8")
+  local f = number_format(flat, t:dtype():find("int") ~= nil or dtype == "bool")
   local out = {}
   if #s == 1 then
     local rows = {}

@@ -78,6 +78,22 @@ static int submit(crun_pg_t *pg, crun_work_t *w, crun_work_t **work, int *src_ou
     if (crun__r < 0) { crun_work_release(w); return crun__r; }         \
   } while (0)
 
+/* premul_sum (torch's make_premul_sum): the work sums scaled copies of the
+ * inputs, owned by the work, so that an input that is not also the output is
+ * left as the caller gave it (reduce on a non-root rank, reduce_scatter);
+ * all_reduce and the root of reduce scale their buffer in place, which is
+ * where the result goes. Every engine then runs a plain sum. */
+static double premul_factor(const crun_coll_opts_t *opts) { return opts ? opts->premul_factor : 1.0; }
+
+static int premul_copies(crun_work_t *w, const void *const *ins, int n) {
+  size_t bytes = w->c.count * crun_dtype_size(w->c.dt);
+  if (bytes == 0) return 0;
+  char *s = malloc(bytes * (size_t)n);
+  if (!s) return crun_error(CRUN_ENOMEM, "premul_sum: %zu bytes of scaled inputs", bytes * (size_t)n);
+  w->scratch = s;
+  return 0;
+}
+
 int crun_pg_send(crun_pg_t *pg, const void *buf, size_t count, crun_dtype_t dt, int dst,
                  const crun_coll_opts_t *opts, crun_work_t **work) {
   CRUN_CHECK(check_common(pg, CRUN__COLL_SEND, dt, 0, 0));
@@ -119,6 +135,10 @@ int crun_pg_all_reduce(crun_pg_t *pg, void *buf, size_t count, crun_dtype_t dt,
                        crun_reduce_op_t op, const crun_coll_opts_t *opts, crun_work_t **work) {
   CRUN_CHECK(check_common(pg, CRUN__COLL_ALL_REDUCE, dt, 1, op));
   CRUN_CHECK(check_buf(pg, CRUN__COLL_ALL_REDUCE, buf, count, "buffer"));
+  if (op == CRUN_OP_PREMUL_SUM) {
+    CRUN_CHECK(crun_scale_mul(dt, buf, buf, count, premul_factor(opts)));
+    op = CRUN_OP_SUM;
+  }
   NEW_WORK(w, CRUN__COLL_ALL_REDUCE, dt, count);
   w->c.buf = buf;
   w->c.op = op;
@@ -132,6 +152,14 @@ int crun_pg_reduce(crun_pg_t *pg, void *buf, size_t count, crun_dtype_t dt, crun
   CRUN_CHECK(check_buf(pg, CRUN__COLL_REDUCE, buf, count, "buffer"));
   NEW_WORK(w, CRUN__COLL_REDUCE, dt, count);
   w->c.buf = buf;
+  if (op == CRUN_OP_PREMUL_SUM) {
+    if (pg->rank != root) {
+      FAIL_WORK(w, premul_copies(w, NULL, 1));
+      if (w->scratch) w->c.buf = w->scratch;
+    }
+    FAIL_WORK(w, crun_scale_mul(dt, w->c.buf, buf, count, premul_factor(opts)));
+    op = CRUN_OP_SUM;
+  }
   w->c.op = op;
   w->c.root = root;
   return submit(pg, w, work, NULL);
@@ -182,6 +210,16 @@ int crun_pg_reduce_scatter(crun_pg_t *pg, void *out, const void *const *ins, siz
   w->c.buf = out;
   w->c.op = op;
   FAIL_WORK(w, copy_ptrs(pg, CRUN__COLL_REDUCE_SCATTER, ins, count, "input", (void ***)&w->c.ins));
+  if (op == CRUN_OP_PREMUL_SUM) {
+    size_t bytes = count * crun_dtype_size(dt);
+    FAIL_WORK(w, premul_copies(w, ins, pg->size));
+    for (int i = 0; i < pg->size && bytes > 0; i++) {
+      char *s = (char *)w->scratch + (size_t)i * bytes;
+      FAIL_WORK(w, crun_scale_mul(dt, s, ins[i], count, premul_factor(opts)));
+      ((const void **)w->c.ins)[i] = s;
+    }
+    w->c.op = CRUN_OP_SUM;
+  }
   return submit(pg, w, work, NULL);
 }
 

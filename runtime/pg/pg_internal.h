@@ -93,6 +93,7 @@ struct crun_work {
   int done, status;
   char *err;
   char desc[48];
+  void *scratch;             /* premul_sum: the scaled copies of the inputs */
   struct crun_work *next;
 };
 

@@ -246,6 +246,7 @@ const char *crun_work_describe(crun_work_t *w) {
 static void work_unref(crun_work_t *w) {
   if (atomic_fetch_sub(&w->refs, 1) != 1) return;
   crun__coll_free(&w->c);
+  free(w->scratch);
   free(w->err);
   free(w);
 }

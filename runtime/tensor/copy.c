@@ -23,6 +23,9 @@ double crun_elem_get_double(crun_dtype_t dt, const void *base, int64_t i) {
     case CRUN_INT32: return ((const int32_t *)base)[i];
     case CRUN_INT64: return (double)((const int64_t *)base)[i];
     case CRUN_UINT8: return ((const uint8_t *)base)[i];
+    case CRUN_INT8: return ((const int8_t *)base)[i];
+    case CRUN_INT16: return ((const int16_t *)base)[i];
+    case CRUN_BOOL: return ((const uint8_t *)base)[i] != 0;
     default: return 0;
   }
 }
@@ -36,6 +39,9 @@ void crun_elem_set_double(crun_dtype_t dt, void *base, int64_t i, double v) {
     case CRUN_INT32: ((int32_t *)base)[i] = (int32_t)sat_i64(v, -2147483648.0, 2147483647.0); break;
     case CRUN_INT64: ((int64_t *)base)[i] = sat_i64(v, -9223372036854775808.0, 9223372036854774784.0); break;
     case CRUN_UINT8: ((uint8_t *)base)[i] = (uint8_t)sat_i64(v, 0.0, 255.0); break;
+    case CRUN_INT8: ((int8_t *)base)[i] = (int8_t)sat_i64(v, -128.0, 127.0); break;
+    case CRUN_INT16: ((int16_t *)base)[i] = (int16_t)sat_i64(v, -32768.0, 32767.0); break;
+    case CRUN_BOOL: ((uint8_t *)base)[i] = v != 0.0; break; /* nan is true, as in torch */
     default: break;
   }
 }
@@ -45,6 +51,9 @@ int64_t crun__elem_get_int64(crun_dtype_t dt, const void *base, int64_t i) {
     case CRUN_INT32: return ((const int32_t *)base)[i];
     case CRUN_INT64: return ((const int64_t *)base)[i];
     case CRUN_UINT8: return ((const uint8_t *)base)[i];
+    case CRUN_INT8: return ((const int8_t *)base)[i];
+    case CRUN_INT16: return ((const int16_t *)base)[i];
+    case CRUN_BOOL: return ((const uint8_t *)base)[i] != 0;
     default: return sat_i64(crun_elem_get_double(dt, base, i), -9223372036854775808.0, 9223372036854774784.0);
   }
 }
@@ -55,6 +64,9 @@ void crun__elem_set_int64(crun_dtype_t dt, void *base, int64_t i, int64_t v) {
     case CRUN_INT32: ((int32_t *)base)[i] = (int32_t)(uint32_t)(uint64_t)v; break;
     case CRUN_INT64: ((int64_t *)base)[i] = v; break;
     case CRUN_UINT8: ((uint8_t *)base)[i] = (uint8_t)(uint64_t)v; break;
+    case CRUN_INT8: ((int8_t *)base)[i] = (int8_t)(uint8_t)(uint64_t)v; break;
+    case CRUN_INT16: ((int16_t *)base)[i] = (int16_t)(uint16_t)(uint64_t)v; break;
+    case CRUN_BOOL: ((uint8_t *)base)[i] = v != 0; break;
     default: crun_elem_set_double(dt, base, i, (double)v); break;
   }
 }

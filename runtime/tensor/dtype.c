@@ -28,7 +28,7 @@ static const struct { const char *alias; crun_dtype_t dt; } dtype_aliases[] = {
     {"float", CRUN_FLOAT32},  {"double", CRUN_FLOAT64}, {"half", CRUN_FLOAT16},
     {"bf16", CRUN_BFLOAT16},  {"int", CRUN_INT32},      {"long", CRUN_INT64},
     {"byte", CRUN_UINT8},     {"fp32", CRUN_FLOAT32},   {"fp64", CRUN_FLOAT64},
-    {"fp16", CRUN_FLOAT16},
+    {"fp16", CRUN_FLOAT16},   {"short", CRUN_INT16},    {"char", CRUN_INT8},
 };
 
 int crun_dtype_parse(const char *name, crun_dtype_t *out) {
@@ -47,11 +47,12 @@ int crun_dtype_parse(const char *name, crun_dtype_t *out) {
     }
   }
   return crun_error(CRUN_EINVAL, "unknown dtype '%s' (expected float32, float64, float16, "
-                    "bfloat16, int32, int64 or uint8)", name);
+                    "bfloat16, int32, int64, uint8, int8, int16 or bool)", name);
 }
 
 int crun_dtype_is_integer(crun_dtype_t dt) {
-  return dt == CRUN_INT32 || dt == CRUN_INT64 || dt == CRUN_UINT8;
+  return dt == CRUN_INT32 || dt == CRUN_INT64 || dt == CRUN_UINT8 || dt == CRUN_INT8 ||
+         dt == CRUN_INT16;
 }
 
 /* ------------------------------------------------------------ float16 */

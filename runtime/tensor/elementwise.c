@@ -77,6 +77,8 @@ BIN_COMMON(f64, double, double)
 BIN_COMMON(i32, int32_t, uint32_t)
 BIN_COMMON(i64, int64_t, uint64_t)
 BIN_COMMON(u8, uint8_t, unsigned)
+BIN_COMMON(i8, int8_t, unsigned)
+BIN_COMMON(i16, int16_t, unsigned)
 BIN(f32, float, float, div, float, E_DIV)
 BIN(f64, double, double, div, double, E_DIV)
 BIN(f32, float, float, pow, float, E_POW)
@@ -95,6 +97,8 @@ static const bin_fn bin_table[CRUN_DTYPE_COUNT][CRUN_BINOP_COUNT][3] = {
     [CRUN_INT32] = {BIN_ROW_COMMON(i32)},
     [CRUN_INT64] = {BIN_ROW_COMMON(i64)},
     [CRUN_UINT8] = {BIN_ROW_COMMON(u8)},
+    [CRUN_INT8] = {BIN_ROW_COMMON(i8)},
+    [CRUN_INT16] = {BIN_ROW_COMMON(i16)},
 };
 
 /* Unary expressions on x for float type tn. */
@@ -316,8 +320,10 @@ int crun_tensor_binop(crun_binop_t op, crun_tensor_t *a, crun_tensor_t *b, crun_
 /* Converts s to one element of dt; integer dtypes need an integral s in range. */
 static int scalar_of(const char *what, crun_dtype_t dt, double s, void *buf) {
   if (crun_dtype_is_integer(dt)) {
-    double lo = dt == CRUN_UINT8 ? 0 : dt == CRUN_INT32 ? -2147483648.0 : -9223372036854775808.0;
-    double hi = dt == CRUN_UINT8 ? 255 : dt == CRUN_INT32 ? 2147483647.0 : 9223372036854774784.0;
+    double lo = dt == CRUN_UINT8 ? 0 : dt == CRUN_INT8 ? -128.0 : dt == CRUN_INT16 ? -32768.0
+              : dt == CRUN_INT32 ? -2147483648.0 : -9223372036854775808.0;
+    double hi = dt == CRUN_UINT8 ? 255 : dt == CRUN_INT8 ? 127.0 : dt == CRUN_INT16 ? 32767.0
+              : dt == CRUN_INT32 ? 2147483647.0 : 9223372036854774784.0;
     if (s != floor(s))
       return crun_error(CRUN_ENOTSUP, "%s: %s tensor with non-integral scalar %g (convert with :double())",
                         what, crun_dtype_name(dt), s);

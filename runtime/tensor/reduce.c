@@ -75,27 +75,45 @@ FLOAT_KERNELS(f64, double)
 INT_KERNELS(i32, int32_t, uint32_t)
 INT_KERNELS(i64, int64_t, uint64_t)
 INT_KERNELS(u8, uint8_t, unsigned)
+INT_KERNELS(i8, int8_t, unsigned)
+INT_KERNELS(i16, int16_t, unsigned)
+
+/* bool bytes are 0 or 1: or / and are the logical ops on them. */
+#define OP_LOR(T, U, a, b) ((T)((a) | (b)))
+#define OP_LAND(T, U, a, b) ((T)((a) & (b)))
+KERNEL_PAIR(b8, uint8_t, unsigned, lor, OP_LOR)
+KERNEL_PAIR(b8, uint8_t, unsigned, land, OP_LAND)
+KERNEL_PAIR(b8, uint8_t, unsigned, bxor, OP_BXOR)
 
 /* Kernel tables indexed [dtype][op]; NULL where the op is undefined. Half
  * types use the float32 kernels through conversion (see the *_half helpers). */
 #define FLOAT_ROW(pre, tn)                                                     \
   {pre##_##tn##_sum, pre##_##tn##_product, pre##_##tn##_min, pre##_##tn##_max, \
-   pre##_##tn##_sum, NULL, NULL, NULL}
+   pre##_##tn##_sum, NULL, NULL, NULL, NULL}
 #define INT_ROW(pre, tn)                                                       \
   {pre##_##tn##_sum, pre##_##tn##_product, pre##_##tn##_min, pre##_##tn##_max, \
-   pre##_##tn##_sum, pre##_##tn##_band, pre##_##tn##_bor, pre##_##tn##_bxor}
+   pre##_##tn##_sum, pre##_##tn##_band, pre##_##tn##_bor, pre##_##tn##_bxor, NULL}
+
+/* bool: sum / max are or, product / min and, no avg (torch has none). */
+#define BOOL_ROW(pre)                                                          \
+  {pre##_b8_lor, pre##_b8_land, pre##_b8_land, pre##_b8_lor, NULL,             \
+   pre##_b8_land, pre##_b8_lor, pre##_b8_bxor, NULL}
 
 static const into_fn into_table[CRUN_DTYPE_COUNT][CRUN_OP_COUNT] = {
     [CRUN_FLOAT32] = FLOAT_ROW(into, f32), [CRUN_FLOAT64] = FLOAT_ROW(into, f64),
     [CRUN_FLOAT16] = FLOAT_ROW(into, f32), [CRUN_BFLOAT16] = FLOAT_ROW(into, f32),
     [CRUN_INT32] = INT_ROW(into, i32),     [CRUN_INT64] = INT_ROW(into, i64),
     [CRUN_UINT8] = INT_ROW(into, u8),
+    [CRUN_INT8] = INT_ROW(into, i8),       [CRUN_INT16] = INT_ROW(into, i16),
+    [CRUN_BOOL] = BOOL_ROW(into),
 };
 static const r3_fn r3_table[CRUN_DTYPE_COUNT][CRUN_OP_COUNT] = {
     [CRUN_FLOAT32] = FLOAT_ROW(r3, f32), [CRUN_FLOAT64] = FLOAT_ROW(r3, f64),
     [CRUN_FLOAT16] = FLOAT_ROW(r3, f32), [CRUN_BFLOAT16] = FLOAT_ROW(r3, f32),
     [CRUN_INT32] = INT_ROW(r3, i32),     [CRUN_INT64] = INT_ROW(r3, i64),
     [CRUN_UINT8] = INT_ROW(r3, u8),
+    [CRUN_INT8] = INT_ROW(r3, i8),       [CRUN_INT16] = INT_ROW(r3, i16),
+    [CRUN_BOOL] = BOOL_ROW(r3),
 };
 
 /* ------------------------------------------------------------ op names */
@@ -115,7 +133,7 @@ int crun_reduce_op_parse(const char *name, crun_reduce_op_t *out) {
     }
   }
   return crun_error(CRUN_EINVAL, "unknown reduce op '%s' (expected sum, product, min, max, "
-                    "avg, band, bor or bxor)", name);
+                    "avg, band, bor, bxor or premul_sum)", name);
 }
 
 const char *crun_reduce_op_name(crun_reduce_op_t op) {
@@ -127,9 +145,19 @@ const char *crun_reduce_op_name(crun_reduce_op_t op) {
   }
 }
 
+static int is_half(crun_dtype_t dt);
+
 int crun_reduce_op_check(crun_dtype_t dt, crun_reduce_op_t op) {
   if ((unsigned)dt >= CRUN_DTYPE_COUNT) return crun_error(CRUN_EINVAL, "bad dtype %d", (int)dt);
   if ((unsigned)op >= CRUN_OP_COUNT) return crun_error(CRUN_EINVAL, "bad reduce op %d", (int)op);
+  if (op == CRUN_OP_PREMUL_SUM) {
+    if (dt == CRUN_FLOAT32 || dt == CRUN_FLOAT64 || is_half(dt)) return 0;
+    return crun_error(CRUN_EINVAL, "premul_sum is only defined on floating dtypes, got %s",
+                      crun_dtype_name(dt));
+  }
+  if (!into_table[dt][op] && dt == CRUN_BOOL)
+    return crun_error(CRUN_EINVAL, "%s is not defined on bool (torch has no bool average)",
+                      crun_reduce_op_name(op));
   if (!into_table[dt][op])
     return crun_error(CRUN_EINVAL, "%s is only defined on integer dtypes, got %s",
                       crun_reduce_op_name(op), crun_dtype_name(dt));
@@ -191,6 +219,8 @@ static void reduce_n_native(crun_dtype_t dt, crun_reduce_op_t op, void *dst,
 
 static int check_args(crun_dtype_t dt, crun_reduce_op_t op, const void *dst, size_t n) {
   CRUN_CHECK(crun_reduce_op_check(dt, op));
+  if (op == CRUN_OP_PREMUL_SUM)
+    return crun_error(CRUN_EINVAL, "premul_sum: scale the inputs (crun_scale_mul), then sum them");
   if (n > 0 && !dst) return crun_error(CRUN_EINVAL, "reduce: NULL buffer for %zu elements", n);
   return 0;
 }
@@ -284,7 +314,37 @@ int crun_scale_div(crun_dtype_t dt, void *data, size_t n, double d) {
     case CRUN_INT32: DIV_INT(int32_t); break;
     case CRUN_INT64: DIV_INT(int64_t); break;
     case CRUN_UINT8: DIV_INT(uint8_t); break;
+    case CRUN_INT8: DIV_INT(int8_t); break;
+    case CRUN_INT16: DIV_INT(int16_t); break;
+    case CRUN_BOOL: return crun_error(CRUN_EINVAL, "scale_div: not defined on bool");
     default: scale_div_half(dt, data, n, d); break;
+  }
+  return 0;
+}
+
+/* ------------------------------------------------------------ scale_mul */
+
+int crun_scale_mul(crun_dtype_t dt, void *dst, const void *src, size_t n, double f) {
+  if ((unsigned)dt >= CRUN_DTYPE_COUNT) return crun_error(CRUN_EINVAL, "scale_mul: bad dtype %d", (int)dt);
+  if (n > 0 && (!dst || !src)) return crun_error(CRUN_EINVAL, "scale_mul: NULL buffer for %zu elements", n);
+  if (dt == CRUN_FLOAT32) {
+    float *d = dst, ff = (float)f;
+    const float *s = src;
+    for (size_t i = 0; i < n; i++) d[i] = s[i] * ff;
+  } else if (dt == CRUN_FLOAT64) {
+    double *d = dst;
+    const double *s = src;
+    for (size_t i = 0; i < n; i++) d[i] = s[i] * f;
+  } else if (is_half(dt)) {
+    float buf[CHUNK], ff = (float)f;
+    for (size_t off = 0; off < n; off += CHUNK) {
+      size_t m = n - off < CHUNK ? n - off : CHUNK;
+      half_load(dt, buf, (const uint16_t *)src + off, m);
+      for (size_t i = 0; i < m; i++) buf[i] *= ff;
+      half_store(dt, (uint16_t *)dst + off, buf, m);
+    }
+  } else {
+    return crun_error(CRUN_EINVAL, "premul_sum is only defined on floating dtypes, got %s", crun_dtype_name(dt));
   }
   return 0;
 }

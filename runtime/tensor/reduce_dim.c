@@ -55,9 +55,10 @@ static void fold(red_state *s, int64_t k) {
   }
 }
 
-/* Result dtype: int64 for integer sums/products, else the input's. */
+/* Result dtype: int64 for integer and bool sums/products (torch counts the
+ * true elements), else the input's. */
 static crun_dtype_t value_dtype(crun_dimred_t op, crun_dtype_t dt) {
-  if (crun_dtype_is_integer(dt) && (op == CRUN_DIMRED_SUM || op == CRUN_DIMRED_PROD)) return CRUN_INT64;
+  if ((crun_dtype_is_integer(dt) || dt == CRUN_BOOL) && (op == CRUN_DIMRED_SUM || op == CRUN_DIMRED_PROD)) return CRUN_INT64;
   return dt;
 }
 
@@ -70,7 +71,7 @@ static int check_args(crun_dimred_t op, crun_tensor_t *a, int dim) {
   if ((unsigned)op >= CRUN_DIMRED_COUNT) return crun_error(CRUN_EINVAL, "bad reduction %d", (int)op);
   if (dim < -1 || dim >= a->ndim)
     return crun_error(CRUN_EINVAL, "%s: dim %d out of range for a %d-d tensor", names[op], dim + 1, a->ndim);
-  if (op == CRUN_DIMRED_MEAN && crun_dtype_is_integer(a->dt))
+  if (op == CRUN_DIMRED_MEAN && (crun_dtype_is_integer(a->dt) || a->dt == CRUN_BOOL))
     return crun_error(CRUN_ENOTSUP, "mean needs a float tensor, got %s (convert with :double())", crun_dtype_name(a->dt));
   int64_t n = dim < 0 ? crun_tensor_numel(a) : a->shape[dim];
   if (n == 0 && (op == CRUN_DIMRED_MAX || op == CRUN_DIMRED_MIN || op == CRUN_DIMRED_MEAN))

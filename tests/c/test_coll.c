@@ -1,6 +1,6 @@
 /* test_coll.c — every collective x op x dtype x world size 1..4 x counts
- * 0, 1, 7, 100003 on forked ranks, checked on every rank against a reference
- * computed locally from every rank's (exactly representable) inputs. Also
+ * 0, 1, 7, 100003 on forked ranks, checked on every rank against closed-form
+ * expectations (see put_value / reference: no reduction kernel involved). Also
  * every algorithm forced with CRUN_ALGO. */
 #include <stdlib.h>
 
@@ -9,26 +9,151 @@
 static const size_t counts[] = {0, 1, 7, 100003};
 #define NCOUNTS (sizeof counts / sizeof counts[0])
 
-/* Rank r's input element i for op (small integers: exact in every dtype). */
-static double value(int r, size_t i, crun_reduce_op_t op, int salt) {
-  if (op == CRUN_OP_PRODUCT) return (double)((r + i + (size_t)salt) % 3 + 1);
-  return (double)((r * 3 + i * 5 + (size_t)salt) % 8);
+/* Inputs, signed and non-periodic, built so that every reduction over ranks
+ * 0..p-1 has a closed form (no reduction kernel computes the expectation):
+ *   sum/avg, min/max: v = a(i) + r * b(i), a and b hashes of i; integers
+ *     span the dtype's range for sum (wrapping), min/max keep a + r*b in range;
+ *     floats are multiples of 1/8 whose partial sums are exact in the dtype;
+ *   product: c(i) on rank 0, then +-1 by the parity of r + i;
+ *   band/bor/bxor: m(i) (low 4 bits clear) | 1 << r;
+ *   bool: bit r of a hash of i. */
+static uint64_t mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+static int is_float(crun_dtype_t dt) {
+  return dt == CRUN_FLOAT32 || dt == CRUN_FLOAT64 || dt == CRUN_FLOAT16 || dt == CRUN_BFLOAT16;
+}
+
+static void int_range(crun_dtype_t dt, int64_t *lo, int64_t *hi) {
+  switch (dt) {
+    case CRUN_INT8: *lo = -128; *hi = 127; break;
+    case CRUN_INT16: *lo = -32768; *hi = 32767; break;
+    case CRUN_INT32: *lo = INT32_MIN; *hi = INT32_MAX; break;
+    case CRUN_UINT8: *lo = 0; *hi = 255; break;
+    default: *lo = -(INT64_C(1) << 62); *hi = INT64_C(1) << 62; break;
+  }
+}
+
+#define B 3 /* |b| for integer min/max */
+
+typedef struct { double fa, fb, fc; int64_t a, b, c, m; uint64_t h; } terms_t;
+
+static terms_t terms(crun_dtype_t dt, size_t i, int salt) {
+  terms_t t;
+  uint64_t h = mix(i * 1000003u + (uint64_t)salt), h2 = mix(h), h3 = mix(h2);
+  t.h = h;
+  int64_t K = dt == CRUN_FLOAT16 ? 256 : dt == CRUN_BFLOAT16 ? 32 : 65536;
+  int64_t J = dt == CRUN_FLOAT16 ? 8 : dt == CRUN_BFLOAT16 ? 4 : 64;
+  t.fa = (double)((int64_t)(h % (uint64_t)(2 * K + 1)) - K) / 8;
+  t.fb = (double)((int64_t)(h2 % (uint64_t)(2 * J + 1)) - J) / 8;
+  t.fc = (double)((int64_t)(h3 % 7) - 3) / 2;
+  int64_t lo, hi;
+  int_range(dt, &lo, &hi);
+  t.a = (int64_t)h;  /* wrapped into the dtype when stored */
+  t.b = (int64_t)h2;
+  t.c = (int64_t)h3;
+  t.m = (int64_t)(h & ~UINT64_C(0xf));
+  (void)lo; (void)hi;
+  return t;
+}
+
+/* min/max terms: a within [lo + 4B, hi - 4B], b in [-B, B]. */
+static void minmax_terms(crun_dtype_t dt, const terms_t *t, double *a, double *b, int64_t *ia, int64_t *ib) {
+  int64_t lo, hi;
+  int_range(dt, &lo, &hi);
+  uint64_t span = (uint64_t)(hi - lo) + 1 - 8 * B;
+  *ia = lo + 4 * B + (int64_t)(t->h % span);
+  *ib = (int64_t)(mix(t->h + 1) % (2 * B + 1)) - B;
+  *a = t->fa;
+  *b = t->fb;
+}
+
+static int64_t wrap_to(crun_dtype_t dt, int64_t v) {
+  unsigned char buf[8];
+  crun_elem_set_int64(dt, buf, 0, v);
+  return crun_elem_get_int64(dt, buf, 0);
+}
+
+static void put(crun_dtype_t dt, void *b, size_t i, double f, int64_t v) {
+  if (is_float(dt)) crun_elem_set_double(dt, b, (int64_t)i, f);
+  else crun_elem_set_int64(dt, b, (int64_t)i, v);
+}
+
+/* Rank r's input element i for op. */
+static void put_value(crun_dtype_t dt, void *b, int r, size_t i, crun_reduce_op_t op, int salt) {
+  terms_t t = terms(dt, i, salt);
+  if (dt == CRUN_BOOL) { crun_elem_set_int64(dt, b, (int64_t)i, (int64_t)((t.h >> r) & 1)); return; }
+  int64_t sign = (r + i) % 2 ? -1 : 1;
+  switch (op) {
+    case CRUN_OP_PRODUCT: put(dt, b, i, r == 0 ? t.fc : (double)sign, r == 0 ? t.c : sign); break;
+    case CRUN_OP_MIN: case CRUN_OP_MAX: {
+      double a, bb;
+      int64_t ia, ib;
+      minmax_terms(dt, &t, &a, &bb, &ia, &ib);
+      put(dt, b, i, a + r * bb, ia + r * ib);
+      break;
+    }
+    case CRUN_OP_BAND: case CRUN_OP_BOR: case CRUN_OP_BXOR:
+      put(dt, b, i, 0, t.m | (INT64_C(1) << r)); break;
+    default: /* sum, avg */
+      put(dt, b, i, t.fa + r * t.fb, (int64_t)((uint64_t)t.a + (uint64_t)r * (uint64_t)t.b)); break;
+  }
 }
 
 static void *fill(crun_dtype_t dt, size_t n, int r, crun_reduce_op_t op, int salt) {
   char *b = malloc(n * crun_dtype_size(dt) + 1);
-  for (size_t i = 0; i < n; i++) crun_elem_set_double(dt, b, (int64_t)i, value(r, i, op, salt));
+  for (size_t i = 0; i < n; i++) put_value(dt, b, r, i, op, salt);
   return b;
 }
 
-/* The reduction over every rank's input, as every rank must see it. */
+/* The reduction over ranks 0..size-1 in closed form, as every rank must see it. */
 static void *reference(crun_dtype_t dt, size_t n, int size, crun_reduce_op_t op, int salt) {
-  const void *srcs[8];
-  for (int r = 0; r < size; r++) srcs[r] = fill(dt, n, r, op, salt);
   void *out = malloc(n * crun_dtype_size(dt) + 1);
-  crun_reduce_n(dt, op, out, srcs, size, n);
-  if (op == CRUN_OP_AVG) crun_scale_div(dt, out, n, size);
-  for (int r = 0; r < size; r++) free((void *)srcs[r]);
+  uint64_t p = (uint64_t)size, tri = p * (p - 1) / 2, mask = (UINT64_C(1) << size) - 1;
+  for (size_t i = 0; i < n; i++) {
+    terms_t t = terms(dt, i, salt);
+    if (dt == CRUN_BOOL) {
+      uint64_t bits = t.h & mask;
+      int v = op == CRUN_OP_SUM || op == CRUN_OP_MAX || op == CRUN_OP_BOR ? bits != 0
+            : op == CRUN_OP_BXOR ? __builtin_popcountll(bits) & 1 : bits == mask;
+      crun_elem_set_int64(dt, out, (int64_t)i, v);
+      continue;
+    }
+    int flips = (int)(i % 2 == 0 ? p / 2 : (p - 1) / 2); /* ranks 1..p-1 giving -1 */
+    double a, b;
+    int64_t ia, ib;
+    switch (op) {
+      case CRUN_OP_PRODUCT:
+        put(dt, out, i, flips % 2 ? -t.fc : t.fc, (int64_t)((uint64_t)t.c * (flips % 2 ? UINT64_MAX : 1)));
+        break;
+      case CRUN_OP_MIN:
+        minmax_terms(dt, &t, &a, &b, &ia, &ib);
+        put(dt, out, i, a + (b < 0 ? (double)(size - 1) * b : 0), ia + (ib < 0 ? (size - 1) * ib : 0));
+        break;
+      case CRUN_OP_MAX:
+        minmax_terms(dt, &t, &a, &b, &ia, &ib);
+        put(dt, out, i, a + (b > 0 ? (double)(size - 1) * b : 0), ia + (ib > 0 ? (size - 1) * ib : 0));
+        break;
+      case CRUN_OP_BAND: put(dt, out, i, 0, t.m | (size == 1 ? 1 : 0)); break;
+      case CRUN_OP_BOR: put(dt, out, i, 0, t.m | (int64_t)mask); break;
+      case CRUN_OP_BXOR: put(dt, out, i, 0, (size % 2 ? t.m : 0) ^ (int64_t)mask); break;
+      default: { /* sum, avg: p*a + b*p(p-1)/2 */
+        double fs = (double)size * t.fa + (double)tri * t.fb;
+        int64_t is = (int64_t)(p * (uint64_t)t.a + tri * (uint64_t)t.b);
+        if (op == CRUN_OP_AVG) {
+          if (dt == CRUN_FLOAT32) fs = (double)((float)fs / (float)size);
+          else if (dt == CRUN_FLOAT64) fs = fs / size;
+          else fs = (double)(float)(fs / size); /* half: float32 quotient, then rounded */
+          is = wrap_to(dt, is) / size;            /* integers: truncating */
+        }
+        put(dt, out, i, fs, is);
+      }
+    }
+  }
   return out;
 }
 
@@ -39,7 +164,7 @@ static void expect_same(const void *a, const void *b, size_t bytes, const char *
 
 /* all_reduce, reduce and reduce_scatter for one dtype/op/count. */
 static void check_reductions(crun_pg_t *pg, crun_dtype_t dt, crun_reduce_op_t op, size_t n) {
-  int r = crun_pg_rank(pg), p = crun_pg_size(pg), root = p - 1;
+  int r = crun_pg_rank(pg), p = crun_pg_size(pg), root = (int)((n + (size_t)dt + (size_t)op) % (size_t)p);
   size_t es = crun_dtype_size(dt);
   void *ref = reference(dt, n, p, op, 0), *buf = fill(dt, n, r, op, 0), *mine = fill(dt, n, r, op, 0);
   EXPECT_OK(crun_pg_all_reduce(pg, buf, n, dt, op, NULL, NULL));
@@ -61,7 +186,7 @@ static void check_reductions(crun_pg_t *pg, crun_dtype_t dt, crun_reduce_op_t op
 
 /* broadcast, all_gather, gather, scatter, all_to_all for one dtype/count. */
 static void check_moves(crun_pg_t *pg, crun_dtype_t dt, size_t n) {
-  int r = crun_pg_rank(pg), p = crun_pg_size(pg), root = p > 1 ? 1 : 0;
+  int r = crun_pg_rank(pg), p = crun_pg_size(pg), root = (int)((n + (size_t)dt) % (size_t)p);
   size_t es = crun_dtype_size(dt);
   void *outs[8], *exp_[8];
   const void *ins[8];
@@ -97,7 +222,7 @@ static void matrix(crun_pg_t *pg, void *arg) {
   for (int dt = 0; dt < CRUN_DTYPE_COUNT; dt++)
     for (size_t k = 0; k < NCOUNTS; k++) {
       for (int op = 0; op < CRUN_OP_COUNT; op++)
-        if (crun_reduce_op_check((crun_dtype_t)dt, (crun_reduce_op_t)op) == 0)
+        if (op != CRUN_OP_PREMUL_SUM && crun_reduce_op_check((crun_dtype_t)dt, (crun_reduce_op_t)op) == 0)
           check_reductions(pg, (crun_dtype_t)dt, (crun_reduce_op_t)op, counts[k]);
       check_moves(pg, (crun_dtype_t)dt, counts[k]);
     }

@@ -55,6 +55,8 @@ static double get(crun_dtype_t dt, const void *p, size_t i) {
   case CRUN_INT32: return ((const int32_t *)p)[i];
   case CRUN_INT64: return (double)((const int64_t *)p)[i];
   case CRUN_UINT8: return ((const uint8_t *)p)[i];
+  case CRUN_INT8: return ((const int8_t *)p)[i];
+  case CRUN_INT16: return ((const int16_t *)p)[i];
   default: return NAN;
   }
 }
@@ -74,6 +76,8 @@ static void set(crun_dtype_t dt, void *p, size_t i, double v) {
   case CRUN_INT32: ((int32_t *)p)[i] = (int32_t)v; break;
   case CRUN_INT64: ((int64_t *)p)[i] = (int64_t)v; break;
   case CRUN_UINT8: ((uint8_t *)p)[i] = (uint8_t)v; break;
+  case CRUN_INT8: ((int8_t *)p)[i] = (int8_t)v; break;
+  case CRUN_INT16: ((int16_t *)p)[i] = (int16_t)v; break;
   default: break;
   }
 }
@@ -87,7 +91,7 @@ static double value(crun_dtype_t dt, crun_reduce_op_t op, int r, size_t i) {
     return m == 0 ? -2 : m == 1 ? 2 : 1;
   }
   if (op == CRUN_OP_BAND || op == CRUN_OP_BOR || op == CRUN_OP_BXOR)
-    return (double)((r * 37 + i * 11 + 5) & 0xff);
+    return (double)((r * 37 + i * 11 + 5) & (dt == CRUN_INT8 ? 0x7f : 0xff));
   return dt == CRUN_UINT8 ? k : k - 5;
 }
 
@@ -216,7 +220,9 @@ static int run_ranks(int size, rank_fn fn) {
 
 #define RUN_RANKS(size, fn) EXPECT_EQ_INT(run_ranks(size, fn), 0)
 
+/* bool (or / and semantics) runs in the collectives matrix, not here. */
 static int op_ok(crun_dtype_t dt, crun_reduce_op_t op) {
+  if (dt == CRUN_BOOL || op == CRUN_OP_PREMUL_SUM) return 0; /* premul_sum: a pg-level op */
   return op != CRUN_OP_BAND && op != CRUN_OP_BOR && op != CRUN_OP_BXOR ? 1
                                                                         : crun_dtype_is_integer(dt);
 }

@@ -129,6 +129,9 @@ static void fill_random(crun_dtype_t dt, void *p, size_t n) {
       case CRUN_INT32: ((int32_t *)p)[i] = (int32_t)(iv * 9000001); break;
       case CRUN_INT64: ((int64_t *)p)[i] = iv * 90000000001ll; break;
       case CRUN_UINT8: ((uint8_t *)p)[i] = (uint8_t)iv; break;
+      case CRUN_INT8: ((int8_t *)p)[i] = (int8_t)(iv / 2); break;
+      case CRUN_INT16: ((int16_t *)p)[i] = (int16_t)(iv * 127); break;
+      case CRUN_BOOL: ((uint8_t *)p)[i] = (uint8_t)(iv & 1); break;
       default: break;
     }
   }
@@ -183,6 +186,19 @@ static void ref_elem(crun_dtype_t dt, crun_reduce_op_t op, void *out, void **s, 
     case CRUN_INT64: { int64_t a = ((int64_t *)s[0])[i];
       for (int k = 1; k < ns; k++) a = refi(op, a, ((int64_t *)s[k])[i]);
       ((int64_t *)out)[i] = a; break; }
+    case CRUN_INT8: { int64_t a = ((int8_t *)s[0])[i];
+      for (int k = 1; k < ns; k++) a = (int8_t)(uint8_t)refi(op, a, ((int8_t *)s[k])[i]);
+      ((int8_t *)out)[i] = (int8_t)a; break; }
+    case CRUN_INT16: { int64_t a = ((int16_t *)s[0])[i];
+      for (int k = 1; k < ns; k++) a = (int16_t)(uint16_t)refi(op, a, ((int16_t *)s[k])[i]);
+      ((int16_t *)out)[i] = (int16_t)a; break; }
+    case CRUN_BOOL: { int a = ((uint8_t *)s[0])[i]; /* torch: sum/max or, product/min and */
+      for (int k = 1; k < ns; k++) {
+        int b = ((uint8_t *)s[k])[i];
+        a = op == CRUN_OP_SUM || op == CRUN_OP_MAX || op == CRUN_OP_BOR ? (a || b)
+          : op == CRUN_OP_BXOR ? (a != b) : (a && b);
+      }
+      ((uint8_t *)out)[i] = (uint8_t)a; break; }
     default: { int64_t a = ((uint8_t *)s[0])[i];
       for (int k = 1; k < ns; k++) a = (uint8_t)refi(op, a, ((uint8_t *)s[k])[i]);
       ((uint8_t *)out)[i] = (uint8_t)a; break; }
@@ -234,13 +250,30 @@ static void check_case(crun_dtype_t dt, crun_reduce_op_t op, size_t n) {
 TEST(every_dtype_and_op_matches_reference) {
   for (int dt = 0; dt < CRUN_DTYPE_COUNT; dt++)
     for (int op = 0; op < CRUN_OP_COUNT; op++) {
+      if (op == CRUN_OP_PREMUL_SUM) continue; /* not a kernel: see premul_sum_is_scale_then_sum */
       if (crun_reduce_op_check((crun_dtype_t)dt, (crun_reduce_op_t)op) < 0) {
-        EXPECT(!crun_dtype_is_integer((crun_dtype_t)dt) && op >= CRUN_OP_BAND);
+        EXPECT((!crun_dtype_is_integer((crun_dtype_t)dt) && op >= CRUN_OP_BAND) ||
+               (dt == CRUN_BOOL && op == CRUN_OP_AVG));
         continue;
       }
       for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
         check_case((crun_dtype_t)dt, (crun_reduce_op_t)op, sizes[i]);
     }
+}
+
+TEST(premul_sum_is_scale_then_sum) {
+  float a[3] = {1.5f, -2.0f, 0.25f}, d[3];
+  EXPECT_OK(crun_reduce_op_check(CRUN_FLOAT32, CRUN_OP_PREMUL_SUM));
+  EXPECT(crun_reduce_op_check(CRUN_INT32, CRUN_OP_PREMUL_SUM) == CRUN_EINVAL);
+  EXPECT(strstr(crun_last_error(), "floating") != NULL);
+  EXPECT(crun_reduce_into(CRUN_FLOAT32, CRUN_OP_PREMUL_SUM, d, a, 3) == CRUN_EINVAL);
+  EXPECT_OK(crun_scale_mul(CRUN_FLOAT32, d, a, 3, -4.0));
+  EXPECT(d[0] == -6.0f && d[1] == 8.0f && d[2] == -1.0f && a[0] == 1.5f);
+  uint16_t h[2] = {crun__f32_to_f16(3.0f), crun__f32_to_f16(-0.5f)};
+  EXPECT_OK(crun_scale_mul(CRUN_FLOAT16, h, h, 2, 0.5));
+  EXPECT(crun__f16_to_f32(h[0]) == 1.5f && crun__f16_to_f32(h[1]) == -0.25f);
+  int8_t i8[1] = {3};
+  EXPECT(crun_scale_mul(CRUN_INT8, i8, i8, 1, 2.0) == CRUN_EINVAL);
 }
 
 TEST(reduce_into_self) {
@@ -332,6 +365,6 @@ TEST(bench_reduce_n) {
 }
 
 #define CRUN_TESTS(X) X(dtype_names) X(op_names) X(float16_conversions) X(bfloat16_conversions) \
-  X(every_dtype_and_op_matches_reference) X(reduce_into_self) X(min_max_propagate_nan) X(half_sum_rounds_once)         \
+  X(every_dtype_and_op_matches_reference) X(premul_sum_is_scale_then_sum) X(reduce_into_self) X(min_max_propagate_nan) X(half_sum_rounds_once)         \
   X(scale_div) X(bench_reduce_n)
 CRUN_TEST_MAIN()

@@ -21,37 +21,48 @@ MPI_Datatype crun__mpi_type(crun_dtype_t dt) {
   case CRUN_INT32: return MPI_INT32_T;
   case CRUN_INT64: return MPI_INT64_T;
   case CRUN_UINT8: return MPI_UINT8_T;
+  case CRUN_INT8: return MPI_INT8_T;
+  case CRUN_INT16: return MPI_INT16_T;
+  case CRUN_BOOL: return MPI_UINT8_T; /* bytes 0 / 1, reduced with lor / land */
   default: return MPI_UINT16_T; /* float16 / bfloat16 bits */
   }
 }
 
-/* uint8 sum and product as user ops that wrap modulo 256 as C does: Open
- * MPI 4.1's AVX kernels (op/avx) saturate MPI_SUM on MPI_UINT8_T at 255. */
-static void u8_sum(void *in, void *inout, int *len, MPI_Datatype *dt) {
-  const uint8_t *a = in;
-  uint8_t *b = inout;
-  for (int i = 0; i < *len; i++) b[i] = (uint8_t)(b[i] + a[i]);
+/* 8- and 16-bit integer sum and product as user ops that wrap as C does:
+ * Open MPI 4.1's AVX kernels (op/avx) saturate MPI_SUM on MPI_UINT8_T at
+ * 255 (and use saturating adds for the other narrow types). The kernel is
+ * crun_reduce_into, picked by the MPI datatype. */
+static crun_dtype_t narrow_dtype(MPI_Datatype t) {
+  if (t == MPI_INT8_T) return CRUN_INT8;
+  if (t == MPI_INT16_T) return CRUN_INT16;
+  return CRUN_UINT8;
 }
 
-static void u8_prod(void *in, void *inout, int *len, MPI_Datatype *dt) {
-  const uint8_t *a = in;
-  uint8_t *b = inout;
-  for (int i = 0; i < *len; i++) b[i] = (uint8_t)(b[i] * a[i]);
+static void narrow_sum(void *in, void *inout, int *len, MPI_Datatype *dt) {
+  crun_reduce_into(narrow_dtype(*dt), CRUN_OP_SUM, inout, in, (size_t)*len);
+}
+
+static void narrow_prod(void *in, void *inout, int *len, MPI_Datatype *dt) {
+  crun_reduce_into(narrow_dtype(*dt), CRUN_OP_PRODUCT, inout, in, (size_t)*len);
 }
 
 static pthread_once_t g_ops_once = PTHREAD_ONCE_INIT;
 static MPI_Op g_u8_sum = MPI_OP_NULL, g_u8_prod = MPI_OP_NULL;
 
 static void make_ops(void) {
-  MPI_Op_create(u8_sum, 1, &g_u8_sum);
-  MPI_Op_create(u8_prod, 1, &g_u8_prod);
+  MPI_Op_create(narrow_sum, 1, &g_u8_sum);
+  MPI_Op_create(narrow_prod, 1, &g_u8_prod);
 }
 
 static MPI_Op mpi_op(crun_dtype_t dt, crun_reduce_op_t op) {
-  if (dt == CRUN_UINT8 && (op == CRUN_OP_SUM || op == CRUN_OP_AVG || op == CRUN_OP_PRODUCT)) {
+  if ((dt == CRUN_UINT8 || dt == CRUN_INT8 || dt == CRUN_INT16) &&
+      (op == CRUN_OP_SUM || op == CRUN_OP_AVG || op == CRUN_OP_PRODUCT)) {
     pthread_once(&g_ops_once, make_ops);
     return op == CRUN_OP_PRODUCT ? g_u8_prod : g_u8_sum;
   }
+  if (dt == CRUN_BOOL) /* torch: sum / max are or, product / min and */
+    return op == CRUN_OP_SUM || op == CRUN_OP_MAX || op == CRUN_OP_BOR ? MPI_LOR
+         : op == CRUN_OP_BXOR ? MPI_LXOR : MPI_LAND;
   switch (op) {
   case CRUN_OP_PRODUCT: return MPI_PROD;
   case CRUN_OP_MIN: return MPI_MIN;

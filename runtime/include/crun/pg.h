@@ -70,6 +70,7 @@ typedef struct {
 typedef struct {
   double timeout;       /* deadline of this call in s; <=0: the group's */
   int tag;              /* send/recv only: matched between the two sides */
+  double premul_factor; /* CRUN_OP_PREMUL_SUM only: each input is multiplied by it */
 } crun_coll_opts_t;
 
 /* Creates the group: every rank publishes its address in the store and the

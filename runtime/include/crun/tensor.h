@@ -20,7 +20,10 @@ extern "C" {
   X(BFLOAT16, bfloat16, 2)       \
   X(INT32, int32, 4)             \
   X(INT64, int64, 8)             \
-  X(UINT8, uint8, 1)
+  X(UINT8, uint8, 1)             \
+  X(INT8, int8, 1)               \
+  X(INT16, int16, 2)             \
+  X(BOOL, bool, 1)
 
 typedef enum {
 #define CRUN_X_DT(NAME, name, size) CRUN_##NAME,
@@ -37,7 +40,7 @@ const char *crun_dtype_name(crun_dtype_t dt);
  * returns CRUN_EINVAL for unknown names. */
 int crun_dtype_parse(const char *name, crun_dtype_t *out);
 
-/* Returns non-zero for int32, int64, uint8. */
+/* Returns non-zero for int32, int64, uint8, int8, int16 (not bool). */
 int crun_dtype_is_integer(crun_dtype_t dt);
 
 typedef struct crun_tensor crun_tensor_t;
@@ -256,10 +259,12 @@ uint64_t crun_splitmix64_next(uint64_t *state);
  * caller divides once at the end (crun_scale_div). Bitwise ops on float dtypes
  * fail with CRUN_EINVAL. float16/bfloat16 are computed in float32 and rounded
  * (round-to-nearest-even) once per call. MIN / MAX propagate nan; integer
- * SUM / PRODUCT wrap around on overflow. */
+ * SUM / PRODUCT wrap around on overflow. bool (bytes 0 / 1) reduces as torch
+ * does: SUM and MAX are logical or, PRODUCT and MIN logical and; AVG on bool
+ * is CRUN_EINVAL. */
 #define CRUN_REDUCE_OP_MAP(X) \
   X(SUM, sum) X(PRODUCT, product) X(MIN, min) X(MAX, max) X(AVG, avg) \
-  X(BAND, band) X(BOR, bor) X(BXOR, bxor)
+  X(BAND, band) X(BOR, bor) X(BXOR, bxor) X(PREMUL_SUM, premul_sum)
 
 typedef enum {
 #define CRUN_X_OP(NAME, name) CRUN_OP_##NAME,
@@ -287,6 +292,14 @@ int crun_reduce3(crun_dtype_t dt, crun_reduce_op_t op, void *dst, const void *a,
  * float16/bfloat16 in float32 and rounding once; dst may alias any src. */
 int crun_reduce_n(crun_dtype_t dt, crun_reduce_op_t op, void *dst,
                   const void *const *srcs, int nsrc, size_t n);
+
+/* PREMUL_SUM (torch's make_premul_sum): every input multiplied by a factor,
+ * then summed; floating dtypes only. The kernels above refuse it: the process
+ * group scales copies of the inputs with crun_scale_mul and sums those. */
+
+/* dst[i] = src[i] * f in the dtype's precision (float16/bfloat16 through
+ * float32, rounded once); floating dtypes only. dst may equal src. */
+int crun_scale_mul(crun_dtype_t dt, void *dst, const void *src, size_t n, double f);
 
 /* data[i] /= d (integers: truncating division), for AVG. */
 int crun_scale_div(crun_dtype_t dt, void *data, size_t n, double d);
