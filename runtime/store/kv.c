@@ -9,8 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* FNV-1a over the key bytes. */
-static uint64_t kv_hash(const char *key, size_t klen) {
+uint64_t crun__kv_hash(const char *key, size_t klen) {
   uint64_t h = 1469598103934665603ull;
   for (size_t i = 0; i < klen; i++) h = (h ^ (uint8_t)key[i]) * 1099511628211ull;
   return h;
@@ -40,7 +39,7 @@ void crun__kv_free(crun__kv_t *kv) {
 }
 
 crun__kv_entry_t *crun__kv_find(crun__kv_t *kv, const char *key, size_t klen) {
-  uint64_t h = kv_hash(key, klen);
+  uint64_t h = crun__kv_hash(key, klen);
   for (crun__kv_entry_t *e = kv->slots[h & (kv->nslots - 1)]; e; e = e->next)
     if (e->hash == h && e->klen == klen && memcmp(e->key, key, klen) == 0) return e;
   return NULL;
@@ -78,7 +77,7 @@ static crun__kv_entry_t *kv_upsert(crun__kv_t *kv, const char *key, size_t klen)
   memcpy(e->key, key, klen);
   e->key[klen] = 0;
   e->klen = klen;
-  e->hash = kv_hash(key, klen);
+  e->hash = crun__kv_hash(key, klen);
   e->next = kv->slots[e->hash & (kv->nslots - 1)];
   kv->slots[e->hash & (kv->nslots - 1)] = e;
   kv->count++;
@@ -115,7 +114,7 @@ int crun__kv_append(crun__kv_t *kv, const char *key, size_t klen, const void *va
 }
 
 int crun__kv_delete(crun__kv_t *kv, const char *key, size_t klen) {
-  uint64_t h = kv_hash(key, klen);
+  uint64_t h = crun__kv_hash(key, klen);
   crun__kv_entry_t **pp = &kv->slots[h & (kv->nslots - 1)];
   for (; *pp; pp = &(*pp)->next) {
     crun__kv_entry_t *e = *pp;

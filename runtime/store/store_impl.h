@@ -63,6 +63,9 @@ typedef struct {
 } crun__kv_t;
 
 int crun__kv_init(crun__kv_t *kv);
+
+/* FNV-1a over the key bytes (the table's hash; the server's waiter index uses it too). */
+uint64_t crun__kv_hash(const char *key, size_t klen);
 void crun__kv_free(crun__kv_t *kv);
 crun__kv_entry_t *crun__kv_find(crun__kv_t *kv, const char *key, size_t klen);
 /* Sets key to val (creating it). */

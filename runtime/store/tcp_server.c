@@ -29,6 +29,8 @@
 
 typedef struct conn conn_t;
 
+#define WAIT_BUCKETS 1024u /* lists of parked requests, by key hash */
+
 struct crun_store_server {
   uv_loop_t loop;
   uv_tcp_t listener;
@@ -43,7 +45,7 @@ struct crun_store_server {
   crun__auth_t auth;          /* the job's secret (auth.on == 0: open store) */
   unsigned long refused;      /* clients refused (logged once, then counted) */
   conn_t *conns;              /* every open connection */
-  conn_t *waiters[1024];      /* parked requests by the hash of the key they wait for */
+  conn_t *waiters[WAIT_BUCKETS]; /* parked requests by the hash of the key they wait for */
   conn_t *join_waiters;       /* parked JOIN_WAITs */
   conn_t *ready, *ready_tail; /* parked ones to look at again */
   int draining;
@@ -93,10 +95,7 @@ enum { FRAME_DONE, FRAME_PARK, FRAME_CLOSE };
 /* ------------------------------------------------------------ lists */
 
 static unsigned key_bucket(const void *key, size_t len) {
-  const uint8_t *p = key;
-  uint32_t h = 2166136261u;
-  for (size_t i = 0; i < len; i++) h = (h ^ p[i]) * 16777619u;
-  return h % 1024u;
+  return (unsigned)(crun__kv_hash(key, len) % WAIT_BUCKETS);
 }
 
 static int key_exists(crun_store_server_t *srv, const uint8_t *k, uint32_t len) {
