@@ -2,11 +2,12 @@
 #   make demo   set up, build, run the main job on 4 ranks
 #   make test   set up, build, run every test (C tests + busted specs, via ctest)
 #   make fault-inject  kill random ranks/the launcher during collectives, check what is left (FI_RUNS=100)
+#   make conformance   random programs on crun (tcp, shm, mpi) and on torch+Gloo, outputs compared (CONF_PROGRAMS=24)
 BUILD ?= build
 JOBS  ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_FLAGS ?=
 
-.PHONY: all setup configure build test demo bench clean install fault-inject
+.PHONY: all setup configure build test demo bench clean install fault-inject conformance
 
 all: build
 
@@ -32,6 +33,10 @@ demo: build
 FI_RUNS ?= 100
 fault-inject: build
 	lua5.4 jobs/fault_inject.lua --runs $(FI_RUNS) --crun $(BUILD)/crun-lua
+
+# needs Debian's python3-torch (installed by the script when missing); not part of make test
+conformance: build
+	bash scripts/conformance.sh $(BUILD)
 
 install: build
 	cmake --install $(BUILD)
