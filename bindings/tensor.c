@@ -166,12 +166,14 @@ static int t_empty(lua_State *L) {
 }
 
 /* tensor.full(shape, value[, dtype]) */
+static double check_fill_value(lua_State *L, int idx);
+
 static int t_full(lua_State *L) {
   int64_t shape[CRUN_MAX_DIMS];
   int nd;
   luaL_checktype(L, 1, LUA_TTABLE);
   read_shape(L, 1, shape, &nd);
-  double v = luaL_checknumber(L, 2);
+  double v = check_fill_value(L, 2);
   crun_tensor_t *t;
   int rc = crun_tensor_new(opt_dtype(L, 3, CRUN_FLOAT32), nd, shape, &t);
   if (rc == 0) crun_tensor_fill(t, v);
@@ -534,9 +536,15 @@ static int m_copy(lua_State *L) {
   return 1;
 }
 
+/* A fill value: a number, or a boolean (true = 1, as torch's fill_(True)). */
+static double check_fill_value(lua_State *L, int idx) {
+  if (lua_type(L, idx) == LUA_TBOOLEAN) return lua_toboolean(L, idx) ? 1.0 : 0.0;
+  return luaL_checknumber(L, idx);
+}
+
 static int m_fill(lua_State *L) {
   crun_tensor_t *t = crun_l_check_tensor(L, 1);
-  CRUN_L_CHECK(L, crun_tensor_fill(t, luaL_checknumber(L, 2)));
+  CRUN_L_CHECK(L, crun_tensor_fill(t, check_fill_value(L, 2)));
   lua_settop(L, 1);
   return 1;
 }

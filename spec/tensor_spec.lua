@@ -202,3 +202,37 @@ describe("printing and lifetime", function()
     assert.equal("crun.Tensor (closed)", tostring(a))
   end)
 end)
+
+describe("fill", function()
+  -- every dtype, contiguous and strided (a transposed and a narrowed view), zero,
+  -- negative zero and a non-zero value; the untouched elements must keep theirs
+  local crun = require "crun"
+  local T = crun.tensor
+  local dtypes = {"int8", "uint8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64", "bool"}
+  for _, dt in ipairs(dtypes) do
+    it("writes every element of " .. dt .. " tensors and views, and nothing else", function()
+      local v = dt == "bool" and true or (dt == "uint8" and 7 or -3)
+      local base = 1
+      if dt == "bool" then base = false end
+      local t = T.full({37, 29}, base, dt)
+      t:fill(v)
+      for _, row in ipairs(t:totable()) do for _, x in ipairs(row) do assert.are.equal(v, x) end end
+      t:fill(0)
+      local zero = 0
+      if dt == "bool" then zero = false end
+      for _, row in ipairs(t:totable()) do
+        for _, x in ipairs(row) do assert.are.equal(zero, x) end
+      end
+      local u = T.full({37, 29}, base, dt)
+      local w = u:transpose(1, 2):narrow(1, 3, 20)   -- rows 3..22 of the transpose: columns of u
+      w:fill(v)
+      local tab = u:totable()
+      for i = 1, 37 do
+        for j = 1, 29 do
+          local want = (j >= 3 and j <= 22) and v or base
+          assert.are.equal(want, tab[i][j], string.format("%s element (%d,%d)", dt, i, j))
+        end
+      end
+    end)
+  end
+end)

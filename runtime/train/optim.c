@@ -4,18 +4,36 @@
 
 #include "train/check.h"
 
+/* The update of one element; d is the (signed, decayed) gradient. The loops
+ * below call it with constant flags, so that each case compiles to its own
+ * branch-free (vectorisable) loop: one loop with the branches inside ran at
+ * 1.4 ns an element. */
+#define SGD_BODY(T, HAS_WD, HAS_BUF, FIRST, NESTEROV)                    \
+  for (int64_t i = 0; i < n; i++) {                                     \
+    T d = sign * g[i];                                                  \
+    if (HAS_WD) d += wd * p[i];                                         \
+    if (HAS_BUF) {                                                      \
+      T b = FIRST ? d : mom * buf[i] + damp * d;                        \
+      buf[i] = b;                                                       \
+      d = NESTEROV ? d + mom * b : b;                                   \
+    }                                                                   \
+    p[i] -= lr * d;                                                     \
+  }
+
 #define SGD_LOOP(T)                                                                   \
-  static void sgd_##T(T *p, const T *g, T *buf, int64_t n, const crun_sgd_opts_t *o,  \
-                      int first) {                                                    \
-    T lr = (T)o->lr, wd = (T)o->weight_decay, mom = (T)o->momentum;                   \
-    T damp = (T)(1.0 - o->dampening), sign = o->maximize ? (T)-1 : (T)1;              \
-    for (int64_t i = 0; i < n; i++) {                                                 \
-      T d = sign * g[i] + wd * p[i];                                                  \
-      if (buf) {                                                                      \
-        buf[i] = first ? d : mom * buf[i] + damp * d;                                 \
-        d = o->nesterov ? d + mom * buf[i] : buf[i];                                  \
-      }                                                                               \
-      p[i] -= lr * d;                                                                 \
+  static void sgd_##T(T *restrict p, const T *restrict g, T *restrict buf, int64_t n, \
+                      const crun_sgd_opts_t *o, int first) {                          \
+    const T lr = (T)o->lr, wd = (T)o->weight_decay, mom = (T)o->momentum;             \
+    const T damp = (T)(1.0 - o->dampening), sign = o->maximize ? (T)-1 : (T)1;        \
+    const int has_wd = o->weight_decay != 0, nest = o->nesterov;                      \
+    if (!buf) {                                                                       \
+      if (has_wd) SGD_BODY(T, 1, 0, 0, 0) else SGD_BODY(T, 0, 0, 0, 0)               \
+    } else if (first) {                                                               \
+      if (nest) SGD_BODY(T, has_wd, 1, 1, 1) else SGD_BODY(T, has_wd, 1, 1, 0)        \
+    } else if (has_wd) {                                                              \
+      if (nest) SGD_BODY(T, 1, 1, 0, 1) else SGD_BODY(T, 1, 1, 0, 0)                  \
+    } else {                                                                          \
+      if (nest) SGD_BODY(T, 0, 1, 0, 1) else SGD_BODY(T, 0, 1, 0, 0)                  \
     }                                                                                 \
   }
 SGD_LOOP(float)
