@@ -113,10 +113,17 @@ static int l_set_log_rank(lua_State *L) {
   return 0;
 }
 
+/* core.set_flush_denormal(on) -> whether the CPU supports it (torch's name and meaning) */
+static int l_set_flush_denormal(lua_State *L) {
+  luaL_checktype(L, 1, LUA_TBOOLEAN);
+  lua_pushboolean(L, crun_set_flush_denormal(lua_toboolean(L, 1)));
+  return 1;
+}
+
 void crun_l_open_core(lua_State *L) {
   static const luaL_Reg fns[] = {
       {"clock", l_clock}, {"strerror", l_strerror}, {"log", l_log},
-      {"set_log_rank", l_set_log_rank}, {NULL, NULL}};
+      {"set_log_rank", l_set_log_rank}, {"set_flush_denormal", l_set_flush_denormal}, {NULL, NULL}};
   luaL_setfuncs(L, fns, 0);
   lua_pushstring(L, CRUN_VERSION_STRING);
   lua_setfield(L, -2, "version");

@@ -18,7 +18,8 @@ local DEFAULTS = {
   ["test-fraction"] = 0.2, dims = 16, classes = 4, seed = 0, ["ckpt-dir"] = nil,
   ["bench-steps"] = 40, ["lr-decay"] = 0.7, ["bucket-cap-mb"] = 25, ["crash-at-epoch"] = nil,
 }
-local FLAGS = {bench = true, ["no-resume"] = true, quiet = true, ["no-ckpt"] = true, help = true}
+local FLAGS = {bench = true, ["no-resume"] = true, quiet = true, ["no-ckpt"] = true, help = true,
+  ["flush-denormal"] = true}
 
 local function usage()
   print([[usage: crun-lua -n N jobs/train.lua [options]
@@ -27,7 +28,10 @@ local function usage()
   --ckpt-dir DIR (checkpoints; default /tmp/crun-train-<user>)  --no-ckpt
   --no-resume  start fresh (a restart by --max-restarts still resumes)
   --bench [--bench-steps N] [--bucket-cap-mb MB]  throughput / overlap measurement
-  --crash-at-epoch E   exit rank 1 after epoch E on the first run (to show resume)]])
+  --crash-at-epoch E   exit rank 1 after epoch E on the first run (to show resume)
+  --flush-denormal  denormal floats become zero in this job's math (crun.set_flush_denormal;
+                    off by default as in torch: IEEE results, but kernels slow down many
+                    times when weights or activations drift into the denormal range)]])
 end
 
 local function parse_args(argv)
@@ -268,6 +272,7 @@ end
 
 local o = parse_args(arg or {})
 if o.help then usage() return end
+if o["flush-denormal"] then crun.set_flush_denormal(true) end
 crun.core.blas_threads() -- cores / ranks on this host: no oversubscription
 dist.init_process_group{backend = "auto"}
 if o.bench then bench(o) else train(o) end

@@ -236,3 +236,23 @@ describe("dtype rules", function()
     assert.matches("output has shape 3, expected 2x3", err)
   end)
 end)
+
+describe("set_flush_denormal", function()
+  it("flushes denormal float32 and float64 inputs and results to zero only while on (off by default, as torch)", function()
+    local crun = require "crun"
+    local T = crun.tensor
+    local x32, x64 = T.new({1e-39, -3e-40, 1.5}, "float32"), T.new({4e-310, 2.0}, "float64")
+    local tiny = T.new({1e-30}, "float32")
+    local before = (x32 * 1):totable()
+    assert.is_true(before[1] > 0 and before[2] < 0, "denormals kept by default")
+    assert.is_true((tiny * 1e-10):totable()[1] > 0, "a denormal result kept by default")
+    if not crun.set_flush_denormal(true) then pending("this CPU has no flush-to-zero mode") return end
+    local on32, on64 = (x32 * 1):totable(), (x64 * 1):totable()
+    local r = (tiny * 1e-10):totable()[1]
+    crun.set_flush_denormal(false)
+    assert.are.same({0.0, 0.0, 1.5}, {on32[1], math.abs(on32[2]), on32[3]})
+    assert.are.same({0.0, 2.0}, on64)
+    assert.are.equal(0.0, r)
+    assert.are.same(before, (x32 * 1):totable())
+  end)
+end)

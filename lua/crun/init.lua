@@ -7,6 +7,9 @@ local crun = {
   core = core,
   version = core.version,
   clock = core.clock,
+  -- set_flush_denormal(true|false) -> supported: denormal floats become zero in
+  -- this process's tensor math (off by default, as in torch)
+  set_flush_denormal = core.set_flush_denormal,
   -- training shortcuts (lua/crun/ddp.lua, serialize.lua), loaded on call
   DDP = function(...) return require("crun.ddp").DDP(...) end,
   join = function(...) return require("crun.ddp").join(...) end,

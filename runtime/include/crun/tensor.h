@@ -112,6 +112,11 @@ int crun_tensor_to(crun_tensor_t *t, crun_dtype_t dt, crun_tensor_t **out);
  * equal; src may be a view of dst only when both are the same elements. */
 int crun_tensor_copy(crun_tensor_t *dst, crun_tensor_t *src);
 
+/* Flushes denormal floats to zero (on) or not (off, the default) in the calling
+ * thread's tensor math, as torch.set_flush_denormal. Returns 1 where the CPU
+ * supports it (x86-64), 0 otherwise (and nothing changes). */
+int crun_set_flush_denormal(int on);
+
 /* Sets every element of t to v (converted to t's dtype). */
 int crun_tensor_fill(crun_tensor_t *t, double v);
 
