@@ -34,7 +34,7 @@ end
 -- rank 0: host the store, start the others, do the same work, summarize.
 local t0 = crun.clock()
 local store <close> = crun.store.tcp{host = "127.0.0.1", port = 0, is_master = true, timeout = 30}
-local lua = arg[-1] or "lua5.4"
+local lua = crun.lua_command()
 local children = {}
 for rank = 1, WORLD - 1 do
   local cmd = string.format("%s %s worker %d %d 2>&1", lua, arg[0], store:port(), rank)

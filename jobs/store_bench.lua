@@ -21,7 +21,7 @@
 local crun = require "crun"
 
 local VAL = string.rep("v", 16)
-local LUA = arg[-1] or "lua5.4"
+local LUA = crun.lua_command()
 
 local function pct(v, p)
   local s = {}

@@ -17,6 +17,20 @@ local crun = {
   load = function(...) return require("crun.serialize").load(...) end,
 }
 
+--- crun.lua_command() -> a shell command prefix that runs a Lua script with
+-- crun available, for jobs that start helper processes: the interpreter this
+-- script runs under (the lowest index of `arg`, as lua.c and crun-lua set it),
+-- and for crun-lua a one-process job on a port of its own.
+function crun.lua_command()
+  local a = rawget(_G, "arg") or {}
+  local i = 0
+  while a[i - 1] ~= nil do i = i - 1 end
+  local exe = i < 0 and a[i] or "lua5.4"
+  local q = "'" .. tostring(exe):gsub("'", "'\\''") .. "'"
+  if exe:match("crun%-lua$") then return q .. " -n 1 --master-port 0 --no-prefix" end
+  return q
+end
+
 -- Submodules that load lazily from lua/crun/<name>.lua on first access.
 local lazy = {
   store = true, tensor = true, dist = true, nn = true, optim = true,
