@@ -52,6 +52,42 @@ describe("the mpi backend", function()
     run.cleanup(dir)
   end)
 
+  it("all_to_all_single with splits that are equal on some ranks and not on others (MPI_Alltoallv on every rank)", function()
+    -- rank 0 sends {1, 1} and receives {1, 1}: equal blocks; rank 1 sends {1, 0}.
+    -- Choosing MPI_Alltoall from the local counts alone hung here.
+    local dir = run.tmpdir()
+    local f = assert(io.open(dir .. "/job.lua", "w"))
+    f:write([[
+      local crun = require "crun"
+      local dist, T = crun.dist, crun.tensor
+      dist.init_process_group{timeout = 20}
+      local r, n = dist.get_rank(), dist.get_world_size()
+      local rows = {{1, 1, 2}, {1, 0, 3}, {4, 1, 0}}   -- rows[i][j]: from rank i-1 to rank j-1
+      local ins, outs, nin, nout = {}, {}, 0, 0
+      for j = 1, n do ins[j] = rows[r + 1][j]; outs[j] = rows[j][r + 1]; nin = nin + ins[j]; nout = nout + outs[j] end
+      local x = T.zeros({nin}, "int16")
+      local k = 0
+      for j = 1, n do for e = 1, ins[j] do k = k + 1; x[k] = -(1000 * r + 100 * j + e) end end
+      local y = T.zeros({nout}, "int16")
+      dist.all_to_all_single(y, x, outs, ins)
+      local want, got = {}, y:totable()
+      for j = 1, n do for e = 1, outs[j] do want[#want + 1] = -(1000 * (j - 1) + 100 * (r + 1) + e) end end
+      local ok = #want == #got
+      for i = 1, #want do ok = ok and want[i] == got[i] end
+      local o = assert(io.open(arg[1] .. "/rank" .. r .. ".txt", "w"))
+      o:write(ok and "ok" or ("bad " .. table.concat(got, ",")), "\n")
+      o:close()
+      dist.destroy_process_group()
+    ]])
+    f:close()
+    for _, n in ipairs({2, 3}) do
+      local code, out = mpi.run(n, dir .. "/job.lua", dir, {limit = 60})
+      assert.are.equal(0, code, out)
+      for r = 0, n - 1 do assert.are.equal("ok", run.text(dir, r), out) end
+    end
+    run.cleanup(dir)
+  end)
+
   it("reports a different collective on every rank, naming both calls", function()
     expect.mismatch(scenario("mismatch"))
   end)

@@ -112,6 +112,7 @@ end
 local store = dist.get_store()
 for _, o in ipairs(prog.ops) do
   local idx, name, f = o.idx, o.name, o.f
+  if os.getenv("CONF_TRACE") then io.stderr:write(string.format("rank %d op %d %s\n", rank, idx, name)) end
   local gi = math.tointeger(tonumber(f.g or "0"))
   local members = prog.groups[gi]
   local me

@@ -1,6 +1,6 @@
 /* coll.c — every collective on its MPI counterpart, after the signature
  * exchange (check.c): MPI_Bcast, MPI_Allreduce, MPI_Reduce, MPI_Allgather,
- * MPI_Gather, MPI_Scatter, MPI_Reduce_scatter_block, MPI_Alltoall(v),
+ * MPI_Gather, MPI_Scatter, MPI_Reduce_scatter_block, MPI_Alltoallv,
  * MPI_Barrier. float16/bfloat16 reductions run on a float32 copy (summed in
  * float32, rounded once at the end); avg is a sum divided once by the group
  * size (crun_scale_div, truncating for integers, as the cpu backend does).
@@ -258,16 +258,13 @@ static int a2a_layout(crun__mpi_t *b, crun__coll_t *c, const size_t *counts, int
   return 0;
 }
 
-/* Sends the packed blocks: MPI_Alltoall when every block has one size, else MPI_Alltoallv. */
+/* Sends the packed blocks with MPI_Alltoallv, on every rank. (Choosing
+ * MPI_Alltoall where this rank's blocks happen to be equal is a local decision:
+ * with splits {1, 1} on rank 0 and {1, 0} on rank 1 the ranks entered two
+ * different collectives and hung.) */
 static int a2a_run(crun__mpi_t *b, crun__coll_t *c, const char *s, char *r, const int *lay) {
   const int *sc = lay, *sd = lay + b->size, *rc = lay + 2 * b->size, *rd = lay + 3 * b->size;
   MPI_Datatype t = crun__mpi_type(c->dt);
-  int uniform = 1;
-  for (int i = 1; i < b->size; i++) uniform &= sc[i] == sc[0] && rc[i] == rc[0];
-  if (uniform && sc[0] == rc[0]) {
-    RUN(b, c, "MPI_Alltoall", MPI_Alltoall(s, sc[0], t, r, rc[0], t, b->comm));
-    return 0;
-  }
   RUN(b, c, "MPI_Alltoallv", MPI_Alltoallv(s, sc, sd, t, r, rc, rd, t, b->comm));
   return 0;
 }
