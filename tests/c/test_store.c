@@ -16,6 +16,21 @@ TEST(hash_semantics) {
   crun_store_release(s);
 }
 
+/* Another handle on the shared store (ctx). */
+static crun_store_t *same_store(void *ctx) {
+  crun_store_retain(ctx);
+  return ctx;
+}
+
+TEST(hash_queues) {
+  crun_store_t *s;
+  EXPECT_OK(crun_store_hash_new(&s));
+  exercise(s);
+  exercise_queues(s, 1);
+  exercise_concurrent_pops(same_store, s);
+  crun_store_release(s);
+}
+
 static char tmp_path[64];
 static const char *fresh_path(void) {
   snprintf(tmp_path, sizeof tmp_path, "/tmp/crun_test_store_%d_XXXXXX", (int)getpid());
@@ -40,6 +55,89 @@ TEST(file_semantics) {
   crun_store_release(s);
   crun_store_release(s2);
   unlink(path);
+}
+
+/* A new handle on the file store at path ctx. */
+static crun_store_t *file_handle(void *ctx) {
+  crun_store_t *s = NULL;
+  EXPECT_OK(crun_store_file_new(ctx, &s));
+  return s;
+}
+
+TEST(file_queues) {
+  crun_store_t *s;
+  const char *path = fresh_path();
+  EXPECT_OK(crun_store_file_new(path, &s));
+  exercise(s);
+  exercise_queues(s, 1);
+  exercise_concurrent_pops(file_handle, (void *)path);
+  crun_store_release(s);
+  unlink(path);
+}
+
+TEST(prefix_queues) {
+  crun_store_t *h, *p, *other;
+  EXPECT_OK(crun_store_hash_new(&h));
+  EXPECT_OK(crun_store_prefix_new("pre", h, &p));
+  EXPECT_OK(crun_store_prefix_new("other", h, &other));
+  EXPECT_OK(crun_store_set(other, "hidden", "1", 1));
+  EXPECT_OK(crun_store_set(h, "top", "1", 1));
+  exercise_queues(p, 0);
+  crun_store_keys_t k;
+  EXPECT_OK(crun_store_list_keys(p, &k));
+  EXPECT_EQ_INT(k.count, 2); /* q, zz\001: its own keys only, stripped */
+  EXPECT(strcmp(k.keys[0], "q") == 0 && strcmp(k.keys[1], "zz\001") == 0);
+  crun_store_keys_free(&k);
+  EXPECT_OK(crun_store_list_keys(h, &k));
+  EXPECT_EQ_INT(k.count, 4);
+  EXPECT(strcmp(k.keys[0], "other/hidden") == 0 && strcmp(k.keys[1], "pre/q") == 0 &&
+         strcmp(k.keys[3], "top") == 0);
+  crun_store_keys_free(&k);
+  int64_t n;
+  EXPECT_OK(crun_store_queue_push(p, "pq", "v", 1));
+  EXPECT_OK(crun_store_queue_len(h, "pre/pq", &n));
+  EXPECT_EQ_INT(n, 1);
+  EXPECT_OK(crun_store_queue_len(other, "pq", &n));
+  EXPECT_EQ_INT(n, 0);
+  crun_store_release(other);
+  crun_store_release(p);
+  crun_store_release(h);
+}
+
+static int file_exists(const char *path) { return access(path, F_OK) == 0; }
+
+/* Users of a file store with world_size; a forked child releasing the
+ * handles it inherited does not count them out (only their opener does). */
+TEST(file_world_size) {
+  const char *path = fresh_path();
+  crun_store_file_opts_t o = {.world_size = 3};
+  crun_store_t *a, *b, *c;
+  EXPECT_OK(crun_store_file_open(path, &o, &a));
+  EXPECT_OK(crun_store_file_open(path, &o, &b));
+  pid_t pid = fork();
+  if (pid == 0) {
+    crun_store_release(a); /* the parent's registration: must not count out */
+    crun_store_release(b);
+    _exit(0);
+  }
+  int st;
+  EXPECT(waitpid(pid, &st, 0) == pid && WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  crun_store_release(a);
+  EXPECT(file_exists(path)); /* 1 of 3 closed, b still open */
+  EXPECT_OK(crun_store_file_open(path, &o, &c));
+  crun_store_release(b);
+  EXPECT(file_exists(path)); /* c still open */
+  crun_store_release(c);
+  EXPECT(!file_exists(path)); /* 3 of 3 closed, nobody left */
+  /* world_size counts closes: 2 closes of 3 leave the file even with no user */
+  EXPECT_OK(crun_store_file_open(path, &o, &a));
+  crun_store_release(a);
+  EXPECT_OK(crun_store_file_open(path, &o, &a));
+  crun_store_release(a);
+  EXPECT(file_exists(path));
+  unlink(path);
+  o.world_size = -1;
+  EXPECT_STATUS(crun_store_file_open(path, &o, &a), CRUN_EINVAL);
 }
 
 TEST(file_rejects_foreign_file) {
@@ -170,5 +268,6 @@ TEST(file_multiprocess_race) {
 }
 
 #define CRUN_TESTS(X) X(hash_semantics) X(file_semantics) X(file_rejects_foreign_file) \
-  X(prefix_semantics) X(hash_get_wakes_on_set) X(bad_arguments) X(file_multiprocess_race)
+  X(prefix_semantics) X(hash_get_wakes_on_set) X(bad_arguments) X(file_multiprocess_race) \
+  X(hash_queues) X(file_queues) X(prefix_queues) X(file_world_size)
 CRUN_TEST_MAIN()
