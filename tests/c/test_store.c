@@ -3,6 +3,9 @@
 #include "harness.h"
 
 #include <stdint.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <sys/file.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -140,6 +143,57 @@ TEST(file_world_size) {
   EXPECT_STATUS(crun_store_file_open(path, &o, &a), CRUN_EINVAL);
 }
 
+/* Counts this process's descriptors open on path (through /proc/self/fd). */
+static int fds_on(const char *path) {
+  char link[64], target[256];
+  int n = 0;
+  for (int fd = 0; fd < 1024; fd++) {
+    snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+    ssize_t l = readlink(link, target, sizeof target - 1);
+    if (l <= 0) continue;
+    target[l] = 0;
+    n += strcmp(target, path) == 0;
+  }
+  return n;
+}
+
+struct opener { const char *path; crun_store_t *s; int rc; };
+static void *open_in_thread(void *arg) {
+  struct opener *o = arg;
+  crun_store_file_opts_t opts = {.world_size = 1};
+  o->rc = crun_store_file_open(o->path, &opts, &o->s);
+  return NULL;
+}
+
+/* An open that waits for the lock while the last user removes the file
+ * must not join the removed log: it opens the path again. */
+TEST(file_open_races_removal) {
+  const char *path = fresh_path();
+  crun_store_t *c;
+  EXPECT_OK(crun_store_file_new(path, &c)); /* writes the header */
+  crun_store_release(c);
+  int lock = open(path, O_RDWR);
+  EXPECT(lock >= 0 && flock(lock, LOCK_EX) == 0); /* as a leaving user holds it */
+  struct opener o = {path, NULL, 1};
+  pthread_t th;
+  EXPECT(pthread_create(&th, NULL, open_in_thread, &o) == 0);
+  double end = crun_clock() + 10;
+  while (fds_on(path) < 2 && crun_clock() < end) usleep(1000); /* it opened and waits for the lock */
+  EXPECT(fds_on(path) >= 2);
+  unlink(path); /* the leaving user removes the file, then unlocks */
+  flock(lock, LOCK_UN);
+  close(lock);
+  pthread_join(th, NULL);
+  EXPECT_OK(o.rc);
+  EXPECT(file_exists(path)); /* it made a new file at the path... */
+  EXPECT_OK(crun_store_set(o.s, "k", "v", 1));
+  EXPECT_OK(crun_store_file_new(path, &c)); /* ...that later users share */
+  expect_value(c, "k", "v");
+  crun_store_release(c);
+  crun_store_release(o.s);
+  unlink(path);
+}
+
 TEST(file_rejects_foreign_file) {
   const char *path = fresh_path();
   FILE *f = fopen(path, "w");
@@ -269,5 +323,5 @@ TEST(file_multiprocess_race) {
 
 #define CRUN_TESTS(X) X(hash_semantics) X(file_semantics) X(file_rejects_foreign_file) \
   X(prefix_semantics) X(hash_get_wakes_on_set) X(bad_arguments) X(file_multiprocess_race) \
-  X(hash_queues) X(file_queues) X(prefix_queues) X(file_world_size)
+  X(hash_queues) X(file_queues) X(prefix_queues) X(file_world_size) X(file_open_races_removal)
 CRUN_TEST_MAIN()
