@@ -190,7 +190,7 @@ describe("crun.store queues across processes", function()
       local POPPERS, N = 6, 600
       local procs = {}
       for i = 1, POPPERS do procs[i] = child("pop", kind, where, i) end
-      os.execute("sleep 0.3") -- most poppers are blocked by now
+      for _ = 1, POPPERS do s:queue_pop("ready", 60) end -- every popper is connected
       local want = {}
       for i = 1, N do
         local v = string.pack("<i8", (i % 2 == 0 and -1 or 1) * (i * i * 31 + 7)) .. "\0" .. i

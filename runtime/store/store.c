@@ -56,6 +56,10 @@ double crun_store_get_timeout(crun_store_t *s) {
   return s ? (double)atomic_load(&s->timeout_ns) * 1e-9 : CRUN_STORE_DEFAULT_TIMEOUT;
 }
 
+/* The longest timeout queue_pop takes (about 31 years): every deadline
+ * stays a finite number of milliseconds on the wire. */
+#define CRUN__MAX_TIMEOUT 1e9
+
 /* Absolute deadline for a call with `timeout` (<= 0: the store's). */
 static double deadline_of(crun_store_t *s, double timeout) {
   return crun_clock() + (timeout > 0 ? timeout : crun_store_get_timeout(s));
@@ -193,6 +197,9 @@ int crun_store_queue_pop(crun_store_t *s, const char *key, int block, double tim
   if (!out) return crun_error(CRUN_EINVAL, "store queue_pop '%s': out is NULL", key);
   out->data = NULL;
   out->len = 0;
+  if (block && (timeout != timeout || timeout > CRUN__MAX_TIMEOUT))
+    return crun_error(CRUN_EINVAL, "store queue_pop '%s': timeout %g s is not a number of seconds up to %g",
+                      key, timeout, CRUN__MAX_TIMEOUT);
   CRUN__SLOT(s, queue_pop, "queue_pop");
   return s->ops->queue_pop(s, key, block ? deadline_of(s, timeout) : -1.0, out);
 }

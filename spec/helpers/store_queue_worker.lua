@@ -1,7 +1,8 @@
 -- A child process for the queue and file-users cases of
 -- spec/store_multiproc_spec.lua:
 --   lua5.4 store_queue_worker.lua pop  <tcp|file> <port|path> <index>
---     pops (blocking) until it gets "\0END"; prints "ITEM <hex>" per item.
+--     pushes its index onto "ready", then pops "work" (blocking) until it
+--     gets "\0END"; prints "ITEM <hex>" per item.
 --   lua5.4 store_queue_worker.lua push <tcp|file> <port|path> <delay s> <hex value>
 --     sleeps, then pushes the value onto queue "wake".
 --   lua5.4 store_queue_worker.lua user <path> <world_size> <close|gc|crash>
@@ -25,6 +26,7 @@ local function unhex(h) return (h:gsub("%x%x", function(x) return string.char(to
 local ok, err = pcall(function()
   if mode == "pop" then
     local s = open(arg[2], arg[3])
+    s:queue_push("ready", arg[4])
     local out = {}
     while true do
       local v = s:queue_pop("work", 60)
