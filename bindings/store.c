@@ -110,10 +110,12 @@ static int l_store_tcp(lua_State *L) {
   return push_store(L, s, "tcp");
 }
 
-/* store.file(path) */
+/* store.file(path[, world_size]) (lua/crun/store.lua checks the options) */
 static int l_store_file(lua_State *L) {
   crun_store_t *s;
-  STORE_CHECK(L, crun_store_file_new(luaL_checkstring(L, 1), &s));
+  crun_store_file_opts_t o = {0};
+  o.world_size = (int)crun_l_check_range(L, luaL_optinteger(L, 2, 0), 0, INT_MAX, "store.file", "world_size");
+  STORE_CHECK(L, crun_store_file_open(luaL_checkstring(L, 1), &o, &s));
   return push_store(L, s, "file");
 }
 
@@ -259,6 +261,80 @@ static int m_multi_set(lua_State *L) {
   return 0;
 }
 
+/* s:queue_push(key, value) */
+static int m_queue_push(lua_State *L) { return key_value_op(L, crun_store_queue_push); }
+
+/* Raises "EINVAL: fname: unknown option 'x' (accepted: ...)" for a key of
+ * the options table at idx that is not in `accepted` (as crun.opts does). */
+static void check_opt_names(lua_State *L, int idx, const char *fname, const char *const *accepted,
+                            const char *list) {
+  lua_pushnil(L);
+  while (lua_next(L, idx)) {
+    lua_pop(L, 1);
+    int ok = 0;
+    for (const char *const *a = accepted; *a && !ok; a++)
+      ok = lua_type(L, -1) == LUA_TSTRING && strcmp(lua_tostring(L, -1), *a) == 0;
+    if (!ok) {
+      crun_error(CRUN_EINVAL, "%s: unknown option '%s' (accepted: %s)", fname, luaL_tolstring(L, -1, NULL), list);
+      crun_l_fail(L, CRUN_EINVAL);
+    }
+  }
+}
+
+/* s:queue_pop(key[, timeout | {timeout=, block=}]) -> value. Blocks until
+ * an item arrives (ETIMEDOUT after timeout seconds, default the store's);
+ * block=false raises ENOTFOUND at once when the queue is empty. */
+static int m_queue_pop(lua_State *L) {
+  static const char *const accepted[] = {"block", "timeout", NULL};
+  crun_store_t *s = crun_l_check_store(L, 1);
+  const char *key = luaL_checkstring(L, 2);
+  int block = 1;
+  double timeout = 0;
+  if (lua_istable(L, 3)) {
+    check_opt_names(L, 3, "queue_pop", accepted, "block, timeout");
+    int bt = lua_getfield(L, 3, "block");
+    if (bt != LUA_TNIL && bt != LUA_TBOOLEAN) return luaL_argerror(L, 3, "field 'block' must be a boolean");
+    block = bt == LUA_TNIL || lua_toboolean(L, -1);
+    timeout = crun_l_optfield_number(L, 3, "timeout", 0);
+    if (lua_getfield(L, 3, "timeout") != LUA_TNIL && timeout <= 0)
+      return luaL_argerror(L, 3, "timeout must be > 0 seconds");
+  } else if (!lua_isnoneornil(L, 3)) {
+    timeout = luaL_checknumber(L, 3);
+    if (timeout <= 0) return luaL_argerror(L, 3, "timeout must be > 0 seconds");
+  }
+  crun_buf_t b;
+  STORE_CHECK(L, crun_store_queue_pop(s, key, block, timeout, &b));
+  push_buf(L, &b);
+  return 1;
+}
+
+/* s:queue_len(key) -> integer */
+static int m_queue_len(lua_State *L) {
+  crun_store_t *s = crun_l_check_store(L, 1);
+  int64_t n;
+  STORE_CHECK(L, crun_store_queue_len(s, luaL_checkstring(L, 2), &n));
+  lua_pushinteger(L, (lua_Integer)n);
+  return 1;
+}
+
+/* s:list_keys() -> sorted array of the plain keys */
+static int m_list_keys(lua_State *L) {
+  crun_store_t *s = crun_l_check_store(L, 1);
+  crun_store_keys_t k;
+  STORE_CHECK(L, crun_store_list_keys(s, &k));
+  if (k.count > INT_MAX || !lua_checkstack(L, 4)) {
+    crun_store_keys_free(&k);
+    return luaL_error(L, "ERANGE: list_keys: %d keys at most in a Lua array", INT_MAX);
+  }
+  lua_createtable(L, (int)k.count, 0);
+  for (size_t i = 0; i < k.count; i++) {
+    lua_pushstring(L, k.keys[i]);
+    lua_rawseti(L, -2, (lua_Integer)i + 1);
+  }
+  crun_store_keys_free(&k);
+  return 1;
+}
+
 /* s:set_timeout(seconds) */
 static int m_set_timeout(lua_State *L) {
   crun_store_t *s = crun_l_check_store(L, 1);
@@ -347,7 +423,9 @@ void crun_l_open_store(lua_State *L) {
       {"set", m_set}, {"get", m_get}, {"add", m_add}, {"compare_set", m_compare_set},
       {"wait", m_wait}, {"check", m_check}, {"delete_key", m_delete_key},
       {"num_keys", m_num_keys}, {"append", m_append}, {"multi_get", m_multi_get},
-      {"multi_set", m_multi_set}, {"set_timeout", m_set_timeout}, {"timeout", m_timeout},
+      {"multi_set", m_multi_set}, {"queue_push", m_queue_push}, {"queue_pop", m_queue_pop},
+      {"queue_len", m_queue_len}, {"list_keys", m_list_keys},
+      {"set_timeout", m_set_timeout}, {"timeout", m_timeout},
       {"port", m_port}, {"kind", m_kind}, {"close", m_close}, {"__gc", m_close},
       {"__close", m_close}, {"__tostring", m_tostring}, {NULL, NULL}};
   static const luaL_Reg srv_methods[] = {

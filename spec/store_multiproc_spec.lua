@@ -139,3 +139,172 @@ describe("crun.store with 8 processes", function()
     m:close()
   end)
 end)
+
+-- Queues across processes, and the file store's users (world_size).
+local QHELPER = "spec/helpers/store_queue_worker.lua"
+
+local function hex(v) return (v:gsub(".", function(c) return string.format("%02x", c:byte()) end)) end
+local function exists(path)
+  local f = io.open(path, "rb")
+  if f then f:close() end
+  return f ~= nil
+end
+
+--- Opens a fresh store of `kind` in this process; returns it and the
+-- address children use (port or path), and a cleanup.
+local function queue_store(kind)
+  if kind == "tcp" then
+    local s = S.tcp{host = "127.0.0.1", port = 0, is_master = true, timeout = 60}
+    return s, s:port(), function() end
+  end
+  local path = os.tmpname()
+  os.remove(path)
+  return S.file(path), path, function() os.remove(path) end
+end
+
+local function child(...)
+  local words = {LUA, QHELPER}
+  for _, w in ipairs({...}) do words[#words + 1] = q(w) end
+  return io.popen("timeout 120 " .. table.concat(words, " ") .. " 2>&1", "r")
+end
+
+describe("crun.store queues across processes", function()
+  for _, kind in ipairs({"tcp", "file"}) do
+    it(kind .. ": a blocked pop is woken by a push from another process", function()
+      local s, where, cleanup = queue_store(kind)
+      local value = "\0\255woken-" .. (-7919 * 13)
+      local p = child("push", kind, where, "0.4", hex(value))
+      local t0 = crun.clock()
+      local got = s:queue_pop("wake", 30)
+      local dt = crun.clock() - t0
+      local out = p:read("a")
+      assert.is_true(p:close(), out)
+      assert.are.equal(value, got)
+      assert.is_true(dt >= 0.3 and dt < 20, "the pop returned after " .. dt .. " s") -- it did block
+      assert.are.equal(0, s:queue_len("wake"))
+      s:close(); cleanup()
+    end)
+
+    it(kind .. ": 6 concurrent poppers each get distinct items, none lost", function()
+      local s, where, cleanup = queue_store(kind)
+      local POPPERS, N = 6, 600
+      local procs = {}
+      for i = 1, POPPERS do procs[i] = child("pop", kind, where, i) end
+      for _ = 1, POPPERS do s:queue_pop("ready", 60) end -- every popper is connected
+      local want = {}
+      for i = 1, N do
+        local v = string.pack("<i8", (i % 2 == 0 and -1 or 1) * (i * i * 31 + 7)) .. "\0" .. i
+        want[hex(v)] = true
+        s:queue_push("work", v)
+      end
+      for _ = 1, POPPERS do s:queue_push("work", "\0END") end
+      local seen, total, busy = {}, 0, 0
+      for i = 1, POPPERS do
+        local out = procs[i]:read("a")
+        assert.is_true(procs[i]:close(), out)
+        assert.is_truthy(out:match("OK"), out)
+        local mine = 0
+        for h in out:gmatch("ITEM (%x*)") do
+          assert.is_true(want[h], "popped an item never pushed: " .. h)
+          assert.is_nil(seen[h], "item popped twice: " .. h)
+          seen[h] = i
+          mine = mine + 1
+        end
+        total = total + mine
+        if mine > 0 then busy = busy + 1 end
+      end
+      assert.are.equal(N, total)
+      assert.is_true(busy >= 2, "only " .. busy .. " popper(s) got items")
+      assert.are.equal(0, s:queue_len("work"))
+      s:close(); cleanup()
+    end)
+  end
+end)
+
+describe("crun.store.file with world_size", function()
+  local function fresh_path()
+    local path = os.tmpname()
+    os.remove(path)
+    return path
+  end
+
+  it("removes the file at the last close, once world_size users closed, not before", function()
+    local path = fresh_path()
+    local a = S.file(path, {world_size = 2})
+    a:set("k", "v")
+    a:close()
+    assert.is_true(exists(path), "removed after 1 of 2 users closed")
+    local b = S.file(path, 2) -- torch's FileStore(path, world_size) form
+    assert.are.equal("v", b:get("k"), "the second user sees the first one's keys")
+    local c = S.file(path, {world_size = 2})
+    b:close()
+    assert.is_true(exists(path), "removed while a user still has it open")
+    c:close()
+    assert.is_false(exists(path), "not removed after the last close")
+    -- without world_size the file is never removed
+    local d = S.file(path)
+    d:close()
+    assert.is_true(exists(path))
+    os.remove(path)
+    local ok, err = pcall(S.file, path, {world_size = -1})
+    assert.is_false(ok)
+    assert.is_truthy(tostring(err):match("^EINVAL"), err)
+    ok, err = pcall(S.file, path, {worldsize = 2})
+    assert.is_truthy(tostring(err):match("^EINVAL: crun.store.file: unknown option 'worldsize'"), err)
+    os.remove(path)
+  end)
+
+  it("counts users of several processes (close and collection), and the last one out removes it", function()
+    local path = fresh_path()
+    local WS = 5
+    local me = S.file(path, {world_size = WS})
+    local procs = {}
+    for i = 1, WS - 1 do procs[i] = child("user", path, WS, i % 2 == 0 and "close" or "gc") end
+    assert.is_truthy(C.wait_for(function() return me:get("open") == tostring(WS - 1) end, 60),
+                     "the children never all opened the store")
+    assert.is_true(exists(path))
+    me:set("go", "1")
+    for i = 1, WS - 1 do
+      local out = procs[i]:read("a")
+      assert.is_true(procs[i]:close(), out)
+      assert.is_truthy(out:match("OK"), out)
+    end
+    assert.is_true(exists(path), "removed while this process still has it open")
+    me:close()
+    assert.is_false(exists(path), "the last user out did not remove it")
+  end)
+
+  it("a user that dies without closing stays counted: the file is left (documented)", function()
+    local path = fresh_path()
+    local me = S.file(path, {world_size = 2})
+    local p = child("user", path, 2, "crash")
+    assert.is_truthy(C.wait_for(function() return me:check{"open"} end, 60))
+    me:set("go", "1")
+    local out = p:read("a")
+    assert.is_true(p:close(), out)
+    me:close()
+    assert.is_true(exists(path), "the dead user was counted out")
+    os.remove(path)
+  end)
+
+  it("many processes opening and closing with world_size 1 race without errors", function()
+    local path = fresh_path()
+    local script = string.format([[
+      local crun = require "crun"
+      for i = 1, 60 do
+        local s = crun.store.file(%q, {world_size = 1})
+        s:add("n", 1)
+        s:queue_push("q", tostring(i))
+        s:close()
+      end
+      print("OK")]], path)
+    local procs = {}
+    for i = 1, 6 do procs[i] = io.popen("timeout 120 " .. LUA .. " -e " .. q(script) .. " 2>&1", "r") end
+    for i = 1, 6 do
+      local out = procs[i]:read("a")
+      assert.is_true(procs[i]:close(), out)
+      assert.is_truthy(out:match("OK"), out)
+    end
+    assert.is_false(exists(path), "the last of the 360 users did not remove it")
+  end)
+end)

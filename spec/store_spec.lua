@@ -22,7 +22,22 @@ local kinds = {
     return S.prefix("a/b", S.file(p)), function() os.remove(p) end
   end,
   tcp = function() return S.tcp{port = 0, is_master = true, timeout = 10}, function() end end,
+  prefix_tcp = function()
+    return S.prefix("t", S.tcp{port = 0, is_master = true, timeout = 10}), function() end
+  end,
 }
+
+--- n queue items: signed, non-periodic integers packed with binary bytes
+-- (NUL, 0xff), one of them empty, lengths varying.
+local function queue_items(n, salt)
+  local items = {}
+  for i = 1, n do
+    local v = (i % 2 == 0 and -1 or 1) * (i * i * 7919 + salt * 104729 + 13)
+    items[i] = string.pack("<i8", v) .. string.char(i % 251, 0, 255) .. string.rep("x", (i * 37) % 23) .. v
+  end
+  items[(n + 1) // 3] = ""
+  return items
+end
 
 local function expect_error(pat, f, ...)
   local ok, err = pcall(f, ...)
@@ -31,7 +46,7 @@ local function expect_error(pat, f, ...)
   return err
 end
 
-for _, name in ipairs({"hash", "file", "prefix_hash", "prefix_file", "tcp"}) do
+for _, name in ipairs({"hash", "file", "prefix_hash", "prefix_file", "tcp", "prefix_tcp"}) do
   describe("crun.store " .. name, function()
     local s, cleanup
     before_each(function() s, cleanup = kinds[name]() end)
@@ -120,6 +135,94 @@ for _, name in ipairs({"hash", "file", "prefix_hash", "prefix_file", "tcp"}) do
       assert.are.equal("ok", s:get("after"))
     end)
 
+    it("queues are FIFO, binary-safe and apart from plain keys", function()
+      local items = queue_items(40, 1)
+      assert.are.equal(0, s:queue_len("jobs"))
+      for i, v in ipairs(items) do
+        s:queue_push("jobs", v)
+        assert.are.equal(i, s:queue_len("jobs"))
+      end
+      s:set("jobs", "plain") -- a plain key of the same name is another thing
+      assert.are.equal(40, s:queue_len("jobs"))
+      assert.are.equal(0, s:queue_len("other"))
+      for i, v in ipairs(items) do
+        assert.are.equal(v, s:queue_pop("jobs"), "item " .. i)
+        assert.are.equal(#items - i, s:queue_len("jobs"))
+      end
+      assert.are.equal("plain", s:get("jobs"))
+      s:queue_push("jobs", "kept")
+      assert.is_true(s:delete_key("jobs")) -- deletes the plain key only
+      assert.is_false(s:check{"jobs"})
+      assert.are.equal("kept", s:queue_pop("jobs", {block = false}))
+    end)
+
+    it("queues stay FIFO across many interleaved pushes and pops", function()
+      local items = queue_items(1500, 2)
+      local pushed, popped = 0, 0
+      for round = 1, 30 do -- push 50, pop a varying number: the queue grows and shrinks
+        for _ = 1, 50 do
+          pushed = pushed + 1
+          s:queue_push("big", items[pushed])
+        end
+        local take = (round * 17) % 61
+        for _ = 1, math.min(take, pushed - popped) do
+          popped = popped + 1
+          assert.are.equal(items[popped], s:queue_pop("big", 5), "item " .. popped)
+        end
+        assert.are.equal(pushed - popped, s:queue_len("big"))
+      end
+      while popped < pushed do
+        popped = popped + 1
+        assert.are.equal(items[popped], s:queue_pop("big", 5), "item " .. popped)
+      end
+      assert.are.equal(0, s:queue_len("big"))
+    end)
+
+    it("pops on an empty queue: ENOTFOUND without blocking, ETIMEDOUT at the deadline", function()
+      local t0 = crun.clock()
+      expect_error("^ENOTFOUND: .*'[%w/]*empty_q' is empty", s.queue_pop, s, "empty_q", {block = false})
+      assert.is_true(crun.clock() - t0 < 1)
+      t0 = crun.clock()
+      expect_error("^ETIMEDOUT: .*empty_q", s.queue_pop, s, "empty_q", 0.3)
+      local dt = crun.clock() - t0
+      assert.is_true(dt >= 0.29 and dt < 3, "pop with timeout 0.3 took " .. dt)
+      t0 = crun.clock()
+      expect_error("^ETIMEDOUT", s.queue_pop, s, "empty_q", {timeout = 0.2, block = true})
+      dt = crun.clock() - t0
+      assert.is_true(dt >= 0.19 and dt < 3, "pop with {timeout = 0.2} took " .. dt)
+      s:set_timeout(0.2) -- no timeout given: the store's
+      t0 = crun.clock()
+      expect_error("^ETIMEDOUT", s.queue_pop, s, "empty_q")
+      dt = crun.clock() - t0
+      assert.is_true(dt >= 0.19 and dt < 3, "pop with the store's timeout 0.2 took " .. dt)
+      -- the store and the queue stay usable
+      s:queue_push("empty_q", "late")
+      assert.are.equal(1, s:queue_len("empty_q"))
+      assert.are.equal("late", s:queue_pop("empty_q", 1))
+      expect_error("bad argument", s.queue_pop, s, "q", -1)
+      expect_error("bad argument", s.queue_pop, s, "q", {timeout = 0})
+      expect_error("bad argument", s.queue_pop, s, "q", {block = "no"})
+      expect_error("^EINVAL: queue_pop: unknown option 'blocking' %(accepted: block, timeout%)",
+                   s.queue_pop, s, "q", {blocking = false})
+      expect_error("bad argument", s.queue_push, s, "q", {})
+      expect_error("bad argument", s.queue_len, s, nil)
+    end)
+
+    it("list_keys returns the plain keys, sorted, without the queues", function()
+      assert.are.same({}, s:list_keys())
+      s:set("b", "1")
+      s:set("a", "2")
+      s:add("c\1x", 3)
+      s:set("", "empty key")
+      s:multi_set({"m2", "m1"}, {"x", "y"})
+      s:queue_push("qonly", "item")
+      s:queue_push("a", "a queue named like a key")
+      assert.are.same({"", "a", "b", "c\1x", "m1", "m2"}, s:list_keys())
+      assert.is_true(s:delete_key("b"))
+      assert.are.same({"", "a", "c\1x", "m1", "m2"}, s:list_keys())
+      assert.are.equal(1, s:queue_len("qonly"))
+    end)
+
     it("raises ECLOSED once closed, and closing twice is fine", function()
       s:close()
       s:close()
@@ -153,6 +256,27 @@ describe("crun.store kinds", function()
     assert.are.equal("v", p:get("k"))
     p:close()
   end)
+
+  for _, inner_kind in ipairs({"hash", "file", "tcp"}) do
+    it("prefix stores over " .. inner_kind .. " list and queue only their own keys", function()
+      local inner, cleanup = kinds[inner_kind]()
+      local a, b = S.prefix("a", inner), S.prefix("b", inner)
+      inner:set("top", "0")
+      a:set("k1", "1")
+      a:set("k0", "0")
+      b:set("k2", "2")
+      a:queue_push("q", "from a")
+      assert.are.same({"k0", "k1"}, a:list_keys())
+      assert.are.same({"k2"}, b:list_keys())
+      assert.are.same({"a/k0", "a/k1", "b/k2", "top"}, inner:list_keys())
+      assert.are.equal(1, a:queue_len("q"))
+      assert.are.equal(0, b:queue_len("q"))
+      assert.are.equal(1, inner:queue_len("a/q"))
+      expect_error("^ENOTFOUND", b.queue_pop, b, "q", {block = false})
+      assert.are.equal("from a", inner:queue_pop("a/q", 1))
+      a:close(); b:close(); inner:close(); cleanup()
+    end)
+  end
 
   it("two file stores on one path share keys", function()
     local path = tmpfile()

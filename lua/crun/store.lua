@@ -2,6 +2,8 @@
 --
 --   local s = crun.store.tcp{host="127.0.0.1", port=29500, is_master=true, timeout=30}
 --   s:set("k", "v"); s:get("k"); s:add("n", 1); s:wait{"k"}
+--   s:queue_push("jobs", "a"); s:queue_pop("jobs", {timeout = 5}); s:queue_len("jobs")
+--   s:list_keys() --> {"k", "n"} (sorted; queues have their own namespace)
 --
 -- Kinds: tcp (client of a server; is_master starts one in this process),
 -- file (processes of one host share a file), hash (in-process) and prefix
@@ -18,6 +20,7 @@ local TCP = O.spec{"host", "port", "is_master", "world_size", "timeout", "connec
            multi_tenant = "every crun server serves any number of clients",
            use_libuv = "crun's server always runs on libuv"}}
 local SERVER = O.spec{"host", "port", "token"}
+local FILE = O.spec{"world_size"}
 local FROM_ENV = O.spec{"host", "port", "is_master", "timeout", "world_size", "token"}
 
 --- Opens a TCP store: {host=, port=, is_master=, world_size=, timeout=, connect_timeout=, token=}.
@@ -31,12 +34,19 @@ function M.tcp(opts)
   return core.store_tcp(O.check(TCP, "crun.store.tcp", opts))
 end
 
---- Opens (creating if needed) the file store at path.
-function M.file(path)
+--- Opens (creating if needed) the file store at path: file(path[, {world_size=}])
+-- (or file(path, world_size), as torch's FileStore(path, world_size)). Each
+-- open counts as a user of the file until it is closed or collected; with
+-- world_size the close that leaves no user, once world_size users closed,
+-- removes the file. A process that dies without closing stays counted and
+-- the file stays (as with torch).
+function M.file(path, opts)
   if type(path) ~= "string" then
     error("bad argument #1 to 'file' (string expected, got " .. type(path) .. ")", 2)
   end
-  return core.store_file(path)
+  if math.type(opts) == "integer" then opts = {world_size = opts} end
+  opts = O.check(FILE, "crun.store.file", opts)
+  return core.store_file(path, opts.world_size)
 end
 
 --- Creates an in-process store.

@@ -15,6 +15,7 @@ typedef struct {
   pthread_mutex_t mu;
   pthread_cond_t cv;
   crun__kv_t kv;
+  crun__kv_t queues; /* their own namespace (store_impl.h) */
 } hash_store_t;
 
 #define H(s) ((hash_store_t *)(s))
@@ -24,6 +25,17 @@ static int all_present(hash_store_t *h, const char *const *keys, size_t n) {
   for (size_t i = 0; i < n; i++)
     if (!crun__kv_find(&h->kv, keys[i], strlen(keys[i]))) return 0;
   return 1;
+}
+
+/* Sleeps (lock held) on the condition variable for at most `left` seconds. */
+static void sleep_locked(hash_store_t *h, double left) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  double secs = floor(left);
+  ts.tv_sec += (time_t)secs;
+  ts.tv_nsec += (long)((left - secs) * 1e9);
+  if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+  pthread_cond_timedwait(&h->cv, &h->mu, &ts);
 }
 
 /* Waits (lock held) until every key exists or the deadline passes. */
@@ -36,13 +48,7 @@ static int wait_locked(hash_store_t *h, const char *const *keys, size_t n, doubl
       return crun_error(CRUN_ETIMEDOUT, "hash store %s: keys %s not set within the deadline",
                         op, crun__store_keys_str(keys, n, buf, sizeof buf));
     }
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    double secs = floor(left);
-    ts.tv_sec += (time_t)secs;
-    ts.tv_nsec += (long)((left - secs) * 1e9);
-    if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
-    pthread_cond_timedwait(&h->cv, &h->mu, &ts);
+    sleep_locked(h, left);
   }
   return 0;
 }
@@ -147,8 +153,50 @@ static int h_multi_set(crun_store_t *s, const char *const *keys, size_t n,
   return rc;
 }
 
+static int h_queue_push(crun_store_t *s, const char *key, const void *val, size_t len) {
+  pthread_mutex_lock(&H(s)->mu);
+  int rc = crun__kv_qpush(&H(s)->queues, key, strlen(key), val, len);
+  pthread_cond_broadcast(&H(s)->cv);
+  pthread_mutex_unlock(&H(s)->mu);
+  return rc;
+}
+
+/* Takes the head of queue key once it has one (deadline < 0: at once). */
+static int h_queue_pop(crun_store_t *s, const char *key, double deadline, crun_buf_t *out) {
+  size_t klen = strlen(key), ilen;
+  const void *item;
+  int rc = 0;
+  pthread_mutex_lock(&H(s)->mu);
+  while (!crun__kv_qpeek(&H(s)->queues, key, klen, &item, &ilen)) {
+    double left = deadline - crun_clock();
+    if (deadline < 0) rc = crun_error(CRUN_ENOTFOUND, "hash store queue_pop: queue '%s' is empty", key);
+    else if (left <= 0)
+      rc = crun_error(CRUN_ETIMEDOUT, "hash store queue_pop: queue '%s' got no item within the deadline", key);
+    if (rc < 0) break;
+    sleep_locked(H(s), left);
+  }
+  if (rc == 0 && (rc = crun__buf_set(out, item, ilen)) == 0) crun__kv_qdrop(&H(s)->queues, key, klen);
+  pthread_mutex_unlock(&H(s)->mu);
+  return rc;
+}
+
+static int h_queue_len(crun_store_t *s, const char *key, int64_t *out) {
+  pthread_mutex_lock(&H(s)->mu);
+  *out = crun__kv_qlen(&H(s)->queues, key, strlen(key));
+  pthread_mutex_unlock(&H(s)->mu);
+  return 0;
+}
+
+static int h_list_keys(crun_store_t *s, crun_store_keys_t *out) {
+  pthread_mutex_lock(&H(s)->mu);
+  int rc = crun__kv_keys(&H(s)->kv, out);
+  pthread_mutex_unlock(&H(s)->mu);
+  return rc;
+}
+
 static void h_destroy(crun_store_t *s) {
   crun__kv_free(&H(s)->kv);
+  crun__kv_free(&H(s)->queues);
   pthread_cond_destroy(&H(s)->cv);
   pthread_mutex_destroy(&H(s)->mu);
   free(s);
@@ -158,13 +206,15 @@ static const crun__store_ops_t hash_ops = {
     .kind = "hash", .set = h_set, .get = h_get, .add = h_add, .compare_set = h_compare_set,
     .wait = h_wait, .check = h_check, .delete_key = h_delete_key, .num_keys = h_num_keys,
     .append = h_append, .multi_get = h_multi_get, .multi_set = h_multi_set,
-    .destroy = h_destroy};
+    .queue_push = h_queue_push, .queue_pop = h_queue_pop, .queue_len = h_queue_len,
+    .list_keys = h_list_keys, .destroy = h_destroy};
 
 int crun_store_hash_new(crun_store_t **out) {
   if (!out) return crun_error(CRUN_EINVAL, "hash store: out is NULL");
   hash_store_t *h = calloc(1, sizeof *h);
   if (!h) return crun_error(CRUN_ENOMEM, "hash store: out of memory");
   int rc = crun__kv_init(&h->kv);
+  if (rc == 0 && (rc = crun__kv_init(&h->queues)) < 0) crun__kv_free(&h->kv);
   if (rc < 0) {
     free(h);
     return rc;

@@ -176,3 +176,72 @@ int crun__kv_compare_set(crun__kv_t *kv, const char *key, size_t klen, const voi
   *rlen = e->len;
   return 0;
 }
+
+int crun__kv_keys(const crun__kv_t *kv, crun_store_keys_t *out) {
+  size_t len = 0;
+  for (size_t i = 0; i < kv->nslots; i++)
+    for (const crun__kv_entry_t *e = kv->slots[i]; e; e = e->next) len += e->klen + 1;
+  out->buf = malloc(len ? len : 1);
+  out->len = 0, out->count = 0, out->keys = NULL;
+  if (!out->buf) return crun_error(CRUN_ENOMEM, "store list_keys: out of memory for %zu bytes of keys", len);
+  for (size_t i = 0; i < kv->nslots; i++)
+    for (const crun__kv_entry_t *e = kv->slots[i]; e; e = e->next) {
+      memcpy(out->buf + out->len, e->key, e->klen + 1);
+      out->len += e->klen + 1;
+      out->count++;
+    }
+  return 0;
+}
+
+/* Item headers are a native size_t: queue tables never leave the process. */
+#define QHDR sizeof(size_t)
+
+int crun__kv_qpush(crun__kv_t *kv, const char *key, size_t klen, const void *val, size_t len) {
+  crun__kv_entry_t *e = kv_upsert(kv, key, klen);
+  if (!e) return crun_error(CRUN_ENOMEM, "store: out of memory for queue '%s'", key);
+  if (len > SIZE_MAX / 2 - QHDR - e->len)
+    return crun_error(CRUN_ERANGE, "store: queue '%s' would pass %zu bytes", key, SIZE_MAX / 2);
+  size_t need = e->len + QHDR + len;
+  if (need > e->cap) {
+    int rc = kv_reserve(e, e->cap * 2 > need ? e->cap * 2 : need);
+    if (rc < 0) {
+      if (e->items == 0) crun__kv_delete(kv, key, klen); /* do not leave an empty queue */
+      return rc;
+    }
+  }
+  memcpy(e->val + e->len, &len, QHDR);
+  if (len) memcpy(e->val + e->len + QHDR, val, len);
+  e->len = need;
+  e->items++;
+  return 0;
+}
+
+int crun__kv_qpeek(crun__kv_t *kv, const char *key, size_t klen, const void **item, size_t *ilen) {
+  crun__kv_entry_t *e = crun__kv_find(kv, key, klen);
+  if (!e || e->items == 0) return 0;
+  memcpy(ilen, e->val + e->head, QHDR);
+  *item = e->val + e->head + QHDR;
+  return 1;
+}
+
+void crun__kv_qdrop(crun__kv_t *kv, const char *key, size_t klen) {
+  crun__kv_entry_t *e = crun__kv_find(kv, key, klen);
+  if (!e || e->items == 0) return;
+  size_t ilen;
+  memcpy(&ilen, e->val + e->head, QHDR);
+  e->head += QHDR + ilen;
+  if (--e->items == 0) {
+    crun__kv_delete(kv, key, klen);
+    return;
+  }
+  if (e->head >= 4096 && e->head >= e->len / 2) { /* compact: amortized O(1) per item */
+    memmove(e->val, e->val + e->head, e->len - e->head);
+    e->len -= e->head;
+    e->head = 0;
+  }
+}
+
+int64_t crun__kv_qlen(crun__kv_t *kv, const char *key, size_t klen) {
+  crun__kv_entry_t *e = crun__kv_find(kv, key, klen);
+  return e ? (int64_t)e->items : 0;
+}

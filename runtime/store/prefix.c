@@ -127,6 +127,47 @@ static int p_multi_set(crun_store_t *s, const char *const *keys, size_t n,
             INNER(s)->ops->multi_set(INNER(s), (const char *const *)fks, n, vals, lens));
 }
 
+static int p_queue_push(crun_store_t *s, const char *key, const void *val, size_t len) {
+  NEED(s, queue_push);
+  ONE_KEY(s, key, INNER(s)->ops->queue_push(INNER(s), fk, val, len));
+}
+
+static int p_queue_pop(crun_store_t *s, const char *key, double deadline, crun_buf_t *out) {
+  NEED(s, queue_pop);
+  ONE_KEY(s, key, INNER(s)->ops->queue_pop(INNER(s), fk, deadline, out));
+}
+
+static int p_queue_len(crun_store_t *s, const char *key, int64_t *out) {
+  NEED(s, queue_len);
+  ONE_KEY(s, key, INNER(s)->ops->queue_len(INNER(s), fk, out));
+}
+
+/* Keeps the inner keys that start with the prefix, stripped of it, in place
+ * (the stripped list is never longer). */
+static void strip_prefix(crun_store_t *s, crun_store_keys_t *k) {
+  size_t in = 0, outp = 0, kept = 0;
+  for (size_t i = 0; i < k->count; i++) {
+    size_t kl = strlen(k->buf + in);
+    if (kl >= P(s)->plen && memcmp(k->buf + in, P(s)->prefix, P(s)->plen) == 0) {
+      memmove(k->buf + outp, k->buf + in + P(s)->plen, kl - P(s)->plen + 1);
+      outp += kl - P(s)->plen + 1;
+      kept++;
+    }
+    in += kl + 1;
+  }
+  k->len = outp;
+  k->count = kept;
+}
+
+/* Lists only this prefix's keys (unlike num_keys, which counts the inner
+ * store's, as torch's PrefixStore does). */
+static int p_list_keys(crun_store_t *s, crun_store_keys_t *out) {
+  NEED(s, list_keys);
+  CRUN_CHECK(INNER(s)->ops->list_keys(INNER(s), out));
+  strip_prefix(s, out);
+  return 0;
+}
+
 static int p_port(crun_store_t *s) { return crun_store_tcp_port(INNER(s)); }
 
 static void p_destroy(crun_store_t *s) {
@@ -138,8 +179,9 @@ static void p_destroy(crun_store_t *s) {
 static const crun__store_ops_t prefix_ops = {
     .kind = "prefix", .set = p_set, .get = p_get, .add = p_add, .compare_set = p_compare_set,
     .wait = p_wait, .check = p_check, .delete_key = p_delete_key, .num_keys = p_num_keys,
-    .append = p_append, .multi_get = p_multi_get, .multi_set = p_multi_set, .port = p_port,
-    .destroy = p_destroy};
+    .append = p_append, .multi_get = p_multi_get, .multi_set = p_multi_set,
+    .queue_push = p_queue_push, .queue_pop = p_queue_pop, .queue_len = p_queue_len,
+    .list_keys = p_list_keys, .port = p_port, .destroy = p_destroy};
 
 int crun_store_prefix_new(const char *prefix, crun_store_t *inner, crun_store_t **out) {
   if (!prefix || !inner || !out)

@@ -56,6 +56,10 @@ double crun_store_get_timeout(crun_store_t *s) {
   return s ? (double)atomic_load(&s->timeout_ns) * 1e-9 : CRUN_STORE_DEFAULT_TIMEOUT;
 }
 
+/* The longest timeout queue_pop takes (about 31 years): every deadline
+ * stays a finite number of milliseconds on the wire. */
+#define CRUN__MAX_TIMEOUT 1e9
+
 /* Absolute deadline for a call with `timeout` (<= 0: the store's). */
 static double deadline_of(crun_store_t *s, double timeout) {
   return crun_clock() + (timeout > 0 ? timeout : crun_store_get_timeout(s));
@@ -179,4 +183,67 @@ int crun_store_multi_set(crun_store_t *s, const char *const *keys, size_t n,
 
 int crun_store_tcp_port(crun_store_t *s) {
   return (s && s->ops->port) ? s->ops->port(s) : -1;
+}
+
+int crun_store_queue_push(crun_store_t *s, const char *key, const void *val, size_t len) {
+  CRUN_CHECK(check_key(s, key, "queue_push"));
+  if (len && !val) return crun_error(CRUN_EINVAL, "store queue_push '%s': value is NULL", key);
+  CRUN__SLOT(s, queue_push, "queue_push");
+  return s->ops->queue_push(s, key, val, len);
+}
+
+int crun_store_queue_pop(crun_store_t *s, const char *key, int block, double timeout, crun_buf_t *out) {
+  CRUN_CHECK(check_key(s, key, "queue_pop"));
+  if (!out) return crun_error(CRUN_EINVAL, "store queue_pop '%s': out is NULL", key);
+  out->data = NULL;
+  out->len = 0;
+  if (block && (timeout != timeout || timeout > CRUN__MAX_TIMEOUT))
+    return crun_error(CRUN_EINVAL, "store queue_pop '%s': timeout %g s is not a number of seconds up to %g",
+                      key, timeout, CRUN__MAX_TIMEOUT);
+  CRUN__SLOT(s, queue_pop, "queue_pop");
+  return s->ops->queue_pop(s, key, block ? deadline_of(s, timeout) : -1.0, out);
+}
+
+int crun_store_queue_len(crun_store_t *s, const char *key, int64_t *out) {
+  CRUN_CHECK(check_key(s, key, "queue_len"));
+  if (!out) return crun_error(CRUN_EINVAL, "store queue_len '%s': out is NULL", key);
+  CRUN__SLOT(s, queue_len, "queue_len");
+  return s->ops->queue_len(s, key, out);
+}
+
+static int cmp_keys(const void *a, const void *b) {
+  return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* Points keys[] at the count NUL-terminated keys of buf and sorts them. */
+static int index_keys(crun_store_keys_t *k) {
+  k->keys = malloc((k->count ? k->count : 1) * sizeof *k->keys);
+  if (!k->keys) return crun_error(CRUN_ENOMEM, "store list_keys: out of memory for %zu keys", k->count);
+  size_t p = 0;
+  for (size_t i = 0; i < k->count; i++) {
+    const char *nul = p < k->len ? memchr(k->buf + p, 0, k->len - p) : NULL;
+    if (!nul) return crun_error(CRUN_EPROTO, "store list_keys: %zu keys announced, %zu found", k->count, i);
+    k->keys[i] = k->buf + p;
+    p = (size_t)(nul - k->buf) + 1;
+  }
+  if (p != k->len) return crun_error(CRUN_EPROTO, "store list_keys: %zu stray bytes after the keys", k->len - p);
+  qsort(k->keys, k->count, sizeof *k->keys, cmp_keys);
+  return 0;
+}
+
+int crun_store_list_keys(crun_store_t *s, crun_store_keys_t *out) {
+  if (!s || !out) return crun_error(CRUN_EINVAL, "store list_keys: NULL argument");
+  memset(out, 0, sizeof *out);
+  CRUN__SLOT(s, list_keys, "list_keys");
+  int rc = s->ops->list_keys(s, out);
+  if (rc == 0) rc = index_keys(out);
+  if (rc < 0) crun_store_keys_free(out);
+  return rc;
+}
+
+void crun_store_keys_free(crun_store_keys_t *keys) {
+  if (!keys) return;
+  free(keys->keys);
+  free(keys->buf);
+  memset(keys, 0, sizeof *keys);
 }

@@ -28,6 +28,12 @@ typedef struct crun__store_ops {
                    crun_buf_t *outs);
   int (*multi_set)(crun_store_t *s, const char *const *keys, size_t n,
                    const void *const *vals, const size_t *lens);
+  int (*queue_push)(crun_store_t *s, const char *key, const void *val, size_t len);
+  /* deadline < 0: do not block (CRUN_ENOTFOUND when empty) */
+  int (*queue_pop)(crun_store_t *s, const char *key, double deadline, crun_buf_t *out);
+  int (*queue_len)(crun_store_t *s, const char *key, int64_t *out);
+  /* fills buf / len / count (unsorted; keys stays NULL: store.c indexes them) */
+  int (*list_keys)(crun_store_t *s, crun_store_keys_t *out);
   int (*port)(crun_store_t *s);
   void (*destroy)(crun_store_t *s);
 } crun__store_ops_t;
@@ -55,6 +61,7 @@ typedef struct crun__kv_entry {
   size_t klen, len, cap;
   char *key;       /* NUL-terminated */
   uint8_t *val;
+  size_t head, items; /* queue tables only: first unpopped byte, items held */
 } crun__kv_entry_t;
 
 typedef struct {
@@ -80,5 +87,24 @@ int crun__kv_add(crun__kv_t *kv, const char *key, size_t klen, int64_t delta, in
 int crun__kv_compare_set(crun__kv_t *kv, const char *key, size_t klen, const void *exp,
                          size_t elen, const void *des, size_t dlen, const void **res,
                          size_t *rlen);
+
+/* Fills *out (buf: NUL-separated keys, len bytes, count keys; unsorted)
+ * with every key of the table. */
+int crun__kv_keys(const crun__kv_t *kv, crun_store_keys_t *out);
+
+/* ---- queues: a queue table is a crun__kv whose values hold packed items
+ * (size_t length, then the bytes) from val + head to val + len, oldest
+ * first. A queue exists while it holds items: popping the last one deletes
+ * its entry, so an unknown queue and an empty one are the same. */
+
+/* Appends a copy of val to the tail of queue key (created when missing). */
+int crun__kv_qpush(crun__kv_t *kv, const char *key, size_t klen, const void *val, size_t len);
+/* Points *item / *ilen at the head item of queue key and returns 1 (valid
+ * until the table changes), or returns 0 when the queue is empty. */
+int crun__kv_qpeek(crun__kv_t *kv, const char *key, size_t klen, const void **item, size_t *ilen);
+/* Removes the head item of queue key (nothing when empty). */
+void crun__kv_qdrop(crun__kv_t *kv, const char *key, size_t klen);
+/* Number of items in queue key (0 when missing). */
+int64_t crun__kv_qlen(crun__kv_t *kv, const char *key, size_t klen);
 
 #endif

@@ -6,13 +6,15 @@
  * server then drops the parked request) and the next call reconnects, so a
  * timed-out store stays usable. A server that goes away yields
  * CRUN_ECONNRESET for the call in flight; later calls try to reconnect for
- * up to 2 s and then fail with CRUN_ECONNREFUSED. */
+ * up to 2 s and then fail with CRUN_ECONNREFUSED. A blocking queue_pop is
+ * timed out by the server instead (see tcp_proto.h). */
 #include "store/store_impl.h"
 #include "store/tcp_proto.h"
 #include "core/auth.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -29,6 +31,9 @@
 #include <unistd.h>
 
 #define RECONNECT_WINDOW 2.0
+/* A blocking queue_pop waits this long past its deadline for the server's
+ * own ETIMEDOUT (tcp_proto.h): closing first could lose an item in flight. */
+#define POP_GRACE 2.0
 
 typedef struct {
   crun_store_t base;
@@ -558,6 +563,69 @@ static int k_num_keys(crun_store_t *s, int64_t *out) {
                             &(const what_t){"num_keys", NULL, 0, NULL}));
 }
 
+static int k_queue_push(crun_store_t *s, const char *key, const void *val, size_t len) {
+  const what_t w = {"queue_push", &key, 1, NULL}, *what = &w;
+  const void *a[2] = {key, val};
+  size_t l[2] = {strlen(key), len};
+  LOCKED(T(s), request(T(s), CRUN__SOP_QUEUE_PUSH, 2, a, l, deadline_now(s), what));
+}
+
+/* Sends the time left to the deadline (ms, rounded up; -1: do not wait)
+ * and awaits the server's answer a little past it. */
+static int do_pop(tcp_store_t *t, const char *key, double deadline, crun_buf_t *out, const what_t *what) {
+  int64_t ms = -1;
+  double until = deadline_now(&t->base);
+  if (deadline >= 0) {
+    double left = deadline - crun_clock();
+    ms = left > 0 ? (int64_t)ceil(left * 1e3) : 0;
+    until = deadline + POP_GRACE;
+  }
+  uint8_t m[8];
+  crun__put_i64(m, ms);
+  const void *a[2] = {key, m};
+  size_t l[2] = {strlen(key), 8};
+  CRUN_CHECK(request(t, CRUN__SOP_QUEUE_POP, 2, a, l, until, what));
+  return reply_buf(t, 0, out, what);
+}
+
+static int k_queue_pop(crun_store_t *s, const char *key, double deadline, crun_buf_t *out) {
+  const what_t w = {"queue_pop", &key, 1, NULL}, *what = &w;
+  LOCKED(T(s), do_pop(T(s), key, deadline, out, what));
+}
+
+static int k_queue_len(crun_store_t *s, const char *key, int64_t *out) {
+  const what_t w = {"queue_len", &key, 1, NULL}, *what = &w;
+  const void *a[1] = {key};
+  size_t l[1] = {strlen(key)};
+  LOCKED(T(s), int_request(T(s), CRUN__SOP_QUEUE_LEN, 1, a, l, deadline_now(s), out, what));
+}
+
+/* Copies the reply's key list into out after checking that it holds
+ * exactly the announced number of NUL-terminated keys. */
+static int do_list_keys(tcp_store_t *t, crun_store_keys_t *out) {
+  const what_t w = {"list_keys", NULL, 0, NULL}, *what = &w;
+  CRUN_CHECK(request(t, CRUN__SOP_LIST_KEYS, 0, NULL, NULL, deadline_now(&t->base), what));
+  if (t->rnargs != 2 || t->rargs[0].len != 8)
+    return crun_error(CRUN_EPROTO, "list_keys: unexpected reply from the store %s:%d", t->host, t->port);
+  int64_t n = crun__get_i64(t->rargs[0].p), nuls = 0;
+  const uint8_t *p = t->rargs[1].p;
+  size_t len = t->rargs[1].len;
+  for (size_t i = 0; i < len; i++) nuls += p[i] == 0;
+  if (nuls != n || (len && p[len - 1] != 0))
+    return crun_error(CRUN_EPROTO, "list_keys: the store %s:%d announced %lld keys and sent %lld", t->host,
+                      t->port, (long long)n, (long long)nuls);
+  if (!(out->buf = malloc(len ? len : 1)))
+    return crun_error(CRUN_ENOMEM, "list_keys: out of memory for %zu bytes of keys", len);
+  if (len) memcpy(out->buf, p, len);
+  out->len = len;
+  out->count = (size_t)n;
+  return 0;
+}
+
+static int k_list_keys(crun_store_t *s, crun_store_keys_t *out) {
+  LOCKED(T(s), do_list_keys(T(s), out));
+}
+
 static int k_port(crun_store_t *s) { return T(s)->port; }
 
 static void k_destroy(crun_store_t *s) {
@@ -575,8 +643,9 @@ static void k_destroy(crun_store_t *s) {
 static const crun__store_ops_t tcp_ops = {
     .kind = "tcp", .set = k_set, .get = k_get, .add = k_add, .compare_set = k_compare_set,
     .wait = k_wait, .check = k_check, .delete_key = k_delete_key, .num_keys = k_num_keys,
-    .append = k_append, .multi_get = k_multi_get, .multi_set = k_multi_set, .port = k_port,
-    .destroy = k_destroy};
+    .append = k_append, .multi_get = k_multi_get, .multi_set = k_multi_set,
+    .queue_push = k_queue_push, .queue_pop = k_queue_pop, .queue_len = k_queue_len,
+    .list_keys = k_list_keys, .port = k_port, .destroy = k_destroy};
 
 /* ------------------------------------------------------------ create */
 

@@ -15,6 +15,13 @@
  * the client's: a client that gives up closes its connection, which drops
  * the parked request, and reconnects on its next call.
  *
+ * QUEUE_POP is the exception: an item handed to a connection that is being
+ * closed would be lost, so the server keeps its deadline (timeout_ms from
+ * the request) and answers ETIMEDOUT itself; the client waits a little past
+ * its deadline for that answer. A QUEUE_PUSH wakes one parked popper of its
+ * key, the one parked first. An empty queue with timeout_ms < 0 answers
+ * ENOTFOUND at once.
+ *
  * Transport: TCP, and for clients on the server's host an abstract unix
  * socket (crun__store_local_addr) that a server bound to a loopback or
  * wildcard address also listens on; the frames are the same on both.
@@ -50,7 +57,11 @@ typedef enum {
   CRUN__SOP_PING = 12,     /* () -> "crun-store" */
   CRUN__SOP_JOIN = 13,     /* () -> i64 clients joined so far (counts this one) */
   CRUN__SOP_JOIN_WAIT = 14,/* i64 n -> i64 joined, once >= n (parks) */
-  CRUN__SOP_MAX = 14
+  CRUN__SOP_QUEUE_PUSH = 15,/* key, value -> () */
+  CRUN__SOP_QUEUE_POP = 16, /* key, i64 timeout_ms (< 0: don't wait) -> value (parks) */
+  CRUN__SOP_QUEUE_LEN = 17, /* key -> i64 items */
+  CRUN__SOP_LIST_KEYS = 18, /* () -> i64 count, the keys NUL-terminated one after another */
+  CRUN__SOP_MAX = 18
 } crun__sop;
 
 static inline void crun__put_u32(uint8_t *p, uint32_t v) {

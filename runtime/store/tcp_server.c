@@ -5,7 +5,11 @@
  * of its connection's buffer and the connection is "parked" (nothing more is
  * read from it until it is answered). A write that creates a key a parked
  * request names moves that connection to the ready queue, which is drained
- * at the end of every callback, so handlers never recurse. A frame that
+ * at the end of every callback, so handlers never recurse. A QUEUE_POP on
+ * an empty queue parks the same way, on its queue key, with a ticket (its
+ * place among the poppers) and a timer for its deadline; a QUEUE_PUSH
+ * readies the parked popper of its key with the smallest ticket, only that
+ * one. A frame that
  * breaks the protocol (bad version, length over CRUN_STORE_MAX_FRAME,
  * arguments that do not fill the frame, unknown op) closes that connection
  * with a WARN STORE log line; others are not affected. */
@@ -41,6 +45,8 @@ struct crun_store_server {
   int port, started;
   char addr[80];
   crun__kv_t kv;
+  crun__kv_t queues;          /* queue_push / queue_pop: their own namespace */
+  uint64_t tickets;           /* parked poppers are numbered in arrival order */
   int64_t joined;
   crun__auth_t auth;          /* the job's secret (auth.on == 0: open store) */
   unsigned long refused;      /* clients refused (logged once, then counted) */
@@ -65,6 +71,9 @@ struct conn {
   conn_t *rnext;         /* srv->ready */
   int parked, in_ready, closing, throttled;
   int authed;              /* passed the challenge-response (core/auth.h) */
+  uint64_t ticket;         /* a parked QUEUE_POP's place in line (0: none) */
+  uv_timer_t timer;        /* that QUEUE_POP's deadline (when has_timer) */
+  int has_timer, handles;  /* handles: open libuv handles (freed at 0) */
   double since;            /* when it connected (unauthenticated ones expire) */
   size_t queued;           /* bytes of queued replies, with their bookkeeping */
   unsigned char nonce[32]; /* the greeting's nonce */
@@ -102,6 +111,9 @@ static int key_exists(crun_store_server_t *srv, const uint8_t *k, uint32_t len) 
   return crun__kv_find(&srv->kv, (const char *)k, len) != NULL;
 }
 
+/* Whether c's head request (parked or about to be) is a QUEUE_POP. */
+static int is_pop(const conn_t *c) { return c->buf[c->off + 5] == CRUN__SOP_QUEUE_POP; }
+
 /* Parks c's head request: indexed by the first of its keys that is missing
  * (a set of that key wakes it; it then looks again and, if another key is
  * still missing, parks on that one), or in the join list. So a set looks at
@@ -110,7 +122,10 @@ static void parked_add(crun_store_server_t *srv, conn_t *c) {
   const uint8_t *f = c->buf + c->off;
   c->wrel = 0, c->wlen = 0;
   c->plist = &srv->join_waiters;
-  if (f[5] != CRUN__SOP_JOIN_WAIT) {
+  if (f[5] == CRUN__SOP_QUEUE_POP) { /* waits for an item of the queue named by its key */
+    c->wrel = CRUN_STORE_FRAME_HDR + 4, c->wlen = crun__get_u32(f + CRUN_STORE_FRAME_HDR);
+    c->plist = &srv->waiters[key_bucket(f + c->wrel, c->wlen)];
+  } else if (f[5] != CRUN__SOP_JOIN_WAIT) {
     unsigned nargs = (unsigned)f[6] | (unsigned)f[7] << 8;
     size_t p = CRUN_STORE_FRAME_HDR;
     for (unsigned i = 0; i < nargs; i++) {
@@ -157,10 +172,24 @@ static void ready_remove(crun_store_server_t *srv, conn_t *c) {
 
 /* ------------------------------------------------------------ connections */
 
+/* Frees c once the last of its libuv handles (stream, timer) has closed. */
 static void on_conn_closed(uv_handle_t *h) {
   conn_t *c = h->data;
+  if (--c->handles > 0) return;
   free(c->buf);
   free(c);
+}
+
+static void wake_pop(crun_store_server_t *srv, const char *key, size_t klen);
+
+/* Takes c's head request out of the parked list and the ready queue. A
+ * popper that was readied for an item passes the wakeup on to the next
+ * popper of its key, so an item never waits while a popper sleeps. */
+static void unpark(crun_store_server_t *srv, conn_t *c) {
+  int pass = c->parked && c->in_ready && is_pop(c);
+  parked_remove(srv, c);
+  if (c->in_ready) ready_remove(srv, c);
+  if (pass) wake_pop(srv, (const char *)c->buf + c->off + c->wrel, c->wlen);
 }
 
 /* Closes a connection (once), dropping any parked request. */
@@ -169,11 +198,11 @@ static void conn_close(conn_t *c, const char *why) {
   crun_store_server_t *srv = c->srv;
   c->closing = 1;
   if (why) CRUN_LOG(WARN, STORE, "store server %s: closing connection from %s: %s", srv->addr, c->peer, why);
-  parked_remove(srv, c);
-  if (c->in_ready) ready_remove(srv, c);
+  unpark(srv, c);
   if (c->prev) c->prev->next = c->next;
   else srv->conns = c->next;
   if (c->next) c->next->prev = c->prev;
+  if (c->has_timer) uv_close((uv_handle_t *)&c->timer, on_conn_closed);
   uv_close((uv_handle_t *)&c->h, on_conn_closed);
 }
 
@@ -277,11 +306,26 @@ static int reply_err(conn_t *c, int status) {
 
 /* ------------------------------------------------------------ waking */
 
-/* Queues the parked requests waiting on key (NULL: on the join count). */
+/* Whether parked c waits on key. */
+static int waits_on(const conn_t *c, const char *key, size_t klen) {
+  return c->wlen == klen && memcmp(c->buf + c->off + c->wrel, key, klen) == 0;
+}
+
+/* Queues the parked requests waiting on key (NULL: on the join count);
+ * poppers wait on queues, not keys, and are left alone. */
 static void wake(crun_store_server_t *srv, const char *key, size_t klen) {
   conn_t *c = key ? srv->waiters[key_bucket(key, klen)] : srv->join_waiters;
   for (; c; c = c->pnext)
-    if (!key || (c->wlen == klen && memcmp(c->buf + c->off + c->wrel, key, klen) == 0)) ready_push(srv, c);
+    if (!key || (!is_pop(c) && waits_on(c, key, klen))) ready_push(srv, c);
+}
+
+/* Queues the one parked popper of queue key that came first (smallest
+ * ticket) and is not queued yet: one pushed item, one popper woken. */
+static void wake_pop(crun_store_server_t *srv, const char *key, size_t klen) {
+  conn_t *first = NULL;
+  for (conn_t *c = srv->waiters[key_bucket(key, klen)]; c; c = c->pnext)
+    if (is_pop(c) && !c->in_ready && waits_on(c, key, klen) && (!first || c->ticket < first->ticket)) first = c;
+  if (first) ready_push(srv, first);
 }
 
 /* ------------------------------------------------------------ ops */
@@ -337,6 +381,76 @@ static int op_multi_set(conn_t *c, const crun__sarg_t *a, unsigned n) {
   return FRAME_DONE;
 }
 
+static void serve_conn(conn_t *c);
+
+/* A parked popper's deadline passed: answers ETIMEDOUT and serves what the
+ * client sent after it. */
+static void on_pop_timeout(uv_timer_t *t) {
+  conn_t *c = t->data;
+  crun_store_server_t *srv = c->srv;
+  if (c->closing || !c->parked || !is_pop(c)) return;
+  unpark(srv, c);
+  crun_error(CRUN_ETIMEDOUT, "queue_pop: queue '%.*s' got no item within the deadline",
+             (int)(c->wlen < 200 ? c->wlen : 200), (const char *)c->buf + c->off + c->wrel);
+  reply_err(c, CRUN_ETIMEDOUT);
+  c->off += 4 + (size_t)crun__get_u32(c->buf + c->off);
+  c->ticket = 0;
+  if (!c->closing) serve_conn(c);
+  drain_ready(srv);
+}
+
+/* Gives a popper about to park for the first time its ticket and starts
+ * its deadline timer (ms from now). */
+static int pop_first_park(conn_t *c, int64_t ms) {
+  crun_store_server_t *srv = c->srv;
+  if (!c->has_timer) {
+    int rc = uv_timer_init(&srv->loop, &c->timer);
+    if (rc < 0) return crun_error(CRUN_ESYS, "queue_pop: no timer for its deadline: %s", uv_strerror(rc));
+    c->timer.data = c;
+    c->has_timer = 1;
+    c->handles++;
+  }
+  uv_update_time(&srv->loop); /* the deadline counts from now, not from this loop turn */
+  uv_timer_start(&c->timer, on_pop_timeout, (uint64_t)ms, 0);
+  c->ticket = ++srv->tickets;
+  return 0;
+}
+
+/* QUEUE_POP: the head item now, else ENOTFOUND (timeout_ms < 0) or park. */
+static int op_pop(conn_t *c, const crun__sarg_t *a) {
+  crun_store_server_t *srv = c->srv;
+  const void *item;
+  size_t ilen;
+  if (crun__kv_qpeek(&srv->queues, KEY(a[0]), &item, &ilen)) {
+    if (reply(c, 0, 1, &item, &ilen) == 0) crun__kv_qdrop(&srv->queues, KEY(a[0]));
+    else wake_pop(srv, KEY(a[0])); /* not sent: the item stays for the next popper */
+    return FRAME_DONE;
+  }
+  int64_t ms = crun__get_i64(a[1].p);
+  int rc = 0;
+  if (ms < 0)
+    rc = crun_error(CRUN_ENOTFOUND, "queue_pop: queue '%.*s' is empty", (int)(a[0].len < 200 ? a[0].len : 200),
+                    (const char *)a[0].p);
+  else if (c->ticket == 0)
+    rc = pop_first_park(c, ms);
+  if (rc < 0) return reply_err(c, rc), FRAME_DONE;
+  return FRAME_PARK;
+}
+
+/* LIST_KEYS: the count, then every plain key NUL-terminated. */
+static int op_list_keys(conn_t *c) {
+  crun_store_keys_t k;
+  int rc = crun__kv_keys(&c->srv->kv, &k);
+  if (rc < 0) return reply_err(c, rc), FRAME_DONE;
+  uint8_t n[8];
+  crun__put_i64(n, (int64_t)k.count);
+  const void *a[2] = {n, k.buf};
+  size_t l[2] = {8, k.len};
+  reply(c, 0, 2, a, l);
+  free(k.buf);
+  return FRAME_DONE;
+}
+
 /* Runs one op whose arguments were checked against its arity. */
 static int run_op(conn_t *c, int op, const crun__sarg_t *a, unsigned n) {
   crun_store_server_t *srv = c->srv;
@@ -377,6 +491,14 @@ static int run_op(conn_t *c, int op, const crun__sarg_t *a, unsigned n) {
   case CRUN__SOP_JOIN_WAIT:
     if (srv->joined < crun__get_i64(a[0].p)) return FRAME_PARK;
     return reply_i64(c, srv->joined), FRAME_DONE;
+  case CRUN__SOP_QUEUE_PUSH:
+    rc = crun__kv_qpush(&srv->queues, KEY(a[0]), a[1].p, a[1].len);
+    rc < 0 ? reply_err(c, rc) : reply_ok0(c);
+    if (rc == 0) wake_pop(srv, KEY(a[0]));
+    return FRAME_DONE;
+  case CRUN__SOP_QUEUE_POP: return op_pop(c, a);
+  case CRUN__SOP_QUEUE_LEN: return reply_i64(c, crun__kv_qlen(&srv->queues, KEY(a[0]))), FRAME_DONE;
+  case CRUN__SOP_LIST_KEYS: return op_list_keys(c);
   }
   return FRAME_CLOSE;
 }
@@ -384,14 +506,15 @@ static int run_op(conn_t *c, int op, const crun__sarg_t *a, unsigned n) {
 /* Returns NULL when op accepts n arguments, else the reason it does not. */
 static const char *arity_error(int op, unsigned n, const crun__sarg_t *a) {
   switch (op) {
-  case CRUN__SOP_SET: case CRUN__SOP_APPEND: return n == 2 ? NULL : "needs 2 arguments";
-  case CRUN__SOP_GET: case CRUN__SOP_DELETE: return n == 1 ? NULL : "needs 1 argument";
+  case CRUN__SOP_SET: case CRUN__SOP_APPEND: case CRUN__SOP_QUEUE_PUSH: return n == 2 ? NULL : "needs 2 arguments";
+  case CRUN__SOP_GET: case CRUN__SOP_DELETE: case CRUN__SOP_QUEUE_LEN: return n == 1 ? NULL : "needs 1 argument";
+  case CRUN__SOP_QUEUE_POP: return n == 2 && a[1].len == 8 ? NULL : "needs a key and an 8-byte timeout";
   case CRUN__SOP_ADD: return n == 2 && a[1].len == 8 ? NULL : "needs a key and an 8-byte delta";
   case CRUN__SOP_CAS: return n == 3 ? NULL : "needs 3 arguments";
   case CRUN__SOP_WAIT: case CRUN__SOP_CHECK: case CRUN__SOP_MULTI_GET:
     return n >= 1 ? NULL : "needs at least one key";
   case CRUN__SOP_MULTI_SET: return n >= 2 && n % 2 == 0 ? NULL : "needs key/value pairs";
-  case CRUN__SOP_NUM_KEYS: case CRUN__SOP_PING: case CRUN__SOP_JOIN:
+  case CRUN__SOP_NUM_KEYS: case CRUN__SOP_PING: case CRUN__SOP_JOIN: case CRUN__SOP_LIST_KEYS:
     return n == 0 ? NULL : "takes no arguments";
   case CRUN__SOP_JOIN_WAIT: return n == 1 && a[0].len == 8 ? NULL : "needs an 8-byte count";
   }
@@ -488,6 +611,10 @@ static void serve_conn(conn_t *c) {
     int r = serve_frame(c, flen, why, sizeof why);
     if (r == FRAME_CLOSE) return conn_close(c, why);
     if (r == FRAME_PARK) return parked_add(c->srv, c);
+    if (c->ticket) { /* a popper that had parked got its item */
+      c->ticket = 0;
+      uv_timer_stop(&c->timer);
+    }
     c->off += 4 + (size_t)flen;
   }
   if (c->off == c->len) c->off = c->len = 0;
@@ -631,6 +758,7 @@ static void on_connection(uv_stream_t *server, int status) {
   conn_t *c = calloc(1, sizeof *c);
   if (!c) return;
   c->srv = srv;
+  c->handles = 1;
   conn_handle_init(srv, c, local);
   if (uv_accept(server, (uv_stream_t *)&c->h) < 0) {
     uv_close((uv_handle_t *)&c->h, on_conn_closed);
@@ -740,6 +868,13 @@ static int server_listen(crun_store_server_t *srv, const char *host, int port) {
   return 0;
 }
 
+/* Frees the server's tables and the server. */
+static void server_free(crun_store_server_t *srv) {
+  crun__kv_free(&srv->kv);
+  crun__kv_free(&srv->queues);
+  free(srv);
+}
+
 /* Closes every handle of a loop that never ran and frees the server. */
 static void server_abort(crun_store_server_t *srv) {
   uv_close((uv_handle_t *)&srv->listener, NULL);
@@ -747,8 +882,7 @@ static void server_abort(crun_store_server_t *srv) {
   uv_close((uv_handle_t *)&srv->stop_async, NULL);
   uv_run(&srv->loop, UV_RUN_DEFAULT);
   uv_loop_close(&srv->loop);
-  crun__kv_free(&srv->kv);
-  free(srv);
+  server_free(srv);
 }
 
 /* Starts the loop thread with every signal blocked: SIGPIPE from a write to
@@ -782,21 +916,19 @@ int crun_store_server_start_token(const char *host, int port, const char *token,
   if (!out || port < 0 || port > 65535)
     return crun_error(CRUN_EINVAL, "store server: bad port %d or NULL out", port);
   crun_store_server_t *srv = calloc(1, sizeof *srv);
-  if (!srv || crun__kv_init(&srv->kv) < 0) {
-    free(srv);
+  if (!srv || crun__kv_init(&srv->kv) < 0 || crun__kv_init(&srv->queues) < 0) {
+    if (srv) server_free(srv);
     return crun_error(CRUN_ENOMEM, "store server: out of memory");
   }
   raise_fd_limit();
   int arc = crun__auth_init(&srv->auth, token ? token : getenv("CRUN_TOKEN"));
   if (arc < 0) {
-    crun__kv_free(&srv->kv);
-    free(srv);
+    server_free(srv);
     return arc;
   }
   int rc = uv_loop_init(&srv->loop);
   if (rc < 0) {
-    crun__kv_free(&srv->kv);
-    free(srv);
+    server_free(srv);
     return crun_error(CRUN_ESYS, "store server: uv_loop_init: %s", uv_strerror(rc));
   }
   uv_async_init(&srv->loop, &srv->stop_async, on_stop);
@@ -820,8 +952,7 @@ void crun_store_server_stop(crun_store_server_t *srv) {
   uv_async_send(&srv->stop_async);
   uv_thread_join(&srv->thread);
   uv_loop_close(&srv->loop);
-  crun__kv_free(&srv->kv);
   CRUN_LOG(INFO, STORE, "store server %s stopped (%lu client%s refused)", srv->addr, srv->refused,
            srv->refused == 1 ? "" : "s");
-  free(srv);
+  server_free(srv);
 }

@@ -691,9 +691,161 @@ TEST(tcp_idle_connection_flood) {
   crun_store_server_stop(srv);
 }
 
+/* ------------------------------------------------------------ queues */
+
+/* A new client of the server on 127.0.0.1:port (ctx). */
+static crun_store_t *tcp_handle(void *ctx) { return client((int)(intptr_t)ctx, 30); }
+
+TEST(tcp_queues) {
+  crun_store_tcp_opts_t o = {.host = "127.0.0.1", .port = 0, .is_master = 1, .timeout = 10};
+  crun_store_t *s, *p;
+  EXPECT_OK(crun_store_tcp_new(&o, &s));
+  exercise_queues(s, 1);
+  exercise_concurrent_pops(tcp_handle, (void *)(intptr_t)crun_store_tcp_port(s));
+  EXPECT_OK(crun_store_prefix_new("pre", s, &p));
+  exercise_queues(p, 0);
+  crun_store_release(p);
+  crun_store_release(s);
+}
+
+/* Builds a request frame into buf; returns its size. */
+static size_t frame_of(uint8_t *buf, int op, unsigned n, const void *const *a, const size_t *l) {
+  size_t p = CRUN_STORE_FRAME_HDR;
+  for (unsigned i = 0; i < n; i++) {
+    crun__put_u32(buf + p, (uint32_t)l[i]);
+    memcpy(buf + p + 4, a[i], l[i]);
+    p += 4 + l[i];
+  }
+  crun__put_u32(buf, (uint32_t)(p - 4));
+  buf[4] = CRUN_STORE_PROTO_VERSION, buf[5] = (uint8_t)op, buf[6] = (uint8_t)n, buf[7] = 0;
+  return p;
+}
+
+/* A QUEUE_POP frame for key with timeout_ms (< 0: don't wait). */
+static size_t qpop_frame(uint8_t *buf, const char *key, int64_t ms) {
+  uint8_t m[8];
+  crun__put_i64(m, ms);
+  return frame_of(buf, CRUN__SOP_QUEUE_POP, 2, (const void *[]){key, m}, (size_t[]){strlen(key), 8});
+}
+
+/* Sends a QUEUE_POP for key on fd, then makes a round trip on s: the server
+ * has read the pop before it answers s (one loop, events in arrival order). */
+static void park_popper(int fd, const char *key, int64_t ms, crun_store_t *s) {
+  uint8_t f[128];
+  size_t n = qpop_frame(f, key, ms);
+  EXPECT(send(fd, f, n, 0) == (ssize_t)n);
+  int64_t k;
+  EXPECT_OK(crun_store_num_keys(s, &k));
+}
+
+/* Reads one reply frame from fd (10 s at most) into buf; returns its code
+ * and points *arg / *alen at its first argument. */
+static int read_reply(int fd, uint8_t *buf, size_t cap, const uint8_t **arg, uint32_t *alen) {
+  EXPECT(read_exact(fd, buf, 4) == 0);
+  uint32_t len = crun__get_u32(buf);
+  EXPECT(len + 4 <= cap && read_exact(fd, buf + 4, len) == 0);
+  *alen = 0, *arg = NULL;
+  if (buf[6] || buf[7]) *alen = crun__get_u32(buf + 8), *arg = buf + 12;
+  return buf[5];
+}
+
+/* Whether fd has bytes to read right now. */
+static int readable(int fd) {
+  struct pollfd p = {fd, POLLIN, 0};
+  return poll(&p, 1, 0) == 1;
+}
+
+/* The queue opcodes on the wire: poppers parked in order are served in
+ * order, one per push; a closed popper is dropped; the server times a pop
+ * out itself and the connection goes on; non-blocking pops, LIST_KEYS,
+ * pipelining and a malformed pop. */
+TEST(tcp_queue_opcodes) {
+  crun_store_server_t *srv;
+  EXPECT_OK(crun_store_server_start("127.0.0.1", 0, &srv));
+  int port = crun_store_server_port(srv);
+  crun_store_t *s = client(port, 10);
+  uint8_t r[256], f[256];
+  const uint8_t *arg;
+  uint32_t alen;
+  char item[32];
+  enum { P = 20 };
+  int fds[P];
+  for (int i = 0; i < P; i++) {
+    fds[i] = raw_connect(port);
+    park_popper(fds[i], "fifo", 20000, s);
+  }
+  EXPECT_OK(crun_store_queue_push(s, "fifo", "item0", 5)); /* one push: the first popper only */
+  EXPECT_EQ_INT(read_reply(fds[0], r, sizeof r, &arg, &alen), 0);
+  EXPECT(alen == 5 && memcmp(arg, "item0", 5) == 0);
+  int64_t n;
+  EXPECT_OK(crun_store_queue_len(s, "fifo", &n));
+  EXPECT_EQ_INT(n, 0);
+  for (int i = 1; i < P; i++) EXPECT(!readable(fds[i]));
+  for (int i = 1; i < P; i++) { /* then each popper gets the item pushed in its turn */
+    snprintf(item, sizeof item, "item%d", i);
+    EXPECT_OK(crun_store_queue_push(s, "fifo", item, strlen(item)));
+  }
+  for (int i = 1; i < P; i++) {
+    snprintf(item, sizeof item, "item%d", i);
+    EXPECT_EQ_INT(read_reply(fds[i], r, sizeof r, &arg, &alen), 0);
+    if (alen != strlen(item) || memcmp(arg, item, alen) != 0)
+      crun_test_fail(__FILE__, __LINE__, "popper %d got '%.*s', want '%s'", i, (int)alen, (const char *)arg, item);
+  }
+  for (int i = 0; i < P; i++) close(fds[i]);
+  /* a popper that closes its connection is dropped: the next one gets the item */
+  int x = raw_connect(port), y = raw_connect(port);
+  park_popper(x, "gone", 20000, s);
+  park_popper(y, "gone", 20000, s);
+  close(x);
+  EXPECT_OK(crun_store_num_keys(s, &n));
+  EXPECT_OK(crun_store_queue_push(s, "gone", "for-y", 5));
+  EXPECT_EQ_INT(read_reply(y, r, sizeof r, &arg, &alen), 0);
+  EXPECT(alen == 5 && memcmp(arg, "for-y", 5) == 0);
+  /* the server's deadline: ETIMEDOUT at 200 ms, then the pipelined PING */
+  size_t fl = qpop_frame(f, "never", 200);
+  fl += frame_of(f + fl, CRUN__SOP_PING, 0, NULL, NULL);
+  double t0 = crun_clock();
+  EXPECT(send(y, f, fl, 0) == (ssize_t)fl);
+  EXPECT_EQ_INT(read_reply(y, r, sizeof r, &arg, &alen), -CRUN_ETIMEDOUT);
+  double dt = crun_clock() - t0;
+  EXPECT(dt >= 0.19 && dt < 2.0);
+  EXPECT(alen > 0 && memmem(arg, alen, "'never'", 7) != NULL);
+  EXPECT_EQ_INT(read_reply(y, r, sizeof r, &arg, &alen), 0);
+  EXPECT(alen == 10 && memcmp(arg, "crun-store", 10) == 0);
+  /* not blocking: ENOTFOUND at once; a push and a pop pipelined */
+  fl = qpop_frame(f, "none", -1);
+  fl += frame_of(f + fl, CRUN__SOP_QUEUE_PUSH, 2, (const void *[]){"pp", "\0v"}, (size_t[]){2, 2});
+  fl += qpop_frame(f + fl, "pp", -1);
+  EXPECT(send(y, f, fl, 0) == (ssize_t)fl);
+  EXPECT_EQ_INT(read_reply(y, r, sizeof r, &arg, &alen), -CRUN_ENOTFOUND);
+  EXPECT_EQ_INT(read_reply(y, r, sizeof r, &arg, &alen), 0);
+  EXPECT_EQ_INT(read_reply(y, r, sizeof r, &arg, &alen), 0);
+  EXPECT(alen == 2 && memcmp(arg, "\0v", 2) == 0);
+  /* LIST_KEYS: the count, then the plain keys NUL-terminated */
+  EXPECT_OK(crun_store_set(s, "k1", "v", 1));
+  EXPECT_OK(crun_store_set(s, "k22", "v", 1));
+  fl = frame_of(f, CRUN__SOP_LIST_KEYS, 0, NULL, NULL);
+  EXPECT(send(y, f, fl, 0) == (ssize_t)fl);
+  EXPECT_EQ_INT(read_reply(y, r, sizeof r, &arg, &alen), 0);
+  EXPECT(r[6] == 2 && alen == 8 && crun__get_i64(arg) == 2);
+  EXPECT(crun__get_u32(r + 20) == 7 && (memcmp(r + 24, "k1\0k22\0", 7) == 0 || memcmp(r + 24, "k22\0k1\0", 7) == 0));
+  /* a pop whose timeout is not 8 bytes breaks the protocol */
+  fl = frame_of(f, CRUN__SOP_QUEUE_POP, 2, (const void *[]){"q", "abcd"}, (size_t[]){1, 4});
+  EXPECT(send(y, f, fl, 0) == (ssize_t)fl);
+  EXPECT(closed_by_server(y));
+  close(y);
+  /* a server stopped with a popper still parked (its timer armed) */
+  int z = raw_connect(port);
+  park_popper(z, "forever", 60000, s);
+  crun_store_release(s);
+  crun_store_server_stop(srv);
+  EXPECT(closed_by_server(z));
+  close(z);
+}
+
 #define CRUN_TESTS(X) X(tcp_semantics) X(tcp_get_is_parked_until_set) X(tcp_port_in_use) \
   X(tcp_connect_refused) X(tcp_world_size_join) X(tcp_hostile_frames) X(tcp_server_goes_away) \
   X(tcp_thousand_clients) X(tcp_multiprocess_race) X(tcp_big_value) X(tcp_pipelined_clients) X(tcp_both_transports) \
   X(tcp_secret) X(tcp_unix_socket_taken_by_another_user) X(tcp_client_that_never_reads) X(tcp_waiters_by_key) \
-  X(tcp_idle_connection_flood)
+  X(tcp_idle_connection_flood) X(tcp_queues) X(tcp_queue_opcodes)
 CRUN_TEST_MAIN()

@@ -34,8 +34,23 @@ void crun_buf_free(crun_buf_t *b);
 int crun_store_hash_new(crun_store_t **out);
 
 /* Creates a store kept in the file at `path`, shared by every process on this
- * host that opens the same path (safe under concurrent writers). */
+ * host that opens the same path (safe under concurrent writers). Same as
+ * crun_store_file_open(path, NULL, out). */
 int crun_store_file_new(const char *path, crun_store_t **out);
+
+typedef struct {
+  int world_size; /* >0: the file is removed by the last user to close it, once
+                     world_size users have closed it in all; 0: never removed */
+} crun_store_file_opts_t;
+
+/* Creates a file store (as crun_store_file_new) with options (NULL: none).
+ * Every open counts itself as a user of the file and its last release
+ * uncounts it (torch's FileStore(path, world_size)); with world_size > 0 the
+ * release that leaves no user, once world_size releases happened, removes
+ * the file. A process that dies without releasing stays counted, so the file
+ * is then left behind (as with torch): remove it yourself. An open that
+ * races with the removal never uses the removed file (it opens a fresh one). */
+int crun_store_file_open(const char *path, const crun_store_file_opts_t *opts, crun_store_t **out);
 
 /* Creates a store that prepends "<prefix>/" to every key and forwards to
  * `inner` (which it retains). */
@@ -105,6 +120,42 @@ int crun_store_multi_get(crun_store_t *s, const char *const *keys, size_t n, cru
 /* Sets every key to its value, atomically with respect to other clients. */
 int crun_store_multi_set(crun_store_t *s, const char *const *keys, size_t n,
                          const void *const *vals, const size_t *lens);
+
+/* ---- queues (torch's queue_push / queue_pop / queue_len)
+ *
+ * A queue is a FIFO of byte strings named by a key. Queues have their own
+ * namespace: queue "k" and the plain key "k" are unrelated, and get, check,
+ * wait, delete_key, num_keys and list_keys see plain keys only. A queue
+ * exists while it holds items (queue_len of an unknown queue is 0). Each
+ * item goes to exactly one popper. */
+
+/* Appends a copy of the value to the tail of queue key. Does not block. */
+int crun_store_queue_push(crun_store_t *s, const char *key, const void *val, size_t len);
+
+/* Takes the head item of queue key into *out (free with crun_buf_free).
+ * block != 0: waits for an item until the timeout (<= 0: the store's)
+ * passes, then fails with CRUN_ETIMEDOUT. block == 0: fails at once with
+ * CRUN_ENOTFOUND when the queue is empty. On a TCP store, blocked poppers of
+ * one key are served in the order they arrived. */
+int crun_store_queue_pop(crun_store_t *s, const char *key, int block, double timeout, crun_buf_t *out);
+
+/* Returns the number of items in queue key in *out. Never blocks. */
+int crun_store_queue_len(crun_store_t *s, const char *key, int64_t *out);
+
+/* The keys of a store: free with crun_store_keys_free. */
+typedef struct {
+  size_t count;      /* number of keys */
+  const char **keys; /* keys[0..count-1], sorted by strcmp, each NUL-terminated */
+  char *buf;         /* the keys' bytes, NUL-separated (keys[] points into it) */
+  size_t len;        /* bytes in buf */
+} crun_store_keys_t;
+
+/* Fills *out with every plain key (not the queues), sorted; a prefix store
+ * lists only its own keys, with the prefix stripped. Never blocks. */
+int crun_store_list_keys(crun_store_t *s, crun_store_keys_t *out);
+
+/* Frees what crun_store_list_keys filled (and zeroes it). */
+void crun_store_keys_free(crun_store_keys_t *keys);
 
 /* A standalone TCP store server on libuv, running on its own thread. */
 typedef struct crun_store_server crun_store_server_t;
