@@ -121,6 +121,23 @@ describe("ZeroRedundancyOptimizer", function()
           n = n + 1
         end
         assert.are.equal(5, n)
+        if world >= 3 and r >= 1 then
+          -- ZeRO on the sub-group of ranks 1..world-1 (group rank = global rank - 1)
+          local sub = world - 1
+          for _, name in ipairs{"sgd_f64_view", "adam_f64"} do
+            local rec = res.group[name]
+            local where = string.format("%s on the group of %d, rank %d", name, sub, r)
+            assert.is_true(rec.param_err <= 1e-12, where .. ": parameters differ from DDP's by " .. rec.param_err)
+            assert.are.same(TOTALS[sub], rec.rank_numel, where)
+            assert.are.equal(STATE_PER_ELEMENT[name:match("^(%a+)_")] * TOTALS[sub][r], rec.state_numel, where)
+            if r == 2 then
+              assert.are.equal(6, rec.consolidated_entries, where)
+              assert.is_true(rec.consolidated_err <= 1e-12, where)
+            end
+          end
+        else
+          assert.is_nil(res.group)
+        end
         if world == 1 then
           assert.are.equal("accepted", res.mismatch)
         else

@@ -73,14 +73,15 @@ end
 local CLASSES = {sgd = crun.optim.SGD, adam = crun.optim.Adam}
 local OPTS = {sgd = {lr = 0.1, momentum = 0.9}, adam = {lr = 0.01, betas = {0.8, 0.99}}}
 
--- Reference and ZeRO pair for case c: {net, ddp, opt} each.
-local function pair(c)
+-- Reference and ZeRO pair for case c: {net, ddp, opt} each (on group g, or the world).
+local function pair(c, g)
+  local dopts = g and {process_group = g} or nil
   local ref = {net = model(c.dtype, 1 + rank)}
-  ref.ddp = crun.DDP(ref.net)
+  ref.ddp = crun.DDP(ref.net, dopts)
   ref.opt = CLASSES[c.opt](ref.ddp, OPTS[c.opt])
   local z = {net = model(c.dtype, 1 + rank)}
-  z.ddp = crun.DDP(z.net)
-  local o = {parameters_as_bucket_view = c.view}
+  z.ddp = crun.DDP(z.net, dopts)
+  local o = {parameters_as_bucket_view = c.view, process_group = g}
   for k, v in pairs(OPTS[c.opt]) do o[k] = v end
   z.opt = crun.optim.ZeroRedundancyOptimizer(z.ddp, CLASSES[c.opt], o)
   return ref, z
@@ -150,6 +151,31 @@ if mode == "run" then
     end
     ref.ddp:close()
     z.ddp:close()
+  end
+  -- on the sub-group of ranks 1..world-1 (world >= 3): group ranks differ
+  -- from global ranks in every broadcast, send and recv; consolidated onto
+  -- group rank 1 (global rank 2)
+  if world >= 3 then
+    local members = {}
+    for r = 1, world - 1 do members[#members + 1] = r end
+    local g = crun.dist.new_group(members)
+    if rank >= 1 then
+      for _, c in ipairs{CASES[2], CASES[3]} do
+        local ref, z = pair(c, g)
+        train(ref.ddp, ref.opt, c.dtype, 1, STEPS)
+        train(z.ddp, z.opt, c.dtype, 1, STEPS)
+        local rec = {param_err = params_err(ref.net:parameters(), z.net:parameters()), rank_numel = z.opt.rank_numel,
+          state_numel = z.opt:state_numel()}
+        z.opt:consolidate_state_dict(1)
+        if rank == 2 then
+          rec.consolidated_err, rec.consolidated_entries = state_err(z.opt:state_dict().state, ref.opt:state_dict().state)
+        end
+        res.group = res.group or {}
+        res.group[c.name] = rec
+        ref.ddp:close()
+        z.ddp:close()
+      end
+    end
   end
   -- a model that differs on the last rank is refused on every rank, by name
   do
