@@ -310,6 +310,68 @@ static int l_permutation(lua_State *L) {
   return 1;
 }
 
+/* ---------------------------------------------------------------- zero */
+
+/* Reads list argument idx of n integers (each in [lo, hi]) into a userdata
+ * array left on the stack (freed by the GC). */
+static int64_t *check_int_list(lua_State *L, int idx, lua_Integer n, lua_Integer lo, lua_Integer hi) {
+  int64_t *v = lua_newuserdatauv(L, sizeof *v * (size_t)(n > 0 ? n : 1), 0);
+  for (lua_Integer k = 1; k <= n; k++) {
+    lua_geti(L, idx, k);
+    int isnum;
+    lua_Integer x = lua_tointegerx(L, -1, &isnum);
+    if (!isnum || x < lo || x > hi) luaL_argerror(L, idx, lua_pushfstring(L, "entry %d out of range", (int)k));
+    v[k - 1] = (int64_t)x;
+    lua_pop(L, 1);
+  }
+  return v;
+}
+
+/* Pushes a Lua list of the n values v[0..n-1] (+ add). */
+static void push_list(lua_State *L, const int64_t *v, size_t n, int64_t add) {
+  lua_createtable(L, (int)n, 0);
+  for (size_t k = 0; k < n; k++) {
+    lua_pushinteger(L, (lua_Integer)(v[k] + add));
+    lua_rawseti(L, -2, (lua_Integer)k + 1);
+  }
+}
+
+/* zero_partition({numel...}, world, {key...}|nil, nkeys) -> owners (0-based
+ * ranks), offsets (element offsets in the owner's buffer of that key),
+ * rank_numel (per rank), bucket_numel (rank r, key k at r * nkeys + k + 1) */
+static int l_zero_partition(lua_State *L) {
+  luaL_checktype(L, 1, LUA_TTABLE);
+  lua_Integer n = (lua_Integer)luaL_len(L, 1);
+  lua_Integer world = crun_l_check_range(L, luaL_checkinteger(L, 2), 1, 1 << 20, "zero_partition", "world size");
+  lua_Integer nkeys = crun_l_check_range(L, luaL_optinteger(L, 4, 1), 1, 64, "zero_partition", "key count");
+  if (n > INT32_MAX / 2) return luaL_argerror(L, 1, "too many parameters");
+  int64_t *numel = check_int_list(L, 1, n, 0, INT64_MAX);
+  int64_t *key64 = NULL;
+  if (!lua_isnoneornil(L, 3)) {
+    luaL_checktype(L, 3, LUA_TTABLE);
+    if ((lua_Integer)luaL_len(L, 3) != n) return luaL_argerror(L, 3, "one key per parameter expected");
+    key64 = check_int_list(L, 3, n, 0, nkeys - 1);
+  }
+  size_t cnt = (size_t)(n > 0 ? n : 1);
+  int *owner = lua_newuserdatauv(L, sizeof(int) * cnt * 2, 0); /* owners, then keys */
+  int *key = owner + cnt;
+  for (lua_Integer i = 0; i < n; i++) key[i] = key64 ? (int)key64[i] : 0;
+  int64_t *offset = lua_newuserdatauv(L, sizeof(int64_t) * cnt, 0);
+  int64_t *rank_numel = lua_newuserdatauv(L, sizeof(int64_t) * (size_t)world, 0);
+  int64_t *bucket = lua_newuserdatauv(L, sizeof(int64_t) * (size_t)world * (size_t)nkeys, 0);
+  CRUN_L_CHECK(L, crun_zero_assign(numel, (int)n, (int)world, owner, rank_numel));
+  CRUN_L_CHECK(L, crun_zero_offsets(numel, owner, key, (int)n, (int)world, (int)nkeys, offset, bucket));
+  lua_createtable(L, (int)n, 0);
+  for (lua_Integer i = 0; i < n; i++) {
+    lua_pushinteger(L, owner[i]);
+    lua_rawseti(L, -2, i + 1);
+  }
+  push_list(L, offset, (size_t)n, 0);
+  push_list(L, rank_numel, (size_t)world, 0);
+  push_list(L, bucket, (size_t)world * (size_t)nkeys, 0);
+  return 4;
+}
+
 /* ---------------------------------------------------------------- reducer */
 
 #define REDUCER_MT "crun.Reducer"
@@ -468,7 +530,7 @@ void crun_l_open_train(lua_State *L) {
       {"optim_sgd", l_sgd}, {"optim_adam", l_adam},
       {"fsync_path", l_fsync_path}, {"save_file", l_save_file}, {"getpid", l_getpid}, {"blas_threads", l_blas_threads},
       {"sampler_indices", l_sampler_indices}, {"sampler_len", l_sampler_len}, {"permutation", l_permutation},
-      {"reducer_new", l_reducer_new}, {NULL, NULL}};
+      {"reducer_new", l_reducer_new}, {"zero_partition", l_zero_partition}, {NULL, NULL}};
   luaL_setfuncs(L, fns, 0);
   open_reducer(L);
 }

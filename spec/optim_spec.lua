@@ -57,7 +57,9 @@ local function run(c, dt)
   local p, g = T.zeros({2, 3}, dt), T.zeros({2, 3}, dt)
   local fp, fg = util.flat(p), util.flat(g)
   for i = 1, N do fp[i] = p0(i) end
-  local o = optim[c.kind]({p}, {g}, c)
+  local opts = {}
+  for k, v in pairs(c) do if k ~= "kind" then opts[k] = v end end -- the optimizers refuse unknown keys
+  local o = optim[c.kind]({p}, {g}, opts)
   for k = 1, STEPS do
     for i = 1, N do fg[i] = grad(i, k) end
     o:step()
@@ -143,7 +145,7 @@ describe("optim update rules", function()
   end)
 
   it("saves and restores its state", function()
-    local c = {kind = "Adam", lr = 0.01}
+    local c = {lr = 0.01}
     local p, g = T.zeros({3}, "float64"), T.ones({3}, "float64")
     local o = optim.Adam({p}, {g}, c)
     o:step(); o:step()

@@ -10,6 +10,30 @@
 local K = require("crun.tensor")._rank_kernels{"optim_adam", "optim_sgd"}
 
 local optim = {}
+local O = require "crun.opts"
+
+-- torch.optim flags that choose an implementation, not an update rule.
+local IMPL_INERT = {
+  foreach = "crun's update is one fused C loop per parameter",
+  fused = "crun's update is one fused C loop per parameter",
+  capturable = "crun has no CUDA graphs",
+  differentiable = "crun's optimizers do not record an autograd graph",
+}
+
+-- Accepted option keys of each optimizer (crun.opts specs); ZeroRedundancyOptimizer
+-- checks the options it passes through against the same lists.
+optim.KEYS = {
+  SGD = {"lr", "momentum", "dampening", "weight_decay", "nesterov", "maximize"},
+  Adam = {"lr", "betas", "eps", "weight_decay", "amsgrad", "maximize"},
+}
+optim.KEYS.AdamW = optim.KEYS.Adam
+optim.IMPL_INERT = IMPL_INERT
+local SPECS = {}
+for name, keys in pairs(optim.KEYS) do
+  local t = {inert = IMPL_INERT}
+  for i, k in ipairs(keys) do t[i] = k end
+  SPECS[name] = O.spec(t)
+end
 
 -- crun.tensor.
 local function T() return require "crun.tensor" end
@@ -87,7 +111,8 @@ SGD.__index = SGD
 
 --- SGD(model | params, grads, {lr=, momentum=0, dampening=0, weight_decay=0, nesterov=false, maximize=false})
 function optim.SGD(a, b, c)
-  local params, grads, o, module = unpack_args("SGD", a, b, c)
+  local params, grads, opts, module = unpack_args("SGD", a, b, c)
+  local o = O.check(SPECS.SGD, "SGD", opts)
   check_lr("SGD", o)
   local self = setmetatable({kind = "SGD", params = params, grads = grads, module = module, state = {},
     opts = {lr = o.lr, momentum = o.momentum or 0, dampening = o.dampening or 0,
@@ -119,12 +144,12 @@ local Adam = setmetatable({}, {__index = Optimizer})
 Adam.__index = Adam
 
 local function adam(kind, decoupled, default_wd, a, b, c)
-  local params, grads, o, module = unpack_args(kind, a, b, c)
-  o.lr = o.lr or 1e-3
-  check_lr(kind, o)
+  local params, grads, opts, module = unpack_args(kind, a, b, c)
+  local o = O.check(SPECS[kind], kind, opts)
+  check_lr(kind, {lr = o.lr or 1e-3})
   local betas = o.betas or {0.9, 0.999}
   return setmetatable({kind = kind, params = params, grads = grads, module = module, state = {},
-    opts = {lr = o.lr, beta1 = betas[1], beta2 = betas[2], eps = o.eps or 1e-8,
+    opts = {lr = o.lr or 1e-3, beta1 = betas[1], beta2 = betas[2], eps = o.eps or 1e-8,
       weight_decay = o.weight_decay or default_wd, decoupled = decoupled,
       amsgrad = o.amsgrad == true, maximize = o.maximize == true}}, Adam)
 end
@@ -148,6 +173,11 @@ function Adam:step()
     s.step = s.step + 1
     K.optim_adam(p, self.grads[i], s.exp_avg, s.exp_avg_sq, s.max_exp_avg_sq, s.step, o)
   end
+end
+
+--- ZeroRedundancyOptimizer(model | {params, grads}, optim_class, opts): see crun/zero.lua.
+function optim.ZeroRedundancyOptimizer(a, optim_class, opts)
+  return require("crun.zero").new(a, optim_class, opts)
 end
 
 return optim

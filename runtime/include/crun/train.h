@@ -197,6 +197,27 @@ int crun_reducer_shadow(crun_reducer_t *r, double timeout);
 /* Buckets launched in the current iteration so far (for tests/tracing). */
 int crun_reducer_launched(const crun_reducer_t *r);
 
+/* ---- ZeroRedundancyOptimizer partition (torch.distributed.optim's rule).
+ * Parameter i has numel[i] >= 0 elements. */
+
+/* Assigns every parameter to a rank, as torch does: parameters sorted by
+ * size, largest first (ties keep index order), each to the rank with the
+ * fewest elements so far (the lowest rank on ties). Writes owner[0..n-1]
+ * (0-based ranks) and, if rank_numel is not NULL, each rank's total element
+ * count into rank_numel[0..world-1]. Does not block. Bad sizes fail with
+ * CRUN_EINVAL, a total past INT64_MAX with CRUN_ERANGE. */
+int crun_zero_assign(const int64_t *numel, int n, int world, int *owner, int64_t *rank_numel);
+
+/* The flat-buffer layout of a partition: parameters with the same owner
+ * and key (e.g. a dtype index in [0, nkeys); key NULL means all 0) share one
+ * flat buffer, in index order. Writes each parameter's element offset in
+ * its buffer into offset[i] and, if bucket_numel is not NULL, the length of
+ * buffer (rank r, key k) into bucket_numel[r * nkeys + k]. An owner or key
+ * out of range fails with CRUN_EINVAL naming the parameter, an overflowing
+ * length with CRUN_ERANGE. */
+int crun_zero_offsets(const int64_t *numel, const int *owner, const int *key, int n, int world,
+                      int nkeys, int64_t *offset, int64_t *bucket_numel);
+
 #ifdef __cplusplus
 }
 #endif
