@@ -14,6 +14,17 @@
  * detail was recorded) for a failed call. Never returns. */
 int crun_l_fail(lua_State *L, int status);
 
+/* Raises the formatted message (lua_pushfstring's formats: %s %d %I %f %p
+ * %c %%) as it is, without the caller's position, so a message that starts
+ * with its status name ("EINVAL: ...") still does for pcall users. Never
+ * returns. */
+int crun_l_error(lua_State *L, const char *fmt, ...);
+
+/* luaL_argerror with the status first: raises "EINVAL: bad argument #arg to
+ * 'f' (msg)" (or "EINVAL: calling 'f' on bad self (msg)" for a method's
+ * self), without a position prefix. Never returns. */
+int crun_l_argerror(lua_State *L, int arg, const char *msg);
+
 /* Calls crun_l_fail when status < 0; returns status otherwise. */
 #define CRUN_L_CHECK(L, call)                           \
   do {                                                  \

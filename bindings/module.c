@@ -1,6 +1,7 @@
 /* module.c — luaopen_crun_core and the helpers shared by every binding file. */
 #include "crun_lua.h"
 
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <limits.h>
@@ -15,6 +16,28 @@ int crun_l_fail(lua_State *L, int status) {
   else
     lua_pushfstring(L, "%s: %s", crun_err_name(status), msg);
   return lua_error(L);
+}
+
+int crun_l_error(lua_State *L, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  lua_pushvfstring(L, fmt, ap);
+  va_end(ap);
+  return lua_error(L);
+}
+
+int crun_l_argerror(lua_State *L, int arg, const char *msg) {
+  lua_Debug ar;
+  const char *name = "?";
+  if (lua_getstack(L, 0, &ar)) {
+    lua_getinfo(L, "n", &ar);
+    if (ar.name) name = ar.name;
+    if (ar.namewhat && strcmp(ar.namewhat, "method") == 0) {
+      arg--; /* self is not counted, as luaL_argerror does */
+      if (arg == 0) return crun_l_error(L, "EINVAL: calling '%s' on bad self (%s)", name, msg);
+    }
+  }
+  return crun_l_error(L, "EINVAL: bad argument #%d to '%s' (%s)", arg, name, msg);
 }
 
 void crun_l_newclass(lua_State *L, const char *name, const luaL_Reg *methods) {
@@ -33,7 +56,7 @@ void crun_l_newclass(lua_State *L, const char *name, const luaL_Reg *methods) {
 double crun_l_optfield_number(lua_State *L, int idx, const char *field, double def) {
   double v = def;
   if (lua_getfield(L, idx, field) != LUA_TNIL) {
-    if (!lua_isnumber(L, -1)) luaL_error(L, "bad field '%s' (number expected, got %s)", field, luaL_typename(L, -1));
+    if (!lua_isnumber(L, -1)) crun_l_error(L, "EINVAL: bad field '%s' (number expected, got %s)", field, luaL_typename(L, -1));
     v = lua_tonumber(L, -1);
   }
   lua_pop(L, 1);
@@ -45,7 +68,7 @@ lua_Integer crun_l_optfield_integer(lua_State *L, int idx, const char *field, lu
   if (lua_getfield(L, idx, field) != LUA_TNIL) {
     int ok;
     v = lua_tointegerx(L, -1, &ok);
-    if (!ok) luaL_error(L, "bad field '%s' (integer expected, got %s)", field, luaL_typename(L, -1));
+    if (!ok) crun_l_error(L, "EINVAL: bad field '%s' (integer expected, got %s)", field, luaL_typename(L, -1));
   }
   lua_pop(L, 1);
   return v;
@@ -61,7 +84,7 @@ int crun_l_optfield_boolean(lua_State *L, int idx, const char *field, int def) {
 const char *crun_l_optfield_string(lua_State *L, int idx, const char *field, const char *def) {
   const char *v = def;
   if (lua_getfield(L, idx, field) != LUA_TNIL) {
-    if (!lua_isstring(L, -1)) luaL_error(L, "bad field '%s' (string expected, got %s)", field, luaL_typename(L, -1));
+    if (!lua_isstring(L, -1)) crun_l_error(L, "EINVAL: bad field '%s' (string expected, got %s)", field, luaL_typename(L, -1));
     v = lua_tostring(L, -1); /* stays alive: the table holds the string */
   }
   lua_pop(L, 1);

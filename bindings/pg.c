@@ -43,7 +43,7 @@ static void push_pg(lua_State *L, crun_pg_t *pg) {
 static crun_tensor_t *check_tensor(lua_State *L, int idx, const char *fname) {
   crun_tensor_t *t = crun_l_check_tensor(L, idx);
   if (!crun_tensor_is_contiguous(t))
-    luaL_error(L, "bad argument #%d to '%s' (tensor must be contiguous; call :contiguous())", idx - 1, fname);
+    crun_l_error(L, "EINVAL: bad argument #%d to '%s' (tensor must be contiguous; call :contiguous())", idx - 1, fname);
   return t;
 }
 
@@ -59,7 +59,7 @@ static crun_reduce_op_t check_op(lua_State *L, int idx) {
   const char *name = luaL_checkstring(L, idx);
   if (strncmp(name, "premul_sum:", 11) == 0) return CRUN_OP_PREMUL_SUM;
   if (crun_reduce_op_parse(name, &op) < 0)
-    luaL_error(L, "bad argument #%d (unknown reduce op '%s'; use sum, product, min, max, avg, band, bor or bxor)",
+    crun_l_error(L, "EINVAL: bad argument #%d (unknown reduce op '%s'; use sum, product, min, max, avg, band, bor or bxor)",
                idx - 1, name);
   return op;
 }
@@ -72,7 +72,7 @@ static double premul_arg(lua_State *L, int idx, crun_reduce_op_t op) {
   char *end = NULL;
   double f = c ? strtod(c + 1, &end) : 0;
   if (!c || end == c + 1 || *end != '\0')
-    luaL_error(L, "EINVAL: premul_sum needs a factor: use dist.make_premul_sum(factor)");
+    crun_l_error(L, "EINVAL: premul_sum needs a factor: use dist.make_premul_sum(factor)");
   return f;
 }
 
@@ -90,12 +90,12 @@ static int check_opts(lua_State *L, int idx, crun_coll_opts_t *o, const char *fn
 static void check_list(lua_State *L, int idx, int n, crun_tensor_t *like, const char *fname, void **ptrs) {
   luaL_checktype(L, idx, LUA_TTABLE);
   if ((int)luaL_len(L, idx) != n)
-    luaL_error(L, "bad argument #%d to '%s' (list of %d tensors expected, got %d)", idx - 1, fname, n, (int)luaL_len(L, idx));
+    crun_l_error(L, "EINVAL: bad argument #%d to '%s' (list of %d tensors expected, got %d)", idx - 1, fname, n, (int)luaL_len(L, idx));
   for (int i = 0; i < n; i++) {
     lua_geti(L, idx, i + 1);
     crun_tensor_t *t = check_tensor(L, lua_gettop(L), fname);
     if (crun_tensor_dtype(t) != crun_tensor_dtype(like) || crun_tensor_numel(t) != crun_tensor_numel(like))
-      luaL_error(L, "bad argument #%d to '%s' (tensor %d is %s[%d], expected %s[%d] like the other argument)",
+      crun_l_error(L, "EINVAL: bad argument #%d to '%s' (tensor %d is %s[%d], expected %s[%d] like the other argument)",
                  idx - 1, fname, i + 1, crun_dtype_name(crun_tensor_dtype(t)), (int)crun_tensor_numel(t),
                  crun_dtype_name(crun_tensor_dtype(like)), (int)crun_tensor_numel(like));
     ptrs[i] = crun_tensor_data(t);
@@ -264,7 +264,7 @@ static int l_reduce_scatter(lua_State *L) {
   void **ins = lua_newuserdatauv(L, sizeof(void *) * (size_t)n, 0);
   check_list(L, 3, n, t, "reduce_scatter", ins);
   for (int i = 0; i < n; i++)
-    if (ins[i] == crun_tensor_data(t)) luaL_error(L, "bad argument #1 to 'reduce_scatter' (output aliases input %d)", i + 1);
+    if (ins[i] == crun_tensor_data(t)) crun_l_error(L, "EINVAL: bad argument #1 to 'reduce_scatter' (output aliases input %d)", i + 1);
   crun_reduce_op_t op = check_op(L, 4);
   crun_coll_opts_t o;
   int async = check_opts(L, 5, &o, "reduce_scatter");
@@ -279,13 +279,13 @@ static int l_reduce_scatter(lua_State *L) {
 static crun_dtype_t check_any_list(lua_State *L, int idx, int n, const char *fname, void **ptrs, size_t *counts) {
   luaL_checktype(L, idx, LUA_TTABLE);
   if ((int)luaL_len(L, idx) != n)
-    luaL_error(L, "bad argument #%d to '%s' (list of %d tensors expected, got %d)", idx - 1, fname, n, (int)luaL_len(L, idx));
+    crun_l_error(L, "EINVAL: bad argument #%d to '%s' (list of %d tensors expected, got %d)", idx - 1, fname, n, (int)luaL_len(L, idx));
   crun_dtype_t dt = CRUN_FLOAT32;
   for (int i = 0; i < n; i++) {
     lua_geti(L, idx, i + 1);
     crun_tensor_t *t = check_tensor(L, lua_gettop(L), fname);
     if (i > 0 && crun_tensor_dtype(t) != dt)
-      luaL_error(L, "bad argument #%d to '%s' (tensor %d is %s, tensor 1 is %s)", idx - 1, fname, i + 1,
+      crun_l_error(L, "EINVAL: bad argument #%d to '%s' (tensor %d is %s, tensor 1 is %s)", idx - 1, fname, i + 1,
                  crun_dtype_name(crun_tensor_dtype(t)), crun_dtype_name(dt));
     dt = crun_tensor_dtype(t);
     ptrs[i] = crun_tensor_data(t);
@@ -303,7 +303,7 @@ static int l_all_to_all(lua_State *L) {
   size_t *cnt = (size_t *)(p + 2 * n);
   crun_dtype_t dto = check_any_list(L, 2, n, "all_to_all", p, cnt);
   crun_dtype_t dti = check_any_list(L, 3, n, "all_to_all", p + n, cnt + n);
-  if (dto != dti) luaL_error(L, "bad argument #1 to 'all_to_all' (outputs are %s, inputs %s)", crun_dtype_name(dto), crun_dtype_name(dti));
+  if (dto != dti) crun_l_error(L, "EINVAL: bad argument #1 to 'all_to_all' (outputs are %s, inputs %s)", crun_dtype_name(dto), crun_dtype_name(dti));
   crun_coll_opts_t o;
   int async = check_opts(L, 4, &o, "all_to_all");
   crun_work_t *w = NULL;
@@ -401,7 +401,7 @@ static int l_new_group(lua_State *L) {
   int *ranks = lua_newuserdatauv(L, sizeof(int) * (size_t)(n + 1), 0);
   for (int i = 0; i < n; i++) {
     lua_geti(L, 2, i + 1);
-    if (!lua_isinteger(L, -1)) luaL_error(L, "bad argument #1 to 'new_group' (entry %d is not an integer rank)", i + 1);
+    if (!lua_isinteger(L, -1)) crun_l_error(L, "EINVAL: bad argument #1 to 'new_group' (entry %d is not an integer rank)", i + 1);
     ranks[i] = (int)crun_l_check_range(L, lua_tointeger(L, -1), 0, crun_pg_size(pg) - 1, "new_group", "rank");
     lua_pop(L, 1);
   }

@@ -76,7 +76,7 @@ static size_t check_keys(lua_State *L, int idx, const char ***out) {
   const char **ks = lua_newuserdatauv(L, (n ? n : 1) * sizeof *ks, 0);
   for (size_t i = 0; i < n; i++) {
     if (lua_geti(L, idx, (lua_Integer)i + 1) != LUA_TSTRING)
-      luaL_error(L, "bad argument #%d (key #%d is a %s, string expected)", idx - 1, (int)i + 1,
+      crun_l_error(L, "EINVAL: bad argument #%d (key #%d is a %s, string expected)", idx - 1, (int)i + 1,
                  luaL_typename(L, -1));
     ks[i] = lua_tostring(L, -1);
     lua_pop(L, 1); /* the table keeps the string alive */
@@ -104,7 +104,7 @@ static int l_store_tcp(lua_State *L) {
   o.timeout = crun_l_optfield_number(L, 1, "timeout", 0);
   o.connect_timeout = crun_l_optfield_number(L, 1, "connect_timeout", 0);
   o.token = crun_l_optfield_string(L, 1, "token", NULL); /* nil: CRUN_TOKEN; "": none */
-  if (o.port < 0) return luaL_error(L, "bad argument #1 to 'tcp' (field 'port' is required)");
+  if (o.port < 0) return crun_l_error(L, "EINVAL: bad argument #1 to 'tcp' (field 'port' is required)");
   crun_store_t *s;
   STORE_CHECK(L, crun_store_tcp_new(&o, &s));
   return push_store(L, s, "tcp");
@@ -182,7 +182,7 @@ static int m_wait(lua_State *L) {
   crun_store_t *s = crun_l_check_store(L, 1);
   double timeout = luaL_optnumber(L, 3, 0);
   if (!lua_isnoneornil(L, 3) && timeout <= 0)
-    return luaL_argerror(L, 3, "timeout must be > 0 seconds");
+    return crun_l_argerror(L, 3, "timeout must be > 0 seconds");
   lua_settop(L, 3);
   const char **ks;
   size_t n = check_keys(L, 2, &ks);
@@ -244,14 +244,14 @@ static int m_multi_set(lua_State *L) {
   size_t n = check_keys(L, 2, &ks);
   luaL_checktype(L, 3, LUA_TTABLE);
   if ((size_t)luaL_len(L, 3) != n)
-    return luaL_error(L, "bad argument #3 to 'multi_set' (%d values for %d keys)",
+    return crun_l_error(L, "EINVAL: bad argument #3 to 'multi_set' (%d values for %d keys)",
                       (int)luaL_len(L, 3), (int)n);
   const void **vs = lua_newuserdatauv(L, (n ? n : 1) * sizeof *vs, 0);
   size_t *ls = lua_newuserdatauv(L, (n ? n : 1) * sizeof *ls, 0);
   for (size_t i = 0; i < n; i++) {
     lua_geti(L, 3, (lua_Integer)i + 1);
     if (!lua_isstring(L, -1))
-      return luaL_error(L, "bad argument #3 to 'multi_set' (value #%d is a %s, string expected)",
+      return crun_l_error(L, "EINVAL: bad argument #3 to 'multi_set' (value #%d is a %s, string expected)",
                         (int)i + 1, luaL_typename(L, -1));
     vs[i] = lua_tolstring(L, -1, &ls[i]); /* a number becomes a string kept on the stack */
   }

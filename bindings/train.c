@@ -6,6 +6,7 @@
  * gradient buckets) serve lua/crun/{data,ddp}.lua. Outputs are tensors the caller allocated. */
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <sys/stat.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -23,7 +24,7 @@ static crun_tensor_t *opt_tensor(lua_State *L, int idx) {
 static crun_act_t check_act(lua_State *L, int idx) {
   crun_act_t a;
   if (crun_act_parse(luaL_checkstring(L, idx), &a) < 0)
-    luaL_argerror(L, idx, crun_last_error());
+    crun_l_argerror(L, idx, crun_last_error());
   return a;
 }
 
@@ -143,7 +144,7 @@ static int l_fsync_path(lua_State *L) {
   if (fd < 0 || fsync(fd) != 0) {
     int e = errno;
     if (fd >= 0) close(fd);
-    return luaL_error(L, "EIO: fsync %s: %s", path, strerror(e));
+    return crun_l_error(L, "EIO: fsync %s: %s", path, strerror(e));
   }
   close(fd);
   return 0;
@@ -157,7 +158,7 @@ static int l_fsync_path(lua_State *L) {
  * directory (best effort). Raises EINVAL, EACCES or EIO naming the path. */
 static int save_fail(lua_State *L, const char *what, const char *path, int e) {
   const char *st = (e == EACCES || e == EPERM || e == EROFS) ? "EACCES" : "EIO";
-  return luaL_error(L, "%s: crun.save: %s %s: %s", st, what, path, strerror(e));
+  return crun_l_error(L, "%s: crun.save: %s %s: %s", st, what, path, strerror(e));
 }
 
 static const char *file_kind(mode_t m) {
@@ -174,7 +175,7 @@ static int check_target(lua_State *L, const char *path) {
   struct stat st;
   if (lstat(path, &st) == 0) {
     if (!S_ISREG(st.st_mode))
-      return luaL_error(L, "EINVAL: crun.save: %s is %s, not a regular file; refusing to "
+      return crun_l_error(L, "EINVAL: crun.save: %s is %s, not a regular file; refusing to "
                         "replace it", path, file_kind(st.st_mode));
   } else if (errno != ENOENT) {
     return save_fail(L, "cannot check", path, errno);
@@ -255,14 +256,16 @@ static int l_getpid(lua_State *L) {
 static int l_sampler_indices(lua_State *L) {
   crun_sampler_t s;
   lua_Integer R = luaL_checkinteger(L, 2), rank = luaL_checkinteger(L, 3);
-  if (R < 1 || R > INT32_MAX) return luaL_argerror(L, 2, "num_replicas out of range");
-  if (rank < INT32_MIN || rank > INT32_MAX) return luaL_argerror(L, 3, "rank out of range");
+  if (R < 1 || R > INT32_MAX) return crun_l_argerror(L, 2, "num_replicas out of range");
+  if (rank < INT32_MIN || rank > INT32_MAX) return crun_l_argerror(L, 3, "rank out of range");
   CRUN_L_CHECK(L, crun_sampler_init(&s, luaL_checkinteger(L, 1), (int)R, (int)rank, lua_toboolean(L, 4),
                                     (uint64_t)luaL_checkinteger(L, 5), lua_toboolean(L, 6)));
   s.drop_padding = lua_toboolean(L, 7);
   int64_t n = crun_sampler_len(&s), got = 0;
+  if (n > INT_MAX) /* a Lua list holds at most INT_MAX entries (lua_createtable) */
+    return crun_l_error(L, "EINVAL: sampler_indices: %I indices for one rank do not fit a Lua list", (lua_Integer)n);
   int64_t *out = malloc((size_t)(n > 0 ? n : 1) * sizeof *out);
-  if (!out) return luaL_error(L, "ENOMEM: sampler_indices: %lld indices", (long long)n);
+  if (!out) return crun_l_error(L, "ENOMEM: sampler_indices: %I indices", (lua_Integer)n);
   int rc = crun_sampler_indices(&s, luaL_checkinteger(L, 8), out, &got);
   if (rc < 0) {
     free(out);
@@ -284,8 +287,8 @@ static int l_sampler_indices(lua_State *L) {
 static int l_sampler_len(lua_State *L) {
   crun_sampler_t s;
   lua_Integer R = luaL_checkinteger(L, 2), rank = luaL_checkinteger(L, 3);
-  if (R < 1 || R > INT32_MAX) return luaL_argerror(L, 2, "num_replicas out of range");
-  if (rank < INT32_MIN || rank > INT32_MAX) return luaL_argerror(L, 3, "rank out of range");
+  if (R < 1 || R > INT32_MAX) return crun_l_argerror(L, 2, "num_replicas out of range");
+  if (rank < INT32_MIN || rank > INT32_MAX) return crun_l_argerror(L, 3, "rank out of range");
   CRUN_L_CHECK(L, crun_sampler_init(&s, luaL_checkinteger(L, 1), (int)R, (int)rank, 0, 0, lua_toboolean(L, 4)));
   s.drop_padding = lua_toboolean(L, 5);
   lua_pushinteger(L, (lua_Integer)crun_sampler_len(&s));
@@ -297,9 +300,10 @@ static int l_sampler_len(lua_State *L) {
 /* permutation(n, seed) -> list of 0..n-1 in the sampler's shuffled order */
 static int l_permutation(lua_State *L) {
   lua_Integer n = luaL_checkinteger(L, 1);
-  if (n < 0) return luaL_argerror(L, 1, "negative length");
+  if (n < 0) return crun_l_error(L, "EINVAL: permutation: length %I is negative", (lua_Integer)n);
+  if (n > INT_MAX) return crun_l_error(L, "EINVAL: permutation: length %I does not fit a Lua list", (lua_Integer)n);
   int64_t *p = malloc((size_t)(n > 0 ? n : 1) * sizeof *p);
-  if (!p) return luaL_error(L, "ENOMEM: permutation of %lld", (long long)n);
+  if (!p) return crun_l_error(L, "ENOMEM: permutation of %I", (lua_Integer)n);
   crun_permutation(n, (uint64_t)luaL_checkinteger(L, 2), p);
   lua_createtable(L, (int)n, 0);
   for (lua_Integer k = 0; k < n; k++) {
@@ -326,7 +330,7 @@ static crun_reducer_t *check_reducer(lua_State *L, int idx) {
 /* 1-based gradient index argument -> 0-based. */
 static int check_grad_index(lua_State *L, int idx) {
   lua_Integer i = luaL_checkinteger(L, idx);
-  if (i < 1 || i > INT32_MAX) return luaL_argerror(L, idx, "gradient index out of range");
+  if (i < 1 || i > INT32_MAX) return crun_l_argerror(L, idx, "gradient index out of range");
   return (int)(i - 1);
 }
 
@@ -337,7 +341,7 @@ static int l_reducer_new(lua_State *L) {
   luaL_checktype(L, 2, LUA_TTABLE);
   luaL_checktype(L, 3, LUA_TTABLE);
   lua_Integer n = (lua_Integer)luaL_len(L, 2);
-  if (n > INT32_MAX / 2) return luaL_argerror(L, 2, "too many gradients");
+  if (n > INT32_MAX / 2) return crun_l_argerror(L, 2, "too many gradients");
   crun_tensor_t **g = lua_newuserdatauv(L, sizeof *g * (size_t)(n > 0 ? n : 1), 0); /* freed by the GC */
   for (lua_Integer k = 1; k <= n; k++) {
     lua_geti(L, 2, k);
