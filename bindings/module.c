@@ -26,12 +26,44 @@ int crun_l_error(lua_State *L, const char *fmt, ...) {
   return lua_error(L);
 }
 
+/* Pushes "mod.field" when the function on the top of the stack is a field of
+ * a loaded module (package.loaded), as lauxlib names functions called
+ * without a name; pops the function and returns the name or NULL. */
+static const char *global_func_name(lua_State *L) {
+  int top = lua_gettop(L);
+  lua_getfield(L, LUA_REGISTRYINDEX, LUA_LOADED_TABLE);
+  lua_pushnil(L);
+  while (lua_next(L, -2)) { /* module name at -2, module at -1 */
+    if (lua_type(L, -2) == LUA_TSTRING && lua_type(L, -1) == LUA_TTABLE) {
+      lua_pushnil(L);
+      while (lua_next(L, -2)) {
+        if (lua_type(L, -2) == LUA_TSTRING && lua_rawequal(L, -1, top)) {
+          const char *name = lua_pushfstring(L, "%s.%s", lua_tostring(L, -4), lua_tostring(L, -2));
+          lua_replace(L, top); /* keeps the name alive in the function's slot */
+          lua_settop(L, top);
+          return name;
+        }
+        lua_pop(L, 1);
+      }
+    }
+    lua_pop(L, 1);
+  }
+  lua_settop(L, top - 1);
+  return NULL;
+}
+
 int crun_l_argerror(lua_State *L, int arg, const char *msg) {
   lua_Debug ar;
   const char *name = "?";
   if (lua_getstack(L, 0, &ar)) {
-    lua_getinfo(L, "n", &ar);
-    if (ar.name) name = ar.name;
+    lua_getinfo(L, "nf", &ar);
+    if (ar.name) {
+      name = ar.name;
+      lua_pop(L, 1);
+    } else {
+      const char *g = global_func_name(L);
+      if (g) name = g;
+    }
     if (ar.namewhat && strcmp(ar.namewhat, "method") == 0) {
       arg--; /* self is not counted, as luaL_argerror does */
       if (arg == 0) return crun_l_error(L, "EINVAL: calling '%s' on bad self (%s)", name, msg);

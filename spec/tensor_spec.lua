@@ -202,3 +202,33 @@ describe("printing and lifetime", function()
     assert.equal("crun.Tensor (closed)", tostring(a))
   end)
 end)
+
+describe("tensor errors", function()
+  -- Calls f and returns its error text (the call must fail).
+  local function err_of(f, ...)
+    local ok, err = pcall(f, ...)
+    assert.is_false(ok)
+    return tostring(err)
+  end
+
+  it("start with the status name, from the Lua checks and from the bindings' own checks", function()
+    local a = T.zeros({3, 4})
+    local cases = {
+      {err_of(T.cat, {}), "^EINVAL: bad argument #1 to 'cat' %(non%-empty list of tensors expected%)$"},
+      {err_of(T.cat, {7}), "^EINVAL: bad argument #1 to 'cat' %(entry 1 is a number, tensor expected%)$"},
+      {err_of(T.cat, {a, T.zeros({3, 4, 1})}), "^EINVAL: bad argument #1 to 'cat' %(tensor 2 has 3 dims"},
+      {err_of(T.cat, {a, T.zeros({2, 5})}, 1), "^EINVAL: bad argument #1 to 'cat' %(tensor 2 has size 5 in dim 2"},
+      {err_of(T.cat, {a}, 3), "^EINVAL: bad argument #2 to 'cat' %(dim 3 out of range for 2%-d tensors%)$"},
+      {err_of(T.stack, {a}, "x"), "^EINVAL: bad argument #2 to 'stack' %(integer dim expected, got x%)$"},
+      {err_of(T.exp, "x"), "^EINVAL: bad argument #1 to 'exp' %(tensor expected, got string%)$"},
+      {err_of(function() return a[4] end), "^EINVAL: bad argument #2 to 'index' %(index 4 out of range for dim 1"},
+      {err_of(function() return a:narrow(2, 3, 3) end),
+       "^EINVAL: bad argument #3 to 'narrow' %(length 3 from 3 exceeds dim 2 of size 4%)$"},
+      {err_of(T.zeros, {2}, "complex64"), "^EINVAL: bad argument #2 to '[%w.]*zeros' %(unknown dtype 'complex64'%)$"},
+      {err_of(T.new, {{1, 2}, {3}}), "^EINVAL: bad argument #1 to '[%w.]*new' %(ragged nested table"},
+    }
+    for i, c in ipairs(cases) do
+      assert.matches(c[2], c[1], nil, false, "case " .. i .. ": " .. c[1])
+    end
+  end)
+end)
