@@ -146,7 +146,7 @@ static int l_clock(lua_State *L) {
 
 /* core.strerror(code) -> name, message. */
 static int l_strerror(lua_State *L) {
-  int code = (int)crun_l_check_range(L, luaL_checkinteger(L, 1), INT_MIN, INT_MAX, "strerror", "code");
+  int code = (int)crun_l_check_range(L, crun_l_checkinteger(L, 1), INT_MIN, INT_MAX, "strerror", "code");
   lua_pushstring(L, crun_err_name(code));
   lua_pushstring(L, crun_strerror(code));
   return 2;
@@ -155,8 +155,8 @@ static int l_strerror(lua_State *L) {
 /* core.log(level, subsys, msg): logs through the runtime's logger. */
 static int l_log(lua_State *L) {
   static const char *levels[] = {"NONE", "WARN", "INFO", "TRACE", NULL};
-  int level = luaL_checkoption(L, 1, "INFO", levels);
-  const char *msg = luaL_checkstring(L, 2);
+  int level = crun_l_checkoption(L, 1, "INFO", levels);
+  const char *msg = crun_l_checkstring(L, 2);
   if (crun_log_enabled((crun_log_level_t)level, CRUN_SUB_LUA))
     crun_log((crun_log_level_t)level, CRUN_SUB_LUA, "%s", msg);
   return 0;
@@ -164,7 +164,7 @@ static int l_log(lua_State *L) {
 
 /* core.set_log_rank(rank) */
 static int l_set_log_rank(lua_State *L) {
-  crun_log_set_rank((int)crun_l_check_range(L, luaL_checkinteger(L, 1), -1, INT_MAX, "set_log_rank", "rank"));
+  crun_log_set_rank((int)crun_l_check_range(L, crun_l_checkinteger(L, 1), -1, INT_MAX, "set_log_rank", "rank"));
   return 0;
 }
 

@@ -23,7 +23,7 @@ typedef struct {
 } tbox;
 
 crun_tensor_t *crun_l_check_tensor(lua_State *L, int idx) {
-  tbox *box = luaL_checkudata(L, idx, TENSOR_MT);
+  tbox *box = crun_l_checkudata(L, idx, TENSOR_MT);
   if (!box->t) crun_l_argerror(L, idx, "tensor is closed");
   return box->t;
 }
@@ -65,7 +65,7 @@ static int push_owned(lua_State *L, int rc, crun_tensor_t **t) {
 static crun_dtype_t opt_dtype(lua_State *L, int idx, crun_dtype_t def) {
   if (lua_isnoneornil(L, idx)) return def;
   crun_dtype_t dt;
-  if (crun_dtype_parse(luaL_checkstring(L, idx), &dt) < 0)
+  if (crun_dtype_parse(crun_l_checkstring(L, idx), &dt) < 0)
     crun_l_argerror(L, idx, lua_pushfstring(L, "unknown dtype '%s'", lua_tostring(L, idx)));
   return dt;
 }
@@ -91,7 +91,7 @@ static int read_shape(lua_State *L, int idx, int64_t *shape, int *ndim) {
   }
   while (lua_type(L, idx + n) == LUA_TNUMBER) {
     if (n == CRUN_MAX_DIMS) crun_l_argerror(L, idx + n, "too many dims (at most 8)");
-    lua_Integer v = luaL_checkinteger(L, idx + n);
+    lua_Integer v = crun_l_checkinteger(L, idx + n);
     if (v < 0) crun_l_argerror(L, idx + n, "size must be >= 0");
     shape[n++] = v;
   }
@@ -101,12 +101,12 @@ static int read_shape(lua_State *L, int idx, int64_t *shape, int *ndim) {
 
 /* Reads a 1-based (or negative, from the end) dim at arg; returns it 0-based. */
 static int check_dim(lua_State *L, int arg, const crun_tensor_t *t) {
-  lua_Integer d = luaL_checkinteger(L, arg);
+  lua_Integer d = crun_l_checkinteger(L, arg);
   int nd = crun_tensor_ndim(t);
   if (d < 0) d += nd + 1;
   if (d < 1 || d > nd)
     crun_l_argerror(L, arg, lua_pushfstring(L, "dim %I out of range for a %d-d tensor",
-                                          luaL_checkinteger(L, arg), nd));
+                                          crun_l_checkinteger(L, arg), nd));
   return (int)d - 1;
 }
 
@@ -139,7 +139,7 @@ static void set_elem_at(lua_State *L, int varg, crun_tensor_t *t, const int64_t 
   else if (lua_isinteger(L, varg) && crun_dtype_is_integer(crun_tensor_dtype(t)))
     CRUN_L_CHECK(L, crun_tensor_set_int64(t, idx, lua_tointeger(L, varg)));
   else
-    CRUN_L_CHECK(L, crun_tensor_set_double(t, idx, luaL_checknumber(L, varg)));
+    CRUN_L_CHECK(L, crun_tensor_set_double(t, idx, crun_l_checknumber(L, varg)));
 }
 
 /* ------------------------------------------------------------ factories */
@@ -169,9 +169,9 @@ static int t_empty(lua_State *L) {
 static int t_full(lua_State *L) {
   int64_t shape[CRUN_MAX_DIMS];
   int nd;
-  luaL_checktype(L, 1, LUA_TTABLE);
+  crun_l_checktype(L, 1, LUA_TTABLE);
   read_shape(L, 1, shape, &nd);
-  double v = luaL_checknumber(L, 2);
+  double v = crun_l_checknumber(L, 2);
   crun_tensor_t *t;
   int rc = crun_tensor_new(opt_dtype(L, 3, CRUN_FLOAT32), nd, shape, &t);
   if (rc == 0) crun_tensor_fill(t, v);
@@ -242,7 +242,7 @@ static void nested_fill(lua_State *L, crun_tensor_t *t, int d, int64_t *idx) {
 
 /* tensor.new(nested_table[, dtype]) */
 static int t_new(lua_State *L) {
-  luaL_checktype(L, 1, LUA_TTABLE);
+  crun_l_checktype(L, 1, LUA_TTABLE);
   int64_t shape[CRUN_MAX_DIMS], idx[CRUN_MAX_DIMS];
   int nd;
   nested_shape(L, 1, shape, &nd);
@@ -262,21 +262,21 @@ static int t_from_bytes(lua_State *L) {
   crun_dtype_t dt = opt_dtype(L, 1, CRUN_FLOAT32);
   int64_t shape[CRUN_MAX_DIMS];
   int nd;
-  luaL_checktype(L, 2, LUA_TTABLE);
+  crun_l_checktype(L, 2, LUA_TTABLE);
   read_shape(L, 2, shape, &nd);
   size_t len;
-  const char *s = luaL_checklstring(L, 3, &len);
+  const char *s = crun_l_checklstring(L, 3, &len);
   crun_tensor_t *t;
   return push_owned(L, crun_tensor_from_data(dt, nd, shape, s, len, &t), &t);
 }
 
 /* ------------------------------------------------------------ generators */
 
-static crun_generator_t *check_gen(lua_State *L, int idx) { return luaL_checkudata(L, idx, GEN_MT); }
+static crun_generator_t *check_gen(lua_State *L, int idx) { return crun_l_checkudata(L, idx, GEN_MT); }
 
 static uint64_t check_seed(lua_State *L, int idx) {
   if (lua_isinteger(L, idx)) return (uint64_t)lua_tointeger(L, idx);
-  double d = luaL_checknumber(L, idx);
+  double d = crun_l_checknumber(L, idx);
   if (d != floor(d)) crun_l_argerror(L, idx, "seed must be an integer");
   return (uint64_t)(int64_t)d;
 }
@@ -297,13 +297,13 @@ static int g_manual_seed(lua_State *L) {
 }
 static int g_uniform(lua_State *L) {
   crun_generator_t *g = check_gen(L, 1);
-  double lo = luaL_optnumber(L, 2, 0), hi = luaL_optnumber(L, 3, 1);
+  double lo = crun_l_optnumber(L, 2, 0), hi = crun_l_optnumber(L, 3, 1);
   lua_pushnumber(L, lo + (hi - lo) * crun_generator_uniform(g));
   return 1;
 }
 static int g_normal(lua_State *L) {
   crun_generator_t *g = check_gen(L, 1);
-  lua_pushnumber(L, luaL_optnumber(L, 2, 0) + luaL_optnumber(L, 3, 1) * crun_generator_normal(g));
+  lua_pushnumber(L, crun_l_optnumber(L, 2, 0) + crun_l_optnumber(L, 3, 1) * crun_generator_normal(g));
   return 1;
 }
 /* g:random(n) -> integer in [1, n] (like math.random(n)); no n: a raw 63-bit integer. */
@@ -314,8 +314,8 @@ static int g_random(lua_State *L) {
     lua_pushinteger(L, (lua_Integer)(r >> 1));
     return 1;
   }
-  lua_Integer n = luaL_checkinteger(L, 2);
-  luaL_argcheck(L, n >= 1, 2, "n must be >= 1");
+  lua_Integer n = crun_l_checkinteger(L, 2);
+  crun_l_argcheck(L, n >= 1, 2, "n must be >= 1");
   lua_pushinteger(L, (lua_Integer)((r >> 1) % (uint64_t)n) + 1);
   return 1;
 }
@@ -363,11 +363,11 @@ static int t_rand(lua_State *L) { return random_tensor(L, 0); }
 /* tensor.randint(lo, hi, shape[, opts]): uniform integers in [lo, hi), int64
  * unless opts/dtype says otherwise; opts as for rand. */
 static int t_randint(lua_State *L) {
-  lua_Integer lo = luaL_checkinteger(L, 1), hi = luaL_checkinteger(L, 2);
-  luaL_argcheck(L, lo < hi, 2, "empty range (hi must be > lo)");
+  lua_Integer lo = crun_l_checkinteger(L, 1), hi = crun_l_checkinteger(L, 2);
+  crun_l_argcheck(L, lo < hi, 2, "empty range (hi must be > lo)");
   int64_t shape[CRUN_MAX_DIMS];
   int nd;
-  luaL_checktype(L, 3, LUA_TTABLE);
+  crun_l_checktype(L, 3, LUA_TTABLE);
   read_shape(L, 3, shape, &nd);
   crun_dtype_t dt = CRUN_INT64;
   crun_generator_t local, *g = default_gen(L);
@@ -401,7 +401,7 @@ static int random_fill(lua_State *L,
                        int (*fill)(crun_tensor_t *, crun_generator_t *, double, double)) {
   crun_tensor_t *t = crun_l_check_tensor(L, 1);
   crun_generator_t *g = lua_isnoneornil(L, 4) ? default_gen(L) : check_gen(L, 4);
-  CRUN_L_CHECK(L, fill(t, g, luaL_optnumber(L, 2, 0), luaL_optnumber(L, 3, 1)));
+  CRUN_L_CHECK(L, fill(t, g, crun_l_optnumber(L, 2, 0), crun_l_optnumber(L, 3, 1)));
   lua_settop(L, 1);
   return 1;
 }
@@ -517,7 +517,7 @@ static int m_contiguous(lua_State *L) {
 /* t:to(dtype): a converted copy (t itself when the dtype is the same). */
 static int m_to(lua_State *L) {
   crun_tensor_t *t = crun_l_check_tensor(L, 1), *c;
-  luaL_checkstring(L, 2);
+  crun_l_checkstring(L, 2);
   crun_dtype_t dt = opt_dtype(L, 2, CRUN_FLOAT32);
   if (dt == crun_tensor_dtype(t)) {
     lua_settop(L, 1);
@@ -536,7 +536,7 @@ static int m_copy(lua_State *L) {
 
 static int m_fill(lua_State *L) {
   crun_tensor_t *t = crun_l_check_tensor(L, 1);
-  CRUN_L_CHECK(L, crun_tensor_fill(t, luaL_checknumber(L, 2)));
+  CRUN_L_CHECK(L, crun_tensor_fill(t, crun_l_checknumber(L, 2)));
   lua_settop(L, 1);
   return 1;
 }
@@ -556,7 +556,7 @@ static int m_equal(lua_State *L) {
 /* t:allclose(o[, rtol=1e-5[, atol=1e-8]]) */
 static int m_allclose(lua_State *L) {
   crun_tensor_t *a = crun_l_check_tensor(L, 1), *b = crun_l_check_tensor(L, 2);
-  lua_pushboolean(L, crun_tensor_allclose(a, b, luaL_optnumber(L, 3, 1e-5), luaL_optnumber(L, 4, 1e-8)));
+  lua_pushboolean(L, crun_tensor_allclose(a, b, crun_l_optnumber(L, 3, 1e-5), crun_l_optnumber(L, 4, 1e-8)));
   return 1;
 }
 
@@ -566,7 +566,7 @@ static int m_allclose(lua_State *L) {
 static int m_narrow(lua_State *L) {
   crun_tensor_t *t = crun_l_check_tensor(L, 1), *v;
   int d = check_dim(L, 2, t);
-  lua_Integer start = luaL_checkinteger(L, 3), len = luaL_checkinteger(L, 4);
+  lua_Integer start = crun_l_checkinteger(L, 3), len = crun_l_checkinteger(L, 4);
   int64_t size = crun_tensor_shape(t)[d];
   if (start < 1 || start > size + 1)
     crun_l_argerror(L, 3, lua_pushfstring(L, "start %I out of range for dim %d of size %I", start, d + 1, (lua_Integer)size));
@@ -579,7 +579,7 @@ static int m_narrow(lua_State *L) {
 static int m_select(lua_State *L) {
   crun_tensor_t *t = crun_l_check_tensor(L, 1), *v;
   int d = check_dim(L, 2, t);
-  int64_t i = check_index(L, 3, luaL_checkinteger(L, 3), crun_tensor_shape(t)[d]);
+  int64_t i = check_index(L, 3, crun_l_checkinteger(L, 3), crun_tensor_shape(t)[d]);
   return push_owned(L, crun_tensor_select(t, d, i, &v), &v);
 }
 
@@ -588,7 +588,7 @@ static int read_view_shape(lua_State *L, int64_t *shape) {
   int n = 0;
   if (lua_istable(L, 2)) {
     n = (int)luaL_len(L, 2);
-    luaL_argcheck(L, n <= CRUN_MAX_DIMS, 2, "too many dims");
+    crun_l_argcheck(L, n <= CRUN_MAX_DIMS, 2, "too many dims");
     for (int i = 0; i < n; i++) {
       lua_geti(L, 2, i + 1);
       int ok;
@@ -599,8 +599,8 @@ static int read_view_shape(lua_State *L, int64_t *shape) {
     return n;
   }
   for (; !lua_isnone(L, 2 + n); n++) {
-    luaL_argcheck(L, n < CRUN_MAX_DIMS, 2 + n, "too many dims");
-    shape[n] = luaL_checkinteger(L, 2 + n);
+    crun_l_argcheck(L, n < CRUN_MAX_DIMS, 2 + n, "too many dims");
+    shape[n] = crun_l_checkinteger(L, 2 + n);
   }
   return n;
 }
@@ -746,7 +746,7 @@ static int m_len(lua_State *L) {
 /* __gc: drops the reference (a pending async operation holds the box, so a
  * collected box is never in use). */
 static int m_gc(lua_State *L) {
-  tbox *box = luaL_checkudata(L, 1, TENSOR_MT);
+  tbox *box = crun_l_checkudata(L, 1, TENSOR_MT);
   crun_tensor_release(box->t);
   box->t = NULL;
   return 0;
@@ -755,7 +755,7 @@ static int m_gc(lua_State *L) {
 /* t:close() / __close: as __gc, but a tensor that a pending async operation
  * reads or writes raises ESTATE instead (wait on its work first). */
 static int m_close(lua_State *L) {
-  tbox *box = luaL_checkudata(L, 1, TENSOR_MT);
+  tbox *box = crun_l_checkudata(L, 1, TENSOR_MT);
   if (box->pins > 0) {
     crun_error(CRUN_ESTATE, "tensor close: the tensor is in use by %d pending async operation%s; "
                "wait on its work first", box->pins, box->pins == 1 ? "" : "s");
@@ -766,7 +766,7 @@ static int m_close(lua_State *L) {
 
 /* Fallback __tostring (lua/crun/tensor.lua installs the pretty printer). */
 static int m_tostring(lua_State *L) {
-  tbox *box = luaL_checkudata(L, 1, TENSOR_MT);
+  tbox *box = crun_l_checkudata(L, 1, TENSOR_MT);
   if (!box->t) {
     lua_pushstring(L, "crun.Tensor (closed)");
     return 1;
@@ -801,19 +801,19 @@ static int m_binop(lua_State *L) {
   int rc;
   if (!a && !b) return crun_l_argerror(L, 1, "tensor expected");
   if (!a && inplace) return crun_l_argerror(L, 1, "tensor expected");
-  if (!a) luaL_checknumber(L, 1); /* raise before anything is allocated */
+  if (!a) crun_l_checknumber(L, 1); /* raise before anything is allocated */
   if (b && !lua_isnoneornil(L, 3) && (op == CRUN_BIN_ADD || op == CRUN_BIN_SUB)) {
-    CRUN_L_CHECK(L, crun_tensor_binop_scalar(CRUN_BIN_MUL, b, luaL_checknumber(L, 3), 0, &scaled));
+    CRUN_L_CHECK(L, crun_tensor_binop_scalar(CRUN_BIN_MUL, b, crun_l_checknumber(L, 3), 0, &scaled));
     b = scaled;
   }
   if (a && b) {
     rc = inplace ? crun_tensor_binop_out(op, a, b, a) : crun_tensor_binop(op, a, b, &r);
   } else if (a) {
-    double s = luaL_checknumber(L, 2);
-    if (!lua_isnoneornil(L, 3) && (op == CRUN_BIN_ADD || op == CRUN_BIN_SUB)) s *= luaL_checknumber(L, 3);
+    double s = crun_l_checknumber(L, 2);
+    if (!lua_isnoneornil(L, 3) && (op == CRUN_BIN_ADD || op == CRUN_BIN_SUB)) s *= crun_l_checknumber(L, 3);
     rc = inplace ? crun_tensor_binop_scalar_out(op, a, s, 0, a) : crun_tensor_binop_scalar(op, a, s, 0, &r);
   } else {
-    rc = crun_tensor_binop_scalar(op, b, luaL_checknumber(L, 1), 1, &r);
+    rc = crun_tensor_binop_scalar(op, b, crun_l_checknumber(L, 1), 1, &r);
   }
   crun_tensor_release(scaled);
   if (rc < 0) crun_l_fail(L, rc);
@@ -839,7 +839,7 @@ static int m_unop(lua_State *L) {
 /* t:clamp(lo, hi) / t:clamp_(lo, hi); nil leaves that side open. */
 static int clamp_common(lua_State *L, int inplace) {
   crun_tensor_t *a = crun_l_check_tensor(L, 1), *r;
-  double lo = luaL_optnumber(L, 2, -HUGE_VAL), hi = luaL_optnumber(L, 3, HUGE_VAL);
+  double lo = crun_l_optnumber(L, 2, -HUGE_VAL), hi = crun_l_optnumber(L, 3, HUGE_VAL);
   if (inplace) {
     CRUN_L_CHECK(L, crun_tensor_clamp_out(a, lo, hi, a));
     lua_settop(L, 1);
@@ -913,7 +913,7 @@ static int m_mm(lua_State *L) {
 /* t:addmm_(A, B[, beta=1[, alpha=1]]): t = beta t + alpha A B, in place. */
 static int m_addmm_(lua_State *L) {
   crun_tensor_t *c = crun_l_check_tensor(L, 1), *a = crun_l_check_tensor(L, 2), *b = crun_l_check_tensor(L, 3);
-  CRUN_L_CHECK(L, crun_tensor_gemm(0, 0, luaL_optnumber(L, 5, 1), a, b, luaL_optnumber(L, 4, 1), c));
+  CRUN_L_CHECK(L, crun_tensor_gemm(0, 0, crun_l_optnumber(L, 5, 1), a, b, crun_l_optnumber(L, 4, 1), c));
   lua_settop(L, 1);
   return 1;
 }
@@ -922,7 +922,7 @@ static int m_addmm_(lua_State *L) {
 static int t_addmm(lua_State *L) {
   crun_tensor_t *m = crun_l_check_tensor(L, 1), *a = crun_l_check_tensor(L, 2), *b = crun_l_check_tensor(L, 3);
   crun_tensor_t *o, *e;
-  double beta = luaL_optnumber(L, 4, 1), alpha = luaL_optnumber(L, 5, 1);
+  double beta = crun_l_optnumber(L, 4, 1), alpha = crun_l_optnumber(L, 5, 1);
   if (crun_tensor_ndim(a) != 2 || crun_tensor_ndim(b) != 2) return crun_l_argerror(L, 2, "addmm expects 2-d A and B");
   int64_t shape[2] = {crun_tensor_shape(a)[0], crun_tensor_shape(b)[1]};
   CRUN_L_CHECK(L, crun_tensor_empty(crun_tensor_dtype(a), 2, shape, &o));

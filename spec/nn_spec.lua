@@ -242,6 +242,10 @@ describe("nn bad input", function()
       {function() nn.set_default_dtype("float16") end, "^EINVAL: nn.set_default_dtype: float32 or float64 expected"},
       {function() nn.manual_seed("x") end, "^EINVAL: nn.manual_seed: seed must be an integer"},
       {function() m:load_state_dict({T.zeros({3})}) end, "^EINVAL: load_state_dict: expected 2 tensors, got 1"},
+      {function() nn.MSECriterion():forward(T.zeros({2}), 3) end,
+       "^EINVAL: MSECriterion:forward: target must be a tensor, got number"},
+      {function() nn.ClassNLLCriterion():forward(T.zeros({2, 3}), T.new({1}, "int64")) end,
+       "^EINVAL: ClassNLLCriterion:forward: input must be %[N, C%] and labels %[N%], got 2x3 and 1"},
       {function() nn.CrossEntropyCriterion{reduction = "none"} end,
        "^EINVAL: nn.CrossEntropyCriterion: reduction must be \"mean\" or \"sum\", got none"},
     }

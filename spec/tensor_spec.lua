@@ -226,6 +226,13 @@ describe("tensor errors", function()
        "^EINVAL: bad argument #3 to 'narrow' %(length 3 from 3 exceeds dim 2 of size 4%)$"},
       {err_of(T.zeros, {2}, "complex64"), "^EINVAL: bad argument #2 to '[%w.]*zeros' %(unknown dtype 'complex64'%)$"},
       {err_of(T.new, {{1, 2}, {3}}), "^EINVAL: bad argument #1 to '[%w.]*new' %(ragged nested table"},
+      -- lauxlib-style type checks of the bindings carry the status too
+      {err_of(function() return a:narrow("x", 1, 1) end), "^EINVAL: bad argument #1 to 'narrow' %(number expected, got string%)$"},
+      {err_of(function() return a:narrow(1.5, 1, 1) end),
+       "^EINVAL: bad argument #1 to 'narrow' %(number has no integer representation%)$"},
+      {err_of(function() return a:add({}) end), "^EINVAL: bad argument #1 to 'add' %(number expected, got table%)$"},
+      {err_of(function() return a.select({}, 1, 1) end), "^EINVAL: bad argument #1 to '[%w.?]*' %(crun.Tensor expected, got table%)$"},
+      {err_of(T.arange, "x"), "^EINVAL: bad argument #1 to '[%w.]*arange' %(number expected"},
     }
     for i, c in ipairs(cases) do
       assert.matches(c[2], c[1], nil, false, "case " .. i .. ": " .. c[1])

@@ -473,6 +473,12 @@ local ClassNLL = nn.class("ClassNLLCriterion")
 function nn.ClassNLLCriterion() return setmetatable({}, ClassNLL):_init() end
 
 function ClassNLL:forward(x, labels)
+  check_tensor(x, "ClassNLLCriterion:forward", "input")
+  check_tensor(labels, "ClassNLLCriterion:forward", "labels")
+  if x:dim() ~= 2 or labels:dim() ~= 1 or labels:size(1) ~= x:size(1) then
+    O.fail("EINVAL: ClassNLLCriterion:forward: input must be [N, C] and labels [N], got %s and %s",
+      table.concat(x:size(), "x"), table.concat(labels:size(), "x"))
+  end
   local n, c = x:size(1), x:size(2)
   local s = 0
   for i = 1, n do
@@ -501,6 +507,8 @@ function nn.MSECriterion() return setmetatable({}, MSE):_init() end
 nn.MSE = nn.MSECriterion
 
 function MSE:forward(x, t)
+  check_tensor(x, "MSECriterion:forward", "input")
+  check_tensor(t, "MSECriterion:forward", "target")
   x = contig(x)
   self.gradInput = ensure(self.gradInput, x:size(), x:dtype())
   self.output = K.nn_mse(x, contig(t), self.gradInput)
