@@ -352,6 +352,22 @@ describe("DataLoader", function()
       end
     end
     assert.are.equal(6, k)
+    -- each pass of a shuffling loader has a new order; set_epoch replays one
+    local function order(loader)
+      local o = {}
+      for _, _, yb in loader:iter() do
+        for r = 1, yb:size(1) do o[#o + 1] = yb[r] end
+      end
+      return o
+    end
+    local full = data.DataLoader(ds, {batch_size = 7, shuffle = true, seed = 9})
+    local p1, p2 = order(full), order(full)
+    assert.are_not.same(p1, p2)
+    full:set_epoch(0)
+    assert.are.same(p1, order(full))
+    local sorted = {table.unpack(p2)}
+    table.sort(sorted)
+    assert.are.same({0, 1, 2, 3, 4, 5, 6}, sorted)
   end)
 
   it("rejects unknown options and sampler with shuffle, and reports torch's worker options as inert", function()
@@ -364,6 +380,9 @@ describe("DataLoader", function()
     ok, err = pcall(data.DataLoader, {X}, {shuffle = true, sampler = data.LocalSampler{size = 4}})
     assert.is_false(ok)
     assert.matches("^EINVAL: DataLoader: sampler and shuffle=true are mutually exclusive", err)
+    ok, err = pcall(data.DataLoader, {X}, {sampler = data.LocalSampler{size = 5}})
+    assert.is_false(ok)
+    assert.are.equal("EINVAL: DataLoader: the sampler covers 5 samples, the data set has 4", err)
     ok, err = pcall(data.DataLoader, {}, {})
     assert.is_false(ok)
     assert.matches("^EINVAL: DataLoader: dataset must be a TensorDataset or a list of tensors", err)

@@ -285,14 +285,20 @@ function data.DataLoader(a, b)
     O.fail("EINVAL: %s: sampler must have an :indices() method (DistributedSampler, LocalSampler), got %s",
       F, type(sampler))
   end
+  if sampler ~= nil and math.type(sampler.size) == "integer" and sampler.size ~= n then
+    O.fail("EINVAL: %s: the sampler covers %d samples, the data set has %d", F, sampler.size, n)
+  end
   if shuffle then sampler = data.LocalSampler{size = n, shuffle = true, seed = O.int(F, "seed", opts.seed, nil, 0)} end
-  return setmetatable({dataset = ds, tensors = tensors, batch_size = bs, n = n,
+  return setmetatable({dataset = ds, tensors = tensors, batch_size = bs, n = n, own_shuffle = shuffle, passes = 0,
     sampler = sampler, drop_last = O.bool(F, "drop_last", opts.drop_last, false)}, Loader)
 end
 
---- Sets the epoch of the loader's sampler (the next shuffled order).
+--- Sets the epoch of the loader's sampler (the next shuffled order). With
+-- shuffle=true the loader's own sampler also moves to the next epoch at
+-- every iter(), so each pass has a new order, as torch's RandomSampler.
 function Loader:set_epoch(epoch)
   if self.sampler and self.sampler.set_epoch then self.sampler:set_epoch(epoch) end
+  if self.own_shuffle then self.passes = epoch end
 end
 
 function Loader:_indices()
@@ -312,6 +318,10 @@ end
 --- Iterates batches: for i, X, Y, ... in loader:iter() (each a new tensor
 -- gathered with index_select along dimension 1).
 function Loader:iter()
+  if self.own_shuffle then
+    self.sampler:set_epoch(self.passes)
+    self.passes = self.passes + 1
+  end
   local idx, bs, nb = self:_indices(), self.batch_size, #self
   local b = 0
   return function()

@@ -36,6 +36,31 @@ local tnames = {float32 = "Float", float64 = "Double", float16 = "Half", bfloat1
   int8 = "Char", int16 = "Short", bool = "Bool"}
 function methods.type(t) return "crun." .. tnames[t:dtype()] .. "Tensor" end
 
+-- Options of the random factories: crun's seed, torch's dtype and generator;
+-- torch's device/requires_grad/pin_memory/layout change nothing in crun.
+local RANDOM = O.spec{"seed", "dtype", "generator", inert = {
+  device = "crun tensors live in host memory", pin_memory = "crun tensors live in host memory",
+  requires_grad = "crun tensors record no autograd graph", layout = "crun tensors are strided"}}
+
+-- Wraps factory `name` so that its options table (the first table after
+-- argument `first`) goes through crun.opts.
+local function checked_factory(name, first)
+  local f = T[name]
+  T[name] = function(...)
+    local args = table.pack(...)
+    for i = first + 1, args.n do
+      if type(args[i]) == "table" then
+        args[i] = O.check(RANDOM, "tensor." .. name, args[i])
+        break
+      end
+    end
+    return f(table.unpack(args, 1, args.n))
+  end
+end
+checked_factory("rand", 1)
+checked_factory("randn", 1)
+checked_factory("randint", 3)
+
 --- T.zeros_like(t[, dtype]) / T.ones_like / T.empty_like / T.full_like(t, v[, dtype])
 function T.zeros_like(t, dtype) return T.zeros(t:size(), dtype or t:dtype()) end
 function T.ones_like(t, dtype) return T.ones(t:size(), dtype or t:dtype()) end

@@ -7,7 +7,11 @@
 -- comparison must never pass silently.
 local M = {}
 
-local PYTHON = os.getenv("CRUN_PYTHON") or "python3"
+-- The interpreters tried in order: CRUN_PYTHON when set, else Debian's
+-- /usr/bin/python3 (where python3-torch installs) and then python3 on PATH
+-- (which may be another installation, e.g. a pyenv shim).
+local CANDIDATES = os.getenv("CRUN_PYTHON") and {os.getenv("CRUN_PYTHON")} or {"/usr/bin/python3", "python3"}
+local PYTHON
 
 local function sh_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
 
@@ -21,26 +25,33 @@ end
 
 local checked, why_missing = false, nil
 
---- Returns nil when python3 imports torch, else a one-line reason (cached).
+--- Returns nil when one of the interpreters imports torch (and picks it for
+--- run), else a one-line reason naming each one tried (cached).
 function M.missing()
   if checked then return why_missing end
   checked = true
-  local out, code = capture("timeout 120 " .. PYTHON .. " -c 'import torch'")
-  if code ~= 0 then
-    local last = out:match("([^\n]+)\n*$") or ("exit status " .. tostring(code))
-    why_missing = "torch is not importable by " .. PYTHON .. " (" .. last .. ")"
+  local reasons = {}
+  for _, py in ipairs(CANDIDATES) do
+    local out, code = capture("timeout 300 " .. sh_quote(py) .. " -c 'import torch'")
+    if code == 0 then
+      PYTHON = py
+      return nil
+    end
+    reasons[#reasons + 1] = py .. ": " .. (out:match("([^\n]+)\n*$") or ("exit status " .. tostring(code)))
   end
+  why_missing = "torch is not importable (" .. table.concat(reasons, "; ") .. ")"
   return why_missing
 end
 
 --- Runs the Python source `script` (torch importable); returns its output.
 --- Raises an error with the script's output when it exits non-zero.
 function M.run(script)
+  assert(PYTHON, "torch_ref.run before torch_ref.missing() found torch")
   local path = os.tmpname()
   local f = assert(io.open(path, "w"))
   f:write(script)
   f:close()
-  local out, code = capture("timeout 300 " .. PYTHON .. " " .. sh_quote(path))
+  local out, code = capture("timeout 300 " .. sh_quote(PYTHON) .. " " .. sh_quote(path))
   os.remove(path)
   if code ~= 0 then
     error(string.format("the torch comparison script failed (exit status %s):\n%s", tostring(code), out), 2)
