@@ -14,6 +14,34 @@
  * detail was recorded) for a failed call. Never returns. */
 int crun_l_fail(lua_State *L, int status);
 
+/* Raises the formatted message (lua_pushfstring's formats: %s %d %I %f %p
+ * %c %%) as it is, without the caller's position, so a message that starts
+ * with its status name ("EINVAL: ...") still does for pcall users. Never
+ * returns. */
+int crun_l_error(lua_State *L, const char *fmt, ...);
+
+/* luaL_argerror with the status first: raises "EINVAL: bad argument #arg to
+ * 'f' (msg)" (or "EINVAL: calling 'f' on bad self (msg)" for a method's
+ * self), without a position prefix. Never returns. */
+int crun_l_argerror(lua_State *L, int arg, const char *msg);
+
+/* lauxlib's argument checks with the status first (check.c): each raises
+ * "EINVAL: bad argument #n to 'f' (T expected, got U)" like crun_l_argerror.
+ * Every binding uses these instead of luaL_check* / luaL_opt*. */
+int crun_l_typeerror(lua_State *L, int arg, const char *tname);
+lua_Integer crun_l_checkinteger(lua_State *L, int arg);
+lua_Integer crun_l_optinteger(lua_State *L, int arg, lua_Integer def);
+lua_Number crun_l_checknumber(lua_State *L, int arg);
+lua_Number crun_l_optnumber(lua_State *L, int arg, lua_Number def);
+const char *crun_l_checklstring(lua_State *L, int arg, size_t *len);
+const char *crun_l_optlstring(lua_State *L, int arg, const char *def, size_t *len);
+#define crun_l_checkstring(L, arg) crun_l_checklstring((L), (arg), NULL)
+#define crun_l_optstring(L, arg, def) crun_l_optlstring((L), (arg), (def), NULL)
+void crun_l_checktype(lua_State *L, int arg, int t);
+void *crun_l_checkudata(lua_State *L, int arg, const char *tname);
+int crun_l_checkoption(lua_State *L, int arg, const char *def, const char *const names[]);
+#define crun_l_argcheck(L, cond, arg, msg) ((void)((cond) || crun_l_argerror((L), (arg), (msg))))
+
 /* Calls crun_l_fail when status < 0; returns status otherwise. */
 #define CRUN_L_CHECK(L, call)                           \
   do {                                                  \

@@ -1,6 +1,7 @@
 /* module.c — luaopen_crun_core and the helpers shared by every binding file. */
 #include "crun_lua.h"
 
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <limits.h>
@@ -15,6 +16,60 @@ int crun_l_fail(lua_State *L, int status) {
   else
     lua_pushfstring(L, "%s: %s", crun_err_name(status), msg);
   return lua_error(L);
+}
+
+int crun_l_error(lua_State *L, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  lua_pushvfstring(L, fmt, ap);
+  va_end(ap);
+  return lua_error(L);
+}
+
+/* Pushes "mod.field" when the function on the top of the stack is a field of
+ * a loaded module (package.loaded), as lauxlib names functions called
+ * without a name; pops the function and returns the name or NULL. */
+static const char *global_func_name(lua_State *L) {
+  int top = lua_gettop(L);
+  lua_getfield(L, LUA_REGISTRYINDEX, LUA_LOADED_TABLE);
+  lua_pushnil(L);
+  while (lua_next(L, -2)) { /* module name at -2, module at -1 */
+    if (lua_type(L, -2) == LUA_TSTRING && lua_type(L, -1) == LUA_TTABLE) {
+      lua_pushnil(L);
+      while (lua_next(L, -2)) {
+        if (lua_type(L, -2) == LUA_TSTRING && lua_rawequal(L, -1, top)) {
+          const char *name = lua_pushfstring(L, "%s.%s", lua_tostring(L, -4), lua_tostring(L, -2));
+          lua_replace(L, top); /* keeps the name alive in the function's slot */
+          lua_settop(L, top);
+          return name;
+        }
+        lua_pop(L, 1);
+      }
+    }
+    lua_pop(L, 1);
+  }
+  lua_settop(L, top - 1);
+  return NULL;
+}
+
+int crun_l_argerror(lua_State *L, int arg, const char *msg) {
+  lua_Debug ar;
+  const char *name = "?";
+  if (lua_getstack(L, 0, &ar)) {
+    lua_getinfo(L, "nf", &ar);
+    if (ar.name) {
+      name = ar.name;
+      lua_pop(L, 1);
+    } else {
+      const char *g = global_func_name(L);
+      if (g) name = g;
+    }
+    if (ar.namewhat && strcmp(ar.namewhat, "method") == 0) {
+      arg--; /* self is not counted, as luaL_argerror does */
+      if (arg == 0) return crun_l_error(L, "EINVAL: calling '%s' on bad self (%s)", name, msg);
+    }
+  }
+  return crun_l_error(L, "EINVAL: bad argument #%d to '%s' (%s)", arg, name, msg);
 }
 
 void crun_l_newclass(lua_State *L, const char *name, const luaL_Reg *methods) {
@@ -33,7 +88,7 @@ void crun_l_newclass(lua_State *L, const char *name, const luaL_Reg *methods) {
 double crun_l_optfield_number(lua_State *L, int idx, const char *field, double def) {
   double v = def;
   if (lua_getfield(L, idx, field) != LUA_TNIL) {
-    if (!lua_isnumber(L, -1)) luaL_error(L, "bad field '%s' (number expected, got %s)", field, luaL_typename(L, -1));
+    if (!lua_isnumber(L, -1)) crun_l_error(L, "EINVAL: bad field '%s' (number expected, got %s)", field, luaL_typename(L, -1));
     v = lua_tonumber(L, -1);
   }
   lua_pop(L, 1);
@@ -45,7 +100,7 @@ lua_Integer crun_l_optfield_integer(lua_State *L, int idx, const char *field, lu
   if (lua_getfield(L, idx, field) != LUA_TNIL) {
     int ok;
     v = lua_tointegerx(L, -1, &ok);
-    if (!ok) luaL_error(L, "bad field '%s' (integer expected, got %s)", field, luaL_typename(L, -1));
+    if (!ok) crun_l_error(L, "EINVAL: bad field '%s' (integer expected, got %s)", field, luaL_typename(L, -1));
   }
   lua_pop(L, 1);
   return v;
@@ -61,7 +116,7 @@ int crun_l_optfield_boolean(lua_State *L, int idx, const char *field, int def) {
 const char *crun_l_optfield_string(lua_State *L, int idx, const char *field, const char *def) {
   const char *v = def;
   if (lua_getfield(L, idx, field) != LUA_TNIL) {
-    if (!lua_isstring(L, -1)) luaL_error(L, "bad field '%s' (string expected, got %s)", field, luaL_typename(L, -1));
+    if (!lua_isstring(L, -1)) crun_l_error(L, "EINVAL: bad field '%s' (string expected, got %s)", field, luaL_typename(L, -1));
     v = lua_tostring(L, -1); /* stays alive: the table holds the string */
   }
   lua_pop(L, 1);
@@ -91,7 +146,7 @@ static int l_clock(lua_State *L) {
 
 /* core.strerror(code) -> name, message. */
 static int l_strerror(lua_State *L) {
-  int code = (int)crun_l_check_range(L, luaL_checkinteger(L, 1), INT_MIN, INT_MAX, "strerror", "code");
+  int code = (int)crun_l_check_range(L, crun_l_checkinteger(L, 1), INT_MIN, INT_MAX, "strerror", "code");
   lua_pushstring(L, crun_err_name(code));
   lua_pushstring(L, crun_strerror(code));
   return 2;
@@ -100,8 +155,8 @@ static int l_strerror(lua_State *L) {
 /* core.log(level, subsys, msg): logs through the runtime's logger. */
 static int l_log(lua_State *L) {
   static const char *levels[] = {"NONE", "WARN", "INFO", "TRACE", NULL};
-  int level = luaL_checkoption(L, 1, "INFO", levels);
-  const char *msg = luaL_checkstring(L, 2);
+  int level = crun_l_checkoption(L, 1, "INFO", levels);
+  const char *msg = crun_l_checkstring(L, 2);
   if (crun_log_enabled((crun_log_level_t)level, CRUN_SUB_LUA))
     crun_log((crun_log_level_t)level, CRUN_SUB_LUA, "%s", msg);
   return 0;
@@ -109,7 +164,7 @@ static int l_log(lua_State *L) {
 
 /* core.set_log_rank(rank) */
 static int l_set_log_rank(lua_State *L) {
-  crun_log_set_rank((int)crun_l_check_range(L, luaL_checkinteger(L, 1), -1, INT_MAX, "set_log_rank", "rank"));
+  crun_log_set_rank((int)crun_l_check_range(L, crun_l_checkinteger(L, 1), -1, INT_MAX, "set_log_rank", "rank"));
   return 0;
 }
 

@@ -23,7 +23,7 @@ typedef struct {
 
 /* Returns the live group of the userdata at idx (raises on a destroyed one). */
 static crun_pg_t *check_pg(lua_State *L, int idx) {
-  l_pg *u = luaL_checkudata(L, idx, PG_MT);
+  l_pg *u = crun_l_checkudata(L, idx, PG_MT);
   if (!u->pg) {
     crun_error(CRUN_ECLOSED, "the process group was destroyed");
     crun_l_fail(L, CRUN_ECLOSED);
@@ -43,23 +43,23 @@ static void push_pg(lua_State *L, crun_pg_t *pg) {
 static crun_tensor_t *check_tensor(lua_State *L, int idx, const char *fname) {
   crun_tensor_t *t = crun_l_check_tensor(L, idx);
   if (!crun_tensor_is_contiguous(t))
-    luaL_error(L, "bad argument #%d to '%s' (tensor must be contiguous; call :contiguous())", idx - 1, fname);
+    crun_l_error(L, "EINVAL: bad argument #%d to '%s' (tensor must be contiguous; call :contiguous())", idx - 1, fname);
   return t;
 }
 
 /* Reads a rank argument (integer, 0-based) of group pg: 0..size-1, else EINVAL. */
 static int check_rank_arg(lua_State *L, int idx, crun_pg_t *pg, const char *fname, const char *what) {
-  return (int)crun_l_check_range(L, luaL_checkinteger(L, idx), 0, crun_pg_size(pg) - 1, fname, what);
+  return (int)crun_l_check_range(L, crun_l_checkinteger(L, idx), 0, crun_pg_size(pg) - 1, fname, what);
 }
 
 /* Reads the reduce op at idx: a name ("sum", "SUM", dist.ReduceOp.SUM); default sum. */
 static crun_reduce_op_t check_op(lua_State *L, int idx) {
   if (lua_isnoneornil(L, idx)) return CRUN_OP_SUM;
   crun_reduce_op_t op;
-  const char *name = luaL_checkstring(L, idx);
+  const char *name = crun_l_checkstring(L, idx);
   if (strncmp(name, "premul_sum:", 11) == 0) return CRUN_OP_PREMUL_SUM;
   if (crun_reduce_op_parse(name, &op) < 0)
-    luaL_error(L, "bad argument #%d (unknown reduce op '%s'; use sum, product, min, max, avg, band, bor or bxor)",
+    crun_l_error(L, "EINVAL: bad argument #%d (unknown reduce op '%s'; use sum, product, min, max, avg, band, bor or bxor)",
                idx - 1, name);
   return op;
 }
@@ -72,7 +72,7 @@ static double premul_arg(lua_State *L, int idx, crun_reduce_op_t op) {
   char *end = NULL;
   double f = c ? strtod(c + 1, &end) : 0;
   if (!c || end == c + 1 || *end != '\0')
-    luaL_error(L, "EINVAL: premul_sum needs a factor: use dist.make_premul_sum(factor)");
+    crun_l_error(L, "EINVAL: premul_sum needs a factor: use dist.make_premul_sum(factor)");
   return f;
 }
 
@@ -80,7 +80,7 @@ static double premul_arg(lua_State *L, int idx, crun_reduce_op_t op) {
 static int check_opts(lua_State *L, int idx, crun_coll_opts_t *o, const char *fname) {
   memset(o, 0, sizeof *o);
   if (lua_isnoneornil(L, idx)) return 0;
-  luaL_checktype(L, idx, LUA_TTABLE);
+  crun_l_checktype(L, idx, LUA_TTABLE);
   o->timeout = crun_l_optfield_number(L, idx, "timeout", 0);
   o->tag = (int)crun_l_optfield_range(L, idx, "tag", 0, INT_MIN, INT_MAX, fname);
   return crun_l_optfield_boolean(L, idx, "async_op", 0);
@@ -88,14 +88,14 @@ static int check_opts(lua_State *L, int idx, crun_coll_opts_t *o, const char *fn
 
 /* Fills ptrs[0..n-1] from the list of tensors at idx, each like `like`. */
 static void check_list(lua_State *L, int idx, int n, crun_tensor_t *like, const char *fname, void **ptrs) {
-  luaL_checktype(L, idx, LUA_TTABLE);
+  crun_l_checktype(L, idx, LUA_TTABLE);
   if ((int)luaL_len(L, idx) != n)
-    luaL_error(L, "bad argument #%d to '%s' (list of %d tensors expected, got %d)", idx - 1, fname, n, (int)luaL_len(L, idx));
+    crun_l_error(L, "EINVAL: bad argument #%d to '%s' (list of %d tensors expected, got %d)", idx - 1, fname, n, (int)luaL_len(L, idx));
   for (int i = 0; i < n; i++) {
     lua_geti(L, idx, i + 1);
     crun_tensor_t *t = check_tensor(L, lua_gettop(L), fname);
     if (crun_tensor_dtype(t) != crun_tensor_dtype(like) || crun_tensor_numel(t) != crun_tensor_numel(like))
-      luaL_error(L, "bad argument #%d to '%s' (tensor %d is %s[%d], expected %s[%d] like the other argument)",
+      crun_l_error(L, "EINVAL: bad argument #%d to '%s' (tensor %d is %s[%d], expected %s[%d] like the other argument)",
                  idx - 1, fname, i + 1, crun_dtype_name(crun_tensor_dtype(t)), (int)crun_tensor_numel(t),
                  crun_dtype_name(crun_tensor_dtype(like)), (int)crun_tensor_numel(like));
     ptrs[i] = crun_tensor_data(t);
@@ -157,7 +157,7 @@ static int finish(lua_State *L, int rc, crun_work_t *w, int async, int first, in
 
 /* Unpins the tensors of the Work at idx once its operation completed. */
 static void unpin_if_done(lua_State *L, int idx) {
-  l_work *u = luaL_checkudata(L, idx, WORK_MT);
+  l_work *u = crun_l_checkudata(L, idx, WORK_MT);
   if (!u->pinned || !u->w || !crun_work_is_completed(u->w)) return;
   u->pinned = 0;
   lua_getiuservalue(L, idx, 1);
@@ -264,7 +264,7 @@ static int l_reduce_scatter(lua_State *L) {
   void **ins = lua_newuserdatauv(L, sizeof(void *) * (size_t)n, 0);
   check_list(L, 3, n, t, "reduce_scatter", ins);
   for (int i = 0; i < n; i++)
-    if (ins[i] == crun_tensor_data(t)) luaL_error(L, "bad argument #1 to 'reduce_scatter' (output aliases input %d)", i + 1);
+    if (ins[i] == crun_tensor_data(t)) crun_l_error(L, "EINVAL: bad argument #1 to 'reduce_scatter' (output aliases input %d)", i + 1);
   crun_reduce_op_t op = check_op(L, 4);
   crun_coll_opts_t o;
   int async = check_opts(L, 5, &o, "reduce_scatter");
@@ -277,15 +277,15 @@ static int l_reduce_scatter(lua_State *L) {
 
 /* Fills ptrs/counts from a list of n tensors of one dtype (any sizes). */
 static crun_dtype_t check_any_list(lua_State *L, int idx, int n, const char *fname, void **ptrs, size_t *counts) {
-  luaL_checktype(L, idx, LUA_TTABLE);
+  crun_l_checktype(L, idx, LUA_TTABLE);
   if ((int)luaL_len(L, idx) != n)
-    luaL_error(L, "bad argument #%d to '%s' (list of %d tensors expected, got %d)", idx - 1, fname, n, (int)luaL_len(L, idx));
+    crun_l_error(L, "EINVAL: bad argument #%d to '%s' (list of %d tensors expected, got %d)", idx - 1, fname, n, (int)luaL_len(L, idx));
   crun_dtype_t dt = CRUN_FLOAT32;
   for (int i = 0; i < n; i++) {
     lua_geti(L, idx, i + 1);
     crun_tensor_t *t = check_tensor(L, lua_gettop(L), fname);
     if (i > 0 && crun_tensor_dtype(t) != dt)
-      luaL_error(L, "bad argument #%d to '%s' (tensor %d is %s, tensor 1 is %s)", idx - 1, fname, i + 1,
+      crun_l_error(L, "EINVAL: bad argument #%d to '%s' (tensor %d is %s, tensor 1 is %s)", idx - 1, fname, i + 1,
                  crun_dtype_name(crun_tensor_dtype(t)), crun_dtype_name(dt));
     dt = crun_tensor_dtype(t);
     ptrs[i] = crun_tensor_data(t);
@@ -303,7 +303,7 @@ static int l_all_to_all(lua_State *L) {
   size_t *cnt = (size_t *)(p + 2 * n);
   crun_dtype_t dto = check_any_list(L, 2, n, "all_to_all", p, cnt);
   crun_dtype_t dti = check_any_list(L, 3, n, "all_to_all", p + n, cnt + n);
-  if (dto != dti) luaL_error(L, "bad argument #1 to 'all_to_all' (outputs are %s, inputs %s)", crun_dtype_name(dto), crun_dtype_name(dti));
+  if (dto != dti) crun_l_error(L, "EINVAL: bad argument #1 to 'all_to_all' (outputs are %s, inputs %s)", crun_dtype_name(dto), crun_dtype_name(dti));
   crun_coll_opts_t o;
   int async = check_opts(L, 4, &o, "all_to_all");
   crun_work_t *w = NULL;
@@ -356,7 +356,7 @@ static int l_broadcast_bytes(lua_State *L) {
   crun_coll_opts_t o;
   check_opts(L, 4, &o, "broadcast_bytes");
   size_t len = 0;
-  const char *s = src == crun_pg_rank(pg) ? luaL_checklstring(L, 2, &len) : NULL;
+  const char *s = src == crun_pg_rank(pg) ? crun_l_checklstring(L, 2, &len) : NULL;
   int64_t n = (int64_t)len;
   CRUN_L_CHECK(L, crun_pg_broadcast(pg, &n, 1, CRUN_INT64, src, &o, NULL));
   char *buf = lua_newuserdatauv(L, (size_t)n + 1, 0);
@@ -370,7 +370,7 @@ static int l_broadcast_bytes(lua_State *L) {
 static int l_all_gather_bytes(lua_State *L) {
   crun_pg_t *pg = check_pg(L, 1);
   size_t len;
-  const char *s = luaL_checklstring(L, 2, &len);
+  const char *s = crun_l_checklstring(L, 2, &len);
   crun_coll_opts_t o;
   check_opts(L, 3, &o, "all_gather_bytes");
   int n = crun_pg_size(pg);
@@ -396,17 +396,17 @@ static int l_all_gather_bytes(lua_State *L) {
 /* pg:new_group(ranks[, timeout]) -> sub-group, or nil on ranks not in it */
 static int l_new_group(lua_State *L) {
   crun_pg_t *pg = check_pg(L, 1);
-  luaL_checktype(L, 2, LUA_TTABLE);
+  crun_l_checktype(L, 2, LUA_TTABLE);
   int n = (int)luaL_len(L, 2);
   int *ranks = lua_newuserdatauv(L, sizeof(int) * (size_t)(n + 1), 0);
   for (int i = 0; i < n; i++) {
     lua_geti(L, 2, i + 1);
-    if (!lua_isinteger(L, -1)) luaL_error(L, "bad argument #1 to 'new_group' (entry %d is not an integer rank)", i + 1);
+    if (!lua_isinteger(L, -1)) crun_l_error(L, "EINVAL: bad argument #1 to 'new_group' (entry %d is not an integer rank)", i + 1);
     ranks[i] = (int)crun_l_check_range(L, lua_tointeger(L, -1), 0, crun_pg_size(pg) - 1, "new_group", "rank");
     lua_pop(L, 1);
   }
   crun_pg_t *g = NULL;
-  CRUN_L_CHECK(L, crun_pg_new_group(pg, ranks, n, luaL_optnumber(L, 3, 0), &g));
+  CRUN_L_CHECK(L, crun_pg_new_group(pg, ranks, n, crun_l_optnumber(L, 3, 0), &g));
   if (!g) lua_pushnil(L);
   else push_pg(L, g);
   return 1;
@@ -426,21 +426,21 @@ static int l_global_rank(lua_State *L) {
 /* pg:timeout([seconds]) -> the default deadline (sets it first when given). */
 static int l_timeout(lua_State *L) {
   crun_pg_t *pg = check_pg(L, 1);
-  if (!lua_isnoneornil(L, 2)) crun_pg_set_timeout(pg, luaL_checknumber(L, 2));
+  if (!lua_isnoneornil(L, 2)) crun_pg_set_timeout(pg, crun_l_checknumber(L, 2));
   lua_pushnumber(L, crun_pg_get_timeout(pg));
   return 1;
 }
 
 /* pg:destroy(): drops the group (queued work finishes first); idempotent. */
 static int l_destroy(lua_State *L) {
-  l_pg *u = luaL_checkudata(L, 1, PG_MT);
+  l_pg *u = crun_l_checkudata(L, 1, PG_MT);
   if (u->pg) crun_pg_release(u->pg);
   u->pg = NULL;
   return 0;
 }
 
 static int l_pg_tostring(lua_State *L) {
-  l_pg *u = luaL_checkudata(L, 1, PG_MT);
+  l_pg *u = crun_l_checkudata(L, 1, PG_MT);
   if (!u->pg) lua_pushstring(L, "crun.ProcessGroup (destroyed)");
   else lua_pushfstring(L, "crun.ProcessGroup (rank %d of %d, %s)", crun_pg_rank(u->pg), crun_pg_size(u->pg), crun_pg_backend(u->pg));
   return 1;
@@ -449,7 +449,7 @@ static int l_pg_tostring(lua_State *L) {
 /* ---------------------------------------------------------------- Work */
 
 static crun_work_t *check_work(lua_State *L, int idx) {
-  l_work *u = luaL_checkudata(L, idx, WORK_MT);
+  l_work *u = crun_l_checkudata(L, idx, WORK_MT);
   if (!u->w) {
     crun_error(CRUN_ECLOSED, "the work handle was released");
     crun_l_fail(L, CRUN_ECLOSED);
@@ -460,7 +460,7 @@ static crun_work_t *check_work(lua_State *L, int idx) {
 /* w:wait([timeout]) -> true; raises the operation's error. */
 static int l_work_wait(lua_State *L) {
   crun_work_t *w = check_work(L, 1);
-  int rc = crun_work_wait(w, luaL_optnumber(L, 2, 0));
+  int rc = crun_work_wait(w, crun_l_optnumber(L, 2, 0));
   unpin_if_done(L, 1);
   CRUN_L_CHECK(L, rc);
   lua_pushboolean(L, 1);
@@ -519,7 +519,7 @@ static int l_work_get_future(lua_State *L) {
 
 /* __gc/__close: waits for unfinished work (its tensors are referenced here) then releases. */
 static int l_work_gc(lua_State *L) {
-  l_work *u = luaL_checkudata(L, 1, WORK_MT);
+  l_work *u = crun_l_checkudata(L, 1, WORK_MT);
   if (u->w) {
     crun_work_wait(u->w, 0);
     unpin_if_done(L, 1);
@@ -530,7 +530,7 @@ static int l_work_gc(lua_State *L) {
 }
 
 static int l_work_tostring(lua_State *L) {
-  l_work *u = luaL_checkudata(L, 1, WORK_MT);
+  l_work *u = crun_l_checkudata(L, 1, WORK_MT);
   if (!u->w) lua_pushstring(L, "crun.Work (released)");
   else lua_pushfstring(L, "crun.Work (%s, %s)", crun_work_describe(u->w), crun_work_is_completed(u->w) ? "completed" : "pending");
   return 1;
@@ -538,7 +538,7 @@ static int l_work_tostring(lua_State *L) {
 
 /* core.pg_new{store=, rank=, world_size=, timeout=, backend=, name=} */
 static int l_pg_new(lua_State *L) {
-  luaL_checktype(L, 1, LUA_TTABLE);
+  crun_l_checktype(L, 1, LUA_TTABLE);
   crun_pg_opts_t o = {0};
   lua_getfield(L, 1, "store");
   o.store = crun_l_check_store(L, lua_gettop(L));

@@ -44,7 +44,7 @@ static int store_fail(lua_State *L, int rc) {
   } while (0)
 
 crun_store_t *crun_l_check_store(lua_State *L, int idx) {
-  l_store_t *u = luaL_checkudata(L, idx, STORE_MT);
+  l_store_t *u = crun_l_checkudata(L, idx, STORE_MT);
   if (!u->s) {
     crun_error(CRUN_ECLOSED, "the %s store is closed", u->kind);
     crun_l_fail(L, CRUN_ECLOSED);
@@ -71,12 +71,12 @@ static size_t check_keys(lua_State *L, int idx, const char ***out) {
     *out = ks;
     return 1;
   }
-  luaL_checktype(L, idx, LUA_TTABLE);
+  crun_l_checktype(L, idx, LUA_TTABLE);
   size_t n = (size_t)luaL_len(L, idx);
   const char **ks = lua_newuserdatauv(L, (n ? n : 1) * sizeof *ks, 0);
   for (size_t i = 0; i < n; i++) {
     if (lua_geti(L, idx, (lua_Integer)i + 1) != LUA_TSTRING)
-      luaL_error(L, "bad argument #%d (key #%d is a %s, string expected)", idx - 1, (int)i + 1,
+      crun_l_error(L, "EINVAL: bad argument #%d (key #%d is a %s, string expected)", idx - 1, (int)i + 1,
                  luaL_typename(L, -1));
     ks[i] = lua_tostring(L, -1);
     lua_pop(L, 1); /* the table keeps the string alive */
@@ -95,7 +95,7 @@ static void push_buf(lua_State *L, crun_buf_t *b) {
 
 /* store.tcp{host=, port=, is_master=, world_size=, timeout=, connect_timeout=, token=} */
 static int l_store_tcp(lua_State *L) {
-  luaL_checktype(L, 1, LUA_TTABLE);
+  crun_l_checktype(L, 1, LUA_TTABLE);
   crun_store_tcp_opts_t o = {0};
   o.host = crun_l_optfield_string(L, 1, "host", "127.0.0.1");
   o.port = (int)crun_l_optfield_range(L, 1, "port", -1, -1, 65535, "store.tcp");
@@ -104,7 +104,7 @@ static int l_store_tcp(lua_State *L) {
   o.timeout = crun_l_optfield_number(L, 1, "timeout", 0);
   o.connect_timeout = crun_l_optfield_number(L, 1, "connect_timeout", 0);
   o.token = crun_l_optfield_string(L, 1, "token", NULL); /* nil: CRUN_TOKEN; "": none */
-  if (o.port < 0) return luaL_error(L, "bad argument #1 to 'tcp' (field 'port' is required)");
+  if (o.port < 0) return crun_l_error(L, "EINVAL: bad argument #1 to 'tcp' (field 'port' is required)");
   crun_store_t *s;
   STORE_CHECK(L, crun_store_tcp_new(&o, &s));
   return push_store(L, s, "tcp");
@@ -114,8 +114,8 @@ static int l_store_tcp(lua_State *L) {
 static int l_store_file(lua_State *L) {
   crun_store_t *s;
   crun_store_file_opts_t o = {0};
-  o.world_size = (int)crun_l_check_range(L, luaL_optinteger(L, 2, 0), 0, INT_MAX, "store.file", "world_size");
-  STORE_CHECK(L, crun_store_file_open(luaL_checkstring(L, 1), &o, &s));
+  o.world_size = (int)crun_l_check_range(L, crun_l_optinteger(L, 2, 0), 0, INT_MAX, "store.file", "world_size");
+  STORE_CHECK(L, crun_store_file_open(crun_l_checkstring(L, 1), &o, &s));
   return push_store(L, s, "file");
 }
 
@@ -128,7 +128,7 @@ static int l_store_hash(lua_State *L) {
 
 /* store.prefix(prefix, inner) */
 static int l_store_prefix(lua_State *L) {
-  const char *prefix = luaL_checkstring(L, 1);
+  const char *prefix = crun_l_checkstring(L, 1);
   crun_store_t *inner = crun_l_check_store(L, 2), *s;
   STORE_CHECK(L, crun_store_prefix_new(prefix, inner, &s));
   return push_store(L, s, "prefix");
@@ -141,7 +141,7 @@ static int key_value_op(lua_State *L,
                         int (*op)(crun_store_t *, const char *, const void *, size_t)) {
   crun_store_t *s = crun_l_check_store(L, 1);
   size_t len;
-  const char *k = luaL_checkstring(L, 2), *v = luaL_checklstring(L, 3, &len);
+  const char *k = crun_l_checkstring(L, 2), *v = crun_l_checklstring(L, 3, &len);
   STORE_CHECK(L, op(s, k, v, len));
   return 0;
 }
@@ -153,7 +153,7 @@ static int m_set(lua_State *L) { return key_value_op(L, crun_store_set); }
 static int m_get(lua_State *L) {
   crun_store_t *s = crun_l_check_store(L, 1);
   crun_buf_t b;
-  STORE_CHECK(L, crun_store_get(s, luaL_checkstring(L, 2), &b));
+  STORE_CHECK(L, crun_store_get(s, crun_l_checkstring(L, 2), &b));
   push_buf(L, &b);
   return 1;
 }
@@ -162,7 +162,7 @@ static int m_get(lua_State *L) {
 static int m_add(lua_State *L) {
   crun_store_t *s = crun_l_check_store(L, 1);
   int64_t v;
-  STORE_CHECK(L, crun_store_add(s, luaL_checkstring(L, 2), luaL_checkinteger(L, 3), &v));
+  STORE_CHECK(L, crun_store_add(s, crun_l_checkstring(L, 2), crun_l_checkinteger(L, 3), &v));
   lua_pushinteger(L, (lua_Integer)v);
   return 1;
 }
@@ -171,8 +171,8 @@ static int m_add(lua_State *L) {
 static int m_compare_set(lua_State *L) {
   crun_store_t *s = crun_l_check_store(L, 1);
   size_t el, dl;
-  const char *k = luaL_checkstring(L, 2);
-  const char *e = luaL_checklstring(L, 3, &el), *d = luaL_checklstring(L, 4, &dl);
+  const char *k = crun_l_checkstring(L, 2);
+  const char *e = crun_l_checklstring(L, 3, &el), *d = crun_l_checklstring(L, 4, &dl);
   crun_buf_t b;
   STORE_CHECK(L, crun_store_compare_set(s, k, e, el, d, dl, &b));
   push_buf(L, &b);
@@ -182,9 +182,9 @@ static int m_compare_set(lua_State *L) {
 /* s:wait(keys[, timeout]) */
 static int m_wait(lua_State *L) {
   crun_store_t *s = crun_l_check_store(L, 1);
-  double timeout = luaL_optnumber(L, 3, 0);
+  double timeout = crun_l_optnumber(L, 3, 0);
   if (!lua_isnoneornil(L, 3) && timeout <= 0)
-    return luaL_argerror(L, 3, "timeout must be > 0 seconds");
+    return crun_l_argerror(L, 3, "timeout must be > 0 seconds");
   lua_settop(L, 3);
   const char **ks;
   size_t n = check_keys(L, 2, &ks);
@@ -207,7 +207,7 @@ static int m_check(lua_State *L) {
 static int m_delete_key(lua_State *L) {
   crun_store_t *s = crun_l_check_store(L, 1);
   int existed;
-  STORE_CHECK(L, crun_store_delete_key(s, luaL_checkstring(L, 2), &existed));
+  STORE_CHECK(L, crun_store_delete_key(s, crun_l_checkstring(L, 2), &existed));
   lua_pushboolean(L, existed);
   return 1;
 }
@@ -244,16 +244,16 @@ static int m_multi_set(lua_State *L) {
   crun_store_t *s = crun_l_check_store(L, 1);
   const char **ks;
   size_t n = check_keys(L, 2, &ks);
-  luaL_checktype(L, 3, LUA_TTABLE);
+  crun_l_checktype(L, 3, LUA_TTABLE);
   if ((size_t)luaL_len(L, 3) != n)
-    return luaL_error(L, "bad argument #3 to 'multi_set' (%d values for %d keys)",
+    return crun_l_error(L, "EINVAL: bad argument #3 to 'multi_set' (%d values for %d keys)",
                       (int)luaL_len(L, 3), (int)n);
   const void **vs = lua_newuserdatauv(L, (n ? n : 1) * sizeof *vs, 0);
   size_t *ls = lua_newuserdatauv(L, (n ? n : 1) * sizeof *ls, 0);
   for (size_t i = 0; i < n; i++) {
     lua_geti(L, 3, (lua_Integer)i + 1);
     if (!lua_isstring(L, -1))
-      return luaL_error(L, "bad argument #3 to 'multi_set' (value #%d is a %s, string expected)",
+      return crun_l_error(L, "EINVAL: bad argument #3 to 'multi_set' (value #%d is a %s, string expected)",
                         (int)i + 1, luaL_typename(L, -1));
     vs[i] = lua_tolstring(L, -1, &ls[i]); /* a number becomes a string kept on the stack */
   }
@@ -338,8 +338,8 @@ static int m_list_keys(lua_State *L) {
 /* s:set_timeout(seconds) */
 static int m_set_timeout(lua_State *L) {
   crun_store_t *s = crun_l_check_store(L, 1);
-  double t = luaL_checknumber(L, 2);
-  luaL_argcheck(L, t > 0, 2, "timeout must be > 0 seconds");
+  double t = crun_l_checknumber(L, 2);
+  crun_l_argcheck(L, t > 0, 2, "timeout must be > 0 seconds");
   crun_store_set_timeout(s, t);
   return 0;
 }
@@ -360,21 +360,21 @@ static int m_port(lua_State *L) {
 
 /* s:kind() -> "tcp" | "file" | "hash" | "prefix" */
 static int m_kind(lua_State *L) {
-  l_store_t *u = luaL_checkudata(L, 1, STORE_MT);
+  l_store_t *u = crun_l_checkudata(L, 1, STORE_MT);
   lua_pushstring(L, u->kind);
   return 1;
 }
 
 /* s:close(): drops this handle's reference (idempotent; also __gc/__close). */
 static int m_close(lua_State *L) {
-  l_store_t *u = luaL_checkudata(L, 1, STORE_MT);
+  l_store_t *u = crun_l_checkudata(L, 1, STORE_MT);
   if (u->s) crun_store_release(u->s);
   u->s = NULL;
   return 0;
 }
 
 static int m_tostring(lua_State *L) {
-  l_store_t *u = luaL_checkudata(L, 1, STORE_MT);
+  l_store_t *u = crun_l_checkudata(L, 1, STORE_MT);
   int p = u->s ? crun_store_tcp_port(u->s) : -1;
   if (!u->s) lua_pushfstring(L, "crun.Store(%s, closed)", u->kind);
   else if (p >= 0) lua_pushfstring(L, "crun.Store(%s, port %d)", u->kind, p);
@@ -387,9 +387,9 @@ static int m_tostring(lua_State *L) {
 /* store_server(host, port[, token]) -> crun.StoreServer; host defaults to loopback
  * (serving other hosts is asked for by naming the address to bind). */
 static int l_store_server(lua_State *L) {
-  const char *host = luaL_optstring(L, 1, "127.0.0.1");
-  int port = (int)crun_l_check_range(L, luaL_optinteger(L, 2, 0), 0, 65535, "store.server", "port");
-  const char *token = luaL_optstring(L, 3, NULL); /* nil: CRUN_TOKEN; "": none */
+  const char *host = crun_l_optstring(L, 1, "127.0.0.1");
+  int port = (int)crun_l_check_range(L, crun_l_optinteger(L, 2, 0), 0, 65535, "store.server", "port");
+  const char *token = crun_l_optstring(L, 3, NULL); /* nil: CRUN_TOKEN; "": none */
   l_server_t *u = lua_newuserdatauv(L, sizeof *u, 0);
   u->srv = NULL;
   luaL_setmetatable(L, SERVER_MT);
@@ -398,7 +398,7 @@ static int l_store_server(lua_State *L) {
 }
 
 static l_server_t *check_server(lua_State *L) {
-  l_server_t *u = luaL_checkudata(L, 1, SERVER_MT);
+  l_server_t *u = crun_l_checkudata(L, 1, SERVER_MT);
   if (!u->srv) {
     crun_error(CRUN_ECLOSED, "the store server is stopped");
     crun_l_fail(L, CRUN_ECLOSED);
@@ -412,7 +412,7 @@ static int srv_port(lua_State *L) {
 }
 
 static int srv_stop(lua_State *L) {
-  l_server_t *u = luaL_checkudata(L, 1, SERVER_MT);
+  l_server_t *u = crun_l_checkudata(L, 1, SERVER_MT);
   if (u->srv) crun_store_server_stop(u->srv);
   u->srv = NULL;
   return 0;

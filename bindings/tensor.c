@@ -23,8 +23,8 @@ typedef struct {
 } tbox;
 
 crun_tensor_t *crun_l_check_tensor(lua_State *L, int idx) {
-  tbox *box = luaL_checkudata(L, idx, TENSOR_MT);
-  if (!box->t) luaL_argerror(L, idx, "tensor is closed");
+  tbox *box = crun_l_checkudata(L, idx, TENSOR_MT);
+  if (!box->t) crun_l_argerror(L, idx, "tensor is closed");
   return box->t;
 }
 
@@ -46,7 +46,7 @@ int crun_l_tensor_pin(lua_State *L, int idx, int delta) {
 /* Returns the tensor at idx, or NULL when the value there is not a tensor. */
 static crun_tensor_t *test_tensor(lua_State *L, int idx) {
   tbox *box = luaL_testudata(L, idx, TENSOR_MT);
-  if (box && !box->t) luaL_argerror(L, idx, "tensor is closed");
+  if (box && !box->t) crun_l_argerror(L, idx, "tensor is closed");
   return box ? box->t : NULL;
 }
 
@@ -65,8 +65,8 @@ static int push_owned(lua_State *L, int rc, crun_tensor_t **t) {
 static crun_dtype_t opt_dtype(lua_State *L, int idx, crun_dtype_t def) {
   if (lua_isnoneornil(L, idx)) return def;
   crun_dtype_t dt;
-  if (crun_dtype_parse(luaL_checkstring(L, idx), &dt) < 0)
-    luaL_argerror(L, idx, lua_pushfstring(L, "unknown dtype '%s'", lua_tostring(L, idx)));
+  if (crun_dtype_parse(crun_l_checkstring(L, idx), &dt) < 0)
+    crun_l_argerror(L, idx, lua_pushfstring(L, "unknown dtype '%s'", lua_tostring(L, idx)));
   return dt;
 }
 
@@ -76,13 +76,13 @@ static int read_shape(lua_State *L, int idx, int64_t *shape, int *ndim) {
   int n = 0;
   if (lua_istable(L, idx)) {
     n = (int)luaL_len(L, idx);
-    if (n > CRUN_MAX_DIMS) luaL_argerror(L, idx, "too many dims (at most 8)");
+    if (n > CRUN_MAX_DIMS) crun_l_argerror(L, idx, "too many dims (at most 8)");
     for (int i = 0; i < n; i++) {
       lua_geti(L, idx, i + 1);
       int ok;
       lua_Integer v = lua_tointegerx(L, -1, &ok);
       if (!ok || v < 0)
-        luaL_argerror(L, idx, lua_pushfstring(L, "shape entry %d must be an integer >= 0", i + 1));
+        crun_l_argerror(L, idx, lua_pushfstring(L, "shape entry %d must be an integer >= 0", i + 1));
       shape[i] = v;
       lua_pop(L, 1);
     }
@@ -90,9 +90,9 @@ static int read_shape(lua_State *L, int idx, int64_t *shape, int *ndim) {
     return idx + 1;
   }
   while (lua_type(L, idx + n) == LUA_TNUMBER) {
-    if (n == CRUN_MAX_DIMS) luaL_argerror(L, idx + n, "too many dims (at most 8)");
-    lua_Integer v = luaL_checkinteger(L, idx + n);
-    if (v < 0) luaL_argerror(L, idx + n, "size must be >= 0");
+    if (n == CRUN_MAX_DIMS) crun_l_argerror(L, idx + n, "too many dims (at most 8)");
+    lua_Integer v = crun_l_checkinteger(L, idx + n);
+    if (v < 0) crun_l_argerror(L, idx + n, "size must be >= 0");
     shape[n++] = v;
   }
   *ndim = n;
@@ -101,19 +101,19 @@ static int read_shape(lua_State *L, int idx, int64_t *shape, int *ndim) {
 
 /* Reads a 1-based (or negative, from the end) dim at arg; returns it 0-based. */
 static int check_dim(lua_State *L, int arg, const crun_tensor_t *t) {
-  lua_Integer d = luaL_checkinteger(L, arg);
+  lua_Integer d = crun_l_checkinteger(L, arg);
   int nd = crun_tensor_ndim(t);
   if (d < 0) d += nd + 1;
   if (d < 1 || d > nd)
-    luaL_argerror(L, arg, lua_pushfstring(L, "dim %I out of range for a %d-d tensor",
-                                          luaL_checkinteger(L, arg), nd));
+    crun_l_argerror(L, arg, lua_pushfstring(L, "dim %I out of range for a %d-d tensor",
+                                          crun_l_checkinteger(L, arg), nd));
   return (int)d - 1;
 }
 
 /* Reads a 1-based index at arg for a dim of the given size; returns 0-based. */
 static int64_t check_index(lua_State *L, int arg, lua_Integer i, int64_t size) {
   if (i < 1 || i > size)
-    luaL_argerror(L, arg, lua_pushfstring(L, "index %I out of range (size %I)", i, (lua_Integer)size));
+    crun_l_argerror(L, arg, lua_pushfstring(L, "index %I out of range (size %I)", i, (lua_Integer)size));
   return i - 1;
 }
 
@@ -139,7 +139,7 @@ static void set_elem_at(lua_State *L, int varg, crun_tensor_t *t, const int64_t 
   else if (lua_isinteger(L, varg) && crun_dtype_is_integer(crun_tensor_dtype(t)))
     CRUN_L_CHECK(L, crun_tensor_set_int64(t, idx, lua_tointeger(L, varg)));
   else
-    CRUN_L_CHECK(L, crun_tensor_set_double(t, idx, luaL_checknumber(L, varg)));
+    CRUN_L_CHECK(L, crun_tensor_set_double(t, idx, crun_l_checknumber(L, varg)));
 }
 
 /* ------------------------------------------------------------ factories */
@@ -171,7 +171,7 @@ static double check_fill_value(lua_State *L, int idx);
 static int t_full(lua_State *L) {
   int64_t shape[CRUN_MAX_DIMS];
   int nd;
-  luaL_checktype(L, 1, LUA_TTABLE);
+  crun_l_checktype(L, 1, LUA_TTABLE);
   read_shape(L, 1, shape, &nd);
   double v = check_fill_value(L, 2);
   crun_tensor_t *t;
@@ -185,14 +185,14 @@ static int t_full(lua_State *L) {
 static int t_arange(lua_State *L) {
   int nnum = 0;
   while (nnum < 3 && lua_type(L, nnum + 1) == LUA_TNUMBER) nnum++;
-  if (nnum == 0) luaL_argerror(L, 1, "number expected");
+  if (nnum == 0) crun_l_argerror(L, 1, "number expected");
   int ints = 1;
   for (int i = 1; i <= nnum; i++) ints &= lua_isinteger(L, i);
   double a = nnum >= 2 ? lua_tonumber(L, 1) : 0, b = lua_tonumber(L, nnum >= 2 ? 2 : 1);
   double step = nnum == 3 ? lua_tonumber(L, 3) : 1;
-  if (step == 0 || isnan(step)) luaL_argerror(L, 3, "step must be non-zero");
+  if (step == 0 || isnan(step)) crun_l_argerror(L, 3, "step must be non-zero");
   double cnt = ceil((b - a) / step);
-  if (cnt > 1e12) luaL_argerror(L, 1, "range too large");
+  if (cnt > 1e12) crun_l_argerror(L, 1, "range too large");
   int64_t n = cnt > 0 ? (int64_t)cnt : 0;
   crun_tensor_t *t;
   int rc = crun_tensor_empty(opt_dtype(L, nnum + 1, ints ? CRUN_INT64 : CRUN_FLOAT32), 1, &n, &t);
@@ -209,7 +209,7 @@ static void nested_shape(lua_State *L, int idx, int64_t *shape, int *nd) {
   int n = 0;
   lua_pushvalue(L, idx);
   while (lua_istable(L, -1)) {
-    if (n == CRUN_MAX_DIMS) luaL_argerror(L, 1, "nested too deep (at most 8 dims)");
+    if (n == CRUN_MAX_DIMS) crun_l_argerror(L, 1, "nested too deep (at most 8 dims)");
     shape[n++] = (int64_t)luaL_len(L, -1);
     lua_geti(L, -1, 1);
     lua_remove(L, -2);
@@ -224,7 +224,7 @@ static void nested_fill(lua_State *L, crun_tensor_t *t, int d, int64_t *idx) {
   int nd = crun_tensor_ndim(t);
   const int64_t *shape = crun_tensor_shape(t);
   if (!lua_istable(L, -1) || luaL_len(L, -1) != shape[d])
-    luaL_argerror(L, 1, lua_pushfstring(L, "ragged nested table: an entry at depth %d has %I entries, "
+    crun_l_argerror(L, 1, lua_pushfstring(L, "ragged nested table: an entry at depth %d has %I entries, "
                                         "expected %I", d + 1, lua_istable(L, -1) ? luaL_len(L, -1) : 0,
                                         (lua_Integer)shape[d]));
   for (int64_t i = 0; i < shape[d]; i++) {
@@ -234,7 +234,7 @@ static void nested_fill(lua_State *L, crun_tensor_t *t, int d, int64_t *idx) {
       nested_fill(L, t, d + 1, idx);
     } else {
       if (lua_type(L, -1) != LUA_TNUMBER && !lua_isboolean(L, -1))
-        luaL_argerror(L, 1, lua_pushfstring(L, "element %I at depth %d is a %s, number expected",
+        crun_l_argerror(L, 1, lua_pushfstring(L, "element %I at depth %d is a %s, number expected",
                                             (lua_Integer)i + 1, d + 1, luaL_typename(L, -1)));
       set_elem_at(L, lua_gettop(L), t, idx);
     }
@@ -244,7 +244,7 @@ static void nested_fill(lua_State *L, crun_tensor_t *t, int d, int64_t *idx) {
 
 /* tensor.new(nested_table[, dtype]) */
 static int t_new(lua_State *L) {
-  luaL_checktype(L, 1, LUA_TTABLE);
+  crun_l_checktype(L, 1, LUA_TTABLE);
   int64_t shape[CRUN_MAX_DIMS], idx[CRUN_MAX_DIMS];
   int nd;
   nested_shape(L, 1, shape, &nd);
@@ -264,22 +264,22 @@ static int t_from_bytes(lua_State *L) {
   crun_dtype_t dt = opt_dtype(L, 1, CRUN_FLOAT32);
   int64_t shape[CRUN_MAX_DIMS];
   int nd;
-  luaL_checktype(L, 2, LUA_TTABLE);
+  crun_l_checktype(L, 2, LUA_TTABLE);
   read_shape(L, 2, shape, &nd);
   size_t len;
-  const char *s = luaL_checklstring(L, 3, &len);
+  const char *s = crun_l_checklstring(L, 3, &len);
   crun_tensor_t *t;
   return push_owned(L, crun_tensor_from_data(dt, nd, shape, s, len, &t), &t);
 }
 
 /* ------------------------------------------------------------ generators */
 
-static crun_generator_t *check_gen(lua_State *L, int idx) { return luaL_checkudata(L, idx, GEN_MT); }
+static crun_generator_t *check_gen(lua_State *L, int idx) { return crun_l_checkudata(L, idx, GEN_MT); }
 
 static uint64_t check_seed(lua_State *L, int idx) {
   if (lua_isinteger(L, idx)) return (uint64_t)lua_tointeger(L, idx);
-  double d = luaL_checknumber(L, idx);
-  if (d != floor(d)) luaL_argerror(L, idx, "seed must be an integer");
+  double d = crun_l_checknumber(L, idx);
+  if (d != floor(d)) crun_l_argerror(L, idx, "seed must be an integer");
   return (uint64_t)(int64_t)d;
 }
 
@@ -299,13 +299,13 @@ static int g_manual_seed(lua_State *L) {
 }
 static int g_uniform(lua_State *L) {
   crun_generator_t *g = check_gen(L, 1);
-  double lo = luaL_optnumber(L, 2, 0), hi = luaL_optnumber(L, 3, 1);
+  double lo = crun_l_optnumber(L, 2, 0), hi = crun_l_optnumber(L, 3, 1);
   lua_pushnumber(L, lo + (hi - lo) * crun_generator_uniform(g));
   return 1;
 }
 static int g_normal(lua_State *L) {
   crun_generator_t *g = check_gen(L, 1);
-  lua_pushnumber(L, luaL_optnumber(L, 2, 0) + luaL_optnumber(L, 3, 1) * crun_generator_normal(g));
+  lua_pushnumber(L, crun_l_optnumber(L, 2, 0) + crun_l_optnumber(L, 3, 1) * crun_generator_normal(g));
   return 1;
 }
 /* g:random(n) -> integer in [1, n] (like math.random(n)); no n: a raw 63-bit integer. */
@@ -316,8 +316,8 @@ static int g_random(lua_State *L) {
     lua_pushinteger(L, (lua_Integer)(r >> 1));
     return 1;
   }
-  lua_Integer n = luaL_checkinteger(L, 2);
-  luaL_argcheck(L, n >= 1, 2, "n must be >= 1");
+  lua_Integer n = crun_l_checkinteger(L, 2);
+  crun_l_argcheck(L, n >= 1, 2, "n must be >= 1");
   lua_pushinteger(L, (lua_Integer)((r >> 1) % (uint64_t)n) + 1);
   return 1;
 }
@@ -365,11 +365,11 @@ static int t_rand(lua_State *L) { return random_tensor(L, 0); }
 /* tensor.randint(lo, hi, shape[, opts]): uniform integers in [lo, hi), int64
  * unless opts/dtype says otherwise; opts as for rand. */
 static int t_randint(lua_State *L) {
-  lua_Integer lo = luaL_checkinteger(L, 1), hi = luaL_checkinteger(L, 2);
-  luaL_argcheck(L, lo < hi, 2, "empty range (hi must be > lo)");
+  lua_Integer lo = crun_l_checkinteger(L, 1), hi = crun_l_checkinteger(L, 2);
+  crun_l_argcheck(L, lo < hi, 2, "empty range (hi must be > lo)");
   int64_t shape[CRUN_MAX_DIMS];
   int nd;
-  luaL_checktype(L, 3, LUA_TTABLE);
+  crun_l_checktype(L, 3, LUA_TTABLE);
   read_shape(L, 3, shape, &nd);
   crun_dtype_t dt = CRUN_INT64;
   crun_generator_t local, *g = default_gen(L);
@@ -403,7 +403,7 @@ static int random_fill(lua_State *L,
                        int (*fill)(crun_tensor_t *, crun_generator_t *, double, double)) {
   crun_tensor_t *t = crun_l_check_tensor(L, 1);
   crun_generator_t *g = lua_isnoneornil(L, 4) ? default_gen(L) : check_gen(L, 4);
-  CRUN_L_CHECK(L, fill(t, g, luaL_optnumber(L, 2, 0), luaL_optnumber(L, 3, 1)));
+  CRUN_L_CHECK(L, fill(t, g, crun_l_optnumber(L, 2, 0), crun_l_optnumber(L, 3, 1)));
   lua_settop(L, 1);
   return 1;
 }
@@ -490,7 +490,7 @@ static int m_totable(lua_State *L) {
 static int m_item(lua_State *L) {
   crun_tensor_t *t = crun_l_check_tensor(L, 1);
   if (crun_tensor_numel(t) != 1)
-    luaL_argerror(L, 1, lua_pushfstring(L, "item() needs one element, tensor has %I",
+    crun_l_argerror(L, 1, lua_pushfstring(L, "item() needs one element, tensor has %I",
                                         (lua_Integer)crun_tensor_numel(t)));
   int64_t idx[CRUN_MAX_DIMS] = {0};
   push_elem_at(L, t, idx);
@@ -519,7 +519,7 @@ static int m_contiguous(lua_State *L) {
 /* t:to(dtype): a converted copy (t itself when the dtype is the same). */
 static int m_to(lua_State *L) {
   crun_tensor_t *t = crun_l_check_tensor(L, 1), *c;
-  luaL_checkstring(L, 2);
+  crun_l_checkstring(L, 2);
   crun_dtype_t dt = opt_dtype(L, 2, CRUN_FLOAT32);
   if (dt == crun_tensor_dtype(t)) {
     lua_settop(L, 1);
@@ -539,7 +539,7 @@ static int m_copy(lua_State *L) {
 /* A fill value: a number, or a boolean (true = 1, as torch's fill_(True)). */
 static double check_fill_value(lua_State *L, int idx) {
   if (lua_type(L, idx) == LUA_TBOOLEAN) return lua_toboolean(L, idx) ? 1.0 : 0.0;
-  return luaL_checknumber(L, idx);
+  return crun_l_checknumber(L, idx);
 }
 
 static int m_fill(lua_State *L) {
@@ -564,7 +564,7 @@ static int m_equal(lua_State *L) {
 /* t:allclose(o[, rtol=1e-5[, atol=1e-8]]) */
 static int m_allclose(lua_State *L) {
   crun_tensor_t *a = crun_l_check_tensor(L, 1), *b = crun_l_check_tensor(L, 2);
-  lua_pushboolean(L, crun_tensor_allclose(a, b, luaL_optnumber(L, 3, 1e-5), luaL_optnumber(L, 4, 1e-8)));
+  lua_pushboolean(L, crun_tensor_allclose(a, b, crun_l_optnumber(L, 3, 1e-5), crun_l_optnumber(L, 4, 1e-8)));
   return 1;
 }
 
@@ -574,12 +574,12 @@ static int m_allclose(lua_State *L) {
 static int m_narrow(lua_State *L) {
   crun_tensor_t *t = crun_l_check_tensor(L, 1), *v;
   int d = check_dim(L, 2, t);
-  lua_Integer start = luaL_checkinteger(L, 3), len = luaL_checkinteger(L, 4);
+  lua_Integer start = crun_l_checkinteger(L, 3), len = crun_l_checkinteger(L, 4);
   int64_t size = crun_tensor_shape(t)[d];
   if (start < 1 || start > size + 1)
-    luaL_argerror(L, 3, lua_pushfstring(L, "start %I out of range for dim %d of size %I", start, d + 1, (lua_Integer)size));
+    crun_l_argerror(L, 3, lua_pushfstring(L, "start %I out of range for dim %d of size %I", start, d + 1, (lua_Integer)size));
   if (len < 0 || len > size - (start - 1)) /* start <= size + 1: no overflow */
-    luaL_argerror(L, 4, lua_pushfstring(L, "length %I from %I exceeds dim %d of size %I", len, start, d + 1, (lua_Integer)size));
+    crun_l_argerror(L, 4, lua_pushfstring(L, "length %I from %I exceeds dim %d of size %I", len, start, d + 1, (lua_Integer)size));
   return push_owned(L, crun_tensor_narrow(t, d, start - 1, len, &v), &v);
 }
 
@@ -587,7 +587,7 @@ static int m_narrow(lua_State *L) {
 static int m_select(lua_State *L) {
   crun_tensor_t *t = crun_l_check_tensor(L, 1), *v;
   int d = check_dim(L, 2, t);
-  int64_t i = check_index(L, 3, luaL_checkinteger(L, 3), crun_tensor_shape(t)[d]);
+  int64_t i = check_index(L, 3, crun_l_checkinteger(L, 3), crun_tensor_shape(t)[d]);
   return push_owned(L, crun_tensor_select(t, d, i, &v), &v);
 }
 
@@ -596,19 +596,19 @@ static int read_view_shape(lua_State *L, int64_t *shape) {
   int n = 0;
   if (lua_istable(L, 2)) {
     n = (int)luaL_len(L, 2);
-    luaL_argcheck(L, n <= CRUN_MAX_DIMS, 2, "too many dims");
+    crun_l_argcheck(L, n <= CRUN_MAX_DIMS, 2, "too many dims");
     for (int i = 0; i < n; i++) {
       lua_geti(L, 2, i + 1);
       int ok;
       shape[i] = lua_tointegerx(L, -1, &ok);
-      if (!ok) luaL_argerror(L, 2, "shape entries must be integers");
+      if (!ok) crun_l_argerror(L, 2, "shape entries must be integers");
       lua_pop(L, 1);
     }
     return n;
   }
   for (; !lua_isnone(L, 2 + n); n++) {
-    luaL_argcheck(L, n < CRUN_MAX_DIMS, 2 + n, "too many dims");
-    shape[n] = luaL_checkinteger(L, 2 + n);
+    crun_l_argcheck(L, n < CRUN_MAX_DIMS, 2 + n, "too many dims");
+    shape[n] = crun_l_checkinteger(L, 2 + n);
   }
   return n;
 }
@@ -646,7 +646,7 @@ static int m_transpose(lua_State *L) {
 static int m_t(lua_State *L) {
   crun_tensor_t *t = crun_l_check_tensor(L, 1), *v;
   if (crun_tensor_ndim(t) != 2)
-    luaL_argerror(L, 1, lua_pushfstring(L, "t() expects a 2-d tensor, got %d-d", crun_tensor_ndim(t)));
+    crun_l_argerror(L, 1, lua_pushfstring(L, "t() expects a 2-d tensor, got %d-d", crun_tensor_ndim(t)));
   return push_owned(L, crun_tensor_transpose(t, 0, 1, &v), &v);
 }
 
@@ -664,15 +664,15 @@ static int m_is_same_storage(lua_State *L) {
 static void table_index(lua_State *L, int arg, const crun_tensor_t *t, int64_t *idx) {
   int nd = crun_tensor_ndim(t);
   if (luaL_len(L, arg) != nd)
-    luaL_argerror(L, arg, lua_pushfstring(L, "index has %I entries, tensor has %d dims", luaL_len(L, arg), nd));
+    crun_l_argerror(L, arg, lua_pushfstring(L, "index has %I entries, tensor has %d dims", luaL_len(L, arg), nd));
   for (int d = 0; d < nd; d++) {
     lua_geti(L, arg, d + 1);
     int ok;
     lua_Integer i = lua_tointegerx(L, -1, &ok);
-    if (!ok) luaL_argerror(L, arg, "index entries must be integers");
+    if (!ok) crun_l_argerror(L, arg, "index entries must be integers");
     lua_pop(L, 1);
     if (i < 1 || i > crun_tensor_shape(t)[d])
-      luaL_argerror(L, arg, lua_pushfstring(L, "index %I out of range for dim %d of size %I", i, d + 1,
+      crun_l_argerror(L, arg, lua_pushfstring(L, "index %I out of range for dim %d of size %I", i, d + 1,
                                             (lua_Integer)crun_tensor_shape(t)[d]));
     idx[d] = i - 1;
   }
@@ -680,10 +680,10 @@ static void table_index(lua_State *L, int arg, const crun_tensor_t *t, int64_t *
 
 /* Checks a 1-based index into dim 1; returns it 0-based. */
 static int64_t row_index(lua_State *L, const crun_tensor_t *t, lua_Integer i) {
-  if (crun_tensor_ndim(t) == 0) luaL_argerror(L, 2, "cannot index a 0-d tensor (use item())");
+  if (crun_tensor_ndim(t) == 0) crun_l_argerror(L, 2, "cannot index a 0-d tensor (use item())");
   int64_t size = crun_tensor_shape(t)[0];
   if (i < 1 || i > size)
-    luaL_argerror(L, 2, lua_pushfstring(L, "index %I out of range for dim 1 of size %I", i, (lua_Integer)size));
+    crun_l_argerror(L, 2, lua_pushfstring(L, "index %I out of range for dim 1 of size %I", i, (lua_Integer)size));
   return i - 1;
 }
 
@@ -712,7 +712,7 @@ static int m_index(lua_State *L) {
     push_elem_at(L, t, idx);
     return 1;
   }
-  return luaL_argerror(L, 2, lua_pushfstring(L, "integer index expected, got %s", luaL_typename(L, 2)));
+  return crun_l_argerror(L, 2, lua_pushfstring(L, "integer index expected, got %s", luaL_typename(L, 2)));
 }
 
 /* t[i] = v: sets an element (1-d) or fills / copies row i; t[{i,j}] = v. */
@@ -727,7 +727,7 @@ static int m_newindex(lua_State *L) {
   int isint;
   lua_Integer key = lua_tointegerx(L, 2, &isint);
   if (!isint || lua_type(L, 2) != LUA_TNUMBER)
-    return luaL_argerror(L, 2, lua_pushfstring(L, "integer index expected, got %s", luaL_typename(L, 2)));
+    return crun_l_argerror(L, 2, lua_pushfstring(L, "integer index expected, got %s", luaL_typename(L, 2)));
   int64_t i = row_index(L, t, key);
   if (crun_tensor_ndim(t) == 1) {
     set_elem_at(L, 3, t, &i);
@@ -746,7 +746,7 @@ static int m_newindex(lua_State *L) {
 
 static int m_len(lua_State *L) {
   crun_tensor_t *t = crun_l_check_tensor(L, 1);
-  if (crun_tensor_ndim(t) == 0) luaL_argerror(L, 1, "len() of a 0-d tensor");
+  if (crun_tensor_ndim(t) == 0) crun_l_argerror(L, 1, "len() of a 0-d tensor");
   lua_pushinteger(L, crun_tensor_shape(t)[0]);
   return 1;
 }
@@ -754,7 +754,7 @@ static int m_len(lua_State *L) {
 /* __gc: drops the reference (a pending async operation holds the box, so a
  * collected box is never in use). */
 static int m_gc(lua_State *L) {
-  tbox *box = luaL_checkudata(L, 1, TENSOR_MT);
+  tbox *box = crun_l_checkudata(L, 1, TENSOR_MT);
   crun_tensor_release(box->t);
   box->t = NULL;
   return 0;
@@ -763,7 +763,7 @@ static int m_gc(lua_State *L) {
 /* t:close() / __close: as __gc, but a tensor that a pending async operation
  * reads or writes raises ESTATE instead (wait on its work first). */
 static int m_close(lua_State *L) {
-  tbox *box = luaL_checkudata(L, 1, TENSOR_MT);
+  tbox *box = crun_l_checkudata(L, 1, TENSOR_MT);
   if (box->pins > 0) {
     crun_error(CRUN_ESTATE, "tensor close: the tensor is in use by %d pending async operation%s; "
                "wait on its work first", box->pins, box->pins == 1 ? "" : "s");
@@ -774,7 +774,7 @@ static int m_close(lua_State *L) {
 
 /* Fallback __tostring (lua/crun/tensor.lua installs the pretty printer). */
 static int m_tostring(lua_State *L) {
-  tbox *box = luaL_checkudata(L, 1, TENSOR_MT);
+  tbox *box = crun_l_checkudata(L, 1, TENSOR_MT);
   if (!box->t) {
     lua_pushstring(L, "crun.Tensor (closed)");
     return 1;
@@ -807,21 +807,21 @@ static int m_binop(lua_State *L) {
   int inplace = lua_toboolean(L, lua_upvalueindex(2));
   crun_tensor_t *a = test_tensor(L, 1), *b = test_tensor(L, 2), *r = NULL, *scaled = NULL;
   int rc;
-  if (!a && !b) return luaL_argerror(L, 1, "tensor expected");
-  if (!a && inplace) return luaL_argerror(L, 1, "tensor expected");
-  if (!a) luaL_checknumber(L, 1); /* raise before anything is allocated */
+  if (!a && !b) return crun_l_argerror(L, 1, "tensor expected");
+  if (!a && inplace) return crun_l_argerror(L, 1, "tensor expected");
+  if (!a) crun_l_checknumber(L, 1); /* raise before anything is allocated */
   if (b && !lua_isnoneornil(L, 3) && (op == CRUN_BIN_ADD || op == CRUN_BIN_SUB)) {
-    CRUN_L_CHECK(L, crun_tensor_binop_scalar(CRUN_BIN_MUL, b, luaL_checknumber(L, 3), 0, &scaled));
+    CRUN_L_CHECK(L, crun_tensor_binop_scalar(CRUN_BIN_MUL, b, crun_l_checknumber(L, 3), 0, &scaled));
     b = scaled;
   }
   if (a && b) {
     rc = inplace ? crun_tensor_binop_out(op, a, b, a) : crun_tensor_binop(op, a, b, &r);
   } else if (a) {
-    double s = luaL_checknumber(L, 2);
-    if (!lua_isnoneornil(L, 3) && (op == CRUN_BIN_ADD || op == CRUN_BIN_SUB)) s *= luaL_checknumber(L, 3);
+    double s = crun_l_checknumber(L, 2);
+    if (!lua_isnoneornil(L, 3) && (op == CRUN_BIN_ADD || op == CRUN_BIN_SUB)) s *= crun_l_checknumber(L, 3);
     rc = inplace ? crun_tensor_binop_scalar_out(op, a, s, 0, a) : crun_tensor_binop_scalar(op, a, s, 0, &r);
   } else {
-    rc = crun_tensor_binop_scalar(op, b, luaL_checknumber(L, 1), 1, &r);
+    rc = crun_tensor_binop_scalar(op, b, crun_l_checknumber(L, 1), 1, &r);
   }
   crun_tensor_release(scaled);
   if (rc < 0) crun_l_fail(L, rc);
@@ -847,7 +847,7 @@ static int m_unop(lua_State *L) {
 /* t:clamp(lo, hi) / t:clamp_(lo, hi); nil leaves that side open. */
 static int clamp_common(lua_State *L, int inplace) {
   crun_tensor_t *a = crun_l_check_tensor(L, 1), *r;
-  double lo = luaL_optnumber(L, 2, -HUGE_VAL), hi = luaL_optnumber(L, 3, HUGE_VAL);
+  double lo = crun_l_optnumber(L, 2, -HUGE_VAL), hi = crun_l_optnumber(L, 3, HUGE_VAL);
   if (inplace) {
     CRUN_L_CHECK(L, crun_tensor_clamp_out(a, lo, hi, a));
     lua_settop(L, 1);
@@ -914,14 +914,14 @@ static int m_matmul(lua_State *L) {
 static int m_mm(lua_State *L) {
   crun_tensor_t *a = crun_l_check_tensor(L, 1), *b = crun_l_check_tensor(L, 2);
   if (crun_tensor_ndim(a) != 2 || crun_tensor_ndim(b) != 2)
-    return luaL_argerror(L, crun_tensor_ndim(a) != 2 ? 1 : 2, "mm expects 2-d tensors");
+    return crun_l_argerror(L, crun_tensor_ndim(a) != 2 ? 1 : 2, "mm expects 2-d tensors");
   return m_matmul(L);
 }
 
 /* t:addmm_(A, B[, beta=1[, alpha=1]]): t = beta t + alpha A B, in place. */
 static int m_addmm_(lua_State *L) {
   crun_tensor_t *c = crun_l_check_tensor(L, 1), *a = crun_l_check_tensor(L, 2), *b = crun_l_check_tensor(L, 3);
-  CRUN_L_CHECK(L, crun_tensor_gemm(0, 0, luaL_optnumber(L, 5, 1), a, b, luaL_optnumber(L, 4, 1), c));
+  CRUN_L_CHECK(L, crun_tensor_gemm(0, 0, crun_l_optnumber(L, 5, 1), a, b, crun_l_optnumber(L, 4, 1), c));
   lua_settop(L, 1);
   return 1;
 }
@@ -930,8 +930,8 @@ static int m_addmm_(lua_State *L) {
 static int t_addmm(lua_State *L) {
   crun_tensor_t *m = crun_l_check_tensor(L, 1), *a = crun_l_check_tensor(L, 2), *b = crun_l_check_tensor(L, 3);
   crun_tensor_t *o, *e;
-  double beta = luaL_optnumber(L, 4, 1), alpha = luaL_optnumber(L, 5, 1);
-  if (crun_tensor_ndim(a) != 2 || crun_tensor_ndim(b) != 2) return luaL_argerror(L, 2, "addmm expects 2-d A and B");
+  double beta = crun_l_optnumber(L, 4, 1), alpha = crun_l_optnumber(L, 5, 1);
+  if (crun_tensor_ndim(a) != 2 || crun_tensor_ndim(b) != 2) return crun_l_argerror(L, 2, "addmm expects 2-d A and B");
   int64_t shape[2] = {crun_tensor_shape(a)[0], crun_tensor_shape(b)[1]};
   CRUN_L_CHECK(L, crun_tensor_empty(crun_tensor_dtype(a), 2, shape, &o));
   crun_l_push_tensor(L, o);
@@ -955,7 +955,7 @@ static int t_linear(lua_State *L) {
 static int t_linear_backward(lua_State *L) {
   crun_tensor_t *x = crun_l_check_tensor(L, 1), *w = crun_l_check_tensor(L, 2), *gy = crun_l_check_tensor(L, 3);
   if (crun_tensor_ndim(x) != 2 || crun_tensor_ndim(gy) != 2)
-    return luaL_argerror(L, crun_tensor_ndim(x) != 2 ? 1 : 3, "linear_backward expects 2-d x and gy");
+    return crun_l_argerror(L, crun_tensor_ndim(x) != 2 ? 1 : 3, "linear_backward expects 2-d x and gy");
   crun_tensor_t *gx, *gw, *gb;
   crun_dtype_t dt = crun_tensor_dtype(x);
   CRUN_L_CHECK(L, crun_tensor_new(dt, 2, crun_tensor_shape(x), &gx));
@@ -980,7 +980,7 @@ static crun_tensor_t *index_arg(lua_State *L, int arg, crun_tensor_t **owned) {
     lua_pop(L, 1);
     if (!ok) {
       crun_tensor_release(*owned);
-      luaL_argerror(L, arg, "index list entries must be integers");
+      crun_l_argerror(L, arg, "index list entries must be integers");
     }
   }
   return *owned;
@@ -1015,7 +1015,7 @@ static int m_scatter_add_(lua_State *L) {
 static int softmax_common(lua_State *L, int use_log) {
   crun_tensor_t *a = crun_l_check_tensor(L, 1), *r;
   int dim = lua_isnoneornil(L, 2) ? crun_tensor_ndim(a) - 1 : check_dim(L, 2, a);
-  if (crun_tensor_ndim(a) == 0) return luaL_argerror(L, 1, "softmax of a 0-d tensor");
+  if (crun_tensor_ndim(a) == 0) return crun_l_argerror(L, 1, "softmax of a 0-d tensor");
   return push_owned(L, crun_tensor_softmax(a, dim, use_log, &r), &r);
 }
 static int m_softmax(lua_State *L) { return softmax_common(L, 0); }

@@ -6,6 +6,7 @@
  * gradient buckets) serve lua/crun/{data,ddp}.lua. Outputs are tensors the caller allocated. */
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <sys/stat.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -22,8 +23,8 @@ static crun_tensor_t *opt_tensor(lua_State *L, int idx) {
 
 static crun_act_t check_act(lua_State *L, int idx) {
   crun_act_t a;
-  if (crun_act_parse(luaL_checkstring(L, idx), &a) < 0)
-    luaL_argerror(L, idx, crun_last_error());
+  if (crun_act_parse(crun_l_checkstring(L, idx), &a) < 0)
+    crun_l_argerror(L, idx, crun_last_error());
   return a;
 }
 
@@ -92,9 +93,9 @@ static int l_mse(lua_State *L) {
 
 /* nn_dropout_forward(x, y, mask, p, state) -> next state */
 static int l_dropout_forward(lua_State *L) {
-  uint64_t state = (uint64_t)luaL_checkinteger(L, 5);
+  uint64_t state = (uint64_t)crun_l_checkinteger(L, 5);
   CRUN_L_CHECK(L, crun_nn_dropout_forward(crun_l_check_tensor(L, 1), crun_l_check_tensor(L, 2),
-                                          crun_l_check_tensor(L, 3), luaL_checknumber(L, 4), &state));
+                                          crun_l_check_tensor(L, 3), crun_l_checknumber(L, 4), &state));
   lua_pushinteger(L, (lua_Integer)state);
   return 1;
 }
@@ -108,7 +109,7 @@ static int l_mul(lua_State *L) {
 
 /* optim_sgd(p, g, buf|nil, {lr=, momentum=, dampening=, weight_decay=, nesterov=, maximize=}, first) */
 static int l_sgd(lua_State *L) {
-  luaL_checktype(L, 4, LUA_TTABLE);
+  crun_l_checktype(L, 4, LUA_TTABLE);
   crun_sgd_opts_t o = {
       .lr = crun_l_optfield_number(L, 4, "lr", 0), .momentum = crun_l_optfield_number(L, 4, "momentum", 0),
       .dampening = crun_l_optfield_number(L, 4, "dampening", 0),
@@ -122,7 +123,7 @@ static int l_sgd(lua_State *L) {
 
 /* optim_adam(p, g, m, v, vmax|nil, step, {lr=, beta1=, beta2=, eps=, weight_decay=, decoupled=, amsgrad=, maximize=}) */
 static int l_adam(lua_State *L) {
-  luaL_checktype(L, 7, LUA_TTABLE);
+  crun_l_checktype(L, 7, LUA_TTABLE);
   crun_adam_opts_t o = {
       .lr = crun_l_optfield_number(L, 7, "lr", 1e-3), .beta1 = crun_l_optfield_number(L, 7, "beta1", 0.9),
       .beta2 = crun_l_optfield_number(L, 7, "beta2", 0.999), .eps = crun_l_optfield_number(L, 7, "eps", 1e-8),
@@ -132,18 +133,18 @@ static int l_adam(lua_State *L) {
       .maximize = crun_l_optfield_boolean(L, 7, "maximize", 0)};
   CRUN_L_CHECK(L, crun_optim_adam_update(crun_l_check_tensor(L, 1), crun_l_check_tensor(L, 2),
                                          crun_l_check_tensor(L, 3), crun_l_check_tensor(L, 4),
-                                         opt_tensor(L, 5), luaL_checkinteger(L, 6), &o));
+                                         opt_tensor(L, 5), crun_l_checkinteger(L, 6), &o));
   return 0;
 }
 
 /* fsync_path(path): flushes a written file to disk; raises EIO on failure. */
 static int l_fsync_path(lua_State *L) {
-  const char *path = luaL_checkstring(L, 1);
+  const char *path = crun_l_checkstring(L, 1);
   int fd = open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0 || fsync(fd) != 0) {
     int e = errno;
     if (fd >= 0) close(fd);
-    return luaL_error(L, "EIO: fsync %s: %s", path, strerror(e));
+    return crun_l_error(L, "EIO: fsync %s: %s", path, strerror(e));
   }
   close(fd);
   return 0;
@@ -157,7 +158,7 @@ static int l_fsync_path(lua_State *L) {
  * directory (best effort). Raises EINVAL, EACCES or EIO naming the path. */
 static int save_fail(lua_State *L, const char *what, const char *path, int e) {
   const char *st = (e == EACCES || e == EPERM || e == EROFS) ? "EACCES" : "EIO";
-  return luaL_error(L, "%s: crun.save: %s %s: %s", st, what, path, strerror(e));
+  return crun_l_error(L, "%s: crun.save: %s %s: %s", st, what, path, strerror(e));
 }
 
 static const char *file_kind(mode_t m) {
@@ -174,7 +175,7 @@ static int check_target(lua_State *L, const char *path) {
   struct stat st;
   if (lstat(path, &st) == 0) {
     if (!S_ISREG(st.st_mode))
-      return luaL_error(L, "EINVAL: crun.save: %s is %s, not a regular file; refusing to "
+      return crun_l_error(L, "EINVAL: crun.save: %s is %s, not a regular file; refusing to "
                         "replace it", path, file_kind(st.st_mode));
   } else if (errno != ENOENT) {
     return save_fail(L, "cannot check", path, errno);
@@ -183,9 +184,9 @@ static int check_target(lua_State *L, const char *path) {
 }
 
 static int l_save_file(lua_State *L) {
-  const char *path = luaL_checkstring(L, 1);
+  const char *path = crun_l_checkstring(L, 1);
   size_t len;
-  const char *bytes = luaL_checklstring(L, 2, &len);
+  const char *bytes = crun_l_checklstring(L, 2, &len);
   check_target(L, path);
   char tmp[4096];
   int fd = -1;
@@ -238,7 +239,7 @@ static int l_save_file(lua_State *L) {
 
 /* blas_threads([n]) -> threads BLAS now uses; n <= 0 or none: cores / LOCAL_WORLD_SIZE */
 static int l_blas_threads(lua_State *L) {
-  lua_pushinteger(L, crun_blas_set_threads((int)luaL_optinteger(L, 1, 0)));
+  lua_pushinteger(L, crun_blas_set_threads((int)crun_l_optinteger(L, 1, 0)));
   return 1;
 }
 
@@ -254,16 +255,18 @@ static int l_getpid(lua_State *L) {
  * drop_padding, epoch) -> list of 1-based indices, len (crun/train.h) */
 static int l_sampler_indices(lua_State *L) {
   crun_sampler_t s;
-  lua_Integer R = luaL_checkinteger(L, 2), rank = luaL_checkinteger(L, 3);
-  if (R < 1 || R > INT32_MAX) return luaL_argerror(L, 2, "num_replicas out of range");
-  if (rank < INT32_MIN || rank > INT32_MAX) return luaL_argerror(L, 3, "rank out of range");
-  CRUN_L_CHECK(L, crun_sampler_init(&s, luaL_checkinteger(L, 1), (int)R, (int)rank, lua_toboolean(L, 4),
-                                    (uint64_t)luaL_checkinteger(L, 5), lua_toboolean(L, 6)));
+  lua_Integer R = crun_l_checkinteger(L, 2), rank = crun_l_checkinteger(L, 3);
+  if (R < 1 || R > INT32_MAX) return crun_l_argerror(L, 2, "num_replicas out of range");
+  if (rank < INT32_MIN || rank > INT32_MAX) return crun_l_argerror(L, 3, "rank out of range");
+  CRUN_L_CHECK(L, crun_sampler_init(&s, crun_l_checkinteger(L, 1), (int)R, (int)rank, lua_toboolean(L, 4),
+                                    (uint64_t)crun_l_checkinteger(L, 5), lua_toboolean(L, 6)));
   s.drop_padding = lua_toboolean(L, 7);
   int64_t n = crun_sampler_len(&s), got = 0;
+  if (n > INT_MAX) /* a Lua list holds at most INT_MAX entries (lua_createtable) */
+    return crun_l_error(L, "EINVAL: sampler_indices: %I indices for one rank do not fit a Lua list", (lua_Integer)n);
   int64_t *out = malloc((size_t)(n > 0 ? n : 1) * sizeof *out);
-  if (!out) return luaL_error(L, "ENOMEM: sampler_indices: %lld indices", (long long)n);
-  int rc = crun_sampler_indices(&s, luaL_checkinteger(L, 8), out, &got);
+  if (!out) return crun_l_error(L, "ENOMEM: sampler_indices: %I indices", (lua_Integer)n);
+  int rc = crun_sampler_indices(&s, crun_l_checkinteger(L, 8), out, &got);
   if (rc < 0) {
     free(out);
     return crun_l_fail(L, rc);
@@ -283,10 +286,10 @@ static int l_sampler_indices(lua_State *L) {
  * num_samples, total_size */
 static int l_sampler_len(lua_State *L) {
   crun_sampler_t s;
-  lua_Integer R = luaL_checkinteger(L, 2), rank = luaL_checkinteger(L, 3);
-  if (R < 1 || R > INT32_MAX) return luaL_argerror(L, 2, "num_replicas out of range");
-  if (rank < INT32_MIN || rank > INT32_MAX) return luaL_argerror(L, 3, "rank out of range");
-  CRUN_L_CHECK(L, crun_sampler_init(&s, luaL_checkinteger(L, 1), (int)R, (int)rank, 0, 0, lua_toboolean(L, 4)));
+  lua_Integer R = crun_l_checkinteger(L, 2), rank = crun_l_checkinteger(L, 3);
+  if (R < 1 || R > INT32_MAX) return crun_l_argerror(L, 2, "num_replicas out of range");
+  if (rank < INT32_MIN || rank > INT32_MAX) return crun_l_argerror(L, 3, "rank out of range");
+  CRUN_L_CHECK(L, crun_sampler_init(&s, crun_l_checkinteger(L, 1), (int)R, (int)rank, 0, 0, lua_toboolean(L, 4)));
   s.drop_padding = lua_toboolean(L, 5);
   lua_pushinteger(L, (lua_Integer)crun_sampler_len(&s));
   lua_pushinteger(L, (lua_Integer)s.num_samples);
@@ -296,11 +299,12 @@ static int l_sampler_len(lua_State *L) {
 
 /* permutation(n, seed) -> list of 0..n-1 in the sampler's shuffled order */
 static int l_permutation(lua_State *L) {
-  lua_Integer n = luaL_checkinteger(L, 1);
-  if (n < 0) return luaL_argerror(L, 1, "negative length");
+  lua_Integer n = crun_l_checkinteger(L, 1);
+  if (n < 0) return crun_l_error(L, "EINVAL: permutation: length %I is negative", (lua_Integer)n);
+  if (n > INT_MAX) return crun_l_error(L, "EINVAL: permutation: length %I does not fit a Lua list", (lua_Integer)n);
   int64_t *p = malloc((size_t)(n > 0 ? n : 1) * sizeof *p);
-  if (!p) return luaL_error(L, "ENOMEM: permutation of %lld", (long long)n);
-  crun_permutation(n, (uint64_t)luaL_checkinteger(L, 2), p);
+  if (!p) return crun_l_error(L, "ENOMEM: permutation of %I", (lua_Integer)n);
+  crun_permutation(n, (uint64_t)crun_l_checkinteger(L, 2), p);
   lua_createtable(L, (int)n, 0);
   for (lua_Integer k = 0; k < n; k++) {
     lua_pushinteger(L, (lua_Integer)p[k]);
@@ -377,7 +381,7 @@ static int l_zero_partition(lua_State *L) {
 #define REDUCER_MT "crun.Reducer"
 
 static crun_reducer_t *check_reducer(lua_State *L, int idx) {
-  crun_reducer_t **u = luaL_checkudata(L, idx, REDUCER_MT);
+  crun_reducer_t **u = crun_l_checkudata(L, idx, REDUCER_MT);
   if (!*u) {
     crun_error(CRUN_ECLOSED, "the reducer was closed");
     crun_l_fail(L, CRUN_ECLOSED);
@@ -387,8 +391,8 @@ static crun_reducer_t *check_reducer(lua_State *L, int idx) {
 
 /* 1-based gradient index argument -> 0-based. */
 static int check_grad_index(lua_State *L, int idx) {
-  lua_Integer i = luaL_checkinteger(L, idx);
-  if (i < 1 || i > INT32_MAX) return luaL_argerror(L, idx, "gradient index out of range");
+  lua_Integer i = crun_l_checkinteger(L, idx);
+  if (i < 1 || i > INT32_MAX) return crun_l_argerror(L, idx, "gradient index out of range");
   return (int)(i - 1);
 }
 
@@ -396,10 +400,10 @@ static int check_grad_index(lua_State *L, int idx) {
  * gradient_as_bucket_view=, overlap=}) -> crun.Reducer */
 static int l_reducer_new(lua_State *L) {
   crun_pg_t *pg = lua_isnoneornil(L, 1) ? NULL : crun_l_check_pg(L, 1);
-  luaL_checktype(L, 2, LUA_TTABLE);
-  luaL_checktype(L, 3, LUA_TTABLE);
+  crun_l_checktype(L, 2, LUA_TTABLE);
+  crun_l_checktype(L, 3, LUA_TTABLE);
   lua_Integer n = (lua_Integer)luaL_len(L, 2);
-  if (n > INT32_MAX / 2) return luaL_argerror(L, 2, "too many gradients");
+  if (n > INT32_MAX / 2) return crun_l_argerror(L, 2, "too many gradients");
   crun_tensor_t **g = lua_newuserdatauv(L, sizeof *g * (size_t)(n > 0 ? n : 1), 0); /* freed by the GC */
   for (lua_Integer k = 1; k <= n; k++) {
     lua_geti(L, 2, k);
@@ -429,13 +433,13 @@ static int m_mark_ready(lua_State *L) {
 
 /* r:finalize([timeout]) */
 static int m_finalize(lua_State *L) {
-  CRUN_L_CHECK(L, crun_reducer_finalize(check_reducer(L, 1), luaL_optnumber(L, 2, 0)));
+  CRUN_L_CHECK(L, crun_reducer_finalize(check_reducer(L, 1), crun_l_optnumber(L, 2, 0)));
   return 0;
 }
 
 /* r:shadow([timeout]) — join: all-reduce zeros in every bucket */
 static int m_shadow(lua_State *L) {
-  CRUN_L_CHECK(L, crun_reducer_shadow(check_reducer(L, 1), luaL_optnumber(L, 2, 0)));
+  CRUN_L_CHECK(L, crun_reducer_shadow(check_reducer(L, 1), crun_l_optnumber(L, 2, 0)));
   return 0;
 }
 
@@ -506,7 +510,7 @@ static int m_buckets(lua_State *L) {
 
 /* __gc / __close / r:close(): waits for in-flight work and frees the reducer. */
 static int m_close(lua_State *L) {
-  crun_reducer_t **u = luaL_checkudata(L, 1, REDUCER_MT);
+  crun_reducer_t **u = crun_l_checkudata(L, 1, REDUCER_MT);
   crun_reducer_free(*u);
   *u = NULL;
   return 0;

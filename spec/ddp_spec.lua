@@ -158,8 +158,12 @@ describe("DDP equivalence", function()
       seq:no_sync(function() seq:forward(x); seq:backward(x, T.ones({5, 2})) end)
       assert.are.same({"backward L2", "backward L1"}, events)
       assert.has_error(function() ddp.DDP(net, {bucket_cap_mb = 0}) end,
-        "bad argument #2 to 'DDP' (bucket_cap_mb must be a positive number, got 0)")
-      assert.has_error(function() ddp.DDP({}) end, "bad argument #1 to 'DDP' (crun.nn module expected)")
+        "EINVAL: DDP: bucket_cap_mb must be a positive number, got 0")
+      assert.has_error(function() ddp.DDP({}) end, "EINVAL: DDP: a crun.nn module is expected, got table")
+      assert.has_error(function() ddp.join({m}, print, {throw = true}) end,
+        "EINVAL: join: unknown option 'throw' (accepted: throw_on_early_termination)")
+      assert.has_error(function() ddp.join({net}, print) end,
+        "EINVAL: join: entry 1 of the list is a table, a DDP model is expected")
       -- a closed DDP raises
       local okc, errc = pcall(m.forward, m, x)
       assert.is_false(okc)

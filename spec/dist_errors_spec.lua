@@ -7,7 +7,7 @@ local expect = require "helpers.dist_expect"
 
 local SCRIPT = "spec/helpers/dist_errors.lua"
 
--- Over TCP alone (CRUN_SHM=0): the shared-memory engine words its own reports.
+-- Over TCP alone (CRUN_SHM=0) unless opts.env says otherwise.
 local function scenario(mode, opts)
   opts = opts or {limit = 60}
   opts.env = opts.env or "CRUN_SHM=0"
@@ -36,29 +36,46 @@ describe("dist failures", function()
     expect.count(scenario("count"))
   end)
 
-  it("time out naming the late rank and where every rank is", function()
-    local res, out = scenario("timeout")
-    for r = 0, 1 do
-      local t = res[r]
-      assert.is_truthy(t:match("^error ETIMEDOUT: "), "rank " .. r .. ": " .. t .. "\n" .. out)
-      assert.is_truthy(t:find("all_reduce #2", 1, true), t)
-      assert.is_truthy(t:find("rank 2 is at barrier #1", 1, true), t)
-      assert.is_true(tonumber(t:match("elapsed ([%d.]+)")) < 5, t)
-    end
-    -- rank 1 waits on rank 2 itself: its own report names it
-    assert.is_truthy(res[1]:find("no data from rank 2 after 1.0 s", 1, true), res[1])
-    assert.is_truthy(res[1]:find("ranks 0-1 are at all_reduce #2", 1, true), res[1])
-    -- the late rank fails too instead of hanging
-    assert.is_truthy(res[2]:match("^error E"), res[2] .. "\n" .. out)
-  end)
+  -- The timeout and dead-peer scenarios on each engine: TCP alone (CRUN_SHM=0)
+  -- and the shared-memory engine (CRUN_SHM=1, reports start "shm all_reduce").
+  for _, eng in ipairs{{name = "tcp", env = "CRUN_SHM=0", prefix = ""},
+                       {name = "shm", env = "CRUN_SHM=1", prefix = "shm "}} do
+    it("time out naming the late rank and where every rank is (" .. eng.name .. ")", function()
+      local res, out = scenario("timeout", {limit = 60, env = eng.env})
+      for r = 0, 1 do
+        local t = res[r]
+        assert.is_truthy(t:match("^error ETIMEDOUT: "), "rank " .. r .. ": " .. t .. "\n" .. out)
+        assert.is_truthy(t:find(eng.prefix .. "all_reduce #2 on rank ", 1, true), t) -- its own or relayed
+        assert.is_truthy(t:find("rank 2 is at barrier #1", 1, true), t)
+        assert.is_true(tonumber(t:match("elapsed ([%d.]+)")) < 5, t)
+      end
+      -- over TCP rank 1 waits on rank 2 (ring order) and names it; in shm every
+      -- rank waits on every peer, so both name it (or repeat the report of the
+      -- rank that failed first)
+      for r = eng.name == "tcp" and 1 or 0, 1 do
+        assert.is_truthy(res[r]:find("no data from rank 2 after 1.0 s", 1, true), res[r])
+        assert.is_truthy(res[r]:find("ranks 0-1 are at all_reduce #2", 1, true), res[r])
+      end
+      -- the late rank fails too, in the collective the others gave up on,
+      -- instead of hanging or succeeding alone
+      assert.is_truthy(res[2]:match("^error ETIMEDOUT: "), res[2] .. "\n" .. out)
+      if eng.name == "shm" then
+        assert.is_truthy(res[2]:find("shm all_reduce #2 on rank 2: rank [01] failed first: ", 1, false), res[2])
+      end
+    end)
 
-  it("fail promptly with EPEERDIED when a peer is killed mid all_reduce", function()
-    local res, out = scenario("kill", {limit = 60, direct = true})
-    for r = 0, 1 do
-      local t = res[r]
-      assert.is_truthy(t:match("^error EPEERDIED: ") or t:match("^error ECONNRESET: "), "rank " .. r .. ": " .. t .. "\n" .. out)
-      assert.is_truthy(t:find("rank 2", 1, true), t)
-      assert.is_true(tonumber(t:match("elapsed ([%d.]+)")) < 10, t)
-    end
-  end)
+    it("fail promptly with EPEERDIED when a peer is killed mid all_reduce (" .. eng.name .. ")", function()
+      local res, out = scenario("kill", {limit = 60, direct = true, env = eng.env})
+      for r = 0, 1 do
+        local t = res[r]
+        assert.is_truthy(t:match("^error EPEERDIED: ") or t:match("^error ECONNRESET: "), "rank " .. r .. ": " .. t .. "\n" .. out)
+        if eng.name == "shm" then assert.is_truthy(t:match("^error EPEERDIED: shm all_reduce #%d+ on rank " .. r), t) end
+        assert.is_truthy(t:find("rank 2", 1, true), t)
+        assert.is_falsy(t:find("rank [01] %(pid"), t) -- only the dead rank is blamed
+        assert.is_true(tonumber(t:match("elapsed ([%d.]+)")) < 10, t)
+      end
+      -- the killed rank wrote nothing
+      assert.are.equal("", res[2])
+    end)
+  end
 end)

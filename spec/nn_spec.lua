@@ -227,19 +227,57 @@ describe("nn bad input", function()
     assert.is_truthy(tostring(err):match("labels must be int64 or int32"))
   end)
 
-  it("rejects bad sizes and dtype mixes", function()
-    assert.has_error(function() nn.Linear(0, 2) end)
-    assert.has_error(function() nn.Linear(2.5, 2) end)
+  it("rejects bad sizes, dtypes and arguments with errors that start with the status name", function()
     local m = nn.Linear(3, 2)
-    assert.has_error(function() m:forward(T.zeros({2, 3}, "float64")) end)
-    assert.has_error(function() m:forward("x") end)
-    assert.has_error(function() nn.Sequential():add(42) end)
+    local cases = {
+      {function() nn.Linear(0, 2) end, "^EINVAL: nn.Linear: in_features must be an integer >= 1, got 0"},
+      {function() nn.Linear(2.5, 2) end, "^EINVAL: nn.Linear: in_features must be an integer >= 1, got 2.5"},
+      {function() nn.Linear(2, 2, {dtype = "int32"}) end, "^EINVAL: nn.Linear: dtype must be float32 or float64"},
+      {function() m:forward(T.zeros({2, 3}, "float64")) end, "^EINVAL: "},
+      {function() m:forward("x") end, "^EINVAL: Linear:forward: input must be a tensor, got string"},
+      {function() nn.Sequential():add(42) end, "^EINVAL: Sequential:add: an nn module is expected, got number"},
+      {function() nn.Sequential():backward() end, "^ESTATE: Sequential:backward called before forward"},
+      {function() nn.Dropout(1) end, "^EINVAL: nn.Dropout: p must be in %[0, 1%), got 1"},
+      {function() nn.Dropout(0 / 0) end, "^EINVAL: nn.Dropout: p must be in %[0, 1%)"},
+      {function() nn.set_default_dtype("float16") end, "^EINVAL: nn.set_default_dtype: float32 or float64 expected"},
+      {function() nn.manual_seed("x") end, "^EINVAL: nn.manual_seed: seed must be an integer"},
+      {function() m:load_state_dict({T.zeros({3})}) end, "^EINVAL: load_state_dict: expected 2 tensors, got 1"},
+      {function() nn.MSECriterion():forward(T.zeros({2}), 3) end,
+       "^EINVAL: MSECriterion:forward: target must be a tensor, got number"},
+      {function() nn.ClassNLLCriterion():forward(T.zeros({2, 3}), T.new({1}, "int64")) end,
+       "^EINVAL: ClassNLLCriterion:forward: input must be %[N, C%] and labels %[N%], got 2x3 and 1"},
+      {function() nn.CrossEntropyCriterion{reduction = "none"} end,
+       "^EINVAL: nn.CrossEntropyCriterion: reduction must be \"mean\" or \"sum\", got none"},
+    }
+    for i, c in ipairs(cases) do
+      local ok, err = pcall(c[1])
+      assert.is_false(ok, "case " .. i)
+      assert.matches(c[2], err)
+    end
+  end)
+
+  it("checks options: unknown keys are EINVAL naming the accepted ones, torch's inert ones are taken", function()
+    local ok, err = pcall(nn.Linear, 2, 2, {bais = false})
+    assert.is_false(ok)
+    assert.are.equal("EINVAL: nn.Linear: unknown option 'bais' (accepted: bias, device, dtype, seed)", err)
+    ok, err = pcall(nn.CrossEntropyCriterion, {label_smoothing = 0.1})
+    assert.is_false(ok)
+    assert.are.equal("EINVAL: nn.CrossEntropyCriterion: unknown option 'label_smoothing' (accepted: reduction)", err)
+    ok, err = pcall(nn.Dropout, 0.5, {sead = 1})
+    assert.is_false(ok)
+    assert.are.equal("EINVAL: nn.Dropout: unknown option 'sead' (accepted: inplace, seed)", err)
+    local a = nn.Linear(3, 2, {seed = 11, device = "cpu", dtype = "float64"})
+    local b = nn.Linear(3, 2, {seed = 11, dtype = "float64"})
+    assert.are.same(a.weight:totable(), b.weight:totable())
+    assert.is_truthy(nn.Dropout(0.2, {inplace = true, seed = 3}))
   end)
 
   it("names the criterion whose backward is called before forward", function()
     for _, name in ipairs({"CrossEntropyCriterion", "MSECriterion"}) do
       local c = nn[name]()
-      assert.has_error(function() c:backward() end, name .. ":backward called before forward")
+      local ok, err = pcall(c.backward, c)
+      assert.is_false(ok)
+      assert.are.equal("ESTATE: " .. name .. ":backward called before forward", err)
     end
   end)
 end)

@@ -1,6 +1,7 @@
 -- DistributedSampler: torch's formulas for num_samples, padding, striding and
 -- drop_last; shuffled epochs are permutations identical on every rank.
 local data = require "crun.data"
+local torch_ref = require "helpers.torch_ref"
 
 -- torch's DistributedSampler.__iter__ for shuffle=False, written the way torch
 -- writes it (list concatenation), on 0-based indices.
@@ -68,31 +69,30 @@ describe("DistributedSampler without shuffle", function()
     assert.are.same({2}, s4:indices())
   end)
 
-  it("agrees with torch itself when torch is installed", function()
-    local py = io.popen([[/usr/bin/python3 -c '
-import sys
-try:
-    from torch.utils.data.distributed import DistributedSampler
-except Exception:
-    print("SKIP"); sys.exit(0)
+  it("agrees with torch itself (DistributedSampler over a list, shuffle=False)", function()
+    local why = torch_ref.missing()
+    if why then pending(why) return end
+    local out = torch_ref.run([[
+from torch.utils.data.distributed import DistributedSampler
 for n in (1, 5, 10, 17):
   for W in (1, 2, 3, 4, 8):
     for dl in (False, True):
       for r in range(W):
         s = DistributedSampler(list(range(n)), num_replicas=W, rank=r, shuffle=False, drop_last=dl)
-        print(n, W, r, int(dl), *list(iter(s)))
-' 2>/dev/null]])
-    local out = py and py:read("a") or "SKIP"
-    if py then py:close() end
-    if out:match("^SKIP") or out == "" then return end
+        assert len(s) == len(list(iter(s)))
+        print(n, W, r, int(dl), len(s), *list(iter(s)))
+]])
     local lines = 0
     for line in out:gmatch("[^\n]+") do
       local f = {}
-      for w in line:gmatch("%S+") do f[#f + 1] = tonumber(w) end
-      local n, W, r, dl = f[1], f[2], f[3], f[4] == 1
-      local want = {table.unpack(f, 5)}
-      local s = data.DistributedSampler{size = n, num_replicas = W, rank = r, shuffle = false, drop_last = dl}
-      assert.are.same(want, minus1(s:indices()))
+      for w in line:gmatch("%S+") do f[#f + 1] = assert(math.tointeger(tonumber(w)), line) end
+      local n, W, r, dl, len = f[1], f[2], f[3], f[4] == 1, f[5]
+      local want = {table.unpack(f, 6)}
+      local ds = {}
+      for i = 1, n do ds[i] = -3 * i end
+      local s = data.DistributedSampler(ds, {num_replicas = W, rank = r, shuffle = false, drop_last = dl})
+      assert.are.same(want, minus1(s:indices()), line)
+      assert.are.equal(len, #s, line)
       lines = lines + 1
     end
     assert.are.equal(4 * (1 + 2 + 3 + 4 + 8) * 2, lines)
@@ -189,15 +189,106 @@ describe("DistributedSampler drop_padding (exactly once)", function()
   end)
 end)
 
+describe("DistributedSampler from a data set", function()
+  local T = require("crun.tensor")
+
+  -- The lists of every rank for sampler options o over a data set ds and over size=.
+  local function same_as_size(ds, n, o)
+    for W = 1, 5 do
+      for r = 0, W - 1 do
+        local ko = {num_replicas = W, rank = r}
+        for k, v in pairs(o) do ko[k] = v end
+        local by_ds = data.DistributedSampler(ds, ko)
+        ko.size = n
+        local by_size = data.DistributedSampler(ko)
+        ko.size, ko.dataset = nil, ds
+        local by_key = data.DistributedSampler(ko)
+        assert.are.equal(n, by_ds.size)
+        by_ds:set_epoch(3); by_size:set_epoch(3); by_key:set_epoch(3)
+        assert.are.same(by_size:indices(), by_ds:indices())
+        assert.are.same(by_size:indices(), by_key:indices())
+        assert.are.equal(ds, by_ds.dataset)
+      end
+    end
+  end
+
+  it("takes its length from a Lua list, a tensor, __len, :len(), :size() and a TensorDataset", function()
+    local list = {}
+    for i = 1, 13 do list[i] = {x = -i} end
+    same_as_size(list, 13, {shuffle = false})
+    same_as_size(list, 13, {shuffle = true, seed = -7, drop_last = true})
+    local X = T.zeros({11, 3})
+    same_as_size(X, 11, {seed = 5})
+    same_as_size(setmetatable({}, {__len = function() return 9 end}), 9, {})
+    same_as_size({len = function() return 7 end}, 7, {drop_last = true})
+    same_as_size({size = function() return {6, 2} end}, 6, {})
+    same_as_size({size = function() return 17 end, items = {}}, 17, {shuffle = false})
+    same_as_size(data.TensorDataset(T.zeros({10, 2}), T.zeros({10})), 10, {seed = 2})
+  end)
+
+  it("accepts torch's keywords and an empty data set", function()
+    local s = data.DistributedSampler({}, {num_replicas = 3, rank = 2, shuffle = false, seed = 1, drop_last = false})
+    assert.are.equal(0, #s)
+    assert.are.same({}, s:indices())
+    local l = data.LocalSampler({"a", "b", "c"})
+    assert.are.same({1, 2, 3}, l:indices())
+  end)
+
+  it("refuses a data set without a length, disagreeing sizes and two data sets", function()
+    local cases = {
+      {function() data.DistributedSampler(42) end, "^EINVAL: DistributedSampler: the data set must have a length"},
+      {function() data.DistributedSampler({len = function() return -1 end}) end,
+       "^EINVAL: DistributedSampler: the data set's length must be an integer >= 0, got %-1"},
+      {function() data.DistributedSampler({1, 2, 3}, {size = 4}) end,
+       "^EINVAL: DistributedSampler: size=4 but the data set has 3 samples"},
+      {function() data.DistributedSampler({1, 2}, {dataset = {1}}) end,
+       "^EINVAL: DistributedSampler: a data set is given both"},
+      {function() data.DistributedSampler{shuffle = false} end,
+       "^EINVAL: DistributedSampler: needs a data set"},
+      {function() data.DistributedSampler({1}, 3) end, "^EINVAL: DistributedSampler: options must be a table"},
+    }
+    for i, c in ipairs(cases) do
+      local ok, err = pcall(c[1])
+      assert.is_false(ok, "case " .. i)
+      assert.matches(c[2], err)
+    end
+  end)
+end)
+
 describe("DistributedSampler bad input", function()
-  it("rejects a rank out of range, a bad size and a non-table", function()
-    assert.has_error(function() data.DistributedSampler{size = 10, num_replicas = 2, rank = 2} end,
-      "bad argument 'rank' to DistributedSampler (rank 2 out of range [0, 2))")
-    assert.has_error(function() data.DistributedSampler{size = -1, num_replicas = 2, rank = 0} end)
-    assert.has_error(function() data.DistributedSampler{size = 1.5, num_replicas = 2, rank = 0} end)
-    assert.has_error(function() data.DistributedSampler(10) end)
+  -- Calls f and returns its error text (the call must fail).
+  local function err_of(f)
+    local ok, err = pcall(f)
+    assert.is_false(ok)
+    return err
+  end
+
+  it("rejects a rank out of range, a bad size, a bad flag and a non-table with EINVAL", function()
+    assert.are.equal("EINVAL: DistributedSampler: rank 2 out of range [0, 2)",
+      err_of(function() data.DistributedSampler{size = 10, num_replicas = 2, rank = 2} end))
+    assert.are.equal("EINVAL: DistributedSampler: size must be an integer >= 0, got -1",
+      err_of(function() data.DistributedSampler{size = -1, num_replicas = 2, rank = 0} end))
+    assert.matches("^EINVAL: DistributedSampler: size must be an integer",
+      err_of(function() data.DistributedSampler{size = 1.5, num_replicas = 2, rank = 0} end))
+    assert.matches("^EINVAL: DistributedSampler: num_replicas must be an integer >= 1, got 0",
+      err_of(function() data.DistributedSampler{size = 3, num_replicas = 0, rank = 0} end))
+    assert.matches("^EINVAL: DistributedSampler: shuffle must be true or false, got 1",
+      err_of(function() data.DistributedSampler{size = 3, shuffle = 1} end))
+    assert.matches("^EINVAL: DistributedSampler: seed must be an integer, got 0.5",
+      err_of(function() data.DistributedSampler{size = 3, seed = 0.5} end))
+    assert.matches("^EINVAL: DistributedSampler: the data set must have a length",
+      err_of(function() data.DistributedSampler(10) end))
     local s = data.DistributedSampler{size = 10, num_replicas = 2, rank = 0}
-    assert.has_error(function() s:set_epoch(-1) end)
+    assert.matches("^EINVAL: DistributedSampler:set_epoch: epoch must be an integer >= 0, got %-1",
+      err_of(function() s:set_epoch(-1) end))
+  end)
+
+  it("rejects an unknown option naming it and the accepted ones", function()
+    assert.are.equal("EINVAL: DistributedSampler: unknown option 'replicas' (accepted: dataset, drop_last, "
+      .. "drop_padding, num_replicas, rank, seed, shuffle, size)",
+      err_of(function() data.DistributedSampler({1, 2}, {replicas = 2}) end))
+    assert.matches("^EINVAL: LocalSampler: unknown option 'rank'",
+      err_of(function() data.LocalSampler{size = 3, rank = 0} end))
   end)
 
   it("defaults num_replicas and rank from WORLD_SIZE / RANK", function()
@@ -235,5 +326,70 @@ describe("DataLoader", function()
     end
     assert.has_error(function() data.DataLoader{dataset = {X, T.zeros({9})}} end)
     assert.has_error(function() data.DataLoader{dataset = {X}, batch_size = 0} end)
+  end)
+
+  it("takes torch's positional form, a TensorDataset and shuffle=true", function()
+    local T = require("crun.tensor")
+    local X = T.arange(14, "int64"):view(7, 2)
+    local ds = data.TensorDataset(X, T.arange(7, "int64"))
+    assert.are.equal(7, #ds)
+    local x, y = ds:get(3)
+    assert.are.same({4, 5}, x:totable())
+    assert.are.equal(2, y)
+    local l = data.DataLoader(ds, {batch_size = 3})
+    local got = {}
+    for _, _, yb in l:iter() do
+      for r = 1, yb:size(1) do got[#got + 1] = yb[r] end
+    end
+    assert.are.same({0, 1, 2, 3, 4, 5, 6}, got)
+    local sh = data.DataLoader(ds, {batch_size = 2, shuffle = true, seed = 9, drop_last = true})
+    assert.are.equal(3, #sh)
+    local seen, k = {}, 0
+    for _, xb, yb in sh:iter() do
+      for r = 1, yb:size(1) do
+        assert.is_nil(seen[yb[r]]); seen[yb[r]] = true; k = k + 1
+        assert.are.equal(2 * yb[r] + 1, xb[r][2])
+      end
+    end
+    assert.are.equal(6, k)
+    -- each pass of a shuffling loader has a new order; set_epoch replays one
+    local function order(loader)
+      local o = {}
+      for _, _, yb in loader:iter() do
+        for r = 1, yb:size(1) do o[#o + 1] = yb[r] end
+      end
+      return o
+    end
+    local full = data.DataLoader(ds, {batch_size = 7, shuffle = true, seed = 9})
+    local p1, p2 = order(full), order(full)
+    assert.are_not.same(p1, p2)
+    full:set_epoch(0)
+    assert.are.same(p1, order(full))
+    local sorted = {table.unpack(p2)}
+    table.sort(sorted)
+    assert.are.same({0, 1, 2, 3, 4, 5, 6}, sorted)
+  end)
+
+  it("rejects unknown options and sampler with shuffle, and reports torch's worker options as inert", function()
+    local T = require("crun.tensor")
+    local X = T.zeros({4, 2})
+    local ok, err = pcall(data.DataLoader, {X}, {batchsize = 2})
+    assert.is_false(ok)
+    assert.matches("^EINVAL: DataLoader: unknown option 'batchsize' %(accepted: batch_size, dataset, drop_last, "
+      .. "multiprocessing_context, num_workers, ", err)
+    ok, err = pcall(data.DataLoader, {X}, {shuffle = true, sampler = data.LocalSampler{size = 4}})
+    assert.is_false(ok)
+    assert.matches("^EINVAL: DataLoader: sampler and shuffle=true are mutually exclusive", err)
+    ok, err = pcall(data.DataLoader, {X}, {sampler = data.LocalSampler{size = 5}})
+    assert.is_false(ok)
+    assert.are.equal("EINVAL: DataLoader: the sampler covers 5 samples, the data set has 4", err)
+    ok, err = pcall(data.DataLoader, {}, {})
+    assert.is_false(ok)
+    assert.matches("^EINVAL: DataLoader: dataset must be a TensorDataset or a list of tensors", err)
+    ok, err = pcall(data.TensorDataset, X, T.zeros({3}))
+    assert.is_false(ok)
+    assert.are.equal("EINVAL: TensorDataset: tensor 2 has 3 rows, tensor 1 has 4", err)
+    local l = data.DataLoader({X}, {num_workers = 4, pin_memory = true, batch_size = 4})
+    assert.are.equal(1, #l)
   end)
 end)

@@ -56,9 +56,11 @@ describe("crun.save / crun.load", function()
     local path = dir .. "/c.crun"
     serialize.save(path, {ok = true})
     assert.has_error(function() serialize.save(path, {ok = false, bad = print}) end,
-      "crun.save: cannot save a function at value.bad")
+      "EINVAL: crun.save: cannot save a function at value.bad")
     assert.is_true(serialize.load(path).ok)
-    assert.has_error(function() serialize.save(dir .. "/no/such/dir/x", 1) end)
+    local ok, err = pcall(serialize.save, dir .. "/no/such/dir/x", 1)
+    assert.is_false(ok)
+    assert.matches("^E[A-Z]+: crun.save: ", err)
   end)
 
   it("refuses truncated, corrupt and foreign files with EPROTO", function()
@@ -76,7 +78,8 @@ describe("crun.save / crun.load", function()
     assert.is_truthy(err:match("^EPROTO"))
     ok, err = pcall(serialize.load, dir .. "/missing.crun")
     assert.is_false(ok)
-    assert.is_truthy(err:match("ENOTFOUND"))
+    assert.are.equal("ENOTFOUND: crun.load: cannot open " .. dir .. "/missing.crun (" .. dir
+      .. "/missing.crun: No such file or directory)", err)
     assert.is_false(serialize.exists(dir .. "/missing.crun"))
     assert.is_true(serialize.exists(path))
   end)
@@ -84,9 +87,41 @@ describe("crun.save / crun.load", function()
   it("rejects cycles and unsupported values with the path of the value", function()
     local t = {a = {}}
     t.a.back = t
-    assert.has_error(function() serialize.dumps(t) end, "crun.save: cycle in the value at value.a.back")
+    assert.has_error(function() serialize.dumps(t) end, "EINVAL: crun.save: cycle in the value at value.a.back")
     assert.has_error(function() serialize.dumps({co = coroutine.create(print)}) end,
-      "crun.save: cannot save a thread at value.co")
+      "EINVAL: crun.save: cannot save a thread at value.co")
+    assert.has_error(function() serialize.dumps({[{}] = 1}) end,
+      "EINVAL: crun.save: table key of type table at value cannot be saved")
+  end)
+
+  it("starts every error with its status name and checks torch's options", function()
+    local cases = {
+      {function() serialize.save(42, 1) end, "^EINVAL: crun.save: the path must be a string, got number$"},
+      {function() serialize.load(nil) end, "^EINVAL: crun.load: the path must be a string, got nil$"},
+      {function() serialize.load(dir) end, "^EINVAL: crun.load: cannot read " .. dir:gsub("%p", "%%%0")
+        .. " %(Is a directory%)$"},
+      {function() serialize.save(dir .. "/o.crun", 1, {protocol = 2}) end,
+       "^EINVAL: crun.save: unknown option 'protocol' %(accepted: _use_new_zipfile_serialization, "
+       .. "pickle_module, pickle_protocol%)$"},
+      {function() serialize.load(dir .. "/o.crun", {map = "cpu"}) end,
+       "^EINVAL: crun.load: unknown option 'map' %(accepted: map_location, mmap, pickle_module, weights_only%)$"},
+      {function() serialize.save(dir, 1) end, "^EINVAL: crun.save: "},
+    }
+    for i, c in ipairs(cases) do
+      local ok, err = pcall(c[1])
+      assert.is_false(ok, "case " .. i)
+      assert.matches(c[2], err)
+    end
+    local path = dir .. "/torch_opts.crun"
+    serialize.save(path, {x = 1}, {pickle_protocol = 2})
+    assert.are.same({x = 1}, serialize.load(path, {map_location = "cpu", weights_only = true}))
+    if io.popen("id -u"):read("l") ~= "0" then -- root reads anything
+      local f = io.open(dir .. "/locked.crun", "w"); f:write("x"); f:close()
+      os.execute("chmod 000 " .. dir .. "/locked.crun")
+      local ok, err = pcall(serialize.load, dir .. "/locked.crun")
+      assert.is_false(ok)
+      assert.matches("^EACCES: crun.load: cannot open ", err)
+    end
   end)
 
   it("round-trips a model and optimizer checkpoint", function()

@@ -239,6 +239,8 @@ for _, name in ipairs({"hash", "file", "prefix_hash", "prefix_file", "tcp", "pre
       expect_error("bad argument", s.wait, s, {"k", 3})
       expect_error("bad argument", s.wait, s, {"k"}, -1)
       expect_error("bad argument", s.set_timeout, s, 0)
+      -- the binding's own checks start with the status name
+      expect_error("^EINVAL: bad argument #3 to '%?' %(timeout must be > 0 seconds%)$", s.wait, s, {"k"}, -1)
       expect_error("bad argument", s.get, {}, "k")
     end)
   end)
@@ -327,7 +329,10 @@ describe("crun.store kinds", function()
 
   it("tcp needs a port and a table", function()
     expect_error("port", S.tcp, {host = "127.0.0.1"})
-    expect_error("bad argument", S.tcp, "127.0.0.1")
+    expect_error("^EINVAL: crun.store.tcp: an options table is expected, got string$", S.tcp, "127.0.0.1")
+    expect_error("^EINVAL: crun.store.file: the path must be a string, got nil$", S.file)
+    expect_error("^EINVAL: crun.store.barrier: world_size must be an integer >= 1, got 0$",
+                 S.barrier, S.hash(), "b", 0, 0)
     expect_error("^EINVAL", S.tcp, {port = 0}) -- port 0 only on the master
   end)
 

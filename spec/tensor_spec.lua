@@ -236,3 +236,60 @@ describe("fill", function()
     end)
   end
 end)
+
+describe("tensor errors", function()
+  -- Calls f and returns its error text (the call must fail).
+  local function err_of(f, ...)
+    local ok, err = pcall(f, ...)
+    assert.is_false(ok)
+    return tostring(err)
+  end
+
+  it("start with the status name, from the Lua checks and from the bindings' own checks", function()
+    local a = T.zeros({3, 4})
+    local cases = {
+      {err_of(T.cat, {}), "^EINVAL: bad argument #1 to 'cat' %(non%-empty list of tensors expected%)$"},
+      {err_of(T.cat, {7}), "^EINVAL: bad argument #1 to 'cat' %(entry 1 is a number, tensor expected%)$"},
+      {err_of(T.cat, {a, T.zeros({3, 4, 1})}), "^EINVAL: bad argument #1 to 'cat' %(tensor 2 has 3 dims"},
+      {err_of(T.cat, {a, T.zeros({2, 5})}, 1), "^EINVAL: bad argument #1 to 'cat' %(tensor 2 has size 5 in dim 2"},
+      {err_of(T.cat, {a}, 3), "^EINVAL: bad argument #2 to 'cat' %(dim 3 out of range for 2%-d tensors%)$"},
+      {err_of(T.stack, {a}, "x"), "^EINVAL: bad argument #2 to 'stack' %(integer dim expected, got x%)$"},
+      {err_of(T.exp, "x"), "^EINVAL: bad argument #1 to 'exp' %(tensor expected, got string%)$"},
+      {err_of(function() return a[4] end), "^EINVAL: bad argument #2 to 'index' %(index 4 out of range for dim 1"},
+      {err_of(function() return a:narrow(2, 3, 3) end),
+       "^EINVAL: bad argument #3 to 'narrow' %(length 3 from 3 exceeds dim 2 of size 4%)$"},
+      {err_of(T.zeros, {2}, "complex64"), "^EINVAL: bad argument #2 to '[%w.]*zeros' %(unknown dtype 'complex64'%)$"},
+      {err_of(T.new, {{1, 2}, {3}}), "^EINVAL: bad argument #1 to '[%w.]*new' %(ragged nested table"},
+      -- lauxlib-style type checks of the bindings carry the status too
+      {err_of(function() return a:narrow("x", 1, 1) end), "^EINVAL: bad argument #1 to 'narrow' %(number expected, got string%)$"},
+      {err_of(function() return a:narrow(1.5, 1, 1) end),
+       "^EINVAL: bad argument #1 to 'narrow' %(number has no integer representation%)$"},
+      {err_of(function() return a:add({}) end), "^EINVAL: bad argument #1 to 'add' %(number expected, got table%)$"},
+      {err_of(function() return a.select({}, 1, 1) end), "^EINVAL: bad argument #1 to '[%w.?]*' %(crun.Tensor expected, got table%)$"},
+      {err_of(T.arange, "x"), "^EINVAL: bad argument #1 to '[%w.]*arange' %(number expected"},
+    }
+    for i, c in ipairs(cases) do
+      assert.matches(c[2], c[1], nil, false, "case " .. i .. ": " .. c[1])
+    end
+  end)
+end)
+
+describe("random factories' options", function()
+  it("reject unknown keys naming the accepted ones and take torch's inert ones", function()
+    local ok, err = pcall(T.randn, {2, 3}, {sed = 1})
+    assert.is_false(ok)
+    assert.are.equal("EINVAL: tensor.randn: unknown option 'sed' (accepted: device, dtype, generator, layout, "
+      .. "pin_memory, requires_grad, seed)", err)
+    ok, err = pcall(T.randint, 0, 5, {4}, {dtyp = "int32"})
+    assert.is_false(ok)
+    assert.matches("^EINVAL: tensor.randint: unknown option 'dtyp'", err)
+    ok, err = pcall(T.rand, 2, 3, {gen = 1})
+    assert.is_false(ok)
+    assert.matches("^EINVAL: tensor.rand: unknown option 'gen'", err)
+    local a = T.randn({2, 3}, {seed = 4, dtype = "float64", device = "cpu", requires_grad = false})
+    local b = T.randn({2, 3}, {seed = 4, dtype = "float64"})
+    assert.are.same(b:totable(), a:totable())
+    assert.are.equal("int32", T.randint(-3, 3, {5}, {seed = 1, dtype = "int32"}):dtype())
+    assert.are.same(T.rand(2, 2, {seed = 9}):totable(), T.rand({2, 2}, {seed = 9}):totable())
+  end)
+end)

@@ -15,12 +15,13 @@
 -- sampler.c) so C programs share it; this module validates arguments and
 -- converts to 1-based lists.
 local data = {}
+local O = require "crun.opts"
 
 local function ceil_div(a, b) return (a + b - 1) // b end
 
 -- splitmix64: returns a generator of 64-bit integers for `seed`.
 local function splitmix64(seed)
-  local state = math.tointeger(seed) or error("seed must be an integer", 3)
+  local state = math.tointeger(seed) or O.fail("EINVAL: splitmix64: seed must be an integer, got %s", tostring(seed))
   return function()
     state = state + 0x9E3779B97F4A7C15
     local z = state
@@ -34,8 +35,8 @@ data.splitmix64 = splitmix64
 --- Returns a permutation of 0..n-1 (a Lua list) determined by `seed` alone
 -- (the sampler's shuffle: splitmix64 Fisher-Yates, computed in C).
 function data.permutation(n, seed)
-  if math.type(n) ~= "integer" or n < 0 then error("bad argument #1 to 'permutation' (integer >= 0 expected)", 2) end
-  if math.type(seed) ~= "integer" then error("bad argument #2 to 'permutation' (integer seed expected)", 2) end
+  O.int("permutation", "n", n, 0)
+  O.int("permutation", "seed", seed)
   return require("crun.core").permutation(n, seed)
 end
 
@@ -49,38 +50,112 @@ local function default_world()
 end
 data.default_world = default_world
 
-local function check_int(v, name, min)
-  if math.type(v) ~= "integer" or v < min then
-    error(string.format("bad argument '%s' to DistributedSampler (integer >= %d expected, got %s)",
-      name, min, tostring(v)), 4)
+local SAMPLER = O.spec{"size", "dataset", "num_replicas", "rank", "shuffle", "seed", "drop_last", "drop_padding"}
+local LOCAL = O.spec{"size", "dataset", "shuffle", "seed", "drop_last"}
+local LOADER = O.spec{"dataset", "batch_size", "sampler", "shuffle", "seed", "drop_last",
+  inert = {num_workers = "crun loads batches in the training process",
+           pin_memory = "crun tensors live in host memory",
+           prefetch_factor = "crun loads batches in the training process",
+           persistent_workers = "crun loads batches in the training process",
+           timeout = "crun loads batches in the training process",
+           worker_init_fn = "crun loads batches in the training process",
+           multiprocessing_context = "crun loads batches in the training process",
+           pin_memory_device = "crun tensors live in host memory"}}
+
+-- The length of a data set the way torch's len(dataset) sees it: the __len
+-- metamethod (crun tensors: the size of dimension 1), a :len() or :size()
+-- method (a size() returning a shape gives its first entry), else the
+-- border of a plain Lua list (#t). Raises EINVAL naming fname otherwise.
+function data.len_of(ds, fname)
+  fname = fname or "len_of"
+  local t, mt = type(ds), getmetatable(ds)
+  local n
+  if type(mt) == "table" and mt.__len ~= nil then
+    n = #ds
+  elseif (t == "table" or t == "userdata") and type(ds.len) == "function" then
+    n = ds:len()
+  elseif (t == "table" or t == "userdata") and type(ds.size) == "function" then
+    n = ds:size()
+    if type(n) == "table" then n = n[1] end
+  elseif t == "table" then
+    n = #ds
+  else
+    O.fail("EINVAL: %s: the data set must have a length (a list, __len, :len() or :size()), got a %s", fname, t)
   end
-  return v
+  if math.type(n) ~= "integer" or n < 0 then
+    O.fail("EINVAL: %s: the data set's length must be an integer >= 0, got %s", fname, tostring(n))
+  end
+  return n
+end
+
+-- True when t is an options table rather than a data set: a plain table
+-- (no metatable) whose keys are all strings and whose len/size fields are
+-- not methods. A Lua list, a tensor or an object with a length is a data set.
+local function is_options(t)
+  if type(t) ~= "table" or getmetatable(t) ~= nil or next(t) == nil then return false end
+  if type(t.len) == "function" or type(t.size) == "function" then return false end
+  for k in pairs(t) do
+    if type(k) ~= "string" then return false end
+  end
+  return true
+end
+
+-- Returns (dataset or nil, options) for the call forms f(opts) and f(dataset[, opts]).
+local function split_args(fname, a, b)
+  if b == nil and is_options(a) then return nil, a end
+  if a == nil then O.fail("EINVAL: %s: a data set (anything with a length) or an options table is expected", fname) end
+  if b ~= nil and type(b) ~= "table" then O.fail("EINVAL: %s: options must be a table, got %s", fname, type(b)) end
+  if b ~= nil and b.dataset ~= nil and b.dataset ~= a then
+    O.fail("EINVAL: %s: a data set is given both as argument #1 and as dataset=", fname)
+  end
+  return a, b or {}
+end
+
+-- The data set's size from opts.size and/or the data set, which must agree.
+local function sampler_size(fname, ds, opts)
+  if ds == nil and opts.size == nil then
+    O.fail("EINVAL: %s: needs a data set (argument #1 or dataset=) or size=", fname)
+  end
+  local n = ds ~= nil and data.len_of(ds, fname) or nil
+  if opts.size ~= nil then
+    local size = O.int(fname, "size", opts.size, 0)
+    if n and n ~= size then O.fail("EINVAL: %s: size=%d but the data set has %d samples", fname, size, n) end
+    n = size
+  end
+  return n
 end
 
 local Sampler = {}
 Sampler.__index = Sampler
 Sampler.__name = "crun.DistributedSampler"
 
---- DistributedSampler{size=, num_replicas=, rank=, shuffle=true, seed=0,
--- drop_last=false, drop_padding=false}. With drop_padding=true the rank's list
--- omits the wrap-around duplicates torch pads with, so every sample is seen
--- exactly once over all ranks (ranks' lengths then differ by at most one):
--- use it for evaluation.
-function data.DistributedSampler(opts)
-  if type(opts) ~= "table" then error("bad argument #1 to 'DistributedSampler' (table expected)", 2) end
+--- DistributedSampler(dataset[, opts]) or DistributedSampler{size= | dataset=, ...}
+-- with torch's keywords: num_replicas (default: the process group's size,
+-- else WORLD_SIZE), rank (the group's rank, else RANK), shuffle=true,
+-- seed=0, drop_last=false; plus drop_padding=false. The data set is anything
+-- with a length (data.len_of): a Lua list, a tensor (its first dimension),
+-- an object with __len or a :len()/:size() method, a TensorDataset; its
+-- length is read once, here, as torch does. With drop_padding=true the rank's
+-- list omits the wrap-around duplicates torch pads with, so every sample is
+-- seen exactly once over all ranks (ranks' lengths then differ by at most
+-- one): use it for evaluation. Unknown options raise EINVAL.
+function data.DistributedSampler(a, b)
+  local F = "DistributedSampler"
+  local ds, raw = split_args(F, a, b)
+  local opts = O.check(SAMPLER, F, raw)
+  ds = ds or opts.dataset
   local W, R = default_world()
-  local s = setmetatable({}, Sampler)
-  s.size = check_int(opts.size, "size", 0)
-  s.num_replicas = check_int(opts.num_replicas or W, "num_replicas", 1)
-  s.rank = check_int(opts.rank or R, "rank", 0)
+  local s = setmetatable({dataset = ds}, Sampler)
+  s.size = sampler_size(F, ds, opts)
+  s.num_replicas = O.int(F, "num_replicas", opts.num_replicas, 1, W)
+  s.rank = O.int(F, "rank", opts.rank, 0, R)
   if s.rank >= s.num_replicas then
-    error(string.format("bad argument 'rank' to DistributedSampler (rank %d out of range [0, %d))",
-      s.rank, s.num_replicas), 2)
+    O.fail("EINVAL: %s: rank %d out of range [0, %d)", F, s.rank, s.num_replicas)
   end
-  s.shuffle = opts.shuffle ~= false
-  s.seed = check_int(opts.seed or 0, "seed", math.mininteger)
-  s.drop_last = opts.drop_last == true
-  s.drop_padding = opts.drop_padding == true
+  s.shuffle = O.bool(F, "shuffle", opts.shuffle, true)
+  s.seed = O.int(F, "seed", opts.seed, nil, 0)
+  s.drop_last = O.bool(F, "drop_last", opts.drop_last, false)
+  s.drop_padding = O.bool(F, "drop_padding", opts.drop_padding, false)
   s.epoch = 0
   s.len, s.num_samples, s.total_size = require("crun.core").sampler_len(s.size, s.num_replicas, s.rank,
     s.drop_last, s.drop_padding)
@@ -89,7 +164,7 @@ end
 
 --- Sets the epoch: the next shuffled order comes from seed + epoch.
 function Sampler:set_epoch(epoch)
-  self.epoch = check_int(epoch, "epoch", 0)
+  self.epoch = O.int("DistributedSampler:set_epoch", "epoch", epoch, 0)
 end
 
 --- Returns this rank's list of 1-based dataset indices for the current epoch
@@ -113,38 +188,117 @@ Sampler.__tostring = function(s)
     s.size, s.rank, s.num_replicas, s.num_samples, tostring(s.shuffle), tostring(s.drop_last), s.epoch)
 end
 
---- SequentialSampler-like helper for one process: indices 1..size (shuffled
--- per epoch when shuffle=true), same interface as DistributedSampler.
-function data.LocalSampler(opts)
+--- LocalSampler(dataset[, opts]) or LocalSampler{size= | dataset=, shuffle=false,
+-- seed=0, drop_last=false}: indices 1..size for one process (shuffled per
+-- epoch when shuffle=true), the same interface as DistributedSampler.
+function data.LocalSampler(a, b)
+  local ds, raw = split_args("LocalSampler", a, b)
   local o = {}
-  for k, v in pairs(opts) do o[k] = v end
-  o.num_replicas, o.rank = 1, 0
+  for k, v in pairs(O.check(LOCAL, "LocalSampler", raw)) do o[k] = v end
+  o.num_replicas, o.rank, o.dataset = 1, 0, ds or o.dataset
   if o.shuffle == nil then o.shuffle = false end
   return data.DistributedSampler(o)
 end
+
+-- ---------------------------------------------------------------- TensorDataset
+
+local TensorDataset = {}
+TensorDataset.__index = TensorDataset
+TensorDataset.__name = "crun.TensorDataset"
+
+--- TensorDataset(X, Y, ...): samples are the rows (dimension 1) of tensors
+-- that all have the same number of rows, as torch.utils.data.TensorDataset.
+-- #ds is that number; ds[i] returns row i of every tensor (1-based).
+function data.TensorDataset(...)
+  local ts = table.pack(...)
+  if ts.n == 0 then O.fail("EINVAL: TensorDataset: at least one tensor is expected") end
+  local n
+  for i = 1, ts.n do
+    local t = ts[i]
+    if not require("crun.serialize").is_tensor(t) then
+      O.fail("EINVAL: TensorDataset: argument #%d is a %s, a tensor is expected", i, type(t))
+    end
+    if t:dim() == 0 then O.fail("EINVAL: TensorDataset: tensor %d has no dimension", i) end
+    n = n or t:size(1)
+    if t:size(1) ~= n then
+      O.fail("EINVAL: TensorDataset: tensor %d has %d rows, tensor 1 has %d", i, t:size(1), n)
+    end
+  end
+  return setmetatable({tensors = {table.unpack(ts, 1, ts.n)}, n = n}, TensorDataset)
+end
+
+function TensorDataset:__len() return self.n end
+
+--- ds:get(i) -> row i of every tensor (1-based; EINVAL out of range).
+function TensorDataset:get(i)
+  if math.type(i) ~= "integer" or i < 1 or i > self.n then
+    O.fail("EINVAL: TensorDataset: index %s is out of range 1..%d", tostring(i), self.n)
+  end
+  local out = {}
+  for k, t in ipairs(self.tensors) do out[k] = t[i] end
+  return table.unpack(out)
+end
+
+TensorDataset.__tostring = function(ds)
+  return string.format("crun.TensorDataset(%d tensors, %d samples)", #ds.tensors, ds.n)
+end
+
+-- ---------------------------------------------------------------- DataLoader
 
 local Loader = {}
 Loader.__index = Loader
 Loader.__name = "crun.DataLoader"
 
---- DataLoader{dataset={X, Y, ...}, batch_size=, sampler=, drop_last=false}:
--- batches tensors whose first dimension is the sample dimension, in the
--- sampler's order (a DistributedSampler, or 1..N in order when absent).
-function data.DataLoader(opts)
-  if type(opts) ~= "table" or type(opts.dataset) ~= "table" or #opts.dataset == 0 then
-    error("bad argument #1 to 'DataLoader' (table with dataset={tensors...} expected)", 2)
+-- The list of tensors behind a loader's data set: a TensorDataset's, or a
+-- list {X, Y, ...} of tensors with the same number of rows.
+local function loader_tensors(ds)
+  if getmetatable(ds) == TensorDataset then return ds.tensors, ds.n end
+  if type(ds) ~= "table" or #ds == 0 then
+    O.fail("EINVAL: DataLoader: dataset must be a TensorDataset or a list of tensors {X, Y, ...}, got %s",
+      type(ds) == "table" and "an empty table" or type(ds))
   end
-  local n = opts.dataset[1]:size(1)
-  for i, t in ipairs(opts.dataset) do
-    if t:size(1) ~= n then
-      error(string.format("DataLoader: dataset[%d] has %d samples, dataset[1] has %d", i, t:size(1), n), 2)
-    end
+  return data.TensorDataset(table.unpack(ds)).tensors, ds[1]:size(1)
+end
+
+--- DataLoader(dataset[, opts]) or DataLoader{dataset=, ...}: dataset is a
+-- TensorDataset or a list {X, Y, ...} of tensors whose first dimension is the
+-- sample dimension. opts: batch_size=1, sampler= (a DistributedSampler or
+-- LocalSampler; default 1..N in order), shuffle=false (a LocalSampler shuffled
+-- per epoch with seed=; exclusive with sampler=, as in torch), drop_last=false.
+-- torch's worker options (num_workers, pin_memory, ...) have no effect in
+-- crun and are reported once; any other key raises EINVAL.
+function data.DataLoader(a, b)
+  local F = "DataLoader"
+  local ds, raw
+  if b == nil and is_options(a) and a[1] == nil then ds, raw = nil, a else ds, raw = a, b or {} end
+  if type(raw) ~= "table" then O.fail("EINVAL: %s: options must be a table, got %s", F, type(raw)) end
+  local opts = O.check(LOADER, F, raw)
+  ds = ds or opts.dataset
+  local tensors, n = loader_tensors(ds)
+  local bs = O.int(F, "batch_size", opts.batch_size, 1, 1)
+  local shuffle = O.bool(F, "shuffle", opts.shuffle, false)
+  local sampler = opts.sampler
+  if sampler ~= nil and shuffle then
+    O.fail("EINVAL: %s: sampler and shuffle=true are mutually exclusive (shuffle in the sampler)", F)
   end
-  local bs = opts.batch_size or 1
-  if math.type(bs) ~= "integer" or bs < 1 then error("bad argument 'batch_size' to DataLoader (integer >= 1 expected)", 2) end
-  local l = setmetatable({dataset = opts.dataset, batch_size = bs, n = n,
-    sampler = opts.sampler, drop_last = opts.drop_last == true}, Loader)
-  return l
+  if sampler ~= nil and (type(sampler) ~= "table" or type(sampler.indices) ~= "function") then
+    O.fail("EINVAL: %s: sampler must have an :indices() method (DistributedSampler, LocalSampler), got %s",
+      F, type(sampler))
+  end
+  if sampler ~= nil and math.type(sampler.size) == "integer" and sampler.size ~= n then
+    O.fail("EINVAL: %s: the sampler covers %d samples, the data set has %d", F, sampler.size, n)
+  end
+  if shuffle then sampler = data.LocalSampler{size = n, shuffle = true, seed = O.int(F, "seed", opts.seed, nil, 0)} end
+  return setmetatable({dataset = ds, tensors = tensors, batch_size = bs, n = n, own_shuffle = shuffle, passes = 0,
+    sampler = sampler, drop_last = O.bool(F, "drop_last", opts.drop_last, false)}, Loader)
+end
+
+--- Sets the epoch of the loader's sampler (the next shuffled order). With
+-- shuffle=true the loader's own sampler also moves to the next epoch at
+-- every iter(), so each pass has a new order, as torch's RandomSampler.
+function Loader:set_epoch(epoch)
+  if self.sampler and self.sampler.set_epoch then self.sampler:set_epoch(epoch) end
+  if self.own_shuffle then self.passes = epoch end
 end
 
 function Loader:_indices()
@@ -164,6 +318,10 @@ end
 --- Iterates batches: for i, X, Y, ... in loader:iter() (each a new tensor
 -- gathered with index_select along dimension 1).
 function Loader:iter()
+  if self.own_shuffle then
+    self.sampler:set_epoch(self.passes)
+    self.passes = self.passes + 1
+  end
   local idx, bs, nb = self:_indices(), self.batch_size, #self
   local b = 0
   return function()
@@ -174,7 +332,7 @@ function Loader:iter()
     local sel = {}
     for k = first, last do sel[#sel + 1] = idx[k] end
     local out = {b}
-    for i, t in ipairs(self.dataset) do out[i + 1] = data.gather_rows(t, sel) end
+    for i, t in ipairs(self.tensors) do out[i + 1] = data.gather_rows(t, sel) end
     return table.unpack(out)
   end
 end
@@ -225,10 +383,15 @@ end
 -- (identical on every rank), with `count` the number of samples seen.
 -- opts.metrics lists the keys fn returns (every rank must reduce the same
 -- keys, even a rank with no samples).
+local EVALUATE = O.spec{"size", "dataset", "batch_size", "fn", "metrics", "num_replicas", "rank"}
+
 function data.evaluate(opts)
-  local s = data.DistributedSampler{size = opts.size, num_replicas = opts.num_replicas,
+  if type(opts) ~= "table" then O.fail("EINVAL: data.evaluate: an options table is expected, got %s", type(opts)) end
+  opts = O.check(EVALUATE, "data.evaluate", opts)
+  if type(opts.fn) ~= "function" then O.fail("EINVAL: data.evaluate: fn must be a function, got %s", type(opts.fn)) end
+  local s = data.DistributedSampler{size = opts.size, dataset = opts.dataset, num_replicas = opts.num_replicas,
     rank = opts.rank, shuffle = false, drop_padding = true}
-  local idx, bs = s:indices(), opts.batch_size or 256
+  local idx, bs = s:indices(), O.int("data.evaluate", "batch_size", opts.batch_size, 1, 256)
   local acc = {count = 0}
   for _, k in ipairs(opts.metrics or {}) do acc[k] = 0 end
   for first = 1, #idx, bs do
@@ -237,7 +400,7 @@ function data.evaluate(opts)
     local m = opts.fn(sel)
     for k, v in pairs(m or {}) do
       if acc[k] == nil or k == "count" then
-        error(string.format("data.evaluate: fn returned metric '%s' not listed in opts.metrics", k), 2)
+        O.fail("EINVAL: data.evaluate: fn returned metric '%s' not listed in opts.metrics", tostring(k))
       end
       acc[k] = acc[k] + v
     end
@@ -253,8 +416,10 @@ end
 -- a linear model by a wide margin. Returns X (list of `n` rows of `dims`
 -- numbers) and Y (list of 1-based class labels). The same opts give the same
 -- numbers on every machine (splitmix64 + Box-Muller).
+local SPIRALS = O.spec{"n", "classes", "dims", "turns", "noise", "seed"}
+
 function data.make_spirals(opts)
-  opts = opts or {}
+  opts = O.check(SPIRALS, "make_spirals", opts)
   local n, K, D = opts.n or 10000, opts.classes or 4, opts.dims or 16
   local turns, noise = opts.turns or 1.0, opts.noise or 0.05
   local rnd = splitmix64(opts.seed or 1234)

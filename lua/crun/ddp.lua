@@ -46,7 +46,10 @@ DDP.__name = "crun.DDP"
 -- Checks that every parameter has a dtype DDP can average.
 local function check_dtypes(params, level)
   for i, p in ipairs(params) do
-    if not ELSIZE[p:dtype()] then error("DDP: parameter " .. i .. " has unsupported dtype " .. p:dtype(), level + 1) end
+    if not ELSIZE[p:dtype()] then
+      require("crun.opts").fail("ENOTSUP: DDP: parameter %d has dtype %s (DDP averages float32, float64, float16 "
+        .. "and bfloat16)", i, p:dtype())
+    end
   end
 end
 
@@ -92,19 +95,19 @@ local DDP_OPTS = require("crun.opts").spec{"bucket_cap_mb", "first_bucket_mb", "
 function ddp.DDP(module, opts)
   opts = require("crun.opts").check(DDP_OPTS, "DDP", opts)
   if type(module) ~= "table" or type(module.parameters) ~= "function" then
-    error("bad argument #1 to 'DDP' (crun.nn module expected)", 2)
+    require("crun.opts").fail("EINVAL: DDP: a crun.nn module is expected, got %s", type(module))
   end
   local d = dist()
   if not d.is_initialized() then
-    error("ESTATE: DDP needs a process group: call crun.dist.init_process_group() first", 2)
+    require("crun.opts").fail("ESTATE: DDP needs a process group: call crun.dist.init_process_group() first")
   end
   for _, k in ipairs{"bucket_cap_mb", "first_bucket_mb"} do
     if opts[k] ~= nil and (type(opts[k]) ~= "number" or opts[k] <= 0) then
-      error(string.format("bad argument #2 to 'DDP' (%s must be a positive number, got %s)", k, tostring(opts[k])), 2)
+      require("crun.opts").fail("EINVAL: DDP: %s must be a positive number, got %s", k, tostring(opts[k]))
     end
   end
   if opts.group ~= nil and d.get_rank(opts.group) < 0 then
-    error("bad argument #2 to 'DDP' (this rank is not a member of the group)", 2)
+    require("crun.opts").fail("EINVAL: DDP: this rank is not a member of the group")
   end
   local self = setmetatable({module = module, group = opts.group, require_sync = true,
     overlap = opts.overlap ~= false, broadcast_buffers = opts.broadcast_buffers ~= false,
@@ -146,7 +149,8 @@ function DDP:_index_params()
     self.leaf_params[leaf] = list
   end
   if k ~= #self.params then
-    error(string.format("DDP: the module's leaves hold %d parameters but parameters() lists %d", k, #self.params), 3)
+    require("crun.opts").fail("EINVAL: DDP: the module's leaves hold %d parameters but parameters() lists %d",
+      k, #self.params)
   end
 end
 
@@ -287,7 +291,7 @@ function DDP:close()
 end
 
 function DDP:_check_open(what)
-  if self.closed then error(string.format("ECLOSED: DDP:%s on rank %d: this DDP was closed", what, self.rank), 3) end
+  if self.closed then error(string.format("ECLOSED: DDP:%s on rank %d: this DDP was closed", what, self.rank), 0) end
 end
 
 function DDP:__tostring()
@@ -343,19 +347,25 @@ end
 -- every rank is done; finally broadcasts the parameters of the rank with the
 -- most iterations. Returns fn's results. With throw_on_early_termination,
 -- every rank instead raises EINTR as soon as one rank runs out of inputs.
+local JOIN_OPTS = require("crun.opts").spec{"throw_on_early_termination"}
+
 function ddp.join(joinables, fn, opts)
   if type(joinables) ~= "table" or type(fn) ~= "function" then
-    error("bad argument to 'join' (list of DDP models and a function expected)", 2)
+    require("crun.opts").fail("EINVAL: join: a list of DDP models and a function are expected, got %s and %s",
+      type(joinables), type(fn))
   end
+  opts = require("crun.opts").check(JOIN_OPTS, "join", opts)
   for k, j in ipairs(joinables) do
-    if getmetatable(j) ~= DDP then error("bad argument #1 to 'join' (DDP models expected)", 2) end
+    if getmetatable(j) ~= DDP then
+      require("crun.opts").fail("EINVAL: join: entry %d of the list is a %s, a DDP model is expected", k, type(j))
+    end
     -- only the first model announces "still training", once per iteration
     j.join_enabled, j.join_iters, j.join_lead = true, 0, k == 1
   end
   local res = table.pack(pcall(fn))
   local ok, err = res[1], res[2]
   if ok and joinables[1] then
-    ok, err = pcall(join_finish, joinables, opts and opts.throw_on_early_termination)
+    ok, err = pcall(join_finish, joinables, opts.throw_on_early_termination)
   end
   for _, j in ipairs(joinables) do j.join_enabled = false end
   if not ok then error(err, 0) end

@@ -21,6 +21,11 @@
 local K = require("crun.tensor")._rank_kernels{"nn_act_backward", "nn_act_forward", "nn_cross_entropy", "nn_dropout_forward", "nn_linear_backward", "nn_linear_forward", "nn_log_softmax_backward", "nn_log_softmax_forward", "nn_mse", "nn_mul"}
 
 local nn = {}
+local O = require "crun.opts"
+
+local LINEAR = O.spec{"bias", "dtype", "seed", inert = {device = "crun tensors live in host memory"}}
+local DROPOUT = O.spec{"seed", inert = {inplace = "crun's Dropout writes its own output buffer"}}
+local CROSS_ENTROPY = O.spec{"reduction"}
 
 local default_dtype = "float32"
 local seed_base, seed_count = 0, 0
@@ -28,7 +33,7 @@ local seed_base, seed_count = 0, 0
 --- Sets the dtype new modules use ("float32" or "float64").
 function nn.set_default_dtype(dt)
   if dt ~= "float32" and dt ~= "float64" then
-    error("bad argument #1 to 'set_default_dtype' (float32 or float64 expected, got " .. tostring(dt) .. ")", 2)
+    O.fail("EINVAL: nn.set_default_dtype: float32 or float64 expected, got %s", tostring(dt))
   end
   default_dtype = dt
 end
@@ -39,7 +44,7 @@ function nn.get_default_dtype() return default_dtype end
 -- manual_seed(s) draws from seed s * 1000003 + k, so every rank building the
 -- same model gets the same initial weights.
 function nn.manual_seed(s)
-  seed_base, seed_count = math.tointeger(s) or error("manual_seed: integer expected", 2), 0
+  seed_base, seed_count = O.int("nn.manual_seed", "seed", math.tointeger(s) or s), 0
 end
 
 local function next_seed()
@@ -54,7 +59,7 @@ local function T() return require "crun.tensor" end
 -- returns it (an error naming `name` before any forward).
 local function grad_from_forward(name)
   return function(self)
-    if not self.output then error(name .. ":backward called before forward", 2) end
+    if not self.output then O.fail("ESTATE: %s:backward called before forward", name) end
     return self.gradInput
   end
 end
@@ -79,7 +84,7 @@ end
 
 local function check_tensor(x, fname, what)
   if type(x) ~= "userdata" then
-    error(string.format("bad argument to '%s' (%s: tensor expected, got %s)", fname, what, type(x)), 3)
+    O.fail("EINVAL: %s: %s must be a tensor, got %s", fname, what, type(x))
   end
 end
 
@@ -177,13 +182,13 @@ end
 function Module:load_state_dict(sd)
   local params = self:parameters()
   if type(sd) ~= "table" or #sd ~= #params then
-    error(string.format("load_state_dict: expected %d tensors, got %s", #params,
-      type(sd) == "table" and tostring(#sd) or type(sd)), 2)
+    O.fail("EINVAL: load_state_dict: expected %d tensors, got %s", #params,
+      type(sd) == "table" and tostring(#sd) or type(sd))
   end
   for i, p in ipairs(params) do
     if sd[i]:numel() ~= p:numel() then
-      error(string.format("load_state_dict: tensor %d has %d elements, the model's has %d",
-        i, sd[i]:numel(), p:numel()), 2)
+      O.fail("EINVAL: load_state_dict: tensor %d has %d elements, the model's has %d",
+        i, sd[i]:numel(), p:numel())
     end
     p:copy(sd[i]:view(p:size()))
   end
@@ -197,13 +202,16 @@ nn.LinearClass = Linear
 --- Linear(in, out, {bias=true, dtype=, seed=}): y = x W^T + b with
 -- W [out, in] and b [out] drawn uniformly from +-1/sqrt(in) (torch's default).
 function nn.Linear(nin, nout, opts)
-  opts = opts or {}
-  if math.type(nin) ~= "integer" or nin < 1 or math.type(nout) ~= "integer" or nout < 1 then
-    error(string.format("bad argument to 'Linear' (positive integer sizes expected, got %s, %s)",
-      tostring(nin), tostring(nout)), 2)
-  end
+  opts = O.check(LINEAR, "nn.Linear", opts)
+  O.int("nn.Linear", "in_features", nin, 1)
+  O.int("nn.Linear", "out_features", nout, 1)
   local self = setmetatable({}, Linear):_init()
   local dt = opts.dtype or default_dtype
+  if dt ~= "float32" and dt ~= "float64" then
+    O.fail("EINVAL: nn.Linear: dtype must be float32 or float64, got %s", tostring(dt))
+  end
+  O.bool("nn.Linear", "bias", opts.bias, true)
+  if opts.seed ~= nil then O.int("nn.Linear", "seed", opts.seed) end
   self.in_features, self.out_features, self.dtype = nin, nout, dt
   local bound = 1 / math.sqrt(nin)
   local gen = T().Generator(opts.seed or next_seed())
@@ -309,12 +317,13 @@ local Dropout = nn.class("Dropout")
 -- probability p and scales the rest by 1/(1-p); identity in evaluate().
 function nn.Dropout(p, opts)
   p = p or 0.5
-  if type(p) ~= "number" or p < 0 or p >= 1 then
-    error("bad argument #1 to 'Dropout' (p in [0, 1) expected, got " .. tostring(p) .. ")", 2)
+  opts = O.check(DROPOUT, "nn.Dropout", opts)
+  if type(p) ~= "number" or not (p >= 0 and p < 1) then
+    O.fail("EINVAL: nn.Dropout: p must be in [0, 1), got %s", tostring(p))
   end
   local self = setmetatable({}, Dropout):_init()
   self.p = p
-  self.state = (opts and opts.seed) or next_seed()
+  self.state = opts.seed ~= nil and O.int("nn.Dropout", "seed", opts.seed) or next_seed()
   return self
 end
 
@@ -358,7 +367,7 @@ end
 --- Appends a module; returns self (chainable).
 function Sequential:add(m)
   if type(m) ~= "table" or type(m.forward) ~= "function" then
-    error("bad argument #1 to 'add' (nn module expected)", 2)
+    O.fail("EINVAL: Sequential:add: an nn module is expected, got %s", type(m))
   end
   self.modules[#self.modules + 1] = m
   return self
@@ -384,7 +393,7 @@ end
 --- Backward in reverse module order (so the last layer's gradients are
 -- ready first, which is the order DDP buckets them in).
 function Sequential:backward(x, gy)
-  if not self._inputs then error("Sequential:backward called before forward", 2) end
+  if not self._inputs then O.fail("ESTATE: Sequential:backward called before forward") end
   for i = #self.modules, 1, -1 do
     gy = self.modules[i]:backward(self._inputs[i], gy)
   end
@@ -435,8 +444,13 @@ function nn.mlp(inputs, hidden, layers, outputs)
 end
 
 function nn.CrossEntropyCriterion(opts)
+  opts = O.check(CROSS_ENTROPY, "nn.CrossEntropyCriterion", opts)
+  local red = opts.reduction or "mean"
+  if red ~= "mean" and red ~= "sum" then
+    O.fail("EINVAL: nn.CrossEntropyCriterion: reduction must be \"mean\" or \"sum\", got %s", tostring(red))
+  end
   local self = setmetatable({}, CrossEntropy):_init()
-  self.sum = opts and opts.reduction == "sum" or false
+  self.sum = red == "sum"
   return self
 end
 nn.CrossEntropy = nn.CrossEntropyCriterion
@@ -459,12 +473,18 @@ local ClassNLL = nn.class("ClassNLLCriterion")
 function nn.ClassNLLCriterion() return setmetatable({}, ClassNLL):_init() end
 
 function ClassNLL:forward(x, labels)
+  check_tensor(x, "ClassNLLCriterion:forward", "input")
+  check_tensor(labels, "ClassNLLCriterion:forward", "labels")
+  if x:dim() ~= 2 or labels:dim() ~= 1 or labels:size(1) ~= x:size(1) then
+    O.fail("EINVAL: ClassNLLCriterion:forward: input must be [N, C] and labels [N], got %s and %s",
+      table.concat(x:size(), "x"), table.concat(labels:size(), "x"))
+  end
   local n, c = x:size(1), x:size(2)
   local s = 0
   for i = 1, n do
     local l = math.tointeger(labels[i])
     if not l or l < 1 or l > c then
-      error(string.format("ERANGE: ClassNLLCriterion: label %s of row %d is out of range 1..%d", tostring(labels[i]), i, c), 2)
+      O.fail("ERANGE: ClassNLLCriterion: label %s of row %d is out of range 1..%d", tostring(labels[i]), i, c)
     end
     s = s - x[i][l]
   end
@@ -487,6 +507,8 @@ function nn.MSECriterion() return setmetatable({}, MSE):_init() end
 nn.MSE = nn.MSECriterion
 
 function MSE:forward(x, t)
+  check_tensor(x, "MSECriterion:forward", "input")
+  check_tensor(t, "MSECriterion:forward", "target")
   x = contig(x)
   self.gradInput = ensure(self.gradInput, x:size(), x:dtype())
   self.output = K.nn_mse(x, contig(t), self.gradInput)

@@ -12,28 +12,37 @@ local K = require("crun.tensor")._rank_kernels{"optim_adam", "optim_sgd"}
 local optim = {}
 local O = require "crun.opts"
 
--- torch.optim flags that choose an implementation, not an update rule.
-local IMPL_INERT = {
-  foreach = "crun's update is one fused C loop per parameter",
-  fused = "crun's update is one fused C loop per parameter",
+-- Options of torch.optim that change nothing in crun (reported once on rank 0).
+local INERT = {
+  foreach = "crun updates each parameter in one fused C loop",
+  fused = "crun updates each parameter in one fused C loop",
+  differentiable = "crun's optimizers record no autograd graph",
   capturable = "crun has no CUDA graphs",
-  differentiable = "crun's optimizers do not record an autograd graph",
 }
+-- Torch7's optim names for the same options (optim.sgd / optim.adam configs).
+local TORCH7 = {learningRate = "lr", weightDecay = "weight_decay", epsilon = "eps"}
 
--- Accepted option keys of each optimizer (crun.opts specs); ZeroRedundancyOptimizer
--- checks the options it passes through against the same lists.
+local function spec(keys)
+  local aliases = {}
+  for k, to in pairs(TORCH7) do
+    for _, known in ipairs(keys) do
+      if known == to then aliases[k] = to end
+    end
+  end
+  keys.aliases, keys.inert = aliases, INERT
+  return O.spec(keys)
+end
+local SGD_OPTS = spec{"lr", "momentum", "dampening", "weight_decay", "nesterov", "maximize"}
+local ADAM_OPTS = spec{"lr", "betas", "eps", "weight_decay", "amsgrad", "maximize"}
+
+-- The accepted keys of each optimizer, and the inert ones, for wrappers that pass
+-- options through (ZeroRedundancyOptimizer checks against the same lists).
 optim.KEYS = {
   SGD = {"lr", "momentum", "dampening", "weight_decay", "nesterov", "maximize"},
   Adam = {"lr", "betas", "eps", "weight_decay", "amsgrad", "maximize"},
 }
 optim.KEYS.AdamW = optim.KEYS.Adam
-optim.IMPL_INERT = IMPL_INERT
-local SPECS = {}
-for name, keys in pairs(optim.KEYS) do
-  local t = {inert = IMPL_INERT}
-  for i, k in ipairs(keys) do t[i] = k end
-  SPECS[name] = O.spec(t)
-end
+optim.IMPL_INERT = INERT
 
 -- crun.tensor.
 local function T() return require "crun.tensor" end
@@ -48,20 +57,19 @@ local function unpack_args(fname, a, b, c)
     params, grads, opts = a, b, c
   end
   if type(params) ~= "table" or type(grads) ~= "table" or #params ~= #grads then
-    error(string.format("bad argument #1 to '%s' (a module, or lists of params and grads of equal length expected)", fname), 3)
+    O.fail("EINVAL: %s: a module, or lists of params and grads of equal length, is expected", fname)
   end
+  local is_tensor = require("crun.serialize").is_tensor
   for i, p in ipairs(params) do
+    if not is_tensor(p) or not is_tensor(grads[i]) then
+      O.fail("EINVAL: %s: parameter %d or its gradient is not a tensor", fname, i)
+    end
     if p:numel() ~= grads[i]:numel() or p:dtype() ~= grads[i]:dtype() then
-      error(string.format("%s: parameter %d and its gradient differ in size or dtype", fname, i), 3)
+      O.fail("EINVAL: %s: parameter %d (%s[%d]) and its gradient (%s[%d]) differ in size or dtype", fname, i,
+        p:dtype(), p:numel(), grads[i]:dtype(), grads[i]:numel())
     end
   end
-  return params, grads, opts or {}, module
-end
-
-local function check_lr(fname, o)
-  if type(o.lr) ~= "number" or o.lr < 0 then
-    error(string.format("bad argument to '%s' (lr >= 0 expected, got %s)", fname, tostring(o.lr)), 3)
-  end
+  return params, grads, opts, module
 end
 
 local Optimizer = {}
@@ -93,8 +101,8 @@ end
 --- Restores a state_dict(); tensors are copied into fresh buffers.
 function Optimizer:load_state_dict(sd)
   if type(sd) ~= "table" or sd.kind ~= self.kind then
-    error(string.format("load_state_dict: expected a %s state, got %s", self.kind,
-      type(sd) == "table" and tostring(sd.kind) or type(sd)), 2)
+    O.fail("EINVAL: %s:load_state_dict: expected a %s state, got %s", self.kind, self.kind,
+      type(sd) == "table" and tostring(sd.kind) or type(sd))
   end
   self.state = {}
   for i, s in pairs(sd.state) do
@@ -109,16 +117,19 @@ end
 local SGD = setmetatable({}, {__index = Optimizer})
 SGD.__index = SGD
 
---- SGD(model | params, grads, {lr=, momentum=0, dampening=0, weight_decay=0, nesterov=false, maximize=false})
+--- SGD(model | params, grads, {lr=, momentum=0, dampening=0, weight_decay=0, nesterov=false, maximize=false}):
+--- lr is required; options are checked as Adam's are (see below).
 function optim.SGD(a, b, c)
-  local params, grads, opts, module = unpack_args("SGD", a, b, c)
-  local o = O.check(SPECS.SGD, "SGD", opts)
-  check_lr("SGD", o)
+  local params, grads, o, module = unpack_args("SGD", a, b, c)
+  o = O.check(SGD_OPTS, "SGD", o)
+  if o.lr == nil then O.fail("EINVAL: SGD: lr is required") end
   local self = setmetatable({kind = "SGD", params = params, grads = grads, module = module, state = {},
-    opts = {lr = o.lr, momentum = o.momentum or 0, dampening = o.dampening or 0,
-      weight_decay = o.weight_decay or 0, nesterov = o.nesterov == true, maximize = o.maximize == true}}, SGD)
+    opts = {lr = O.num("SGD", "lr", o.lr, 0), momentum = O.num("SGD", "momentum", o.momentum, 0, 0),
+      dampening = O.num("SGD", "dampening", o.dampening, nil, 0),
+      weight_decay = O.num("SGD", "weight_decay", o.weight_decay, 0, 0),
+      nesterov = O.bool("SGD", "nesterov", o.nesterov, false), maximize = O.bool("SGD", "maximize", o.maximize, false)}}, SGD)
   if self.opts.nesterov and (self.opts.momentum <= 0 or self.opts.dampening ~= 0) then
-    error("bad argument to 'SGD' (nesterov momentum requires a momentum and zero dampening)", 2)
+    O.fail("EINVAL: SGD: nesterov momentum requires a momentum > 0 and zero dampening")
   end
   return self
 end
@@ -144,17 +155,27 @@ local Adam = setmetatable({}, {__index = Optimizer})
 Adam.__index = Adam
 
 local function adam(kind, decoupled, default_wd, a, b, c)
-  local params, grads, opts, module = unpack_args(kind, a, b, c)
-  local o = O.check(SPECS[kind], kind, opts)
-  check_lr(kind, {lr = o.lr or 1e-3})
+  local params, grads, o, module = unpack_args(kind, a, b, c)
+  o = O.check(ADAM_OPTS, kind, o)
   local betas = o.betas or {0.9, 0.999}
+  if type(betas) ~= "table" or #betas ~= 2 then
+    O.fail("EINVAL: %s: betas must be a pair {beta1, beta2}, got %s", kind, tostring(betas))
+  end
+  for i = 1, 2 do
+    local bi = O.num(kind, "betas[" .. i .. "]", betas[i], 0)
+    if bi >= 1 then O.fail("EINVAL: %s: betas[%d] must be in [0, 1), got %s", kind, i, tostring(bi)) end
+  end
   return setmetatable({kind = kind, params = params, grads = grads, module = module, state = {},
-    opts = {lr = o.lr or 1e-3, beta1 = betas[1], beta2 = betas[2], eps = o.eps or 1e-8,
-      weight_decay = o.weight_decay or default_wd, decoupled = decoupled,
-      amsgrad = o.amsgrad == true, maximize = o.maximize == true}}, Adam)
+    opts = {lr = O.num(kind, "lr", o.lr, 0, 1e-3), beta1 = betas[1], beta2 = betas[2],
+      eps = O.num(kind, "eps", o.eps, 0, 1e-8),
+      weight_decay = O.num(kind, "weight_decay", o.weight_decay, 0, default_wd), decoupled = decoupled,
+      amsgrad = O.bool(kind, "amsgrad", o.amsgrad, false), maximize = O.bool(kind, "maximize", o.maximize, false)}}, Adam)
 end
 
---- Adam(model | params, grads, {lr=1e-3, betas={0.9, 0.999}, eps=1e-8, weight_decay=0, amsgrad=false})
+--- Adam(model | params, grads, {lr=1e-3, betas={0.9, 0.999}, eps=1e-8, weight_decay=0, amsgrad=false,
+--- maximize=false}). Unknown options raise EINVAL; torch's foreach/fused/
+--- differentiable/capturable are accepted and reported once as inert; Torch7's
+--- learningRate/weightDecay/epsilon are aliases of lr/weight_decay/eps.
 function optim.Adam(a, b, c) return adam("Adam", false, 0, a, b, c) end
 
 --- AdamW: Adam with decoupled weight decay (default 1e-2), as torch.optim.AdamW.

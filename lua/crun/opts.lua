@@ -13,6 +13,19 @@ local M = {}
 
 local warned = {}
 
+-- " (rank N)" when this process is one rank of a job (RANK is set), else "".
+local function rank_suffix()
+  local rank = os.getenv("RANK")
+  return rank and (" (rank " .. rank .. ")") or ""
+end
+
+--- Raises string.format(fmt, ...) plus " (rank N)" under a job, with no
+--- position prefix: the message starts with its status name ("EINVAL: ...")
+--- so that pcall users can match it. Never returns.
+function M.fail(fmt, ...)
+  error(string.format(fmt, ...) .. rank_suffix(), 0)
+end
+
 --- Builds a spec from a list of accepted keys plus optional `aliases`
 --- (alias -> key) and `inert` (key -> why it has no effect) maps.
 function M.spec(t)
@@ -36,20 +49,48 @@ local function warn_inert(fname, key, why)
   end
 end
 
+--- Returns v, or def when v is nil; raises "EINVAL: fname: what must be an
+--- integer >= min, got v" otherwise.
+function M.int(fname, what, v, min, def)
+  if v == nil then v = def end
+  if math.type(v) ~= "integer" or (min and v < min) then
+    M.fail("EINVAL: %s: %s must be an integer%s, got %s", fname, what, min and (" >= " .. min) or "", tostring(v))
+  end
+  return v
+end
+
+--- Returns v, or def when v is nil; raises EINVAL unless v is a number >= min.
+function M.num(fname, what, v, min, def)
+  if v == nil then v = def end
+  if type(v) ~= "number" or v ~= v or (min and v < min) then
+    M.fail("EINVAL: %s: %s must be a number%s, got %s", fname, what, min and (" >= " .. min) or "", tostring(v))
+  end
+  return v
+end
+
+--- Returns v, or def when v is nil; raises EINVAL unless v is a boolean.
+function M.bool(fname, what, v, def)
+  if v == nil then v = def end
+  if type(v) ~= "boolean" then
+    M.fail("EINVAL: %s: %s must be true or false, got %s", fname, what, tostring(v))
+  end
+  return v
+end
+
 --- Checks `opts` (nil or a table) against spec `s` for the call `fname`.
 --- Returns `opts` itself when every key is known and none needs renaming,
 --- otherwise a new table with aliases renamed and inert keys dropped.
 function M.check(s, fname, opts)
   if opts == nil then return {} end
   if type(opts) ~= "table" then
-    error(string.format("EINVAL: %s: options must be a table, got %s", fname, type(opts)), 0)
+    M.fail("EINVAL: %s: options must be a table, got %s", fname, type(opts))
   end
   local copy
   for k, v in pairs(opts) do
     if not s.known[k] then
       local to, why = s.aliases[k], s.inert[k]
       if to == nil and why == nil then
-        error(string.format("EINVAL: %s: unknown option '%s' (accepted: %s)", fname, tostring(k), s.accepted), 0)
+        M.fail("EINVAL: %s: unknown option '%s' (accepted: %s)", fname, tostring(k), s.accepted)
       end
       if not copy then
         copy = {}
@@ -58,8 +99,7 @@ function M.check(s, fname, opts)
       copy[k] = nil
       if to ~= nil then
         if opts[to] ~= nil and opts[to] ~= v then
-          error(string.format("EINVAL: %s: options '%s' and '%s' name the same thing with different values",
-                              fname, k, to), 0)
+          M.fail("EINVAL: %s: options '%s' and '%s' name the same thing with different values", fname, k, to)
         end
         copy[to] = v
       else

@@ -169,7 +169,7 @@ local function capture(buf)
       local v = select(i, ...)
       local t = type(v)
       if t ~= "string" and t ~= "number" then
-        error(string.format("bad argument #%d to 'write' (string expected, got %s)", i, t), 2)
+        error(string.format("EINVAL: bad argument #%d to 'write' (string expected, got %s)", i, t), 0)
       end
       buf[#buf + 1] = tostring(v)
     end

@@ -11,6 +11,18 @@
 -- <path> and fsyncs the directory: a crash never leaves a torn file at <path>;
 -- a <path> that is not a regular file is refused, never replaced.
 local serialize = {}
+local O = require "crun.opts"
+
+-- torch.save / torch.load options, accepted for a porting user's sake.
+local SAVE_OPTS = O.spec{inert = {
+  pickle_module = "crun save files are not pickles",
+  pickle_protocol = "crun save files are not pickles",
+  _use_new_zipfile_serialization = "crun has one file format"}}
+local LOAD_OPTS = O.spec{inert = {
+  map_location = "crun tensors live in host memory",
+  weights_only = "a crun save file holds only data, never code",
+  mmap = "crun.load reads the whole file",
+  pickle_module = "crun save files are not pickles"}}
 
 local MAGIC, TRAILER = "CRUNSAV1", "END!"
 
@@ -35,7 +47,7 @@ local function tensor_bytes(t)
   local c = core()
   if c.tensor_bytes then return c.tensor_bytes(t) end
   local fmt = PACK[t:dtype()]
-  if not fmt then error("crun.save: no Lua fallback for dtype " .. t:dtype(), 0) end
+  if not fmt then O.fail("ENOTSUP: crun.save: no Lua fallback for dtype %s", t:dtype()) end
   local flat = t:contiguous():view(t:numel()):totable()
   local parts = {}
   for i = 1, #flat do parts[i] = string.pack(fmt, flat[i]) end
@@ -47,7 +59,7 @@ local function tensor_from_bytes(dtype, shape, bytes)
   local c = core()
   if c.tensor_from_bytes then return c.tensor_from_bytes(dtype, shape, bytes) end
   local fmt = PACK[dtype]
-  if not fmt then error("crun.load: no Lua fallback for dtype " .. dtype, 0) end
+  if not fmt then O.fail("ENOTSUP: crun.load: no Lua fallback for dtype %s", tostring(dtype)) end
   local T = tensor_mod()
   local n = 1
   for _, d in ipairs(shape) do n = n * d end
@@ -65,7 +77,7 @@ local function sorted_keys(tbl, where)
   for k in pairs(tbl) do
     local tk = type(k)
     if tk ~= "string" and tk ~= "number" and tk ~= "boolean" then
-      error(string.format("crun.save: table key of type %s at %s cannot be saved", tk, where), 0)
+      O.fail("EINVAL: crun.save: table key of type %s at %s cannot be saved", tk, where)
     end
     keys[#keys + 1] = k
   end
@@ -79,7 +91,7 @@ local function sorted_keys(tbl, where)
 end
 
 local function encode_table(v, out, where, seen)
-  if seen[v] then error("crun.save: cycle in the value at " .. where, 0) end
+  if seen[v] then O.fail("EINVAL: crun.save: cycle in the value at %s", where) end
   seen[v] = true
   local keys = sorted_keys(v, where)
   out[#out + 1] = "t" .. string.pack("<I4", #keys)
@@ -108,7 +120,7 @@ encode = function(v, out, where, seen)
   elseif tv == "string" then out[#out + 1] = "s" .. string.pack("<s4", v)
   elseif serialize.is_tensor(v) then encode_tensor(v, out)
   elseif tv == "table" then encode_table(v, out, where, seen)
-  else error(string.format("crun.save: cannot save a %s at %s", tv, where), 0) end
+  else O.fail("EINVAL: crun.save: cannot save a %s at %s", tv, where) end
 end
 
 --- Returns the bytes of v in the format above (no file involved).
@@ -180,22 +192,36 @@ end
 -- EINVAL when path exists and is not a regular file (a symbolic link, a
 -- device, a fifo, a directory: never replaced), EACCES or EIO naming the path.
 -- The temp file is opened O_EXCL|O_NOFOLLOW next to path (core.save_file).
-function serialize.save(path, v)
-  if type(path) ~= "string" then error("bad argument #1 to 'save' (string expected)", 2) end
+-- opts takes torch.save's pickle_module/pickle_protocol (no effect in crun).
+function serialize.save(path, v, opts)
+  if type(path) ~= "string" then O.fail("EINVAL: crun.save: the path must be a string, got %s", type(path)) end
+  O.check(SAVE_OPTS, "crun.save", opts)
   local bytes = serialize.dumps(v)
   local ok, err = pcall(core().save_file, path, bytes)
   if not ok then error(tostring(err), 0) end -- starts with the status name
   return path
 end
 
+-- The status name for an errno from io.open / read.
+local function errno_status(code)
+  if code == 2 or code == 20 then return "ENOTFOUND" end   -- ENOENT, ENOTDIR
+  if code == 13 or code == 1 then return "EACCES" end      -- EACCES, EPERM
+  if code == 21 then return "EINVAL" end                   -- EISDIR
+  return "EIO"
+end
+
 --- Loads a value saved by save(). Raises ENOTFOUND when path is missing,
--- EPROTO when the file is not a complete crun save file.
-function serialize.load(path)
-  if type(path) ~= "string" then error("bad argument #1 to 'load' (string expected)", 2) end
-  local f = io.open(path, "rb")
-  if not f then error("ENOTFOUND: crun.load: no file " .. path, 2) end
-  local s = f:read("a")
+-- EACCES when it cannot be read, EINVAL for a directory, EIO for other read
+-- failures, EPROTO when the file is not a complete crun save file. opts takes
+-- torch.load's map_location/weights_only/mmap (no effect in crun).
+function serialize.load(path, opts)
+  if type(path) ~= "string" then O.fail("EINVAL: crun.load: the path must be a string, got %s", type(path)) end
+  O.check(LOAD_OPTS, "crun.load", opts)
+  local f, msg, code = io.open(path, "rb")
+  if not f then O.fail("%s: crun.load: cannot open %s (%s)", errno_status(code), path, tostring(msg)) end
+  local s, rmsg, rcode = f:read("a")
   f:close()
+  if not s then O.fail("%s: crun.load: cannot read %s (%s)", errno_status(rcode), path, tostring(rmsg)) end
   return serialize.loads(s, path)
 end
 

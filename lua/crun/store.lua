@@ -29,7 +29,7 @@ local FROM_ENV = O.spec{"host", "port", "is_master", "timeout", "world_size", "t
 -- crun-lua sets; "" for none): see the README's Security section.
 function M.tcp(opts)
   if type(opts) ~= "table" then
-    error("bad argument #1 to 'tcp' (table expected, got " .. type(opts) .. ")", 2)
+    O.fail("EINVAL: crun.store.tcp: an options table is expected, got %s", type(opts))
   end
   return core.store_tcp(O.check(TCP, "crun.store.tcp", opts))
 end
@@ -42,7 +42,7 @@ end
 -- the file stays (as with torch).
 function M.file(path, opts)
   if type(path) ~= "string" then
-    error("bad argument #1 to 'file' (string expected, got " .. type(path) .. ")", 2)
+    O.fail("EINVAL: crun.store.file: the path must be a string, got %s", type(path))
   end
   if math.type(opts) == "integer" then opts = {world_size = opts} end
   opts = O.check(FILE, "crun.store.file", opts)
@@ -74,7 +74,7 @@ function M.from_env(opts)
   opts = O.check(FROM_ENV, "crun.store.from_env", opts)
   local port = opts.port or tonumber(os.getenv("MASTER_PORT") or "")
   if not port then
-    error("EINVAL: crun.store.from_env: MASTER_PORT is not set (run under crun-lua, or export MASTER_ADDR and MASTER_PORT)", 2)
+    O.fail("EINVAL: crun.store.from_env: MASTER_PORT is not set (run under crun-lua, or export MASTER_ADDR and MASTER_PORT)")
   end
   local rank = tonumber(os.getenv("RANK") or "0") or 0
   local is_master = opts.is_master
@@ -95,9 +95,8 @@ end
 -- same name, or raises "ETIMEDOUT: ..." after timeout seconds (default: the
 -- store's). Reusable: the k-th use of a name waits for the k-th generation.
 function M.barrier(store, name, world_size, rank, timeout)
-  assert(type(name) == "string", "bad argument #2 to 'barrier' (string expected)")
-  assert(math.type(world_size) == "integer" and world_size > 0,
-         "bad argument #3 to 'barrier' (positive integer expected)")
+  if type(name) ~= "string" then O.fail("EINVAL: crun.store.barrier: the name must be a string, got %s", type(name)) end
+  O.int("crun.store.barrier", "world_size", world_size, 1)
   local key = "barrier/" .. name
   local n = store:add(key .. "/count", 1)
   local gen = (n - 1) // world_size
@@ -105,11 +104,11 @@ function M.barrier(store, name, world_size, rank, timeout)
   if n % world_size == 0 then store:set(done, "1") end
   local ok, err = pcall(store.wait, store, {done}, timeout)
   if not ok then
-    if not tostring(err):match("^ETIMEDOUT") then error(err, 2) end
+    if not tostring(err):match("^ETIMEDOUT") then error(err, 0) end
     local seen = tonumber(store:check{key .. "/count"} and store:get(key .. "/count")) or 0
     error(string.format("ETIMEDOUT: barrier '%s' on rank %s: %d of %d ranks arrived within %.3g s",
                         name, tostring(rank), seen - gen * world_size, world_size,
-                        timeout or store:timeout()), 2)
+                        timeout or store:timeout()), 0)
   end
 end
 

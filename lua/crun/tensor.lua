@@ -13,6 +13,12 @@ for k, v in pairs(C) do
 end
 
 local methods, mt = C.methods, C.metatable
+local O = require "crun.opts"
+
+-- Raises "EINVAL: bad argument #n to 'fname' (why)" (the binding's form).
+local function argerror(n, fname, fmt, ...)
+  O.fail("EINVAL: bad argument #%d to '%s' (%s)", n, fname, string.format(fmt, ...))
+end
 T.methods = methods     -- add methods here: every tensor sees them
 T.metatable = mt
 
@@ -30,6 +36,31 @@ local tnames = {float32 = "Float", float64 = "Double", float16 = "Half", bfloat1
   int8 = "Char", int16 = "Short", bool = "Bool"}
 function methods.type(t) return "crun." .. tnames[t:dtype()] .. "Tensor" end
 
+-- Options of the random factories: crun's seed, torch's dtype and generator;
+-- torch's device/requires_grad/pin_memory/layout change nothing in crun.
+local RANDOM = O.spec{"seed", "dtype", "generator", inert = {
+  device = "crun tensors live in host memory", pin_memory = "crun tensors live in host memory",
+  requires_grad = "crun tensors record no autograd graph", layout = "crun tensors are strided"}}
+
+-- Wraps factory `name` so that its options table (the first table after
+-- argument `first`) goes through crun.opts.
+local function checked_factory(name, first)
+  local f = T[name]
+  T[name] = function(...)
+    local args = table.pack(...)
+    for i = first + 1, args.n do
+      if type(args[i]) == "table" then
+        args[i] = O.check(RANDOM, "tensor." .. name, args[i])
+        break
+      end
+    end
+    return f(table.unpack(args, 1, args.n))
+  end
+end
+checked_factory("rand", 1)
+checked_factory("randn", 1)
+checked_factory("randint", 3)
+
 --- T.zeros_like(t[, dtype]) / T.ones_like / T.empty_like / T.full_like(t, v[, dtype])
 function T.zeros_like(t, dtype) return T.zeros(t:size(), dtype or t:dtype()) end
 function T.ones_like(t, dtype) return T.ones(t:size(), dtype or t:dtype()) end
@@ -39,21 +70,21 @@ function T.full_like(t, v, dtype) return T.full(t:size(), v, dtype or t:dtype())
 -- Checks that every tensor of list has the shape of list[1] except along dim.
 local function check_cat(list, dim, fname)
   if type(list) ~= "table" or #list == 0 then
-    error("bad argument #1 to '" .. fname .. "' (non-empty list of tensors expected)", 3)
+    argerror(1, fname, "non-empty list of tensors expected")
   end
+  if not T.is_tensor(list[1]) then argerror(1, fname, "entry 1 is a %s, tensor expected", type(list[1])) end
   local first = list[1]:size()
   for i, t in ipairs(list) do
     if not T.is_tensor(t) then
-      error(string.format("bad argument #1 to '%s' (entry %d is a %s, tensor expected)", fname, i, type(t)), 3)
+      argerror(1, fname, "entry %d is a %s, tensor expected", i, type(t))
     end
     local s = t:size()
     if #s ~= #first then
-      error(string.format("bad argument #1 to '%s' (tensor %d has %d dims, tensor 1 has %d)", fname, i, #s, #first), 3)
+      argerror(1, fname, "tensor %d has %d dims, tensor 1 has %d", i, #s, #first)
     end
     for d = 1, #s do
       if d ~= dim and s[d] ~= first[d] then
-        error(string.format("bad argument #1 to '%s' (tensor %d has size %d in dim %d, tensor 1 has %d)",
-          fname, i, s[d], d, first[d]), 3)
+        argerror(1, fname, "tensor %d has size %d in dim %d, tensor 1 has %d", i, s[d], d, first[d])
       end
     end
   end
@@ -63,9 +94,10 @@ end
 --- T.cat(list, dim=1): concatenates tensors along an existing dim.
 function T.cat(list, dim)
   dim = dim or 1
+  if math.type(dim) ~= "integer" then argerror(2, "cat", "integer dim expected, got %s", tostring(dim)) end
   local shape = check_cat(list, dim, "cat")
   if dim < 0 then dim = #shape + dim + 1 end
-  if dim < 1 or dim > #shape then error("bad argument #2 to 'cat' (dim out of range)", 2) end
+  if dim < 1 or dim > #shape then argerror(2, "cat", "dim %d out of range for %d-d tensors", dim, #shape) end
   local total = 0
   for _, t in ipairs(list) do total = total + t:size(dim) end
   shape[dim] = total
@@ -81,9 +113,10 @@ end
 --- T.stack(list, dim=1): stacks same-shaped tensors along a new dim.
 function T.stack(list, dim)
   dim = dim or 1
+  if math.type(dim) ~= "integer" then argerror(2, "stack", "integer dim expected, got %s", tostring(dim)) end
   local shape = check_cat(list, 0, "stack")
   if dim < 0 then dim = #shape + dim + 2 end
-  if dim < 1 or dim > #shape + 1 then error("bad argument #2 to 'stack' (dim out of range)", 2) end
+  if dim < 1 or dim > #shape + 1 then argerror(2, "stack", "dim %d out of range for %d-d tensors", dim, #shape) end
   table.insert(shape, dim, #list)
   local out = T.empty(shape, list[1]:dtype())
   for i, t in ipairs(list) do out:select(dim, i):copy(t) end
@@ -102,7 +135,7 @@ for _, name in ipairs(function_forms) do
     local m = methods[name]
     T[name] = function(t, ...)
       if not T.is_tensor(t) then
-        error(string.format("bad argument #1 to '%s' (tensor expected, got %s)", name, type(t)), 2)
+        argerror(1, name, "tensor expected, got %s", type(t))
       end
       return m(t, ...)
     end

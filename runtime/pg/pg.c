@@ -322,10 +322,15 @@ void crun__pg_progress_report(crun_pg_t *pg, char *out, size_t cap) {
     char key[32];
     snprintf(key, sizeof key, "progress/%d", r);
     const char *k = key;
-    int ok = 0;
+    int ok = 0, rc;
     crun_buf_t v = {0};
-    if (crun_store_check(pg->board, &k, 1, &ok) == 0 && ok && crun_store_get(pg->board, key, &v) == 0)
-      snprintf(txt[r], 64, "%.*s", (int)v.len, (char *)v.data);
+    rc = crun_store_check(pg->board, &k, 1, &ok);
+    if (rc == 0 && ok) rc = crun_store_get(pg->board, key, &v);
+    if (rc < 0) { /* the store is gone or slow: say so rather than guess, and stop asking */
+      snprintf(out, cap, "the progress board could not be read (%s)", crun_last_error());
+      goto out;
+    }
+    if (ok) snprintf(txt[r], 64, "%.*s", (int)v.len, (char *)v.data);
     crun_buf_free(&v);
   }
   size_t len = 0;

@@ -2,6 +2,7 @@
  * total_size, wrap-around padding, rank striding, drop_last, a deterministic
  * shuffle (splitmix64 Fisher-Yates seeded with seed + epoch) and the
  * exactly-once mode that omits the padded duplicates. */
+#include <stdint.h>
 #include <stdlib.h>
 
 #include "crun/core.h"
@@ -70,6 +71,8 @@ int crun_sampler_indices(const crun_sampler_t *s, int64_t epoch, int64_t *out, i
   if (size == 0 && limit > 0) return crun_error(CRUN_EINVAL, "sampler: cannot pad an empty data set");
   int64_t *order = NULL;
   if (s->shuffle && size > 0) {
+    if ((uint64_t)size > SIZE_MAX / sizeof *order)
+      return crun_error(CRUN_ENOMEM, "sampler: a permutation of %lld indices overflows size_t", (long long)size);
     order = malloc((size_t)size * sizeof *order);
     if (!order) return crun_error(CRUN_ENOMEM, "sampler: no memory for a permutation of %lld", (long long)size);
     crun_permutation(size, s->seed + (uint64_t)epoch, order);

@@ -70,6 +70,9 @@ int crun__shm_begin(crun__shm_comm_t *c, shm_kind_t kind, crun_dtype_t dt,
            (uint64_t)(uses_root ? root + 1 : 0) << 24;
   c->op_timeout = timeout > 0 ? timeout : c->timeout;
   c->deadline = crun_clock() + c->op_timeout;
+  /* A peer aborted the communicator: fail now, even when the peers' data for
+   * this op is already there (a late rank must not succeed where they failed). */
+  CRUN_CHECK(crun__shm_check_abort(c));
   shm_desc_t *d = &c->ctrl[c->rank].ring[c->opseq % SHM_RING];
   atomic_store_explicit(&d->sig, c->sig, memory_order_relaxed);
   atomic_store_explicit(&d->count, count, memory_order_relaxed);
