@@ -74,6 +74,8 @@ static int cg_base(char *base, size_t n, char *why, size_t wn) {
   return 0;
 }
 
+static void cg_sweep(const char *base);
+
 int crun__cgroup_open(crun__cgroup_t *cg, char *why, size_t wn) {
   memset(cg, 0, sizeof *cg);
   const char *env = getenv("CRUN_CGROUP");
@@ -83,10 +85,12 @@ int crun__cgroup_open(crun__cgroup_t *cg, char *why, size_t wn) {
   }
   char base[CRUN_CGROUP_PATH - 32];
   if (cg_base(base, sizeof base, why, wn) < 0) return -1;
+  cg_sweep(base);
   if ((size_t)snprintf(cg->job, sizeof cg->job, "%s/crun-%d", base, (int)getpid()) >= sizeof cg->job) {
     snprintf(why, wn, "cgroup path too long");
     return -1;
   }
+  CRUN_LOG(INFO, LAUNCH, "the job's cgroup: %s", cg->job);
   return 0;
 }
 
@@ -209,4 +213,27 @@ void crun__cgroup_close(crun__cgroup_t *cg) {
   cg_drain(cg->job);
   cg->on = 0;
   cg->job[0] = 0;
+}
+
+/* Removes what launchers that were SIGKILLed together with their watchdog
+ * (timeout -s KILL on the process group, the OOM killer) left in base: every
+ * crun-<pid> whose pid is no longer alive, its leftover processes killed. A
+ * live pid is never touched, so a running job beside this one keeps its own. */
+static void cg_sweep(const char *base) {
+  DIR *d = opendir(base);
+  if (!d) return;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL) {
+    char *end;
+    if (strncmp(e->d_name, "crun-", 5) != 0 || e->d_type != DT_DIR) continue;
+    long pid = strtol(e->d_name + 5, &end, 10);
+    if (*end || pid <= 1 || pid == (long)getpid()) continue;
+    if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue;
+    crun__cgroup_t stale = {0};
+    if ((size_t)snprintf(stale.job, sizeof stale.job, "%s/%s", base, e->d_name) >= sizeof stale.job) continue;
+    CRUN_LOG(INFO, LAUNCH, "removing the cgroup %s of launcher %ld, which ended without removing it",
+             stale.job, pid);
+    crun__cgroup_close(&stale);
+  }
+  closedir(d);
 }

@@ -244,27 +244,32 @@ describe("descendants that leave the process group (item 15)", function()
     end)
   end
 
-  it("removes its cgroup directories", function()
+  it("removes its cgroup directories, and those that launchers killed with SIGKILL left", function()
+    local p = io.popen("awk '$9 == \"cgroup2\" {print $5}' /proc/self/mountinfo | head -1")
+    local mnt = p:read("l")
+    p:close()
+    local own = io.popen("sed -n 's/^0:://p' /proc/self/cgroup"):read("l")
+    local base = mnt and own and (mnt .. (own == "/" and "" or own))
+    -- a launcher that died with its watchdog (SIGKILL to the whole group) left
+    -- crun-<pid>/a0 behind: a pid that is certainly dead names it
+    local dead = tonumber(io.popen("sh -c 'echo $$'"):read("l"))
+    local stale = base and string.format("%s/crun-%d", base, dead)
+    local made = stale and os.execute("mkdir -p " .. q(stale .. "/a0") .. " 2>/dev/null")
     local r = U.run("-n 2 --master-port 0 " .. q(U.FIX .. "env.lua"), "CRUN_DEBUG=INFO CRUN_DEBUG_SUBSYS=LAUNCH")
     if r.err:match("warning: no cgroup for the workers") then
+      if made then os.execute("rmdir " .. q(stale .. "/a0") .. " " .. q(stale)) end
       pending("no writable cgroup v2 here")
       return
     end
     assert.are.equal(0, r.code, r.err)
-    local p = io.popen("awk '$9 == \"cgroup2\" {print $5}' /proc/self/mountinfo | head -1")
-    local mnt = p:read("l")
-    p:close()
-    assert.is_truthy(mnt)
-    local own = io.popen("sed -n 's/^0:://p' /proc/self/cgroup"):read("l")
-    local base = mnt .. (own == "/" and "" or own)
-    local ls = io.popen("ls -d " .. q(base) .. "/crun-* 2>/dev/null"):read("a")
-    -- other launchers may run beside this spec: only ours (no live pid) must be gone
-    for d in ls:gmatch("[^\n]+") do
-      local pid = tonumber(d:match("crun%-(%d+)$"))
-      if pid then
-        assert.is_true(os.execute("kill -0 " .. pid .. " 2>/dev/null") and true or false,
-          "a cgroup of a launcher that ended is left: " .. d)
-      end
+    local mine = r.err:match("the job's cgroup: (%S+)")
+    assert.is_truthy(mine, r.err)
+    assert.is_falsy(io.open(mine .. "/cgroup.procs"), "the job's cgroup is left: " .. mine)
+    if made then
+      local gone = not io.open(stale .. "/cgroup.procs")
+      if not gone then os.execute("rmdir " .. q(stale .. "/a0") .. " " .. q(stale)) end
+      assert.is_true(gone, "the stale " .. stale .. " was not removed:\n" .. r.err)
+      assert.is_truthy(r.err:find("removing the cgroup " .. stale, 1, true), r.err)
     end
   end)
 end)
