@@ -2,11 +2,12 @@
 #   make demo   set up, build, run the main job on 4 ranks
 #   make test   set up, build, run every test (C tests + busted specs, via ctest)
 #   make fault-inject  kill random ranks/the launcher during collectives, check what is left (FI_RUNS=100)
+#   make fuzz   build the libFuzzer targets (clang, build-fuzz) and run each FUZZ_SECONDS (60)
 BUILD ?= build
 JOBS  ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_FLAGS ?=
 
-.PHONY: all setup configure build test demo bench clean install fault-inject
+.PHONY: all setup configure build test demo bench clean install fault-inject fuzz
 
 all: build
 
@@ -32,6 +33,12 @@ demo: build
 FI_RUNS ?= 100
 fault-inject: build
 	lua5.4 jobs/fault_inject.lua --runs $(FI_RUNS) --crun $(BUILD)/crun-lua
+
+# builds tests/fuzz with clang in build-fuzz and runs each target FUZZ_SECONDS,
+# printing executions, coverage and crashes per target (scripts/fuzz.sh)
+FUZZ_SECONDS ?= 60
+fuzz:
+	bash scripts/fuzz.sh --build $(CURDIR)/build-fuzz --seconds $(FUZZ_SECONDS) --jobs $(JOBS)
 
 install: build
 	cmake --install $(BUILD)
