@@ -26,8 +26,8 @@ char *crun__tcp_abort_dst(char *text, char *sink, size_t sinkcap, uint64_t nbyte
     *want = (size_t)(kept - got);
     return text + got;
   }
-  (void)sinkcap;
-  *want = (size_t)(nbytes - got);
+  uint64_t left = nbytes - got; /* dropped in pieces of at most sinkcap */
+  *want = (size_t)(left < sinkcap ? left : sinkcap);
   return sink;
 }
 
