@@ -91,6 +91,8 @@ int crun__sproto_reply_error(unsigned code, const crun__sarg_t *args, unsigned n
   int st = -(int)code;
   const char *msg = nargs ? (const char *)args[0].p : "";
   int mlen = nargs ? (int)args[0].len : 0;
+  if (strcmp(crun_err_name(st), "EUNKNOWN") == 0) /* a server newer than this client, or not crun's */
+    return crun_error(CRUN_EPROTO, "reply code %u names no status: %.*s (%s)", code, mlen > 200 ? 200 : mlen, msg, where);
   size_t nl = strlen(crun_err_name(st));
   if (mlen > (int)nl + 2 && strncmp(msg, crun_err_name(st), nl) == 0) msg += nl + 2, mlen -= (int)nl + 2;
   return crun_error(st, "%.*s (%s)", mlen, msg, where);

@@ -141,7 +141,8 @@ int crun__sproto_parse_reply(const uint8_t *f, uint32_t flen, unsigned *code, cr
 
 /* Records the error that a reply with a non-zero code carries (its first
  * argument is the server's text; its status name is not repeated) and
- * returns the status; `where` names the store, e.g. "store 10.0.0.1:29500". */
+ * returns the status (CRUN_EPROTO for a code that names none); `where`
+ * names the store, e.g. "store 10.0.0.1:29500". */
 int crun__sproto_reply_error(unsigned code, const crun__sarg_t *args, unsigned nargs, const char *where);
 
 /* The abstract unix socket a server bound to ip:port also listens on, for
