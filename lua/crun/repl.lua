@@ -53,7 +53,10 @@ function M.parse_ranks(spec, world)
     if not a then
       return nil, string.format("bad rank list '%s': expected ranks like 0,2 or 1-3", spec)
     end
-    a, b = tonumber(a), tonumber(b)
+    a, b = math.tointeger(tonumber(a)), math.tointeger(tonumber(b)) -- nil past 2^63: no such rank
+    if not a or not b then
+      return nil, string.format("bad rank '%s' in '%s': the world has ranks 0-%d", item, spec, world - 1)
+    end
     if a > b then return nil, string.format("bad rank range '%s' in '%s'", item, spec) end
     for r = a, b do
       if r >= world then
