@@ -99,15 +99,19 @@ int crun_tensor_new(crun_dtype_t dt, int ndim, const int64_t *shape, crun_tensor
 
 int crun_tensor_from_data(crun_dtype_t dt, int ndim, const int64_t *shape, const void *data,
                           size_t nbytes, crun_tensor_t **out) {
-  crun_tensor_t *t;
-  CRUN_CHECK(crun_tensor_empty(dt, ndim, shape, &t));
-  size_t need = t->st->nbytes;
+  /* the size is checked before anything is allocated: a corrupt checkpoint
+   * that claims a huge shape for a few bytes costs nothing */
+  if (!crun_dtype_size(dt)) return crun_error(CRUN_EINVAL, "tensor_from_data: bad dtype %d", (int)dt);
+  CRUN_CHECK(crun__check_shape(ndim, shape, "tensor_from_data"));
+  size_t need = crun_dtype_size(dt);
+  for (int d = 0; d < ndim; d++) need *= (size_t)shape[d]; /* < 2^53: checked above */
   if (nbytes != need) {
     char sh[128];
-    crun_tensor_release(t);
     return crun_error(CRUN_EINVAL, "tensor_from_data: %zu bytes given, a %s %s tensor needs %zu",
                       nbytes, crun_dtype_name(dt), crun__shape_str(ndim, shape, sh, sizeof sh), need);
   }
+  crun_tensor_t *t;
+  CRUN_CHECK(crun_tensor_empty(dt, ndim, shape, &t));
   if (nbytes) memcpy(t->st->data, data, nbytes);
   *out = t;
   return 0;
