@@ -42,8 +42,9 @@ int crun__tcp_call_shape(char *b, size_t cap, int dt, uint64_t count, int op, in
                          int show_root) {
   const char *dn = crun_dtype_name((crun_dtype_t)dt);
   int n = snprintf(b, cap, "%s[%llu]", dn ? dn : "?", (unsigned long long)count);
+  const char *on = crun_reduce_op_name((crun_reduce_op_t)op);
   if (show_op && (size_t)n < cap)
-    n += snprintf(b + n, cap - (size_t)n, " %s", crun_reduce_op_name((crun_reduce_op_t)op));
+    n += on ? snprintf(b + n, cap - (size_t)n, " %s", on) : snprintf(b + n, cap - (size_t)n, " op %d", op);
   if (show_root && (size_t)n < cap)
     n += snprintf(b + n, cap - (size_t)n, " root %d", root);
   return n;
