@@ -9,12 +9,13 @@
 # --seconds S   run each target S seconds (default $FUZZ_SECONDS or 60)
 # --runs N      run each target for N executions instead
 # --smoke       CI mode: 5 s per target over a scratch copy of the corpus
+# --no-build    use the targets already built in DIR
 # A target's corpus is tests/fuzz/corpus/<target> (seeds, read only) plus
 # DIR/corpus/<target> (what the run adds); a crash leaves its input in
 # DIR/crashes/<target>/ and makes the script exit 1.
 set -u
 src=$(cd "$(dirname "$0")/.." && pwd)
-build=$src/build-fuzz cc=${CC_FUZZ:-} seconds=${FUZZ_SECONDS:-60} runs="" smoke=0 jobs=${JOBS:-2}
+build=$src/build-fuzz cc=${CC_FUZZ:-} seconds=${FUZZ_SECONDS:-60} runs="" smoke=0 jobs=${JOBS:-2} nobuild=0
 targets=()
 while [ $# -gt 0 ]; do
   case $1 in
@@ -24,6 +25,7 @@ while [ $# -gt 0 ]; do
     --runs) runs=$2; shift 2 ;;
     --smoke) smoke=1; seconds=5; shift ;;
     --jobs) jobs=$2; shift 2 ;;
+    --no-build) nobuild=1; shift ;;
     -h|--help) sed -n 2,16p "$0"; exit 0 ;;
     *) targets+=("$1"); shift ;;
   esac
@@ -38,8 +40,8 @@ if [ ${#targets[@]} -eq 0 ]; then
 fi
 
 mkdir -p "$build"
-echo "fuzz: building in $build with $cc"
-if ! { cmake -S "$src" -B "$build" -DCMAKE_C_COMPILER="$cc" -DCRUN_FUZZ=ON -DCRUN_BUILD_TESTS=OFF \
+[ $nobuild -eq 0 ] && echo "fuzz: building in $build with $cc"
+if [ $nobuild -eq 0 ] && ! { cmake -S "$src" -B "$build" -DCMAKE_C_COMPILER="$cc" -DCRUN_FUZZ=ON -DCRUN_BUILD_TESTS=OFF \
          -DCMAKE_BUILD_TYPE=RelWithDebInfo >"$build/configure.log" 2>&1 &&
        cmake --build "$build" --target fuzz -j "$jobs" >"$build/build.log" 2>&1; }; then
   tail -30 "$build/configure.log" "$build/build.log" 2>/dev/null

@@ -22,8 +22,7 @@ static uintptr_t fuzz_lua_prev;
 /* Line hook: counts the edge from the previous line run to this one. */
 static void fuzz_lua_line(lua_State *L, lua_Debug *ar) {
   (void)L;
-  uintptr_t here = (uintptr_t)ar->currentline * 2654435761u;
-  if (lua_getinfo(L, "S", ar)) here ^= (uintptr_t)ar->source;
+  uintptr_t here = (uintptr_t)ar->currentline * 2654435761u; /* lines of all files share the map */
   uint8_t *c = &fuzz_lua_cov[(here ^ (fuzz_lua_prev >> 1)) & 0xffff];
   if (*c < 255) (*c)++;
   fuzz_lua_prev = here;
@@ -63,8 +62,10 @@ static inline void fuzz_lua_fn(lua_State *L, const char *fn) {
  * allocated (libFuzzer then skips its leak scan, and a real leak of the C
  * code still shows). */
 static inline void fuzz_lua_step(lua_State *L) {
+  static int every = -1, n;
+  if (every < 0) every = getenv("FUZZ_LUA_GC") ? atoi(getenv("FUZZ_LUA_GC")) : 1;
   lua_settop(L, 0);
-  lua_gc(L, LUA_GCCOLLECT);
+  if (every <= 1 || ++n % every == 0) lua_gc(L, LUA_GCCOLLECT);
   fuzz_lua_prev = 0;
 }
 
