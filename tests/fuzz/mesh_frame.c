@@ -3,7 +3,7 @@
  * (crun__tcp_abort_dst, crun__tcp_abort_body) and the mismatch description
  * (crun__tcp_call_shape), the way tcp_xfer.c and tcp_p2p.c use them. The
  * input is a stream of 48-byte headers; the payload of an abort frame is
- * "received" (up to 1 MiB) into the buffers the product uses, exactly
+ * "received" (up to 64 KiB) into the buffers the product uses, exactly
  * where and as much as crun__tcp_abort_dst says, as recv() would. Contract
  * checks: only magic + group frames pass; an abort frame gives a known
  * negative status; a description names no "(null)". */
@@ -11,13 +11,19 @@
 #include "transport/tcp_priv.h"
 
 #define GROUP 0x1234abcdu
-#define PAYLOAD_CAP (1u << 20) /* bytes of one abort frame the harness sends */
+#define PAYLOAD_CAP (64u << 10) /* bytes of one abort frame the harness sends (> text + sink) */
 
 /* Receives an abort frame's text as tcp_xfer.c's RX_ABORT state does. */
 static void abort_frame(const crun__hdr_t *h, const uint8_t *fill, size_t nfill) {
   size_t kept = h->nbytes > CRUN__ABORT_TEXT_MAX ? CRUN__ABORT_TEXT_MAX : (size_t)h->nbytes;
   char *text = calloc(1, kept + 1), sink[4096];
   if (!text) abort();
+  char pattern[4096]; /* the rest of the input, over and over */
+  size_t have = nfill < sizeof pattern ? nfill : sizeof pattern;
+  if (have) memcpy(pattern, fill, have);
+  else pattern[0] = 'x', have = 1;
+  for (; have < sizeof pattern; have *= 2) /* few steps: no per-byte loop for the fuzzer to trace */
+    memcpy(pattern + have, pattern, have < sizeof pattern - have ? have : sizeof pattern - have);
   uint64_t got = 0, limit = h->nbytes < PAYLOAD_CAP ? h->nbytes : PAYLOAD_CAP;
   while (got < limit) {
     size_t want;
@@ -25,7 +31,8 @@ static void abort_frame(const crun__hdr_t *h, const uint8_t *fill, size_t nfill)
     if (want == 0) FUZZ_FAIL("abort frame of %llu bytes: nothing to read after %llu", (unsigned long long)h->nbytes,
                              (unsigned long long)got);
     size_t k = want < limit - got ? want : (size_t)(limit - got);
-    for (size_t i = 0; i < k; i++) dst[i] = nfill ? (char)fill[(got + i) % nfill] : 'x'; /* what recv() writes */
+    for (size_t i = 0; i < k; i += sizeof pattern) /* what recv() writes */
+      memcpy(dst + i, pattern, k - i < sizeof pattern ? k - i : sizeof pattern);
     got += k;
   }
   if (got == h->nbytes) {
