@@ -10,6 +10,7 @@
 # --runs N      run each target for N executions instead
 # --smoke       CI mode: 5 s per target over a scratch copy of the corpus
 # --no-build    use the targets already built in DIR
+# $FUZZ_ARGS     more libFuzzer flags for every target, e.g. FUZZ_ARGS=-max_len=1024
 # A target's corpus is tests/fuzz/corpus/<target> (seeds, read only) plus
 # DIR/corpus/<target> (what the run adds); a crash leaves its input in
 # DIR/crashes/<target>/ and makes the script exit 1.
@@ -79,7 +80,7 @@ for t in "${targets[@]}"; do
   echo "fuzz: $t (${bound[*]})"
   ASAN_OPTIONS=${ASAN_OPTIONS:-allocator_may_return_null=1:detect_leaks=1} \
   UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1} \
-    "$bin" "${bound[@]}" "${dict[@]}" -print_final_stats=1 -rss_limit_mb=4096 -timeout=20 \
+    "$bin" "${bound[@]}" "${dict[@]}" ${FUZZ_ARGS:-} -print_final_stats=1 -rss_limit_mb=4096 -timeout=20 \
       -artifact_prefix="$build/crashes/$t/" "$work" "$seeds" >"$log" 2>&1
   rc=$?
   [ $rc -ne 0 ] && status=1 && grep -m3 -E 'ERROR|fuzz contract|runtime error' "$log"
