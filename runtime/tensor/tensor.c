@@ -21,13 +21,13 @@ int crun__check_shape(int ndim, const int64_t *shape, const char *where) {
   if (ndim < 0 || ndim > CRUN_MAX_DIMS)
     return crun_error(CRUN_EINVAL, "%s: %d dims (at most %d supported)", where, ndim, CRUN_MAX_DIMS);
   if (ndim > 0 && !shape) return crun_error(CRUN_EINVAL, "%s: shape is NULL", where);
-  int64_t n = 1;
+  int64_t n = 1; /* product of the non-zero sizes: it bounds the strides of an empty tensor too */
   for (int d = 0; d < ndim; d++) {
     if (shape[d] < 0)
       return crun_error(CRUN_EINVAL, "%s: size %lld of dim %d is negative", where, (long long)shape[d], d + 1);
     if (shape[d] > 0 && n > (INT64_C(1) << 50) / shape[d])
       return crun_error(CRUN_EINVAL, "%s: shape too large", where);
-    n *= shape[d];
+    if (shape[d] > 0) n *= shape[d];
   }
   return 0;
 }

@@ -110,6 +110,21 @@ TEST(abort_text_bounds) {
   h.status = 77;
   EXPECT(strcmp(crun__tcp_abort_body(&h, "EIO: x", &st), "x") == 0);
   EXPECT_EQ_INT(st, CRUN_EIO);
+  h.status = 0x80000000u; /* regress-abort-status-int-min: no -INT_MIN */
+  crun__tcp_abort_body(&h, "x", &st);
+  EXPECT_EQ_INT(st, CRUN_EIO);
+}
+
+/* tests/fuzz/corpus/checkpoint/regress-empty-tensor-huge-dims: an empty
+ * tensor's other sizes are bounded too (their strides overflowed int64). */
+TEST(empty_tensor_huge_dims) {
+  int64_t shape[3] = {0, INT64_C(1) << 45, INT64_C(1) << 45};
+  crun_tensor_t *t = NULL;
+  EXPECT_STATUS(crun_tensor_from_data(CRUN_FLOAT32, 3, shape, "", 0, &t), CRUN_EINVAL);
+  EXPECT_TEXT("shape too large");
+  shape[1] = 3, shape[2] = 5;
+  EXPECT_OK(crun_tensor_from_data(CRUN_FLOAT32, 3, shape, "", 0, &t));
+  crun_tensor_release(t);
 }
 
 /* tests/fuzz/corpus/mesh_frame/regress-unknown-op-name */
@@ -122,5 +137,5 @@ TEST(call_shape_unknown_op) {
 }
 
 #define CRUN_TESTS(X) X(frame_lengths) X(request_header_and_arity) X(reply_errors) X(mesh_hello) \
-  X(abort_text_bounds) X(call_shape_unknown_op)
+  X(abort_text_bounds) X(call_shape_unknown_op) X(empty_tensor_huge_dims)
 CRUN_TEST_MAIN()
