@@ -32,8 +32,8 @@ char *crun__tcp_abort_dst(char *text, char *sink, size_t sinkcap, uint64_t nbyte
 }
 
 const char *crun__tcp_abort_body(const crun__hdr_t *h, const char *text, int *st) {
-  *st = -(int)h->status;
-  if (*st >= 0 || !strcmp(crun_err_name(*st), "EUNKNOWN")) *st = CRUN_EIO;
+  *st = h->status > 0 && h->status < 1000 ? -(int)h->status : CRUN_EIO; /* no -INT_MIN */
+  if (!strcmp(crun_err_name(*st), "EUNKNOWN")) *st = CRUN_EIO;
   const char *sp = strstr(text, ": ");
   return sp && !strncmp(text, crun_err_name(*st), (size_t)(sp - text)) ? sp + 2 : text;
 }
