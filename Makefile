@@ -3,11 +3,12 @@
 #   make test   set up, build, run every test (C tests + busted specs, via ctest)
 #   make fault-inject  kill random ranks/the launcher during collectives, check what is left (FI_RUNS=100)
 #   make conformance   random programs on crun (tcp, shm, mpi) and on torch+Gloo, outputs compared (CONF_PROGRAMS=24)
+#   make fuzz   build the libFuzzer targets (clang, build-fuzz) and run each FUZZ_SECONDS (60)
 BUILD ?= build
 JOBS  ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_FLAGS ?=
 
-.PHONY: all setup configure build test demo bench clean install fault-inject conformance
+.PHONY: all setup configure build test demo bench clean install fault-inject conformance fuzz
 
 all: build
 
@@ -37,6 +38,11 @@ fault-inject: build
 # needs Debian's python3-torch (installed by the script when missing); not part of make test
 conformance: build
 	bash scripts/conformance.sh $(BUILD)
+# builds tests/fuzz with clang in build-fuzz and runs each target FUZZ_SECONDS,
+# printing executions, coverage and crashes per target (scripts/fuzz.sh)
+FUZZ_SECONDS ?= 60
+fuzz:
+	bash scripts/fuzz.sh --build $(CURDIR)/build-fuzz --seconds $(FUZZ_SECONDS) --jobs $(JOBS)
 
 install: build
 	cmake --install $(BUILD)

@@ -66,9 +66,10 @@ describe("crun-lua -i with piped input", function()
 
   it("runs :on chunks on some ranks only", function()
     local input = ":on 0,2 y = 5\ny\n:on 1-2 print('here')\n:on 1 for i = 1, 2 do\nprint(i) end\n"
-                  .. ":on 7 y\n:on 0,x y\n"
+                  .. ":on 7 y\n:on 0,x y\n:on 1,99999999999999999999 y\n'after'\n"
     local r = session(3, input)
-    assert.are.equal("[0,2] 5\n[1] nil\n[1-2] here\n[1] 1\n    2\n", r.out)
+    assert.are.equal("[0,2] 5\n[1] nil\n[1-2] here\n[1] 1\n    2\n[0-2] after\n", r.out)
+    assert.is_truthy(r.err:find(":on: bad rank '99999999999999999999' in '1,99999999999999999999'", 1, true), r.err)
     assert.is_truthy(r.err:find(":on: no rank 7: the world has ranks 0-2", 1, true), r.err)
     assert.is_truthy(r.err:find(":on: bad rank list '0,x'", 1, true), r.err)
   end)

@@ -84,6 +84,24 @@ describe("crun.save / crun.load", function()
     assert.is_true(serialize.exists(path))
   end)
 
+  it("refuses a tensor that claims more elements than its bytes before allocating them", function()
+    -- a float32 tensor of 2^20 x 2^20 (4 TiB) carried by 11 bytes (found by tests/fuzz/checkpoint)
+    local body = "CRUNSAV1" .. "X" .. string.pack("<s1<I1<i8<i8<s8", "float32", 2, 1 << 20, 1 << 20, "-1.5e3;7;-2")
+    local ok, err = pcall(serialize.loads, body .. "END!" .. string.pack("<I8", #body), "huge")
+    assert.is_false(ok)
+    assert.is_truthy(err:match("^EPROTO: crun.load: huge is corrupt: EINVAL: .*11 bytes given"), err)
+  end)
+
+  it("refuses a table whose key is a table, a tensor or nil (save never writes one)", function()
+    -- found by tests/fuzz/checkpoint: such a file loaded into a value save() refused
+    for _, key in ipairs{"t" .. string.pack("<I4", 0), "n"} do
+      local body = "CRUNSAV1" .. "t" .. string.pack("<I4", 1) .. key .. "i" .. string.pack("<i8", -3)
+      local ok, err = pcall(serialize.loads, body .. "END!" .. string.pack("<I8", #body), "k")
+      assert.is_false(ok)
+      assert.is_truthy(err:match("^EPROTO: crun.load: k is corrupt: table key of type %a+ at byte 14"), err)
+    end
+  end)
+
   it("rejects cycles and unsupported values with the path of the value", function()
     local t = {a = {}}
     t.a.back = t

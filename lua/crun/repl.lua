@@ -53,7 +53,10 @@ function M.parse_ranks(spec, world)
     if not a then
       return nil, string.format("bad rank list '%s': expected ranks like 0,2 or 1-3", spec)
     end
-    a, b = tonumber(a), tonumber(b)
+    a, b = math.tointeger(tonumber(a)), math.tointeger(tonumber(b)) -- nil past 2^63: no such rank
+    if not a or not b then
+      return nil, string.format("bad rank '%s' in '%s': the world has ranks 0-%d", item, spec, world - 1)
+    end
     if a > b then return nil, string.format("bad rank range '%s' in '%s'", item, spec) end
     for r = a, b do
       if r >= world then
@@ -248,8 +251,14 @@ local function ready_message(script_err)
   return "err\n" .. text .. (text ~= "" and "\n" or "") .. note
 end
 
--- Whether the targets spec of a chunk ("*" or "0,2") names rank.
-local function is_target(targets, rank)
+--- Splits a chunk message "<targets>\n<source>" (the wire form of
+-- crun/repl/<n>/chunk). Returns targets, source.
+function M.parse_chunk(v)
+  return v:match("^([^\n]*)\n(.*)$")
+end
+
+--- Whether the targets spec of a chunk ("*" or "0,2") names rank.
+function M.is_target(targets, rank)
   if targets == "*" then return true end
   for r in targets:gmatch("%d+") do
     if tonumber(r) == rank then return true end
@@ -268,8 +277,8 @@ local function worker_step(st, n)
   end
   local v = store:get(key)
   if v == M.QUIT then return false end
-  local targets, src = v:match("^([^\n]*)\n(.*)$")
-  if is_target(targets, rank) then
+  local targets, src = M.parse_chunk(v)
+  if M.is_target(targets, rank) then
     store:set(P .. "state/" .. rank, string.format("running %d %d", n, os.time()))
     local k, t = M.run_chunk(st.h, src, function(msg)
       -- the front end interrupted this chunk at CRUN_REPL_TIMEOUT: say so
@@ -405,8 +414,8 @@ function Front:collect(ranks, keyf, on_interrupt, limit, on_timeout)
   return got, {}, nil
 end
 
--- Splits "<kind>\n<text>".
-local function parse_result(v)
+--- Splits a result message "<kind>\n<text>" into {kind =, text =}.
+function M.parse_result(v)
   local kind, text = v:match("^(%a+)\n(.*)$")
   return {kind = kind or "err", text = text or v}
 end
@@ -418,7 +427,7 @@ function Front:startup()
   if why then return why end
   local results = {}
   for _, r in ipairs(self.all) do
-    if got[r] then results[r] = parse_result(got[r])
+    if got[r] then results[r] = M.parse_result(got[r])
     else results[r] = {kind = "dead", text = "(ended before the prompt opened)"} end
   end
   local out, err = M.render(M.group(results, self.all))
@@ -448,7 +457,7 @@ end
 function Front:take_results(n, live, got, left, results, why)
   for r, v in pairs(got) do
     self.busy[r] = nil
-    results[r] = parse_result(v)
+    results[r] = M.parse_result(v)
     self.store:delete_key(P .. n .. "/out/" .. r)
   end
   for _, r in ipairs(live) do
@@ -550,10 +559,10 @@ function Front:ranks_text()
   return table.concat(lines, "\n") .. "\n"
 end
 
--- Compiles a chunk the way lua.c does: "return <line>" first (for the first
+--- Compiles a chunk the way lua.c does: "return <line>" first (for the first
 -- line only), then the chunk itself. Returns the source to send, or nil and
 -- "incomplete", or nil and the syntax error.
-local function compile(buf, first_only)
+function M.compile(buf, first_only)
   if first_only then
     local ret = "return " .. buf
     if load(ret, "=stdin", "t") then return ret end
@@ -602,14 +611,14 @@ end
 -- after Ctrl-C), the text typed, and how input ended early ("terminate",
 -- "gone") if it did.
 function Front:read_chunk(body, line)
-  local src, err = compile(body, true)
+  local src, err = M.compile(body, true)
   local whole, typed = body, line
   while not src and err == "incomplete" do
     local more, how = self:read(">> ")
     if more == nil then return nil, "unexpected end of input in a multi-line chunk", typed end
     if more == false then return nil, nil, typed, how ~= "interrupt" and how or nil end
     whole, typed = whole .. "\n" .. more, typed .. "\n" .. more
-    src, err = compile(whole, false)
+    src, err = M.compile(whole, false)
   end
   return src, err, typed
 end

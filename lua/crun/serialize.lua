@@ -160,7 +160,12 @@ decode = function(s, pos)
     local t = {}
     for _ = 1, n do
       local k, v
+      local at = pos
       k, pos = decode(s, pos)
+      local tk = type(k) -- what save() writes as keys; nothing else loads as one
+      if tk ~= "string" and tk ~= "number" and tk ~= "boolean" then
+        error(string.format("table key of type %s at byte %d", tk, at), 0)
+      end
       v, pos = decode(s, pos)
       t[k] = v
     end

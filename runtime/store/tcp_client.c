@@ -291,20 +291,21 @@ static int send_all(tcp_store_t *t, size_t len, const what_t *what) {
 
 /* Returns the size of the complete frame in rbuf, 0 if incomplete, <0 if bad. */
 static long frame_ready(tcp_store_t *t, const what_t *what) {
-  if (t->rlen < 4) return 0;
-  uint32_t flen = crun__get_u32(t->rbuf);
-  if (flen > CRUN_STORE_MAX_FRAME || flen < CRUN_STORE_FRAME_HDR - 4) {
+  uint32_t flen = 0;
+  int st = crun__sproto_frame(t->rbuf, t->rlen, &flen);
+  if (st == CRUN__SFRAME_BAD) {
     drop_conn(t);
     return crun_error(CRUN_EPROTO, "%s: bad reply frame (%u bytes) from %s:%d", WHAT(what), flen,
                       t->host, t->port);
   }
+  if (t->rlen < 4) return 0;
   if (t->rcap < 4 + (size_t)flen) {
     uint8_t *nb = realloc(t->rbuf, 4 + (size_t)flen);
     if (!nb) return crun_error(CRUN_ENOMEM, "store: out of memory for a %u-byte reply", flen);
     t->rbuf = nb;
     t->rcap = 4 + (size_t)flen;
   }
-  return t->rlen >= 4 + (size_t)flen ? (long)(4 + flen) : 0;
+  return st == CRUN__SFRAME_WHOLE ? (long)(4 + flen) : 0;
 }
 
 /* Makes a blocking recv return by the deadline: sets SO_RCVTIMEO to what is
@@ -355,27 +356,17 @@ static int recv_frame(tcp_store_t *t, double deadline, const what_t *what, long 
 
 /* Splits the reply in rbuf into t->rargs, or turns an error reply into a status. */
 static int parse_reply(tcp_store_t *t, long flen, const what_t *what) {
-  unsigned code = t->rbuf[5], n = (unsigned)t->rbuf[6] | (unsigned)t->rbuf[7] << 8;
-  if (n > t->rargcap) {
-    crun__sarg_t *na = realloc(t->rargs, n * sizeof *na);
-    if (!na) return crun_error(CRUN_ENOMEM, "store: out of memory for a reply");
-    t->rargs = na;
-    t->rargcap = n;
-  }
-  if (t->rbuf[4] != CRUN_STORE_PROTO_VERSION ||
-      crun__sproto_parse(t->rbuf + CRUN_STORE_FRAME_HDR, (size_t)flen - CRUN_STORE_FRAME_HDR, n,
-                         t->rargs) < 0) {
+  unsigned code = 0;
+  int rc = crun__sproto_parse_reply(t->rbuf, (uint32_t)(flen - 4), &code, &t->rargs, &t->rargcap, &t->rnargs);
+  if (rc == CRUN_ENOMEM) return rc;
+  if (rc < 0) {
     drop_conn(t);
     return crun_error(CRUN_EPROTO, "%s: malformed reply from the store %s:%d", WHAT(what), t->host, t->port);
   }
-  t->rnargs = n;
   if (code == 0) return 0;
-  int st = -(int)code;
-  const char *msg = n ? (const char *)t->rargs[0].p : "";
-  int mlen = n ? (int)t->rargs[0].len : 0;
-  size_t nl = strlen(crun_err_name(st));
-  if (mlen > (int)nl + 2 && strncmp(msg, crun_err_name(st), nl) == 0) msg += nl + 2, mlen -= (int)nl + 2;
-  return crun_error(st, "%.*s (store %s:%d)", mlen, msg, t->host, t->port);
+  char where[128];
+  snprintf(where, sizeof where, "store %s:%d", t->host, t->port);
+  return crun__sproto_reply_error(code, t->rargs, t->rnargs, where);
 }
 
 /* Sends one request and waits for its reply before the deadline (lock held). */

@@ -104,6 +104,58 @@ static inline int crun__sproto_parse(const uint8_t *body, size_t blen, unsigned 
   return p == blen ? 0 : -1;
 }
 
+/* ---- the pure parsing steps (tcp_proto.c): bytes in, parsed frame or a
+ * reason out; the server, the client and tests/fuzz all call these. */
+
+/* Where the frame at the head of a buffer stands. */
+enum { CRUN__SFRAME_BAD = -1, CRUN__SFRAME_SHORT = 0, CRUN__SFRAME_WHOLE = 1 };
+
+/* Looks at the frame at buf (have bytes buffered): SHORT until its length
+ * field is in, BAD when that length is outside [4, CRUN_STORE_MAX_FRAME],
+ * SHORT until all 4 + length bytes are in, then WHOLE. Sets *flen once the
+ * length field is in. */
+int crun__sproto_frame(const uint8_t *buf, size_t have, uint32_t *flen);
+
+/* What is wrong with a request header, as soon as its bytes are in. */
+enum { CRUN__SREQ_OK = 0, CRUN__SREQ_BAD_LEN = 1, CRUN__SREQ_BAD_VERSION = 2, CRUN__SREQ_BAD_OP = 3 };
+
+/* Checks the request header at f (have >= 4 bytes buffered): the length
+ * first, version and op once all 8 header bytes are in. Returns
+ * CRUN__SREQ_OK, or another CRUN__SREQ_* with the reason in why. */
+int crun__sproto_check_request(const uint8_t *f, size_t have, char *why, size_t whylen);
+
+/* One parsed request: args are views into the frame; args points at stack
+ * for up to 16 arguments (do not copy the struct), else at the heap. */
+typedef struct {
+  int op;
+  unsigned nargs;
+  crun__sarg_t *args;
+  crun__sarg_t stack[16];
+} crun__sreq_t;
+
+/* Parses the whole request frame f (4 + flen bytes, header checked by
+ * crun__sproto_check_request): splits its arguments and checks them against
+ * the op's arity. Returns 0, or -1 with the reason in why (r needs
+ * crun__sproto_request_free either way). */
+int crun__sproto_parse_request(const uint8_t *f, uint32_t flen, crun__sreq_t *r, char *why, size_t whylen);
+
+/* Frees what crun__sproto_parse_request allocated for r. */
+void crun__sproto_request_free(crun__sreq_t *r);
+
+/* Parses the whole reply frame f (4 + flen bytes, length checked): its
+ * code into *code and its arguments (views into f) into *args, which grows
+ * to *cap entries as needed; *nargs gets their number. Returns 0, -1 when
+ * the reply is malformed (version, arguments that do not fill it), or
+ * CRUN_ENOMEM. */
+int crun__sproto_parse_reply(const uint8_t *f, uint32_t flen, unsigned *code, crun__sarg_t **args,
+                             unsigned *cap, unsigned *nargs);
+
+/* Records the error that a reply with a non-zero code carries (its first
+ * argument is the server's text; its status name is not repeated) and
+ * returns the status (CRUN_EPROTO for a code that names none); `where`
+ * names the store, e.g. "store 10.0.0.1:29500". */
+int crun__sproto_reply_error(unsigned code, const crun__sarg_t *args, unsigned nargs, const char *where);
+
 /* The abstract unix socket a server bound to ip:port also listens on, for
  * clients on the same host ("\0crun-store:<ip>:<port>"). Fills un and
  * returns the address length to pass to bind/connect. */

@@ -503,65 +503,28 @@ static int run_op(conn_t *c, int op, const crun__sarg_t *a, unsigned n) {
   return FRAME_CLOSE;
 }
 
-/* Returns NULL when op accepts n arguments, else the reason it does not. */
-static const char *arity_error(int op, unsigned n, const crun__sarg_t *a) {
-  switch (op) {
-  case CRUN__SOP_SET: case CRUN__SOP_APPEND: case CRUN__SOP_QUEUE_PUSH: return n == 2 ? NULL : "needs 2 arguments";
-  case CRUN__SOP_GET: case CRUN__SOP_DELETE: case CRUN__SOP_QUEUE_LEN: return n == 1 ? NULL : "needs 1 argument";
-  case CRUN__SOP_QUEUE_POP: return n == 2 && a[1].len == 8 ? NULL : "needs a key and an 8-byte timeout";
-  case CRUN__SOP_ADD: return n == 2 && a[1].len == 8 ? NULL : "needs a key and an 8-byte delta";
-  case CRUN__SOP_CAS: return n == 3 ? NULL : "needs 3 arguments";
-  case CRUN__SOP_WAIT: case CRUN__SOP_CHECK: case CRUN__SOP_MULTI_GET:
-    return n >= 1 ? NULL : "needs at least one key";
-  case CRUN__SOP_MULTI_SET: return n >= 2 && n % 2 == 0 ? NULL : "needs key/value pairs";
-  case CRUN__SOP_NUM_KEYS: case CRUN__SOP_PING: case CRUN__SOP_JOIN: case CRUN__SOP_LIST_KEYS:
-    return n == 0 ? NULL : "takes no arguments";
-  case CRUN__SOP_JOIN_WAIT: return n == 1 && a[0].len == 8 ? NULL : "needs an 8-byte count";
-  }
-  return "unknown op";
-}
-
-/* Serves the frame at the head of c's buffer (complete, length checked). */
+/* Serves the frame at the head of c's buffer (complete, header checked). */
 static int serve_frame(conn_t *c, size_t flen, char *why, size_t whylen) {
-  const uint8_t *f = c->buf + c->off;
-  int op = f[5];
-  unsigned nargs = (unsigned)f[6] | (unsigned)f[7] << 8;
-  crun__sarg_t stack[16], *a = nargs <= 16 ? stack : malloc(nargs * sizeof *a);
-  if (!a) return snprintf(why, whylen, "out of memory"), FRAME_CLOSE;
+  crun__sreq_t r;
   int res = FRAME_CLOSE;
-  const char *bad = NULL;
-  if (crun__sproto_parse(f + CRUN_STORE_FRAME_HDR, flen + 4 - CRUN_STORE_FRAME_HDR, nargs, a) < 0)
-    bad = "arguments do not fill the frame";
-  else if ((bad = arity_error(op, nargs, a)) == NULL)
-    res = run_op(c, op, a, nargs);
-  if (bad) snprintf(why, whylen, "op %d with %u arguments: %s", op, nargs, bad);
-  if (a != stack) free(a);
+  if (crun__sproto_parse_request(c->buf + c->off, (uint32_t)flen, &r, why, whylen) == 0)
+    res = run_op(c, r.op, r.args, r.nargs);
+  crun__sproto_request_free(&r);
   return res;
 }
 
 /* Checks a frame header as soon as its 8 bytes are in, so garbage is
- * refused before its "length" is awaited; fills why and returns -1 if bad. */
+ * refused before its "length" is awaited; fills why and returns -1 if bad
+ * (a client of another protocol version is told so first). */
 static int header_ok(conn_t *c, char *why, size_t whylen) {
   const uint8_t *f = c->buf + c->off;
-  uint32_t flen = crun__get_u32(f);
-  if (flen > CRUN_STORE_MAX_FRAME || flen < CRUN_STORE_FRAME_HDR - 4) {
-    snprintf(why, whylen, "frame of %u bytes (limit %u, minimum %d)", flen, CRUN_STORE_MAX_FRAME,
-             CRUN_STORE_FRAME_HDR - 4);
-    return -1;
-  }
-  if (c->len - c->off < CRUN_STORE_FRAME_HDR) return 0;
-  if (f[4] != CRUN_STORE_PROTO_VERSION) {
+  int r = crun__sproto_check_request(f, c->len - c->off, why, whylen);
+  if (r == CRUN__SREQ_BAD_VERSION) {
     crun_error(CRUN_EPROTO, "store protocol version %u not supported (server speaks %d)", f[4],
                CRUN_STORE_PROTO_VERSION);
     reply_err(c, CRUN_EPROTO);
-    snprintf(why, whylen, "protocol version %u, expected %d", f[4], CRUN_STORE_PROTO_VERSION);
-    return -1;
   }
-  if (f[5] == 0 || f[5] > CRUN__SOP_MAX) {
-    snprintf(why, whylen, "unknown op %u", f[5]);
-    return -1;
-  }
-  return 0;
+  return r == CRUN__SREQ_OK ? 0 : -1;
 }
 
 /* Refuses a client that failed the challenge-response (or the unix

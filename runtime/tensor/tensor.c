@@ -21,13 +21,13 @@ int crun__check_shape(int ndim, const int64_t *shape, const char *where) {
   if (ndim < 0 || ndim > CRUN_MAX_DIMS)
     return crun_error(CRUN_EINVAL, "%s: %d dims (at most %d supported)", where, ndim, CRUN_MAX_DIMS);
   if (ndim > 0 && !shape) return crun_error(CRUN_EINVAL, "%s: shape is NULL", where);
-  int64_t n = 1;
+  int64_t n = 1; /* product of the non-zero sizes: it bounds the strides of an empty tensor too */
   for (int d = 0; d < ndim; d++) {
     if (shape[d] < 0)
       return crun_error(CRUN_EINVAL, "%s: size %lld of dim %d is negative", where, (long long)shape[d], d + 1);
     if (shape[d] > 0 && n > (INT64_C(1) << 50) / shape[d])
       return crun_error(CRUN_EINVAL, "%s: shape too large", where);
-    n *= shape[d];
+    if (shape[d] > 0) n *= shape[d];
   }
   return 0;
 }
@@ -99,15 +99,19 @@ int crun_tensor_new(crun_dtype_t dt, int ndim, const int64_t *shape, crun_tensor
 
 int crun_tensor_from_data(crun_dtype_t dt, int ndim, const int64_t *shape, const void *data,
                           size_t nbytes, crun_tensor_t **out) {
-  crun_tensor_t *t;
-  CRUN_CHECK(crun_tensor_empty(dt, ndim, shape, &t));
-  size_t need = t->st->nbytes;
+  /* the size is checked before anything is allocated: a corrupt checkpoint
+   * that claims a huge shape for a few bytes costs nothing */
+  if (!crun_dtype_size(dt)) return crun_error(CRUN_EINVAL, "tensor_from_data: bad dtype %d", (int)dt);
+  CRUN_CHECK(crun__check_shape(ndim, shape, "tensor_from_data"));
+  size_t need = crun_dtype_size(dt);
+  for (int d = 0; d < ndim; d++) need *= (size_t)shape[d]; /* < 2^53: checked above */
   if (nbytes != need) {
     char sh[128];
-    crun_tensor_release(t);
     return crun_error(CRUN_EINVAL, "tensor_from_data: %zu bytes given, a %s %s tensor needs %zu",
                       nbytes, crun_dtype_name(dt), crun__shape_str(ndim, shape, sh, sizeof sh), need);
   }
+  crun_tensor_t *t;
+  CRUN_CHECK(crun_tensor_empty(dt, ndim, shape, &t));
   if (nbytes) memcpy(t->st->data, data, nbytes);
   *out = t;
   return 0;

@@ -23,11 +23,6 @@
 #include "transport/tcp_priv.h"
 #include "core/auth.h"
 
-typedef struct {
-  uint32_t magic, group;
-  int32_t rank, size;
-} hello_t;
-
 int crun__tcp_wait_fd(int fd, short ev, double deadline) {
   for (;;) {
     double left = deadline - crun_clock();
@@ -161,7 +156,7 @@ static int prove(crun__tcp_t *t, int fd, int j, double deadline) {
 }
 
 /* Acceptor: greets the connector of hello h and checks its answer. */
-static int challenge(crun__tcp_t *t, int fd, const hello_t *h, double deadline) {
+static int challenge(crun__tcp_t *t, int fd, const crun__hello_t *h, double deadline) {
   char ctx[96];
   unsigned char greet[CRUN__AUTH_GREET], nonce[32], answer[CRUN__AUTH_ANSWER], proof[CRUN__AUTH_PROOF];
   mesh_ctx(t, h->rank, t->rank, ctx, sizeof ctx);
@@ -191,7 +186,7 @@ static int connect_lower(crun__tcp_t *t, int j, double deadline) {
   *colon = 0;
   int fd = dial(addr, colon + 1, deadline);
   if (fd < 0) return fd;
-  hello_t h = {CRUN__TCP_HELLO, t->group, t->rank, t->size};
+  crun__hello_t h = {CRUN__TCP_HELLO, t->group, t->rank, t->size};
   rc = io_full(fd, &h, sizeof h, 1, deadline);
   if (rc == 0) rc = prove(t, fd, j, deadline);
   if (rc < 0) { close(fd); return rc; }
@@ -206,13 +201,11 @@ static int accept_higher(crun__tcp_t *t, int lfd, double deadline) {
   int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
   if (fd < 0) return (errno == EAGAIN || errno == EINTR) ? 0 : crun_error(CRUN_ESYS, "accept: %s", strerror(errno));
   tune_socket(fd);
-  hello_t h;
+  crun__hello_t h;
   /* a stranger gets a short while for its hello and proof, not the mesh's deadline */
   double d = crun_clock() + 2.0 < deadline ? crun_clock() + 2.0 : deadline;
   int rc = io_full(fd, &h, sizeof h, 0, d);
-  if (rc == 0 && (h.magic != CRUN__TCP_HELLO || h.group != t->group || h.rank <= t->rank ||
-                  h.rank >= t->size || h.size != t->size || t->fds[h.rank] >= 0))
-    rc = crun_error(CRUN_EPROTO, "unexpected hello (rank %d of %d, group %08x)", h.rank, h.size, h.group);
+  if (rc == 0) rc = crun__tcp_hello_check(&h, t->group, t->rank, t->size, t->fds);
   if (rc == 0) rc = challenge(t, fd, &h, d);
   if (rc < 0) {
     close(fd);

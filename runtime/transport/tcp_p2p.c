@@ -215,16 +215,14 @@ static void prx_header(crun__tcp_t *t, int j) {
   crun__prx_t *x = &t->prx[j];
   x->hgot = 0;
   x->got = 0;
-  if (x->h.magic != CRUN__TCP_MAGIC || x->h.group != t->group) {
-    char text[160];
-    snprintf(text, sizeof text, "rank %d: garbled frame from rank %d (magic %08x group %08x)", t->rank, j,
-             x->h.magic, x->h.group);
+  char text[160];
+  if (crun__tcp_hdr_garbled(&x->h, t->group, t->rank, j, text, sizeof text)) {
     x->state = CRUN__PRX_DEAD;
     crun__tcp_fail_all(t, CRUN_EPROTO, text);
     return;
   }
   if (x->h.kind == CRUN__KIND_ABORT) {
-    x->text = calloc(1, 4097);
+    x->text = calloc(1, CRUN__ABORT_TEXT_MAX + 1);
     x->state = x->text ? CRUN__PRX_ABORT : CRUN__PRX_DEAD;
     return;
   }
@@ -273,11 +271,9 @@ static void prx_frame_done(crun__tcp_t *t, int j) {
 static void prx_abort_done(crun__tcp_t *t, int j) {
   crun__prx_t *x = &t->prx[j];
   x->state = CRUN__PRX_DEAD;
-  int st = -(int)x->h.status;
-  if (st >= 0 || !strcmp(crun_err_name(st), "EUNKNOWN")) st = CRUN_EIO;
+  int st;
   char text[4200];
-  const char *sp = strstr(x->text, ": ");
-  const char *body = sp && !strncmp(x->text, crun_err_name(st), (size_t)(sp - x->text)) ? sp + 2 : x->text;
+  const char *body = crun__tcp_abort_body(&x->h, x->text, &st);
   snprintf(text, sizeof text, "%s [reported by rank %d; rank %d was in a point-to-point operation]", body, j,
            t->rank);
   free(x->text);
@@ -307,8 +303,8 @@ static int pump_reads(crun__tcp_t *t, int j) {
       if ((x->hgot += (size_t)k) == HDR) prx_after_header(t, j);
     } else if (x->state == CRUN__PRX_ABORT) {
       char sink[4096];
-      char *dst = x->got < 4096 ? x->text + x->got : sink;
-      size_t want = x->got < 4096 ? (n < 4096 ? n : 4096) - x->got : n - x->got;
+      size_t want;
+      char *dst = crun__tcp_abort_dst(x->text, sink, sizeof sink, n, x->got, &want);
       if (want && (k = prx_read(t, j, dst, want)) <= 0) return progress;
       x->got += want ? (size_t)k : 0;
       progress = 1;

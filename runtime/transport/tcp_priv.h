@@ -26,6 +26,43 @@ typedef struct {
   uint64_t nbytes;   /* payload bytes that follow */
 } crun__hdr_t;
 
+/* The hello a connector sends first on a mesh connection (host byte order). */
+typedef struct {
+  uint32_t magic, group;
+  int32_t rank, size;
+} crun__hello_t;
+
+/* ---- the pure wire checks (tcp_wire.c): the mesh code and tests/fuzz
+ * call these on bytes as they arrived. */
+
+/* Acceptor `rank` of a group of `size` (fds[j] >= 0: rank j is connected):
+ * 0 when h is the hello of a higher rank of this group not yet connected,
+ * else CRUN_EPROTO naming what it claims. */
+int crun__tcp_hello_check(const crun__hello_t *h, uint32_t group, int rank, int size, const int *fds);
+
+/* Returns 1 and writes why into text when h (a header from rank `from` to
+ * rank `rank`) lacks the frame magic or names another group; else 0. */
+int crun__tcp_hdr_garbled(const crun__hdr_t *h, uint32_t group, int rank, int from, char *text, size_t cap);
+
+/* The part of an abort frame's text that is kept (the rest is read and dropped). */
+#define CRUN__ABORT_TEXT_MAX 4096
+
+/* Where the next bytes of an abort frame of nbytes go after got of them:
+ * into text (CRUN__ABORT_TEXT_MAX + 1 bytes, zeroed, so it stays
+ * NUL-terminated) up to the kept length, then into sink (sinkcap bytes) for
+ * the rest. Sets *want to the bytes that may be read there now: 0 when the
+ * frame is whole. */
+char *crun__tcp_abort_dst(char *text, char *sink, size_t sinkcap, uint64_t nbytes, uint64_t got, size_t *want);
+
+/* An abort frame's status (CRUN_EIO when h names none) into *st, and its
+ * text without a leading "<that status name>: ". */
+const char *crun__tcp_abort_body(const crun__hdr_t *h, const char *text, int *st);
+
+/* Writes "float32[512]" into b, plus " sum" (show_op) and " root 2"
+ * (show_root), for a mismatch text; dtype and op may be any wire values. */
+int crun__tcp_call_shape(char *b, size_t cap, int dt, uint64_t count, int op, int root, int show_op,
+                         int show_root);
+
 /* A whole frame read ahead of the call that wants it. */
 typedef struct crun__stash {
   crun__hdr_t h;

@@ -81,18 +81,6 @@ static void fill_hdr(crun__tcp_t *t, const crun__coll_t *c, size_t nbytes, crun_
   h->nbytes = nbytes;
 }
 
-/* Writes "float32[512]" plus the op / root when they differ from the other call. */
-static int call_shape(char *b, size_t cap, int kind, int dt, uint64_t count, int op,
-                      int root, int show_op, int show_root) {
-  const char *dn = crun_dtype_name((crun_dtype_t)dt);
-  int n = snprintf(b, cap, "%s[%llu]", dn ? dn : "?", (unsigned long long)count);
-  if (show_op && is_reduction(kind) && (size_t)n < cap)
-    n += snprintf(b + n, cap - (size_t)n, " %s", crun_reduce_op_name((crun_reduce_op_t)op));
-  if (show_root && is_rooted(kind) && (size_t)n < cap)
-    n += snprintf(b + n, cap - (size_t)n, " root %d", root);
-  return n;
-}
-
 /* Reports a collective frame that does not match our call. */
 static int mismatch(io_t *io, const crun__hdr_t *h) {
   const crun__coll_t *c = io->c;
@@ -100,8 +88,10 @@ static int mismatch(io_t *io, const crun__hdr_t *h) {
   crun__coll_desc(c, desc, sizeof desc);
   int kind = h->kind, dop = h->op != c->op, droot = h->root != c->root;
   uint64_t want = hdr_count(c, io->rbytes);
-  call_shape(mine, sizeof mine, c->kind, hdr_dtype(c), want, c->op, c->root, dop, droot);
-  call_shape(theirs, sizeof theirs, kind, h->dtype, h->count, h->op, h->root, dop, droot);
+  int show_op = dop && is_reduction(c->kind), show_root = droot && is_rooted(c->kind);
+  crun__tcp_call_shape(mine, sizeof mine, hdr_dtype(c), want, c->op, c->root, show_op, show_root);
+  crun__tcp_call_shape(theirs, sizeof theirs, h->dtype, h->count, h->op, h->root,
+                       dop && is_reduction(kind), droot && is_rooted(kind));
   if (h->seq != c->seq && kind != CRUN__COLL_SEND)
     snprintf(seq, sizeof seq, " #%llu", (unsigned long long)h->seq);
   if (c->kind == CRUN__COLL_RECV)
@@ -146,10 +136,8 @@ static int peer_died(io_t *io, int peer, const char *how) {
 static int aborted_by(io_t *io, int peer, const crun__hdr_t *h, const char *text) {
   char desc[64];
   crun__coll_desc(io->c, desc, sizeof desc);
-  int st = -(int)h->status;
-  if (st >= 0 || !strcmp(crun_err_name(st), "EUNKNOWN")) st = CRUN_EIO;
-  const char *sp = strstr(text, ": ");
-  const char *body = (sp && !strncmp(text, crun_err_name(st), (size_t)(sp - text))) ? sp + 2 : text;
+  int st;
+  const char *body = crun__tcp_abort_body(h, text, &st);
   return crun_error(st, "%s [reported by rank %d; rank %d was in %s]", body, peer, io->t->rank, desc);
 }
 
@@ -210,11 +198,11 @@ static ssize_t rx_read(io_t *io, void *p, size_t n) {
 /* A whole header arrived: decide where its payload goes. */
 static int rx_header_done(io_t *io) {
   crun__hdr_t *h = &io->rh;
-  if (h->magic != CRUN__TCP_MAGIC || h->group != io->t->group)
-    return crun_error(CRUN_EPROTO, "rank %d: garbled frame from rank %d (magic %08x group %08x)",
-                      io->t->rank, io->from, h->magic, h->group);
+  char text[160];
+  if (crun__tcp_hdr_garbled(h, io->t->group, io->t->rank, io->from, text, sizeof text))
+    return crun_error(CRUN_EPROTO, "%s", text);
   if (h->kind == CRUN__KIND_ABORT) {
-    size_t n = h->nbytes > 4096 ? 4096 : h->nbytes;
+    size_t n = h->nbytes > CRUN__ABORT_TEXT_MAX ? CRUN__ABORT_TEXT_MAX : h->nbytes;
     io->abort_text = calloc(1, n + 1);
     io->rgot = 0;
     io->rstate = RX_ABORT;
@@ -284,9 +272,8 @@ static int rx_some(io_t *io) {
     return 1;
   case RX_ABORT: {
     char sink[4096];
-    size_t cap = io->rh.nbytes > 4096 ? 4096 : io->rh.nbytes;
-    char *dst = io->rgot < cap ? io->abort_text + io->rgot : sink;
-    size_t want = io->rgot < cap ? cap - io->rgot : io->rh.nbytes - io->rgot;
+    size_t want;
+    char *dst = crun__tcp_abort_dst(io->abort_text, sink, sizeof sink, io->rh.nbytes, io->rgot, &want);
     if (want && (k = rx_read(io, dst, want)) <= 0) return (int)k;
     io->rgot += want ? (size_t)k : 0;
     if (io->rgot == io->rh.nbytes) return aborted_by(io, io->from, &io->rh, io->abort_text);
