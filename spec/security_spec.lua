@@ -43,6 +43,10 @@ describe("security", function()
     job(3, "mesh", "CRUN_SHM=0")
   end)
 
+  it("150 connections that stall in the mesh handshake do not keep the real ranks out (run at once, oldest dropped)", function()
+    job(3, "stall", "CRUN_SHM=0")
+  end)
+
   it("the launcher's store listens on 127.0.0.1 for a one-host job, not 0.0.0.0 (the mesh: see above)", function()
     local crun_lua = os.getenv("CRUN_LUA")
     if not crun_lua then pending("CRUN_LUA is not set (run through ctest)") return end

@@ -5,7 +5,10 @@
  * and, when the job has a secret, passes the challenge-response of
  * core/auth.h bound to (group, connector, acceptor) before it is used. A
  * connection that fails either (junk bytes, a forged hello, no proof) is
- * closed and logged once; the mesh goes on accepting the real ranks. */
+ * closed and logged once; the mesh goes on accepting the real ranks. The
+ * acceptor runs every handshake in progress at once (accept_higher), so a
+ * stranger that connects and stalls delays nobody; a connector whose
+ * handshake was cut connects again until its deadline. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -22,6 +25,10 @@
 
 #include "transport/tcp_priv.h"
 #include "core/auth.h"
+
+#define MESH_PENDING 128       /* handshakes in progress at once on one listener */
+#define MESH_HANDSHAKE_S 10.0  /* for one connection's hello, answer and proof */
+#define MESH_PROOF_TRIES 3     /* a connector whose proof was refused tries this often */
 
 int crun__tcp_wait_fd(int fd, short ev, double deadline) {
   for (;;) {
@@ -155,19 +162,6 @@ static int prove(crun__tcp_t *t, int fd, int j, double deadline) {
   return crun__auth_check_proof(want, got, peer);
 }
 
-/* Acceptor: greets the connector of hello h and checks its answer. */
-static int challenge(crun__tcp_t *t, int fd, const crun__hello_t *h, double deadline) {
-  char ctx[96];
-  unsigned char greet[CRUN__AUTH_GREET], nonce[32], answer[CRUN__AUTH_ANSWER], proof[CRUN__AUTH_PROOF];
-  mesh_ctx(t, h->rank, t->rank, ctx, sizeof ctx);
-  crun__auth_greet(&t->auth, greet, nonce);
-  CRUN_CHECK(io_full(fd, greet, sizeof greet, 1, deadline));
-  CRUN_CHECK(io_full(fd, answer, sizeof answer, 0, deadline));
-  if (crun__auth_check_answer(&t->auth, ctx, nonce, answer, proof) < 0)
-    return crun_error(CRUN_EACCES, "no proof of the job's secret from a connection claiming rank %d", h->rank);
-  return t->auth.on ? io_full(fd, proof, sizeof proof, 1, deadline) : 0;
-}
-
 /* Connects to lower rank j (address from the store) and says hello. */
 static int connect_lower(crun__tcp_t *t, int j, double deadline) {
   char key[32];
@@ -184,38 +178,137 @@ static int connect_lower(crun__tcp_t *t, int j, double deadline) {
   char *colon = strrchr(addr, ':');
   if (!colon) return crun_error(CRUN_EPROTO, "bad address '%s' of rank %d", addr, j);
   *colon = 0;
-  int fd = dial(addr, colon + 1, deadline);
-  if (fd < 0) return fd;
-  crun__hello_t h = {CRUN__TCP_HELLO, t->group, t->rank, t->size};
-  rc = io_full(fd, &h, sizeof h, 1, deadline);
-  if (rc == 0) rc = prove(t, fd, j, deadline);
-  if (rc < 0) { close(fd); return rc; }
-  t->fds[j] = fd;
-  return 0;
+  /* A handshake the acceptor cut (its pending queue overflowed, or it took
+   * this connection for a stranger that was too slow) is tried again until
+   * the deadline; a refused proof at most MESH_PROOF_TRIES times. */
+  for (int refused = 0;;) {
+    int fd = dial(addr, colon + 1, deadline);
+    if (fd < 0) return fd;
+    crun__hello_t h = {CRUN__TCP_HELLO, t->group, t->rank, t->size};
+    rc = io_full(fd, &h, sizeof h, 1, deadline);
+    if (rc == 0) rc = prove(t, fd, j, deadline);
+    if (rc == 0) {
+      t->fds[j] = fd;
+      return 0;
+    }
+    close(fd);
+    int cut = rc == CRUN_EPEERDIED || rc == CRUN_ECONNRESET || (rc == CRUN_EACCES && ++refused < MESH_PROOF_TRIES);
+    if (!cut || crun_clock() + 0.05 > deadline) return rc;
+    CRUN_LOG(INFO, NET, "group '%s' rank %d: handshake with rank %d cut (%s); connecting again", t->pg->prefix,
+             t->rank, j, crun_last_error());
+    struct timespec ts = {0, 20 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+  }
 }
 
-/* Accepts one connection from a higher rank and places it by its hello. */
-static int accept_higher(crun__tcp_t *t, int lfd, double deadline) {
-  int r = crun__tcp_wait_fd(lfd, POLLIN, deadline);
-  if (r <= 0) return r < 0 ? r : CRUN_ETIMEDOUT;
-  int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
-  if (fd < 0) return (errno == EAGAIN || errno == EINTR) ? 0 : crun_error(CRUN_ESYS, "accept: %s", strerror(errno));
-  tune_socket(fd);
+/* The acceptor's side of the handshakes, all in progress at once: a stranger
+ * that connects and then stalls (or trickles bytes) holds one slot of
+ * MESH_PENDING for at most MESH_HANDSHAKE_S, never the real ranks behind it.
+ * When every slot is taken, the oldest is dropped (its connector, if it is a
+ * rank, connects again). Each connection: hello -> greeting -> answer -> proof. */
+typedef struct {
+  int fd;
+  int stage;                  /* 0: reading the hello, 1: reading the answer */
+  size_t got;                 /* bytes of the current message read */
+  double until;               /* dropped after this */
   crun__hello_t h;
-  /* a stranger gets a short while for its hello and proof, not the mesh's deadline */
-  double d = crun_clock() + 2.0 < deadline ? crun_clock() + 2.0 : deadline;
-  int rc = io_full(fd, &h, sizeof h, 0, d);
-  if (rc == 0) rc = crun__tcp_hello_check(&h, t->group, t->rank, t->size, t->fds);
-  if (rc == 0) rc = challenge(t, fd, &h, d);
-  if (rc < 0) {
-    close(fd);
-    if (t->refused++ == 0)
-      CRUN_LOG(WARN, NET, "group '%s' rank %d: refused a mesh connection: %s (further ones are counted)",
-               t->pg->prefix, t->rank, crun_last_error());
-    return 0; /* keep accepting: the real ranks are still to come */
+  unsigned char nonce[32];
+  unsigned char answer[CRUN__AUTH_ANSWER];
+} pending_t;
+
+/* Closes pending[i] (refused: logged once, counted after) and moves the last in its place. */
+static void drop_pending(crun__tcp_t *t, pending_t *p, int *n, int i, const char *why) {
+  close(p[i].fd);
+  if (why && t->refused++ == 0)
+    CRUN_LOG(WARN, NET, "group '%s' rank %d: refused a mesh connection: %s (further ones are counted)",
+             t->pg->prefix, t->rank, why);
+  p[i] = p[--*n];
+}
+
+/* Sends all n bytes at once or fails (a fresh socket's buffer takes them). */
+static int send_now(int fd, const void *b, size_t n) {
+  ssize_t k = send(fd, b, n, MSG_NOSIGNAL | MSG_DONTWAIT);
+  return k == (ssize_t)n ? 0 : -1;
+}
+
+/* Reads what is there for pending p; returns 1 when it became rank p->h.rank's
+ * connection, 0 to go on, -1 (why set) to drop it. */
+static int advance(crun__tcp_t *t, pending_t *p, char *why, size_t wn) {
+  unsigned char *dst = p->stage == 0 ? (unsigned char *)&p->h : p->answer;
+  size_t want = p->stage == 0 ? sizeof p->h : sizeof p->answer;
+  ssize_t k = recv(p->fd, dst + p->got, want - p->got, MSG_DONTWAIT);
+  if (k == 0) return snprintf(why, wn, "closed during the handshake"), -1;
+  if (k < 0) return (errno == EAGAIN || errno == EINTR) ? 0 : (snprintf(why, wn, "%s", strerror(errno)), -1);
+  p->got += (size_t)k;
+  if (p->got < want) return 0;
+  if (p->stage == 0) {
+    if (crun__tcp_hello_check(&p->h, t->group, t->rank, t->size, t->fds) < 0)
+      return snprintf(why, wn, "%s", crun_last_error()), -1;
+    unsigned char greet[CRUN__AUTH_GREET];
+    crun__auth_greet(&t->auth, greet, p->nonce);
+    if (send_now(p->fd, greet, sizeof greet) < 0) return snprintf(why, wn, "cannot send the greeting"), -1;
+    p->stage = 1;
+    p->got = 0;
+    return 0;
   }
-  t->fds[h.rank] = fd;
+  char ctx[96];
+  unsigned char proof[CRUN__AUTH_PROOF];
+  mesh_ctx(t, p->h.rank, t->rank, ctx, sizeof ctx);
+  if (crun__auth_check_answer(&t->auth, ctx, p->nonce, p->answer, proof) < 0)
+    return snprintf(why, wn, "no proof of the job's secret from a connection claiming rank %d", p->h.rank), -1;
+  if (t->fds[p->h.rank] >= 0) return snprintf(why, wn, "rank %d is connected already", p->h.rank), -1;
+  if (t->auth.on && send_now(p->fd, proof, sizeof proof) < 0) return snprintf(why, wn, "cannot send the proof"), -1;
+  t->fds[p->h.rank] = p->fd;
   return 1;
+}
+
+/* Accepts the size - 1 - rank higher ranks by the deadline. */
+static int accept_higher(crun__tcp_t *t, int lfd, double deadline) {
+  pending_t p[MESH_PENDING];
+  struct pollfd pf[MESH_PENDING + 1];
+  int n = 0, need = t->size - 1 - t->rank, rc = 0;
+  char why[256];
+  while (need > 0) {
+    double now = crun_clock(), wake = deadline;
+    if (now >= deadline) { rc = crun_error(CRUN_ETIMEDOUT, "accept timed out"); break; }
+    for (int i = 0; i < n;) { /* expire the stalled ones */
+      if (p[i].until <= now) drop_pending(t, p, &n, i, "no hello and proof in time");
+      else { if (p[i].until < wake) wake = p[i].until; i++; }
+    }
+    pf[0] = (struct pollfd){.fd = lfd, .events = POLLIN};
+    for (int i = 0; i < n; i++) pf[i + 1] = (struct pollfd){.fd = p[i].fd, .events = POLLIN};
+    int ms = (int)((wake - now) * 1000) + 1;
+    int r = poll(pf, (nfds_t)n + 1, ms);
+    if (r < 0 && errno != EINTR) { rc = crun_error(CRUN_ESYS, "poll: %s", strerror(errno)); break; }
+    if (r <= 0) continue;
+    int before = n;
+    for (int i = before - 1; i >= 0; i--) { /* backwards: drop_pending moves the last entry */
+      if (!(pf[i + 1].revents & (POLLIN | POLLERR | POLLHUP))) continue;
+      int a = advance(t, &p[i], why, sizeof why);
+      if (a < 0) drop_pending(t, p, &n, i, why);
+      if (a > 0) { p[i] = p[--n]; need--; }
+    }
+    if (pf[0].revents & POLLIN) {
+      int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (fd < 0) {
+        if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED) {
+          rc = crun_error(CRUN_ESYS, "accept: %s", strerror(errno));
+          break;
+        }
+        continue;
+      }
+      tune_socket(fd);
+      if (n == MESH_PENDING) { /* full: the oldest goes */
+        int old = 0;
+        for (int i = 1; i < n; i++) if (p[i].until < p[old].until) old = i;
+        drop_pending(t, p, &n, old, "too many connections in the handshake at once");
+      }
+      double lim = crun_clock() + MESH_HANDSHAKE_S;
+      p[n++] = (pending_t){.fd = fd, .until = lim < deadline ? lim : deadline};
+    }
+  }
+  for (int i = 0; i < n; i++) close(p[i].fd);
+  return rc;
 }
 
 /* Lists the peers that are still unconnected, for the timeout message. */
@@ -236,11 +329,7 @@ static int build_mesh(crun__tcp_t *t, double deadline) {
   snprintf(key, sizeof key, "tcp/%d", t->rank);
   int rc = crun_store_set(t->pg->store, key, val, strlen(val));
   for (int j = 0; rc >= 0 && j < t->rank; j++) rc = connect_lower(t, j, deadline);
-  for (int got = 0; rc >= 0 && got < t->size - 1 - t->rank;) {
-    rc = accept_higher(t, lfd, deadline);
-    if (rc > 0) got++;
-    if (rc == CRUN_ETIMEDOUT) rc = crun_error(CRUN_ETIMEDOUT, "accept timed out");
-  }
+  if (rc >= 0) rc = accept_higher(t, lfd, deadline);
   close(lfd);
   if (rc < 0) {
     char miss[256];

@@ -5,6 +5,9 @@
 --   security_job.lua mesh       (3 ranks, CRUN_SHM=0) rank 1 first sends junk
 --                               bytes and a forged hello for rank 2 to rank
 --                               0's mesh port, then every rank all-reduces
+--   security_job.lua stall      (3 ranks, CRUN_SHM=0) rank 1 opens 150 connections
+--                               to rank 0's mesh port that say nothing (a few say
+--                               one byte) and holds them 40 s; the mesh still forms
 -- Every rank prints "rank <r> ok <case>" when its checks passed.
 local crun = require "crun"
 local dist, T = crun.dist, crun.tensor
@@ -71,5 +74,22 @@ elseif case == "mesh" then
   local t = T.full({1000}, rank + 1)
   dist.all_reduce(t)
   check(t[1000] == 6 and t[1] == 6, "all_reduce after junk and a forged hello gave %s", t[1])
+elseif case == "stall" then
+  if rank == 1 then
+    local s = crun.store.from_env{}
+    s:wait({"default/0/tcp/0"}, 20)
+    local host, port = s:get("default/0/tcp/0"):match("^(.*):(%d+)$")
+    -- idle connections, held open past the job's 30 s timeout (a handshake that
+    -- waited on each in turn would never reach the real ranks)
+    os.execute(string.format([[bash -c 'for i in $(seq 150); do exec {fd}<>/dev/tcp/%s/%s || exit 1; ]] ..
+      [[[ $((i %% 10)) = 0 ] && printf x >&$fd; done; sleep 40' >/dev/null 2>&1 &]], host, port))
+    os.execute("sleep 1")
+  elseif rank == 2 then
+    os.execute("sleep 1.5")  -- after the strangers
+  end
+  dist.init_process_group{backend = "cpu", timeout = 30}
+  local t = T.full({1000}, rank + 1)
+  dist.all_reduce(t)
+  check(t[1000] == 6 and t[1] == 6, "all_reduce after 150 stalled connections gave %s", t[1])
 end
 print(string.format("rank %d ok %s", rank, case))
