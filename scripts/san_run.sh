@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Runs one test under a sanitizer build (CMake option CRUN_SANITIZE) and fails
+# it when any process it started -- the test itself, crun-lua, its workers --
+# wrote a sanitizer report, whatever exit status the test expected of them.
+#   usage: san_run.sh address|thread REPORT_ROOT PRELOAD_LIB -- command args...
+# The reports go to a fresh REPORT_ROOT/<test>.XXXXXX (log_path) and are
+# printed on stderr at the end. PRELOAD_LIB (libasan/libtsan) is preloaded so
+# the uninstrumented lua5.4 interpreter can load the instrumented crun.core.
+set -u
+kind=$1 root=$2 preload=$3
+shift 3
+[ "${1:-}" = "--" ] && shift
+here=$(cd "$(dirname "$0")" && pwd)
+mkdir -p "$root"
+dir=$(mktemp -d "$root/$(basename "${@: -1}" .lua).XXXXXX")
+
+case "$kind" in
+  address)
+    # detect_leaks: crun's leaks fail the test; suppressions name only
+    # third-party code (scripts/lsan.supp says why for each line)
+    export ASAN_OPTIONS="halt_on_error=1:detect_leaks=1:log_path=$dir/asan:strict_string_checks=1:detect_stack_use_after_return=1:check_initialization_order=1${ASAN_OPTIONS:+:$ASAN_OPTIONS}"
+    export LSAN_OPTIONS="suppressions=$here/lsan.supp:print_suppressions=0${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
+    export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:log_path=$dir/ubsan${UBSAN_OPTIONS:+:$UBSAN_OPTIONS}"
+    ;;
+  thread)
+    export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:log_path=$dir/tsan:suppressions=$here/tsan.supp${TSAN_OPTIONS:+:$TSAN_OPTIONS}"
+    ;;
+  *) echo "EINVAL: san_run.sh: kind must be address or thread, not '$kind'" >&2; exit 2 ;;
+esac
+export LD_PRELOAD="$preload${LD_PRELOAD:+:$LD_PRELOAD}"
+
+"$@"
+rc=$?
+unset LD_PRELOAD
+# A report is a file with an error; a file holding only a notice (LSan's
+# "Running thread N was not suspended" in a worker forked without exec, a
+# libasan limitation: the forked child still lists the parent's thread) is
+# shown but does not fail the test.
+reports=$(grep -lE 'ERROR: |WARNING: ThreadSanitizer|runtime error|SUMMARY: ' -r "$dir" | sort)
+notes=$(find "$dir" -type f -size +0 | sort)
+if [ -n "$reports" ]; then
+  n=$(echo "$reports" | wc -l)
+  echo "san_run: $n sanitizer report(s) ($kind) from: $*" >&2
+  for f in $reports; do echo "==== $f" >&2; cat "$f" >&2; done
+  [ "$rc" -eq 0 ] && rc=1
+elif [ -n "$notes" ]; then
+  echo "san_run: $(echo "$notes" | wc -l) sanitizer notice(s), no report ($kind): $(cat $notes | sort | uniq -c | head -3)" >&2
+  rm -rf "$dir"
+else
+  rmdir "$dir" 2>/dev/null
+fi
+exit "$rc"
