@@ -23,7 +23,10 @@ case "$kind" in
     export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:log_path=$dir/ubsan${UBSAN_OPTIONS:+:$UBSAN_OPTIONS}"
     ;;
   thread)
-    export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:log_path=$dir/tsan:suppressions=$here/tsan.supp${TSAN_OPTIONS:+:$TSAN_OPTIONS}"
+    # die_after_fork=0: crun-lua forks its workers while its store server
+    # thread runs (the workers must inherit the shared tensor heap mapping,
+    # so they cannot exec); TSan otherwise kills a worker at its first thread
+    export TSAN_OPTIONS="die_after_fork=0:halt_on_error=1:second_deadlock_stack=1:log_path=$dir/tsan:suppressions=$here/tsan.supp${TSAN_OPTIONS:+:$TSAN_OPTIONS}"
     ;;
   *) echo "EINVAL: san_run.sh: kind must be address or thread, not '$kind'" >&2; exit 2 ;;
 esac
