@@ -390,7 +390,7 @@ local function check_obj(what, got, want)
 end
 OPS.objects = function(G, dt, count, s, async)
   local n = #G.ranks
-  local kind = rand(3)
+  local kind = rand(4)
   local root = G.ranks[rand(n) + 1]
   if not G.member then return end
   local o = opts_of(G)
@@ -401,6 +401,14 @@ OPS.objects = function(G, dt, count, s, async)
     local list = {}
     dist.all_gather_object(list, obj_of(RANK, s), o)
     for j = 1, n do check_obj("all_gather_object block " .. (j - 1) .. " group " .. G.id, list[j], obj_of(G.ranks[j], s)) end
+  elseif kind == 2 then
+    local out, input = {}, nil
+    if RANK == root then
+      input = {}
+      for j = 1, n do input[j] = obj_of(G.ranks[j], s + 1) end
+    end
+    dist.scatter_object_list(out, input, root, o)
+    check_obj("scatter_object_list src " .. root .. " group " .. G.id, out[1], obj_of(RANK, s + 1))
   else
     local list = RANK == root and {} or nil
     dist.gather_object(obj_of(RANK, s), list, root, o)
@@ -451,4 +459,4 @@ if RANK == 0 then
     state.ops, WORLD, os.getenv("CRUN_TRANSPORT") or "auto", opts.seed, checked, failures, secs))
 end
 dist.destroy_process_group()
-os.exit(failures == 0 and 0 or 1)
+os.exit(failures == 0 and 0 or 1, true) -- closing the state: leak checks see only leaks
