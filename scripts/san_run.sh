@@ -34,7 +34,7 @@ case "$kind" in
     # Open MPI (mpirun specs) keeps its plugins loaded so that its own leaks
     # name their module and scripts/lsan.supp can match them
     export OMPI_MCA_mca_base_component_disable_dlclose=1
-    export ASAN_OPTIONS="halt_on_error=1:handle_segv=0:detect_leaks=0:include_if_exists=$on/%b:log_path=$dir/asan:strict_string_checks=1:detect_stack_use_after_return=1:check_initialization_order=1${ASAN_OPTIONS:+:$ASAN_OPTIONS}"
+    export ASAN_OPTIONS="halt_on_error=1:handle_segv=0:allocator_may_return_null=1:detect_leaks=0:include_if_exists=$on/%b:log_path=$dir/asan:strict_string_checks=1:detect_stack_use_after_return=1:check_initialization_order=1${ASAN_OPTIONS:+:$ASAN_OPTIONS}"
     export LSAN_OPTIONS="suppressions=$here/lsan.supp:print_suppressions=0${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
     export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:log_path=$dir/ubsan${UBSAN_OPTIONS:+:$UBSAN_OPTIONS}"
     ;;
@@ -43,12 +43,14 @@ case "$kind" in
     # thread-less launcher (launcher/agent.c), but the REPL's supervisor, a
     # multi-node launcher (watcher thread) and C tests fork beside threads;
     # TSan would kill such a child at its first thread instead of checking it
-    export TSAN_OPTIONS="handle_segv=0:die_after_fork=0:halt_on_error=1:second_deadlock_stack=1:log_path=$dir/tsan:suppressions=$here/tsan.supp${TSAN_OPTIONS:+:$TSAN_OPTIONS}"
+    export TSAN_OPTIONS="handle_segv=0:allocator_may_return_null=1:die_after_fork=0:halt_on_error=1:second_deadlock_stack=1:log_path=$dir/tsan:suppressions=$here/tsan.supp${TSAN_OPTIONS:+:$TSAN_OPTIONS}"
     ;;
   *) echo "EINVAL: san_run.sh: kind must be address or thread, not '$kind'" >&2; exit 2 ;;
 esac
 # handle_segv=0: specs kill workers with SIGSEGV on purpose and check that
-# the launcher reports the signal; a real crash still fails its test
+# the launcher reports the signal; a real crash still fails its test.
+# allocator_may_return_null=1: tensor_hostile_spec asks for 4 TiB and expects
+# ENOMEM, as malloc returns NULL without a sanitizer
 export LD_PRELOAD="$preload${LD_PRELOAD:+:$LD_PRELOAD}"
 
 "$@"
