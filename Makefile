@@ -77,8 +77,7 @@ soak: $(if $(SAN),$(if $(filter address,$(SAN)),build-asan,build-tsan)/CMakeCach
 	$(if $(SAN),cmake --build $$bdir -j $(JOBS);) \
 	wrap=""; \
 	if [ -n "$(SAN)" ]; then \
-	  lib=$$(sed -n 's/^CRUN_SAN_PRELOAD:INTERNAL=//p' $$bdir/CMakeCache.txt); \
-	  wrap="bash scripts/san_run.sh $(SAN) $$bdir/san-reports $$lib --"; \
+	  wrap="bash scripts/san_run.sh $(SAN) $$bdir/san-reports $$bdir/san-bin --"; \
 	fi; \
 	for n in $(SOAK_RANKS); do for b in $(SOAK_BACKENDS); do \
 	  echo "soak: $(SOAK_OPS) ops, $$n ranks, $$b$(if $(SAN), ($(SAN) sanitizer))"; \

@@ -2,12 +2,14 @@
 # Runs one test under a sanitizer build (CMake option CRUN_SANITIZE) and fails
 # it when any process it started -- the test itself, crun-lua, its workers --
 # wrote a sanitizer report, whatever exit status the test expected of them.
-#   usage: san_run.sh address|thread REPORT_ROOT PRELOAD_LIB -- command args...
+#   usage: san_run.sh address|thread REPORT_ROOT SAN_BIN -- command args...
 # The reports go to a fresh REPORT_ROOT/<test>.XXXXXX (log_path) and are
-# printed on stderr at the end. PRELOAD_LIB (libasan/libtsan) is preloaded so
-# the uninstrumented lua5.4 interpreter can load the instrumented crun.core.
+# printed on stderr at the end. SAN_BIN (build-*/san-bin) goes first in PATH:
+# its lua5.4 is instrumented (tests/san/lua.c), so it loads the instrumented
+# crun.core without a preload of the sanitizer runtime (a preload reaches sh
+# and bash too, which crash at start under TSan).
 set -u
-kind=$1 root=$2 preload=$3
+kind=$1 root=$2 sanbin=$3
 shift 3
 [ "${1:-}" = "--" ] && shift
 here=$(cd "$(dirname "$0")" && pwd)
@@ -21,8 +23,7 @@ dir=$(mktemp -d "$root/$name.XXXXXX")
 case "$kind" in
   address)
     # Leaks are checked in crun's programs and in lua5.4 (which runs
-    # crun.core) only: the preload reaches every program a spec starts
-    # (mktemp, date, sh, ...), whose own exit-time leaks are not crun's.
+    # crun.core) only, should another program ever carry the runtime.
     # detect_leaks=1 comes from $on/<program name> (%b) for crun's programs.
     on="$root/leak-checked"
     mkdir -p "$on"
@@ -47,15 +48,14 @@ case "$kind" in
     ;;
   *) echo "EINVAL: san_run.sh: kind must be address or thread, not '$kind'" >&2; exit 2 ;;
 esac
+export PATH="$sanbin:$PATH"
 # handle_segv=0: specs kill workers with SIGSEGV on purpose and check that
 # the launcher reports the signal; a real crash still fails its test.
 # allocator_may_return_null=1: tensor_hostile_spec asks for 4 TiB and expects
 # ENOMEM, as malloc returns NULL without a sanitizer
-export LD_PRELOAD="$preload${LD_PRELOAD:+:$LD_PRELOAD}"
 
 "$@"
 rc=$?
-unset LD_PRELOAD
 # A report is a file with an error; a file holding only a notice (LSan's
 # "Running thread N was not suspended" in a worker forked without exec, a
 # libasan limitation: the forked child still lists the parent's thread) is
