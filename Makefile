@@ -4,6 +4,8 @@
 #   make fault-inject  kill random ranks/the launcher during collectives, check what is left (FI_RUNS=100)
 #   make conformance   random programs on crun (tcp, shm, mpi) and on torch+Gloo, outputs compared (CONF_PROGRAMS=24)
 #   make fuzz   build the libFuzzer targets (clang, build-fuzz) and run each FUZZ_SECONDS (60)
+#   make test-asan / test-tsan  the suite under ASan+UBSan / TSan (build-asan, build-tsan)
+#   make soak   SOAK_OPS random collectives on SOAK_RANKS ranks, tcp and shm (SAN=address|thread)
 BUILD ?= build
 JOBS  ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_FLAGS ?=
@@ -38,6 +40,7 @@ fault-inject: build
 # needs Debian's python3-torch (installed by the script when missing); not part of make test
 conformance: build
 	bash scripts/conformance.sh $(BUILD)
+
 # builds tests/fuzz with clang in build-fuzz and runs each target FUZZ_SECONDS,
 # printing executions, coverage and crashes per target (scripts/fuzz.sh)
 FUZZ_SECONDS ?= 60
@@ -49,3 +52,47 @@ install: build
 
 clean:
 	rm -rf $(BUILD)
+
+# ---------------------------------------------------------------- sanitizers and soak (issue 16)
+# test-asan / test-tsan: the whole suite in its own build dir with
+# CRUN_SANITIZE=address (ASan+UBSan) or thread (TSan); any report fails its
+# test (scripts/san_run.sh). SAN_TESTS='-R regex' runs a subset.
+SAN_TESTS ?=
+SAN_JOBS  ?= $(JOBS)
+.PHONY: test-asan test-tsan soak
+
+build-asan/CMakeCache.txt:
+	cmake -S . -B build-asan -DCRUN_SANITIZE=address $(CMAKE_FLAGS)
+build-tsan/CMakeCache.txt:
+	cmake -S . -B build-tsan -DCRUN_SANITIZE=thread $(CMAKE_FLAGS)
+
+test-asan: setup build-asan/CMakeCache.txt
+	cmake --build build-asan -j $(JOBS)
+	cd build-asan && ctest --output-on-failure --timeout 1800 -j $(SAN_JOBS) $(SAN_TESTS)
+
+test-tsan: setup build-tsan/CMakeCache.txt
+	cmake --build build-tsan -j $(JOBS)
+	cd build-tsan && ctest --output-on-failure --timeout 1800 -j $(SAN_JOBS) $(SAN_TESTS)
+
+# soak: SOAK_OPS random collectives (jobs/soak.lua) on each of SOAK_RANKS
+# (space-separated world sizes) and each backend of SOAK_BACKENDS; with
+# SAN=address|thread it runs the crun-lua of build-asan/build-tsan under
+# scripts/san_run.sh (a report fails it). SOAK_SEED fixes the sequence.
+SOAK_OPS      ?= 10000
+SOAK_RANKS    ?= 4 8
+SOAK_BACKENDS ?= tcp shm
+SOAK_SEED     ?= 16
+SOAK_ARGS     ?=
+SAN           ?=
+soak: $(if $(SAN),$(if $(filter address,$(SAN)),build-asan,build-tsan)/CMakeCache.txt,build)
+	@set -e; bdir=$(if $(SAN),$(if $(filter address,$(SAN)),build-asan,build-tsan),$(BUILD)); \
+	$(if $(SAN),cmake --build $$bdir -j $(JOBS);) \
+	wrap=""; \
+	if [ -n "$(SAN)" ]; then \
+	  wrap="bash scripts/san_run.sh $(SAN) $$bdir/san-reports $$bdir/san-bin --"; \
+	fi; \
+	for n in $(SOAK_RANKS); do for b in $(SOAK_BACKENDS); do \
+	  echo "soak: $(SOAK_OPS) ops, $$n ranks, $$b$(if $(SAN), ($(SAN) sanitizer))"; \
+	  CRUN_TRANSPORT=$$b $$wrap $$bdir/crun-lua -n $$n --master-port 0 jobs/soak.lua --ops $(SOAK_OPS) \
+	    --seed $(SOAK_SEED) $(SOAK_ARGS); \
+	done; done

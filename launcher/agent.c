@@ -20,6 +20,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #define KEY_PREFIX "crun/launch/"
@@ -29,6 +31,7 @@
 struct crun__agent {
   const crun__opts_t *o;
   crun_store_server_t *server; /* node 0 only */
+  pid_t server_pid;            /* node 0 of a TSan build: the store's own process */
   crun_store_t *store;         /* multi-node: the agent's client */
   crun_store_t *watch_store;   /* multi-node: the watcher's client */
   int fail_pipe[2];
@@ -45,17 +48,91 @@ static const char *bare_error(void) {
   return sep && sep - e < 16 ? sep + 2 : e;
 }
 
+#if defined(__SANITIZE_THREAD__)
+/* ThreadSanitizer cannot follow a fork from a process that has threads: a
+ * child keeps the parent's threads in its registry and dies at its first
+ * pthread_create ("dup thread with used id"). A TSan build therefore serves
+ * the store from a forked process of its own, so that the launcher has no
+ * thread when it forks the workers. The process starts the server, reports
+ * (status, port, error text) through a pipe, then waits for SIGTERM (blocked
+ * in the launcher, so inherited blocked) and dies with the launcher. */
+typedef struct { int rc, port; char err[256]; } served_t;
+
+/* In the store's process: serves until SIGTERM; never returns. */
+static void store_process(const crun__opts_t *o, int wfd) {
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  served_t r = {0};
+  crun_store_server_t *srv = NULL;
+  r.rc = crun_store_server_start(o->master_addr, o->master_port, &srv);
+  if (r.rc == 0) r.port = crun_store_server_port(srv);
+  else snprintf(r.err, sizeof r.err, "%s", crun_last_error());
+  if (write(wfd, &r, sizeof r) != (ssize_t)sizeof r || r.rc < 0) _exit(1);
+  close(wfd);
+  sigset_t term;
+  sigemptyset(&term);
+  sigaddset(&term, SIGTERM);
+  int sig;
+  sigwait(&term, &sig);
+  crun_store_server_stop(srv);
+  _exit(0);
+}
+
+/* Forks the store's process and reads its report (crun_store_server_start's
+ * status, with its error text recorded here). */
+static int start_server(crun__agent_t *a, const crun__opts_t *o) {
+  int p[2];
+  if (pipe2(p, O_CLOEXEC) < 0) return crun_error(CRUN_ESYS, "pipe: %s", strerror(errno));
+  pid_t pid = fork();
+  if (pid < 0) {
+    close(p[0]);
+    close(p[1]);
+    return crun_error(CRUN_ESYS, "fork of the store process: %s", strerror(errno));
+  }
+  if (pid == 0) store_process(o, p[1]);
+  close(p[1]);
+  a->server_pid = pid;
+  served_t r = {.rc = CRUN_ESYS};
+  ssize_t n;
+  while ((n = read(p[0], &r, sizeof r)) < 0 && errno == EINTR) {}
+  close(p[0]);
+  if (n != (ssize_t)sizeof r) return crun_error(CRUN_ESYS, "the store process died before serving");
+  if (r.rc < 0) return crun_error(r.rc, "%s", r.err);
+  a->port = r.port;
+  return 0;
+}
+
+/* Stops the store's process (SIGTERM, then reaps it unless the supervise
+ * loop already did). */
+static void stop_server(crun__agent_t *a) {
+  if (a->server_pid <= 0) return;
+  kill(a->server_pid, SIGTERM);
+  while (waitpid(a->server_pid, NULL, 0) < 0 && errno == EINTR) {}
+  a->server_pid = 0;
+}
+#else
+/* Starts the store server on this process's loop thread. */
+static int start_server(crun__agent_t *a, const crun__opts_t *o) {
+  int rc = crun_store_server_start(o->master_addr, o->master_port, &a->server);
+  if (rc == 0) a->port = crun_store_server_port(a->server);
+  return rc;
+}
+
+static void stop_server(crun__agent_t *a) {
+  if (a->server) crun_store_server_stop(a->server);
+  a->server = NULL;
+}
+#endif
+
 /* Starts the store server of node 0 on --master-addr:--master-port. */
 static int serve_store(crun__agent_t *a) {
   const crun__opts_t *o = a->o;
-  int rc = crun_store_server_start(o->master_addr, o->master_port, &a->server);
+  int rc = start_server(a, o);
   if (rc == CRUN_EADDRINUSE)
     return crun_error(rc, "cannot serve the store on %s:%d: the address is already in use "
                           "(another job?); choose another --master-port, or 0 for a free one",
                       o->master_addr, o->master_port);
   if (rc < 0) return crun_error(rc, "cannot serve the store on %s:%d: %s", o->master_addr,
                                 o->master_port, bare_error());
-  a->port = crun_store_server_port(a->server);
   return 0;
 }
 
@@ -308,7 +385,7 @@ void crun__agent_stop(crun__agent_t *a) {
   stop_watcher(a);
   if (a->watch_store) crun_store_release(a->watch_store);
   if (a->store) crun_store_release(a->store);
-  if (a->server) crun_store_server_stop(a->server);
+  stop_server(a);
   if (a->fail_pipe[0] >= 0) close(a->fail_pipe[0]);
   if (a->fail_pipe[1] >= 0) close(a->fail_pipe[1]);
   free(a);

@@ -28,6 +28,9 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/lsan_interface.h>
+#endif
 #include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/stat.h>
@@ -334,7 +337,11 @@ static void child_main(sup_t *s, proc_t *p, int out_w, int err_w, int attempt) {
   crun__heap_use_slot(p->local_rank);
   bind_cpu(s->o, p->local_rank);
   crun__worker_setenv(s->o, &pl);
-  _exit(crun__worker_run(s->o));
+  int rc = crun__worker_run(s->o);
+#if defined(__SANITIZE_ADDRESS__)
+  __lsan_do_leak_check(); /* _exit skips LeakSanitizer's check at exit */
+#endif
+  _exit(rc);
 }
 
 /* Forks worker p with its two pipes and its log files. */

@@ -65,7 +65,7 @@ static terms_t terms(crun_dtype_t dt, size_t i, int salt) {
 static void minmax_terms(crun_dtype_t dt, const terms_t *t, double *a, double *b, int64_t *ia, int64_t *ib) {
   int64_t lo, hi;
   int_range(dt, &lo, &hi);
-  uint64_t span = (uint64_t)(hi - lo) + 1 - 8 * B;
+  uint64_t span = (uint64_t)hi - (uint64_t)lo + 1 - 8 * B; /* hi - lo overflows int64 for int64 */
   *ia = lo + 4 * B + (int64_t)(t->h % span);
   *ib = (int64_t)(mix(t->h + 1) % (2 * B + 1)) - B;
   *a = t->fa;

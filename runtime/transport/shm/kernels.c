@@ -9,7 +9,9 @@
 
 #define KB 64 /* floats per block: the accumulator stays in registers */
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+/* Not under ThreadSanitizer: gcc instruments the ifunc resolver, which the
+ * dynamic loader runs before the TSan runtime is set up (SIGSEGV at load). */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
 #define SHM_CLONES __attribute__((target_clones("avx2", "default"), optimize("O3")))
 #else
 #define SHM_CLONES
