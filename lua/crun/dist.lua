@@ -77,7 +77,8 @@ local function store_for(init_method, rank, world_size, timeout)
     return S.tcp{host = host, port = tonumber(port), is_master = rank == 0, timeout = timeout}
   end
   local path = init_method:match("^file://(.+)$")
-  if path then return S.file(path) end
+  -- as torch's FileStore(path, world_size): the last rank to close it removes the file
+  if path then return S.file(path, {world_size = world_size}), true end
   fail("EINVAL: init_process_group: unknown init_method '%s' (use env://, tcp://host:port or file:///path)",
        init_method)
 end
@@ -121,11 +122,14 @@ function dist.init_process_group(backend, opts)
     backend = "mpi"  -- as runtime/backend/backend.c decides it
   end
   -- backend mpi meets through MPI itself: a private in-process store suffices
-  local store = opts.store or (backend == "mpi" and require("crun.store").hash())
-                or store_for(opts.init_method or "env://", rank, world_size, timeout)
+  local store, close_at_destroy = opts.store, false
+  if not store and backend == "mpi" then store = require("crun.store").hash() end
+  if not store then
+    store, close_at_destroy = store_for(opts.init_method or "env://", rank, world_size, timeout)
+  end
   state.pg = core.pg_new{store = store, rank = rank, world_size = world_size, timeout = timeout,
                          backend = backend, name = opts.group_name or "default"}
-  state.store = store
+  state.store, state.close_store = store, close_at_destroy
   core.set_log_rank(rank)
   return state.pg
 end
@@ -141,7 +145,8 @@ function dist.destroy_process_group(group)
   end
   for _, g in ipairs(state.groups) do g:destroy() end
   if state.pg then state.pg:destroy() end
-  state.pg, state.store, state.groups, state.ngroups = nil, nil, {}, 0
+  if state.close_store and state.store then state.store:close() end  -- file://: counts this rank out
+  state.pg, state.store, state.groups, state.ngroups, state.close_store = nil, nil, {}, 0, false
 end
 
 local function resolve(group, fname)

@@ -53,7 +53,18 @@ case("file", function()
   local path = outdir .. "/filestore"
   dist.init_process_group{init_method = "file://" .. path, rank = rank, world_size = size}
   sum_check()
+  local exists = io.open(path)
+  assert(exists, "the file store's file is missing while the group runs")
+  exists:close()
   dist.destroy_process_group()
+  -- as torch's FileStore(path, world_size): the last rank out removes the file
+  local S = crun.store
+  local main = S.from_env{}
+  if main:add("dist_init/file_closed", 1) == size then main:set("dist_init/file_closed_all", "1") end
+  main:wait{"dist_init/file_closed_all"}
+  local left = io.open(path)
+  if left then left:close() end
+  assert(not left, "the file store's file is left after every rank destroyed the group: " .. path)
 end)
 
 case("tcp", function()
