@@ -330,6 +330,7 @@ static void child_main(sup_t *s, proc_t *p, int out_w, int err_w, int attempt) {
   crun__placement_t pl = s->base;
   pl.rank = s->base.rank + p->local_rank;
   pl.local_rank = p->local_rank;
+  pl.role_rank = s->base.role_rank + p->local_rank;
   pl.restart_count = attempt;
   crun__heap_use_slot(p->local_rank);
   bind_cpu(s->o, p->local_rank);
@@ -337,14 +338,33 @@ static void child_main(sup_t *s, proc_t *p, int out_w, int err_w, int attempt) {
   _exit(crun__worker_run(s->o));
 }
 
+/* Where a local rank's streams go (bit 1 stdout, bit 2 stderr), as torchrun:
+ * --redirects sends a stream to its log file only, --tee to the console and
+ * the log file; --log-dir alone redirects both (crun's older behaviour);
+ * --local-ranks-filter hides the console of ranks not listed. */
+typedef struct {
+  int file, console;
+} routes_t;
+
+static routes_t routes_of(const crun__opts_t *o, int local_rank) {
+  int redir = o->redirects ? crun__std_select(o->redirects, local_rank) : 0;
+  int tee = o->tee ? crun__std_select(o->tee, local_rank) : 0;
+  if (o->log_dir && !o->redirects && !o->tee) redir = 3;
+  routes_t r = {.file = o->log_dir ? (redir | tee) & 3 : 0, .console = 3 & ~(redir & ~tee)};
+  if (o->ranks_filter && crun__rank_listed(o->ranks_filter, local_rank) != 1) r.console = 0;
+  return r;
+}
+
 /* Forks worker p with its two pipes and its log files. */
 static int spawn_one(sup_t *s, proc_t *p, int attempt) {
   const crun__opts_t *o = s->o;
   int out[2], err[2];
   int log_out = -1, log_err = -1;
-  if (o->log_dir) {
-    if ((log_out = open_log(o, attempt, p->rank, "stdout")) < 0) return CRUN_ESYS;
-    if ((log_err = open_log(o, attempt, p->rank, "stderr")) < 0) { close(log_out); return CRUN_ESYS; }
+  routes_t rt = routes_of(o, p->local_rank);
+  if ((rt.file & 1) && (log_out = open_log(o, attempt, p->rank, "stdout")) < 0) return CRUN_ESYS;
+  if ((rt.file & 2) && (log_err = open_log(o, attempt, p->rank, "stderr")) < 0) {
+    if (log_out >= 0) close(log_out);
+    return CRUN_ESYS;
   }
   if (pipe2(out, O_CLOEXEC) < 0) goto fail;
   if (pipe2(err, O_CLOEXEC) < 0) { close(out[0]); close(out[1]); goto fail; }
@@ -359,9 +379,8 @@ static int spawn_one(sup_t *s, proc_t *p, int attempt) {
   p->running = 1;
   char prefix[24] = "";
   if (!o->no_prefix) snprintf(prefix, sizeof prefix, "[%d] ", p->rank);
-  int show = !o->log_dir || o->tee;
-  crun__stream_init(&p->out, out[0], show ? 1 : -1, log_out, prefix, 0);
-  crun__stream_init(&p->err, err[0], show ? 2 : -1, log_err, prefix, 1);
+  crun__stream_init(&p->out, out[0], (rt.console & 1) ? 1 : -1, log_out, prefix, 0);
+  crun__stream_init(&p->err, err[0], (rt.console & 2) ? 2 : -1, log_err, prefix, 1);
   return 0;
 fail:
   if (log_out >= 0) close(log_out);

@@ -81,4 +81,8 @@ int crun__kv_compare_set(crun__kv_t *kv, const char *key, size_t klen, const voi
                          size_t elen, const void *des, size_t dlen, const void **res,
                          size_t *rlen);
 
+/* How many clients are connected to srv now (any thread may ask): the
+ * launcher keeps serving a shared rendezvous endpoint while others use it. */
+int crun__store_server_clients(crun_store_server_t *srv);
+
 #endif

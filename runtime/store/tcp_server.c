@@ -21,6 +21,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,6 +46,7 @@ struct crun_store_server {
   crun__auth_t auth;          /* the job's secret (auth.on == 0: open store) */
   unsigned long refused;      /* clients refused (logged once, then counted) */
   conn_t *conns;              /* every open connection */
+  atomic_int nconns;          /* how many: read by other threads (crun__store_server_clients) */
   conn_t *waiters[WAIT_BUCKETS]; /* parked requests by the hash of the key they wait for */
   conn_t *join_waiters;       /* parked JOIN_WAITs */
   conn_t *ready, *ready_tail; /* parked ones to look at again */
@@ -174,6 +176,7 @@ static void conn_close(conn_t *c, const char *why) {
   if (c->prev) c->prev->next = c->next;
   else srv->conns = c->next;
   if (c->next) c->next->prev = c->prev;
+  atomic_fetch_sub(&srv->nconns, 1);
   uv_close((uv_handle_t *)&c->h, on_conn_closed);
 }
 
@@ -641,6 +644,7 @@ static void on_connection(uv_stream_t *server, int status) {
   c->next = srv->conns;
   if (srv->conns) srv->conns->prev = c;
   srv->conns = c;
+  atomic_fetch_add(&srv->nconns, 1);
   CRUN_LOG(TRACE, STORE, "store server %s: connection from %s", srv->addr, c->peer);
   if (local && !same_user(c)) return refuse(c, "the unix socket's peer is another user");
   c->since = crun_clock();
@@ -814,6 +818,8 @@ int crun_store_server_start_token(const char *host, int port, const char *token,
 }
 
 int crun_store_server_port(crun_store_server_t *srv) { return srv ? srv->port : -1; }
+
+int crun__store_server_clients(crun_store_server_t *srv) { return srv ? atomic_load(&srv->nconns) : 0; }
 
 void crun_store_server_stop(crun_store_server_t *srv) {
   if (!srv) return;

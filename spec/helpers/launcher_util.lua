@@ -38,6 +38,22 @@ function M.start(args, env)
   return h
 end
 
+--- Parses the "ENV K=V ..." lines of spec/fixtures/launcher/env.lua (with or
+-- without the "[rank] " prefix) into {[rank] = {K = V}}; with `all`, a list of
+-- every line's table instead (restarts print a rank more than once).
+function M.env_by_rank(out, all)
+  local t = {}
+  for line in out:gmatch("[^\n]+") do
+    local body = line:match("^%[%d+%] ENV (.*)$") or line:match("^ENV (.*)$")
+    if body then
+      local e = {}
+      for k, v in body:gmatch("(%S+)=(%S+)") do e[k] = v end
+      if all then t[#t + 1] = e else t[tonumber(e.RANK)] = e end
+    end
+  end
+  return t
+end
+
 --- Lines of `s` as a list.
 function M.lines(s)
   local t = {}
