@@ -2,8 +2,9 @@
  * multi-node jobs every node's agent meets the others on that store.
  * Static rendezvous (--node-rank): node 0 serves at --master-addr:port.
  * c10d (--rdzv-backend c10d): the first agent to bind --rdzv-endpoint serves
- * the store there, the others connect; rdzv.c forms the round and assigns
- * node ranks; the attempt keys below then live under "crun/rdzv/<run id>/".
+ * the store there (until every client has left: other jobs may use it), the
+ * others connect; rdzv.c forms the round and assigns node ranks; the attempt
+ * keys below then live under "crun/rdzv/<run id>/".
  *
  * Keys (all under "crun/launch/", or the c10d prefix):
  *   node/<r>            "<nproc> <role>" of node r, set once when it joins
@@ -184,24 +185,22 @@ out:
   return rc;
 }
 
-/* c10d: serves the endpoint when it is free here; 1 when this agent serves,
- * 0 when another process does (or the address is not this host's). */
-static int try_serve(crun__agent_t *a) {
-  int rc = crun_store_server_start(a->host, a->port, &a->server);
-  if (rc == 0) return 1;
-  CRUN_LOG(INFO, LAUNCH, "rendezvous '%s': not serving %s:%d (%s); connecting to it", a->o->run_id,
-           a->host, a->port, crun_last_error());
-  return 0;
+/* c10d: serves the endpoint when it is free here; when another process
+ * serves it (or the address is not this host's) the agent only connects. */
+static void try_serve(crun__agent_t *a) {
+  if (crun_store_server_start(a->host, a->port, &a->server) < 0)
+    CRUN_LOG(INFO, LAUNCH, "rendezvous '%s': not serving %s:%d (%s); connecting to it", a->o->run_id,
+             a->host, a->port, crun_last_error());
 }
 
 /* c10d: meets the other nodes of the run id at the endpoint (rdzv.c). */
 static int c10d_meet(crun__agent_t *a, crun__placement_t *base) {
   const crun__opts_t *o = a->o;
-  int serves = try_serve(a);
+  try_serve(a);
   crun__round_t round;
   CRUN_CHECK(connect_store(a, &a->store));
   CRUN_CHECK(connect_store(a, &a->watch_store));
-  CRUN_CHECK(crun__rdzv_join(o, a->store, serves, &round));
+  CRUN_CHECK(crun__rdzv_join(o, a->store, &round));
   a->node_rank = round.node_rank;
   a->nnodes = round.nnodes;
   *base = (crun__placement_t){.rank = round.rank_base, .world_size = round.world_size,

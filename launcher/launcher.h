@@ -245,14 +245,13 @@ typedef struct {
 /* Places node `me` of nodes[0..n) node-major: fills out's ranks and sizes. */
 void crun__round_place(const crun__node_t *nodes, int n, int me, crun__round_t *out);
 
-/* Joins the round of o->run_id on st (a client of the endpoint's store).
- * `serves`: this agent serves that store, and becomes node 0; the others
- * take node ranks 1.. in the order they joined. Blocks until the round
+/* Joins the round of o->run_id on st (a client of the endpoint's store);
+ * node ranks are first come (the order the agents joined). Blocks until the round
  * closes (o->nnodes joined, or o->min_nodes joined and last_call_timeout
  * passed) and every member registered, at most join_timeout + close_timeout.
  * Returns 0 or a crun status naming what failed (a node that arrives after
  * the round closed gets CRUN_ESTATE). */
-int crun__rdzv_join(const crun__opts_t *o, crun_store_t *st, int serves, crun__round_t *out);
+int crun__rdzv_join(const crun__opts_t *o, crun_store_t *st, crun__round_t *out);
 
 /* ---- worker.c: the Lua state of a worker and of the -i front */
 

@@ -4,13 +4,14 @@
  * Keys, all under "crun/rdzv/<run id>/" (jobs with other run ids on the same
  * store never see them):
  *   joined     counter; an agent's add of 1 gives it its slot 1, 2, ...
- *   slot/<s>   "<nproc> <serves> <pid> <role> <host>" of the agent in slot s
+ *   slot/<s>   "<nproc> <pid> <role> <host>" of the agent in slot s
  *   closed     N, the slots in the round; set once (compare-and-set)
  * The round closes when MAX agents joined, or when at least MIN joined and
  * last_call_timeout passed since an agent first saw MIN of them; the first
  * agent to see that sets `closed`. Slots 1..N are the members. Node ranks are
- * first come: the agent that serves the store (it reached the endpoint first)
- * is node 0, the others follow in slot order. Global ranks are node-major. */
+ * first come: node r is the agent in slot r + 1. Global ranks are node-major.
+ * Which agent serves the store does not matter: it keeps serving until every
+ * client has left (agent.c). */
 #include "launcher.h"
 
 #include <stdio.h>
@@ -46,13 +47,13 @@ void crun__round_place(const crun__node_t *nodes, int n, int me, crun__round_t *
 }
 
 /* Takes a slot and registers this agent in it. */
-static int take_slot(const crun__opts_t *o, crun_store_t *st, int serves, int64_t *slot) {
+static int take_slot(const crun__opts_t *o, crun_store_t *st, int64_t *slot) {
   char k[160], val[SLOT_VALUE_MAX], host[256] = "?";
   gethostname(host, sizeof host - 1);
   host[sizeof host - 1] = 0;
   int rc = crun_store_add(st, rkey(k, sizeof k, o, "joined", 0), 1, slot);
   if (rc < 0) return rc;
-  int len = snprintf(val, sizeof val, "%d %d %ld %s %s", o->nproc, serves, (long)getpid(), o->role, host);
+  int len = snprintf(val, sizeof val, "%d %ld %s %s", o->nproc, (long)getpid(), o->role, host);
   if (len >= (int)sizeof val) len = (int)sizeof val - 1;
   return crun_store_set(st, rkey(k, sizeof k, o, "slot/%lld", (long long)*slot), val, (size_t)len);
 }
@@ -105,25 +106,22 @@ static int wait_closed(const crun__opts_t *o, crun_store_t *st, int64_t *n) {
   }
 }
 
-/* Parses a slot's value into node (and whether it serves the store). */
-static int parse_slot(const crun__opts_t *o, int64_t slot, const crun_buf_t *b, crun__node_t *node,
-                      int *serves) {
+/* Parses a slot's value into node. */
+static int parse_slot(const crun__opts_t *o, int64_t slot, const crun_buf_t *b, crun__node_t *node) {
   char val[SLOT_VALUE_MAX];
   size_t len = b->len < sizeof val - 1 ? b->len : sizeof val - 1;
   memcpy(val, b->data, len);
   val[len] = 0;
   long pid;
-  if (sscanf(val, "%d %d %ld %63s", &node->nproc, serves, &pid, node->role) != 4 || node->nproc <= 0)
+  if (sscanf(val, "%d %ld %63s", &node->nproc, &pid, node->role) != 3 || node->nproc <= 0)
     return crun_error(CRUN_EPROTO, "rendezvous '%s': slot %lld holds '%s', not an agent's entry",
                       o->run_id, (long long)slot, val);
   return 0;
 }
 
-/* Reads the n members' entries (waiting up to close_timeout for them) and
- * puts them in node-rank order: the serving agent, then slot order. *me is
- * this agent's node rank. */
-static int read_members(const crun__opts_t *o, crun_store_t *st, int64_t n, int64_t my_slot,
-                        crun__node_t *nodes, int *me) {
+/* Reads the n members' entries into nodes[0..n), in slot (= node rank)
+ * order, waiting up to close_timeout for them. */
+static int read_members(const crun__opts_t *o, crun_store_t *st, int64_t n, crun__node_t *nodes) {
   char (*keys)[160] = calloc((size_t)n, sizeof *keys);
   const char **kp = calloc((size_t)n, sizeof *kp);
   crun_buf_t *vals = calloc((size_t)n, sizeof *vals);
@@ -133,22 +131,7 @@ static int read_members(const crun__opts_t *o, crun_store_t *st, int64_t n, int6
     rc = crun_error(rc, "a member of the closed round did not register within close_timeout %g s",
                     o->close_timeout);
   if (rc == 0) rc = crun_store_multi_get(st, kp, (size_t)n, vals);
-  int server = -1;
-  for (int64_t s = 0; rc == 0 && s < n; s++) {
-    crun__node_t node = {0};
-    int sv = 0;
-    rc = parse_slot(o, s + 1, &vals[s], &node, &sv);
-    if (rc == 0 && sv && server < 0) server = (int)s;
-    nodes[s] = node;
-  }
-  if (rc == 0 && server > 0) { /* move the serving agent to the front */
-    crun__node_t first = nodes[server];
-    memmove(nodes + 1, nodes, sizeof *nodes * (size_t)server);
-    nodes[0] = first;
-  }
-  int mine = (int)(my_slot - 1);
-  if (server < 0 || mine > server) *me = mine; /* no serving member, or after it: unmoved */
-  else *me = mine == server ? 0 : mine + 1;     /* before it: one place down */
+  for (int64_t s = 0; rc == 0 && s < n; s++) rc = parse_slot(o, s + 1, &vals[s], &nodes[s]);
   for (int64_t s = 0; vals && s < n; s++) crun_buf_free(&vals[s]);
   free(keys);
   free(kp);
@@ -156,9 +139,9 @@ static int read_members(const crun__opts_t *o, crun_store_t *st, int64_t n, int6
   return rc;
 }
 
-int crun__rdzv_join(const crun__opts_t *o, crun_store_t *st, int serves, crun__round_t *out) {
+int crun__rdzv_join(const crun__opts_t *o, crun_store_t *st, crun__round_t *out) {
   int64_t slot = 0, n = 0;
-  int rc = take_slot(o, st, serves, &slot);
+  int rc = take_slot(o, st, &slot);
   if (rc == 0) rc = wait_closed(o, st, &n);
   if (rc < 0)
     return crun_error(rc, "rendezvous '%s' at %s:%d: %s", o->run_id, o->rdzv_host, o->rdzv_port, bare());
@@ -170,9 +153,8 @@ int crun__rdzv_join(const crun__opts_t *o, crun_store_t *st, int serves, crun__r
   if (n > 65536) return crun_error(CRUN_ERANGE, "rendezvous '%s': %lld nodes", o->run_id, (long long)n);
   crun__node_t *nodes = calloc((size_t)n, sizeof *nodes);
   if (!nodes) return crun_error(CRUN_ENOMEM, "rendezvous: out of memory for %lld nodes", (long long)n);
-  int me = 0;
-  rc = read_members(o, st, n, slot, nodes, &me);
-  if (rc == 0) crun__round_place(nodes, (int)n, me, out);
+  rc = read_members(o, st, n, nodes);
+  if (rc == 0) crun__round_place(nodes, (int)n, (int)(slot - 1), out);
   free(nodes);
   if (rc < 0)
     return crun_error(rc, "rendezvous '%s' at %s:%d: %s", o->run_id, o->rdzv_host, o->rdzv_port, bare());

@@ -8,7 +8,7 @@ M.CRUN_LUA = assert(C.CRUN_LUA, "CRUN_LUA must point at the built crun-lua")
 M.SOURCE = C.SOURCE
 M.count = C.count
 M.FIX = M.SOURCE .. "/spec/fixtures/launcher/"
-M.slurp, M.q, M.rmrf, M.sleep, M.wait_for = C.slurp, C.q, C.rmrf, C.sleep, C.wait_for
+M.slurp, M.q, M.rmrf, M.sleep, M.wait_for, M.write = C.slurp, C.q, C.rmrf, C.sleep, C.wait_for, C.write
 
 --- A fresh temporary directory (removed by M.rmrf).
 function M.tmpdir() return C.tmpdir("launcher") end
