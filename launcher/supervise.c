@@ -31,6 +31,7 @@
 #include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -112,6 +113,19 @@ static void say(const char *fmt, ...) {
   if (n > (int)sizeof buf - 2) n = (int)sizeof buf - 2;
   buf[n++] = '\n';
   crun__write_all(2, buf, (size_t)n);
+}
+
+static pid_t g_main_tid; /* the thread that blocks the handled signals and reads them */
+
+/* A handled signal that reached another thread (one a library started before
+ * the launcher could block them: OpenBLAS starts its pool when it is loaded)
+ * is passed on to the main thread, which blocks it, so that the signalfd and
+ * crun__signals_pending see it instead of the default action ending the
+ * launcher without stopping its workers or saying why. */
+static void forward_to_main(int sig) {
+  int saved = errno;
+  syscall(SYS_tgkill, getpid(), g_main_tid, sig);
+  errno = saved;
 }
 
 /* ---------------------------------------------------------------- watchdog */
@@ -198,6 +212,7 @@ static int watchdog_start(sup_t *s) {
     signal(SIGINT, SIG_IGN);
     signal(SIGTERM, SIG_IGN);
     signal(SIGHUP, SIG_IGN);
+    signal(SIGCHLD, SIG_DFL);
     sigset_t all;
     sigemptyset(&all);
     sigprocmask(SIG_SETMASK, &all, NULL);
@@ -326,6 +341,9 @@ static void child_main(sup_t *s, proc_t *p, int out_w, int err_w, int attempt) {
   signal(SIGPIPE, SIG_DFL);
   signal(SIGINT, SIG_DFL); /* even when started in the background by a shell */
   signal(SIGTERM, SIG_DFL);
+  signal(SIGCHLD, SIG_DFL);
+  struct sigaction hup;
+  if (sigaction(SIGHUP, NULL, &hup) == 0 && hup.sa_handler == forward_to_main) signal(SIGHUP, SIG_DFL);
   setvbuf(stdout, NULL, _IOLBF, 0);
   crun__placement_t pl = s->base;
   pl.rank = s->base.rank + p->local_rank;
@@ -627,6 +645,12 @@ static void handled_signals(sigset_t *set) {
 void crun__signals_block(void) {
   sigset_t set;
   handled_signals(&set);
+  g_main_tid = (pid_t)syscall(SYS_gettid);
+  struct sigaction sa = {.sa_handler = forward_to_main, .sa_flags = SA_RESTART}, old;
+  sigfillset(&sa.sa_mask);
+  for (int sig = 1; sig < 32; sig++) /* an ignored signal stays ignored (a background job's SIGINT) */
+    if (sigismember(&set, sig) && sigaction(sig, NULL, &old) == 0 && old.sa_handler != SIG_IGN)
+      sigaction(sig, &sa, NULL);
   sigprocmask(SIG_BLOCK, &set, NULL);
   signal(SIGPIPE, SIG_IGN);
 }

@@ -204,4 +204,19 @@ describe("crun-lua c10d rendezvous errors", function()
     assert.is_truthy(r0.err:find("ETIMEDOUT: rendezvous 'secret' at 127.0.0.1:" .. port ..
                                  ": only 1 of at least 2 node(s) joined within join_timeout 3 s", 1, true), r0.err)
   end)
+
+  it("ends the wait for the round on SIGTERM, saying so", function()
+    local port = U.free_port()
+    local h = U.start(c10d(port, "term", 2, "join_timeout=20") .. " -n 1 " .. JOB, ENV)
+    local client = require("crun").store.tcp{host = "127.0.0.1", port = port, token = "spec-rdzv-secret",
+                                             timeout = 20}
+    local ok, err = pcall(client.wait, client, {"crun/rdzv/term/slot/1"}, 20) -- it waits in the round
+    client:close()
+    os.execute("kill -TERM " .. h.pid)
+    local r = wait_all({h}, 10)[1]
+    assert.is_true(ok, tostring(err))
+    assert.are.equal(143, r.code, r.err)
+    assert.is_truthy(r.err:find("EINTR: rendezvous 'term' at 127.0.0.1:" .. port .. ": interrupted by a signal",
+                                1, true), r.err)
+  end)
 end)
