@@ -95,7 +95,7 @@ static const char *akey(const crun__agent_t *a, char *buf, size_t n, const char 
   snprintf(buf + o, n - (size_t)o, fmt, x);
   return buf;
 }
-#define key(buf, n, fmt, x) akey(a, buf, n, fmt, x)
+#define key(buf, n, fmt, x) akey(a, buf, n, fmt, x) /* every caller holds its agent in `a` */
 
 /* Registers this node; fails when another node took the same node rank. */
 static int join(crun__agent_t *a) {
@@ -165,7 +165,8 @@ static int meet(crun__agent_t *a, crun__placement_t *base) {
   for (int r = 0; r < nn; r++) {
     char text[96] = {0};
     memcpy(text, vals[r].data, vals[r].len < sizeof text - 1 ? vals[r].len : sizeof text - 1);
-    if (sscanf(text, "%d %63s", &nodes[r].nproc, nodes[r].role) != 2 || nodes[r].nproc <= 0) {
+    if (sscanf(text, "%d %63s", &nodes[r].nproc, nodes[r].role) != 2 || nodes[r].nproc <= 0 ||
+        nodes[r].nproc > CRUN_LAUNCH_MAX_NPROC) { /* so that no sum of them overflows */
       rc = crun_error(CRUN_EPROTO, "rendezvous: node %d registered '%s', not '<workers> <role>'", r, text);
       goto out;
     }

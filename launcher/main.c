@@ -206,13 +206,13 @@ static int parse_nproc(const char *opt, const char *v, int *out) {
   long cpus = sysconf(_SC_NPROCESSORS_ONLN);
   int gpus = strcmp(v, "auto") && strcmp(v, "gpu") ? 0 : count_gpus();
   long n = !strcmp(v, "cpu") ? cpus : !strcmp(v, "gpu") ? gpus : !strcmp(v, "auto") ? (gpus ? gpus : cpus) : -1;
-  if (n < 0) return parse_int(opt, v, 1, 4096, out);
+  if (n < 0) return parse_int(opt, v, 1, CRUN_LAUNCH_MAX_NPROC, out);
   if (n == 0 && !strcmp(v, "gpu")) {
     usage_error("%s gpu: no CUDA device found (no /proc/driver/nvidia/gpus entry, or "
                 "CUDA_VISIBLE_DEVICES hides them all); use auto, cpu or a number", opt);
     return -1;
   }
-  *out = (int)(n < 1 ? 1 : n > 4096 ? 4096 : n);
+  *out = (int)(n < 1 ? 1 : n > CRUN_LAUNCH_MAX_NPROC ? CRUN_LAUNCH_MAX_NPROC : n);
   return 0;
 }
 
@@ -220,7 +220,7 @@ static int parse_nproc(const char *opt, const char *v, int *out) {
 static int parse_nnodes(const char *opt, const char *v, crun__opts_t *o) {
   const char *colon = strchr(v, ':');
   if (!colon) {
-    if (parse_int(opt, v, 1, 65536, &o->nnodes)) return -1;
+    if (parse_int(opt, v, 1, CRUN_LAUNCH_MAX_NODES, &o->nnodes)) return -1;
     o->min_nodes = o->nnodes;
     return 0;
   }
@@ -229,7 +229,8 @@ static int parse_nnodes(const char *opt, const char *v, crun__opts_t *o) {
   if (len >= sizeof min) len = sizeof min - 1;
   memcpy(min, v, len);
   min[len] = 0;
-  if (parse_int(opt, min, 1, 65536, &o->min_nodes) || parse_int(opt, colon + 1, 1, 65536, &o->nnodes))
+  if (parse_int(opt, min, 1, CRUN_LAUNCH_MAX_NODES, &o->min_nodes) ||
+      parse_int(opt, colon + 1, 1, CRUN_LAUNCH_MAX_NODES, &o->nnodes))
     return -1;
   if (o->min_nodes > o->nnodes) {
     usage_error("%s %s: MIN is above MAX", opt, v);

@@ -113,7 +113,8 @@ static int parse_slot(const crun__opts_t *o, int64_t slot, const crun_buf_t *b, 
   memcpy(val, b->data, len);
   val[len] = 0;
   long pid;
-  if (sscanf(val, "%d %ld %63s", &node->nproc, &pid, node->role) != 3 || node->nproc <= 0)
+  if (sscanf(val, "%d %ld %63s", &node->nproc, &pid, node->role) != 3 || node->nproc <= 0 ||
+      node->nproc > CRUN_LAUNCH_MAX_NPROC) /* so that no sum of them overflows */
     return crun_error(CRUN_EPROTO, "rendezvous '%s': slot %lld holds '%s', not an agent's entry",
                       o->run_id, (long long)slot, val);
   return 0;
@@ -150,7 +151,9 @@ int crun__rdzv_join(const crun__opts_t *o, crun_store_t *st, crun__round_t *out)
                       "before this node joined (crun has no membership changes yet: start every "
                       "node before the round closes, raise last_call_timeout, or use a new --rdzv-id)",
                       o->run_id, o->rdzv_host, o->rdzv_port, (long long)n);
-  if (n > 65536) return crun_error(CRUN_ERANGE, "rendezvous '%s': %lld nodes", o->run_id, (long long)n);
+  if (n > CRUN_LAUNCH_MAX_NODES) /* MAX_NODES * MAX_NPROC fits an int */
+    return crun_error(CRUN_ERANGE, "rendezvous '%s': %lld nodes (at most %d)", o->run_id, (long long)n,
+                      CRUN_LAUNCH_MAX_NODES);
   crun__node_t *nodes = calloc((size_t)n, sizeof *nodes);
   if (!nodes) return crun_error(CRUN_ENOMEM, "rendezvous: out of memory for %lld nodes", (long long)n);
   rc = read_members(o, st, n, nodes);
