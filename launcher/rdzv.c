@@ -88,11 +88,7 @@ static int wait_closed(const crun__opts_t *o, crun_store_t *st, int64_t *n) {
   const char *kp = rkey(ck, sizeof ck, o, "closed", 0);
   rkey(jk, sizeof jk, o, "joined", 0);
   double deadline = crun_clock() + o->join_timeout, min_seen = -1;
-  for (;;) {
-    int rc = crun_store_wait(st, &kp, 1, POLL_SLICE);
-    if (rc == 0) return read_closed(o, st, n);
-    if (rc != CRUN_ETIMEDOUT) return rc;
-    if (crun__signals_pending()) return crun_error(CRUN_EINTR, "interrupted by a signal");
+  for (;;) { /* look first: the agent that completes the round closes it at once */
     int64_t joined = 0;
     CRUN_CHECK(crun_store_add(st, jk, 0, &joined));
     double now = crun_clock();
@@ -103,6 +99,10 @@ static int wait_closed(const crun__opts_t *o, crun_store_t *st, int64_t *n) {
       return crun_error(CRUN_ETIMEDOUT, "only %lld of at least %d node(s) joined within join_timeout "
                         "%g s", (long long)joined, o->min_nodes, o->join_timeout);
     }
+    int rc = crun_store_wait(st, &kp, 1, POLL_SLICE);
+    if (rc == 0) return read_closed(o, st, n);
+    if (rc != CRUN_ETIMEDOUT) return rc;
+    if (crun__signals_pending()) return crun_error(CRUN_EINTR, "interrupted by a signal");
   }
 }
 
