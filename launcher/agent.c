@@ -1,8 +1,13 @@
 /* agent.c — the node agent: node 0 serves the TCP store in-process; on
  * multi-node jobs every node's agent meets the others on that store.
+ * Static rendezvous (--node-rank): node 0 serves at --master-addr:port.
+ * c10d (--rdzv-backend c10d): the first agent to bind --rdzv-endpoint serves
+ * the store there (until every client has left: other jobs may use it), the
+ * others connect; rdzv.c forms the round and assigns node ranks; the attempt
+ * keys below then live under "crun/rdzv/<run id>/".
  *
- * Keys (all under "crun/launch/"):
- *   node/<r>            nproc of node r, set once when it joins
+ * Keys (all under "crun/launch/", or the c10d prefix):
+ *   node/<r>            "<nproc> <role>" of node r, set once when it joins
  *   attempt/<k>/joined  counter; the last node to arrive sets attempt/<k>/go
  *   attempt/<k>/failed  "<node>:<code>" of the first node whose workers failed
  *   attempt/<k>/done    counter; the last node to finish sets attempt/<k>/alldone
@@ -11,6 +16,7 @@
  * on any node stops the workers of every node. It does the same when the
  * store goes away (node 0 died). */
 #include "launcher.h"
+#include "store/store_impl.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -30,6 +36,9 @@
 
 struct crun__agent {
   const crun__opts_t *o;
+  const char *host;            /* where the store is: --master-addr or the c10d endpoint */
+  int node_rank, nnodes;       /* from --node-rank/--nnodes, or the c10d round */
+  char prefix[CRUN_LAUNCH_RUN_ID_MAX + 16];
   crun_store_server_t *server; /* node 0 only */
   pid_t server_pid;            /* node 0 of a TSan build: the store's own process */
   crun_store_t *store;         /* multi-node: the agent's client */
@@ -104,6 +113,8 @@ static int start_server(crun__agent_t *a, const crun__opts_t *o) {
 /* Stops the store's process (SIGTERM, then reaps it unless the supervise
  * loop already did). */
 static void stop_server(crun__agent_t *a) {
+  if (a->server) crun_store_server_stop(a->server); /* a c10d endpoint served in-process */
+  a->server = NULL;
   if (a->server_pid <= 0) return;
   kill(a->server_pid, SIGTERM);
   while (waitpid(a->server_pid, NULL, 0) < 0 && errno == EINTR) {}
@@ -140,30 +151,35 @@ static int serve_store(crun__agent_t *a) {
  * deadline (in one-second tries, so that Ctrl-C ends the wait). */
 static int connect_store(crun__agent_t *a, crun_store_t **out) {
   const crun__opts_t *o = a->o;
-  crun_store_tcp_opts_t to = {.host = o->master_addr, .port = a->port, .timeout = o->rdzv_timeout,
+  double timeout = o->c10d ? o->join_timeout : o->rdzv_timeout;
+  crun_store_tcp_opts_t to = {.host = a->host, .port = a->port, .timeout = timeout,
                               .connect_timeout = SLICE};
-  double deadline = crun_clock() + o->rdzv_timeout;
+  double deadline = crun_clock() + timeout;
   int rc;
   while ((rc = crun_store_tcp_new(&to, out)) < 0 && rc != CRUN_EACCES && crun_clock() < deadline) { /* a wrong secret stays wrong */
     if (crun__signals_pending()) return crun_error(CRUN_EINTR, "rendezvous: interrupted by a signal");
   }
+  if (rc < 0 && o->c10d)
+    return crun_error(rc, "rendezvous '%s': cannot reach the store at %s:%d within %g s: %s", o->run_id,
+                      a->host, a->port, timeout, bare_error());
   if (rc < 0)
     return crun_error(rc, "node %d cannot reach the store of node 0 at %s:%d within %g s: %s",
-                      o->node_rank, o->master_addr, a->port, o->rdzv_timeout, bare_error());
+                      o->node_rank, a->host, a->port, timeout, bare_error());
   return 0;
 }
 
-/* Formats KEY_PREFIX + the rest into buf. */
-static const char *key(char *buf, size_t n, const char *fmt, int x) {
-  int o = snprintf(buf, n, KEY_PREFIX);
+/* Formats the agent's key prefix + the rest into buf. */
+static const char *akey(const crun__agent_t *a, char *buf, size_t n, const char *fmt, int x) {
+  int o = snprintf(buf, n, "%s", a->prefix);
   snprintf(buf + o, n - (size_t)o, fmt, x);
   return buf;
 }
+#define key(buf, n, fmt, x) akey(a, buf, n, fmt, x) /* every caller holds its agent in `a` */
 
 /* Registers this node; fails when another node took the same node rank. */
 static int join(crun__agent_t *a) {
-  char k[96], val[32];
-  int len = snprintf(val, sizeof val, "%d", a->o->nproc);
+  char k[160], val[96];
+  int len = snprintf(val, sizeof val, "%d %s", a->o->nproc, a->o->role);
   crun_buf_t got = {0};
   int rc = crun_store_compare_set(a->store, key(k, sizeof k, "node/%d", a->o->node_rank), "", 0, val,
                                   (size_t)len, &got);
@@ -193,8 +209,8 @@ static int wait_sliced(crun_store_t *st, const char **keys, size_t n, double tim
 static void missing_nodes(crun__agent_t *a, char *out, size_t n) {
   size_t o = 0;
   out[0] = 0;
-  for (int r = 0; r < a->o->nnodes && o + 16 < n; r++) {
-    char k[96];
+  for (int r = 0; r < a->nnodes && o + 16 < n; r++) {
+    char k[160];
     const char *kp = key(k, sizeof k, "node/%d", r);
     int exists = 0;
     if (crun_store_check(a->store, &kp, 1, &exists) == 0 && !exists)
@@ -206,10 +222,11 @@ static void missing_nodes(crun__agent_t *a, char *out, size_t n) {
 static int meet(crun__agent_t *a, crun__placement_t *base) {
   const crun__opts_t *o = a->o;
   int nn = o->nnodes, rc = 0;
-  char (*keys)[96] = calloc((size_t)nn, sizeof *keys);
+  char (*keys)[160] = calloc((size_t)nn, sizeof *keys);
   const char **kp = calloc((size_t)nn, sizeof *kp);
   crun_buf_t *vals = calloc((size_t)nn, sizeof *vals);
-  if (!keys || !kp || !vals) { rc = crun_error(CRUN_ENOMEM, "rendezvous: out of memory"); goto out; }
+  crun__node_t *nodes = calloc((size_t)nn, sizeof *nodes);
+  if (!keys || !kp || !vals || !nodes) { rc = crun_error(CRUN_ENOMEM, "rendezvous: out of memory"); goto out; }
   for (int r = 0; r < nn; r++) kp[r] = key(keys[r], sizeof keys[r], "node/%d", r);
   rc = wait_sliced(a->store, kp, (size_t)nn, o->rdzv_timeout);
   if (rc == CRUN_ETIMEDOUT) {
@@ -217,31 +234,63 @@ static int meet(crun__agent_t *a, crun__placement_t *base) {
     missing_nodes(a, miss, sizeof miss);
     rc = crun_error(rc, "rendezvous at %s:%d: node(s) %s of %d did not join within %g s "
                         "(start crun-lua --nnodes %d --node-rank R on each node)",
-                    o->master_addr, a->port, miss, nn, o->rdzv_timeout, nn);
+                    a->host, a->port, miss, nn, o->rdzv_timeout, nn);
     goto out;
   }
   if (rc < 0 || (rc = crun_store_multi_get(a->store, kp, (size_t)nn, vals)) < 0) {
-    rc = crun_error(rc, "rendezvous at %s:%d: %s", o->master_addr, a->port, bare_error());
+    rc = crun_error(rc, "rendezvous at %s:%d: %s", a->host, a->port, bare_error());
     goto out;
   }
-  base->world_size = base->rank = 0;
   for (int r = 0; r < nn; r++) {
-    char num[16] = {0};
-    memcpy(num, vals[r].data, vals[r].len < 15 ? vals[r].len : 15);
-    int np = atoi(num);
-    if (np <= 0) {
-      rc = crun_error(CRUN_EPROTO, "rendezvous: node %d registered a bad worker count '%s'", r, num);
+    char text[96] = {0};
+    memcpy(text, vals[r].data, vals[r].len < sizeof text - 1 ? vals[r].len : sizeof text - 1);
+    if (sscanf(text, "%d %63s", &nodes[r].nproc, nodes[r].role) != 2 || nodes[r].nproc <= 0 ||
+        nodes[r].nproc > CRUN_LAUNCH_MAX_NPROC) { /* so that no sum of them overflows */
+      rc = crun_error(CRUN_EPROTO, "rendezvous: node %d registered '%s', not '<workers> <role>'", r, text);
       goto out;
     }
-    if (r < o->node_rank) base->rank += np;
-    base->world_size += np;
   }
+  crun__round_t round;
+  crun__round_place(nodes, nn, o->node_rank, &round);
+  base->rank = round.rank_base;
+  base->world_size = round.world_size;
+  base->role_rank = round.role_rank_base;
+  base->role_world_size = round.role_world_size;
 out:
   for (int r = 0; vals && r < nn; r++) crun_buf_free(&vals[r]);
   free(keys);
   free(kp);
   free(vals);
+  free(nodes);
   return rc;
+}
+
+/* c10d: serves the endpoint when it is free here; when another process
+ * serves it (or the address is not this host's) the agent only connects. */
+static void try_serve(crun__agent_t *a) {
+  if (crun_store_server_start(a->host, a->port, &a->server) < 0)
+    CRUN_LOG(INFO, LAUNCH, "rendezvous '%s': not serving %s:%d (%s); connecting to it", a->o->run_id,
+             a->host, a->port, crun_last_error());
+}
+
+/* c10d: meets the other nodes of the run id at the endpoint (rdzv.c). */
+static int c10d_meet(crun__agent_t *a, crun__placement_t *base) {
+  const crun__opts_t *o = a->o;
+  try_serve(a);
+  crun__round_t round;
+  CRUN_CHECK(connect_store(a, &a->store));
+  CRUN_CHECK(connect_store(a, &a->watch_store));
+  CRUN_CHECK(crun__rdzv_join(o, a->store, &round));
+  a->node_rank = round.node_rank;
+  a->nnodes = round.nnodes;
+  *base = (crun__placement_t){.rank = round.rank_base, .world_size = round.world_size,
+                              .local_world_size = o->nproc, .group_rank = round.node_rank,
+                              .group_world_size = round.nnodes, .role_rank = round.role_rank_base,
+                              .role_world_size = round.role_world_size, .master_addr = a->host};
+  if (a->node_rank == 0)
+    fprintf(stderr, "crun-lua: rendezvous '%s' at %s:%d closed: %d node(s), world size %d\n",
+            o->run_id, a->host, a->port, a->nnodes, base->world_size);
+  return 0;
 }
 
 int crun__agent_start(const crun__opts_t *o, crun__placement_t *base, crun__agent_t **out) {
@@ -249,25 +298,36 @@ int crun__agent_start(const crun__opts_t *o, crun__placement_t *base, crun__agen
   if (!a) return crun_error(CRUN_ENOMEM, "out of memory");
   a->o = o;
   a->fail_pipe[0] = a->fail_pipe[1] = -1;
-  a->port = o->master_port;
-  int rc = o->node_rank == 0 ? serve_store(a) : 0;
+  a->host = o->c10d ? o->rdzv_host : o->master_addr;
+  a->port = o->c10d ? o->rdzv_port : o->master_port;
+  a->node_rank = o->node_rank;
+  a->nnodes = o->nnodes;
+  if (o->c10d) snprintf(a->prefix, sizeof a->prefix, "crun/rdzv/%s/", o->run_id);
+  else snprintf(a->prefix, sizeof a->prefix, "%s", KEY_PREFIX);
   *base = (crun__placement_t){.rank = 0, .world_size = o->nproc, .local_world_size = o->nproc,
-                              .group_rank = o->node_rank, .master_addr = o->master_addr};
-  if (rc == 0 && o->nnodes > 1) {
-    if (pipe2(a->fail_pipe, O_CLOEXEC | O_NONBLOCK) < 0)
-      rc = crun_error(CRUN_ESYS, "pipe: %s", strerror(errno));
-    if (rc == 0) rc = connect_store(a, &a->store);
-    if (rc == 0) rc = connect_store(a, &a->watch_store);
-    if (rc == 0) rc = join(a);
-    if (rc == 0) rc = meet(a, base);
+                              .group_rank = o->node_rank, .group_world_size = o->nnodes,
+                              .role_world_size = o->nproc, .master_addr = a->host};
+  int rc = 0;
+  if (pipe2(a->fail_pipe, O_CLOEXEC | O_NONBLOCK) < 0)
+    rc = crun_error(CRUN_ESYS, "pipe: %s", strerror(errno));
+  if (rc == 0 && o->c10d) {
+    rc = c10d_meet(a, base);
+  } else if (rc == 0) {
+    rc = o->node_rank == 0 ? serve_store(a) : 0;
+    if (rc == 0 && o->nnodes > 1) {
+      if (rc == 0) rc = connect_store(a, &a->store);
+      if (rc == 0) rc = connect_store(a, &a->watch_store);
+      if (rc == 0) rc = join(a);
+      if (rc == 0) rc = meet(a, base);
+    }
   }
   base->master_port = a->port;
   if (rc < 0) {
     crun__agent_stop(a);
     return rc;
   }
-  CRUN_LOG(INFO, LAUNCH, "node %d of %d: ranks %d..%d of %d, store %s:%d", o->node_rank, o->nnodes,
-           base->rank, base->rank + o->nproc - 1, base->world_size, o->master_addr, a->port);
+  CRUN_LOG(INFO, LAUNCH, "node %d of %d: ranks %d..%d of %d, store %s:%d", a->node_rank, a->nnodes,
+           base->rank, base->rank + o->nproc - 1, base->world_size, a->host, a->port);
   *out = a;
   return 0;
 }
@@ -275,7 +335,7 @@ int crun__agent_start(const crun__opts_t *o, crun__placement_t *base, crun__agen
 /* The watcher thread: wakes the supervise loop when attempt k failed anywhere. */
 static void *watch_main(void *arg) {
   crun__agent_t *a = arg;
-  char k[96];
+  char k[160];
   const char *kp = key(k, sizeof k, "attempt/%d/failed", a->attempt);
   while (!atomic_load(&a->stop_watch)) {
     int rc = crun_store_wait(a->watch_store, &kp, 1, WATCH_SLICE);
@@ -293,21 +353,21 @@ static int node_barrier(crun__agent_t *a, const char *ck, const char *flag, cons
   const crun__opts_t *o = a->o;
   int64_t n = 0;
   int rc = crun_store_add(a->store, ck, 1, &n);
-  if (rc == 0 && n == o->nnodes) rc = crun_store_set(a->store, flag, "1", 1);
+  if (rc == 0 && n == a->nnodes) rc = crun_store_set(a->store, flag, "1", 1);
   if (rc == 0) rc = wait_sliced(a->store, &flag, 1, o->rdzv_timeout);
   if (rc == CRUN_ETIMEDOUT) {
     crun_store_add(a->store, ck, 0, &n);
     return crun_error(rc, "%s: only %lld of %d nodes arrived within %g s", what, (long long)n,
-                      o->nnodes, o->rdzv_timeout);
+                      a->nnodes, o->rdzv_timeout);
   }
   if (rc < 0) return crun_error(rc, "%s: %s", what, bare_error());
   return 0;
 }
 
 int crun__agent_begin_attempt(crun__agent_t *a, int attempt) {
-  if (a->o->nnodes == 1) return 0;
-  char ck[96], flag[96], what[64];
-  snprintf(what, sizeof what, "attempt %d on node %d", attempt, a->o->node_rank);
+  if (a->nnodes == 1) return 0;
+  char ck[160], flag[160], what[64];
+  snprintf(what, sizeof what, "attempt %d on node %d", attempt, a->node_rank);
   CRUN_CHECK(node_barrier(a, key(ck, sizeof ck, "attempt/%d/joined", attempt),
                           key(flag, sizeof flag, "attempt/%d/go", attempt), what));
   a->attempt = attempt;
@@ -332,18 +392,18 @@ static void stop_watcher(crun__agent_t *a) {
  * store for this attempt, and node 0 waits for that, so that it never stops
  * the server while another node still waits on it. */
 static int acknowledge(crun__agent_t *a, int attempt) {
-  char k[96];
-  int nn = a->o->nnodes;
-  if (a->o->node_rank != 0) {
-    snprintf(k, sizeof k, KEY_PREFIX "attempt/%d/ack/%d", attempt, a->o->node_rank);
+  char k[160];
+  int nn = a->nnodes;
+  if (a->node_rank != 0) {
+    snprintf(k, sizeof k, "%sattempt/%d/ack/%d", a->prefix, attempt, a->node_rank);
     int rc = crun_store_set(a->store, k, "1", 1);
     return rc < 0 ? crun_error(rc, "end of attempt %d: %s", attempt, bare_error()) : 0;
   }
-  char (*keys)[96] = calloc((size_t)nn, sizeof *keys);
+  char (*keys)[160] = calloc((size_t)nn, sizeof *keys);
   const char **kp = calloc((size_t)nn, sizeof *kp);
   int rc = keys && kp ? 0 : crun_error(CRUN_ENOMEM, "out of memory");
   for (int r = 1; rc == 0 && r < nn; r++) {
-    snprintf(keys[r], sizeof keys[r], KEY_PREFIX "attempt/%d/ack/%d", attempt, r);
+    snprintf(keys[r], sizeof keys[r], "%sattempt/%d/ack/%d", a->prefix, attempt, r);
     kp[r - 1] = keys[r];
   }
   if (rc == 0) rc = wait_sliced(a->store, kp, (size_t)nn - 1, a->o->rdzv_timeout);
@@ -357,16 +417,16 @@ static int acknowledge(crun__agent_t *a, int attempt) {
 
 int crun__agent_end_attempt(crun__agent_t *a, int attempt, int code, int *job_failed) {
   *job_failed = code != 0;
-  if (a->o->nnodes == 1) return 0;
+  if (a->nnodes == 1) return 0;
   stop_watcher(a);
-  char fk[96], ck[96], flag[96], what[64], val[32];
+  char fk[160], ck[160], flag[160], what[64], val[32];
   key(fk, sizeof fk, "attempt/%d/failed", attempt);
   if (code != 0) {
-    int len = snprintf(val, sizeof val, "%d:%d", a->o->node_rank, code);
+    int len = snprintf(val, sizeof val, "%d:%d", a->node_rank, code);
     crun_buf_t got = {0};
     if (crun_store_compare_set(a->store, fk, "", 0, val, (size_t)len, &got) == 0) crun_buf_free(&got);
   }
-  snprintf(what, sizeof what, "end of attempt %d on node %d", attempt, a->o->node_rank);
+  snprintf(what, sizeof what, "end of attempt %d on node %d", attempt, a->node_rank);
   CRUN_CHECK(node_barrier(a, key(ck, sizeof ck, "attempt/%d/done", attempt),
                           key(flag, sizeof flag, "attempt/%d/alldone", attempt), what));
   const char *kp = fk;
@@ -377,7 +437,24 @@ int crun__agent_end_attempt(crun__agent_t *a, int attempt, int code, int *job_fa
 }
 
 int crun__agent_failure_fd(crun__agent_t *a) {
-  return a ? a->fail_pipe[0] : -1;
+  return a && a->nnodes > 1 ? a->fail_pipe[0] : -1;
+}
+
+/* c10d: the endpoint's store may serve other jobs (other run ids) too;
+ * keeps serving while any client is connected, interruptible by a signal.
+ * A client that dies is disconnected by its kernel, so this ends when the
+ * other jobs end; it is said once on stderr when it lasts. */
+static void serve_others(crun__agent_t *a) {
+  double said = crun_clock() + 1.0;
+  int n;
+  while ((n = crun__store_server_clients(a->server)) > 0 && !crun__signals_pending()) {
+    if (said > 0 && crun_clock() >= said) {
+      fprintf(stderr, "crun-lua: job done; still serving the rendezvous store at %s:%d for %d "
+                      "client(s) of other runs until they leave (Ctrl-C stops it)\n", a->host, a->port, n);
+      said = -1;
+    }
+    usleep(20000);
+  }
 }
 
 void crun__agent_stop(crun__agent_t *a) {
@@ -385,6 +462,7 @@ void crun__agent_stop(crun__agent_t *a) {
   stop_watcher(a);
   if (a->watch_store) crun_store_release(a->watch_store);
   if (a->store) crun_store_release(a->store);
+  if (a->server && a->o->c10d) serve_others(a);
   stop_server(a);
   if (a->fail_pipe[0] >= 0) close(a->fail_pipe[0]);
   if (a->fail_pipe[1] >= 0) close(a->fail_pipe[1]);

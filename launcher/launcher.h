@@ -19,6 +19,12 @@
 #include "crun.h"
 
 #define CRUN_LAUNCH_DEFAULT_PORT 29500
+#define CRUN_LAUNCH_DEFAULT_C10D_PORT 29400 /* torchrun's for --rdzv-endpoint HOST */
+#define CRUN_LAUNCH_DEFAULT_LAST_CALL 30.0
+#define CRUN_LAUNCH_DEFAULT_CLOSE 30.0
+#define CRUN_LAUNCH_RUN_ID_MAX 64
+#define CRUN_LAUNCH_MAX_NPROC 4096  /* -n; MAX_NPROC * MAX_NODES stays below INT_MAX */
+#define CRUN_LAUNCH_MAX_NODES 65536 /* --nnodes */
 #define CRUN_LAUNCH_DEFAULT_GRACE 3.0
 #define CRUN_LAUNCH_DEFAULT_RDZV_TIMEOUT 300.0
 #define CRUN_LAUNCH_TAIL_LINES 32
@@ -28,13 +34,28 @@ typedef struct crun__agent crun__agent_t;
 /* Everything the command line says, after validation. */
 typedef struct {
   int nproc;                /* -n: workers on this node */
-  int nnodes;               /* --nnodes */
+  int nnodes;               /* --nnodes N, or MAX of --nnodes MIN:MAX */
+  int min_nodes;            /* MIN of --nnodes MIN:MAX (= nnodes for N) */
   int node_rank;            /* --node-rank */
   const char *master_addr;  /* --master-addr */
   int master_port;          /* --master-port; 0 picks a free port */
   int max_restarts;         /* --max-restarts */
   const char *log_dir;      /* --log-dir, NULL when not given */
-  int tee;                  /* --tee: console and log files */
+  const char *redirects;    /* --redirects: torchrun's selector (0-3 or LR:S,...), NULL: none */
+  const char *tee;          /* --tee: the same; a bare --tee is "3" */
+  const char *ranks_filter; /* --local-ranks-filter: "0,2", NULL: every local rank */
+  const char *role;         /* --role (default "default") */
+  int c10d;                 /* --rdzv-backend c10d */
+  const char *rdzv_host;    /* --rdzv-endpoint HOST (c10d) */
+  int rdzv_port;            /* its PORT (default 29400) */
+  const char *run_id;       /* --rdzv-id (default "none") */
+  double join_timeout;      /* --rdzv-conf join_timeout (default --rdzv-timeout) */
+  double last_call_timeout; /* --rdzv-conf last_call_timeout */
+  double close_timeout;     /* --rdzv-conf close_timeout */
+  int standalone;           /* --standalone */
+  double monitor_interval;  /* --monitor-interval: accepted; supervision is event-driven */
+  int module;               /* -m: script names a Lua module, o->script its resolved path */
+  const char *script_name;  /* the script as given (the module name with -m) */
   const char *backend;      /* --backend, NULL when not given */
   int no_prefix;            /* --no-prefix */
   int repl;                 /* -i */
@@ -50,6 +71,8 @@ typedef struct {
 /* Where one worker stands in the job (what its environment will say). */
 typedef struct {
   int rank, local_rank, world_size, local_world_size, group_rank;
+  int group_world_size;     /* nodes in the job */
+  int role_rank, role_world_size; /* among the workers of this node's --role */
   int restart_count;
   const char *master_addr;
   int master_port;
@@ -58,13 +81,19 @@ typedef struct {
 /* ---- worker.c */
 
 /* Sets RANK, LOCAL_RANK, ..., MASTER_PORT, CRUN_RESTART_COUNT, CRUN_BACKEND,
- * CRUN_LAUNCHER and OMP_NUM_THREADS (unless already set) in this process. */
+ * CRUN_LAUNCHER, torchrun's TORCHELASTIC_* / GROUP_WORLD_SIZE / ROLE_* and
+ * OMP_NUM_THREADS (unless already set) in this process. */
 void crun__worker_setenv(const crun__opts_t *o, const crun__placement_t *p);
 
 /* Runs o->script in a fresh Lua state with crun preloaded and `arg` set as
  * the lua interpreter does. Returns the process exit code: 0 on success, the
  * os.exit() code, or 1 after printing a Lua error with its traceback. */
 int crun__worker_run(const crun__opts_t *o);
+
+/* -m: finds module `name` on package.path (crun's lua dir first, LUA_PATH
+ * honoured) and writes its file's path into path. Returns 0 or CRUN_EINVAL
+ * with the places searched in crun_last_error(). */
+int crun__module_find(const char *name, char *path, size_t n);
 
 /* Reads the script once (workers and restarts load these same bytes, so a
  * pipe or /dev/stdin works) and parses it without running it, so that a
@@ -111,6 +140,16 @@ int crun__stream_tail(const crun__stream_t *s, const char **out, int max);
 
 /* Closes the fd (when open) and frees the buffers. */
 void crun__stream_free(crun__stream_t *s);
+
+/* torchrun's stream selector for --redirects and --tee: "0".."3" for every
+ * local rank (1 stdout, 2 stderr, 3 both), or a map "LR:S,LR:S" (ranks not
+ * named get 0). Returns the selector of local_rank (0..3), or -1 when spec is
+ * malformed (local_rank < 0 only validates). */
+int crun__std_select(const char *spec, int local_rank);
+
+/* --local-ranks-filter: whether local_rank is in the list "0,2,5" (1 or 0),
+ * or -1 when the list is malformed (local_rank < 0 only validates). */
+int crun__rank_listed(const char *list, int local_rank);
 
 /* Writes all of buf to fd, retrying on EINTR and short writes. */
 void crun__write_all(int fd, const char *buf, size_t len);
@@ -189,6 +228,32 @@ int crun__agent_failure_fd(crun__agent_t *a);
 
 /* Stops the server and frees the agent (NULL is fine). */
 void crun__agent_stop(crun__agent_t *a);
+
+/* ---- rdzv.c: torchrun's c10d rendezvous, one round (no membership changes) */
+
+/* One node as the rendezvous saw it. */
+typedef struct {
+  int nproc;
+  char role[64];
+} crun__node_t;
+
+/* Where this node stands once the round closed. */
+typedef struct {
+  int node_rank, nnodes;               /* this node's index; the nodes of the round */
+  int rank_base, world_size;           /* its first global rank; every worker */
+  int role_rank_base, role_world_size; /* the same among the nodes of its --role */
+} crun__round_t;
+
+/* Places node `me` of nodes[0..n) node-major: fills out's ranks and sizes. */
+void crun__round_place(const crun__node_t *nodes, int n, int me, crun__round_t *out);
+
+/* Joins the round of o->run_id on st (a client of the endpoint's store);
+ * node ranks are first come (the order the agents joined). Blocks until the round
+ * closes (o->nnodes joined, or o->min_nodes joined and last_call_timeout
+ * passed) and every member registered, at most join_timeout + close_timeout.
+ * Returns 0 or a crun status naming what failed (a node that arrives after
+ * the round closed gets CRUN_ESTATE). */
+int crun__rdzv_join(const crun__opts_t *o, crun_store_t *st, crun__round_t *out);
 
 /* ---- worker.c: the Lua state of a worker and of the -i front */
 

@@ -158,3 +158,43 @@ void crun__stream_free(crun__stream_t *s) {
   }
   s->tail_count = s->tail_next = 0;
 }
+
+/* Reads a decimal integer in [0, max] at *p, advancing *p; -1 when none. */
+static long read_num(const char **p, long max) {
+  const char *s = *p;
+  long v = 0;
+  if (*s < '0' || *s > '9') return -1;
+  while (*s >= '0' && *s <= '9') {
+    v = v * 10 + (*s++ - '0');
+    if (v > max) return -1;
+  }
+  *p = s;
+  return v;
+}
+
+int crun__std_select(const char *spec, int local_rank) {
+  const char *p = spec;
+  if (p[0] >= '0' && p[0] <= '3' && p[1] == 0) return p[0] - '0';
+  int found = 0;
+  for (;;) { /* LR:S[,LR:S]... */
+    long lr = read_num(&p, 1 << 20);
+    if (lr < 0 || *p++ != ':') return -1;
+    long sel = read_num(&p, 3);
+    if (sel < 0) return -1;
+    if (lr == local_rank) found = (int)sel;
+    if (*p == 0) return found;
+    if (*p++ != ',') return -1;
+  }
+}
+
+int crun__rank_listed(const char *list, int local_rank) {
+  const char *p = list;
+  int found = 0;
+  for (;;) {
+    long lr = read_num(&p, 1 << 20);
+    if (lr < 0) return -1;
+    found |= lr == local_rank;
+    if (*p == 0) return found;
+    if (*p++ != ',') return -1;
+  }
+}

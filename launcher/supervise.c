@@ -34,6 +34,7 @@
 #include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -115,6 +116,19 @@ static void say(const char *fmt, ...) {
   if (n > (int)sizeof buf - 2) n = (int)sizeof buf - 2;
   buf[n++] = '\n';
   crun__write_all(2, buf, (size_t)n);
+}
+
+static pid_t g_main_tid; /* the thread that blocks the handled signals and reads them */
+
+/* A handled signal that reached another thread (one a library started before
+ * the launcher could block them: OpenBLAS starts its pool when it is loaded)
+ * is passed on to the main thread, which blocks it, so that the signalfd and
+ * crun__signals_pending see it instead of the default action ending the
+ * launcher without stopping its workers or saying why. */
+static void forward_to_main(int sig) {
+  int saved = errno;
+  syscall(SYS_tgkill, getpid(), g_main_tid, sig);
+  errno = saved;
 }
 
 /* ---------------------------------------------------------------- watchdog */
@@ -201,6 +215,7 @@ static int watchdog_start(sup_t *s) {
     signal(SIGINT, SIG_IGN);
     signal(SIGTERM, SIG_IGN);
     signal(SIGHUP, SIG_IGN);
+    signal(SIGCHLD, SIG_DFL);
     sigset_t all;
     sigemptyset(&all);
     sigprocmask(SIG_SETMASK, &all, NULL);
@@ -329,10 +344,14 @@ static void child_main(sup_t *s, proc_t *p, int out_w, int err_w, int attempt) {
   signal(SIGPIPE, SIG_DFL);
   signal(SIGINT, SIG_DFL); /* even when started in the background by a shell */
   signal(SIGTERM, SIG_DFL);
+  signal(SIGCHLD, SIG_DFL);
+  struct sigaction hup;
+  if (sigaction(SIGHUP, NULL, &hup) == 0 && hup.sa_handler == forward_to_main) signal(SIGHUP, SIG_DFL);
   setvbuf(stdout, NULL, _IOLBF, 0);
   crun__placement_t pl = s->base;
   pl.rank = s->base.rank + p->local_rank;
   pl.local_rank = p->local_rank;
+  pl.role_rank = s->base.role_rank + p->local_rank;
   pl.restart_count = attempt;
   crun__heap_use_slot(p->local_rank);
   bind_cpu(s->o, p->local_rank);
@@ -344,14 +363,33 @@ static void child_main(sup_t *s, proc_t *p, int out_w, int err_w, int attempt) {
   _exit(rc);
 }
 
+/* Where a local rank's streams go (bit 1 stdout, bit 2 stderr), as torchrun:
+ * --redirects sends a stream to its log file only, --tee to the console and
+ * the log file; --log-dir alone redirects both (crun's older behaviour);
+ * --local-ranks-filter hides the console of ranks not listed. */
+typedef struct {
+  int file, console;
+} routes_t;
+
+static routes_t routes_of(const crun__opts_t *o, int local_rank) {
+  int redir = o->redirects ? crun__std_select(o->redirects, local_rank) : 0;
+  int tee = o->tee ? crun__std_select(o->tee, local_rank) : 0;
+  if (o->log_dir && !o->redirects && !o->tee) redir = 3;
+  routes_t r = {.file = o->log_dir ? (redir | tee) & 3 : 0, .console = 3 & ~(redir & ~tee)};
+  if (o->ranks_filter && crun__rank_listed(o->ranks_filter, local_rank) != 1) r.console = 0;
+  return r;
+}
+
 /* Forks worker p with its two pipes and its log files. */
 static int spawn_one(sup_t *s, proc_t *p, int attempt) {
   const crun__opts_t *o = s->o;
   int out[2], err[2];
   int log_out = -1, log_err = -1;
-  if (o->log_dir) {
-    if ((log_out = open_log(o, attempt, p->rank, "stdout")) < 0) return CRUN_ESYS;
-    if ((log_err = open_log(o, attempt, p->rank, "stderr")) < 0) { close(log_out); return CRUN_ESYS; }
+  routes_t rt = routes_of(o, p->local_rank);
+  if ((rt.file & 1) && (log_out = open_log(o, attempt, p->rank, "stdout")) < 0) return CRUN_ESYS;
+  if ((rt.file & 2) && (log_err = open_log(o, attempt, p->rank, "stderr")) < 0) {
+    if (log_out >= 0) close(log_out);
+    return CRUN_ESYS;
   }
   if (pipe2(out, O_CLOEXEC) < 0) goto fail;
   if (pipe2(err, O_CLOEXEC) < 0) { close(out[0]); close(out[1]); goto fail; }
@@ -366,9 +404,8 @@ static int spawn_one(sup_t *s, proc_t *p, int attempt) {
   p->running = 1;
   char prefix[24] = "";
   if (!o->no_prefix) snprintf(prefix, sizeof prefix, "[%d] ", p->rank);
-  int show = !o->log_dir || o->tee;
-  crun__stream_init(&p->out, out[0], show ? 1 : -1, log_out, prefix, 0);
-  crun__stream_init(&p->err, err[0], show ? 2 : -1, log_err, prefix, 1);
+  crun__stream_init(&p->out, out[0], (rt.console & 1) ? 1 : -1, log_out, prefix, 0);
+  crun__stream_init(&p->err, err[0], (rt.console & 2) ? 2 : -1, log_err, prefix, 1);
   return 0;
 fail:
   if (log_out >= 0) close(log_out);
@@ -615,6 +652,12 @@ static void handled_signals(sigset_t *set) {
 void crun__signals_block(void) {
   sigset_t set;
   handled_signals(&set);
+  g_main_tid = (pid_t)syscall(SYS_gettid);
+  struct sigaction sa = {.sa_handler = forward_to_main, .sa_flags = SA_RESTART}, old;
+  sigfillset(&sa.sa_mask);
+  for (int sig = 1; sig < 32; sig++) /* an ignored signal stays ignored (a background job's SIGINT) */
+    if (sigismember(&set, sig) && sigaction(sig, NULL, &old) == 0 && old.sa_handler != SIG_IGN)
+      sigaction(sig, &sa, NULL);
   sigprocmask(SIG_BLOCK, &set, NULL);
   signal(SIGPIPE, SIG_IGN);
 }

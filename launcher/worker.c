@@ -34,6 +34,19 @@ void crun__worker_setenv(const crun__opts_t *o, const crun__placement_t *p) {
   setenv_int("CRUN_RESTART_COUNT", p->restart_count);
   setenv("MASTER_ADDR", p->master_addr, 1);
   setenv_int("MASTER_PORT", p->master_port);
+  int roles = p->role_world_size > 0; /* 0: in-process under mpirun/srun, one role */
+  setenv_int("GROUP_WORLD_SIZE", p->group_world_size > 0 ? p->group_world_size : 1);
+  setenv_int("ROLE_RANK", roles ? p->role_rank : p->rank);
+  setenv_int("ROLE_WORLD_SIZE", roles ? p->role_world_size : p->world_size);
+  setenv("ROLE_NAME", o->role ? o->role : "default", 1);
+  setenv_int("TORCHELASTIC_RESTART_COUNT", p->restart_count);
+  setenv_int("TORCHELASTIC_MAX_RESTARTS", o->max_restarts);
+  setenv("TORCHELASTIC_RUN_ID", o->run_id ? o->run_id : "none", 1);
+  if (o->c10d) { /* the endpoint's store may serve other run ids: keep to ours */
+    char prefix[CRUN_LAUNCH_RUN_ID_MAX + 16];
+    snprintf(prefix, sizeof prefix, "crun/job/%s", o->run_id);
+    setenv("CRUN_STORE_PREFIX", prefix, 1);
+  }
   setenv("OMP_NUM_THREADS", "1", 0); /* keep the user's value */
   if (o->backend) setenv("CRUN_BACKEND", o->backend, 1);
   setenv("CRUN_LAUNCHER", "1", 1); /* the launcher serves the store: ranks must not */
@@ -72,7 +85,7 @@ static int setup_arg(lua_State *L, const crun__opts_t *o) {
   int nargs = o->argc - o->script_index - 1;
   lua_createtable(L, nargs, o->script_index + 1);
   for (int i = 0; i < o->argc; i++) {
-    lua_pushstring(L, o->argv[i]);
+    lua_pushstring(L, i == o->script_index ? o->script : o->argv[i]); /* -m: the module's file */
     lua_rawseti(L, -2, i - o->script_index);
   }
   lua_setglobal(L, "arg");
@@ -174,6 +187,26 @@ int crun__worker_run(const crun__opts_t *o) {
   fflush(stdout);
   fflush(stderr);
   return rc == LUA_OK ? 0 : 1;
+}
+
+int crun__module_find(const char *name, char *path, size_t n) {
+  lua_State *L = crun__lua_state_new();
+  if (!L) return crun_error(CRUN_EINVAL, "cannot create a Lua state (out of memory)");
+  lua_getglobal(L, "package");
+  lua_getfield(L, -1, "searchpath");
+  lua_pushstring(L, name);
+  lua_getfield(L, -3, "path");
+  lua_call(L, 2, 2);
+  int rc = 0;
+  if (lua_isstring(L, -2) && lua_rawlen(L, -2) < n) {
+    memcpy(path, lua_tostring(L, -2), lua_rawlen(L, -2) + 1);
+  } else {
+    const char *why = lua_tostring(L, -1);
+    rc = crun_error(CRUN_EINVAL, "module '%s' not found on package.path:\n\t%s", name,
+                    why ? why : " (path too long)");
+  }
+  lua_close(L);
+  return rc;
 }
 
 int crun__script_check(const char *script) {

@@ -4,19 +4,7 @@
 local U = require "helpers.launcher_util"
 local q, FIX = U.q, U.FIX
 
---- Parses the "ENV K=V ..." lines of env.lua into {[rank] = {K = V}}.
-local function env_by_rank(out)
-  local t = {}
-  for line in out:gmatch("[^\n]+") do
-    local body = line:match("^%[%d+%] ENV (.*)$") or line:match("^ENV (.*)$")
-    if body then
-      local e = {}
-      for k, v in body:gmatch("(%S+)=(%S+)") do e[k] = v end
-      t[tonumber(e.RANK)] = e
-    end
-  end
-  return t
-end
+local env_by_rank = U.env_by_rank
 
 local count = U.count
 
@@ -146,7 +134,7 @@ describe("crun-lua arguments", function()
     local cases = {
       {"-n 0 x.lua", "%-n: expected an integer in 1%.%.4096, got '0'"},
       {"--bogus x.lua", "unknown option '%-%-bogus'"},
-      {"--tee x.lua", "%-%-tee needs %-%-log%-dir"},
+      {"--tee=x x.lua", "%-%-tee: expected 0 %(none%), 1 %(stdout%), 2 %(stderr%), 3 %(both%)"},
       {"-n", "option %-n needs a value"},
       {"--backend gloo x.lua", "unknown backend 'gloo'"},
       {"--cpu-bind socket x.lua", "unknown mode 'socket'"},
@@ -182,7 +170,10 @@ describe("crun-lua arguments", function()
     assert.are.equal(0, r.code)
     for _, opt in ipairs({"--nproc-per-node", "--nnodes", "--node-rank", "--master-addr", "--master-port",
                           "--max-restarts", "--log-dir", "--tee", "--backend", "--no-prefix", "-i",
-                          "--grace-period", "--rdzv-timeout", "--cpu-bind", "--version", "examples:"}) do
+                          "--grace-period", "--rdzv-timeout", "--cpu-bind", "--version", "examples:",
+                          "--rdzv-backend", "--rdzv-endpoint", "--rdzv-id", "--rdzv-conf", "--standalone",
+                          "--monitor-interval", "--redirects", "--local-ranks-filter", "--role",
+                          "--module", "GROUP_WORLD_SIZE", "TORCHELASTIC_RUN_ID"}) do
       assert.is_truthy(r.out:find(opt, 1, true), "--help does not mention " .. opt)
     end
     r = U.run("-i --master-port 0 </dev/null") -- the REPL (spec/repl_spec.lua); EOF ends it

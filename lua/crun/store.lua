@@ -70,6 +70,8 @@ end
 -- Under crun-lua (CRUN_LAUNCHER=1) the launcher hosts the server and every
 -- rank is a client; otherwise rank 0 (RANK, default 0) hosts it, as torch's
 -- env:// does. opts may override host, port, is_master, timeout, world_size.
+-- CRUN_STORE_PREFIX (set by crun-lua under --rdzv-backend c10d) puts every key
+-- under that prefix, so jobs with different run ids share one store safely.
 function M.from_env(opts)
   opts = O.check(FROM_ENV, "crun.store.from_env", opts)
   local port = opts.port or tonumber(os.getenv("MASTER_PORT") or "")
@@ -81,7 +83,7 @@ function M.from_env(opts)
   if is_master == nil then
     is_master = os.getenv("CRUN_LAUNCHER") == nil and rank == 0
   end
-  return core.store_tcp{
+  local s = core.store_tcp{
     host = opts.host or os.getenv("MASTER_ADDR") or "127.0.0.1",
     port = port,
     is_master = is_master,
@@ -89,6 +91,10 @@ function M.from_env(opts)
     timeout = opts.timeout or tonumber(os.getenv("CRUN_STORE_TIMEOUT") or ""),
     token = opts.token,
   }
+  -- crun-lua --rdzv-backend c10d: the endpoint's store may serve other run ids
+  local prefix = os.getenv("CRUN_STORE_PREFIX")
+  if prefix and prefix ~= "" then return core.store_prefix(prefix, s) end
+  return s
 end
 
 --- Blocks until world_size ranks called barrier(store, name, ...) with the

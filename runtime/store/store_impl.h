@@ -107,4 +107,8 @@ void crun__kv_qdrop(crun__kv_t *kv, const char *key, size_t klen);
 /* Number of items in queue key (0 when missing). */
 int64_t crun__kv_qlen(crun__kv_t *kv, const char *key, size_t klen);
 
+/* How many clients are connected to srv now (any thread may ask): the
+ * launcher keeps serving a shared rendezvous endpoint while others use it. */
+int crun__store_server_clients(crun_store_server_t *srv);
+
 #endif

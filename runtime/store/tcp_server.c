@@ -25,6 +25,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -51,6 +52,7 @@ struct crun_store_server {
   crun__auth_t auth;          /* the job's secret (auth.on == 0: open store) */
   unsigned long refused;      /* clients refused (logged once, then counted) */
   conn_t *conns;              /* every open connection */
+  atomic_int nconns;          /* how many: read by other threads (crun__store_server_clients) */
   conn_t *waiters[WAIT_BUCKETS]; /* parked requests by the hash of the key they wait for */
   conn_t *join_waiters;       /* parked JOIN_WAITs */
   conn_t *ready, *ready_tail; /* parked ones to look at again */
@@ -203,6 +205,7 @@ static void conn_close(conn_t *c, const char *why) {
   else srv->conns = c->next;
   if (c->next) c->next->prev = c->prev;
   if (c->has_timer) uv_close((uv_handle_t *)&c->timer, on_conn_closed);
+  atomic_fetch_sub(&srv->nconns, 1);
   uv_close((uv_handle_t *)&c->h, on_conn_closed);
 }
 
@@ -732,6 +735,7 @@ static void on_connection(uv_stream_t *server, int status) {
   c->next = srv->conns;
   if (srv->conns) srv->conns->prev = c;
   srv->conns = c;
+  atomic_fetch_add(&srv->nconns, 1);
   CRUN_LOG(TRACE, STORE, "store server %s: connection from %s", srv->addr, c->peer);
   if (local && !same_user(c)) return refuse(c, "the unix socket's peer is another user");
   c->since = crun_clock();
@@ -909,6 +913,8 @@ int crun_store_server_start_token(const char *host, int port, const char *token,
 }
 
 int crun_store_server_port(crun_store_server_t *srv) { return srv ? srv->port : -1; }
+
+int crun__store_server_clients(crun_store_server_t *srv) { return srv ? atomic_load(&srv->nconns) : 0; }
 
 void crun_store_server_stop(crun_store_server_t *srv) {
   if (!srv) return;

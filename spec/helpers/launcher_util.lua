@@ -8,7 +8,7 @@ M.CRUN_LUA = assert(C.CRUN_LUA, "CRUN_LUA must point at the built crun-lua")
 M.SOURCE = C.SOURCE
 M.count = C.count
 M.FIX = M.SOURCE .. "/spec/fixtures/launcher/"
-M.slurp, M.q, M.rmrf, M.sleep, M.wait_for = C.slurp, C.q, C.rmrf, C.sleep, C.wait_for
+M.slurp, M.q, M.rmrf, M.sleep, M.wait_for, M.write = C.slurp, C.q, C.rmrf, C.sleep, C.wait_for, C.write
 
 --- A fresh temporary directory (removed by M.rmrf).
 function M.tmpdir() return C.tmpdir("launcher") end
@@ -36,6 +36,22 @@ function M.start(args, env)
     return r
   end
   return h
+end
+
+--- Parses the "ENV K=V ..." lines of spec/fixtures/launcher/env.lua (with or
+-- without the "[rank] " prefix) into {[rank] = {K = V}}; with `all`, a list of
+-- every line's table instead (restarts print a rank more than once).
+function M.env_by_rank(out, all)
+  local t = {}
+  for line in out:gmatch("[^\n]+") do
+    local body = line:match("^%[%d+%] ENV (.*)$") or line:match("^ENV (.*)$")
+    if body then
+      local e = {}
+      for k, v in body:gmatch("(%S+)=(%S+)") do e[k] = v end
+      if all then t[#t + 1] = e else t[tonumber(e.RANK)] = e end
+    end
+  end
+  return t
 end
 
 --- Lines of `s` as a list.

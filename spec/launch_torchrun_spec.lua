@@ -1,0 +1,230 @@
+-- crun-lua's torchrun options: each accepted in both spellings and taking
+-- effect (the workers' TORCHELASTIC_*/GROUP_*/ROLE_* variables, --redirects
+-- and --tee files, --local-ranks-filter, -m, --nproc-per-node auto|cpu|gpu,
+-- --standalone), and bad values rejected with the option's name. The c10d
+-- rendezvous is spec/launch_rdzv_spec.lua. Every job here takes well under a second.
+local U = require "helpers.launcher_util"
+local q, FIX = U.q, U.FIX
+
+local NODES_ENV = "CRUN_TOKEN=spec-torchrun-secret"
+
+--- The CPUs os.cpu_count() would give, and the GPUs the launcher can see.
+local function machine()
+  local p = io.popen("getconf _NPROCESSORS_ONLN")
+  local cpus = tonumber(p:read("l"))
+  p:close()
+  p = io.popen("ls /proc/driver/nvidia/gpus 2>/dev/null | wc -l")
+  local gpus = tonumber(p:read("l")) or 0
+  p:close()
+  return cpus, gpus
+end
+
+--- The files under dir, as a sorted list of paths relative to it.
+local function files_under(dir)
+  local p = io.popen("cd " .. q(dir) .. " && find . -type f | sort")
+  local t = {}
+  for l in p:lines() do t[#t + 1] = l:sub(3) end
+  p:close()
+  return t
+end
+
+describe("crun-lua torchrun variables", function()
+  it("gives TORCHELASTIC_*, GROUP_WORLD_SIZE and ROLE_* their torchrun meanings across a restart", function()
+    local r = U.run("--nproc_per_node 3 --master-port 0 --max_restarts 2 --rdzv_id run-7 --role trainer " ..
+                    q(FIX .. "env.lua") .. " fail-once")
+    assert.are.equal(0, r.code, r.err)
+    local lines = U.env_by_rank(r.out, true)
+    local seen = {}
+    for _, e in ipairs(lines) do
+      local attempt = tonumber(e.TORCHELASTIC_RESTART_COUNT)
+      seen[attempt .. ":" .. e.RANK] = true
+      assert.are.equal(e.CRUN_RESTART_COUNT, e.TORCHELASTIC_RESTART_COUNT)
+      assert.are.equal("2", e.TORCHELASTIC_MAX_RESTARTS)
+      assert.are.equal("run-7", e.TORCHELASTIC_RUN_ID)
+      assert.are.equal("1", e.GROUP_WORLD_SIZE)
+      assert.are.equal(e.RANK, e.ROLE_RANK)
+      assert.are.equal("3", e.ROLE_WORLD_SIZE)
+      assert.are.equal("trainer", e.ROLE_NAME)
+      assert.are.equal("nil", e.CRUN_STORE_PREFIX) -- static rendezvous: the job owns its store
+    end
+    for rank = 0, 2 do assert.is_true(seen["1:" .. rank], "attempt 1 of rank " .. rank .. " missing:\n" .. r.out) end
+    assert.is_true(seen["0:1"], r.out)
+  end)
+
+  it("defaults to run id none, role default, no restarts", function()
+    local r = U.run("-n 1 --master-port 0 " .. q(FIX .. "env.lua"))
+    assert.are.equal(0, r.code, r.err)
+    local e = U.env_by_rank(r.out)[0]
+    assert.are.equal("none", e.TORCHELASTIC_RUN_ID)
+    assert.are.equal("default", e.ROLE_NAME)
+    assert.are.equal("0", e.TORCHELASTIC_MAX_RESTARTS)
+    assert.are.equal("0", e.TORCHELASTIC_RESTART_COUNT)
+  end)
+
+  it("counts ROLE_RANK and ROLE_WORLD_SIZE per role across two nodes", function()
+    local port = U.free_port()
+    local common = "--nnodes 2 --rdzv-endpoint 127.0.0.1:" .. port .. " --rdzv-timeout 30 "
+    local h = U.start(common .. "--node_rank 1 -n 3 --role b " .. q(FIX .. "env.lua"), NODES_ENV)
+    local r0 = U.run(common .. "--node-rank 0 -n 2 --role a " .. q(FIX .. "env.lua"), NODES_ENV)
+    local r1 = h:wait(30)
+    assert.are.equal(0, r0.code, r0.err)
+    assert.are.equal(0, r1.code, r1.err)
+    local e0, e1 = U.env_by_rank(r0.out), U.env_by_rank(r1.out)
+    for rank = 0, 4 do
+      local e = rank < 2 and e0[rank] or e1[rank]
+      assert.is_table(e, "rank " .. rank)
+      assert.are.equal("5", e.WORLD_SIZE)
+      assert.are.equal("2", e.GROUP_WORLD_SIZE)
+      assert.are.equal(tostring(port), e.MASTER_PORT) -- static: the endpoint is node 0's store
+      assert.are.equal(rank < 2 and "a" or "b", e.ROLE_NAME)
+      assert.are.equal(tostring(rank < 2 and rank or rank - 2), e.ROLE_RANK)
+      assert.are.equal(rank < 2 and "2" or "3", e.ROLE_WORLD_SIZE)
+    end
+  end)
+end)
+
+describe("crun-lua --redirects, --tee and --local-ranks-filter", function()
+  it("sends redirected streams to the log files only and teed ones to both", function()
+    local dir = U.tmpdir()
+    local r = U.run("-n 3 --master-port 0 --log_dir " .. q(dir) .. " --redirects 3 --tee 0:3,2:2 " ..
+                    q(FIX .. "output.lua"))
+    assert.are.equal(0, r.code, r.err)
+    assert.is_truthy(r.out:find("[0] out-a-0-b\n", 1, true), r.out)   -- rank 0: teed
+    assert.is_nil(r.out:find("[1]", 1, true), r.out)                   -- rank 1: redirected
+    assert.is_nil(r.out:find("[2]", 1, true), r.out)                   -- rank 2: stdout redirected,
+    assert.is_truthy(r.err:find("[2] err-2\n", 1, true), r.err)       -- stderr teed
+    assert.is_nil(r.err:find("[1] err-1", 1, true), r.err)
+    for rank = 0, 2 do
+      assert.are.equal("out-a-" .. rank .. "-b\n\nline2-" .. rank .. "\nlast-" .. rank,
+                       U.slurp(string.format("%s/attempt_0/rank_%d.stdout", dir, rank)))
+      assert.are.equal("err-" .. rank .. "\n", U.slurp(string.format("%s/attempt_0/rank_%d.stderr", dir, rank)))
+    end
+    U.rmrf(dir)
+  end)
+
+  it("writes only the selected streams' files, per local rank", function()
+    local dir = U.tmpdir()
+    local r = U.run("-n 2 --master-port 0 --log-dir " .. q(dir) .. " -r 0:1,1:2 " .. q(FIX .. "output.lua"))
+    assert.are.equal(0, r.code, r.err)
+    assert.are.same({"attempt_0/rank_0.stdout", "attempt_0/rank_1.stderr"}, files_under(dir))
+    assert.is_nil(r.out:find("[0] out", 1, true), r.out)
+    assert.is_truthy(r.out:find("[1] out-a-1-b\n", 1, true), r.out)
+    assert.is_truthy(r.err:find("[0] err-0\n", 1, true), r.err)
+    assert.is_nil(r.err:find("[1] err", 1, true), r.err)
+    U.rmrf(dir)
+  end)
+
+  it("takes a fresh directory when --tee has no --log-dir, and names it", function()
+    local r = U.run("-n 2 --master-port 0 --tee 1 " .. q(FIX .. "output.lua"))
+    assert.are.equal(0, r.code, r.err)
+    local dir = r.err:match("worker log files in (%S+)\n")
+    assert.is_string(dir, r.err)
+    assert.are.equal("out-a-1-b\n\nline2-1\nlast-1", U.slurp(dir .. "/attempt_0/rank_1.stdout"))
+    assert.is_nil(U.slurp(dir .. "/attempt_0/rank_1.stderr"))
+    assert.is_truthy(r.out:find("[1] out-a-1-b\n", 1, true), r.out)
+    assert.is_truthy(r.err:find("[1] err-1\n", 1, true), r.err)
+    os.execute("rm -rf " .. q(dir))
+  end)
+
+  it("shows only the listed local ranks with --local-ranks-filter; files keep every rank", function()
+    local dir = U.tmpdir()
+    local r = U.run("-n 4 --master-port 0 --local_ranks_filter 1,3 --log-dir " .. q(dir) .. " --tee 3 " ..
+                    q(FIX .. "output.lua"))
+    assert.are.equal(0, r.code, r.err)
+    for rank = 0, 3 do
+      local shown = rank == 1 or rank == 3
+      assert.are.equal(shown, r.out:find("[" .. rank .. "] out-a-" .. rank .. "-b\n", 1, true) ~= nil, r.out)
+      assert.are.equal(shown, r.err:find("[" .. rank .. "] err-" .. rank .. "\n", 1, true) ~= nil, r.err)
+      assert.are.equal("err-" .. rank .. "\n", U.slurp(string.format("%s/attempt_0/rank_%d.stderr", dir, rank)))
+    end
+    U.rmrf(dir)
+  end)
+end)
+
+describe("crun-lua -m, --nproc-per-node, --standalone, --monitor-interval", function()
+  it("runs a module found on package.path with -m, as python -m", function()
+    local env = "LUA_PATH=" .. q(FIX .. "mods/?.lua;;")
+    local r = U.run("-n 2 --master-port 0 -m pkg.hello_mod one 'two words'", env)
+    assert.are.equal(0, r.code, r.err)
+    for rank = 0, 1 do
+      assert.is_truthy(r.out:find(string.format("[%d] MOD rank=%d arg0=%smods/pkg/hello_mod.lua args=one|two words\n",
+                                                rank, rank, FIX), 1, true), r.out)
+    end
+    r = U.run("--module -n 1 pkg.no_such_mod", env)
+    assert.are.equal(1, r.code, r.err)
+    assert.is_truthy(r.err:find("-m: module 'pkg.no_such_mod' not found on package.path:", 1, true), r.err)
+    assert.is_truthy(r.err:find("mods/pkg/no_such_mod.lua", 1, true), r.err)
+  end)
+
+  it("takes the CPU count for cpu, and the GPU count (or CPUs without a GPU) for auto", function()
+    local cpus, gpus = machine()
+    local r = U.run("--nproc-per-node cpu --master-port 0 --cpu-bind none " .. q(FIX .. "env.lua"))
+    assert.are.equal(0, r.code, r.err)
+    assert.are.equal(tostring(cpus), U.env_by_rank(r.out)[0].WORLD_SIZE)
+    r = U.run("-n auto --master-port 0 --cpu-bind none " .. q(FIX .. "env.lua"))
+    assert.are.equal(0, r.code, r.err)
+    assert.are.equal(tostring(gpus > 0 and gpus or cpus), U.env_by_rank(r.out)[0].WORLD_SIZE)
+    r = U.run("-n gpu --master-port 0 " .. q(FIX .. "env.lua"))
+    if gpus > 0 then
+      assert.are.equal(0, r.code, r.err)
+      assert.are.equal(tostring(gpus), U.env_by_rank(r.out)[0].WORLD_SIZE)
+    else
+      assert.are.equal(2, r.code, r.err)
+      assert.is_truthy(r.err:find("-n gpu: no CUDA device found", 1, true), r.err)
+    end
+    r = U.run("-n auto --master-port 0 " .. q(FIX .. "env.lua"), "CUDA_VISIBLE_DEVICES=")
+    assert.are.equal(tostring(cpus), U.env_by_rank(r.out)[0].WORLD_SIZE) -- no GPU visible
+  end)
+
+  it("runs --standalone on a free port with a fresh run id, twice at once", function()
+    local a = U.start("--standalone --nproc-per-node 2 " .. q(FIX .. "env.lua"))
+    local r = U.run("--standalone -n 2 --monitor-interval 0.5 --monitor_interval=5 " .. q(FIX .. "env.lua"))
+    local ra = a:wait(30)
+    assert.are.equal(0, r.code, r.err)
+    assert.are.equal(0, ra.code, ra.err)
+    local e, ea = U.env_by_rank(r.out), U.env_by_rank(ra.out)
+    assert.are.equal("2", e[1].WORLD_SIZE)
+    assert.are_not.equal("29500", e[0].MASTER_PORT)
+    assert.are.equal(e[0].MASTER_PORT, e[1].MASTER_PORT)
+    assert.are_not.equal(ea[0].MASTER_PORT, e[0].MASTER_PORT)
+    assert.is_truthy(e[0].TORCHELASTIC_RUN_ID:match("^%x+$") and #e[0].TORCHELASTIC_RUN_ID == 32, e[0].TORCHELASTIC_RUN_ID)
+    assert.are_not.equal(ea[0].TORCHELASTIC_RUN_ID, e[0].TORCHELASTIC_RUN_ID)
+    assert.are.equal(e[0].TORCHELASTIC_RUN_ID, e[1].TORCHELASTIC_RUN_ID)
+  end)
+end)
+
+describe("crun-lua torchrun options: bad values", function()
+  it("rejects each bad value with the option's name", function()
+    local cases = {
+      {"--nnodes 3:2 x.lua", "%-%-nnodes 3:2: MIN is above MAX"},
+      {"--nnodes 1:x x.lua", "%-%-nnodes: expected an integer in 1%.%.65536, got 'x'"},
+      {"--nnodes 1:2 x.lua", "%-%-nnodes 1:2: a range needs %-%-rdzv%-backend c10d"},
+      {"--rdzv-backend etcd x.lua", "%-%-rdzv%-backend: unknown backend 'etcd' %(expected c10d or static%)"},
+      {"--rdzv-backend c10d x.lua", "%-%-rdzv%-backend c10d needs %-%-rdzv%-endpoint HOST%[:PORT%]"},
+      {"--rdzv-backend c10d --rdzv-endpoint h:0 x.lua", "%-%-rdzv%-endpoint h:0: the other nodes could not know the port"},
+      {"--rdzv-endpoint :29400 x.lua", "%-%-rdzv%-endpoint: bad address ':29400'"},
+      {"--rdzv-endpoint host:99999 x.lua", "%-%-rdzv%-endpoint: expected an integer in 0%.%.65535, got '99999'"},
+      {"--rdzv-id a/b x.lua", "%-%-rdzv%-id: 'a/b' is not a run id"},
+      {"--rdzv-conf foo=1,join_timeout=3 x.lua", "%-%-rdzv%-conf: unknown key 'foo' %(known: join_timeout, last_call_timeout, close_timeout%)"},
+      {"--rdzv_conf join_timeout=soon x.lua", "%-%-rdzv%-conf join_timeout: expected a number of seconds, got 'soon'"},
+      {"--rdzv-conf last_call_timeout x.lua", "%-%-rdzv%-conf: 'last_call_timeout' is not key=value"},
+      {"--redirects 4 x.lua", "%-%-redirects: expected 0 %(none%), 1 %(stdout%), 2 %(stderr%), 3 %(both%) or a per local rank map like 0:1,1:2, got '4'"},
+      {"-r 0:1,1 x.lua", "%-%-redirects: expected .* got '0:1,1'"},
+      {"--tee=0:5 x.lua", "%-%-tee: expected .* got '0:5'"},
+      {"--local-ranks-filter 0,a x.lua", "%-%-local%-ranks%-filter: expected local ranks separated by commas %(e%.g%. 0,2%), got '0,a'"},
+      {"--role '' x.lua", "%-%-role: '' is not a role name"},
+      {"--monitor-interval -1 x.lua", "%-%-monitor%-interval: expected a number of seconds, got '%-1'"},
+      {"--nproc-per-node many x.lua", "%-%-nproc%-per%-node: expected an integer in 1%.%.4096, got 'many'"},
+      {"--standalone --nnodes 2 x.lua", "%-%-standalone runs one node; drop %-%-nnodes 2"},
+      {"-m", "%-m needs a module name"},
+      {"-m -i", "%-m runs a module; it does not go with %-i"},
+      {"--standalone=1 x.lua", "option %-%-standalone takes no value"},
+    }
+    for _, c in ipairs(cases) do
+      local r = U.run(c[1])
+      assert.are.equal(2, r.code, c[1] .. " gave: " .. r.err)
+      assert.is_truthy(r.err:match(c[2]), c[1] .. " gave: " .. r.err)
+      assert.are.equal("", r.out, c[1])
+    end
+  end)
+end)
