@@ -268,8 +268,8 @@ describe("descendants that leave the process group (item 15)", function()
     if made then
       local gone = not io.open(stale .. "/cgroup.procs")
       if not gone then os.execute("rmdir " .. q(stale .. "/a0") .. " " .. q(stale)) end
+      -- removed by this launcher or by another that started meanwhile (tests run in parallel)
       assert.is_true(gone, "the stale " .. stale .. " was not removed:\n" .. r.err)
-      assert.is_truthy(r.err:find("removing the cgroup " .. stale, 1, true), r.err)
     end
   end)
 end)
