@@ -56,9 +56,8 @@ for ((k = 0; k < PROGRAMS; k++)); do
     line=$(head -1 <<<"$res")
     echo "seed $seed W=$W $be: $line" | tee -a "$report"
     tail -n +2 <<<"$res" | tee -a "$report"
-    total_ops=$((total_ops + $($PY -c "import json,sys; print(json.loads(sys.argv[1])['ops'])" "$line")))
-    total_recs=$((total_recs + $($PY -c "import json,sys; print(json.loads(sys.argv[1])['records'])" "$line")))
-    total_vals=$((total_vals + $($PY -c "import json,sys; print(json.loads(sys.argv[1])['values'])" "$line")))
+    read -r ops recs vals < <($PY -c "import json,sys; d = json.loads(sys.argv[1]); print(d['ops'], d['records'], d['values'])" "$line")
+    total_ops=$((total_ops + ops)); total_recs=$((total_recs + recs)); total_vals=$((total_vals + vals))
   done
 done
 summary="conformance: $PROGRAMS programs, $runs crun runs ($BACKENDS), $total_ops ops, $total_recs outputs, $total_vals values compared, $emulated torch-side emulations, $fails failed runs"

@@ -38,6 +38,8 @@ local backend = dist.get_backend()
 
 local FLOAT = {float16 = true, bfloat16 = true, float32 = true, float64 = true}
 local SIGNED_SMALL = {[0] = 1, 2, 1, 1}
+local FLOAT_FACTORS = {[0] = 1.0, 2.0, 0.5, 1.5}   -- product inputs (torch_run.py values())
+local INT_FACTORS = {[0] = 1, 2, 3, 1}
 
 -- The input value of element i (0-based) for dtype dt; see torch_run.py values().
 local function value(dt, red, seed, op, r, i)
@@ -45,8 +47,8 @@ local function value(dt, red, seed, op, r, i)
              + 97 * (op + 1) * (op + 7) + 1000003 * seed + 12345) % P
   if red == "product" then
     local sign = ((x // 7) % 2 == 1) and -1 or 1
-    if FLOAT[dt] then return sign * ({[0] = 1.0, 2.0, 0.5, 1.5})[x % 4] end
-    if dt == "int32" or dt == "int64" then return sign * ({[0] = 1, 2, 3, 1})[x % 4] end
+    if FLOAT[dt] then return sign * FLOAT_FACTORS[x % 4] end
+    if dt == "int32" or dt == "int64" then return sign * INT_FACTORS[x % 4] end
     if dt == "int16" or dt == "int8" then return sign * SIGNED_SMALL[x % 4] end
     if dt == "uint8" then return SIGNED_SMALL[x % 4] end
     return (x % 5 ~= 0) and 1 or 0
