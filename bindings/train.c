@@ -397,7 +397,7 @@ static int check_grad_index(lua_State *L, int idx) {
 }
 
 /* reducer_new(pg|nil, {grads...}, {bucket_cap_bytes=, first_bucket_bytes=,
- * gradient_as_bucket_view=, overlap=}) -> crun.Reducer */
+ * gradient_as_bucket_view=, overlap=, external=}) -> crun.Reducer */
 static int l_reducer_new(lua_State *L) {
   crun_pg_t *pg = lua_isnoneornil(L, 1) ? NULL : crun_l_check_pg(L, 1);
   crun_l_checktype(L, 2, LUA_TTABLE);
@@ -414,7 +414,8 @@ static int l_reducer_new(lua_State *L) {
       .bucket_cap_bytes = (size_t)crun_l_optfield_number(L, 3, "bucket_cap_bytes", 25 << 20),
       .first_bucket_bytes = (size_t)crun_l_optfield_number(L, 3, "first_bucket_bytes", 1 << 20),
       .grad_as_view = crun_l_optfield_boolean(L, 3, "gradient_as_bucket_view", 0),
-      .no_overlap = !crun_l_optfield_boolean(L, 3, "overlap", 1)};
+      .no_overlap = !crun_l_optfield_boolean(L, 3, "overlap", 1),
+      .external = crun_l_optfield_boolean(L, 3, "external", 0)};
   if (o.bucket_cap_bytes < 1) o.bucket_cap_bytes = 1;
   if (o.first_bucket_bytes < 1) o.first_bucket_bytes = 1;
   crun_reducer_t **u = lua_newuserdatauv(L, sizeof *u, 0);
@@ -446,6 +447,26 @@ static int m_shadow(lua_State *L) {
 /* r:reset() — abandons the current iteration */
 static int m_reset(lua_State *L) {
   crun_reducer_reset(check_reducer(L, 1));
+  return 0;
+}
+
+/* r:next_ready() -> 1-based index of the next bucket to reduce (external mode), or nil */
+static int m_next_ready(lua_State *L) {
+  int b = crun_reducer_next_ready(check_reducer(L, 1));
+  if (b < 0) return 0;
+  lua_pushinteger(L, b + 1);
+  return 1;
+}
+
+/* r:mark_rest() — every gradient not marked yet counts as it is */
+static int m_mark_rest(lua_State *L) {
+  CRUN_L_CHECK(L, crun_reducer_mark_rest(check_reducer(L, 1)));
+  return 0;
+}
+
+/* r:finish() — external mode: buckets back into the gradients, next iteration */
+static int m_finish(lua_State *L) {
+  CRUN_L_CHECK(L, crun_reducer_finish(check_reducer(L, 1)));
   return 0;
 }
 
@@ -519,7 +540,8 @@ static int m_close(lua_State *L) {
 static void open_reducer(lua_State *L) {
   static const luaL_Reg methods[] = {
       {"mark_ready", m_mark_ready}, {"finalize", m_finalize}, {"shadow", m_shadow},
-      {"launched", m_launched}, {"reset", m_reset}, {"bucket_view", m_bucket_view}, {"buckets", m_buckets},
+      {"launched", m_launched}, {"reset", m_reset}, {"next_ready", m_next_ready}, {"mark_rest", m_mark_rest},
+      {"finish", m_finish}, {"bucket_view", m_bucket_view}, {"buckets", m_buckets},
       {"close", m_close}, {"__gc", m_close}, {"__close", m_close}, {NULL, NULL}};
   crun_l_newclass(L, REDUCER_MT, methods);
 }

@@ -17,6 +17,7 @@ local DEFAULTS = {
   epochs = 10, ["batch-size"] = 32, lr = 0.01, hidden = 64, layers = 2, samples = 10000,
   ["test-fraction"] = 0.2, dims = 16, classes = 4, seed = 0, ["ckpt-dir"] = nil,
   ["bench-steps"] = 40, ["lr-decay"] = 0.7, ["bucket-cap-mb"] = 25, ["crash-at-epoch"] = nil,
+  ["powersgd-rank"] = 1, ["powersgd-start"] = 10,
 }
 local FLAGS = {bench = true, ["no-resume"] = true, quiet = true, ["no-ckpt"] = true, help = true,
   ["flush-denormal"] = true}
@@ -29,6 +30,8 @@ local function usage()
   --no-resume  start fresh (a restart by --max-restarts still resumes)
   --bench [--bench-steps N] [--bucket-cap-mb MB]  throughput / overlap measurement
   --crash-at-epoch E   exit rank 1 after epoch E on the first run (to show resume)
+  --comm-hook allreduce|fp16|bf16|powersgd  DDP communication hook (crun.comm_hooks)
+      [--powersgd-rank R (1)] [--powersgd-start ITER (10)]
   --flush-denormal  denormal floats become zero in this job's math (crun.set_flush_denormal;
                     off by default as in torch: IEEE results, but kernels slow down many
                     times when weights or activations drift into the denormal range)]])
@@ -43,7 +46,7 @@ local function parse_args(argv)
     if not k then error("train.lua: unexpected argument '" .. argv[i] .. "' (see --help)", 0) end
     if FLAGS[k] then
       o[k] = true
-    elseif DEFAULTS[k] ~= nil or k == "ckpt-dir" or k == "crash-at-epoch" then
+    elseif DEFAULTS[k] ~= nil or k == "ckpt-dir" or k == "crash-at-epoch" or k == "comm-hook" then
       local v = argv[i + 1] or error("train.lua: --" .. k .. " needs a value", 0)
       o[k] = tonumber(v) or v
       i = i + 1
@@ -52,7 +55,8 @@ local function parse_args(argv)
     end
     i = i + 1
   end
-  for _, k in ipairs{"epochs", "batch-size", "hidden", "layers", "samples", "dims", "classes", "seed", "bench-steps"} do
+  for _, k in ipairs{"epochs", "batch-size", "hidden", "layers", "samples", "dims", "classes", "seed", "bench-steps",
+      "powersgd-rank", "powersgd-start"} do
     local v = math.tointeger(o[k])
     if not v or v < (k == "layers" and 0 or (k == "seed" and math.mininteger or 1)) then
       error(string.format("train.lua: --%s must be a %s integer, got %s", k,
@@ -64,6 +68,19 @@ local function parse_args(argv)
 end
 
 local config_of
+
+-- --comm-hook: registers one of torch's built-in DDP hooks on `model`.
+local function register_hook(o, model)
+  local h = crun.comm_hooks
+  local name = o["comm-hook"]
+  if name == "allreduce" then model:register_comm_hook(nil, h.allreduce_hook)
+  elseif name == "fp16" then model:register_comm_hook(nil, h.fp16_compress_hook)
+  elseif name == "bf16" then model:register_comm_hook(nil, h.bf16_compress_hook)
+  elseif name == "powersgd" then
+    model:register_comm_hook(h.PowerSGDState(nil, {matrix_approximation_rank = o["powersgd-rank"],
+      start_powerSGD_iter = o["powersgd-start"]}), h.powerSGD_hook)
+  else error("train.lua: --comm-hook must be allreduce, fp16, bf16 or powersgd, got " .. tostring(name), 0) end
+end
 
 -- The data set as tensors: train and test splits.
 local function load_data(o)
@@ -177,6 +194,7 @@ local function train(o)
   local path = ckpt_path(o)
   local first, ck = resume(o, net, opt, path)
   local model = crun.DDP(net, {bucket_cap_mb = o["bucket-cap-mb"]})
+  if o["comm-hook"] then register_hook(o, model) end
   local sampler = data.DistributedSampler{size = Xtr:size(1), shuffle = true, seed = o.seed}
   local ctx = {o = o, rank = rank, world = world, net = net, model = model, opt = opt, sampler = sampler,
     crit = nn.CrossEntropyCriterion(),

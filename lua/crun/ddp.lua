@@ -56,7 +56,7 @@ end
 -- A crun.Reducer over `grads` on group `pg` (nil: layout only).
 local function new_reducer(pg, grads, first_cap, cap, o)
   return require("crun.core").reducer_new(pg, grads, {first_bucket_bytes = first_cap, bucket_cap_bytes = cap,
-    gradient_as_bucket_view = o and o.as_view, overlap = not o or o.overlap})
+    gradient_as_bucket_view = o and o.as_view, overlap = not o or o.overlap, external = o and o.external})
 end
 
 -- The bucket layout over params (reverse registration order, caps, dtypes),
@@ -126,6 +126,7 @@ function ddp.DDP(module, opts)
   local mb = 1024 * 1024
   -- the group's handle (absent when crun.dist is a stand-in: layout only)
   local pg = self.group or (d.group and d.group()) or nil
+  self.pg = pg
   self.reducer = new_reducer(pg, self.grads, (opts.first_bucket_mb or 1) * mb, (opts.bucket_cap_mb or 25) * mb, self)
   self.buckets = self.reducer:buckets()
   if self.as_view then self:_make_grad_views() end
@@ -213,8 +214,84 @@ end
 
 -- Hook: every gradient of `list` is final for this backward.
 function DDP:_leaf_ready(list)
-  if not self.require_sync or not self.in_backward or self.world == 1 then return end
+  if not self.require_sync or not self.in_backward or (self.world == 1 and not self.comm_hook) then return end
   for _, i in ipairs(list) do self.reducer:mark_ready(i) end
+  if self.comm_hook then self:_run_hooks() end
+end
+
+--- register_comm_hook(state, hook): from the next backward on, every bucket
+-- is reduced by hook(state, bucket) instead of the built-in average (see
+-- crun.comm_hooks for the contract and torch's built-in hooks). Once per
+-- DDP, before the first backward (as torch). Hooks run even on one rank.
+function DDP:register_comm_hook(state, hook)
+  self:_check_open("register_comm_hook")
+  if type(hook) ~= "function" then
+    require("crun.opts").fail("EINVAL: DDP:register_comm_hook: a function hook(state, bucket) is expected, got %s",
+      type(hook))
+  end
+  if self.comm_hook then
+    require("crun.opts").fail("ESTATE: DDP:register_comm_hook on rank %d: a hook is already registered (once per DDP)",
+      self.rank)
+  end
+  if self.stats.steps > 0 then
+    require("crun.opts").fail("ESTATE: DDP:register_comm_hook on rank %d: call it before the first backward",
+      self.rank)
+  end
+  self.reducer:close()
+  self.reducer = new_reducer(self.pg, self.grads, self.opts_first_cap, self.opts_cap,
+    {as_view = self.as_view, overlap = true, external = true})
+  self.buckets = self.reducer:buckets()
+  if self.as_view then self:_make_grad_views() end
+  local hooks = require "crun.comm_hooks"
+  self.grad_buckets = {}
+  for k = 1, #self.buckets do self.grad_buckets[k] = hooks._bucket(self, k) end
+  self.comm_hook, self.hook_state, self.hook_futures = hook, state, {}
+end
+
+-- Calls the hook on every bucket the reducer hands out (in bucket order).
+function DDP:_run_hooks()
+  while true do
+    local k = self.reducer:next_ready()
+    if not k then return end
+    local fut = self.comm_hook(self.hook_state, self.grad_buckets[k])
+    if type(fut) ~= "table" and type(fut) ~= "userdata" or not fut.wait then
+      require("crun.opts").fail("EINVAL: DDP comm hook on rank %d: bucket %d: the hook returned %s, a future is "
+        .. "expected", self.rank, k - 1, type(fut))
+    end
+    self.hook_futures[k] = fut
+  end
+end
+
+-- Waits for bucket k's future and leaves its tensor in the bucket.
+function DDP:_hook_result(k)
+  local fut = self.hook_futures[k]
+  self.hook_futures[k] = nil
+  local v = fut:wait()
+  if type(v) == "table" and getmetatable(v) == nil then v = v[1] end
+  local buf = self.grad_buckets[k]:buffer()
+  if rawequal(v, buf) then return end
+  if not T().is_tensor(v) or v:numel() ~= buf:numel() then
+    require("crun.opts").fail("EINVAL: DDP comm hook on rank %d: bucket %d's future gave %s; a tensor of %d "
+      .. "elements is expected", self.rank, k - 1, T().is_tensor(v) and (v:numel() .. " elements") or type(v),
+      buf:numel())
+  end
+  buf:copy(v:contiguous():view(buf:numel()))
+end
+
+-- With a hook: marks the rest, runs the hooks left, waits in bucket order,
+-- then the reducer copies the buckets back into the gradients.
+function DDP:_finalize_hooked()
+  local ok, err = pcall(function()
+    self.reducer:mark_rest()
+    self:_run_hooks()
+    for k = 1, #self.buckets do self:_hook_result(k) end
+    self.reducer:finish()
+  end)
+  if not ok then
+    self.hook_futures = {}
+    self.reducer:reset()
+    error(err, 0)
+  end
 end
 
 -- Marks unused parameters ready, launches what is left, waits for every
@@ -223,7 +300,7 @@ function DDP:_finalize()
   local core = require "crun.core"
   self.stats.launched_in_backward = self.reducer:launched()
   local t0 = core.clock()
-  self.reducer:finalize()
+  if self.comm_hook then self:_finalize_hooked() else self.reducer:finalize() end
   self.stats.comm_wait_s = self.stats.comm_wait_s + (core.clock() - t0)
 end
 
@@ -249,13 +326,17 @@ function DDP:backward(x, gy)
   local ok, err = pcall(self.module.backward, self.module, x, gy)
   self.in_backward = false
   if not ok then
-    if self.require_sync and self.world > 1 then self.reducer:reset() end
+    if self.require_sync and (self.world > 1 or self.comm_hook) then
+      self.reducer:reset()
+      self.hook_futures = {}
+    end
     error(err, 0)
   end
   if self.require_sync then
     if self.join_enabled then self.join_iters = self.join_iters + 1 end
     -- one rank: the average is the gradient itself, nothing to communicate
-    if self.world > 1 then self:_finalize() end
+    -- (a hook still runs: it may compress)
+    if self.world > 1 or self.comm_hook then self:_finalize() end
     self.stats.steps = self.stats.steps + 1
   end
   self.stats.backward_s = self.stats.backward_s + (core.clock() - t0)
@@ -317,7 +398,12 @@ end
 -- (the reducer all-reduces zeros in every bucket, in bucket order)
 function DDP:_shadow(sync)
   if sync == 0 then return end
-  self.reducer:shadow()
+  if not self.comm_hook then return self.reducer:shadow() end
+  -- with a hook, the hook runs on zeroed buckets (as torch's join does)
+  for k = 1, #self.buckets do
+    self.grad_buckets[k]:buffer():zero()
+    self.comm_hook(self.hook_state, self.grad_buckets[k]):wait()
+  end
 end
 
 -- Shadow loop of a rank whose fn returned; then the final parameter sync.

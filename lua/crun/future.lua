@@ -16,8 +16,13 @@ Future.__index = Future
 --- Wraps a Work (or, internally, a parent future and a callback).
 function M.new(work) return setmetatable({work = work}, Future) end
 
+--- completed(value) -> a future already done with `value` (torch's
+-- Future() + set_result).
+function M.completed(value) return setmetatable({resolved = true, val = value}, Future) end
+
 --- done() -> true once the value (or the error) is there; never blocks.
 function Future:done()
+  if self.resolved then return true end
   if self.work then return self.work:is_completed() end
   return self.parent:done()
 end

@@ -34,7 +34,7 @@ end
 -- Submodules that load lazily from lua/crun/<name>.lua on first access.
 local lazy = {
   store = true, tensor = true, dist = true, nn = true, optim = true,
-  data = true, ddp = true, serialize = true, repl = true,
+  data = true, ddp = true, serialize = true, repl = true, comm_hooks = true,
 }
 
 return setmetatable(crun, {

@@ -234,8 +234,53 @@ int crun_reducer_mark_ready(crun_reducer_t *r, int i) {
     return crun_error(CRUN_EINVAL, "reducer mark_ready: gradient %d out of range [0, %d)", i, r ? r->n : 0);
   int rc = check_pg(r, "mark_ready");
   if (rc == 0) rc = mark(r, i);
-  if (rc == 0 && !r->opts.no_overlap) rc = launch_ready(r);
+  if (rc == 0 && !r->opts.no_overlap && !r->opts.external) rc = launch_ready(r);
   return rc;
+}
+
+static void copy_back(crun_reducer_t *r, int b);
+
+/* Fails in external mode: the caller owns the communication. */
+static int check_internal(const crun_reducer_t *r, const char *what) {
+  if (r->opts.external)
+    return crun_error(CRUN_ESTATE, "reducer %s: a communication hook reduces the buckets (use finish)", what);
+  return 0;
+}
+
+int crun_reducer_next_ready(crun_reducer_t *r) {
+  if (!r || !r->opts.external || r->next_launch >= r->nb || r->buckets[r->next_launch].pending > 0) return -1;
+  return r->next_launch++;
+}
+
+int crun_reducer_mark_rest(crun_reducer_t *r) {
+  if (!r) return crun_error(CRUN_EINVAL, "reducer mark_rest: NULL reducer");
+  for (int i = 0; i < r->n; i++)
+    if (!r->slots[i].ready) CRUN_CHECK(mark(r, i));
+  return 0;
+}
+
+int crun_reducer_finish(crun_reducer_t *r) {
+  if (!r) return crun_error(CRUN_EINVAL, "reducer finish: NULL reducer");
+  if (!r->opts.external) return crun_error(CRUN_ESTATE, "reducer finish: only with a communication hook");
+  if (r->next_launch < r->nb) {
+    int b = r->next_launch;
+    reset(r);
+    return crun_error(CRUN_ESTATE, "reducer finish on rank %d: bucket %d was not reduced (%s)",
+                      r->pg ? crun_pg_rank(r->pg) : -1, b,
+                      r->buckets[b].pending ? "its gradients are not all ready" : "never taken");
+  }
+  for (int b = 0; b < r->nb && !r->opts.grad_as_view; b++) copy_back(r, b);
+  reset(r);
+  return 0;
+}
+
+/* Copies bucket b back into its gradients. */
+static void copy_back(crun_reducer_t *r, int b) {
+  const bucket_t *bk = &r->buckets[b];
+  for (int k = 0; k < bk->count; k++) {
+    slot_t *s = &r->slots[r->order[bk->first + k]];
+    memcpy(crun_tensor_data(s->grad), bucket_at(r, b, s->offset), crun_tensor_nbytes(s->grad));
+  }
 }
 
 /* Waits for bucket b and copies it back into its gradients. */
@@ -245,17 +290,14 @@ static int complete(crun_reducer_t *r, int b, double timeout) {
   if (rc < 0) return rc;
   crun_work_release(bk->work);
   bk->work = NULL;
-  if (r->opts.grad_as_view) return 0;
-  for (int k = 0; k < bk->count; k++) {
-    slot_t *s = &r->slots[r->order[bk->first + k]];
-    memcpy(crun_tensor_data(s->grad), bucket_at(r, b, s->offset), crun_tensor_nbytes(s->grad));
-  }
+  if (!r->opts.grad_as_view) copy_back(r, b);
   return 0;
 }
 
 int crun_reducer_finalize(crun_reducer_t *r, double timeout) {
   if (!r) return crun_error(CRUN_EINVAL, "reducer finalize: NULL reducer");
   int rc = check_pg(r, "finalize");
+  if (rc == 0) rc = check_internal(r, "finalize");
   for (int i = 0; rc == 0 && i < r->n; i++)
     if (!r->slots[i].ready) rc = mark(r, i);
   if (rc == 0) rc = launch_ready(r);
@@ -275,6 +317,7 @@ int crun_reducer_finalize(crun_reducer_t *r, double timeout) {
 int crun_reducer_shadow(crun_reducer_t *r, double timeout) {
   if (!r) return crun_error(CRUN_EINVAL, "reducer shadow: NULL reducer");
   int rc = check_pg(r, "shadow");
+  if (rc == 0) rc = check_internal(r, "shadow");
   for (int b = 0; rc == 0 && b < r->nb; b++) {
     memset(crun_tensor_data(r->buckets[b].buf), 0, r->buckets[b].bytes);
     rc = launch(r, b);

@@ -231,6 +231,60 @@ TEST(finalize_fails_clearly) {
   EXPECT_EQ_INT(pg_spawn_ex(2, rank_timeout, NULL, 2.0, 60.0), 0);
 }
 
+/* External mode (communication hooks): buckets are handed out in bucket
+ * order as they complete, nothing is launched, finish copies back what the
+ * caller left in each bucket and refuses a bucket not taken. */
+static void rank_external(crun_pg_t *pg, void *arg) {
+  (void)arg;
+  int rank = crun_pg_rank(pg);
+  crun_tensor_t *g[4];
+  make_grads(g, rank);
+  crun_reducer_opts_t o = {.first_bucket_bytes = 60, .bucket_cap_bytes = 64, .external = 1};
+  crun_reducer_t *r = NULL;
+  EXPECT_OK(crun_reducer_new(pg, g, 4, &o, &r));
+  for (int it = 0; it < 2; it++) {
+    EXPECT_EQ_INT(crun_reducer_next_ready(r), -1);
+    EXPECT_OK(crun_reducer_mark_ready(r, 1)); /* bucket 1 = {2, 1}: half ready */
+    EXPECT_EQ_INT(crun_reducer_next_ready(r), -1);
+    EXPECT_OK(crun_reducer_mark_ready(r, 2)); /* bucket 1 complete, bucket 0 ({3}) is not */
+    EXPECT_EQ_INT(crun_reducer_next_ready(r), -1);
+    EXPECT_OK(crun_reducer_mark_ready(r, 3));
+    EXPECT_EQ_INT(crun_reducer_next_ready(r), 0);
+    EXPECT_EQ_INT(crun_reducer_next_ready(r), 1);
+    EXPECT_EQ_INT(crun_reducer_next_ready(r), -1);
+    EXPECT_EQ_INT(crun_reducer_launched(r), 2);
+    EXPECT_STATUS(crun_reducer_finalize(r, 5), CRUN_ESTATE);
+    EXPECT_STATUS(crun_reducer_finish(r), CRUN_ESTATE); /* bucket 2 never taken: reset */
+    EXPECT_OK(crun_reducer_mark_ready(r, 3));           /* a fresh iteration */
+    EXPECT_OK(crun_reducer_mark_rest(r));
+    for (int b = 0; b < 3; b++) {
+      EXPECT_EQ_INT(crun_reducer_next_ready(r), b);
+      /* the "hook": bucket values negated and shifted by the bucket index */
+      crun_tensor_t *buf = crun_reducer_bucket(r, b);
+      double *d = crun_tensor_data(buf);
+      for (int64_t k = 0; k < crun_tensor_numel(buf); k++) d[k] = -d[k] + b;
+    }
+    EXPECT_OK(crun_reducer_finish(r));
+    for (int i = 0; i < 4; i++) {
+      const double *d = crun_tensor_data(g[i]);
+      int b = i == 3 ? 0 : i == 0 ? 2 : 1;
+      for (int64_t k = 0; k < SIZES[i]; k++) {
+        double orig = (rank + 1) * (i + 1) * 10.0 + (double)k;
+        EXPECT(d[k] == (it == 0 ? -orig + b : orig)); /* applied twice: back to the start */
+      }
+    }
+  }
+  EXPECT_STATUS(crun_reducer_shadow(r, 5), CRUN_ESTATE);
+  crun_reducer_free(r);
+  free_grads(g, 4);
+}
+
+TEST(external_hook_mode) {
+  pg_spawn(1, rank_external, NULL);
+  pg_spawn(2, rank_external, NULL);
+}
+
 #define CRUN_TESTS(X) \
-  X(layout) X(bad_gradients) X(average_1_to_4_ranks) X(bucket_views_no_overlap) X(join_shadow) X(finalize_fails_clearly)
+  X(layout) X(bad_gradients) X(average_1_to_4_ranks) X(bucket_views_no_overlap) X(join_shadow) X(finalize_fails_clearly) \
+  X(external_hook_mode)
 CRUN_TEST_MAIN()

@@ -152,6 +152,9 @@ typedef struct {
   size_t first_bucket_bytes; /* 0: 1 MiB */
   int grad_as_view;          /* gradients become views of the buckets */
   int no_overlap;            /* launch every all_reduce only in finalize */
+  int external;              /* comm hook: launch nothing; the caller takes
+                                ready buckets (next_ready) and ends the
+                                iteration with finish */
 } crun_reducer_opts_t;
 
 /* Builds the reducer over grads[0..n-1] (references taken) on pg (retained;
@@ -196,6 +199,19 @@ int crun_reducer_shadow(crun_reducer_t *r, double timeout);
 
 /* Buckets launched in the current iteration so far (for tests/tracing). */
 int crun_reducer_launched(const crun_reducer_t *r);
+
+/* External mode (opts.external, DDP communication hooks). next_ready takes
+ * the next bucket, in launch order, whose gradients are all ready and
+ * returns its index (-1: none yet); the caller reduces the bucket's tensor
+ * itself. mark_rest marks every gradient still unready as ready (its
+ * current value counts), as finalize does. finish copies every bucket back
+ * into its gradients (nothing to copy with grad_as_view) and resets for the
+ * next iteration; a bucket not taken yet fails it with CRUN_ESTATE naming
+ * the bucket (the reducer is reset). Neither blocks. In external mode
+ * finalize and shadow fail with CRUN_ESTATE. */
+int crun_reducer_next_ready(crun_reducer_t *r);
+int crun_reducer_mark_rest(crun_reducer_t *r);
+int crun_reducer_finish(crun_reducer_t *r);
 
 /* ---- ZeroRedundancyOptimizer partition (torch.distributed.optim's rule).
  * Parameter i has numel[i] >= 0 elements. */
