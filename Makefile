@@ -6,6 +6,7 @@
 #   make fuzz   build the libFuzzer targets (clang, build-fuzz) and run each FUZZ_SECONDS (60)
 #   make test-asan / test-tsan  the suite under ASan+UBSan / TSan (build-asan, build-tsan)
 #   make soak   SOAK_OPS random collectives on SOAK_RANKS ranks, tcp and shm (SAN=address|thread)
+#   make bench  every side-by-side comparison (collectives, store, launch, training) -> bench/results/
 BUILD ?= build
 JOBS  ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_FLAGS ?=
@@ -46,6 +47,12 @@ conformance: build
 FUZZ_SECONDS ?= 60
 fuzz:
 	bash scripts/fuzz.sh --build $(CURDIR)/build-fuzz --seconds $(FUZZ_SECONDS) --jobs $(JOBS)
+
+# every side-by-side comparison of issue 18 (needs torch, Open MPI, hyperfine,
+# an idle machine); writes bench/results/<date>-<cpu>.md. BENCH_SECTIONS picks.
+BENCH_SECTIONS ?= coll store launch train
+bench: build
+	SECTIONS="$(BENCH_SECTIONS)" bash scripts/bench.sh $(BUILD)
 
 install: build
 	cmake --install $(BUILD)
