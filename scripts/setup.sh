@@ -4,7 +4,8 @@
 set -euo pipefail
 
 PKGS=(lua5.4 liblua5.4-dev libuv1-dev lua-busted libopenblas-dev
-      libopenmpi-dev openmpi-bin libreadline-dev libsodium-dev cmake make gcc pkg-config tmux)
+      libopenmpi-dev openmpi-bin libreadline-dev libsodium-dev cmake make gcc pkg-config tmux
+      iproute2)
 
 missing=()
 for p in "${PKGS[@]}"; do
