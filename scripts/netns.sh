@@ -9,6 +9,8 @@
 #                                  print why on stdout and exit 77
 #   netns.sh up TAG N              build hosts 0..N-1 of run TAG ([a-z0-9]{1,6})
 #   netns.sh exec TAG I CMD...     run CMD as host I (its network, hostname hI)
+#   netns.sh netonly TAG I CMD...  run CMD in host I's network namespace only
+#                                  (this machine's hostname, mounts, /etc/hosts)
 #   netns.sh addr I                the address of host I
 #   netns.sh link TAG I up|down    plug host I's cable back in / pull it out
 #   netns.sh pids TAG I            the processes running as host I
@@ -91,6 +93,14 @@ cmd_exec() {
   exec ip netns exec "$(ns "$tag" "$i")" unshare --uts -- sh -c 'hostname "$0" && exec "$@"' "h$i" "$@"
 }
 
+# Runs argv in host I's network namespace and nothing else of it.
+cmd_netonly() {
+  local tag=$1 i=$2
+  shift 2
+  check_tag "$tag"
+  exec nsenter "--net=/run/netns/$(ns "$tag" "$i")" -- "$@"
+}
+
 cmd_link() {
   check_tag "$1"
   ip link set "crv-$1-$2" "$3"
@@ -149,11 +159,12 @@ case "${1:-}" in
   check) cmd_check ;;
   up) [ $# -eq 3 ] || die "usage: up TAG N"; cmd_up "$2" "$3" ;;
   exec) [ $# -ge 4 ] || die "usage: exec TAG I CMD..."; shift; cmd_exec "$@" ;;
+  netonly) [ $# -ge 4 ] || die "usage: netonly TAG I CMD..."; shift; cmd_netonly "$@" ;;
   addr) [ $# -eq 2 ] || die "usage: addr I"; addr "$2" ;;
   link) [ $# -eq 4 ] || die "usage: link TAG I up|down"; cmd_link "$2" "$3" "$4" ;;
   pids) [ $# -eq 3 ] || die "usage: pids TAG I"; cmd_pids "$2" "$3" ;;
   down) [ $# -eq 2 ] || die "usage: down TAG"; cmd_down "$2" ;;
   run) [ $# -ge 3 ] || die "usage: run N CMD..."; shift; cmd_run "$@" ;;
   agent) shift; cmd_agent "$@" ;;
-  *) die "usage: netns.sh check|up|exec|addr|link|pids|down|run|agent (see the head of this file)" ;;
+  *) die "usage: netns.sh check|up|exec|netonly|addr|link|pids|down|run|agent (see the head of this file)" ;;
 esac
