@@ -7,7 +7,12 @@
 #
 #   netns.sh check                 exit 0 when hosts can be built here, else
 #                                  print why on stdout and exit 77
-#   netns.sh up TAG N              build hosts 0..N-1 of run TAG ([a-z0-9]{1,6})
+#   netns.sh up TAG N [PID]        build hosts 0..N-1 of run TAG ([a-z0-9]{1,6});
+#                                  with PID, the run belongs to that process:
+#                                  a later `up` or `sweep` removes the run once
+#                                  that process is gone (a test runner killed
+#                                  before its teardown)
+#   netns.sh sweep                 remove the runs whose owner process is gone
 #   netns.sh exec TAG I CMD...     run CMD as host I (its network, hostname hI)
 #   netns.sh netonly TAG I CMD...  run CMD in host I's network namespace only
 #                                  (this machine's hostname, mounts, /etc/hosts)
@@ -57,9 +62,27 @@ cmd_check() {
   [ $ok -eq 1 ] || { echo "$why"; exit 77; }
 }
 
+OWNERS=/run/crun-netns
+
+cmd_sweep() {
+  local f tag
+  for f in "$OWNERS"/*; do
+    [ -f "$f" ] || continue
+    tag=${f##*/}
+    [[ "$tag" =~ ^[a-z0-9]{1,6}$ ]] || continue
+    kill -0 "$(cat "$f")" 2>/dev/null || cmd_down "$tag"
+  done
+}
+
 cmd_up() {
-  local tag=$1 n=$2 i j
+  local tag=$1 n=$2 owner=${3:-} i j
   check_tag "$tag"
+  cmd_sweep
+  if [ -n "$owner" ]; then
+    [[ "$owner" =~ ^[0-9]+$ ]] || die "bad owner pid '$owner'"
+    mkdir -p "$OWNERS"
+    echo "$owner" >"$OWNERS/$tag"
+  fi
   [[ "$n" =~ ^[0-9]+$ ]] && [ "$n" -ge 1 ] && [ "$n" -le 250 ] || die "bad host count '$n'"
   UP_TAG=$tag
   trap 'cmd_down "$UP_TAG"' ERR
@@ -126,6 +149,8 @@ cmd_down() {
   done
   ip link del "crb-$tag" 2>/dev/null || true
   rmdir /etc/netns 2>/dev/null || true
+  rm -f "$OWNERS/$tag"
+  rmdir "$OWNERS" 2>/dev/null || true
 }
 
 cmd_run() {
@@ -157,7 +182,8 @@ cmd_agent() {
 
 case "${1:-}" in
   check) cmd_check ;;
-  up) [ $# -eq 3 ] || die "usage: up TAG N"; cmd_up "$2" "$3" ;;
+  up) [ $# -eq 3 ] || [ $# -eq 4 ] || die "usage: up TAG N [PID]"; cmd_up "$2" "$3" "${4:-}" ;;
+  sweep) cmd_sweep ;;
   exec) [ $# -ge 4 ] || die "usage: exec TAG I CMD..."; shift; cmd_exec "$@" ;;
   netonly) [ $# -ge 4 ] || die "usage: netonly TAG I CMD..."; shift; cmd_netonly "$@" ;;
   addr) [ $# -eq 2 ] || die "usage: addr I"; addr "$2" ;;
@@ -166,5 +192,5 @@ case "${1:-}" in
   down) [ $# -eq 2 ] || die "usage: down TAG"; cmd_down "$2" ;;
   run) [ $# -ge 3 ] || die "usage: run N CMD..."; shift; cmd_run "$@" ;;
   agent) shift; cmd_agent "$@" ;;
-  *) die "usage: netns.sh check|up|exec|netonly|addr|link|pids|down|run|agent (see the head of this file)" ;;
+  *) die "usage: netns.sh check|up|sweep|exec|netonly|addr|link|pids|down|run|agent (see the head of this file)" ;;
 esac

@@ -4,6 +4,7 @@
 --   local hosts = netns.up(3)          -- hosts 0..2; hosts:down() in a finally
 --   hosts:start(i, args, {env=, limit=}) -- crun-lua <args> as host i, in the background
 --   hosts:wait(i, timeout) -> exit code or nil; hosts:out(i) -> its stdout+stderr
+--   hosts:sh(i, cmd, limit) -> exit code, output of an sh command run as host i
 --   hosts:kill(i)  SIGKILLs host i's crun-lua; hosts:link(i, "down"|"up")
 local c = require "helpers.common"
 
@@ -25,11 +26,19 @@ function M.addr(i) return "10.77.0." .. (i + 1) end
 local Hosts = {}
 Hosts.__index = Hosts
 
+-- This process's pid (the runs it builds are swept once it is gone).
+local function my_pid()
+  local f = assert(io.open("/proc/self/stat"))
+  local pid = f:read("n")
+  f:close()
+  return pid
+end
+
 --- Builds n hosts under a fresh tag; raises when that fails.
 function M.up(n)
   local tag = string.format("s%05x", math.random(0, 0xfffff))
   local h = setmetatable({tag = tag, n = n, dir = c.tmpdir("netns")}, Hosts)
-  local ok = os.execute(string.format("%s up %s %d >%s/up.log 2>&1", c.q(SCRIPT), tag, n, h.dir))
+  local ok = os.execute(string.format("%s up %s %d %d >%s/up.log 2>&1", c.q(SCRIPT), tag, n, my_pid(), h.dir))
   if not ok then
     local log = c.slurp(h.dir .. "/up.log") or ""
     h:down()
@@ -55,6 +64,18 @@ function Hosts:start(i, args, opts)
   assert(os.execute(cmd))
   assert(c.wait_for(function() return c.slurp(d .. "/pid." .. i) end, 10),
          "crun-lua did not start on host " .. i)
+end
+
+--- Runs the sh command line `cmd` as host i from the source dir in the
+-- foreground, killed after `limit` seconds; returns its exit code and
+-- output (stdout and stderr).
+function Hosts:sh(i, cmd, limit)
+  local full = string.format("cd %s && timeout -s KILL %d %s exec %s %d sh -c %s 2>&1", c.q(c.SOURCE),
+                             limit, c.q(SCRIPT), self.tag, i, c.q(cmd))
+  local p = io.popen(full)
+  local out = p:read("a")
+  local _, _, code = p:close()
+  return code, out
 end
 
 --- The exit code of host i's crun-lua, waiting up to `timeout` seconds.
