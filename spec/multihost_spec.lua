@@ -74,6 +74,29 @@ describe("jobs across network-namespace hosts", function()
     end)
   end
 
+  it("meet through torchrun's c10d rendezvous, the endpoint on host 0 and host 1 started first", function()
+    -- host 1 cannot bind 10.77.0.1: it waits for host 0's agent to serve there
+    local hosts = netns.up(2)
+    finally(function() hosts:down() end)
+    for _, i in ipairs({1, 0}) do
+      hosts:start(i, string.format("-n 2 --nnodes 2 --rdzv-backend c10d --rdzv-endpoint %s:29400 " ..
+                                   "--rdzv-id mh1 %s check", netns.addr(0), JOB), {env = BASE_ENV})
+      c.sleep(0.5)
+    end
+    for i = 0, 1 do assert.are.equal(0, hosts:wait(i, 60), all_out(hosts)) end
+    local out = all_out(hosts)
+    assert.is_truthy(hosts:out(0):find("rendezvous 'mh1' at " .. netns.addr(0) .. ":29400 closed: 2 node(s), world size 4",
+                                       1, true), out)
+    -- node ranks are first come: each host holds two consecutive ranks
+    for i = 0, 1 do
+      local o = hosts:out(i)
+      local first = tonumber(o:match("rank (%d) of 4 on h" .. i .. " %(local 0"))
+      assert.is_truthy(first == 0 or first == 2, out)
+      assert.is_truthy(o:find(string.format("rank %d of 4 on h%d (local 1, backend cpu)", first + 1, i), 1, true), out)
+      for r = first, first + 1 do assert.is_truthy(o:find(string.format("rank %d ok 7", r), 1, true), out) end
+    end
+  end)
+
   it("count ranks in two network namespaces as two hosts when nothing else differs", function()
     -- same hostname, mounts, IPC namespace and boot id: only the network
     -- namespace tells the hosts apart, so the group must go hierarchical
