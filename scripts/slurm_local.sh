@@ -67,9 +67,25 @@ PartitionName=local Nodes=ALL Default=YES MaxTime=30 State=UP
 EOF
 }
 
+# The slurmstepd processes of this cluster: their environment names its
+# config (slurmd passes SLURM_CONF on).
+cluster_stepds() {
+  local d p
+  for d in /proc/[0-9]*; do
+    [ "$(cat "$d/comm" 2>/dev/null)" = slurmstepd ] || continue
+    p=${d#/proc/}
+    tr '\0' '\n' <"$d/environ" 2>/dev/null | grep -qxF "SLURM_CONF=$SLURM_CONF" && echo "$p"
+  done
+  return 0
+}
+
 PIDS=()
+# Lets the job steps finish reporting to slurmctld (up to 5 s), then stops
+# what is left of them and the daemons: TERM, and KILL after 5 s.
 stop_all() {
   local p i
+  for ((i = 0; i < 50; i++)); do [ -z "$(cluster_stepds)" ] && break; sleep 0.1; done
+  PIDS=($(cluster_stepds) "${PIDS[@]}")
   for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
   for p in "${PIDS[@]}"; do
     for ((i = 0; i < 50; i++)); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
