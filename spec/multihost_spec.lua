@@ -30,9 +30,11 @@ local function all_out(hosts)
   return table.concat(parts, "\n")
 end
 
-local function start_all(hosts, nproc, job_args, env, net_only)
+-- rdzv: --rdzv-timeout, which also bounds how long the survivors of a lost
+-- host wait for it at the end of the attempt (default 10 s).
+local function start_all(hosts, nproc, job_args, env, net_only, rdzv)
   for i = 0, hosts.n - 1 do
-    hosts:start(i, node_args(i, hosts.n, nproc, "--rdzv-timeout 8") .. " " .. job_args,
+    hosts:start(i, node_args(i, hosts.n, nproc, "--rdzv-timeout " .. (rdzv or 10)) .. " " .. job_args,
                 {env = BASE_ENV .. " " .. (env or ""), limit = 60, net_only = net_only})
   end
 end
@@ -44,7 +46,8 @@ describe("jobs across network-namespace hosts", function()
     return
   end
 
-  for _, job in ipairs({{2, "tcp"}, {3, "tcp"}, {2, "hier"}, {3, "hier"}}) do
+  -- (2 hosts x 2 ranks on the hierarchical engine: the c10d and network-only cases below)
+  for _, job in ipairs({{2, "tcp"}, {3, "tcp"}, {3, "hier"}}) do
     local nhosts, engine = job[1], job[2]
     it(string.format("meet and run the collectives on %d hosts x 2 ranks (%s)", nhosts, engine), function()
       local hosts = netns.up(nhosts)
@@ -87,6 +90,7 @@ describe("jobs across network-namespace hosts", function()
     local out = all_out(hosts)
     assert.is_truthy(hosts:out(0):find("rendezvous 'mh1' at " .. netns.addr(0) .. ":29400 closed: 2 node(s), world size 4",
                                        1, true), out)
+    assert.is_truthy(out:find("group of 4 ranks on 2 hosts uses the hierarchical engine", 1, true), out)
     -- node ranks are first come: each host holds two consecutive ranks
     for i = 0, 1 do
       local o = hosts:out(i)
@@ -112,7 +116,7 @@ describe("jobs across network-namespace hosts", function()
   it("end every surviving host with a named error when a host's crun-lua is killed", function()
     local hosts = netns.up(3)
     finally(function() hosts:down() end)
-    start_all(hosts, 1, "loop 30")
+    start_all(hosts, 1, "loop 30", nil, false, 5)
     assert.is_truthy(c.wait_for(function() return hosts:out(0):find("looping", 1, true) end, 30), all_out(hosts))
     local t0 = os.time()
     hosts:kill(2)
@@ -136,7 +140,7 @@ describe("jobs across network-namespace hosts", function()
   it("end every surviving host with ETIMEDOUT naming the lost rank when a host is cut off", function()
     local hosts = netns.up(3)
     finally(function() hosts:down() end)
-    start_all(hosts, 1, "loop 4")
+    start_all(hosts, 1, "loop 4", nil, false, 5)
     assert.is_truthy(c.wait_for(function() return hosts:out(0):find("looping", 1, true) end, 30), all_out(hosts))
     local t0 = os.time()
     hosts:link(1, "down")
