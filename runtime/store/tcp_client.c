@@ -87,7 +87,13 @@ static int finish_connect(int fd, double deadline) {
   return err;
 }
 
-/* One connect attempt to every address of host:port; returns fd or -errno. */
+/* connect_once's result when the host name does not resolve: not an errno,
+ * so that a real "no route to host" (a cable pulled) is not reported as a
+ * name that does not resolve. */
+#define CONNECT_NO_NAME (-(1 << 20))
+
+/* One connect attempt to every address of host:port; returns fd, -errno or
+ * CONNECT_NO_NAME. */
 static int connect_once(const char *host, int port, double deadline) {
   struct addrinfo hints = {0}, *res = NULL;
   char ps[16];
@@ -95,7 +101,7 @@ static int connect_once(const char *host, int port, double deadline) {
   hints.ai_socktype = SOCK_STREAM;
   snprintf(ps, sizeof ps, "%d", port);
   int gai = getaddrinfo(host, ps, &hints, &res);
-  if (gai != 0) return -EHOSTUNREACH;
+  if (gai != 0) return CONNECT_NO_NAME;
   int err = ECONNREFUSED;
   for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
     int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
@@ -225,11 +231,11 @@ static int tcp_connect(tcp_store_t *t, double deadline) {
       fd = -ECONNRESET;
     }
     double left = deadline - crun_clock();
-    if (left <= 0 || fd == -EHOSTUNREACH) {
+    if (left <= 0 || fd == CONNECT_NO_NAME || fd == -EHOSTUNREACH) {
       int st = fd == -ECONNREFUSED ? CRUN_ECONNREFUSED : fd == -ETIMEDOUT ? CRUN_ETIMEDOUT : CRUN_ESYS;
       return crun_error(st, "cannot connect to the store at %s:%d within %.1f s: %s%s", t->host,
                         t->port, crun_clock() - t0,
-                        fd == -EHOSTUNREACH ? "cannot resolve the host" : strerror(-fd),
+                        fd == CONNECT_NO_NAME ? "cannot resolve the host" : strerror(-fd),
                         st == CRUN_ECONNREFUSED ? " (is the master running?)" : "");
     }
     long us = sleep_us < left * 1e6 ? sleep_us : (long)(left * 1e6) + 1;

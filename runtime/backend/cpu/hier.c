@@ -9,7 +9,7 @@
  *     several hosts with at least one host holding two or more ranks use the
  *     hierarchical engine below (CRUN_HIER=0: flat TCP instead); one rank per
  *     host stays on TCP.
- * A rank's host is its boot id, hostname and IPC/mount namespaces, unless
+ * A rank's host is its boot id, hostname and IPC/mount/network namespaces, unless
  * CRUN_HOST_ID says otherwise: "rank_div:K" puts global rank r on fake host
  * r / K (so one machine can pretend to be several: specs, tests), any other
  * text is the host's name as given.

@@ -2,7 +2,8 @@
  * (the crun__shm_engine_open hook of backend/backend.h).
  *
  * Attaching is decided collectively through the group's store: every rank
- * publishes its host identity (boot id, hostname, IPC and mount namespaces);
+ * publishes its host identity (boot id, hostname, IPC, mount and network
+ * namespaces);
  * when all match, every rank creates the communicator and publishes whether
  * that worked; the engine is used only when it worked everywhere, else every
  * rank declines and the group stays on TCP. The engine takes every
@@ -19,8 +20,12 @@
 
 #include "backend/backend.h"
 
+/* Network namespaces count: ranks in different ones are on different hosts
+ * even when they share the kernel (boot id), hostname and /dev/shm, as the
+ * hosts that scripts/netns.sh builds do; a host's addresses and its abstract
+ * unix sockets (the store's same-host shortcut) live in its namespace. */
 void crun__shm_host_identity(char *buf, size_t n) {
-  char boot[64] = "", host[256] = "", ipc[64] = "", mnt[64] = "";
+  char boot[64] = "", host[256] = "", ipc[64] = "", mnt[64] = "", net[64] = "";
   FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
   if (f) {
     if (!fgets(boot, sizeof boot, f)) boot[0] = 0;
@@ -32,7 +37,9 @@ void crun__shm_host_identity(char *buf, size_t n) {
   ipc[k > 0 ? k : 0] = 0;
   k = readlink("/proc/self/ns/mnt", mnt, sizeof mnt - 1);
   mnt[k > 0 ? k : 0] = 0;
-  snprintf(buf, n, "%s/%s/%s/%s", boot, host, ipc, mnt);
+  k = readlink("/proc/self/ns/net", net, sizeof net - 1);
+  net[k > 0 ? k : 0] = 0;
+  snprintf(buf, n, "%s/%s/%s/%s/%s", boot, host, ipc, mnt, net);
 }
 
 /* Publishes `val` under "<what>/<rank>" and sets *all_same to whether every

@@ -81,8 +81,9 @@ int crun__shm_comm_size(const crun__shm_comm_t *c);
  * its own numbering); by default the engine counts its own collectives. */
 void crun__shm_comm_label(crun__shm_comm_t *c, uint64_t seq);
 
-/* Writes "<boot id>/<hostname>/<ipc ns>/<mount ns>" into buf: equal exactly
- * on the processes that can open each other's segments in /dev/shm. */
+/* Writes "<boot id>/<hostname>/<ipc ns>/<mount ns>/<net ns>" into buf: equal
+ * exactly on the processes that can open each other's segments in /dev/shm
+ * and share a network stack (one host; see pg_engine.c). */
 void crun__shm_host_identity(char *buf, size_t n);
 
 /* Sums (or op) `count` elements across ranks; every rank gets the result in
