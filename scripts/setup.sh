@@ -26,5 +26,16 @@ fi
 echo "setup: installing ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get -o DPkg::Lock::Timeout=900 update -qq
-$SUDO apt-get -o DPkg::Lock::Timeout=900 install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+# The munge and Slurm daemons must not start as system services (the specs run
+# their own in a temporary directory): while installing, a policy-rc.d that
+# refuses every service start, unless the machine already has one.
+policy=/usr/sbin/policy-rc.d
+own_policy=0
+if [ ! -e "$policy" ]; then
+  printf '#!/bin/sh\nexit 101\n' | $SUDO tee "$policy" >/dev/null && $SUDO chmod 755 "$policy" && own_policy=1
+fi
+rc=0
+$SUDO apt-get -o DPkg::Lock::Timeout=900 install -y -qq --no-install-recommends "${missing[@]}" >/dev/null || rc=$?
+[ $own_policy = 1 ] && $SUDO rm -f "$policy"
+[ $rc = 0 ] || exit $rc
 echo "setup: done"
