@@ -1,5 +1,6 @@
---- jobs/zero_mem.lua — per-rank model-state bytes and step time of DDP vs
--- ZeroRedundancyOptimizer, both with Adam, on one model (not a test).
+--- jobs/zero_mem.lua — per-rank model-state bytes and step time of DDP,
+-- ZeroRedundancyOptimizer, FSDP SHARD_GRAD_OP and FSDP FULL_SHARD, all with
+-- Adam, on one model (not a test).
 --
 --   for n in 1 2 4; do crun-lua -n $n jobs/zero_mem.lua [--width 1152] [--layers 8]
 --                      [--batch 32] [--steps 5] [--warmup 1]; done
@@ -12,6 +13,10 @@
 -- rank with the biggest shard). step ms is forward + backward + optimizer
 -- step, the median over `steps` timed steps of the slowest rank; opt ms is
 -- the optimizer step alone (for ZeRO it includes the parameter broadcasts).
+-- FSDP wraps every Linear as a unit (auto_wrap); its params/grads columns
+-- are the shards a rank keeps between steps, and "peak +MB" the full
+-- buffers (parameters and gradients of the gathered units) it held at once
+-- during the step.
 local crun = require "crun"
 local nn, dist, T = crun.nn, crun.dist, crun.tensor
 
@@ -63,11 +68,19 @@ local function median(v)
 end
 
 -- One configuration: returns {params=, grads=, state=, step_ms=, opt_ms=} for this rank.
-local function measure(o, zero, rank)
+local function measure(o, mode, rank)
   local net = build(o)
-  local model = crun.DDP(net, {gradient_as_bucket_view = true})
-  local opt = zero and crun.optim.ZeroRedundancyOptimizer(model, crun.optim.Adam, {lr = 1e-4})
-    or crun.optim.Adam(model, {lr = 1e-4})
+  local zero = mode == "ZeRO"
+  local model, opt
+  if mode == "DDP" or zero then
+    model = crun.DDP(net, {gradient_as_bucket_view = true})
+    opt = zero and crun.optim.ZeroRedundancyOptimizer(model, crun.optim.Adam, {lr = 1e-4})
+      or crun.optim.Adam(model, {lr = 1e-4})
+  else
+    model = crun.FSDP(net, {sharding_strategy = mode == "FSDP-SGO" and "SHARD_GRAD_OP" or "FULL_SHARD",
+      auto_wrap = {min_params = o.width * o.width}})
+    opt = crun.optim.Adam(model, {lr = 1e-4})
+  end
   local X = T.randn({o.batch, o.width}, {seed = 100 + rank})
   local Y = T.randn({o.batch, o.width}, {seed = 200 + rank})
   local crit = nn.MSECriterion()
@@ -84,11 +97,11 @@ local function measure(o, zero, rank)
     local t2 = crun.core.clock()
     if s > o.warmup then steps[#steps + 1], opts[#opts + 1] = (t2 - t0) * 1e3, (t2 - t1) * 1e3 end
   end
-  local params, grads = net:parameters()
+  local params, grads = model:parameters()
   local r = {params = bytes_of(params), grads = bytes_of(grads),
     state = state_bytes(zero and opt.optim.state or opt.state), steps = steps, opts = opts,
-    numel = bytes_of(params) // 4}
-  model:close()
+    numel = bytes_of(params) // 4, peak = model.stats.peak_full_bytes or 0}
+  if model.close then model:close() end
   return r
 end
 
@@ -96,11 +109,11 @@ local o = parse_args(arg)
 dist.init_process_group{backend = "auto"}
 local rank, world = dist.get_rank(), dist.get_world_size()
 local MB = 1024 * 1024
-for _, zero in ipairs{false, true} do
-  local all = dist.all_gather_object(measure(o, zero, rank))
+for _, mode in ipairs{"DDP", "ZeRO", "FSDP-SGO", "FSDP-FULL"} do
+  local all = dist.all_gather_object(measure(o, mode, rank))
   collectgarbage()
   if rank == 0 then
-    local row = {params = 0, grads = 0, state = 0}
+    local row = {params = 0, grads = 0, state = 0, peak = 0}
     local step, optms = {}, {}
     for i = 1, o.steps do
       step[i], optms[i] = 0, 0
@@ -110,16 +123,16 @@ for _, zero in ipairs{false, true} do
       end
     end
     for _, r in ipairs(all) do
-      for _, k in ipairs{"params", "grads", "state"} do row[k] = math.max(row[k], r[k]) end
+      for _, k in ipairs{"params", "grads", "state", "peak"} do row[k] = math.max(row[k], r[k]) end
     end
-    if not zero then
+    if mode == "DDP" then
       print(string.format("# %d parameters (%.1f M), float32, Adam, batch %d per rank, median of %d steps",
         all[1].numel, all[1].numel / 1e6, o.batch, o.steps))
-      print(string.format("%-5s %-5s %10s %10s %10s %10s %9s %9s", "ranks", "mode", "params MB", "grads MB",
-        "optim MB", "total MB", "step ms", "opt ms"))
+      print(string.format("%-5s %-9s %10s %10s %10s %10s %9s %9s %9s", "ranks", "mode", "params MB", "grads MB",
+        "optim MB", "total MB", "peak +MB", "step ms", "opt ms"))
     end
-    print(string.format("%-5d %-5s %10.1f %10.1f %10.1f %10.1f %9.1f %9.1f", world, zero and "ZeRO" or "DDP",
-      row.params / MB, row.grads / MB, row.state / MB, (row.params + row.grads + row.state) / MB,
+    print(string.format("%-5d %-9s %10.1f %10.1f %10.1f %10.1f %9.1f %9.1f %9.1f", world, mode,
+      row.params / MB, row.grads / MB, row.state / MB, (row.params + row.grads + row.state) / MB, row.peak / MB,
       median(step), median(optms)))
   end
 end

@@ -13,6 +13,7 @@ local crun = {
   -- training shortcuts (lua/crun/ddp.lua, serialize.lua), loaded on call
   DDP = function(...) return require("crun.ddp").DDP(...) end,
   join = function(...) return require("crun.ddp").join(...) end,
+  FSDP = function(...) return require("crun.fsdp").FSDP(...) end,
   save = function(...) return require("crun.serialize").save(...) end,
   load = function(...) return require("crun.serialize").load(...) end,
 }
@@ -34,7 +35,7 @@ end
 -- Submodules that load lazily from lua/crun/<name>.lua on first access.
 local lazy = {
   store = true, tensor = true, dist = true, nn = true, optim = true,
-  data = true, ddp = true, serialize = true, repl = true, comm_hooks = true,
+  data = true, ddp = true, serialize = true, repl = true, comm_hooks = true, fsdp = true,
 }
 
 return setmetatable(crun, {

@@ -171,6 +171,10 @@ end
 -- gradient_as_bucket_view makes gradients views of its bucket buffers).
 function Module:_set_grad(i, t) self._grads[i] = t end
 
+--- Replaces this leaf's i-th parameter tensor (FSDP points it at a view of
+-- the gathered flat buffer, and at an empty tensor while it is sharded).
+function Module:_set_param(i, t) self._params[i] = t end
+
 --- Plain list of the parameter values (copies), for crun.save.
 function Module:state_dict()
   local sd = {}
@@ -229,6 +233,11 @@ end
 function Linear:_set_grad(i, t)
   self._grads[i] = t
   if i == 1 then self.gradWeight = t else self.gradBias = t end
+end
+
+function Linear:_set_param(i, t)
+  self._params[i] = t
+  if i == 1 then self.weight = t else self.bias = t end
 end
 
 function Linear:describe()

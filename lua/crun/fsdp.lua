@@ -1,0 +1,417 @@
+--- crun.fsdp: FullyShardedDataParallel for crun.nn modules (torch's FSDP).
+--
+--   local model = crun.FSDP(net, {sharding_strategy = "FULL_SHARD", auto_wrap = {min_params = 1e5}})
+--   local opt = crun.optim.Adam(model, {lr = 1e-3})   -- steps this rank's shards
+--   local out = model:forward(x); model:backward(x, crit:backward(out, y)); opt:step()
+--
+-- The module's parameters are split into units (auto_wrap: every leaf with at
+-- least min_params parameters is a unit of its own, the other leaves form
+-- the root unit; without it the whole module is one unit). A unit's
+-- parameters live as one flat buffer, padded to a multiple of the group
+-- size, of which each rank keeps its 1/N shard (the tensor the optimizer
+-- steps). Before a unit's first forward its parameters are gathered
+-- (all_gather_into_tensor) and the leaves' parameters become views of the
+-- full buffer; FULL_SHARD frees the full buffer after the unit's forward and
+-- gathers it again for its backward, SHARD_GRAD_OP keeps it until the
+-- unit's backward ends, NO_SHARD keeps everything (DDP's memory, one
+-- all_reduce per unit). When a unit's backward ends its gradients (written
+-- straight into a flat buffer) are averaged and scattered into the shard
+-- (reduce_scatter_tensor). The next unit's gather is launched before the
+-- current unit computes (forward and backward prefetch), as async work.
+-- Every rank must call forward and backward in the same order (they are
+-- collectives).
+local M = {}
+
+local function T() return require "crun.tensor" end
+local function dist() return require "crun.dist" end
+local O = require "crun.opts"
+
+local FSDP_OPTS = O.spec{"sharding_strategy", "auto_wrap", "mixed_precision", "group", "forward_prefetch",
+  "backward_prefetch",
+  aliases = {process_group = "group", auto_wrap_policy = "auto_wrap"},
+  inert = {device_id = "crun's FSDP runs where the module's tensors are",
+    cpu_offload = "the parameters already live in host memory",
+    sync_module_states = "every rank's shard comes from rank 0's parameters at wrap time",
+    use_orig_params = "the optimizer steps the flat shards",
+    limit_all_gathers = "at most one gather is prefetched"}}
+
+local STRATEGIES = {FULL_SHARD = true, SHARD_GRAD_OP = true, NO_SHARD = true}
+
+local FSDP = {}
+FSDP.__index = FSDP
+FSDP.__name = "crun.FSDP"
+
+-- ---------------------------------------------------------------- units
+
+-- Splits the module's leaves into units: {{leaves = {...}}, ...} in forward
+-- order of their first leaf; the root unit (leaves below min_params) first.
+local function plan_units(module, min_params)
+  local leaves = module:leaves()
+  if not min_params then return {{leaves = leaves}} end
+  local root, units = {leaves = {}}, {}
+  for _, l in ipairs(leaves) do
+    local n = 0
+    for _, p in ipairs((l:parameters())) do n = n + p:numel() end
+    if n >= min_params then units[#units + 1] = {leaves = {l}} else root.leaves[#root.leaves + 1] = l end
+  end
+  if #root.leaves > 0 then table.insert(units, 1, root) end
+  return units
+end
+
+-- Fills a unit's layout: entries {leaf, index, shape, numel, offset}, total
+-- numel, padded size, shard size.
+local function layout(u, world, no_shard)
+  u.entries, u.numel = {}, 0
+  for _, leaf in ipairs(u.leaves) do
+    local ps = leaf:parameters()
+    for i, p in ipairs(ps) do
+      u.entries[#u.entries + 1] = {leaf = leaf, index = i, shape = p:size(), numel = p:numel(), offset = u.numel}
+      u.numel = u.numel + p:numel()
+    end
+    u.dtype = u.dtype or (ps[1] and ps[1]:dtype())
+    for _, p in ipairs(ps) do
+      if p:dtype() ~= u.dtype then
+        O.fail("ENOTSUP: FSDP: a unit mixes dtypes %s and %s (wrap them in separate units)", u.dtype, p:dtype())
+      end
+    end
+  end
+  u.dtype = u.dtype or "float32"
+  local per = no_shard and u.numel or (u.numel + world - 1) // world
+  u.shard_numel, u.padded = per, no_shard and u.numel or per * world
+end
+
+--- shard_range(numel, world, rank) -> first (0-based) and count of the
+-- elements of a flat buffer of `numel` that rank owns (the padding is the
+-- tail of the last shards).
+function M.shard_range(numel, world, rank)
+  local per = (numel + world - 1) // world
+  local first = math.min(numel, per * rank)
+  return first, math.min(numel, first + per) - first, per
+end
+
+-- ---------------------------------------------------------------- construction
+
+--- FSDP(module, {sharding_strategy="FULL_SHARD"|"SHARD_GRAD_OP"|"NO_SHARD",
+-- auto_wrap={min_params=N}, group=, forward_prefetch=true, backward_prefetch=true,
+-- mixed_precision={reduce_dtype=}}). Blocks: rank 0's parameters are
+-- broadcast, then each rank keeps its shards.
+function M.FSDP(module, opts)
+  opts = O.check(FSDP_OPTS, "FSDP", opts)
+  if type(module) ~= "table" or type(module.leaves) ~= "function" then
+    O.fail("EINVAL: FSDP: a crun.nn module is expected, got %s", type(module))
+  end
+  local d = dist()
+  if not d.is_initialized() then O.fail("ESTATE: FSDP needs a process group: call crun.dist.init_process_group() first") end
+  local strategy = opts.sharding_strategy or "FULL_SHARD"
+  if not STRATEGIES[strategy] then
+    O.fail("EINVAL: FSDP: sharding_strategy must be FULL_SHARD, SHARD_GRAD_OP or NO_SHARD, got %s", tostring(strategy))
+  end
+  local min_params = opts.auto_wrap and opts.auto_wrap.min_params
+  if opts.auto_wrap ~= nil and (type(opts.auto_wrap) ~= "table" or type(min_params) ~= "number" or min_params < 1) then
+    O.fail("EINVAL: FSDP: auto_wrap must be {min_params = N} with N >= 1")
+  end
+  local mp = opts.mixed_precision or {}
+  for k, v in pairs(mp) do
+    if k ~= "param_dtype" and k ~= "reduce_dtype" and k ~= "buffer_dtype" then
+      O.fail("EINVAL: FSDP: unknown mixed_precision key '%s'", tostring(k))
+    end
+    if v ~= "float32" and v ~= "float64" then
+      O.fail("ENOTSUP: FSDP: mixed_precision %s = %s: crun computes in float32 and float64 only", k, tostring(v))
+    end
+  end
+  local self = setmetatable({module = module, group = opts.group, strategy = strategy,
+    reduce_dtype = mp.reduce_dtype, prefetch_fwd = opts.forward_prefetch ~= false,
+    prefetch_bwd = opts.backward_prefetch ~= false, stats = {gathers = 0, reduces = 0}}, FSDP)
+  self.copts = self.group and {group = self.group} or nil
+  self.world, self.rank = d.get_world_size(self.group), d.get_rank(self.group)
+  if self.rank < 0 then O.fail("EINVAL: FSDP: this rank is not a member of the group") end
+  self.units = {}
+  for _, u in ipairs(plan_units(module, min_params)) do
+    layout(u, self.world, strategy == "NO_SHARD")
+    if u.numel > 0 then -- leaves without parameters need no unit
+      self.units[#self.units + 1] = u
+      u.k = #self.units
+      self:_shard(u)
+    end
+  end
+  for k, u in ipairs(self.units) do
+    for _, leaf in ipairs(u.leaves) do self:_wrap_leaf(leaf, u) end
+    u.first_leaf, u.last_leaf = u.leaves[1], u.leaves[#u.leaves]
+    if strategy == "NO_SHARD" then self:_materialize(u, u.shard) end
+    u.order = k
+  end
+  return self
+end
+
+-- Builds unit u's shard (and gradient shard) from rank 0's parameters.
+function FSDP:_shard(u)
+  local flat = T().zeros({math.max(u.padded, 1)}, u.dtype)
+  for _, e in ipairs(u.entries) do
+    local p = e.leaf:parameters()[e.index]
+    flat:narrow(1, e.offset + 1, e.numel):copy(p:contiguous():view(e.numel))
+  end
+  local src = self.group and dist().get_global_rank(self.group, 0) or 0
+  dist().broadcast(flat, src, self.copts)
+  if self.strategy == "NO_SHARD" then
+    u.shard = flat
+  else
+    u.shard = flat:narrow(1, self.rank * u.shard_numel + 1, u.shard_numel):clone()
+  end
+  u.grad_shard = T().zeros({u.shard_numel}, u.dtype)
+  -- the leaves' own tensors are dropped: they become views when gathered
+  for _, e in ipairs(u.entries) do
+    e.leaf:_set_param(e.index, T().zeros({0}, u.dtype))
+    e.leaf:_set_grad(e.index, T().zeros({0}, u.dtype))
+  end
+end
+
+-- Points the unit's leaves at views of `full` (parameters) and of a fresh
+-- zeroed gradient buffer.
+function FSDP:_materialize(u, full)
+  if self.strategy ~= "NO_SHARD" and not u.full then
+    self.live = (self.live or 0) + 2 * u.padded * (u.dtype == "float64" and 8 or 4) -- parameters + gradients
+    self.stats.peak_full_bytes = math.max(self.stats.peak_full_bytes or 0, self.live)
+  end
+  u.full = full
+  u.grad_full = u.grad_full or T().zeros({math.max(u.padded, 1)}, u.dtype)
+  for _, e in ipairs(u.entries) do
+    e.leaf:_set_param(e.index, full:narrow(1, e.offset + 1, e.numel):view(table.unpack(e.shape)))
+    e.leaf:_set_grad(e.index, u.grad_full:narrow(1, e.offset + 1, e.numel):view(table.unpack(e.shape)))
+  end
+end
+
+-- Releases the unit's full buffers (the leaves hold empty tensors again).
+function FSDP:_release(u)
+  if self.strategy == "NO_SHARD" or not u.full then return end
+  self.live = self.live - 2 * u.padded * (u.dtype == "float64" and 8 or 4)
+  for _, e in ipairs(u.entries) do
+    e.leaf:_set_param(e.index, T().zeros({0}, u.dtype))
+    e.leaf:_set_grad(e.index, T().zeros({0}, u.dtype))
+  end
+  u.full, u.grad_full = nil, nil
+end
+
+-- ---------------------------------------------------------------- gathering
+
+-- Launches unit u's all_gather (async) unless it is gathered or in flight.
+function FSDP:_launch_gather(u)
+  if not u or u.full or u.pending or self.strategy == "NO_SHARD" then return end
+  local full = T().zeros({u.padded}, u.dtype)
+  local o = {async_op = true}
+  -- (the async work keeps `full` and the shard alive until it completes)
+  if self.group then o.group = self.group end
+  u.pending = {work = dist().all_gather_into_tensor(full, u.shard, o), full = full}
+  self.stats.gathers = self.stats.gathers + 1
+end
+
+-- Unit u's parameters are there (waiting for its gather) when this returns.
+function FSDP:_gather(u)
+  if u.full then return end
+  self:_launch_gather(u)
+  local p = u.pending
+  u.pending = nil
+  p.work:wait()
+  self:_materialize(u, p.full)
+end
+
+-- ---------------------------------------------------------------- hooks
+
+-- Wraps leaf's forward and backward with the unit's gather, release,
+-- prefetch and gradient reduction.
+function FSDP:_wrap_leaf(leaf, u)
+  local cls = getmetatable(leaf)
+  local fwd, bwd = cls.forward, cls.backward
+  local fsdp = self
+  leaf.forward = function(l, x)
+    u.bwd_done = false
+    fsdp:_gather(u)
+    if l == u.first_leaf and fsdp.prefetch_fwd then fsdp:_launch_gather(fsdp.units[u.k + 1]) end
+    local y = fwd(l, x)
+    if l == u.last_leaf and fsdp.strategy == "FULL_SHARD" then fsdp:_release(u) end
+    return y
+  end
+  leaf.backward = function(l, x, gy)
+    if l == u.last_leaf then
+      fsdp:_gather(u)
+      if fsdp.strategy ~= "NO_SHARD" then u.grad_full:zero() end
+      if fsdp.prefetch_bwd then fsdp:_launch_gather(fsdp:_next_backward(u)) end
+    end
+    local gx = bwd(l, x, gy)
+    if l == u.first_leaf then fsdp:_reduce(u) end
+    return gx
+  end
+end
+
+-- The unit whose backward probably comes after u's: the nearest earlier
+-- unit whose backward has not run in this iteration (nil: none).
+function FSDP:_next_backward(u)
+  for k = u.k - 1, 1, -1 do
+    if not self.units[k].bwd_done then return self.units[k] end
+  end
+end
+
+-- Unit u's backward ended: its gradients, averaged over the group, go into
+-- its gradient shard (accumulated, as torch accumulates .grad); the full
+-- buffers are released.
+function FSDP:_reduce(u)
+  local grad = u.grad_full
+  local rd = self.reduce_dtype and self.reduce_dtype ~= u.dtype and self.reduce_dtype or nil
+  if rd then grad = grad:to(rd) end
+  if self.strategy == "NO_SHARD" then
+    dist().all_reduce(grad, "avg", self.copts)
+    if rd then u.grad_full:copy(grad) end
+    u.grad_shard:add_(u.grad_full)
+    u.grad_full:zero()
+  else
+    local out = T().zeros({u.shard_numel}, rd or u.dtype)
+    dist().reduce_scatter_tensor(out, grad, "avg", self.copts)
+    u.grad_shard:add_(rd and out:to(u.dtype) or out)
+    self:_release(u)
+  end
+  u.bwd_done = true
+  self.stats.reduces = self.stats.reduces + 1
+end
+
+-- ---------------------------------------------------------------- module API
+
+function FSDP:forward(x) return self.module:forward(x) end
+
+--- backward(x, gy): the module's backward; returns once every unit's
+-- gradients are in its shard (blocking).
+function FSDP:backward(x, gy)
+  local gx = self.module:backward(x, gy)
+  for _, u in ipairs(self.units) do
+    if u.pending then -- a prefetch nobody needed (e.g. the root unit's): finish it
+      u.pending.work:wait()
+      u.pending = nil
+    end
+  end
+  self.gradInput = gx
+  return gx
+end
+
+--- parameters() -> this rank's shards and their gradients (one flat tensor
+-- per unit): what an optimizer steps.
+function FSDP:parameters()
+  local p, g = {}, {}
+  for k, u in ipairs(self.units) do p[k], g[k] = u.shard, u.grad_shard end
+  return p, g
+end
+
+function FSDP:zero_grad()
+  for _, u in ipairs(self.units) do u.grad_shard:zero() end
+end
+
+function FSDP:train() self.module:train(); return self end
+function FSDP:evaluate() self.module:evaluate(); return self end
+FSDP.eval = FSDP.evaluate
+
+--- Bytes this rank holds now: {params=, grads=} (shards plus any full
+-- buffers currently gathered).
+function FSDP:memory()
+  local m = {params = 0, grads = 0}
+  for _, u in ipairs(self.units) do
+    local es = ({float32 = 4, float64 = 8})[u.dtype] or 4
+    m.params = m.params + u.shard:numel() * es + ((u.full and self.strategy ~= "NO_SHARD") and u.padded * es or 0)
+    m.grads = m.grads + u.grad_shard:numel() * es + ((u.grad_full and self.strategy ~= "NO_SHARD") and u.padded * es or 0)
+  end
+  return m
+end
+
+-- ---------------------------------------------------------------- state
+
+-- Unit u's whole flat parameter buffer on every rank (a collective).
+function FSDP:_full_flat(u)
+  if self.strategy == "NO_SHARD" then return u.shard:clone() end
+  local full = T().zeros({u.padded}, u.dtype)
+  dist().all_gather_into_tensor(full, u.shard, self.copts)
+  return full
+end
+
+--- state_dict() -> the module's full state_dict (a list of parameter
+-- tensors in registration order) on rank 0 of the group, nil elsewhere. A
+-- collective: every rank calls it.
+function FSDP:state_dict()
+  local by_leaf = {}
+  for _, u in ipairs(self.units) do
+    local full = self:_full_flat(u)
+    for _, e in ipairs(u.entries) do
+      by_leaf[e.leaf] = by_leaf[e.leaf] or {}
+      by_leaf[e.leaf][e.index] = full:narrow(1, e.offset + 1, e.numel):view(table.unpack(e.shape)):clone()
+    end
+  end
+  if self.rank ~= 0 then return nil end
+  local sd = {}
+  for _, leaf in ipairs(self.module:leaves()) do
+    for _, t in ipairs(by_leaf[leaf] or {}) do sd[#sd + 1] = t end
+  end
+  return sd
+end
+
+--- sharded_state_dict([optim]) -> this rank's part: {world=, rank=, units =
+-- {{numel=, shard=, optim={key=tensor|number}}}}; save one per rank.
+function FSDP:sharded_state_dict(optim)
+  local sd = {world = self.world, rank = self.rank, units = {}}
+  for k, u in ipairs(self.units) do
+    local rec = {numel = u.numel, shard = u.shard:clone()}
+    local st = optim and optim.state and optim.state[k]
+    if st then
+      rec.optim = {}
+      for key, v in pairs(st) do rec.optim[key] = type(v) == "userdata" and v:clone() or v end
+    end
+    sd.units[k] = rec
+  end
+  return sd
+end
+
+--- load_sharded_state_dict(parts[, optim]): parts is the list of every old
+-- rank's sharded_state_dict (any world size); each rank takes its own
+-- slice of every unit's parameters (and of the optimizer state's tensors).
+function FSDP:load_sharded_state_dict(parts, optim)
+  if type(parts) ~= "table" or #parts == 0 then
+    O.fail("EINVAL: FSDP:load_sharded_state_dict: a list of every rank's sharded_state_dict is expected")
+  end
+  table.sort(parts, function(a, b) return a.rank < b.rank end)
+  for k, u in ipairs(self.units) do
+    local recs = {}
+    for r, p in ipairs(parts) do
+      recs[r] = p.units[k]
+      if not recs[r] or recs[r].numel ~= u.numel then
+        O.fail("EMISMATCH: FSDP:load_sharded_state_dict on rank %d: unit %d holds %s elements in the checkpoint of "
+          .. "rank %d, %d here", self.rank, k, recs[r] and tostring(recs[r].numel) or "no", r - 1, u.numel)
+      end
+    end
+    local function reshard(get)
+      local full = T().zeros({math.max(u.padded, u.numel, 1)}, u.dtype)
+      local off = 0
+      for _, rec in ipairs(recs) do
+        local t = get(rec)
+        local n = math.min(t:numel(), u.numel - off)
+        if n > 0 then full:narrow(1, off + 1, n):copy(t:narrow(1, 1, n)) end
+        off = off + t:numel()
+      end
+      if self.strategy == "NO_SHARD" then return full:narrow(1, 1, u.numel):clone() end
+      return full:narrow(1, self.rank * u.shard_numel + 1, u.shard_numel):clone()
+    end
+    u.shard:copy(reshard(function(r) return r.shard end))
+    if optim and recs[1].optim then
+      local st = {}
+      for key, v in pairs(recs[1].optim) do
+        if type(v) == "userdata" then st[key] = reshard(function(r) return r.optim[key] end)
+        else st[key] = v end
+      end
+      optim.state[k] = st
+    end
+    if self.strategy == "NO_SHARD" then self:_materialize(u, u.shard) end
+  end
+end
+
+function FSDP:__tostring()
+  local n = 0
+  for _, u in ipairs(self.units) do n = n + u.numel end
+  return string.format("crun.FSDP(%s, %d units, %d parameters, world %d)", self.strategy, #self.units, n, self.world)
+end
+
+M.FSDPClass = FSDP
+M._plan_units = plan_units
+return M
