@@ -57,10 +57,13 @@ static const char *bare_error(void) {
   return sep && sep - e < 16 ? sep + 2 : e;
 }
 
-#if defined(__SANITIZE_THREAD__)
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
 /* ThreadSanitizer cannot follow a fork from a process that has threads: a
  * child keeps the parent's threads in its registry and dies at its first
- * pthread_create ("dup thread with used id"). A TSan build therefore serves
+ * pthread_create ("dup thread with used id"). LeakSanitizer in a child
+ * forked beside a running thread cannot see that thread's stack, and
+ * reports the blocks only it pointed to (the store server's replies in
+ * flight) as leaks of the worker. A sanitizer build therefore serves
  * the store from a forked process of its own, so that the launcher has no
  * thread when it forks the workers. The process starts the server, reports
  * (status, port, error text) through a pipe, then waits for SIGTERM (blocked

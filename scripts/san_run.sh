@@ -48,6 +48,9 @@ case "$kind" in
     ;;
   *) echo "EINVAL: san_run.sh: kind must be address or thread, not '$kind'" >&2; exit 2 ;;
 esac
+# san-bin/timeout scales the deadlines specs give timeout(1) (scripts/san_timeout.sh)
+[ -e "$sanbin/timeout" ] || ln -sf "$here/san_timeout.sh" "$sanbin/timeout"
+export CRUN_SAN_TIMEOUT_SCALE=${CRUN_SAN_TIMEOUT_SCALE:-5}
 export PATH="$sanbin:$PATH"
 # handle_segv=0: specs kill workers with SIGSEGV on purpose and check that
 # the launcher reports the signal; a real crash still fails its test.

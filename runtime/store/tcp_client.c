@@ -473,12 +473,15 @@ static int k_compare_set(crun_store_t *s, const char *key, const void *exp, size
 /* Runs a request whose arguments are a key list (WAIT, CHECK, MULTI_GET). */
 static int keys_request(tcp_store_t *t, int op, const char *const *keys, size_t n,
                         double deadline, const char *opname) {
-  size_t *l = malloc(n * sizeof *l);
+  /* the lengths of a few keys live on the stack: a wait blocks for long,
+   * and a process forked meanwhile (the launcher's workers) would otherwise
+   * inherit a heap block nothing points to */
+  size_t small[16], *l = n <= 16 ? small : malloc(n * sizeof *l);
   if (!l) return crun_error(CRUN_ENOMEM, "store %s: out of memory", opname);
   for (size_t i = 0; i < n; i++) l[i] = strlen(keys[i]);
   const what_t w = {opname, keys, n, NULL};
   int rc = request(t, op, (unsigned)n, (const void *const *)keys, l, deadline, &w);
-  free(l);
+  if (l != small) free(l);
   return rc;
 }
 

@@ -52,10 +52,15 @@ function M.sleep(s)
   os.execute("sleep " .. s)
 end
 
+--- Factor on the specs' own deadlines: CRUN_SAN_TIMEOUT_SCALE in a
+-- sanitizer build (scripts/san_run.sh sets it; its `timeout` scales those
+-- given to timeout(1)), 1 otherwise.
+M.TIME_SCALE = tonumber(os.getenv("CRUN_SAN_TIMEOUT_SCALE") or "") or 1
+
 --- Calls f every 50 ms until it returns a truthy value (returned) or
--- `timeout` seconds pass (nil).
+-- `timeout` seconds (times TIME_SCALE) pass (nil).
 function M.wait_for(f, timeout)
-  local deadline = os.time() + timeout
+  local deadline = os.time() + timeout * M.TIME_SCALE
   while true do
     local v = f()
     if v then return v end
