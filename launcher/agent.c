@@ -71,11 +71,11 @@ static const char *bare_error(void) {
 typedef struct { int rc, port; char err[256]; } served_t;
 
 /* In the store's process: serves until SIGTERM; never returns. */
-static void store_process(const crun__opts_t *o, int wfd) {
+static void store_process(const char *host, int port, int wfd) {
   prctl(PR_SET_PDEATHSIG, SIGKILL);
   served_t r = {0};
   crun_store_server_t *srv = NULL;
-  r.rc = crun_store_server_start(o->master_addr, o->master_port, &srv);
+  r.rc = crun_store_server_start(host, port, &srv);
   if (r.rc == 0) r.port = crun_store_server_port(srv);
   else snprintf(r.err, sizeof r.err, "%s", crun_last_error());
   if (write(wfd, &r, sizeof r) != (ssize_t)sizeof r || r.rc < 0) _exit(1);
@@ -91,7 +91,7 @@ static void store_process(const crun__opts_t *o, int wfd) {
 
 /* Forks the store's process and reads its report (crun_store_server_start's
  * status, with its error text recorded here). */
-static int start_server(crun__agent_t *a, const crun__opts_t *o) {
+static int start_server(crun__agent_t *a, const char *host, int port) {
   int p[2];
   if (pipe2(p, O_CLOEXEC) < 0) return crun_error(CRUN_ESYS, "pipe: %s", strerror(errno));
   pid_t pid = fork();
@@ -100,15 +100,19 @@ static int start_server(crun__agent_t *a, const crun__opts_t *o) {
     close(p[1]);
     return crun_error(CRUN_ESYS, "fork of the store process: %s", strerror(errno));
   }
-  if (pid == 0) store_process(o, p[1]);
+  if (pid == 0) store_process(host, port, p[1]);
   close(p[1]);
   a->server_pid = pid;
   served_t r = {.rc = CRUN_ESYS};
   ssize_t n;
   while ((n = read(p[0], &r, sizeof r)) < 0 && errno == EINTR) {}
   close(p[0]);
-  if (n != (ssize_t)sizeof r) return crun_error(CRUN_ESYS, "the store process died before serving");
-  if (r.rc < 0) return crun_error(r.rc, "%s", r.err);
+  if (n != (ssize_t)sizeof r || r.rc < 0) { /* it exits: reap it */
+    while (waitpid(pid, NULL, 0) < 0 && errno == EINTR) {}
+    a->server_pid = 0;
+    if (n != (ssize_t)sizeof r) return crun_error(CRUN_ESYS, "the store process died before serving");
+    return crun_error(r.rc, "%s", r.err);
+  }
   a->port = r.port;
   return 0;
 }
@@ -125,8 +129,8 @@ static void stop_server(crun__agent_t *a) {
 }
 #else
 /* Starts the store server on this process's loop thread. */
-static int start_server(crun__agent_t *a, const crun__opts_t *o) {
-  int rc = crun_store_server_start(o->master_addr, o->master_port, &a->server);
+static int start_server(crun__agent_t *a, const char *host, int port) {
+  int rc = crun_store_server_start(host, port, &a->server);
   if (rc == 0) a->port = crun_store_server_port(a->server);
   return rc;
 }
@@ -140,7 +144,7 @@ static void stop_server(crun__agent_t *a) {
 /* Starts the store server of node 0 on --master-addr:--master-port. */
 static int serve_store(crun__agent_t *a) {
   const crun__opts_t *o = a->o;
-  int rc = start_server(a, o);
+  int rc = start_server(a, o->master_addr, o->master_port);
   if (rc == CRUN_EADDRINUSE)
     return crun_error(rc, "cannot serve the store on %s:%d: the address is already in use "
                           "(another job?); choose another --master-port, or 0 for a free one",
@@ -271,7 +275,7 @@ out:
 /* c10d: serves the endpoint when it is free here; when another process
  * serves it (or the address is not this host's) the agent only connects. */
 static void try_serve(crun__agent_t *a) {
-  if (crun_store_server_start(a->host, a->port, &a->server) < 0)
+  if (start_server(a, a->host, a->port) < 0)
     CRUN_LOG(INFO, LAUNCH, "rendezvous '%s': not serving %s:%d (%s); connecting to it", a->o->run_id,
              a->host, a->port, crun_last_error());
 }

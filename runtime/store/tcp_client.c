@@ -476,7 +476,7 @@ static int keys_request(tcp_store_t *t, int op, const char *const *keys, size_t 
   /* the lengths of a few keys live on the stack: a wait blocks for long,
    * and a process forked meanwhile (the launcher's workers) would otherwise
    * inherit a heap block nothing points to */
-  size_t small[16], *l = n <= 16 ? small : malloc(n * sizeof *l);
+  size_t small[16] = {0}, *l = n <= 16 ? small : malloc(n * sizeof *l);
   if (!l) return crun_error(CRUN_ENOMEM, "store %s: out of memory", opname);
   for (size_t i = 0; i < n; i++) l[i] = strlen(keys[i]);
   const what_t w = {opname, keys, n, NULL};
