@@ -378,9 +378,15 @@ int crun__agent_begin_attempt(crun__agent_t *a, int attempt) {
   CRUN_CHECK(node_barrier(a, key(ck, sizeof ck, "attempt/%d/joined", attempt),
                           key(flag, sizeof flag, "attempt/%d/go", attempt), what));
   a->attempt = attempt;
+  return 0;
+}
+
+int crun__agent_watch(crun__agent_t *a) {
+  if (!a || a->nnodes == 1 || a->watching) return 0;
   atomic_store(&a->stop_watch, 0);
   if (pthread_create(&a->watcher, NULL, watch_main, a) != 0)
-    return crun_error(CRUN_ESYS, "%s: cannot start the watcher thread", what);
+    return crun_error(CRUN_ESYS, "attempt %d on node %d: cannot start the watcher thread", a->attempt,
+                      a->node_rank);
   a->watching = 1;
   return 0;
 }

@@ -218,6 +218,11 @@ int crun__agent_start(const crun__opts_t *o, crun__placement_t *base, crun__agen
  * here for the others. Returns 0 or a crun status. */
 int crun__agent_begin_attempt(crun__agent_t *a, int attempt);
 
+/* Multi-node: starts the thread that wakes the supervise loop (the failure
+ * fd) when the attempt failed on another node; called once the attempt's
+ * workers are forked. A no-op on one node. */
+int crun__agent_watch(crun__agent_t *a);
+
 /* Reports this node's outcome of an attempt (exit code, 0 = success) and
  * learns the job's: returns in *job_failed whether any node failed. */
 int crun__agent_end_attempt(crun__agent_t *a, int attempt, int code, int *job_failed);

@@ -602,6 +602,9 @@ static int run_attempt(sup_t *s, int attempt, struct pollfd *fds) {
     if (rc == 0 && i == 0) watchdog_set(s, -s->pgid);
     if (rc == 0) watchdog_set(s, s->procs[i].pid);
   }
+  /* only now the thread that watches the other nodes: a worker forked
+   * beside a running thread inherits locks and heap blocks it holds */
+  if (rc == 0) rc = crun__agent_watch(s->agent);
   if (rc < 0) {
     say("%s", crun_last_error());
     begin_stop(s, SIGKILL);
