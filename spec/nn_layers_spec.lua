@@ -342,6 +342,40 @@ describe("nn.LayerNorm and nn.Embedding (float64)", function()
   end)
 end)
 
+describe("nn layers in float32", function()
+  it("agree with the float64 kernels (forward, gradInput, parameter gradients)", function()
+    local function pair(make, shape, seed, int_input)
+      local m = {}
+      for k, dt in ipairs{"float64", "float32"} do
+        nn.set_default_dtype(dt)
+        nn.manual_seed(seed)
+        m[k] = make()
+      end
+      nn.set_default_dtype("float32")
+      local p64, p32 = m[1]:parameters(), m[2]:parameters()
+      for i = 1, #p64 do p64[i]:copy(p32[i]) end
+      local x64 = int_input and shape or randn(shape, seed)
+      local x32 = int_input and shape or x64:to("float32")
+      local y64, y32 = m[1]:forward(x64), m[2]:forward(x32)
+      assert.is_true(util.max_rel_err(y64, y32) < 1e-5, "forward")
+      local r = randn(y64:size(), seed + 1)
+      m[1]:zero_grad(); m[2]:zero_grad()
+      local g64, g32 = m[1]:backward(x64, r), m[2]:backward(x32, r:to("float32"))
+      if g64 then assert.is_true(util.max_rel_err(g64, g32) < 1e-5, "gradInput") end
+      local _, q64 = m[1]:parameters()
+      local _, q32 = m[2]:parameters()
+      for i = 1, #q64 do assert.is_true(util.max_rel_err(q64[i], q32[i]) < 1e-4, "parameter gradient " .. i) end
+    end
+    pair(function() return nn.Conv2d(3, 4, 3, {stride = 2, padding = 1, dilation = {1, 2}}) end, {2, 3, 9, 10}, 200)
+    pair(function() return nn.MaxPool2d(3, {stride = 2, padding = 1}) end, {2, 3, 9, 10}, 201)
+    pair(function() return nn.AvgPool2d(3, {stride = 2, padding = 1}) end, {2, 3, 9, 10}, 202)
+    pair(function() return nn.BatchNorm2d(3) end, {4, 3, 5, 6}, 203)
+    pair(function() return nn.BatchNorm1d(5) end, {7, 5}, 204)
+    pair(function() return nn.LayerNorm(6) end, {4, 6}, 205)
+    pair(function() return nn.Embedding(9, 4) end, T.new({3, 9, 1, 3}, "int64"), 206, true)
+  end)
+end)
+
 describe("nn layers against torch 1.13", function()
   it("Conv2d, pooling, BatchNorm2d and LayerNorm match torch in float64", function()
     local why = torch_ref.missing()
@@ -360,8 +394,11 @@ describe("nn layers against torch 1.13", function()
     local gx = net:backward(x, r)
     local lx = randn({4, 3}, 132)
     local ly = ln:forward(lx)
-    local function py(t) return "torch.tensor([" .. table.concat(util.list(t), ",") .. "], dtype=torch.float64).reshape(" ..
-      table.concat(t:size(), ",") .. ")" end
+    local function py(t)
+      local v = {}
+      for i, e in ipairs(util.list(t)) do v[i] = string.format("%.17g", e) end
+      return "torch.tensor([" .. table.concat(v, ",") .. "], dtype=torch.float64).reshape(" .. table.concat(t:size(), ",") .. ")"
+    end
     local out = torch_ref.run(string.format([[
 import torch
 x = %s.requires_grad_()
