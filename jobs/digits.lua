@@ -148,8 +148,9 @@ local function main(o)
       opt:step()
       loss_sum, seen = loss_sum + loss * xb:size(1), seen + xb:size(1)
     end
-    -- FSDP keeps per-rank BatchNorm statistics: evaluate with rank 0's, as DDP's broadcast_buffers would
-    if o.fsdp then for _, b in ipairs(net:buffers()) do dist.broadcast(b, 0) end end
+    -- every rank evaluates with rank 0's BatchNorm statistics (DDP broadcasts them before
+    -- each training forward, then each rank's last batch moved its own; FSDP never does)
+    for _, b in ipairs(net:buffers()) do dist.broadcast(b, 0) end
     acc, tloss, conf = evaluate(net, Xte, Yte)
     if rank == 0 and not o.quiet then
       print(string.format("epoch %2d/%d: train loss %.4f, test loss %.4f, test accuracy %.2f%%", epoch, o.epochs,
