@@ -59,6 +59,23 @@ for step = 1, 2 do
   close(sync.running_var, ref.running_var, "running_var after step " .. step)
 end
 
+-- group=: on 4 ranks, ranks {0, 1} and {2, 3} each normalise over their own pair's batch.
+if world == 4 then
+  local groups = {crun.dist.new_group({0, 1}), crun.dist.new_group({2, 3})}
+  local pair, gr = rank // 2, rank % 2
+  local s = nn.SyncBatchNorm(C, {group = groups[pair + 1], dtype = "float64", momentum = 0.5})
+  local b = build("BatchNorm2d")
+  s.weight:copy(b.weight)
+  s.bias:copy(b.bias)
+  local X = T.randn({5, C, 2, 3}, {seed = 70 + pair, dtype = "float64"})
+  local R = T.randn({5, C, 2, 3}, {seed = 80 + pair, dtype = "float64"})
+  local f, n = gr == 0 and 1 or 4, gr == 0 and 3 or 2
+  local Y, GX = b:forward(X), b:backward(X, R)
+  local x = X:narrow(1, f, n):contiguous()
+  close(s:forward(x), Y:narrow(1, f, n), "output within the pair's group")
+  close(s:backward(x, R:narrow(1, f, n):contiguous()), GX:narrow(1, f, n), "gradInput within the pair's group")
+end
+
 -- DDP broadcast_buffers: rank-specific running statistics become rank 0's.
 local net = nn.Sequential(nn.Conv2d(1, 2, 1, {dtype = "float64", seed = 3}), nn.BatchNorm2d(2, {dtype = "float64"}))
 local bn = net.modules[2]
