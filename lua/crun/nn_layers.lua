@@ -343,7 +343,7 @@ return function(nn, H)
   end
 
   function SyncBatchNorm:_sum(t, n)
-    local dist = self:_sync_group()
+    local dist = self.training and self:_sync_group() -- (torch syncs in training only)
     if not dist then return t, n end
     local c = t:numel()
     local buf = T().zeros({c + 1}, "float64")
