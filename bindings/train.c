@@ -107,6 +107,168 @@ static int l_mul(lua_State *L) {
   return 0;
 }
 
+/* Reads {stride_h=, stride_w=, pad_h=, pad_w=, dil_h=, dil_w=} at idx. */
+static crun_conv2d_geom_t check_conv_geom(lua_State *L, int idx) {
+  crun_l_checktype(L, idx, LUA_TTABLE);
+  return (crun_conv2d_geom_t){
+      .stride_h = crun_l_optfield_integer(L, idx, "stride_h", 1), .stride_w = crun_l_optfield_integer(L, idx, "stride_w", 1),
+      .pad_h = crun_l_optfield_integer(L, idx, "pad_h", 0), .pad_w = crun_l_optfield_integer(L, idx, "pad_w", 0),
+      .dil_h = crun_l_optfield_integer(L, idx, "dil_h", 1), .dil_w = crun_l_optfield_integer(L, idx, "dil_w", 1)};
+}
+
+/* Reads {kh=, kw=, stride_h=, stride_w=, pad_h=, pad_w=} at idx. */
+static crun_pool2d_geom_t check_pool_geom(lua_State *L, int idx) {
+  crun_l_checktype(L, idx, LUA_TTABLE);
+  return (crun_pool2d_geom_t){
+      .kh = crun_l_optfield_integer(L, idx, "kh", 1), .kw = crun_l_optfield_integer(L, idx, "kw", 1),
+      .stride_h = crun_l_optfield_integer(L, idx, "stride_h", 1), .stride_w = crun_l_optfield_integer(L, idx, "stride_w", 1),
+      .pad_h = crun_l_optfield_integer(L, idx, "pad_h", 0), .pad_w = crun_l_optfield_integer(L, idx, "pad_w", 0)};
+}
+
+/* nn_conv2d_out_size(h, w, kh, kw, geom) -> oh, ow */
+static int l_conv2d_out_size(lua_State *L) {
+  crun_conv2d_geom_t g = check_conv_geom(L, 5);
+  int64_t oh, ow;
+  CRUN_L_CHECK(L, crun_nn_conv2d_out_size(crun_l_checkinteger(L, 1), crun_l_checkinteger(L, 2),
+                                          crun_l_checkinteger(L, 3), crun_l_checkinteger(L, 4), &g, &oh, &ow));
+  lua_pushinteger(L, (lua_Integer)oh);
+  lua_pushinteger(L, (lua_Integer)ow);
+  return 2;
+}
+
+/* nn_conv2d_forward(x, w, b|nil, y, geom) */
+static int l_conv2d_forward(lua_State *L) {
+  crun_conv2d_geom_t g = check_conv_geom(L, 5);
+  CRUN_L_CHECK(L, crun_nn_conv2d_forward(crun_l_check_tensor(L, 1), crun_l_check_tensor(L, 2), opt_tensor(L, 3),
+                                         crun_l_check_tensor(L, 4), &g));
+  return 0;
+}
+
+/* nn_conv2d_backward(x, w, gy, gx|nil, gw|nil, gb|nil, geom) */
+static int l_conv2d_backward(lua_State *L) {
+  crun_conv2d_geom_t g = check_conv_geom(L, 7);
+  CRUN_L_CHECK(L, crun_nn_conv2d_backward(crun_l_check_tensor(L, 1), crun_l_check_tensor(L, 2),
+                                          crun_l_check_tensor(L, 3), opt_tensor(L, 4), opt_tensor(L, 5),
+                                          opt_tensor(L, 6), &g));
+  return 0;
+}
+
+/* nn_pool2d_out_size(h, w, geom) -> oh, ow */
+static int l_pool2d_out_size(lua_State *L) {
+  crun_pool2d_geom_t g = check_pool_geom(L, 3);
+  int64_t oh, ow;
+  CRUN_L_CHECK(L, crun_nn_pool2d_out_size(crun_l_checkinteger(L, 1), crun_l_checkinteger(L, 2), &g, &oh, &ow));
+  lua_pushinteger(L, (lua_Integer)oh);
+  lua_pushinteger(L, (lua_Integer)ow);
+  return 2;
+}
+
+/* nn_maxpool2d_forward(x, y, idx, geom) */
+static int l_maxpool2d_forward(lua_State *L) {
+  crun_pool2d_geom_t g = check_pool_geom(L, 4);
+  CRUN_L_CHECK(L, crun_nn_maxpool2d_forward(crun_l_check_tensor(L, 1), crun_l_check_tensor(L, 2),
+                                            crun_l_check_tensor(L, 3), &g));
+  return 0;
+}
+
+/* nn_maxpool2d_backward(gy, idx, gx, geom) */
+static int l_maxpool2d_backward(lua_State *L) {
+  crun_pool2d_geom_t g = check_pool_geom(L, 4);
+  CRUN_L_CHECK(L, crun_nn_maxpool2d_backward(crun_l_check_tensor(L, 1), crun_l_check_tensor(L, 2),
+                                             crun_l_check_tensor(L, 3), &g));
+  return 0;
+}
+
+/* nn_avgpool2d_forward(x, y, geom, count_include_pad) */
+static int l_avgpool2d_forward(lua_State *L) {
+  crun_pool2d_geom_t g = check_pool_geom(L, 3);
+  CRUN_L_CHECK(L, crun_nn_avgpool2d_forward(crun_l_check_tensor(L, 1), crun_l_check_tensor(L, 2), &g,
+                                            lua_toboolean(L, 4)));
+  return 0;
+}
+
+/* nn_avgpool2d_backward(gy, gx, geom, count_include_pad) */
+static int l_avgpool2d_backward(lua_State *L) {
+  crun_pool2d_geom_t g = check_pool_geom(L, 3);
+  CRUN_L_CHECK(L, crun_nn_avgpool2d_backward(crun_l_check_tensor(L, 1), crun_l_check_tensor(L, 2), &g,
+                                             lua_toboolean(L, 4)));
+  return 0;
+}
+
+/* nn_bn_reduce(a, ma|nil, b|nil, mb|nil, out) */
+static int l_bn_reduce(lua_State *L) {
+  CRUN_L_CHECK(L, crun_nn_bn_reduce(crun_l_check_tensor(L, 1), opt_tensor(L, 2), opt_tensor(L, 3),
+                                    opt_tensor(L, 4), crun_l_check_tensor(L, 5)));
+  return 0;
+}
+
+/* nn_bn_apply(x, mean, invstd, w|nil, b|nil, y) */
+static int l_bn_apply(lua_State *L) {
+  CRUN_L_CHECK(L, crun_nn_bn_apply(crun_l_check_tensor(L, 1), crun_l_check_tensor(L, 2), crun_l_check_tensor(L, 3),
+                                   opt_tensor(L, 4), opt_tensor(L, 5), crun_l_check_tensor(L, 6)));
+  return 0;
+}
+
+/* nn_bn_backward_input(gy, x, mean, invstd, w|nil, mean_dy|nil, mean_dy_xmu|nil, gx) */
+static int l_bn_backward_input(lua_State *L) {
+  CRUN_L_CHECK(L, crun_nn_bn_backward_input(crun_l_check_tensor(L, 1), crun_l_check_tensor(L, 2),
+                                            crun_l_check_tensor(L, 3), crun_l_check_tensor(L, 4),
+                                            opt_tensor(L, 5), opt_tensor(L, 6), opt_tensor(L, 7),
+                                            crun_l_check_tensor(L, 8)));
+  return 0;
+}
+
+/* nn_bn_param_grads(sum_dy, sum_dy_xmu, invstd, gw|nil, gb|nil) */
+static int l_bn_param_grads(lua_State *L) {
+  CRUN_L_CHECK(L, crun_nn_bn_param_grads(crun_l_check_tensor(L, 1), crun_l_check_tensor(L, 2),
+                                         crun_l_check_tensor(L, 3), opt_tensor(L, 4), opt_tensor(L, 5)));
+  return 0;
+}
+
+/* nn_layer_norm_forward(x, d, w|nil, b|nil, eps, y, mean, rstd) */
+static int l_layer_norm_forward(lua_State *L) {
+  CRUN_L_CHECK(L, crun_nn_layer_norm_forward(crun_l_check_tensor(L, 1), crun_l_checkinteger(L, 2),
+                                             opt_tensor(L, 3), opt_tensor(L, 4), crun_l_checknumber(L, 5),
+                                             crun_l_check_tensor(L, 6), crun_l_check_tensor(L, 7),
+                                             crun_l_check_tensor(L, 8)));
+  return 0;
+}
+
+/* nn_layer_norm_backward(gy, x, d, mean, rstd, w|nil, gx|nil, gw|nil, gb|nil) */
+static int l_layer_norm_backward(lua_State *L) {
+  CRUN_L_CHECK(L, crun_nn_layer_norm_backward(crun_l_check_tensor(L, 1), crun_l_check_tensor(L, 2),
+                                              crun_l_checkinteger(L, 3), crun_l_check_tensor(L, 4),
+                                              crun_l_check_tensor(L, 5), opt_tensor(L, 6), opt_tensor(L, 7),
+                                              opt_tensor(L, 8), opt_tensor(L, 9)));
+  return 0;
+}
+
+/* nn_embedding_forward(idx, w, y) */
+static int l_embedding_forward(lua_State *L) {
+  CRUN_L_CHECK(L, crun_nn_embedding_forward(crun_l_check_tensor(L, 1), crun_l_check_tensor(L, 2),
+                                            crun_l_check_tensor(L, 3)));
+  return 0;
+}
+
+/* nn_embedding_backward(idx, gy, gw, padding_idx) */
+static int l_embedding_backward(lua_State *L) {
+  CRUN_L_CHECK(L, crun_nn_embedding_backward(crun_l_check_tensor(L, 1), crun_l_check_tensor(L, 2),
+                                             crun_l_check_tensor(L, 3), crun_l_optinteger(L, 4, 0)));
+  return 0;
+}
+
+/* gunzip_file(path[, max_bytes = 1 GiB]) -> string: the file's data (gzip or plain) through zlib. */
+static int l_gunzip_file(lua_State *L) {
+  const char *path = crun_l_checkstring(L, 1);
+  lua_Integer max = crun_l_optinteger(L, 2, (lua_Integer)1 << 30);
+  char *buf = NULL;
+  size_t len = 0;
+  CRUN_L_CHECK(L, crun_gunzip_file(path, max > 0 ? (size_t)max : 0, &buf, &len));
+  lua_pushlstring(L, buf, len);
+  free(buf);
+  return 1;
+}
+
 /* optim_sgd(p, g, buf|nil, {lr=, momentum=, dampening=, weight_decay=, nesterov=, maximize=}, first) */
 static int l_sgd(lua_State *L) {
   crun_l_checktype(L, 4, LUA_TTABLE);
@@ -553,6 +715,14 @@ void crun_l_open_train(lua_State *L) {
       {"nn_log_softmax_forward", l_lsm_forward}, {"nn_log_softmax_backward", l_lsm_backward},
       {"nn_cross_entropy", l_cross_entropy}, {"nn_mse", l_mse},
       {"nn_dropout_forward", l_dropout_forward}, {"nn_mul", l_mul},
+      {"nn_conv2d_out_size", l_conv2d_out_size}, {"nn_conv2d_forward", l_conv2d_forward},
+      {"nn_conv2d_backward", l_conv2d_backward}, {"nn_pool2d_out_size", l_pool2d_out_size},
+      {"nn_maxpool2d_forward", l_maxpool2d_forward}, {"nn_maxpool2d_backward", l_maxpool2d_backward},
+      {"nn_avgpool2d_forward", l_avgpool2d_forward}, {"nn_avgpool2d_backward", l_avgpool2d_backward},
+      {"nn_bn_reduce", l_bn_reduce}, {"nn_bn_apply", l_bn_apply}, {"nn_bn_backward_input", l_bn_backward_input},
+      {"nn_bn_param_grads", l_bn_param_grads}, {"nn_layer_norm_forward", l_layer_norm_forward},
+      {"nn_layer_norm_backward", l_layer_norm_backward}, {"nn_embedding_forward", l_embedding_forward},
+      {"nn_embedding_backward", l_embedding_backward}, {"gunzip_file", l_gunzip_file},
       {"optim_sgd", l_sgd}, {"optim_adam", l_adam},
       {"fsync_path", l_fsync_path}, {"save_file", l_save_file}, {"getpid", l_getpid}, {"blas_threads", l_blas_threads},
       {"sampler_indices", l_sampler_indices}, {"sampler_len", l_sampler_len}, {"permutation", l_permutation},

@@ -78,4 +78,21 @@ describe("DDP communication hooks", function()
       os.execute("rm -rf " .. dir)
     end)
   end
+
+  -- The issue's claim on the demo (jobs/train.lua, what `make demo` runs: 4 ranks, 10
+  -- epochs): PowerSGD reaches the plain run's test accuracy within one point. Rank 2
+  -- does (98.35 % against 98.65 % here); rank 1, torch's default, loses 1.7 points on
+  -- the demo's 64x16 first layer, so the claim is checked at rank 2.
+  it("PowerSGD (rank 2) trains the demo to within one point of plain DDP's accuracy", function()
+    if not have then pending("crun-lua not built") return end
+    local acc = {}
+    for k, hook in ipairs{"", "--comm-hook powersgd --powersgd-rank 2"} do
+      local ok, out = util.crun(4, "jobs/train.lua", "--no-ckpt --quiet " .. hook)
+      assert(ok, out)
+      acc[k] = tonumber(out:match("final test accuracy ([%d.]+)%%"))
+      assert.is_truthy(acc[k], out)
+    end
+    assert.is_true(acc[1] > 95, "plain DDP reached only " .. acc[1] .. " %")
+    assert.is_true(math.abs(acc[1] - acc[2]) <= 1.0, string.format("plain %.2f %%, PowerSGD %.2f %%", acc[1], acc[2]))
+  end)
 end)

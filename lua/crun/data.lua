@@ -442,4 +442,77 @@ function data.make_spirals(opts)
   return X, Y
 end
 
+-- ---------------------------------------------------------------- UCI digits
+
+--- Where the digits file is looked for: $CRUN_DIGITS, else
+-- ${XDG_CACHE_HOME:-$HOME/.cache}/crun/digits.csv.gz (scripts/fetch_digits.sh puts it there).
+function data.digits_path()
+  local p = os.getenv("CRUN_DIGITS")
+  if p and p ~= "" then return p end
+  local cache = os.getenv("XDG_CACHE_HOME")
+  if not cache or cache == "" then cache = (os.getenv("HOME") or "/tmp") .. "/.cache" end
+  return cache .. "/crun/digits.csv.gz"
+end
+
+--- load_digits{path=, dtype="float32", image=false} -> X, Y, info: the UCI
+-- handwritten digits (1,797 8x8 images, pixel values 0..16) from the CSV that
+-- Debian's python3-sklearn ships (sklearn/datasets/data/digits.csv.gz: 64
+-- pixel columns then the digit, one image a line), gunzipped through zlib.
+-- X is [N, 64] (or [N, 1, 8, 8] with image=true) scaled to 0..1; Y holds
+-- 1-based class labels (digit d is class d + 1, int64). info = {n=, path=}.
+-- A missing file raises ENOTFOUND naming the path and the fetch script; a
+-- malformed line raises EINVAL naming file and line.
+function data.load_digits(opts)
+  opts = opts or {}
+  local path = opts.path or data.digits_path()
+  local f = io.open(path, "rb")
+  if not f then
+    O.fail("ENOTFOUND: load_digits: %s does not exist (run scripts/fetch_digits.sh, or set CRUN_DIGITS)", path)
+  end
+  f:close()
+  local text = require("crun.core").gunzip_file(path, 64 << 20)
+  local rows, labels, ln = {}, {}, 0
+  for line in text:gmatch("[^\n]+") do
+    ln = ln + 1
+    local row = {}
+    for v in line:gmatch("[^,]+") do
+      local x = math.tointeger(tonumber(v))
+      if not x then O.fail("EINVAL: load_digits: %s line %d: '%s' is not an integer", path, ln, v) end
+      row[#row + 1] = x
+    end
+    if #row ~= 65 then O.fail("EINVAL: load_digits: %s line %d has %d fields, 65 expected (64 pixels, digit)", path, ln, #row) end
+    local d = table.remove(row)
+    if d < 0 or d > 9 then O.fail("EINVAL: load_digits: %s line %d: digit %d is not in 0..9", path, ln, d) end
+    for k, x in ipairs(row) do
+      if x < 0 or x > 16 then O.fail("EINVAL: load_digits: %s line %d: pixel %d is %d, not in 0..16", path, ln, k, x) end
+      row[k] = x / 16
+    end
+    rows[ln], labels[ln] = row, d + 1
+  end
+  if ln == 0 then O.fail("EINVAL: load_digits: %s holds no images", path) end
+  local T = require "crun.tensor"
+  local X = T.new(rows, opts.dtype or "float32")
+  if opts.image then X = X:view(ln, 1, 8, 8) end
+  return X, T.new(labels, "int64"), {n = ln, path = path}
+end
+
+--- train_test_split(n, test_fraction, seed) -> train, test: two sorted
+-- lists of 1-based indices, the first round(n * test_fraction) positions of
+-- the seeded permutation being the test set (identical on every rank).
+function data.train_test_split(n, frac, seed)
+  O.int("train_test_split", "n", n, 1)
+  if type(frac) ~= "number" or not (frac > 0 and frac < 1) then
+    O.fail("EINVAL: train_test_split: test_fraction must be in (0, 1), got %s", tostring(frac))
+  end
+  local perm = data.permutation(n, O.int("train_test_split", "seed", seed))
+  local ntest = math.floor(n * frac + 0.5)
+  local train, test = {}, {}
+  for k, i in ipairs(perm) do
+    if k <= ntest then test[#test + 1] = i + 1 else train[#train + 1] = i + 1 end
+  end
+  table.sort(train)
+  table.sort(test)
+  return train, test
+end
+
 return data

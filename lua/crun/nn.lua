@@ -18,7 +18,11 @@
 -- to start all-reducing a bucket while backward goes on.
 
 -- The C kernels, wrapped so that a failure also names this process's rank.
-local K = require("crun.tensor")._rank_kernels{"nn_act_backward", "nn_act_forward", "nn_cross_entropy", "nn_dropout_forward", "nn_linear_backward", "nn_linear_forward", "nn_log_softmax_backward", "nn_log_softmax_forward", "nn_mse", "nn_mul"}
+local K = require("crun.tensor")._rank_kernels{"nn_act_backward", "nn_act_forward", "nn_cross_entropy", "nn_dropout_forward", "nn_linear_backward", "nn_linear_forward", "nn_log_softmax_backward", "nn_log_softmax_forward", "nn_mse", "nn_mul",
+  "nn_conv2d_out_size", "nn_conv2d_forward", "nn_conv2d_backward", "nn_pool2d_out_size", "nn_maxpool2d_forward",
+  "nn_maxpool2d_backward", "nn_avgpool2d_forward", "nn_avgpool2d_backward", "nn_bn_reduce", "nn_bn_apply",
+  "nn_bn_backward_input", "nn_bn_param_grads", "nn_layer_norm_forward", "nn_layer_norm_backward",
+  "nn_embedding_forward", "nn_embedding_backward"}
 
 local nn = {}
 local O = require "crun.opts"
@@ -169,27 +173,49 @@ end
 
 --- Replaces the gradient tensor of this leaf's i-th parameter (DDP's
 -- gradient_as_bucket_view makes gradients views of its bucket buffers).
-function Module:_set_grad(i, t) self._grads[i] = t end
+-- A leaf that names its fields (_gnames = {"gradWeight", ...}) sees the field follow.
+function Module:_set_grad(i, t)
+  self._grads[i] = t
+  if self._gnames then self[self._gnames[i]] = t end
+end
 
 --- Replaces this leaf's i-th parameter tensor (FSDP points it at a view of
 -- the gathered flat buffer, and at an empty tensor while it is sharded).
-function Module:_set_param(i, t) self._params[i] = t end
+function Module:_set_param(i, t)
+  self._params[i] = t
+  if self._pnames then self[self._pnames[i]] = t end
+end
 
---- Plain list of the parameter values (copies), for crun.save.
+--- Buffers: state that is not trained (BatchNorm's running statistics), in
+-- registration order. DDP broadcasts them from rank 0 before each forward
+-- (broadcast_buffers), and state_dict() saves them after the parameters.
+function Module:buffers()
+  local out = {}
+  for _, b in ipairs(self._buffers or {}) do out[#out + 1] = self[b] end
+  return out
+end
+
+--- Plain list of the parameter values then the buffer values (copies), for crun.save.
 function Module:state_dict()
   local sd = {}
   for i, p in ipairs((self:parameters())) do sd[i] = p:clone() end
+  for _, b in ipairs(self:buffers()) do sd[#sd + 1] = b:clone() end
   return sd
 end
 
---- Copies parameter values from a state_dict() list (shapes must match).
+--- Copies parameter (and buffer) values from a state_dict() list (shapes
+-- must match); a list of the parameters alone leaves the buffers as they are.
 function Module:load_state_dict(sd)
-  local params = self:parameters()
-  if type(sd) ~= "table" or #sd ~= #params then
-    O.fail("EINVAL: load_state_dict: expected %d tensors, got %s", #params,
-      type(sd) == "table" and tostring(#sd) or type(sd))
+  local params, bufs = self:parameters(), self:buffers()
+  local all = {table.unpack(params)}
+  if type(sd) == "table" and #sd == #params + #bufs then
+    for _, b in ipairs(bufs) do all[#all + 1] = b end
   end
-  for i, p in ipairs(params) do
+  if type(sd) ~= "table" or #sd ~= #all then
+    O.fail("EINVAL: load_state_dict: expected %d tensors, got %s (%d parameters, %d buffers)", #params + #bufs,
+      type(sd) == "table" and tostring(#sd) or type(sd), #params, #bufs)
+  end
+  for i, p in ipairs(all) do
     if sd[i]:numel() ~= p:numel() then
       O.fail("EINVAL: load_state_dict: tensor %d has %d elements, the model's has %d",
         i, sd[i]:numel(), p:numel())
@@ -419,6 +445,14 @@ function Sequential:parameters()
   return p, g
 end
 
+function Sequential:buffers()
+  local out = {}
+  for _, m in ipairs(self.modules) do
+    for _, b in ipairs(m:buffers()) do out[#out + 1] = b end
+  end
+  return out
+end
+
 function Sequential:train()
   self.training = true
   for _, m in ipairs(self.modules) do m:train() end
@@ -525,5 +559,8 @@ function MSE:forward(x, t)
 end
 
 MSE.backward = grad_from_forward("MSECriterion")
+
+require("crun.nn_layers")(nn, {K = K, O = O, ensure = ensure, contig = contig, check_tensor = check_tensor,
+  next_seed = next_seed, T = T})
 
 return nn

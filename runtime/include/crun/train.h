@@ -234,6 +234,106 @@ int crun_zero_assign(const int64_t *numel, int n, int world, int *owner, int64_t
 int crun_zero_offsets(const int64_t *numel, const int *owner, const int *key, int n, int world,
                       int nkeys, int64_t *offset, int64_t *bucket_numel);
 
+/* ---- Convolution and pooling (runtime/train/conv.c). Images are NCHW,
+ * contiguous, float32 or float64; outputs caller-allocated with the exact
+ * shape. None blocks; outputs must not alias inputs. */
+typedef struct {
+  int64_t stride_h, stride_w, pad_h, pad_w, dil_h, dil_w;
+} crun_conv2d_geom_t;
+
+/* Output height/width of a convolution with kernel kh x kw:
+ * (h + 2 pad - dil (k - 1) - 1) / stride + 1; CRUN_EINVAL when the dilated
+ * kernel does not fit or a stride/dilation is < 1. */
+int crun_nn_conv2d_out_size(int64_t h, int64_t w, int64_t kh, int64_t kw,
+                            const crun_conv2d_geom_t *g, int64_t *oh, int64_t *ow);
+
+/* y [N, O, OH, OW] = conv(x [N, C, H, W], w [O, C, KH, KW]) (+ b [O]), by
+ * im2col and one GEMM per image (OpenBLAS). b may be NULL. */
+int crun_nn_conv2d_forward(const crun_tensor_t *x, const crun_tensor_t *w, const crun_tensor_t *b,
+                           crun_tensor_t *y, const crun_conv2d_geom_t *g);
+
+/* Backward for gradient gy [N, O, OH, OW]: gx is overwritten, gw and gb
+ * accumulate (as Linear's); any of the three may be NULL. */
+int crun_nn_conv2d_backward(const crun_tensor_t *x, const crun_tensor_t *w, const crun_tensor_t *gy,
+                            crun_tensor_t *gx, crun_tensor_t *gw, crun_tensor_t *gb,
+                            const crun_conv2d_geom_t *g);
+
+typedef struct {
+  int64_t kh, kw, stride_h, stride_w, pad_h, pad_w;
+} crun_pool2d_geom_t;
+
+/* Output height/width of a pooling window sweep (floor mode); padding may
+ * be at most half the kernel (torch's rule). */
+int crun_nn_pool2d_out_size(int64_t h, int64_t w, const crun_pool2d_geom_t *g, int64_t *oh,
+                            int64_t *ow);
+
+/* Max pooling; idx (int64, y's numel) gets each maximum's 0-based offset in
+ * its H x W plane (padding never wins; NaN propagates). Backward overwrites
+ * gx with gy routed through idx. */
+int crun_nn_maxpool2d_forward(const crun_tensor_t *x, crun_tensor_t *y, crun_tensor_t *idx,
+                              const crun_pool2d_geom_t *g);
+int crun_nn_maxpool2d_backward(const crun_tensor_t *gy, const crun_tensor_t *idx, crun_tensor_t *gx,
+                               const crun_pool2d_geom_t *g);
+
+/* Average pooling: the divisor is the window size (count_include_pad != 0,
+ * torch's default) or the number of input elements under the window.
+ * Backward overwrites gx. */
+int crun_nn_avgpool2d_forward(const crun_tensor_t *x, crun_tensor_t *y, const crun_pool2d_geom_t *g,
+                              int count_include_pad);
+int crun_nn_avgpool2d_backward(const crun_tensor_t *gy, crun_tensor_t *gx, const crun_pool2d_geom_t *g,
+                               int count_include_pad);
+
+/* ---- Normalisation and embedding (runtime/train/norm.c). Batch-norm
+ * inputs are viewed as [N, C, S] (S = product of the dims after C);
+ * statistics are contiguous float64 [C] tensors whatever the input dtype,
+ * so SyncBatchNorm can all_reduce them between the steps below. */
+
+/* out[c] = sum over n, s of (a - ma[c]) * (b - mb[c]); b NULL means the
+ * factor 1, ma/mb NULL mean 0. */
+int crun_nn_bn_reduce(const crun_tensor_t *a, const crun_tensor_t *ma, const crun_tensor_t *b,
+                      const crun_tensor_t *mb, crun_tensor_t *out);
+
+/* y = (x - mean[c]) invstd[c] w[c] + b[c] (w, b may be NULL: 1 and 0). */
+int crun_nn_bn_apply(const crun_tensor_t *x, const crun_tensor_t *mean, const crun_tensor_t *invstd,
+                     const crun_tensor_t *w, const crun_tensor_t *b, crun_tensor_t *y);
+
+/* gx = (gy - mean_dy[c] - (x - mean[c]) invstd[c]^2 mean_dy_xmu[c]) invstd[c] w[c],
+ * with mean_dy = mean of gy and mean_dy_xmu = mean of gy (x - mean) over
+ * the (global) batch in training; both NULL in eval mode (fixed statistics). */
+int crun_nn_bn_backward_input(const crun_tensor_t *gy, const crun_tensor_t *x,
+                              const crun_tensor_t *mean, const crun_tensor_t *invstd,
+                              const crun_tensor_t *w, const crun_tensor_t *mean_dy,
+                              const crun_tensor_t *mean_dy_xmu, crun_tensor_t *gx);
+
+/* gw[c] += sum_dy_xmu[c] invstd[c], gb[c] += sum_dy[c] (either may be NULL). */
+int crun_nn_bn_param_grads(const crun_tensor_t *sum_dy, const crun_tensor_t *sum_dy_xmu,
+                           const crun_tensor_t *invstd, crun_tensor_t *gw, crun_tensor_t *gb);
+
+/* Layer norm over rows of d elements: y = (x - mean) rstd w + b per row,
+ * rstd = 1 / sqrt(biased var + eps); mean and rstd (float64, one per row)
+ * are saved for backward. w, b may be NULL. Backward: gx overwritten, gw
+ * and gb accumulate; gx, gw, gb may be NULL. */
+int crun_nn_layer_norm_forward(const crun_tensor_t *x, int64_t d, const crun_tensor_t *w,
+                               const crun_tensor_t *b, double eps, crun_tensor_t *y,
+                               crun_tensor_t *mean, crun_tensor_t *rstd);
+int crun_nn_layer_norm_backward(const crun_tensor_t *gy, const crun_tensor_t *x, int64_t d,
+                                const crun_tensor_t *mean, const crun_tensor_t *rstd,
+                                const crun_tensor_t *w, crun_tensor_t *gx, crun_tensor_t *gw,
+                                crun_tensor_t *gb);
+
+/* Embedding: y[i] = w[idx[i]] for 1-based indices (int32/int64; one out of
+ * 1..V fails with CRUN_ERANGE naming it), w [V, D], y with numel(idx) * D
+ * elements. Backward: gw[idx[i]] += gy[i], skipping idx[i] == padding_idx
+ * (0: none). */
+int crun_nn_embedding_forward(const crun_tensor_t *idx, const crun_tensor_t *w, crun_tensor_t *y);
+int crun_nn_embedding_backward(const crun_tensor_t *idx, const crun_tensor_t *gy, crun_tensor_t *gw,
+                               int64_t padding_idx);
+
+/* Reads the whole gzip (or plain) file at path into a malloc'd buffer
+ * (*out, *len; free it) through zlib. Fails with CRUN_EIO naming the file,
+ * CRUN_ERANGE past max_bytes of output. Blocks on file I/O. */
+int crun_gunzip_file(const char *path, size_t max_bytes, char **out, size_t *len);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,489 @@
+--- crun.nn layers for images and sequences: Conv2d, MaxPool2d, AvgPool2d,
+-- Flatten, BatchNorm1d/2d, SyncBatchNorm, LayerNorm, Embedding. Loaded by
+-- crun.nn (which passes its helpers); use them as nn.Conv2d etc.
+--
+-- The work is in C (runtime/train/conv.c, norm.c): convolution by im2col and
+-- one GEMM per image through OpenBLAS; batch norm in three steps (per-channel
+-- sums, normalise, input gradient) so SyncBatchNorm can all_reduce the sums
+-- in between. Batch-norm statistics are float64 whatever the model dtype.
+return function(nn, H)
+  local K, O, ensure, contig, check_tensor, T = H.K, H.O, H.ensure, H.contig, H.check_tensor, H.T
+
+  local CONV = O.spec{"stride", "padding", "dilation", "bias", "dtype", "seed",
+    inert = {device = "crun tensors live in host memory"}}
+  local POOL = O.spec{"stride", "padding", "count_include_pad"}
+  local BN = O.spec{"eps", "momentum", "affine", "track_running_stats", "dtype", "group", "process_group"}
+  local LN = O.spec{"eps", "elementwise_affine", "dtype"}
+  local EMB = O.spec{"padding_idx", "dtype", "seed"}
+
+  local function dtype_of(fname, dt)
+    dt = dt or nn.get_default_dtype()
+    if dt ~= "float32" and dt ~= "float64" then
+      O.fail("EINVAL: %s: dtype must be float32 or float64, got %s", fname, tostring(dt))
+    end
+    return dt
+  end
+
+  -- An int or {h, w} -> h, w (each >= lo).
+  local function pair(fname, what, v, lo)
+    local h, w
+    if type(v) == "table" then h, w = v[1], v[2] else h, w = v, v end
+    return O.int(fname, what, h, lo), O.int(fname, what, w, lo)
+  end
+
+  local function check_4d(x, fname)
+    check_tensor(x, fname, "input")
+    if x:dim() ~= 4 then
+      O.fail("EINVAL: %s: input must be 4-d (N, C, H, W), got shape %s", fname, table.concat(x:size(), "x"))
+    end
+  end
+
+  -- ---------------------------------------------------------------- Conv2d
+
+  local Conv2d = nn.class("Conv2d")
+  nn.Conv2dClass = Conv2d
+
+  --- Conv2d(in, out, kernel, {stride=1, padding=0, dilation=1, bias=true, dtype=, seed=}):
+  -- kernel, stride, padding, dilation are an int or {h, w}. Weight [out, in,
+  -- kh, kw] and bias drawn uniformly from +-1/sqrt(in kh kw) (torch's default).
+  function nn.Conv2d(cin, cout, kernel, opts)
+    local fn = "nn.Conv2d"
+    opts = O.check(CONV, fn, opts)
+    O.int(fn, "in_channels", cin, 1)
+    O.int(fn, "out_channels", cout, 1)
+    local self = setmetatable({}, Conv2d):_init()
+    self.kh, self.kw = pair(fn, "kernel_size", kernel, 1)
+    local sh, sw = pair(fn, "stride", opts.stride or 1, 1)
+    local ph, pw = pair(fn, "padding", opts.padding or 0, 0)
+    local dh, dw = pair(fn, "dilation", opts.dilation or 1, 1)
+    self.geom = {stride_h = sh, stride_w = sw, pad_h = ph, pad_w = pw, dil_h = dh, dil_w = dw}
+    O.bool(fn, "bias", opts.bias, true)
+    self.in_channels, self.out_channels, self.dtype = cin, cout, dtype_of(fn, opts.dtype)
+    local bound = 1 / math.sqrt(cin * self.kh * self.kw)
+    local gen = T().Generator(opts.seed ~= nil and O.int(fn, "seed", opts.seed) or H.next_seed())
+    self.weight = T().zeros({cout, cin, self.kh, self.kw}, self.dtype):uniform_(-bound, bound, gen)
+    self.gradWeight = T().zeros({cout, cin, self.kh, self.kw}, self.dtype)
+    self._params, self._grads = {self.weight}, {self.gradWeight}
+    self._pnames, self._gnames = {"weight", "bias"}, {"gradWeight", "gradBias"}
+    if opts.bias ~= false then
+      self.bias = T().zeros({cout}, self.dtype):uniform_(-bound, bound, gen)
+      self.gradBias = T().zeros({cout}, self.dtype)
+      self._params[2], self._grads[2] = self.bias, self.gradBias
+    end
+    return self
+  end
+
+  function Conv2d:describe()
+    local g = self.geom
+    return string.format("nn.Conv2d(%d -> %d, %dx%d, stride %d,%d, pad %d,%d, dil %d,%d%s)", self.in_channels,
+      self.out_channels, self.kh, self.kw, g.stride_h, g.stride_w, g.pad_h, g.pad_w, g.dil_h, g.dil_w,
+      self.bias and "" or ", no bias")
+  end
+
+  function Conv2d:forward(x)
+    check_4d(x, "Conv2d:forward")
+    x = contig(x)
+    local oh, ow = K.nn_conv2d_out_size(x:size(3), x:size(4), self.kh, self.kw, self.geom)
+    self.output = ensure(self.output, {x:size(1), self.out_channels, oh, ow}, self.dtype)
+    K.nn_conv2d_forward(x, self.weight, self.bias, self.output, self.geom)
+    return self.output
+  end
+
+  function Conv2d:backward(x, gy)
+    check_tensor(gy, "Conv2d:backward", "gradOutput")
+    x, gy = contig(x), contig(gy)
+    self.gradInput = ensure(self.gradInput, x:size(), self.dtype)
+    K.nn_conv2d_backward(x, self.weight, gy, self.gradInput, self.gradWeight, self.gradBias, self.geom)
+    self:_grads_ready()
+    return self.gradInput
+  end
+
+  -- ---------------------------------------------------------------- pooling
+
+  local function pool_geom(fn, kernel, opts)
+    local kh, kw = pair(fn, "kernel_size", kernel, 1)
+    local sh, sw = pair(fn, "stride", opts.stride or {kh, kw}, 1)
+    local ph, pw = pair(fn, "padding", opts.padding or 0, 0)
+    return {kh = kh, kw = kw, stride_h = sh, stride_w = sw, pad_h = ph, pad_w = pw}
+  end
+
+  local MaxPool2d = nn.class("MaxPool2d")
+
+  --- MaxPool2d(kernel, {stride=kernel, padding=0}) (also MaxPool2d(k, stride)).
+  function nn.MaxPool2d(kernel, opts)
+    if type(opts) == "number" then opts = {stride = opts} end
+    opts = O.check(POOL, "nn.MaxPool2d", opts)
+    local self = setmetatable({}, MaxPool2d):_init()
+    self.geom = pool_geom("nn.MaxPool2d", kernel, opts)
+    return self
+  end
+
+  function MaxPool2d:describe()
+    local g = self.geom
+    return string.format("nn.MaxPool2d(%dx%d, stride %d,%d, pad %d,%d)", g.kh, g.kw, g.stride_h, g.stride_w,
+      g.pad_h, g.pad_w)
+  end
+
+  function MaxPool2d:forward(x)
+    check_4d(x, "MaxPool2d:forward")
+    x = contig(x)
+    local oh, ow = K.nn_pool2d_out_size(x:size(3), x:size(4), self.geom)
+    local shape = {x:size(1), x:size(2), oh, ow}
+    self.output = ensure(self.output, shape, x:dtype())
+    self.indices = ensure(self.indices, shape, "int64")
+    K.nn_maxpool2d_forward(x, self.output, self.indices, self.geom)
+    return self.output
+  end
+
+  function MaxPool2d:backward(x, gy)
+    self.gradInput = ensure(self.gradInput, x:size(), x:dtype())
+    K.nn_maxpool2d_backward(contig(gy), self.indices, self.gradInput, self.geom)
+    return self.gradInput
+  end
+
+  local AvgPool2d = nn.class("AvgPool2d")
+
+  --- AvgPool2d(kernel, {stride=kernel, padding=0, count_include_pad=true}).
+  function nn.AvgPool2d(kernel, opts)
+    if type(opts) == "number" then opts = {stride = opts} end
+    opts = O.check(POOL, "nn.AvgPool2d", opts)
+    local self = setmetatable({}, AvgPool2d):_init()
+    self.geom = pool_geom("nn.AvgPool2d", kernel, opts)
+    self.count_include_pad = O.bool("nn.AvgPool2d", "count_include_pad", opts.count_include_pad, true) ~= false
+    return self
+  end
+
+  function AvgPool2d:describe()
+    local g = self.geom
+    return string.format("nn.AvgPool2d(%dx%d, stride %d,%d, pad %d,%d)", g.kh, g.kw, g.stride_h, g.stride_w,
+      g.pad_h, g.pad_w)
+  end
+
+  function AvgPool2d:forward(x)
+    check_4d(x, "AvgPool2d:forward")
+    x = contig(x)
+    local oh, ow = K.nn_pool2d_out_size(x:size(3), x:size(4), self.geom)
+    self.output = ensure(self.output, {x:size(1), x:size(2), oh, ow}, x:dtype())
+    K.nn_avgpool2d_forward(x, self.output, self.geom, self.count_include_pad)
+    return self.output
+  end
+
+  function AvgPool2d:backward(x, gy)
+    self.gradInput = ensure(self.gradInput, x:size(), x:dtype())
+    K.nn_avgpool2d_backward(contig(gy), self.gradInput, self.geom, self.count_include_pad)
+    return self.gradInput
+  end
+
+  -- ---------------------------------------------------------------- Flatten
+
+  local Flatten = nn.class("Flatten")
+
+  --- Flatten(): [N, ...] -> [N, prod(...)] (a view; backward views back).
+  function nn.Flatten() return setmetatable({}, Flatten):_init() end
+
+  function Flatten:forward(x)
+    check_tensor(x, "Flatten:forward", "input")
+    x = contig(x)
+    local n = x:dim() > 0 and x:size(1) or 1
+    self.output = x:view(n, n > 0 and x:numel() // n or 0)
+    return self.output
+  end
+
+  function Flatten:backward(x, gy)
+    self.gradInput = contig(gy):view(x:size())
+    return self.gradInput
+  end
+
+  -- ---------------------------------------------------------------- BatchNorm
+
+  local BatchNorm = nn.class("BatchNorm")
+  nn.BatchNormClass = BatchNorm
+
+  -- Builds a batch-norm module of class cls over `c` channels for inputs of
+  -- `dims` (a set of allowed ranks).
+  local function batch_norm(cls, fn, c, dims, opts)
+    opts = O.check(BN, fn, opts)
+    O.int(fn, "num_features", c, 1)
+    local self = setmetatable({}, cls):_init()
+    self.num_features, self.dims, self.fname = c, dims, fn
+    self.eps = opts.eps or 1e-5
+    if type(self.eps) ~= "number" or not (self.eps >= 0) then O.fail("EINVAL: %s: eps must be >= 0, got %s", fn, tostring(opts.eps)) end
+    if opts.momentum ~= nil and opts.momentum ~= false and (type(opts.momentum) ~= "number" or opts.momentum < 0 or opts.momentum > 1) then
+      O.fail("EINVAL: %s: momentum must be in [0, 1] (or false for a cumulative average), got %s", fn,
+        tostring(opts.momentum))
+    end
+    if opts.momentum == nil then self.momentum = 0.1 elseif opts.momentum == false then self.momentum = nil
+    else self.momentum = opts.momentum end
+    self.affine = O.bool(fn, "affine", opts.affine, true) ~= false
+    self.track_running_stats = O.bool(fn, "track_running_stats", opts.track_running_stats, true) ~= false
+    self.dtype = dtype_of(fn, opts.dtype)
+    self.group = opts.group or opts.process_group
+    self._params, self._grads = {}, {}
+    if self.affine then
+      self.weight, self.bias = T().ones({c}, self.dtype), T().zeros({c}, self.dtype)
+      self.gradWeight, self.gradBias = T().zeros({c}, self.dtype), T().zeros({c}, self.dtype)
+      self._params, self._grads = {self.weight, self.bias}, {self.gradWeight, self.gradBias}
+      self._pnames, self._gnames = {"weight", "bias"}, {"gradWeight", "gradBias"}
+    end
+    if self.track_running_stats then
+      self.running_mean, self.running_var = T().zeros({c}, self.dtype), T().ones({c}, self.dtype)
+      self.num_batches_tracked = T().zeros({1}, "int64")
+      self._buffers = {"running_mean", "running_var", "num_batches_tracked"}
+    end
+    return self
+  end
+
+  --- BatchNorm1d(C, {eps=1e-5, momentum=0.1 (false: cumulative average), affine=true,
+  --- track_running_stats=true, dtype=}): input [N, C] or [N, C, L].
+  function nn.BatchNorm1d(c, opts) return batch_norm(BatchNorm, "nn.BatchNorm1d", c, {[2] = true, [3] = true}, opts) end
+
+  --- BatchNorm2d(C, {...}): input [N, C, H, W]. Same options as BatchNorm1d.
+  function nn.BatchNorm2d(c, opts) return batch_norm(BatchNorm, "nn.BatchNorm2d", c, {[4] = true}, opts) end
+
+  function BatchNorm:describe()
+    return string.format("%s(%d, eps %g, momentum %s%s)", self.fname, self.num_features, self.eps,
+      self.momentum and string.format("%g", self.momentum) or "cumulative", self.affine and "" or ", no affine")
+  end
+
+  function BatchNorm:_check_input(x, what)
+    check_tensor(x, self.fname .. ":" .. what, "input")
+    if not self.dims[x:dim()] or x:size(2) ~= self.num_features then
+      O.fail("EINVAL: %s:%s: input of shape %s does not fit %d features", self.fname, what,
+        table.concat(x:size(), "x"), self.num_features)
+    end
+  end
+
+  -- Per-channel sums of x (and the element count), all_reduced over the
+  -- group when this is a SyncBatchNorm in training with world > 1.
+  function BatchNorm:_sum(t, n) return t, n end
+
+  local function stat(c) return T().zeros({c}, "float64") end
+
+  function BatchNorm:forward(x)
+    self:_check_input(x, "forward")
+    x = contig(x)
+    local c = self.num_features
+    self.output = ensure(self.output, x:size(), self.dtype)
+    local batch_stats = self.training or not self.track_running_stats
+    self.mean, self.invstd = ensure(self.mean, {c}, "float64"), ensure(self.invstd, {c}, "float64")
+    local mean, invstd = self.mean, self.invstd
+    if batch_stats then
+      local per = x:numel() // c
+      local sums = stat(c)
+      K.nn_bn_reduce(x, nil, nil, nil, sums)
+      local n
+      sums, n = self:_sum(sums, per)
+      if n <= 1 and self.training then
+        O.fail("EINVAL: %s:forward: expected more than 1 value per channel when training, got input of shape %s",
+          self.fname, table.concat(x:size(), "x"))
+      end
+      for i = 1, c do mean[i] = sums[i] / n end
+      local sq = stat(c)
+      K.nn_bn_reduce(x, mean, x, mean, sq)
+      sq = self:_sum(sq, 0)
+      for i = 1, c do invstd[i] = 1 / math.sqrt(sq[i] / n + self.eps) end
+      self.count = n
+      if self.training and self.track_running_stats then
+        self.num_batches_tracked[1] = self.num_batches_tracked[1] + 1
+        local m = self.momentum or 1 / self.num_batches_tracked[1]
+        local rm, rv = self.running_mean, self.running_var
+        for i = 1, c do
+          rm[i] = (1 - m) * rm[i] + m * mean[i]
+          rv[i] = (1 - m) * rv[i] + m * sq[i] / (n - 1)
+        end
+      end
+    else
+      for i = 1, c do
+        mean[i] = self.running_mean[i]
+        invstd[i] = 1 / math.sqrt(self.running_var[i] + self.eps)
+      end
+    end
+    self.used_batch_stats = batch_stats
+    K.nn_bn_apply(x, mean, invstd, self.weight, self.bias, self.output)
+    return self.output
+  end
+
+  function BatchNorm:backward(x, gy)
+    check_tensor(gy, self.fname .. ":backward", "gradOutput")
+    if not self.mean then O.fail("ESTATE: %s:backward called before forward", self.fname) end
+    x, gy = contig(x), contig(gy)
+    local c = self.num_features
+    self.gradInput = ensure(self.gradInput, x:size(), self.dtype)
+    local sdy, sdx = stat(c), stat(c)
+    K.nn_bn_reduce(gy, nil, nil, nil, sdy)
+    K.nn_bn_reduce(gy, nil, x, self.mean, sdx)
+    if self.affine then K.nn_bn_param_grads(sdy, sdx, self.invstd, self.gradWeight, self.gradBias) end
+    if self.used_batch_stats then
+      local both = T().zeros({2 * c}, "float64")
+      for i = 1, c do both[i], both[c + i] = sdy[i], sdx[i] end
+      both = self:_sum(both, 0)
+      local mdy, mdx = stat(c), stat(c)
+      for i = 1, c do mdy[i], mdx[i] = both[i] / self.count, both[c + i] / self.count end
+      K.nn_bn_backward_input(gy, x, self.mean, self.invstd, self.weight, mdy, mdx, self.gradInput)
+    else
+      K.nn_bn_backward_input(gy, x, self.mean, self.invstd, self.weight, nil, nil, self.gradInput)
+    end
+    self:_grads_ready()
+    return self.gradInput
+  end
+
+  -- ---------------------------------------------------------------- SyncBatchNorm
+
+  local SyncBatchNorm = nn.class("SyncBatchNorm", BatchNorm)
+  nn.SyncBatchNormClass = SyncBatchNorm
+
+  -- The group to reduce over, or nil when no synchronisation is needed
+  -- (evaluation, crun.dist not initialised, or a group of one).
+  function SyncBatchNorm:_sync_group()
+    local ok, dist = pcall(require, "crun.dist")
+    if not ok or not dist.is_initialized() then return nil end
+    local world = dist.get_world_size(self.group)
+    if world <= 1 then return nil end
+    return dist
+  end
+
+  function SyncBatchNorm:_sum(t, n)
+    local dist = self.training and self:_sync_group() -- (torch syncs in training only)
+    if not dist then return t, n end
+    local c = t:numel()
+    local buf = T().zeros({c + 1}, "float64")
+    buf:narrow(1, 1, c):copy(t)
+    buf[c + 1] = n
+    local opts = self.group and {group = self.group} or nil
+    if opts then dist.all_reduce(buf, "sum", opts) else dist.all_reduce(buf, "sum") end
+    return buf:narrow(1, 1, c):clone(), math.tointeger(buf[c + 1]) or buf[c + 1]
+  end
+
+  --- SyncBatchNorm(C, {eps, momentum, affine, track_running_stats, group=, dtype=}):
+  -- BatchNorm over the whole group's batch: in training the per-channel sums
+  -- (forward) and the gradient sums (backward) are all_reduced over `group`
+  -- (default: the world), so every rank normalises with the global batch's
+  -- statistics. Any input of at least 2 dims. Falls back to BatchNorm when
+  -- crun.dist is not initialised or the group has one rank.
+  nn.SyncBatchNorm = setmetatable({}, {__call = function(_, c, opts)
+    local self = batch_norm(SyncBatchNorm, "nn.SyncBatchNorm", c,
+      setmetatable({}, {__index = function(_, k) return k >= 2 end}), opts)
+    return self
+  end})
+
+  --- nn.SyncBatchNorm.convert(module[, group]): replaces every BatchNorm1d/2d
+  -- inside module (Sequential trees; the module itself too) by a
+  -- SyncBatchNorm that shares its parameters, gradients and running
+  -- statistics; returns the converted module.
+  function nn.SyncBatchNorm.convert(m, group)
+    if type(m) ~= "table" or type(m.forward) ~= "function" then
+      O.fail("EINVAL: nn.SyncBatchNorm.convert: an nn module is expected, got %s", type(m))
+    end
+    if getmetatable(m) == BatchNorm then
+      local s = setmetatable({}, SyncBatchNorm)
+      for k, v in pairs(m) do s[k] = v end
+      s.fname = "nn.SyncBatchNorm"
+      s.dims = setmetatable({}, {__index = function(_, k) return k >= 2 end})
+      if group ~= nil then s.group = group end
+      return s
+    end
+    if m.modules then
+      for i, child in ipairs(m.modules) do m.modules[i] = nn.SyncBatchNorm.convert(child, group) end
+    end
+    return m
+  end
+
+  -- ---------------------------------------------------------------- LayerNorm
+
+  local LayerNorm = nn.class("LayerNorm")
+
+  --- LayerNorm(normalized_shape, {eps=1e-5, elementwise_affine=true, dtype=}):
+  -- normalises over the last dims (an int or a list of sizes); weight 1, bias 0.
+  function nn.LayerNorm(shape, opts)
+    local fn = "nn.LayerNorm"
+    opts = O.check(LN, fn, opts)
+    if type(shape) ~= "table" then shape = {shape} end
+    local d = 1
+    for i, v in ipairs(shape) do d = d * O.int(fn, "normalized_shape[" .. i .. "]", v, 1) end
+    if #shape == 0 then O.fail("EINVAL: %s: normalized_shape is empty", fn) end
+    local self = setmetatable({}, LayerNorm):_init()
+    self.shape, self.d, self.eps, self.dtype = shape, d, opts.eps or 1e-5, dtype_of(fn, opts.dtype)
+    self._params, self._grads = {}, {}
+    if O.bool(fn, "elementwise_affine", opts.elementwise_affine, true) ~= false then
+      self.weight, self.bias = T().ones(shape, self.dtype), T().zeros(shape, self.dtype)
+      self.gradWeight, self.gradBias = T().zeros(shape, self.dtype), T().zeros(shape, self.dtype)
+      self._params, self._grads = {self.weight, self.bias}, {self.gradWeight, self.gradBias}
+      self._pnames, self._gnames = {"weight", "bias"}, {"gradWeight", "gradBias"}
+    end
+    return self
+  end
+
+  function LayerNorm:describe() return string.format("nn.LayerNorm(%s)", table.concat(self.shape, "x")) end
+
+  function LayerNorm:forward(x)
+    check_tensor(x, "LayerNorm:forward", "input")
+    x = contig(x)
+    local nd, ns = x:dim(), #self.shape
+    for i = 1, ns do
+      if nd < ns or x:size(nd - ns + i) ~= self.shape[i] then
+        O.fail("EINVAL: LayerNorm:forward: input of shape %s does not end in %s", table.concat(x:size(), "x"),
+          table.concat(self.shape, "x"))
+      end
+    end
+    local rows = x:numel() // self.d
+    self.output = ensure(self.output, x:size(), self.dtype)
+    self.mean, self.rstd = ensure(self.mean, {rows}, "float64"), ensure(self.rstd, {rows}, "float64")
+    K.nn_layer_norm_forward(x, self.d, self.weight, self.bias, self.eps, self.output, self.mean, self.rstd)
+    return self.output
+  end
+
+  function LayerNorm:backward(x, gy)
+    check_tensor(gy, "LayerNorm:backward", "gradOutput")
+    x, gy = contig(x), contig(gy)
+    self.gradInput = ensure(self.gradInput, x:size(), self.dtype)
+    K.nn_layer_norm_backward(gy, x, self.d, self.mean, self.rstd, self.weight, self.gradInput, self.gradWeight,
+      self.gradBias)
+    self:_grads_ready()
+    return self.gradInput
+  end
+
+  -- ---------------------------------------------------------------- Embedding
+
+  local Embedding = nn.class("Embedding")
+
+  --- Embedding(num, dim, {padding_idx=, dtype=, seed=}): a table of `num`
+  -- vectors drawn from N(0, 1); forward(idx) looks up 1-based int64/int32
+  -- indices of any shape -> [idx..., dim]. The padding_idx row (1-based) is
+  -- zero and gets no gradient. backward returns nil (indices have none).
+  function nn.Embedding(num, dim, opts)
+    local fn = "nn.Embedding"
+    opts = O.check(EMB, fn, opts)
+    O.int(fn, "num_embeddings", num, 1)
+    O.int(fn, "embedding_dim", dim, 1)
+    local self = setmetatable({}, Embedding):_init()
+    self.num, self.dim, self.dtype = num, dim, dtype_of(fn, opts.dtype)
+    self.padding_idx = opts.padding_idx ~= nil and O.int(fn, "padding_idx", opts.padding_idx, 1) or 0
+    if self.padding_idx > num then O.fail("EINVAL: %s: padding_idx %d is past num_embeddings %d", fn, self.padding_idx, num) end
+    local gen = T().Generator(opts.seed ~= nil and O.int(fn, "seed", opts.seed) or H.next_seed())
+    self.weight = T().zeros({num, dim}, self.dtype):normal_(0, 1, gen)
+    if self.padding_idx > 0 then self.weight:select(1, self.padding_idx):fill(0) end
+    self.gradWeight = T().zeros({num, dim}, self.dtype)
+    self._params, self._grads = {self.weight}, {self.gradWeight}
+    self._pnames, self._gnames = {"weight"}, {"gradWeight"}
+    return self
+  end
+
+  function Embedding:describe() return string.format("nn.Embedding(%d, %d)", self.num, self.dim) end
+
+  function Embedding:forward(idx)
+    check_tensor(idx, "Embedding:forward", "indices")
+    idx = contig(idx)
+    local shape = idx:size()
+    shape[#shape + 1] = self.dim
+    self.output = ensure(self.output, shape, self.dtype)
+    K.nn_embedding_forward(idx, self.weight, self.output)
+    return self.output
+  end
+
+  function Embedding:backward(idx, gy)
+    K.nn_embedding_backward(contig(idx), contig(gy), self.gradWeight, self.padding_idx)
+    self:_grads_ready()
+    self.gradInput = nil
+    return nil
+  end
+end
