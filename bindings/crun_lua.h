@@ -93,6 +93,7 @@ crun_pg_t *crun_l_check_pg(lua_State *L, int idx);
 /* The areas; each adds its entries to the table at the top of the stack. */
 void crun_l_open_core(lua_State *L);
 void crun_l_open_store(lua_State *L);
+void crun_l_open_cuda(lua_State *L); /* needs the tensor table: after open_tensor */
 void crun_l_open_tensor(lua_State *L);
 void crun_l_open_pg(lua_State *L);
 void crun_l_open_train(lua_State *L);

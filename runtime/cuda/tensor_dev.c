@@ -7,6 +7,7 @@
 
 #include "core/checked.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -179,4 +180,28 @@ int crun_tensor_to_device(crun_tensor_t *t, int device, crun_tensor_t **out) {
   }
   *out = r;
   return 0;
+}
+
+int crun__tensor_fill_dev(crun_tensor_t *t, double v) {
+  crun__storage_t *st = t->st;
+  if (v == 0 && !signbit(v) && crun_tensor_is_contiguous(t))
+    return crun__cuda_memset0(st->device, crun_tensor_data(t), crun_tensor_nbytes(t),
+                              crun__cuda_current_stream(st->device));
+  crun_tensor_t *h;
+  CRUN_CHECK(crun_tensor_empty(t->dt, t->ndim, t->shape, &h));
+  int rc = crun_tensor_fill(h, v);
+  if (rc == 0) rc = crun_tensor_copy(t, h); /* pageable source: waits, so h may go */
+  crun_tensor_release(h);
+  return rc;
+}
+
+int crun__tensor_compare_dev(crun_tensor_t *a, crun_tensor_t *b, int (*eq)(crun_tensor_t *, crun_tensor_t *),
+                             double rtol, double atol) {
+  crun_tensor_t *ha = NULL, *hb = NULL;
+  int r = 0;
+  if (crun_tensor_to_device(a, CRUN_DEVICE_CPU, &ha) == 0 && crun_tensor_to_device(b, CRUN_DEVICE_CPU, &hb) == 0)
+    r = eq ? eq(ha, hb) : crun_tensor_allclose(ha, hb, rtol, atol);
+  crun_tensor_release(ha);
+  crun_tensor_release(hb);
+  return r;
 }
