@@ -7,6 +7,8 @@
 #include "crun_lua.h"
 
 #include <limits.h>
+#include <stdlib.h>
+#include <string.h>
 
 #define STREAM_MT "crun.cuda.Stream"
 #define EVENT_MT "crun.cuda.Event"
@@ -28,6 +30,28 @@ static int device_or_current(lua_State *L, int arg) {
 }
 
 /* ------------------------------------------------------------ devices */
+
+int crun_l_check_device(lua_State *L, int idx, const char *fname) {
+  if (lua_isinteger(L, idx)) {
+    lua_Integer d = lua_tointeger(L, idx);
+    if (d >= -1 && d <= INT_MAX) return (int)d;
+  } else if (lua_type(L, idx) == LUA_TSTRING) {
+    const char *s = lua_tostring(L, idx);
+    if (!strcmp(s, "cpu")) return -1;
+    if (!strcmp(s, "cuda")) {
+      int dev;
+      CRUN_L_CHECK(L, crun_cuda_current_device(&dev));
+      return dev;
+    }
+    char *end;
+    if (!strncmp(s, "cuda:", 5) && s[5] >= '0' && s[5] <= '9') {
+      long d = strtol(s + 5, &end, 10);
+      if (!*end && d <= INT_MAX) return (int)d;
+    }
+  }
+  return crun_l_argerror(L, idx, lua_pushfstring(L, "%s: unknown device '%s' (expected \"cpu\", \"cuda\", "
+                                                   "\"cuda:N\" or an integer)", fname, luaL_tolstring(L, idx, NULL)));
+}
 
 /* cuda.is_available() -> boolean; cuda.unavailable_reason() -> text or nil */
 static int c_is_available(lua_State *L) {

@@ -98,10 +98,9 @@ for _, name in ipairs({"item", "totable", "bytes"}) do
 end
 methods.tolist = methods.totable
 
--- Options of the factories: device, dtype, pin_memory; crun's seed and
--- torch's generator for the random ones; requires_grad/layout change nothing.
-local FACTORY = O.spec{"device", "dtype", "pin_memory", inert = {
-  requires_grad = "crun tensors record no autograd graph", layout = "crun tensors are strided"}}
+-- Options of the random factories: crun's seed, torch's dtype, generator,
+-- device and pin_memory; requires_grad/layout change nothing. (zeros, ones,
+-- empty, full, new and arange read {device =, dtype =, pin_memory =} in C.)
 local RANDOM = O.spec{"seed", "dtype", "generator", "device", "pin_memory", inert = {
   requires_grad = "crun tensors record no autograd graph", layout = "crun tensors are strided"}}
 
@@ -128,25 +127,9 @@ local function checked_factory(name, first, spec)
         if o.device ~= nil then dev = CU().device_index(o.device, "tensor." .. name) end
         pin = o.pin_memory
         o.device, o.pin_memory = nil, nil
-        if spec == FACTORY then -- the plain factories take dtype positionally
-          args.n = i - 1
-          if o.dtype ~= nil then args.n = i; args[i] = o.dtype end
-        else
-          args[i] = o
-        end
+        args[i] = o
         break
       end
-    end
-    -- zeros / empty on a device: made there (no host buffer, no copy)
-    if dev ~= nil and dev >= 0 and (name == "zeros" or name == "empty") and not pin then
-      local shape, dt = args[1], args[2]
-      if type(shape) ~= "table" then
-        shape = {}
-        local i = 1
-        while math.type(args[i]) == "integer" do shape[i] = args[i]; i = i + 1 end
-        dt = args[i]
-      end
-      return C[name .. "_on"](shape, dt or "float32", dev)
     end
     return place(f(table.unpack(args, 1, args.n)), dev, pin)
   end
@@ -154,12 +137,6 @@ end
 checked_factory("rand", 1, RANDOM)
 checked_factory("randn", 1, RANDOM)
 checked_factory("randint", 3, RANDOM)
-checked_factory("zeros", 1, FACTORY)
-checked_factory("ones", 1, FACTORY)
-checked_factory("empty", 1, FACTORY)
-checked_factory("full", 2, FACTORY)
-checked_factory("new", 1, FACTORY)
-checked_factory("arange", 1, FACTORY)
 
 --- T.zeros_like(t[, dtype]) / T.ones_like / T.empty_like / T.full_like(t, v[, dtype]):
 --- on t's device
