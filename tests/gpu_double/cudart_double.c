@@ -513,8 +513,15 @@ cudaError_t cudaHostAlloc(void **out, size_t n, unsigned int flags) {
   return cudaSuccess;
 }
 
+/* Like CUDA, waits for all queued work first (a pending copy may read p). */
 cudaError_t cudaFreeHost(void *p) {
   pthread_mutex_lock(&g_mu);
+  for (;;) {
+    int busy = 0;
+    for (int i = 0; i < g_nstreams; i++) busy |= !idle_locked(g_streams[i]);
+    if (!busy) break;
+    pthread_cond_wait(&g_cv, &g_mu);
+  }
   dbl_alloc_t **pp = &g_allocs;
   while (*pp && !((*pp)->p == p && (*pp)->device < 0)) pp = &(*pp)->next;
   dbl_alloc_t *a = *pp;
