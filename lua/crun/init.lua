@@ -36,6 +36,7 @@ end
 local lazy = {
   store = true, tensor = true, dist = true, nn = true, optim = true,
   data = true, ddp = true, serialize = true, repl = true, comm_hooks = true, fsdp = true,
+  metrics = true,
 }
 
 return setmetatable(crun, {
