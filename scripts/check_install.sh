@@ -19,7 +19,16 @@ deb=$deb_build/crun_${version}_amd64.deb
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; fi
 tmp=$(mktemp -d /tmp/crun-check-install.XXXXXX)
-trap 'rm -rf "$tmp" "$src/build.luarocks"' EXIT
+installed=0
+cleanup() {
+  # a failed check must not leave the package on the system
+  if [ $installed = 1 ]; then
+    echo "check-install: purging crun after the failure" >&2
+    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 purge -y -q crun >/dev/null 2>&1 || true
+  fi
+  rm -rf "$tmp" "$src/build.luarocks"
+}
+trap cleanup EXIT
 step() { printf '\n== %s\n' "$*"; }
 fail() { echo "check-install: FAILED: $*" >&2; exit 1; }
 # two_ranks EXE: runs EXE as ranks 0 and 1 of a 2-rank job on a free-ish port
@@ -40,13 +49,14 @@ fi
 step "apt-get install $deb"
 mapfile -t files < <(dpkg-deb -c "$deb" | awk '{print $6}' | sed 's|^\./|/|' | grep -v '/$')
 echo "${#files[@]} files in the package"
+installed=1
 $SUDO env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -q "$deb" | tail -n 3
 dpkg -s crun | grep -E '^(Status|Version):'
 
 step "crun-lua -n 2 examples/allreduce.lua (installed /usr/bin/crun-lua)"
 [ "$(command -v crun-lua)" = /usr/bin/crun-lua ] || fail "crun-lua on PATH is $(command -v crun-lua), not /usr/bin/crun-lua"
 (cd "$tmp" && env -u LUA_PATH -u LUA_CPATH timeout -s KILL 120 crun-lua -n 2 --master-port 0 allreduce.lua)
-where=$(cd "$tmp" && env -u LUA_PATH -u LUA_CPATH timeout -s KILL 60 crun-lua --no-prefix where.lua)
+where=$(cd "$tmp" && env -u LUA_PATH -u LUA_CPATH timeout -s KILL 60 crun-lua -n 1 --master-port 0 --no-prefix where.lua)
 echo "$where"
 [ "$where" = "crun-lua loads /usr/bin/../share/lua/5.4/crun/init.lua" ] || fail "crun-lua did not load the installed Lua files"
 crun-lua --version
@@ -65,7 +75,8 @@ step "examples/c/allreduce.c with pkg-config --cflags --libs crun, on 2 ranks"
 pkg-config --modversion crun
 cc -o "$tmp/allreduce" "$src/examples/c/allreduce.c" $(pkg-config --cflags --libs crun)
 ldd "$tmp/allreduce" | grep libcrunrt
-ldd "$tmp/allreduce" | grep -q "/usr/lib/x86_64-linux-gnu/libcrunrt.so.0" || fail "not linked to the installed libcrunrt"
+lib=$(ldd "$tmp/allreduce" | awk '/libcrunrt/ {print $3}')
+[ "$(readlink -f "$lib")" = "$(readlink -f /usr/lib/x86_64-linux-gnu/libcrunrt.so.0)" ] || fail "not linked to the installed libcrunrt ($lib)"
 two_ranks "$tmp/allreduce"
 
 step "find_package(crun CONFIG) from /usr, crun::crunrt_static, on 2 ranks"
@@ -80,7 +91,8 @@ man -w crun-lua
 MANWIDTH=80 man crun-lua 2>/dev/null | head -n 4
 
 step "apt-get purge crun; nothing of it left"
-$SUDO env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 purge -y -q crun | tail -n 2
+$SUDO env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 purge -y -q crun | grep -v "Reading database" | tail -n 2
+installed=0
 left=0
 for f in "${files[@]}"; do
   if [ -e "$f" ] || [ -L "$f" ]; then echo "left behind: $f"; left=1; fi
@@ -106,12 +118,11 @@ echo "$out" | grep -q "^$tmp/tree/share/lua/5.4/crun/init.lua	$tmp/tree/lib/lua/
   fail "lua5.4 did not load the module from the luarocks tree"
 step "crun-lua -n 2 from the luarocks tree"
 (cd "$tmp" && timeout -s KILL 120 "$tmp/tree/bin/crun-lua" -n 2 --master-port 0 allreduce.lua)
-where=$(cd "$tmp" && timeout -s KILL 60 "$tmp/tree/bin/crun-lua" --no-prefix where.lua)
+where=$(cd "$tmp" && timeout -s KILL 60 "$tmp/tree/bin/crun-lua" -n 1 --master-port 0 --no-prefix where.lua)
 echo "$where"
 [ "$where" = "crun-lua loads $tmp/tree/bin/../share/lua/5.4/crun/init.lua" ] || fail "crun-lua did not load the tree's Lua files"
 luarocks --lua-version 5.4 --tree "$tmp/tree" remove crun | tail -n 1
-if find "$tmp/tree" -path '*crun*' -not -path '*/manifest*' | grep -q .; then
-  find "$tmp/tree" -path '*crun*'
-  fail "files left in the luarocks tree after luarocks remove"
-fi
+left=$(cd "$tmp/tree" && find . -path '*crun*')
+[ -z "$left" ] || fail "left in the luarocks tree after luarocks remove: $left"
+echo "luarocks remove: nothing of crun left in the tree"
 printf '\ncheck-install: the .deb and the luarocks routes passed\n'
