@@ -290,8 +290,8 @@ static int m_flush(lua_State *L) {
   return 0;
 }
 
-/* w:close(): flushes and closes both files (idempotent; also __gc and
- * __close); raises EIO when the last writes fail. */
+/* w:close(): flushes and closes both files (idempotent; also __close);
+ * raises EIO when the last writes fail. */
 static int m_close(lua_State *L) {
   writer_t *w = crun_l_checkudata(L, 1, WRITER_MT);
   if (!w->ev) return 0;
@@ -304,6 +304,21 @@ static int m_close(lua_State *L) {
   free(w->csv_path);
   w->ev_path = w->csv_path = NULL;
   if (bad) crun_l_error(L, "EIO: SummaryWriter: closing %s: %s", lua_tostring(L, -1), strerror(e));
+  return 0;
+}
+
+/* __gc: closes a writer the script forgot, without raising (a failed last
+ * write can only be reported by close() or <close>). */
+static int m_gc(lua_State *L) {
+  writer_t *w = lua_touserdata(L, 1);
+  if (w && w->ev) {
+    fclose(w->ev);
+    if (w->csv) fclose(w->csv); /* NULL when creating the CSV failed */
+    w->ev = w->csv = NULL;
+    free(w->ev_path);
+    free(w->csv_path);
+    w->ev_path = w->csv_path = NULL;
+  }
   return 0;
 }
 
@@ -324,7 +339,7 @@ static int m_tostring(lua_State *L) {
 void crun_l_open_metrics(lua_State *L) {
   static const luaL_Reg methods[] = {
       {"add_scalar", m_add_scalar}, {"add_histogram", m_add_histogram}, {"flush", m_flush},
-      {"close", m_close}, {"paths", m_paths}, {"__gc", m_close}, {"__close", m_close},
+      {"close", m_close}, {"paths", m_paths}, {"__gc", m_gc}, {"__close", m_close},
       {"__tostring", m_tostring}, {NULL, NULL}};
   crun_l_newclass(L, WRITER_MT, methods);
   lua_pushcfunction(L, l_summary_writer);

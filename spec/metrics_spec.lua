@@ -268,6 +268,13 @@ describe("crun.metrics.SummaryWriter", function()
     w:close()
     ok, err = pcall(w.add_scalar, w, "a", 1, 1)
     assert.truthy(not ok and err:match("^EINVAL: SummaryWriter: used after close"), err)
+    -- the CSV cannot be created (a directory has its name): EIO, and the
+    -- half-made writer is collected without harm
+    os.execute("mkdir -p " .. q(dir .. "/err2/scalars.csv"))
+    ok, err = pcall(metrics.SummaryWriter, dir .. "/err2")
+    assert.truthy(not ok and err:match("^EIO: SummaryWriter: cannot create .*/err2/scalars%.csv: Is a directory"), err)
+    collectgarbage()
+    collectgarbage()
     ok, err = pcall(metrics.SummaryWriter, "/proc/crun-no/such")
     assert.truthy(not ok and err:match("^EIO: SummaryWriter: cannot create directory /proc/crun%-no"), err)
   end)
