@@ -148,7 +148,7 @@ local function f32(x) return (string.unpack("<f", string.pack("<f", x))) end
 
 describe("crun.metrics.SummaryWriter", function()
   if not metrics.available then
-    pending("built without protobuf-c (apt-get install libprotobuf-c-dev protobuf-c-compiler): SummaryWriter is left out")
+    pending("built without crun.metrics (no protobuf-c: apt-get install libprotobuf-c-dev protobuf-c-compiler; or CRUN_WITH_METRICS=OFF)")
     return
   end
   local dir = os.tmpname()

@@ -27,11 +27,11 @@ M.available = core.have_metrics == true
 -- @raise `ENOTSUP` when built without protobuf-c; `EIO` when a file cannot be created
 function M.SummaryWriter(logdir, opts)
   if not M.available then
-    error("ENOTSUP: crun.metrics.SummaryWriter: this build has no protobuf-c " ..
-      "(apt-get install libprotobuf-c-dev protobuf-c-compiler, then rebuild)", 2)
+    error("ENOTSUP: crun.metrics.SummaryWriter: this build has no protobuf-c or CRUN_WITH_METRICS=OFF " ..
+      "(apt-get install libprotobuf-c-dev protobuf-c-compiler, then rebuild)", 0)
   end
   if type(logdir) ~= "string" then
-    error("EINVAL: bad argument #1 to 'SummaryWriter' (string expected, got " .. type(logdir) .. ")", 2)
+    error("EINVAL: bad argument #1 to 'SummaryWriter' (string expected, got " .. type(logdir) .. ")", 0)
   end
   local suffix = opts and opts.filename_suffix or ""
   return core.summary_writer(logdir, suffix)
