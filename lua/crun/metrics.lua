@@ -4,9 +4,10 @@
 -- `scalars.csv` (tag,step,value,wall_time) next to it. The encoding runs in C
 -- (bindings/metrics.c: protobuf-c messages, CRC-32C framed records).
 --
---    local w <close> = crun.metrics.SummaryWriter("runs/exp1")
+--    local w = crun.metrics.SummaryWriter("runs/exp1")   -- or a to-be-closed local
 --    w:add_scalar("loss", 0.25, step)
 --    w:add_histogram("fc1.weight", model.params[1], step)
+--    w:close()
 -- @module crun.metrics
 local core = require "crun.core"
 
