@@ -92,11 +92,11 @@ crun_pg_t *crun_l_check_pg(lua_State *L, int idx);
 
 /* The areas; each adds its entries to the table at the top of the stack. */
 void crun_l_open_core(lua_State *L);
+void crun_l_open_metrics(lua_State *L);
 void crun_l_open_store(lua_State *L);
 void crun_l_open_tensor(lua_State *L);
 void crun_l_open_pg(lua_State *L);
 void crun_l_open_train(lua_State *L);
-void crun_l_open_metrics(lua_State *L);
 
 /* Opens the whole module (the table of crun.core) and returns 1. */
 int luaopen_crun_core(lua_State *L);

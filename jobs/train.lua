@@ -18,6 +18,7 @@ local DEFAULTS = {
   ["test-fraction"] = 0.2, dims = 16, classes = 4, seed = 0, ["ckpt-dir"] = nil,
   ["bench-steps"] = 40, ["lr-decay"] = 0.7, ["bucket-cap-mb"] = 25, ["crash-at-epoch"] = nil,
   ["powersgd-rank"] = 1, ["powersgd-start"] = 10,
+  logdir = false, -- --logdir DIR: training curves (crun.metrics) on rank 0
 }
 local FLAGS = {bench = true, ["no-resume"] = true, quiet = true, ["no-ckpt"] = true, help = true,
   ["flush-denormal"] = true}
@@ -49,8 +50,7 @@ local function parse_args(argv)
     if not k then error("train.lua: unexpected argument '" .. argv[i] .. "' (see --help)", 0) end
     if FLAGS[k] then
       o[k] = true
-    elseif DEFAULTS[k] ~= nil or k == "ckpt-dir" or k == "crash-at-epoch" or k == "comm-hook"
-        or k == "logdir" then
+    elseif DEFAULTS[k] ~= nil or k == "ckpt-dir" or k == "crash-at-epoch" or k == "comm-hook" then
       local v = argv[i + 1] or error("train.lua: --" .. k .. " needs a value", 0)
       o[k] = tonumber(v) or v
       i = i + 1
@@ -215,7 +215,7 @@ local function train(o)
       ck and string.format("; resumed after epoch %d from %s", ck.epoch, path) or ""))
   end
   -- --logdir: training curves on rank 0 (a TensorBoard event file and a CSV)
-  local writer <close> = rank == 0 and o.logdir and crun.metrics.SummaryWriter(o.logdir) or nil
+  local writer <close> = rank == 0 and o.logdir and crun.metrics.SummaryWriter(tostring(o.logdir)) or nil
   ctx.writer = writer
   local acc, tloss = ck and ck.accuracy or 0, 0
   for epoch = first, o.epochs do

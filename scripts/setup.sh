@@ -5,13 +5,13 @@ set -euo pipefail
 
 # iproute2: scripts/netns.sh (multihost_spec); munge, slurm*: scripts/slurm_local.sh
 # (slurm_spec; about 4 s to install on Debian 12, 6 packages)
+PKGS=(lua5.4 liblua5.4-dev libuv1-dev lua-busted libopenblas-dev
+      libopenmpi-dev openmpi-bin libreadline-dev libsodium-dev cmake make gcc pkg-config tmux
+      iproute2 munge slurmctld slurmd slurm-client)
 # libprotobuf-c-dev, protobuf-c-compiler: crun.metrics' TensorBoard event files;
 # luarocks: the rockspec route (make check-install); lua-ldoc, doxygen: make docs;
 # help2man: crun-lua's man page in the .deb (these six: about 16 s on Debian 12)
-PKGS=(lua5.4 liblua5.4-dev libuv1-dev lua-busted libopenblas-dev
-      libopenmpi-dev openmpi-bin libreadline-dev libsodium-dev cmake make gcc pkg-config tmux
-      iproute2 munge slurmctld slurmd slurm-client
-      libprotobuf-c-dev protobuf-c-compiler luarocks lua-ldoc doxygen help2man)
+PKGS+=(libprotobuf-c-dev protobuf-c-compiler luarocks lua-ldoc doxygen help2man)
 
 missing=()
 for p in "${PKGS[@]}"; do

@@ -34,9 +34,9 @@ end
 
 -- Submodules that load lazily from lua/crun/<name>.lua on first access.
 local lazy = {
+  metrics = true,
   store = true, tensor = true, dist = true, nn = true, optim = true,
   data = true, ddp = true, serialize = true, repl = true, comm_hooks = true, fsdp = true,
-  metrics = true,
 }
 
 return setmetatable(crun, {
