@@ -204,9 +204,16 @@ describe("crun.metrics.SummaryWriter", function()
     w:add_histogram("list", {3, -1.5, 3, 2}, -2, 4)
     w:add_histogram("same", {2.5, 2.5}, 7)
     w:add_histogram("none", {}, 8)
+    -- a transposed (non-contiguous) float32 view: the same histogram as its values listed
+    local m = crun.tensor.new({{1.5, -2, 7}, {0.25, 3, -6.5}}, "float32")
+    w:add_histogram("view", m:t(), 9, 3)
+    w:add_histogram("view_list", {1.5, 0.25, -2, 3, 7, -6.5}, 9, 3)
     w:close()
     local evs = read_events(ev_path)
-    assert.are.equal(5, #evs)
+    assert.are.equal(7, #evs)
+    assert.is_false(m:t():is_contiguous())
+    assert.are.same(evs[7].values[1].histo, evs[6].values[1].histo)
+    assert.are.same({1, 3, 2}, evs[6].values[1].histo.bucket)
     -- expected: computed here from the values
     local lo, hi, s, s2 = math.huge, -math.huge, 0, 0
     for _, v in ipairs(vals) do lo, hi, s, s2 = math.min(lo, v), math.max(hi, v), s + v, s2 + v * v end
