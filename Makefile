@@ -7,11 +7,15 @@
 #   make test-asan / test-tsan  the suite under ASan+UBSan / TSan (build-asan, build-tsan)
 #   make soak   SOAK_OPS random collectives on SOAK_RANKS ranks, tcp and shm (SAN=address|thread)
 #   make bench  every side-by-side comparison (collectives, store, launch, training) -> bench/results/
+#   make package        build-deb/crun_<version>_amd64.deb (CPack; prefix /usr)
+#   make check-install  the .deb through apt and the rockspec through luarocks (touches the system)
+#   make docs   API reference (LDoc over lua/crun, Doxygen over runtime/include) -> build/docs
 BUILD ?= build
 JOBS  ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_FLAGS ?=
 
-.PHONY: all setup configure build test demo bench clean install fault-inject conformance fuzz
+.PHONY: all setup configure build test demo bench clean install fault-inject conformance fuzz \
+        package check-install docs
 
 all: build
 
@@ -59,6 +63,27 @@ install: build
 
 clean:
 	rm -rf $(BUILD)
+
+# ---------------------------------------------------------------- installing (issue 17)
+# package: a .deb from its own tree (build-deb, CMAKE_INSTALL_PREFIX=/usr, no
+# tests): apt install ./build-deb/crun_<version>_amd64.deb
+DEB_BUILD ?= build-deb
+package: setup
+	cmake -S . -B $(DEB_BUILD) -DCMAKE_INSTALL_PREFIX=/usr -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  -DCRUN_BUILD_TESTS=OFF $(CMAKE_FLAGS)
+	cmake --build $(DEB_BUILD) -j $(JOBS)
+	cd $(DEB_BUILD) && cpack -G DEB
+	@ls -l $(DEB_BUILD)/*.deb
+
+# check-install: installs the .deb with apt, runs crun-lua and a pkg-config
+# C program against it, removes it and checks nothing is left; then
+# `luarocks make` into a temporary tree (scripts/check_install.sh)
+check-install: package
+	bash scripts/check_install.sh $(DEB_BUILD)
+
+# docs: LDoc over lua/crun and Doxygen over runtime/include -> $(BUILD)/docs
+docs: build
+	cmake --build $(BUILD) --target docs
 
 # ---------------------------------------------------------------- sanitizers and soak (issue 16)
 # test-asan / test-tsan: the whole suite in its own build dir with

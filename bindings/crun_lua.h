@@ -98,6 +98,7 @@ crun_pg_t *crun_l_check_pg(lua_State *L, int idx);
 int crun_l_check_device(lua_State *L, int idx, int arg, const char *fname);
 
 void crun_l_open_core(lua_State *L);
+void crun_l_open_metrics(lua_State *L);
 void crun_l_open_store(lua_State *L);
 void crun_l_open_cuda(lua_State *L); /* needs the tensor table: after open_tensor */
 void crun_l_open_tensor(lua_State *L);

@@ -191,6 +191,7 @@ void crun_l_open_core(lua_State *L) {
 int luaopen_crun_core(lua_State *L) {
   lua_newtable(L);
   crun_l_open_core(L);
+  crun_l_open_metrics(L);
   crun_l_open_store(L);
   crun_l_open_tensor(L);
   crun_l_open_cuda(L);

@@ -18,6 +18,7 @@ local DEFAULTS = {
   ["test-fraction"] = 0.2, dims = 16, classes = 4, seed = 0, ["ckpt-dir"] = nil,
   ["bench-steps"] = 40, ["lr-decay"] = 0.7, ["bucket-cap-mb"] = 25, ["crash-at-epoch"] = nil,
   ["powersgd-rank"] = 1, ["powersgd-start"] = 10,
+  logdir = false, -- --logdir DIR: training curves (crun.metrics) on rank 0
 }
 local FLAGS = {bench = true, ["no-resume"] = true, quiet = true, ["no-ckpt"] = true, help = true,
   ["flush-denormal"] = true}
@@ -30,6 +31,9 @@ local function usage()
   --no-resume  start fresh (a restart by --max-restarts still resumes)
   --bench [--bench-steps N] [--bucket-cap-mb MB]  throughput / overlap measurement
   --crash-at-epoch E   exit rank 1 after epoch E on the first run (to show resume)
+  --logdir DIR  rank 0 writes training curves there (crun.metrics: a TensorBoard event file
+                and scalars.csv): train/loss and train/step_time per step,
+                train/samples_per_s, test/loss and test/accuracy per epoch
   --comm-hook allreduce|fp16|bf16|powersgd  DDP communication hook (crun.comm_hooks)
       [--powersgd-rank R (1)] [--powersgd-start ITER (10)]
   --flush-denormal  denormal floats become zero in this job's math (crun.set_flush_denormal;
@@ -134,12 +138,18 @@ local function train_epoch(ctx, epoch)
   local t0, loss_sum, seen = crun.clock(), 0, 0
   local next_report = 1
   for b, xb, yb in ctx.loader:iter() do
+    local t_step = crun.clock()
     local out = ctx.model:forward(xb)
     local loss = ctx.crit:forward(out, yb)
     ctx.opt:zero_grad()
     ctx.model:backward(xb, ctx.crit:backward(out, yb))
     ctx.opt:step()
     loss_sum, seen = loss_sum + loss * xb:size(1), seen + xb:size(1)
+    if ctx.writer then
+      local step = (epoch - 1) * nb + b
+      ctx.writer:add_scalar("train/loss", loss, step)
+      ctx.writer:add_scalar("train/step_time", crun.clock() - t_step, step)
+    end
     if rank == 0 and not o.quiet and (b * 4 >= next_report * nb or b == nb) then
       next_report = next_report + 1
       local rate = seen * world / math.max(crun.clock() - t0, 1e-9)
@@ -204,10 +214,20 @@ local function train(o)
       Xtr:size(1), Xte:size(1), o.dims, o.classes, net:num_parameters(), world, o["batch-size"],
       ck and string.format("; resumed after epoch %d from %s", ck.epoch, path) or ""))
   end
+  -- --logdir: training curves on rank 0 (a TensorBoard event file and a CSV)
+  local writer <close> = rank == 0 and o.logdir and crun.metrics.SummaryWriter(tostring(o.logdir)) or nil
+  ctx.writer = writer
   local acc, tloss = ck and ck.accuracy or 0, 0
   for epoch = first, o.epochs do
     local loss, rate = train_epoch(ctx, epoch)
     acc, tloss = evaluate(net, Xte, Yte)
+    if writer then
+      local step = epoch * #ctx.loader
+      writer:add_scalar("train/samples_per_s", rate, step)
+      writer:add_scalar("test/loss", tloss, step)
+      writer:add_scalar("test/accuracy", acc, step)
+      writer:flush()
+    end
     if rank == 0 then
       print(string.format("epoch %d/%d done: train loss %.4f, test loss %.4f, test accuracy %.2f%%, %.0f samples/s",
         epoch, o.epochs, loss, tloss, 100 * acc, rate))

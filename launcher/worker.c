@@ -6,6 +6,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,9 +55,26 @@ void crun__worker_setenv(const crun__opts_t *o, const crun__placement_t *p) {
   crun_log_init();
 }
 
-/* The lua dir holding crun/init.lua: the build tree's when it exists. */
+/* The lua dir holding crun/init.lua: the build tree's for the build tree's
+ * crun-lua; for an installed one, <bindir>/../share/lua/5.4 (a prefix, a
+ * DESTDIR, a .deb or a luarocks tree); then the build tree's, then the
+ * configured install dir. */
 static const char *lua_dir(void) {
+  static char dir[PATH_MAX];
   struct stat st;
+  char exe[PATH_MAX];
+  ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (n > 0) {
+    exe[n] = '\0';
+    char *slash = strrchr(exe, '/');
+    if (slash) *slash = '\0';
+    if (strcmp(exe, CRUN_BUILD_BIN_DIR) == 0 && stat(CRUN_LUA_BUILD_DIR "/crun/init.lua", &st) == 0)
+      return CRUN_LUA_BUILD_DIR;
+    char init[PATH_MAX + 64];
+    if (snprintf(dir, sizeof dir, "%s/../share/lua/5.4", exe) < (int)sizeof dir &&
+        snprintf(init, sizeof init, "%s/crun/init.lua", dir) < (int)sizeof init && stat(init, &st) == 0)
+      return dir;
+  }
   if (stat(CRUN_LUA_BUILD_DIR "/crun/init.lua", &st) == 0) return CRUN_LUA_BUILD_DIR;
   return CRUN_LUA_INSTALL_LDIR;
 }

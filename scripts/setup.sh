@@ -8,6 +8,11 @@ set -euo pipefail
 PKGS=(lua5.4 liblua5.4-dev libuv1-dev lua-busted libopenblas-dev
       libopenmpi-dev openmpi-bin libreadline-dev libsodium-dev zlib1g-dev cmake make gcc pkg-config tmux
       iproute2 munge slurmctld slurmd slurm-client)
+# libprotobuf-c-dev, protobuf-c-compiler: crun.metrics' TensorBoard event files;
+# luarocks: the rockspec route (make check-install); lua-ldoc, doxygen: make docs;
+# help2man: crun-lua's man page in the .deb (these six: about 16 s on Debian 12);
+# dpkg-dev: dpkg-shlibdeps, which CPack runs for the .deb's Depends (make package)
+PKGS+=(libprotobuf-c-dev protobuf-c-compiler luarocks lua-ldoc doxygen help2man dpkg-dev)
 
 missing=()
 for p in "${PKGS[@]}"; do

@@ -98,4 +98,30 @@ describe("an installed crun", function()
     assert.is_truthy(o2:find(prefix .. "/lib/lua/5.4/crun/core.so", 1, true), o2)
     assert.is_truthy(o2:find("20", 1, true), o2)
   end)
+
+  it("installs crun-lua(1), the man page help2man made from --help", function()
+    local made = io.open(build .. "/man/crun-lua.1")
+    if not made then
+      pending("no build/man/crun-lua.1: configured without help2man (apt-get install help2man)")
+      return
+    end
+    made:close()
+    local f = io.open(prefix .. "/share/man/man1/crun-lua.1")
+    assert.is_truthy(f, "missing share/man/man1/crun-lua.1")
+    local page = f:read("a")
+    f:close()
+    assert.is_truthy(page:find(".TH CRUN-LUA \"1\"", 1, true), page:sub(1, 200))
+    assert.is_truthy(page:find("nproc", 1, true), "the options are in it")
+  end)
+
+  it("runs the installed crun-lua on the installed Lua files (<bindir>/../share/lua/5.4)", function()
+    local script = prefix .. "/where.lua"
+    local f = assert(io.open(script, "w"))
+    f:write('local crun = require "crun"\n',
+            'print("from " .. package.searchpath("crun", package.path), crun.version)\n')
+    f:close()
+    local rc2, o2 = sh("timeout -s KILL 60 " .. q(prefix .. "/bin/crun-lua") .. " -n 1 --master-port 0 --no-prefix " .. q(script))
+    assert.are.equal(0, rc2, o2)
+    assert.is_truthy(o2:find("from " .. prefix .. "/bin/../share/lua/5.4/crun/init.lua", 1, true), o2)
+  end)
 end)

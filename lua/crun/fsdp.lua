@@ -20,6 +20,7 @@
 -- current unit computes (forward and backward prefetch), as async work.
 -- Every rank must call forward and backward in the same order (they are
 -- collectives).
+-- @module crun.fsdp
 local M = {}
 
 local function T() return require "crun.tensor" end

@@ -34,6 +34,7 @@ end
 
 -- Submodules that load lazily from lua/crun/<name>.lua on first access.
 local lazy = {
+  metrics = true,
   store = true, tensor = true, dist = true, nn = true, optim = true,
   data = true, ddp = true, cuda = true, serialize = true, repl = true, comm_hooks = true, fsdp = true,
 }

@@ -5,6 +5,7 @@
 --   local opt = crun.optim.SGD(model, {lr=0.1, momentum=0.9})   -- model or DDP
 --   local opt = crun.optim.Adam(params, grads, {lr=1e-3})       -- or two lists
 --   opt:zero_grad(); ...backward...; opt:step()
+-- @module crun.optim
 
 -- The C kernels, wrapped so that a failure also names this process's rank.
 local K = require("crun.tensor")._rank_kernels{"optim_adam", "optim_sgd"}
