@@ -287,10 +287,11 @@ static int parse_rdzv_conf(const char *opt, const char *v, crun__opts_t *o) {
     *eq = 0;
     double *slot = !strcmp(kv, "join_timeout") ? &o->join_timeout
                  : !strcmp(kv, "last_call_timeout") ? &o->last_call_timeout
-                 : !strcmp(kv, "close_timeout") ? &o->close_timeout : NULL;
+                 : !strcmp(kv, "close_timeout") ? &o->close_timeout
+                 : !strcmp(kv, "heartbeat_timeout") ? &o->heartbeat_timeout : NULL;
     if (!slot)
       return usage_error("%s: unknown key '%s' (known: join_timeout, last_call_timeout, "
-                         "close_timeout)", opt, kv);
+                         "close_timeout, heartbeat_timeout)", opt, kv);
     char name[96];
     snprintf(name, sizeof name, "%s %s", opt, kv);
     if (parse_seconds(name, eq + 1, slot)) return EXIT_USAGE;
@@ -567,7 +568,8 @@ int main(int argc, char **argv) {
                     .grace = CRUN_LAUNCH_DEFAULT_GRACE, .rdzv_timeout = CRUN_LAUNCH_DEFAULT_RDZV_TIMEOUT,
                     .role = "default", .run_id = "none", .join_timeout = -1,
                     .last_call_timeout = CRUN_LAUNCH_DEFAULT_LAST_CALL,
-                    .close_timeout = CRUN_LAUNCH_DEFAULT_CLOSE, .argc = argc, .argv = argv};
+                    .close_timeout = CRUN_LAUNCH_DEFAULT_CLOSE,
+                    .heartbeat_timeout = CRUN_LAUNCH_DEFAULT_HEARTBEAT, .argc = argc, .argv = argv};
   int layout = 0;
   int rc = parse_args(&o, argc, argv, &layout);
   if (rc) return rc < 0 ? 0 : rc;
