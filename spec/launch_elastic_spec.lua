@@ -124,7 +124,7 @@ describe("crun-lua elastic c10d jobs", function()
     local ok, err = pcall(function()
       await(hs, "out", "ELASTIC store=crun/job/stop/0", 30, 3)
       os.execute("kill -STOP " .. stopped.pid)
-      await(hs, "err", "rendezvous 'stop' round 1: 2 node(s), world size 2 (node 2 (", 30)
+      await(hs, "err", "rendezvous 'stop' round 1: 2 node(s), world size 2 (node ", 30)
       await(hs, "out", "ELASTIC store=crun/job/stop/1", 30, 2)
     end)
     U.write(dir .. "/go", "")
@@ -138,15 +138,16 @@ describe("crun-lua elastic c10d jobs", function()
     assert(ok, err)
     local all_err = rs[1].err .. rs[2].err
     for i = 1, 2 do assert.are.equal(0, rs[i].code, all_err) end
-    local host, pid = all_err:match("rendezvous 'stop' round 1: 2 node%(s%), world size 2 %(node 2 %(([^,]+), pid (%d+)%) " ..
-                                    "lost: no heartbeat for 3 s%)\n")
+    local node, host, pid = all_err:match("rendezvous 'stop' round 1: 2 node%(s%), world size 2 %(node (%d) %(([^,]+), " ..
+                                          "pid (%d+)%) lost: no heartbeat for 3 s%)\n")
     assert.are.equal(tostring(stopped.pid), pid, all_err)
     assert.is_truthy(host and #host > 0, all_err)
     local r1, n1 = round_lines({rs[1].out, rs[2].out}, "stop", 1)
     assert.are.equal(2, n1)
     for rank = 0, 1 do assert.are.equal(2, r1[rank].world) end
     assert.are.equal(1, rs3.code, rs3.err)
-    assert.is_truthy(rs3.err:find("ESTATE: rendezvous 'stop' round 0: this node (node 2) was declared lost (node 2 (" ..
+    assert.is_truthy(rs3.err:find("ESTATE: rendezvous 'stop' round 0: this node (node " .. node .. ") was declared lost (node " ..
+                                  node .. " (" ..
                                   host .. ", pid " .. pid .. ") lost: no heartbeat for 3 s); the job went on without it",
                                   1, true), rs3.err)
   end)
@@ -169,5 +170,52 @@ describe("crun-lua elastic c10d jobs", function()
     local want = "ESTATE: rendezvous 'few' round 0: node 1 %(%S+, pid " .. b.pid .. "%) lost: no heartbeat for 3 s; " ..
                  "1 node%(s%) left, fewer than the minimum 2 %(%-%-nnodes 2:3%)\n"
     assert.is_truthy(ra.err:find(want), ra.err)
+  end)
+
+  it("trains on, with one node fewer, after a node is killed: every sample of each epoch once", function()
+    -- examples/elastic_train.lua: DDP, a checkpoint every 2 steps with the
+    -- sampler's state; the survivors resume the interrupted epoch at world 2
+    local port, dir = U.free_port(), U.tmpdir()
+    local rec = dir .. "/record"
+    local opts = c10d(port, "train", "2:3") .. " -n 1 " .. q(U.SOURCE .. "/examples/elastic_train.lua") ..
+                 " --epochs 3 --samples 240 --batch 4 --ckpt-every 2 --step-delay 0.1 --ckpt " .. q(dir .. "/ck.crun") ..
+                 " --record " .. q(rec)
+    local hs = {}
+    for i = 1, 3 do
+      hs[i] = U.start(opts, ENV)
+      U.sleep(0.3) -- the first serves the endpoint; the last is killed
+    end
+    local ok, err = pcall(await, hs, "out", "checkpoint epoch 2 consumed 48/240 world 3", 60)
+    os.execute("kill -KILL " .. hs[3].pid)
+    local rs = wait_all({hs[1], hs[2]}, 60)
+    pcall(hs[3].wait, hs[3], 5)
+    local record = U.slurp(rec) or ""
+    U.rmrf(dir)
+    assert(ok, err)
+    local all_err = rs[1].err .. rs[2].err
+    for i = 1, 2 do assert.are.equal(0, rs[i].code, all_err) end
+    local pid = all_err:match("rendezvous 'train' round 1: 2 node%(s%), world size 2 %(node %d %([^,]+, pid (%d+)%) " ..
+                              "lost: no heartbeat for 3 s%)\n")
+    assert.are.equal(tostring(hs[3].pid), pid, all_err)
+    local out = rs[1].out .. rs[2].out
+    assert.is_truthy(out:find("resumed at epoch 2 after %d+ of its 240 samples, world size 2 %(restart count 0%)"), out)
+    assert.is_truthy(out:find("done: 3 epochs, world size 2, loss [%d.]+", 1), out)
+    -- every sample of every epoch consumed exactly once; epoch 2 split between the worlds
+    local seen, worlds = {}, {}
+    for e, idx, w in record:gmatch("(%d+) (%d+) (%d+)\n") do
+      e, idx = tonumber(e), tonumber(idx)
+      seen[e] = seen[e] or {}
+      worlds[e] = worlds[e] or {}
+      assert.is_nil(seen[e][idx], string.format("epoch %d: sample %d twice", e, idx))
+      seen[e][idx] = true
+      worlds[e][w] = (worlds[e][w] or 0) + 1
+    end
+    for e = 1, 3 do
+      for idx = 1, 240 do assert.is_true(seen[e] and seen[e][idx], string.format("epoch %d: sample %d never seen", e, idx)) end
+    end
+    assert.are.same({["3"] = 240}, worlds[1])
+    assert.is_true(worlds[2]["3"] >= 48 and worlds[2]["2"] >= 1 and worlds[2]["3"] + worlds[2]["2"] == 240,
+                   "epoch 2 by world size: " .. tostring(worlds[2]["3"]) .. " / " .. tostring(worlds[2]["2"]))
+    assert.are.same({["2"] = 240}, worlds[3])
   end)
 end)
