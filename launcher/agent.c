@@ -526,7 +526,7 @@ static void *watch_main(void *arg) {
     int rc = crun_store_wait(a->watch_store, &kp, 1, WATCH_SLICE);
     if (rc == CRUN_ETIMEDOUT) continue;
     if (rc < 0) CRUN_LOG(WARN, LAUNCH, "lost the store of node 0: %s", crun_last_error());
-    snprintf(a->wake, sizeof a->wake, rc < 0 ? "lost the store of node 0" : "another node failed");
+    snprintf(a->wake, sizeof a->wake, rc < 0 ? "lost the store of node 0" : "another node failed or went away");
     if (write(a->fail_pipe[1], "!", 1) < 0) CRUN_LOG(WARN, LAUNCH, "wake-up pipe: %s", strerror(errno));
     break;
   }
