@@ -500,19 +500,30 @@ static int c10d_look(crun__agent_t *a, crun_store_t *st) {
   return found;
 }
 
-/* The watcher thread of c10d jobs: looks at the round every slice. */
+/* The watcher thread of c10d jobs: looks at the round every slice; once it
+ * woke the supervise loop it only beats, so that stopping the workers (up
+ * to the grace period) does not make this node look lost. */
 static void *watch_c10d(void *arg) {
   crun__agent_t *a = arg;
   double slice = beat_interval(a->o) < WATCH_SLICE ? beat_interval(a->o) : WATCH_SLICE;
+  int woke = 0, store_ok = 1;
   while (!atomic_load(&a->stop_watch)) {
+    if (woke) {
+      if (store_ok && beat(a, a->watch_store) < 0) store_ok = 0;
+      usleep((useconds_t)(slice * 1e6));
+      continue;
+    }
     int rc = c10d_look(a, a->watch_store);
     if (rc == 0) {
       usleep((useconds_t)(slice * 1e6));
       continue;
     }
-    if (rc < 0) snprintf(a->wake, sizeof a->wake, "lost the rendezvous store: %s", crun_last_error());
+    if (rc < 0) {
+      snprintf(a->wake, sizeof a->wake, "lost the rendezvous store: %s", crun_last_error());
+      store_ok = 0;
+    }
     if (write(a->fail_pipe[1], "!", 1) < 0) CRUN_LOG(WARN, LAUNCH, "wake-up pipe: %s", strerror(errno));
-    break;
+    woke = 1;
   }
   return NULL;
 }
