@@ -134,6 +134,7 @@ describe("crun-lua elastic c10d jobs", function()
     local rs = wait_all(hs, 30)
     local rs3 = rs[3]
     assert.is_truthy(done, so_far(hs, "err"))
+    assert.are.same({}, U.pids_with(dir)) -- every worker, also the stopped node's, reaped
     U.rmrf(dir)
     assert(ok, err)
     local all_err = rs[1].err .. rs[2].err
@@ -189,11 +190,13 @@ describe("crun-lua elastic c10d jobs", function()
     os.execute("kill -KILL " .. hs[3].pid)
     local rs = wait_all({hs[1], hs[2]}, 60)
     pcall(hs[3].wait, hs[3], 5)
+    local left = U.pids_with(dir)
     local record = U.slurp(rec) or ""
     U.rmrf(dir)
     assert(ok, err)
     local all_err = rs[1].err .. rs[2].err
     for i = 1, 2 do assert.are.equal(0, rs[i].code, all_err) end
+    assert.are.same({}, left) -- the killed node's workers too
     local pid = all_err:match("rendezvous 'train' round 1: 2 node%(s%), world size 2 %(node %d %([^,]+, pid (%d+)%) " ..
                               "lost: no heartbeat for 3 s%)\n")
     assert.are.equal(tostring(hs[3].pid), pid, all_err)
