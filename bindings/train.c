@@ -414,7 +414,8 @@ static int l_getpid(lua_State *L) {
 /* ---------------------------------------------------------------- sampler */
 
 /* sampler_indices(size, num_replicas, rank, shuffle, seed, drop_last,
- * drop_padding, epoch) -> list of 1-based indices, len (crun/train.h) */
+ * drop_padding, epoch[, start]) -> list of 1-based indices, num_samples,
+ * total_size (crun/train.h; start: global positions already consumed) */
 static int l_sampler_indices(lua_State *L) {
   crun_sampler_t s;
   lua_Integer R = crun_l_checkinteger(L, 2), rank = crun_l_checkinteger(L, 3);
@@ -423,6 +424,7 @@ static int l_sampler_indices(lua_State *L) {
   CRUN_L_CHECK(L, crun_sampler_init(&s, crun_l_checkinteger(L, 1), (int)R, (int)rank, lua_toboolean(L, 4),
                                     (uint64_t)crun_l_checkinteger(L, 5), lua_toboolean(L, 6)));
   s.drop_padding = lua_toboolean(L, 7);
+  CRUN_L_CHECK(L, crun_sampler_resume(&s, crun_l_optinteger(L, 9, 0)));
   int64_t n = crun_sampler_len(&s), got = 0;
   if (n > INT_MAX) /* a Lua list holds at most INT_MAX entries (lua_createtable) */
     return crun_l_error(L, "EINVAL: sampler_indices: %I indices for one rank do not fit a Lua list", (lua_Integer)n);
@@ -444,8 +446,8 @@ static int l_sampler_indices(lua_State *L) {
   return 3;
 }
 
-/* sampler_len(size, num_replicas, rank, drop_last, drop_padding) -> len,
- * num_samples, total_size */
+/* sampler_len(size, num_replicas, rank, drop_last, drop_padding[, start]) ->
+ * len, num_samples, total_size */
 static int l_sampler_len(lua_State *L) {
   crun_sampler_t s;
   lua_Integer R = crun_l_checkinteger(L, 2), rank = crun_l_checkinteger(L, 3);
@@ -453,6 +455,7 @@ static int l_sampler_len(lua_State *L) {
   if (rank < INT32_MIN || rank > INT32_MAX) return crun_l_argerror(L, 3, "rank out of range");
   CRUN_L_CHECK(L, crun_sampler_init(&s, crun_l_checkinteger(L, 1), (int)R, (int)rank, 0, 0, lua_toboolean(L, 4)));
   s.drop_padding = lua_toboolean(L, 5);
+  CRUN_L_CHECK(L, crun_sampler_resume(&s, crun_l_optinteger(L, 6, 0)));
   lua_pushinteger(L, (lua_Integer)crun_sampler_len(&s));
   lua_pushinteger(L, (lua_Integer)s.num_samples);
   lua_pushinteger(L, (lua_Integer)s.total_size);

@@ -14,7 +14,25 @@
  * While attempt k runs, a watcher thread (with its own connection) waits for
  * attempt/<k>/failed and wakes the supervise loop through a pipe, so a failure
  * on any node stops the workers of every node. It does the same when the
- * store goes away (node 0 died). */
+ * store goes away (node 0 died).
+ *
+ * c10d jobs are elastic: each attempt is one rendezvous round R (rdzv.c),
+ * with these keys under "crun/rdzv/<run id>/<R>/":
+ *   hb/<node>   counter each agent of the round adds to every beat
+ *               (heartbeat_timeout / 4, at most 1 s); a member whose counter
+ *               has not moved for heartbeat_timeout (by the observer's own
+ *               clock: nothing compares clocks of two hosts) is lost
+ *   failed      "<node> <code>" of the first node whose workers failed
+ *   change      why the membership changed: a node lost, or nodes waiting
+ *               to join (joined > closed while the round is below MAX)
+ *   end/<node>  the node's exit code for the round, once its workers ended
+ *   verdict     how the round ended (see rdzv.c), set by the first agent
+ *               that sees every member ended or lost
+ * The watcher thread beats and polls those; any of failed, change, a lost
+ * member or a waiting node stops this node's workers. The verdict then says
+ * what follows: the job is done, it failed, or round R + 1 opens with the
+ * survivors and the waiting nodes (a worker failure counts against
+ * --max-restarts there, a membership change does not). */
 #include "launcher.h"
 #include "store/store_impl.h"
 
@@ -49,6 +67,14 @@ struct crun__agent {
   atomic_int stop_watch;
   int attempt;
   int port;
+  /* c10d */
+  int round;                   /* the round this node runs */
+  int restarts;                /* worker failures restarted so far (the verdicts') */
+  crun__node_t *members;       /* the round's nodes, by node rank */
+  int64_t *seen;               /* each member's last heartbeat count seen ... */
+  double *seen_at;             /* ... and when it last moved (own clock) */
+  double last_beat;
+  char wake[CRUN_VERDICT_MAX]; /* why the watcher stopped the workers */
 };
 
 /* The text of the last error without its leading "ENAME: ". */
@@ -280,24 +306,53 @@ static void try_serve(crun__agent_t *a) {
              a->host, a->port, crun_last_error());
 }
 
-/* c10d: meets the other nodes of the run id at the endpoint (rdzv.c). */
-static int c10d_meet(crun__agent_t *a, crun__placement_t *base) {
+/* c10d: joins round `round` (< 0: the job's current one), takes its
+ * placement, and resets the members' heartbeat records. Node 0 says how
+ * the round closed: round 0 as torchrun's rendezvous, later ones with why
+ * they opened. */
+static int c10d_round(crun__agent_t *a, int round, crun__placement_t *base) {
   const crun__opts_t *o = a->o;
-  try_serve(a);
-  crun__round_t round;
-  CRUN_CHECK(connect_store(a, &a->store));
-  CRUN_CHECK(connect_store(a, &a->watch_store));
-  CRUN_CHECK(crun__rdzv_join(o, a->store, &round));
-  a->node_rank = round.node_rank;
-  a->nnodes = round.nnodes;
-  *base = (crun__placement_t){.rank = round.rank_base, .world_size = round.world_size,
-                              .local_world_size = o->nproc, .group_rank = round.node_rank,
-                              .group_world_size = round.nnodes, .role_rank = round.role_rank_base,
-                              .role_world_size = round.role_world_size, .master_addr = a->host};
-  if (a->node_rank == 0)
+  crun__round_t r;
+  CRUN_CHECK(crun__rdzv_join(o, a->store, round, &r));
+  free(a->members);
+  free(a->seen);
+  free(a->seen_at);
+  a->members = r.nodes;
+  a->seen = calloc((size_t)r.nnodes, sizeof *a->seen);
+  a->seen_at = calloc((size_t)r.nnodes, sizeof *a->seen_at);
+  if (!a->seen || !a->seen_at) return crun_error(CRUN_ENOMEM, "rendezvous: out of memory");
+  double now = crun_clock();
+  for (int m = 0; m < r.nnodes; m++) {
+    a->seen[m] = -1;
+    a->seen_at[m] = now;
+  }
+  a->round = r.round;
+  a->restarts = r.restarts;
+  a->node_rank = r.node_rank;
+  a->nnodes = r.nnodes;
+  a->last_beat = -1;
+  *base = (crun__placement_t){.rank = r.rank_base, .world_size = r.world_size,
+                              .local_world_size = o->nproc, .group_rank = r.node_rank,
+                              .group_world_size = r.nnodes, .role_rank = r.role_rank_base,
+                              .role_world_size = r.role_world_size, .master_addr = a->host,
+                              .master_port = a->port, .restart_count = r.restarts, .round = r.round};
+  if (a->node_rank == 0 && r.round == 0)
     fprintf(stderr, "crun-lua: rendezvous '%s' at %s:%d closed: %d node(s), world size %d\n",
             o->run_id, a->host, a->port, a->nnodes, base->world_size);
+  else if (a->node_rank == 0)
+    fprintf(stderr, "crun-lua: rendezvous '%s' round %d: %d node(s), world size %d (%s)\n", o->run_id,
+            r.round, a->nnodes, base->world_size, r.why);
+  CRUN_LOG(INFO, LAUNCH, "round %d: node %d of %d, ranks %d..%d of %d", r.round, a->node_rank, a->nnodes,
+           base->rank, base->rank + o->nproc - 1, base->world_size);
   return 0;
+}
+
+/* c10d: meets the other nodes of the run id at the endpoint (rdzv.c). */
+static int c10d_meet(crun__agent_t *a, crun__placement_t *base) {
+  try_serve(a);
+  CRUN_CHECK(connect_store(a, &a->store));
+  CRUN_CHECK(connect_store(a, &a->watch_store));
+  return c10d_round(a, -1, base);
 }
 
 int crun__agent_start(const crun__opts_t *o, crun__placement_t *base, crun__agent_t **out) {
@@ -339,6 +394,140 @@ int crun__agent_start(const crun__opts_t *o, crun__placement_t *base, crun__agen
   return 0;
 }
 
+/* Whether the agent takes part in a protocol with other nodes: static jobs
+ * of several nodes, and every c10d job (a node may join or leave). */
+static int multi(const crun__agent_t *a) { return a->o->c10d || a->nnodes > 1; }
+
+/* c10d: the current round's key fmt (with x) into buf. */
+static const char *rk(const crun__agent_t *a, char *buf, size_t n, const char *fmt, long long x) {
+  return crun__rdzv_key(buf, n, a->o, a->round, fmt, x);
+}
+
+/* c10d: seconds between two beats of this node's heartbeat. */
+static double beat_interval(const crun__opts_t *o) {
+  double i = o->heartbeat_timeout / 4;
+  return i < 1.0 ? i : 1.0;
+}
+
+/* c10d: adds a beat to this node's heartbeat counter when one is due. */
+static int beat(crun__agent_t *a, crun_store_t *st) {
+  double now = crun_clock();
+  if (a->last_beat >= 0 && now - a->last_beat < beat_interval(a->o)) return 0;
+  char k[200];
+  int64_t v;
+  CRUN_CHECK(crun_store_add(st, rk(a, k, sizeof k, "hb/%lld", a->node_rank), 1, &v));
+  a->last_beat = now;
+  return 0;
+}
+
+/* c10d: looks at member m's heartbeat; *quiet 1 when it has not moved for
+ * heartbeat_timeout since this agent began to look. */
+static int silent(crun__agent_t *a, crun_store_t *st, int m, int *quiet) {
+  char k[200];
+  int64_t v = 0;
+  CRUN_CHECK(crun_store_add(st, rk(a, k, sizeof k, "hb/%lld", m), 0, &v));
+  double now = crun_clock();
+  if (v != a->seen[m]) {
+    a->seen[m] = v;
+    a->seen_at[m] = now;
+  }
+  *quiet = now - a->seen_at[m] >= a->o->heartbeat_timeout;
+  return 0;
+}
+
+/* "node 2 (h2, pid 77)" for member m. */
+static void node_name(const crun__agent_t *a, int m, char *buf, size_t n) {
+  snprintf(buf, n, "node %d (%s, pid %ld)", m, a->members[m].host, a->members[m].pid);
+}
+
+/* Reads key as text into buf when it exists (*found). */
+static int get_text(crun_store_t *st, const char *key, char *buf, size_t n, int *found) {
+  buf[0] = 0;
+  CRUN_CHECK(crun_store_check(st, &key, 1, found));
+  if (!*found) return 0;
+  crun_buf_t b = {0};
+  CRUN_CHECK(crun_store_get(st, key, &b));
+  size_t len = b.len < n - 1 ? b.len : n - 1;
+  memcpy(buf, b.data, len);
+  buf[len] = 0;
+  crun_buf_free(&b);
+  return 0;
+}
+
+/* Sets key to text unless it holds something already. */
+static int set_once(crun_store_t *st, const char *key, const char *text) {
+  crun_buf_t got = {0};
+  int rc = crun_store_compare_set(st, key, "", 0, text, strlen(text), &got);
+  crun_buf_free(&got);
+  return rc;
+}
+
+/* c10d: one look of the watcher at the round: beats, then returns 1 with
+ * the reason in a->wake when this node's workers must stop (a failure
+ * elsewhere, a membership change, a node waiting to join, a lost member). */
+static int c10d_look(crun__agent_t *a, crun_store_t *st) {
+  const crun__opts_t *o = a->o;
+  char k[200], text[CRUN_VERDICT_MAX];
+  int found = 0;
+  CRUN_CHECK(beat(a, st));
+  CRUN_CHECK(get_text(st, rk(a, k, sizeof k, "failed", 0), text, sizeof text, &found));
+  if (found) {
+    int node = -1, code = 0;
+    sscanf(text, "%d %d", &node, &code);
+    snprintf(a->wake, sizeof a->wake, "the workers of node %d failed (exit code %d)", node, code);
+    return 1;
+  }
+  CRUN_CHECK(get_text(st, rk(a, k, sizeof k, "change", 0), text, sizeof text, &found));
+  if (!found) {
+    int64_t joined = 0;
+    CRUN_CHECK(crun_store_add(st, rk(a, k, sizeof k, "joined", 0), 0, &joined));
+    if (joined > a->nnodes && a->nnodes < o->nnodes) {
+      snprintf(text, sizeof text, "%lld node(s) waiting to join", (long long)(joined - a->nnodes));
+      found = 1;
+    }
+    for (int m = 0; !found && m < a->nnodes; m++) {
+      int quiet = 0;
+      if (m != a->node_rank) CRUN_CHECK(silent(a, st, m, &quiet));
+      if (!quiet) continue;
+      char name[160];
+      node_name(a, m, name, sizeof name);
+      snprintf(text, sizeof text, "%s lost: no heartbeat for %g s", name, o->heartbeat_timeout);
+      found = 1;
+    }
+    if (found) CRUN_CHECK(set_once(st, rk(a, k, sizeof k, "change", 0), text));
+  }
+  if (found) snprintf(a->wake, sizeof a->wake, "%s", text);
+  return found;
+}
+
+/* The watcher thread of c10d jobs: looks at the round every slice; once it
+ * woke the supervise loop it only beats, so that stopping the workers (up
+ * to the grace period) does not make this node look lost. */
+static void *watch_c10d(void *arg) {
+  crun__agent_t *a = arg;
+  double slice = beat_interval(a->o) < WATCH_SLICE ? beat_interval(a->o) : WATCH_SLICE;
+  int woke = 0, store_ok = 1;
+  while (!atomic_load(&a->stop_watch)) {
+    if (woke) {
+      if (store_ok && beat(a, a->watch_store) < 0) store_ok = 0;
+      usleep((useconds_t)(slice * 1e6));
+      continue;
+    }
+    int rc = c10d_look(a, a->watch_store);
+    if (rc == 0) {
+      usleep((useconds_t)(slice * 1e6));
+      continue;
+    }
+    if (rc < 0) {
+      snprintf(a->wake, sizeof a->wake, "lost the rendezvous store: %s", crun_last_error());
+      store_ok = 0;
+    }
+    if (write(a->fail_pipe[1], "!", 1) < 0) CRUN_LOG(WARN, LAUNCH, "wake-up pipe: %s", strerror(errno));
+    woke = 1;
+  }
+  return NULL;
+}
+
 /* The watcher thread: wakes the supervise loop when attempt k failed anywhere. */
 static void *watch_main(void *arg) {
   crun__agent_t *a = arg;
@@ -348,6 +537,7 @@ static void *watch_main(void *arg) {
     int rc = crun_store_wait(a->watch_store, &kp, 1, WATCH_SLICE);
     if (rc == CRUN_ETIMEDOUT) continue;
     if (rc < 0) CRUN_LOG(WARN, LAUNCH, "lost the store of node 0: %s", crun_last_error());
+    snprintf(a->wake, sizeof a->wake, rc < 0 ? "lost the store of node 0" : "another node failed or went away");
     if (write(a->fail_pipe[1], "!", 1) < 0) CRUN_LOG(WARN, LAUNCH, "wake-up pipe: %s", strerror(errno));
     break;
   }
@@ -371,7 +561,14 @@ static int node_barrier(crun__agent_t *a, const char *ck, const char *flag, cons
   return 0;
 }
 
-int crun__agent_begin_attempt(crun__agent_t *a, int attempt) {
+int crun__agent_begin_attempt(crun__agent_t *a, int attempt, crun__placement_t *base) {
+  a->wake[0] = 0;
+  if (a->o->c10d) {
+    if (attempt > 0) CRUN_CHECK(c10d_round(a, a->round + 1, base));
+    a->attempt = attempt;
+    return 0;
+  }
+  base->restart_count = attempt;
   if (a->nnodes == 1) return 0;
   char ck[160], flag[160], what[64];
   snprintf(what, sizeof what, "attempt %d on node %d", attempt, a->node_rank);
@@ -382,14 +579,16 @@ int crun__agent_begin_attempt(crun__agent_t *a, int attempt) {
 }
 
 int crun__agent_watch(crun__agent_t *a) {
-  if (!a || a->nnodes == 1 || a->watching) return 0;
+  if (!a || !multi(a) || a->watching) return 0;
   atomic_store(&a->stop_watch, 0);
-  if (pthread_create(&a->watcher, NULL, watch_main, a) != 0)
+  if (pthread_create(&a->watcher, NULL, a->o->c10d ? watch_c10d : watch_main, a) != 0)
     return crun_error(CRUN_ESYS, "attempt %d on node %d: cannot start the watcher thread", a->attempt,
                       a->node_rank);
   a->watching = 1;
   return 0;
 }
+
+const char *crun__agent_wake_reason(crun__agent_t *a) { return a ? a->wake : ""; }
 
 /* Stops the watcher thread and empties the wake-up pipe. */
 static void stop_watcher(crun__agent_t *a) {
@@ -428,10 +627,128 @@ static int acknowledge(crun__agent_t *a, int attempt) {
   return rc;
 }
 
-int crun__agent_end_attempt(crun__agent_t *a, int attempt, int code, int *job_failed) {
-  *job_failed = code != 0;
-  if (a->nnodes == 1) return 0;
+/* c10d: once every member of the round ended or is lost, sets the round's
+ * verdict (unless another agent did first); *decided 0 while a member still
+ * runs. */
+static int c10d_decide(crun__agent_t *a, int *decided) {
+  const crun__opts_t *o = a->o;
+  int n = a->nnodes, nlost = 0, all_ok = 1, bad_node = -1, bad_code = 0, found = 0;
+  char k[200], text[CRUN_VERDICT_MAX], lost[256] = "", names[CRUN_VERDICT_MAX / 2] = "";
+  size_t lo = 0, no = 0;
+  *decided = 0;
+  for (int m = 0; m < n; m++) {
+    CRUN_CHECK(get_text(a->store, rk(a, k, sizeof k, "end/%lld", m), text, sizeof text, &found));
+    if (found) {
+      int c = atoi(text);
+      if (c != 0 && bad_node < 0) {
+        bad_node = m;
+        bad_code = c;
+      }
+      all_ok &= c == 0;
+      continue;
+    }
+    int quiet = 0;
+    CRUN_CHECK(silent(a, a->store, m, &quiet));
+    if (!quiet) return 0; /* it still runs */
+    all_ok = 0;
+    nlost++;
+    if (lo + 16 < sizeof lost) lo += (size_t)snprintf(lost + lo, sizeof lost - lo, "%s%d", lo ? "," : "", m);
+    char name[160];
+    node_name(a, m, name, sizeof name);
+    if (no + strlen(name) + 4 < sizeof names)
+      no += (size_t)snprintf(names + no, sizeof names - no, "%s%s", no ? ", " : "", name);
+  }
+  char change[CRUN_VERDICT_MAX], failed[64], verdict[CRUN_VERDICT_MAX + 512];
+  int has_change = 0, has_failed = 0;
+  int64_t joined = 0;
+  CRUN_CHECK(get_text(a->store, rk(a, k, sizeof k, "change", 0), change, sizeof change, &has_change));
+  CRUN_CHECK(get_text(a->store, rk(a, k, sizeof k, "failed", 0), failed, sizeof failed, &has_failed));
+  CRUN_CHECK(crun_store_add(a->store, rk(a, k, sizeof k, "joined", 0), 0, &joined));
+  int waiting = joined > n ? (int)(joined - n) : 0, left = n - nlost;
+  if (all_ok) {
+    snprintf(verdict, sizeof verdict, "done %d 0 - every node succeeded", a->restarts);
+  } else if (nlost || has_change) {
+    char why[CRUN_VERDICT_MAX / 2 + 64];
+    if (nlost) snprintf(why, sizeof why, "%s lost: no heartbeat for %g s", names, o->heartbeat_timeout);
+    else snprintf(why, sizeof why, "%.*s", CRUN_VERDICT_MAX / 2, change);
+    if (left < o->min_nodes)
+      snprintf(verdict, sizeof verdict, "end %d 0 %s %s; %d node(s) left, fewer than the minimum %d "
+               "(--nnodes %d:%d)", a->restarts, lost, why, left, o->min_nodes, o->min_nodes, o->nnodes);
+    else
+      snprintf(verdict, sizeof verdict, "next %d %d %s %s", a->restarts, left + waiting, nlost ? lost : "-", why);
+  } else {
+    if (has_failed) sscanf(failed, "%d %d", &bad_node, &bad_code);
+    if (a->restarts >= o->max_restarts)
+      snprintf(verdict, sizeof verdict, "end %d 0 - the workers of node %d failed (exit code %d); no "
+               "restarts left (--max-restarts %d)", a->restarts, bad_node, bad_code, o->max_restarts);
+    else
+      snprintf(verdict, sizeof verdict, "next %d %d - restart %d of %d: the workers of node %d failed "
+               "(exit code %d)", a->restarts + 1, n + waiting, a->restarts + 1, o->max_restarts, bad_node,
+               bad_code);
+  }
+  CRUN_CHECK(set_once(a->store, rk(a, k, sizeof k, "verdict", 0), verdict));
+  *decided = 1;
+  return 0;
+}
+
+/* Whether node rank m is in the list "1,3". */
+static int listed(const char *list, int m) {
+  for (const char *p = list; *p;) {
+    char *end;
+    long v = strtol(p, &end, 10);
+    if (end == p) return 0;
+    if (v == m) return 1;
+    p = *end == ',' ? end + 1 : end;
+  }
+  return 0;
+}
+
+/* c10d: records how this node's round ended, waits (beating) until every
+ * member ended or is lost, and follows the verdict. */
+static int c10d_end(crun__agent_t *a, int code, int stopped, crun__next_t *next) {
+  const crun__opts_t *o = a->o;
+  char k[200], val[32], text[CRUN_VERDICT_MAX + 64];
+  int rc = 0, found = 0, decided = 0;
+  if (code != 0 && !stopped) {
+    snprintf(val, sizeof val, "%d %d", a->node_rank, code);
+    rc = set_once(a->store, rk(a, k, sizeof k, "failed", 0), val);
+  }
+  snprintf(val, sizeof val, "%d", code);
+  if (rc == 0) rc = crun_store_set(a->store, rk(a, k, sizeof k, "end/%lld", a->node_rank), val, strlen(val));
+  double deadline = crun_clock() + o->rdzv_timeout;
+  while (rc == 0) {
+    if ((rc = beat(a, a->store)) < 0) break;
+    if ((rc = get_text(a->store, rk(a, k, sizeof k, "verdict", 0), text, sizeof text, &found)) < 0 || found) break;
+    if ((rc = c10d_decide(a, &decided)) < 0 || decided) continue;
+    if (crun_clock() >= deadline)
+      rc = crun_error(CRUN_ETIMEDOUT, "not every node ended within --rdzv-timeout %g s", o->rdzv_timeout);
+    else if (crun__signals_pending())
+      rc = crun_error(CRUN_EINTR, "interrupted by a signal");
+    else
+      usleep(50000);
+  }
+  crun__verdict_t v;
+  if (rc == 0) rc = crun__verdict_parse(text, strlen(text), &v);
+  *next = CRUN__NEXT_FAIL;
+  if (rc < 0)
+    return crun_error(rc, "rendezvous '%s' round %d, node %d: %s", o->run_id, a->round, a->node_rank,
+                      bare_error());
+  CRUN_LOG(INFO, LAUNCH, "round %d ended: %s", a->round, text);
+  if (listed(v.lost, a->node_rank))
+    return crun_error(CRUN_ESTATE, "rendezvous '%s' round %d: this node (node %d) was declared lost (%s); "
+                      "the job went on without it", o->run_id, a->round, a->node_rank, v.text);
+  if (!strcmp(v.kind, "done")) *next = CRUN__NEXT_DONE;
+  else if (!strcmp(v.kind, "next")) *next = v.restarts > a->restarts ? CRUN__NEXT_RESTART : CRUN__NEXT_ROUND;
+  else if (strcmp(v.lost, "-")) /* too few nodes left */
+    return crun_error(CRUN_ESTATE, "rendezvous '%s' round %d: %s", o->run_id, a->round, v.text);
+  return 0;
+}
+
+int crun__agent_end_attempt(crun__agent_t *a, int attempt, int code, int stopped, crun__next_t *next) {
+  *next = code == 0 ? CRUN__NEXT_DONE : attempt < a->o->max_restarts ? CRUN__NEXT_RESTART : CRUN__NEXT_FAIL;
+  if (!multi(a)) return 0;
   stop_watcher(a);
+  if (a->o->c10d) return c10d_end(a, code, stopped, next);
   char fk[160], ck[160], flag[160], what[64], val[32];
   key(fk, sizeof fk, "attempt/%d/failed", attempt);
   if (code != 0) {
@@ -445,12 +762,12 @@ int crun__agent_end_attempt(crun__agent_t *a, int attempt, int code, int *job_fa
   const char *kp = fk;
   int failed = 0;
   CRUN_CHECK(crun_store_check(a->store, &kp, 1, &failed));
-  *job_failed = failed;
+  *next = !failed ? CRUN__NEXT_DONE : attempt < a->o->max_restarts ? CRUN__NEXT_RESTART : CRUN__NEXT_FAIL;
   return acknowledge(a, attempt);
 }
 
 int crun__agent_failure_fd(crun__agent_t *a) {
-  return a && a->nnodes > 1 ? a->fail_pipe[0] : -1;
+  return a && multi(a) ? a->fail_pipe[0] : -1;
 }
 
 /* c10d: the endpoint's store may serve other jobs (other run ids) too;
@@ -479,5 +796,8 @@ void crun__agent_stop(crun__agent_t *a) {
   stop_server(a);
   if (a->fail_pipe[0] >= 0) close(a->fail_pipe[0]);
   if (a->fail_pipe[1] >= 0) close(a->fail_pipe[1]);
+  free(a->members);
+  free(a->seen);
+  free(a->seen_at);
   free(a);
 }

@@ -22,6 +22,7 @@
 #define CRUN_LAUNCH_DEFAULT_C10D_PORT 29400 /* torchrun's for --rdzv-endpoint HOST */
 #define CRUN_LAUNCH_DEFAULT_LAST_CALL 30.0
 #define CRUN_LAUNCH_DEFAULT_CLOSE 30.0
+#define CRUN_LAUNCH_DEFAULT_HEARTBEAT 15.0 /* torch: 3 missed keep-alives of 5 s */
 #define CRUN_LAUNCH_RUN_ID_MAX 64
 #define CRUN_LAUNCH_MAX_NPROC 4096  /* -n; MAX_NPROC * MAX_NODES stays below INT_MAX */
 #define CRUN_LAUNCH_MAX_NODES 65536 /* --nnodes */
@@ -52,6 +53,7 @@ typedef struct {
   double join_timeout;      /* --rdzv-conf join_timeout (default --rdzv-timeout) */
   double last_call_timeout; /* --rdzv-conf last_call_timeout */
   double close_timeout;     /* --rdzv-conf close_timeout */
+  double heartbeat_timeout; /* --rdzv-conf heartbeat_timeout: a node silent this long is lost */
   int standalone;           /* --standalone */
   double monitor_interval;  /* --monitor-interval: accepted; supervision is event-driven */
   int module;               /* -m: script names a Lua module, o->script its resolved path */
@@ -74,6 +76,7 @@ typedef struct {
   int group_world_size;     /* nodes in the job */
   int role_rank, role_world_size; /* among the workers of this node's --role */
   int restart_count;
+  int round;                /* c10d: the rendezvous round (the workers' store prefix) */
   const char *master_addr;
   int master_port;
 } crun__placement_t;
@@ -214,18 +217,36 @@ void crun__cgroup_close(crun__cgroup_t *cg);
  * port actually used. Returns 0 or a crun status naming what failed. */
 int crun__agent_start(const crun__opts_t *o, crun__placement_t *base, crun__agent_t **out);
 
-/* Before attempt `attempt` (0-based): on multi-node jobs, every node waits
- * here for the others. Returns 0 or a crun status. */
-int crun__agent_begin_attempt(crun__agent_t *a, int attempt);
+/* Before attempt `attempt` (0-based): on static multi-node jobs, every node
+ * waits here for the others; on c10d jobs, attempts after the first join
+ * the next rendezvous round and update *base (ranks, sizes, restart count,
+ * round). Returns 0 or a crun status. */
+int crun__agent_begin_attempt(crun__agent_t *a, int attempt, crun__placement_t *base);
 
 /* Multi-node: starts the thread that wakes the supervise loop (the failure
  * fd) when the attempt failed on another node; called once the attempt's
  * workers are forked. A no-op on one node. */
 int crun__agent_watch(crun__agent_t *a);
 
-/* Reports this node's outcome of an attempt (exit code, 0 = success) and
- * learns the job's: returns in *job_failed whether any node failed. */
-int crun__agent_end_attempt(crun__agent_t *a, int attempt, int code, int *job_failed);
+/* What follows an attempt. */
+typedef enum {
+  CRUN__NEXT_DONE,    /* every node succeeded: the job is over */
+  CRUN__NEXT_RESTART, /* a worker failed: a restart, counted against --max-restarts */
+  CRUN__NEXT_ROUND,   /* c10d: the membership changed; a new round, not counted */
+  CRUN__NEXT_FAIL     /* the job failed (restarts spent, too few nodes, lost) */
+} crun__next_t;
+
+/* Reports this node's outcome of an attempt (exit code, 0 = success;
+ * `stopped` 1 when the workers were stopped because of another node or a
+ * membership change rather than failing on their own) and learns what
+ * follows into *next. On c10d jobs the nodes agree on it through the round's
+ * verdict; node 0 of the next round prints why it opened. A CRUN__NEXT_FAIL
+ * that is not a worker failure comes with its reason in crun_last_error()
+ * and a return of 1. Returns 0, 1, or a crun status. */
+int crun__agent_end_attempt(crun__agent_t *a, int attempt, int code, int stopped, crun__next_t *next);
+
+/* Why the watcher stopped the workers ("" when it did not). */
+const char *crun__agent_wake_reason(crun__agent_t *a);
 
 /* Returns an fd that becomes readable when another node reported a failure
  * of the current attempt, or -1 on single-node jobs. */
@@ -234,31 +255,59 @@ int crun__agent_failure_fd(crun__agent_t *a);
 /* Stops the server and frees the agent (NULL is fine). */
 void crun__agent_stop(crun__agent_t *a);
 
-/* ---- rdzv.c: torchrun's c10d rendezvous, one round (no membership changes) */
+/* ---- rdzv.c: torchrun's c10d rendezvous, in rounds (membership changes) */
+
+#define CRUN_VERDICT_MAX 600
 
 /* One node as the rendezvous saw it. */
 typedef struct {
   int nproc;
   char role[64];
+  char host[64];  /* its hostname ("?" for static jobs) */
+  long pid;       /* its agent's pid */
 } crun__node_t;
 
 /* Where this node stands once the round closed. */
 typedef struct {
+  int round;                           /* the round's number (0 first) */
   int node_rank, nnodes;               /* this node's index; the nodes of the round */
   int rank_base, world_size;           /* its first global rank; every worker */
   int role_rank_base, role_world_size; /* the same among the nodes of its --role */
+  int restarts;                        /* worker failures restarted before this round */
+  crun__node_t *nodes;                 /* the members, by node rank (caller frees) */
+  char why[CRUN_VERDICT_MAX];          /* why the round opened ("" for round 0) */
 } crun__round_t;
+
+/* How a round ended (the verdict key, rdzv.c). */
+typedef struct {
+  char kind[16];   /* done, next or end */
+  int restarts;    /* worker failures restarted so far */
+  int expect;      /* next: the nodes the next round waits for */
+  char lost[256];  /* node ranks declared lost, "1,3", or "-" */
+  char text[CRUN_VERDICT_MAX]; /* why */
+} crun__verdict_t;
+
+/* Parses a verdict "<kind> <restarts> <expect> <lost> <text>" into v;
+ * 0 or CRUN_EPROTO. */
+int crun__verdict_parse(const char *text, size_t len, crun__verdict_t *v);
+
+/* "crun/rdzv/<run id>/<round>/" + fmt (with x) into buf. */
+const char *crun__rdzv_key(char *buf, size_t n, const crun__opts_t *o, int round, const char *fmt,
+                           long long x);
 
 /* Places node `me` of nodes[0..n) node-major: fills out's ranks and sizes. */
 void crun__round_place(const crun__node_t *nodes, int n, int me, crun__round_t *out);
 
-/* Joins the round of o->run_id on st (a client of the endpoint's store);
- * node ranks are first come (the order the agents joined). Blocks until the round
- * closes (o->nnodes joined, or o->min_nodes joined and last_call_timeout
- * passed) and every member registered, at most join_timeout + close_timeout.
- * Returns 0 or a crun status naming what failed (a node that arrives after
- * the round closed gets CRUN_ESTATE). */
-int crun__rdzv_join(const crun__opts_t *o, crun_store_t *st, crun__round_t *out);
+/* Joins round `round` of o->run_id on st (a client of the endpoint's
+ * store), or with round < 0 the job's current round; node ranks are first
+ * come (the order the agents joined). Blocks until the round closes
+ * (o->nnodes joined, or as many as the previous verdict expects, or
+ * o->min_nodes joined and last_call_timeout passed) and every member
+ * registered, at most join_timeout + close_timeout. A node that comes after
+ * the round closed waits for its verdict and joins the next round (at most
+ * join_timeout in all). Returns 0 (out->nodes then needs free) or a crun
+ * status naming what failed (CRUN_ESTATE when the job already ended). */
+int crun__rdzv_join(const crun__opts_t *o, crun_store_t *st, int round, crun__round_t *out);
 
 /* ---- worker.c: the Lua state of a worker and of the -i front */
 

@@ -36,9 +36,11 @@ static const char usage_text[] =
     "                          devices exist, else the CPUs; cpu: the CPUs; gpu: the GPUs\n"
     "                          (an error without any)\n"
     "  --nnodes N|MIN:MAX      nodes in the job (default 1); start one crun-lua per node.\n"
-    "                          MIN:MAX needs --rdzv-backend c10d; the job then runs with\n"
-    "                          the nodes present when the round closes (no node joins or\n"
-    "                          leaves a running job: crun has no membership changes yet)\n"
+    "                          MIN:MAX needs --rdzv-backend c10d and is elastic: a node that\n"
+    "                          arrives below MAX, or a node lost (silent for heartbeat_timeout),\n"
+    "                          restarts every node's workers in a new round of the new size\n"
+    "                          (fewer than MIN left: the job fails naming the lost nodes);\n"
+    "                          such changes do not count against --max-restarts\n"
     "  --node-rank R           this node's index, 0..nnodes-1 (default 0); ranks are node-major\n"
     "                          (static rendezvous; c10d assigns node ranks itself)\n"
     "  --master-addr HOST      address of node 0's store (default 127.0.0.1)\n"
@@ -55,18 +57,21 @@ static const char usage_text[] =
     "                          with other ids on one endpoint never mix; TORCHELASTIC_RUN_ID\n"
     "  --rdzv-conf K=V,...     join_timeout (s, default --rdzv-timeout), last_call_timeout\n"
     "                          (s to wait for more nodes once MIN joined, default 30),\n"
-    "                          close_timeout (s for every member to register, default 30)\n"
+    "                          close_timeout (s for every member to register, default 30),\n"
+    "                          heartbeat_timeout (s without a node's heartbeat before it is\n"
+    "                          lost, default 15)\n"
     "  --standalone            one node, its store on a free port, a fresh run id; no\n"
     "                          endpoint needed\n"
     "  --rdzv-timeout S        seconds for every node to join (default 300)\n"
-    "  --max-restarts N        restart all workers up to N times after a failure (default 0)\n"
+    "  --max-restarts N        restart all workers up to N times after a worker failure\n"
+    "                          (default 0)\n"
     "  --monitor-interval S    accepted for torchrun's sake: crun-lua supervises by events\n"
     "                          (signalfd, pipes), not by polling, so it has no effect\n"
     "  --role NAME             the workers' role (default \"default\"): ROLE_NAME, and\n"
     "                          ROLE_RANK/ROLE_WORLD_SIZE count the nodes of that role\n"
     "  --grace-period S        seconds between SIGTERM and SIGKILL when stopping (default 3)\n"
     "  --log-dir DIR           log files DIR/attempt_<k>/rank_<r>.stdout and .stderr (k counts\n"
-    "                          restarts from 0); alone: every stream goes there, not shown\n"
+    "                          attempts from 0: restarts and c10d rounds); alone: every stream goes there, not shown\n"
     "  -r, --redirects SEL     streams that go to the log files only; SEL is 0 (none),\n"
     "                          1 (stdout), 2 (stderr), 3 (both), or per local rank: 0:1,1:2\n"
     "  -t, --tee [SEL]         streams shown and also written to the log files (same SEL;\n"
@@ -291,10 +296,11 @@ static int parse_rdzv_conf(const char *opt, const char *v, crun__opts_t *o) {
     *eq = 0;
     double *slot = !strcmp(kv, "join_timeout") ? &o->join_timeout
                  : !strcmp(kv, "last_call_timeout") ? &o->last_call_timeout
-                 : !strcmp(kv, "close_timeout") ? &o->close_timeout : NULL;
+                 : !strcmp(kv, "close_timeout") ? &o->close_timeout
+                 : !strcmp(kv, "heartbeat_timeout") ? &o->heartbeat_timeout : NULL;
     if (!slot)
       return usage_error("%s: unknown key '%s' (known: join_timeout, last_call_timeout, "
-                         "close_timeout)", opt, kv);
+                         "close_timeout, heartbeat_timeout)", opt, kv);
     char name[96];
     snprintf(name, sizeof name, "%s %s", opt, kv);
     if (parse_seconds(name, eq + 1, slot)) return EXIT_USAGE;
@@ -476,6 +482,8 @@ static int check_opts(crun__opts_t *o) {
     return usage_error("--master-port 0 picks a port only node 0 would know; "
                        "give a fixed port with --nnodes > 1");
   if (o->join_timeout < 0) o->join_timeout = o->rdzv_timeout;
+  if (!(o->heartbeat_timeout > 0))
+    return usage_error("--rdzv-conf heartbeat_timeout: must be more than 0 s (every node would count as lost)");
   if (o->module && o->repl) return usage_error("-m runs a module; it does not go with -i");
   if (o->module && !o->script) return usage_error("-m needs a module name");
   if (!o->script && !o->repl) return usage_error("no script given");
@@ -571,7 +579,8 @@ int main(int argc, char **argv) {
                     .grace = CRUN_LAUNCH_DEFAULT_GRACE, .rdzv_timeout = CRUN_LAUNCH_DEFAULT_RDZV_TIMEOUT,
                     .role = "default", .run_id = "none", .join_timeout = -1,
                     .last_call_timeout = CRUN_LAUNCH_DEFAULT_LAST_CALL,
-                    .close_timeout = CRUN_LAUNCH_DEFAULT_CLOSE, .argc = argc, .argv = argv};
+                    .close_timeout = CRUN_LAUNCH_DEFAULT_CLOSE,
+                    .heartbeat_timeout = CRUN_LAUNCH_DEFAULT_HEARTBEAT, .argc = argc, .argv = argv};
   int layout = 0;
   int rc = parse_args(&o, argc, argv, &layout);
   if (rc) return rc < 0 ? 0 : rc;

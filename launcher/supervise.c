@@ -55,7 +55,8 @@ typedef struct {
   int rank;       /* -1: no local failure */
   pid_t pid;
   int status;     /* wait status */
-  int remote;     /* stopped because another node failed */
+  int remote;     /* stopped because of another node (failure, membership change) */
+  char why[CRUN_VERDICT_MAX]; /* remote: the reason the agent gave */
 } failure_t;
 
 typedef struct {
@@ -352,7 +353,8 @@ static void child_main(sup_t *s, proc_t *p, int out_w, int err_w, int attempt) {
   pl.rank = s->base.rank + p->local_rank;
   pl.local_rank = p->local_rank;
   pl.role_rank = s->base.role_rank + p->local_rank;
-  pl.restart_count = attempt;
+  pl.restart_count = s->base.restart_count;
+  (void)attempt;
   crun__heap_use_slot(p->local_rank);
   bind_cpu(s->o, p->local_rank);
   crun__worker_setenv(s->o, &pl);
@@ -546,6 +548,7 @@ static void poll_once(sup_t *s, struct pollfd *fds, int running) {
     if (fds[0].revents) on_signals(s);
     if (fds[1].revents && !s->stopping) {
       s->fail.remote = 1;
+      snprintf(s->fail.why, sizeof s->fail.why, "%s", crun__agent_wake_reason(s->agent));
       begin_stop(s, SIGTERM);
     }
   }
@@ -554,7 +557,13 @@ static void poll_once(sup_t *s, struct pollfd *fds, int running) {
 /* One line naming a failure: "rank 3 (pid 42) exited with code 7". */
 static const char *failure_text(const failure_t *f, char *buf, size_t n) {
   char st[96];
-  if (f->rank < 0) snprintf(buf, n, "%s", f->remote ? "stopped: another node failed or went away" : "succeeded");
+  if (f->rank < 0 && f->remote && f->why[0]) {
+    snprintf(buf, n, "stopped: %.*s", (int)(n > 16 ? n - 16 : 0), f->why);
+    return buf;
+  }
+  if (f->rank < 0 && f->remote)
+    snprintf(buf, n, "stopped: %s", f->why[0] ? f->why : "another node failed or went away");
+  else if (f->rank < 0) snprintf(buf, n, "succeeded");
   else snprintf(buf, n, "rank %d (pid %d) %s", f->rank, (int)f->pid, status_text(f->status, st, sizeof st));
   return buf;
 }
@@ -562,7 +571,7 @@ static const char *failure_text(const failure_t *f, char *buf, size_t n) {
 /* Prints the first failure of the attempt with the last lines of its stderr
  * (a Lua traceback is left out: the worker printed it already). */
 static void report_failure(sup_t *s, int attempt) {
-  char ft[160];
+  char ft[CRUN_VERDICT_MAX + 100];
   if (s->fail.rank < 0 && !s->fail.remote) return;
   say("attempt %d failed: %s", attempt, failure_text(&s->fail, ft, sizeof ft));
   if (s->fail.rank < 0) return;
@@ -694,7 +703,7 @@ static void ensure_fd_limit(int nproc) {
 
 /* The closing lines: every attempt when there were several, and the code. */
 static void final_summary(sup_t *s, const failure_t *hist, int attempts, int code) {
-  char ft[160], sb[32];
+  char ft[CRUN_VERDICT_MAX + 100], sb[32];
   if (attempts > 1) {
     say("%s after %d attempt%s:", code == 0 ? "job succeeded" : "job failed", attempts,
         attempts == 1 ? "" : "s");
@@ -708,40 +717,54 @@ static void final_summary(sup_t *s, const failure_t *hist, int attempts, int cod
     say("exit code %d", code);
 }
 
-/* Runs attempts until one succeeds, restarts run out, or a signal came. */
-static int run_attempts(sup_t *s, failure_t *hist, int *attempts, struct pollfd *fds) {
+/* Runs attempts until one succeeds, restarts run out, the job fails or a
+ * signal came. A worker failure restarts up to --max-restarts times; a c10d
+ * membership change starts a new round without counting. */
+static int run_attempts(sup_t *s, failure_t **hist, int *cap, int *attempts, struct pollfd *fds) {
   int code = 1;
-  for (int attempt = 0; attempt <= s->o->max_restarts; attempt++) {
-    int rc = crun__agent_begin_attempt(s->agent, attempt);
+  for (int attempt = 0;; attempt++) {
+    if (attempt >= *cap) {
+      failure_t *more = realloc(*hist, sizeof *more * (size_t)(*cap * 2));
+      if (!more) {
+        say("out of memory for the attempts' history");
+        return code ? code : 1;
+      }
+      *hist = more;
+      *cap *= 2;
+    }
+    int rc = crun__agent_begin_attempt(s->agent, attempt, &s->base);
     if (rc < 0) {
       say("%s", crun_last_error());
-      return 1;
+      int sig = crun__signals_pending();
+      return sig ? 128 + sig : 1;
     }
     code = run_attempt(s, attempt, fds);
-    hist[attempt] = s->fail;
+    (*hist)[attempt] = s->fail;
     *attempts = attempt + 1;
     if (s->signal_seen) return code;
-    int job_failed = code != 0;
-    if (crun__agent_end_attempt(s->agent, attempt, code, &job_failed) < 0) {
+    crun__next_t next;
+    rc = crun__agent_end_attempt(s->agent, attempt, code, s->fail.rank < 0 && s->fail.remote, &next);
+    if (rc != 0) {
       say("%s", crun_last_error());
       return code ? code : 1;
     }
-    if (!job_failed) return 0;
+    if (next == CRUN__NEXT_DONE) return 0;
     if (code == 0) {
       code = 1;
-      hist[attempt].remote = 1;
+      (*hist)[attempt].remote = 1;
     }
-    if (attempt < s->o->max_restarts)
+    if (next == CRUN__NEXT_FAIL) return code;
+    if (next == CRUN__NEXT_RESTART && !s->o->c10d)
       say("restarting all workers (restart %d of %d)", attempt + 1, s->o->max_restarts);
   }
-  return code;
 }
 
 int crun__supervise(const crun__opts_t *o, const crun__placement_t *base, crun__agent_t *agent) {
   sup_t s = {.o = o, .base = *base, .agent = agent, .sfd = -1, .watch_fd = -1, .self = getpid()};
   s.procs = calloc((size_t)o->nproc, sizeof *s.procs);
   struct pollfd *fds = calloc((size_t)o->nproc * 2 + 2, sizeof *fds);
-  failure_t *hist = calloc((size_t)o->max_restarts + 1, sizeof *hist);
+  int cap = o->max_restarts < 7 ? 8 : o->max_restarts + 1;
+  failure_t *hist = calloc((size_t)cap, sizeof *hist);
   int code = 1, attempts = 0;
   if (!s.procs || !fds || !hist) {
     say("out of memory for %d workers", o->nproc);
@@ -757,7 +780,7 @@ int crun__supervise(const crun__opts_t *o, const crun__placement_t *base, crun__
   if (cg < 0 || (cg == 0 && crun__cgroup_create(&s.cg, why, sizeof why) < 0))
     say("warning: no cgroup for the workers (%s): descendants that leave the workers' "
         "process group (setsid) may outlive the job; CRUN_CGROUP=0 silences this", why);
-  code = run_attempts(&s, hist, &attempts, fds);
+  code = run_attempts(&s, &hist, &cap, &attempts, fds);
   if (attempts > 0) final_summary(&s, hist, attempts, code);
 out:
   watchdog_stop(&s);

@@ -44,8 +44,8 @@ void crun__worker_setenv(const crun__opts_t *o, const crun__placement_t *p) {
   setenv_int("TORCHELASTIC_MAX_RESTARTS", o->max_restarts);
   setenv("TORCHELASTIC_RUN_ID", o->run_id ? o->run_id : "none", 1);
   if (o->c10d) { /* the endpoint's store may serve other run ids: keep to ours */
-    char prefix[CRUN_LAUNCH_RUN_ID_MAX + 16];
-    snprintf(prefix, sizeof prefix, "crun/job/%s", o->run_id);
+    char prefix[CRUN_LAUNCH_RUN_ID_MAX + 32]; /* a fresh one each round: its world differs */
+    snprintf(prefix, sizeof prefix, "crun/job/%s/%d", o->run_id, p->round);
     setenv("CRUN_STORE_PREFIX", prefix, 1);
   }
   setenv("OMP_NUM_THREADS", "1", 0); /* keep the user's value */

@@ -205,7 +205,7 @@ describe("crun-lua torchrun options: bad values", function()
       {"--rdzv-endpoint :29400 x.lua", "%-%-rdzv%-endpoint: bad address ':29400'"},
       {"--rdzv-endpoint host:99999 x.lua", "%-%-rdzv%-endpoint: expected an integer in 0%.%.65535, got '99999'"},
       {"--rdzv-id a/b x.lua", "%-%-rdzv%-id: 'a/b' is not a run id"},
-      {"--rdzv-conf foo=1,join_timeout=3 x.lua", "%-%-rdzv%-conf: unknown key 'foo' %(known: join_timeout, last_call_timeout, close_timeout%)"},
+      {"--rdzv-conf foo=1,join_timeout=3 x.lua", "%-%-rdzv%-conf: unknown key 'foo' %(known: join_timeout, last_call_timeout, close_timeout, heartbeat_timeout%)"},
       {"--rdzv_conf join_timeout=soon x.lua", "%-%-rdzv%-conf join_timeout: expected a number of seconds, got 'soon'"},
       {"--rdzv-conf last_call_timeout x.lua", "%-%-rdzv%-conf: 'last_call_timeout' is not key=value"},
       {"--redirects 4 x.lua", "%-%-redirects: expected 0 %(none%), 1 %(stdout%), 2 %(stderr%), 3 %(both%) or a per local rank map like 0:1,1:2, got '4'"},

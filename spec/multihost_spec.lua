@@ -187,6 +187,41 @@ describe("mpirun across network-namespace hosts", function()
       hosts.tag, c.q(c.SOURCE .. "/scripts/netns.sh agent"), c.q(c.CRUN_LUA), job), 90)
   end
 
+  it("restart an elastic c10d job without a host whose cable is pulled, and end that host once it is back", function()
+    local hosts = netns.up(3)
+    local dir = c.tmpdir("elastic")
+    finally(function() hosts:down(); c.rmrf(dir) end)
+    local job = "spec/fixtures/launcher/elastic_job.lua " .. c.q(dir)
+    for i = 0, 2 do
+      hosts:start(i, string.format("-n 1 --nnodes 2:3 --rdzv-backend c10d --rdzv-endpoint %s:29400 --rdzv-id cut " ..
+                                   "--rdzv-conf last_call_timeout=1,heartbeat_timeout=3,join_timeout=30 " ..
+                                   "--rdzv-timeout 30 %s", netns.addr(0), job), {env = BASE_ENV, limit = 90})
+      c.sleep(0.5)
+    end
+    local function lines(text)
+      local n = 0
+      for _ in all_out(hosts):gmatch(text) do n = n + 1 end
+      return n
+    end
+    assert.is_truthy(c.wait_for(function() return lines("ELASTIC store=crun/job/cut/0 ") == 3 end, 40), all_out(hosts))
+    hosts:link(2, "down")
+    local round1 = "rendezvous 'cut' round 1: 2 node%(s%), world size 2 %(node (%d) %(h2, pid %d+%) lost: " ..
+                   "no heartbeat for 3 s%)\n"
+    local shrunk = c.wait_for(function() return lines("ELASTIC store=crun/job/cut/1 ") == 2 end, 40)
+    c.write(dir .. "/go", "")
+    local done = c.wait_for(function() return lines("ELASTIC done rank=%d world=2") == 2 end, 30)
+    hosts:link(2, "up") -- host 0 serves the store until host 2 lets go of it
+    for i = 0, 2 do assert.is_not_nil(hosts:wait(i, 60), "host " .. i .. " still runs\n" .. all_out(hosts)) end
+    local out = all_out(hosts)
+    assert.is_truthy(shrunk and done, out)
+    local node = out:match(round1) -- printed by whichever host is node 0 of round 1
+    assert.is_not_nil(node, out)
+    for i = 0, 1 do assert.are.equal(0, hosts:wait(i, 1), out) end
+    assert.are.equal(1, hosts:wait(2, 1), out)
+    assert.is_truthy(hosts:out(2):find("rendezvous 'cut' round 0: this node (node " .. node .. ") was declared lost",
+                                       1, true) or hosts:out(2):find("lost the rendezvous store", 1, true), out)
+  end)
+
   it("runs the mpi backend on 2 hosts x 2 ranks: placement and the collectives, every element checked", function()
     local hosts = netns.up(3)
     finally(function() hosts:down() end)

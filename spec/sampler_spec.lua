@@ -393,3 +393,81 @@ describe("DataLoader", function()
     assert.are.equal(1, #l)
   end)
 end)
+
+describe("DistributedSampler state_dict / load_state_dict (resuming at another world size)", function()
+  local function S(n, W, r, extra)
+    local o = {size = n, num_replicas = W, rank = r, shuffle = false, seed = 5}
+    for k, v in pairs(extra or {}) do o[k] = v end
+    return data.DistributedSampler(o)
+  end
+
+  it("hands the rest of an unshuffled epoch out over the new world, padding from what is left", function()
+    -- 23 samples at world 3: each rank took 4, so global positions 0..11 (indices 1..12) are consumed
+    local st = S(23, 3, 1):state_dict(4)
+    assert.are.same({epoch = 0, seed = 5, size = 23, shuffle = false, drop_last = false, consumed = 12}, st)
+    local r0, r1 = S(23, 2, 0), S(23, 2, 1)
+    r0:load_state_dict(st)
+    r1:load_state_dict(st)
+    -- 11 left: 6 per rank, rank 1's last one wraps to the first sample left (13)
+    assert.are.same({13, 15, 17, 19, 21, 23}, r0:indices())
+    assert.are.same({14, 16, 18, 20, 22, 13}, r1:indices())
+    assert.are.equal(6, #r1)
+    local p1 = S(23, 2, 1, {drop_padding = true})
+    p1:load_state_dict(st)
+    assert.are.same({14, 16, 18, 20, 22}, p1:indices())
+    -- resumed, then 2 more each at world 2: 12 + 4 consumed
+    assert.are.equal(16, r1:state_dict(2).consumed)
+    -- the next epoch starts from its beginning; going back to the resumed one keeps its start
+    r0:set_epoch(1)
+    assert.are.same({1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23}, r0:indices())
+    r0:set_epoch(0)
+    assert.are.same({13, 15, 17, 19, 21, 23}, r0:indices())
+  end)
+
+  it("sees every sample of a shuffled epoch exactly once across world 3 then world 2", function()
+    local n, seed, epoch = 37, 11, 4
+    local seen = {}
+    local taken = 5
+    local st
+    for r = 0, 2 do
+      local s = S(n, 3, r, {shuffle = true, seed = seed})
+      s:set_epoch(epoch)
+      local idx = s:indices()
+      for k = 1, taken do seen[#seen + 1] = idx[k] end
+      st = s:state_dict(taken)
+    end
+    assert.are.equal(15, st.consumed)
+    assert.are.equal(epoch, st.epoch)
+    for r = 0, 1 do
+      local s = S(n, 2, r, {shuffle = true, seed = seed, drop_padding = true})
+      s:load_state_dict(st)
+      for _, i in ipairs(s:indices()) do seen[#seen + 1] = i end
+    end
+    assert.are.equal(n, #seen)
+    local count = {}
+    for _, i in ipairs(seen) do count[i] = (count[i] or 0) + 1 end
+    for i = 1, n do assert.are.equal(1, count[i], "sample " .. i) end
+    -- and the order is the epoch's one: the tail of the world-1 order
+    local whole = S(n, 1, 0, {shuffle = true, seed = seed})
+    whole:set_epoch(epoch)
+    local w = whole:indices()
+    local tail = S(n, 1, 0, {shuffle = true, seed = seed})
+    tail:load_state_dict(st)
+    assert.are.same({table.unpack(w, 16, n)}, tail:indices())
+  end)
+
+  it("rejects a state of another data set, seed or shuffle, and more taken than a rank has", function()
+    local st = S(23, 3, 0):state_dict(2)
+    local ok, err = pcall(S(24, 2, 0).load_state_dict, S(24, 2, 0), st)
+    assert.is_false(ok)
+    assert.are.equal("EINVAL: DistributedSampler:load_state_dict: size is 23 in the state, 24 here", err)
+    local other = S(23, 2, 0, {seed = 6})
+    ok, err = pcall(other.load_state_dict, other, st)
+    assert.is_false(ok)
+    assert.are.equal("EINVAL: DistributedSampler:load_state_dict: seed is 5 in the state, 6 here", err)
+    local s = S(23, 3, 0)
+    ok, err = pcall(s.state_dict, s, 9)
+    assert.is_false(ok)
+    assert.are.equal("EINVAL: DistributedSampler:state_dict: taken 9 exceeds the 8 samples of a rank this epoch", err)
+  end)
+end)

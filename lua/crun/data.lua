@@ -157,14 +157,68 @@ function data.DistributedSampler(a, b)
   s.drop_last = O.bool(F, "drop_last", opts.drop_last, false)
   s.drop_padding = O.bool(F, "drop_padding", opts.drop_padding, false)
   s.epoch = 0
-  s.len, s.num_samples, s.total_size = require("crun.core").sampler_len(s.size, s.num_replicas, s.rank,
-    s.drop_last, s.drop_padding)
+  s.start = 0          -- global positions of this epoch consumed before a resume
+  s.resume_epoch = nil -- the epoch load_state_dict resumes
+  s:_shape()
   return s
 end
 
---- Sets the epoch: the next shuffled order comes from seed + epoch.
+function Sampler:_shape()
+  self.len, self.num_samples, self.total_size = require("crun.core").sampler_len(self.size, self.num_replicas,
+    self.rank, self.drop_last, self.drop_padding, self.start)
+end
+
+--- Sets the epoch: the next shuffled order comes from seed + epoch. The
+-- epoch a load_state_dict resumes keeps its consumed part; any other starts
+-- at its beginning.
 function Sampler:set_epoch(epoch)
   self.epoch = O.int("DistributedSampler:set_epoch", "epoch", epoch, 0)
+  local start = (self.epoch == self.resume_epoch) and self.resume_start or 0
+  if start ~= self.start then
+    self.start = start
+    self:_shape()
+  end
+end
+
+--- The sampler's state part-way through an epoch, for a checkpoint that a
+-- job of another world size resumes: {epoch=, seed=, size=, shuffle=,
+-- drop_last=, consumed=}, consumed being the global positions of the epoch's
+-- order already taken. `taken` is how many indices each rank has consumed
+-- this epoch (ranks advance in step under DDP; default 0); the positions
+-- taken are the first taken * num_replicas after where this epoch started
+-- (rank r holds positions r, r + num_replicas, ...), capped at the data set.
+function Sampler:state_dict(taken)
+  taken = O.int("DistributedSampler:state_dict", "taken", taken, 0, 0)
+  if taken > self.num_samples then
+    O.fail("EINVAL: DistributedSampler:state_dict: taken %d exceeds the %d samples of a rank this epoch", taken,
+           self.num_samples)
+  end
+  local consumed = math.min(self.start + taken * self.num_replicas, self.size)
+  return {epoch = self.epoch, seed = self.seed, size = self.size, shuffle = self.shuffle,
+          drop_last = self.drop_last, consumed = consumed}
+end
+
+--- Resumes from state_dict's table, at this sampler's num_replicas and
+-- rank: the epoch's order is the same (seed + epoch), and its positions
+-- from `consumed` on are handed out across the ranks as a whole epoch would
+-- be (padding and drop_last over what is left), so no sample of the epoch is
+-- repeated or skipped. A state of another data set size, seed or shuffle
+-- raises EINVAL naming the field.
+function Sampler:load_state_dict(sd)
+  local F = "DistributedSampler:load_state_dict"
+  if type(sd) ~= "table" then O.fail("EINVAL: %s: expected a table, got %s", F, type(sd)) end
+  for _, k in ipairs({"size", "seed"}) do
+    if sd[k] ~= self[k] then O.fail("EINVAL: %s: %s is %s in the state, %s here", F, k, tostring(sd[k]), tostring(self[k])) end
+  end
+  if sd.shuffle ~= self.shuffle then
+    O.fail("EINVAL: %s: shuffle is %s in the state, %s here", F, tostring(sd.shuffle), tostring(self.shuffle))
+  end
+  local epoch = O.int(F, "epoch", sd.epoch, 0)
+  local consumed = O.int(F, "consumed", sd.consumed, 0)
+  if consumed > self.size then O.fail("EINVAL: %s: consumed %d exceeds the data set's %d samples", F, consumed, self.size) end
+  self.resume_epoch, self.resume_start = epoch, consumed
+  self.epoch = nil
+  self:set_epoch(epoch)
 end
 
 --- Returns this rank's list of 1-based dataset indices for the current epoch
@@ -172,7 +226,7 @@ end
 -- truncated order). Length num_samples, or fewer with drop_padding.
 function Sampler:indices()
   return (require("crun.core").sampler_indices(self.size, self.num_replicas, self.rank, self.shuffle,
-    self.seed, self.drop_last, self.drop_padding, self.epoch))
+    self.seed, self.drop_last, self.drop_padding, self.epoch, self.start))
 end
 
 --- Number of indices this rank yields per epoch.

@@ -108,9 +108,15 @@ int crun_optim_adam_update(crun_tensor_t *p, const crun_tensor_t *g, crun_tensor
  * duplicates are omitted, so every sample is seen exactly once over all
  * ranks. The shuffle is a Fisher-Yates permutation driven by splitmix64
  * (j = (x >> 11) % (i + 1), from the last position down), identical on
- * every rank and to lua/crun/data.lua's. */
+ * every rank and to lua/crun/data.lua's.
+ * Resuming an epoch: crun_sampler_resume(s, start) says the first `start`
+ * positions of the epoch's global order were consumed (by any number of
+ * ranks); the positions start..size-1 then take the place of the whole order
+ * above (num_samples, padding and striding over size - start), so a job that
+ * restarts at another world size sees each remaining sample once. */
 typedef struct {
   int64_t size, num_samples, total_size, epoch;
+  int64_t start;            /* global positions of the epoch already consumed */
   uint64_t seed;
   int num_replicas, rank, shuffle, drop_last, drop_padding;
 } crun_sampler_t;
@@ -119,6 +125,10 @@ typedef struct {
  * fail with CRUN_EINVAL naming the value. */
 int crun_sampler_init(crun_sampler_t *s, int64_t size, int num_replicas, int rank,
                       int shuffle, uint64_t seed, int drop_last);
+
+/* Resumes the epoch after its first `start` global positions (0..size);
+ * recomputes num_samples and total_size. CRUN_EINVAL outside that range. */
+int crun_sampler_resume(crun_sampler_t *s, int64_t start);
 
 /* Number of indices this rank gets per epoch (num_samples, or fewer with
  * drop_padding). */
