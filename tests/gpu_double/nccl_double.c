@@ -137,7 +137,15 @@ const char *ncclGetErrorString(ncclResult_t r) {
   }
 }
 
-const char *ncclGetLastError(ncclComm_t comm) { return comm ? comm->last : ""; }
+static _Thread_local char init_last[512];
+
+const char *ncclGetLastError(ncclComm_t comm) { return comm ? comm->last : init_last; }
+
+/* Records why setting up a communicator failed (ncclGetLastError(NULL)). */
+static ncclResult_t init_fail(const char *what) {
+  snprintf(init_last, sizeof init_last, "%s: %s", what, crun_last_error());
+  return ncclSystemError;
+}
 
 ncclResult_t ncclGetVersion(int *version) {
   *version = NCCL_VERSION_CODE;
@@ -149,7 +157,7 @@ ncclResult_t ncclGetUniqueId(ncclUniqueId *id) {
   if (!server && crun_store_server_start_token("127.0.0.1", 0, "", &server) < 0) server = NULL;
   crun_store_server_t *s = server;
   pthread_mutex_unlock(&server_mu);
-  if (!s) return ncclSystemError;
+  if (!s) return init_fail("the double's bootstrap store server");
   static atomic_int n;
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
@@ -166,7 +174,14 @@ static ncclResult_t join(ncclComm_t *out, crun_store_t *store, const char *name,
                       .backend = "cpu", .name = name};
   if (crun_pg_new(&o, &c->pg) < 0) {
     free(c);
-    return ncclSystemError;
+    return init_fail("the double's inner process group");
+  }
+  /* everyone finished joining before anyone may leave (rank 0 serves the store) */
+  if (crun_pg_barrier(c->pg, NULL, NULL) < 0) {
+    ncclResult_t r = init_fail("the double's inner process group");
+    crun_pg_release(c->pg);
+    free(c);
+    return r;
   }
   crun_store_retain(store);
   c->store = store;
@@ -191,7 +206,7 @@ ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId id, int
   if (nranks < 1 || rank < 0 || rank >= nranks) return ncclInvalidArgument;
   crun_store_tcp_opts_t so = {.host = "127.0.0.1", .port = port, .timeout = inner_timeout(), .token = ""};
   crun_store_t *store = NULL;
-  if (crun_store_tcp_new(&so, &store) < 0) return ncclSystemError;
+  if (crun_store_tcp_new(&so, &store) < 0) return init_fail("the double's bootstrap store");
   ncclResult_t r = join(comm, store, name, nranks, rank, inject_me());
   crun_store_release(store);
   return r;

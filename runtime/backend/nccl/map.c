@@ -58,7 +58,7 @@ int crun__nccl_op(crun_dtype_t dt, crun_reduce_op_t op, ncclRedOp_t *out, const 
 }
 
 int crun__nccl_fail(ncclResult_t r, ncclComm_t comm, const char *desc, int rank, const char *call) {
-  const char *last = comm ? ncclGetLastError(comm) : NULL;
+  const char *last = ncclGetLastError(comm);
   int st = r == ncclInvalidArgument || r == ncclInvalidUsage ? CRUN_EINVAL : CRUN_EIO;
   return crun_error(st, "%s on rank %d: %s failed: %s%s%s", desc, rank, call, ncclGetErrorString(r),
                     last && *last ? ": " : "", last && *last ? last : "");

@@ -50,6 +50,7 @@ typedef struct crun__nccl {
   pthread_mutex_t mu;
   pthread_cond_t cv;
   crun__nccl_op_t *pending;
+  char last_desc[64];           /* the latest operation (guarded by mu) */
   int stop, has_watch;
   pthread_t watch;
   _Atomic int aborted;          /* the communicator was aborted */

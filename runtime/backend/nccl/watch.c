@@ -16,6 +16,7 @@
 
 #define POLL_S 0.02     /* event and async-error polling period */
 #define NOTICE_S 0.25   /* store polling period for peers' abort notices */
+#define IDLE_S 0.1      /* async-error polling period with nothing pending */
 
 void crun__nccl_op_unref(crun__nccl_op_t *op) {
   if (!op || atomic_fetch_sub(&op->refs, 1) != 1) return;
@@ -110,14 +111,14 @@ static void scan_locked(crun__nccl_t *b, double *next_notice) {
     }
     if (!expired && now >= op->deadline) expired = op;
   }
-  if (!b->pending || atomic_load(&b->aborted)) return;
+  if (atomic_load(&b->aborted)) return;
   ncclResult_t ae = ncclSuccess;
   if (b->comm) ncclCommGetAsyncError(b->comm, &ae);
   char text[1400];
   if (ae != ncclSuccess && ae != ncclInProgress) {
     const char *last = ncclGetLastError(b->comm);
     snprintf(text, sizeof text, "EIO: %s on rank %d: NCCL reported an asynchronous error: %s%s%s; the communicator "
-             "was aborted", b->pending->desc, b->pg->rank, ncclGetErrorString(ae), last && *last ? ": " : "",
+             "was aborted", b->pending ? b->pending->desc : b->last_desc[0] ? b->last_desc : "the communicator", b->pg->rank, ncclGetErrorString(ae), last && *last ? ": " : "",
              last && *last ? last : "");
     pthread_mutex_unlock(&b->mu);
     crun__nccl_abort_comm(b, CRUN_EIO, text + 5, 1);
@@ -142,10 +143,12 @@ static void scan_locked(crun__nccl_t *b, double *next_notice) {
     pthread_mutex_lock(&b->mu);
     return;
   }
-  if (now >= *next_notice) {
+  if (b->pending && now >= *next_notice) {
     *next_notice = now + NOTICE_S;
     pthread_mutex_unlock(&b->mu);
-    int rc = crun__nccl_poll_abort(b, b->pending ? "nccl" : "nccl");
+    char desc[64];
+    snprintf(desc, sizeof desc, "%s", b->last_desc);
+    int rc = crun__nccl_poll_abort(b, desc);
     if (rc < 0) {
       char copy[1400];
       snprintf(copy, sizeof copy, "%s", crun_last_error() + strlen("ESTATE: "));
@@ -162,14 +165,17 @@ static void *watch_main(void *arg) {
   if (cudaSetDevice(b->device) != cudaSuccess) CRUN_LOG(INFO, PG, "watchdog: cudaSetDevice(%d) failed", b->device);
   pthread_mutex_lock(&b->mu);
   while (!b->stop) {
-    if (!b->pending) {
+    /* idle: the asynchronous error is still polled, less often */
+    double period = b->pending ? POLL_S : IDLE_S;
+    if (atomic_load(&b->aborted)) { /* every pending operation was failed */
+      while (b->pending) unlink_locked(b, b->pending);
       pthread_cond_wait(&b->cv, &b->mu);
       continue;
     }
     scan_locked(b, &next_notice);
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
-    ts.tv_nsec += (long)(POLL_S * 1e9);
+    ts.tv_nsec += (long)(period * 1e9);
     if (ts.tv_nsec >= 1000000000) { ts.tv_sec++; ts.tv_nsec -= 1000000000; }
     pthread_cond_timedwait(&b->cv, &b->mu, &ts);
   }
@@ -207,6 +213,7 @@ crun__nccl_op_t *crun__nccl_op_begin(crun__nccl_t *b, const crun__coll_t *c) {
   op->timeout = c->timeout;
   crun__coll_desc(c, op->desc, sizeof op->desc);
   pthread_mutex_lock(&b->mu);
+  snprintf(b->last_desc, sizeof b->last_desc, "%s", op->desc);
   op->next = b->pending;
   b->pending = op;
   pthread_cond_broadcast(&b->cv);
