@@ -2,6 +2,7 @@
  * or columns are contiguous go to BLAS as they are (a transposed view is just
  * the other transpose flag); anything else is copied contiguous first. */
 #include "tensor/tensor_impl.h"
+#include "cuda/cuda_int.h"
 
 #include <cblas.h>
 #include <string.h>
@@ -89,6 +90,7 @@ static int gemm_shapes(int ta, int tb, const crun_tensor_t *A, const crun_tensor
 
 int crun_tensor_gemm(int trans_a, int trans_b, double alpha, crun_tensor_t *A, crun_tensor_t *B,
                      double beta, crun_tensor_t *C) {
+  CRUN__HOST_ONLY3(A, B, C, "gemm");
   int64_t K = 0, lda = 0, ldb = 0, ldc = 0;
   int ta = 0, tb = 0, tc = 0, rc;
   trans_a = !!trans_a;
@@ -177,6 +179,7 @@ static int matmul_batched(crun_tensor_t *a, crun_tensor_t *b, crun_tensor_t **ou
 }
 
 int crun_tensor_matmul(crun_tensor_t *a, crun_tensor_t *b, crun_tensor_t **out) {
+  CRUN__HOST_ONLY2(a, b, "matmul");
   CRUN_CHECK(check_float2("matmul", a, a->dt, "the left operand"));
   CRUN_CHECK(check_float2("matmul", b, a->dt, "the right operand"));
   int64_t ak = a->ndim ? a->shape[a->ndim - 1] : 0;
@@ -194,6 +197,8 @@ int crun_tensor_matmul(crun_tensor_t *a, crun_tensor_t *b, crun_tensor_t **out) 
 }
 
 int crun_tensor_linear(crun_tensor_t *x, crun_tensor_t *W, crun_tensor_t *b, crun_tensor_t **out) {
+  CRUN__HOST_ONLY2(x, W, "linear");
+  if (b) CRUN__HOST_ONLY(b, "linear");
   CRUN_CHECK(check_float2("linear", x, x->dt, "x"));
   CRUN_CHECK(check_float2("linear", W, x->dt, "weight"));
   if (b) CRUN_CHECK(check_float2("linear", b, x->dt, "bias"));

@@ -1,6 +1,7 @@
 /* copy.c — element access, dtype conversion, copy, fill and comparison. */
 #include "tensor/half.h"
 #include "tensor/tensor_impl.h"
+#include "cuda/cuda_int.h"
 
 #include <math.h>
 #include <string.h>
@@ -94,6 +95,7 @@ static int elem_offset(const crun_tensor_t *t, const int64_t *idx, int64_t *off)
 }
 
 int crun_tensor_get_double(const crun_tensor_t *t, const int64_t *idx, double *out) {
+  CRUN__HOST_ONLY(t, "item");
   int64_t o;
   CRUN_CHECK(elem_offset(t, idx, &o));
   *out = crun_elem_get_double(t->dt, crun_tensor_data(t), o);
@@ -101,6 +103,7 @@ int crun_tensor_get_double(const crun_tensor_t *t, const int64_t *idx, double *o
 }
 
 int crun_tensor_set_double(crun_tensor_t *t, const int64_t *idx, double v) {
+  CRUN__HOST_ONLY(t, "set element");
   int64_t o;
   CRUN_CHECK(elem_offset(t, idx, &o));
   crun_elem_set_double(t->dt, crun_tensor_data(t), o, v);
@@ -108,6 +111,7 @@ int crun_tensor_set_double(crun_tensor_t *t, const int64_t *idx, double v) {
 }
 
 int crun_tensor_get_int64(const crun_tensor_t *t, const int64_t *idx, int64_t *out) {
+  CRUN__HOST_ONLY(t, "item");
   int64_t o;
   CRUN_CHECK(elem_offset(t, idx, &o));
   *out = crun__elem_get_int64(t->dt, crun_tensor_data(t), o);
@@ -115,6 +119,7 @@ int crun_tensor_get_int64(const crun_tensor_t *t, const int64_t *idx, int64_t *o
 }
 
 int crun_tensor_set_int64(crun_tensor_t *t, const int64_t *idx, int64_t v) {
+  CRUN__HOST_ONLY(t, "set element");
   int64_t o;
   CRUN_CHECK(elem_offset(t, idx, &o));
   crun__elem_set_int64(t->dt, crun_tensor_data(t), o, v);
@@ -145,6 +150,8 @@ static void copy_row(crun_dtype_t ddt, char *d, int64_t ds, crun_dtype_t sdt, co
 
 int crun_tensor_copy(crun_tensor_t *dst, crun_tensor_t *src) {
   char a[128], b[128];
+  /* host tensors have device -1 on both sides: the AND stays negative */
+  if (__builtin_expect((dst->st->device & src->st->device) >= 0, 0)) return crun__tensor_copy_dev(dst, src);
   if (!same_shape(dst, src))
     return crun_error(CRUN_EINVAL, "copy: shape mismatch, destination is %s, source is %s",
                       crun__shape_str(dst->ndim, dst->shape, a, sizeof a),
@@ -165,7 +172,7 @@ int crun_tensor_copy(crun_tensor_t *dst, crun_tensor_t *src) {
 
 int crun_tensor_to(crun_tensor_t *t, crun_dtype_t dt, crun_tensor_t **out) {
   crun_tensor_t *c;
-  CRUN_CHECK(crun_tensor_empty(dt, t->ndim, t->shape, &c));
+  CRUN_CHECK(crun_tensor_empty_on(dt, t->ndim, t->shape, t->st->device, &c));
   int rc = crun_tensor_copy(c, t);
   if (rc < 0) {
     crun_tensor_release(c);
@@ -189,6 +196,7 @@ int crun_tensor_contiguous(crun_tensor_t *t, crun_tensor_t **out) {
 /* ------------------------------------------------------------ fill, equal */
 
 int crun_tensor_fill(crun_tensor_t *t, double v) {
+  if (__builtin_expect(t->st->device >= 0, 0)) return crun__tensor_fill_dev(t, v);
   size_t es = crun_dtype_size(t->dt);
   unsigned char one[8] = {0};
   crun_elem_set_double(t->dt, one, 0, v);
@@ -223,6 +231,8 @@ int crun_tensor_fill(crun_tensor_t *t, double v) {
 
 int crun_tensor_equal(crun_tensor_t *a, crun_tensor_t *b) {
   if (!same_shape(a, b)) return 0;
+  if (__builtin_expect((a->st->device & b->st->device) >= 0, 0))
+    return crun__tensor_compare_dev(a, b, crun_tensor_equal, 0, 0);
   if (crun_tensor_numel(a) == 0) return 1;
   int ints = crun_dtype_is_integer(a->dt) && crun_dtype_is_integer(b->dt);
   crun__rowiter_t ai, bi;
@@ -242,6 +252,8 @@ int crun_tensor_equal(crun_tensor_t *a, crun_tensor_t *b) {
 
 int crun_tensor_allclose(crun_tensor_t *a, crun_tensor_t *b, double rtol, double atol) {
   if (!same_shape(a, b)) return 0;
+  if (__builtin_expect((a->st->device & b->st->device) >= 0, 0))
+    return crun__tensor_compare_dev(a, b, NULL, rtol, atol);
   if (crun_tensor_numel(a) == 0) return 1;
   crun__rowiter_t ai, bi;
   crun__rowiter_init(&ai, a);

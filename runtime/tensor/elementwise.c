@@ -3,6 +3,7 @@
  * runs in fixed blocks that the compiler vectorises; the drivers turn any
  * strided or broadcast operands into such runs first. */
 #include "tensor/tensor_impl.h"
+#include "cuda/cuda_int.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -281,6 +282,7 @@ static void run_bin(bin_fn const *k, crun_tensor_t *O, crun_tensor_t *A, crun_te
 }
 
 int crun_tensor_binop_out(crun_binop_t op, crun_tensor_t *a, crun_tensor_t *b, crun_tensor_t *out) {
+  CRUN__HOST_ONLY3(a, b, out, crun_binop_name(op));
   const char *what = crun_binop_name(op) ? crun_binop_name(op) : "binop";
   if (a->dt != b->dt)
     return crun_error(CRUN_EINVAL, "%s: dtype mismatch, %s and %s (convert one with :to())", what,
@@ -308,6 +310,7 @@ done:
 }
 
 int crun_tensor_binop(crun_binop_t op, crun_tensor_t *a, crun_tensor_t *b, crun_tensor_t **out) {
+  CRUN__HOST_ONLY2(a, b, crun_binop_name(op));
   int nd;
   int64_t shape[CRUN_MAX_DIMS];
   CRUN_CHECK(broadcast_shape(crun_binop_name(op) ? crun_binop_name(op) : "binop", a, b, &nd, shape));
@@ -335,6 +338,7 @@ static int scalar_of(const char *what, crun_dtype_t dt, double s, void *buf) {
 
 int crun_tensor_binop_scalar_out(crun_binop_t op, crun_tensor_t *a, double s, int reverse,
                                  crun_tensor_t *out) {
+  CRUN__HOST_ONLY2(a, out, crun_binop_name(op));
   const char *what = crun_binop_name(op) ? crun_binop_name(op) : "binop";
   CRUN_CHECK(check_bin(op, a->dt));
   CRUN_CHECK(check_out(what, out, is_cmp(op) ? CRUN_UINT8 : a->dt, a->ndim, a->shape));
@@ -355,6 +359,7 @@ int crun_tensor_binop_scalar_out(crun_binop_t op, crun_tensor_t *a, double s, in
 
 int crun_tensor_binop_scalar(crun_binop_t op, crun_tensor_t *a, double s, int reverse,
                              crun_tensor_t **out) {
+  CRUN__HOST_ONLY(a, crun_binop_name(op));
   CRUN_CHECK(check_bin(op, a->dt));
   CRUN_CHECK(crun_tensor_empty(is_cmp(op) ? CRUN_UINT8 : a->dt, a->ndim, a->shape, out));
   int rc = crun_tensor_binop_scalar_out(op, a, s, reverse, *out);
@@ -389,12 +394,14 @@ static int unary_drive(const char *what, crun_tensor_t *a, crun_tensor_t *out, u
 }
 
 int crun_tensor_unop_out(crun_unop_t op, crun_tensor_t *a, crun_tensor_t *out) {
+  CRUN__HOST_ONLY2(a, out, crun_unop_name(op));
   if ((unsigned)op >= CRUN_UNOP_COUNT) return crun_error(CRUN_EINVAL, "bad unary op %d", (int)op);
   CRUN_CHECK(check_float(crun_unop_name(op), a->dt));
   return unary_drive(crun_unop_name(op), a, out, un_table[a->dt][op], NULL, 0, 0);
 }
 
 int crun_tensor_unop(crun_unop_t op, crun_tensor_t *a, crun_tensor_t **out) {
+  CRUN__HOST_ONLY(a, crun_unop_name(op));
   if ((unsigned)op >= CRUN_UNOP_COUNT) return crun_error(CRUN_EINVAL, "bad unary op %d", (int)op);
   CRUN_CHECK(check_float(crun_unop_name(op), a->dt));
   CRUN_CHECK(crun_tensor_empty(a->dt, a->ndim, a->shape, out));
@@ -404,12 +411,14 @@ int crun_tensor_unop(crun_unop_t op, crun_tensor_t *a, crun_tensor_t **out) {
 }
 
 int crun_tensor_clamp_out(crun_tensor_t *a, double lo, double hi, crun_tensor_t *out) {
+  CRUN__HOST_ONLY2(a, out, "clamp");
   if (lo > hi) return crun_error(CRUN_EINVAL, "clamp: min %g > max %g", lo, hi);
   CRUN_CHECK(check_float("clamp", a->dt));
   return unary_drive("clamp", a, out, NULL, a->dt == CRUN_FLOAT32 ? clamp_f32 : clamp_f64, lo, hi);
 }
 
 int crun_tensor_clamp(crun_tensor_t *a, double lo, double hi, crun_tensor_t **out) {
+  CRUN__HOST_ONLY(a, "clamp");
   CRUN_CHECK(check_float("clamp", a->dt));
   CRUN_CHECK(crun_tensor_empty(a->dt, a->ndim, a->shape, out));
   int rc = crun_tensor_clamp_out(a, lo, hi, *out);

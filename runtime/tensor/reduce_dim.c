@@ -3,6 +3,7 @@
  * step folds one [inner] slice into an accumulator row, so memory is read
  * in order. Floats accumulate in double, integers in int64. */
 #include "tensor/tensor_impl.h"
+#include "cuda/cuda_int.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -146,6 +147,7 @@ static int run(red_state *s, crun_tensor_t *A, int64_t outer, crun_tensor_t *V, 
 
 int crun_tensor_reduce_dim(crun_dimred_t op, crun_tensor_t *a, int dim, int keepdim, int64_t base,
                            crun_tensor_t **values, crun_tensor_t **indices) {
+  CRUN__HOST_ONLY(a, "reduce_dim");
   CRUN_CHECK(check_args(op, a, dim));
   int64_t outer = 1, n = dim < 0 ? crun_tensor_numel(a) : a->shape[dim], inner = 1;
   int64_t shape[CRUN_MAX_DIMS];

@@ -1,6 +1,7 @@
 /* softmax.c — softmax and log-softmax along one dim, numerically stable:
  * the slice maximum is subtracted before exponentiating; sums in double. */
 #include "tensor/tensor_impl.h"
+#include "cuda/cuda_int.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -23,6 +24,7 @@ static void softmax_slice(crun_dtype_t dt, const char *src, char *dst, int64_t n
 }
 
 int crun_tensor_softmax(crun_tensor_t *a, int dim, int use_log, crun_tensor_t **out) {
+  CRUN__HOST_ONLY(a, "softmax");
   const char *what = use_log ? "log_softmax" : "softmax";
   if (a->dt != CRUN_FLOAT32 && a->dt != CRUN_FLOAT64)
     return crun_error(CRUN_ENOTSUP, "%s needs a float32 or float64 tensor, got %s", what, crun_dtype_name(a->dt));
