@@ -6,7 +6,9 @@
  * with the cpu backend among the same ranks: ncclGetUniqueId starts a store
  * server and writes its address and a fresh name into the id (NCCL's own
  * bootstrap works the same way), ncclCommInitRank joins it. Operations run at
- * once on the calling thread, as if the stream ran them immediately, through
+ * on the calling thread once the stream reached them (cudaStreamSynchronize
+ * on the CUDA runtime double: earlier work on the stream, and what the stream
+ * waits for, has run), as if the device ran them at that moment, through
  * the inner group's collectives on staging copies (an aborted operation may
  * still finish on the inner group later; it then only touches the staging).
  * ncclSend/ncclRecv between ncclGroupStart and ncclGroupEnd are collected and
@@ -21,6 +23,7 @@
  *     ncclSystemError from then on (a device-side fault);
  *   CRUN_NCCL_DOUBLE_TIMEOUT=<s>: the inner groups' timeout (default 120).
  * A rank that never calls is simulated by the spec itself (it sleeps). */
+#include <cuda_runtime_api.h>
 #include <nccl.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -370,8 +373,8 @@ static void scale(call_t *k, void *buf, size_t n) {
 
 ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype, ncclRedOp_t op,
                            ncclComm_t comm, cudaStream_t stream) {
-  (void)stream;
   call_t k;
+  if (cudaStreamSynchronize(stream) != cudaSuccess) return fail(comm, ncclUnhandledCudaError, "stream%s", "");
   ncclResult_t r = prepare(&k, comm, datatype, 1, op, "ncclAllReduce");
   if (r != ncclSuccess) return r;
   if (injected(comm)) return ncclSuccess;
@@ -386,8 +389,8 @@ ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count, n
 
 ncclResult_t ncclReduce(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype, ncclRedOp_t op,
                         int root, ncclComm_t comm, cudaStream_t stream) {
-  (void)stream;
   call_t k;
+  if (cudaStreamSynchronize(stream) != cudaSuccess) return fail(comm, ncclUnhandledCudaError, "stream%s", "");
   ncclResult_t r = prepare(&k, comm, datatype, 1, op, "ncclReduce");
   if (r != ncclSuccess) return r;
   if (injected(comm)) return ncclSuccess;
@@ -402,8 +405,8 @@ ncclResult_t ncclReduce(const void *sendbuff, void *recvbuff, size_t count, nccl
 
 ncclResult_t ncclBroadcast(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype, int root,
                            ncclComm_t comm, cudaStream_t stream) {
-  (void)stream;
   call_t k;
+  if (cudaStreamSynchronize(stream) != cudaSuccess) return fail(comm, ncclUnhandledCudaError, "stream%s", "");
   ncclResult_t r = prepare(&k, comm, datatype, 0, ncclSum, "ncclBroadcast");
   if (r != ncclSuccess) return r;
   if (injected(comm)) return ncclSuccess;
@@ -421,8 +424,8 @@ ncclResult_t ncclBcast(void *buff, size_t count, ncclDataType_t datatype, int ro
 
 ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t sendcount, ncclDataType_t datatype,
                            ncclComm_t comm, cudaStream_t stream) {
-  (void)stream;
   call_t k;
+  if (cudaStreamSynchronize(stream) != cudaSuccess) return fail(comm, ncclUnhandledCudaError, "stream%s", "");
   ncclResult_t r = prepare(&k, comm, datatype, 0, ncclSum, "ncclAllGather");
   if (r != ncclSuccess) return r;
   if (injected(comm)) return ncclSuccess;
@@ -440,8 +443,8 @@ ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t sendcoun
 
 ncclResult_t ncclReduceScatter(const void *sendbuff, void *recvbuff, size_t recvcount, ncclDataType_t datatype,
                                ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
-  (void)stream;
   call_t k;
+  if (cudaStreamSynchronize(stream) != cudaSuccess) return fail(comm, ncclUnhandledCudaError, "stream%s", "");
   ncclResult_t r = prepare(&k, comm, datatype, 1, op, "ncclReduceScatter");
   if (r != ncclSuccess) return r;
   if (injected(comm)) return ncclSuccess;
@@ -484,13 +487,13 @@ static ncclResult_t p2p_add(int send, const void *buf, size_t count, ncclDataTyp
 
 ncclResult_t ncclSend(const void *sendbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
                       cudaStream_t stream) {
-  (void)stream;
+  if (cudaStreamSynchronize(stream) != cudaSuccess) return fail(comm, ncclUnhandledCudaError, "stream%s", "");
   return p2p_add(1, sendbuff, count, datatype, peer, comm);
 }
 
 ncclResult_t ncclRecv(void *recvbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
                       cudaStream_t stream) {
-  (void)stream;
+  if (cudaStreamSynchronize(stream) != cudaSuccess) return fail(comm, ncclUnhandledCudaError, "stream%s", "");
   return p2p_add(0, recvbuff, count, datatype, peer, comm);
 }
 

@@ -171,8 +171,16 @@ int crun__nccl_poll_abort(crun__nccl_t *b, const char *desc) {
   if (crun_store_check(b->pg->board, &k, 1, &ok) < 0 || !ok) return 0;
   crun_buf_t v = {0};
   if (crun_store_get(b->pg->board, k, &v) < 0) return 0;
-  int rc = crun_error(CRUN_ESTATE, "%s on rank %d: a peer aborted the group: %.*s", desc, b->pg->rank, (int)v.len,
-                      (const char *)v.data);
+  /* the peer's status when its text names one ("ETIMEDOUT: ..."), else ESTATE */
+  int st = CRUN_ESTATE;
+  const char *t = v.data, *colon = memchr(t, ':', v.len);
+  for (int s = -1; colon && s >= -64; s--) {
+    const char *name = crun_err_name(s);
+    if (name && strlen(name) == (size_t)(colon - t) && !memcmp(name, t, (size_t)(colon - t))) { st = s; break; }
+  }
+  if (colon && st != CRUN_ESTATE) t = colon + 2 <= t + v.len ? colon + 2 : colon + 1;
+  int rc = crun_error(st, "%s on rank %d: a peer aborted the group: %.*s", desc, b->pg->rank,
+                      (int)(v.len - (size_t)(t - (const char *)v.data)), t);
   crun_buf_free(&v);
   return rc;
 }

@@ -8,12 +8,10 @@
 #include <time.h>
 
 #include "backend/nccl/nccl_int.h"
+#include "cuda/cuda_int.h"
 
-/* The caller's current stream (crun.cuda.current_stream), when the CUDA
- * layer is linked in; else the legacy default stream. */
-cudaStream_t crun__cuda_current_stream(void) __attribute__((weak));
-
-static cudaStream_t current_stream(void) { return crun__cuda_current_stream ? crun__cuda_current_stream() : 0; }
+/* The caller's current stream on dev (crun.cuda.current_stream). */
+static cudaStream_t current_stream(int dev) { return (cudaStream_t)crun__cuda_current_stream(dev); }
 
 static int cuda_fail(cudaError_t e, const char *desc, int rank, const char *call) {
   return crun_error(CRUN_EIO, "%s on rank %d: %s failed: %s", desc, rank, call, cudaGetErrorString(e));
@@ -39,12 +37,13 @@ static int setup(crun__nccl_t *b, const char *what) {
   pthread_mutex_init(&b->mu, NULL);
   pthread_cond_init(&b->cv, &ca);
   pthread_condattr_destroy(&ca);
-  if ((e = cudaGetDevice(&b->device)) != cudaSuccess) return cuda_fail(e, what, b->pg->rank, "cudaGetDevice");
+  CRUN_CHECK(crun__cuda_current_device(&b->device)); /* under crun-lua: LOCAL_RANK's */
+  if ((e = cudaSetDevice(b->device)) != cudaSuccess) return cuda_fail(e, what, b->pg->rank, "cudaSetDevice");
   if ((e = cudaStreamCreateWithFlags(&b->stream, cudaStreamNonBlocking)) != cudaSuccess)
     return cuda_fail(e, what, b->pg->rank, "cudaStreamCreateWithFlags");
   if ((e = cudaEventCreateWithFlags(&b->ready, cudaEventDisableTiming)) != cudaSuccess)
     return cuda_fail(e, what, b->pg->rank, "cudaEventCreateWithFlags");
-  if ((e = cudaMalloc(&b->one, sizeof(float))) != cudaSuccess) return cuda_fail(e, what, b->pg->rank, "cudaMalloc");
+  CRUN_CHECK(crun__cuda_alloc(b->device, sizeof(float), b->stream, &b->one));
   b->check = env_check();
   return crun__nccl_watch_start(b);
 }
@@ -57,7 +56,8 @@ static void nccl_destroy(void *state) {
     if (b->stream) cudaStreamSynchronize(b->stream);
     ncclCommDestroy(b->comm);
   }
-  if (b->one) cudaFree(b->one);
+  if (b->one) crun__cuda_free(b->device, b->one, sizeof(float), b->stream);
+  if (b->stream) cudaStreamSynchronize(b->stream);
   if (b->ready) cudaEventDestroy(b->ready);
   if (b->stream) cudaStreamDestroy(b->stream);
   pthread_mutex_destroy(&b->mu);
@@ -161,7 +161,7 @@ static int op_wait(void *dev, int host, double timeout) {
   double end = crun_clock() + (timeout > 0 ? timeout : 1e9);
   if (!host) { /* the caller's stream waits on the end event */
     if (op->status < 0) return crun_error(op->status, "%s", op->err);
-    cudaError_t e = op->end ? cudaStreamWaitEvent(current_stream(), op->end, 0) : cudaSuccess;
+    cudaError_t e = op->end ? cudaStreamWaitEvent(current_stream(op->device), op->end, 0) : cudaSuccess;
     return e == cudaSuccess ? 0 : cuda_fail(e, op->desc, -1, "cudaStreamWaitEvent");
   }
   for (;;) {
@@ -205,7 +205,7 @@ static int run(crun__nccl_t *b, crun__coll_t *c, enqueue_fn fn) {
     return rc;
   }
   if (c->kind != CRUN__COLL_SEND && c->kind != CRUN__COLL_RECV) CRUN_CHECK(crun__nccl_check(b, c));
-  cudaStream_t cur = current_stream();
+  cudaStream_t cur = current_stream(b->device);
   cudaError_t e = cudaEventRecord(b->ready, cur);
   if (e == cudaSuccess) e = cudaStreamWaitEvent(b->stream, b->ready, 0);
   if (e != cudaSuccess) return cuda_fail(e, desc, b->pg->rank, "ordering after the current stream");
@@ -274,11 +274,14 @@ static int q_broadcast(crun__nccl_t *b, crun__coll_t *c, const char *desc) {
   return 0;
 }
 
-/* A device scratch buffer of n bytes, stream-ordered on the group's stream. */
+/* A device scratch buffer of n bytes, stream-ordered on the group's stream
+ * (the device's pool: it shows in the memory figures); free with unscratch. */
 static int scratch(crun__nccl_t *b, size_t n, void **p, const char *desc) {
-  cudaError_t e = cudaMallocAsync(p, n ? n : 1, b->stream);
-  return e == cudaSuccess ? 0 : cuda_fail(e, desc, b->pg->rank, "cudaMallocAsync");
+  (void)desc;
+  return crun__cuda_alloc(b->device, n ? n : 1, b->stream, p);
 }
+
+static void unscratch(crun__nccl_t *b, size_t n, void *p) { crun__cuda_free(b->device, p, n ? n : 1, b->stream); }
 
 static int copy(crun__nccl_t *b, void *dst, const void *src, size_t n, const char *desc) {
   if (n == 0 || dst == src) return 0;
@@ -299,7 +302,7 @@ static int q_all_gather(crun__nccl_t *b, crun__coll_t *c, const char *desc) {
   ncclResult_t nr = ncclAllGather(c->in, dst, c->count * k, t, b->comm, b->stream);
   int rc = nr == ncclSuccess ? 0 : crun__nccl_fail(nr, b->comm, desc, b->pg->rank, "ncclAllGather");
   for (size_t r = 0; !flat && rc == 0 && r < p; r++) rc = copy(b, c->outs[r], (char *)dst + r * bytes, bytes, desc);
-  if (!flat) cudaFreeAsync(dst, b->stream);
+  if (!flat) unscratch(b, bytes * p, dst);
   return rc;
 }
 
@@ -320,7 +323,7 @@ static int q_reduce_scatter(crun__nccl_t *b, crun__coll_t *c, const char *desc) 
     red_done(b, c, op);
     if (nr != ncclSuccess) rc = crun__nccl_fail(nr, b->comm, desc, b->pg->rank, "ncclReduceScatter");
   }
-  if (!flat) cudaFreeAsync(src, b->stream);
+  if (!flat) unscratch(b, bytes * p, src);
   return rc;
 }
 

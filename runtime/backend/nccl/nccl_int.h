@@ -30,6 +30,7 @@ typedef struct crun__nccl_op {
   cudaEvent_t end;              /* NULL while the host is still inside NCCL */
   double deadline;              /* crun_clock() value */
   double timeout;
+  int device;
   int status;                   /* 0, or the failure (err holds the text) */
   int done;
   char *err;

@@ -60,7 +60,10 @@ void crun__nccl_abort_comm(crun__nccl_t *b, int rc, const char *text, int notify
     char msg[700];
     const char *cut = strstr(text, " [reported by rank");
     int len = cut ? (int)(cut - text) : (int)strlen(text);
-    snprintf(msg, sizeof msg, "%.*s [reported by rank %d]", len < 600 ? len : 600, text, b->pg->rank);
+    const char *name = crun_err_name(rc); /* peers take the status from the text's prefix */
+    int named = name && !strncmp(text, name, strlen(name)) && text[strlen(name)] == ':';
+    snprintf(msg, sizeof msg, "%s%s%.*s [reported by rank %d]", named || !name ? "" : name, named || !name ? "" : ": ",
+             len < 600 ? len : 600, text, b->pg->rank);
     const char *k = "nccl/abort";
     crun_buf_t old = {0};
     if (crun_store_compare_set(b->pg->board, k, "", 0, msg, strlen(msg), &old) < 0)
@@ -150,10 +153,11 @@ static void scan_locked(crun__nccl_t *b, double *next_notice) {
     snprintf(desc, sizeof desc, "%s", b->last_desc);
     int rc = crun__nccl_poll_abort(b, desc);
     if (rc < 0) {
-      char copy[1400];
-      snprintf(copy, sizeof copy, "%s", crun_last_error() + strlen("ESTATE: "));
-      crun__nccl_abort_comm(b, CRUN_ESTATE, copy, 0);
-      crun__pg_fail(b->pg, CRUN_ESTATE, crun_last_error());
+      char full[1400];
+      snprintf(full, sizeof full, "%s", crun_last_error());
+      const char *bare = strstr(full, ": ");
+      crun__nccl_abort_comm(b, rc, bare ? bare + 2 : full, 0);
+      crun__pg_fail(b->pg, rc, full);
     }
     pthread_mutex_lock(&b->mu);
   }
@@ -211,6 +215,7 @@ crun__nccl_op_t *crun__nccl_op_begin(crun__nccl_t *b, const crun__coll_t *c) {
   atomic_init(&op->refs, 2); /* the pending list's and the caller's */
   op->deadline = c->deadline;
   op->timeout = c->timeout;
+  op->device = b->device;
   crun__coll_desc(c, op->desc, sizeof op->desc);
   pthread_mutex_lock(&b->mu);
   snprintf(b->last_desc, sizeof b->last_desc, "%s", op->desc);
