@@ -51,6 +51,14 @@ describe("the nccl backend", function()
     end)
   end
 
+  it("jobs/bench.lua --device cuda prints an nccl-tests table over the nccl backend", function()
+    local code, out = run.run(2, "jobs/bench.lua", "all_reduce --device cuda --sizes 8,4K --iters 2 --warmup 1",
+                              {limit = 120})
+    assert.are.equal(0, code, out)
+    assert.truthy(out:find("backend nccl, float32 on cuda, sum", 1, true), out)
+    assert.truthy(out:find("%s4096%s+1024%s+float32%s+sum%s+[%d.]+%s+[%d.]+%s+[%d.]+"), out)
+  end)
+
   it("fails a mismatch with EMISMATCH on every rank, then ESTATE", function()
     local dir, code, out = job(3, "mismatch")
     matrix.verdicts(dir, 3, out, 2)
