@@ -92,9 +92,10 @@ crun_pg_t *crun_l_check_pg(lua_State *L, int idx);
 
 /* The areas; each adds its entries to the table at the top of the stack. */
 /* Reads a device at idx: "cpu" or -1 (the host: -1), "cuda" (the current
- * device), "cuda:N" or an integer N >= 0; raises "EINVAL: bad argument" for
- * anything else and the ENOTSUP of crun.cuda for "cuda" without a device. */
-int crun_l_check_device(lua_State *L, int idx, const char *fname);
+ * device), "cuda:N" or an integer N >= 0; raises "EINVAL: bad argument #arg"
+ * for anything else and the ENOTSUP of crun.cuda for "cuda" without a
+ * device. (arg differs from idx for a field of an options table.) */
+int crun_l_check_device(lua_State *L, int idx, int arg, const char *fname);
 
 void crun_l_open_core(lua_State *L);
 void crun_l_open_store(lua_State *L);

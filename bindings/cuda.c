@@ -31,7 +31,7 @@ static int device_or_current(lua_State *L, int arg) {
 
 /* ------------------------------------------------------------ devices */
 
-int crun_l_check_device(lua_State *L, int idx, const char *fname) {
+int crun_l_check_device(lua_State *L, int idx, int arg, const char *fname) {
   if (lua_isinteger(L, idx)) {
     lua_Integer d = lua_tointeger(L, idx);
     if (d >= -1 && d <= INT_MAX) return (int)d;
@@ -49,7 +49,7 @@ int crun_l_check_device(lua_State *L, int idx, const char *fname) {
       if (!*end && d <= INT_MAX) return (int)d;
     }
   }
-  return crun_l_argerror(L, idx, lua_pushfstring(L, "%s: unknown device '%s' (expected \"cpu\", \"cuda\", "
+  return crun_l_argerror(L, arg, lua_pushfstring(L, "%s: unknown device '%s' (expected \"cpu\", \"cuda\", "
                                                    "\"cuda:N\" or an integer)", fname, luaL_tolstring(L, idx, NULL)));
 }
 
@@ -319,6 +319,10 @@ static int push_new(lua_State *L, int rc, crun_tensor_t *t) {
 
 static int t_pin_memory(lua_State *L) {
   crun_tensor_t *r = NULL;
+  if (crun_tensor_is_pinned(crun_l_check_tensor(L, 1))) { /* t itself, as torch */
+    lua_settop(L, 1);
+    return 1;
+  }
   int rc = crun_tensor_pin_memory(crun_l_check_tensor(L, 1), &r);
   return push_new(L, rc, r);
 }
@@ -327,6 +331,10 @@ static int t_pin_memory(lua_State *L) {
 static int t_to_device(lua_State *L) {
   crun_tensor_t *r = NULL;
   int dev = (int)crun_l_check_range(L, crun_l_checkinteger(L, 2), -1, INT_MAX, "to", "device");
+  if (crun_tensor_device(crun_l_check_tensor(L, 1)) == dev) { /* t itself, as torch */
+    lua_settop(L, 1);
+    return 1;
+  }
   int rc = crun_tensor_to_device(crun_l_check_tensor(L, 1), dev, &r);
   return push_new(L, rc, r);
 }

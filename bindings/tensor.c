@@ -161,7 +161,7 @@ static place_t read_place(lua_State *L, int idx, crun_dtype_t def) {
   lua_pushnil(L);
   while (lua_next(L, idx)) {
     const char *k = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : "?";
-    if (!strcmp(k, "device")) p.dev = crun_l_check_device(L, lua_gettop(L), "tensor");
+    if (!strcmp(k, "device")) p.dev = crun_l_check_device(L, lua_gettop(L), idx, "tensor");
     else if (!strcmp(k, "dtype")) p.dt = opt_dtype(L, lua_gettop(L), def);
     else if (!strcmp(k, "pin_memory")) p.pin = lua_toboolean(L, -1);
     else if (strcmp(k, "requires_grad") && strcmp(k, "layout"))

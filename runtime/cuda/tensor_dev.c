@@ -23,6 +23,7 @@ void crun__storage_free_dev(crun__storage_t *st) {
 /* Allocates nbytes on `device` on its current stream into a new storage. */
 static int storage_on_device(int device, size_t nbytes, crun__storage_t **out) {
   crun_cuda_stream_t *s;
+  CRUN_CHECK(crun__cuda_check_device(device, "tensor"));
   CRUN_CHECK(crun_cuda_current_stream(device, &s));
   crun__storage_t *st = calloc(1, sizeof *st);
   if (!st) return crun_error(CRUN_ENOMEM, "tensor: out of memory");
@@ -172,6 +173,7 @@ int crun_tensor_to_device(crun_tensor_t *t, int device, crun_tensor_t **out) {
     return 0;
   }
   crun_tensor_t *r;
+  if (device >= 0) CRUN_CHECK(crun__cuda_check_device(device, "to"));
   CRUN_CHECK(crun_tensor_empty_on(t->dt, t->ndim, t->shape, device, &r));
   int rc = copy_same_dtype(r, t);
   if (rc < 0) {

@@ -145,9 +145,15 @@ static int run(red_state *s, crun_tensor_t *A, int64_t outer, crun_tensor_t *V, 
   return 0;
 }
 
+static const char *const dimred_names[] = {
+#define CRUN_X_DRN(NAME, name) #name,
+    CRUN_DIMRED_MAP(CRUN_X_DRN)
+#undef CRUN_X_DRN
+};
+
 int crun_tensor_reduce_dim(crun_dimred_t op, crun_tensor_t *a, int dim, int keepdim, int64_t base,
                            crun_tensor_t **values, crun_tensor_t **indices) {
-  CRUN__HOST_ONLY(a, "reduce_dim");
+  CRUN__HOST_ONLY(a, (unsigned)op < CRUN_DIMRED_COUNT ? dimred_names[op] : "reduce");
   CRUN_CHECK(check_args(op, a, dim));
   int64_t outer = 1, n = dim < 0 ? crun_tensor_numel(a) : a->shape[dim], inner = 1;
   int64_t shape[CRUN_MAX_DIMS];
