@@ -195,5 +195,6 @@ int luaopen_crun_core(lua_State *L) {
   crun_l_open_tensor(L);
   crun_l_open_pg(L);
   crun_l_open_train(L);
+  crun_l_open_trace(L);
   return 1;
 }

@@ -78,6 +78,10 @@ static const char usage_text[] =
     "  --cpu-bind MODE         core: pin local rank i to the i-th usable CPU (round robin);\n"
     "                          none: leave placement to the kernel; auto (default): core\n"
     "                          when the workers are at least as many as the usable CPUs\n"
+    "  --timeline FILE         record every rank's collectives, p2p ops, DDP buckets and spans;\n"
+    "                          merged at the end into FILE, a Chrome/Perfetto JSON trace\n"
+    "  --merge-timeline FILE   only merge FILE.rank<r> (written by ranks run with\n"
+    "                          CRUN_TIMELINE=FILE) into FILE, then exit\n"
     "  --no-prefix             do not prefix worker lines with \"[rank] \"\n"
     "  -m, --module            run the module named in place of the script, found on\n"
     "                          package.path (LUA_PATH honoured), as python -m does\n"
@@ -173,7 +177,8 @@ static const char *const valued[] = {"-n", "--nproc-per-node", "--nnodes", "--no
                                      "--rdzv-timeout", "--cpu-bind", "--rdzv-backend",
                                      "--rdzv-endpoint", "--rdzv-id", "--rdzv-conf",
                                      "--monitor-interval", "-r", "--redirects",
-                                     "--local-ranks-filter", "--role", NULL};
+                                     "--local-ranks-filter", "--role", "--timeline",
+                                     "--merge-timeline", NULL};
 
 static int is_valued(const char *name) {
   for (int i = 0; valued[i]; i++)
@@ -357,6 +362,10 @@ static int apply_valued(crun__opts_t *o, const char *name, const char *v, int *l
   } else if (!strcmp(name, "--log-dir")) {
     if (!*v) return usage_error("%s: empty directory name", name);
     o->log_dir = v;
+  } else if (!strcmp(name, "--timeline") || !strcmp(name, "--merge-timeline")) {
+    if (!*v) return usage_error("%s: empty file name", name);
+    if (name[2] == 't') o->timeline = v;
+    else o->merge_timeline = v;
   } else if (!strcmp(name, "--cpu-bind")) {
     if (strcmp(v, "auto") && strcmp(v, "core") && strcmp(v, "none"))
       return usage_error("--cpu-bind: unknown mode '%s' (expected auto, core or none)", v);
@@ -527,6 +536,7 @@ static int run_in_process(const crun__opts_t *o, crun__placement_t *p) {
   p->group_world_size = p->world_size / (p->local_world_size > 0 ? p->local_world_size : 1);
   crun__worker_setenv(o, p);
   unsetenv("CRUN_LAUNCHER"); /* no launcher serves a store here: rank 0 hosts it */
+  crun__obs_worker_init(); /* this process is the rank */
   return crun__worker_run(o);
 }
 
@@ -559,6 +569,8 @@ static int launch(const crun__opts_t *o) {
   }
   int code = crun__supervise(o, &base, agent);
   crun__agent_stop(agent);
+  const char *tl = getenv("CRUN_TIMELINE");
+  if (tl && *tl && crun__obs_merge(tl, base.world_size) != 0 && code == 0) code = 1;
   return code;
 }
 
@@ -571,6 +583,8 @@ int main(int argc, char **argv) {
   int layout = 0;
   int rc = parse_args(&o, argc, argv, &layout);
   if (rc) return rc < 0 ? 0 : rc;
+  crun__obs_launcher_setup(o.timeline);
+  if (o.merge_timeline) return crun__obs_merge(o.merge_timeline, CRUN_LAUNCH_MAX_NPROC);
   if (!o.script && layout && !o.module) o.repl = 1; /* crun-lua -n 4: the REPL */
   if ((rc = check_opts(&o))) return rc;
   if (o.standalone && !strcmp(o.run_id, "none")) fresh_run_id(&o);

@@ -18,5 +18,6 @@
 #include "crun/tensor.h"
 #include "crun/pg.h"
 #include "crun/train.h"
+#include "crun/trace.h"
 
 #endif /* CRUN_H */

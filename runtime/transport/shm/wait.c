@@ -1,6 +1,7 @@
 /* wait.c — posting progress and waiting for peers: spin or yield, then sleep
  * on the peer's futex bell; deadlines, dead peers, aborts and op mismatches. */
 #include "transport/shm/shm_int.h"
+#include "core/trace_int.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -306,6 +307,7 @@ int crun__shm_idle(crun__shm_comm_t *c, shm_waiter_t *w, shm_ctr_t ctr, int who,
  * spinning only delays the peer), one that ended while spinning
  * doubles it back (up to CRUN_SHM_SPIN_US). Resets the waiter. */
 void crun__shm_waited(crun__shm_comm_t *c, shm_waiter_t *w) {
+  if (crun__obs_on && w->t0) crun__obs_wait_ns += crun_clock_ns() - w->t0; /* core/trace_int.h */
   if (!c->policy_yield && w->spins) {
     if (w->iter || w->slept)
       c->spin_cur = c->spin_cur / 2 > 2000 ? c->spin_cur / 2 : 2000;
