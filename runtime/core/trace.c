@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "core/checked.h"
@@ -306,10 +307,24 @@ out:
 
 /* ---------------------------------------------------------------- flight recorder */
 
+/* Creates dir and its missing parents (errors show when the file is opened). */
+static void make_dirs(const char *dir) {
+  char p[PATH_MAX];
+  snprintf(p, sizeof p, "%s", dir);
+  for (char *s = p + 1; *s; s++)
+    if (*s == '/') {
+      *s = 0;
+      mkdir(p, 0777);
+      *s = '/';
+    }
+  mkdir(p, 0777);
+}
+
 static void dump_path(char *out, size_t cap, int rank) {
   const char *dir = getenv("CRUN_FLIGHT_DIR");
   if (!dir || !*dir) dir = getenv("TMPDIR");
   if (!dir || !*dir) dir = "/tmp";
+  make_dirs(dir);
   snprintf(out, cap, "%s/flight_rank%d.txt", dir, rank);
 }
 
