@@ -47,6 +47,19 @@ static int l_trace_align(lua_State *L) {
   return 0;
 }
 
+/* core.trace_start(path | nil): nil stops the timeline and drops its events */
+static int l_trace_start(lua_State *L) {
+  CRUN_L_CHECK(L, crun_trace_start(lua_isnoneornil(L, 1) ? NULL : crun_l_checkstring(L, 1)));
+  return 0;
+}
+
+/* core.trace_mode([mode]) -> previous mode (bit 1 flight recorder, bit 2 timeline) */
+static int l_trace_mode(lua_State *L) {
+  int mode = lua_isnoneornil(L, 1) ? -1 : (int)crun_l_check_range(L, crun_l_checkinteger(L, 1), 0, 3, "trace_mode", "mode");
+  lua_pushinteger(L, crun_trace_mode(mode));
+  return 1;
+}
+
 /* core.trace_flush() */
 static int l_trace_flush(lua_State *L) {
   CRUN_L_CHECK(L, crun_trace_flush());
@@ -94,6 +107,7 @@ void crun_l_open_trace(lua_State *L) {
   static const luaL_Reg fns[] = {
       {"trace_enabled", l_trace_enabled}, {"trace_now", l_trace_now}, {"trace_span", l_trace_span},
       {"trace_instant", l_trace_instant}, {"trace_align", l_trace_align}, {"trace_flush", l_trace_flush},
+      {"trace_start", l_trace_start}, {"trace_mode", l_trace_mode},
       {"flight_dump", l_flight_dump}, {"flight_arm", l_flight_arm}, {"pg_stats", l_pg_stats}, {NULL, NULL}};
   luaL_setfuncs(L, fns, 0);
 }

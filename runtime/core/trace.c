@@ -62,9 +62,9 @@ static struct {
 } g = {.mu = PTHREAD_MUTEX_INITIALIZER, .rank = -1, .pipe = {-1, -1}};
 
 static void at_exit(void) { (void)crun_trace_flush(); }
+static int g_at_exit; /* at_exit is registered */
 
 void crun_trace_configure(int enable) {
-  static int at_exit_set;
   pthread_mutex_lock(&g.mu);
   crun__obs_on = 0;
   free(g.ring), free(g.ev), free(g.path);
@@ -83,10 +83,47 @@ void crun_trace_configure(int enable) {
     if (g.path && g.ev) {
       g.cap = (uint64_t)cap;
       crun__obs_on |= CRUN__OBS_TIMELINE;
-      if (!at_exit_set) at_exit_set = atexit(at_exit) == 0;
+      if (!g_at_exit) g_at_exit = atexit(at_exit) == 0;
     }
   }
   pthread_mutex_unlock(&g.mu);
+}
+
+int crun_trace_start(const char *path) {
+  if (!path) {
+    pthread_mutex_lock(&g.mu);
+    crun__obs_on &= ~CRUN__OBS_TIMELINE;
+    free(g.path), free(g.ev);
+    g.path = NULL, g.ev = NULL, g.nev = g.cap = g.dropped = 0;
+    pthread_mutex_unlock(&g.mu);
+    return 0;
+  }
+  if (!*path) return crun_error(CRUN_EINVAL, "trace_start: a file name is required");
+  char *p = strdup(path);
+  if (!p) return crun_error(CRUN_ENOMEM, "trace_start");
+  pthread_mutex_lock(&g.mu);
+  free(g.path);
+  g.path = p;
+  if (!g.ev) {
+    long cap = crun_env_int("CRUN_TIMELINE_EVENTS", OBS_DEFAULT_EVENTS);
+    if (cap <= 0 || cap > (1l << 26)) cap = OBS_DEFAULT_EVENTS;
+    g.ev = malloc((size_t)cap * sizeof *g.ev);
+    g.cap = g.ev ? (uint64_t)cap : 0;
+  }
+  if (g.ev && !g_at_exit) g_at_exit = atexit(at_exit) == 0;
+  if (g.ev) crun__obs_on |= CRUN__OBS_TIMELINE;
+  pthread_mutex_unlock(&g.mu);
+  return g.ev ? 0 : crun_error(CRUN_ENOMEM, "trace_start: the timeline's event buffer");
+}
+
+int crun_trace_mode(int mode) {
+  pthread_mutex_lock(&g.mu);
+  int prev = crun__obs_on;
+  if (mode >= 0)
+    crun__obs_on = (mode & CRUN_TRACE_FLIGHT && g.ring ? CRUN__OBS_FLIGHT : 0) |
+                   (mode & CRUN_TRACE_TIMELINE && g.ev ? CRUN__OBS_TIMELINE : 0);
+  pthread_mutex_unlock(&g.mu);
+  return prev;
 }
 
 /* Reads the environment once, when the library loads: nothing is started
@@ -283,8 +320,11 @@ static void write_event(FILE *f, const ev_t *e) {
 }
 
 int crun_trace_flush(void) {
-  if (!(crun__obs_on & CRUN__OBS_TIMELINE)) return 0;
   pthread_mutex_lock(&g.mu);
+  if (!g.ev || !g.path) {
+    pthread_mutex_unlock(&g.mu);
+    return 0;
+  }
   int rank = g.rank >= 0 ? g.rank : (int)crun_env_int("RANK", 0);
   char file[PATH_MAX];
   snprintf(file, sizeof file, "%s.rank%d", g.path, rank);

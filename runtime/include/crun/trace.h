@@ -47,6 +47,21 @@ struct crun_pg;
  * running operations: call it before any group exists. */
 void crun_trace_configure(int enable);
 
+/* Starts the timeline now, writing to "<path>.rank<R>" at exit or flush
+ * (a job that takes --timeline itself). When it already records, only the
+ * path changes. path NULL stops it and drops its events (nothing is
+ * written at exit). Returns 0 or CRUN_ENOMEM. */
+int crun_trace_start(const char *path);
+
+/* What is recorded: bit 1 the flight recorder, bit 2 the timeline. */
+#define CRUN_TRACE_FLIGHT 1
+#define CRUN_TRACE_TIMELINE 2
+
+/* Sets what records to `mode` (CRUN_TRACE_* bits; only those configured
+ * can be turned on) and returns the previous mode; mode < 0 only reads it.
+ * Lets one run measure the cost of recording (jobs/bench.lua --trace-cost). */
+int crun_trace_mode(int mode);
+
 /* Returns non-zero while the timeline records. */
 int crun_trace_enabled(void);
 
