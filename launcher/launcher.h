@@ -303,7 +303,7 @@ void crun__obs_attempt_env(const char *log_dir, int attempt);
 void crun__obs_worker_init(void);
 
 /* Sends SIGUSR1 to the running workers (pids[i] of global rank ranks[i]),
- * waits (at most 3 s) for their dumps, then prints the analysis of every
+ * waits (at most 10 s) for their dumps, then prints the analysis of every
  * rank's dump newer than since (a crun_clock_ns value; 0: this request). */
 void crun__obs_dump_all(const pid_t *pids, const int *ranks, const int *running, int n, uint64_t since,
                         const char *why);

@@ -18,7 +18,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define OBS_DUMP_WAIT_S 3.0 /* how long the launcher waits for the workers' dumps */
+#define OBS_DUMP_WAIT_S 10.0 /* at most this long the launcher waits for the workers' dumps (a loaded machine) */
 
 static void obs_say(const char *text) {
   for (const char *p = text; *p;) {
@@ -69,6 +69,19 @@ static uint64_t dump_time(const char *dir, int r) {
     if (line[0] == 'R' && sscanf(line, "R\t%*d\t%*d\t%llu", &t) == 1) break;
   if (f) fclose(f);
   return (uint64_t)t;
+}
+
+/* Whether pid runs (not gone, not a zombie waiting to be reaped). */
+static int running_pid(pid_t pid) {
+  char path[64], buf[256];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  FILE *f = fopen(path, "r");
+  if (!f) return 0;
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = 0;
+  const char *p = strrchr(buf, ')'); /* "pid (comm) S ..." */
+  return p && p[1] == ' ' && p[2] != 'Z' && p[2] != 'X';
 }
 
 /* Calls require("crun.observe")[fn] with the values pushed by push(L, arg);
@@ -124,8 +137,8 @@ void crun__obs_dump_all(const pid_t *pids, const int *ranks, const int *running,
   double end = crun_clock() + OBS_DUMP_WAIT_S;
   while (waiting > 0 && crun_clock() < end) {
     waiting = 0;
-    for (int i = 0; i < n; i++)
-      if (running[i] && kill(pids[i], 0) == 0 && dump_time(dir, ranks[i]) < asked) waiting++;
+    for (int i = 0; i < n; i++) /* a rank that dumped since (its own failure) is not waited for */
+      if (running[i] && running_pid(pids[i]) && dump_time(dir, ranks[i]) < since) waiting++;
     if (waiting) nanosleep(&(struct timespec){0, 20 * 1000 * 1000}, NULL);
   }
   char head[256];
