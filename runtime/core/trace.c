@@ -45,6 +45,46 @@ typedef struct {
 } fr_t;
 
 int crun__obs_on;
+
+/* The hooks' clock: the CPU's time stamp counter where the kernel keeps
+ * time with it (clocksource "tsc": invariant and synchronized across CPUs;
+ * a few ns where clock_gettime takes 20 or more), else CLOCK_MONOTONIC ns.
+ * Ticks become ns through the anchor taken at configure time and a second
+ * sample taken when they are written out (to_ns). */
+static int g_tsc;
+static uint64_t g_tsc0, g_ns0;
+#if defined(__x86_64__)
+#include <x86intrin.h>
+static inline uint64_t ticks(void) { return g_tsc ? __rdtsc() : crun_clock_ns(); }
+#else
+static inline uint64_t ticks(void) { return crun_clock_ns(); }
+#endif
+
+/* Whether the kernel's clocksource is the TSC. */
+static int tsc_usable(void) {
+#if defined(__x86_64__)
+  char b[32] = "";
+  FILE *f = fopen("/sys/devices/system/clocksource/clocksource0/current_clocksource", "r");
+  if (f && fgets(b, sizeof b, f)) b[strcspn(b, "\n")] = 0;
+  if (f) fclose(f);
+  return strcmp(b, "tsc") == 0 && crun_env_int("CRUN_TRACE_TSC", 1) != 0;
+#else
+  return 0;
+#endif
+}
+
+/* ns per tick, from the anchor to now (1 without the TSC). */
+static double tick_rate(void) {
+  if (!g_tsc) return 1.0;
+  uint64_t t = ticks(), n = crun_clock_ns();
+  return t > g_tsc0 + 1000 ? (double)(n - g_ns0) / (double)(t - g_tsc0) : 1.0;
+}
+
+/* A tick value as CLOCK_MONOTONIC ns. */
+static uint64_t to_ns(uint64_t t, double rate) {
+  if (!g_tsc || !t) return t;
+  return g_ns0 + (uint64_t)(int64_t)((double)(int64_t)(t - g_tsc0) * rate);
+}
 _Thread_local uint64_t crun__obs_wait_ns;
 _Thread_local const char *crun__obs_algo;
 
@@ -67,6 +107,9 @@ static int g_at_exit; /* at_exit is registered */
 void crun_trace_configure(int enable) {
   pthread_mutex_lock(&g.mu);
   crun__obs_on = 0;
+  g_tsc = enable && tsc_usable();
+  g_ns0 = crun_clock_ns();
+  g_tsc0 = ticks();
   free(g.ring), free(g.ev), free(g.path);
   g.ring = NULL, g.ev = NULL, g.path = NULL;
   g.nring = g.next_id = g.nev = g.cap = g.dropped = 0;
@@ -138,7 +181,18 @@ static int group_locked(crun_pg_t *pg) {
   snprintf(g.groups[i], sizeof g.groups[i], "%s", i == OBS_MAX_GROUPS - 1 ? "others" : pg->prefix);
   for (char *s = g.groups[i]; *s; s++)
     if (*s == ' ' || *s == '\t' || *s == '\n') *s = '_';
-  return pg->obs_group = i + 1;
+  __atomic_store_n(&pg->obs_group, i + 1, __ATOMIC_RELEASE);
+  return i + 1;
+}
+
+/* pg's group index; the lock only the first time. */
+static int group_of(crun_pg_t *pg) {
+  int grp = __atomic_load_n(&pg->obs_group, __ATOMIC_ACQUIRE);
+  if (grp) return grp;
+  pthread_mutex_lock(&g.mu);
+  grp = group_locked(pg);
+  pthread_mutex_unlock(&g.mu);
+  return grp;
 }
 
 /* Bytes of this rank's input: count x element size (all_to_all: the sum
@@ -157,35 +211,35 @@ static int op_peer(const crun__coll_t *c) {
              : c->root;
 }
 
-static fr_t *entry_locked(uint64_t id) {
+/* The ring entry of id, or NULL once a newer operation took its slot. The
+ * hooks write entries without the lock (each entry has one writer at a
+ * time); a dump taken meanwhile may show an entry half updated. */
+static fr_t *entry(uint64_t id) {
   if (!id || !g.nring) return NULL;
   fr_t *e = &g.ring[id % g.nring];
-  return e->id == id ? e : NULL; /* overwritten by a newer operation */
+  return __atomic_load_n(&e->id, __ATOMIC_RELAXED) == id ? e : NULL;
 }
 
 void crun__obs_enqueue(crun_pg_t *pg, crun_work_t *w) {
-  w->obs.t_enq = crun_clock_ns();
-  pthread_mutex_lock(&g.mu);
-  int grp = group_locked(pg);
-  if (g.nring) {
-    uint64_t id = ++g.next_id;
-    fr_t *e = &g.ring[id % g.nring];
-    *e = (fr_t){.id = id, .seq = w->c.seq, .count = w->c.count, .bytes = op_bytes(&w->c), .t_enq = w->obs.t_enq,
-                .group = (int16_t)grp, .kind = (int8_t)w->c.kind, .dt = (int8_t)w->c.dt, .state = ST_QUEUED,
-                .peer = op_peer(&w->c)};
-    w->obs.id = id;
-  }
-  pthread_mutex_unlock(&g.mu);
+  w->obs.t_enq = ticks();
+  int grp = group_of(pg);
+  if (!(crun__obs_on & CRUN__OBS_FLIGHT) || !g.nring) return;
+  uint64_t id = __atomic_add_fetch(&g.next_id, 1, __ATOMIC_RELAXED);
+  fr_t *e = &g.ring[id % g.nring];
+  __atomic_store_n(&e->id, 0, __ATOMIC_RELAXED);
+  *e = (fr_t){.seq = w->c.seq, .count = w->c.count, .bytes = op_bytes(&w->c), .t_enq = w->obs.t_enq,
+              .group = (int16_t)grp, .kind = (int8_t)w->c.kind, .dt = (int8_t)w->c.dt, .state = ST_QUEUED,
+              .peer = op_peer(&w->c)};
+  __atomic_store_n(&e->id, id, __ATOMIC_RELEASE);
+  w->obs.id = id;
 }
 
 void crun__obs_start(crun_pg_t *pg, crun_work_t *w) {
   crun__obs_algo = pg->be ? pg->be->name : "?";
   w->obs.wait0 = crun__obs_wait_ns;
-  w->obs.t_start = crun_clock_ns();
-  pthread_mutex_lock(&g.mu);
-  fr_t *e = entry_locked(w->obs.id);
-  if (e) e->state = ST_STARTED, e->t_start = w->obs.t_start;
-  pthread_mutex_unlock(&g.mu);
+  w->obs.t_start = ticks();
+  fr_t *e = entry(w->obs.id);
+  if (e) e->t_start = w->obs.t_start, e->state = ST_STARTED;
 }
 
 /* Appends an event when there is room; counts it dropped otherwise (lock held). */
@@ -195,22 +249,27 @@ static ev_t *event_locked(void) {
   return NULL;
 }
 
+/* Adds to a counter that crun_pg_stats reads (and p2p ends may update from
+ * another thread). */
+static void stat_add(uint64_t *v, uint64_t d) { __atomic_fetch_add(v, d, __ATOMIC_RELAXED); }
+
 void crun__obs_end(crun_pg_t *pg, crun_work_t *w, int rc, int same_thread) {
-  uint64_t t1 = crun_clock_ns();
+  uint64_t t1 = ticks();
   uint64_t t0 = w->obs.t_start ? w->obs.t_start : t1;
   uint64_t wait = same_thread && w->obs.t_start ? crun__obs_wait_ns - w->obs.wait0 : 0;
   const char *algo = same_thread ? crun__obs_algo : (pg->be ? pg->be->name : "?");
   crun__coll_t *c = &w->c;
-  pthread_mutex_lock(&g.mu);
-  int grp = group_locked(pg);
-  fr_t *e = entry_locked(w->obs.id);
-  if (e) e->state = rc < 0 ? ST_FAILED : ST_DONE, e->t_end = t1, e->wait = wait, e->status = rc < 0 ? rc : 0,
-         e->peer = op_peer(c);
+  fr_t *e = entry(w->obs.id);
+  if (e) e->t_end = t1, e->wait = wait, e->status = rc < 0 ? rc : 0, e->peer = op_peer(c),
+         e->state = rc < 0 ? ST_FAILED : ST_DONE;
   if (c->kind >= 0 && c->kind < CRUN__COLL_COUNT) {
     crun__obs_stat_t *s = &pg->obs_stats[c->kind];
-    s->ops++, s->bytes += op_bytes(c), s->time_ns += t1 - t0, s->wait_ns += wait;
+    stat_add(&s->ops, 1), stat_add(&s->bytes, op_bytes(c)), stat_add(&s->time_ns, t1 - t0), stat_add(&s->wait_ns, wait);
   }
-  ev_t *ev = (crun__obs_on & CRUN__OBS_TIMELINE) ? event_locked() : NULL;
+  if (!(crun__obs_on & CRUN__OBS_TIMELINE)) return;
+  int grp = group_of(pg);
+  pthread_mutex_lock(&g.mu);
+  ev_t *ev = event_locked();
   if (ev)
     *ev = (ev_t){.type = EV_OP, .kind = (int8_t)c->kind, .dt = (int8_t)c->dt, .group = (int16_t)grp,
                  .peer = op_peer(c), .status = rc < 0 ? rc : 0, .seq = c->seq, .count = c->count,
@@ -307,13 +366,14 @@ int crun_trace_align(crun_store_t *store, const char *tag, int rank, int size, d
 
 static const char *dt_name(int dt) { return dt >= 0 && dt < CRUN_DTYPE_COUNT ? crun_dtype_name((crun_dtype_t)dt) : "?"; }
 
-/* Writes one event line (tab-separated; a span's name last: it may hold spaces). */
-static void write_event(FILE *f, const ev_t *e) {
+/* Writes one event line (tab-separated; a span's name last: it may hold
+ * spaces); an operation's times are ticks, made ns with rate. */
+static void write_event(FILE *f, const ev_t *e, double rate) {
   if (e->type == EV_OP)
     fprintf(f, "O\t%s\t%d\t%llu\t%llu\t%llu\t%s\t%s\t%d\t%d\t%llu\t%llu\t%llu\t%llu\n", crun__coll_name(e->kind),
             e->group, (unsigned long long)e->seq, (unsigned long long)e->count, (unsigned long long)e->bytes,
-            dt_name(e->dt), e->algo, e->peer, e->status, (unsigned long long)e->t_enq, (unsigned long long)e->t0,
-            (unsigned long long)e->t1, (unsigned long long)e->wait);
+            dt_name(e->dt), e->algo, e->peer, e->status, (unsigned long long)to_ns(e->t_enq, rate),
+            (unsigned long long)to_ns(e->t0, rate), (unsigned long long)to_ns(e->t1, rate), (unsigned long long)e->wait);
   else
     fprintf(f, "%c\t%s\t%llu\t%llu\t%s\n", e->type == EV_SPAN ? 'S' : 'I', e->cat, (unsigned long long)e->t0,
             (unsigned long long)e->t1, e->name);
@@ -337,7 +397,8 @@ int crun_trace_flush(void) {
   fprintf(f, "# crun-timeline 1\nP\t%d\t%d\t%lld\t%llu\t%llu\n", rank, (int)getpid(), (long long)g.offset_ns,
           (unsigned long long)g.rtt_ns, (unsigned long long)g.dropped);
   for (int i = 0; i < g.ngroups; i++) fprintf(f, "G\t%d\t%s\n", i + 1, g.groups[i]);
-  for (uint64_t i = 0; i < g.nev; i++) write_event(f, &g.ev[i]);
+  double rate = tick_rate();
+  for (uint64_t i = 0; i < g.nev; i++) write_event(f, &g.ev[i], rate);
   if (fclose(f) != 0) rc = crun_error(CRUN_EIO, "timeline of rank %d: writing %s failed", rank, file);
   g.flushed = 1;
 out:
@@ -370,15 +431,17 @@ static void dump_path(char *out, size_t cap, int rank) {
 
 /* Writes the ring oldest first (lock held). */
 static void write_ring_locked(FILE *f) {
-  uint64_t first = g.next_id >= g.nring ? g.next_id - g.nring + 1 : 1;
-  for (uint64_t id = first; id && id <= g.next_id; id++) {
+  double rate = tick_rate();
+  uint64_t last = __atomic_load_n(&g.next_id, __ATOMIC_RELAXED);
+  uint64_t first = last >= g.nring ? last - g.nring + 1 : 1;
+  for (uint64_t id = first; id && id <= last; id++) {
     const fr_t *e = &g.ring[id % g.nring];
-    if (e->id != id) continue;
+    if (__atomic_load_n(&e->id, __ATOMIC_ACQUIRE) != id) continue;
     fprintf(f, "%llu\t%llu\t%s\t%s\t%s\t%llu\t%llu\t%s\t%d\t%d\t%llu\t%llu\t%llu\t%llu\n", (unsigned long long)e->id,
             (unsigned long long)e->seq, e->group > 0 ? g.groups[e->group - 1] : "?", crun__coll_name(e->kind),
             dt_name(e->dt), (unsigned long long)e->count, (unsigned long long)e->bytes, state_names[e->state],
-            e->peer, e->status, (unsigned long long)e->t_enq, (unsigned long long)e->t_start,
-            (unsigned long long)e->t_end, (unsigned long long)e->wait);
+            e->peer, e->status, (unsigned long long)to_ns(e->t_enq, rate), (unsigned long long)to_ns(e->t_start, rate),
+            (unsigned long long)to_ns(e->t_end, rate), (unsigned long long)e->wait);
   }
 }
 
@@ -481,12 +544,12 @@ int crun_pg_stats(crun_pg_t *pg, crun_pg_stat_t *out, int reset) {
   if (!crun__obs_on)
     return crun_error(CRUN_ESTATE, "pg_stats on rank %d: statistics need the flight recorder or the timeline "
                       "(CRUN_FLIGHT_RECORDER=0 and no CRUN_TIMELINE)", pg->rank);
-  pthread_mutex_lock(&g.mu);
+  double rate = tick_rate();
   for (int i = 0; i < CRUN__COLL_COUNT && i < CRUN_PG_STAT_OPS; i++) {
-    const crun__obs_stat_t *s = &pg->obs_stats[i];
-    out[i] = (crun_pg_stat_t){s->ops, s->bytes, (double)s->time_ns * 1e-9, (double)s->wait_ns * 1e-9};
+    crun__obs_stat_t *s = &pg->obs_stats[i];
+    uint64_t v[4] = {s->ops, s->bytes, s->time_ns, s->wait_ns}, *p[4] = {&s->ops, &s->bytes, &s->time_ns, &s->wait_ns};
+    for (int k = 0; k < 4; k++) v[k] = reset ? __atomic_exchange_n(p[k], 0, __ATOMIC_RELAXED) : __atomic_load_n(p[k], __ATOMIC_RELAXED);
+    out[i] = (crun_pg_stat_t){v[0], v[1], (double)v[2] * rate * 1e-9, (double)v[3] * 1e-9};
   }
-  if (reset) memset(pg->obs_stats, 0, sizeof pg->obs_stats);
-  pthread_mutex_unlock(&g.mu);
   return 0;
 }

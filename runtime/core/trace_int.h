@@ -26,12 +26,12 @@ extern _Thread_local const char *crun__obs_algo;
 /* What a work carries for the hooks. */
 typedef struct {
   uint64_t id;      /* flight recorder entry (0: none) */
-  uint64_t t_enq, t_start, wait0;
+  uint64_t t_enq, t_start, wait0; /* ticks of core/trace.c; wait0 ns */
 } crun__obs_op_t;
 
 /* Per-op counters of a group (guarded by the recorder's lock). */
 typedef struct {
-  uint64_t ops, bytes, time_ns, wait_ns;
+  uint64_t ops, bytes, time_ns, wait_ns; /* time_ns: in the hooks' ticks (core/trace.c) */
 } crun__obs_stat_t;
 
 struct crun_pg;
