@@ -220,8 +220,8 @@ static fr_t *entry(uint64_t id) {
   return __atomic_load_n(&e->id, __ATOMIC_RELAXED) == id ? e : NULL;
 }
 
-void crun__obs_enqueue(crun_pg_t *pg, crun_work_t *w) {
-  w->obs.t_enq = ticks();
+void crun__obs_enqueue(crun_pg_t *pg, crun_work_t *w, int queued) {
+  w->obs.t_enq = queued ? ticks() : 0;
   int grp = group_of(pg);
   if (!(crun__obs_on & CRUN__OBS_FLIGHT) || !g.nring) return;
   uint64_t id = __atomic_add_fetch(&g.next_id, 1, __ATOMIC_RELAXED);
@@ -238,8 +238,9 @@ void crun__obs_start(crun_pg_t *pg, crun_work_t *w) {
   crun__obs_algo = pg->be ? pg->be->name : "?";
   w->obs.wait0 = crun__obs_wait_ns;
   w->obs.t_start = ticks();
+  if (!w->obs.t_enq) w->obs.t_enq = w->obs.t_start;
   fr_t *e = entry(w->obs.id);
-  if (e) e->t_start = w->obs.t_start, e->state = ST_STARTED;
+  if (e) e->t_start = w->obs.t_start, e->t_enq = w->obs.t_enq, e->state = ST_STARTED;
 }
 
 /* Appends an event when there is room; counts it dropped otherwise (lock held). */
@@ -249,9 +250,14 @@ static ev_t *event_locked(void) {
   return NULL;
 }
 
-/* Adds to a counter that crun_pg_stats reads (and p2p ends may update from
- * another thread). */
-static void stat_add(uint64_t *v, uint64_t d) { __atomic_fetch_add(v, d, __ATOMIC_RELAXED); }
+/* Adds to a counter that crun_pg_stats reads from another thread. The
+ * operations of one group end one at a time (the group's busy flag: a p2p
+ * operation ends on the thread that pumps it, which holds it), so a
+ * relaxed load and store suffice, with no locked instruction; a reset that
+ * races with an end may lose that one end. */
+static void stat_add(uint64_t *v, uint64_t d) {
+  __atomic_store_n(v, __atomic_load_n(v, __ATOMIC_RELAXED) + d, __ATOMIC_RELAXED);
+}
 
 void crun__obs_end(crun_pg_t *pg, crun_work_t *w, int rc, int same_thread) {
   uint64_t t1 = ticks();

@@ -37,8 +37,9 @@ typedef struct {
 struct crun_pg;
 struct crun_work;
 
-/* Submit: the work got its seq (pg->mu held). */
-void crun__obs_enqueue(struct crun_pg *pg, struct crun_work *w);
+/* Submit: the work got its seq (pg->mu held); queued: it waits for the
+ * progress thread (else it runs inline now: its enqueue time is its start). */
+void crun__obs_enqueue(struct crun_pg *pg, struct crun_work *w, int queued);
 /* The engine is about to run the work on this thread. */
 void crun__obs_start(struct crun_pg *pg, struct crun_work *w);
 /* The work ended with rc (<0: failed); same_thread: it ended on the thread

@@ -179,8 +179,9 @@ int crun__pg_submit(crun_pg_t *pg, crun_work_t *w, crun_work_t **out) {
   w->async = out != NULL;
   pthread_mutex_lock(&pg->mu);
   if (w->c.kind != CRUN__COLL_SEND && w->c.kind != CRUN__COLL_RECV) w->c.seq = ++pg->next_seq;
-  if (crun__obs_on) crun__obs_enqueue(pg, w);
-  if (!w->async && !pg->head && !pg->busy && !pg->stop) {
+  int inline_run = !w->async && !pg->head && !pg->busy && !pg->stop;
+  if (crun__obs_on) crun__obs_enqueue(pg, w, !inline_run);
+  if (inline_run) {
     pg->busy = 1;
     w->c.caller_pumps = pg->pump != NULL;
     pthread_mutex_unlock(&pg->mu);
