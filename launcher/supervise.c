@@ -368,7 +368,7 @@ static void child_main(sup_t *s, proc_t *p, int out_w, int err_w, int attempt) {
   crun__heap_use_slot(p->local_rank);
   bind_cpu(s->o, p->local_rank);
   crun__worker_setenv(s->o, &pl);
-  signal(SIGUSR1, SIG_DFL); /* the launcher's handler; the runtime's replaces it */
+  signal(SIGUSR1, SIG_IGN); /* not the launcher's handler; the runtime's replaces it */
   crun__obs_worker_init();
   int rc = crun__worker_run(s->o);
   (void)crun_trace_flush();

@@ -111,6 +111,7 @@ typedef struct {
   const int *ranks;
   int n;
   uint64_t since;
+  int quiet;
 } analyze_args_t;
 
 static void push_analyze(lua_State *L, const void *p) {
@@ -122,6 +123,7 @@ static void push_analyze(lua_State *L, const void *p) {
     lua_rawseti(L, -2, i + 1);
   }
   lua_pushinteger(L, (lua_Integer)a->since);
+  lua_pushboolean(L, a->quiet);
 }
 
 void crun__obs_dump_all(const pid_t *pids, const int *ranks, const int *running, int n, uint64_t since,
@@ -134,19 +136,28 @@ void crun__obs_dump_all(const pid_t *pids, const int *ranks, const int *running,
   int waiting = 0;
   for (int i = 0; i < n; i++)
     if (running[i] && pids[i] > 0 && kill(pids[i], SIGUSR1) == 0) waiting++;
-  double end = crun_clock() + OBS_DUMP_WAIT_S;
+  double end = crun_clock() + OBS_DUMP_WAIT_S, again = crun_clock() + 0.25;
   while (waiting > 0 && crun_clock() < end) {
+    /* a worker still starting drops the signal (it ignores SIGUSR1 until
+     * its recorder is armed): ask those not done again every 250 ms */
+    int resend = crun_clock() >= again;
+    if (resend) again = crun_clock() + 0.25;
     waiting = 0;
     for (int i = 0; i < n; i++) /* a rank that dumped since (its own failure) is not waited for */
-      if (running[i] && running_pid(pids[i]) && dump_time(dir, ranks[i]) < since) waiting++;
+      if (running[i] && running_pid(pids[i]) && dump_time(dir, ranks[i]) < since) {
+        waiting++;
+        if (resend) kill(pids[i], SIGUSR1);
+      }
     if (waiting) nanosleep(&(struct timespec){0, 20 * 1000 * 1000}, NULL);
   }
-  char head[256];
-  snprintf(head, sizeof head, "%s: asked every worker for its flight recorder", why);
-  obs_say(head);
-  analyze_args_t a = {dir, ranks, n, since};
-  char *text = observe_call("analyze", push_analyze, &a, 3);
-  if (text) obs_say(text);
+  analyze_args_t a = {dir, ranks, n, since, strcmp(why, "SIGUSR1") != 0};
+  char *text = observe_call("analyze", push_analyze, &a, 4);
+  if (text && *text) { /* after a failure, nothing when no rank ran an operation */
+    char head[256];
+    snprintf(head, sizeof head, "%s: asked every worker for its flight recorder", why);
+    obs_say(head);
+    obs_say(text);
+  }
   free(text);
 }
 

@@ -263,11 +263,12 @@ local function analyze_group(name, per, lines)
   lines[#lines + 1] = string.format("  group %s: no mismatch in the sequences recorded (#%d..#%d)", name, lo, maxseq)
 end
 
---- analyze(dir, ranks, since_ns) -> text: reads dir/flight_rank<r>.txt for
--- each rank in the list (dumps older than since_ns, a monotonic time, are
+--- analyze(dir, ranks, since_ns[, quiet]) -> text: reads dir/flight_rank<r>.txt
+-- for each rank in the list (dumps older than since_ns, a monotonic time, are
 -- reported stale and left out) and says, per group, which ranks are behind
--- and on which op, and where the sequences first differ.
-function M.analyze(dir, ranks, since_ns)
+-- and on which op, and where the sequences first differ. quiet: "" when no
+-- dump holds a collective.
+function M.analyze(dir, ranks, since_ns, quiet)
   local lines, groups, missing = {}, {}, {}
   for _, r in ipairs(ranks) do
     local d = read_dump(dir .. "/flight_rank" .. r .. ".txt")
@@ -287,6 +288,7 @@ function M.analyze(dir, ranks, since_ns)
       end
     end
   end
+  if quiet and next(groups) == nil then return "" end
   lines[#lines + 1] = string.format("flight recorder: dumps of %d of %d ranks in %s", #ranks - #missing, #ranks, dir)
   if #missing > 0 then lines[#lines + 1] = "  no fresh dump from " .. ranks_text(missing) .. " (exited, killed or busy)" end
   local names = {}
