@@ -75,6 +75,19 @@ describe("crun-lua --timeline", function()
     end
   end)
 
+  it("keeps at most CRUN_TIMELINE_EVENTS events per rank and says how many it dropped", function()
+    local t = dir .. "/small.json"
+    local r = run("-n 2 --master-port 0 --timeline " .. q(t) .. " " .. q(FIX .. "known.lua"), "CRUN_TIMELINE_EVENTS=4")
+    assert.are.equal(0, r.code, r.err)
+    local d = assert(json.decode(C.slurp(t) or "null"), "the trace does not parse")
+    local n = {}
+    for _, e in ipairs(d.traceEvents) do
+      if e.ph == "X" or e.ph == "i" then n[e.pid] = (n[e.pid] or 0) + 1 end
+    end
+    assert.are.same({[0] = 4, [1] = 4}, n)
+    assert.are.equal(2, C.count(r.err, "%d+ events dropped: buffer full"), r.err)
+  end)
+
   it("merges timelines written by ranks started otherwise (--merge-timeline)", function()
     local t = dir .. "/m.json"
     C.write(t .. ".rank0", "# crun-timeline 1\nP\t0\t1\t0\t1\t0\nG\t1\tg/0\nO\tall_reduce\t1\t1\t2\t8\tfloat32\tring\t-1\t0\t100\t200\t5000\t1000\n")
@@ -146,6 +159,15 @@ describe("flight recorder", function()
     local r = run("-n 3 --master-port 0 " .. q(FIX .. "hang.lua"), "MODE=mismatch")
     assert.are_not.equal(0, r.code)
     assert.matches("first mismatch at #6: ranks 0,2 called all_reduce%(float32%[300%]%); rank 1 called barrier", r.err)
+  end)
+
+  it("dumps on :dump in the REPL", function()
+    local r = C.run("-n 2 -i", {input = "x = T.ones({4})\ndist.all_reduce(x)\n:dump\nos.execute('sleep 2')\n:quit\n",
+      timeout = 60})
+    assert.are.equal(0, r.code, r.err)
+    assert.matches("asked every rank for its flight recorder", r.out)
+    assert.matches("dumps of 2 of 2 ranks", r.err)
+    assert.matches("every rank reached #1 %(all_reduce%)", r.err)
   end)
 
   it("dumps on SIGUSR1 to crun-lua while the job goes on, keeping the last N operations", function()
