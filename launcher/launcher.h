@@ -308,6 +308,10 @@ void crun__obs_worker_init(void);
 void crun__obs_dump_all(const pid_t *pids, const int *ranks, const int *running, int n, uint64_t since,
                         const char *why);
 
+/* At the end: removes the dump directory crun-lua chose ($TMPDIR/crun-flight-<pid>)
+ * unless an analysis named it. */
+void crun__obs_cleanup(void);
+
 /* Merges path.rank<r> (r < world) into the trace at path and prints the
  * summary. Returns 0, or 1 when nothing could be merged. */
 int crun__obs_merge(const char *path, int world);

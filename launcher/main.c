@@ -574,6 +574,7 @@ static int launch(const crun__opts_t *o) {
   }
   int code = crun__supervise(o, &base, agent);
   crun__agent_stop(agent);
+  crun__obs_cleanup();
   const char *tl = getenv("CRUN_TIMELINE");
   if (tl && *tl && crun__obs_merge(tl, base.world_size) != 0 && code == 0) code = 1;
   return code;

@@ -18,6 +18,9 @@
 #include <time.h>
 #include <unistd.h>
 
+static int g_reported;     /* an analysis named the dump directory */
+static char g_default_dir[PATH_MAX]; /* the dump directory crun-lua chose, if it did */
+
 #define OBS_DUMP_WAIT_S 10.0 /* at most this long the launcher waits for the workers' dumps (a loaded machine) */
 
 static void obs_say(const char *text) {
@@ -50,6 +53,7 @@ void crun__obs_attempt_env(const char *log_dir, int attempt) {
   else {
     const char *tmp = getenv("TMPDIR");
     snprintf(dir, sizeof dir, "%s/crun-flight-%d", tmp && *tmp ? tmp : "/tmp", (int)getpid());
+    snprintf(g_default_dir, sizeof g_default_dir, "%s", dir);
   }
   setenv("CRUN_FLIGHT_DIR", dir, 1);
 }
@@ -157,6 +161,7 @@ void crun__obs_dump_all(const pid_t *pids, const int *ranks, const int *running,
     snprintf(head, sizeof head, "%s: asked every worker for its flight recorder", why);
     obs_say(head);
     obs_say(text);
+    g_reported = 1;
   }
   free(text);
 }
@@ -170,6 +175,16 @@ static void push_merge(lua_State *L, const void *p) {
   const merge_args_t *a = p;
   lua_pushstring(L, a->path);
   lua_pushinteger(L, a->world);
+}
+
+void crun__obs_cleanup(void) {
+  if (g_reported || !g_default_dir[0]) return;
+  char path[PATH_MAX + 32];
+  for (int r = 0; r < CRUN_LAUNCH_MAX_NPROC; r++) { /* only what the recorder writes there */
+    snprintf(path, sizeof path, "%s/flight_rank%d.txt", g_default_dir, r);
+    unlink(path);
+  }
+  rmdir(g_default_dir); /* fails, and stays, when something else is in it */
 }
 
 int crun__obs_merge(const char *path, int world) {
