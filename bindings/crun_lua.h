@@ -104,6 +104,7 @@ void crun_l_open_cuda(lua_State *L); /* needs the tensor table: after open_tenso
 void crun_l_open_tensor(lua_State *L);
 void crun_l_open_pg(lua_State *L);
 void crun_l_open_train(lua_State *L);
+void crun_l_open_trace(lua_State *L);
 
 /* Opens the whole module (the table of crun.core) and returns 1. */
 int luaopen_crun_core(lua_State *L);

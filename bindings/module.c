@@ -197,5 +197,6 @@ int luaopen_crun_core(lua_State *L) {
   crun_l_open_cuda(L);
   crun_l_open_pg(L);
   crun_l_open_train(L);
+  crun_l_open_trace(L);
   return 1;
 }

@@ -2,7 +2,13 @@
 --
 --   crun-lua -n 4 jobs/bench.lua all_reduce [--min-bytes 8] [--max-bytes 64M]
 --            [--iters N] [--warmup N] [--dtype float32] [--op sum] [--csv]
---            [--sizes 8,1K,64K] [--no-barrier] [--device cuda]
+--            [--sizes 8,1K,64K] [--no-barrier] [--device cuda] [--timeline FILE] [--trace-cost [ROUNDS]]
+--
+-- --timeline FILE: a Chrome/Perfetto trace of the run (crun.trace), merged by
+-- rank 0 at the end. --trace-cost: every size is measured ROUNDS times (5)
+-- in each recording mode, interleaved in this one run (none: no timeline and
+-- no flight recorder; flight: the default; timeline: flight recorder and
+-- timeline), and the table shows each mode's median.
 --
 -- --device cuda: CUDA tensors on a backend "nccl" group (each rank on its
 -- LOCAL_RANK's GPU), every iteration ending with crun.cuda.synchronize(), as
@@ -24,7 +30,7 @@ local dist, T = crun.dist, crun.tensor
 local function usage(msg)
   io.stderr:write((msg and (msg .. "\n") or ""), "usage: crun-lua -n N jobs/bench.lua COLLECTIVE ",
     "[--min-bytes B] [--max-bytes B] [--sizes B,B,...] [--iters N] [--warmup N] [--dtype D] [--op OP] ",
-    "[--csv] [--no-barrier] [--device cpu|cuda]\n")
+    "[--csv] [--no-barrier] [--device cpu|cuda] [--timeline FILE] [--trace-cost [ROUNDS]]\n")
   os.exit(2)
 end
 
@@ -51,6 +57,10 @@ local function parse_args(a)
     elseif k == "--device" then
       o.device, i = v, i + 1
       if v ~= "cpu" and v ~= "cuda" then usage("--device is cpu or cuda") end
+    elseif k == "--timeline" then o.timeline, i = v or usage("--timeline needs a file"), i + 1
+    elseif k == "--trace-cost" then
+      o.trace_cost = 5
+      if v and v:match("^%d+$") then o.trace_cost, i = math.tointeger(tonumber(v)), i + 1 end
     elseif k == "--sizes" then
       o.sizes, i = {}, i + 1
       for part in tostring(v):gmatch("[^,]+") do o.sizes[#o.sizes + 1] = parse_bytes(part) end
@@ -119,6 +129,43 @@ local function measure(fn, iters, warmup, no_barrier, sync)
   return v[(iters + 1) // 2]
 end
 
+-- --trace-cost: the median time of fn in each recording mode, the modes
+-- interleaved round by round (the machine's load drifts: A/B/C, C/A/B, ...).
+local MODES = {{"none", 0}, {"flight", 1}, {"timeline", 3}}
+local function measure_modes(fn, iters, o)
+  local got = {}
+  for r = 1, o.trace_cost do
+    for j = 0, #MODES - 1 do
+      local m = MODES[(j + r) % #MODES + 1]
+      crun.trace.mode(m[2])
+      got[m[1]] = got[m[1]] or {}
+      table.insert(got[m[1]], measure(fn, iters, o.warmup, o.no_barrier))
+    end
+  end
+  crun.trace.mode(1)
+  local med = {}
+  for name, v in pairs(got) do
+    table.sort(v)
+    med[name] = v[(#v + 1) // 2]
+  end
+  return med
+end
+
+local function trace_cost(o, n, sizes, esize, out)
+  out("# recording cost: median over %d interleaved rounds of the per-size median (us); "
+      .. "flight = the default flight recorder, timeline = flight recorder + timeline\n", o.trace_cost)
+  out("# %12s %12s %12s %12s %10s %10s\n", "size(B)", "none(us)", "flight(us)", "timeline(us)", "flight%", "timeline%")
+  for _, bytes in ipairs(sizes) do
+    local fn, count = setup(o, n, bytes, esize)
+    local real = count * esize
+    local iters = o.iters or math.max(5, math.min(200, (256 * 1024 * 1024) // math.max(real, 1) // 4))
+    local m = measure_modes(fn, iters, o)
+    out("  %12d %12.2f %12.2f %12.2f %+9.1f%% %+9.1f%%\n", real, m.none * 1e6, m.flight * 1e6, m.timeline * 1e6,
+        (m.flight / m.none - 1) * 100, (m.timeline / m.none - 1) * 100)
+    io.stdout:flush()
+  end
+end
+
 local function main()
   local o = parse_args(arg)
   if not BUS[o.coll] then usage("unknown collective " .. o.coll) end
@@ -131,6 +178,8 @@ local function main()
     o.cuda = true
     sync = function() crun.cuda.synchronize() end
   end
+  if o.timeline then crun.trace.start(o.timeline)
+  elseif o.trace_cost and not crun.trace.enabled() then crun.trace.start(os.tmpname()) end
   dist.init_process_group{backend = o.cuda and "nccl" or nil}
   local n, rank = dist.get_world_size(), dist.get_rank()
   local esize = T.zeros({1}, o.dtype):bytes():len()
@@ -149,6 +198,12 @@ local function main()
     local b = o.min
     while b <= o.max do sizes[#sizes + 1] = b; b = b * 2 end
   end
+  if o.trace_cost then
+    trace_cost(o, n, sizes, esize, out)
+    if not o.timeline then crun.trace.stop() end
+    dist.destroy_process_group()
+    return
+  end
   for _, bytes in ipairs(sizes) do
     local fn, count = setup(o, n, bytes, esize)
     local real = count * esize
@@ -162,6 +217,10 @@ local function main()
       out("  %12d %12d %9s %7s %12.2f %12.4f %12.4f\n", real, count, o.dtype, opname, t * 1e6, algbw, algbw * BUS[o.coll](n))
     end
     io.stdout:flush()
+  end
+  if o.timeline then
+    local summary = crun.trace.finish(o.timeline)
+    if summary then out("%s\n", summary) end
   end
   dist.destroy_process_group()
 end

@@ -36,6 +36,8 @@ local function usage()
                 train/samples_per_s, test/loss and test/accuracy per epoch
   --comm-hook allreduce|fp16|bf16|powersgd  DDP communication hook (crun.comm_hooks)
       [--powersgd-rank R (1)] [--powersgd-start ITER (10)]
+  --timeline FILE  a Chrome/Perfetto trace of the run (forward, backward, buckets, collectives per
+                   rank; crun.trace), merged by rank 0 at the end with a per-rank summary
   --flush-denormal  denormal floats become zero in this job's math (crun.set_flush_denormal;
                     off by default as in torch: IEEE results, but kernels slow down many
                     times when weights or activations drift into the denormal range)]])
@@ -50,7 +52,7 @@ local function parse_args(argv)
     if not k then error("train.lua: unexpected argument '" .. argv[i] .. "' (see --help)", 0) end
     if FLAGS[k] then
       o[k] = true
-    elseif DEFAULTS[k] ~= nil or k == "ckpt-dir" or k == "crash-at-epoch" or k == "comm-hook" then
+    elseif DEFAULTS[k] ~= nil or k == "ckpt-dir" or k == "crash-at-epoch" or k == "comm-hook" or k == "timeline" then
       local v = argv[i + 1] or error("train.lua: --" .. k .. " needs a value", 0)
       o[k] = tonumber(v) or v
       i = i + 1
@@ -312,6 +314,11 @@ local o = parse_args(arg or {})
 if o.help then usage() return end
 if o["flush-denormal"] then crun.set_flush_denormal(true) end
 crun.core.blas_threads() -- cores / ranks on this host: no oversubscription
+if o.timeline then crun.trace.start(tostring(o.timeline)) end -- before init: the clocks get aligned there
 dist.init_process_group{backend = "auto"}
 if o.bench then bench(o) else train(o) end
+if o.timeline then
+  local summary = crun.trace.finish(tostring(o.timeline))
+  if summary then print(summary) end
+end
 dist.destroy_process_group()

@@ -59,6 +59,8 @@ typedef struct {
   int module;               /* -m: script names a Lua module, o->script its resolved path */
   const char *script_name;  /* the script as given (the module name with -m) */
   const char *backend;      /* --backend, NULL when not given */
+  const char *timeline;     /* --timeline, NULL when not given */
+  const char *merge_timeline; /* --merge-timeline: merge and exit */
   int no_prefix;            /* --no-prefix */
   int repl;                 /* -i */
   double grace;             /* --grace-period: SIGTERM -> SIGKILL, seconds */
@@ -335,5 +337,32 @@ int crun__repl_worker_begin(struct lua_State *L);
  * LUA_OK): runs chunks until the session ends. Returns LUA_OK, or a Lua
  * status with the message on the stack. */
 int crun__repl_worker_loop(struct lua_State *L, int script_rc);
+
+/* ---- trace_merge.c: the timeline and the flight recorder (crun/trace.h) */
+
+/* main: turns recording off in the launcher itself; --timeline PATH sets
+ * CRUN_TIMELINE (made absolute) for the workers. */
+void crun__obs_launcher_setup(const char *timeline);
+
+/* Before attempt k: CRUN_FLIGHT_DIR = <log_dir>/attempt_<k>, or (no --log-dir
+ * and none set) $TMPDIR/crun-flight-<launcher pid>. */
+void crun__obs_attempt_env(const char *log_dir, int attempt);
+
+/* In a forked worker: reads the recording settings, arms SIGUSR1. */
+void crun__obs_worker_init(void);
+
+/* Sends SIGUSR1 to the running workers (pids[i] of global rank ranks[i]),
+ * waits (at most 10 s) for their dumps, then prints the analysis of every
+ * rank's dump newer than since (a crun_clock_ns value; 0: this request). */
+void crun__obs_dump_all(const pid_t *pids, const int *ranks, const int *running, int n, uint64_t since,
+                        const char *why);
+
+/* At the end: removes the dump directory crun-lua chose ($TMPDIR/crun-flight-<pid>)
+ * unless an analysis named it. */
+void crun__obs_cleanup(void);
+
+/* Merges path.rank<r> (r < world) into the trace at path and prints the
+ * summary. Returns 0, or 1 when nothing could be merged. */
+int crun__obs_merge(const char *path, int world);
 
 #endif /* CRUN_LAUNCHER_H */

@@ -86,6 +86,10 @@ static const char usage_text[] =
     "  --cpu-bind MODE         core: pin local rank i to the i-th usable CPU (round robin);\n"
     "                          none: leave placement to the kernel; auto (default): core\n"
     "                          when the workers are at least as many as the usable CPUs\n"
+    "  --timeline FILE         record every rank's collectives, p2p ops, DDP buckets and spans;\n"
+    "                          merged at the end into FILE, a Chrome/Perfetto JSON trace\n"
+    "  --merge-timeline FILE   only merge FILE.rank<r> (written by ranks run with\n"
+    "                          CRUN_TIMELINE=FILE) into FILE, then exit\n"
     "  --no-prefix             do not prefix worker lines with \"[rank] \"\n"
     "  -m, --module            run the module named in place of the script, found on\n"
     "                          package.path (LUA_PATH honoured), as python -m does\n"
@@ -109,6 +113,11 @@ static const char usage_text[] =
     "LOCAL_RANK modulo the device count; CRUN_CUDA_DEVICE=N picks N instead and\n"
     "crun.cuda.set_device() changes it. Without a device, CUDA calls fail with\n"
     "ENOTSUP naming the reason (crun.cuda.unavailable_reason()).\n"
+    "Flight recorder: each rank keeps its last CRUN_FLIGHT_RECORDER (2000; 0: off)\n"
+    "operations; when a worker fails, or on SIGUSR1 to crun-lua (the job goes on),\n"
+    "every rank writes them to the log dir (attempt_<k>/flight_rank<r>.txt; else\n"
+    "$TMPDIR/crun-flight-<pid>) and crun-lua says which ranks are behind, on which\n"
+    "op, and where the ranks' sequences first differ.\n"
     "Under mpirun or srun (OMPI_COMM_WORLD_*, PMI_*, SLURM_* set) and without -n or\n"
     "--nnodes, the script runs in-process as the rank those tools gave.\n"
     "Nodes of a multi-node job share one secret: export the same CRUN_TOKEN on each.\n"
@@ -185,7 +194,8 @@ static const char *const valued[] = {"-n", "--nproc-per-node", "--nnodes", "--no
                                      "--rdzv-timeout", "--cpu-bind", "--rdzv-backend",
                                      "--rdzv-endpoint", "--rdzv-id", "--rdzv-conf",
                                      "--monitor-interval", "-r", "--redirects",
-                                     "--local-ranks-filter", "--role", NULL};
+                                     "--local-ranks-filter", "--role", "--timeline",
+                                     "--merge-timeline", NULL};
 
 static int is_valued(const char *name) {
   for (int i = 0; valued[i]; i++)
@@ -370,6 +380,10 @@ static int apply_valued(crun__opts_t *o, const char *name, const char *v, int *l
   } else if (!strcmp(name, "--log-dir")) {
     if (!*v) return usage_error("%s: empty directory name", name);
     o->log_dir = v;
+  } else if (!strcmp(name, "--timeline") || !strcmp(name, "--merge-timeline")) {
+    if (!*v) return usage_error("%s: empty file name", name);
+    if (name[2] == 't') o->timeline = v;
+    else o->merge_timeline = v;
   } else if (!strcmp(name, "--cpu-bind")) {
     if (strcmp(v, "auto") && strcmp(v, "core") && strcmp(v, "none"))
       return usage_error("--cpu-bind: unknown mode '%s' (expected auto, core or none)", v);
@@ -542,6 +556,7 @@ static int run_in_process(const crun__opts_t *o, crun__placement_t *p) {
   p->group_world_size = p->world_size / (p->local_world_size > 0 ? p->local_world_size : 1);
   crun__worker_setenv(o, p);
   unsetenv("CRUN_LAUNCHER"); /* no launcher serves a store here: rank 0 hosts it */
+  crun__obs_worker_init(); /* this process is the rank */
   return crun__worker_run(o);
 }
 
@@ -574,6 +589,9 @@ static int launch(const crun__opts_t *o) {
   }
   int code = crun__supervise(o, &base, agent);
   crun__agent_stop(agent);
+  crun__obs_cleanup();
+  const char *tl = getenv("CRUN_TIMELINE");
+  if (tl && *tl && crun__obs_merge(tl, base.world_size) != 0 && code == 0) code = 1;
   return code;
 }
 
@@ -587,6 +605,8 @@ int main(int argc, char **argv) {
   int layout = 0;
   int rc = parse_args(&o, argc, argv, &layout);
   if (rc) return rc < 0 ? 0 : rc;
+  crun__obs_launcher_setup(o.timeline);
+  if (o.merge_timeline) return crun__obs_merge(o.merge_timeline, CRUN_LAUNCH_MAX_NPROC);
   if (!o.script && layout && !o.module) o.repl = 1; /* crun-lua -n 4: the REPL */
   if ((rc = check_opts(&o))) return rc;
   if (o.standalone && !strcmp(o.run_id, "none")) fresh_run_id(&o);

@@ -311,6 +311,13 @@ static int l_kill(lua_State *L) {
   return 0;
 }
 
+/* h.dump(): SIGUSR1 to the supervisor, which asks every worker for its
+ * flight recorder and prints the analysis (trace_merge.c) */
+static int l_dump(lua_State *L) {
+  lua_pushboolean(L, g_sup > 0 && supervisor_poll() < 0 && kill(g_sup, SIGUSR1) == 0);
+  return 1;
+}
+
 /* h.supervisor() -> its exit code once it ended, else nil */
 static int l_supervisor(lua_State *L) {
   int code = supervisor_poll();
@@ -327,7 +334,8 @@ static const char *front_run(lua_State *L, const crun__placement_t *base, const 
                              char *how, size_t n) {
   static const luaL_Reg helpers[] = {
       {"readline", l_readline}, {"add_history", l_add_history}, {"signals", l_signals},
-      {"alive", l_alive}, {"kill", l_kill}, {"supervisor", l_supervisor}, {NULL, NULL}};
+      {"alive", l_alive}, {"kill", l_kill}, {"supervisor", l_supervisor},
+      {"dump", l_dump}, {NULL, NULL}};
   lua_pushcfunction(L, crun__lua_msghandler);
   lua_getglobal(L, "require");
   lua_pushstring(L, "crun.repl");

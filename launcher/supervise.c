@@ -77,7 +77,19 @@ typedef struct {
   int signal_seen;       /* a signal the launcher received, 0 if none */
   unsigned sent;         /* signals sent to the workers this attempt (1u << sig) */
   failure_t fail;        /* of the current attempt */
+  uint64_t started_ns;   /* when the current attempt started (crun_clock_ns) */
 } sup_t;
+
+/* Asks the running workers for their flight recorders and prints the
+ * analysis (trace_merge.c); since: dumps older are stale (0: this request). */
+static void flight_dump(sup_t *s, const char *why, uint64_t since) {
+  int n = s->o->nproc, *ranks = calloc((size_t)n, sizeof(int)), *running = calloc((size_t)n, sizeof(int));
+  pid_t *pids = calloc((size_t)n, sizeof(pid_t));
+  for (int i = 0; ranks && running && pids && i < n; i++)
+    pids[i] = s->procs[i].pid, ranks[i] = s->procs[i].rank, running[i] = s->procs[i].running;
+  if (ranks && running && pids) crun__obs_dump_all(pids, ranks, running, n, since, why);
+  free(ranks), free(running), free(pids);
+}
 
 /* Returns "SIGSEGV" style names. */
 static const char *signame(int sig, char *buf, size_t n) {
@@ -358,7 +370,10 @@ static void child_main(sup_t *s, proc_t *p, int out_w, int err_w, int attempt) {
   crun__heap_use_slot(p->local_rank);
   bind_cpu(s->o, p->local_rank);
   crun__worker_setenv(s->o, &pl);
+  signal(SIGUSR1, SIG_IGN); /* not the launcher's handler; the runtime's replaces it */
+  crun__obs_worker_init();
   int rc = crun__worker_run(s->o);
+  (void)crun_trace_flush();
 #if defined(__SANITIZE_ADDRESS__)
   __lsan_do_leak_check(); /* _exit skips LeakSanitizer's check at exit */
 #endif
@@ -465,7 +480,12 @@ static void reap(sup_t *s) {
     double delay = crun_env_double("CRUN_STOP_DELAY", 0);
     if (s->o->repl) {} /* -i: the prompt goes on without it */
     else if (delay > 0) s->stop_at = crun_clock() + delay; /* survivors may end on their own */
-    else begin_stop(s, SIGTERM);
+    else {
+      char why[64];
+      snprintf(why, sizeof why, "rank %d failed", first->rank);
+      flight_dump(s, why, s->started_ns);
+      begin_stop(s, SIGTERM);
+    }
   }
 }
 
@@ -475,6 +495,10 @@ static void on_signals(sup_t *s) {
   while (read(s->sfd, &si, sizeof si) == (ssize_t)sizeof si) {
     int sig = (int)si.ssi_signo;
     if (sig == SIGCHLD) continue;
+    if (sig == SIGUSR1) { /* a look at every rank's recent operations; the job goes on */
+      flight_dump(s, "SIGUSR1", 0);
+      continue;
+    }
     char sb[32];
     if (!s->signal_seen) {
       s->signal_seen = sig;
@@ -602,6 +626,8 @@ static int run_attempt(sup_t *s, int attempt, struct pollfd *fds) {
   fflush(NULL);
   int rc = 0;
   crun__heap_reserve(s->o->nproc); /* the workers' shared tensor heap (core/heap.h) */
+  crun__obs_attempt_env(s->o->log_dir, attempt);
+  s->started_ns = crun_clock_ns();
   for (int i = 0; i < s->o->nproc; i++) {
     s->procs[i] = (proc_t){.local_rank = i, .rank = s->base.rank + i};
     s->procs[i].out.fd = s->procs[i].err.fd = -1;
@@ -656,6 +682,7 @@ static void handled_signals(sigset_t *set) {
   sigaddset(set, SIGCHLD);
   sigaddset(set, SIGINT);
   sigaddset(set, SIGTERM);
+  sigaddset(set, SIGUSR1); /* flight recorder dumps (trace_merge.c) */
   struct sigaction hup;
   sigaction(SIGHUP, NULL, &hup);
   if (hup.sa_handler != SIG_IGN) sigaddset(set, SIGHUP);

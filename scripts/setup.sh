@@ -5,7 +5,7 @@ set -euo pipefail
 
 # iproute2: scripts/netns.sh (multihost_spec); munge, slurm*: scripts/slurm_local.sh
 # (slurm_spec; about 4 s to install on Debian 12, 6 packages)
-PKGS=(lua5.4 liblua5.4-dev libuv1-dev lua-busted libopenblas-dev
+PKGS=(lua5.4 liblua5.4-dev libuv1-dev lua-busted lua-dkjson libopenblas-dev
       libopenmpi-dev openmpi-bin libreadline-dev libsodium-dev zlib1g-dev cmake make gcc pkg-config tmux
       iproute2 munge slurmctld slurmd slurm-client)
 # libprotobuf-c-dev, protobuf-c-compiler: crun.metrics' TensorBoard event files;

@@ -459,5 +459,8 @@ function ddp.join(joinables, fn, opts)
 end
 
 ddp.DDPClass = DDP
+-- with the timeline on, DDP's forward/backward are spans around the module's
+require("crun.trace")._wrap(DDP, "forward", "DDP", "forward")
+require("crun.trace")._wrap(DDP, "backward", "DDP", "backward")
 ddp._make_buckets = make_buckets -- for specs
 return ddp

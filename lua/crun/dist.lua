@@ -131,10 +131,30 @@ function dist.init_process_group(backend, opts)
                          backend = backend, name = opts.group_name or "default"}
   state.store, state.close_store = store, close_at_destroy
   core.set_log_rank(rank)
+  core.flight_arm() -- SIGUSR1 dumps the flight recorder (crun/trace.h)
+  if core.trace_enabled() and backend ~= "mpi" then -- the timeline's clocks, aligned to rank 0's
+    state.aligned = (state.aligned or 0) + 1
+    core.trace_align(store, string.format("%s/%s/%d", opts.group_name or "default", os.getenv("CRUN_RESTART_COUNT") or "0",
+                     state.aligned), rank, world_size, timeout)
+  end
   return state.pg
 end
 
 function dist.is_initialized() return state.pg ~= nil end
+
+--- stats([group][, {reset=true}]) -> {all_reduce = {ops=, bytes=, time=, wait=}, ...}:
+-- per op, since the group was made or last reset, on this rank: operations,
+-- input bytes, seconds from start to end and seconds blocked on peers
+-- (crun/trace.h says what that measures). reset=true zeroes them after reading.
+-- Needs the flight recorder (on by default) or the timeline.
+function dist.stats(group, opts)
+  if type(group) == "table" and opts == nil and getmetatable(group) == nil then group, opts = nil, group end
+  local g = group or default_pg("stats")
+  return core.pg_stats(g, opts and opts.reset)
+end
+
+--- reset_stats([group]): zeroes the statistics of dist.stats.
+function dist.reset_stats(group) core.pg_stats(group or default_pg("reset_stats"), true) end
 function dist.is_available() return true end
 
 --- Destroys the default group (and every sub-group), or just `group`.

@@ -37,6 +37,7 @@ local lazy = {
   metrics = true,
   store = true, tensor = true, dist = true, nn = true, optim = true,
   data = true, ddp = true, cuda = true, serialize = true, repl = true, comm_hooks = true, fsdp = true,
+  trace = true,
 }
 
 return setmetatable(crun, {

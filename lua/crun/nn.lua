@@ -106,6 +106,7 @@ function nn.class(name, parent)
   c.__name = "crun.nn." .. name
   c.__tostring = function(self) return self:describe() end
   c._parent = parent
+  require("crun.trace")._watch(c, name) -- forward/backward are spans with the timeline on
   return c
 end
 

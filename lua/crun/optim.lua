@@ -202,4 +202,8 @@ function optim.ZeroRedundancyOptimizer(a, optim_class, opts)
   return require("crun.zero").new(a, optim_class, opts)
 end
 
+-- with the timeline on, every step is a span (lua/crun/trace.lua)
+require("crun.trace")._wrap(SGD, "step", "SGD", "optim")
+require("crun.trace")._wrap(Adam, "step", "Adam", "optim")
+
 return optim

@@ -318,6 +318,8 @@ ranks with the same output share one line, e.g. "[0-3] 4.0".
   <statement>         runs it; globals persist between chunks on each rank
   :on 0,2 <chunk>     runs the chunk on ranks 0 and 2 only (also 1-3, all)
   :ranks              which ranks are alive and what they are doing
+  :dump               every rank writes its flight recorder (its last operations);
+                      crun-lua prints who is behind, on which op, the first mismatch
   :help               this text
   :quit, Ctrl-D       end the session on every rank
 Ctrl-C interrupts a running chunk on every rank (twice: stop waiting for it).
@@ -583,6 +585,12 @@ function Front:meta(line)
     self:out(HELP)
   elseif cmd == "ranks" then
     self:out(self:ranks_text())
+  elseif cmd == "dump" then
+    if self.h.dump and self.h.dump() then
+      self:out("asked every rank for its flight recorder; crun-lua prints the analysis\n")
+    else
+      self:err(":dump: the workers' supervisor is not running\n")
+    end
   elseif cmd == "quit" or cmd == "q" or cmd == "exit" then
     return "quit"
   elseif cmd == "on" then

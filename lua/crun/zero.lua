@@ -356,4 +356,6 @@ function Z:__tostring()
     tostring(self.optim.kind), #self.own, #self.params, self.rank, self.world)
 end
 
+require("crun.trace")._wrap(Z, "step", "ZeroRedundancyOptimizer", "optim") -- a span with the timeline on
+
 return zero

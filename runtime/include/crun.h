@@ -19,5 +19,6 @@
 #include "crun/cuda.h"
 #include "crun/pg.h"
 #include "crun/train.h"
+#include "crun/trace.h"
 
 #endif /* CRUN_H */

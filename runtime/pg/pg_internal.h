@@ -7,6 +7,7 @@
 #include <stdatomic.h>
 
 #include "crun.h"
+#include "core/trace_int.h"
 
 /* Every operation a group runs; also the `kind` byte of a wire header. */
 #define CRUN_COLL_MAP(X)                                                      \
@@ -103,6 +104,9 @@ struct crun_pg {
   int npending;              /* guarded by mu */
   int (*pump)(void *arg, double wait_s); /* progresses them; set by the backend */
   void *pump_arg;
+  /* observation (core/trace.c): counters per op, the group's timeline index */
+  crun__obs_stat_t obs_stats[CRUN__COLL_COUNT];
+  int obs_group;
 };
 
 struct crun_work {
@@ -115,6 +119,7 @@ struct crun_work {
   char *err;
   char desc[48];
   void *scratch;             /* premul_sum: the scaled copies of the inputs */
+  crun__obs_op_t obs;        /* timeline / flight recorder bookkeeping */
   struct crun_work *next;
 };
 

@@ -32,6 +32,7 @@ static void break_group(crun_pg_t *pg, int rc, const char *text) {
   atomic_store(&pg->is_broken, 1);
   pthread_mutex_unlock(&pg->mu);
   if (first) CRUN_LOG(WARN, PG, "group '%s' failed: %s", pg->prefix, text);
+  if (first && crun__obs_on) crun__obs_failed(pg, rc, text);
   if (first && pg->be->abort) pg->be->abort(pg->be_state, rc, text);
   if (first && pg->be_dev && pg->be_dev_state && pg->be_dev->abort) pg->be_dev->abort(pg->be_dev_state, rc, text);
 }
@@ -71,6 +72,7 @@ int crun__pg_execute(crun_pg_t *pg, crun_work_t *w) {
       rc = be->create(pg, &pg->be_dev_state);
       state = pg->be_dev_state;
     }
+    if (crun__obs_on) crun__obs_start(pg, w);
     if (rc == 0) rc = fn(state, c);
     ran = 1;
     if (rc == CRUN__PENDING) {
@@ -82,6 +84,7 @@ int crun__pg_execute(crun_pg_t *pg, crun_work_t *w) {
     }
   }
   free(broken);
+  if (crun__obs_on) crun__obs_end(pg, w, rc, 1);
   w->status = rc < 0 ? rc : 0;
   if (rc < 0) w->err = strdup(crun_last_error());
   /* after the copy: aborting the backend fails pending p2p, which records text */
@@ -93,6 +96,7 @@ static void work_unref(crun_work_t *w);
 
 void crun__pg_p2p_done(crun_pg_t *pg, crun__coll_t *c, int rc) {
   crun_work_t *w = (crun_work_t *)(void *)((char *)c - offsetof(crun_work_t, c));
+  if (crun__obs_on) crun__obs_end(pg, w, rc, 0);
   w->status = rc < 0 ? rc : 0;
   if (rc < 0) w->err = strdup(crun_last_error());
   pthread_mutex_lock(&pg->mu);
@@ -187,7 +191,9 @@ int crun__pg_submit(crun_pg_t *pg, crun_work_t *w, crun_work_t **out) {
   w->async = out != NULL;
   pthread_mutex_lock(&pg->mu);
   if (w->c.kind != CRUN__COLL_SEND && w->c.kind != CRUN__COLL_RECV) w->c.seq = ++pg->next_seq;
-  if (!w->async && !pg->head && !pg->busy && !pg->stop) {
+  int inline_run = !w->async && !pg->head && !pg->busy && !pg->stop;
+  if (crun__obs_on) crun__obs_enqueue(pg, w, !inline_run);
+  if (inline_run) {
     pg->busy = 1;
     w->c.caller_pumps = pg->pump != NULL;
     pthread_mutex_unlock(&pg->mu);

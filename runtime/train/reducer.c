@@ -8,6 +8,7 @@
 
 #include "crun/core.h"
 #include "crun/train.h"
+#include "crun/trace.h"
 
 typedef struct {
   crun_tensor_t *buf;  /* flat, numel elements */
@@ -203,6 +204,11 @@ static int launch(crun_reducer_t *r, int b) {
                               NULL, &bk->work);
   if (rc < 0) return rc;
   CRUN_LOG(TRACE, DDP, "reducer: launched bucket %d (%lld elements)", b, (long long)bk->numel);
+  if (crun_trace_enabled()) {
+    char name[48];
+    snprintf(name, sizeof name, "bucket %d launch (%lld elements)", b, (long long)bk->numel);
+    crun_trace_instant(name, "ddp", crun_clock_ns());
+  }
   return 0;
 }
 
@@ -286,8 +292,14 @@ static void copy_back(crun_reducer_t *r, int b) {
 /* Waits for bucket b and copies it back into its gradients. */
 static int complete(crun_reducer_t *r, int b, double timeout) {
   bucket_t *bk = &r->buckets[b];
+  uint64_t t0 = crun_clock_ns();
   int rc = crun_work_wait(bk->work, timeout);
   if (rc < 0) return rc;
+  if (crun_trace_enabled()) {
+    char name[48];
+    snprintf(name, sizeof name, "bucket %d wait", b);
+    crun_trace_span(name, "ddp", t0, crun_clock_ns());
+  }
   crun_work_release(bk->work);
   bk->work = NULL;
   if (!r->opts.grad_as_view) copy_back(r, b);

@@ -14,6 +14,7 @@
 #include <sys/socket.h>
 #include <sys/uio.h>
 
+#include "core/trace_int.h"
 #include "transport/tcp_priv.h"
 
 #define HDR sizeof(crun__hdr_t)
@@ -326,7 +327,9 @@ static int io_wait(io_t *io) {
   double pl = crun__tcp_pump_deadline(t) - crun_clock();
   if (pl < left) left = pl > 0 ? pl : 0;
   int ms = left > 1000.0 ? 1000000 : (int)(left * 1000.0) + 1;
+  uint64_t t0 = crun__obs_on ? crun_clock_ns() : 0; /* blocked on peers: core/trace_int.h */
   int k = poll(p, (nfds_t)t->size, ms);
+  if (t0) crun__obs_wait_ns += crun_clock_ns() - t0;
   if (k < 0 && errno != EINTR) return crun_error(CRUN_ESYS, "poll: %s", strerror(errno));
   if (k > 0 && tx && io->watch_to && (p[io->to].revents & (POLLIN | POLLHUP)) && !(rx && io->from == io->to))
     return peek_abort(io);

@@ -115,6 +115,7 @@ static int needs_widening(const crun__coll_t *c) {
 int crun__cpu_run_link(crun__link_t *l, crun__coll_t *c) {
   const crun__algo_t *a = crun__algo_pick(c, l->size);
   if (!a) return crun_error(CRUN_ENOTSUP, "cpu backend: no algorithm for %s", crun__coll_name(c->kind));
+  if (crun__obs_on) crun__obs_algo = a->name;
   CRUN_LOG(TRACE, COLL, "%s #%llu: %s, %zu x %s on %d ranks", crun__coll_name(c->kind),
            (unsigned long long)c->seq, a->name, c->count, crun_dtype_name(c->dt), l->size);
   return needs_widening(c) ? run_widened(l, a, c) : a->run(l, c);
@@ -123,7 +124,10 @@ int crun__cpu_run_link(crun__link_t *l, crun__coll_t *c) {
 /* Runs any collective: the engine when it takes it, else the picked algorithm. */
 static int cpu_coll(void *state, crun__coll_t *c) {
   cpu_t *b = state;
-  if (b->has_engine && b->engine.supports(b->engine.state, c)) return b->engine.run(b->engine.state, c);
+  if (b->has_engine && b->engine.supports(b->engine.state, c)) {
+    if (crun__obs_on) crun__obs_algo = b->engine.name;
+    return b->engine.run(b->engine.state, c);
+  }
   return crun__cpu_run_link(&b->link, c);
 }
 

@@ -153,7 +153,7 @@ static inline char *crun__shm_buf(crun__shm_comm_t *c, int q, int b) {
 }
 
 /* wait.c */
-typedef struct { long iter, spins; uint64_t t0; int slept, cocore; } shm_waiter_t;
+typedef struct { long iter, spins; uint64_t t0, last; int slept, cocore; } shm_waiter_t; /* last: latest clock read (the timeline's wait) */
 int crun__shm_ready(crun__shm_comm_t *c, shm_ctr_t ctr, int who, uint64_t target);
 int crun__shm_idle(crun__shm_comm_t *c, shm_waiter_t *w, shm_ctr_t ctr, int who, int q,
                    uint64_t target);

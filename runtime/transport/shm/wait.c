@@ -1,6 +1,7 @@
 /* wait.c — posting progress and waiting for peers: spin or yield, then sleep
  * on the peer's futex bell; deadlines, dead peers, aborts and op mismatches. */
 #include "transport/shm/shm_int.h"
+#include "core/trace_int.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -258,6 +259,7 @@ static int spin_for_remote(crun__shm_comm_t *c, shm_waiter_t *w, shm_ctr_t ctr, 
   if ((w->spins & 7) == 0) {
     uint64_t now = crun_clock_ns();
     if (!w->t0) w->t0 = now;
+    w->last = now;
     if ((long)(now - w->t0) >= c->spin_ns) return 0;
     int cpu = sched_getcpu();
     if (laggard_on(c, ctr, who, target, cpu)) return 0;
@@ -286,6 +288,7 @@ int crun__shm_idle(crun__shm_comm_t *c, shm_waiter_t *w, shm_ctr_t ctr, int who,
   }
   uint64_t now = crun_clock_ns();
   if (!w->t0) w->t0 = now;
+  w->last = now;
   if (!w->cocore && (long)(now - w->t0) < c->spin_cur) {
     cpu_relax();
     return 0;
@@ -306,13 +309,16 @@ int crun__shm_idle(crun__shm_comm_t *c, shm_waiter_t *w, shm_ctr_t ctr, int who,
  * spinning only delays the peer), one that ended while spinning
  * doubles it back (up to CRUN_SHM_SPIN_US). Resets the waiter. */
 void crun__shm_waited(crun__shm_comm_t *c, shm_waiter_t *w) {
+  /* the timeline's wait, from the clock reads the wait made anyway (short by
+   * at most the 8 pauses between two reads): core/trace_int.h */
+  if (crun__obs_on) crun__obs_wait_ns += w->last - w->t0;
   if (!c->policy_yield && w->spins) {
     if (w->iter || w->slept)
       c->spin_cur = c->spin_cur / 2 > 2000 ? c->spin_cur / 2 : 2000;
     else if (c->spin_cur < c->spin_ns)
       c->spin_cur = c->spin_cur * 2 < c->spin_ns ? c->spin_cur * 2 : c->spin_ns;
   }
-  w->iter = 0, w->spins = 0, w->t0 = 0, w->slept = 0, w->cocore = 0;
+  w->iter = 0, w->spins = 0, w->t0 = 0, w->last = 0, w->slept = 0, w->cocore = 0;
 }
 
 /* Waits until counter ctr of rank `who` (-1: every rank but this one)

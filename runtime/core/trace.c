@@ -1,0 +1,561 @@
+/* trace.c — what a rank did: the timeline (events kept in memory, written to
+ * "<CRUN_TIMELINE>.rank<R>" at exit), the flight recorder (a ring of the last
+ * operations, dumped on failure or SIGUSR1) and per-group statistics. The
+ * process group calls the hooks of core/trace_int.h; see crun/trace.h for
+ * the contract. One lock guards everything here: the hooks hold it for a
+ * few stores, never while blocking. */
+#include <errno.h>
+#include <limits.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "core/checked.h"
+#include "core/trace_int.h"
+#include "backend/backend.h"
+
+#define OBS_DEFAULT_FLIGHT 2000
+#define OBS_DEFAULT_EVENTS 200000
+#define OBS_MAX_GROUPS 64
+#define OBS_NAME 48
+
+enum { EV_OP, EV_SPAN, EV_INSTANT };
+enum { ST_QUEUED, ST_STARTED, ST_DONE, ST_FAILED };
+static const char *state_names[] = {"queued", "started", "done", "failed"};
+
+typedef struct {
+  uint8_t type;
+  int8_t kind, dt;
+  int16_t group;
+  int32_t peer, status;
+  uint64_t seq, count, bytes, t_enq, t0, t1, wait;
+  const char *algo, *cat;
+  char name[OBS_NAME];
+} ev_t;
+
+typedef struct {
+  uint64_t id, seq, count, bytes, t_enq, t_start, t_end, wait;
+  int16_t group;
+  int8_t kind, dt, state;
+  int32_t peer, status;
+} fr_t;
+
+int crun__obs_on;
+
+/* The hooks' clock: the CPU's time stamp counter where the kernel keeps
+ * time with it (clocksource "tsc": invariant and synchronized across CPUs;
+ * a few ns where clock_gettime takes 20 or more), else CLOCK_MONOTONIC ns.
+ * Ticks become ns through the anchor taken at configure time and a second
+ * sample taken when they are written out (to_ns). */
+static int g_tsc;
+static uint64_t g_tsc0, g_ns0;
+#if defined(__x86_64__)
+#include <x86intrin.h>
+static inline uint64_t ticks(void) { return g_tsc ? __rdtsc() : crun_clock_ns(); }
+#else
+static inline uint64_t ticks(void) { return crun_clock_ns(); }
+#endif
+
+/* Whether the kernel's clocksource is the TSC. */
+static int tsc_usable(void) {
+#if defined(__x86_64__)
+  char b[32] = "";
+  FILE *f = fopen("/sys/devices/system/clocksource/clocksource0/current_clocksource", "r");
+  if (f && fgets(b, sizeof b, f)) b[strcspn(b, "\n")] = 0;
+  if (f) fclose(f);
+  return strcmp(b, "tsc") == 0 && crun_env_int("CRUN_TRACE_TSC", 1) != 0;
+#else
+  return 0;
+#endif
+}
+
+/* ns per tick, from the anchor to now (1 without the TSC). */
+static double tick_rate(void) {
+  if (!g_tsc) return 1.0;
+  uint64_t t = ticks(), n = crun_clock_ns();
+  return t > g_tsc0 + 1000 ? (double)(n - g_ns0) / (double)(t - g_tsc0) : 1.0;
+}
+
+/* A tick value as CLOCK_MONOTONIC ns. */
+static uint64_t to_ns(uint64_t t, double rate) {
+  if (!g_tsc || !t) return t;
+  return g_ns0 + (uint64_t)(int64_t)((double)(int64_t)(t - g_tsc0) * rate);
+}
+_Thread_local uint64_t crun__obs_wait_ns;
+_Thread_local const char *crun__obs_algo;
+
+static struct {
+  pthread_mutex_t mu;
+  fr_t *ring;
+  uint64_t nring, next_id;
+  ev_t *ev;
+  uint64_t nev, cap, dropped;
+  char *path;                 /* CRUN_TIMELINE */
+  int64_t offset_ns;          /* rank 0's clock - ours */
+  uint64_t rtt_ns;            /* of the sample the offset came from (0: none) */
+  int rank, ngroups, flushed, armed, pipe[2];
+  char groups[OBS_MAX_GROUPS][64];
+} g = {.mu = PTHREAD_MUTEX_INITIALIZER, .rank = -1, .pipe = {-1, -1}};
+
+static void at_exit(void) { (void)crun_trace_flush(); }
+static int g_at_exit; /* at_exit is registered */
+
+void crun_trace_configure(int enable) {
+  pthread_mutex_lock(&g.mu);
+  crun__obs_on = 0;
+  g_tsc = enable && tsc_usable();
+  g_ns0 = crun_clock_ns();
+  g_tsc0 = ticks();
+  free(g.ring), free(g.ev), free(g.path);
+  g.ring = NULL, g.ev = NULL, g.path = NULL;
+  g.nring = g.next_id = g.nev = g.cap = g.dropped = 0;
+  long n = crun_env_int("CRUN_FLIGHT_RECORDER", OBS_DEFAULT_FLIGHT);
+  if (enable && n > 0 && n <= (1l << 24)) {
+    g.ring = calloc((size_t)n, sizeof *g.ring);
+    if (g.ring) g.nring = (uint64_t)n, crun__obs_on |= CRUN__OBS_FLIGHT;
+  }
+  const char *p = getenv("CRUN_TIMELINE");
+  long cap = crun_env_int("CRUN_TIMELINE_EVENTS", OBS_DEFAULT_EVENTS);
+  if (enable && p && *p && cap > 0 && cap <= (1l << 26)) {
+    g.path = strdup(p);
+    g.ev = malloc((size_t)cap * sizeof *g.ev); /* pages are touched as events come */
+    if (g.path && g.ev) {
+      g.cap = (uint64_t)cap;
+      crun__obs_on |= CRUN__OBS_TIMELINE;
+      if (!g_at_exit) g_at_exit = atexit(at_exit) == 0;
+    }
+  }
+  pthread_mutex_unlock(&g.mu);
+}
+
+int crun_trace_start(const char *path) {
+  if (!path) {
+    pthread_mutex_lock(&g.mu);
+    crun__obs_on &= ~CRUN__OBS_TIMELINE;
+    free(g.path), free(g.ev);
+    g.path = NULL, g.ev = NULL, g.nev = g.cap = g.dropped = 0;
+    pthread_mutex_unlock(&g.mu);
+    return 0;
+  }
+  if (!*path) return crun_error(CRUN_EINVAL, "trace_start: a file name is required");
+  char *p = strdup(path);
+  if (!p) return crun_error(CRUN_ENOMEM, "trace_start");
+  pthread_mutex_lock(&g.mu);
+  free(g.path);
+  g.path = p;
+  if (!g.ev) {
+    long cap = crun_env_int("CRUN_TIMELINE_EVENTS", OBS_DEFAULT_EVENTS);
+    if (cap <= 0 || cap > (1l << 26)) cap = OBS_DEFAULT_EVENTS;
+    g.ev = malloc((size_t)cap * sizeof *g.ev);
+    g.cap = g.ev ? (uint64_t)cap : 0;
+  }
+  if (g.ev && !g_at_exit) g_at_exit = atexit(at_exit) == 0;
+  if (g.ev) crun__obs_on |= CRUN__OBS_TIMELINE;
+  pthread_mutex_unlock(&g.mu);
+  return g.ev ? 0 : crun_error(CRUN_ENOMEM, "trace_start: the timeline's event buffer");
+}
+
+int crun_trace_mode(int mode) {
+  pthread_mutex_lock(&g.mu);
+  int prev = crun__obs_on;
+  if (mode >= 0)
+    crun__obs_on = (mode & CRUN_TRACE_FLIGHT && g.ring ? CRUN__OBS_FLIGHT : 0) |
+                   (mode & CRUN_TRACE_TIMELINE && g.ev ? CRUN__OBS_TIMELINE : 0);
+  pthread_mutex_unlock(&g.mu);
+  return prev;
+}
+
+/* Reads the environment once, when the library loads: nothing is started
+ * here (the launcher links this library too and forks workers). */
+__attribute__((constructor)) static void obs_init(void) { crun_trace_configure(1); }
+
+/* Returns the 1-based index of pg's name in the group table (lock held). */
+static int group_locked(crun_pg_t *pg) {
+  if (pg->obs_group) return pg->obs_group;
+  if (g.rank < 0) g.rank = pg->global[pg->rank];
+  int i = g.ngroups < OBS_MAX_GROUPS ? g.ngroups++ : OBS_MAX_GROUPS - 1;
+  snprintf(g.groups[i], sizeof g.groups[i], "%s", i == OBS_MAX_GROUPS - 1 ? "others" : pg->prefix);
+  for (char *s = g.groups[i]; *s; s++)
+    if (*s == ' ' || *s == '\t' || *s == '\n') *s = '_';
+  __atomic_store_n(&pg->obs_group, i + 1, __ATOMIC_RELEASE);
+  return i + 1;
+}
+
+/* pg's group index; the lock only the first time. */
+static int group_of(crun_pg_t *pg) {
+  int grp = __atomic_load_n(&pg->obs_group, __ATOMIC_ACQUIRE);
+  if (grp) return grp;
+  pthread_mutex_lock(&g.mu);
+  grp = group_locked(pg);
+  pthread_mutex_unlock(&g.mu);
+  return grp;
+}
+
+/* Bytes of this rank's input: count x element size (all_to_all: the sum
+ * of what it sends). */
+static uint64_t op_bytes(const crun__coll_t *c) {
+  size_t b;
+  if (crun__mul_size(c->count, crun_dtype_size(c->dt), &b)) return UINT64_MAX;
+  return b;
+}
+
+static int op_peer(const crun__coll_t *c) {
+  if (c->kind == CRUN__COLL_RECV && c->src_out >= 0) return c->src_out;
+  return c->kind == CRUN__COLL_ALL_REDUCE || c->kind == CRUN__COLL_ALL_GATHER || c->kind == CRUN__COLL_BARRIER ||
+                 c->kind == CRUN__COLL_REDUCE_SCATTER || c->kind == CRUN__COLL_ALL_TO_ALL
+             ? -1
+             : c->root;
+}
+
+/* The ring entry of id, or NULL once a newer operation took its slot. The
+ * hooks write entries without the lock (each entry has one writer at a
+ * time); a dump taken meanwhile may show an entry half updated. */
+static fr_t *entry(uint64_t id) {
+  if (!id || !g.nring) return NULL;
+  fr_t *e = &g.ring[id % g.nring];
+  return __atomic_load_n(&e->id, __ATOMIC_RELAXED) == id ? e : NULL;
+}
+
+void crun__obs_enqueue(crun_pg_t *pg, crun_work_t *w, int queued) {
+  w->obs.t_enq = queued ? ticks() : 0;
+  int grp = group_of(pg);
+  if (!(crun__obs_on & CRUN__OBS_FLIGHT) || !g.nring) return;
+  uint64_t id = __atomic_add_fetch(&g.next_id, 1, __ATOMIC_RELAXED);
+  fr_t *e = &g.ring[id % g.nring];
+  __atomic_store_n(&e->id, 0, __ATOMIC_RELAXED);
+  *e = (fr_t){.seq = w->c.seq, .count = w->c.count, .bytes = op_bytes(&w->c), .t_enq = w->obs.t_enq,
+              .group = (int16_t)grp, .kind = (int8_t)w->c.kind, .dt = (int8_t)w->c.dt, .state = ST_QUEUED,
+              .peer = op_peer(&w->c)};
+  __atomic_store_n(&e->id, id, __ATOMIC_RELEASE);
+  w->obs.id = id;
+}
+
+void crun__obs_start(crun_pg_t *pg, crun_work_t *w) {
+  crun__obs_algo = pg->be ? pg->be->name : "?";
+  w->obs.wait0 = crun__obs_wait_ns;
+  w->obs.t_start = ticks();
+  if (!w->obs.t_enq) w->obs.t_enq = w->obs.t_start;
+  fr_t *e = entry(w->obs.id);
+  if (e) e->t_start = w->obs.t_start, e->t_enq = w->obs.t_enq, e->state = ST_STARTED;
+}
+
+/* Appends an event when there is room; counts it dropped otherwise (lock held). */
+static ev_t *event_locked(void) {
+  if (g.nev < g.cap) return &g.ev[g.nev++];
+  g.dropped++;
+  return NULL;
+}
+
+/* Adds to a counter that crun_pg_stats reads from another thread. The
+ * operations of one group end one at a time (the group's busy flag: a p2p
+ * operation ends on the thread that pumps it, which holds it), so a
+ * relaxed load and store suffice, with no locked instruction; a reset that
+ * races with an end may lose that one end. */
+static void stat_add(uint64_t *v, uint64_t d) {
+  __atomic_store_n(v, __atomic_load_n(v, __ATOMIC_RELAXED) + d, __ATOMIC_RELAXED);
+}
+
+void crun__obs_end(crun_pg_t *pg, crun_work_t *w, int rc, int same_thread) {
+  uint64_t t1 = ticks();
+  uint64_t t0 = w->obs.t_start ? w->obs.t_start : t1;
+  uint64_t wait = same_thread && w->obs.t_start ? crun__obs_wait_ns - w->obs.wait0 : 0;
+  const char *algo = same_thread ? crun__obs_algo : (pg->be ? pg->be->name : "?");
+  crun__coll_t *c = &w->c;
+  fr_t *e = entry(w->obs.id);
+  if (e) e->t_end = t1, e->wait = wait, e->status = rc < 0 ? rc : 0, e->peer = op_peer(c),
+         e->state = rc < 0 ? ST_FAILED : ST_DONE;
+  if (c->kind >= 0 && c->kind < CRUN__COLL_COUNT) {
+    crun__obs_stat_t *s = &pg->obs_stats[c->kind];
+    stat_add(&s->ops, 1), stat_add(&s->bytes, op_bytes(c)), stat_add(&s->time_ns, t1 - t0), stat_add(&s->wait_ns, wait);
+  }
+  if (!(crun__obs_on & CRUN__OBS_TIMELINE)) return;
+  int grp = group_of(pg);
+  pthread_mutex_lock(&g.mu);
+  ev_t *ev = event_locked();
+  if (ev)
+    *ev = (ev_t){.type = EV_OP, .kind = (int8_t)c->kind, .dt = (int8_t)c->dt, .group = (int16_t)grp,
+                 .peer = op_peer(c), .status = rc < 0 ? rc : 0, .seq = c->seq, .count = c->count,
+                 .bytes = op_bytes(c), .t_enq = w->obs.t_enq ? w->obs.t_enq : t0, .t0 = t0, .t1 = t1,
+                 .wait = wait, .algo = algo ? algo : "?"};
+  pthread_mutex_unlock(&g.mu);
+}
+
+/* ---------------------------------------------------------------- timeline */
+
+int crun_trace_enabled(void) { return (crun__obs_on & CRUN__OBS_TIMELINE) != 0; }
+
+static void put_event(int type, const char *name, const char *cat, uint64_t t0, uint64_t t1) {
+  if (!(crun__obs_on & CRUN__OBS_TIMELINE)) return;
+  pthread_mutex_lock(&g.mu);
+  ev_t *ev = event_locked();
+  if (ev) {
+    *ev = (ev_t){.type = (uint8_t)type, .t0 = t0, .t1 = t1, .cat = cat ? cat : "span"};
+    snprintf(ev->name, sizeof ev->name, "%s", name ? name : "?");
+    for (char *s = ev->name; *s; s++)
+      if (*s == '\t' || *s == '\n') *s = ' ';
+  }
+  pthread_mutex_unlock(&g.mu);
+}
+
+void crun_trace_span(const char *name, const char *cat, uint64_t t0_ns, uint64_t t1_ns) {
+  put_event(EV_SPAN, name, cat, t0_ns, t1_ns < t0_ns ? t0_ns : t1_ns);
+}
+
+void crun_trace_instant(const char *name, const char *cat, uint64_t t_ns) {
+  put_event(EV_INSTANT, name, cat, t_ns, t_ns);
+}
+
+/* One ping-pong with rank 0 for round k: sets ping, gets pong (rank 0's
+ * clock), returns the round trip and the offset sample. */
+static int align_round(crun_store_t *st, const char *tag, int rank, int k, uint64_t *rtt, int64_t *off) {
+  char key[160], val[32];
+  crun_buf_t b = {0};
+  snprintf(key, sizeof key, "crun/trace_align/%s/%d/%d/ping", tag, rank, k);
+  uint64_t t1 = crun_clock_ns();
+  CRUN_CHECK(crun_store_set(st, key, "1", 1));
+  snprintf(key, sizeof key, "crun/trace_align/%s/%d/%d/pong", tag, rank, k);
+  CRUN_CHECK(crun_store_get(st, key, &b));
+  uint64_t t2 = crun_clock_ns();
+  snprintf(val, sizeof val, "%.*s", (int)(b.len < 31 ? b.len : 31), (const char *)b.data);
+  crun_buf_free(&b);
+  uint64_t t0 = strtoull(val, NULL, 10);
+  *rtt = t2 - t1;
+  *off = (int64_t)(t0 - (t1 + (t2 - t1) / 2));
+  return 0;
+}
+
+/* Rank 0: answers every other rank's pings, one rank at a time. */
+static int align_serve(crun_store_t *st, const char *tag, int size, int rounds) {
+  char key[160], val[32];
+  for (int r = 1; r < size; r++)
+    for (int k = 0; k < rounds; k++) {
+      crun_buf_t b = {0};
+      snprintf(key, sizeof key, "crun/trace_align/%s/%d/%d/ping", tag, r, k);
+      CRUN_CHECK(crun_store_get(st, key, &b));
+      crun_buf_free(&b);
+      snprintf(key, sizeof key, "crun/trace_align/%s/%d/%d/pong", tag, r, k);
+      int n = snprintf(val, sizeof val, "%llu", (unsigned long long)crun_clock_ns());
+      CRUN_CHECK(crun_store_set(st, key, val, (size_t)n));
+    }
+  return 0;
+}
+
+int crun_trace_align(crun_store_t *store, const char *tag, int rank, int size, double timeout) {
+  enum { ROUNDS = 8 };
+  if (!(crun_trace_enabled())) return 0;
+  if (!store || size < 1 || rank < 0 || rank >= size) return crun_error(CRUN_EINVAL, "trace_align: bad arguments");
+  double old = crun_store_get_timeout(store);
+  crun_store_set_timeout(store, timeout > 0 ? timeout : old);
+  int rc = 0;
+  uint64_t best = UINT64_MAX;
+  int64_t best_off = 0;
+  if (rank == 0) rc = align_serve(store, tag ? tag : "0", size, ROUNDS);
+  for (int k = 0; rank > 0 && k < ROUNDS && rc == 0; k++) {
+    uint64_t rtt;
+    int64_t off;
+    rc = align_round(store, tag ? tag : "0", rank, k, &rtt, &off);
+    if (rc == 0 && rtt < best) best = rtt, best_off = off;
+  }
+  crun_store_set_timeout(store, old);
+  if (rc < 0) return rc;
+  pthread_mutex_lock(&g.mu);
+  g.offset_ns = rank == 0 ? 0 : best_off;
+  g.rtt_ns = rank == 0 ? 1 : best;
+  g.rank = rank;
+  pthread_mutex_unlock(&g.mu);
+  return 0;
+}
+
+static const char *dt_name(int dt) { return dt >= 0 && dt < CRUN_DTYPE_COUNT ? crun_dtype_name((crun_dtype_t)dt) : "?"; }
+
+/* Writes one event line (tab-separated; a span's name last: it may hold
+ * spaces); an operation's times are ticks, made ns with rate. */
+static void write_event(FILE *f, const ev_t *e, double rate) {
+  if (e->type == EV_OP)
+    fprintf(f, "O\t%s\t%d\t%llu\t%llu\t%llu\t%s\t%s\t%d\t%d\t%llu\t%llu\t%llu\t%llu\n", crun__coll_name(e->kind),
+            e->group, (unsigned long long)e->seq, (unsigned long long)e->count, (unsigned long long)e->bytes,
+            dt_name(e->dt), e->algo, e->peer, e->status, (unsigned long long)to_ns(e->t_enq, rate),
+            (unsigned long long)to_ns(e->t0, rate), (unsigned long long)to_ns(e->t1, rate), (unsigned long long)e->wait);
+  else
+    fprintf(f, "%c\t%s\t%llu\t%llu\t%s\n", e->type == EV_SPAN ? 'S' : 'I', e->cat, (unsigned long long)e->t0,
+            (unsigned long long)e->t1, e->name);
+}
+
+int crun_trace_flush(void) {
+  pthread_mutex_lock(&g.mu);
+  if (!g.ev || !g.path) {
+    pthread_mutex_unlock(&g.mu);
+    return 0;
+  }
+  int rank = g.rank >= 0 ? g.rank : (int)crun_env_int("RANK", 0);
+  char file[PATH_MAX];
+  snprintf(file, sizeof file, "%s.rank%d", g.path, rank);
+  FILE *f = fopen(file, "w");
+  int rc = 0;
+  if (!f) {
+    rc = crun_error(CRUN_EIO, "timeline of rank %d: cannot write %s: %s", rank, file, strerror(errno));
+    goto out;
+  }
+  fprintf(f, "# crun-timeline 1\nP\t%d\t%d\t%lld\t%llu\t%llu\n", rank, (int)getpid(), (long long)g.offset_ns,
+          (unsigned long long)g.rtt_ns, (unsigned long long)g.dropped);
+  for (int i = 0; i < g.ngroups; i++) fprintf(f, "G\t%d\t%s\n", i + 1, g.groups[i]);
+  double rate = tick_rate();
+  for (uint64_t i = 0; i < g.nev; i++) write_event(f, &g.ev[i], rate);
+  if (fclose(f) != 0) rc = crun_error(CRUN_EIO, "timeline of rank %d: writing %s failed", rank, file);
+  g.flushed = 1;
+out:
+  pthread_mutex_unlock(&g.mu);
+  return rc;
+}
+
+/* ---------------------------------------------------------------- flight recorder */
+
+/* Creates dir and its missing parents (errors show when the file is opened). */
+static void make_dirs(const char *dir) {
+  char p[PATH_MAX];
+  snprintf(p, sizeof p, "%s", dir);
+  for (char *s = p + 1; *s; s++)
+    if (*s == '/') {
+      *s = 0;
+      mkdir(p, 0777);
+      *s = '/';
+    }
+  mkdir(p, 0777);
+}
+
+static void dump_path(char *out, size_t cap, int rank) {
+  const char *dir = getenv("CRUN_FLIGHT_DIR");
+  if (!dir || !*dir) dir = getenv("TMPDIR");
+  if (!dir || !*dir) dir = "/tmp";
+  make_dirs(dir);
+  snprintf(out, cap, "%s/flight_rank%d.txt", dir, rank);
+}
+
+/* Writes the ring oldest first (lock held). */
+static void write_ring_locked(FILE *f) {
+  double rate = tick_rate();
+  uint64_t last = __atomic_load_n(&g.next_id, __ATOMIC_RELAXED);
+  uint64_t first = last >= g.nring ? last - g.nring + 1 : 1;
+  for (uint64_t id = first; id && id <= last; id++) {
+    const fr_t *e = &g.ring[id % g.nring];
+    if (__atomic_load_n(&e->id, __ATOMIC_ACQUIRE) != id) continue;
+    fprintf(f, "%llu\t%llu\t%s\t%s\t%s\t%llu\t%llu\t%s\t%d\t%d\t%llu\t%llu\t%llu\t%llu\n", (unsigned long long)e->id,
+            (unsigned long long)e->seq, e->group > 0 ? g.groups[e->group - 1] : "?", crun__coll_name(e->kind),
+            dt_name(e->dt), (unsigned long long)e->count, (unsigned long long)e->bytes, state_names[e->state],
+            e->peer, e->status, (unsigned long long)to_ns(e->t_enq, rate), (unsigned long long)to_ns(e->t_start, rate),
+            (unsigned long long)to_ns(e->t_end, rate), (unsigned long long)e->wait);
+  }
+}
+
+int crun_flight_dump(const char *reason, char *path, size_t cap) {
+  if (!(crun__obs_on & CRUN__OBS_FLIGHT)) return crun_error(CRUN_ESTATE, "flight recorder is off (CRUN_FLIGHT_RECORDER=0)");
+  char file[PATH_MAX], tmp[PATH_MAX + 8], why[256];
+  snprintf(why, sizeof why, "%s", reason ? reason : "request");
+  for (char *s = why; *s; s++)
+    if (*s == '\n' || *s == '\t') *s = ' ';
+  pthread_mutex_lock(&g.mu);
+  int rank = g.rank >= 0 ? g.rank : (int)crun_env_int("RANK", 0);
+  dump_path(file, sizeof file, rank);
+  snprintf(tmp, sizeof tmp, "%s.tmp", file);
+  FILE *f = fopen(tmp, "w");
+  int rc = 0;
+  if (f) {
+    fprintf(f, "# crun-flight 1\nR\t%d\t%d\t%llu\t%llu\t%s\n", rank, (int)getpid(), (unsigned long long)crun_clock_ns(),
+            (unsigned long long)g.nring, why);
+    write_ring_locked(f);
+    rc = fclose(f) == 0 && rename(tmp, file) == 0 ? 0 : -1;
+  }
+  pthread_mutex_unlock(&g.mu);
+  if (!f || rc < 0) return crun_error(CRUN_EIO, "flight recorder of rank %d: cannot write %s: %s", rank, file, strerror(errno));
+  if (path) snprintf(path, cap, "%s", file);
+  return 0;
+}
+
+void crun__obs_failed(crun_pg_t *pg, int rc, const char *text) {
+  if (!(crun__obs_on & CRUN__OBS_FLIGHT)) return;
+  pthread_mutex_lock(&g.mu);
+  group_locked(pg);
+  pthread_mutex_unlock(&g.mu);
+  char why[200], path[PATH_MAX];
+  snprintf(why, sizeof why, "%s", text ? text : crun_err_name(rc));
+  if (crun_flight_dump(why, path, sizeof path) == 0)
+    CRUN_LOG(WARN, PG, "flight recorder written to %s", path);
+}
+
+static void on_usr1(int sig) {
+  (void)sig;
+  int e = errno;
+  char b = 1;
+  if (g.pipe[1] >= 0 && write(g.pipe[1], &b, 1) < 0) {} /* full: a dump is due anyway */
+  errno = e;
+}
+
+static void *dump_main(void *arg) {
+  (void)arg;
+  char b[16];
+  for (;;) {
+    ssize_t n = read(g.pipe[0], b, sizeof b);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return NULL;
+    if (crun_flight_dump("SIGUSR1", NULL, 0) < 0) CRUN_LOG(WARN, PG, "%s", crun_last_error());
+  }
+}
+
+int crun_flight_arm(void) {
+  if (!(crun__obs_on & CRUN__OBS_FLIGHT)) return 0;
+  pthread_mutex_lock(&g.mu);
+  int rc = 0;
+  if (g.armed) goto out;
+  struct sigaction old;
+  if (sigaction(SIGUSR1, NULL, &old) == 0 && old.sa_handler != SIG_DFL && old.sa_handler != SIG_IGN) goto out;
+  if (pipe(g.pipe) < 0) {
+    rc = crun_error(CRUN_ESYS, "flight recorder: pipe: %s", strerror(errno));
+    goto out;
+  }
+  pthread_t t;
+  pthread_attr_t a;
+  pthread_attr_init(&a);
+  pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+  sigset_t all, prev;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &prev); /* the thread takes no signals */
+  int e = pthread_create(&t, &a, dump_main, NULL);
+  pthread_sigmask(SIG_SETMASK, &prev, NULL);
+  pthread_attr_destroy(&a);
+  if (e != 0) {
+    close(g.pipe[0]), close(g.pipe[1]);
+    g.pipe[0] = g.pipe[1] = -1;
+    rc = crun_error(CRUN_ESYS, "flight recorder: cannot start its thread");
+    goto out;
+  }
+  struct sigaction sa = {.sa_handler = on_usr1, .sa_flags = SA_RESTART};
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGUSR1, &sa, NULL);
+  g.armed = 1;
+out:
+  pthread_mutex_unlock(&g.mu);
+  return rc;
+}
+
+/* ---------------------------------------------------------------- statistics */
+
+const char *crun_pg_stat_name(int i) { return i >= 0 && i < CRUN__COLL_COUNT ? crun__coll_name(i) : NULL; }
+
+int crun_pg_stats(crun_pg_t *pg, crun_pg_stat_t *out, int reset) {
+  if (!pg || !out) return crun_error(CRUN_EINVAL, "pg_stats: group and out are required");
+  if (!crun__obs_on)
+    return crun_error(CRUN_ESTATE, "pg_stats on rank %d: statistics need the flight recorder or the timeline "
+                      "(CRUN_FLIGHT_RECORDER=0 and no CRUN_TIMELINE)", pg->rank);
+  double rate = tick_rate();
+  for (int i = 0; i < CRUN__COLL_COUNT && i < CRUN_PG_STAT_OPS; i++) {
+    crun__obs_stat_t *s = &pg->obs_stats[i];
+    uint64_t v[4] = {s->ops, s->bytes, s->time_ns, s->wait_ns}, *p[4] = {&s->ops, &s->bytes, &s->time_ns, &s->wait_ns};
+    for (int k = 0; k < 4; k++) v[k] = reset ? __atomic_exchange_n(p[k], 0, __ATOMIC_RELAXED) : __atomic_load_n(p[k], __ATOMIC_RELAXED);
+    out[i] = (crun_pg_stat_t){v[0], v[1], (double)v[2] * rate * 1e-9, (double)v[3] * 1e-9};
+  }
+  return 0;
+}

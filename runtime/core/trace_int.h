@@ -1,0 +1,51 @@
+/* trace_int.h — the hooks through which the process group, the engines and
+ * the reducer feed the timeline, the flight recorder and the per-group
+ * statistics (runtime/core/trace.c; public side: crun/trace.h).
+ *
+ * Cost: every hook site is `if (crun__obs_on) ...`, one predictable branch
+ * when everything is off. */
+#ifndef CRUN_TRACE_INT_H
+#define CRUN_TRACE_INT_H
+
+#include <stdint.h>
+
+#define CRUN__OBS_FLIGHT 1   /* the flight recorder is on */
+#define CRUN__OBS_TIMELINE 2 /* the timeline records */
+
+extern int crun__obs_on; /* CRUN__OBS_* bits, fixed when the library loads */
+
+/* Nanoseconds the calling thread spent blocked on peers so far (engines add
+ * to it while crun__obs_on is set); an operation's wait is the difference
+ * between its end and its start on the thread that ran it. */
+extern _Thread_local uint64_t crun__obs_wait_ns;
+
+/* The algorithm or engine that ran the current operation on this thread
+ * (static text), set by the backend while crun__obs_on is set. */
+extern _Thread_local const char *crun__obs_algo;
+
+/* What a work carries for the hooks. */
+typedef struct {
+  uint64_t id;      /* flight recorder entry (0: none) */
+  uint64_t t_enq, t_start, wait0; /* ticks of core/trace.c; wait0 ns */
+} crun__obs_op_t;
+
+/* Per-op counters of a group (guarded by the recorder's lock). */
+typedef struct {
+  uint64_t ops, bytes, time_ns, wait_ns; /* time_ns: in the hooks' ticks (core/trace.c) */
+} crun__obs_stat_t;
+
+struct crun_pg;
+struct crun_work;
+
+/* Submit: the work got its seq (pg->mu held); queued: it waits for the
+ * progress thread (else it runs inline now: its enqueue time is its start). */
+void crun__obs_enqueue(struct crun_pg *pg, struct crun_work *w, int queued);
+/* The engine is about to run the work on this thread. */
+void crun__obs_start(struct crun_pg *pg, struct crun_work *w);
+/* The work ended with rc (<0: failed); same_thread: it ended on the thread
+ * that started it (its wait is measured), else it went on in the background. */
+void crun__obs_end(struct crun_pg *pg, struct crun_work *w, int rc, int same_thread);
+/* The group failed (first failure): the flight recorder dumps its ring. */
+void crun__obs_failed(struct crun_pg *pg, int rc, const char *text);
+
+#endif

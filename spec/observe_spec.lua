@@ -1,0 +1,202 @@
+-- Seeing a job: the merged timeline (crun-lua --timeline), the flight
+-- recorder's dumps and analysis (failure, SIGUSR1), and dist.stats.
+-- Five short jobs of 2-3 ranks (a few seconds in all; the hang case waits for
+-- its 2 s collective timeout).
+local C = require "helpers.common"
+local json = require "dkjson" -- lua-dkjson (scripts/setup.sh)
+local q = C.q
+local FIX = C.SOURCE .. "/spec/fixtures/observe/"
+
+local function run(args, env) return C.run(args, {env = env, timeout = 60}) end
+
+describe("crun-lua --timeline", function()
+  local dir, trace, res
+  setup(function()
+    dir = C.tmpdir("observe")
+    res = run("-n 3 --master-port 0 --timeline " .. q(dir .. "/t.json") .. " " .. q(FIX .. "known.lua"))
+    trace = json.decode(C.slurp(dir .. "/t.json") or "null")
+  end)
+  teardown(function() C.rmrf(dir) end)
+
+  it("writes one JSON trace with one process per rank and removes the rank files", function()
+    assert.are.equal(0, res.code, res.err)
+    assert.is_table(trace, "the trace does not parse as JSON")
+    local procs = {}
+    for _, e in ipairs(trace.traceEvents) do
+      if e.ph == "M" and e.name == "process_name" then procs[#procs + 1] = e.pid end
+    end
+    table.sort(procs)
+    assert.are.same({0, 1, 2}, procs)
+    for r = 0, 2 do assert.is_nil(C.slurp(dir .. "/t.json.rank" .. r)) end
+    assert.matches("timeline: .-3 ranks", res.err)
+  end)
+
+  it("holds every operation of the script with its name, bytes and times", function()
+    local by = {}
+    for _, e in ipairs(trace.traceEvents) do
+      if e.cat == "coll" or e.cat == "p2p" then
+        by[e.pid] = by[e.pid] or {}
+        table.insert(by[e.pid], e)
+        assert.is_true(e.dur >= 0, "end before start")
+        assert.is_true(e.args.enqueue_us <= e.ts + 1e-3, "enqueued after start")
+        assert.is_true(e.args.wait_us >= 0 and e.args.wait_us <= e.dur + 1, "wait outside the op")
+        assert.are.equal("default/0", e.args.group)
+      end
+    end
+    for r = 0, 2 do
+      local ops = by[r]
+      table.sort(ops, function(a, b) return a.ts < b.ts end)
+      local want = {{"all_reduce #1", 4000, "float32"}, {"all_reduce #2", 4000, "float32"}, {"broadcast #3", 296, "int64"}}
+      if r == 0 then want[#want + 1] = {"send to 1", 40, "float64"} end
+      if r == 1 then want[#want + 1] = {"recv from 0", 40, "float64"} end
+      want[#want + 1] = {"barrier #4", 0, "uint8"}
+      want[#want + 1] = {"all_reduce #5", 4000, "float32"} -- after the stats
+      assert.are.equal(#want, #ops, "rank " .. r)
+      for i, w in ipairs(want) do
+        assert.are.equal(w[1], ops[i].name, "rank " .. r)
+        assert.are.equal(w[2], ops[i].args.bytes, "rank " .. r .. " " .. w[1])
+        assert.are.equal(w[3], ops[i].args.dtype)
+      end
+    end
+  end)
+
+  it("nests spans and records the nn modules and the optimizer step", function()
+    for r = 0, 2 do
+      local s = {}
+      for _, e in ipairs(trace.traceEvents) do
+        if e.pid == r and e.ph == "X" and e.tid == 0 then s[e.name] = e end
+      end
+      local outer, inner = assert(s.outer, "no outer span"), assert(s.inner, "no inner span")
+      assert.is_true(outer.ts <= inner.ts and inner.ts + inner.dur <= outer.ts + outer.dur + 1e-3, "inner not inside outer")
+      local seq, lin = assert(s["Sequential.forward"]), assert(s["Linear.forward"])
+      assert.is_true(seq.ts <= lin.ts and lin.ts + lin.dur <= seq.ts + seq.dur + 1e-3)
+      assert.are.equal("backward", assert(s["Sequential.backward"]).cat)
+      assert.are.equal("optim", assert(s["SGD.step"]).cat)
+    end
+  end)
+
+  it("keeps at most CRUN_TIMELINE_EVENTS events per rank and says how many it dropped", function()
+    local t = dir .. "/small.json"
+    local r = run("-n 2 --master-port 0 --timeline " .. q(t) .. " " .. q(FIX .. "known.lua"), "CRUN_TIMELINE_EVENTS=4")
+    assert.are.equal(0, r.code, r.err)
+    local d = assert(json.decode(C.slurp(t) or "null"), "the trace does not parse")
+    local n = {}
+    for _, e in ipairs(d.traceEvents) do
+      if e.ph == "X" or e.ph == "i" then n[e.pid] = (n[e.pid] or 0) + 1 end
+    end
+    assert.are.same({[0] = 4, [1] = 4}, n)
+    assert.are.equal(2, C.count(r.err, "%d+ events dropped: buffer full"), r.err)
+  end)
+
+  it("merges timelines written by ranks started otherwise (--merge-timeline)", function()
+    local t = dir .. "/m.json"
+    C.write(t .. ".rank0", "# crun-timeline 1\nP\t0\t1\t0\t1\t0\nG\t1\tg/0\nO\tall_reduce\t1\t1\t2\t8\tfloat32\tring\t-1\t0\t100\t200\t5000\t1000\n")
+    C.write(t .. ".rank1", "# crun-timeline 1\nP\t1\t2\t-150\t9\t3\nG\t1\tg/0\nO\tall_reduce\t1\t1\t2\t8\tfloat32\tring\t-1\t0\t300\t1350\t5300\t0\n")
+    local r = run("--merge-timeline " .. q(t))
+    assert.are.equal(0, r.code, r.err)
+    local d = json.decode(C.slurp(t))
+    local ev = {}
+    for _, e in ipairs(d.traceEvents) do if e.cat == "coll" then ev[e.pid] = e end end
+    -- rank 1's start 1350 - 150 = 1200 aligned; the earliest event (enqueue 100) is 0
+    assert.are.equal(0.1, ev[0].ts)
+    assert.are.equal(1.1, ev[1].ts)
+    assert.are.equal(1.0, ev[0].args.skew_us) -- rank 0 waited 1 us for rank 1 to enter
+    assert.are.equal(0, ev[1].args.skew_us)
+    assert.matches("3 events dropped", r.err)
+  end)
+end)
+
+describe("dist.stats", function()
+  it("counts the operations and bytes of a known script, and resets", function()
+    local r = run("-n 2 --master-port 0 " .. q(FIX .. "known.lua"))
+    assert.are.equal(0, r.code, r.err)
+    for rank = 0, 1 do
+      local function lines(tag)
+        local t = {}
+        for op, n, b, ok1, ok2 in r.out:gmatch("%[" .. rank .. "%] " .. tag .. " (%S+) (%d+) (%d+) (%S+) (%S+)") do
+          t[op] = {tonumber(n), tonumber(b)}
+          assert.are.equal("true", ok1)
+          assert.are.equal("true", ok2)
+        end
+        return t
+      end
+      local want = {all_reduce = {2, 8000}, broadcast = {1, 296}, barrier = {1, 0}}
+      if rank == 0 then want.send = {1, 40} else want.recv = {1, 40} end
+      assert.are.same(want, lines("STAT"))
+      assert.are.same(want, lines("AGAIN")) -- reset=true returns the counts, then zeroes them
+      assert.are.same({}, lines("RESET"))
+      assert.are.same({all_reduce = {1, 4000}}, lines("AFTER"))
+    end
+  end)
+
+  it("raises ESTATE when neither the flight recorder nor the timeline is on", function()
+    local dir = C.tmpdir("observe")
+    C.write(dir .. "/s.lua", [[local d = require("crun").dist; d.init_process_group();
+      local ok, e = pcall(d.stats); print(ok, e)]])
+    local r = run("-n 1 --master-port 0 " .. q(dir .. "/s.lua"), "CRUN_FLIGHT_RECORDER=0")
+    C.rmrf(dir)
+    assert.are.equal(0, r.code, r.err)
+    assert.matches("false%s+ESTATE: pg_stats on rank 0", r.out)
+  end)
+end)
+
+describe("flight recorder", function()
+  it("dumps every rank when one rank skips a collective and names it as behind", function()
+    local dir = C.tmpdir("observe")
+    local r = run("-n 3 --master-port 0 --log-dir " .. q(dir) .. " " .. q(FIX .. "hang.lua"))
+    assert.are_not.equal(0, r.code)
+    for rank = 0, 2 do
+      local d = C.slurp(dir .. "/attempt_0/flight_rank" .. rank .. ".txt")
+      assert.is_string(d, "no dump from rank " .. rank)
+      assert.matches("\nR\t" .. rank .. "\t", d)
+    end
+    assert.matches("dumps of 3 of 3 ranks", r.err)
+    assert.matches("rank 1 is behind: its last op is all_reduce #5 %(done%) while ranks 0,2 are at all_reduce #6", r.err)
+    C.rmrf(dir)
+  end)
+
+  it("finds the first mismatch in the sequences", function()
+    local dir = C.tmpdir("observe")
+    local r = run("-n 3 --master-port 0 " .. q(FIX .. "hang.lua"), "MODE=mismatch CRUN_FLIGHT_DIR=" .. q(dir))
+    C.rmrf(dir)
+    assert.are_not.equal(0, r.code)
+    assert.matches("first mismatch at #6: ranks 0,2 called all_reduce%(float32%[300%]%); rank 1 called barrier", r.err)
+  end)
+
+  it("dumps on :dump in the REPL", function()
+    local dir = C.tmpdir("observe")
+    local r = C.run("-n 2 -i", {input = "x = T.ones({4})\ndist.all_reduce(x)\n:dump\nos.execute('sleep 2')\n:quit\n",
+      timeout = 60, env = "CRUN_FLIGHT_DIR=" .. q(dir)})
+    C.rmrf(dir)
+    assert.are.equal(0, r.code, r.err)
+    assert.matches("asked every rank for its flight recorder", r.out)
+    assert.matches("dumps of 2 of 2 ranks", r.err)
+    assert.matches("every rank reached #1 %(all_reduce%)", r.err)
+  end)
+
+  it("dumps on SIGUSR1 to crun-lua while the job goes on, keeping the last N operations", function()
+    local dir = C.tmpdir("observe")
+    local env = "CRUN_FLIGHT_RECORDER=3 CRUN_FLIGHT_DIR=" .. q(dir .. "/fr") .. " GO_FILE=" .. q(dir .. "/go")
+    local pid = C.spawn(dir, "-n 2 --master-port 0 " .. q(FIX .. "usr1.lua"), env)
+    assert.is_truthy(C.wait_for(function()
+      local o = C.slurp(dir .. "/out") or ""
+      return o:match("READY 0") and o:match("READY 1")
+    end, 30), "the job did not get ready")
+    os.execute("kill -USR1 " .. pid)
+    local err = C.wait_for(function()
+      local e = C.slurp(dir .. "/err") or ""
+      return e:match("dumps of %d of 2") and e
+    end, 15)
+    C.write(dir .. "/go", "")
+    local rc = C.wait_rc(dir, 30)
+    local out = C.slurp(dir .. "/out") or ""
+    C.rmrf(dir)
+    assert.is_string(err, "no analysis after SIGUSR1")
+    assert.matches("SIGUSR1: asked every worker", err)
+    assert.matches("dumps of 2 of 2 ranks", err)
+    assert.matches("every rank reached #4 %(broadcast%)", err)
+    assert.are.equal(0, rc)
+    assert.matches("RING 0 3", out) -- 5 collectives so far, a ring of 3
+    assert.matches("RING 1 3", out)
+  end)
+end)
