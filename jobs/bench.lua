@@ -109,6 +109,7 @@ local function NOSYNC() end
 
 -- Times `iters` runs of fn (each followed by sync()); returns the median of the per-iteration max over ranks.
 local function measure(fn, iters, warmup, no_barrier, sync)
+  sync = sync or NOSYNC
   for _ = 1, warmup do fn(); sync() end
   -- a plain Lua table while timing (no binding call per iteration: with
   -- more ranks than cores every rank's bookkeeping delays the others)
