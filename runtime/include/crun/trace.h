@@ -91,7 +91,7 @@ int crun_trace_flush(void);
 int crun_flight_arm(void);
 
 /* Writes the flight recorder's ring with `reason` in its header to
- * CRUN_FLIGHT_DIR/flight_rank<R>.txt; the path written goes to path (cap
+ * CRUN_FLIGHT_DIR/flight_rankN.txt (N: this rank); the path written goes to path (cap
  * bytes) when path is not NULL. Returns 0, CRUN_ESTATE when the recorder is
  * off, or CRUN_EIO naming the file. */
 int crun_flight_dump(const char *reason, char *path, size_t cap);
