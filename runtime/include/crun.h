@@ -16,6 +16,7 @@
 #include "crun/core.h"
 #include "crun/store.h"
 #include "crun/tensor.h"
+#include "crun/cuda.h"
 #include "crun/pg.h"
 #include "crun/train.h"
 

@@ -145,6 +145,8 @@ static void copy_row(crun_dtype_t ddt, char *d, int64_t ds, crun_dtype_t sdt, co
 
 int crun_tensor_copy(crun_tensor_t *dst, crun_tensor_t *src) {
   char a[128], b[128];
+  /* host tensors have device -1 on both sides: the AND stays negative */
+  if (__builtin_expect((dst->st->device & src->st->device) >= 0, 0)) return crun__tensor_copy_dev(dst, src);
   if (!same_shape(dst, src))
     return crun_error(CRUN_EINVAL, "copy: shape mismatch, destination is %s, source is %s",
                       crun__shape_str(dst->ndim, dst->shape, a, sizeof a),

@@ -58,7 +58,8 @@ static int tensor_alloc(crun_dtype_t dt, int ndim, const int64_t *shape, crun__s
 
 static void storage_release(crun__storage_t *st) {
   if (atomic_fetch_sub(&st->refs, 1) == 1) {
-    if (!crun__heap_free(st->data)) free(st->data);
+    if (st->device >= 0 || st->pinned) crun__storage_free_dev(st);
+    else if (!crun__heap_free(st->data)) free(st->data);
     free(st);
   }
 }
@@ -82,6 +83,7 @@ int crun_tensor_empty(crun_dtype_t dt, int ndim, const int64_t *shape, crun_tens
   }
   st->data = data;
   st->nbytes = nbytes;
+  st->device = CRUN_DEVICE_CPU;
   atomic_init(&st->refs, 0);
   int rc = tensor_alloc(dt, ndim, shape, st, out);
   if (rc < 0) {
@@ -128,7 +130,14 @@ void crun_tensor_release(crun_tensor_t *t) {
   }
 }
 
+int crun__tensor_over_storage(crun_dtype_t dt, int ndim, const int64_t *shape, crun__storage_t *st,
+                              crun_tensor_t **out) {
+  return tensor_alloc(dt, ndim, shape, st, out);
+}
+
 crun_dtype_t crun_tensor_dtype(const crun_tensor_t *t) { return t->dt; }
+int crun_tensor_device(const crun_tensor_t *t) { return t->st->device; }
+int crun_tensor_is_pinned(const crun_tensor_t *t) { return t->st->pinned; }
 int crun_tensor_ndim(const crun_tensor_t *t) { return t->ndim; }
 const int64_t *crun_tensor_shape(const crun_tensor_t *t) { return t->shape; }
 const int64_t *crun_tensor_strides(const crun_tensor_t *t) { return t->strides; }

@@ -6,11 +6,18 @@
 
 #include "crun.h"
 
-/* Refcounted, 64-byte aligned element storage shared by views. */
+/* Refcounted, 64-byte aligned element storage shared by views. `device` is
+ * CRUN_DEVICE_CPU (-1) for host memory or a CUDA device index: then `data`
+ * is a device pointer (never read on the host) returned to the pool on
+ * `stream` (the stream it was allocated on; one reference held). `pinned`
+ * marks page-locked host memory (cudaHostAlloc). */
 typedef struct crun__storage {
   atomic_long refs;
   size_t nbytes;
   void *data;
+  int device;
+  int pinned;
+  crun_cuda_stream_t *stream;
 } crun__storage_t;
 
 struct crun_tensor {
@@ -49,6 +56,17 @@ const char *crun__shape_str(int ndim, const int64_t *shape, char *buf, size_t ca
 
 /* Validates a new tensor's shape: ndim range and dims >= 0. */
 int crun__check_shape(int ndim, const int64_t *shape, const char *where);
+
+/* Creates a contiguous tensor of the given shape over storage st (whose
+ * refcount it raises; st starts with refs 0). */
+int crun__tensor_over_storage(crun_dtype_t dt, int ndim, const int64_t *shape, crun__storage_t *st,
+                              crun_tensor_t **out);
+
+/* Frees a device or pinned storage's memory (runtime/cuda/tensor_dev.c). */
+void crun__storage_free_dev(crun__storage_t *st);
+
+/* crun_tensor_copy when either side is on a device (tensor_dev.c). */
+int crun__tensor_copy_dev(crun_tensor_t *dst, crun_tensor_t *src);
 
 /* Creates a tensor struct viewing t's storage with the given geometry. */
 int crun__tensor_view_of(crun_tensor_t *t, int ndim, const int64_t *shape,
