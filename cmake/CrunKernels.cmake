@@ -1,26 +1,38 @@
 # CrunKernels.cmake — the device math (issue 12), included by CMakeLists.txt
 # after libcrunrt and the tests are defined.
 #
-# Real build (CRUN_HAVE_CUDA, set where the CUDA language is enabled): the
-# launchers runtime/cuda/*.cu are compiled by nvcc into libcrunrt, for sm_90
-# with compute_90 PTX as the fallback, without fused multiply-add contraction
-# (-fmad=false) so that every body rounds as the CPU kernels do, and linked
-# with cuBLAS. The C bodies (runtime/cuda/kernels/*.h) are also tested on the
+# Real build (CRUN_HAVE_CUDA; CMakeLists.txt enables the CUDA language and
+# adds the launchers runtime/cuda/*.cu to libcrunrt for CMAKE_CUDA_ARCHITECTURES):
+# nvcc compiles them without fused multiply-add contraction (-fmad=false) so
+# that every body rounds as the CPU kernels do, with the C warnings on, and
+# libcrunrt links cuBLAS. A build without CUDA gets runtime/cuda/launch_off.c. The C bodies (runtime/cuda/kernels/*.h) are also tested on the
 # host in every build: c.test_cuda_kernels links the host launchers of
 # tests/gpu_double/launch_host.c.
 file(GLOB CRUN_CUDA_KERNEL_SOURCES CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/runtime/cuda/*.cu)
 
-if(CRUN_HAVE_CUDA)
-  target_sources(crunrt_obj PRIVATE ${CRUN_CUDA_KERNEL_SOURCES})
-  set_source_files_properties(${CRUN_CUDA_KERNEL_SOURCES} PROPERTIES LANGUAGE CUDA)
-  set_target_properties(crunrt_obj PROPERTIES CUDA_ARCHITECTURES 90 CUDA_STANDARD 17 CUDA_STANDARD_REQUIRED ON)
+if(CRUN_HAVE_CUDA AND CRUN_CUDA_KERNEL_SOURCES)
   target_compile_options(crunrt_obj PRIVATE
     $<$<COMPILE_LANGUAGE:CUDA>:-fmad=false -Xcompiler=-Wall,-Wextra,-Wno-unused-parameter>)
   target_link_libraries(crunrt_obj PUBLIC CUDA::cublas)
+  foreach(t crunrt crunrt_static)
+    target_link_libraries(${t} PUBLIC CUDA::cublas)
+  endforeach()
 endif()
 
 if(TARGET test_cuda_kernels)
   target_sources(test_cuda_kernels PRIVATE ${PROJECT_SOURCE_DIR}/tests/gpu_double/launch_host.c)
   target_include_directories(test_cuda_kernels PRIVATE ${CBLAS_INCLUDE})
   target_link_libraries(test_cuda_kernels PRIVATE ${OPENBLAS_LIB})
+endif()
+
+# Device tensors' math through the double build (tests/gpu_double/): the C
+# test of the dispatch, ctest gpudouble.c_math.
+if(TARGET crunrt_dbl)
+  add_executable(test_gpudouble_math ${PROJECT_SOURCE_DIR}/tests/gpu_double/c/test_gpudouble_math.c
+                                     ${PROJECT_SOURCE_DIR}/tests/c/harness.c)
+  target_include_directories(test_gpudouble_math PRIVATE ${PROJECT_SOURCE_DIR}/tests/c ${PROJECT_SOURCE_DIR}/runtime)
+  target_link_libraries(test_gpudouble_math PRIVATE crunrt_dbl)
+  set_target_properties(test_gpudouble_math PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/gpudouble)
+  add_test(NAME gpudouble.c_math COMMAND ${CRUN_SAN_WRAP} $<TARGET_FILE:test_gpudouble_math>)
+  set_tests_properties(gpudouble.c_math PROPERTIES TIMEOUT 300 ENVIRONMENT "CRUN_GPU_DOUBLE=1")
 endif()

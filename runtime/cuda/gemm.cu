@@ -42,7 +42,7 @@ extern "C" int crun__cuda_gemm(crun_dtype_t dt, int ta, int tb, int64_t m, int64
                       (long long)k);
   if (m == 0 || n == 0) return 0;
   CRUN_K_CHECK_N("gemm", 1, A, B, C);
-  cublasHandle_t h;
+  cublasHandle_t h = NULL;
   CRUN_CHECK(handle_for(CRUN_K_STREAM(stream), &h));
   cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
   int M = (int)m, N = (int)n, K = (int)k;

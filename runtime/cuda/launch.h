@@ -70,6 +70,8 @@ int crun__cuda_log_softmax_forward(crun_dtype_t dt, const void *x, void *y, int6
                                    void *stream);
 int crun__cuda_log_softmax_backward(crun_dtype_t dt, const void *y, const void *gy, void *gx,
                                     int64_t rows, int64_t c, void *stream);
+/* gb[j] += sum over rows of gy[n, out] (Linear's bias gradient, in order). */
+int crun__cuda_bias_grad(crun_dtype_t dt, void *gb, const void *gy, int64_t n, int64_t out, void *stream);
 int crun__cuda_mul(crun_dtype_t dt, const void *a, const void *b, void *y, int64_t n, void *stream);
 
 /* Dropout: mask[i] = 0 with probability p else 1/(1-p) and y = x * mask, the

@@ -19,6 +19,9 @@
   __global__ void k_lsm_bwd_##tn(const T *y, const T *gy, T *gx, int64_t rows, int64_t c) {               \
     CRUN_K_FOR(r, rows) crun__k_lsm_bwd_##tn(y, gy, gx, r, c);                                            \
   }                                                                                                       \
+  __global__ void k_bias_grad_##tn(T *gb, const T *gy, int64_t n, int64_t out) {                       \
+    CRUN_K_FOR(j, out) crun__k_bias_grad_##tn(gb, gy, n, out, j);                                         \
+  }                                                                                                       \
   __global__ void k_mul_##tn(const T *a, const T *b, T *y, int64_t n) {                                   \
     CRUN_K_FOR(i, n) crun__k_mul_##tn(a, b, y, i);                                                        \
   }                                                                                                       \
@@ -82,6 +85,15 @@ extern "C" int crun__cuda_log_softmax_backward(crun_dtype_t dt, const void *y, c
   CRUN_K_CHECK_N("LogSoftMax backward", rows, y, gy, gx);
   LAUNCH(dt, rows, stream, lsm_bwd, (const T *)y, (const T *)gy, (T *)gx, rows, c);
   return crun__k_launched("LogSoftMax backward");
+}
+
+extern "C" int crun__cuda_bias_grad(crun_dtype_t dt, void *gb, const void *gy, int64_t n, int64_t out,
+                                    void *stream) {
+  CRUN_CHECK(crun__lc_float("Linear backward", dt));
+  if (out == 0) return 0;
+  CRUN_K_CHECK_N("Linear backward", out, gb, n ? gy : gb);
+  LAUNCH(dt, out, stream, bias_grad, (T *)gb, (const T *)gy, n, out);
+  return crun__k_launched("Linear backward");
 }
 
 extern "C" int crun__cuda_mul(crun_dtype_t dt, const void *a, const void *b, void *y, int64_t n, void *stream) {

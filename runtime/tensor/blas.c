@@ -2,6 +2,7 @@
  * or columns are contiguous go to BLAS as they are (a transposed view is just
  * the other transpose flag); anything else is copied contiguous first. */
 #include "tensor/tensor_impl.h"
+#include "cuda/dispatch.h"
 
 #include <cblas.h>
 #include <string.h>
@@ -98,6 +99,8 @@ int crun_tensor_gemm(int trans_a, int trans_b, double alpha, crun_tensor_t *A, c
   CRUN_CHECK(check_float2("gemm", C, C->dt, "C"));
   CRUN_CHECK(gemm_shapes(trans_a, trans_b, A, B, C, &K));
   if (crun_tensor_numel(C) == 0) return 0;
+  if (__builtin_expect((A->st->device & B->st->device & C->st->device) >= 0, 0))
+    return crun__dev_gemm(trans_a, trans_b, alpha, A, B, beta, C);
   if (K == 0) return scale(C, beta), 0;
   crun_tensor_t *Au = NULL, *Bu = NULL, *Cu = NULL;
   CRUN_CHECK_GOTO(blas_operand(A, &Au, &ta, &lda), rc, done);
@@ -128,7 +131,7 @@ static int as_2d(crun_tensor_t *v, int column, crun_tensor_t **out) {
 
 static int mm_new(crun_tensor_t *a, crun_tensor_t *b, crun_tensor_t **out) {
   int64_t shape[2] = {a->shape[0], b->shape[1]};
-  CRUN_CHECK(crun_tensor_new(a->dt, 2, shape, out));
+  CRUN_CHECK(crun_tensor_new_on(a->dt, 2, shape, a->st->device, out));
   int rc = crun_tensor_gemm(0, 0, 1.0, a, b, 0.0, *out);
   if (rc < 0) crun_tensor_release(*out);
   return rc;
@@ -162,7 +165,7 @@ static int matmul_batched(crun_tensor_t *a, crun_tensor_t *b, crun_tensor_t **ou
   if (b->ndim == 3 && b->shape[0] != nb)
     return crun_error(CRUN_EINVAL, "matmul: batch sizes differ (%lld vs %lld)", (long long)nb, (long long)b->shape[0]);
   int64_t shape[3] = {nb, a->shape[1], b->shape[b->ndim - 1]};
-  CRUN_CHECK(crun_tensor_new(a->dt, 3, shape, out));
+  CRUN_CHECK(crun_tensor_new_on(a->dt, 3, shape, a->st->device, out));
   int rc = 0;
   for (int64_t i = 0; i < nb && rc == 0; i++) {
     crun_tensor_t *ai = NULL, *bi = NULL, *oi = NULL;
@@ -209,7 +212,7 @@ int crun_tensor_linear(crun_tensor_t *x, crun_tensor_t *W, crun_tensor_t *b, cru
   crun_tensor_t *X, *O = NULL;
   CRUN_CHECK(lift(x, 0, &X));
   int64_t shape[2] = {X->shape[0], W->shape[0]};
-  int rc = crun_tensor_empty(x->dt, 2, shape, &O);
+  int rc = crun_tensor_empty_on(x->dt, 2, shape, x->st->device, &O);
   if (rc == 0 && b) {
     crun_tensor_t *e;
     rc = crun_tensor_expand(b, 2, shape, &e);

@@ -1,6 +1,7 @@
 /* copy.c — element access, dtype conversion, copy, fill and comparison. */
 #include "tensor/half.h"
 #include "tensor/tensor_impl.h"
+#include "cuda/dispatch.h"
 
 #include <math.h>
 #include <string.h>
@@ -167,7 +168,7 @@ int crun_tensor_copy(crun_tensor_t *dst, crun_tensor_t *src) {
 
 int crun_tensor_to(crun_tensor_t *t, crun_dtype_t dt, crun_tensor_t **out) {
   crun_tensor_t *c;
-  CRUN_CHECK(crun_tensor_empty(dt, t->ndim, t->shape, &c));
+  CRUN_CHECK(crun_tensor_empty_on(dt, t->ndim, t->shape, t->st->device, &c));
   int rc = crun_tensor_copy(c, t);
   if (rc < 0) {
     crun_tensor_release(c);
@@ -191,6 +192,7 @@ int crun_tensor_contiguous(crun_tensor_t *t, crun_tensor_t **out) {
 /* ------------------------------------------------------------ fill, equal */
 
 int crun_tensor_fill(crun_tensor_t *t, double v) {
+  if (__builtin_expect(t->st->device >= 0, 0)) return crun__dev_fill(t, v);
   size_t es = crun_dtype_size(t->dt);
   unsigned char one[8] = {0};
   crun_elem_set_double(t->dt, one, 0, v);

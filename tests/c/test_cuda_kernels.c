@@ -381,6 +381,16 @@ TEST(activations_and_log_softmax_match_cpu) {
       EXPECT_OK(crun_nn_log_softmax_backward(y, gy, gx));
       EXPECT_OK(crun__cuda_log_softmax_backward(dt, DATA(y), DATA(gy), DATA(gxg), shape[0], shape[1], NULL));
       same_bytes("log_softmax backward", gx, gxg);
+      /* the bias gradient of Linear: gb += column sums of gy, through linear_backward */
+      int64_t in = 3, wshape[2] = {shape[1], in}, xshape[2] = {shape[0], in};
+      crun_tensor_t *lx = rnd(dt, 2, xshape, 950 + k), *w = rnd(dt, 2, wshape, 960 + k), *lgx = like(lx);
+      crun_tensor_t *gw = like(w), *gb = rnd1(dt, shape[1], 970 + k), *gbg = like(gb);
+      EXPECT_OK(crun_tensor_copy(gbg, gb));
+      EXPECT_OK(crun_nn_linear_backward(lx, w, gy, lgx, gw, gb));
+      EXPECT_OK(crun__cuda_bias_grad(dt, DATA(gbg), DATA(gy), shape[0], shape[1], NULL));
+      same_bytes("bias grad", gb, gbg);
+      crun_tensor_release(lx); crun_tensor_release(w); crun_tensor_release(lgx); crun_tensor_release(gw);
+      crun_tensor_release(gb); crun_tensor_release(gbg);
       crun_tensor_release(x); crun_tensor_release(gy); crun_tensor_release(y); crun_tensor_release(yg);
       crun_tensor_release(gx); crun_tensor_release(gxg);
     }

@@ -15,11 +15,28 @@
 #include "cuda/kernels/reduce.h"
 #include "cuda/launch_check.h"
 
+#if CRUN_GPU_DOUBLE
+#include <cuda_runtime_api.h>
+/* The double's streams run queued work on worker threads: a launcher first
+ * waits for what its stream holds, then runs at once, so it keeps its place
+ * in the stream's order. (Compiled into c.test_cuda_kernels without the
+ * double, the launchers just run.) */
+#define SYNC(stream)                                                           \
+  do {                                                                         \
+    cudaError_t e_ = cudaStreamSynchronize((cudaStream_t)(stream));            \
+    if (e_ != cudaSuccess)                                                     \
+      return crun_error(CRUN_EIO, "launch: cudaStreamSynchronize failed: %s", cudaGetErrorString(e_)); \
+  } while (0)
+#else
+#define SYNC(stream) ((void)0)
+#endif
+
 #define PTRS(...) (const void *const[]){__VA_ARGS__}
 #define NPTRS(...) (int)(sizeof((const void *[]){__VA_ARGS__}) / sizeof(void *))
 #define CHECK_N(what, n, ...) CRUN_CHECK(crun__lc_count(what, n, NPTRS(__VA_ARGS__), PTRS(__VA_ARGS__)))
 
 int crun__cuda_fill(crun_dtype_t dt, void *dst, int64_t n, double v, void *stream) {
+  SYNC(stream);
   CHECK_N("fill", n, dst);
   if ((unsigned)dt >= CRUN_DTYPE_COUNT) return crun_error(CRUN_EINVAL, "fill: bad dtype %d", (int)dt);
   unsigned char one[8];
@@ -31,6 +48,7 @@ int crun__cuda_fill(crun_dtype_t dt, void *dst, int64_t n, double v, void *strea
 
 int crun__cuda_copy(crun_dtype_t ddt, void *dst, const crun__kgeo_t *dg, crun_dtype_t sdt,
                     const void *src, const crun__kgeo_t *sg, void *stream) {
+  SYNC(stream);
   int64_t n = 0, ns = 0;
   CRUN_CHECK(crun__lc_geo("copy", dg, &n));
   CRUN_CHECK(crun__lc_geo("copy", sg, &ns));
@@ -59,6 +77,7 @@ static void binary_loop(crun_binop_t op, crun_dtype_t dt, void *out, const void 
 
 int crun__cuda_binary(crun_binop_t op, crun_dtype_t dt, void *out, const void *a, const crun__kgeo_t *ga,
                       const void *b, const crun__kgeo_t *gb, int reverse, void *stream) {
+  SYNC(stream);
   int64_t n = 0, nb = 0;
   CRUN_CHECK(crun__lc_binop(op, dt));
   CRUN_CHECK(crun__lc_geo("binary", ga, &n));
@@ -71,6 +90,7 @@ int crun__cuda_binary(crun_binop_t op, crun_dtype_t dt, void *out, const void *a
 
 int crun__cuda_binary_scalar(crun_binop_t op, crun_dtype_t dt, void *out, const void *a, int64_t n,
                              double s, int reverse, void *stream) {
+  SYNC(stream);
   CRUN_CHECK(crun__lc_binop(op, dt));
   CHECK_N(crun_binop_name(op), n, out, a);
   _Alignas(8) unsigned char one[8];
@@ -81,6 +101,7 @@ int crun__cuda_binary_scalar(crun_binop_t op, crun_dtype_t dt, void *out, const 
 }
 
 int crun__cuda_unary(crun_unop_t op, crun_dtype_t dt, void *out, const void *a, int64_t n, void *stream) {
+  SYNC(stream);
   if ((unsigned)op >= CRUN_UNOP_COUNT) return crun_error(CRUN_EINVAL, "bad unary op %d", (int)op);
   CRUN_CHECK(crun__lc_float(crun_unop_name(op), dt));
   CHECK_N(crun_unop_name(op), n, out, a);
@@ -92,6 +113,7 @@ int crun__cuda_unary(crun_unop_t op, crun_dtype_t dt, void *out, const void *a, 
 }
 
 int crun__cuda_clamp(crun_dtype_t dt, void *out, const void *a, int64_t n, double lo, double hi, void *stream) {
+  SYNC(stream);
   if (lo > hi) return crun_error(CRUN_EINVAL, "clamp: min %g > max %g", lo, hi);
   CRUN_CHECK(crun__lc_float("clamp", dt));
   CHECK_N("clamp", n, out, a);
@@ -105,6 +127,7 @@ int crun__cuda_clamp(crun_dtype_t dt, void *out, const void *a, int64_t n, doubl
 int crun__cuda_reduce_dim(crun_dimred_t op, crun_dtype_t dt, const void *a, int64_t outer, int64_t n,
                           int64_t inner, void *values, crun_dtype_t vdt, int64_t *indices, int64_t base,
                           void *stream) {
+  SYNC(stream);
   int64_t total;
   if ((unsigned)op >= CRUN_DIMRED_COUNT) return crun_error(CRUN_EINVAL, "bad reduction %d", (int)op);
   if (outer < 0 || n < 0 || inner < 0 || crun__mul_i64(outer, inner, &total))
@@ -122,6 +145,7 @@ int crun__cuda_reduce_dim(crun_dimred_t op, crun_dtype_t dt, const void *a, int6
 
 int crun__cuda_softmax(crun_dtype_t dt, const void *a, void *out, int64_t outer, int64_t n, int64_t inner,
                        int use_log, void *stream) {
+  SYNC(stream);
   CRUN_CHECK(crun__lc_float(use_log ? "log_softmax" : "softmax", dt));
   CRUN_CHECK(crun__lc_count("softmax", outer * inner * n, 2, PTRS(a, out)));
   for (int64_t o = 0; o < outer; o++)
@@ -139,6 +163,7 @@ int crun__cuda_softmax(crun_dtype_t dt, const void *a, void *out, int64_t outer,
   } while (0)
 
 int crun__cuda_act_forward(crun_act_t act, crun_dtype_t dt, const void *x, void *y, int64_t n, void *stream) {
+  SYNC(stream);
   CRUN_CHECK(crun__lc_float("activation forward", dt));
   CHECK_N("activation forward", n, x, y);
   BY_DT(dt, n, crun__k_act_fwd_f32(act, x, y, i), crun__k_act_fwd_f64(act, x, y, i));
@@ -147,6 +172,7 @@ int crun__cuda_act_forward(crun_act_t act, crun_dtype_t dt, const void *x, void 
 
 int crun__cuda_act_backward(crun_act_t act, crun_dtype_t dt, const void *y, const void *gy, void *gx,
                             int64_t n, void *stream) {
+  SYNC(stream);
   CRUN_CHECK(crun__lc_float("activation backward", dt));
   CHECK_N("activation backward", n, y, gy, gx);
   BY_DT(dt, n, crun__k_act_bwd_f32(act, y, gy, gx, i), crun__k_act_bwd_f64(act, y, gy, gx, i));
@@ -155,6 +181,7 @@ int crun__cuda_act_backward(crun_act_t act, crun_dtype_t dt, const void *y, cons
 
 int crun__cuda_log_softmax_forward(crun_dtype_t dt, const void *x, void *y, int64_t rows, int64_t c,
                                    void *stream) {
+  SYNC(stream);
   CRUN_CHECK(crun__lc_float("LogSoftMax forward", dt));
   if (c == 0) return 0;
   CHECK_N("LogSoftMax forward", rows, x, y);
@@ -164,6 +191,7 @@ int crun__cuda_log_softmax_forward(crun_dtype_t dt, const void *x, void *y, int6
 
 int crun__cuda_log_softmax_backward(crun_dtype_t dt, const void *y, const void *gy, void *gx, int64_t rows,
                                     int64_t c, void *stream) {
+  SYNC(stream);
   CRUN_CHECK(crun__lc_float("LogSoftMax backward", dt));
   if (c == 0) return 0;
   CHECK_N("LogSoftMax backward", rows, y, gy, gx);
@@ -171,7 +199,17 @@ int crun__cuda_log_softmax_backward(crun_dtype_t dt, const void *y, const void *
   return 0;
 }
 
+int crun__cuda_bias_grad(crun_dtype_t dt, void *gb, const void *gy, int64_t n, int64_t out, void *stream) {
+  SYNC(stream);
+  CRUN_CHECK(crun__lc_float("Linear backward", dt));
+  if (out == 0) return 0;
+  CHECK_N("Linear backward", out, gb, n ? gy : gb);
+  BY_DT(dt, out, crun__k_bias_grad_f32(gb, gy, n, out, i), crun__k_bias_grad_f64(gb, gy, n, out, i));
+  return 0;
+}
+
 int crun__cuda_mul(crun_dtype_t dt, const void *a, const void *b, void *y, int64_t n, void *stream) {
+  SYNC(stream);
   CRUN_CHECK(crun__lc_float("mul", dt));
   CHECK_N("mul", n, a, b, y);
   BY_DT(dt, n, crun__k_mul_f32(a, b, y, i), crun__k_mul_f64(a, b, y, i));
@@ -180,6 +218,7 @@ int crun__cuda_mul(crun_dtype_t dt, const void *a, const void *b, void *y, int64
 
 int crun__cuda_dropout(crun_dtype_t dt, const void *x, void *y, void *mask, int64_t n, double p,
                        uint64_t seed, uint64_t offset, void *stream) {
+  SYNC(stream);
   CRUN_CHECK(crun__lc_float("Dropout forward", dt));
   if (!(p >= 0 && p < 1)) return crun_error(CRUN_EINVAL, "Dropout: p must be in [0, 1), got %g", p);
   CHECK_N("Dropout forward", n, x, y, mask);
@@ -205,6 +244,7 @@ int crun__cuda_dropout(crun_dtype_t dt, const void *x, void *y, void *mask, int6
 
 int crun__cuda_cross_entropy(crun_dtype_t dt, const void *x, crun_dtype_t lt, const void *labels, int64_t rows,
                              int64_t c, double scale, void *grad, double *loss, int64_t *correct, void *stream) {
+  SYNC(stream);
   static const char *fn = "CrossEntropy";
   CRUN_CHECK(crun__lc_float(fn, dt));
   CRUN_CHECK(crun__lc_label_dtype(fn, lt));
@@ -224,6 +264,7 @@ int crun__cuda_cross_entropy(crun_dtype_t dt, const void *x, crun_dtype_t lt, co
 
 int crun__cuda_nll(crun_dtype_t dt, const void *x, crun_dtype_t lt, const void *labels, int64_t rows, int64_t c,
                    double scale, void *grad, double *loss, void *stream) {
+  SYNC(stream);
   static const char *fn = "ClassNLLCriterion";
   CRUN_CHECK(crun__lc_float(fn, dt));
   CRUN_CHECK(crun__lc_label_dtype(fn, lt));
@@ -239,6 +280,7 @@ int crun__cuda_nll(crun_dtype_t dt, const void *x, crun_dtype_t lt, const void *
 
 int crun__cuda_mse(crun_dtype_t dt, const void *x, const void *t, int64_t n, void *grad, double *loss,
                    void *stream) {
+  SYNC(stream);
   CRUN_CHECK(crun__lc_float("MSE", dt));
   CHECK_N("MSE", n, x, t);
   double s = 0, k = n ? 2.0 / (double)n : 0;
@@ -249,6 +291,7 @@ int crun__cuda_mse(crun_dtype_t dt, const void *x, const void *t, int64_t n, voi
 
 int crun__cuda_sgd(crun_dtype_t dt, void *p, const void *g, void *buf, int64_t n, const crun_sgd_opts_t *o,
                    int first, void *stream) {
+  SYNC(stream);
   CRUN_CHECK(crun__lc_float("SGD step", dt));
   if (o->momentum != 0 && !buf) return crun_error(CRUN_EINVAL, "SGD step: momentum needs a buffer");
   CHECK_N("SGD step", n, p, g);
@@ -259,6 +302,7 @@ int crun__cuda_sgd(crun_dtype_t dt, void *p, const void *g, void *buf, int64_t n
 
 int crun__cuda_adam(crun_dtype_t dt, void *p, const void *g, void *m, void *v, void *vmax, int64_t n,
                     int64_t step, const crun_adam_opts_t *o, void *stream) {
+  SYNC(stream);
   CRUN_CHECK(crun__lc_float("Adam step", dt));
   if (step < 1) return crun_error(CRUN_EINVAL, "Adam step: step must be >= 1, got %lld", (long long)step);
   if (o->amsgrad && !vmax) return crun_error(CRUN_EINVAL, "Adam step: amsgrad needs max_exp_avg_sq");
@@ -280,6 +324,7 @@ static float *widen(crun_dtype_t dt, const void *src, int64_t rows, int64_t cols
 int crun__cuda_gemm(crun_dtype_t dt, int ta, int tb, int64_t m, int64_t n, int64_t k, double alpha,
                     const void *A, int64_t lda, const void *B, int64_t ldb, double beta, void *C, int64_t ldc,
                     void *stream) {
+  SYNC(stream);
   if (m < 0 || n < 0 || k < 0 || m > INT32_MAX || n > INT32_MAX || k > INT32_MAX)
     return crun_error(CRUN_ERANGE, "gemm: dims %lld x %lld x %lld out of range", (long long)m, (long long)n,
                       (long long)k);

@@ -74,6 +74,12 @@
       for (int64_t j = 0; j < c; j++) g[r * c + j] = j == l ? (T)(-scale) : (T)0;              \
     return -(double)x[r * c + l];                                                              \
   }                                                                                            \
+  /* Column j of the bias gradient: gb[j] += gy[i, j] for i < n, in order, in T. */         \
+  CRUN_HD void crun__k_bias_grad_##tn(T *gb, const T *gy, int64_t n, int64_t out, int64_t j) {  \
+    T acc = gb[j];                                                                             \
+    for (int64_t i = 0; i < n; i++) acc += gy[i * out + j];                                    \
+    gb[j] = acc;                                                                               \
+  }                                                                                            \
   CRUN_HD void crun__k_mul_##tn(const T *a, const T *b, T *y, int64_t i) { y[i] = a[i] * b[i]; }
 CRUN__K_NN(f32, float, f)
 CRUN__K_NN(f64, double, )
