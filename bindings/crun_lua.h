@@ -91,8 +91,15 @@ crun_store_t *crun_l_check_store(lua_State *L, int idx);
 crun_pg_t *crun_l_check_pg(lua_State *L, int idx);
 
 /* The areas; each adds its entries to the table at the top of the stack. */
+/* Reads a device at idx: "cpu" or -1 (the host: -1), "cuda" (the current
+ * device), "cuda:N" or an integer N >= 0; raises "EINVAL: bad argument #arg"
+ * for anything else and the ENOTSUP of crun.cuda for "cuda" without a
+ * device. (arg differs from idx for a field of an options table.) */
+int crun_l_check_device(lua_State *L, int idx, int arg, const char *fname);
+
 void crun_l_open_core(lua_State *L);
 void crun_l_open_store(lua_State *L);
+void crun_l_open_cuda(lua_State *L); /* needs the tensor table: after open_tensor */
 void crun_l_open_tensor(lua_State *L);
 void crun_l_open_pg(lua_State *L);
 void crun_l_open_train(lua_State *L);

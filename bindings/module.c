@@ -193,6 +193,7 @@ int luaopen_crun_core(lua_State *L) {
   crun_l_open_core(L);
   crun_l_open_store(L);
   crun_l_open_tensor(L);
+  crun_l_open_cuda(L);
   crun_l_open_pg(L);
   crun_l_open_train(L);
   return 1;

@@ -144,16 +144,61 @@ static void set_elem_at(lua_State *L, int varg, crun_tensor_t *t, const int64_t 
 
 /* ------------------------------------------------------------ factories */
 
+/* Where a factory puts its tensor: dtype, device (-1: host), pinned. */
+typedef struct {
+  crun_dtype_t dt;
+  int dev, pin;
+} place_t;
+
+/* Reads a factory's trailing arguments at idx: [dtype][, {device =,
+ * dtype =, pin_memory =}] (torch's requires_grad / layout are accepted and
+ * change nothing). */
+static place_t read_place(lua_State *L, int idx, crun_dtype_t def) {
+  place_t p = {def, -1, 0};
+  if (!lua_istable(L, idx)) p.dt = opt_dtype(L, idx++, def);
+  if (lua_isnoneornil(L, idx)) return p;
+  crun_l_checktype(L, idx, LUA_TTABLE);
+  lua_pushnil(L);
+  while (lua_next(L, idx)) {
+    const char *k = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : "?";
+    if (!strcmp(k, "device")) p.dev = crun_l_check_device(L, lua_gettop(L), idx, "tensor");
+    else if (!strcmp(k, "dtype")) p.dt = opt_dtype(L, lua_gettop(L), def);
+    else if (!strcmp(k, "pin_memory")) p.pin = lua_toboolean(L, -1);
+    else if (strcmp(k, "requires_grad") && strcmp(k, "layout"))
+      crun_l_argerror(L, idx, lua_pushfstring(L, "unknown option '%s' (accepted: device, dtype, layout, "
+                                                "pin_memory, requires_grad)", k));
+    lua_pop(L, 1);
+  }
+  if (p.pin && p.dev >= 0)
+    crun_l_argerror(L, idx, lua_pushfstring(L, "pin_memory applies to host tensors, not cuda:%d", p.dev));
+  return p;
+}
+
+/* Pushes host tensor t (owned) moved where p says, or raises rc. */
+static int push_placed(lua_State *L, int rc, crun_tensor_t **t, place_t p) {
+  if (rc < 0) crun_l_fail(L, rc);
+  crun_tensor_t *r = NULL;
+  if (p.dev >= 0) rc = crun_tensor_to_device(*t, p.dev, &r);
+  else if (p.pin) rc = crun_tensor_pin_memory(*t, &r);
+  else return push_owned(L, 0, t);
+  crun_tensor_release(*t);
+  return push_owned(L, rc, &r);
+}
+
 static int new_filled(lua_State *L, int first, double v) {
   int64_t shape[CRUN_MAX_DIMS];
   int nd, next = read_shape(L, first, shape, &nd);
-  crun_tensor_t *t;
-  int rc = crun_tensor_new(opt_dtype(L, next, CRUN_FLOAT32), nd, shape, &t);
-  if (rc == 0 && v != 0.0) crun_tensor_fill(t, v);
-  return push_owned(L, rc, &t);
+  place_t p = read_place(L, next, CRUN_FLOAT32);
+  crun_tensor_t *t = NULL;
+  int rc = crun_tensor_new_on(p.dt, nd, shape, p.dev, &t); /* made on its device */
+  if (rc == 0 && v != 0.0) rc = crun_tensor_fill(t, v);
+  if (rc < 0) crun_tensor_release(t);
+  p.dev = -1; /* already there */
+  return push_placed(L, rc, &t, p);
 }
 
-/* tensor.zeros(shape[, dtype]) / tensor.ones(shape[, dtype]) */
+/* tensor.zeros(shape[, dtype][, opts]) / tensor.ones(shape[, dtype][, opts]):
+ * opts = {device = "cuda:1", dtype =, pin_memory =} */
 static int t_zeros(lua_State *L) { return new_filled(L, 1, 0.0); }
 static int t_ones(lua_State *L) { return new_filled(L, 1, 1.0); }
 
@@ -161,8 +206,11 @@ static int t_ones(lua_State *L) { return new_filled(L, 1, 1.0); }
 static int t_empty(lua_State *L) {
   int64_t shape[CRUN_MAX_DIMS];
   int nd, next = read_shape(L, 1, shape, &nd);
+  place_t p = read_place(L, next, CRUN_FLOAT32);
   crun_tensor_t *t;
-  return push_owned(L, crun_tensor_empty(opt_dtype(L, next, CRUN_FLOAT32), nd, shape, &t), &t);
+  int rc = crun_tensor_empty_on(p.dt, nd, shape, p.dev, &t);
+  p.dev = -1;
+  return push_placed(L, rc, &t, p);
 }
 
 /* tensor.full(shape, value[, dtype]) */
@@ -174,10 +222,11 @@ static int t_full(lua_State *L) {
   crun_l_checktype(L, 1, LUA_TTABLE);
   read_shape(L, 1, shape, &nd);
   double v = check_fill_value(L, 2);
+  place_t p = read_place(L, 3, CRUN_FLOAT32);
   crun_tensor_t *t;
-  int rc = crun_tensor_new(opt_dtype(L, 3, CRUN_FLOAT32), nd, shape, &t);
+  int rc = crun_tensor_new(p.dt, nd, shape, &t);
   if (rc == 0) crun_tensor_fill(t, v);
-  return push_owned(L, rc, &t);
+  return push_placed(L, rc, &t, p);
 }
 
 /* tensor.arange(n[, dtype]) or arange(a, b[, step][, dtype]): [a, b) by step;
@@ -195,13 +244,15 @@ static int t_arange(lua_State *L) {
   if (cnt > 1e12) crun_l_argerror(L, 1, "range too large");
   int64_t n = cnt > 0 ? (int64_t)cnt : 0;
   crun_tensor_t *t;
-  int rc = crun_tensor_empty(opt_dtype(L, nnum + 1, ints ? CRUN_INT64 : CRUN_FLOAT32), 1, &n, &t);
+  place_t p = read_place(L, nnum + 1, ints ? CRUN_INT64 : CRUN_FLOAT32);
+  int rc = crun_tensor_empty(p.dt, 1, &n, &t);
   if (rc < 0) crun_l_fail(L, rc);
+  crun_l_push_tensor(L, t); /* owns it while elements are set (they may raise) */
   for (int64_t i = 0; i < n; i++) {
     if (ints) CRUN_L_CHECK(L, crun_tensor_set_int64(t, &i, (int64_t)a + i * (int64_t)step));
     else CRUN_L_CHECK(L, crun_tensor_set_double(t, &i, a + (double)i * step));
   }
-  return push_owned(L, 0, &t);
+  return push_placed(L, 0, &t, p);
 }
 
 /* Finds the shape of a nested table by following first entries. */
@@ -249,14 +300,18 @@ static int t_new(lua_State *L) {
   int nd;
   nested_shape(L, 1, shape, &nd);
   crun_tensor_t *t;
-  int rc = crun_tensor_new(opt_dtype(L, 2, CRUN_FLOAT32), nd, shape, &t);
+  place_t p = read_place(L, 2, CRUN_FLOAT32);
+  int rc = crun_tensor_new(p.dt, nd, shape, &t);
   if (rc < 0) crun_l_fail(L, rc);
-  crun_l_push_tensor(L, t);
-  crun_tensor_release(t); /* the box owns it now; errors below free it */
+  crun_l_push_tensor(L, t); /* the box owns it; errors below free it */
   lua_pushvalue(L, 1);
   if (nd > 0 && shape[0] > 0) nested_fill(L, t, 0, idx);
   lua_pop(L, 1);
-  return 1;
+  if (p.dev < 0 && !p.pin) {
+    crun_tensor_release(t);
+    return 1;
+  }
+  return push_placed(L, 0, &t, p);
 }
 
 /* tensor.from_bytes(dtype, shape, bytes): row-major little-endian elements. */

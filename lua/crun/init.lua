@@ -35,7 +35,7 @@ end
 -- Submodules that load lazily from lua/crun/<name>.lua on first access.
 local lazy = {
   store = true, tensor = true, dist = true, nn = true, optim = true,
-  data = true, ddp = true, serialize = true, repl = true, comm_hooks = true, fsdp = true,
+  data = true, ddp = true, cuda = true, serialize = true, repl = true, comm_hooks = true, fsdp = true,
 }
 
 return setmetatable(crun, {

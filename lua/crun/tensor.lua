@@ -36,36 +36,114 @@ local tnames = {float32 = "Float", float64 = "Double", float16 = "Half", bfloat1
   int8 = "Char", int16 = "Short", bool = "Bool"}
 function methods.type(t) return "crun." .. tnames[t:dtype()] .. "Tensor" end
 
--- Options of the random factories: crun's seed, torch's dtype and generator;
--- torch's device/requires_grad/pin_memory/layout change nothing in crun.
-local RANDOM = O.spec{"seed", "dtype", "generator", inert = {
-  device = "crun tensors live in host memory", pin_memory = "crun tensors live in host memory",
+-- ------------------------------------------------------------ devices
+-- A tensor lives on the host ("cpu") or on a CUDA device ("cuda:N"); see
+-- crun.cuda. Math on a device tensor runs where the device kernels exist;
+-- a host-only op raises "ENOTSUP: <op>: not implemented for a tensor on
+-- cuda:N (copy it to the host with :cpu() first)".
+local cuda_mod
+local function CU()
+  cuda_mod = cuda_mod or require "crun.cuda"
+  return cuda_mod
+end
+
+-- true when x names a device ("cpu", "cuda", "cuda:N" or an integer N)
+local function is_device(x)
+  return math.type(x) == "integer" or x == "cpu" or x == "cuda" or
+         (type(x) == "string" and x:match("^cuda:%d+$") ~= nil)
+end
+
+--- t:device() -> "cpu" or "cuda:N"; t:is_cuda(); t:is_pinned()
+function methods.device(t)
+  local d = C.device_of(t)
+  return d < 0 and "cpu" or ("cuda:" .. d)
+end
+function methods.is_cuda(t) return C.device_of(t) >= 0 end
+methods.is_pinned = C.is_pinned
+
+--- t:cuda([dev]) -> t on device dev (default: the current device); t itself
+--- when already there. t:cpu() -> t on the host (waits for the copy).
+function methods.cuda(t, d) return C.to_device(t, CU().device_index(d == nil and "cuda" or d, "cuda")) end
+function methods.cpu(t) return C.to_device(t, -1) end
+
+--- t:pin_memory() -> a copy in page-locked host memory (copies between it
+--- and a device run asynchronously on the current stream)
+methods.pin_memory = C.pin_memory
+
+--- t:to(dtype), t:to(device), t:to(device, dtype), t:to(dtype, device):
+--- t itself when nothing changes, else a copy. A device is "cpu", "cuda",
+--- "cuda:N" or an integer N (cuda:N, as torch's t.to(0)).
+local to_dtype = methods.to
+function methods.to(t, a, b)
+  local dev, dt
+  for _, x in ipairs({a, b}) do
+    if is_device(x) then dev = x else dt = x end
+  end
+  if a ~= nil and is_device(a) and b ~= nil and is_device(b) then
+    argerror(3, "to", "two devices given ('%s' and '%s')", tostring(a), tostring(b))
+  end
+  if dt ~= nil then t = to_dtype(t, dt) end
+  if dev ~= nil then t = C.to_device(t, CU().device_index(dev, "to")) end
+  return t
+end
+
+-- Element reads go through a host copy on a device tensor (as torch's, they
+-- wait for the device).
+for _, name in ipairs({"item", "totable", "bytes"}) do
+  local f = methods[name]
+  methods[name] = function(t, ...)
+    if C.device_of(t) >= 0 then t = C.to_device(t, -1) end
+    return f(t, ...)
+  end
+end
+methods.tolist = methods.totable
+
+-- Options of the random factories: crun's seed, torch's dtype, generator,
+-- device and pin_memory; requires_grad/layout change nothing. (zeros, ones,
+-- empty, full, new and arange read {device =, dtype =, pin_memory =} in C.)
+local RANDOM = O.spec{"seed", "dtype", "generator", "device", "pin_memory", inert = {
   requires_grad = "crun tensors record no autograd graph", layout = "crun tensors are strided"}}
 
+-- Moves a new host tensor where the options say (device, pin_memory).
+local function place(t, dev, pin)
+  if dev ~= nil and dev >= 0 then
+    if pin then O.fail("EINVAL: pin_memory applies to host tensors, not cuda:%d", dev) end
+    return C.to_device(t, dev)
+  end
+  if pin then return C.pin_memory(t) end
+  return t
+end
+
 -- Wraps factory `name` so that its options table (the first table after
--- argument `first`) goes through crun.opts.
-local function checked_factory(name, first)
+-- argument `first`) goes through crun.opts and its device / pin_memory apply.
+local function checked_factory(name, first, spec)
   local f = T[name]
   T[name] = function(...)
     local args = table.pack(...)
+    local dev, pin
     for i = first + 1, args.n do
-      if type(args[i]) == "table" then
-        args[i] = O.check(RANDOM, "tensor." .. name, args[i])
+      if type(args[i]) == "table" and getmetatable(args[i]) == nil then
+        local o = O.check(spec, "tensor." .. name, args[i])
+        if o.device ~= nil then dev = CU().device_index(o.device, "tensor." .. name) end
+        pin = o.pin_memory
+        o.device, o.pin_memory = nil, nil
+        args[i] = o
         break
       end
     end
-    return f(table.unpack(args, 1, args.n))
+    return place(f(table.unpack(args, 1, args.n)), dev, pin)
   end
 end
-checked_factory("rand", 1)
-checked_factory("randn", 1)
-checked_factory("randint", 3)
+checked_factory("rand", 1, RANDOM)
+checked_factory("randn", 1, RANDOM)
+checked_factory("randint", 3, RANDOM)
 
---- T.zeros_like(t[, dtype]) / T.ones_like / T.empty_like / T.full_like(t, v[, dtype])
-function T.zeros_like(t, dtype) return T.zeros(t:size(), dtype or t:dtype()) end
-function T.ones_like(t, dtype) return T.ones(t:size(), dtype or t:dtype()) end
-function T.empty_like(t, dtype) return T.empty(t:size(), dtype or t:dtype()) end
-function T.full_like(t, v, dtype) return T.full(t:size(), v, dtype or t:dtype()) end
+--- T.zeros_like(t[, dtype]) / T.ones_like / T.empty_like / T.full_like(t, v[, dtype]):
+--- on t's device
+function T.zeros_like(t, dtype) return T.zeros(t:size(), dtype or t:dtype(), {device = t:device()}) end
+function T.ones_like(t, dtype) return T.ones(t:size(), dtype or t:dtype(), {device = t:device()}) end
+function T.empty_like(t, dtype) return T.empty(t:size(), dtype or t:dtype(), {device = t:device()}) end
+function T.full_like(t, v, dtype) return T.full(t:size(), v, dtype or t:dtype(), {device = t:device()}) end
 
 -- Checks that every tensor of list has the shape of list[1] except along dim.
 local function check_cat(list, dim, fname)
@@ -214,6 +292,11 @@ end
 function mt.__tostring(t)
   local ok, dtype = pcall(function() return t:dtype() end)
   if not ok then return "crun.Tensor (closed)" end
+  local dev = C.device_of(t)
+  if dev >= 0 then -- printed from a host copy; the footer names the device
+    local text = mt.__tostring(C.to_device(t, -1))
+    return text:sub(1, -2) .. " on cuda:" .. dev .. "]"
+  end
   local s, n = t:size(), t:numel()
   local footer = string.format("[crun.Tensor %s of size %s]", dtype, size_str(s))
   if #s == 0 then

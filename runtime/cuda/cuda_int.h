@@ -86,11 +86,27 @@ int crun__cuda_fail(int cuda_err, const char *call, const char *where, int dev);
 int crun__cuda_host_only_fail(const char *op, int dev);
 
 /* One branch on the host path: returns from the enclosing function with the
- * error above when tensor t (a crun_tensor_t *) lives on a device. */
+ * error above when tensor t (a crun_tensor_t *) lives on a device. The 2-
+ * and 3-tensor forms test all of them in one branch (host devices are -1,
+ * so the AND of the device fields is negative only when all are host). */
 #define CRUN__HOST_ONLY(t, op)                                                    \
   do {                                                                            \
     int crun__dev_ = (t)->st->device; /* needs tensor/tensor_impl.h */           \
     if (__builtin_expect(crun__dev_ >= 0, 0)) return crun__cuda_host_only_fail((op), crun__dev_); \
+  } while (0)
+
+#define CRUN__DEV_MAX2(a, b) ((a)->st->device > (b)->st->device ? (a)->st->device : (b)->st->device)
+#define CRUN__HOST_ONLY2(a, b, op)                                                        \
+  do {                                                                                    \
+    if (__builtin_expect(((a)->st->device & (b)->st->device) >= 0, 0))                    \
+      return crun__cuda_host_only_fail((op), CRUN__DEV_MAX2(a, b));                       \
+  } while (0)
+#define CRUN__HOST_ONLY3(a, b, c, op)                                                     \
+  do {                                                                                    \
+    if (__builtin_expect(((a)->st->device & (b)->st->device & (c)->st->device) >= 0, 0)) { \
+      int crun__d_ = CRUN__DEV_MAX2(a, b);                                                \
+      return crun__cuda_host_only_fail((op), crun__d_ > (c)->st->device ? crun__d_ : (c)->st->device); \
+    }                                                                                     \
   } while (0)
 
 #endif

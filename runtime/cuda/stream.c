@@ -165,7 +165,6 @@ void crun_cuda_event_release(crun_cuda_event_t *ev) {
   if (!ev) return;
   int saved;
   if (crun__cuda_enter(ev->device, &saved) == 0) {
-    (void)cudaEventSynchronize(ev->e); /* the double frees at once; CUDA defers it anyway */
     (void)cudaEventDestroy(ev->e);
     crun__cuda_leave(ev->device, saved);
   }

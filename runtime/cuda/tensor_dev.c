@@ -8,6 +8,7 @@
 
 #include "core/checked.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -23,6 +24,7 @@ void crun__storage_free_dev(crun__storage_t *st) {
 /* Allocates nbytes on `device` on its current stream into a new storage. */
 static int storage_on_device(int device, size_t nbytes, crun__storage_t **out) {
   crun_cuda_stream_t *s;
+  CRUN_CHECK(crun__cuda_check_device(device, "tensor"));
   CRUN_CHECK(crun_cuda_current_stream(device, &s));
   crun__storage_t *st = calloc(1, sizeof *st);
   if (!st) return crun_error(CRUN_ENOMEM, "tensor: out of memory");
@@ -173,6 +175,7 @@ int crun_tensor_to_device(crun_tensor_t *t, int device, crun_tensor_t **out) {
     return 0;
   }
   crun_tensor_t *r;
+  if (device >= 0) CRUN_CHECK(crun__cuda_check_device(device, "to"));
   CRUN_CHECK(crun_tensor_empty_on(t->dt, t->ndim, t->shape, device, &r));
   int rc = copy_same_dtype(r, t);
   if (rc < 0) {
@@ -181,4 +184,28 @@ int crun_tensor_to_device(crun_tensor_t *t, int device, crun_tensor_t **out) {
   }
   *out = r;
   return 0;
+}
+
+int crun__tensor_fill_dev(crun_tensor_t *t, double v) {
+  crun__storage_t *st = t->st;
+  if (v == 0 && !signbit(v) && crun_tensor_is_contiguous(t))
+    return crun__cuda_memset0(st->device, crun_tensor_data(t), crun_tensor_nbytes(t),
+                              crun__cuda_current_stream(st->device));
+  crun_tensor_t *h;
+  CRUN_CHECK(crun_tensor_empty(t->dt, t->ndim, t->shape, &h));
+  int rc = crun_tensor_fill(h, v);
+  if (rc == 0) rc = crun_tensor_copy(t, h); /* pageable source: waits, so h may go */
+  crun_tensor_release(h);
+  return rc;
+}
+
+int crun__tensor_compare_dev(crun_tensor_t *a, crun_tensor_t *b, int (*eq)(crun_tensor_t *, crun_tensor_t *),
+                             double rtol, double atol) {
+  crun_tensor_t *ha = NULL, *hb = NULL;
+  int r = 0;
+  if (crun_tensor_to_device(a, CRUN_DEVICE_CPU, &ha) == 0 && crun_tensor_to_device(b, CRUN_DEVICE_CPU, &hb) == 0)
+    r = eq ? eq(ha, hb) : crun_tensor_allclose(ha, hb, rtol, atol);
+  crun_tensor_release(ha);
+  crun_tensor_release(hb);
+  return r;
 }

@@ -2,6 +2,7 @@
  * or columns are contiguous go to BLAS as they are (a transposed view is just
  * the other transpose flag); anything else is copied contiguous first. */
 #include "tensor/tensor_impl.h"
+#include "cuda/cuda_int.h"
 #include "cuda/dispatch.h"
 
 #include <cblas.h>

@@ -1,6 +1,7 @@
 /* copy.c — element access, dtype conversion, copy, fill and comparison. */
 #include "tensor/half.h"
 #include "tensor/tensor_impl.h"
+#include "cuda/cuda_int.h"
 #include "cuda/dispatch.h"
 
 #include <math.h>
@@ -95,6 +96,7 @@ static int elem_offset(const crun_tensor_t *t, const int64_t *idx, int64_t *off)
 }
 
 int crun_tensor_get_double(const crun_tensor_t *t, const int64_t *idx, double *out) {
+  CRUN__HOST_ONLY(t, "item");
   int64_t o;
   CRUN_CHECK(elem_offset(t, idx, &o));
   *out = crun_elem_get_double(t->dt, crun_tensor_data(t), o);
@@ -102,6 +104,7 @@ int crun_tensor_get_double(const crun_tensor_t *t, const int64_t *idx, double *o
 }
 
 int crun_tensor_set_double(crun_tensor_t *t, const int64_t *idx, double v) {
+  CRUN__HOST_ONLY(t, "set element");
   int64_t o;
   CRUN_CHECK(elem_offset(t, idx, &o));
   crun_elem_set_double(t->dt, crun_tensor_data(t), o, v);
@@ -109,6 +112,7 @@ int crun_tensor_set_double(crun_tensor_t *t, const int64_t *idx, double v) {
 }
 
 int crun_tensor_get_int64(const crun_tensor_t *t, const int64_t *idx, int64_t *out) {
+  CRUN__HOST_ONLY(t, "item");
   int64_t o;
   CRUN_CHECK(elem_offset(t, idx, &o));
   *out = crun__elem_get_int64(t->dt, crun_tensor_data(t), o);
@@ -116,6 +120,7 @@ int crun_tensor_get_int64(const crun_tensor_t *t, const int64_t *idx, int64_t *o
 }
 
 int crun_tensor_set_int64(crun_tensor_t *t, const int64_t *idx, int64_t v) {
+  CRUN__HOST_ONLY(t, "set element");
   int64_t o;
   CRUN_CHECK(elem_offset(t, idx, &o));
   crun__elem_set_int64(t->dt, crun_tensor_data(t), o, v);
@@ -227,6 +232,8 @@ int crun_tensor_fill(crun_tensor_t *t, double v) {
 
 int crun_tensor_equal(crun_tensor_t *a, crun_tensor_t *b) {
   if (!same_shape(a, b)) return 0;
+  if (__builtin_expect((a->st->device & b->st->device) >= 0, 0))
+    return crun__tensor_compare_dev(a, b, crun_tensor_equal, 0, 0);
   if (crun_tensor_numel(a) == 0) return 1;
   int ints = crun_dtype_is_integer(a->dt) && crun_dtype_is_integer(b->dt);
   crun__rowiter_t ai, bi;
@@ -246,6 +253,8 @@ int crun_tensor_equal(crun_tensor_t *a, crun_tensor_t *b) {
 
 int crun_tensor_allclose(crun_tensor_t *a, crun_tensor_t *b, double rtol, double atol) {
   if (!same_shape(a, b)) return 0;
+  if (__builtin_expect((a->st->device & b->st->device) >= 0, 0))
+    return crun__tensor_compare_dev(a, b, NULL, rtol, atol);
   if (crun_tensor_numel(a) == 0) return 1;
   crun__rowiter_t ai, bi;
   crun__rowiter_init(&ai, a);

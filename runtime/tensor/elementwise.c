@@ -3,6 +3,7 @@
  * runs in fixed blocks that the compiler vectorises; the drivers turn any
  * strided or broadcast operands into such runs first. */
 #include "tensor/tensor_impl.h"
+#include "cuda/cuda_int.h"
 #include "cuda/dispatch.h"
 
 #include <math.h>

@@ -1,6 +1,7 @@
 /* index.c — index_select, gather and scatter_add_ along one dim. Index
  * values are counted from `base` (0 in C, 1 from Lua) and checked. */
 #include "tensor/tensor_impl.h"
+#include "cuda/cuda_int.h"
 
 #include <string.h>
 
@@ -18,6 +19,7 @@ static int bad_index(const char *what, int64_t v, int64_t base, int64_t pos, int
 
 int crun_tensor_index_select(crun_tensor_t *a, int dim, crun_tensor_t *index, int64_t base,
                              crun_tensor_t **out) {
+  CRUN__HOST_ONLY2(a, index, "index_select");
   CRUN_CHECK(check_index_tensor("index_select", index));
   if (index->ndim != 1)
     return crun_error(CRUN_EINVAL, "index_select: index must be 1-d, got %d-d", index->ndim);
@@ -95,6 +97,7 @@ static int gather_one(void *c, int64_t aoff, int64_t pos, const int64_t *coord) 
 
 int crun_tensor_gather(crun_tensor_t *a, int dim, crun_tensor_t *index, int64_t base,
                        crun_tensor_t **out) {
+  CRUN__HOST_ONLY2(a, index, "gather");
   CRUN_CHECK(check_gather("gather", a, dim, index));
   CRUN_CHECK(crun_tensor_empty(a->dt, index->ndim, index->shape, out));
   gctx g = {a, *out, NULL};
@@ -121,6 +124,7 @@ static int check_only(void *c, int64_t aoff, int64_t pos, const int64_t *coord) 
 
 int crun_tensor_scatter_add_(crun_tensor_t *a, int dim, crun_tensor_t *index, crun_tensor_t *src,
                              int64_t base) {
+  CRUN__HOST_ONLY3(a, index, src, "scatter_add_");
   CRUN_CHECK(check_gather("scatter_add_", a, dim, index));
   if (a->dt != CRUN_FLOAT32 && a->dt != CRUN_FLOAT64)
     return crun_error(CRUN_ENOTSUP, "scatter_add_ needs a float32 or float64 tensor, got %s", crun_dtype_name(a->dt));

@@ -1,6 +1,7 @@
 /* random.c — a seeded generator (xoshiro256**, seeded by splitmix64) and the
  * tensor fills built on it. */
 #include "tensor/tensor_impl.h"
+#include "cuda/cuda_int.h"
 
 #include <math.h>
 
@@ -72,11 +73,13 @@ static int fill_with(crun_tensor_t *t, crun_generator_t *g, int normal, double a
 }
 
 int crun_tensor_uniform_(crun_tensor_t *t, crun_generator_t *g, double lo, double hi) {
+  CRUN__HOST_ONLY(t, "uniform_");
   if (!(lo <= hi)) return crun_error(CRUN_EINVAL, "uniform: lo %g > hi %g", lo, hi);
   return fill_with(t, g, 0, lo, hi);
 }
 
 int crun_tensor_normal_(crun_tensor_t *t, crun_generator_t *g, double mean, double std) {
+  CRUN__HOST_ONLY(t, "normal_");
   if (!(std >= 0)) return crun_error(CRUN_EINVAL, "normal: std %g < 0", std);
   return fill_with(t, g, 1, mean, std);
 }

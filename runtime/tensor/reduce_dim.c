@@ -3,6 +3,7 @@
  * step folds one [inner] slice into an accumulator row, so memory is read
  * in order. Floats accumulate in double, integers in int64. */
 #include "tensor/tensor_impl.h"
+#include "cuda/cuda_int.h"
 #include "cuda/dispatch.h"
 
 #include <math.h>

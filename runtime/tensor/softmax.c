@@ -1,6 +1,7 @@
 /* softmax.c — softmax and log-softmax along one dim, numerically stable:
  * the slice maximum is subtracted before exponentiating; sums in double. */
 #include "tensor/tensor_impl.h"
+#include "cuda/cuda_int.h"
 #include "cuda/dispatch.h"
 
 #include <math.h>

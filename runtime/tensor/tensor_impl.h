@@ -68,6 +68,15 @@ void crun__storage_free_dev(crun__storage_t *st);
 /* crun_tensor_copy when either side is on a device (tensor_dev.c). */
 int crun__tensor_copy_dev(crun_tensor_t *dst, crun_tensor_t *src);
 
+/* crun_tensor_fill of a device tensor: zero by memset, other values through
+ * a host copy (until device kernels take it over). */
+int crun__tensor_fill_dev(crun_tensor_t *t, double v);
+
+/* crun_tensor_equal (eq != NULL) / allclose (eq == NULL) with either side on
+ * a device: compares host copies; 0 when a copy fails. */
+int crun__tensor_compare_dev(crun_tensor_t *a, crun_tensor_t *b, int (*eq)(crun_tensor_t *, crun_tensor_t *),
+                             double rtol, double atol);
+
 /* Creates a tensor struct viewing t's storage with the given geometry. */
 int crun__tensor_view_of(crun_tensor_t *t, int ndim, const int64_t *shape,
                          const int64_t *strides, int64_t offset, crun_tensor_t **out);

@@ -2,6 +2,7 @@
 #include "train/check.h"
 
 #include "tensor/tensor_impl.h"
+#include "cuda/cuda_int.h"
 
 #include <stdio.h>
 

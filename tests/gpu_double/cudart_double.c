@@ -34,7 +34,7 @@
 typedef enum { OP_COPY, OP_COPY2D, OP_SET, OP_RECORD, OP_WAIT, OP_FREE, OP_HOSTFN } op_kind_t;
 
 struct CUevent_st { /* cudaEvent_t points at one of these */
-  int device, timing, destroyed;
+  int device, timing, destroyed, qrefs; /* qrefs: queued ops pointing here */
   uint64_t recorded, done; /* sequence numbers: recorded <= done means complete */
   double t_ms;
 };
@@ -126,10 +126,15 @@ static void run_op(dbl_op_t *op) {
 
 /* Runs under g_mu: completes record / wait / free ops; returns 0 when the
  * op must run outside the lock. */
+static void event_unref_locked(struct CUevent_st *ev) {
+  if (--ev->qrefs == 0 && ev->destroyed) free(ev);
+}
+
 static int run_locked(struct CUstream_st *s, dbl_op_t *op) {
   if (op->kind == OP_RECORD) {
     op->ev->t_ms = now_ms();
     if (op->ev->done < op->seq) op->ev->done = op->seq;
+    event_unref_locked(op->ev);
     return 1;
   }
   if (op->kind == OP_WAIT) {
@@ -145,6 +150,7 @@ static int run_locked(struct CUstream_st *s, dbl_op_t *op) {
         abort();
       }
     }
+    event_unref_locked(op->ev);
     return 1;
   }
   if (op->kind == OP_FREE) {
@@ -230,6 +236,7 @@ static cudaError_t enqueue(cudaStream_t st, dbl_op_t *tmpl) {
     free(op);
     return ret(cudaErrorInvalidResourceHandle);
   }
+  if (op->ev) op->ev->qrefs++;
   if (s->tail) s->tail->next = op;
   else s->head = op;
   s->tail = op;
@@ -383,14 +390,15 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t *out, unsigned int flags) {
 
 cudaError_t cudaEventCreate(cudaEvent_t *out) { return cudaEventCreateWithFlags(out, 0); }
 
-/* Frees the event once no queued record/wait refers to it: crun destroys
- * events only after their work finished, so it is freed at once. */
+/* Like CUDA: returns at once; the event is freed when no queued record or
+ * wait refers to it any more. */
 cudaError_t cudaEventDestroy(cudaEvent_t ev) {
   if (!ev) return ret(cudaErrorInvalidResourceHandle);
   pthread_mutex_lock(&g_mu);
-  int pending = ev->done < ev->recorded;
+  ev->destroyed = 1;
+  int now = ev->qrefs == 0;
   pthread_mutex_unlock(&g_mu);
-  if (!pending) free(ev); /* else leaked on purpose: a queued op still points at it */
+  if (now) free(ev);
   return cudaSuccess;
 }
 
