@@ -91,6 +91,14 @@ static int l_mse(lua_State *L) {
   return 1;
 }
 
+/* nn_nll(x, labels, grad|nil) -> loss (ClassNLLCriterion: -mean x[i, label_i]) */
+static int l_nll(lua_State *L) {
+  double loss = 0;
+  CRUN_L_CHECK(L, crun_nn_nll(crun_l_check_tensor(L, 1), crun_l_check_tensor(L, 2), &loss, opt_tensor(L, 3)));
+  lua_pushnumber(L, loss);
+  return 1;
+}
+
 /* nn_dropout_forward(x, y, mask, p, state) -> next state */
 static int l_dropout_forward(lua_State *L) {
   uint64_t state = (uint64_t)crun_l_checkinteger(L, 5);
@@ -551,7 +559,7 @@ void crun_l_open_train(lua_State *L) {
       {"nn_linear_forward", l_linear_forward}, {"nn_linear_backward", l_linear_backward},
       {"nn_act_forward", l_act_forward}, {"nn_act_backward", l_act_backward},
       {"nn_log_softmax_forward", l_lsm_forward}, {"nn_log_softmax_backward", l_lsm_backward},
-      {"nn_cross_entropy", l_cross_entropy}, {"nn_mse", l_mse},
+      {"nn_cross_entropy", l_cross_entropy}, {"nn_mse", l_mse}, {"nn_nll", l_nll},
       {"nn_dropout_forward", l_dropout_forward}, {"nn_mul", l_mul},
       {"optim_sgd", l_sgd}, {"optim_adam", l_adam},
       {"fsync_path", l_fsync_path}, {"save_file", l_save_file}, {"getpid", l_getpid}, {"blas_threads", l_blas_threads},
