@@ -94,6 +94,9 @@ static void check_list(lua_State *L, int idx, int n, crun_tensor_t *like, const 
   for (int i = 0; i < n; i++) {
     lua_geti(L, idx, i + 1);
     crun_tensor_t *t = check_tensor(L, lua_gettop(L), fname);
+    if (crun_tensor_device(t) != crun_tensor_device(like))
+      crun_l_error(L, "EINVAL: bad argument #%d to '%s' (tensor %d is on %s, the other argument on %s)", idx - 1, fname,
+                   i + 1, crun_tensor_device(t) >= 0 ? "cuda" : "cpu", crun_tensor_device(like) >= 0 ? "cuda" : "cpu");
     if (crun_tensor_dtype(t) != crun_tensor_dtype(like) || crun_tensor_numel(t) != crun_tensor_numel(like))
       crun_l_error(L, "EINVAL: bad argument #%d to '%s' (tensor %d is %s[%d], expected %s[%d] like the other argument)",
                  idx - 1, fname, i + 1, crun_dtype_name(crun_tensor_dtype(t)), (int)crun_tensor_numel(t),
@@ -181,6 +184,7 @@ static int l_all_reduce(lua_State *L) {
   crun_reduce_op_t op = check_op(L, 3);
   crun_coll_opts_t o;
   int async = check_opts(L, 4, &o, "all_reduce");
+  o.cuda = crun_tensor_device(t) >= 0;
   o.premul_factor = premul_arg(L, 3, op);
   crun_work_t *w = NULL;
   int rc = crun_pg_all_reduce(pg, crun_tensor_data(t), (size_t)crun_tensor_numel(t), crun_tensor_dtype(t), op, &o, WORK_ARG(async));
@@ -194,6 +198,7 @@ static int l_broadcast(lua_State *L) {
   int src = check_rank_arg(L, 3, pg, "broadcast", "src");
   crun_coll_opts_t o;
   int async = check_opts(L, 4, &o, "broadcast");
+  o.cuda = crun_tensor_device(t) >= 0;
   crun_work_t *w = NULL;
   int rc = crun_pg_broadcast(pg, crun_tensor_data(t), (size_t)crun_tensor_numel(t), crun_tensor_dtype(t), src, &o, WORK_ARG(async));
   return finish(L, rc, w, async, 2, 2, 2);
@@ -207,6 +212,7 @@ static int l_reduce(lua_State *L) {
   crun_reduce_op_t op = check_op(L, 4);
   crun_coll_opts_t o;
   int async = check_opts(L, 5, &o, "reduce");
+  o.cuda = crun_tensor_device(t) >= 0;
   o.premul_factor = premul_arg(L, 4, op);
   crun_work_t *w = NULL;
   int rc = crun_pg_reduce(pg, crun_tensor_data(t), (size_t)crun_tensor_numel(t), crun_tensor_dtype(t), op, dst, &o, WORK_ARG(async));
@@ -222,6 +228,7 @@ static int l_all_gather(lua_State *L) {
   check_list(L, 2, n, t, "all_gather", outs);
   crun_coll_opts_t o;
   int async = check_opts(L, 4, &o, "all_gather");
+  o.cuda = crun_tensor_device(t) >= 0;
   crun_work_t *w = NULL;
   int rc = crun_pg_all_gather(pg, outs, crun_tensor_data(t), (size_t)crun_tensor_numel(t), crun_tensor_dtype(t), &o, WORK_ARG(async));
   return finish(L, rc, w, async, 2, 3, 2);
@@ -236,6 +243,7 @@ static int l_gather(lua_State *L) {
   if (dst == crun_pg_rank(pg)) check_list(L, 3, n, t, "gather", outs);
   crun_coll_opts_t o;
   int async = check_opts(L, 5, &o, "gather");
+  o.cuda = crun_tensor_device(t) >= 0;
   crun_work_t *w = NULL;
   int rc = crun_pg_gather(pg, crun_tensor_data(t), outs, (size_t)crun_tensor_numel(t), crun_tensor_dtype(t), dst, &o, WORK_ARG(async));
   return finish(L, rc, w, async, 2, 3, 3);
@@ -250,6 +258,7 @@ static int l_scatter(lua_State *L) {
   if (src == crun_pg_rank(pg)) check_list(L, 3, n, t, "scatter", ins);
   crun_coll_opts_t o;
   int async = check_opts(L, 5, &o, "scatter");
+  o.cuda = crun_tensor_device(t) >= 0;
   crun_work_t *w = NULL;
   int rc = crun_pg_scatter(pg, crun_tensor_data(t), (const void *const *)ins, (size_t)crun_tensor_numel(t),
                            crun_tensor_dtype(t), src, &o, WORK_ARG(async));
@@ -264,10 +273,11 @@ static int l_reduce_scatter(lua_State *L) {
   void **ins = lua_newuserdatauv(L, sizeof(void *) * (size_t)n, 0);
   check_list(L, 3, n, t, "reduce_scatter", ins);
   for (int i = 0; i < n; i++)
-    if (ins[i] == crun_tensor_data(t)) crun_l_error(L, "EINVAL: bad argument #1 to 'reduce_scatter' (output aliases input %d)", i + 1);
+    if (ins[i] == crun_tensor_data(t) && crun_tensor_numel(t) > 0) crun_l_error(L, "EINVAL: bad argument #1 to 'reduce_scatter' (output aliases input %d)", i + 1);
   crun_reduce_op_t op = check_op(L, 4);
   crun_coll_opts_t o;
   int async = check_opts(L, 5, &o, "reduce_scatter");
+  o.cuda = crun_tensor_device(t) >= 0;
   o.premul_factor = premul_arg(L, 4, op);
   crun_work_t *w = NULL;
   int rc = crun_pg_reduce_scatter(pg, crun_tensor_data(t), (const void *const *)ins, (size_t)crun_tensor_numel(t),
@@ -276,7 +286,8 @@ static int l_reduce_scatter(lua_State *L) {
 }
 
 /* Fills ptrs/counts from a list of n tensors of one dtype (any sizes). */
-static crun_dtype_t check_any_list(lua_State *L, int idx, int n, const char *fname, void **ptrs, size_t *counts) {
+static crun_dtype_t check_any_list(lua_State *L, int idx, int n, const char *fname, void **ptrs, size_t *counts,
+                                   int *dev) {
   crun_l_checktype(L, idx, LUA_TTABLE);
   if ((int)luaL_len(L, idx) != n)
     crun_l_error(L, "EINVAL: bad argument #%d to '%s' (list of %d tensors expected, got %d)", idx - 1, fname, n, (int)luaL_len(L, idx));
@@ -287,6 +298,10 @@ static crun_dtype_t check_any_list(lua_State *L, int idx, int n, const char *fna
     if (i > 0 && crun_tensor_dtype(t) != dt)
       crun_l_error(L, "EINVAL: bad argument #%d to '%s' (tensor %d is %s, tensor 1 is %s)", idx - 1, fname, i + 1,
                  crun_dtype_name(crun_tensor_dtype(t)), crun_dtype_name(dt));
+    if (i > 0 && crun_tensor_device(t) != *dev)
+      crun_l_error(L, "EINVAL: bad argument #%d to '%s' (tensor %d is on %s, tensor 1 on %s)", idx - 1, fname, i + 1,
+                   crun_tensor_device(t) >= 0 ? "cuda" : "cpu", *dev >= 0 ? "cuda" : "cpu");
+    *dev = crun_tensor_device(t);
     dt = crun_tensor_dtype(t);
     ptrs[i] = crun_tensor_data(t);
     counts[i] = (size_t)crun_tensor_numel(t);
@@ -301,11 +316,16 @@ static int l_all_to_all(lua_State *L) {
   int n = crun_pg_size(pg);
   void **p = lua_newuserdatauv(L, (sizeof(void *) + sizeof(size_t)) * 2 * (size_t)n, 0);
   size_t *cnt = (size_t *)(p + 2 * n);
-  crun_dtype_t dto = check_any_list(L, 2, n, "all_to_all", p, cnt);
-  crun_dtype_t dti = check_any_list(L, 3, n, "all_to_all", p + n, cnt + n);
+  int dvo = -1, dvi = -1;
+  crun_dtype_t dto = check_any_list(L, 2, n, "all_to_all", p, cnt, &dvo);
+  crun_dtype_t dti = check_any_list(L, 3, n, "all_to_all", p + n, cnt + n, &dvi);
+  if (n > 0 && (dvo >= 0) != (dvi >= 0))
+    crun_l_error(L, "EINVAL: bad argument #1 to 'all_to_all' (outputs are on %s, inputs on %s)", dvo >= 0 ? "cuda" : "cpu",
+                 dvi >= 0 ? "cuda" : "cpu");
   if (dto != dti) crun_l_error(L, "EINVAL: bad argument #1 to 'all_to_all' (outputs are %s, inputs %s)", crun_dtype_name(dto), crun_dtype_name(dti));
   crun_coll_opts_t o;
   int async = check_opts(L, 4, &o, "all_to_all");
+  o.cuda = dvo >= 0;
   crun_work_t *w = NULL;
   int rc = crun_pg_all_to_all(pg, p, cnt, (const void *const *)(p + n), cnt + n, dto, &o, WORK_ARG(async));
   return finish(L, rc, w, async, 2, 3, 2);
@@ -328,6 +348,7 @@ static int l_send(lua_State *L) {
   int dst = check_rank_arg(L, 3, pg, "send", "dst");
   crun_coll_opts_t o;
   int async = check_opts(L, 4, &o, "send");
+  o.cuda = crun_tensor_device(t) >= 0;
   crun_work_t *w = NULL;
   int rc = crun_pg_send(pg, crun_tensor_data(t), (size_t)crun_tensor_numel(t), crun_tensor_dtype(t), dst, &o, WORK_ARG(async));
   return finish(L, rc, w, async, 2, 2, 2);
@@ -340,6 +361,7 @@ static int l_recv(lua_State *L) {
   int src = lua_isnoneornil(L, 3) ? CRUN_ANY_SOURCE : check_rank_arg(L, 3, pg, "recv", "src");
   crun_coll_opts_t o;
   int async = check_opts(L, 4, &o, "recv"), got = -1;
+  o.cuda = crun_tensor_device(t) >= 0;
   crun_work_t *w = NULL;
   int rc = crun_pg_recv(pg, crun_tensor_data(t), (size_t)crun_tensor_numel(t), crun_tensor_dtype(t), src, &o,
                         &got, WORK_ARG(async));
@@ -467,6 +489,17 @@ static int l_work_wait(lua_State *L) {
   return 1;
 }
 
+/* w:synchronize([timeout]) -> true: waits on the host until the device
+ * finished the work (device work; else as wait); raises its error. */
+static int l_work_synchronize(lua_State *L) {
+  crun_work_t *w = check_work(L, 1);
+  int rc = crun_work_synchronize(w, crun_l_optnumber(L, 2, 0));
+  unpin_if_done(L, 1);
+  CRUN_L_CHECK(L, rc);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
 static int l_work_is_completed(lua_State *L) {
   int done = crun_work_is_completed(check_work(L, 1));
   unpin_if_done(L, 1);
@@ -564,7 +597,7 @@ void crun_l_open_pg(lua_State *L) {
       {"global_rank", l_global_rank}, {"timeout", l_timeout}, {"destroy", l_destroy},
       {"__gc", l_destroy}, {"__close", l_destroy}, {"__tostring", l_pg_tostring}, {NULL, NULL}};
   static const luaL_Reg work_methods[] = {
-      {"wait", l_work_wait}, {"is_completed", l_work_is_completed}, {"source", l_work_source},
+      {"wait", l_work_wait}, {"synchronize", l_work_synchronize}, {"is_completed", l_work_is_completed}, {"source", l_work_source},
       {"result", l_work_result}, {"exception", l_work_exception}, {"get_future", l_work_get_future},
       {"__gc", l_work_gc}, {"__close", l_work_gc}, {"__tostring", l_work_tostring}, {NULL, NULL}};
   crun_l_newclass(L, PG_MT, pg_methods);

@@ -25,14 +25,3 @@ if(TARGET test_cuda_kernels)
   target_link_libraries(test_cuda_kernels PRIVATE ${OPENBLAS_LIB})
 endif()
 
-# Device tensors' math through the double build (tests/gpu_double/): the C
-# test of the dispatch, ctest gpudouble.c_math.
-if(TARGET crunrt_dbl)
-  add_executable(test_gpudouble_math ${PROJECT_SOURCE_DIR}/tests/gpu_double/c/test_gpudouble_math.c
-                                     ${PROJECT_SOURCE_DIR}/tests/c/harness.c)
-  target_include_directories(test_gpudouble_math PRIVATE ${PROJECT_SOURCE_DIR}/tests/c ${PROJECT_SOURCE_DIR}/runtime)
-  target_link_libraries(test_gpudouble_math PRIVATE crunrt_dbl)
-  set_target_properties(test_gpudouble_math PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/gpudouble)
-  add_test(NAME gpudouble.c_math COMMAND ${CRUN_SAN_WRAP} $<TARGET_FILE:test_gpudouble_math>)
-  set_tests_properties(gpudouble.c_math PROPERTIES TIMEOUT 300 ENVIRONMENT "CRUN_GPU_DOUBLE=1")
-endif()

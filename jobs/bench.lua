@@ -2,8 +2,11 @@
 --
 --   crun-lua -n 4 jobs/bench.lua all_reduce [--min-bytes 8] [--max-bytes 64M]
 --            [--iters N] [--warmup N] [--dtype float32] [--op sum] [--csv]
---            [--sizes 8,1K,64K] [--no-barrier]
+--            [--sizes 8,1K,64K] [--no-barrier] [--device cuda]
 --
+-- --device cuda: CUDA tensors on a backend "nccl" group (each rank on its
+-- LOCAL_RANK's GPU), every iteration ending with crun.cuda.synchronize(), as
+-- nccl-tests times it (out of place there, in place here).
 -- Collectives: all_reduce, all_gather, broadcast, reduce_scatter, all_to_all,
 -- and the one-tensor forms all_gather_into_tensor and reduce_scatter_tensor.
 -- size is the whole buffer in bytes as nccl-tests counts it (all_gather: the
@@ -19,7 +22,7 @@ local dist, T = crun.dist, crun.tensor
 local function usage(msg)
   io.stderr:write((msg and (msg .. "\n") or ""), "usage: crun-lua -n N jobs/bench.lua COLLECTIVE ",
     "[--min-bytes B] [--max-bytes B] [--sizes B,B,...] [--iters N] [--warmup N] [--dtype D] [--op OP] ",
-    "[--csv] [--no-barrier]\n")
+    "[--csv] [--no-barrier] [--device cpu|cuda]\n")
   os.exit(2)
 end
 
@@ -43,6 +46,9 @@ local function parse_args(a)
     elseif k == "--op" then o.op, i = v, i + 1
     elseif k == "--csv" then o.csv = true
     elseif k == "--no-barrier" then o.no_barrier = true
+    elseif k == "--device" then
+      o.device, i = v, i + 1
+      if v ~= "cpu" and v ~= "cuda" then usage("--device is cpu or cuda") end
     elseif k == "--sizes" then
       o.sizes, i = {}, i + 1
       for part in tostring(v):gmatch("[^,]+") do o.sizes[#o.sizes + 1] = parse_bytes(part) end
@@ -66,7 +72,7 @@ local BUS = {
 -- Returns a function running one op of `bytes` total, and the element count.
 local function setup(o, n, bytes, esize)
   local per = math.max(1, bytes // esize // ((o.coll == "all_reduce" or o.coll == "broadcast") and 1 or n))
-  local ones = function() return T.ones({per}, o.dtype) end
+  local ones = function() return o.cuda and T.ones({per}, o.dtype):cuda() or T.ones({per}, o.dtype) end
   if o.coll == "all_reduce" then
     local t = ones()
     return function() dist.all_reduce(t, o.op) end, per
@@ -81,14 +87,17 @@ local function setup(o, n, bytes, esize)
   if o.coll == "reduce_scatter" then return function() dist.reduce_scatter(t, list, o.op) end, per * n end
   if o.coll == "all_to_all" then return function() dist.all_to_all(list2, list) end, per * n end
   local big = T.ones({per * n}, o.dtype)
+  if o.cuda then big = big:cuda() end
   if o.coll == "all_gather_into_tensor" then return function() dist.all_gather_into_tensor(big, t) end, per * n end
   if o.coll == "reduce_scatter_tensor" then return function() dist.reduce_scatter_tensor(t, big, o.op) end, per * n end
   usage("unknown collective " .. o.coll)
 end
 
--- Times `iters` runs of fn; returns the median of the per-iteration max over ranks.
-local function measure(fn, iters, warmup, no_barrier)
-  for _ = 1, warmup do fn() end
+local function NOSYNC() end
+
+-- Times `iters` runs of fn (each followed by sync()); returns the median of the per-iteration max over ranks.
+local function measure(fn, iters, warmup, no_barrier, sync)
+  for _ = 1, warmup do fn(); sync() end
   -- a plain Lua table while timing (no binding call per iteration: with
   -- more ranks than cores every rank's bookkeeping delays the others)
   local raw, clock = {}, crun.clock
@@ -97,11 +106,13 @@ local function measure(fn, iters, warmup, no_barrier)
     if not no_barrier then dist.barrier() end
     local t0 = clock()
     fn()
+    sync()
     raw[i] = clock() - t0
   end
   local times = T.new(raw, "float64")
+  if sync ~= NOSYNC then times = times:cuda() end
   dist.all_reduce(times, "max")
-  local v = times:totable()
+  local v = times:cpu():totable()
   table.sort(v)
   return v[(iters + 1) // 2]
 end
@@ -109,14 +120,24 @@ end
 local function main()
   local o = parse_args(arg)
   if not BUS[o.coll] then usage("unknown collective " .. o.coll) end
-  dist.init_process_group{}
+  local sync = NOSYNC
+  if o.device == "cuda" then
+    if not crun.cuda.is_available() then
+      io.stderr:write("bench: --device cuda needs a CUDA device (crun.cuda.is_available() is false)\n")
+      os.exit(1)
+    end
+    o.cuda = true
+    sync = function() crun.cuda.synchronize() end
+  end
+  dist.init_process_group{backend = o.cuda and "nccl" or nil}
   local n, rank = dist.get_world_size(), dist.get_rank()
   local esize = T.zeros({1}, o.dtype):bytes():len()
   local function out(...) if rank == 0 then io.write(string.format(...)) end end
   if o.csv then
     out("collective,ranks,bytes,count,dtype,op,time_us,algbw_gbs,busbw_gbs\n")
   else
-    out("# crun bench: %s on %d ranks, backend %s, %s, %s\n", o.coll, n, dist.get_backend(), o.dtype,
+    out("# crun bench: %s on %d ranks, backend %s, %s%s, %s\n", o.coll, n, dist.get_backend(), o.dtype,
+        o.cuda and " on cuda" or "",
         (o.coll == "all_reduce" or o.coll:find("^reduce_scatter")) and o.op or "-")
     out("# %12s %12s %9s %7s %12s %12s %12s\n", "size(B)", "count", "type", "redop", "time(us)", "algbw(GB/s)", "busbw(GB/s)")
   end
@@ -130,7 +151,7 @@ local function main()
     local fn, count = setup(o, n, bytes, esize)
     local real = count * esize
     local iters = o.iters or math.max(5, math.min(200, (256 * 1024 * 1024) // math.max(real, 1) // 4))
-    local t = measure(fn, iters, o.warmup, o.no_barrier)
+    local t = measure(fn, iters, o.warmup, o.no_barrier, sync)
     local algbw = real / t / 1e9
     local opname = (o.coll == "all_reduce" or o.coll:find("^reduce_scatter")) and o.op or "-"
     if o.csv then

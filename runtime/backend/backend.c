@@ -1,6 +1,5 @@
 /* backend.c — the backend registry and vtable slot lookup. */
 #include <stdlib.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "backend/backend.h"
@@ -27,6 +26,13 @@ const char *crun__backend_names(void) {
   if (mpi && nccl) return "cpu, mpi, nccl";
   if (mpi) return "cpu, mpi";
   return nccl ? "cpu, nccl" : "cpu";
+}
+
+const crun_backend_vtable_t *crun__backend_auto_device(const char *name) {
+  int is_auto = !name || !*name || !strcmp(name, "auto");
+  const crun_backend_vtable_t *nccl = &crun__backend_nccl;
+  if (!is_auto || !nccl || (nccl->available && !nccl->available())) return NULL;
+  return crun__backend_find(name) == &crun__backend_cpu ? nccl : NULL;
 }
 
 /* mpirun/srun started this process and crun-lua did not spawn it (CRUN_LAUNCHER). */

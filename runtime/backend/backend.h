@@ -19,6 +19,16 @@ typedef struct crun_backend_vtable {
   /* Tells the peers the group failed (best effort, never blocks) and closes. */
   void (*abort)(void *state, int status, const char *text);
   void (*destroy)(void *state);
+  /* Optional: makes the state of sub-group pg (NULL on parent ranks that are
+   * not members) from the parent's; every parent rank calls it, after the
+   * parent agreed on the members. NULL: create is used. */
+  int (*split)(void *parent_state, crun_pg_t *pg, void **state);
+  /* Optional: non-zero when this process can use the backend (a GPU). */
+  int (*available)(void);
+  int device;       /* its buffers are device memory (CUDA) */
+  /* Optional: checks that the backend can run kind on dt (with op when it
+   * reduces) before anything is queued; ENOTSUP naming them otherwise. */
+  int (*validate)(int kind, crun_dtype_t dt, int has_op, crun_reduce_op_t op, int rank);
   crun_backend_fn send, recv, broadcast, all_reduce, reduce, all_gather, gather,
       scatter, reduce_scatter, all_to_all, barrier;
 } crun_backend_vtable_t;
@@ -30,6 +40,10 @@ crun_backend_fn crun__backend_slot(const crun_backend_vtable_t *vt, int kind);
  * NULL. NULL/"auto" give mpi when started by mpirun/srun (OMPI_COMM_WORLD_SIZE
  * or PMI_SIZE set) and MPI is built in, else cpu. */
 const crun_backend_vtable_t *crun__backend_find(const char *name);
+
+/* For backend "auto": the device backend to pair with the cpu one (nccl
+ * when built in and a GPU is present), else NULL. */
+const crun_backend_vtable_t *crun__backend_auto_device(const char *name);
 
 /* Returns the names of the backends in this build ("cpu, mpi"). */
 const char *crun__backend_names(void);

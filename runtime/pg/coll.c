@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "pg/pg_internal.h"
+#include "backend/backend.h"
 
 /* Allocates a work for kind on pg with the per-call options applied. */
 static crun_work_t *work_new(crun_pg_t *pg, int kind, crun_dtype_t dt, size_t count,
@@ -21,20 +21,49 @@ static crun_work_t *work_new(crun_pg_t *pg, int kind, crun_dtype_t dt, size_t co
   w->c.tag = o ? o->tag : 0;
   w->c.timeout = o && o->timeout > 0 ? o->timeout : pg->timeout;
   w->c.src_out = -1;
+  w->c.cuda = o && o->cuda;
   return w;
 }
 
+static int is_cuda(const crun_coll_opts_t *o) { return o && o->cuda; }
+
+/* Device memory needs a device backend, host memory a host one: a clear
+ * EINVAL before anything is queued (torch's "no backend for device"). */
+static int check_device(const crun_pg_t *pg, int kind, const crun_coll_opts_t *o) {
+  int dev_be = pg->be_dev != NULL || pg->be->device;
+  if (is_cuda(o) && !dev_be)
+    return crun_error(CRUN_EINVAL, "%s on rank %d: a CUDA tensor was given to a group with backend %s, which "
+                      "works on CPU tensors (use backend \"nccl\", or \"auto\" on a GPU machine, or move the "
+                      "tensor with :cpu())", crun__coll_name(kind), pg->rank, pg->be->name);
+  if (!is_cuda(o) && pg->be->device && kind != CRUN__COLL_BARRIER)
+    return crun_error(CRUN_EINVAL, "%s on rank %d: a CPU tensor was given to a group with backend %s, which "
+                      "works on CUDA tensors (move it with :cuda(), or create the group with backend \"auto\" "
+                      "to serve both)", crun__coll_name(kind), pg->rank, pg->be->name);
+  return 0;
+}
+
 /* Checks what every call shares: group, dtype and (when used) op. */
-static int check_common(const crun_pg_t *pg, int kind, crun_dtype_t dt, int has_op, crun_reduce_op_t op) {
+/* The backend that will run a call with these options may refuse it. */
+static int backend_validate(const crun_pg_t *pg, int kind, crun_dtype_t dt, int has_op, crun_reduce_op_t op,
+                            const crun_coll_opts_t *o) {
+  const crun_backend_vtable_t *be = is_cuda(o) && pg->be_dev ? pg->be_dev : pg->be;
+  return be->validate ? be->validate(kind, dt, has_op, op, pg->rank) : 0;
+}
+
+static int check_common_dev(const crun_pg_t *pg, int kind, crun_dtype_t dt, int has_op, crun_reduce_op_t op,
+                            const crun_coll_opts_t *o) {
   const char *name = crun__coll_name(kind);
   if (!pg) return crun_error(CRUN_EINVAL, "%s: the process group is NULL", name);
+  CRUN_CHECK(check_device(pg, kind, o));
   if ((int)dt < 0 || dt >= CRUN_DTYPE_COUNT) return crun_error(CRUN_EINVAL, "%s on rank %d: bad dtype %d", name, pg->rank, (int)dt);
-  if (!has_op) return 0;
+  if (!has_op) return backend_validate(pg, kind, dt, 0, op, o);
   if ((int)op < 0 || op >= CRUN_OP_COUNT) return crun_error(CRUN_EINVAL, "%s on rank %d: bad reduce op %d", name, pg->rank, (int)op);
   if (crun_reduce_op_check(dt, op) < 0)
     return crun_error(CRUN_EINVAL, "%s on rank %d: %s", name, pg->rank, crun_last_error() + strlen("EINVAL: "));
-  return 0;
+  return backend_validate(pg, kind, dt, has_op, op, o);
 }
+
+#define check_common(pg, kind, dt, has_op, op) check_common_dev(pg, kind, dt, has_op, op, opts)
 
 static int check_rank(const crun_pg_t *pg, int kind, const char *what, int r) {
   if (r >= 0 && r < pg->size) return 0;
@@ -111,6 +140,9 @@ int crun_pg_recv(crun_pg_t *pg, void *buf, size_t count, crun_dtype_t dt, int sr
   CRUN_CHECK(check_common(pg, CRUN__COLL_RECV, dt, 0, 0));
   if (src != CRUN_ANY_SOURCE) CRUN_CHECK(check_rank(pg, CRUN__COLL_RECV, "source rank", src));
   if (src == pg->rank) return crun_error(CRUN_EINVAL, "recv on rank %d: cannot receive from itself", pg->rank);
+  if (src == CRUN_ANY_SOURCE && (is_cuda(opts) && pg->be_dev ? pg->be_dev : pg->be)->device)
+    return crun_error(CRUN_ENOTSUP, "recv from any rank on rank %d is not supported by backend nccl (NCCL needs "
+                      "the source rank)", pg->rank);
   if (src == CRUN_ANY_SOURCE && pg->size < 2)
     return crun_error(CRUN_EINVAL, "recv on rank %d: no other rank to receive from", pg->rank);
   CRUN_CHECK(check_buf(pg, CRUN__COLL_RECV, buf, count, "buffer"));
@@ -135,13 +167,14 @@ int crun_pg_all_reduce(crun_pg_t *pg, void *buf, size_t count, crun_dtype_t dt,
                        crun_reduce_op_t op, const crun_coll_opts_t *opts, crun_work_t **work) {
   CRUN_CHECK(check_common(pg, CRUN__COLL_ALL_REDUCE, dt, 1, op));
   CRUN_CHECK(check_buf(pg, CRUN__COLL_ALL_REDUCE, buf, count, "buffer"));
-  if (op == CRUN_OP_PREMUL_SUM) {
+  if (op == CRUN_OP_PREMUL_SUM && !is_cuda(opts)) {
     CRUN_CHECK(crun_scale_mul(dt, buf, buf, count, premul_factor(opts)));
     op = CRUN_OP_SUM;
   }
   NEW_WORK(w, CRUN__COLL_ALL_REDUCE, dt, count);
   w->c.buf = buf;
   w->c.op = op;
+  w->c.premul = premul_factor(opts);
   return submit(pg, w, work, NULL);
 }
 
@@ -152,7 +185,8 @@ int crun_pg_reduce(crun_pg_t *pg, void *buf, size_t count, crun_dtype_t dt, crun
   CRUN_CHECK(check_buf(pg, CRUN__COLL_REDUCE, buf, count, "buffer"));
   NEW_WORK(w, CRUN__COLL_REDUCE, dt, count);
   w->c.buf = buf;
-  if (op == CRUN_OP_PREMUL_SUM) {
+  w->c.premul = premul_factor(opts);
+  if (op == CRUN_OP_PREMUL_SUM && !is_cuda(opts)) {
     if (pg->rank != root) {
       FAIL_WORK(w, premul_copies(w, NULL, 1));
       if (w->scratch) w->c.buf = w->scratch;
@@ -210,7 +244,8 @@ int crun_pg_reduce_scatter(crun_pg_t *pg, void *out, const void *const *ins, siz
   w->c.buf = out;
   w->c.op = op;
   FAIL_WORK(w, copy_ptrs(pg, CRUN__COLL_REDUCE_SCATTER, ins, count, "input", (void ***)&w->c.ins));
-  if (op == CRUN_OP_PREMUL_SUM) {
+  w->c.premul = premul_factor(opts);
+  if (op == CRUN_OP_PREMUL_SUM && !is_cuda(opts)) {
     size_t bytes = count * crun_dtype_size(dt);
     FAIL_WORK(w, premul_copies(w, ins, pg->size));
     for (int i = 0; i < pg->size && bytes > 0; i++) {

@@ -65,16 +65,31 @@ static crun_pg_t *pg_alloc(crun_store_t *base, const char *prefix, int rank, int
   return pg;
 }
 
-/* Connects the backend; releases pg on failure. */
-static int pg_connect(crun_pg_t *pg, const crun_backend_vtable_t *be, crun_pg_t **out) {
+/* Makes the state of backend be for pg: split from the parent's when the
+ * backend can, else created. */
+static int be_make(const crun_backend_vtable_t *be, crun_pg_t *pg, void *parent_state, void **state) {
+  if (parent_state && be->split) return be->split(parent_state, pg, state);
+  return be->create(pg, state);
+}
+
+/* Connects the backend(s) (from parent's states when given); releases pg on
+ * failure. */
+static int pg_connect(crun_pg_t *pg, const crun_backend_vtable_t *be, const crun_backend_vtable_t *be_dev,
+                      const crun_pg_t *parent, crun_pg_t **out) {
   pg->be = be;
-  int rc = be->create(pg, &pg->be_state);
+  int rc = be_make(be, pg, parent ? parent->be_state : NULL, &pg->be_state);
+  if (rc < 0) pg->be = NULL;
+  if (rc == 0 && be_dev) {
+    pg->be_dev = be_dev;
+    rc = be_make(be_dev, pg, parent ? parent->be_dev_state : NULL, &pg->be_dev_state);
+    if (rc < 0) pg->be_dev = NULL;
+  }
   if (rc < 0) {
-    pg->be = NULL;
     crun_pg_release(pg);
     return rc;
   }
-  CRUN_LOG(INFO, PG, "group '%s' up: rank %d of %d, backend %s", pg->prefix, pg->rank, pg->size, be->name);
+  CRUN_LOG(INFO, PG, "group '%s' up: rank %d of %d, backend %s%s%s", pg->prefix, pg->rank, pg->size, be->name,
+           be_dev ? " + " : "", be_dev ? be_dev->name : "");
   *out = pg;
   return 0;
 }
@@ -96,7 +111,7 @@ int crun_pg_new(const crun_pg_opts_t *o, crun_pg_t **out) {
   crun_pg_t *pg = pg_alloc(o->store, prefix, o->rank, o->world_size, o->timeout);
   if (!pg) return crun_error(CRUN_ENOMEM, "process group");
   for (int i = 0; i < o->world_size; i++) pg->global[i] = i;
-  return pg_connect(pg, be, out);
+  return pg_connect(pg, be, crun__backend_auto_device(o->backend), NULL, out);
 }
 
 /* Checks the rank list of new_group (sorted copy in sorted[]); returns my
@@ -140,14 +155,59 @@ static void list_text(char *buf, size_t cap, const int64_t *rs, int n) {
  * backend); when they differ, a second all_gather brings the lists so the
  * EMISMATCH names two of them. A rank that never calls new_group shows as
  * the parent's collective timeout naming it. */
+/* all_gather of w int64 words per rank on the parent: its collective, or,
+ * when the parent only moves device memory (backend nccl), its store
+ * ("newgroup/<idx>/<step>/<rank>"), naming missing ranks on timeout. */
+static int gather_words(crun_pg_t *parent, int idx, int step, const int64_t *mine, size_t w, int64_t *out,
+                        double timeout) {
+  int size = parent->size;
+  if (!parent->be->device) {
+    crun_coll_opts_t o = {.timeout = timeout};
+    void **outs = calloc((size_t)size, sizeof *outs);
+    if (!outs) return crun_error(CRUN_ENOMEM, "new_group: rank lists");
+    for (int r = 0; r < size; r++) outs[r] = out + w * (size_t)r;
+    int rc = crun_pg_all_gather(parent, outs, mine, w, CRUN_INT64, &o, NULL);
+    free(outs);
+    return rc;
+  }
+  char key[96];
+  snprintf(key, sizeof key, "newgroup/%d/%d/%d", idx, step, parent->rank);
+  CRUN_CHECK(crun_store_set(parent->store, key, mine, w * sizeof(int64_t)));
+  char (*keys)[96] = calloc((size_t)size, 96);
+  const char **kp = calloc((size_t)size, sizeof *kp);
+  crun_buf_t *v = calloc((size_t)size, sizeof *v);
+  int rc = keys && kp && v ? 0 : crun_error(CRUN_ENOMEM, "new_group: rank lists");
+  for (int r = 0; rc == 0 && r < size; r++) snprintf(keys[r], 96, "newgroup/%d/%d/%d", idx, step, r), kp[r] = keys[r];
+  if (rc == 0) rc = crun_store_wait(parent->store, kp, (size_t)size, timeout);
+  if (rc == CRUN_ETIMEDOUT) {
+    int *late = malloc(sizeof(int) * (size_t)size), nl = 0;
+    for (int r = 0; late && r < size; r++) {
+      int ok = 0;
+      if (crun_store_check(parent->board, &kp[r], 1, &ok) == 0 && !ok) late[nl++] = r;
+    }
+    char who[256] = "some ranks";
+    if (late && nl) crun__ranks_text(who, sizeof who, late, nl);
+    free(late);
+    rc = crun_error(CRUN_ETIMEDOUT, "new_group #%d on rank %d: %s did not call it within %.1f s", idx, parent->rank,
+                    who, timeout);
+  }
+  if (rc == 0) rc = crun_store_multi_get(parent->store, kp, (size_t)size, v);
+  for (int r = 0; rc == 0 && r < size; r++) {
+    if (v[r].len != w * sizeof(int64_t)) rc = crun_error(CRUN_EIO, "new_group #%d: rank %d's entry is %zu bytes", idx, r, v[r].len);
+    else memcpy(out + w * (size_t)r, v[r].data, v[r].len);
+  }
+  for (int r = 0; v && r < size; r++) crun_buf_free(&v[r]);
+  free(v);
+  free(kp);
+  free(keys);
+  return rc;
+}
+
 static int agree_on_ranks(crun_pg_t *parent, int idx, const int *sorted, int n, double timeout) {
   int size = parent->size, rc = 0;
-  crun_coll_opts_t o = {.timeout = timeout};
   int64_t *h = calloc((size_t)size, sizeof *h), *lists = NULL, mine = list_hash(sorted, n);
-  void **outs = calloc((size_t)size, sizeof *outs);
-  if (!h || !outs) { rc = crun_error(CRUN_ENOMEM, "new_group: rank lists"); goto out; }
-  for (int r = 0; r < size; r++) outs[r] = &h[r];
-  CRUN_CHECK_GOTO(crun_pg_all_gather(parent, outs, &mine, 1, CRUN_INT64, &o, NULL), rc, out);
+  if (!h) { rc = crun_error(CRUN_ENOMEM, "new_group: rank lists"); goto out; }
+  CRUN_CHECK_GOTO(gather_words(parent, idx, 0, &mine, 1, h, timeout), rc, out);
   int other = -1;
   for (int r = 0; r < size && other < 0; r++)
     if (h[r] != h[0]) other = r;
@@ -159,8 +219,7 @@ static int agree_on_ranks(crun_pg_t *parent, int idx, const int *sorted, int n, 
   int64_t *me = lists + w * (size_t)size;
   me[0] = n;
   for (int i = 0; i < n; i++) me[i + 1] = sorted[i];
-  for (int r = 0; r < size; r++) outs[r] = lists + w * (size_t)r;
-  CRUN_CHECK_GOTO(crun_pg_all_gather(parent, outs, me, w, CRUN_INT64, &o, NULL), rc, out);
+  CRUN_CHECK_GOTO(gather_words(parent, idx, 1, me, w, lists, timeout), rc, out);
   char a[160], b[160];
   list_text(a, sizeof a, lists + 1, (int)lists[0]);
   list_text(b, sizeof b, lists + w * (size_t)other + 1, (int)lists[w * (size_t)other]);
@@ -168,7 +227,6 @@ static int agree_on_ranks(crun_pg_t *parent, int idx, const int *sorted, int n, 
                   idx, parent->rank, parent->global[0], a, parent->global[other], b);
 out:
   free(h);
-  free(outs);
   free(lists);
   return rc;
 }
@@ -186,6 +244,10 @@ int crun_pg_new_group(crun_pg_t *parent, const int *ranks, int n, double timeout
   pthread_mutex_unlock(&parent->mu);
   double t = timeout > 0 ? timeout : parent->timeout;
   if (rc == 0) rc = agree_on_ranks(parent, idx, sorted, n, t);
+  if (rc == 0 && me < 0) { /* a backend that splits needs every parent rank */
+    if (parent->be->split) rc = parent->be->split(parent->be_state, NULL, NULL);
+    if (rc == 0 && parent->be_dev && parent->be_dev->split) rc = parent->be_dev->split(parent->be_dev_state, NULL, NULL);
+  }
   if (rc < 0 || me < 0) {
     free(sorted);
     return rc < 0 ? rc : 0;
@@ -199,7 +261,7 @@ int crun_pg_new_group(crun_pg_t *parent, const int *ranks, int n, double timeout
   }
   for (int i = 0; i < n; i++) pg->global[i] = parent->global[sorted[i]];
   free(sorted);
-  return pg_connect(pg, parent->be, out);
+  return pg_connect(pg, parent->be, parent->be_dev, parent, out);
 }
 
 void crun_pg_retain(crun_pg_t *pg) { atomic_fetch_add(&pg->refs, 1); }
@@ -208,6 +270,7 @@ void crun_pg_release(crun_pg_t *pg) {
   if (!pg || atomic_fetch_sub(&pg->refs, 1) != 1) return;
   crun__pg_queue_stop(pg);
   crun__pg_progress_stop(pg);
+  if (pg->be_dev && pg->be_dev_state) pg->be_dev->destroy(pg->be_dev_state);
   if (pg->be && pg->be_state) pg->be->destroy(pg->be_state);
   if (pg->store) crun_store_release(pg->store);
   if (pg->board) crun_store_release(pg->board);

@@ -25,6 +25,17 @@ typedef enum {
 /* Returns "all_reduce" for CRUN__COLL_ALL_REDUCE; "?" for others. */
 const char *crun__coll_name(int kind);
 
+/* How a device backend's enqueued operation (crun__coll_t.dev) is waited
+ * for: wait(host = 0) makes the caller's current stream wait on its end,
+ * wait(host = 1) waits on the host (timeout <= 0: until it ended or failed);
+ * query returns 1 when it ended, 0 while it runs, <0 when it failed (text
+ * recorded); free drops the record. */
+typedef struct crun__dev_ops {
+  int (*wait)(void *dev, int host, double timeout);
+  int (*query)(void *dev);
+  void (*free)(void *dev);
+} crun__dev_ops_t;
+
 /* One operation: what to do, on which buffers, with which deadline. */
 typedef struct crun__coll {
   int kind;
@@ -46,6 +57,10 @@ typedef struct crun__coll {
   double deadline;           /* crun_clock() value, set when it starts */
   int src_out;               /* recv: the sender */
   int caller_pumps;          /* p2p run inline: the caller's thread drives it to the end */
+  int cuda;                  /* the buffers are CUDA device memory */
+  double premul;             /* op PREMUL_SUM on device buffers: the factor */
+  void *dev;                 /* a device backend's record of the enqueued work */
+  const crun__dev_ops_t *dev_ops;
 } crun__coll_t;
 
 struct crun_backend_vtable;
@@ -64,6 +79,10 @@ struct crun_pg {
   int nchildren;             /* sub-groups made so far (names them) */
   const struct crun_backend_vtable *be;
   void *be_state;
+  /* backend "auto" with a GPU: the device backend serving CUDA buffers
+   * (torch's "cpu:gloo,cuda:nccl"); NULL otherwise */
+  const struct crun_backend_vtable *be_dev;
+  void *be_dev_state;
   char *broken;              /* error text once the group failed; guarded by mu */
   _Atomic int is_broken;     /* set after broken: lets the hot path skip mu */
   /* work queue */
@@ -104,6 +123,10 @@ struct crun_work {
 /* Runs a work: backend dispatch, error capture, group-broken bookkeeping.
  * Returns CRUN__PENDING when a p2p operation goes on in the background. */
 int crun__pg_execute(crun_pg_t *pg, struct crun_work *w);
+
+/* Marks the group broken with (rc, text) and aborts its backends (first
+ * failure only): a device backend's watchdog reports through it. */
+void crun__pg_fail(crun_pg_t *pg, int rc, const char *text);
 
 /* Ends a pending p2p operation (rc < 0: crun_last_error() holds the text). */
 void crun__pg_p2p_done(crun_pg_t *pg, crun__coll_t *c, int rc);

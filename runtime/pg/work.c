@@ -10,6 +10,8 @@
 #include "backend/backend.h"
 
 void crun__coll_free(crun__coll_t *c) {
+  if (c->dev && c->dev_ops) c->dev_ops->free(c->dev);
+  c->dev = NULL;
   free(c->outs);
   free(c->ins);
   free(c->out_counts);
@@ -31,7 +33,10 @@ static void break_group(crun_pg_t *pg, int rc, const char *text) {
   pthread_mutex_unlock(&pg->mu);
   if (first) CRUN_LOG(WARN, PG, "group '%s' failed: %s", pg->prefix, text);
   if (first && pg->be->abort) pg->be->abort(pg->be_state, rc, text);
+  if (first && pg->be_dev && pg->be_dev->abort) pg->be_dev->abort(pg->be_dev_state, rc, text);
 }
+
+void crun__pg_fail(crun_pg_t *pg, int rc, const char *text) { break_group(pg, rc, text); }
 
 /* Returns w's description, written on first use (not on the hot path: a
  * collective that succeeds never formats it). Called with pg->mu held. */
@@ -50,16 +55,18 @@ int crun__pg_execute(crun_pg_t *pg, crun_work_t *w) {
     if (broken) desc_locked(w);
     pthread_mutex_unlock(&pg->mu);
   }
-  crun_backend_fn fn = crun__backend_slot(pg->be, c->kind);
+  const struct crun_backend_vtable *be = c->cuda && pg->be_dev ? pg->be_dev : pg->be;
+  void *state = be == pg->be_dev ? pg->be_dev_state : pg->be_state;
+  crun_backend_fn fn = crun__backend_slot(be, c->kind);
   if (broken) {
     rc = crun_error(CRUN_ESTATE, "%s on rank %d: the group is unusable after an earlier failure: %s",
                     w->desc, pg->rank, broken);
   } else if (!fn) {
-    rc = crun_error(CRUN_ENOTSUP, "%s is not supported by backend %s", crun__coll_name(c->kind), pg->be->name);
+    rc = crun_error(CRUN_ENOTSUP, "%s is not supported by backend %s", crun__coll_name(c->kind), be->name);
   } else {
     c->deadline = crun_clock() + c->timeout;
     crun__pg_mark(pg, c);
-    rc = fn(pg->be_state, c);
+    rc = fn(state, c);
     ran = 1;
     if (rc == CRUN__PENDING) {
       pthread_mutex_lock(&pg->mu);
@@ -199,6 +206,18 @@ int crun__pg_submit(crun_pg_t *pg, crun_work_t *w, crun_work_t **out) {
   return crun_work_wait(w, 0);
 }
 
+/* A device work's wait or query failed: the group is broken too (the
+ * backend's watchdog aborted it). Returns rc. */
+static int dev_result(crun_work_t *w, int rc) {
+  if (rc < 0 && rc != CRUN_ETIMEDOUT) {
+    char *t = strdup(crun_last_error());
+    if (t) break_group(w->pg, rc, t);
+    if (t) crun_error(rc, "%s", strip_name(t));
+    free(t);
+  }
+  return rc;
+}
+
 int crun_work_wait(crun_work_t *w, double timeout) {
   if (!w) return crun_error(CRUN_EINVAL, "crun_work_wait: NULL work");
   crun_pg_t *pg = w->pg;
@@ -221,13 +240,21 @@ int crun_work_wait(crun_work_t *w, double timeout) {
     }
   }
   pthread_mutex_unlock(&pg->mu);
-  return w->status < 0 ? crun_error(w->status, "%s", strip_name(w->err)) : 0;
+  if (w->status < 0) return crun_error(w->status, "%s", strip_name(w->err));
+  /* device work: the caller's current stream waits on its end event */
+  return w->c.dev ? dev_result(w, w->c.dev_ops->wait(w->c.dev, 0, 0)) : 0;
+}
+
+int crun_work_synchronize(crun_work_t *w, double timeout) {
+  CRUN_CHECK(crun_work_wait(w, timeout));
+  return w->c.dev ? dev_result(w, w->c.dev_ops->wait(w->c.dev, 1, timeout)) : 0;
 }
 
 int crun_work_is_completed(crun_work_t *w) {
   pthread_mutex_lock(&w->pg->mu);
   int d = w->done;
   pthread_mutex_unlock(&w->pg->mu);
+  if (d && w->status == 0 && w->c.dev) d = w->c.dev_ops->query(w->c.dev) != 0;
   return d;
 }
 

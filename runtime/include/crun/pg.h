@@ -71,6 +71,8 @@ typedef struct {
   double timeout;       /* deadline of this call in s; <=0: the group's */
   int tag;              /* send/recv only: matched between the two sides */
   double premul_factor; /* CRUN_OP_PREMUL_SUM only: each input is multiplied by it */
+  int cuda;             /* non-zero: the buffers are CUDA device memory of the
+                           current device (backend nccl, or "auto" with a GPU) */
 } crun_coll_opts_t;
 
 /* Creates the group: every rank publishes its address in the store and the
@@ -175,6 +177,14 @@ int crun_work_wait(crun_work_t *w, double timeout);
 
 /* Returns non-zero when the work finished (successfully or not). Never blocks. */
 int crun_work_is_completed(crun_work_t *w);
+
+/* Device work (nccl): crun_work_wait makes the caller's current CUDA stream
+ * wait for the work's end event and returns (torch's Work.wait());
+ * crun_work_synchronize also waits on the host until the device finished it
+ * (timeout <= 0: until it ends or the group's watchdog fails it). On host
+ * work both are crun_work_wait. crun_work_is_completed queries the end
+ * event. */
+int crun_work_synchronize(crun_work_t *w, double timeout);
 
 /* Returns the sender's rank of a finished recv; -1 otherwise. */
 int crun_work_source(crun_work_t *w);

@@ -1,8 +1,8 @@
-/* test_gpudouble_math.c — device tensors' math through the double build:
+/* test_math.c — device tensors' math through the double build:
  * tensor ops, a Linear + ReLU + LogSoftMax + ClassNLL forward/backward and
  * SGD / Adam steps run on cuda:0 of the cudart double (device memory is host
  * memory, kernels are the host launchers) and must give the CPU's results
- * bit for bit. Runs as ctest gpudouble.c_math. */
+ * bit for bit. Runs as ctest gpudouble.c.test_math. */
 #include "harness.h"
 
 #include <math.h>

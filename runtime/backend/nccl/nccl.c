@@ -1,0 +1,423 @@
+/* nccl.c — the nccl backend's vtable: communicator creation (unique id
+ * through the store, ncclCommSplit for sub-groups), stream ordering, every
+ * collective and send/recv, and the device work hooks (end events). See
+ * nccl_int.h for the model. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "backend/nccl/nccl_int.h"
+#include "cuda/cuda_int.h"
+
+/* The caller's current stream on dev (crun.cuda.current_stream). */
+static cudaStream_t current_stream(int dev) { return (cudaStream_t)crun__cuda_current_stream(dev); }
+
+static int cuda_fail(cudaError_t e, const char *desc, int rank, const char *call) {
+  return crun_error(CRUN_EIO, "%s on rank %d: %s failed: %s", desc, rank, call, cudaGetErrorString(e));
+}
+
+#define NCCL_TRY(b, call, desc)                                                            \
+  do {                                                                                     \
+    ncclResult_t crun__nr = (call);                                                        \
+    if (crun__nr != ncclSuccess) return crun__nccl_fail(crun__nr, (b)->comm, desc, (b)->pg->rank, #call); \
+  } while (0)
+
+static int env_check(void) {
+  const char *e = getenv("CRUN_NCCL_CHECK");
+  return !(e && !strcmp(e, "0"));
+}
+
+/* Stream, events, scratch and the watchdog of a fresh state. */
+static int setup(crun__nccl_t *b, const char *what) {
+  cudaError_t e;
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_mutex_init(&b->mu, NULL);
+  pthread_cond_init(&b->cv, &ca);
+  pthread_condattr_destroy(&ca);
+  CRUN_CHECK(crun__cuda_current_device(&b->device)); /* under crun-lua: LOCAL_RANK's */
+  if ((e = cudaSetDevice(b->device)) != cudaSuccess) return cuda_fail(e, what, b->pg->rank, "cudaSetDevice");
+  if ((e = cudaStreamCreateWithFlags(&b->stream, cudaStreamNonBlocking)) != cudaSuccess)
+    return cuda_fail(e, what, b->pg->rank, "cudaStreamCreateWithFlags");
+  if ((e = cudaEventCreateWithFlags(&b->ready, cudaEventDisableTiming)) != cudaSuccess)
+    return cuda_fail(e, what, b->pg->rank, "cudaEventCreateWithFlags");
+  CRUN_CHECK(crun__cuda_alloc(b->device, sizeof(float), b->stream, &b->one));
+  b->check = env_check();
+  return crun__nccl_watch_start(b);
+}
+
+static void nccl_destroy(void *state) {
+  crun__nccl_t *b = state;
+  if (!b) return;
+  crun__nccl_watch_stop(b);
+  if (b->comm) {
+    if (b->stream) cudaStreamSynchronize(b->stream);
+    ncclCommDestroy(b->comm);
+  }
+  if (b->one) crun__cuda_free(b->device, b->one, sizeof(float), b->stream);
+  if (b->stream) cudaStreamSynchronize(b->stream);
+  if (b->ready) cudaEventDestroy(b->ready);
+  if (b->stream) cudaStreamDestroy(b->stream);
+  pthread_mutex_destroy(&b->mu);
+  pthread_cond_destroy(&b->cv);
+  free(b->fail_text);
+  free(b);
+}
+
+/* A store barrier before ncclCommInitRank (which has no deadline): every
+ * member writes nccl/join/<rank>; a missing one is named in an ETIMEDOUT. */
+static int join(crun_pg_t *pg) {
+  char k[48];
+  snprintf(k, sizeof k, "nccl/join/%d", pg->rank);
+  CRUN_CHECK(crun_store_set(pg->store, k, "1", 1));
+  int n = pg->size, rc = 0;
+  char (*keys)[48] = calloc((size_t)n, 48);
+  const char **kp = calloc((size_t)n, sizeof *kp);
+  if (!keys || !kp) { free(keys); free(kp); return crun_error(CRUN_ENOMEM, "nccl join"); }
+  for (int r = 0; r < n; r++) snprintf(keys[r], 48, "nccl/join/%d", r), kp[r] = keys[r];
+  rc = crun_store_wait(pg->store, kp, (size_t)n, pg->timeout);
+  if (rc == CRUN_ETIMEDOUT) {
+    int *late = malloc(sizeof(int) * (size_t)n), nl = 0;
+    for (int r = 0; late && r < n; r++) {
+      int ok = 0;
+      if (crun_store_check(pg->board, &kp[r], 1, &ok) == 0 && !ok) late[nl++] = r;
+    }
+    char who[256] = "some ranks";
+    if (late && nl) crun__ranks_text(who, sizeof who, late, nl);
+    free(late);
+    rc = crun_error(CRUN_ETIMEDOUT, "creating group '%s' (backend nccl) on rank %d: %s did not join within %.1f s; "
+                    "every member must create the group, in the same order on every rank", pg->prefix, pg->rank, who,
+                    pg->timeout);
+  }
+  free(keys);
+  free(kp);
+  return rc;
+}
+
+static int nccl_create(crun_pg_t *pg, void **state) {
+  crun__nccl_t *b = calloc(1, sizeof *b);
+  if (!b) return crun_error(CRUN_ENOMEM, "nccl backend");
+  b->pg = pg;
+  char what[64];
+  snprintf(what, sizeof what, "creating group '%.40s'", pg->prefix);
+  int rc = setup(b, what);
+  ncclUniqueId id;
+  if (rc == 0 && pg->rank == 0) {
+    ncclResult_t r = ncclGetUniqueId(&id);
+    if (r != ncclSuccess) rc = crun__nccl_fail(r, NULL, what, pg->rank, "ncclGetUniqueId");
+    else rc = crun_store_set(pg->store, "nccl/id", &id, sizeof id);
+  }
+  if (rc == 0) rc = join(pg);
+  if (rc == 0 && pg->rank != 0) {
+    crun_buf_t v = {0};
+    rc = crun_store_get(pg->store, "nccl/id", &v);
+    if (rc == 0 && v.len != sizeof id) rc = crun_error(CRUN_EIO, "%s on rank %d: the unique id in the store is %zu bytes", what, pg->rank, v.len);
+    if (rc == 0) memcpy(&id, v.data, sizeof id);
+    crun_buf_free(&v);
+  }
+  if (rc == 0) {
+    ncclResult_t r = ncclCommInitRank(&b->comm, pg->size, id, pg->rank);
+    if (r != ncclSuccess) { b->comm = NULL; rc = crun__nccl_fail(r, NULL, what, pg->rank, "ncclCommInitRank"); }
+  }
+  if (rc < 0) { nccl_destroy(b); return rc; }
+  *state = b;
+  return 0;
+}
+
+/* Sub-groups: every rank of the parent calls this (pg NULL for non-members),
+ * right after the parent agreed on the members, so ncclCommSplit (collective
+ * over the parent) cannot hang on a missing rank. */
+static int nccl_split(void *parent_state, crun_pg_t *pg, void **state) {
+  crun__nccl_t *p = parent_state, *b = NULL;
+  char what[64];
+  snprintf(what, sizeof what, "new_group on '%.40s'", p->pg->prefix);
+  if (atomic_load(&p->aborted) || !p->comm)
+    return crun_error(CRUN_ESTATE, "%s on rank %d: the parent's communicator was aborted", what, p->pg->rank);
+  if (pg) {
+    if (!(b = calloc(1, sizeof *b))) return crun_error(CRUN_ENOMEM, "nccl backend");
+    b->pg = pg;
+  }
+  int rc = b ? setup(b, what) : 0;
+  ncclComm_t nc = NULL;
+  ncclResult_t r = ncclCommSplit(p->comm, rc == 0 && b ? 0 : NCCL_SPLIT_NOCOLOR, b ? pg->rank : 0, &nc, NULL);
+  if (r != ncclSuccess && rc == 0) rc = crun__nccl_fail(r, p->comm, what, p->pg->rank, "ncclCommSplit");
+  if (!b) return rc;
+  b->comm = nc;
+  if (rc < 0) { nccl_destroy(b); return rc; }
+  *state = b;
+  return 0;
+}
+
+static void nccl_abort(void *state, int status, const char *text) {
+  crun__nccl_abort_comm(state, status, text, 1);
+}
+
+/* ---------------------------------------------------------------- device work */
+
+static int op_wait(void *dev, int host, double timeout) {
+  crun__nccl_op_t *op = dev;
+  double end = crun_clock() + (timeout > 0 ? timeout : 1e9);
+  if (!host) { /* the caller's stream waits on the end event */
+    if (op->status < 0) return crun_error(op->status, "%s", op->err);
+    cudaError_t e = op->end ? cudaStreamWaitEvent(current_stream(op->device), op->end, 0) : cudaSuccess;
+    return e == cudaSuccess ? 0 : cuda_fail(e, op->desc, -1, "cudaStreamWaitEvent");
+  }
+  for (;;) {
+    int st = atomic_load_explicit((_Atomic int *)&op->done, memory_order_acquire);
+    if (st && op->status < 0) return crun_error(op->status, "%s", op->err);
+    if (st || !op->end || cudaEventQuery(op->end) == cudaSuccess) {
+      if (op->status < 0) return crun_error(op->status, "%s", op->err);
+      return 0;
+    }
+    if (crun_clock() > end)
+      return crun_error(CRUN_ETIMEDOUT, "synchronize on %s timed out after %.3g s; it is still running", op->desc, timeout);
+    struct timespec ts = {0, 200 * 1000};
+    nanosleep(&ts, NULL);
+  }
+}
+
+static int op_query(void *dev) {
+  crun__nccl_op_t *op = dev;
+  if (op->status < 0) return crun_error(op->status, "%s", op->err);
+  return op->done || !op->end || cudaEventQuery(op->end) == cudaSuccess;
+}
+
+static void op_free(void *dev) { crun__nccl_op_unref(dev); }
+
+static const crun__dev_ops_t dev_ops = {op_wait, op_query, op_free};
+
+/* ---------------------------------------------------------------- operations */
+
+typedef int (*enqueue_fn)(crun__nccl_t *b, crun__coll_t *c, const char *desc);
+
+/* Check, order after the caller's stream, enqueue, record the end event and
+ * make the caller's stream wait on it. */
+static int run(crun__nccl_t *b, crun__coll_t *c, enqueue_fn fn) {
+  char desc[64];
+  crun__coll_desc(c, desc, sizeof desc);
+  if (atomic_load(&b->aborted)) {
+    pthread_mutex_lock(&b->mu);
+    int rc = crun_error(CRUN_ESTATE, "%s on rank %d: the communicator was aborted: %s", desc, b->pg->rank,
+                        b->fail_text ? b->fail_text : "?");
+    pthread_mutex_unlock(&b->mu);
+    return rc;
+  }
+  if (c->kind != CRUN__COLL_SEND && c->kind != CRUN__COLL_RECV) CRUN_CHECK(crun__nccl_check(b, c));
+  cudaStream_t cur = current_stream(b->device);
+  cudaError_t e = cudaEventRecord(b->ready, cur);
+  if (e == cudaSuccess) e = cudaStreamWaitEvent(b->stream, b->ready, 0);
+  if (e != cudaSuccess) return cuda_fail(e, desc, b->pg->rank, "ordering after the current stream");
+  crun__nccl_op_t *op = crun__nccl_op_begin(b, c);
+  if (!op) return crun_error(CRUN_ENOMEM, "%s", desc);
+  int rc = crun__nccl_op_end(b, op, fn(b, c, desc));
+  if (rc == 0 && op->end && (e = cudaStreamWaitEvent(cur, op->end, 0)) != cudaSuccess)
+    rc = cuda_fail(e, desc, b->pg->rank, "cudaStreamWaitEvent");
+  if (rc < 0) { crun__nccl_op_unref(op); return rc; }
+  c->dev = op;
+  c->dev_ops = &dev_ops;
+  return 0;
+}
+
+/* The reduce op of c, created for premul_sum (destroy with op_done). */
+static int red_op(crun__nccl_t *b, const crun__coll_t *c, ncclDataType_t t, ncclRedOp_t *op, const char *desc) {
+  if (c->op != CRUN_OP_PREMUL_SUM) return crun__nccl_op(c->dt, c->op, op, desc, b->pg->rank);
+  if (c->dt != CRUN_FLOAT32 && c->dt != CRUN_FLOAT64 && c->dt != CRUN_FLOAT16 && c->dt != CRUN_BFLOAT16)
+    return crun_error(CRUN_ENOTSUP, "%s on rank %d: reduce op premul_sum on %s is not supported by backend nccl",
+                      desc, b->pg->rank, crun_dtype_name(c->dt));
+  unsigned char scalar[8];
+  crun_elem_set_double(c->dt, scalar, 0, c->premul);
+  NCCL_TRY(b, ncclRedOpCreatePreMulSum(op, scalar, t, ncclScalarHostImmediate, b->comm), desc);
+  return 0;
+}
+
+static void red_done(crun__nccl_t *b, const crun__coll_t *c, ncclRedOp_t op) {
+  if (c->op == CRUN_OP_PREMUL_SUM) ncclRedOpDestroy(op, b->comm);
+}
+
+static int reduces(int kind) {
+  return kind == CRUN__COLL_ALL_REDUCE || kind == CRUN__COLL_REDUCE || kind == CRUN__COLL_REDUCE_SCATTER;
+}
+
+static int types(crun__nccl_t *b, const crun__coll_t *c, ncclDataType_t *t, size_t *n, const char *desc) {
+  return crun__nccl_dtype(c->dt, reduces(c->kind), c->op, t, n, desc, b->pg->rank);
+}
+
+static int q_all_reduce(crun__nccl_t *b, crun__coll_t *c, const char *desc) {
+  ncclDataType_t t;
+  ncclRedOp_t op;
+  size_t k;
+  CRUN_CHECK(types(b, c, &t, &k, desc));
+  CRUN_CHECK(red_op(b, c, t, &op, desc));
+  ncclResult_t r = ncclAllReduce(c->buf, c->buf, c->count * k, t, op, b->comm, b->stream);
+  red_done(b, c, op);
+  return r == ncclSuccess ? 0 : crun__nccl_fail(r, b->comm, desc, b->pg->rank, "ncclAllReduce");
+}
+
+static int q_reduce(crun__nccl_t *b, crun__coll_t *c, const char *desc) {
+  ncclDataType_t t;
+  ncclRedOp_t op;
+  size_t k;
+  CRUN_CHECK(types(b, c, &t, &k, desc));
+  CRUN_CHECK(red_op(b, c, t, &op, desc));
+  ncclResult_t r = ncclReduce(c->buf, c->buf, c->count * k, t, op, c->root, b->comm, b->stream);
+  red_done(b, c, op);
+  return r == ncclSuccess ? 0 : crun__nccl_fail(r, b->comm, desc, b->pg->rank, "ncclReduce");
+}
+
+static int q_broadcast(crun__nccl_t *b, crun__coll_t *c, const char *desc) {
+  ncclDataType_t t;
+  size_t k;
+  CRUN_CHECK(types(b, c, &t, &k, desc));
+  NCCL_TRY(b, ncclBroadcast(c->buf, c->buf, c->count * k, t, c->root, b->comm, b->stream), desc);
+  return 0;
+}
+
+/* A device scratch buffer of n bytes, stream-ordered on the group's stream
+ * (the device's pool: it shows in the memory figures); free with unscratch. */
+static int scratch(crun__nccl_t *b, size_t n, void **p, const char *desc) {
+  (void)desc;
+  return crun__cuda_alloc(b->device, n ? n : 1, b->stream, p);
+}
+
+static void unscratch(crun__nccl_t *b, size_t n, void *p) { crun__cuda_free(b->device, p, n ? n : 1, b->stream); }
+
+static int copy(crun__nccl_t *b, void *dst, const void *src, size_t n, const char *desc) {
+  if (n == 0 || dst == src) return 0;
+  cudaError_t e = cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, b->stream);
+  return e == cudaSuccess ? 0 : cuda_fail(e, desc, b->pg->rank, "cudaMemcpyAsync");
+}
+
+/* all_gather: native ncclAllGather into the outputs when they are one
+ * contiguous run, else into a scratch buffer copied out. */
+static int q_all_gather(crun__nccl_t *b, crun__coll_t *c, const char *desc) {
+  ncclDataType_t t;
+  size_t k, bytes = c->count * crun_dtype_size(c->dt), p = (size_t)b->pg->size;
+  CRUN_CHECK(types(b, c, &t, &k, desc));
+  int flat = 1;
+  for (size_t r = 1; r < p; r++) flat &= (char *)c->outs[r] == (char *)c->outs[0] + r * bytes;
+  void *dst = c->outs[0];
+  if (!flat) CRUN_CHECK(scratch(b, bytes * p, &dst, desc));
+  ncclResult_t nr = ncclAllGather(c->in, dst, c->count * k, t, b->comm, b->stream);
+  int rc = nr == ncclSuccess ? 0 : crun__nccl_fail(nr, b->comm, desc, b->pg->rank, "ncclAllGather");
+  for (size_t r = 0; !flat && rc == 0 && r < p; r++) rc = copy(b, c->outs[r], (char *)dst + r * bytes, bytes, desc);
+  if (!flat) unscratch(b, bytes * p, dst);
+  return rc;
+}
+
+static int q_reduce_scatter(crun__nccl_t *b, crun__coll_t *c, const char *desc) {
+  ncclDataType_t t;
+  ncclRedOp_t op;
+  size_t k, bytes = c->count * crun_dtype_size(c->dt), p = (size_t)b->pg->size;
+  CRUN_CHECK(types(b, c, &t, &k, desc));
+  int flat = 1;
+  for (size_t r = 1; r < p; r++) flat &= (const char *)c->ins[r] == (const char *)c->ins[0] + r * bytes;
+  void *src = (void *)c->ins[0];
+  if (!flat) CRUN_CHECK(scratch(b, bytes * p, &src, desc));
+  int rc = 0;
+  for (size_t r = 0; !flat && rc == 0 && r < p; r++) rc = copy(b, (char *)src + r * bytes, c->ins[r], bytes, desc);
+  if (rc == 0) rc = red_op(b, c, t, &op, desc);
+  if (rc == 0) {
+    ncclResult_t nr = ncclReduceScatter(src, c->buf, c->count * k, t, op, b->comm, b->stream);
+    red_done(b, c, op);
+    if (nr != ncclSuccess) rc = crun__nccl_fail(nr, b->comm, desc, b->pg->rank, "ncclReduceScatter");
+  }
+  if (!flat) unscratch(b, bytes * p, src);
+  return rc;
+}
+
+/* Runs the sends and receives of one grouped call (ncclGroupStart/End). */
+static int grouped(crun__nccl_t *b, crun__coll_t *c, const char *desc) {
+  ncclDataType_t t;
+  size_t k, es = crun_dtype_size(c->dt);
+  int me = b->pg->rank, n = b->pg->size, rc = 0;
+  CRUN_CHECK(types(b, c, &t, &k, desc));
+  NCCL_TRY(b, ncclGroupStart(), desc);
+  ncclResult_t r = ncclSuccess;
+  switch (c->kind) {
+  case CRUN__COLL_SEND: r = ncclSend(c->buf, c->count * k, t, c->root, b->comm, b->stream); break;
+  case CRUN__COLL_RECV: r = ncclRecv(c->buf, c->count * k, t, c->root, b->comm, b->stream); break;
+  case CRUN__COLL_GATHER:
+    if (me != c->root) { r = ncclSend(c->in, c->count * k, t, c->root, b->comm, b->stream); break; }
+    for (int p = 0; p < n && r == ncclSuccess && rc == 0; p++)
+      if (p == me) rc = copy(b, c->outs[p], c->in, c->count * es, desc);
+      else r = ncclRecv(c->outs[p], c->count * k, t, p, b->comm, b->stream);
+    break;
+  case CRUN__COLL_SCATTER:
+    if (me != c->root) { r = ncclRecv(c->buf, c->count * k, t, c->root, b->comm, b->stream); break; }
+    for (int p = 0; p < n && r == ncclSuccess && rc == 0; p++)
+      if (p == me) rc = copy(b, c->buf, c->ins[p], c->count * es, desc);
+      else r = ncclSend(c->ins[p], c->count * k, t, p, b->comm, b->stream);
+    break;
+  case CRUN__COLL_ALL_TO_ALL:
+    for (int p = 0; p < n && r == ncclSuccess && rc == 0; p++) {
+      if (p == me) { rc = copy(b, c->outs[p], c->ins[p], c->in_counts[p] * es, desc); continue; }
+      if (c->in_counts[p]) r = ncclSend(c->ins[p], c->in_counts[p] * k, t, p, b->comm, b->stream);
+      if (r == ncclSuccess && c->out_counts[p]) r = ncclRecv(c->outs[p], c->out_counts[p] * k, t, p, b->comm, b->stream);
+    }
+    break;
+  }
+  ncclResult_t e = ncclGroupEnd();
+  if (rc < 0) return rc;
+  if (r != ncclSuccess) return crun__nccl_fail(r, b->comm, desc, me, "ncclSend/ncclRecv");
+  return e == ncclSuccess ? 0 : crun__nccl_fail(e, b->comm, desc, me, "ncclGroupEnd");
+}
+
+/* barrier: an all_reduce of one float on the device, then a host wait. */
+static int q_barrier(crun__nccl_t *b, crun__coll_t *c, const char *desc) {
+  (void)c;
+  NCCL_TRY(b, ncclAllReduce(b->one, b->one, 1, ncclFloat32, ncclSum, b->comm, b->stream), desc);
+  return 0;
+}
+
+static int nccl_coll(void *state, crun__coll_t *c) {
+  crun__nccl_t *b = state;
+  switch (c->kind) {
+  case CRUN__COLL_ALL_REDUCE: return run(b, c, q_all_reduce);
+  case CRUN__COLL_REDUCE: return run(b, c, q_reduce);
+  case CRUN__COLL_BROADCAST: return run(b, c, q_broadcast);
+  case CRUN__COLL_ALL_GATHER: return run(b, c, q_all_gather);
+  case CRUN__COLL_REDUCE_SCATTER: return run(b, c, q_reduce_scatter);
+  case CRUN__COLL_GATHER: case CRUN__COLL_SCATTER: case CRUN__COLL_ALL_TO_ALL: return run(b, c, grouped);
+  case CRUN__COLL_BARRIER: {
+    int rc = run(b, c, q_barrier);
+    if (rc == 0) rc = op_wait(c->dev, 1, 0);
+    return rc;
+  }
+  }
+  return crun_error(CRUN_ENOTSUP, "%s is not supported by backend nccl", crun__coll_name(c->kind));
+}
+
+static int nccl_p2p(void *state, crun__coll_t *c) {
+  crun__nccl_t *b = state;
+  if (c->kind == CRUN__COLL_RECV && c->root == CRUN_ANY_SOURCE)
+    return crun_error(CRUN_ENOTSUP, "recv from any rank on rank %d is not supported by backend nccl (NCCL needs the "
+                      "source rank)", b->pg->rank);
+  int rc = run(b, c, grouped);
+  if (rc == 0 && c->kind == CRUN__COLL_RECV) c->src_out = c->root;
+  return rc;
+}
+
+static int nccl_validate(int kind, crun_dtype_t dt, int has_op, crun_reduce_op_t op, int rank) {
+  ncclDataType_t t;
+  ncclRedOp_t o;
+  size_t k;
+  const char *name = crun__coll_name(kind);
+  if (kind == CRUN__COLL_BARRIER) return 0;
+  CRUN_CHECK(crun__nccl_dtype(dt, has_op, op, &t, &k, name, rank));
+  if (!has_op || op == CRUN_OP_PREMUL_SUM) return 0;
+  return crun__nccl_op(dt, op, &o, name, rank);
+}
+
+/* A GPU is visible to this process. */
+static int nccl_available(void) {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+const crun_backend_vtable_t crun__backend_nccl = {
+    .name = "nccl", .available = nccl_available, .validate = nccl_validate, .create = nccl_create, .abort = nccl_abort, .destroy = nccl_destroy, .split = nccl_split,
+    .device = 1, .send = nccl_p2p, .recv = nccl_p2p, .broadcast = nccl_coll, .all_reduce = nccl_coll,
+    .reduce = nccl_coll, .all_gather = nccl_coll, .gather = nccl_coll, .scatter = nccl_coll,
+    .reduce_scatter = nccl_coll, .all_to_all = nccl_coll, .barrier = nccl_coll};

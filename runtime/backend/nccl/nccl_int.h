@@ -1,0 +1,95 @@
+/* nccl_int.h — the "nccl" backend: collectives of CUDA buffers over NCCL.
+ *
+ * One NCCL communicator per group, made from a unique id rank 0 writes into
+ * the group's store (sub-groups: ncclCommSplit of the parent's communicator,
+ * collective over the parent). Each group owns a CUDA stream; a call first
+ * makes that stream wait for the caller's current stream, enqueues the NCCL
+ * operation(s) on it and records an end event; the caller's stream then
+ * waits on that event (torch's semantics: no host wait). Gather, scatter,
+ * all_to_all and send/recv are grouped ncclSend/ncclRecv.
+ *
+ * Before each collective a host-side signature check (check.c; on unless
+ * CRUN_NCCL_CHECK=0) compares the calls of every rank through the store, as
+ * the mpi backend does over MPI: EMISMATCH and ETIMEDOUT texts are the same.
+ * A watchdog thread per group (watch.c) polls the pending end events and
+ * ncclCommGetAsyncError; at an operation's deadline, on an asynchronous
+ * error or on a peer's abort notice it aborts the communicator
+ * (ncclCommAbort) and fails the operation; the group is then ESTATE. */
+#ifndef CRUN_NCCL_INT_H
+#define CRUN_NCCL_INT_H
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+#include <stdatomic.h>
+
+#include "backend/backend.h"
+
+/* One enqueued operation the watchdog follows until its end event fired. */
+typedef struct crun__nccl_op {
+  atomic_int refs;
+  cudaEvent_t end;              /* NULL while the host is still inside NCCL */
+  double deadline;              /* crun_clock() value */
+  double timeout;
+  int device;
+  int status;                   /* 0, or the failure (err holds the text) */
+  int done;
+  char *err;
+  char desc[64];                /* "all_reduce #3" */
+  struct crun__nccl_op *next;
+} crun__nccl_op_t;
+
+typedef struct crun__nccl {
+  crun_pg_t *pg;
+  ncclComm_t comm;
+  cudaStream_t stream;
+  cudaEvent_t ready;            /* recorded on the caller's stream */
+  int device;
+  int check;                    /* CRUN_NCCL_CHECK */
+  uint64_t last_checked;        /* seq of our previous signature key (0: none) */
+  void *one;                    /* device scratch of one float: barrier */
+  /* watchdog */
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  crun__nccl_op_t *pending;
+  char last_desc[64];           /* the latest operation (guarded by mu) */
+  int stop, has_watch;
+  pthread_t watch;
+  _Atomic int aborted;          /* the communicator was aborted */
+  int fail_rc;                  /* why (guarded by mu) */
+  char *fail_text;
+} crun__nccl_t;
+
+/* The NCCL type of dt for op kind `kind` with op `op` (reductions); sets
+ * *scale to the element-count multiplier (1, or the size when a dtype NCCL
+ * lacks moves as bytes). ENOTSUP naming op and dtype when NCCL cannot. */
+int crun__nccl_dtype(crun_dtype_t dt, int reduces, crun_reduce_op_t op, ncclDataType_t *out, size_t *scale,
+                     const char *desc, int rank);
+
+/* The NCCL op for op on dt (bool: sum/max -> max, product/min -> min);
+ * ENOTSUP for bitwise ops, naming op and dtype. */
+int crun__nccl_op(crun_dtype_t dt, crun_reduce_op_t op, ncclRedOp_t *out, const char *desc, int rank);
+
+/* Records "ENAME: <desc> on rank r: <call> failed: <nccl text>". */
+int crun__nccl_fail(ncclResult_t r, ncclComm_t comm, const char *desc, int rank, const char *call);
+
+/* The signature check of c (check.c). */
+int crun__nccl_check(crun__nccl_t *b, crun__coll_t *c);
+
+/* Reads a peer's abort notice from the store: <0 with its text recorded when
+ * there is one, 0 when none. */
+int crun__nccl_poll_abort(crun__nccl_t *b, const char *desc);
+
+/* Watchdog (watch.c). */
+int crun__nccl_watch_start(crun__nccl_t *b);
+void crun__nccl_watch_stop(crun__nccl_t *b);
+/* Registers an operation about to enter NCCL (deadline from c). */
+crun__nccl_op_t *crun__nccl_op_begin(crun__nccl_t *b, const crun__coll_t *c);
+/* The host left NCCL with rc: records the end event (rc == 0) or fails it. */
+int crun__nccl_op_end(crun__nccl_t *b, crun__nccl_op_t *op, int rc);
+void crun__nccl_op_unref(crun__nccl_op_t *op);
+/* Aborts the communicator once, recording why (rc, text); wakes waiters. */
+void crun__nccl_abort_comm(crun__nccl_t *b, int rc, const char *text, int notify);
+/* Names the ranks not at c (from the progress board) into who/where. */
+void crun__nccl_missing(crun__nccl_t *b, const char *desc, char *who, size_t wcap, char *where, size_t rcap);
+
+#endif
