@@ -162,3 +162,42 @@ describe("nn and optim on a device", function()
     same("backward is gy * mask", (x * a.mask:cpu():cuda()):cpu(), a:backward(x, x))
   end)
 end)
+
+describe("DDP on a device", function()
+  local core = require "crun.core"
+  local it_nccl = (avail and core.have_nccl) and it or function(name)
+    pending(name .. " (skipped: " .. (avail and "the nccl backend is not in this build" or tostring(reason)) .. ")")
+  end
+
+  -- The "epoch ... done" lines of a 2-rank jobs/train.lua run, without the rate.
+  local function train(device, dir)
+    local run = require "helpers.dist_run"
+    local code, out = run.run(2, "jobs/train.lua", "--device " .. device ..
+      " --epochs 2 --samples 600 --quiet --ckpt-dir " .. dir, {limit = 200})
+    assert.equals(0, code, out)
+    local done = {}
+    for l in out:gmatch("[^\n]+") do
+      if l:find("done:", 1, true) then done[#done + 1] = l:gsub(", [%d.]+ samples/s", "") end
+    end
+    assert.equals(2, #done, out)
+    return done, out
+  end
+
+  it_nccl("jobs/train.lua --device cuda trains with gradient buckets in device memory as the CPU run does", function()
+    local dir = os.tmpname()
+    os.remove(dir)
+    local cpu = train("cpu", dir .. "-cpu")
+    local gpu, out = train("cuda", dir .. "-cuda")
+    assert.truthy(out:find("params on cuda;", 1, true), out)
+    if DOUBLE then
+      assert.same(cpu, gpu) -- the same arithmetic, the same order: the same losses
+    else
+      assert.truthy(gpu[2]:find("test accuracy", 1, true), out)
+    end
+    -- the checkpoint was written from host copies and loads on the CPU
+    local ck = crun.load(dir .. "-cuda/train.crun")
+    assert.equals(2, ck.epoch)
+    assert.is_false(ck.model[1]:is_cuda())
+    os.execute("rm -rf '" .. dir .. "-cpu' '" .. dir .. "-cuda'")
+  end)
+end)
