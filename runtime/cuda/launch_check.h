@@ -65,6 +65,16 @@ static inline int crun__lc_label_dtype(const char *fn, crun_dtype_t lt) {
   return 0;
 }
 
+/* Stores outer * n * inner; fails when a size is negative or the product
+ * overflows. */
+static inline int crun__lc_slices(const char *what, int64_t outer, int64_t n, int64_t inner, int64_t *total) {
+  const int64_t v[3] = {outer, n, inner};
+  if (crun__prod_i64(v, 3, total))
+    return crun_error(CRUN_EINVAL, "%s: bad sizes %lld x %lld x %lld", what, (long long)outer, (long long)n,
+                      (long long)inner);
+  return 0;
+}
+
 /* Fails unless the geometry fits: ndim in range, dims >= 0. */
 static inline int crun__lc_geo(const char *what, const crun__kgeo_t *g, int64_t *numel) {
   if (!g || g->ndim < 0 || g->ndim > CRUN_MAX_DIMS)

@@ -57,9 +57,11 @@ extern "C" int crun__cuda_reduce_dim(crun_dimred_t op, crun_dtype_t dt, const vo
                                      void *stream) {
   int64_t total;
   if ((unsigned)op >= CRUN_DIMRED_COUNT) return crun_error(CRUN_EINVAL, "bad reduction %d", (int)op);
-  if (outer < 0 || n < 0 || inner < 0 || crun__mul_i64(outer, inner, &total))
-    return crun_error(CRUN_EINVAL, "reduce: bad sizes %lld x %lld x %lld", (long long)outer, (long long)n,
-                      (long long)inner);
+  int64_t all;
+  CRUN_CHECK(crun__lc_slices("reduce", outer, n, inner, &all));
+  total = outer * inner; /* <= all, or n == 0 */
+  if (n == 0 && crun__mul_i64(outer, inner, &total))
+    return crun_error(CRUN_EINVAL, "reduce: bad sizes %lld x 0 x %lld", (long long)outer, (long long)inner);
   CRUN_K_CHECK_N("reduce", total, values);
   if (total == 0) return 0;
   return reduce_launch(op, dt, a, outer, n, inner, values, vdt, indices, base, CRUN_K_STREAM(stream));
@@ -72,8 +74,10 @@ __global__ void k_softmax(int dt, const void *a, void *out, int64_t outer, int64
 extern "C" int crun__cuda_softmax(crun_dtype_t dt, const void *a, void *out, int64_t outer, int64_t n,
                                   int64_t inner, int use_log, void *stream) {
   CRUN_CHECK(crun__lc_float(use_log ? "log_softmax" : "softmax", dt));
-  CRUN_K_CHECK_N("softmax", outer * inner * n, a, out);
-  if (outer * inner * n == 0) return 0;
+  int64_t total;
+  CRUN_CHECK(crun__lc_slices("softmax", outer, n, inner, &total));
+  CRUN_K_CHECK_N("softmax", total, a, out);
+  if (total == 0) return 0;
   k_softmax<<<crun__k_blocks(outer * inner), CRUN_K_THREADS, 0, CRUN_K_STREAM(stream)>>>((int)dt, a, out, outer, n,
                                                                                        inner, use_log);
   return crun__k_launched("softmax");

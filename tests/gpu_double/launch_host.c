@@ -130,9 +130,11 @@ int crun__cuda_reduce_dim(crun_dimred_t op, crun_dtype_t dt, const void *a, int6
   SYNC(stream);
   int64_t total;
   if ((unsigned)op >= CRUN_DIMRED_COUNT) return crun_error(CRUN_EINVAL, "bad reduction %d", (int)op);
-  if (outer < 0 || n < 0 || inner < 0 || crun__mul_i64(outer, inner, &total))
-    return crun_error(CRUN_EINVAL, "reduce: bad sizes %lld x %lld x %lld", (long long)outer, (long long)n,
-                      (long long)inner);
+  int64_t all;
+  CRUN_CHECK(crun__lc_slices("reduce", outer, n, inner, &all));
+  total = outer * inner; /* <= all, or n == 0 */
+  if (n == 0 && crun__mul_i64(outer, inner, &total))
+    return crun_error(CRUN_EINVAL, "reduce: bad sizes %lld x 0 x %lld", (long long)outer, (long long)inner);
   CHECK_N("reduce", total, values);
   for (int64_t o = 0; o < outer; o++)
     for (int64_t j = 0; j < inner; j++) {
@@ -147,7 +149,9 @@ int crun__cuda_softmax(crun_dtype_t dt, const void *a, void *out, int64_t outer,
                        int use_log, void *stream) {
   SYNC(stream);
   CRUN_CHECK(crun__lc_float(use_log ? "log_softmax" : "softmax", dt));
-  CRUN_CHECK(crun__lc_count("softmax", outer * inner * n, 2, PTRS(a, out)));
+  int64_t total;
+  CRUN_CHECK(crun__lc_slices("softmax", outer, n, inner, &total));
+  CRUN_CHECK(crun__lc_count("softmax", total, 2, PTRS(a, out)));
   for (int64_t o = 0; o < outer; o++)
     for (int64_t j = 0; j < inner; j++) crun__k_softmax_slice(dt, a, out, o * n * inner + j, n, inner, use_log);
   return 0;
