@@ -55,9 +55,9 @@ static int reduce_launch(crun_dimred_t op, crun_dtype_t dt, const void *a, int64
 extern "C" int crun__cuda_reduce_dim(crun_dimred_t op, crun_dtype_t dt, const void *a, int64_t outer, int64_t n,
                                      int64_t inner, void *values, crun_dtype_t vdt, int64_t *indices, int64_t base,
                                      void *stream) {
-  int64_t total;
+  int64_t total = 0;
   if ((unsigned)op >= CRUN_DIMRED_COUNT) return crun_error(CRUN_EINVAL, "bad reduction %d", (int)op);
-  int64_t all;
+  int64_t all = 0;
   CRUN_CHECK(crun__lc_slices("reduce", outer, n, inner, &all));
   total = outer * inner; /* <= all, or n == 0 */
   if (n == 0 && crun__mul_i64(outer, inner, &total))
@@ -74,7 +74,7 @@ __global__ void k_softmax(int dt, const void *a, void *out, int64_t outer, int64
 extern "C" int crun__cuda_softmax(crun_dtype_t dt, const void *a, void *out, int64_t outer, int64_t n,
                                   int64_t inner, int use_log, void *stream) {
   CRUN_CHECK(crun__lc_float(use_log ? "log_softmax" : "softmax", dt));
-  int64_t total;
+  int64_t total = 0;
   CRUN_CHECK(crun__lc_slices("softmax", outer, n, inner, &total));
   CRUN_K_CHECK_N("softmax", total, a, out);
   if (total == 0) return 0;
