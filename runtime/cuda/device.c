@@ -169,8 +169,10 @@ int crun__cuda_alloc(int dev, size_t nbytes, crun__stream_t s, void **out) {
     crun_cuda_memory_t m = {0};
     (void)crun_cuda_memory(dev, &m);
     int rc = crun__cuda_fail(e, "cudaMallocAsync", "cuda alloc", dev);
-    return crun_error(rc, "%s; asked for %zu bytes, %llu allocated, %llu reserved", crun_last_error() + strlen(crun_err_name(rc)) + 2,
-                      nbytes, (unsigned long long)m.allocated, (unsigned long long)m.reserved);
+    char what[256]; /* the text without its status name, copied out of the error buffer */
+    snprintf(what, sizeof what, "%s", crun_last_error() + strlen(crun_err_name(rc)) + 2);
+    return crun_error(rc, "%s; asked for %zu bytes, %llu allocated, %llu reserved", what, nbytes,
+                      (unsigned long long)m.allocated, (unsigned long long)m.reserved);
   }
   count_alloc(dev, nbytes);
   return 0;

@@ -53,7 +53,7 @@ typedef struct dbl_op {
 } dbl_op_t;
 
 struct CUstream_st { /* cudaStream_t points at one of these */
-  int device, destroyed, busy;
+  int device, destroyed, busy, finished; /* finished: the worker returned (join it) */
   dbl_op_t *head, *tail;
   pthread_t thread;
 };
@@ -75,8 +75,9 @@ static int g_ndev = -1;
 static size_t g_capacity;
 static double g_stall_s;
 static struct CUstream_st *g_default[DBL_MAX_DEV];
-static struct CUstream_st *g_streams[1024]; /* live streams, for device synchronisation */
+static struct CUstream_st *g_streams[1024]; /* every worker not joined yet */
 static int g_nstreams;
+static int g_shutdown; /* set when the double is unloaded or the process exits */
 static size_t g_used[DBL_MAX_DEV], g_cached[DBL_MAX_DEV];
 static struct CUmemPoolHandle_st g_pools[DBL_MAX_DEV];
 static dbl_alloc_t *g_allocs;
@@ -141,10 +142,10 @@ static int run_locked(struct CUstream_st *s, dbl_op_t *op) {
     struct timespec dl;
     clock_gettime(CLOCK_REALTIME, &dl);
     double until = dl.tv_sec + dl.tv_nsec / 1e9 + g_stall_s;
-    while (op->ev->done < op->seq) {
+    while (op->ev->done < op->seq && !g_shutdown) {
       dl.tv_sec = (time_t)until;
       dl.tv_nsec = (long)((until - (double)dl.tv_sec) * 1e9);
-      if (pthread_cond_timedwait(&g_cv, &g_mu, &dl) != 0 && op->ev->done < op->seq) {
+      if (pthread_cond_timedwait(&g_cv, &g_mu, &dl) != 0 && op->ev->done < op->seq && !g_shutdown) {
         fprintf(stderr, "cudart_double: a stream of device %d waited %.0f s for an event that never "
                         "completed (CRUN_CUDA_DOUBLE_STALL_S); aborting\n", s->device, g_stall_s);
         abort();
@@ -173,8 +174,8 @@ static void *worker(void *arg) {
   struct CUstream_st *s = arg;
   pthread_mutex_lock(&g_mu);
   for (;;) {
-    while (!s->head && !s->destroyed) pthread_cond_wait(&g_cv, &g_mu);
-    if (!s->head) break; /* destroyed and drained */
+    while (!s->head && !s->destroyed && !g_shutdown) pthread_cond_wait(&g_cv, &g_mu);
+    if (g_shutdown || !s->head) break; /* unloading, or destroyed and drained */
     dbl_op_t *op = s->head;
     s->busy = 1;
     if (!run_locked(s, op)) {
@@ -188,24 +189,51 @@ static void *worker(void *arg) {
     free(op);
     pthread_cond_broadcast(&g_cv);
   }
-  for (int i = 0; i < g_nstreams; i++)
-    if (g_streams[i] == s) g_streams[i] = g_streams[--g_nstreams];
+  s->finished = 1; /* joined and freed by reap_locked or the destructor */
   pthread_cond_broadcast(&g_cv);
   pthread_mutex_unlock(&g_mu);
-  free(s);
   return NULL;
 }
 
+/* Joins and frees the workers of destroyed streams that have returned. */
+static void reap_locked(void) {
+  for (int i = 0; i < g_nstreams;) {
+    struct CUstream_st *s = g_streams[i];
+    if (!s->finished) {
+      i++;
+      continue;
+    }
+    pthread_join(s->thread, NULL); /* it has released g_mu: returns at once */
+    g_streams[i] = g_streams[--g_nstreams];
+    free(s);
+  }
+}
+
+/* The worker threads run code of the library holding the double (the Lua
+ * module is dlclose'd when its state closes): stop and join them all before
+ * that code goes away. Queued work is dropped. */
+__attribute__((destructor)) static void double_unload(void) {
+  pthread_mutex_lock(&g_mu);
+  g_shutdown = 1;
+  pthread_cond_broadcast(&g_cv);
+  struct CUstream_st *all[sizeof g_streams / sizeof *g_streams];
+  int n = g_nstreams;
+  memcpy(all, g_streams, (size_t)n * sizeof *all);
+  g_nstreams = 0;
+  pthread_mutex_unlock(&g_mu);
+  for (int i = 0; i < n; i++) {
+    pthread_join(all[i]->thread, NULL);
+    free(all[i]);
+  }
+}
+
 static struct CUstream_st *stream_new_locked(int device) {
-  if (g_nstreams == (int)(sizeof g_streams / sizeof *g_streams)) return NULL;
+  reap_locked();
+  if (g_shutdown || g_nstreams == (int)(sizeof g_streams / sizeof *g_streams)) return NULL;
   struct CUstream_st *s = calloc(1, sizeof *s);
   if (!s) return NULL;
   s->device = device;
-  pthread_attr_t at;
-  pthread_attr_init(&at);
-  pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-  int rc = pthread_create(&s->thread, &at, worker, s);
-  pthread_attr_destroy(&at);
+  int rc = pthread_create(&s->thread, NULL, worker, s);
   if (rc) {
     free(s);
     return NULL;
@@ -513,8 +541,15 @@ cudaError_t cudaHostAlloc(void **out, size_t n, unsigned int flags) {
   return cudaSuccess;
 }
 
+/* Like CUDA, waits for all queued work first (a pending copy may read p). */
 cudaError_t cudaFreeHost(void *p) {
   pthread_mutex_lock(&g_mu);
+  for (;;) {
+    int busy = 0;
+    for (int i = 0; i < g_nstreams; i++) busy |= !idle_locked(g_streams[i]);
+    if (!busy) break;
+    pthread_cond_wait(&g_cv, &g_mu);
+  }
   dbl_alloc_t **pp = &g_allocs;
   while (*pp && !((*pp)->p == p && (*pp)->device < 0)) pp = &(*pp)->next;
   dbl_alloc_t *a = *pp;
