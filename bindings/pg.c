@@ -371,6 +371,71 @@ static int l_recv(lua_State *L) {
   return 1;
 }
 
+/* The byte collectives below work on host buffers; a group that only moves
+ * CUDA memory (backend nccl) gets them staged through the current device,
+ * as torch's object collectives do. */
+static int on_device_only(crun_pg_t *pg) { return strcmp(crun_pg_backend(pg), "nccl") == 0; }
+
+/* Copies n elements of buf to a new tensor on the current device (*d). */
+static int stage_in(const void *buf, size_t n, crun_dtype_t dt, crun_tensor_t **d) {
+  int dev = 0;
+  int64_t shape = (int64_t)n;
+  crun_tensor_t *h = NULL;
+  CRUN_CHECK(crun_cuda_current_device(&dev));
+  CRUN_CHECK(crun_tensor_from_data(dt, 1, &shape, buf, n * crun_dtype_size(dt), &h));
+  int rc = crun_tensor_to_device(h, dev, d);
+  crun_tensor_release(h);
+  return rc;
+}
+
+/* Copies device tensor d back into buf and releases it. */
+static int stage_out(crun_tensor_t *d, void *buf, size_t n, crun_dtype_t dt) {
+  crun_tensor_t *h = NULL;
+  int rc = crun_tensor_to_device(d, -1, &h);
+  if (rc == 0 && n) memcpy(buf, crun_tensor_data(h), n * crun_dtype_size(dt));
+  if (h) crun_tensor_release(h);
+  crun_tensor_release(d);
+  return rc;
+}
+
+static int bytes_broadcast(crun_pg_t *pg, void *buf, size_t n, crun_dtype_t dt, int src, crun_coll_opts_t *o) {
+  if (!on_device_only(pg)) return crun_pg_broadcast(pg, buf, n, dt, src, o, NULL);
+  crun_tensor_t *d = NULL;
+  CRUN_CHECK(stage_in(buf, n, dt, &d));
+  crun_coll_opts_t od = *o;
+  od.cuda = 1;
+  int rc = crun_pg_broadcast(pg, crun_tensor_data(d), n, dt, src, &od, NULL);
+  int rc2 = stage_out(d, buf, n, dt);
+  return rc < 0 ? rc : rc2;
+}
+
+/* all_gather of n elements per rank into outs[r] (host), staged as above. */
+static int bytes_all_gather(crun_pg_t *pg, void **outs, const void *in, size_t n, crun_dtype_t dt, crun_coll_opts_t *o) {
+  if (!on_device_only(pg)) return crun_pg_all_gather(pg, outs, in, n, dt, o, NULL);
+  int p = crun_pg_size(pg), rc = 0;
+  crun_tensor_t *d = NULL, *all = NULL;
+  size_t es = crun_dtype_size(dt);
+  char *zeros = calloc((size_t)p * n + 1, es);
+  if (!zeros) return crun_error(CRUN_ENOMEM, "all_gather_bytes staging");
+  rc = stage_in(in, n, dt, &d);
+  if (rc == 0) rc = stage_in(zeros, (size_t)p * n, dt, &all);
+  void **douts = rc == 0 ? calloc((size_t)p, sizeof *douts) : NULL;
+  if (rc == 0 && !douts) rc = crun_error(CRUN_ENOMEM, "all_gather_bytes staging");
+  for (int r = 0; rc == 0 && r < p; r++) douts[r] = (char *)crun_tensor_data(all) + (size_t)r * n * es;
+  crun_coll_opts_t od = *o;
+  od.cuda = 1;
+  if (rc == 0) rc = crun_pg_all_gather(pg, douts, crun_tensor_data(d), n, dt, &od, NULL);
+  free(douts);
+  if (d) crun_tensor_release(d);
+  if (all) {
+    int rc2 = stage_out(all, zeros, (size_t)p * n, dt);
+    if (rc == 0) rc = rc2;
+  }
+  for (int r = 0; rc == 0 && r < p; r++) memcpy(outs[r], zeros + (size_t)r * n * es, n * es);
+  free(zeros);
+  return rc;
+}
+
 /* pg:broadcast_bytes(s_or_nil, src[, opts]) -> root's string on every rank */
 static int l_broadcast_bytes(lua_State *L) {
   crun_pg_t *pg = check_pg(L, 1);
@@ -380,10 +445,10 @@ static int l_broadcast_bytes(lua_State *L) {
   size_t len = 0;
   const char *s = src == crun_pg_rank(pg) ? crun_l_checklstring(L, 2, &len) : NULL;
   int64_t n = (int64_t)len;
-  CRUN_L_CHECK(L, crun_pg_broadcast(pg, &n, 1, CRUN_INT64, src, &o, NULL));
+  CRUN_L_CHECK(L, bytes_broadcast(pg, &n, 1, CRUN_INT64, src, &o));
   char *buf = lua_newuserdatauv(L, (size_t)n + 1, 0);
   if (s) memcpy(buf, s, len);
-  CRUN_L_CHECK(L, crun_pg_broadcast(pg, buf, (size_t)n, CRUN_UINT8, src, &o, NULL));
+  CRUN_L_CHECK(L, bytes_broadcast(pg, buf, (size_t)n, CRUN_UINT8, src, &o));
   lua_pushlstring(L, buf, (size_t)n);
   return 1;
 }
@@ -400,13 +465,13 @@ static int l_all_gather_bytes(lua_State *L) {
   void **outs = (void **)(lens + n);
   for (int i = 0; i < n; i++) outs[i] = &lens[i];
   int64_t mine = (int64_t)len, mx = 0;
-  CRUN_L_CHECK(L, crun_pg_all_gather(pg, outs, &mine, 1, CRUN_INT64, &o, NULL));
+  CRUN_L_CHECK(L, bytes_all_gather(pg, outs, &mine, 1, CRUN_INT64, &o));
   for (int i = 0; i < n; i++) mx = lens[i] > mx ? lens[i] : mx;
   char *buf = lua_newuserdatauv(L, (size_t)(mx * (n + 1)) + 1, 0);
   for (int i = 0; i < n; i++) outs[i] = buf + (size_t)mx * (size_t)i;
   char *in = buf + (size_t)mx * (size_t)n;
   memcpy(in, s, len);
-  CRUN_L_CHECK(L, crun_pg_all_gather(pg, outs, in, (size_t)mx, CRUN_UINT8, &o, NULL));
+  CRUN_L_CHECK(L, bytes_all_gather(pg, outs, in, (size_t)mx, CRUN_UINT8, &o));
   lua_createtable(L, n, 0);
   for (int i = 0; i < n; i++) {
     lua_pushlstring(L, outs[i], (size_t)lens[i]);

@@ -6,7 +6,9 @@
 --
 -- --device cuda: CUDA tensors on a backend "nccl" group (each rank on its
 -- LOCAL_RANK's GPU), every iteration ending with crun.cuda.synchronize(), as
--- nccl-tests times it (out of place there, in place here).
+-- nccl-tests times it (out of place there, in place here). The nccl backend's
+-- signature check adds store round trips to every call: CRUN_NCCL_CHECK=0
+-- measures NCCL alone.
 -- Collectives: all_reduce, all_gather, broadcast, reduce_scatter, all_to_all,
 -- and the one-tensor forms all_gather_into_tensor and reduce_scatter_tensor.
 -- size is the whole buffer in bytes as nccl-tests counts it (all_gather: the

@@ -27,7 +27,8 @@ local function expected(n)
     reductions = reductions + ops * 4 * (d == "int16" and 1 or 3)
   end
   local moves = 10 * 4 * (3 * n + 2 + (n > 1 and 1 or 0))
-  return reductions + moves + 5 + (n == 4 and 1 or 0) -- premul, bitwise, CPU tensor, async, barrier; sub-group
+  -- premul, bitwise, CPU tensor, async, objects, barrier; sub-group
+  return reductions + moves + 6 + (n == 4 and 1 or 0)
 end
 
 local function job(n, mode, env)

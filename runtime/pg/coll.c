@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "backend/backend.h"
+#include "cuda/cuda_int.h"
 
 /* Allocates a work for kind on pg with the per-call options applied. */
 static crun_work_t *work_new(crun_pg_t *pg, int kind, crun_dtype_t dt, size_t count,
@@ -22,6 +23,8 @@ static crun_work_t *work_new(crun_pg_t *pg, int kind, crun_dtype_t dt, size_t co
   w->c.timeout = o && o->timeout > 0 ? o->timeout : pg->timeout;
   w->c.src_out = -1;
   w->c.cuda = o && o->cuda;
+  int dev = -1;
+  if (w->c.cuda && crun__cuda_current_device(&dev) == 0) w->c.stream = crun__cuda_current_stream(dev);
   return w;
 }
 

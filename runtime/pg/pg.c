@@ -79,9 +79,12 @@ static int pg_connect(crun_pg_t *pg, const crun_backend_vtable_t *be, const crun
   pg->be = be;
   int rc = be_make(be, pg, parent ? parent->be_state : NULL, &pg->be_state);
   if (rc < 0) pg->be = NULL;
+  /* the device backend of "auto" connects on the first CUDA collective
+   * (crun__pg_execute), as torch's does: a CPU-only job on a GPU machine never
+   * opens NCCL; a sub-group of a parent whose communicator exists splits it */
   if (rc == 0 && be_dev) {
     pg->be_dev = be_dev;
-    rc = be_make(be_dev, pg, parent ? parent->be_dev_state : NULL, &pg->be_dev_state);
+    if (parent && parent->be_dev_state && be_dev->split) rc = be_dev->split(parent->be_dev_state, pg, &pg->be_dev_state);
     if (rc < 0) pg->be_dev = NULL;
   }
   if (rc < 0) {
@@ -246,7 +249,8 @@ int crun_pg_new_group(crun_pg_t *parent, const int *ranks, int n, double timeout
   if (rc == 0) rc = agree_on_ranks(parent, idx, sorted, n, t);
   if (rc == 0 && me < 0) { /* a backend that splits needs every parent rank */
     if (parent->be->split) rc = parent->be->split(parent->be_state, NULL, NULL);
-    if (rc == 0 && parent->be_dev && parent->be_dev->split) rc = parent->be_dev->split(parent->be_dev_state, NULL, NULL);
+    if (rc == 0 && parent->be_dev && parent->be_dev_state && parent->be_dev->split)
+      rc = parent->be_dev->split(parent->be_dev_state, NULL, NULL);
   }
   if (rc < 0 || me < 0) {
     free(sorted);

@@ -58,6 +58,8 @@ typedef struct crun__coll {
   int src_out;               /* recv: the sender */
   int caller_pumps;          /* p2p run inline: the caller's thread drives it to the end */
   int cuda;                  /* the buffers are CUDA device memory */
+  void *stream;              /* cuda: the caller's current stream when it called
+                                (the work waits for it, on whichever thread runs) */
   double premul;             /* op PREMUL_SUM on device buffers: the factor */
   void *dev;                 /* a device backend's record of the enqueued work */
   const crun__dev_ops_t *dev_ops;

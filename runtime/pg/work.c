@@ -33,7 +33,7 @@ static void break_group(crun_pg_t *pg, int rc, const char *text) {
   pthread_mutex_unlock(&pg->mu);
   if (first) CRUN_LOG(WARN, PG, "group '%s' failed: %s", pg->prefix, text);
   if (first && pg->be->abort) pg->be->abort(pg->be_state, rc, text);
-  if (first && pg->be_dev && pg->be_dev->abort) pg->be_dev->abort(pg->be_dev_state, rc, text);
+  if (first && pg->be_dev && pg->be_dev_state && pg->be_dev->abort) pg->be_dev->abort(pg->be_dev_state, rc, text);
 }
 
 void crun__pg_fail(crun_pg_t *pg, int rc, const char *text) { break_group(pg, rc, text); }
@@ -66,7 +66,12 @@ int crun__pg_execute(crun_pg_t *pg, crun_work_t *w) {
   } else {
     c->deadline = crun_clock() + c->timeout;
     crun__pg_mark(pg, c);
-    rc = fn(state, c);
+    rc = 0;
+    if (be == pg->be_dev && !state) { /* "auto": the first CUDA collective connects it */
+      rc = be->create(pg, &pg->be_dev_state);
+      state = pg->be_dev_state;
+    }
+    if (rc == 0) rc = fn(state, c);
     ran = 1;
     if (rc == CRUN__PENDING) {
       pthread_mutex_lock(&pg->mu);

@@ -246,6 +246,14 @@ else
       end
     end)
   end
+  case("object collectives staged through the device", function()
+    local objs = {rank == 0 and {a = 1, s = "x"} or false}
+    dist.broadcast_object_list(objs, 0)
+    assert(objs[1].a == 1 and objs[1].s == "x", "broadcast_object_list")
+    local got = {}
+    dist.all_gather_object(got, {r = rank, pad = string.rep("y", rank * 3)})
+    for r = 0, size - 1 do assert(got[r + 1].r == r and #got[r + 1].pad == 3 * r, "all_gather_object " .. r) end
+  end)
   case("barrier", function() dist.barrier() end)
 end
 out:write("done ", ncases, "\n")

@@ -51,6 +51,17 @@ static int setup(crun__nccl_t *b, const char *what) {
 static void nccl_destroy(void *state) {
   crun__nccl_t *b = state;
   if (!b) return;
+  if (b->has_watch) { /* pending work ends, or the watchdog aborts it at its deadline */
+    pthread_mutex_lock(&b->mu);
+    while (b->pending && !atomic_load(&b->aborted)) {
+      struct timespec ts;
+      clock_gettime(CLOCK_MONOTONIC, &ts);
+      ts.tv_nsec += 50 * 1000 * 1000;
+      if (ts.tv_nsec >= 1000000000) { ts.tv_sec++; ts.tv_nsec -= 1000000000; }
+      pthread_cond_timedwait(&b->cv, &b->mu, &ts);
+    }
+    pthread_mutex_unlock(&b->mu);
+  }
   crun__nccl_watch_stop(b);
   if (b->comm) {
     if (b->stream) cudaStreamSynchronize(b->stream);
@@ -192,6 +203,8 @@ static const crun__dev_ops_t dev_ops = {op_wait, op_query, op_free};
 
 typedef int (*enqueue_fn)(crun__nccl_t *b, crun__coll_t *c, const char *desc);
 
+static int enqueue(crun__nccl_t *b, crun__coll_t *c, enqueue_fn fn, cudaStream_t cur, const char *desc);
+
 /* Check, order after the caller's stream, enqueue, record the end event and
  * make the caller's stream wait on it. */
 static int run(crun__nccl_t *b, crun__coll_t *c, enqueue_fn fn) {
@@ -205,7 +218,18 @@ static int run(crun__nccl_t *b, crun__coll_t *c, enqueue_fn fn) {
     return rc;
   }
   if (c->kind != CRUN__COLL_SEND && c->kind != CRUN__COLL_RECV) CRUN_CHECK(crun__nccl_check(b, c));
-  cudaStream_t cur = current_stream(b->device);
+  /* the caller's stream at the call (async work runs on the group's thread) */
+  cudaStream_t cur = c->stream ? (cudaStream_t)c->stream : current_stream(b->device);
+  int saved = b->device;
+  cudaGetDevice(&saved);
+  if (saved != b->device) cudaSetDevice(b->device);
+  int rc = enqueue(b, c, fn, cur, desc);
+  if (saved != b->device) cudaSetDevice(saved);
+  return rc;
+}
+
+/* run()'s part on the group's device. */
+static int enqueue(crun__nccl_t *b, crun__coll_t *c, enqueue_fn fn, cudaStream_t cur, const char *desc) {
   cudaError_t e = cudaEventRecord(b->ready, cur);
   if (e == cudaSuccess) e = cudaStreamWaitEvent(b->stream, b->ready, 0);
   if (e != cudaSuccess) return cuda_fail(e, desc, b->pg->rank, "ordering after the current stream");

@@ -62,7 +62,9 @@ typedef struct {
   int rank;             /* 0 <= rank < world_size */
   int world_size;       /* >= 1 */
   double timeout;       /* default deadline of every collective, s; <=0: 300 */
-  const char *backend;  /* "cpu" (NULL or "auto" mean "cpu") */
+  const char *backend;  /* "cpu", "mpi", "nccl" (CUDA buffers: opts.cuda); NULL or
+                           "auto": cpu (mpi under mpirun), plus nccl for CUDA
+                           buffers when built in and a GPU is present */
   const char *name;     /* prefixes the group's store keys; NULL: "pg" */
 } crun_pg_opts_t;
 
