@@ -4,15 +4,15 @@
 # Real build (CRUN_HAVE_CUDA; CMakeLists.txt enables the CUDA language and
 # adds the launchers runtime/cuda/*.cu to libcrunrt for CMAKE_CUDA_ARCHITECTURES):
 # nvcc compiles them without fused multiply-add contraction (-fmad=false) so
-# that every body rounds as the CPU kernels do, with the C warnings on, and
-# libcrunrt links cuBLAS. A build without CUDA gets runtime/cuda/launch_off.c. The C bodies (runtime/cuda/kernels/*.h) are also tested on the
-# host in every build: c.test_cuda_kernels links the host launchers of
-# tests/gpu_double/launch_host.c.
+# that every body rounds as the CPU kernels do, and libcrunrt links cuBLAS.
+# A build without CUDA gets runtime/cuda/launch_off.c. The C bodies
+# (runtime/cuda/kernels/*.h) are also tested on the host in every build:
+# c.test_cuda_kernels links the host launchers of tests/gpu_double/launch_host.c.
 file(GLOB CRUN_CUDA_KERNEL_SOURCES CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/runtime/cuda/*.cu)
 
 if(CRUN_HAVE_CUDA AND CRUN_CUDA_KERNEL_SOURCES)
   target_compile_options(crunrt_obj PRIVATE
-    $<$<COMPILE_LANGUAGE:CUDA>:-fmad=false -Xcompiler=-Wall,-Wextra,-Wno-unused-parameter>)
+    $<$<COMPILE_LANGUAGE:CUDA>:-fmad=false>)
   target_link_libraries(crunrt_obj PUBLIC CUDA::cublas)
   foreach(t crunrt crunrt_static)
     target_link_libraries(${t} PUBLIC CUDA::cublas)

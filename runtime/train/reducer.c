@@ -222,12 +222,10 @@ static int check_pg(const crun_reducer_t *r, const char *what) {
 static int launch(crun_reducer_t *r, int b) {
   bucket_t *bk = &r->buckets[b];
   crun_coll_opts_t o = {0};
-  o.cuda = r->device >= 0; /* a device bucket: the group's device backend (nccl) */
-  /* The bucket's copies are queued on the current stream. The group's stream
-   * should wait for that stream by itself; through the NCCL test double the
-   * all_reduce was seen reading the bucket before them (a 2-rank training
-   * diverged run to run), so the host waits for them here: once per bucket. */
-  if (o.cuda) CRUN_CHECK(crun__cuda_stream_wait_host(r->device, crun__cuda_current_stream(r->device)));
+  /* a device bucket goes to the group's device backend (nccl), whose stream
+   * first waits for the caller's current stream, where the bucket's copies
+   * are queued (no host wait here: the all_reduce overlaps backward) */
+  o.cuda = r->device >= 0;
   int rc = crun_pg_all_reduce(r->pg, crun_tensor_data(bk->buf), (size_t)bk->numel, bk->dt, CRUN_OP_AVG,
                               &o, &bk->work);
   if (rc < 0) return rc;
