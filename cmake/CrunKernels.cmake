@@ -10,9 +10,12 @@
 # c.test_cuda_kernels links the host launchers of tests/gpu_double/launch_host.c.
 file(GLOB CRUN_CUDA_KERNEL_SOURCES CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/runtime/cuda/*.cu)
 
+# The .cu files are C++ to the host compiler: without exceptions and
+# thread-safe statics their objects need nothing from libstdc++, so a C
+# program links the installed static libcrunrt as before.
 if(CRUN_HAVE_CUDA AND CRUN_CUDA_KERNEL_SOURCES)
   target_compile_options(crunrt_obj PRIVATE
-    $<$<COMPILE_LANGUAGE:CUDA>:-fmad=false>)
+    $<$<COMPILE_LANGUAGE:CUDA>:-fmad=false -Xcompiler=-fno-exceptions,-fno-threadsafe-statics>)
   target_link_libraries(crunrt_obj PUBLIC CUDA::cublas)
   foreach(t crunrt crunrt_static)
     target_link_libraries(${t} PUBLIC CUDA::cublas)
