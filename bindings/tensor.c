@@ -913,9 +913,17 @@ static int clamp_common(lua_State *L, int inplace) {
 static int m_clamp(lua_State *L) { return clamp_common(L, 0); }
 static int m_clamp_(lua_State *L) { return clamp_common(L, 1); }
 
+/* Pushes the one element of t (a reduction's result); a device tensor is
+ * copied to the host first (that waits for it). */
 static void push_scalar_of(lua_State *L, crun_tensor_t *t) {
   int64_t idx[CRUN_MAX_DIMS] = {0};
+  crun_tensor_t *h = NULL;
+  if (crun_tensor_device(t) >= 0) {
+    CRUN_L_CHECK(L, crun_tensor_to_device(t, CRUN_DEVICE_CPU, &h));
+    t = h;
+  }
   push_elem_at(L, t, idx);
+  crun_tensor_release(h);
 }
 
 /* Reduction (upvalue 1): t:sum() -> number; t:sum(dim[, keepdim]) -> tensor;

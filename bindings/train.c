@@ -91,6 +91,14 @@ static int l_mse(lua_State *L) {
   return 1;
 }
 
+/* nn_nll(x, labels, grad|nil) -> loss (ClassNLLCriterion: -mean x[i, label_i]) */
+static int l_nll(lua_State *L) {
+  double loss = 0;
+  CRUN_L_CHECK(L, crun_nn_nll(crun_l_check_tensor(L, 1), crun_l_check_tensor(L, 2), &loss, opt_tensor(L, 3)));
+  lua_pushnumber(L, loss);
+  return 1;
+}
+
 /* nn_dropout_forward(x, y, mask, p, state) -> next state */
 static int l_dropout_forward(lua_State *L) {
   uint64_t state = (uint64_t)crun_l_checkinteger(L, 5);
@@ -716,7 +724,7 @@ void crun_l_open_train(lua_State *L) {
       {"nn_linear_forward", l_linear_forward}, {"nn_linear_backward", l_linear_backward},
       {"nn_act_forward", l_act_forward}, {"nn_act_backward", l_act_backward},
       {"nn_log_softmax_forward", l_lsm_forward}, {"nn_log_softmax_backward", l_lsm_backward},
-      {"nn_cross_entropy", l_cross_entropy}, {"nn_mse", l_mse},
+      {"nn_cross_entropy", l_cross_entropy}, {"nn_mse", l_mse}, {"nn_nll", l_nll},
       {"nn_dropout_forward", l_dropout_forward}, {"nn_mul", l_mul},
       {"nn_conv2d_out_size", l_conv2d_out_size}, {"nn_conv2d_forward", l_conv2d_forward},
       {"nn_conv2d_backward", l_conv2d_backward}, {"nn_pool2d_out_size", l_pool2d_out_size},

@@ -17,7 +17,7 @@ local DEFAULTS = {
   epochs = 10, ["batch-size"] = 32, lr = 0.01, hidden = 64, layers = 2, samples = 10000,
   ["test-fraction"] = 0.2, dims = 16, classes = 4, seed = 0, ["ckpt-dir"] = nil,
   ["bench-steps"] = 40, ["lr-decay"] = 0.7, ["bucket-cap-mb"] = 25, ["crash-at-epoch"] = nil,
-  ["powersgd-rank"] = 1, ["powersgd-start"] = 10,
+  ["powersgd-rank"] = 1, ["powersgd-start"] = 10, device = "cpu",
   logdir = false, -- --logdir DIR: training curves (crun.metrics) on rank 0
 }
 local FLAGS = {bench = true, ["no-resume"] = true, quiet = true, ["no-ckpt"] = true, help = true,
@@ -38,6 +38,8 @@ local function usage()
       [--powersgd-rank R (1)] [--powersgd-start ITER (10)]
   --timeline FILE  a Chrome/Perfetto trace of the run (forward, backward, buckets, collectives per
                    rank; crun.trace), merged by rank 0 at the end with a per-rank summary
+  --device cpu|cuda (cpu)  where the model, its gradients (DDP buckets) and the batches live;
+                    cuda: this rank's GPU (LOCAL_RANK picks it), all_reduce over NCCL
   --flush-denormal  denormal floats become zero in this job's math (crun.set_flush_denormal;
                     off by default as in torch: IEEE results, but kernels slow down many
                     times when weights or activations drift into the denormal range)]])
@@ -110,13 +112,28 @@ local function build_model(o)
 end
 
 -- Exactly-once distributed evaluation: each test sample on one rank only.
+-- Moves a batch tensor to the job's device (a no-op on the CPU).
+local DEVICE = "cpu"
+local function dev(t) return DEVICE == "cpu" and t or t:cuda() end
+
+-- A copy of a state tree (tables of tensors) on the host, for crun.save.
+local function host_tree(v)
+  if type(v) == "table" then
+    local c = {}
+    for k, x in pairs(v) do c[k] = host_tree(x) end
+    return c
+  end
+  if type(v) == "userdata" and v.cpu then return v:cpu() end
+  return v
+end
+
 local function evaluate(net, Xte, Yte)
   net:evaluate()
   local crit = nn.CrossEntropyCriterion{reduction = "sum"}
   local m = data.evaluate{size = Xte:size(1), batch_size = 500, metrics = {"correct", "loss_sum"},
     fn = function(idx)
-      local out = net:forward(data.gather_rows(Xte, idx))
-      local loss = crit:forward(out, data.gather_rows(Yte, idx))
+      local out = net:forward(dev(data.gather_rows(Xte, idx)))
+      local loss = crit:forward(out, dev(data.gather_rows(Yte, idx)))
       return {correct = crit.correct, loss_sum = loss}
     end}
   net:train()
@@ -141,6 +158,7 @@ local function train_epoch(ctx, epoch)
   local next_report = 1
   for b, xb, yb in ctx.loader:iter() do
     local t_step = crun.clock()
+    xb, yb = dev(xb), dev(yb)
     local out = ctx.model:forward(xb)
     local loss = ctx.crit:forward(out, yb)
     ctx.opt:zero_grad()
@@ -191,7 +209,7 @@ end
 local function save(o, ctx, epoch, acc, path)
   if o["no-ckpt"] then return end
   if ctx.rank == 0 then
-    crun.save(path, {epoch = epoch, model = ctx.net:state_dict(), optim = ctx.opt:state_dict(),
+    crun.save(path, {epoch = epoch, model = host_tree(ctx.net:state_dict()), optim = host_tree(ctx.opt:state_dict()),
       accuracy = acc, config = config_of(o)})
   end
   dist.barrier()
@@ -201,7 +219,7 @@ local function train(o)
   local rank, world = dist.get_rank(), dist.get_world_size()
   local t_start = crun.clock()
   local Xtr, Ytr, Xte, Yte = load_data(o)
-  local net = build_model(o)
+  local net = build_model(o):to(DEVICE)
   local opt = optim.Adam(net, {lr = o.lr})
   local path = ckpt_path(o)
   local first, ck = resume(o, net, opt, path)
@@ -212,8 +230,8 @@ local function train(o)
     crit = nn.CrossEntropyCriterion(),
     loader = data.DataLoader{dataset = {Xtr, Ytr}, batch_size = o["batch-size"], sampler = sampler}}
   if rank == 0 then
-    print(string.format("spirals: %d train / %d test samples, %d dims, %d classes; MLP %d params; %d ranks x batch %d%s",
-      Xtr:size(1), Xte:size(1), o.dims, o.classes, net:num_parameters(), world, o["batch-size"],
+    print(string.format("spirals: %d train / %d test samples, %d dims, %d classes; MLP %d params on %s; %d ranks x batch %d%s",
+      Xtr:size(1), Xte:size(1), o.dims, o.classes, net:num_parameters(), DEVICE, world, o["batch-size"],
       ck and string.format("; resumed after epoch %d from %s", ck.epoch, path) or ""))
   end
   -- --logdir: training curves on rank 0 (a TensorBoard event file and a CSV)
@@ -312,6 +330,14 @@ end
 
 local o = parse_args(arg or {})
 if o.help then usage() return end
+if o.device ~= "cpu" and o.device ~= "cuda" then error("train.lua: --device must be cpu or cuda, got " .. tostring(o.device), 0) end
+if o.device == "cuda" then
+  if not crun.cuda.is_available() then
+    error("ENOTSUP: train.lua --device cuda: " .. tostring(crun.cuda.unavailable_reason()), 0)
+  end
+  if o.bench then error("train.lua: --bench runs on the CPU only", 0) end
+  DEVICE = "cuda"
+end
 if o["flush-denormal"] then crun.set_flush_denormal(true) end
 crun.core.blas_threads() -- cores / ranks on this host: no oversubscription
 if o.timeline then crun.trace.start(tostring(o.timeline)) end -- before init: the clocks get aligned there

@@ -181,7 +181,7 @@ function DDP:_sync_params(src)
   if self.group then src = d.get_global_rank(self.group, src) end -- broadcast takes a global rank
   self.param_buckets = self.param_buckets or make_buckets(self.params, self.opts_first_cap, self.opts_cap)
   for _, b in ipairs(self.param_buckets) do
-    local buf = T().zeros({b.numel}, b.dtype)
+    local buf = T().zeros({b.numel}, b.dtype, {device = self.params[b.entries[1].param]:device()})
     for _, e in ipairs(b.entries) do
       buf:narrow(1, e.offset + 1, e.numel):copy(self.params[e.param]:contiguous():view(e.numel))
     end

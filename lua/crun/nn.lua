@@ -22,7 +22,7 @@ local K = require("crun.tensor")._rank_kernels{"nn_act_backward", "nn_act_forwar
   "nn_conv2d_out_size", "nn_conv2d_forward", "nn_conv2d_backward", "nn_pool2d_out_size", "nn_maxpool2d_forward",
   "nn_maxpool2d_backward", "nn_avgpool2d_forward", "nn_avgpool2d_backward", "nn_bn_reduce", "nn_bn_apply",
   "nn_bn_backward_input", "nn_bn_param_grads", "nn_layer_norm_forward", "nn_layer_norm_backward",
-  "nn_embedding_forward", "nn_embedding_backward"}
+  "nn_embedding_forward", "nn_embedding_backward", "nn_nll"}
 
 local nn = {}
 local O = require "crun.opts"
@@ -68,16 +68,18 @@ local function grad_from_forward(name)
   end
 end
 
--- Returns buf when it already has `shape` and dtype, else a new zero tensor.
-local function ensure(buf, shape, dtype)
-  if buf and buf:dtype() == dtype and buf:dim() == #shape then
+-- Returns buf when it already has `shape`, dtype and device ("cpu" when
+-- nil), else a new zero tensor there.
+local function ensure(buf, shape, dtype, device)
+  device = device or "cpu"
+  if buf and buf:dtype() == dtype and buf:dim() == #shape and buf:device() == device then
     local same = true
     for i, d in ipairs(shape) do
       if buf:size(i) ~= d then same = false break end
     end
     if same then return buf end
   end
-  return T().zeros(shape, dtype)
+  return T().zeros(shape, dtype, {device = device})
 end
 nn._ensure = ensure
 
@@ -196,6 +198,20 @@ function Module:buffers()
   return out
 end
 
+--- Moves every parameter and gradient of this module and its children to
+-- `device` ("cpu", "cuda", "cuda:N" or N); returns self. The buffers that
+-- forward and backward make follow their input's device, and the layers'
+-- math runs there (crun.cuda; runtime/cuda/dispatch.c).
+function Module:to(device)
+  for _, m in ipairs(self:leaves()) do
+    for i, p in ipairs(m._params or {}) do m:_set_param(i, p:to(device)) end
+    for i, g in ipairs(m._grads or {}) do m:_set_grad(i, g:to(device)) end
+  end
+  return self
+end
+function Module:cuda(device) return self:to(device == nil and "cuda" or device) end
+function Module:cpu() return self:to("cpu") end
+
 --- Plain list of the parameter values then the buffer values (copies), for crun.save.
 function Module:state_dict()
   local sd = {}
@@ -275,7 +291,7 @@ end
 function Linear:forward(x)
   check_tensor(x, "Linear:forward", "input")
   x = contig(x)
-  self.output = ensure(self.output, {x:size(1), self.out_features}, self.dtype)
+  self.output = ensure(self.output, {x:size(1), self.out_features}, self.dtype, x:device())
   K.nn_linear_forward(x, self.weight, self.bias, self.output)
   return self.output
 end
@@ -283,7 +299,7 @@ end
 function Linear:backward(x, gy)
   check_tensor(gy, "Linear:backward", "gradOutput")
   x, gy = contig(x), contig(gy)
-  self.gradInput = ensure(self.gradInput, x:size(), self.dtype)
+  self.gradInput = ensure(self.gradInput, x:size(), self.dtype, x:device())
   K.nn_linear_backward(x, self.weight, gy, self.gradInput, self.gradWeight, self.gradBias)
   self:_grads_ready()
   return self.gradInput
@@ -310,7 +326,7 @@ function Activation:describe() return "nn." .. self.label .. "()" end
 function Activation:forward(x)
   check_tensor(x, self.label .. ":forward", "input")
   x = contig(x)
-  self.output = ensure(self.output, x:size(), x:dtype())
+  self.output = ensure(self.output, x:size(), x:dtype(), x:device())
   K.nn_act_forward(self.kind, x, self.output)
   return self.output
 end
@@ -318,7 +334,7 @@ end
 function Activation:backward(x, gy)
   check_tensor(gy, self.label .. ":backward", "gradOutput")
   gy = contig(gy)
-  self.gradInput = ensure(self.gradInput, gy:size(), gy:dtype())
+  self.gradInput = ensure(self.gradInput, gy:size(), gy:dtype(), gy:device())
   K.nn_act_backward(self.kind, self.output, gy, self.gradInput)
   return self.gradInput
 end
@@ -333,14 +349,14 @@ function nn.LogSoftMax() return setmetatable({}, LogSoftMax):_init() end
 function LogSoftMax:forward(x)
   check_tensor(x, "LogSoftMax:forward", "input")
   x = contig(x)
-  self.output = ensure(self.output, x:size(), x:dtype())
+  self.output = ensure(self.output, x:size(), x:dtype(), x:device())
   K.nn_log_softmax_forward(x, self.output)
   return self.output
 end
 
 function LogSoftMax:backward(x, gy)
   gy = contig(gy)
-  self.gradInput = ensure(self.gradInput, gy:size(), gy:dtype())
+  self.gradInput = ensure(self.gradInput, gy:size(), gy:dtype(), gy:device())
   K.nn_log_softmax_backward(self.output, gy, self.gradInput)
   return self.gradInput
 end
@@ -371,8 +387,8 @@ function Dropout:forward(x)
     return x
   end
   x = contig(x)
-  self.output = ensure(self.output ~= x and self.output or nil, x:size(), x:dtype())
-  self.mask = ensure(self.mask, x:size(), x:dtype())
+  self.output = ensure(self.output ~= x and self.output or nil, x:size(), x:dtype(), x:device())
+  self.mask = ensure(self.mask, x:size(), x:dtype(), x:device())
   self.state = K.nn_dropout_forward(x, self.output, self.mask, self.p, self.state)
   return self.output
 end
@@ -383,7 +399,7 @@ function Dropout:backward(x, gy)
     return gy
   end
   gy = contig(gy)
-  self.gradInput = ensure(self.gradInput, gy:size(), gy:dtype())
+  self.gradInput = ensure(self.gradInput, gy:size(), gy:dtype(), gy:device())
   K.nn_mul(gy, self.mask, self.gradInput)
   return self.gradInput
 end
@@ -503,7 +519,7 @@ function CrossEntropy:forward(x, labels)
   check_tensor(x, "CrossEntropyCriterion:forward", "input")
   check_tensor(labels, "CrossEntropyCriterion:forward", "labels")
   x = contig(x)
-  self.gradInput = ensure(self.gradInput, x:size(), x:dtype())
+  self.gradInput = ensure(self.gradInput, x:size(), x:dtype(), x:device())
   self.output, self.correct = K.nn_cross_entropy(x, contig(labels), self.gradInput, self.sum)
   return self.output
 end
@@ -523,24 +539,14 @@ function ClassNLL:forward(x, labels)
     O.fail("EINVAL: ClassNLLCriterion:forward: input must be [N, C] and labels [N], got %s and %s",
       table.concat(x:size(), "x"), table.concat(labels:size(), "x"))
   end
-  local n, c = x:size(1), x:size(2)
-  local s = 0
-  for i = 1, n do
-    local l = math.tointeger(labels[i])
-    if not l or l < 1 or l > c then
-      O.fail("ERANGE: ClassNLLCriterion: label %s of row %d is out of range 1..%d", tostring(labels[i]), i, c)
-    end
-    s = s - x[i][l]
-  end
-  self.output = n > 0 and s / n or 0
+  self.output = K.nn_nll(contig(x), contig(labels))
   return self.output
 end
 
 function ClassNLL:backward(x, labels)
-  local n = x:size(1)
-  self.gradInput = ensure(self.gradInput, x:size(), x:dtype())
-  self.gradInput:fill(0)
-  for i = 1, n do self.gradInput[i][math.tointeger(labels[i])] = -1 / n end
+  x = contig(x)
+  self.gradInput = ensure(self.gradInput, x:size(), x:dtype(), x:device())
+  K.nn_nll(x, contig(labels), self.gradInput)
   return self.gradInput
 end
 
@@ -554,7 +560,7 @@ function MSE:forward(x, t)
   check_tensor(x, "MSECriterion:forward", "input")
   check_tensor(t, "MSECriterion:forward", "target")
   x = contig(x)
-  self.gradInput = ensure(self.gradInput, x:size(), x:dtype())
+  self.gradInput = ensure(self.gradInput, x:size(), x:dtype(), x:device())
   self.output = K.nn_mse(x, contig(t), self.gradInput)
   return self.output
 end

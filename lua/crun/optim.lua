@@ -143,7 +143,7 @@ function SGD:step()
     local s = self.state[i]
     local first = false
     if o.momentum ~= 0 and not s then
-      s = {momentum_buffer = T().zeros(p:size(), p:dtype())}
+      s = {momentum_buffer = T().zeros_like(p)}
       self.state[i], first = s, true
     end
     K.optim_sgd(p, self.grads[i], s and s.momentum_buffer, o, first)
@@ -188,8 +188,8 @@ function Adam:step()
   for i, p in ipairs(self.params) do
     local s = self.state[i]
     if not s then
-      s = {step = 0, exp_avg = T().zeros(p:size(), p:dtype()), exp_avg_sq = T().zeros(p:size(), p:dtype())}
-      if o.amsgrad then s.max_exp_avg_sq = T().zeros(p:size(), p:dtype()) end
+      s = {step = 0, exp_avg = T().zeros_like(p), exp_avg_sq = T().zeros_like(p)}
+      if o.amsgrad then s.max_exp_avg_sq = T().zeros_like(p) end
       self.state[i] = s
     end
     s.step = s.step + 1

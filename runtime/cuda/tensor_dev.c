@@ -3,6 +3,7 @@
  * Built in every configuration: without CUDA the device layer answers
  * ENOTSUP (off.c), so only host tensors ever exist. */
 #include "cuda/cuda_int.h"
+#include "cuda/dispatch.h"
 #include "tensor/tensor_impl.h"
 
 #include "core/checked.h"
@@ -154,6 +155,7 @@ int crun__tensor_copy_dev(crun_tensor_t *dst, crun_tensor_t *src) {
     return crun_error(CRUN_EINVAL, "copy: shapes differ (%s vs %s)", crun__shape_str(dst->ndim, dst->shape, a, sizeof a),
                       crun__shape_str(src->ndim, src->shape, b, sizeof b));
   if (dst->dt == src->dt) return copy_same_dtype(dst, src);
+  if (dst->st->device == src->st->device) return crun__dev_copy(dst, src); /* a cast kernel (dispatch.c) */
   /* a dtype conversion runs on the host: through a host copy of the device
    * side(s) (the device kernels, when built, take over this path) */
   crun_tensor_t *hs = NULL, *hd = NULL;

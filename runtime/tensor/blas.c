@@ -3,6 +3,7 @@
  * the other transpose flag); anything else is copied contiguous first. */
 #include "tensor/tensor_impl.h"
 #include "cuda/cuda_int.h"
+#include "cuda/dispatch.h"
 
 #include <cblas.h>
 #include <string.h>
@@ -90,7 +91,6 @@ static int gemm_shapes(int ta, int tb, const crun_tensor_t *A, const crun_tensor
 
 int crun_tensor_gemm(int trans_a, int trans_b, double alpha, crun_tensor_t *A, crun_tensor_t *B,
                      double beta, crun_tensor_t *C) {
-  CRUN__HOST_ONLY3(A, B, C, "gemm");
   int64_t K = 0, lda = 0, ldb = 0, ldc = 0;
   int ta = 0, tb = 0, tc = 0, rc;
   trans_a = !!trans_a;
@@ -100,6 +100,8 @@ int crun_tensor_gemm(int trans_a, int trans_b, double alpha, crun_tensor_t *A, c
   CRUN_CHECK(check_float2("gemm", C, C->dt, "C"));
   CRUN_CHECK(gemm_shapes(trans_a, trans_b, A, B, C, &K));
   if (crun_tensor_numel(C) == 0) return 0;
+  if (__builtin_expect((A->st->device & B->st->device & C->st->device) >= 0, 0))
+    return crun__dev_gemm(trans_a, trans_b, alpha, A, B, beta, C);
   if (K == 0) return scale(C, beta), 0;
   crun_tensor_t *Au = NULL, *Bu = NULL, *Cu = NULL;
   CRUN_CHECK_GOTO(blas_operand(A, &Au, &ta, &lda), rc, done);
@@ -130,7 +132,7 @@ static int as_2d(crun_tensor_t *v, int column, crun_tensor_t **out) {
 
 static int mm_new(crun_tensor_t *a, crun_tensor_t *b, crun_tensor_t **out) {
   int64_t shape[2] = {a->shape[0], b->shape[1]};
-  CRUN_CHECK(crun_tensor_new(a->dt, 2, shape, out));
+  CRUN_CHECK(crun_tensor_new_on(a->dt, 2, shape, a->st->device, out));
   int rc = crun_tensor_gemm(0, 0, 1.0, a, b, 0.0, *out);
   if (rc < 0) crun_tensor_release(*out);
   return rc;
@@ -164,7 +166,7 @@ static int matmul_batched(crun_tensor_t *a, crun_tensor_t *b, crun_tensor_t **ou
   if (b->ndim == 3 && b->shape[0] != nb)
     return crun_error(CRUN_EINVAL, "matmul: batch sizes differ (%lld vs %lld)", (long long)nb, (long long)b->shape[0]);
   int64_t shape[3] = {nb, a->shape[1], b->shape[b->ndim - 1]};
-  CRUN_CHECK(crun_tensor_new(a->dt, 3, shape, out));
+  CRUN_CHECK(crun_tensor_new_on(a->dt, 3, shape, a->st->device, out));
   int rc = 0;
   for (int64_t i = 0; i < nb && rc == 0; i++) {
     crun_tensor_t *ai = NULL, *bi = NULL, *oi = NULL;
@@ -179,7 +181,6 @@ static int matmul_batched(crun_tensor_t *a, crun_tensor_t *b, crun_tensor_t **ou
 }
 
 int crun_tensor_matmul(crun_tensor_t *a, crun_tensor_t *b, crun_tensor_t **out) {
-  CRUN__HOST_ONLY2(a, b, "matmul");
   CRUN_CHECK(check_float2("matmul", a, a->dt, "the left operand"));
   CRUN_CHECK(check_float2("matmul", b, a->dt, "the right operand"));
   int64_t ak = a->ndim ? a->shape[a->ndim - 1] : 0;
@@ -197,8 +198,6 @@ int crun_tensor_matmul(crun_tensor_t *a, crun_tensor_t *b, crun_tensor_t **out) 
 }
 
 int crun_tensor_linear(crun_tensor_t *x, crun_tensor_t *W, crun_tensor_t *b, crun_tensor_t **out) {
-  CRUN__HOST_ONLY2(x, W, "linear");
-  if (b) CRUN__HOST_ONLY(b, "linear");
   CRUN_CHECK(check_float2("linear", x, x->dt, "x"));
   CRUN_CHECK(check_float2("linear", W, x->dt, "weight"));
   if (b) CRUN_CHECK(check_float2("linear", b, x->dt, "bias"));
@@ -214,7 +213,7 @@ int crun_tensor_linear(crun_tensor_t *x, crun_tensor_t *W, crun_tensor_t *b, cru
   crun_tensor_t *X, *O = NULL;
   CRUN_CHECK(lift(x, 0, &X));
   int64_t shape[2] = {X->shape[0], W->shape[0]};
-  int rc = crun_tensor_empty(x->dt, 2, shape, &O);
+  int rc = crun_tensor_empty_on(x->dt, 2, shape, x->st->device, &O);
   if (rc == 0 && b) {
     crun_tensor_t *e;
     rc = crun_tensor_expand(b, 2, shape, &e);

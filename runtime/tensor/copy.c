@@ -2,6 +2,7 @@
 #include "tensor/half.h"
 #include "tensor/tensor_impl.h"
 #include "cuda/cuda_int.h"
+#include "cuda/dispatch.h"
 
 #include <math.h>
 #include <string.h>
@@ -196,7 +197,7 @@ int crun_tensor_contiguous(crun_tensor_t *t, crun_tensor_t **out) {
 /* ------------------------------------------------------------ fill, equal */
 
 int crun_tensor_fill(crun_tensor_t *t, double v) {
-  if (__builtin_expect(t->st->device >= 0, 0)) return crun__tensor_fill_dev(t, v);
+  if (__builtin_expect(t->st->device >= 0, 0)) return crun__dev_fill(t, v);
   size_t es = crun_dtype_size(t->dt);
   unsigned char one[8] = {0};
   crun_elem_set_double(t->dt, one, 0, v);

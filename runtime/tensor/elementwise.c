@@ -4,6 +4,7 @@
  * strided or broadcast operands into such runs first. */
 #include "tensor/tensor_impl.h"
 #include "cuda/cuda_int.h"
+#include "cuda/dispatch.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -282,7 +283,6 @@ static void run_bin(bin_fn const *k, crun_tensor_t *O, crun_tensor_t *A, crun_te
 }
 
 int crun_tensor_binop_out(crun_binop_t op, crun_tensor_t *a, crun_tensor_t *b, crun_tensor_t *out) {
-  CRUN__HOST_ONLY3(a, b, out, crun_binop_name(op));
   const char *what = crun_binop_name(op) ? crun_binop_name(op) : "binop";
   if (a->dt != b->dt)
     return crun_error(CRUN_EINVAL, "%s: dtype mismatch, %s and %s (convert one with :to())", what,
@@ -293,6 +293,8 @@ int crun_tensor_binop_out(crun_binop_t op, crun_tensor_t *a, crun_tensor_t *b, c
   CRUN_CHECK(broadcast_shape(what, a, b, &nd, shape));
   CRUN_CHECK(check_out(what, out, is_cmp(op) ? CRUN_UINT8 : a->dt, nd, shape));
   if (crun_tensor_numel(out) == 0) return 0;
+  /* -1 (host) on every side keeps the AND negative: one branch */
+  if (__builtin_expect((a->st->device & b->st->device & out->st->device) >= 0, 0)) return crun__dev_binop(op, a, b, out);
   crun_tensor_t *A = NULL, *B = NULL, *O = NULL;
   int rc;
   int b_block = !same_shape(nd, shape, b) && is_trailing_block(b, nd, shape);
@@ -310,11 +312,10 @@ done:
 }
 
 int crun_tensor_binop(crun_binop_t op, crun_tensor_t *a, crun_tensor_t *b, crun_tensor_t **out) {
-  CRUN__HOST_ONLY2(a, b, crun_binop_name(op));
   int nd;
   int64_t shape[CRUN_MAX_DIMS];
   CRUN_CHECK(broadcast_shape(crun_binop_name(op) ? crun_binop_name(op) : "binop", a, b, &nd, shape));
-  CRUN_CHECK(crun_tensor_empty(is_cmp(op) ? CRUN_UINT8 : a->dt, nd, shape, out));
+  CRUN_CHECK(crun_tensor_empty_on(is_cmp(op) ? CRUN_UINT8 : a->dt, nd, shape, a->st->device, out));
   int rc = crun_tensor_binop_out(op, a, b, *out);
   if (rc < 0) crun_tensor_release(*out);
   return rc;
@@ -338,13 +339,13 @@ static int scalar_of(const char *what, crun_dtype_t dt, double s, void *buf) {
 
 int crun_tensor_binop_scalar_out(crun_binop_t op, crun_tensor_t *a, double s, int reverse,
                                  crun_tensor_t *out) {
-  CRUN__HOST_ONLY2(a, out, crun_binop_name(op));
   const char *what = crun_binop_name(op) ? crun_binop_name(op) : "binop";
   CRUN_CHECK(check_bin(op, a->dt));
   CRUN_CHECK(check_out(what, out, is_cmp(op) ? CRUN_UINT8 : a->dt, a->ndim, a->shape));
   _Alignas(8) unsigned char buf[8];
   CRUN_CHECK(scalar_of(what, a->dt, s, buf));
   if (crun_tensor_numel(a) == 0) return 0;
+  if (__builtin_expect((a->st->device & out->st->device) >= 0, 0)) return crun__dev_binop_scalar(op, a, s, reverse, out);
   crun_tensor_t *A, *O;
   CRUN_CHECK(crun_tensor_contiguous(a, &A));
   int rc = begin_out(out, &O);
@@ -359,9 +360,8 @@ int crun_tensor_binop_scalar_out(crun_binop_t op, crun_tensor_t *a, double s, in
 
 int crun_tensor_binop_scalar(crun_binop_t op, crun_tensor_t *a, double s, int reverse,
                              crun_tensor_t **out) {
-  CRUN__HOST_ONLY(a, crun_binop_name(op));
   CRUN_CHECK(check_bin(op, a->dt));
-  CRUN_CHECK(crun_tensor_empty(is_cmp(op) ? CRUN_UINT8 : a->dt, a->ndim, a->shape, out));
+  CRUN_CHECK(crun_tensor_empty_on(is_cmp(op) ? CRUN_UINT8 : a->dt, a->ndim, a->shape, a->st->device, out));
   int rc = crun_tensor_binop_scalar_out(op, a, s, reverse, *out);
   if (rc < 0) crun_tensor_release(*out);
   return rc;
@@ -375,11 +375,13 @@ static int check_float(const char *what, crun_dtype_t dt) {
 }
 
 /* Runs a same-shape unary step: contiguous input, output (maybe a temp). */
-static int unary_drive(const char *what, crun_tensor_t *a, crun_tensor_t *out, un_fn f,
+static int unary_drive(const char *what, crun_unop_t op, crun_tensor_t *a, crun_tensor_t *out, un_fn f,
                        void (*fc)(void *, const void *, size_t, double, double), double lo, double hi) {
   CRUN_CHECK(check_float(what, a->dt));
   CRUN_CHECK(check_out(what, out, a->dt, a->ndim, a->shape));
   if (crun_tensor_numel(a) == 0) return 0;
+  if (__builtin_expect((a->st->device & out->st->device) >= 0, 0))
+    return f ? crun__dev_unop(op, a, out) : crun__dev_clamp(a, lo, hi, out);
   crun_tensor_t *A, *O;
   CRUN_CHECK(crun_tensor_contiguous(a, &A));
   int rc = begin_out(out, &O);
@@ -394,33 +396,29 @@ static int unary_drive(const char *what, crun_tensor_t *a, crun_tensor_t *out, u
 }
 
 int crun_tensor_unop_out(crun_unop_t op, crun_tensor_t *a, crun_tensor_t *out) {
-  CRUN__HOST_ONLY2(a, out, crun_unop_name(op));
   if ((unsigned)op >= CRUN_UNOP_COUNT) return crun_error(CRUN_EINVAL, "bad unary op %d", (int)op);
   CRUN_CHECK(check_float(crun_unop_name(op), a->dt));
-  return unary_drive(crun_unop_name(op), a, out, un_table[a->dt][op], NULL, 0, 0);
+  return unary_drive(crun_unop_name(op), op, a, out, un_table[a->dt][op], NULL, 0, 0);
 }
 
 int crun_tensor_unop(crun_unop_t op, crun_tensor_t *a, crun_tensor_t **out) {
-  CRUN__HOST_ONLY(a, crun_unop_name(op));
   if ((unsigned)op >= CRUN_UNOP_COUNT) return crun_error(CRUN_EINVAL, "bad unary op %d", (int)op);
   CRUN_CHECK(check_float(crun_unop_name(op), a->dt));
-  CRUN_CHECK(crun_tensor_empty(a->dt, a->ndim, a->shape, out));
+  CRUN_CHECK(crun_tensor_empty_on(a->dt, a->ndim, a->shape, a->st->device, out));
   int rc = crun_tensor_unop_out(op, a, *out);
   if (rc < 0) crun_tensor_release(*out);
   return rc;
 }
 
 int crun_tensor_clamp_out(crun_tensor_t *a, double lo, double hi, crun_tensor_t *out) {
-  CRUN__HOST_ONLY2(a, out, "clamp");
   if (lo > hi) return crun_error(CRUN_EINVAL, "clamp: min %g > max %g", lo, hi);
   CRUN_CHECK(check_float("clamp", a->dt));
-  return unary_drive("clamp", a, out, NULL, a->dt == CRUN_FLOAT32 ? clamp_f32 : clamp_f64, lo, hi);
+  return unary_drive("clamp", CRUN_UN_NEG, a, out, NULL, a->dt == CRUN_FLOAT32 ? clamp_f32 : clamp_f64, lo, hi);
 }
 
 int crun_tensor_clamp(crun_tensor_t *a, double lo, double hi, crun_tensor_t **out) {
-  CRUN__HOST_ONLY(a, "clamp");
   CRUN_CHECK(check_float("clamp", a->dt));
-  CRUN_CHECK(crun_tensor_empty(a->dt, a->ndim, a->shape, out));
+  CRUN_CHECK(crun_tensor_empty_on(a->dt, a->ndim, a->shape, a->st->device, out));
   int rc = crun_tensor_clamp_out(a, lo, hi, *out);
   if (rc < 0) crun_tensor_release(*out);
   return rc;

@@ -4,6 +4,7 @@
  * in order. Floats accumulate in double, integers in int64. */
 #include "tensor/tensor_impl.h"
 #include "cuda/cuda_int.h"
+#include "cuda/dispatch.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -145,15 +146,8 @@ static int run(red_state *s, crun_tensor_t *A, int64_t outer, crun_tensor_t *V, 
   return 0;
 }
 
-static const char *const dimred_names[] = {
-#define CRUN_X_DRN(NAME, name) #name,
-    CRUN_DIMRED_MAP(CRUN_X_DRN)
-#undef CRUN_X_DRN
-};
-
 int crun_tensor_reduce_dim(crun_dimred_t op, crun_tensor_t *a, int dim, int keepdim, int64_t base,
                            crun_tensor_t **values, crun_tensor_t **indices) {
-  CRUN__HOST_ONLY(a, (unsigned)op < CRUN_DIMRED_COUNT ? dimred_names[op] : "reduce");
   CRUN_CHECK(check_args(op, a, dim));
   int64_t outer = 1, n = dim < 0 ? crun_tensor_numel(a) : a->shape[dim], inner = 1;
   int64_t shape[CRUN_MAX_DIMS];
@@ -165,6 +159,8 @@ int crun_tensor_reduce_dim(crun_dimred_t op, crun_tensor_t *a, int dim, int keep
     else if (keepdim) shape[nd++] = 1;
   }
   for (int d = 0; dim < 0 && keepdim && d < a->ndim; d++) shape[nd++] = 1;
+  if (__builtin_expect(a->st->device >= 0, 0))
+    return crun__dev_reduce_dim(op, a, dim, keepdim, base, value_dtype(op, a->dt), values, indices);
   int want_idx = indices && (op == CRUN_DIMRED_MAX || op == CRUN_DIMRED_MIN);
   crun_tensor_t *A = NULL, *V = NULL, *I = NULL;
   red_state s = {op, crun_dtype_is_integer(a->dt), n, inner, NULL, NULL, NULL, NULL, NULL};

@@ -2,6 +2,7 @@
  * the slice maximum is subtracted before exponentiating; sums in double. */
 #include "tensor/tensor_impl.h"
 #include "cuda/cuda_int.h"
+#include "cuda/dispatch.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -24,12 +25,12 @@ static void softmax_slice(crun_dtype_t dt, const char *src, char *dst, int64_t n
 }
 
 int crun_tensor_softmax(crun_tensor_t *a, int dim, int use_log, crun_tensor_t **out) {
-  CRUN__HOST_ONLY(a, "softmax");
   const char *what = use_log ? "log_softmax" : "softmax";
   if (a->dt != CRUN_FLOAT32 && a->dt != CRUN_FLOAT64)
     return crun_error(CRUN_ENOTSUP, "%s needs a float32 or float64 tensor, got %s", what, crun_dtype_name(a->dt));
   if (dim < 0 || dim >= a->ndim)
     return crun_error(CRUN_EINVAL, "%s: dim %d out of range for a %d-d tensor", what, dim + 1, a->ndim);
+  if (__builtin_expect(a->st->device >= 0, 0)) return crun__dev_softmax(a, dim, use_log, out);
   int64_t outer = 1, n = a->shape[dim], inner = 1;
   for (int d = 0; d < a->ndim; d++) {
     if (d < dim) outer *= a->shape[d];

@@ -12,7 +12,6 @@ const char *crun__train_shape_str(const crun_tensor_t *t, char *buf, size_t n) {
 
 int crun__train_check_float(const char *fn, const char *arg, const crun_tensor_t *t) {
   if (!t) return crun_error(CRUN_EINVAL, "%s: %s is missing", fn, arg);
-  CRUN__HOST_ONLY(t, fn);
   crun_dtype_t dt = crun_tensor_dtype(t);
   if (dt != CRUN_FLOAT32 && dt != CRUN_FLOAT64)
     return crun_error(CRUN_EINVAL, "%s: %s must be float32 or float64, got %s", fn, arg,

@@ -3,6 +3,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "cuda/dispatch.h"
 #include "train/check.h"
 
 int crun_act_parse(const char *name, crun_act_t *out) {
@@ -37,6 +38,7 @@ ACT_LOOPS(double, exp, tanh)
 int crun_nn_act_forward(crun_act_t act, const crun_tensor_t *x, crun_tensor_t *y) {
   CRUN_CHECK(crun__train_check_float("activation forward", "input", x));
   CRUN_CHECK(crun__train_check_like("activation forward", "output", x, y));
+  if (CRUN__ON_DEV(x) || CRUN__ON_DEV(y)) return crun__dev_act_forward(act, x, y);
   int64_t n = crun_tensor_numel(x);
   if (crun_tensor_dtype(x) == CRUN_FLOAT32) act_fwd_float(act, crun_tensor_data(x), crun_tensor_data(y), n);
   else act_fwd_double(act, crun_tensor_data(x), crun_tensor_data(y), n);
@@ -48,6 +50,7 @@ int crun_nn_act_backward(crun_act_t act, const crun_tensor_t *y, const crun_tens
   CRUN_CHECK(crun__train_check_float("activation backward", "output", y));
   CRUN_CHECK(crun__train_check_like("activation backward", "gradOutput", y, gy));
   CRUN_CHECK(crun__train_check_like("activation backward", "gradInput", y, gx));
+  if (CRUN__ON_DEV(y) || CRUN__ON_DEV(gy) || CRUN__ON_DEV(gx)) return crun__dev_act_backward(act, y, gy, gx);
   int64_t n = crun_tensor_numel(y);
   if (crun_tensor_dtype(y) == CRUN_FLOAT32)
     act_bwd_float(act, crun_tensor_data(y), crun_tensor_data(gy), crun_tensor_data(gx), n);
@@ -85,6 +88,7 @@ int crun_nn_log_softmax_forward(const crun_tensor_t *x, crun_tensor_t *y) {
   CRUN_CHECK(crun__train_check_2d("LogSoftMax forward", "input", x, &rows, &c));
   CRUN_CHECK(crun__train_check_like("LogSoftMax forward", "output", x, y));
   if (c == 0) return 0;
+  if (CRUN__ON_DEV(x) || CRUN__ON_DEV(y)) return crun__dev_log_softmax_forward(x, y);
   if (crun_tensor_dtype(x) == CRUN_FLOAT32) lsm_fwd_float(crun_tensor_data(x), crun_tensor_data(y), rows, c);
   else lsm_fwd_double(crun_tensor_data(x), crun_tensor_data(y), rows, c);
   return 0;
@@ -95,6 +99,7 @@ int crun_nn_log_softmax_backward(const crun_tensor_t *y, const crun_tensor_t *gy
   CRUN_CHECK(crun__train_check_2d("LogSoftMax backward", "output", y, &rows, &c));
   CRUN_CHECK(crun__train_check_like("LogSoftMax backward", "gradOutput", y, gy));
   CRUN_CHECK(crun__train_check_like("LogSoftMax backward", "gradInput", y, gx));
+  if (CRUN__ON_DEV(y) || CRUN__ON_DEV(gy) || CRUN__ON_DEV(gx)) return crun__dev_log_softmax_backward(y, gy, gx);
   if (crun_tensor_dtype(y) == CRUN_FLOAT32)
     lsm_bwd_float(crun_tensor_data(y), crun_tensor_data(gy), crun_tensor_data(gx), rows, c);
   else
@@ -108,6 +113,7 @@ int crun_nn_dropout_forward(const crun_tensor_t *x, crun_tensor_t *y, crun_tenso
   CRUN_CHECK(crun__train_check_like("Dropout forward", "output", x, y));
   CRUN_CHECK(crun__train_check_like("Dropout forward", "mask", x, mask));
   if (!(p >= 0 && p < 1)) return crun_error(CRUN_EINVAL, "Dropout: p must be in [0, 1), got %g", p);
+  if (CRUN__ON_DEV(x) || CRUN__ON_DEV(y) || CRUN__ON_DEV(mask)) return crun__dev_dropout(x, y, mask, p, state);
   int64_t n = crun_tensor_numel(x);
   double keep = 1.0 / (1.0 - p);
   int f32 = crun_tensor_dtype(x) == CRUN_FLOAT32;
@@ -129,6 +135,7 @@ int crun_nn_mul(const crun_tensor_t *a, const crun_tensor_t *b, crun_tensor_t *y
   CRUN_CHECK(crun__train_check_float("mul", "a", a));
   CRUN_CHECK(crun__train_check_like("mul", "b", a, b));
   CRUN_CHECK(crun__train_check_like("mul", "output", a, y));
+  if (CRUN__ON_DEV(a) || CRUN__ON_DEV(b) || CRUN__ON_DEV(y)) return crun__dev_mul(a, b, y);
   int64_t n = crun_tensor_numel(a);
   if (crun_tensor_dtype(a) == CRUN_FLOAT32) {
     const float *pa = crun_tensor_data(a), *pb = crun_tensor_data(b);

@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include "cuda/dispatch.h"
 #include "train/check.h"
 
 /* Checks x [N, in], w [out, in] and returns N, in, out. */
@@ -49,6 +50,7 @@ int crun_nn_linear_forward(const crun_tensor_t *x, const crun_tensor_t *w,
   CRUN_CHECK(linear_dims(fn, x, w, &n, &in, &out));
   if (b) CRUN_CHECK(check_sized(fn, "bias", x, b, out));
   CRUN_CHECK(check_sized(fn, "output", x, y, n * out));
+  if (CRUN__ON_DEV(x) || CRUN__ON_DEV(w) || CRUN__ON_DEV(b) || CRUN__ON_DEV(y)) return crun__dev_linear_forward(x, w, b, y);
   crun_dtype_t dt = crun_tensor_dtype(x);
   fill_rows(dt, crun_tensor_data(y), b ? crun_tensor_data(b) : NULL, n, out);
   if (n == 0 || out == 0 || in == 0) return 0;
@@ -95,6 +97,8 @@ int crun_nn_linear_backward(const crun_tensor_t *x, const crun_tensor_t *w,
   if (gx) CRUN_CHECK(check_sized(fn, "gradInput", x, gx, n * in));
   if (gw) CRUN_CHECK(check_sized(fn, "gradWeight", x, gw, out * in));
   if (gb) CRUN_CHECK(check_sized(fn, "gradBias", x, gb, out));
+  if (CRUN__ON_DEV(x) || CRUN__ON_DEV(w) || CRUN__ON_DEV(gy) || CRUN__ON_DEV(gx) || CRUN__ON_DEV(gw) || CRUN__ON_DEV(gb))
+    return crun__dev_linear_backward(x, w, gy, gx, gw, gb);
   crun_dtype_t dt = crun_tensor_dtype(x);
   if (gx) {
     if (out == 0) fill_rows(dt, crun_tensor_data(gx), NULL, n, in);

@@ -1,6 +1,7 @@
 /* loss.c — cross entropy over class labels and mean squared error. */
 #include <math.h>
 
+#include "cuda/dispatch.h"
 #include "train/check.h"
 
 /* Reads label i (1-based) of an int32/int64 tensor. */
@@ -9,8 +10,9 @@ static int64_t label_at(const crun_tensor_t *labels, int64_t i) {
   return ((const int32_t *)crun_tensor_data(labels))[i];
 }
 
-static int check_labels(const crun_tensor_t *labels, int64_t rows, int64_t c) {
-  static const char *fn = "CrossEntropy";
+/* Checks the labels tensor; its values too when it is on the host (on a
+ * device, the kernel checks them and fails the same way). */
+static int check_labels(const char *fn, const crun_tensor_t *labels, int64_t rows, int64_t c) {
   if (!labels) return crun_error(CRUN_EINVAL, "%s: labels are missing", fn);
   crun_dtype_t dt = crun_tensor_dtype(labels);
   if (dt != CRUN_INT64 && dt != CRUN_INT32)
@@ -20,7 +22,7 @@ static int check_labels(const crun_tensor_t *labels, int64_t rows, int64_t c) {
   if (crun_tensor_numel(labels) != rows)
     return crun_error(CRUN_EINVAL, "%s: %lld labels for %lld rows of logits", fn,
                       (long long)crun_tensor_numel(labels), (long long)rows);
-  for (int64_t i = 0; i < rows; i++) {
+  for (int64_t i = 0; crun_tensor_device(labels) < 0 && i < rows; i++) {
     int64_t l = label_at(labels, i);
     if (l < 1 || l > c)
       return crun_error(CRUN_ERANGE, "%s: label %lld of row %lld is out of range 1..%lld (labels are 1-based)",
@@ -56,9 +58,11 @@ int crun_nn_cross_entropy(const crun_tensor_t *x, const crun_tensor_t *labels, i
   int64_t rows, c;
   CRUN_CHECK(crun__train_check_2d("CrossEntropy", "input", x, &rows, &c));
   if (c == 0) return crun_error(CRUN_EINVAL, "CrossEntropy: input has 0 classes");
-  CRUN_CHECK(check_labels(labels, rows, c));
+  CRUN_CHECK(check_labels("CrossEntropy", labels, rows, c));
   if (grad) CRUN_CHECK(crun__train_check_like("CrossEntropy", "gradInput", x, grad));
   double scale = sum || rows == 0 ? 1.0 : 1.0 / (double)rows, total = 0;
+  if (CRUN__ON_DEV(x) || CRUN__ON_DEV(labels) || CRUN__ON_DEV(grad))
+    return crun__dev_cross_entropy(x, labels, scale, loss, correct, grad);
   int64_t ok = 0, am;
   int f32 = crun_tensor_dtype(x) == CRUN_FLOAT32;
   for (int64_t i = 0; i < rows; i++) {
@@ -80,6 +84,7 @@ int crun_nn_mse(const crun_tensor_t *x, const crun_tensor_t *t, double *loss, cr
   CRUN_CHECK(crun__train_check_float("MSE", "input", x));
   CRUN_CHECK(crun__train_check_like("MSE", "target", x, t));
   if (grad) CRUN_CHECK(crun__train_check_like("MSE", "gradInput", x, grad));
+  if (CRUN__ON_DEV(x) || CRUN__ON_DEV(t) || CRUN__ON_DEV(grad)) return crun__dev_mse(x, t, loss, grad);
   int64_t n = crun_tensor_numel(x);
   double s = 0, k = n ? 2.0 / (double)n : 0;
   for (int64_t i = 0; i < n; i++) {
@@ -94,5 +99,27 @@ int crun_nn_mse(const crun_tensor_t *x, const crun_tensor_t *t, double *loss, cr
     s += d * d;
   }
   if (loss) *loss = n ? s / (double)n : 0;
+  return 0;
+}
+
+int crun_nn_nll(const crun_tensor_t *x, const crun_tensor_t *labels, double *loss, crun_tensor_t *grad) {
+  static const char *fn = "ClassNLLCriterion";
+  int64_t rows, c;
+  CRUN_CHECK(crun__train_check_2d(fn, "input", x, &rows, &c));
+  CRUN_CHECK(check_labels(fn, labels, rows, c));
+  if (grad) CRUN_CHECK(crun__train_check_like(fn, "gradInput", x, grad));
+  double scale = rows ? 1.0 / (double)rows : 0, total = 0;
+  if (CRUN__ON_DEV(x) || CRUN__ON_DEV(labels) || CRUN__ON_DEV(grad)) return crun__dev_nll(x, labels, scale, loss, grad);
+  int f32 = crun_tensor_dtype(x) == CRUN_FLOAT32;
+  for (int64_t i = 0; i < rows; i++) {
+    int64_t l = label_at(labels, i) - 1;
+    for (int64_t j = 0; grad && j < c; j++) {
+      double g = j == l ? -scale : 0.0;
+      if (f32) ((float *)crun_tensor_data(grad))[i * c + j] = (float)g;
+      else ((double *)crun_tensor_data(grad))[i * c + j] = g;
+    }
+    total -= f32 ? (double)((const float *)crun_tensor_data(x))[i * c + l] : ((const double *)crun_tensor_data(x))[i * c + l];
+  }
+  if (loss) *loss = total * scale;
   return 0;
 }

@@ -2,6 +2,7 @@
  * update rules of torch.optim (single-tensor path of torch 1.13). */
 #include <math.h>
 
+#include "cuda/dispatch.h"
 #include "train/check.h"
 
 /* The update of one element; d is the (signed, decayed) gradient. The loops
@@ -49,6 +50,7 @@ int crun_optim_sgd_update(crun_tensor_t *p, const crun_tensor_t *g, crun_tensor_
     return crun_error(CRUN_EINVAL, "%s: nesterov needs momentum > 0 and dampening 0", fn);
   if (o->momentum == 0) buf = NULL;
   if (buf) CRUN_CHECK(crun__train_check_like(fn, "momentum buffer", p, buf));
+  if (CRUN__ON_DEV(p) || CRUN__ON_DEV(g) || CRUN__ON_DEV(buf)) return crun__dev_sgd(p, g, buf, o, first);
   int64_t n = crun_tensor_numel(p);
   if (crun_tensor_dtype(p) == CRUN_FLOAT32)
     sgd_float(crun_tensor_data(p), crun_tensor_data(g), buf ? crun_tensor_data(buf) : NULL, n, o, first);
@@ -89,6 +91,8 @@ int crun_optim_adam_update(crun_tensor_t *p, const crun_tensor_t *g, crun_tensor
   if (o->amsgrad) CRUN_CHECK(crun__train_check_like(fn, "max_exp_avg_sq", p, vmax));
   else vmax = NULL;
   if (step < 1) return crun_error(CRUN_EINVAL, "%s: step must be >= 1, got %lld", fn, (long long)step);
+  if (CRUN__ON_DEV(p) || CRUN__ON_DEV(g) || CRUN__ON_DEV(m) || CRUN__ON_DEV(v) || CRUN__ON_DEV(vmax))
+    return crun__dev_adam(p, g, m, v, vmax, step, o);
   int64_t n = crun_tensor_numel(p);
   if (crun_tensor_dtype(p) == CRUN_FLOAT32)
     adam_float(crun_tensor_data(p), crun_tensor_data(g), crun_tensor_data(m), crun_tensor_data(v),

@@ -9,6 +9,7 @@
 #include "crun/core.h"
 #include "crun/train.h"
 #include "crun/trace.h"
+#include "cuda/cuda_int.h"
 
 typedef struct {
   crun_tensor_t *buf;  /* flat, numel elements */
@@ -31,6 +32,7 @@ struct crun_reducer {
   crun_pg_t *pg;
   crun_reducer_opts_t opts;
   int n, nb, next_launch;
+  int device;          /* of every gradient and bucket: -1 host, else a CUDA device */
   slot_t *slots;
   int *order;
   bucket_t *buckets;
@@ -54,6 +56,10 @@ static int plan(crun_reducer_t *r, crun_tensor_t *const *grads) {
                         crun_dtype_name(dt));
     if (!crun_tensor_is_contiguous(g))
       return crun_error(CRUN_EINVAL, "reducer: gradient %d is not contiguous", i);
+    if (i == r->n - 1) r->device = crun_tensor_device(g);
+    if (crun_tensor_device(g) != r->device)
+      return crun_error(CRUN_EINVAL, "reducer: gradient %d is on device %d, gradient %d on device %d (one place for all)",
+                        i, crun_tensor_device(g), r->n - 1, r->device);
     size_t bytes = crun_tensor_nbytes(g);
     if (cur && (cur->dt != dt || (cur->bytes > 0 && cur->bytes + bytes > limit))) {
       cur = NULL;
@@ -90,11 +96,23 @@ static char *bucket_at(const crun_reducer_t *r, int b, int64_t off) {
   return (char *)crun_tensor_data(bk->buf) + (size_t)off * crun_dtype_size(bk->dt);
 }
 
-/* Allocates the buckets; with grad_as_view the gradients become their views. */
+/* Copies n bytes between a gradient and its bucket: memcpy on the host; on
+ * a device, ordered on the device's current stream (which the group's stream
+ * waits for before the all_reduce, and the caller's later work follows). */
+static int move_bytes(const crun_reducer_t *r, void *dst, const void *src, size_t n) {
+  if (r->device < 0) {
+    memcpy(dst, src, n);
+    return 0;
+  }
+  return crun__cuda_memcpy(dst, r->device, src, r->device, n, crun__cuda_current_stream(r->device), 0);
+}
+
+/* Allocates the buckets (on the gradients' device); with grad_as_view the
+ * gradients become their views. */
 static int make_buffers(crun_reducer_t *r) {
   for (int b = 0; b < r->nb; b++) {
     int64_t shape[1] = {r->buckets[b].numel};
-    int rc = crun_tensor_new(r->buckets[b].dt, 1, shape, &r->buckets[b].buf);
+    int rc = crun_tensor_new_on(r->buckets[b].dt, 1, shape, r->device, &r->buckets[b].buf);
     if (rc < 0) return rc;
   }
   if (!r->opts.grad_as_view) return 0;
@@ -102,7 +120,11 @@ static int make_buffers(crun_reducer_t *r) {
     crun_tensor_t *v = NULL;
     int rc = crun_reducer_bucket_view(r, i, &v);
     if (rc < 0) return rc;
-    memcpy(crun_tensor_data(v), crun_tensor_data(r->slots[i].grad), crun_tensor_nbytes(v));
+    rc = move_bytes(r, crun_tensor_data(v), crun_tensor_data(r->slots[i].grad), crun_tensor_nbytes(v));
+    if (rc < 0) {
+      crun_tensor_release(v);
+      return rc;
+    }
     crun_tensor_release(r->slots[i].grad);
     r->slots[i].grad = v;
   }
@@ -200,8 +222,13 @@ static int check_pg(const crun_reducer_t *r, const char *what) {
 /* Launches the all_reduce of bucket b (average). */
 static int launch(crun_reducer_t *r, int b) {
   bucket_t *bk = &r->buckets[b];
+  crun_coll_opts_t o = {0};
+  /* a device bucket goes to the group's device backend (nccl), whose stream
+   * first waits for the caller's current stream, where the bucket's copies
+   * are queued (no host wait here: the all_reduce overlaps backward) */
+  o.cuda = r->device >= 0;
   int rc = crun_pg_all_reduce(r->pg, crun_tensor_data(bk->buf), (size_t)bk->numel, bk->dt, CRUN_OP_AVG,
-                              NULL, &bk->work);
+                              &o, &bk->work);
   if (rc < 0) return rc;
   CRUN_LOG(TRACE, DDP, "reducer: launched bucket %d (%lld elements)", b, (long long)bk->numel);
   if (crun_trace_enabled()) {
@@ -228,9 +255,9 @@ static int mark(crun_reducer_t *r, int i) {
   if (s->ready)
     return crun_error(CRUN_ESTATE, "reducer: gradient %d (rank %d) marked ready twice in one iteration", i,
                       crun_pg_rank(r->pg));
-  s->ready = 1;
   if (!r->opts.grad_as_view)
-    memcpy(bucket_at(r, s->bucket, s->offset), crun_tensor_data(s->grad), crun_tensor_nbytes(s->grad));
+    CRUN_CHECK(move_bytes(r, bucket_at(r, s->bucket, s->offset), crun_tensor_data(s->grad), crun_tensor_nbytes(s->grad)));
+  s->ready = 1;
   r->buckets[s->bucket].pending--;
   return 0;
 }
@@ -244,7 +271,7 @@ int crun_reducer_mark_ready(crun_reducer_t *r, int i) {
   return rc;
 }
 
-static void copy_back(crun_reducer_t *r, int b);
+static int copy_back(crun_reducer_t *r, int b);
 
 /* Fails in external mode: the caller owns the communication. */
 static int check_internal(const crun_reducer_t *r, const char *what) {
@@ -275,18 +302,20 @@ int crun_reducer_finish(crun_reducer_t *r) {
                       r->pg ? crun_pg_rank(r->pg) : -1, b,
                       r->buckets[b].pending ? "its gradients are not all ready" : "never taken");
   }
-  for (int b = 0; b < r->nb && !r->opts.grad_as_view; b++) copy_back(r, b);
+  int rc = 0;
+  for (int b = 0; rc == 0 && b < r->nb && !r->opts.grad_as_view; b++) rc = copy_back(r, b);
   reset(r);
-  return 0;
+  return rc;
 }
 
 /* Copies bucket b back into its gradients. */
-static void copy_back(crun_reducer_t *r, int b) {
+static int copy_back(crun_reducer_t *r, int b) {
   const bucket_t *bk = &r->buckets[b];
   for (int k = 0; k < bk->count; k++) {
     slot_t *s = &r->slots[r->order[bk->first + k]];
-    memcpy(crun_tensor_data(s->grad), bucket_at(r, b, s->offset), crun_tensor_nbytes(s->grad));
+    CRUN_CHECK(move_bytes(r, crun_tensor_data(s->grad), bucket_at(r, b, s->offset), crun_tensor_nbytes(s->grad)));
   }
+  return 0;
 }
 
 /* Waits for bucket b and copies it back into its gradients. */
@@ -302,8 +331,7 @@ static int complete(crun_reducer_t *r, int b, double timeout) {
   }
   crun_work_release(bk->work);
   bk->work = NULL;
-  if (!r->opts.grad_as_view) copy_back(r, b);
-  return 0;
+  return r->opts.grad_as_view ? 0 : copy_back(r, b);
 }
 
 int crun_reducer_finalize(crun_reducer_t *r, double timeout) {

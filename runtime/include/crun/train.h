@@ -63,6 +63,11 @@ int crun_nn_cross_entropy(const crun_tensor_t *x, const crun_tensor_t *labels, i
 
 /* Mean squared error: *loss = mean((x - t)^2); grad (NULL to skip) gets
  * 2 (x - t) / numel. */
+/* ClassNLLCriterion: *loss = -mean over rows of x[i, label_i] (x holds
+ * log-probabilities [N, C], labels as cross entropy's); grad (nullable) gets
+ * -1/N at each row's label and 0 elsewhere. */
+int crun_nn_nll(const crun_tensor_t *x, const crun_tensor_t *labels, double *loss, crun_tensor_t *grad);
+
 int crun_nn_mse(const crun_tensor_t *x, const crun_tensor_t *t, double *loss,
                 crun_tensor_t *grad);
 
