@@ -93,12 +93,20 @@ static const char *bare_error(void) {
  * the store from a forked process of its own, so that the launcher has no
  * thread when it forks the workers. The process starts the server, reports
  * (status, port, error text) through a pipe, then waits for SIGTERM (blocked
- * in the launcher, so inherited blocked) and dies with the launcher. */
+ * in the launcher, so inherited blocked) and dies with the launcher. A c10d
+ * endpoint's process is told to drain instead (SIGUSR1): it serves until the
+ * other runs' clients have left, as serve_others does in-process. */
 typedef struct { int rc, port; char err[256]; } served_t;
 
-/* In the store's process: serves until SIGTERM; never returns. */
+/* In the store's process: serves until SIGTERM, or after SIGUSR1 until no
+ * client is left (or SIGTERM); never returns. */
 static void store_process(const char *host, int port, int wfd) {
   prctl(PR_SET_PDEATHSIG, SIGKILL);
+  sigset_t sigs, term;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGTERM);
+  sigaddset(&sigs, SIGUSR1);
+  sigprocmask(SIG_BLOCK, &sigs, NULL); /* before the report: the launcher signals only after it */
   served_t r = {0};
   crun_store_server_t *srv = NULL;
   r.rc = crun_store_server_start(host, port, &srv);
@@ -106,11 +114,22 @@ static void store_process(const char *host, int port, int wfd) {
   else snprintf(r.err, sizeof r.err, "%s", crun_last_error());
   if (write(wfd, &r, sizeof r) != (ssize_t)sizeof r || r.rc < 0) _exit(1);
   close(wfd);
-  sigset_t term;
-  sigemptyset(&term);
-  sigaddset(&term, SIGTERM);
-  int sig;
-  sigwait(&term, &sig);
+  int sig = 0;
+  sigwait(&sigs, &sig);
+  if (sig == SIGUSR1) {
+    sigemptyset(&term);
+    sigaddset(&term, SIGTERM);
+    double said = crun_clock() + 1.0;
+    const struct timespec slice = {0, 20 * 1000 * 1000};
+    int n;
+    while ((n = crun__store_server_clients(srv)) > 0 && sigtimedwait(&term, NULL, &slice) != SIGTERM) {
+      if (said > 0 && crun_clock() >= said) {
+        fprintf(stderr, "crun-lua: job done; still serving the rendezvous store at %s:%d for %d "
+                        "client(s) of other runs until they leave (Ctrl-C stops it)\n", host, r.port, n);
+        said = -1;
+      }
+    }
+  }
   crun_store_server_stop(srv);
   _exit(0);
 }
@@ -144,11 +163,21 @@ static int start_server(crun__agent_t *a, const char *host, int port) {
 }
 
 /* Stops the store's process (SIGTERM, then reaps it unless the supervise
- * loop already did). */
+ * loop already did). A c10d endpoint's process drains first: SIGUSR1, then
+ * it ends when the other runs' clients have left; a signal to the launcher
+ * cuts that short with SIGTERM. */
 static void stop_server(crun__agent_t *a) {
   if (a->server) crun_store_server_stop(a->server); /* a c10d endpoint served in-process */
   a->server = NULL;
   if (a->server_pid <= 0) return;
+  if (a->o->c10d && kill(a->server_pid, SIGUSR1) == 0) {
+    pid_t got;
+    while ((got = waitpid(a->server_pid, NULL, WNOHANG)) == 0 && !crun__signals_pending()) usleep(20000);
+    if (got == a->server_pid || (got < 0 && errno == ECHILD)) {
+      a->server_pid = 0;
+      return;
+    }
+  }
   kill(a->server_pid, SIGTERM);
   while (waitpid(a->server_pid, NULL, 0) < 0 && errno == EINTR) {}
   a->server_pid = 0;

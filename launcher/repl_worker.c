@@ -33,6 +33,22 @@ static void on_sigint(int sig) {
   if (g_armed && L) lua_sethook(L, stop_hook, LUA_MASKCALL | LUA_MASKRET | LUA_MASKCOUNT, 1);
 }
 
+#if defined(__SANITIZE_THREAD__)
+/* ThreadSanitizer runs an asynchronous signal's handler only when the thread
+ * next enters a libc function it intercepts: a chunk that only computes
+ * (while true do x = x + 1 end) would never see SIGINT, and the chunk
+ * timeout could not interrupt it. While a chunk runs with no hook of its
+ * own, this count hook enters one (sigpending) every POLL_COUNT
+ * instructions; TSan runs the deferred on_sigint there. */
+#define POLL_COUNT 10000
+static void poll_hook(lua_State *L, lua_Debug *ar) {
+  (void)L;
+  (void)ar;
+  sigset_t pend;
+  sigpending(&pend);
+}
+#endif
+
 /* h.run(fn, msgh) -> ok, ... : calls fn() under msgh with Ctrl-C armed; the
  * hook is cleared (the chunk's own hook restored) before anything else runs. */
 static int l_run(lua_State *L) {
@@ -43,6 +59,9 @@ static int l_run(lua_State *L) {
   int mask = lua_gethookmask(L), count = lua_gethookcount(L);
   lua_pushvalue(L, 1); /* msgh stays at 2, the function goes to 3 */
   g_chunk_L = L;
+#if defined(__SANITIZE_THREAD__)
+  if (!old) lua_sethook(L, poll_hook, LUA_MASKCOUNT, POLL_COUNT);
+#endif
   g_armed = 1;
   int rc = lua_pcall(L, 0, LUA_MULTRET, 2);
   g_armed = 0;

@@ -2,6 +2,7 @@
  * one line per case plus "N passed, N failed". */
 #include "harness.h"
 
+#include <limits.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <sys/wait.h>
@@ -63,6 +64,8 @@ static int run_case(const crun_test_case *c, int deadline_s) {
 
 int crun_test_run(int argc, char **argv, const crun_test_case *cases, size_t n) {
   int deadline = (int)crun_env_int("CRUN_TEST_DEADLINE", 120);
+  double scale = crun_env_int("CRUN_SAN_TIMEOUT_SCALE", 1); /* a sanitizer build: san_run.sh */
+  if (scale > 1 && deadline < INT_MAX / scale) deadline = (int)(deadline * scale);
   int passed = 0, failed = 0;
   signal(SIGPIPE, SIG_IGN);
   for (size_t i = 0; i < n; i++) {

@@ -4,6 +4,7 @@
 #define CRUN_TEST_PG_UTIL_H
 
 #include <signal.h>
+#include <stdlib.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -12,10 +13,20 @@
 
 typedef void (*pg_rank_fn)(crun_pg_t *pg, void *arg);
 
+/* CRUN_SAN_TIMEOUT_SCALE (set by scripts/san_run.sh in a sanitizer build):
+ * the factor on the group timeouts and deadlines below; 1 without it. */
+static double pg_time_scale(void) {
+  const char *v = getenv("CRUN_SAN_TIMEOUT_SCALE");
+  double f = v ? strtod(v, NULL) : 1.0;
+  return f >= 1.0 ? f : 1.0;
+}
+
 /* Forks n ranks; each joins a group (timeout s) and runs fn. Returns the
  * number of ranks that failed (non-zero exit, signal, or over `limit` s).
  * Ranks listed in `expect_fail` (bitmask) are allowed to exit non-zero. */
 static int pg_spawn_ex(int n, pg_rank_fn fn, void *arg, double timeout, double limit) {
+  timeout *= pg_time_scale();
+  limit *= pg_time_scale();
   char path[64];
   snprintf(path, sizeof path, "/tmp/crun_pgtest_%d_%ld", (int)getpid(), (long)time(NULL));
   unlink(path);
