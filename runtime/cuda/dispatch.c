@@ -215,35 +215,6 @@ int crun__dev_softmax(crun_tensor_t *a, int dim, int use_log, crun_tensor_t **ou
   return leave(&sc, rc);
 }
 
-/* How GEMM reads 2-d t: row-major (*trans 0) or the transpose of a
- * row-major matrix (*trans 1), with leading dim *ld; -1 when neither. */
-static int gemm_layout(const crun_tensor_t *t, int *trans, int64_t *ld) {
-  int64_t r = t->shape[0], c = t->shape[1], s0 = t->strides[0], s1 = t->strides[1];
-  if ((c <= 1 || s1 == 1) && (r <= 1 || s0 >= (c > 1 ? c : 1))) {
-    *trans = 0;
-    *ld = r <= 1 ? (c > 1 ? c : 1) : s0;
-    return 0;
-  }
-  if ((r <= 1 || s0 == 1) && (c <= 1 || s1 >= (r > 1 ? r : 1))) {
-    *trans = 1;
-    *ld = c <= 1 ? (r > 1 ? r : 1) : s1;
-    return 0;
-  }
-  return -1;
-}
-
-/* t itself, or a contiguous copy when GEMM cannot read it. */
-static int gemm_operand(crun_tensor_t *t, crun_tensor_t **use, int *trans, int64_t *ld) {
-  if (gemm_layout(t, trans, ld) == 0) {
-    crun_tensor_retain(t);
-    *use = t;
-    return 0;
-  }
-  CRUN_CHECK(crun_tensor_clone(t, use));
-  gemm_layout(*use, trans, ld);
-  return 0;
-}
-
 int crun__dev_gemm(int ta, int tb, double alpha, crun_tensor_t *A, crun_tensor_t *B, double beta, crun_tensor_t *C) {
   SAME("gemm", C, A, B);
   int64_t K = A->shape[!ta], lda = 0, ldb = 0, ldc = 0;
@@ -255,10 +226,10 @@ int crun__dev_gemm(int ta, int tb, double alpha, crun_tensor_t *A, crun_tensor_t
   scope_t sc;
   crun_tensor_t *Au = NULL, *Bu = NULL, *Cu = NULL;
   CRUN_CHECK(enter(&sc, C));
-  int rc = gemm_operand(A, &Au, &fa, &lda);
-  if (rc == 0) rc = gemm_operand(B, &Bu, &fb, &ldb);
+  int rc = crun__gemm_operand(A, &Au, &fa, &lda);
+  if (rc == 0) rc = crun__gemm_operand(B, &Bu, &fb, &ldb);
   if (rc == 0) {
-    if (gemm_layout(C, &fc, &ldc) == 0 && fc == 0 && !crun_tensor_same_storage(C, A) &&
+    if (crun__gemm_layout(C, &fc, &ldc) == 0 && fc == 0 && !crun_tensor_same_storage(C, A) &&
         !crun_tensor_same_storage(C, B)) {
       crun_tensor_retain(C);
       Cu = C;
