@@ -163,17 +163,9 @@ int crun__dev_clamp(crun_tensor_t *a, double lo, double hi, crun_tensor_t *out) 
              crun__cuda_clamp(a->dt, crun_tensor_data(O), crun_tensor_data(A), crun_tensor_numel(A), lo, hi, sc.s));
 }
 
-int crun__dev_reduce_dim(crun_dimred_t op, crun_tensor_t *a, int dim, int keepdim, int64_t base, crun_dtype_t vdt,
-                         crun_tensor_t **values, crun_tensor_t **indices) {
-  int64_t outer = 1, n = dim < 0 ? crun_tensor_numel(a) : a->shape[dim], inner = 1, shape[CRUN_MAX_DIMS];
-  int nd = 0;
-  for (int d = 0; dim >= 0 && d < a->ndim; d++) {
-    if (d < dim) outer *= a->shape[d];
-    if (d > dim) inner *= a->shape[d];
-    if (d != dim) shape[nd++] = a->shape[d];
-    else if (keepdim) shape[nd++] = 1;
-  }
-  for (int d = 0; dim < 0 && keepdim && d < a->ndim; d++) shape[nd++] = 1;
+int crun__dev_reduce_dim(crun_dimred_t op, crun_tensor_t *a, int64_t outer, int64_t n, int64_t inner, int nd,
+                         const int64_t *shape, int64_t base, crun_dtype_t vdt, crun_tensor_t **values,
+                         crun_tensor_t **indices) {
   int want_idx = indices && (op == CRUN_DIMRED_MAX || op == CRUN_DIMRED_MIN);
   scope_t sc;
   crun_tensor_t *A = NULL, *V = NULL, *I = NULL;
