@@ -45,18 +45,6 @@ local function await(hs, what, text, timeout, times)
   assert(ok, "no '" .. text .. "' within " .. timeout .. " s:\n" .. so_far(hs, "err") .. "\n" .. so_far(hs, "out"))
 end
 
---- Waits for every handle; a handle that does not end in time is killed,
--- and the others then get a second each.
-local function wait_all(hs, timeout)
-  local rs, err = {}, nil
-  for i, h in ipairs(hs) do
-    local ok, r = pcall(h.wait, h, err and 1 or timeout)
-    if ok then rs[i] = r else err = err or r end
-  end
-  if err then error(err, 2) end
-  return rs
-end
-
 --- The "ELASTIC store=..." lines of round `round` of run `id`, by rank.
 local function round_lines(outs, id, round)
   local by_rank, n = {}, 0
@@ -86,7 +74,7 @@ describe("crun-lua elastic c10d jobs", function()
       await(hs, "out", "ELASTIC store=crun/job/grow/1", 30, 3)
     end)
     U.write(dir .. "/go", "")
-    local rs = wait_all(hs, 30)
+    local rs = U.wait_all(hs, 30)
     U.rmrf(dir)
     assert(ok, err)
     local outs, errs = {}, {}
@@ -131,7 +119,7 @@ describe("crun-lua elastic c10d jobs", function()
     local done = U.wait_for(function() return count(so_far({hs[1], hs[2]}, "out"), "ELASTIC done") >= 2 end, 30)
     -- the node serving the endpoint keeps serving while the stopped node holds its connections
     os.execute("kill -CONT " .. stopped.pid)
-    local rs = wait_all(hs, 30)
+    local rs = U.wait_all(hs, 30)
     local rs3 = rs[3]
     assert.is_truthy(done, so_far(hs, "err"))
     assert.are.same({}, U.pids_with(dir)) -- every worker, also the stopped node's, reaped
@@ -163,7 +151,7 @@ describe("crun-lua elastic c10d jobs", function()
       await({a, b}, "out", "ELASTIC store=crun/job/few/0", 30, 2)
     end)
     os.execute("kill -KILL " .. b.pid)
-    local ra = wait_all({a}, 30)[1]
+    local ra = U.wait_all({a}, 30)[1]
     pcall(b.wait, b, 5)
     U.rmrf(dir)
     assert(ok, err)
@@ -188,7 +176,7 @@ describe("crun-lua elastic c10d jobs", function()
     end
     local ok, err = pcall(await, hs, "out", "checkpoint epoch 2 consumed 48/240 world 3", 60)
     os.execute("kill -KILL " .. hs[3].pid)
-    local rs = wait_all({hs[1], hs[2]}, 60)
+    local rs = U.wait_all({hs[1], hs[2]}, 60)
     pcall(hs[3].wait, hs[3], 5)
     local left = U.pids_with(dir)
     local record = U.slurp(rec) or ""

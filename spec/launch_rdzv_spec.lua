@@ -20,18 +20,6 @@ local function c10d(port, id, nnodes, conf)
                        nnodes, port, id, conf and ("--rdzv-conf " .. conf) or "")
 end
 
---- Waits for every handle of U.start; once one fails to exit in time, the
--- rest get a second and are killed too, so that no node outlives the case.
-local function wait_all(hs, timeout)
-  local rs, err = {}, nil
-  for i, h in ipairs(hs) do
-    local ok, r = pcall(h.wait, h, err and 1 or timeout)
-    if ok then rs[i] = r else err = err or r end
-  end
-  if err then error(err, 2) end
-  return rs
-end
-
 --- Parses every "RDZV k=v ..." line of the outputs into a list of tables.
 local function placements(outs)
   local t = {}
@@ -86,7 +74,7 @@ describe("crun-lua c10d rendezvous", function()
     local port = U.free_port()
     local h = U.start(c10d(port, "two", 2) .. " -n 2 " .. JOB, ENV)
     local r = U.run(c10d(port, "two", 2) .. " --nproc-per-node 1 " .. JOB, ENV)
-    check_job({wait_all({h}, 30)[1], r}, "two", 3, 2)
+    check_job({U.wait_all({h}, 30)[1], r}, "two", 3, 2)
   end)
 
   it("forms one job of 3 nodes started at once (underscore spellings too)", function()
@@ -95,7 +83,7 @@ describe("crun-lua c10d rendezvous", function()
     local a = U.start(opts .. "-n 1 " .. JOB, ENV)
     local b = U.start(opts .. "-n 2 " .. JOB, ENV)
     local r = U.run(opts .. "-n 1 " .. JOB, ENV)
-    local rs = wait_all({a, b}, 30)
+    local rs = U.wait_all({a, b}, 30)
     check_job({rs[1], rs[2], r}, "three", 4, 3)
   end)
 
@@ -106,7 +94,7 @@ describe("crun-lua c10d rendezvous", function()
     local b = U.start(opts, ENV)
     U.sleep(0.5)
     local r = U.run(opts, ENV)
-    local rs = wait_all({a, b}, 30)
+    local rs = U.wait_all({a, b}, 30)
     check_job({rs[1], rs[2], r}, "late-in", 3, 3)
     assert.is_true(r.seconds < 15, "the round waited for the last call although MAX nodes joined")
   end)
@@ -119,7 +107,7 @@ describe("crun-lua c10d rendezvous", function()
     local first = U.start(c10d(port, "fc", 2) .. " -n 2 " .. JOB, ENV)
     local ok, err = pcall(client.wait, client, {"crun/rdzv/fc/0/slot/1"}, 20) -- it joined first
     local r = U.run(c10d(port, "fc", 2) .. " -n 1 " .. JOB, ENV)
-    local rf = wait_all({first}, 30)[1]
+    local rf = U.wait_all({first}, 30)[1]
     client:close()
     srv:stop()
     assert.is_true(ok, tostring(err))
@@ -134,7 +122,7 @@ describe("crun-lua c10d rendezvous", function()
     local opts = c10d(port, "late-out", "2:3", "last_call_timeout=1,join_timeout=30") .. " -n 1 " .. JOB
     local a = U.start(opts, ENV)
     local r = U.run(opts, ENV)
-    check_job({wait_all({a}, 30)[1], r}, "late-out", 2, 2)
+    check_job({U.wait_all({a}, 30)[1], r}, "late-out", 2, 2)
   end)
 
   it("keeps two run ids on one endpoint apart", function()
@@ -145,7 +133,7 @@ describe("crun-lua c10d rendezvous", function()
       if i <= 2 then hs[#hs + 1] = U.start(c10d(port, "beta", 2) .. " -n 2 " .. JOB, ENV) end
     end
     local alpha, beta = {}, {}
-    for i, r in ipairs(wait_all(hs, 30)) do
+    for i, r in ipairs(U.wait_all(hs, 30)) do
       table.insert((i == 1 or i == 3 or i == 5) and alpha or beta, r)
     end
     check_job(alpha, "alpha", 3, 3)
@@ -157,7 +145,7 @@ describe("crun-lua c10d rendezvous", function()
     local opts = c10d(port, "again", 2) .. " --max-restarts 1 -n 1 " .. q(FIX .. "env.lua") .. " fail-once"
     local h = U.start(opts, ENV)
     local r = U.run(opts, ENV)
-    local rh = wait_all({h}, 30)[1]
+    local rh = U.wait_all({h}, 30)[1]
     assert.are.equal(0, r.code, r.err)
     assert.are.equal(0, rh.code, rh.err)
     local last = {}
@@ -182,7 +170,7 @@ describe("crun-lua c10d rendezvous errors", function()
     local h = U.start(c10d(port, "secret", 2, "join_timeout=3") .. " -n 1 " .. JOB, ENV)
     U.sleep(0.3)
     r = U.run(c10d(port, "secret", 2, "join_timeout=3") .. " -n 1 " .. JOB, "CRUN_TOKEN=another-secret")
-    local r0 = wait_all({h}, 30)[1]
+    local r0 = U.wait_all({h}, 30)[1]
     assert.are.equal(1, r.code, r.err)
     assert.is_truthy(r.err:find("EACCES", 1, true) and r.err:find("job's secret", 1, true), r.err)
     assert.are.equal(1, r0.code, r0.err) -- alone, it gives up at join_timeout
@@ -198,7 +186,7 @@ describe("crun-lua c10d rendezvous errors", function()
     local ok, err = pcall(client.wait, client, {"crun/rdzv/term/0/slot/1"}, 20) -- it waits in the round
     client:close()
     os.execute("kill -TERM " .. h.pid)
-    local r = wait_all({h}, 10)[1]
+    local r = U.wait_all({h}, 10)[1]
     assert.is_true(ok, tostring(err))
     assert.are.equal(143, r.code, r.err)
     assert.is_truthy(r.err:find("EINTR: rendezvous 'term' at 127.0.0.1:" .. port .. ": interrupted by a signal",

@@ -193,16 +193,11 @@ local function read_dump(file)
 end
 M.read_dump = read_dump
 
+--- "rank 3", "ranks 0-2,5" for a list of ranks (sorted in place); the ranges
+-- are crun.repl's format_ranks without its brackets.
 local function ranks_text(list)
   table.sort(list)
-  local parts, i = {}, 1
-  while i <= #list do
-    local j = i
-    while j < #list and list[j + 1] == list[j] + 1 do j = j + 1 end
-    parts[#parts + 1] = j > i and (list[i] .. "-" .. list[j]) or tostring(list[i])
-    i = j + 1
-  end
-  return (#list > 1 and "ranks " or "rank ") .. table.concat(parts, ",")
+  return (#list > 1 and "ranks " or "rank ") .. require("crun.repl").format_ranks(list):sub(2, -2)
 end
 
 local function sig(e) return string.format("%s(%s[%s])", e.op, e.dtype, e.count) end

@@ -163,17 +163,9 @@ int crun__dev_clamp(crun_tensor_t *a, double lo, double hi, crun_tensor_t *out) 
              crun__cuda_clamp(a->dt, crun_tensor_data(O), crun_tensor_data(A), crun_tensor_numel(A), lo, hi, sc.s));
 }
 
-int crun__dev_reduce_dim(crun_dimred_t op, crun_tensor_t *a, int dim, int keepdim, int64_t base, crun_dtype_t vdt,
-                         crun_tensor_t **values, crun_tensor_t **indices) {
-  int64_t outer = 1, n = dim < 0 ? crun_tensor_numel(a) : a->shape[dim], inner = 1, shape[CRUN_MAX_DIMS];
-  int nd = 0;
-  for (int d = 0; dim >= 0 && d < a->ndim; d++) {
-    if (d < dim) outer *= a->shape[d];
-    if (d > dim) inner *= a->shape[d];
-    if (d != dim) shape[nd++] = a->shape[d];
-    else if (keepdim) shape[nd++] = 1;
-  }
-  for (int d = 0; dim < 0 && keepdim && d < a->ndim; d++) shape[nd++] = 1;
+int crun__dev_reduce_dim(crun_dimred_t op, crun_tensor_t *a, int64_t outer, int64_t n, int64_t inner, int nd,
+                         const int64_t *shape, int64_t base, crun_dtype_t vdt, crun_tensor_t **values,
+                         crun_tensor_t **indices) {
   int want_idx = indices && (op == CRUN_DIMRED_MAX || op == CRUN_DIMRED_MIN);
   scope_t sc;
   crun_tensor_t *A = NULL, *V = NULL, *I = NULL;
@@ -215,35 +207,6 @@ int crun__dev_softmax(crun_tensor_t *a, int dim, int use_log, crun_tensor_t **ou
   return leave(&sc, rc);
 }
 
-/* How GEMM reads 2-d t: row-major (*trans 0) or the transpose of a
- * row-major matrix (*trans 1), with leading dim *ld; -1 when neither. */
-static int gemm_layout(const crun_tensor_t *t, int *trans, int64_t *ld) {
-  int64_t r = t->shape[0], c = t->shape[1], s0 = t->strides[0], s1 = t->strides[1];
-  if ((c <= 1 || s1 == 1) && (r <= 1 || s0 >= (c > 1 ? c : 1))) {
-    *trans = 0;
-    *ld = r <= 1 ? (c > 1 ? c : 1) : s0;
-    return 0;
-  }
-  if ((r <= 1 || s0 == 1) && (c <= 1 || s1 >= (r > 1 ? r : 1))) {
-    *trans = 1;
-    *ld = c <= 1 ? (r > 1 ? r : 1) : s1;
-    return 0;
-  }
-  return -1;
-}
-
-/* t itself, or a contiguous copy when GEMM cannot read it. */
-static int gemm_operand(crun_tensor_t *t, crun_tensor_t **use, int *trans, int64_t *ld) {
-  if (gemm_layout(t, trans, ld) == 0) {
-    crun_tensor_retain(t);
-    *use = t;
-    return 0;
-  }
-  CRUN_CHECK(crun_tensor_clone(t, use));
-  gemm_layout(*use, trans, ld);
-  return 0;
-}
-
 int crun__dev_gemm(int ta, int tb, double alpha, crun_tensor_t *A, crun_tensor_t *B, double beta, crun_tensor_t *C) {
   SAME("gemm", C, A, B);
   int64_t K = A->shape[!ta], lda = 0, ldb = 0, ldc = 0;
@@ -255,10 +218,10 @@ int crun__dev_gemm(int ta, int tb, double alpha, crun_tensor_t *A, crun_tensor_t
   scope_t sc;
   crun_tensor_t *Au = NULL, *Bu = NULL, *Cu = NULL;
   CRUN_CHECK(enter(&sc, C));
-  int rc = gemm_operand(A, &Au, &fa, &lda);
-  if (rc == 0) rc = gemm_operand(B, &Bu, &fb, &ldb);
+  int rc = crun__gemm_operand(A, &Au, &fa, &lda);
+  if (rc == 0) rc = crun__gemm_operand(B, &Bu, &fb, &ldb);
   if (rc == 0) {
-    if (gemm_layout(C, &fc, &ldc) == 0 && fc == 0 && !crun_tensor_same_storage(C, A) &&
+    if (crun__gemm_layout(C, &fc, &ldc) == 0 && fc == 0 && !crun_tensor_same_storage(C, A) &&
         !crun_tensor_same_storage(C, B)) {
       crun_tensor_retain(C);
       Cu = C;

@@ -23,8 +23,11 @@ int crun__dev_binop(crun_binop_t op, crun_tensor_t *a, crun_tensor_t *b, crun_te
 int crun__dev_binop_scalar(crun_binop_t op, crun_tensor_t *a, double s, int reverse, crun_tensor_t *out);
 int crun__dev_unop(crun_unop_t op, crun_tensor_t *a, crun_tensor_t *out);
 int crun__dev_clamp(crun_tensor_t *a, double lo, double hi, crun_tensor_t *out);
-int crun__dev_reduce_dim(crun_dimred_t op, crun_tensor_t *a, int dim, int keepdim, int64_t base,
-                         crun_dtype_t vdt, crun_tensor_t **values, crun_tensor_t **indices);
+/* a reduced as [outer, n, inner] into values of shape[0..nd) (the geometry
+ * crun_tensor_reduce_dim derives from dim and keepdim). */
+int crun__dev_reduce_dim(crun_dimred_t op, crun_tensor_t *a, int64_t outer, int64_t n, int64_t inner, int nd,
+                         const int64_t *shape, int64_t base, crun_dtype_t vdt, crun_tensor_t **values,
+                         crun_tensor_t **indices);
 int crun__dev_softmax(crun_tensor_t *a, int dim, int use_log, crun_tensor_t **out);
 int crun__dev_gemm(int ta, int tb, double alpha, crun_tensor_t *A, crun_tensor_t *B, double beta,
                    crun_tensor_t *C);

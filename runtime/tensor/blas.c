@@ -18,9 +18,10 @@ static int check_float2(const char *what, const crun_tensor_t *t, crun_dtype_t d
   return 0;
 }
 
-/* Finds how BLAS can read 2-d t: row-major (trans 0) or as the transpose of
- * a row-major matrix (trans 1), with leading dimension ld; -1 if neither. */
-static int blas_layout(const crun_tensor_t *t, int *trans, int64_t *ld) {
+/* Finds how GEMM can read 2-d t: row-major (trans 0) or as the transpose of
+ * a row-major matrix (trans 1), with leading dimension ld; -1 if neither.
+ * Shared with the device GEMM (cuda/dispatch.c). */
+int crun__gemm_layout(const crun_tensor_t *t, int *trans, int64_t *ld) {
   int64_t r = t->shape[0], c = t->shape[1], s0 = t->strides[0], s1 = t->strides[1];
   if ((c <= 1 || s1 == 1) && (r <= 1 || s0 >= (c > 1 ? c : 1))) {
     *trans = 0;
@@ -35,15 +36,15 @@ static int blas_layout(const crun_tensor_t *t, int *trans, int64_t *ld) {
   return -1;
 }
 
-/* Returns t or a contiguous copy, and its BLAS layout. */
-static int blas_operand(crun_tensor_t *t, crun_tensor_t **use, int *trans, int64_t *ld) {
-  if (blas_layout(t, trans, ld) == 0) {
+/* Returns t (retained) or a contiguous copy on t's device, and its GEMM layout. */
+int crun__gemm_operand(crun_tensor_t *t, crun_tensor_t **use, int *trans, int64_t *ld) {
+  if (crun__gemm_layout(t, trans, ld) == 0) {
     crun_tensor_retain(t);
     *use = t;
     return 0;
   }
   CRUN_CHECK(crun_tensor_clone(t, use));
-  blas_layout(*use, trans, ld);
+  crun__gemm_layout(*use, trans, ld);
   return 0;
 }
 
@@ -104,9 +105,9 @@ int crun_tensor_gemm(int trans_a, int trans_b, double alpha, crun_tensor_t *A, c
     return crun__dev_gemm(trans_a, trans_b, alpha, A, B, beta, C);
   if (K == 0) return scale(C, beta), 0;
   crun_tensor_t *Au = NULL, *Bu = NULL, *Cu = NULL;
-  CRUN_CHECK_GOTO(blas_operand(A, &Au, &ta, &lda), rc, done);
-  CRUN_CHECK_GOTO(blas_operand(B, &Bu, &tb, &ldb), rc, done);
-  if (blas_layout(C, &tc, &ldc) == 0 && tc == 0 && !crun_tensor_same_storage(C, A) &&
+  CRUN_CHECK_GOTO(crun__gemm_operand(A, &Au, &ta, &lda), rc, done);
+  CRUN_CHECK_GOTO(crun__gemm_operand(B, &Bu, &tb, &ldb), rc, done);
+  if (crun__gemm_layout(C, &tc, &ldc) == 0 && tc == 0 && !crun_tensor_same_storage(C, A) &&
       !crun_tensor_same_storage(C, B)) {
     crun_tensor_retain(C);
     Cu = C;

@@ -160,7 +160,7 @@ int crun_tensor_reduce_dim(crun_dimred_t op, crun_tensor_t *a, int dim, int keep
   }
   for (int d = 0; dim < 0 && keepdim && d < a->ndim; d++) shape[nd++] = 1;
   if (__builtin_expect(a->st->device >= 0, 0))
-    return crun__dev_reduce_dim(op, a, dim, keepdim, base, value_dtype(op, a->dt), values, indices);
+    return crun__dev_reduce_dim(op, a, outer, n, inner, nd, shape, base, value_dtype(op, a->dt), values, indices);
   int want_idx = indices && (op == CRUN_DIMRED_MAX || op == CRUN_DIMRED_MIN);
   crun_tensor_t *A = NULL, *V = NULL, *I = NULL;
   red_state s = {op, crun_dtype_is_integer(a->dt), n, inner, NULL, NULL, NULL, NULL, NULL};

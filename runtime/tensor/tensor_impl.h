@@ -44,6 +44,13 @@ typedef struct {
 
 void crun__rowiter_init(crun__rowiter_t *it, const crun_tensor_t *t);
 
+/* How GEMM (OpenBLAS or cuBLAS-style) reads 2-d t: row-major (*trans 0) or
+ * the transpose of a row-major matrix (*trans 1), leading dim *ld; -1 when
+ * neither (tensor/blas.c). crun__gemm_operand gives t retained, or a
+ * contiguous clone when GEMM cannot read t, with its layout. */
+int crun__gemm_layout(const crun_tensor_t *t, int *trans, int64_t *ld);
+int crun__gemm_operand(crun_tensor_t *t, crun_tensor_t **use, int *trans, int64_t *ld);
+
 /* Advances to the next row; returns 0 when there is none left. */
 int crun__rowiter_next(crun__rowiter_t *it);
 

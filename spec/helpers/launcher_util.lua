@@ -38,6 +38,20 @@ function M.start(args, env)
   return h
 end
 
+--- Waits for every handle of M.start (`timeout` s each); once one fails to
+-- exit in time (and is killed), the rest get a second each and are killed
+-- too, so that no node outlives the case; then raises the first error.
+-- Returns the results in the handles' order.
+function M.wait_all(hs, timeout)
+  local rs, err = {}, nil
+  for i, h in ipairs(hs) do
+    local ok, r = pcall(h.wait, h, err and 1 or timeout)
+    if ok then rs[i] = r else err = err or r end
+  end
+  if err then error(err, 2) end
+  return rs
+end
+
 --- Parses the "ENV K=V ..." lines of spec/fixtures/launcher/env.lua (with or
 -- without the "[rank] " prefix) into {[rank] = {K = V}}; with `all`, a list of
 -- every line's table instead (restarts print a rank more than once).

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "test_pg_util.h"
 
 typedef void (*rank_fn)(crun_pg_t *pg, void *arg);
 
@@ -25,6 +26,10 @@ static int spawn(int n, const char *backend, rank_fn fn, void *arg, double timeo
   snprintf(path, sizeof path, "/tmp/crun_nccltest_%d_%ld", (int)getpid(), (long)time(NULL));
   unlink(path);
   pid_t pids[8];
+  if (n < 1 || n > (int)(sizeof pids / sizeof pids[0])) {
+    fprintf(stderr, "spawn: world size %d outside 1..%d\n", n, (int)(sizeof pids / sizeof pids[0]));
+    return n < 1 ? 1 : n;
+  }
   for (int r = 0; r < n; r++) {
     if ((pids[r] = fork()) == 0) {
       char rs[16];
@@ -41,24 +46,7 @@ static int spawn(int n, const char *backend, rank_fn fn, void *arg, double timeo
       exit(0); /* not _exit: coverage builds flush their counters at exit */
     }
   }
-  int failed = 0, left = n, st;
-  double end = crun_clock() + 120;
-  while (left > 0) {
-    pid_t p = waitpid(-1, &st, WNOHANG);
-    if (p > 0) {
-      left--;
-      if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) failed++;
-      continue;
-    }
-    if (crun_clock() > end) {
-      for (int r = 0; r < n; r++) kill(pids[r], SIGKILL);
-      while (waitpid(-1, &st, 0) > 0) {}
-      failed += left;
-      break;
-    }
-    struct timespec ts = {0, 5 * 1000 * 1000};
-    nanosleep(&ts, NULL);
-  }
+  int failed = pg_reap(n, pids, 120);
   unlink(path);
   return failed;
 }
