@@ -3,8 +3,11 @@
 # (scripts/netns.sh) whose links tc netem shapes, in one run: crun
 # hierarchical (shared memory inside a host, TCP among one rank per host),
 # crun flat TCP (CRUN_TRANSPORT=tcp) and Open MPI over TCP (btl tcp,self;
-# mpirun on h0, its daemons started through netns.sh agent). Gloo needs
-# torch (Debian python3-torch) with a multi-host runner: not measured here.
+# mpirun on h0, its daemons started through netns.sh agent) and Gloo
+# (torch.distributed from Debian's python3-torch, the anchors' gloo_bench.py,
+# one process per rank started inside its host with RANK/WORLD_SIZE set as
+# torchrun would, GLOO_SOCKET_IFNAME=eth0). Without torch the Gloo column is
+# left empty and the table says why.
 #
 #   sudo bash bench/multihost_bench.sh [BUILD_DIR] [host counts...]   (default: build 2 4)
 #
@@ -16,7 +19,8 @@
 # CPUs, so neither crun nor mpirun pins ranks (each host would pin its ranks
 # to the same first CPUs). Output: a CSV per system and host count under OUT
 # (default /tmp/crun-multihost-bench) and bench/results/multihost.md with the
-# table (time and busbw per size; the link rate as the limit column).
+# table (time and busbw per size; the link rate as the limit column) and a
+# busbw chart per host count (bench/chart.sh: multihost_<H>hosts.svg/.png).
 set -u
 BUILD=${1:-build}; shift || true
 HOSTS_N=${*:-2 4}
@@ -30,6 +34,12 @@ SIZES=${SIZES:-8,1K,8K,64K,256K,1M,4M,16M,64M}
 BUDGET=${BUDGET:-2}
 NETNS=$SRC/scripts/netns.sh
 mkdir -p "$OUT"
+GLOO_PY=$SRC/../shared/anchors/gloo/gloo_bench.py
+[ -f "$GLOO_PY" ] || GLOO_PY=/work/shared/anchors/gloo/gloo_bench.py
+/usr/bin/python3 -c 'import torch' 2>/dev/null || { echo "multihost_bench: no torch (apt-get install python3-torch): Gloo not measured" >&2; GLOO_PY=""; }
+# gloo_bench.py takes sizes in bytes
+GLOO_SIZES=$(python3 -c 'import sys; print(",".join(str(int(t[:-1]) << {"K": 10, "M": 20, "G": 30}[t[-1]]) if t[-1] in "KMG" else t for t in sys.argv[1].split(",")))' "$SIZES")
+rm -f "$OUT"/*.csv
 why=$("$NETNS" check) || { echo "multihost_bench: $why" >&2; exit 77; }
 
 MPI_BIN=$OUT/mpi_allreduce
@@ -66,6 +76,19 @@ run_hosts() {
     for p in "${pids[@]}"; do wait "$p"; done
     cp "$OUT/crun_${mode}_h$h.node0.csv" "$OUT/crun_${mode}_h$h.csv"
   done
+  if [ -n "$GLOO_PY" ]; then
+    local ws=$((h * RANKS)) r pids=()
+    for ((i = 0; i < h; i++)); do
+      for ((r = 0; r < RANKS; r++)); do
+        timeout -s KILL 900 "$NETNS" exec "$tag" "$i" env RANK=$((i * RANKS + r)) LOCAL_RANK=$r WORLD_SIZE=$ws \
+          MASTER_ADDR=10.77.0.1 MASTER_PORT=29600 GLOO_SOCKET_IFNAME=eth0 OMP_NUM_THREADS=1 \
+          /usr/bin/python3 "$GLOO_PY" --ops allreduce --sizes "$GLOO_SIZES" --budget "$BUDGET" \
+          --out "$OUT/gloo_h$h.csv" >/dev/null 2>"$OUT/gloo_h$h.r$((i * RANKS + r)).err" &
+        pids+=($!)
+      done
+    done
+    for p in "${pids[@]}"; do wait "$p"; done
+  fi
   if [ -x "$MPI_BIN" ]; then
     CRUN_NETNS_TAG=$tag timeout -s KILL 900 "$NETNS" exec "$tag" 0 mpirun --allow-run-as-root --oversubscribe --bind-to none \
       --host "$hostlist" -np $((h * RANKS)) --mca plm_rsh_agent "$NETNS agent" --mca btl tcp,self \
@@ -100,7 +123,8 @@ text = [f"# all_reduce across network-namespace hosts\n",
 for h in hs:
     systems = [("crun hier", load(f"{out}/crun_hier_h{h}.csv", "crun")),
                ("crun tcp", load(f"{out}/crun_tcp_h{h}.csv", "crun")),
-               ("Open MPI tcp", load(f"{out}/mpi_tcp_h{h}.csv", "x"))]
+               ("Open MPI tcp", load(f"{out}/mpi_tcp_h{h}.csv", "x")),
+               ("Gloo", load(f"{out}/gloo_h{h}.csv", "x"))]
     text.append(f"\n## {h} hosts x {ranks} ranks\n")
     text.append("| bytes | " + " | ".join(s for s, _ in systems) + " | link GB/s | crun hier: link use |")
     text.append("| --- |" + " --- |" * (len(systems) + 2))
@@ -115,3 +139,13 @@ os.makedirs(os.path.dirname(md), exist_ok=True)
 with open(md, "w") as f: f.write("\n".join(text) + "\n")
 print("\n".join(text))
 PY
+
+# One chart per host count (needs gnuplot; the table stands without it).
+for h in $HOSTS_N; do
+  csvs=()
+  for f in "crun hier=crun_hier_h$h.csv" "crun tcp=crun_tcp_h$h.csv" "Open MPI tcp=mpi_tcp_h$h.csv" "Gloo=gloo_h$h.csv"; do
+    [ -s "$OUT/${f#*=}" ] && csvs+=("${f%%=*}=$OUT/${f#*=}")
+  done
+  bash "$SRC/bench/chart.sh" -o "$SRC/bench/results/multihost_${h}hosts" -n $((h * RANKS)) \
+    -t "all_reduce busbw, $h hosts x $RANKS ranks, $(cat "$OUT/shaping")" "${csvs[@]}" || true
+done
