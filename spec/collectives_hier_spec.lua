@@ -26,6 +26,18 @@ describe("collectives across fake hosts", function()
     end
   end)
 
+  it("all-reduce every element through the segment pipeline of the split (short last segment, 2+2 and 4+4)",
+     function()
+    -- 12000-byte segments: 1500 float32 / 750 int64 per rank and segment, so
+    -- the counts from 16384 up run 3 to 700 segments, most with a short last one
+    for _, job in ipairs({{4, 2}, {8, 4}}) do
+      local code, out = run.run(job[1], "spec/helpers/dist_hier_check.lua", "",
+                                {limit = 180, env = "CRUN_HIER_SEGMENT=12000 CRUN_HOST_ID=rank_div:" .. job[2]})
+      assert.are.equal(0, code, out)
+      assert.is_truthy(out:find("hier check ok 63 cases", 1, true), out)
+    end
+  end)
+
   it("run 8 oversubscribed ranks on 2 and on 3 hosts", function()
     for _, k in ipairs({4, 3}) do
       local code, out = run.run(8, "spec/helpers/dist_stress.lua", "",
@@ -35,17 +47,20 @@ describe("collectives across fake hosts", function()
     end
   end)
 
-  it("fail every rank within seconds when a rank of the other host dies, naming the ranks", function()
-    local _, out = run.run(4, "spec/helpers/dist_hier_die.lua", "",
-                           {limit = 60, direct = true, env = "CRUN_HOST_ID=rank_div:2"})
-    for _, r in ipairs({0, 1, 2}) do
-      local s, err = out:match("rank " .. r .. " failed after ([%d.]+) s: ([^\n]*)")
-      assert.is_not_nil(s, "rank " .. r .. " did not report; output:\n" .. out)
-      assert.is_true(tonumber(s) < 10, "rank " .. r .. " took " .. s .. " s: " .. err)
-      assert.is_truthy(err:find("^E[A-Z]+: "), err)
-    end
-    assert.is_truthy(out:find("group ranks 2,3", 1, true), out)
-  end)
+  -- the second case dies under the split's segment pipeline (4 MiB in 64 KiB segments)
+  for _, case in ipairs({{"", "", ""}, {"1048576", "CRUN_HIER_SEGMENT=65536 ", " in the segment pipeline"}}) do
+    it("fail every rank within seconds when a rank of the other host dies, naming the ranks" .. case[3], function()
+      local _, out = run.run(4, "spec/helpers/dist_hier_die.lua", case[1],
+                             {limit = 60, direct = true, env = case[2] .. "CRUN_HOST_ID=rank_div:2"})
+      for _, r in ipairs({0, 1, 2}) do
+        local s, err = out:match("rank " .. r .. " failed after ([%d.]+) s: ([^\n]*)")
+        assert.is_not_nil(s, "rank " .. r .. " did not report; output:\n" .. out)
+        assert.is_true(tonumber(s) < 10, "rank " .. r .. " took " .. s .. " s: " .. err)
+        assert.is_truthy(err:find("^E[A-Z]+: "), err)
+      end
+      assert.is_truthy(out:find("group ranks 2,3", 1, true), out)
+    end)
+  end
 
   it("refuse CRUN_TRANSPORT=shm when the ranks are on several hosts, naming them", function()
     local code, out = run.run(2, "spec/helpers/dist_stress.lua", "",

@@ -22,7 +22,12 @@
  *               <= 0: never) when every host holds L ranks and L divides the
  *               count: shm reduce_scatter into L slices, slice j all-reduced
  *               over TCP among the local ranks j of every host (L streams at
- *               once), shm all_gather;
+ *               once), shm all_gather; from two segments of CRUN_HIER_SEGMENT
+ *               bytes (default 4 MiB; <= 0: never) those three stages run as a
+ *               pipeline over the segments: a second thread per rank carries
+ *               segment k over TCP while the calling thread reduce-scatters
+ *               segment k+1 and all-gathers segment k-1 through shared memory,
+ *               so the host links stay busy while the local stages run;
  *   broadcast:  TCP broadcast among the root and the first rank of every
  *               other host, then shm broadcast on every host;
  *   reduce:     shm reduce to the root (its host) or the first rank, TCP
@@ -33,9 +38,12 @@
  * divides by the group size once at the end. */
 #include "backend/cpu/hier.h"
 
+#include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "transport/shm/shm_int.h"
@@ -49,6 +57,7 @@ typedef struct {
   int *column;              /* [host * L + j] = pg rank of local rank j on host
                                (when every host holds L > 1 ranks), else NULL */
   size_t split_bytes;       /* all_reduce from this size splits (CRUN_HIER_SPLIT) */
+  size_t seg_bytes;         /* split all_reduce segments (CRUN_HIER_SEGMENT) */
 } hier_t;
 
 /* A link over the representatives: rank i of the sub-link is pg rank map[i]. */
@@ -179,6 +188,155 @@ static void set_reps(hier_t *h, int root) {
   if (root >= 0) h->reps[h->host_of[root]] = root;
 }
 
+/* The split all_reduce as a pipeline over segments of h->seg_bytes (a whole
+ * number of L-element groups). The calling thread runs every shared-memory
+ * stage, in the same order on every local rank: RS(0), RS(1), AG(0), RS(2),
+ * AG(1), ..., AG(S-1); a worker thread runs TCP(0..S-1) in order, TCP(k)
+ * once RS(k) is done. So TCP(k) overlaps AG(k-1) and RS(k+1), which touch
+ * other segments only. The worker is joined before return (the buffer stays
+ * the caller's); its failure fails the collective with its own text. */
+typedef struct {
+  hier_t *h;
+  crun__coll_t s;            /* the TCP stage's template (op, deadline, seq) */
+  char *buf;
+  size_t count, seg, es;     /* elements: whole buffer, one segment */
+  int l, j, nseg;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int ready, done, stop, rc; /* segments reduce-scattered / carried; main gave up; worker's status */
+  char err[900];
+} pipe_t;
+
+/* Elements [*off, *off + *n) of the buffer are segment k. */
+static void pipe_seg(const pipe_t *p, int k, size_t *off, size_t *n) {
+  *off = (size_t)k * p->seg;
+  *n = p->count - *off < p->seg ? p->count - *off : p->seg;
+}
+
+/* The TCP stage of segment k: slice j of it all-reduced among the column's
+ * ranks; posts done = k + 1, or the failure with its text. */
+static int pipe_carry(pipe_t *p, int k) {
+  size_t off, n;
+  pipe_seg(p, k, &off, &n);
+  crun__coll_t s = p->s;
+  s.buf = p->buf + (off + (size_t)p->j * (n / (size_t)p->l)) * p->es;
+  s.count = n / (size_t)p->l;
+  int rc = reps_run(p->h, &s);
+  pthread_mutex_lock(&p->mu);
+  if (rc < 0) {
+    p->rc = rc;
+    snprintf(p->err, sizeof p->err, "%s", crun_last_error());
+  } else {
+    p->done = k + 1;
+  }
+  pthread_cond_broadcast(&p->cv);
+  pthread_mutex_unlock(&p->mu);
+  return rc;
+}
+
+static void *pipe_worker(void *arg) {
+  pipe_t *p = arg;
+  for (int k = 0; k < p->nseg; k++) {
+    pthread_mutex_lock(&p->mu);
+    while (p->ready <= k && !p->stop) pthread_cond_wait(&p->cv, &p->mu);  /* main always posts or stops */
+    int stop = p->stop;
+    pthread_mutex_unlock(&p->mu);
+    if (stop || pipe_carry(p, k) < 0) break;
+  }
+  return NULL;
+}
+
+/* Waits until the worker carried segment k, or failed, or the collective's
+ * deadline (plus a second, so that the worker's own timeout, which names the
+ * peers, arrives first) passed. */
+static int pipe_wait(pipe_t *p, int k, const crun__coll_t *c) {
+  double until = crun_clock() + left(c) + 1.0;
+  struct timespec ts;
+  ts.tv_sec = (time_t)until;
+  ts.tv_nsec = (long)((until - (double)ts.tv_sec) * 1e9);
+  pthread_mutex_lock(&p->mu);
+  int late = 0;
+  while (p->done <= k && p->rc == 0 && !late) late = pthread_cond_timedwait(&p->cv, &p->mu, &ts) == ETIMEDOUT;
+  int rc = p->rc, done = p->done;
+  pthread_mutex_unlock(&p->mu);
+  if (rc < 0) {
+    const char *name = crun_err_name(rc);
+    const char *t = strncmp(p->err, name, strlen(name)) == 0 ? p->err + strlen(name) + 2 : p->err;
+    return crun_error(rc, "%s", t);
+  }
+  if (done <= k)
+    return crun_error(CRUN_ETIMEDOUT, "hierarchical all_reduce #%llu: rank %d: the TCP stage of segment %d of %d "
+                      "did not finish before the deadline", (unsigned long long)c->seq, p->h->pg->rank, k + 1,
+                      p->nseg);
+  return 0;
+}
+
+static void pipe_post(pipe_t *p, int *field, int v) {
+  pthread_mutex_lock(&p->mu);
+  *field = v;
+  pthread_cond_broadcast(&p->cv);
+  pthread_mutex_unlock(&p->mu);
+}
+
+/* Where the worker thread cannot start, the calling thread carries each
+ * segment itself, just before its all_gather: the order of the shared-memory
+ * stages (which the local ranks must agree on) and of the TCP stages (which
+ * the other hosts must agree on) stays the same, only the overlap is lost. */
+static int pipe_all_reduce(hier_t *h, crun__coll_t *c, const crun__coll_t *s, int l, int j) {
+  pipe_t p = {.h = h, .s = *s, .buf = c->buf, .count = c->count, .es = crun_dtype_size(c->dt), .l = l, .j = j};
+  size_t per = h->seg_bytes / p.es / (size_t)l;   /* elements per rank per segment */
+  p.seg = (per ? per : 1) * (size_t)l;
+  size_t nseg = (p.count + p.seg - 1) / p.seg;
+  if (nseg < 2 || nseg > 1u << 20) return CRUN_ENOTSUP;
+  p.nseg = (int)nseg;
+  pthread_t tid;
+  /* glibc's init calls do not fail; if one did, this rank could not follow the
+   * schedule its peers follow, so it fails rather than fall back */
+  if (pthread_mutex_init(&p.mu, NULL))
+    return crun_error(CRUN_ENOMEM, "hierarchical all_reduce: rank %d: pipeline lock", h->pg->rank);
+  pthread_condattr_t ca;   /* timed waits count on the monotonic clock, as crun_clock does */
+  int bad = pthread_condattr_init(&ca) || pthread_condattr_setclock(&ca, CLOCK_MONOTONIC) ||
+            pthread_cond_init(&p.cv, &ca);
+  pthread_condattr_destroy(&ca);
+  if (bad) {
+    pthread_mutex_destroy(&p.mu);
+    return crun_error(CRUN_ENOMEM, "hierarchical all_reduce: rank %d: pipeline condition", h->pg->rank);
+  }
+  int threaded = pthread_create(&tid, NULL, pipe_worker, &p) == 0;
+  int rc = 0, tcp_failed = 0;
+  size_t off, n;
+  for (int k = 0; k <= p.nseg && rc == 0; k++) {
+    if (k < p.nseg) {
+      pipe_seg(&p, k, &off, &n);
+      char *seg = p.buf + off * p.es;
+      crun__shm_comm_label(h->comm, c->seq);
+      rc = crun__shm_reduce_scatter(h->comm, seg + (size_t)j * (n / (size_t)l) * p.es, seg, n / (size_t)l,
+                                    c->dt, s->op, left(c));
+      if (rc < 0) { rc = shm_err(h, rc); break; }
+      pipe_post(&p, &p.ready, k + 1);
+    }
+    if (k >= 1) {
+      rc = threaded ? pipe_wait(&p, k - 1, c) : pipe_carry(&p, k - 1);
+      if (rc < 0) { tcp_failed = 1; break; }
+      pipe_seg(&p, k - 1, &off, &n);
+      char *seg = p.buf + off * p.es;
+      crun__shm_comm_label(h->comm, c->seq);
+      rc = crun__shm_all_gather(h->comm, seg, seg + (size_t)j * (n / (size_t)l) * p.es, n / (size_t)l, c->dt,
+                                left(c));
+      if (rc < 0) rc = shm_err(h, rc);
+    }
+  }
+  if (threaded) {
+    pipe_post(&p, &p.stop, 1);
+    pthread_join(tid, NULL);
+  }
+  pthread_cond_destroy(&p.cv);
+  pthread_mutex_destroy(&p.mu);
+  /* like reps_stage: the local ranks waiting on this one fail now, with its error */
+  if (tcp_failed) rc = crun__shm_fail_last(h->comm, rc);
+  return rc;
+}
+
 /* Large all_reduce when every host holds L ranks and L divides count: shm
  * reduce_scatter into L slices, slice j all-reduced over TCP among the ranks
  * of local rank j (one per host, all slices at once), shm all_gather. */
@@ -186,8 +344,12 @@ static int h_all_reduce_split(hier_t *h, crun__coll_t *c, crun__coll_t *s) {
   int l = crun__shm_comm_size(h->comm), j = crun__shm_comm_rank(h->comm);
   size_t q = c->count / (size_t)l, es = crun_dtype_size(c->dt);
   char *mine = (char *)c->buf + (size_t)j * q * es;
-  SHM(crun__shm_reduce_scatter(h->comm, mine, c->buf, q, c->dt, s->op, left(c)));
   for (int x = 0; x < h->nhosts; x++) h->reps[x] = h->column[x * l + j];
+  if (c->count / 2 >= h->seg_bytes / es) {
+    int rc = pipe_all_reduce(h, c, s, l, j);
+    if (rc != CRUN_ENOTSUP) return rc;
+  }
+  SHM(crun__shm_reduce_scatter(h->comm, mine, c->buf, q, c->dt, s->op, left(c)));
   s->buf = mine;
   s->count = q;
   CRUN_CHECK(reps_stage(h, s));
@@ -309,6 +471,8 @@ static int hier_open(crun_pg_t *pg, const crun__link_t *tcp, int *host_of, int n
   for (int q = 0; h->column && q < n; q++) h->column[arr[q] * lsize + h->lrank_of[q]] = q;
   long split = crun_env_int("CRUN_HIER_SPLIT", 64L << 10);
   h->split_bytes = split > 0 ? (size_t)split : (size_t)-1;
+  long seg = crun_env_int("CRUN_HIER_SEGMENT", 4L << 20);
+  h->seg_bytes = seg > 0 ? (size_t)seg : (size_t)-1;
   int rc = 0;
   if (lsize > 1) {
     char prefix[48];
