@@ -6,7 +6,7 @@ local util = require "helpers.train_util"
 local T = util.T()
 local torch_ref = require "helpers.torch_ref"
 
-local N, STEPS = 6, 7
+local N, STEPS = 37, 7   -- 37: whole vectors of every width and a tail
 
 local function p0(i) return 0.5 - 0.17 * i end
 local function grad(i, k) return math.sin(1.3 * i + 0.7 * k) * (1 + 0.1 * k) end
@@ -20,6 +20,7 @@ local CONFIGS = {
   {kind = "Adam", lr = 0.01},
   {kind = "Adam", lr = 0.02, betas = {0.8, 0.99}, eps = 1e-6, weight_decay = 0.05},
   {kind = "Adam", lr = 0.02, amsgrad = true},
+  {kind = "Adam", lr = 0.02, weight_decay = 0.03, amsgrad = true},
   {kind = "AdamW", lr = 0.01},
   {kind = "AdamW", lr = 0.03, weight_decay = 0.1, amsgrad = true},
   {kind = "Adam", lr = 0.02, weight_decay = 0.04, maximize = true},
@@ -68,7 +69,7 @@ end
 
 -- Runs crun.optim for config c in dtype dt; returns the final parameters.
 local function run(c, dt)
-  local p, g = T.zeros({2, 3}, dt), T.zeros({2, 3}, dt)
+  local p, g = T.zeros({N}, dt), T.zeros({N}, dt)
   local fp, fg = util.flat(p), util.flat(g)
   for i = 1, N do fp[i] = p0(i) end
   local o = optim[c.kind]({p}, {g}, opts_of(c))
@@ -199,7 +200,7 @@ describe("optim update rules", function()
     assert.matches("^EINVAL: Adam: unknown option 'momentum' %(accepted: amsgrad, betas, ", err)
     -- learningRate / weightDecay / epsilon are the same options as lr / weight_decay / eps
     local c = {kind = "Adam", lr = 0.02, betas = {0.8, 0.99}, eps = 1e-6, weight_decay = 0.05}
-    local q, h = T.zeros({2, 3}, "float64"), T.zeros({2, 3}, "float64")
+    local q, h = T.zeros({N}, "float64"), T.zeros({N}, "float64")
     local fq, fh = util.flat(q), util.flat(h)
     for i = 1, N do fq[i] = p0(i) end
     local o = optim.Adam({q}, {h}, {learningRate = 0.02, betas = {0.8, 0.99}, epsilon = 1e-6, weightDecay = 0.05,

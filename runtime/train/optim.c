@@ -59,23 +59,39 @@ int crun_optim_sgd_update(crun_tensor_t *p, const crun_tensor_t *g, crun_tensor_
   return 0;
 }
 
-#define ADAM_LOOP(T, SQRT)                                                              \
-  static void adam_##T(T *p, const T *g, T *m, T *v, T *vmax, int64_t n, int64_t step,  \
-                       const crun_adam_opts_t *o) {                                     \
-    T b1 = (T)o->beta1, b2 = (T)o->beta2, wd = (T)o->weight_decay, eps = (T)o->eps;     \
-    T sign = o->maximize ? (T)-1 : (T)1, decay = (T)(1.0 - o->lr * o->weight_decay);    \
-    T step_size = (T)(o->lr / (1.0 - pow(o->beta1, (double)step)));                     \
-    T bc2_sqrt = (T)sqrt(1.0 - pow(o->beta2, (double)step));                            \
-    for (int64_t i = 0; i < n; i++) {                                                   \
-      T gi = sign * g[i];                                                               \
-      if (o->decoupled) p[i] *= decay;                                                  \
-      else gi += wd * p[i];                                                             \
-      m[i] = m[i] * b1 + gi * ((T)1 - b1);                                              \
-      v[i] = v[i] * b2 + gi * gi * ((T)1 - b2);                                         \
-      T s = v[i];                                                                       \
-      if (vmax) s = vmax[i] = vmax[i] > v[i] ? vmax[i] : v[i];                          \
-      p[i] -= step_size * m[i] / (SQRT(s) / bc2_sqrt + eps);                            \
-    }                                                                                   \
+/* Adam's update of one element, with constant flags as SGD_BODY: AdamW's
+ * decoupled decay or L2 decay folded into the gradient, and AMSGrad's
+ * running maximum. The square root is the IEEE one whichever way it is
+ * compiled (this file is built with -fno-math-errno, so it vectorises), so
+ * results equal the scalar loop's bit for bit. */
+#define ADAM_BODY(T, SQRT, DECOUPLED, HAS_WD, AMSGRAD)                   \
+  for (int64_t i = 0; i < n; i++) {                                     \
+    T gi = sign * g[i];                                                 \
+    if (DECOUPLED) p[i] *= decay;                                       \
+    else if (HAS_WD) gi += wd * p[i];                                   \
+    T mi = m[i] * b1 + gi * ((T)1 - b1);                                \
+    T vi = v[i] * b2 + gi * gi * ((T)1 - b2);                           \
+    m[i] = mi;                                                          \
+    v[i] = vi;                                                          \
+    if (AMSGRAD) vi = vmax[i] = vmax[i] > vi ? vmax[i] : vi;            \
+    p[i] -= step_size * mi / (SQRT(vi) / bc2_sqrt + eps);               \
+  }
+
+#define ADAM_LOOP(T, SQRT)                                                                          \
+  static void adam_##T(T *restrict p, const T *restrict g, T *restrict m, T *restrict v,            \
+                       T *restrict vmax, int64_t n, int64_t step, const crun_adam_opts_t *o) {      \
+    const T b1 = (T)o->beta1, b2 = (T)o->beta2, wd = (T)o->weight_decay, eps = (T)o->eps;           \
+    const T sign = o->maximize ? (T)-1 : (T)1, decay = (T)(1.0 - o->lr * o->weight_decay);          \
+    const T step_size = (T)(o->lr / (1.0 - pow(o->beta1, (double)step)));                           \
+    const T bc2_sqrt = (T)sqrt(1.0 - pow(o->beta2, (double)step));                                  \
+    const int has_wd = o->weight_decay != 0;                                                        \
+    if (o->decoupled) {                                                                             \
+      if (vmax) ADAM_BODY(T, SQRT, 1, 0, 1) else ADAM_BODY(T, SQRT, 1, 0, 0)                        \
+    } else if (has_wd) {                                                                            \
+      if (vmax) ADAM_BODY(T, SQRT, 0, 1, 1) else ADAM_BODY(T, SQRT, 0, 1, 0)                        \
+    } else {                                                                                        \
+      if (vmax) ADAM_BODY(T, SQRT, 0, 0, 1) else ADAM_BODY(T, SQRT, 0, 0, 0)                        \
+    }                                                                                               \
   }
 ADAM_LOOP(float, sqrtf)
 ADAM_LOOP(double, sqrt)
