@@ -62,9 +62,12 @@ typedef struct {
   _Alignas(SHM_LINE) shm_desc_t ring[SHM_RING];  /* op descriptions by opseq */
 } shm_ctrl_t;
 
+/* A one-shot slot: the header, then the payload from byte 32 on, so that a
+ * payload of up to 32 bytes shares the header's cache line and a peer pulls
+ * one line per op (seq, description and data) instead of two. */
 typedef struct {
   _Atomic uint64_t seq, opseq, sig, count;
-  char pad[SHM_LINE - 32];
+  char data[SHM_LINE - 32];  /* the payload's first bytes; it runs on past the line */
 } shm_small_hdr_t;
 
 struct crun__shm_comm {
@@ -142,11 +145,11 @@ static inline size_t crun__shm_chunk_len(const shm_op_t *o, size_t t, size_t *ba
   return left < o->chunk_elems ? left : o->chunk_elems;
 }
 
-static inline char *crun__shm_small_data(crun__shm_comm_t *c, int q, int b) {
-  return c->small + ((size_t)q * 2 + (size_t)b) * c->small_stride + SHM_LINE;
-}
 static inline shm_small_hdr_t *crun__shm_small_hdr(crun__shm_comm_t *c, int q, int b) {
   return (shm_small_hdr_t *)(void *)(c->small + ((size_t)q * 2 + (size_t)b) * c->small_stride);
+}
+static inline char *crun__shm_small_data(crun__shm_comm_t *c, int q, int b) {
+  return crun__shm_small_hdr(c, q, b)->data;
 }
 static inline char *crun__shm_buf(crun__shm_comm_t *c, int q, int b) {
   return c->large + ((size_t)q * (size_t)c->nbuf + (size_t)b) * c->chunk;

@@ -55,7 +55,11 @@ static void futex_sleep(_Atomic uint32_t *w, uint32_t val, uint64_t ns) {
 /* Publishes v in one of this rank's counters and wakes its sleepers, if any. */
 void crun__shm_post(crun__shm_comm_t *c, _Atomic uint64_t *ctr, uint64_t v) {
   shm_ctrl_t *me = &c->ctrl[c->rank];
-  atomic_store_explicit(&me->cpu, sched_getcpu(), memory_order_relaxed);
+  /* stored only when it changed: peers read it while they wait, and a store
+   * of the same value would still pull the line back from them every op */
+  int cpu = sched_getcpu();
+  if (atomic_load_explicit(&me->cpu, memory_order_relaxed) != cpu)
+    atomic_store_explicit(&me->cpu, cpu, memory_order_relaxed);
   atomic_store(ctr, v); /* seq_cst: pairs with the sleeper's increment */
   if (atomic_load(&me->sleepers)) {
     atomic_fetch_add(&me->bell, 1);
