@@ -337,8 +337,11 @@ function FSDP:_next_backward(u)
 end
 
 -- Unit u's backward ended: its gradients, averaged over the group, go into
--- its gradient shard (accumulated, as torch accumulates .grad); the full
--- buffers are released. Blocks until the reduction is done.
+-- its gradient shard (accumulated, as torch accumulates .grad) and its full
+-- buffers are released. NO_SHARD blocks on an all_reduce; the others launch
+-- the reduce_scatter as async work, which the next unit's reduction (or the
+-- end of backward) finishes, so a rank goes on with the next unit's
+-- backward instead of waiting for its peers.
 function FSDP:_reduce(u)
   local rd = self.reduce_dtype and self.reduce_dtype ~= u.dtype and self.reduce_dtype or nil
   if self.strategy == "NO_SHARD" then
@@ -348,19 +351,34 @@ function FSDP:_reduce(u)
     u.grad_shard:add_(u.grad)
     u.grad:zero()
   else
-    local out = self:_take(u.shard_numel, rd or u.dtype)
+    self:_finish_reduce()
+    local out, grad = self:_take(u.shard_numel, rd or u.dtype), u.grad_rec
+    local o = {async_op = true, group = self.group}
     if rd then
-      dist().reduce_scatter_tensor(out.t, u.grad:to(rd), "avg", self.copts)
-      u.grad_shard:add_(out.t:to(u.dtype))
+      out.work = dist().reduce_scatter_tensor(out.t, u.grad:to(rd), "avg", o)
     else
-      dist().reduce_scatter(out.t, u.grad_rec.blocks, "avg", self.copts)
-      u.grad_shard:add_(out.t)
+      out.work = dist().reduce_scatter(out.t, grad.blocks, "avg", o)
     end
-    self:_give(out)
+    grad.work = out.work -- the gradient buffer is read until it completes
+    u.grad_rec = nil     -- so _release leaves it to _finish_reduce
     self:_release(u)
+    self.reducing = {u = u, out = out, grad = grad, rd = rd}
   end
   u.bwd_done = true
   self.stats.reduces = self.stats.reduces + 1
+end
+
+-- Waits for the pending reduce_scatter (if any), adds its output into its
+-- unit's gradient shard and gives its buffers back to the pool.
+function FSDP:_finish_reduce()
+  local p = self.reducing
+  if not p then return end
+  self.reducing = nil
+  p.out.work:wait()
+  p.out.work, p.grad.work = nil, nil
+  p.u.grad_shard:add_(p.rd and p.out.t:to(p.u.dtype) or p.out.t)
+  self:_give(p.out)
+  self:_give(p.grad)
 end
 
 -- ---------------------------------------------------------------- module API
@@ -368,9 +386,10 @@ end
 function FSDP:forward(x) return self.module:forward(x) end
 
 --- backward(x, gy): the module's backward; returns once every unit's
--- gradients are in its shard (blocking).
+-- gradients are in its shard (blocking) and every pooled buffer is closed.
 function FSDP:backward(x, gy)
   local gx = self.module:backward(x, gy)
+  self:_finish_reduce()
   for _, u in ipairs(self.units) do
     -- a prefetch nobody needed (e.g. the root unit's): finish it
     if u.pending then self:_give(self:_finish_gather(u)) end
