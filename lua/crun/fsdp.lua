@@ -16,10 +16,12 @@
 -- unit's backward ends, NO_SHARD keeps everything (DDP's memory, one
 -- all_reduce per unit). When a unit's backward ends its gradients (written
 -- straight into a flat buffer) are averaged and scattered into the shard
--- (reduce_scatter_tensor). The next unit's gather is launched before the
+-- (reduce_scatter_tensor, async: the next unit's reduction or the end of
+-- backward waits for it). The next unit's gather is launched before the
 -- current unit computes (forward and backward prefetch), as async work.
--- Every rank must call forward and backward in the same order (they are
--- collectives).
+-- The full buffers come from a pool that backward empties when it ends, so
+-- between steps a rank holds its shards only. Every rank must call forward
+-- and backward in the same order (they are collectives).
 -- @module crun.fsdp
 local M = {}
 
