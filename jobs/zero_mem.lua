@@ -14,9 +14,11 @@
 -- step, the median over `steps` timed steps of the slowest rank; opt ms is
 -- the optimizer step alone (for ZeRO it includes the parameter broadcasts).
 -- FSDP wraps every Linear as a unit (auto_wrap); its params/grads columns
--- are the shards a rank keeps between steps, and "peak +MB" the full
--- buffers (parameters and gradients of the gathered units) it held at once
--- during the step.
+-- are the shards a rank keeps between steps, and "peak +MB" the most bytes
+-- of full-size buffers it held at once during a step (the gathered units'
+-- parameters, a prefetched gather, the gradients being computed and being
+-- reduced, the reduce_scatter output); they go back to the allocator when
+-- backward ends.
 local crun = require "crun"
 local nn, dist, T = crun.nn, crun.dist, crun.tensor
 

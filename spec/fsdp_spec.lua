@@ -2,8 +2,10 @@
 -- parameters after k steps under FULL_SHARD, SHARD_GRAD_OP and NO_SHARD,
 -- with and without auto_wrap, with SGD (momentum) and Adam, match DDP + the
 -- same optimizer; each rank holds its padded 1/N slice and, while sharded,
--- its leaves hold no parameter elements; the gathers per step follow the
--- strategy; a sharded checkpoint saved at 4 ranks (with Adam's state)
+-- its leaves hold no parameter elements; between steps it holds its shards
+-- and nothing pooled; the gathers per step follow the strategy; a model with
+-- three equal-size units (they take turns with the same pooled buffers)
+-- matches DDP under FULL_SHARD and SHARD_GRAD_OP; a sharded checkpoint saved at 4 ranks (with Adam's state)
 -- resumes at 1, 2, 3 and 4 ranks and continues exactly at 4.
 -- Every rank's observations come back from spec/helpers/fsdp_job.lua.
 local util = require "helpers.train_util"
@@ -11,6 +13,7 @@ local serialize = require "crun.serialize"
 
 local STEPS = 3
 local SIZES_WRAP = {21, 88, 72} -- root unit {Linear(6,3)}, Linear(7,11), Linear(11,6)
+local SIZES_EQUAL = {21, 48, 42, 42, 42} -- root unit {Linear(6,3)}, Linear(7,6), 3 x Linear(6,6)
 
 local function ceil_div(a, b) return (a + b - 1) // b end
 
@@ -41,19 +44,24 @@ describe("FSDP", function()
         for _, c in ipairs(rec.cases) do
           local where = string.format("%s, %d ranks, rank %d", c.name, world, r)
           local wrap = c.name:match("_wrap") ~= nil
+          local equal = c.name:match("_equal") ~= nil
           local no_shard = c.name:match("^NO_SHARD") ~= nil
-          assert.are.equal(wrap and 3 or 1, c.units, where)
+          local sizes = equal and SIZES_EQUAL or wrap and SIZES_WRAP or {181}
+          assert.are.equal(#sizes, c.units, where)
           if r == 0 then
             local tol = c.name:match("float32") and 1e-5 or 1e-12
-            assert.are.equal(6, c.nparams, where)
+            assert.are.equal(equal and 10 or 6, c.nparams, where)
             assert.is_true(c.param_err <= tol, where .. ": parameters differ from DDP's by " .. c.param_err)
           else
             assert.is_true(c.state_dict_elsewhere, where .. ": the full state_dict is rank 0's only")
           end
           local want = 0
-          for _, n in ipairs(wrap and SIZES_WRAP or {181}) do want = want + (no_shard and n or ceil_div(n, world)) end
+          for _, n in ipairs(sizes) do want = want + (no_shard and n or ceil_div(n, world)) end
           assert.are.equal(want, c.shard_numel, where)
           assert.are.equal(no_shard and 181 or 0, c.leaf_numel, where)
+          -- between steps a rank holds its shards (NO_SHARD: and its full gradient buffer), no pooled buffer
+          assert.are.same({params = want * c.elsize, grads = (no_shard and 2 or 1) * want * c.elsize, pool = 0},
+            c.mem, where .. ": bytes held between steps")
           local per_step = c.name:match("^FULL_SHARD") and 2 or c.name:match("^SHARD_GRAD_OP") and 1 or 0
           assert.are.equal(per_step * c.units * STEPS, c.gathers, where .. ": gathers")
         end

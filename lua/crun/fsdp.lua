@@ -16,10 +16,12 @@
 -- unit's backward ends, NO_SHARD keeps everything (DDP's memory, one
 -- all_reduce per unit). When a unit's backward ends its gradients (written
 -- straight into a flat buffer) are averaged and scattered into the shard
--- (reduce_scatter_tensor). The next unit's gather is launched before the
+-- (reduce_scatter_tensor, async: the next unit's reduction or the end of
+-- backward waits for it). The next unit's gather is launched before the
 -- current unit computes (forward and backward prefetch), as async work.
--- Every rank must call forward and backward in the same order (they are
--- collectives).
+-- The full buffers come from a pool that backward empties when it ends, so
+-- between steps a rank holds its shards only. Every rank must call forward
+-- and backward in the same order (they are collectives).
 -- @module crun.fsdp
 local M = {}
 
@@ -122,7 +124,8 @@ function M.FSDP(module, opts)
   end
   local self = setmetatable({module = module, group = opts.group, strategy = strategy,
     reduce_dtype = mp.reduce_dtype, prefetch_fwd = opts.forward_prefetch ~= false,
-    prefetch_bwd = opts.backward_prefetch ~= false, stats = {gathers = 0, reduces = 0}}, FSDP)
+    prefetch_bwd = opts.backward_prefetch ~= false, stats = {gathers = 0, reduces = 0, peak_full_bytes = 0},
+    pool = {}, held = 0}, FSDP)
   self.copts = self.group and {group = self.group} or nil
   self.world, self.rank = d.get_world_size(self.group), d.get_rank(self.group)
   if self.rank < 0 then O.fail("EINVAL: FSDP: this rank is not a member of the group") end
@@ -138,7 +141,10 @@ function M.FSDP(module, opts)
   for k, u in ipairs(self.units) do
     for _, leaf in ipairs(u.leaves) do self:_wrap_leaf(leaf, u) end
     u.first_leaf, u.last_leaf = u.leaves[1], u.leaves[#u.leaves]
-    if strategy == "NO_SHARD" then self:_materialize(u, u.shard) end
+    if strategy == "NO_SHARD" then
+      self:_point(u, u.full, "_set_param")
+      self:_point(u, u.grad, "_set_grad")
+    end
     u.order = k
   end
   return self
@@ -155,10 +161,12 @@ function FSDP:_shard(u)
   dist().broadcast(flat, src, self.copts)
   if self.strategy == "NO_SHARD" then
     u.shard = flat
+    u.full, u.grad = flat, T().zeros({math.max(u.padded, 1)}, u.dtype)
   else
     u.shard = flat:narrow(1, self.rank * u.shard_numel + 1, u.shard_numel):clone()
   end
   u.grad_shard = T().zeros({u.shard_numel}, u.dtype)
+  u.views = {}
   -- the leaves' own tensors are dropped: they become views when gathered
   for _, e in ipairs(u.entries) do
     e.leaf:_set_param(e.index, T().zeros({0}, u.dtype))
@@ -166,53 +174,132 @@ function FSDP:_shard(u)
   end
 end
 
--- Points the unit's leaves at views of `full` (parameters) and of a fresh
--- zeroed gradient buffer.
-function FSDP:_materialize(u, full)
-  if self.strategy ~= "NO_SHARD" and not u.full then
-    self.live = (self.live or 0) + 2 * u.padded * (u.dtype == "float64" and 8 or 4) -- parameters + gradients
-    self.stats.peak_full_bytes = math.max(self.stats.peak_full_bytes or 0, self.live)
+-- ---------------------------------------------------------------- buffers
+
+-- The full-size buffers (a unit's gathered parameters, its gradients) and
+-- the shard-size reduce_scatter outputs come from a pool keyed by dtype and
+-- size, so a step allocates a few buffers, not three per unit, and never
+-- zero-fills what a collective overwrites. A record is {t = tensor, key =,
+-- bytes =, blocks = the group-size block views of a full-size t (the
+-- collectives' output and input lists, made once), work = the operation
+-- pending on t}. A record goes back to the pool only once nothing is
+-- pending on it; every backward ends by draining the pool (each tensor
+-- closed: its storage goes back to the allocator then, not at some later
+-- garbage collection), so between steps a rank holds its shards only.
+
+local function elsize(dtype) return dtype == "float64" and 8 or 4 end
+
+-- A record of n elements of dtype (contents unspecified), with its block
+-- views when `blocks`. Counts it in self.held and the peak.
+function FSDP:_take(n, dtype, blocks)
+  local key = string.format("%s:%d:%s", dtype, n, blocks and "b" or "")
+  local free = self.pool[key]
+  if free and #free > 0 then return table.remove(free) end
+  local rec = {t = T().empty({math.max(n, 1)}, dtype), key = key, bytes = n * elsize(dtype)}
+  if blocks then
+    rec.blocks = {}
+    for r = 1, self.world do rec.blocks[r] = rec.t:narrow(1, (r - 1) * (n // self.world) + 1, n // self.world) end
   end
-  u.full = full
-  u.grad_full = u.grad_full or T().zeros({math.max(u.padded, 1)}, u.dtype)
+  self.held = self.held + rec.bytes
+  self.stats.peak_full_bytes = math.max(self.stats.peak_full_bytes, self.held)
+  return rec
+end
+
+-- Puts rec back in the pool; an operation still pending on it is an ESTATE
+-- error (its buffer would be reused while being written).
+function FSDP:_give(rec)
+  if rec.work then
+    O.fail("ESTATE: FSDP: a buffer went back to the pool while an operation on it was pending")
+  end
+  local free = self.pool[rec.key] or {}
+  self.pool[rec.key] = free
+  free[#free + 1] = rec
+end
+
+-- Closes every pooled buffer (and its block views).
+function FSDP:_drain()
+  for _, free in pairs(self.pool) do
+    for _, rec in ipairs(free) do
+      for _, b in ipairs(rec.blocks or {}) do b:close() end
+      rec.t:close()
+      self.held = self.held - rec.bytes
+    end
+  end
+  self.pool = {}
+end
+
+-- Points each leaf of u (through setter "_set_param" or "_set_grad") at a
+-- view of `flat`; the views are kept in u.views when `owned` (closed on
+-- release).
+function FSDP:_point(u, flat, setter, owned)
   for _, e in ipairs(u.entries) do
-    e.leaf:_set_param(e.index, full:narrow(1, e.offset + 1, e.numel):view(table.unpack(e.shape)))
-    e.leaf:_set_grad(e.index, u.grad_full:narrow(1, e.offset + 1, e.numel):view(table.unpack(e.shape)))
+    local n = flat:narrow(1, e.offset + 1, e.numel)
+    local v = n:view(table.unpack(e.shape))
+    n:close()
+    e.leaf[setter](e.leaf, e.index, v)
+    if owned then u.views[#u.views + 1] = v end
   end
 end
 
--- Releases the unit's full buffers (the leaves hold empty tensors again).
+-- Points the unit's leaves' parameters at views of rec's tensor.
+function FSDP:_materialize(u, rec)
+  u.full_rec, u.full = rec, rec.t
+  self:_point(u, rec.t, "_set_param", true)
+end
+
+-- Gives the unit's leaves a zeroed gradient buffer (from the pool) unless
+-- they have one.
+function FSDP:_grad_buffer(u)
+  if u.grad then return end
+  u.grad_rec = self:_take(u.padded, u.dtype, true)
+  u.grad = u.grad_rec.t
+  u.grad:zero()
+  self:_point(u, u.grad, "_set_grad", true)
+end
+
+-- Releases the unit's full buffers to the pool (the leaves hold empty
+-- tensors again; the views they held are closed).
 function FSDP:_release(u)
   if self.strategy == "NO_SHARD" or not u.full then return end
-  self.live = self.live - 2 * u.padded * (u.dtype == "float64" and 8 or 4)
   for _, e in ipairs(u.entries) do
     e.leaf:_set_param(e.index, T().zeros({0}, u.dtype))
     e.leaf:_set_grad(e.index, T().zeros({0}, u.dtype))
   end
-  u.full, u.grad_full = nil, nil
+  for _, v in ipairs(u.views) do v:close() end
+  u.views = {}
+  self:_give(u.full_rec)
+  if u.grad_rec then self:_give(u.grad_rec) end
+  u.full, u.full_rec, u.grad, u.grad_rec = nil, nil, nil, nil
 end
 
 -- ---------------------------------------------------------------- gathering
 
 -- Launches unit u's all_gather (async) unless it is gathered or in flight.
+-- The Work pins the block views (and the shard) until it completes.
 function FSDP:_launch_gather(u)
   if not u or u.full or u.pending or self.strategy == "NO_SHARD" then return end
-  local full = T().zeros({u.padded}, u.dtype)
+  local rec = self:_take(u.padded, u.dtype, true)
   local o = {async_op = true}
-  -- (the async work keeps `full` and the shard alive until it completes)
   if self.group then o.group = self.group end
-  u.pending = {work = dist().all_gather_into_tensor(full, u.shard, o), full = full}
+  rec.work = dist().all_gather(rec.blocks, u.shard, o)
+  u.pending = rec
   self.stats.gathers = self.stats.gathers + 1
+end
+
+-- Waits for the gather pending on u and returns its record.
+function FSDP:_finish_gather(u)
+  local rec = u.pending
+  u.pending = nil
+  rec.work:wait()
+  rec.work = nil
+  return rec
 end
 
 -- Unit u's parameters are there (waiting for its gather) when this returns.
 function FSDP:_gather(u)
   if u.full then return end
   self:_launch_gather(u)
-  local p = u.pending
-  u.pending = nil
-  p.work:wait()
-  self:_materialize(u, p.full)
+  self:_materialize(u, self:_finish_gather(u))
 end
 
 -- ---------------------------------------------------------------- hooks
@@ -234,7 +321,7 @@ function FSDP:_wrap_leaf(leaf, u)
   leaf.backward = function(l, x, gy)
     if l == u.last_leaf then
       fsdp:_gather(u)
-      if fsdp.strategy ~= "NO_SHARD" then u.grad_full:zero() end
+      fsdp:_grad_buffer(u)
       if fsdp.prefetch_bwd then fsdp:_launch_gather(fsdp:_next_backward(u)) end
     end
     local gx = bwd(l, x, gy)
@@ -252,25 +339,48 @@ function FSDP:_next_backward(u)
 end
 
 -- Unit u's backward ended: its gradients, averaged over the group, go into
--- its gradient shard (accumulated, as torch accumulates .grad); the full
--- buffers are released.
+-- its gradient shard (accumulated, as torch accumulates .grad) and its full
+-- buffers are released. NO_SHARD blocks on an all_reduce; the others launch
+-- the reduce_scatter as async work, which the next unit's reduction (or the
+-- end of backward) finishes, so a rank goes on with the next unit's
+-- backward instead of waiting for its peers.
 function FSDP:_reduce(u)
-  local grad = u.grad_full
   local rd = self.reduce_dtype and self.reduce_dtype ~= u.dtype and self.reduce_dtype or nil
-  if rd then grad = grad:to(rd) end
   if self.strategy == "NO_SHARD" then
+    local grad = rd and u.grad:to(rd) or u.grad
     dist().all_reduce(grad, "avg", self.copts)
-    if rd then u.grad_full:copy(grad) end
-    u.grad_shard:add_(u.grad_full)
-    u.grad_full:zero()
+    if rd then u.grad:copy(grad) end
+    u.grad_shard:add_(u.grad)
+    u.grad:zero()
   else
-    local out = T().zeros({u.shard_numel}, rd or u.dtype)
-    dist().reduce_scatter_tensor(out, grad, "avg", self.copts)
-    u.grad_shard:add_(rd and out:to(u.dtype) or out)
+    self:_finish_reduce()
+    local out, grad = self:_take(u.shard_numel, rd or u.dtype), u.grad_rec
+    local o = {async_op = true, group = self.group}
+    if rd then
+      out.work = dist().reduce_scatter_tensor(out.t, u.grad:to(rd), "avg", o)
+    else
+      out.work = dist().reduce_scatter(out.t, grad.blocks, "avg", o)
+    end
+    grad.work = out.work -- the gradient buffer is read until it completes
+    u.grad_rec = nil     -- so _release leaves it to _finish_reduce
     self:_release(u)
+    self.reducing = {u = u, out = out, grad = grad, rd = rd}
   end
   u.bwd_done = true
   self.stats.reduces = self.stats.reduces + 1
+end
+
+-- Waits for the pending reduce_scatter (if any), adds its output into its
+-- unit's gradient shard and gives its buffers back to the pool.
+function FSDP:_finish_reduce()
+  local p = self.reducing
+  if not p then return end
+  self.reducing = nil
+  p.out.work:wait()
+  p.out.work, p.grad.work = nil, nil
+  p.u.grad_shard:add_(p.rd and p.out.t:to(p.u.dtype) or p.out.t)
+  self:_give(p.out)
+  self:_give(p.grad)
 end
 
 -- ---------------------------------------------------------------- module API
@@ -278,15 +388,15 @@ end
 function FSDP:forward(x) return self.module:forward(x) end
 
 --- backward(x, gy): the module's backward; returns once every unit's
--- gradients are in its shard (blocking).
+-- gradients are in its shard (blocking) and every pooled buffer is closed.
 function FSDP:backward(x, gy)
   local gx = self.module:backward(x, gy)
+  self:_finish_reduce()
   for _, u in ipairs(self.units) do
-    if u.pending then -- a prefetch nobody needed (e.g. the root unit's): finish it
-      u.pending.work:wait()
-      u.pending = nil
-    end
+    -- a prefetch nobody needed (e.g. the root unit's): finish it
+    if u.pending then self:_give(self:_finish_gather(u)) end
   end
+  self:_drain()
   self.gradInput = gx
   return gx
 end
@@ -307,14 +417,18 @@ function FSDP:train() self.module:train(); return self end
 function FSDP:evaluate() self.module:evaluate(); return self end
 FSDP.eval = FSDP.evaluate
 
---- Bytes this rank holds now: {params=, grads=} (shards plus any full
--- buffers currently gathered).
+--- Bytes this rank holds now: {params=, grads=, pool=}: the shards plus
+-- the full buffers of gathered units (and NO_SHARD's gradient buffer); pool
+-- is the idle pooled buffers (none between steps: backward drains them).
 function FSDP:memory()
-  local m = {params = 0, grads = 0}
+  local m = {params = 0, grads = 0, pool = 0}
   for _, u in ipairs(self.units) do
-    local es = ({float32 = 4, float64 = 8})[u.dtype] or 4
-    m.params = m.params + u.shard:numel() * es + ((u.full and self.strategy ~= "NO_SHARD") and u.padded * es or 0)
-    m.grads = m.grads + u.grad_shard:numel() * es + ((u.grad_full and self.strategy ~= "NO_SHARD") and u.padded * es or 0)
+    local es = elsize(u.dtype)
+    m.params = m.params + u.shard:numel() * es + (u.full_rec and u.padded * es or 0)
+    m.grads = m.grads + u.grad_shard:numel() * es + (u.grad and u.padded * es or 0)
+  end
+  for _, free in pairs(self.pool) do
+    for _, rec in ipairs(free) do m.pool = m.pool + rec.bytes end
   end
   return m
 end
@@ -403,7 +517,6 @@ function FSDP:load_sharded_state_dict(parts, optim)
       end
       optim.state[k] = st
     end
-    if self.strategy == "NO_SHARD" then self:_materialize(u, u.shard) end
   end
 end
 

@@ -6,7 +6,10 @@
  * pages) and merge with their neighbours; the slot's unused end is a bump
  * region. Freed pages stay resident up to CRUN_HEAP_CACHE MiB (default 256)
  * so a loop that frees and allocates the same sizes pays no page faults;
- * beyond that a freed block's pages go back to the system (MADV_REMOVE). */
+ * beyond that a freed block's pages go back to the system (MADV_REMOVE).
+ * The count of resident free bytes is exact: mincore says how much of a
+ * freed block, and of a block taken from the free list or from pages the
+ * bump region gave out before, was resident. */
 #include "core/heap.h"
 
 #include <pthread.h>
@@ -119,7 +122,6 @@ static long long take(size_t len) {
       *pp = e->next;
       free(e);
     }
-    H.cached -= H.cached < len ? H.cached : len;
     return (long long)off;
   }
   if (H.slot_len - H.bump < len) return -1;
@@ -147,6 +149,24 @@ static int can_back(size_t len) {
   return (unsigned long long)(len >> 10) <= avail + swap;
 }
 
+/* Bytes of the pages of [p, p + len) that are resident now (mincore), or
+ * `fallback` when mincore cannot tell. */
+static size_t resident_bytes(char *p, size_t len, size_t fallback) {
+  static long ps;
+  if (!ps) ps = sysconf(_SC_PAGESIZE) > 0 ? sysconf(_SC_PAGESIZE) : HEAP_PAGE;
+  unsigned char vec[1024];
+  char *lo = (char *)((uintptr_t)p / (uintptr_t)ps * (uintptr_t)ps), *end = p + len;
+  size_t n = 0;
+  while (lo < end) {
+    size_t pages = (size_t)(end - lo + ps - 1) / (size_t)ps;
+    if (pages > sizeof vec) pages = sizeof vec;
+    if (mincore(lo, pages * (size_t)ps, vec) != 0) return fallback;
+    for (size_t i = 0; i < pages; i++) n += (vec[i] & 1) ? (size_t)ps : 0;
+    lo += pages * (size_t)ps;
+  }
+  return n < len ? n : len;
+}
+
 void *crun__heap_alloc(size_t nbytes) {
   if (H.slot < 0 || nbytes < H.min_bytes || nbytes > H.slot_len) return NULL;
   size_t len = round_up(nbytes + HEAP_LINE, HEAP_PAGE);
@@ -159,6 +179,10 @@ void *crun__heap_alloc(size_t nbytes) {
   }
   pthread_mutex_lock(&H.mu);
   long long off = H.slot < 0 ? -1 : take(len);
+  if (off >= 0 && H.cached) { /* resident free pages reused: no longer cached */
+    size_t r = resident_bytes(H.lo + off, len, 0);
+    H.cached -= H.cached < r ? H.cached : r;
+  }
   pthread_mutex_unlock(&H.mu);
   if (off < 0) return NULL;
   block_hdr_t *h = (block_hdr_t *)(void *)(H.lo + off);
@@ -216,10 +240,11 @@ int crun__heap_free(void *p) {
   size_t off = (size_t)((char *)h - H.lo), len = h->len;
   h->magic = 0;
   pthread_mutex_lock(&H.mu);
-  if (H.cached + len > H.cache_cap)
+  size_t r = resident_bytes((char *)h, len, len);
+  if (H.cached + r > H.cache_cap)
     madvise(h, len, MADV_REMOVE);
   else
-    H.cached += len;
+    H.cached += r;
   give_back(off, len);
   pthread_mutex_unlock(&H.mu);
   return 1;

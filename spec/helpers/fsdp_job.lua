@@ -16,10 +16,18 @@ local rank, world = crun.dist.get_rank(), crun.dist.get_world_size()
 local STEPS = 3
 
 -- 7*11+11 + 11*6+6 + 6*3+3 = 88 + 72 + 21 = 181 parameters (prime).
-local function model(dtype, seed)
+-- kind "equal": 48 + 3 x 42 + 21 = 195, three adjacent units of one size,
+-- so they take turns with the same pooled buffers.
+local function model(dtype, seed, kind)
   nn.set_default_dtype(dtype)
   nn.manual_seed(seed)
-  local m = nn.Sequential(nn.Linear(7, 11), nn.Tanh(), nn.Linear(11, 6), nn.ReLU(), nn.Linear(6, 3))
+  local m
+  if kind == "equal" then
+    m = nn.Sequential(nn.Linear(7, 6), nn.Tanh(), nn.Linear(6, 6), nn.Tanh(), nn.Linear(6, 6), nn.ReLU(),
+      nn.Linear(6, 6), nn.Tanh(), nn.Linear(6, 3))
+  else
+    m = nn.Sequential(nn.Linear(7, 11), nn.Tanh(), nn.Linear(11, 6), nn.ReLU(), nn.Linear(6, 3))
+  end
   nn.set_default_dtype("float32")
   return m
 end
@@ -63,21 +71,27 @@ for _, strat in ipairs{"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD"} do
 end
 CASES[#CASES + 1] = {strategy = "FULL_SHARD", opt = "adam", wrap = true, dtype = "float32"}
 CASES[#CASES + 1] = {strategy = "FULL_SHARD", opt = "sgd", wrap = true, dtype = "float32", reduce = "float64"}
+for _, strat in ipairs{"FULL_SHARD", "SHARD_GRAD_OP"} do
+  CASES[#CASES + 1] = {strategy = strat, opt = "adam", wrap = true, dtype = "float64", kind = "equal"}
+end
 
 if mode == "run" then
   for ci, c in ipairs(CASES) do
-    local ref = model(c.dtype, 1 + rank)
+    local ref = model(c.dtype, 1 + rank, c.kind)
     local ddp = crun.DDP(ref)
     local ropt = CLASSES[c.opt](ddp, OPTS[c.opt])
-    local net = model(c.dtype, 1 + rank)
-    local fs = crun.FSDP(net, {sharding_strategy = c.strategy, auto_wrap = c.wrap and {min_params = 60} or nil,
+    local net = model(c.dtype, 1 + rank, c.kind)
+    local fs = crun.FSDP(net, {sharding_strategy = c.strategy,
+      auto_wrap = c.wrap and {min_params = c.kind == "equal" and 40 or 60} or nil,
       mixed_precision = c.reduce and {reduce_dtype = c.reduce} or nil})
     local fopt = CLASSES[c.opt](fs, OPTS[c.opt])
     train(ddp, ropt, c.dtype, 1, STEPS)
     train(fs, fopt, c.dtype, 1, STEPS)
+    local mem = fs:memory() -- between steps
     local full = fs:state_dict()
-    local r = {name = string.format("%s_%s_%s%s%s", c.strategy, c.opt, c.dtype, c.wrap and "_wrap" or "",
-      c.reduce and "_reduce64" or ""), units = #fs.units, gathers = fs.stats.gathers}
+    local r = {name = string.format("%s_%s_%s%s%s%s", c.strategy, c.opt, c.dtype, c.wrap and "_wrap" or "",
+      c.reduce and "_reduce64" or "", c.kind and "_" .. c.kind or ""), units = #fs.units, gathers = fs.stats.gathers,
+      mem = mem, elsize = c.dtype == "float64" and 8 or 4}
     if rank == 0 then
       r.param_err = 0
       local want = flat_params(ref)

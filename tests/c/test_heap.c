@@ -1,10 +1,11 @@
 /* test_heap.c — the shared tensor heap (core/heap.h): slots at one address
  * in every forked worker, first-fit reuse and merging of freed blocks, the
- * minimum size, a full slot, forked children falling back to malloc, and
- * tensors' storage landing in the heap. */
+ * minimum size, a full slot, forked children falling back to malloc,
+ * tensors' storage landing in the heap, and the cache of freed pages. */
 #include "harness.h"
 
 #include <stdint.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -146,6 +147,45 @@ TEST(refuses_what_the_machine_cannot_back) {
   crun__heap_free(ok);
 }
 
+/* How many of the 4 KiB pages of [p, p + len) (p page-aligned) are resident. */
+static size_t resident_pages(char *p, size_t len) {
+  static unsigned char vec[4096];
+  size_t pages = (len + 4095) / 4096, n = 0;
+  if (pages > sizeof vec || mincore(p, pages * 4096, vec) != 0) return (size_t)-1;
+  for (size_t i = 0; i < pages; i++) n += vec[i] & 1;
+  return n;
+}
+
+static void cache_body(void) {
+  setenv("CRUN_HEAP_CACHE", "1", 1); /* MiB */
+  crun__heap_use_slot(0);
+  /* freeing and taking one block again and again (from the free list or
+   * from the bump region it merged into) keeps its pages: a reused page
+   * leaves the count of cached bytes, so the 1 MiB cap is never reached */
+  size_t n = 768 << 10;
+  for (int i = 0; i < 8; i++) {
+    char *a = crun__heap_alloc(n);
+    EXPECT(a != NULL);
+    memset(a, 1, n);
+    char *blk = a - 64; /* the block's header line starts its first page */
+    EXPECT_EQ_INT(crun__heap_free(a), 1);
+    EXPECT_EQ_INT((long long)resident_pages(blk, n + 64), (long long)((n + 64 + 4095) / 4096));
+  }
+  /* a block beyond the cap gives its pages back when freed */
+  size_t m = 4 << 20;
+  char *big = crun__heap_alloc(m);
+  EXPECT(big != NULL);
+  memset(big, 2, m);
+  EXPECT_EQ_INT(crun__heap_free(big), 1);
+  EXPECT_EQ_INT((long long)resident_pages(big - 64, m + 64), 0);
+}
+
+TEST(cache_keeps_reused_pages) {
+  setenv("CRUN_HEAP_SLOT_GB", "1", 1);
+  EXPECT_OK(crun__heap_reserve(1));
+  EXPECT_EQ_INT(in_child(cache_body), 0);
+}
+
 #define CRUN_TESTS(X) X(off_without_reserve) X(slots_allocate_and_share) X(off_by_env) X(release_dead_slot) \
-  X(refuses_what_the_machine_cannot_back)
+  X(refuses_what_the_machine_cannot_back) X(cache_keeps_reused_pages)
 CRUN_TEST_MAIN()
