@@ -69,10 +69,10 @@ static void call_gemm(crun_tensor_t *A, int ta, int64_t lda, crun_tensor_t *B, i
   enum CBLAS_TRANSPOSE TA = ta ? CblasTrans : CblasNoTrans, TB = tb ? CblasTrans : CblasNoTrans;
   if (C->dt == CRUN_FLOAT32)
     crun__blas_sgemm(CblasRowMajor, TA, TB, M, N, (int)K, (float)alpha, crun_tensor_data(A), (int)lda,
-                crun_tensor_data(B), (int)ldb, (float)beta, crun_tensor_data(C), ldc);
+                     crun_tensor_data(B), (int)ldb, (float)beta, crun_tensor_data(C), ldc);
   else
     crun__blas_dgemm(CblasRowMajor, TA, TB, M, N, (int)K, alpha, crun_tensor_data(A), (int)lda,
-                crun_tensor_data(B), (int)ldb, beta, crun_tensor_data(C), ldc);
+                     crun_tensor_data(B), (int)ldb, beta, crun_tensor_data(C), ldc);
 }
 
 static int gemm_shapes(int ta, int tb, const crun_tensor_t *A, const crun_tensor_t *B,

@@ -55,10 +55,10 @@ static void gemm(crun_dtype_t dt, int ta, int tb, int64_t m, int64_t n, int64_t 
   enum CBLAS_TRANSPOSE A = ta ? CblasTrans : CblasNoTrans, B = tb ? CblasTrans : CblasNoTrans;
   if (dt == CRUN_FLOAT32)
     crun__blas_sgemm(CblasRowMajor, A, B, (int)m, (int)n, (int)k, 1.f, a, (int)lda, b, (int)ldb,
-                (float)beta, c, (int)n);
+                     (float)beta, c, (int)n);
   else
     crun__blas_dgemm(CblasRowMajor, A, B, (int)m, (int)n, (int)k, 1., a, (int)lda, b, (int)ldb, beta,
-                c, (int)n);
+                     c, (int)n);
 }
 
 typedef struct {

@@ -56,12 +56,12 @@ int crun_nn_linear_forward(const crun_tensor_t *x, const crun_tensor_t *w,
   if (n == 0 || out == 0 || in == 0) return 0;
   if (dt == CRUN_FLOAT32)
     crun__blas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)out, (int)in, 1.f,
-                crun_tensor_data(x), (int)in, crun_tensor_data(w), (int)in, 1.f,
-                crun_tensor_data(y), (int)out);
+                     crun_tensor_data(x), (int)in, crun_tensor_data(w), (int)in, 1.f,
+                     crun_tensor_data(y), (int)out);
   else
     crun__blas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)out, (int)in, 1.,
-                crun_tensor_data(x), (int)in, crun_tensor_data(w), (int)in, 1.,
-                crun_tensor_data(y), (int)out);
+                     crun_tensor_data(x), (int)in, crun_tensor_data(w), (int)in, 1.,
+                     crun_tensor_data(y), (int)out);
   return 0;
 }
 
@@ -81,10 +81,10 @@ static void gemm(crun_dtype_t dt, int ta, int tb, int64_t m, int64_t k, int64_t 
   enum CBLAS_TRANSPOSE A = ta ? CblasTrans : CblasNoTrans, B = tb ? CblasTrans : CblasNoTrans;
   if (dt == CRUN_FLOAT32)
     crun__blas_sgemm(CblasRowMajor, A, B, (int)m, (int)k, (int)inner, 1.f, a, (int)lda, b, (int)ldb,
-                (float)beta, c, (int)k);
+                     (float)beta, c, (int)k);
   else
     crun__blas_dgemm(CblasRowMajor, A, B, (int)m, (int)k, (int)inner, 1., a, (int)lda, b, (int)ldb,
-                beta, c, (int)k);
+                     beta, c, (int)k);
 }
 
 int crun_nn_linear_backward(const crun_tensor_t *x, const crun_tensor_t *w,
