@@ -388,8 +388,10 @@ static int recv_frame(tcp_store_t *t, double deadline, const what_t *what, long 
     if (spin_until > 0) got = recv_spin(t, spin_until < deadline ? spin_until : deadline);
     if (got < 0 && errno == EAGAIN) {
       spin_until = 0; /* spun once: sleep from now on */
-      if (wait_readable(t, left) <= 0) continue; /* the deadline (or EINTR): look again */
-      got = recv(t->fd, t->rbuf + t->rlen, t->rcap - t->rlen, MSG_DONTWAIT);
+      left = deadline - crun_clock();
+      int r = left > 0 ? wait_readable(t, left) : 0;
+      if (r == 0 || (r < 0 && errno == EINTR)) continue; /* the deadline, or a signal: look again */
+      if (r > 0) got = recv(t->fd, t->rbuf + t->rlen, t->rcap - t->rlen, MSG_DONTWAIT);
     }
     if (got < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
     if (got <= 0) {
