@@ -8,7 +8,8 @@
 # torchrun needs launch/torchrun_py311.py on Python 3.11).
 #
 # Usage: bash bench/launch_bench.sh [runs]      (default 5; env: BUILD=build dir, N=ranks,
-#        ANCHORS=anchors dir, SKIP_MI=1 to leave out the monitor_interval 0.1 row)
+#        ANCHORS=anchors dir, SKIP_MI=1 to leave out the monitor_interval 0.1 row,
+#        BASELINE=another crun-lua (an older build) timed in the same run, second row)
 # Writes results to $OUT (default /tmp/crun-launch-bench) and prints the medians.
 set -euo pipefail
 RUNS=${1:-5}
@@ -35,8 +36,9 @@ mpicc -O2 -o "$OUT/hello_mpi" "$OUT/hello_mpi.c"
 export OMP_NUM_THREADS=1 GLOO_SOCKET_IFNAME=lo MASTER_ADDR=127.0.0.1
 MPIRUN="mpirun --allow-run-as-root --oversubscribe --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo"
 TORCHRUN="/usr/bin/python3 $OUT/torchrun_py311.py --standalone --nproc_per_node $N"
-args=(-n "crun-lua -n $N" "$CRUN -n $N --master-port 0 $ROOT/examples/hello.lua"
-      -n "torchrun N=$N" "$TORCHRUN $OUT/hello.py")
+args=(-n "crun-lua -n $N" "$CRUN -n $N --master-port 0 $ROOT/examples/hello.lua")
+[ -n "${BASELINE:-}" ] && args+=(-n "baseline crun-lua -n $N" "$BASELINE -n $N --master-port 0 $ROOT/examples/hello.lua")
+args+=(-n "torchrun N=$N" "$TORCHRUN $OUT/hello.py")
 [ "${SKIP_MI:-0}" = 1 ] || args+=(-n "torchrun N=$N mi=0.1" \
       "/usr/bin/python3 $OUT/torchrun_py311.py --standalone --monitor_interval 0.1 --nproc_per_node $N $OUT/hello.py")
 args+=(-n "mpirun -np $N" "$MPIRUN -np $N $OUT/hello_mpi")

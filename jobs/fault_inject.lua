@@ -182,7 +182,9 @@ local function run_one(i, rnd)
   sh(string.format("{ %s %s -n %d --master-port 0 --grace-period 2 %s %s %d >%s/out 2>%s/err & "
     .. "echo $! >%s/lpid; wait $!; echo $? >%s/rc.tmp; mv %s/rc.tmp %s/rc; } 2>/dev/null &",
     env, q(opts.crun), n, q(ROOT .. "/job.lua"), q(dir), seed, dir, dir, dir, dir, dir, dir))
-  local lpid = tonumber(wait_for(function() return slurp(dir .. "/lpid") end, 10) or "")
+  -- the shell creates lpid before it writes the pid: wait for the whole line
+  -- (an empty read used to count as "did not start" and left the job running)
+  local lpid = tonumber(wait_for(function() return (slurp(dir .. "/lpid") or ""):match("^(%d+)\n") end, 10) or "")
   local function fail(why)
     if lpid then sh("kill -KILL " .. lpid .. " 2>/dev/null") end
     return false, what .. ": " .. why .. "\n    stderr: " .. (slurp(dir .. "/err") or ""):gsub("\n", "\n    "), 0

@@ -16,6 +16,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -75,6 +76,34 @@ static int cg_base(char *base, size_t n, char *why, size_t wn) {
 }
 
 static void cg_sweep(const char *base);
+
+/* The prewarm thread: writes "0" (this process) to its own cgroup.procs. */
+static void *prewarm_main(void *arg) {
+  (void)arg;
+  char base[CRUN_CGROUP_PATH - 32], why[256];
+  if (cg_base(base, sizeof base, why, sizeof why) == 0) {
+    int rc = cg_write(base, "cgroup.procs", "0");
+    CRUN_LOG(TRACE, LAUNCH, "cgroup prewarm (a move into %s, where the launcher is): %s", base,
+             rc ? strerror(-rc) : "done");
+  }
+  return NULL;
+}
+
+void crun__cgroup_prewarm(void) {
+  const char *env = getenv("CRUN_CGROUP");
+  if (env && !strcmp(env, "0")) return;
+  pthread_attr_t a;
+  pthread_t t;
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old); /* signals stay the main thread's (signalfd) */
+  pthread_attr_init(&a);
+  pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+  if (pthread_create(&t, &a, prewarm_main, NULL) != 0)
+    CRUN_LOG(INFO, LAUNCH, "cgroup prewarm: no thread (the workers' moves wait as before)");
+  pthread_attr_destroy(&a);
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+}
 
 int crun__cgroup_open(crun__cgroup_t *cg, char *why, size_t wn) {
   memset(cg, 0, sizeof *cg);

@@ -90,7 +90,8 @@ typedef struct {
  * OMP_NUM_THREADS (unless already set) in this process. */
 void crun__worker_setenv(const crun__opts_t *o, const crun__placement_t *p);
 
-/* Runs o->script in a fresh Lua state with crun preloaded and `arg` set as
+/* Runs o->script in a fresh Lua state (the one crun__script_check prepared,
+ * if it ran in this process or before the fork) with crun preloaded and `arg` set as
  * the lua interpreter does. Returns the process exit code: 0 on success, the
  * os.exit() code, or 1 after printing a Lua error with its traceback. */
 int crun__worker_run(const crun__opts_t *o);
@@ -103,7 +104,9 @@ int crun__module_find(const char *name, char *path, size_t n);
 /* Reads the script once (workers and restarts load these same bytes, so a
  * pipe or /dev/stdin works) and parses it without running it, so that a
  * missing file or a syntax error is reported once by the launcher instead of
- * by every rank.
+ * by every rank. The state it parsed in (libraries open, package.path set,
+ * the script compiled) is kept: crun__worker_run in a process forked after
+ * it starts from a copy of it instead of building its own.
  * Returns 0 or CRUN_EINVAL with the Lua message in crun_last_error(). */
 int crun__script_check(const char *script);
 
@@ -196,6 +199,15 @@ int crun__cgroup_create(crun__cgroup_t *cg, char *why, size_t wn);
 /* Creates attempt k's cgroup; -1 with the reason in why (the attempt then
  * runs without one). */
 int crun__cgroup_begin(crun__cgroup_t *cg, int attempt, char *why, size_t wn);
+
+/* Starts, on a thread of its own, a move of the launcher into the cgroup it
+ * is already in (nothing changes), so that the kernel's wait for an RCU
+ * grace period, which the first move into a cgroup after a quiet while
+ * costs (~9 ms on a 2-core AMD EPYC VM), runs while the launcher starts the
+ * store and forks; the workers' own moves a few ms later then share it or
+ * find it passed. Best effort, never blocks the caller; nothing with
+ * CRUN_CGROUP=0. */
+void crun__cgroup_prewarm(void);
 
 /* In a worker: moves this process into the attempt's cgroup (0 or -errno). */
 int crun__cgroup_enter(const crun__cgroup_t *cg);

@@ -582,6 +582,7 @@ static int launch(const crun__opts_t *o) {
   crun__placement_t base = {0};
   crun__agent_t *agent = NULL;
   crun__signals_block();
+  crun__cgroup_prewarm(); /* its grace period runs while the store starts */
   if (crun__agent_start(o, &base, &agent) < 0) {
     fprintf(stderr, "crun-lua: %s\n", crun_last_error());
     int sig = crun__signals_pending();

@@ -6,6 +6,7 @@
  * the launcher's own. */
 #include "launcher.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <lauxlib.h>
 #include <limits.h>
@@ -177,13 +178,28 @@ static void push_merge(lua_State *L, const void *p) {
   lua_pushinteger(L, a->world);
 }
 
+/* Whether name is one the recorder writes: "flight_rank<digits>.txt". */
+static int is_dump_name(const char *name) {
+  if (strncmp(name, "flight_rank", 11) != 0) return 0;
+  const char *p = name + 11, *digits = p;
+  while (*p >= '0' && *p <= '9') p++;
+  return p > digits && strcmp(p, ".txt") == 0;
+}
+
+/* Removes the dumps in the directory crun-lua chose and the directory: one
+ * readdir, so a job that dumped nothing (the usual case: the directory was
+ * never created) costs one failed opendir, not a try per possible rank. */
 void crun__obs_cleanup(void) {
   if (g_reported || !g_default_dir[0]) return;
-  char path[PATH_MAX + 32];
-  for (int r = 0; r < CRUN_LAUNCH_MAX_NPROC; r++) { /* only what the recorder writes there */
-    snprintf(path, sizeof path, "%s/flight_rank%d.txt", g_default_dir, r);
+  DIR *d = opendir(g_default_dir);
+  if (!d) return;
+  char path[PATH_MAX + 300];
+  for (struct dirent *e; (e = readdir(d)) != NULL;) { /* only what the recorder writes there */
+    if (!is_dump_name(e->d_name)) continue;
+    snprintf(path, sizeof path, "%s/%s", g_default_dir, e->d_name);
     unlink(path);
   }
+  closedir(d);
   rmdir(g_default_dir); /* fails, and stays, when something else is in it */
 }
 

@@ -166,6 +166,14 @@ static int script_read(const char *path) {
   return 0;
 }
 
+/* The Lua state crun__script_check leaves: libraries open, package.path
+ * set and the script compiled, kept in the registry under &g_chunk_key. The
+ * launcher never runs it; every worker it forks runs its own copy-on-write
+ * copy, so N workers (and every restart) do not each open the libraries,
+ * resolve their symbols and compile the script. NULL before the check. */
+static lua_State *g_prepared;
+static const char g_chunk_key = 0;
+
 /* Loads the script's bytes as a chunk named after its path. */
 static int script_load(lua_State *L, const char *path) {
   lua_pushfstring(L, "@%s", path);
@@ -175,10 +183,23 @@ static int script_load(lua_State *L, const char *path) {
   return rc;
 }
 
-/* Loads the script and calls it under the traceback handler. */
+/* Pushes the script compiled by crun__script_check, if this state holds
+ * it, and takes it out of the registry; returns whether it did. */
+static int prepared_chunk(lua_State *L) {
+  if (lua_rawgetp(L, LUA_REGISTRYINDEX, &g_chunk_key) != LUA_TFUNCTION) {
+    lua_pop(L, 1);
+    return 0;
+  }
+  lua_pushnil(L);
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &g_chunk_key);
+  return 1;
+}
+
+/* Loads the script (or takes it compiled) and calls it under the traceback handler. */
 static int run_script(lua_State *L, const crun__opts_t *o) {
   lua_pushcfunction(L, crun__lua_msghandler);
   int base = lua_gettop(L);
+  if (prepared_chunk(L)) return lua_pcall(L, setup_arg(L, o), 0, base);
   if (!g_script && script_read(o->script) < 0) {
     lua_pushstring(L, crun_last_error() + strlen("EINVAL: "));
     return LUA_ERRFILE;
@@ -189,7 +210,8 @@ static int run_script(lua_State *L, const crun__opts_t *o) {
 }
 
 int crun__worker_run(const crun__opts_t *o) {
-  lua_State *L = crun__lua_state_new();
+  lua_State *L = g_prepared ? g_prepared : crun__lua_state_new();
+  g_prepared = NULL; /* this process's copy is used (and closed) once */
   if (!L) {
     fprintf(stderr, "crun-lua: cannot create a Lua state (out of memory)\n");
     return 1;
@@ -228,19 +250,18 @@ int crun__module_find(const char *name, char *path, size_t n) {
 }
 
 int crun__script_check(const char *script) {
-  lua_State *L = luaL_newstate();
+  if (script_read(script) < 0) return CRUN_EINVAL;
+  lua_State *L = crun__lua_state_new();
   if (!L) return crun_error(CRUN_ENOMEM, "cannot create a Lua state");
-  if (script_read(script) < 0) {
-    lua_close(L);
-    return CRUN_EINVAL;
-  }
   int rc = script_load(L, script);
   if (rc != LUA_OK) {
     crun_error(CRUN_EINVAL, "%s", lua_tostring(L, -1));
     lua_close(L);
     return CRUN_EINVAL;
   }
-  lua_close(L);
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &g_chunk_key);
+  if (g_prepared) lua_close(g_prepared);
+  g_prepared = L;
   return 0;
 }
 

@@ -1,8 +1,9 @@
 /* tcp_client.c — the TCP store client (see tcp_proto.h for the protocol).
  *
  * One blocking socket per store, one request in flight (a mutex serializes
- * threads). Deadlines are enforced here: the reply is awaited with a blocking
- * recv() bounded by SO_RCVTIMEO to the call's deadline. On a timeout the connection is closed (the
+ * threads). Deadlines are enforced here: the reply is polled for a moment
+ * (CRUN_STORE_SPIN_US), then awaited in ppoll() bounded by the call's
+ * deadline, and read with a non-blocking recv(). On a timeout the connection is closed (the
  * server then drops the parked request) and the next call reconnects, so a
  * timed-out store stays usable. A server that goes away yields
  * CRUN_ECONNRESET for the call in flight; later calls try to reconnect for
@@ -20,6 +21,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,7 +41,6 @@ typedef struct {
   crun_store_t base;
   pthread_mutex_t mu;
   int fd, port;
-  double rcvtimeo;              /* SO_RCVTIMEO now set on fd; 0: none */
   char *host;
   double connect_timeout;
   crun_store_server_t *server; /* embedded (is_master) */
@@ -48,6 +49,8 @@ typedef struct {
   crun__sarg_t *rargs;         /* the last reply's arguments (views into rbuf) */
   unsigned rnargs, rargcap;
   crun__auth_t auth;           /* the job's secret (core/auth.h) */
+  double spin;                 /* seconds to poll for a reply before blocking (tcp_proto.h) */
+  double rtt;                  /* recent round trips (a moving average, capped samples), s */
 } tcp_store_t;
 
 #define T(s) ((tcp_store_t *)(s))
@@ -221,7 +224,6 @@ static int tcp_connect(tcp_store_t *t, double deadline) {
       if (rc == 0) {
         t->fd = fd;
         t->rlen = 0;
-        t->rcvtimeo = 0;
         return 0;
       }
       close(fd);
@@ -249,7 +251,6 @@ static void drop_conn(tcp_store_t *t) {
   if (t->fd >= 0) close(t->fd);
   t->fd = -1;
   t->rlen = 0;
-  t->rcvtimeo = 0;
 }
 
 /* ------------------------------------------------------------ framing */
@@ -314,25 +315,60 @@ static long frame_ready(tcp_store_t *t, const what_t *what) {
   return st == CRUN__SFRAME_WHOLE ? (long)(4 + flen) : 0;
 }
 
-/* Makes a blocking recv return by the deadline: sets SO_RCVTIMEO to what is
- * left when the current setting could overshoot it. A setting shorter than
- * what is left only costs an early EAGAIN and another turn, so most calls
- * make no setsockopt at all (one syscall less than poll + recv). */
-static void bound_recv(tcp_store_t *t, double left) {
-  if (t->rcvtimeo > 0 && t->rcvtimeo <= left + 0.001) return;
-  struct timeval tv = {(time_t)left, (suseconds_t)((left - (double)(time_t)left) * 1e6)};
-  if (tv.tv_sec == 0 && tv.tv_usec == 0) tv.tv_usec = 1;
-  setsockopt(t->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  t->rcvtimeo = left;
+/* Waits until the socket is readable or `left` seconds pass, in poll():
+ * not in a blocking recv, whose sleep on a unix socket is also woken each
+ * time the server reads this client's request (the kernel's write-space
+ * wake-up, unix_write_space, wakes every sleeper on the socket; poll's
+ * sleepers only for what they asked) -- one useless wake-up and two context
+ * switches per request. Returns poll's result. */
+static int wait_readable(tcp_store_t *t, double left) {
+  struct pollfd p = {t->fd, POLLIN, 0};
+  struct timespec ts = {(time_t)left, (long)((left - (double)(time_t)left) * 1e9)};
+  return ppoll(&p, 1, &ts, NULL);
+}
+
+/* Reads what the socket has without blocking, retrying (sched_yield between
+ * tries, so a runnable thread on this CPU goes first) until `until`: the
+ * reply of a fast server is taken without this thread ever sleeping, so its
+ * vCPU does not halt and the server's write wakes nobody (tcp_proto.h,
+ * "Spinning"). Returns what recv returned; -1 with EAGAIN when nothing came. */
+static ssize_t recv_spin(tcp_store_t *t, double until) {
+  for (;;) {
+    ssize_t got = recv(t->fd, t->rbuf + t->rlen, t->rcap - t->rlen, MSG_DONTWAIT);
+    if (got >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) return got;
+    if (crun_clock() >= until) {
+      errno = EAGAIN;
+      return -1;
+    }
+    sched_yield();
+  }
+}
+
+/* How long to poll for this request's reply: the spin time while recent
+ * round trips took less, else 0 (replies that come late -- many clients on
+ * few cores, a parked get -- are slept for at once: polling for them only
+ * takes the CPU from the server and the other clients). */
+static double spin_budget(const tcp_store_t *t) { return t->rtt < t->spin ? t->spin : 0; }
+
+/* Adds one round trip to the moving average (samples capped at 4 spin
+ * times, so one long wait does not stop the polling for long). */
+static void rtt_note(tcp_store_t *t, double took) {
+  if (took > 4 * t->spin) took = 4 * t->spin;
+  t->rtt += (took - t->rtt) * 0.25;
 }
 
 /* Reads one reply frame into rbuf before the deadline. */
 static int recv_frame(tcp_store_t *t, double deadline, const what_t *what, long *flen) {
   t->rlen = 0;
+  double start = crun_clock(), budget = spin_budget(t);
+  double spin_until = budget > 0 ? start + budget : 0;
   for (;;) {
     long n = frame_ready(t, what);
     if (n < 0) return (int)n;
-    if (n > 0) return (int)(*flen = n, 0);
+    if (n > 0) {
+      if (t->spin > 0) rtt_note(t, crun_clock() - start);
+      return (int)(*flen = n, 0);
+    }
     double left = deadline - crun_clock();
     if (left <= 0) {
       drop_conn(t);
@@ -347,8 +383,16 @@ static int recv_frame(tcp_store_t *t, double deadline, const what_t *what, long 
       t->rbuf = nb;
       t->rcap = cap;
     }
-    bound_recv(t, left);
-    ssize_t got = recv(t->fd, t->rbuf + t->rlen, t->rcap - t->rlen, 0);
+    ssize_t got = -1;
+    errno = EAGAIN;
+    if (spin_until > 0) got = recv_spin(t, spin_until < deadline ? spin_until : deadline);
+    if (got < 0 && errno == EAGAIN) {
+      spin_until = 0; /* spun once: sleep from now on */
+      left = deadline - crun_clock();
+      int r = left > 0 ? wait_readable(t, left) : 0;
+      if (r == 0 || (r < 0 && errno == EINTR)) continue; /* the deadline, or a signal: look again */
+      if (r > 0) got = recv(t->fd, t->rbuf + t->rlen, t->rcap - t->rlen, MSG_DONTWAIT);
+    }
     if (got < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
     if (got <= 0) {
       int e = got < 0 ? errno : 0;
@@ -692,6 +736,7 @@ int crun_store_tcp_new(const crun_store_tcp_opts_t *opts, crun_store_t **out) {
   crun__store_init(&t->base, &tcp_ops);
   crun_store_set_timeout(&t->base, opts->timeout);
   pthread_mutex_init(&t->mu, NULL);
+  t->spin = crun__store_spin_seconds();
   t->fd = -1;
   t->port = opts->port;
   int rc = tcp_open(t, opts);

@@ -167,4 +167,14 @@ static inline socklen_t crun__store_local_addr(const char *ip, int port, struct 
   return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n);
 }
 
+/* Spinning: how long a client polls for its reply, and the server for the
+ * next request after serving one, before blocking (CRUN_STORE_SPIN_US,
+ * microseconds; default CRUN_STORE_SPIN_US_DEFAULT; 0: never). Both poll
+ * with sched_yield between tries. A thread that blocks lets its vCPU halt,
+ * and on a VM that halts at once (haltpoll.guest_halt_poll_ns=0) waking it
+ * costs a halt exit and an IPI through the host: ~15 us per wake-up on a
+ * 2-core AMD EPYC VM, two per round trip (runtime/store/README.md). */
+#define CRUN_STORE_SPIN_US_DEFAULT 50
+double crun__store_spin_seconds(void);
+
 #endif

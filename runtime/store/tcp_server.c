@@ -25,6 +25,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <signal.h>
 #include <stdio.h>
@@ -57,6 +58,8 @@ struct crun_store_server {
   conn_t *join_waiters;       /* parked JOIN_WAITs */
   conn_t *ready, *ready_tail; /* parked ones to look at again */
   int draining;
+  double spin;                /* seconds the loop polls after a request before it blocks */
+  double active_at;           /* when the last request arrived (crun_clock) */
 };
 
 struct conn {
@@ -641,6 +644,7 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
     return conn_close(c, NULL);
   }
   c->len += (size_t)nread;
+  c->srv->active_at = crun_clock();
   if (c->parked && c->len - c->off > 4 + (size_t)crun__get_u32(c->buf + c->off) + PARKED_BACKLOG_MAX)
     return conn_close(c, "over 64 MiB sent behind a parked request");
   if (!c->parked) serve_conn(c);
@@ -757,9 +761,18 @@ static void on_stop(uv_async_t *a) {
   uv_close((uv_handle_t *)&srv->stop_async, NULL);
 }
 
+/* The loop: for srv->spin after each request it polls (an epoll_wait that
+ * does not block, then sched_yield) instead of sleeping, so the next
+ * request of a client that asks again at once finds this thread awake and
+ * wakes no halted vCPU (tcp_proto.h, "Spinning"); then it blocks in
+ * epoll_wait until the next event. Ends when no handle is left (on_stop). */
 static void server_thread(void *arg) {
   crun_store_server_t *srv = arg;
-  uv_run(&srv->loop, UV_RUN_DEFAULT);
+  for (;;) {
+    int spinning = srv->spin > 0 && crun_clock() - srv->active_at < srv->spin;
+    if (!uv_run(&srv->loop, spinning ? UV_RUN_NOWAIT : UV_RUN_ONCE)) break;
+    if (spinning) sched_yield();
+  }
 }
 
 /* ------------------------------------------------------------ public */
@@ -888,6 +901,7 @@ int crun_store_server_start_token(const char *host, int port, const char *token,
     return crun_error(CRUN_ENOMEM, "store server: out of memory");
   }
   raise_fd_limit();
+  srv->spin = crun__store_spin_seconds();
   int arc = crun__auth_init(&srv->auth, token ? token : getenv("CRUN_TOKEN"));
   if (arc < 0) {
     server_free(srv);

@@ -5,7 +5,7 @@
 #include "cuda/cuda_int.h"
 #include "cuda/dispatch.h"
 
-#include <cblas.h>
+#include "tensor/blas_lib.h"
 #include <string.h>
 
 static int check_float2(const char *what, const crun_tensor_t *t, crun_dtype_t dt, const char *name) {
@@ -68,11 +68,11 @@ static void call_gemm(crun_tensor_t *A, int ta, int64_t lda, crun_tensor_t *B, i
   int ldc = (int)(M <= 1 ? (N > 1 ? N : 1) : C->strides[0]);
   enum CBLAS_TRANSPOSE TA = ta ? CblasTrans : CblasNoTrans, TB = tb ? CblasTrans : CblasNoTrans;
   if (C->dt == CRUN_FLOAT32)
-    cblas_sgemm(CblasRowMajor, TA, TB, M, N, (int)K, (float)alpha, crun_tensor_data(A), (int)lda,
-                crun_tensor_data(B), (int)ldb, (float)beta, crun_tensor_data(C), ldc);
+    crun__blas_sgemm(CblasRowMajor, TA, TB, M, N, (int)K, (float)alpha, crun_tensor_data(A), (int)lda,
+                     crun_tensor_data(B), (int)ldb, (float)beta, crun_tensor_data(C), ldc);
   else
-    cblas_dgemm(CblasRowMajor, TA, TB, M, N, (int)K, alpha, crun_tensor_data(A), (int)lda,
-                crun_tensor_data(B), (int)ldb, beta, crun_tensor_data(C), ldc);
+    crun__blas_dgemm(CblasRowMajor, TA, TB, M, N, (int)K, alpha, crun_tensor_data(A), (int)lda,
+                     crun_tensor_data(B), (int)ldb, beta, crun_tensor_data(C), ldc);
 }
 
 static int gemm_shapes(int ta, int tb, const crun_tensor_t *A, const crun_tensor_t *B,

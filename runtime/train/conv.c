@@ -2,7 +2,7 @@
  * average pooling, forward and backward, for float32 and float64. Images are
  * NCHW and contiguous; a convolution works one image at a time through a
  * column buffer of C*KH*KW x OH*OW elements. */
-#include <cblas.h>
+#include "tensor/blas_lib.h"
 #include <stdlib.h>
 #include <string.h>
 
@@ -54,11 +54,11 @@ static void gemm(crun_dtype_t dt, int ta, int tb, int64_t m, int64_t n, int64_t 
                  const void *a, int64_t lda, const void *b, int64_t ldb, double beta, void *c) {
   enum CBLAS_TRANSPOSE A = ta ? CblasTrans : CblasNoTrans, B = tb ? CblasTrans : CblasNoTrans;
   if (dt == CRUN_FLOAT32)
-    cblas_sgemm(CblasRowMajor, A, B, (int)m, (int)n, (int)k, 1.f, a, (int)lda, b, (int)ldb,
-                (float)beta, c, (int)n);
+    crun__blas_sgemm(CblasRowMajor, A, B, (int)m, (int)n, (int)k, 1.f, a, (int)lda, b, (int)ldb,
+                     (float)beta, c, (int)n);
   else
-    cblas_dgemm(CblasRowMajor, A, B, (int)m, (int)n, (int)k, 1., a, (int)lda, b, (int)ldb, beta,
-                c, (int)n);
+    crun__blas_dgemm(CblasRowMajor, A, B, (int)m, (int)n, (int)k, 1., a, (int)lda, b, (int)ldb, beta,
+                     c, (int)n);
 }
 
 typedef struct {

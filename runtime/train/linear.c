@@ -1,5 +1,5 @@
 /* linear.c — y = x W^T + b and its backward through BLAS (sgemm/dgemm). */
-#include <cblas.h>
+#include "tensor/blas_lib.h"
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -55,13 +55,13 @@ int crun_nn_linear_forward(const crun_tensor_t *x, const crun_tensor_t *w,
   fill_rows(dt, crun_tensor_data(y), b ? crun_tensor_data(b) : NULL, n, out);
   if (n == 0 || out == 0 || in == 0) return 0;
   if (dt == CRUN_FLOAT32)
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)out, (int)in, 1.f,
-                crun_tensor_data(x), (int)in, crun_tensor_data(w), (int)in, 1.f,
-                crun_tensor_data(y), (int)out);
+    crun__blas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)out, (int)in, 1.f,
+                     crun_tensor_data(x), (int)in, crun_tensor_data(w), (int)in, 1.f,
+                     crun_tensor_data(y), (int)out);
   else
-    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)out, (int)in, 1.,
-                crun_tensor_data(x), (int)in, crun_tensor_data(w), (int)in, 1.,
-                crun_tensor_data(y), (int)out);
+    crun__blas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)out, (int)in, 1.,
+                     crun_tensor_data(x), (int)in, crun_tensor_data(w), (int)in, 1.,
+                     crun_tensor_data(y), (int)out);
   return 0;
 }
 
@@ -80,11 +80,11 @@ static void gemm(crun_dtype_t dt, int ta, int tb, int64_t m, int64_t k, int64_t 
                  const void *a, int64_t lda, const void *b, int64_t ldb, double beta, void *c) {
   enum CBLAS_TRANSPOSE A = ta ? CblasTrans : CblasNoTrans, B = tb ? CblasTrans : CblasNoTrans;
   if (dt == CRUN_FLOAT32)
-    cblas_sgemm(CblasRowMajor, A, B, (int)m, (int)k, (int)inner, 1.f, a, (int)lda, b, (int)ldb,
-                (float)beta, c, (int)k);
+    crun__blas_sgemm(CblasRowMajor, A, B, (int)m, (int)k, (int)inner, 1.f, a, (int)lda, b, (int)ldb,
+                     (float)beta, c, (int)k);
   else
-    cblas_dgemm(CblasRowMajor, A, B, (int)m, (int)k, (int)inner, 1., a, (int)lda, b, (int)ldb,
-                beta, c, (int)k);
+    crun__blas_dgemm(CblasRowMajor, A, B, (int)m, (int)k, (int)inner, 1., a, (int)lda, b, (int)ldb,
+                     beta, c, (int)k);
 }
 
 int crun_nn_linear_backward(const crun_tensor_t *x, const crun_tensor_t *w,
@@ -115,14 +115,14 @@ int crun_nn_linear_backward(const crun_tensor_t *x, const crun_tensor_t *w,
 
 int crun_blas_set_threads(int n) {
   if (n <= 0 && (getenv("OPENBLAS_NUM_THREADS") || getenv("OMP_NUM_THREADS")))
-    return openblas_get_num_threads(); /* the user's setting wins */
+    return crun__blas_get_threads(); /* the user's setting wins */
   if (n <= 0) {
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     long local = crun_env_int("LOCAL_WORLD_SIZE", 1);
     n = (int)(cores > 0 && local > 0 ? cores / local : 1);
     if (n < 1) n = 1;
   }
-  openblas_set_num_threads(n);
-  CRUN_LOG(INFO, DDP, "BLAS uses %d thread(s)", openblas_get_num_threads());
-  return openblas_get_num_threads();
+  crun__blas_set_threads(n);
+  CRUN_LOG(INFO, DDP, "BLAS uses %d thread(s)", crun__blas_get_threads());
+  return crun__blas_get_threads();
 }
