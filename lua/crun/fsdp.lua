@@ -26,6 +26,7 @@
 local M = {}
 
 local function T() return require "crun.tensor" end
+local function core() return require "crun.core" end
 local function dist() return require "crun.dist" end
 local O = require "crun.opts"
 
@@ -61,15 +62,18 @@ local function plan_units(module, min_params)
   return units
 end
 
--- Fills a unit's layout: entries {leaf, index, shape, numel, offset}, total
--- numel, padded size, shard size.
-local function layout(u, world, no_shard)
-  u.entries, u.numel = {}, 0
+-- Fills a unit's layout (the arithmetic is crun_fsdp_layout's and
+-- crun_fsdp_shard_range's): entries {leaf, index, shape, numel, offset},
+-- offsets (0-based, one per entry), total numel, padded size, shard size and
+-- shard_start (this rank's shard's offset in the padded buffer).
+local function layout(u, world, rank, no_shard)
+  u.entries = {}
+  local numels = {}
   for _, leaf in ipairs(u.leaves) do
     local ps = leaf:parameters()
     for i, p in ipairs(ps) do
-      u.entries[#u.entries + 1] = {leaf = leaf, index = i, shape = p:size(), numel = p:numel(), offset = u.numel}
-      u.numel = u.numel + p:numel()
+      u.entries[#u.entries + 1] = {leaf = leaf, index = i, shape = p:size(), numel = p:numel()}
+      numels[#u.entries] = p:numel()
     end
     u.dtype = u.dtype or (ps[1] and ps[1]:dtype())
     for _, p in ipairs(ps) do
@@ -79,17 +83,17 @@ local function layout(u, world, no_shard)
     end
   end
   u.dtype = u.dtype or "float32"
-  local per = no_shard and u.numel or (u.numel + world - 1) // world
-  u.shard_numel, u.padded = per, no_shard and u.numel or per * world
+  u.offsets, u.numel, u.padded, u.shard_numel = core().fsdp_layout(numels, world, no_shard)
+  for k, e in ipairs(u.entries) do e.offset = u.offsets[k] end
+  u.shard_start = no_shard and 0 or select(4, core().fsdp_shard_range(u.numel, world, rank))
 end
 
 --- shard_range(numel, world, rank) -> first (0-based) and count of the
 -- elements of a flat buffer of `numel` that rank owns (the padding is the
--- tail of the last shards).
+-- tail of the last shards), and the shard size.
 function M.shard_range(numel, world, rank)
-  local per = (numel + world - 1) // world
-  local first = math.min(numel, per * rank)
-  return first, math.min(numel, first + per) - first, per
+  local first, count, per = core().fsdp_shard_range(numel, world, rank)
+  return first, count, per
 end
 
 -- ---------------------------------------------------------------- construction
@@ -131,7 +135,7 @@ function M.FSDP(module, opts)
   if self.rank < 0 then O.fail("EINVAL: FSDP: this rank is not a member of the group") end
   self.units = {}
   for _, u in ipairs(plan_units(module, min_params)) do
-    layout(u, self.world, strategy == "NO_SHARD")
+    layout(u, self.world, self.rank, strategy == "NO_SHARD")
     if u.numel > 0 then -- leaves without parameters need no unit
       self.units[#self.units + 1] = u
       u.k = #self.units
@@ -152,18 +156,16 @@ end
 
 -- Builds unit u's shard (and gradient shard) from rank 0's parameters.
 function FSDP:_shard(u)
-  local flat = T().zeros({math.max(u.padded, 1)}, u.dtype)
-  for _, e in ipairs(u.entries) do
-    local p = e.leaf:parameters()[e.index]
-    flat:narrow(1, e.offset + 1, e.numel):copy(p:contiguous():view(e.numel))
-  end
+  local flat, ps = T().zeros({math.max(u.padded, 1)}, u.dtype), {}
+  for k, e in ipairs(u.entries) do ps[k] = e.leaf:parameters()[e.index] end
+  core().fsdp_flatten(flat, ps, u.offsets)
   local src = self.group and dist().get_global_rank(self.group, 0) or 0
   dist().broadcast(flat, src, self.copts)
   if self.strategy == "NO_SHARD" then
     u.shard = flat
     u.full, u.grad = flat, T().zeros({math.max(u.padded, 1)}, u.dtype)
   else
-    u.shard = flat:narrow(1, self.rank * u.shard_numel + 1, u.shard_numel):clone()
+    u.shard = flat:narrow(1, u.shard_start + 1, u.shard_numel):clone()
   end
   u.grad_shard = T().zeros({u.shard_numel}, u.dtype)
   u.views = {}
@@ -198,7 +200,10 @@ function FSDP:_take(n, dtype, blocks)
   local rec = {t = T().empty({math.max(n, 1)}, dtype), key = key, bytes = n * elsize(dtype)}
   if blocks then
     rec.blocks = {}
-    for r = 1, self.world do rec.blocks[r] = rec.t:narrow(1, (r - 1) * (n // self.world) + 1, n // self.world) end
+    for r = 1, self.world do
+      local _, _, per, start = core().fsdp_shard_range(n, self.world, r - 1)
+      rec.blocks[r] = rec.t:narrow(1, start + 1, per)
+    end
   end
   self.held = self.held + rec.bytes
   self.stats.peak_full_bytes = math.max(self.stats.peak_full_bytes, self.held)
@@ -232,10 +237,9 @@ end
 -- view of `flat`; the views are kept in u.views when `owned` (closed on
 -- release).
 function FSDP:_point(u, flat, setter, owned)
+  local view = core().fsdp_view
   for _, e in ipairs(u.entries) do
-    local n = flat:narrow(1, e.offset + 1, e.numel)
-    local v = n:view(table.unpack(e.shape))
-    n:close()
+    local v = view(flat, e.offset, e.shape)
     e.leaf[setter](e.leaf, e.index, v)
     if owned then u.views[#u.views + 1] = v end
   end
@@ -449,10 +453,13 @@ end
 function FSDP:state_dict()
   local by_leaf = {}
   for _, u in ipairs(self.units) do
-    local full = self:_full_flat(u)
-    for _, e in ipairs(u.entries) do
+    local full, ts = self:_full_flat(u), {}
+    for k, e in ipairs(u.entries) do ts[k] = T().empty(e.shape, u.dtype) end
+    core().fsdp_unflatten(full, ts, u.offsets)
+    full:close()
+    for k, e in ipairs(u.entries) do
       by_leaf[e.leaf] = by_leaf[e.leaf] or {}
-      by_leaf[e.leaf][e.index] = full:narrow(1, e.offset + 1, e.numel):view(table.unpack(e.shape)):clone()
+      by_leaf[e.leaf][e.index] = ts[k]
     end
   end
   if self.rank ~= 0 then return nil end
@@ -506,7 +513,7 @@ function FSDP:load_sharded_state_dict(parts, optim)
         off = off + t:numel()
       end
       if self.strategy == "NO_SHARD" then return full:narrow(1, 1, u.numel):clone() end
-      return full:narrow(1, self.rank * u.shard_numel + 1, u.shard_numel):clone()
+      return full:narrow(1, u.shard_start + 1, u.shard_numel):clone()
     end
     u.shard:copy(reshard(function(r) return r.shard end))
     if optim and recs[1].optim then
