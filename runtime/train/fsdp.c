@@ -1,8 +1,13 @@
 /* fsdp.c — FullyShardedDataParallel's flat-parameter arithmetic and copies:
  * the layout of a unit's flat buffer (each parameter's offset, the total,
  * the padded length, the shard length), the part of it a rank owns, and the
- * copies and views between the parameters and the flat buffer. The
- * collectives, the unit states and the buffer pool are lua/crun/fsdp.lua's. */
+ * copies and views between the parameters and the flat buffer; and the
+ * schedule: each unit's state, which gathers to launch, wait for and
+ * prefetch, and when each strategy frees a unit. The collectives and the
+ * buffer pool they use are lua/crun/fsdp.lua's. */
+#include <stdlib.h>
+#include <string.h>
+
 #include "crun/core.h"
 #include "crun/train.h"
 
@@ -105,4 +110,119 @@ int crun_fsdp_flatten(crun_tensor_t *flat, crun_tensor_t *const *params, const i
 
 int crun_fsdp_unflatten(crun_tensor_t *flat, crun_tensor_t *const *params, const int64_t *offset, int n) {
   return copy_all("fsdp unflatten", flat, params, offset, n, 0);
+}
+
+/* ---------------------------------------------------------------- schedule */
+
+struct crun_fsdp_sched {
+  int n;
+  crun_fsdp_strategy_t strategy;
+  int prefetch_fwd, prefetch_bwd;
+  unsigned char *state;    /* crun_fsdp_unit_state_t per unit */
+  unsigned char *bwd_done; /* the unit's backward ran since its last forward */
+};
+
+int crun_fsdp_sched_new(int nunits, crun_fsdp_strategy_t strategy, int prefetch_fwd, int prefetch_bwd,
+                        crun_fsdp_sched_t **out) {
+  static const char *fn = "fsdp sched";
+  if (!out) return crun_error(CRUN_EINVAL, "%s: NULL output", fn);
+  *out = NULL;
+  if (nunits < 0) return crun_error(CRUN_EINVAL, "%s: %d units", fn, nunits);
+  if (strategy < CRUN_FSDP_FULL_SHARD || strategy > CRUN_FSDP_NO_SHARD)
+    return crun_error(CRUN_EINVAL, "%s: unknown sharding strategy %d", fn, (int)strategy);
+  crun_fsdp_sched_t *s = calloc(1, sizeof *s);
+  size_t cnt = (size_t)(nunits > 0 ? nunits : 1);
+  if (s) s->state = calloc(cnt, 1), s->bwd_done = calloc(cnt, 1);
+  if (!s || !s->state || !s->bwd_done) {
+    crun_fsdp_sched_free(s);
+    return crun_error(CRUN_ENOMEM, "%s: %d units", fn, nunits);
+  }
+  s->n = nunits;
+  s->strategy = strategy;
+  s->prefetch_fwd = prefetch_fwd != 0;
+  s->prefetch_bwd = prefetch_bwd != 0;
+  /* NO_SHARD units are whole from the start and stay so */
+  if (strategy == CRUN_FSDP_NO_SHARD) memset(s->state, CRUN_FSDP_GATHERED, cnt);
+  *out = s;
+  return 0;
+}
+
+void crun_fsdp_sched_free(crun_fsdp_sched_t *s) {
+  if (!s) return;
+  free(s->state);
+  free(s->bwd_done);
+  free(s);
+}
+
+/* Fails with CRUN_EINVAL unless k names a unit of s. */
+static int check_unit(const crun_fsdp_sched_t *s, const char *what, int k) {
+  if (!s) return crun_error(CRUN_EINVAL, "fsdp sched %s: NULL schedule", what);
+  if (k < 0 || k >= s->n) return crun_error(CRUN_EINVAL, "fsdp sched %s: unit %d is not in [0, %d)", what, k, s->n);
+  return 0;
+}
+
+int crun_fsdp_sched_state(const crun_fsdp_sched_t *s, int k) {
+  CRUN_CHECK(check_unit(s, "state", k));
+  return s->state[k];
+}
+
+/* Unit k is needed now: fills step's launch and wait, and k is gathered. */
+static void need(crun_fsdp_sched_t *s, int k, crun_fsdp_step_t *step) {
+  step->launch = s->state[k] == CRUN_FSDP_SHARDED;
+  step->wait = s->state[k] != CRUN_FSDP_GATHERED;
+  s->state[k] = CRUN_FSDP_GATHERED;
+  step->prefetch = -1;
+}
+
+/* Prefetches unit j (if j is a unit and sharded) into step. */
+static void prefetch(crun_fsdp_sched_t *s, int j, crun_fsdp_step_t *step) {
+  if (j < 0 || j >= s->n || s->state[j] != CRUN_FSDP_SHARDED) return;
+  s->state[j] = CRUN_FSDP_GATHERING;
+  step->prefetch = j;
+}
+
+int crun_fsdp_sched_pre_forward(crun_fsdp_sched_t *s, int k, int first, crun_fsdp_step_t *step) {
+  CRUN_CHECK(check_unit(s, "pre_forward", k));
+  if (!step) return crun_error(CRUN_EINVAL, "fsdp sched pre_forward: NULL step");
+  s->bwd_done[k] = 0;
+  need(s, k, step);
+  if (first && s->prefetch_fwd) prefetch(s, k + 1, step);
+  return 0;
+}
+
+int crun_fsdp_sched_pre_backward(crun_fsdp_sched_t *s, int k, crun_fsdp_step_t *step) {
+  CRUN_CHECK(check_unit(s, "pre_backward", k));
+  if (!step) return crun_error(CRUN_EINVAL, "fsdp sched pre_backward: NULL step");
+  need(s, k, step);
+  if (!s->prefetch_bwd) return 0;
+  int j = k - 1;
+  while (j >= 0 && s->bwd_done[j]) j--;
+  prefetch(s, j, step);
+  return 0;
+}
+
+/* Unit k goes back to its shard (returns 1) if gathered and `when`. */
+static int release_if(crun_fsdp_sched_t *s, int k, int when) {
+  if (!when || s->strategy == CRUN_FSDP_NO_SHARD || s->state[k] != CRUN_FSDP_GATHERED) return 0;
+  s->state[k] = CRUN_FSDP_SHARDED;
+  return 1;
+}
+
+int crun_fsdp_sched_post_forward(crun_fsdp_sched_t *s, int k) {
+  CRUN_CHECK(check_unit(s, "post_forward", k));
+  return release_if(s, k, s->strategy == CRUN_FSDP_FULL_SHARD);
+}
+
+int crun_fsdp_sched_post_backward(crun_fsdp_sched_t *s, int k) {
+  CRUN_CHECK(check_unit(s, "post_backward", k));
+  s->bwd_done[k] = 1;
+  return release_if(s, k, 1);
+}
+
+int crun_fsdp_sched_end_backward(crun_fsdp_sched_t *s) {
+  if (!s) return crun_error(CRUN_EINVAL, "fsdp sched end_backward: NULL schedule");
+  int dropped = 0;
+  for (int k = 0; k < s->n; k++)
+    if (s->state[k] == CRUN_FSDP_GATHERING) s->state[k] = CRUN_FSDP_SHARDED, dropped++;
+  return dropped;
 }

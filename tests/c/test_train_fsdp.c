@@ -1,7 +1,8 @@
 /* test_train_fsdp.c — crun_fsdp_*: a unit's flat layout at 1..8 ranks
  * (sizes no world size divides, empty units and empty parameters,
  * NO_SHARD), each rank's shard range, the flatten / unflatten copies and
- * views, bad and overflowing input. Expected values are worked out by hand
+ * views, bad and overflowing input; the unit schedule (gathers, prefetches
+ * and frees per strategy, in forward and backward order). Expected values are worked out by hand
  * in the comments. */
 #include <stdint.h>
 #include <string.h>
@@ -218,5 +219,147 @@ TEST(copy_misuse) {
   crun_tensor_release(m);
 }
 
-#define CRUN_TESTS(X) X(layout) X(empty) X(shard_range) X(bad_input) X(overflow) X(flatten) X(views) X(copy_misuse)
+/* Expects a step of (launch, wait, prefetch). */
+static void expect_step(const crun_fsdp_step_t *st, int launch, int wait, int prefetch) {
+  EXPECT_EQ_INT(st->launch, launch);
+  EXPECT_EQ_INT(st->wait, wait);
+  EXPECT_EQ_INT(st->prefetch, prefetch);
+}
+
+static void expect_states(const crun_fsdp_sched_t *s, int n, const char *want) {
+  static const char code[] = "SGF"; /* sharded, gathering, full (gathered) */
+  for (int k = 0; k < n; k++) EXPECT_EQ_INT(code[crun_fsdp_sched_state(s, k)], want[k]);
+}
+
+TEST(sched_full_shard) {
+  /* 3 units, both prefetches: forward gathers 0 and prefetches the next,
+   * frees each after its forward; backward gathers 2 and prefetches 1, 0:
+   * 6 gathers, 2 per unit */
+  crun_fsdp_sched_t *s = NULL;
+  crun_fsdp_step_t st;
+  EXPECT_OK(crun_fsdp_sched_new(3, CRUN_FSDP_FULL_SHARD, 1, 1, &s));
+  expect_states(s, 3, "SSS");
+  EXPECT_OK(crun_fsdp_sched_pre_forward(s, 0, 1, &st));
+  expect_step(&st, 1, 1, 1);
+  expect_states(s, 3, "FGS");
+  EXPECT_EQ_INT(crun_fsdp_sched_post_forward(s, 0), 1);
+  EXPECT_OK(crun_fsdp_sched_pre_forward(s, 1, 1, &st));
+  expect_step(&st, 0, 1, 2);
+  expect_states(s, 3, "SFG");
+  EXPECT_EQ_INT(crun_fsdp_sched_post_forward(s, 1), 1);
+  EXPECT_OK(crun_fsdp_sched_pre_forward(s, 2, 1, &st));
+  expect_step(&st, 0, 1, -1);
+  EXPECT_EQ_INT(crun_fsdp_sched_post_forward(s, 2), 1);
+  expect_states(s, 3, "SSS");
+  EXPECT_OK(crun_fsdp_sched_pre_backward(s, 2, &st));
+  expect_step(&st, 1, 1, 1);
+  EXPECT_EQ_INT(crun_fsdp_sched_post_backward(s, 2), 1);
+  EXPECT_OK(crun_fsdp_sched_pre_backward(s, 1, &st));
+  expect_step(&st, 0, 1, 0);
+  expect_states(s, 3, "GFS");
+  EXPECT_EQ_INT(crun_fsdp_sched_post_backward(s, 1), 1);
+  EXPECT_OK(crun_fsdp_sched_pre_backward(s, 0, &st));
+  expect_step(&st, 0, 1, -1);
+  EXPECT_EQ_INT(crun_fsdp_sched_post_backward(s, 0), 1);
+  EXPECT_EQ_INT(crun_fsdp_sched_end_backward(s), 0);
+  expect_states(s, 3, "SSS");
+  /* a later leaf of unit 0 (first = 0) gathers nothing and prefetches nothing */
+  EXPECT_OK(crun_fsdp_sched_pre_forward(s, 0, 1, &st));
+  EXPECT_OK(crun_fsdp_sched_pre_forward(s, 0, 0, &st));
+  expect_step(&st, 0, 0, -1);
+  crun_fsdp_sched_free(s);
+}
+
+TEST(sched_shard_grad_op) {
+  /* units stay gathered from forward to the end of their backward: one
+   * gather per unit, backward launches and waits for nothing */
+  crun_fsdp_sched_t *s = NULL;
+  crun_fsdp_step_t st;
+  EXPECT_OK(crun_fsdp_sched_new(3, CRUN_FSDP_SHARD_GRAD_OP, 1, 1, &s));
+  EXPECT_OK(crun_fsdp_sched_pre_forward(s, 0, 1, &st));
+  expect_step(&st, 1, 1, 1);
+  EXPECT_EQ_INT(crun_fsdp_sched_post_forward(s, 0), 0);
+  EXPECT_OK(crun_fsdp_sched_pre_forward(s, 1, 1, &st));
+  expect_step(&st, 0, 1, 2);
+  EXPECT_EQ_INT(crun_fsdp_sched_post_forward(s, 1), 0);
+  EXPECT_OK(crun_fsdp_sched_pre_forward(s, 2, 1, &st));
+  expect_step(&st, 0, 1, -1);
+  EXPECT_EQ_INT(crun_fsdp_sched_post_forward(s, 2), 0);
+  expect_states(s, 3, "FFF");
+  for (int k = 2; k >= 0; k--) {
+    EXPECT_OK(crun_fsdp_sched_pre_backward(s, k, &st));
+    expect_step(&st, 0, 0, -1);
+    EXPECT_EQ_INT(crun_fsdp_sched_post_backward(s, k), 1);
+  }
+  expect_states(s, 3, "SSS");
+  crun_fsdp_sched_free(s);
+}
+
+TEST(sched_no_shard_and_no_prefetch) {
+  crun_fsdp_sched_t *s = NULL;
+  crun_fsdp_step_t st;
+  /* NO_SHARD: always whole, nothing to gather or free */
+  EXPECT_OK(crun_fsdp_sched_new(2, CRUN_FSDP_NO_SHARD, 1, 1, &s));
+  expect_states(s, 2, "FF");
+  EXPECT_OK(crun_fsdp_sched_pre_forward(s, 0, 1, &st));
+  expect_step(&st, 0, 0, -1);
+  EXPECT_EQ_INT(crun_fsdp_sched_post_forward(s, 0), 0);
+  EXPECT_OK(crun_fsdp_sched_pre_backward(s, 1, &st));
+  expect_step(&st, 0, 0, -1);
+  EXPECT_EQ_INT(crun_fsdp_sched_post_backward(s, 1), 0);
+  crun_fsdp_sched_free(s);
+  /* prefetch off: each unit gathered when needed, nothing ahead */
+  EXPECT_OK(crun_fsdp_sched_new(2, CRUN_FSDP_FULL_SHARD, 0, 0, &s));
+  EXPECT_OK(crun_fsdp_sched_pre_forward(s, 0, 1, &st));
+  expect_step(&st, 1, 1, -1);
+  EXPECT_OK(crun_fsdp_sched_pre_backward(s, 1, &st));
+  expect_step(&st, 1, 1, -1);
+  crun_fsdp_sched_free(s);
+}
+
+TEST(sched_backward_order) {
+  crun_fsdp_sched_t *s = NULL;
+  crun_fsdp_step_t st;
+  /* unit 1's backward ran first: unit 2's prefetch skips it for unit 0 */
+  EXPECT_OK(crun_fsdp_sched_new(3, CRUN_FSDP_FULL_SHARD, 1, 1, &s));
+  EXPECT_EQ_INT(crun_fsdp_sched_post_backward(s, 1), 0); /* not gathered: nothing to free */
+  EXPECT_OK(crun_fsdp_sched_pre_backward(s, 2, &st));
+  expect_step(&st, 1, 1, 0);
+  /* backward ends with unit 0's prefetch unused: it is dropped */
+  EXPECT_EQ_INT(crun_fsdp_sched_post_backward(s, 2), 1);
+  expect_states(s, 3, "GSS");
+  EXPECT_EQ_INT(crun_fsdp_sched_end_backward(s), 1);
+  expect_states(s, 3, "SSS");
+  /* a forward makes the unit's backward pending again */
+  EXPECT_OK(crun_fsdp_sched_pre_forward(s, 1, 0, &st));
+  EXPECT_EQ_INT(crun_fsdp_sched_post_forward(s, 1), 1);
+  EXPECT_OK(crun_fsdp_sched_pre_backward(s, 2, &st));
+  expect_step(&st, 1, 1, 1);
+  crun_fsdp_sched_free(s);
+}
+
+TEST(sched_misuse) {
+  crun_fsdp_sched_t *s = NULL;
+  crun_fsdp_step_t st;
+  EXPECT_STATUS(crun_fsdp_sched_new(-1, CRUN_FSDP_FULL_SHARD, 1, 1, &s), CRUN_EINVAL);
+  EXPECT_STATUS(crun_fsdp_sched_new(2, (crun_fsdp_strategy_t)7, 1, 1, &s), CRUN_EINVAL);
+  EXPECT_TEXT("unknown sharding strategy 7");
+  EXPECT_OK(crun_fsdp_sched_new(2, CRUN_FSDP_FULL_SHARD, 1, 1, &s));
+  EXPECT_STATUS(crun_fsdp_sched_pre_forward(s, 2, 1, &st), CRUN_EINVAL);
+  EXPECT_TEXT("unit 2 is not in [0, 2)");
+  EXPECT_STATUS(crun_fsdp_sched_pre_backward(s, -1, &st), CRUN_EINVAL);
+  EXPECT_STATUS(crun_fsdp_sched_post_forward(s, 5), CRUN_EINVAL);
+  EXPECT_STATUS(crun_fsdp_sched_post_backward(s, 5), CRUN_EINVAL);
+  EXPECT_STATUS(crun_fsdp_sched_state(s, 2), CRUN_EINVAL);
+  EXPECT_STATUS(crun_fsdp_sched_pre_forward(s, 0, 1, NULL), CRUN_EINVAL);
+  crun_fsdp_sched_free(s);
+  /* no units at all is a schedule too */
+  EXPECT_OK(crun_fsdp_sched_new(0, CRUN_FSDP_SHARD_GRAD_OP, 1, 1, &s));
+  EXPECT_EQ_INT(crun_fsdp_sched_end_backward(s), 0);
+  crun_fsdp_sched_free(s);
+  crun_fsdp_sched_free(NULL);
+}
+
+#define CRUN_TESTS(X) X(layout) X(empty) X(shard_range) X(bad_input) X(overflow) X(flatten) X(views) X(copy_misuse) \
+  X(sched_full_shard) X(sched_shard_grad_op) X(sched_no_shard_and_no_prefetch) X(sched_backward_order) X(sched_misuse)
 CRUN_TEST_MAIN()
