@@ -630,6 +630,110 @@ static int flat_copy(lua_State *L, int (*fn)(crun_tensor_t *, crun_tensor_t *con
 static int l_fsdp_flatten(lua_State *L) { return flat_copy(L, crun_fsdp_flatten); }
 static int l_fsdp_unflatten(lua_State *L) { return flat_copy(L, crun_fsdp_unflatten); }
 
+#define SCHED_MT "crun.FSDPSched"
+
+static crun_fsdp_sched_t *check_sched(lua_State *L, int idx) {
+  crun_fsdp_sched_t **u = crun_l_checkudata(L, idx, SCHED_MT);
+  if (!*u) {
+    crun_error(CRUN_ECLOSED, "the FSDP schedule was closed");
+    crun_l_fail(L, CRUN_ECLOSED);
+  }
+  return *u;
+}
+
+/* 1-based unit argument -> 0-based (the range is the C call's to check). */
+static int check_unit_arg(lua_State *L, int idx) {
+  lua_Integer k = crun_l_checkinteger(L, idx);
+  if (k < 1 || k > INT32_MAX) return crun_l_argerror(L, idx, "unit index out of range");
+  return (int)(k - 1);
+}
+
+/* fsdp_sched_new(nunits, "FULL_SHARD"|"SHARD_GRAD_OP"|"NO_SHARD",
+ * forward_prefetch, backward_prefetch) -> crun.FSDPSched */
+static int l_fsdp_sched_new(lua_State *L) {
+  static const char *const names[] = {"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", NULL};
+  lua_Integer n = crun_l_check_range(L, crun_l_checkinteger(L, 1), 0, INT32_MAX, "fsdp_sched_new", "unit count");
+  int strategy = crun_l_checkoption(L, 2, NULL, names);
+  crun_fsdp_sched_t **u = lua_newuserdatauv(L, sizeof *u, 0);
+  *u = NULL;
+  luaL_setmetatable(L, SCHED_MT);
+  CRUN_L_CHECK(L, crun_fsdp_sched_new((int)n, (crun_fsdp_strategy_t)strategy, lua_toboolean(L, 3),
+                                      lua_toboolean(L, 4), u));
+  return 1;
+}
+
+/* Pushes a step as launch, wait (booleans), prefetch (1-based unit or nil). */
+static int push_step(lua_State *L, const crun_fsdp_step_t *st) {
+  lua_pushboolean(L, st->launch);
+  lua_pushboolean(L, st->wait);
+  if (st->prefetch < 0) lua_pushnil(L);
+  else lua_pushinteger(L, st->prefetch + 1);
+  return 3;
+}
+
+/* s:pre_forward(k, first) -> launch, wait, prefetch|nil */
+static int m_sched_pre_forward(lua_State *L) {
+  crun_fsdp_step_t st;
+  CRUN_L_CHECK(L, crun_fsdp_sched_pre_forward(check_sched(L, 1), check_unit_arg(L, 2), lua_toboolean(L, 3), &st));
+  return push_step(L, &st);
+}
+
+/* s:pre_backward(k) -> launch, wait, prefetch|nil */
+static int m_sched_pre_backward(lua_State *L) {
+  crun_fsdp_step_t st;
+  CRUN_L_CHECK(L, crun_fsdp_sched_pre_backward(check_sched(L, 1), check_unit_arg(L, 2), &st));
+  return push_step(L, &st);
+}
+
+/* s:post_forward(k) / s:post_backward(k) -> free unit k's full buffers now? */
+static int m_sched_post_forward(lua_State *L) {
+  int rc = crun_fsdp_sched_post_forward(check_sched(L, 1), check_unit_arg(L, 2));
+  CRUN_L_CHECK(L, rc);
+  lua_pushboolean(L, rc);
+  return 1;
+}
+
+static int m_sched_post_backward(lua_State *L) {
+  int rc = crun_fsdp_sched_post_backward(check_sched(L, 1), check_unit_arg(L, 2));
+  CRUN_L_CHECK(L, rc);
+  lua_pushboolean(L, rc);
+  return 1;
+}
+
+/* s:end_backward() -> how many unused prefetches were dropped */
+static int m_sched_end_backward(lua_State *L) {
+  int rc = crun_fsdp_sched_end_backward(check_sched(L, 1));
+  CRUN_L_CHECK(L, rc);
+  lua_pushinteger(L, rc);
+  return 1;
+}
+
+/* s:state(k) -> "sharded" | "gathering" | "gathered" */
+static int m_sched_state(lua_State *L) {
+  static const char *const names[] = {"sharded", "gathering", "gathered"};
+  int rc = crun_fsdp_sched_state(check_sched(L, 1), check_unit_arg(L, 2));
+  CRUN_L_CHECK(L, rc);
+  lua_pushstring(L, names[rc]);
+  return 1;
+}
+
+/* __gc / __close / s:close() */
+static int m_sched_close(lua_State *L) {
+  crun_fsdp_sched_t **u = crun_l_checkudata(L, 1, SCHED_MT);
+  crun_fsdp_sched_free(*u);
+  *u = NULL;
+  return 0;
+}
+
+static void open_fsdp_sched(lua_State *L) {
+  static const luaL_Reg methods[] = {
+      {"pre_forward", m_sched_pre_forward}, {"post_forward", m_sched_post_forward},
+      {"pre_backward", m_sched_pre_backward}, {"post_backward", m_sched_post_backward},
+      {"end_backward", m_sched_end_backward}, {"state", m_sched_state},
+      {"close", m_sched_close}, {"__gc", m_sched_close}, {"__close", m_sched_close}, {NULL, NULL}};
+  crun_l_newclass(L, SCHED_MT, methods);
+}
+
 /* ---------------------------------------------------------------- reducer */
 
 #define REDUCER_MT "crun.Reducer"
@@ -820,7 +924,9 @@ void crun_l_open_train(lua_State *L) {
       {"sampler_indices", l_sampler_indices}, {"sampler_len", l_sampler_len}, {"permutation", l_permutation},
       {"reducer_new", l_reducer_new}, {"zero_partition", l_zero_partition},
       {"fsdp_layout", l_fsdp_layout}, {"fsdp_shard_range", l_fsdp_shard_range}, {"fsdp_view", l_fsdp_view},
-      {"fsdp_flatten", l_fsdp_flatten}, {"fsdp_unflatten", l_fsdp_unflatten}, {NULL, NULL}};
+      {"fsdp_flatten", l_fsdp_flatten}, {"fsdp_unflatten", l_fsdp_unflatten}, {"fsdp_sched_new", l_fsdp_sched_new},
+      {NULL, NULL}};
   luaL_setfuncs(L, fns, 0);
   open_reducer(L);
+  open_fsdp_sched(L);
 }

@@ -142,6 +142,7 @@ function M.FSDP(module, opts)
       self:_shard(u)
     end
   end
+  self.sched = core().fsdp_sched_new(#self.units, strategy, self.prefetch_fwd, self.prefetch_bwd)
   for k, u in ipairs(self.units) do
     for _, leaf in ipairs(u.leaves) do self:_wrap_leaf(leaf, u) end
     u.first_leaf, u.last_leaf = u.leaves[1], u.leaves[#u.leaves]
@@ -278,10 +279,9 @@ end
 
 -- ---------------------------------------------------------------- gathering
 
--- Launches unit u's all_gather (async) unless it is gathered or in flight.
--- The Work pins the block views (and the shard) until it completes.
+-- Launches unit u's all_gather (async; the schedule said it is due). The
+-- Work pins the block views (and the shard) until it completes.
 function FSDP:_launch_gather(u)
-  if not u or u.full or u.pending or self.strategy == "NO_SHARD" then return end
   local rec = self:_take(u.padded, u.dtype, true)
   local o = {async_op = true}
   if self.group then o.group = self.group end
@@ -299,34 +299,36 @@ function FSDP:_finish_gather(u)
   return rec
 end
 
--- Unit u's parameters are there (waiting for its gather) when this returns.
-function FSDP:_gather(u)
-  if u.full then return end
-  self:_launch_gather(u)
-  self:_materialize(u, self:_finish_gather(u))
+-- Does what the schedule's step says for unit u: launch its gather, wait
+-- for it and point the leaves at it.
+function FSDP:_bring(u, launch, wait)
+  if launch then self:_launch_gather(u) end
+  if wait then self:_materialize(u, self:_finish_gather(u)) end
 end
 
 -- ---------------------------------------------------------------- hooks
 
 -- Wraps leaf's forward and backward with the unit's gather, release,
--- prefetch and gradient reduction.
+-- prefetch and gradient reduction, as the schedule (crun_fsdp_sched: the
+-- units' states, the prefetch order, when each strategy frees a unit) says.
 function FSDP:_wrap_leaf(leaf, u)
   local cls = getmetatable(leaf)
   local fwd, bwd = cls.forward, cls.backward
-  local fsdp = self
+  local fsdp, sched = self, self.sched
   leaf.forward = function(l, x)
-    u.bwd_done = false
-    fsdp:_gather(u)
-    if l == u.first_leaf and fsdp.prefetch_fwd then fsdp:_launch_gather(fsdp.units[u.k + 1]) end
+    local launch, wait, prefetch = sched:pre_forward(u.k, l == u.first_leaf)
+    fsdp:_bring(u, launch, wait)
+    if prefetch then fsdp:_launch_gather(fsdp.units[prefetch]) end
     local y = fwd(l, x)
-    if l == u.last_leaf and fsdp.strategy == "FULL_SHARD" then fsdp:_release(u) end
+    if l == u.last_leaf and sched:post_forward(u.k) then fsdp:_release(u) end
     return y
   end
   leaf.backward = function(l, x, gy)
     if l == u.last_leaf then
-      fsdp:_gather(u)
+      local launch, wait, prefetch = sched:pre_backward(u.k)
+      fsdp:_bring(u, launch, wait)
       fsdp:_grad_buffer(u)
-      if fsdp.prefetch_bwd then fsdp:_launch_gather(fsdp:_next_backward(u)) end
+      if prefetch then fsdp:_launch_gather(fsdp.units[prefetch]) end
     end
     local gx = bwd(l, x, gy)
     if l == u.first_leaf then fsdp:_reduce(u) end
@@ -334,17 +336,9 @@ function FSDP:_wrap_leaf(leaf, u)
   end
 end
 
--- The unit whose backward probably comes after u's: the nearest earlier
--- unit whose backward has not run in this iteration (nil: none).
-function FSDP:_next_backward(u)
-  for k = u.k - 1, 1, -1 do
-    if not self.units[k].bwd_done then return self.units[k] end
-  end
-end
-
 -- Unit u's backward ended: its gradients, averaged over the group, go into
 -- its gradient shard (accumulated, as torch accumulates .grad) and its full
--- buffers are released. NO_SHARD blocks on an all_reduce; the others launch
+-- buffers are released (when the schedule says so: all but NO_SHARD). NO_SHARD blocks on an all_reduce; the others launch
 -- the reduce_scatter as async work, which the next unit's reduction (or the
 -- end of backward) finishes, so a rank goes on with the next unit's
 -- backward instead of waiting for its peers.
@@ -356,6 +350,7 @@ function FSDP:_reduce(u)
     if rd then u.grad:copy(grad) end
     u.grad_shard:add_(u.grad)
     u.grad:zero()
+    self.sched:post_backward(u.k)
   else
     self:_finish_reduce()
     local out, grad = self:_take(u.shard_numel, rd or u.dtype), u.grad_rec
@@ -367,10 +362,9 @@ function FSDP:_reduce(u)
     end
     grad.work = out.work -- the gradient buffer is read until it completes
     u.grad_rec = nil     -- so _release leaves it to _finish_reduce
-    self:_release(u)
+    if self.sched:post_backward(u.k) then self:_release(u) end
     self.reducing = {u = u, out = out, grad = grad, rd = rd}
   end
-  u.bwd_done = true
   self.stats.reduces = self.stats.reduces + 1
 end
 
@@ -400,6 +394,7 @@ function FSDP:backward(x, gy)
     -- a prefetch nobody needed (e.g. the root unit's): finish it
     if u.pending then self:_give(self:_finish_gather(u)) end
   end
+  self.sched:end_backward()
   self:_drain()
   self.gradInput = gx
   return gx
