@@ -22,6 +22,11 @@
 -- The full buffers come from a pool that backward empties when it ends, so
 -- between steps a rank holds its shards only. Every rank must call forward
 -- and backward in the same order (they are collectives).
+--
+-- The arithmetic and the bookkeeping are C's (runtime/train/fsdp.c, through
+-- core.fsdp_*): the layout, the shard ranges, the views and copies, and the
+-- schedule (crun.FSDPSched) the hooks below follow; this file launches the
+-- collectives it asks for and keeps the buffer pool.
 -- @module crun.fsdp
 local M = {}
 
