@@ -343,10 +343,11 @@ end
 
 -- Unit u's backward ended: its gradients, averaged over the group, go into
 -- its gradient shard (accumulated, as torch accumulates .grad) and its full
--- buffers are released (when the schedule says so: all but NO_SHARD). NO_SHARD blocks on an all_reduce; the others launch
--- the reduce_scatter as async work, which the next unit's reduction (or the
--- end of backward) finishes, so a rank goes on with the next unit's
--- backward instead of waiting for its peers.
+-- buffers are released (when the schedule says so: all but NO_SHARD).
+-- NO_SHARD blocks on an all_reduce; the others launch the reduce_scatter as
+-- async work, which the next unit's reduction (or the end of backward)
+-- finishes, so a rank goes on with the next unit's backward instead of
+-- waiting for its peers.
 function FSDP:_reduce(u)
   local rd = self.reduce_dtype and self.reduce_dtype ~= u.dtype and self.reduce_dtype or nil
   if self.strategy == "NO_SHARD" then
