@@ -298,6 +298,7 @@ end
 -- Waits for the gather pending on u and returns its record.
 function FSDP:_finish_gather(u)
   local rec = u.pending
+  if not rec then O.fail("ESTATE: FSDP: unit %d's gather is awaited but was never launched", u.k) end
   u.pending = nil
   rec.work:wait()
   rec.work = nil
