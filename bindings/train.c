@@ -2,8 +2,9 @@
  * the fsync / getpid helpers that crun.save uses (its raw tensor bytes come
  * from the tensor bindings: core.tensor_bytes, core.tensor_from_bytes).
  * Every function lives on the crun.core table; lua/crun/{nn,optim,
- * serialize}.lua wrap them; the sampler index math and crun.Reducer (DDP
- * gradient buckets) serve lua/crun/{data,ddp}.lua. Outputs are tensors the caller allocated. */
+ * serialize}.lua wrap them; the sampler index math, crun.Reducer (DDP
+ * gradient buckets), the ZeRO partition and the FSDP flat layout serve
+ * lua/crun/{data,ddp,zero,fsdp}.lua. Outputs are tensors the caller allocated. */
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -549,6 +550,190 @@ static int l_zero_partition(lua_State *L) {
   return 4;
 }
 
+/* ---------------------------------------------------------------- fsdp */
+
+/* fsdp_layout({numel...}, world, no_shard) -> offsets (0-based element
+ * offsets in the flat buffer), numel, padded, shard_numel */
+static int l_fsdp_layout(lua_State *L) {
+  crun_l_checktype(L, 1, LUA_TTABLE);
+  lua_Integer n = (lua_Integer)luaL_len(L, 1);
+  lua_Integer world = crun_l_check_range(L, crun_l_checkinteger(L, 2), 1, INT32_MAX, "fsdp_layout", "world size");
+  if (n > INT32_MAX / 2) return crun_l_argerror(L, 1, "too many parameters");
+  int64_t *numel = check_int_list(L, 1, n, 0, INT64_MAX);
+  int64_t *offset = lua_newuserdatauv(L, sizeof *offset * (size_t)(n > 0 ? n : 1), 0);
+  crun_fsdp_layout_t l;
+  CRUN_L_CHECK(L, crun_fsdp_layout(numel, (int)n, (int)world, lua_toboolean(L, 3), offset, &l));
+  push_list(L, offset, (size_t)n, 0);
+  lua_pushinteger(L, (lua_Integer)l.numel);
+  lua_pushinteger(L, (lua_Integer)l.padded);
+  lua_pushinteger(L, (lua_Integer)l.shard_numel);
+  return 4;
+}
+
+/* fsdp_shard_range(numel, world, rank) -> first (0-based), count, per, start
+ * (rank's shard offset in the padded buffer) */
+static int l_fsdp_shard_range(lua_State *L) {
+  lua_Integer numel = crun_l_checkinteger(L, 1);
+  lua_Integer world = crun_l_check_range(L, crun_l_checkinteger(L, 2), 1, INT32_MAX, "fsdp_shard_range", "world size");
+  lua_Integer rank = crun_l_check_range(L, crun_l_checkinteger(L, 3), 0, world - 1, "fsdp_shard_range", "rank");
+  crun_fsdp_range_t r;
+  CRUN_L_CHECK(L, crun_fsdp_shard_range((int64_t)numel, (int)world, (int)rank, &r));
+  lua_pushinteger(L, (lua_Integer)r.first);
+  lua_pushinteger(L, (lua_Integer)r.count);
+  lua_pushinteger(L, (lua_Integer)r.per);
+  lua_pushinteger(L, (lua_Integer)r.start);
+  return 4;
+}
+
+/* fsdp_view(flat, offset, {shape...}) -> a tensor of that shape over
+ * flat's elements from offset (0-based) */
+static int l_fsdp_view(lua_State *L) {
+  crun_tensor_t *flat = crun_l_check_tensor(L, 1), *v = NULL;
+  lua_Integer off = crun_l_checkinteger(L, 2);
+  crun_l_checktype(L, 3, LUA_TTABLE);
+  lua_Integer nd = (lua_Integer)luaL_len(L, 3);
+  if (nd > CRUN_MAX_DIMS) return crun_l_argerror(L, 3, "too many dims");
+  int64_t *shape = check_int_list(L, 3, nd, 0, INT64_MAX);
+  CRUN_L_CHECK(L, crun_fsdp_view(flat, (int64_t)off, (int)nd, shape, &v));
+  crun_l_push_tensor(L, v);
+  crun_tensor_release(v);
+  return 1;
+}
+
+/* Reads the tensor list at idx (n entries) into a userdata array left on
+ * the stack; the tensors stay referenced by the list. */
+static crun_tensor_t **check_tensor_list(lua_State *L, int idx, lua_Integer n) {
+  crun_tensor_t **t = lua_newuserdatauv(L, sizeof *t * (size_t)(n > 0 ? n : 1), 0);
+  for (lua_Integer k = 1; k <= n; k++) {
+    lua_geti(L, idx, k);
+    t[k - 1] = crun_l_check_tensor(L, -1);
+    lua_pop(L, 1);
+  }
+  return t;
+}
+
+/* fsdp_flatten / fsdp_unflatten(flat, {params...}, {offsets...}): copies
+ * each parameter into (out of) flat at its 0-based offset */
+static int flat_copy(lua_State *L, int (*fn)(crun_tensor_t *, crun_tensor_t *const *, const int64_t *, int)) {
+  crun_tensor_t *flat = crun_l_check_tensor(L, 1);
+  crun_l_checktype(L, 2, LUA_TTABLE);
+  crun_l_checktype(L, 3, LUA_TTABLE);
+  lua_Integer n = (lua_Integer)luaL_len(L, 2);
+  if (n > INT32_MAX / 2) return crun_l_argerror(L, 2, "too many parameters");
+  if ((lua_Integer)luaL_len(L, 3) != n) return crun_l_argerror(L, 3, "one offset per parameter expected");
+  crun_tensor_t **p = check_tensor_list(L, 2, n);
+  int64_t *off = check_int_list(L, 3, n, 0, INT64_MAX);
+  CRUN_L_CHECK(L, fn(flat, p, off, (int)n));
+  return 0;
+}
+
+static int l_fsdp_flatten(lua_State *L) { return flat_copy(L, crun_fsdp_flatten); }
+static int l_fsdp_unflatten(lua_State *L) { return flat_copy(L, crun_fsdp_unflatten); }
+
+#define SCHED_MT "crun.FSDPSched"
+
+static crun_fsdp_sched_t *check_sched(lua_State *L, int idx) {
+  crun_fsdp_sched_t **u = crun_l_checkudata(L, idx, SCHED_MT);
+  if (!*u) {
+    crun_error(CRUN_ECLOSED, "the FSDP schedule was closed");
+    crun_l_fail(L, CRUN_ECLOSED);
+  }
+  return *u;
+}
+
+/* 1-based unit argument -> 0-based (the range is the C call's to check). */
+static int check_unit_arg(lua_State *L, int idx) {
+  lua_Integer k = crun_l_checkinteger(L, idx);
+  if (k < 1 || k > INT32_MAX) return crun_l_argerror(L, idx, "unit index out of range");
+  return (int)(k - 1);
+}
+
+/* fsdp_sched_new(nunits, "FULL_SHARD"|"SHARD_GRAD_OP"|"NO_SHARD",
+ * forward_prefetch, backward_prefetch) -> crun.FSDPSched */
+static int l_fsdp_sched_new(lua_State *L) {
+  static const char *const names[] = {"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", NULL};
+  lua_Integer n = crun_l_check_range(L, crun_l_checkinteger(L, 1), 0, INT32_MAX, "fsdp_sched_new", "unit count");
+  int strategy = crun_l_checkoption(L, 2, NULL, names);
+  crun_fsdp_sched_t **u = lua_newuserdatauv(L, sizeof *u, 0);
+  *u = NULL;
+  luaL_setmetatable(L, SCHED_MT);
+  CRUN_L_CHECK(L, crun_fsdp_sched_new((int)n, (crun_fsdp_strategy_t)strategy, lua_toboolean(L, 3),
+                                      lua_toboolean(L, 4), u));
+  return 1;
+}
+
+/* Pushes a step as launch, wait (booleans), prefetch (1-based unit or nil). */
+static int push_step(lua_State *L, const crun_fsdp_step_t *st) {
+  lua_pushboolean(L, st->launch);
+  lua_pushboolean(L, st->wait);
+  if (st->prefetch < 0) lua_pushnil(L);
+  else lua_pushinteger(L, st->prefetch + 1);
+  return 3;
+}
+
+/* s:pre_forward(k, first) -> launch, wait, prefetch|nil */
+static int m_sched_pre_forward(lua_State *L) {
+  crun_fsdp_step_t st;
+  CRUN_L_CHECK(L, crun_fsdp_sched_pre_forward(check_sched(L, 1), check_unit_arg(L, 2), lua_toboolean(L, 3), &st));
+  return push_step(L, &st);
+}
+
+/* s:pre_backward(k) -> launch, wait, prefetch|nil */
+static int m_sched_pre_backward(lua_State *L) {
+  crun_fsdp_step_t st;
+  CRUN_L_CHECK(L, crun_fsdp_sched_pre_backward(check_sched(L, 1), check_unit_arg(L, 2), &st));
+  return push_step(L, &st);
+}
+
+/* s:post_forward(k) / s:post_backward(k) -> free unit k's full buffers now? */
+static int m_sched_post_forward(lua_State *L) {
+  int rc = crun_fsdp_sched_post_forward(check_sched(L, 1), check_unit_arg(L, 2));
+  CRUN_L_CHECK(L, rc);
+  lua_pushboolean(L, rc);
+  return 1;
+}
+
+static int m_sched_post_backward(lua_State *L) {
+  int rc = crun_fsdp_sched_post_backward(check_sched(L, 1), check_unit_arg(L, 2));
+  CRUN_L_CHECK(L, rc);
+  lua_pushboolean(L, rc);
+  return 1;
+}
+
+/* s:end_backward() -> how many unused prefetches were dropped */
+static int m_sched_end_backward(lua_State *L) {
+  int rc = crun_fsdp_sched_end_backward(check_sched(L, 1));
+  CRUN_L_CHECK(L, rc);
+  lua_pushinteger(L, rc);
+  return 1;
+}
+
+/* s:state(k) -> "sharded" | "gathering" | "gathered" */
+static int m_sched_state(lua_State *L) {
+  static const char *const names[] = {"sharded", "gathering", "gathered"};
+  int rc = crun_fsdp_sched_state(check_sched(L, 1), check_unit_arg(L, 2));
+  CRUN_L_CHECK(L, rc);
+  lua_pushstring(L, names[rc]);
+  return 1;
+}
+
+/* __gc / __close / s:close() */
+static int m_sched_close(lua_State *L) {
+  crun_fsdp_sched_t **u = crun_l_checkudata(L, 1, SCHED_MT);
+  crun_fsdp_sched_free(*u);
+  *u = NULL;
+  return 0;
+}
+
+static void open_fsdp_sched(lua_State *L) {
+  static const luaL_Reg methods[] = {
+      {"pre_forward", m_sched_pre_forward}, {"post_forward", m_sched_post_forward},
+      {"pre_backward", m_sched_pre_backward}, {"post_backward", m_sched_post_backward},
+      {"end_backward", m_sched_end_backward}, {"state", m_sched_state},
+      {"close", m_sched_close}, {"__gc", m_sched_close}, {"__close", m_sched_close}, {NULL, NULL}};
+  crun_l_newclass(L, SCHED_MT, methods);
+}
+
 /* ---------------------------------------------------------------- reducer */
 
 #define REDUCER_MT "crun.Reducer"
@@ -737,7 +922,11 @@ void crun_l_open_train(lua_State *L) {
       {"optim_sgd", l_sgd}, {"optim_adam", l_adam},
       {"fsync_path", l_fsync_path}, {"save_file", l_save_file}, {"getpid", l_getpid}, {"blas_threads", l_blas_threads},
       {"sampler_indices", l_sampler_indices}, {"sampler_len", l_sampler_len}, {"permutation", l_permutation},
-      {"reducer_new", l_reducer_new}, {"zero_partition", l_zero_partition}, {NULL, NULL}};
+      {"reducer_new", l_reducer_new}, {"zero_partition", l_zero_partition},
+      {"fsdp_layout", l_fsdp_layout}, {"fsdp_shard_range", l_fsdp_shard_range}, {"fsdp_view", l_fsdp_view},
+      {"fsdp_flatten", l_fsdp_flatten}, {"fsdp_unflatten", l_fsdp_unflatten}, {"fsdp_sched_new", l_fsdp_sched_new},
+      {NULL, NULL}};
   luaL_setfuncs(L, fns, 0);
   open_reducer(L);
+  open_fsdp_sched(L);
 }

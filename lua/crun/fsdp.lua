@@ -22,10 +22,16 @@
 -- The full buffers come from a pool that backward empties when it ends, so
 -- between steps a rank holds its shards only. Every rank must call forward
 -- and backward in the same order (they are collectives).
+--
+-- The arithmetic and the bookkeeping are C's (runtime/train/fsdp.c, through
+-- core.fsdp_*): the layout, the shard ranges, the views and copies, and the
+-- schedule (crun.FSDPSched) the hooks below follow; this file launches the
+-- collectives it asks for and keeps the buffer pool.
 -- @module crun.fsdp
 local M = {}
 
 local function T() return require "crun.tensor" end
+local function core() return require "crun.core" end
 local function dist() return require "crun.dist" end
 local O = require "crun.opts"
 
@@ -61,15 +67,18 @@ local function plan_units(module, min_params)
   return units
 end
 
--- Fills a unit's layout: entries {leaf, index, shape, numel, offset}, total
--- numel, padded size, shard size.
-local function layout(u, world, no_shard)
-  u.entries, u.numel = {}, 0
+-- Fills a unit's layout (the arithmetic is crun_fsdp_layout's and
+-- crun_fsdp_shard_range's): entries {leaf, index, shape, numel, offset},
+-- offsets (0-based, one per entry), total numel, padded size, shard size and
+-- shard_start (this rank's shard's offset in the padded buffer).
+local function layout(u, world, rank, no_shard)
+  u.entries = {}
+  local numels = {}
   for _, leaf in ipairs(u.leaves) do
     local ps = leaf:parameters()
     for i, p in ipairs(ps) do
-      u.entries[#u.entries + 1] = {leaf = leaf, index = i, shape = p:size(), numel = p:numel(), offset = u.numel}
-      u.numel = u.numel + p:numel()
+      u.entries[#u.entries + 1] = {leaf = leaf, index = i, shape = p:size(), numel = p:numel()}
+      numels[#u.entries] = p:numel()
     end
     u.dtype = u.dtype or (ps[1] and ps[1]:dtype())
     for _, p in ipairs(ps) do
@@ -79,17 +88,17 @@ local function layout(u, world, no_shard)
     end
   end
   u.dtype = u.dtype or "float32"
-  local per = no_shard and u.numel or (u.numel + world - 1) // world
-  u.shard_numel, u.padded = per, no_shard and u.numel or per * world
+  u.offsets, u.numel, u.padded, u.shard_numel = core().fsdp_layout(numels, world, no_shard)
+  for k, e in ipairs(u.entries) do e.offset = u.offsets[k] end
+  u.shard_start = no_shard and 0 or select(4, core().fsdp_shard_range(u.numel, world, rank))
 end
 
 --- shard_range(numel, world, rank) -> first (0-based) and count of the
 -- elements of a flat buffer of `numel` that rank owns (the padding is the
--- tail of the last shards).
+-- tail of the last shards), and the shard size.
 function M.shard_range(numel, world, rank)
-  local per = (numel + world - 1) // world
-  local first = math.min(numel, per * rank)
-  return first, math.min(numel, first + per) - first, per
+  local first, count, per = core().fsdp_shard_range(numel, world, rank)
+  return first, count, per
 end
 
 -- ---------------------------------------------------------------- construction
@@ -131,13 +140,14 @@ function M.FSDP(module, opts)
   if self.rank < 0 then O.fail("EINVAL: FSDP: this rank is not a member of the group") end
   self.units = {}
   for _, u in ipairs(plan_units(module, min_params)) do
-    layout(u, self.world, strategy == "NO_SHARD")
+    layout(u, self.world, self.rank, strategy == "NO_SHARD")
     if u.numel > 0 then -- leaves without parameters need no unit
       self.units[#self.units + 1] = u
       u.k = #self.units
       self:_shard(u)
     end
   end
+  self.sched = core().fsdp_sched_new(#self.units, strategy, self.prefetch_fwd, self.prefetch_bwd)
   for k, u in ipairs(self.units) do
     for _, leaf in ipairs(u.leaves) do self:_wrap_leaf(leaf, u) end
     u.first_leaf, u.last_leaf = u.leaves[1], u.leaves[#u.leaves]
@@ -152,18 +162,16 @@ end
 
 -- Builds unit u's shard (and gradient shard) from rank 0's parameters.
 function FSDP:_shard(u)
-  local flat = T().zeros({math.max(u.padded, 1)}, u.dtype)
-  for _, e in ipairs(u.entries) do
-    local p = e.leaf:parameters()[e.index]
-    flat:narrow(1, e.offset + 1, e.numel):copy(p:contiguous():view(e.numel))
-  end
+  local flat, ps = T().zeros({math.max(u.padded, 1)}, u.dtype), {}
+  for k, e in ipairs(u.entries) do ps[k] = e.leaf:parameters()[e.index] end
+  core().fsdp_flatten(flat, ps, u.offsets)
   local src = self.group and dist().get_global_rank(self.group, 0) or 0
   dist().broadcast(flat, src, self.copts)
   if self.strategy == "NO_SHARD" then
     u.shard = flat
     u.full, u.grad = flat, T().zeros({math.max(u.padded, 1)}, u.dtype)
   else
-    u.shard = flat:narrow(1, self.rank * u.shard_numel + 1, u.shard_numel):clone()
+    u.shard = flat:narrow(1, u.shard_start + 1, u.shard_numel):clone()
   end
   u.grad_shard = T().zeros({u.shard_numel}, u.dtype)
   u.views = {}
@@ -198,7 +206,10 @@ function FSDP:_take(n, dtype, blocks)
   local rec = {t = T().empty({math.max(n, 1)}, dtype), key = key, bytes = n * elsize(dtype)}
   if blocks then
     rec.blocks = {}
-    for r = 1, self.world do rec.blocks[r] = rec.t:narrow(1, (r - 1) * (n // self.world) + 1, n // self.world) end
+    for r = 1, self.world do
+      local _, _, per, start = core().fsdp_shard_range(n, self.world, r - 1)
+      rec.blocks[r] = rec.t:narrow(1, start + 1, per)
+    end
   end
   self.held = self.held + rec.bytes
   self.stats.peak_full_bytes = math.max(self.stats.peak_full_bytes, self.held)
@@ -232,10 +243,9 @@ end
 -- view of `flat`; the views are kept in u.views when `owned` (closed on
 -- release).
 function FSDP:_point(u, flat, setter, owned)
+  local view = core().fsdp_view
   for _, e in ipairs(u.entries) do
-    local n = flat:narrow(1, e.offset + 1, e.numel)
-    local v = n:view(table.unpack(e.shape))
-    n:close()
+    local v = view(flat, e.offset, e.shape)
     e.leaf[setter](e.leaf, e.index, v)
     if owned then u.views[#u.views + 1] = v end
   end
@@ -274,10 +284,9 @@ end
 
 -- ---------------------------------------------------------------- gathering
 
--- Launches unit u's all_gather (async) unless it is gathered or in flight.
--- The Work pins the block views (and the shard) until it completes.
+-- Launches unit u's all_gather (async; the schedule said it is due). The
+-- Work pins the block views (and the shard) until it completes.
 function FSDP:_launch_gather(u)
-  if not u or u.full or u.pending or self.strategy == "NO_SHARD" then return end
   local rec = self:_take(u.padded, u.dtype, true)
   local o = {async_op = true}
   if self.group then o.group = self.group end
@@ -289,40 +298,43 @@ end
 -- Waits for the gather pending on u and returns its record.
 function FSDP:_finish_gather(u)
   local rec = u.pending
+  if not rec then O.fail("ESTATE: FSDP: unit %d's gather is awaited but was never launched", u.k) end
   u.pending = nil
   rec.work:wait()
   rec.work = nil
   return rec
 end
 
--- Unit u's parameters are there (waiting for its gather) when this returns.
-function FSDP:_gather(u)
-  if u.full then return end
-  self:_launch_gather(u)
-  self:_materialize(u, self:_finish_gather(u))
+-- Does what the schedule's step says for unit u: launch its gather, wait
+-- for it and point the leaves at it.
+function FSDP:_bring(u, launch, wait)
+  if launch then self:_launch_gather(u) end
+  if wait then self:_materialize(u, self:_finish_gather(u)) end
 end
 
 -- ---------------------------------------------------------------- hooks
 
 -- Wraps leaf's forward and backward with the unit's gather, release,
--- prefetch and gradient reduction.
+-- prefetch and gradient reduction, as the schedule (crun_fsdp_sched: the
+-- units' states, the prefetch order, when each strategy frees a unit) says.
 function FSDP:_wrap_leaf(leaf, u)
   local cls = getmetatable(leaf)
   local fwd, bwd = cls.forward, cls.backward
-  local fsdp = self
+  local fsdp, sched = self, self.sched
   leaf.forward = function(l, x)
-    u.bwd_done = false
-    fsdp:_gather(u)
-    if l == u.first_leaf and fsdp.prefetch_fwd then fsdp:_launch_gather(fsdp.units[u.k + 1]) end
+    local launch, wait, prefetch = sched:pre_forward(u.k, l == u.first_leaf)
+    fsdp:_bring(u, launch, wait)
+    if prefetch then fsdp:_launch_gather(fsdp.units[prefetch]) end
     local y = fwd(l, x)
-    if l == u.last_leaf and fsdp.strategy == "FULL_SHARD" then fsdp:_release(u) end
+    if l == u.last_leaf and sched:post_forward(u.k) then fsdp:_release(u) end
     return y
   end
   leaf.backward = function(l, x, gy)
     if l == u.last_leaf then
-      fsdp:_gather(u)
+      local launch, wait, prefetch = sched:pre_backward(u.k)
+      fsdp:_bring(u, launch, wait)
       fsdp:_grad_buffer(u)
-      if fsdp.prefetch_bwd then fsdp:_launch_gather(fsdp:_next_backward(u)) end
+      if prefetch then fsdp:_launch_gather(fsdp.units[prefetch]) end
     end
     local gx = bwd(l, x, gy)
     if l == u.first_leaf then fsdp:_reduce(u) end
@@ -330,20 +342,13 @@ function FSDP:_wrap_leaf(leaf, u)
   end
 end
 
--- The unit whose backward probably comes after u's: the nearest earlier
--- unit whose backward has not run in this iteration (nil: none).
-function FSDP:_next_backward(u)
-  for k = u.k - 1, 1, -1 do
-    if not self.units[k].bwd_done then return self.units[k] end
-  end
-end
-
 -- Unit u's backward ended: its gradients, averaged over the group, go into
 -- its gradient shard (accumulated, as torch accumulates .grad) and its full
--- buffers are released. NO_SHARD blocks on an all_reduce; the others launch
--- the reduce_scatter as async work, which the next unit's reduction (or the
--- end of backward) finishes, so a rank goes on with the next unit's
--- backward instead of waiting for its peers.
+-- buffers are released (when the schedule says so: all but NO_SHARD).
+-- NO_SHARD blocks on an all_reduce; the others launch the reduce_scatter as
+-- async work, which the next unit's reduction (or the end of backward)
+-- finishes, so a rank goes on with the next unit's backward instead of
+-- waiting for its peers.
 function FSDP:_reduce(u)
   local rd = self.reduce_dtype and self.reduce_dtype ~= u.dtype and self.reduce_dtype or nil
   if self.strategy == "NO_SHARD" then
@@ -352,6 +357,7 @@ function FSDP:_reduce(u)
     if rd then u.grad:copy(grad) end
     u.grad_shard:add_(u.grad)
     u.grad:zero()
+    self.sched:post_backward(u.k)
   else
     self:_finish_reduce()
     local out, grad = self:_take(u.shard_numel, rd or u.dtype), u.grad_rec
@@ -363,10 +369,9 @@ function FSDP:_reduce(u)
     end
     grad.work = out.work -- the gradient buffer is read until it completes
     u.grad_rec = nil     -- so _release leaves it to _finish_reduce
-    self:_release(u)
+    if self.sched:post_backward(u.k) then self:_release(u) end
     self.reducing = {u = u, out = out, grad = grad, rd = rd}
   end
-  u.bwd_done = true
   self.stats.reduces = self.stats.reduces + 1
 end
 
@@ -396,6 +401,7 @@ function FSDP:backward(x, gy)
     -- a prefetch nobody needed (e.g. the root unit's): finish it
     if u.pending then self:_give(self:_finish_gather(u)) end
   end
+  self.sched:end_backward()
   self:_drain()
   self.gradInput = gx
   return gx
@@ -449,10 +455,13 @@ end
 function FSDP:state_dict()
   local by_leaf = {}
   for _, u in ipairs(self.units) do
-    local full = self:_full_flat(u)
-    for _, e in ipairs(u.entries) do
+    local full, ts = self:_full_flat(u), {}
+    for k, e in ipairs(u.entries) do ts[k] = T().empty(e.shape, u.dtype) end
+    core().fsdp_unflatten(full, ts, u.offsets)
+    full:close()
+    for k, e in ipairs(u.entries) do
       by_leaf[e.leaf] = by_leaf[e.leaf] or {}
-      by_leaf[e.leaf][e.index] = full:narrow(1, e.offset + 1, e.numel):view(table.unpack(e.shape)):clone()
+      by_leaf[e.leaf][e.index] = ts[k]
     end
   end
   if self.rank ~= 0 then return nil end
@@ -506,7 +515,7 @@ function FSDP:load_sharded_state_dict(parts, optim)
         off = off + t:numel()
       end
       if self.strategy == "NO_SHARD" then return full:narrow(1, 1, u.numel):clone() end
-      return full:narrow(1, self.rank * u.shard_numel + 1, u.shard_numel):clone()
+      return full:narrow(1, u.shard_start + 1, u.shard_numel):clone()
     end
     u.shard:copy(reshard(function(r) return r.shard end))
     if optim and recs[1].optim then

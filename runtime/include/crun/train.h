@@ -249,6 +249,102 @@ int crun_zero_assign(const int64_t *numel, int n, int world, int *owner, int64_t
 int crun_zero_offsets(const int64_t *numel, const int *owner, const int *key, int n, int world,
                       int nkeys, int64_t *offset, int64_t *bucket_numel);
 
+/* ---- FSDP flat parameters (runtime/train/fsdp.c). A unit's parameters
+ * live end to end in one flat buffer, in order, padded at the tail to a
+ * multiple of the world size; rank r owns the r-th of the world equal
+ * shards. None of these blocks. Bad input fails with CRUN_EINVAL, a length
+ * past INT64_MAX with CRUN_ERANGE. */
+typedef struct {
+  int64_t numel;       /* the parameters' total element count */
+  int64_t padded;      /* the flat buffer's length: numel rounded up to a
+                          multiple of world (NO_SHARD: numel) */
+  int64_t shard_numel; /* each rank's shard: padded / world (NO_SHARD: numel) */
+} crun_fsdp_layout_t;
+
+/* Lays out a unit of n parameters of numel[i] >= 0 elements on world ranks
+ * (no_shard: every rank keeps the whole unpadded buffer): offset[i] is
+ * parameter i's element offset in the flat buffer (the sum of the ones
+ * before it), *out the lengths. n = 0 is an empty unit (all lengths 0). */
+int crun_fsdp_layout(const int64_t *numel, int n, int world, int no_shard, int64_t *offset,
+                     crun_fsdp_layout_t *out);
+
+typedef struct {
+  int64_t start; /* the shard's offset in the padded buffer: rank * per */
+  int64_t per;   /* the shard length: ceil(numel / world) */
+  int64_t first; /* the first real element it holds: min(numel, start) */
+  int64_t count; /* how many real elements it holds (per - count are padding) */
+} crun_fsdp_range_t;
+
+/* The part of a flat buffer of numel elements that rank (in [0, world))
+ * owns; the padding is the tail, so only the last shards hold less than
+ * per real elements (and may hold none). */
+int crun_fsdp_shard_range(int64_t numel, int world, int rank, crun_fsdp_range_t *out);
+
+/* *out = a new view (release it) shaped `shape` (ndim dims) over the
+ * elements [offset, offset + prod(shape)) of flat, a contiguous 1-d tensor:
+ * a parameter living in the flat buffer; writes through it change flat. */
+int crun_fsdp_view(crun_tensor_t *flat, int64_t offset, int ndim, const int64_t *shape, crun_tensor_t **out);
+
+/* flatten copies each params[i] (any shape and strides, flat's dtype) into
+ * flat[offset[i], offset[i] + numel); unflatten copies the other way. flat
+ * is a contiguous 1-d tensor; a slot past its end or another dtype fails
+ * with CRUN_EINVAL naming the parameter (the ones before it are copied).
+ * A parameter must not overlap flat (use crun_fsdp_view for that). */
+int crun_fsdp_flatten(crun_tensor_t *flat, crun_tensor_t *const *params, const int64_t *offset, int n);
+int crun_fsdp_unflatten(crun_tensor_t *flat, crun_tensor_t *const *params, const int64_t *offset, int n);
+
+/* ---- FSDP schedule: the bookkeeping of a model's units (0-based, in
+ * forward order) for the caller that runs the collectives. A unit is
+ * SHARDED (its rank holds its shard only), GATHERING (its all_gather is in
+ * flight) or GATHERED (its full parameters are there); NO_SHARD units are
+ * GATHERED throughout. Each call tells the caller what to do and moves the
+ * states as if it did it: every rank makes the same calls in the same
+ * order, so they launch the same collectives in the same order. Nothing
+ * blocks; a unit out of range fails with CRUN_EINVAL. */
+typedef enum { CRUN_FSDP_FULL_SHARD, CRUN_FSDP_SHARD_GRAD_OP, CRUN_FSDP_NO_SHARD } crun_fsdp_strategy_t;
+typedef enum { CRUN_FSDP_SHARDED, CRUN_FSDP_GATHERING, CRUN_FSDP_GATHERED } crun_fsdp_unit_state_t;
+typedef struct crun_fsdp_sched crun_fsdp_sched_t;
+
+typedef struct {
+  int launch;   /* launch the unit's all_gather now */
+  int wait;     /* then wait for it and point the parameters at it */
+  int prefetch; /* then launch this unit's all_gather, async (-1: none) */
+} crun_fsdp_step_t;
+
+/* A schedule of nunits units, all SHARDED (GATHERED for NO_SHARD);
+ * prefetch_fwd / prefetch_bwd enable the prefetches below. */
+int crun_fsdp_sched_new(int nunits, crun_fsdp_strategy_t strategy, int prefetch_fwd, int prefetch_bwd,
+                        crun_fsdp_sched_t **out);
+void crun_fsdp_sched_free(crun_fsdp_sched_t *s); /* NULL is fine */
+
+/* Unit k's crun_fsdp_unit_state_t (>= 0), or a negative status. */
+int crun_fsdp_sched_state(const crun_fsdp_sched_t *s, int k);
+
+/* Unit k's forward needs its parameters: *step says whether to launch its
+ * gather and whether to wait for it (k is GATHERED after); with `first`
+ * (the unit's first leaf) and forward prefetch, unit k + 1, if SHARDED, is
+ * the prefetch (GATHERING after). Unit k's backward is pending again. */
+int crun_fsdp_sched_pre_forward(crun_fsdp_sched_t *s, int k, int first, crun_fsdp_step_t *step);
+
+/* Unit k's forward ended: returns 1 when the caller frees its full
+ * parameters now (FULL_SHARD; k is SHARDED after), else 0. */
+int crun_fsdp_sched_post_forward(crun_fsdp_sched_t *s, int k);
+
+/* Unit k's backward starts: launch/wait as in pre_forward; with backward
+ * prefetch, the prefetch is the nearest earlier unit whose backward has not
+ * run since its forward, if that one is SHARDED. */
+int crun_fsdp_sched_pre_backward(crun_fsdp_sched_t *s, int k, crun_fsdp_step_t *step);
+
+/* Unit k's backward ended (its gradients go to reduction): returns 1 when
+ * the caller frees its full parameters now (every strategy but NO_SHARD;
+ * k is SHARDED after), else 0. */
+int crun_fsdp_sched_post_backward(crun_fsdp_sched_t *s, int k);
+
+/* The model's backward ended: every GATHERING unit (a prefetch nobody
+ * needed; the caller waits for it and drops it) is SHARDED again. Returns
+ * how many there were. */
+int crun_fsdp_sched_end_backward(crun_fsdp_sched_t *s);
+
 /* ---- Convolution and pooling (runtime/train/conv.c). Images are NCHW,
  * contiguous, float32 or float64; outputs caller-allocated with the exact
  * shape. None blocks; outputs must not alias inputs. */
