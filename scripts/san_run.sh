@@ -28,7 +28,7 @@ case "$kind" in
     on="$root/leak-checked"
     mkdir -p "$on"
     for exe in lua5.4 $(find "$(dirname "$root")" -maxdepth 2 -type f -perm -u+x \
-                          \( -name 'crun-lua' -o -path '*/tests/*' -o -path '*/examples/*' -o -path '*/bench/*' \) \
+                          \( -name 'crun-lua' -o -name '*_dbl' -o -path '*/tests/*' -o -path '*/examples/*' -o -path '*/bench/*' \) \
                           -printf '%f\n'); do
       [ -e "$on/$exe" ] || echo "detect_leaks=1" >"$on/$exe"
     done
