@@ -223,6 +223,13 @@ __attribute__((destructor)) static void double_unload(void) {
   pthread_mutex_unlock(&g_mu);
   for (int i = 0; i < n; i++) {
     pthread_join(all[i]->thread, NULL);
+    pthread_mutex_lock(&g_mu);
+    for (dbl_op_t *op = all[i]->head, *next; op; op = next) { /* the dropped work */
+      next = op->next;
+      if (op->ev) event_unref_locked(op->ev);
+      free(op);
+    }
+    pthread_mutex_unlock(&g_mu);
     free(all[i]);
   }
 }
