@@ -43,7 +43,7 @@ struct ncclComm {
   int nsplits;
   atomic_int aborted;
   int inject;            /* ASYNC_ERROR names this rank */
-  int async_err;         /* ncclResult_t reported by ncclCommGetAsyncError */
+  atomic_int async_err;  /* ncclResult_t reported by ncclCommGetAsyncError (the watchdog's thread) */
   char last[256];
   struct ncclComm *next_aborted; /* the list of aborted communicators */
 };
