@@ -303,14 +303,15 @@ static int t_new(lua_State *L) {
   place_t p = read_place(L, 2, CRUN_FLOAT32);
   int rc = crun_tensor_new(p.dt, nd, shape, &t);
   if (rc < 0) crun_l_fail(L, rc);
-  crun_l_push_tensor(L, t); /* the box owns it; errors below free it */
+  crun_l_push_tensor(L, t);
+  crun_tensor_release(t); /* the box owns it now: an error below (a ragged or
+                             non-numeric table) frees it; released only after
+                             the fill, every such error leaked the tensor */
   lua_pushvalue(L, 1);
   if (nd > 0 && shape[0] > 0) nested_fill(L, t, 0, idx);
   lua_pop(L, 1);
-  if (p.dev < 0 && !p.pin) {
-    crun_tensor_release(t);
-    return 1;
-  }
+  if (p.dev < 0 && !p.pin) return 1;
+  crun_tensor_retain(t); /* push_placed drops this reference, the box keeps its own */
   return push_placed(L, 0, &t, p);
 }
 

@@ -40,6 +40,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -74,8 +75,23 @@ struct crun__agent {
   int64_t *seen;               /* each member's last heartbeat count seen ... */
   double *seen_at;             /* ... and when it last moved (own clock) */
   double last_beat;
-  char wake[CRUN_VERDICT_MAX]; /* why the watcher stopped the workers */
+  /* why the watcher stopped the workers: written by the watcher thread, read
+   * by the supervise loop once the wake-up pipe is readable, both under
+   * wake_mu (the pipe alone orders nothing in C's memory model, and
+   * ThreadSanitizer reported the read against the watcher's write) */
+  pthread_mutex_t wake_mu;
+  char wake[CRUN_VERDICT_MAX];
 };
+
+/* Sets a->wake (under wake_mu). */
+__attribute__((format(printf, 2, 3))) static void set_wake(crun__agent_t *a, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  pthread_mutex_lock(&a->wake_mu);
+  vsnprintf(a->wake, sizeof a->wake, fmt, ap);
+  pthread_mutex_unlock(&a->wake_mu);
+  va_end(ap);
+}
 
 /* The text of the last error without its leading "ENAME: ". */
 static const char *bare_error(void) {
@@ -388,6 +404,7 @@ int crun__agent_start(const crun__opts_t *o, crun__placement_t *base, crun__agen
   crun__agent_t *a = calloc(1, sizeof *a);
   if (!a) return crun_error(CRUN_ENOMEM, "out of memory");
   a->o = o;
+  pthread_mutex_init(&a->wake_mu, NULL);
   a->fail_pipe[0] = a->fail_pipe[1] = -1;
   a->host = o->c10d ? o->rdzv_host : o->master_addr;
   a->port = o->c10d ? o->rdzv_port : o->master_port;
@@ -503,7 +520,7 @@ static int c10d_look(crun__agent_t *a, crun_store_t *st) {
   if (found) {
     int node = -1, code = 0;
     sscanf(text, "%d %d", &node, &code);
-    snprintf(a->wake, sizeof a->wake, "the workers of node %d failed (exit code %d)", node, code);
+    set_wake(a, "the workers of node %d failed (exit code %d)", node, code);
     return 1;
   }
   CRUN_CHECK(get_text(st, rk(a, k, sizeof k, "change", 0), text, sizeof text, &found));
@@ -525,7 +542,7 @@ static int c10d_look(crun__agent_t *a, crun_store_t *st) {
     }
     if (found) CRUN_CHECK(set_once(st, rk(a, k, sizeof k, "change", 0), text));
   }
-  if (found) snprintf(a->wake, sizeof a->wake, "%s", text);
+  if (found) set_wake(a, "%s", text);
   return found;
 }
 
@@ -548,7 +565,7 @@ static void *watch_c10d(void *arg) {
       continue;
     }
     if (rc < 0) {
-      snprintf(a->wake, sizeof a->wake, "lost the rendezvous store: %s", crun_last_error());
+      set_wake(a, "lost the rendezvous store: %s", crun_last_error());
       store_ok = 0;
     }
     if (write(a->fail_pipe[1], "!", 1) < 0) CRUN_LOG(WARN, LAUNCH, "wake-up pipe: %s", strerror(errno));
@@ -566,7 +583,7 @@ static void *watch_main(void *arg) {
     int rc = crun_store_wait(a->watch_store, &kp, 1, WATCH_SLICE);
     if (rc == CRUN_ETIMEDOUT) continue;
     if (rc < 0) CRUN_LOG(WARN, LAUNCH, "lost the store of node 0: %s", crun_last_error());
-    snprintf(a->wake, sizeof a->wake, rc < 0 ? "lost the store of node 0" : "another node failed or went away");
+    set_wake(a, "%s", rc < 0 ? "lost the store of node 0" : "another node failed or went away");
     if (write(a->fail_pipe[1], "!", 1) < 0) CRUN_LOG(WARN, LAUNCH, "wake-up pipe: %s", strerror(errno));
     break;
   }
@@ -591,7 +608,7 @@ static int node_barrier(crun__agent_t *a, const char *ck, const char *flag, cons
 }
 
 int crun__agent_begin_attempt(crun__agent_t *a, int attempt, crun__placement_t *base) {
-  a->wake[0] = 0;
+  set_wake(a, "%s", "");
   if (a->o->c10d) {
     if (attempt > 0) CRUN_CHECK(c10d_round(a, a->round + 1, base));
     a->attempt = attempt;
@@ -617,7 +634,14 @@ int crun__agent_watch(crun__agent_t *a) {
   return 0;
 }
 
-const char *crun__agent_wake_reason(crun__agent_t *a) { return a ? a->wake : ""; }
+void crun__agent_wake_reason(crun__agent_t *a, char *buf, size_t n) {
+  if (!n) return;
+  buf[0] = 0;
+  if (!a) return;
+  pthread_mutex_lock(&a->wake_mu);
+  snprintf(buf, n, "%s", a->wake);
+  pthread_mutex_unlock(&a->wake_mu);
+}
 
 /* Stops the watcher thread and empties the wake-up pipe. */
 static void stop_watcher(crun__agent_t *a) {
@@ -828,5 +852,6 @@ void crun__agent_stop(crun__agent_t *a) {
   free(a->members);
   free(a->seen);
   free(a->seen_at);
+  pthread_mutex_destroy(&a->wake_mu);
   free(a);
 }

@@ -259,8 +259,8 @@ typedef enum {
  * and a return of 1. Returns 0, 1, or a crun status. */
 int crun__agent_end_attempt(crun__agent_t *a, int attempt, int code, int stopped, crun__next_t *next);
 
-/* Why the watcher stopped the workers ("" when it did not). */
-const char *crun__agent_wake_reason(crun__agent_t *a);
+/* Copies why the watcher stopped the workers ("" when it did not) into buf. */
+void crun__agent_wake_reason(crun__agent_t *a, char *buf, size_t n);
 
 /* Returns an fd that becomes readable when another node reported a failure
  * of the current attempt, or -1 on single-node jobs. */

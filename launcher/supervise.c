@@ -572,7 +572,7 @@ static void poll_once(sup_t *s, struct pollfd *fds, int running) {
     if (fds[0].revents) on_signals(s);
     if (fds[1].revents && !s->stopping) {
       s->fail.remote = 1;
-      snprintf(s->fail.why, sizeof s->fail.why, "%s", crun__agent_wake_reason(s->agent));
+      crun__agent_wake_reason(s->agent, s->fail.why, sizeof s->fail.why);
       begin_stop(s, SIGTERM);
     }
   }

@@ -213,7 +213,12 @@ static int op_peer(const crun__coll_t *c) {
 
 /* The ring entry of id, or NULL once a newer operation took its slot. The
  * hooks write entries without the lock (each entry has one writer at a
- * time); a dump taken meanwhile may show an entry half updated. */
+ * time); a dump taken meanwhile may show an entry half updated. Every field
+ * is written and read with relaxed atomics (plain moves on x86-64), so that
+ * a dump beside a running operation is no data race (ThreadSanitizer
+ * reported write_ring_locked against crun__obs_start). */
+#define FR_SET(e, f, v) __atomic_store_n(&(e)->f, (v), __ATOMIC_RELAXED)
+#define FR_GET(e, f) __atomic_load_n(&(e)->f, __ATOMIC_RELAXED)
 static fr_t *entry(uint64_t id) {
   if (!id || !g.nring) return NULL;
   fr_t *e = &g.ring[id % g.nring];
@@ -227,9 +232,10 @@ void crun__obs_enqueue(crun_pg_t *pg, crun_work_t *w, int queued) {
   uint64_t id = __atomic_add_fetch(&g.next_id, 1, __ATOMIC_RELAXED);
   fr_t *e = &g.ring[id % g.nring];
   __atomic_store_n(&e->id, 0, __ATOMIC_RELAXED);
-  *e = (fr_t){.seq = w->c.seq, .count = w->c.count, .bytes = op_bytes(&w->c), .t_enq = w->obs.t_enq,
-              .group = (int16_t)grp, .kind = (int8_t)w->c.kind, .dt = (int8_t)w->c.dt, .state = ST_QUEUED,
-              .peer = op_peer(&w->c)};
+  FR_SET(e, seq, w->c.seq), FR_SET(e, count, w->c.count), FR_SET(e, bytes, op_bytes(&w->c));
+  FR_SET(e, t_enq, w->obs.t_enq), FR_SET(e, t_start, 0), FR_SET(e, t_end, 0), FR_SET(e, wait, 0);
+  FR_SET(e, group, (int16_t)grp), FR_SET(e, kind, (int8_t)w->c.kind), FR_SET(e, dt, (int8_t)w->c.dt);
+  FR_SET(e, state, (int8_t)ST_QUEUED), FR_SET(e, peer, op_peer(&w->c)), FR_SET(e, status, 0);
   __atomic_store_n(&e->id, id, __ATOMIC_RELEASE);
   w->obs.id = id;
 }
@@ -240,7 +246,7 @@ void crun__obs_start(crun_pg_t *pg, crun_work_t *w) {
   w->obs.t_start = ticks();
   if (!w->obs.t_enq) w->obs.t_enq = w->obs.t_start;
   fr_t *e = entry(w->obs.id);
-  if (e) e->t_start = w->obs.t_start, e->t_enq = w->obs.t_enq, e->state = ST_STARTED;
+  if (e) FR_SET(e, t_start, w->obs.t_start), FR_SET(e, t_enq, w->obs.t_enq), FR_SET(e, state, (int8_t)ST_STARTED);
 }
 
 /* Appends an event when there is room; counts it dropped otherwise (lock held). */
@@ -266,8 +272,8 @@ void crun__obs_end(crun_pg_t *pg, crun_work_t *w, int rc, int same_thread) {
   const char *algo = same_thread ? crun__obs_algo : (pg->be ? pg->be->name : "?");
   crun__coll_t *c = &w->c;
   fr_t *e = entry(w->obs.id);
-  if (e) e->t_end = t1, e->wait = wait, e->status = rc < 0 ? rc : 0, e->peer = op_peer(c),
-         e->state = rc < 0 ? ST_FAILED : ST_DONE;
+  if (e) FR_SET(e, t_end, t1), FR_SET(e, wait, wait), FR_SET(e, status, rc < 0 ? rc : 0), FR_SET(e, peer, op_peer(c)),
+         FR_SET(e, state, (int8_t)(rc < 0 ? ST_FAILED : ST_DONE));
   if (c->kind >= 0 && c->kind < CRUN__COLL_COUNT) {
     crun__obs_stat_t *s = &pg->obs_stats[c->kind];
     stat_add(&s->ops, 1), stat_add(&s->bytes, op_bytes(c)), stat_add(&s->time_ns, t1 - t0), stat_add(&s->wait_ns, wait);
@@ -441,8 +447,13 @@ static void write_ring_locked(FILE *f) {
   uint64_t last = __atomic_load_n(&g.next_id, __ATOMIC_RELAXED);
   uint64_t first = last >= g.nring ? last - g.nring + 1 : 1;
   for (uint64_t id = first; id && id <= last; id++) {
-    const fr_t *e = &g.ring[id % g.nring];
-    if (__atomic_load_n(&e->id, __ATOMIC_ACQUIRE) != id) continue;
+    fr_t *r = &g.ring[id % g.nring];
+    if (__atomic_load_n(&r->id, __ATOMIC_ACQUIRE) != id) continue;
+    const fr_t copy = {.id = id, .seq = FR_GET(r, seq), .count = FR_GET(r, count), .bytes = FR_GET(r, bytes),
+                       .t_enq = FR_GET(r, t_enq), .t_start = FR_GET(r, t_start), .t_end = FR_GET(r, t_end),
+                       .wait = FR_GET(r, wait), .group = FR_GET(r, group), .kind = FR_GET(r, kind),
+                       .dt = FR_GET(r, dt), .state = FR_GET(r, state), .peer = FR_GET(r, peer),
+                       .status = FR_GET(r, status)}, *e = &copy;
     fprintf(f, "%llu\t%llu\t%s\t%s\t%s\t%llu\t%llu\t%s\t%d\t%d\t%llu\t%llu\t%llu\t%llu\n", (unsigned long long)e->id,
             (unsigned long long)e->seq, e->group > 0 ? g.groups[e->group - 1] : "?", crun__coll_name(e->kind),
             dt_name(e->dt), (unsigned long long)e->count, (unsigned long long)e->bytes, state_names[e->state],

@@ -43,8 +43,9 @@ struct ncclComm {
   int nsplits;
   atomic_int aborted;
   int inject;            /* ASYNC_ERROR names this rank */
-  int async_err;         /* ncclResult_t reported by ncclCommGetAsyncError */
+  atomic_int async_err;  /* ncclResult_t reported by ncclCommGetAsyncError (the watchdog's thread) */
   char last[256];
+  struct ncclComm *next_aborted; /* the list of aborted communicators */
 };
 
 #define MAX_PREMUL 64
@@ -262,9 +263,18 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm) {
 /* Marks the communicator aborted: a thread inside an operation returns at
  * once, leaving its inner work (which holds the inner group) to end by the
  * inner timeout. The communicator object itself is never freed (a thread may
- * still be leaving an operation): a few hundred bytes per aborted one. */
+ * still be leaving an operation): a few hundred bytes per aborted one, kept
+ * on a list so that LeakSanitizer sees them held, not lost (the caller drops
+ * its handle, as it must after ncclCommAbort). */
+static struct ncclComm *aborted_comms;
+static pthread_mutex_t aborted_mu = PTHREAD_MUTEX_INITIALIZER;
+
 ncclResult_t ncclCommAbort(ncclComm_t comm) {
   if (!comm || atomic_exchange(&comm->aborted, 1)) return ncclSuccess;
+  pthread_mutex_lock(&aborted_mu);
+  comm->next_aborted = aborted_comms;
+  aborted_comms = comm;
+  pthread_mutex_unlock(&aborted_mu);
   crun_pg_release(comm->pg);
   crun_store_release(comm->store);
   return ncclSuccess;
@@ -354,6 +364,11 @@ static ncclResult_t prepare(call_t *k, ncclComm_t comm, ncclDataType_t t, int ha
   return ncclSuccess;
 }
 
+/* memcpy that takes the NULL data of an empty tensor (count 0), as NCCL does */
+static void copy_out(void *dst, const void *src, size_t bytes) {
+  if (bytes) memcpy(dst, src, bytes);
+}
+
 static void *stage(const void *src, size_t bytes) {
   void *p = malloc(bytes ? bytes : 1);
   if (p && src && bytes) memcpy(p, src, bytes);
@@ -383,7 +398,7 @@ ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count, n
   scale(&k, s, count);
   crun_work_t *w = NULL;
   r = crun_pg_all_reduce(comm->pg, s, count, k.dt, k.op, NULL, &w) < 0 ? ncclSystemError : await(comm, w, "ncclAllReduce");
-  if (r == ncclSuccess) memcpy(recvbuff, s, count * k.es);
+  if (r == ncclSuccess) copy_out(recvbuff, s, count * k.es);
   return finish(&k, r, s, NULL);
 }
 
@@ -399,7 +414,7 @@ ncclResult_t ncclReduce(const void *sendbuff, void *recvbuff, size_t count, nccl
   scale(&k, s, count);
   crun_work_t *w = NULL;
   r = crun_pg_reduce(comm->pg, s, count, k.dt, k.op, root, NULL, &w) < 0 ? ncclSystemError : await(comm, w, "ncclReduce");
-  if (r == ncclSuccess && comm->rank == root) memcpy(recvbuff, s, count * k.es);
+  if (r == ncclSuccess && comm->rank == root) copy_out(recvbuff, s, count * k.es);
   return finish(&k, r, s, NULL);
 }
 
@@ -414,7 +429,7 @@ ncclResult_t ncclBroadcast(const void *sendbuff, void *recvbuff, size_t count, n
   if (!s) return ncclSystemError;
   crun_work_t *w = NULL;
   r = crun_pg_broadcast(comm->pg, s, count, k.dt, root, NULL, &w) < 0 ? ncclSystemError : await(comm, w, "ncclBroadcast");
-  if (r == ncclSuccess) memcpy(recvbuff, s, count * k.es);
+  if (r == ncclSuccess) copy_out(recvbuff, s, count * k.es);
   return finish(&k, r, s, NULL);
 }
 
@@ -437,7 +452,7 @@ ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t sendcoun
   crun_work_t *w = NULL;
   r = crun_pg_all_gather(comm->pg, outs, s, sendcount, k.dt, NULL, &w) < 0 ? ncclSystemError : await(comm, w, "ncclAllGather");
   free(outs); /* the inner work copied the list */
-  if (r == ncclSuccess) memcpy(recvbuff, d, bytes * n);
+  if (r == ncclSuccess) copy_out(recvbuff, d, bytes * n);
   return finish(&k, r, s, d);
 }
 
@@ -458,7 +473,7 @@ ncclResult_t ncclReduceScatter(const void *sendbuff, void *recvbuff, size_t recv
   r = crun_pg_reduce_scatter(comm->pg, d, ins, recvcount, k.dt, k.op, NULL, &w) < 0 ? ncclSystemError
                                                                                      : await(comm, w, "ncclReduceScatter");
   free(ins);
-  if (r == ncclSuccess) memcpy(recvbuff, d, bytes);
+  if (r == ncclSuccess) copy_out(recvbuff, d, bytes);
   return finish(&k, r, s, d);
 }
 
@@ -528,7 +543,7 @@ static ncclResult_t p2p_run(const p2p_t *ops, int n) {
     if (x == ncclSuccess && r == ncclSuccess && !o->send) {
       crun_dtype_t dt;
       dtype(o->dt, &dt);
-      memcpy(o->buf, st[i], o->count * crun_dtype_size(dt));
+      copy_out(o->buf, st[i], o->count * crun_dtype_size(dt));
     }
     if (x != ncclSuccess) r = x;
     if (!atomic_load(&o->comm->aborted)) free(st[i]);
@@ -548,5 +563,9 @@ ncclResult_t ncclGroupEnd(void) {
   if (--group_depth > 0) return ncclSuccess;
   int n = nqueued;
   nqueued = 0;
-  return n ? p2p_run(queued, n) : ncclSuccess;
+  ncclResult_t r = n ? p2p_run(queued, n) : ncclSuccess;
+  free(queued); /* thread-local: a thread that ends (a progress thread) would leak it */
+  queued = NULL;
+  capqueued = 0;
+  return r;
 }

@@ -28,6 +28,11 @@ static int env_check(void) {
   return !(e && !strcmp(e, "0"));
 }
 
+/* Publishes a new communicator to the watchdog thread, which is already
+ * running (ThreadSanitizer: data race against ncclCommInitRank's write into
+ * b->comm when it was handed &b->comm). */
+static void set_comm(crun__nccl_t *b, ncclComm_t nc) { atomic_store(&b->comm, nc); }
+
 /* Stream, events, scratch and the watchdog of a fresh state. */
 static int setup(crun__nccl_t *b, const char *what) {
   cudaError_t e;
@@ -129,8 +134,11 @@ static int nccl_create(crun_pg_t *pg, void **state) {
     crun_buf_free(&v);
   }
   if (rc == 0) {
-    ncclResult_t r = ncclCommInitRank(&b->comm, pg->size, id, pg->rank);
-    if (r != ncclSuccess) { b->comm = NULL; rc = crun__nccl_fail(r, NULL, what, pg->rank, "ncclCommInitRank"); }
+    /* the watchdog (started by setup) reads b->comm meanwhile */
+    ncclComm_t nc = NULL;
+    ncclResult_t r = ncclCommInitRank(&nc, pg->size, id, pg->rank);
+    if (r != ncclSuccess) rc = crun__nccl_fail(r, NULL, what, pg->rank, "ncclCommInitRank");
+    else set_comm(b, nc);
   }
   if (rc < 0) { nccl_destroy(b); return rc; }
   *state = b;
@@ -155,7 +163,7 @@ static int nccl_split(void *parent_state, crun_pg_t *pg, void **state) {
   ncclResult_t r = ncclCommSplit(p->comm, rc == 0 && b ? 0 : NCCL_SPLIT_NOCOLOR, b ? pg->rank : 0, &nc, NULL);
   if (r != ncclSuccess && rc == 0) rc = crun__nccl_fail(r, p->comm, what, p->pg->rank, "ncclCommSplit");
   if (!b) return rc;
-  b->comm = nc;
+  if (nc) set_comm(b, nc);
   if (rc < 0) { nccl_destroy(b); return rc; }
   *state = b;
   return 0;

@@ -32,7 +32,7 @@ typedef struct crun__nccl_op {
   double timeout;
   int device;
   int status;                   /* 0, or the failure (err holds the text) */
-  int done;
+  atomic_int done;              /* set last, after status and err (op_wait reads it without mu) */
   char *err;
   char desc[64];                /* "all_reduce #3" */
   struct crun__nccl_op *next;
@@ -40,7 +40,9 @@ typedef struct crun__nccl_op {
 
 typedef struct crun__nccl {
   crun_pg_t *pg;
-  ncclComm_t comm;
+  /* atomic: the watchdog's abort swaps it to NULL while the group's thread
+   * may be issuing an operation with it (ThreadSanitizer: data race) */
+  _Atomic(ncclComm_t) comm;
   cudaStream_t stream;
   cudaEvent_t ready;            /* recorded on the caller's stream */
   int device;

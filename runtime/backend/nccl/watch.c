@@ -28,9 +28,9 @@ void crun__nccl_op_unref(crun__nccl_op_t *op) {
 /* Fails op with (rc, text) unless it already ended. Called with mu held. */
 static void fail_op_locked(crun__nccl_op_t *op, int rc, const char *text) {
   if (op->done) return;
-  op->done = 1;
   op->status = rc;
   op->err = strdup(text);
+  atomic_store(&op->done, 1); /* after status and err: op_wait reads them once it sees done */
 }
 
 /* Removes op from the pending list. Called with mu held. */
@@ -70,8 +70,8 @@ void crun__nccl_abort_comm(crun__nccl_t *b, int rc, const char *text, int notify
       CRUN_LOG(INFO, PG, "could not post the abort notice: %s", crun_last_error());
     crun_buf_free(&old);
   }
-  if (b->comm) ncclCommAbort(b->comm);
-  b->comm = NULL;
+  ncclComm_t comm = atomic_exchange(&b->comm, NULL);
+  if (comm) ncclCommAbort(comm);
 }
 
 /* Reads the progress board: the ranks not at `desc` (who) and where every
