@@ -31,3 +31,28 @@ describe("shared-memory direct path", function()
     end)
   end
 end)
+
+-- The engine spins while it waits when every rank can have a CPU of its own,
+-- and yields when ranks must share CPUs. Judged from the whole group's
+-- affinity masks: ranks that crun-lua pinned one per CPU spin (a pinned
+-- rank's own mask, one CPU, once made every group yield, and 8-byte
+-- all_reduce at 2 ranks took twice as long).
+describe("shared-memory wait policy", function()
+  local p = io.popen("nproc")
+  local ncpu = tonumber(p:read("a")) or 1
+  p:close()
+  -- {what, ranks, extra env (and a command prefix: env runs it), expected policy}
+  local cases = {
+    {"spins for ranks pinned one per CPU", math.min(ncpu, 4), "", ncpu >= 2 and "spin" or "yield"},
+    {"yields with more ranks than CPUs", ncpu + 1, "", "yield"},
+    {"yields when every rank may only run on one CPU", 2, " taskset -c 0", "yield"},
+  }
+  for _, c in ipairs(cases) do
+    local what, n, extra, policy = table.unpack(c)
+    it(what, function()
+      local code, out = run.run(n, "spec/helpers/dist_stress.lua", "", {limit = 60, env = LOG .. extra})
+      assert.are.equal(0, code, out)
+      assert.are.equal(n, count(out, ", " .. policy .. ", direct path"), out)
+    end)
+  end
+end)

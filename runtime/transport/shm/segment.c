@@ -152,6 +152,8 @@ static int attach_all(crun__shm_comm_t *c, double deadline) {
   /* the direct path needs one heap shared by every rank; CRUN_SHM_DIRECT=0
    * publishes no heap (the bounce path under the launcher, for testing) */
   c->ctrl[c->rank].heap = crun_env_int("CRUN_SHM_DIRECT", 1) ? crun__heap_id() : 0;
+  if (sched_getaffinity(0, sizeof c->ctrl[c->rank].cpus, &c->ctrl[c->rank].cpus) != 0)
+    CPU_ZERO(&c->ctrl[c->rank].cpus); /* unknown: pick_policy assumes one CPU */
   atomic_store((_Atomic int32_t *)&c->pids[c->rank], (int32_t)getpid());
   uint32_t n = atomic_fetch_add(&c->hdr->attached, 1) + 1;
   if (n == (uint32_t)c->size) shm_unlink(c->name);
@@ -187,12 +189,27 @@ static int open_pidfds(crun__shm_comm_t *c) {
   return 0;
 }
 
+/* Whether the group's ranks must share CPUs: more ranks than the CPUs their
+ * affinity masks (published at attach) allow together, or two ranks pinned to
+ * the same single CPU. The group's masks, not this rank's own: a rank that
+ * crun-lua --cpu-bind pinned to one CPU is not oversubscribed when its peers
+ * sit on the other CPUs. */
+static int oversubscribed(const crun__shm_comm_t *c) {
+  cpu_set_t all;
+  CPU_ZERO(&all);
+  for (int q = 0; q < c->size; q++) {
+    const cpu_set_t *m = &c->ctrl[q].cpus;
+    if (CPU_COUNT(m) == 0) return c->size > 1; /* a mask we could not read */
+    CPU_OR(&all, &all, m);
+    for (int p = 0; p < q && CPU_COUNT(m) == 1; p++)
+      if (CPU_COUNT(&c->ctrl[p].cpus) == 1 && CPU_EQUAL(&c->ctrl[p].cpus, m)) return 1;
+  }
+  return c->size > CPU_COUNT(&all);
+}
+
 /* Picks spin-then-futex or yield-then-futex from ranks vs. usable cores. */
 static void pick_policy(crun__shm_comm_t *c) {
-  cpu_set_t set;
-  int ncpu = 1;
-  if (sched_getaffinity(0, sizeof set, &set) == 0) ncpu = CPU_COUNT(&set);
-  c->oversub = c->size > ncpu;
+  c->oversub = oversubscribed(c);
   c->policy_yield = c->oversub;
   const char *w = getenv("CRUN_SHM_WAIT");
   if (w && strcmp(w, "spin") == 0) c->policy_yield = 0;

@@ -13,6 +13,7 @@
 #ifndef CRUN_TRANSPORT_SHM_INT_H
 #define CRUN_TRANSPORT_SHM_INT_H
 
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
 
@@ -60,6 +61,7 @@ typedef struct {
   _Alignas(SHM_LINE) _Atomic uint32_t bell;      /* futex word, owner bumps */
   _Atomic uint32_t sleepers;                     /* waiters sleeping on bell */
   _Alignas(SHM_LINE) shm_desc_t ring[SHM_RING];  /* op descriptions by opseq */
+  cpu_set_t cpus;                                /* owner's CPU affinity at attach */
 } shm_ctrl_t;
 
 /* A one-shot slot: the header, then the payload from byte 32 on, so that a
