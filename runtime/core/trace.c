@@ -505,15 +505,44 @@ static void on_usr1(int sig) {
   errno = e;
 }
 
-static void *dump_main(void *arg) {
-  (void)arg;
+#if defined(__SANITIZE_THREAD__)
+/* ThreadSanitizer runs an asynchronous signal's handler only when the thread
+ * it reached next enters a libc function that TSan intercepts (here even
+ * when that thread sits in read()). A worker whose main thread waits where
+ * TSan cannot see it (inside glibc's system(): os.execute("sleep 30")) ran
+ * on_usr1 only when the call returned, so the launcher, which asks every
+ * worker for its recorder when a rank fails, waited out its 10 s for dumps
+ * before stopping the job. In TSan builds no handler is involved: the arming
+ * thread blocks SIGUSR1 (threads it starts later inherit that, and so do
+ * the processes the worker starts) and the dump thread takes it with
+ * sigwaitinfo. Returns 0 for a request, -1 when there will be none. */
+#define FLIGHT_SIGWAIT 1
+static int wait_request(void) {
+  sigset_t usr1;
+  sigemptyset(&usr1);
+  sigaddset(&usr1, SIGUSR1);
+  while (sigwaitinfo(&usr1, NULL) < 0)
+    if (errno != EINTR) return -1;
+  return 0;
+}
+#else
+/* Waits for on_usr1's byte on the pipe: 0 for a request, -1 for none more. */
+#define FLIGHT_SIGWAIT 0
+static int wait_request(void) {
   char b[16];
   for (;;) {
     ssize_t n = read(g.pipe[0], b, sizeof b);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return NULL;
-    if (crun_flight_dump("SIGUSR1", NULL, 0) < 0) CRUN_LOG(WARN, PG, "%s", crun_last_error());
+    return n > 0 ? 0 : -1;
   }
+}
+#endif
+
+static void *dump_main(void *arg) {
+  (void)arg;
+  while (wait_request() == 0)
+    if (crun_flight_dump("SIGUSR1", NULL, 0) < 0) CRUN_LOG(WARN, PG, "%s", crun_last_error());
+  return NULL;
 }
 
 int crun_flight_arm(void) {
@@ -535,6 +564,7 @@ int crun_flight_arm(void) {
   sigfillset(&all);
   pthread_sigmask(SIG_SETMASK, &all, &prev); /* the thread takes no signals */
   int e = pthread_create(&t, &a, dump_main, NULL);
+  if (e == 0 && FLIGHT_SIGWAIT) sigaddset(&prev, SIGUSR1); /* the dump thread takes it */
   pthread_sigmask(SIG_SETMASK, &prev, NULL);
   pthread_attr_destroy(&a);
   if (e != 0) {
