@@ -206,7 +206,7 @@ int crun__cgroup_begin(crun__cgroup_t *cg, int attempt, char *why, size_t wn);
  * costs (~9 ms on a 2-core AMD EPYC VM), runs while the launcher starts the
  * store and forks; the workers' own moves a few ms later then share it or
  * find it passed. Best effort, never blocks the caller; nothing with
- * CRUN_CGROUP=0. */
+ * CRUN_CGROUP=0 or in a sanitizer build (whose launcher forks thread-less). */
 void crun__cgroup_prewarm(void);
 
 /* In a worker: moves this process into the attempt's cgroup (0 or -errno). */
