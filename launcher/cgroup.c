@@ -77,15 +77,14 @@ static int cg_base(char *base, size_t n, char *why, size_t wn) {
 
 static void cg_sweep(const char *base);
 
-/* The prewarm thread: writes "0" (this process) to its own cgroup.procs. */
+/* The prewarm thread: writes "0" (this process) to its own cgroup.procs.
+ * It takes no lock of crun's own (no CRUN_LOG): the launcher forks workers
+ * while it may still run, and a child must not inherit a held log mutex
+ * (glibc's fork keeps malloc and stdio consistent, not crun's locks). */
 static void *prewarm_main(void *arg) {
   (void)arg;
   char base[CRUN_CGROUP_PATH - 32], why[256];
-  if (cg_base(base, sizeof base, why, sizeof why) == 0) {
-    int rc = cg_write(base, "cgroup.procs", "0");
-    CRUN_LOG(TRACE, LAUNCH, "cgroup prewarm (a move into %s, where the launcher is): %s", base,
-             rc ? strerror(-rc) : "done");
-  }
+  if (cg_base(base, sizeof base, why, sizeof why) == 0) (void)cg_write(base, "cgroup.procs", "0");
   return NULL;
 }
 
