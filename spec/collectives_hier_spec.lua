@@ -17,25 +17,25 @@ describe("collectives across fake hosts", function()
     end)
   end
 
-  it("all-reduce every element right around the split threshold (2+2, 3+1, 4+4 ranks)", function()
-    for _, job in ipairs({{4, 2}, {4, 3}, {8, 4}}) do
+  -- dist_hier_check on each {ranks, K} job (CRUN_HOST_ID=rank_div:K), with env before it
+  local function hier_check(jobs, env, limit)
+    for _, job in ipairs(jobs) do
       local code, out = run.run(job[1], "spec/helpers/dist_hier_check.lua", "",
-                                {limit = 120, env = "CRUN_HOST_ID=rank_div:" .. job[2]})
+                                {limit = limit, env = env .. "CRUN_HOST_ID=rank_div:" .. job[2]})
       assert.are.equal(0, code, out)
       assert.is_truthy(out:find("hier check ok 63 cases", 1, true), out)
     end
+  end
+
+  it("all-reduce every element right around the split threshold (2+2, 3+1, 4+4 ranks)", function()
+    hier_check({{4, 2}, {4, 3}, {8, 4}}, "", 120)
   end)
 
   it("all-reduce every element through the segment pipeline of the split (short last segment, 2+2 and 4+4)",
      function()
     -- 12000-byte segments: 1500 float32 / 750 int64 per rank and segment, so
     -- the counts from 16384 up run 3 to 700 segments, most with a short last one
-    for _, job in ipairs({{4, 2}, {8, 4}}) do
-      local code, out = run.run(job[1], "spec/helpers/dist_hier_check.lua", "",
-                                {limit = 180, env = "CRUN_HIER_SEGMENT=12000 CRUN_HOST_ID=rank_div:" .. job[2]})
-      assert.are.equal(0, code, out)
-      assert.is_truthy(out:find("hier check ok 63 cases", 1, true), out)
-    end
+    hier_check({{4, 2}, {8, 4}}, "CRUN_HIER_SEGMENT=12000 ", 180)
   end)
 
   it("run 8 oversubscribed ranks on 2 and on 3 hosts", function()
