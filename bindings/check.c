@@ -4,6 +4,7 @@
  * of crun.core starts with its status name (crun_l_argerror, module.c). */
 #include "crun_lua.h"
 
+#include <stdatomic.h>
 #include <string.h>
 
 /* The type name lauxlib reports for the value at arg: its metatable's
@@ -60,7 +61,71 @@ void crun_l_checktype(lua_State *L, int arg, int t) {
   if (lua_type(L, arg) != t) crun_l_typeerror(L, arg, lua_typename(L, t));
 }
 
+/* The metatables crun creates, found by the address of their name (the
+ * *_MT constants). luaL_testudata looks the name up in the registry, which
+ * costs ~300 instructions per argument (interning the string, a hash lookup):
+ * on a small collective's path that was an eighth of the whole call.
+ * crun_l_checkudata compares the userdata's metatable with the cached one
+ * instead. Only the Lua state that registers first is cached (crun-lua has one
+ * per process); another state, or a name not cached, takes lauxlib's lookup.
+ * When that state closes, a finalizer empties the cache before the state's
+ * tables are freed, so a stale address can never match a new table. */
+enum { MT_CACHE = 32 };
+static struct {
+  const char *_Atomic name;
+  const void *_Atomic mt;
+} mt_cache[MT_CACHE];
+static atomic_int mt_n;
+static const void *_Atomic mt_owner; /* the sentinel userdata of the caching state */
+static const char MT_SENTINEL[] = "crun.metatable_cache";
+
+static int mt_sentinel_gc(lua_State *L) {
+  const void *me = lua_topointer(L, 1);
+  if (atomic_load(&mt_owner) == me) {
+    atomic_store(&mt_n, 0);
+    atomic_store(&mt_owner, NULL);
+  }
+  return 0;
+}
+
+/* Returns 1 when this state owns the cache (claiming it when free). */
+static int mt_cache_mine(lua_State *L) {
+  if (lua_getfield(L, LUA_REGISTRYINDEX, MT_SENTINEL) == LUA_TUSERDATA) {
+    int mine = atomic_load(&mt_owner) == lua_topointer(L, -1);
+    lua_pop(L, 1);
+    return mine;
+  }
+  lua_pop(L, 1);
+  if (atomic_load(&mt_owner)) return 0;
+  lua_newuserdatauv(L, 1, 0);
+  lua_newtable(L);
+  lua_pushcfunction(L, mt_sentinel_gc);
+  lua_setfield(L, -2, "__gc");
+  lua_setmetatable(L, -2);
+  const void *me = lua_topointer(L, -1), *none = NULL;
+  lua_setfield(L, LUA_REGISTRYINDEX, MT_SENTINEL);
+  return atomic_compare_exchange_strong(&mt_owner, &none, me);
+}
+
+void crun_l_cache_metatable(lua_State *L, int idx, const char *tname) {
+  idx = lua_absindex(L, idx);
+  int n = atomic_load(&mt_n);
+  if (n >= MT_CACHE || !mt_cache_mine(L)) return;
+  atomic_store(&mt_cache[n].name, tname);
+  atomic_store(&mt_cache[n].mt, lua_topointer(L, idx));
+  atomic_store(&mt_n, n + 1);
+}
+
 void *crun_l_checkudata(lua_State *L, int arg, const char *tname) {
+  int n = atomic_load_explicit(&mt_n, memory_order_acquire);
+  for (int i = 0; i < n; i++) {
+    if (atomic_load_explicit(&mt_cache[i].name, memory_order_relaxed) != tname) continue;
+    if (lua_type(L, arg) != LUA_TUSERDATA || !lua_getmetatable(L, arg)) break;
+    int same = lua_topointer(L, -1) == atomic_load_explicit(&mt_cache[i].mt, memory_order_relaxed);
+    lua_pop(L, 1);
+    if (same) return lua_touserdata(L, arg);
+    break;
+  }
   void *p = luaL_testudata(L, arg, tname);
   if (!p) crun_l_typeerror(L, arg, tname);
   return p;

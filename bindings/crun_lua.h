@@ -39,6 +39,9 @@ const char *crun_l_optlstring(lua_State *L, int arg, const char *def, size_t *le
 #define crun_l_optstring(L, arg, def) crun_l_optlstring((L), (arg), (def), NULL)
 void crun_l_checktype(lua_State *L, int arg, int t);
 void *crun_l_checkudata(lua_State *L, int arg, const char *tname);
+/* Lets crun_l_checkudata(L, arg, tname) recognise the metatable at idx by
+ * its address; tname must be the same pointer the checks pass. */
+void crun_l_cache_metatable(lua_State *L, int idx, const char *tname);
 int crun_l_checkoption(lua_State *L, int arg, const char *def, const char *const names[]);
 #define crun_l_argcheck(L, cond, arg, msg) ((void)((cond) || crun_l_argerror((L), (arg), (msg))))
 

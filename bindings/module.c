@@ -74,6 +74,7 @@ int crun_l_argerror(lua_State *L, int arg, const char *msg) {
 
 void crun_l_newclass(lua_State *L, const char *name, const luaL_Reg *methods) {
   luaL_newmetatable(L, name);
+  crun_l_cache_metatable(L, -1, name);
   luaL_setfuncs(L, methods, 0);
   if (lua_getfield(L, -1, "__index") == LUA_TNIL) {
     lua_pop(L, 1);

@@ -1160,6 +1160,7 @@ static const luaL_Reg tensor_fns[] = {
  * table (left on the stack for the caller). */
 static void open_tensor_class(lua_State *L) {
   luaL_newmetatable(L, TENSOR_MT);
+  crun_l_cache_metatable(L, -1, TENSOR_MT);
   lua_newtable(L); /* methods */
   luaL_setfuncs(L, tensor_methods, 0);
   tensor_math_methods(L);

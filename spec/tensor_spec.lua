@@ -266,6 +266,12 @@ describe("tensor errors", function()
        "^EINVAL: bad argument #1 to 'narrow' %(number has no integer representation%)$"},
       {err_of(function() return a:add({}) end), "^EINVAL: bad argument #1 to 'add' %(number expected, got table%)$"},
       {err_of(function() return a.select({}, 1, 1) end), "^EINVAL: bad argument #1 to '[%w.?]*' %(crun.Tensor expected, got table%)$"},
+      -- another crun userdata (metatables are recognised by address: bindings/check.c)
+      {err_of(function() return a.select(T.Generator(1), 1, 1) end),
+       "^EINVAL: bad argument #1 to '[%w.?]*' %(crun.Tensor expected, got crun.Generator%)$"},
+      {err_of(function() return a.select(io.stdout, 1, 1) end),
+       "^EINVAL: bad argument #1 to '[%w.?]*' %(crun.Tensor expected, got FILE%*%)$"},
+      {err_of(T.rand, {2}, {generator = a}), "crun.Generator expected, got crun.Tensor"},
       {err_of(T.arange, "x"), "^EINVAL: bad argument #1 to '[%w.]*arange' %(number expected"},
     }
     for i, c in ipairs(cases) do

@@ -302,7 +302,7 @@ function dist.all_reduce(t, op, opts)
   -- the common call (default group, no options) goes straight to the binding:
   -- with more ranks than cores every instruction of every rank adds latency
   local pg = state.pg
-  if opts == nil and pg and type(op) ~= "table" then return pg:all_reduce(t, op) end
+  if opts == nil and pg and (op == nil or type(op) ~= "table") then return pg:all_reduce(t, op) end
   op, opts = split_op(op, opts, COLL, "all_reduce")
   local g = group_of(opts, "all_reduce")
   if g then return g:all_reduce(t, op, opts) end

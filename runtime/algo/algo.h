@@ -28,6 +28,9 @@ typedef struct crun__link {
   int (*xfer)(void *impl, crun__coll_t *c, const crun__xfer_t *x);
   /* Returns a buffer of at least n bytes valid until the next call (cached). */
   void *(*scratch)(void *impl, size_t n);
+  /* CRUN_ALGO as it was when the group was made ("" when unset), read once
+   * rather than on every call; NULL: read the environment per call */
+  const char *algo;
 } crun__link_t;
 
 typedef int (*crun__algo_fn)(crun__link_t *l, crun__coll_t *c);
@@ -39,8 +42,9 @@ typedef struct {
 } crun__algo_t;
 
 /* Picks the algorithm for c on a group of `size` ranks: CRUN_ALGO when it
- * names one for c's kind, else by message size and world size. */
-const crun__algo_t *crun__algo_pick(const crun__coll_t *c, int size);
+ * names one for c's kind, else by message size and world size. algo_env is
+ * CRUN_ALGO's value (NULL: getenv it). */
+const crun__algo_t *crun__algo_pick(const crun__coll_t *c, int size, const char *algo_env);
 
 /* Helpers shared by the algorithms. */
 static inline size_t crun__esize(const crun__coll_t *c) { return crun_dtype_size(c->dt); }

@@ -34,8 +34,8 @@ static const crun__algo_t *const all_algos[] = {
 };
 
 /* Returns the algorithm for `kind` named in the comma list CRUN_ALGO, or NULL. */
-static const crun__algo_t *env_pick(int kind) {
-  const char *env = getenv("CRUN_ALGO");
+static const crun__algo_t *env_pick(int kind, const char *env) {
+  if (!env) env = getenv("CRUN_ALGO");
   if (!env || !*env) return NULL;
   for (size_t i = 0; i < sizeof all_algos / sizeof all_algos[0]; i++) {
     const crun__algo_t *a = all_algos[i];
@@ -50,8 +50,8 @@ static const crun__algo_t *env_pick(int kind) {
   return NULL;
 }
 
-const crun__algo_t *crun__algo_pick(const crun__coll_t *c, int size) {
-  const crun__algo_t *a = env_pick(c->kind);
+const crun__algo_t *crun__algo_pick(const crun__coll_t *c, int size, const char *algo_env) {
+  const crun__algo_t *a = env_pick(c->kind, algo_env);
   if (a) return a;
   size_t bytes = c->count * crun_dtype_size(c->dt);
   switch (c->kind) {

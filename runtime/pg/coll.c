@@ -10,8 +10,9 @@
 /* Allocates a work for kind on pg with the per-call options applied. */
 static crun_work_t *work_new(crun_pg_t *pg, int kind, crun_dtype_t dt, size_t count,
                              const crun_coll_opts_t *o) {
-  crun_work_t *w = calloc(1, sizeof *w);
-  if (!w) return NULL;
+  crun_work_t *w = CRUN__WORK_SPARE ? atomic_exchange(&pg->spare, NULL) : NULL;
+  if (w) memset(w, 0, sizeof *w);
+  else if (!(w = calloc(1, sizeof *w))) return NULL;
   atomic_init(&w->refs, 1);
   crun_pg_retain(pg);
   w->pg = pg;

@@ -285,6 +285,7 @@ void crun_pg_release(crun_pg_t *pg) {
   free(pg->broken);
   free(pg->prefix);
   free(pg->global);
+  free(atomic_exchange(&pg->spare, NULL));
   free(pg);
 }
 

@@ -107,7 +107,17 @@ struct crun_pg {
   /* observation (core/trace.c): counters per op, the group's timeline index */
   crun__obs_stat_t obs_stats[CRUN__COLL_COUNT];
   int obs_group;
+  /* one released Work kept for the next call (coll.c work_new, work.c
+   * work_unref): a blocking collective then costs no malloc/free */
+  struct crun_work *_Atomic spare;
 };
+
+/* Sanitizer builds free every Work, so that ASan sees a use after release. */
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define CRUN__WORK_SPARE 0
+#else
+#define CRUN__WORK_SPARE 1
+#endif
 
 struct crun_work {
   atomic_int refs;

@@ -286,6 +286,10 @@ static void work_unref(crun_work_t *w) {
   crun__coll_free(&w->c);
   free(w->scratch);
   free(w->err);
+  /* the caller still holds w's group reference: keep w as the group's spare
+   * when it has none (crun_pg_release frees it) */
+  crun_work_t *none = NULL;
+  if (CRUN__WORK_SPARE && atomic_compare_exchange_strong(&w->pg->spare, &none, w)) return;
   free(w);
 }
 

@@ -4,6 +4,7 @@
  * CRUN_TRANSPORT and the ranks' hosts) supports the call, in which case it
  * runs it. */
 #include <stdlib.h>
+#include <string.h>
 
 #include "algo/algo.h"
 #include "backend/backend.h"
@@ -19,6 +20,7 @@ typedef struct {
   int has_engine;
   crun__engine_t engine;
   crun__link_t link;      /* the TCP link, for engines that use it */
+  char *algo;             /* CRUN_ALGO when the group was made */
 } cpu_t;
 
 static int link_xfer(void *impl, crun__coll_t *c, const crun__xfer_t *x) {
@@ -43,12 +45,18 @@ static int cpu_create(crun_pg_t *pg, void **state) {
   crun__transport_t mode;
   int rc = crun__cpu_transport(&mode);
   if (rc == 0) rc = crun__tcp_open(pg, &b->tcp);
+  const char *algo = getenv("CRUN_ALGO");
+  if (rc == 0 && !(b->algo = strdup(algo ? algo : ""))) {
+    crun__tcp_close(b->tcp);
+    rc = crun_error(CRUN_ENOMEM, "cpu backend");
+  }
   if (rc < 0) { free(b); return rc; }
-  b->link = (crun__link_t){pg->rank, pg->size, b, link_xfer, link_scratch};
+  b->link = (crun__link_t){pg->rank, pg->size, b, link_xfer, link_scratch, b->algo};
   rc = crun__cpu_engine_open(pg, mode, &b->link, &b->engine);
   b->has_engine = rc == 0;
   if (rc < 0 && rc != CRUN_ENOTSUP) {
     crun__tcp_close(b->tcp);
+    free(b->algo);
     free(b);
     return rc;
   }
@@ -66,6 +74,7 @@ static void cpu_destroy(void *state) {
   if (b->has_engine && b->engine.destroy) b->engine.destroy(b->engine.state);
   crun__tcp_close(b->tcp);
   free(b->scratch);
+  free(b->algo);
   free(b);
 }
 
@@ -113,7 +122,7 @@ static int needs_widening(const crun__coll_t *c) {
 }
 
 int crun__cpu_run_link(crun__link_t *l, crun__coll_t *c) {
-  const crun__algo_t *a = crun__algo_pick(c, l->size);
+  const crun__algo_t *a = crun__algo_pick(c, l->size, l->algo);
   if (!a) return crun_error(CRUN_ENOTSUP, "cpu backend: no algorithm for %s", crun__coll_name(c->kind));
   if (crun__obs_on) crun__obs_algo = a->name;
   CRUN_LOG(TRACE, COLL, "%s #%llu: %s, %zu x %s on %d ranks", crun__coll_name(c->kind),

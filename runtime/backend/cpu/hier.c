@@ -145,7 +145,7 @@ static double left(const crun__coll_t *c) {
 /* Runs c (kind, root in representative indices) among reps over TCP. */
 static int reps_run(hier_t *h, crun__coll_t *c) {
   sub_t s = {&h->base, h->reps};
-  crun__link_t l = {h->host, h->nhosts, &s, sub_xfer, sub_scratch};
+  crun__link_t l = {h->host, h->nhosts, &s, sub_xfer, sub_scratch, h->base.algo};
   return crun__cpu_run_link(&l, c);
 }
 
@@ -360,7 +360,7 @@ static int h_all_reduce_split(hier_t *h, crun__coll_t *c, crun__coll_t *s) {
 static int h_all_reduce(hier_t *h, crun__coll_t *c) {
   crun__coll_t s = *c;
   if (c->op == CRUN_OP_AVG) s.op = CRUN_OP_SUM;
-  crun__link_t all = {h->pg->rank, h->pg->size, NULL, NULL, NULL};
+  crun__link_t all = {h->pg->rank, h->pg->size, NULL, NULL, NULL, NULL};
   if (h->column && c->count * crun_dtype_size(c->dt) >= h->split_bytes &&
       c->count % (size_t)crun__shm_comm_size(h->comm) == 0) {
     CRUN_CHECK(h_all_reduce_split(h, c, &s));
@@ -404,7 +404,7 @@ static int h_reduce(hier_t *h, crun__coll_t *c) {
   if (rc == 0 && is_rep(h)) rc = reps_stage(h, &s);
   if (!root) free(tmp);
   if (rc < 0 || !root) return rc;
-  crun__link_t all = {h->pg->rank, h->pg->size, NULL, NULL, NULL};
+  crun__link_t all = {h->pg->rank, h->pg->size, NULL, NULL, NULL, NULL};
   return crun__finish_avg(&all, c, c->buf, c->count);
 }
 
