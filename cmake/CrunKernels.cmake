@@ -4,7 +4,7 @@
 # Real build (CRUN_HAVE_CUDA; CMakeLists.txt enables the CUDA language and
 # adds the launchers runtime/cuda/*.cu to libcrunrt for CMAKE_CUDA_ARCHITECTURES):
 # nvcc compiles them without fused multiply-add contraction (-fmad=false) so
-# that every body rounds as the CPU kernels do, and libcrunrt links cuBLAS.
+# that every body rounds as the CPU kernels do; cuBLAS is dlopen'ed by gemm.cu.
 # A build without CUDA gets runtime/cuda/launch_off.c. The C bodies
 # (runtime/cuda/kernels/*.h) are also tested on the host in every build:
 # c.test_cuda_kernels links the host launchers of tests/gpu_double/launch_host.c.
@@ -16,10 +16,14 @@ file(GLOB CRUN_CUDA_KERNEL_SOURCES CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/runti
 if(CRUN_HAVE_CUDA AND CRUN_CUDA_KERNEL_SOURCES)
   target_compile_options(crunrt_obj PRIVATE
     $<$<COMPILE_LANGUAGE:CUDA>:-fmad=false -Xcompiler=-fno-exceptions,-fno-threadsafe-statics>)
-  target_link_libraries(crunrt_obj PUBLIC CUDA::cublas)
-  foreach(t crunrt crunrt_static)
-    target_link_libraries(${t} PUBLIC CUDA::cublas)
-  endforeach()
+  # cuBLAS is opened at the first device GEMM (gemm.cu), not linked
+  get_target_property(CRUN_CUBLAS_FILE CUDA::cublas IMPORTED_LOCATION)
+  if(NOT CRUN_CUBLAS_FILE)
+    get_target_property(CRUN_CUBLAS_FILE CUDA::cublas LOCATION)
+  endif()
+  target_compile_definitions(crunrt_obj PRIVATE CRUN_CUBLAS_PATH="${CRUN_CUBLAS_FILE}"
+    CRUN_CUBLAS_SONAME="libcublas.so.${CUDAToolkit_VERSION_MAJOR}")
+  target_link_libraries(crunrt_obj PUBLIC ${CMAKE_DL_LIBS})
 endif()
 
 if(TARGET test_cuda_kernels)

@@ -299,3 +299,20 @@ describe("random factories' options", function()
     assert.are.same(T.rand(2, 2, {seed = 9}):totable(), T.rand({2, 2}, {seed = 9}):totable())
   end)
 end)
+
+describe("libraries", function()
+  -- cuBLAS is opened at the first GEMM on a device (runtime/cuda/gemm.cu):
+  -- mapping it costs every process ~95 MiB of private memory and ~160 ms
+  it("a CPU-only process maps OpenBLAS at its first matmul and never cuBLAS", function()
+    local function mapped(name)
+      for line in io.lines("/proc/self/maps") do
+        if line:find(name, 1, true) then return true end
+      end
+      return false
+    end
+    local a = T.ones({8, 8})
+    assert.are.equal(64 * 8, a:matmul(a):sum())
+    assert.is_true(mapped("libopenblas"), "OpenBLAS should be mapped after a matmul")
+    assert.is_false(mapped("libcublas"), "cuBLAS is mapped in a process that never used a GPU")
+  end)
+end)
