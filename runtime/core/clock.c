@@ -1,5 +1,6 @@
 /* clock.c — monotonic clocks and environment parsing. */
 #include "crun.h"
+#include "core/clock_int.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -12,6 +13,15 @@ uint64_t crun_clock_ns(void) {
 }
 
 double crun_clock(void) { return (double)crun_clock_ns() * 1e-9; }
+
+double crun__clock_coarse(void) {
+  struct timespec ts;
+#ifdef CLOCK_MONOTONIC_COARSE
+  if (clock_gettime(CLOCK_MONOTONIC_COARSE, &ts) == 0) return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+#endif
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
 
 long crun_env_int(const char *name, long def) {
   const char *s = getenv(name);

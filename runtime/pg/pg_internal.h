@@ -7,6 +7,7 @@
 #include <stdatomic.h>
 
 #include "crun.h"
+#include "core/clock_int.h"
 #include "core/trace_int.h"
 
 /* Every operation a group runs; also the `kind` byte of a wire header. */

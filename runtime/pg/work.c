@@ -65,7 +65,7 @@ int crun__pg_execute(crun_pg_t *pg, crun_work_t *w) {
   } else if (!fn) {
     rc = crun_error(CRUN_ENOTSUP, "%s is not supported by backend %s", crun__coll_name(c->kind), be->name);
   } else {
-    c->deadline = crun_clock() + c->timeout;
+    c->deadline = crun__clock_coarse() + c->timeout;
     crun__pg_mark(pg, c);
     rc = 0;
     if (be == pg->be_dev && !state) { /* "auto": the first CUDA collective connects it */

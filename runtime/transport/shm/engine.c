@@ -69,7 +69,7 @@ int crun__shm_begin(crun__shm_comm_t *c, shm_kind_t kind, crun_dtype_t dt,
   c->sig = (uint64_t)kind | (uint64_t)dt << 8 | (uint64_t)(uses_op ? op : 0) << 16 |
            (uint64_t)(uses_root ? root + 1 : 0) << 24;
   c->op_timeout = timeout > 0 ? timeout : c->timeout;
-  c->deadline = crun_clock() + c->op_timeout;
+  c->deadline = crun__clock_coarse() + c->op_timeout;
   /* A peer aborted the communicator: fail now, even when the peers' data for
    * this op is already there (a late rank must not succeed where they failed). */
   CRUN_CHECK(crun__shm_check_abort(c));

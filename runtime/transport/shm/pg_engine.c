@@ -106,7 +106,7 @@ static int dispatch(crun__shm_comm_t *s, crun__coll_t *c, double t) {
  * numbered as the group numbers it; a timeout also says where every rank is. */
 static int eng_run(void *state, crun__coll_t *c) {
   eng_t *e = state;
-  double t = c->deadline > 0 ? c->deadline - crun_clock() : c->timeout;
+  double t = c->deadline > 0 ? c->deadline - crun__clock_coarse() : c->timeout;
   if (t <= 0) t = 1e-3;
   crun__shm_comm_label(e->comm, c->seq);
   return crun__pg_timeout_report(e->pg, dispatch(e->comm, c, t));

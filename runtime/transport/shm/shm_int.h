@@ -17,6 +17,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
+#include "core/clock_int.h"
 #include "transport/shm/shm.h"
 
 #define SHM_LINE 64
