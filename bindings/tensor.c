@@ -4,6 +4,7 @@
  * the Lua side (Torch7 style); negative dims count from the end. */
 #include "crun_lua.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,12 +29,34 @@ crun_tensor_t *crun_l_check_tensor(lua_State *L, int idx) {
   return box->t;
 }
 
+/* Lua's collector sees a tensor as its 16-byte box, not the storage behind
+ * it, and paces itself by what Lua allocates: a loop that makes 1 MiB
+ * temporaries held hundreds of them before a cycle ran (jobs/train.lua at
+ * hidden 512, 4 ranks: a rank's memory grew 8 MiB with every evaluation
+ * pass, to twice what it uses). So every tensor handed to Lua counts its
+ * bytes as allocation debt: each MiB of it is passed to the collector as an
+ * incremental step of that size (LUA_GCSTEP), which paces the cycles as if
+ * Lua had allocated the storage. CRUN_GC_TENSORS=0 turns it off. */
+static _Thread_local size_t gc_debt;
+static int gc_tensors = -1;
+
+static void count_tensor_bytes(lua_State *L, const crun_tensor_t *t) {
+  if (gc_tensors < 0) gc_tensors = crun_env_int("CRUN_GC_TENSORS", 1) != 0;
+  if (!gc_tensors) return;
+  gc_debt += crun_tensor_nbytes(t);
+  if (gc_debt < ((size_t)1 << 20)) return;
+  size_t kb = gc_debt >> 10;
+  gc_debt = 0;
+  lua_gc(L, LUA_GCSTEP, kb > INT_MAX ? INT_MAX : (int)kb);
+}
+
 void crun_l_push_tensor(lua_State *L, crun_tensor_t *t) {
   tbox *box = lua_newuserdatauv(L, sizeof *box, 0);
   box->t = t;
   box->pins = 0;
   crun_tensor_retain(t);
   luaL_setmetatable(L, TENSOR_MT);
+  count_tensor_bytes(L, t);
 }
 
 int crun_l_tensor_pin(lua_State *L, int idx, int delta) {

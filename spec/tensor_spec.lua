@@ -316,3 +316,25 @@ describe("libraries", function()
     assert.is_false(mapped("libcublas"), "cuBLAS is mapped in a process that never used a GPU")
   end)
 end)
+
+describe("garbage collection", function()
+  -- Lua sees a tensor as a small box; crun counts the storage's bytes as
+  -- allocation debt (bindings/tensor.c), so a loop of big temporaries does
+  -- not hold hundreds of dead ones before a cycle runs
+  -- (in the incremental mode crun-lua runs; lua5.4's standalone interpreter
+  -- turns on the generational mode, where a temporary still referenced at
+  -- two collections becomes old and waits for a major one)
+  it("paces Lua's collector by tensor bytes", function()
+    local mode = collectgarbage("incremental")
+    finally(function() collectgarbage(mode) end)
+    collectgarbage("collect")
+    local alive = setmetatable({}, {__mode = "k"})
+    for i = 1, 200 do
+      local tmp = T.full({256, 1024}, i) -- 1 MiB of float32
+      alive[tmp] = true
+    end
+    local n = 0
+    for _ in pairs(alive) do n = n + 1 end
+    assert.is_true(n < 60, n .. " of 200 dead 1 MiB temporaries are still alive")
+  end)
+end)
