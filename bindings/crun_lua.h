@@ -52,6 +52,11 @@ int crun_l_checkoption(lua_State *L, int arg, const char *def, const char *const
     if (crun__l_rc < 0) crun_l_fail((L), crun__l_rc);   \
   } while (0)
 
+/* Whether f is a binding that inserts a hidden self before the caller's
+ * arguments (pg.c's dist.all_reduce fast path): its argument errors count
+ * as a method's. */
+int crun_l_hidden_self(lua_CFunction f);
+
 /* Sets the functions of `fns` into a new metatable named `name` (with
  * __index pointing at itself) and leaves nothing on the stack. */
 void crun_l_newclass(lua_State *L, const char *name, const luaL_Reg *methods);

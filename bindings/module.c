@@ -57,6 +57,7 @@ int crun_l_argerror(lua_State *L, int arg, const char *msg) {
   const char *name = "?";
   if (lua_getstack(L, 0, &ar)) {
     lua_getinfo(L, "nf", &ar);
+    int hidden_self = lua_iscfunction(L, -1) && crun_l_hidden_self(lua_tocfunction(L, -1));
     if (ar.name) {
       name = ar.name;
       lua_pop(L, 1);
@@ -64,7 +65,7 @@ int crun_l_argerror(lua_State *L, int arg, const char *msg) {
       const char *g = global_func_name(L);
       if (g) name = g;
     }
-    if (ar.namewhat && strcmp(ar.namewhat, "method") == 0) {
+    if (hidden_self || (ar.namewhat && strcmp(ar.namewhat, "method") == 0)) {
       arg--; /* self is not counted, as luaL_argerror does */
       if (arg == 0) return crun_l_error(L, "EINVAL: calling '%s' on bad self (%s)", name, msg);
     }

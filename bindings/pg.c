@@ -191,6 +191,42 @@ static int l_all_reduce(lua_State *L) {
   return finish(L, rc, w, async, 2, 2, 2);
 }
 
+/* dist.all_reduce(t[, op][, opts]) as a C closure over (state, key "pg",
+ * the Lua dist.all_reduce): the common call, on the default group with no
+ * options, goes straight to l_all_reduce with the group inserted as self; any
+ * other call goes to the Lua function. This saves a Lua call frame per
+ * operation (~500 instructions of a ~3,000-instruction 2-rank 8-byte
+ * all_reduce). crun_l_argerror counts the inserted self as a method's
+ * (crun_l_hidden_self), so errors name the user's argument numbers. */
+static int l_dist_all_reduce(lua_State *L) {
+  int n = lua_gettop(L);
+  if (n <= 2 && (n < 2 || !lua_istable(L, 2))) {
+    lua_pushvalue(L, lua_upvalueindex(2));
+    if (lua_rawget(L, lua_upvalueindex(1)) == LUA_TUSERDATA) {
+      lua_insert(L, 1);
+      return l_all_reduce(L);
+    }
+    lua_pop(L, 1);
+  }
+  lua_pushvalue(L, lua_upvalueindex(3));
+  lua_insert(L, 1);
+  lua_call(L, n, LUA_MULTRET);
+  return lua_gettop(L);
+}
+
+int crun_l_hidden_self(lua_CFunction f) { return f == l_dist_all_reduce; }
+
+/* core.fast_all_reduce(state, slow) -> the closure above */
+static int l_fast_all_reduce(lua_State *L) {
+  crun_l_checktype(L, 1, LUA_TTABLE);
+  crun_l_checktype(L, 2, LUA_TFUNCTION);
+  lua_pushvalue(L, 1);
+  lua_pushliteral(L, "pg");
+  lua_pushvalue(L, 2);
+  lua_pushcclosure(L, l_dist_all_reduce, 3);
+  return 1;
+}
+
 /* pg:broadcast(t, src[, opts]) */
 static int l_broadcast(lua_State *L) {
   crun_pg_t *pg = check_pg(L, 1);
@@ -669,4 +705,6 @@ void crun_l_open_pg(lua_State *L) {
   crun_l_newclass(L, WORK_MT, work_methods);
   lua_pushcfunction(L, l_pg_new);
   lua_setfield(L, -2, "pg_new");
+  lua_pushcfunction(L, l_fast_all_reduce);
+  lua_setfield(L, -2, "fast_all_reduce");
 }

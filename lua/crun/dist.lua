@@ -307,6 +307,9 @@ function dist.all_reduce(t, op, opts)
   local g = group_of(opts, "all_reduce")
   if g then return g:all_reduce(t, op, opts) end
 end
+-- the common call without a Lua frame: a C closure takes it and hands any
+-- other call to the function above (core.fast_all_reduce, bindings/pg.c)
+dist.all_reduce = core.fast_all_reduce(state, dist.all_reduce)
 
 function dist.broadcast(t, src, opts)
   local pg = state.pg
