@@ -60,6 +60,10 @@ struct crun_store_server {
   int draining;
   double spin;                /* seconds the loop polls after a request before it blocks */
   double active_at;           /* when the last request arrived (crun_clock) */
+  int ncpus;                  /* CPUs of this machine */
+  double round_at;            /* when the current round of ACTIVE_ROUND began */
+  unsigned round;             /* its number */
+  int round_conns, busy_conns;/* clients heard from in it, and in the round before */
 };
 
 struct conn {
@@ -76,6 +80,7 @@ struct conn {
   conn_t *rnext;         /* srv->ready */
   int parked, in_ready, closing, throttled;
   int authed;              /* passed the challenge-response (core/auth.h) */
+  unsigned round;          /* the last round of ACTIVE_ROUND it sent a request in */
   uint64_t ticket;         /* a parked QUEUE_POP's place in line (0: none) */
   uv_timer_t timer;        /* that QUEUE_POP's deadline (when has_timer) */
   int has_timer, handles;  /* handles: open libuv handles (freed at 0) */
@@ -113,6 +118,8 @@ enum { FRAME_DONE, FRAME_PARK, FRAME_CLOSE };
  * each for at most HANDSHAKE_SECONDS. */
 #define PENDING_MAX 1024
 #define HANDSHAKE_SECONDS 10.0
+/* Clients that sent a request within this many seconds count as busy. */
+#define ACTIVE_ROUND 1e-3
 /* Replies buffered for one connection before they are written mid-pass. */
 #define OUT_FLUSH ((size_t)64 << 10)
 
@@ -697,6 +704,21 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *out) {
   *out = uv_buf_init((char *)c->buf + c->len, (unsigned)(c->cap - c->len > 1u << 30 ? 1u << 30 : c->cap - c->len));
 }
 
+/* Records that c sent a request now: the time (spinning) and whether it is
+ * a client not yet heard from in this round (busy_conns, max_busy). */
+static void note_active(conn_t *c) {
+  crun_store_server_t *srv = c->srv;
+  double now = crun_clock();
+  srv->active_at = now;
+  if (now - srv->round_at > ACTIVE_ROUND) {
+    srv->busy_conns = srv->round_conns;
+    srv->round_conns = 0;
+    srv->round_at = now;
+    srv->round++;
+  }
+  if (c->round != srv->round) c->round = srv->round, srv->round_conns++;
+}
+
 static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
   conn_t *c = st->data;
   if (nread == UV_ENOBUFS) return conn_close(c, "out of memory for the read buffer");
@@ -707,7 +729,7 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
     return conn_close(c, NULL);
   }
   c->len += (size_t)nread;
-  c->srv->active_at = crun_clock();
+  note_active(c);
   if (c->parked && c->len - c->off > 4 + (size_t)crun__get_u32(c->buf + c->off) + PARKED_BACKLOG_MAX)
     return conn_close(c, "over 64 MiB sent behind a parked request");
   if (!c->parked) serve_conn(c);
@@ -825,15 +847,27 @@ static void on_stop(uv_async_t *a) {
   uv_close((uv_handle_t *)&srv->stop_async, NULL);
 }
 
+/* Whether the loop should poll rather than sleep now: within srv->spin of
+ * the last request, and while fewer clients are busy than there are CPUs.
+ * With as many busy clients as CPUs no CPU is left idle to poll on: a
+ * polling server only yields to the clients it should be serving, and
+ * each sched_yield puts it at the back of the run queue behind them. */
+static int should_spin(crun_store_server_t *srv) {
+  if (srv->spin <= 0 || crun_clock() - srv->active_at >= srv->spin) return 0;
+  int busy = srv->busy_conns > srv->round_conns ? srv->busy_conns : srv->round_conns;
+  return busy < srv->ncpus;
+}
+
 /* The loop: for srv->spin after each request it polls (an epoll_wait that
  * does not block, then sched_yield) instead of sleeping, so the next
  * request of a client that asks again at once finds this thread awake and
- * wakes no halted vCPU (tcp_proto.h, "Spinning"); then it blocks in
- * epoll_wait until the next event. Ends when no handle is left (on_stop). */
+ * wakes no halted vCPU (tcp_proto.h, "Spinning"), unless the clients keep
+ * every CPU busy (should_spin); then it blocks in epoll_wait until the
+ * next event. Ends when no handle is left (on_stop). */
 static void server_thread(void *arg) {
   crun_store_server_t *srv = arg;
   for (;;) {
-    int spinning = srv->spin > 0 && crun_clock() - srv->active_at < srv->spin;
+    int spinning = should_spin(srv);
     if (!uv_run(&srv->loop, spinning ? UV_RUN_NOWAIT : UV_RUN_ONCE)) break;
     if (spinning) sched_yield();
   }
@@ -966,6 +1000,8 @@ int crun_store_server_start_token(const char *host, int port, const char *token,
   }
   raise_fd_limit();
   srv->spin = crun__store_spin_seconds();
+  long ncpus = sysconf(_SC_NPROCESSORS_ONLN); /* the machine's: clients may run on any */
+  srv->ncpus = ncpus > 0 ? (int)ncpus : 1;
   int arc = crun__auth_init(&srv->auth, token ? token : getenv("CRUN_TOKEN"));
   if (arc < 0) {
     server_free(srv);
