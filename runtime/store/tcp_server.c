@@ -635,6 +635,7 @@ static void serve_conn(conn_t *c) {
   if (!c->authed && authenticate(c) < 0) return;
   while (!c->parked && !c->closing && c->len - c->off >= 4) {
     if (c->olen >= OUT_FLUSH) flush_out(c);
+    if (c->closing) return;
     if (c->queued > WRITE_BACKLOG_MAX) {
       c->throttled = 1; /* resumed by on_written once the replies drain */
       uv_read_stop((uv_stream_t *)&c->h);
@@ -705,7 +706,7 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *out) {
 }
 
 /* Records that c sent a request now: the time (spinning) and whether it is
- * a client not yet heard from in this round (busy_conns, max_busy). */
+ * a client not yet heard from in this round (round_conns, busy_conns). */
 static void note_active(conn_t *c) {
   crun_store_server_t *srv = c->srv;
   double now = crun_clock();
@@ -1002,6 +1003,7 @@ int crun_store_server_start_token(const char *host, int port, const char *token,
   srv->spin = crun__store_spin_seconds();
   long ncpus = sysconf(_SC_NPROCESSORS_ONLN); /* the machine's: clients may run on any */
   srv->ncpus = ncpus > 0 ? (int)ncpus : 1;
+  srv->round = 1; /* a connection's round starts at 0: its first request counts */
   int arc = crun__auth_init(&srv->auth, token ? token : getenv("CRUN_TOKEN"));
   if (arc < 0) {
     server_free(srv);
