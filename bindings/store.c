@@ -93,7 +93,7 @@ static void push_buf(lua_State *L, crun_buf_t *b) {
 
 /* ------------------------------------------------------------ constructors */
 
-/* store.tcp{host=, port=, is_master=, world_size=, timeout=, connect_timeout=, token=} */
+/* store.tcp{host=, port=, is_master=, world_size=, timeout=, connect_timeout=, token=, async_set=} */
 static int l_store_tcp(lua_State *L) {
   crun_l_checktype(L, 1, LUA_TTABLE);
   crun_store_tcp_opts_t o = {0};
@@ -104,6 +104,7 @@ static int l_store_tcp(lua_State *L) {
   o.timeout = crun_l_optfield_number(L, 1, "timeout", 0);
   o.connect_timeout = crun_l_optfield_number(L, 1, "connect_timeout", 0);
   o.token = crun_l_optfield_string(L, 1, "token", NULL); /* nil: CRUN_TOKEN; "": none */
+  o.async_set = crun_l_optfield_boolean(L, 1, "async_set", 0);
   if (o.port < 0) return crun_l_error(L, "EINVAL: bad argument #1 to 'tcp' (field 'port' is required)");
   crun_store_t *s;
   STORE_CHECK(L, crun_store_tcp_new(&o, &s));

@@ -14,7 +14,7 @@ local O = require "crun.opts"
 
 local M = {}
 
-local TCP = O.spec{"host", "port", "is_master", "world_size", "timeout", "connect_timeout", "token",
+local TCP = O.spec{"host", "port", "is_master", "world_size", "timeout", "connect_timeout", "token", "async_set",
   aliases = {host_name = "host"},
   inert = {wait_for_workers = "a master with world_size always waits for the workers",
            multi_tenant = "every crun server serves any number of clients",
@@ -23,10 +23,14 @@ local SERVER = O.spec{"host", "port", "token"}
 local FILE = O.spec{"world_size"}
 local FROM_ENV = O.spec{"host", "port", "is_master", "timeout", "world_size", "token"}
 
---- Opens a TCP store: {host=, port=, is_master=, world_size=, timeout=, connect_timeout=, token=}.
--- port=0 with is_master=true picks a free port (see s:port()). token is the
+--- Opens a TCP store: {host=, port=, is_master=, world_size=, timeout=, connect_timeout=, token=,
+-- async_set=}. port=0 with is_master=true picks a free port (see s:port()). token is the
 -- job's secret that every connection proves (default: CRUN_TOKEN, which
 -- crun-lua sets; "" for none): see the README's Security section.
+-- async_set=true (or CRUN_STORE_ASYNC_SET=1): set returns once sent, as
+-- torch's does; its failure surfaces at this store's next call (which is
+-- then not run), and other clients may see the key a moment later
+-- (runtime/store/README.md).
 function M.tcp(opts)
   if type(opts) ~= "table" then
     O.fail("EINVAL: crun.store.tcp: an options table is expected, got %s", type(opts))

@@ -8,7 +8,9 @@
  * timed-out store stays usable. A server that goes away yields
  * CRUN_ECONNRESET for the call in flight; later calls try to reconnect for
  * up to 2 s and then fail with CRUN_ECONNREFUSED. A blocking queue_pop is
- * timed out by the server instead (see tcp_proto.h). */
+ * timed out by the server instead (see tcp_proto.h). With async_set a set
+ * returns once sent and its acknowledgement is read later (tcp_proto.h,
+ * "Pipelined sets"). */
 #include "store/store_impl.h"
 #include "store/tcp_proto.h"
 #include "core/auth.h"
@@ -36,6 +38,9 @@
 /* A blocking queue_pop waits this long past its deadline for the server's
  * own ETIMEDOUT (tcp_proto.h): closing first could lose an item in flight. */
 #define POP_GRACE 2.0
+/* async_set: at most this many sets are sent before their acknowledgements
+ * are read (64 acks are 512 bytes: no socket buffer ever fills). */
+#define ASYNC_SET_WINDOW 64
 
 typedef struct {
   crun_store_t base;
@@ -46,11 +51,15 @@ typedef struct {
   crun_store_server_t *server; /* embedded (is_master) */
   uint8_t *sbuf, *rbuf;
   size_t scap, rcap, rlen;
+  size_t rused;                /* bytes of rbuf the last reply frame took */
   crun__sarg_t *rargs;         /* the last reply's arguments (views into rbuf) */
   unsigned rnargs, rargcap;
   crun__auth_t auth;           /* the job's secret (core/auth.h) */
   double spin;                 /* seconds to poll for a reply before blocking (tcp_proto.h) */
   double rtt;                  /* recent round trips (a moving average, capped samples), s */
+  int async_set;               /* set returns once sent (tcp_proto.h, "Pipelined sets") */
+  unsigned unacked;            /* sets sent whose acknowledgement is not read yet */
+  unsigned lost;               /* unacknowledged sets of a connection that was lost */
 } tcp_store_t;
 
 #define T(s) ((tcp_store_t *)(s))
@@ -223,7 +232,7 @@ static int tcp_connect(tcp_store_t *t, double deadline) {
       int rc = client_handshake(t, fd, local, deadline);
       if (rc == 0) {
         t->fd = fd;
-        t->rlen = 0;
+        t->rlen = t->rused = 0;
         return 0;
       }
       close(fd);
@@ -247,10 +256,13 @@ static int tcp_connect(tcp_store_t *t, double deadline) {
   }
 }
 
+/* Closes the connection; sets it had not acknowledged count as lost. */
 static void drop_conn(tcp_store_t *t) {
   if (t->fd >= 0) close(t->fd);
   t->fd = -1;
-  t->rlen = 0;
+  t->rlen = t->rused = 0;
+  t->lost += t->unacked;
+  t->unacked = 0;
 }
 
 /* ------------------------------------------------------------ framing */
@@ -357,9 +369,17 @@ static void rtt_note(tcp_store_t *t, double took) {
   t->rtt += (took - t->rtt) * 0.25;
 }
 
+/* Drops the previous reply frame from rbuf, keeping the bytes that came
+ * after it (acknowledgements of pipelined sets arrive back to back). */
+static void consume_frame(tcp_store_t *t) {
+  if (t->rused < t->rlen) memmove(t->rbuf, t->rbuf + t->rused, t->rlen - t->rused);
+  t->rlen -= t->rused;
+  t->rused = 0;
+}
+
 /* Reads one reply frame into rbuf before the deadline. */
 static int recv_frame(tcp_store_t *t, double deadline, const what_t *what, long *flen) {
-  t->rlen = 0;
+  consume_frame(t);
   double start = crun_clock(), budget = spin_budget(t);
   double spin_until = budget > 0 ? start + budget : 0;
   for (;;) {
@@ -367,6 +387,7 @@ static int recv_frame(tcp_store_t *t, double deadline, const what_t *what, long 
     if (n < 0) return (int)n;
     if (n > 0) {
       if (t->spin > 0) rtt_note(t, crun_clock() - start);
+      t->rused = (size_t)n;
       return (int)(*flen = n, 0);
     }
     double left = deadline - crun_clock();
@@ -419,18 +440,83 @@ static int parse_reply(tcp_store_t *t, long flen, const what_t *what) {
   return crun__sproto_reply_error(code, t->rargs, t->rnargs, where);
 }
 
+/* Returns the text of the last error without its leading "ENAME: ". */
+static const char *error_text(char *buf, size_t cap) {
+  const char *m = crun_last_error(), *colon = strstr(m, ": ");
+  snprintf(buf, cap, "%s", colon ? colon + 2 : m);
+  return buf;
+}
+
+/* Adds to a failed call's error that sets sent without waiting on the
+ * connection it lost were never acknowledged (they may not have been applied). */
+static int note_lost(tcp_store_t *t, int rc) {
+  if (rc >= 0 || !t->lost) return rc;
+  char msg[400];
+  unsigned n = t->lost;
+  t->lost = 0;
+  return crun_error(rc, "%s; %u earlier set%s (async_set) never acknowledged: %s may not be applied",
+                    error_text(msg, sizeof msg), n, n == 1 ? "" : "s", n == 1 ? "it" : "they");
+}
+
+/* Reads the acknowledgements of every set sent without waiting, before the
+ * deadline. Returns 0, or the first failed set's status (all are read), in
+ * which case the caller does nothing else: the failure surfaces at the next
+ * call, which is not run. The round-trip average is left as it was. */
+static int drain_acks(tcp_store_t *t, double deadline) {
+  const what_t w = {NULL, NULL, 0, "set (async_set, acknowledged late)"};
+  double rtt = t->rtt;
+  int first = 0;
+  char msg[400];
+  while (t->unacked > 0) {
+    long flen = 0;
+    int rc = recv_frame(t, deadline, &w, &flen);
+    if (rc < 0) return t->rtt = rtt, rc;
+    t->unacked--;
+    rc = parse_reply(t, flen, &w);
+    if (rc < 0 && !first) first = rc, error_text(msg, sizeof msg);
+  }
+  t->rtt = rtt;
+  if (!first) return 0;
+  return crun_error(first, "an earlier set failed (async_set: set does not wait for the server; "
+                    "this call was not run): %s", msg);
+}
+
+/* Connects when there is no connection, within RECONNECT_WINDOW. */
+static int ensure_conn(tcp_store_t *t, double deadline) {
+  if (t->fd >= 0) return 0;
+  double d = crun_clock() + RECONNECT_WINDOW;
+  return tcp_connect(t, d < deadline ? d : deadline);
+}
+
 /* Sends one request and waits for its reply before the deadline (lock held). */
-static int request(tcp_store_t *t, int op, unsigned n, const void *const *a, const size_t *l,
-                   double deadline, const what_t *what) {
+static int do_request(tcp_store_t *t, int op, unsigned n, const void *const *a, const size_t *l,
+                      double deadline, const what_t *what) {
+  if (t->unacked) CRUN_CHECK(drain_acks(t, deadline));
   long len = encode(t, op, n, a, l), flen = 0;
   if (len < 0) return (int)len;
-  if (t->fd < 0) {
-    double d = crun_clock() + RECONNECT_WINDOW;
-    CRUN_CHECK(tcp_connect(t, d < deadline ? d : deadline));
-  }
+  CRUN_CHECK(ensure_conn(t, deadline));
   CRUN_CHECK(send_all(t, (size_t)len, what));
   CRUN_CHECK(recv_frame(t, deadline, what, &flen));
   return parse_reply(t, flen, what);
+}
+
+static int request(tcp_store_t *t, int op, unsigned n, const void *const *a, const size_t *l,
+                   double deadline, const what_t *what) {
+  return note_lost(t, do_request(t, op, n, a, l, deadline, what));
+}
+
+/* Sends a set and returns without waiting for its acknowledgement
+ * (async_set); once ASYNC_SET_WINDOW are outstanding it reads them first.
+ * Lock held. */
+static int send_set(tcp_store_t *t, const void *const *a, const size_t *l, const what_t *what) {
+  double deadline = crun_clock() + crun_store_get_timeout(&t->base);
+  if (t->unacked >= ASYNC_SET_WINDOW) CRUN_CHECK(drain_acks(t, deadline));
+  long len = encode(t, CRUN__SOP_SET, 2, a, l);
+  if (len < 0) return (int)len;
+  CRUN_CHECK(ensure_conn(t, deadline));
+  CRUN_CHECK(send_all(t, (size_t)len, what));
+  t->unacked++;
+  return 0;
 }
 
 /* Expects one 8-byte integer in the reply. */
@@ -464,6 +550,7 @@ static int k_set(crun_store_t *s, const char *key, const void *val, size_t len) 
   const what_t w = {"set", &key, 1, NULL}, *what = &w;
   const void *a[2] = {key, val};
   size_t l[2] = {strlen(key), len};
+  if (T(s)->async_set) LOCKED(T(s), note_lost(T(s), send_set(T(s), a, l, what)));
   LOCKED(T(s), request(T(s), CRUN__SOP_SET, 2, a, l, deadline_now(s), what));
 }
 
@@ -674,6 +761,8 @@ static int k_port(crun_store_t *s) { return T(s)->port; }
 
 static void k_destroy(crun_store_t *s) {
   tcp_store_t *t = T(s);
+  if (t->unacked && t->fd >= 0 && drain_acks(t, deadline_now(s)) < 0) /* sets before a close are applied */
+    CRUN_LOG(WARN, STORE, "closing the store %s:%d: %s", t->host, t->port, crun_last_error());
   drop_conn(t);
   if (t->server) crun_store_server_stop(t->server);
   pthread_mutex_destroy(&t->mu);
@@ -737,6 +826,7 @@ int crun_store_tcp_new(const crun_store_tcp_opts_t *opts, crun_store_t **out) {
   crun_store_set_timeout(&t->base, opts->timeout);
   pthread_mutex_init(&t->mu, NULL);
   t->spin = crun__store_spin_seconds();
+  t->async_set = opts->async_set || crun_env_int("CRUN_STORE_ASYNC_SET", 0) != 0;
   t->fd = -1;
   t->port = opts->port;
   int rc = tcp_open(t, opts);

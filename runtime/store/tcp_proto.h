@@ -9,7 +9,8 @@
  * The arguments exactly fill the frame. A reply with a non-zero code carries
  * one argument, the error text. Integers travel as 8-byte arguments.
  *
- * A client has one request in flight per connection. The server answers
+ * A client has one request in flight per connection, except for sets of an
+ * async_set client ("Pipelined sets" below). The server answers
  * GET, WAIT, MULTI_GET and JOIN_WAIT only once their keys exist (the
  * request is parked on the server; the client does not poll). Deadlines are
  * the client's: a client that gives up closes its connection, which drops
@@ -21,6 +22,13 @@
  * its deadline for that answer. A QUEUE_PUSH wakes one parked popper of its
  * key, the one parked first. An empty queue with timeout_ms < 0 answers
  * ENOTFOUND at once.
+ *
+ * Pipelined sets (async_set, off by default; torch's TCPStore set does
+ * the same): the client sends a SET and returns; it reads the OK replies
+ * before its next other request, or once 64 are outstanding. The server
+ * serves a connection's frames in order and writes every reply of one pass
+ * over a connection's buffered frames with one write, so the frames and
+ * the protocol are unchanged.
  *
  * Transport: TCP, and for clients on the server's host an abstract unix
  * socket (crun__store_local_addr) that a server bound to a loopback or
@@ -173,7 +181,9 @@ static inline socklen_t crun__store_local_addr(const char *ip, int port, struct 
  * with sched_yield between tries. A thread that blocks lets its vCPU halt,
  * and on a VM that halts at once (haltpoll.guest_halt_poll_ns=0) waking it
  * costs a halt exit and an IPI through the host: ~15 us per wake-up on a
- * 2-core AMD EPYC VM, two per round trip (runtime/store/README.md). */
+ * 2-core AMD EPYC VM, two per round trip (runtime/store/README.md). The
+ * server polls only while fewer clients are busy than the machine has
+ * CPUs: with every CPU busy, polling only yields to the clients it serves. */
 #define CRUN_STORE_SPIN_US_DEFAULT 50
 double crun__store_spin_seconds(void);
 

@@ -60,6 +60,10 @@ struct crun_store_server {
   int draining;
   double spin;                /* seconds the loop polls after a request before it blocks */
   double active_at;           /* when the last request arrived (crun_clock) */
+  int ncpus;                  /* CPUs of this machine */
+  double round_at;            /* when the current round of ACTIVE_ROUND began */
+  unsigned round;             /* its number */
+  int round_conns, busy_conns;/* clients heard from in it, and in the round before */
 };
 
 struct conn {
@@ -76,6 +80,7 @@ struct conn {
   conn_t *rnext;         /* srv->ready */
   int parked, in_ready, closing, throttled;
   int authed;              /* passed the challenge-response (core/auth.h) */
+  unsigned round;          /* the last round of ACTIVE_ROUND it sent a request in */
   uint64_t ticket;         /* a parked QUEUE_POP's place in line (0: none) */
   uv_timer_t timer;        /* that QUEUE_POP's deadline (when has_timer) */
   int has_timer, handles;  /* handles: open libuv handles (freed at 0) */
@@ -84,13 +89,21 @@ struct conn {
   unsigned char nonce[32]; /* the greeting's nonce */
   uint8_t *buf;
   size_t off, len, cap;  /* unserved bytes are buf[off..len) */
+  uint8_t *obuf;         /* replies not written yet (flush_out) */
+  size_t olen, ocap;
   char peer[64];
 };
 
 typedef struct {
   uv_write_t req;
   uv_buf_t buf;
+  uint8_t *own; /* a buffer the bytes live in, freed with the request (NULL: they follow it) */
 } wreq_t;
+
+static void wreq_free(wreq_t *w) {
+  free(w->own);
+  free(w);
+}
 
 enum { FRAME_DONE, FRAME_PARK, FRAME_CLOSE };
 
@@ -105,6 +118,10 @@ enum { FRAME_DONE, FRAME_PARK, FRAME_CLOSE };
  * each for at most HANDSHAKE_SECONDS. */
 #define PENDING_MAX 1024
 #define HANDSHAKE_SECONDS 10.0
+/* Clients that sent a request within this many seconds count as busy. */
+#define ACTIVE_ROUND 1e-3
+/* Replies buffered for one connection before they are written mid-pass. */
+#define OUT_FLUSH ((size_t)64 << 10)
 
 /* ------------------------------------------------------------ lists */
 
@@ -182,6 +199,7 @@ static void on_conn_closed(uv_handle_t *h) {
   conn_t *c = h->data;
   if (--c->handles > 0) return;
   free(c->buf);
+  free(c->obuf);
   free(c);
 }
 
@@ -197,8 +215,13 @@ static void unpark(crun_store_server_t *srv, conn_t *c) {
   if (pass) wake_pop(srv, (const char *)c->buf + c->off + c->wrel, c->wlen);
 }
 
-/* Closes a connection (once), dropping any parked request. */
+static void flush_out(conn_t *c);
+
+/* Closes a connection (once), dropping any parked request; the replies
+ * already made are written first (a "bad version" answer, say). */
 static void conn_close(conn_t *c, const char *why) {
+  if (c->closing) return;
+  flush_out(c);
   if (c->closing) return;
   crun_store_server_t *srv = c->srv;
   c->closing = 1;
@@ -221,7 +244,7 @@ static void on_written(uv_write_t *req, int status) {
   wreq_t *w = (wreq_t *)req;
   conn_t *c = req->handle->data;
   c->queued -= sizeof *w + w->buf.len;
-  free(w);
+  wreq_free(w);
   if (status < 0 && status != UV_ECANCELED) { /* the client went away: not its fault */
     CRUN_LOG(INFO, STORE, "store server %s: write to %s: %s", c->srv->addr, c->peer,
              uv_strerror(status));
@@ -240,19 +263,19 @@ static void on_written(uv_write_t *req, int status) {
 static int send_reply(conn_t *c, wreq_t *w) {
   int n = uv_try_write((uv_stream_t *)&c->h, &w->buf, 1);
   if (n == (int)w->buf.len) {
-    free(w);
+    wreq_free(w);
     return 0;
   }
   if (n < 0 && n != UV_EAGAIN) {
     CRUN_LOG(INFO, STORE, "store server %s: write to %s: %s", c->srv->addr, c->peer, uv_strerror(n));
-    free(w);
+    wreq_free(w);
     conn_close(c, NULL);
     return 0;
   }
   if (n > 0) w->buf = uv_buf_init(w->buf.base + n, w->buf.len - (unsigned)n);
   int rc = uv_write(&w->req, (uv_stream_t *)&c->h, &w->buf, 1, on_written);
   if (rc < 0) {
-    free(w);
+    wreq_free(w);
     conn_close(c, uv_strerror(rc));
     return 0;
   }
@@ -260,7 +283,47 @@ static int send_reply(conn_t *c, wreq_t *w) {
   return 0;
 }
 
-/* Sends one reply frame with nargs arguments. */
+/* Writes c's buffered replies with one write when the socket takes them
+ * all (the common case), else queues the rest with uv_write. */
+static void flush_out(conn_t *c) {
+  size_t len = c->olen, done = 0;
+  c->olen = 0;
+  if (!len || c->closing) return;
+  if (c->queued == 0) { /* nothing queued before them: they may go now */
+    uv_buf_t b = uv_buf_init((char *)c->obuf, (unsigned)len);
+    int n = uv_try_write((uv_stream_t *)&c->h, &b, 1);
+    if (n == (int)len) {
+      if (c->ocap > 4 * OUT_FLUSH) free(c->obuf), c->obuf = NULL, c->ocap = 0; /* after a big reply */
+      return;
+    }
+    if (n < 0 && n != UV_EAGAIN) {
+      CRUN_LOG(INFO, STORE, "store server %s: write to %s: %s", c->srv->addr, c->peer, uv_strerror(n));
+      return conn_close(c, NULL);
+    }
+    if (n > 0) done = (size_t)n;
+  }
+  wreq_t *w = malloc(sizeof *w); /* it takes the buffer over: no copy */
+  if (!w) return conn_close(c, "out of memory for a reply");
+  w->own = c->obuf;
+  w->buf = uv_buf_init((char *)c->obuf + done, (unsigned)(len - done));
+  c->obuf = NULL, c->ocap = 0;
+  send_reply(c, w);
+}
+
+/* Makes room for n more bytes of replies in c->obuf; 0 or -1. */
+static int out_reserve(conn_t *c, size_t n) {
+  if (c->ocap - c->olen >= n) return 0;
+  size_t cap = c->ocap ? c->ocap : 256;
+  while (cap - c->olen < n) cap *= 2;
+  uint8_t *nb = realloc(c->obuf, cap);
+  if (!nb) return -1;
+  c->obuf = nb;
+  c->ocap = cap;
+  return 0;
+}
+
+/* Adds one reply frame with nargs arguments to c's buffered replies
+ * (written by flush_out at the end of the pass over c's requests). */
 static int reply(conn_t *c, int code, unsigned nargs, const void *const *args, const size_t *lens) {
   size_t total = CRUN_STORE_FRAME_HDR;
   for (unsigned i = 0; i < nargs; i++) total += 4 + lens[i];
@@ -272,12 +335,13 @@ static int reply(conn_t *c, int code, unsigned nargs, const void *const *args, c
     size_t l[1] = {(size_t)n};
     return reply(c, CRUN_ERANGE, 1, a, l);
   }
-  wreq_t *w = malloc(sizeof *w + total);
-  if (!w) {
+  if (c->closing) return 0;
+  if (out_reserve(c, total) < 0) {
     conn_close(c, "out of memory for a reply");
     return CRUN_ENOMEM;
   }
-  uint8_t *p = (uint8_t *)(w + 1);
+  uint8_t *p = c->obuf + c->olen;
+  c->olen += total;
   crun__put_u32(p, (uint32_t)(total - 4));
   p[4] = CRUN_STORE_PROTO_VERSION;
   p[5] = (uint8_t)(code < 0 ? -code : code);
@@ -288,8 +352,7 @@ static int reply(conn_t *c, int code, unsigned nargs, const void *const *args, c
     if (lens[i]) memcpy(p + 4, args[i], lens[i]);
     p += 4 + lens[i];
   }
-  w->buf = uv_buf_init((char *)(w + 1), (unsigned)total);
-  return send_reply(c, w);
+  return 0;
 }
 
 static int reply_ok0(conn_t *c) { return reply(c, 0, 0, NULL, NULL); }
@@ -401,7 +464,7 @@ static void on_pop_timeout(uv_timer_t *t) {
   reply_err(c, CRUN_ETIMEDOUT);
   c->off += 4 + (size_t)crun__get_u32(c->buf + c->off);
   c->ticket = 0;
-  if (!c->closing) serve_conn(c);
+  if (!c->closing) serve_conn(c); /* writes the answer too */
   drain_ready(srv);
 }
 
@@ -558,35 +621,43 @@ static int authenticate(conn_t *c) {
   if (!c->srv->auth.on) return 0;
   wreq_t *w = malloc(sizeof *w + CRUN__AUTH_PROOF);
   if (!w) return conn_close(c, "out of memory"), -1;
+  w->own = NULL;
   memcpy(w + 1, proof, CRUN__AUTH_PROOF);
   w->buf = uv_buf_init((char *)(w + 1), CRUN__AUTH_PROOF);
   send_reply(c, w);
   return c->closing ? -1 : 0;
 }
 
-/* Serves every complete frame buffered on c until it parks or closes. */
+/* Serves every complete frame buffered on c until it parks or closes, then
+ * writes the replies (a client that pipelines gets them in one write). */
 static void serve_conn(conn_t *c) {
   char why[160];
   if (!c->authed && authenticate(c) < 0) return;
   while (!c->parked && !c->closing && c->len - c->off >= 4) {
+    if (c->olen >= OUT_FLUSH) flush_out(c);
+    if (c->closing) return;
     if (c->queued > WRITE_BACKLOG_MAX) {
       c->throttled = 1; /* resumed by on_written once the replies drain */
       uv_read_stop((uv_stream_t *)&c->h);
-      return;
+      break;
     }
     uint32_t flen = crun__get_u32(c->buf + c->off);
     if (header_ok(c, why, sizeof why) < 0) return conn_close(c, why);
     if (c->len - c->off < 4 + (size_t)flen) break;
     int r = serve_frame(c, flen, why, sizeof why);
     if (r == FRAME_CLOSE) return conn_close(c, why);
-    if (r == FRAME_PARK) return parked_add(c->srv, c);
+    if (r == FRAME_PARK) {
+      parked_add(c->srv, c);
+      break;
+    }
     if (c->ticket) { /* a popper that had parked got its item */
       c->ticket = 0;
       uv_timer_stop(&c->timer);
     }
     c->off += 4 + (size_t)flen;
   }
-  if (c->off == c->len) c->off = c->len = 0;
+  flush_out(c);
+  if (!c->parked && c->off == c->len) c->off = c->len = 0;
 }
 
 /* Looks again at every queued parked connection (iteratively). */
@@ -634,6 +705,21 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *out) {
   *out = uv_buf_init((char *)c->buf + c->len, (unsigned)(c->cap - c->len > 1u << 30 ? 1u << 30 : c->cap - c->len));
 }
 
+/* Records that c sent a request now: the time (spinning) and whether it is
+ * a client not yet heard from in this round (round_conns, busy_conns). */
+static void note_active(conn_t *c) {
+  crun_store_server_t *srv = c->srv;
+  double now = crun_clock();
+  srv->active_at = now;
+  if (now - srv->round_at > ACTIVE_ROUND) {
+    srv->busy_conns = srv->round_conns;
+    srv->round_conns = 0;
+    srv->round_at = now;
+    srv->round++;
+  }
+  if (c->round != srv->round) c->round = srv->round, srv->round_conns++;
+}
+
 static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
   conn_t *c = st->data;
   if (nread == UV_ENOBUFS) return conn_close(c, "out of memory for the read buffer");
@@ -644,7 +730,7 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
     return conn_close(c, NULL);
   }
   c->len += (size_t)nread;
-  c->srv->active_at = crun_clock();
+  note_active(c);
   if (c->parked && c->len - c->off > 4 + (size_t)crun__get_u32(c->buf + c->off) + PARKED_BACKLOG_MAX)
     return conn_close(c, "over 64 MiB sent behind a parked request");
   if (!c->parked) serve_conn(c);
@@ -746,6 +832,7 @@ static void on_connection(uv_stream_t *server, int status) {
   expire_pending(srv, c);
   wreq_t *w = malloc(sizeof *w + CRUN__AUTH_GREET);
   if (!w) return conn_close(c, "out of memory");
+  w->own = NULL;
   crun__auth_greet(&srv->auth, (unsigned char *)(w + 1), c->nonce);
   w->buf = uv_buf_init((char *)(w + 1), CRUN__AUTH_GREET);
   send_reply(c, w);
@@ -761,15 +848,27 @@ static void on_stop(uv_async_t *a) {
   uv_close((uv_handle_t *)&srv->stop_async, NULL);
 }
 
+/* Whether the loop should poll rather than sleep now: within srv->spin of
+ * the last request, and while fewer clients are busy than there are CPUs.
+ * With as many busy clients as CPUs no CPU is left idle to poll on: a
+ * polling server only yields to the clients it should be serving, and
+ * each sched_yield puts it at the back of the run queue behind them. */
+static int should_spin(crun_store_server_t *srv) {
+  if (srv->spin <= 0 || crun_clock() - srv->active_at >= srv->spin) return 0;
+  int busy = srv->busy_conns > srv->round_conns ? srv->busy_conns : srv->round_conns;
+  return busy < srv->ncpus;
+}
+
 /* The loop: for srv->spin after each request it polls (an epoll_wait that
  * does not block, then sched_yield) instead of sleeping, so the next
  * request of a client that asks again at once finds this thread awake and
- * wakes no halted vCPU (tcp_proto.h, "Spinning"); then it blocks in
- * epoll_wait until the next event. Ends when no handle is left (on_stop). */
+ * wakes no halted vCPU (tcp_proto.h, "Spinning"), unless the clients keep
+ * every CPU busy (should_spin); then it blocks in epoll_wait until the
+ * next event. Ends when no handle is left (on_stop). */
 static void server_thread(void *arg) {
   crun_store_server_t *srv = arg;
   for (;;) {
-    int spinning = srv->spin > 0 && crun_clock() - srv->active_at < srv->spin;
+    int spinning = should_spin(srv);
     if (!uv_run(&srv->loop, spinning ? UV_RUN_NOWAIT : UV_RUN_ONCE)) break;
     if (spinning) sched_yield();
   }
@@ -902,6 +1001,9 @@ int crun_store_server_start_token(const char *host, int port, const char *token,
   }
   raise_fd_limit();
   srv->spin = crun__store_spin_seconds();
+  long ncpus = sysconf(_SC_NPROCESSORS_ONLN); /* the machine's: clients may run on any */
+  srv->ncpus = ncpus > 0 ? (int)ncpus : 1;
+  srv->round = 1; /* a connection's round starts at 0: its first request counts */
   int arc = crun__auth_init(&srv->auth, token ? token : getenv("CRUN_TOKEN"));
   if (arc < 0) {
     server_free(srv);

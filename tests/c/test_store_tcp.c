@@ -3,6 +3,7 @@
  * concurrent clients and a multi-process race. */
 #include "test_store_common.h"
 #include "store/tcp_proto.h"
+#include "core/auth.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -843,9 +844,81 @@ TEST(tcp_queue_opcodes) {
   close(z);
 }
 
+/* Opens a client of 127.0.0.1:port whose sets do not wait (async_set). */
+static crun_store_t *async_client(int port) {
+  crun_store_tcp_opts_t o = {.host = "127.0.0.1", .port = port, .timeout = 10, .connect_timeout = 5,
+                             .async_set = 1};
+  crun_store_t *s = NULL;
+  EXPECT_OK(crun_store_tcp_new(&o, &s));
+  return s;
+}
+
+TEST(tcp_async_set) {
+  crun_store_server_t *srv;
+  EXPECT_OK(crun_store_server_start("127.0.0.1", 0, &srv));
+  int port = crun_store_server_port(srv);
+  crun_store_t *a = async_client(port), *b = client(port, 10);
+  char k[32], v[32];
+  for (int i = 0; i < 1000; i++) { /* many windows of unacknowledged sets */
+    snprintf(k, sizeof k, "k%d", i), snprintf(v, sizeof v, "v%d", i);
+    EXPECT_OK(crun_store_set(a, k, v, strlen(v)));
+  }
+  crun_buf_t got = {0};
+  EXPECT_OK(crun_store_get(a, "k999", &got)); /* its own later calls see them */
+  EXPECT(got.len == 4 && memcmp(got.data, "v999", 4) == 0);
+  crun_buf_free(&got);
+  int64_t n = 0;
+  EXPECT_OK(crun_store_num_keys(b, &n)); /* so does anyone once such a call returned */
+  EXPECT(n == 1000);
+  EXPECT_OK(crun_store_set(a, "last", "x", 1));
+  crun_store_release(a); /* a close waits for the acknowledgements */
+  int all = 0;
+  EXPECT_OK(crun_store_check(b, (const char *[]){"last"}, 1, &all));
+  EXPECT(all == 1);
+  crun_store_release(b);
+  crun_store_server_stop(srv);
+}
+
+/* A server that greets one client (no secret), reads its first request and
+ * hangs up without answering. */
+static void *hang_up_server(void *arg) {
+  int lfd = *(int *)arg, fd = accept(lfd, NULL, NULL);
+  crun__auth_t auth;
+  unsigned char greet[CRUN__AUTH_GREET], nonce[32], in[256];
+  crun__auth_init(&auth, "");
+  crun__auth_greet(&auth, greet, nonce);
+  EXPECT(send(fd, greet, sizeof greet, 0) == (ssize_t)sizeof greet);
+  EXPECT(read_exact(fd, in, CRUN__AUTH_ANSWER) == 0);
+  EXPECT(read_exact(fd, in, 8) == 0); /* the set's header */
+  close(fd);
+  return NULL;
+}
+
+TEST(tcp_async_set_lost) {
+  int lfd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in sa = {.sin_family = AF_INET};
+  socklen_t sl = sizeof sa;
+  inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+  EXPECT(bind(lfd, (struct sockaddr *)&sa, sl) == 0 && listen(lfd, 1) == 0);
+  EXPECT(getsockname(lfd, (struct sockaddr *)&sa, &sl) == 0);
+  pthread_t th;
+  pthread_create(&th, NULL, hang_up_server, &lfd);
+  crun_store_tcp_opts_t o = {.host = "127.0.0.1", .port = ntohs(sa.sin_port), .timeout = 10,
+                             .connect_timeout = 5, .token = "", .async_set = 1};
+  crun_store_t *a = NULL;
+  EXPECT_OK(crun_store_tcp_new(&o, &a));
+  EXPECT_OK(crun_store_set(a, "lost", "x", 1)); /* sent: returns at once */
+  pthread_join(th, NULL);
+  crun_buf_t got = {0};
+  EXPECT_STATUS(crun_store_get(a, "lost", &got), CRUN_ECONNRESET); /* the next call tells */
+  EXPECT(strstr(crun_last_error(), "1 earlier set (async_set) never acknowledged") != NULL);
+  crun_store_release(a);
+  close(lfd);
+}
+
 #define CRUN_TESTS(X) X(tcp_semantics) X(tcp_get_is_parked_until_set) X(tcp_port_in_use) \
   X(tcp_connect_refused) X(tcp_world_size_join) X(tcp_hostile_frames) X(tcp_server_goes_away) \
   X(tcp_thousand_clients) X(tcp_multiprocess_race) X(tcp_big_value) X(tcp_pipelined_clients) X(tcp_both_transports) \
   X(tcp_secret) X(tcp_unix_socket_taken_by_another_user) X(tcp_client_that_never_reads) X(tcp_waiters_by_key) \
-  X(tcp_idle_connection_flood) X(tcp_queues) X(tcp_queue_opcodes)
+  X(tcp_idle_connection_flood) X(tcp_queues) X(tcp_queue_opcodes) X(tcp_async_set) X(tcp_async_set_lost)
 CRUN_TEST_MAIN()
