@@ -91,7 +91,7 @@ _Thread_local const char *crun__obs_algo;
 static struct {
   pthread_mutex_t mu;
   fr_t *ring;
-  uint64_t nring, next_id;
+  uint64_t nring, keep, next_id; /* ring slots (a power of two), operations a dump shows */
   ev_t *ev;
   uint64_t nev, cap, dropped;
   char *path;                 /* CRUN_TIMELINE */
@@ -112,11 +112,15 @@ void crun_trace_configure(int enable) {
   g_tsc0 = ticks();
   free(g.ring), free(g.ev), free(g.path);
   g.ring = NULL, g.ev = NULL, g.path = NULL;
-  g.nring = g.next_id = g.nev = g.cap = g.dropped = 0;
+  g.nring = g.keep = g.next_id = g.nev = g.cap = g.dropped = 0;
   long n = crun_env_int("CRUN_FLIGHT_RECORDER", OBS_DEFAULT_FLIGHT);
   if (enable && n > 0 && n <= (1l << 24)) {
-    g.ring = calloc((size_t)n, sizeof *g.ring);
-    if (g.ring) g.nring = (uint64_t)n, crun__obs_on |= CRUN__OBS_FLIGHT;
+    /* slots: n rounded up to a power of two, so that an entry's slot is
+     * id & (slots - 1), not a division (3 per operation); a dump shows n */
+    long slots = n;
+    while (slots & (slots - 1)) slots += slots & -slots;
+    g.ring = calloc((size_t)slots, sizeof *g.ring);
+    if (g.ring) g.nring = (uint64_t)slots, g.keep = (uint64_t)n, crun__obs_on |= CRUN__OBS_FLIGHT;
   }
   const char *p = getenv("CRUN_TIMELINE");
   long cap = crun_env_int("CRUN_TIMELINE_EVENTS", OBS_DEFAULT_EVENTS);
@@ -221,7 +225,7 @@ static int op_peer(const crun__coll_t *c) {
 #define FR_GET(e, f) __atomic_load_n(&(e)->f, __ATOMIC_RELAXED)
 static fr_t *entry(uint64_t id) {
   if (!id || !g.nring) return NULL;
-  fr_t *e = &g.ring[id % g.nring];
+  fr_t *e = &g.ring[id & (g.nring - 1)];
   return __atomic_load_n(&e->id, __ATOMIC_RELAXED) == id ? e : NULL;
 }
 
@@ -230,7 +234,7 @@ void crun__obs_enqueue(crun_pg_t *pg, crun_work_t *w, int queued) {
   int grp = group_of(pg);
   if (!(crun__obs_on & CRUN__OBS_FLIGHT) || !g.nring) return;
   uint64_t id = __atomic_add_fetch(&g.next_id, 1, __ATOMIC_RELAXED);
-  fr_t *e = &g.ring[id % g.nring];
+  fr_t *e = &g.ring[id & (g.nring - 1)];
   __atomic_store_n(&e->id, 0, __ATOMIC_RELAXED);
   FR_SET(e, seq, w->c.seq), FR_SET(e, count, w->c.count), FR_SET(e, bytes, op_bytes(&w->c));
   FR_SET(e, t_enq, w->obs.t_enq), FR_SET(e, t_start, 0), FR_SET(e, t_end, 0), FR_SET(e, wait, 0);
@@ -445,9 +449,9 @@ static void dump_path(char *out, size_t cap, int rank) {
 static void write_ring_locked(FILE *f) {
   double rate = tick_rate();
   uint64_t last = __atomic_load_n(&g.next_id, __ATOMIC_RELAXED);
-  uint64_t first = last >= g.nring ? last - g.nring + 1 : 1;
+  uint64_t first = last >= g.keep ? last - g.keep + 1 : 1;
   for (uint64_t id = first; id && id <= last; id++) {
-    fr_t *r = &g.ring[id % g.nring];
+    fr_t *r = &g.ring[id & (g.nring - 1)];
     if (__atomic_load_n(&r->id, __ATOMIC_ACQUIRE) != id) continue;
     const fr_t copy = {.id = id, .seq = FR_GET(r, seq), .count = FR_GET(r, count), .bytes = FR_GET(r, bytes),
                        .t_enq = FR_GET(r, t_enq), .t_start = FR_GET(r, t_start), .t_end = FR_GET(r, t_end),
@@ -476,7 +480,7 @@ int crun_flight_dump(const char *reason, char *path, size_t cap) {
   int rc = 0;
   if (f) {
     fprintf(f, "# crun-flight 1\nR\t%d\t%d\t%llu\t%llu\t%s\n", rank, (int)getpid(), (unsigned long long)crun_clock_ns(),
-            (unsigned long long)g.nring, why);
+            (unsigned long long)g.keep, why);
     write_ring_locked(f);
     rc = fclose(f) == 0 && rename(tmp, file) == 0 ? 0 : -1;
   }
