@@ -81,16 +81,16 @@ local BUS = {
   reduce_scatter_tensor = function(n) return (n - 1) / n end,
 }
 
--- Returns a function running one op of `bytes` total, and the element count.
+-- Returns a function running one op of `bytes` total, the element count and
+-- the function's two arguments: all_reduce and broadcast time the user's
+-- call itself, dist.all_reduce(t, op), with no closure around it.
 local function setup(o, n, bytes, esize)
   local per = math.max(1, bytes // esize // ((o.coll == "all_reduce" or o.coll == "broadcast") and 1 or n))
   local ones = function() return o.cuda and T.ones({per}, o.dtype):cuda() or T.ones({per}, o.dtype) end
   if o.coll == "all_reduce" then
-    local t = ones()
-    return function() dist.all_reduce(t, o.op) end, per
+    return dist.all_reduce, per, ones(), o.op
   elseif o.coll == "broadcast" then
-    local t = ones()
-    return function() dist.broadcast(t, 0) end, per
+    return dist.broadcast, per, ones(), 0
   end
   local list, list2 = {}, {}
   for j = 1, n do list[j], list2[j] = ones(), ones() end
@@ -105,12 +105,10 @@ local function setup(o, n, bytes, esize)
   usage("unknown collective " .. o.coll)
 end
 
-local function NOSYNC() end
-
--- Times `iters` runs of fn (each followed by sync()); returns the median of the per-iteration max over ranks.
-local function measure(fn, iters, warmup, no_barrier, sync)
-  sync = sync or NOSYNC
-  for _ = 1, warmup do fn(); sync() end
+-- Times `iters` runs of fn(a, b) (each followed by sync(), when given);
+-- returns the median of the per-iteration max over ranks.
+local function measure(fn, iters, warmup, no_barrier, sync, a, b)
+  for _ = 1, warmup do fn(a, b); if sync then sync() end end
   -- a plain Lua table while timing (no binding call per iteration: with
   -- more ranks than cores every rank's bookkeeping delays the others)
   local raw, clock = {}, crun.clock
@@ -118,12 +116,12 @@ local function measure(fn, iters, warmup, no_barrier, sync)
   for i = 1, iters do
     if not no_barrier then dist.barrier() end
     local t0 = clock()
-    fn()
-    sync()
+    fn(a, b)
+    if sync then sync() end
     raw[i] = clock() - t0
   end
   local times = T.new(raw, "float64")
-  if sync ~= NOSYNC then times = times:cuda() end
+  if sync then times = times:cuda() end
   dist.all_reduce(times, "max")
   local v = times:cpu():totable()
   table.sort(v)
@@ -133,14 +131,14 @@ end
 -- --trace-cost: the median time of fn in each recording mode, the modes
 -- interleaved round by round (the machine's load drifts: A/B/C, C/A/B, ...).
 local MODES = {{"none", 0}, {"flight", 1}, {"timeline", 3}}
-local function measure_modes(fn, iters, o)
+local function measure_modes(fn, iters, o, a, b)
   local got = {}
   for r = 1, o.trace_cost do
     for j = 0, #MODES - 1 do
       local m = MODES[(j + r) % #MODES + 1]
       crun.trace.mode(m[2])
       got[m[1]] = got[m[1]] or {}
-      table.insert(got[m[1]], measure(fn, iters, o.warmup, o.no_barrier))
+      table.insert(got[m[1]], measure(fn, iters, o.warmup, o.no_barrier, nil, a, b))
     end
   end
   crun.trace.mode(1)
@@ -157,10 +155,10 @@ local function trace_cost(o, n, sizes, esize, out)
       .. "flight = the default flight recorder, timeline = flight recorder + timeline\n", o.trace_cost)
   out("# %12s %12s %12s %12s %10s %10s\n", "size(B)", "none(us)", "flight(us)", "timeline(us)", "flight%", "timeline%")
   for _, bytes in ipairs(sizes) do
-    local fn, count = setup(o, n, bytes, esize)
+    local fn, count, a, b = setup(o, n, bytes, esize)
     local real = count * esize
     local iters = o.iters or math.max(5, math.min(200, (256 * 1024 * 1024) // math.max(real, 1) // 4))
-    local m = measure_modes(fn, iters, o)
+    local m = measure_modes(fn, iters, o, a, b)
     out("  %12d %12.2f %12.2f %12.2f %+9.1f%% %+9.1f%%\n", real, m.none * 1e6, m.flight * 1e6, m.timeline * 1e6,
         (m.flight / m.none - 1) * 100, (m.timeline / m.none - 1) * 100)
     io.stdout:flush()
@@ -170,7 +168,7 @@ end
 local function main()
   local o = parse_args(arg)
   if not BUS[o.coll] then usage("unknown collective " .. o.coll) end
-  local sync = NOSYNC
+  local sync
   if o.device == "cuda" then
     if not crun.cuda.is_available() then
       io.stderr:write("bench: --device cuda needs a CUDA device (crun.cuda.is_available() is false)\n")
@@ -206,10 +204,10 @@ local function main()
     return
   end
   for _, bytes in ipairs(sizes) do
-    local fn, count = setup(o, n, bytes, esize)
+    local fn, count, a, b = setup(o, n, bytes, esize)
     local real = count * esize
     local iters = o.iters or math.max(5, math.min(200, (256 * 1024 * 1024) // math.max(real, 1) // 4))
-    local t = measure(fn, iters, o.warmup, o.no_barrier, sync)
+    local t = measure(fn, iters, o.warmup, o.no_barrier, sync, a, b)
     local algbw = real / t / 1e9
     local opname = (o.coll == "all_reduce" or o.coll:find("^reduce_scatter")) and o.op or "-"
     if o.csv then
