@@ -150,6 +150,39 @@ describe("optim update rules", function()
     for _, v in ipairs(util.list(m.gradWeight)) do assert.are.equal(0, v) end
   end)
 
+  -- optim.c: the updates run with FTZ/DAZ, so that state decaying under zero
+  -- gradients becomes zero instead of a subnormal float (slow on the CPU);
+  -- CRUN_OPTIM_DENORMALS=ieee keeps IEEE behaviour
+  it("flushes momentum that decays into subnormals to zero (IEEE with CRUN_OPTIM_DENORMALS=ieee)", function()
+    local script = [[
+      local optim = require "crun.optim"
+      local T = require "crun.tensor"
+      local p, g = T.zeros({5}, "float32"), T.ones({5}, "float32")
+      local adam = optim.Adam({p}, {g}, {lr = 1e-3})
+      local q, h = T.ones({5}, "float32"), T.ones({5}, "float32")
+      local sgd = optim.SGD({q}, {h}, {lr = 1e-3, momentum = 0.5})
+      adam:step(); sgd:step()
+      g:zero(); h:zero()
+      -- 0.1 * 0.9^900 and 0.5^135 are below 1.2e-38, the smallest normal
+      -- float32, and above 1.4e-45, the smallest subnormal one
+      for k = 1, 900 do adam:step(); if k <= 135 then sgd:step() end end
+      local m, b = adam.state[1].exp_avg[1], sgd.state[1].momentum_buffer[1]
+      print(m == 0 and "zero" or (m > 0 and m < 1.18e-38) and "subnormal" or tostring(m),
+            b == 0 and "zero" or (b > 0 and b < 1.18e-38) and "subnormal" or tostring(b))
+    ]]
+    local f = os.tmpname()
+    local h = io.open(f, "w"); h:write(script); h:close()
+    local function run(env)
+      local pipe = io.popen(env .. " lua5.4 " .. f .. " 2>&1")
+      local out = pipe:read("a"); pipe:close()
+      return out
+    end
+    local flushed, ieee = run(""), run("CRUN_OPTIM_DENORMALS=ieee")
+    os.remove(f)
+    assert.are.equal("zero\tzero\n", flushed)
+    assert.are.equal("subnormal\tsubnormal\n", ieee)
+  end)
+
   it("saves and restores its state", function()
     local c = {lr = 0.01}
     local p, g = T.zeros({3}, "float64"), T.ones({3}, "float64")
