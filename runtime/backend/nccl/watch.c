@@ -211,9 +211,9 @@ static void scan_locked(crun__nccl_t *b, double *next_notice) {
   }
   if (b->pending && now >= *next_notice) {
     *next_notice = now + NOTICE_S;
-    pthread_mutex_unlock(&b->mu);
-    char desc[64];
+    char desc[64]; /* copied under mu: op_begin writes it */
     snprintf(desc, sizeof desc, "%s", b->last_desc);
+    pthread_mutex_unlock(&b->mu);
     int rc = crun__nccl_poll_abort(b, desc);
     if (rc < 0) {
       char full[1400];
