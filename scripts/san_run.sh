@@ -47,16 +47,17 @@ case "$kind" in
     export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:log_path=$dir/ubsan${UBSAN_OPTIONS:+:$UBSAN_OPTIONS}"
     ;;
   thread)
-    # die_after_fork=0: a TSan build of crun-lua forks its workers, the REPL's
-    # supervisor and a c10d or multi-node launch's workers from a thread-less
-    # process (launcher/agent.c; every spec passed with die_after_fork=1 on
-    # 2026-11-25), and so do the C tests: on 2026-11-27 every c.* test passed
-    # with TSAN_OPTIONS=die_after_fork=1 (c.test_coll too: 11 cases, 123 s;
-    # with verbosity=1 TSan said "parent had 1 threads" at each of its forks,
-    # the harness's and pg_spawn's). TSan checks nothing in a child forked
-    # beside a thread, so such a fork is a gap, not only a crash risk: to
-    # check that none came back, run with TSAN_OPTIONS=die_after_fork=1
-    export TSAN_OPTIONS="handle_segv=0:allocator_may_return_null=1:die_after_fork=0:halt_on_error=1:second_deadlock_stack=1:log_path=$dir/tsan:suppressions=$here/tsan.supp${TSAN_OPTIONS:+:$TSAN_OPTIONS}"
+    # die_after_fork=1 (TSan's own default): a child forked beside a running
+    # thread dies when it starts a thread of its own, and so fails its test.
+    # TSan checks little in such a child, so that fork is a gap in the
+    # checking, not only a crash risk. crun-lua forks its workers, the REPL's supervisor and
+    # a c10d or multi-node launch's workers from a thread-less process
+    # (launcher/agent.c), and so do the C tests: every spec passed with it on
+    # 2026-11-25, every c.* test on 2026-11-27 (c.test_coll too: 11 cases,
+    # 123 s; with verbosity=1 TSan said "parent had 1 threads" at each of its
+    # forks, the harness's and pg_spawn's). TSAN_OPTIONS=die_after_fork=0
+    # turns it off for a run.
+    export TSAN_OPTIONS="handle_segv=0:allocator_may_return_null=1:die_after_fork=1:halt_on_error=1:second_deadlock_stack=1:log_path=$dir/tsan:suppressions=$here/tsan.supp${TSAN_OPTIONS:+:$TSAN_OPTIONS}"
     ;;
   *) echo "EINVAL: san_run.sh: kind must be address or thread, not '$kind'" >&2; exit 2 ;;
 esac

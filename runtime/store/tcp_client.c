@@ -211,6 +211,11 @@ static int client_handshake(tcp_store_t *t, int fd, int local, double deadline) 
   }
   if (!t->auth.on) return 0;
   r = read_exact(fd, got, sizeof got, deadline);
+  /* a proof still to come at the deadline is a busy server, not a refusal
+   * (tcp_connect gives up on EACCES at once, and the launcher's watcher,
+   * which reconnects within 0.25 s, took it for a lost store) */
+  if (r == -ETIMEDOUT)
+    return crun_error(CRUN_ETIMEDOUT, "%s sent no proof of the job's secret in time", peer);
   if (r < 0)
     return crun_error(CRUN_EACCES, "%s refused this client's proof of the job's secret (CRUN_TOKEN differs "
                       "from the job's)", peer);

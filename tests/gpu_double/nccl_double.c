@@ -21,8 +21,18 @@
  *   CRUN_NCCL_DOUBLE_ASYNC_ERROR=<global rank>: that rank's communicators skip
  *     their first operation and ncclCommGetAsyncError reports
  *     ncclSystemError from then on (a device-side fault);
- *   CRUN_NCCL_DOUBLE_TIMEOUT=<s>: the inner groups' timeout (default 120).
- * A rank that never calls is simulated by the spec itself (it sleeps). */
+ *   CRUN_NCCL_DOUBLE_TIMEOUT=<s>: the inner groups' timeout (default 120);
+ *   CRUN_NCCL_DOUBLE_ENTRY_DELAY_US=<us>: every operation's call taking a
+ *     communicator sleeps that long before it first reads it (a host thread
+ *     stalled on its way into NCCL: widens the window a racing abort must
+ *     not hit).
+ * A rank that never calls is simulated by the spec itself (it sleeps).
+ *
+ * The real ncclCommAbort frees the communicator. The double keeps it, so a
+ * call that arrives with it after ncclCommAbort returned (a use after free
+ * with NCCL) is caught at its entry (entry()): the double prints that on
+ * stderr and aborts the process. A thread already inside a call when the
+ * abort comes is fine (NCCL's abort is meant to end such calls). */
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 #include <pthread.h>
@@ -42,6 +52,7 @@ struct ncclComm {
   char name[96];
   int nsplits;
   atomic_int aborted;
+  atomic_int gone;       /* ncclCommAbort returned: NCCL would have freed it */
   int inject;            /* ASYNC_ERROR names this rank */
   atomic_int async_err;  /* ncclResult_t reported by ncclCommGetAsyncError (the watchdog's thread) */
   char last[256];
@@ -119,6 +130,28 @@ static int injected(ncclComm_t comm) {
   return 1;
 }
 
+static long entry_delay_us(void) {
+  const char *e = getenv("CRUN_NCCL_DOUBLE_ENTRY_DELAY_US");
+  return e ? atol(e) : 0;
+}
+
+/* The first thing every call taking comm does: fails the process when comm
+ * was freed, as far as NCCL is concerned (see the top of the file). stall:
+ * the call is one an operation makes (the entry delay applies; not to the
+ * watchdog's polls, which hold the group's lock). */
+static void entry(ncclComm_t comm, const char *fn, int stall) {
+  long us = stall ? entry_delay_us() : 0;
+  if (us > 0) {
+    struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
+    nanosleep(&ts, NULL);
+  }
+  if (comm && atomic_load(&comm->gone)) {
+    fprintf(stderr, "nccl double: %s called with a communicator after ncclCommAbort returned on it "
+            "(a use after free with NCCL)\n", fn);
+    abort();
+  }
+}
+
 static ncclResult_t check_comm(ncclComm_t comm) {
   if (!comm) return ncclInvalidArgument;
   if (atomic_load(&comm->aborted)) return fail(comm, ncclInvalidUsage, "the communicator was aborted%s", "");
@@ -143,7 +176,10 @@ const char *ncclGetErrorString(ncclResult_t r) {
 
 static _Thread_local char init_last[512];
 
-const char *ncclGetLastError(ncclComm_t comm) { return comm ? comm->last : init_last; }
+const char *ncclGetLastError(ncclComm_t comm) {
+  entry(comm, "ncclGetLastError", 0);
+  return comm ? comm->last : init_last;
+}
 
 /* Records why setting up a communicator failed (ncclGetLastError(NULL)). */
 static ncclResult_t init_fail(const char *what) {
@@ -226,6 +262,7 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId i
  * (key, rank). */
 ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newcomm, ncclConfig_t *config) {
   (void)config;
+  entry(comm, "ncclCommSplit", 1);
   ncclResult_t r = check_comm(comm);
   if (r != ncclSuccess) return r;
   int n = comm->nranks;
@@ -252,6 +289,7 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newc
 }
 
 ncclResult_t ncclCommDestroy(ncclComm_t comm) {
+  entry(comm, "ncclCommDestroy", 0);
   if (!comm) return ncclInvalidArgument;
   if (atomic_load(&comm->aborted)) return ncclInvalidUsage;
   crun_pg_release(comm->pg);
@@ -270,6 +308,7 @@ static struct ncclComm *aborted_comms;
 static pthread_mutex_t aborted_mu = PTHREAD_MUTEX_INITIALIZER;
 
 ncclResult_t ncclCommAbort(ncclComm_t comm) {
+  entry(comm, "ncclCommAbort", 0); /* a second abort: a double free with NCCL */
   if (!comm || atomic_exchange(&comm->aborted, 1)) return ncclSuccess;
   pthread_mutex_lock(&aborted_mu);
   comm->next_aborted = aborted_comms;
@@ -277,21 +316,25 @@ ncclResult_t ncclCommAbort(ncclComm_t comm) {
   pthread_mutex_unlock(&aborted_mu);
   crun_pg_release(comm->pg);
   crun_store_release(comm->store);
+  atomic_store(&comm->gone, 1);
   return ncclSuccess;
 }
 
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *err) {
+  entry(comm, "ncclCommGetAsyncError", 0);
   if (!comm) return ncclInvalidArgument;
   *err = (ncclResult_t)comm->async_err;
   return ncclSuccess;
 }
 
 ncclResult_t ncclCommCount(const ncclComm_t comm, int *count) {
+  entry(comm, "ncclCommCount", 0);
   *count = comm->nranks;
   return ncclSuccess;
 }
 
 ncclResult_t ncclCommUserRank(const ncclComm_t comm, int *rank) {
+  entry(comm, "ncclCommUserRank", 0);
   *rank = comm->rank;
   return ncclSuccess;
 }
@@ -300,6 +343,7 @@ ncclResult_t ncclCommUserRank(const ncclComm_t comm, int *rank) {
 
 ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t *op, void *scalar, ncclDataType_t datatype,
                                       ncclScalarResidence_t residence, ncclComm_t comm) {
+  entry(comm, "ncclRedOpCreatePreMulSum", 1);
   crun_dtype_t dt;
   if (dtype(datatype, &dt) < 0 || residence != ncclScalarHostImmediate)
     return fail(comm, ncclInvalidArgument, "ncclRedOpCreatePreMulSum: unsupported type or residence%s", "");
@@ -318,7 +362,7 @@ ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t *op, void *scalar, ncclDataTyp
 }
 
 ncclResult_t ncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm) {
-  (void)comm;
+  entry(comm, "ncclRedOpDestroy", 1);
   int i = (int)op - ncclNumOps;
   if (i < 0 || i >= MAX_PREMUL) return ncclInvalidArgument;
   pthread_mutex_lock(&premul_mu);
@@ -389,6 +433,7 @@ static void scale(call_t *k, void *buf, size_t n) {
 ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype, ncclRedOp_t op,
                            ncclComm_t comm, cudaStream_t stream) {
   call_t k;
+  entry(comm, "ncclAllReduce", 1);
   if (cudaStreamSynchronize(stream) != cudaSuccess) return fail(comm, ncclUnhandledCudaError, "stream%s", "");
   ncclResult_t r = prepare(&k, comm, datatype, 1, op, "ncclAllReduce");
   if (r != ncclSuccess) return r;
@@ -405,6 +450,7 @@ ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count, n
 ncclResult_t ncclReduce(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype, ncclRedOp_t op,
                         int root, ncclComm_t comm, cudaStream_t stream) {
   call_t k;
+  entry(comm, "ncclReduce", 1);
   if (cudaStreamSynchronize(stream) != cudaSuccess) return fail(comm, ncclUnhandledCudaError, "stream%s", "");
   ncclResult_t r = prepare(&k, comm, datatype, 1, op, "ncclReduce");
   if (r != ncclSuccess) return r;
@@ -421,6 +467,7 @@ ncclResult_t ncclReduce(const void *sendbuff, void *recvbuff, size_t count, nccl
 ncclResult_t ncclBroadcast(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype, int root,
                            ncclComm_t comm, cudaStream_t stream) {
   call_t k;
+  entry(comm, "ncclBroadcast", 1);
   if (cudaStreamSynchronize(stream) != cudaSuccess) return fail(comm, ncclUnhandledCudaError, "stream%s", "");
   ncclResult_t r = prepare(&k, comm, datatype, 0, ncclSum, "ncclBroadcast");
   if (r != ncclSuccess) return r;
@@ -440,6 +487,7 @@ ncclResult_t ncclBcast(void *buff, size_t count, ncclDataType_t datatype, int ro
 ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t sendcount, ncclDataType_t datatype,
                            ncclComm_t comm, cudaStream_t stream) {
   call_t k;
+  entry(comm, "ncclAllGather", 1);
   if (cudaStreamSynchronize(stream) != cudaSuccess) return fail(comm, ncclUnhandledCudaError, "stream%s", "");
   ncclResult_t r = prepare(&k, comm, datatype, 0, ncclSum, "ncclAllGather");
   if (r != ncclSuccess) return r;
@@ -459,6 +507,7 @@ ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t sendcoun
 ncclResult_t ncclReduceScatter(const void *sendbuff, void *recvbuff, size_t recvcount, ncclDataType_t datatype,
                                ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
   call_t k;
+  entry(comm, "ncclReduceScatter", 1);
   if (cudaStreamSynchronize(stream) != cudaSuccess) return fail(comm, ncclUnhandledCudaError, "stream%s", "");
   ncclResult_t r = prepare(&k, comm, datatype, 1, op, "ncclReduceScatter");
   if (r != ncclSuccess) return r;
@@ -502,12 +551,14 @@ static ncclResult_t p2p_add(int send, const void *buf, size_t count, ncclDataTyp
 
 ncclResult_t ncclSend(const void *sendbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
                       cudaStream_t stream) {
+  entry(comm, "ncclSend", 1);
   if (cudaStreamSynchronize(stream) != cudaSuccess) return fail(comm, ncclUnhandledCudaError, "stream%s", "");
   return p2p_add(1, sendbuff, count, datatype, peer, comm);
 }
 
 ncclResult_t ncclRecv(void *recvbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
                       cudaStream_t stream) {
+  entry(comm, "ncclRecv", 1);
   if (cudaStreamSynchronize(stream) != cudaSuccess) return fail(comm, ncclUnhandledCudaError, "stream%s", "");
   return p2p_add(0, recvbuff, count, datatype, peer, comm);
 }
@@ -519,6 +570,7 @@ static ncclResult_t p2p_run(const p2p_t *ops, int n) {
   crun_work_t **ws = calloc((size_t)n + 1, sizeof *ws);
   void **st = calloc((size_t)n + 1, sizeof *st);
   if (!ws || !st) { free(ws); free(st); return ncclSystemError; }
+  for (int i = 0; i < n; i++) entry(ops[i].comm, "ncclGroupEnd", 1);
   for (int pass = 0; pass < 2; pass++)
     for (int i = 0; i < n && r == ncclSuccess; i++) {
       const p2p_t *o = &ops[i];

@@ -17,10 +17,27 @@ static int cuda_fail(cudaError_t e, const char *desc, int rank, const char *call
   return crun_error(CRUN_EIO, "%s on rank %d: %s failed: %s", desc, rank, call, cudaGetErrorString(e));
 }
 
-#define NCCL_TRY(b, call, desc)                                                            \
-  do {                                                                                     \
-    ncclResult_t crun__nr = (call);                                                        \
-    if (crun__nr != ncclSuccess) return crun__nccl_fail(crun__nr, (b)->comm, desc, (b)->pg->rank, #call); \
+/* Evaluates `call`, an NCCL call on the group's communicator `comm` (a local
+ * the gate sets, named in the call), through the gate (watch.c):
+ * ncclInvalidUsage without calling it once the group is marked aborted. */
+#define GATED(b, comm, call) (crun__nccl_enter((b), &(comm)) < 0 ? ncclInvalidUsage : crun__nccl_exit((b), (call)))
+
+/* The failure r of `call` on b's communicator: its text with NCCL's last
+ * error, read through the gate; ESTATE once the group is marked aborted (the
+ * gate refused, or NCCL's text is gone with the communicator). */
+static int fail_on(crun__nccl_t *b, ncclResult_t r, const char *desc, const char *call) {
+  ncclComm_t comm;
+  if (crun__nccl_enter(b, &comm) < 0)
+    return crun_error(CRUN_ESTATE, "%s on rank %d: %s: the communicator was aborted", desc, b->pg->rank, call);
+  int rc = crun__nccl_fail(r, comm, desc, b->pg->rank, call);
+  crun__nccl_exit(b, ncclSuccess);
+  return rc;
+}
+
+#define NCCL_TRY(b, comm, call, desc)                                               \
+  do {                                                                              \
+    ncclResult_t crun__nr = GATED(b, comm, call);                                   \
+    if (crun__nr != ncclSuccess) return fail_on(b, crun__nr, desc, #call);          \
   } while (0)
 
 static int env_check(void) {
@@ -68,9 +85,10 @@ static void nccl_destroy(void *state) {
     pthread_mutex_unlock(&b->mu);
   }
   crun__nccl_watch_stop(b);
-  if (b->comm) {
+  ncclComm_t comm = atomic_exchange(&b->comm, NULL); /* NULL once aborted */
+  if (comm) {
     if (b->stream) cudaStreamSynchronize(b->stream);
-    ncclCommDestroy(b->comm);
+    ncclCommDestroy(comm);
   }
   if (b->one) crun__cuda_free(b->device, b->one, sizeof(float), b->stream);
   if (b->stream) cudaStreamSynchronize(b->stream);
@@ -159,9 +177,9 @@ static int nccl_split(void *parent_state, crun_pg_t *pg, void **state) {
     b->pg = pg;
   }
   int rc = b ? setup(b, what) : 0;
-  ncclComm_t nc = NULL;
-  ncclResult_t r = ncclCommSplit(p->comm, rc == 0 && b ? 0 : NCCL_SPLIT_NOCOLOR, b ? pg->rank : 0, &nc, NULL);
-  if (r != ncclSuccess && rc == 0) rc = crun__nccl_fail(r, p->comm, what, p->pg->rank, "ncclCommSplit");
+  ncclComm_t nc = NULL, pc;
+  ncclResult_t r = GATED(p, pc, ncclCommSplit(pc, rc == 0 && b ? 0 : NCCL_SPLIT_NOCOLOR, b ? pg->rank : 0, &nc, NULL));
+  if (r != ncclSuccess && rc == 0) rc = fail_on(p, r, what, "ncclCommSplit");
   if (!b) return rc;
   if (nc) set_comm(b, nc);
   if (rc < 0) { nccl_destroy(b); return rc; }
@@ -241,8 +259,8 @@ static int enqueue(crun__nccl_t *b, crun__coll_t *c, enqueue_fn fn, cudaStream_t
   cudaError_t e = cudaEventRecord(b->ready, cur);
   if (e == cudaSuccess) e = cudaStreamWaitEvent(b->stream, b->ready, 0);
   if (e != cudaSuccess) return cuda_fail(e, desc, b->pg->rank, "ordering after the current stream");
-  crun__nccl_op_t *op = crun__nccl_op_begin(b, c);
-  if (!op) return crun_error(CRUN_ENOMEM, "%s", desc);
+  crun__nccl_op_t *op = NULL;
+  CRUN_CHECK(crun__nccl_op_begin(b, c, &op));
   int rc = crun__nccl_op_end(b, op, fn(b, c, desc));
   if (rc == 0 && op->end && (e = cudaStreamWaitEvent(cur, op->end, 0)) != cudaSuccess)
     rc = cuda_fail(e, desc, b->pg->rank, "cudaStreamWaitEvent");
@@ -260,12 +278,14 @@ static int red_op(crun__nccl_t *b, const crun__coll_t *c, ncclDataType_t t, nccl
                       desc, b->pg->rank, crun_dtype_name(c->dt));
   unsigned char scalar[8];
   crun_elem_set_double(c->dt, scalar, 0, c->premul);
-  NCCL_TRY(b, ncclRedOpCreatePreMulSum(op, scalar, t, ncclScalarHostImmediate, b->comm), desc);
+  ncclComm_t comm;
+  NCCL_TRY(b, comm, ncclRedOpCreatePreMulSum(op, scalar, t, ncclScalarHostImmediate, comm), desc);
   return 0;
 }
 
 static void red_done(crun__nccl_t *b, const crun__coll_t *c, ncclRedOp_t op) {
-  if (c->op == CRUN_OP_PREMUL_SUM) ncclRedOpDestroy(op, b->comm);
+  ncclComm_t comm; /* once aborted, the op went with the communicator */
+  if (c->op == CRUN_OP_PREMUL_SUM) (void)GATED(b, comm, ncclRedOpDestroy(op, comm));
 }
 
 static int reduces(int kind) {
@@ -282,9 +302,10 @@ static int q_all_reduce(crun__nccl_t *b, crun__coll_t *c, const char *desc) {
   size_t k;
   CRUN_CHECK(types(b, c, &t, &k, desc));
   CRUN_CHECK(red_op(b, c, t, &op, desc));
-  ncclResult_t r = ncclAllReduce(c->buf, c->buf, c->count * k, t, op, b->comm, b->stream);
+  ncclComm_t comm;
+  ncclResult_t r = GATED(b, comm, ncclAllReduce(c->buf, c->buf, c->count * k, t, op, comm, b->stream));
   red_done(b, c, op);
-  return r == ncclSuccess ? 0 : crun__nccl_fail(r, b->comm, desc, b->pg->rank, "ncclAllReduce");
+  return r == ncclSuccess ? 0 : fail_on(b, r, desc, "ncclAllReduce");
 }
 
 static int q_reduce(crun__nccl_t *b, crun__coll_t *c, const char *desc) {
@@ -293,16 +314,18 @@ static int q_reduce(crun__nccl_t *b, crun__coll_t *c, const char *desc) {
   size_t k;
   CRUN_CHECK(types(b, c, &t, &k, desc));
   CRUN_CHECK(red_op(b, c, t, &op, desc));
-  ncclResult_t r = ncclReduce(c->buf, c->buf, c->count * k, t, op, c->root, b->comm, b->stream);
+  ncclComm_t comm;
+  ncclResult_t r = GATED(b, comm, ncclReduce(c->buf, c->buf, c->count * k, t, op, c->root, comm, b->stream));
   red_done(b, c, op);
-  return r == ncclSuccess ? 0 : crun__nccl_fail(r, b->comm, desc, b->pg->rank, "ncclReduce");
+  return r == ncclSuccess ? 0 : fail_on(b, r, desc, "ncclReduce");
 }
 
 static int q_broadcast(crun__nccl_t *b, crun__coll_t *c, const char *desc) {
   ncclDataType_t t;
   size_t k;
   CRUN_CHECK(types(b, c, &t, &k, desc));
-  NCCL_TRY(b, ncclBroadcast(c->buf, c->buf, c->count * k, t, c->root, b->comm, b->stream), desc);
+  ncclComm_t comm;
+  NCCL_TRY(b, comm, ncclBroadcast(c->buf, c->buf, c->count * k, t, c->root, comm, b->stream), desc);
   return 0;
 }
 
@@ -331,8 +354,9 @@ static int q_all_gather(crun__nccl_t *b, crun__coll_t *c, const char *desc) {
   for (size_t r = 1; r < p; r++) flat &= (char *)c->outs[r] == (char *)c->outs[0] + r * bytes;
   void *dst = c->outs[0];
   if (!flat) CRUN_CHECK(scratch(b, bytes * p, &dst, desc));
-  ncclResult_t nr = ncclAllGather(c->in, dst, c->count * k, t, b->comm, b->stream);
-  int rc = nr == ncclSuccess ? 0 : crun__nccl_fail(nr, b->comm, desc, b->pg->rank, "ncclAllGather");
+  ncclComm_t comm;
+  ncclResult_t nr = GATED(b, comm, ncclAllGather(c->in, dst, c->count * k, t, comm, b->stream));
+  int rc = nr == ncclSuccess ? 0 : fail_on(b, nr, desc, "ncclAllGather");
   for (size_t r = 0; !flat && rc == 0 && r < p; r++) rc = copy(b, c->outs[r], (char *)dst + r * bytes, bytes, desc);
   if (!flat) unscratch(b, bytes * p, dst);
   return rc;
@@ -351,55 +375,65 @@ static int q_reduce_scatter(crun__nccl_t *b, crun__coll_t *c, const char *desc) 
   for (size_t r = 0; !flat && rc == 0 && r < p; r++) rc = copy(b, (char *)src + r * bytes, c->ins[r], bytes, desc);
   if (rc == 0) rc = red_op(b, c, t, &op, desc);
   if (rc == 0) {
-    ncclResult_t nr = ncclReduceScatter(src, c->buf, c->count * k, t, op, b->comm, b->stream);
+    ncclComm_t comm;
+    ncclResult_t nr = GATED(b, comm, ncclReduceScatter(src, c->buf, c->count * k, t, op, comm, b->stream));
     red_done(b, c, op);
-    if (nr != ncclSuccess) rc = crun__nccl_fail(nr, b->comm, desc, b->pg->rank, "ncclReduceScatter");
+    if (nr != ncclSuccess) rc = fail_on(b, nr, desc, "ncclReduceScatter");
   }
   if (!flat) unscratch(b, bytes * p, src);
   return rc;
 }
 
-/* Runs the sends and receives of one grouped call (ncclGroupStart/End). */
+/* Runs the sends and receives of one grouped call (ncclGroupStart/End),
+ * inside the gate from ncclGroupStart to ncclGroupEnd: the group is one
+ * NCCL operation (a refused ncclGroupEnd would leave the thread's group
+ * open). */
 static int grouped(crun__nccl_t *b, crun__coll_t *c, const char *desc) {
   ncclDataType_t t;
   size_t k, es = crun_dtype_size(c->dt);
   int me = b->pg->rank, n = b->pg->size, rc = 0;
   CRUN_CHECK(types(b, c, &t, &k, desc));
-  NCCL_TRY(b, ncclGroupStart(), desc);
-  ncclResult_t r = ncclSuccess;
+  ncclComm_t comm;
+  if (crun__nccl_enter(b, &comm) < 0) return fail_on(b, ncclInvalidUsage, desc, "ncclGroupStart");
+  ncclResult_t r = ncclGroupStart();
+  if (r != ncclSuccess) {
+    crun__nccl_exit(b, r);
+    return fail_on(b, r, desc, "ncclGroupStart");
+  }
   switch (c->kind) {
-  case CRUN__COLL_SEND: r = ncclSend(c->buf, c->count * k, t, c->root, b->comm, b->stream); break;
-  case CRUN__COLL_RECV: r = ncclRecv(c->buf, c->count * k, t, c->root, b->comm, b->stream); break;
+  case CRUN__COLL_SEND: r = ncclSend(c->buf, c->count * k, t, c->root, comm, b->stream); break;
+  case CRUN__COLL_RECV: r = ncclRecv(c->buf, c->count * k, t, c->root, comm, b->stream); break;
   case CRUN__COLL_GATHER:
-    if (me != c->root) { r = ncclSend(c->in, c->count * k, t, c->root, b->comm, b->stream); break; }
+    if (me != c->root) { r = ncclSend(c->in, c->count * k, t, c->root, comm, b->stream); break; }
     for (int p = 0; p < n && r == ncclSuccess && rc == 0; p++)
       if (p == me) rc = copy(b, c->outs[p], c->in, c->count * es, desc);
-      else r = ncclRecv(c->outs[p], c->count * k, t, p, b->comm, b->stream);
+      else r = ncclRecv(c->outs[p], c->count * k, t, p, comm, b->stream);
     break;
   case CRUN__COLL_SCATTER:
-    if (me != c->root) { r = ncclRecv(c->buf, c->count * k, t, c->root, b->comm, b->stream); break; }
+    if (me != c->root) { r = ncclRecv(c->buf, c->count * k, t, c->root, comm, b->stream); break; }
     for (int p = 0; p < n && r == ncclSuccess && rc == 0; p++)
       if (p == me) rc = copy(b, c->buf, c->ins[p], c->count * es, desc);
-      else r = ncclSend(c->ins[p], c->count * k, t, p, b->comm, b->stream);
+      else r = ncclSend(c->ins[p], c->count * k, t, p, comm, b->stream);
     break;
   case CRUN__COLL_ALL_TO_ALL:
     for (int p = 0; p < n && r == ncclSuccess && rc == 0; p++) {
       if (p == me) { rc = copy(b, c->outs[p], c->ins[p], c->in_counts[p] * es, desc); continue; }
-      if (c->in_counts[p]) r = ncclSend(c->ins[p], c->in_counts[p] * k, t, p, b->comm, b->stream);
-      if (r == ncclSuccess && c->out_counts[p]) r = ncclRecv(c->outs[p], c->out_counts[p] * k, t, p, b->comm, b->stream);
+      if (c->in_counts[p]) r = ncclSend(c->ins[p], c->in_counts[p] * k, t, p, comm, b->stream);
+      if (r == ncclSuccess && c->out_counts[p]) r = ncclRecv(c->outs[p], c->out_counts[p] * k, t, p, comm, b->stream);
     }
     break;
   }
-  ncclResult_t e = ncclGroupEnd();
+  ncclResult_t e = crun__nccl_exit(b, ncclGroupEnd());
   if (rc < 0) return rc;
-  if (r != ncclSuccess) return crun__nccl_fail(r, b->comm, desc, me, "ncclSend/ncclRecv");
-  return e == ncclSuccess ? 0 : crun__nccl_fail(e, b->comm, desc, me, "ncclGroupEnd");
+  if (r != ncclSuccess) return fail_on(b, r, desc, "ncclSend/ncclRecv");
+  return e == ncclSuccess ? 0 : fail_on(b, e, desc, "ncclGroupEnd");
 }
 
 /* barrier: an all_reduce of one float on the device, then a host wait. */
 static int q_barrier(crun__nccl_t *b, crun__coll_t *c, const char *desc) {
   (void)c;
-  NCCL_TRY(b, ncclAllReduce(b->one, b->one, 1, ncclFloat32, ncclSum, b->comm, b->stream), desc);
+  ncclComm_t comm;
+  NCCL_TRY(b, comm, ncclAllReduce(b->one, b->one, 1, ncclFloat32, ncclSum, comm, b->stream), desc);
   return 0;
 }
 

@@ -14,7 +14,11 @@
  * A watchdog thread per group (watch.c) polls the pending end events and
  * ncclCommGetAsyncError; at an operation's deadline, on an asynchronous
  * error or on a peer's abort notice it aborts the communicator
- * (ncclCommAbort) and fails the operation; the group is then ESTATE. */
+ * (ncclCommAbort) and fails the operation; the group is then ESTATE.
+ *
+ * Every use of the communicator outside the watchdog passes a gate
+ * (crun__nccl_enter/exit, watch.c), so that an abort never frees it while a
+ * thread is on its way into NCCL with the pointer: see abort_comm. */
 #ifndef CRUN_NCCL_INT_H
 #define CRUN_NCCL_INT_H
 
@@ -40,8 +44,8 @@ typedef struct crun__nccl_op {
 
 typedef struct crun__nccl {
   crun_pg_t *pg;
-  /* atomic: the watchdog's abort swaps it to NULL while the group's thread
-   * may be issuing an operation with it (ThreadSanitizer: data race) */
+  /* atomic: set by create/split while the watchdog runs; the abort swaps
+   * it to NULL (under mu, once no thread is inside the gate) */
   _Atomic(ncclComm_t) comm;
   cudaStream_t stream;
   cudaEvent_t ready;            /* recorded on the caller's stream */
@@ -56,7 +60,8 @@ typedef struct crun__nccl {
   char last_desc[64];           /* the latest operation (guarded by mu) */
   int stop, has_watch;
   pthread_t watch;
-  _Atomic int aborted;          /* the communicator was aborted */
+  _Atomic int aborted;          /* marked for abort (set under mu): the gate refuses */
+  int inside;                   /* threads through the gate, not out yet (guarded by mu) */
   int fail_rc;                  /* why (guarded by mu) */
   char *fail_text;
 } crun__nccl_t;
@@ -81,15 +86,27 @@ int crun__nccl_check(crun__nccl_t *b, crun__coll_t *c);
  * there is one, 0 when none. */
 int crun__nccl_poll_abort(crun__nccl_t *b, const char *desc);
 
+/* The gate (watch.c). enter: 0 and *comm set, the caller is counted inside
+ * until it calls exit; or <0 (nothing set, nothing counted) once the group
+ * is marked aborted. Between them the caller may pass *comm to NCCL calls;
+ * exit returns r unchanged (so that `enter ? .. : exit(b, call)` wraps a
+ * call). Never blocks. */
+int crun__nccl_enter(crun__nccl_t *b, ncclComm_t *comm);
+ncclResult_t crun__nccl_exit(crun__nccl_t *b, ncclResult_t r);
+
 /* Watchdog (watch.c). */
 int crun__nccl_watch_start(crun__nccl_t *b);
 void crun__nccl_watch_stop(crun__nccl_t *b);
-/* Registers an operation about to enter NCCL (deadline from c). */
-crun__nccl_op_t *crun__nccl_op_begin(crun__nccl_t *b, const crun__coll_t *c);
+/* Registers an operation about to enter NCCL (deadline from c) into *out:
+ * ESTATE once the group is marked aborted, ENOMEM. */
+int crun__nccl_op_begin(crun__nccl_t *b, const crun__coll_t *c, crun__nccl_op_t **out);
 /* The host left NCCL with rc: records the end event (rc == 0) or fails it. */
 int crun__nccl_op_end(crun__nccl_t *b, crun__nccl_op_t *op, int rc);
 void crun__nccl_op_unref(crun__nccl_op_t *op);
-/* Aborts the communicator once, recording why (rc, text); wakes waiters. */
+/* Aborts the communicator once, recording why (rc, text); wakes waiters.
+ * Blocks until the gate is empty, at most CRUN__NCCL_GRACE_S after the
+ * mark, then in ncclCommAbort. */
+#define CRUN__NCCL_GRACE_S 0.25
 void crun__nccl_abort_comm(crun__nccl_t *b, int rc, const char *text, int notify);
 /* Names the ranks not at c (from the progress board) into who/where. */
 void crun__nccl_missing(crun__nccl_t *b, const char *desc, char *who, size_t wcap, char *where, size_t rcap);

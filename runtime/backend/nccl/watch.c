@@ -43,6 +43,64 @@ static void unlink_locked(crun__nccl_t *b, crun__nccl_op_t *op) {
     }
 }
 
+/* Sets *ts to `s` seconds from now on CLOCK_MONOTONIC (the clock of b->cv). */
+static void after(double s, struct timespec *ts) {
+  clock_gettime(CLOCK_MONOTONIC, ts);
+  ts->tv_sec += (time_t)s;
+  ts->tv_nsec += (long)((s - (double)(time_t)s) * 1e9);
+  if (ts->tv_nsec >= 1000000000) { ts->tv_sec++; ts->tv_nsec -= 1000000000; }
+}
+
+int crun__nccl_enter(crun__nccl_t *b, ncclComm_t *comm) {
+  pthread_mutex_lock(&b->mu);
+  ncclComm_t c = atomic_load(&b->comm);
+  int ok = c && !atomic_load(&b->aborted);
+  if (ok) {
+    b->inside++;
+    *comm = c;
+  }
+  pthread_mutex_unlock(&b->mu);
+  return ok ? 0 : -1;
+}
+
+ncclResult_t crun__nccl_exit(crun__nccl_t *b, ncclResult_t r) {
+  pthread_mutex_lock(&b->mu);
+  if (--b->inside == 0 && atomic_load(&b->aborted)) pthread_cond_broadcast(&b->cv);
+  pthread_mutex_unlock(&b->mu);
+  return r;
+}
+
+/* Waits until no thread is inside the gate, CRUN__NCCL_GRACE_S at most.
+ * Called with mu held, the group marked aborted. */
+static void drain_gate_locked(crun__nccl_t *b) {
+  struct timespec ts;
+  after(CRUN__NCCL_GRACE_S, &ts);
+  while (b->inside > 0)
+    if (pthread_cond_timedwait(&b->cv, &b->mu, &ts) != 0 && b->inside > 0) {
+      CRUN_LOG(INFO, PG, "nccl group '%s': %d thread(s) still inside NCCL after %.2f s: ncclCommAbort unblocks them",
+               b->pg->prefix, b->inside, CRUN__NCCL_GRACE_S);
+      return;
+    }
+}
+
+/* The abort and the threads that use the communicator (issue 16).
+ * ncclCommAbort frees the communicator. A thread that checked `aborted` a
+ * moment before (run(), the gate) and is on its way into NCCL with the
+ * pointer would then pass a freed one: so the abort first MARKS the group
+ * (under mu; from then on the gate refuses every use and op_begin fails a
+ * new call with ESTATE), then WAITS for the threads inside the gate to leave,
+ * and only then swaps the pointer out (under mu) and calls ncclCommAbort.
+ * The wait is bounded (CRUN__NCCL_GRACE_S): a thread inside the gate may be
+ * blocked inside NCCL for good (a collective whose peer never comes: with the
+ * double every collective blocks so; with NCCL a grouped send/recv's
+ * connection setup), and only ncclCommAbort unblocks it, which NCCL allows
+ * while a thread is inside a call on that communicator. Such a thread, once
+ * back, passes the gate again for any further use of the communicator
+ * (ncclGetLastError, ncclRedOpDestroy, the next call), which refuses it. What
+ * the grace leaves open is a thread stalled longer than that between the
+ * gate and NCCL's first read of the pointer. The watchdog reads the
+ * communicator only with mu held after checking the mark, so it needs no
+ * gate. Called by the watchdog and by break_group (any thread). */
 void crun__nccl_abort_comm(crun__nccl_t *b, int rc, const char *text, int notify) {
   pthread_mutex_lock(&b->mu);
   int first = !atomic_load(&b->aborted);
@@ -70,7 +128,10 @@ void crun__nccl_abort_comm(crun__nccl_t *b, int rc, const char *text, int notify
       CRUN_LOG(INFO, PG, "could not post the abort notice: %s", crun_last_error());
     crun_buf_free(&old);
   }
+  pthread_mutex_lock(&b->mu);
+  drain_gate_locked(b);
   ncclComm_t comm = atomic_exchange(&b->comm, NULL);
+  pthread_mutex_unlock(&b->mu);
   if (comm) ncclCommAbort(comm);
 }
 
@@ -114,12 +175,14 @@ static void scan_locked(crun__nccl_t *b, double *next_notice) {
     }
     if (!expired && now >= op->deadline) expired = op;
   }
+  /* mu held and not marked: the abort cannot swap the communicator out */
   if (atomic_load(&b->aborted)) return;
+  ncclComm_t comm = atomic_load(&b->comm);
   ncclResult_t ae = ncclSuccess;
-  if (b->comm) ncclCommGetAsyncError(b->comm, &ae);
+  if (comm) ncclCommGetAsyncError(comm, &ae);
   char text[1400];
   if (ae != ncclSuccess && ae != ncclInProgress) {
-    const char *last = ncclGetLastError(b->comm);
+    const char *last = ncclGetLastError(comm);
     snprintf(text, sizeof text, "EIO: %s on rank %d: NCCL reported an asynchronous error: %s%s%s; the communicator "
              "was aborted", b->pending ? b->pending->desc : b->last_desc[0] ? b->last_desc : "the communicator", b->pg->rank, ncclGetErrorString(ae), last && *last ? ": " : "",
              last && *last ? last : "");
@@ -148,9 +211,9 @@ static void scan_locked(crun__nccl_t *b, double *next_notice) {
   }
   if (b->pending && now >= *next_notice) {
     *next_notice = now + NOTICE_S;
-    pthread_mutex_unlock(&b->mu);
-    char desc[64];
+    char desc[64]; /* copied under mu: op_begin writes it */
     snprintf(desc, sizeof desc, "%s", b->last_desc);
+    pthread_mutex_unlock(&b->mu);
     int rc = crun__nccl_poll_abort(b, desc);
     if (rc < 0) {
       char full[1400];
@@ -209,21 +272,29 @@ void crun__nccl_watch_stop(crun__nccl_t *b) {
   }
 }
 
-crun__nccl_op_t *crun__nccl_op_begin(crun__nccl_t *b, const crun__coll_t *c) {
+int crun__nccl_op_begin(crun__nccl_t *b, const crun__coll_t *c, crun__nccl_op_t **out) {
   crun__nccl_op_t *op = calloc(1, sizeof *op);
-  if (!op) return NULL;
+  if (!op) return crun_error(CRUN_ENOMEM, "%s on rank %d", crun__coll_name(c->kind), b->pg->rank);
   atomic_init(&op->refs, 2); /* the pending list's and the caller's */
   op->deadline = c->deadline;
   op->timeout = c->timeout;
   op->device = b->device;
   crun__coll_desc(c, op->desc, sizeof op->desc);
   pthread_mutex_lock(&b->mu);
+  if (atomic_load(&b->aborted)) { /* marked since run() looked: the abort did not fail this one */
+    int rc = crun_error(CRUN_ESTATE, "%s on rank %d: the communicator was aborted: %s", op->desc, b->pg->rank,
+                        b->fail_text ? b->fail_text : "?");
+    pthread_mutex_unlock(&b->mu);
+    free(op);
+    return rc;
+  }
   snprintf(b->last_desc, sizeof b->last_desc, "%s", op->desc);
   op->next = b->pending;
   b->pending = op;
   pthread_cond_broadcast(&b->cv);
   pthread_mutex_unlock(&b->mu);
-  return op;
+  *out = op;
+  return 0;
 }
 
 int crun__nccl_op_end(crun__nccl_t *b, crun__nccl_op_t *op, int rc) {

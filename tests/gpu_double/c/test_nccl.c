@@ -8,14 +8,18 @@
  * naming op and dtype), a mismatch (EMISMATCH), a rank that never calls
  * (ETIMEDOUT naming it, from the signature check and, with the check off,
  * from the watchdog), an asynchronous NCCL error (EIO), ESTATE after an
- * abort. Expected values are computed here from the inputs' formula. */
+ * abort, and an abort from another thread racing the collectives (the
+ * communicator is never passed to NCCL after ncclCommAbort freed it).
+ * Expected values are computed here from the inputs' formula. */
 #include <math.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "harness.h"
+#include "pg/pg_internal.h" /* crun__pg_fail: the abort another thread makes */
 #include "test_pg_util.h"
 
 typedef void (*rank_fn)(crun_pg_t *pg, void *arg);
@@ -403,8 +407,70 @@ TEST(async_error_aborts_every_rank) {
   EXPECT_EQ_INT(spawn(2, "nccl", async_error, NULL, 30), 0);
 }
 
+/* Breaks the group (and so aborts its communicator) after a random 0-50 ms,
+ * as a failure seen by another thread does (break_group). */
+static void *abort_soon(void *arg) {
+  struct timespec ts = {0, (long)(rand() % 50000) * 1000};
+  nanosleep(&ts, NULL);
+  crun__pg_fail(arg, CRUN_EIO, "EIO: test: an abort racing the collectives");
+  return NULL;
+}
+
+/* Collectives back to back while rank 0's other thread aborts the group
+ * (rank 1 follows through the abort notice). Every NCCL call stalls 30 ms on
+ * its way in (CRUN_NCCL_DOUBLE_ENTRY_DELAY_US: longer than break_group takes
+ * to reach ncclCommAbort, flight recorder dump included), so the abort lands
+ * between a thread's "aborted?" check and NCCL's first read of the
+ * communicator: before the gate (issue 16) the call then came with a
+ * communicator ncclCommAbort had freed, and the double aborted the rank.
+ * Each call returns the right sum, or fails (EIO, ESTATE); once one failed,
+ * the next is ESTATE. */
+static void abort_race(crun_pg_t *pg, void *arg) {
+  (void)arg;
+  int r = crun_pg_rank(pg), n = crun_pg_size(pg), failed = 0;
+  srand((unsigned)getpid());
+  pthread_t t;
+  if (r == 0) EXPECT(pthread_create(&t, NULL, abort_soon, pg) == 0);
+  crun_coll_opts_t o = {.cuda = 1, .premul_factor = 0.25, .timeout = 20};
+  double end = crun_clock() + 20;
+  for (int i = 0; !failed && crun_clock() < end; i++) {
+    float x[2] = {(float)r + 1, 1};
+    int rc;
+    switch (i % 3) {
+    case 0:
+      if ((rc = crun_pg_all_reduce(pg, x, 2, CRUN_FLOAT32, CRUN_OP_SUM, &o, NULL)) == 0)
+        EXPECT(x[0] == (float)(n * (n + 1) / 2) && x[1] == (float)n);
+      break;
+    case 1: /* premul_sum: an op created and destroyed around the call */
+      if ((rc = crun_pg_all_reduce(pg, x, 2, CRUN_FLOAT32, CRUN_OP_PREMUL_SUM, &o, NULL)) == 0)
+        EXPECT(x[0] == 0.25f * (float)(n * (n + 1) / 2));
+      break;
+    default: /* grouped ncclSend/ncclRecv */
+      if ((rc = crun_pg_scatter(pg, &x[1], r == 0 ? (const void *[]){&x[0], &x[0]} : NULL, 1, CRUN_FLOAT32, 0, &o, NULL)) == 0)
+        EXPECT(x[1] == 1.0f);
+      break;
+    }
+    if (rc < 0) {
+      EXPECT(rc == CRUN_EIO || rc == CRUN_ESTATE);
+      failed = 1;
+    }
+  }
+  EXPECT(failed);
+  float y = 1;
+  EXPECT_STATUS(crun_pg_all_reduce(pg, &y, 1, CRUN_FLOAT32, CRUN_OP_SUM, &o, NULL), CRUN_ESTATE);
+  if (r == 0) pthread_join(t, NULL);
+}
+
+TEST(abort_races_collectives) {
+  setenv("CRUN_NCCL_CHECK", "0", 1);
+  setenv("CRUN_NCCL_DOUBLE_ENTRY_DELAY_US", "30000", 1);
+  for (int k = 0; k < 8; k++) EXPECT_EQ_INT(spawn(2, "nccl", abort_race, NULL, 30), 0);
+  unsetenv("CRUN_NCCL_DOUBLE_ENTRY_DELAY_US");
+  unsetenv("CRUN_NCCL_CHECK");
+}
+
 #define CRUN_TESTS(X) X(reductions_1_to_4_ranks) X(data_movement_1_to_4_ranks) X(premul_async_and_subgroups) \
   X(auto_serves_cpu_and_cuda) X(wrong_device_and_unsupported_ops) X(mismatch_names_both_calls)               \
   X(hang_signature_check_names_missing_rank) X(hang_watchdog_aborts_and_names_missing_rank)                    \
-  X(async_error_aborts_every_rank)
+  X(async_error_aborts_every_rank) X(abort_races_collectives)
 CRUN_TEST_MAIN()
