@@ -2,11 +2,9 @@
  * update rules of torch.optim (single-tensor path of torch 1.13). */
 #include <math.h>
 #include <stdlib.h>
-#if defined(__x86_64__)
-#include <xmmintrin.h>
-#endif
 
 #include "cuda/dispatch.h"
+#include "tensor/fpenv.h"
 #include "train/check.h"
 
 /* Denormal floats in the optimizer's state. With zero gradients (a dead
@@ -35,21 +33,11 @@ static int optim_flush(void) {
 typedef struct { unsigned csr; int set; } fpenv_t;
 static fpenv_t flush_begin(void) {
   fpenv_t f = {0, 0};
-#if defined(__x86_64__)
-  if (optim_flush()) {
-    f.csr = _mm_getcsr();
-    f.set = 1;
-    _mm_setcsr(f.csr | 0x8040u); /* FTZ (bit 15) | DAZ (bit 6) */
-  }
-#endif
+  if (optim_flush()) f.csr = crun__fpenv_flush_begin(), f.set = 1;
   return f;
 }
 static void flush_end(fpenv_t f) {
-#if defined(__x86_64__)
-  if (f.set) _mm_setcsr(f.csr);
-#else
-  (void)f;
-#endif
+  if (f.set) crun__fpenv_restore(f.csr);
 }
 
 /* The update of one element; d is the (signed, decayed) gradient. The loops
