@@ -299,16 +299,14 @@ local function group_of(opts, fname)
 end
 
 function dist.all_reduce(t, op, opts)
-  -- the common call (default group, no options) goes straight to the binding:
-  -- with more ranks than cores every instruction of every rank adds latency
-  local pg = state.pg
-  if opts == nil and pg and (op == nil or type(op) ~= "table") then return pg:all_reduce(t, op) end
   op, opts = split_op(op, opts, COLL, "all_reduce")
   local g = group_of(opts, "all_reduce")
   if g then return g:all_reduce(t, op, opts) end
 end
--- the common call without a Lua frame: a C closure takes it and hands any
--- other call to the function above (core.fast_all_reduce, bindings/pg.c)
+-- the common call (default group, no options) goes straight to the binding,
+-- without a Lua frame: with more ranks than cores every instruction of every
+-- rank adds latency. A C closure takes it and hands any other call to the
+-- function above (core.fast_all_reduce, bindings/pg.c).
 dist.all_reduce = core.fast_all_reduce(state, dist.all_reduce)
 
 function dist.broadcast(t, src, opts)
