@@ -7,14 +7,19 @@
 #include "backend/backend.h"
 #include "cuda/cuda_int.h"
 
-/* Allocates a work for kind on pg with the per-call options applied. */
+/* A new Work for kind on pg with the per-call options applied: `local` (a blocking call's, on the caller's stack: no
+ * allocation, no reference counting; crun__pg_submit moves it to the heap
+ * when it has to be queued) or one from the heap, which holds a reference
+ * to the group until it is released. */
 static crun_work_t *work_new(crun_pg_t *pg, int kind, crun_dtype_t dt, size_t count,
-                             const crun_coll_opts_t *o) {
-  crun_work_t *w = CRUN__WORK_SPARE ? atomic_exchange(&pg->spare, NULL) : NULL;
+                             const crun_coll_opts_t *o, crun_work_t *local) {
+  crun_work_t *w = local;
   if (w) memset(w, 0, sizeof *w);
+  else if (CRUN__WORK_SPARE && (w = atomic_exchange(&pg->spare, NULL))) memset(w, 0, sizeof *w);
   else if (!(w = calloc(1, sizeof *w))) return NULL;
   atomic_init(&w->refs, 1);
-  crun_pg_retain(pg);
+  w->on_stack = local != NULL;
+  if (!local) crun_pg_retain(pg);
   w->pg = pg;
   w->c.kind = kind;
   w->c.dt = dt;
@@ -102,7 +107,8 @@ static int submit(crun_pg_t *pg, crun_work_t *w, crun_work_t **work, int *src_ou
 }
 
 #define NEW_WORK(w, kind, dt, count)                                   \
-  crun_work_t *w = work_new(pg, kind, dt, count, opts);                \
+  crun_work_t w##_local;                                               \
+  crun_work_t *w = work_new(pg, kind, dt, count, opts, work ? NULL : &w##_local); \
   if (!w) return crun_error(CRUN_ENOMEM, "%s", crun__coll_name(kind))
 
 #define FAIL_WORK(w, call)                                             \

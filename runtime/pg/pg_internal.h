@@ -125,6 +125,7 @@ struct crun_work {
   crun_pg_t *pg;
   crun__coll_t c;
   int async;
+  int on_stack;              /* a blocking call's, in its frame (coll.c work_new) */
   int queued;                /* the queue holds a reference */
   int done, status;
   char *err;

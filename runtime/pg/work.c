@@ -99,13 +99,17 @@ void crun__pg_p2p_done(crun_pg_t *pg, crun__coll_t *c, int rc) {
   if (crun__obs_on) crun__obs_end(pg, w, rc, 0);
   w->status = rc < 0 ? rc : 0;
   if (rc < 0) w->err = strdup(crun_last_error());
+  /* once done is set, a blocking caller may return and free w (or leave the
+   * frame it lives in): what comes after takes nothing from it */
+  char *text = rc < 0 && rc != CRUN_ECLOSED ? strdup(w->err ? w->err : "p2p failure") : NULL;
   pthread_mutex_lock(&pg->mu);
   pg->npending--;
   w->done = 1;
   pthread_cond_broadcast(&pg->cv);
   int queued = w->queued;
   pthread_mutex_unlock(&pg->mu);
-  if (rc < 0 && rc != CRUN_ECLOSED) break_group(pg, rc, w->err ? w->err : "p2p failure");
+  if (text) break_group(pg, rc, text);
+  free(text);
   if (queued) work_unref(w);
 }
 
@@ -187,6 +191,21 @@ static int enqueue_locked(crun_pg_t *pg, crun_work_t *w) {
   return 0;
 }
 
+/* A copy on the heap of the blocking call's Work w, which must be queued
+ * (it then outlives nothing: the call waits for it). The copy takes over what
+ * w owns and a reference to the group. */
+static crun_work_t *to_heap(crun_work_t *w) {
+  crun_work_t *h = malloc(sizeof *h);
+  if (!h) return NULL;
+  memcpy(h, w, sizeof *h);
+  atomic_init(&h->refs, 1);
+  h->on_stack = 0;
+  crun_pg_retain(w->pg);
+  w->c.outs = NULL, w->c.ins = NULL, w->c.out_counts = NULL, w->c.in_counts = NULL;
+  w->c.dev = NULL, w->scratch = NULL, w->err = NULL;
+  return h;
+}
+
 int crun__pg_submit(crun_pg_t *pg, crun_work_t *w, crun_work_t **out) {
   w->async = out != NULL;
   pthread_mutex_lock(&pg->mu);
@@ -206,15 +225,25 @@ int crun__pg_submit(crun_pg_t *pg, crun_work_t *w, crun_work_t **out) {
     pthread_mutex_unlock(&pg->mu);
     return w->status < 0 ? crun_error(w->status, "%s", strip_name(w->err)) : 0;
   }
+  crun_work_t *q = w->on_stack ? to_heap(w) : w;
   int rc = pg->stop ? crun_error(CRUN_ECLOSED, "group '%s' is being destroyed", pg->prefix)
-                    : enqueue_locked(pg, w);
+           : !q     ? crun_error(CRUN_ENOMEM, "%s on rank %d: no memory to queue it", crun__coll_name(w->c.kind), pg->rank)
+                    : enqueue_locked(pg, q);
   pthread_mutex_unlock(&pg->mu);
-  if (rc < 0) return rc;
+  if (rc < 0) {
+    if (q != w) crun_work_release(q);
+    return rc;
+  }
   if (w->async) {
     *out = w;
     return 0;
   }
-  return crun_work_wait(w, 0);
+  rc = crun_work_wait(q, 0);
+  if (q != w) {
+    w->c.src_out = q->c.src_out;
+    crun_work_release(q);
+  }
+  return rc;
 }
 
 /* A device work's wait or query failed: the group is broken too (the
@@ -295,6 +324,12 @@ static void work_unref(crun_work_t *w) {
 
 void crun_work_release(crun_work_t *w) {
   if (!w) return;
+  if (w->on_stack) { /* only what it owns: the frame is the caller's */
+    crun__coll_free(&w->c);
+    free(w->scratch);
+    free(w->err);
+    return;
+  }
   crun_pg_t *pg = w->pg;
   work_unref(w);
   crun_pg_release(pg); /* the handle's reference; queued work never outlives its group */

@@ -26,7 +26,30 @@ static void async_order(crun_pg_t *pg, void *arg) {
     float want = (float)(p * (p - 1) / 2 + p * k);
     EXPECT(bufs[k][0] == want && bufs[k][C - 1] == want);
   }
-  EXPECT_EQ_INT(crun_pg_next_seq(pg), N + 2);
+  /* blocking calls behind an async one: their Work moves from the caller's
+   * stack to the heap with what it owns (the list of outputs) and gives back
+   * what it found out (the sender of a receive from any rank) */
+  static float big[C];
+  crun_work_t *wa;
+  float mine = (float)(10 + r), got[4] = {0};
+  void *outs[4] = {&got[0], &got[1], &got[2], &got[3]};
+  EXPECT_OK(crun_pg_all_reduce(pg, big, C, CRUN_FLOAT32, CRUN_OP_SUM, NULL, &wa));
+  EXPECT_OK(crun_pg_all_gather(pg, outs, &mine, 1, CRUN_FLOAT32, NULL, NULL));
+  for (int q = 0; q < p; q++) EXPECT(got[q] == (float)(10 + q));
+  EXPECT_OK(crun_work_wait(wa, 10));
+  crun_work_release(wa);
+  EXPECT_OK(crun_pg_all_reduce(pg, big, C, CRUN_FLOAT32, CRUN_OP_SUM, NULL, &wa));
+  float v = (float)(100 + r);
+  int src = -1;
+  if (r == 1) EXPECT_OK(crun_pg_send(pg, &v, 1, CRUN_FLOAT32, 0, NULL, NULL));
+  if (r == 0) {
+    EXPECT_OK(crun_pg_recv(pg, &v, 1, CRUN_FLOAT32, CRUN_ANY_SOURCE, NULL, &src, NULL));
+    EXPECT_EQ_INT(src, 1);
+    EXPECT(v == 101.0f);
+  }
+  EXPECT_OK(crun_work_wait(wa, 10));
+  crun_work_release(wa);
+  EXPECT_EQ_INT(crun_pg_next_seq(pg), N + 5);
 }
 
 TEST(async_ordering) { pg_spawn(3, async_order, NULL); }
