@@ -343,7 +343,10 @@ static void *publisher(void *arg) {
 }
 
 void crun__pg_mark(crun_pg_t *pg, const crun__coll_t *c) {
-  atomic_store(&pg->cur, ((uint64_t)c->kind << 56) | (c->seq & ((1ull << 56) - 1)));
+  /* read by the publisher thread, which needs no ordering with anything else:
+   * a plain store (a seq_cst one is a locked xchg on every collective) */
+  atomic_store_explicit(&pg->cur, ((uint64_t)c->kind << 56) | (c->seq & ((1ull << 56) - 1)),
+                        memory_order_relaxed);
   if (pg->has_pub || pg->size < 2) return;
   pthread_mutex_lock(&pg->mu);
   if (!pg->has_pub && !pg->pub_stop)

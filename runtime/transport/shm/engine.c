@@ -51,11 +51,17 @@ void crun__shm_comm_label(crun__shm_comm_t *c, uint64_t seq) {
   if (c) c->next_label = seq;
 }
 
+void crun__shm_comm_deadline(crun__shm_comm_t *c, double deadline, double timeout) {
+  if (c) c->next_deadline = deadline, c->next_timeout = timeout;
+}
+
 /* Checks the arguments, starts op number opseq+1 and publishes its
  * description in this rank's ring. */
 int crun__shm_begin(crun__shm_comm_t *c, shm_kind_t kind, crun_dtype_t dt,
                     crun_reduce_op_t op, int root, size_t count, size_t nblocks,
                     int bufs_ok, double timeout) {
+  double next_deadline = c ? c->next_deadline : 0;
+  if (c) c->next_deadline = 0;
   int rc = check_args(c, kind, dt, op, root, count, nblocks, bufs_ok);
   if (rc < 0) return c && !c->broken ? crun__shm_fail_last(c, rc) : rc;
   int uses_op = kind == SHM_ALLREDUCE || kind == SHM_REDUCE || kind == SHM_REDUCE_SCATTER;
@@ -68,8 +74,13 @@ int crun__shm_begin(crun__shm_comm_t *c, shm_kind_t kind, crun_dtype_t dt,
   c->count = count;
   c->sig = (uint64_t)kind | (uint64_t)dt << 8 | (uint64_t)(uses_op ? op : 0) << 16 |
            (uint64_t)(uses_root ? root + 1 : 0) << 24;
-  c->op_timeout = timeout > 0 ? timeout : c->timeout;
-  c->deadline = crun__clock_coarse() + c->op_timeout;
+  if (next_deadline > 0) { /* the group's, set when the call started */
+    c->op_timeout = c->next_timeout;
+    c->deadline = next_deadline;
+  } else {
+    c->op_timeout = timeout > 0 ? timeout : c->timeout;
+    c->deadline = crun__clock_coarse() + c->op_timeout;
+  }
   /* A peer aborted the communicator: fail now, even when the peers' data for
    * this op is already there (a late rank must not succeed where they failed). */
   CRUN_CHECK(crun__shm_check_abort(c));
@@ -129,5 +140,10 @@ int crun__shm_run_small(shm_op_t *o) {
     int rc = o->finish(o, b);
     if (rc < 0) return crun__shm_fail_last(c, rc);
   }
+  /* Every peer posted s, so it has read this rank's other slot (op s-1): take
+   * that slot's header line for writing now, while the caller is busy
+   * elsewhere, rather than at the next op's first store, whose wait for the
+   * peers' copies to go was a tenth of a 2-rank 8-byte op. */
+  __builtin_prefetch(crun__shm_small_hdr(c, c->rank, b ^ 1), 1, 3);
   return 0;
 }

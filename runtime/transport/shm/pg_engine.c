@@ -106,10 +106,11 @@ static int dispatch(crun__shm_comm_t *s, crun__coll_t *c, double t) {
  * numbered as the group numbers it; a timeout also says where every rank is. */
 static int eng_run(void *state, crun__coll_t *c) {
   eng_t *e = state;
-  double t = c->deadline > 0 ? c->deadline - crun__clock_coarse() : c->timeout;
-  if (t <= 0) t = 1e-3;
   crun__shm_comm_label(e->comm, c->seq);
-  return crun__pg_timeout_report(e->pg, dispatch(e->comm, c, t));
+  if (c->deadline > 0) crun__shm_comm_deadline(e->comm, c->deadline, c->timeout);
+  int rc = dispatch(e->comm, c, c->timeout);
+  crun__shm_comm_deadline(e->comm, 0, 0); /* unused when the op never began */
+  return crun__pg_timeout_report(e->pg, rc);
 }
 
 static void eng_destroy(void *state) {

@@ -80,6 +80,9 @@ int crun__shm_comm_size(const crun__shm_comm_t *c);
 /* Names the next collective "#seq" in error texts (a process group passes
  * its own numbering); by default the engine counts its own collectives. */
 void crun__shm_comm_label(crun__shm_comm_t *c, uint64_t seq);
+/* Gives the next op the caller's deadline (a crun__clock_coarse() time) and
+ * its whole timeout for error texts, instead of timing it from its start. */
+void crun__shm_comm_deadline(crun__shm_comm_t *c, double deadline, double timeout);
 
 /* Writes "<boot id>/<hostname>/<ipc ns>/<mount ns>/<net ns>" into buf: equal
  * exactly on the processes that can open each other's segments in /dev/shm

@@ -87,6 +87,7 @@ struct crun__shm_comm {
   int nbuf;
   uint64_t opseq, small_seq, chunk_seq;
   uint64_t label, next_label; /* the op's number in error texts */
+  double next_deadline, next_timeout; /* the next op's, when its caller has one */
   double timeout;
   int *pidfd;               /* per rank; -1 for self or unknown */
   int oversub, policy_yield;
