@@ -177,9 +177,8 @@ static void unpin_if_done(lua_State *L, int idx) {
 
 #define WORK_ARG(async) ((async) ? &w : NULL)
 
-/* pg:all_reduce(t[, op][, opts]) */
-static int l_all_reduce(lua_State *L) {
-  crun_pg_t *pg = check_pg(L, 1);
+/* pg:all_reduce(t[, op][, opts]) on pg, the checked group at slot 1 */
+static int all_reduce_on(lua_State *L, crun_pg_t *pg) {
   crun_tensor_t *t = check_tensor(L, 2, "all_reduce");
   crun_reduce_op_t op = check_op(L, 3);
   crun_coll_opts_t o;
@@ -191,20 +190,32 @@ static int l_all_reduce(lua_State *L) {
   return finish(L, rc, w, async, 2, 2, 2);
 }
 
+static int l_all_reduce(lua_State *L) { return all_reduce_on(L, check_pg(L, 1)); }
+
 /* dist.all_reduce(t[, op][, opts]) as a C closure over (state, key "pg",
- * the Lua dist.all_reduce): the common call, on the default group with no
- * options, goes straight to l_all_reduce with the group inserted as self; any
- * other call goes to the Lua function. This saves a Lua call frame per
- * operation (~500 instructions of a ~3,000-instruction 2-rank 8-byte
- * all_reduce). crun_l_argerror counts the inserted self as a method's
- * (crun_l_hidden_self), so errors name the user's argument numbers. */
+ * the Lua dist.all_reduce, the group last checked): the common call, on the
+ * default group with no options, goes straight to all_reduce_on with the
+ * group inserted as self; any other call goes to the Lua function. This saves
+ * a Lua call frame per operation (~500 instructions of a ~3,000-instruction
+ * 2-rank 8-byte all_reduce), and the group's metatable check (~200) while the
+ * default group is the one checked last (upvalue 4 holds its address: only
+ * groups are ever stored at state.pg, so an address seen again is a group's). crun_l_argerror
+ * counts the inserted self as a method's (crun_l_hidden_self), so errors name
+ * the user's argument numbers. */
 static int l_dist_all_reduce(lua_State *L) {
   int n = lua_gettop(L);
   if (n <= 2 && (n < 2 || !lua_istable(L, 2))) {
     lua_pushvalue(L, lua_upvalueindex(2));
     if (lua_rawget(L, lua_upvalueindex(1)) == LUA_TUSERDATA) {
       lua_insert(L, 1);
-      return l_all_reduce(L);
+      l_pg *u = lua_touserdata(L, 1);
+      if (u != lua_touserdata(L, lua_upvalueindex(4))) {
+        check_pg(L, 1);
+        lua_pushlightuserdata(L, u);
+        lua_replace(L, lua_upvalueindex(4));
+      }
+      if (!u->pg) return crun_l_fail(L, crun_error(CRUN_ECLOSED, "the process group was destroyed"));
+      return all_reduce_on(L, u->pg);
     }
     lua_pop(L, 1);
   }
@@ -223,7 +234,8 @@ static int l_fast_all_reduce(lua_State *L) {
   lua_pushvalue(L, 1);
   lua_pushliteral(L, "pg");
   lua_pushvalue(L, 2);
-  lua_pushcclosure(L, l_dist_all_reduce, 3);
+  lua_pushnil(L);
+  lua_pushcclosure(L, l_dist_all_reduce, 4);
   return 1;
 }
 

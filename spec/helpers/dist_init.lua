@@ -43,6 +43,19 @@ case("env", function()
   assert(not dist.is_initialized())
 end)
 
+case("world_destroyed_under_dist_all_reduce", function()
+  -- dist.all_reduce remembers the group it checked last: a destroyed one must
+  -- still raise, and a new default group must be checked and used
+  dist.init_process_group{}
+  sum_check()
+  dist.group.WORLD:destroy()
+  expect_error("^ECLOSED: the process group was destroyed", dist.all_reduce, T.ones({2}))
+  dist.destroy_process_group()
+  dist.init_process_group{}
+  sum_check()
+  dist.destroy_process_group()
+end)
+
 case("env_again_after_destroy", function()
   dist.init_process_group{timeout = 30}
   sum_check()
