@@ -22,14 +22,16 @@ typedef struct {
 } l_work;
 
 /* Returns the live group of the userdata at idx (raises on a destroyed one). */
-static crun_pg_t *check_pg(lua_State *L, int idx) {
-  l_pg *u = crun_l_checkudata(L, idx, PG_MT);
+/* u's group; raises ECLOSED once it was destroyed. */
+static crun_pg_t *live_pg(lua_State *L, const l_pg *u) {
   if (!u->pg) {
     crun_error(CRUN_ECLOSED, "the process group was destroyed");
     crun_l_fail(L, CRUN_ECLOSED);
   }
   return u->pg;
 }
+
+static crun_pg_t *check_pg(lua_State *L, int idx) { return live_pg(L, crun_l_checkudata(L, idx, PG_MT)); }
 
 crun_pg_t *crun_l_check_pg(lua_State *L, int idx) { return check_pg(L, idx); }
 
@@ -214,8 +216,7 @@ static int l_dist_all_reduce(lua_State *L) {
         lua_pushlightuserdata(L, u);
         lua_replace(L, lua_upvalueindex(4));
       }
-      if (!u->pg) return crun_l_fail(L, crun_error(CRUN_ECLOSED, "the process group was destroyed"));
-      return all_reduce_on(L, u->pg);
+      return all_reduce_on(L, live_pg(L, u));
     }
     lua_pop(L, 1);
   }
