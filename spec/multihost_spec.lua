@@ -194,9 +194,12 @@ describe("mpirun across network-namespace hosts", function()
     local dir = c.tmpdir("elastic")
     finally(function() hosts:down(); c.rmrf(dir) end)
     local job = "spec/fixtures/launcher/elastic_job.lua " .. c.q(dir)
+    -- last_call_timeout 3 s: round 0 must wait for the third host, which a
+    -- loaded machine can start more than 1 s after the second (seen: round 0
+    -- closed with 2 nodes at load 8)
     for i = 0, 2 do
       hosts:start(i, string.format("-n 1 --nnodes 2:3 --rdzv-backend c10d --rdzv-endpoint %s:29400 --rdzv-id cut " ..
-                                   "--rdzv-conf last_call_timeout=1,heartbeat_timeout=3,join_timeout=30 " ..
+                                   "--rdzv-conf last_call_timeout=3,heartbeat_timeout=3,join_timeout=30 " ..
                                    "--rdzv-timeout 30 %s", netns.addr(0), job), {env = BASE_ENV, limit = 90})
       c.sleep(0.5)
     end
