@@ -324,10 +324,10 @@ static void work_unref(crun_work_t *w) {
 
 void crun_work_release(crun_work_t *w) {
   if (!w) return;
-  if (w->on_stack) { /* only what it owns: the frame is the caller's */
-    crun__coll_free(&w->c);
-    free(w->scratch);
-    free(w->err);
+  if (w->on_stack) { /* only what it owns: the frame is the caller's (mostly nothing) */
+    if (w->c.outs || w->c.ins || w->c.out_counts || w->c.in_counts || w->c.dev) crun__coll_free(&w->c);
+    if (w->scratch) free(w->scratch);
+    if (w->err) free(w->err);
     return;
   }
   crun_pg_t *pg = w->pg;
