@@ -867,7 +867,7 @@ static int should_spin(crun_store_server_t *srv) {
  * before it blocks, once should_spin says no: CRUN_STORE_TAIL_POLLS after
  * a request from a unix-socket client, so a client that runs on this CPU
  * meanwhile finds the loop awake instead of waking it from another vCPU
- * (runtime/store/README.md, "Eight clients on two vCPUs"); none after a
+ * (runtime/store/README.md, "Polling clients"); none after a
  * TCP client's (measured slower: a TCP request costs the server more, and
  * the yields hand its CPU to the clients). `seen` is the request that
  * started the count. */
