@@ -18,7 +18,7 @@
 --   lua5.4 jobs/store_bench.lua [--lat-ops 10000] [--clients 8] [--tput-ops 5000]
 --                               [--torch-csv FILE] [--out FILE]
 -- With --torch-csv (the --out file of the anchor) the table shows torch's
--- figures side by side.
+-- figures side by side; --lat-ops 0 runs the throughput tests only.
 local crun = require "crun"
 
 local VAL = string.rep("v", 16)
@@ -137,8 +137,8 @@ local function main()
   local server = crun.store.tcp{host = "127.0.0.1", port = 0, is_master = true, timeout = 300}
   local port = server:port()
   local rows = {}
-  run_children({string.format("lat %d %d", port, o.lat_ops)})
-  for _, name in ipairs({"set", "get", "add"}) do
+  if o.lat_ops > 0 then run_children({string.format("lat %d %d", port, o.lat_ops)}) end
+  for _, name in ipairs(o.lat_ops > 0 and {"set", "get", "add"} or {}) do
     local med, p10, p99 = server:get("res/lat/" .. name):match("(%S+) (%S+) (%S+)")
     med, p10, p99 = tonumber(med) * 1e6, tonumber(p10) * 1e6, tonumber(p99) * 1e6
     rows[#rows + 1] = {"latency_" .. name, 1, o.lat_ops, med, p10, p99, 1e6 / med}

@@ -830,7 +830,7 @@ int crun_store_tcp_new(const crun_store_tcp_opts_t *opts, crun_store_t **out) {
   crun__store_init(&t->base, &tcp_ops);
   crun_store_set_timeout(&t->base, opts->timeout);
   pthread_mutex_init(&t->mu, NULL);
-  t->spin = crun__store_spin_seconds();
+  t->spin = crun__store_spin_seconds(CRUN_STORE_SPIN_US_CLIENT);
   t->async_set = opts->async_set || crun_env_int("CRUN_STORE_ASYNC_SET", 0) != 0;
   t->fd = -1;
   t->port = opts->port;

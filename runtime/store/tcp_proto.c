@@ -99,8 +99,8 @@ int crun__sproto_reply_error(unsigned code, const crun__sarg_t *args, unsigned n
   return crun_error(st, "%.*s (%s)", mlen, msg, where);
 }
 
-double crun__store_spin_seconds(void) {
-  long us = crun_env_int("CRUN_STORE_SPIN_US", CRUN_STORE_SPIN_US_DEFAULT);
+double crun__store_spin_seconds(long default_us) {
+  long us = crun_env_int("CRUN_STORE_SPIN_US", default_us);
   if (us < 0) us = 0;
   if (us > 1000000) us = 1000000;
   return (double)us * 1e-6;

@@ -177,14 +177,26 @@ static inline socklen_t crun__store_local_addr(const char *ip, int port, struct 
 
 /* Spinning: how long a client polls for its reply, and the server for the
  * next request after serving one, before blocking (CRUN_STORE_SPIN_US,
- * microseconds; default CRUN_STORE_SPIN_US_DEFAULT; 0: never). Both poll
- * with sched_yield between tries. A thread that blocks lets its vCPU halt,
- * and on a VM that halts at once (haltpoll.guest_halt_poll_ns=0) waking it
- * costs a halt exit and an IPI through the host: ~15 us per wake-up on a
- * 2-core AMD EPYC VM, two per round trip (runtime/store/README.md). The
- * server polls only while fewer clients are busy than the machine has
- * CPUs: with every CPU busy, polling only yields to the clients it serves. */
-#define CRUN_STORE_SPIN_US_DEFAULT 50
-double crun__store_spin_seconds(void);
+ * microseconds, sets both; 0: never). Both poll with sched_yield between
+ * tries. A thread that blocks lets its vCPU halt, and on a VM that halts
+ * at once (haltpoll.guest_halt_poll_ns=0) waking it costs a halt exit and
+ * an IPI through the host: ~15 us per wake-up on a 2-core AMD EPYC VM, two
+ * per round trip (runtime/store/README.md). The client polls by default
+ * for CRUN_STORE_SPIN_US_CLIENT, while its recent round trips were shorter
+ * than that: many clients on few cores wait ~10 us per client ahead of
+ * them, and a reply that finds its client polling wakes nobody (a wake-up
+ * on another vCPU costs the server's write ~8 us there). The server polls
+ * by default for CRUN_STORE_SPIN_US_SERVER, only while fewer clients are
+ * busy than the machine has CPUs: with every CPU busy, polling only
+ * yields to the clients it serves. Then, after serving unix-socket
+ * clients, it looks CRUN_STORE_TAIL_POLLS more times (sched_yield between)
+ * before blocking, so a client that runs on its CPU meanwhile finds it
+ * awake. */
+#define CRUN_STORE_SPIN_US_CLIENT 200
+#define CRUN_STORE_SPIN_US_SERVER 50
+#define CRUN_STORE_TAIL_POLLS 3
+/* Returns CRUN_STORE_SPIN_US in seconds (clamped to 0..1 s), or
+ * default_us when it is not set. */
+double crun__store_spin_seconds(long default_us);
 
 #endif

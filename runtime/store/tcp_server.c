@@ -60,6 +60,7 @@ struct crun_store_server {
   int draining;
   double spin;                /* seconds the loop polls after a request before it blocks */
   double active_at;           /* when the last request arrived (crun_clock) */
+  int active_local;           /* it came over the unix socket */
   int ncpus;                  /* CPUs of this machine */
   double round_at;            /* when the current round of ACTIVE_ROUND began */
   unsigned round;             /* its number */
@@ -80,6 +81,7 @@ struct conn {
   conn_t *rnext;         /* srv->ready */
   int parked, in_ready, closing, throttled;
   int authed;              /* passed the challenge-response (core/auth.h) */
+  int local;               /* a same-host client on the unix socket */
   unsigned round;          /* the last round of ACTIVE_ROUND it sent a request in */
   uint64_t ticket;         /* a parked QUEUE_POP's place in line (0: none) */
   uv_timer_t timer;        /* that QUEUE_POP's deadline (when has_timer) */
@@ -711,6 +713,7 @@ static void note_active(conn_t *c) {
   crun_store_server_t *srv = c->srv;
   double now = crun_clock();
   srv->active_at = now;
+  srv->active_local = c->local;
   if (now - srv->round_at > ACTIVE_ROUND) {
     srv->busy_conns = srv->round_conns;
     srv->round_conns = 0;
@@ -815,6 +818,7 @@ static void on_connection(uv_stream_t *server, int status) {
   if (!c) return;
   c->srv = srv;
   c->handles = 1;
+  c->local = local;
   conn_handle_init(srv, c, local);
   if (uv_accept(server, (uv_stream_t *)&c->h) < 0) {
     uv_close((uv_handle_t *)&c->h, on_conn_closed);
@@ -859,16 +863,38 @@ static int should_spin(crun_store_server_t *srv) {
   return busy < srv->ncpus;
 }
 
+/* How many more times the loop looks for requests (sched_yield between)
+ * before it blocks, once should_spin says no: CRUN_STORE_TAIL_POLLS after
+ * a request from a unix-socket client, so a client that runs on this CPU
+ * meanwhile finds the loop awake instead of waking it from another vCPU
+ * (runtime/store/README.md, "Polling clients"); none after a
+ * TCP client's (measured slower: a TCP request costs the server more, and
+ * the yields hand its CPU to the clients). `seen` is the request that
+ * started the count. */
+static int tail_polls(crun_store_server_t *srv, double *seen, int *left) {
+  if (srv->active_at != *seen) {
+    *seen = srv->active_at;
+    *left = srv->active_local && srv->spin > 0 ? CRUN_STORE_TAIL_POLLS : 0;
+  }
+  if (*left <= 0) return 0;
+  --*left;
+  return 1;
+}
+
 /* The loop: for srv->spin after each request it polls (an epoll_wait that
  * does not block, then sched_yield) instead of sleeping, so the next
  * request of a client that asks again at once finds this thread awake and
  * wakes no halted vCPU (tcp_proto.h, "Spinning"), unless the clients keep
- * every CPU busy (should_spin); then it blocks in epoll_wait until the
- * next event. Ends when no handle is left (on_stop). */
+ * every CPU busy (should_spin); then it looks a few more times after a
+ * unix-socket request (tail_polls) and blocks in epoll_wait until the next
+ * event. Ends when no handle is left (on_stop). */
 static void server_thread(void *arg) {
   crun_store_server_t *srv = arg;
+  pthread_setname_np(pthread_self(), "crun-store"); /* for top, perf and the tests */
+  double seen = 0;
+  int left = 0;
   for (;;) {
-    int spinning = should_spin(srv);
+    int spinning = should_spin(srv) || tail_polls(srv, &seen, &left);
     if (!uv_run(&srv->loop, spinning ? UV_RUN_NOWAIT : UV_RUN_ONCE)) break;
     if (spinning) sched_yield();
   }
@@ -1000,7 +1026,7 @@ int crun_store_server_start_token(const char *host, int port, const char *token,
     return crun_error(CRUN_ENOMEM, "store server: out of memory");
   }
   raise_fd_limit();
-  srv->spin = crun__store_spin_seconds();
+  srv->spin = crun__store_spin_seconds(CRUN_STORE_SPIN_US_SERVER);
   long ncpus = sysconf(_SC_NPROCESSORS_ONLN); /* the machine's: clients may run on any */
   srv->ncpus = ncpus > 0 ? (int)ncpus : 1;
   srv->round = 1; /* a connection's round starts at 0: its first request counts */

@@ -16,6 +16,8 @@
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
+#include <dirent.h>
+#include <stdio.h>
 #include <unistd.h>
 
 /* Opens a TCP client of the server on 127.0.0.1:port. */
@@ -958,9 +960,87 @@ TEST(tcp_async_set_lost) {
   close(lfd);
 }
 
+/* CRUN_STORE_SPIN_US sets how long the client and the server poll; unset,
+ * each has its own default (tcp_proto.h, "Spinning"). */
+TEST(tcp_spin_setting) {
+  const char *was = getenv("CRUN_STORE_SPIN_US");
+  char *keep = was ? strdup(was) : NULL;
+  unsetenv("CRUN_STORE_SPIN_US");
+  EXPECT(crun__store_spin_seconds(CRUN_STORE_SPIN_US_CLIENT) == CRUN_STORE_SPIN_US_CLIENT * 1e-6);
+  EXPECT(crun__store_spin_seconds(CRUN_STORE_SPIN_US_SERVER) == CRUN_STORE_SPIN_US_SERVER * 1e-6);
+  setenv("CRUN_STORE_SPIN_US", "0", 1);
+  EXPECT(crun__store_spin_seconds(CRUN_STORE_SPIN_US_CLIENT) == 0);
+  setenv("CRUN_STORE_SPIN_US", "70", 1);
+  EXPECT(crun__store_spin_seconds(CRUN_STORE_SPIN_US_SERVER) == 70 * 1e-6);
+  setenv("CRUN_STORE_SPIN_US", "-3", 1);
+  EXPECT(crun__store_spin_seconds(CRUN_STORE_SPIN_US_CLIENT) == 0);
+  setenv("CRUN_STORE_SPIN_US", "5000000", 1);
+  EXPECT(crun__store_spin_seconds(CRUN_STORE_SPIN_US_CLIENT) == 1.0);
+  if (keep) setenv("CRUN_STORE_SPIN_US", keep, 1);
+  else unsetenv("CRUN_STORE_SPIN_US");
+  free(keep);
+}
+
+/* The state letter of this process's thread named `name` (0: none). */
+static char thread_state(const char *name) {
+  char path[300], buf[512];
+  DIR *d = opendir("/proc/self/task");
+  char st = 0;
+  for (struct dirent *e; d && !st && (e = readdir(d));) {
+    if (e->d_name[0] == '.') continue;
+    snprintf(path, sizeof path, "/proc/self/task/%s/stat", e->d_name);
+    FILE *f = fopen(path, "r");
+    if (!f) continue;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    char *open = strchr(buf, '('), *close = strrchr(buf, ')');
+    if (open && close && close > open && (size_t)(close - open - 1) == strlen(name) &&
+        strncmp(open + 1, name, strlen(name)) == 0 && close[1] == ' ')
+      st = close[2];
+  }
+  if (d) closedir(d);
+  return st;
+}
+
+static void *busy_client(void *arg) {
+  crun_store_t *s = client(*(int *)arg, 10);
+  char key[32];
+  crun_buf_t b = {0};
+  for (int i = 0; i < 300; i++) {
+    snprintf(key, sizeof key, "busy/%p/%d", (void *)&b, i);
+    EXPECT_OK(crun_store_set(s, key, "v", 1));
+    EXPECT_OK(crun_store_get(s, key, &b));
+    crun_buf_free(&b);
+  }
+  crun_store_release(s);
+  return NULL;
+}
+
+/* More busy clients than CPUs (the server stops polling after each request
+ * and looks only CRUN_STORE_TAIL_POLLS more times), then none: the server
+ * thread goes to sleep rather than polling on. */
+TEST(tcp_idle_server_sleeps) {
+  crun_store_server_t *srv;
+  EXPECT_OK(crun_store_server_start("127.0.0.1", 0, &srv));
+  int port = crun_store_server_port(srv);
+  enum { N = 16 };
+  pthread_t th[N];
+  long ncpu = sysconf(_SC_NPROCESSORS_ONLN), n = ncpu + 2 < N ? ncpu + 2 : N;
+  for (long i = 0; i < n; i++) pthread_create(&th[i], NULL, busy_client, &port);
+  for (long i = 0; i < n; i++) pthread_join(th[i], NULL);
+  EXPECT(thread_state("crun-store") != 0);
+  double deadline = crun_clock() + 20;
+  char st = 0;
+  while ((st = thread_state("crun-store")) != 'S' && crun_clock() < deadline) usleep(1000);
+  EXPECT(st == 'S');
+  crun_store_server_stop(srv);
+}
+
 #define CRUN_TESTS(X) X(tcp_semantics) X(tcp_get_is_parked_until_set) X(tcp_port_in_use) \
   X(tcp_connect_refused) X(tcp_world_size_join) X(tcp_hostile_frames) X(tcp_server_goes_away) \
   X(tcp_thousand_clients) X(tcp_multiprocess_race) X(tcp_big_value) X(tcp_pipelined_clients) X(tcp_both_transports) \
   X(tcp_secret) X(tcp_handshake_stall_is_etimedout) X(tcp_unix_socket_taken_by_another_user) X(tcp_client_that_never_reads) \
-  X(tcp_waiters_by_key) X(tcp_idle_connection_flood) X(tcp_queues) X(tcp_queue_opcodes) X(tcp_async_set) X(tcp_async_set_lost)
+  X(tcp_waiters_by_key) X(tcp_idle_connection_flood) X(tcp_queues) X(tcp_queue_opcodes) X(tcp_async_set) X(tcp_async_set_lost) \
+  X(tcp_spin_setting) X(tcp_idle_server_sleeps)
 CRUN_TEST_MAIN()
