@@ -1,7 +1,7 @@
 --- jobs/bench.lua — an nccl-tests style table for one collective.
 --
 --   crun-lua -n 4 jobs/bench.lua all_reduce [--min-bytes 8] [--max-bytes 64M]
---            [--iters N] [--warmup N] [--dtype float32] [--op sum] [--csv]
+--            [--iters N] [--warmup N] [--budget S] [--dtype float32] [--op sum] [--csv]
 --            [--sizes 8,1K,64K] [--no-barrier] [--device cuda] [--timeline FILE] [--trace-cost [ROUNDS]]
 --
 -- --timeline FILE: a Chrome/Perfetto trace of the run (crun.trace), merged by
@@ -23,13 +23,16 @@
 -- back, as the Gloo and MPI anchors time it); its time is the max over ranks,
 -- and the table shows the median over iterations. algbw = size /
 -- time; busbw = algbw x (2(n-1)/n for all_reduce, (n-1)/n for all_gather,
--- reduce_scatter and all_to_all, 1 for broadcast).
+-- reduce_scatter and all_to_all, 1 for broadcast). Warm-up runs and
+-- iterations follow the anchors' plan by size (50 and 1,000 up to 1 KiB ... 2
+-- and 10 above 16 MiB), the iterations capped to take about --budget s (4);
+-- --warmup and --iters override it.
 local crun = require "crun"
 local dist, T = crun.dist, crun.tensor
 
 local function usage(msg)
   io.stderr:write((msg and (msg .. "\n") or ""), "usage: crun-lua -n N jobs/bench.lua COLLECTIVE ",
-    "[--min-bytes B] [--max-bytes B] [--sizes B,B,...] [--iters N] [--warmup N] [--dtype D] [--op OP] ",
+    "[--min-bytes B] [--max-bytes B] [--sizes B,B,...] [--iters N] [--warmup N] [--budget S] [--dtype D] [--op OP] ",
     "[--csv] [--no-barrier] [--device cpu|cuda] [--timeline FILE] [--trace-cost [ROUNDS]]\n")
   os.exit(2)
 end
@@ -42,7 +45,7 @@ local function parse_bytes(s)
 end
 
 local function parse_args(a)
-  local o = {coll = "all_reduce", min = 8, max = 64 * 1024 * 1024, warmup = 3, dtype = "float32", op = "sum"}
+  local o = {coll = "all_reduce", min = 8, max = 64 * 1024 * 1024, dtype = "float32", op = "sum", budget = 4}
   local i = 1
   while a[i] do
     local k, v = a[i], a[i + 1]
@@ -50,6 +53,7 @@ local function parse_args(a)
     elseif k == "--max-bytes" then o.max, i = parse_bytes(v), i + 1
     elseif k == "--iters" then o.iters, i = math.tointeger(tonumber(v)), i + 1
     elseif k == "--warmup" then o.warmup, i = math.tointeger(tonumber(v)), i + 1
+    elseif k == "--budget" then o.budget, i = tonumber(v) or usage("--budget needs seconds"), i + 1
     elseif k == "--dtype" then o.dtype, i = v, i + 1
     elseif k == "--op" then o.op, i = v, i + 1
     elseif k == "--csv" then o.csv = true
@@ -105,10 +109,30 @@ local function setup(o, n, bytes, esize)
   usage("unknown collective " .. o.coll)
 end
 
--- Times `iters` runs of fn(a, b) (each followed by sync(), when given);
--- returns the median of the per-iteration max over ranks.
-local function measure(fn, iters, warmup, no_barrier, sync, a, b)
+-- The anchors' plan (anchors/mpi/mpi_allreduce.c, gloo_bench.py): warm-up
+-- runs and timed iterations by size; the iterations are then capped so that
+-- they take about --budget seconds (at least 3).
+local function plan(bytes)
+  if bytes <= 1024 then return 50, 1000 end
+  if bytes <= 64 * 1024 then return 20, 300 end
+  if bytes <= 1024 * 1024 then return 10, 200 end
+  if bytes <= 16 * 1024 * 1024 then return 3, 30 end
+  return 2, 10
+end
+
+-- Times `iters` runs of fn(a, b) (each followed by sync(), when given) after
+-- `warmup` runs; a nil iters is capped by `budget` s at the warm-up's pace
+-- (the slowest rank's, so that every rank runs as many). Returns the median
+-- of the per-iteration max over ranks.
+local function measure(fn, iters, warmup, no_barrier, sync, a, b, cap, budget)
+  local w0 = crun.clock()
   for _ = 1, warmup do fn(a, b); if sync then sync() end end
+  if not iters then
+    local pace = T.new({(crun.clock() - w0) / math.max(warmup, 1)}, "float64")
+    dist.all_reduce(pace, "max")
+    local t = pace:totable()[1]
+    iters = math.max(3, math.min(cap, t > 0 and math.floor(budget / t) or cap))
+  end
   -- a plain Lua table while timing (no binding call per iteration: with
   -- more ranks than cores every rank's bookkeeping delays the others)
   local raw, clock = {}, crun.clock
@@ -138,7 +162,7 @@ local function measure_modes(fn, iters, o, a, b)
       local m = MODES[(j + r) % #MODES + 1]
       crun.trace.mode(m[2])
       got[m[1]] = got[m[1]] or {}
-      table.insert(got[m[1]], measure(fn, iters, o.warmup, o.no_barrier, nil, a, b))
+      table.insert(got[m[1]], measure(fn, iters, o.warmup or 3, o.no_barrier, nil, a, b))
     end
   end
   crun.trace.mode(1)
@@ -206,8 +230,8 @@ local function main()
   for _, bytes in ipairs(sizes) do
     local fn, count, a, b = setup(o, n, bytes, esize)
     local real = count * esize
-    local iters = o.iters or math.max(5, math.min(200, (256 * 1024 * 1024) // math.max(real, 1) // 4))
-    local t = measure(fn, iters, o.warmup, o.no_barrier, sync, a, b)
+    local warm, cap = plan(real)
+    local t = measure(fn, o.iters, o.warmup or warm, o.no_barrier, sync, a, b, cap, o.budget)
     local algbw = real / t / 1e9
     local opname = (o.coll == "all_reduce" or o.coll:find("^reduce_scatter")) and o.op or "-"
     if o.csv then
