@@ -7,10 +7,10 @@
 #include "backend/backend.h"
 #include "cuda/cuda_int.h"
 
-/* A new Work for kind on pg with the per-call options applied: `local` (a blocking call's, on the caller's stack: no
- * allocation, no reference counting; crun__pg_submit moves it to the heap
- * when it has to be queued) or one from the heap, which holds a reference
- * to the group until it is released. */
+/* A new Work for kind on pg with the per-call options applied: `local` (a
+ * blocking call's, on the caller's stack: no allocation, no reference
+ * counting; crun__pg_submit moves it to the heap when it has to be queued) or
+ * one from the heap, which holds a reference to the group until released. */
 static crun_work_t *work_new(crun_pg_t *pg, int kind, crun_dtype_t dt, size_t count,
                              const crun_coll_opts_t *o, crun_work_t *local) {
   crun_work_t *w = local;

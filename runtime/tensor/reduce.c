@@ -197,19 +197,24 @@ static void reduce_n_half(crun_dtype_t dt, into_fn into, void *dst, const void *
  * cache while all sources stream through once. When dst is one of srcs[2..],
  * the chunk is accumulated aside first so that source is read before it is
  * overwritten; the order of the op stays ((s0 op s1) op s2) op ... */
+/* Reduces elements [off, off + m) of every source into t (m elements). */
+static void reduce_chunk(crun_dtype_t dt, crun_reduce_op_t op, void *t, const void *const *srcs, int nsrc,
+                         size_t off, size_t m) {
+  size_t es = crun_dtype_size(dt);
+  r3_table[dt][op](t, (const unsigned char *)srcs[0] + off * es, (const unsigned char *)srcs[1] + off * es, m);
+  for (int k = 2; k < nsrc; k++) into_table[dt][op](t, (const unsigned char *)srcs[k] + off * es, m);
+}
+
 /* dst is one of srcs[2..]: each chunk is reduced into a scratch block first
  * (kept out of reduce_n_native, whose common call would otherwise set up and
  * probe a 16 KiB frame for a few elements). */
 static __attribute__((noinline)) void reduce_n_alias(crun_dtype_t dt, crun_reduce_op_t op, void *dst,
                                                      const void *const *srcs, int nsrc, size_t n) {
   size_t es = crun_dtype_size(dt);
-  into_fn into = into_table[dt][op];
-  r3_fn r3 = r3_table[dt][op];
   _Alignas(64) unsigned char acc[CHUNK * 8];
   for (size_t off = 0; off < n; off += CHUNK) {
     size_t m = n - off < CHUNK ? n - off : CHUNK;
-    r3(acc, (const unsigned char *)srcs[0] + off * es, (const unsigned char *)srcs[1] + off * es, m);
-    for (int k = 2; k < nsrc; k++) into(acc, (const unsigned char *)srcs[k] + off * es, m);
+    reduce_chunk(dt, op, acc, srcs, nsrc, off, m);
     memcpy((unsigned char *)dst + off * es, acc, m * es);
   }
 }
@@ -222,13 +227,9 @@ static void reduce_n_native(crun_dtype_t dt, crun_reduce_op_t op, void *dst,
       return;
     }
   size_t es = crun_dtype_size(dt);
-  into_fn into = into_table[dt][op];
-  r3_fn r3 = r3_table[dt][op];
   for (size_t off = 0; off < n; off += CHUNK) {
     size_t m = n - off < CHUNK ? n - off : CHUNK;
-    unsigned char *d = (unsigned char *)dst + off * es;
-    r3(d, (const unsigned char *)srcs[0] + off * es, (const unsigned char *)srcs[1] + off * es, m);
-    for (int k = 2; k < nsrc; k++) into(d, (const unsigned char *)srcs[k] + off * es, m);
+    reduce_chunk(dt, op, (unsigned char *)dst + off * es, srcs, nsrc, off, m);
   }
 }
 
