@@ -60,6 +60,8 @@ void crun__shm_comm_deadline(crun__shm_comm_t *c, double deadline, double timeou
 int crun__shm_begin(crun__shm_comm_t *c, shm_kind_t kind, crun_dtype_t dt,
                     crun_reduce_op_t op, int root, size_t count, size_t nblocks,
                     int bufs_ok, double timeout) {
+  /* every collective begins here first thing, so the next op's deadline is
+   * consumed here even when its arguments are refused */
   double next_deadline = c ? c->next_deadline : 0;
   if (c) c->next_deadline = 0;
   int rc = check_args(c, kind, dt, op, root, count, nblocks, bufs_ok);

@@ -108,9 +108,7 @@ static int eng_run(void *state, crun__coll_t *c) {
   eng_t *e = state;
   crun__shm_comm_label(e->comm, c->seq);
   if (c->deadline > 0) crun__shm_comm_deadline(e->comm, c->deadline, c->timeout);
-  int rc = dispatch(e->comm, c, c->timeout);
-  crun__shm_comm_deadline(e->comm, 0, 0); /* unused when the op never began */
-  return crun__pg_timeout_report(e->pg, rc);
+  return crun__pg_timeout_report(e->pg, dispatch(e->comm, c, c->timeout));
 }
 
 static void eng_destroy(void *state) {
