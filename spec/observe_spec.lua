@@ -199,4 +199,29 @@ describe("flight recorder", function()
     assert.matches("RING 0 3", out) -- 5 collectives so far, a ring of 3
     assert.matches("RING 1 3", out)
   end)
+
+  it("shows the collective a rank is waiting in as started when SIGUSR1 comes", function()
+    -- rank 0 waits in all_reduce #5 for rank 1, which is still at broadcast #4
+    local dir = C.tmpdir("observe")
+    local env = "STUCK=1 CRUN_FLIGHT_DIR=" .. q(dir .. "/fr") .. " GO_FILE=" .. q(dir .. "/go")
+    local pid = C.spawn(dir, "-n 2 --master-port 0 " .. q(FIX .. "usr1.lua"), env)
+    assert.is_truthy(C.wait_for(function()
+      local o = C.slurp(dir .. "/out") or ""
+      return o:match("READY 0") and o:match("READY 1")
+    end, 30), "the job did not get ready")
+    os.execute("sleep 0.3") -- rank 0 is in its all_reduce by now
+    os.execute("kill -USR1 " .. pid)
+    local err = C.wait_for(function()
+      local e = C.slurp(dir .. "/err") or ""
+      return e:match("dumps of %d of 2") and e
+    end, 15)
+    local d0 = C.slurp(dir .. "/fr/flight_rank0.txt") or "" -- before the script's own dump
+    C.write(dir .. "/go", "")
+    local rc = C.wait_rc(dir, 30)
+    C.rmrf(dir)
+    assert.is_string(err, "no analysis after SIGUSR1")
+    assert.matches("rank 1 is behind: its last op is broadcast #4 %(done%) while ranks? 0 %a* ?at all_reduce #5", err)
+    assert.matches("all_reduce[^\n]*started", d0)
+    assert.are.equal(0, rc)
+  end)
 end)

@@ -26,6 +26,7 @@ typedef struct crun_backend_vtable {
   /* Optional: non-zero when this process can use the backend (a GPU). */
   int (*available)(void);
   int device;       /* its buffers are device memory (CUDA) */
+  int posts_obs;    /* its collectives call crun__obs_posted (core/trace_int.h) */
   /* Optional: checks that the backend can run kind on dt (with op when it
    * reduces) before anything is queued; ENOTSUP naming them otherwise. */
   int (*validate)(int kind, crun_dtype_t dt, int has_op, crun_reduce_op_t op, int rank);
@@ -68,6 +69,7 @@ typedef struct crun__engine {
   int (*supports)(void *state, const crun__coll_t *c);
   int (*run)(void *state, crun__coll_t *c);
   void (*destroy)(void *state);
+  int posts_obs; /* run calls crun__obs_posted before it waits (core/trace_int.h) */
 } crun__engine_t;
 
 /* Optional hook, defined by the shm engine when it is linked in: called by the

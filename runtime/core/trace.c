@@ -229,16 +229,13 @@ static fr_t *entry(uint64_t id) {
   return __atomic_load_n(&e->id, __ATOMIC_RELAXED) == id ? e : NULL;
 }
 
-/* A work that runs inline starts here as well (crun__obs_start then does
- * nothing): one clock read and one pass over its entry instead of two. */
-void crun__obs_enqueue(crun_pg_t *pg, crun_work_t *w, int queued) {
+_Thread_local crun_work_t *crun__obs_held;
+
+/* Writes the entry of w: queued, or (!queued) started now. */
+static void record(crun_pg_t *pg, crun_work_t *w, int queued) {
   uint64_t now = ticks();
   w->obs.t_enq = now;
-  if (!queued) {
-    crun__obs_algo = pg->be ? pg->be->name : "?";
-    w->obs.wait0 = crun__obs_wait_ns;
-    w->obs.t_start = now;
-  }
+  if (!queued) w->obs.t_start = now;
   int grp = group_of(pg);
   if (!(crun__obs_on & CRUN__OBS_FLIGHT) || !g.nring) return;
   uint64_t id = __atomic_add_fetch(&g.next_id, 1, __ATOMIC_RELAXED);
@@ -252,8 +249,27 @@ void crun__obs_enqueue(crun_pg_t *pg, crun_work_t *w, int queued) {
   w->obs.id = id;
 }
 
+/* A work that runs inline is held (trace_int.h): its entry is written once,
+ * as started, by crun__obs_write_held, and crun__obs_start does nothing. */
+void crun__obs_enqueue(crun_pg_t *pg, crun_work_t *w, int queued) {
+  if (queued) {
+    record(pg, w, 1);
+    return;
+  }
+  crun__obs_posted(); /* an inline work inside another one's run: the outer one first */
+  crun__obs_algo = pg->be ? pg->be->name : "?";
+  w->obs.wait0 = crun__obs_wait_ns;
+  crun__obs_held = w;
+}
+
+void crun__obs_write_held(void) {
+  crun_work_t *w = crun__obs_held;
+  crun__obs_held = NULL;
+  record(w->pg, w, 0);
+}
+
 void crun__obs_start(crun_pg_t *pg, crun_work_t *w) {
-  if (w->obs.t_start) return; /* started by crun__obs_enqueue (inline) */
+  if (w->obs.t_start || w == crun__obs_held) return; /* inline: held, or written */
   crun__obs_algo = pg->be ? pg->be->name : "?";
   w->obs.wait0 = crun__obs_wait_ns;
   w->obs.t_start = ticks();

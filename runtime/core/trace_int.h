@@ -38,10 +38,26 @@ struct crun_pg;
 struct crun_work;
 
 /* Submit: the work got its seq (pg->mu held); queued: it waits for the
- * progress thread (else it runs inline now: its enqueue time is its start). */
+ * progress thread. Else it runs inline now, and its start (clock read and
+ * flight-recorder entry) is held until crun__obs_posted: see below. */
 void crun__obs_enqueue(struct crun_pg *pg, struct crun_work *w, int queued);
 /* The engine is about to run the work on this thread. */
 void crun__obs_start(struct crun_pg *pg, struct crun_work *w);
+
+/* The inline work of this thread whose start is not recorded yet (NULL:
+ * none). An engine that posts its own data before it waits for its peers'
+ * (the shm engine: backend posts_obs and engine posts_obs) calls
+ * crun__obs_posted before every wait, so the clock read and the entry are
+ * written while the peers' data is on its way instead of before this rank's
+ * post (~40 ns of a 2-rank 8-byte all_reduce). Every other path calls it
+ * before it runs the work, and crun__pg_execute after it ran, so an operation
+ * that waits for a peer always has its entry. The recorded start is then the
+ * post, not the call's entry. */
+extern _Thread_local struct crun_work *crun__obs_held;
+void crun__obs_write_held(void);
+static inline void crun__obs_posted(void) {
+  if (crun__obs_held) crun__obs_write_held();
+}
 /* The work ended with rc (<0: failed); same_thread: it ended on the thread
  * that started it (its wait is measured), else it went on in the background. */
 void crun__obs_end(struct crun_pg *pg, struct crun_work *w, int rc, int same_thread);

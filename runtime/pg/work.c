@@ -68,12 +68,17 @@ int crun__pg_execute(crun_pg_t *pg, crun_work_t *w) {
     c->deadline = crun__clock_coarse() + c->timeout;
     crun__pg_mark(pg, c);
     rc = 0;
+    /* a held start (core/trace_int.h) is written now unless the backend's
+     * engine writes it after posting */
+    if (crun__obs_on && (!be->posts_obs || c->kind == CRUN__COLL_SEND || c->kind == CRUN__COLL_RECV))
+      crun__obs_posted();
     if (be == pg->be_dev && !state) { /* "auto": the first CUDA collective connects it */
       rc = be->create(pg, &pg->be_dev_state);
       state = pg->be_dev_state;
     }
     if (crun__obs_on) crun__obs_start(pg, w);
     if (rc == 0) rc = fn(state, c);
+    if (crun__obs_on) crun__obs_posted();
     ran = 1;
     if (rc == CRUN__PENDING) {
       pthread_mutex_lock(&pg->mu);
@@ -84,7 +89,7 @@ int crun__pg_execute(crun_pg_t *pg, crun_work_t *w) {
     }
   }
   free(broken);
-  if (crun__obs_on) crun__obs_end(pg, w, rc, 1);
+  if (crun__obs_on) crun__obs_posted(), crun__obs_end(pg, w, rc, 1);
   w->status = rc < 0 ? rc : 0;
   if (rc < 0) w->err = strdup(crun_last_error());
   /* after the copy: aborting the backend fails pending p2p, which records text */

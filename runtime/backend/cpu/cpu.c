@@ -134,9 +134,13 @@ int crun__cpu_run_link(crun__link_t *l, crun__coll_t *c) {
 static int cpu_coll(void *state, crun__coll_t *c) {
   cpu_t *b = state;
   if (b->has_engine && b->engine.supports(b->engine.state, c)) {
-    if (crun__obs_on) crun__obs_algo = b->engine.name;
+    if (crun__obs_on) {
+      crun__obs_algo = b->engine.name;
+      if (!b->engine.posts_obs) crun__obs_posted();
+    }
     return b->engine.run(b->engine.state, c);
   }
+  if (crun__obs_on) crun__obs_posted();
   return crun__cpu_run_link(&b->link, c);
 }
 
@@ -144,7 +148,7 @@ static int cpu_send(void *state, crun__coll_t *c) { return crun__tcp_send(((cpu_
 static int cpu_recv(void *state, crun__coll_t *c) { return crun__tcp_recv(((cpu_t *)state)->tcp, c); }
 
 const crun_backend_vtable_t crun__backend_cpu = {
-    .name = "cpu", .create = cpu_create, .abort = cpu_abort, .destroy = cpu_destroy,
+    .name = "cpu", .posts_obs = 1, .create = cpu_create, .abort = cpu_abort, .destroy = cpu_destroy,
     .send = cpu_send, .recv = cpu_recv, .broadcast = cpu_coll, .all_reduce = cpu_coll,
     .reduce = cpu_coll, .all_gather = cpu_coll, .gather = cpu_coll, .scatter = cpu_coll,
     .reduce_scatter = cpu_coll, .all_to_all = cpu_coll, .barrier = cpu_coll};

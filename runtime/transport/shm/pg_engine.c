@@ -138,7 +138,7 @@ int crun__shm_engine_open(crun_pg_t *pg, crun__engine_t *out) {
   e->pg = pg;
   e->comm = c;
   *out = (crun__engine_t){.name = "shm", .state = e, .supports = eng_supports,
-                          .run = eng_run, .destroy = eng_destroy};
+                          .run = eng_run, .destroy = eng_destroy, .posts_obs = 1};
   CRUN_LOG(INFO, SHM, "group of %d ranks uses the shared-memory engine", pg->size);
   return 0;
 }

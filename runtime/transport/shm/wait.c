@@ -280,6 +280,7 @@ static int spin_for_remote(crun__shm_comm_t *c, shm_waiter_t *w, shm_ctr_t ctr, 
  * on q's bell preceded by the slow checks. */
 int crun__shm_idle(crun__shm_comm_t *c, shm_waiter_t *w, shm_ctr_t ctr, int who, int q,
                    uint64_t target) {
+  crun__obs_posted(); /* a wait that is not crun__shm_wait's (the pipeline's) */
   if (spin_for_remote(c, w, ctr, who, target)) return 0;
   /* no spinning for a peer that last ran on this CPU: it needs the CPU */
   if (!w->spins && !w->t0 && !c->policy_yield)
@@ -331,6 +332,9 @@ void crun__shm_waited(crun__shm_comm_t *c, shm_waiter_t *w) {
 int crun__shm_wait(crun__shm_comm_t *c, shm_ctr_t ctr, int who, uint64_t target) {
   shm_waiter_t w = {0};
   int q;
+  /* this rank's data is posted: the op's start is recorded while the peers'
+   * is on its way (core/trace_int.h) */
+  crun__obs_posted();
   while ((q = crun__shm_ready(c, ctr, who, target)) >= 0)
     CRUN_CHECK(crun__shm_idle(c, &w, ctr, who, q, target));
   crun__shm_waited(c, &w);
