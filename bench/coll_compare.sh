@@ -17,12 +17,8 @@ BUDGET=${BUDGET:-3}
 ANCH=${ANCHORS:-/tmp/anchors-crun-bench}
 SRC=$(cd "$(dirname "$0")/.." && pwd)
 SIZES=8,1K,64K,1M,16M,64M
-MPIRUN="mpirun --allow-run-as-root --oversubscribe --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo"
 mkdir -p "$OUT"
-[ -d "$ANCH" ] || cp -r /work/shared/anchors "$ANCH" 2>/dev/null || cp -r "$SRC/../shared/anchors" "$ANCH"
-if [ ! -x "$ANCH/build/mpi_allreduce" ] && command -v mpicc >/dev/null; then
-  mkdir -p "$ANCH/build" && mpicc -O2 -march=native -o "$ANCH/build/mpi_allreduce" "$ANCH/mpi/mpi_allreduce.c"
-fi
+. "$SRC/bench/mpi_anchor.sh"
 
 for n in $SIZES_N; do
   for shm in 0 1; do

@@ -17,12 +17,8 @@ ROUNDS=${2:-7}
 SRC=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-/tmp/crun-lat-rounds}
 ANCH=${ANCHORS:-/tmp/anchors-crun-bench}
-MPIRUN="mpirun --allow-run-as-root --oversubscribe --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo"
 mkdir -p "$OUT"
-[ -d "$ANCH" ] || cp -r "$SRC/../shared/anchors" "$ANCH"
-if [ ! -x "$ANCH/build/mpi_allreduce" ] && command -v mpicc >/dev/null; then
-  mkdir -p "$ANCH/build" && mpicc -O2 -march=native -o "$ANCH/build/mpi_allreduce" "$ANCH/mpi/mpi_allreduce.c"
-fi
+. "$SRC/bench/mpi_anchor.sh"
 echo "system,round,bytes,us" > "$OUT/lat.csv"
 for r in $(seq "$ROUNDS"); do
   CRUN_SHM=1 timeout 120 "$BUILD/crun-lua" -n 2 --master-port 0 --no-prefix "$SRC/jobs/bench.lua" all_reduce \
