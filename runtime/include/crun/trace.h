@@ -16,7 +16,9 @@
  * Flight recorder: every process keeps its last CRUN_FLIGHT_RECORDER
  * (default 2,000; 0 turns it off) collective and p2p operations in a ring:
  * seq, op, group, count, bytes, dtype, state (queued, started, done,
- * failed), enqueue/start/end times. The ring is written to
+ * failed), enqueue/start/end times (a blocking call on the shared-memory
+ * engine starts when this rank's data is posted: its entry is written while
+ * it waits for the peers). The ring is written to
  * CRUN_FLIGHT_DIR/flight_rank<R>.txt (default $TMPDIR or /tmp) when an
  * operation fails (timeout, dead peer, mismatch), on SIGUSR1 (installed by
  * crun_flight_arm) and on crun_flight_dump().
