@@ -70,15 +70,14 @@ int crun__pg_execute(crun_pg_t *pg, crun_work_t *w) {
     rc = 0;
     /* a held start (core/trace_int.h) is written now unless the backend's
      * engine writes it after posting */
-    if (crun__obs_on && (!be->posts_obs || c->kind == CRUN__COLL_SEND || c->kind == CRUN__COLL_RECV))
-      crun__obs_posted();
+    if (!be->posts_obs || c->kind == CRUN__COLL_SEND || c->kind == CRUN__COLL_RECV) crun__obs_posted();
     if (be == pg->be_dev && !state) { /* "auto": the first CUDA collective connects it */
       rc = be->create(pg, &pg->be_dev_state);
       state = pg->be_dev_state;
     }
     if (crun__obs_on) crun__obs_start(pg, w);
     if (rc == 0) rc = fn(state, c);
-    if (crun__obs_on) crun__obs_posted();
+    crun__obs_posted(); /* not under crun__obs_on: the mode may change meanwhile */
     ran = 1;
     if (rc == CRUN__PENDING) {
       pthread_mutex_lock(&pg->mu);
@@ -89,7 +88,8 @@ int crun__pg_execute(crun_pg_t *pg, crun_work_t *w) {
     }
   }
   free(broken);
-  if (crun__obs_on) crun__obs_posted(), crun__obs_end(pg, w, rc, 1);
+  crun__obs_posted();
+  if (crun__obs_on) crun__obs_end(pg, w, rc, 1);
   w->status = rc < 0 ? rc : 0;
   if (rc < 0) w->err = strdup(crun_last_error());
   /* after the copy: aborting the backend fails pending p2p, which records text */

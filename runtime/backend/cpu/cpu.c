@@ -134,13 +134,11 @@ int crun__cpu_run_link(crun__link_t *l, crun__coll_t *c) {
 static int cpu_coll(void *state, crun__coll_t *c) {
   cpu_t *b = state;
   if (b->has_engine && b->engine.supports(b->engine.state, c)) {
-    if (crun__obs_on) {
-      crun__obs_algo = b->engine.name;
-      if (!b->engine.posts_obs) crun__obs_posted();
-    }
+    if (crun__obs_on) crun__obs_algo = b->engine.name;
+    if (!b->engine.posts_obs) crun__obs_posted();
     return b->engine.run(b->engine.state, c);
   }
-  if (crun__obs_on) crun__obs_posted();
+  crun__obs_posted();
   return crun__cpu_run_link(&b->link, c);
 }
 
