@@ -87,12 +87,13 @@ local BUS = {
 
 -- Returns a function running one op of `bytes` total, the element count and
 -- the function's two arguments: all_reduce and broadcast time the user's
--- call itself, dist.all_reduce(t, op), with no closure around it.
+-- call itself, dist.all_reduce(t, op), with no closure around it (and with
+-- no op for sum, the default: dist.all_reduce(t), as users write it).
 local function setup(o, n, bytes, esize)
   local per = math.max(1, bytes // esize // ((o.coll == "all_reduce" or o.coll == "broadcast") and 1 or n))
   local ones = function() return o.cuda and T.ones({per}, o.dtype):cuda() or T.ones({per}, o.dtype) end
   if o.coll == "all_reduce" then
-    return dist.all_reduce, per, ones(), o.op
+    return dist.all_reduce, per, ones(), o.op ~= "sum" and o.op or nil
   elseif o.coll == "broadcast" then
     return dist.broadcast, per, ones(), 0
   end
