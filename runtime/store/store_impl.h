@@ -111,4 +111,9 @@ int64_t crun__kv_qlen(crun__kv_t *kv, const char *key, size_t klen);
  * launcher keeps serving a shared rendezvous endpoint while others use it. */
 int crun__store_server_clients(crun_store_server_t *srv);
 
+/* How many connections srv has accepted since it started (any thread may
+ * ask): a client that keeps its connection adds one, however often it
+ * waits. For tests and the stop log line. */
+unsigned long crun__store_server_accepted(crun_store_server_t *srv);
+
 #endif

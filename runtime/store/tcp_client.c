@@ -1,16 +1,19 @@
 /* tcp_client.c — the TCP store client (see tcp_proto.h for the protocol).
  *
  * One blocking socket per store, one request in flight (a mutex serializes
- * threads). Deadlines are enforced here: the reply is polled for a moment
- * (CRUN_STORE_SPIN_US), then awaited in ppoll() bounded by the call's
- * deadline, and read with a non-blocking recv(). On a timeout the connection is closed (the
- * server then drops the parked request) and the next call reconnects, so a
- * timed-out store stays usable. A server that goes away yields
- * CRUN_ECONNRESET for the call in flight; later calls try to reconnect for
- * up to 2 s and then fail with CRUN_ECONNREFUSED. A blocking queue_pop is
- * timed out by the server instead (see tcp_proto.h). With async_set a set
- * returns once sent and its acknowledgement is read later (tcp_proto.h,
- * "Pipelined sets"). */
+ * threads). The reply is polled for a moment (CRUN_STORE_SPIN_US), then
+ * awaited in ppoll() bounded by the call's deadline, and read with a
+ * non-blocking recv(). A request that parks on the server (get, wait,
+ * multi_get, the join, a blocking queue_pop) sends the time it has left
+ * and the server answers ETIMEDOUT itself (tcp_proto.h); its reply is
+ * awaited PARK_GRACE (a pop POP_GRACE) past the deadline, so the
+ * connection stays open. When no reply comes by then, the connection is
+ * closed (the server then drops the parked request) and the next call
+ * reconnects, so a timed-out store stays usable. A server that goes away
+ * yields CRUN_ECONNRESET for the call in flight; later calls try to
+ * reconnect for up to 2 s and then fail with CRUN_ECONNREFUSED. With
+ * async_set a set returns once sent and its acknowledgement is read later
+ * (tcp_proto.h, "Pipelined sets"). */
 #include "store/store_impl.h"
 #include "store/tcp_proto.h"
 #include "core/auth.h"
@@ -38,6 +41,10 @@
 /* A blocking queue_pop waits this long past its deadline for the server's
  * own ETIMEDOUT (tcp_proto.h): closing first could lose an item in flight. */
 #define POP_GRACE 2.0
+/* Other parked requests wait this long past their deadline for the
+ * server's ETIMEDOUT, which keeps the connection (tcp_proto.h); a server
+ * silent that long loses it. */
+#define PARK_GRACE 1.0
 /* async_set: at most this many sets are sent before their acknowledgements
  * are read (64 acks are 512 bytes: no socket buffer ever fills). */
 #define ASYNC_SET_WINDOW 64
@@ -399,7 +406,7 @@ static int recv_frame(tcp_store_t *t, double deadline, const what_t *what, long 
     if (left <= 0) {
       drop_conn(t);
       return crun_error(CRUN_ETIMEDOUT, "%s: no answer from the store %s:%d within the deadline "
-                        "(get, wait and multi_get answer once their keys are set)",
+                        "(the server answers a parked get or wait at its deadline: it is busy or stuck)",
                         WHAT(what), t->host, t->port);
     }
     if (t->rcap - t->rlen < 4096) {
@@ -436,7 +443,11 @@ static int parse_reply(tcp_store_t *t, long flen, const what_t *what) {
   int rc = crun__sproto_parse_reply(t->rbuf, (uint32_t)(flen - 4), &code, &t->rargs, &t->rargcap, &t->rnargs);
   if (rc == CRUN_ENOMEM) return rc;
   if (rc < 0) {
+    unsigned v = t->rbuf[4];
     drop_conn(t);
+    if (v != CRUN_STORE_PROTO_VERSION)
+      return crun_error(CRUN_EPROTO, "%s: the store %s:%d speaks protocol version %u, this client %d (mixed crun "
+                        "builds?)", WHAT(what), t->host, t->port, v, CRUN_STORE_PROTO_VERSION);
     return crun_error(CRUN_EPROTO, "%s: malformed reply from the store %s:%d", WHAT(what), t->host, t->port);
   }
   if (code == 0) return 0;
@@ -510,6 +521,36 @@ static int request(tcp_store_t *t, int op, unsigned n, const void *const *a, con
   return note_lost(t, do_request(t, op, n, a, l, deadline, what));
 }
 
+/* The timeout_ms a parking request sends: the time left to the deadline,
+ * rounded up, at most CRUN_STORE_PARK_MAX_MS (*capped says whether the cap
+ * cut it); 0 once the deadline passed (the server looks once). */
+static int64_t park_ms(double deadline, int *capped) {
+  double left = deadline - crun_clock(), ms = left > 0 ? ceil(left * 1e3) : 0;
+  *capped = ms > CRUN_STORE_PARK_MAX_MS;
+  return *capped ? CRUN_STORE_PARK_MAX_MS : (int64_t)ms;
+}
+
+/* Runs a request that parks on the server until the deadline; its last
+ * argument (a[n - 1], l[n - 1]) is filled here with the timeout. The
+ * server's ETIMEDOUT is awaited `grace` seconds past the deadline and keeps
+ * the connection; one that the server's cap cut short is asked again. Lock
+ * held. */
+static int parked_request(tcp_store_t *t, int op, unsigned n, const void **a, size_t *l,
+                          double deadline, double grace, const what_t *what) {
+  uint8_t m[8];
+  for (;;) {
+    int capped;
+    crun__put_i64(m, park_ms(deadline, &capped));
+    a[n - 1] = m, l[n - 1] = 8;
+    int rc = request(t, op, n, a, l, deadline + grace, what);
+    if (rc != CRUN_ETIMEDOUT || t->fd < 0) return rc; /* fd < 0: this side's own timeout */
+    if (capped && crun_clock() < deadline) continue;
+    if (op == CRUN__SOP_QUEUE_POP) return rc; /* its text names the queue */
+    char msg[400];
+    return crun_error(rc, "%s: %s", WHAT(what), error_text(msg, sizeof msg));
+  }
+}
+
 /* Sends a set and returns without waiting for its acknowledgement
  * (async_set); once ASYNC_SET_WINDOW are outstanding it reads them first.
  * Lock held. */
@@ -567,9 +608,9 @@ static int k_append(crun_store_t *s, const char *key, const void *val, size_t le
 }
 
 static int do_get(tcp_store_t *t, const char *key, double deadline, crun_buf_t *out, const what_t *what) {
-  const void *a[1] = {key};
-  size_t l[1] = {strlen(key)};
-  CRUN_CHECK(request(t, CRUN__SOP_GET, 1, a, l, deadline, what));
+  const void *a[2] = {key, NULL};
+  size_t l[2] = {strlen(key), 0};
+  CRUN_CHECK(parked_request(t, CRUN__SOP_GET, 2, a, l, deadline, PARK_GRACE, what));
   return reply_buf(t, 0, out, what);
 }
 
@@ -606,18 +647,24 @@ static int k_compare_set(crun_store_t *s, const char *key, const void *exp, size
   LOCKED(T(s), do_cas(T(s), a, l, out, what));
 }
 
-/* Runs a request whose arguments are a key list (WAIT, CHECK, MULTI_GET). */
+/* Runs a request whose arguments are a key list (CHECK; WAIT and
+ * MULTI_GET, which park, add their timeout). */
 static int keys_request(tcp_store_t *t, int op, const char *const *keys, size_t n,
                         double deadline, const char *opname) {
-  /* the lengths of a few keys live on the stack: a wait blocks for long,
+  /* the arguments of a few keys live on the stack: a wait blocks for long,
    * and a process forked meanwhile (the launcher's workers) would otherwise
    * inherit a heap block nothing points to */
-  size_t small[16] = {0}, *l = n <= 16 ? small : malloc(n * sizeof *l);
-  if (!l) return crun_error(CRUN_ENOMEM, "store %s: out of memory", opname);
-  for (size_t i = 0; i < n; i++) l[i] = strlen(keys[i]);
+  int parks = op != CRUN__SOP_CHECK;
+  size_t m = n + (size_t)parks, small[17] = {0}, *l = m <= 17 ? small : malloc(m * sizeof *l);
+  const void *sa[17] = {0}, **a = m <= 17 ? sa : malloc(m * sizeof *a);
+  int rc = !l || !a ? crun_error(CRUN_ENOMEM, "store %s: out of memory", opname) : 0;
+  for (size_t i = 0; rc == 0 && i < n; i++) a[i] = keys[i], l[i] = strlen(keys[i]);
   const what_t w = {opname, keys, n, NULL};
-  int rc = request(t, op, (unsigned)n, (const void *const *)keys, l, deadline, &w);
+  if (rc == 0)
+    rc = parks ? parked_request(t, op, (unsigned)m, a, l, deadline, PARK_GRACE, &w)
+               : request(t, op, (unsigned)m, a, l, deadline, &w);
   if (l != small) free(l);
+  if (a != sa) free(a);
   return rc;
 }
 
@@ -706,21 +753,15 @@ static int k_queue_push(crun_store_t *s, const char *key, const void *val, size_
   LOCKED(T(s), request(T(s), CRUN__SOP_QUEUE_PUSH, 2, a, l, deadline_now(s), what));
 }
 
-/* Sends the time left to the deadline (ms, rounded up; -1: do not wait)
- * and awaits the server's answer a little past it. */
+/* A blocking pop (deadline >= 0) parks with its timeout and awaits the
+ * server's answer POP_GRACE past it; else it sends -1: do not wait. */
 static int do_pop(tcp_store_t *t, const char *key, double deadline, crun_buf_t *out, const what_t *what) {
-  int64_t ms = -1;
-  double until = deadline_now(&t->base);
-  if (deadline >= 0) {
-    double left = deadline - crun_clock();
-    ms = left > 0 ? (int64_t)ceil(left * 1e3) : 0;
-    until = deadline + POP_GRACE;
-  }
   uint8_t m[8];
-  crun__put_i64(m, ms);
+  crun__put_i64(m, -1);
   const void *a[2] = {key, m};
   size_t l[2] = {strlen(key), 8};
-  CRUN_CHECK(request(t, CRUN__SOP_QUEUE_POP, 2, a, l, until, what));
+  if (deadline >= 0) CRUN_CHECK(parked_request(t, CRUN__SOP_QUEUE_POP, 2, a, l, deadline, POP_GRACE, what));
+  else CRUN_CHECK(request(t, CRUN__SOP_QUEUE_POP, 2, a, l, deadline_now(&t->base), what));
   return reply_buf(t, 0, out, what);
 }
 
@@ -795,12 +836,13 @@ static int tcp_join(tcp_store_t *t, const crun_store_tcp_opts_t *o) {
   if (!o->is_master) return 0;
   uint8_t n[8];
   crun__put_i64(n, o->world_size);
-  const void *a[1] = {n};
-  size_t l[1] = {8};
+  const void *a[2] = {n, NULL};
+  size_t l[2] = {8, 0};
   char text[128];
   snprintf(text, sizeof text, "waiting for world_size=%d clients to join", o->world_size);
   const what_t w = {NULL, NULL, 0, text};
-  return int_request(t, CRUN__SOP_JOIN_WAIT, 1, a, l, deadline, &v, &w);
+  CRUN_CHECK(parked_request(t, CRUN__SOP_JOIN_WAIT, 2, a, l, deadline, PARK_GRACE, &w));
+  return reply_i64(t, &v, &w);
 }
 
 /* Opens the connection (starting the embedded server first on the master). */

@@ -33,20 +33,26 @@ int crun__sproto_check_request(const uint8_t *f, size_t have, char *why, size_t 
   return CRUN__SREQ_OK;
 }
 
+/* Whether a is a parking request's timeout: 8 bytes, timeout_ms >= 0. */
+static int is_timeout(const crun__sarg_t *a) { return a->len == 8 && crun__get_i64(a->p) >= 0; }
+
 /* Returns NULL when op accepts n arguments, else the reason it does not. */
 static const char *arity_error(int op, unsigned n, const crun__sarg_t *a) {
   switch (op) {
   case CRUN__SOP_SET: case CRUN__SOP_APPEND: case CRUN__SOP_QUEUE_PUSH: return n == 2 ? NULL : "needs 2 arguments";
-  case CRUN__SOP_GET: case CRUN__SOP_DELETE: case CRUN__SOP_QUEUE_LEN: return n == 1 ? NULL : "needs 1 argument";
+  case CRUN__SOP_DELETE: case CRUN__SOP_QUEUE_LEN: return n == 1 ? NULL : "needs 1 argument";
+  case CRUN__SOP_GET: return n == 2 && is_timeout(&a[1]) ? NULL : "needs a key and an 8-byte timeout >= 0";
+  case CRUN__SOP_WAIT: case CRUN__SOP_MULTI_GET:
+    return n >= 2 && is_timeout(&a[n - 1]) ? NULL : "needs keys and an 8-byte timeout >= 0";
   case CRUN__SOP_QUEUE_POP: return n == 2 && a[1].len == 8 ? NULL : "needs a key and an 8-byte timeout";
   case CRUN__SOP_ADD: return n == 2 && a[1].len == 8 ? NULL : "needs a key and an 8-byte delta";
   case CRUN__SOP_CAS: return n == 3 ? NULL : "needs 3 arguments";
-  case CRUN__SOP_WAIT: case CRUN__SOP_CHECK: case CRUN__SOP_MULTI_GET:
-    return n >= 1 ? NULL : "needs at least one key";
+  case CRUN__SOP_CHECK: return n >= 1 ? NULL : "needs at least one key";
   case CRUN__SOP_MULTI_SET: return n >= 2 && n % 2 == 0 ? NULL : "needs key/value pairs";
   case CRUN__SOP_NUM_KEYS: case CRUN__SOP_PING: case CRUN__SOP_JOIN: case CRUN__SOP_LIST_KEYS:
     return n == 0 ? NULL : "takes no arguments";
-  case CRUN__SOP_JOIN_WAIT: return n == 1 && a[0].len == 8 ? NULL : "needs an 8-byte count";
+  case CRUN__SOP_JOIN_WAIT:
+    return n == 2 && a[0].len == 8 && is_timeout(&a[1]) ? NULL : "needs an 8-byte count and timeout >= 0";
   }
   return "unknown op";
 }

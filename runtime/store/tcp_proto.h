@@ -11,17 +11,32 @@
  *
  * A client has one request in flight per connection, except for sets of an
  * async_set client ("Pipelined sets" below). The server answers
- * GET, WAIT, MULTI_GET and JOIN_WAIT only once their keys exist (the
- * request is parked on the server; the client does not poll). Deadlines are
- * the client's: a client that gives up closes its connection, which drops
- * the parked request, and reconnects on its next call.
+ * GET, WAIT, MULTI_GET, JOIN_WAIT and QUEUE_POP only once their keys (the
+ * join count, a queue item) exist: the request is parked on the server and
+ * the client does not poll. Each carries its deadline as its last argument,
+ * an i64 timeout_ms: the time the client has left, rounded up. The server
+ * starts a timer when the request first parks and, if it is still parked
+ * then, answers ETIMEDOUT itself; an answer stops the timer. The client
+ * waits a little past its deadline for that answer (tcp_client.c: 1 s, a
+ * pop 2 s), so a timed-out wait keeps its connection and an item is never
+ * handed to a connection that is being closed. Only a server silent past
+ * that grace makes the client close its connection (the server then drops
+ * the parked request) and reconnect on its next call. The server caps
+ * timeout_ms at CRUN_STORE_PARK_MAX_MS (a client with more time left sends
+ * the request again); a negative timeout_ms closes the connection as a
+ * malformed frame, except for QUEUE_POP, where it means "don't wait": an
+ * empty queue answers ENOTFOUND at once. A QUEUE_PUSH wakes one parked
+ * popper of its key, the one parked first.
  *
- * QUEUE_POP is the exception: an item handed to a connection that is being
- * closed would be lost, so the server keeps its deadline (timeout_ms from
- * the request) and answers ETIMEDOUT itself; the client waits a little past
- * its deadline for that answer. A QUEUE_PUSH wakes one parked popper of its
- * key, the one parked first. An empty queue with timeout_ms < 0 answers
- * ENOTFOUND at once.
+ * Version 2 (this one) added timeout_ms to GET, WAIT, MULTI_GET and
+ * JOIN_WAIT; version 1 parked them without a deadline. The arguments of a
+ * v1 request would mean something else to a v2 server (a v1 WAIT's last key
+ * read as a timeout), so the version byte changed: a server answers a
+ * request of another version with EPROTO ("store protocol version 1 not
+ * supported (server speaks 2)"), in a frame of the client's version so that
+ * the client can read it, and closes the connection; a v2 client that gets
+ * a reply of another version says that the server speaks it. Client and
+ * server of one job come from the same build.
  *
  * Pipelined sets (async_set, off by default; torch's TCPStore set does
  * the same): the client sends a SET and returns; it reads the OK replies
@@ -44,27 +59,31 @@
 #include <sys/socket.h>
 #include <sys/un.h>
 
-#define CRUN_STORE_PROTO_VERSION 1
+#define CRUN_STORE_PROTO_VERSION 2
 #define CRUN_STORE_MAX_FRAME (1u << 30) /* 1 GiB: a larger claim closes the connection */
 #define CRUN_STORE_FRAME_HDR 8          /* len + version + code + nargs */
 #define CRUN_STORE_MAX_ARGS 65535
+/* The longest timeout_ms a parked request gets from the server (1 hour):
+ * a larger one (up to INT64_MAX) is cut to this, so no client parks a
+ * request beyond it and no timer arithmetic overflows. */
+#define CRUN_STORE_PARK_MAX_MS 3600000
 
 /* Request ops and their arguments -> reply arguments. */
 typedef enum {
   CRUN__SOP_SET = 1,       /* key, value -> () */
-  CRUN__SOP_GET = 2,       /* key -> value (parks) */
+  CRUN__SOP_GET = 2,       /* key, i64 timeout_ms -> value (parks) */
   CRUN__SOP_ADD = 3,       /* key, i64 delta -> i64 new value */
   CRUN__SOP_CAS = 4,       /* key, expected, desired -> value now stored */
-  CRUN__SOP_WAIT = 5,      /* keys... -> () (parks) */
+  CRUN__SOP_WAIT = 5,      /* keys..., i64 timeout_ms -> () (parks) */
   CRUN__SOP_CHECK = 6,     /* keys... -> i64 all_exist */
   CRUN__SOP_DELETE = 7,    /* key -> i64 existed */
   CRUN__SOP_NUM_KEYS = 8,  /* () -> i64 count */
   CRUN__SOP_APPEND = 9,    /* key, value -> () */
-  CRUN__SOP_MULTI_GET = 10,/* keys... -> values... (parks) */
+  CRUN__SOP_MULTI_GET = 10,/* keys..., i64 timeout_ms -> values... (parks) */
   CRUN__SOP_MULTI_SET = 11,/* key1, value1, key2, value2... -> () */
   CRUN__SOP_PING = 12,     /* () -> "crun-store" */
   CRUN__SOP_JOIN = 13,     /* () -> i64 clients joined so far (counts this one) */
-  CRUN__SOP_JOIN_WAIT = 14,/* i64 n -> i64 joined, once >= n (parks) */
+  CRUN__SOP_JOIN_WAIT = 14,/* i64 n, i64 timeout_ms -> i64 joined, once >= n (parks) */
   CRUN__SOP_QUEUE_PUSH = 15,/* key, value -> () */
   CRUN__SOP_QUEUE_POP = 16, /* key, i64 timeout_ms (< 0: don't wait) -> value (parks) */
   CRUN__SOP_QUEUE_LEN = 17, /* key -> i64 items */

@@ -3,13 +3,15 @@
  * Each connection buffers what it reads and serves its frames in order. A
  * GET / WAIT / MULTI_GET / JOIN_WAIT whose keys are missing stays at the head
  * of its connection's buffer and the connection is "parked" (nothing more is
- * read from it until it is answered). A write that creates a key a parked
- * request names moves that connection to the ready queue, which is drained
- * at the end of every callback, so handlers never recurse. A QUEUE_POP on
- * an empty queue parks the same way, on its queue key, with a ticket (its
- * place among the poppers) and a timer for its deadline; a QUEUE_PUSH
- * readies the parked popper of its key with the smallest ticket, only that
- * one. A frame that
+ * read from it until it is answered). Its first park starts a timer for
+ * the timeout_ms it carries (capped at CRUN_STORE_PARK_MAX_MS); the timer
+ * answers ETIMEDOUT and the connection goes on with its next request. A
+ * write that creates a key a parked request names moves that connection to
+ * the ready queue, which is drained at the end of every callback, so
+ * handlers never recurse; an answer stops the timer. A QUEUE_POP on an
+ * empty queue parks the same way, on its queue key, with a ticket (its
+ * place among the poppers); a QUEUE_PUSH readies the parked popper of its
+ * key with the smallest ticket, only that one. A frame that
  * breaks the protocol (bad version, length over CRUN_STORE_MAX_FRAME,
  * arguments that do not fill the frame, unknown op) closes that connection
  * with a WARN STORE log line; others are not affected. */
@@ -52,6 +54,7 @@ struct crun_store_server {
   int64_t joined;
   crun__auth_t auth;          /* the job's secret (auth.on == 0: open store) */
   unsigned long refused;      /* clients refused (logged once, then counted) */
+  atomic_ulong accepted;      /* connections accepted so far (crun__store_server_accepted) */
   conn_t *conns;              /* every open connection */
   atomic_int nconns;          /* how many: read by other threads (crun__store_server_clients) */
   conn_t *waiters[WAIT_BUCKETS]; /* parked requests by the hash of the key they wait for */
@@ -84,8 +87,10 @@ struct conn {
   int local;               /* a same-host client on the unix socket */
   unsigned round;          /* the last round of ACTIVE_ROUND it sent a request in */
   uint64_t ticket;         /* a parked QUEUE_POP's place in line (0: none) */
-  uv_timer_t timer;        /* that QUEUE_POP's deadline (when has_timer) */
+  uv_timer_t timer;        /* the head request's deadline (when has_timer) */
   int has_timer, handles;  /* handles: open libuv handles (freed at 0) */
+  int timed;               /* the timer runs for the head request */
+  uint64_t timeout_ms;     /* what it was started with (for the error text) */
   double since;            /* when it connected (unauthenticated ones expire) */
   size_t queued;           /* bytes of queued replies, with their bookkeeping */
   unsigned char nonce[32]; /* the greeting's nonce */
@@ -150,9 +155,9 @@ static void parked_add(crun_store_server_t *srv, conn_t *c) {
     c->wrel = CRUN_STORE_FRAME_HDR + 4, c->wlen = crun__get_u32(f + CRUN_STORE_FRAME_HDR);
     c->plist = &srv->waiters[key_bucket(f + c->wrel, c->wlen)];
   } else if (f[5] != CRUN__SOP_JOIN_WAIT) {
-    unsigned nargs = (unsigned)f[6] | (unsigned)f[7] << 8;
+    unsigned nkeys = ((unsigned)f[6] | (unsigned)f[7] << 8) - 1; /* the last is the timeout */
     size_t p = CRUN_STORE_FRAME_HDR;
-    for (unsigned i = 0; i < nargs; i++) {
+    for (unsigned i = 0; i < nkeys; i++) {
       uint32_t l = crun__get_u32(f + p);
       c->wrel = p + 4, c->wlen = l;
       if (!key_exists(srv, f + p + 4, l)) break;
@@ -410,9 +415,12 @@ static int keys_present(crun_store_server_t *srv, const crun__sarg_t *a, unsigne
   return 1;
 }
 
+static int park_timed(conn_t *c, const crun__sarg_t *t);
+
+/* GET / MULTI_GET of the n keys in a (a[n]: the timeout). */
 static int op_get(conn_t *c, const crun__sarg_t *a, unsigned n, int multi) {
   crun_store_server_t *srv = c->srv;
-  if (!keys_present(srv, a, n)) return FRAME_PARK;
+  if (!keys_present(srv, a, n)) return park_timed(c, &a[n]);
   const void *stack_v[16] = {0};
   size_t stack_l[16] = {0};
   const void **vals = n <= 16 ? stack_v : malloc(n * sizeof *vals);
@@ -454,15 +462,31 @@ static int op_multi_set(conn_t *c, const crun__sarg_t *a, unsigned n) {
 
 static void serve_conn(conn_t *c);
 
-/* A parked popper's deadline passed: answers ETIMEDOUT and serves what the
- * client sent after it. */
-static void on_pop_timeout(uv_timer_t *t) {
+/* Records why c's head request timed out (c->wrel / c->wlen: the key it
+ * parked on last). */
+static void timeout_error(conn_t *c) {
+  const uint8_t *f = c->buf + c->off;
+  int kl = (int)(c->wlen < 200 ? c->wlen : 200);
+  const char *k = (const char *)f + c->wrel;
+  unsigned long long ms = (unsigned long long)c->timeout_ms;
+  if (f[5] == CRUN__SOP_QUEUE_POP)
+    crun_error(CRUN_ETIMEDOUT, "queue_pop: queue '%.*s' got no item within the deadline", kl, k);
+  else if (f[5] == CRUN__SOP_JOIN_WAIT)
+    crun_error(CRUN_ETIMEDOUT, "%lld of %lld clients joined within %llu ms", (long long)c->srv->joined,
+               (long long)crun__get_i64(f + CRUN_STORE_FRAME_HDR + 4), ms);
+  else
+    crun_error(CRUN_ETIMEDOUT, "key '%.*s' not set within %llu ms", kl, k, ms);
+}
+
+/* The deadline of c's head request passed: answers ETIMEDOUT and serves
+ * what the client sent after it. */
+static void on_park_timeout(uv_timer_t *t) {
   conn_t *c = t->data;
   crun_store_server_t *srv = c->srv;
-  if (c->closing || !c->parked || !is_pop(c)) return;
+  if (c->closing || !c->timed) return;
+  c->timed = 0;
   unpark(srv, c);
-  crun_error(CRUN_ETIMEDOUT, "queue_pop: queue '%.*s' got no item within the deadline",
-             (int)(c->wlen < 200 ? c->wlen : 200), (const char *)c->buf + c->off + c->wrel);
+  timeout_error(c);
   reply_err(c, CRUN_ETIMEDOUT);
   c->off += 4 + (size_t)crun__get_u32(c->buf + c->off);
   c->ticket = 0;
@@ -470,21 +494,30 @@ static void on_pop_timeout(uv_timer_t *t) {
   drain_ready(srv);
 }
 
-/* Gives a popper about to park for the first time its ticket and starts
- * its deadline timer (ms from now). */
-static int pop_first_park(conn_t *c, int64_t ms) {
+/* Starts the deadline of c's head request, about to park for the first
+ * time: ms from now, capped at CRUN_STORE_PARK_MAX_MS (ms >= 0). */
+static int start_deadline(conn_t *c, int64_t ms) {
   crun_store_server_t *srv = c->srv;
   if (!c->has_timer) {
     int rc = uv_timer_init(&srv->loop, &c->timer);
-    if (rc < 0) return crun_error(CRUN_ESYS, "queue_pop: no timer for its deadline: %s", uv_strerror(rc));
+    if (rc < 0) return crun_error(CRUN_ESYS, "store: no timer for a deadline: %s", uv_strerror(rc));
     c->timer.data = c;
     c->has_timer = 1;
     c->handles++;
   }
+  c->timeout_ms = ms > CRUN_STORE_PARK_MAX_MS ? (uint64_t)CRUN_STORE_PARK_MAX_MS : (uint64_t)ms;
   uv_update_time(&srv->loop); /* the deadline counts from now, not from this loop turn */
-  uv_timer_start(&c->timer, on_pop_timeout, (uint64_t)ms, 0);
-  c->ticket = ++srv->tickets;
+  uv_timer_start(&c->timer, on_park_timeout, c->timeout_ms, 0);
+  c->timed = 1;
   return 0;
+}
+
+/* Parks c's head request (its keys are missing); the first park starts its
+ * deadline from the timeout_ms in argument t (checked >= 0 by the parser). */
+static int park_timed(conn_t *c, const crun__sarg_t *t) {
+  int rc = c->timed ? 0 : start_deadline(c, crun__get_i64(t->p));
+  if (rc < 0) return reply_err(c, rc), FRAME_DONE;
+  return FRAME_PARK;
 }
 
 /* QUEUE_POP: the head item now, else ENOTFOUND (timeout_ms < 0) or park. */
@@ -502,8 +535,8 @@ static int op_pop(conn_t *c, const crun__sarg_t *a) {
   if (ms < 0)
     rc = crun_error(CRUN_ENOTFOUND, "queue_pop: queue '%.*s' is empty", (int)(a[0].len < 200 ? a[0].len : 200),
                     (const char *)a[0].p);
-  else if (c->ticket == 0)
-    rc = pop_first_park(c, ms);
+  else if (!c->timed && (rc = start_deadline(c, ms)) == 0)
+    c->ticket = ++srv->tickets;
   if (rc < 0) return reply_err(c, rc), FRAME_DONE;
   return FRAME_PARK;
 }
@@ -536,9 +569,9 @@ static int run_op(conn_t *c, int op, const crun__sarg_t *a, unsigned n) {
     if (rc == 0) wake(srv, KEY(a[0]));
     return FRAME_DONE;
   case CRUN__SOP_GET: return op_get(c, a, 1, 0);
-  case CRUN__SOP_MULTI_GET: return op_get(c, a, n, 1);
+  case CRUN__SOP_MULTI_GET: return op_get(c, a, n - 1, 1);
   case CRUN__SOP_WAIT:
-    if (!keys_present(srv, a, n)) return FRAME_PARK;
+    if (!keys_present(srv, a, n - 1)) return park_timed(c, &a[n - 1]);
     return reply_ok0(c), FRAME_DONE;
   case CRUN__SOP_ADD:
     rc = crun__kv_add(&srv->kv, KEY(a[0]), crun__get_i64(a[1].p), &v);
@@ -560,7 +593,7 @@ static int run_op(conn_t *c, int op, const crun__sarg_t *a, unsigned n) {
     wake(srv, NULL, 0);
     return FRAME_DONE;
   case CRUN__SOP_JOIN_WAIT:
-    if (srv->joined < crun__get_i64(a[0].p)) return FRAME_PARK;
+    if (srv->joined < crun__get_i64(a[0].p)) return park_timed(c, &a[1]);
     return reply_i64(c, srv->joined), FRAME_DONE;
   case CRUN__SOP_QUEUE_PUSH:
     rc = crun__kv_qpush(&srv->queues, KEY(a[0]), a[1].p, a[1].len);
@@ -591,9 +624,11 @@ static int header_ok(conn_t *c, char *why, size_t whylen) {
   const uint8_t *f = c->buf + c->off;
   int r = crun__sproto_check_request(f, c->len - c->off, why, whylen);
   if (r == CRUN__SREQ_BAD_VERSION) {
+    size_t at = c->olen;
     crun_error(CRUN_EPROTO, "store protocol version %u not supported (server speaks %d)", f[4],
                CRUN_STORE_PROTO_VERSION);
     reply_err(c, CRUN_EPROTO);
+    if (c->olen > at) c->obuf[at + 4] = f[4]; /* in the client's version: it can read why */
   }
   return r == CRUN__SREQ_OK ? 0 : -1;
 }
@@ -652,10 +687,11 @@ static void serve_conn(conn_t *c) {
       parked_add(c->srv, c);
       break;
     }
-    if (c->ticket) { /* a popper that had parked got its item */
-      c->ticket = 0;
+    if (c->timed) { /* a request that had parked got its answer */
+      c->timed = 0;
       uv_timer_stop(&c->timer);
     }
+    c->ticket = 0;
     c->off += 4 + (size_t)flen;
   }
   flush_out(c);
@@ -830,6 +866,7 @@ static void on_connection(uv_stream_t *server, int status) {
   if (srv->conns) srv->conns->prev = c;
   srv->conns = c;
   atomic_fetch_add(&srv->nconns, 1);
+  atomic_fetch_add(&srv->accepted, 1);
   CRUN_LOG(TRACE, STORE, "store server %s: connection from %s", srv->addr, c->peer);
   if (local && !same_user(c)) return refuse(c, "the unix socket's peer is another user");
   c->since = crun_clock();
@@ -1058,12 +1095,15 @@ int crun_store_server_port(crun_store_server_t *srv) { return srv ? srv->port : 
 
 int crun__store_server_clients(crun_store_server_t *srv) { return srv ? atomic_load(&srv->nconns) : 0; }
 
+unsigned long crun__store_server_accepted(crun_store_server_t *srv) { return srv ? atomic_load(&srv->accepted) : 0; }
+
 void crun_store_server_stop(crun_store_server_t *srv) {
   if (!srv) return;
   uv_async_send(&srv->stop_async);
   uv_thread_join(&srv->thread);
   uv_loop_close(&srv->loop);
-  CRUN_LOG(INFO, STORE, "store server %s stopped (%lu client%s refused)", srv->addr, srv->refused,
-           srv->refused == 1 ? "" : "s");
+  unsigned long acc = atomic_load(&srv->accepted);
+  CRUN_LOG(INFO, STORE, "store server %s stopped (%lu connection%s accepted, %lu client%s refused)", srv->addr,
+           acc, acc == 1 ? "" : "s", srv->refused, srv->refused == 1 ? "" : "s");
   server_free(srv);
 }

@@ -3,6 +3,7 @@
  * concurrent clients and a multi-process race. */
 #include "test_store_common.h"
 #include "core/auth.h"
+#include "store/store_impl.h"
 #include "store/tcp_proto.h"
 #include "core/auth.h"
 
@@ -19,6 +20,14 @@
 #include <dirent.h>
 #include <stdio.h>
 #include <unistd.h>
+
+/* Starts a secret-less server on 127.0.0.1 and a free port (*port). */
+static crun_store_server_t *local_server(int *port) {
+  crun_store_server_t *srv = NULL;
+  EXPECT_OK(crun_store_server_start("127.0.0.1", 0, &srv));
+  *port = crun_store_server_port(srv);
+  return srv;
+}
 
 /* Opens a TCP client of the server on 127.0.0.1:port. */
 static crun_store_t *client(int port, double timeout) {
@@ -67,14 +76,24 @@ static int closed_by_server(int fd) {
   return 0;
 }
 
-/* Builds a GET frame for key into buf; returns its size. */
+/* Builds a request frame into buf; returns its size. */
+static size_t frame_of(uint8_t *buf, int op, unsigned n, const void *const *a, const size_t *l) {
+  size_t p = CRUN_STORE_FRAME_HDR;
+  for (unsigned i = 0; i < n; i++) {
+    crun__put_u32(buf + p, (uint32_t)l[i]);
+    memcpy(buf + p + 4, a[i], l[i]);
+    p += 4 + l[i];
+  }
+  crun__put_u32(buf, (uint32_t)(p - 4));
+  buf[4] = CRUN_STORE_PROTO_VERSION, buf[5] = (uint8_t)op, buf[6] = (uint8_t)n, buf[7] = 0;
+  return p;
+}
+
+/* Builds a GET frame for key (timeout_ms 60 s) into buf; returns its size. */
 static size_t get_frame(uint8_t *buf, const char *key) {
-  uint32_t kl = (uint32_t)strlen(key);
-  crun__put_u32(buf, CRUN_STORE_FRAME_HDR - 4 + 4 + kl);
-  buf[4] = CRUN_STORE_PROTO_VERSION, buf[5] = CRUN__SOP_GET, buf[6] = 1, buf[7] = 0;
-  crun__put_u32(buf + 8, kl);
-  memcpy(buf + 12, key, kl);
-  return 12 + kl;
+  uint8_t ms[8];
+  crun__put_i64(ms, 60000);
+  return frame_of(buf, CRUN__SOP_GET, 2, (const void *[]){key, ms}, (size_t[]){strlen(key), 8});
 }
 
 TEST(tcp_semantics) {
@@ -101,9 +120,8 @@ static void *late_set(void *arg) {
 }
 
 TEST(tcp_get_is_parked_until_set) {
-  crun_store_server_t *srv;
-  EXPECT_OK(crun_store_server_start("127.0.0.1", 0, &srv));
-  int port = crun_store_server_port(srv);
+  int port;
+  crun_store_server_t *srv = local_server(&port);
   crun_store_t *s = client(port, 10);
   struct late l = {port, "late"};
   pthread_t th;
@@ -151,10 +169,8 @@ TEST(tcp_connect_refused) {
 
 /* Picks a port that was free a moment ago. */
 static int free_port(void) {
-  crun_store_server_t *a;
-  EXPECT_OK(crun_store_server_start("127.0.0.1", 0, &a));
-  int port = crun_store_server_port(a);
-  crun_store_server_stop(a);
+  int port;
+  crun_store_server_stop(local_server(&port));
   return port;
 }
 
@@ -194,9 +210,8 @@ TEST(tcp_world_size_join) {
 }
 
 TEST(tcp_hostile_frames) {
-  crun_store_server_t *srv;
-  EXPECT_OK(crun_store_server_start("127.0.0.1", 0, &srv));
-  int port = crun_store_server_port(srv);
+  int port;
+  crun_store_server_t *srv = local_server(&port);
   crun_store_t *good = client(port, 5);
   EXPECT_OK(crun_store_set(good, "k", "v", 1));
   /* garbage text: its first 4 bytes read as a huge length */
@@ -246,9 +261,9 @@ static void *stop_later(void *arg) {
 }
 
 TEST(tcp_server_goes_away) {
-  crun_store_server_t *srv;
-  EXPECT_OK(crun_store_server_start("127.0.0.1", 0, &srv));
-  crun_store_t *s = client(crun_store_server_port(srv), 60);
+  int port;
+  crun_store_server_t *srv = local_server(&port);
+  crun_store_t *s = client(port, 60);
   struct stopper st = {srv};
   pthread_t th;
   pthread_create(&th, NULL, stop_later, &st);
@@ -274,9 +289,8 @@ TEST(tcp_thousand_clients) {
   }
   getrlimit(RLIMIT_NOFILE, &rl);
   EXPECT(rl.rlim_cur >= 3 * N + 64);
-  crun_store_server_t *srv;
-  EXPECT_OK(crun_store_server_start("127.0.0.1", 0, &srv));
-  int port = crun_store_server_port(srv);
+  int port;
+  crun_store_server_t *srv = local_server(&port);
   /* N raw connections, each parking a GET on "go" at the same time */
   static int fds[N];
   uint8_t frame[64];
@@ -356,9 +370,9 @@ TEST(tcp_multiprocess_race) {
 }
 
 TEST(tcp_big_value) {
-  crun_store_server_t *srv;
-  EXPECT_OK(crun_store_server_start("127.0.0.1", 0, &srv));
-  crun_store_t *s = client(crun_store_server_port(srv), 20);
+  int port;
+  crun_store_server_t *srv = local_server(&port);
+  crun_store_t *s = client(port, 20);
   size_t len = 24u << 20;
   char *v = malloc(len);
   for (size_t i = 0; i < len; i++) v[i] = (char)(i * 131u);
@@ -387,9 +401,8 @@ static int read_exact(int fd, uint8_t *buf, size_t len) {
 
 TEST(tcp_pipelined_clients) {
   signal(SIGPIPE, SIG_DFL); /* the harness ignores it; an embedding process may not */
-  crun_store_server_t *srv;
-  EXPECT_OK(crun_store_server_start("127.0.0.1", 0, &srv));
-  int port = crun_store_server_port(srv);
+  int port;
+  crun_store_server_t *srv = local_server(&port);
   crun_store_t *s = client(port, 20);
   size_t len = 1u << 20;
   uint8_t *v = malloc(len);
@@ -443,9 +456,8 @@ static int unix_sockets_named(const char *name) {
 
 TEST(tcp_both_transports) {
   /* same-host clients of a loopback server come in over its unix socket */
-  crun_store_server_t *srv;
-  EXPECT_OK(crun_store_server_start("127.0.0.1", 0, &srv));
-  int port = crun_store_server_port(srv);
+  int port;
+  crun_store_server_t *srv = local_server(&port);
   char name[64];
   snprintf(name, sizeof name, "crun-store:127.0.0.1:%d", port);
   EXPECT_EQ_INT(unix_sockets_named(name), 1); /* the listener */
@@ -626,9 +638,8 @@ static long rss_mib(void) {
  * replies: the server's memory stays bounded (bytes, bookkeeping counted),
  * it stops reading that connection, and serves the others meanwhile. */
 TEST(tcp_client_that_never_reads) {
-  crun_store_server_t *srv;
-  EXPECT_OK(crun_store_server_start("127.0.0.1", 0, &srv));
-  int port = crun_store_server_port(srv);
+  int port;
+  crun_store_server_t *srv = local_server(&port);
   long before = rss_mib();
   int fd = raw_connect(port);
   fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
@@ -662,9 +673,8 @@ TEST(tcp_client_that_never_reads) {
 /* Many parked waits on distinct keys: each is answered when (and only when)
  * its own key is set; a multi-key wait parks on each missing key in turn. */
 TEST(tcp_waiters_by_key) {
-  crun_store_server_t *srv;
-  EXPECT_OK(crun_store_server_start("127.0.0.1", 0, &srv));
-  int port = crun_store_server_port(srv);
+  int port;
+  crun_store_server_t *srv = local_server(&port);
   enum { W = 300 };
   static int fds[W];
   uint8_t frame[64];
@@ -753,19 +763,6 @@ TEST(tcp_queues) {
   crun_store_release(s);
 }
 
-/* Builds a request frame into buf; returns its size. */
-static size_t frame_of(uint8_t *buf, int op, unsigned n, const void *const *a, const size_t *l) {
-  size_t p = CRUN_STORE_FRAME_HDR;
-  for (unsigned i = 0; i < n; i++) {
-    crun__put_u32(buf + p, (uint32_t)l[i]);
-    memcpy(buf + p + 4, a[i], l[i]);
-    p += 4 + l[i];
-  }
-  crun__put_u32(buf, (uint32_t)(p - 4));
-  buf[4] = CRUN_STORE_PROTO_VERSION, buf[5] = (uint8_t)op, buf[6] = (uint8_t)n, buf[7] = 0;
-  return p;
-}
-
 /* A QUEUE_POP frame for key with timeout_ms (< 0: don't wait). */
 static size_t qpop_frame(uint8_t *buf, const char *key, int64_t ms) {
   uint8_t m[8];
@@ -805,9 +802,8 @@ static int readable(int fd) {
  * out itself and the connection goes on; non-blocking pops, LIST_KEYS,
  * pipelining and a malformed pop. */
 TEST(tcp_queue_opcodes) {
-  crun_store_server_t *srv;
-  EXPECT_OK(crun_store_server_start("127.0.0.1", 0, &srv));
-  int port = crun_store_server_port(srv);
+  int port;
+  crun_store_server_t *srv = local_server(&port);
   crun_store_t *s = client(port, 10);
   uint8_t r[256], f[256];
   const uint8_t *arg;
@@ -898,9 +894,8 @@ static crun_store_t *async_client(int port) {
 }
 
 TEST(tcp_async_set) {
-  crun_store_server_t *srv;
-  EXPECT_OK(crun_store_server_start("127.0.0.1", 0, &srv));
-  int port = crun_store_server_port(srv);
+  int port;
+  crun_store_server_t *srv = local_server(&port);
   crun_store_t *a = async_client(port), *b = client(port, 10);
   char k[32], v[32];
   for (int i = 0; i < 1000; i++) { /* many windows of unacknowledged sets */
@@ -1021,9 +1016,8 @@ static void *busy_client(void *arg) {
  * and looks only CRUN_STORE_TAIL_POLLS more times), then none: the server
  * thread goes to sleep rather than polling on. */
 TEST(tcp_idle_server_sleeps) {
-  crun_store_server_t *srv;
-  EXPECT_OK(crun_store_server_start("127.0.0.1", 0, &srv));
-  int port = crun_store_server_port(srv);
+  int port;
+  crun_store_server_t *srv = local_server(&port);
   enum { N = 16 };
   pthread_t th[N];
   long ncpu = sysconf(_SC_NPROCESSORS_ONLN), n = ncpu + 2 < N ? ncpu + 2 : N;
@@ -1037,10 +1031,160 @@ TEST(tcp_idle_server_sleeps) {
   crun_store_server_stop(srv);
 }
 
+/* ------------------------------------------------------------ server-side deadlines */
+
+/* A WAIT frame for key with timeout_ms into buf; returns its size. */
+static size_t wait_frame(uint8_t *buf, const char *key, int64_t ms) {
+  uint8_t m[8];
+  crun__put_i64(m, ms);
+  return frame_of(buf, CRUN__SOP_WAIT, 2, (const void *[]){key, m}, (size_t[]){strlen(key), 8});
+}
+
+/* Timed-out gets, waits and multi_gets are answered ETIMEDOUT by the
+ * server at their deadline and keep their connection: the server accepts
+ * no new one for them (the launcher's watcher waits in 0.25 s slices for
+ * the whole job), and a later wait on that connection succeeds. */
+TEST(tcp_timed_out_wait_keeps_connection) {
+  int port;
+  crun_store_server_t *srv = local_server(&port);
+  crun_store_t *s = client(port, 10), *setter = client(port, 10);
+  EXPECT_OK(crun_store_set(setter, "here", "1", 1));
+  unsigned long accepted = crun__store_server_accepted(srv);
+  EXPECT(accepted == 2);
+  crun_buf_t b, outs[2];
+  const char *absent = "absent";
+  for (int i = 0; i < 5; i++) {
+    double t0 = crun_clock();
+    EXPECT_STATUS(crun_store_wait(s, &absent, 1, 0.05), CRUN_ETIMEDOUT);
+    double dt = crun_clock() - t0;
+    if (dt < 0.045 || dt > 0.9) crun_test_fail(__FILE__, __LINE__, "wait #%d returned after %.3f s", i, dt);
+    EXPECT_TEXT("wait 'absent'");
+  }
+  crun_store_set_timeout(s, 0.05);
+  EXPECT_STATUS(crun_store_get(s, "absent", &b), CRUN_ETIMEDOUT);
+  EXPECT_TEXT("get 'absent'");
+  EXPECT_STATUS(crun_store_multi_get(s, (const char *[]){"here", "absent"}, 2, outs), CRUN_ETIMEDOUT);
+  crun_store_set_timeout(s, 10);
+  EXPECT_OK(crun_store_set(setter, "absent", "now", 3));
+  EXPECT_OK(crun_store_wait(s, &absent, 1, 5));
+  expect_value(s, "absent", "now");
+  unsigned long now = crun__store_server_accepted(srv);
+  if (now != accepted)
+    crun_test_fail(__FILE__, __LINE__, "%lu connections accepted after the timeouts, %lu before", now, accepted);
+  crun_store_release(setter);
+  crun_store_release(s);
+  crun_store_server_stop(srv);
+}
+
+struct at_deadline { int port; double at; const char *key; };
+static void *set_at(void *arg) {
+  struct at_deadline *d = arg;
+  crun_store_t *c = client(d->port, 5);
+  double left = d->at - crun_clock();
+  if (left > 0) usleep((useconds_t)(left * 1e6));
+  EXPECT_OK(crun_store_set(c, d->key, "v", 1));
+  crun_store_release(c);
+  return NULL;
+}
+
+/* A key set right at a parked wait's deadline: the wait gets exactly one
+ * answer (OK or ETIMEDOUT, whichever the server saw first), so the request
+ * behind it on the connection gets its own reply, and nothing is left over. */
+TEST(tcp_set_at_the_deadline) {
+  int port;
+  crun_store_server_t *srv = local_server(&port);
+  crun_store_t *s = client(port, 10);
+  uint8_t f[128], r[256];
+  const uint8_t *arg;
+  uint32_t alen;
+  int fd = raw_connect(port), ok = 0, late = 0;
+  for (int i = 0; i < 24; i++) {
+    char key[32];
+    snprintf(key, sizeof key, "edge%d", i);
+    size_t fl = wait_frame(f, key, 50);
+    fl += frame_of(f + fl, CRUN__SOP_PING, 0, NULL, NULL);
+    /* the set lands from 6 ms before to 5 ms after the deadline */
+    struct at_deadline d = {port, crun_clock() + 0.050 + (i % 12 - 6) * 1e-3, key};
+    pthread_t th;
+    EXPECT(send(fd, f, fl, 0) == (ssize_t)fl);
+    pthread_create(&th, NULL, set_at, &d);
+    int code = read_reply(fd, r, sizeof r, &arg, &alen);
+    if (code != 0 && code != -CRUN_ETIMEDOUT) crun_test_fail(__FILE__, __LINE__, "wait #%d: code %d", i, code);
+    code == 0 ? ok++ : late++;
+    EXPECT_EQ_INT(read_reply(fd, r, sizeof r, &arg, &alen), 0);
+    EXPECT(alen == 10 && memcmp(arg, "crun-store", 10) == 0);
+    pthread_join(th, NULL);
+    EXPECT_OK(crun_store_check(s, (const char *[]){key}, 1, &(int){0})); /* the set was served */
+    struct pollfd p = {fd, POLLIN, 0};
+    EXPECT(poll(&p, 1, 20) == 0); /* no second answer to the wait */
+  }
+  printf("set at the deadline: %d waits answered OK, %d ETIMEDOUT\n", ok, late);
+  close(fd);
+  /* the same through the client: the next call gets its own reply */
+  for (int i = 0; i < 12; i++) {
+    char key[32], val[32];
+    snprintf(key, sizeof key, "cedge%d", i), snprintf(val, sizeof val, "mark%d", i);
+    EXPECT_OK(crun_store_set(s, "mark", val, strlen(val)));
+    struct at_deadline d = {port, crun_clock() + 0.050 + (i - 6) * 1e-3, key};
+    pthread_t th;
+    pthread_create(&th, NULL, set_at, &d);
+    const char *k = key;
+    int rc = crun_store_wait(s, &k, 1, 0.05);
+    if (rc != 0 && rc != CRUN_ETIMEDOUT) crun_test_fail(__FILE__, __LINE__, "wait #%d: %s", i, crun_last_error());
+    expect_value(s, "mark", val);
+    pthread_join(th, NULL);
+  }
+  crun_store_release(s);
+  crun_store_server_stop(srv);
+}
+
+/* timeout_ms from the wire: a negative one closes the connection (a pop's
+ * means "don't wait"); INT64_MAX is capped, parks and is answered by a set;
+ * 0 looks once; a connection closed while parked frees its timer (ASan);
+ * a request of another protocol version is told why in its own version. */
+TEST(tcp_wait_timeouts_on_the_wire) {
+  int port;
+  crun_store_server_t *srv = local_server(&port);
+  crun_store_t *s = client(port, 10);
+  uint8_t f[128], r[256];
+  const uint8_t *arg;
+  uint32_t alen;
+  int fd = raw_connect(port);
+  size_t fl = wait_frame(f, "k", -1);
+  EXPECT(send(fd, f, fl, 0) == (ssize_t)fl);
+  EXPECT(closed_by_server(fd));
+  close(fd);
+  fd = raw_connect(port);
+  fl = wait_frame(f, "big", INT64_MAX);
+  fl += wait_frame(f + fl, "none", 0);
+  EXPECT(send(fd, f, fl, 0) == (ssize_t)fl);
+  EXPECT_OK(crun_store_set(s, "other", "1", 1)); /* a round trip: the wait is parked now */
+  EXPECT(!readable(fd));
+  EXPECT_OK(crun_store_set(s, "big", "1", 1));
+  EXPECT_EQ_INT(read_reply(fd, r, sizeof r, &arg, &alen), 0);
+  EXPECT_EQ_INT(read_reply(fd, r, sizeof r, &arg, &alen), -CRUN_ETIMEDOUT);
+  EXPECT(alen > 0 && memmem(arg, alen, "'none'", 6) != NULL);
+  fl = wait_frame(f, "never", 60000); /* parked with its timer armed, then closed */
+  EXPECT(send(fd, f, fl, 0) == (ssize_t)fl);
+  EXPECT_OK(crun_store_set(s, "other", "2", 1));
+  close(fd);
+  fd = raw_connect(port);
+  fl = wait_frame(f, "k", 10);
+  f[4] = 1; /* a client of protocol version 1 */
+  EXPECT(send(fd, f, fl, 0) == (ssize_t)fl);
+  EXPECT_EQ_INT(read_reply(fd, r, sizeof r, &arg, &alen), -CRUN_EPROTO);
+  EXPECT(r[4] == 1 && alen > 0 && memmem(arg, alen, "version 1 not supported", 23) != NULL);
+  EXPECT(closed_by_server(fd));
+  close(fd);
+  crun_store_release(s);
+  crun_store_server_stop(srv);
+}
+
 #define CRUN_TESTS(X) X(tcp_semantics) X(tcp_get_is_parked_until_set) X(tcp_port_in_use) \
   X(tcp_connect_refused) X(tcp_world_size_join) X(tcp_hostile_frames) X(tcp_server_goes_away) \
   X(tcp_thousand_clients) X(tcp_multiprocess_race) X(tcp_big_value) X(tcp_pipelined_clients) X(tcp_both_transports) \
   X(tcp_secret) X(tcp_handshake_stall_is_etimedout) X(tcp_unix_socket_taken_by_another_user) X(tcp_client_that_never_reads) \
   X(tcp_waiters_by_key) X(tcp_idle_connection_flood) X(tcp_queues) X(tcp_queue_opcodes) X(tcp_async_set) X(tcp_async_set_lost) \
-  X(tcp_spin_setting) X(tcp_idle_server_sleeps)
+  X(tcp_spin_setting) X(tcp_idle_server_sleeps) X(tcp_timed_out_wait_keeps_connection) X(tcp_set_at_the_deadline) \
+  X(tcp_wait_timeouts_on_the_wire)
 CRUN_TEST_MAIN()

@@ -55,7 +55,7 @@ TEST(request_header_and_arity) {
   crun__sproto_request_free(&r);
   f[5] = CRUN__SOP_MAX + 1;
   EXPECT_EQ_INT(crun__sproto_check_request(f, n, why, sizeof why), CRUN__SREQ_BAD_OP);
-  f[4] = 2;
+  f[4] = CRUN_STORE_PROTO_VERSION + 1;
   EXPECT_EQ_INT(crun__sproto_check_request(f, n, why, sizeof why), CRUN__SREQ_BAD_VERSION);
 }
 

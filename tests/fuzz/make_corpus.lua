@@ -16,28 +16,29 @@ local function frame(code, args)
   local body = {}
   for i, a in ipairs(args) do body[i] = string.pack("<s4", a) end
   body = table.concat(body)
-  return string.pack("<I4BBI2", 4 + #body, 1, code, #args) .. body
+  return string.pack("<I4BBI2", 4 + #body, 2, code, #args) .. body -- CRUN_STORE_PROTO_VERSION 2
 end
 local i64 = function(v) return string.pack("<i8", v) end
+local ms = i64(250) -- the timeout_ms that GET, WAIT, MULTI_GET and JOIN_WAIT end with
 
 -- requests (op codes of tcp_proto.h), several per input as a client pipelines them
-write("store_request", "set_get", frame(1, {"alpha", "-17.25e3"}) .. frame(2, {"alpha"}))
+write("store_request", "set_get", frame(1, {"alpha", "-17.25e3"}) .. frame(2, {"alpha", ms}))
 write("store_request", "add_twice", frame(3, {"ctr", i64(-7)}) .. frame(3, {"ctr", i64(123456789013)}))
 write("store_request", "cas", frame(1, {"k", "v1"}) .. frame(4, {"k", "v1", "w2"}) .. frame(4, {"k", "zz", "v3"}))
-write("store_request", "wait_check", frame(5, {"a", "b"}) .. frame(6, {"a", "b", "c"}))
+write("store_request", "wait_check", frame(5, {"a", "b", ms}) .. frame(6, {"a", "b", "c"}))
 write("store_request", "delete_numkeys", frame(1, {"x", ""}) .. frame(7, {"x"}) .. frame(8, {}))
-write("store_request", "append", frame(9, {"log", "one;"}) .. frame(9, {"log", "two;"}) .. frame(10, {"log", "nope"}))
-write("store_request", "multi_set", frame(11, {"p", "3", "q", "-4", "r", "5.5"}) .. frame(10, {"p", "q", "r"}))
-write("store_request", "ping_join", frame(12, {}) .. frame(13, {}) .. frame(14, {i64(3)}))
-write("store_request", "bad_version", string.pack("<I4BBI2", 4, 2, 1, 0))
-write("store_request", "bad_args", string.pack("<I4BBI2", 12, 1, 1, 2) .. string.pack("<I4", 99) .. "abcd")
+write("store_request", "append", frame(9, {"log", "one;"}) .. frame(9, {"log", "two;"}) .. frame(10, {"log", "nope", ms}))
+write("store_request", "multi_set", frame(11, {"p", "3", "q", "-4", "r", "5.5"}) .. frame(10, {"p", "q", "r", ms}))
+write("store_request", "ping_join", frame(12, {}) .. frame(13, {}) .. frame(14, {i64(3), ms}) .. frame(5, {"k", i64(-1)}))
+write("store_request", "bad_version", string.pack("<I4BBI2", 4, 1, 1, 0)) -- version 1
+write("store_request", "bad_args", string.pack("<I4BBI2", 12, 2, 1, 2) .. string.pack("<I4", 99) .. "abcd")
 
 -- replies: ok with values, integers, errors
 write("store_reply", "ok_empty", frame(0, {}))
 write("store_reply", "ok_value", frame(0, {"value-91"}) .. frame(0, {i64(-3)}))
 write("store_reply", "multi", frame(0, {"a", "", "ccc", "dddd"}))
 write("store_reply", "err_timeout", frame(3, {"ETIMEDOUT: wait 'k' timed out"}))
-write("store_reply", "err_proto", frame(9, {"EPROTO: store protocol version 2 not supported (server speaks 1)"}))
+write("store_reply", "err_proto", frame(9, {"EPROTO: store protocol version 1 not supported (server speaks 2)"}))
 write("store_reply", "err_noarg", frame(13, {}))
 
 -- ---------------------------------------------------------------- auth + hello
