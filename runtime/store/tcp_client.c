@@ -219,8 +219,8 @@ static int client_handshake(tcp_store_t *t, int fd, int local, double deadline) 
   if (!t->auth.on) return 0;
   r = read_exact(fd, got, sizeof got, deadline);
   /* a proof still to come at the deadline is a busy server, not a refusal
-   * (tcp_connect gives up on EACCES at once, and the launcher's watcher,
-   * which reconnects within 0.25 s, took it for a lost store) */
+   * (tcp_connect gives up on EACCES at once: a client reconnecting to a
+   * busy server would take it for a lost store) */
   if (r == -ETIMEDOUT)
     return crun_error(CRUN_ETIMEDOUT, "%s sent no proof of the job's secret in time", peer);
   if (r < 0)
@@ -284,8 +284,9 @@ static long encode(tcp_store_t *t, int op, unsigned n, const void *const *a, con
   size_t total = CRUN_STORE_FRAME_HDR;
   for (unsigned i = 0; i < n; i++) total += 4 + l[i];
   if (total - 4 > CRUN_STORE_MAX_FRAME || n > CRUN_STORE_MAX_ARGS)
-    return crun_error(CRUN_ERANGE, "store request of %zu bytes / %u keys is over the limit "
-                      "(%u bytes, %d keys)", total, n, CRUN_STORE_MAX_FRAME, CRUN_STORE_MAX_ARGS);
+    return crun_error(CRUN_ERANGE, "store request of %zu bytes / %u arguments is over the limit "
+                      "(%u bytes, %d arguments; get, wait and multi_get send their timeout as one)", total, n,
+                      CRUN_STORE_MAX_FRAME, CRUN_STORE_MAX_ARGS);
   if (total > t->scap) {
     uint8_t *nb = realloc(t->sbuf, total);
     if (!nb) return crun_error(CRUN_ENOMEM, "store: out of memory for a %zu-byte request", total);
