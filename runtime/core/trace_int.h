@@ -12,7 +12,7 @@
 #define CRUN__OBS_FLIGHT 1   /* the flight recorder is on */
 #define CRUN__OBS_TIMELINE 2 /* the timeline records */
 
-extern int crun__obs_on; /* CRUN__OBS_* bits, fixed when the library loads */
+extern int crun__obs_on; /* CRUN__OBS_* bits: set when the library loads, changed by crun_trace_mode and crun_trace_start */
 
 /* Nanoseconds the calling thread spent blocked on peers so far (engines add
  * to it while crun__obs_on is set); an operation's wait is the difference
