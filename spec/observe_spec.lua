@@ -174,24 +174,35 @@ describe("flight recorder", function()
     assert.matches("every rank reached #1 %(all_reduce%)", r.err)
   end)
 
-  it("dumps on SIGUSR1 to crun-lua while the job goes on, keeping the last N operations", function()
+  -- Runs fixtures/observe/usr1.lua on 2 ranks with env, sends SIGUSR1 to
+  -- crun-lua once both ranks are ready (and `settle` s later), lets the job
+  -- finish; returns crun-lua's stderr up to the analysis (nil: none), the
+  -- exit status, stdout and rank 0's dump as SIGUSR1 left it.
+  local function usr1_job(env, settle)
     local dir = C.tmpdir("observe")
-    local env = "CRUN_FLIGHT_RECORDER=3 CRUN_FLIGHT_DIR=" .. q(dir .. "/fr") .. " GO_FILE=" .. q(dir .. "/go")
+    env = env .. " CRUN_FLIGHT_DIR=" .. q(dir .. "/fr") .. " GO_FILE=" .. q(dir .. "/go")
     local pid = C.spawn(dir, "-n 2 --master-port 0 " .. q(FIX .. "usr1.lua"), env)
     assert.is_truthy(C.wait_for(function()
       local o = C.slurp(dir .. "/out") or ""
       return o:match("READY 0") and o:match("READY 1")
     end, 30), "the job did not get ready")
+    if settle then os.execute("sleep " .. settle) end
     os.execute("kill -USR1 " .. pid)
     local err = C.wait_for(function()
       local e = C.slurp(dir .. "/err") or ""
       return e:match("dumps of %d of 2") and e
     end, 15)
+    local d0 = C.slurp(dir .. "/fr/flight_rank0.txt") or "" -- before the script's own dump
     C.write(dir .. "/go", "")
     local rc = C.wait_rc(dir, 30)
     local out = C.slurp(dir .. "/out") or ""
     C.rmrf(dir)
     assert.is_string(err, "no analysis after SIGUSR1")
+    return err, rc, out, d0
+  end
+
+  it("dumps on SIGUSR1 to crun-lua while the job goes on, keeping the last N operations", function()
+    local err, rc, out = usr1_job("CRUN_FLIGHT_RECORDER=3")
     assert.matches("SIGUSR1: asked every worker", err)
     assert.matches("dumps of 2 of 2 ranks", err)
     assert.matches("every rank reached #4 %(broadcast%)", err)
@@ -202,24 +213,8 @@ describe("flight recorder", function()
 
   it("shows the collective a rank is waiting in as started when SIGUSR1 comes", function()
     -- rank 0 waits in all_reduce #5 for rank 1, which is still at broadcast #4
-    local dir = C.tmpdir("observe")
-    local env = "STUCK=1 CRUN_FLIGHT_DIR=" .. q(dir .. "/fr") .. " GO_FILE=" .. q(dir .. "/go")
-    local pid = C.spawn(dir, "-n 2 --master-port 0 " .. q(FIX .. "usr1.lua"), env)
-    assert.is_truthy(C.wait_for(function()
-      local o = C.slurp(dir .. "/out") or ""
-      return o:match("READY 0") and o:match("READY 1")
-    end, 30), "the job did not get ready")
-    os.execute("sleep 0.3") -- rank 0 is in its all_reduce by now
-    os.execute("kill -USR1 " .. pid)
-    local err = C.wait_for(function()
-      local e = C.slurp(dir .. "/err") or ""
-      return e:match("dumps of %d of 2") and e
-    end, 15)
-    local d0 = C.slurp(dir .. "/fr/flight_rank0.txt") or "" -- before the script's own dump
-    C.write(dir .. "/go", "")
-    local rc = C.wait_rc(dir, 30)
-    C.rmrf(dir)
-    assert.is_string(err, "no analysis after SIGUSR1")
+    -- (0.3 s after both were ready, rank 0 is in its all_reduce)
+    local err, rc, _, d0 = usr1_job("STUCK=1", 0.3)
     assert.matches("rank 1 is behind: its last op is broadcast #4 %(done%) while ranks? 0 %a* ?at all_reduce #5", err)
     assert.matches("all_reduce[^\n]*started", d0)
     assert.are.equal(0, rc)
