@@ -194,14 +194,14 @@ static int s_eq(lua_State *L) {
 }
 
 static int s_gc(lua_State *L) {
-  sbox *b = luaL_checkudata(L, 1, STREAM_MT);
+  sbox *b = crun_l_checkudata(L, 1, STREAM_MT);
   crun_cuda_stream_release(b->s);
   b->s = NULL;
   return 0;
 }
 
 static int s_tostring(lua_State *L) {
-  sbox *b = luaL_checkudata(L, 1, STREAM_MT);
+  sbox *b = crun_l_checkudata(L, 1, STREAM_MT);
   if (!b->s) lua_pushstring(L, "crun.cuda.Stream (closed)");
   else lua_pushfstring(L, "crun.cuda.Stream(device=cuda:%d, handle=%p)", crun_cuda_stream_device(b->s),
                        crun_cuda_stream_handle(b->s));
@@ -291,7 +291,7 @@ static int e_elapsed_time(lua_State *L) {
 }
 
 static int e_gc(lua_State *L) {
-  ebox *b = luaL_checkudata(L, 1, EVENT_MT);
+  ebox *b = crun_l_checkudata(L, 1, EVENT_MT);
   crun_cuda_event_release(b->e);
   b->e = NULL;
   return 0;

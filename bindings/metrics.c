@@ -243,14 +243,19 @@ static void histogram(const double *v, size_t n, int bins, CrunTb__HistogramProt
   }
   if (n == 0) bins = 0;
   else if (hi == lo) bins = 1;
-  double width = bins ? (hi - lo) / bins : 0;
+  /* in halves: hi - lo overflows to inf for values spanning more than
+   * DBL_MAX (-1e308 and 1e308), and inf / inf made the bucket NaN, cast to
+   * int as INT_MIN (an index far before count[]); halving is exact for
+   * normal doubles, so the buckets of every other input are unchanged */
+  double half = bins ? (hi / 2 - lo / 2) / bins : 0;
   for (int b = 0; b < bins; b++) {
-    limit[b] = b == bins - 1 ? hi : lo + width * (b + 1);
+    limit[b] = b == bins - 1 ? hi : 2 * (lo / 2 + half * (b + 1));
     count[b] = 0;
   }
   for (size_t i = 0; i < n; i++) {
-    int b = width > 0 ? (int)((v[i] - lo) / width) : 0;
-    count[b < bins ? b : bins - 1] += 1;
+    double f = half > 0 ? (v[i] / 2 - lo / 2) / half : 0;
+    int b = f > 0 ? (f < bins ? (int)f : bins - 1) : 0;
+    count[b] += 1;
   }
   h->min = lo, h->max = hi, h->num = (double)n, h->sum = s, h->sum_squares = s2;
   h->n_bucket_limit = h->n_bucket = (size_t)bins;

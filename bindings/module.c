@@ -172,7 +172,7 @@ static int l_set_log_rank(lua_State *L) {
 
 /* core.set_flush_denormal(on) -> whether the CPU supports it (torch's name and meaning) */
 static int l_set_flush_denormal(lua_State *L) {
-  luaL_checktype(L, 1, LUA_TBOOLEAN);
+  crun_l_checktype(L, 1, LUA_TBOOLEAN);
   lua_pushboolean(L, crun_set_flush_denormal(lua_toboolean(L, 1)));
   return 1;
 }

@@ -106,6 +106,13 @@ static int l_store_tcp(lua_State *L) {
   o.token = crun_l_optfield_string(L, 1, "token", NULL); /* nil: CRUN_TOKEN; "": none */
   o.async_set = crun_l_optfield_boolean(L, 1, "async_set", 0);
   if (o.port < 0) return crun_l_error(L, "EINVAL: bad argument #1 to 'tcp' (field 'port' is required)");
+  /* NaN or inf reached the client's deadline arithmetic and came back as
+   * "ETIMEDOUT: the store server sent no greeting" at once */
+  if (o.timeout != o.timeout || o.timeout > 1e9)
+    return crun_l_error(L, "EINVAL: bad argument #1 to 'tcp' (field 'timeout' is %f, not a number of seconds up to 1e9)", o.timeout);
+  if (o.connect_timeout != o.connect_timeout || o.connect_timeout > 1e9)
+    return crun_l_error(L, "EINVAL: bad argument #1 to 'tcp' (field 'connect_timeout' is %f, not a number of seconds up to 1e9)",
+                        o.connect_timeout);
   crun_store_t *s;
   STORE_CHECK(L, crun_store_tcp_new(&o, &s));
   return push_store(L, s, "tcp");
@@ -288,20 +295,20 @@ static void check_opt_names(lua_State *L, int idx, const char *fname, const char
 static int m_queue_pop(lua_State *L) {
   static const char *const accepted[] = {"block", "timeout", NULL};
   crun_store_t *s = crun_l_check_store(L, 1);
-  const char *key = luaL_checkstring(L, 2);
+  const char *key = crun_l_checkstring(L, 2);
   int block = 1;
   double timeout = 0;
   if (lua_istable(L, 3)) {
     check_opt_names(L, 3, "queue_pop", accepted, "block, timeout");
     int bt = lua_getfield(L, 3, "block");
-    if (bt != LUA_TNIL && bt != LUA_TBOOLEAN) return luaL_argerror(L, 3, "field 'block' must be a boolean");
+    if (bt != LUA_TNIL && bt != LUA_TBOOLEAN) return crun_l_argerror(L, 3, "field 'block' must be a boolean");
     block = bt == LUA_TNIL || lua_toboolean(L, -1);
     timeout = crun_l_optfield_number(L, 3, "timeout", 0);
     if (lua_getfield(L, 3, "timeout") != LUA_TNIL && timeout <= 0)
-      return luaL_argerror(L, 3, "timeout must be > 0 seconds");
+      return crun_l_argerror(L, 3, "timeout must be > 0 seconds");
   } else if (!lua_isnoneornil(L, 3)) {
-    timeout = luaL_checknumber(L, 3);
-    if (timeout <= 0) return luaL_argerror(L, 3, "timeout must be > 0 seconds");
+    timeout = crun_l_checknumber(L, 3);
+    if (timeout <= 0) return crun_l_argerror(L, 3, "timeout must be > 0 seconds");
   }
   crun_buf_t b;
   STORE_CHECK(L, crun_store_queue_pop(s, key, block, timeout, &b));
@@ -313,7 +320,7 @@ static int m_queue_pop(lua_State *L) {
 static int m_queue_len(lua_State *L) {
   crun_store_t *s = crun_l_check_store(L, 1);
   int64_t n;
-  STORE_CHECK(L, crun_store_queue_len(s, luaL_checkstring(L, 2), &n));
+  STORE_CHECK(L, crun_store_queue_len(s, crun_l_checkstring(L, 2), &n));
   lua_pushinteger(L, (lua_Integer)n);
   return 1;
 }

@@ -359,6 +359,8 @@ static uint64_t check_seed(lua_State *L, int idx) {
   if (lua_isinteger(L, idx)) return (uint64_t)lua_tointeger(L, idx);
   double d = crun_l_checknumber(L, idx);
   if (d != floor(d)) crun_l_argerror(L, idx, "seed must be an integer");
+  /* (int64_t) of 1e300 or inf is undefined (INT64_MIN on x86: every such seed the same) */
+  if (!(d >= -0x1p63 && d < 0x1p63)) crun_l_argerror(L, idx, "seed out of the range of a 64-bit integer");
   return (uint64_t)(int64_t)d;
 }
 

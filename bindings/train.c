@@ -498,7 +498,7 @@ static int64_t *check_int_list(lua_State *L, int idx, lua_Integer n, lua_Integer
     lua_geti(L, idx, k);
     int isnum;
     lua_Integer x = lua_tointegerx(L, -1, &isnum);
-    if (!isnum || x < lo || x > hi) luaL_argerror(L, idx, lua_pushfstring(L, "entry %d out of range", (int)k));
+    if (!isnum || x < lo || x > hi) crun_l_argerror(L, idx, lua_pushfstring(L, "entry %d out of range", (int)k));
     v[k - 1] = (int64_t)x;
     lua_pop(L, 1);
   }
@@ -518,16 +518,16 @@ static void push_list(lua_State *L, const int64_t *v, size_t n, int64_t add) {
  * ranks), offsets (element offsets in the owner's buffer of that key),
  * rank_numel (per rank), bucket_numel (rank r, key k at r * nkeys + k + 1) */
 static int l_zero_partition(lua_State *L) {
-  luaL_checktype(L, 1, LUA_TTABLE);
+  crun_l_checktype(L, 1, LUA_TTABLE);
   lua_Integer n = (lua_Integer)luaL_len(L, 1);
-  lua_Integer world = crun_l_check_range(L, luaL_checkinteger(L, 2), 1, 1 << 20, "zero_partition", "world size");
-  lua_Integer nkeys = crun_l_check_range(L, luaL_optinteger(L, 4, 1), 1, 64, "zero_partition", "key count");
-  if (n > INT32_MAX / 2) return luaL_argerror(L, 1, "too many parameters");
+  lua_Integer world = crun_l_check_range(L, crun_l_checkinteger(L, 2), 1, 1 << 20, "zero_partition", "world size");
+  lua_Integer nkeys = crun_l_check_range(L, crun_l_optinteger(L, 4, 1), 1, 64, "zero_partition", "key count");
+  if (n > INT32_MAX / 2) return crun_l_argerror(L, 1, "too many parameters");
   int64_t *numel = check_int_list(L, 1, n, 0, INT64_MAX);
   int64_t *key64 = NULL;
   if (!lua_isnoneornil(L, 3)) {
-    luaL_checktype(L, 3, LUA_TTABLE);
-    if ((lua_Integer)luaL_len(L, 3) != n) return luaL_argerror(L, 3, "one key per parameter expected");
+    crun_l_checktype(L, 3, LUA_TTABLE);
+    if ((lua_Integer)luaL_len(L, 3) != n) return crun_l_argerror(L, 3, "one key per parameter expected");
     key64 = check_int_list(L, 3, n, 0, nkeys - 1);
   }
   size_t cnt = (size_t)(n > 0 ? n : 1);

@@ -357,7 +357,8 @@ int crun__repl_worker_loop(struct lua_State *L, int script_rc);
 void crun__obs_launcher_setup(const char *timeline);
 
 /* Before attempt k: CRUN_FLIGHT_DIR = <log_dir>/attempt_<k>, or (no --log-dir
- * and none set) $TMPDIR/crun-flight-<launcher pid>. */
+ * and none set) $TMPDIR/crun-flight-<launcher pid>-XXXXXX, made 0700 by
+ * mkdtemp at the first attempt. */
 void crun__obs_attempt_env(const char *log_dir, int attempt);
 
 /* In a forked worker: reads the recording settings, arms SIGUSR1. */
@@ -369,7 +370,7 @@ void crun__obs_worker_init(void);
 void crun__obs_dump_all(const pid_t *pids, const int *ranks, const int *running, int n, uint64_t since,
                         const char *why);
 
-/* At the end: removes the dump directory crun-lua chose ($TMPDIR/crun-flight-<pid>)
+/* At the end: removes the dump directory crun-lua chose ($TMPDIR/crun-flight-<pid>-XXXXXX)
  * unless an analysis named it. */
 void crun__obs_cleanup(void);
 

@@ -116,7 +116,7 @@ static const char usage_text[] =
     "Flight recorder: each rank keeps its last CRUN_FLIGHT_RECORDER (2000; 0: off)\n"
     "operations; when a worker fails, or on SIGUSR1 to crun-lua (the job goes on),\n"
     "every rank writes them to the log dir (attempt_<k>/flight_rank<r>.txt; else\n"
-    "$TMPDIR/crun-flight-<pid>) and crun-lua says which ranks are behind, on which\n"
+    "$TMPDIR/crun-flight-<pid>-XXXXXX) and crun-lua says which ranks are behind, on which\n"
     "op, and where the ranks' sequences first differ.\n"
     "Under mpirun or srun (OMPI_COMM_WORLD_*, PMI_*, SLURM_* set) and without -n or\n"
     "--nnodes, the script runs in-process as the rank those tools gave.\n"

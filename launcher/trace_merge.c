@@ -52,9 +52,20 @@ void crun__obs_attempt_env(const char *log_dir, int attempt) {
   if (log_dir) snprintf(dir, sizeof dir, "%s/attempt_%d", log_dir, attempt);
   else if (getenv("CRUN_FLIGHT_DIR")) return; /* the user's choice */
   else {
-    const char *tmp = getenv("TMPDIR");
-    snprintf(dir, sizeof dir, "%s/crun-flight-%d", tmp && *tmp ? tmp : "/tmp", (int)getpid());
-    snprintf(g_default_dir, sizeof g_default_dir, "%s", dir);
+    /* made here, 0700 and with a random suffix (mkdtemp): at a name known in
+     * advance (crun-flight-<pid>) another user could create the directory
+     * first with a symlink flight_rank0.txt.tmp -> any file of ours, and
+     * rank 0's dump would overwrite that file */
+    if (!g_default_dir[0]) {
+      const char *tmp = getenv("TMPDIR");
+      snprintf(dir, sizeof dir, "%s/crun-flight-%d-XXXXXX", tmp && *tmp ? tmp : "/tmp", (int)getpid());
+      if (!mkdtemp(dir)) {
+        obs_say("cannot create a directory for the flight recorder's dumps (set CRUN_FLIGHT_DIR or --log-dir)");
+        return;
+      }
+      snprintf(g_default_dir, sizeof g_default_dir, "%s", dir);
+    }
+    snprintf(dir, sizeof dir, "%s", g_default_dir);
   }
   setenv("CRUN_FLIGHT_DIR", dir, 1);
 }
@@ -187,8 +198,7 @@ static int is_dump_name(const char *name) {
 }
 
 /* Removes the dumps in the directory crun-lua chose and the directory: one
- * readdir, so a job that dumped nothing (the usual case: the directory was
- * never created) costs one failed opendir, not a try per possible rank. */
+ * readdir, not a try per possible rank. */
 void crun__obs_cleanup(void) {
   if (g_reported || !g_default_dir[0]) return;
   DIR *d = opendir(g_default_dir);

@@ -264,6 +264,22 @@ describe("crun.metrics.SummaryWriter", function()
     end
   end)
 
+  -- hi - lo overflowed to inf: the top value's bucket was inf / inf = NaN,
+  -- cast to INT_MIN, and the count was written far before the buckets (SEGV)
+  it("bins finite values whose range exceeds the largest double", function()
+    local w <close> = metrics.SummaryWriter(dir .. "/hist_wide")
+    local ev_path = w:paths()
+    w:add_histogram("wide", {-1.5e308, 1.5e308, 0, 1.5e308}, 1, 4)
+    w:add_histogram("wide1", {-1e308, 1e308}, 2, 1)
+    w:close()
+    local evs = read_events(ev_path)
+    local h = evs[2].values[1].histo
+    assert.are.same({1, 0, 1, 2}, h.bucket) -- 0 sits on the edge of buckets 2 and 3: the upper one
+    assert.are.same({-0.75e308, 0, 0.75e308, 1.5e308}, h.bucket_limit)
+    assert.are.same({-1.5e308, 1.5e308, 4}, {h.min, h.max, h.num})
+    assert.are.same({2}, evs[3].values[1].histo.bucket)
+  end)
+
   it("raises EINVAL for non-finite histogram values, empty tags and use after close", function()
     local w = metrics.SummaryWriter(dir .. "/err")
     local ok, err = pcall(w.add_histogram, w, "h", {1, 0 / 0, 2}, 1)

@@ -163,6 +163,26 @@ describe("flight recorder", function()
     assert.matches("first mismatch at #6: ranks 0,2 called all_reduce%(float32%[300%]%); rank 1 called barrier", r.err)
   end)
 
+  -- without --log-dir the dumps went to $TMPDIR/crun-flight-<pid>, a name
+  -- known in advance: another user could make that directory first with a
+  -- symlink flight_rank0.txt.tmp -> any file of ours, and rank 0's dump
+  -- overwrote that file
+  it("dumps without --log-dir into a fresh private directory, never through a planted symlink", function()
+    local dir = C.tmpdir("observe")
+    C.write(dir .. "/victim", "precious")
+    local r = run("-n 3 --master-port 0 " .. q(FIX .. "hang.lua"), "MODE=mismatch TMPDIR=" .. q(dir))
+    assert.are_not.equal(0, r.code)
+    local p = io.popen("cd " .. q(dir) .. " && for d in crun-flight-*; do echo \"$d $(stat -c %a \"$d\")\"; done")
+    local made = p:read("a")
+    p:close()
+    assert.matches("^crun%-flight%-%d+%-%w%w%w%w%w%w 700\n$", made)
+    os.execute("mkdir " .. q(dir .. "/fd") .. " && ln -s " .. q(dir .. "/victim") .. " " .. q(dir .. "/fd/flight_rank0.txt.tmp"))
+    r = run("-n 3 --master-port 0 " .. q(FIX .. "hang.lua"), "MODE=mismatch CRUN_FLIGHT_DIR=" .. q(dir .. "/fd"))
+    assert.are_not.equal(0, r.code)
+    assert.are.equal("precious", C.slurp(dir .. "/victim"))
+    C.rmrf(dir)
+  end)
+
   it("dumps on :dump in the REPL", function()
     local dir = C.tmpdir("observe")
     local r = C.run("-n 2 -i", {input = "x = T.ones({4})\ndist.all_reduce(x)\n:dump\nos.execute('sleep 2')\n:quit\n",

@@ -84,6 +84,23 @@ describe("crun.save / crun.load", function()
     assert.is_true(serialize.exists(path))
   end)
 
+  -- crun.load("/dev/zero") read until memory ran out ("not enough memory",
+  -- or the machine's swap): a file is read whole only after its magic
+  it("refuses an endless or big foreign file after its magic, without reading it whole", function()
+    local real_open, reads = io.open, {}
+    local fake = {read = function(_, n) reads[#reads + 1] = n; return n == "a" and "" or ("\0"):rep(n) end,
+                  seek = function() return 0 end, close = function() end}
+    io.open = function(path, ...) if path == "/fake/endless" then return fake end return real_open(path, ...) end
+    local ok, err = pcall(serialize.load, "/fake/endless")
+    io.open = real_open
+    assert.is_false(ok)
+    assert.matches("^EPROTO: crun.load: /fake/endless is not a crun save file %(bad magic%)", err)
+    assert.are.same({8}, reads)
+    ok, err = pcall(serialize.load, "/dev/zero")
+    assert.is_false(ok)
+    assert.matches("^EPROTO: crun.load: /dev/zero is not a crun save file", err)
+  end)
+
   it("refuses a tensor that claims more elements than its bytes before allocating them", function()
     -- a float32 tensor of 2^20 x 2^20 (4 TiB) carried by 11 bytes (found by tests/fuzz/checkpoint)
     local body = "CRUNSAV1" .. "X" .. string.pack("<s1<I1<i8<i8<s8", "float32", 2, 1 << 20, 1 << 20, "-1.5e3;7;-2")

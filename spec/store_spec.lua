@@ -242,7 +242,22 @@ for _, name in ipairs({"hash", "file", "prefix_hash", "prefix_file", "tcp", "tcp
       expect_error("bad argument", s.set_timeout, s, 0)
       -- the binding's own checks start with the status name
       expect_error("^EINVAL: bad argument #3 to '%?' %(timeout must be > 0 seconds%)$", s.wait, s, {"k"}, -1)
+      expect_error("^EINVAL: bad argument #2 to '%?' %(string expected, got no value%)$", s.queue_pop, s)
+      expect_error("^EINVAL: bad argument #3 to '%?' %(timeout must be > 0 seconds%)$", s.queue_pop, s, "q", -1)
+      expect_error("^EINVAL: bad argument #2 to '%?' %(string expected, got table%)$", s.queue_len, s, {})
       expect_error("bad argument", s.get, {}, "k")
+    end)
+
+    -- wait with a NaN timeout never ended (its deadline compared false with
+    -- the clock); set_timeout(inf) stored a negative timeout (every blocking
+    -- call failed at once instead of waiting)
+    it("rejects a NaN or infinite wait timeout, and caps set_timeout", function()
+      expect_error("^EINVAL: store wait 'never': timeout %-?nan s is not a number of seconds", s.wait, s, {"never"}, 0 / 0)
+      expect_error("^EINVAL: store wait 'never': timeout inf s", s.wait, s, {"never"}, 1 / 0)
+      s:set_timeout(1 / 0)
+      assert.is_true(math.abs(s:timeout() - 1e9) < 1, tostring(s:timeout()))
+      s:set_timeout(0.2)
+      expect_error("^ETIMEDOUT", s.wait, s, {"never"})
     end)
   end)
 end
@@ -335,6 +350,11 @@ describe("crun.store kinds", function()
     expect_error("^EINVAL: crun.store.barrier: world_size must be an integer >= 1, got 0$",
                  S.barrier, S.hash(), "b", 0, 0)
     expect_error("^EINVAL", S.tcp, {port = 0}) -- port 0 only on the master
+    -- NaN / inf came back as "ETIMEDOUT: ... sent no greeting" at once
+    expect_error("^EINVAL: bad argument #1 to 'tcp' %(field 'timeout' is %-?nan, not a number of seconds up to 1e9%)$",
+                 S.tcp, {port = 0, is_master = true, timeout = 0 / 0})
+    expect_error("^EINVAL: bad argument #1 to 'tcp' %(field 'connect_timeout' is inf,",
+                 S.tcp, {port = 0, is_master = true, connect_timeout = 1 / 0})
   end)
 
   it("a standalone server serves clients until stopped", function()

@@ -31,6 +31,13 @@ describe("hostile tensor arguments", function()
     {"store at maxinteger", function() a[M] = 1 end, "index 9223372036854775807 out of range"},
     {"table index at maxinteger", function() return a[{1, M}] end, "index 9223372036854775807 out of range for dim 2"},
     {"index_select at maxinteger", function() return a:index_select(1, T.new({M}, "int64")) end, "^ERANGE: index_select: index 9223372036854775807"},
+    -- (int64_t)1e300: undefined, INT64_MIN on x86 (1e300, 1e301 and inf gave one stream)
+    {"Generator seeded with 1e300", function() return T.Generator(1e300) end, "^EINVAL: bad argument #1 to .*seed out of the range of a 64%-bit integer"},
+    {"manual_seed of inf", function() return T.manual_seed(1 / 0) end, "^EINVAL: bad argument #1 to .*seed"},
+    -- mininteger - 1 (the 1-based base) overflowed: UBSan aborted the process
+    {"index_select at mininteger", function() return a:index_select(1, T.new({m}, "int64")) end, "^ERANGE: index_select: index %-9223372036854775808"},
+    {"gather at mininteger", function() return a:gather(2, T.new({{m}}, "int64")) end, "^ERANGE: gather: index %-9223372036854775808"},
+    {"scatter_add_ at mininteger", function() return a:clone():scatter_add_(2, T.new({{m}}, "int64"), T.ones({1, 1})) end, "^ERANGE: scatter_add_: index %-9223372036854775808"},
   }
 
   for _, c in ipairs(cases) do

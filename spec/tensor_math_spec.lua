@@ -256,3 +256,29 @@ describe("set_flush_denormal", function()
     assert.are.same(before, (x32 * 1):totable())
   end)
 end)
+
+-- An in-place op whose other operand is a view of the same storage that
+-- overlaps the result without being it: every element must come from the
+-- operands as they were before the op (as if the operand were cloned), not
+-- from elements the op already wrote (a running sum instead of a shift).
+describe("in-place ops on overlapping views", function()
+  for _, dt in ipairs{"float32", "float64", "int64"} do
+    it("read the inputs before writing (" .. dt .. ")", function()
+      local x = T.arange(10, dt)
+      x:narrow(1, 2, 9):add_(x:narrow(1, 1, 9))  -- x[2..10] += x[1..9]
+      assert.are.same({0, 1, 3, 5, 7, 9, 11, 13, 15, 17}, flat(x))
+      local m = T.arange(12, dt):view(3, 4)
+      m:add_(m:narrow(1, 1, 1))                  -- every row += row 1 (broadcast block)
+      assert.are.same({0, 2, 4, 6, 4, 6, 8, 10, 8, 10, 12, 14}, flat(m))
+      local r = T.arange(12, dt):view(3, 4)
+      r:narrow(1, 2, 2):sub_(r:narrow(1, 1, 2))  -- rows 2..3 -= rows 1..2
+      assert.are.same({0, 1, 2, 3, 4, 4, 4, 4, 4, 4, 4, 4}, flat(r))
+      local f = T.arange(10, dt)
+      f:narrow(1, 1, 8):mul_(f:narrow(1, 3, 8))  -- x[1..8] *= x[3..10] (reads ahead)
+      assert.are.same({0, 3, 8, 15, 24, 35, 48, 63, 8, 9}, flat(f))
+      local s = T.arange(6, dt)
+      s:add_(s)                                  -- the same elements: no copy needed
+      assert.are.same({0, 2, 4, 6, 8, 10}, flat(s))
+    end)
+  end
+end)

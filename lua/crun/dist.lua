@@ -169,8 +169,16 @@ function dist.destroy_process_group(group)
   state.pg, state.store, state.groups, state.ngroups, state.close_store = nil, nil, {}, 0, false
 end
 
+-- A process group, or nil for the default one; anything else (a tensor, a
+-- Work, a number passed as group=) raises EINVAL naming the call instead of
+-- "attempt to index" from deep inside dist.
 local function resolve(group, fname)
   if group == nil then return default_pg(fname) end
+  local mt = type(group) == "userdata" and getmetatable(group)
+  if type(mt) ~= "table" or mt.__name ~= "crun.ProcessGroup" then
+    local got = type(mt) == "table" and type(mt.__name) == "string" and mt.__name or type(group)
+    fail("EINVAL: %s: group must be a crun.ProcessGroup (from new_group), got %s", fname, got)
+  end
   return group
 end
 
@@ -283,8 +291,12 @@ local function to_group_rank(g, global, fname)
   return r
 end
 
-function dist.get_group_rank(group, global_rank) return to_group_rank(group, global_rank, "get_group_rank") end
-function dist.get_global_rank(group, group_rank) return group:global_rank(group_rank) end
+function dist.get_group_rank(group, global_rank)
+  return to_group_rank(resolve(group, "get_group_rank"), global_rank, "get_group_rank")
+end
+function dist.get_global_rank(group, group_rank)
+  return resolve(group, "get_global_rank"):global_rank(group_rank)
+end
 
 --- Parses (op, opts) where op may be left out; checks opts against spec.
 local function split_op(op, opts, spec, fname)

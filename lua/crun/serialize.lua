@@ -224,7 +224,20 @@ function serialize.load(path, opts)
   O.check(LOAD_OPTS, "crun.load", opts)
   local f, msg, code = io.open(path, "rb")
   if not f then O.fail("%s: crun.load: cannot open %s (%s)", errno_status(code), path, tostring(msg)) end
-  local s, rmsg, rcode = f:read("a")
+  -- the magic first: /dev/zero, or a big file that is no save file, is
+  -- refused after 8 bytes instead of being read whole into memory
+  local s, rmsg, rcode = f:read(#MAGIC)
+  if s == MAGIC then
+    if f:seek("set", 0) then
+      s, rmsg, rcode = f:read("a")
+    else -- a pipe: no second copy of a file that can be seek'ed
+      local rest
+      rest, rmsg, rcode = f:read("a")
+      s = rest and s .. rest
+    end
+  elseif s == nil and rmsg == nil then
+    s = "" -- an empty file: loads names it
+  end
   f:close()
   if not s then O.fail("%s: crun.load: cannot read %s (%s)", errno_status(rcode), path, tostring(rmsg)) end
   return serialize.loads(s, path)

@@ -5,6 +5,7 @@
  * the contract. One lock guards everything here: the hooks hold it for a
  * few stores, never while blocking. */
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
 #include <signal.h>
@@ -501,7 +502,10 @@ int crun_flight_dump(const char *reason, char *path, size_t cap) {
   int rank = g.rank >= 0 ? g.rank : (int)crun_env_int("RANK", 0);
   dump_path(file, sizeof file, rank);
   snprintf(tmp, sizeof tmp, "%s.tmp", file);
-  FILE *f = fopen(tmp, "w");
+  /* never through a symlink planted at the temporary's name */
+  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
+  FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
+  if (fd >= 0 && !f) close(fd);
   int rc = 0;
   if (f) {
     fprintf(f, "# crun-flight 1\nR\t%d\t%d\t%llu\t%llu\t%s\n", rank, (int)getpid(), (unsigned long long)crun_clock_ns(),

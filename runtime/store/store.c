@@ -46,19 +46,22 @@ void crun_store_release(crun_store_t *s) {
   if (s && atomic_fetch_sub(&s->refs, 1) == 1) s->ops->destroy(s);
 }
 
+/* The longest timeout queue_pop takes (about 31 years): every deadline
+ * stays a finite number of milliseconds on the wire. */
+#define CRUN__MAX_TIMEOUT 1e9
+
 void crun_store_set_timeout(crun_store_t *s, double seconds) {
   if (!s) return;
-  if (seconds <= 0) seconds = CRUN_STORE_DEFAULT_TIMEOUT;
+  /* NaN or <= 0: the default; inf or more than 31 years: the longest (the
+   * nanoseconds of inf wrapped to a negative timeout: every call timed out) */
+  if (!(seconds > 0)) seconds = CRUN_STORE_DEFAULT_TIMEOUT;
+  if (seconds > CRUN__MAX_TIMEOUT) seconds = CRUN__MAX_TIMEOUT;
   atomic_store(&s->timeout_ns, (int64_t)(seconds * 1e9));
 }
 
 double crun_store_get_timeout(crun_store_t *s) {
   return s ? (double)atomic_load(&s->timeout_ns) * 1e-9 : CRUN_STORE_DEFAULT_TIMEOUT;
 }
-
-/* The longest timeout queue_pop takes (about 31 years): every deadline
- * stays a finite number of milliseconds on the wire. */
-#define CRUN__MAX_TIMEOUT 1e9
 
 /* Absolute deadline for a call with `timeout` (<= 0: the store's). */
 static double deadline_of(crun_store_t *s, double timeout) {
@@ -124,6 +127,10 @@ int crun_store_compare_set(crun_store_t *s, const char *key, const void *expecte
 int crun_store_wait(crun_store_t *s, const char *const *keys, size_t n, double timeout) {
   CRUN_CHECK(check_keys(s, keys, n, "wait"));
   if (n == 0) return 0;
+  /* a NaN deadline compares false with the clock: the wait never ended */
+  if (timeout != timeout || timeout > CRUN__MAX_TIMEOUT)
+    return crun_error(CRUN_EINVAL, "store wait '%s': timeout %g s is not a number of seconds up to %g",
+                      keys[0], timeout, CRUN__MAX_TIMEOUT);
   CRUN__SLOT(s, wait, "wait");
   return s->ops->wait(s, keys, n, deadline_of(s, timeout));
 }

@@ -235,6 +235,29 @@ static int is_trailing_block(const crun_tensor_t *b, int nd, const int64_t *shap
   return 1;
 }
 
+/* Whether contiguous x and contiguous o share bytes without being the same
+ * elements: a kernel writing o while it reads x would then read results
+ * instead of inputs (x[2..n] += x[1..n-1], or x += x[1] where the row is
+ * reread for every row of o). */
+static int partial_overlap(const crun_tensor_t *x, const crun_tensor_t *o) {
+  if (x->st != o->st) return 0;
+  const char *x0 = crun_tensor_data(x), *o0 = crun_tensor_data(o);
+  const char *x1 = x0 + (size_t)crun_tensor_numel(x) * crun_dtype_size(x->dt);
+  const char *o1 = o0 + (size_t)crun_tensor_numel(o) * crun_dtype_size(o->dt);
+  if (x1 <= o0 || o1 <= x0) return 0;
+  return !(x0 == o0 && x1 == o1);
+}
+
+/* Replaces *x (one reference, owned) by a copy when it partially overlaps o. */
+static int unalias(crun_tensor_t **x, const crun_tensor_t *o) {
+  if (!partial_overlap(*x, o)) return 0;
+  crun_tensor_t *c;
+  CRUN_CHECK(crun_tensor_clone(*x, &c));
+  crun_tensor_release(*x);
+  *x = c;
+  return 0;
+}
+
 /* Output target: out itself when contiguous, else a temporary copied back. */
 static int begin_out(crun_tensor_t *out, crun_tensor_t **tmp) {
   if (crun_tensor_is_contiguous(out)) {
@@ -301,6 +324,8 @@ int crun_tensor_binop_out(crun_binop_t op, crun_tensor_t *a, crun_tensor_t *b, c
   CRUN_CHECK_GOTO(materialize(a, nd, shape, &A), rc, done);
   CRUN_CHECK_GOTO(b_block ? crun_tensor_contiguous(b, &B) : materialize(b, nd, shape, &B), rc, done);
   CRUN_CHECK_GOTO(begin_out(out, &O), rc, done);
+  CRUN_CHECK_GOTO(unalias(&A, O), rc, done);
+  CRUN_CHECK_GOTO(unalias(&B, O), rc, done);
   run_bin(bin_table[a->dt][op], O, A, B);
   rc = end_out(out, O, 0);
   O = NULL;
@@ -349,6 +374,7 @@ int crun_tensor_binop_scalar_out(crun_binop_t op, crun_tensor_t *a, double s, in
   crun_tensor_t *A, *O;
   CRUN_CHECK(crun_tensor_contiguous(a, &A));
   int rc = begin_out(out, &O);
+  if (rc == 0 && (rc = unalias(&A, O)) < 0) crun_tensor_release(O);
   if (rc == 0) {
     bin_table[a->dt][op][reverse ? 2 : 1](crun_tensor_data(O), crun_tensor_data(A), buf,
                                           (size_t)crun_tensor_numel(A));
@@ -385,6 +411,7 @@ static int unary_drive(const char *what, crun_unop_t op, crun_tensor_t *a, crun_
   crun_tensor_t *A, *O;
   CRUN_CHECK(crun_tensor_contiguous(a, &A));
   int rc = begin_out(out, &O);
+  if (rc == 0 && (rc = unalias(&A, O)) < 0) crun_tensor_release(O);
   if (rc == 0) {
     size_t n = (size_t)crun_tensor_numel(A);
     if (f) f(crun_tensor_data(O), crun_tensor_data(A), n);

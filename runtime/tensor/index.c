@@ -11,6 +11,15 @@ static int check_index_tensor(const char *what, const crun_tensor_t *idx) {
   return 0;
 }
 
+/* Index value v counted from base as a 0-based position in [0, size), or
+ * -1 when it is outside (v - base computed without signed overflow: an
+ * index of INT64_MIN from Lua, base 1, is simply out of range). */
+static int64_t index_pos(int64_t v, int64_t base, int64_t size) {
+  int64_t k;
+  if (__builtin_sub_overflow(v, base, &k) || k < 0 || k >= size) return -1;
+  return k;
+}
+
 static int bad_index(const char *what, int64_t v, int64_t base, int64_t pos, int dim, int64_t size) {
   return crun_error(CRUN_ERANGE, "%s: index %lld (entry %lld) out of range for dim %d of size %lld "
                     "(indices count from %lld)", what, (long long)v, (long long)pos + 1, dim + 1,
@@ -28,7 +37,7 @@ int crun_tensor_index_select(crun_tensor_t *a, int dim, crun_tensor_t *index, in
   int64_t n = index->shape[0], shape[CRUN_MAX_DIMS];
   for (int64_t i = 0; i < n; i++) {
     int64_t v = crun__elem_get_int64(index->dt, crun_tensor_data(index), i * index->strides[0]);
-    if (v - base < 0 || v - base >= a->shape[dim]) return bad_index("index_select", v, base, i, dim, a->shape[dim]);
+    if (index_pos(v, base, a->shape[dim]) < 0) return bad_index("index_select", v, base, i, dim, a->shape[dim]);
   }
   memcpy(shape, a->shape, sizeof shape);
   shape[dim] = n;
@@ -73,8 +82,9 @@ static int visit(const char *what, const crun_tensor_t *a, int dim, const crun_t
     int64_t ioff = 0, aoff = 0;
     for (int d = 0; d < a->ndim; d++) ioff += coord[d] * index->strides[d];
     int64_t v = crun__elem_get_int64(index->dt, crun_tensor_data(index), ioff);
-    if (v - base < 0 || v - base >= a->shape[dim]) return bad_index(what, v, base, pos, dim, a->shape[dim]);
-    for (int d = 0; d < a->ndim; d++) aoff += (d == dim ? v - base : coord[d]) * a->strides[d];
+    int64_t k = index_pos(v, base, a->shape[dim]);
+    if (k < 0) return bad_index(what, v, base, pos, dim, a->shape[dim]);
+    for (int d = 0; d < a->ndim; d++) aoff += (d == dim ? k : coord[d]) * a->strides[d];
     CRUN_CHECK(fn(ctx, aoff, pos, coord));
     for (int d = a->ndim - 1; d >= 0; d--) {
       if (++coord[d] < index->shape[d]) break;

@@ -1,0 +1,53 @@
+-- dist_args_spec.lua — misuse of crun.dist's arguments in one process (a
+-- world of 1 over a hash store): a wrong value where a process group belongs
+-- raises "EINVAL: <call>: ..." that pcall users can match, never
+-- "attempt to index" from inside dist.lua.
+local crun = require "crun"
+local dist, T = crun.dist, crun.tensor
+
+describe("crun.dist arguments", function()
+  setup(function()
+    dist.init_process_group{backend = "cpu", world_size = 1, rank = 0, store = crun.store.hash()}
+  end)
+  teardown(function() dist.destroy_process_group() end)
+
+  local function work() return dist.all_reduce(T.ones{2}, "sum", {async_op = true}) end
+  local bad = {
+    {"a tensor", function() return T.ones{2} end, "crun.Tensor"},
+    {"a Work", work, "crun.Work"},
+    {"a string", function() return "default" end, "string"},
+    {"a number", function() return 0 end, "number"},
+    {"a plain table", function() return {} end, "table"},
+  }
+  local calls = {
+    {"all_reduce", function(g) return dist.all_reduce(T.ones{2}, "sum", {group = g}) end},
+    {"broadcast", function(g) return dist.broadcast(T.ones{2}, 0, {group = g}) end},
+    {"barrier", function(g) return dist.barrier{group = g} end},
+    {"send", function(g) return dist.send(T.ones{2}, 0, {group = g}) end},
+    {"get_rank", function(g) return dist.get_rank(g) end},
+    {"get_world_size", function(g) return dist.get_world_size(g) end},
+    {"get_group_rank", function(g) return dist.get_group_rank(g, 0) end},
+    {"get_global_rank", function(g) return dist.get_global_rank(g, 0) end},
+  }
+  for _, b in ipairs(bad) do
+    for _, c in ipairs(calls) do
+      it(c[1] .. " rejects " .. b[1] .. " as the group with EINVAL naming the call", function()
+        local ok, err = pcall(c[2], b[2]())
+        assert.is_false(ok)
+        assert.equal("EINVAL: " .. c[1] .. ": group must be a crun.ProcessGroup (from new_group), got "
+                     .. b[3], err)
+      end)
+    end
+  end
+
+  it("still takes a real group and the default one", function()
+    local g = dist.new_group{0}
+    local t = T.ones{2}
+    dist.all_reduce(t, "sum", {group = g})
+    assert.same({1, 1}, t:totable())
+    assert.equal(0, dist.get_rank(g))
+    assert.equal(0, dist.get_global_rank(g, 0))
+    assert.equal(0, dist.get_group_rank(g, 0))
+    assert.equal(1, dist.get_world_size())
+  end)
+end)
