@@ -992,9 +992,12 @@ static void listen_local(crun_store_server_t *srv, const struct sockaddr_storage
 static int server_listen(crun_store_server_t *srv, const char *host, int port) {
   struct sockaddr_storage ss;
   memset(&ss, 0, sizeof ss);
-  CRUN_CHECK(bind_addr(host, port, &ss));
+  /* the handle first: server_abort closes it whatever failed below (an
+   * address that does not resolve used to leave it uninitialised, and
+   * uv_close aborted the process) */
   uv_tcp_init(&srv->loop, &srv->listener);
   srv->listener.data = srv;
+  CRUN_CHECK(bind_addr(host, port, &ss));
   int rc = uv_tcp_bind(&srv->listener, (struct sockaddr *)&ss, 0);
   if (rc == 0) rc = uv_listen((uv_stream_t *)&srv->listener, 4096, on_connection);
   if (rc < 0)

@@ -153,6 +153,17 @@ TEST(tcp_port_in_use) {
   crun_store_server_stop(a);
 }
 
+/* A listen address that does not resolve is EINVAL naming it (the listener
+ * handle used to be closed uninitialised: libuv aborted the process). */
+TEST(tcp_listen_address_unresolvable) {
+  crun_store_server_t *srv = NULL;
+  EXPECT_STATUS(crun_store_server_start("no.such.host.invalid", 0, &srv), CRUN_EINVAL);
+  EXPECT(strstr(crun_last_error(), "no.such.host.invalid") != NULL);
+  crun_store_tcp_opts_t o = {.host = "no.such.host.invalid", .port = 0, .is_master = 1, .timeout = 1};
+  crun_store_t *s = NULL;
+  EXPECT_STATUS(crun_store_tcp_new(&o, &s), CRUN_EINVAL);
+}
+
 TEST(tcp_connect_refused) {
   crun_store_server_t *a;
   EXPECT_OK(crun_store_server_start("127.0.0.1", 0, &a));
@@ -1181,7 +1192,7 @@ TEST(tcp_wait_timeouts_on_the_wire) {
 }
 
 #define CRUN_TESTS(X) X(tcp_semantics) X(tcp_get_is_parked_until_set) X(tcp_port_in_use) \
-  X(tcp_connect_refused) X(tcp_world_size_join) X(tcp_hostile_frames) X(tcp_server_goes_away) \
+  X(tcp_listen_address_unresolvable) X(tcp_connect_refused) X(tcp_world_size_join) X(tcp_hostile_frames) X(tcp_server_goes_away) \
   X(tcp_thousand_clients) X(tcp_multiprocess_race) X(tcp_big_value) X(tcp_pipelined_clients) X(tcp_both_transports) \
   X(tcp_secret) X(tcp_handshake_stall_is_etimedout) X(tcp_unix_socket_taken_by_another_user) X(tcp_client_that_never_reads) \
   X(tcp_waiters_by_key) X(tcp_idle_connection_flood) X(tcp_queues) X(tcp_queue_opcodes) X(tcp_async_set) X(tcp_async_set_lost) \
