@@ -36,6 +36,16 @@ describe("dist failures", function()
     expect.count(scenario("count"))
   end)
 
+  -- Ranks that each take themselves for the broadcast's root only send, so no
+  -- receiver sees the disagreement in a header: the frames nobody received
+  -- are reported when the group is destroyed (the shm engine compares the
+  -- ranks' descriptions first and fails the broadcast itself).
+  it("warn at destroy about a broadcast whose src differed over TCP", function()
+    local res, out = scenario("root")
+    for r = 0, 2 do assert.are.equal("ok", res[r], out) end
+    assert.is_truthy(out:find("WARN PG: EMISMATCH: group 'default/0': rank %d sent broadcast #1 float32%[4%] root %d to rank %d, and no operation of rank %d received it"), out)
+  end)
+
   -- The timeout and dead-peer scenarios on each engine: TCP alone (CRUN_SHM=0)
   -- and the shared-memory engine (CRUN_SHM=1, reports start "shm all_reduce").
   for _, eng in ipairs{{name = "tcp", env = "CRUN_SHM=0", prefix = ""},

@@ -78,8 +78,11 @@ end
 -- under that prefix, so jobs with different run ids share one store safely.
 function M.from_env(opts)
   opts = O.check(FROM_ENV, "crun.store.from_env", opts)
-  local port = opts.port or tonumber(os.getenv("MASTER_PORT") or "")
-  if not port then
+  local env_port = os.getenv("MASTER_PORT")
+  local port = opts.port or tonumber(env_port or "")
+  if not port and env_port then
+    O.fail("EINVAL: crun.store.from_env: MASTER_PORT is '%s', not a port number", env_port)
+  elseif not port then
     O.fail("EINVAL: crun.store.from_env: MASTER_PORT is not set (run under crun-lua, or export MASTER_ADDR and MASTER_PORT)")
   end
   local rank = tonumber(os.getenv("RANK") or "0") or 0

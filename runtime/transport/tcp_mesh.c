@@ -367,9 +367,46 @@ int crun__tcp_open(crun_pg_t *pg, crun__tcp_t **out) {
   return 0;
 }
 
+/* Warns about a frame from `peer` that no operation of this rank took: the
+ * ranks' calls differed in a way no receiver could see (broadcast or reduce
+ * with a different src on different ranks: each rank that took itself for
+ * the root only sent), or a send no recv matched. Found when the group is
+ * destroyed, the last point where it can be told; best effort (a frame still
+ * on its way from another host is missed). */
+static void warn_unread(crun__tcp_t *t, int peer, const crun__hdr_t *h) {
+  char shape[96];
+  crun__tcp_call_shape(shape, sizeof shape, h->dtype, h->count, h->op, h->root, 0,
+                       h->kind == CRUN__COLL_BROADCAST || h->kind == CRUN__COLL_REDUCE ||
+                           h->kind == CRUN__COLL_GATHER || h->kind == CRUN__COLL_SCATTER);
+  CRUN_LOG(WARN, PG, "EMISMATCH: group '%s': rank %d sent %s #%llu %s to rank %d, and no operation of rank %d "
+           "received it before the group was destroyed (the ranks' calls differed: e.g. a broadcast or reduce "
+           "given a different src on different ranks, or a send no recv matched)",
+           t->pg && t->pg->prefix ? t->pg->prefix : "?", peer, crun__coll_name(h->kind), (unsigned long long)h->seq,
+           shape, t->rank, t->rank);
+}
+
+/* Looks for frames nobody received (warn_unread) on a group that did not fail. */
+static void check_unread(crun__tcp_t *t) {
+  if (t->aborted || !t->fds) return;
+  for (int j = 0; j < t->size; j++) {
+    if (t->fds[j] < 0) continue;
+    if (t->stash && t->stash[j]) {
+      warn_unread(t, j, &t->stash[j]->h);
+      continue;
+    }
+    if (t->prx && t->prx[j].frame) continue; /* a background read in progress: not judged */
+    crun__hdr_t h;
+    ssize_t n = recv(t->fds[j], &h, sizeof h, MSG_PEEK | MSG_DONTWAIT);
+    if (n == (ssize_t)sizeof h && h.magic == CRUN__TCP_MAGIC && h.group == t->group && h.kind != CRUN__KIND_ABORT &&
+        h.kind < CRUN__COLL_COUNT)
+      warn_unread(t, j, &h);
+  }
+}
+
 void crun__tcp_close(crun__tcp_t *t) {
   if (!t) return;
   crun__tcp_p2p_fini(t);
+  check_unread(t);
   for (int j = 0; t->fds && j < t->size; j++) {
     if (t->fds[j] >= 0) close(t->fds[j]);
     for (crun__stash_t *s = t->stash ? t->stash[j] : NULL, *n; s; s = n) {

@@ -4,6 +4,8 @@
 --   count     rank 2 calls all_reduce with 512 elements, the others 1024
 --   timeout   rank 2 arrives 3 s late; the others use timeout=1
 --   kill      rank 2 kills itself (SIGKILL) while the others run large all_reduces
+--   root      every rank broadcasts with itself as src (each only sends), then
+--             destroys the group
 local crun = require "crun"
 local dist, T = crun.dist, crun.tensor
 local mode, outdir = arg[1], arg[2]
@@ -40,6 +42,10 @@ elseif mode == "timeout" then
     -- the others still read the progress board for their reports
     if rank == 0 then os.execute("sleep 1") end
   end
+elseif mode == "root" then
+  local ok, err = pcall(dist.broadcast, T.full({4}, rank), rank)
+  if ok then ok, err = pcall(dist.destroy_process_group) end
+  record(ok, err)
 elseif mode == "kill" then
   local t = T.ones({1 << 22})
   dist.barrier()
