@@ -127,10 +127,11 @@ int crun_store_compare_set(crun_store_t *s, const char *key, const void *expecte
 int crun_store_wait(crun_store_t *s, const char *const *keys, size_t n, double timeout) {
   CRUN_CHECK(check_keys(s, keys, n, "wait"));
   if (n == 0) return 0;
-  /* a NaN deadline compares false with the clock: the wait never ended */
-  if (timeout != timeout || timeout > CRUN__MAX_TIMEOUT)
-    return crun_error(CRUN_EINVAL, "store wait '%s': timeout %g s is not a number of seconds up to %g",
-                      keys[0], timeout, CRUN__MAX_TIMEOUT);
+  /* a NaN deadline compares false with the clock: the wait never ended;
+   * inf (or more than 31 years) is the longest, as in crun_store_set_timeout */
+  if (timeout != timeout)
+    return crun_error(CRUN_EINVAL, "store wait '%s': timeout %g s is not a number of seconds", keys[0], timeout);
+  if (timeout > CRUN__MAX_TIMEOUT) timeout = CRUN__MAX_TIMEOUT;
   CRUN__SLOT(s, wait, "wait");
   return s->ops->wait(s, keys, n, deadline_of(s, timeout));
 }
