@@ -45,7 +45,7 @@ typedef struct {
   int32_t peer, status;
 } fr_t;
 
-int crun__obs_on;
+_Atomic int crun__obs_on;
 
 /* The hooks' clock: the CPU's time stamp counter where the kernel keeps
  * time with it (clocksource "tsc": invariant and synchronized across CPUs;

@@ -7,12 +7,16 @@
 #ifndef CRUN_TRACE_INT_H
 #define CRUN_TRACE_INT_H
 
+#include <stdatomic.h>
 #include <stdint.h>
 
 #define CRUN__OBS_FLIGHT 1   /* the flight recorder is on */
 #define CRUN__OBS_TIMELINE 2 /* the timeline records */
 
-extern int crun__obs_on; /* CRUN__OBS_* bits: set when the library loads, changed by crun_trace_mode and crun_trace_start */
+/* CRUN__OBS_* bits: set when the library loads, changed by crun_trace_mode
+ * and crun_trace_start while other threads read them (atomic: a load is a
+ * plain move on x86-64) */
+extern _Atomic int crun__obs_on;
 
 /* Nanoseconds the calling thread spent blocked on peers so far (engines add
  * to it while crun__obs_on is set); an operation's wait is the difference
