@@ -156,7 +156,37 @@ static void push_elem_at(lua_State *L, const crun_tensor_t *t, const int64_t *id
   }
 }
 
-static void set_elem_at(lua_State *L, int varg, crun_tensor_t *t, const int64_t *idx) {
+/* A Lua number stored into an integer tensor (tensor.new, full, fill_,
+ * t[i] = v) must fit its dtype once truncated toward zero, as torch requires
+ * of a Python scalar ("value cannot be converted to type int8_t without
+ * overflow"): EINVAL on argument `arg` instead of a wrapped or saturated
+ * element. Conversions between tensors still wrap (from integers) or
+ * saturate (from floats), as torch's do. */
+static void check_fits(lua_State *L, int arg, crun_dtype_t dt, int varg) {
+  if (!crun_dtype_is_integer(dt) || lua_type(L, varg) != LUA_TNUMBER) return;
+  lua_Integer lo, hi;
+  switch (dt) {
+  case CRUN_INT8: lo = INT8_MIN, hi = INT8_MAX; break;
+  case CRUN_UINT8: lo = 0, hi = UINT8_MAX; break;
+  case CRUN_INT16: lo = INT16_MIN, hi = INT16_MAX; break;
+  case CRUN_INT32: lo = INT32_MIN, hi = INT32_MAX; break;
+  default: lo = INT64_MIN, hi = INT64_MAX; break;
+  }
+  int fits;
+  if (lua_isinteger(L, varg)) {
+    lua_Integer v = lua_tointeger(L, varg);
+    fits = v >= lo && v <= hi;
+  } else { /* 2^63 is the first double past INT64_MAX; NaN fits nothing */
+    double v = trunc(lua_tonumber(L, varg));
+    fits = v >= (double)lo && (dt == CRUN_INT64 ? v < 9223372036854775808.0 : v <= (double)hi);
+  }
+  if (!fits)
+    crun_l_argerror(L, arg, lua_pushfstring(L, "value %s does not fit %s [%I, %I]", lua_tostring(L, varg),
+                                            crun_dtype_name(dt), lo, hi));
+}
+
+static void set_elem_at(lua_State *L, int arg, int varg, crun_tensor_t *t, const int64_t *idx) {
+  check_fits(L, arg, crun_tensor_dtype(t), varg);
   if (lua_isboolean(L, varg))
     CRUN_L_CHECK(L, crun_tensor_set_int64(t, idx, lua_toboolean(L, varg)));
   else if (lua_isinteger(L, varg) && crun_dtype_is_integer(crun_tensor_dtype(t)))
@@ -246,6 +276,7 @@ static int t_full(lua_State *L) {
   read_shape(L, 1, shape, &nd);
   double v = check_fill_value(L, 2);
   place_t p = read_place(L, 3, CRUN_FLOAT32);
+  check_fits(L, 2, p.dt, 2);
   crun_tensor_t *t;
   int rc = crun_tensor_new(p.dt, nd, shape, &t);
   if (rc == 0) crun_tensor_fill(t, v);
@@ -310,7 +341,7 @@ static void nested_fill(lua_State *L, crun_tensor_t *t, int d, int64_t *idx) {
       if (lua_type(L, -1) != LUA_TNUMBER && !lua_isboolean(L, -1))
         crun_l_argerror(L, 1, lua_pushfstring(L, "element %I at depth %d is a %s, number expected",
                                             (lua_Integer)i + 1, d + 1, luaL_typename(L, -1)));
-      set_elem_at(L, lua_gettop(L), t, idx);
+      set_elem_at(L, 1, lua_gettop(L), t, idx);
     }
     lua_pop(L, 1);
   }
@@ -625,7 +656,9 @@ static double check_fill_value(lua_State *L, int idx) {
 
 static int m_fill(lua_State *L) {
   crun_tensor_t *t = crun_l_check_tensor(L, 1);
-  CRUN_L_CHECK(L, crun_tensor_fill(t, check_fill_value(L, 2)));
+  double v = check_fill_value(L, 2);
+  check_fits(L, 2, crun_tensor_dtype(t), 2);
+  CRUN_L_CHECK(L, crun_tensor_fill(t, v));
   lua_settop(L, 1);
   return 1;
 }
@@ -802,7 +835,7 @@ static int m_newindex(lua_State *L) {
   if (lua_istable(L, 2)) {
     int64_t idx[CRUN_MAX_DIMS];
     table_index(L, 2, t, idx);
-    set_elem_at(L, 3, t, idx);
+    set_elem_at(L, 3, 3, t, idx);
     return 0;
   }
   int isint;
@@ -811,10 +844,11 @@ static int m_newindex(lua_State *L) {
     return crun_l_argerror(L, 2, lua_pushfstring(L, "integer index expected, got %s", luaL_typename(L, 2)));
   int64_t i = row_index(L, t, key);
   if (crun_tensor_ndim(t) == 1) {
-    set_elem_at(L, 3, t, &i);
+    set_elem_at(L, 3, 3, t, &i);
     return 0;
   }
   crun_tensor_t *row, *src = test_tensor(L, 3);
+  if (!src) check_fits(L, 3, crun_tensor_dtype(t), 3);
   CRUN_L_CHECK(L, crun_tensor_select(t, 0, i, &row));
   int rc = src ? crun_tensor_copy(row, src)
                : (lua_type(L, 3) == LUA_TNUMBER ? crun_tensor_fill(row, lua_tonumber(L, 3))

@@ -1,5 +1,6 @@
 -- tensor_dtypes_spec.lua — int8, int16 and bool tensors: creation, totable,
--- fill, conversion (saturating from floats, wrapping from integers), element-
+-- fill, conversion (saturating from floats, wrapping from integers; a Lua
+-- number that does not fit is refused, as torch refuses it), element-
 -- wise ops and reductions, save/load and printing; bool as torch has it
 -- (true / false in Lua, any non-zero converts to true, sum counts).
 local crun = require "crun"
@@ -26,6 +27,37 @@ describe("int8, int16 and bool tensors", function()
     assert.are.same({1, -2, 32767, -32768}, c:totable())
     assert.are.same({-56, 44}, T.new({200, 300}, "int32"):to("int8"):totable())
     assert.are.same({-128.0, 127.0}, T.new({-128, 127}, "int8"):to("float32"):totable())
+  end)
+
+  -- torch raises "value cannot be converted to type int8_t without overflow"
+  -- for such a Python scalar; crun wrapped (integers) or saturated (floats)
+  it("refuse a Lua number that does not fit an integer dtype, in new, full, fill and t[i] = v", function()
+    local function refused(pattern, f)
+      local ok, err = pcall(f)
+      assert.is_false(ok, pattern)
+      assert.matches(pattern, tostring(err))
+    end
+    refused("^EINVAL: bad argument #1 to 'new' %(value 300 does not fit int8 %[%-128, 127%]%)$",
+            function() return T.new({1, 300}, "int8") end)
+    refused("value %-129 does not fit int8", function() return T.new({-129}, "int8") end)
+    refused("value 256 does not fit uint8", function() return T.new({256}, "uint8") end)
+    refused("value %-1 does not fit uint8", function() return T.new({-1}, "uint8") end)
+    refused("value 32768 does not fit int16", function() return T.new({{1}, {32768}}, "int16") end)
+    refused("value 2147483648 does not fit int32", function() return T.new({2147483648}, "int32") end)
+    refused("value 9.3e%+18 does not fit int64", function() return T.new({9.3e18}, "int64") end)
+    refused("nan does not fit int32", function() return T.new({0 / 0}, "int32") end)
+    refused("^EINVAL: bad argument #2 to 'full' %(value 40000 does not fit int16", function() return T.full({2}, 40000, "int16") end)
+    refused("^EINVAL: bad argument #1 to 'fill' %(value 10000000000%.0 does not fit int32",
+            function() return T.zeros({2}, "int32"):fill(1e10) end)
+    refused("value 200 does not fit int8", function() local t = T.zeros({2}, "int8"); t[1] = 200 end)
+    refused("value 200 does not fit int8", function() local t = T.zeros({2, 2}, "int8"); t[1] = 200 end)
+    refused("value 200 does not fit int8", function() local t = T.zeros({2, 2}, "int8"); t[{1, 2}] = 200 end)
+    -- what fits: the ends of each range, floats truncated toward zero, booleans
+    assert.are.same({-128, 127, 127, -128}, T.new({-128, 127, 127.9, -128.9}, "int8"):totable())
+    assert.are.same({0, 255}, T.new({0, 255}, "uint8"):totable())
+    assert.are.same({math.mininteger, math.maxinteger}, T.new({math.mininteger, math.maxinteger}, "int64"):totable())
+    assert.are.same({1, 0}, T.new({true, false}, "int8"):totable())
+    assert.are.same({-2147483648, 2147483647}, T.new({-2147483648, 2147483647}, "int32"):totable())
   end)
 
   it("bool: true / false in Lua, non-zero is true, sum counts the true elements", function()
