@@ -27,6 +27,16 @@ typedef enum {
 /* Returns "all_reduce" for CRUN__COLL_ALL_REDUCE; "?" for others. */
 const char *crun__coll_name(int kind);
 
+/* Whether an operation of this kind has a root (its src or dst) / reduces
+ * with an op: the fields a mismatch check compares and a report shows. */
+static inline int crun__coll_rooted(int kind) {
+  return kind == CRUN__COLL_BROADCAST || kind == CRUN__COLL_REDUCE || kind == CRUN__COLL_GATHER ||
+         kind == CRUN__COLL_SCATTER;
+}
+static inline int crun__coll_reduces(int kind) {
+  return kind == CRUN__COLL_ALL_REDUCE || kind == CRUN__COLL_REDUCE || kind == CRUN__COLL_REDUCE_SCATTER;
+}
+
 /* How a device backend's enqueued operation (crun__coll_t.dev) is waited
  * for: wait(host = 0) makes the caller's current stream wait on its end,
  * wait(host = 1) waits on the host (timeout <= 0: until it ended or failed);

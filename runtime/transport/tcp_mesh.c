@@ -375,9 +375,7 @@ int crun__tcp_open(crun_pg_t *pg, crun__tcp_t **out) {
  * on its way from another host is missed). */
 static void warn_unread(crun__tcp_t *t, int peer, const crun__hdr_t *h) {
   char shape[96];
-  crun__tcp_call_shape(shape, sizeof shape, h->dtype, h->count, h->op, h->root, 0,
-                       h->kind == CRUN__COLL_BROADCAST || h->kind == CRUN__COLL_REDUCE ||
-                           h->kind == CRUN__COLL_GATHER || h->kind == CRUN__COLL_SCATTER);
+  crun__tcp_call_shape(shape, sizeof shape, h->dtype, h->count, h->op, h->root, 0, crun__coll_rooted(h->kind));
   CRUN_LOG(WARN, PG, "EMISMATCH: group '%s': rank %d sent %s #%llu %s to rank %d, and no operation of rank %d "
            "received it before the group was destroyed (the ranks' calls differed: e.g. a broadcast or reduce "
            "given a different src on different ranks, or a send no recv matched)",
@@ -396,9 +394,10 @@ static void check_unread(crun__tcp_t *t) {
     }
     if (t->prx && t->prx[j].frame) continue; /* a background read in progress: not judged */
     crun__hdr_t h;
+    char why[128];
     ssize_t n = recv(t->fds[j], &h, sizeof h, MSG_PEEK | MSG_DONTWAIT);
-    if (n == (ssize_t)sizeof h && h.magic == CRUN__TCP_MAGIC && h.group == t->group && h.kind != CRUN__KIND_ABORT &&
-        h.kind < CRUN__COLL_COUNT)
+    if (n == (ssize_t)sizeof h && !crun__tcp_hdr_garbled(&h, t->group, t->rank, j, why, sizeof why) &&
+        h.kind < CRUN__COLL_COUNT) /* an abort frame's kind is past every operation's */
       warn_unread(t, j, &h);
   }
 }

@@ -43,16 +43,6 @@ typedef struct {
 
 static int rx_enter_payload(io_t *io, const crun__hdr_t *h);
 
-static int is_rooted(int kind) {
-  return kind == CRUN__COLL_BROADCAST || kind == CRUN__COLL_REDUCE ||
-         kind == CRUN__COLL_GATHER || kind == CRUN__COLL_SCATTER;
-}
-
-static int is_reduction(int kind) {
-  return kind == CRUN__COLL_ALL_REDUCE || kind == CRUN__COLL_REDUCE ||
-         kind == CRUN__COLL_REDUCE_SCATTER;
-}
-
 static size_t elsize(crun_dtype_t dt) {
   size_t s = crun_dtype_size(dt);
   return s ? s : 1;
@@ -89,10 +79,10 @@ static int mismatch(io_t *io, const crun__hdr_t *h) {
   crun__coll_desc(c, desc, sizeof desc);
   int kind = h->kind, dop = h->op != c->op, droot = h->root != c->root;
   uint64_t want = hdr_count(c, io->rbytes);
-  int show_op = dop && is_reduction(c->kind), show_root = droot && is_rooted(c->kind);
+  int show_op = dop && crun__coll_reduces(c->kind), show_root = droot && crun__coll_rooted(c->kind);
   crun__tcp_call_shape(mine, sizeof mine, hdr_dtype(c), want, c->op, c->root, show_op, show_root);
   crun__tcp_call_shape(theirs, sizeof theirs, h->dtype, h->count, h->op, h->root,
-                       dop && is_reduction(kind), droot && is_rooted(kind));
+                       dop && crun__coll_reduces(kind), droot && crun__coll_rooted(kind));
   if (h->seq != c->seq && kind != CRUN__COLL_SEND)
     snprintf(seq, sizeof seq, " #%llu", (unsigned long long)h->seq);
   if (c->kind == CRUN__COLL_RECV)
@@ -114,7 +104,7 @@ static int classify(io_t *io, const crun__hdr_t *h) {
   if (h->kind == CRUN__COLL_SEND) return 1;
   int same = h->kind == c->kind && h->seq == c->seq && h->dtype == hdr_dtype(c) &&
              h->count == hdr_count(c, io->rbytes) &&
-             (!is_reduction(c->kind) || h->op == c->op) && (!is_rooted(c->kind) || h->root == c->root);
+             (!crun__coll_reduces(c->kind) || h->op == c->op) && (!crun__coll_rooted(c->kind) || h->root == c->root);
   if (!same) return mismatch(io, h);
   if (h->nbytes != io->rbytes) {
     char desc[64];

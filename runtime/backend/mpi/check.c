@@ -20,15 +20,6 @@
 
 #define GUARD 0.5 /* seconds around a peer's deadline where we cannot tell */
 
-static int is_rooted(int kind) {
-  return kind == CRUN__COLL_BROADCAST || kind == CRUN__COLL_REDUCE || kind == CRUN__COLL_GATHER ||
-         kind == CRUN__COLL_SCATTER;
-}
-
-static int is_reduction(int kind) {
-  return kind == CRUN__COLL_ALL_REDUCE || kind == CRUN__COLL_REDUCE || kind == CRUN__COLL_REDUCE_SCATTER;
-}
-
 /* Fills the signature of c as seen by peer p; `incoming` gives the count we
  * expect from p (all_to_all) instead of the one we send it. */
 static void fill_sig(const crun__coll_t *c, int p, int incoming, int64_t *s) {
@@ -37,8 +28,8 @@ static void fill_sig(const crun__coll_t *c, int p, int incoming, int64_t *s) {
   s[CRUN__SIG_DTYPE] = c->dt;
   if (c->kind == CRUN__COLL_ALL_TO_ALL) s[CRUN__SIG_COUNT] = (int64_t)(incoming ? c->out_counts[p] : c->in_counts[p]);
   else s[CRUN__SIG_COUNT] = (int64_t)c->count;
-  s[CRUN__SIG_OP] = is_reduction(c->kind) ? (int64_t)c->op : -1;
-  s[CRUN__SIG_ROOT] = is_rooted(c->kind) ? c->root : -1;
+  s[CRUN__SIG_OP] = crun__coll_reduces(c->kind) ? (int64_t)c->op : -1;
+  s[CRUN__SIG_ROOT] = crun__coll_rooted(c->kind) ? c->root : -1;
 }
 
 /* Wall-clock seconds (comparable between processes and, roughly, hosts). */

@@ -19,15 +19,6 @@
 enum { SIG_KIND, SIG_SEQ, SIG_DTYPE, SIG_COUNT, SIG_OP, SIG_ROOT, SIG_CMP, SIG_DEADLINE = SIG_CMP, SIG_WORDS };
 #define GUARD 0.5
 
-static int is_rooted(int kind) {
-  return kind == CRUN__COLL_BROADCAST || kind == CRUN__COLL_REDUCE || kind == CRUN__COLL_GATHER ||
-         kind == CRUN__COLL_SCATTER;
-}
-
-static int is_reduction(int kind) {
-  return kind == CRUN__COLL_ALL_REDUCE || kind == CRUN__COLL_REDUCE || kind == CRUN__COLL_REDUCE_SCATTER;
-}
-
 static double wall(void) {
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
@@ -40,8 +31,8 @@ static void expect_from(const crun__coll_t *c, int p, int64_t *s) {
   s[SIG_SEQ] = (int64_t)c->seq;
   s[SIG_DTYPE] = c->dt;
   s[SIG_COUNT] = c->kind == CRUN__COLL_ALL_TO_ALL ? (int64_t)c->out_counts[p] : (int64_t)c->count;
-  s[SIG_OP] = is_reduction(c->kind) ? (int64_t)c->op : -1;
-  s[SIG_ROOT] = is_rooted(c->kind) ? c->root : -1;
+  s[SIG_OP] = crun__coll_reduces(c->kind) ? (int64_t)c->op : -1;
+  s[SIG_ROOT] = crun__coll_rooted(c->kind) ? c->root : -1;
 }
 
 static void shape(char *b, size_t cap, const int64_t *s, int show_op, int show_root) {
@@ -126,8 +117,8 @@ int crun__nccl_check(crun__nccl_t *b, crun__coll_t *c) {
   mine[SIG_SEQ] = (int64_t)c->seq;
   mine[SIG_DTYPE] = c->dt;
   mine[SIG_COUNT] = (int64_t)c->count;
-  mine[SIG_OP] = is_reduction(c->kind) ? (int64_t)c->op : -1;
-  mine[SIG_ROOT] = is_rooted(c->kind) ? c->root : -1;
+  mine[SIG_OP] = crun__coll_reduces(c->kind) ? (int64_t)c->op : -1;
+  mine[SIG_ROOT] = crun__coll_rooted(c->kind) ? c->root : -1;
   mine[SIG_DEADLINE] = (int64_t)((entered + (c->deadline - crun_clock())) * 1e6);
   for (int p = 0; c->kind == CRUN__COLL_ALL_TO_ALL && p < n; p++) mine[SIG_WORDS + p] = (int64_t)c->in_counts[p];
   sig_key(k, sizeof k, c->seq, pg->rank);
