@@ -131,6 +131,20 @@ void *crun_l_checkudata(lua_State *L, int arg, const char *tname) {
   return p;
 }
 
+void *crun_l_testudata_cached(lua_State *L, int arg, const char *tname, _Atomic int *slot) {
+  int n = atomic_load_explicit(&mt_n, memory_order_acquire);
+  int i = atomic_load_explicit(slot, memory_order_relaxed);
+  if (i < 0 || i >= n || atomic_load_explicit(&mt_cache[i].name, memory_order_relaxed) != tname) {
+    for (i = 0; i < n && atomic_load_explicit(&mt_cache[i].name, memory_order_relaxed) != tname; i++) {}
+    if (i == n) return NULL;
+    atomic_store_explicit(slot, i, memory_order_relaxed);
+  }
+  if (lua_type(L, arg) != LUA_TUSERDATA || !lua_getmetatable(L, arg)) return NULL;
+  int same = lua_topointer(L, -1) == atomic_load_explicit(&mt_cache[i].mt, memory_order_relaxed);
+  lua_pop(L, 1);
+  return same ? lua_touserdata(L, arg) : NULL;
+}
+
 int crun_l_checkoption(lua_State *L, int arg, const char *def, const char *const names[]) {
   const char *name = def && lua_isnoneornil(L, arg) ? def : crun_l_checklstring(L, arg, NULL);
   for (int i = 0; names[i]; i++)

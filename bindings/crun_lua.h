@@ -42,6 +42,11 @@ void *crun_l_checkudata(lua_State *L, int arg, const char *tname);
 /* Lets crun_l_checkudata(L, arg, tname) recognise the metatable at idx by
  * its address; tname must be the same pointer the checks pass. */
 void crun_l_cache_metatable(lua_State *L, int idx, const char *tname);
+/* The userdata at arg when its metatable is tname's cached one, else NULL
+ * (no error, no registry lookup): a fast path's test, which leaves anything
+ * else to the checked path. *slot remembers where tname sits in the cache
+ * (a static of the caller's, -1 at first). */
+void *crun_l_testudata_cached(lua_State *L, int arg, const char *tname, _Atomic int *slot);
 int crun_l_checkoption(lua_State *L, int arg, const char *def, const char *const names[]);
 #define crun_l_argcheck(L, cond, arg, msg) ((void)((cond) || crun_l_argerror((L), (arg), (msg))))
 
@@ -79,6 +84,11 @@ lua_Integer crun_l_optfield_range(lua_State *L, int idx, const char *field, lua_
 /* Returns the tensor of the "crun.Tensor" userdata at idx (raises a
  * bad-argument error when it is not one or is closed); no reference taken. */
 crun_tensor_t *crun_l_check_tensor(lua_State *L, int idx);
+
+/* The tensor at idx when it is an open, contiguous CPU tensor, else NULL
+ * (raises nothing: the caller takes its checked path, which names the
+ * problem). */
+crun_tensor_t *crun_l_plain_cpu_tensor(lua_State *L, int idx);
 
 /* Pushes a new "crun.Tensor" userdata for t; it takes its own reference
  * (crun_tensor_retain), so the caller still owns and releases its own. */

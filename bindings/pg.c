@@ -203,14 +203,27 @@ static int l_all_reduce(lua_State *L) { return all_reduce_on(L, check_pg(L, 1));
  * default group is the one checked last (upvalue 4 holds its address: only
  * groups are ever stored at state.pg, so an address seen again is a group's). crun_l_argerror
  * counts the inserted self as a method's (crun_l_hidden_self), so errors name
- * the user's argument numbers. */
+ * the user's argument numbers.
+ * The commonest call of all, dist.all_reduce(t) of an open contiguous CPU
+ * tensor on that group (a sum, blocking), skips the rest of the argument
+ * reading too: no stack rotation, op or options parse, and the tensor is
+ * recognised by its cached metatable alone; anything else (another op, a
+ * table of options, a CUDA or strided tensor, a closed one, not a tensor)
+ * takes the checked path, which names what is wrong. */
 static int l_dist_all_reduce(lua_State *L) {
   int n = lua_gettop(L);
   if (n <= 2 && (n < 2 || !lua_istable(L, 2))) {
     lua_pushvalue(L, lua_upvalueindex(2));
     if (lua_rawget(L, lua_upvalueindex(1)) == LUA_TUSERDATA) {
+      l_pg *u = lua_touserdata(L, -1);
+      crun_tensor_t *t;
+      if (u == lua_touserdata(L, lua_upvalueindex(4)) && u->pg && (n < 2 || lua_isnil(L, 2)) &&
+          (t = crun_l_plain_cpu_tensor(L, 1))) {
+        int rc = crun_pg_all_reduce(u->pg, crun_tensor_data(t), (size_t)crun_tensor_numel(t),
+                                    crun_tensor_dtype(t), CRUN_OP_SUM, NULL, NULL);
+        return rc < 0 ? crun_l_fail(L, rc) : 0;
+      }
       lua_insert(L, 1);
-      l_pg *u = lua_touserdata(L, 1);
       if (u != lua_touserdata(L, lua_upvalueindex(4))) {
         check_pg(L, 1);
         lua_pushlightuserdata(L, u);

@@ -29,6 +29,13 @@ crun_tensor_t *crun_l_check_tensor(lua_State *L, int idx) {
   return box->t;
 }
 
+crun_tensor_t *crun_l_plain_cpu_tensor(lua_State *L, int idx) {
+  static _Atomic int slot = -1;
+  tbox *box = crun_l_testudata_cached(L, idx, TENSOR_MT, &slot);
+  if (!box || !box->t || crun_tensor_device(box->t) >= 0 || !crun_tensor_is_contiguous(box->t)) return NULL;
+  return box->t;
+}
+
 /* Lua's collector sees a tensor as its 16-byte box, not the storage behind
  * it, and paces itself by what Lua allocates: a loop that makes 1 MiB
  * temporaries held hundreds of them before a cycle ran (jobs/train.lua at

@@ -270,6 +270,15 @@ int crun_reduce3(crun_dtype_t dt, crun_reduce_op_t op, void *dst, const void *a,
 
 int crun_reduce_n(crun_dtype_t dt, crun_reduce_op_t op, void *dst,
                   const void *const *srcs, int nsrc, size_t n) {
+  /* two sources of a native dtype (a 2-rank collective's reduce): one kernel
+   * call over all n (elementwise, so no chunking is needed), without the
+   * checks below, which would pass: a defined kernel means a valid pair
+   * (premul_sum and undefined ops have none) */
+  if (nsrc == 2 && (unsigned)dt < CRUN_DTYPE_COUNT && (unsigned)op < CRUN_OP_COUNT && !is_half(dt) &&
+      r3_table[dt][op] && dst && srcs && srcs[0] && srcs[1]) {
+    r3_table[dt][op](dst, srcs[0], srcs[1], n);
+    return 0;
+  }
   CRUN_CHECK(check_args(dt, op, dst, n));
   if (nsrc < 1 || !srcs) return crun_error(CRUN_EINVAL, "reduce_n: need at least one source, got %d", nsrc);
   for (int k = 0; k < nsrc && n > 0; k++)

@@ -84,6 +84,55 @@ function cases.subgroups()
                dist.new_subgroups_by_enumeration, {{0}, {0, 1}})
 end
 
+-- dist.all_reduce(t) and dist.all_reduce(t, nil), the calls the binding
+-- serves on its shortest path (bindings/pg.c), against sums computed here
+-- element by element; then the calls that must leave that path for the
+-- checked one and its errors (argument numbers as the user wrote them)
+function cases.default_call()
+  local function v(i, r, m) return (i * 7919 + r * 104729) % (2 * m + 1) - m end
+  for _, c in ipairs{{"float32", 1000, {1, 7, 1000, 70000}}, {"float64", 1000, {3, 5000}},
+                     {"int64", 1000000, {1, 9000}}, {"int32", 1000, {2, 300}}, {"int8", 30, {5, 4099}},
+                     {"float16", 200, {6, 2500}}, {"uint8", 60, {17}}} do
+    local dt, m = c[1], c[2]
+    for _, n in ipairs(c[3]) do
+      for _, with_nil in ipairs{false, true} do
+        local vals = {}
+        for i = 1, n do vals[i] = dt == "uint8" and v(i, rank, m) + m or v(i, rank, m) end
+        local t = T.new(vals, dt)
+        if with_nil then dist.all_reduce(t, nil) else dist.all_reduce(t) end
+        for i = 1, n do
+          local want = 0
+          for r = 0, size - 1 do want = want + (dt == "uint8" and v(i, r, m) + m or v(i, r, m)) end
+          if dt == "uint8" then want = want % 256 end
+          check(t[i] == want, "%s[%d] all_reduce(t%s): element %d is %s, expected %s",
+                dt, n, with_nil and ", nil" or "", i, tostring(t[i]), tostring(want))
+        end
+      end
+    end
+  end
+  local b = T.new({rank == 0, false, rank == size - 1}, "bool")
+  dist.all_reduce(b)
+  check(b[1] == true and b[2] == false and b[3] == true, "bool all_reduce(t) is a logical or")
+  local m = T.new({rank - 5, 2 * rank, -rank}, "int64")
+  dist.all_reduce(m, "max")
+  check(m[1] == size - 6 and m[2] == 2 * (size - 1) and m[3] == 0, "all_reduce(t, 'max') %d %d %d", m[1], m[2], m[3])
+  local wide = T.new({1, 2, 3, 4, 5, 6}, "float32"):view({2, 3})
+  expect_error("^EINVAL: bad argument #1 to 'all_reduce' %(tensor must be contiguous",
+               dist.all_reduce, wide:transpose(1, 2))
+  expect_error("^EINVAL: bad argument #1 to '[%w.]*all_reduce' %(crun.Tensor expected, got number%)", dist.all_reduce, 5)
+  expect_error("^EINVAL: bad argument #2 .*unknown reduce op 'nosuchop'", dist.all_reduce, T.ones({2}), "nosuchop")
+  local closed = T.ones({2})
+  closed:close()
+  expect_error("bad argument #1 to '[%w.]*all_reduce' %(tensor is closed%)", dist.all_reduce, closed)
+  -- the same calls still work after the group was replaced
+  dist.destroy_process_group()
+  dist.init_process_group("gloo", {timeout = 30})
+  local again = T.new({rank + 0.5, -rank}, "float64")
+  dist.all_reduce(again)
+  check(again[1] == size * (size - 1) / 2 + size * 0.5 and again[2] == -size * (size - 1) / 2,
+        "all_reduce(t) on the new default group gave %s %s", tostring(again[1]), tostring(again[2]))
+end
+
 -- value sent by rank s to rank d, row k, column c: signed and non-periodic
 local function a2a_val(s, d, k, c) return (s * 7919 + d * 104729 + k * 31 + c) % 20011 - 10005 end
 local function rows(s, d) return (s * 3 + d * 5) % 4 + (s == d and 0 or 1) end  -- some zero-row blocks
