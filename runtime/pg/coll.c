@@ -61,7 +61,7 @@ static int backend_validate(const crun_pg_t *pg, int kind, crun_dtype_t dt, int 
 
 static int check_common_dev(const crun_pg_t *pg, int kind, crun_dtype_t dt, int has_op, crun_reduce_op_t op,
                             const crun_coll_opts_t *o) {
-  const char *name = crun__coll_name(kind);
+#define name crun__coll_name(kind) /* only an error needs it */
   if (!pg) return crun_error(CRUN_EINVAL, "%s: the process group is NULL", name);
   CRUN_CHECK(check_device(pg, kind, o));
   if ((int)dt < 0 || dt >= CRUN_DTYPE_COUNT) return crun_error(CRUN_EINVAL, "%s on rank %d: bad dtype %d", name, pg->rank, (int)dt);
@@ -70,6 +70,7 @@ static int check_common_dev(const crun_pg_t *pg, int kind, crun_dtype_t dt, int 
   if (crun_reduce_op_check(dt, op) < 0)
     return crun_error(CRUN_EINVAL, "%s on rank %d: %s", name, pg->rank, crun_last_error() + strlen("EINVAL: "));
   return backend_validate(pg, kind, dt, has_op, op, o);
+#undef name
 }
 
 #define check_common(pg, kind, dt, has_op, op) check_common_dev(pg, kind, dt, has_op, op, opts)

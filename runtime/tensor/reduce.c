@@ -148,6 +148,7 @@ const char *crun_reduce_op_name(crun_reduce_op_t op) {
 static int is_half(crun_dtype_t dt);
 
 int crun_reduce_op_check(crun_dtype_t dt, crun_reduce_op_t op) {
+  if ((unsigned)dt < CRUN_DTYPE_COUNT && (unsigned)op < CRUN_OP_COUNT && into_table[dt][op]) return 0;
   if ((unsigned)dt >= CRUN_DTYPE_COUNT) return crun_error(CRUN_EINVAL, "bad dtype %d", (int)dt);
   if ((unsigned)op >= CRUN_OP_COUNT) return crun_error(CRUN_EINVAL, "bad reduce op %d", (int)op);
   if (op == CRUN_OP_PREMUL_SUM) {
@@ -268,17 +269,8 @@ int crun_reduce3(crun_dtype_t dt, crun_reduce_op_t op, void *dst, const void *a,
   return 0;
 }
 
-int crun_reduce_n(crun_dtype_t dt, crun_reduce_op_t op, void *dst,
-                  const void *const *srcs, int nsrc, size_t n) {
-  /* two sources of a native dtype (a 2-rank collective's reduce): one kernel
-   * call over all n (elementwise, so no chunking is needed), without the
-   * checks below, which would pass: a defined kernel means a valid pair
-   * (premul_sum and undefined ops have none) */
-  if (nsrc == 2 && (unsigned)dt < CRUN_DTYPE_COUNT && (unsigned)op < CRUN_OP_COUNT && !is_half(dt) &&
-      r3_table[dt][op] && dst && srcs && srcs[0] && srcs[1]) {
-    r3_table[dt][op](dst, srcs[0], srcs[1], n);
-    return 0;
-  }
+static __attribute__((noinline)) int reduce_n_checked(crun_dtype_t dt, crun_reduce_op_t op, void *dst,
+                                                       const void *const *srcs, int nsrc, size_t n) {
   CRUN_CHECK(check_args(dt, op, dst, n));
   if (nsrc < 1 || !srcs) return crun_error(CRUN_EINVAL, "reduce_n: need at least one source, got %d", nsrc);
   for (int k = 0; k < nsrc && n > 0; k++)
@@ -292,6 +284,21 @@ int crun_reduce_n(crun_dtype_t dt, crun_reduce_op_t op, void *dst,
     reduce_n_native(dt, op, dst, srcs, nsrc, n);
   }
   return 0;
+}
+
+int crun_reduce_n(crun_dtype_t dt, crun_reduce_op_t op, void *dst,
+                  const void *const *srcs, int nsrc, size_t n) {
+  /* two sources of a native dtype (a 2-rank collective's reduce): one kernel
+   * call over all n (elementwise, so no chunking is needed), without the
+   * checks, which would pass: a defined kernel means a valid pair (premul_sum
+   * and undefined ops have none). The rest is out of line, so that this path
+   * saves no registers. */
+  if (nsrc == 2 && (unsigned)dt < CRUN_DTYPE_COUNT && (unsigned)op < CRUN_OP_COUNT && !is_half(dt) &&
+      r3_table[dt][op] && dst && srcs && srcs[0] && srcs[1]) {
+    r3_table[dt][op](dst, srcs[0], srcs[1], n);
+    return 0;
+  }
+  return reduce_n_checked(dt, op, dst, srcs, nsrc, n);
 }
 
 /* ------------------------------------------------------------ scale_div */

@@ -18,7 +18,7 @@ void crun__shm_slice(size_t n, int parts, size_t align, int i, size_t *lo, size_
 static int check_args(crun__shm_comm_t *c, shm_kind_t kind, crun_dtype_t dt,
                       crun_reduce_op_t op, int root, size_t count, size_t nblocks,
                       int bufs_ok) {
-  const char *name = crun__shm_kind_name(kind);
+#define name crun__shm_kind_name(kind) /* only an error needs it */
   if (!c) return crun_error(CRUN_EINVAL, "shm %s: communicator is NULL", name);
   if (c->broken)
     return crun_error(CRUN_ESTATE, "shm %s on rank %d: the communicator is unusable after an "
@@ -45,6 +45,7 @@ static int check_args(crun__shm_comm_t *c, shm_kind_t kind, crun_dtype_t dt,
     return crun_error(CRUN_EINVAL, "shm %s on rank %d: count %zu too large", name, c->rank,
                       count);
   return 0;
+#undef name
 }
 
 void crun__shm_comm_label(crun__shm_comm_t *c, uint64_t seq) {
