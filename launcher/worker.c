@@ -129,7 +129,11 @@ static char *g_script;
 static size_t g_script_len;
 static size_t g_script_skip; /* a UTF-8 BOM and a "#!" first line (its \n kept) */
 
-/* Reads the whole of path into g_script. Returns 0 or CRUN_EINVAL/ENOMEM. */
+/* The largest script read: a file or stream longer than this (/dev/zero, a
+ * data file given by mistake) is refused once this much was read. */
+#define SCRIPT_MAX ((size_t)256 << 20)
+
+/* Reads the whole of path into g_script. Returns 0 or CRUN_EINVAL. */
 static int script_read(const char *path) {
   if (g_script) return 0;
   int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -139,7 +143,12 @@ static int script_read(const char *path) {
   for (;;) {
     if (!buf) { close(fd); return crun_error(CRUN_EINVAL, "cannot read %s: out of memory", path); }
     if (len == cap) {
-      char *nb = cap > ((size_t)1 << 30) ? NULL : realloc(buf, cap *= 2);
+      if (cap >= SCRIPT_MAX) {
+        free(buf);
+        close(fd);
+        return crun_error(CRUN_EINVAL, "%s is longer than %zu MiB: not a script", path, SCRIPT_MAX >> 20);
+      }
+      char *nb = realloc(buf, cap *= 2);
       if (!nb) free(buf);
       buf = nb;
       continue;

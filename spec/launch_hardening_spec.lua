@@ -38,6 +38,12 @@ if attempt == "0" and rank == "1" then os.exit(3) end
     assert.is_truthy(r.err:find("/dev/stdin:3: boom", 1, true), r.err)
   end)
 
+  it("refuses an endless stream once 256 MiB came, before any rank starts", function()
+    local r = C.run("-n 2 --master-port 0 /dev/zero")
+    assert.are.equal(1, r.code, r.err)
+    assert.is_truthy(r.err:find("/dev/zero is longer than 256 MiB: not a script", 1, true), r.err)
+  end)
+
   it("reports a syntax error in piped text once", function()
     local r = run_piped("-n 2 --master-port 0 /dev/stdin", "x = = 1\n")
     assert.are.equal(1, r.code, r.err)
