@@ -126,7 +126,9 @@ static int supervisor_start(const crun__opts_t *o, const crun__placement_t *base
     crun__signals_block(); /* crun__supervise reads them from a signalfd */
     int dn = open("/dev/null", O_RDONLY);
     if (dn >= 0) { dup2(dn, 0); close(dn); }
-    _exit(crun__supervise(o, base, agent));
+    int code = crun__supervise(o, base, agent);
+    crun__obs_cleanup(); /* the dump directory this process chose (launch() does the same) */
+    _exit(code);
   }
   g_sup = pid;
   return 0;

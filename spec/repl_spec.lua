@@ -33,6 +33,16 @@ describe("crun-lua -i with piped input", function()
     assert.are.equal("[0] 0\n[1] 10\n[2] 20\n[0,2] 0\n[1] 1\n", r.out)
   end)
 
+  it("leaves no flight-recorder directory behind when the session ends", function()
+    local dir = U.tmpdir()
+    local r = U.run("-n 2 " .. ARGS, "x = 1\nx + 1\n", "TMPDIR=" .. q(dir))
+    assert.are.equal(0, r.code, r.err)
+    assert.are.equal("[0-1] 2\n", r.out)
+    local left = io.popen("ls -A " .. q(dir)):read("a")
+    U.rmrf(dir)
+    assert.are.equal("", left) -- the supervisor's $TMPDIR/crun-flight-<pid>-XXXXXX went with it
+  end)
+
   it("continues incomplete chunks over several lines", function()
     local input = "function f(a)\n  return a + 1\nend\nf(41)\nfor i = 1, 3 do\n  print(i)\nend\nt = {\n1,\n2}\n#t\n"
     local r = session(2, input)
