@@ -46,6 +46,24 @@ describe("dist failures", function()
     assert.is_truthy(out:find("WARN PG: EMISMATCH: group 'default/0': rank %d sent broadcast #1 float32%[4%] root %d to rank %d, and no operation of rank %d received it"), out)
   end)
 
+  -- A rank whose object cannot be sent (it does not serialize, or the root's
+  -- arguments are wrong) still takes part in the exchange: every rank raises
+  -- its error naming it, and the group stays usable.
+  for _, env in ipairs{"CRUN_SHM=0", "CRUN_SHM=1"} do
+    it("report an object collective's local failure on every rank (" .. env .. ")", function()
+      local res, out = scenario("object", {limit = 60, env = env})
+      for r = 0, 2 do
+        local l = {}
+        for line in (res[r] .. "\n"):gmatch("(.-)\n") do l[#l + 1] = line end
+        assert.is_truthy(l[1] and l[1]:find("^error EINVAL: all_gather_object: rank 1 could not send its object: "
+                         .. "crun.save: cannot save a function"), "rank " .. r .. ": " .. res[r] .. "\n" .. out)
+        assert.is_truthy(l[2] and l[2]:find("^error EINVAL: scatter_object_list: rank 0 could not send its object: "
+                         .. "scatter_object_list on rank 0 %(src%): the input list must have 3 elements"), res[r])
+        assert.are.same({"ok", "sum 3"}, {l[3], l[4]}, res[r])
+      end
+    end)
+  end
+
   -- The timeout and dead-peer scenarios on each engine: TCP alone (CRUN_SHM=0)
   -- and the shared-memory engine (CRUN_SHM=1, reports start "shm all_reduce").
   for _, eng in ipairs{{name = "tcp", env = "CRUN_SHM=0", prefix = ""},

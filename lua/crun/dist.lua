@@ -576,25 +576,56 @@ function dist.batch_isend_irecv(ops)
   return works
 end
 
+-- A rank whose object cannot be sent (it does not serialize, or a check of
+-- the root's arguments failed) still takes part in the exchange, sending this
+-- marker and its error text instead, so that every rank raises that error
+-- naming the rank, rather than the others waiting in a collective the failing
+-- rank never entered (and it then running into their next one).
+local OBJ_ERR = "CRUNERR!"
+
+-- The bytes of the value make() returns, or OBJ_ERR and the error it raised.
+local function encode_made(make)
+  local S = require "crun.serialize"
+  local ok, bytes = pcall(function() return S.dumps(make()) end)
+  return ok and bytes or OBJ_ERR .. tostring(bytes)
+end
+
+-- Decodes the bytes global rank `who` sent; raises the error it carries.
+local function decode_from(b, who, fname)
+  if b:sub(1, #OBJ_ERR) == OBJ_ERR then
+    local text = b:sub(#OBJ_ERR + 1)
+    local status, rest = text:match("^(E%u+): (.*)$")
+    fail("%s: %s: rank %d could not send its object: %s", status or "EINVAL", fname, who, rest or text)
+  end
+  return require("crun.serialize").loads(b, fname)
+end
+
+-- The value make() returns on group rank gsrc (run there only), on every rank.
+local function broadcast_made(make, g, gsrc, opts, fname)
+  local bytes = g:rank() == gsrc and encode_made(make) or nil
+  return decode_from(g:broadcast_bytes(bytes, gsrc, opts), g:global_rank(gsrc), fname)
+end
+
 --- broadcast_object(v, src[, opts]) -> src's value on every rank (plain Lua
 -- values: nil, booleans, numbers, strings, tables of those, tensors).
 function dist.broadcast_object(v, src, opts)
   opts = O.check(OBJ, "broadcast_object", opts)
   local g = group_of(opts, "broadcast_object")
   if not g then return nil end
-  local S = require "crun.serialize"
   local gsrc = to_group_rank(g, src or 0, "broadcast_object")
-  local bytes = g:rank() == gsrc and S.dumps(v) or nil
-  return S.loads(g:broadcast_bytes(bytes, gsrc, opts), "broadcast_object")
+  return broadcast_made(function() return v end, g, gsrc, opts, "broadcast_object")
 end
 
--- Every rank's value, gathered (a list indexed by group rank + 1).
-local function gather_values(v, g, opts, fname)
-  local S = require "crun.serialize"
-  local parts = g:all_gather_bytes(S.dumps(v), opts)
+-- Every rank's value make() returns, gathered (a list indexed by group rank + 1).
+local function gather_made(make, g, opts, fname)
+  local parts = g:all_gather_bytes(encode_made(make), opts)
   local out = {}
-  for i, b in ipairs(parts) do out[i] = S.loads(b, fname) end
+  for i, b in ipairs(parts) do out[i] = decode_from(b, g:global_rank(i - 1), fname) end
   return out
+end
+
+local function gather_values(v, g, opts, fname)
+  return gather_made(function() return v end, g, opts, fname)
 end
 
 -- Whether t is an options table of the object collectives (keys group/timeout only).
@@ -632,7 +663,9 @@ function dist.broadcast_object_list(list, src, opts)
   opts = O.check(OBJ, "broadcast_object_list", opts)
   local g = group_of(opts, "broadcast_object_list")
   if not g then return nil end
-  local got = dist.broadcast_object({n = #list, table.unpack(list, 1, #list)}, src or 0, opts)
+  local gsrc = to_group_rank(g, src or 0, "broadcast_object_list")
+  local got = broadcast_made(function() return {n = #list, table.unpack(list, 1, #list)} end, g, gsrc, opts,
+                             "broadcast_object_list")
   if got.n ~= #list then
     fail("EMISMATCH: broadcast_object_list on rank %d: the list has %d elements, rank %d's has %d",
          g:global_rank(g:rank()), #list, src or 0, got.n)
@@ -647,10 +680,12 @@ function dist.gather_object(obj, list, dst, opts)
   local g = group_of(opts, "gather_object")
   if not g then return nil end
   local gdst = to_group_rank(g, dst or 0, "gather_object")
-  if g:rank() == gdst and type(list) ~= "table" then
-    fail("EINVAL: gather_object on rank %d (dst): the output list must be a table", g:global_rank(gdst))
-  end
-  local vals = gather_values(obj, g, opts, "gather_object")
+  local vals = gather_made(function()
+    if g:rank() == gdst and type(list) ~= "table" then
+      fail("EINVAL: gather_object on rank %d (dst): the output list must be a table", g:global_rank(gdst))
+    end
+    return obj
+  end, g, opts, "gather_object")
   if g:rank() ~= gdst then return nil end
   for i = 1, g:size() do list[i] = vals[i] end
 end
@@ -663,11 +698,13 @@ function dist.scatter_object_list(out, input, src, opts)
   local g = group_of(opts, "scatter_object_list")
   if not g then return nil end
   local gsrc = to_group_rank(g, src or 0, "scatter_object_list")
-  if g:rank() == gsrc and (type(input) ~= "table" or #input ~= g:size()) then
-    fail("EINVAL: scatter_object_list on rank %d (src): the input list must have %d elements",
-         g:global_rank(gsrc), g:size())
-  end
-  local all = dist.broadcast_object(g:rank() == gsrc and {n = #input, table.unpack(input, 1, #input)} or nil, src or 0, opts)
+  local all = broadcast_made(function()
+    if type(input) ~= "table" or #input ~= g:size() then
+      fail("EINVAL: scatter_object_list on rank %d (src): the input list must have %d elements",
+           g:global_rank(gsrc), g:size())
+    end
+    return {n = #input, table.unpack(input, 1, #input)}
+  end, g, gsrc, opts, "scatter_object_list")
   out[1] = all[g:rank() + 1]
 end
 

@@ -6,6 +6,8 @@
 --   kill      rank 2 kills itself (SIGKILL) while the others run large all_reduces
 --   root      every rank broadcasts with itself as src (each only sends), then
 --             destroys the group
+--   object    rank 1's all_gather_object value does not serialize, then src
+--             rank 0's scatter_object_list input is short; then an all_reduce
 local crun = require "crun"
 local dist, T = crun.dist, crun.tensor
 local mode, outdir = arg[1], arg[2]
@@ -46,6 +48,12 @@ elseif mode == "root" then
   local ok, err = pcall(dist.broadcast, T.full({4}, rank), rank)
   if ok then ok, err = pcall(dist.destroy_process_group) end
   record(ok, err)
+elseif mode == "object" then
+  record(pcall(dist.all_gather_object, rank == 1 and print or rank))
+  record(pcall(dist.scatter_object_list, {}, rank == 0 and {1} or nil, 0))
+  local t = T.ones({2})
+  record(pcall(dist.all_reduce, t))
+  out:write("sum ", t[1], "\n")
 elseif mode == "kill" then
   local t = T.ones({1 << 22})
   dist.barrier()
