@@ -278,6 +278,36 @@ static int copy_counts(crun_pg_t *pg, const size_t *src, const char *what, size_
   return 0;
 }
 
+/* Whether the byte ranges [a, a+na) and [b, b+nb) share a byte. */
+static int overlaps(const void *a, size_t na, const void *b, size_t nb) {
+  return na && nb && (const char *)a < (const char *)b + nb && (const char *)b < (const char *)a + na;
+}
+
+/* all_to_all in place (an output block overlapping an input block, as in
+ * all_to_all_single(t, t)): a transport that receives from one peer before
+ * it sent to every peer would overwrite inputs still to be sent, so the work
+ * then sends from a copy of the inputs that it owns. */
+static int a2a_unalias(crun_work_t *w, int n) {
+  crun__coll_t *c = &w->c;
+  size_t es = crun_dtype_size(c->dt), total = 0;
+  int alias = 0;
+  for (int i = 0; i < n && !alias; i++)
+    for (int j = 0; j < n && !alias; j++)
+      alias = overlaps(c->outs[i], c->out_counts[i] * es, c->ins[j], c->in_counts[j] * es);
+  if (!alias) return 0;
+  for (int j = 0; j < n; j++) total += c->in_counts[j] * es;
+  char *s = malloc(total);
+  if (!s) return crun_error(CRUN_ENOMEM, "all_to_all on rank %d: %zu bytes to copy in-place inputs", w->pg->rank, total);
+  w->scratch = s;
+  for (int j = 0; j < n; j++) {
+    size_t b = c->in_counts[j] * es;
+    memcpy(s, c->ins[j], b);
+    ((const void **)c->ins)[j] = s;
+    s += b;
+  }
+  return 0;
+}
+
 int crun_pg_all_to_all(crun_pg_t *pg, void *const *outs, const size_t *out_counts,
                        const void *const *ins, const size_t *in_counts, crun_dtype_t dt,
                        const crun_coll_opts_t *opts, crun_work_t **work) {
@@ -295,6 +325,7 @@ int crun_pg_all_to_all(crun_pg_t *pg, void *const *outs, const size_t *out_count
   if (in_counts[pg->rank] != out_counts[pg->rank])
     FAIL_WORK(w, crun_error(CRUN_EINVAL, "all_to_all on rank %d: sends %zu elements to itself but expects %zu",
                             pg->rank, in_counts[pg->rank], out_counts[pg->rank]));
+  if (!is_cuda(opts)) FAIL_WORK(w, a2a_unalias(w, pg->size));
   return submit(pg, w, work, NULL);
 }
 
