@@ -64,6 +64,23 @@ describe("dist failures", function()
     end)
   end
 
+  -- An object collective on some ranks and a plain int64 broadcast on another:
+  -- the receivers never take the tensor's elements for an object's size.
+  for _, k in ipairs{1, 2} do
+    for _, env in ipairs{"CRUN_SHM=0", "CRUN_SHM=1"} do
+      it(string.format("report an object collective met by an int64[%d] broadcast (%s)", k, env), function()
+        local res, out = scenario("objcall" .. k, {limit = 60, env = env})
+        for r = 1, 2 do
+          assert.is_truthy(res[r]:match("^error EMISMATCH: "), "rank " .. r .. ": " .. res[r] .. "\n" .. out)
+          if k == 2 then
+            assert.is_truthy(res[r]:find("object collective on rank " .. r .. ": rank 0 did not call one (it sent -5, -5",
+                                         1, true), res[r])
+          end
+        end
+      end)
+    end
+  end
+
   -- The timeout and dead-peer scenarios on each engine: TCP alone (CRUN_SHM=0)
   -- and the shared-memory engine (CRUN_SHM=1, reports start "shm all_reduce").
   for _, eng in ipairs{{name = "tcp", env = "CRUN_SHM=0", prefix = ""},

@@ -8,6 +8,8 @@
 --             destroys the group
 --   object    rank 1's all_gather_object value does not serialize, then src
 --             rank 0's scatter_object_list input is short; then an all_reduce
+--   objcallK  rank 0 broadcasts an int64[K] tensor of -5s where the others
+--             call broadcast_object_list (K = 1, 2: the size word, or more)
 local crun = require "crun"
 local dist, T = crun.dist, crun.tensor
 local mode, outdir = arg[1], arg[2]
@@ -54,6 +56,12 @@ elseif mode == "object" then
   local t = T.ones({2})
   record(pcall(dist.all_reduce, t))
   out:write("sum ", t[1], "\n")
+elseif mode:match("^objcall%d$") then
+  if rank == 0 then
+    record(pcall(dist.broadcast, T.full({tonumber(mode:sub(-1))}, -5, "int64"), 0))
+  else
+    record(pcall(dist.broadcast_object_list, {1}, 0))
+  end
 elseif mode == "kill" then
   local t = T.ones({1 << 22})
   dist.barrier()
