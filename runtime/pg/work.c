@@ -263,8 +263,14 @@ static int dev_result(crun_work_t *w, int rc) {
   return rc;
 }
 
+/* Longest wait given a deadline (~30 years): past it, or infinite, the end
+ * time would not fit a timespec, so the wait has none (as for <= 0). */
+#define WAIT_MAX_S 1e9
+
 int crun_work_wait(crun_work_t *w, double timeout) {
   if (!w) return crun_error(CRUN_EINVAL, "crun_work_wait: NULL work");
+  if (timeout != timeout) return crun_error(CRUN_EINVAL, "wait: the timeout is NaN (give seconds, or 0 for no limit)");
+  if (timeout > WAIT_MAX_S) timeout = 0;
   crun_pg_t *pg = w->pg;
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
