@@ -64,6 +64,18 @@ describe("dist failures", function()
     end)
   end
 
+  -- A sub-group's reports name its own ranks: the text says which global ranks they are.
+  for _, env in ipairs{"CRUN_SHM=0", "CRUN_SHM=1"} do
+    it("name the global ranks of a sub-group whose count differs (" .. env .. ")", function()
+      local res, out = scenario("subcount", {limit = 60, env = env})
+      assert.are.equal("ok", res[0], out)
+      for r = 1, 2 do
+        assert.is_truthy(res[r]:match("^error EMISMATCH: "), "rank " .. r .. ": " .. res[r] .. "\n" .. out)
+        assert.is_truthy(res[r]:find("[group 'default/0/g1': its ranks 0-1 are global ranks 1,2]", 1, true), res[r])
+      end
+    end)
+  end
+
   -- An object collective on some ranks and a plain int64 broadcast on another:
   -- the receivers never take the tensor's elements for an object's size.
   for _, k in ipairs{1, 2} do

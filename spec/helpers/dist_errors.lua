@@ -8,6 +8,7 @@
 --             destroys the group
 --   object    rank 1's all_gather_object value does not serialize, then src
 --             rank 0's scatter_object_list input is short; then an all_reduce
+--   subcount  in new_group{1, 2}, rank 1 all_reduces 3 elements, rank 2 five
 --   objcallK  rank 0 broadcasts an int64[K] tensor of -5s where the others
 --             call broadcast_object_list (K = 1, 2: the size word, or more)
 local crun = require "crun"
@@ -56,6 +57,9 @@ elseif mode == "object" then
   local t = T.ones({2})
   record(pcall(dist.all_reduce, t))
   out:write("sum ", t[1], "\n")
+elseif mode == "subcount" then
+  local g = dist.new_group({1, 2})
+  if rank == 0 then record(true) else record(pcall(dist.all_reduce, T.ones({rank == 1 and 3 or 5}), "sum", {group = g})) end
 elseif mode:match("^objcall%d$") then
   if rank == 0 then
     record(pcall(dist.broadcast, T.full({tonumber(mode:sub(-1))}, -5, "int64"), 0))
