@@ -64,6 +64,16 @@ describe("dist failures", function()
     end)
   end
 
+  -- The shm engine compares an all_to_all's per-peer counts after the ops
+  -- agree: a different op names it without a count.
+  it("describe an all_to_all met by an all_reduce by its dtype alone (shm)", function()
+    local res, out = scenario("a2akind", {limit = 60, env = "CRUN_SHM=1"})
+    for r = 0, 2 do
+      assert.is_truthy(res[r]:match("^error EMISMATCH: shm collective #1 on rank " .. r .. ": "), res[r] .. "\n" .. out)
+      assert.is_truthy(res[r]:find(" called all_to_all(float32 blocks)", 1, true), res[r])
+    end
+  end)
+
   -- A sub-group's reports name its own ranks: the text says which global ranks they are.
   for _, env in ipairs{"CRUN_SHM=0", "CRUN_SHM=1"} do
     it("name the global ranks of a sub-group whose count differs (" .. env .. ")", function()

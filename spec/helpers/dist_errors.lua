@@ -8,6 +8,7 @@
 --             destroys the group
 --   object    rank 1's all_gather_object value does not serialize, then src
 --             rank 0's scatter_object_list input is short; then an all_reduce
+--   a2akind   rank 1 calls all_to_all (blocks of 4) where the others all_reduce
 --   subcount  in new_group{1, 2}, rank 1 all_reduces 3 elements, rank 2 five
 --   objcallK  rank 0 broadcasts an int64[K] tensor of -5s where the others
 --             call broadcast_object_list (K = 1, 2: the size word, or more)
@@ -57,6 +58,14 @@ elseif mode == "object" then
   local t = T.ones({2})
   record(pcall(dist.all_reduce, t))
   out:write("sum ", t[1], "\n")
+elseif mode == "a2akind" then
+  if rank == 1 then
+    local outs, ins = {}, {}
+    for j = 1, 3 do outs[j], ins[j] = T.zeros({4}), T.ones({4}) end
+    record(pcall(dist.all_to_all, outs, ins))
+  else
+    record(pcall(dist.all_reduce, T.ones({16}), "sum"))
+  end
 elseif mode == "subcount" then
   local g = dist.new_group({1, 2})
   if rank == 0 then record(true) else record(pcall(dist.all_reduce, T.ones({rank == 1 and 3 or 5}), "sum", {group = g})) end

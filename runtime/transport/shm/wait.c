@@ -137,12 +137,18 @@ static int check_peers(crun__shm_comm_t *c, shm_ctr_t ctr, int who, uint64_t tar
   return 0;
 }
 
-/* Writes "all_reduce(float32[1024], sum)" for an op signature. */
+/* Writes "all_reduce(float32[1024], sum)" for an op signature (an
+ * all_to_all with per-peer counts has none to show: "all_to_all(float32
+ * blocks)"; its counts are compared once the ops agree). */
 static void describe(uint64_t sig, uint64_t count, char *buf, size_t n) {
   shm_kind_t k = (shm_kind_t)(sig & 0xff);
   int root = (int)(sig >> 24) - 1;
   if (k == SHM_BARRIER) {
     snprintf(buf, n, "barrier()");
+    return;
+  }
+  if (k == SHM_ALLTOALLV) {
+    snprintf(buf, n, "all_to_all(%s blocks)", crun_dtype_name((crun_dtype_t)((sig >> 8) & 0xff)));
     return;
   }
   int off = snprintf(buf, n, "%s(%s[%llu]", crun__shm_kind_name(k),
