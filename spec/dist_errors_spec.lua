@@ -64,6 +64,21 @@ describe("dist failures", function()
     end)
   end
 
+  -- A rank that destroyed the group is gone for the others at once, on either
+  -- transport (TCP sees the connection close; shm sees the rank's mark).
+  for _, env in ipairs{"CRUN_SHM=0", "CRUN_SHM=1"} do
+    it("fail promptly when a rank destroyed the group (" .. env .. ")", function()
+      local res, out = scenario("left", {limit = 60, env = env})
+      assert.are.equal("ok", res[0], out)
+      for r = 1, 2 do
+        local t = res[r]
+        assert.is_truthy(t:match("^error EPEERDIED: "), "rank " .. r .. ": " .. t .. "\n" .. out)
+        assert.is_truthy(t:find("rank 0 destroyed the group", 1, true) or t:find("connection to rank 0", 1, true), t)
+        assert.is_true(tonumber(t:match("elapsed ([%d.]+)")) < 3, t)
+      end
+    end)
+  end
+
   -- The shm engine compares an all_to_all's per-peer counts after the ops
   -- agree: a different op names it without a count.
   it("describe an all_to_all met by an all_reduce by its dtype alone (shm)", function()

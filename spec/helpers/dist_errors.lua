@@ -8,6 +8,8 @@
 --             destroys the group
 --   object    rank 1's all_gather_object value does not serialize, then src
 --             rank 0's scatter_object_list input is short; then an all_reduce
+--   left      rank 0 destroys the group after one all_reduce (and stays up
+--             a while); ranks 1-2 all_reduce again
 --   a2akind   rank 1 calls all_to_all (blocks of 4) where the others all_reduce
 --   subcount  in new_group{1, 2}, rank 1 all_reduces 3 elements, rank 2 five
 --   objcallK  rank 0 broadcasts an int64[K] tensor of -5s where the others
@@ -58,6 +60,17 @@ elseif mode == "object" then
   local t = T.ones({2})
   record(pcall(dist.all_reduce, t))
   out:write("sum ", t[1], "\n")
+elseif mode == "left" then
+  dist.all_reduce(T.ones({4}))
+  if rank == 0 then
+    dist.destroy_process_group()
+    record(true)
+    os.execute("sleep 4")
+  else
+    local t0 = crun.clock()
+    record(pcall(dist.all_reduce, T.ones({4})))
+    out:write(string.format("elapsed %.3f\n", crun.clock() - t0))
+  end
 elseif mode == "a2akind" then
   if rank == 1 then
     local outs, ins = {}, {}
