@@ -636,11 +636,13 @@ local function is_obj_opts(t)
 end
 
 --- all_gather_object(list, obj[, opts]): torch's form, fills list[1..n] with
--- every rank's obj. all_gather_object(v[, opts]) -> that list (crun's
--- convenience; chosen when there is one argument or the second is an options
--- table {group=, timeout=}).
-function dist.all_gather_object(a, b, opts)
-  local torch_form = select("#", a, b, opts) >= 2 and b ~= nil and not (opts == nil and is_obj_opts(b))
+-- every rank's obj (nil included). all_gather_object(v[, opts]) -> that list
+-- (crun's convenience; chosen when there is one argument or the second is an
+-- options table {group=, timeout=}: all_gather_object(list, nil) is torch's).
+function dist.all_gather_object(...)
+  local a, b, opts = ...
+  local nargs = select("#", ...)
+  local torch_form = nargs >= 3 or (nargs == 2 and not is_obj_opts(b))
   if not torch_form then
     local o = O.check(OBJ, "all_gather_object", b)
     local g = group_of(o, "all_gather_object")
