@@ -40,6 +40,35 @@ describe("crun.dist arguments", function()
     end
   end
 
+  -- Other misused arguments: the same "EINVAL: <call>: ..." form.
+  local misuse = {
+    {"destroy_process_group(5)", function() dist.destroy_process_group(5) end,
+     "EINVAL: destroy_process_group: group must be a crun.ProcessGroup (from new_group), got number"},
+    {"batch_isend_irecv{1}", function() dist.batch_isend_irecv{1} end,
+     "EINVAL: batch_isend_irecv: entry 1 is not a P2POp"},
+    {"all_gather_into_tensor(nil, t)", function() dist.all_gather_into_tensor(nil, T.ones{2}) end,
+     "EINVAL: all_gather_into_tensor: the output tensor must be a crun.Tensor, got nil"},
+    {"all_gather_into_tensor(out, nil)", function() dist.all_gather_into_tensor(T.ones{2}, nil) end,
+     "EINVAL: all_gather_into_tensor: the input tensor must be a crun.Tensor, got nil"},
+    {"reduce_scatter_tensor(t, nil)", function() dist.reduce_scatter_tensor(T.ones{2}, nil) end,
+     "EINVAL: reduce_scatter_tensor: the input tensor must be a crun.Tensor, got nil"},
+    {"reduce_scatter_tensor(nil, t)", function() dist.reduce_scatter_tensor(nil, T.ones{2}) end,
+     "EINVAL: reduce_scatter_tensor: the output tensor must be a crun.Tensor, got nil"},
+    {"all_to_all_single(nil, t)", function() dist.all_to_all_single(nil, T.ones{2}) end,
+     "EINVAL: all_to_all_single: the output tensor must be a crun.Tensor, got nil"},
+    {"get_group_rank(WORLD, 7)", function() dist.get_group_rank(dist.group.WORLD, 7) end,
+     "EINVAL: get_group_rank: rank 7 is not in the group"},
+    {"new_group(5)", function() dist.new_group(5) end,
+     "EINVAL: bad argument #1 to 'new_group' (list of ranks expected)"},
+  }
+  for _, m in ipairs(misuse) do
+    it(m[1] .. " raises EINVAL naming the call", function()
+      local ok, err = pcall(m[2])
+      assert.is_false(ok)
+      assert.equal(m[3], err)
+    end)
+  end
+
   it("still takes a real group and the default one", function()
     local g = dist.new_group{0}
     local t = T.ones{2}

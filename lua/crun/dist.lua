@@ -157,18 +157,6 @@ end
 function dist.reset_stats(group) core.pg_stats(group or default_pg("reset_stats"), true) end
 function dist.is_available() return true end
 
---- Destroys the default group (and every sub-group), or just `group`.
-function dist.destroy_process_group(group)
-  if group and group ~= state.pg then
-    if group ~= NON_MEMBER then group:destroy() end
-    return
-  end
-  for _, g in ipairs(state.groups) do g:destroy() end
-  if state.pg then state.pg:destroy() end
-  if state.close_store and state.store then state.store:close() end  -- file://: counts this rank out
-  state.pg, state.store, state.groups, state.ngroups, state.close_store = nil, nil, {}, 0, false
-end
-
 -- A process group, or nil for the default one; anything else (a tensor, a
 -- Work, a number passed as group=) raises EINVAL naming the call instead of
 -- "attempt to index" from deep inside dist.
@@ -180,6 +168,18 @@ local function resolve(group, fname)
     fail("EINVAL: %s: group must be a crun.ProcessGroup (from new_group), got %s", fname, got)
   end
   return group
+end
+
+--- Destroys the default group (and every sub-group), or just `group`.
+function dist.destroy_process_group(group)
+  if group and group ~= state.pg then
+    if group ~= NON_MEMBER then resolve(group, "destroy_process_group"):destroy() end
+    return
+  end
+  for _, g in ipairs(state.groups) do g:destroy() end
+  if state.pg then state.pg:destroy() end
+  if state.close_store and state.store then state.store:close() end  -- file://: counts this rank out
+  state.pg, state.store, state.groups, state.ngroups, state.close_store = nil, nil, {}, 0, false
 end
 
 function dist.get_rank(group)
@@ -216,7 +216,7 @@ function dist.new_group(ranks, opts)
     ranks = {}
     for r = 0, pg:size() - 1 do ranks[#ranks + 1] = r end
   end
-  if type(ranks) ~= "table" then fail("bad argument #1 to 'new_group' (list of ranks expected)") end
+  if type(ranks) ~= "table" then fail("EINVAL: bad argument #1 to 'new_group' (list of ranks expected)") end
   local g = pg:new_group(ranks, opts.timeout)
   state.ngroups = state.ngroups + 1  -- counted on every rank, member or not
   if not g then return NON_MEMBER end
@@ -292,7 +292,11 @@ local function to_group_rank(g, global, fname)
 end
 
 function dist.get_group_rank(group, global_rank)
-  return to_group_rank(resolve(group, "get_group_rank"), global_rank, "get_group_rank")
+  local g = resolve(group, "get_group_rank")
+  if g == state.pg and (math.type(global_rank) ~= "integer" or global_rank < 0 or global_rank >= g:size()) then
+    fail("EINVAL: get_group_rank: rank %s is not in the group", tostring(global_rank))
+  end
+  return to_group_rank(g, global_rank, "get_group_rank")
 end
 function dist.get_global_rank(group, group_rank)
   return resolve(group, "get_global_rank"):global_rank(group_rank)
@@ -341,10 +345,19 @@ function dist.all_gather(list, t, opts)
   if g then return g:all_gather(list, t, opts) end
 end
 
+-- Returns t when it is a crun.Tensor, else fails naming fname and what.
+local function tensor_arg(t, fname, what)
+  local mt = getmetatable(t)
+  if type(t) ~= "userdata" or type(mt) ~= "table" or mt.__name ~= "crun.Tensor" then
+    fail("EINVAL: %s: the %s must be a crun.Tensor, got %s", fname, what, type(t))
+  end
+  return t
+end
+
 --- Views of a contiguous tensor as `n` equal consecutive blocks (1-D), each
 --- `per` elements; fails naming fname when the sizes do not match.
 local function blocks_of(big, n, per, fname, what)
-  if not big:is_contiguous() then
+  if not tensor_arg(big, fname, what .. " tensor"):is_contiguous() then
     fail("EINVAL: %s: the %s tensor must be contiguous", fname, what)
   end
   if big:numel() ~= n * per then
@@ -362,7 +375,8 @@ function dist.all_gather_into_tensor(out, t, opts)
   opts = O.check(COLL, "all_gather_into_tensor", opts)
   local g = group_of(opts, "all_gather_into_tensor")
   if not g then return nil end
-  return g:all_gather(blocks_of(out, g:size(), t:numel(), "all_gather_into_tensor", "output"), t, opts)
+  local per = tensor_arg(t, "all_gather_into_tensor", "input tensor"):numel()
+  return g:all_gather(blocks_of(out, g:size(), per, "all_gather_into_tensor", "output"), t, opts)
 end
 
 --- reduce_scatter_tensor(out, input[, op][, opts]): torch's form with one
@@ -372,7 +386,8 @@ function dist.reduce_scatter_tensor(out, input, op, opts)
   op, opts = split_op(op, opts, COLL, "reduce_scatter_tensor")
   local g = group_of(opts, "reduce_scatter_tensor")
   if not g then return nil end
-  return g:reduce_scatter(out, blocks_of(input, g:size(), out:numel(), "reduce_scatter_tensor", "input"), op, opts)
+  local per = tensor_arg(out, "reduce_scatter_tensor", "output tensor"):numel()
+  return g:reduce_scatter(out, blocks_of(input, g:size(), per, "reduce_scatter_tensor", "input"), op, opts)
 end
 
 function dist.gather(t, list, dst, opts)
@@ -402,7 +417,7 @@ end
 --- Splits dim 1 of a contiguous tensor into views of the given sizes (equal
 --- when sizes is nil); fails naming fname and what when they do not add up.
 local function split_dim1(t, n, sizes, fname, what)
-  if not t:is_contiguous() then fail("EINVAL: %s: the %s tensor must be contiguous", fname, what) end
+  if not tensor_arg(t, fname, what .. " tensor"):is_contiguous() then fail("EINVAL: %s: the %s tensor must be contiguous", fname, what) end
   local rows = t:dim() == 0 and 1 or t:size()[1]
   if sizes == nil then
     if rows % n ~= 0 then
@@ -561,11 +576,12 @@ end
 -- (in either order) cannot deadlock.
 function dist.batch_isend_irecv(ops)
   if type(ops) ~= "table" or #ops == 0 then fail("EINVAL: batch_isend_irecv: a non-empty list of P2POp is expected") end
-  local g0 = ops[1].group
+  local g0
   for i, p in ipairs(ops) do
     if type(p) ~= "table" or (p.op ~= "isend" and p.op ~= "irecv") then
       fail("EINVAL: batch_isend_irecv: entry %d is not a P2POp", i)
     end
+    if i == 1 then g0 = p.group end
     if p.group ~= g0 then fail("EINVAL: batch_isend_irecv: entry %d is on another group than entry 1", i) end
   end
   local works = {}
