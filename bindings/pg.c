@@ -334,8 +334,6 @@ static int l_reduce_scatter(lua_State *L) {
   int n = crun_pg_size(pg);
   void **ins = lua_newuserdatauv(L, sizeof(void *) * (size_t)n, 0);
   check_list(L, 3, n, t, "reduce_scatter", ins);
-  for (int i = 0; i < n; i++)
-    if (ins[i] == crun_tensor_data(t) && crun_tensor_numel(t) > 0) crun_l_error(L, "EINVAL: bad argument #1 to 'reduce_scatter' (output aliases input %d)", i + 1);
   crun_reduce_op_t op = check_op(L, 4);
   crun_coll_opts_t o;
   int async = check_opts(L, 5, &o, "reduce_scatter");

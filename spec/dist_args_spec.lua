@@ -69,6 +69,19 @@ describe("crun.dist arguments", function()
     end)
   end
 
+  -- reduce_scatter reads its inputs while it writes its output: an output
+  -- that overlaps an input, even by part, is refused (the shm engine's
+  -- one-shot path summed a clobbered input into it).
+  for _, off in ipairs{0, 1} do
+    it("reduce_scatter refuses an output overlapping its input by " .. (off == 0 and "all" or "part"), function()
+      local big = T.ones{5}
+      local ok, err = pcall(dist.reduce_scatter, big:narrow(1, 1 + off, 4), {big:narrow(1, 1, 4)})
+      assert.is_false(ok)
+      assert.equal("EINVAL: reduce_scatter on rank 0: the output overlaps the input for rank 0 (inputs are read "
+                   .. "while the output is written: give a separate output)", err)
+    end)
+  end
+
   it("still takes a real group and the default one", function()
     local g = dist.new_group{0}
     local t = T.ones{2}

@@ -86,6 +86,11 @@ static int check_buf(const crun_pg_t *pg, int kind, const void *p, size_t count,
   return crun_error(CRUN_EINVAL, "%s on rank %d: %s is NULL", crun__coll_name(kind), pg->rank, what);
 }
 
+/* Whether the byte ranges [a, a+na) and [b, b+nb) share a byte. */
+static int overlaps(const void *a, size_t na, const void *b, size_t nb) {
+  return na && nb && (const char *)a < (const char *)b + nb && (const char *)b < (const char *)a + na;
+}
+
 /* Copies an array of `size` buffer pointers, checking each one. */
 static int copy_ptrs(crun_pg_t *pg, int kind, const void *const *src, size_t count, const char *what, void ***dst) {
   if (!src) return crun_error(CRUN_EINVAL, "%s on rank %d: the %s list is NULL", crun__coll_name(kind), pg->rank, what);
@@ -251,13 +256,17 @@ int crun_pg_reduce_scatter(crun_pg_t *pg, void *out, const void *const *ins, siz
                            crun_work_t **work) {
   CRUN_CHECK(check_common(pg, CRUN__COLL_REDUCE_SCATTER, dt, 1, op));
   CRUN_CHECK(check_buf(pg, CRUN__COLL_REDUCE_SCATTER, out, count, "output"));
+  size_t bytes = count * crun_dtype_size(dt);
+  for (int i = 0; ins && !is_cuda(opts) && i < pg->size; i++)
+    if (overlaps(out, bytes, ins[i], bytes))
+      return crun_error(CRUN_EINVAL, "reduce_scatter on rank %d: the output overlaps the input for rank %d (inputs "
+                        "are read while the output is written: give a separate output)", pg->rank, i);
   NEW_WORK(w, CRUN__COLL_REDUCE_SCATTER, dt, count);
   w->c.buf = out;
   w->c.op = op;
   FAIL_WORK(w, copy_ptrs(pg, CRUN__COLL_REDUCE_SCATTER, ins, count, "input", (void ***)&w->c.ins));
   w->c.premul = premul_factor(opts);
   if (op == CRUN_OP_PREMUL_SUM && !is_cuda(opts)) {
-    size_t bytes = count * crun_dtype_size(dt);
     FAIL_WORK(w, premul_copies(w, ins, pg->size));
     for (int i = 0; i < pg->size && bytes > 0; i++) {
       char *s = (char *)w->scratch + (size_t)i * bytes;
@@ -276,11 +285,6 @@ static int copy_counts(crun_pg_t *pg, const size_t *src, const char *what, size_
   if (!*dst) return crun_error(CRUN_ENOMEM, "all_to_all counts");
   memcpy(*dst, src, sizeof(size_t) * (size_t)pg->size);
   return 0;
-}
-
-/* Whether the byte ranges [a, a+na) and [b, b+nb) share a byte. */
-static int overlaps(const void *a, size_t na, const void *b, size_t nb) {
-  return na && nb && (const char *)a < (const char *)b + nb && (const char *)b < (const char *)a + na;
 }
 
 /* all_to_all in place (an output block overlapping an input block, as in
