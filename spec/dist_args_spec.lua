@@ -82,6 +82,26 @@ describe("crun.dist arguments", function()
     end)
   end
 
+  -- all_gather, gather and scatter take this rank's block as the other
+  -- argument itself (in place), and refuse any other overlap.
+  it("all_gather, gather and scatter refuse a partly overlapping block, take an exact one", function()
+    local big = T.ones{5}
+    local a, b = big:narrow(1, 1, 4), big:narrow(1, 2, 4)
+    local want = "EINVAL: %s on rank 0: the %s overlaps the %s for rank 0 (only this rank's may be the %s itself)"
+    for _, c in ipairs{
+      {"all_gather", function() dist.all_gather({a}, b) end, "input", "output"},
+      {"gather", function() dist.gather(b, {a}, 0) end, "input", "output"},
+      {"scatter", function() dist.scatter(b, {a}, 0) end, "output", "input"},
+    } do
+      local ok, err = pcall(c[2])
+      assert.is_false(ok, c[1])
+      assert.equal(string.format(want, c[1], c[3], c[4], c[3]), err)
+    end
+    dist.all_gather({a}, a)
+    dist.gather(a, {a}, 0)
+    dist.scatter(a, {a}, 0)
+  end)
+
   it("still takes a real group and the default one", function()
     local g = dist.new_group{0}
     local t = T.ones{2}

@@ -91,6 +91,19 @@ static int overlaps(const void *a, size_t na, const void *b, size_t nb) {
   return na && nb && (const char *)a < (const char *)b + nb && (const char *)b < (const char *)a + na;
 }
 
+/* Fails when buffer `one` overlaps an entry of `list` (one buffer per rank,
+ * count elements each) other than this rank's entry being `one` itself (the
+ * in-place form): a transport may write one while it still reads the other. */
+static int check_apart(const crun_pg_t *pg, int kind, const void *one, const void *const *list, size_t count,
+                       crun_dtype_t dt, const char *one_name, const char *list_name) {
+  size_t bytes = count * crun_dtype_size(dt);
+  for (int i = 0; list && i < pg->size; i++)
+    if (overlaps(one, bytes, list[i], bytes) && !(i == pg->rank && list[i] == one))
+      return crun_error(CRUN_EINVAL, "%s on rank %d: the %s overlaps the %s for rank %d (only this rank's may be "
+                        "the %s itself)", crun__coll_name(kind), pg->rank, one_name, list_name, i, one_name);
+  return 0;
+}
+
 /* Copies an array of `size` buffer pointers, checking each one. */
 static int copy_ptrs(crun_pg_t *pg, int kind, const void *const *src, size_t count, const char *what, void ***dst) {
   if (!src) return crun_error(CRUN_EINVAL, "%s on rank %d: the %s list is NULL", crun__coll_name(kind), pg->rank, what);
@@ -222,6 +235,8 @@ int crun_pg_all_gather(crun_pg_t *pg, void *const *outs, const void *in, size_t 
   NEW_WORK(w, CRUN__COLL_ALL_GATHER, dt, count);
   w->c.in = in;
   FAIL_WORK(w, copy_ptrs(pg, CRUN__COLL_ALL_GATHER, (const void *const *)outs, count, "output", &w->c.outs));
+  if (!is_cuda(opts))
+    FAIL_WORK(w, check_apart(pg, CRUN__COLL_ALL_GATHER, in, (const void *const *)outs, count, dt, "input", "output"));
   return submit(pg, w, work, NULL);
 }
 
@@ -235,6 +250,8 @@ int crun_pg_gather(crun_pg_t *pg, const void *in, void *const *outs, size_t coun
   w->c.root = root;
   if (pg->rank == root)
     FAIL_WORK(w, copy_ptrs(pg, CRUN__COLL_GATHER, (const void *const *)outs, count, "output", &w->c.outs));
+  if (pg->rank == root && !is_cuda(opts))
+    FAIL_WORK(w, check_apart(pg, CRUN__COLL_GATHER, in, (const void *const *)outs, count, dt, "input", "output"));
   return submit(pg, w, work, NULL);
 }
 
@@ -248,6 +265,8 @@ int crun_pg_scatter(crun_pg_t *pg, void *out, const void *const *ins, size_t cou
   w->c.root = root;
   if (pg->rank == root)
     FAIL_WORK(w, copy_ptrs(pg, CRUN__COLL_SCATTER, ins, count, "input", (void ***)&w->c.ins));
+  if (pg->rank == root && !is_cuda(opts))
+    FAIL_WORK(w, check_apart(pg, CRUN__COLL_SCATTER, out, ins, count, dt, "output", "input"));
   return submit(pg, w, work, NULL);
 }
 
