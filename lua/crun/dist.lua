@@ -674,6 +674,14 @@ function dist.all_gather_object(...)
   for i = #a, g:size() + 1, -1 do a[i] = nil end
 end
 
+-- A copy of list[1..#list] with its length in field n (table.unpack would
+-- stop at Lua's C stack limit, about a million elements).
+local function packed(list)
+  local t = {n = #list}
+  for i = 1, t.n do t[i] = list[i] end
+  return t
+end
+
 --- broadcast_object_list(list, src[, opts]): every rank's list gets src's
 -- elements in place (torch: the lists have the same length on every rank).
 function dist.broadcast_object_list(list, src, opts)
@@ -682,7 +690,7 @@ function dist.broadcast_object_list(list, src, opts)
   local g = group_of(opts, "broadcast_object_list")
   if not g then return nil end
   local gsrc = to_group_rank(g, src or 0, "broadcast_object_list")
-  local got = broadcast_made(function() return {n = #list, table.unpack(list, 1, #list)} end, g, gsrc, opts,
+  local got = broadcast_made(function() return packed(list) end, g, gsrc, opts,
                              "broadcast_object_list")
   if got.n ~= #list then
     fail("EMISMATCH: broadcast_object_list on rank %d: the list has %d elements, rank %d's has %d",
@@ -721,7 +729,7 @@ function dist.scatter_object_list(out, input, src, opts)
       fail("EINVAL: scatter_object_list on rank %d (src): the input list must have %d elements",
            g:global_rank(gsrc), g:size())
     end
-    return {n = #input, table.unpack(input, 1, #input)}
+    return packed(input)
   end, g, gsrc, opts, "scatter_object_list")
   out[1] = all[g:rank() + 1]
 end

@@ -263,5 +263,14 @@ function cases.ddp_group()
   model:close()
 end
 
+-- a broadcast_object_list past table.unpack's limit (about a million values)
+function cases.object_list_1m()
+  local n = 1000001
+  local list = {}
+  for i = 1, n do list[i] = rank == 0 and i or false end
+  dist.broadcast_object_list(list, 0)
+  check(list[1] == 1 and list[n] == n, "broadcast_object_list of %d: [%d] = %s", n, n, tostring(list[n]))
+end
+
 cases[case]()
 print(string.format("rank %d ok %s", rank, case))
