@@ -58,6 +58,8 @@ describe("crun.dist arguments", function()
      "EINVAL: all_to_all_single: the output tensor must be a crun.Tensor, got nil"},
     {"get_group_rank(WORLD, 7)", function() dist.get_group_rank(dist.group.WORLD, 7) end,
      "EINVAL: get_group_rank: rank 7 is not in the group"},
+    {"isend(t, 0, 5)", function() dist.isend(T.ones{2}, 0, 5) end,
+     "EINVAL: isend: options must be a table, got number"},
     {"new_group(5)", function() dist.new_group(5) end,
      "EINVAL: bad argument #1 to 'new_group' (list of ranks expected)"},
   }

@@ -553,7 +553,7 @@ end
 
 --- isend / irecv: as send / recv with async_op; return a crun.Work. After
 -- wait, w:source() is the sender's rank in the group (global for the default group).
-function dist.isend(t, dst, opts) return dist.send(t, dst, with_async(opts)) end
+function dist.isend(t, dst, opts) return dist.send(t, dst, with_async(O.check(P2P, "isend", opts))) end
 function dist.irecv(t, src, opts)
   if type(src) == "table" then src, opts = nil, src end
   opts = O.check(P2P, "irecv", opts)
