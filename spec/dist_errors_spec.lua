@@ -64,6 +64,16 @@ describe("dist failures", function()
     end)
   end
 
+  -- monitored_barrier: a rank 0 that arrives after the others gave up on it
+  -- raises their verdict too, instead of releasing a barrier nobody waits at.
+  it("give every rank of a monitored_barrier the same verdict when rank 0 is late", function()
+    local res, out = scenario("mblate", {limit = 60})
+    for r = 0, 2 do
+      assert.is_truthy(res[r]:match("^error ETIMEDOUT: monitored_barrier on rank [12]: group rank 0 %(global 0%) "
+                                    .. "did not release the barrier within 5.5 s"), "rank " .. r .. ": " .. res[r] .. "\n" .. out)
+    end
+  end)
+
   -- A rank that destroyed the group is gone for the others at once, on either
   -- transport (TCP sees the connection close; shm sees the rank's mark).
   for _, env in ipairs{"CRUN_SHM=0", "CRUN_SHM=1"} do

@@ -496,14 +496,15 @@ function dist.monitored_barrier(opts, timeout, wait_all_ranks)
   local store = state.store
   local base = string.format("crun/monitored_barrier/%d/%d/", state.gid[g] or 0, seq)
   local me, n = g:rank(), g:size()
+  -- "released" holds the one verdict every rank raises (or "ok"): the first
+  -- of rank 0's and of a rank that gave up waiting for it is kept
+  local released = base .. "released"
   if me ~= 0 then
     store:set(base .. "arrived/" .. g:global_rank(me), "1")
-    local ok, err = pcall(store.wait, store, {base .. "released"}, timeout + 5)
-    if not ok then
-      fail("ETIMEDOUT: monitored_barrier on rank %d: group rank 0 (global %d) did not release the barrier within %.3g s (%s)",
-           g:global_rank(me), g:global_rank(0), timeout + 5, tostring(err))
-    end
-    local verdict = store:get(base .. "released")
+    local ok, err = pcall(store.wait, store, {released}, timeout + 5)
+    local verdict = ok and store:get(released) or store:compare_set(released, "", string.format(
+      "ETIMEDOUT: monitored_barrier on rank %d: group rank 0 (global %d) did not release the barrier within %.3g s (%s)",
+      g:global_rank(me), g:global_rank(0), timeout + 5, tostring(err)))
     if verdict ~= "ok" then error(verdict, 0) end
     return
   end
@@ -517,14 +518,11 @@ function dist.monitored_barrier(opts, timeout, wait_all_ranks)
       if not opts.wait_all_ranks then break end
     end
   end
-  if #missing == 0 then
-    store:set(base .. "released", "ok")
-    return
-  end
-  local text = string.format("ETIMEDOUT: monitored_barrier: rank%s %s did not arrive within %.3g s (seen by rank %d)",
-                             #missing > 1 and "s" or "", table.concat(missing, ", "), timeout, g:global_rank(0))
-  store:set(base .. "released", text)
-  error(text, 0)
+  local text = #missing == 0 and "ok" or string.format(
+    "ETIMEDOUT: monitored_barrier: rank%s %s did not arrive within %.3g s (seen by rank %d)",
+    #missing > 1 and "s" or "", table.concat(missing, ", "), timeout, g:global_rank(0))
+  local verdict = store:compare_set(released, "", text)
+  if verdict ~= "ok" then error(verdict, 0) end
 end
 
 --- send(t, dst[, opts{tag=, group=}])

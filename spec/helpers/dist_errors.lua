@@ -8,6 +8,8 @@
 --             destroys the group
 --   object    rank 1's all_gather_object value does not serialize, then src
 --             rank 0's scatter_object_list input is short; then an all_reduce
+--   mblate    rank 0 reaches monitored_barrier{timeout = 0.5} after the others
+--             gave up on it (0.5 + 5 s)
 --   left      rank 0 destroys the group after one all_reduce (and stays up
 --             a while); ranks 1-2 all_reduce again
 --   a2akind   rank 1 calls all_to_all (blocks of 4) where the others all_reduce
@@ -60,6 +62,9 @@ elseif mode == "object" then
   local t = T.ones({2})
   record(pcall(dist.all_reduce, t))
   out:write("sum ", t[1], "\n")
+elseif mode == "mblate" then
+  if rank == 0 then os.execute("sleep 6.5") end
+  record(pcall(dist.monitored_barrier, {timeout = 0.5}))
 elseif mode == "left" then
   dist.all_reduce(T.ones({4}))
   if rank == 0 then
