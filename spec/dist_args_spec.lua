@@ -60,6 +60,10 @@ describe("crun.dist arguments", function()
      "EINVAL: get_group_rank: rank 7 is not in the group"},
     {"isend(t, 0, 5)", function() dist.isend(T.ones{2}, 0, 5) end,
      "EINVAL: isend: options must be a table, got number"},
+    {"gather_object(v, list, 7)", function() dist.gather_object(1, {}, 7) end,
+     "EINVAL: gather_object: dst 7 is out of range (0..0)"},
+    {"broadcast_object_list(l, 7)", function() dist.broadcast_object_list({1}, 7) end,
+     "EINVAL: broadcast_object_list: src 7 is out of range (0..0)"},
     {"new_group(5)", function() dist.new_group(5) end,
      "EINVAL: bad argument #1 to 'new_group' (list of ranks expected)"},
   }

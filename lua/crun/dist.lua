@@ -590,6 +590,17 @@ function dist.batch_isend_irecv(ops)
   return works
 end
 
+-- The group rank of an object collective's root (a global rank, src or dst
+-- as `what` says), range-checked here: the byte collectives under it would
+-- name themselves, and gather_object with no rank its dst would do nothing.
+local function obj_root(g, r, fname, what)
+  local gr = to_group_rank(g, r, fname)
+  if math.type(gr) ~= "integer" or gr < 0 or gr >= g:size() then
+    fail("EINVAL: %s: %s %s is out of range (0..%d)", fname, what, tostring(r), g:size() - 1)
+  end
+  return gr
+end
+
 -- A rank whose object cannot be sent (it does not serialize, or a check of
 -- the root's arguments failed) still takes part in the exchange, sending this
 -- marker and its error text instead, so that every rank raises that error
@@ -626,7 +637,7 @@ function dist.broadcast_object(v, src, opts)
   opts = O.check(OBJ, "broadcast_object", opts)
   local g = group_of(opts, "broadcast_object")
   if not g then return nil end
-  local gsrc = to_group_rank(g, src or 0, "broadcast_object")
+  local gsrc = obj_root(g, src or 0, "broadcast_object", "src")
   return broadcast_made(function() return v end, g, gsrc, opts, "broadcast_object")
 end
 
@@ -687,7 +698,7 @@ function dist.broadcast_object_list(list, src, opts)
   opts = O.check(OBJ, "broadcast_object_list", opts)
   local g = group_of(opts, "broadcast_object_list")
   if not g then return nil end
-  local gsrc = to_group_rank(g, src or 0, "broadcast_object_list")
+  local gsrc = obj_root(g, src or 0, "broadcast_object_list", "src")
   local got = broadcast_made(function() return packed(list) end, g, gsrc, opts,
                              "broadcast_object_list")
   if got.n ~= #list then
@@ -703,7 +714,7 @@ function dist.gather_object(obj, list, dst, opts)
   opts = O.check(OBJ, "gather_object", opts)
   local g = group_of(opts, "gather_object")
   if not g then return nil end
-  local gdst = to_group_rank(g, dst or 0, "gather_object")
+  local gdst = obj_root(g, dst or 0, "gather_object", "dst")
   local vals = gather_made(function()
     if g:rank() == gdst and type(list) ~= "table" then
       fail("EINVAL: gather_object on rank %d (dst): the output list must be a table", g:global_rank(gdst))
@@ -721,7 +732,7 @@ function dist.scatter_object_list(out, input, src, opts)
   opts = O.check(OBJ, "scatter_object_list", opts)
   local g = group_of(opts, "scatter_object_list")
   if not g then return nil end
-  local gsrc = to_group_rank(g, src or 0, "scatter_object_list")
+  local gsrc = obj_root(g, src or 0, "scatter_object_list", "src")
   local all = broadcast_made(function()
     if type(input) ~= "table" or #input ~= g:size() then
       fail("EINVAL: scatter_object_list on rank %d (src): the input list must have %d elements",
