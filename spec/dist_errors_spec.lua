@@ -64,6 +64,13 @@ describe("dist failures", function()
     end)
   end
 
+  -- new_group's timeout is the new group's: a rank that reaches new_group later
+  -- than that does not fail the agreement on (and so break) the default group.
+  it("let a rank reach new_group later than the new group's timeout", function()
+    local res, out = scenario("ngslow", {limit = 60})
+    for r = 0, 2 do assert.are.equal("ok", res[r], "rank " .. r .. ": " .. res[r] .. "\n" .. out) end
+  end)
+
   -- monitored_barrier: a rank 0 that arrives after the others gave up on it
   -- raises their verdict too, instead of releasing a barrier nobody waits at.
   it("give every rank of a monitored_barrier the same verdict when rank 0 is late", function()

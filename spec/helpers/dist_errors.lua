@@ -8,6 +8,8 @@
 --             destroys the group
 --   object    rank 1's all_gather_object value does not serialize, then src
 --             rank 0's scatter_object_list input is short; then an all_reduce
+--   ngslow    rank 1 reaches new_group({0, 1}, {timeout = 0.2}) 1 s after the
+--             others; then an all_reduce on the default group
 --   mblate    rank 0 reaches monitored_barrier{timeout = 0.5} after the others
 --             gave up on it (0.5 + 5 s)
 --   left      rank 0 destroys the group after one all_reduce (and stays up
@@ -62,6 +64,11 @@ elseif mode == "object" then
   local t = T.ones({2})
   record(pcall(dist.all_reduce, t))
   out:write("sum ", t[1], "\n")
+elseif mode == "ngslow" then
+  if rank == 1 then os.execute("sleep 1") end
+  local ok, err = pcall(dist.new_group, {0, 1}, {timeout = 0.2})
+  if ok then ok, err = pcall(dist.all_reduce, T.ones({2})) end
+  record(ok, err)
 elseif mode == "mblate" then
   if rank == 0 then os.execute("sleep 6.5") end
   record(pcall(dist.monitored_barrier, {timeout = 0.5}))

@@ -85,7 +85,9 @@ int crun_pg_new(const crun_pg_opts_t *opts, crun_pg_t **out);
 /* Creates a sub-group of `parent` holding the parent ranks ranks[0..n-1] (in
  * that order: ranks[i] becomes group rank i). Every rank of the parent must
  * call it, in the same order; non-members get *out = NULL and return 0.
- * Blocks like crun_pg_new. timeout <= 0 inherits the parent's. */
+ * Blocks like crun_pg_new. timeout is the new group's (<= 0 inherits the
+ * parent's); joining it (the ranks' agreement on the parent, connecting)
+ * waits at least the parent's. */
 int crun_pg_new_group(crun_pg_t *parent, const int *ranks, int n, double timeout,
                       crun_pg_t **out);
 
