@@ -334,8 +334,6 @@ static int l_reduce_scatter(lua_State *L) {
   int n = crun_pg_size(pg);
   void **ins = lua_newuserdatauv(L, sizeof(void *) * (size_t)n, 0);
   check_list(L, 3, n, t, "reduce_scatter", ins);
-  for (int i = 0; i < n; i++)
-    if (ins[i] == crun_tensor_data(t) && crun_tensor_numel(t) > 0) crun_l_error(L, "EINVAL: bad argument #1 to 'reduce_scatter' (output aliases input %d)", i + 1);
   crun_reduce_op_t op = check_op(L, 4);
   crun_coll_opts_t o;
   int async = check_opts(L, 5, &o, "reduce_scatter");
@@ -498,6 +496,19 @@ static int bytes_all_gather(crun_pg_t *pg, void **outs, const void *in, size_t n
   return rc;
 }
 
+/* The byte collectives first exchange (BYTES_MAGIC, length): a plain int64
+ * collective that a rank called instead (the ranks' calls differ) carries
+ * no such pair, so it is reported rather than taken for a length. */
+#define BYTES_MAGIC INT64_C(0x43524e4f424a3031)
+
+/* Checks the pair that group rank `from` sent (see BYTES_MAGIC). */
+static int check_len(crun_pg_t *pg, const int64_t *pair, int from) {
+  if (pair[0] == BYTES_MAGIC && pair[1] >= 0) return 0;
+  return crun_error(CRUN_EMISMATCH, "object collective on rank %d: rank %d did not call one (it sent %lld, %lld where "
+                    "an object's size belongs): the ranks' calls differ", crun_pg_rank(pg), from,
+                    (long long)pair[0], (long long)pair[1]);
+}
+
 /* pg:broadcast_bytes(s_or_nil, src[, opts]) -> root's string on every rank */
 static int l_broadcast_bytes(lua_State *L) {
   crun_pg_t *pg = check_pg(L, 1);
@@ -506,8 +517,10 @@ static int l_broadcast_bytes(lua_State *L) {
   check_opts(L, 4, &o, "broadcast_bytes");
   size_t len = 0;
   const char *s = src == crun_pg_rank(pg) ? crun_l_checklstring(L, 2, &len) : NULL;
-  int64_t n = (int64_t)len;
-  CRUN_L_CHECK(L, bytes_broadcast(pg, &n, 1, CRUN_INT64, src, &o));
+  int64_t pair[2] = {BYTES_MAGIC, (int64_t)len};
+  CRUN_L_CHECK(L, bytes_broadcast(pg, pair, 2, CRUN_INT64, src, &o));
+  CRUN_L_CHECK(L, check_len(pg, pair, src));
+  int64_t n = pair[1];
   char *buf = lua_newuserdatauv(L, (size_t)n + 1, 0);
   if (s) memcpy(buf, s, len);
   CRUN_L_CHECK(L, bytes_broadcast(pg, buf, (size_t)n, CRUN_UINT8, src, &o));
@@ -523,12 +536,16 @@ static int l_all_gather_bytes(lua_State *L) {
   crun_coll_opts_t o;
   check_opts(L, 3, &o, "all_gather_bytes");
   int n = crun_pg_size(pg);
-  int64_t *lens = lua_newuserdatauv(L, sizeof(int64_t) * (size_t)n + sizeof(void *) * (size_t)n, 0);
-  void **outs = (void **)(lens + n);
-  for (int i = 0; i < n; i++) outs[i] = &lens[i];
-  int64_t mine = (int64_t)len, mx = 0;
-  CRUN_L_CHECK(L, bytes_all_gather(pg, outs, &mine, 1, CRUN_INT64, &o));
-  for (int i = 0; i < n; i++) mx = lens[i] > mx ? lens[i] : mx;
+  int64_t *pairs = lua_newuserdatauv(L, (2 * sizeof(int64_t) + sizeof(void *)) * (size_t)n, 0);
+  void **outs = (void **)(pairs + 2 * n);
+  for (int i = 0; i < n; i++) outs[i] = &pairs[2 * i];
+  int64_t mine[2] = {BYTES_MAGIC, (int64_t)len}, mx = 0, *lens = pairs;
+  CRUN_L_CHECK(L, bytes_all_gather(pg, outs, mine, 2, CRUN_INT64, &o));
+  for (int i = 0; i < n; i++) {
+    CRUN_L_CHECK(L, check_len(pg, &pairs[2 * i], i));
+    lens[i] = pairs[2 * i + 1]; /* packs the lengths at the front: lens[i] never overtakes pair i */
+    mx = lens[i] > mx ? lens[i] : mx;
+  }
   char *buf = lua_newuserdatauv(L, (size_t)(mx * (n + 1)) + 1, 0);
   for (int i = 0; i < n; i++) outs[i] = buf + (size_t)mx * (size_t)i;
   char *in = buf + (size_t)mx * (size_t)n;

@@ -40,6 +40,74 @@ describe("crun.dist arguments", function()
     end
   end
 
+  -- Other misused arguments: the same "EINVAL: <call>: ..." form.
+  local misuse = {
+    {"destroy_process_group(5)", function() dist.destroy_process_group(5) end,
+     "EINVAL: destroy_process_group: group must be a crun.ProcessGroup (from new_group), got number"},
+    {"batch_isend_irecv{1}", function() dist.batch_isend_irecv{1} end,
+     "EINVAL: batch_isend_irecv: entry 1 is not a P2POp"},
+    {"all_gather_into_tensor(nil, t)", function() dist.all_gather_into_tensor(nil, T.ones{2}) end,
+     "EINVAL: all_gather_into_tensor: the output tensor must be a crun.Tensor, got nil"},
+    {"all_gather_into_tensor(out, nil)", function() dist.all_gather_into_tensor(T.ones{2}, nil) end,
+     "EINVAL: all_gather_into_tensor: the input tensor must be a crun.Tensor, got nil"},
+    {"reduce_scatter_tensor(t, nil)", function() dist.reduce_scatter_tensor(T.ones{2}, nil) end,
+     "EINVAL: reduce_scatter_tensor: the input tensor must be a crun.Tensor, got nil"},
+    {"reduce_scatter_tensor(nil, t)", function() dist.reduce_scatter_tensor(nil, T.ones{2}) end,
+     "EINVAL: reduce_scatter_tensor: the output tensor must be a crun.Tensor, got nil"},
+    {"all_to_all_single(nil, t)", function() dist.all_to_all_single(nil, T.ones{2}) end,
+     "EINVAL: all_to_all_single: the output tensor must be a crun.Tensor, got nil"},
+    {"get_group_rank(WORLD, 7)", function() dist.get_group_rank(dist.group.WORLD, 7) end,
+     "EINVAL: get_group_rank: rank 7 is not in the group"},
+    {"isend(t, 0, 5)", function() dist.isend(T.ones{2}, 0, 5) end,
+     "EINVAL: isend: options must be a table, got number"},
+    {"gather_object(v, list, 7)", function() dist.gather_object(1, {}, 7) end,
+     "EINVAL: gather_object: dst 7 is out of range (0..0)"},
+    {"broadcast_object_list(l, 7)", function() dist.broadcast_object_list({1}, 7) end,
+     "EINVAL: broadcast_object_list: src 7 is out of range (0..0)"},
+    {"new_group(5)", function() dist.new_group(5) end,
+     "EINVAL: bad argument #1 to 'new_group' (list of ranks expected)"},
+  }
+  for _, m in ipairs(misuse) do
+    it(m[1] .. " raises EINVAL naming the call", function()
+      local ok, err = pcall(m[2])
+      assert.is_false(ok)
+      assert.equal(m[3], err)
+    end)
+  end
+
+  -- reduce_scatter reads its inputs while it writes its output: an output
+  -- that overlaps an input, even by part, is refused (the shm engine's
+  -- one-shot path summed a clobbered input into it).
+  for _, off in ipairs{0, 1} do
+    it("reduce_scatter refuses an output overlapping its input by " .. (off == 0 and "all" or "part"), function()
+      local big = T.ones{5}
+      local ok, err = pcall(dist.reduce_scatter, big:narrow(1, 1 + off, 4), {big:narrow(1, 1, 4)})
+      assert.is_false(ok)
+      assert.equal("EINVAL: reduce_scatter on rank 0: the output overlaps the input for rank 0 (inputs are read "
+                   .. "while the output is written: give a separate output)", err)
+    end)
+  end
+
+  -- all_gather, gather and scatter take this rank's block as the other
+  -- argument itself (in place), and refuse any other overlap.
+  it("all_gather, gather and scatter refuse a partly overlapping block, take an exact one", function()
+    local big = T.ones{5}
+    local a, b = big:narrow(1, 1, 4), big:narrow(1, 2, 4)
+    local want = "EINVAL: %s on rank 0: the %s overlaps the %s for rank 0 (only this rank's may be the %s itself)"
+    for _, c in ipairs{
+      {"all_gather", function() dist.all_gather({a}, b) end, "input", "output"},
+      {"gather", function() dist.gather(b, {a}, 0) end, "input", "output"},
+      {"scatter", function() dist.scatter(b, {a}, 0) end, "output", "input"},
+    } do
+      local ok, err = pcall(c[2])
+      assert.is_false(ok, c[1])
+      assert.equal(string.format(want, c[1], c[3], c[4], c[3]), err)
+    end
+    dist.all_gather({a}, a)
+    dist.gather(a, {a}, 0)
+    dist.scatter(a, {a}, 0)
+  end)
+
   it("still takes a real group and the default one", function()
     local g = dist.new_group{0}
     local t = T.ones{2}

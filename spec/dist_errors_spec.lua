@@ -46,6 +46,95 @@ describe("dist failures", function()
     assert.is_truthy(out:find("WARN PG: EMISMATCH: group 'default/0': rank %d sent broadcast #1 float32%[4%] root %d to rank %d, and no operation of rank %d received it"), out)
   end)
 
+  -- A rank whose object cannot be sent (it does not serialize, or the root's
+  -- arguments are wrong) still takes part in the exchange: every rank raises
+  -- its error naming it, and the group stays usable.
+  for _, env in ipairs{"CRUN_SHM=0", "CRUN_SHM=1"} do
+    it("report an object collective's local failure on every rank (" .. env .. ")", function()
+      local res, out = scenario("object", {limit = 60, env = env})
+      for r = 0, 2 do
+        local l = {}
+        for line in (res[r] .. "\n"):gmatch("(.-)\n") do l[#l + 1] = line end
+        assert.is_truthy(l[1] and l[1]:find("^error EINVAL: all_gather_object: rank 1 could not send its object: "
+                         .. "crun.save: cannot save a function"), "rank " .. r .. ": " .. res[r] .. "\n" .. out)
+        assert.is_truthy(l[2] and l[2]:find("^error EINVAL: scatter_object_list: rank 0 could not send its object: "
+                         .. "scatter_object_list on rank 0 %(src%): the input list must have 3 elements"), res[r])
+        assert.are.same({"ok", "sum 3"}, {l[3], l[4]}, res[r])
+      end
+    end)
+  end
+
+  -- new_group's timeout is the new group's: a rank that reaches new_group later
+  -- than that does not fail the agreement on (and so break) the default group.
+  it("let a rank reach new_group later than the new group's timeout", function()
+    local res, out = scenario("ngslow", {limit = 60})
+    for r = 0, 2 do assert.are.equal("ok", res[r], "rank " .. r .. ": " .. res[r] .. "\n" .. out) end
+  end)
+
+  -- monitored_barrier: a rank 0 that arrives after the others gave up on it
+  -- raises their verdict too, instead of releasing a barrier nobody waits at.
+  it("give every rank of a monitored_barrier the same verdict when rank 0 is late", function()
+    local res, out = scenario("mblate", {limit = 60})
+    for r = 0, 2 do
+      assert.is_truthy(res[r]:match("^error ETIMEDOUT: monitored_barrier on rank [12]: group rank 0 %(global 0%) "
+                                    .. "did not release the barrier within 5.5 s"), "rank " .. r .. ": " .. res[r] .. "\n" .. out)
+    end
+  end)
+
+  -- A rank that destroyed the group is gone for the others at once, on either
+  -- transport (TCP sees the connection close; shm sees the rank's mark).
+  for _, env in ipairs{"CRUN_SHM=0", "CRUN_SHM=1"} do
+    it("fail promptly when a rank destroyed the group (" .. env .. ")", function()
+      local res, out = scenario("left", {limit = 60, env = env})
+      assert.are.equal("ok", res[0], out)
+      for r = 1, 2 do
+        local t = res[r]
+        assert.is_truthy(t:match("^error EPEERDIED: "), "rank " .. r .. ": " .. t .. "\n" .. out)
+        assert.is_truthy(t:find("rank 0 destroyed the group", 1, true) or t:find("connection to rank 0", 1, true), t)
+        assert.is_true(tonumber(t:match("elapsed ([%d.]+)")) < 3, t)
+      end
+    end)
+  end
+
+  -- The shm engine compares an all_to_all's per-peer counts after the ops
+  -- agree: a different op names it without a count.
+  it("describe an all_to_all met by an all_reduce by its dtype alone (shm)", function()
+    local res, out = scenario("a2akind", {limit = 60, env = "CRUN_SHM=1"})
+    for r = 0, 2 do
+      assert.is_truthy(res[r]:match("^error EMISMATCH: shm collective #1 on rank " .. r .. ": "), res[r] .. "\n" .. out)
+      assert.is_truthy(res[r]:find(" called all_to_all(float32 blocks)", 1, true), res[r])
+    end
+  end)
+
+  -- A sub-group's reports name its own ranks: the text says which global ranks they are.
+  for _, env in ipairs{"CRUN_SHM=0", "CRUN_SHM=1"} do
+    it("name the global ranks of a sub-group whose count differs (" .. env .. ")", function()
+      local res, out = scenario("subcount", {limit = 60, env = env})
+      assert.are.equal("ok", res[0], out)
+      for r = 1, 2 do
+        assert.is_truthy(res[r]:match("^error EMISMATCH: "), "rank " .. r .. ": " .. res[r] .. "\n" .. out)
+        assert.is_truthy(res[r]:find("[group 'default/0/g1': its ranks 0-1 are global ranks 1,2]", 1, true), res[r])
+      end
+    end)
+  end
+
+  -- An object collective on some ranks and a plain int64 broadcast on another:
+  -- the receivers never take the tensor's elements for an object's size.
+  for _, k in ipairs{1, 2} do
+    for _, env in ipairs{"CRUN_SHM=0", "CRUN_SHM=1"} do
+      it(string.format("report an object collective met by an int64[%d] broadcast (%s)", k, env), function()
+        local res, out = scenario("objcall" .. k, {limit = 60, env = env})
+        for r = 1, 2 do
+          assert.is_truthy(res[r]:match("^error EMISMATCH: "), "rank " .. r .. ": " .. res[r] .. "\n" .. out)
+          if k == 2 then
+            assert.is_truthy(res[r]:find("object collective on rank " .. r .. ": rank 0 did not call one (it sent -5, -5",
+                                         1, true), res[r])
+          end
+        end
+      end)
+    end
+  end
+
   -- The timeout and dead-peer scenarios on each engine: TCP alone (CRUN_SHM=0)
   -- and the shared-memory engine (CRUN_SHM=1, reports start "shm all_reduce").
   for _, eng in ipairs{{name = "tcp", env = "CRUN_SHM=0", prefix = ""},

@@ -28,6 +28,9 @@ describe("dist p2p", function()
     it("many messages in flight to one peer arrive in order per tag, " .. mode, function()
       job(3, "order", shm)
     end)
+    it("a recv that times out names the frame its peer sent with another tag, " .. mode, function()
+      job(3, "tag", shm)
+    end)
   end
 
   it("examples/ring_allreduce.lua on 4 ranks", function()

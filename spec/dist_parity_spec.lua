@@ -2,7 +2,8 @@
 -- init_process_group("gloo"), option tables that reject unknown keys,
 -- group.WORLD, new_group sorting its ranks and naming disagreements,
 -- new_subgroups*, all_to_all_single with uneven splits, batch_isend_irecv,
--- monitored_barrier naming missing ranks, torch-shaped object collectives,
+-- monitored_barrier naming missing ranks, torch-shaped object collectives (a
+-- broadcast_object_list of a million values too),
 -- and DDP on a sub-group given as torch's process_group; dist.all_reduce(t)
 -- on the binding's shortest path, and the calls that must leave it.
 local run = require "helpers.dist_run"
@@ -18,7 +19,7 @@ describe("torch.distributed parity", function()
   for _, c in ipairs{
     {"init", {2}}, {"default_call", {2, 3}}, {"new_group_sorted", {3, 4}}, {"new_group_mismatch", {3, 4}}, {"subgroups", {4}},
     {"a2a_single", {2, 3, 4}}, {"batch", {2, 3, 4}}, {"monitored", {2, 4}}, {"objects", {2, 3}},
-    {"ddp_group", {4}},
+    {"object_list_1m", {2}}, {"ddp_group", {4}},
   } do
     for _, n in ipairs(c[2]) do
       for _, shm in ipairs{"0", "1"} do

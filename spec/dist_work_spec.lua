@@ -12,7 +12,7 @@ end
 describe("dist Work", function()
   for _, shm in ipairs{"0", "1"} do
     local mode = shm == "0" and "tcp" or "shm"
-    for _, case in ipairs{"barrier", "result", "pinned", "ranks", "failed"} do
+    for _, case in ipairs{"barrier", "result", "pinned", "ranks", "failed", "waits"} do
       for _, n in ipairs{2, 3} do
         it(string.format("%s, %d ranks, %s", case, n, mode), function() job(n, case, shm) end)
       end

@@ -160,7 +160,8 @@ end
 function DDP:_verify_params()
   local sig = {}
   for i, p in ipairs(self.params) do sig[i] = p:dtype() .. "[" .. table.concat(p:size(), "x") .. "]" end
-  local all = dist().all_gather_object(sig, self.copts)
+  local d, all = dist(), nil
+  if self.copts then all = d.all_gather_object(sig, self.copts) else all = d.all_gather_object(sig) end
   for r = 2, #all do
     local other = all[r]
     for i = 1, math.max(#sig, #other) do

@@ -157,18 +157,6 @@ end
 function dist.reset_stats(group) core.pg_stats(group or default_pg("reset_stats"), true) end
 function dist.is_available() return true end
 
---- Destroys the default group (and every sub-group), or just `group`.
-function dist.destroy_process_group(group)
-  if group and group ~= state.pg then
-    if group ~= NON_MEMBER then group:destroy() end
-    return
-  end
-  for _, g in ipairs(state.groups) do g:destroy() end
-  if state.pg then state.pg:destroy() end
-  if state.close_store and state.store then state.store:close() end  -- file://: counts this rank out
-  state.pg, state.store, state.groups, state.ngroups, state.close_store = nil, nil, {}, 0, false
-end
-
 -- A process group, or nil for the default one; anything else (a tensor, a
 -- Work, a number passed as group=) raises EINVAL naming the call instead of
 -- "attempt to index" from deep inside dist.
@@ -180,6 +168,18 @@ local function resolve(group, fname)
     fail("EINVAL: %s: group must be a crun.ProcessGroup (from new_group), got %s", fname, got)
   end
   return group
+end
+
+--- Destroys the default group (and every sub-group), or just `group`.
+function dist.destroy_process_group(group)
+  if group and group ~= state.pg then
+    if group ~= NON_MEMBER then resolve(group, "destroy_process_group"):destroy() end
+    return
+  end
+  for _, g in ipairs(state.groups) do g:destroy() end
+  if state.pg then state.pg:destroy() end
+  if state.close_store and state.store then state.store:close() end  -- file://: counts this rank out
+  state.pg, state.store, state.groups, state.ngroups, state.close_store = nil, nil, {}, 0, false
 end
 
 function dist.get_rank(group)
@@ -216,7 +216,7 @@ function dist.new_group(ranks, opts)
     ranks = {}
     for r = 0, pg:size() - 1 do ranks[#ranks + 1] = r end
   end
-  if type(ranks) ~= "table" then fail("bad argument #1 to 'new_group' (list of ranks expected)") end
+  if type(ranks) ~= "table" then fail("EINVAL: bad argument #1 to 'new_group' (list of ranks expected)") end
   local g = pg:new_group(ranks, opts.timeout)
   state.ngroups = state.ngroups + 1  -- counted on every rank, member or not
   if not g then return NON_MEMBER end
@@ -292,7 +292,11 @@ local function to_group_rank(g, global, fname)
 end
 
 function dist.get_group_rank(group, global_rank)
-  return to_group_rank(resolve(group, "get_group_rank"), global_rank, "get_group_rank")
+  local g = resolve(group, "get_group_rank")
+  if g == state.pg and (math.type(global_rank) ~= "integer" or global_rank < 0 or global_rank >= g:size()) then
+    fail("EINVAL: get_group_rank: rank %s is not in the group", tostring(global_rank))
+  end
+  return to_group_rank(g, global_rank, "get_group_rank")
 end
 function dist.get_global_rank(group, group_rank)
   return resolve(group, "get_global_rank"):global_rank(group_rank)
@@ -341,10 +345,19 @@ function dist.all_gather(list, t, opts)
   if g then return g:all_gather(list, t, opts) end
 end
 
+-- Returns t when it is a crun.Tensor, else fails naming fname and what.
+local function tensor_arg(t, fname, what)
+  local mt = getmetatable(t)
+  if type(t) ~= "userdata" or type(mt) ~= "table" or mt.__name ~= "crun.Tensor" then
+    fail("EINVAL: %s: the %s must be a crun.Tensor, got %s", fname, what, type(t))
+  end
+  return t
+end
+
 --- Views of a contiguous tensor as `n` equal consecutive blocks (1-D), each
 --- `per` elements; fails naming fname when the sizes do not match.
 local function blocks_of(big, n, per, fname, what)
-  if not big:is_contiguous() then
+  if not tensor_arg(big, fname, what .. " tensor"):is_contiguous() then
     fail("EINVAL: %s: the %s tensor must be contiguous", fname, what)
   end
   if big:numel() ~= n * per then
@@ -362,7 +375,8 @@ function dist.all_gather_into_tensor(out, t, opts)
   opts = O.check(COLL, "all_gather_into_tensor", opts)
   local g = group_of(opts, "all_gather_into_tensor")
   if not g then return nil end
-  return g:all_gather(blocks_of(out, g:size(), t:numel(), "all_gather_into_tensor", "output"), t, opts)
+  local per = tensor_arg(t, "all_gather_into_tensor", "input tensor"):numel()
+  return g:all_gather(blocks_of(out, g:size(), per, "all_gather_into_tensor", "output"), t, opts)
 end
 
 --- reduce_scatter_tensor(out, input[, op][, opts]): torch's form with one
@@ -372,7 +386,8 @@ function dist.reduce_scatter_tensor(out, input, op, opts)
   op, opts = split_op(op, opts, COLL, "reduce_scatter_tensor")
   local g = group_of(opts, "reduce_scatter_tensor")
   if not g then return nil end
-  return g:reduce_scatter(out, blocks_of(input, g:size(), out:numel(), "reduce_scatter_tensor", "input"), op, opts)
+  local per = tensor_arg(out, "reduce_scatter_tensor", "output tensor"):numel()
+  return g:reduce_scatter(out, blocks_of(input, g:size(), per, "reduce_scatter_tensor", "input"), op, opts)
 end
 
 function dist.gather(t, list, dst, opts)
@@ -402,7 +417,7 @@ end
 --- Splits dim 1 of a contiguous tensor into views of the given sizes (equal
 --- when sizes is nil); fails naming fname and what when they do not add up.
 local function split_dim1(t, n, sizes, fname, what)
-  if not t:is_contiguous() then fail("EINVAL: %s: the %s tensor must be contiguous", fname, what) end
+  if not tensor_arg(t, fname, what .. " tensor"):is_contiguous() then fail("EINVAL: %s: the %s tensor must be contiguous", fname, what) end
   local rows = t:dim() == 0 and 1 or t:size()[1]
   if sizes == nil then
     if rows % n ~= 0 then
@@ -481,14 +496,15 @@ function dist.monitored_barrier(opts, timeout, wait_all_ranks)
   local store = state.store
   local base = string.format("crun/monitored_barrier/%d/%d/", state.gid[g] or 0, seq)
   local me, n = g:rank(), g:size()
+  -- "released" holds the one verdict every rank raises (or "ok"): the first
+  -- of rank 0's and of a rank that gave up waiting for it is kept
+  local released = base .. "released"
   if me ~= 0 then
     store:set(base .. "arrived/" .. g:global_rank(me), "1")
-    local ok, err = pcall(store.wait, store, {base .. "released"}, timeout + 5)
-    if not ok then
-      fail("ETIMEDOUT: monitored_barrier on rank %d: group rank 0 (global %d) did not release the barrier within %.3g s (%s)",
-           g:global_rank(me), g:global_rank(0), timeout + 5, tostring(err))
-    end
-    local verdict = store:get(base .. "released")
+    local ok, err = pcall(store.wait, store, {released}, timeout + 5)
+    local verdict = ok and store:get(released) or store:compare_set(released, "", string.format(
+      "ETIMEDOUT: monitored_barrier on rank %d: group rank 0 (global %d) did not release the barrier within %.3g s (%s)",
+      g:global_rank(me), g:global_rank(0), timeout + 5, tostring(err)))
     if verdict ~= "ok" then error(verdict, 0) end
     return
   end
@@ -502,14 +518,11 @@ function dist.monitored_barrier(opts, timeout, wait_all_ranks)
       if not opts.wait_all_ranks then break end
     end
   end
-  if #missing == 0 then
-    store:set(base .. "released", "ok")
-    return
-  end
-  local text = string.format("ETIMEDOUT: monitored_barrier: rank%s %s did not arrive within %.3g s (seen by rank %d)",
-                             #missing > 1 and "s" or "", table.concat(missing, ", "), timeout, g:global_rank(0))
-  store:set(base .. "released", text)
-  error(text, 0)
+  local text = #missing == 0 and "ok" or string.format(
+    "ETIMEDOUT: monitored_barrier: rank%s %s did not arrive within %.3g s (seen by rank %d)",
+    #missing > 1 and "s" or "", table.concat(missing, ", "), timeout, g:global_rank(0))
+  local verdict = store:compare_set(released, "", text)
+  if verdict ~= "ok" then error(verdict, 0) end
 end
 
 --- send(t, dst[, opts{tag=, group=}])
@@ -538,7 +551,7 @@ end
 
 --- isend / irecv: as send / recv with async_op; return a crun.Work. After
 -- wait, w:source() is the sender's rank in the group (global for the default group).
-function dist.isend(t, dst, opts) return dist.send(t, dst, with_async(opts)) end
+function dist.isend(t, dst, opts) return dist.send(t, dst, with_async(O.check(P2P, "isend", opts))) end
 function dist.irecv(t, src, opts)
   if type(src) == "table" then src, opts = nil, src end
   opts = O.check(P2P, "irecv", opts)
@@ -561,11 +574,12 @@ end
 -- (in either order) cannot deadlock.
 function dist.batch_isend_irecv(ops)
   if type(ops) ~= "table" or #ops == 0 then fail("EINVAL: batch_isend_irecv: a non-empty list of P2POp is expected") end
-  local g0 = ops[1].group
+  local g0
   for i, p in ipairs(ops) do
     if type(p) ~= "table" or (p.op ~= "isend" and p.op ~= "irecv") then
       fail("EINVAL: batch_isend_irecv: entry %d is not a P2POp", i)
     end
+    if i == 1 then g0 = p.group end
     if p.group ~= g0 then fail("EINVAL: batch_isend_irecv: entry %d is on another group than entry 1", i) end
   end
   local works = {}
@@ -576,25 +590,67 @@ function dist.batch_isend_irecv(ops)
   return works
 end
 
+-- The group rank of an object collective's root (a global rank, src or dst
+-- as `what` says), range-checked here: the byte collectives under it would
+-- name themselves, and gather_object with no rank its dst would do nothing.
+local function obj_root(g, r, fname, what)
+  local gr = to_group_rank(g, r, fname)
+  if math.type(gr) ~= "integer" or gr < 0 or gr >= g:size() then
+    fail("EINVAL: %s: %s %s is out of range (0..%d)", fname, what, tostring(r), g:size() - 1)
+  end
+  return gr
+end
+
+-- A rank whose object cannot be sent (it does not serialize, or a check of
+-- the root's arguments failed) still takes part in the exchange, sending this
+-- marker and its error text instead, so that every rank raises that error
+-- naming the rank, rather than the others waiting in a collective the failing
+-- rank never entered (and it then running into their next one).
+local OBJ_ERR = "CRUNERR!"
+
+-- The bytes of the value make() returns, or OBJ_ERR and the error it raised.
+local function encode_made(make)
+  local S = require "crun.serialize"
+  local ok, bytes = pcall(function() return S.dumps(make()) end)
+  return ok and bytes or OBJ_ERR .. tostring(bytes)
+end
+
+-- Decodes the bytes global rank `who` sent; raises the error it carries.
+local function decode_from(b, who, fname)
+  if b:sub(1, #OBJ_ERR) == OBJ_ERR then
+    local text = b:sub(#OBJ_ERR + 1)
+    local status, rest = text:match("^(E%u+): (.*)$")
+    fail("%s: %s: rank %d could not send its object: %s", status or "EINVAL", fname, who, rest or text)
+  end
+  return require("crun.serialize").loads(b, fname)
+end
+
+-- The value make() returns on group rank gsrc (run there only), on every rank.
+local function broadcast_made(make, g, gsrc, opts, fname)
+  local bytes = g:rank() == gsrc and encode_made(make) or nil
+  return decode_from(g:broadcast_bytes(bytes, gsrc, opts), g:global_rank(gsrc), fname)
+end
+
 --- broadcast_object(v, src[, opts]) -> src's value on every rank (plain Lua
 -- values: nil, booleans, numbers, strings, tables of those, tensors).
 function dist.broadcast_object(v, src, opts)
   opts = O.check(OBJ, "broadcast_object", opts)
   local g = group_of(opts, "broadcast_object")
   if not g then return nil end
-  local S = require "crun.serialize"
-  local gsrc = to_group_rank(g, src or 0, "broadcast_object")
-  local bytes = g:rank() == gsrc and S.dumps(v) or nil
-  return S.loads(g:broadcast_bytes(bytes, gsrc, opts), "broadcast_object")
+  local gsrc = obj_root(g, src or 0, "broadcast_object", "src")
+  return broadcast_made(function() return v end, g, gsrc, opts, "broadcast_object")
 end
 
--- Every rank's value, gathered (a list indexed by group rank + 1).
-local function gather_values(v, g, opts, fname)
-  local S = require "crun.serialize"
-  local parts = g:all_gather_bytes(S.dumps(v), opts)
+-- Every rank's value make() returns, gathered (a list indexed by group rank + 1).
+local function gather_made(make, g, opts, fname)
+  local parts = g:all_gather_bytes(encode_made(make), opts)
   local out = {}
-  for i, b in ipairs(parts) do out[i] = S.loads(b, fname) end
+  for i, b in ipairs(parts) do out[i] = decode_from(b, g:global_rank(i - 1), fname) end
   return out
+end
+
+local function gather_values(v, g, opts, fname)
+  return gather_made(function() return v end, g, opts, fname)
 end
 
 -- Whether t is an options table of the object collectives (keys group/timeout only).
@@ -605,11 +661,13 @@ local function is_obj_opts(t)
 end
 
 --- all_gather_object(list, obj[, opts]): torch's form, fills list[1..n] with
--- every rank's obj. all_gather_object(v[, opts]) -> that list (crun's
--- convenience; chosen when there is one argument or the second is an options
--- table {group=, timeout=}).
-function dist.all_gather_object(a, b, opts)
-  local torch_form = select("#", a, b, opts) >= 2 and b ~= nil and not (opts == nil and is_obj_opts(b))
+-- every rank's obj (nil included). all_gather_object(v[, opts]) -> that list
+-- (crun's convenience; chosen when there is one argument or the second is an
+-- options table {group=, timeout=}: all_gather_object(list, nil) is torch's).
+function dist.all_gather_object(...)
+  local a, b, opts = ...
+  local nargs = select("#", ...)
+  local torch_form = nargs >= 3 or (nargs == 2 and not is_obj_opts(b))
   if not torch_form then
     local o = O.check(OBJ, "all_gather_object", b)
     local g = group_of(o, "all_gather_object")
@@ -625,6 +683,14 @@ function dist.all_gather_object(a, b, opts)
   for i = #a, g:size() + 1, -1 do a[i] = nil end
 end
 
+-- A copy of list[1..#list] with its length in field n (table.unpack would
+-- stop at Lua's C stack limit, about a million elements).
+local function packed(list)
+  local t = {n = #list}
+  for i = 1, t.n do t[i] = list[i] end
+  return t
+end
+
 --- broadcast_object_list(list, src[, opts]): every rank's list gets src's
 -- elements in place (torch: the lists have the same length on every rank).
 function dist.broadcast_object_list(list, src, opts)
@@ -632,7 +698,9 @@ function dist.broadcast_object_list(list, src, opts)
   opts = O.check(OBJ, "broadcast_object_list", opts)
   local g = group_of(opts, "broadcast_object_list")
   if not g then return nil end
-  local got = dist.broadcast_object({n = #list, table.unpack(list, 1, #list)}, src or 0, opts)
+  local gsrc = obj_root(g, src or 0, "broadcast_object_list", "src")
+  local got = broadcast_made(function() return packed(list) end, g, gsrc, opts,
+                             "broadcast_object_list")
   if got.n ~= #list then
     fail("EMISMATCH: broadcast_object_list on rank %d: the list has %d elements, rank %d's has %d",
          g:global_rank(g:rank()), #list, src or 0, got.n)
@@ -646,11 +714,13 @@ function dist.gather_object(obj, list, dst, opts)
   opts = O.check(OBJ, "gather_object", opts)
   local g = group_of(opts, "gather_object")
   if not g then return nil end
-  local gdst = to_group_rank(g, dst or 0, "gather_object")
-  if g:rank() == gdst and type(list) ~= "table" then
-    fail("EINVAL: gather_object on rank %d (dst): the output list must be a table", g:global_rank(gdst))
-  end
-  local vals = gather_values(obj, g, opts, "gather_object")
+  local gdst = obj_root(g, dst or 0, "gather_object", "dst")
+  local vals = gather_made(function()
+    if g:rank() == gdst and type(list) ~= "table" then
+      fail("EINVAL: gather_object on rank %d (dst): the output list must be a table", g:global_rank(gdst))
+    end
+    return obj
+  end, g, opts, "gather_object")
   if g:rank() ~= gdst then return nil end
   for i = 1, g:size() do list[i] = vals[i] end
 end
@@ -662,12 +732,14 @@ function dist.scatter_object_list(out, input, src, opts)
   opts = O.check(OBJ, "scatter_object_list", opts)
   local g = group_of(opts, "scatter_object_list")
   if not g then return nil end
-  local gsrc = to_group_rank(g, src or 0, "scatter_object_list")
-  if g:rank() == gsrc and (type(input) ~= "table" or #input ~= g:size()) then
-    fail("EINVAL: scatter_object_list on rank %d (src): the input list must have %d elements",
-         g:global_rank(gsrc), g:size())
-  end
-  local all = dist.broadcast_object(g:rank() == gsrc and {n = #input, table.unpack(input, 1, #input)} or nil, src or 0, opts)
+  local gsrc = obj_root(g, src or 0, "scatter_object_list", "src")
+  local all = broadcast_made(function()
+    if type(input) ~= "table" or #input ~= g:size() then
+      fail("EINVAL: scatter_object_list on rank %d (src): the input list must have %d elements",
+           g:global_rank(gsrc), g:size())
+    end
+    return packed(input)
+  end, g, gsrc, opts, "scatter_object_list")
   out[1] = all[g:rank() + 1]
 end
 

@@ -138,7 +138,8 @@ function Z:_verify()
   if self.world == 1 then return end
   local sig = {}
   for i, p in ipairs(self.params) do sig[i] = p:dtype() .. "[" .. table.concat(p:size(), "x") .. "]" end
-  local all = dist().all_gather_object(sig, self.copts)
+  local d, all = dist(), nil
+  if self.copts then all = d.all_gather_object(sig, self.copts) else all = d.all_gather_object(sig) end
   for r = 2, #all do
     for i = 1, math.max(#all[1], #all[r]) do
       if all[1][i] ~= all[r][i] then
@@ -278,7 +279,9 @@ function Z:consolidate_state_dict(to)
       self.world, tostring(to)), 2)
   end
   local d = dist()
-  local all = self.world > 1 and d.all_gather_object(self:_state_meta(), self.copts) or {self:_state_meta()}
+  local all = {self:_state_meta()}
+  if self.world > 1 and self.copts then all = d.all_gather_object(all[1], self.copts)
+  elseif self.world > 1 then all = d.all_gather_object(all[1]) end
   local state = {}
   for r = 0, self.world - 1 do
     for _, m in ipairs(all[r + 1]) do

@@ -86,6 +86,24 @@ static int check_buf(const crun_pg_t *pg, int kind, const void *p, size_t count,
   return crun_error(CRUN_EINVAL, "%s on rank %d: %s is NULL", crun__coll_name(kind), pg->rank, what);
 }
 
+/* Whether the byte ranges [a, a+na) and [b, b+nb) share a byte. */
+static int overlaps(const void *a, size_t na, const void *b, size_t nb) {
+  return na && nb && (const char *)a < (const char *)b + nb && (const char *)b < (const char *)a + na;
+}
+
+/* Fails when buffer `one` overlaps an entry of `list` (one buffer per rank,
+ * count elements each) other than this rank's entry being `one` itself (the
+ * in-place form): a transport may write one while it still reads the other. */
+static int check_apart(const crun_pg_t *pg, int kind, const void *one, const void *const *list, size_t count,
+                       crun_dtype_t dt, const char *one_name, const char *list_name) {
+  size_t bytes = count * crun_dtype_size(dt);
+  for (int i = 0; list && i < pg->size; i++)
+    if (overlaps(one, bytes, list[i], bytes) && !(i == pg->rank && list[i] == one))
+      return crun_error(CRUN_EINVAL, "%s on rank %d: the %s overlaps the %s for rank %d (only this rank's may be "
+                        "the %s itself)", crun__coll_name(kind), pg->rank, one_name, list_name, i, one_name);
+  return 0;
+}
+
 /* Copies an array of `size` buffer pointers, checking each one. */
 static int copy_ptrs(crun_pg_t *pg, int kind, const void *const *src, size_t count, const char *what, void ***dst) {
   if (!src) return crun_error(CRUN_EINVAL, "%s on rank %d: the %s list is NULL", crun__coll_name(kind), pg->rank, what);
@@ -217,6 +235,8 @@ int crun_pg_all_gather(crun_pg_t *pg, void *const *outs, const void *in, size_t 
   NEW_WORK(w, CRUN__COLL_ALL_GATHER, dt, count);
   w->c.in = in;
   FAIL_WORK(w, copy_ptrs(pg, CRUN__COLL_ALL_GATHER, (const void *const *)outs, count, "output", &w->c.outs));
+  if (!is_cuda(opts))
+    FAIL_WORK(w, check_apart(pg, CRUN__COLL_ALL_GATHER, in, (const void *const *)outs, count, dt, "input", "output"));
   return submit(pg, w, work, NULL);
 }
 
@@ -230,6 +250,8 @@ int crun_pg_gather(crun_pg_t *pg, const void *in, void *const *outs, size_t coun
   w->c.root = root;
   if (pg->rank == root)
     FAIL_WORK(w, copy_ptrs(pg, CRUN__COLL_GATHER, (const void *const *)outs, count, "output", &w->c.outs));
+  if (pg->rank == root && !is_cuda(opts))
+    FAIL_WORK(w, check_apart(pg, CRUN__COLL_GATHER, in, (const void *const *)outs, count, dt, "input", "output"));
   return submit(pg, w, work, NULL);
 }
 
@@ -243,6 +265,8 @@ int crun_pg_scatter(crun_pg_t *pg, void *out, const void *const *ins, size_t cou
   w->c.root = root;
   if (pg->rank == root)
     FAIL_WORK(w, copy_ptrs(pg, CRUN__COLL_SCATTER, ins, count, "input", (void ***)&w->c.ins));
+  if (pg->rank == root && !is_cuda(opts))
+    FAIL_WORK(w, check_apart(pg, CRUN__COLL_SCATTER, out, ins, count, dt, "output", "input"));
   return submit(pg, w, work, NULL);
 }
 
@@ -251,13 +275,17 @@ int crun_pg_reduce_scatter(crun_pg_t *pg, void *out, const void *const *ins, siz
                            crun_work_t **work) {
   CRUN_CHECK(check_common(pg, CRUN__COLL_REDUCE_SCATTER, dt, 1, op));
   CRUN_CHECK(check_buf(pg, CRUN__COLL_REDUCE_SCATTER, out, count, "output"));
+  size_t bytes = count * crun_dtype_size(dt);
+  for (int i = 0; ins && !is_cuda(opts) && i < pg->size; i++)
+    if (overlaps(out, bytes, ins[i], bytes))
+      return crun_error(CRUN_EINVAL, "reduce_scatter on rank %d: the output overlaps the input for rank %d (inputs "
+                        "are read while the output is written: give a separate output)", pg->rank, i);
   NEW_WORK(w, CRUN__COLL_REDUCE_SCATTER, dt, count);
   w->c.buf = out;
   w->c.op = op;
   FAIL_WORK(w, copy_ptrs(pg, CRUN__COLL_REDUCE_SCATTER, ins, count, "input", (void ***)&w->c.ins));
   w->c.premul = premul_factor(opts);
   if (op == CRUN_OP_PREMUL_SUM && !is_cuda(opts)) {
-    size_t bytes = count * crun_dtype_size(dt);
     FAIL_WORK(w, premul_copies(w, ins, pg->size));
     for (int i = 0; i < pg->size && bytes > 0; i++) {
       char *s = (char *)w->scratch + (size_t)i * bytes;
@@ -278,6 +306,31 @@ static int copy_counts(crun_pg_t *pg, const size_t *src, const char *what, size_
   return 0;
 }
 
+/* all_to_all in place (an output block overlapping an input block, as in
+ * all_to_all_single(t, t)): a transport that receives from one peer before
+ * it sent to every peer would overwrite inputs still to be sent, so the work
+ * then sends from a copy of the inputs that it owns. */
+static int a2a_unalias(crun_work_t *w, int n) {
+  crun__coll_t *c = &w->c;
+  size_t es = crun_dtype_size(c->dt), total = 0;
+  int alias = 0;
+  for (int i = 0; i < n && !alias; i++)
+    for (int j = 0; j < n && !alias; j++)
+      alias = overlaps(c->outs[i], c->out_counts[i] * es, c->ins[j], c->in_counts[j] * es);
+  if (!alias) return 0;
+  for (int j = 0; j < n; j++) total += c->in_counts[j] * es;
+  char *s = malloc(total);
+  if (!s) return crun_error(CRUN_ENOMEM, "all_to_all on rank %d: %zu bytes to copy in-place inputs", w->pg->rank, total);
+  w->scratch = s;
+  for (int j = 0; j < n; j++) {
+    size_t b = c->in_counts[j] * es;
+    memcpy(s, c->ins[j], b);
+    ((const void **)c->ins)[j] = s;
+    s += b;
+  }
+  return 0;
+}
+
 int crun_pg_all_to_all(crun_pg_t *pg, void *const *outs, const size_t *out_counts,
                        const void *const *ins, const size_t *in_counts, crun_dtype_t dt,
                        const crun_coll_opts_t *opts, crun_work_t **work) {
@@ -295,6 +348,7 @@ int crun_pg_all_to_all(crun_pg_t *pg, void *const *outs, const size_t *out_count
   if (in_counts[pg->rank] != out_counts[pg->rank])
     FAIL_WORK(w, crun_error(CRUN_EINVAL, "all_to_all on rank %d: sends %zu elements to itself but expects %zu",
                             pg->rank, in_counts[pg->rank], out_counts[pg->rank]));
+  if (!is_cuda(opts)) FAIL_WORK(w, a2a_unalias(w, pg->size));
   return submit(pg, w, work, NULL);
 }
 

@@ -246,7 +246,11 @@ int crun_pg_new_group(crun_pg_t *parent, const int *ranks, int n, double timeout
   int idx = ++parent->nchildren; /* counted on every call, so ranks stay in step after an error */
   pthread_mutex_unlock(&parent->mu);
   double t = timeout > 0 ? timeout : parent->timeout;
-  if (rc == 0) rc = agree_on_ranks(parent, idx, sorted, n, t);
+  /* `timeout` is the new group's operations'; the agreement (the parent's
+   * operation: a failure breaks the parent) and the connection wait at
+   * least the parent's, so that a short one does not cut them short */
+  double join = t > parent->timeout ? t : parent->timeout;
+  if (rc == 0) rc = agree_on_ranks(parent, idx, sorted, n, join);
   if (rc == 0 && me < 0) { /* a backend that splits needs every parent rank */
     if (parent->be->split) rc = parent->be->split(parent->be_state, NULL, NULL);
     if (rc == 0 && parent->be_dev && parent->be_dev_state && parent->be_dev->split)
@@ -258,14 +262,16 @@ int crun_pg_new_group(crun_pg_t *parent, const int *ranks, int n, double timeout
   }
   char prefix[512];
   snprintf(prefix, sizeof prefix, "%s/g%d", parent->prefix, idx);
-  crun_pg_t *pg = pg_alloc(parent->base, prefix, me, n, t);
+  crun_pg_t *pg = pg_alloc(parent->base, prefix, me, n, join);
   if (!pg) {
     free(sorted);
     return crun_error(CRUN_ENOMEM, "process group");
   }
   for (int i = 0; i < n; i++) pg->global[i] = parent->global[sorted[i]];
   free(sorted);
-  return pg_connect(pg, parent->be, parent->be_dev, parent, out);
+  rc = pg_connect(pg, parent->be, parent->be_dev, parent, out);
+  if (rc == 0) crun_pg_set_timeout(*out, t);
+  return rc;
 }
 
 void crun_pg_retain(crun_pg_t *pg) { atomic_fetch_add(&pg->refs, 1); }

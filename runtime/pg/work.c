@@ -39,6 +39,26 @@ static void break_group(crun_pg_t *pg, int rc, const char *text) {
 
 void crun__pg_fail(crun_pg_t *pg, int rc, const char *text) { break_group(pg, rc, text); }
 
+/* Reports name ranks of the group. The text of a failure on a group whose
+ * rank r is not global rank r (a sub-group) gets which global ranks those
+ * are, once, so that "rank 1" is not read as global rank 1. Returns a copy
+ * to free (NULL without memory). */
+static char *failure_text(const crun_pg_t *pg, const char *text) {
+  static const char mark[] = "are global ranks";
+  int shifted = 0;
+  for (int r = 0; r < pg->size && !shifted; r++) shifted = pg->global[r] != r;
+  if (!shifted || strstr(text, mark)) return strdup(text);
+  char map[160];
+  size_t len = 0;
+  for (int r = 0; r < pg->size && len + 16 < sizeof map; r++)
+    len += (size_t)snprintf(map + len, sizeof map - len, r ? ",%d" : "%d", pg->global[r]);
+  if (len + 16 >= sizeof map) snprintf(map + len, sizeof map - len, ",...");
+  size_t n = strlen(text) + strlen(map) + strlen(pg->prefix) + 64;
+  char *s = malloc(n);
+  if (s) snprintf(s, n, "%s [group '%s': its ranks 0-%d %s %s]", text, pg->prefix, pg->size - 1, mark, map);
+  return s;
+}
+
 /* Returns w's description, written on first use (not on the hot path: a
  * collective that succeeds never formats it). Called with pg->mu held. */
 static const char *desc_locked(crun_work_t *w) {
@@ -91,7 +111,7 @@ int crun__pg_execute(crun_pg_t *pg, crun_work_t *w) {
   crun__obs_posted();
   if (crun__obs_on) crun__obs_end(pg, w, rc, 1);
   w->status = rc < 0 ? rc : 0;
-  if (rc < 0) w->err = strdup(crun_last_error());
+  if (rc < 0) w->err = ran ? failure_text(pg, crun_last_error()) : strdup(crun_last_error());
   /* after the copy: aborting the backend fails pending p2p, which records text */
   if (rc < 0 && ran) break_group(pg, rc, w->err ? w->err : crun_last_error());
   return 0;
@@ -103,7 +123,7 @@ void crun__pg_p2p_done(crun_pg_t *pg, crun__coll_t *c, int rc) {
   crun_work_t *w = (crun_work_t *)(void *)((char *)c - offsetof(crun_work_t, c));
   if (crun__obs_on) crun__obs_end(pg, w, rc, 0);
   w->status = rc < 0 ? rc : 0;
-  if (rc < 0) w->err = strdup(crun_last_error());
+  if (rc < 0) w->err = failure_text(pg, crun_last_error());
   /* once done is set, a blocking caller may return and free w (or leave the
    * frame it lives in): what comes after takes nothing from it */
   char *text = rc < 0 && rc != CRUN_ECLOSED ? strdup(w->err ? w->err : "p2p failure") : NULL;
@@ -263,8 +283,14 @@ static int dev_result(crun_work_t *w, int rc) {
   return rc;
 }
 
+/* Longest wait given a deadline (~30 years): past it, or infinite, the end
+ * time would not fit a timespec, so the wait has none (as for <= 0). */
+#define WAIT_MAX_S 1e9
+
 int crun_work_wait(crun_work_t *w, double timeout) {
   if (!w) return crun_error(CRUN_EINVAL, "crun_work_wait: NULL work");
+  if (timeout != timeout) return crun_error(CRUN_EINVAL, "wait: the timeout is NaN (give seconds, or 0 for no limit)");
+  if (timeout > WAIT_MAX_S) timeout = 0;
   crun_pg_t *pg = w->pg;
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);

@@ -173,6 +173,23 @@ static int wants_peer(crun__tcp_t *t, int j) {
   return 0;
 }
 
+/* Writes into buf (empty when none) a note on the first send frame of peer
+ * `peer` (of any peer: CRUN_ANY_SOURCE) that waits in the stash: a receive
+ * that got nothing from that peer most likely gave another tag. */
+static void unmatched_note(const crun__tcp_t *t, int peer, char *buf, size_t cap) {
+  buf[0] = 0;
+  for (int j = 0; j < t->size; j++) {
+    if (peer != CRUN_ANY_SOURCE && j != peer) continue;
+    for (const crun__stash_t *s = t->stash[j]; s; s = s->next) {
+      if (s->h.kind != CRUN__COLL_SEND) continue;
+      const char *dt = crun_dtype_name((crun_dtype_t)s->h.dtype);
+      snprintf(buf, cap, " (rank %d sent %s[%llu] with tag %d, which no recv took: do the tags differ?)", j,
+               dt ? dt : "?", (unsigned long long)s->h.count, s->h.tag);
+      return;
+    }
+  }
+}
+
 /* Fails the receives that can no longer be served after peer j went away. */
 static void peer_gone(crun__tcp_t *t, int j, const char *how) {
   crun__prx_t *x = &t->prx[j];
@@ -190,13 +207,14 @@ static void peer_gone(crun__tcp_t *t, int j, const char *how) {
       if (!(op = *pp)) return;
       *pp = op->next;
     }
-    char desc[64];
+    char desc[64], note[160];
     op_desc(op, desc, sizeof desc);
+    unmatched_note(t, op->peer, note, sizeof note);
     if (op->peer == CRUN_ANY_SOURCE)
-      OP_FAIL(t, op, CRUN_EPEERDIED, "%s on rank %d: every peer closed its connection", desc, t->rank);
+      OP_FAIL(t, op, CRUN_EPEERDIED, "%s on rank %d: every peer closed its connection%s", desc, t->rank, note);
     else
-      OP_FAIL(t, op, CRUN_EPEERDIED, "%s on rank %d: connection to rank %d %s (the process died or left the group)",
-              desc, t->rank, j, how);
+      OP_FAIL(t, op, CRUN_EPEERDIED, "%s on rank %d: connection to rank %d %s (the process died or left the group)%s",
+              desc, t->rank, j, how, note);
     op = NULL;
   }
 }
@@ -364,18 +382,20 @@ static void expire(crun__tcp_t *t) {
       peer = j;
     }
     if (!op) return;
-    char desc[64], where[1024];
+    char desc[64], where[1024], note[160] = "";
     op_desc(op, desc, sizeof desc);
     crun__pg_progress_report(t->pg, where, sizeof where);
     int is_send = op->c->kind == CRUN__COLL_SEND;
+    if (!is_send) unmatched_note(t, op->peer, note, sizeof note);
     if (is_send)
       OP_FAIL(t, op, CRUN_ETIMEDOUT, "%s on rank %d: rank %d took no data for %.1f s; %s", desc, t->rank, peer,
               op->c->timeout, where);
     else if (op->peer == CRUN_ANY_SOURCE)
-      OP_FAIL(t, op, CRUN_ETIMEDOUT, "%s on rank %d: no sender after %.1f s; %s", desc, t->rank, op->c->timeout, where);
+      OP_FAIL(t, op, CRUN_ETIMEDOUT, "%s on rank %d: no sender after %.1f s%s; %s", desc, t->rank, op->c->timeout,
+              note, where);
     else
-      OP_FAIL(t, op, CRUN_ETIMEDOUT, "%s on rank %d: no data from rank %d after %.1f s; %s", desc, t->rank,
-              op->peer, op->c->timeout, where);
+      OP_FAIL(t, op, CRUN_ETIMEDOUT, "%s on rank %d: no data from rank %d after %.1f s%s; %s", desc, t->rank,
+              op->peer, op->c->timeout, note, where);
     again = 1;
   }
 }

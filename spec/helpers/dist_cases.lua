@@ -1,7 +1,7 @@
 -- dist_cases.lua — the collective matrix, run as one crun-lua job per world
 -- size: every collective x op x dtype x counts {0, 1, 7, 40009}, every root
 -- of broadcast/gather/scatter (reduce's root walks over the ranks), in-place
--- and out-of-place forms, async ordering, sub-groups, object collectives and
+-- and out-of-place forms (all_to_all_single(t, t) too), async ordering, sub-groups, object collectives and
 -- send/recv matching. Inputs are hashes of (rank, index): signed, spanning each
 -- integer dtype's range, never periodic. Each rank checks its own results against a reference
 -- computed here and writes one line per case to <outdir>/rank<r>.txt:
@@ -292,6 +292,16 @@ local function moves(dtype, n)
     for j = 1, size do
       local r = (j - 1) * 8 + rank
       expect(outs[j], vals(r, 3), dtype, "all_to_all " .. j, in_key(r, n, dtype, 3))
+    end
+  end)
+  case("all_to_all_single_inplace/" .. tag, function() -- output is input
+    local t = T.zeros({size * n}, dtype)
+    for j = 1, size do t:narrow(1, (j - 1) * n + 1, n):copy(input(rank * 8 + j - 1, n, dtype, "sum", 3)) end
+    dist.all_to_all_single(t, t)
+    for j = 1, size do
+      local r = (j - 1) * 8 + rank
+      expect(t:narrow(1, (j - 1) * n + 1, n), vals(r, 3), dtype, "all_to_all_single in place " .. j,
+             in_key(r, n, dtype, 3))
     end
   end)
 end

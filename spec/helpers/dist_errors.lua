@@ -6,6 +6,18 @@
 --   kill      rank 2 kills itself (SIGKILL) while the others run large all_reduces
 --   root      every rank broadcasts with itself as src (each only sends), then
 --             destroys the group
+--   object    rank 1's all_gather_object value does not serialize, then src
+--             rank 0's scatter_object_list input is short; then an all_reduce
+--   ngslow    rank 1 reaches new_group({0, 1}, {timeout = 0.2}) 1 s after the
+--             others; then an all_reduce on the default group
+--   mblate    rank 0 reaches monitored_barrier{timeout = 0.5} after the others
+--             gave up on it (0.5 + 5 s)
+--   left      rank 0 destroys the group after one all_reduce (and stays up
+--             a while); ranks 1-2 all_reduce again
+--   a2akind   rank 1 calls all_to_all (blocks of 4) where the others all_reduce
+--   subcount  in new_group{1, 2}, rank 1 all_reduces 3 elements, rank 2 five
+--   objcallK  rank 0 broadcasts an int64[K] tensor of -5s where the others
+--             call broadcast_object_list (K = 1, 2: the size word, or more)
 local crun = require "crun"
 local dist, T = crun.dist, crun.tensor
 local mode, outdir = arg[1], arg[2]
@@ -46,6 +58,48 @@ elseif mode == "root" then
   local ok, err = pcall(dist.broadcast, T.full({4}, rank), rank)
   if ok then ok, err = pcall(dist.destroy_process_group) end
   record(ok, err)
+elseif mode == "object" then
+  record(pcall(dist.all_gather_object, rank == 1 and print or rank))
+  record(pcall(dist.scatter_object_list, {}, rank == 0 and {1} or nil, 0))
+  local t = T.ones({2})
+  record(pcall(dist.all_reduce, t))
+  out:write("sum ", t[1], "\n")
+elseif mode == "ngslow" then
+  if rank == 1 then os.execute("sleep 1") end
+  local ok, err = pcall(dist.new_group, {0, 1}, {timeout = 0.2})
+  if ok then ok, err = pcall(dist.all_reduce, T.ones({2})) end
+  record(ok, err)
+elseif mode == "mblate" then
+  if rank == 0 then os.execute("sleep 6.5") end
+  record(pcall(dist.monitored_barrier, {timeout = 0.5}))
+elseif mode == "left" then
+  dist.all_reduce(T.ones({4}))
+  if rank == 0 then
+    dist.destroy_process_group()
+    record(true)
+    os.execute("sleep 4")
+  else
+    local t0 = crun.clock()
+    record(pcall(dist.all_reduce, T.ones({4})))
+    out:write(string.format("elapsed %.3f\n", crun.clock() - t0))
+  end
+elseif mode == "a2akind" then
+  if rank == 1 then
+    local outs, ins = {}, {}
+    for j = 1, 3 do outs[j], ins[j] = T.zeros({4}), T.ones({4}) end
+    record(pcall(dist.all_to_all, outs, ins))
+  else
+    record(pcall(dist.all_reduce, T.ones({16}), "sum"))
+  end
+elseif mode == "subcount" then
+  local g = dist.new_group({1, 2})
+  if rank == 0 then record(true) else record(pcall(dist.all_reduce, T.ones({rank == 1 and 3 or 5}), "sum", {group = g})) end
+elseif mode:match("^objcall%d$") then
+  if rank == 0 then
+    record(pcall(dist.broadcast, T.full({tonumber(mode:sub(-1))}, -5, "int64"), 0))
+  else
+    record(pcall(dist.broadcast_object_list, {1}, 0))
+  end
 elseif mode == "kill" then
   local t = T.ones({1 << 22})
   dist.barrier()

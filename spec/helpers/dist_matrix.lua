@@ -20,7 +20,7 @@ function M.expected_cases(n, subset)
   for _, d in ipairs(floats) do nops[d] = 5 end  -- sum product min max avg
   for _, d in ipairs(ints) do nops[d] = 8 end    -- and band bor bxor
   nops.bool = 7                                  -- no avg on bool
-  local moves = 4 + 3 * n -- all_gather x3, all_to_all; broadcast/gather/scatter per root
+  local moves = 5 + 3 * n -- all_gather x3, all_to_all x2; broadcast/gather/scatter per root
   local total = 0
   for d, k in pairs(nops) do
     for _, count in ipairs({0, 1, 7, "big"}) do

@@ -3,7 +3,9 @@
 -- cases: ring (isend+recv and irecv+send exchanges, 8 B to 4 MiB),
 -- order (many messages in flight to one peer, two tags), mixed (p2p between
 -- all_reduce and uneven all_to_all, then a 128 KiB ring), a2a_ring (uneven
--- all_to_all then a 128 KiB isend+recv ring). Every rank prints
+-- all_to_all then a 128 KiB isend+recv ring), tag (a recv whose tag no send
+-- used times out naming the frame that waits with another tag; ends the
+-- group, so it skips the closing barrier). Every rank prints
 -- "rank <r> ok <case>" when all its checks passed; a failed check errors.
 local crun = require "crun"
 local dist, T = crun.dist, crun.tensor
@@ -111,8 +113,22 @@ function cases.a2a_ring()
   end
 end
 
+function cases.tag()
+  local store = dist.get_store()
+  if rank == 0 then
+    dist.send(T.ones({4}), 1, {tag = 1})
+  elseif rank == 1 then
+    local ok, err = pcall(dist.recv, T.zeros({4}), 0, {tag = 2, timeout = 1})
+    local want = "^ETIMEDOUT: recv from rank 0 %(tag 2%) on rank 1: no data from rank 0 after 1.0 s %(rank 0 sent "
+                 .. "float32%[4%] with tag 1, which no recv took: do the tags differ%?%)"
+    if ok or not tostring(err):find(want) then error("rank 1: tag mismatch reported as " .. tostring(err), 0) end
+    store:set("p2p_tag_done", "1")
+  end
+  store:wait({"p2p_tag_done"}, 30) -- the sender stays until the receiver has judged
+  return true
+end
+
 assert(cases[case], "unknown case " .. case)
-cases[case]()
-dist.barrier()
+if not cases[case]() then dist.barrier() end
 print(string.format("rank %d ok %s", rank, case))
 dist.destroy_process_group()

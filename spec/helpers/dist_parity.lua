@@ -223,6 +223,12 @@ function cases.objects()
   for r = 1, size do check(gathered[r].r == r - 1 and #gathered[r].s == (r - 1) * 1000 + 1, "entry %d", r) end
   local legacy = dist.all_gather_object(rank * 2 - 7)
   check(legacy[size] == (size - 1) * 2 - 7, "value-returning all_gather_object still works")
+  -- torch's form with a nil object (rank 0's): still fills the list
+  local with_nil = {}
+  local ret = dist.all_gather_object(with_nil, rank > 0 and rank or nil)
+  check(ret == nil and with_nil[1] == nil and with_nil[size] == size - 1,
+        "all_gather_object(list, nil) fills the list: [1] = %s, [%d] = %s, returned %s", tostring(with_nil[1]),
+        size, tostring(with_nil[size]), tostring(ret))
   local out = rank == size - 1 and {} or nil
   dist.gather_object(-rank, out, size - 1)
   if rank == size - 1 then for r = 1, size do check(out[r] == -(r - 1), "gather_object %d", r) end end
@@ -255,6 +261,15 @@ function cases.ddp_group()
   dist.broadcast(other, 0, {group = g})
   check(mine:equal(other), "parameters equal on both group ranks after training")
   model:close()
+end
+
+-- a broadcast_object_list past table.unpack's limit (about a million values)
+function cases.object_list_1m()
+  local n = 1000001
+  local list = {}
+  for i = 1, n do list[i] = rank == 0 and i or false end
+  dist.broadcast_object_list(list, 0)
+  check(list[1] == 1 and list[n] == n, "broadcast_object_list of %d: [%d] = %s", n, n, tostring(list[n]))
 end
 
 cases[case]()

@@ -4,7 +4,8 @@
 -- result (Work:result/exception/get_future), pinned (tensors an async op
 -- uses stay alive and cannot be closed while it runs), ranks (rank, root
 -- and tag arguments beyond int are EINVAL, never narrowed), failed (a
--- failing async op reports its error through exception()). Every rank prints
+-- failing async op reports its error through exception()), waits (wait with
+-- math.huge waits, with NaN is EINVAL). Every rank prints
 -- "rank <r> ok <case>" when all its checks passed; a failed check errors.
 local crun = require "crun"
 local dist, T = crun.dist, crun.tensor
@@ -127,6 +128,19 @@ function cases.failed()
     check(type(e) == "string" and e:match("^E%u+: ") and e == err, "exception() %s vs wait's %s", tostring(e), tostring(err))
   else
     sleep(1.5)
+  end
+end
+
+function cases.waits()
+  -- math.huge (or any timeout past 1e9 s) waits without a limit; NaN is EINVAL
+  for _, limit in ipairs{math.huge, 1e300} do
+    local t = T.ones({4})
+    if rank == 1 then sleep(0.5) end
+    local w = dist.all_reduce(t, "sum", {async_op = true})
+    local ok, err = pcall(w.wait, w, limit)
+    check(ok and t[1] == size, "wait(%s): %s, t[1] = %s", tostring(limit), tostring(err), tostring(t[1]))
+    local ok2, err2 = pcall(w.wait, w, 0 / 0)
+    check(not ok2 and tostring(err2):match("^EINVAL: wait: the timeout is NaN"), "wait(nan): %s", tostring(err2))
   end
 end
 

@@ -85,7 +85,9 @@ int crun_pg_new(const crun_pg_opts_t *opts, crun_pg_t **out);
 /* Creates a sub-group of `parent` holding the parent ranks ranks[0..n-1] (in
  * that order: ranks[i] becomes group rank i). Every rank of the parent must
  * call it, in the same order; non-members get *out = NULL and return 0.
- * Blocks like crun_pg_new. timeout <= 0 inherits the parent's. */
+ * Blocks like crun_pg_new. timeout is the new group's (<= 0 inherits the
+ * parent's); joining it (the ranks' agreement on the parent, connecting)
+ * waits at least the parent's. */
 int crun_pg_new_group(crun_pg_t *parent, const int *ranks, int n, double timeout,
                       crun_pg_t **out);
 
@@ -171,8 +173,9 @@ int crun_pg_barrier(crun_pg_t *pg, const crun_coll_opts_t *opts, crun_work_t **w
 
 /* ---------------------------------------------------------------- Work */
 
-/* Blocks until the work finished or `timeout` seconds passed (<= 0: until it
- * finished; the operation's own deadline bounds that). Returns the operation's
+/* Blocks until the work finished or `timeout` seconds passed (<= 0, or more
+ * than 1e9 as math.huge is: until it finished; the operation's own deadline
+ * bounds that; NaN is CRUN_EINVAL). Returns the operation's
  * status (its error text in crun_last_error()), or CRUN_ETIMEDOUT when the
  * wait itself timed out (the work keeps running). */
 int crun_work_wait(crun_work_t *w, double timeout);

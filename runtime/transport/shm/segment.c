@@ -315,6 +315,7 @@ int crun__shm_comm_create(crun_store_t *store, const char *prefix, int rank, int
 
 void crun__shm_comm_destroy(crun__shm_comm_t *c) {
   if (!c) return;
+  if (c->base && c->ctrl) crun__shm_leave(c);
   if (c->pidfd)
     for (int q = 0; q < c->size; q++)
       if (c->pidfd[q] >= 0) close(c->pidfd[q]);

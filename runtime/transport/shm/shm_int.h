@@ -61,6 +61,7 @@ typedef struct {
   uint64_t heap;                                 /* owner's heap id (core/heap.h) */
   _Alignas(SHM_LINE) _Atomic uint32_t bell;      /* futex word, owner bumps */
   _Atomic uint32_t sleepers;                     /* waiters sleeping on bell */
+  _Atomic uint32_t left;                         /* owner destroyed its communicator */
   _Alignas(SHM_LINE) shm_desc_t ring[SHM_RING];  /* op descriptions by opseq */
   cpu_set_t cpus;                                /* owner's CPU affinity at attach */
 } shm_ctrl_t;
@@ -167,6 +168,9 @@ int crun__shm_idle(crun__shm_comm_t *c, shm_waiter_t *w, shm_ctr_t ctr, int who,
 void crun__shm_waited(crun__shm_comm_t *c, shm_waiter_t *w);
 const char *crun__shm_kind_name(shm_kind_t k);
 void crun__shm_post(crun__shm_comm_t *c, _Atomic uint64_t *ctr, uint64_t v);
+/* Marks this rank gone (its communicator is being destroyed) and wakes the
+ * peers sleeping on it: one that still waits for it fails with EPEERDIED. */
+void crun__shm_leave(crun__shm_comm_t *c);
 int crun__shm_wait(crun__shm_comm_t *c, shm_ctr_t ctr, int who, uint64_t target);
 int crun__shm_fail(crun__shm_comm_t *c, int status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));

@@ -67,6 +67,13 @@ void crun__shm_post(crun__shm_comm_t *c, _Atomic uint64_t *ctr, uint64_t v) {
   }
 }
 
+void crun__shm_leave(crun__shm_comm_t *c) {
+  shm_ctrl_t *me = &c->ctrl[c->rank];
+  atomic_store(&me->left, 1);
+  atomic_fetch_add(&me->bell, 1);
+  futex_wake_all(&me->bell);
+}
+
 /* Records the failure text for this rank and for every peer (abort record),
  * marks the communicator broken, and returns status. */
 int crun__shm_fail(crun__shm_comm_t *c, int status, const char *fmt, ...) {
@@ -125,10 +132,15 @@ static int peer_dead(crun__shm_comm_t *c, int q) {
 static _Atomic uint64_t *counter(crun__shm_comm_t *c, shm_ctr_t ctr, int q, uint64_t target);
 
 /* Fails with CRUN_EPEERDIED when a rank we still wait for (short of target
- * on ctr) has exited; ranks that exited after posting it are fine. */
+ * on ctr) has exited or destroyed the group; ranks that did so after posting
+ * it are fine. */
 static int check_peers(crun__shm_comm_t *c, shm_ctr_t ctr, int who, uint64_t target) {
   for (int q = who < 0 ? 0 : who; q < (who < 0 ? c->size : who + 1); q++) {
     if (q == c->rank || atomic_load(counter(c, ctr, q, target)) >= target) continue;
+    if (atomic_load_explicit(&c->ctrl[q].left, memory_order_acquire))
+      return crun__shm_fail(c, CRUN_EPEERDIED, "shm %s #%llu on rank %d: rank %d destroyed the group "
+                            "(it left without taking part)", crun__shm_kind_name(c->kind),
+                            (unsigned long long)c->label, c->rank, q);
     if (peer_dead(c, q))
       return crun__shm_fail(c, CRUN_EPEERDIED, "shm %s #%llu on rank %d: rank %d (pid %d) "
                             "died", crun__shm_kind_name(c->kind),
@@ -137,12 +149,18 @@ static int check_peers(crun__shm_comm_t *c, shm_ctr_t ctr, int who, uint64_t tar
   return 0;
 }
 
-/* Writes "all_reduce(float32[1024], sum)" for an op signature. */
+/* Writes "all_reduce(float32[1024], sum)" for an op signature (an
+ * all_to_all with per-peer counts has none to show: "all_to_all(float32
+ * blocks)"; its counts are compared once the ops agree). */
 static void describe(uint64_t sig, uint64_t count, char *buf, size_t n) {
   shm_kind_t k = (shm_kind_t)(sig & 0xff);
   int root = (int)(sig >> 24) - 1;
   if (k == SHM_BARRIER) {
     snprintf(buf, n, "barrier()");
+    return;
+  }
+  if (k == SHM_ALLTOALLV) {
+    snprintf(buf, n, "all_to_all(%s blocks)", crun_dtype_name((crun_dtype_t)((sig >> 8) & 0xff)));
     return;
   }
   int off = snprintf(buf, n, "%s(%s[%llu]", crun__shm_kind_name(k),
