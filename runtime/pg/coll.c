@@ -313,6 +313,19 @@ static int copy_counts(crun_pg_t *pg, const size_t *src, const char *what, size_
 static int a2a_unalias(crun_work_t *w, int n) {
   crun__coll_t *c = &w->c;
   size_t es = crun_dtype_size(c->dt), total = 0;
+  /* the span of every output block against that of every input block first:
+   * separate tensors (the usual call) are told apart in one pass, and only
+   * spans that meet are checked block by block */
+  const char *olo = NULL, *ohi = NULL, *ilo = NULL, *ihi = NULL;
+  for (int i = 0; i < n; i++) {
+    const char *o = c->outs[i], *in = c->ins[i];
+    size_t ob = c->out_counts[i] * es, ib = c->in_counts[i] * es;
+    if (ob && (!olo || o < olo)) olo = o;
+    if (ob && (!ohi || o + ob > ohi)) ohi = o + ob;
+    if (ib && (!ilo || in < ilo)) ilo = in;
+    if (ib && (!ihi || in + ib > ihi)) ihi = in + ib;
+  }
+  if (!olo || !ilo || olo >= ihi || ilo >= ohi) return 0;
   int alias = 0;
   for (int i = 0; i < n && !alias; i++)
     for (int j = 0; j < n && !alias; j++)
