@@ -75,6 +75,7 @@ static double premul_arg(lua_State *L, int idx, crun_reduce_op_t op) {
   double f = c ? strtod(c + 1, &end) : 0;
   if (!c || end == c + 1 || *end != '\0')
     crun_l_error(L, "EINVAL: premul_sum needs a factor: use dist.make_premul_sum(factor)");
+  if (f != f) crun_l_error(L, "EINVAL: premul_sum: the factor is NaN (dist.make_premul_sum refuses it too)");
   return f;
 }
 

@@ -108,6 +108,15 @@ describe("crun.dist arguments", function()
     dist.scatter(a, {a}, 0)
   end)
 
+  it("refuses a premul_sum op string whose factor is NaN, as make_premul_sum does", function()
+    local ok, err = pcall(dist.all_reduce, T.ones{2}, "premul_sum:nan")
+    assert.is_false(ok)
+    assert.equal("EINVAL: premul_sum: the factor is NaN (dist.make_premul_sum refuses it too)", err)
+    local t = T.ones{2}
+    dist.all_reduce(t, dist.make_premul_sum(2.5))
+    assert.same({2.5, 2.5}, t:totable())
+  end)
+
   it("still takes a real group and the default one", function()
     local g = dist.new_group{0}
     local t = T.ones{2}
