@@ -18,6 +18,9 @@ describe("hostile tensor arguments", function()
     {"view whose product wraps", function() return a:view(1 << 62, 1 << 62) end, "^EINVAL: view: shape .* is invalid for a tensor of size 4x6"},
     {"view whose product wraps to zero", function() return a:view(1 << 32, 1 << 32, 0) end, "^EINVAL: view: shape"},
     {"view with -1 and maxinteger", function() return a:view(-1, M) end, "^EINVAL: view: shape"},
+    -- an empty tensor fits any shape with a zero: the strides 2^62 * 2^62 overflowed
+    {"view of an empty tensor to 0x2^62x2^62", function() return T.zeros({0}):view(0, 1 << 62, 1 << 62) end, "^EINVAL: view: shape too large"},
+    {"reshape of an empty tensor to 2^62x0x2^62", function() return T.zeros({0, 3}):reshape(1 << 62, 0, 1 << 62) end, "^EINVAL: view: shape too large"},
     {"reshape to maxinteger", function() return a:reshape(M, 2) end, "^EINVAL: view: shape"},
     {"expand to maxinteger", function() return a:expand(M, 4, 6) end, "^EINVAL: expand: shape too large"},
     {"expand to 2^80 elements", function() return a:expand(1 << 40, 1 << 40, 4, 6) end, "^EINVAL: expand: shape too large"},

@@ -244,6 +244,9 @@ int crun_tensor_view(crun_tensor_t *t, int ndim, const int64_t *in_shape, crun_t
   int64_t shape[CRUN_MAX_DIMS], strides[CRUN_MAX_DIMS];
   if (ndim) memcpy(shape, in_shape, (size_t)ndim * sizeof *shape);
   CRUN_CHECK(infer_shape(ndim, shape, crun_tensor_numel(t), t));
+  /* an empty tensor matches any shape with a zero in it: bound the others,
+   * or the strides below overflow int64 (view(0, 2^62, 2^62)) */
+  CRUN_CHECK(crun__check_shape(ndim, shape, "view"));
   int64_t s = 1;
   for (int d = ndim - 1; d >= 0; d--) {
     strides[d] = s;
