@@ -278,6 +278,10 @@ describe("DistributedSampler bad input", function()
       err_of(function() data.DistributedSampler{size = 3, seed = 0.5} end))
     assert.matches("^EINVAL: DistributedSampler: the data set must have a length",
       err_of(function() data.DistributedSampler(10) end))
+    -- size + num_replicas - 1 overflowed int64 (UBSan aborted; else a wrong length)
+    assert.are.equal("EINVAL: sampler: size 9223372036854775807 is too large (at most 2^62)",
+      err_of(function() data.DistributedSampler{size = math.maxinteger, num_replicas = 3, rank = 1} end))
+    assert.are.equal(1537228672809129302, #data.DistributedSampler{size = 1 << 62, num_replicas = 3, rank = 1})
     local s = data.DistributedSampler{size = 10, num_replicas = 2, rank = 0}
     assert.matches("^EINVAL: DistributedSampler:set_epoch: epoch must be an integer >= 0, got %-1",
       err_of(function() s:set_epoch(-1) end))
