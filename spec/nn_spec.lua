@@ -242,6 +242,15 @@ describe("nn bad input", function()
       {function() nn.set_default_dtype("float16") end, "^EINVAL: nn.set_default_dtype: float32 or float64 expected"},
       {function() nn.manual_seed("x") end, "^EINVAL: nn.manual_seed: seed must be an integer"},
       {function() m:load_state_dict({T.zeros({3})}) end, "^EINVAL: load_state_dict: expected 2 tensors, got 1"},
+      {function() m:load_state_dict({42, T.zeros({2})}) end,
+       "^EINVAL: load_state_dict: entry 1 is a number, a tensor is expected"},
+      {function() m:load_state_dict({T.zeros({2, 3}), "bias"}) end,
+       "^EINVAL: load_state_dict: entry 2 is a string, a tensor is expected"},
+      -- a [3, 2] weight (another model's) was loaded as [2, 3] without a word
+      {function() m:load_state_dict({T.zeros({3, 2}), T.zeros({2})}) end,
+       "^EINVAL: load_state_dict: tensor 1 has shape 3x2, the model's has 2x3"},
+      {function() m:load_state_dict({T.zeros({2, 3}), T.zeros({1, 2})}) end,
+       "^EINVAL: load_state_dict: tensor 2 has shape 1x2, the model's has 2"},
       {function() nn.MSECriterion():forward(T.zeros({2}), 3) end,
        "^EINVAL: MSECriterion:forward: target must be a tensor, got number"},
       {function() nn.ClassNLLCriterion():forward(T.zeros({2, 3}), T.new({1}, "int64")) end,
@@ -254,6 +263,16 @@ describe("nn bad input", function()
       assert.is_false(ok, "case " .. i)
       assert.matches(c[2], err)
     end
+  end)
+
+  it("load_state_dict copies nothing from a refused list and takes a strided tensor of the right shape", function()
+    local m = nn.Linear(3, 2)
+    local w0 = m.weight:clone()
+    assert.has_error(function() m:load_state_dict({T.ones({2, 3}), T.ones({3})}) end)
+    assert.is_true(m.weight:equal(w0))
+    m:load_state_dict({T.arange(6):view(3, 2):t(), T.ones({2}, "float64")})
+    assert.are.same({{0, 2, 4}, {1, 3, 5}}, m.weight:totable())
+    assert.are.same({1, 1}, m.bias:totable())
   end)
 
   it("checks options: unknown keys are EINVAL naming the accepted ones, torch's inert ones are taken", function()

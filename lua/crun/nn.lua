@@ -220,8 +220,15 @@ function Module:state_dict()
   return sd
 end
 
---- Copies parameter (and buffer) values from a state_dict() list (shapes
--- must match); a list of the parameters alone leaves the buffers as they are.
+-- "2x3" for a tensor's shape ("scalar" for a 0-d one).
+local function shape_str(t)
+  return t:dim() == 0 and "scalar" or table.concat(t:size(), "x")
+end
+
+--- Copies parameter (and buffer) values from a state_dict() list; each
+-- entry must be a tensor of the model's shape (any dtype converts, as in
+-- torch), else EINVAL naming it and nothing is copied. A list of the
+-- parameters alone leaves the buffers as they are.
 function Module:load_state_dict(sd)
   local params, bufs = self:parameters(), self:buffers()
   local all = {table.unpack(params)}
@@ -232,13 +239,16 @@ function Module:load_state_dict(sd)
     O.fail("EINVAL: load_state_dict: expected %d tensors, got %s (%d parameters, %d buffers)", #params + #bufs,
       type(sd) == "table" and tostring(#sd) or type(sd), #params, #bufs)
   end
+  local is_tensor = require("crun.serialize").is_tensor
   for i, p in ipairs(all) do
-    if sd[i]:numel() ~= p:numel() then
-      O.fail("EINVAL: load_state_dict: tensor %d has %d elements, the model's has %d",
-        i, sd[i]:numel(), p:numel())
+    if not is_tensor(sd[i]) then
+      O.fail("EINVAL: load_state_dict: entry %d is a %s, a tensor is expected", i, type(sd[i]))
     end
-    p:copy(sd[i]:view(p:size()))
+    if shape_str(sd[i]) ~= shape_str(p) then
+      O.fail("EINVAL: load_state_dict: tensor %d has shape %s, the model's has %s", i, shape_str(sd[i]), shape_str(p))
+    end
   end
+  for i, p in ipairs(all) do p:copy(sd[i]) end
 end
 
 -- ---------------------------------------------------------------- Linear
