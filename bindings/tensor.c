@@ -290,6 +290,20 @@ static int t_full(lua_State *L) {
   return push_placed(L, rc, &t, p);
 }
 
+/* The length of [a, b) by step for integer bounds, counted in integers:
+ * doubles round bounds past 2^53 (arange(2^62 + 1, 2^62 + 4) was empty). */
+static uint64_t arange_count_int(lua_Integer a, lua_Integer b, lua_Integer step) {
+  uint64_t span, ustep;
+  if (step > 0) {
+    if (b <= a) return 0;
+    span = (uint64_t)b - (uint64_t)a, ustep = (uint64_t)step;
+  } else {
+    if (a <= b) return 0;
+    span = (uint64_t)a - (uint64_t)b, ustep = 0 - (uint64_t)step;
+  }
+  return span / ustep + (span % ustep != 0);
+}
+
 /* tensor.arange(n[, dtype]) or arange(a, b[, step][, dtype]): [a, b) by step;
  * int64 when every bound is an integer, else float32 (as in torch). */
 static int t_arange(lua_State *L) {
@@ -301,7 +315,10 @@ static int t_arange(lua_State *L) {
   double a = nnum >= 2 ? lua_tonumber(L, 1) : 0, b = lua_tonumber(L, nnum >= 2 ? 2 : 1);
   double step = nnum == 3 ? lua_tonumber(L, 3) : 1;
   if (step == 0 || isnan(step)) crun_l_argerror(L, 3, "step must be non-zero");
-  double cnt = ceil((b - a) / step);
+  if (isnan(a) || isnan(b)) crun_l_argerror(L, 1, "the bounds must be numbers, not NaN");
+  lua_Integer ia = nnum >= 2 ? lua_tointeger(L, 1) : 0, ib = lua_tointeger(L, nnum >= 2 ? 2 : 1);
+  lua_Integer istep = nnum == 3 ? lua_tointeger(L, 3) : 1;
+  double cnt = ints ? (double)arange_count_int(ia, ib, istep) : ceil((b - a) / step);
   if (cnt > 1e12) crun_l_argerror(L, 1, "range too large");
   int64_t n = cnt > 0 ? (int64_t)cnt : 0;
   crun_tensor_t *t;
@@ -310,7 +327,7 @@ static int t_arange(lua_State *L) {
   if (rc < 0) crun_l_fail(L, rc);
   crun_l_push_tensor(L, t); /* owns it while elements are set (they may raise) */
   for (int64_t i = 0; i < n; i++) {
-    if (ints) CRUN_L_CHECK(L, crun_tensor_set_int64(t, &i, (int64_t)a + i * (int64_t)step));
+    if (ints) CRUN_L_CHECK(L, crun_tensor_set_int64(t, &i, (int64_t)((uint64_t)ia + (uint64_t)i * (uint64_t)istep)));
     else CRUN_L_CHECK(L, crun_tensor_set_double(t, &i, a + (double)i * step));
   }
   return push_placed(L, 0, &t, p);

@@ -51,6 +51,20 @@ describe("hostile tensor arguments", function()
     end)
   end
 
+  -- the count and the elements went through doubles: arange(2^62 + 1, 2^62 + 4)
+  -- was empty, arange(2^53, 2^53 + 3) had 4 elements, arange(0, NaN) was empty
+  it("arange with integer bounds past 2^53 counts and steps in integers", function()
+    assert.are.same({(1 << 62) + 1, (1 << 62) + 2, (1 << 62) + 3}, T.arange((1 << 62) + 1, (1 << 62) + 4):totable())
+    assert.are.same({1 << 53, (1 << 53) + 1, (1 << 53) + 2}, T.arange(1 << 53, (1 << 53) + 3):totable())
+    assert.are.same({M - 2, M - 1}, T.arange(M - 2, M):totable())
+    assert.are.same({m + 2, m + 1}, T.arange(m + 2, m, -1):totable())
+    assert.are.same({m, -1, M - 1}, T.arange(m, M, M):totable())
+    assert.are.same({10, 7, 4, 1, -2, -5, -8}, T.arange(10, -10, -3):totable())
+    local ok, err = pcall(T.arange, 0, 0 / 0)
+    assert.is_false(ok)
+    assert.matches("^EINVAL: bad argument #1 to .*arange.* %(the bounds must be numbers, not NaN%)", err)
+  end)
+
   it("leaves the neighbouring tensor alone", function()
     local x, y = T.zeros({8}), T.full({8}, 7)
     pcall(function() x:narrow(1, 2, M):fill(1) end)
