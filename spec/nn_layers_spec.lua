@@ -166,6 +166,29 @@ describe("nn.Conv2d (float64)", function()
   end)
 end)
 
+describe("nn.Conv2d and pooling geometry past 2^31", function()
+  -- in + 2 * padding and dilation * (kernel - 1) overflowed int64 before the
+  -- range check (UBSan aborted; a plain build named the wrong cause)
+  local M, x = math.maxinteger, T.zeros({1, 1, 3, 3}, "float64")
+  local cases = {
+    {"Conv2d padding maxinteger", function() nn.Conv2d(1, 1, 1, {padding = M, dtype = "float64"}):forward(x) end,
+     "^EINVAL: Conv2d: height: input extent 3, kernel 1, padding 9223372036854775807 or dilation 1 is above 2^31 %- 1"},
+    {"Conv2d dilation maxinteger", function() nn.Conv2d(1, 1, 2, {dilation = M, dtype = "float64"}):forward(x) end,
+     "^EINVAL: Conv2d: height: input extent 3, kernel 2, padding 0 or dilation 9223372036854775807 is above 2^31 %- 1"},
+    {"AvgPool2d padding maxinteger", function() nn.AvgPool2d(2, {padding = M}):forward(x) end,
+     "^EINVAL: Pool2d: padding %(9223372036854775807, 9223372036854775807%) must be at most half the kernel %(2, 2%)"},
+    {"MaxPool2d kernel maxinteger", function() nn.MaxPool2d(M):forward(x) end,
+     "^EINVAL: Pool2d: height: input extent 3, kernel 9223372036854775807, padding 0 or dilation 1 is above 2^31 %- 1"},
+  }
+  for _, c in ipairs(cases) do
+    it(c[1], function()
+      local ok, err = pcall(c[2])
+      assert.is_false(ok)
+      assert.matches(c[3], tostring(err))
+    end)
+  end
+end)
+
 describe("nn pooling and Flatten (float64)", function()
   it("MaxPool2d matches the definition and passes a gradient check", function()
     local x = randn({2, 3, 7, 8}, 41)
