@@ -271,6 +271,16 @@ describe("nn.BatchNorm1d / BatchNorm2d (float64)", function()
     end
   end)
 
+  -- a NaN momentum passed the range check (NaN < 0 and NaN > 1 are false) and
+  -- made the running statistics NaN at the first forward
+  it("refuses a momentum or eps outside its range, NaN included", function()
+    for _, bad in ipairs{{momentum = 0 / 0}, {momentum = -0.1}, {momentum = 2}, {eps = 0 / 0}} do
+      local ok, err = pcall(nn.BatchNorm1d, 2, bad)
+      assert.is_false(ok)
+      assert.matches("^EINVAL: nn.BatchNorm1d: " .. (bad.eps and "eps" or "momentum") .. " must be", err)
+    end
+  end)
+
   it("passes gradient checks in training and in evaluation", function()
     for _, c in ipairs{{"BatchNorm1d", {5, 3}}, {"BatchNorm1d", {3, 2, 4}}, {"BatchNorm2d", {2, 3, 3, 4}}} do
       local m = nn[c[1]](c[2][2])

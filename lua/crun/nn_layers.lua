@@ -208,7 +208,7 @@ return function(nn, H)
     self.num_features, self.dims, self.fname = c, dims, fn
     self.eps = opts.eps or 1e-5
     if type(self.eps) ~= "number" or not (self.eps >= 0) then O.fail("EINVAL: %s: eps must be >= 0, got %s", fn, tostring(opts.eps)) end
-    if opts.momentum ~= nil and opts.momentum ~= false and (type(opts.momentum) ~= "number" or opts.momentum < 0 or opts.momentum > 1) then
+    if opts.momentum ~= nil and opts.momentum ~= false and (type(opts.momentum) ~= "number" or not (opts.momentum >= 0 and opts.momentum <= 1)) then -- NaN too
       O.fail("EINVAL: %s: momentum must be in [0, 1] (or false for a cumulative average), got %s", fn,
         tostring(opts.momentum))
     end
