@@ -169,16 +169,21 @@ static void push_elem_at(lua_State *L, const crun_tensor_t *t, const int64_t *id
  * overflow"): EINVAL on argument `arg` instead of a wrapped or saturated
  * element. Conversions between tensors still wrap (from integers) or
  * saturate (from floats), as torch's do. */
+/* The values an integer dtype holds: [*lo, *hi]. */
+static void int_dtype_range(crun_dtype_t dt, lua_Integer *lo, lua_Integer *hi) {
+  switch (dt) {
+  case CRUN_INT8: *lo = INT8_MIN, *hi = INT8_MAX; break;
+  case CRUN_UINT8: *lo = 0, *hi = UINT8_MAX; break;
+  case CRUN_INT16: *lo = INT16_MIN, *hi = INT16_MAX; break;
+  case CRUN_INT32: *lo = INT32_MIN, *hi = INT32_MAX; break;
+  default: *lo = INT64_MIN, *hi = INT64_MAX; break;
+  }
+}
+
 static void check_fits(lua_State *L, int arg, crun_dtype_t dt, int varg) {
   if (!crun_dtype_is_integer(dt) || lua_type(L, varg) != LUA_TNUMBER) return;
   lua_Integer lo, hi;
-  switch (dt) {
-  case CRUN_INT8: lo = INT8_MIN, hi = INT8_MAX; break;
-  case CRUN_UINT8: lo = 0, hi = UINT8_MAX; break;
-  case CRUN_INT16: lo = INT16_MIN, hi = INT16_MAX; break;
-  case CRUN_INT32: lo = INT32_MIN, hi = INT32_MAX; break;
-  default: lo = INT64_MIN, hi = INT64_MAX; break;
-  }
+  int_dtype_range(dt, &lo, &hi);
   int fits;
   if (lua_isinteger(L, varg)) {
     lua_Integer v = lua_tointeger(L, varg);
@@ -518,6 +523,13 @@ static int t_randint(lua_State *L) {
     }
   } else {
     dt = opt_dtype(L, 4, CRUN_INT64);
+  }
+  if (crun_dtype_is_integer(dt)) { /* as torch: no draw wraps to a value outside [lo, hi) */
+    lua_Integer dlo, dhi;
+    int_dtype_range(dt, &dlo, &dhi);
+    if (lo < dlo || hi - 1 > dhi)
+      crun_l_argerror(L, 2, lua_pushfstring(L, "range [%I, %I) does not fit %s [%I, %I]", lo, hi,
+                                            crun_dtype_name(dt), dlo, dhi));
   }
   crun_tensor_t *t;
   CRUN_L_CHECK(L, crun_tensor_empty(dt, nd, shape, &t));

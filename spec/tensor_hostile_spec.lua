@@ -36,6 +36,9 @@ describe("hostile tensor arguments", function()
     {"index_select at maxinteger", function() return a:index_select(1, T.new({M}, "int64")) end, "^ERANGE: index_select: index 9223372036854775807"},
     -- (int64_t)1e300: undefined, INT64_MIN on x86 (1e300, 1e301 and inf gave one stream)
     {"Generator seeded with 1e300", function() return T.Generator(1e300) end, "^EINVAL: bad argument #1 to .*seed out of the range of a 64%-bit integer"},
+    -- the draws were stored wrapped: values such as -22 from randint(0, 1000) in int8
+    {"randint(0, 1000) into int8", function() return T.randint(0, 1000, {4}, {dtype = "int8"}) end, "^EINVAL: bad argument #2 to .*%(range %[0, 1000%) does not fit int8 %[%-128, 127%]%)"},
+    {"randint(-1, 5) into uint8", function() return T.randint(-1, 5, {4}, {dtype = "uint8"}) end, "^EINVAL: bad argument #2 to .*%(range %[%-1, 5%) does not fit uint8"},
     {"manual_seed of inf", function() return T.manual_seed(1 / 0) end, "^EINVAL: bad argument #1 to .*seed"},
     -- mininteger - 1 (the 1-based base) overflowed: UBSan aborted the process
     {"index_select at mininteger", function() return a:index_select(1, T.new({m}, "int64")) end, "^ERANGE: index_select: index %-9223372036854775808"},
