@@ -39,6 +39,9 @@ describe("hostile tensor arguments", function()
     -- the draws were stored wrapped: values such as -22 from randint(0, 1000) in int8
     {"randint(0, 1000) into int8", function() return T.randint(0, 1000, {4}, {dtype = "int8"}) end, "^EINVAL: bad argument #2 to .*%(range %[0, 1000%) does not fit int8 %[%-128, 127%]%)"},
     {"randint(-1, 5) into uint8", function() return T.randint(-1, 5, {4}, {dtype = "uint8"}) end, "^EINVAL: bad argument #2 to .*%(range %[%-1, 5%) does not fit uint8"},
+    -- lo + (hi - lo) * u with an infinite width: inf and NaN elements
+    {"uniform_ over [-inf, inf)", function() return T.zeros({4}):uniform_(-1 / 0, 1 / 0) end, "^EINVAL: uniform: the range %[%-inf, inf%) is not finite"},
+    {"uniform_ over [-1e308, 1e308)", function() return T.zeros({4}):uniform_(-1e308, 1e308) end, "^EINVAL: uniform: the range .* is not finite"},
     {"manual_seed of inf", function() return T.manual_seed(1 / 0) end, "^EINVAL: bad argument #1 to .*seed"},
     -- mininteger - 1 (the 1-based base) overflowed: UBSan aborted the process
     {"index_select at mininteger", function() return a:index_select(1, T.new({m}, "int64")) end, "^ERANGE: index_select: index %-9223372036854775808"},

@@ -75,6 +75,8 @@ static int fill_with(crun_tensor_t *t, crun_generator_t *g, int normal, double a
 int crun_tensor_uniform_(crun_tensor_t *t, crun_generator_t *g, double lo, double hi) {
   CRUN__HOST_ONLY(t, "uniform_");
   if (!(lo <= hi)) return crun_error(CRUN_EINVAL, "uniform: lo %g > hi %g", lo, hi);
+  if (!isfinite(hi - lo)) /* lo + inf * u: inf or NaN elements (torch refuses it too) */
+    return crun_error(CRUN_EINVAL, "uniform: the range [%g, %g) is not finite", lo, hi);
   return fill_with(t, g, 0, lo, hi);
 }
 
