@@ -280,6 +280,7 @@ static int t_empty(lua_State *L) {
 
 /* tensor.full(shape, value[, dtype]) */
 static double check_fill_value(lua_State *L, int idx);
+static int fill_value(lua_State *L, int idx, crun_tensor_t *t, double v);
 
 static int t_full(lua_State *L) {
   int64_t shape[CRUN_MAX_DIMS];
@@ -291,7 +292,7 @@ static int t_full(lua_State *L) {
   check_fits(L, 2, p.dt, 2);
   crun_tensor_t *t;
   int rc = crun_tensor_new(p.dt, nd, shape, &t);
-  if (rc == 0) crun_tensor_fill(t, v);
+  if (rc == 0) fill_value(L, 2, t, v);
   return push_placed(L, rc, &t, p);
 }
 
@@ -690,11 +691,19 @@ static double check_fill_value(lua_State *L, int idx) {
   return crun_l_checknumber(L, idx);
 }
 
+/* Fills t with the value at idx (v as a double): an integer into an integer
+ * tensor exactly, as a double rounds past 2^53 (full(s, 2^53 + 1, 'int64')). */
+static int fill_value(lua_State *L, int idx, crun_tensor_t *t, double v) {
+  if (lua_isinteger(L, idx) && crun_dtype_is_integer(crun_tensor_dtype(t)))
+    return crun_tensor_fill_int64(t, lua_tointeger(L, idx));
+  return crun_tensor_fill(t, v);
+}
+
 static int m_fill(lua_State *L) {
   crun_tensor_t *t = crun_l_check_tensor(L, 1);
   double v = check_fill_value(L, 2);
   check_fits(L, 2, crun_tensor_dtype(t), 2);
-  CRUN_L_CHECK(L, crun_tensor_fill(t, v));
+  CRUN_L_CHECK(L, fill_value(L, 2, t, v));
   lua_settop(L, 1);
   return 1;
 }

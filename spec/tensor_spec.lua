@@ -235,6 +235,18 @@ describe("fill", function()
       end
     end)
   end
+
+  -- the value went through a double: 2^53 + 1 became 2^53, maxinteger became 2^63 - 1024
+  it("writes an integer past 2^53 into int64 tensors exactly (full, fill, full_like)", function()
+    local M, big = math.maxinteger, (1 << 53) + 1
+    assert.are.same({M, M}, T.full({2}, M, "int64"):totable())
+    assert.are.same({big, big}, T.full({2}, big, "int64"):totable())
+    local t = T.zeros({3, 2}, "int64")
+    t:transpose(1, 2):fill(-big)
+    assert.are.same({{-big, -big}, {-big, -big}, {-big, -big}}, t:totable())
+    assert.are.same({math.mininteger}, T.full_like(T.zeros({1}, "int64"), math.mininteger):totable())
+    assert.are.same({9007199254740992.0}, T.full({1}, big, "float64"):totable())
+  end)
 end)
 
 describe("tensor errors", function()
