@@ -959,6 +959,20 @@ static int t_is_tensor(lua_State *L) {
 
 /* ------------------------------------------------------------ math */
 
+/* A 0-d int64 tensor holding the Lua integer at idx, when t is int64 and a
+ * double cannot hold the integer (past 2^53): the scalar kernels take a
+ * double, so t + (2^53 + 1) added 2^53 and t - maxinteger was ERANGE. NULL
+ * when the scalar path is exact. */
+static crun_tensor_t *exact_int64_scalar(lua_State *L, int idx, const crun_tensor_t *t) {
+  if (crun_tensor_dtype(t) != CRUN_INT64 || !lua_isinteger(L, idx)) return NULL;
+  lua_Integer v = lua_tointeger(L, idx);
+  if (v >= -((lua_Integer)1 << 53) && v <= ((lua_Integer)1 << 53)) return NULL;
+  crun_tensor_t *s;
+  CRUN_L_CHECK(L, crun_tensor_new(CRUN_INT64, 0, NULL, &s));
+  crun_tensor_fill_int64(s, v);
+  return s;
+}
+
 /* Binary op on (tensor|number, tensor|number), new result or in place. The
  * op is the closure's upvalue 1, in-place flag upvalue 2. t:add(x, alpha)
  * and t:sub(x, alpha) scale a tensor x by alpha first (torch's alpha). */
@@ -974,7 +988,13 @@ static int m_binop(lua_State *L) {
     CRUN_L_CHECK(L, crun_tensor_binop_scalar(CRUN_BIN_MUL, b, crun_l_checknumber(L, 3), 0, &scaled));
     b = scaled;
   }
-  if (a && b) {
+  crun_tensor_t *exact = !a ? exact_int64_scalar(L, 1, b)
+                       : !b && lua_isnoneornil(L, 3) ? exact_int64_scalar(L, 2, a) : NULL;
+  if (exact) {
+    if (!a) rc = crun_tensor_binop(op, exact, b, &r);
+    else rc = inplace ? crun_tensor_binop_out(op, a, exact, a) : crun_tensor_binop(op, a, exact, &r);
+    crun_tensor_release(exact);
+  } else if (a && b) {
     rc = inplace ? crun_tensor_binop_out(op, a, b, a) : crun_tensor_binop(op, a, b, &r);
   } else if (a) {
     double s = crun_l_checknumber(L, 2);

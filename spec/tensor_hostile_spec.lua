@@ -71,6 +71,21 @@ describe("hostile tensor arguments", function()
     assert.matches("^EINVAL: bad argument #1 to .*arange.* %(the bounds must be numbers, not NaN%)", err)
   end)
 
+  -- the scalar went through a double: z + (2^53 + 1) added 2^53, z - maxinteger was ERANGE
+  it("int64 arithmetic with a Lua integer past 2^53 is exact", function()
+    local big = (1 << 53) + 1
+    local z = T.zeros({2}, "int64")
+    assert.are.same({big, big}, (z + big):totable())
+    assert.are.same({big, big}, (big + z):totable())
+    assert.are.same({-M, -M}, (z - M):totable())
+    assert.are.same({M, M}, (M - z):totable())
+    assert.are.same({big, big}, (T.ones({2}, "int64") * big):totable())
+    local t = T.zeros({2, 3}, "int64")
+    t:t():add_(big)
+    assert.are.same({{big, big, big}, {big, big, big}}, t:totable())
+    assert.are.same({1, 0}, T.new({big, big - 1}, "int64"):eq(big):totable())
+  end)
+
   it("leaves the neighbouring tensor alone", function()
     local x, y = T.zeros({8}), T.full({8}, 7)
     pcall(function() x:narrow(1, 2, M):fill(1) end)
