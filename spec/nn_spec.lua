@@ -265,6 +265,27 @@ describe("nn bad input", function()
     end
   end)
 
+  -- these fell through to a bare Lua error ("attempt to call a nil value (method
+  -- 'is_contiguous')") in contig()
+  it("names a non-tensor input or gradOutput of every module with EINVAL", function()
+    local mods = {Dropout = nn.Dropout(0.5), LogSoftMax = nn.LogSoftMax(), Flatten = nn.Flatten(),
+      MaxPool2d = nn.MaxPool2d(2), AvgPool2d = nn.AvgPool2d(2), Embedding = nn.Embedding(3, 2)}
+    for name, m in pairs(mods) do
+      local ok, err = pcall(m.backward, m, T.ones({2, 2}), "x")
+      assert.is_false(ok, name)
+      assert.matches("^EINVAL: " .. name .. ":backward: [a-zA-Z]+ must be a tensor, got string", err)
+    end
+    local ok, err = pcall(nn.Dropout(0.5).forward, nn.Dropout(0.5), 5)
+    assert.is_false(ok)
+    assert.matches("^EINVAL: Dropout:forward: input must be a tensor, got number", err)
+    ok, err = pcall(nn.ClassNLLCriterion().backward, nn.ClassNLLCriterion(), 5, 5)
+    assert.is_false(ok)
+    assert.matches("^EINVAL: ClassNLLCriterion:backward: input must be a tensor, got number", err)
+    ok, err = pcall(nn.Linear(2, 2).forward, nn.Linear(2, 2), T.Generator(1))
+    assert.is_false(ok)
+    assert.matches("^EINVAL: Linear:forward: input must be a tensor, got userdata", err)
+  end)
+
   it("load_state_dict copies nothing from a refused list and takes a strided tensor of the right shape", function()
     local m = nn.Linear(3, 2)
     local w0 = m.weight:clone()

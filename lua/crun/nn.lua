@@ -89,7 +89,7 @@ local function contig(x)
 end
 
 local function check_tensor(x, fname, what)
-  if type(x) ~= "userdata" then
+  if not require("crun.serialize").is_tensor(x) then
     O.fail("EINVAL: %s: %s must be a tensor, got %s", fname, what, type(x))
   end
 end
@@ -365,6 +365,7 @@ function LogSoftMax:forward(x)
 end
 
 function LogSoftMax:backward(x, gy)
+  check_tensor(gy, "LogSoftMax:backward", "gradOutput")
   gy = contig(gy)
   self.gradInput = ensure(self.gradInput, gy:size(), gy:dtype(), gy:device())
   K.nn_log_softmax_backward(self.output, gy, self.gradInput)
@@ -392,6 +393,7 @@ end
 function Dropout:describe() return string.format("nn.Dropout(%g)", self.p) end
 
 function Dropout:forward(x)
+  check_tensor(x, "Dropout:forward", "input")
   if not self.training or self.p == 0 then
     self.output = x
     return x
@@ -404,6 +406,7 @@ function Dropout:forward(x)
 end
 
 function Dropout:backward(x, gy)
+  check_tensor(gy, "Dropout:backward", "gradOutput")
   if not self.training or self.p == 0 then
     self.gradInput = gy
     return gy
@@ -554,6 +557,8 @@ function ClassNLL:forward(x, labels)
 end
 
 function ClassNLL:backward(x, labels)
+  check_tensor(x, "ClassNLLCriterion:backward", "input")
+  check_tensor(labels, "ClassNLLCriterion:backward", "labels")
   x = contig(x)
   self.gradInput = ensure(self.gradInput, x:size(), x:dtype(), x:device())
   K.nn_nll(x, contig(labels), self.gradInput)

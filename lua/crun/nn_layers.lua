@@ -136,6 +136,8 @@ return function(nn, H)
   end
 
   function MaxPool2d:backward(x, gy)
+    check_tensor(x, "MaxPool2d:backward", "input")
+    check_tensor(gy, "MaxPool2d:backward", "gradOutput")
     self.gradInput = ensure(self.gradInput, x:size(), x:dtype())
     K.nn_maxpool2d_backward(contig(gy), self.indices, self.gradInput, self.geom)
     return self.gradInput
@@ -169,6 +171,8 @@ return function(nn, H)
   end
 
   function AvgPool2d:backward(x, gy)
+    check_tensor(x, "AvgPool2d:backward", "input")
+    check_tensor(gy, "AvgPool2d:backward", "gradOutput")
     self.gradInput = ensure(self.gradInput, x:size(), x:dtype())
     K.nn_avgpool2d_backward(contig(gy), self.gradInput, self.geom, self.count_include_pad)
     return self.gradInput
@@ -190,6 +194,8 @@ return function(nn, H)
   end
 
   function Flatten:backward(x, gy)
+    check_tensor(x, "Flatten:backward", "input")
+    check_tensor(gy, "Flatten:backward", "gradOutput")
     self.gradInput = contig(gy):view(x:size())
     return self.gradInput
   end
@@ -481,6 +487,8 @@ return function(nn, H)
   end
 
   function Embedding:backward(idx, gy)
+    check_tensor(idx, "Embedding:backward", "indices")
+    check_tensor(gy, "Embedding:backward", "gradOutput")
     K.nn_embedding_backward(contig(idx), contig(gy), self.gradWeight, self.padding_idx)
     self:_grads_ready()
     self.gradInput = nil
