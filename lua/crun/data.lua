@@ -411,9 +411,18 @@ end
 --- Sums a table of numbers over every rank of the process group (float64
 -- all_reduce); returns a new table. With no process group, returns a copy.
 function data.all_reduce_metrics(metrics)
+  local F = "data.all_reduce_metrics"
+  if type(metrics) ~= "table" then O.fail("EINVAL: %s: a table of numbers is expected, got %s", F, type(metrics)) end
   local keys = {}
-  for k in pairs(metrics) do keys[#keys + 1] = k end
-  table.sort(keys)
+  for k, v in pairs(metrics) do
+    if type(v) ~= "number" then O.fail("EINVAL: %s: metric '%s' is a %s, a number is expected", F, tostring(k), type(v)) end
+    keys[#keys + 1] = k
+  end
+  table.sort(keys, function(a, b) -- the same order on every rank, whatever the key types
+    if type(a) ~= type(b) then return type(a) < type(b) end
+    if type(a) == "boolean" then return b and not a end
+    return a < b
+  end)
   local out = {}
   local ok, dist = pcall(require, "crun.dist")
   if not (ok and dist.is_initialized and dist.is_initialized()) or #keys == 0 then
@@ -447,14 +456,23 @@ function data.evaluate(opts)
     rank = opts.rank, shuffle = false, drop_padding = true}
   local idx, bs = s:indices(), O.int("data.evaluate", "batch_size", opts.batch_size, 1, 256)
   local acc = {count = 0}
+  if opts.metrics ~= nil and type(opts.metrics) ~= "table" then
+    O.fail("EINVAL: data.evaluate: metrics must be a list of names, got %s", type(opts.metrics))
+  end
   for _, k in ipairs(opts.metrics or {}) do acc[k] = 0 end
   for first = 1, #idx, bs do
     local sel = {}
     for k = first, math.min(first + bs - 1, #idx) do sel[#sel + 1] = idx[k] end
     local m = opts.fn(sel)
+    if m ~= nil and type(m) ~= "table" then
+      O.fail("EINVAL: data.evaluate: fn must return a table of metrics, returned a %s", type(m))
+    end
     for k, v in pairs(m or {}) do
       if acc[k] == nil or k == "count" then
         O.fail("EINVAL: data.evaluate: fn returned metric '%s' not listed in opts.metrics", tostring(k))
+      end
+      if type(v) ~= "number" then
+        O.fail("EINVAL: data.evaluate: fn returned metric '%s' as a %s, a number is expected", tostring(k), type(v))
       end
       acc[k] = acc[k] + v
     end
