@@ -189,6 +189,24 @@ describe("crun.save / crun.load", function()
     end
   end)
 
+  -- the C calls under save and load end a path at its first NUL: save wrote
+  -- "<dir>/victim" for "<dir>/victim\0.crun" and returned as if it had succeeded
+  it("refuses a path that holds a NUL byte or is empty, and touches no file", function()
+    local victim = dir .. "/victim"
+    for _, c in ipairs{{serialize.save, "crun.save"}, {serialize.load, "crun.load"}} do
+      local ok, err = pcall(c[1], victim .. "\0.crun", {1})
+      assert.is_false(ok)
+      assert.matches("^EINVAL: " .. c[2] .. ": the path \".*\\0%.crun\" holds a NUL byte", err)
+      ok, err = pcall(c[1], "", {1})
+      assert.is_false(ok)
+      assert.matches("^EINVAL: " .. c[2] .. ": the path is empty", err)
+    end
+    assert.is_nil(io.open(victim))
+    serialize.save(victim, 1)
+    assert.is_false(serialize.exists(victim .. "\0.crun"))
+    assert.is_true(serialize.exists(victim))
+  end)
+
   it("round-trips a model and optimizer checkpoint", function()
     local nn, optim = require "crun.nn", require "crun.optim"
     local m = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))

@@ -217,13 +217,22 @@ function serialize.loads(s, name)
   return v
 end
 
+-- Raises EINVAL unless path is a non-empty string without a NUL byte: the C
+-- calls under io.open and save_file end a path at its first NUL, so
+-- crun.save("ckpt\0.crun", v) wrote "ckpt" and reported success.
+local function check_path(fname, path)
+  if type(path) ~= "string" then O.fail("EINVAL: %s: the path must be a string, got %s", fname, type(path)) end
+  if path == "" then O.fail("EINVAL: %s: the path is empty", fname) end
+  if path:find("\0", 1, true) then O.fail("EINVAL: %s: the path %q holds a NUL byte", fname, path) end
+end
+
 --- Saves v to path atomically (temp file + fsync + rename). Raises on failure:
 -- EINVAL when path exists and is not a regular file (a symbolic link, a
 -- device, a fifo, a directory: never replaced), EACCES or EIO naming the path.
 -- The temp file is opened O_EXCL|O_NOFOLLOW next to path (core.save_file).
 -- opts takes torch.save's pickle_module/pickle_protocol (no effect in crun).
 function serialize.save(path, v, opts)
-  if type(path) ~= "string" then O.fail("EINVAL: crun.save: the path must be a string, got %s", type(path)) end
+  check_path("crun.save", path)
   O.check(SAVE_OPTS, "crun.save", opts)
   local bytes = serialize.dumps(v)
   local ok, err = pcall(core().save_file, path, bytes)
@@ -244,7 +253,7 @@ end
 -- failures, EPROTO when the file is not a complete crun save file. opts takes
 -- torch.load's map_location/weights_only/mmap (no effect in crun).
 function serialize.load(path, opts)
-  if type(path) ~= "string" then O.fail("EINVAL: crun.load: the path must be a string, got %s", type(path)) end
+  check_path("crun.load", path)
   O.check(LOAD_OPTS, "crun.load", opts)
   local f, msg, code = io.open(path, "rb")
   if not f then O.fail("%s: crun.load: cannot open %s (%s)", errno_status(code), path, tostring(msg)) end
@@ -269,6 +278,7 @@ end
 
 --- Returns true when path holds a file (for "resume if a checkpoint exists").
 function serialize.exists(path)
+  if type(path) ~= "string" or path:find("\0", 1, true) then return false end -- (io.open would cut it)
   local f = io.open(path, "rb")
   if f then f:close() return true end
   return false
