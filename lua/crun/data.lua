@@ -537,6 +537,9 @@ end
 function data.load_digits(opts)
   opts = opts or {}
   local path = opts.path or data.digits_path()
+  if type(path) ~= "string" or path:find("\0", 1, true) then -- (io.open and zlib would cut it at the NUL)
+    O.fail("EINVAL: load_digits: path must be a string without a NUL byte, got %q", tostring(path))
+  end
   local f = io.open(path, "rb")
   if not f then
     O.fail("ENOTFOUND: load_digits: %s does not exist (run scripts/fetch_digits.sh, or set CRUN_DIGITS)", path)
