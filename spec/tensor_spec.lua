@@ -183,6 +183,22 @@ describe("copies and conversions", function()
     local ok, err = pcall(T.cat, {a, T.zeros(1, 3)})
     assert.matches("tensor 2 has size 3 in dim 2", err)
   end)
+
+  -- the result took the first tensor's dtype: cat({int64, float32}) truncated
+  -- 2.5 to 2, stack({int8, int64}) wrapped 300 to 44
+  it("cat and stack promote mixed dtypes as torch does", function()
+    local c = T.cat({T.new({1}, "int64"), T.new({2.5})})
+    assert.are.equal("float32", c:dtype())
+    assert.same({1, 2.5}, c:totable())
+    local s = T.stack({T.new({1}, "int8"), T.new({300}, "int64")})
+    assert.are.equal("int64", s:dtype())
+    assert.same({{1}, {300}}, s:totable())
+    assert.are.equal("int16", T.cat({T.new({200}, "uint8"), T.new({-5}, "int8")}):dtype())
+    assert.same({200, -5}, T.cat({T.new({200}, "uint8"), T.new({-5}, "int8")}):totable())
+    assert.are.equal("float32", T.cat({T.new({1}, "float16"), T.new({2}, "bfloat16")}):dtype())
+    assert.are.equal("int64", T.cat({T.new({true}, "bool"), T.new({5}, "int64")}):dtype())
+    assert.are.equal("float64", T.cat({T.new({1}), T.new({2}, "float64"), T.new({3}, "int32")}):dtype())
+  end)
 end)
 
 describe("printing and lifetime", function()
