@@ -332,6 +332,16 @@ describe("DataLoader", function()
     assert.has_error(function() data.DataLoader{dataset = {X}, batch_size = 0} end)
   end)
 
+  -- (n + batch_size - 1) // batch_size wrapped: #loader was -1 and it yielded nothing
+  it("yields one batch of everything for a batch_size of maxinteger", function()
+    local T = require("crun.tensor")
+    local l = data.DataLoader({T.arange(10)}, {batch_size = math.maxinteger})
+    assert.are.equal(1, #l)
+    local n = 0
+    for _, x in l:iter() do n = n + 1; assert.are.equal(10, x:numel()) end
+    assert.are.equal(1, n)
+  end)
+
   it("takes torch's positional form, a TensorDataset and shuffle=true", function()
     local T = require("crun.tensor")
     local X = T.arange(14, "int64"):view(7, 2)

@@ -17,7 +17,8 @@
 local data = {}
 local O = require "crun.opts"
 
-local function ceil_div(a, b) return (a + b - 1) // b end
+-- ceil(a / b) for a >= 0, b >= 1, without the a + b - 1 that wraps past maxinteger.
+local function ceil_div(a, b) return a // b + (a % b > 0 and 1 or 0) end
 
 -- splitmix64: returns a generator of 64-bit integers for `seed`.
 local function splitmix64(seed)
