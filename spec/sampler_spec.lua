@@ -485,3 +485,24 @@ describe("DistributedSampler state_dict / load_state_dict (resuming at another w
     assert.are.equal("EINVAL: DistributedSampler:state_dict: taken 9 exceeds the 8 samples of a rank this epoch", err)
   end)
 end)
+
+describe("make_spirals options", function()
+  -- classes = 0 raised "attempt to perform 'n%%0'", noise = "x" an arithmetic
+  -- error, and n = -1 or 2.5, dims = 0 or turns = NaN were taken
+  it("refuses options out of range with EINVAL naming them, and takes integral floats", function()
+    for _, c in ipairs{{{classes = 0}, "classes must be an integer >= 1, got 0"},
+                       {{n = -1}, "n must be an integer >= 0, got %-1"},
+                       {{n = 2.5}, "n must be an integer >= 0, got 2.5"},
+                       {{n = 2, dims = 0}, "dims must be an integer >= 1, got 0"},
+                       {{n = 2, noise = "x"}, "noise must be a number >= 0, got x"},
+                       {{n = 2, turns = 0 / 0}, "turns must be a number, got"}} do
+      local ok, err = pcall(data.make_spirals, c[1])
+      assert.is_false(ok)
+      assert.matches("^EINVAL: make_spirals: " .. c[2], err)
+    end
+    local X, Y = data.make_spirals{n = 4.0, classes = 2.0, dims = 3}
+    assert.are.equal(4, #X)
+    assert.are.equal(3, #X[1])
+    assert.are.same({1, 2, 1, 2}, Y)
+  end)
+end)

@@ -492,10 +492,12 @@ end
 local SPIRALS = O.spec{"n", "classes", "dims", "turns", "noise", "seed"}
 
 function data.make_spirals(opts)
-  opts = O.check(SPIRALS, "make_spirals", opts)
-  local n, K, D = opts.n or 10000, opts.classes or 4, opts.dims or 16
-  local turns, noise = opts.turns or 1.0, opts.noise or 0.05
-  local rnd = splitmix64(opts.seed or 1234)
+  local F = "make_spirals"
+  opts = O.check(SPIRALS, F, opts)
+  local function int(k, min, def) return O.int(F, k, math.tointeger(opts[k]) or opts[k], min, def) end -- 4.0 is 4
+  local n, K, D = int("n", 0, 10000), int("classes", 1, 4), int("dims", 1, 16)
+  local turns, noise = O.num(F, "turns", opts.turns, nil, 1.0), O.num(F, "noise", opts.noise, 0, 0.05)
+  local rnd = splitmix64(int("seed", nil, 1234))
   local function uniform() return ((rnd() >> 11) + 0.5) / (1 << 53) end
   local function normal()
     return math.sqrt(-2 * math.log(uniform())) * math.cos(2 * math.pi * uniform())
