@@ -242,6 +242,8 @@ describe("nn bad input", function()
       {function() nn.set_default_dtype("float16") end, "^EINVAL: nn.set_default_dtype: float32 or float64 expected"},
       {function() nn.manual_seed("x") end, "^EINVAL: nn.manual_seed: seed must be an integer"},
       {function() m:load_state_dict({T.zeros({3})}) end, "^EINVAL: load_state_dict: expected 2 tensors, got 1"},
+      {function() nn.mlp(4, 8, -1, 3) end, "^EINVAL: nn.mlp: layers must be an integer >= 0, got %-1"},
+      {function() nn.mlp(4, 8, 2.5, 3) end, "^EINVAL: nn.mlp: layers must be an integer >= 0, got 2.5"},
       {function() m:load_state_dict({42, T.zeros({2})}) end,
        "^EINVAL: load_state_dict: entry 1 is a number, a tensor is expected"},
       {function() m:load_state_dict({T.zeros({2, 3}), "bias"}) end,

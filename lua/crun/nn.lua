@@ -508,6 +508,7 @@ local CrossEntropy = nn.class("CrossEntropyCriterion")
 -- (layers = 0 gives a linear model). jobs/train.lua and jobs/evaluate.lua
 -- both build their model with it, so a checkpoint always fits.
 function nn.mlp(inputs, hidden, layers, outputs)
+  O.int("nn.mlp", "layers", layers, 0) -- (-1 or 2.5 built some other model)
   local net, width = nn.Sequential(), inputs
   for _ = 1, layers do
     net:add(nn.Linear(width, hidden)):add(nn.ReLU())
