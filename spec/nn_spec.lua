@@ -81,6 +81,19 @@ describe("nn modules (float64)", function()
     end
   end)
 
+  -- nn.ReLU computed x > 0 ? x : 0, which turned NaN into 0 (hiding a diverged
+  -- layer), while t:relu() and torch.nn.ReLU pass NaN on; backward then gave
+  -- 0 where torch's threshold_backward passes the gradient
+  it("ReLU passes NaN on, forward and backward, as t:relu() and torch do", function()
+    for _, dt in ipairs{"float32", "float64"} do
+      local m = nn.ReLU()
+      local y = m:forward(T.new({{0 / 0, -1, 2}}, dt)):totable()[1]
+      assert.is_true(y[1] ~= y[1], dt)
+      assert.are.same({0, 2}, {y[2], y[3]})
+      assert.are.same({{5, 0, 5}}, m:backward(nil, T.full({1, 3}, 5, dt)):totable())
+    end
+  end)
+
   it("LogSoftMax is stable and passes a gradient check", function()
     local x = randn({3, 5}, 8)
     local y = nn.LogSoftMax():forward(x)
