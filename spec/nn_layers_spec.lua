@@ -166,7 +166,7 @@ describe("nn.Conv2d (float64)", function()
   end)
 end)
 
-describe("nn.Conv2d and pooling geometry past 2^31", function()
+describe("nn layer sizes and options at the edges", function()
   -- in + 2 * padding and dilation * (kernel - 1) overflowed int64 before the
   -- range check (UBSan aborted; a plain build named the wrong cause)
   local M, x = math.maxinteger, T.zeros({1, 1, 3, 3}, "float64")
@@ -180,6 +180,20 @@ describe("nn.Conv2d and pooling geometry past 2^31", function()
     {"MaxPool2d kernel maxinteger", function() nn.MaxPool2d(M):forward(x) end,
      "^EINVAL: Pool2d: height: input extent 3, kernel 9223372036854775807, padding 0 or dilation 1 is above 2^31 %- 1"},
   }
+  -- a size table of 3 entries used its first two, and LayerNorm took a NaN or
+  -- negative eps (every output NaN), where BatchNorm refuses them
+  it("refuses a size table that is not a pair, and LayerNorm's NaN or negative eps", function()
+    for _, c in ipairs{{function() nn.Conv2d(1, 1, {1, 2, 3}) end, "^EINVAL: nn.Conv2d: kernel_size must be an integer or a pair {h, w}, got a table of 3"},
+                       {function() nn.Conv2d(1, 1, 1, {stride = {1}}) end, "^EINVAL: nn.Conv2d: stride must be an integer or a pair"},
+                       {function() nn.MaxPool2d({2, 2, 2}) end, "^EINVAL: nn.MaxPool2d: kernel_size must be an integer or a pair"},
+                       {function() nn.LayerNorm({3}, {eps = 0 / 0}) end, "^EINVAL: nn.LayerNorm: eps must be a number >= 0"},
+                       {function() nn.LayerNorm({3}, {eps = -1}) end, "^EINVAL: nn.LayerNorm: eps must be a number >= 0, got %-1"}} do
+      local ok, err = pcall(c[1])
+      assert.is_false(ok)
+      assert.matches(c[2], tostring(err))
+    end
+  end)
+
   for _, c in ipairs(cases) do
     it(c[1], function()
       local ok, err = pcall(c[2])

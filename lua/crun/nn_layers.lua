@@ -27,7 +27,14 @@ return function(nn, H)
   -- An int or {h, w} -> h, w (each >= lo).
   local function pair(fname, what, v, lo)
     local h, w
-    if type(v) == "table" then h, w = v[1], v[2] else h, w = v, v end
+    if type(v) == "table" then
+      if #v ~= 2 then -- {1, 2, 3} used its first two, {3} read nil
+        O.fail("EINVAL: %s: %s must be an integer or a pair {h, w}, got a table of %d", fname, what, #v)
+      end
+      h, w = v[1], v[2]
+    else
+      h, w = v, v
+    end
     return O.int(fname, what, h, lo), O.int(fname, what, w, lo)
   end
 
@@ -408,7 +415,7 @@ return function(nn, H)
     for i, v in ipairs(shape) do d = d * O.int(fn, "normalized_shape[" .. i .. "]", v, 1) end
     if #shape == 0 then O.fail("EINVAL: %s: normalized_shape is empty", fn) end
     local self = setmetatable({}, LayerNorm):_init()
-    self.shape, self.d, self.eps, self.dtype = shape, d, opts.eps or 1e-5, dtype_of(fn, opts.dtype)
+    self.shape, self.d, self.eps, self.dtype = shape, d, O.num(fn, "eps", opts.eps, 0, 1e-5), dtype_of(fn, opts.dtype)
     self._params, self._grads = {}, {}
     if O.bool(fn, "elementwise_affine", opts.elementwise_affine, true) ~= false then
       self.weight, self.bias = T().ones(shape, self.dtype), T().zeros(shape, self.dtype)
