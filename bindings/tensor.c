@@ -163,12 +163,6 @@ static void push_elem_at(lua_State *L, const crun_tensor_t *t, const int64_t *id
   }
 }
 
-/* A Lua number stored into an integer tensor (tensor.new, full, fill_,
- * t[i] = v) must fit its dtype once truncated toward zero, as torch requires
- * of a Python scalar ("value cannot be converted to type int8_t without
- * overflow"): EINVAL on argument `arg` instead of a wrapped or saturated
- * element. Conversions between tensors still wrap (from integers) or
- * saturate (from floats), as torch's do. */
 /* The values an integer dtype holds: [*lo, *hi]. */
 static void int_dtype_range(crun_dtype_t dt, lua_Integer *lo, lua_Integer *hi) {
   switch (dt) {
@@ -180,6 +174,12 @@ static void int_dtype_range(crun_dtype_t dt, lua_Integer *lo, lua_Integer *hi) {
   }
 }
 
+/* A Lua number stored into an integer tensor (tensor.new, full, fill_,
+ * t[i] = v) must fit its dtype once truncated toward zero, as torch requires
+ * of a Python scalar ("value cannot be converted to type int8_t without
+ * overflow"): EINVAL on argument `arg` instead of a wrapped or saturated
+ * element. Conversions between tensors still wrap (from integers) or
+ * saturate (from floats), as torch's do. */
 static void check_fits(lua_State *L, int arg, crun_dtype_t dt, int varg) {
   if (!crun_dtype_is_integer(dt) || lua_type(L, varg) != LUA_TNUMBER) return;
   lua_Integer lo, hi;
