@@ -288,6 +288,9 @@ describe("tensor errors", function()
        "^EINVAL: bad argument #3 to 'narrow' %(length 3 from 3 exceeds dim 2 of size 4%)$"},
       {err_of(T.zeros, {2}, "complex64"), "^EINVAL: bad argument #2 to '[%w.]*zeros' %(unknown dtype 'complex64'%)$"},
       {err_of(T.new, {{1, 2}, {3}}), "^EINVAL: bad argument #1 to '[%w.]*new' %(ragged nested table"},
+      -- the first dtype was dropped: to("int32", "float64") gave float64
+      {err_of(function() return a:to("int32", "float64") end),
+       "^EINVAL: bad argument #3 to 'to' %(two dtypes given %('int32' and 'float64'%)%)"},
       -- lauxlib-style type checks of the bindings carry the status too
       {err_of(function() return a:narrow("x", 1, 1) end), "^EINVAL: bad argument #1 to 'narrow' %(number expected, got string%)$"},
       {err_of(function() return a:narrow(1.5, 1, 1) end),

@@ -82,6 +82,9 @@ function methods.to(t, a, b)
   if a ~= nil and is_device(a) and b ~= nil and is_device(b) then
     argerror(3, "to", "two devices given ('%s' and '%s')", tostring(a), tostring(b))
   end
+  if a ~= nil and not is_device(a) and b ~= nil and not is_device(b) then -- (the first was dropped)
+    argerror(3, "to", "two dtypes given ('%s' and '%s')", tostring(a), tostring(b))
+  end
   if dt ~= nil then t = to_dtype(t, dt) end
   if dev ~= nil then t = C.to_device(t, CU().device_index(dev, "to")) end
   return t
