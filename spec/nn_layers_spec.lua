@@ -182,6 +182,17 @@ describe("nn layer sizes and options at the edges", function()
   }
   -- a size table of 3 entries used its first two, and LayerNorm took a NaN or
   -- negative eps (every output NaN), where BatchNorm refuses them
+  -- the windows read the output buffer they were writing when it was the input
+  it("MaxPool2d and AvgPool2d fed their own output buffer compute from its values", function()
+    for _, m in ipairs{nn.MaxPool2d(3, {stride = 1, padding = 1}), nn.AvgPool2d(3, {stride = 1, padding = 1})} do
+      local x = randn({2, 2, 4, 4}, 22)
+      local want = m:forward(m:forward(x):clone()):clone()
+      local y = m:forward(x)
+      y = m:forward(y)
+      assert.is_true(util.max_rel_err(y, util.list(want)) < 1e-15, tostring(m))
+    end
+  end)
+
   it("refuses a size table that is not a pair, and LayerNorm's NaN or negative eps", function()
     for _, c in ipairs{{function() nn.Conv2d(1, 1, {1, 2, 3}) end, "^EINVAL: nn.Conv2d: kernel_size must be an integer or a pair {h, w}, got a table of 3"},
                        {function() nn.Conv2d(1, 1, 1, {stride = {1}}) end, "^EINVAL: nn.Conv2d: stride must be an integer or a pair"},

@@ -94,6 +94,17 @@ describe("nn modules (float64)", function()
     end
   end)
 
+  -- the GEMM wrote the output buffer it was reading: h = lin:forward(h) was wrong
+  it("Linear fed its own output buffer computes from that buffer's values", function()
+    local lin = nn.Linear(3, 3, {dtype = "float64"})
+    local x = randn({4, 3}, 21)
+    local h1 = lin:forward(x):clone()
+    local want = lin:forward(h1):clone()
+    local h = lin:forward(x)
+    h = lin:forward(h)
+    assert.is_true(util.max_rel_err(h, util.list(want)) < 1e-15)
+  end)
+
   it("LogSoftMax is stable and passes a gradient check", function()
     local x = randn({3, 5}, 8)
     local y = nn.LogSoftMax():forward(x)

@@ -88,6 +88,15 @@ local function contig(x)
   return x
 end
 
+-- x, or a copy of it when it shares storage with buf (the module's own output
+-- buffer fed back in, h = lin:forward(h)): the kernels that write their output
+-- while still reading their input (Linear's GEMM, the pooling windows) gave
+-- wrong values in place.
+local function unaliased(x, buf)
+  if buf and x:is_same_storage(buf) then return x:clone() end
+  return x
+end
+
 local function check_tensor(x, fname, what)
   if not require("crun.serialize").is_tensor(x) then
     O.fail("EINVAL: %s: %s must be a tensor, got %s", fname, what, type(x))
@@ -300,7 +309,7 @@ end
 
 function Linear:forward(x)
   check_tensor(x, "Linear:forward", "input")
-  x = contig(x)
+  x = unaliased(contig(x), self.output)
   self.output = ensure(self.output, {x:size(1), self.out_features}, self.dtype, x:device())
   K.nn_linear_forward(x, self.weight, self.bias, self.output)
   return self.output
@@ -584,6 +593,6 @@ end
 MSE.backward = grad_from_forward("MSECriterion")
 
 require("crun.nn_layers")(nn, {K = K, O = O, ensure = ensure, contig = contig, check_tensor = check_tensor,
-  next_seed = next_seed, T = T})
+  unaliased = unaliased, next_seed = next_seed, T = T})
 
 return nn

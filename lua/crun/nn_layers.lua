@@ -8,6 +8,7 @@
 -- in between. Batch-norm statistics are float64 whatever the model dtype.
 return function(nn, H)
   local K, O, ensure, contig, check_tensor, T = H.K, H.O, H.ensure, H.contig, H.check_tensor, H.T
+  local unaliased = H.unaliased
 
   local CONV = O.spec{"stride", "padding", "dilation", "bias", "dtype", "seed",
     inert = {device = "crun tensors live in host memory"}}
@@ -133,7 +134,7 @@ return function(nn, H)
 
   function MaxPool2d:forward(x)
     check_4d(x, "MaxPool2d:forward")
-    x = contig(x)
+    x = unaliased(contig(x), self.output)
     local oh, ow = K.nn_pool2d_out_size(x:size(3), x:size(4), self.geom)
     local shape = {x:size(1), x:size(2), oh, ow}
     self.output = ensure(self.output, shape, x:dtype())
@@ -170,7 +171,7 @@ return function(nn, H)
 
   function AvgPool2d:forward(x)
     check_4d(x, "AvgPool2d:forward")
-    x = contig(x)
+    x = unaliased(contig(x), self.output)
     local oh, ow = K.nn_pool2d_out_size(x:size(3), x:size(4), self.geom)
     self.output = ensure(self.output, {x:size(1), x:size(2), oh, ow}, x:dtype())
     K.nn_avgpool2d_forward(x, self.output, self.geom, self.count_include_pad)
