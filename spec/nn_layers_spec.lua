@@ -193,6 +193,20 @@ describe("nn layer sizes and options at the edges", function()
     end
   end)
 
+  -- backward zeroes gradInput before accumulating into it: gradOutput = that buffer was lost
+  it("Conv2d, MaxPool2d and AvgPool2d backward take their own gradInput buffer as gradOutput", function()
+    for _, m in ipairs{nn.Conv2d(2, 2, 3, {padding = 1, dtype = "float64"}), nn.MaxPool2d(3, {stride = 1, padding = 1}),
+                       nn.AvgPool2d(3, {stride = 1, padding = 1})} do
+      local x = randn({2, 2, 4, 4}, 23)
+      m:forward(x)
+      local gy = randn(m.output:size(), 24)
+      local want = m:backward(x, m:backward(x, gy):clone()):clone()
+      local g = m:backward(x, gy)
+      g = m:backward(x, g)
+      assert.is_true(util.max_rel_err(g, util.list(want)) < 1e-15, tostring(m))
+    end
+  end)
+
   it("refuses a size table that is not a pair, and LayerNorm's NaN or negative eps", function()
     for _, c in ipairs{{function() nn.Conv2d(1, 1, {1, 2, 3}) end, "^EINVAL: nn.Conv2d: kernel_size must be an integer or a pair {h, w}, got a table of 3"},
                        {function() nn.Conv2d(1, 1, 1, {stride = {1}}) end, "^EINVAL: nn.Conv2d: stride must be an integer or a pair"},

@@ -99,7 +99,7 @@ return function(nn, H)
 
   function Conv2d:backward(x, gy)
     check_tensor(gy, "Conv2d:backward", "gradOutput")
-    x, gy = contig(x), contig(gy)
+    x, gy = contig(x), unaliased(contig(gy), self.gradInput) -- (gradInput is zeroed first)
     self.gradInput = ensure(self.gradInput, x:size(), self.dtype)
     K.nn_conv2d_backward(x, self.weight, gy, self.gradInput, self.gradWeight, self.gradBias, self.geom)
     self:_grads_ready()
@@ -146,8 +146,9 @@ return function(nn, H)
   function MaxPool2d:backward(x, gy)
     check_tensor(x, "MaxPool2d:backward", "input")
     check_tensor(gy, "MaxPool2d:backward", "gradOutput")
+    gy = unaliased(contig(gy), self.gradInput) -- (gradInput is zeroed first)
     self.gradInput = ensure(self.gradInput, x:size(), x:dtype())
-    K.nn_maxpool2d_backward(contig(gy), self.indices, self.gradInput, self.geom)
+    K.nn_maxpool2d_backward(gy, self.indices, self.gradInput, self.geom)
     return self.gradInput
   end
 
@@ -181,8 +182,9 @@ return function(nn, H)
   function AvgPool2d:backward(x, gy)
     check_tensor(x, "AvgPool2d:backward", "input")
     check_tensor(gy, "AvgPool2d:backward", "gradOutput")
+    gy = unaliased(contig(gy), self.gradInput) -- (gradInput is zeroed first)
     self.gradInput = ensure(self.gradInput, x:size(), x:dtype())
-    K.nn_avgpool2d_backward(contig(gy), self.gradInput, self.geom, self.count_include_pad)
+    K.nn_avgpool2d_backward(gy, self.gradInput, self.geom, self.count_include_pad)
     return self.gradInput
   end
 
