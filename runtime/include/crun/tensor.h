@@ -252,7 +252,8 @@ int crun_tensor_index_select(crun_tensor_t *a, int dim, crun_tensor_t *index, in
                              crun_tensor_t **out);
 
 /* out[i][j] = a[i][index[i][j]] along dim (torch.gather); index has a's
- * ndim and no larger dims elsewhere. scatter_add_: a[..index..] += src. */
+ * ndim and no larger dims elsewhere. scatter_add_: a[..index..] += src (src may
+ * share a's storage: it is then read from a copy). */
 int crun_tensor_gather(crun_tensor_t *a, int dim, crun_tensor_t *index, int64_t base,
                        crun_tensor_t **out);
 int crun_tensor_scatter_add_(crun_tensor_t *a, int dim, crun_tensor_t *index, crun_tensor_t *src,
