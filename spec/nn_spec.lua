@@ -105,6 +105,25 @@ describe("nn modules (float64)", function()
     assert.is_true(util.max_rel_err(h, util.list(want)) < 1e-15)
   end)
 
+  -- Sequential(l, act, l) listed l's weight twice: an optimizer stepped it
+  -- twice with its summed gradient (SGD moved it by 2 lr g), num_parameters
+  -- and state_dict counted it twice; torch's parameters() lists it once
+  it("lists a module used twice (weight tying) once, and steps it once", function()
+    local l = nn.Linear(2, 2, {dtype = "float64"})
+    local net = nn.Sequential(l, nn.Tanh(), l)
+    assert.are.equal(2, #net:parameters())
+    assert.are.equal(6, net:num_parameters())
+    assert.are.equal(2, #net:state_dict())
+    assert.are.equal(2, #net:leaves()) -- l and the Tanh
+    local x = randn({3, 2}, 25)
+    net:zero_grad()
+    net:forward(x)
+    net:backward(x, T.ones({3, 2}, "float64"))
+    local w0, g0 = l.weight:clone(), l.gradWeight:clone()
+    require("crun.optim").SGD(net, {lr = 1}):step()
+    assert.is_true(util.max_rel_err(l.weight, util.list(w0 - g0)) < 1e-15)
+  end)
+
   it("LogSoftMax is stable and passes a gradient check", function()
     local x = randn({3, 5}, 8)
     local y = nn.LogSoftMax():forward(x)

@@ -172,13 +172,15 @@ function Module:_grads_ready()
   for _, h in ipairs(self._hooks) do h(self) end
 end
 
---- Leaf modules (no children) in registration order, self included if a leaf.
-function Module:leaves(out)
-  out = out or {}
+--- Leaf modules (no children) in registration order, self included if a
+-- leaf; a leaf used twice (weight tying) is listed once, as parameters() lists
+-- its tensors once.
+function Module:leaves(out, seen)
+  out, seen = out or {}, seen or {}
   if self.modules then
-    for _, m in ipairs(self.modules) do m:leaves(out) end
-  else
-    out[#out + 1] = self
+    for _, m in ipairs(self.modules) do m:leaves(out, seen) end
+  elseif not seen[self] then
+    seen[self], out[#out + 1] = true, self
   end
   return out
 end
@@ -475,19 +477,29 @@ function Sequential:backward(x, gy)
   return gy
 end
 
+-- Each tensor once, as torch's parameters(): a module added twice (weight
+-- tying, Sequential(l, act, l)) listed its weight twice, and an optimizer
+-- then stepped it twice with its (already summed) gradient.
 function Sequential:parameters()
-  local p, g = {}, {}
+  local p, g, seen = {}, {}, {}
   for _, m in ipairs(self.modules) do
     local mp, mg = m:parameters()
-    for i = 1, #mp do p[#p + 1], g[#g + 1] = mp[i], mg[i] end
+    for i = 1, #mp do
+      if not seen[mp[i]] then
+        seen[mp[i]] = true
+        p[#p + 1], g[#g + 1] = mp[i], mg[i]
+      end
+    end
   end
   return p, g
 end
 
 function Sequential:buffers()
-  local out = {}
+  local out, seen = {}, {}
   for _, m in ipairs(self.modules) do
-    for _, b in ipairs(m:buffers()) do out[#out + 1] = b end
+    for _, b in ipairs(m:buffers()) do
+      if not seen[b] then seen[b], out[#out + 1] = true, b end
+    end
   end
   return out
 end
