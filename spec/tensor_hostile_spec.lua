@@ -86,6 +86,26 @@ describe("hostile tensor arguments", function()
     assert.are.same({1, 0}, T.new({big, big - 1}, "int64"):eq(big):totable())
   end)
 
+  -- a write into an expand()ed view stored every result in one element (copy
+  -- of {1, 2, 3} kept 3, add_ added once), and fill over expand(2^40) wrote
+  -- one element 2^40 times (minutes; not run here)
+  it("refuses to write into an expanded view, and still reads one", function()
+    local base = T.zeros({1})
+    local e = base:expand(3)
+    for name, f in pairs{fill = function() e:fill(2) end, copy = function() e:copy(T.ones({3})) end,
+                         add = function() e:add_(1) end, uniform_ = function() e:uniform_(0, 1) end,
+                         scatter_add_ = function() e:scatter_add_(1, T.new({1}, "int64"), T.ones({1})) end} do
+      local ok, err = pcall(f)
+      assert.is_false(ok, name)
+      assert.matches("^EINVAL: [%w_]+: dim 1 of the destination repeats one element %d+ times", err)
+    end
+    assert.are.equal(0, base[1])
+    assert.are.equal(3, (e + 1):sum())
+    local row = T.zeros({1, 3})
+    row:expand(1, 3):fill(4) -- a size-1 dim repeats nothing
+    assert.are.equal(12, row:sum())
+  end)
+
   it("leaves the neighbouring tensor alone", function()
     local x, y = T.zeros({8}), T.full({8}, 7)
     pcall(function() x:narrow(1, 2, M):fill(1) end)

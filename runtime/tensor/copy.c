@@ -151,6 +151,7 @@ static void copy_row(crun_dtype_t ddt, char *d, int64_t ds, crun_dtype_t sdt, co
 
 int crun_tensor_copy(crun_tensor_t *dst, crun_tensor_t *src) {
   char a[128], b[128];
+  CRUN_CHECK(crun__check_writable(dst, "copy"));
   /* host tensors have device -1 on both sides: the AND stays negative */
   if (__builtin_expect((dst->st->device & src->st->device) >= 0, 0)) return crun__tensor_copy_dev(dst, src);
   if (!same_shape(dst, src))
@@ -228,6 +229,7 @@ static void fill_elem(crun_tensor_t *t, const unsigned char one[8]) {
 }
 
 int crun_tensor_fill(crun_tensor_t *t, double v) {
+  CRUN_CHECK(crun__check_writable(t, "fill"));
   if (__builtin_expect(t->st->device >= 0, 0)) return crun__dev_fill(t, v);
   unsigned char one[8] = {0};
   crun_elem_set_double(t->dt, one, 0, v);
@@ -236,6 +238,7 @@ int crun_tensor_fill(crun_tensor_t *t, double v) {
 }
 
 int crun_tensor_fill_int64(crun_tensor_t *t, int64_t v) {
+  CRUN_CHECK(crun__check_writable(t, "fill"));
   if (__builtin_expect(t->st->device >= 0, 0)) return crun__dev_fill(t, (double)v);
   unsigned char one[8] = {0};
   crun__elem_set_int64(t->dt, one, 0, v);

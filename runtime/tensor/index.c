@@ -136,6 +136,7 @@ int crun_tensor_scatter_add_(crun_tensor_t *a, int dim, crun_tensor_t *index, cr
                              int64_t base) {
   CRUN__HOST_ONLY3(a, index, src, "scatter_add_");
   CRUN_CHECK(check_gather("scatter_add_", a, dim, index));
+  CRUN_CHECK(crun__check_writable(a, "scatter_add_"));
   if (a->dt != CRUN_FLOAT32 && a->dt != CRUN_FLOAT64)
     return crun_error(CRUN_ENOTSUP, "scatter_add_ needs a float32 or float64 tensor, got %s", crun_dtype_name(a->dt));
   if (src->dt != a->dt)

@@ -60,6 +60,7 @@ static double uniform_for(crun_generator_t *g, crun_dtype_t dt, double lo, doubl
 
 static int fill_with(crun_tensor_t *t, crun_generator_t *g, int normal, double a, double b) {
   if (!g) return crun_error(CRUN_EINVAL, "random fill: generator is NULL");
+  CRUN_CHECK(crun__check_writable(t, normal ? "normal_" : "uniform_"));
   crun__rowiter_t it;
   crun__rowiter_init(&it, t);
   if (it.rows_left <= 0) return 0;

@@ -32,6 +32,14 @@ int crun__check_shape(int ndim, const int64_t *shape, const char *where) {
   return 0;
 }
 
+int crun__check_writable(const crun_tensor_t *t, const char *where) {
+  for (int d = 0; d < t->ndim; d++)
+    if (t->shape[d] > 1 && t->strides[d] == 0)
+      return crun_error(CRUN_EINVAL, "%s: dim %d of the destination repeats one element %lld times "
+                        "(an expand()ed view): clone() it before writing", where, d + 1, (long long)t->shape[d]);
+  return 0;
+}
+
 static void set_contiguous_strides(crun_tensor_t *t) {
   int64_t s = 1;
   for (int d = t->ndim - 1; d >= 0; d--) {
