@@ -207,6 +207,14 @@ describe("nn layer sizes and options at the edges", function()
     end
   end)
 
+  -- an empty batch [0, 3, 2] came out [0, 0] (numel // N), so the next Linear(6, k) refused it
+  it("Flatten keeps the feature size of an empty batch", function()
+    local f = nn.Flatten()
+    assert.are.same({0, 6}, f:forward(T.zeros({0, 3, 2}, "float64")):size())
+    assert.are.same({0, 4}, nn.Sequential(f, nn.Linear(6, 4, {dtype = "float64"})):forward(T.zeros({0, 3, 2}, "float64")):size())
+    assert.are.same({2, 6}, f:forward(T.zeros({2, 3, 2}, "float64")):size())
+  end)
+
   it("refuses a size table that is not a pair, and LayerNorm's NaN or negative eps", function()
     for _, c in ipairs{{function() nn.Conv2d(1, 1, {1, 2, 3}) end, "^EINVAL: nn.Conv2d: kernel_size must be an integer or a pair {h, w}, got a table of 3"},
                        {function() nn.Conv2d(1, 1, 1, {stride = {1}}) end, "^EINVAL: nn.Conv2d: stride must be an integer or a pair"},

@@ -198,8 +198,9 @@ return function(nn, H)
   function Flatten:forward(x)
     check_tensor(x, "Flatten:forward", "input")
     x = contig(x)
-    local n = x:dim() > 0 and x:size(1) or 1
-    self.output = x:view(n, n > 0 and x:numel() // n or 0)
+    local n, rest = x:dim() > 0 and x:size(1) or 1, 1
+    for d = 2, x:dim() do rest = rest * x:size(d) end -- (numel // n: 0 for an empty batch)
+    self.output = x:view(n, rest)
     return self.output
   end
 
