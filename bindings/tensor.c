@@ -163,6 +163,17 @@ static void push_elem_at(lua_State *L, const crun_tensor_t *t, const int64_t *id
   }
 }
 
+/* The values an integer dtype holds: [*lo, *hi]. */
+static void int_dtype_range(crun_dtype_t dt, lua_Integer *lo, lua_Integer *hi) {
+  switch (dt) {
+  case CRUN_INT8: *lo = INT8_MIN, *hi = INT8_MAX; break;
+  case CRUN_UINT8: *lo = 0, *hi = UINT8_MAX; break;
+  case CRUN_INT16: *lo = INT16_MIN, *hi = INT16_MAX; break;
+  case CRUN_INT32: *lo = INT32_MIN, *hi = INT32_MAX; break;
+  default: *lo = INT64_MIN, *hi = INT64_MAX; break;
+  }
+}
+
 /* A Lua number stored into an integer tensor (tensor.new, full, fill_,
  * t[i] = v) must fit its dtype once truncated toward zero, as torch requires
  * of a Python scalar ("value cannot be converted to type int8_t without
@@ -172,13 +183,7 @@ static void push_elem_at(lua_State *L, const crun_tensor_t *t, const int64_t *id
 static void check_fits(lua_State *L, int arg, crun_dtype_t dt, int varg) {
   if (!crun_dtype_is_integer(dt) || lua_type(L, varg) != LUA_TNUMBER) return;
   lua_Integer lo, hi;
-  switch (dt) {
-  case CRUN_INT8: lo = INT8_MIN, hi = INT8_MAX; break;
-  case CRUN_UINT8: lo = 0, hi = UINT8_MAX; break;
-  case CRUN_INT16: lo = INT16_MIN, hi = INT16_MAX; break;
-  case CRUN_INT32: lo = INT32_MIN, hi = INT32_MAX; break;
-  default: lo = INT64_MIN, hi = INT64_MAX; break;
-  }
+  int_dtype_range(dt, &lo, &hi);
   int fits;
   if (lua_isinteger(L, varg)) {
     lua_Integer v = lua_tointeger(L, varg);
@@ -275,6 +280,7 @@ static int t_empty(lua_State *L) {
 
 /* tensor.full(shape, value[, dtype]) */
 static double check_fill_value(lua_State *L, int idx);
+static int fill_value(lua_State *L, int idx, crun_tensor_t *t, double v);
 
 static int t_full(lua_State *L) {
   int64_t shape[CRUN_MAX_DIMS];
@@ -286,8 +292,22 @@ static int t_full(lua_State *L) {
   check_fits(L, 2, p.dt, 2);
   crun_tensor_t *t;
   int rc = crun_tensor_new(p.dt, nd, shape, &t);
-  if (rc == 0) crun_tensor_fill(t, v);
+  if (rc == 0) fill_value(L, 2, t, v);
   return push_placed(L, rc, &t, p);
+}
+
+/* The length of [a, b) by step for integer bounds, counted in integers:
+ * doubles round bounds past 2^53 (arange(2^62 + 1, 2^62 + 4) was empty). */
+static uint64_t arange_count_int(lua_Integer a, lua_Integer b, lua_Integer step) {
+  uint64_t span, ustep;
+  if (step > 0) {
+    if (b <= a) return 0;
+    span = (uint64_t)b - (uint64_t)a, ustep = (uint64_t)step;
+  } else {
+    if (a <= b) return 0;
+    span = (uint64_t)a - (uint64_t)b, ustep = 0 - (uint64_t)step;
+  }
+  return span / ustep + (span % ustep != 0);
 }
 
 /* tensor.arange(n[, dtype]) or arange(a, b[, step][, dtype]): [a, b) by step;
@@ -301,7 +321,10 @@ static int t_arange(lua_State *L) {
   double a = nnum >= 2 ? lua_tonumber(L, 1) : 0, b = lua_tonumber(L, nnum >= 2 ? 2 : 1);
   double step = nnum == 3 ? lua_tonumber(L, 3) : 1;
   if (step == 0 || isnan(step)) crun_l_argerror(L, 3, "step must be non-zero");
-  double cnt = ceil((b - a) / step);
+  if (isnan(a) || isnan(b)) crun_l_argerror(L, 1, "the bounds must be numbers, not NaN");
+  lua_Integer ia = nnum >= 2 ? lua_tointeger(L, 1) : 0, ib = lua_tointeger(L, nnum >= 2 ? 2 : 1);
+  lua_Integer istep = nnum == 3 ? lua_tointeger(L, 3) : 1;
+  double cnt = ints ? (double)arange_count_int(ia, ib, istep) : ceil((b - a) / step);
   if (cnt > 1e12) crun_l_argerror(L, 1, "range too large");
   int64_t n = cnt > 0 ? (int64_t)cnt : 0;
   crun_tensor_t *t;
@@ -310,7 +333,7 @@ static int t_arange(lua_State *L) {
   if (rc < 0) crun_l_fail(L, rc);
   crun_l_push_tensor(L, t); /* owns it while elements are set (they may raise) */
   for (int64_t i = 0; i < n; i++) {
-    if (ints) CRUN_L_CHECK(L, crun_tensor_set_int64(t, &i, (int64_t)a + i * (int64_t)step));
+    if (ints) CRUN_L_CHECK(L, crun_tensor_set_int64(t, &i, (int64_t)((uint64_t)ia + (uint64_t)i * (uint64_t)istep)));
     else CRUN_L_CHECK(L, crun_tensor_set_double(t, &i, a + (double)i * step));
   }
   return push_placed(L, 0, &t, p);
@@ -502,6 +525,13 @@ static int t_randint(lua_State *L) {
   } else {
     dt = opt_dtype(L, 4, CRUN_INT64);
   }
+  if (crun_dtype_is_integer(dt)) { /* as torch: no draw wraps to a value outside [lo, hi) */
+    lua_Integer dlo, dhi;
+    int_dtype_range(dt, &dlo, &dhi);
+    if (lo < dlo || hi - 1 > dhi)
+      crun_l_argerror(L, 2, lua_pushfstring(L, "range [%I, %I) does not fit %s [%I, %I]", lo, hi,
+                                            crun_dtype_name(dt), dlo, dhi));
+  }
   crun_tensor_t *t;
   CRUN_L_CHECK(L, crun_tensor_empty(dt, nd, shape, &t));
   crun_l_push_tensor(L, t);
@@ -661,11 +691,19 @@ static double check_fill_value(lua_State *L, int idx) {
   return crun_l_checknumber(L, idx);
 }
 
+/* Fills t with the value at idx (v as a double): an integer into an integer
+ * tensor exactly, as a double rounds past 2^53 (full(s, 2^53 + 1, 'int64')). */
+static int fill_value(lua_State *L, int idx, crun_tensor_t *t, double v) {
+  if (lua_isinteger(L, idx) && crun_dtype_is_integer(crun_tensor_dtype(t)))
+    return crun_tensor_fill_int64(t, lua_tointeger(L, idx));
+  return crun_tensor_fill(t, v);
+}
+
 static int m_fill(lua_State *L) {
   crun_tensor_t *t = crun_l_check_tensor(L, 1);
   double v = check_fill_value(L, 2);
   check_fits(L, 2, crun_tensor_dtype(t), 2);
-  CRUN_L_CHECK(L, crun_tensor_fill(t, v));
+  CRUN_L_CHECK(L, fill_value(L, 2, t, v));
   lua_settop(L, 1);
   return 1;
 }
@@ -921,6 +959,20 @@ static int t_is_tensor(lua_State *L) {
 
 /* ------------------------------------------------------------ math */
 
+/* A 0-d int64 tensor holding the Lua integer at idx, when t is int64 and a
+ * double cannot hold the integer (past 2^53): the scalar kernels take a
+ * double, so t + (2^53 + 1) added 2^53 and t - maxinteger was ERANGE. NULL
+ * when the scalar path is exact. */
+static crun_tensor_t *exact_int64_scalar(lua_State *L, int idx, const crun_tensor_t *t) {
+  if (crun_tensor_dtype(t) != CRUN_INT64 || !lua_isinteger(L, idx)) return NULL;
+  lua_Integer v = lua_tointeger(L, idx);
+  if (v >= -((lua_Integer)1 << 53) && v <= ((lua_Integer)1 << 53)) return NULL;
+  crun_tensor_t *s;
+  CRUN_L_CHECK(L, crun_tensor_new(CRUN_INT64, 0, NULL, &s));
+  crun_tensor_fill_int64(s, v);
+  return s;
+}
+
 /* Binary op on (tensor|number, tensor|number), new result or in place. The
  * op is the closure's upvalue 1, in-place flag upvalue 2. t:add(x, alpha)
  * and t:sub(x, alpha) scale a tensor x by alpha first (torch's alpha). */
@@ -936,7 +988,13 @@ static int m_binop(lua_State *L) {
     CRUN_L_CHECK(L, crun_tensor_binop_scalar(CRUN_BIN_MUL, b, crun_l_checknumber(L, 3), 0, &scaled));
     b = scaled;
   }
-  if (a && b) {
+  crun_tensor_t *exact = !a ? exact_int64_scalar(L, 1, b)
+                       : !b && lua_isnoneornil(L, 3) ? exact_int64_scalar(L, 2, a) : NULL;
+  if (exact) {
+    if (!a) rc = crun_tensor_binop(op, exact, b, &r);
+    else rc = inplace ? crun_tensor_binop_out(op, a, exact, a) : crun_tensor_binop(op, a, exact, &r);
+    crun_tensor_release(exact);
+  } else if (a && b) {
     rc = inplace ? crun_tensor_binop_out(op, a, b, a) : crun_tensor_binop(op, a, b, &r);
   } else if (a) {
     double s = crun_l_checknumber(L, 2);

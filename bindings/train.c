@@ -518,6 +518,7 @@ static void push_list(lua_State *L, const int64_t *v, size_t n, int64_t add) {
  * ranks), offsets (element offsets in the owner's buffer of that key),
  * rank_numel (per rank), bucket_numel (rank r, key k at r * nkeys + k + 1) */
 static int l_zero_partition(lua_State *L) {
+  lua_settop(L, 4); /* check_int_list pushes its arrays: an absent 3 must stay nil */
   crun_l_checktype(L, 1, LUA_TTABLE);
   lua_Integer n = (lua_Integer)luaL_len(L, 1);
   lua_Integer world = crun_l_check_range(L, crun_l_checkinteger(L, 2), 1, 1 << 20, "zero_partition", "world size");
@@ -555,6 +556,7 @@ static int l_zero_partition(lua_State *L) {
 /* fsdp_layout({numel...}, world, no_shard) -> offsets (0-based element
  * offsets in the flat buffer), numel, padded, shard_numel */
 static int l_fsdp_layout(lua_State *L) {
+  lua_settop(L, 3); /* check_int_list pushes its array: an absent no_shard must stay nil */
   crun_l_checktype(L, 1, LUA_TTABLE);
   lua_Integer n = (lua_Integer)luaL_len(L, 1);
   lua_Integer world = crun_l_check_range(L, crun_l_checkinteger(L, 2), 1, INT32_MAX, "fsdp_layout", "world size");

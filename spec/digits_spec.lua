@@ -59,6 +59,10 @@ describe("crun.data.load_digits", function()
     local X, Y = data.load_digits{path = dir .. "/ok.csv"}
     assert.are.equal(1, X[1][64])
     assert.are.equal(10, Y[1])
+    -- a NUL ended the path in io.open and zlib: ok.csv was read for ok.csv\0.gz
+    ok, err = pcall(data.load_digits, {path = dir .. "/ok.csv\0.gz"})
+    assert.is_false(ok)
+    assert.is_truthy(tostring(err):match("^EINVAL: load_digits: path must be a string without a NUL byte"), err)
     ok, err = pcall(data.load_digits, {path = dir .. "/none.csv.gz"})
     assert.is_false(ok)
     assert.is_truthy(tostring(err):match("^ENOTFOUND: .*none%.csv%.gz.*fetch_digits%.sh"), err)

@@ -38,6 +38,30 @@ describe("exactly-once evaluation", function()
     end)
   end)
 
+  -- these raised bare Lua errors ("attempt to add a 'number' with a 'string'",
+  -- "attempt to compare string with number", "bad argument #1 to 'for iterator'")
+  it("names a metric that is no number, a fn result that is no table and mixed key types", function()
+    local function err_of(f)
+      local ok, err = pcall(f)
+      assert.is_false(ok)
+      return err
+    end
+    local function ev(fn, metrics)
+      return function() data.evaluate{size = 4, num_replicas = 1, rank = 0, metrics = metrics or {"c"}, fn = fn} end
+    end
+    assert.matches("^EINVAL: data.evaluate: fn returned metric 'c' as a string, a number is expected",
+      err_of(ev(function() return {c = "1"} end)))
+    assert.matches("^EINVAL: data.evaluate: fn must return a table of metrics, returned a number",
+      err_of(ev(function() return 5 end)))
+    assert.matches("^EINVAL: data.evaluate: metrics must be a list of names, got string",
+      err_of(ev(function() return {c = 1} end, "c")))
+    assert.matches("^EINVAL: data.all_reduce_metrics: a table of numbers is expected, got number",
+      err_of(function() data.all_reduce_metrics(5) end))
+    assert.matches("^EINVAL: data.all_reduce_metrics: metric 'a' is a string",
+      err_of(function() data.all_reduce_metrics({a = "x"}) end))
+    assert.are.same({a = 1, [1] = 2, [true] = 3}, data.all_reduce_metrics({a = 1, [1] = 2, [true] = 3}))
+  end)
+
   for _, world in ipairs{2, 3, 4} do
     it(string.format("counts each sample once over %d ranks with all_reduce", world), function()
       if not util.have_launcher() then pending("crun-lua / crun.dist not built") return end

@@ -34,6 +34,16 @@ describe("FSDP", function()
     assert.are.same({2, 0, 1}, {fsdp.shard_range(2, 3, 2)})
   end)
 
+  -- the bindings read an absent trailing argument after pushing their arrays:
+  -- fsdp_layout({7}, 3) took the array for no_shard = true (shard 7, not 3),
+  -- zero_partition({...}, 2) took it for the key list (EINVAL, table expected)
+  it("core.fsdp_layout and core.zero_partition read absent trailing arguments as nil", function()
+    local core = require "crun.core"
+    assert.are.same({{0}, 7, 9, 3}, {core.fsdp_layout({7}, 3)})
+    assert.are.same({{0}, 7, 7, 7}, {core.fsdp_layout({7}, 3, true)})
+    assert.are.same({1, 0, 1}, (core.zero_partition({10, 40, 5}, 2)))
+  end)
+
   for world = 1, 4 do
     it(string.format("matches DDP under every strategy on %d rank(s)", world), function()
       if not have then pending("crun-lua not built") return end

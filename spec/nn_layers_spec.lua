@@ -166,6 +166,76 @@ describe("nn.Conv2d (float64)", function()
   end)
 end)
 
+describe("nn layer sizes and options at the edges", function()
+  -- in + 2 * padding and dilation * (kernel - 1) overflowed int64 before the
+  -- range check (UBSan aborted; a plain build named the wrong cause)
+  local M, x = math.maxinteger, T.zeros({1, 1, 3, 3}, "float64")
+  local cases = {
+    {"Conv2d padding maxinteger", function() nn.Conv2d(1, 1, 1, {padding = M, dtype = "float64"}):forward(x) end,
+     "^EINVAL: Conv2d: height: input extent 3, kernel 1, padding 9223372036854775807 or dilation 1 is above 2^31 %- 1"},
+    {"Conv2d dilation maxinteger", function() nn.Conv2d(1, 1, 2, {dilation = M, dtype = "float64"}):forward(x) end,
+     "^EINVAL: Conv2d: height: input extent 3, kernel 2, padding 0 or dilation 9223372036854775807 is above 2^31 %- 1"},
+    {"AvgPool2d padding maxinteger", function() nn.AvgPool2d(2, {padding = M}):forward(x) end,
+     "^EINVAL: Pool2d: padding %(9223372036854775807, 9223372036854775807%) must be at most half the kernel %(2, 2%)"},
+    {"MaxPool2d kernel maxinteger", function() nn.MaxPool2d(M):forward(x) end,
+     "^EINVAL: Pool2d: height: input extent 3, kernel 9223372036854775807, padding 0 or dilation 1 is above 2^31 %- 1"},
+  }
+  -- a size table of 3 entries used its first two, and LayerNorm took a NaN or
+  -- negative eps (every output NaN), where BatchNorm refuses them
+  -- the windows read the output buffer they were writing when it was the input
+  it("MaxPool2d and AvgPool2d fed their own output buffer compute from its values", function()
+    for _, m in ipairs{nn.MaxPool2d(3, {stride = 1, padding = 1}), nn.AvgPool2d(3, {stride = 1, padding = 1})} do
+      local x = randn({2, 2, 4, 4}, 22)
+      local want = m:forward(m:forward(x):clone()):clone()
+      local y = m:forward(x)
+      y = m:forward(y)
+      assert.is_true(util.max_rel_err(y, util.list(want)) < 1e-15, tostring(m))
+    end
+  end)
+
+  -- backward zeroes gradInput before accumulating into it: gradOutput = that buffer was lost
+  it("Conv2d, MaxPool2d and AvgPool2d backward take their own gradInput buffer as gradOutput", function()
+    for _, m in ipairs{nn.Conv2d(2, 2, 3, {padding = 1, dtype = "float64"}), nn.MaxPool2d(3, {stride = 1, padding = 1}),
+                       nn.AvgPool2d(3, {stride = 1, padding = 1})} do
+      local x = randn({2, 2, 4, 4}, 23)
+      m:forward(x)
+      local gy = randn(m.output:size(), 24)
+      local want = m:backward(x, m:backward(x, gy):clone()):clone()
+      local g = m:backward(x, gy)
+      g = m:backward(x, g)
+      assert.is_true(util.max_rel_err(g, util.list(want)) < 1e-15, tostring(m))
+    end
+  end)
+
+  -- an empty batch [0, 3, 2] came out [0, 0] (numel // N), so the next Linear(6, k) refused it
+  it("Flatten keeps the feature size of an empty batch", function()
+    local f = nn.Flatten()
+    assert.are.same({0, 6}, f:forward(T.zeros({0, 3, 2}, "float64")):size())
+    assert.are.same({0, 4}, nn.Sequential(f, nn.Linear(6, 4, {dtype = "float64"})):forward(T.zeros({0, 3, 2}, "float64")):size())
+    assert.are.same({2, 6}, f:forward(T.zeros({2, 3, 2}, "float64")):size())
+  end)
+
+  it("refuses a size table that is not a pair, and LayerNorm's NaN or negative eps", function()
+    for _, c in ipairs{{function() nn.Conv2d(1, 1, {1, 2, 3}) end, "^EINVAL: nn.Conv2d: kernel_size must be an integer or a pair {h, w}, got a table of 3"},
+                       {function() nn.Conv2d(1, 1, 1, {stride = {1}}) end, "^EINVAL: nn.Conv2d: stride must be an integer or a pair"},
+                       {function() nn.MaxPool2d({2, 2, 2}) end, "^EINVAL: nn.MaxPool2d: kernel_size must be an integer or a pair"},
+                       {function() nn.LayerNorm({3}, {eps = 0 / 0}) end, "^EINVAL: nn.LayerNorm: eps must be a number >= 0"},
+                       {function() nn.LayerNorm({3}, {eps = -1}) end, "^EINVAL: nn.LayerNorm: eps must be a number >= 0, got %-1"}} do
+      local ok, err = pcall(c[1])
+      assert.is_false(ok)
+      assert.matches(c[2], tostring(err))
+    end
+  end)
+
+  for _, c in ipairs(cases) do
+    it(c[1], function()
+      local ok, err = pcall(c[2])
+      assert.is_false(ok)
+      assert.matches(c[3], tostring(err))
+    end)
+  end
+end)
+
 describe("nn pooling and Flatten (float64)", function()
   it("MaxPool2d matches the definition and passes a gradient check", function()
     local x = randn({2, 3, 7, 8}, 41)
@@ -245,6 +315,16 @@ describe("nn.BatchNorm1d / BatchNorm2d (float64)", function()
     for ch = 1, 2 do
       local avg = (means[ch][1] + means[ch][2] + means[ch][3]) / 3
       assert.is_true(math.abs(m.running_mean[ch] - avg) < 1e-12)
+    end
+  end)
+
+  -- a NaN momentum passed the range check (NaN < 0 and NaN > 1 are false) and
+  -- made the running statistics NaN at the first forward
+  it("refuses a momentum or eps outside its range, NaN included", function()
+    for _, bad in ipairs{{momentum = 0 / 0}, {momentum = -0.1}, {momentum = 2}, {eps = 0 / 0}} do
+      local ok, err = pcall(nn.BatchNorm1d, 2, bad)
+      assert.is_false(ok)
+      assert.matches("^EINVAL: nn.BatchNorm1d: " .. (bad.eps and "eps" or "momentum") .. " must be", err)
     end
   end)
 

@@ -81,6 +81,49 @@ describe("nn modules (float64)", function()
     end
   end)
 
+  -- nn.ReLU computed x > 0 ? x : 0, which turned NaN into 0 (hiding a diverged
+  -- layer), while t:relu() and torch.nn.ReLU pass NaN on; backward then gave
+  -- 0 where torch's threshold_backward passes the gradient
+  it("ReLU passes NaN on, forward and backward, as t:relu() and torch do", function()
+    for _, dt in ipairs{"float32", "float64"} do
+      local m = nn.ReLU()
+      local y = m:forward(T.new({{0 / 0, -1, 2}}, dt)):totable()[1]
+      assert.is_true(y[1] ~= y[1], dt)
+      assert.are.same({0, 2}, {y[2], y[3]})
+      assert.are.same({{5, 0, 5}}, m:backward(nil, T.full({1, 3}, 5, dt)):totable())
+    end
+  end)
+
+  -- the GEMM wrote the output buffer it was reading: h = lin:forward(h) was wrong
+  it("Linear fed its own output buffer computes from that buffer's values", function()
+    local lin = nn.Linear(3, 3, {dtype = "float64"})
+    local x = randn({4, 3}, 21)
+    local h1 = lin:forward(x):clone()
+    local want = lin:forward(h1):clone()
+    local h = lin:forward(x)
+    h = lin:forward(h)
+    assert.is_true(util.max_rel_err(h, util.list(want)) < 1e-15)
+  end)
+
+  -- Sequential(l, act, l) listed l's weight twice: an optimizer stepped it
+  -- twice with its summed gradient (SGD moved it by 2 lr g), num_parameters
+  -- and state_dict counted it twice; torch's parameters() lists it once
+  it("lists a module used twice (weight tying) once, and steps it once", function()
+    local l = nn.Linear(2, 2, {dtype = "float64"})
+    local net = nn.Sequential(l, nn.Tanh(), l)
+    assert.are.equal(2, #net:parameters())
+    assert.are.equal(6, net:num_parameters())
+    assert.are.equal(2, #net:state_dict())
+    assert.are.equal(2, #net:leaves()) -- l and the Tanh
+    local x = randn({3, 2}, 25)
+    net:zero_grad()
+    net:forward(x)
+    net:backward(x, T.ones({3, 2}, "float64"))
+    local w0, g0 = l.weight:clone(), l.gradWeight:clone()
+    require("crun.optim").SGD(net, {lr = 1}):step()
+    assert.is_true(util.max_rel_err(l.weight, util.list(w0 - g0)) < 1e-15)
+  end)
+
   it("LogSoftMax is stable and passes a gradient check", function()
     local x = randn({3, 5}, 8)
     local y = nn.LogSoftMax():forward(x)
@@ -242,6 +285,17 @@ describe("nn bad input", function()
       {function() nn.set_default_dtype("float16") end, "^EINVAL: nn.set_default_dtype: float32 or float64 expected"},
       {function() nn.manual_seed("x") end, "^EINVAL: nn.manual_seed: seed must be an integer"},
       {function() m:load_state_dict({T.zeros({3})}) end, "^EINVAL: load_state_dict: expected 2 tensors, got 1"},
+      {function() nn.mlp(4, 8, -1, 3) end, "^EINVAL: nn.mlp: layers must be an integer >= 0, got %-1"},
+      {function() nn.mlp(4, 8, 2.5, 3) end, "^EINVAL: nn.mlp: layers must be an integer >= 0, got 2.5"},
+      {function() m:load_state_dict({42, T.zeros({2})}) end,
+       "^EINVAL: load_state_dict: entry 1 is a number, a tensor is expected"},
+      {function() m:load_state_dict({T.zeros({2, 3}), "bias"}) end,
+       "^EINVAL: load_state_dict: entry 2 is a string, a tensor is expected"},
+      -- a [3, 2] weight (another model's) was loaded as [2, 3] without a word
+      {function() m:load_state_dict({T.zeros({3, 2}), T.zeros({2})}) end,
+       "^EINVAL: load_state_dict: tensor 1 has shape 3x2, the model's has 2x3"},
+      {function() m:load_state_dict({T.zeros({2, 3}), T.zeros({1, 2})}) end,
+       "^EINVAL: load_state_dict: tensor 2 has shape 1x2, the model's has 2"},
       {function() nn.MSECriterion():forward(T.zeros({2}), 3) end,
        "^EINVAL: MSECriterion:forward: target must be a tensor, got number"},
       {function() nn.ClassNLLCriterion():forward(T.zeros({2, 3}), T.new({1}, "int64")) end,
@@ -254,6 +308,37 @@ describe("nn bad input", function()
       assert.is_false(ok, "case " .. i)
       assert.matches(c[2], err)
     end
+  end)
+
+  -- these fell through to a bare Lua error ("attempt to call a nil value (method
+  -- 'is_contiguous')") in contig()
+  it("names a non-tensor input or gradOutput of every module with EINVAL", function()
+    local mods = {Dropout = nn.Dropout(0.5), LogSoftMax = nn.LogSoftMax(), Flatten = nn.Flatten(),
+      MaxPool2d = nn.MaxPool2d(2), AvgPool2d = nn.AvgPool2d(2), Embedding = nn.Embedding(3, 2)}
+    for name, m in pairs(mods) do
+      local ok, err = pcall(m.backward, m, T.ones({2, 2}), "x")
+      assert.is_false(ok, name)
+      assert.matches("^EINVAL: " .. name .. ":backward: [a-zA-Z]+ must be a tensor, got string", err)
+    end
+    local ok, err = pcall(nn.Dropout(0.5).forward, nn.Dropout(0.5), 5)
+    assert.is_false(ok)
+    assert.matches("^EINVAL: Dropout:forward: input must be a tensor, got number", err)
+    ok, err = pcall(nn.ClassNLLCriterion().backward, nn.ClassNLLCriterion(), 5, 5)
+    assert.is_false(ok)
+    assert.matches("^EINVAL: ClassNLLCriterion:backward: input must be a tensor, got number", err)
+    ok, err = pcall(nn.Linear(2, 2).forward, nn.Linear(2, 2), T.Generator(1))
+    assert.is_false(ok)
+    assert.matches("^EINVAL: Linear:forward: input must be a tensor, got userdata", err)
+  end)
+
+  it("load_state_dict copies nothing from a refused list and takes a strided tensor of the right shape", function()
+    local m = nn.Linear(3, 2)
+    local w0 = m.weight:clone()
+    assert.has_error(function() m:load_state_dict({T.ones({2, 3}), T.ones({3})}) end)
+    assert.is_true(m.weight:equal(w0))
+    m:load_state_dict({T.arange(6):view(3, 2):t(), T.ones({2}, "float64")})
+    assert.are.same({{0, 2, 4}, {1, 3, 5}}, m.weight:totable())
+    assert.are.same({1, 1}, m.bias:totable())
   end)
 
   it("checks options: unknown keys are EINVAL naming the accepted ones, torch's inert ones are taken", function()

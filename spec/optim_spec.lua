@@ -197,6 +197,25 @@ describe("optim update rules", function()
     assert.are.equal(3, o2.state[1].step)
   end)
 
+  it("load_state_dict keeps its state when refused, casts tensors to the parameter's dtype, and SGD "
+    .. "starts a missing momentum buffer", function()
+    local p, g = T.zeros({3}, "float64"), T.ones({3}, "float64")
+    local o = optim.Adam({p}, {g})
+    o:step()
+    local before = o.state[1]
+    assert.has_error(function() o:load_state_dict({kind = "Adam", state = {{step = 1, exp_avg = T.zeros({3}),
+      exp_avg_sq = T.zeros({3})}, {}}}) end)
+    assert.are.equal(before, o.state[1])
+    o:load_state_dict({kind = "Adam", state = {{step = 2, exp_avg = T.ones({3}), exp_avg_sq = T.ones({3})}}})
+    assert.are.equal("float64", o.state[1].exp_avg:dtype())
+    o:step()
+    assert.are.equal(3, o.state[1].step)
+    local s = optim.SGD({p}, {g}, {lr = 0.5, momentum = 0.9})
+    s:load_state_dict({kind = "SGD", state = {{}}})
+    s:step()
+    assert.are.same({1, 1, 1}, util.list(s.state[1].momentum_buffer))
+  end)
+
   it("rejects bad arguments with EINVAL", function()
     local p, g = T.zeros({3}), T.zeros({3})
     local cases = {
@@ -214,6 +233,30 @@ describe("optim update rules", function()
       {function() optim.Adam({p}, {g}, {amsgrad = 1}) end, "^EINVAL: Adam: amsgrad must be true or false, got 1"},
       {function() optim.Adam({p}, {g}):load_state_dict({kind = "SGD", state = {}}) end,
        "^EINVAL: Adam:load_state_dict: expected a Adam state, got SGD"},
+      -- these were taken, then failed at the next step() with bare Lua errors
+      -- ("attempt to perform arithmetic on a nil value (field 'step')") or not at all
+      {function() optim.Adam({p}, {g}):load_state_dict({kind = "Adam"}) end,
+       "^EINVAL: Adam:load_state_dict: expected a Adam state, got a state of type nil"},
+      {function() optim.Adam({p}, {g}):load_state_dict({kind = "Adam", state = {5}}) end,
+       "^EINVAL: Adam:load_state_dict: state of parameter 1 is a number, a table is expected"},
+      {function() optim.Adam({p}, {g}):load_state_dict({kind = "Adam", state = {x = {}}}) end,
+       "^EINVAL: Adam:load_state_dict: state for parameter x, the optimizer has 1"},
+      {function() optim.Adam({p}, {g}):load_state_dict({kind = "Adam", state = {[2] = {}}}) end,
+       "^EINVAL: Adam:load_state_dict: state for parameter 2, the optimizer has 1"},
+      {function() optim.Adam({p}, {g}):load_state_dict({kind = "Adam", state = {{exp_avg = T.zeros({3}),
+         exp_avg_sq = T.zeros({3})}}}) end,
+       "^EINVAL: Adam:load_state_dict: step of parameter 1 must be an integer >= 0, got nil"},
+      {function() optim.Adam({p}, {g}):load_state_dict({kind = "Adam", state = {{step = 1, exp_avg = T.zeros({3})}}}) end,
+       "^EINVAL: Adam:load_state_dict: the state of parameter 1 has no exp_avg_sq"},
+      {function() optim.Adam({p}, {g}, {amsgrad = true}):load_state_dict({kind = "Adam", state = {{step = 1,
+         exp_avg = T.zeros({3}), exp_avg_sq = T.zeros({3})}}}) end,
+       "^EINVAL: Adam:load_state_dict: the state of parameter 1 has no max_exp_avg_sq"},
+      {function() optim.Adam({p}, {g}):load_state_dict({kind = "Adam", state = {{step = 1, exp_avg = T.zeros({4}),
+         exp_avg_sq = T.zeros({3})}}}) end,
+       "^EINVAL: Adam:load_state_dict: exp_avg of parameter 1 has 4 elements, the parameter 3"},
+      {function() optim.SGD({p}, {g}, {lr = 0.1, momentum = 0.9}):load_state_dict({kind = "SGD",
+         state = {{momentum_buffer = 3}}}) end,
+       "^EINVAL: SGD:load_state_dict: momentum_buffer of parameter 1 is a number, a tensor is expected"},
     }
     for i, c in ipairs(cases) do
       local ok, err = pcall(c[1])

@@ -278,6 +278,10 @@ describe("DistributedSampler bad input", function()
       err_of(function() data.DistributedSampler{size = 3, seed = 0.5} end))
     assert.matches("^EINVAL: DistributedSampler: the data set must have a length",
       err_of(function() data.DistributedSampler(10) end))
+    -- size + num_replicas - 1 overflowed int64 (UBSan aborted; else a wrong length)
+    assert.are.equal("EINVAL: sampler: size 9223372036854775807 is too large (at most 2^62)",
+      err_of(function() data.DistributedSampler{size = math.maxinteger, num_replicas = 3, rank = 1} end))
+    assert.are.equal(1537228672809129302, #data.DistributedSampler{size = 1 << 62, num_replicas = 3, rank = 1})
     local s = data.DistributedSampler{size = 10, num_replicas = 2, rank = 0}
     assert.matches("^EINVAL: DistributedSampler:set_epoch: epoch must be an integer >= 0, got %-1",
       err_of(function() s:set_epoch(-1) end))
@@ -326,6 +330,16 @@ describe("DataLoader", function()
     end
     assert.has_error(function() data.DataLoader{dataset = {X, T.zeros({9})}} end)
     assert.has_error(function() data.DataLoader{dataset = {X}, batch_size = 0} end)
+  end)
+
+  -- (n + batch_size - 1) // batch_size wrapped: #loader was -1 and it yielded nothing
+  it("yields one batch of everything for a batch_size of maxinteger", function()
+    local T = require("crun.tensor")
+    local l = data.DataLoader({T.arange(10)}, {batch_size = math.maxinteger})
+    assert.are.equal(1, #l)
+    local n = 0
+    for _, x in l:iter() do n = n + 1; assert.are.equal(10, x:numel()) end
+    assert.are.equal(1, n)
   end)
 
   it("takes torch's positional form, a TensorDataset and shuffle=true", function()
@@ -469,5 +483,26 @@ describe("DistributedSampler state_dict / load_state_dict (resuming at another w
     ok, err = pcall(s.state_dict, s, 9)
     assert.is_false(ok)
     assert.are.equal("EINVAL: DistributedSampler:state_dict: taken 9 exceeds the 8 samples of a rank this epoch", err)
+  end)
+end)
+
+describe("make_spirals options", function()
+  -- classes = 0 raised "attempt to perform 'n%%0'", noise = "x" an arithmetic
+  -- error, and n = -1 or 2.5, dims = 0 or turns = NaN were taken
+  it("refuses options out of range with EINVAL naming them, and takes integral floats", function()
+    for _, c in ipairs{{{classes = 0}, "classes must be an integer >= 1, got 0"},
+                       {{n = -1}, "n must be an integer >= 0, got %-1"},
+                       {{n = 2.5}, "n must be an integer >= 0, got 2.5"},
+                       {{n = 2, dims = 0}, "dims must be an integer >= 1, got 0"},
+                       {{n = 2, noise = "x"}, "noise must be a number >= 0, got x"},
+                       {{n = 2, turns = 0 / 0}, "turns must be a number, got"}} do
+      local ok, err = pcall(data.make_spirals, c[1])
+      assert.is_false(ok)
+      assert.matches("^EINVAL: make_spirals: " .. c[2], err)
+    end
+    local X, Y = data.make_spirals{n = 4.0, classes = 2.0, dims = 3}
+    assert.are.equal(4, #X)
+    assert.are.equal(3, #X[1])
+    assert.are.same({1, 2, 1, 2}, Y)
   end)
 end)

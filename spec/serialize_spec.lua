@@ -129,6 +129,36 @@ describe("crun.save / crun.load", function()
       "EINVAL: crun.save: table key of type table at value cannot be saved")
   end)
 
+  -- dumps built the path string of every value ("value.1.1.1...") whatever
+  -- happened: memory quadratic in the depth (0.9 GB for 30000 levels), then a
+  -- bare "stack overflow" near 100000 levels
+  it("saves deep nesting in memory linear in the depth and refuses more than 10000 levels", function()
+    local function chain(n)
+      local t = {}
+      local c = t
+      for _ = 2, n do c[1] = {}; c = c[1] end
+      return t
+    end
+    local deep = chain(10000)
+    collectgarbage("collect")
+    collectgarbage("stop")
+    local before = collectgarbage("count")
+    local ok, bytes = pcall(serialize.dumps, deep)
+    local used_kb = collectgarbage("count") - before
+    collectgarbage("restart")
+    assert.is_true(ok, tostring(bytes))
+    assert.is_true(used_kb < 16 * 1024, string.format("dumps of 10000 levels allocated %.0f KiB", used_kb))
+    local back, depth = serialize.loads(bytes), 1
+    while back[1] do back, depth = back[1], depth + 1 end
+    assert.are.equal(10000, depth)
+    assert.has_error(function() serialize.dumps(chain(10001)) end,
+      "EINVAL: crun.save: tables nest deeper than 10000 levels")
+    local body = string.rep("t" .. string.pack("<I4", 1) .. "i" .. string.pack("<i8", 1), 10001) .. "n"
+    local ok2, err = pcall(serialize.loads, "CRUNSAV1" .. body .. "END!" .. string.pack("<I8", 8 + #body))
+    assert.is_false(ok2)
+    assert.matches("^EPROTO: crun.load: string is corrupt: tables nest deeper than 10000 levels at byte", err)
+  end)
+
   it("starts every error with its status name and checks torch's options", function()
     local cases = {
       {function() serialize.save(42, 1) end, "^EINVAL: crun.save: the path must be a string, got number$"},
@@ -157,6 +187,24 @@ describe("crun.save / crun.load", function()
       assert.is_false(ok)
       assert.matches("^EACCES: crun.load: cannot open ", err)
     end
+  end)
+
+  -- the C calls under save and load end a path at its first NUL: save wrote
+  -- "<dir>/victim" for "<dir>/victim\0.crun" and returned as if it had succeeded
+  it("refuses a path that holds a NUL byte or is empty, and touches no file", function()
+    local victim = dir .. "/victim"
+    for _, c in ipairs{{serialize.save, "crun.save"}, {serialize.load, "crun.load"}} do
+      local ok, err = pcall(c[1], victim .. "\0.crun", {1})
+      assert.is_false(ok)
+      assert.matches("^EINVAL: " .. c[2] .. ": the path \".*\\0%.crun\" holds a NUL byte", err)
+      ok, err = pcall(c[1], "", {1})
+      assert.is_false(ok)
+      assert.matches("^EINVAL: " .. c[2] .. ": the path is empty", err)
+    end
+    assert.is_nil(io.open(victim))
+    serialize.save(victim, 1)
+    assert.is_false(serialize.exists(victim .. "\0.crun"))
+    assert.is_true(serialize.exists(victim))
   end)
 
   it("round-trips a model and optimizer checkpoint", function()

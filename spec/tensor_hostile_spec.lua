@@ -18,6 +18,9 @@ describe("hostile tensor arguments", function()
     {"view whose product wraps", function() return a:view(1 << 62, 1 << 62) end, "^EINVAL: view: shape .* is invalid for a tensor of size 4x6"},
     {"view whose product wraps to zero", function() return a:view(1 << 32, 1 << 32, 0) end, "^EINVAL: view: shape"},
     {"view with -1 and maxinteger", function() return a:view(-1, M) end, "^EINVAL: view: shape"},
+    -- an empty tensor fits any shape with a zero: the strides 2^62 * 2^62 overflowed
+    {"view of an empty tensor to 0x2^62x2^62", function() return T.zeros({0}):view(0, 1 << 62, 1 << 62) end, "^EINVAL: view: shape too large"},
+    {"reshape of an empty tensor to 2^62x0x2^62", function() return T.zeros({0, 3}):reshape(1 << 62, 0, 1 << 62) end, "^EINVAL: view: shape too large"},
     {"reshape to maxinteger", function() return a:reshape(M, 2) end, "^EINVAL: view: shape"},
     {"expand to maxinteger", function() return a:expand(M, 4, 6) end, "^EINVAL: expand: shape too large"},
     {"expand to 2^80 elements", function() return a:expand(1 << 40, 1 << 40, 4, 6) end, "^EINVAL: expand: shape too large"},
@@ -33,6 +36,12 @@ describe("hostile tensor arguments", function()
     {"index_select at maxinteger", function() return a:index_select(1, T.new({M}, "int64")) end, "^ERANGE: index_select: index 9223372036854775807"},
     -- (int64_t)1e300: undefined, INT64_MIN on x86 (1e300, 1e301 and inf gave one stream)
     {"Generator seeded with 1e300", function() return T.Generator(1e300) end, "^EINVAL: bad argument #1 to .*seed out of the range of a 64%-bit integer"},
+    -- the draws were stored wrapped: values such as -22 from randint(0, 1000) in int8
+    {"randint(0, 1000) into int8", function() return T.randint(0, 1000, {4}, {dtype = "int8"}) end, "^EINVAL: bad argument #2 to .*%(range %[0, 1000%) does not fit int8 %[%-128, 127%]%)"},
+    {"randint(-1, 5) into uint8", function() return T.randint(-1, 5, {4}, {dtype = "uint8"}) end, "^EINVAL: bad argument #2 to .*%(range %[%-1, 5%) does not fit uint8"},
+    -- lo + (hi - lo) * u with an infinite width: inf and NaN elements
+    {"uniform_ over [-inf, inf)", function() return T.zeros({4}):uniform_(-1 / 0, 1 / 0) end, "^EINVAL: uniform: the range %[%-inf, inf%) is not finite"},
+    {"uniform_ over [-1e308, 1e308)", function() return T.zeros({4}):uniform_(-1e308, 1e308) end, "^EINVAL: uniform: the range .* is not finite"},
     {"manual_seed of inf", function() return T.manual_seed(1 / 0) end, "^EINVAL: bad argument #1 to .*seed"},
     -- mininteger - 1 (the 1-based base) overflowed: UBSan aborted the process
     {"index_select at mininteger", function() return a:index_select(1, T.new({m}, "int64")) end, "^ERANGE: index_select: index %-9223372036854775808"},
@@ -47,6 +56,55 @@ describe("hostile tensor arguments", function()
       assert.matches(c[3], tostring(err))
     end)
   end
+
+  -- the count and the elements went through doubles: arange(2^62 + 1, 2^62 + 4)
+  -- was empty, arange(2^53, 2^53 + 3) had 4 elements, arange(0, NaN) was empty
+  it("arange with integer bounds past 2^53 counts and steps in integers", function()
+    assert.are.same({(1 << 62) + 1, (1 << 62) + 2, (1 << 62) + 3}, T.arange((1 << 62) + 1, (1 << 62) + 4):totable())
+    assert.are.same({1 << 53, (1 << 53) + 1, (1 << 53) + 2}, T.arange(1 << 53, (1 << 53) + 3):totable())
+    assert.are.same({M - 2, M - 1}, T.arange(M - 2, M):totable())
+    assert.are.same({m + 2, m + 1}, T.arange(m + 2, m, -1):totable())
+    assert.are.same({m, -1, M - 1}, T.arange(m, M, M):totable())
+    assert.are.same({10, 7, 4, 1, -2, -5, -8}, T.arange(10, -10, -3):totable())
+    local ok, err = pcall(T.arange, 0, 0 / 0)
+    assert.is_false(ok)
+    assert.matches("^EINVAL: bad argument #1 to .*arange.* %(the bounds must be numbers, not NaN%)", err)
+  end)
+
+  -- the scalar went through a double: z + (2^53 + 1) added 2^53, z - maxinteger was ERANGE
+  it("int64 arithmetic with a Lua integer past 2^53 is exact", function()
+    local big = (1 << 53) + 1
+    local z = T.zeros({2}, "int64")
+    assert.are.same({big, big}, (z + big):totable())
+    assert.are.same({big, big}, (big + z):totable())
+    assert.are.same({-M, -M}, (z - M):totable())
+    assert.are.same({M, M}, (M - z):totable())
+    assert.are.same({big, big}, (T.ones({2}, "int64") * big):totable())
+    local t = T.zeros({2, 3}, "int64")
+    t:t():add_(big)
+    assert.are.same({{big, big, big}, {big, big, big}}, t:totable())
+    assert.are.same({1, 0}, T.new({big, big - 1}, "int64"):eq(big):totable())
+  end)
+
+  -- a write into an expand()ed view stored every result in one element (copy
+  -- of {1, 2, 3} kept 3, add_ added once), and fill over expand(2^40) wrote
+  -- one element 2^40 times (minutes; not run here)
+  it("refuses to write into an expanded view, and still reads one", function()
+    local base = T.zeros({1})
+    local e = base:expand(3)
+    for name, f in pairs{fill = function() e:fill(2) end, copy = function() e:copy(T.ones({3})) end,
+                         add = function() e:add_(1) end, uniform_ = function() e:uniform_(0, 1) end,
+                         scatter_add_ = function() e:scatter_add_(1, T.new({1}, "int64"), T.ones({1})) end} do
+      local ok, err = pcall(f)
+      assert.is_false(ok, name)
+      assert.matches("^EINVAL: [%w_]+: dim 1 of the destination repeats one element %d+ times", err)
+    end
+    assert.are.equal(0, base[1])
+    assert.are.equal(3, (e + 1):sum())
+    local row = T.zeros({1, 3})
+    row:expand(1, 3):fill(4) -- a size-1 dim repeats nothing
+    assert.are.equal(12, row:sum())
+  end)
 
   it("leaves the neighbouring tensor alone", function()
     local x, y = T.zeros({8}), T.full({8}, 7)

@@ -209,6 +209,16 @@ describe("indexing", function()
     assert.is_false(ok)
     assert.same({1, 0, 0, 1}, z[1]:totable()) -- nothing applied on error
   end)
+
+  -- src = the tensor itself was read after the adds wrote it: 5, 4, 4
+  it("scatter_add_ with src sharing the tensor's storage adds the values from before", function()
+    local v = T.new({1, 2, 3}, "float64")
+    v:scatter_add_(1, T.new({3, 2, 1}, "int64"), v)
+    assert.same({4, 4, 4}, v:totable())
+    local w = T.new({1, 2, 3, 4}, "float64")
+    w:narrow(1, 2, 3):scatter_add_(1, T.new({3, 1, 2}, "int64"), w:narrow(1, 1, 3))
+    assert.same({1, 4, 6, 5}, w:totable())
+  end)
 end)
 
 describe("dtype rules", function()

@@ -183,6 +183,22 @@ describe("copies and conversions", function()
     local ok, err = pcall(T.cat, {a, T.zeros(1, 3)})
     assert.matches("tensor 2 has size 3 in dim 2", err)
   end)
+
+  -- the result took the first tensor's dtype: cat({int64, float32}) truncated
+  -- 2.5 to 2, stack({int8, int64}) wrapped 300 to 44
+  it("cat and stack promote mixed dtypes as torch does", function()
+    local c = T.cat({T.new({1}, "int64"), T.new({2.5})})
+    assert.are.equal("float32", c:dtype())
+    assert.same({1, 2.5}, c:totable())
+    local s = T.stack({T.new({1}, "int8"), T.new({300}, "int64")})
+    assert.are.equal("int64", s:dtype())
+    assert.same({{1}, {300}}, s:totable())
+    assert.are.equal("int16", T.cat({T.new({200}, "uint8"), T.new({-5}, "int8")}):dtype())
+    assert.same({200, -5}, T.cat({T.new({200}, "uint8"), T.new({-5}, "int8")}):totable())
+    assert.are.equal("float32", T.cat({T.new({1}, "float16"), T.new({2}, "bfloat16")}):dtype())
+    assert.are.equal("int64", T.cat({T.new({true}, "bool"), T.new({5}, "int64")}):dtype())
+    assert.are.equal("float64", T.cat({T.new({1}), T.new({2}, "float64"), T.new({3}, "int32")}):dtype())
+  end)
 end)
 
 describe("printing and lifetime", function()
@@ -235,6 +251,18 @@ describe("fill", function()
       end
     end)
   end
+
+  -- the value went through a double: 2^53 + 1 became 2^53, maxinteger became 2^63 - 1024
+  it("writes an integer past 2^53 into int64 tensors exactly (full, fill, full_like)", function()
+    local M, big = math.maxinteger, (1 << 53) + 1
+    assert.are.same({M, M}, T.full({2}, M, "int64"):totable())
+    assert.are.same({big, big}, T.full({2}, big, "int64"):totable())
+    local t = T.zeros({3, 2}, "int64")
+    t:transpose(1, 2):fill(-big)
+    assert.are.same({{-big, -big}, {-big, -big}, {-big, -big}}, t:totable())
+    assert.are.same({math.mininteger}, T.full_like(T.zeros({1}, "int64"), math.mininteger):totable())
+    assert.are.same({9007199254740992.0}, T.full({1}, big, "float64"):totable())
+  end)
 end)
 
 describe("tensor errors", function()
@@ -260,6 +288,9 @@ describe("tensor errors", function()
        "^EINVAL: bad argument #3 to 'narrow' %(length 3 from 3 exceeds dim 2 of size 4%)$"},
       {err_of(T.zeros, {2}, "complex64"), "^EINVAL: bad argument #2 to '[%w.]*zeros' %(unknown dtype 'complex64'%)$"},
       {err_of(T.new, {{1, 2}, {3}}), "^EINVAL: bad argument #1 to '[%w.]*new' %(ragged nested table"},
+      -- the first dtype was dropped: to("int32", "float64") gave float64
+      {err_of(function() return a:to("int32", "float64") end),
+       "^EINVAL: bad argument #3 to 'to' %(two dtypes given %('int32' and 'float64'%)%)"},
       -- lauxlib-style type checks of the bindings carry the status too
       {err_of(function() return a:narrow("x", 1, 1) end), "^EINVAL: bad argument #1 to 'narrow' %(number expected, got string%)$"},
       {err_of(function() return a:narrow(1.5, 1, 1) end),

@@ -105,6 +105,19 @@ describe("ZeroRedundancyOptimizer", function()
     -- the optimizers themselves check their keys too
     ok, err = pcall(crun.optim.SGD, p, g, {lr = 0.1, betas = {0.9, 0.9}})
     assert.is_truthy(tostring(err):match("^EINVAL: SGD: unknown option 'betas'"), err)
+    -- raised at level 2 or 3, these began with the caller's position
+    -- ("zero_spec.lua:NN: ESTATE: ...") when called from a Lua function, and the
+    -- bad-argument ones had no status at all
+    for _, c in ipairs{{function() local z = Z({p, g}, "Adam", {lr = 0.1}) return z end,
+                        "^EINVAL: bad argument #2 to 'ZeroRedundancyOptimizer'"},
+                       {function() local z = Z({p}, crun.optim.Adam, {lr = 0.1}) return z end,
+                        "^EINVAL: bad argument #1 to 'ZeroRedundancyOptimizer'"},
+                       {function() local z = Z({p, g}, crun.optim.SGD, {lr = 0.1}) return z end,
+                        "^ESTATE: ZeroRedundancyOptimizer needs a process group"}} do
+      ok, err = pcall(c[1])
+      assert.is_false(ok)
+      assert.is_truthy(tostring(err):match(c[2]), err)
+    end
   end)
 
   for world = 1, 4 do

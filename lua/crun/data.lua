@@ -17,7 +17,8 @@
 local data = {}
 local O = require "crun.opts"
 
-local function ceil_div(a, b) return (a + b - 1) // b end
+-- ceil(a / b) for a >= 0, b >= 1, without the a + b - 1 that wraps past maxinteger.
+local function ceil_div(a, b) return a // b + (a % b > 0 and 1 or 0) end
 
 -- splitmix64: returns a generator of 64-bit integers for `seed`.
 local function splitmix64(seed)
@@ -411,9 +412,18 @@ end
 --- Sums a table of numbers over every rank of the process group (float64
 -- all_reduce); returns a new table. With no process group, returns a copy.
 function data.all_reduce_metrics(metrics)
+  local F = "data.all_reduce_metrics"
+  if type(metrics) ~= "table" then O.fail("EINVAL: %s: a table of numbers is expected, got %s", F, type(metrics)) end
   local keys = {}
-  for k in pairs(metrics) do keys[#keys + 1] = k end
-  table.sort(keys)
+  for k, v in pairs(metrics) do
+    if type(v) ~= "number" then O.fail("EINVAL: %s: metric '%s' is a %s, a number is expected", F, tostring(k), type(v)) end
+    keys[#keys + 1] = k
+  end
+  table.sort(keys, function(a, b) -- the same order on every rank, whatever the key types
+    if type(a) ~= type(b) then return type(a) < type(b) end
+    if type(a) == "boolean" then return b and not a end
+    return a < b
+  end)
   local out = {}
   local ok, dist = pcall(require, "crun.dist")
   if not (ok and dist.is_initialized and dist.is_initialized()) or #keys == 0 then
@@ -447,14 +457,23 @@ function data.evaluate(opts)
     rank = opts.rank, shuffle = false, drop_padding = true}
   local idx, bs = s:indices(), O.int("data.evaluate", "batch_size", opts.batch_size, 1, 256)
   local acc = {count = 0}
+  if opts.metrics ~= nil and type(opts.metrics) ~= "table" then
+    O.fail("EINVAL: data.evaluate: metrics must be a list of names, got %s", type(opts.metrics))
+  end
   for _, k in ipairs(opts.metrics or {}) do acc[k] = 0 end
   for first = 1, #idx, bs do
     local sel = {}
     for k = first, math.min(first + bs - 1, #idx) do sel[#sel + 1] = idx[k] end
     local m = opts.fn(sel)
+    if m ~= nil and type(m) ~= "table" then
+      O.fail("EINVAL: data.evaluate: fn must return a table of metrics, returned a %s", type(m))
+    end
     for k, v in pairs(m or {}) do
       if acc[k] == nil or k == "count" then
         O.fail("EINVAL: data.evaluate: fn returned metric '%s' not listed in opts.metrics", tostring(k))
+      end
+      if type(v) ~= "number" then
+        O.fail("EINVAL: data.evaluate: fn returned metric '%s' as a %s, a number is expected", tostring(k), type(v))
       end
       acc[k] = acc[k] + v
     end
@@ -473,10 +492,12 @@ end
 local SPIRALS = O.spec{"n", "classes", "dims", "turns", "noise", "seed"}
 
 function data.make_spirals(opts)
-  opts = O.check(SPIRALS, "make_spirals", opts)
-  local n, K, D = opts.n or 10000, opts.classes or 4, opts.dims or 16
-  local turns, noise = opts.turns or 1.0, opts.noise or 0.05
-  local rnd = splitmix64(opts.seed or 1234)
+  local F = "make_spirals"
+  opts = O.check(SPIRALS, F, opts)
+  local function int(k, min, def) return O.int(F, k, math.tointeger(opts[k]) or opts[k], min, def) end -- 4.0 is 4
+  local n, K, D = int("n", 0, 10000), int("classes", 1, 4), int("dims", 1, 16)
+  local turns, noise = O.num(F, "turns", opts.turns, nil, 1.0), O.num(F, "noise", opts.noise, 0, 0.05)
+  local rnd = splitmix64(int("seed", nil, 1234))
   local function uniform() return ((rnd() >> 11) + 0.5) / (1 << 53) end
   local function normal()
     return math.sqrt(-2 * math.log(uniform())) * math.cos(2 * math.pi * uniform())
@@ -519,6 +540,9 @@ end
 function data.load_digits(opts)
   opts = opts or {}
   local path = opts.path or data.digits_path()
+  if type(path) ~= "string" or path:find("\0", 1, true) then -- (io.open and zlib would cut it at the NUL)
+    O.fail("EINVAL: load_digits: path must be a string without a NUL byte, got %q", tostring(path))
+  end
   local f = io.open(path, "rb")
   if not f then
     O.fail("ENOTFOUND: load_digits: %s does not exist (run scripts/fetch_digits.sh, or set CRUN_DIGITS)", path)

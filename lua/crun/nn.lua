@@ -88,8 +88,17 @@ local function contig(x)
   return x
 end
 
+-- x, or a copy of it when it shares storage with buf (the module's own output
+-- buffer fed back in, h = lin:forward(h)): the kernels that write their output
+-- while still reading their input (Linear's GEMM, the pooling windows) gave
+-- wrong values in place.
+local function unaliased(x, buf)
+  if buf and x:is_same_storage(buf) then return x:clone() end
+  return x
+end
+
 local function check_tensor(x, fname, what)
-  if type(x) ~= "userdata" then
+  if not require("crun.serialize").is_tensor(x) then
     O.fail("EINVAL: %s: %s must be a tensor, got %s", fname, what, type(x))
   end
 end
@@ -163,13 +172,15 @@ function Module:_grads_ready()
   for _, h in ipairs(self._hooks) do h(self) end
 end
 
---- Leaf modules (no children) in registration order, self included if a leaf.
-function Module:leaves(out)
-  out = out or {}
+--- Leaf modules (no children) in registration order, self included if a
+-- leaf; a leaf used twice (weight tying) is listed once, as parameters() lists
+-- its tensors once.
+function Module:leaves(out, seen)
+  out, seen = out or {}, seen or {}
   if self.modules then
-    for _, m in ipairs(self.modules) do m:leaves(out) end
-  else
-    out[#out + 1] = self
+    for _, m in ipairs(self.modules) do m:leaves(out, seen) end
+  elseif not seen[self] then
+    seen[self], out[#out + 1] = true, self
   end
   return out
 end
@@ -220,8 +231,15 @@ function Module:state_dict()
   return sd
 end
 
---- Copies parameter (and buffer) values from a state_dict() list (shapes
--- must match); a list of the parameters alone leaves the buffers as they are.
+-- "2x3" for a tensor's shape ("scalar" for a 0-d one).
+local function shape_str(t)
+  return t:dim() == 0 and "scalar" or table.concat(t:size(), "x")
+end
+
+--- Copies parameter (and buffer) values from a state_dict() list; each
+-- entry must be a tensor of the model's shape (any dtype converts, as in
+-- torch), else EINVAL naming it and nothing is copied. A list of the
+-- parameters alone leaves the buffers as they are.
 function Module:load_state_dict(sd)
   local params, bufs = self:parameters(), self:buffers()
   local all = {table.unpack(params)}
@@ -232,13 +250,16 @@ function Module:load_state_dict(sd)
     O.fail("EINVAL: load_state_dict: expected %d tensors, got %s (%d parameters, %d buffers)", #params + #bufs,
       type(sd) == "table" and tostring(#sd) or type(sd), #params, #bufs)
   end
+  local is_tensor = require("crun.serialize").is_tensor
   for i, p in ipairs(all) do
-    if sd[i]:numel() ~= p:numel() then
-      O.fail("EINVAL: load_state_dict: tensor %d has %d elements, the model's has %d",
-        i, sd[i]:numel(), p:numel())
+    if not is_tensor(sd[i]) then
+      O.fail("EINVAL: load_state_dict: entry %d is a %s, a tensor is expected", i, type(sd[i]))
     end
-    p:copy(sd[i]:view(p:size()))
+    if shape_str(sd[i]) ~= shape_str(p) then
+      O.fail("EINVAL: load_state_dict: tensor %d has shape %s, the model's has %s", i, shape_str(sd[i]), shape_str(p))
+    end
   end
+  for i, p in ipairs(all) do p:copy(sd[i]) end
 end
 
 -- ---------------------------------------------------------------- Linear
@@ -290,7 +311,7 @@ end
 
 function Linear:forward(x)
   check_tensor(x, "Linear:forward", "input")
-  x = contig(x)
+  x = unaliased(contig(x), self.output)
   self.output = ensure(self.output, {x:size(1), self.out_features}, self.dtype, x:device())
   K.nn_linear_forward(x, self.weight, self.bias, self.output)
   return self.output
@@ -355,6 +376,7 @@ function LogSoftMax:forward(x)
 end
 
 function LogSoftMax:backward(x, gy)
+  check_tensor(gy, "LogSoftMax:backward", "gradOutput")
   gy = contig(gy)
   self.gradInput = ensure(self.gradInput, gy:size(), gy:dtype(), gy:device())
   K.nn_log_softmax_backward(self.output, gy, self.gradInput)
@@ -382,6 +404,7 @@ end
 function Dropout:describe() return string.format("nn.Dropout(%g)", self.p) end
 
 function Dropout:forward(x)
+  check_tensor(x, "Dropout:forward", "input")
   if not self.training or self.p == 0 then
     self.output = x
     return x
@@ -394,6 +417,7 @@ function Dropout:forward(x)
 end
 
 function Dropout:backward(x, gy)
+  check_tensor(gy, "Dropout:backward", "gradOutput")
   if not self.training or self.p == 0 then
     self.gradInput = gy
     return gy
@@ -453,19 +477,29 @@ function Sequential:backward(x, gy)
   return gy
 end
 
+-- Each tensor once, as torch's parameters(): a module added twice (weight
+-- tying, Sequential(l, act, l)) listed its weight twice, and an optimizer
+-- then stepped it twice with its (already summed) gradient.
 function Sequential:parameters()
-  local p, g = {}, {}
+  local p, g, seen = {}, {}, {}
   for _, m in ipairs(self.modules) do
     local mp, mg = m:parameters()
-    for i = 1, #mp do p[#p + 1], g[#g + 1] = mp[i], mg[i] end
+    for i = 1, #mp do
+      if not seen[mp[i]] then
+        seen[mp[i]] = true
+        p[#p + 1], g[#g + 1] = mp[i], mg[i]
+      end
+    end
   end
   return p, g
 end
 
 function Sequential:buffers()
-  local out = {}
+  local out, seen = {}, {}
   for _, m in ipairs(self.modules) do
-    for _, b in ipairs(m:buffers()) do out[#out + 1] = b end
+    for _, b in ipairs(m:buffers()) do
+      if not seen[b] then seen[b], out[#out + 1] = true, b end
+    end
   end
   return out
 end
@@ -495,6 +529,7 @@ local CrossEntropy = nn.class("CrossEntropyCriterion")
 -- (layers = 0 gives a linear model). jobs/train.lua and jobs/evaluate.lua
 -- both build their model with it, so a checkpoint always fits.
 function nn.mlp(inputs, hidden, layers, outputs)
+  O.int("nn.mlp", "layers", layers, 0) -- (-1 or 2.5 built some other model)
   local net, width = nn.Sequential(), inputs
   for _ = 1, layers do
     net:add(nn.Linear(width, hidden)):add(nn.ReLU())
@@ -544,6 +579,8 @@ function ClassNLL:forward(x, labels)
 end
 
 function ClassNLL:backward(x, labels)
+  check_tensor(x, "ClassNLLCriterion:backward", "input")
+  check_tensor(labels, "ClassNLLCriterion:backward", "labels")
   x = contig(x)
   self.gradInput = ensure(self.gradInput, x:size(), x:dtype(), x:device())
   K.nn_nll(x, contig(labels), self.gradInput)
@@ -568,6 +605,6 @@ end
 MSE.backward = grad_from_forward("MSECriterion")
 
 require("crun.nn_layers")(nn, {K = K, O = O, ensure = ensure, contig = contig, check_tensor = check_tensor,
-  next_seed = next_seed, T = T})
+  unaliased = unaliased, next_seed = next_seed, T = T})
 
 return nn

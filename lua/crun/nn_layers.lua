@@ -8,6 +8,7 @@
 -- in between. Batch-norm statistics are float64 whatever the model dtype.
 return function(nn, H)
   local K, O, ensure, contig, check_tensor, T = H.K, H.O, H.ensure, H.contig, H.check_tensor, H.T
+  local unaliased = H.unaliased
 
   local CONV = O.spec{"stride", "padding", "dilation", "bias", "dtype", "seed",
     inert = {device = "crun tensors live in host memory"}}
@@ -27,7 +28,14 @@ return function(nn, H)
   -- An int or {h, w} -> h, w (each >= lo).
   local function pair(fname, what, v, lo)
     local h, w
-    if type(v) == "table" then h, w = v[1], v[2] else h, w = v, v end
+    if type(v) == "table" then
+      if #v ~= 2 then -- {1, 2, 3} used its first two, {3} read nil
+        O.fail("EINVAL: %s: %s must be an integer or a pair {h, w}, got a table of %d", fname, what, #v)
+      end
+      h, w = v[1], v[2]
+    else
+      h, w = v, v
+    end
     return O.int(fname, what, h, lo), O.int(fname, what, w, lo)
   end
 
@@ -91,7 +99,7 @@ return function(nn, H)
 
   function Conv2d:backward(x, gy)
     check_tensor(gy, "Conv2d:backward", "gradOutput")
-    x, gy = contig(x), contig(gy)
+    x, gy = contig(x), unaliased(contig(gy), self.gradInput) -- (gradInput is zeroed first)
     self.gradInput = ensure(self.gradInput, x:size(), self.dtype)
     K.nn_conv2d_backward(x, self.weight, gy, self.gradInput, self.gradWeight, self.gradBias, self.geom)
     self:_grads_ready()
@@ -126,7 +134,7 @@ return function(nn, H)
 
   function MaxPool2d:forward(x)
     check_4d(x, "MaxPool2d:forward")
-    x = contig(x)
+    x = unaliased(contig(x), self.output)
     local oh, ow = K.nn_pool2d_out_size(x:size(3), x:size(4), self.geom)
     local shape = {x:size(1), x:size(2), oh, ow}
     self.output = ensure(self.output, shape, x:dtype())
@@ -136,8 +144,11 @@ return function(nn, H)
   end
 
   function MaxPool2d:backward(x, gy)
+    check_tensor(x, "MaxPool2d:backward", "input")
+    check_tensor(gy, "MaxPool2d:backward", "gradOutput")
+    gy = unaliased(contig(gy), self.gradInput) -- (gradInput is zeroed first)
     self.gradInput = ensure(self.gradInput, x:size(), x:dtype())
-    K.nn_maxpool2d_backward(contig(gy), self.indices, self.gradInput, self.geom)
+    K.nn_maxpool2d_backward(gy, self.indices, self.gradInput, self.geom)
     return self.gradInput
   end
 
@@ -161,7 +172,7 @@ return function(nn, H)
 
   function AvgPool2d:forward(x)
     check_4d(x, "AvgPool2d:forward")
-    x = contig(x)
+    x = unaliased(contig(x), self.output)
     local oh, ow = K.nn_pool2d_out_size(x:size(3), x:size(4), self.geom)
     self.output = ensure(self.output, {x:size(1), x:size(2), oh, ow}, x:dtype())
     K.nn_avgpool2d_forward(x, self.output, self.geom, self.count_include_pad)
@@ -169,8 +180,11 @@ return function(nn, H)
   end
 
   function AvgPool2d:backward(x, gy)
+    check_tensor(x, "AvgPool2d:backward", "input")
+    check_tensor(gy, "AvgPool2d:backward", "gradOutput")
+    gy = unaliased(contig(gy), self.gradInput) -- (gradInput is zeroed first)
     self.gradInput = ensure(self.gradInput, x:size(), x:dtype())
-    K.nn_avgpool2d_backward(contig(gy), self.gradInput, self.geom, self.count_include_pad)
+    K.nn_avgpool2d_backward(gy, self.gradInput, self.geom, self.count_include_pad)
     return self.gradInput
   end
 
@@ -184,12 +198,15 @@ return function(nn, H)
   function Flatten:forward(x)
     check_tensor(x, "Flatten:forward", "input")
     x = contig(x)
-    local n = x:dim() > 0 and x:size(1) or 1
-    self.output = x:view(n, n > 0 and x:numel() // n or 0)
+    local n, rest = x:dim() > 0 and x:size(1) or 1, 1
+    for d = 2, x:dim() do rest = rest * x:size(d) end -- (numel // n: 0 for an empty batch)
+    self.output = x:view(n, rest)
     return self.output
   end
 
   function Flatten:backward(x, gy)
+    check_tensor(x, "Flatten:backward", "input")
+    check_tensor(gy, "Flatten:backward", "gradOutput")
     self.gradInput = contig(gy):view(x:size())
     return self.gradInput
   end
@@ -208,7 +225,7 @@ return function(nn, H)
     self.num_features, self.dims, self.fname = c, dims, fn
     self.eps = opts.eps or 1e-5
     if type(self.eps) ~= "number" or not (self.eps >= 0) then O.fail("EINVAL: %s: eps must be >= 0, got %s", fn, tostring(opts.eps)) end
-    if opts.momentum ~= nil and opts.momentum ~= false and (type(opts.momentum) ~= "number" or opts.momentum < 0 or opts.momentum > 1) then
+    if opts.momentum ~= nil and opts.momentum ~= false and (type(opts.momentum) ~= "number" or not (opts.momentum >= 0 and opts.momentum <= 1)) then -- NaN too
       O.fail("EINVAL: %s: momentum must be in [0, 1] (or false for a cumulative average), got %s", fn,
         tostring(opts.momentum))
     end
@@ -402,7 +419,7 @@ return function(nn, H)
     for i, v in ipairs(shape) do d = d * O.int(fn, "normalized_shape[" .. i .. "]", v, 1) end
     if #shape == 0 then O.fail("EINVAL: %s: normalized_shape is empty", fn) end
     local self = setmetatable({}, LayerNorm):_init()
-    self.shape, self.d, self.eps, self.dtype = shape, d, opts.eps or 1e-5, dtype_of(fn, opts.dtype)
+    self.shape, self.d, self.eps, self.dtype = shape, d, O.num(fn, "eps", opts.eps, 0, 1e-5), dtype_of(fn, opts.dtype)
     self._params, self._grads = {}, {}
     if O.bool(fn, "elementwise_affine", opts.elementwise_affine, true) ~= false then
       self.weight, self.bias = T().ones(shape, self.dtype), T().zeros(shape, self.dtype)
@@ -481,6 +498,8 @@ return function(nn, H)
   end
 
   function Embedding:backward(idx, gy)
+    check_tensor(idx, "Embedding:backward", "indices")
+    check_tensor(gy, "Embedding:backward", "gradOutput")
     K.nn_embedding_backward(contig(idx), contig(gy), self.gradWeight, self.padding_idx)
     self:_grads_ready()
     self.gradInput = nil

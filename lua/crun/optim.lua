@@ -99,18 +99,55 @@ function Optimizer:state_dict()
   return {state = st, kind = self.kind}
 end
 
---- Restores a state_dict(); tensors are copied into fresh buffers.
+-- The state entries that are tensors, and those each parameter's state must hold.
+local STATE_TENSORS = {momentum_buffer = true, exp_avg = true, exp_avg_sq = true, max_exp_avg_sq = true}
+local function required_tensors(self)
+  if self.kind == "SGD" then return {} end
+  return self.opts.amsgrad and {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"} or {"exp_avg", "exp_avg_sq"}
+end
+
+-- Returns a copy of the loaded state s of parameter i, its tensors in the
+-- parameter's dtype (as torch casts them); EINVAL naming what does not fit.
+local function load_entry(self, F, i, s)
+  local p, is_tensor = self.params[i], require("crun.serialize").is_tensor
+  if math.type(i) ~= "integer" or not p then
+    O.fail("EINVAL: %s: state for parameter %s, the optimizer has %d", F, tostring(i), #self.params)
+  end
+  if type(s) ~= "table" then O.fail("EINVAL: %s: state of parameter %d is a %s, a table is expected", F, i, type(s)) end
+  local c = {}
+  for k, v in pairs(s) do
+    if is_tensor(v) then
+      if v:numel() ~= p:numel() then
+        O.fail("EINVAL: %s: %s of parameter %d has %d elements, the parameter %d", F, tostring(k), i, v:numel(), p:numel())
+      end
+      c[k] = v:dtype() == p:dtype() and v:clone() or v:to(p:dtype())
+    elseif STATE_TENSORS[k] then
+      O.fail("EINVAL: %s: %s of parameter %d is a %s, a tensor is expected", F, k, i, type(v))
+    else
+      c[k] = v
+    end
+  end
+  for _, k in ipairs(required_tensors(self)) do
+    if not c[k] then O.fail("EINVAL: %s: the state of parameter %d has no %s", F, i, k) end
+  end
+  if self.kind ~= "SGD" and (math.type(c.step) ~= "integer" or c.step < 0) then
+    O.fail("EINVAL: %s: step of parameter %d must be an integer >= 0, got %s", F, i, tostring(c.step))
+  end
+  return c
+end
+
+--- Restores a state_dict(); tensors are copied into fresh buffers. Every
+-- entry is checked against its parameter first (EINVAL, the state unchanged).
 function Optimizer:load_state_dict(sd)
-  if type(sd) ~= "table" or sd.kind ~= self.kind then
-    O.fail("EINVAL: %s:load_state_dict: expected a %s state, got %s", self.kind, self.kind,
-      type(sd) == "table" and tostring(sd.kind) or type(sd))
+  local F = self.kind .. ":load_state_dict"
+  if type(sd) ~= "table" or sd.kind ~= self.kind or type(sd.state) ~= "table" then
+    O.fail("EINVAL: %s: expected a %s state, got %s", F, self.kind,
+      type(sd) ~= "table" and type(sd) or sd.kind ~= self.kind and tostring(sd.kind) or "a state of type " .. type(sd.state))
   end
-  self.state = {}
-  for i, s in pairs(sd.state) do
-    local c = {}
-    for k, v in pairs(s) do c[k] = type(v) == "userdata" and v:clone() or v end
-    self.state[i] = c
-  end
+  self:_refresh()
+  local state = {}
+  for i, s in pairs(sd.state) do state[i] = load_entry(self, F, i, s) end
+  self.state = state
 end
 
 -- ---------------------------------------------------------------- SGD
@@ -142,9 +179,9 @@ function SGD:step()
   for i, p in ipairs(self.params) do
     local s = self.state[i]
     local first = false
-    if o.momentum ~= 0 and not s then
-      s = {momentum_buffer = T().zeros_like(p)}
-      self.state[i], first = s, true
+    if o.momentum ~= 0 and not (s and s.momentum_buffer) then -- (a loaded state may have none)
+      s = s or {}
+      s.momentum_buffer, self.state[i], first = T().zeros_like(p), s, true
     end
     K.optim_sgd(p, self.grads[i], s and s.momentum_buffer, o, first)
   end

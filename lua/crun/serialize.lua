@@ -72,12 +72,30 @@ end
 
 local encode
 
-local function sorted_keys(tbl, where)
+-- How deep tables may nest in a saved value (a state dict nests 3 deep).
+local MAX_DEPTH = 10000
+
+-- `at` names the value being encoded: nil for the value saved, else
+-- {up = the parent's at, key = its key there, depth = n}. where(at) spells
+-- it ("value.model.1") only for an error: a string built at every level took
+-- memory quadratic in the depth (0.9 GB to save 30000 nested tables).
+local function where(at)
+  local keys = {}
+  for _ = 1, at and at.depth or 0 do
+    keys[#keys + 1] = tostring(at.key)
+    at = at.up
+  end
+  local path = {"value"}
+  for i = #keys, 1, -1 do path[#path + 1] = keys[i] end
+  return table.concat(path, ".")
+end
+
+local function sorted_keys(tbl, at)
   local keys = {}
   for k in pairs(tbl) do
     local tk = type(k)
     if tk ~= "string" and tk ~= "number" and tk ~= "boolean" then
-      O.fail("EINVAL: crun.save: table key of type %s at %s cannot be saved", tk, where)
+      O.fail("EINVAL: crun.save: table key of type %s at %s cannot be saved", tk, where(at))
     end
     keys[#keys + 1] = k
   end
@@ -90,14 +108,18 @@ local function sorted_keys(tbl, where)
   return keys
 end
 
-local function encode_table(v, out, where, seen)
-  if seen[v] then O.fail("EINVAL: crun.save: cycle in the value at %s", where) end
+local function encode_table(v, out, at, seen)
+  if seen[v] then O.fail("EINVAL: crun.save: cycle in the value at %s", where(at)) end
+  local depth = at and at.depth or 0
+  if depth >= MAX_DEPTH then
+    O.fail("EINVAL: crun.save: tables nest deeper than %d levels", MAX_DEPTH)
+  end
   seen[v] = true
-  local keys = sorted_keys(v, where)
+  local keys = sorted_keys(v, at)
   out[#out + 1] = "t" .. string.pack("<I4", #keys)
   for _, k in ipairs(keys) do
-    encode(k, out, where, seen)
-    encode(v[k], out, where .. "." .. tostring(k), seen)
+    encode(k, out, at, seen)
+    encode(v[k], out, {up = at, key = k, depth = depth + 1}, seen)
   end
   seen[v] = nil
 end
@@ -110,8 +132,8 @@ local function encode_tensor(v, out)
   out[#out + 1] = table.concat(parts)
 end
 
--- Appends the encoding of v to the list out; `where` names v for errors.
-encode = function(v, out, where, seen)
+-- Appends the encoding of v to the list out; `at` names v for errors (where()).
+encode = function(v, out, at, seen)
   local tv = type(v)
   if tv == "nil" then out[#out + 1] = "n"
   elseif tv == "boolean" then out[#out + 1] = v and "T" or "F"
@@ -119,14 +141,14 @@ encode = function(v, out, where, seen)
   elseif tv == "number" then out[#out + 1] = "d" .. string.pack("<d", v)
   elseif tv == "string" then out[#out + 1] = "s" .. string.pack("<s4", v)
   elseif serialize.is_tensor(v) then encode_tensor(v, out)
-  elseif tv == "table" then encode_table(v, out, where, seen)
-  else O.fail("EINVAL: crun.save: cannot save a %s at %s", tv, where) end
+  elseif tv == "table" then encode_table(v, out, at, seen)
+  else O.fail("EINVAL: crun.save: cannot save a %s at %s", tv, where(at)) end
 end
 
 --- Returns the bytes of v in the format above (no file involved).
 function serialize.dumps(v)
   local out = {MAGIC}
-  encode(v, out, "value", {})
+  encode(v, out, nil, {})
   local body = table.concat(out)
   return body .. TRAILER .. string.pack("<I8", #body)
 end
@@ -143,8 +165,9 @@ local function decode_tensor(s, pos)
   return tensor_from_bytes(dtype, shape, bytes), pos
 end
 
--- Decodes one value of s at pos; returns value, next position.
-decode = function(s, pos)
+-- Decodes one value of s at pos, nested `depth` tables deep; returns value,
+-- next position.
+decode = function(s, pos, depth)
   local tag = s:sub(pos, pos)
   pos = pos + 1
   if tag == "n" then return nil, pos
@@ -155,18 +178,19 @@ decode = function(s, pos)
   elseif tag == "s" then return string.unpack("<s4", s, pos)
   elseif tag == "X" then return decode_tensor(s, pos)
   elseif tag == "t" then
+    if depth >= MAX_DEPTH then error(string.format("tables nest deeper than %d levels at byte %d", MAX_DEPTH, pos - 1), 0) end
     local n
     n, pos = string.unpack("<I4", s, pos)
     local t = {}
     for _ = 1, n do
       local k, v
       local at = pos
-      k, pos = decode(s, pos)
+      k, pos = decode(s, pos, depth + 1)
       local tk = type(k) -- what save() writes as keys; nothing else loads as one
       if tk ~= "string" and tk ~= "number" and tk ~= "boolean" then
         error(string.format("table key of type %s at byte %d", tk, at), 0)
       end
-      v, pos = decode(s, pos)
+      v, pos = decode(s, pos, depth + 1)
       t[k] = v
     end
     return t, pos
@@ -185,12 +209,21 @@ function serialize.loads(s, name)
       or string.unpack("<I8", s, #s - 7) ~= #s - tl then
     error(string.format("EPROTO: crun.load: %s is truncated or corrupt (bad trailer)", name), 0)
   end
-  local ok, v, pos = pcall(decode, s, #MAGIC + 1)
+  local ok, v, pos = pcall(decode, s, #MAGIC + 1, 0)
   if not ok then error(string.format("EPROTO: crun.load: %s is corrupt: %s", name, tostring(v)), 0) end
   if pos ~= #s - tl + 1 then
     error(string.format("EPROTO: crun.load: %s has %d stray bytes", name, #s - tl + 1 - pos), 0)
   end
   return v
+end
+
+-- Raises EINVAL unless path is a non-empty string without a NUL byte: the C
+-- calls under io.open and save_file end a path at its first NUL, so
+-- crun.save("ckpt\0.crun", v) wrote "ckpt" and reported success.
+local function check_path(fname, path)
+  if type(path) ~= "string" then O.fail("EINVAL: %s: the path must be a string, got %s", fname, type(path)) end
+  if path == "" then O.fail("EINVAL: %s: the path is empty", fname) end
+  if path:find("\0", 1, true) then O.fail("EINVAL: %s: the path %q holds a NUL byte", fname, path) end
 end
 
 --- Saves v to path atomically (temp file + fsync + rename). Raises on failure:
@@ -199,7 +232,7 @@ end
 -- The temp file is opened O_EXCL|O_NOFOLLOW next to path (core.save_file).
 -- opts takes torch.save's pickle_module/pickle_protocol (no effect in crun).
 function serialize.save(path, v, opts)
-  if type(path) ~= "string" then O.fail("EINVAL: crun.save: the path must be a string, got %s", type(path)) end
+  check_path("crun.save", path)
   O.check(SAVE_OPTS, "crun.save", opts)
   local bytes = serialize.dumps(v)
   local ok, err = pcall(core().save_file, path, bytes)
@@ -220,7 +253,7 @@ end
 -- failures, EPROTO when the file is not a complete crun save file. opts takes
 -- torch.load's map_location/weights_only/mmap (no effect in crun).
 function serialize.load(path, opts)
-  if type(path) ~= "string" then O.fail("EINVAL: crun.load: the path must be a string, got %s", type(path)) end
+  check_path("crun.load", path)
   O.check(LOAD_OPTS, "crun.load", opts)
   local f, msg, code = io.open(path, "rb")
   if not f then O.fail("%s: crun.load: cannot open %s (%s)", errno_status(code), path, tostring(msg)) end
@@ -245,6 +278,7 @@ end
 
 --- Returns true when path holds a file (for "resume if a checkpoint exists").
 function serialize.exists(path)
+  if type(path) ~= "string" or path:find("\0", 1, true) then return false end -- (io.open would cut it)
   local f = io.open(path, "rb")
   if f then f:close() return true end
   return false

@@ -82,6 +82,9 @@ function methods.to(t, a, b)
   if a ~= nil and is_device(a) and b ~= nil and is_device(b) then
     argerror(3, "to", "two devices given ('%s' and '%s')", tostring(a), tostring(b))
   end
+  if a ~= nil and not is_device(a) and b ~= nil and not is_device(b) then -- (the first was dropped)
+    argerror(3, "to", "two dtypes given ('%s' and '%s')", tostring(a), tostring(b))
+  end
   if dt ~= nil then t = to_dtype(t, dt) end
   if dev ~= nil then t = C.to_device(t, CU().device_index(dev, "to")) end
   return t
@@ -169,7 +172,28 @@ local function check_cat(list, dim, fname)
   return first
 end
 
---- T.cat(list, dim=1): concatenates tensors along an existing dim.
+-- torch.promote_types over crun's dtypes: bool < integers < floats, the
+-- wider of a kind; uint8 with int8 is int16, float16 with bfloat16 float32.
+local PROMOTE_RANK = {bool = 0, uint8 = 1, int8 = 1, int16 = 2, int32 = 3, int64 = 4, float16 = 5, bfloat16 = 5,
+  float32 = 6, float64 = 7}
+local function promote(a, b)
+  if a == b then return a end
+  local ra, rb = PROMOTE_RANK[a], PROMOTE_RANK[b]
+  if ra == rb then return ra == 1 and "int16" or "float32" end
+  return ra > rb and a or b
+end
+
+-- The dtype of cat/stack's result: every input's promoted, as torch's (the
+-- first one's truncated 2.5 to 2 in cat({int64, float32}) and wrapped 300 to
+-- 44 in stack({int8, int64})).
+local function result_dtype(list)
+  local dt = list[1]:dtype()
+  for i = 2, #list do dt = promote(dt, list[i]:dtype()) end
+  return dt
+end
+
+--- T.cat(list, dim=1): concatenates tensors along an existing dim (dtypes
+--- promoted as torch's: int64 with float32 gives float32).
 function T.cat(list, dim)
   dim = dim or 1
   if math.type(dim) ~= "integer" then argerror(2, "cat", "integer dim expected, got %s", tostring(dim)) end
@@ -179,7 +203,7 @@ function T.cat(list, dim)
   local total = 0
   for _, t in ipairs(list) do total = total + t:size(dim) end
   shape[dim] = total
-  local out, pos = T.empty(shape, list[1]:dtype()), 1
+  local out, pos = T.empty(shape, result_dtype(list)), 1
   for _, t in ipairs(list) do
     local n = t:size(dim)
     if n > 0 then out:narrow(dim, pos, n):copy(t) end
@@ -188,7 +212,7 @@ function T.cat(list, dim)
   return out
 end
 
---- T.stack(list, dim=1): stacks same-shaped tensors along a new dim.
+--- T.stack(list, dim=1): stacks same-shaped tensors along a new dim (dtypes promoted as cat's).
 function T.stack(list, dim)
   dim = dim or 1
   if math.type(dim) ~= "integer" then argerror(2, "stack", "integer dim expected, got %s", tostring(dim)) end
@@ -196,7 +220,7 @@ function T.stack(list, dim)
   if dim < 0 then dim = #shape + dim + 2 end
   if dim < 1 or dim > #shape + 1 then argerror(2, "stack", "dim %d out of range for %d-d tensors", dim, #shape) end
   table.insert(shape, dim, #list)
-  local out = T.empty(shape, list[1]:dtype())
+  local out = T.empty(shape, result_dtype(list))
   for i, t in ipairs(list) do out:select(dim, i):copy(t) end
   return out
 end

@@ -78,8 +78,8 @@ local function source_of(a)
     local p, g = a[1], a[2]
     return function() return p, g end
   end
-  error("bad argument #1 to 'ZeroRedundancyOptimizer' (a module, a DDP model or {params, grads} "
-    .. "of equal length expected)", 3)
+  error("EINVAL: bad argument #1 to 'ZeroRedundancyOptimizer' (a module, a DDP model or {params, grads} "
+    .. "of equal length expected)", 0)
 end
 
 --- ZeroRedundancyOptimizer(model | {params, grads}, optim_class, {group=,
@@ -89,18 +89,18 @@ end
 function zero.new(a, optim_class, opts)
   local source = source_of(a)
   if type(optim_class) ~= "function" then
-    error("bad argument #2 to 'ZeroRedundancyOptimizer' (an optimizer class such as crun.optim.Adam expected)", 2)
+    error("EINVAL: bad argument #2 to 'ZeroRedundancyOptimizer' (an optimizer class such as crun.optim.Adam expected)", 0)
   end
   opts = O.check(spec_for(optim_class), "ZeroRedundancyOptimizer", opts)
   local d = dist()
   if not d.is_initialized() then
-    error("ESTATE: ZeroRedundancyOptimizer needs a process group: call crun.dist.init_process_group() first", 2)
+    error("ESTATE: ZeroRedundancyOptimizer needs a process group: call crun.dist.init_process_group() first", 0)
   end
   local inner = {}
   for k, v in pairs(opts) do if not OWN_KEYS[k] then inner[k] = v end end
   local self = setmetatable({source = source, group = opts.group, as_view = opts.parameters_as_bucket_view == true,
     world = d.get_world_size(opts.group), rank = d.get_rank(opts.group)}, Z)
-  if self.rank < 0 then error("bad argument #3 to 'ZeroRedundancyOptimizer' (this rank is not a member of the group)", 2) end
+  if self.rank < 0 then error("EINVAL: bad argument #3 to 'ZeroRedundancyOptimizer' (this rank is not a member of the group)", 0) end
   self.copts = self.group and {group = self.group} or nil
   self.params, self.grads = source()
   self:_partition()
@@ -275,8 +275,8 @@ end
 function Z:consolidate_state_dict(to)
   to = to or 0
   if math.type(to) ~= "integer" or to < 0 or to >= self.world then
-    error(string.format("bad argument #1 to 'consolidate_state_dict' (group rank in [0, %d) expected, got %s)",
-      self.world, tostring(to)), 2)
+    error(string.format("EINVAL: bad argument #1 to 'consolidate_state_dict' (group rank in [0, %d) expected, got %s)",
+      self.world, tostring(to)), 0)
   end
   local d = dist()
   local all = {self:_state_meta()}
@@ -323,7 +323,7 @@ function Z:_local_index(gi) return self.local_of[gi] end
 function Z:state_dict()
   if not self.consolidated then
     error(string.format("ESTATE: ZeroRedundancyOptimizer:state_dict on rank %d: no consolidated state here; "
-      .. "call consolidate_state_dict(to) on every rank (to = %d) after the last step", self.rank, self.rank), 2)
+      .. "call consolidate_state_dict(to) on every rank (to = %d) after the last step", self.rank, self.rank), 0)
   end
   return self.consolidated
 end
@@ -334,17 +334,17 @@ end
 function Z:load_state_dict(sd)
   if type(sd) ~= "table" or type(sd.state) ~= "table" or sd.kind ~= self.optim.kind then
     error(string.format("EINVAL: ZeroRedundancyOptimizer:load_state_dict on rank %d: expected a %s state, got %s",
-      self.rank, tostring(self.optim.kind), type(sd) == "table" and tostring(sd.kind) or type(sd)), 2)
+      self.rank, tostring(self.optim.kind), type(sd) == "table" and tostring(sd.kind) or type(sd)), 0)
   end
   for gi, s in pairs(sd.state) do
-    if math.type(gi) ~= "integer" or gi < 1 or gi > #self.params then
-      error(string.format("EINVAL: ZeroRedundancyOptimizer:load_state_dict on rank %d: state for parameter %s, "
-        .. "the model has %d", self.rank, tostring(gi), #self.params), 2)
+    if math.type(gi) ~= "integer" or gi < 1 or gi > #self.params or type(s) ~= "table" then
+      error(string.format("EINVAL: ZeroRedundancyOptimizer:load_state_dict on rank %d: state for parameter %s "
+        .. "(a %s), the model has %d", self.rank, tostring(gi), type(s), #self.params), 0)
     end
     for k, v in pairs(s) do
       if type(v) == "userdata" and v:numel() ~= self.params[gi]:numel() then
         error(string.format("EINVAL: ZeroRedundancyOptimizer:load_state_dict on rank %d: %s of parameter %d "
-          .. "has %d elements, the parameter %d", self.rank, k, gi, v:numel(), self.params[gi]:numel()), 2)
+          .. "has %d elements, the parameter %d", self.rank, k, gi, v:numel(), self.params[gi]:numel()), 0)
       end
     end
   end

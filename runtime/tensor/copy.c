@@ -151,6 +151,7 @@ static void copy_row(crun_dtype_t ddt, char *d, int64_t ds, crun_dtype_t sdt, co
 
 int crun_tensor_copy(crun_tensor_t *dst, crun_tensor_t *src) {
   char a[128], b[128];
+  CRUN_CHECK(crun__check_writable(dst, "copy"));
   /* host tensors have device -1 on both sides: the AND stays negative */
   if (__builtin_expect((dst->st->device & src->st->device) >= 0, 0)) return crun__tensor_copy_dev(dst, src);
   if (!same_shape(dst, src))
@@ -196,11 +197,9 @@ int crun_tensor_contiguous(crun_tensor_t *t, crun_tensor_t **out) {
 
 /* ------------------------------------------------------------ fill, equal */
 
-int crun_tensor_fill(crun_tensor_t *t, double v) {
-  if (__builtin_expect(t->st->device >= 0, 0)) return crun__dev_fill(t, v);
+/* Stores the element whose bytes are one[0..size) at every position of t. */
+static void fill_elem(crun_tensor_t *t, const unsigned char one[8]) {
   size_t es = crun_dtype_size(t->dt);
-  unsigned char one[8] = {0};
-  crun_elem_set_double(t->dt, one, 0, v);
   int zero = 1;
   for (size_t b = 0; b < es; b++) zero &= one[b] == 0;
   uint8_t v1 = one[0];
@@ -212,7 +211,7 @@ int crun_tensor_fill(crun_tensor_t *t, double v) {
   memcpy(&v8, one, 8);
   crun__rowiter_t it;
   crun__rowiter_init(&it, t);
-  if (it.rows_left <= 0) return 0;
+  if (it.rows_left <= 0) return;
   do {
     /* one typed store per element (a memcpy of a run-time size each was 1 GB/s) */
     if (it.step == 1 && zero) {
@@ -227,6 +226,23 @@ int crun_tensor_fill(crun_tensor_t *t, double v) {
       default: { uint64_t *p = (uint64_t *)it.row; for (int64_t i = 0; i < it.len; i++) p[i * st] = v8; break; }
     }
   } while (crun__rowiter_next(&it));
+}
+
+int crun_tensor_fill(crun_tensor_t *t, double v) {
+  CRUN_CHECK(crun__check_writable(t, "fill"));
+  if (__builtin_expect(t->st->device >= 0, 0)) return crun__dev_fill(t, v);
+  unsigned char one[8] = {0};
+  crun_elem_set_double(t->dt, one, 0, v);
+  fill_elem(t, one);
+  return 0;
+}
+
+int crun_tensor_fill_int64(crun_tensor_t *t, int64_t v) {
+  CRUN_CHECK(crun__check_writable(t, "fill"));
+  if (__builtin_expect(t->st->device >= 0, 0)) return crun__dev_fill(t, (double)v);
+  unsigned char one[8] = {0};
+  crun__elem_set_int64(t->dt, one, 0, v);
+  fill_elem(t, one);
   return 0;
 }
 

@@ -276,6 +276,7 @@ static int end_out(crun_tensor_t *out, crun_tensor_t *tmp, int rc) {
 
 static int check_out(const char *what, crun_tensor_t *out, crun_dtype_t dt, int nd, const int64_t *shape) {
   char s1[128], s2[128];
+  CRUN_CHECK(crun__check_writable(out, what));
   if (out->dt != dt)
     return crun_error(CRUN_EINVAL, "%s: output has dtype %s, expected %s", what,
                       crun_dtype_name(out->dt), crun_dtype_name(dt));

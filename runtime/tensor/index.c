@@ -136,6 +136,7 @@ int crun_tensor_scatter_add_(crun_tensor_t *a, int dim, crun_tensor_t *index, cr
                              int64_t base) {
   CRUN__HOST_ONLY3(a, index, src, "scatter_add_");
   CRUN_CHECK(check_gather("scatter_add_", a, dim, index));
+  CRUN_CHECK(crun__check_writable(a, "scatter_add_"));
   if (a->dt != CRUN_FLOAT32 && a->dt != CRUN_FLOAT64)
     return crun_error(CRUN_ENOTSUP, "scatter_add_ needs a float32 or float64 tensor, got %s", crun_dtype_name(a->dt));
   if (src->dt != a->dt)
@@ -146,7 +147,13 @@ int crun_tensor_scatter_add_(crun_tensor_t *a, int dim, crun_tensor_t *index, cr
     if (index->shape[d] > src->shape[d])
       return crun_error(CRUN_EINVAL, "scatter_add_: index size %lld exceeds src size %lld in dim %d",
                         (long long)index->shape[d], (long long)src->shape[d], d + 1);
-  gctx g = {a, a, src};
   CRUN_CHECK(visit("scatter_add_", a, dim, index, base, check_only, NULL)); /* all or nothing */
-  return visit("scatter_add_", a, dim, index, base, scatter_one, &g);
+  /* src sharing a's storage would be read after the adds wrote it
+   * (a:scatter_add_(1, {3, 2, 1}, a) gave 5, 4, 4): read a copy instead */
+  crun_tensor_t *own = NULL;
+  if (crun_tensor_same_storage(src, a)) CRUN_CHECK(crun_tensor_clone(src, &own));
+  gctx g = {a, a, own ? own : src};
+  int rc = visit("scatter_add_", a, dim, index, base, scatter_one, &g);
+  crun_tensor_release(own);
+  return rc;
 }

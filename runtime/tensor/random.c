@@ -60,6 +60,7 @@ static double uniform_for(crun_generator_t *g, crun_dtype_t dt, double lo, doubl
 
 static int fill_with(crun_tensor_t *t, crun_generator_t *g, int normal, double a, double b) {
   if (!g) return crun_error(CRUN_EINVAL, "random fill: generator is NULL");
+  CRUN_CHECK(crun__check_writable(t, normal ? "normal_" : "uniform_"));
   crun__rowiter_t it;
   crun__rowiter_init(&it, t);
   if (it.rows_left <= 0) return 0;
@@ -75,6 +76,8 @@ static int fill_with(crun_tensor_t *t, crun_generator_t *g, int normal, double a
 int crun_tensor_uniform_(crun_tensor_t *t, crun_generator_t *g, double lo, double hi) {
   CRUN__HOST_ONLY(t, "uniform_");
   if (!(lo <= hi)) return crun_error(CRUN_EINVAL, "uniform: lo %g > hi %g", lo, hi);
+  if (!isfinite(hi - lo)) /* lo + inf * u: inf or NaN elements (torch refuses it too) */
+    return crun_error(CRUN_EINVAL, "uniform: the range [%g, %g) is not finite", lo, hi);
   return fill_with(t, g, 0, lo, hi);
 }
 

@@ -32,6 +32,14 @@ int crun__check_shape(int ndim, const int64_t *shape, const char *where) {
   return 0;
 }
 
+int crun__check_writable(const crun_tensor_t *t, const char *where) {
+  for (int d = 0; d < t->ndim; d++)
+    if (t->shape[d] > 1 && t->strides[d] == 0)
+      return crun_error(CRUN_EINVAL, "%s: dim %d of the destination repeats one element %lld times "
+                        "(an expand()ed view): clone() it before writing", where, d + 1, (long long)t->shape[d]);
+  return 0;
+}
+
 static void set_contiguous_strides(crun_tensor_t *t) {
   int64_t s = 1;
   for (int d = t->ndim - 1; d >= 0; d--) {
@@ -244,6 +252,9 @@ int crun_tensor_view(crun_tensor_t *t, int ndim, const int64_t *in_shape, crun_t
   int64_t shape[CRUN_MAX_DIMS], strides[CRUN_MAX_DIMS];
   if (ndim) memcpy(shape, in_shape, (size_t)ndim * sizeof *shape);
   CRUN_CHECK(infer_shape(ndim, shape, crun_tensor_numel(t), t));
+  /* an empty tensor matches any shape with a zero in it: bound the others,
+   * or the strides below overflow int64 (view(0, 2^62, 2^62)) */
+  CRUN_CHECK(crun__check_shape(ndim, shape, "view"));
   int64_t s = 1;
   for (int d = ndim - 1; d >= 0; d--) {
     strides[d] = s;

@@ -64,6 +64,10 @@ const char *crun__shape_str(int ndim, const int64_t *shape, char *buf, size_t ca
 /* Validates a new tensor's shape: ndim range and dims >= 0. */
 int crun__check_shape(int ndim, const int64_t *shape, const char *where);
 
+/* Fails (EINVAL) when elements of t share memory, as expand() makes them: a
+ * write into t would store several results in one element. */
+int crun__check_writable(const crun_tensor_t *t, const char *where);
+
 /* Creates a contiguous tensor of the given shape over storage st (whose
  * refcount it raises; st starts with refs 0). */
 int crun__tensor_over_storage(crun_dtype_t dt, int ndim, const int64_t *shape, crun__storage_t *st,

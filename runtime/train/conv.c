@@ -41,8 +41,11 @@ static int out_extent(const char *fn, const char *axis, int64_t in, int64_t k, i
     return crun_error(CRUN_EINVAL, "%s: %s: kernel %lld, stride %lld, padding %lld, dilation %lld "
                       "(kernel, stride and dilation >= 1, padding >= 0)", fn, axis, (long long)k,
                       (long long)s, (long long)p, (long long)d);
+  if (in > INT32_MAX || k > INT32_MAX || p > INT32_MAX || d > INT32_MAX) /* before any product */
+    return crun_error(CRUN_EINVAL, "%s: %s: input extent %lld, kernel %lld, padding %lld or dilation %lld "
+                      "is above 2^31 - 1", fn, axis, (long long)in, (long long)k, (long long)p, (long long)d);
   int64_t span = d * (k - 1) + 1, avail = in + 2 * p;
-  if (in > INT32_MAX || k > INT32_MAX || p > INT32_MAX || d > INT32_MAX || avail < span)
+  if (avail < span)
     return crun_error(CRUN_EINVAL, "%s: %s: input extent %lld with padding %lld is smaller than the "
                       "dilated kernel (%lld)", fn, axis, (long long)in, (long long)p, (long long)span);
   *out = (avail - span) / s + 1;
@@ -223,7 +226,7 @@ int crun_nn_conv2d_backward(const crun_tensor_t *x, const crun_tensor_t *w, cons
 int crun_nn_pool2d_out_size(int64_t h, int64_t w, const crun_pool2d_geom_t *g, int64_t *oh,
                             int64_t *ow) {
   static const char *fn = "Pool2d";
-  if (g->pad_h * 2 > g->kh || g->pad_w * 2 > g->kw)
+  if (g->pad_h > g->kh / 2 || g->pad_w > g->kw / 2) /* pad * 2 could overflow */
     return crun_error(CRUN_EINVAL, "%s: padding (%lld, %lld) must be at most half the kernel (%lld, %lld)",
                       fn, (long long)g->pad_h, (long long)g->pad_w, (long long)g->kh, (long long)g->kw);
   CRUN_CHECK(out_extent(fn, "height", h, g->kh, g->stride_h, g->pad_h, 1, oh));

@@ -17,7 +17,7 @@ int crun_act_parse(const char *name, crun_act_t *out) {
 #define ACT_LOOPS(T, EXP, TANH)                                                       \
   static void act_fwd_##T(crun_act_t a, const T *x, T *y, int64_t n) {                \
     if (a == CRUN_ACT_RELU)                                                           \
-      for (int64_t i = 0; i < n; i++) y[i] = x[i] > 0 ? x[i] : (T)0;                  \
+      for (int64_t i = 0; i < n; i++) y[i] = x[i] < 0 ? (T)0 : x[i]; /* NaN stays */  \
     else if (a == CRUN_ACT_TANH)                                                      \
       for (int64_t i = 0; i < n; i++) y[i] = TANH(x[i]);                              \
     else                                                                              \
@@ -26,7 +26,7 @@ int crun_act_parse(const char *name, crun_act_t *out) {
   }                                                                                   \
   static void act_bwd_##T(crun_act_t a, const T *y, const T *gy, T *gx, int64_t n) {  \
     if (a == CRUN_ACT_RELU)                                                           \
-      for (int64_t i = 0; i < n; i++) gx[i] = y[i] > 0 ? gy[i] : (T)0;                \
+      for (int64_t i = 0; i < n; i++) gx[i] = y[i] <= 0 ? (T)0 : gy[i];               \
     else if (a == CRUN_ACT_TANH)                                                      \
       for (int64_t i = 0; i < n; i++) gx[i] = gy[i] * ((T)1 - y[i] * y[i]);           \
     else                                                                              \

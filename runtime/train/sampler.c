@@ -10,6 +10,8 @@
 #include "crun/core.h"
 #include "crun/train.h"
 
+#define SAMPLER_MAX_SIZE (INT64_C(1) << 62)
+
 /* Floor division (b > 0), as Lua's // on integers. */
 static int64_t floor_div(int64_t a, int64_t b) {
   int64_t q = a / b;
@@ -44,6 +46,10 @@ int crun_sampler_init(crun_sampler_t *s, int64_t size, int num_replicas, int ran
                       int shuffle, uint64_t seed, int drop_last) {
   if (!s) return crun_error(CRUN_EINVAL, "sampler init: NULL sampler");
   if (size < 0) return crun_error(CRUN_EINVAL, "sampler: size %lld is negative", (long long)size);
+  /* the padded total (size + num_replicas - 1) and the positions past it
+   * must stay within int64 */
+  if (size > SAMPLER_MAX_SIZE)
+    return crun_error(CRUN_EINVAL, "sampler: size %lld is too large (at most 2^62)", (long long)size);
   if (num_replicas < 1)
     return crun_error(CRUN_EINVAL, "sampler: num_replicas %d must be >= 1", num_replicas);
   if (rank < 0 || rank >= num_replicas)

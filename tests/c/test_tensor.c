@@ -129,7 +129,14 @@ TEST(fill_and_from_data) {
   EXPECT_OK(crun_tensor_from_data(CRUN_FLOAT32, 2, (int64_t[]){3, 2}, src, sizeof src, &f));
   EXPECT(at(f, 2, 1) == 6.0);
   EXPECT_STATUS(crun_tensor_from_data(CRUN_FLOAT32, 2, (int64_t[]){3, 3}, src, sizeof src, &f), CRUN_EINVAL);
-  crun_tensor_release(t); crun_tensor_release(n);
+  crun_tensor_t *w = arange2d(CRUN_INT64, 2, 2);
+  int64_t v, i11[2] = {1, 1};
+  EXPECT_OK(crun_tensor_fill_int64(w, INT64_MAX)); /* exact: a double would round it */
+  EXPECT_OK(crun_tensor_get_int64(w, i11, &v));
+  EXPECT(v == INT64_MAX);
+  EXPECT_OK(crun_tensor_fill_int64(n, -9)); /* int32 view */
+  EXPECT(at(t, 3, 2) == -9.0 && at(t, 3, 4) == 19.0);
+  crun_tensor_release(t); crun_tensor_release(n); crun_tensor_release(f); crun_tensor_release(w);
 }
 
 TEST(expand_broadcasts_rows) {

@@ -12,13 +12,13 @@
   /* y[i] = act(x[i]) for crun_act_t `act` (relu, tanh, sigmoid). */                          \
   CRUN_HD void crun__k_act_fwd_##tn(int act, const T *x, T *y, int64_t i) {                   \
     T v = x[i];                                                                                \
-    if (act == CRUN_ACT_RELU) y[i] = v > 0 ? v : (T)0;                                         \
+    if (act == CRUN_ACT_RELU) y[i] = v < 0 ? (T)0 : v;                                         \
     else if (act == CRUN_ACT_TANH) y[i] = tanh##F(v);                                          \
     else y[i] = v >= 0 ? (T)1 / ((T)1 + exp##F(-v)) : exp##F(v) / ((T)1 + exp##F(v));          \
   }                                                                                            \
   /* gx[i] from the forward output y and gy. */                                                \
   CRUN_HD void crun__k_act_bwd_##tn(int act, const T *y, const T *gy, T *gx, int64_t i) {     \
-    if (act == CRUN_ACT_RELU) gx[i] = y[i] > 0 ? gy[i] : (T)0;                                 \
+    if (act == CRUN_ACT_RELU) gx[i] = y[i] <= 0 ? (T)0 : gy[i];                                \
     else if (act == CRUN_ACT_TANH) gx[i] = gy[i] * ((T)1 - y[i] * y[i]);                       \
     else gx[i] = gy[i] * y[i] * ((T)1 - y[i]);                                                 \
   }                                                                                            \

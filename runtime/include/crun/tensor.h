@@ -120,6 +120,11 @@ int crun_set_flush_denormal(int on);
 /* Sets every element of t to v (converted to t's dtype). */
 int crun_tensor_fill(crun_tensor_t *t, double v);
 
+/* Sets every element of t to the integer v: exact in an int64 tensor past
+ * 2^53, where a double rounds (integer dtypes wrap as a C cast, others
+ * convert; on a GPU v goes through a double). */
+int crun_tensor_fill_int64(crun_tensor_t *t, int64_t v);
+
 /* Returns 1 when a and b have the same shape and values (any dtypes,
  * compared as doubles; nan never equals), else 0. */
 int crun_tensor_equal(crun_tensor_t *a, crun_tensor_t *b);
@@ -247,7 +252,8 @@ int crun_tensor_index_select(crun_tensor_t *a, int dim, crun_tensor_t *index, in
                              crun_tensor_t **out);
 
 /* out[i][j] = a[i][index[i][j]] along dim (torch.gather); index has a's
- * ndim and no larger dims elsewhere. scatter_add_: a[..index..] += src. */
+ * ndim and no larger dims elsewhere. scatter_add_: a[..index..] += src (src may
+ * share a's storage: it is then read from a copy). */
 int crun_tensor_gather(crun_tensor_t *a, int dim, crun_tensor_t *index, int64_t base,
                        crun_tensor_t **out);
 int crun_tensor_scatter_add_(crun_tensor_t *a, int dim, crun_tensor_t *index, crun_tensor_t *src,

@@ -126,7 +126,7 @@ typedef struct {
   int num_replicas, rank, shuffle, drop_last, drop_padding;
 } crun_sampler_t;
 
-/* Fills *s; size < 0, num_replicas < 1 or rank outside [0, num_replicas)
+/* Fills *s; size < 0 or above 2^62, num_replicas < 1 or rank outside [0, num_replicas)
  * fail with CRUN_EINVAL naming the value. */
 int crun_sampler_init(crun_sampler_t *s, int64_t size, int num_replicas, int rank,
                       int shuffle, uint64_t seed, int drop_last);
