@@ -758,6 +758,14 @@ static int check_grad_index(lua_State *L, int idx) {
 
 /* reducer_new(pg|nil, {grads...}, {bucket_cap_bytes=, first_bucket_bytes=,
  * gradient_as_bucket_view=, overlap=, external=}) -> crun.Reducer */
+/* A byte count option of a table: a number >= 0 (NaN and negatives are
+ * EINVAL), at most 2^62 (a larger one, infinity included, means that much). */
+static size_t opt_bytes(lua_State *L, int idx, const char *field, double def) {
+  double v = crun_l_optfield_number(L, idx, field, def);
+  if (!(v >= 0)) crun_l_error(L, "EINVAL: reducer: %s must be a number of bytes >= 0, got %f", field, (lua_Number)v);
+  return v > 0x1p62 ? (size_t)1 << 62 : (size_t)v;
+}
+
 static int l_reducer_new(lua_State *L) {
   crun_pg_t *pg = lua_isnoneornil(L, 1) ? NULL : crun_l_check_pg(L, 1);
   crun_l_checktype(L, 2, LUA_TTABLE);
@@ -771,8 +779,8 @@ static int l_reducer_new(lua_State *L) {
     lua_pop(L, 1);
   }
   crun_reducer_opts_t o = {
-      .bucket_cap_bytes = (size_t)crun_l_optfield_number(L, 3, "bucket_cap_bytes", 25 << 20),
-      .first_bucket_bytes = (size_t)crun_l_optfield_number(L, 3, "first_bucket_bytes", 1 << 20),
+      .bucket_cap_bytes = opt_bytes(L, 3, "bucket_cap_bytes", 25 << 20),
+      .first_bucket_bytes = opt_bytes(L, 3, "first_bucket_bytes", 1 << 20),
       .grad_as_view = crun_l_optfield_boolean(L, 3, "gradient_as_bucket_view", 0),
       .no_overlap = !crun_l_optfield_boolean(L, 3, "overlap", 1),
       .external = crun_l_optfield_boolean(L, 3, "external", 0)};

@@ -159,6 +159,14 @@ describe("DDP equivalence", function()
       assert.are.same({"backward L2", "backward L1"}, events)
       assert.has_error(function() ddp.DDP(net, {bucket_cap_mb = 0}) end,
         "EINVAL: DDP: bucket_cap_mb must be a positive number, got 0")
+      assert.has_error(function() ddp.DDP(net, {first_bucket_mb = 0 / 0}) end,
+        "EINVAL: DDP: first_bucket_mb must be a positive number, got " .. tostring(0 / 0))
+      assert.has_error(function() ddp.DDP(net, {bucket_cap_mb = math.huge}) end,
+        "EINVAL: DDP: bucket_cap_mb must be a positive number, got inf")
+      local core = require "crun.core"
+      local okr, errr = pcall(core.reducer_new, nil, {}, {bucket_cap_bytes = 0 / 0})
+      assert.is_false(okr)
+      assert.matches("^EINVAL: reducer: bucket_cap_bytes must be a number of bytes >= 0, got %-?nan", errr)
       assert.has_error(function() ddp.DDP({}) end, "EINVAL: DDP: a crun.nn module is expected, got table")
       assert.has_error(function() ddp.join({m}, print, {throw = true}) end,
         "EINVAL: join: unknown option 'throw' (accepted: throw_on_early_termination)")

@@ -102,7 +102,7 @@ function ddp.DDP(module, opts)
     require("crun.opts").fail("ESTATE: DDP needs a process group: call crun.dist.init_process_group() first")
   end
   for _, k in ipairs{"bucket_cap_mb", "first_bucket_mb"} do
-    if opts[k] ~= nil and (type(opts[k]) ~= "number" or opts[k] <= 0) then
+    if opts[k] ~= nil and (type(opts[k]) ~= "number" or not (opts[k] > 0 and opts[k] < math.huge)) then
       require("crun.opts").fail("EINVAL: DDP: %s must be a positive number, got %s", k, tostring(opts[k]))
     end
   end
