@@ -9,7 +9,8 @@
 -- grouped into buckets in REVERSE registration order (the order backward
 -- produces their gradients): the first bucket holds at most first_bucket_mb,
 -- the others bucket_cap_mb, and a bucket never mixes dtypes. During backward,
--- each leaf module reports when its gradients are final (nn add_grad_hook);
+-- each leaf module reports when its gradients are final (nn add_grad_hook;
+-- a leaf used k times, as with tied weights, after its k-th backward call);
 -- when every gradient of a bucket is ready and every earlier bucket has been
 -- launched, the bucket's async all_reduce (op avg) starts, so communication
 -- overlaps the rest of backward. Buckets launch in the same order on every
@@ -204,18 +205,39 @@ function DDP:_make_grad_views()
   end
 end
 
+-- How many times each leaf appears in the module tree: a leaf used twice
+-- (weight tying, Sequential(l, act, l)) runs its backward twice per backward
+-- pass and accumulates, so its gradients are final only after the last.
+local function leaf_uses(m, uses)
+  if m.modules then
+    for _, c in ipairs(m.modules) do leaf_uses(c, uses) end
+  else
+    uses[m] = (uses[m] or 0) + 1
+  end
+  return uses
+end
+
 function DDP:_install_hooks()
-  self.hooks = {}
+  self.hooks, self.leaf_seen = {}, {}
+  local uses = leaf_uses(self.module, {})
   for leaf, list in pairs(self.leaf_params) do
     if #list > 0 then
-      self.hooks[#self.hooks + 1] = leaf:add_grad_hook(function() self:_leaf_ready(list) end)
+      local need = uses[leaf] or 1
+      self.hooks[#self.hooks + 1] = leaf:add_grad_hook(function() self:_leaf_ready(leaf, list, need) end)
     end
   end
 end
 
--- Hook: every gradient of `list` is final for this backward.
-function DDP:_leaf_ready(list)
+-- Hook: `leaf` finished one of its `need` backward calls of this pass; after
+-- the last, every gradient of `list` is final. (One the pass never reaches
+-- as often is marked ready by the reducer's finalize, with unused ones.)
+function DDP:_leaf_ready(leaf, list, need)
   if not self.require_sync or not self.in_backward or (self.world == 1 and not self.comm_hook) then return end
+  if need > 1 then
+    local n = (self.leaf_seen[leaf] or 0) + 1
+    self.leaf_seen[leaf] = n
+    if n < need then return end
+  end
   for _, i in ipairs(list) do self.reducer:mark_ready(i) end
   if self.comm_hook then self:_run_hooks() end
 end
@@ -323,7 +345,7 @@ function DDP:backward(x, gy)
   self:_check_open("backward")
   local core = require "crun.core"
   local t0 = core.clock()
-  self.in_backward = true
+  self.in_backward, self.leaf_seen = true, {}
   local ok, err = pcall(self.module.backward, self.module, x, gy)
   self.in_backward = false
   if not ok then

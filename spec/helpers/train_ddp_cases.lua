@@ -12,11 +12,19 @@ cases.STEPS = 3
 cases.ROWS = 4 -- rows per rank per step (per micro-batch)
 
 --- The model: same architecture everywhere; init seed given by the caller.
-function cases.model(dtype, seed)
+--- tied: one Linear(7, 7) used twice (weight tying): its gradient sums both
+-- uses before DDP may reduce it.
+function cases.model(dtype, seed, tied)
   local nn = require "crun.nn"
   nn.set_default_dtype(dtype)
   nn.manual_seed(seed)
-  local m = nn.Sequential(nn.Linear(5, 7), nn.Tanh(), nn.Linear(7, 6), nn.ReLU(), nn.Linear(6, 3))
+  local m
+  if tied then
+    local mid = nn.Linear(7, 7)
+    m = nn.Sequential(nn.Linear(5, 7), nn.Tanh(), mid, nn.Tanh(), mid, nn.ReLU(), nn.Linear(7, 3))
+  else
+    m = nn.Sequential(nn.Linear(5, 7), nn.Tanh(), nn.Linear(7, 6), nn.ReLU(), nn.Linear(6, 3))
+  end
   nn.set_default_dtype("float32")
   return m
 end
@@ -85,13 +93,15 @@ cases.LIST = {
     ddp = {bucket_cap_mb = 0.0002}},
   {name = "f64_join_dec", dtype = "float64", kind = "join", pattern = "dec", opt = "sgd",
     ddp = {bucket_cap_mb = 0.0002}},
+  {name = "f64_tied", dtype = "float64", kind = "plain", opt = "momentum", tied = true,
+    ddp = {bucket_cap_mb = 0.0002, first_bucket_mb = 0.0001}},
 }
 
 --- Runs case c on this rank with DDP (inside a process group); returns the
 -- final parameters (list of tensors).
 function cases.run_ddp(c, rank, world)
   local crun = require "crun"
-  local net = cases.model(c.dtype, 1 + rank) -- different init per rank: DDP must broadcast rank 0's
+  local net = cases.model(c.dtype, 1 + rank, c.tied) -- different init per rank: DDP must broadcast rank 0's
   -- the optimizer comes first: with gradient_as_bucket_view it must pick up
   -- the bucket views DDP puts in place of the gradients
   local opt = cases.optimizer(net, c.opt)
@@ -124,7 +134,7 @@ end
 --- Runs case c on ONE process over the concatenated global batches; returns
 -- the parameters every rank of a `world`-rank DDP run must end with.
 function cases.run_reference(c, world)
-  local net = cases.model(c.dtype, 1)
+  local net = cases.model(c.dtype, 1, c.tied)
   if c.kind == "join" then
     -- step s: (1/world) * sum of the active ranks' gradients (torch divides by
     -- the initial world size): SGD on the summed gradients with lr / world.
