@@ -18,6 +18,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <limits.h>
 #include <sched.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -172,6 +173,24 @@ static void shm_sweep(const pid_t *pids, int n) {
   closedir(d);
 }
 
+/* Removes $TMPDIR/crun-flight-<launcher>-XXXXXX, the dump directory
+ * crun-lua chose (launcher/trace_merge.c), when it is empty: a launcher
+ * killed before its own cleanup leaves it. rmdir leaves one holding dumps,
+ * which are kept for the user, and anything that is not a directory. */
+static void flight_sweep(pid_t launcher) {
+  const char *tmp = getenv("TMPDIR");
+  char prefix[48], path[PATH_MAX];
+  int np = snprintf(prefix, sizeof prefix, "crun-flight-%d-", (int)launcher);
+  DIR *d = opendir(tmp && *tmp ? tmp : "/tmp");
+  if (!d) return;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL)
+    if (strncmp(e->d_name, prefix, (size_t)np) == 0 && strlen(e->d_name) == (size_t)np + 6 &&
+        snprintf(path, sizeof path, "%s/%s", tmp && *tmp ? tmp : "/tmp", e->d_name) < (int)sizeof path)
+      rmdir(path);
+  closedir(d);
+}
+
 /* Whether pid has ended (gone, or a zombie nobody reaped yet). */
 static int pid_ended(pid_t pid) {
   char path[64], buf[512];
@@ -189,8 +208,9 @@ static int pid_ended(pid_t pid) {
 /* The watchdog's whole life: remember the latest group and its workers
  * (a message -pgid starts an attempt, a positive pid adds a worker); at EOF
  * kill the group, wait (bounded) until the workers are gone, and remove the
- * shared-memory names they may have left. */
-static void watchdog_main(int rfd, crun__cgroup_t *cg) {
+ * shared-memory names they may have left and the launcher's dump directory
+ * when it is empty. */
+static void watchdog_main(int rfd, crun__cgroup_t *cg, pid_t launcher) {
   pid_t pgid = 0, next, *pids = NULL;
   int n = 0, cap = 0;
   for (;;) {
@@ -210,6 +230,7 @@ static void watchdog_main(int rfd, crun__cgroup_t *cg) {
   for (int i = 0; i < n; i++)
     while (!pid_ended(pids[i]) && crun_clock() < until) usleep(2000);
   shm_sweep(pids, n);
+  flight_sweep(launcher);
   _exit(0);
 }
 
@@ -235,7 +256,7 @@ static int watchdog_start(sup_t *s) {
     prctl(PR_SET_NAME, "crun-lua-watch");
     int keep = dup2(p[0], 3);
     close_range(4, ~0U, 0);
-    watchdog_main(keep, &s->cg);
+    watchdog_main(keep, &s->cg, s->self);
   }
   close(p[0]);
   s->watch_fd = p[1];
