@@ -596,6 +596,9 @@ nn.MSE = nn.MSECriterion
 function MSE:forward(x, t)
   check_tensor(x, "MSECriterion:forward", "input")
   check_tensor(t, "MSECriterion:forward", "target")
+  if shape_str(x) ~= shape_str(t) then -- torch would broadcast ([N, 1] with [N]: an N x N loss)
+    O.fail("EINVAL: MSECriterion:forward: the target's shape %s differs from the input's %s", shape_str(t), shape_str(x))
+  end
   x = contig(x)
   self.gradInput = ensure(self.gradInput, x:size(), x:dtype(), x:device())
   self.output = K.nn_mse(x, contig(t), self.gradInput)
