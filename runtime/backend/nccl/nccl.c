@@ -22,10 +22,17 @@ static int cuda_fail(cudaError_t e, const char *desc, int rank, const char *call
  * ncclInvalidUsage without calling it once the group is marked aborted. */
 #define GATED(b, comm, call) (crun__nccl_enter((b), &(comm)) < 0 ? ncclInvalidUsage : crun__nccl_exit((b), (call)))
 
-/* The failure r of `call` on b's communicator: its text with NCCL's last
- * error, read through the gate; ESTATE once the group is marked aborted (the
- * gate refused, or NCCL's text is gone with the communicator). */
+/* The failure r of `call` on b's communicator: a peer's abort notice when a
+ * remote or system error meets one, else its text with NCCL's last error,
+ * read through the gate; ESTATE once the group is marked aborted (the gate
+ * refused, or NCCL's text is gone with the communicator). */
 static int fail_on(crun__nccl_t *b, ncclResult_t r, const char *desc, const char *call) {
+  /* a peer that aborted the group posted why before its communicator went
+   * (watch.c): that names the cause, NCCL's "remote process exited" does not */
+  if (r == ncclRemoteError || r == ncclSystemError) {
+    int prc = crun__nccl_poll_abort(b, desc);
+    if (prc < 0) return prc;
+  }
   ncclComm_t comm;
   if (crun__nccl_enter(b, &comm) < 0)
     return crun_error(CRUN_ESTATE, "%s on rank %d: %s: the communicator was aborted", desc, b->pg->rank, call);
