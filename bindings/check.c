@@ -116,17 +116,27 @@ void crun_l_cache_metatable(lua_State *L, int idx, const char *tname) {
   atomic_store(&mt_n, n + 1);
 }
 
-void *crun_l_checkudata(lua_State *L, int arg, const char *tname) {
+/* The userdata at arg when its metatable is cache entry i's, else NULL. */
+static void *cached_udata(lua_State *L, int arg, int i) {
+  if (lua_type(L, arg) != LUA_TUSERDATA || !lua_getmetatable(L, arg)) return NULL;
+  int same = lua_topointer(L, -1) == atomic_load_explicit(&mt_cache[i].mt, memory_order_relaxed);
+  lua_pop(L, 1);
+  return same ? lua_touserdata(L, arg) : NULL;
+}
+
+/* The cache entry of tname, or -1. */
+static int cache_slot(const char *tname) {
   int n = atomic_load_explicit(&mt_n, memory_order_acquire);
-  for (int i = 0; i < n; i++) {
-    if (atomic_load_explicit(&mt_cache[i].name, memory_order_relaxed) != tname) continue;
-    if (lua_type(L, arg) != LUA_TUSERDATA || !lua_getmetatable(L, arg)) break;
-    int same = lua_topointer(L, -1) == atomic_load_explicit(&mt_cache[i].mt, memory_order_relaxed);
-    lua_pop(L, 1);
-    if (same) return lua_touserdata(L, arg);
-    break;
-  }
-  void *p = luaL_testudata(L, arg, tname);
+  for (int i = 0; i < n; i++)
+    if (atomic_load_explicit(&mt_cache[i].name, memory_order_relaxed) == tname) return i;
+  return -1;
+}
+
+void *crun_l_checkudata(lua_State *L, int arg, const char *tname) {
+  int i = cache_slot(tname);
+  void *p = i >= 0 ? cached_udata(L, arg, i) : NULL;
+  if (p) return p;
+  p = luaL_testudata(L, arg, tname);
   if (!p) crun_l_typeerror(L, arg, tname);
   return p;
 }
@@ -135,14 +145,10 @@ void *crun_l_testudata_cached(lua_State *L, int arg, const char *tname, _Atomic 
   int n = atomic_load_explicit(&mt_n, memory_order_acquire);
   int i = atomic_load_explicit(slot, memory_order_relaxed);
   if (i < 0 || i >= n || atomic_load_explicit(&mt_cache[i].name, memory_order_relaxed) != tname) {
-    for (i = 0; i < n && atomic_load_explicit(&mt_cache[i].name, memory_order_relaxed) != tname; i++) {}
-    if (i == n) return NULL;
+    if ((i = cache_slot(tname)) < 0) return NULL;
     atomic_store_explicit(slot, i, memory_order_relaxed);
   }
-  if (lua_type(L, arg) != LUA_TUSERDATA || !lua_getmetatable(L, arg)) return NULL;
-  int same = lua_topointer(L, -1) == atomic_load_explicit(&mt_cache[i].mt, memory_order_relaxed);
-  lua_pop(L, 1);
-  return same ? lua_touserdata(L, arg) : NULL;
+  return cached_udata(L, arg, i);
 }
 
 int crun_l_checkoption(lua_State *L, int arg, const char *def, const char *const names[]) {
