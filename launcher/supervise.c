@@ -179,14 +179,15 @@ static void shm_sweep(const pid_t *pids, int n) {
  * which are kept for the user, and anything that is not a directory. */
 static void flight_sweep(pid_t launcher) {
   const char *tmp = getenv("TMPDIR");
+  if (!tmp || !*tmp) tmp = "/tmp";
   char prefix[48], path[PATH_MAX];
   int np = snprintf(prefix, sizeof prefix, "crun-flight-%d-", (int)launcher);
-  DIR *d = opendir(tmp && *tmp ? tmp : "/tmp");
+  DIR *d = opendir(tmp);
   if (!d) return;
   struct dirent *e;
   while ((e = readdir(d)) != NULL)
     if (strncmp(e->d_name, prefix, (size_t)np) == 0 && strlen(e->d_name) == (size_t)np + 6 &&
-        snprintf(path, sizeof path, "%s/%s", tmp && *tmp ? tmp : "/tmp", e->d_name) < (int)sizeof path)
+        snprintf(path, sizeof path, "%s/%s", tmp, e->d_name) < (int)sizeof path)
       rmdir(path);
   closedir(d);
 }
