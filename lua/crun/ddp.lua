@@ -205,21 +205,13 @@ function DDP:_make_grad_views()
   end
 end
 
--- How many times each leaf appears in the module tree: a leaf used twice
--- (weight tying, Sequential(l, act, l)) runs its backward twice per backward
--- pass and accumulates, so its gradients are final only after the last.
-local function leaf_uses(m, uses)
-  if m.modules then
-    for _, c in ipairs(m.modules) do leaf_uses(c, uses) end
-  else
-    uses[m] = (uses[m] or 0) + 1
-  end
-  return uses
-end
-
+-- A leaf used twice (weight tying, Sequential(l, act, l)) runs its backward
+-- twice per backward pass and accumulates: its gradients are final only after
+-- the last (Module:leaves counts the uses).
 function DDP:_install_hooks()
   self.hooks, self.leaf_seen = {}, {}
-  local uses = leaf_uses(self.module, {})
+  local uses = {}
+  self.module:leaves(nil, uses)
   for leaf, list in pairs(self.leaf_params) do
     if #list > 0 then
       local need = uses[leaf] or 1

@@ -26,6 +26,7 @@ local K = require("crun.tensor")._rank_kernels{"nn_act_backward", "nn_act_forwar
 
 local nn = {}
 local O = require "crun.opts"
+local is_tensor = require("crun.tensor").is_tensor
 
 local LINEAR = O.spec{"bias", "dtype", "seed", inert = {device = "crun tensors live in host memory"}}
 local DROPOUT = O.spec{"seed", inert = {inplace = "crun's Dropout writes its own output buffer"}}
@@ -98,7 +99,7 @@ local function unaliased(x, buf)
 end
 
 local function check_tensor(x, fname, what)
-  if not require("crun.serialize").is_tensor(x) then
+  if not is_tensor(x) then
     O.fail("EINVAL: %s: %s must be a tensor, got %s", fname, what, type(x))
   end
 end
@@ -174,13 +175,15 @@ end
 
 --- Leaf modules (no children) in registration order, self included if a
 -- leaf; a leaf used twice (weight tying) is listed once, as parameters() lists
--- its tensors once.
-function Module:leaves(out, seen)
-  out, seen = out or {}, seen or {}
+-- its tensors once. `uses`, when given, gets how many times each leaf appears
+-- (DDP: a leaf used k times runs its backward k times per pass).
+function Module:leaves(out, uses)
+  out, uses = out or {}, uses or {}
   if self.modules then
-    for _, m in ipairs(self.modules) do m:leaves(out, seen) end
-  elseif not seen[self] then
-    seen[self], out[#out + 1] = true, self
+    for _, m in ipairs(self.modules) do m:leaves(out, uses) end
+  else
+    uses[self] = (uses[self] or 0) + 1
+    if uses[self] == 1 then out[#out + 1] = self end
   end
   return out
 end
@@ -250,7 +253,6 @@ function Module:load_state_dict(sd)
     O.fail("EINVAL: load_state_dict: expected %d tensors, got %s (%d parameters, %d buffers)", #params + #bufs,
       type(sd) == "table" and tostring(#sd) or type(sd), #params, #bufs)
   end
-  local is_tensor = require("crun.serialize").is_tensor
   for i, p in ipairs(all) do
     if not is_tensor(sd[i]) then
       O.fail("EINVAL: load_state_dict: entry %d is a %s, a tensor is expected", i, type(sd[i]))
