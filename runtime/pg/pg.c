@@ -302,12 +302,7 @@ const char *crun_pg_backend(const crun_pg_t *pg) { return pg->be ? pg->be->name 
 void crun_pg_set_timeout(crun_pg_t *pg, double s) { pg->timeout = s > 0 ? s : CRUN_PG_DEFAULT_TIMEOUT; }
 double crun_pg_get_timeout(const crun_pg_t *pg) { return pg->timeout; }
 
-uint64_t crun_pg_next_seq(const crun_pg_t *pg) {
-  pthread_mutex_lock((pthread_mutex_t *)&pg->mu);
-  uint64_t s = pg->next_seq + 1;
-  pthread_mutex_unlock((pthread_mutex_t *)&pg->mu);
-  return s;
-}
+uint64_t crun_pg_next_seq(const crun_pg_t *pg) { return atomic_load(&((crun_pg_t *)pg)->next_seq) + 1; }
 
 /* ---------------------------------------------------------------- progress board */
 

@@ -89,7 +89,7 @@ struct crun_pg {
   int *global;               /* global rank of each group rank */
   double timeout;
   uint32_t group_id;
-  uint64_t next_seq;         /* guarded by mu */
+  _Atomic uint64_t next_seq; /* the last collective's sequence number */
   int nchildren;             /* sub-groups made so far (names them) */
   const struct crun_backend_vtable *be;
   void *be_state;
@@ -103,7 +103,13 @@ struct crun_pg {
   pthread_mutex_t mu;
   pthread_cond_t cv;
   struct crun_work *head, *tail;
-  int busy, stop, has_thread;
+  /* busy: one operation runs (work.c: taken only by busy_take, from 0 to 1,
+   * given back by busy_give; a blocking call with nothing queued takes it
+   * without mu). busy_waiters: threads in a wait on cv for busy to clear.
+   * queued: works in the queue, readable without mu. stop: written under
+   * mu, also read without it. */
+  _Atomic int busy, busy_waiters, queued, stop;
+  int has_thread;
   pthread_t thread;
   /* progress publication: (kind << 56 | seq) of the current collective */
   atomic_uint_fast64_t cur;

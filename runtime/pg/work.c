@@ -144,29 +144,42 @@ static void finish_locked(crun_pg_t *pg, crun_work_t *w) {
   pthread_cond_broadcast(&pg->cv);
 }
 
-/* Progresses background p2p work for a moment on this thread (a blocking
- * call waiting for its own operation). Called with pg->mu held and busy
- * clear; returns with them the same. */
-static void pump_locked(crun_pg_t *pg, double wait_s) {
-  pg->busy = 1;
-  pthread_mutex_unlock(&pg->mu);
-  if (pg->pump) pg->pump(pg->pump_arg, wait_s);
-  pthread_mutex_lock(&pg->mu);
-  pg->busy = 0;
-  pthread_cond_broadcast(&pg->cv);
+/* The group's busy flag: the one thread that runs an operation (or pumps the
+ * background ones) holds it. A blocking call with nothing queued takes it
+ * without pg->mu (crun__pg_submit), so it is taken only here, from 0 to 1;
+ * returns 1 when this thread got it. */
+static int busy_take(crun_pg_t *pg) {
+  int free_ = 0;
+  return atomic_compare_exchange_strong(&pg->busy, &free_, 1);
 }
 
-/* Runs the head of the queue. Called with pg->mu held; returns with it held. */
+/* Gives the busy flag back and wakes the threads that wait for it: the
+ * progress thread with queued work. Without pg->mu. A waiter counts itself in
+ * busy_waiters before it reads busy, and this store comes before the read of
+ * busy_waiters (both sequentially consistent): either the waiter sees busy
+ * clear or this sees the waiter, which holds pg->mu until it sleeps on cv,
+ * so the broadcast under pg->mu cannot come before its sleep. */
+static void busy_give(crun_pg_t *pg) {
+  atomic_store(&pg->busy, 0);
+  if (atomic_load(&pg->busy_waiters)) {
+    pthread_mutex_lock(&pg->mu);
+    pthread_cond_broadcast(&pg->cv);
+    pthread_mutex_unlock(&pg->mu);
+  }
+}
+
+/* Runs the head of the queue, busy held. Called with pg->mu held; returns
+ * with it held and busy given back. */
 static void run_head_locked(crun_pg_t *pg) {
   crun_work_t *w = pg->head;
   pg->head = w->next;
   if (!pg->head) pg->tail = NULL;
-  pg->busy = 1;
+  atomic_fetch_sub(&pg->queued, 1);
   w->queued = 1;
   pthread_mutex_unlock(&pg->mu);
   int pending = crun__pg_execute(pg, w) == CRUN__PENDING;
+  atomic_store(&pg->busy, 0); /* the only waiter for it is this thread */
   pthread_mutex_lock(&pg->mu);
-  pg->busy = 0;
   if (pending) { /* crun__pg_p2p_done finishes it and drops the queue's reference */
     pthread_cond_broadcast(&pg->cv);
     return;
@@ -178,14 +191,22 @@ static void run_head_locked(crun_pg_t *pg) {
 }
 
 /* The progress thread: runs queued work in issue order. A p2p operation that
- * goes on in the background (the backend pumps it) does not hold the queue. */
+ * goes on in the background (the backend pumps it) does not hold the queue.
+ * Once stopped it still runs what is queued, as long as busy is free. */
 static void *progress_main(void *arg) {
   crun_pg_t *pg = arg;
   pthread_mutex_lock(&pg->mu);
   for (;;) {
-    while (!pg->stop && (pg->busy || !pg->head)) pthread_cond_wait(&pg->cv, &pg->mu);
-    if (pg->busy || !pg->head) break;
-    run_head_locked(pg);
+    while (!atomic_load(&pg->stop) && !pg->head) pthread_cond_wait(&pg->cv, &pg->mu);
+    if (!pg->head) break;
+    if (busy_take(pg)) {
+      run_head_locked(pg);
+      continue;
+    }
+    if (atomic_load(&pg->stop)) break;
+    atomic_fetch_add(&pg->busy_waiters, 1); /* before reading busy: busy_give */
+    while (!atomic_load(&pg->stop) && atomic_load(&pg->busy)) pthread_cond_wait(&pg->cv, &pg->mu);
+    atomic_fetch_sub(&pg->busy_waiters, 1);
   }
   pthread_mutex_unlock(&pg->mu);
   return NULL;
@@ -193,7 +214,7 @@ static void *progress_main(void *arg) {
 
 void crun__pg_queue_stop(crun_pg_t *pg) {
   pthread_mutex_lock(&pg->mu);
-  pg->stop = 1;
+  atomic_store(&pg->stop, 1);
   pthread_cond_broadcast(&pg->cv);
   int had = pg->has_thread;
   pthread_mutex_unlock(&pg->mu);
@@ -212,6 +233,7 @@ static int enqueue_locked(crun_pg_t *pg, crun_work_t *w) {
   if (pg->tail) pg->tail->next = w;
   else pg->head = w;
   pg->tail = w;
+  atomic_fetch_add(&pg->queued, 1);
   pthread_cond_broadcast(&pg->cv);
   return 0;
 }
@@ -231,27 +253,49 @@ static crun_work_t *to_heap(crun_work_t *w) {
   return h;
 }
 
+static int is_done(crun_pg_t *pg, crun_work_t *w) {
+  pthread_mutex_lock(&pg->mu);
+  int d = w->done;
+  pthread_mutex_unlock(&pg->mu);
+  return d;
+}
+
+/* Runs the blocking call's w on this thread, busy held; gives busy back. A
+ * p2p operation that goes on in the background is pumped here until done
+ * (busy held throughout: the queue waits, as it would behind any operation). */
+static int run_inline(crun_pg_t *pg, crun_work_t *w) {
+  w->c.caller_pumps = pg->pump != NULL;
+  if (crun__obs_on) crun__obs_enqueue(pg, w, 0);
+  int pending = crun__pg_execute(pg, w) == CRUN__PENDING;
+  while (pending && !is_done(pg, w)) pg->pump(pg->pump_arg, 0.05);
+  w->done = 1; /* the caller's: nobody else waits for it */
+  busy_give(pg);
+  return w->status < 0 ? crun_error(w->status, "%s", strip_name(w->err)) : 0;
+}
+
 int crun__pg_submit(crun_pg_t *pg, crun_work_t *w, crun_work_t **out) {
   w->async = out != NULL;
-  pthread_mutex_lock(&pg->mu);
-  if (w->c.kind != CRUN__COLL_SEND && w->c.kind != CRUN__COLL_RECV) w->c.seq = ++pg->next_seq;
-  int inline_run = !w->async && !pg->head && !pg->busy && !pg->stop;
-  if (crun__obs_on) crun__obs_enqueue(pg, w, !inline_run);
-  if (inline_run) {
-    pg->busy = 1;
-    w->c.caller_pumps = pg->pump != NULL;
-    pthread_mutex_unlock(&pg->mu);
-    int pending = crun__pg_execute(pg, w) == CRUN__PENDING;
-    pthread_mutex_lock(&pg->mu);
-    pg->busy = 0;
-    while (pending && !w->done) pump_locked(pg, 0.05);
-    if (!pending) finish_locked(pg, w);
-    else pthread_cond_broadcast(&pg->cv);
-    pthread_mutex_unlock(&pg->mu);
-    return w->status < 0 ? crun_error(w->status, "%s", strip_name(w->err)) : 0;
+  int coll = w->c.kind != CRUN__COLL_SEND && w->c.kind != CRUN__COLL_RECV;
+  /* A blocking call with nothing queued and nothing running runs here and
+   * now, without pg->mu. A work is counted in queued before the progress
+   * thread can take busy to run it, so with busy taken and none queued,
+   * nothing issued before this call is still to run. */
+  if (!w->async && busy_take(pg)) {
+    if (!atomic_load(&pg->queued) && !atomic_load(&pg->stop)) {
+      if (coll) w->c.seq = atomic_fetch_add(&pg->next_seq, 1) + 1;
+      return run_inline(pg, w);
+    }
+    busy_give(pg);
   }
+  pthread_mutex_lock(&pg->mu);
+  if (coll) w->c.seq = atomic_fetch_add(&pg->next_seq, 1) + 1;
+  if (!w->async && !pg->head && !atomic_load(&pg->stop) && busy_take(pg)) {
+    pthread_mutex_unlock(&pg->mu);
+    return run_inline(pg, w);
+  }
+  if (crun__obs_on) crun__obs_enqueue(pg, w, 1);
   crun_work_t *q = w->on_stack ? to_heap(w) : w;
-  int rc = pg->stop ? crun_error(CRUN_ECLOSED, "group '%s' is being destroyed", pg->prefix)
+  int rc = atomic_load(&pg->stop) ? crun_error(CRUN_ECLOSED, "group '%s' is being destroyed", pg->prefix)
            : !q     ? crun_error(CRUN_ENOMEM, "%s on rank %d: no memory to queue it", crun__coll_name(w->c.kind), pg->rank)
                     : enqueue_locked(pg, q);
   pthread_mutex_unlock(&pg->mu);

@@ -54,6 +54,43 @@ static void async_order(crun_pg_t *pg, void *arg) {
 
 TEST(async_ordering) { pg_spawn(3, async_order, NULL); }
 
+/* Blocking calls issued right behind async ones, many times: the blocking
+ * call runs inline on the caller's thread only once the progress thread has
+ * run everything queued before it (work.c: busy and queued, taken without
+ * the group's lock). Run out of order, the ranks would pair different
+ * operations: a mismatch, or a sum of the wrong buffers. */
+static void async_blocking_race(crun_pg_t *pg, void *arg) {
+  (void)arg;
+  int r = crun_pg_rank(pg), p = crun_pg_size(pg);
+  enum { ROUNDS = 3000, C = 37 };
+  static double a[C], b[C];
+  for (int k = 0; k < ROUNDS; k++) {
+    crun_work_t *w = NULL;
+    for (int i = 0; i < C; i++) a[i] = (double)((r + 1) * (k + i) - 7 * i);
+    double x = (double)(k % 2 ? -(r + 3) * k : (r + 3) * k);
+    EXPECT_OK(crun_pg_all_reduce(pg, a, C, CRUN_FLOAT64, CRUN_OP_SUM, NULL, &w));
+    if (k % 3 == 0) EXPECT_OK(crun_work_wait(w, 30)); /* sometimes the queue is empty again first */
+    EXPECT_OK(crun_pg_all_reduce(pg, &x, 1, CRUN_FLOAT64, CRUN_OP_SUM, NULL, NULL));
+    for (int i = 0; i < C; i++) b[i] = (double)(k - i * r);
+    EXPECT_OK(crun_pg_broadcast(pg, b, C, CRUN_FLOAT64, k % p, NULL, NULL));
+    EXPECT_OK(crun_work_wait(w, 30));
+    crun_work_release(w);
+    double sx = 0, want_a0 = 0, want_a5 = 0;
+    for (int q = 0; q < p; q++) {
+      sx += (double)(k % 2 ? -(q + 3) * k : (q + 3) * k);
+      want_a0 += (double)((q + 1) * k);
+      want_a5 += (double)((q + 1) * (k + 5) - 35);
+    }
+    if (x != sx || a[0] != want_a0 || a[5] != want_a5 || b[3] != (double)(k - 3 * (k % p))) {
+      EXPECT(0 && "async/blocking order");
+      break;
+    }
+  }
+  EXPECT_EQ_INT(crun_pg_next_seq(pg), 3 * ROUNDS + 1);
+}
+
+TEST(async_blocking_race) { pg_spawn(3, async_blocking_race, NULL); }
+
 static void subgroups(crun_pg_t *pg, void *arg) {
   (void)arg;
   int r = crun_pg_rank(pg);
@@ -258,7 +295,7 @@ TEST(tcp_peer_killed) {
   EXPECT_EQ_INT(pg_spawn_ex(3, killed_case, NULL, 60.0, 30.0), 1);
 }
 
-#define CRUN_TESTS(X) X(async_ordering) X(sub_groups) X(send_recv_matching) X(work_wait_timeout) \
+#define CRUN_TESTS(X) X(async_ordering) X(async_blocking_race) X(sub_groups) X(send_recv_matching) X(work_wait_timeout) \
   X(argument_errors) X(mismatch_reported_everywhere) X(timeout_names_ranks) X(peer_killed_mid_all_reduce) \
   X(tcp_mismatch) X(tcp_timeout) X(tcp_peer_killed)
 CRUN_TEST_MAIN()
