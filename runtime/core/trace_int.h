@@ -36,6 +36,7 @@ typedef struct {
 /* Per-op counters of a group (guarded by the recorder's lock). */
 typedef struct {
   uint64_t ops, bytes, time_ns, wait_ns; /* time_ns: in the hooks' ticks (core/trace.c) */
+  uint64_t est, skip; /* the last exact duration (ticks) and the ends estimated since (end_ticks) */
 } crun__obs_stat_t;
 
 struct crun_pg;
