@@ -129,6 +129,33 @@ describe("dist.stats", function()
     end
   end)
 
+  it("times many short operations close to what the loop around them took (their ends are sampled)", function()
+    local dir = C.tmpdir("observe")
+    C.write(dir .. "/s.lua", [[local crun = require("crun"); local d, T = crun.dist, crun.tensor
+      d.init_process_group(); local t, u = T.ones({2}), T.ones({3}, "float64")
+      for _ = 1, 200 do d.all_reduce(t) end
+      d.barrier(); d.reset_stats()
+      local t0 = crun.clock()
+      for i = 1, 20000 do d.all_reduce(t); if i % 5 == 0 then d.broadcast(u, 1) end end
+      local wall = crun.clock() - t0
+      local s = d.stats()
+      print(string.format("TIMES %d %d %.9f %.9f %.9f", s.all_reduce.ops, s.broadcast.ops, s.all_reduce.time,
+        s.broadcast.time, wall))]])
+    local r = run("-n 2 --master-port 0 " .. q(dir .. "/s.lua"))
+    C.rmrf(dir)
+    assert.are.equal(0, r.code, r.err)
+    local seen = 0
+    for n_ar, n_bc, ar, bc, wall in r.out:gmatch("TIMES (%d+) (%d+) (%S+) (%S+) (%S+)") do
+      seen = seen + 1
+      ar, bc, wall = tonumber(ar), tonumber(bc), tonumber(wall)
+      assert.are.equal("20000 4000", n_ar .. " " .. n_bc)
+      -- each op's time runs from its post to its end: a good part of the loop, never more than all of it
+      assert.is_true(ar > 0.1 * wall and bc > 0.01 * wall and ar + bc < 1.2 * wall,
+        string.format("all_reduce %.6f s, broadcast %.6f s, loop %.6f s", ar, bc, wall))
+    end
+    assert.are.equal(2, seen, r.out)
+  end)
+
   it("raises ESTATE when neither the flight recorder nor the timeline is on", function()
     local dir = C.tmpdir("observe")
     C.write(dir .. "/s.lua", [[local d = require("crun").dist; d.init_process_group();
