@@ -223,6 +223,26 @@ describe("nn criteria (float64)", function()
     local g = c:backward(x, t):clone()
     assert.is_true(util.max_rel_err(g, util.numgrad(function() return c:forward(x, t) end, x)) < TOL)
   end)
+
+  -- torch: the mean over no rows is 0/0 = nan (sum: 0); crun gave 0, which
+  -- an averaging loop would count as a perfect batch
+  it("the mean loss of an empty batch is nan, the sum 0, as torch's", function()
+    local x, y = T.zeros({0, 3}, "float64"), T.zeros({0}, "int64")
+    local function is_nan(v) return v ~= v end
+    for _, dt in ipairs{"float64", "float32"} do
+      local xd = x:to(dt)
+      local ce = nn.CrossEntropyCriterion()
+      assert.is_true(is_nan(ce:forward(xd, y)), "CrossEntropy mean " .. dt)
+      assert.are.same({0, 3}, ce:backward(xd, y):size())
+      assert.are.equal(0, ce.correct)
+      assert.are.equal(0, nn.CrossEntropyCriterion{reduction = "sum"}:forward(xd, y), "CrossEntropy sum " .. dt)
+      assert.is_true(is_nan(nn.ClassNLLCriterion():forward(xd, y)), "ClassNLL " .. dt)
+      assert.are.same({0, 3}, nn.ClassNLLCriterion():backward(xd, y):size())
+      local mse = nn.MSECriterion()
+      assert.is_true(is_nan(mse:forward(xd, xd:clone())), "MSE " .. dt)
+      assert.are.same({0, 3}, mse:backward(xd, xd:clone()):size())
+    end
+  end)
 end)
 
 describe("nn in float32", function()

@@ -566,7 +566,8 @@ CrossEntropy.backward = grad_from_forward("CrossEntropyCriterion")
 
 local ClassNLL = nn.class("ClassNLLCriterion")
 
---- ClassNLLCriterion(): mean of -input[i][label_i] (use after LogSoftMax).
+--- ClassNLLCriterion(): mean of -input[i][label_i] (use after LogSoftMax);
+-- nan for an empty batch, as torch's (so are the mean losses of CrossEntropy and MSE).
 function nn.ClassNLLCriterion() return setmetatable({}, ClassNLL):_init() end
 
 function ClassNLL:forward(x, labels)
