@@ -178,8 +178,8 @@ static void int_dtype_range(crun_dtype_t dt, lua_Integer *lo, lua_Integer *hi) {
  * t[i] = v) must fit its dtype once truncated toward zero, as torch requires
  * of a Python scalar ("value cannot be converted to type int8_t without
  * overflow"): EINVAL on argument `arg` instead of a wrapped or saturated
- * element. Conversions between tensors still wrap (from integers) or
- * saturate (from floats), as torch's do. */
+ * element. Conversions between tensors wrap from integers, as torch's do;
+ * from floats, nan or a value out of range is refused (crun_tensor_copy). */
 static void check_fits(lua_State *L, int arg, crun_dtype_t dt, int varg) {
   if (!crun_dtype_is_integer(dt) || lua_type(L, varg) != LUA_TNUMBER) return;
   lua_Integer lo, hi;

@@ -108,7 +108,9 @@ int crun_tensor_clone(crun_tensor_t *t, crun_tensor_t **out);
 int crun_tensor_to(crun_tensor_t *t, crun_dtype_t dt, crun_tensor_t **out);
 
 /* Copies src into dst element by element, converting dtypes (float -> int
- * truncates toward zero; 16-bit floats round to nearest even). Shapes must be
+ * truncates toward zero, and fails with CRUN_EINVAL, writing nothing, when a
+ * value is nan, +-inf or out of the integer dtype's range; int -> narrower int
+ * wraps, as torch's; 16-bit floats round to nearest even). Shapes must be
  * equal; src may be a view of dst only when both are the same elements. */
 int crun_tensor_copy(crun_tensor_t *dst, crun_tensor_t *src);
 
