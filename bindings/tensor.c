@@ -353,22 +353,51 @@ static void nested_shape(lua_State *L, int idx, int64_t *shape, int *nd) {
   *nd = n;
 }
 
-/* Fills t from the nested table on the top of the stack at depth d; `pos`
- * counts elements written so far. */
+/* Raises EINVAL on argument 1 for a hole: entry `miss` of a table at depth
+ * d is nil while entry `set` is not. */
+static void hole_error(lua_State *L, int d, lua_Integer miss, lua_Integer set) {
+  crun_l_argerror(L, 1, lua_pushfstring(L, "entry %I at depth %d is nil, but entry %I is set (a table with holes)",
+                                        miss, d + 1, set));
+}
+
+/* Refuses an integer key outside 1..n in the table on the top of the stack
+ * (n: its length # at depth d): past a border, as in {1, 2, [4] = 4}, or
+ * 0-based; the length alone silently dropped such entries. Other keys
+ * (table.pack's n, names) are no positions and stay ignored. */
+static void check_positions(lua_State *L, int d, lua_Integer n) {
+  lua_pushnil(L);
+  while (lua_next(L, -2)) {
+    lua_pop(L, 1);
+    if (!lua_isinteger(L, -1)) continue;
+    lua_Integer k = lua_tointeger(L, -1);
+    if (k < 1)
+      crun_l_argerror(L, 1, lua_pushfstring(L, "index %I at depth %d: a tensor is read from a sequence "
+                                            "starting at index 1", k, d + 1));
+    if (k > n) hole_error(L, d, n + 1, k);
+  }
+}
+
+/* Fills t from the nested table on the top of the stack at depth d, at the
+ * position idx[0..d) (idx[d..] are written here). */
 static void nested_fill(lua_State *L, crun_tensor_t *t, int d, int64_t *idx) {
   int nd = crun_tensor_ndim(t);
   const int64_t *shape = crun_tensor_shape(t);
-  if (!lua_istable(L, -1) || luaL_len(L, -1) != shape[d])
+  lua_Integer n = luaL_len(L, -1);
+  check_positions(L, d, n); /* first: {3, nil, 5} may have length 1 */
+  if (n != shape[d])
     crun_l_argerror(L, 1, lua_pushfstring(L, "ragged nested table: an entry at depth %d has %I entries, "
-                                        "expected %I", d + 1, lua_istable(L, -1) ? luaL_len(L, -1) : 0,
-                                        (lua_Integer)shape[d]));
+                                        "expected %I", d + 1, n, (lua_Integer)shape[d]));
   for (int64_t i = 0; i < shape[d]; i++) {
     idx[d] = i;
-    lua_geti(L, -1, i + 1);
+    int type = lua_geti(L, -1, i + 1);
+    if (type == LUA_TNIL) hole_error(L, d, (lua_Integer)i + 1, (lua_Integer)shape[d]); /* t[#t] is set */
     if (d + 1 < nd) {
+      if (type != LUA_TTABLE)
+        crun_l_argerror(L, 1, lua_pushfstring(L, "ragged nested table: entry %I at depth %d is a %s, table expected",
+                                            (lua_Integer)i + 1, d + 1, luaL_typename(L, -1)));
       nested_fill(L, t, d + 1, idx);
     } else {
-      if (lua_type(L, -1) != LUA_TNUMBER && !lua_isboolean(L, -1))
+      if (type != LUA_TNUMBER && type != LUA_TBOOLEAN)
         crun_l_argerror(L, 1, lua_pushfstring(L, "element %I at depth %d is a %s, number expected",
                                             (lua_Integer)i + 1, d + 1, luaL_typename(L, -1)));
       set_elem_at(L, 1, lua_gettop(L), t, idx);
@@ -392,7 +421,7 @@ static int t_new(lua_State *L) {
                              non-numeric table) frees it; released only after
                              the fill, every such error leaked the tensor */
   lua_pushvalue(L, 1);
-  if (nd > 0 && shape[0] > 0) nested_fill(L, t, 0, idx);
+  if (nd > 0) nested_fill(L, t, 0, idx); /* ({[2] = 7} has length 0: checked too) */
   lua_pop(L, 1);
   if (p.dev < 0 && !p.pin) return 1;
   crun_tensor_retain(t); /* push_placed drops this reference, the box keeps its own */
