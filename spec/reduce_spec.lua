@@ -105,7 +105,8 @@ describe("reduction edge cases", function()
     assert.same({3, 5, 7}, x:sum(-2):totable())
   end)
 
-  it("empty dims: sum is 0, prod is 1, max and mean raise", function()
+  -- torch: mean over no elements is 0/0 = nan (crun raised EINVAL "no identity")
+  it("empty dims: sum is 0, prod is 1, mean is nan, max raises", function()
     local e = T.zeros({2, 0})
     assert.same({0, 0}, e:sum(2):totable())
     assert.same({1, 1}, e:prod(2):totable())
@@ -113,6 +114,16 @@ describe("reduction edge cases", function()
     local ok, err = pcall(function() return e:max(2) end)
     assert.is_false(ok)
     assert.matches("max over an empty dim", err)
+    for _, dt in ipairs({"float32", "float64", "float16", "bfloat16"}) do
+      local m = T.zeros({2, 0, 3}, dt)
+      local v = m:mean(2)
+      assert.same({2, 3}, v:size())
+      assert.equal(dt, v:dtype())
+      for _, x in ipairs(flat(v)) do assert.is_true(x ~= x, dt .. ": mean over an empty dim is nan") end
+      assert.same({2, 1, 3}, m:mean(2, true):size())
+      assert.same({0, 3}, m:mean(1):size()) -- nothing to reduce into: empty
+      assert.is_true(m:mean() ~= m:mean(), dt .. ": mean of no elements is nan")
+    end
   end)
 
   it("nan wins max and min, and its position is reported", function()

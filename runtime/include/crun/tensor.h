@@ -232,7 +232,9 @@ typedef enum {
 /* Reduces `dim` (0-based; -1 = every element, giving a 0-d tensor). Sums and
  * products of integer dtypes give int64, mean needs a float dtype. For MAX /
  * MIN, `indices` (nullable) receives int64 positions counted from `base`
- * (the first of equal values; nan wins). keepdim keeps dim with size 1. */
+ * (the first of equal values; nan wins). keepdim keeps dim with size 1.
+ * Over an empty dim: sum 0, prod 1, mean nan (0/0, as torch's); max and min
+ * fail with CRUN_EINVAL (no identity). */
 int crun_tensor_reduce_dim(crun_dimred_t op, crun_tensor_t *a, int dim, int keepdim, int64_t base,
                            crun_tensor_t **values, crun_tensor_t **indices);
 
