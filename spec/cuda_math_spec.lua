@@ -148,6 +148,11 @@ describe("nn and optim on a device", function()
     local ok, err = pcall(function() return cd:forward(x:narrow(2, 1, 4):cuda(), bad:cuda()) end)
     assert.is_false(ok)
     assert.matches("^ERANGE: CrossEntropy: label 9 of row 30 is out of range 1..4", err)
+    -- an empty batch: the mean losses are nan on a device too, as on the host and in torch
+    local e, ey = T.zeros({0, 4}, "float64"):cuda(), T.zeros({0}, "int64"):cuda()
+    local ce, mse = nn.CrossEntropyCriterion():forward(e, ey), nn.MSECriterion():forward(e, e:clone())
+    assert.is_true(ce ~= ce and mse ~= mse, "nan losses of an empty batch on a device")
+    assert.is_true(nn.ClassNLLCriterion():forward(e, ey) ~= nn.ClassNLLCriterion():forward(e, ey))
   end)
 
   it_gpu("Dropout on a device is reproducible from its seed", function()

@@ -89,12 +89,12 @@ int crun_nn_mse(const crun_tensor_t *x, const crun_tensor_t *t, double *loss, cr
   CRUN_CHECK(crun__train_check_float("MSE", "input", x));
   CRUN_CHECK(crun__train_check_like("MSE", "target", x, t));
   if (grad) CRUN_CHECK(crun__train_check_like("MSE", "gradInput", x, grad));
-  if (CRUN__ON_DEV(x) || CRUN__ON_DEV(t) || CRUN__ON_DEV(grad)) return crun__dev_mse(x, t, loss, grad);
   int64_t n = crun_tensor_numel(x);
-  if (n == 0) { /* torch: the mean of no elements is nan */
+  if (n == 0) { /* torch: the mean of no elements is nan (host or device) */
     if (loss) *loss = NAN;
     return 0;
   }
+  if (CRUN__ON_DEV(x) || CRUN__ON_DEV(t) || CRUN__ON_DEV(grad)) return crun__dev_mse(x, t, loss, grad);
   double s = 0, k = 2.0 / (double)n;
   for (int64_t i = 0; i < n; i++) {
     double d;
