@@ -1081,14 +1081,15 @@ static void push_scalar_of(lua_State *L, crun_tensor_t *t) {
 }
 
 /* Reduction (upvalue 1): t:sum() -> number; t:sum(dim[, keepdim]) -> tensor;
- * max/min with a dim also return the 1-based positions. */
+ * t:sum(nil, true) -> a tensor with every size 1 (torch's dim=None,
+ * keepdim=True); max/min with a dim also return the 1-based positions. */
 static int m_reduce(lua_State *L) {
   crun_dimred_t op = (crun_dimred_t)lua_tointeger(L, lua_upvalueindex(1));
   crun_tensor_t *a = crun_l_check_tensor(L, 1), *v = NULL, *ix = NULL;
-  int all = lua_isnoneornil(L, 2), dim = all ? -1 : check_dim(L, 2, a);
+  int all = lua_isnoneornil(L, 2), dim = all ? -1 : check_dim(L, 2, a), keep = lua_toboolean(L, 3);
   int with_idx = !all && (op == CRUN_DIMRED_MAX || op == CRUN_DIMRED_MIN);
-  CRUN_L_CHECK(L, crun_tensor_reduce_dim(op, a, dim, lua_toboolean(L, 3), 1, &v, with_idx ? &ix : NULL));
-  if (all) {
+  CRUN_L_CHECK(L, crun_tensor_reduce_dim(op, a, dim, keep, 1, &v, with_idx ? &ix : NULL));
+  if (all && !keep) {
     push_scalar_of(L, v);
     crun_tensor_release(v);
     return 1;
@@ -1099,13 +1100,14 @@ static int m_reduce(lua_State *L) {
   return 2;
 }
 
-/* t:argmax([dim[, keepdim]]) / t:argmin: 1-based positions (a number with no dim). */
+/* t:argmax([dim[, keepdim]]) / t:argmin: 1-based positions (a number with no
+ * dim; with no dim and keepdim, a tensor with every size 1, as torch's). */
 static int arg_common(lua_State *L, crun_dimred_t op) {
   crun_tensor_t *a = crun_l_check_tensor(L, 1), *v = NULL, *ix = NULL;
-  int all = lua_isnoneornil(L, 2), dim = all ? -1 : check_dim(L, 2, a);
-  CRUN_L_CHECK(L, crun_tensor_reduce_dim(op, a, dim, lua_toboolean(L, 3), 1, &v, &ix));
+  int all = lua_isnoneornil(L, 2), dim = all ? -1 : check_dim(L, 2, a), keep = lua_toboolean(L, 3);
+  CRUN_L_CHECK(L, crun_tensor_reduce_dim(op, a, dim, keep, 1, &v, &ix));
   crun_tensor_release(v);
-  if (all) {
+  if (all && !keep) {
     push_scalar_of(L, ix);
     crun_tensor_release(ix);
     return 1;

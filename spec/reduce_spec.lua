@@ -126,6 +126,25 @@ describe("reduction edge cases", function()
     end
   end)
 
+  -- torch: x.sum(dim=None, keepdim=True) is a tensor of x's rank with every
+  -- size 1; crun dropped keepdim there and returned a number
+  it("no dim with keepdim gives a tensor of size 1 in every dim", function()
+    local x = T.new({{1.5, -2}, {3, 4.25}, {-7, 0.5}}, "float64")
+    local s = 0
+    for _, v in ipairs(flat(x)) do s = s + v end
+    for op, want in pairs({sum = s, mean = s / 6, prod = 1.5 * -2 * 3 * 4.25 * -7 * 0.5, max = 4.25, min = -7}) do
+      local v = x[op](x, nil, true)
+      assert.is_true(T.is_tensor(v), op)
+      assert.same({1, 1}, v:size(), op)
+      assert.is_true(math.abs(v[1][1] - want) < 1e-12, op)
+    end
+    local am = x:argmax(nil, true)
+    assert.same({1, 1}, am:size())
+    assert.equal(4, am[1][1]) -- row-major position of 4.25
+    assert.equal(5, x:argmin(nil, true)[1][1])
+    assert.equal("number", type(x:sum(nil, false)))
+  end)
+
   it("nan wins max and min, and its position is reported", function()
     local x = T.new({1, 0 / 0, 3})
     assert.is_true(x:max() ~= x:max())
