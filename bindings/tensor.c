@@ -1105,6 +1105,8 @@ static int m_reduce(lua_State *L) {
 static int arg_common(lua_State *L, crun_dimred_t op) {
   crun_tensor_t *a = crun_l_check_tensor(L, 1), *v = NULL, *ix = NULL;
   int all = lua_isnoneornil(L, 2), dim = all ? -1 : check_dim(L, 2, a), keep = lua_toboolean(L, 3);
+  if ((all ? crun_tensor_numel(a) : crun_tensor_shape(a)[dim]) == 0) /* (reduce_dim would name max / min) */
+    return crun_l_error(L, "EINVAL: %s over an empty dim (no identity)", op == CRUN_DIMRED_MAX ? "argmax" : "argmin");
   CRUN_L_CHECK(L, crun_tensor_reduce_dim(op, a, dim, keep, 1, &v, &ix));
   crun_tensor_release(v);
   if (all && !keep) {

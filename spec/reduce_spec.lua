@@ -114,6 +114,10 @@ describe("reduction edge cases", function()
     local ok, err = pcall(function() return e:max(2) end)
     assert.is_false(ok)
     assert.matches("max over an empty dim", err)
+    -- argmax named the reduction under it ("max over an empty dim")
+    assert.matches("^EINVAL: argmax over an empty dim", select(2, pcall(e.argmax, e, 2)))
+    assert.matches("^EINVAL: argmin over an empty dim", select(2, pcall(e.argmin, e)))
+    assert.same({0}, T.zeros({0, 2}):argmax(2):size()) -- nothing to reduce into: empty, no error
     for _, dt in ipairs({"float32", "float64", "float16", "bfloat16"}) do
       local m = T.zeros({2, 0, 3}, dt)
       local v = m:mean(2)
