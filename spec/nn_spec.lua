@@ -224,6 +224,37 @@ describe("nn criteria (float64)", function()
     assert.is_true(util.max_rel_err(g, util.numgrad(function() return c:forward(x, t) end, x)) < TOL)
   end)
 
+  -- nn.MSECriterion{reduction = "sum"} and ClassNLLCriterion{...} dropped
+  -- their options table and gave the mean without a word
+  it("MSE and ClassNLL take torch's reduction=\"sum\" (and refuse others)", function()
+    local x, t = randn({3, 4}, 21), randn({3, 4}, 22)
+    local xs, ts, ref = util.list(x), util.list(t), 0
+    for i = 1, #xs do ref = ref + (xs[i] - ts[i]) ^ 2 end
+    local c = nn.MSECriterion{reduction = "sum"}
+    assert.is_true(math.abs(c:forward(x, t) - ref) < 1e-12)
+    local g = c:backward(x, t):clone()
+    assert.is_true(util.max_rel_err(g, util.numgrad(function() return c:forward(x, t) end, x)) < TOL)
+    local lp, y = randn({4, 3}, 23), T.new({2, 3, 1, 3}, "int64")
+    local nref = 0
+    for i = 1, 4 do nref = nref - lp[i][y[i]] end
+    local nll = nn.ClassNLLCriterion{reduction = "sum"}
+    assert.is_true(math.abs(nll:forward(lp, y) - nref) < 1e-12)
+    g = nll:backward(lp, y):clone()
+    assert.is_true(util.max_rel_err(g, util.numgrad(function() return nll:forward(lp, y) end, lp)) < TOL)
+    assert.is_true(math.abs(nn.ClassNLLCriterion{reduction = "mean"}:forward(lp, y) - nref / 4) < 1e-12)
+    -- an empty batch sums to 0
+    assert.are.equal(0, nn.MSECriterion{reduction = "sum"}:forward(T.zeros({0, 2}, "float64"), T.zeros({0, 2}, "float64")))
+    assert.are.equal(0, nn.ClassNLLCriterion{reduction = "sum"}:forward(T.zeros({0, 3}, "float64"), T.zeros({0}, "int64")))
+    for _, mk in ipairs{nn.MSECriterion, nn.ClassNLLCriterion} do
+      local ok, err = pcall(mk, {reduction = "none"})
+      assert.is_false(ok)
+      assert.matches("^EINVAL: nn%.%w+: reduction must be \"mean\" or \"sum\", got none", err)
+      ok, err = pcall(mk, {size_average = false})
+      assert.is_false(ok)
+      assert.matches("^EINVAL", err)
+    end
+  end)
+
   -- torch: the mean over no rows is 0/0 = nan (sum: 0); crun gave 0, which
   -- an averaging loop would count as a perfect batch
   it("the mean loss of an empty batch is nan, the sum 0, as torch's", function()

@@ -540,14 +540,20 @@ function nn.mlp(inputs, hidden, layers, outputs)
   return net:add(nn.Linear(width, outputs))
 end
 
-function nn.CrossEntropyCriterion(opts)
-  opts = O.check(CROSS_ENTROPY, "nn.CrossEntropyCriterion", opts)
+-- true when a criterion's options ask for reduction="sum" (torch's
+-- "mean" is the default; "none" and unknown options are EINVAL).
+local function sum_reduction(fname, opts)
+  opts = O.check(CROSS_ENTROPY, fname, opts)
   local red = opts.reduction or "mean"
   if red ~= "mean" and red ~= "sum" then
-    O.fail("EINVAL: nn.CrossEntropyCriterion: reduction must be \"mean\" or \"sum\", got %s", tostring(red))
+    O.fail("EINVAL: %s: reduction must be \"mean\" or \"sum\", got %s", fname, tostring(red))
   end
+  return red == "sum"
+end
+
+function nn.CrossEntropyCriterion(opts)
   local self = setmetatable({}, CrossEntropy):_init()
-  self.sum = red == "sum"
+  self.sum = sum_reduction("nn.CrossEntropyCriterion", opts)
   return self
 end
 nn.CrossEntropy = nn.CrossEntropyCriterion
@@ -566,9 +572,17 @@ CrossEntropy.backward = grad_from_forward("CrossEntropyCriterion")
 
 local ClassNLL = nn.class("ClassNLLCriterion")
 
---- ClassNLLCriterion(): mean of -input[i][label_i] (use after LogSoftMax);
--- nan for an empty batch, as torch's (so are the mean losses of CrossEntropy and MSE).
-function nn.ClassNLLCriterion() return setmetatable({}, ClassNLL):_init() end
+--- ClassNLLCriterion{reduction="mean"|"sum"}: mean (or sum) of
+-- -input[i][label_i] (use after LogSoftMax); the mean is nan for an empty
+-- batch, as torch's (so are the mean losses of CrossEntropy and MSE).
+function nn.ClassNLLCriterion(opts)
+  local self = setmetatable({}, ClassNLL):_init()
+  self.sum = sum_reduction("nn.ClassNLLCriterion", opts)
+  return self
+end
+
+-- The sum from a mean over n terms (0 for none: the mean is nan there).
+local function mean_to_sum(mean, n) return n == 0 and 0 or mean * n end
 
 function ClassNLL:forward(x, labels)
   check_tensor(x, "ClassNLLCriterion:forward", "input")
@@ -578,6 +592,7 @@ function ClassNLL:forward(x, labels)
       table.concat(x:size(), "x"), table.concat(labels:size(), "x"))
   end
   self.output = K.nn_nll(contig(x), contig(labels))
+  if self.sum then self.output = mean_to_sum(self.output, x:size(1)) end
   return self.output
 end
 
@@ -587,13 +602,19 @@ function ClassNLL:backward(x, labels)
   x = contig(x)
   self.gradInput = ensure(self.gradInput, x:size(), x:dtype(), x:device())
   K.nn_nll(x, contig(labels), self.gradInput)
+  if self.sum and x:size(1) > 0 then self.gradInput:mul_(x:size(1)) end
   return self.gradInput
 end
 
 local MSE = nn.class("MSECriterion")
 
---- MSECriterion(): mean((input - target)^2) over all elements.
-function nn.MSECriterion() return setmetatable({}, MSE):_init() end
+--- MSECriterion{reduction="mean"|"sum"}: mean (or sum) of (input - target)^2
+-- over all elements.
+function nn.MSECriterion(opts)
+  local self = setmetatable({}, MSE):_init()
+  self.sum = sum_reduction("nn.MSECriterion", opts)
+  return self
+end
 nn.MSE = nn.MSECriterion
 
 function MSE:forward(x, t)
@@ -605,6 +626,10 @@ function MSE:forward(x, t)
   x = contig(x)
   self.gradInput = ensure(self.gradInput, x:size(), x:dtype(), x:device())
   self.output = K.nn_mse(x, contig(t), self.gradInput)
+  if self.sum then
+    self.output = mean_to_sum(self.output, x:numel())
+    if x:numel() > 0 then self.gradInput:mul_(x:numel()) end
+  end
   return self.output
 end
 
