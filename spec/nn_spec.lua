@@ -412,6 +412,33 @@ describe("nn bad input", function()
     assert.is_truthy(nn.Dropout(0.2, {inplace = true, seed = 3}))
   end)
 
+  -- torch's nn.LogSoftmax(dim=1) / nn.Flatten(0) ported as LogSoftMax(1) /
+  -- Flatten(0) were ignored: crun normalised the rows (dim 2, 1-based) and
+  -- flattened from dim 2 whatever was asked
+  it("LogSoftMax and Flatten take only the dims they compute, 1-based, and refuse others", function()
+    local x = randn({3, 4}, 31)
+    local want = nn.LogSoftMax():forward(x):clone()
+    for _, d in ipairs({2, -1}) do
+      assert.is_true(nn.LogSoftMax(d):forward(x):equal(want), "dim " .. d)
+      assert.is_true(nn.LogSoftMax({dim = d}):forward(x):equal(want), "{dim = " .. d .. "}")
+    end
+    local ok, err = pcall(function() return nn.LogSoftMax(1):forward(x) end)
+    assert.is_false(ok)
+    assert.matches("^EINVAL: nn.LogSoftMax: dim 1 of a 2%-d input: crun's LogSoftMax normalizes the last dim " ..
+                   "%(dims are 1%-based: torch's dim=1 of %[N, C%] is dim=2 here%)", err)
+    ok, err = pcall(nn.LogSoftMax, 1.5)
+    assert.matches("^EINVAL: nn.LogSoftMax", err)
+    local y = randn({2, 3, 4}, 32)
+    assert.are.same({2, 12}, nn.Flatten(2):forward(y):size())
+    assert.are.same({2, 12}, nn.Flatten(2, -1):forward(y):size())
+    assert.are.same({2, 12}, nn.Flatten({start_dim = 2, end_dim = 3}):forward(y):size())
+    for _, args in ipairs({{1}, {2, 2}, {0}, {{start_dim = 1}}}) do
+      ok, err = pcall(function() return nn.Flatten(table.unpack(args)):forward(y) end)
+      assert.is_false(ok)
+      assert.matches("^EINVAL: nn.Flatten: ", err)
+    end
+  end)
+
   it("names the criterion whose backward is called before forward", function()
     for _, name in ipairs({"CrossEntropyCriterion", "MSECriterion"}) do
       local c = nn[name]()

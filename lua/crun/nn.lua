@@ -366,11 +366,29 @@ end
 
 local LogSoftMax = nn.class("LogSoftMax")
 
---- LogSoftMax(): row-wise log-softmax of [N, C] input.
-function nn.LogSoftMax() return setmetatable({}, LogSoftMax):_init() end
+local DIM = O.spec{"dim"}
+
+--- LogSoftMax([dim]) or LogSoftMax{dim=}: row-wise log-softmax of [N, C]
+-- input. dim (1-based; default and only choice: the last, 2 or -1) is
+-- checked at forward, so that torch's LogSoftmax(dim=1) ported as
+-- LogSoftMax(1) fails instead of normalizing the rows anyway.
+function nn.LogSoftMax(dim)
+  if type(dim) == "table" then dim = O.check(DIM, "nn.LogSoftMax", dim).dim end
+  if dim ~= nil and math.type(dim) ~= "integer" then
+    O.fail("EINVAL: nn.LogSoftMax: dim must be an integer, got %s", tostring(dim))
+  end
+  local self = setmetatable({}, LogSoftMax):_init()
+  self.dim = dim
+  return self
+end
 
 function LogSoftMax:forward(x)
   check_tensor(x, "LogSoftMax:forward", "input")
+  local d = self.dim
+  if d ~= nil and (d < 0 and x:dim() + d + 1 or d) ~= x:dim() then
+    O.fail("EINVAL: nn.LogSoftMax: dim %d of a %d-d input: crun's LogSoftMax normalizes the last dim " ..
+           "(dims are 1-based: torch's dim=1 of [N, C] is dim=2 here)", d, x:dim())
+  end
   x = contig(x)
   self.output = ensure(self.output, x:size(), x:dtype(), x:device())
   K.nn_log_softmax_forward(x, self.output)
