@@ -178,8 +178,8 @@ static void int_dtype_range(crun_dtype_t dt, lua_Integer *lo, lua_Integer *hi) {
  * t[i] = v) must fit its dtype once truncated toward zero, as torch requires
  * of a Python scalar ("value cannot be converted to type int8_t without
  * overflow"): EINVAL on argument `arg` instead of a wrapped or saturated
- * element. Conversions between tensors still wrap (from integers) or
- * saturate (from floats), as torch's do. */
+ * element. Conversions between tensors wrap from integers, as torch's do;
+ * from floats, nan or a value out of range is refused (crun_tensor_copy). */
 static void check_fits(lua_State *L, int arg, crun_dtype_t dt, int varg) {
   if (!crun_dtype_is_integer(dt) || lua_type(L, varg) != LUA_TNUMBER) return;
   lua_Integer lo, hi;
@@ -353,22 +353,51 @@ static void nested_shape(lua_State *L, int idx, int64_t *shape, int *nd) {
   *nd = n;
 }
 
-/* Fills t from the nested table on the top of the stack at depth d; `pos`
- * counts elements written so far. */
+/* Raises EINVAL on argument 1 for a hole: entry `miss` of a table at depth
+ * d is nil while entry `set` is not. */
+static void hole_error(lua_State *L, int d, lua_Integer miss, lua_Integer set) {
+  crun_l_argerror(L, 1, lua_pushfstring(L, "entry %I at depth %d is nil, but entry %I is set (a table with holes)",
+                                        miss, d + 1, set));
+}
+
+/* Refuses an integer key outside 1..n in the table on the top of the stack
+ * (n: its length # at depth d): past a border, as in {1, 2, [4] = 4}, or
+ * 0-based; the length alone silently dropped such entries. Other keys
+ * (table.pack's n, names) are no positions and stay ignored. */
+static void check_positions(lua_State *L, int d, lua_Integer n) {
+  lua_pushnil(L);
+  while (lua_next(L, -2)) {
+    lua_pop(L, 1);
+    if (!lua_isinteger(L, -1)) continue;
+    lua_Integer k = lua_tointeger(L, -1);
+    if (k < 1)
+      crun_l_argerror(L, 1, lua_pushfstring(L, "index %I at depth %d: a tensor is read from a sequence "
+                                            "starting at index 1", k, d + 1));
+    if (k > n) hole_error(L, d, n + 1, k);
+  }
+}
+
+/* Fills t from the nested table on the top of the stack at depth d, at the
+ * position idx[0..d) (idx[d..] are written here). */
 static void nested_fill(lua_State *L, crun_tensor_t *t, int d, int64_t *idx) {
   int nd = crun_tensor_ndim(t);
   const int64_t *shape = crun_tensor_shape(t);
-  if (!lua_istable(L, -1) || luaL_len(L, -1) != shape[d])
+  lua_Integer n = luaL_len(L, -1);
+  check_positions(L, d, n); /* first: {3, nil, 5} may have length 1 */
+  if (n != shape[d])
     crun_l_argerror(L, 1, lua_pushfstring(L, "ragged nested table: an entry at depth %d has %I entries, "
-                                        "expected %I", d + 1, lua_istable(L, -1) ? luaL_len(L, -1) : 0,
-                                        (lua_Integer)shape[d]));
+                                        "expected %I", d + 1, n, (lua_Integer)shape[d]));
   for (int64_t i = 0; i < shape[d]; i++) {
     idx[d] = i;
-    lua_geti(L, -1, i + 1);
+    int type = lua_geti(L, -1, i + 1);
+    if (type == LUA_TNIL) hole_error(L, d, (lua_Integer)i + 1, (lua_Integer)shape[d]); /* t[#t] is set */
     if (d + 1 < nd) {
+      if (type != LUA_TTABLE)
+        crun_l_argerror(L, 1, lua_pushfstring(L, "ragged nested table: entry %I at depth %d is a %s, table expected",
+                                            (lua_Integer)i + 1, d + 1, luaL_typename(L, -1)));
       nested_fill(L, t, d + 1, idx);
     } else {
-      if (lua_type(L, -1) != LUA_TNUMBER && !lua_isboolean(L, -1))
+      if (type != LUA_TNUMBER && type != LUA_TBOOLEAN)
         crun_l_argerror(L, 1, lua_pushfstring(L, "element %I at depth %d is a %s, number expected",
                                             (lua_Integer)i + 1, d + 1, luaL_typename(L, -1)));
       set_elem_at(L, 1, lua_gettop(L), t, idx);
@@ -392,7 +421,7 @@ static int t_new(lua_State *L) {
                              non-numeric table) frees it; released only after
                              the fill, every such error leaked the tensor */
   lua_pushvalue(L, 1);
-  if (nd > 0 && shape[0] > 0) nested_fill(L, t, 0, idx);
+  if (nd > 0) nested_fill(L, t, 0, idx); /* ({[2] = 7} has length 0: checked too) */
   lua_pop(L, 1);
   if (p.dev < 0 && !p.pin) return 1;
   crun_tensor_retain(t); /* push_placed drops this reference, the box keeps its own */
@@ -1052,14 +1081,15 @@ static void push_scalar_of(lua_State *L, crun_tensor_t *t) {
 }
 
 /* Reduction (upvalue 1): t:sum() -> number; t:sum(dim[, keepdim]) -> tensor;
- * max/min with a dim also return the 1-based positions. */
+ * t:sum(nil, true) -> a tensor with every size 1 (torch's dim=None,
+ * keepdim=True); max/min with a dim also return the 1-based positions. */
 static int m_reduce(lua_State *L) {
   crun_dimred_t op = (crun_dimred_t)lua_tointeger(L, lua_upvalueindex(1));
   crun_tensor_t *a = crun_l_check_tensor(L, 1), *v = NULL, *ix = NULL;
-  int all = lua_isnoneornil(L, 2), dim = all ? -1 : check_dim(L, 2, a);
+  int all = lua_isnoneornil(L, 2), dim = all ? -1 : check_dim(L, 2, a), keep = lua_toboolean(L, 3);
   int with_idx = !all && (op == CRUN_DIMRED_MAX || op == CRUN_DIMRED_MIN);
-  CRUN_L_CHECK(L, crun_tensor_reduce_dim(op, a, dim, lua_toboolean(L, 3), 1, &v, with_idx ? &ix : NULL));
-  if (all) {
+  CRUN_L_CHECK(L, crun_tensor_reduce_dim(op, a, dim, keep, 1, &v, with_idx ? &ix : NULL));
+  if (all && !keep) {
     push_scalar_of(L, v);
     crun_tensor_release(v);
     return 1;
@@ -1070,13 +1100,16 @@ static int m_reduce(lua_State *L) {
   return 2;
 }
 
-/* t:argmax([dim[, keepdim]]) / t:argmin: 1-based positions (a number with no dim). */
+/* t:argmax([dim[, keepdim]]) / t:argmin: 1-based positions (a number with no
+ * dim; with no dim and keepdim, a tensor with every size 1, as torch's). */
 static int arg_common(lua_State *L, crun_dimred_t op) {
   crun_tensor_t *a = crun_l_check_tensor(L, 1), *v = NULL, *ix = NULL;
-  int all = lua_isnoneornil(L, 2), dim = all ? -1 : check_dim(L, 2, a);
-  CRUN_L_CHECK(L, crun_tensor_reduce_dim(op, a, dim, lua_toboolean(L, 3), 1, &v, &ix));
+  int all = lua_isnoneornil(L, 2), dim = all ? -1 : check_dim(L, 2, a), keep = lua_toboolean(L, 3);
+  if ((all ? crun_tensor_numel(a) : crun_tensor_shape(a)[dim]) == 0) /* (reduce_dim would name max / min) */
+    return crun_l_error(L, "EINVAL: %s over an empty dim (no identity)", op == CRUN_DIMRED_MAX ? "argmax" : "argmin");
+  CRUN_L_CHECK(L, crun_tensor_reduce_dim(op, a, dim, keep, 1, &v, &ix));
   crun_tensor_release(v);
-  if (all) {
+  if (all && !keep) {
     push_scalar_of(L, ix);
     crun_tensor_release(ix);
     return 1;

@@ -223,6 +223,57 @@ describe("nn criteria (float64)", function()
     local g = c:backward(x, t):clone()
     assert.is_true(util.max_rel_err(g, util.numgrad(function() return c:forward(x, t) end, x)) < TOL)
   end)
+
+  -- nn.MSECriterion{reduction = "sum"} and ClassNLLCriterion{...} dropped
+  -- their options table and gave the mean without a word
+  it("MSE and ClassNLL take torch's reduction=\"sum\" (and refuse others)", function()
+    local x, t = randn({3, 4}, 21), randn({3, 4}, 22)
+    local xs, ts, ref = util.list(x), util.list(t), 0
+    for i = 1, #xs do ref = ref + (xs[i] - ts[i]) ^ 2 end
+    local c = nn.MSECriterion{reduction = "sum"}
+    assert.is_true(math.abs(c:forward(x, t) - ref) < 1e-12)
+    local g = c:backward(x, t):clone()
+    assert.is_true(util.max_rel_err(g, util.numgrad(function() return c:forward(x, t) end, x)) < TOL)
+    local lp, y = randn({4, 3}, 23), T.new({2, 3, 1, 3}, "int64")
+    local nref = 0
+    for i = 1, 4 do nref = nref - lp[i][y[i]] end
+    local nll = nn.ClassNLLCriterion{reduction = "sum"}
+    assert.is_true(math.abs(nll:forward(lp, y) - nref) < 1e-12)
+    g = nll:backward(lp, y):clone()
+    assert.is_true(util.max_rel_err(g, util.numgrad(function() return nll:forward(lp, y) end, lp)) < TOL)
+    assert.is_true(math.abs(nn.ClassNLLCriterion{reduction = "mean"}:forward(lp, y) - nref / 4) < 1e-12)
+    -- an empty batch sums to 0
+    assert.are.equal(0, nn.MSECriterion{reduction = "sum"}:forward(T.zeros({0, 2}, "float64"), T.zeros({0, 2}, "float64")))
+    assert.are.equal(0, nn.ClassNLLCriterion{reduction = "sum"}:forward(T.zeros({0, 3}, "float64"), T.zeros({0}, "int64")))
+    for _, mk in ipairs{nn.MSECriterion, nn.ClassNLLCriterion} do
+      local ok, err = pcall(mk, {reduction = "none"})
+      assert.is_false(ok)
+      assert.matches("^EINVAL: nn%.%w+: reduction must be \"mean\" or \"sum\", got none", err)
+      ok, err = pcall(mk, {size_average = false})
+      assert.is_false(ok)
+      assert.matches("^EINVAL", err)
+    end
+  end)
+
+  -- torch: the mean over no rows is 0/0 = nan (sum: 0); crun gave 0, which
+  -- an averaging loop would count as a perfect batch
+  it("the mean loss of an empty batch is nan, the sum 0, as torch's", function()
+    local x, y = T.zeros({0, 3}, "float64"), T.zeros({0}, "int64")
+    local function is_nan(v) return v ~= v end
+    for _, dt in ipairs{"float64", "float32"} do
+      local xd = x:to(dt)
+      local ce = nn.CrossEntropyCriterion()
+      assert.is_true(is_nan(ce:forward(xd, y)), "CrossEntropy mean " .. dt)
+      assert.are.same({0, 3}, ce:backward(xd, y):size())
+      assert.are.equal(0, ce.correct)
+      assert.are.equal(0, nn.CrossEntropyCriterion{reduction = "sum"}:forward(xd, y), "CrossEntropy sum " .. dt)
+      assert.is_true(is_nan(nn.ClassNLLCriterion():forward(xd, y)), "ClassNLL " .. dt)
+      assert.are.same({0, 3}, nn.ClassNLLCriterion():backward(xd, y):size())
+      local mse = nn.MSECriterion()
+      assert.is_true(is_nan(mse:forward(xd, xd:clone())), "MSE " .. dt)
+      assert.are.same({0, 3}, mse:backward(xd, xd:clone()):size())
+    end
+  end)
 end)
 
 describe("nn in float32", function()
@@ -359,6 +410,33 @@ describe("nn bad input", function()
     local b = nn.Linear(3, 2, {seed = 11, dtype = "float64"})
     assert.are.same(a.weight:totable(), b.weight:totable())
     assert.is_truthy(nn.Dropout(0.2, {inplace = true, seed = 3}))
+  end)
+
+  -- torch's nn.LogSoftmax(dim=1) / nn.Flatten(0) ported as LogSoftMax(1) /
+  -- Flatten(0) were ignored: crun normalised the rows (dim 2, 1-based) and
+  -- flattened from dim 2 whatever was asked
+  it("LogSoftMax and Flatten take only the dims they compute, 1-based, and refuse others", function()
+    local x = randn({3, 4}, 31)
+    local want = nn.LogSoftMax():forward(x):clone()
+    for _, d in ipairs({2, -1}) do
+      assert.is_true(nn.LogSoftMax(d):forward(x):equal(want), "dim " .. d)
+      assert.is_true(nn.LogSoftMax({dim = d}):forward(x):equal(want), "{dim = " .. d .. "}")
+    end
+    local ok, err = pcall(function() return nn.LogSoftMax(1):forward(x) end)
+    assert.is_false(ok)
+    assert.matches("^EINVAL: nn.LogSoftMax: dim 1 of a 2%-d input: crun's LogSoftMax normalizes the last dim " ..
+                   "%(dims are 1%-based: torch's dim=1 of %[N, C%] is dim=2 here%)", err)
+    ok, err = pcall(nn.LogSoftMax, 1.5)
+    assert.matches("^EINVAL: nn.LogSoftMax", err)
+    local y = randn({2, 3, 4}, 32)
+    assert.are.same({2, 12}, nn.Flatten(2):forward(y):size())
+    assert.are.same({2, 12}, nn.Flatten(2, -1):forward(y):size())
+    assert.are.same({2, 12}, nn.Flatten({start_dim = 2, end_dim = 3}):forward(y):size())
+    for _, args in ipairs({{1}, {2, 2}, {0}, {{start_dim = 1}}}) do
+      ok, err = pcall(function() return nn.Flatten(table.unpack(args)):forward(y) end)
+      assert.is_false(ok)
+      assert.matches("^EINVAL: nn.Flatten: ", err)
+    end
   end)
 
   it("names the criterion whose backward is called before forward", function()

@@ -105,7 +105,8 @@ describe("reduction edge cases", function()
     assert.same({3, 5, 7}, x:sum(-2):totable())
   end)
 
-  it("empty dims: sum is 0, prod is 1, max and mean raise", function()
+  -- torch: mean over no elements is 0/0 = nan (crun raised EINVAL "no identity")
+  it("empty dims: sum is 0, prod is 1, mean is nan, max raises", function()
     local e = T.zeros({2, 0})
     assert.same({0, 0}, e:sum(2):totable())
     assert.same({1, 1}, e:prod(2):totable())
@@ -113,6 +114,39 @@ describe("reduction edge cases", function()
     local ok, err = pcall(function() return e:max(2) end)
     assert.is_false(ok)
     assert.matches("max over an empty dim", err)
+    -- argmax named the reduction under it ("max over an empty dim")
+    assert.matches("^EINVAL: argmax over an empty dim", select(2, pcall(e.argmax, e, 2)))
+    assert.matches("^EINVAL: argmin over an empty dim", select(2, pcall(e.argmin, e)))
+    assert.same({0}, T.zeros({0, 2}):argmax(2):size()) -- nothing to reduce into: empty, no error
+    for _, dt in ipairs({"float32", "float64", "float16", "bfloat16"}) do
+      local m = T.zeros({2, 0, 3}, dt)
+      local v = m:mean(2)
+      assert.same({2, 3}, v:size())
+      assert.equal(dt, v:dtype())
+      for _, x in ipairs(flat(v)) do assert.is_true(x ~= x, dt .. ": mean over an empty dim is nan") end
+      assert.same({2, 1, 3}, m:mean(2, true):size())
+      assert.same({0, 3}, m:mean(1):size()) -- nothing to reduce into: empty
+      assert.is_true(m:mean() ~= m:mean(), dt .. ": mean of no elements is nan")
+    end
+  end)
+
+  -- torch: x.sum(dim=None, keepdim=True) is a tensor of x's rank with every
+  -- size 1; crun dropped keepdim there and returned a number
+  it("no dim with keepdim gives a tensor of size 1 in every dim", function()
+    local x = T.new({{1.5, -2}, {3, 4.25}, {-7, 0.5}}, "float64")
+    local s = 0
+    for _, v in ipairs(flat(x)) do s = s + v end
+    for op, want in pairs({sum = s, mean = s / 6, prod = 1.5 * -2 * 3 * 4.25 * -7 * 0.5, max = 4.25, min = -7}) do
+      local v = x[op](x, nil, true)
+      assert.is_true(T.is_tensor(v), op)
+      assert.same({1, 1}, v:size(), op)
+      assert.is_true(math.abs(v[1][1] - want) < 1e-12, op)
+    end
+    local am = x:argmax(nil, true)
+    assert.same({1, 1}, am:size())
+    assert.equal(4, am[1][1]) -- row-major position of 4.25
+    assert.equal(5, x:argmin(nil, true)[1][1])
+    assert.equal("number", type(x:sum(nil, false)))
   end)
 
   it("nan wins max and min, and its position is reported", function()

@@ -1,6 +1,7 @@
 -- tensor_dtypes_spec.lua — int8, int16 and bool tensors: creation, totable,
--- fill, conversion (saturating from floats, wrapping from integers; a Lua
--- number that does not fit is refused, as torch refuses it), element-
+-- fill, conversion (truncating from floats, where nan or a value out of
+-- range is refused; wrapping from integers; a Lua number that does not fit
+-- is refused, as torch refuses it), element-
 -- wise ops and reductions, save/load and printing; bool as torch has it
 -- (true / false in Lua, any non-zero converts to true, sum counts).
 local crun = require "crun"
@@ -21,12 +22,46 @@ describe("int8, int16 and bool tensors", function()
     assert.are.equal("crun.ShortTensor", s:type())
   end)
 
-  it("convert from floats by truncating and saturating, from integers by wrapping", function()
+  it("convert from floats by truncating toward zero, from integers by wrapping", function()
     local c = T.zeros({4}, "int16")
-    c:copy(T.new({1.9, -2.9, 40000, -40000}))
+    c:copy(T.new({1.9, -2.9, 32767.9, -32768.9}))
     assert.are.same({1, -2, 32767, -32768}, c:totable())
     assert.are.same({-56, 44}, T.new({200, 300}, "int32"):to("int8"):totable())
     assert.are.same({-128.0, 127.0}, T.new({-128, 127}, "int8"):to("float32"):totable())
+    assert.are.same({0, 255, 0}, T.new({-0.9, 255.9, 0.5}):to("uint8"):totable())
+    assert.are.same({math.mininteger, 9223372036854774784},
+                    T.new({-2 ^ 63, 9223372036854774784.0}, "float64"):to("int64"):totable())
+  end)
+
+  -- torch leaves an out-of-range float-to-integer cast undefined (x86 gives
+  -- INT64_MIN for 1e300 and nan in .long(), wraps in .byte()); crun saturated
+  -- (1e300 -> 2^63 - 1024, nan -> 0) without a word. Now such a cast fails,
+  -- naming the element, and writes nothing.
+  it("refuse a float-to-integer conversion of nan, inf or a value out of range", function()
+    local function refused(pattern, f)
+      local ok, err = pcall(f)
+      assert.is_false(ok, pattern)
+      assert.matches(pattern, tostring(err))
+    end
+    local E = "^EINVAL: convert float64 to int64: element 2 %(1e%+300%) does not fit int64"
+    refused(E, function() return T.new({-7.5, 1e300, 3}, "float64"):to("int64") end)
+    refused(E, function() return T.new({-7.5, 1e300, 3}, "float64"):long() end)
+    refused("element 1 %(%-1e%+300%) does not fit int64", function() return T.new({-1e300}, "float64"):long() end)
+    refused("element 1 %(9%.2233720368548e%+18%) does not fit int64", function() return T.new({2 ^ 63}, "float64"):long() end)
+    refused("element 3 %(%-?nan%) does not fit int32", function() return T.new({1, 2, 0 / 0}):int() end)
+    refused("element 1 %(inf%) does not fit int16", function() return T.new({math.huge}):short() end)
+    refused("element 1 %(%-inf%) does not fit int8", function() return T.new({-math.huge}):to("int8") end)
+    refused("^EINVAL: convert float32 to uint8: element 4 %(256%) does not fit uint8 %[0, 255%]",
+            function() return T.new({1, 2, 3, 256}):byte() end)
+    refused("element 1 %(%-1%) does not fit uint8", function() return T.new({-1}):byte() end)
+    refused("element 2 %(128%) does not fit int8", function() return T.new({1, 128}, "float16"):to("int8") end)
+    refused("element 1 %(2147483648%) does not fit int32", function() return T.new({2 ^ 31}, "float64"):int() end)
+    -- copy into an existing tensor, strided sources: the row-major position, nothing written
+    local dst = T.new({{5, 6}, {7, 8}}, "int32")
+    local src = T.new({{1, 1e10}, {3, 4}}, "float64"):t() -- element (1, 2) of the view is 3, (2, 1) is 1e10
+    refused("^EINVAL: convert float64 to int32: element 3 %(10000000000%) does not fit int32", function() dst:copy(src) end)
+    assert.are.same({{5, 6}, {7, 8}}, dst:totable())
+    refused("element 2 %(%-?nan%)", function() local t = T.zeros({2, 2}, "int64"); t[1] = T.new({1, 0 / 0}) end)
   end)
 
   -- torch raises "value cannot be converted to type int8_t without overflow"

@@ -366,11 +366,29 @@ end
 
 local LogSoftMax = nn.class("LogSoftMax")
 
---- LogSoftMax(): row-wise log-softmax of [N, C] input.
-function nn.LogSoftMax() return setmetatable({}, LogSoftMax):_init() end
+local DIM = O.spec{"dim"}
+
+--- LogSoftMax([dim]) or LogSoftMax{dim=}: row-wise log-softmax of [N, C]
+-- input. dim (1-based; default and only choice: the last, 2 or -1) is
+-- checked at forward, so that torch's LogSoftmax(dim=1) ported as
+-- LogSoftMax(1) fails instead of normalizing the rows anyway.
+function nn.LogSoftMax(dim)
+  if type(dim) == "table" then dim = O.check(DIM, "nn.LogSoftMax", dim).dim end
+  if dim ~= nil and math.type(dim) ~= "integer" then
+    O.fail("EINVAL: nn.LogSoftMax: dim must be an integer, got %s", tostring(dim))
+  end
+  local self = setmetatable({}, LogSoftMax):_init()
+  self.dim = dim
+  return self
+end
 
 function LogSoftMax:forward(x)
   check_tensor(x, "LogSoftMax:forward", "input")
+  local d = self.dim
+  if d ~= nil and (d < 0 and x:dim() + d + 1 or d) ~= x:dim() then
+    O.fail("EINVAL: nn.LogSoftMax: dim %d of a %d-d input: crun's LogSoftMax normalizes the last dim " ..
+           "(dims are 1-based: torch's dim=1 of [N, C] is dim=2 here)", d, x:dim())
+  end
   x = contig(x)
   self.output = ensure(self.output, x:size(), x:dtype(), x:device())
   K.nn_log_softmax_forward(x, self.output)
@@ -540,14 +558,20 @@ function nn.mlp(inputs, hidden, layers, outputs)
   return net:add(nn.Linear(width, outputs))
 end
 
-function nn.CrossEntropyCriterion(opts)
-  opts = O.check(CROSS_ENTROPY, "nn.CrossEntropyCriterion", opts)
+-- true when a criterion's options ask for reduction="sum" (torch's
+-- "mean" is the default; "none" and unknown options are EINVAL).
+local function sum_reduction(fname, opts)
+  opts = O.check(CROSS_ENTROPY, fname, opts)
   local red = opts.reduction or "mean"
   if red ~= "mean" and red ~= "sum" then
-    O.fail("EINVAL: nn.CrossEntropyCriterion: reduction must be \"mean\" or \"sum\", got %s", tostring(red))
+    O.fail("EINVAL: %s: reduction must be \"mean\" or \"sum\", got %s", fname, tostring(red))
   end
+  return red == "sum"
+end
+
+function nn.CrossEntropyCriterion(opts)
   local self = setmetatable({}, CrossEntropy):_init()
-  self.sum = red == "sum"
+  self.sum = sum_reduction("nn.CrossEntropyCriterion", opts)
   return self
 end
 nn.CrossEntropy = nn.CrossEntropyCriterion
@@ -566,8 +590,17 @@ CrossEntropy.backward = grad_from_forward("CrossEntropyCriterion")
 
 local ClassNLL = nn.class("ClassNLLCriterion")
 
---- ClassNLLCriterion(): mean of -input[i][label_i] (use after LogSoftMax).
-function nn.ClassNLLCriterion() return setmetatable({}, ClassNLL):_init() end
+--- ClassNLLCriterion{reduction="mean"|"sum"}: mean (or sum) of
+-- -input[i][label_i] (use after LogSoftMax); the mean is nan for an empty
+-- batch, as torch's (so are the mean losses of CrossEntropy and MSE).
+function nn.ClassNLLCriterion(opts)
+  local self = setmetatable({}, ClassNLL):_init()
+  self.sum = sum_reduction("nn.ClassNLLCriterion", opts)
+  return self
+end
+
+-- The sum from a mean over n terms (0 for none: the mean is nan there).
+local function mean_to_sum(mean, n) return n == 0 and 0 or mean * n end
 
 function ClassNLL:forward(x, labels)
   check_tensor(x, "ClassNLLCriterion:forward", "input")
@@ -577,6 +610,7 @@ function ClassNLL:forward(x, labels)
       table.concat(x:size(), "x"), table.concat(labels:size(), "x"))
   end
   self.output = K.nn_nll(contig(x), contig(labels))
+  if self.sum then self.output = mean_to_sum(self.output, x:size(1)) end
   return self.output
 end
 
@@ -586,13 +620,19 @@ function ClassNLL:backward(x, labels)
   x = contig(x)
   self.gradInput = ensure(self.gradInput, x:size(), x:dtype(), x:device())
   K.nn_nll(x, contig(labels), self.gradInput)
+  if self.sum and x:size(1) > 0 then self.gradInput:mul_(x:size(1)) end
   return self.gradInput
 end
 
 local MSE = nn.class("MSECriterion")
 
---- MSECriterion(): mean((input - target)^2) over all elements.
-function nn.MSECriterion() return setmetatable({}, MSE):_init() end
+--- MSECriterion{reduction="mean"|"sum"}: mean (or sum) of (input - target)^2
+-- over all elements.
+function nn.MSECriterion(opts)
+  local self = setmetatable({}, MSE):_init()
+  self.sum = sum_reduction("nn.MSECriterion", opts)
+  return self
+end
 nn.MSE = nn.MSECriterion
 
 function MSE:forward(x, t)
@@ -604,6 +644,10 @@ function MSE:forward(x, t)
   x = contig(x)
   self.gradInput = ensure(self.gradInput, x:size(), x:dtype(), x:device())
   self.output = K.nn_mse(x, contig(t), self.gradInput)
+  if self.sum then
+    self.output = mean_to_sum(self.output, x:numel())
+    if x:numel() > 0 then self.gradInput:mul_(x:numel()) end
+  end
   return self.output
 end
 

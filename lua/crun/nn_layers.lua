@@ -192,11 +192,34 @@ return function(nn, H)
 
   local Flatten = nn.class("Flatten")
 
-  --- Flatten(): [N, ...] -> [N, prod(...)] (a view; backward views back).
-  function nn.Flatten() return setmetatable({}, Flatten):_init() end
+  local FLATTEN = O.spec{"start_dim", "end_dim"}
+
+  --- Flatten([start_dim=2[, end_dim=-1]]) or Flatten{start_dim=, end_dim=}:
+  -- [N, ...] -> [N, prod(...)] (a view; backward views back). The dims are
+  -- 1-based and only this split is computed: others (torch's Flatten(0),
+  -- ported as Flatten(0) or Flatten(1)) fail at forward instead of being
+  -- ignored.
+  function nn.Flatten(start_dim, end_dim)
+    if type(start_dim) == "table" then
+      local o = O.check(FLATTEN, "nn.Flatten", start_dim)
+      start_dim, end_dim = o.start_dim, o.end_dim
+    end
+    for _, v in ipairs({start_dim or 2, end_dim or -1}) do
+      if math.type(v) ~= "integer" then O.fail("EINVAL: nn.Flatten: dims must be integers, got %s", tostring(v)) end
+    end
+    local self = setmetatable({}, Flatten):_init()
+    self.start_dim, self.end_dim = start_dim or 2, end_dim or -1
+    return self
+  end
 
   function Flatten:forward(x)
     check_tensor(x, "Flatten:forward", "input")
+    local nd, e = x:dim(), self.end_dim
+    if self.start_dim ~= 2 or (e ~= -1 and (e < 0 and nd + e + 1 or e) ~= nd) then
+      O.fail("EINVAL: nn.Flatten: start_dim %d, end_dim %d of a %d-d input: crun's Flatten keeps dim 1 and " ..
+             "flattens the rest (start_dim=2, end_dim=-1; dims are 1-based: torch's start_dim=1 is 2 here)",
+             self.start_dim, e, nd)
+    end
     x = contig(x)
     local n, rest = x:dim() > 0 and x:size(1) or 1, 1
     for d = 2, x:dim() do rest = rest * x:size(d) end -- (numel // n: 0 for an empty batch)

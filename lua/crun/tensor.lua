@@ -72,7 +72,10 @@ methods.pin_memory = C.pin_memory
 
 --- t:to(dtype), t:to(device), t:to(device, dtype), t:to(dtype, device):
 --- t itself when nothing changes, else a copy. A device is "cpu", "cuda",
---- "cuda:N" or an integer N (cuda:N, as torch's t.to(0)).
+--- "cuda:N" or an integer N (cuda:N, as torch's t.to(0)). Floats convert to
+--- integers truncated toward zero; nan, inf or a value out of the integer
+--- dtype's range is EINVAL naming the element (torch leaves it undefined);
+--- integers convert to narrower ones wrapping, as torch's (300 -> 44 in int8).
 local to_dtype = methods.to
 function methods.to(t, a, b)
   local dev, dt

@@ -149,13 +149,27 @@ static int copy_same_dtype(crun_tensor_t *dst, crun_tensor_t *src) {
                                    dst->shape, crun_dtype_size(dst->dt), s, dd < 0);
 }
 
+/* crun__check_cast_fits for a device source: read through a host copy (so a
+ * float-to-integer cast on a device pays one transfer; other casts none). */
+static int check_dev_cast_fits(crun_dtype_t ddt, crun_tensor_t *src) {
+  if (!crun_dtype_is_integer(ddt) || crun_dtype_is_integer(src->dt) || src->dt == CRUN_BOOL) return 0;
+  crun_tensor_t *h = NULL;
+  int rc = crun_tensor_to_device(src, CRUN_DEVICE_CPU, &h);
+  if (rc == 0) rc = crun__check_cast_fits(ddt, h);
+  crun_tensor_release(h);
+  return rc;
+}
+
 int crun__tensor_copy_dev(crun_tensor_t *dst, crun_tensor_t *src) {
   char a[128], b[128];
   if (dst->ndim != src->ndim || memcmp(dst->shape, src->shape, (size_t)dst->ndim * sizeof *dst->shape))
     return crun_error(CRUN_EINVAL, "copy: shapes differ (%s vs %s)", crun__shape_str(dst->ndim, dst->shape, a, sizeof a),
                       crun__shape_str(src->ndim, src->shape, b, sizeof b));
   if (dst->dt == src->dt) return copy_same_dtype(dst, src);
-  if (dst->st->device == src->st->device) return crun__dev_copy(dst, src); /* a cast kernel (dispatch.c) */
+  if (dst->st->device == src->st->device) { /* a cast kernel (dispatch.c), whose float-to-integer */
+    CRUN_CHECK(check_dev_cast_fits(dst->dt, src)); /* casts saturate: refused first, as on the host */
+    return crun__dev_copy(dst, src);
+  }
   /* a dtype conversion runs on the host: through a host copy of the device
    * side(s) (the device kernels, when built, take over this path) */
   crun_tensor_t *hs = NULL, *hd = NULL;

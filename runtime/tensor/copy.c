@@ -149,6 +149,52 @@ static void copy_row(crun_dtype_t ddt, char *d, int64_t ds, crun_dtype_t sdt, co
   }
 }
 
+/* Whether v truncated toward zero is a value of integer dtype dt (nan and
+ * +-inf are not; 2^63 is the first double past INT64_MAX). */
+static int fits_int(crun_dtype_t dt, double v) {
+  double t = trunc(v);
+  switch (dt) {
+    case CRUN_INT8: return t >= -128.0 && t <= 127.0;
+    case CRUN_UINT8: return t >= 0.0 && t <= 255.0;
+    case CRUN_INT16: return t >= -32768.0 && t <= 32767.0;
+    case CRUN_INT32: return t >= -2147483648.0 && t <= 2147483647.0;
+    default: return t >= -9223372036854775808.0 && t < 9223372036854775808.0;
+  }
+}
+
+/* The [lo, hi] of integer dtype dt, for messages. */
+static void int_range(crun_dtype_t dt, long long *lo, long long *hi) {
+  switch (dt) {
+    case CRUN_INT8: *lo = INT8_MIN, *hi = INT8_MAX; break;
+    case CRUN_UINT8: *lo = 0, *hi = UINT8_MAX; break;
+    case CRUN_INT16: *lo = INT16_MIN, *hi = INT16_MAX; break;
+    case CRUN_INT32: *lo = INT32_MIN, *hi = INT32_MAX; break;
+    default: *lo = INT64_MIN, *hi = INT64_MAX; break;
+  }
+}
+
+int crun__check_cast_fits(crun_dtype_t ddt, const crun_tensor_t *src) {
+  if (!crun_dtype_is_integer(ddt) || crun_dtype_is_integer(src->dt) || src->dt == CRUN_BOOL ||
+      crun_tensor_numel(src) == 0)
+    return 0;
+  crun__rowiter_t it;
+  int64_t pos = 0;
+  crun__rowiter_init(&it, src);
+  do {
+    for (int64_t i = 0; i < it.len; i++, pos++) {
+      double v = crun_elem_get_double(src->dt, it.row, i * it.step);
+      if (fits_int(ddt, v)) continue;
+      long long lo, hi;
+      int_range(ddt, &lo, &hi);
+      return crun_error(CRUN_EINVAL, "convert %s to %s: element %lld (%.14g) does not fit %s [%lld, %lld] "
+                        "(nan, inf and values out of range have no integer; clamp first)",
+                        crun_dtype_name(src->dt), crun_dtype_name(ddt), (long long)pos + 1, v,
+                        crun_dtype_name(ddt), lo, hi);
+    }
+  } while (crun__rowiter_next(&it));
+  return 0;
+}
+
 int crun_tensor_copy(crun_tensor_t *dst, crun_tensor_t *src) {
   char a[128], b[128];
   CRUN_CHECK(crun__check_writable(dst, "copy"));
@@ -159,6 +205,7 @@ int crun_tensor_copy(crun_tensor_t *dst, crun_tensor_t *src) {
                       crun__shape_str(dst->ndim, dst->shape, a, sizeof a),
                       crun__shape_str(src->ndim, src->shape, b, sizeof b));
   if (crun_tensor_numel(dst) == 0) return 0;
+  CRUN_CHECK(crun__check_cast_fits(dst->dt, src)); /* before anything is written */
   if (crun_tensor_is_contiguous(dst) && crun_tensor_is_contiguous(src)) {
     copy_row(dst->dt, crun_tensor_data(dst), 1, src->dt, crun_tensor_data(src), 1, crun_tensor_numel(dst));
     return 0;

@@ -76,7 +76,7 @@ static int check_args(crun_dimred_t op, crun_tensor_t *a, int dim) {
   if (op == CRUN_DIMRED_MEAN && (crun_dtype_is_integer(a->dt) || a->dt == CRUN_BOOL))
     return crun_error(CRUN_ENOTSUP, "mean needs a float tensor, got %s (convert with :double())", crun_dtype_name(a->dt));
   int64_t n = dim < 0 ? crun_tensor_numel(a) : a->shape[dim];
-  if (n == 0 && (op == CRUN_DIMRED_MAX || op == CRUN_DIMRED_MIN || op == CRUN_DIMRED_MEAN))
+  if (n == 0 && (op == CRUN_DIMRED_MAX || op == CRUN_DIMRED_MIN)) /* (mean: 0/0 = nan, as torch's) */
     return crun_error(CRUN_EINVAL, "%s over an empty dim (no identity)", names[op]);
   return 0;
 }
@@ -86,7 +86,8 @@ static void store(red_state *s, crun_tensor_t *V, crun_tensor_t *I, int64_t o, i
   for (int64_t j = 0; j < s->inner; j++) {
     int64_t at = o * s->inner + j;
     if (s->n == 0) {
-      crun_elem_set_double(V->dt, crun_tensor_data(V), at, s->op == CRUN_DIMRED_PROD ? 1.0 : 0.0);
+      crun_elem_set_double(V->dt, crun_tensor_data(V), at,
+                           s->op == CRUN_DIMRED_PROD ? 1.0 : s->op == CRUN_DIMRED_MEAN ? NAN : 0.0);
     } else if (s->ints) {
       crun__elem_set_int64(V->dt, crun_tensor_data(V), at, s->ai[j]);
     } else {

@@ -54,6 +54,12 @@ int crun__gemm_operand(crun_tensor_t *t, crun_tensor_t **use, int *trans, int64_
 /* Advances to the next row; returns 0 when there is none left. */
 int crun__rowiter_next(crun__rowiter_t *it);
 
+/* A conversion of host tensor src into integer dtype ddt needs every value,
+ * truncated toward zero, in ddt's range: EINVAL naming the first element
+ * (row-major, 1-based) that is nan, +-inf or out of range. 0 when ddt is not
+ * an integer dtype or src is not a float one (integers wrap, as in torch). */
+int crun__check_cast_fits(crun_dtype_t ddt, const crun_tensor_t *src);
+
 /* Reads / writes element i of a run with the given element stride. */
 int64_t crun__elem_get_int64(crun_dtype_t dt, const void *base, int64_t i);
 void crun__elem_set_int64(crun_dtype_t dt, void *base, int64_t i, int64_t v);

@@ -60,7 +60,12 @@ int crun_nn_cross_entropy(const crun_tensor_t *x, const crun_tensor_t *labels, i
   if (c == 0) return crun_error(CRUN_EINVAL, "CrossEntropy: input has 0 classes");
   CRUN_CHECK(check_labels("CrossEntropy", labels, rows, c));
   if (grad) CRUN_CHECK(crun__train_check_like("CrossEntropy", "gradInput", x, grad));
-  double scale = sum || rows == 0 ? 1.0 : 1.0 / (double)rows, total = 0;
+  if (rows == 0) { /* torch: the mean of no rows is 0/0 = nan, the sum 0 */
+    if (loss) *loss = sum ? 0.0 : NAN;
+    if (correct) *correct = 0;
+    return 0;
+  }
+  double scale = sum ? 1.0 : 1.0 / (double)rows, total = 0;
   if (CRUN__ON_DEV(x) || CRUN__ON_DEV(labels) || CRUN__ON_DEV(grad))
     return crun__dev_cross_entropy(x, labels, scale, loss, correct, grad);
   int64_t ok = 0, am;
@@ -84,9 +89,13 @@ int crun_nn_mse(const crun_tensor_t *x, const crun_tensor_t *t, double *loss, cr
   CRUN_CHECK(crun__train_check_float("MSE", "input", x));
   CRUN_CHECK(crun__train_check_like("MSE", "target", x, t));
   if (grad) CRUN_CHECK(crun__train_check_like("MSE", "gradInput", x, grad));
-  if (CRUN__ON_DEV(x) || CRUN__ON_DEV(t) || CRUN__ON_DEV(grad)) return crun__dev_mse(x, t, loss, grad);
   int64_t n = crun_tensor_numel(x);
-  double s = 0, k = n ? 2.0 / (double)n : 0;
+  if (n == 0) { /* torch: the mean of no elements is nan (host or device) */
+    if (loss) *loss = NAN;
+    return 0;
+  }
+  if (CRUN__ON_DEV(x) || CRUN__ON_DEV(t) || CRUN__ON_DEV(grad)) return crun__dev_mse(x, t, loss, grad);
+  double s = 0, k = 2.0 / (double)n;
   for (int64_t i = 0; i < n; i++) {
     double d;
     if (crun_tensor_dtype(x) == CRUN_FLOAT32) {
@@ -98,7 +107,7 @@ int crun_nn_mse(const crun_tensor_t *x, const crun_tensor_t *t, double *loss, cr
     }
     s += d * d;
   }
-  if (loss) *loss = n ? s / (double)n : 0;
+  if (loss) *loss = s / (double)n;
   return 0;
 }
 
@@ -108,7 +117,11 @@ int crun_nn_nll(const crun_tensor_t *x, const crun_tensor_t *labels, double *los
   CRUN_CHECK(crun__train_check_2d(fn, "input", x, &rows, &c));
   CRUN_CHECK(check_labels(fn, labels, rows, c));
   if (grad) CRUN_CHECK(crun__train_check_like(fn, "gradInput", x, grad));
-  double scale = rows ? 1.0 / (double)rows : 0, total = 0;
+  if (rows == 0) { /* torch: the mean of no rows is nan */
+    if (loss) *loss = NAN;
+    return 0;
+  }
+  double scale = 1.0 / (double)rows, total = 0;
   if (CRUN__ON_DEV(x) || CRUN__ON_DEV(labels) || CRUN__ON_DEV(grad)) return crun__dev_nll(x, labels, scale, loss, grad);
   int f32 = crun_tensor_dtype(x) == CRUN_FLOAT32;
   for (int64_t i = 0; i < rows; i++) {

@@ -90,11 +90,14 @@ TEST(view_and_contiguous) {
 }
 
 TEST(copy_converts_dtypes) {
-  crun_tensor_t *f = arange2d(CRUN_FLOAT32, 2, 3), *i8, *h, *big;
+  crun_tensor_t *f = arange2d(CRUN_FLOAT32, 2, 3), *ni, *h, *big;
   crun_elem_set_double(CRUN_FLOAT32, crun_tensor_data(f), 1, -1.75);
   crun_elem_set_double(CRUN_FLOAT32, crun_tensor_data(f), 5, 300.0);
-  EXPECT_OK(crun_tensor_to(f, CRUN_UINT8, &i8));
-  EXPECT(at(i8, 0, 1) == 0.0 && at(i8, 1, 2) == 255.0 && at(i8, 1, 0) == 3.0); /* saturates */
+  /* -1.75 and 300 have no uint8: refused, naming the first (row-major) */
+  EXPECT_STATUS(crun_tensor_to(f, CRUN_UINT8, &ni), CRUN_EINVAL);
+  EXPECT(strstr(crun_last_error(), "element 2 (-1.75) does not fit uint8") != NULL);
+  EXPECT_OK(crun_tensor_to(f, CRUN_INT16, &ni));
+  EXPECT(at(ni, 0, 1) == -1.0 && at(ni, 1, 2) == 300.0 && at(ni, 1, 0) == 3.0); /* truncates */
   EXPECT_OK(crun_tensor_to(f, CRUN_FLOAT16, &h));
   EXPECT(at(h, 0, 1) == -1.75 && at(h, 1, 2) == 300.0);
   int64_t s1[1] = {1};
@@ -114,7 +117,7 @@ TEST(copy_converts_dtypes) {
   EXPECT(crun_tensor_equal(tr, f) == 1 && crun_tensor_equal(dst, f) == 0);
   crun_elem_set_double(CRUN_FLOAT32, crun_tensor_data(f), 1, 1.0);
   EXPECT(crun_tensor_equal(tr, f) == 0);
-  crun_tensor_release(f); crun_tensor_release(i8); crun_tensor_release(h);
+  crun_tensor_release(f); crun_tensor_release(ni); crun_tensor_release(h);
   crun_tensor_release(big); crun_tensor_release(big2); crun_tensor_release(tr); crun_tensor_release(dst);
 }
 

@@ -80,7 +80,7 @@ CRUN_HD void crun__k_red_combine(int op, int dt, crun__kacc_t *a, const crun__ka
  * (dtype vdt) and its position plus `base` into indices (nullable, int64). */
 CRUN_HD void crun__k_red_store(int op, int dt, const crun__kacc_t *a, int64_t n, void *values, int vdt,
                                int64_t *indices, int64_t at, int64_t base) {
-  if (n == 0) crun__k_set_f64(vdt, values, at, op == CRUN_DIMRED_PROD ? 1.0 : 0.0);
+  if (n == 0) crun__k_set_f64(vdt, values, at, op == CRUN_DIMRED_PROD ? 1.0 : op == CRUN_DIMRED_MEAN ? NAN : 0.0);
   else if (crun__k_is_int(dt)) crun__k_set_i64(vdt, values, at, a->i);
   else crun__k_set_f64(vdt, values, at, op == CRUN_DIMRED_MEAN ? a->d / (double)n : a->d);
   if (indices) indices[at] = (a->pos < 0 ? 0 : a->pos) + base;

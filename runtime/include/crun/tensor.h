@@ -108,7 +108,9 @@ int crun_tensor_clone(crun_tensor_t *t, crun_tensor_t **out);
 int crun_tensor_to(crun_tensor_t *t, crun_dtype_t dt, crun_tensor_t **out);
 
 /* Copies src into dst element by element, converting dtypes (float -> int
- * truncates toward zero; 16-bit floats round to nearest even). Shapes must be
+ * truncates toward zero, and fails with CRUN_EINVAL, writing nothing, when a
+ * value is nan, +-inf or out of the integer dtype's range; int -> narrower int
+ * wraps, as torch's; 16-bit floats round to nearest even). Shapes must be
  * equal; src may be a view of dst only when both are the same elements. */
 int crun_tensor_copy(crun_tensor_t *dst, crun_tensor_t *src);
 
@@ -230,7 +232,9 @@ typedef enum {
 /* Reduces `dim` (0-based; -1 = every element, giving a 0-d tensor). Sums and
  * products of integer dtypes give int64, mean needs a float dtype. For MAX /
  * MIN, `indices` (nullable) receives int64 positions counted from `base`
- * (the first of equal values; nan wins). keepdim keeps dim with size 1. */
+ * (the first of equal values; nan wins). keepdim keeps dim with size 1.
+ * Over an empty dim: sum 0, prod 1, mean nan (0/0, as torch's); max and min
+ * fail with CRUN_EINVAL (no identity). */
 int crun_tensor_reduce_dim(crun_dimred_t op, crun_tensor_t *a, int dim, int keepdim, int64_t base,
                            crun_tensor_t **values, crun_tensor_t **indices);
 

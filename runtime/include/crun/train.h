@@ -57,17 +57,18 @@ int crun_nn_log_softmax_backward(const crun_tensor_t *y, const crun_tensor_t *gy
 /* Cross entropy of logits [N, C] against 1-based labels [N] (int32/int64):
  * *loss = mean over rows of -log softmax(x)[label] (sum when `sum` != 0),
  * *correct = rows whose argmax equals the label; grad (NULL to skip) gets
- * d loss / d logits. A label outside 1..C fails with CRUN_ERANGE. */
+ * d loss / d logits. A label outside 1..C fails with CRUN_ERANGE. No rows:
+ * *loss = nan for the mean (0/0, as torch's), 0 for the sum. */
 int crun_nn_cross_entropy(const crun_tensor_t *x, const crun_tensor_t *labels, int sum,
                           double *loss, int64_t *correct, crun_tensor_t *grad);
 
-/* Mean squared error: *loss = mean((x - t)^2); grad (NULL to skip) gets
- * 2 (x - t) / numel. */
 /* ClassNLLCriterion: *loss = -mean over rows of x[i, label_i] (x holds
  * log-probabilities [N, C], labels as cross entropy's); grad (nullable) gets
- * -1/N at each row's label and 0 elsewhere. */
+ * -1/N at each row's label and 0 elsewhere. No rows: *loss = nan. */
 int crun_nn_nll(const crun_tensor_t *x, const crun_tensor_t *labels, double *loss, crun_tensor_t *grad);
 
+/* Mean squared error: *loss = mean((x - t)^2); grad (NULL to skip) gets
+ * 2 (x - t) / numel. No elements: *loss = nan, as torch's. */
 int crun_nn_mse(const crun_tensor_t *x, const crun_tensor_t *t, double *loss,
                 crun_tensor_t *grad);
 
