@@ -336,8 +336,11 @@ void crun__obs_end(crun_pg_t *pg, crun_work_t *w, int rc, int same_thread) {
   uint64_t t0 = w->obs.t_start ? w->obs.t_start : t1;
   const char *algo = same_thread ? crun__obs_algo : (pg->be ? pg->be->name : "?");
   fr_t *e = entry(w->obs.id);
-  if (e) FR_SET(e, t_end, t1), FR_SET(e, wait, wait), FR_SET(e, status, rc < 0 ? rc : 0), FR_SET(e, peer, op_peer(c)),
-         FR_SET(e, state, (int8_t)(rc < 0 ? ST_FAILED : ST_DONE));
+  if (e) {
+    FR_SET(e, t_end, t1), FR_SET(e, wait, wait), FR_SET(e, status, rc < 0 ? rc : 0);
+    if (c->kind == CRUN__COLL_RECV) FR_SET(e, peer, op_peer(c)); /* the sender found: any other was written at the start */
+    FR_SET(e, state, (int8_t)(rc < 0 ? ST_FAILED : ST_DONE));
+  }
   if (known) {
     crun__obs_stat_t *s = &pg->obs_stats[c->kind];
     stat_add(&s->ops, 1), stat_add(&s->bytes, op_bytes(c)), stat_add(&s->time_ns, t1 - t0), stat_add(&s->wait_ns, wait);
