@@ -94,5 +94,37 @@ describe("FSDP", function()
     end)
   end
 
+  -- each rank passing its own part only (or a list with a part missing or
+  -- doubled) loaded the wrong slices without a word: every rank must get
+  -- every old rank's part, and EINVAL says which is missing
+  for world = 1, 4 do
+    it(string.format("load_sharded_state_dict checks it has every rank's part, on %d rank(s)", world), function()
+      if not have then pending("crun-lua not built") return end
+      assert(os.execute("mkdir -p " .. dir))
+      run_job(world, dir, "parts")
+      for r = 0, world - 1 do
+        local p = serialize.load(string.format("%s/parts.r%d.crun", dir, r)).parts
+        local where = string.format("%d ranks, rank %d", world, r)
+        assert.are.equal("loaded 0", p.reversed, where)
+        local pre, post = "EINVAL: FSDP:load_sharded_state_dict: ", string.format(" (rank %d)", r)
+        if world == 1 then
+          assert.are.equal("loaded 0", p.own, where)
+          assert.are.equal(pre .. "a list of every rank's sharded_state_dict is expected" .. post, p.missing, where)
+          assert.are.equal("loaded 0", p.dup, where)
+        else
+          local want = r == 0 and 1 or 0
+          assert.are.equal(pre .. string.format("rank %d's part is missing (the checkpoint was saved at %d ranks, "
+            .. "1 part given: pass every rank's sharded_state_dict)", want, world) .. post, p.own, where)
+          assert.are.equal(pre .. string.format("rank %d's part is missing (the checkpoint was saved at %d ranks, "
+            .. "%d %s given: pass every rank's sharded_state_dict)", world - 1, world, world - 1,
+            world == 2 and "part" or "parts") .. post, p.missing, where)
+          assert.are.equal(pre .. string.format("parts 1 and %d are both rank 0's", world) .. post, p.dup, where)
+        end
+        -- the caller's list is not reordered
+        assert.are.equal(world - 1, serialize.load(string.format("%s/parts.r%d.crun", dir, r)).parts_order, where)
+      end
+    end)
+  end
+
   teardown(function() os.execute("rm -rf " .. dir) end)
 end)

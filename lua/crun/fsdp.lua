@@ -488,14 +488,38 @@ function FSDP:sharded_state_dict(optim)
   return sd
 end
 
+-- The parts of one checkpoint in rank order (a new list; the caller's is
+-- left as it was). EINVAL unless they are every old rank's part once: one
+-- part missing would shift every later slice into the wrong place.
+local function by_rank(parts)
+  local F = "EINVAL: FSDP:load_sharded_state_dict: "
+  if type(parts) ~= "table" or #parts == 0 then O.fail(F .. "a list of every rank's sharded_state_dict is expected") end
+  local world, at = type(parts[1]) == "table" and parts[1].world, {}
+  for i, p in ipairs(parts) do
+    if type(p) ~= "table" or math.type(p.world) ~= "integer" or p.world ~= world or math.type(p.rank) ~= "integer"
+        or p.rank < 0 or p.rank >= p.world or type(p.units) ~= "table" then
+      O.fail(F .. "part %d (rank %s of %s) is not a sharded_state_dict of the same %s-rank checkpoint as part 1", i,
+        tostring(type(p) == "table" and p.rank), tostring(type(p) == "table" and p.world), tostring(world))
+    end
+    if at[p.rank + 1] then O.fail(F .. "parts %d and %d are both rank %d's", at[p.rank + 1], i, p.rank) end
+    at[p.rank + 1] = i
+  end
+  local sorted = {}
+  for r = 1, world do
+    if not at[r] then
+      O.fail(F .. "rank %d's part is missing (the checkpoint was saved at %d ranks, %d part%s given: pass every "
+        .. "rank's sharded_state_dict)", r - 1, world, #parts, #parts == 1 and "" or "s")
+    end
+    sorted[r] = parts[at[r]]
+  end
+  return sorted
+end
+
 --- load_sharded_state_dict(parts[, optim]): parts is the list of every old
 -- rank's sharded_state_dict (any world size); each rank takes its own
 -- slice of every unit's parameters (and of the optimizer state's tensors).
 function FSDP:load_sharded_state_dict(parts, optim)
-  if type(parts) ~= "table" or #parts == 0 then
-    O.fail("EINVAL: FSDP:load_sharded_state_dict: a list of every rank's sharded_state_dict is expected")
-  end
-  table.sort(parts, function(a, b) return a.rank < b.rank end)
+  parts = by_rank(parts)
   for k, u in ipairs(self.units) do
     local recs = {}
     for r, p in ipairs(parts) do

@@ -123,6 +123,29 @@ if mode == "run" then
   rec.bad_strategy = ok and "accepted" or tostring(e)
   ok, e = pcall(crun.FSDP, model("float32", 1), {mixed_precision = {param_dtype = "float16"}})
   rec.half = ok and "accepted" or tostring(e)
+elseif mode == "parts" then
+  -- load_sharded_state_dict given an incomplete or inconsistent list of parts
+  local fs = crun.FSDP(model("float64", 1), {sharding_strategy = "FULL_SHARD"})
+  crun.save(string.format("%s/part.r%d.crun", out, rank), fs:sharded_state_dict())
+  crun.dist.barrier()
+  local all = {}
+  for k = 0, world - 1 do all[k + 1] = crun.load(string.format("%s/part.r%d.crun", out, k)) end
+  -- "loaded <max difference from the saved shards>" or the error
+  local function attempt(parts)
+    local g = crun.FSDP(model("float64", 2), {sharding_strategy = "FULL_SHARD"})
+    local ok, e = pcall(g.load_sharded_state_dict, g, parts)
+    if not ok then return tostring(e) end
+    local err, want, got = 0, fs:parameters(), g:parameters()
+    for i = 1, #want do err = math.max(err, util.max_rel_err(want[i], got[i])) end
+    return "loaded " .. err
+  end
+  local reversed, missing, dup = {}, {}, {}
+  for k = world, 1, -1 do reversed[#reversed + 1] = all[k] end
+  for k = 1, world - 1 do missing[k], dup[k] = all[k], all[k] end
+  dup[world] = all[1]
+  rec.parts = {own = attempt({all[rank + 1]}), reversed = attempt(reversed), missing = attempt(missing),
+    dup = attempt(dup)}
+  rec.parts_order = reversed[1].rank -- the caller's list is left as it was
 else
   -- resume at this world size the checkpoint saved at 4 ranks
   local parts = {}
