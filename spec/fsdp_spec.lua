@@ -77,6 +77,9 @@ describe("FSDP", function()
         end
         assert.matches("^EINVAL: FSDP: sharding_strategy must be", rec.bad_strategy)
         assert.matches("^ENOTSUP: FSDP: mixed_precision param_dtype = float16", rec.half)
+        assert.are.equal(string.format("ENOTSUP: FSDP: mixed_precision param_dtype = float32 but unit 1's parameters "
+          .. "are float64: crun computes in the parameters' dtype (convert the module instead) (rank %d)", r), rec.param32)
+        assert.are.equal("accepted", rec.param64)
       end
     end)
   end

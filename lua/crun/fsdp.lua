@@ -103,6 +103,28 @@ end
 
 -- ---------------------------------------------------------------- construction
 
+-- mixed_precision's param_dtype and buffer_dtype must name the dtype the
+-- tensors already have: crun has no cast-for-compute step, and ignoring
+-- them would train silently in another precision than the one asked for.
+local function check_param_dtype(mp, u)
+  if mp.param_dtype and mp.param_dtype ~= u.dtype then
+    O.fail("ENOTSUP: FSDP: mixed_precision param_dtype = %s but unit %d's parameters are %s: crun computes in the "
+      .. "parameters' dtype (convert the module instead)", mp.param_dtype, u.k, u.dtype)
+  end
+end
+
+local function check_buffer_dtype(mp, module)
+  if not mp.buffer_dtype then return end
+  for _, leaf in ipairs(module:leaves()) do
+    for _, b in ipairs(leaf:buffers()) do
+      if b:dtype():match("^b?float") and b:dtype() ~= mp.buffer_dtype then -- (torch casts floating buffers only)
+        O.fail("ENOTSUP: FSDP: mixed_precision buffer_dtype = %s but a buffer of %s is %s: crun keeps buffers in "
+          .. "their own dtype (convert the module instead)", mp.buffer_dtype, leaf:describe(), b:dtype())
+      end
+    end
+  end
+end
+
 --- FSDP(module, {sharding_strategy="FULL_SHARD"|"SHARD_GRAD_OP"|"NO_SHARD",
 -- auto_wrap={min_params=N}, group=, forward_prefetch=true, backward_prefetch=true,
 -- mixed_precision={reduce_dtype=}}). Blocks: rank 0's parameters are
@@ -131,6 +153,7 @@ function M.FSDP(module, opts)
       O.fail("ENOTSUP: FSDP: mixed_precision %s = %s: crun computes in float32 and float64 only", k, tostring(v))
     end
   end
+  check_buffer_dtype(mp, module)
   local self = setmetatable({module = module, group = opts.group, strategy = strategy,
     reduce_dtype = mp.reduce_dtype, prefetch_fwd = opts.forward_prefetch ~= false,
     prefetch_bwd = opts.backward_prefetch ~= false, stats = {gathers = 0, reduces = 0, peak_full_bytes = 0},
@@ -144,6 +167,7 @@ function M.FSDP(module, opts)
     if u.numel > 0 then -- leaves without parameters need no unit
       self.units[#self.units + 1] = u
       u.k = #self.units
+      check_param_dtype(mp, u)
       self:_shard(u)
     end
   end

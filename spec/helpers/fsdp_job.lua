@@ -123,6 +123,11 @@ if mode == "run" then
   rec.bad_strategy = ok and "accepted" or tostring(e)
   ok, e = pcall(crun.FSDP, model("float32", 1), {mixed_precision = {param_dtype = "float16"}})
   rec.half = ok and "accepted" or tostring(e)
+  -- a param_dtype other than the parameters' was accepted and ignored (compute stayed in float64)
+  ok, e = pcall(crun.FSDP, model("float64", 1), {mixed_precision = {param_dtype = "float32"}})
+  rec.param32 = ok and "accepted" or tostring(e)
+  ok, e = pcall(crun.FSDP, model("float64", 1), {mixed_precision = {param_dtype = "float64", reduce_dtype = "float32"}})
+  rec.param64 = ok and "accepted" or tostring(e)
 elseif mode == "parts" then
   -- load_sharded_state_dict given an incomplete or inconsistent list of parts
   local fs = crun.FSDP(model("float64", 1), {sharding_strategy = "FULL_SHARD"})
