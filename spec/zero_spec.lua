@@ -120,6 +120,22 @@ describe("ZeroRedundancyOptimizer", function()
     end
   end)
 
+  -- with parameters_as_bucket_view the per-dtype buffers were broadcast in
+  -- pairs() order of a dtype table, which follows the process's string-hash
+  -- seed: two ranks started apart (another node, a restart) could pair a
+  -- float32 broadcast with a float64 one. Each fresh process must give the
+  -- same sequence: by owner, then float32, float64, float16, bfloat16.
+  it("broadcasts the bucket views in the same order in every process", function()
+    local want = "0:float32:6 0:float64:3 1:float32:4 1:float64:5"
+    local src = os.getenv("CRUN_SOURCE_DIR") or "."
+    for k = 1, 8 do
+      local f = assert(io.popen("lua5.4 " .. src .. "/spec/helpers/zero_order.lua 2>&1"))
+      local got = f:read("a"):gsub("%s+$", "")
+      f:close()
+      assert.are.equal(want, got, "process " .. k)
+    end
+  end)
+
   for world = 1, 4 do
     it(string.format("matches DDP + the same optimizer on %d rank(s), with 1/N of the state", world), function()
       if not have then pending("crun-lua / crun.dist not built") return end

@@ -42,6 +42,9 @@ local OWN_KEYS = {group = true, parameters_as_bucket_view = true}
 local INERT = {overlap_with_ddp = "crun's DDP has no communication hook to run the step from; "
   .. "the step runs after backward"}
 local DTYPE_KEY = {float32 = 0, float64 = 1, float16 = 2, bfloat16 = 3}
+-- The same dtypes in key order: anything collective walks this list, never
+-- pairs(DTYPE_KEY), whose order follows each process's string-hash seed.
+local DTYPES = {"float32", "float64", "float16", "bfloat16"}
 local ELSIZE = {float32 = 4, float64 = 8, float16 = 2, bfloat16 = 2}
 
 -- The crun.opts spec for ZeRO wrapping optim_class: ZeRO's own keys plus
@@ -208,8 +211,8 @@ end
 function Z:_sync_buckets()
   local d = dist()
   for r = 0, self.world - 1 do
-    for dtype, key in pairs(DTYPE_KEY) do
-      local n = self.bucket_numel[r * 4 + key + 1]
+    for key, dtype in ipairs(DTYPES) do
+      local n = self.bucket_numel[r * 4 + key]
       if n > 0 then
         local buf = T().zeros({n}, dtype)
         local members = {}
