@@ -167,6 +167,9 @@ describe("ZeroRedundancyOptimizer", function()
         else
           assert.is_nil(res.group)
         end
+        assert.are.equal(string.format("EINVAL: ZeroRedundancyOptimizer:load_state_dict: the state of parameter 2 "
+          .. "has no exp_avg (rank %d)", r), res.load_missing)
+        assert.are.equal(0, res.load_missing_numel)
         if world == 1 then
           assert.are.equal("accepted", res.mismatch)
         else

@@ -334,6 +334,7 @@ end
 --- load_state_dict(sd): sd is a full state (from state_dict() or a plain
 -- optimizer's), on every rank; each keeps the entries of the parameters it
 -- owns under the current partition, so the world size may have changed.
+-- Every rank checks every entry: a bad one is EINVAL on all ranks, nothing loaded.
 function Z:load_state_dict(sd)
   if type(sd) ~= "table" or type(sd.state) ~= "table" or sd.kind ~= self.optim.kind then
     error(string.format("EINVAL: ZeroRedundancyOptimizer:load_state_dict on rank %d: expected a %s state, got %s",
@@ -351,6 +352,9 @@ function Z:load_state_dict(sd)
       end
     end
   end
+  -- every rank checks every entry (not only its own), so a bad state is
+  -- refused everywhere, by the model's parameter index, before anything loads
+  self.optim:_check_state(sd, self.params, "ZeroRedundancyOptimizer:load_state_dict")
   local mine = {kind = sd.kind, state = {}}
   for li, gi in ipairs(self.own) do mine.state[li] = sd.state[gi] end
   self.optim:load_state_dict(mine)

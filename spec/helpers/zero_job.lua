@@ -184,6 +184,19 @@ if mode == "run" then
     local ok, err = pcall(crun.optim.ZeroRedundancyOptimizer, net, crun.optim.SGD, {lr = 0.1})
     res.mismatch = ok and "accepted" or tostring(err)
   end
+  -- a loaded state missing parameter 2's exp_avg: refused on every rank
+  -- (not only on its owner), naming the model's parameter index, nothing loaded
+  do
+    local z = crun.optim.ZeroRedundancyOptimizer({model("float64", 1):parameters()}, crun.optim.Adam, OPTS.adam)
+    local st = {}
+    for i, n in ipairs{45, 9, 36, 4, 12, 3} do
+      st[i] = {step = 2, exp_avg = T.zeros({n}, "float64"), exp_avg_sq = T.zeros({n}, "float64")}
+    end
+    st[2].exp_avg = nil
+    local ok, err = pcall(z.load_state_dict, z, {kind = "Adam", state = st})
+    res.load_missing = ok and "accepted" or tostring(err)
+    res.load_missing_numel = z:state_numel()
+  end
   crun.save(string.format("%s/run.r%d.crun", out, rank), res)
 elseif mode == "resume" then
   local ck = crun.load(out .. "/ckpt.crun")
