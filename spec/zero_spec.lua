@@ -171,6 +171,14 @@ describe("ZeroRedundancyOptimizer", function()
           .. "has no exp_avg (rank %d)", r), res.load_missing)
         assert.are.equal(0, res.load_missing_numel)
         if world == 1 then
+          assert.are.equal("ok", res.consolidate_mismatch)
+        else
+          assert.are.equal(string.format("EMISMATCH: ZeroRedundancyOptimizer:consolidate_state_dict on rank %d: "
+            .. "rank 1 names group rank %d as the destination, rank 0 names 0 (every rank must pass the same to)",
+            r, world - 1), res.consolidate_mismatch)
+        end
+        assert.are.equal(r == 0 and 6 or 0, res.consolidate_after)
+        if world == 1 then
           assert.are.equal("accepted", res.mismatch)
         else
           assert.are.equal(string.format("EMISMATCH: ZeroRedundancyOptimizer on rank %d: parameter 1 is "

@@ -282,18 +282,32 @@ function Z:consolidate_state_dict(to)
       self.world, tostring(to)), 0)
   end
   local d = dist()
-  local all = {self:_state_meta()}
+  local all = {{to = to, meta = self:_state_meta()}}
   if self.world > 1 and self.copts then all = d.all_gather_object(all[1], self.copts)
   elseif self.world > 1 then all = d.all_gather_object(all[1]) end
+  self:_same_to(all)
   local state = {}
   for r = 0, self.world - 1 do
-    for _, m in ipairs(all[r + 1]) do
+    for _, m in ipairs(all[r + 1].meta) do
       if self.rank == to then state[m.index] = self:_receive_entry(m, r, to)
       elseif self.rank == r then self:_send_entry(m, to) end
     end
   end
   self.consolidated = self.rank == to and {kind = self.optim.kind, state = state,
     zero = {world_size = self.world, num_params = #self.params}} or nil
+end
+
+-- Every rank must name the same destination (else the sends and receives
+-- would not pair up and wait out the timeout): EMISMATCH on every rank,
+-- naming the first rank that differs from rank 0.
+function Z:_same_to(all)
+  for r = 2, #all do
+    if all[r].to ~= all[1].to then
+      error(string.format("EMISMATCH: ZeroRedundancyOptimizer:consolidate_state_dict on rank %d: rank %d names group "
+        .. "rank %d as the destination, rank 0 names %d (every rank must pass the same to)", self.rank, r - 1,
+        all[r].to, all[1].to), 0)
+    end
+  end
 end
 
 -- On `to`: the state entry described by m, from rank r (a copy of its own when r == to).

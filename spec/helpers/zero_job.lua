@@ -197,6 +197,17 @@ if mode == "run" then
     res.load_missing = ok and "accepted" or tostring(err)
     res.load_missing_numel = z:state_numel()
   end
+  -- consolidate_state_dict with rank 0 naming itself and the others the
+  -- last rank (sends and receives that do not pair up): EMISMATCH everywhere
+  do
+    local net = model("float64", 1)
+    local z = crun.optim.ZeroRedundancyOptimizer(net, crun.optim.Adam, OPTS.adam)
+    z:step()
+    local ok, err = pcall(z.consolidate_state_dict, z, rank == 0 and 0 or world - 1)
+    res.consolidate_mismatch = ok and "ok" or tostring(err)
+    z:consolidate_state_dict(0) -- still usable
+    res.consolidate_after = rank == 0 and #z:state_dict().state or 0
+  end
   crun.save(string.format("%s/run.r%d.crun", out, rank), res)
 elseif mode == "resume" then
   local ck = crun.load(out .. "/ckpt.crun")
