@@ -102,6 +102,12 @@ describe("ZeroRedundancyOptimizer", function()
     ok, err = pcall(Z, {p, g}, crun.optim.SGD, {lr = 0.1, momentum = 0.9, process_group = nil,
       parameters_as_bucket_view = true})
     assert.is_truthy(tostring(err):match("^ESTATE: ZeroRedundancyOptimizer needs a process group"), err)
+    -- a non-boolean parameters_as_bucket_view ("yes", 1) was taken as false
+    for _, v in ipairs{"yes", 1} do
+      ok, err = pcall(Z, {p, g}, crun.optim.SGD, {lr = 0.1, parameters_as_bucket_view = v})
+      assert.are.equal("EINVAL: ZeroRedundancyOptimizer: parameters_as_bucket_view must be true or false, got "
+        .. tostring(v), err)
+    end
     -- the optimizers themselves check their keys too
     ok, err = pcall(crun.optim.SGD, p, g, {lr = 0.1, betas = {0.9, 0.9}})
     assert.is_truthy(tostring(err):match("^EINVAL: SGD: unknown option 'betas'"), err)

@@ -95,13 +95,14 @@ function zero.new(a, optim_class, opts)
     error("EINVAL: bad argument #2 to 'ZeroRedundancyOptimizer' (an optimizer class such as crun.optim.Adam expected)", 0)
   end
   opts = O.check(spec_for(optim_class), "ZeroRedundancyOptimizer", opts)
+  local as_view = O.bool("ZeroRedundancyOptimizer", "parameters_as_bucket_view", opts.parameters_as_bucket_view, false)
   local d = dist()
   if not d.is_initialized() then
     error("ESTATE: ZeroRedundancyOptimizer needs a process group: call crun.dist.init_process_group() first", 0)
   end
   local inner = {}
   for k, v in pairs(opts) do if not OWN_KEYS[k] then inner[k] = v end end
-  local self = setmetatable({source = source, group = opts.group, as_view = opts.parameters_as_bucket_view == true,
+  local self = setmetatable({source = source, group = opts.group, as_view = as_view,
     world = d.get_world_size(opts.group), rank = d.get_rank(opts.group)}, Z)
   if self.rank < 0 then error("EINVAL: bad argument #3 to 'ZeroRedundancyOptimizer' (this rank is not a member of the group)", 0) end
   self.copts = self.group and {group = self.group} or nil
