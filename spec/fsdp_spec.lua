@@ -80,6 +80,13 @@ describe("FSDP", function()
         assert.are.equal(string.format("ENOTSUP: FSDP: mixed_precision param_dtype = float32 but unit 1's parameters "
           .. "are float64: crun computes in the parameters' dtype (convert the module instead) (rank %d)", r), rec.param32)
         assert.are.equal("accepted", rec.param64)
+        if world == 1 then
+          assert.are.equal("accepted", rec.mismatch)
+        else
+          assert.are.equal(string.format("EMISMATCH: FSDP: parameter 1 is float32[6x2] (unit 1) on rank %d but "
+            .. "float32[3x5] (unit 1) on rank 0 (every rank must wrap the same model, with the same auto_wrap) (rank %d)", world - 1, r), rec.mismatch)
+        end
+        assert.is_true(rec.usable_after)
       end
     end)
   end

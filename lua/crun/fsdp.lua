@@ -127,8 +127,10 @@ end
 
 --- FSDP(module, {sharding_strategy="FULL_SHARD"|"SHARD_GRAD_OP"|"NO_SHARD",
 -- auto_wrap={min_params=N}, group=, forward_prefetch=true, backward_prefetch=true,
--- mixed_precision={reduce_dtype=}}). Blocks: rank 0's parameters are
--- broadcast, then each rank keeps its shards.
+-- mixed_precision={reduce_dtype=}}). Blocks: every rank must wrap the same
+-- parameter shapes into the same units (checked; a difference raises
+-- EMISMATCH on every rank), rank 0's parameters are broadcast, then each
+-- rank keeps its shards.
 function M.FSDP(module, opts)
   opts = O.check(FSDP_OPTS, "FSDP", opts)
   if type(module) ~= "table" or type(module.leaves) ~= "function" then
@@ -168,9 +170,10 @@ function M.FSDP(module, opts)
       self.units[#self.units + 1] = u
       u.k = #self.units
       check_param_dtype(mp, u)
-      self:_shard(u)
     end
   end
+  self:_verify()
+  for _, u in ipairs(self.units) do self:_shard(u) end
   self.sched = core().fsdp_sched_new(#self.units, strategy, self.prefetch_fwd, self.prefetch_bwd)
   for k, u in ipairs(self.units) do
     for _, leaf in ipairs(u.leaves) do self:_wrap_leaf(leaf, u) end
@@ -182,6 +185,30 @@ function M.FSDP(module, opts)
     u.order = k
   end
   return self
+end
+
+-- Every rank must wrap the same parameter shapes into the same units (else
+-- rank 0's values would be poured into other shapes, or the collectives
+-- would not pair up): one all_gather_object of the layout, the first
+-- difference from rank 0 named on every rank as EMISMATCH.
+function FSDP:_verify()
+  if self.world == 1 then return end
+  local sig = {}
+  for k, u in ipairs(self.units) do
+    for _, e in ipairs(u.entries) do
+      sig[#sig + 1] = string.format("%s[%s] (unit %d)", u.dtype, table.concat(e.shape, "x"), k)
+    end
+  end
+  local d, all = dist(), nil -- (a second argument that is not {group=} would pick torch's form)
+  if self.copts then all = d.all_gather_object(sig, self.copts) else all = d.all_gather_object(sig) end
+  for r = 2, #all do
+    for i = 1, math.max(#all[1], #all[r]) do
+      if all[1][i] ~= all[r][i] then
+        O.fail("EMISMATCH: FSDP: parameter %d is %s on rank %d but %s on rank 0 (every rank must wrap the same "
+          .. "model, with the same auto_wrap)", i, all[r][i] or "missing", r - 1, all[1][i] or "missing")
+      end
+    end
+  end
 end
 
 -- Builds unit u's shard (and gradient shard) from rank 0's parameters.

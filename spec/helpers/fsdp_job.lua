@@ -128,6 +128,13 @@ if mode == "run" then
   rec.param32 = ok and "accepted" or tostring(e)
   ok, e = pcall(crun.FSDP, model("float64", 1), {mixed_precision = {param_dtype = "float64", reduce_dtype = "float32"}})
   rec.param64 = ok and "accepted" or tostring(e)
+  -- a model that differs on the last rank but has as many elements: it used
+  -- to be wrapped, rank 0's values poured into the other shapes
+  local last = world > 1 and rank == world - 1
+  nn.manual_seed(1)
+  ok, e = pcall(crun.FSDP, nn.Sequential(last and nn.Linear(2, 6) or nn.Linear(5, 3)))
+  rec.mismatch = ok and "accepted" or tostring(e)
+  rec.usable_after = pcall(crun.dist.barrier)
 elseif mode == "parts" then
   -- load_sharded_state_dict given an incomplete or inconsistent list of parts
   local fs = crun.FSDP(model("float64", 1), {sharding_strategy = "FULL_SHARD"})
