@@ -80,6 +80,12 @@ describe("FSDP", function()
         assert.are.equal(string.format("ENOTSUP: FSDP: mixed_precision param_dtype = float32 but unit 1's parameters "
           .. "are float64: crun computes in the parameters' dtype (convert the module instead) (rank %d)", r), rec.param32)
         assert.are.equal("accepted", rec.param64)
+        local suffix = string.format(" (rank %d)", r)
+        assert.are.same({"EINVAL: FSDP: auto_wrap must be {min_params = N} with N >= 1, got min_params = " .. (0 / 0)
+          .. suffix, "EINVAL: FSDP: forward_prefetch must be true or false, got no" .. suffix,
+          "EINVAL: FSDP: backward_prefetch must be true or false, got 0" .. suffix,
+          "EINVAL: FSDP: mixed_precision must be a table {reduce_dtype=, param_dtype=, buffer_dtype=}, got string"
+          .. suffix}, rec.bad_opts)
         if world == 1 then
           assert.are.equal("accepted", rec.mismatch)
         else

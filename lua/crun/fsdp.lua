@@ -125,6 +125,34 @@ local function check_buffer_dtype(mp, module)
   end
 end
 
+-- Checks FSDP's options; returns the strategy, auto_wrap's min_params (nil:
+-- no wrapping) and the mixed_precision table ({} when absent).
+local function check_options(opts)
+  local strategy = opts.sharding_strategy or "FULL_SHARD"
+  if not STRATEGIES[strategy] then
+    O.fail("EINVAL: FSDP: sharding_strategy must be FULL_SHARD, SHARD_GRAD_OP or NO_SHARD, got %s", tostring(strategy))
+  end
+  local aw = opts.auto_wrap
+  local min_params = type(aw) == "table" and aw.min_params or nil
+  if aw ~= nil and not (type(min_params) == "number" and min_params >= 1) then -- (NaN fails >= 1)
+    O.fail("EINVAL: FSDP: auto_wrap must be {min_params = N} with N >= 1, got %s",
+      type(aw) == "table" and "min_params = " .. tostring(min_params) or tostring(aw))
+  end
+  local mp = opts.mixed_precision or {}
+  if type(mp) ~= "table" then
+    O.fail("EINVAL: FSDP: mixed_precision must be a table {reduce_dtype=, param_dtype=, buffer_dtype=}, got %s", type(mp))
+  end
+  for k, v in pairs(mp) do
+    if k ~= "param_dtype" and k ~= "reduce_dtype" and k ~= "buffer_dtype" then
+      O.fail("EINVAL: FSDP: unknown mixed_precision key '%s'", tostring(k))
+    end
+    if v ~= "float32" and v ~= "float64" then
+      O.fail("ENOTSUP: FSDP: mixed_precision %s = %s: crun computes in float32 and float64 only", k, tostring(v))
+    end
+  end
+  return strategy, min_params, mp
+end
+
 --- FSDP(module, {sharding_strategy="FULL_SHARD"|"SHARD_GRAD_OP"|"NO_SHARD",
 -- auto_wrap={min_params=N}, group=, forward_prefetch=true, backward_prefetch=true,
 -- mixed_precision={reduce_dtype=}}). Blocks: every rank must wrap the same
@@ -138,27 +166,11 @@ function M.FSDP(module, opts)
   end
   local d = dist()
   if not d.is_initialized() then O.fail("ESTATE: FSDP needs a process group: call crun.dist.init_process_group() first") end
-  local strategy = opts.sharding_strategy or "FULL_SHARD"
-  if not STRATEGIES[strategy] then
-    O.fail("EINVAL: FSDP: sharding_strategy must be FULL_SHARD, SHARD_GRAD_OP or NO_SHARD, got %s", tostring(strategy))
-  end
-  local min_params = opts.auto_wrap and opts.auto_wrap.min_params
-  if opts.auto_wrap ~= nil and (type(opts.auto_wrap) ~= "table" or type(min_params) ~= "number" or min_params < 1) then
-    O.fail("EINVAL: FSDP: auto_wrap must be {min_params = N} with N >= 1")
-  end
-  local mp = opts.mixed_precision or {}
-  for k, v in pairs(mp) do
-    if k ~= "param_dtype" and k ~= "reduce_dtype" and k ~= "buffer_dtype" then
-      O.fail("EINVAL: FSDP: unknown mixed_precision key '%s'", tostring(k))
-    end
-    if v ~= "float32" and v ~= "float64" then
-      O.fail("ENOTSUP: FSDP: mixed_precision %s = %s: crun computes in float32 and float64 only", k, tostring(v))
-    end
-  end
+  local strategy, min_params, mp = check_options(opts)
   check_buffer_dtype(mp, module)
   local self = setmetatable({module = module, group = opts.group, strategy = strategy,
-    reduce_dtype = mp.reduce_dtype, prefetch_fwd = opts.forward_prefetch ~= false,
-    prefetch_bwd = opts.backward_prefetch ~= false, stats = {gathers = 0, reduces = 0, peak_full_bytes = 0},
+    reduce_dtype = mp.reduce_dtype, prefetch_fwd = O.bool("FSDP", "forward_prefetch", opts.forward_prefetch, true),
+    prefetch_bwd = O.bool("FSDP", "backward_prefetch", opts.backward_prefetch, true), stats = {gathers = 0, reduces = 0, peak_full_bytes = 0},
     pool = {}, held = 0}, FSDP)
   self.copts = self.group and {group = self.group} or nil
   self.world, self.rank = d.get_world_size(self.group), d.get_rank(self.group)

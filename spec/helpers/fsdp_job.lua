@@ -128,6 +128,15 @@ if mode == "run" then
   rec.param32 = ok and "accepted" or tostring(e)
   ok, e = pcall(crun.FSDP, model("float64", 1), {mixed_precision = {param_dtype = "float64", reduce_dtype = "float32"}})
   rec.param64 = ok and "accepted" or tostring(e)
+  -- options that were taken without a check: a NaN min_params (nothing
+  -- wrapped), a string prefetch flag (read as true), a non-table
+  -- mixed_precision (a raw error from pairs)
+  rec.bad_opts = {}
+  for i, o in ipairs{{auto_wrap = {min_params = 0 / 0}}, {forward_prefetch = "no"}, {backward_prefetch = 0},
+                      {mixed_precision = "float64"}} do
+    ok, e = pcall(crun.FSDP, model("float64", 1), o)
+    rec.bad_opts[i] = ok and "accepted" or tostring(e)
+  end
   -- a model that differs on the last rank but has as many elements: it used
   -- to be wrapped, rank 0's values poured into the other shapes
   local last = world > 1 and rank == world - 1
