@@ -86,6 +86,10 @@ describe("FSDP", function()
           "EINVAL: FSDP: backward_prefetch must be true or false, got 0" .. suffix,
           "EINVAL: FSDP: mixed_precision must be a table {reduce_dtype=, param_dtype=, buffer_dtype=}, got string"
           .. suffix}, rec.bad_opts)
+        local why = ": the module's parameters are sharded by crun.FSDP: build the optimizer from the FSDP model "
+          .. "it returned, not from the module it wraps" .. suffix
+        assert.are.same({"EINVAL: SGD" .. why, "EINVAL: Adam" .. why, "EINVAL: ZeroRedundancyOptimizer" .. why},
+          rec.inner_opt)
         if world == 1 then
           assert.are.equal("accepted", rec.mismatch)
         else

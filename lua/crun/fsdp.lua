@@ -196,6 +196,10 @@ function M.FSDP(module, opts)
     end
     u.order = k
   end
+  -- its own parameters are now empty tensors or transient views: an
+  -- optimizer built from it would step nothing (crun.optim refuses it)
+  module._sharded_by = "crun.FSDP"
+  for _, leaf in ipairs(module:leaves()) do leaf._sharded_by = "crun.FSDP" end
   return self
 end
 

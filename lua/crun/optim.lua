@@ -48,10 +48,21 @@ optim.IMPL_INERT = INERT
 -- crun.tensor.
 local function T() return require "crun.tensor" end
 
+--- (for wrappers too) EINVAL when `module` is one that crun.FSDP wrapped: its
+-- parameters are empty while sharded, so an optimizer over them would
+-- silently step nothing; the FSDP model's parameters() are the shards.
+function optim.check_not_sharded(fname, module)
+  if rawget(module, "_sharded_by") then
+    O.fail("EINVAL: %s: the module's parameters are sharded by %s: build the optimizer from the FSDP model it "
+      .. "returned, not from the module it wraps", fname, module._sharded_by)
+  end
+end
+
 -- Returns params, grads, opts, module from (model, opts) or (params, grads, opts).
 local function unpack_args(fname, a, b, c)
   local params, grads, opts, module
   if type(a) == "table" and type(a.parameters) == "function" then
+    optim.check_not_sharded(fname, a)
     params, grads = a:parameters()
     opts, module = b, a
   else

@@ -75,6 +75,7 @@ end
 -- or DDP model (its gradients may be swapped for bucket views), or {params, grads}.
 local function source_of(a)
   if type(a) == "table" and type(a.parameters) == "function" then
+    require("crun.optim").check_not_sharded("ZeroRedundancyOptimizer", a)
     return function() return a:parameters() end
   end
   if type(a) == "table" and type(a[1]) == "table" and type(a[2]) == "table" and #a[1] == #a[2] then

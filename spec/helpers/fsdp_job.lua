@@ -137,6 +137,19 @@ if mode == "run" then
     ok, e = pcall(crun.FSDP, model("float64", 1), o)
     rec.bad_opts[i] = ok and "accepted" or tostring(e)
   end
+  -- an optimizer built from the wrapped module (its parameters are empty
+  -- tensors while sharded) stepped nothing, silently
+  do
+    local inner = model("float64", 1)
+    local _ = crun.FSDP(inner)
+    rec.inner_opt = {}
+    for i, f in ipairs{function() return crun.optim.SGD(inner, {lr = 0.1}) end,
+                       function() return crun.optim.Adam(inner) end,
+                       function() return crun.optim.ZeroRedundancyOptimizer(inner, crun.optim.SGD, {lr = 0.1}) end} do
+      ok, e = pcall(f)
+      rec.inner_opt[i] = ok and "accepted" or tostring(e)
+    end
+  end
   -- a model that differs on the last rank but has as many elements: it used
   -- to be wrapped, rank 0's values poured into the other shapes
   local last = world > 1 and rank == world - 1
