@@ -102,6 +102,12 @@ describe("ZeroRedundancyOptimizer", function()
     ok, err = pcall(Z, {p, g}, crun.optim.SGD, {lr = 0.1, momentum = 0.9, process_group = nil,
       parameters_as_bucket_view = true})
     assert.is_truthy(tostring(err):match("^ESTATE: ZeroRedundancyOptimizer needs a process group"), err)
+    -- a tensor listed twice: a plain optimizer steps it twice, ZeRO's two
+    -- owners each once and the later broadcast won (a silent difference)
+    local q, gq = T.randn({2}), T.zeros({2})
+    ok, err = pcall(Z, {{p[1], q, p[1]}, {g[1], gq, g[1]}}, crun.optim.SGD, {lr = 0.1})
+    assert.are.equal("EINVAL: bad argument #1 to 'ZeroRedundancyOptimizer' (parameter 3 is the same tensor as "
+      .. "parameter 1: list each tensor once)", err)
     -- a non-boolean parameters_as_bucket_view ("yes", 1) was taken as false
     for _, v in ipairs{"yes", 1} do
       ok, err = pcall(Z, {p, g}, crun.optim.SGD, {lr = 0.1, parameters_as_bucket_view = v})
@@ -176,6 +182,8 @@ describe("ZeroRedundancyOptimizer", function()
         assert.are.equal(string.format("EINVAL: ZeroRedundancyOptimizer:load_state_dict: the state of parameter 2 "
           .. "has no exp_avg (rank %d)", r), res.load_missing)
         assert.are.equal(0, res.load_missing_numel)
+        assert.are.equal("EINVAL: bad argument #1 to 'ZeroRedundancyOptimizer' (parameter 3 is the same tensor as "
+          .. "parameter 1: list each tensor once)", res.duplicate)
         if world == 1 then
           assert.are.equal("ok", res.consolidate_mismatch)
         else

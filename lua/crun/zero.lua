@@ -86,6 +86,19 @@ local function source_of(a)
     .. "of equal length expected)", 0)
 end
 
+-- EINVAL when a tensor is listed twice: a plain optimizer would step it
+-- twice, ZeRO's two owners once each (the later broadcast winning).
+local function check_distinct(params)
+  local seen = {}
+  for i, p in ipairs(params) do
+    if seen[p] then
+      error(string.format("EINVAL: bad argument #1 to 'ZeroRedundancyOptimizer' (parameter %d is the same tensor as "
+        .. "parameter %d: list each tensor once)", i, seen[p]), 0)
+    end
+    seen[p] = i
+  end
+end
+
 --- ZeroRedundancyOptimizer(model | {params, grads}, optim_class, {group=,
 -- parameters_as_bucket_view=false, overlap_with_ddp=false, <optim_class's options>}).
 -- Collective: every rank of the group calls it with the same parameter
@@ -97,6 +110,7 @@ function zero.new(a, optim_class, opts)
   end
   opts = O.check(spec_for(optim_class), "ZeroRedundancyOptimizer", opts)
   local as_view = O.bool("ZeroRedundancyOptimizer", "parameters_as_bucket_view", opts.parameters_as_bucket_view, false)
+  check_distinct(source())
   local d = dist()
   if not d.is_initialized() then
     error("ESTATE: ZeroRedundancyOptimizer needs a process group: call crun.dist.init_process_group() first", 0)

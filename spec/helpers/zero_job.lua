@@ -197,6 +197,13 @@ if mode == "run" then
     res.load_missing = ok and "accepted" or tostring(err)
     res.load_missing_numel = z:state_numel()
   end
+  -- a tensor listed twice (a plain optimizer steps it twice; ZeRO's owners once each)
+  do
+    local a, b = T.randn({4}, {seed = 3}), T.randn({3}, {seed = 4})
+    local ga, gb = T.ones({4}), T.ones({3})
+    local ok, err = pcall(crun.optim.ZeroRedundancyOptimizer, {{a, b, a}, {ga, gb, ga}}, crun.optim.SGD, {lr = 0.1})
+    res.duplicate = ok and "accepted" or tostring(err)
+  end
   -- consolidate_state_dict with rank 0 naming itself and the others the
   -- last rank (sends and receives that do not pair up): EMISMATCH everywhere
   do
