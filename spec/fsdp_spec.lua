@@ -146,5 +146,16 @@ describe("FSDP", function()
     end)
   end
 
+  -- a model with BatchNorm: the full state_dict left the buffers out
+  for _, world in ipairs{1, 3} do
+    it(string.format("state_dict holds the buffers too, as the module's does, on %d rank(s)", world), function()
+      if not have then pending("crun-lua not built") return end
+      assert(os.execute("mkdir -p " .. dir))
+      run_job(world, dir, "bn")
+      local rec = serialize.load(dir .. "/bn.r0.crun").bn
+      assert.is_true(type(rec.state_err) == "number" and rec.state_err <= 1e-12, tostring(rec.state_err))
+    end)
+  end
+
   teardown(function() os.execute("rm -rf " .. dir) end)
 end)

@@ -516,9 +516,9 @@ function FSDP:_full_flat(u)
   return full
 end
 
---- state_dict() -> the module's full state_dict (a list of parameter
--- tensors in registration order) on rank 0 of the group, nil elsewhere. A
--- collective: every rank calls it.
+--- state_dict() -> the module's full state_dict (as Module:state_dict: the
+-- parameter tensors in registration order, then the buffers, rank 0's) on
+-- rank 0 of the group, nil elsewhere. A collective: every rank calls it.
 function FSDP:state_dict()
   local by_leaf = {}
   for _, u in ipairs(self.units) do
@@ -536,6 +536,7 @@ function FSDP:state_dict()
   for _, leaf in ipairs(self.module:leaves()) do
     for _, t in ipairs(by_leaf[leaf] or {}) do sd[#sd + 1] = t end
   end
+  for _, b in ipairs(self.module:buffers()) do sd[#sd + 1] = b:clone() end -- (not sharded: rank 0's own)
   return sd
 end
 

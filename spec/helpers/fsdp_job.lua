@@ -157,6 +157,50 @@ if mode == "run" then
   ok, e = pcall(crun.FSDP, nn.Sequential(last and nn.Linear(2, 6) or nn.Linear(5, 3)))
   rec.mismatch = ok and "accepted" or tostring(e)
   rec.usable_after = pcall(crun.dist.barrier)
+elseif mode == "bn" then
+  -- a model with buffers (BatchNorm's running statistics), the same batch on
+  -- every rank: FSDP's full state_dict must equal the plain module's, the
+  -- buffers included, and load back into a fresh FSDP model
+  local function bn_model(seed)
+    nn.set_default_dtype("float64")
+    nn.manual_seed(seed)
+    local m = nn.Sequential(nn.Linear(7, 6), nn.BatchNorm1d(6), nn.Tanh(), nn.Linear(6, 3))
+    nn.set_default_dtype("float32")
+    return m
+  end
+  local function steps(m, opt)
+    for s = 1, STEPS do
+      opt:zero_grad()
+      local X = T.randn({5, 7}, {seed = 31 * s + 3, dtype = "float64"})
+      local y = T.new({1, 3, 2, 2, 1}, "int64")
+      local crit = nn.CrossEntropyCriterion()
+      local o = m:forward(X)
+      crit:forward(o, y)
+      m:backward(X, crit:backward(o, y))
+      opt:step()
+    end
+  end
+  local ref = bn_model(1)
+  steps(ref, crun.optim.SGD(ref, OPTS.sgd))
+  local fs = crun.FSDP(bn_model(1), {auto_wrap = {min_params = 20}})
+  steps(fs, crun.optim.SGD(fs, OPTS.sgd))
+  local want = ref:state_dict()
+  local function sd_err(sd)
+    if #sd ~= #want then return "entries " .. #sd .. " of " .. #want end
+    local e = 0
+    for i = 1, #want do e = math.max(e, util.max_rel_err(want[i], sd[i])) end
+    return e
+  end
+  local sd = fs:state_dict()
+  rec.bn = {}
+  if rank == 0 then rec.bn.state_err = sd_err(sd) end
+  -- every rank loads the full list into a model of other weights
+  sd = crun.dist.broadcast_object(sd, 0)
+  local fresh = crun.FSDP(bn_model(7), {auto_wrap = {min_params = 20}})
+  local ok, e = pcall(fresh.load_state_dict, fresh, sd)
+  rec.bn.load = ok and "loaded" or tostring(e)
+  local sd2 = fresh:state_dict()
+  if rank == 0 then rec.bn.load_err = sd_err(sd2) end
 elseif mode == "parts" then
   -- load_sharded_state_dict given an incomplete or inconsistent list of parts
   local fs = crun.FSDP(model("float64", 1), {sharding_strategy = "FULL_SHARD"})
