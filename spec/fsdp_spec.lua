@@ -157,5 +157,28 @@ describe("FSDP", function()
     end)
   end
 
+  -- FSDP had no load_state_dict: torch's model.load_state_dict(full) was
+  -- a raw 'attempt to call a nil value'
+  for _, world in ipairs{1, 3} do
+    it(string.format("load_state_dict takes the full state_dict back on every rank, on %d rank(s)", world), function()
+      if not have then pending("crun-lua not built") return end
+      assert(os.execute("mkdir -p " .. dir))
+      run_job(world, dir, "bn")
+      for r = 0, world - 1 do
+        local rec = serialize.load(string.format("%s/bn.r%d.crun", dir, r)).bn
+        local where = string.format("%d ranks, rank %d", world, r)
+        assert.are.equal("loaded", rec.load, where)
+        assert.are.equal(string.format("EINVAL: FSDP:load_state_dict: tensor 1 has shape 7x6, the model's has 6x7 "
+          .. "(rank %d)", r), rec.bad_shape, where)
+        assert.are.equal(string.format("EINVAL: FSDP:load_state_dict: expected 9 tensors (6 parameters, 3 buffers) "
+          .. "or the 6 parameters, got 8 (rank %d)", r), rec.bad_count, where)
+        if r == 0 then
+          assert.is_true(type(rec.load_err) == "number" and rec.load_err <= 1e-12, tostring(rec.load_err))
+          assert.is_true(type(rec.unchanged_err) == "number" and rec.unchanged_err <= 1e-12, tostring(rec.unchanged_err))
+        end
+      end
+    end)
+  end
+
   teardown(function() os.execute("rm -rf " .. dir) end)
 end)

@@ -540,6 +540,69 @@ function FSDP:state_dict()
   return sd
 end
 
+-- The (unit, entry) of every parameter, in state_dict()'s order.
+function FSDP:_param_order()
+  local by_leaf, order = {}, {}
+  for _, u in ipairs(self.units) do
+    for _, e in ipairs(u.entries) do
+      by_leaf[e.leaf] = by_leaf[e.leaf] or {}
+      by_leaf[e.leaf][e.index] = {u = u, e = e}
+    end
+  end
+  for _, leaf in ipairs(self.module:leaves()) do
+    for _, x in ipairs(by_leaf[leaf] or {}) do order[#order + 1] = x end
+  end
+  return order
+end
+
+-- EINVAL unless sd lists a tensor of the right shape for each of params
+-- ({u, e} records) and bufs, or for params alone.
+local function check_full_sd(sd, params, bufs)
+  local F = "EINVAL: FSDP:load_state_dict: "
+  local n = type(sd) == "table" and #sd
+  if n ~= #params + #bufs and n ~= #params then
+    O.fail(F .. "expected %d tensors (%d parameters, %d buffers) or the %d parameters, got %s", #params + #bufs,
+      #params, #bufs, #params, n and tostring(n) or type(sd))
+  end
+  local is_tensor = require("crun.serialize").is_tensor
+  for i = 1, n do
+    local want = params[i] and params[i].e.shape or bufs[i - #params]:size()
+    if not is_tensor(sd[i]) then O.fail(F .. "entry %d is a %s, a tensor is expected", i, type(sd[i])) end
+    if table.concat(sd[i]:size(), "x") ~= table.concat(want, "x") then
+      O.fail(F .. "tensor %d has shape %s, the model's has %s", i, table.concat(sd[i]:size(), "x"),
+        table.concat(want, "x"))
+    end
+  end
+end
+
+--- load_state_dict(sd): sd is a full state_dict (state_dict()'s list, or
+-- the plain module's; the parameters alone leave the buffers as they are)
+-- on every rank; each copies its slice of every unit into its shard, and
+-- the buffers. Every entry is checked first (EINVAL, nothing loaded). Not
+-- a collective; call it between steps.
+function FSDP:load_state_dict(sd)
+  local params, bufs = self:_param_order(), self.module:buffers()
+  check_full_sd(sd, params, bufs)
+  local per_unit = {}
+  for i, x in ipairs(params) do
+    local ts = per_unit[x.u] or {}
+    per_unit[x.u] = ts
+    for k, e in ipairs(x.u.entries) do
+      if e == x.e then ts[k] = sd[i]:dtype() == x.u.dtype and sd[i] or sd[i]:to(x.u.dtype) end
+    end
+  end
+  for u, ts in pairs(per_unit) do -- (each unit on its own: the order does not matter)
+    local flat = T().zeros({math.max(u.padded, 1)}, u.dtype)
+    core().fsdp_flatten(flat, ts, u.offsets)
+    if self.strategy == "NO_SHARD" then u.shard:copy(flat)
+    else u.shard:copy(flat:narrow(1, u.shard_start + 1, u.shard_numel)) end
+    flat:close()
+  end
+  if #sd > #params then
+    for j, b in ipairs(bufs) do b:copy(sd[#params + j]) end
+  end
+end
+
 --- sharded_state_dict([optim]) -> this rank's part: {world=, rank=, units =
 -- {{numel=, shard=, optim={key=tensor|number}}}}; save one per rank.
 function FSDP:sharded_state_dict(optim)

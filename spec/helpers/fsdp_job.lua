@@ -201,6 +201,17 @@ elseif mode == "bn" then
   rec.bn.load = ok and "loaded" or tostring(e)
   local sd2 = fresh:state_dict()
   if rank == 0 then rec.bn.load_err = sd_err(sd2) end
+  -- a wrong shape, a missing entry: refused, nothing loaded
+  local bad = {}
+  for i, t in ipairs(sd) do bad[i] = t end
+  bad[1] = T.zeros({7, 6}, "float64")
+  ok, e = pcall(fresh.load_state_dict, fresh, bad)
+  rec.bn.bad_shape = ok and "loaded" or tostring(e)
+  bad[1], bad[#bad] = sd[1], nil
+  ok, e = pcall(fresh.load_state_dict, fresh, bad)
+  rec.bn.bad_count = ok and "loaded" or tostring(e)
+  sd2 = fresh:state_dict()
+  if rank == 0 then rec.bn.unchanged_err = sd_err(sd2) end
 elseif mode == "parts" then
   -- load_sharded_state_dict given an incomplete or inconsistent list of parts
   local fs = crun.FSDP(model("float64", 1), {sharding_strategy = "FULL_SHARD"})
