@@ -182,6 +182,7 @@ describe("ZeroRedundancyOptimizer", function()
         assert.are.equal(string.format("EINVAL: ZeroRedundancyOptimizer:load_state_dict: the state of parameter 2 "
           .. "has no exp_avg (rank %d)", r), res.load_missing)
         assert.are.equal(0, res.load_missing_numel)
+        assert.are.equal(0, res.lr_change)
         assert.are.equal("EINVAL: bad argument #1 to 'ZeroRedundancyOptimizer' (parameter 3 is the same tensor as "
           .. "parameter 1: list each tensor once)", res.duplicate)
         if world == 1 then

@@ -126,6 +126,9 @@ function zero.new(a, optim_class, opts)
   self:_verify()
   local own_p, own_g = self:_own_lists()
   self.optim = optim_class(own_p, own_g, inner)
+  -- the wrapped optimizer's options, as a plain optimizer's: z.opts.lr = x
+  -- between steps changes the learning rate (crun's idiom, jobs/train.lua)
+  self.opts = self.optim.opts
   return self
 end
 
@@ -206,6 +209,7 @@ end
 -- consolidated state held here (it would be stale).
 function Z:step()
   self:_refresh()
+  self.optim.opts = self.opts -- (a table put in z.opts counts too)
   self.optim:step()
   self.consolidated = nil
   if self.world > 1 then self:_sync_params() end

@@ -197,6 +197,25 @@ if mode == "run" then
     res.load_missing = ok and "accepted" or tostring(err)
     res.load_missing_numel = z:state_numel()
   end
+  -- crun's learning-rate idiom, opt.opts.lr = x (jobs/train.lua), on ZeRO
+  -- as on the plain optimizer: same parameters after a change of lr
+  do
+    local a, b = model("float64", 1), model("float64", 1)
+    local pa, ga = a:parameters()
+    local pb, gb = b:parameters()
+    local plain = crun.optim.SGD(pa, ga, OPTS.sgd)
+    local z = crun.optim.ZeroRedundancyOptimizer({pb, gb}, crun.optim.SGD, OPTS.sgd)
+    local ok, err = pcall(function()
+      for s = 1, 3 do
+        for i, g in ipairs(ga) do g:copy(T.randn(g:size(), {seed = 100 * s + i, dtype = "float64"})) end
+        for i, g in ipairs(gb) do g:copy(ga[i]) end
+        plain.opts.lr, z.opts.lr = 0.1 / s, 0.1 / s
+        plain:step()
+        z:step()
+      end
+    end)
+    res.lr_change = ok and params_err(pa, pb) or tostring(err)
+  end
   -- a tensor listed twice (a plain optimizer steps it twice; ZeRO's owners once each)
   do
     local a, b = T.randn({4}, {seed = 3}), T.randn({3}, {seed = 4})
