@@ -140,6 +140,16 @@ describe("FSDP", function()
             world == 2 and "part" or "parts") .. post, p.missing, where)
           assert.are.equal(pre .. string.format("parts 1 and %d are both rank 0's", world) .. post, p.dup, where)
         end
+        -- the optimizer's state: another kind, another model's optimizer, a
+        -- part without it: refused on every rank, nothing loaded
+        local o = serialize.load(string.format("%s/parts.r%d.crun", dir, r)).optim
+        assert.are.same({pre .. "the checkpoint holds Adam state, the optimizer is SGD" .. post, true}, o.into_sgd, where)
+        assert.are.same({pre .. "the optimizer does not step this model's shards (build it from this FSDP model)"
+          .. post, true}, o.foreign, where)
+        if world > 1 then
+          assert.are.same({pre .. "rank 1's part has no optimizer state for unit 1, rank 0's has" .. post, true},
+            o.without, where)
+        end
         -- the caller's list is not reordered
         assert.are.equal(world - 1, serialize.load(string.format("%s/parts.r%d.crun", dir, r)).parts_order, where)
       end

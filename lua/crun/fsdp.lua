@@ -603,10 +603,10 @@ function FSDP:load_state_dict(sd)
   end
 end
 
---- sharded_state_dict([optim]) -> this rank's part: {world=, rank=, units =
--- {{numel=, shard=, optim={key=tensor|number}}}}; save one per rank.
+--- sharded_state_dict([optim]) -> this rank's part: {world=, rank=, optim_kind=,
+-- units = {{numel=, shard=, optim={key=tensor|number}}}}; save one per rank.
 function FSDP:sharded_state_dict(optim)
-  local sd = {world = self.world, rank = self.rank, units = {}}
+  local sd = {world = self.world, rank = self.rank, units = {}, optim_kind = optim and optim.kind}
   for k, u in ipairs(self.units) do
     local rec = {numel = u.numel, shard = u.shard:clone()}
     local st = optim and optim.state and optim.state[k]
@@ -646,42 +646,100 @@ local function by_rank(parts)
   return sorted
 end
 
+-- Unit k's record in every part (EMISMATCH when a part's differs in size).
+function FSDP:_unit_records(parts, k, u)
+  local recs = {}
+  for r, p in ipairs(parts) do
+    recs[r] = p.units[k]
+    if type(recs[r]) ~= "table" or recs[r].numel ~= u.numel then
+      O.fail("EMISMATCH: FSDP:load_sharded_state_dict on rank %d: unit %d holds %s elements in the checkpoint of "
+        .. "rank %d, %d here", self.rank, k, type(recs[r]) == "table" and tostring(recs[r].numel) or "no", r - 1, u.numel)
+    end
+  end
+  return recs
+end
+
+-- This rank's slice of unit u from the old ranks' slices get(rec), laid
+-- end to end (a new tensor).
+function FSDP:_reshard(u, recs, get)
+  local full = T().zeros({math.max(u.padded, u.numel, 1)}, u.dtype)
+  local off = 0
+  for _, rec in ipairs(recs) do
+    local t = get(rec)
+    local n = math.min(t:numel(), u.numel - off)
+    if n > 0 then full:narrow(1, off + 1, n):copy(t:narrow(1, 1, n)) end
+    off = off + t:numel()
+  end
+  if self.strategy == "NO_SHARD" then return full:narrow(1, 1, u.numel):clone() end
+  return full:narrow(1, u.shard_start + 1, u.shard_numel):clone()
+end
+
+-- EINVAL unless optim steps this model's shards and the checkpoint's
+-- optimizer state (if any) is of optim's kind.
+function FSDP:_check_optim(parts, optim)
+  local F = "EINVAL: FSDP:load_sharded_state_dict: "
+  if type(optim) ~= "table" or type(optim.params) ~= "table" or #optim.params ~= #self.units then
+    O.fail(F .. "the optimizer does not step this model's shards (build it from this FSDP model)")
+  end
+  for k, u in ipairs(self.units) do
+    if not rawequal(optim.params[k], u.shard) then
+      O.fail(F .. "the optimizer does not step this model's shards (build it from this FSDP model)")
+    end
+  end
+  local kind = parts[1].optim_kind
+  if kind ~= nil and kind ~= optim.kind then
+    O.fail(F .. "the checkpoint holds %s state, the optimizer is %s", tostring(kind), tostring(optim.kind))
+  end
+end
+
+-- Unit k's optimizer state for this rank from recs (nil when the checkpoint
+-- has none); EINVAL when some parts have it and others not.
+function FSDP:_unit_optim_state(u, k, recs)
+  local F = "EINVAL: FSDP:load_sharded_state_dict: "
+  for r = 2, #recs do
+    if (recs[r].optim == nil) ~= (recs[1].optim == nil) then
+      local has, lacks = recs[1].optim and 0 or r - 1, recs[1].optim and r - 1 or 0
+      O.fail(F .. "rank %d's part has no optimizer state for unit %d, rank %d's has", lacks, k, has)
+    end
+  end
+  if not recs[1].optim then return nil end
+  local is_tensor, st = require("crun.serialize").is_tensor, {}
+  for key, v in pairs(recs[1].optim) do
+    if is_tensor(v) then
+      for r = 2, #recs do
+        if not is_tensor(recs[r].optim[key]) then
+          O.fail(F .. "rank %d's part has no %s for unit %d, rank 0's has", r - 1, tostring(key), k)
+        end
+      end
+      st[key] = self:_reshard(u, recs, function(rec) return rec.optim[key] end)
+    else
+      st[key] = v
+    end
+  end
+  return st
+end
+
 --- load_sharded_state_dict(parts[, optim]): parts is the list of every old
 -- rank's sharded_state_dict (any world size); each rank takes its own
 -- slice of every unit's parameters (and of the optimizer state's tensors).
+-- Everything is checked first (the parts, the optimizer: it must step this
+-- model's shards and be of the checkpoint's kind); on an error nothing is
+-- loaded.
 function FSDP:load_sharded_state_dict(parts, optim)
   parts = by_rank(parts)
+  if optim ~= nil then self:_check_optim(parts, optim) end
+  local shards, state, any = {}, {}, false
   for k, u in ipairs(self.units) do
-    local recs = {}
-    for r, p in ipairs(parts) do
-      recs[r] = p.units[k]
-      if not recs[r] or recs[r].numel ~= u.numel then
-        O.fail("EMISMATCH: FSDP:load_sharded_state_dict on rank %d: unit %d holds %s elements in the checkpoint of "
-          .. "rank %d, %d here", self.rank, k, recs[r] and tostring(recs[r].numel) or "no", r - 1, u.numel)
-      end
-    end
-    local function reshard(get)
-      local full = T().zeros({math.max(u.padded, u.numel, 1)}, u.dtype)
-      local off = 0
-      for _, rec in ipairs(recs) do
-        local t = get(rec)
-        local n = math.min(t:numel(), u.numel - off)
-        if n > 0 then full:narrow(1, off + 1, n):copy(t:narrow(1, 1, n)) end
-        off = off + t:numel()
-      end
-      if self.strategy == "NO_SHARD" then return full:narrow(1, 1, u.numel):clone() end
-      return full:narrow(1, u.shard_start + 1, u.shard_numel):clone()
-    end
-    u.shard:copy(reshard(function(r) return r.shard end))
-    if optim and recs[1].optim then
-      local st = {}
-      for key, v in pairs(recs[1].optim) do
-        if type(v) == "userdata" then st[key] = reshard(function(r) return r.optim[key] end)
-        else st[key] = v end
-      end
-      optim.state[k] = st
+    local recs = self:_unit_records(parts, k, u)
+    shards[k] = self:_reshard(u, recs, function(rec) return rec.shard end)
+    if optim ~= nil then
+      state[k] = self:_unit_optim_state(u, k, recs)
+      any = any or state[k] ~= nil
     end
   end
+  -- the optimizer's own checks (required tensors, sizes, step) before any copy
+  if any then optim:load_state_dict({kind = optim.kind, state = state}) end
+  for k, u in ipairs(self.units) do u.shard:copy(shards[k]) end
 end
 
 function FSDP:__tostring()

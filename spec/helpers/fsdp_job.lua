@@ -235,6 +235,34 @@ elseif mode == "parts" then
   rec.parts = {own = attempt({all[rank + 1]}), reversed = attempt(reversed), missing = attempt(missing),
     dup = attempt(dup)}
   rec.parts_order = reversed[1].rank -- the caller's list is left as it was
+  -- the optimizer's part of the checkpoint: saved with Adam's state
+  local fopt = crun.optim.Adam(fs, OPTS.adam)
+  train(fs, fopt, "float64", 1, 1)
+  crun.save(string.format("%s/opart.r%d.crun", out, rank), fs:sharded_state_dict(fopt))
+  crun.dist.barrier()
+  local oall = {}
+  for k = 0, world - 1 do oall[k + 1] = crun.load(string.format("%s/opart.r%d.crun", out, k)) end
+  -- the error, and whether the model's shards were left as they were
+  local function refused(parts, make_opt)
+    local g = crun.FSDP(model("float64", 2), {sharding_strategy = "FULL_SHARD"})
+    local before = {}
+    for i, p in ipairs((g:parameters())) do before[i] = p:clone() end
+    local ok, e = pcall(g.load_sharded_state_dict, g, parts, make_opt(g))
+    local err = 0
+    for i, p in ipairs((g:parameters())) do err = math.max(err, util.max_rel_err(before[i], p)) end
+    return {ok and "loaded" or tostring(e), err == 0}
+  end
+  local without = {}
+  for k, p in ipairs(oall) do
+    without[k] = {world = p.world, rank = p.rank, optim_kind = p.optim_kind, units = {}}
+    for u, r in ipairs(p.units) do without[k].units[u] = {numel = r.numel, shard = r.shard, optim = k == 1 and r.optim or nil} end
+  end
+  local other = crun.FSDP(model("float64", 3), {sharding_strategy = "FULL_SHARD"})
+  rec.optim = {
+    into_sgd = refused(oall, function(g) return crun.optim.SGD(g, OPTS.sgd) end),
+    foreign = refused(oall, function() return crun.optim.Adam(other, OPTS.adam) end),
+    without = world > 1 and refused(without, function(g) return crun.optim.Adam(g, OPTS.adam) end) or nil,
+  }
 else
   -- resume at this world size the checkpoint saved at 4 ranks
   local parts = {}
