@@ -140,6 +140,8 @@ describe("FSDP", function()
             world == 2 and "part" or "parts") .. post, p.missing, where)
           assert.are.equal(pre .. string.format("parts 1 and %d are both rank 0's", world) .. post, p.dup, where)
         end
+        assert.are.equal(string.format("EMISMATCH: FSDP:load_sharded_state_dict: the parts hold %d of unit 1's 181 "
+          .. "elements (rank 0's shard has 1)", 1 + (world - 1) * ceil_div(181, world)) .. post, p.short, where)
         -- the optimizer's state: another kind, another model's optimizer, a
         -- part without it: refused on every rank, nothing loaded
         local o = serialize.load(string.format("%s/parts.r%d.crun", dir, r)).optim

@@ -659,16 +659,28 @@ function FSDP:_unit_records(parts, k, u)
   return recs
 end
 
--- This rank's slice of unit u from the old ranks' slices get(rec), laid
--- end to end (a new tensor).
-function FSDP:_reshard(u, recs, get)
+-- This rank's slice of unit u (the k-th) from the old ranks' slices
+-- get(rec), laid end to end (a new tensor). EMISMATCH when together they
+-- hold fewer than the unit's elements (the rest would be zeros), naming
+-- the first part shorter than its world's shard size; `what` names them.
+function FSDP:_reshard(u, k, recs, get, what)
   local full = T().zeros({math.max(u.padded, u.numel, 1)}, u.dtype)
-  local off = 0
-  for _, rec in ipairs(recs) do
+  local off, short = 0, nil
+  local is_tensor = require("crun.serialize").is_tensor
+  for r, rec in ipairs(recs) do
     local t = get(rec)
+    if not is_tensor(t) then
+      O.fail("EINVAL: FSDP:load_sharded_state_dict: rank %d's %s of unit %d is a %s, a tensor is expected", r - 1,
+        what, k, type(t))
+    end
     local n = math.min(t:numel(), u.numel - off)
     if n > 0 then full:narrow(1, off + 1, n):copy(t:narrow(1, 1, n)) end
+    if not short and t:numel() < select(3, core().fsdp_shard_range(u.numel, #recs, r - 1)) then short = r end
     off = off + t:numel()
+  end
+  if off < u.numel then
+    O.fail("EMISMATCH: FSDP:load_sharded_state_dict: the parts hold %d of unit %d's %d elements (rank %d's %s has %d)",
+      off, k, u.numel, (short or 1) - 1, what, get(recs[short or 1]):numel())
   end
   if self.strategy == "NO_SHARD" then return full:narrow(1, 1, u.numel):clone() end
   return full:narrow(1, u.shard_start + 1, u.shard_numel):clone()
@@ -711,7 +723,7 @@ function FSDP:_unit_optim_state(u, k, recs)
           O.fail(F .. "rank %d's part has no %s for unit %d, rank 0's has", r - 1, tostring(key), k)
         end
       end
-      st[key] = self:_reshard(u, recs, function(rec) return rec.optim[key] end)
+      st[key] = self:_reshard(u, k, recs, function(rec) return rec.optim[key] end, tostring(key))
     else
       st[key] = v
     end
@@ -731,7 +743,7 @@ function FSDP:load_sharded_state_dict(parts, optim)
   local shards, state, any = {}, {}, false
   for k, u in ipairs(self.units) do
     local recs = self:_unit_records(parts, k, u)
-    shards[k] = self:_reshard(u, recs, function(rec) return rec.shard end)
+    shards[k] = self:_reshard(u, k, recs, function(rec) return rec.shard end, "shard")
     if optim ~= nil then
       state[k] = self:_unit_optim_state(u, k, recs)
       any = any or state[k] ~= nil

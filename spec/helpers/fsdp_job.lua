@@ -235,6 +235,13 @@ elseif mode == "parts" then
   rec.parts = {own = attempt({all[rank + 1]}), reversed = attempt(reversed), missing = attempt(missing),
     dup = attempt(dup)}
   rec.parts_order = reversed[1].rank -- the caller's list is left as it was
+  -- a part whose shard is cut short (one element): zero-filled before
+  local short = {}
+  for k, p in ipairs(all) do
+    short[k] = {world = p.world, rank = p.rank, units = {{numel = p.units[1].numel,
+      shard = k == 1 and p.units[1].shard:narrow(1, 1, 1):clone() or p.units[1].shard}}}
+  end
+  rec.parts.short = attempt(short)
   -- the optimizer's part of the checkpoint: saved with Adam's state
   local fopt = crun.optim.Adam(fs, OPTS.adam)
   train(fs, fopt, "float64", 1, 1)
