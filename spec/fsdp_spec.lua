@@ -90,6 +90,8 @@ describe("FSDP", function()
           .. "it returned, not from the module it wraps" .. suffix
         assert.are.same({"EINVAL: SGD" .. why, "EINVAL: Adam" .. why, "EINVAL: ZeroRedundancyOptimizer" .. why},
           rec.inner_opt)
+        assert.are.equal("EINVAL: bad argument #1 to 'ZeroRedundancyOptimizer' (an FSDP model: its parameters are "
+          .. "already this rank's shards, step them with a plain crun.optim optimizer)" .. suffix, rec.zero_over_fsdp)
         if world == 1 then
           assert.are.equal("accepted", rec.mismatch)
         else

@@ -74,6 +74,11 @@ end
 -- A function returning the current (params, grads) lists of `a`: a module
 -- or DDP model (its gradients may be swapped for bucket views), or {params, grads}.
 local function source_of(a)
+  if type(a) == "table" and getmetatable(a) == require("crun.fsdp").FSDPClass then
+    -- its shards differ per rank: broadcasting an owner's over them is wrong
+    O.fail("EINVAL: bad argument #1 to 'ZeroRedundancyOptimizer' (an FSDP model: its parameters are already this "
+      .. "rank's shards, step them with a plain crun.optim optimizer)")
+  end
   if type(a) == "table" and type(a.parameters) == "function" then
     require("crun.optim").check_not_sharded("ZeroRedundancyOptimizer", a)
     return function() return a:parameters() end

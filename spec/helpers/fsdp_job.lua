@@ -150,6 +150,13 @@ if mode == "run" then
       rec.inner_opt[i] = ok and "accepted" or tostring(e)
     end
   end
+  -- ZeRO over an FSDP model broadcast each owner's shard over the other
+  -- ranks' different shards
+  do
+    local fsm = crun.FSDP(model("float64", 1))
+    ok, e = pcall(crun.optim.ZeroRedundancyOptimizer, fsm, crun.optim.SGD, {lr = 0.1})
+    rec.zero_over_fsdp = ok and "accepted" or tostring(e)
+  end
   -- a model that differs on the last rank but has as many elements: it used
   -- to be wrapped, rank 0's values poured into the other shapes
   local last = world > 1 and rank == world - 1
