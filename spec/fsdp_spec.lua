@@ -92,6 +92,10 @@ describe("FSDP", function()
           rec.inner_opt)
         assert.are.equal("EINVAL: bad argument #1 to 'ZeroRedundancyOptimizer' (an FSDP model: its parameters are "
           .. "already this rank's shards, step them with a plain crun.optim optimizer)" .. suffix, rec.zero_over_fsdp)
+        assert.are.same({"EINVAL: DDP: an FSDP model is already data parallel (it averages its gradients itself)" .. suffix,
+          "EINVAL: DDP: the module's parameters are sharded by crun.FSDP: train the FSDP model it returned, not the "
+          .. "module it wraps" .. suffix,
+          "EINVAL: FSDP: the module's parameters are sharded by crun.FSDP: wrap a module once" .. suffix}, rec.rewrap)
         if world == 1 then
           assert.are.equal("accepted", rec.mismatch)
         else

@@ -164,6 +164,9 @@ function M.FSDP(module, opts)
   if type(module) ~= "table" or type(module.leaves) ~= "function" then
     O.fail("EINVAL: FSDP: a crun.nn module is expected, got %s", type(module))
   end
+  if rawget(module, "_sharded_by") then
+    O.fail("EINVAL: FSDP: the module's parameters are sharded by %s: wrap a module once", module._sharded_by)
+  end
   local d = dist()
   if not d.is_initialized() then O.fail("ESTATE: FSDP needs a process group: call crun.dist.init_process_group() first") end
   local strategy, min_params, mp = check_options(opts)

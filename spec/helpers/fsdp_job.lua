@@ -149,6 +149,14 @@ if mode == "run" then
       ok, e = pcall(f)
       rec.inner_opt[i] = ok and "accepted" or tostring(e)
     end
+    -- wrapped again: DDP over the FSDP model (a raw error), DDP or FSDP over
+    -- the module it wraps (empty parameters: training through them did nothing)
+    rec.rewrap = {}
+    for i, f in ipairs{function() return crun.DDP(crun.FSDP(model("float64", 1))) end,
+                       function() return crun.DDP(inner) end, function() return crun.FSDP(inner) end} do
+      ok, e = pcall(f)
+      rec.rewrap[i] = ok and "accepted" or tostring(e)
+    end
   end
   -- ZeRO over an FSDP model broadcast each owner's shard over the other
   -- ranks' different shards
