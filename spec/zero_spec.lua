@@ -174,6 +174,11 @@ describe("ZeroRedundancyOptimizer", function()
             if r == 2 then
               assert.are.equal(6, rec.consolidated_entries, where)
               assert.is_true(rec.consolidated_err <= 1e-12, where)
+            else
+              -- on a sub-group a message names the group rank and the global one
+              assert.are.equal(string.format("ESTATE: ZeroRedundancyOptimizer:state_dict on group rank %d (rank %d): "
+                .. "no consolidated state here; call consolidate_state_dict(to) on every rank (to = %d) after the "
+                .. "last step", r - 1, r, r - 1), rec.state_dict_elsewhere, where)
             end
           end
         else

@@ -144,8 +144,8 @@ function Z:_partition()
     numels[i] = p:numel()
     keys[i] = DTYPE_KEY[p:dtype()]
     if not keys[i] then
-      error(string.format("EINVAL: ZeroRedundancyOptimizer on rank %d: parameter %d has dtype %s "
-        .. "(float32, float64, float16 or bfloat16 expected)", self.rank, i, p:dtype()), 0)
+      error(string.format("EINVAL: ZeroRedundancyOptimizer on %s: parameter %d has dtype %s "
+        .. "(float32, float64, float16 or bfloat16 expected)", self:_rk(self.rank), i, p:dtype()), 0)
     end
   end
   self.owner, self.offset, self.rank_numel, self.bucket_numel = zero.partition(numels, self.world, keys, 4)
@@ -170,9 +170,9 @@ function Z:_verify()
   for r = 2, #all do
     for i = 1, math.max(#all[1], #all[r]) do
       if all[1][i] ~= all[r][i] then
-        error(string.format("EMISMATCH: ZeroRedundancyOptimizer on rank %d: parameter %d is %s on rank %d "
-          .. "but %s on rank 0 (every rank must pass the same model)", self.rank, i,
-          tostring(all[r][i] or "missing"), r - 1, tostring(all[1][i] or "missing")), 0)
+        error(string.format("EMISMATCH: ZeroRedundancyOptimizer on %s: parameter %d is %s on %s "
+          .. "but %s on %s (every rank must pass the same model)", self:_rk(self.rank), i,
+          tostring(all[r][i] or "missing"), self:_rk(r - 1), tostring(all[1][i] or "missing"), self:_rk(0)), 0)
       end
     end
   end
@@ -190,11 +190,18 @@ end
 function Z:_refresh()
   local params, grads = self.source()
   if #params ~= #self.params then
-    error(string.format("ESTATE: ZeroRedundancyOptimizer on rank %d: the model now has %d parameters, "
-      .. "%d when it was wrapped", self.rank, #params, #self.params), 0)
+    error(string.format("ESTATE: ZeroRedundancyOptimizer on %s: the model now has %d parameters, "
+      .. "%d when it was wrapped", self:_rk(self.rank), #params, #self.params), 0)
   end
   self.params, self.grads = params, grads
   self.optim.params, self.optim.grads = self:_own_lists()
+end
+
+-- "rank r" in messages; on a group other than the world, "group rank r
+-- (rank g)" with g the global rank, so that no message is ambiguous.
+function Z:_rk(r)
+  if not self.group then return "rank " .. r end
+  return string.format("group rank %d (rank %d)", r, self:_global(r))
 end
 
 -- Global rank of group rank r (broadcast/send/recv take global ranks).
@@ -328,9 +335,9 @@ end
 function Z:_same_to(all)
   for r = 2, #all do
     if all[r].to ~= all[1].to then
-      error(string.format("EMISMATCH: ZeroRedundancyOptimizer:consolidate_state_dict on rank %d: rank %d names group "
-        .. "rank %d as the destination, rank 0 names %d (every rank must pass the same to)", self.rank, r - 1,
-        all[r].to, all[1].to), 0)
+      error(string.format("EMISMATCH: ZeroRedundancyOptimizer:consolidate_state_dict on %s: %s names group "
+        .. "rank %d as the destination, %s names %d (every rank must pass the same to)", self:_rk(self.rank),
+        self:_rk(r - 1), all[r].to, self:_rk(0), all[1].to), 0)
     end
   end
 end
@@ -364,8 +371,9 @@ function Z:_local_index(gi) return self.local_of[gi] end
 -- last consolidate_state_dict(to) sent it to, and only until the next step.
 function Z:state_dict()
   if not self.consolidated then
-    error(string.format("ESTATE: ZeroRedundancyOptimizer:state_dict on rank %d: no consolidated state here; "
-      .. "call consolidate_state_dict(to) on every rank (to = %d) after the last step", self.rank, self.rank), 0)
+    error(string.format("ESTATE: ZeroRedundancyOptimizer:state_dict on %s: no consolidated state here; "
+      .. "call consolidate_state_dict(to) on every rank (to = %d) after the last step", self:_rk(self.rank),
+      self.rank), 0)
   end
   return self.consolidated
 end
@@ -376,18 +384,18 @@ end
 -- Every rank checks every entry: a bad one is EINVAL on all ranks, nothing loaded.
 function Z:load_state_dict(sd)
   if type(sd) ~= "table" or type(sd.state) ~= "table" or sd.kind ~= self.optim.kind then
-    error(string.format("EINVAL: ZeroRedundancyOptimizer:load_state_dict on rank %d: expected a %s state, got %s",
-      self.rank, tostring(self.optim.kind), type(sd) == "table" and tostring(sd.kind) or type(sd)), 0)
+    error(string.format("EINVAL: ZeroRedundancyOptimizer:load_state_dict on %s: expected a %s state, got %s",
+      self:_rk(self.rank), tostring(self.optim.kind), type(sd) == "table" and tostring(sd.kind) or type(sd)), 0)
   end
   for gi, s in pairs(sd.state) do
     if math.type(gi) ~= "integer" or gi < 1 or gi > #self.params or type(s) ~= "table" then
-      error(string.format("EINVAL: ZeroRedundancyOptimizer:load_state_dict on rank %d: state for parameter %s "
-        .. "(a %s), the model has %d", self.rank, tostring(gi), type(s), #self.params), 0)
+      error(string.format("EINVAL: ZeroRedundancyOptimizer:load_state_dict on %s: state for parameter %s "
+        .. "(a %s), the model has %d", self:_rk(self.rank), tostring(gi), type(s), #self.params), 0)
     end
     for k, v in pairs(s) do
       if type(v) == "userdata" and v:numel() ~= self.params[gi]:numel() then
-        error(string.format("EINVAL: ZeroRedundancyOptimizer:load_state_dict on rank %d: %s of parameter %d "
-          .. "has %d elements, the parameter %d", self.rank, k, gi, v:numel(), self.params[gi]:numel()), 0)
+        error(string.format("EINVAL: ZeroRedundancyOptimizer:load_state_dict on %s: %s of parameter %d "
+          .. "has %d elements, the parameter %d", self:_rk(self.rank), k, gi, v:numel(), self.params[gi]:numel()), 0)
       end
     end
   end

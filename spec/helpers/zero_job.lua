@@ -169,6 +169,9 @@ if mode == "run" then
         z.opt:consolidate_state_dict(1)
         if rank == 2 then
           rec.consolidated_err, rec.consolidated_entries = state_err(z.opt:state_dict().state, ref.opt:state_dict().state)
+        else
+          local ok, err = pcall(z.opt.state_dict, z.opt)
+          rec.state_dict_elsewhere = ok and "returned" or tostring(err)
         end
         res.group = res.group or {}
         res.group[c.name] = rec
