@@ -78,7 +78,8 @@ describe("FSDP", function()
         assert.matches("^EINVAL: FSDP: sharding_strategy must be", rec.bad_strategy)
         assert.matches("^ENOTSUP: FSDP: mixed_precision param_dtype = float16", rec.half)
         assert.are.equal(string.format("ENOTSUP: FSDP: mixed_precision param_dtype = float32 but unit 1's parameters "
-          .. "are float64: crun computes in the parameters' dtype (convert the module instead) (rank %d)", r), rec.param32)
+          .. "are float64: crun computes in the parameters' dtype (convert the module instead) (rank %d)", r),
+          rec.param32)
         assert.are.equal("accepted", rec.param64)
         local suffix = string.format(" (rank %d)", r)
         assert.are.same({"EINVAL: FSDP: auto_wrap must be {min_params = N} with N >= 1, got min_params = " .. (0 / 0)
@@ -92,7 +93,8 @@ describe("FSDP", function()
           rec.inner_opt)
         assert.are.equal("EINVAL: bad argument #1 to 'ZeroRedundancyOptimizer' (an FSDP model: its parameters are "
           .. "already this rank's shards, step them with a plain crun.optim optimizer)" .. suffix, rec.zero_over_fsdp)
-        assert.are.same({"EINVAL: DDP: an FSDP model is already data parallel (it averages its gradients itself)" .. suffix,
+        assert.are.same({"EINVAL: DDP: an FSDP model is already data parallel (it averages its gradients itself)"
+          .. suffix,
           "EINVAL: DDP: the module's parameters are sharded by crun.FSDP: train the FSDP model it returned, not the "
           .. "module it wraps" .. suffix,
           "EINVAL: FSDP: the module's parameters are sharded by crun.FSDP: wrap a module once" .. suffix}, rec.rewrap)
@@ -100,7 +102,8 @@ describe("FSDP", function()
           assert.are.equal("accepted", rec.mismatch)
         else
           assert.are.equal(string.format("EMISMATCH: FSDP: parameter 1 is float32[6x2] (unit 1) on rank %d but "
-            .. "float32[3x5] (unit 1) on rank 0 (every rank must wrap the same model, with the same auto_wrap) (rank %d)", world - 1, r), rec.mismatch)
+            .. "float32[3x5] (unit 1) on rank 0 (every rank must wrap the same model, with the same auto_wrap) "
+            .. "(rank %d)", world - 1, r), rec.mismatch)
         end
         assert.is_true(rec.usable_after)
       end
@@ -151,7 +154,8 @@ describe("FSDP", function()
         -- the optimizer's state: another kind, another model's optimizer, a
         -- part without it: refused on every rank, nothing loaded
         local o = serialize.load(string.format("%s/parts.r%d.crun", dir, r)).optim
-        assert.are.same({pre .. "the checkpoint holds Adam state, the optimizer is SGD" .. post, true}, o.into_sgd, where)
+        assert.are.same({pre .. "the checkpoint holds Adam state, the optimizer is SGD" .. post, true}, o.into_sgd,
+          where)
         assert.are.same({pre .. "the optimizer does not step this model's shards (build it from this FSDP model)"
           .. post, true}, o.foreign, where)
         if world > 1 then
@@ -192,7 +196,8 @@ describe("FSDP", function()
           .. "or the 6 parameters, got 8 (rank %d)", r), rec.bad_count, where)
         if r == 0 then
           assert.is_true(type(rec.load_err) == "number" and rec.load_err <= 1e-12, tostring(rec.load_err))
-          assert.is_true(type(rec.unchanged_err) == "number" and rec.unchanged_err <= 1e-12, tostring(rec.unchanged_err))
+          assert.is_true(type(rec.unchanged_err) == "number" and rec.unchanged_err <= 1e-12,
+            tostring(rec.unchanged_err))
         end
       end
     end)

@@ -140,7 +140,8 @@ local function check_options(opts)
   end
   local mp = opts.mixed_precision or {}
   if type(mp) ~= "table" then
-    O.fail("EINVAL: FSDP: mixed_precision must be a table {reduce_dtype=, param_dtype=, buffer_dtype=}, got %s", type(mp))
+    O.fail("EINVAL: FSDP: mixed_precision must be a table {reduce_dtype=, param_dtype=, buffer_dtype=}, got %s",
+      type(mp))
   end
   for k, v in pairs(mp) do
     if k ~= "param_dtype" and k ~= "reduce_dtype" and k ~= "buffer_dtype" then
@@ -173,7 +174,8 @@ function M.FSDP(module, opts)
   check_buffer_dtype(mp, module)
   local self = setmetatable({module = module, group = opts.group, strategy = strategy,
     reduce_dtype = mp.reduce_dtype, prefetch_fwd = O.bool("FSDP", "forward_prefetch", opts.forward_prefetch, true),
-    prefetch_bwd = O.bool("FSDP", "backward_prefetch", opts.backward_prefetch, true), stats = {gathers = 0, reduces = 0, peak_full_bytes = 0},
+    prefetch_bwd = O.bool("FSDP", "backward_prefetch", opts.backward_prefetch, true),
+    stats = {gathers = 0, reduces = 0, peak_full_bytes = 0},
     pool = {}, held = 0}, FSDP)
   self.copts = self.group and {group = self.group} or nil
   self.world, self.rank = d.get_world_size(self.group), d.get_rank(self.group)
@@ -656,7 +658,8 @@ function FSDP:_unit_records(parts, k, u)
     recs[r] = p.units[k]
     if type(recs[r]) ~= "table" or recs[r].numel ~= u.numel then
       O.fail("EMISMATCH: FSDP:load_sharded_state_dict on rank %d: unit %d holds %s elements in the checkpoint of "
-        .. "rank %d, %d here", self.rank, k, type(recs[r]) == "table" and tostring(recs[r].numel) or "no", r - 1, u.numel)
+        .. "rank %d, %d here", self.rank, k, type(recs[r]) == "table" and tostring(recs[r].numel) or "no", r - 1,
+        u.numel)
     end
   end
   return recs

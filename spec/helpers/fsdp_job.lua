@@ -277,7 +277,9 @@ elseif mode == "parts" then
   local without = {}
   for k, p in ipairs(oall) do
     without[k] = {world = p.world, rank = p.rank, optim_kind = p.optim_kind, units = {}}
-    for u, r in ipairs(p.units) do without[k].units[u] = {numel = r.numel, shard = r.shard, optim = k == 1 and r.optim or nil} end
+    for u, r in ipairs(p.units) do
+      without[k].units[u] = {numel = r.numel, shard = r.shard, optim = k == 1 and r.optim or nil}
+    end
   end
   local other = crun.FSDP(model("float64", 3), {sharding_strategy = "FULL_SHARD"})
   rec.optim = {
