@@ -151,6 +151,8 @@ describe("FSDP", function()
         end
         assert.are.equal(string.format("EMISMATCH: FSDP:load_sharded_state_dict: the parts hold %d of unit 1's 181 "
           .. "elements (rank 0's shard has 1)", 1 + (world - 1) * ceil_div(181, world)) .. post, p.short, where)
+        assert.are.equal("EMISMATCH: FSDP:load_sharded_state_dict: the checkpoint holds 2 units (rank 0's part), "
+          .. "this model 1" .. post, p.extra, where)
         -- the optimizer's state: another kind, another model's optimizer, a
         -- part without it: refused on every rank, nothing loaded
         local o = serialize.load(string.format("%s/parts.r%d.crun", dir, r)).optim

@@ -745,6 +745,12 @@ end
 -- loaded.
 function FSDP:load_sharded_state_dict(parts, optim)
   parts = by_rank(parts)
+  for r, p in ipairs(parts) do -- (a unit more or less: a checkpoint of another model)
+    if #p.units ~= #self.units then
+      O.fail("EMISMATCH: FSDP:load_sharded_state_dict: the checkpoint holds %d units (rank %d's part), this model %d",
+        #p.units, r - 1, #self.units)
+    end
+  end
   if optim ~= nil then self:_check_optim(parts, optim) end
   local shards, state, any = {}, {}, false
   for k, u in ipairs(self.units) do

@@ -257,6 +257,12 @@ elseif mode == "parts" then
       shard = k == 1 and p.units[1].shard:narrow(1, 1, 1):clone() or p.units[1].shard}}}
   end
   rec.parts.short = attempt(short)
+  -- a checkpoint with one unit more than this model (its first unit fits)
+  local extra = {}
+  for k, p in ipairs(all) do
+    extra[k] = {world = p.world, rank = p.rank, units = {p.units[1], {numel = 4, shard = T.zeros({4}, "float64")}}}
+  end
+  rec.parts.extra = attempt(extra)
   -- the optimizer's part of the checkpoint: saved with Adam's state
   local fopt = crun.optim.Adam(fs, OPTS.adam)
   train(fs, fopt, "float64", 1, 1)
