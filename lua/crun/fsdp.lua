@@ -208,6 +208,13 @@ function M.FSDP(module, opts)
   return self
 end
 
+-- "rank r" in messages; on a group other than the world, "group rank r
+-- (rank g)" with g the global rank.
+function FSDP:_rk(r)
+  if not self.group then return "rank " .. r end
+  return string.format("group rank %d (rank %d)", r, dist().get_global_rank(self.group, r))
+end
+
 -- Every rank must wrap the same parameter shapes into the same units (else
 -- rank 0's values would be poured into other shapes, or the collectives
 -- would not pair up): one all_gather_object of the layout, the first
@@ -225,8 +232,9 @@ function FSDP:_verify()
   for r = 2, #all do
     for i = 1, math.max(#all[1], #all[r]) do
       if all[1][i] ~= all[r][i] then
-        O.fail("EMISMATCH: FSDP: parameter %d is %s on rank %d but %s on rank 0 (every rank must wrap the same "
-          .. "model, with the same auto_wrap)", i, all[r][i] or "missing", r - 1, all[1][i] or "missing")
+        O.fail("EMISMATCH: FSDP: parameter %d is %s on %s but %s on %s (every rank must wrap the same "
+          .. "model, with the same auto_wrap)", i, all[r][i] or "missing", self:_rk(r - 1), all[1][i] or "missing",
+          self:_rk(0))
       end
     end
   end

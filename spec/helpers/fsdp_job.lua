@@ -172,6 +172,17 @@ if mode == "run" then
   ok, e = pcall(crun.FSDP, nn.Sequential(last and nn.Linear(2, 6) or nn.Linear(5, 3)))
   rec.mismatch = ok and "accepted" or tostring(e)
   rec.usable_after = pcall(crun.dist.barrier)
+  -- the same on the group of ranks 1..world-1: the message names group and global ranks
+  if world >= 3 then
+    local members = {}
+    for r = 1, world - 1 do members[#members + 1] = r end
+    local g = crun.dist.new_group(members)
+    if rank >= 1 then
+      nn.manual_seed(1)
+      ok, e = pcall(crun.FSDP, nn.Sequential(last and nn.Linear(2, 6) or nn.Linear(5, 3)), {group = g})
+      rec.group_mismatch = ok and "accepted" or tostring(e)
+    end
+  end
 elseif mode == "bn" then
   -- a model with buffers (BatchNorm's running statistics), the same batch on
   -- every rank: FSDP's full state_dict must equal the plain module's, the
