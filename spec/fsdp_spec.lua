@@ -77,6 +77,40 @@ describe("FSDP", function()
         end
         assert.matches("^EINVAL: FSDP: sharding_strategy must be", rec.bad_strategy)
         assert.matches("^ENOTSUP: FSDP: mixed_precision param_dtype = float16", rec.half)
+        assert.are.equal(string.format("ENOTSUP: FSDP: mixed_precision param_dtype = float32 but unit 1's parameters "
+          .. "are float64: crun computes in the parameters' dtype (convert the module instead) (rank %d)", r),
+          rec.param32)
+        assert.are.equal("accepted", rec.param64)
+        local suffix = string.format(" (rank %d)", r)
+        assert.are.same({"EINVAL: FSDP: auto_wrap must be {min_params = N} with N >= 1, got min_params = " .. (0 / 0)
+          .. suffix, "EINVAL: FSDP: forward_prefetch must be true or false, got no" .. suffix,
+          "EINVAL: FSDP: backward_prefetch must be true or false, got 0" .. suffix,
+          "EINVAL: FSDP: mixed_precision must be a table {reduce_dtype=, param_dtype=, buffer_dtype=}, got string"
+          .. suffix}, rec.bad_opts)
+        local why = ": the module's parameters are sharded by crun.FSDP: build the optimizer from the FSDP model "
+          .. "it returned, not from the module it wraps" .. suffix
+        assert.are.same({"EINVAL: SGD" .. why, "EINVAL: Adam" .. why, "EINVAL: ZeroRedundancyOptimizer" .. why},
+          rec.inner_opt)
+        assert.are.equal("EINVAL: bad argument #1 to 'ZeroRedundancyOptimizer' (an FSDP model: its parameters are "
+          .. "already this rank's shards, step them with a plain crun.optim optimizer)" .. suffix, rec.zero_over_fsdp)
+        assert.are.same({"EINVAL: DDP: an FSDP model is already data parallel (it averages its gradients itself)"
+          .. suffix,
+          "EINVAL: DDP: the module's parameters are sharded by crun.FSDP: train the FSDP model it returned, not the "
+          .. "module it wraps" .. suffix,
+          "EINVAL: FSDP: the module's parameters are sharded by crun.FSDP: wrap a module once" .. suffix}, rec.rewrap)
+        if world == 1 then
+          assert.are.equal("accepted", rec.mismatch)
+        else
+          assert.are.equal(string.format("EMISMATCH: FSDP: parameter 1 is float32[6x2] (unit 1) on rank %d but "
+            .. "float32[3x5] (unit 1) on rank 0 (every rank must wrap the same model, with the same auto_wrap) "
+            .. "(rank %d)", world - 1, r), rec.mismatch)
+        end
+        assert.is_true(rec.usable_after)
+        if world >= 3 and r >= 1 then
+          assert.are.equal(string.format("EMISMATCH: FSDP: parameter 1 is float32[6x2] (unit 1) on group rank %d "
+            .. "(rank %d) but float32[3x5] (unit 1) on group rank 0 (rank 1) (every rank must wrap the same model, "
+            .. "with the same auto_wrap) (rank %d)", world - 2, world - 1, r), rec.group_mismatch, "rank " .. r)
+        end
       end
     end)
   end
@@ -90,6 +124,88 @@ describe("FSDP", function()
       assert.are.equal(STEPS, rec.steps_in_state)
       if world == 4 then
         assert.is_true(rec.after_err <= 1e-12, "two more steps differ from DDP's by " .. rec.after_err)
+      end
+    end)
+  end
+
+  -- each rank passing its own part only (or a list with a part missing or
+  -- doubled) loaded the wrong slices without a word: every rank must get
+  -- every old rank's part, and EINVAL says which is missing
+  for world = 1, 4 do
+    it(string.format("load_sharded_state_dict checks it has every rank's part, on %d rank(s)", world), function()
+      if not have then pending("crun-lua not built") return end
+      assert(os.execute("mkdir -p " .. dir))
+      run_job(world, dir, "parts")
+      for r = 0, world - 1 do
+        local p = serialize.load(string.format("%s/parts.r%d.crun", dir, r)).parts
+        local where = string.format("%d ranks, rank %d", world, r)
+        assert.are.equal("loaded 0", p.reversed, where)
+        local pre, post = "EINVAL: FSDP:load_sharded_state_dict: ", string.format(" (rank %d)", r)
+        if world == 1 then
+          assert.are.equal("loaded 0", p.own, where)
+          assert.are.equal(pre .. "a list of every rank's sharded_state_dict is expected" .. post, p.missing, where)
+          assert.are.equal("loaded 0", p.dup, where)
+        else
+          local want = r == 0 and 1 or 0
+          assert.are.equal(pre .. string.format("rank %d's part is missing (the checkpoint was saved at %d ranks, "
+            .. "1 part given: pass every rank's sharded_state_dict)", want, world) .. post, p.own, where)
+          assert.are.equal(pre .. string.format("rank %d's part is missing (the checkpoint was saved at %d ranks, "
+            .. "%d %s given: pass every rank's sharded_state_dict)", world - 1, world, world - 1,
+            world == 2 and "part" or "parts") .. post, p.missing, where)
+          assert.are.equal(pre .. string.format("parts 1 and %d are both rank 0's", world) .. post, p.dup, where)
+        end
+        assert.are.equal(string.format("EMISMATCH: FSDP:load_sharded_state_dict: the parts hold %d of unit 1's 181 "
+          .. "elements (rank 0's shard has 1)", 1 + (world - 1) * ceil_div(181, world)) .. post, p.short, where)
+        assert.are.equal("EMISMATCH: FSDP:load_sharded_state_dict: the checkpoint holds 2 units (rank 0's part), "
+          .. "this model 1" .. post, p.extra, where)
+        -- the optimizer's state: another kind, another model's optimizer, a
+        -- part without it: refused on every rank, nothing loaded
+        local o = serialize.load(string.format("%s/parts.r%d.crun", dir, r)).optim
+        assert.are.same({pre .. "the checkpoint holds Adam state, the optimizer is SGD" .. post, true}, o.into_sgd,
+          where)
+        assert.are.same({pre .. "the optimizer does not step this model's shards (build it from this FSDP model)"
+          .. post, true}, o.foreign, where)
+        if world > 1 then
+          assert.are.same({pre .. "rank 1's part has no optimizer state for unit 1, rank 0's has" .. post, true},
+            o.without, where)
+        end
+        -- the caller's list is not reordered
+        assert.are.equal(world - 1, serialize.load(string.format("%s/parts.r%d.crun", dir, r)).parts_order, where)
+      end
+    end)
+  end
+
+  -- a model with BatchNorm: the full state_dict left the buffers out
+  for _, world in ipairs{1, 3} do
+    it(string.format("state_dict holds the buffers too, as the module's does, on %d rank(s)", world), function()
+      if not have then pending("crun-lua not built") return end
+      assert(os.execute("mkdir -p " .. dir))
+      run_job(world, dir, "bn")
+      local rec = serialize.load(dir .. "/bn.r0.crun").bn
+      assert.is_true(type(rec.state_err) == "number" and rec.state_err <= 1e-12, tostring(rec.state_err))
+    end)
+  end
+
+  -- FSDP had no load_state_dict: torch's model.load_state_dict(full) was
+  -- a raw 'attempt to call a nil value'
+  for _, world in ipairs{1, 3} do
+    it(string.format("load_state_dict takes the full state_dict back on every rank, on %d rank(s)", world), function()
+      if not have then pending("crun-lua not built") return end
+      assert(os.execute("mkdir -p " .. dir))
+      run_job(world, dir, "bn")
+      for r = 0, world - 1 do
+        local rec = serialize.load(string.format("%s/bn.r%d.crun", dir, r)).bn
+        local where = string.format("%d ranks, rank %d", world, r)
+        assert.are.equal("loaded", rec.load, where)
+        assert.are.equal(string.format("EINVAL: FSDP:load_state_dict: tensor 1 has shape 7x6, the model's has 6x7 "
+          .. "(rank %d)", r), rec.bad_shape, where)
+        assert.are.equal(string.format("EINVAL: FSDP:load_state_dict: expected 9 tensors (6 parameters, 3 buffers) "
+          .. "or the 6 parameters, got 8 (rank %d)", r), rec.bad_count, where)
+        if r == 0 then
+          assert.is_true(type(rec.load_err) == "number" and rec.load_err <= 1e-12, tostring(rec.load_err))
+          assert.is_true(type(rec.unchanged_err) == "number" and rec.unchanged_err <= 1e-12,
+            tostring(rec.unchanged_err))
+        end
       end
     end)
   end

@@ -102,6 +102,18 @@ describe("ZeroRedundancyOptimizer", function()
     ok, err = pcall(Z, {p, g}, crun.optim.SGD, {lr = 0.1, momentum = 0.9, process_group = nil,
       parameters_as_bucket_view = true})
     assert.is_truthy(tostring(err):match("^ESTATE: ZeroRedundancyOptimizer needs a process group"), err)
+    -- a tensor listed twice: a plain optimizer steps it twice, ZeRO's two
+    -- owners each once and the later broadcast won (a silent difference)
+    local q, gq = T.randn({2}), T.zeros({2})
+    ok, err = pcall(Z, {{p[1], q, p[1]}, {g[1], gq, g[1]}}, crun.optim.SGD, {lr = 0.1})
+    assert.are.equal("EINVAL: bad argument #1 to 'ZeroRedundancyOptimizer' (parameter 3 is the same tensor as "
+      .. "parameter 1: list each tensor once)", err)
+    -- a non-boolean parameters_as_bucket_view ("yes", 1) was taken as false
+    for _, v in ipairs{"yes", 1} do
+      ok, err = pcall(Z, {p, g}, crun.optim.SGD, {lr = 0.1, parameters_as_bucket_view = v})
+      assert.are.equal("EINVAL: ZeroRedundancyOptimizer: parameters_as_bucket_view must be true or false, got "
+        .. tostring(v), err)
+    end
     -- the optimizers themselves check their keys too
     ok, err = pcall(crun.optim.SGD, p, g, {lr = 0.1, betas = {0.9, 0.9}})
     assert.is_truthy(tostring(err):match("^EINVAL: SGD: unknown option 'betas'"), err)
@@ -117,6 +129,22 @@ describe("ZeroRedundancyOptimizer", function()
       ok, err = pcall(c[1])
       assert.is_false(ok)
       assert.is_truthy(tostring(err):match(c[2]), err)
+    end
+  end)
+
+  -- with parameters_as_bucket_view the per-dtype buffers were broadcast in
+  -- pairs() order of a dtype table, which follows the process's string-hash
+  -- seed: two ranks started apart (another node, a restart) could pair a
+  -- float32 broadcast with a float64 one. Each fresh process must give the
+  -- same sequence: by owner, then float32, float64, float16, bfloat16.
+  it("broadcasts the bucket views in the same order in every process", function()
+    local want = "0:float32:6 0:float64:3 1:float32:4 1:float64:5"
+    local src = os.getenv("CRUN_SOURCE_DIR") or "."
+    for k = 1, 8 do
+      local f = assert(io.popen("lua5.4 " .. src .. "/spec/helpers/zero_order.lua 2>&1"))
+      local got = f:read("a"):gsub("%s+$", "")
+      f:close()
+      assert.are.equal(want, got, "process " .. k)
     end
   end)
 
@@ -146,11 +174,30 @@ describe("ZeroRedundancyOptimizer", function()
             if r == 2 then
               assert.are.equal(6, rec.consolidated_entries, where)
               assert.is_true(rec.consolidated_err <= 1e-12, where)
+            else
+              -- on a sub-group a message names the group rank and the global one
+              assert.are.equal(string.format("ESTATE: ZeroRedundancyOptimizer:state_dict on group rank %d (rank %d): "
+                .. "no consolidated state here; call consolidate_state_dict(to) on every rank (to = %d) after the "
+                .. "last step", r - 1, r, r - 1), rec.state_dict_elsewhere, where)
             end
           end
         else
           assert.is_nil(res.group)
         end
+        assert.are.equal(string.format("EINVAL: ZeroRedundancyOptimizer:load_state_dict: the state of parameter 2 "
+          .. "has no exp_avg (rank %d)", r), res.load_missing)
+        assert.are.equal(0, res.load_missing_numel)
+        assert.are.equal(0, res.lr_change)
+        assert.are.equal("EINVAL: bad argument #1 to 'ZeroRedundancyOptimizer' (parameter 3 is the same tensor as "
+          .. "parameter 1: list each tensor once)", res.duplicate)
+        if world == 1 then
+          assert.are.equal("ok", res.consolidate_mismatch)
+        else
+          assert.are.equal(string.format("EMISMATCH: ZeroRedundancyOptimizer:consolidate_state_dict on rank %d: "
+            .. "rank 1 names group rank %d as the destination, rank 0 names 0 (every rank must pass the same to)",
+            r, world - 1), res.consolidate_mismatch)
+        end
+        assert.are.equal(r == 0 and 6 or 0, res.consolidate_after)
         if world == 1 then
           assert.are.equal("accepted", res.mismatch)
         else

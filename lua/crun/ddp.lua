@@ -93,11 +93,26 @@ local DDP_OPTS = require("crun.opts").spec{"bucket_cap_mb", "first_bucket_mb", "
     mixed_precision = "not supported yet",
   }}
 
+-- EINVAL for an FSDP model (it reduces its own gradients) and for the
+-- module one wraps (its parameters are empty while sharded: DDP over them
+-- would train nothing).
+local function check_not_fsdp(module)
+  local O = require "crun.opts"
+  if getmetatable(module) == require("crun.fsdp").FSDPClass then
+    O.fail("EINVAL: DDP: an FSDP model is already data parallel (it averages its gradients itself)")
+  end
+  if rawget(module, "_sharded_by") then
+    O.fail("EINVAL: DDP: the module's parameters are sharded by %s: train the FSDP model it returned, not the module "
+      .. "it wraps", module._sharded_by)
+  end
+end
+
 function ddp.DDP(module, opts)
   opts = require("crun.opts").check(DDP_OPTS, "DDP", opts)
   if type(module) ~= "table" or type(module.parameters) ~= "function" then
     require("crun.opts").fail("EINVAL: DDP: a crun.nn module is expected, got %s", type(module))
   end
+  check_not_fsdp(module)
   local d = dist()
   if not d.is_initialized() then
     require("crun.opts").fail("ESTATE: DDP needs a process group: call crun.dist.init_process_group() first")

@@ -103,26 +103,46 @@ end
 
 -- ---------------------------------------------------------------- construction
 
---- FSDP(module, {sharding_strategy="FULL_SHARD"|"SHARD_GRAD_OP"|"NO_SHARD",
--- auto_wrap={min_params=N}, group=, forward_prefetch=true, backward_prefetch=true,
--- mixed_precision={reduce_dtype=}}). Blocks: rank 0's parameters are
--- broadcast, then each rank keeps its shards.
-function M.FSDP(module, opts)
-  opts = O.check(FSDP_OPTS, "FSDP", opts)
-  if type(module) ~= "table" or type(module.leaves) ~= "function" then
-    O.fail("EINVAL: FSDP: a crun.nn module is expected, got %s", type(module))
+-- mixed_precision's param_dtype and buffer_dtype must name the dtype the
+-- tensors already have: crun has no cast-for-compute step, and ignoring
+-- them would train silently in another precision than the one asked for.
+local function check_param_dtype(mp, u)
+  if mp.param_dtype and mp.param_dtype ~= u.dtype then
+    O.fail("ENOTSUP: FSDP: mixed_precision param_dtype = %s but unit %d's parameters are %s: crun computes in the "
+      .. "parameters' dtype (convert the module instead)", mp.param_dtype, u.k, u.dtype)
   end
-  local d = dist()
-  if not d.is_initialized() then O.fail("ESTATE: FSDP needs a process group: call crun.dist.init_process_group() first") end
+end
+
+local function check_buffer_dtype(mp, module)
+  if not mp.buffer_dtype then return end
+  for _, leaf in ipairs(module:leaves()) do
+    for _, b in ipairs(leaf:buffers()) do
+      if b:dtype():match("^b?float") and b:dtype() ~= mp.buffer_dtype then -- (torch casts floating buffers only)
+        O.fail("ENOTSUP: FSDP: mixed_precision buffer_dtype = %s but a buffer of %s is %s: crun keeps buffers in "
+          .. "their own dtype (convert the module instead)", mp.buffer_dtype, leaf:describe(), b:dtype())
+      end
+    end
+  end
+end
+
+-- Checks FSDP's options; returns the strategy, auto_wrap's min_params (nil:
+-- no wrapping) and the mixed_precision table ({} when absent).
+local function check_options(opts)
   local strategy = opts.sharding_strategy or "FULL_SHARD"
   if not STRATEGIES[strategy] then
     O.fail("EINVAL: FSDP: sharding_strategy must be FULL_SHARD, SHARD_GRAD_OP or NO_SHARD, got %s", tostring(strategy))
   end
-  local min_params = opts.auto_wrap and opts.auto_wrap.min_params
-  if opts.auto_wrap ~= nil and (type(opts.auto_wrap) ~= "table" or type(min_params) ~= "number" or min_params < 1) then
-    O.fail("EINVAL: FSDP: auto_wrap must be {min_params = N} with N >= 1")
+  local aw = opts.auto_wrap
+  local min_params = type(aw) == "table" and aw.min_params or nil
+  if aw ~= nil and not (type(min_params) == "number" and min_params >= 1) then -- (NaN fails >= 1)
+    O.fail("EINVAL: FSDP: auto_wrap must be {min_params = N} with N >= 1, got %s",
+      type(aw) == "table" and "min_params = " .. tostring(min_params) or tostring(aw))
   end
   local mp = opts.mixed_precision or {}
+  if type(mp) ~= "table" then
+    O.fail("EINVAL: FSDP: mixed_precision must be a table {reduce_dtype=, param_dtype=, buffer_dtype=}, got %s",
+      type(mp))
+  end
   for k, v in pairs(mp) do
     if k ~= "param_dtype" and k ~= "reduce_dtype" and k ~= "buffer_dtype" then
       O.fail("EINVAL: FSDP: unknown mixed_precision key '%s'", tostring(k))
@@ -131,9 +151,31 @@ function M.FSDP(module, opts)
       O.fail("ENOTSUP: FSDP: mixed_precision %s = %s: crun computes in float32 and float64 only", k, tostring(v))
     end
   end
+  return strategy, min_params, mp
+end
+
+--- FSDP(module, {sharding_strategy="FULL_SHARD"|"SHARD_GRAD_OP"|"NO_SHARD",
+-- auto_wrap={min_params=N}, group=, forward_prefetch=true, backward_prefetch=true,
+-- mixed_precision={reduce_dtype=}}). Blocks: every rank must wrap the same
+-- parameter shapes into the same units (checked; a difference raises
+-- EMISMATCH on every rank), rank 0's parameters are broadcast, then each
+-- rank keeps its shards.
+function M.FSDP(module, opts)
+  opts = O.check(FSDP_OPTS, "FSDP", opts)
+  if type(module) ~= "table" or type(module.leaves) ~= "function" then
+    O.fail("EINVAL: FSDP: a crun.nn module is expected, got %s", type(module))
+  end
+  if rawget(module, "_sharded_by") then
+    O.fail("EINVAL: FSDP: the module's parameters are sharded by %s: wrap a module once", module._sharded_by)
+  end
+  local d = dist()
+  if not d.is_initialized() then O.fail("ESTATE: FSDP needs a process group: call crun.dist.init_process_group() first") end
+  local strategy, min_params, mp = check_options(opts)
+  check_buffer_dtype(mp, module)
   local self = setmetatable({module = module, group = opts.group, strategy = strategy,
-    reduce_dtype = mp.reduce_dtype, prefetch_fwd = opts.forward_prefetch ~= false,
-    prefetch_bwd = opts.backward_prefetch ~= false, stats = {gathers = 0, reduces = 0, peak_full_bytes = 0},
+    reduce_dtype = mp.reduce_dtype, prefetch_fwd = O.bool("FSDP", "forward_prefetch", opts.forward_prefetch, true),
+    prefetch_bwd = O.bool("FSDP", "backward_prefetch", opts.backward_prefetch, true),
+    stats = {gathers = 0, reduces = 0, peak_full_bytes = 0},
     pool = {}, held = 0}, FSDP)
   self.copts = self.group and {group = self.group} or nil
   self.world, self.rank = d.get_world_size(self.group), d.get_rank(self.group)
@@ -144,9 +186,11 @@ function M.FSDP(module, opts)
     if u.numel > 0 then -- leaves without parameters need no unit
       self.units[#self.units + 1] = u
       u.k = #self.units
-      self:_shard(u)
+      check_param_dtype(mp, u)
     end
   end
+  self:_verify()
+  for _, u in ipairs(self.units) do self:_shard(u) end
   self.sched = core().fsdp_sched_new(#self.units, strategy, self.prefetch_fwd, self.prefetch_bwd)
   for k, u in ipairs(self.units) do
     for _, leaf in ipairs(u.leaves) do self:_wrap_leaf(leaf, u) end
@@ -157,7 +201,43 @@ function M.FSDP(module, opts)
     end
     u.order = k
   end
+  -- its own parameters are now empty tensors or transient views: an
+  -- optimizer built from it would step nothing (crun.optim refuses it)
+  module._sharded_by = "crun.FSDP"
+  for _, leaf in ipairs(module:leaves()) do leaf._sharded_by = "crun.FSDP" end
   return self
+end
+
+-- "rank r" in messages; on a group other than the world, "group rank r
+-- (rank g)" with g the global rank.
+function FSDP:_rk(r)
+  if not self.group then return "rank " .. r end
+  return string.format("group rank %d (rank %d)", r, dist().get_global_rank(self.group, r))
+end
+
+-- Every rank must wrap the same parameter shapes into the same units (else
+-- rank 0's values would be poured into other shapes, or the collectives
+-- would not pair up): one all_gather_object of the layout, the first
+-- difference from rank 0 named on every rank as EMISMATCH.
+function FSDP:_verify()
+  if self.world == 1 then return end
+  local sig = {}
+  for k, u in ipairs(self.units) do
+    for _, e in ipairs(u.entries) do
+      sig[#sig + 1] = string.format("%s[%s] (unit %d)", u.dtype, table.concat(e.shape, "x"), k)
+    end
+  end
+  local d, all = dist(), nil -- (a second argument that is not {group=} would pick torch's form)
+  if self.copts then all = d.all_gather_object(sig, self.copts) else all = d.all_gather_object(sig) end
+  for r = 2, #all do
+    for i = 1, math.max(#all[1], #all[r]) do
+      if all[1][i] ~= all[r][i] then
+        O.fail("EMISMATCH: FSDP: parameter %d is %s on %s but %s on %s (every rank must wrap the same "
+          .. "model, with the same auto_wrap)", i, all[r][i] or "missing", self:_rk(r - 1), all[1][i] or "missing",
+          self:_rk(0))
+      end
+    end
+  end
 end
 
 -- Builds unit u's shard (and gradient shard) from rank 0's parameters.
@@ -449,9 +529,9 @@ function FSDP:_full_flat(u)
   return full
 end
 
---- state_dict() -> the module's full state_dict (a list of parameter
--- tensors in registration order) on rank 0 of the group, nil elsewhere. A
--- collective: every rank calls it.
+--- state_dict() -> the module's full state_dict (as Module:state_dict: the
+-- parameter tensors in registration order, then the buffers, rank 0's) on
+-- rank 0 of the group, nil elsewhere. A collective: every rank calls it.
 function FSDP:state_dict()
   local by_leaf = {}
   for _, u in ipairs(self.units) do
@@ -469,13 +549,77 @@ function FSDP:state_dict()
   for _, leaf in ipairs(self.module:leaves()) do
     for _, t in ipairs(by_leaf[leaf] or {}) do sd[#sd + 1] = t end
   end
+  for _, b in ipairs(self.module:buffers()) do sd[#sd + 1] = b:clone() end -- (not sharded: rank 0's own)
   return sd
 end
 
---- sharded_state_dict([optim]) -> this rank's part: {world=, rank=, units =
--- {{numel=, shard=, optim={key=tensor|number}}}}; save one per rank.
+-- The (unit, entry) of every parameter, in state_dict()'s order.
+function FSDP:_param_order()
+  local by_leaf, order = {}, {}
+  for _, u in ipairs(self.units) do
+    for _, e in ipairs(u.entries) do
+      by_leaf[e.leaf] = by_leaf[e.leaf] or {}
+      by_leaf[e.leaf][e.index] = {u = u, e = e}
+    end
+  end
+  for _, leaf in ipairs(self.module:leaves()) do
+    for _, x in ipairs(by_leaf[leaf] or {}) do order[#order + 1] = x end
+  end
+  return order
+end
+
+-- EINVAL unless sd lists a tensor of the right shape for each of params
+-- ({u, e} records) and bufs, or for params alone.
+local function check_full_sd(sd, params, bufs)
+  local F = "EINVAL: FSDP:load_state_dict: "
+  local n = type(sd) == "table" and #sd
+  if n ~= #params + #bufs and n ~= #params then
+    O.fail(F .. "expected %d tensors (%d parameters, %d buffers) or the %d parameters, got %s", #params + #bufs,
+      #params, #bufs, #params, n and tostring(n) or type(sd))
+  end
+  local is_tensor = require("crun.serialize").is_tensor
+  for i = 1, n do
+    local want = params[i] and params[i].e.shape or bufs[i - #params]:size()
+    if not is_tensor(sd[i]) then O.fail(F .. "entry %d is a %s, a tensor is expected", i, type(sd[i])) end
+    if table.concat(sd[i]:size(), "x") ~= table.concat(want, "x") then
+      O.fail(F .. "tensor %d has shape %s, the model's has %s", i, table.concat(sd[i]:size(), "x"),
+        table.concat(want, "x"))
+    end
+  end
+end
+
+--- load_state_dict(sd): sd is a full state_dict (state_dict()'s list, or
+-- the plain module's; the parameters alone leave the buffers as they are)
+-- on every rank; each copies its slice of every unit into its shard, and
+-- the buffers. Every entry is checked first (EINVAL, nothing loaded). Not
+-- a collective; call it between steps.
+function FSDP:load_state_dict(sd)
+  local params, bufs = self:_param_order(), self.module:buffers()
+  check_full_sd(sd, params, bufs)
+  local per_unit = {}
+  for i, x in ipairs(params) do
+    local ts = per_unit[x.u] or {}
+    per_unit[x.u] = ts
+    for k, e in ipairs(x.u.entries) do
+      if e == x.e then ts[k] = sd[i]:dtype() == x.u.dtype and sd[i] or sd[i]:to(x.u.dtype) end
+    end
+  end
+  for u, ts in pairs(per_unit) do -- (each unit on its own: the order does not matter)
+    local flat = T().zeros({math.max(u.padded, 1)}, u.dtype)
+    core().fsdp_flatten(flat, ts, u.offsets)
+    if self.strategy == "NO_SHARD" then u.shard:copy(flat)
+    else u.shard:copy(flat:narrow(1, u.shard_start + 1, u.shard_numel)) end
+    flat:close()
+  end
+  if #sd > #params then
+    for j, b in ipairs(bufs) do b:copy(sd[#params + j]) end
+  end
+end
+
+--- sharded_state_dict([optim]) -> this rank's part: {world=, rank=, optim_kind=,
+-- units = {{numel=, shard=, optim={key=tensor|number}}}}; save one per rank.
 function FSDP:sharded_state_dict(optim)
-  local sd = {world = self.world, rank = self.rank, units = {}}
+  local sd = {world = self.world, rank = self.rank, units = {}, optim_kind = optim and optim.kind}
   for k, u in ipairs(self.units) do
     local rec = {numel = u.numel, shard = u.shard:clone()}
     local st = optim and optim.state and optim.state[k]
@@ -488,45 +632,146 @@ function FSDP:sharded_state_dict(optim)
   return sd
 end
 
+-- The parts of one checkpoint in rank order (a new list; the caller's is
+-- left as it was). EINVAL unless they are every old rank's part once: one
+-- part missing would shift every later slice into the wrong place.
+local function by_rank(parts)
+  local F = "EINVAL: FSDP:load_sharded_state_dict: "
+  if type(parts) ~= "table" or #parts == 0 then O.fail(F .. "a list of every rank's sharded_state_dict is expected") end
+  local world, at = type(parts[1]) == "table" and parts[1].world, {}
+  for i, p in ipairs(parts) do
+    if type(p) ~= "table" or math.type(p.world) ~= "integer" or p.world ~= world or math.type(p.rank) ~= "integer"
+        or p.rank < 0 or p.rank >= p.world or type(p.units) ~= "table" then
+      O.fail(F .. "part %d (rank %s of %s) is not a sharded_state_dict of the same %s-rank checkpoint as part 1", i,
+        tostring(type(p) == "table" and p.rank), tostring(type(p) == "table" and p.world), tostring(world))
+    end
+    if at[p.rank + 1] then O.fail(F .. "parts %d and %d are both rank %d's", at[p.rank + 1], i, p.rank) end
+    at[p.rank + 1] = i
+  end
+  local sorted = {}
+  for r = 1, world do
+    if not at[r] then
+      O.fail(F .. "rank %d's part is missing (the checkpoint was saved at %d ranks, %d part%s given: pass every "
+        .. "rank's sharded_state_dict)", r - 1, world, #parts, #parts == 1 and "" or "s")
+    end
+    sorted[r] = parts[at[r]]
+  end
+  return sorted
+end
+
+-- Unit k's record in every part (EMISMATCH when a part's differs in size).
+function FSDP:_unit_records(parts, k, u)
+  local recs = {}
+  for r, p in ipairs(parts) do
+    recs[r] = p.units[k]
+    if type(recs[r]) ~= "table" or recs[r].numel ~= u.numel then
+      O.fail("EMISMATCH: FSDP:load_sharded_state_dict on rank %d: unit %d holds %s elements in the checkpoint of "
+        .. "rank %d, %d here", self.rank, k, type(recs[r]) == "table" and tostring(recs[r].numel) or "no", r - 1,
+        u.numel)
+    end
+  end
+  return recs
+end
+
+-- This rank's slice of unit u (the k-th) from the old ranks' slices
+-- get(rec), laid end to end (a new tensor). EMISMATCH when together they
+-- hold fewer than the unit's elements (the rest would be zeros), naming
+-- the first part shorter than its world's shard size; `what` names them.
+function FSDP:_reshard(u, k, recs, get, what)
+  local full = T().zeros({math.max(u.padded, u.numel, 1)}, u.dtype)
+  local off, short = 0, nil
+  local is_tensor = require("crun.serialize").is_tensor
+  for r, rec in ipairs(recs) do
+    local t = get(rec)
+    if not is_tensor(t) then
+      O.fail("EINVAL: FSDP:load_sharded_state_dict: rank %d's %s of unit %d is a %s, a tensor is expected", r - 1,
+        what, k, type(t))
+    end
+    local n = math.min(t:numel(), u.numel - off)
+    if n > 0 then full:narrow(1, off + 1, n):copy(t:narrow(1, 1, n)) end
+    if not short and t:numel() < select(3, core().fsdp_shard_range(u.numel, #recs, r - 1)) then short = r end
+    off = off + t:numel()
+  end
+  if off < u.numel then
+    O.fail("EMISMATCH: FSDP:load_sharded_state_dict: the parts hold %d of unit %d's %d elements (rank %d's %s has %d)",
+      off, k, u.numel, (short or 1) - 1, what, get(recs[short or 1]):numel())
+  end
+  if self.strategy == "NO_SHARD" then return full:narrow(1, 1, u.numel):clone() end
+  return full:narrow(1, u.shard_start + 1, u.shard_numel):clone()
+end
+
+-- EINVAL unless optim steps this model's shards and the checkpoint's
+-- optimizer state (if any) is of optim's kind.
+function FSDP:_check_optim(parts, optim)
+  local F = "EINVAL: FSDP:load_sharded_state_dict: "
+  if type(optim) ~= "table" or type(optim.params) ~= "table" or #optim.params ~= #self.units then
+    O.fail(F .. "the optimizer does not step this model's shards (build it from this FSDP model)")
+  end
+  for k, u in ipairs(self.units) do
+    if not rawequal(optim.params[k], u.shard) then
+      O.fail(F .. "the optimizer does not step this model's shards (build it from this FSDP model)")
+    end
+  end
+  local kind = parts[1].optim_kind
+  if kind ~= nil and kind ~= optim.kind then
+    O.fail(F .. "the checkpoint holds %s state, the optimizer is %s", tostring(kind), tostring(optim.kind))
+  end
+end
+
+-- Unit k's optimizer state for this rank from recs (nil when the checkpoint
+-- has none); EINVAL when some parts have it and others not.
+function FSDP:_unit_optim_state(u, k, recs)
+  local F = "EINVAL: FSDP:load_sharded_state_dict: "
+  for r = 2, #recs do
+    if (recs[r].optim == nil) ~= (recs[1].optim == nil) then
+      local has, lacks = recs[1].optim and 0 or r - 1, recs[1].optim and r - 1 or 0
+      O.fail(F .. "rank %d's part has no optimizer state for unit %d, rank %d's has", lacks, k, has)
+    end
+  end
+  if not recs[1].optim then return nil end
+  local is_tensor, st = require("crun.serialize").is_tensor, {}
+  for key, v in pairs(recs[1].optim) do
+    if is_tensor(v) then
+      for r = 2, #recs do
+        if not is_tensor(recs[r].optim[key]) then
+          O.fail(F .. "rank %d's part has no %s for unit %d, rank 0's has", r - 1, tostring(key), k)
+        end
+      end
+      st[key] = self:_reshard(u, k, recs, function(rec) return rec.optim[key] end, tostring(key))
+    else
+      st[key] = v
+    end
+  end
+  return st
+end
+
 --- load_sharded_state_dict(parts[, optim]): parts is the list of every old
 -- rank's sharded_state_dict (any world size); each rank takes its own
 -- slice of every unit's parameters (and of the optimizer state's tensors).
+-- Everything is checked first (the parts, the optimizer: it must step this
+-- model's shards and be of the checkpoint's kind); on an error nothing is
+-- loaded.
 function FSDP:load_sharded_state_dict(parts, optim)
-  if type(parts) ~= "table" or #parts == 0 then
-    O.fail("EINVAL: FSDP:load_sharded_state_dict: a list of every rank's sharded_state_dict is expected")
+  parts = by_rank(parts)
+  for r, p in ipairs(parts) do -- (a unit more or less: a checkpoint of another model)
+    if #p.units ~= #self.units then
+      O.fail("EMISMATCH: FSDP:load_sharded_state_dict: the checkpoint holds %d units (rank %d's part), this model %d",
+        #p.units, r - 1, #self.units)
+    end
   end
-  table.sort(parts, function(a, b) return a.rank < b.rank end)
+  if optim ~= nil then self:_check_optim(parts, optim) end
+  local shards, state, any = {}, {}, false
   for k, u in ipairs(self.units) do
-    local recs = {}
-    for r, p in ipairs(parts) do
-      recs[r] = p.units[k]
-      if not recs[r] or recs[r].numel ~= u.numel then
-        O.fail("EMISMATCH: FSDP:load_sharded_state_dict on rank %d: unit %d holds %s elements in the checkpoint of "
-          .. "rank %d, %d here", self.rank, k, recs[r] and tostring(recs[r].numel) or "no", r - 1, u.numel)
-      end
-    end
-    local function reshard(get)
-      local full = T().zeros({math.max(u.padded, u.numel, 1)}, u.dtype)
-      local off = 0
-      for _, rec in ipairs(recs) do
-        local t = get(rec)
-        local n = math.min(t:numel(), u.numel - off)
-        if n > 0 then full:narrow(1, off + 1, n):copy(t:narrow(1, 1, n)) end
-        off = off + t:numel()
-      end
-      if self.strategy == "NO_SHARD" then return full:narrow(1, 1, u.numel):clone() end
-      return full:narrow(1, u.shard_start + 1, u.shard_numel):clone()
-    end
-    u.shard:copy(reshard(function(r) return r.shard end))
-    if optim and recs[1].optim then
-      local st = {}
-      for key, v in pairs(recs[1].optim) do
-        if type(v) == "userdata" then st[key] = reshard(function(r) return r.optim[key] end)
-        else st[key] = v end
-      end
-      optim.state[k] = st
+    local recs = self:_unit_records(parts, k, u)
+    shards[k] = self:_reshard(u, k, recs, function(rec) return rec.shard end, "shard")
+    if optim ~= nil then
+      state[k] = self:_unit_optim_state(u, k, recs)
+      any = any or state[k] ~= nil
     end
   end
+  -- the optimizer's own checks (required tensors, sizes, step) before any copy
+  if any then optim:load_state_dict({kind = optim.kind, state = state}) end
+  for k, u in ipairs(self.units) do u.shard:copy(shards[k]) end
 end
 
 function FSDP:__tostring()

@@ -48,10 +48,21 @@ optim.IMPL_INERT = INERT
 -- crun.tensor.
 local function T() return require "crun.tensor" end
 
+--- (for wrappers too) EINVAL when `module` is one that crun.FSDP wrapped: its
+-- parameters are empty while sharded, so an optimizer over them would
+-- silently step nothing; the FSDP model's parameters() are the shards.
+function optim.check_not_sharded(fname, module)
+  if rawget(module, "_sharded_by") then
+    O.fail("EINVAL: %s: the module's parameters are sharded by %s: build the optimizer from the FSDP model it "
+      .. "returned, not from the module it wraps", fname, module._sharded_by)
+  end
+end
+
 -- Returns params, grads, opts, module from (model, opts) or (params, grads, opts).
 local function unpack_args(fname, a, b, c)
   local params, grads, opts, module
   if type(a) == "table" and type(a.parameters) == "function" then
+    optim.check_not_sharded(fname, a)
     params, grads = a:parameters()
     opts, module = b, a
   else
@@ -108,7 +119,8 @@ end
 
 -- Returns a copy of the loaded state s of parameter i, its tensors in the
 -- parameter's dtype (as torch casts them); EINVAL naming what does not fit.
-local function load_entry(self, F, i, s)
+-- With `dry` only checks (the result holds s's own tensors).
+local function load_entry(self, F, i, s, dry)
   local p, is_tensor = self.params[i], require("crun.serialize").is_tensor
   if math.type(i) ~= "integer" or not p then
     O.fail("EINVAL: %s: state for parameter %s, the optimizer has %d", F, tostring(i), #self.params)
@@ -120,7 +132,7 @@ local function load_entry(self, F, i, s)
       if v:numel() ~= p:numel() then
         O.fail("EINVAL: %s: %s of parameter %d has %d elements, the parameter %d", F, tostring(k), i, v:numel(), p:numel())
       end
-      c[k] = v:dtype() == p:dtype() and v:clone() or v:to(p:dtype())
+      c[k] = dry and v or v:dtype() == p:dtype() and v:clone() or v:to(p:dtype())
     elseif STATE_TENSORS[k] then
       O.fail("EINVAL: %s: %s of parameter %d is a %s, a tensor is expected", F, k, i, type(v))
     else
@@ -148,6 +160,14 @@ function Optimizer:load_state_dict(sd)
   local state = {}
   for i, s in pairs(sd.state) do state[i] = load_entry(self, F, i, s) end
   self.state = state
+end
+
+-- For wrappers holding part of a model (ZeroRedundancyOptimizer): checks
+-- every entry of the state sd against `params`, the whole model's list, as
+-- load_state_dict would, copying nothing; F names the caller in errors.
+function Optimizer:_check_state(sd, params, F)
+  local whole = setmetatable({params = params}, {__index = self})
+  for i, s in pairs(sd.state) do load_entry(whole, F, i, s, true) end
 end
 
 -- ---------------------------------------------------------------- SGD

@@ -42,6 +42,9 @@ local OWN_KEYS = {group = true, parameters_as_bucket_view = true}
 local INERT = {overlap_with_ddp = "crun's DDP has no communication hook to run the step from; "
   .. "the step runs after backward"}
 local DTYPE_KEY = {float32 = 0, float64 = 1, float16 = 2, bfloat16 = 3}
+-- The same dtypes in key order: anything collective walks this list, never
+-- pairs(DTYPE_KEY), whose order follows each process's string-hash seed.
+local DTYPES = {"float32", "float64", "float16", "bfloat16"}
 local ELSIZE = {float32 = 4, float64 = 8, float16 = 2, bfloat16 = 2}
 
 -- The crun.opts spec for ZeRO wrapping optim_class: ZeRO's own keys plus
@@ -71,7 +74,13 @@ end
 -- A function returning the current (params, grads) lists of `a`: a module
 -- or DDP model (its gradients may be swapped for bucket views), or {params, grads}.
 local function source_of(a)
+  if type(a) == "table" and getmetatable(a) == require("crun.fsdp").FSDPClass then
+    -- its shards differ per rank: broadcasting an owner's over them is wrong
+    O.fail("EINVAL: bad argument #1 to 'ZeroRedundancyOptimizer' (an FSDP model: its parameters are already this "
+      .. "rank's shards, step them with a plain crun.optim optimizer)")
+  end
   if type(a) == "table" and type(a.parameters) == "function" then
+    require("crun.optim").check_not_sharded("ZeroRedundancyOptimizer", a)
     return function() return a:parameters() end
   end
   if type(a) == "table" and type(a[1]) == "table" and type(a[2]) == "table" and #a[1] == #a[2] then
@@ -80,6 +89,19 @@ local function source_of(a)
   end
   error("EINVAL: bad argument #1 to 'ZeroRedundancyOptimizer' (a module, a DDP model or {params, grads} "
     .. "of equal length expected)", 0)
+end
+
+-- EINVAL when a tensor is listed twice: a plain optimizer would step it
+-- twice, ZeRO's two owners once each (the later broadcast winning).
+local function check_distinct(params)
+  local seen = {}
+  for i, p in ipairs(params) do
+    if seen[p] then
+      error(string.format("EINVAL: bad argument #1 to 'ZeroRedundancyOptimizer' (parameter %d is the same tensor as "
+        .. "parameter %d: list each tensor once)", i, seen[p]), 0)
+    end
+    seen[p] = i
+  end
 end
 
 --- ZeroRedundancyOptimizer(model | {params, grads}, optim_class, {group=,
@@ -92,13 +114,15 @@ function zero.new(a, optim_class, opts)
     error("EINVAL: bad argument #2 to 'ZeroRedundancyOptimizer' (an optimizer class such as crun.optim.Adam expected)", 0)
   end
   opts = O.check(spec_for(optim_class), "ZeroRedundancyOptimizer", opts)
+  local as_view = O.bool("ZeroRedundancyOptimizer", "parameters_as_bucket_view", opts.parameters_as_bucket_view, false)
+  check_distinct(source())
   local d = dist()
   if not d.is_initialized() then
     error("ESTATE: ZeroRedundancyOptimizer needs a process group: call crun.dist.init_process_group() first", 0)
   end
   local inner = {}
   for k, v in pairs(opts) do if not OWN_KEYS[k] then inner[k] = v end end
-  local self = setmetatable({source = source, group = opts.group, as_view = opts.parameters_as_bucket_view == true,
+  local self = setmetatable({source = source, group = opts.group, as_view = as_view,
     world = d.get_world_size(opts.group), rank = d.get_rank(opts.group)}, Z)
   if self.rank < 0 then error("EINVAL: bad argument #3 to 'ZeroRedundancyOptimizer' (this rank is not a member of the group)", 0) end
   self.copts = self.group and {group = self.group} or nil
@@ -107,6 +131,9 @@ function zero.new(a, optim_class, opts)
   self:_verify()
   local own_p, own_g = self:_own_lists()
   self.optim = optim_class(own_p, own_g, inner)
+  -- the wrapped optimizer's options, as a plain optimizer's: z.opts.lr = x
+  -- between steps changes the learning rate (crun's idiom, jobs/train.lua)
+  self.opts = self.optim.opts
   return self
 end
 
@@ -117,8 +144,8 @@ function Z:_partition()
     numels[i] = p:numel()
     keys[i] = DTYPE_KEY[p:dtype()]
     if not keys[i] then
-      error(string.format("EINVAL: ZeroRedundancyOptimizer on rank %d: parameter %d has dtype %s "
-        .. "(float32, float64, float16 or bfloat16 expected)", self.rank, i, p:dtype()), 0)
+      error(string.format("EINVAL: ZeroRedundancyOptimizer on %s: parameter %d has dtype %s "
+        .. "(float32, float64, float16 or bfloat16 expected)", self:_rk(self.rank), i, p:dtype()), 0)
     end
   end
   self.owner, self.offset, self.rank_numel, self.bucket_numel = zero.partition(numels, self.world, keys, 4)
@@ -143,9 +170,9 @@ function Z:_verify()
   for r = 2, #all do
     for i = 1, math.max(#all[1], #all[r]) do
       if all[1][i] ~= all[r][i] then
-        error(string.format("EMISMATCH: ZeroRedundancyOptimizer on rank %d: parameter %d is %s on rank %d "
-          .. "but %s on rank 0 (every rank must pass the same model)", self.rank, i,
-          tostring(all[r][i] or "missing"), r - 1, tostring(all[1][i] or "missing")), 0)
+        error(string.format("EMISMATCH: ZeroRedundancyOptimizer on %s: parameter %d is %s on %s "
+          .. "but %s on %s (every rank must pass the same model)", self:_rk(self.rank), i,
+          tostring(all[r][i] or "missing"), self:_rk(r - 1), tostring(all[1][i] or "missing"), self:_rk(0)), 0)
       end
     end
   end
@@ -163,11 +190,18 @@ end
 function Z:_refresh()
   local params, grads = self.source()
   if #params ~= #self.params then
-    error(string.format("ESTATE: ZeroRedundancyOptimizer on rank %d: the model now has %d parameters, "
-      .. "%d when it was wrapped", self.rank, #params, #self.params), 0)
+    error(string.format("ESTATE: ZeroRedundancyOptimizer on %s: the model now has %d parameters, "
+      .. "%d when it was wrapped", self:_rk(self.rank), #params, #self.params), 0)
   end
   self.params, self.grads = params, grads
   self.optim.params, self.optim.grads = self:_own_lists()
+end
+
+-- "rank r" in messages; on a group other than the world, "group rank r
+-- (rank g)" with g the global rank, so that no message is ambiguous.
+function Z:_rk(r)
+  if not self.group then return "rank " .. r end
+  return string.format("group rank %d (rank %d)", r, self:_global(r))
 end
 
 -- Global rank of group rank r (broadcast/send/recv take global ranks).
@@ -187,6 +221,7 @@ end
 -- consolidated state held here (it would be stale).
 function Z:step()
   self:_refresh()
+  self.optim.opts = self.opts -- (a table put in z.opts counts too)
   self.optim:step()
   self.consolidated = nil
   if self.world > 1 then self:_sync_params() end
@@ -208,8 +243,8 @@ end
 function Z:_sync_buckets()
   local d = dist()
   for r = 0, self.world - 1 do
-    for dtype, key in pairs(DTYPE_KEY) do
-      local n = self.bucket_numel[r * 4 + key + 1]
+    for key, dtype in ipairs(DTYPES) do
+      local n = self.bucket_numel[r * 4 + key]
       if n > 0 then
         local buf = T().zeros({n}, dtype)
         local members = {}
@@ -279,18 +314,32 @@ function Z:consolidate_state_dict(to)
       self.world, tostring(to)), 0)
   end
   local d = dist()
-  local all = {self:_state_meta()}
+  local all = {{to = to, meta = self:_state_meta()}}
   if self.world > 1 and self.copts then all = d.all_gather_object(all[1], self.copts)
   elseif self.world > 1 then all = d.all_gather_object(all[1]) end
+  self:_same_to(all)
   local state = {}
   for r = 0, self.world - 1 do
-    for _, m in ipairs(all[r + 1]) do
+    for _, m in ipairs(all[r + 1].meta) do
       if self.rank == to then state[m.index] = self:_receive_entry(m, r, to)
       elseif self.rank == r then self:_send_entry(m, to) end
     end
   end
   self.consolidated = self.rank == to and {kind = self.optim.kind, state = state,
     zero = {world_size = self.world, num_params = #self.params}} or nil
+end
+
+-- Every rank must name the same destination (else the sends and receives
+-- would not pair up and wait out the timeout): EMISMATCH on every rank,
+-- naming the first rank that differs from rank 0.
+function Z:_same_to(all)
+  for r = 2, #all do
+    if all[r].to ~= all[1].to then
+      error(string.format("EMISMATCH: ZeroRedundancyOptimizer:consolidate_state_dict on %s: %s names group "
+        .. "rank %d as the destination, %s names %d (every rank must pass the same to)", self:_rk(self.rank),
+        self:_rk(r - 1), all[r].to, self:_rk(0), all[1].to), 0)
+    end
+  end
 end
 
 -- On `to`: the state entry described by m, from rank r (a copy of its own when r == to).
@@ -322,8 +371,9 @@ function Z:_local_index(gi) return self.local_of[gi] end
 -- last consolidate_state_dict(to) sent it to, and only until the next step.
 function Z:state_dict()
   if not self.consolidated then
-    error(string.format("ESTATE: ZeroRedundancyOptimizer:state_dict on rank %d: no consolidated state here; "
-      .. "call consolidate_state_dict(to) on every rank (to = %d) after the last step", self.rank, self.rank), 0)
+    error(string.format("ESTATE: ZeroRedundancyOptimizer:state_dict on %s: no consolidated state here; "
+      .. "call consolidate_state_dict(to) on every rank (to = %d) after the last step", self:_rk(self.rank),
+      self.rank), 0)
   end
   return self.consolidated
 end
@@ -331,23 +381,27 @@ end
 --- load_state_dict(sd): sd is a full state (from state_dict() or a plain
 -- optimizer's), on every rank; each keeps the entries of the parameters it
 -- owns under the current partition, so the world size may have changed.
+-- Every rank checks every entry: a bad one is EINVAL on all ranks, nothing loaded.
 function Z:load_state_dict(sd)
   if type(sd) ~= "table" or type(sd.state) ~= "table" or sd.kind ~= self.optim.kind then
-    error(string.format("EINVAL: ZeroRedundancyOptimizer:load_state_dict on rank %d: expected a %s state, got %s",
-      self.rank, tostring(self.optim.kind), type(sd) == "table" and tostring(sd.kind) or type(sd)), 0)
+    error(string.format("EINVAL: ZeroRedundancyOptimizer:load_state_dict on %s: expected a %s state, got %s",
+      self:_rk(self.rank), tostring(self.optim.kind), type(sd) == "table" and tostring(sd.kind) or type(sd)), 0)
   end
   for gi, s in pairs(sd.state) do
     if math.type(gi) ~= "integer" or gi < 1 or gi > #self.params or type(s) ~= "table" then
-      error(string.format("EINVAL: ZeroRedundancyOptimizer:load_state_dict on rank %d: state for parameter %s "
-        .. "(a %s), the model has %d", self.rank, tostring(gi), type(s), #self.params), 0)
+      error(string.format("EINVAL: ZeroRedundancyOptimizer:load_state_dict on %s: state for parameter %s "
+        .. "(a %s), the model has %d", self:_rk(self.rank), tostring(gi), type(s), #self.params), 0)
     end
     for k, v in pairs(s) do
       if type(v) == "userdata" and v:numel() ~= self.params[gi]:numel() then
-        error(string.format("EINVAL: ZeroRedundancyOptimizer:load_state_dict on rank %d: %s of parameter %d "
-          .. "has %d elements, the parameter %d", self.rank, k, gi, v:numel(), self.params[gi]:numel()), 0)
+        error(string.format("EINVAL: ZeroRedundancyOptimizer:load_state_dict on %s: %s of parameter %d "
+          .. "has %d elements, the parameter %d", self:_rk(self.rank), k, gi, v:numel(), self.params[gi]:numel()), 0)
       end
     end
   end
+  -- every rank checks every entry (not only its own), so a bad state is
+  -- refused everywhere, by the model's parameter index, before anything loads
+  self.optim:_check_state(sd, self.params, "ZeroRedundancyOptimizer:load_state_dict")
   local mine = {kind = sd.kind, state = {}}
   for li, gi in ipairs(self.own) do mine.state[li] = sd.state[gi] end
   self.optim:load_state_dict(mine)

@@ -123,6 +123,187 @@ if mode == "run" then
   rec.bad_strategy = ok and "accepted" or tostring(e)
   ok, e = pcall(crun.FSDP, model("float32", 1), {mixed_precision = {param_dtype = "float16"}})
   rec.half = ok and "accepted" or tostring(e)
+  -- a param_dtype other than the parameters' was accepted and ignored (compute stayed in float64)
+  ok, e = pcall(crun.FSDP, model("float64", 1), {mixed_precision = {param_dtype = "float32"}})
+  rec.param32 = ok and "accepted" or tostring(e)
+  ok, e = pcall(crun.FSDP, model("float64", 1), {mixed_precision = {param_dtype = "float64", reduce_dtype = "float32"}})
+  rec.param64 = ok and "accepted" or tostring(e)
+  -- options that were taken without a check: a NaN min_params (nothing
+  -- wrapped), a string prefetch flag (read as true), a non-table
+  -- mixed_precision (a raw error from pairs)
+  rec.bad_opts = {}
+  for i, o in ipairs{{auto_wrap = {min_params = 0 / 0}}, {forward_prefetch = "no"}, {backward_prefetch = 0},
+                      {mixed_precision = "float64"}} do
+    ok, e = pcall(crun.FSDP, model("float64", 1), o)
+    rec.bad_opts[i] = ok and "accepted" or tostring(e)
+  end
+  -- an optimizer built from the wrapped module (its parameters are empty
+  -- tensors while sharded) stepped nothing, silently
+  do
+    local inner = model("float64", 1)
+    local _ = crun.FSDP(inner)
+    rec.inner_opt = {}
+    for i, f in ipairs{function() return crun.optim.SGD(inner, {lr = 0.1}) end,
+                       function() return crun.optim.Adam(inner) end,
+                       function() return crun.optim.ZeroRedundancyOptimizer(inner, crun.optim.SGD, {lr = 0.1}) end} do
+      ok, e = pcall(f)
+      rec.inner_opt[i] = ok and "accepted" or tostring(e)
+    end
+    -- wrapped again: DDP over the FSDP model (a raw error), DDP or FSDP over
+    -- the module it wraps (empty parameters: training through them did nothing)
+    rec.rewrap = {}
+    for i, f in ipairs{function() return crun.DDP(crun.FSDP(model("float64", 1))) end,
+                       function() return crun.DDP(inner) end, function() return crun.FSDP(inner) end} do
+      ok, e = pcall(f)
+      rec.rewrap[i] = ok and "accepted" or tostring(e)
+    end
+  end
+  -- ZeRO over an FSDP model broadcast each owner's shard over the other
+  -- ranks' different shards
+  do
+    local fsm = crun.FSDP(model("float64", 1))
+    ok, e = pcall(crun.optim.ZeroRedundancyOptimizer, fsm, crun.optim.SGD, {lr = 0.1})
+    rec.zero_over_fsdp = ok and "accepted" or tostring(e)
+  end
+  -- a model that differs on the last rank but has as many elements: it used
+  -- to be wrapped, rank 0's values poured into the other shapes
+  local last = world > 1 and rank == world - 1
+  nn.manual_seed(1)
+  ok, e = pcall(crun.FSDP, nn.Sequential(last and nn.Linear(2, 6) or nn.Linear(5, 3)))
+  rec.mismatch = ok and "accepted" or tostring(e)
+  rec.usable_after = pcall(crun.dist.barrier)
+  -- the same on the group of ranks 1..world-1: the message names group and global ranks
+  if world >= 3 then
+    local members = {}
+    for r = 1, world - 1 do members[#members + 1] = r end
+    local g = crun.dist.new_group(members)
+    if rank >= 1 then
+      nn.manual_seed(1)
+      ok, e = pcall(crun.FSDP, nn.Sequential(last and nn.Linear(2, 6) or nn.Linear(5, 3)), {group = g})
+      rec.group_mismatch = ok and "accepted" or tostring(e)
+    end
+  end
+elseif mode == "bn" then
+  -- a model with buffers (BatchNorm's running statistics), the same batch on
+  -- every rank: FSDP's full state_dict must equal the plain module's, the
+  -- buffers included, and load back into a fresh FSDP model
+  local function bn_model(seed)
+    nn.set_default_dtype("float64")
+    nn.manual_seed(seed)
+    local m = nn.Sequential(nn.Linear(7, 6), nn.BatchNorm1d(6), nn.Tanh(), nn.Linear(6, 3))
+    nn.set_default_dtype("float32")
+    return m
+  end
+  local function steps(m, opt)
+    for s = 1, STEPS do
+      opt:zero_grad()
+      local X = T.randn({5, 7}, {seed = 31 * s + 3, dtype = "float64"})
+      local y = T.new({1, 3, 2, 2, 1}, "int64")
+      local crit = nn.CrossEntropyCriterion()
+      local o = m:forward(X)
+      crit:forward(o, y)
+      m:backward(X, crit:backward(o, y))
+      opt:step()
+    end
+  end
+  local ref = bn_model(1)
+  steps(ref, crun.optim.SGD(ref, OPTS.sgd))
+  local fs = crun.FSDP(bn_model(1), {auto_wrap = {min_params = 20}})
+  steps(fs, crun.optim.SGD(fs, OPTS.sgd))
+  local want = ref:state_dict()
+  local function sd_err(sd)
+    if #sd ~= #want then return "entries " .. #sd .. " of " .. #want end
+    local e = 0
+    for i = 1, #want do e = math.max(e, util.max_rel_err(want[i], sd[i])) end
+    return e
+  end
+  local sd = fs:state_dict()
+  rec.bn = {}
+  if rank == 0 then rec.bn.state_err = sd_err(sd) end
+  -- every rank loads the full list into a model of other weights
+  sd = crun.dist.broadcast_object(sd, 0)
+  local fresh = crun.FSDP(bn_model(7), {auto_wrap = {min_params = 20}})
+  local ok, e = pcall(fresh.load_state_dict, fresh, sd)
+  rec.bn.load = ok and "loaded" or tostring(e)
+  local sd2 = fresh:state_dict()
+  if rank == 0 then rec.bn.load_err = sd_err(sd2) end
+  -- a wrong shape, a missing entry: refused, nothing loaded
+  local bad = {}
+  for i, t in ipairs(sd) do bad[i] = t end
+  bad[1] = T.zeros({7, 6}, "float64")
+  ok, e = pcall(fresh.load_state_dict, fresh, bad)
+  rec.bn.bad_shape = ok and "loaded" or tostring(e)
+  bad[1], bad[#bad] = sd[1], nil
+  ok, e = pcall(fresh.load_state_dict, fresh, bad)
+  rec.bn.bad_count = ok and "loaded" or tostring(e)
+  sd2 = fresh:state_dict()
+  if rank == 0 then rec.bn.unchanged_err = sd_err(sd2) end
+elseif mode == "parts" then
+  -- load_sharded_state_dict given an incomplete or inconsistent list of parts
+  local fs = crun.FSDP(model("float64", 1), {sharding_strategy = "FULL_SHARD"})
+  crun.save(string.format("%s/part.r%d.crun", out, rank), fs:sharded_state_dict())
+  crun.dist.barrier()
+  local all = {}
+  for k = 0, world - 1 do all[k + 1] = crun.load(string.format("%s/part.r%d.crun", out, k)) end
+  -- "loaded <max difference from the saved shards>" or the error
+  local function attempt(parts)
+    local g = crun.FSDP(model("float64", 2), {sharding_strategy = "FULL_SHARD"})
+    local ok, e = pcall(g.load_sharded_state_dict, g, parts)
+    if not ok then return tostring(e) end
+    local err, want, got = 0, fs:parameters(), g:parameters()
+    for i = 1, #want do err = math.max(err, util.max_rel_err(want[i], got[i])) end
+    return "loaded " .. err
+  end
+  local reversed, missing, dup = {}, {}, {}
+  for k = world, 1, -1 do reversed[#reversed + 1] = all[k] end
+  for k = 1, world - 1 do missing[k], dup[k] = all[k], all[k] end
+  dup[world] = all[1]
+  rec.parts = {own = attempt({all[rank + 1]}), reversed = attempt(reversed), missing = attempt(missing),
+    dup = attempt(dup)}
+  rec.parts_order = reversed[1].rank -- the caller's list is left as it was
+  -- a part whose shard is cut short (one element): zero-filled before
+  local short = {}
+  for k, p in ipairs(all) do
+    short[k] = {world = p.world, rank = p.rank, units = {{numel = p.units[1].numel,
+      shard = k == 1 and p.units[1].shard:narrow(1, 1, 1):clone() or p.units[1].shard}}}
+  end
+  rec.parts.short = attempt(short)
+  -- a checkpoint with one unit more than this model (its first unit fits)
+  local extra = {}
+  for k, p in ipairs(all) do
+    extra[k] = {world = p.world, rank = p.rank, units = {p.units[1], {numel = 4, shard = T.zeros({4}, "float64")}}}
+  end
+  rec.parts.extra = attempt(extra)
+  -- the optimizer's part of the checkpoint: saved with Adam's state
+  local fopt = crun.optim.Adam(fs, OPTS.adam)
+  train(fs, fopt, "float64", 1, 1)
+  crun.save(string.format("%s/opart.r%d.crun", out, rank), fs:sharded_state_dict(fopt))
+  crun.dist.barrier()
+  local oall = {}
+  for k = 0, world - 1 do oall[k + 1] = crun.load(string.format("%s/opart.r%d.crun", out, k)) end
+  -- the error, and whether the model's shards were left as they were
+  local function refused(parts, make_opt)
+    local g = crun.FSDP(model("float64", 2), {sharding_strategy = "FULL_SHARD"})
+    local before = {}
+    for i, p in ipairs((g:parameters())) do before[i] = p:clone() end
+    local ok, e = pcall(g.load_sharded_state_dict, g, parts, make_opt(g))
+    local err = 0
+    for i, p in ipairs((g:parameters())) do err = math.max(err, util.max_rel_err(before[i], p)) end
+    return {ok and "loaded" or tostring(e), err == 0}
+  end
+  local without = {}
+  for k, p in ipairs(oall) do
+    without[k] = {world = p.world, rank = p.rank, optim_kind = p.optim_kind, units = {}}
+    for u, r in ipairs(p.units) do
+      without[k].units[u] = {numel = r.numel, shard = r.shard, optim = k == 1 and r.optim or nil}
+    end
+  end
+  local other = crun.FSDP(model("float64", 3), {sharding_strategy = "FULL_SHARD"})
+  rec.optim = {
+    into_sgd = refused(oall, function(g) return crun.optim.SGD(g, OPTS.sgd) end),
+    foreign = refused(oall, function() return crun.optim.Adam(other, OPTS.adam) end),
+    without = world > 1 and refused(without, function(g) return crun.optim.Adam(g, OPTS.adam) end) or nil,
+  }
 else
   -- resume at this world size the checkpoint saved at 4 ranks
   local parts = {}
