@@ -11,7 +11,10 @@
 #define PG_MT "crun.ProcessGroup"
 #define WORK_MT "crun.Work"
 
-typedef struct { crun_pg_t *pg; } l_pg;
+typedef struct {
+  crun_pg_t *pg;
+  int rank, size; /* kept for the error of a call on it once destroyed */
+} l_pg;
 /* A Work: the handle, and whether the tensors it uses are still pinned.
  * User value 1: every value the operation uses (tensors of argument lists
  * included, so dropping or editing a list cannot free a buffer in flight);
@@ -25,7 +28,11 @@ typedef struct {
 /* u's group; raises ECLOSED once it was destroyed. */
 static crun_pg_t *live_pg(lua_State *L, const l_pg *u) {
   if (!u->pg) {
-    crun_error(CRUN_ECLOSED, "the process group was destroyed");
+    lua_Debug ar;
+    const char *call = lua_getstack(L, 0, &ar) && lua_getinfo(L, "n", &ar) ? ar.name : NULL;
+    crun_error(CRUN_ECLOSED, "rank %d %s%s%s a process group (%d rank%s) that was destroyed before "
+               "(destroy_process_group or pg:destroy())", u->rank, call ? "called " : "used", call ? call : "",
+               call ? "() on" : "", u->size, u->size == 1 ? "" : "s");
     crun_l_fail(L, CRUN_ECLOSED);
   }
   return u->pg;
@@ -38,6 +45,7 @@ crun_pg_t *crun_l_check_pg(lua_State *L, int idx) { return check_pg(L, idx); }
 static void push_pg(lua_State *L, crun_pg_t *pg) {
   l_pg *u = lua_newuserdatauv(L, sizeof *u, 0);
   u->pg = pg;
+  u->rank = crun_pg_rank(pg), u->size = crun_pg_size(pg);
   luaL_setmetatable(L, PG_MT);
 }
 
