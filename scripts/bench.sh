@@ -9,7 +9,8 @@
 #   coll    bench/coll_compare.sh 2 4 8: all_reduce, crun tcp/shm vs Gloo and Open MPI;
 #           bench/lat_rounds.sh: 8 B and 1 KiB at 2 ranks vs Open MPI, LAT_ROUNDS (7)
 #           interleaved runs (the 2-rank targets use their medians)
-#   store   jobs/store_bench.lua (unix socket and loopback TCP) vs anchors/store/store_bench.py
+#   store   jobs/store_bench.lua (unix socket and loopback TCP) vs anchors/store/store_bench.py,
+#           and bench/store_floor.c: what a bare C echo server does (the floor)
 #   launch  bench/launch_bench.sh: crun-lua -n 8 vs torchrun and mpirun (hyperfine)
 #   train   anchors/train/compare.py: jobs/train.lua vs torch DDP (interleaved)
 # Writes bench/results/<date>-<cpu>.md (the tables, the raw outputs, the
@@ -52,7 +53,15 @@ for s in $SECTIONS; do
       CRUN_STORE_UNIX=$u LUA_PATH="$BUILD/lua/?.lua;$BUILD/lua/?/init.lua;;" LUA_CPATH="$BUILD/lua/?.so;;" \
         lua5.4 jobs/store_bench.lua --torch-csv "$WORK/store_torch.csv" --out "$WORK/store_crun_unix$u.csv" \
         | tee "$WORK/store_unix$u.txt"
-    done ;;
+    done
+    # the floor of any acknowledged request/reply store here (bench/store_floor.c)
+    if cc -O2 -o "$WORK/store_floor" bench/store_floor.c -lpthread; then
+      : > "$WORK/store_floor.csv"
+      for m in "" "--poll" "--unix" "--unix --poll"; do
+        timeout 120 "$WORK/store_floor" $m 8 10000 >> "$WORK/store_floor.csv"
+      done
+      cat "$WORK/store_floor.csv"
+    fi ;;
   launch)
     OUT=$WORK/launch BUILD=$BUILD ANCHORS=$ANCHORS SKIP_MI=1 bash bench/launch_bench.sh 10 | tee "$WORK/launch.txt" ;;
   train)
@@ -110,7 +119,15 @@ if "store" in sections:
         g = float(torch["latency_get"]["median_us"]) / float(crun["latency_get"]["median_us"])
         target(f"store get latency >= 4x torch ({name})", g >= 4, f"{g:.1f}x")
         t = float(crun["throughput_setget"]["agg_ops_per_s"]) / float(torch["throughput_setget"]["agg_ops_per_s"])
-        target(f"store 8-client set+get >= 4x torch ({name})", t >= 4, f"{t:.1f}x")
+        floor = ""
+        if os.path.exists(f"{work}/store_floor.csv"):  # store_floor,tcp|unix,block|poll,clients,nops,round trips/s
+            fl = [float(l.split(",")[5]) for l in open(f"{work}/store_floor.csv")
+                  if l.startswith("store_floor,") and l.split(",")[1] == ("unix" if u == "1" else "tcp")]
+            if fl:
+                tt = float(torch["throughput_setget"]["agg_ops_per_s"])
+                floor = (f"; the floor here, a bare C echo server (bench/store_floor.c, 8 clients): "
+                         f"{max(fl) / 1e3:.0f}k round trips/s = {max(fl) / tt:.1f}x torch")
+        target(f"store 8-client set+get >= 4x torch ({name})", t >= 4, f"{t:.1f}x{floor}")
 if "launch" in sections and os.path.exists(f"{work}/launch/launch.json"):
     res = json.load(open(f"{work}/launch/launch.json"))["results"]
     ms = res[0]["median"] * 1e3
