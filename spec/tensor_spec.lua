@@ -36,6 +36,40 @@ describe("factories", function()
 
   -- a table whose length (#, a border) stops before its last entry made a
   -- shorter tensor without a word: {[1] = 1, [3] = 3} gave 1 element
+  it("tensor infers torch.tensor's dtype from the data (new always takes float32)", function()
+    local cases = {
+      {{3, -1, 2}, "int64", {3}, {3, -1, 2}},
+      {{{-4, 5}, {6, 7}}, "int64", {2, 2}, {{-4, 5}, {6, 7}}},
+      {{1.5, -2}, "float32", {2}, {1.5, -2}},
+      {{1.0, 2}, "float32", {2}, {1, 2}},           -- 1.0 is a float, as in Python
+      {{{1, 2}, {3, 4.25}}, "float32", {2, 2}, {{1, 2}, {3, 4.25}}},
+      {{true, false, true}, "bool", {3}, {true, false, true}},
+      {{}, "float32", {0}, {}},
+    }
+    for _, c in ipairs(cases) do
+      local t = T.tensor(c[1])
+      assert.are.equal(c[2], t:dtype())
+      assert.are.same(c[3], t:size())
+      assert.are.same(c[4], t:totable())
+    end
+    local s = T.tensor(-7)
+    assert.are.same({"int64", 0, -7}, {s:dtype(), s:dim(), s:item()})
+    s = T.tensor(2.5)
+    assert.are.same({"float32", 0, 2.5}, {s:dtype(), s:dim(), s:item()})
+    assert.are.equal("bool", T.tensor(true):dtype())
+    -- a dtype given wins, as a string or an option
+    assert.are.equal("float64", T.tensor({1, 2}, "float64"):dtype())
+    assert.are.equal("int32", T.tensor({1, 2}, {dtype = "int32"}):dtype())
+    assert.are.equal("int64", T.tensor({1, 2}, {pin_memory = false}):dtype())
+    -- from a tensor: a copy
+    local src = T.new({1, 2}, "int64")
+    local cp = T.tensor(src)
+    cp[1] = 9
+    assert.are.same({1, 2}, src:totable())
+    assert.has_error(function() T.tensor({1, "x"}) end)
+    assert.has_error(function() T.tensor({1, nil, 3}) end)
+  end)
+
   it("new refuses a table with holes or a 0-based index, naming the missing entry", function()
     local function holes(n, set) -- entries 1..n but for those set[i] == nil
       local t = {}

@@ -144,6 +144,45 @@ checked_factory("rand", 1, RANDOM)
 checked_factory("randn", 1, RANDOM)
 checked_factory("randint", 3, RANDOM)
 
+-- The dtype torch.tensor infers for data: float32 when an entry is a Lua
+-- float, else int64 when one is an integer, else bool when there are
+-- booleans; float32 for no entries. Entries that are neither go to T.new,
+-- which names them.
+local function inferred_dtype(data)
+  local int, float, bool = false, false, false
+  local function walk(v, depth)
+    if float or depth > 64 then return end
+    if type(v) == "table" then
+      for i = 1, #v do walk(v[i], depth + 1) end
+    elseif math.type(v) == "float" then float = true
+    elseif math.type(v) == "integer" then int = true
+    elseif type(v) == "boolean" then bool = true end
+  end
+  walk(data, 0)
+  return float and "float32" or int and "int64" or bool and "bool" or "float32"
+end
+
+--- T.tensor(data[, dtype][, {device=, dtype=, pin_memory=}]): torch.tensor. A
+--- new tensor from a number or boolean (0-d) or a nested table of them. Without
+--- a dtype it is inferred as torch does: {1, 2} is int64 (labels), {1.5, 2} and
+--- {1.0, 2} float32, {true, false} bool. (T.new always defaults to float32.)
+function T.tensor(data, a, ...)
+  if T.is_tensor(data) then return data:clone() end -- torch copies (and warns)
+  local opts_dtype = type(a) == "table" and getmetatable(a) == nil and a.dtype ~= nil
+  if type(a) ~= "string" and not opts_dtype then
+    local dt = inferred_dtype(data)
+    if a == nil then return T.tensor(data, dt) end
+    local o = {}
+    for k, v in pairs(a) do o[k] = v end
+    o.dtype = dt
+    return T.tensor(data, o, ...)
+  end
+  if type(data) == "number" or type(data) == "boolean" then
+    return T.new({data}, a, ...):reshape({})
+  end
+  return T.new(data, a, ...)
+end
+
 --- T.zeros_like(t[, dtype]) / T.ones_like / T.empty_like / T.full_like(t, v[, dtype]):
 --- on t's device
 function T.zeros_like(t, dtype) return T.zeros(t:size(), dtype or t:dtype(), {device = t:device()}) end
