@@ -281,7 +281,8 @@ void crun__obs_start(crun_pg_t *pg, crun_work_t *w) {
   w->obs.t_start = ticks();
   if (!w->obs.t_enq) w->obs.t_enq = w->obs.t_start;
   fr_t *e = entry(w->obs.id);
-  if (e) FR_SET(e, t_start, w->obs.t_start), FR_SET(e, t_enq, w->obs.t_enq), FR_SET(e, state, (int8_t)ST_STARTED);
+  if (e) FR_SET(e, seq, w->c.seq), FR_SET(e, t_start, w->obs.t_start), FR_SET(e, t_enq, w->obs.t_enq),
+         FR_SET(e, state, (int8_t)ST_STARTED); /* a queued collective is numbered when it starts */
 }
 
 /* Appends an event when there is room; counts it dropped otherwise (lock held). */
@@ -291,13 +292,15 @@ static ev_t *event_locked(void) {
   return NULL;
 }
 
-/* Adds to a counter that crun_pg_stats reads from another thread. The
- * operations of one group end one at a time (the group's busy flag: a p2p
- * operation ends on the thread that pumps it, which holds it), so a
- * relaxed load and store suffice, with no locked instruction; a reset that
- * races with an end may lose that one end. */
-static void stat_add(uint64_t *v, uint64_t d) {
-  __atomic_store_n(v, __atomic_load_n(v, __ATOMIC_RELAXED) + d, __ATOMIC_RELAXED);
+/* Adds to a counter that crun_pg_stats reads (and resets) from another
+ * thread. A collective ends on the thread that holds the group's busy flag,
+ * one at a time, so a relaxed load and store suffice there, with no locked
+ * instruction (a reset that races with an end may lose that one end); a
+ * send or receive may also end in the background on the transport's pump
+ * thread while another one ends on the busy holder: those add atomically. */
+static void stat_add(uint64_t *v, uint64_t d, int p2p) {
+  if (p2p) __atomic_fetch_add(v, d, __ATOMIC_RELAXED);
+  else __atomic_store_n(v, __atomic_load_n(v, __ATOMIC_RELAXED) + d, __ATOMIC_RELAXED);
 }
 
 /* Ticks in OBS_SHORT_NS (set on first use, once the tick rate is known). */
@@ -310,29 +313,35 @@ static uint64_t short_ticks(void) {
   return t;
 }
 
-/* The end of w, which started at t0 (0: never recorded) and waited `wait`
- * ns: the clock, or for a short operation that did not wait (the group's last
- * exact duration of its kind, s->est, under OBS_SHORT_NS and the wait's own
- * clock reads saw none) t0 + s->est, but for one in OBS_SAMPLE of them. One
- * clock read is ~20 ns on this path (rdtsc is microcoded; in a VM as much
- * again), where a 2-rank 8-byte all_reduce takes ~280 ns, and it sits
- * between this rank's result and its next post, which its peers wait for.
- * The timeline reads the clock every time. */
-static uint64_t end_ticks(crun__obs_stat_t *s, uint64_t t0, uint64_t wait, int exact) {
-  if (!exact && s->est && !wait && s->est < short_ticks() && ++s->skip < OBS_SAMPLE) return t0 + s->est;
+/* The end of an operation that started at t0, waited `wait` ns and moved
+ * `bytes`, run by the shared-memory engine's one-shot path: the clock one
+ * time in OBS_SAMPLE; else, when it did not wait and the group's last exact
+ * one-shot operation of this kind moved as many bytes and took less than
+ * OBS_SHORT_NS (s->est), t0 + s->est. A clock read is ~20 ns here (rdtsc is
+ * microcoded; in a VM as much again) against ~250 ns for a 2-rank 8-byte
+ * all_reduce, and it sits between this rank's result and its next post,
+ * which its peers wait for. Only one-shot operations are estimated: their
+ * engine counts every wait, and they are short (up to 32 KiB). Called by the
+ * thread that ran the operation, which holds the group's busy flag: one at a
+ * time per group. */
+static uint64_t end_ticks(crun__obs_stat_t *s, uint64_t t0, uint64_t wait, uint64_t bytes) {
+  if (s->est && !wait && bytes == s->est_bytes && s->est < short_ticks() && ++s->skip < OBS_SAMPLE)
+    return t0 + s->est;
   uint64_t t1 = ticks();
-  if (t0 && t1 > t0) s->est = t1 - t0, s->skip = 0;
+  if (t1 > t0) s->est = t1 - t0, s->est_bytes = bytes, s->skip = 0;
   return t1;
 }
+
+_Thread_local int crun__obs_oneshot;
 
 void crun__obs_end(crun_pg_t *pg, crun_work_t *w, int rc, int same_thread) {
   crun__coll_t *c = &w->c;
   uint64_t wait = same_thread && w->obs.t_start ? crun__obs_wait_ns - w->obs.wait0 : 0;
-  int known = c->kind >= 0 && c->kind < CRUN__COLL_COUNT;
-  uint64_t t1 = known ? end_ticks(&pg->obs_stats[c->kind], w->obs.t_start, wait,
-                                  !same_thread || !w->obs.t_start || rc < 0 ||
-                                      (crun__obs_on & CRUN__OBS_TIMELINE))
-                      : ticks();
+  int known = c->kind >= 0 && c->kind < CRUN__COLL_COUNT, oneshot = crun__obs_oneshot;
+  crun__obs_oneshot = 0;
+  uint64_t t1 = known && oneshot && same_thread && w->obs.t_start && rc >= 0 && !(crun__obs_on & CRUN__OBS_TIMELINE)
+                    ? end_ticks(&pg->obs_stats[c->kind], w->obs.t_start, wait, op_bytes(c))
+                    : ticks();
   uint64_t t0 = w->obs.t_start ? w->obs.t_start : t1;
   const char *algo = same_thread ? crun__obs_algo : (pg->be ? pg->be->name : "?");
   fr_t *e = entry(w->obs.id);
@@ -343,7 +352,9 @@ void crun__obs_end(crun_pg_t *pg, crun_work_t *w, int rc, int same_thread) {
   }
   if (known) {
     crun__obs_stat_t *s = &pg->obs_stats[c->kind];
-    stat_add(&s->ops, 1), stat_add(&s->bytes, op_bytes(c)), stat_add(&s->time_ns, t1 - t0), stat_add(&s->wait_ns, wait);
+    int p2p = c->kind == CRUN__COLL_SEND || c->kind == CRUN__COLL_RECV;
+    stat_add(&s->ops, 1, p2p), stat_add(&s->bytes, op_bytes(c), p2p), stat_add(&s->time_ns, t1 - t0, p2p),
+        stat_add(&s->wait_ns, wait, p2p);
   }
   if (!(crun__obs_on & CRUN__OBS_TIMELINE)) return;
   int grp = group_of(pg);

@@ -36,14 +36,16 @@ typedef struct {
 /* Per-op counters of a group (guarded by the recorder's lock). */
 typedef struct {
   uint64_t ops, bytes, time_ns, wait_ns; /* time_ns: in the hooks' ticks (core/trace.c) */
-  uint64_t est, skip; /* the last exact duration (ticks) and the ends estimated since (end_ticks) */
+  /* the shm one-shot path's last exact duration (ticks), its bytes, and the
+   * ends estimated since (core/trace.c end_ticks) */
+  uint64_t est, est_bytes, skip;
 } crun__obs_stat_t;
 
 struct crun_pg;
 struct crun_work;
 
-/* Submit: the work got its seq (pg->mu held); queued: it waits for the
- * progress thread. Else it runs inline now, and its start (clock read and
+/* Submit: queued: the work waits for the progress thread (it gets its seq
+ * when it starts, pg/work.c number()). Else it runs inline now, and its start (clock read and
  * flight-recorder entry) is held until crun__obs_posted: see below. */
 void crun__obs_enqueue(struct crun_pg *pg, struct crun_work *w, int queued);
 /* The engine is about to run the work on this thread. */
@@ -63,6 +65,10 @@ void crun__obs_write_held(void);
 static inline void crun__obs_posted(void) {
   if (crun__obs_held) crun__obs_write_held();
 }
+/* Set by the shared-memory engine's one-shot path (small operations, every
+ * wait counted) for the operation it runs on this thread; crun__obs_end reads
+ * and clears it: such an operation's end may be estimated (core/trace.c). */
+extern _Thread_local int crun__obs_oneshot;
 /* The work ended with rc (<0: failed); same_thread: it ended on the thread
  * that started it (its wait is measured), else it went on in the background. */
 void crun__obs_end(struct crun_pg *pg, struct crun_work *w, int rc, int same_thread);

@@ -24,6 +24,8 @@ void crun__coll_desc(const crun__coll_t *c, char *buf, size_t cap) {
     snprintf(buf, cap, "recv from any rank (tag %d)", c->tag);
   else if (c->kind == CRUN__COLL_RECV)
     snprintf(buf, cap, "recv from rank %d (tag %d)", c->root, c->tag);
+  else if (!c->seq) /* queued: numbered when it starts (crun__pg_execute) */
+    snprintf(buf, cap, "%s (queued, not started)", crun__coll_name(c->kind));
   else
     snprintf(buf, cap, "%s #%llu", crun__coll_name(c->kind), (unsigned long long)c->seq);
 }

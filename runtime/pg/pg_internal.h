@@ -89,7 +89,7 @@ struct crun_pg {
   int *global;               /* global rank of each group rank */
   double timeout;
   uint32_t group_id;
-  _Atomic uint64_t next_seq; /* the last collective's sequence number */
+  _Atomic uint64_t next_seq; /* the last collective's sequence number (written by the busy holder) */
   int nchildren;             /* sub-groups made so far (names them) */
   const struct crun_backend_vtable *be;
   void *be_state;

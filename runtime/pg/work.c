@@ -168,6 +168,16 @@ static void busy_give(crun_pg_t *pg) {
   }
 }
 
+/* Numbers collective c, about to run (busy held). Collectives are numbered
+ * in the order the group runs them, so that the number is the run order
+ * whichever threads issued them (the TCP transport matches frames by it); a
+ * queued one has none until it starts. */
+static void number(crun_pg_t *pg, crun__coll_t *c) {
+  if (c->kind == CRUN__COLL_SEND || c->kind == CRUN__COLL_RECV) return;
+  c->seq = atomic_load_explicit(&pg->next_seq, memory_order_relaxed) + 1;
+  atomic_store_explicit(&pg->next_seq, c->seq, memory_order_relaxed);
+}
+
 /* Runs the head of the queue, busy held. Called with pg->mu held; returns
  * with it held and busy given back. */
 static void run_head_locked(crun_pg_t *pg) {
@@ -176,9 +186,13 @@ static void run_head_locked(crun_pg_t *pg) {
   if (!pg->head) pg->tail = NULL;
   atomic_fetch_sub(&pg->queued, 1);
   w->queued = 1;
+  number(pg, &w->c); /* under mu: crun_work_describe reads it */
+  w->desc[0] = 0;     /* a description made while it was queued had no number */
   pthread_mutex_unlock(&pg->mu);
   int pending = crun__pg_execute(pg, w) == CRUN__PENDING;
-  atomic_store(&pg->busy, 0); /* the only waiter for it is this thread */
+  /* no wake-up: the only thread that waits for busy (busy_waiters) is this
+   * one, the progress thread; a second such waiter would need busy_give */
+  atomic_store(&pg->busy, 0);
   pthread_mutex_lock(&pg->mu);
   if (pending) { /* crun__pg_p2p_done finishes it and drops the queue's reference */
     pthread_cond_broadcast(&pg->cv);
@@ -265,9 +279,11 @@ static int is_done(crun_pg_t *pg, crun_work_t *w) {
  * (busy held throughout: the queue waits, as it would behind any operation). */
 static int run_inline(crun_pg_t *pg, crun_work_t *w) {
   w->c.caller_pumps = pg->pump != NULL;
+  number(pg, &w->c);
   if (crun__obs_on) crun__obs_enqueue(pg, w, 0);
   int pending = crun__pg_execute(pg, w) == CRUN__PENDING;
-  while (pending && !is_done(pg, w)) pg->pump(pg->pump_arg, 0.05);
+  while (pending && !is_done(pg, w)) /* a backend that returns CRUN__PENDING sets pump */
+    if (pg->pump) pg->pump(pg->pump_arg, 0.05);
   w->done = 1; /* the caller's: nobody else waits for it */
   busy_give(pg);
   return w->status < 0 ? crun_error(w->status, "%s", strip_name(w->err)) : 0;
@@ -275,20 +291,15 @@ static int run_inline(crun_pg_t *pg, crun_work_t *w) {
 
 int crun__pg_submit(crun_pg_t *pg, crun_work_t *w, crun_work_t **out) {
   w->async = out != NULL;
-  int coll = w->c.kind != CRUN__COLL_SEND && w->c.kind != CRUN__COLL_RECV;
   /* A blocking call with nothing queued and nothing running runs here and
    * now, without pg->mu. A work is counted in queued before the progress
    * thread can take busy to run it, so with busy taken and none queued,
    * nothing issued before this call is still to run. */
   if (!w->async && busy_take(pg)) {
-    if (!atomic_load(&pg->queued) && !atomic_load(&pg->stop)) {
-      if (coll) w->c.seq = atomic_fetch_add(&pg->next_seq, 1) + 1;
-      return run_inline(pg, w);
-    }
+    if (!atomic_load(&pg->queued) && !atomic_load(&pg->stop)) return run_inline(pg, w);
     busy_give(pg);
   }
   pthread_mutex_lock(&pg->mu);
-  if (coll) w->c.seq = atomic_fetch_add(&pg->next_seq, 1) + 1;
   if (!w->async && !pg->head && !atomic_load(&pg->stop) && busy_take(pg)) {
     pthread_mutex_unlock(&pg->mu);
     return run_inline(pg, w);

@@ -295,7 +295,85 @@ TEST(tcp_peer_killed) {
   EXPECT_EQ_INT(pg_spawn_ex(3, killed_case, NULL, 60.0, 30.0), 1);
 }
 
-#define CRUN_TESTS(X) X(async_ordering) X(async_blocking_race) X(sub_groups) X(send_recv_matching) X(work_wait_timeout) \
+/* Two threads per rank issue the same all_reduce on one group, one blocking,
+ * the other async every other call: whichever pairing the ranks' run orders
+ * give, every sum is the group size. The ranks must agree on each
+ * operation's number, which is its place in the run order (work.c number());
+ * numbered at submit, the numbers of a blocking call run inline and of a
+ * call queued meanwhile by the other thread came out of run order, and TCP
+ * refused the frames ("expected all_reduce #4867, rank 1 sent #4868"). */
+typedef struct {
+  crun_pg_t *pg;
+  int n, async, bad;
+} thr_t;
+
+static void *thr_main(void *arg) {
+  thr_t *t = arg;
+  for (int k = 0; k < t->n && !t->bad; k++) {
+    int32_t x = 1;
+    crun_work_t *w = NULL;
+    int rc = crun_pg_all_reduce(t->pg, &x, 1, CRUN_INT32, CRUN_OP_SUM, NULL, t->async && (k & 1) ? &w : NULL);
+    if (rc == 0 && w) rc = crun_work_wait(w, 30);
+    if (w) crun_work_release(w);
+    if (rc < 0 || x != crun_pg_size(t->pg)) {
+      fprintf(stderr, "rank %d call %d: %s (sum %d)\n", crun_pg_rank(t->pg), k, rc < 0 ? crun_last_error() : "ok", x);
+      t->bad = 1;
+    }
+  }
+  return NULL;
+}
+
+static void two_threads(crun_pg_t *pg, void *arg) {
+  (void)arg;
+  thr_t a = {pg, 20000, 1, 0}, b = {pg, 20000, 0, 0};
+  pthread_t ta, tb;
+  EXPECT(pthread_create(&ta, NULL, thr_main, &a) == 0);
+  EXPECT(pthread_create(&tb, NULL, thr_main, &b) == 0);
+  pthread_join(ta, NULL);
+  pthread_join(tb, NULL);
+  EXPECT(!a.bad && !b.bad);
+  EXPECT_EQ_INT(crun_pg_next_seq(pg), 40001);
+}
+
+TEST(two_threads_one_group) { EXPECT_EQ_INT(pg_spawn_ex(2, two_threads, NULL, 60.0, 30.0), 0); }
+
+TEST(tcp_two_threads_one_group) {
+  setenv("CRUN_SHM", "0", 1);
+  EXPECT_EQ_INT(pg_spawn_ex(2, two_threads, NULL, 60.0, 30.0), 0);
+}
+
+/* dist.stats' time of large all_gathers run right after small ones: the
+ * small ones' ends may be estimated from their last exact duration
+ * (core/trace.c end_ticks), a large one's never. */
+static void stats_after_small(crun_pg_t *pg, void *arg) {
+  (void)arg;
+  int p = crun_pg_size(pg);
+  enum { BIG = 4 << 20 };
+  float *in = calloc(BIG, sizeof(float)), *outs[4], one = 1, got[4];
+  void *small[4];
+  for (int q = 0; q < p; q++) outs[q] = calloc(BIG, sizeof(float)), small[q] = &got[q];
+  crun_pg_stat_t st[CRUN_PG_STAT_OPS];
+  for (int k = 0; k < 20; k++) EXPECT_OK(crun_pg_all_gather(pg, small, &one, 1, CRUN_FLOAT32, NULL, NULL));
+  EXPECT_OK(crun_pg_stats(pg, st, 1));
+  double t0 = crun_clock();
+  for (int k = 0; k < 5; k++)
+    EXPECT_OK(crun_pg_all_gather(pg, (void *const *)outs, in, BIG, CRUN_FLOAT32, NULL, NULL));
+  double wall = crun_clock() - t0;
+  EXPECT_OK(crun_pg_stats(pg, st, 1));
+  EXPECT_EQ_INT((int)st[5].ops, 5); /* index 5: all_gather */
+  if (!(st[5].time_s > 0.5 * wall && st[5].time_s <= 1.01 * wall)) {
+    fprintf(stderr, "rank %d: 5 all_gathers of 16 MiB: %.6f s in stats, %.6f s around them\n", crun_pg_rank(pg),
+            st[5].time_s, wall);
+    EXPECT(0);
+  }
+  for (int q = 0; q < p; q++) free(outs[q]);
+  free(in);
+}
+
+TEST(stats_large_after_small) { pg_spawn(2, stats_after_small, NULL); }
+
+#define CRUN_TESTS(X) X(async_ordering) X(async_blocking_race) X(two_threads_one_group) X(tcp_two_threads_one_group) \
+  X(stats_large_after_small) X(sub_groups) X(send_recv_matching) X(work_wait_timeout) \
   X(argument_errors) X(mismatch_reported_everywhere) X(timeout_names_ranks) X(peer_killed_mid_all_reduce) \
   X(tcp_mismatch) X(tcp_timeout) X(tcp_peer_killed)
 CRUN_TEST_MAIN()

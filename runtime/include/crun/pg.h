@@ -111,7 +111,9 @@ const char *crun_pg_backend(const crun_pg_t *pg);
 void crun_pg_set_timeout(crun_pg_t *pg, double seconds);
 double crun_pg_get_timeout(const crun_pg_t *pg);
 
-/* Returns the sequence number the next collective will get (1 for the first). */
+/* Returns the sequence number the next collective to run will get (1 for the
+ * first). Collectives are numbered in the order the group runs them; an async
+ * one still queued has no number yet. */
 uint64_t crun_pg_next_seq(const crun_pg_t *pg);
 
 /* ---------------------------------------------------------------- p2p */

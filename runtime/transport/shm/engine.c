@@ -1,5 +1,6 @@
 /* engine.c — what every collective shares: argument checks and the op
  * description, and the one-shot path. The chunked path is in pipeline.c. */
+#include "core/trace_int.h"
 #include "transport/shm/shm_int.h"
 
 #include <stdint.h>
@@ -129,6 +130,7 @@ static int check_small_descs(crun__shm_comm_t *c, int b) {
  * s+2 before every rank posted s+1, i.e. finished reading op s. */
 int crun__shm_run_small(shm_op_t *o) {
   crun__shm_comm_t *c = o->c;
+  if (crun__obs_on) crun__obs_oneshot = 1; /* its end may be estimated (core/trace_int.h) */
   uint64_t s = ++c->small_seq;
   int b = (int)(s & 1);
   shm_small_hdr_t *h = crun__shm_small_hdr(c, c->rank, b);
