@@ -163,15 +163,11 @@ static void push_elem_at(lua_State *L, const crun_tensor_t *t, const int64_t *id
   }
 }
 
-/* The values an integer dtype holds: [*lo, *hi]. */
+/* crun_dtype_int_range as Lua integers (lua_Integer is int64_t here). */
 static void int_dtype_range(crun_dtype_t dt, lua_Integer *lo, lua_Integer *hi) {
-  switch (dt) {
-  case CRUN_INT8: *lo = INT8_MIN, *hi = INT8_MAX; break;
-  case CRUN_UINT8: *lo = 0, *hi = UINT8_MAX; break;
-  case CRUN_INT16: *lo = INT16_MIN, *hi = INT16_MAX; break;
-  case CRUN_INT32: *lo = INT32_MIN, *hi = INT32_MAX; break;
-  default: *lo = INT64_MIN, *hi = INT64_MAX; break;
-  }
+  int64_t l, h;
+  crun_dtype_int_range(dt, &l, &h);
+  *lo = (lua_Integer)l, *hi = (lua_Integer)h;
 }
 
 /* A Lua number stored into an integer tensor (tensor.new, full, fill_,

@@ -162,17 +162,6 @@ static int fits_int(crun_dtype_t dt, double v) {
   }
 }
 
-/* The [lo, hi] of integer dtype dt, for messages. */
-static void int_range(crun_dtype_t dt, long long *lo, long long *hi) {
-  switch (dt) {
-    case CRUN_INT8: *lo = INT8_MIN, *hi = INT8_MAX; break;
-    case CRUN_UINT8: *lo = 0, *hi = UINT8_MAX; break;
-    case CRUN_INT16: *lo = INT16_MIN, *hi = INT16_MAX; break;
-    case CRUN_INT32: *lo = INT32_MIN, *hi = INT32_MAX; break;
-    default: *lo = INT64_MIN, *hi = INT64_MAX; break;
-  }
-}
-
 int crun__check_cast_fits(crun_dtype_t ddt, const crun_tensor_t *src) {
   if (!crun_dtype_is_integer(ddt) || crun_dtype_is_integer(src->dt) || src->dt == CRUN_BOOL ||
       crun_tensor_numel(src) == 0)
@@ -184,12 +173,12 @@ int crun__check_cast_fits(crun_dtype_t ddt, const crun_tensor_t *src) {
     for (int64_t i = 0; i < it.len; i++, pos++) {
       double v = crun_elem_get_double(src->dt, it.row, i * it.step);
       if (fits_int(ddt, v)) continue;
-      long long lo, hi;
-      int_range(ddt, &lo, &hi);
+      int64_t lo, hi;
+      crun_dtype_int_range(ddt, &lo, &hi);
       return crun_error(CRUN_EINVAL, "convert %s to %s: element %lld (%.14g) does not fit %s [%lld, %lld] "
                         "(nan, inf and values out of range have no integer; clamp first)",
                         crun_dtype_name(src->dt), crun_dtype_name(ddt), (long long)pos + 1, v,
-                        crun_dtype_name(ddt), lo, hi);
+                        crun_dtype_name(ddt), (long long)lo, (long long)hi);
     }
   } while (crun__rowiter_next(&it));
   return 0;

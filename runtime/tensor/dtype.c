@@ -55,6 +55,16 @@ int crun_dtype_is_integer(crun_dtype_t dt) {
          dt == CRUN_INT16;
 }
 
+void crun_dtype_int_range(crun_dtype_t dt, int64_t *lo, int64_t *hi) {
+  switch (dt) {
+    case CRUN_INT8: *lo = INT8_MIN, *hi = INT8_MAX; break;
+    case CRUN_UINT8: *lo = 0, *hi = UINT8_MAX; break;
+    case CRUN_INT16: *lo = INT16_MIN, *hi = INT16_MAX; break;
+    case CRUN_INT32: *lo = INT32_MIN, *hi = INT32_MAX; break;
+    default: *lo = INT64_MIN, *hi = INT64_MAX; break;
+  }
+}
+
 /* ------------------------------------------------------------ float16 */
 
 float crun__f16_to_f32(uint16_t h) {

@@ -43,6 +43,9 @@ int crun_dtype_parse(const char *name, crun_dtype_t *out);
 /* Returns non-zero for int32, int64, uint8, int8, int16 (not bool). */
 int crun_dtype_is_integer(crun_dtype_t dt);
 
+/* The values integer dtype dt holds, [*lo, *hi] (int64's for any other dtype). */
+void crun_dtype_int_range(crun_dtype_t dt, int64_t *lo, int64_t *hi);
+
 typedef struct crun_tensor crun_tensor_t;
 
 /* Creates a contiguous zero-filled tensor of the given shape. */
