@@ -101,7 +101,8 @@ static int running_pid(pid_t pid) {
 }
 
 /* Calls require("crun.observe")[fn] with the values pushed by push(L, arg);
- * returns its text (malloc'ed) or NULL with the error printed. */
+ * returns its text (malloc'ed), or NULL with the error printed: a Lua error,
+ * or fn's `nil, message` answer. */
 static char *observe_call(const char *fn, void (*push)(lua_State *, const void *), const void *arg, int nargs) {
   lua_State *L = crun__lua_state_new();
   if (!L) return NULL;
@@ -112,8 +113,8 @@ static char *observe_call(const char *fn, void (*push)(lua_State *, const void *
   if (lua_pcall(L, 1, 1, 1) == LUA_OK) {
     lua_getfield(L, -1, fn);
     push(L, arg);
-    if (lua_pcall(L, nargs, 2, 1) == LUA_OK) {
-      const char *s = lua_tostring(L, -2) ? lua_tostring(L, -2) : lua_tostring(L, -1);
+    if (lua_pcall(L, nargs, 2, 1) == LUA_OK && lua_toboolean(L, -2)) {
+      const char *s = lua_tostring(L, -2);
       out = strdup(s ? s : "");
     }
   }

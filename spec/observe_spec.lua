@@ -104,6 +104,18 @@ describe("crun-lua --timeline", function()
     assert.are.equal(0, ev[1].args.skew_us)
     assert.matches("3 events dropped", r.err)
   end)
+
+  it("fails (exit 1, EIO, the rank files kept) when the trace cannot be written, and ENOTFOUND without rank files", function()
+    local t = dir .. "/unwritable"
+    assert(os.execute("mkdir " .. q(t))) -- a directory where the trace file should go
+    local r = run("-n 2 --master-port 0 --timeline " .. q(t) .. " " .. q(FIX .. "known.lua"))
+    assert.are.equal(1, r.code, r.err)
+    assert.matches("crun%-lua: EIO: cannot write the timeline [^\n]*unwritable: Is a directory", r.err)
+    for rank = 0, 1 do assert.is_string(C.slurp(t .. ".rank" .. rank), "rank file " .. rank .. " removed") end
+    r = run("--merge-timeline " .. q(dir .. "/none.json"))
+    assert.are.equal(1, r.code, r.err)
+    assert.matches("crun%-lua: ENOTFOUND: no timeline file [^\n]*none.json.rank<r> was written", r.err)
+  end)
 end)
 
 describe("dist.stats", function()

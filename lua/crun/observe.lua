@@ -136,13 +136,15 @@ end
 
 --- merge(path, world) -> summary text: reads "<path>.rank<r>" for r in
 -- 0..world-1 (those present) and writes the Chrome/Perfetto trace to path.
+-- On failure: nil and a text starting with the status name (ENOTFOUND: no
+-- rank file; EIO: path cannot be written; the rank files then stay).
 function M.merge(path, world)
   local ranks = {}
   for r = 0, world - 1 do
     local x = read_rank(path .. ".rank" .. r)
     if x then ranks[#ranks + 1] = x end
   end
-  if #ranks == 0 then return nil, string.format("no timeline file %s.rank<r> was written", path) end
+  if #ranks == 0 then return nil, string.format("ENOTFOUND: no timeline file %s.rank<r> was written", path) end
   local base
   for _, r in ipairs(ranks) do
     for _, list in ipairs{r.ops, r.spans, r.instants} do
@@ -157,7 +159,7 @@ function M.merge(path, world)
   local out = {}
   for _, r in ipairs(ranks) do emit_rank(out, r, base, last) end
   local f, err = io.open(path, "w")
-  if not f then return nil, "cannot write " .. path .. ": " .. tostring(err) end
+  if not f then return nil, "EIO: cannot write the timeline " .. tostring(err) end
   f:write('{"displayTimeUnit":"ms","traceEvents":[\n', table.concat(out, ",\n"), "\n]}\n")
   f:close()
   local lines = {string.format("timeline: %s, %d ranks, %d events", path, #ranks, #out)}
