@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define EXIT_USAGE 2
@@ -88,6 +89,7 @@ static const char usage_text[] =
     "                          when the workers are at least as many as the usable CPUs\n"
     "  --timeline FILE         record every rank's collectives, p2p ops, DDP buckets and spans;\n"
     "                          merged at the end into FILE, a Chrome/Perfetto JSON trace\n"
+    "                          (its directory must exist; a failed merge fails the job)\n"
     "  --merge-timeline FILE   only merge FILE.rank<r> (written by ranks run with\n"
     "                          CRUN_TIMELINE=FILE) into FILE, then exit\n"
     "  --no-prefix             do not prefix worker lines with \"[rank] \"\n"
@@ -489,10 +491,31 @@ static int check_rdzv(crun__opts_t *o) {
   return 0;
 }
 
+/* --timeline FILE: the ranks write FILE.rank<r> next to FILE and crun-lua
+ * FILE at the end, so its directory must exist and take files; checked
+ * before any rank runs rather than after the job. Returns 0 or an exit code. */
+static int check_timeline(const char *file) {
+  char dir[4096];
+  struct stat st;
+  if (!file) return 0;
+  snprintf(dir, sizeof dir, "%s", file);
+  char *slash = strrchr(dir, '/');
+  if (!slash) strcpy(dir, ".");
+  else if (slash == dir) dir[1] = 0;
+  else *slash = 0;
+  if (stat(file, &st) == 0 && S_ISDIR(st.st_mode))
+    return usage_error("--timeline %s: that is a directory; give a file name", file);
+  if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode) || access(dir, W_OK | X_OK) != 0)
+    return usage_error("--timeline %s: the directory %s %s", file, dir,
+                       stat(dir, &st) != 0 ? "does not exist" : !S_ISDIR(st.st_mode) ? "is not a directory"
+                                                                                      : "is not writable");
+  return 0;
+}
+
 /* Checks the options against each other. Returns 0 or an exit code. */
 static int check_opts(crun__opts_t *o) {
   int rc = check_rdzv(o);
-  if (rc) return rc;
+  if (rc || (rc = check_timeline(o->timeline))) return rc;
   if (!o->c10d && o->node_rank >= o->nnodes)
     return usage_error("--node-rank %d is not below --nnodes %d", o->node_rank, o->nnodes);
   if (!o->c10d && o->nnodes > 1 && o->master_port == 0)

@@ -107,14 +107,26 @@ describe("crun-lua --timeline", function()
 
   it("fails (exit 1, EIO, the rank files kept) when the trace cannot be written, and ENOTFOUND without rank files", function()
     local t = dir .. "/unwritable"
-    assert(os.execute("mkdir " .. q(t))) -- a directory where the trace file should go
+    assert(os.execute("ln -s /nonexistent-crun-dir/t.json " .. q(t))) -- passes the check at start, fails at the end
     local r = run("-n 2 --master-port 0 --timeline " .. q(t) .. " " .. q(FIX .. "known.lua"))
     assert.are.equal(1, r.code, r.err)
-    assert.matches("crun%-lua: EIO: cannot write the timeline [^\n]*unwritable: Is a directory", r.err)
+    assert.matches("crun%-lua: EIO: cannot write the timeline [^\n]*unwritable: No such file or directory", r.err)
     for rank = 0, 1 do assert.is_string(C.slurp(t .. ".rank" .. rank), "rank file " .. rank .. " removed") end
     r = run("--merge-timeline " .. q(dir .. "/none.json"))
     assert.are.equal(1, r.code, r.err)
     assert.matches("crun%-lua: ENOTFOUND: no timeline file [^\n]*none.json.rank<r> was written", r.err)
+  end)
+
+  it("refuses, before any rank runs, a timeline whose directory is missing or that is a directory", function()
+    local r = run("-n 2 --master-port 0 --timeline /nonexistent-crun-dir/t.json " .. q(FIX .. "known.lua"))
+    assert.are.equal(2, r.code, r.err)
+    assert.matches("crun%-lua: %-%-timeline /nonexistent%-crun%-dir/t.json: the directory /nonexistent%-crun%-dir "
+      .. "does not exist", r.err)
+    assert.are.equal("", r.out)
+    r = run("-n 2 --master-port 0 --timeline " .. q(dir) .. " " .. q(FIX .. "known.lua"))
+    assert.are.equal(2, r.code, r.err)
+    assert.matches("that is a directory; give a file name", r.err, 1, true)
+    assert.are.equal("", r.out)
   end)
 end)
 
