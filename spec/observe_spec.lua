@@ -179,6 +179,18 @@ describe("flight recorder", function()
     C.rmrf(dir)
   end)
 
+  it("names as behind a rank that has not entered the group's first op (not 'every rank reached #1')", function()
+    local dir = C.tmpdir("observe")
+    local r = run("-n 3 --master-port 0 --log-dir " .. q(dir) .. " " .. q(FIX .. "hang.lua"), "BEFORE=0")
+    C.rmrf(dir)
+    assert.are_not.equal(0, r.code)
+    assert.matches("dumps of 3 of 3 ranks", r.err)
+    assert.matches("rank 1 is behind: it has no op of this group yet while ranks 0,2 are at all_reduce #1 %(%a+%); "
+      .. "it has not entered #1", r.err)
+    assert.matches("no mismatch in the sequences recorded %(#1%.%.#1%)", r.err)
+    assert.not_matches("every rank reached", r.err)
+  end)
+
   it("finds the first mismatch in the sequences", function()
     local dir = C.tmpdir("observe")
     local r = run("-n 3 --master-port 0 " .. q(FIX .. "hang.lua"), "MODE=mismatch CRUN_FLIGHT_DIR=" .. q(dir))

@@ -184,7 +184,8 @@ local function read_dump(file)
   for line in f:lines() do
     local v = split(line)
     if v[1] == "R" then
-      d.rank, d.pid, d.time, d.reason = tonumber(v[2]), tonumber(v[3]), math.tointeger(tonumber(v[4])), v[6]
+      d.rank, d.pid, d.time, d.keep, d.reason = tonumber(v[2]), tonumber(v[3]), math.tointeger(tonumber(v[4])),
+        math.tointeger(tonumber(v[5])), v[6]
     elseif v[1]:match("^%d+$") then
       d.entries[#d.entries + 1] = {seq = math.tointeger(tonumber(v[2])), group = v[3], op = v[4], dtype = v[5],
         count = v[6], state = v[8], peer = tonumber(v[9])}
@@ -224,8 +225,10 @@ local function analyze_group(name, per, lines)
     for _, r in ipairs(behind) do
       local p = per[r]
       local e = p.by[p.max]
-      lines[#lines + 1] = string.format("  group %s: rank %d is behind: its last op is %s #%d (%s) while %s %s at %s #%d (%s); "
-        .. "it has not entered #%d", name, r, e and e.op or "?", p.max, e and e.state or "?", ranks_text({table.unpack(ahead)}),
+      local last = p.max == 0 and "it has no op of this group yet"
+        or string.format("its last op is %s #%d (%s)", e and e.op or "?", p.max, e and e.state or "?")
+      lines[#lines + 1] = string.format("  group %s: rank %d is behind: %s while %s %s at %s #%d (%s); "
+        .. "it has not entered #%d", name, r, last, ranks_text({table.unpack(ahead)}),
         #ahead > 1 and "are" or "is", front.op, maxseq, front.state, p.max + 1)
     end
   else
@@ -239,7 +242,9 @@ local function analyze_group(name, per, lines)
   end
   -- first mismatch: the lowest seq every rank recorded whose ops differ
   local lo = 0
-  for _, r in ipairs(ranks) do lo = math.max(lo, per[r].min) end
+  for _, r in ipairs(ranks) do
+    if per[r].max > 0 then lo = math.max(lo, per[r].min) end
+  end
   for s = lo, maxseq do
     local kinds, order = {}, {}
     for _, r in ipairs(ranks) do
@@ -266,12 +271,13 @@ end
 -- and on which op, and where the sequences first differ. quiet: "" when no
 -- dump holds a collective.
 function M.analyze(dir, ranks, since_ns, quiet)
-  local lines, groups, missing = {}, {}, {}
+  local lines, groups, missing, fresh = {}, {}, {}, {}
   for _, r in ipairs(ranks) do
     local d = read_dump(dir .. "/flight_rank" .. r .. ".txt")
     if not d or (since_ns and d.time and d.time < since_ns) then
       missing[#missing + 1] = r
     else
+      fresh[r] = d
       for _, e in ipairs(d.entries) do
         if e.seq and e.seq > 0 then
           local g = groups[e.group] or {}
@@ -282,6 +288,17 @@ function M.analyze(dir, ranks, since_ns, quiet)
           if e.seq > p.max then p.max = e.seq end
           if e.seq < p.min then p.min = e.seq end
         end
+      end
+    end
+  end
+  -- a rank whose whole history is in its dump (fewer entries than the ring
+  -- keeps) and that has no op of a group made by init_process_group (a name
+  -- "<name>/<n>", every rank a member; subgroups are "<parent>/g<k>") has
+  -- not entered that group's first op: it is behind, not absent
+  for gname, g in pairs(groups) do
+    if gname:match("/%d+$") then
+      for r, d in pairs(fresh) do
+        if not g[r] and d.keep and #d.entries < d.keep then g[r] = {by = {}, max = 0, min = math.huge} end
       end
     end
   end
