@@ -576,7 +576,8 @@ static int run_in_process(const crun__opts_t *o, crun__placement_t *p) {
   p->master_port = o->master_port >= 0 ? o->master_port
                                        : (int)crun_env_int("MASTER_PORT", CRUN_LAUNCH_DEFAULT_PORT);
   p->restart_count = 0;
-  p->group_world_size = p->world_size / (p->local_world_size > 0 ? p->local_world_size : 1);
+  if (p->group_world_size < 1) /* mpirun: as many nodes as full local groups (srun says) */
+    p->group_world_size = p->world_size / (p->local_world_size > 0 ? p->local_world_size : 1);
   crun__worker_setenv(o, p);
   unsetenv("CRUN_LAUNCHER"); /* no launcher serves a store here: rank 0 hosts it */
   crun__obs_worker_init(); /* this process is the rank */

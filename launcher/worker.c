@@ -305,16 +305,49 @@ static int engine_try(const char *rank_var, const char *size_var, const char *lr
   return 1;
 }
 
+/* The tasks Slurm placed on node `node` from SLURM_TASKS_PER_NODE ("2(x3),1":
+ * nodes 0-2 run 2 tasks, node 3 one); -1 when spec is malformed or shorter. */
+static int slurm_tasks_on_node(const char *spec, int node) {
+  for (const char *s = spec; *s;) {
+    char *end;
+    long tasks = strtol(s, &end, 10), times = 1;
+    if (end == s || tasks < 0 || tasks > 1 << 24) return -1;
+    if (*end == '(') { /* "(xK)" */
+      if (end[1] != 'x') return -1;
+      s = end + 2;
+      times = strtol(s, &end, 10);
+      if (end == s || *end != ')' || times < 1 || times > 1 << 24) return -1;
+      end++;
+    }
+    if (node < times) return (int)tasks;
+    node -= (int)times;
+    if (*end != ',' && *end) return -1;
+    s = *end ? end + 1 : end;
+  }
+  return -1;
+}
+
+/* Under srun: GROUP_RANK is SLURM_NODEID, GROUP_WORLD_SIZE SLURM_NNODES and
+ * LOCAL_WORLD_SIZE this node's count in SLURM_TASKS_PER_NODE (nodes may run
+ * different counts: srun -N 2 -n 3 puts 2 and 1); without that variable an
+ * even split of SLURM_NTASKS over the nodes. */
+static void slurm_place(crun__placement_t *p) {
+  int node = 0, nnodes = 0;
+  if (env_nonneg("SLURM_NODEID", &node) == 1) p->group_rank = node;
+  if (env_nonneg("SLURM_NNODES", &nnodes) != 1 || nnodes < 1) return;
+  p->group_world_size = nnodes;
+  const char *per = getenv("SLURM_TASKS_PER_NODE");
+  int here = per && *per ? slurm_tasks_on_node(per, node) : -1;
+  if (here > 0) p->local_world_size = here;
+  else if (p->world_size % nnodes == 0) p->local_world_size = p->world_size / nnodes;
+}
+
 int crun__engine_detect(crun__placement_t *p) {
   int rc = engine_try("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
                       "OMPI_COMM_WORLD_LOCAL_SIZE", p);
   if (rc == 0) rc = engine_try("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS", p);
   if (rc == 0) rc = engine_try("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", NULL, p);
-  if (rc == 1 && getenv("SLURM_PROCID") && !getenv("OMPI_COMM_WORLD_RANK") && !getenv("PMI_RANK")) {
-    int node = 0, nnodes = 0;
-    if (env_nonneg("SLURM_NODEID", &node) == 1) p->group_rank = node;
-    if (env_nonneg("SLURM_NNODES", &nnodes) == 1 && nnodes > 0 && p->world_size % nnodes == 0)
-      p->local_world_size = p->world_size / nnodes;
-  }
+  if (rc == 1 && getenv("SLURM_PROCID") && !getenv("OMPI_COMM_WORLD_RANK") && !getenv("PMI_RANK"))
+    slurm_place(p);
   return rc;
 }

@@ -72,6 +72,21 @@ describe("crun-lua environment", function()
     assert.are.equal("29500", e.MASTER_PORT)
   end)
 
+  it("takes each node's own task count under srun when nodes run different counts (SLURM_TASKS_PER_NODE)", function()
+    -- srun -N 2 -n 3: node 0 runs ranks 0-1, node 1 rank 2 alone
+    local r = U.run(q(FIX .. "env.lua"), "SLURM_PROCID=2 SLURM_NTASKS=3 SLURM_LOCALID=0 SLURM_NODEID=1 " ..
+      "SLURM_NNODES=2 SLURM_TASKS_PER_NODE=2,1 MASTER_ADDR= MASTER_PORT=")
+    assert.are.equal(0, r.code, r.err)
+    local e = env_by_rank(r.out)[2]
+    assert.are.same({"0", "1", "1", "2"}, {e.LOCAL_RANK, e.LOCAL_WORLD_SIZE, e.GROUP_RANK, e.GROUP_WORLD_SIZE})
+    -- srun -N 4 -n 7: "2(x3),1", rank 5 is the second task of node 2
+    r = U.run(q(FIX .. "env.lua"), "SLURM_PROCID=5 SLURM_NTASKS=7 SLURM_LOCALID=1 SLURM_NODEID=2 " ..
+      "SLURM_NNODES=4 SLURM_TASKS_PER_NODE='2(x3),1' MASTER_ADDR= MASTER_PORT=")
+    assert.are.equal(0, r.code, r.err)
+    e = env_by_rank(r.out)[5]
+    assert.are.same({"1", "2", "2", "4"}, {e.LOCAL_RANK, e.LOCAL_WORLD_SIZE, e.GROUP_RANK, e.GROUP_WORLD_SIZE})
+  end)
+
   it("runs each rank of a real mpirun job in-process (hello.lua, rank 0 hosts the store)", function()
     if not io.popen("command -v mpirun"):read("l") then return pending("mpirun not installed") end
     local dir = U.tmpdir()
