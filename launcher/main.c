@@ -569,12 +569,16 @@ static void fresh_run_id(crun__opts_t *o) {
   o->run_id = id;
 }
 
-/* Runs the script in this process as the rank mpirun/srun assigned. */
+/* Runs the script in this process as the rank mpirun/srun assigned; the
+ * store at --master-addr/--master-port, else MASTER_ADDR/MASTER_PORT (unset
+ * or empty: 127.0.0.1:29500; a MASTER_PORT that is not a port is refused). */
 static int run_in_process(const crun__opts_t *o, crun__placement_t *p) {
   const char *addr = o->master_addr ? o->master_addr : getenv("MASTER_ADDR");
+  const char *port = getenv("MASTER_PORT");
   p->master_addr = addr && *addr ? addr : "127.0.0.1";
-  p->master_port = o->master_port >= 0 ? o->master_port
-                                       : (int)crun_env_int("MASTER_PORT", CRUN_LAUNCH_DEFAULT_PORT);
+  p->master_port = o->master_port >= 0 ? o->master_port : CRUN_LAUNCH_DEFAULT_PORT;
+  if (o->master_port < 0 && port && *port && parse_int("MASTER_PORT", port, 0, 65535, &p->master_port))
+    return EXIT_USAGE;
   p->restart_count = 0;
   if (p->group_world_size < 1) /* mpirun: as many nodes as full local groups (srun says) */
     p->group_world_size = p->world_size / (p->local_world_size > 0 ? p->local_world_size : 1);

@@ -123,6 +123,15 @@ describe("crun-lua environment", function()
     assert.are.equal(2, r.code)
     assert.is_truthy(r.err:find("PMI_RANK=5 is not below PMI_SIZE=4", 1, true), r.err)
   end)
+
+  it("refuses a MASTER_PORT that is not a port in-process instead of taking 29500 or passing it on", function()
+    for _, port in ipairs{"abc", "99999", "-5", "1e3"} do
+      local r = U.run(q(FIX .. "env.lua"), "OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_SIZE=1 MASTER_PORT=" .. port)
+      assert.are.equal(2, r.code, port .. ": " .. r.out .. r.err)
+      assert.is_truthy(r.err:find("MASTER_PORT: expected an integer in 0..65535, got '" .. port .. "'", 1, true), r.err)
+      assert.are.equal("", r.out)
+    end
+  end)
 end)
 
 describe("crun-lua arguments", function()
