@@ -297,6 +297,8 @@ static int engine_try(const char *rank_var, const char *size_var, const char *lr
   if (rank >= size) return crun_error(CRUN_EINVAL, "%s=%d is not below %s=%d", rank_var, rank, size_var, size);
   if (lrank_var && env_nonneg(lrank_var, &lrank) < 0) return CRUN_EINVAL;
   if (lsize_var && env_nonneg(lsize_var, &lsize) < 0) return CRUN_EINVAL;
+  if (lrank >= 0 && lsize > 0 && lrank >= lsize)
+    return crun_error(CRUN_EINVAL, "%s=%d is not below %s=%d", lrank_var, lrank, lsize_var, lsize);
   p->rank = rank;
   p->world_size = size;
   p->local_rank = lrank >= 0 ? lrank : 0;
@@ -330,16 +332,22 @@ static int slurm_tasks_on_node(const char *spec, int node) {
 /* Under srun: GROUP_RANK is SLURM_NODEID, GROUP_WORLD_SIZE SLURM_NNODES and
  * LOCAL_WORLD_SIZE this node's count in SLURM_TASKS_PER_NODE (nodes may run
  * different counts: srun -N 2 -n 3 puts 2 and 1); without that variable an
- * even split of SLURM_NTASKS over the nodes. */
-static void slurm_place(crun__placement_t *p) {
+ * even split of SLURM_NTASKS over the nodes. Returns 1, or CRUN_EINVAL when
+ * SLURM_LOCALID is not below this node's count. */
+static int slurm_place(crun__placement_t *p) {
   int node = 0, nnodes = 0;
   if (env_nonneg("SLURM_NODEID", &node) == 1) p->group_rank = node;
-  if (env_nonneg("SLURM_NNODES", &nnodes) != 1 || nnodes < 1) return;
+  if (env_nonneg("SLURM_NNODES", &nnodes) != 1 || nnodes < 1) return 1;
   p->group_world_size = nnodes;
   const char *per = getenv("SLURM_TASKS_PER_NODE");
   int here = per && *per ? slurm_tasks_on_node(per, node) : -1;
   if (here > 0) p->local_world_size = here;
   else if (p->world_size % nnodes == 0) p->local_world_size = p->world_size / nnodes;
+  if (p->local_rank >= p->local_world_size)
+    return crun_error(CRUN_EINVAL, "SLURM_LOCALID=%d is not below node %d's task count %d (SLURM_TASKS_PER_NODE=%s, "
+                      "SLURM_NTASKS=%d, SLURM_NNODES=%d)", p->local_rank, node, p->local_world_size, per ? per : "",
+                      p->world_size, nnodes);
+  return 1;
 }
 
 int crun__engine_detect(crun__placement_t *p) {
@@ -348,6 +356,6 @@ int crun__engine_detect(crun__placement_t *p) {
   if (rc == 0) rc = engine_try("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS", p);
   if (rc == 0) rc = engine_try("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", NULL, p);
   if (rc == 1 && getenv("SLURM_PROCID") && !getenv("OMPI_COMM_WORLD_RANK") && !getenv("PMI_RANK"))
-    slurm_place(p);
+    rc = slurm_place(p);
   return rc;
 }

@@ -124,6 +124,18 @@ describe("crun-lua environment", function()
     assert.is_truthy(r.err:find("PMI_RANK=5 is not below PMI_SIZE=4", 1, true), r.err)
   end)
 
+  it("rejects a local rank not below the local size (LOCAL_RANK=5 of 2 went on to the script)", function()
+    local r = U.run(q(FIX .. "env.lua"), "OMPI_COMM_WORLD_RANK=1 OMPI_COMM_WORLD_SIZE=4 OMPI_COMM_WORLD_LOCAL_RANK=5 " ..
+      "OMPI_COMM_WORLD_LOCAL_SIZE=2")
+    assert.are.equal(2, r.code, r.out .. r.err)
+    assert.is_truthy(r.err:find("OMPI_COMM_WORLD_LOCAL_RANK=5 is not below OMPI_COMM_WORLD_LOCAL_SIZE=2", 1, true), r.err)
+    r = U.run(q(FIX .. "env.lua"), "SLURM_PROCID=2 SLURM_NTASKS=3 SLURM_LOCALID=1 SLURM_NODEID=1 SLURM_NNODES=2 " ..
+      "SLURM_TASKS_PER_NODE=2,1 MASTER_ADDR= MASTER_PORT=")
+    assert.are.equal(2, r.code, r.out .. r.err)
+    assert.is_truthy(r.err:find("SLURM_LOCALID=1 is not below node 1's task count 1", 1, true), r.err)
+    assert.are.equal("", r.out)
+  end)
+
   it("refuses a MASTER_PORT that is not a port in-process instead of taking 29500 or passing it on", function()
     for _, port in ipairs{"abc", "99999", "-5", "1e3"} do
       local r = U.run(q(FIX .. "env.lua"), "OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_SIZE=1 MASTER_PORT=" .. port)
