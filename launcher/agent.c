@@ -7,7 +7,9 @@
  * keys below then live under "crun/rdzv/<run id>/".
  *
  * Keys (all under "crun/launch/", or the c10d prefix):
- *   node/<r>            "<nproc> <role>" of node r, set once when it joins
+ *   node/<r>            "<nproc> <role> <host> <pid>" of node r, set once when it
+ *                       joins (host and pid tell a second agent with the same
+ *                       --node-rank from the first)
  *   attempt/<k>/joined  counter; the last node to arrive sets attempt/<k>/go
  *   attempt/<k>/failed  "<node>:<code>" of the first node whose workers failed
  *   attempt/<k>/done    counter; the last node to finish sets attempt/<k>/alldone
@@ -256,18 +258,22 @@ static const char *akey(const crun__agent_t *a, char *buf, size_t n, const char 
 
 /* Registers this node; fails when another node took the same node rank. */
 static int join(crun__agent_t *a) {
-  char k[160], val[96];
-  int len = snprintf(val, sizeof val, "%d %s", a->o->nproc, a->o->role);
+  char k[160], val[200], host[64] = "?";
+  gethostname(host, sizeof host - 1);
+  host[strcspn(host, " \t\n")] = 0;
+  int len = snprintf(val, sizeof val, "%d %s %s %ld", a->o->nproc, a->o->role, host[0] ? host : "?",
+                     (long)getpid());
   crun_buf_t got = {0};
   int rc = crun_store_compare_set(a->store, key(k, sizeof k, "node/%d", a->o->node_rank), "", 0, val,
                                   (size_t)len, &got);
   if (rc < 0) return crun_error(rc, "rendezvous: joining as node %d: %s", a->o->node_rank, bare_error());
   int same = got.len == (size_t)len && memcmp(got.data, val, (size_t)len) == 0;
-  crun_buf_free(&got);
   if (!same)
-    return crun_error(CRUN_EINVAL, "rendezvous: node rank %d joined twice (two crun-lua with the same "
-                                   "--node-rank?)", a->o->node_rank);
-  return 0;
+    rc = crun_error(CRUN_EINVAL, "rendezvous: node rank %d joined twice: the node of '%.*s' (<workers> <role> "
+                                   "<host> <pid>) has it already (two crun-lua with the same --node-rank?)",
+                      a->o->node_rank, (int)(got.len < 120 ? got.len : 120), (const char *)got.data);
+  crun_buf_free(&got);
+  return same ? 0 : rc;
 }
 
 /* crun_store_wait in slices until `timeout`, returning CRUN_EINTR early when
