@@ -13,6 +13,9 @@
  *   attempt/<k>/joined  counter; the last node to arrive sets attempt/<k>/go
  *   attempt/<k>/failed  "<node>:<code>" of the first node whose workers failed
  *   attempt/<k>/done    counter; the last node to finish sets attempt/<k>/alldone
+ *   left                "<node> <host> <pid>" of the first node whose crun-lua
+ *                       ended before the job succeeded (a signal, an error, its
+ *                       --max-restarts spent): the others stop waiting for it
  * While attempt k runs, a watcher thread (with its own connection) waits for
  * attempt/<k>/failed and wakes the supervise loop through a pipe, so a failure
  * on any node stops the workers of every node. It does the same when the
@@ -70,6 +73,8 @@ struct crun__agent {
   atomic_int stop_watch;
   int attempt;
   int port;
+  int joined;                  /* static: this agent holds its node rank (join() took it) */
+  int succeeded;               /* static: every node's workers succeeded */
   /* c10d */
   int round;                   /* the round this node runs */
   int restarts;                /* worker failures restarted so far (the verdicts') */
@@ -432,6 +437,7 @@ int crun__agent_start(const crun__opts_t *o, crun__placement_t *base, crun__agen
       if (rc == 0) rc = connect_store(a, &a->store);
       if (rc == 0) rc = connect_store(a, &a->watch_store);
       if (rc == 0) rc = join(a);
+      a->joined = rc == 0;
       if (rc == 0) rc = meet(a, base);
     }
   }
@@ -596,14 +602,36 @@ static void *watch_main(void *arg) {
   return NULL;
 }
 
+/* Waits (at most `timeout`) for `flag` in slices, ending early with
+ * CRUN_EINTR on a pending signal and with CRUN_EPEERDIED (naming it) when a
+ * node left the job, which would never arrive. */
+static int wait_or_left(crun__agent_t *a, const char *flag, double timeout, const char *what) {
+  double deadline = crun_clock() + timeout;
+  char k[160], who[160];
+  const char *lk = key(k, sizeof k, "left", 0);
+  for (;;) {
+    double left = deadline - crun_clock();
+    int rc = crun_store_wait(a->store, &flag, 1, left < SLICE ? (left > 0.001 ? left : 0.001) : SLICE);
+    if (rc != CRUN_ETIMEDOUT) return rc;
+    int found = 0;
+    if (get_text(a->store, lk, who, sizeof who, &found) == 0 && found)
+      return crun_error(CRUN_EPEERDIED, "%s: node %s (<node> <host> <pid>) left the job (its crun-lua ended: "
+                        "a signal, an error, or its --max-restarts spent); not waiting for it", what, who);
+    if (crun__signals_pending()) return crun_error(CRUN_EINTR, "interrupted by a signal");
+    if (crun_clock() >= deadline) return rc;
+  }
+}
+
 /* Adds one to counter `ck`; the last of nnodes sets `flag`; then everyone
- * waits for `flag`, in slices so that SIGINT/SIGTERM end the wait. */
+ * waits for `flag`, in slices so that SIGINT/SIGTERM end the wait, and a
+ * node that left the job ends it too. */
 static int node_barrier(crun__agent_t *a, const char *ck, const char *flag, const char *what) {
   const crun__opts_t *o = a->o;
   int64_t n = 0;
   int rc = crun_store_add(a->store, ck, 1, &n);
   if (rc == 0 && n == a->nnodes) rc = crun_store_set(a->store, flag, "1", 1);
-  if (rc == 0) rc = wait_sliced(a->store, &flag, 1, o->rdzv_timeout);
+  if (rc == 0) rc = wait_or_left(a, flag, o->rdzv_timeout, what);
+  if (rc == CRUN_EPEERDIED || rc == CRUN_EINTR) return rc;
   if (rc == CRUN_ETIMEDOUT) {
     crun_store_add(a->store, ck, 0, &n);
     return crun_error(rc, "%s: only %lld of %d nodes arrived within %g s", what, (long long)n,
@@ -822,6 +850,7 @@ int crun__agent_end_attempt(crun__agent_t *a, int attempt, int code, int stopped
   int failed = 0;
   CRUN_CHECK(crun_store_check(a->store, &kp, 1, &failed));
   *next = !failed ? CRUN__NEXT_DONE : attempt < a->o->max_restarts ? CRUN__NEXT_RESTART : CRUN__NEXT_FAIL;
+  a->succeeded = *next == CRUN__NEXT_DONE;
   return acknowledge(a, attempt);
 }
 
@@ -846,9 +875,26 @@ static void serve_others(crun__agent_t *a) {
   }
 }
 
+/* Static multi-node: this node's crun-lua ends before the job succeeded; it
+ * fails the current attempt (the other nodes' watchers stop their workers)
+ * and says it left, so that no node waits rdzv_timeout for it at a barrier
+ * (not an agent refused at join: it never held its node rank). Best effort:
+ * the store may be gone already. */
+static void leave(crun__agent_t *a) {
+  char k[160], val[160], host[64] = "?";
+  if (a->o->c10d || a->nnodes < 2 || !a->store || !a->joined || a->succeeded) return;
+  gethostname(host, sizeof host - 1);
+  host[strcspn(host, " \t\n")] = 0;
+  snprintf(val, sizeof val, "%d:left", a->node_rank);
+  set_once(a->store, key(k, sizeof k, "attempt/%d/failed", a->attempt), val);
+  snprintf(val, sizeof val, "%d %s %ld", a->node_rank, host, (long)getpid());
+  set_once(a->store, key(k, sizeof k, "left", 0), val);
+}
+
 void crun__agent_stop(crun__agent_t *a) {
   if (!a) return;
   stop_watcher(a);
+  leave(a);
   if (a->watch_store) crun_store_release(a->watch_store);
   if (a->store) crun_store_release(a->store);
   if (a->server && a->o->c10d) serve_others(a);

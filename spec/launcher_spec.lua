@@ -570,6 +570,33 @@ describe("crun-lua store and nodes", function()
     assert.is_truthy(r0.err:find("job succeeded after 2 attempts", 1, true), r0.err)
   end)
 
+  it("ends the other nodes at once when one node's crun-lua leaves, instead of waiting --rdzv-timeout", function()
+    -- node 1 stopped by SIGTERM: node 0 waited at the end of the attempt for it
+    local port = U.free_port()
+    local common = "--nnodes 2 --master-port " .. port .. " --rdzv-timeout 30 --max-restarts 1 "
+    local h = U.start(common .. "--node-rank 1 -n 2 " .. q(FIX .. "fail.lua") .. " none", NODES_ENV)
+    local h0 = U.start(common .. "--node-rank 0 -n 1 " .. q(FIX .. "fail.lua") .. " none", NODES_ENV)
+    assert(U.wait_for(function() return (U.slurp(h.dir .. "/err") or ""):find("rank 1 fails by none", 1, true) end, 20),
+      "node 1's workers did not start")
+    local t0 = os.time()
+    os.execute("kill -TERM " .. h.pid)
+    local r0, r1 = h0:wait(20), h:wait(20)
+    assert.are.equal(143, r1.code, r1.err)
+    assert.are.equal(1, r0.code, r0.err)
+    assert.is_truthy(os.time() - t0 < 10, "node 0 waited for the node that left")
+    assert.matches("EPEERDIED: end of attempt 0 on node 0: node 1 [^\n]* left the job", r0.err)
+    -- node 1 gives up (its --max-restarts 0 spent) while node 0 would restart: node 0 waited at attempt 1
+    port = U.free_port()
+    common = "--nnodes 2 --master-port " .. port .. " --rdzv-timeout 30 "
+    h = U.start(common .. "--node-rank 1 -n 2 --max-restarts 0 " .. q(FIX .. "restart.lua") .. " 1", NODES_ENV)
+    r0 = U.run(common .. "--node-rank 0 -n 1 --max-restarts 1 " .. q(FIX .. "restart.lua") .. " 1", NODES_ENV)
+    r1 = h:wait(30)
+    assert.are.equal(5, r1.code, r1.err)
+    assert.are.equal(1, r0.code, r0.err)
+    assert.is_truthy(r0.seconds < 10, "node 0 waited for the node that left")
+    assert.matches("EPEERDIED: attempt 1 on node 0: node 1 [^\n]* left the job", r0.err)
+  end)
+
   it("names the nodes that did not join before the rendezvous deadline", function()
     local r = U.run("--nnodes 3 --node-rank 0 -n 1 --master-port " .. U.free_port() ..
                     " --rdzv-timeout 1 " .. q(FIX .. "env.lua"), NODES_ENV)
