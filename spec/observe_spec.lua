@@ -117,6 +117,32 @@ describe("crun-lua --timeline", function()
     assert.matches("crun%-lua: ENOTFOUND: no timeline file [^\n]*none.json.rank<r> was written", r.err)
   end)
 
+  it("merges the parts of a subgroup's ranks with trace.finish(path, group), not those of ranks 0..n-1", function()
+    local s = dir .. "/sub.lua"
+    C.write(s, [[local crun = require "crun"
+      local dist, path = crun.dist, arg[1]
+      crun.trace.start(path)
+      dist.init_process_group()
+      local g = dist.new_group({2, 3})
+      if dist.get_rank() >= 2 then
+        dist.all_reduce(crun.tensor.ones{4}, {group = g})
+        local text = crun.trace.finish(path, g)
+        if text then print(text) end
+      end]])
+    local t = dir .. "/sub.json"
+    local r = run("-n 4 --master-port 0 " .. q(s) .. " " .. q(t))
+    assert.are.equal(0, r.code, r.err)
+    local d = json.decode(C.slurp(t) or "null")
+    assert.is_table(d, "no trace")
+    local procs = {}
+    for _, e in ipairs(d.traceEvents) do
+      if e.ph == "M" and e.name == "process_name" then procs[#procs + 1] = e.pid end
+    end
+    table.sort(procs)
+    assert.are.same({2, 3}, procs)
+    for rank = 2, 3 do assert.is_nil(C.slurp(t .. ".rank" .. rank), "rank " .. rank .. "'s part left") end
+  end)
+
   it("refuses, before any rank runs, a timeline whose directory is missing or that is a directory", function()
     local r = run("-n 2 --master-port 0 --timeline /nonexistent-crun-dir/t.json " .. q(FIX .. "known.lua"))
     assert.are.equal(2, r.code, r.err)

@@ -135,12 +135,17 @@ local function totals(r, last)
 end
 
 --- merge(path, world) -> summary text: reads "<path>.rank<r>" for r in
--- 0..world-1 (those present) and writes the Chrome/Perfetto trace to path.
+-- 0..world-1, or for each global rank r in the list `world` (a group's
+-- ranks), those present, and writes the Chrome/Perfetto trace to path.
 -- On failure: nil and a text starting with the status name (ENOTFOUND: no
 -- rank file; EIO: path cannot be written; the rank files then stay).
 function M.merge(path, world)
-  local ranks = {}
-  for r = 0, world - 1 do
+  local ranks, list = {}, world
+  if type(world) ~= "table" then
+    list = {}
+    for r = 0, world - 1 do list[#list + 1] = r end
+  end
+  for _, r in ipairs(list) do
     local x = read_rank(path .. ".rank" .. r)
     if x then ranks[#ranks + 1] = x end
   end
