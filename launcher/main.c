@@ -512,10 +512,25 @@ static int check_timeline(const char *file) {
   return 0;
 }
 
+/* The recorders' sizes in the environment: a value the ranks would not take
+ * (not a number, 0 or too many events; past 2^24 operations) turned the
+ * timeline or the flight recorder off in every rank without a word, so it is
+ * refused here, before any rank runs. Returns 0 or an exit code. */
+static int check_obs_env(void) {
+  static const struct { const char *name; long min, max; } vars[] = {
+      {"CRUN_TIMELINE_EVENTS", 1, 1l << 26}, {"CRUN_FLIGHT_RECORDER", 0, 1l << 24}};
+  for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+    const char *v = getenv(vars[i].name);
+    int n;
+    if (v && *v && parse_int(vars[i].name, v, vars[i].min, vars[i].max, &n)) return EXIT_USAGE;
+  }
+  return 0;
+}
+
 /* Checks the options against each other. Returns 0 or an exit code. */
 static int check_opts(crun__opts_t *o) {
   int rc = check_rdzv(o);
-  if (rc || (rc = check_timeline(o->timeline))) return rc;
+  if (rc || (rc = check_timeline(o->timeline)) || (rc = check_obs_env())) return rc;
   if (!o->c10d && o->node_rank >= o->nnodes)
     return usage_error("--node-rank %d is not below --nnodes %d", o->node_rank, o->nnodes);
   if (!o->c10d && o->nnodes > 1 && o->master_port == 0)

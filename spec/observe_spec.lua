@@ -143,6 +143,19 @@ describe("crun-lua --timeline", function()
     for rank = 2, 3 do assert.is_nil(C.slurp(t .. ".rank" .. rank), "rank " .. rank .. "'s part left") end
   end)
 
+  it("refuses recorder sizes the ranks would ignore (they turned the timeline or the recorder off silently)", function()
+    for _, c in ipairs{{"CRUN_TIMELINE_EVENTS", "0", "1..67108864"}, {"CRUN_TIMELINE_EVENTS", "99999999999", "1..67108864"},
+                       {"CRUN_TIMELINE_EVENTS", "1e3", "1..67108864"}, {"CRUN_FLIGHT_RECORDER", "-5", "0..16777216"},
+                       {"CRUN_FLIGHT_RECORDER", "99999999999", "0..16777216"}} do
+      local r = run("-n 2 --master-port 0 --timeline " .. q(dir .. "/env.json") .. " " .. q(FIX .. "known.lua"),
+        c[1] .. "=" .. c[2])
+      assert.are.equal(2, r.code, c[1] .. "=" .. c[2] .. ": " .. r.err)
+      assert.is_truthy(r.err:find("crun-lua: " .. c[1] .. ": expected an integer in " .. c[3] .. ", got '" .. c[2] .. "'",
+        1, true), r.err)
+      assert.are.equal("", r.out)
+    end
+  end)
+
   it("refuses, before any rank runs, a timeline whose directory is missing or that is a directory", function()
     local r = run("-n 2 --master-port 0 --timeline /nonexistent-crun-dir/t.json " .. q(FIX .. "known.lua"))
     assert.are.equal(2, r.code, r.err)
