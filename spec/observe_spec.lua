@@ -143,6 +143,24 @@ describe("crun-lua --timeline", function()
     for rank = 2, 3 do assert.is_nil(C.slurp(t .. ".rank" .. rank), "rank " .. rank .. "'s part left") end
   end)
 
+  it("writes valid UTF-8 JSON when a span name holds bytes that are not UTF-8", function()
+    local s, t = dir .. "/utf.lua", dir .. "/utf.json"
+    C.write(s, [[local crun = require "crun"
+      crun.dist.init_process_group()
+      crun.trace.span("bad\xff\xfename", function() crun.dist.barrier() end)
+      crun.trace.span("caf\xc3\xa9 \"q\"\t\\", function() end)]])
+    local r = run("-n 1 --master-port 0 --timeline " .. q(t) .. " " .. q(s))
+    assert.are.equal(0, r.code, r.err)
+    local text = C.slurp(t)
+    assert.is_truthy(utf8.len(text), "the trace is not valid UTF-8")
+    local names = {}
+    for _, e in ipairs(json.decode(text).traceEvents) do
+      if e.cat == "user" then names[#names + 1] = e.name end
+    end
+    table.sort(names)
+    assert.are.same({"bad\u{FFFD}\u{FFFD}name", "caf\u{E9} \"q\" \\"}, names)
+  end)
+
   it("refuses recorder sizes the ranks would ignore (they turned the timeline or the recorder off silently)", function()
     for _, c in ipairs{{"CRUN_TIMELINE_EVENTS", "0", "1..67108864"}, {"CRUN_TIMELINE_EVENTS", "99999999999", "1..67108864"},
                        {"CRUN_TIMELINE_EVENTS", "1e3", "1..67108864"}, {"CRUN_FLIGHT_RECORDER", "-5", "0..16777216"},

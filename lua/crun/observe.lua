@@ -10,11 +10,24 @@ local function split(line)
   return f
 end
 
+-- s with each byte that is not part of valid UTF-8 replaced by the JSON
+-- escape \ufffd (a JSON text must be UTF-8: one such byte in a span or group
+-- name made the whole trace unreadable).
+local function utf8_only(s)
+  local out, i = {}, 1
+  while true do
+    local n, bad = utf8.len(s, i)
+    if n then out[#out + 1] = s:sub(i); return table.concat(out) end
+    out[#out + 1] = s:sub(i, bad - 1) .. "\\ufffd"
+    i = bad + 1
+  end
+end
+
 local function jstr(s)
-  return '"' .. tostring(s):gsub('[%c"\\]', function(c)
+  return '"' .. utf8_only((tostring(s):gsub('[%c"\\]', function(c)
     if c == '"' then return '\\"' elseif c == "\\" then return "\\\\" end
     return string.format("\\u%04x", c:byte())
-  end) .. '"'
+  end))) .. '"'
 end
 
 -- Reads "<path>.rank<r>": {rank=, pid=, offset=, rtt=, dropped=, groups={}, ops={}, spans={}, instants={}}.
