@@ -374,8 +374,9 @@ void crun__obs_dump_all(const pid_t *pids, const int *ranks, const int *running,
  * unless an analysis named it. */
 void crun__obs_cleanup(void);
 
-/* Merges path.rank<r> (r < world) into the trace at path and prints the
- * summary. Returns 0, or 1 when nothing could be merged. */
+/* Merges path.rank<r> (r < world; world < 0: every such file in path's
+ * directory) into the trace at path and prints the summary. Returns 0, or 1
+ * when nothing could be merged. */
 int crun__obs_merge(const char *path, int world);
 
 #endif /* CRUN_LAUNCHER_H */

@@ -90,7 +90,7 @@ static const char usage_text[] =
     "  --timeline FILE         record every rank's collectives, p2p ops, DDP buckets and spans;\n"
     "                          merged at the end into FILE, a Chrome/Perfetto JSON trace\n"
     "                          (its directory must exist; a failed merge fails the job)\n"
-    "  --merge-timeline FILE   only merge FILE.rank<r> (written by ranks run with\n"
+    "  --merge-timeline FILE   only merge every FILE.rank<r> (written by ranks run with\n"
     "                          CRUN_TIMELINE=FILE) into FILE, then exit\n"
     "  --no-prefix             do not prefix worker lines with \"[rank] \"\n"
     "  -m, --module            run the module named in place of the script, found on\n"
@@ -650,7 +650,7 @@ int main(int argc, char **argv) {
   int rc = parse_args(&o, argc, argv, &layout);
   if (rc) return rc < 0 ? 0 : rc;
   crun__obs_launcher_setup(o.timeline);
-  if (o.merge_timeline) return crun__obs_merge(o.merge_timeline, CRUN_LAUNCH_MAX_NPROC);
+  if (o.merge_timeline) return crun__obs_merge(o.merge_timeline, -1); /* whatever ranks wrote parts */
   if (!o.script && layout && !o.module) o.repl = 1; /* crun-lua -n 4: the REPL */
   if ((rc = check_opts(&o))) return rc;
   if (o.standalone && !strcmp(o.run_id, "none")) fresh_run_id(&o);

@@ -181,13 +181,57 @@ void crun__obs_dump_all(const pid_t *pids, const int *ranks, const int *running,
 
 typedef struct {
   const char *path;
-  int world;
+  int world;          /* ranks 0..world-1, or with ranks: */
+  const int *ranks;   /* these n ranks */
+  int n;
 } merge_args_t;
 
 static void push_merge(lua_State *L, const void *p) {
   const merge_args_t *a = p;
   lua_pushstring(L, a->path);
-  lua_pushinteger(L, a->world);
+  if (!a->ranks) {
+    lua_pushinteger(L, a->world);
+    return;
+  }
+  lua_createtable(L, a->n, 0);
+  for (int i = 0; i < a->n; i++) {
+    lua_pushinteger(L, a->ranks[i]);
+    lua_rawseti(L, -2, i + 1);
+  }
+}
+
+/* The ranks r of every "<base>.rank<r>" file in path's directory, sorted
+ * (malloc'ed into *out); returns how many, or -1 when out of memory. */
+static int found_ranks(const char *path, int **out) {
+  char dir[PATH_MAX];
+  snprintf(dir, sizeof dir, "%s", path);
+  char *slash = strrchr(dir, '/');
+  const char *base = slash ? slash + 1 : path;
+  if (!slash) strcpy(dir, ".");
+  else if (slash == dir) dir[1] = 0;
+  else *slash = 0;
+  size_t blen = strlen(base);
+  int n = 0, cap = 0, *ranks = NULL;
+  DIR *d = opendir(dir);
+  for (struct dirent *e; d && (e = readdir(d)) != NULL;) {
+    const char *p = e->d_name;
+    if (strncmp(p, base, blen) != 0 || strncmp(p + blen, ".rank", 5) != 0) continue;
+    char *end;
+    errno = 0;
+    long r = strtol(p + blen + 5, &end, 10);
+    if (errno || *end || end == p + blen + 5 || r < 0 || r > INT_MAX || !(p[blen + 5] >= '0' && p[blen + 5] <= '9')) continue;
+    if (n == cap) {
+      int *more = realloc(ranks, (size_t)(cap = cap ? 2 * cap : 64) * sizeof *ranks);
+      if (!more) { free(ranks); closedir(d); return -1; }
+      ranks = more;
+    }
+    ranks[n++] = (int)r;
+  }
+  if (d) closedir(d);
+  for (int i = 1; i < n; i++) /* insertion sort: rank order in the trace and the summary */
+    for (int j = i; j > 0 && ranks[j - 1] > ranks[j]; j--) { int t = ranks[j]; ranks[j] = ranks[j - 1]; ranks[j - 1] = t; }
+  *out = ranks;
+  return n;
 }
 
 /* Whether name is one the recorder writes: "flight_rank<digits>.txt". */
@@ -216,10 +260,17 @@ void crun__obs_cleanup(void) {
 
 int crun__obs_merge(const char *path, int world) {
   if (!path || !*path) return 0;
-  merge_args_t a = {path, world};
+  merge_args_t a = {path, world, NULL, 0};
+  int *found = NULL;
+  if (world < 0 && (a.n = found_ranks(path, &found)) < 0) {
+    obs_say("ENOMEM: merging the timeline: out of memory");
+    return 1;
+  }
+  a.ranks = world < 0 ? found : NULL;
   char *text = observe_call("merge", push_merge, &a, 2);
   if (text) obs_say(text);
   int ok = text != NULL;
   free(text);
+  free(found);
   return ok ? 0 : 1;
 }

@@ -105,6 +105,23 @@ describe("crun-lua --timeline", function()
     assert.matches("3 events dropped", r.err)
   end)
 
+  it("merges with --merge-timeline the part of every rank found, past rank 4095 too", function()
+    local t = dir .. "/big.json"
+    for _, rank in ipairs{0, 4096, 70001} do
+      C.write(t .. ".rank" .. rank, "# crun-timeline 1\nP\t" .. rank .. "\t1\t0\t1\t0\nG\t1\tg/0\n"
+        .. "O\tall_reduce\t1\t1\t2\t8\tfloat32\tring\t-1\t0\t100\t200\t5000\t1000\n")
+    end
+    C.write(t .. ".rank12.tmp", "not a part")
+    local r = run("--merge-timeline " .. q(t))
+    assert.are.equal(0, r.code, r.err)
+    local procs = {}
+    for _, e in ipairs(json.decode(C.slurp(t)).traceEvents) do
+      if e.ph == "M" and e.name == "process_name" then procs[#procs + 1] = e.pid end
+    end
+    assert.are.same({0, 4096, 70001}, procs)
+    assert.matches("3 ranks", r.err)
+  end)
+
   it("fails (exit 1, EIO, the rank files kept) when the trace cannot be written, and ENOTFOUND without rank files", function()
     local t = dir .. "/unwritable"
     assert(os.execute("ln -s /nonexistent-crun-dir/t.json " .. q(t))) -- passes the check at start, fails at the end
