@@ -30,7 +30,7 @@ static const char usage_text[] =
     "TORCHELASTIC_MAX_RESTARTS, TORCHELASTIC_RUN_ID, CRUN_RESTART_COUNT, CRUN_LAUNCHER=1\n"
     "and OMP_NUM_THREADS=1 (unless set). The launcher of node 0 serves the TCP store at\n"
     "MASTER_ADDR:MASTER_PORT (c10d: the --rdzv-endpoint; CRUN_STORE_PREFIX keeps each run's\n"
-    "keys apart there).\n"
+    "keys apart there, and each restart's: crun/restart/<k>).\n"
     "\n"
     "options (torchrun's; each also spelled with underscores, --nproc_per_node):\n"
     "  -n, --nproc-per-node N  workers on this node (default 1); auto: the GPUs when CUDA\n"

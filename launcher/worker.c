@@ -43,9 +43,15 @@ void crun__worker_setenv(const crun__opts_t *o, const crun__placement_t *p) {
   setenv_int("TORCHELASTIC_RESTART_COUNT", p->restart_count);
   setenv_int("TORCHELASTIC_MAX_RESTARTS", o->max_restarts);
   setenv("TORCHELASTIC_RUN_ID", o->run_id ? o->run_id : "none", 1);
+  char prefix[CRUN_LAUNCH_RUN_ID_MAX + 32];
   if (o->c10d) { /* the endpoint's store may serve other run ids: keep to ours */
-    char prefix[CRUN_LAUNCH_RUN_ID_MAX + 32]; /* a fresh one each round: its world differs */
-    snprintf(prefix, sizeof prefix, "crun/job/%s/%d", o->run_id, p->round);
+    snprintf(prefix, sizeof prefix, "crun/job/%s/%d", o->run_id, p->round); /* a fresh one each round */
+    setenv("CRUN_STORE_PREFIX", prefix, 1);
+  } else if (p->restart_count > 0) {
+    /* a restart starts from fresh keys: the failed attempt's ranks that
+     * reached init_process_group before the failure had counted their
+     * group's incarnation up, and the restarted ranks would not agree on it */
+    snprintf(prefix, sizeof prefix, "crun/restart/%d", p->restart_count);
     setenv("CRUN_STORE_PREFIX", prefix, 1);
   }
   setenv("OMP_NUM_THREADS", "1", 0); /* keep the user's value */

@@ -45,7 +45,8 @@ describe("crun-lua torchrun variables", function()
       assert.are.equal(e.RANK, e.ROLE_RANK)
       assert.are.equal("3", e.ROLE_WORLD_SIZE)
       assert.are.equal("trainer", e.ROLE_NAME)
-      assert.are.equal("nil", e.CRUN_STORE_PREFIX) -- static rendezvous: the job owns its store
+      -- static rendezvous: the job owns its store; a restart takes fresh keys (torch: /worker/attempt_<k>)
+      assert.are.equal(attempt == 0 and "nil" or "crun/restart/" .. attempt, e.CRUN_STORE_PREFIX)
     end
     for rank = 0, 2 do assert.is_true(seen["1:" .. rank], "attempt 1 of rank " .. rank .. " missing:\n" .. r.out) end
     assert.is_true(seen["0:1"], r.out)

@@ -597,6 +597,17 @@ describe("crun-lua store and nodes", function()
     assert.matches("EPEERDIED: attempt 1 on node 0: node 1 [^\n]* left the job", r0.err)
   end)
 
+  it("restarts cleanly after a rank failed while the others were in init_process_group", function()
+    -- ranks 0 and 2 had counted the group's incarnation up in attempt 0: the
+    -- restarted rank 1 took group 'default/0', the others 'default/1'
+    local r = U.run("-n 3 --master-port 0 --max-restarts 1 " .. q(FIX .. "restart_init.lua"), nil, 30)
+    assert.are.equal(0, r.code, r.err)
+    for rank = 0, 2 do -- 1 + 2 - 1
+      assert.is_truthy(r.out:find("[" .. rank .. "] attempt 1 rank " .. rank .. " sum 2\n", 1, true), r.out)
+    end
+    assert.is_truthy(r.err:find("attempt 0: rank 1 %(pid %d+%) exited with code 3"), r.err)
+  end)
+
   it("names the nodes that did not join before the rendezvous deadline", function()
     local r = U.run("--nnodes 3 --node-rank 0 -n 1 --master-port " .. U.free_port() ..
                     " --rdzv-timeout 1 " .. q(FIX .. "env.lua"), NODES_ENV)
