@@ -891,6 +891,24 @@ static void leave(crun__agent_t *a) {
   set_once(a->store, key(k, sizeof k, "left", 0), val);
 }
 
+int crun__agent_left_dead(const crun__opts_t *o, int attempt, long pid) {
+  if (o->c10d || o->nnodes < 2 || o->node_rank == 0) return 0; /* node 0's store died with it */
+  crun_store_tcp_opts_t to = {.host = o->master_addr, .port = o->master_port, .timeout = 2.0,
+                              .connect_timeout = 1.0};
+  crun_store_t *st = NULL;
+  CRUN_CHECK(crun_store_tcp_new(&to, &st));
+  char k[160], val[160], host[64] = "?";
+  gethostname(host, sizeof host - 1);
+  host[strcspn(host, " \t\n")] = 0;
+  snprintf(val, sizeof val, "%d:left", o->node_rank);
+  snprintf(k, sizeof k, KEY_PREFIX "attempt/%d/failed", attempt);
+  int rc = set_once(st, k, val);
+  snprintf(val, sizeof val, "%d %s %ld", o->node_rank, host, pid);
+  if (rc == 0) rc = set_once(st, KEY_PREFIX "left", val);
+  crun_store_release(st);
+  return rc;
+}
+
 void crun__agent_stop(crun__agent_t *a) {
   if (!a) return;
   stop_watcher(a);

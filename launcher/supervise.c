@@ -211,9 +211,9 @@ static int pid_ended(pid_t pid) {
  * kill the group, wait (bounded) until the workers are gone, and remove the
  * shared-memory names they may have left and the launcher's dump directory
  * when it is empty. */
-static void watchdog_main(int rfd, crun__cgroup_t *cg, pid_t launcher) {
+static void watchdog_main(int rfd, crun__cgroup_t *cg, pid_t launcher, const crun__opts_t *o) {
   pid_t pgid = 0, next, *pids = NULL;
-  int n = 0, cap = 0;
+  int n = 0, cap = 0, attempt = -1;
   for (;;) {
     ssize_t r = read(rfd, &next, sizeof next);
     if (r < 0 && errno == EINTR) continue;
@@ -221,11 +221,15 @@ static void watchdog_main(int rfd, crun__cgroup_t *cg, pid_t launcher) {
     if (next < 0) {
       pgid = -next;
       n = 0;
+      attempt++;
     } else if (n < cap || (pids = realloc(pids, sizeof *pids * (size_t)(cap = cap * 2 + 16)))) {
       pids[n++] = next;
     }
   }
   if (pgid > 0) kill(-pgid, SIGKILL);
+  /* the launcher was killed (it waits for this process when it ends by
+   * itself): tell the other nodes, which would wait --rdzv-timeout for it */
+  if (attempt >= 0 && pid_ended(launcher)) crun__agent_left_dead(o, attempt, (long)launcher);
   crun__cgroup_close(cg); /* descendants that left the group */
   double until = crun_clock() + 5.0;
   for (int i = 0; i < n; i++)
@@ -257,7 +261,7 @@ static int watchdog_start(sup_t *s) {
     prctl(PR_SET_NAME, "crun-lua-watch");
     int keep = dup2(p[0], 3);
     close_range(4, ~0U, 0);
-    watchdog_main(keep, &s->cg, s->self);
+    watchdog_main(keep, &s->cg, s->self, s->o);
   }
   close(p[0]);
   s->watch_fd = p[1];

@@ -597,6 +597,22 @@ describe("crun-lua store and nodes", function()
     assert.matches("EPEERDIED: attempt 1 on node 0: node 1 [^\n]* left the job", r0.err)
   end)
 
+  it("ends the other nodes at once when one node's crun-lua is SIGKILLed (its watchdog tells them)", function()
+    local port = U.free_port()
+    local common = "--nnodes 2 --master-port " .. port .. " --rdzv-timeout 30 "
+    local h = U.start(common .. "--node-rank 1 -n 2 " .. q(FIX .. "fail.lua") .. " none", NODES_ENV)
+    local h0 = U.start(common .. "--node-rank 0 -n 1 " .. q(FIX .. "fail.lua") .. " none", NODES_ENV)
+    assert(U.wait_for(function() return (U.slurp(h.dir .. "/err") or ""):find("rank 1 fails by none", 1, true) end, 20),
+      "node 1's workers did not start")
+    local t0 = os.time()
+    os.execute("kill -KILL " .. h.pid)
+    local r0, r1 = h0:wait(20), h:wait(20)
+    assert.are.equal(137, r1.code, r1.err)
+    assert.are.equal(1, r0.code, r0.err)
+    assert.is_truthy(os.time() - t0 < 10, "node 0 waited for the killed node")
+    assert.matches("EPEERDIED: end of attempt 0 on node 0: node 1 [^\n]* left the job", r0.err)
+  end)
+
   it("restarts cleanly after a rank failed while the others were in init_process_group", function()
     -- ranks 0 and 2 had counted the group's incarnation up in attempt 0: the
     -- restarted rank 1 took group 'default/0', the others 'default/1'
