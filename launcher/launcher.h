@@ -386,4 +386,9 @@ void crun__obs_cleanup(void);
  * when nothing could be merged. */
 int crun__obs_merge(const char *path, int world);
 
+/* The same for a node of a multi-node job: every node merges what it sees,
+ * and on a file system the nodes share the first one takes every part, so
+ * finding none is not a failure here (said, and 0 returned). */
+int crun__obs_merge_shared(const char *path, int world);
+
 #endif /* CRUN_LAUNCHER_H */

@@ -635,7 +635,10 @@ static int launch(const crun__opts_t *o) {
   crun__agent_stop(agent);
   crun__obs_cleanup();
   const char *tl = getenv("CRUN_TIMELINE");
-  if (tl && *tl && crun__obs_merge(tl, base.world_size) != 0 && code == 0) code = 1;
+  int merged = !tl || !*tl ? 0
+             : base.group_world_size > 1 ? crun__obs_merge_shared(tl, base.world_size)
+                                         : crun__obs_merge(tl, base.world_size);
+  if (merged != 0 && code == 0) code = 1;
   return code;
 }
 

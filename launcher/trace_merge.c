@@ -8,6 +8,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <lauxlib.h>
 #include <limits.h>
 #include <lua.h>
@@ -15,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -256,6 +258,33 @@ void crun__obs_cleanup(void) {
   }
   closedir(d);
   rmdir(g_default_dir); /* fails, and stays, when something else is in it */
+}
+
+int crun__obs_merge_shared(const char *path, int world) {
+  if (!path || !*path) return 0;
+  char file[PATH_MAX + 32];
+  /* one node at a time (flock, released when a holder dies): the first
+   * takes every part, a later one finds none instead of half of them */
+  snprintf(file, sizeof file, "%s.lock", path);
+  int lock = open(file, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+  while (lock >= 0 && flock(lock, LOCK_EX) < 0 && errno == EINTR) {}
+  int rc = -1;
+  for (int r = 0; r < world && rc < 0; r++) {
+    snprintf(file, sizeof file, "%s.rank%d", path, r);
+    if (access(file, F_OK) == 0) rc = crun__obs_merge(path, world);
+  }
+  if (rc < 0) {
+    char line[PATH_MAX + 128];
+    snprintf(line, sizeof line, "timeline: no part left at %s.rank<r> (another node merged them)", path);
+    obs_say(line);
+    rc = 0;
+  }
+  snprintf(file, sizeof file, "%s.lock", path);
+  if (lock >= 0) {
+    unlink(file);
+    close(lock);
+  }
+  return rc;
 }
 
 int crun__obs_merge(const char *path, int world) {

@@ -613,6 +613,22 @@ describe("crun-lua store and nodes", function()
     assert.matches("EPEERDIED: end of attempt 0 on node 0: node 1 [^\n]* left the job", r0.err)
   end)
 
+  it("merges one --timeline for two nodes sharing its directory, neither failing for the parts the other took", function()
+    local port, dir = U.free_port(), U.tmpdir()
+    local common = "--nnodes 2 --master-port " .. port .. " --rdzv-timeout 30 -n 2 --timeline " .. q(dir .. "/t.json") .. " "
+    local h = U.start(common .. "--node-rank 1 examples/hello.lua", NODES_ENV)
+    local r0 = U.run(common .. "--node-rank 0 examples/hello.lua", NODES_ENV)
+    local r1 = h:wait(30)
+    local trace = U.slurp(dir .. "/t.json") or ""
+    U.rmrf(dir)
+    assert.are.equal(0, r0.code, r0.err)
+    assert.are.equal(0, r1.code, r1.err)
+    local both = r0.err .. r1.err
+    assert.are.equal(1, U.count(both, "timeline: [^\n]*, 4 ranks"), both)
+    assert.are.equal(1, U.count(both, "no part left at [^\n]* %(another node merged them%)"), both)
+    for rank = 0, 3 do assert.is_truthy(trace:find('"name":"rank ' .. rank .. '"', 1, true), trace) end
+  end)
+
   it("restarts cleanly after a rank failed while the others were in init_process_group", function()
     -- ranks 0 and 2 had counted the group's incarnation up in attempt 0: the
     -- restarted rank 1 took group 'default/0', the others 'default/1'
