@@ -265,6 +265,26 @@ describe("flight recorder", function()
     assert.not_matches("every rank reached", r.err)
   end)
 
+  it("does not say 'every rank reached' an op when a rank left no dump", function()
+    -- rank 1 exits (code 3) instead of entering all_reduce #6; ranks 0,2 wait in it
+    local dir = C.tmpdir("observe")
+    local s = dir .. "/exit.lua"
+    C.write(s, [[local crun = require "crun"
+      local dist = crun.dist
+      dist.init_process_group{timeout = 20}
+      local t = crun.tensor.ones({300}, "float32")
+      for _ = 1, 5 do dist.all_reduce(t) end
+      if dist.get_rank() == 1 then os.exit(3) end
+      dist.all_reduce(t)]])
+    local r = run("-n 3 --master-port 0 --log-dir " .. q(dir) .. " " .. q(s))
+    C.rmrf(dir)
+    assert.are.equal(3, r.code, r.err)
+    assert.matches("dumps of 2 of 3 ranks", r.err)
+    assert.matches("no fresh dump from rank 1", r.err)
+    assert.matches("group default/0: every rank with a fresh dump %(ranks 0,2%) reached #6 %(all_reduce%)", r.err)
+    assert.not_matches("every rank reached", r.err)
+  end)
+
   it("finds the first mismatch in the sequences", function()
     local dir = C.tmpdir("observe")
     local r = run("-n 3 --master-port 0 " .. q(FIX .. "hang.lua"), "MODE=mismatch CRUN_FLIGHT_DIR=" .. q(dir))

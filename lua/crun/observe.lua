@@ -224,7 +224,7 @@ end
 local function sig(e) return string.format("%s(%s[%s])", e.op, e.dtype, e.count) end
 
 -- Lines about one group: who is behind, on which op, the first mismatch.
-local function analyze_group(name, per, lines)
+local function analyze_group(name, per, lines, partial)
   -- per[rank] = {seq -> entry} of the group's collectives, and its max seq
   local maxseq, ranks = 0, {}
   for r, p in pairs(per) do
@@ -255,8 +255,9 @@ local function analyze_group(name, per, lines)
       local e = per[r].by[maxseq]
       if e and e.state ~= "done" then stuck[#stuck + 1] = r end
     end
-    lines[#lines + 1] = string.format("  group %s: every rank reached #%d (%s)%s", name, maxseq, front.op,
-      #stuck > 0 and string.format("; not done on %s", ranks_text(stuck)) or "")
+    lines[#lines + 1] = string.format("  group %s: %s reached #%d (%s)%s", name,
+      partial and "every rank with a fresh dump (" .. ranks_text({table.unpack(ranks)}) .. ")" or "every rank", maxseq,
+      front.op, #stuck > 0 and string.format("; not done on %s", ranks_text(stuck)) or "")
   end
   -- first mismatch: the lowest seq every rank recorded whose ops differ
   local lo = 0
@@ -326,7 +327,7 @@ function M.analyze(dir, ranks, since_ns, quiet)
   local names = {}
   for n in pairs(groups) do names[#names + 1] = n end
   table.sort(names)
-  for _, n in ipairs(names) do analyze_group(n, groups[n], lines) end
+  for _, n in ipairs(names) do analyze_group(n, groups[n], lines, #missing > 0) end
   return table.concat(lines, "\n")
 end
 
