@@ -56,6 +56,7 @@
 
 #define KEY_PREFIX "crun/launch/"
 #define WATCH_SLICE 0.25
+#define LEFT_GRACE 2.0 /* s: a killed node's peers report their own errors first */
 #define SLICE 1.0
 
 struct crun__agent {
@@ -589,10 +590,23 @@ static void *watch_c10d(void *arg) {
 /* The watcher thread: wakes the supervise loop when attempt k failed anywhere. */
 static void *watch_main(void *arg) {
   crun__agent_t *a = arg;
-  char k[160];
+  char k[160], lk[160], who[160];
   const char *kp = key(k, sizeof k, "attempt/%d/failed", a->attempt);
+  key(lk, sizeof lk, "left", 0);
+  double left_at = -1;
   while (!atomic_load(&a->stop_watch)) {
     int rc = crun_store_wait(a->watch_store, &kp, 1, WATCH_SLICE);
+    int found = 0;
+    if (rc == CRUN_ETIMEDOUT && get_text(a->watch_store, lk, who, sizeof who, &found) == 0 && found) {
+      /* a node's crun-lua was killed (its watchdog said so): the workers
+       * that talk to its ranks fail by themselves at once, with their own
+       * errors; those that do not are stopped after LEFT_GRACE */
+      if (left_at < 0) left_at = crun_clock();
+      if (crun_clock() - left_at < LEFT_GRACE) continue;
+      set_wake(a, "node %s (<node> <host> <pid>) left the job", who);
+      if (write(a->fail_pipe[1], "!", 1) < 0) CRUN_LOG(WARN, LAUNCH, "wake-up pipe: %s", strerror(errno));
+      break;
+    }
     if (rc == CRUN_ETIMEDOUT) continue;
     if (rc < 0) CRUN_LOG(WARN, LAUNCH, "lost the store of node 0: %s", crun_last_error());
     set_wake(a, "%s", rc < 0 ? "lost the store of node 0" : "another node failed or went away");
@@ -891,20 +905,17 @@ static void leave(crun__agent_t *a) {
   set_once(a->store, key(k, sizeof k, "left", 0), val);
 }
 
-int crun__agent_left_dead(const crun__opts_t *o, int attempt, long pid) {
+int crun__agent_left_dead(const crun__opts_t *o, long pid) {
   if (o->c10d || o->nnodes < 2 || o->node_rank == 0) return 0; /* node 0's store died with it */
   crun_store_tcp_opts_t to = {.host = o->master_addr, .port = o->master_port, .timeout = 2.0,
                               .connect_timeout = 1.0};
   crun_store_t *st = NULL;
   CRUN_CHECK(crun_store_tcp_new(&to, &st));
-  char k[160], val[160], host[64] = "?";
+  char val[160], host[64] = "?";
   gethostname(host, sizeof host - 1);
   host[strcspn(host, " \t\n")] = 0;
-  snprintf(val, sizeof val, "%d:left", o->node_rank);
-  snprintf(k, sizeof k, KEY_PREFIX "attempt/%d/failed", attempt);
-  int rc = set_once(st, k, val);
   snprintf(val, sizeof val, "%d %s %ld", o->node_rank, host, pid);
-  if (rc == 0) rc = set_once(st, KEY_PREFIX "left", val);
+  int rc = set_once(st, KEY_PREFIX "left", val);
   crun_store_release(st);
   return rc;
 }

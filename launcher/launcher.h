@@ -267,11 +267,11 @@ void crun__agent_wake_reason(crun__agent_t *a, char *buf, size_t n);
 int crun__agent_failure_fd(crun__agent_t *a);
 
 /* Static multi-node, in the watchdog of a node (not 0) whose crun-lua (pid)
- * was killed: fails attempt `attempt` and says the node left, on a store
- * connection of its own, so that the other nodes stop waiting for it at
- * once (crun__agent_stop does the same when crun-lua ends by itself).
+ * was killed: says the node left, on a store connection of its own, so that
+ * the other nodes do not wait for it at their next barrier (their workers
+ * see its workers, killed by the watchdog, gone and report it themselves).
  * Returns 0 or a crun status; a no-op elsewhere. */
-int crun__agent_left_dead(const crun__opts_t *o, int attempt, long pid);
+int crun__agent_left_dead(const crun__opts_t *o, long pid);
 
 /* Stops the server and frees the agent (NULL is fine). */
 void crun__agent_stop(crun__agent_t *a);

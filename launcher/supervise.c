@@ -232,7 +232,7 @@ static void watchdog_main(int rfd, crun__cgroup_t *cg, pid_t launcher, const cru
   if (pgid > 0) kill(-pgid, SIGKILL);
   /* EOF without watchdog_stop's 0: the launcher was killed; tell the other
    * nodes, which would wait --rdzv-timeout for it */
-  if (attempt >= 0 && !clean) crun__agent_left_dead(o, attempt, (long)launcher);
+  if (attempt >= 0 && !clean) crun__agent_left_dead(o, (long)launcher);
   crun__cgroup_close(cg); /* descendants that left the group */
   double until = crun_clock() + 5.0;
   for (int i = 0; i < n; i++)
