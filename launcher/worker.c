@@ -54,7 +54,11 @@ void crun__worker_setenv(const crun__opts_t *o, const crun__placement_t *p) {
     snprintf(prefix, sizeof prefix, "crun/restart/%d", p->restart_count);
     setenv("CRUN_STORE_PREFIX", prefix, 1);
   }
-  setenv("OMP_NUM_THREADS", "1", 0); /* keep the user's value */
+  const char *omp = getenv("OMP_NUM_THREADS");
+  if (!omp || !*omp) { /* keep the user's value */
+    setenv("OMP_NUM_THREADS", "1", 1);
+    setenv("CRUN_OMP_DEFAULTED", "1", 1); /* crun_blas_set_threads: not the user's choice */
+  }
   if (o->backend) setenv("CRUN_BACKEND", o->backend, 1);
   setenv("CRUN_LAUNCHER", "1", 1); /* the launcher serves the store: ranks must not */
   crun_log_set_rank(p->rank);

@@ -36,6 +36,22 @@ describe("crun-lua environment", function()
     end)
   end
 
+  it("gives BLAS cores / LOCAL_WORLD_SIZE threads unless the user set OMP_NUM_THREADS (crun-lua's own 1 is no choice)", function()
+    local dir = U.tmpdir()
+    U.write(dir .. "/bt.lua", 'print("BLAS " .. os.getenv("RANK") .. " " .. require("crun").core.blas_threads())')
+    local p = io.popen("getconf _NPROCESSORS_ONLN")
+    local cores = tonumber(p:read("l"))
+    p:close()
+    local r = U.run("-n 1 --master-port 0 " .. q(dir .. "/bt.lua"), "env -u OMP_NUM_THREADS -u OPENBLAS_NUM_THREADS")
+    local r3 = U.run("-n 1 --master-port 0 " .. q(dir .. "/bt.lua"), "env -u OPENBLAS_NUM_THREADS OMP_NUM_THREADS=3")
+    U.rmrf(dir)
+    assert.are.equal(0, r.code, r.err)
+    -- OpenBLAS takes the count (at most the cores); without it (reference gemm) one thread is all there is
+    local one = r3.out:find("BLAS 0 1\n", 1, true) ~= nil
+    assert.is_truthy(r.out:find("BLAS 0 " .. (one and 1 or cores) .. "\n", 1, true), r.out)
+    assert.is_truthy(one or r3.out:find("BLAS 0 " .. math.min(3, cores) .. "\n", 1, true), r3.out)
+  end)
+
   it("keeps the user's OMP_NUM_THREADS and passes --backend", function()
     local r = U.run("-n 2 --master-port 0 --backend cpu " .. q(FIX .. "env.lua"), "OMP_NUM_THREADS=3")
     assert.are.equal(0, r.code, r.err)
