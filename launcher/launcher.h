@@ -87,7 +87,8 @@ typedef struct {
 
 /* Sets RANK, LOCAL_RANK, ..., MASTER_PORT, CRUN_RESTART_COUNT, CRUN_BACKEND,
  * CRUN_LAUNCHER, torchrun's TORCHELASTIC_* / GROUP_WORLD_SIZE / ROLE_* and
- * OMP_NUM_THREADS (unless already set) in this process. */
+ * OMP_NUM_THREADS=1 (unless already set, and only for more than one worker
+ * per node, as torchrun) in this process. */
 void crun__worker_setenv(const crun__opts_t *o, const crun__placement_t *p);
 
 /* Runs o->script in a fresh Lua state (the one crun__script_check prepared,

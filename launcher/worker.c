@@ -55,7 +55,7 @@ void crun__worker_setenv(const crun__opts_t *o, const crun__placement_t *p) {
     setenv("CRUN_STORE_PREFIX", prefix, 1);
   }
   const char *omp = getenv("OMP_NUM_THREADS");
-  if (!omp || !*omp) { /* keep the user's value */
+  if ((!omp || !*omp) && p->local_world_size > 1) { /* keep the user's value; torchrun: only for -n > 1 */
     setenv("OMP_NUM_THREADS", "1", 1);
     setenv("CRUN_OMP_DEFAULTED", "1", 1); /* crun_blas_set_threads: not the user's choice */
   }
