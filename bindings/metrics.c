@@ -86,28 +86,29 @@ static void write_event(lua_State *L, writer_t *w, const CrunTb__Event *ev) {
   if (rc) crun_l_error(L, "EIO: SummaryWriter: writing %s: %s", w->ev_path, strerror(rc));
 }
 
-/* Writes s as one CSV field (quoted, with doubled quotes, when it holds a
- * comma, a quote or a line break). */
-static void csv_field(FILE *f, const char *s) {
+/* Adds s to b as one CSV field (quoted, with doubled quotes, when it holds
+ * a comma, a quote or a line break). */
+static void csv_field(luaL_Buffer *b, const char *s) {
   if (!strpbrk(s, ",\"\r\n")) {
-    fputs(s, f);
+    luaL_addstring(b, s);
     return;
   }
-  fputc('"', f);
+  luaL_addchar(b, '"');
   for (; *s; s++) {
-    if (*s == '"') fputc('"', f);
-    fputc(*s, f);
+    if (*s == '"') luaL_addchar(b, '"');
+    luaL_addchar(b, *s);
   }
-  fputc('"', f);
+  luaL_addchar(b, '"');
 }
 
-/* Opens dir/name for writing ("w"); raises EIO naming the path on failure. */
-static FILE *open_in(lua_State *L, const char *dir, const char *name, char **path_out) {
+/* Opens dir/name with mode ("wb", or "ab" for the CSV that several writers
+ * and runs share); raises EIO naming the path on failure. */
+static FILE *open_in(lua_State *L, const char *dir, const char *name, const char *mode, char **path_out) {
   size_t n = strlen(dir) + strlen(name) + 2;
   char *path = malloc(n);
   if (!path) crun_l_error(L, "ENOMEM: SummaryWriter: path");
   snprintf(path, n, "%s/%s", dir, name);
-  FILE *f = fopen(path, "wb");
+  FILE *f = fopen(path, mode);
   if (!f) {
     int e = errno;
     lua_pushstring(L, path);
@@ -137,11 +138,15 @@ static int l_summary_writer(lua_State *L) {
   host[sizeof host - 1] = '\0';
   double now = wall_time();
   const char *ev_name = lua_pushfstring(L, "events.out.tfevents.%I.%s.%d.%d%s", (lua_Integer)now, host, (int)getpid(), ++writer_count, suffix);
-  w->ev = open_in(L, dir, ev_name, &w->ev_path);
+  w->ev = open_in(L, dir, ev_name, "wb", &w->ev_path);
   const char *csv_name = lua_pushfstring(L, "scalars%s.csv", suffix);
-  w->csv = open_in(L, dir, csv_name, &w->csv_path);
+  w->csv = open_in(L, dir, csv_name, "ab", &w->csv_path);
   lua_pop(L, 2);
-  fputs("tag,step,value,wall_time\n", w->csv);
+  /* appended to, a whole row per write (unbuffered, O_APPEND): writers of
+   * one directory (two in a process, every rank, a rerun) keep every row */
+  setvbuf(w->csv, NULL, _IONBF, 0);
+  struct stat st;
+  if (fstat(fileno(w->csv), &st) == 0 && st.st_size == 0) fputs("tag,step,value,wall_time\n", w->csv);
   CrunTb__Event ev = CRUN_TB__EVENT__INIT;
   ev.wall_time = now;
   ev.what_case = CRUN_TB__EVENT__WHAT_FILE_VERSION;
@@ -166,8 +171,9 @@ static void write_summary(lua_State *L, writer_t *w, CrunTb__Summary__Value *v, 
 
 /* w:add_scalar(tag, value, step [, wall_time]): one simple_value event (a
  * 32-bit float, as TensorBoard stores it) and one CSV line tag,step,value,
- * wall_time (the value as given, 17 significant digits). Buffered: flush()
- * or close() makes it visible. Non-blocking apart from the file writes. */
+ * wall_time (the value as given, 17 significant digits). The event is
+ * buffered (flush() or close() makes it visible); the CSV line is written at
+ * once, in one piece. Non-blocking apart from the file writes. */
 static int m_add_scalar(lua_State *L) {
   writer_t *w = check_writer(L);
   const char *tag = crun_l_checkstring(L, 2);
@@ -180,8 +186,16 @@ static int m_add_scalar(lua_State *L) {
   v.value_case = CRUN_TB__SUMMARY__VALUE__VALUE_SIMPLE_VALUE;
   v.simple_value = (float)value;
   write_summary(L, w, &v, step, t);
-  csv_field(w->csv, tag);
-  if (fprintf(w->csv, ",%lld,%.17g,%.6f\n", (long long)step, value, t) < 0)
+  luaL_Buffer b;
+  char num[96];
+  luaL_buffinit(L, &b);
+  csv_field(&b, tag);
+  snprintf(num, sizeof num, ",%lld,%.17g,%.6f\n", (long long)step, value, t);
+  luaL_addstring(&b, num);
+  luaL_pushresult(&b);
+  size_t len;
+  const char *row = lua_tolstring(L, -1, &len);
+  if (fwrite(row, 1, len, w->csv) != len)
     crun_l_error(L, "EIO: SummaryWriter: writing %s: %s", w->csv_path, strerror(errno));
   return 0;
 }

@@ -25,12 +25,25 @@ local nn, optim, T, dist, data = crun.nn, crun.optim, crun.tensor, crun.dist, cr
 
 local o = {epochs = 3, samples = 240, batch = 4, ["ckpt-every"] = 2, lr = 0.02, seed = 7, ["step-delay"] = 0,
            ckpt = "/tmp/crun-elastic-" .. (os.getenv("TORCHELASTIC_RUN_ID") or "none") .. ".crun"}
+-- what each numeric option takes: a whole number >= its minimum, or a real number > 0 / >= 0
+local whole = {epochs = 1, samples = 1, batch = 1, ["ckpt-every"] = 1, seed = -math.maxinteger}
+local function bad(opt, v, want) error(string.format("EINVAL: elastic_train.lua: --%s: expected %s, got '%s'", opt, want, v), 0) end
 local i = 1
 while arg[i] do
   local k = arg[i]:match("^%-%-(.+)$")
-  if not k or o[k] == nil and k ~= "record" then error("elastic_train.lua: unknown argument " .. arg[i], 0) end
-  local v = arg[i + 1] or error("elastic_train.lua: " .. arg[i] .. " needs a value", 0)
-  o[k] = (type(o[k]) == "number") and (tonumber(v) or error("elastic_train.lua: " .. arg[i] .. ": not a number", 0)) or v
+  if not k or o[k] == nil and k ~= "record" then error("EINVAL: elastic_train.lua: unknown argument " .. arg[i], 0) end
+  local v = arg[i + 1] or error("EINVAL: elastic_train.lua: " .. arg[i] .. " needs a value", 0)
+  if type(o[k]) == "number" then
+    local x = tonumber(v)
+    if whole[k] then
+      x = math.tointeger(x)
+      if not x or x < whole[k] then bad(k, v, whole[k] == 1 and "a whole number >= 1" or "a whole number") end
+    elseif not x or x ~= x or x == math.huge or x < 0 or (k == "lr" and x == 0) then
+      bad(k, v, k == "lr" and "a number > 0" or "a number >= 0")
+    end
+    v = x
+  end
+  o[k] = v
   i = i + 2
 end
 

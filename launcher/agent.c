@@ -7,10 +7,15 @@
  * keys below then live under "crun/rdzv/<run id>/".
  *
  * Keys (all under "crun/launch/", or the c10d prefix):
- *   node/<r>            "<nproc> <role>" of node r, set once when it joins
+ *   node/<r>            "<nproc> <role> <host> <pid>" of node r, set once when it
+ *                       joins (host and pid tell a second agent with the same
+ *                       --node-rank from the first)
  *   attempt/<k>/joined  counter; the last node to arrive sets attempt/<k>/go
  *   attempt/<k>/failed  "<node>:<code>" of the first node whose workers failed
  *   attempt/<k>/done    counter; the last node to finish sets attempt/<k>/alldone
+ *   left                "<node> <host> <pid>" of the first node whose crun-lua
+ *                       ended before the job succeeded (a signal, an error, its
+ *                       --max-restarts spent): the others stop waiting for it
  * While attempt k runs, a watcher thread (with its own connection) waits for
  * attempt/<k>/failed and wakes the supervise loop through a pipe, so a failure
  * on any node stops the workers of every node. It does the same when the
@@ -51,6 +56,7 @@
 
 #define KEY_PREFIX "crun/launch/"
 #define WATCH_SLICE 0.25
+#define LEFT_GRACE 2.0 /* s: a killed node's peers report their own errors first */
 #define SLICE 1.0
 
 struct crun__agent {
@@ -68,6 +74,8 @@ struct crun__agent {
   atomic_int stop_watch;
   int attempt;
   int port;
+  int joined;                  /* static: this agent holds its node rank (join() took it) */
+  int succeeded;               /* static: every node's workers succeeded */
   /* c10d */
   int round;                   /* the round this node runs */
   int restarts;                /* worker failures restarted so far (the verdicts') */
@@ -256,18 +264,22 @@ static const char *akey(const crun__agent_t *a, char *buf, size_t n, const char 
 
 /* Registers this node; fails when another node took the same node rank. */
 static int join(crun__agent_t *a) {
-  char k[160], val[96];
-  int len = snprintf(val, sizeof val, "%d %s", a->o->nproc, a->o->role);
+  char k[160], val[200], host[64] = "?";
+  gethostname(host, sizeof host - 1);
+  host[strcspn(host, " \t\n")] = 0;
+  int len = snprintf(val, sizeof val, "%d %s %s %ld", a->o->nproc, a->o->role, host[0] ? host : "?",
+                     (long)getpid());
   crun_buf_t got = {0};
   int rc = crun_store_compare_set(a->store, key(k, sizeof k, "node/%d", a->o->node_rank), "", 0, val,
                                   (size_t)len, &got);
   if (rc < 0) return crun_error(rc, "rendezvous: joining as node %d: %s", a->o->node_rank, bare_error());
   int same = got.len == (size_t)len && memcmp(got.data, val, (size_t)len) == 0;
-  crun_buf_free(&got);
   if (!same)
-    return crun_error(CRUN_EINVAL, "rendezvous: node rank %d joined twice (two crun-lua with the same "
-                                   "--node-rank?)", a->o->node_rank);
-  return 0;
+    rc = crun_error(CRUN_EINVAL, "rendezvous: node rank %d joined twice: the node of '%.*s' (<workers> <role> "
+                                   "<host> <pid>) has it already (two crun-lua with the same --node-rank?)",
+                      a->o->node_rank, (int)(got.len < 120 ? got.len : 120), (const char *)got.data);
+  crun_buf_free(&got);
+  return same ? 0 : rc;
 }
 
 /* crun_store_wait in slices until `timeout`, returning CRUN_EINTR early when
@@ -426,6 +438,7 @@ int crun__agent_start(const crun__opts_t *o, crun__placement_t *base, crun__agen
       if (rc == 0) rc = connect_store(a, &a->store);
       if (rc == 0) rc = connect_store(a, &a->watch_store);
       if (rc == 0) rc = join(a);
+      a->joined = rc == 0;
       if (rc == 0) rc = meet(a, base);
     }
   }
@@ -577,10 +590,23 @@ static void *watch_c10d(void *arg) {
 /* The watcher thread: wakes the supervise loop when attempt k failed anywhere. */
 static void *watch_main(void *arg) {
   crun__agent_t *a = arg;
-  char k[160];
+  char k[160], lk[160], who[160];
   const char *kp = key(k, sizeof k, "attempt/%d/failed", a->attempt);
+  key(lk, sizeof lk, "left", 0);
+  double left_at = -1;
   while (!atomic_load(&a->stop_watch)) {
     int rc = crun_store_wait(a->watch_store, &kp, 1, WATCH_SLICE);
+    int found = 0;
+    if (rc == CRUN_ETIMEDOUT && get_text(a->watch_store, lk, who, sizeof who, &found) == 0 && found) {
+      /* a node's crun-lua was killed (its watchdog said so): the workers
+       * that talk to its ranks fail by themselves at once, with their own
+       * errors; those that do not are stopped after LEFT_GRACE */
+      if (left_at < 0) left_at = crun_clock();
+      if (crun_clock() - left_at < LEFT_GRACE) continue;
+      set_wake(a, "node %s (<node> <host> <pid>) left the job", who);
+      if (write(a->fail_pipe[1], "!", 1) < 0) CRUN_LOG(WARN, LAUNCH, "wake-up pipe: %s", strerror(errno));
+      break;
+    }
     if (rc == CRUN_ETIMEDOUT) continue;
     if (rc < 0) CRUN_LOG(WARN, LAUNCH, "lost the store of node 0: %s", crun_last_error());
     set_wake(a, "%s", rc < 0 ? "lost the store of node 0" : "another node failed or went away");
@@ -590,14 +616,36 @@ static void *watch_main(void *arg) {
   return NULL;
 }
 
+/* Waits (at most `timeout`) for `flag` in slices, ending early with
+ * CRUN_EINTR on a pending signal and with CRUN_EPEERDIED (naming it) when a
+ * node left the job, which would never arrive. */
+static int wait_or_left(crun__agent_t *a, const char *flag, double timeout, const char *what) {
+  double deadline = crun_clock() + timeout;
+  char k[160], who[160];
+  const char *lk = key(k, sizeof k, "left", 0);
+  for (;;) {
+    double left = deadline - crun_clock();
+    int rc = crun_store_wait(a->store, &flag, 1, left < SLICE ? (left > 0.001 ? left : 0.001) : SLICE);
+    if (rc != CRUN_ETIMEDOUT) return rc;
+    int found = 0;
+    if (get_text(a->store, lk, who, sizeof who, &found) == 0 && found)
+      return crun_error(CRUN_EPEERDIED, "%s: node %s (<node> <host> <pid>) left the job (its crun-lua ended: "
+                        "a signal, an error, or its --max-restarts spent); not waiting for it", what, who);
+    if (crun__signals_pending()) return crun_error(CRUN_EINTR, "interrupted by a signal");
+    if (crun_clock() >= deadline) return rc;
+  }
+}
+
 /* Adds one to counter `ck`; the last of nnodes sets `flag`; then everyone
- * waits for `flag`, in slices so that SIGINT/SIGTERM end the wait. */
+ * waits for `flag`, in slices so that SIGINT/SIGTERM end the wait, and a
+ * node that left the job ends it too. */
 static int node_barrier(crun__agent_t *a, const char *ck, const char *flag, const char *what) {
   const crun__opts_t *o = a->o;
   int64_t n = 0;
   int rc = crun_store_add(a->store, ck, 1, &n);
   if (rc == 0 && n == a->nnodes) rc = crun_store_set(a->store, flag, "1", 1);
-  if (rc == 0) rc = wait_sliced(a->store, &flag, 1, o->rdzv_timeout);
+  if (rc == 0) rc = wait_or_left(a, flag, o->rdzv_timeout, what);
+  if (rc == CRUN_EPEERDIED || rc == CRUN_EINTR) return rc;
   if (rc == CRUN_ETIMEDOUT) {
     crun_store_add(a->store, ck, 0, &n);
     return crun_error(rc, "%s: only %lld of %d nodes arrived within %g s", what, (long long)n,
@@ -816,6 +864,7 @@ int crun__agent_end_attempt(crun__agent_t *a, int attempt, int code, int stopped
   int failed = 0;
   CRUN_CHECK(crun_store_check(a->store, &kp, 1, &failed));
   *next = !failed ? CRUN__NEXT_DONE : attempt < a->o->max_restarts ? CRUN__NEXT_RESTART : CRUN__NEXT_FAIL;
+  a->succeeded = *next == CRUN__NEXT_DONE;
   return acknowledge(a, attempt);
 }
 
@@ -840,9 +889,41 @@ static void serve_others(crun__agent_t *a) {
   }
 }
 
+/* Static multi-node: this node's crun-lua ends before the job succeeded; it
+ * fails the current attempt (the other nodes' watchers stop their workers)
+ * and says it left, so that no node waits rdzv_timeout for it at a barrier
+ * (not an agent refused at join: it never held its node rank). Best effort:
+ * the store may be gone already. */
+static void leave(crun__agent_t *a) {
+  char k[160], val[160], host[64] = "?";
+  if (a->o->c10d || a->nnodes < 2 || !a->store || !a->joined || a->succeeded) return;
+  gethostname(host, sizeof host - 1);
+  host[strcspn(host, " \t\n")] = 0;
+  snprintf(val, sizeof val, "%d:left", a->node_rank);
+  set_once(a->store, key(k, sizeof k, "attempt/%d/failed", a->attempt), val);
+  snprintf(val, sizeof val, "%d %s %ld", a->node_rank, host, (long)getpid());
+  set_once(a->store, key(k, sizeof k, "left", 0), val);
+}
+
+int crun__agent_left_dead(const crun__opts_t *o, long pid) {
+  if (o->c10d || o->nnodes < 2 || o->node_rank == 0) return 0; /* node 0's store died with it */
+  crun_store_tcp_opts_t to = {.host = o->master_addr, .port = o->master_port, .timeout = 2.0,
+                              .connect_timeout = 1.0};
+  crun_store_t *st = NULL;
+  CRUN_CHECK(crun_store_tcp_new(&to, &st));
+  char val[160], host[64] = "?";
+  gethostname(host, sizeof host - 1);
+  host[strcspn(host, " \t\n")] = 0;
+  snprintf(val, sizeof val, "%d %s %ld", o->node_rank, host, pid);
+  int rc = set_once(st, KEY_PREFIX "left", val);
+  crun_store_release(st);
+  return rc;
+}
+
 void crun__agent_stop(crun__agent_t *a) {
   if (!a) return;
   stop_watcher(a);
+  leave(a);
   if (a->watch_store) crun_store_release(a->watch_store);
   if (a->store) crun_store_release(a->store);
   if (a->server && a->o->c10d) serve_others(a);

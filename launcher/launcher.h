@@ -87,7 +87,8 @@ typedef struct {
 
 /* Sets RANK, LOCAL_RANK, ..., MASTER_PORT, CRUN_RESTART_COUNT, CRUN_BACKEND,
  * CRUN_LAUNCHER, torchrun's TORCHELASTIC_* / GROUP_WORLD_SIZE / ROLE_* and
- * OMP_NUM_THREADS (unless already set) in this process. */
+ * OMP_NUM_THREADS=1 (unless already set, and only for more than one worker
+ * per node, as torchrun) in this process. */
 void crun__worker_setenv(const crun__opts_t *o, const crun__placement_t *p);
 
 /* Runs o->script in a fresh Lua state (the one crun__script_check prepared,
@@ -266,6 +267,13 @@ void crun__agent_wake_reason(crun__agent_t *a, char *buf, size_t n);
  * of the current attempt, or -1 on single-node jobs. */
 int crun__agent_failure_fd(crun__agent_t *a);
 
+/* Static multi-node, in the watchdog of a node (not 0) whose crun-lua (pid)
+ * was killed: says the node left, on a store connection of its own, so that
+ * the other nodes do not wait for it at their next barrier (their workers
+ * see its workers, killed by the watchdog, gone and report it themselves).
+ * Returns 0 or a crun status; a no-op elsewhere. */
+int crun__agent_left_dead(const crun__opts_t *o, long pid);
+
 /* Stops the server and frees the agent (NULL is fine). */
 void crun__agent_stop(crun__agent_t *a);
 
@@ -374,8 +382,14 @@ void crun__obs_dump_all(const pid_t *pids, const int *ranks, const int *running,
  * unless an analysis named it. */
 void crun__obs_cleanup(void);
 
-/* Merges path.rank<r> (r < world) into the trace at path and prints the
- * summary. Returns 0, or 1 when nothing could be merged. */
+/* Merges path.rank<r> (r < world; world < 0: every such file in path's
+ * directory) into the trace at path and prints the summary. Returns 0, or 1
+ * when nothing could be merged. */
 int crun__obs_merge(const char *path, int world);
+
+/* The same for a node of a multi-node job: every node merges what it sees,
+ * and on a file system the nodes share the first one takes every part, so
+ * finding none is not a failure here (said, and 0 returned). */
+int crun__obs_merge_shared(const char *path, int world);
 
 #endif /* CRUN_LAUNCHER_H */

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define EXIT_USAGE 2
@@ -27,9 +28,10 @@ static const char usage_text[] =
     "WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE, ROLE_RANK,\n"
     "ROLE_WORLD_SIZE, ROLE_NAME, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RESTART_COUNT,\n"
     "TORCHELASTIC_MAX_RESTARTS, TORCHELASTIC_RUN_ID, CRUN_RESTART_COUNT, CRUN_LAUNCHER=1\n"
-    "and OMP_NUM_THREADS=1 (unless set). The launcher of node 0 serves the TCP store at\n"
+    "and OMP_NUM_THREADS=1 (unless set; as torchrun, only with -n above 1). The launcher\n"
+    "of node 0 serves the TCP store at\n"
     "MASTER_ADDR:MASTER_PORT (c10d: the --rdzv-endpoint; CRUN_STORE_PREFIX keeps each run's\n"
-    "keys apart there).\n"
+    "keys apart there, and each restart's: crun/restart/<k>).\n"
     "\n"
     "options (torchrun's; each also spelled with underscores, --nproc_per_node):\n"
     "  -n, --nproc-per-node N  workers on this node (default 1); auto: the GPUs when CUDA\n"
@@ -88,7 +90,8 @@ static const char usage_text[] =
     "                          when the workers are at least as many as the usable CPUs\n"
     "  --timeline FILE         record every rank's collectives, p2p ops, DDP buckets and spans;\n"
     "                          merged at the end into FILE, a Chrome/Perfetto JSON trace\n"
-    "  --merge-timeline FILE   only merge FILE.rank<r> (written by ranks run with\n"
+    "                          (its directory must exist; a failed merge fails the job)\n"
+    "  --merge-timeline FILE   only merge every FILE.rank<r> (written by ranks run with\n"
     "                          CRUN_TIMELINE=FILE) into FILE, then exit\n"
     "  --no-prefix             do not prefix worker lines with \"[rank] \"\n"
     "  -m, --module            run the module named in place of the script, found on\n"
@@ -489,10 +492,46 @@ static int check_rdzv(crun__opts_t *o) {
   return 0;
 }
 
+/* --timeline FILE: the ranks write FILE.rank<r> next to FILE and crun-lua
+ * FILE at the end, so its directory must exist and take files; checked
+ * before any rank runs rather than after the job. Returns 0 or an exit code. */
+static int check_timeline(const char *file) {
+  char dir[4096];
+  struct stat st;
+  if (!file) return 0;
+  snprintf(dir, sizeof dir, "%s", file);
+  char *slash = strrchr(dir, '/');
+  if (!slash) strcpy(dir, ".");
+  else if (slash == dir) dir[1] = 0;
+  else *slash = 0;
+  if (stat(file, &st) == 0 && S_ISDIR(st.st_mode))
+    return usage_error("--timeline %s: that is a directory; give a file name", file);
+  if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode) || access(dir, W_OK | X_OK) != 0)
+    return usage_error("--timeline %s: the directory %s %s", file, dir,
+                       stat(dir, &st) != 0 ? "does not exist" : !S_ISDIR(st.st_mode) ? "is not a directory"
+                                                                                      : "is not writable");
+  return 0;
+}
+
+/* The recorders' sizes in the environment: a value the ranks would not take
+ * (not a number, 0 or too many events; past 2^24 operations) turned the
+ * timeline or the flight recorder off in every rank without a word, so it is
+ * refused here, before any rank runs. Returns 0 or an exit code. */
+static int check_obs_env(void) {
+  static const struct { const char *name; long min, max; } vars[] = {
+      {"CRUN_TIMELINE_EVENTS", 1, 1l << 26}, {"CRUN_FLIGHT_RECORDER", 0, 1l << 24}};
+  for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+    const char *v = getenv(vars[i].name);
+    int n;
+    if (v && *v && parse_int(vars[i].name, v, vars[i].min, vars[i].max, &n)) return EXIT_USAGE;
+  }
+  return 0;
+}
+
 /* Checks the options against each other. Returns 0 or an exit code. */
 static int check_opts(crun__opts_t *o) {
   int rc = check_rdzv(o);
-  if (rc) return rc;
+  if (rc || (rc = check_timeline(o->timeline)) || (rc = check_obs_env())) return rc;
   if (!o->c10d && o->node_rank >= o->nnodes)
     return usage_error("--node-rank %d is not below --nnodes %d", o->node_rank, o->nnodes);
   if (!o->c10d && o->nnodes > 1 && o->master_port == 0)
@@ -546,14 +585,19 @@ static void fresh_run_id(crun__opts_t *o) {
   o->run_id = id;
 }
 
-/* Runs the script in this process as the rank mpirun/srun assigned. */
+/* Runs the script in this process as the rank mpirun/srun assigned; the
+ * store at --master-addr/--master-port, else MASTER_ADDR/MASTER_PORT (unset
+ * or empty: 127.0.0.1:29500; a MASTER_PORT that is not a port is refused). */
 static int run_in_process(const crun__opts_t *o, crun__placement_t *p) {
   const char *addr = o->master_addr ? o->master_addr : getenv("MASTER_ADDR");
+  const char *port = getenv("MASTER_PORT");
   p->master_addr = addr && *addr ? addr : "127.0.0.1";
-  p->master_port = o->master_port >= 0 ? o->master_port
-                                       : (int)crun_env_int("MASTER_PORT", CRUN_LAUNCH_DEFAULT_PORT);
+  p->master_port = o->master_port >= 0 ? o->master_port : CRUN_LAUNCH_DEFAULT_PORT;
+  if (o->master_port < 0 && port && *port && parse_int("MASTER_PORT", port, 0, 65535, &p->master_port))
+    return EXIT_USAGE;
   p->restart_count = 0;
-  p->group_world_size = p->world_size / (p->local_world_size > 0 ? p->local_world_size : 1);
+  if (p->group_world_size < 1) /* mpirun: as many nodes as full local groups (srun says) */
+    p->group_world_size = p->world_size / (p->local_world_size > 0 ? p->local_world_size : 1);
   crun__worker_setenv(o, p);
   unsetenv("CRUN_LAUNCHER"); /* no launcher serves a store here: rank 0 hosts it */
   crun__obs_worker_init(); /* this process is the rank */
@@ -592,7 +636,10 @@ static int launch(const crun__opts_t *o) {
   crun__agent_stop(agent);
   crun__obs_cleanup();
   const char *tl = getenv("CRUN_TIMELINE");
-  if (tl && *tl && crun__obs_merge(tl, base.world_size) != 0 && code == 0) code = 1;
+  int merged = !tl || !*tl ? 0
+             : base.group_world_size > 1 ? crun__obs_merge_shared(tl, base.world_size)
+                                         : crun__obs_merge(tl, base.world_size);
+  if (merged != 0 && code == 0) code = 1;
   return code;
 }
 
@@ -607,7 +654,7 @@ int main(int argc, char **argv) {
   int rc = parse_args(&o, argc, argv, &layout);
   if (rc) return rc < 0 ? 0 : rc;
   crun__obs_launcher_setup(o.timeline);
-  if (o.merge_timeline) return crun__obs_merge(o.merge_timeline, CRUN_LAUNCH_MAX_NPROC);
+  if (o.merge_timeline) return crun__obs_merge(o.merge_timeline, -1); /* whatever ranks wrote parts */
   if (!o.script && layout && !o.module) o.repl = 1; /* crun-lua -n 4: the REPL */
   if ((rc = check_opts(&o))) return rc;
   if (o.standalone && !strcmp(o.run_id, "none")) fresh_run_id(&o);

@@ -207,25 +207,32 @@ static int pid_ended(pid_t pid) {
 }
 
 /* The watchdog's whole life: remember the latest group and its workers
- * (a message -pgid starts an attempt, a positive pid adds a worker); at EOF
+ * (a message -pgid starts an attempt, a positive pid adds a worker, 0 says
+ * the launcher ends by itself); at EOF
  * kill the group, wait (bounded) until the workers are gone, and remove the
  * shared-memory names they may have left and the launcher's dump directory
  * when it is empty. */
-static void watchdog_main(int rfd, crun__cgroup_t *cg, pid_t launcher) {
+static void watchdog_main(int rfd, crun__cgroup_t *cg, pid_t launcher, const crun__opts_t *o) {
   pid_t pgid = 0, next, *pids = NULL;
-  int n = 0, cap = 0;
+  int n = 0, cap = 0, attempt = -1, clean = 0;
   for (;;) {
     ssize_t r = read(rfd, &next, sizeof next);
     if (r < 0 && errno == EINTR) continue;
     if (r != (ssize_t)sizeof next) break;
-    if (next < 0) {
+    if (next == 0) {
+      clean = 1; /* watchdog_stop: the launcher ends by itself */
+    } else if (next < 0) {
       pgid = -next;
       n = 0;
+      attempt++;
     } else if (n < cap || (pids = realloc(pids, sizeof *pids * (size_t)(cap = cap * 2 + 16)))) {
       pids[n++] = next;
     }
   }
   if (pgid > 0) kill(-pgid, SIGKILL);
+  /* EOF without watchdog_stop's 0: the launcher was killed; tell the other
+   * nodes, which would wait --rdzv-timeout for it */
+  if (attempt >= 0 && !clean) crun__agent_left_dead(o, (long)launcher);
   crun__cgroup_close(cg); /* descendants that left the group */
   double until = crun_clock() + 5.0;
   for (int i = 0; i < n; i++)
@@ -257,7 +264,7 @@ static int watchdog_start(sup_t *s) {
     prctl(PR_SET_NAME, "crun-lua-watch");
     int keep = dup2(p[0], 3);
     close_range(4, ~0U, 0);
-    watchdog_main(keep, &s->cg, s->self);
+    watchdog_main(keep, &s->cg, s->self, s->o);
   }
   close(p[0]);
   s->watch_fd = p[1];
@@ -275,6 +282,7 @@ static void watchdog_set(sup_t *s, pid_t pgid) {
 /* Closes the pipe (the watchdog kills the last group, then exits) and reaps it. */
 static void watchdog_stop(sup_t *s) {
   if (s->watch_fd < 0) return;
+  watchdog_set(s, 0); /* "ending by myself" */
   close(s->watch_fd);
   s->watch_fd = -1;
   while (waitpid(s->watch_pid, NULL, 0) < 0 && errno == EINTR) {}

@@ -8,6 +8,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <lauxlib.h>
 #include <limits.h>
 #include <lua.h>
@@ -15,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -101,7 +103,8 @@ static int running_pid(pid_t pid) {
 }
 
 /* Calls require("crun.observe")[fn] with the values pushed by push(L, arg);
- * returns its text (malloc'ed) or NULL with the error printed. */
+ * returns its text (malloc'ed), or NULL with the error printed: a Lua error,
+ * or fn's `nil, message` answer. */
 static char *observe_call(const char *fn, void (*push)(lua_State *, const void *), const void *arg, int nargs) {
   lua_State *L = crun__lua_state_new();
   if (!L) return NULL;
@@ -112,8 +115,8 @@ static char *observe_call(const char *fn, void (*push)(lua_State *, const void *
   if (lua_pcall(L, 1, 1, 1) == LUA_OK) {
     lua_getfield(L, -1, fn);
     push(L, arg);
-    if (lua_pcall(L, nargs, 2, 1) == LUA_OK) {
-      const char *s = lua_tostring(L, -2) ? lua_tostring(L, -2) : lua_tostring(L, -1);
+    if (lua_pcall(L, nargs, 2, 1) == LUA_OK && lua_toboolean(L, -2)) {
+      const char *s = lua_tostring(L, -2);
       out = strdup(s ? s : "");
     }
   }
@@ -180,13 +183,57 @@ void crun__obs_dump_all(const pid_t *pids, const int *ranks, const int *running,
 
 typedef struct {
   const char *path;
-  int world;
+  int world;          /* ranks 0..world-1, or with ranks: */
+  const int *ranks;   /* these n ranks */
+  int n;
 } merge_args_t;
 
 static void push_merge(lua_State *L, const void *p) {
   const merge_args_t *a = p;
   lua_pushstring(L, a->path);
-  lua_pushinteger(L, a->world);
+  if (!a->ranks) {
+    lua_pushinteger(L, a->world);
+    return;
+  }
+  lua_createtable(L, a->n, 0);
+  for (int i = 0; i < a->n; i++) {
+    lua_pushinteger(L, a->ranks[i]);
+    lua_rawseti(L, -2, i + 1);
+  }
+}
+
+/* The ranks r of every "<base>.rank<r>" file in path's directory, sorted
+ * (malloc'ed into *out); returns how many, or -1 when out of memory. */
+static int found_ranks(const char *path, int **out) {
+  char dir[PATH_MAX];
+  snprintf(dir, sizeof dir, "%s", path);
+  char *slash = strrchr(dir, '/');
+  const char *base = slash ? slash + 1 : path;
+  if (!slash) strcpy(dir, ".");
+  else if (slash == dir) dir[1] = 0;
+  else *slash = 0;
+  size_t blen = strlen(base);
+  int n = 0, cap = 0, *ranks = NULL;
+  DIR *d = opendir(dir);
+  for (struct dirent *e; d && (e = readdir(d)) != NULL;) {
+    const char *p = e->d_name;
+    if (strncmp(p, base, blen) != 0 || strncmp(p + blen, ".rank", 5) != 0) continue;
+    char *end;
+    errno = 0;
+    long r = strtol(p + blen + 5, &end, 10);
+    if (errno || *end || end == p + blen + 5 || r < 0 || r > INT_MAX || !(p[blen + 5] >= '0' && p[blen + 5] <= '9')) continue;
+    if (n == cap) {
+      int *more = realloc(ranks, (size_t)(cap = cap ? 2 * cap : 64) * sizeof *ranks);
+      if (!more) { free(ranks); closedir(d); return -1; }
+      ranks = more;
+    }
+    ranks[n++] = (int)r;
+  }
+  if (d) closedir(d);
+  for (int i = 1; i < n; i++) /* insertion sort: rank order in the trace and the summary */
+    for (int j = i; j > 0 && ranks[j - 1] > ranks[j]; j--) { int t = ranks[j]; ranks[j] = ranks[j - 1]; ranks[j - 1] = t; }
+  *out = ranks;
+  return n;
 }
 
 /* Whether name is one the recorder writes: "flight_rank<digits>.txt". */
@@ -213,12 +260,46 @@ void crun__obs_cleanup(void) {
   rmdir(g_default_dir); /* fails, and stays, when something else is in it */
 }
 
+int crun__obs_merge_shared(const char *path, int world) {
+  if (!path || !*path) return 0;
+  char file[PATH_MAX + 32];
+  /* one node at a time (flock, released when a holder dies): the first
+   * takes every part, a later one finds none instead of half of them */
+  snprintf(file, sizeof file, "%s.lock", path);
+  int lock = open(file, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+  while (lock >= 0 && flock(lock, LOCK_EX) < 0 && errno == EINTR) {}
+  int rc = -1;
+  for (int r = 0; r < world && rc < 0; r++) {
+    snprintf(file, sizeof file, "%s.rank%d", path, r);
+    if (access(file, F_OK) == 0) rc = crun__obs_merge(path, world);
+  }
+  if (rc < 0) {
+    char line[PATH_MAX + 128];
+    snprintf(line, sizeof line, "timeline: no part left at %s.rank<r> (another node merged them)", path);
+    obs_say(line);
+    rc = 0;
+  }
+  snprintf(file, sizeof file, "%s.lock", path);
+  if (lock >= 0) {
+    unlink(file);
+    close(lock);
+  }
+  return rc;
+}
+
 int crun__obs_merge(const char *path, int world) {
   if (!path || !*path) return 0;
-  merge_args_t a = {path, world};
+  merge_args_t a = {path, world, NULL, 0};
+  int *found = NULL;
+  if (world < 0 && (a.n = found_ranks(path, &found)) < 0) {
+    obs_say("ENOMEM: merging the timeline: out of memory");
+    return 1;
+  }
+  a.ranks = world < 0 ? found : NULL;
   char *text = observe_call("merge", push_merge, &a, 2);
   if (text) obs_say(text);
   int ok = text != NULL;
   free(text);
+  free(found);
   return ok ? 0 : 1;
 }

@@ -43,12 +43,22 @@ void crun__worker_setenv(const crun__opts_t *o, const crun__placement_t *p) {
   setenv_int("TORCHELASTIC_RESTART_COUNT", p->restart_count);
   setenv_int("TORCHELASTIC_MAX_RESTARTS", o->max_restarts);
   setenv("TORCHELASTIC_RUN_ID", o->run_id ? o->run_id : "none", 1);
+  char prefix[CRUN_LAUNCH_RUN_ID_MAX + 32];
   if (o->c10d) { /* the endpoint's store may serve other run ids: keep to ours */
-    char prefix[CRUN_LAUNCH_RUN_ID_MAX + 32]; /* a fresh one each round: its world differs */
-    snprintf(prefix, sizeof prefix, "crun/job/%s/%d", o->run_id, p->round);
+    snprintf(prefix, sizeof prefix, "crun/job/%s/%d", o->run_id, p->round); /* a fresh one each round */
+    setenv("CRUN_STORE_PREFIX", prefix, 1);
+  } else if (p->restart_count > 0) {
+    /* a restart starts from fresh keys: the failed attempt's ranks that
+     * reached init_process_group before the failure had counted their
+     * group's incarnation up, and the restarted ranks would not agree on it */
+    snprintf(prefix, sizeof prefix, "crun/restart/%d", p->restart_count);
     setenv("CRUN_STORE_PREFIX", prefix, 1);
   }
-  setenv("OMP_NUM_THREADS", "1", 0); /* keep the user's value */
+  const char *omp = getenv("OMP_NUM_THREADS");
+  if ((!omp || !*omp) && p->local_world_size > 1) { /* keep the user's value; torchrun: only for -n > 1 */
+    setenv("OMP_NUM_THREADS", "1", 1);
+    setenv("CRUN_OMP_DEFAULTED", "1", 1); /* crun_blas_set_threads: not the user's choice */
+  }
   if (o->backend) setenv("CRUN_BACKEND", o->backend, 1);
   setenv("CRUN_LAUNCHER", "1", 1); /* the launcher serves the store: ranks must not */
   crun_log_set_rank(p->rank);
@@ -297,6 +307,8 @@ static int engine_try(const char *rank_var, const char *size_var, const char *lr
   if (rank >= size) return crun_error(CRUN_EINVAL, "%s=%d is not below %s=%d", rank_var, rank, size_var, size);
   if (lrank_var && env_nonneg(lrank_var, &lrank) < 0) return CRUN_EINVAL;
   if (lsize_var && env_nonneg(lsize_var, &lsize) < 0) return CRUN_EINVAL;
+  if (lrank >= 0 && lsize > 0 && lrank >= lsize)
+    return crun_error(CRUN_EINVAL, "%s=%d is not below %s=%d", lrank_var, lrank, lsize_var, lsize);
   p->rank = rank;
   p->world_size = size;
   p->local_rank = lrank >= 0 ? lrank : 0;
@@ -305,16 +317,55 @@ static int engine_try(const char *rank_var, const char *size_var, const char *lr
   return 1;
 }
 
+/* The tasks Slurm placed on node `node` from SLURM_TASKS_PER_NODE ("2(x3),1":
+ * nodes 0-2 run 2 tasks, node 3 one); -1 when spec is malformed or shorter. */
+static int slurm_tasks_on_node(const char *spec, int node) {
+  for (const char *s = spec; *s;) {
+    char *end;
+    long tasks = strtol(s, &end, 10), times = 1;
+    if (end == s || tasks < 0 || tasks > 1 << 24) return -1;
+    if (*end == '(') { /* "(xK)" */
+      if (end[1] != 'x') return -1;
+      s = end + 2;
+      times = strtol(s, &end, 10);
+      if (end == s || *end != ')' || times < 1 || times > 1 << 24) return -1;
+      end++;
+    }
+    if (node < times) return (int)tasks;
+    node -= (int)times;
+    if (*end != ',' && *end) return -1;
+    s = *end ? end + 1 : end;
+  }
+  return -1;
+}
+
+/* Under srun: GROUP_RANK is SLURM_NODEID, GROUP_WORLD_SIZE SLURM_NNODES and
+ * LOCAL_WORLD_SIZE this node's count in SLURM_TASKS_PER_NODE (nodes may run
+ * different counts: srun -N 2 -n 3 puts 2 and 1); without that variable an
+ * even split of SLURM_NTASKS over the nodes. Returns 1, or CRUN_EINVAL when
+ * SLURM_LOCALID is not below this node's count. */
+static int slurm_place(crun__placement_t *p) {
+  int node = 0, nnodes = 0;
+  if (env_nonneg("SLURM_NODEID", &node) == 1) p->group_rank = node;
+  if (env_nonneg("SLURM_NNODES", &nnodes) != 1 || nnodes < 1) return 1;
+  p->group_world_size = nnodes;
+  const char *per = getenv("SLURM_TASKS_PER_NODE");
+  int here = per && *per ? slurm_tasks_on_node(per, node) : -1;
+  if (here > 0) p->local_world_size = here;
+  else if (p->world_size % nnodes == 0) p->local_world_size = p->world_size / nnodes;
+  if (p->local_rank >= p->local_world_size)
+    return crun_error(CRUN_EINVAL, "SLURM_LOCALID=%d is not below node %d's task count %d (SLURM_TASKS_PER_NODE=%s, "
+                      "SLURM_NTASKS=%d, SLURM_NNODES=%d)", p->local_rank, node, p->local_world_size, per ? per : "",
+                      p->world_size, nnodes);
+  return 1;
+}
+
 int crun__engine_detect(crun__placement_t *p) {
   int rc = engine_try("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
                       "OMPI_COMM_WORLD_LOCAL_SIZE", p);
   if (rc == 0) rc = engine_try("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS", p);
   if (rc == 0) rc = engine_try("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", NULL, p);
-  if (rc == 1 && getenv("SLURM_PROCID") && !getenv("OMPI_COMM_WORLD_RANK") && !getenv("PMI_RANK")) {
-    int node = 0, nnodes = 0;
-    if (env_nonneg("SLURM_NODEID", &node) == 1) p->group_rank = node;
-    if (env_nonneg("SLURM_NNODES", &nnodes) == 1 && nnodes > 0 && p->world_size % nnodes == 0)
-      p->local_world_size = p->world_size / nnodes;
-  }
+  if (rc == 1 && getenv("SLURM_PROCID") && !getenv("OMPI_COMM_WORLD_RANK") && !getenv("PMI_RANK"))
+    rc = slurm_place(p);
   return rc;
 }

@@ -210,3 +210,20 @@ describe("crun-lua elastic c10d jobs", function()
     assert.are.same({["2"] = 240}, worlds[3])
   end)
 end)
+
+describe("examples/elastic_train.lua options", function()
+  it("refuses values that are not what an option takes, before training (--batch 2.5 trained on 2-sample batches)", function()
+    local ex = q(U.SOURCE .. "/examples/elastic_train.lua")
+    for _, c in ipairs{{"--batch", "0", "a whole number >= 1"}, {"--batch", "2.5", "a whole number >= 1"},
+                       {"--ckpt-every", "0", "a whole number >= 1"}, {"--epochs", "-1", "a whole number >= 1"},
+                       {"--lr", "0", "a number > 0"}, {"--step-delay", "-1", "a number >= 0"},
+                       {"--seed", "1e400", "a whole number"}} do
+      local r = U.run("-n 1 --master-port 0 " .. ex .. " --ckpt /nonexistent-crun-dir/x.crun " .. c[1] .. " " .. c[2],
+        nil, 30)
+      assert.are.equal(1, r.code, c[1] .. " " .. c[2] .. ": " .. r.err)
+      assert.is_truthy(r.err:find("EINVAL: elastic_train.lua: " .. c[1] .. ": expected " .. c[3] .. ", got '" .. c[2] .. "'",
+        1, true), r.err)
+      assert.are.equal("", r.out)
+    end
+  end)
+end)

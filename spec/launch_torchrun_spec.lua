@@ -45,7 +45,8 @@ describe("crun-lua torchrun variables", function()
       assert.are.equal(e.RANK, e.ROLE_RANK)
       assert.are.equal("3", e.ROLE_WORLD_SIZE)
       assert.are.equal("trainer", e.ROLE_NAME)
-      assert.are.equal("nil", e.CRUN_STORE_PREFIX) -- static rendezvous: the job owns its store
+      -- static rendezvous: the job owns its store; a restart takes fresh keys (torch: /worker/attempt_<k>)
+      assert.are.equal(attempt == 0 and "nil" or "crun/restart/" .. attempt, e.CRUN_STORE_PREFIX)
     end
     for rank = 0, 2 do assert.is_true(seen["1:" .. rank], "attempt 1 of rank " .. rank .. " missing:\n" .. r.out) end
     assert.is_true(seen["0:1"], r.out)
@@ -80,6 +81,23 @@ describe("crun-lua torchrun variables", function()
       assert.are.equal(tostring(rank < 2 and rank or rank - 2), e.ROLE_RANK)
       assert.are.equal(rank < 2 and "2" or "3", e.ROLE_WORLD_SIZE)
     end
+  end)
+
+  it("refuses a second crun-lua with the same --node-rank (both ran rank 2 and the job hung)", function()
+    local port = U.free_port()
+    local common = "--nnodes 2 --master-port " .. port .. " --rdzv-timeout 10 -n 1 "
+    local h0 = U.start(common .. "--node-rank 0 " .. q(FIX .. "env.lua"), NODES_ENV)
+    local ha = U.start(common .. "--node-rank 1 " .. q(FIX .. "env.lua"), NODES_ENV)
+    local hb = U.start(common .. "--node-rank 1 " .. q(FIX .. "env.lua"), NODES_ENV)
+    local r0, ra, rb = table.unpack(U.wait_all({h0, ha, hb}, 20))
+    assert.are.equal(0, r0.code, r0.err)
+    local ok, bad = ra, rb
+    if ra.code ~= 0 then ok, bad = rb, ra end
+    assert.are.equal(0, ok.code, ok.err)
+    assert.are.equal(1, bad.code, bad.err)
+    assert.matches("EINVAL: rendezvous: node rank 1 joined twice: the node of '1 default [^ ]+ %d+'", bad.err)
+    assert.are.equal("", bad.out)
+    assert.are.equal("2", U.env_by_rank(ok.out)[1].WORLD_SIZE)
   end)
 end)
 

@@ -24,7 +24,7 @@ describe("crun-lua environment", function()
         assert.are.equal("0", e.GROUP_RANK)
         assert.are.equal("127.0.0.1", e.MASTER_ADDR)
         assert.are.equal("0", e.CRUN_RESTART_COUNT)
-        assert.are.equal("1", e.OMP_NUM_THREADS)
+        assert.are.equal(n > 1 and "1" or "nil", e.OMP_NUM_THREADS) -- torchrun: only with more than one per node
         assert.are.equal("1", e.CRUN_LAUNCHER)
         assert.are.equal("nil", e.CRUN_BACKEND)
         assert.are_not.equal("nil", e.crun) -- require "crun" worked
@@ -35,6 +35,22 @@ describe("crun-lua environment", function()
       end
     end)
   end
+
+  it("gives BLAS cores / LOCAL_WORLD_SIZE threads unless the user set OMP_NUM_THREADS (crun-lua's own 1 is no choice)", function()
+    local dir = U.tmpdir()
+    U.write(dir .. "/bt.lua", 'print("BLAS " .. os.getenv("RANK") .. " " .. require("crun").core.blas_threads())')
+    local p = io.popen("getconf _NPROCESSORS_ONLN")
+    local cores = tonumber(p:read("l"))
+    p:close()
+    local r = U.run("-n 1 --master-port 0 " .. q(dir .. "/bt.lua"), "env -u OMP_NUM_THREADS -u OPENBLAS_NUM_THREADS")
+    local r3 = U.run("-n 1 --master-port 0 " .. q(dir .. "/bt.lua"), "env -u OPENBLAS_NUM_THREADS OMP_NUM_THREADS=3")
+    U.rmrf(dir)
+    assert.are.equal(0, r.code, r.err)
+    -- OpenBLAS takes the count (at most the cores); without it (reference gemm) one thread is all there is
+    local one = r3.out:find("BLAS 0 1\n", 1, true) ~= nil
+    assert.is_truthy(r.out:find("BLAS 0 " .. (one and 1 or cores) .. "\n", 1, true), r.out)
+    assert.is_truthy(one or r3.out:find("BLAS 0 " .. math.min(3, cores) .. "\n", 1, true), r3.out)
+  end)
 
   it("keeps the user's OMP_NUM_THREADS and passes --backend", function()
     local r = U.run("-n 2 --master-port 0 --backend cpu " .. q(FIX .. "env.lua"), "OMP_NUM_THREADS=3")
@@ -72,6 +88,21 @@ describe("crun-lua environment", function()
     assert.are.equal("29500", e.MASTER_PORT)
   end)
 
+  it("takes each node's own task count under srun when nodes run different counts (SLURM_TASKS_PER_NODE)", function()
+    -- srun -N 2 -n 3: node 0 runs ranks 0-1, node 1 rank 2 alone
+    local r = U.run(q(FIX .. "env.lua"), "SLURM_PROCID=2 SLURM_NTASKS=3 SLURM_LOCALID=0 SLURM_NODEID=1 " ..
+      "SLURM_NNODES=2 SLURM_TASKS_PER_NODE=2,1 MASTER_ADDR= MASTER_PORT=")
+    assert.are.equal(0, r.code, r.err)
+    local e = env_by_rank(r.out)[2]
+    assert.are.same({"0", "1", "1", "2"}, {e.LOCAL_RANK, e.LOCAL_WORLD_SIZE, e.GROUP_RANK, e.GROUP_WORLD_SIZE})
+    -- srun -N 4 -n 7: "2(x3),1", rank 5 is the second task of node 2
+    r = U.run(q(FIX .. "env.lua"), "SLURM_PROCID=5 SLURM_NTASKS=7 SLURM_LOCALID=1 SLURM_NODEID=2 " ..
+      "SLURM_NNODES=4 SLURM_TASKS_PER_NODE='2(x3),1' MASTER_ADDR= MASTER_PORT=")
+    assert.are.equal(0, r.code, r.err)
+    e = env_by_rank(r.out)[5]
+    assert.are.same({"1", "2", "2", "4"}, {e.LOCAL_RANK, e.LOCAL_WORLD_SIZE, e.GROUP_RANK, e.GROUP_WORLD_SIZE})
+  end)
+
   it("runs each rank of a real mpirun job in-process (hello.lua, rank 0 hosts the store)", function()
     if not io.popen("command -v mpirun"):read("l") then return pending("mpirun not installed") end
     local dir = U.tmpdir()
@@ -107,6 +138,27 @@ describe("crun-lua environment", function()
     local r = U.run(q(FIX .. "env.lua"), "PMI_RANK=5 PMI_SIZE=4")
     assert.are.equal(2, r.code)
     assert.is_truthy(r.err:find("PMI_RANK=5 is not below PMI_SIZE=4", 1, true), r.err)
+  end)
+
+  it("rejects a local rank not below the local size (LOCAL_RANK=5 of 2 went on to the script)", function()
+    local r = U.run(q(FIX .. "env.lua"), "OMPI_COMM_WORLD_RANK=1 OMPI_COMM_WORLD_SIZE=4 OMPI_COMM_WORLD_LOCAL_RANK=5 " ..
+      "OMPI_COMM_WORLD_LOCAL_SIZE=2")
+    assert.are.equal(2, r.code, r.out .. r.err)
+    assert.is_truthy(r.err:find("OMPI_COMM_WORLD_LOCAL_RANK=5 is not below OMPI_COMM_WORLD_LOCAL_SIZE=2", 1, true), r.err)
+    r = U.run(q(FIX .. "env.lua"), "SLURM_PROCID=2 SLURM_NTASKS=3 SLURM_LOCALID=1 SLURM_NODEID=1 SLURM_NNODES=2 " ..
+      "SLURM_TASKS_PER_NODE=2,1 MASTER_ADDR= MASTER_PORT=")
+    assert.are.equal(2, r.code, r.out .. r.err)
+    assert.is_truthy(r.err:find("SLURM_LOCALID=1 is not below node 1's task count 1", 1, true), r.err)
+    assert.are.equal("", r.out)
+  end)
+
+  it("refuses a MASTER_PORT that is not a port in-process instead of taking 29500 or passing it on", function()
+    for _, port in ipairs{"abc", "99999", "-5", "1e3"} do
+      local r = U.run(q(FIX .. "env.lua"), "OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_SIZE=1 MASTER_PORT=" .. port)
+      assert.are.equal(2, r.code, port .. ": " .. r.out .. r.err)
+      assert.is_truthy(r.err:find("MASTER_PORT: expected an integer in 0..65535, got '" .. port .. "'", 1, true), r.err)
+      assert.are.equal("", r.out)
+    end
   end)
 end)
 
@@ -532,6 +584,76 @@ describe("crun-lua store and nodes", function()
     assert.is_truthy(r0.out:find("[0] attempt 1 rank 0", 1, true), r0.out)
     assert.is_truthy(r1.out:find("[2] attempt 1 rank 2", 1, true), r1.out)
     assert.is_truthy(r0.err:find("job succeeded after 2 attempts", 1, true), r0.err)
+  end)
+
+  it("ends the other nodes at once when one node's crun-lua leaves, instead of waiting --rdzv-timeout", function()
+    -- node 1 stopped by SIGTERM: node 0 waited at the end of the attempt for it
+    local port = U.free_port()
+    local common = "--nnodes 2 --master-port " .. port .. " --rdzv-timeout 30 --max-restarts 1 "
+    local h = U.start(common .. "--node-rank 1 -n 2 " .. q(FIX .. "fail.lua") .. " none", NODES_ENV)
+    local h0 = U.start(common .. "--node-rank 0 -n 1 " .. q(FIX .. "fail.lua") .. " none", NODES_ENV)
+    assert(U.wait_for(function() return (U.slurp(h.dir .. "/err") or ""):find("rank 1 fails by none", 1, true) end, 20),
+      "node 1's workers did not start")
+    local t0 = os.time()
+    os.execute("kill -TERM " .. h.pid)
+    local r0, r1 = h0:wait(20), h:wait(20)
+    assert.are.equal(143, r1.code, r1.err)
+    assert.are.equal(1, r0.code, r0.err)
+    assert.is_truthy(os.time() - t0 < 10, "node 0 waited for the node that left")
+    assert.matches("EPEERDIED: end of attempt 0 on node 0: node 1 [^\n]* left the job", r0.err)
+    -- node 1 gives up (its --max-restarts 0 spent) while node 0 would restart: node 0 waited at attempt 1
+    port = U.free_port()
+    common = "--nnodes 2 --master-port " .. port .. " --rdzv-timeout 30 "
+    h = U.start(common .. "--node-rank 1 -n 2 --max-restarts 0 " .. q(FIX .. "restart.lua") .. " 1", NODES_ENV)
+    r0 = U.run(common .. "--node-rank 0 -n 1 --max-restarts 1 " .. q(FIX .. "restart.lua") .. " 1", NODES_ENV)
+    r1 = h:wait(30)
+    assert.are.equal(5, r1.code, r1.err)
+    assert.are.equal(1, r0.code, r0.err)
+    assert.is_truthy(r0.seconds < 10, "node 0 waited for the node that left")
+    assert.matches("EPEERDIED: attempt 1 on node 0: node 1 [^\n]* left the job", r0.err)
+  end)
+
+  it("ends the other nodes at once when one node's crun-lua is SIGKILLed (its watchdog tells them)", function()
+    local port = U.free_port()
+    local common = "--nnodes 2 --master-port " .. port .. " --rdzv-timeout 30 "
+    local h = U.start(common .. "--node-rank 1 -n 2 " .. q(FIX .. "fail.lua") .. " none", NODES_ENV)
+    local h0 = U.start(common .. "--node-rank 0 -n 1 " .. q(FIX .. "fail.lua") .. " none", NODES_ENV)
+    assert(U.wait_for(function() return (U.slurp(h.dir .. "/err") or ""):find("rank 1 fails by none", 1, true) end, 20),
+      "node 1's workers did not start")
+    local t0 = os.time()
+    os.execute("kill -KILL " .. h.pid)
+    local r0, r1 = h0:wait(20), h:wait(20)
+    assert.are.equal(137, r1.code, r1.err)
+    assert.are.equal(1, r0.code, r0.err)
+    assert.is_truthy(os.time() - t0 < 10, "node 0 waited for the killed node")
+    assert.matches("EPEERDIED: end of attempt 0 on node 0: node 1 [^\n]* left the job", r0.err)
+  end)
+
+  it("merges one --timeline for two nodes sharing its directory, neither failing for the parts the other took", function()
+    local port, dir = U.free_port(), U.tmpdir()
+    local common = "--nnodes 2 --master-port " .. port .. " --rdzv-timeout 30 -n 2 --timeline " .. q(dir .. "/t.json") .. " "
+    local h = U.start(common .. "--node-rank 1 examples/hello.lua", NODES_ENV)
+    local r0 = U.run(common .. "--node-rank 0 examples/hello.lua", NODES_ENV)
+    local r1 = h:wait(30)
+    local trace = U.slurp(dir .. "/t.json") or ""
+    U.rmrf(dir)
+    assert.are.equal(0, r0.code, r0.err)
+    assert.are.equal(0, r1.code, r1.err)
+    local both = r0.err .. r1.err
+    assert.are.equal(1, U.count(both, "timeline: [^\n]*, 4 ranks"), both)
+    assert.are.equal(1, U.count(both, "no part left at [^\n]* %(another node merged them%)"), both)
+    for rank = 0, 3 do assert.is_truthy(trace:find('"name":"rank ' .. rank .. '"', 1, true), trace) end
+  end)
+
+  it("restarts cleanly after a rank failed while the others were in init_process_group", function()
+    -- ranks 0 and 2 had counted the group's incarnation up in attempt 0: the
+    -- restarted rank 1 took group 'default/0', the others 'default/1'
+    local r = U.run("-n 3 --master-port 0 --max-restarts 1 " .. q(FIX .. "restart_init.lua"), nil, 30)
+    assert.are.equal(0, r.code, r.err)
+    for rank = 0, 2 do -- 1 + 2 - 1
+      assert.is_truthy(r.out:find("[" .. rank .. "] attempt 1 rank " .. rank .. " sum 2\n", 1, true), r.out)
+    end
+    assert.is_truthy(r.err:find("attempt 0: rank 1 %(pid %d+%) exited with code 3"), r.err)
   end)
 
   it("names the nodes that did not join before the rendezvous deadline", function()

@@ -193,6 +193,31 @@ describe("crun.metrics.SummaryWriter", function()
     end
   end)
 
+  it("keeps every CSV row, each whole, when two writers share a directory and a run writes it again", function()
+    -- two writers of one directory used to truncate each other's scalars.csv and
+    -- write over each other's rows ('oss,2,...')
+    local a = metrics.SummaryWriter(dir .. "/shared")
+    a:add_scalar("loss", 1.25, 1, 1.7e9)
+    a:flush()
+    local b = metrics.SummaryWriter(dir .. "/shared")
+    local want = {{"loss", 1, 1.25}}
+    for i = 1, 300 do -- interleaved, past any 4 KiB buffer, signed non-periodic values
+      local v = math.cos(i * 0.61) * (i % 7 - 3.5)
+      if i % 2 == 0 then a:add_scalar("loss", v, i + 1, 1.7e9 + i) else b:add_scalar('acc,"x"', v, -i, 1.7e9 + i) end
+      want[#want + 1] = {i % 2 == 0 and "loss" or 'acc,"x"', i % 2 == 0 and i + 1 or -i, v}
+    end
+    a:close()
+    b:close()
+    local again <close> = metrics.SummaryWriter(dir .. "/shared") -- a second run into the same directory
+    local _, csv_path = again:paths()
+    again:add_scalar("loss", -2.5, 7, 1.8e9)
+    again:close()
+    want[#want + 1] = {"loss", 7, -2.5}
+    local got = {}
+    for _, r in ipairs(read_csv(csv_path)) do got[#got + 1] = {r.tag, r.step, r.value} end
+    assert.are.same(want, got)
+  end)
+
   it("writes histograms of a tensor and of a table: statistics and equal-width buckets", function()
     local w <close> = metrics.SummaryWriter(dir .. "/hist", {filename_suffix = ".h"})
     local ev_path, csv_path = w:paths()

@@ -104,6 +104,104 @@ describe("crun-lua --timeline", function()
     assert.are.equal(0, ev[1].args.skew_us)
     assert.matches("3 events dropped", r.err)
   end)
+
+  it("merges with --merge-timeline the part of every rank found, past rank 4095 too", function()
+    local t = dir .. "/big.json"
+    for _, rank in ipairs{0, 4096, 70001} do
+      C.write(t .. ".rank" .. rank, "# crun-timeline 1\nP\t" .. rank .. "\t1\t0\t1\t0\nG\t1\tg/0\n"
+        .. "O\tall_reduce\t1\t1\t2\t8\tfloat32\tring\t-1\t0\t100\t200\t5000\t1000\n")
+    end
+    C.write(t .. ".rank12.tmp", "not a part")
+    local r = run("--merge-timeline " .. q(t))
+    assert.are.equal(0, r.code, r.err)
+    local procs = {}
+    for _, e in ipairs(json.decode(C.slurp(t)).traceEvents) do
+      if e.ph == "M" and e.name == "process_name" then procs[#procs + 1] = e.pid end
+    end
+    assert.are.same({0, 4096, 70001}, procs)
+    assert.matches("3 ranks", r.err)
+  end)
+
+  it("fails (exit 1, EIO, the rank files kept) when the trace cannot be written, and ENOTFOUND without rank files", function()
+    local t = dir .. "/unwritable"
+    assert(os.execute("ln -s /nonexistent-crun-dir/t.json " .. q(t))) -- passes the check at start, fails at the end
+    local r = run("-n 2 --master-port 0 --timeline " .. q(t) .. " " .. q(FIX .. "known.lua"))
+    assert.are.equal(1, r.code, r.err)
+    assert.matches("crun%-lua: EIO: cannot write the timeline [^\n]*unwritable: No such file or directory", r.err)
+    for rank = 0, 1 do assert.is_string(C.slurp(t .. ".rank" .. rank), "rank file " .. rank .. " removed") end
+    r = run("--merge-timeline " .. q(dir .. "/none.json"))
+    assert.are.equal(1, r.code, r.err)
+    assert.matches("crun%-lua: ENOTFOUND: no timeline file [^\n]*none.json.rank<r> was written", r.err)
+  end)
+
+  it("merges the parts of a subgroup's ranks with trace.finish(path, group), not those of ranks 0..n-1", function()
+    local s = dir .. "/sub.lua"
+    C.write(s, [[local crun = require "crun"
+      local dist, path = crun.dist, arg[1]
+      crun.trace.start(path)
+      dist.init_process_group()
+      local g = dist.new_group({2, 3})
+      if dist.get_rank() >= 2 then
+        dist.all_reduce(crun.tensor.ones{4}, {group = g})
+        local text = crun.trace.finish(path, g)
+        if text then print(text) end
+      end]])
+    local t = dir .. "/sub.json"
+    local r = run("-n 4 --master-port 0 " .. q(s) .. " " .. q(t))
+    assert.are.equal(0, r.code, r.err)
+    local d = json.decode(C.slurp(t) or "null")
+    assert.is_table(d, "no trace")
+    local procs = {}
+    for _, e in ipairs(d.traceEvents) do
+      if e.ph == "M" and e.name == "process_name" then procs[#procs + 1] = e.pid end
+    end
+    table.sort(procs)
+    assert.are.same({2, 3}, procs)
+    for rank = 2, 3 do assert.is_nil(C.slurp(t .. ".rank" .. rank), "rank " .. rank .. "'s part left") end
+  end)
+
+  it("writes valid UTF-8 JSON when a span name holds bytes that are not UTF-8", function()
+    local s, t = dir .. "/utf.lua", dir .. "/utf.json"
+    C.write(s, [[local crun = require "crun"
+      crun.dist.init_process_group()
+      crun.trace.span("bad\xff\xfename", function() crun.dist.barrier() end)
+      crun.trace.span("caf\xc3\xa9 \"q\"\t\\", function() end)]])
+    local r = run("-n 1 --master-port 0 --timeline " .. q(t) .. " " .. q(s))
+    assert.are.equal(0, r.code, r.err)
+    local text = C.slurp(t)
+    assert.is_truthy(utf8.len(text), "the trace is not valid UTF-8")
+    local names = {}
+    for _, e in ipairs(json.decode(text).traceEvents) do
+      if e.cat == "user" then names[#names + 1] = e.name end
+    end
+    table.sort(names)
+    assert.are.same({"bad\u{FFFD}\u{FFFD}name", "caf\u{E9} \"q\" \\"}, names)
+  end)
+
+  it("refuses recorder sizes the ranks would ignore (they turned the timeline or the recorder off silently)", function()
+    for _, c in ipairs{{"CRUN_TIMELINE_EVENTS", "0", "1..67108864"}, {"CRUN_TIMELINE_EVENTS", "99999999999", "1..67108864"},
+                       {"CRUN_TIMELINE_EVENTS", "1e3", "1..67108864"}, {"CRUN_FLIGHT_RECORDER", "-5", "0..16777216"},
+                       {"CRUN_FLIGHT_RECORDER", "99999999999", "0..16777216"}} do
+      local r = run("-n 2 --master-port 0 --timeline " .. q(dir .. "/env.json") .. " " .. q(FIX .. "known.lua"),
+        c[1] .. "=" .. c[2])
+      assert.are.equal(2, r.code, c[1] .. "=" .. c[2] .. ": " .. r.err)
+      assert.is_truthy(r.err:find("crun-lua: " .. c[1] .. ": expected an integer in " .. c[3] .. ", got '" .. c[2] .. "'",
+        1, true), r.err)
+      assert.are.equal("", r.out)
+    end
+  end)
+
+  it("refuses, before any rank runs, a timeline whose directory is missing or that is a directory", function()
+    local r = run("-n 2 --master-port 0 --timeline /nonexistent-crun-dir/t.json " .. q(FIX .. "known.lua"))
+    assert.are.equal(2, r.code, r.err)
+    assert.matches("crun%-lua: %-%-timeline /nonexistent%-crun%-dir/t.json: the directory /nonexistent%-crun%-dir "
+      .. "does not exist", r.err)
+    assert.are.equal("", r.out)
+    r = run("-n 2 --master-port 0 --timeline " .. q(dir) .. " " .. q(FIX .. "known.lua"))
+    assert.are.equal(2, r.code, r.err)
+    assert.matches("that is a directory; give a file name", r.err, 1, true)
+    assert.are.equal("", r.out)
+  end)
 end)
 
 describe("dist.stats", function()
@@ -180,6 +278,38 @@ describe("flight recorder", function()
     assert.matches("dumps of 3 of 3 ranks", r.err)
     assert.matches("rank 1 is behind: its last op is all_reduce #5 %(done%) while ranks 0,2 are at all_reduce #6", r.err)
     C.rmrf(dir)
+  end)
+
+  it("names as behind a rank that has not entered the group's first op (not 'every rank reached #1')", function()
+    local dir = C.tmpdir("observe")
+    local r = run("-n 3 --master-port 0 --log-dir " .. q(dir) .. " " .. q(FIX .. "hang.lua"), "BEFORE=0")
+    C.rmrf(dir)
+    assert.are_not.equal(0, r.code)
+    assert.matches("dumps of 3 of 3 ranks", r.err)
+    assert.matches("rank 1 is behind: it has no op of this group yet while ranks 0,2 are at all_reduce #1 %(%a+%); "
+      .. "it has not entered #1", r.err)
+    assert.matches("no mismatch in the sequences recorded %(#1%.%.#1%)", r.err)
+    assert.not_matches("every rank reached", r.err)
+  end)
+
+  it("does not say 'every rank reached' an op when a rank left no dump", function()
+    -- rank 1 exits (code 3) instead of entering all_reduce #6; ranks 0,2 wait in it
+    local dir = C.tmpdir("observe")
+    local s = dir .. "/exit.lua"
+    C.write(s, [[local crun = require "crun"
+      local dist = crun.dist
+      dist.init_process_group{timeout = 20}
+      local t = crun.tensor.ones({300}, "float32")
+      for _ = 1, 5 do dist.all_reduce(t) end
+      if dist.get_rank() == 1 then os.exit(3) end
+      dist.all_reduce(t)]])
+    local r = run("-n 3 --master-port 0 --log-dir " .. q(dir) .. " " .. q(s))
+    C.rmrf(dir)
+    assert.are.equal(3, r.code, r.err)
+    assert.matches("dumps of 2 of 3 ranks", r.err)
+    assert.matches("no fresh dump from rank 1", r.err)
+    assert.matches("group default/0: every rank with a fresh dump %(ranks 0,2%) reached #6 %(all_reduce%)", r.err)
+    assert.not_matches("every rank reached", r.err)
   end)
 
   it("finds the first mismatch in the sequences", function()

@@ -1,7 +1,8 @@
 --- crun.metrics: training curves for TensorBoard and for plain tools.
 -- `SummaryWriter(logdir)` writes scalars and histograms as a TensorBoard
 -- event file (`tensorboard --logdir DIR` shows them) and the same scalars as
--- `scalars.csv` (tag,step,value,wall_time) next to it. The encoding runs in C
+-- `scalars.csv` (tag,step,value,wall_time) next to it, appended to a row at a
+-- time (writers and runs sharing the directory keep every row). The encoding runs in C
 -- (bindings/metrics.c: protobuf-c messages, CRC-32C framed records).
 --
 --    local w = crun.metrics.SummaryWriter("runs/exp1")   -- or a to-be-closed local

@@ -10,11 +10,24 @@ local function split(line)
   return f
 end
 
+-- s with each byte that is not part of valid UTF-8 replaced by the JSON
+-- escape \ufffd (a JSON text must be UTF-8: one such byte in a span or group
+-- name made the whole trace unreadable).
+local function utf8_only(s)
+  local out, i = {}, 1
+  while true do
+    local n, bad = utf8.len(s, i)
+    if n then out[#out + 1] = s:sub(i); return table.concat(out) end
+    out[#out + 1] = s:sub(i, bad - 1) .. "\\ufffd"
+    i = bad + 1
+  end
+end
+
 local function jstr(s)
-  return '"' .. tostring(s):gsub('[%c"\\]', function(c)
+  return '"' .. utf8_only((tostring(s):gsub('[%c"\\]', function(c)
     if c == '"' then return '\\"' elseif c == "\\" then return "\\\\" end
     return string.format("\\u%04x", c:byte())
-  end) .. '"'
+  end))) .. '"'
 end
 
 -- Reads "<path>.rank<r>": {rank=, pid=, offset=, rtt=, dropped=, groups={}, ops={}, spans={}, instants={}}.
@@ -135,14 +148,21 @@ local function totals(r, last)
 end
 
 --- merge(path, world) -> summary text: reads "<path>.rank<r>" for r in
--- 0..world-1 (those present) and writes the Chrome/Perfetto trace to path.
+-- 0..world-1, or for each global rank r in the list `world` (a group's
+-- ranks), those present, and writes the Chrome/Perfetto trace to path.
+-- On failure: nil and a text starting with the status name (ENOTFOUND: no
+-- rank file; EIO: path cannot be written; the rank files then stay).
 function M.merge(path, world)
-  local ranks = {}
-  for r = 0, world - 1 do
+  local ranks, list = {}, world
+  if type(world) ~= "table" then
+    list = {}
+    for r = 0, world - 1 do list[#list + 1] = r end
+  end
+  for _, r in ipairs(list) do
     local x = read_rank(path .. ".rank" .. r)
     if x then ranks[#ranks + 1] = x end
   end
-  if #ranks == 0 then return nil, string.format("no timeline file %s.rank<r> was written", path) end
+  if #ranks == 0 then return nil, string.format("ENOTFOUND: no timeline file %s.rank<r> was written", path) end
   local base
   for _, r in ipairs(ranks) do
     for _, list in ipairs{r.ops, r.spans, r.instants} do
@@ -157,7 +177,7 @@ function M.merge(path, world)
   local out = {}
   for _, r in ipairs(ranks) do emit_rank(out, r, base, last) end
   local f, err = io.open(path, "w")
-  if not f then return nil, "cannot write " .. path .. ": " .. tostring(err) end
+  if not f then return nil, "EIO: cannot write the timeline " .. tostring(err) end
   f:write('{"displayTimeUnit":"ms","traceEvents":[\n', table.concat(out, ",\n"), "\n]}\n")
   f:close()
   local lines = {string.format("timeline: %s, %d ranks, %d events", path, #ranks, #out)}
@@ -182,7 +202,8 @@ local function read_dump(file)
   for line in f:lines() do
     local v = split(line)
     if v[1] == "R" then
-      d.rank, d.pid, d.time, d.reason = tonumber(v[2]), tonumber(v[3]), math.tointeger(tonumber(v[4])), v[6]
+      d.rank, d.pid, d.time, d.keep, d.reason = tonumber(v[2]), tonumber(v[3]), math.tointeger(tonumber(v[4])),
+        math.tointeger(tonumber(v[5])), v[6]
     elseif v[1]:match("^%d+$") then
       d.entries[#d.entries + 1] = {seq = math.tointeger(tonumber(v[2])), group = v[3], op = v[4], dtype = v[5],
         count = v[6], state = v[8], peer = tonumber(v[9])}
@@ -203,7 +224,7 @@ end
 local function sig(e) return string.format("%s(%s[%s])", e.op, e.dtype, e.count) end
 
 -- Lines about one group: who is behind, on which op, the first mismatch.
-local function analyze_group(name, per, lines)
+local function analyze_group(name, per, lines, partial)
   -- per[rank] = {seq -> entry} of the group's collectives, and its max seq
   local maxseq, ranks = 0, {}
   for r, p in pairs(per) do
@@ -222,8 +243,10 @@ local function analyze_group(name, per, lines)
     for _, r in ipairs(behind) do
       local p = per[r]
       local e = p.by[p.max]
-      lines[#lines + 1] = string.format("  group %s: rank %d is behind: its last op is %s #%d (%s) while %s %s at %s #%d (%s); "
-        .. "it has not entered #%d", name, r, e and e.op or "?", p.max, e and e.state or "?", ranks_text({table.unpack(ahead)}),
+      local last = p.max == 0 and "it has no op of this group yet"
+        or string.format("its last op is %s #%d (%s)", e and e.op or "?", p.max, e and e.state or "?")
+      lines[#lines + 1] = string.format("  group %s: rank %d is behind: %s while %s %s at %s #%d (%s); "
+        .. "it has not entered #%d", name, r, last, ranks_text({table.unpack(ahead)}),
         #ahead > 1 and "are" or "is", front.op, maxseq, front.state, p.max + 1)
     end
   else
@@ -232,12 +255,15 @@ local function analyze_group(name, per, lines)
       local e = per[r].by[maxseq]
       if e and e.state ~= "done" then stuck[#stuck + 1] = r end
     end
-    lines[#lines + 1] = string.format("  group %s: every rank reached #%d (%s)%s", name, maxseq, front.op,
-      #stuck > 0 and string.format("; not done on %s", ranks_text(stuck)) or "")
+    lines[#lines + 1] = string.format("  group %s: %s reached #%d (%s)%s", name,
+      partial and "every rank with a fresh dump (" .. ranks_text({table.unpack(ranks)}) .. ")" or "every rank", maxseq,
+      front.op, #stuck > 0 and string.format("; not done on %s", ranks_text(stuck)) or "")
   end
   -- first mismatch: the lowest seq every rank recorded whose ops differ
   local lo = 0
-  for _, r in ipairs(ranks) do lo = math.max(lo, per[r].min) end
+  for _, r in ipairs(ranks) do
+    if per[r].max > 0 then lo = math.max(lo, per[r].min) end
+  end
   for s = lo, maxseq do
     local kinds, order = {}, {}
     for _, r in ipairs(ranks) do
@@ -264,12 +290,13 @@ end
 -- and on which op, and where the sequences first differ. quiet: "" when no
 -- dump holds a collective.
 function M.analyze(dir, ranks, since_ns, quiet)
-  local lines, groups, missing = {}, {}, {}
+  local lines, groups, missing, fresh = {}, {}, {}, {}
   for _, r in ipairs(ranks) do
     local d = read_dump(dir .. "/flight_rank" .. r .. ".txt")
     if not d or (since_ns and d.time and d.time < since_ns) then
       missing[#missing + 1] = r
     else
+      fresh[r] = d
       for _, e in ipairs(d.entries) do
         if e.seq and e.seq > 0 then
           local g = groups[e.group] or {}
@@ -283,13 +310,24 @@ function M.analyze(dir, ranks, since_ns, quiet)
       end
     end
   end
+  -- a rank whose whole history is in its dump (fewer entries than the ring
+  -- keeps) and that has no op of a group made by init_process_group (a name
+  -- "<name>/<n>", every rank a member; subgroups are "<parent>/g<k>") has
+  -- not entered that group's first op: it is behind, not absent
+  for gname, g in pairs(groups) do
+    if gname:match("/%d+$") then
+      for r, d in pairs(fresh) do
+        if not g[r] and d.keep and #d.entries < d.keep then g[r] = {by = {}, max = 0, min = math.huge} end
+      end
+    end
+  end
   if quiet and next(groups) == nil then return "" end
   lines[#lines + 1] = string.format("flight recorder: dumps of %d of %d ranks in %s", #ranks - #missing, #ranks, dir)
   if #missing > 0 then lines[#lines + 1] = "  no fresh dump from " .. ranks_text(missing) .. " (exited, killed or busy)" end
   local names = {}
   for n in pairs(groups) do names[#names + 1] = n end
   table.sort(names)
-  for _, n in ipairs(names) do analyze_group(n, groups[n], lines) end
+  for _, n in ipairs(names) do analyze_group(n, groups[n], lines, #missing > 0) end
   return table.concat(lines, "\n")
 end
 

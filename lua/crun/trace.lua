@@ -66,17 +66,22 @@ function trace.stop()
 end
 
 --- finish(path[, group]) -> summary text on rank 0 (nil elsewhere): every rank
--- writes its part, waits for the others (a barrier), and rank 0 merges the
--- parts into the trace started by trace.start (crun.observe). The timeline
--- stops here.
+-- (of group) writes its part, waits for the others (a barrier), and rank 0 (of
+-- group) merges those ranks' parts into the trace started by trace.start
+-- (crun.observe). The timeline
+-- stops here. Raises (on rank 0) when the trace cannot be merged or written
+-- (ENOTFOUND, EIO).
 function trace.finish(path, group)
   local dist = require "crun.dist"
   core.trace_flush()
   trace.stop() -- the part is written: nothing more at exit
   dist.barrier{group = group}
   if dist.get_rank(group) ~= 0 then return nil end
-  local text, err = require("crun.observe").merge(path, dist.get_world_size(group))
-  return text or err
+  -- the parts are named by global rank: a subgroup's are its members'
+  local members = group and dist.get_process_group_ranks(group) or dist.get_world_size()
+  local text, err = require("crun.observe").merge(path, members)
+  if not text then error(err, 0) end
+  return text
 end
 
 --- mode([m]) -> previous mode: 0 nothing, 1 flight recorder, 2 timeline,

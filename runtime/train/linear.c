@@ -114,8 +114,9 @@ int crun_nn_linear_backward(const crun_tensor_t *x, const crun_tensor_t *w,
 }
 
 int crun_blas_set_threads(int n) {
-  if (n <= 0 && (getenv("OPENBLAS_NUM_THREADS") || getenv("OMP_NUM_THREADS")))
-    return crun__blas_get_threads(); /* the user's setting wins */
+  /* the user's setting wins; crun-lua's OMP_NUM_THREADS=1 (CRUN_OMP_DEFAULTED) does not */
+  int omp_user = getenv("OMP_NUM_THREADS") && !crun_env_int("CRUN_OMP_DEFAULTED", 0);
+  if (n <= 0 && (getenv("OPENBLAS_NUM_THREADS") || omp_user)) return crun__blas_get_threads();
   if (n <= 0) {
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     long local = crun_env_int("LOCAL_WORLD_SIZE", 1);

@@ -32,7 +32,8 @@ int crun_nn_linear_backward(const crun_tensor_t *x, const crun_tensor_t *w,
 /* Sets how many threads BLAS (OpenBLAS) may use in this process; n <= 0
  * picks online cores / LOCAL_WORLD_SIZE (at least 1), so that ranks sharing
  * a host do not oversubscribe it, unless OPENBLAS_NUM_THREADS or
- * OMP_NUM_THREADS is set. Returns the number now in use. */
+ * OMP_NUM_THREADS is set (by the user: crun-lua's default OMP_NUM_THREADS=1,
+ * marked CRUN_OMP_DEFAULTED=1, does not count). Returns the number now in use. */
 int crun_blas_set_threads(int n);
 
 typedef enum { CRUN_ACT_RELU, CRUN_ACT_TANH, CRUN_ACT_SIGMOID } crun_act_t;
