@@ -65,7 +65,10 @@ for s in $SECTIONS; do
   launch)
     OUT=$WORK/launch BUILD=$BUILD ANCHORS=$ANCHORS SKIP_MI=1 bash bench/launch_bench.sh 10 | tee "$WORK/launch.txt" ;;
   train)
-    $PY "$ANCHORS/train/compare.py" --crun "$BUILD/crun-lua" --reps "$REPS" --variants crun,torch \
+    # one BLAS thread per rank on both sides, as the anchor runs torch (its
+    # launcher's OMP_NUM_THREADS=1); crun-lua's own default for one rank per
+    # node would give BLAS every core (launcher: as torchrun)
+    OMP_NUM_THREADS=1 $PY "$ANCHORS/train/compare.py" --crun "$BUILD/crun-lua" --reps "$REPS" --variants crun,torch \
       --configs 1:64:2,2:64:2,4:64:2,1:512:4,2:512:4,4:512:4 --out "$WORK/train" | tee "$WORK/train.txt" ;;
   *) echo "bench: unknown section $s" >&2; exit 2 ;;
   esac
