@@ -88,6 +88,37 @@ describe("the mpi backend", function()
     run.cleanup(dir)
   end)
 
+  it("does not hold every collective for the late-arrival guard when the timeout is short", function()
+    -- the guard around a peer's deadline (0.5 s) was longer than the whole
+    -- timeout: every rank arrived "close to" its peers' deadlines and waited
+    -- until 0.5 s past them, so each all_reduce took 0.8 s with timeout=0.3
+    local dir = run.tmpdir()
+    local f = assert(io.open(dir .. "/job.lua", "w"))
+    f:write([[
+      local crun = require "crun"
+      local dist, T = crun.dist, crun.tensor
+      dist.init_process_group{timeout = 0.3}
+      local t = T.ones({4})
+      dist.all_reduce(t)
+      local t0 = crun.clock()
+      for _ = 1, 5 do dist.all_reduce(t) end
+      local o = assert(io.open(arg[1] .. "/rank" .. dist.get_rank() .. ".txt", "w"))
+      o:write(string.format("%.3f %g", crun.clock() - t0, t[1]), "\n")
+      o:close()
+      dist.destroy_process_group()
+    ]])
+    f:close()
+    local code, out = mpi.run(2, dir .. "/job.lua", dir, {limit = 60})
+    assert.are.equal(0, code, out)
+    for r = 0, 1 do
+      local took, v = run.text(dir, r):match("^([%d.]+) (%d+)")
+      assert.is_not_nil(took, out)
+      assert.are.equal("64", v)   -- 1 doubled by 6 all_reduces over 2 ranks
+      assert.is_true(tonumber(took) < 1.0, "rank " .. r .. ": 5 all_reduce took " .. took .. " s")
+    end
+    run.cleanup(dir)
+  end)
+
   it("reports a different collective on every rank, naming both calls", function()
     expect.mismatch(scenario("mismatch"))
   end)
