@@ -119,6 +119,32 @@ describe("the mpi backend", function()
     run.cleanup(dir)
   end)
 
+  it("takes timeout = math.huge (no deadline) as the cpu backend does", function()
+    -- the signature's deadline in microseconds was (int64_t)inf: a deadline
+    -- long past, so every rank failed 'arrived 9225167819247.4 s after rank
+    -- 1's deadline' and the group was unusable
+    local dir = run.tmpdir()
+    local f = assert(io.open(dir .. "/job.lua", "w"))
+    f:write([[
+      local crun = require "crun"
+      local dist, T = crun.dist, crun.tensor
+      dist.init_process_group{timeout = 30}
+      local r = dist.get_rank()
+      local t = T.full({3}, r + 1, "int32")
+      local ok, err = pcall(dist.all_reduce, t, "sum", {timeout = math.huge})
+      local ok2, err2 = pcall(dist.broadcast, t, 1, {timeout = math.huge})
+      local o = assert(io.open(arg[1] .. "/rank" .. r .. ".txt", "w"))
+      o:write(ok and ok2 and table.concat(t:totable(), ",") or tostring(ok and err2 or err), "\n")
+      o:close()
+      dist.destroy_process_group()
+    ]])
+    f:close()
+    local code, out = mpi.run(3, dir .. "/job.lua", dir, {limit = 60})
+    assert.are.equal(0, code, out)
+    for r = 0, 2 do assert.are.equal("6,6,6", run.text(dir, r), out) end
+    run.cleanup(dir)
+  end)
+
   it("reports a different collective on every rank, naming both calls", function()
     expect.mismatch(scenario("mismatch"))
   end)

@@ -12,6 +12,7 @@
  * MPI alone, and one that arrived close to it waits briefly for that peer's
  * abort notice. This assumes the hosts' clocks agree to well under the
  * guard (GUARD, or a quarter of a shorter call's timeout). */
+#include <stdint.h>
 #include <time.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,6 +46,14 @@ static double wall(void) {
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Wall-clock seconds as the microseconds a signature carries; a deadline
+ * beyond the int64 range (timeout math.huge: no deadline) is INT64_MAX, not
+ * the undefined conversion that read as a deadline long past. */
+static int64_t wall_us(double s) {
+  double us = s * 1e6;
+  return us < 9.0e18 ? (int64_t)us : INT64_MAX;
 }
 
 /* Writes "float32[512]" plus the op / root when the two calls differ there. */
@@ -159,7 +168,7 @@ int crun__mpi_check(crun__mpi_t *b, crun__coll_t *c) {
   int n = b->size;
   if (n < 2) return 0;
   double entered = wall();
-  int64_t dl = (int64_t)((entered + (c->deadline - crun_clock())) * 1e6);
+  int64_t dl = wall_us(entered + (c->deadline - crun_clock()));
   for (int p = 0; p < n; p++) {
     b->reqs[p] = b->reqs[n + p] = MPI_REQUEST_NULL;
     if (p == b->rank) continue;
