@@ -167,6 +167,19 @@ describe("the mpi backend", function()
     assert.is_truthy(res[2]:match("^error ETIMEDOUT: "), res[2] .. "\n" .. out)
   end)
 
+  -- as on the cpu backend (dist_errors_spec): before, ranks 1-2 waited their
+  -- whole 30 s timeout and were told 'rank 0 is at all_reduce #1'
+  it("fails promptly, naming the rank, when a rank destroyed the group", function()
+    local res, out = scenario("left")
+    assert.are.equal("ok", res[0], out)
+    for r = 1, 2 do
+      local t = res[r]
+      assert.is_truthy(t:match("^error EPEERDIED: "), "rank " .. r .. ": " .. t .. "\n" .. out)
+      assert.is_truthy(t:find("rank 0 destroyed the group", 1, true), t)
+      assert.is_true(tonumber(t:match("elapsed ([%d.]+)")) < 3, t)
+    end
+  end)
+
   it("ends the whole job promptly when a peer is killed mid all_reduce (Open MPI's runtime does)", function()
     local dir = run.tmpdir()
     local t0 = os.time()

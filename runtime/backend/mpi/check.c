@@ -181,7 +181,7 @@ int crun__mpi_check(crun__mpi_t *b, crun__coll_t *c) {
   }
   char desc[64];
   crun__coll_desc(c, desc, sizeof desc);
-  int rc = crun__mpi_wait(b, b->reqs, 2 * n, c->deadline, desc);
+  int rc = crun__mpi_wait(b, b->reqs, 2 * n, n, c->deadline, desc);
   if (rc == 0 && (rc = crun__mpi_poll_abort(b, desc)) == 0 && (rc = compare(b, c)) == 0)
     return check_late(b, c, entered, desc);
   if (rc == 1) rc = timed_out(b, c);
