@@ -87,6 +87,24 @@ describe("collectives across fake hosts", function()
     end)
   end
 
+  -- the hierarchical engine added where every rank is to a timeout that
+  -- already said so (from its TCP stage, or from the rank that reported it):
+  -- '...; ranks 0-2 are at all_reduce #2; rank 3 is at all_reduce #1; ranks
+  -- 0-2 are at all_reduce #2; rank 3 is at all_reduce #1'
+  for _, count in ipairs({"10", "1000000"}) do
+    it("name where every rank is once in a timeout (" .. count .. " elements)", function()
+      local _, out = run.run(4, "spec/helpers/dist_hier_stall.lua", count .. " 3",
+                             {limit = 60, env = "CRUN_HOST_ID=rank_div:2"})
+      for r = 0, 2 do
+        local s, err = out:match("rank " .. r .. " after ([%d.]+) s: ([^\n]*)")
+        assert.is_not_nil(s, "rank " .. r .. " did not report; output:\n" .. out)
+        assert.is_truthy(err:find("^ETIMEDOUT: "), err)
+        local _, n = err:gsub("rank 3 is at all_reduce #1", "")
+        assert.are.equal(1, n, "rank " .. r .. ": " .. err)
+      end
+    end)
+  end
+
   it("refuse CRUN_TRANSPORT=shm when the ranks are on several hosts, naming them", function()
     local code, out = run.run(2, "spec/helpers/dist_stress.lua", "",
                               {limit = 60, env = "CRUN_TRANSPORT=shm CRUN_HOST_ID=rank_div:1"})
