@@ -180,6 +180,45 @@ describe("the mpi backend", function()
     end
   end)
 
+  it("fails a recv from a rank that destroyed the group promptly, after delivering what it sent", function()
+    -- before, the second recv waited its whole 30 s timeout ('no data from rank 0')
+    local dir = run.tmpdir()
+    local f = assert(io.open(dir .. "/job.lua", "w"))
+    f:write([[
+      local crun = require "crun"
+      local dist, T = crun.dist, crun.tensor
+      dist.init_process_group{timeout = 30}
+      local r = dist.get_rank()
+      local o = assert(io.open(arg[1] .. "/rank" .. r .. ".txt", "w"))
+      dist.barrier()
+      if r == 0 then
+        dist.send(T.full({3}, -7, "int32"), 1, {tag = 5})
+        dist.destroy_process_group()
+        o:write("ok\n")
+        o:close()
+        os.execute("sleep 4")
+        os.exit(0)
+      end
+      os.execute("sleep 0.3")
+      local t = T.zeros({3}, "int32")
+      local ok, err = pcall(dist.recv, t, 0, {tag = 5})
+      o:write(ok and table.concat(t:totable(), ",") or tostring(err), "\n")
+      local t0 = crun.clock()
+      ok, err = pcall(dist.recv, t, 0, {tag = 6})
+      o:write(string.format("%s\nelapsed %.3f\n", ok and "no error" or tostring(err), crun.clock() - t0))
+      o:close()
+      os.exit(0)
+    ]])
+    f:close()
+    local _, out = mpi.run(2, dir .. "/job.lua", dir, {limit = 60})
+    assert.are.equal("ok", run.text(dir, 0), out)
+    local t = run.text(dir, 1)
+    assert.is_truthy(t:match("^%-7,%-7,%-7\n"), t .. "\n" .. out)
+    assert.is_truthy(t:find("\nEPEERDIED: recv from rank 0 %(tag 6%) on rank 1: rank 0 destroyed the group"), t)
+    assert.is_true(tonumber(t:match("elapsed ([%d.]+)")) < 3, t)
+    run.cleanup(dir)
+  end)
+
   it("ends the whole job promptly when a peer is killed mid all_reduce (Open MPI's runtime does)", function()
     local dir = run.tmpdir()
     local t0 = os.time()
