@@ -62,6 +62,49 @@ describe("collectives across fake hosts", function()
     end)
   end
 
+  -- rank 3 (host {2,3}) calls another root or collective than ranks 0-2: the
+  -- stages of the hierarchical engine each looked only at their own members,
+  -- so rank 3 got rank 0's broadcast as rank 1's, returned from a reduce
+  -- the others ran as all_reduce, or got an average where the others summed
+  for _, mode in ipairs({"bcast_root", "reduce_root", "kind", "avg"}) do
+    it("fail with EMISMATCH on both ranks of the host where one rank calls another " .. mode, function()
+      local _, out = run.run(4, "spec/helpers/dist_hier_mismatch.lua", mode,
+                             {limit = 60, env = "CRUN_HOST_ID=rank_div:2"})
+      for _, q in ipairs({2, 3}) do
+        local s, err = out:match("rank " .. q .. ": failed after ([%d.]+) s: ([^\n]*)")
+        assert.is_not_nil(s, "rank " .. q .. " did not fail; output:\n" .. out)
+        assert.is_true(tonumber(s) < 5, "rank " .. q .. " took " .. s .. " s: " .. err)
+        assert.is_truthy(err:find("^EMISMATCH: "), err)
+      end
+      for _, q in ipairs({0, 1}) do   -- these agree with each other: a result must be theirs, else an error
+        local vals = out:match("rank " .. q .. ": ok ([%d,]+)")
+        local err = out:match("rank " .. q .. ": failed after [%d.]+ s: ([^\n]*)")
+        assert.is_true(vals ~= nil or err ~= nil, "rank " .. q .. " did not report; output:\n" .. out)
+        if err then assert.is_truthy(err:find("^E[A-Z]+: "), err) end
+        if vals and mode == "bcast_root" then assert.are.equal("100,100,100", vals) end
+        if vals and (mode == "kind" or mode == "avg") then assert.are.equal("406,406,406", vals) end
+      end
+    end)
+  end
+
+  -- the hierarchical engine added where every rank is to a timeout that
+  -- already said so (from its TCP stage, or from the rank that reported it):
+  -- '...; ranks 0-2 are at all_reduce #2; rank 3 is at all_reduce #1; ranks
+  -- 0-2 are at all_reduce #2; rank 3 is at all_reduce #1'
+  for _, count in ipairs({"10", "1000000"}) do
+    it("name where every rank is once in a timeout (" .. count .. " elements)", function()
+      local _, out = run.run(4, "spec/helpers/dist_hier_stall.lua", count .. " 3",
+                             {limit = 60, env = "CRUN_HOST_ID=rank_div:2"})
+      for r = 0, 2 do
+        local s, err = out:match("rank " .. r .. " after ([%d.]+) s: ([^\n]*)")
+        assert.is_not_nil(s, "rank " .. r .. " did not report; output:\n" .. out)
+        assert.is_truthy(err:find("^ETIMEDOUT: "), err)
+        local _, n = err:gsub("rank 3 is at all_reduce #1", "")
+        assert.are.equal(1, n, "rank " .. r .. ": " .. err)
+      end
+    end)
+  end
+
   it("refuse CRUN_TRANSPORT=shm when the ranks are on several hosts, naming them", function()
     local code, out = run.run(2, "spec/helpers/dist_stress.lua", "",
                               {limit = 60, env = "CRUN_TRANSPORT=shm CRUN_HOST_ID=rank_div:1"})

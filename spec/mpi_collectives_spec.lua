@@ -88,6 +88,63 @@ describe("the mpi backend", function()
     run.cleanup(dir)
   end)
 
+  it("does not hold every collective for the late-arrival guard when the timeout is short", function()
+    -- the guard around a peer's deadline (0.5 s) was longer than the whole
+    -- timeout: every rank arrived "close to" its peers' deadlines and waited
+    -- until 0.5 s past them, so each all_reduce took 0.8 s with timeout=0.3
+    local dir = run.tmpdir()
+    local f = assert(io.open(dir .. "/job.lua", "w"))
+    f:write([[
+      local crun = require "crun"
+      local dist, T = crun.dist, crun.tensor
+      dist.init_process_group{timeout = 0.3}
+      local t = T.ones({4})
+      dist.all_reduce(t)
+      local t0 = crun.clock()
+      for _ = 1, 5 do dist.all_reduce(t) end
+      local o = assert(io.open(arg[1] .. "/rank" .. dist.get_rank() .. ".txt", "w"))
+      o:write(string.format("%.3f %g", crun.clock() - t0, t[1]), "\n")
+      o:close()
+      dist.destroy_process_group()
+    ]])
+    f:close()
+    local code, out = mpi.run(2, dir .. "/job.lua", dir, {limit = 60})
+    assert.are.equal(0, code, out)
+    for r = 0, 1 do
+      local took, v = run.text(dir, r):match("^([%d.]+) (%d+)")
+      assert.is_not_nil(took, out)
+      assert.are.equal("64", v)   -- 1 doubled by 6 all_reduces over 2 ranks
+      assert.is_true(tonumber(took) < 1.0, "rank " .. r .. ": 5 all_reduce took " .. took .. " s")
+    end
+    run.cleanup(dir)
+  end)
+
+  it("takes timeout = math.huge (no deadline) as the cpu backend does", function()
+    -- the signature's deadline in microseconds was (int64_t)inf: a deadline
+    -- long past, so every rank failed 'arrived 9225167819247.4 s after rank
+    -- 1's deadline' and the group was unusable
+    local dir = run.tmpdir()
+    local f = assert(io.open(dir .. "/job.lua", "w"))
+    f:write([[
+      local crun = require "crun"
+      local dist, T = crun.dist, crun.tensor
+      dist.init_process_group{timeout = 30}
+      local r = dist.get_rank()
+      local t = T.full({3}, r + 1, "int32")
+      local ok, err = pcall(dist.all_reduce, t, "sum", {timeout = math.huge})
+      local ok2, err2 = pcall(dist.broadcast, t, 1, {timeout = math.huge})
+      local o = assert(io.open(arg[1] .. "/rank" .. r .. ".txt", "w"))
+      o:write(ok and ok2 and table.concat(t:totable(), ",") or tostring(ok and err2 or err), "\n")
+      o:close()
+      dist.destroy_process_group()
+    ]])
+    f:close()
+    local code, out = mpi.run(3, dir .. "/job.lua", dir, {limit = 60})
+    assert.are.equal(0, code, out)
+    for r = 0, 2 do assert.are.equal("6,6,6", run.text(dir, r), out) end
+    run.cleanup(dir)
+  end)
+
   it("reports a different collective on every rank, naming both calls", function()
     expect.mismatch(scenario("mismatch"))
   end)
@@ -108,6 +165,58 @@ describe("the mpi backend", function()
       assert.is_true(tonumber(t:match("elapsed ([%d.]+)")) < 2.5, t)
     end
     assert.is_truthy(res[2]:match("^error ETIMEDOUT: "), res[2] .. "\n" .. out)
+  end)
+
+  -- as on the cpu backend (dist_errors_spec): before, ranks 1-2 waited their
+  -- whole 30 s timeout and were told 'rank 0 is at all_reduce #1'
+  it("fails promptly, naming the rank, when a rank destroyed the group", function()
+    local res, out = scenario("left")
+    assert.are.equal("ok", res[0], out)
+    for r = 1, 2 do
+      local t = res[r]
+      assert.is_truthy(t:match("^error EPEERDIED: "), "rank " .. r .. ": " .. t .. "\n" .. out)
+      assert.is_truthy(t:find("rank 0 destroyed the group", 1, true), t)
+      assert.is_true(tonumber(t:match("elapsed ([%d.]+)")) < 3, t)
+    end
+  end)
+
+  it("fails a recv from a rank that destroyed the group promptly, after delivering what it sent", function()
+    -- before, the second recv waited its whole 30 s timeout ('no data from rank 0')
+    local dir = run.tmpdir()
+    local f = assert(io.open(dir .. "/job.lua", "w"))
+    f:write([[
+      local crun = require "crun"
+      local dist, T = crun.dist, crun.tensor
+      dist.init_process_group{timeout = 30}
+      local r = dist.get_rank()
+      local o = assert(io.open(arg[1] .. "/rank" .. r .. ".txt", "w"))
+      dist.barrier()
+      if r == 0 then
+        dist.send(T.full({3}, -7, "int32"), 1, {tag = 5})
+        dist.destroy_process_group()
+        o:write("ok\n")
+        o:close()
+        os.execute("sleep 4")
+        os.exit(0)
+      end
+      os.execute("sleep 0.3")
+      local t = T.zeros({3}, "int32")
+      local ok, err = pcall(dist.recv, t, 0, {tag = 5})
+      o:write(ok and table.concat(t:totable(), ",") or tostring(err), "\n")
+      local t0 = crun.clock()
+      ok, err = pcall(dist.recv, t, 0, {tag = 6})
+      o:write(string.format("%s\nelapsed %.3f\n", ok and "no error" or tostring(err), crun.clock() - t0))
+      o:close()
+      os.exit(0)
+    ]])
+    f:close()
+    local _, out = mpi.run(2, dir .. "/job.lua", dir, {limit = 60})
+    assert.are.equal("ok", run.text(dir, 0), out)
+    local t = run.text(dir, 1)
+    assert.is_truthy(t:match("^%-7,%-7,%-7\n"), t .. "\n" .. out)
+    assert.is_truthy(t:find("\nEPEERDIED: recv from rank 0 %(tag 6%) on rank 1: rank 0 destroyed the group"), t)
+    assert.is_true(tonumber(t:match("elapsed ([%d.]+)")) < 3, t)
+    run.cleanup(dir)
   end)
 
   it("ends the whole job promptly when a peer is killed mid all_reduce (Open MPI's runtime does)", function()

@@ -383,6 +383,8 @@ int crun__pg_timeout_report(crun_pg_t *pg, int rc) {
   char where[512], text[1024];
   snprintf(text, sizeof text, "%s", crun_last_error() + strlen("ETIMEDOUT: "));
   crun__pg_progress_report(pg, where, sizeof where);
+  /* a stage below (TCP) or the rank that reported the timeout may have said it already */
+  if (!where[0] || strstr(text, where)) return rc;
   return crun_error(rc, "%s; %s", text, where);
 }
 

@@ -186,7 +186,8 @@ void crun__pg_progress_report(crun_pg_t *pg, char *out, size_t cap);
 size_t crun__ranks_text(char *buf, size_t cap, const int *rs, int n);
 
 /* Returns rc; when it is CRUN_ETIMEDOUT (an engine's timeout), first appends
- * the progress report to this thread's error text ("...; rank 3 is at ..."). */
+ * the progress report to this thread's error text ("...; rank 3 is at ..."),
+ * unless the text already holds that report (from a stage below or a peer). */
 int crun__pg_timeout_report(crun_pg_t *pg, int rc);
 
 /* Marks the current collective for the progress publisher. */

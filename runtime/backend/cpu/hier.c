@@ -35,7 +35,9 @@
  *   barrier:    shm barrier, TCP barrier among first ranks, shm barrier.
  * all_gather, reduce_scatter, gather, scatter and all_to_all stay on the flat
  * TCP algorithms (their data crosses hosts once anyway). avg runs as sum and
- * divides by the group size once at the end. */
+ * divides by the group size once at the end. Before a broadcast, a reduce or
+ * an avg all_reduce the ranks of each host compare their calls (h_agree):
+ * the stages cannot see a root or avg that differs. */
 #include "backend/cpu/hier.h"
 
 #include <errno.h>
@@ -149,6 +151,9 @@ static int reps_run(hier_t *h, crun__coll_t *c) {
   return crun__cpu_run_link(&l, c);
 }
 
+/* How the shared-memory engine describes h_agree's stage (SIG_WORDS int64). */
+#define CHECK_STAGE "all_gather(int64[5])"
+
 /* Adds to a shm stage's error which group ranks its (local) ranks are. */
 static int shm_err(hier_t *h, int rc) {
   char map[160];
@@ -161,8 +166,11 @@ static int shm_err(hier_t *h, int rc) {
   snprintf(text, sizeof text, "%s", crun_last_error());
   const char *name = crun_err_name(rc);
   const char *t = strncmp(text, name, strlen(name)) == 0 ? text + strlen(name) + 2 : text;
-  return crun_error(rc, "%s [hierarchical engine: shm ranks 0.. on host %d are group ranks %s]", t,
-                    h->host, map);
+  /* h_agree's stage, met by a rank that went straight to its first stage */
+  const char *note = rc == CRUN_EMISMATCH && strstr(t, CHECK_STAGE) ? "; " CHECK_STAGE " is its check of a "
+                     "broadcast, reduce or avg all_reduce: the ranks' calls differ" : "";
+  return crun_error(rc, "%s [hierarchical engine: shm ranks 0.. on host %d are group ranks %s%s]", t,
+                    h->host, map, note);
 }
 
 #define SHM(call)                                                             \
@@ -422,7 +430,79 @@ static int h_supports(void *state, const crun__coll_t *c) {
          c->kind == CRUN__COLL_REDUCE || c->kind == CRUN__COLL_BARRIER;
 }
 
+/* The words of c that every rank of the group must agree on. */
+enum { SIG_KIND, SIG_ROOT, SIG_DTYPE, SIG_COUNT, SIG_OP, SIG_WORDS };
+_Static_assert(SIG_WORDS == 5, "CHECK_STAGE names all_gather(int64[5])");
+
+static void h_sig(const crun__coll_t *c, int64_t *w) {
+  w[SIG_KIND] = c->kind;
+  w[SIG_ROOT] = crun__coll_rooted(c->kind) ? c->root : -1;
+  w[SIG_DTYPE] = c->kind == CRUN__COLL_BARRIER ? -1 : (int64_t)c->dt;
+  w[SIG_COUNT] = c->kind == CRUN__COLL_BARRIER ? -1 : (int64_t)c->count;
+  w[SIG_OP] = crun__coll_reduces(c->kind) ? (int64_t)c->op : -1;
+}
+
+/* Writes "reduce(float32[3], sum, root 1)" for a signature. */
+static void h_sig_text(const int64_t *w, char *buf, size_t cap) {
+  int n = snprintf(buf, cap, "%s(", crun__coll_name((int)w[SIG_KIND]));
+  if (w[SIG_DTYPE] >= 0 && n >= 0 && (size_t)n < cap)
+    n += snprintf(buf + n, cap - (size_t)n, "%s[%lld]", crun_dtype_name((crun_dtype_t)w[SIG_DTYPE]),
+                  (long long)w[SIG_COUNT]);
+  if (w[SIG_OP] >= 0 && n >= 0 && (size_t)n < cap)
+    n += snprintf(buf + n, cap - (size_t)n, ", %s", crun_reduce_op_name((crun_reduce_op_t)w[SIG_OP]));
+  if (w[SIG_ROOT] >= 0 && n >= 0 && (size_t)n < cap)
+    n += snprintf(buf + n, cap - (size_t)n, ", root %lld", (long long)w[SIG_ROOT]);
+  if (n >= 0 && (size_t)n < cap) snprintf(buf + n, cap - (size_t)n, ")");
+}
+
+/* Checks that this host's ranks make the same call (kind, root, dtype,
+ * count, op), with one small shared-memory all_gather. Each stage of the
+ * engine compares only what its own members pass it, and a rank that is not
+ * its host's representative passes only the local part: a root or kind that
+ * differs on it could match that part (broadcast from rank 1 on one rank,
+ * from rank 0 on the others, all on another host) and give it the wrong
+ * data without an error. Every local rank sees every signature, so all of
+ * them fail alike; other hosts' ranks differ in the TCP stage's frames. */
+static int h_agree(hier_t *h, const crun__coll_t *c) {
+  int l = crun__shm_comm_size(h->comm), bad = -1;
+  int64_t local[16 * SIG_WORDS], mine[SIG_WORDS];
+  int64_t *all = l <= 16 ? local : malloc(sizeof(int64_t) * SIG_WORDS * (size_t)l);
+  if (!all) return crun_error(CRUN_ENOMEM, "hierarchical engine: rank %d: call signatures", h->pg->rank);
+  h_sig(c, mine);
+  crun__shm_comm_label(h->comm, c->seq);
+  int rc = crun__shm_all_gather(h->comm, all, mine, SIG_WORDS, CRUN_INT64, left(c));
+  for (int j = 0; rc == 0 && bad < 0 && j < l; j++)
+    if (memcmp(all + (size_t)j * SIG_WORDS, mine, sizeof mine)) bad = j;
+  if (rc < 0) {
+    rc = shm_err(h, rc);
+  } else if (bad >= 0) {
+    int q = 0;   /* group rank of local rank `bad` */
+    for (int k = -1; q < h->pg->size; q++)
+      if (h->host_of[q] == h->host && ++k == bad) break;
+    char desc[64], me[128], them[128];
+    crun__coll_desc(c, desc, sizeof desc);
+    h_sig_text(mine, me, sizeof me);
+    h_sig_text(all + (size_t)bad * SIG_WORDS, them, sizeof them);
+    rc = crun_error(CRUN_EMISMATCH, "%s on rank %d: rank %d (same host) called %s but rank %d called %s "
+                    "[hierarchical engine]", desc, h->pg->rank, q, them, h->pg->rank, me);
+  }
+  if (all != local) free(all);
+  return rc;
+}
+
+/* Whether c needs h_agree: its root, or avg (run as sum), is invisible to
+ * the stages. Every other call starts with a shared-memory stage whose own
+ * check sees what differs (and a rank that runs h_agree meets one that does
+ * not as a different stage), so the common sum all_reduce and barrier skip
+ * the extra stage (about 15 us per small all_reduce with 2 ranks per host
+ * on a loaded 2-core machine). */
+static int h_needs_agree(const crun__coll_t *c) {
+  return c->kind == CRUN__COLL_BROADCAST || c->kind == CRUN__COLL_REDUCE ||
+         (c->kind == CRUN__COLL_ALL_REDUCE && c->op == CRUN_OP_AVG);
+}
+
 static int h_dispatch(hier_t *h, crun__coll_t *c) {
+  if (h->comm && h_needs_agree(c)) CRUN_CHECK(h_agree(h, c));
   switch (c->kind) {
   case CRUN__COLL_ALL_REDUCE: return h_all_reduce(h, c);
   case CRUN__COLL_BROADCAST: return h_broadcast(h, c);

@@ -10,7 +10,9 @@
  * (sent when it entered). So signatures carry the sender's deadline in wall
  * time: a rank that arrived after a peer's deadline fails instead of entering
  * MPI alone, and one that arrived close to it waits briefly for that peer's
- * abort notice. This assumes the hosts' clocks agree to well under GUARD. */
+ * abort notice. This assumes the hosts' clocks agree to well under the
+ * guard (GUARD, or a quarter of a shorter call's timeout). */
+#include <stdint.h>
 #include <time.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,6 +21,13 @@
 #include "backend/mpi/mpi_int.h"
 
 #define GUARD 0.5 /* seconds around a peer's deadline where we cannot tell */
+
+/* The guard for a call: GUARD, or a quarter of the call's timeout when that
+ * is shorter. A guard as long as the timeout put every arrival "near" the
+ * peers' deadlines, so every call waited until past them (timeout 0.3 s:
+ * 0.8 s per all_reduce). With a short timeout, clocks that differ by more
+ * than this leave a late rank to the watchdog. */
+static double guard(const crun__coll_t *c) { return c->timeout / 4 < GUARD ? c->timeout / 4 : GUARD; }
 
 /* Fills the signature of c as seen by peer p; `incoming` gives the count we
  * expect from p (all_to_all) instead of the one we send it. */
@@ -37,6 +46,14 @@ static double wall(void) {
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Wall-clock seconds as the microseconds a signature carries; a deadline
+ * beyond the int64 range (timeout math.huge: no deadline) is INT64_MAX, not
+ * the undefined conversion that read as a deadline long past. */
+static int64_t wall_us(double s) {
+  double us = s * 1e6;
+  return us < 9.0e18 ? (int64_t)us : INT64_MAX;
 }
 
 /* Writes "float32[512]" plus the op / root when the two calls differ there. */
@@ -129,14 +146,14 @@ static void drop_sends(crun__mpi_t *b) {
 /* Decides whether a peer may have given up on this call before our
  * signature reached it (see the top of the file). */
 static int check_late(crun__mpi_t *b, crun__coll_t *c, double entered, const char *desc) {
-  double wait_until = 0;
+  double wait_until = 0, g = guard(c);
   for (int p = 0; p < b->size; p++) {
     if (p == b->rank) continue;
     double pd = (double)b->sig_in[(size_t)p * CRUN__SIG_WORDS + CRUN__SIG_DEADLINE] * 1e-6;
-    if (entered >= pd + GUARD)
+    if (entered >= pd + g)
       return crun_error(CRUN_ETIMEDOUT, "%s on rank %d: arrived %.1f s after rank %d's deadline for it; rank %d "
                         "gave up waiting (timeout %.1f s)", desc, b->rank, entered - pd, p, p, c->timeout);
-    if (entered > pd - GUARD && pd + GUARD > wait_until) wait_until = pd + GUARD;
+    if (entered > pd - g && pd + g > wait_until) wait_until = pd + g;
   }
   crun__mpi_spin_t spin = {0};
   while (wall() < wait_until) { /* a peer may have timed out just now: its notice would come */
@@ -151,7 +168,7 @@ int crun__mpi_check(crun__mpi_t *b, crun__coll_t *c) {
   int n = b->size;
   if (n < 2) return 0;
   double entered = wall();
-  int64_t dl = (int64_t)((entered + (c->deadline - crun_clock())) * 1e6);
+  int64_t dl = wall_us(entered + (c->deadline - crun_clock()));
   for (int p = 0; p < n; p++) {
     b->reqs[p] = b->reqs[n + p] = MPI_REQUEST_NULL;
     if (p == b->rank) continue;
@@ -164,7 +181,7 @@ int crun__mpi_check(crun__mpi_t *b, crun__coll_t *c) {
   }
   char desc[64];
   crun__coll_desc(c, desc, sizeof desc);
-  int rc = crun__mpi_wait(b, b->reqs, 2 * n, c->deadline, desc);
+  int rc = crun__mpi_wait(b, b->reqs, 2 * n, n, c->deadline, desc);
   if (rc == 0 && (rc = crun__mpi_poll_abort(b, desc)) == 0 && (rc = compare(b, c)) == 0)
     return check_late(b, c, entered, desc);
   if (rc == 1) rc = timed_out(b, c);

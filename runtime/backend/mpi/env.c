@@ -136,7 +136,16 @@ static void settle(MPI_Request *reqs, int n) {
     }
 }
 
-int crun__mpi_wait(crun__mpi_t *b, MPI_Request *reqs, int n, double deadline, const char *desc) {
+/* Fails when a peer we still wait for (reqs[p], p < nrecv) destroyed the group. */
+static int peers_left(crun__mpi_t *b, MPI_Request *reqs, int nrecv, const char *desc) {
+  for (int p = 0; p < nrecv; p++) {
+    int rc = reqs[p] != MPI_REQUEST_NULL ? crun__mpi_poll_left(b, p, desc) : 0;
+    if (rc < 0) return rc;
+  }
+  return 0;
+}
+
+int crun__mpi_wait(crun__mpi_t *b, MPI_Request *reqs, int n, int nrecv, double deadline, const char *desc) {
   crun__mpi_spin_t spin = {0};
   for (;;) {
     int done = 0;
@@ -144,6 +153,7 @@ int crun__mpi_wait(crun__mpi_t *b, MPI_Request *reqs, int n, double deadline, co
     if (rc != MPI_SUCCESS) return crun__mpi_fail(rc, desc, b ? b->rank : -1, "MPI_Testall");
     if (done) return 0;
     if (b && (rc = crun__mpi_poll_abort(b, desc)) < 0) return rc;
+    if (b && spin.spins % 256 == 255 && (rc = peers_left(b, reqs, nrecv, desc)) < 0) return rc;
     if (crun_clock() >= deadline) {
       settle(reqs, n);
       return 1;

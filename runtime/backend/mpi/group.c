@@ -92,7 +92,7 @@ static int join_members(const crun_pg_t *pg, MPI_Comm join) {
     MPI_Irecv(theirs + 3 * i, 3, MPI_INT64_T, pg->global[i], CRUN__MPI_TAG_JOIN, join, &reqs[i]);
     MPI_Isend(mine, 3, MPI_INT64_T, pg->global[i], CRUN__MPI_TAG_JOIN, join, &reqs[n + i]);
   }
-  rc = crun__mpi_wait(NULL, reqs, 2 * n, crun_clock() + pg->timeout, "group handshake");
+  rc = crun__mpi_wait(NULL, reqs, 2 * n, 0, crun_clock() + pg->timeout, "group handshake");
   if (rc == 1) rc = join_timeout(pg, reqs, pg->timeout);
   else if (rc == 0) rc = join_compare(pg, mine, theirs);
   int sends_done = 1;
@@ -185,6 +185,25 @@ int crun__mpi_poll_abort(crun__mpi_t *b, const char *desc) {
   return rc;
 }
 
+int crun__mpi_poll_left(crun__mpi_t *b, int p, const char *desc) {
+  int flag = 0;
+  if (p == b->rank || MPI_Iprobe(p, CRUN__MPI_TAG_LEFT, b->ctrl, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS || !flag)
+    return 0;
+  return crun_error(CRUN_EPEERDIED, "%s on rank %d: rank %d destroyed the group and will not join", desc, b->rank, p);
+}
+
+/* Tells every peer that this rank destroyed the group (one empty message on
+ * ctrl each, never received: peers waiting for this rank's signature probe
+ * for it), so they fail at once instead of at their deadline. */
+static void notify_left(crun__mpi_t *b) {
+  static const char none = 0;   /* the sends may outlive the group */
+  for (int p = 0; p < b->size; p++) {
+    MPI_Request r = MPI_REQUEST_NULL;
+    if (p != b->rank && MPI_Isend(&none, 0, MPI_CHAR, p, CRUN__MPI_TAG_LEFT, b->ctrl, &r) == MPI_SUCCESS)
+      MPI_Request_free(&r);
+  }
+}
+
 /* Sends "<status>|<text>" to every peer without waiting (best effort). */
 static void mpi_abort(void *state, int status, const char *text) {
   crun__mpi_t *b = state;
@@ -221,6 +240,7 @@ static void mpi_destroy(void *state) {
   crun__mpi_watch_remove(&b->watch);
   if (alive) crun__mpi_sends_drain(b, b->pg->timeout < 10 ? b->pg->timeout : 10);
   drop_abort(b, alive);
+  if (alive && b->ctrl != MPI_COMM_NULL && b->size > 1) notify_left(b);
   if (alive && b->ctrl != MPI_COMM_NULL) MPI_Comm_free(&b->ctrl);
   if (alive && b->comm != MPI_COMM_NULL) MPI_Comm_free(&b->comm);
   free(b->stage[0]), free(b->stage[1]);

@@ -20,7 +20,7 @@
 #include "backend/backend.h"
 
 /* Tags of the ctrl communicators. */
-enum { CRUN__MPI_TAG_SIG = 1, CRUN__MPI_TAG_ABORT = 2, CRUN__MPI_TAG_JOIN = 3 };
+enum { CRUN__MPI_TAG_SIG = 1, CRUN__MPI_TAG_ABORT = 2, CRUN__MPI_TAG_JOIN = 3, CRUN__MPI_TAG_LEFT = 4 };
 
 /* Signature words of one call (sent as MPI_INT64_T): the first
  * CRUN__SIG_CMP must match between ranks; DEADLINE is the sender's deadline
@@ -79,11 +79,17 @@ void crun__mpi_relax(crun__mpi_spin_t *s);
 
 /* Polls reqs[0..n-1] (completed ones become MPI_REQUEST_NULL) until all are
  * done (0), the deadline passes (1, no text recorded) or, when b is not
- * NULL, a peer's abort notice arrives (<0, the peer's error recorded). */
-int crun__mpi_wait(crun__mpi_t *b, MPI_Request *reqs, int n, double deadline, const char *desc);
+ * NULL, a peer's abort notice arrives (<0, the peer's error recorded). With
+ * b, reqs[p] for p < nrecv is a receive from group rank p: it still pending
+ * when p has destroyed the group fails with EPEERDIED. */
+int crun__mpi_wait(crun__mpi_t *b, MPI_Request *reqs, int n, int nrecv, double deadline, const char *desc);
 
 /* Returns <0 with the peer's error when an abort notice is waiting on ctrl. */
 int crun__mpi_poll_abort(crun__mpi_t *b, const char *desc);
+
+/* Returns <0 (EPEERDIED) when rank p's notice that it destroyed the group is
+ * waiting on ctrl (the notice stays there for later calls). */
+int crun__mpi_poll_left(crun__mpi_t *b, int p, const char *desc);
 
 /* Brackets a blocking MPI call for the watchdog (deadline: now + timeout). */
 void crun__mpi_watch_begin(crun__mpi_watch_t *w, double timeout, const char *desc, const char *call);

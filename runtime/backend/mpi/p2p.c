@@ -114,16 +114,29 @@ int crun__mpi_send(void *state, crun__coll_t *c) {
 
 /* ---------------------------------------------------------------- recv */
 
-/* Polls for a message matching (source, tag) until the deadline. */
+/* How long a recv still looks for a message from a rank after that rank's
+ * notice that it destroyed the group: the notice travels on ctrl, the data on
+ * comm, and MPI does not order two communicators, so data sent before leaving
+ * may show up after the notice. */
+#define LEFT_GRACE 1.0
+
+/* Polls for a message matching (source, tag) until the deadline, or until
+ * LEFT_GRACE after the source's notice that it destroyed the group. */
 static int probe(crun__mpi_t *b, crun__coll_t *c, const char *desc, MPI_Message *m, MPI_Status *st) {
   crun__mpi_spin_t spin = {0};
   int src = c->root == CRUN_ANY_SOURCE ? MPI_ANY_SOURCE : c->root;
+  double gone = 0;   /* when src's notice was seen */
   for (;;) {
     int flag = 0, rc = MPI_Improbe(src, c->tag, b->comm, &flag, m, st);
     if (rc != MPI_SUCCESS) return crun__mpi_fail(rc, desc, b->rank, "MPI_Improbe");
     if (flag) return 0;
     if ((rc = crun__mpi_poll_abort(b, desc)) < 0) return rc;
     if (crun_clock() >= c->deadline) break;
+    if (src != MPI_ANY_SOURCE && !gone && spin.spins % 256 == 255 && crun__mpi_poll_left(b, src, desc) < 0)
+      gone = crun_clock();
+    if (gone && crun_clock() >= gone + LEFT_GRACE)
+      return crun_error(CRUN_EPEERDIED, "%s on rank %d: rank %d destroyed the group without sending it", desc,
+                        b->rank, src);
     crun__mpi_relax(&spin);
   }
   if (src == MPI_ANY_SOURCE)
