@@ -266,6 +266,40 @@ describe("dist.stats", function()
 end)
 
 describe("flight recorder", function()
+  it("writes the dumps of ranks started without crun-lua to a private directory per job", function()
+    local dir = C.tmpdir("observe")
+    C.write(dir .. "/d.lua", [[local crun = require "crun"; crun.dist.init_process_group{}
+      print("DUMP " .. crun.trace.dump("test")); crun.dist.destroy_process_group()]])
+    local B = os.getenv("CRUN_BUILD_DIR")
+    local function dump(env)
+      local cmd = string.format("env -u CRUN_FLIGHT_DIR TMPDIR=%s RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 "
+        .. "MASTER_ADDR=127.0.0.1 MASTER_PORT=0 LUA_PATH=%s LUA_CPATH=%s %s timeout -s KILL 30 lua5.4 %s 2>&1",
+        q(dir .. "/tmp"), q(B .. "/lua/?.lua;" .. B .. "/lua/?/init.lua;;"), q(B .. "/lua/?.so;;"), env, q(dir .. "/d.lua"))
+      local p = io.popen(cmd)
+      local out = p:read("a")
+      p:close()
+      return out:match("DUMP (%S+)"), out
+    end
+    os.execute("mkdir -p " .. q(dir .. "/tmp"))
+    local a, out = dump("SLURM_JOB_ID=77 SLURM_STEP_ID=3")
+    assert.are.equal(dir .. "/tmp/crun-flight-" .. C.uid() .. "-slurm-77.3/flight_rank0.txt", a, out)
+    local b = dump("PMIX_NAMESPACE='prterun-h/1@1'")
+    assert.are.equal(dir .. "/tmp/crun-flight-" .. C.uid() .. "-mpi-prterun-h_1_1/flight_rank0.txt", b)
+    assert.matches("^# crun%-flight 1", C.slurp(a))
+    assert.matches("^# crun%-flight 1", C.slurp(b))
+    local p = io.popen("stat -c %a " .. q(a:match("(.*)/")))
+    assert.are.equal("700", p:read("l"))
+    p:close()
+    -- a directory of that name open to others is not used (it would hand them the dump)
+    local shared = dir .. "/tmp/crun-flight-" .. C.uid() .. "-slurm-88.0"
+    os.execute("mkdir -m 777 " .. q(shared))
+    local c = dump("SLURM_JOB_ID=88")
+    assert.is_truthy(c, "no dump")
+    assert.are_not.equal(shared .. "/flight_rank0.txt", c)
+    assert.matches("/crun%-flight%-%d+%-slurm%-88%.0%-......", c)
+    C.rmrf(dir)
+  end)
+
   it("dumps every rank when one rank skips a collective and names it as behind", function()
     local dir = C.tmpdir("observe")
     local r = run("-n 3 --master-port 0 --log-dir " .. q(dir) .. " " .. q(FIX .. "hang.lua"))

@@ -511,12 +511,55 @@ static void make_dirs(const char *dir) {
   mkdir(p, 0777);
 }
 
+/* The job this process belongs to when no crun-lua chose a dump directory:
+ * mpirun's PMIx namespace, Slurm's job and step, else its parent process
+ * (what a job's ranks on one host share). Only [A-Za-z0-9._-] kept. */
+static void job_key(char *out, size_t cap) {
+  const char *ns = getenv("PMIX_NAMESPACE"), *job = getenv("SLURM_JOB_ID"), *step = getenv("SLURM_STEP_ID");
+  char raw[160];
+  if (ns && *ns) snprintf(raw, sizeof raw, "mpi-%s", ns);
+  else if (job && *job) snprintf(raw, sizeof raw, "slurm-%s.%s", job, step && *step ? step : "0");
+  else snprintf(raw, sizeof raw, "ppid-%d", (int)getppid());
+  size_t n = 0;
+  for (const char *c = raw; *c && n + 1 < cap; c++)
+    out[n++] = (*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') || *c == '.' ||
+                       *c == '_' || *c == '-'
+                   ? *c
+                   : '_';
+  out[n] = 0;
+}
+
+/* Whether path is a directory of this user's, not a link, that only this
+ * user may write (a neighbour's or a shared one would hand them the dump). */
+static int own_private_dir(const char *path) {
+  struct stat st;
+  return lstat(path, &st) == 0 && S_ISDIR(st.st_mode) && st.st_uid == geteuid() && !(st.st_mode & 022);
+}
+
+/* CRUN_FLIGHT_DIR/flight_rank<rank>.txt (crun-lua sets it per job). Without
+ * it, $TMPDIR/crun-flight-<uid>-<job>/ (mode 0700; job_key): ranks started
+ * by mpirun or srun, or two such jobs at once, no longer write the same
+ * $TMPDIR/flight_rank<r>.txt. A directory of that name that is not this
+ * user's private one is not used: the dump then goes to a fresh one
+ * (mkdtemp). */
 static void dump_path(char *out, size_t cap, int rank) {
   const char *dir = getenv("CRUN_FLIGHT_DIR");
-  if (!dir || !*dir) dir = getenv("TMPDIR");
-  if (!dir || !*dir) dir = "/tmp";
-  make_dirs(dir);
-  snprintf(out, cap, "%s/flight_rank%d.txt", dir, rank);
+  if (dir && *dir) {
+    make_dirs(dir);
+    snprintf(out, cap, "%s/flight_rank%d.txt", dir, rank);
+    return;
+  }
+  const char *tmp = getenv("TMPDIR");
+  if (!tmp || !*tmp) tmp = "/tmp";
+  make_dirs(tmp);
+  char key[128], d[PATH_MAX - 32]; /* room for "/flight_rank<r>.txt" in out */
+  job_key(key, sizeof key);
+  snprintf(d, sizeof d, "%s/crun-flight-%d-%s", tmp, (int)geteuid(), key);
+  if (mkdir(d, 0700) != 0 && !own_private_dir(d)) {
+    snprintf(d, sizeof d, "%s/crun-flight-%d-%s-XXXXXX", tmp, (int)geteuid(), key);
+    if (!mkdtemp(d)) snprintf(d, sizeof d, "%s", tmp); /* the open below names the problem */
+  }
+  snprintf(out, cap, "%s/flight_rank%d.txt", d, rank);
 }
 
 /* Writes the ring oldest first (lock held). */

@@ -77,6 +77,14 @@ end
 -- killed after opts.timeout seconds (default 60); opts.env is an env prefix
 -- ("A=1 B=2"), opts.input text for its stdin (else it inherits ours).
 -- Returns {code=, out=, err=, seconds=}.
+--- This process's effective user id (as a string).
+function M.uid()
+  local p = io.popen("id -u")
+  local u = p:read("l")
+  p:close()
+  return u
+end
+
 function M.run(args, opts)
   opts = opts or {}
   local dir = M.tmpdir("run")

@@ -2,8 +2,10 @@
  * one line per case plus "N passed, N failed". */
 #include "harness.h"
 
+#include <ftw.h>
 #include <limits.h>
 #include <signal.h>
+#include <stdlib.h>
 #include <stdarg.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -62,7 +64,27 @@ static int run_case(const crun_test_case *c, int deadline_s) {
   return 0;
 }
 
+static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
+  (void)st, (void)flag, (void)ftw;
+  return remove(path);
+}
+
+/* The flight recorder's dumps of the cases that fail a group on purpose go to
+ * a directory of this run (removed at the end when every case passed), not
+ * to one per forked case under $TMPDIR. Returns it, or NULL when the user
+ * set CRUN_FLIGHT_DIR or none could be made. */
+static char *flight_dir(void) {
+  static char dir[PATH_MAX];
+  if (getenv("CRUN_FLIGHT_DIR")) return NULL;
+  const char *tmp = getenv("TMPDIR");
+  snprintf(dir, sizeof dir, "%s/crun-test-flight-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+  if (!mkdtemp(dir)) return NULL;
+  setenv("CRUN_FLIGHT_DIR", dir, 1);
+  return dir;
+}
+
 int crun_test_run(int argc, char **argv, const crun_test_case *cases, size_t n) {
+  char *dumps = flight_dir();
   int deadline = (int)crun_env_int("CRUN_TEST_DEADLINE", 120);
   double scale = crun_env_int("CRUN_SAN_TIMEOUT_SCALE", 1); /* a sanitizer build: san_run.sh */
   if (scale > 1 && deadline < INT_MAX / scale) deadline = (int)(deadline * scale);
@@ -78,5 +100,7 @@ int crun_test_run(int argc, char **argv, const crun_test_case *cases, size_t n) 
     ok ? passed++ : failed++;
   }
   printf("%d passed, %d failed\n", passed, failed);
+  if (dumps && !failed) nftw(dumps, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+  else if (dumps) printf("flight recorder dumps: %s\n", dumps);
   return failed ? 1 : (passed ? 0 : 1);
 }

@@ -23,7 +23,9 @@
  * others' end is their start plus the last exact duration of that op on that
  * group: a clock read costs ~20 ns, against ~250 ns for a 2-rank 8-byte
  * all_reduce on shared memory). The ring is written to
- * CRUN_FLIGHT_DIR/flight_rank<R>.txt (default $TMPDIR or /tmp) when an
+ * CRUN_FLIGHT_DIR/flight_rank<R>.txt (crun-lua sets it per job; without it,
+ * $TMPDIR/crun-flight-<uid>-<job>/, mode 0700, <job> from mpirun's
+ * PMIX_NAMESPACE, Slurm's job and step, else the parent pid) when an
  * operation fails (timeout, dead peer, mismatch), on SIGUSR1 (installed by
  * crun_flight_arm) and on crun_flight_dump().
  *
