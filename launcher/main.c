@@ -61,7 +61,7 @@ static const char usage_text[] =
     "                          (s to wait for more nodes once MIN joined, default 30),\n"
     "                          close_timeout (s for every member to register, default 30),\n"
     "                          heartbeat_timeout (s without a node's heartbeat before it is\n"
-    "                          lost, default 15)\n"
+    "                          lost, default 15, at least 0.1)\n"
     "  --standalone            one node, its store on a free port, a fresh run id; no\n"
     "                          endpoint needed\n"
     "  --rdzv-timeout S        seconds for every node to join (default 300)\n"
@@ -525,6 +525,11 @@ static int check_obs_env(void) {
     int n;
     if (v && *v && parse_int(vars[i].name, v, vars[i].min, vars[i].max, &n)) return EXIT_USAGE;
   }
+  /* read by the supervisor only once a worker failed: inf or nan would then
+   * leave the survivors running (or stop them at once) without a word */
+  const char *d = getenv("CRUN_STOP_DELAY");
+  double delay;
+  if (d && *d && parse_seconds("CRUN_STOP_DELAY", d, &delay)) return EXIT_USAGE;
   return 0;
 }
 
@@ -538,8 +543,9 @@ static int check_opts(crun__opts_t *o) {
     return usage_error("--master-port 0 picks a port only node 0 would know; "
                        "give a fixed port with --nnodes > 1");
   if (o->join_timeout < 0) o->join_timeout = o->rdzv_timeout;
-  if (!(o->heartbeat_timeout > 0))
-    return usage_error("--rdzv-conf heartbeat_timeout: must be more than 0 s (every node would count as lost)");
+  if (!(o->heartbeat_timeout >= 0.1))
+    return usage_error("--rdzv-conf heartbeat_timeout: %g s is below 0.1 s (nodes beat every heartbeat_timeout / 4: "
+                       "every node would count as lost)", o->heartbeat_timeout);
   if (o->module && o->repl) return usage_error("-m runs a module; it does not go with -i");
   if (o->module && !o->script) return usage_error("-m needs a module name");
   if (!o->script && !o->repl) return usage_error("no script given");

@@ -226,6 +226,10 @@ describe("crun-lua torchrun options: bad values", function()
       {"--rdzv-conf foo=1,join_timeout=3 x.lua", "%-%-rdzv%-conf: unknown key 'foo' %(known: join_timeout, last_call_timeout, close_timeout, heartbeat_timeout%)"},
       {"--rdzv_conf join_timeout=soon x.lua", "%-%-rdzv%-conf join_timeout: expected a number of seconds, got 'soon'"},
       {"--rdzv-conf last_call_timeout x.lua", "%-%-rdzv%-conf: 'last_call_timeout' is not key=value"},
+      {"--rdzv-backend c10d --rdzv-endpoint h:29400 --rdzv-conf heartbeat_timeout=1e-300 x.lua",
+       "%-%-rdzv%-conf heartbeat_timeout: 1e%-300 s is below 0%.1 s"},
+      {"--rdzv-backend c10d --rdzv-endpoint h:29400 --rdzv-conf heartbeat_timeout=0 x.lua",
+       "%-%-rdzv%-conf heartbeat_timeout: 0 s is below 0%.1 s"},
       {"--redirects 4 x.lua", "%-%-redirects: expected 0 %(none%), 1 %(stdout%), 2 %(stderr%), 3 %(both%) or a per local rank map like 0:1,1:2, got '4'"},
       {"-r 0:1,1 x.lua", "%-%-redirects: expected .* got '0:1,1'"},
       {"--tee=0:5 x.lua", "%-%-tee: expected .* got '0:5'"},
@@ -238,8 +242,12 @@ describe("crun-lua torchrun options: bad values", function()
       {"-m -i", "%-m runs a module; it does not go with %-i"},
       {"--standalone=1 x.lua", "option %-%-standalone takes no value"},
     }
+    for _, v in ipairs({"inf", "nan", "-1", "soon"}) do -- read once a worker failed: checked at start
+      cases[#cases + 1] = {"x.lua", "CRUN_STOP_DELAY: expected a number of seconds, got '" .. v:gsub("%-", "%%-") .. "'",
+                           "CRUN_STOP_DELAY=" .. v}
+    end
     for _, c in ipairs(cases) do
-      local r = U.run(c[1])
+      local r = U.run(c[1], c[3])
       assert.are.equal(2, r.code, c[1] .. " gave: " .. r.err)
       assert.is_truthy(r.err:match(c[2]), c[1] .. " gave: " .. r.err)
       assert.are.equal("", r.out, c[1])
