@@ -199,3 +199,24 @@ describe("examples/uneven_inputs.lua", function()
     assert.is_truthy(out:match("parameters identical on all 3 ranks: true"), out)
   end)
 end)
+
+describe("DDP buffers (broadcast_buffers)", function()
+  local rec
+  local function load(r)
+    if not rec then
+      rec = {dir = util.tmpdir()}
+      local ok, out = util.crun(3, "spec/helpers/ddp_buffers_job.lua", rec.dir)
+      assert(ok, "crun-lua -n 3 failed:\n" .. out)
+    end
+    return serialize.load(string.format("%s/buffers.r%d.crun", rec.dir, r))
+  end
+
+  it("broadcasts them from the group's rank 0 when the group leaves out global rank 0", function()
+    if not util.have_launcher() then pending("crun-lua not built") return end
+    for r = 1, 2 do
+      local got = load(r)
+      assert.are.equal("ok", got.sub, "rank " .. r)
+      assert.are.equal(1 * 10 - 3.5, got.sub_mean, "rank " .. r)
+    end
+  end)
+end)

@@ -209,6 +209,16 @@ function DDP:_sync_params(src)
   end
 end
 
+-- Broadcasts the module's buffers (BatchNorm's running statistics) from
+-- group rank `src` (broadcast takes a global rank).
+function DDP:_sync_buffers(src)
+  local bufs = self.module.buffers and self.module:buffers() or {}
+  if #bufs == 0 then return end
+  local d = dist()
+  if self.group then src = d.get_global_rank(self.group, src) end
+  for _, buf in ipairs(bufs) do d.broadcast(buf, src, self.copts) end
+end
+
 -- gradient_as_bucket_view: the module's gradients become the views of the
 -- buckets the reducer made (holding their values).
 function DDP:_make_grad_views()
@@ -339,9 +349,7 @@ end
 function DDP:forward(x)
   self:_check_open("forward")
   if self.join_enabled and self.join_lead and self.module.training then self:_notify_join() end
-  if self.broadcast_buffers and self.module.buffers then
-    for _, buf in ipairs(self.module:buffers()) do dist().broadcast(buf, 0, self.copts) end
-  end
+  if self.broadcast_buffers then self:_sync_buffers(0) end
   self.output = self.module:forward(x)
   return self.output
 end

@@ -1,0 +1,49 @@
+-- Multi-rank job of ddp_spec.lua's buffer cases:
+-- `crun-lua -n 3 spec/helpers/ddp_buffers_job.lua OUTDIR`. Saves each
+-- rank's observations to OUTDIR/buffers.r<rank>.crun.
+package.path = (os.getenv("CRUN_SOURCE_DIR") or ".") .. "/spec/?.lua;" .. package.path
+local crun = require "crun"
+local nn, T, dist = crun.nn, crun.tensor, crun.dist
+local out = assert(arg[1], "usage: ddp_buffers_job.lua OUTDIR")
+dist.init_process_group{backend = "auto", timeout = 20}
+local rank, world = dist.get_rank(), dist.get_world_size()
+local rec = {rank = rank}
+
+local function net(seed)
+  nn.set_default_dtype("float64")
+  nn.manual_seed(seed)
+  local m = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Tanh(), nn.Linear(4, 2))
+  nn.set_default_dtype("float32")
+  return m
+end
+local function batch(s, r)
+  local x = T.randn({5, 3}, {seed = 100 * s + 7 * r, dtype = "float64"})
+  local y = T.randn({5, 2}, {seed = 100 * s + 7 * r + 1, dtype = "float64"})
+  return x, y
+end
+local function fwd_bwd(m, x, y)
+  local crit = nn.MSECriterion()
+  local o = m:forward(x)
+  crit:forward(o, y)
+  m:backward(x, crit:backward(o, y))
+end
+local function pcall_msg(f) local ok, err = pcall(f); return ok and "ok" or tostring(err) end
+
+-- (1) DDP over the group {1, 2}: eval forward takes the buffers of the
+-- group's rank 0 (global rank 1)
+local g = dist.new_group({1, 2})
+if rank ~= 0 then
+  local m = net(1)
+  rec.sub = pcall_msg(function()
+    local d = crun.DDP(m, {group = g})
+    m:evaluate()
+    m:leaves()[2].running_mean:fill_(rank * 10 - 3.5)
+    d:forward(T.ones({2, 3}, "float64"))
+    rec.sub_mean = m:leaves()[2].running_mean[1]
+    d:close()
+  end)
+end
+
+crun.save(string.format("%s/buffers.r%d.crun", out, rank), rec)
+dist.barrier()
+dist.destroy_process_group()
