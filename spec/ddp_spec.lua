@@ -219,4 +219,16 @@ describe("DDP buffers (broadcast_buffers)", function()
       assert.are.equal(1 * 10 - 3.5, got.sub_mean, "rank " .. r)
     end
   end)
+
+  it("keeps crun.join with uneven inputs in step and gives the 1-process parameters", function()
+    if not util.have_launcher() then pending("crun-lua not built") return end
+    for r = 0, 2 do
+      local got = load(r)
+      assert.are.equal("ok", got.join, "rank " .. r)
+      for i = 1, #got.ref do
+        local e = util.max_rel_err(got.params[i], got.ref[i])
+        assert.is_true(e < 1e-10, string.format("rank %d, parameter %d: relative error %g", r, i, e))
+      end
+    end
+  end)
 end)

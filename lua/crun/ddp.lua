@@ -24,7 +24,9 @@
 --
 -- Join (uneven inputs): crun.join({ddp}, fn) runs fn (the rank's own loop).
 -- While some rank still trains, each training forward all-reduces a small
--- "still active" tensor; ranks that finished shadow that all-reduce and the
+-- "still active" tensor; ranks that finished shadow that all-reduce, the
+-- forwards' buffer broadcasts (broadcast_buffers: from the highest rank still
+-- training once some rank finished, torch's authoritative rank) and the
 -- gradient all-reduces with zeros, so nobody hangs. Gradients are still
 -- divided by the full world size (torch's divide_by_initial_world_size).
 -- At the end, the parameters of the rank that trained the most iterations
@@ -349,7 +351,7 @@ end
 function DDP:forward(x)
   self:_check_open("forward")
   if self.join_enabled and self.join_lead and self.module.training then self:_notify_join() end
-  if self.broadcast_buffers then self:_sync_buffers(0) end
+  if self.broadcast_buffers then self:_sync_buffers(self.join_enabled and self.join_ctx.src or 0) end
   self.output = self.module:forward(x)
   return self.output
 end
@@ -430,6 +432,19 @@ function DDP:_notify_join()
     error(string.format("EINTR: join on rank %d: %d rank(s) ran out of inputs (throw_on_early_termination)",
       self.rank, math.tointeger(t[3])), 0)
   end
+  self.join_ctx.src = self:_buffer_source(t[1], self.rank)
+end
+
+-- Under join, the group rank whose buffers this iteration's forwards
+-- broadcast: 0 while every rank trains, else the highest rank still
+-- training (torch's authoritative rank; one all_reduce max, in which a
+-- joined rank offers -1). `active`: the number of ranks still training.
+function DDP:_buffer_source(active, offer)
+  if active >= self.world or not self.join_ctx.buffers then return 0 end
+  local t = T().zeros({1}, "float64")
+  t[1] = offer
+  dist().all_reduce(t, "max", self.copts)
+  return math.tointeger(t[1])
 end
 
 -- Joined rank: mirrors one iteration of the ranks still training.
@@ -457,6 +472,11 @@ local function join_finish(joinables, throw)
       error(string.format("EINTR: join on rank %d: this rank ran out of inputs while %d still train "
         .. "(throw_on_early_termination)", lead.rank, math.tointeger(t[1])), 0)
     end
+    -- the forwards' buffer broadcasts first, then the backwards' all_reduces
+    local src = lead:_buffer_source(t[1], -1)
+    for _, j in ipairs(joinables) do
+      if j.broadcast_buffers then j:_sync_buffers(src) end
+    end
     for _, j in ipairs(joinables) do j:_shadow(t[2]) end
   end
   local key = T().zeros({1}, "float64")
@@ -479,12 +499,14 @@ function ddp.join(joinables, fn, opts)
       type(joinables), type(fn))
   end
   opts = require("crun.opts").check(JOIN_OPTS, "join", opts)
+  local ctx = {src = 0, buffers = false} -- shared by the joinables: where this iteration's buffers come from
   for k, j in ipairs(joinables) do
     if getmetatable(j) ~= DDP then
       require("crun.opts").fail("EINVAL: join: entry %d of the list is a %s, a DDP model is expected", k, type(j))
     end
     -- only the first model announces "still training", once per iteration
-    j.join_enabled, j.join_iters, j.join_lead = true, 0, k == 1
+    j.join_enabled, j.join_iters, j.join_lead, j.join_ctx = true, 0, k == 1, ctx
+    ctx.buffers = ctx.buffers or (j.broadcast_buffers and #(j.module.buffers and j.module:buffers() or {}) > 0)
   end
   local res = table.pack(pcall(fn))
   local ok, err = res[1], res[2]

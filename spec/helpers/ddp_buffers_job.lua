@@ -44,6 +44,34 @@ if rank ~= 0 then
   end)
 end
 
+-- (2) crun.join with uneven batches (rank r trains 2 + r) and BatchNorm
+local m = net(1 + rank)
+local ref = net(1)
+local opt = crun.optim.SGD(m, {lr = 0.1})
+local d = crun.DDP(m)
+rec.join = pcall_msg(function()
+  crun.join({d}, function()
+    for s = 1, 2 + rank do
+      opt:zero_grad()
+      fwd_bwd(d, batch(s, rank))
+      opt:step()
+    end
+  end)
+end)
+d:close()
+-- reference on one process: step s sums the gradients of the ranks that
+-- still train, divided by the world size (SGD with lr / world)
+local ropt = crun.optim.SGD(ref, {lr = 0.1 / world})
+for s = 1, 2 + world - 1 do
+  ropt:zero_grad()
+  for r = 0, world - 1 do if s <= 2 + r then fwd_bwd(ref, batch(s, r)) end end
+  ropt:step()
+end
+rec.params, rec.ref = {}, {}
+for i, p in ipairs((m:parameters())) do rec.params[i] = p:clone() end
+for i, p in ipairs((ref:parameters())) do rec.ref[i] = p:clone() end
+rec.buffers = {}
+for i, b in ipairs(m:buffers()) do rec.buffers[i] = b:clone() end
 crun.save(string.format("%s/buffers.r%d.crun", out, rank), rec)
 dist.barrier()
 dist.destroy_process_group()
