@@ -231,4 +231,21 @@ describe("DDP buffers (broadcast_buffers)", function()
       end
     end
   end)
+
+  it("broadcasts them from the group's rank 0 when wrapping (as torch)", function()
+    if not util.have_launcher() then pending("crun-lua not built") return end
+    for r = 1, 2 do assert.are.equal(1 * 2 + 0.25, load(r).wrap_var, "rank " .. r) end
+  end)
+
+  it("ends crun.join with the buffers of the rank that trained longest on every rank (as torch)", function()
+    if not util.have_launcher() then pending("crun-lua not built") return end
+    local last = load(2)
+    for r = 0, 1 do
+      local got = load(r)
+      assert.are.equal(#last.buffers, #got.buffers)
+      for i = 1, #got.buffers do
+        assert.are.same(util.list(last.buffers[i]), util.list(got.buffers[i]), "rank " .. r .. ", buffer " .. i)
+      end
+    end
+  end)
 end)

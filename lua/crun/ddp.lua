@@ -5,7 +5,8 @@
 --   model:backward(x, crit:backward(out, y))   -- all-reduces (averages) grads
 --   opt:step()
 --
--- At wrap time every parameter is broadcast from rank 0. Parameters are
+-- At wrap time every parameter (and with broadcast_buffers every buffer) is
+-- broadcast from rank 0. Parameters are
 -- grouped into buckets in REVERSE registration order (the order backward
 -- produces their gradients): the first bucket holds at most first_bucket_mb,
 -- the others bucket_cap_mb, and a bucket never mixes dtypes. During backward,
@@ -29,8 +30,9 @@
 -- training once some rank finished, torch's authoritative rank) and the
 -- gradient all-reduces with zeros, so nobody hangs. Gradients are still
 -- divided by the full world size (torch's divide_by_initial_world_size).
--- At the end, the parameters of the rank that trained the most iterations
--- (the highest such rank on ties) are broadcast to every rank.
+-- At the end, the parameters (and with broadcast_buffers the buffers) of the
+-- rank that trained the most iterations (the highest such rank on ties) are
+-- broadcast to every rank.
 local ddp = {}
 
 -- crun.tensor (falls back to the raw bindings while tensor.lua is absent).
@@ -141,6 +143,7 @@ function ddp.DDP(module, opts)
   self:_index_params()
   self:_verify_params()
   self:_sync_params(0)
+  if self.broadcast_buffers then self:_sync_buffers(0) end
   local mb = 1024 * 1024
   -- the group's handle (absent when crun.dist is a stand-in: layout only)
   local pg = self.group or (d.group and d.group()) or nil
@@ -483,13 +486,16 @@ local function join_finish(joinables, throw)
   key[1] = lead.join_iters * lead.world + lead.rank
   d.all_reduce(key, "max", lead.copts)
   local src = math.tointeger(key[1] % lead.world)
-  for _, j in ipairs(joinables) do j:_sync_params(src) end
+  for _, j in ipairs(joinables) do
+    j:_sync_params(src)
+    if j.broadcast_buffers then j:_sync_buffers(src) end
+  end
 end
 
 --- join(joinables, fn, {throw_on_early_termination=false}): runs fn() on
 -- this rank, then shadows the collectives of ranks that still train until
 -- every rank is done; finally broadcasts the parameters of the rank with the
--- most iterations. Returns fn's results. With throw_on_early_termination,
+-- most iterations (and, with broadcast_buffers, its buffers). Returns fn's results. With throw_on_early_termination,
 -- every rank instead raises EINTR as soon as one rank runs out of inputs.
 local JOIN_OPTS = require("crun.opts").spec{"throw_on_early_termination"}
 

@@ -35,7 +35,9 @@ local g = dist.new_group({1, 2})
 if rank ~= 0 then
   local m = net(1)
   rec.sub = pcall_msg(function()
+    m:leaves()[2].running_var:fill_(rank * 2 + 0.25)
     local d = crun.DDP(m, {group = g})
+    rec.wrap_var = m:leaves()[2].running_var[1] -- wrapping broadcasts the buffers too
     m:evaluate()
     m:leaves()[2].running_mean:fill_(rank * 10 - 3.5)
     d:forward(T.ones({2, 3}, "float64"))
