@@ -168,6 +168,17 @@ describe("DDP equivalence", function()
       assert.is_false(okr)
       assert.matches("^EINVAL: reducer: bucket_cap_bytes must be a number of bytes >= 0, got %-?nan", errr)
       assert.has_error(function() ddp.DDP({}) end, "EINVAL: DDP: a crun.nn module is expected, got table")
+      -- a flag that is not a boolean is refused, not read as its default
+      assert.has_error(function() ddp.DDP(net, {gradient_as_bucket_view = "true"}) end,
+        "EINVAL: DDP: gradient_as_bucket_view must be true or false, got true")
+      assert.has_error(function() ddp.DDP(net, {broadcast_buffers = 0}) end,
+        "EINVAL: DDP: broadcast_buffers must be true or false, got 0")
+      assert.has_error(function() ddp.DDP(net, {overlap = "false"}) end,
+        "EINVAL: DDP: overlap must be true or false, got false")
+      assert.has_error(function() ddp.DDP(net, {bucket_cap_mb = "25"}) end,
+        "EINVAL: DDP: bucket_cap_mb must be a positive number, got string 25")
+      assert.has_error(function() ddp.DDP(net, {first_bucket_mb = -1}) end,
+        "EINVAL: DDP: first_bucket_mb must be a positive number, got -1")
       assert.has_error(function() ddp.join({m}, print, {throw = true}) end,
         "EINVAL: join: unknown option 'throw' (accepted: throw_on_early_termination)")
       assert.has_error(function() ddp.join({net}, print) end,

@@ -123,8 +123,12 @@ function ddp.DDP(module, opts)
   end
   for _, k in ipairs{"bucket_cap_mb", "first_bucket_mb"} do
     if opts[k] ~= nil and (type(opts[k]) ~= "number" or not (opts[k] > 0 and opts[k] < math.huge)) then
-      require("crun.opts").fail("EINVAL: DDP: %s must be a positive number, got %s", k, tostring(opts[k]))
+      require("crun.opts").fail("EINVAL: DDP: %s must be a positive number, got %s%s", k,
+        type(opts[k]) == "number" and "" or type(opts[k]) .. " ", tostring(opts[k]))
     end
+  end
+  for _, k in ipairs{"broadcast_buffers", "gradient_as_bucket_view", "overlap"} do
+    if opts[k] ~= nil then require("crun.opts").bool("DDP", k, opts[k]) end
   end
   if opts.group ~= nil and d.get_rank(opts.group) < 0 then
     require("crun.opts").fail("EINVAL: DDP: this rank is not a member of the group")
