@@ -177,6 +177,9 @@ describe("DDP equivalence", function()
         "EINVAL: DDP: overlap must be true or false, got false")
       assert.has_error(function() ddp.DDP(net, {bucket_cap_mb = "25"}) end,
         "EINVAL: DDP: bucket_cap_mb must be a positive number, got string 25")
+      -- torch's `with ddp.no_sync():` is a function argument here
+      assert.has_error(function() seq:no_sync() end, "EINVAL: DDP:no_sync: a function is expected (crun's form of "
+        .. "torch's `with ddp.no_sync():` is ddp:no_sync(function() ... end)), got nil")
       assert.has_error(function() ddp.DDP(net, {first_bucket_mb = -1}) end,
         "EINVAL: DDP: first_bucket_mb must be a positive number, got -1")
       assert.has_error(function() ddp.join({m}, print, {throw = true}) end,

@@ -394,6 +394,10 @@ end
 --- Runs fn() with gradient synchronisation off (gradient accumulation);
 -- returns fn's results.
 function DDP:no_sync(fn)
+  if type(fn) ~= "function" then
+    require("crun.opts").fail("EINVAL: DDP:no_sync: a function is expected (crun's form of torch's `with "
+      .. "ddp.no_sync():` is ddp:no_sync(function() ... end)), got %s", type(fn))
+  end
   local prev = self.require_sync
   self.require_sync = false
   local res = table.pack(pcall(fn))
