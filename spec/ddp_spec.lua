@@ -262,4 +262,15 @@ describe("DDP buffers (broadcast_buffers)", function()
       end
     end
   end)
+
+  it("reads no_sync at forward, as torch: a forward inside it is not synchronised, one outside it is", function()
+    if not util.have_launcher() then pending("crun-lua not built") return end
+    for r = 0, 2 do
+      local ns = load(r).no_sync
+      assert.is_true(ns.forward_inside.own < 1e-12, "rank " .. r .. ": forward inside no_sync was synchronised")
+      assert.is_true(ns.backward_inside.avg < 1e-12, "rank " .. r .. ": forward outside no_sync was not synchronised")
+      assert.is_true(ns.forward_inside.avg > 1e-3 and ns.backward_inside.own > 1e-3, "rank " .. r)
+    end
+    os.execute("rm -rf " .. rec.dir)
+  end)
 end)

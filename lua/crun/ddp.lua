@@ -21,7 +21,8 @@
 -- the gradients (gradient_as_bucket_view=true makes the gradients views of
 -- the buckets instead: no copies). ddp:no_sync(fn) runs fn with gradient
 -- synchronisation off (gradients accumulate locally; the next synced
--- backward all-reduces the accumulated sum).
+-- backward all-reduces the accumulated sum; as torch, what counts is where
+-- the forward ran).
 --
 -- Join (uneven inputs): crun.join({ddp}, fn) runs fn (the rank's own loop).
 -- While some rank still trains, each training forward all-reduces a small
@@ -258,7 +259,7 @@ end
 -- the last, every gradient of `list` is final. (One the pass never reaches
 -- as often is marked ready by the reducer's finalize, with unused ones.)
 function DDP:_leaf_ready(leaf, list, need)
-  if not self.require_sync or not self.in_backward or (self.world == 1 and not self.comm_hook) then return end
+  if not self.in_sync or not self.in_backward or (self.world == 1 and not self.comm_hook) then return end
   if need > 1 then
     local n = (self.leaf_seen[leaf] or 0) + 1
     self.leaf_seen[leaf] = n
@@ -357,6 +358,7 @@ end
 -- already finished that this rank still trains.
 function DDP:forward(x)
   self:_check_open("forward")
+  self.pass_sync = self.require_sync -- torch reads no_sync at forward
   if self.join_enabled and self.join_lead and self.module.training then self:_notify_join() end
   if self.broadcast_buffers then self:_sync_buffers(self.join_enabled and self.join_ctx.src or 0) end
   self.output = self.module:forward(x)
@@ -369,17 +371,21 @@ function DDP:backward(x, gy)
   self:_check_open("backward")
   local core = require "crun.core"
   local t0 = core.clock()
-  self.in_backward, self.leaf_seen = true, {}
+  -- synchronised when the forward ran outside no_sync (as torch); a
+  -- backward without a DDP forward reads the flag now
+  local sync = self.pass_sync
+  if sync == nil then sync = self.require_sync end
+  self.in_backward, self.in_sync, self.leaf_seen = true, sync, {}
   local ok, err = pcall(self.module.backward, self.module, x, gy)
   self.in_backward = false
   if not ok then
-    if self.require_sync and (self.world > 1 or self.comm_hook) then
+    if sync and (self.world > 1 or self.comm_hook) then
       self.reducer:reset()
       self.hook_futures = {}
     end
     error(err, 0)
   end
-  if self.require_sync then
+  if sync then
     if self.join_enabled then self.join_iters = self.join_iters + 1 end
     -- one rank: the average is the gradient itself, nothing to communicate
     -- (a hook still runs: it may compress)
@@ -392,7 +398,10 @@ function DDP:backward(x, gy)
 end
 
 --- Runs fn() with gradient synchronisation off (gradient accumulation);
--- returns fn's results.
+-- returns fn's results. As torch's no_sync context manager, the flag is read
+-- at forward: the backward of a forward run inside fn does not synchronise,
+-- even when called after fn returned, and that of a forward run outside fn
+-- does, even when called inside it.
 function DDP:no_sync(fn)
   if type(fn) ~= "function" then
     require("crun.opts").fail("EINVAL: DDP:no_sync: a function is expected (crun's form of torch's `with "
@@ -437,7 +446,7 @@ end
 -- the third entry counts joined ranks asking everyone to stop.
 function DDP:_notify_join()
   local t = T().zeros({3}, "float64")
-  t[1], t[2] = 1, self.require_sync and 1 or 0
+  t[1], t[2] = 1, self.pass_sync and 1 or 0
   dist().all_reduce(t, "sum", self.copts)
   if t[3] > 0 then
     error(string.format("EINTR: join on rank %d: %d rank(s) ran out of inputs (throw_on_early_termination)",

@@ -74,6 +74,54 @@ for i, p in ipairs((m:parameters())) do rec.params[i] = p:clone() end
 for i, p in ipairs((ref:parameters())) do rec.ref[i] = p:clone() end
 rec.buffers = {}
 for i, b in ipairs(m:buffers()) do rec.buffers[i] = b:clone() end
+-- (3) no_sync is read at forward time, as torch: a forward inside no_sync
+-- and its backward outside do not synchronise; a forward outside and its
+-- backward inside do. Saved: the error of the gradients against this rank's
+-- own and against the average over the ranks.
+local function grads_of(m)
+  local _, gs = m:parameters()
+  local out = {}
+  for i, gr in ipairs(gs) do out[i] = gr:clone() end
+  return out
+end
+local function lin(seed)
+  nn.set_default_dtype("float64")
+  nn.manual_seed(seed)
+  local mm = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2))
+  nn.set_default_dtype("float32")
+  return mm
+end
+local own, avg = lin(5), lin(5)
+own:zero_grad(); fwd_bwd(own, batch(9, rank))
+avg:zero_grad()
+for r = 0, world - 1 do fwd_bwd(avg, batch(9, r)) end
+local own_g, avg_g = grads_of(own), grads_of(avg)
+for _, p in ipairs(avg_g) do p:div_(world) end
+rec.no_sync = {}
+for _, how in ipairs{"forward_inside", "backward_inside"} do
+  local mm = lin(5)
+  local dd = crun.DDP(mm, {bucket_cap_mb = 0.00005})
+  mm:zero_grad()
+  local x, y = batch(9, rank)
+  local crit = nn.MSECriterion()
+  local o
+  if how == "forward_inside" then
+    dd:no_sync(function() o = dd:forward(x) end)
+    crit:forward(o, y)
+    dd:backward(x, crit:backward(o, y))
+  else
+    o = dd:forward(x)
+    crit:forward(o, y)
+    dd:no_sync(function() dd:backward(x, crit:backward(o, y)) end)
+  end
+  local g, e_own, e_avg = grads_of(mm), 0, 0
+  for i = 1, #g do
+    e_own = math.max(e_own, require("helpers.train_util").max_rel_err(g[i], own_g[i]))
+    e_avg = math.max(e_avg, require("helpers.train_util").max_rel_err(g[i], avg_g[i]))
+  end
+  rec.no_sync[how] = {own = e_own, avg = e_avg}
+  dd:close()
+end
 crun.save(string.format("%s/buffers.r%d.crun", out, rank), rec)
 dist.barrier()
 dist.destroy_process_group()
