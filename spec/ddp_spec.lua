@@ -251,6 +251,11 @@ describe("DDP buffers (broadcast_buffers)", function()
     for r = 1, 2 do assert.are.equal(1 * 2 + 0.25, load(r).wrap_var, "rank " .. r) end
   end)
 
+  it("keeps crun.join in step with two models trained in turn", function()
+    if not util.have_launcher() then pending("crun-lua not built") return end
+    for r = 0, 2 do assert.are.equal("ok", load(r).join_two, "rank " .. r) end
+  end)
+
   it("ends crun.join with the buffers of the rank that trained longest on every rank (as torch)", function()
     if not util.have_launcher() then pending("crun-lua not built") return end
     local last = load(2)

@@ -492,12 +492,13 @@ local function join_finish(joinables, throw)
       error(string.format("EINTR: join on rank %d: this rank ran out of inputs while %d still train "
         .. "(throw_on_early_termination)", lead.rank, math.tointeger(t[1])), 0)
     end
-    -- the forwards' buffer broadcasts first, then the backwards' all_reduces
+    -- each model in list order: its forward's buffer broadcast, then its
+    -- backward's all_reduces (torch's join hooks, in the joinables' order)
     local src = lead:_buffer_source(t[1], -1)
     for _, j in ipairs(joinables) do
       if j.broadcast_buffers then j:_sync_buffers(src) end
+      j:_shadow(t[2])
     end
-    for _, j in ipairs(joinables) do j:_shadow(t[2]) end
   end
   local key = T().zeros({1}, "float64")
   key[1] = lead.join_iters * lead.world + lead.rank
@@ -512,8 +513,11 @@ end
 --- join(joinables, fn, {throw_on_early_termination=false}): runs fn() on
 -- this rank, then shadows the collectives of ranks that still train until
 -- every rank is done; finally broadcasts the parameters of the rank with the
--- most iterations (and, with broadcast_buffers, its buffers). Returns fn's results. With throw_on_early_termination,
--- every rank instead raises EINTR as soon as one rank runs out of inputs.
+-- most iterations (and, with broadcast_buffers, its buffers). Returns fn's
+-- results. With several models, each iteration must run each model's forward
+-- and backward in list order (as torch's Join). With
+-- throw_on_early_termination, every rank instead raises EINTR as soon as one
+-- rank runs out of inputs.
 local JOIN_OPTS = require("crun.opts").spec{"throw_on_early_termination"}
 
 function ddp.join(joinables, fn, opts)

@@ -74,6 +74,21 @@ for i, p in ipairs((m:parameters())) do rec.params[i] = p:clone() end
 for i, p in ipairs((ref:parameters())) do rec.ref[i] = p:clone() end
 rec.buffers = {}
 for i, b in ipairs(m:buffers()) do rec.buffers[i] = b:clone() end
+-- (2b) two models in one join, each trained in turn (torch shadows each
+-- joinable's buffer broadcast and all_reduces in list order)
+do
+  local ma, mb = crun.DDP(net(1 + rank)), crun.DDP(net(7 + rank))
+  rec.join_two = pcall_msg(function()
+    crun.join({ma, mb}, function()
+      for s = 1, 2 + rank do
+        ma:zero_grad(); mb:zero_grad()
+        fwd_bwd(ma, batch(s, rank)); fwd_bwd(mb, batch(s, rank))
+      end
+    end)
+  end)
+  ma:close(); mb:close()
+end
+
 -- (3) no_sync is read at forward time, as torch: a forward inside no_sync
 -- and its backward outside do not synchronise; a forward outside and its
 -- backward inside do. Saved: the error of the gradients against this rank's
