@@ -25,6 +25,30 @@ describe("DDP communication hooks", function()
     r:close()
   end)
 
+  it("state constructors refuse options of the wrong type, naming them", function()
+    local hooks = require "crun.comm_hooks"
+    local function err(f, ...)
+      local ok, e = pcall(f, ...)
+      assert.is_false(ok)
+      return e
+    end
+    local P = hooks.PowerSGDState
+    assert.are.equal("EINVAL: PowerSGDState: start_powerSGD_iter must be an integer >= 0, got x",
+      err(P, nil, {start_powerSGD_iter = "x"}))
+    assert.are.equal("EINVAL: PowerSGDState: use_error_feedback must be true or false, got no",
+      err(P, nil, {use_error_feedback = "no"}))
+    assert.are.equal("EINVAL: PowerSGDState: warm_start must be true or false, got 0", err(P, nil, {warm_start = 0}))
+    assert.are.equal("EINVAL: PowerSGDState: orthogonalization_epsilon must be a number >= 0, got -1",
+      err(P, nil, {orthogonalization_epsilon = -1}))
+    assert.matches("^EINVAL: PowerSGDState: min_compression_rate must be a number >= 0, got %-?nan",
+      err(P, nil, {min_compression_rate = 0 / 0}))
+    assert.are.equal("EINVAL: PowerSGDState: random_seed must be an integer, got 1.5", err(P, nil, {random_seed = 1.5}))
+    assert.are.equal("EINVAL: PostLocalSGDState: post_local_gradient_allreduce must be true or false, got no",
+      err(hooks.PostLocalSGDState, nil, {}, 1, {post_local_gradient_allreduce = "no"}))
+    assert.are.equal("EINVAL: PostLocalSGDState: unknown option 'bogus' (accepted: post_local_gradient_allreduce)",
+      err(hooks.PostLocalSGDState, nil, {}, 1, {bogus = 1}))
+  end)
+
   for world = 1, 4 do
     it(string.format("match the plain average, its rounding or its rank on %d rank(s)", world), function()
       if not have then pending("crun-lua not built") return end

@@ -168,6 +168,20 @@ describe("DDP equivalence", function()
       assert.is_false(okr)
       assert.matches("^EINVAL: reducer: bucket_cap_bytes must be a number of bytes >= 0, got %-?nan", errr)
       assert.has_error(function() ddp.DDP({}) end, "EINVAL: DDP: a crun.nn module is expected, got table")
+      -- a flag that is not a boolean is refused, not read as its default
+      assert.has_error(function() ddp.DDP(net, {gradient_as_bucket_view = "true"}) end,
+        "EINVAL: DDP: gradient_as_bucket_view must be true or false, got true")
+      assert.has_error(function() ddp.DDP(net, {broadcast_buffers = 0}) end,
+        "EINVAL: DDP: broadcast_buffers must be true or false, got 0")
+      assert.has_error(function() ddp.DDP(net, {overlap = "false"}) end,
+        "EINVAL: DDP: overlap must be true or false, got false")
+      assert.has_error(function() ddp.DDP(net, {bucket_cap_mb = "25"}) end,
+        "EINVAL: DDP: bucket_cap_mb must be a positive number, got string 25")
+      -- torch's `with ddp.no_sync():` is a function argument here
+      assert.has_error(function() seq:no_sync() end, "EINVAL: DDP:no_sync: a function is expected (crun's form of "
+        .. "torch's `with ddp.no_sync():` is ddp:no_sync(function() ... end)), got nil")
+      assert.has_error(function() ddp.DDP(net, {first_bucket_mb = -1}) end,
+        "EINVAL: DDP: first_bucket_mb must be a positive number, got -1")
       assert.has_error(function() ddp.join({m}, print, {throw = true}) end,
         "EINVAL: join: unknown option 'throw' (accepted: throw_on_early_termination)")
       assert.has_error(function() ddp.join({net}, print) end,
@@ -197,5 +211,71 @@ describe("examples/uneven_inputs.lua", function()
     assert(ok, out)
     assert.is_truthy(out:match("rank 2 batch 7/7"), out)
     assert.is_truthy(out:match("parameters identical on all 3 ranks: true"), out)
+  end)
+end)
+
+describe("DDP buffers (broadcast_buffers)", function()
+  local rec
+  local function load(r)
+    if not rec then
+      rec = {dir = util.tmpdir()}
+      local ok, out = util.crun(3, "spec/helpers/ddp_buffers_job.lua", rec.dir)
+      assert(ok, "crun-lua -n 3 failed:\n" .. out)
+    end
+    return serialize.load(string.format("%s/buffers.r%d.crun", rec.dir, r))
+  end
+
+  it("broadcasts them from the group's rank 0 when the group leaves out global rank 0", function()
+    if not util.have_launcher() then pending("crun-lua not built") return end
+    for r = 1, 2 do
+      local got = load(r)
+      assert.are.equal("ok", got.sub, "rank " .. r)
+      assert.are.equal(1 * 10 - 3.5, got.sub_mean, "rank " .. r)
+    end
+  end)
+
+  it("keeps crun.join with uneven inputs in step and gives the 1-process parameters", function()
+    if not util.have_launcher() then pending("crun-lua not built") return end
+    for r = 0, 2 do
+      local got = load(r)
+      assert.are.equal("ok", got.join, "rank " .. r)
+      for i = 1, #got.ref do
+        local e = util.max_rel_err(got.params[i], got.ref[i])
+        assert.is_true(e < 1e-10, string.format("rank %d, parameter %d: relative error %g", r, i, e))
+      end
+    end
+  end)
+
+  it("broadcasts them from the group's rank 0 when wrapping (as torch)", function()
+    if not util.have_launcher() then pending("crun-lua not built") return end
+    for r = 1, 2 do assert.are.equal(1 * 2 + 0.25, load(r).wrap_var, "rank " .. r) end
+  end)
+
+  it("keeps crun.join in step with two models trained in turn", function()
+    if not util.have_launcher() then pending("crun-lua not built") return end
+    for r = 0, 2 do assert.are.equal("ok", load(r).join_two, "rank " .. r) end
+  end)
+
+  it("ends crun.join with the buffers of the rank that trained longest on every rank (as torch)", function()
+    if not util.have_launcher() then pending("crun-lua not built") return end
+    local last = load(2)
+    for r = 0, 1 do
+      local got = load(r)
+      assert.are.equal(#last.buffers, #got.buffers)
+      for i = 1, #got.buffers do
+        assert.are.same(util.list(last.buffers[i]), util.list(got.buffers[i]), "rank " .. r .. ", buffer " .. i)
+      end
+    end
+  end)
+
+  it("reads no_sync at forward, as torch: a forward inside it is not synchronised, one outside it is", function()
+    if not util.have_launcher() then pending("crun-lua not built") return end
+    for r = 0, 2 do
+      local ns = load(r).no_sync
+      assert.is_true(ns.forward_inside.own < 1e-12, "rank " .. r .. ": forward inside no_sync was synchronised")
+      assert.is_true(ns.backward_inside.avg < 1e-12, "rank " .. r .. ": forward outside no_sync was not synchronised")
+      assert.is_true(ns.forward_inside.avg > 1e-3 and ns.backward_inside.own > 1e-3, "rank " .. r)
+    end
+    os.execute("rm -rf " .. rec.dir)
   end)
 end)

@@ -109,10 +109,13 @@ function M.PowerSGDState(group, opts)
   if math.type(r) ~= "integer" or r < 1 then
     fail("EINVAL: PowerSGDState: matrix_approximation_rank must be an integer >= 1, got %s", tostring(r))
   end
-  return {process_group = group, rank = r, start_iter = opts.start_powerSGD_iter or 1000,
-    min_rate = opts.min_compression_rate or 2, error_feedback = opts.use_error_feedback ~= false,
-    warm_start = opts.warm_start ~= false, eps = opts.orthogonalization_epsilon or 0,
-    seed = opts.random_seed or 0, iter = 0, errors = {}, ps = {}, qs = {}, draws = 0}
+  local O, fn = require "crun.opts", "PowerSGDState"
+  return {process_group = group, rank = r, start_iter = O.int(fn, "start_powerSGD_iter", opts.start_powerSGD_iter, 0, 1000),
+    min_rate = O.num(fn, "min_compression_rate", opts.min_compression_rate, 0, 2),
+    error_feedback = O.bool(fn, "use_error_feedback", opts.use_error_feedback, true),
+    warm_start = O.bool(fn, "warm_start", opts.warm_start, true),
+    eps = O.num(fn, "orthogonalization_epsilon", opts.orthogonalization_epsilon, 0, 0),
+    seed = O.int(fn, "random_seed", opts.random_seed, nil, 0), iter = 0, errors = {}, ps = {}, qs = {}, draws = 0}
 end
 
 -- torch's rule: compress an n x m matrix only when (n + m) * r * rate < n * m.
@@ -239,6 +242,8 @@ end
 
 -- ---------------------------------------------------------------- local SGD
 
+local POSTLOCAL_OPTS = require("crun.opts").spec{"post_local_gradient_allreduce"}
+
 --- PostLocalSGDState(group, subgroup, start_localSGD_iter, {post_local_gradient_allreduce=true}):
 -- before start_localSGD_iter the hook averages over `group` (nil: the
 -- world); after it only over `subgroup` (or not at all). subgroup nil:
@@ -248,10 +253,11 @@ function M.PostLocalSGDState(group, subgroup, start_iter, opts)
   if math.type(start_iter) ~= "integer" or start_iter < 0 then
     fail("EINVAL: PostLocalSGDState: start_localSGD_iter must be an integer >= 0, got %s", tostring(start_iter))
   end
-  opts = opts or {}
+  opts = require("crun.opts").check(POSTLOCAL_OPTS, "PostLocalSGDState", opts)
+  local post = require("crun.opts").bool("PostLocalSGDState", "post_local_gradient_allreduce",
+    opts.post_local_gradient_allreduce, true)
   if subgroup == nil then subgroup = dist().new_subgroups() end
-  return {process_group = group, subgroup = subgroup, start_iter = start_iter, iter = 0,
-    post_allreduce = opts.post_local_gradient_allreduce ~= false}
+  return {process_group = group, subgroup = subgroup, start_iter = start_iter, iter = 0, post_allreduce = post}
 end
 
 --- post_localSGD_hook(state, bucket): global all_reduce until

@@ -5,7 +5,8 @@
 --   model:backward(x, crit:backward(out, y))   -- all-reduces (averages) grads
 --   opt:step()
 --
--- At wrap time every parameter is broadcast from rank 0. Parameters are
+-- At wrap time every parameter (and with broadcast_buffers every buffer) is
+-- broadcast from rank 0. Parameters are
 -- grouped into buckets in REVERSE registration order (the order backward
 -- produces their gradients): the first bucket holds at most first_bucket_mb,
 -- the others bucket_cap_mb, and a bucket never mixes dtypes. During backward,
@@ -20,15 +21,19 @@
 -- the gradients (gradient_as_bucket_view=true makes the gradients views of
 -- the buckets instead: no copies). ddp:no_sync(fn) runs fn with gradient
 -- synchronisation off (gradients accumulate locally; the next synced
--- backward all-reduces the accumulated sum).
+-- backward all-reduces the accumulated sum; as torch, what counts is where
+-- the forward ran).
 --
 -- Join (uneven inputs): crun.join({ddp}, fn) runs fn (the rank's own loop).
 -- While some rank still trains, each training forward all-reduces a small
--- "still active" tensor; ranks that finished shadow that all-reduce and the
+-- "still active" tensor; ranks that finished shadow that all-reduce, the
+-- forwards' buffer broadcasts (broadcast_buffers: from the highest rank still
+-- training once some rank finished, torch's authoritative rank) and the
 -- gradient all-reduces with zeros, so nobody hangs. Gradients are still
 -- divided by the full world size (torch's divide_by_initial_world_size).
--- At the end, the parameters of the rank that trained the most iterations
--- (the highest such rank on ties) are broadcast to every rank.
+-- At the end, the parameters (and with broadcast_buffers the buffers) of the
+-- rank that trained the most iterations (the highest such rank on ties) are
+-- broadcast to every rank.
 local ddp = {}
 
 -- crun.tensor (falls back to the raw bindings while tensor.lua is absent).
@@ -119,8 +124,12 @@ function ddp.DDP(module, opts)
   end
   for _, k in ipairs{"bucket_cap_mb", "first_bucket_mb"} do
     if opts[k] ~= nil and (type(opts[k]) ~= "number" or not (opts[k] > 0 and opts[k] < math.huge)) then
-      require("crun.opts").fail("EINVAL: DDP: %s must be a positive number, got %s", k, tostring(opts[k]))
+      require("crun.opts").fail("EINVAL: DDP: %s must be a positive number, got %s%s", k,
+        type(opts[k]) == "number" and "" or type(opts[k]) .. " ", tostring(opts[k]))
     end
+  end
+  for _, k in ipairs{"broadcast_buffers", "gradient_as_bucket_view", "overlap"} do
+    if opts[k] ~= nil then require("crun.opts").bool("DDP", k, opts[k]) end
   end
   if opts.group ~= nil and d.get_rank(opts.group) < 0 then
     require("crun.opts").fail("EINVAL: DDP: this rank is not a member of the group")
@@ -139,6 +148,7 @@ function ddp.DDP(module, opts)
   self:_index_params()
   self:_verify_params()
   self:_sync_params(0)
+  if self.broadcast_buffers then self:_sync_buffers(0) end
   local mb = 1024 * 1024
   -- the group's handle (absent when crun.dist is a stand-in: layout only)
   local pg = self.group or (d.group and d.group()) or nil
@@ -209,6 +219,16 @@ function DDP:_sync_params(src)
   end
 end
 
+-- Broadcasts the module's buffers (BatchNorm's running statistics) from
+-- group rank `src` (broadcast takes a global rank).
+function DDP:_sync_buffers(src)
+  local bufs = self.module.buffers and self.module:buffers() or {}
+  if #bufs == 0 then return end
+  local d = dist()
+  if self.group then src = d.get_global_rank(self.group, src) end
+  for _, buf in ipairs(bufs) do d.broadcast(buf, src, self.copts) end
+end
+
 -- gradient_as_bucket_view: the module's gradients become the views of the
 -- buckets the reducer made (holding their values).
 function DDP:_make_grad_views()
@@ -239,7 +259,7 @@ end
 -- the last, every gradient of `list` is final. (One the pass never reaches
 -- as often is marked ready by the reducer's finalize, with unused ones.)
 function DDP:_leaf_ready(leaf, list, need)
-  if not self.require_sync or not self.in_backward or (self.world == 1 and not self.comm_hook) then return end
+  if not self.in_sync or not self.in_backward or (self.world == 1 and not self.comm_hook) then return end
   if need > 1 then
     local n = (self.leaf_seen[leaf] or 0) + 1
     self.leaf_seen[leaf] = n
@@ -338,10 +358,9 @@ end
 -- already finished that this rank still trains.
 function DDP:forward(x)
   self:_check_open("forward")
+  self.pass_sync = self.require_sync -- torch reads no_sync at forward
   if self.join_enabled and self.join_lead and self.module.training then self:_notify_join() end
-  if self.broadcast_buffers and self.module.buffers then
-    for _, buf in ipairs(self.module:buffers()) do dist().broadcast(buf, 0, self.copts) end
-  end
+  if self.broadcast_buffers then self:_sync_buffers(self.join_enabled and self.join_ctx.src or 0) end
   self.output = self.module:forward(x)
   return self.output
 end
@@ -352,17 +371,21 @@ function DDP:backward(x, gy)
   self:_check_open("backward")
   local core = require "crun.core"
   local t0 = core.clock()
-  self.in_backward, self.leaf_seen = true, {}
+  -- synchronised when the forward ran outside no_sync (as torch); a
+  -- backward without a DDP forward reads the flag now
+  local sync = self.pass_sync
+  if sync == nil then sync = self.require_sync end
+  self.in_backward, self.in_sync, self.leaf_seen = true, sync, {}
   local ok, err = pcall(self.module.backward, self.module, x, gy)
   self.in_backward = false
   if not ok then
-    if self.require_sync and (self.world > 1 or self.comm_hook) then
+    if sync and (self.world > 1 or self.comm_hook) then
       self.reducer:reset()
       self.hook_futures = {}
     end
     error(err, 0)
   end
-  if self.require_sync then
+  if sync then
     if self.join_enabled then self.join_iters = self.join_iters + 1 end
     -- one rank: the average is the gradient itself, nothing to communicate
     -- (a hook still runs: it may compress)
@@ -375,8 +398,15 @@ function DDP:backward(x, gy)
 end
 
 --- Runs fn() with gradient synchronisation off (gradient accumulation);
--- returns fn's results.
+-- returns fn's results. As torch's no_sync context manager, the flag is read
+-- at forward: the backward of a forward run inside fn does not synchronise,
+-- even when called after fn returned, and that of a forward run outside fn
+-- does, even when called inside it.
 function DDP:no_sync(fn)
+  if type(fn) ~= "function" then
+    require("crun.opts").fail("EINVAL: DDP:no_sync: a function is expected (crun's form of torch's `with "
+      .. "ddp.no_sync():` is ddp:no_sync(function() ... end)), got %s", type(fn))
+  end
   local prev = self.require_sync
   self.require_sync = false
   local res = table.pack(pcall(fn))
@@ -416,12 +446,25 @@ end
 -- the third entry counts joined ranks asking everyone to stop.
 function DDP:_notify_join()
   local t = T().zeros({3}, "float64")
-  t[1], t[2] = 1, self.require_sync and 1 or 0
+  t[1], t[2] = 1, self.pass_sync and 1 or 0
   dist().all_reduce(t, "sum", self.copts)
   if t[3] > 0 then
     error(string.format("EINTR: join on rank %d: %d rank(s) ran out of inputs (throw_on_early_termination)",
       self.rank, math.tointeger(t[3])), 0)
   end
+  self.join_ctx.src = self:_buffer_source(t[1], self.rank)
+end
+
+-- Under join, the group rank whose buffers this iteration's forwards
+-- broadcast: 0 while every rank trains, else the highest rank still
+-- training (torch's authoritative rank; one all_reduce max, in which a
+-- joined rank offers -1). `active`: the number of ranks still training.
+function DDP:_buffer_source(active, offer)
+  if active >= self.world or not self.join_ctx.buffers then return 0 end
+  local t = T().zeros({1}, "float64")
+  t[1] = offer
+  dist().all_reduce(t, "max", self.copts)
+  return math.tointeger(t[1])
 end
 
 -- Joined rank: mirrors one iteration of the ranks still training.
@@ -449,20 +492,32 @@ local function join_finish(joinables, throw)
       error(string.format("EINTR: join on rank %d: this rank ran out of inputs while %d still train "
         .. "(throw_on_early_termination)", lead.rank, math.tointeger(t[1])), 0)
     end
-    for _, j in ipairs(joinables) do j:_shadow(t[2]) end
+    -- each model in list order: its forward's buffer broadcast, then its
+    -- backward's all_reduces (torch's join hooks, in the joinables' order)
+    local src = lead:_buffer_source(t[1], -1)
+    for _, j in ipairs(joinables) do
+      if j.broadcast_buffers then j:_sync_buffers(src) end
+      j:_shadow(t[2])
+    end
   end
   local key = T().zeros({1}, "float64")
   key[1] = lead.join_iters * lead.world + lead.rank
   d.all_reduce(key, "max", lead.copts)
   local src = math.tointeger(key[1] % lead.world)
-  for _, j in ipairs(joinables) do j:_sync_params(src) end
+  for _, j in ipairs(joinables) do
+    j:_sync_params(src)
+    if j.broadcast_buffers then j:_sync_buffers(src) end
+  end
 end
 
 --- join(joinables, fn, {throw_on_early_termination=false}): runs fn() on
 -- this rank, then shadows the collectives of ranks that still train until
 -- every rank is done; finally broadcasts the parameters of the rank with the
--- most iterations. Returns fn's results. With throw_on_early_termination,
--- every rank instead raises EINTR as soon as one rank runs out of inputs.
+-- most iterations (and, with broadcast_buffers, its buffers). Returns fn's
+-- results. With several models, each iteration must run each model's forward
+-- and backward in list order (as torch's Join). With
+-- throw_on_early_termination, every rank instead raises EINTR as soon as one
+-- rank runs out of inputs.
 local JOIN_OPTS = require("crun.opts").spec{"throw_on_early_termination"}
 
 function ddp.join(joinables, fn, opts)
@@ -471,12 +526,14 @@ function ddp.join(joinables, fn, opts)
       type(joinables), type(fn))
   end
   opts = require("crun.opts").check(JOIN_OPTS, "join", opts)
+  local ctx = {src = 0, buffers = false} -- shared by the joinables: where this iteration's buffers come from
   for k, j in ipairs(joinables) do
     if getmetatable(j) ~= DDP then
       require("crun.opts").fail("EINVAL: join: entry %d of the list is a %s, a DDP model is expected", k, type(j))
     end
     -- only the first model announces "still training", once per iteration
-    j.join_enabled, j.join_iters, j.join_lead = true, 0, k == 1
+    j.join_enabled, j.join_iters, j.join_lead, j.join_ctx = true, 0, k == 1, ctx
+    ctx.buffers = ctx.buffers or (j.broadcast_buffers and #(j.module.buffers and j.module:buffers() or {}) > 0)
   end
   local res = table.pack(pcall(fn))
   local ok, err = res[1], res[2]
