@@ -69,14 +69,6 @@ function M.wait_for(f, timeout)
   end
 end
 
-local function crun_lua()
-  return M.q(assert(M.CRUN_LUA, "CRUN_LUA must point at the built crun-lua"))
-end
-
---- Runs `crun-lua <args>` (args already quoted for sh) from the source dir,
--- killed after opts.timeout seconds (default 60); opts.env is an env prefix
--- ("A=1 B=2"), opts.input text for its stdin (else it inherits ours).
--- Returns {code=, out=, err=, seconds=}.
 --- This process's effective user id (as a string).
 function M.uid()
   local p = io.popen("id -u")
@@ -85,6 +77,14 @@ function M.uid()
   return u
 end
 
+local function crun_lua()
+  return M.q(assert(M.CRUN_LUA, "CRUN_LUA must point at the built crun-lua"))
+end
+
+--- Runs `crun-lua <args>` (args already quoted for sh) from the source dir,
+-- killed after opts.timeout seconds (default 60); opts.env is an env prefix
+-- ("A=1 B=2"), opts.input text for its stdin (else it inherits ours).
+-- Returns {code=, out=, err=, seconds=}.
 function M.run(args, opts)
   opts = opts or {}
   local dir = M.tmpdir("run")
