@@ -247,8 +247,10 @@ describe("dist.stats", function()
       seen = seen + 1
       ar, bc, wall = tonumber(ar), tonumber(bc), tonumber(wall)
       assert.are.equal("20000 4000", n_ar .. " " .. n_bc)
-      -- each op's time runs from its post to its end: a good part of the loop, never more than all of it
-      assert.is_true(ar > 0.1 * wall and bc > 0.01 * wall and ar + bc < 1.2 * wall,
+      -- each op's time runs from its post to its end: a good part of the loop for
+      -- all_reduce, never more than all of it (a broadcast's root waits for no
+      -- one: its share may be tiny)
+      assert.is_true(ar > 0.1 * wall and bc > 0 and ar + bc < 1.2 * wall,
         string.format("all_reduce %.6f s, broadcast %.6f s, loop %.6f s", ar, bc, wall))
     end
     assert.are.equal(2, seen, r.out)
