@@ -240,26 +240,52 @@ function DDP:_make_grad_views()
   end
 end
 
--- A leaf used twice (weight tying, Sequential(l, act, l)) runs its backward
--- twice per backward pass and accumulates: its gradients are final only after
--- the last (Module:leaves counts the uses).
+-- A leaf used twice (weight tying, Sequential(l, act, l)), or called k times
+-- by a container of the user's (an unrolled cell), runs its backward as many
+-- times per backward pass and accumulates: its gradients are final only after
+-- the last. DDP:forward counts each leaf's calls of the pass (fwd_calls); a
+-- backward without a DDP forward uses how often the leaf appears in the
+-- module tree (Module:leaves counts the uses).
 function DDP:_install_hooks()
-  self.hooks, self.leaf_seen = {}, {}
+  self.hooks, self.leaf_seen, self.param_leaves = {}, {}, {}
   local uses = {}
   self.module:leaves(nil, uses)
   for leaf, list in pairs(self.leaf_params) do
     if #list > 0 then
       local need = uses[leaf] or 1
+      self.param_leaves[#self.param_leaves + 1] = leaf
       self.hooks[#self.hooks + 1] = leaf:add_grad_hook(function() self:_leaf_ready(leaf, list, need) end)
     end
   end
 end
 
--- Hook: `leaf` finished one of its `need` backward calls of this pass; after
--- the last, every gradient of `list` is final. (One the pass never reaches
--- as often is marked ready by the reducer's finalize, with unused ones.)
+-- Runs the wrapped module's forward with each leaf that has parameters
+-- counting its calls (a forward of its own, on the instance, for the call
+-- only); returns the output and the counts.
+function DDP:_counted_forward(x)
+  local calls, saved = {}, {}
+  for i, leaf in ipairs(self.param_leaves) do
+    local own = rawget(leaf, "forward")
+    local f = own or leaf.forward
+    saved[i] = own or false
+    rawset(leaf, "forward", function(m, ...)
+      calls[m] = (calls[m] or 0) + 1
+      return f(m, ...)
+    end)
+  end
+  local ok, out = pcall(self.module.forward, self.module, x)
+  for i, leaf in ipairs(self.param_leaves) do rawset(leaf, "forward", saved[i] or nil) end
+  if not ok then error(out, 0) end
+  return out, calls
+end
+
+-- Hook: `leaf` finished one of its backward calls of this pass (as many as
+-- its forward calls, else `need`); after the last, every gradient of `list`
+-- is final. (One the pass never reaches as often is marked ready by the
+-- reducer's finalize, with unused ones.)
 function DDP:_leaf_ready(leaf, list, need)
   if not self.in_sync or not self.in_backward or (self.world == 1 and not self.comm_hook) then return end
+  need = self.fwd_calls and self.fwd_calls[leaf] or need
   if need > 1 then
     local n = (self.leaf_seen[leaf] or 0) + 1
     self.leaf_seen[leaf] = n
@@ -361,7 +387,7 @@ function DDP:forward(x)
   self.pass_sync = self.require_sync -- torch reads no_sync at forward
   if self.join_enabled and self.join_lead and self.module.training then self:_notify_join() end
   if self.broadcast_buffers then self:_sync_buffers(self.join_enabled and self.join_ctx.src or 0) end
-  self.output = self.module:forward(x)
+  self.output, self.fwd_calls = self:_counted_forward(x)
   return self.output
 end
 

@@ -14,12 +14,46 @@ cases.ROWS = 4 -- rows per rank per step (per micro-batch)
 --- The model: same architecture everywhere; init seed given by the caller.
 --- tied: one Linear(7, 7) used twice (weight tying): its gradient sums both
 -- uses before DDP may reduce it.
+--- tied = "unroll": a container of the spec's own that calls one Linear(7, 7)
+-- three times per forward (an unrolled cell, as an RNN's), each call followed
+-- by its own Tanh: the cell runs its backward three times per pass, which the
+-- module tree (one appearance) does not tell.
+local Unroll
+local function unroll_class(nn)
+  if Unroll then return Unroll end
+  Unroll = nn.class("UnrollSpec", getmetatable(nn.Sequential()))
+  function Unroll:forward(x)
+    self._x, self._pre = {}, {}
+    for i = 1, 3 do
+      self._x[i] = x
+      self._pre[i] = self.cell:forward(x):clone() -- the cell's output buffer is reused by its next call
+      x = self.acts[i]:forward(self._pre[i])
+    end
+    self.output = self.head:forward(x)
+    self._last = x
+    return self.output
+  end
+  function Unroll:backward(_, gy)
+    gy = self.head:backward(self._last, gy)
+    for i = 3, 1, -1 do gy = self.cell:backward(self._x[i], self.acts[i]:backward(self._pre[i], gy)) end
+    self.gradInput = gy
+    return gy
+  end
+  return Unroll
+end
+
 function cases.model(dtype, seed, tied)
   local nn = require "crun.nn"
   nn.set_default_dtype(dtype)
   nn.manual_seed(seed)
   local m
-  if tied then
+  if tied == "unroll" then
+    local inp, cell, head = nn.Linear(5, 7), nn.Linear(7, 7), nn.Linear(7, 3)
+    local u = setmetatable({}, unroll_class(nn)):_init()
+    u.cell, u.head, u.acts = cell, head, {nn.Tanh(), nn.Tanh(), nn.Tanh()}
+    u.modules = {cell, u.acts[1], u.acts[2], u.acts[3], head}
+    m = nn.Sequential(inp, nn.Tanh(), u)
+  elseif tied then
     local mid = nn.Linear(7, 7)
     m = nn.Sequential(nn.Linear(5, 7), nn.Tanh(), mid, nn.Tanh(), mid, nn.ReLU(), nn.Linear(7, 3))
   else
@@ -94,6 +128,8 @@ cases.LIST = {
   {name = "f64_join_dec", dtype = "float64", kind = "join", pattern = "dec", opt = "sgd",
     ddp = {bucket_cap_mb = 0.0002}},
   {name = "f64_tied", dtype = "float64", kind = "plain", opt = "momentum", tied = true,
+    ddp = {bucket_cap_mb = 0.0002, first_bucket_mb = 0.0001}},
+  {name = "f64_unrolled", dtype = "float64", kind = "plain", opt = "momentum", tied = "unroll",
     ddp = {bucket_cap_mb = 0.0002, first_bucket_mb = 0.0001}},
 }
 
