@@ -2,6 +2,7 @@
 -- the collective matrix of the cpu backend's spec (spec/helpers/dist_cases.lua,
 -- run unchanged: backend "auto" picks mpi under mpirun) at 1-4 and 8 ranks, the
 -- failure scenarios of spec/helpers/dist_errors.lua, and the start-up rules.
+local C = require "helpers.common"
 local mpi = require "helpers.mpi_run"
 local run = require "helpers.dist_run"
 local matrix = require "helpers.dist_matrix"
@@ -36,8 +37,7 @@ describe("the mpi backend", function()
 
   it("is what backend auto picks under mpirun, and needs no store or MASTER_PORT", function()
     local dir = run.tmpdir()
-    local f = assert(io.open(dir .. "/job.lua", "w"))
-    f:write([[
+    C.write(dir .. "/job.lua", [[
       local dist = require("crun").dist
       dist.init_process_group{}
       local f = assert(io.open(arg[1] .. "/rank" .. dist.get_rank() .. ".txt", "w"))
@@ -45,7 +45,6 @@ describe("the mpi backend", function()
       f:close()
       dist.destroy_process_group()
     ]])
-    f:close()
     local code, out = mpi.run(3, dir .. "/job.lua", dir, {env = {MASTER_PORT = "1"}})
     assert.are.equal(0, code, out)
     for r = 0, 2 do assert.are.equal("mpi " .. r .. " 3", run.text(dir, r), out) end
@@ -56,8 +55,7 @@ describe("the mpi backend", function()
     -- rank 0 sends {1, 1} and receives {1, 1}: equal blocks; rank 1 sends {1, 0}.
     -- Choosing MPI_Alltoall from the local counts alone hung here.
     local dir = run.tmpdir()
-    local f = assert(io.open(dir .. "/job.lua", "w"))
-    f:write([[
+    C.write(dir .. "/job.lua", [[
       local crun = require "crun"
       local dist, T = crun.dist, crun.tensor
       dist.init_process_group{timeout = 20}
@@ -79,7 +77,6 @@ describe("the mpi backend", function()
       o:close()
       dist.destroy_process_group()
     ]])
-    f:close()
     for _, n in ipairs({2, 3}) do
       local code, out = mpi.run(n, dir .. "/job.lua", dir, {limit = 60})
       assert.are.equal(0, code, out)
@@ -93,8 +90,7 @@ describe("the mpi backend", function()
     -- timeout: every rank arrived "close to" its peers' deadlines and waited
     -- until 0.5 s past them, so each all_reduce took 0.8 s with timeout=0.3
     local dir = run.tmpdir()
-    local f = assert(io.open(dir .. "/job.lua", "w"))
-    f:write([[
+    C.write(dir .. "/job.lua", [[
       local crun = require "crun"
       local dist, T = crun.dist, crun.tensor
       dist.init_process_group{timeout = 0.3}
@@ -107,7 +103,6 @@ describe("the mpi backend", function()
       o:close()
       dist.destroy_process_group()
     ]])
-    f:close()
     local code, out = mpi.run(2, dir .. "/job.lua", dir, {limit = 60})
     assert.are.equal(0, code, out)
     for r = 0, 1 do
@@ -124,8 +119,7 @@ describe("the mpi backend", function()
     -- long past, so every rank failed 'arrived 9225167819247.4 s after rank
     -- 1's deadline' and the group was unusable
     local dir = run.tmpdir()
-    local f = assert(io.open(dir .. "/job.lua", "w"))
-    f:write([[
+    C.write(dir .. "/job.lua", [[
       local crun = require "crun"
       local dist, T = crun.dist, crun.tensor
       dist.init_process_group{timeout = 30}
@@ -138,7 +132,6 @@ describe("the mpi backend", function()
       o:close()
       dist.destroy_process_group()
     ]])
-    f:close()
     local code, out = mpi.run(3, dir .. "/job.lua", dir, {limit = 60})
     assert.are.equal(0, code, out)
     for r = 0, 2 do assert.are.equal("6,6,6", run.text(dir, r), out) end
@@ -183,8 +176,7 @@ describe("the mpi backend", function()
   it("fails a recv from a rank that destroyed the group promptly, after delivering what it sent", function()
     -- before, the second recv waited its whole 30 s timeout ('no data from rank 0')
     local dir = run.tmpdir()
-    local f = assert(io.open(dir .. "/job.lua", "w"))
-    f:write([[
+    C.write(dir .. "/job.lua", [[
       local crun = require "crun"
       local dist, T = crun.dist, crun.tensor
       dist.init_process_group{timeout = 30}
@@ -209,7 +201,6 @@ describe("the mpi backend", function()
       o:close()
       os.exit(0)
     ]])
-    f:close()
     local _, out = mpi.run(2, dir .. "/job.lua", dir, {limit = 60})
     assert.are.equal("ok", run.text(dir, 0), out)
     local t = run.text(dir, 1)
@@ -235,12 +226,10 @@ describe("the mpi backend", function()
 
   it("refuses world_size > 1 when the processes were not started by mpirun", function()
     local dir = run.tmpdir()
-    local f = assert(io.open(dir .. "/job.lua", "w"))
-    f:write([[
+    C.write(dir .. "/job.lua", [[
       local ok, err = pcall(require("crun").dist.init_process_group, {backend = "mpi"})
       io.open(arg[1] .. "/rank" .. os.getenv("RANK") .. ".txt", "w"):write(tostring(err))
     ]])
-    f:close()
     local cmd = string.format("timeout -s KILL 60 %s -n 2 --master-port 0 %s %s 2>&1", os.getenv("CRUN_LUA"),
                               dir .. "/job.lua", dir)
     local p = io.popen(cmd)
