@@ -339,8 +339,9 @@ void crun__obs_end(crun_pg_t *pg, crun_work_t *w, int rc, int same_thread) {
   uint64_t wait = same_thread && w->obs.t_start ? crun__obs_wait_ns - w->obs.wait0 : 0;
   int known = c->kind >= 0 && c->kind < CRUN__COLL_COUNT, oneshot = crun__obs_oneshot;
   crun__obs_oneshot = 0;
+  uint64_t bytes = op_bytes(c);
   uint64_t t1 = known && oneshot && same_thread && w->obs.t_start && rc >= 0 && !(crun__obs_on & CRUN__OBS_TIMELINE)
-                    ? end_ticks(&pg->obs_stats[c->kind], w->obs.t_start, wait, op_bytes(c))
+                    ? end_ticks(&pg->obs_stats[c->kind], w->obs.t_start, wait, bytes)
                     : ticks();
   uint64_t t0 = w->obs.t_start ? w->obs.t_start : t1;
   const char *algo = same_thread ? crun__obs_algo : (pg->be ? pg->be->name : "?");
@@ -353,7 +354,7 @@ void crun__obs_end(crun_pg_t *pg, crun_work_t *w, int rc, int same_thread) {
   if (known) {
     crun__obs_stat_t *s = &pg->obs_stats[c->kind];
     int p2p = c->kind == CRUN__COLL_SEND || c->kind == CRUN__COLL_RECV;
-    stat_add(&s->ops, 1, p2p), stat_add(&s->bytes, op_bytes(c), p2p), stat_add(&s->time_ns, t1 - t0, p2p),
+    stat_add(&s->ops, 1, p2p), stat_add(&s->bytes, bytes, p2p), stat_add(&s->time_ns, t1 - t0, p2p),
         stat_add(&s->wait_ns, wait, p2p);
   }
   if (!(crun__obs_on & CRUN__OBS_TIMELINE)) return;
@@ -363,7 +364,7 @@ void crun__obs_end(crun_pg_t *pg, crun_work_t *w, int rc, int same_thread) {
   if (ev)
     *ev = (ev_t){.type = EV_OP, .kind = (int8_t)c->kind, .dt = (int8_t)c->dt, .group = (int16_t)grp,
                  .peer = op_peer(c), .status = rc < 0 ? rc : 0, .seq = c->seq, .count = c->count,
-                 .bytes = op_bytes(c), .t_enq = w->obs.t_enq ? w->obs.t_enq : t0, .t0 = t0, .t1 = t1,
+                 .bytes = bytes, .t_enq = w->obs.t_enq ? w->obs.t_enq : t0, .t0 = t0, .t1 = t1,
                  .wait = wait, .algo = algo ? algo : "?"};
   pthread_mutex_unlock(&g.mu);
 }
