@@ -186,6 +186,21 @@ describe("DDP equivalence", function()
         "EINVAL: join: unknown option 'throw' (accepted: throw_on_early_termination)")
       assert.has_error(function() ddp.join({net}, print) end,
         "EINVAL: join: entry 1 of the list is a table, a DDP model is expected")
+      -- a keyed state dict names the wrapped module's entries "module.<name>", as torch's DDP
+      local sd = seq:state_dict{keyed = true}
+      local keys = {}
+      for k in pairs(sd) do keys[#keys + 1] = k end
+      table.sort(keys)
+      assert.are.equal("module.0.bias module.0.weight module.2.bias module.2.weight", table.concat(keys, " "))
+      local l2w = l2.weight:clone()
+      sd["module.2.weight"] = sd["module.2.weight"] + 1
+      seq:load_state_dict(sd)
+      assert.are.equal(0, (l2.weight - (l2w + 1)):abs():max())
+      assert.has_error(function() seq:load_state_dict({["0.weight"] = l1.weight}) end,
+        'EINVAL: load_state_dict for Sequential: missing key(s) in state_dict: "module.0.weight", "module.0.bias", '
+        .. '"module.2.weight", "module.2.bias"; unexpected key(s) in state_dict: "0.weight" (strict = false loads '
+        .. 'the keys that match)')
+      assert.are.equal(4, #seq:state_dict())
       -- a closed DDP raises
       local okc, errc = pcall(m.forward, m, x)
       assert.is_false(okc)

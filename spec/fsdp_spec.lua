@@ -201,6 +201,11 @@ describe("FSDP", function()
           .. "(rank %d)", r), rec.bad_shape, where)
         assert.are.equal(string.format("EINVAL: FSDP:load_state_dict: expected 9 tensors (6 parameters, 3 buffers) "
           .. "or the 6 parameters, got 8 (rank %d)", r), rec.bad_count, where)
+        assert.are.equal(string.format("EINVAL: FSDP:load_state_dict: a state dict keyed by names (key \"0.weight\") "
+          .. "is not supported yet: FSDP loads the list form (state_dict() without keyed) (rank %d)", r),
+          rec.keyed_load, where)
+        assert.are.equal(string.format("EINVAL: FSDP:state_dict: options are not supported (a keyed state dict is "
+          .. "Module:state_dict's, not yet FSDP's: FSDP gives the list form) (rank %d)", r), rec.keyed_sd, where)
         if r == 0 then
           assert.is_true(type(rec.load_err) == "number" and rec.load_err <= 1e-12, tostring(rec.load_err))
           assert.is_true(type(rec.unchanged_err) == "number" and rec.unchanged_err <= 1e-12,

@@ -460,3 +460,85 @@ describe("nn errors under a launcher", function()
     assert.is_truthy(out:match("^EINVAL: Linear forward: .* %(rank 3%)$"), out)
   end)
 end)
+
+-- Names as torch gives them (named_parameters, named_buffers, a keyed
+-- state_dict) and load_state_dict of a keyed state dict (strict and not).
+describe("nn names and keyed state dicts", function()
+  -- a Sequential(Linear, BatchNorm1d, ReLU, Linear): the expected names are
+  -- written out by hand from torch's naming (children by 0-based position)
+  local function model(seed)
+    nn.manual_seed(seed)
+    return nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.ReLU(), nn.Linear(4, 2, {bias = false}))
+  end
+  local function names_of(iter)
+    local out = {}
+    for name, t in iter do out[#out + 1] = name .. ":" .. table.concat(t:size(), "x") end
+    return table.concat(out, " ")
+  end
+
+  it("named_parameters and named_buffers give torch's names in parameters() order", function()
+    local m = model(1)
+    assert.are.equal("0.weight:4x3 0.bias:4 1.weight:4 1.bias:4 3.weight:2x4", names_of(m:named_parameters()))
+    assert.are.equal("1.running_mean:4 1.running_var:4 1.num_batches_tracked:1", names_of(m:named_buffers()))
+    local params = m:parameters()
+    local i = 0
+    for _, p in m:named_parameters() do i = i + 1; assert.are.equal(params[i], p) end
+    assert.are.equal(#params, i)
+    assert.are.equal("weight:2x3 bias:2", names_of(nn.Linear(3, 2):named_parameters()))
+    assert.is_truthy(names_of(model(1):named_parameters("net.")):match("^net%.0%.weight:4x3 net%.0%.bias:4 "))
+    -- a tied layer comes once in named_parameters, under its first name
+    local l = nn.Linear(2, 2)
+    assert.are.equal("0.weight:2x2 0.bias:2", names_of(nn.Sequential(l, nn.ReLU(), l):named_parameters()))
+  end)
+
+  it("a keyed state_dict round-trips through load_state_dict and crun.save", function()
+    local a, b = model(1), model(2)
+    local x = T.randn({5, 3}, {seed = 4, dtype = "float32"})
+    a:forward(x) -- updates a's running statistics
+    local sd = a:state_dict{keyed = true}
+    local keys = {}
+    for k in pairs(sd) do keys[#keys + 1] = k end
+    table.sort(keys)
+    assert.are.equal("0.bias 0.weight 1.bias 1.num_batches_tracked 1.running_mean 1.running_var 1.weight 3.weight",
+      table.concat(keys, " "))
+    assert.are_not.equal(a.modules[1].weight, sd["0.weight"]) -- copies
+    local path = os.tmpname()
+    require("crun").save(path, sd)
+    local res = b:load_state_dict(require("crun").load(path))
+    os.remove(path)
+    assert.are.equal(0, #res.missing_keys)
+    assert.are.equal(0, #res.unexpected_keys)
+    a:evaluate(); b:evaluate()
+    local ya, yb = a:forward(x), b:forward(x)
+    assert.are.equal(0, (ya - yb):abs():max())
+    assert.are.equal(a.modules[2].running_var:sum(), b.modules[2].running_var:sum())
+  end)
+
+  it("strict refuses missing and unexpected keys, naming them all; strict = false loads the rest", function()
+    local a, b = model(1), model(2)
+    local sd = a:state_dict{keyed = true}
+    sd["0.bias"], sd["3.weight"], sd["4.weight"] = nil, nil, T.zeros({1})
+    local before = b.modules[1].weight:clone()
+    local ok, err = pcall(b.load_state_dict, b, sd)
+    assert.is_false(ok)
+    assert.are.equal('EINVAL: load_state_dict for Sequential: missing key(s) in state_dict: "0.bias", "3.weight"; '
+      .. 'unexpected key(s) in state_dict: "4.weight" (strict = false loads the keys that match)', err)
+    assert.are.equal(0, (b.modules[1].weight - before):abs():max()) -- nothing loaded
+    local res = b:load_state_dict(sd, {strict = false})
+    assert.are.equal("0.bias 3.weight", table.concat(res.missing_keys, " "))
+    assert.are.equal("4.weight", table.concat(res.unexpected_keys, " "))
+    assert.are.equal(0, (b.modules[1].weight - a.modules[1].weight):abs():max())
+    assert.are_not.equal(0, (b.modules[4].weight - a.modules[4].weight):abs():max())
+    -- a wrong shape is named by its key, and nothing is loaded
+    local c = model(3)
+    local sd2 = a:state_dict{keyed = true}
+    sd2["3.weight"] = T.zeros({4, 2})
+    ok, err = pcall(c.load_state_dict, c, sd2)
+    assert.is_false(ok)
+    assert.are.equal('EINVAL: load_state_dict: "3.weight" has shape 4x2, the model\'s has 2x4', err)
+    assert.are_not.equal(0, (c.modules[1].weight - a.modules[1].weight):abs():max())
+    ok, err = pcall(c.load_state_dict, c, sd2, {strict = "yes"})
+    assert.is_false(ok)
+    assert.is_truthy(err:match("^EINVAL: load_state_dict: strict must be true or false"), err)
+  end)
+end)

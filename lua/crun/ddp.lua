@@ -446,8 +446,28 @@ function DDP:zero_grad() return self.module:zero_grad() end
 function DDP:train() self.module:train(); return self end
 function DDP:evaluate() self.module:evaluate(); return self end
 DDP.eval = DDP.evaluate
-function DDP:state_dict() return self.module:state_dict() end
-function DDP:load_state_dict(sd) return self.module:load_state_dict(sd) end
+-- A keyed state dict of a DDP model names its entries "module.<name>", as
+-- torch's DDP does (the wrapped module's are under self.module).
+local function under_module(opts)
+  if type(opts) ~= "table" then return opts end
+  local o = {}
+  for k, v in pairs(opts) do o[k] = v end
+  if opts.prefix == nil or type(opts.prefix) == "string" then o.prefix = "module." .. (opts.prefix or "") end
+  return o
+end
+
+--- state_dict([opts]) / load_state_dict(sd[, opts]): the module's (Module:state_dict);
+-- keyed by names, each name starts with "module.", as torch's DDP state dicts.
+function DDP:state_dict(opts)
+  return self.module:state_dict(type(opts) == "table" and opts.keyed and under_module(opts) or opts)
+end
+function DDP:load_state_dict(sd, opts)
+  local keyed = false
+  for k in pairs(type(sd) == "table" and sd or {}) do
+    if type(k) == "string" then keyed = true break end
+  end
+  return self.module:load_state_dict(sd, keyed and under_module(opts or {}) or opts)
+end
 
 --- Removes the hooks; the module keeps working on its own, the DDP object
 -- raises ECLOSED if used again.

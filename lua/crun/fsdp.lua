@@ -532,7 +532,11 @@ end
 --- state_dict() -> the module's full state_dict (as Module:state_dict: the
 -- parameter tensors in registration order, then the buffers, rank 0's) on
 -- rank 0 of the group, nil elsewhere. A collective: every rank calls it.
-function FSDP:state_dict()
+function FSDP:state_dict(opts)
+  if opts ~= nil then
+    O.fail("EINVAL: FSDP:state_dict: options are not supported (a keyed state dict is Module:state_dict's, "
+      .. "not yet FSDP's: FSDP gives the list form)")
+  end
   local by_leaf = {}
   for _, u in ipairs(self.units) do
     local full, ts = self:_full_flat(u), {}
@@ -572,6 +576,12 @@ end
 -- ({u, e} records) and bufs, or for params alone.
 local function check_full_sd(sd, params, bufs)
   local F = "EINVAL: FSDP:load_state_dict: "
+  for k in pairs(type(sd) == "table" and sd or {}) do
+    if type(k) == "string" then
+      O.fail(F .. "a state dict keyed by names (key \"%s\") is not supported yet: FSDP loads the list form "
+        .. "(state_dict() without keyed)", k)
+    end
+  end
   local n = type(sd) == "table" and #sd
   if n ~= #params + #bufs and n ~= #params then
     O.fail(F .. "expected %d tensors (%d parameters, %d buffers) or the %d parameters, got %s", #params + #bufs,

@@ -226,9 +226,98 @@ end
 function Module:cuda(device) return self:to(device == nil and "cuda" or device) end
 function Module:cpu() return self:to("cpu") end
 
---- Plain list of the parameter values then the buffer values (copies), for crun.save.
-function Module:state_dict()
+-- ---------------------------------------------------------------- names
+
+-- The name of a leaf's i-th parameter: the string field of the leaf that
+-- holds it ("weight", "bias"; the first in sorted order if several do, fields
+-- starting with "_" aside), else its position i.
+local function param_name(m, i, t)
+  local best
+  for k, v in pairs(m) do
+    if v == t and type(k) == "string" and k:sub(1, 1) ~= "_" and (best == nil or k < best) then best = k end
+  end
+  return best or tostring(i)
+end
+
+-- Appends {name, tensor} for every parameter (what = "params") or buffer
+-- ("buffers") of m under `prefix`, in parameters()/buffers() order. A
+-- container's children are named by their 0-based position, as in torch's
+-- nn.Sequential ("0.weight", "2.bias", "1.running_mean"). dedup: a tensor
+-- reached twice (weight tying) is listed once, under its first name (torch's
+-- named_parameters); else under each name (torch's state_dict).
+local function collect_named(m, what, prefix, out, seen, dedup)
+  if m.modules then
+    for i, child in ipairs(m.modules) do collect_named(child, what, prefix .. (i - 1) .. ".", out, seen, dedup) end
+    return out
+  end
+  local list = what == "params" and (m._params or {}) or {}
+  if what == "buffers" then
+    for _, b in ipairs(m._buffers or {}) do list[#list + 1] = m[b] end
+  end
+  for i, t in ipairs(list) do
+    if not (dedup and seen[t]) then
+      seen[t] = true
+      local name = what == "buffers" and m._buffers[i] or param_name(m, i, t)
+      out[#out + 1] = {prefix .. name, t}
+    end
+  end
+  return out
+end
+
+local function named_iter(list)
+  local i = 0
+  return function()
+    i = i + 1
+    if list[i] then return list[i][1], list[i][2] end
+  end
+end
+
+--- Iterates (name, tensor) over the parameters in parameters() order, named
+-- as torch names them: `for name, p in net:named_parameters() do ... end`
+-- gives "0.weight", "0.bias", "2.weight", ... for a Sequential (children by
+-- 0-based position, as torch's), "weight"/"bias" for a lone layer. A tied
+-- tensor comes once, under its first name. prefix (optional) goes before each name.
+function Module:named_parameters(prefix)
+  return named_iter(collect_named(self, "params", prefix or "", {}, {}, true))
+end
+
+--- Iterates (name, tensor) over the buffers ("1.running_mean", ...), as named_parameters.
+function Module:named_buffers(prefix)
+  return named_iter(collect_named(self, "buffers", prefix or "", {}, {}, true))
+end
+
+-- Name -> tensor (the module's own, not copies) of every parameter and
+-- buffer, under each of its names, and the names in order.
+local function keyed_entries(m, prefix)
+  local all = collect_named(m, "params", prefix, {}, {}, false)
+  collect_named(m, "buffers", prefix, all, {}, false)
+  local byname, names = {}, {}
+  for _, e in ipairs(all) do
+    if byname[e[1]] == nil then names[#names + 1] = e[1] end
+    byname[e[1]] = e[2]
+  end
+  return byname, names
+end
+
+local STATE_DICT = O.spec{"keyed", "prefix", inert = {keep_vars = "crun tensors carry no autograd state"}}
+
+--- The model's state for crun.save: by default a plain list of copies of the
+-- parameter values then the buffer values. {keyed = true} gives torch's
+-- form instead: name -> copy ("0.weight", "1.running_mean", ...; the names of
+-- named_parameters and named_buffers, a tied tensor under each of its names),
+-- with `prefix` before each name. Both load back with load_state_dict.
+function Module:state_dict(opts)
+  opts = O.check(STATE_DICT, "state_dict", opts)
+  O.bool("state_dict", "keyed", opts.keyed, false)
+  if opts.prefix ~= nil and type(opts.prefix) ~= "string" then
+    O.fail("EINVAL: state_dict: prefix must be a string, got %s", type(opts.prefix))
+  end
   local sd = {}
+  if opts.keyed then
+    local byname = keyed_entries(self, opts.prefix or "")
+    for name, t in pairs(byname) do sd[name] = t:clone() end
+    return sd
+  end
   for i, p in ipairs((self:parameters())) do sd[i] = p:clone() end
   for _, b in ipairs(self:buffers()) do sd[#sd + 1] = b:clone() end
   return sd
@@ -239,11 +328,80 @@ local function shape_str(t)
   return t:dim() == 0 and "scalar" or table.concat(t:size(), "x")
 end
 
---- Copies parameter (and buffer) values from a state_dict() list; each
--- entry must be a tensor of the model's shape (any dtype converts, as in
--- torch), else EINVAL naming it and nothing is copied. A list of the
--- parameters alone leaves the buffers as they are.
-function Module:load_state_dict(sd)
+-- Whether sd is keyed by names (a string key), not a list.
+local function is_keyed(sd)
+  for k in pairs(sd) do
+    if type(k) == "string" then return true end
+  end
+  return false
+end
+
+-- "a", "b" and "c" -> '"a", "b", "c"' (torch's way of listing keys).
+local function quoted(list)
+  local q = {}
+  for i, k in ipairs(list) do q[i] = '"' .. k .. '"' end
+  return table.concat(q, ", ")
+end
+
+local LOAD_STATE_DICT = O.spec{"strict", "prefix", inert = {assign = "crun copies values into the model's tensors"}}
+
+-- load_state_dict of a keyed state dict (torch's form).
+local function load_keyed(self, sd, strict, prefix)
+  local byname, names = keyed_entries(self, prefix)
+  local missing, unexpected = {}, {}
+  for _, name in ipairs(names) do
+    if sd[name] == nil then missing[#missing + 1] = name end
+  end
+  for k in pairs(sd) do
+    if type(k) ~= "string" then
+      O.fail("EINVAL: load_state_dict: a state dict keyed by names has a key of type %s (%s)", type(k), tostring(k))
+    end
+    if byname[k] == nil then unexpected[#unexpected + 1] = k end
+  end
+  table.sort(unexpected)
+  if strict and (#missing > 0 or #unexpected > 0) then
+    local parts = {}
+    if #missing > 0 then parts[#parts + 1] = "missing key(s) in state_dict: " .. quoted(missing) end
+    if #unexpected > 0 then parts[#parts + 1] = "unexpected key(s) in state_dict: " .. quoted(unexpected) end
+    O.fail("EINVAL: load_state_dict for %s: %s (strict = false loads the keys that match)",
+      (self.__name or "Module"):gsub("^crun%.nn%.", ""),
+      table.concat(parts, "; "))
+  end
+  for _, name in ipairs(names) do
+    local v = sd[name]
+    if v ~= nil and not is_tensor(v) then
+      O.fail("EINVAL: load_state_dict: entry \"%s\" is a %s, a tensor is expected", name, type(v))
+    end
+    if v ~= nil and shape_str(v) ~= shape_str(byname[name]) then
+      O.fail("EINVAL: load_state_dict: \"%s\" has shape %s, the model's has %s", name, shape_str(v), shape_str(byname[name]))
+    end
+  end
+  for _, name in ipairs(names) do
+    if sd[name] ~= nil then byname[name]:copy(sd[name]) end
+  end
+  return {missing_keys = missing, unexpected_keys = unexpected}
+end
+
+--- Copies parameter (and buffer) values from a state dict; nothing is copied
+-- when any entry is refused (EINVAL naming it). Two forms:
+-- * a state_dict() list: each entry a tensor of the model's shape (any dtype
+--   converts, as in torch); a list of the parameters alone leaves the buffers
+--   as they are.
+-- * keyed by names, as state_dict{keyed = true} and torch give it: with
+--   strict (default true), a missing or unexpected key is EINVAL listing them
+--   all; strict = false copies the entries that match. Returns
+--   {missing_keys = {...}, unexpected_keys = {...}}, as torch does. `prefix`
+--   is expected before each of the model's names.
+function Module:load_state_dict(sd, opts)
+  opts = O.check(LOAD_STATE_DICT, "load_state_dict", opts)
+  local strict = O.bool("load_state_dict", "strict", opts.strict, true)
+  if opts.prefix ~= nil and type(opts.prefix) ~= "string" then
+    O.fail("EINVAL: load_state_dict: prefix must be a string, got %s", type(opts.prefix))
+  end
+  if type(sd) == "table" and is_keyed(sd) then return load_keyed(self, sd, strict, opts.prefix or "") end
+  if opts.prefix ~= nil then
+    O.fail("EINVAL: load_state_dict: prefix applies to a state dict keyed by names; this one is a list")
+  end
   local params, bufs = self:parameters(), self:buffers()
   local all = {table.unpack(params)}
   if type(sd) == "table" and #sd == #params + #bufs then
