@@ -266,6 +266,18 @@ describe("DDP buffers (broadcast_buffers)", function()
     for r = 1, 2 do assert.are.equal(1 * 2 + 0.25, load(r).wrap_var, "rank " .. r) end
   end)
 
+  it("keeps crun.join in step with evaluation forwards, and with training in evaluation mode", function()
+    if not util.have_launcher() then pending("crun-lua not built") return end
+    for r = 0, 2 do
+      local got = load(r)
+      for _, mode in ipairs{"eval_after", "eval_train"} do
+        assert.are.equal("ok", got[mode], "rank " .. r .. ", " .. mode)
+        assert.is_true(got[mode .. "_err"] < 1e-10, string.format("rank %d, %s: relative error %g", r, mode,
+          got[mode .. "_err"]))
+      end
+    end
+  end)
+
   it("keeps crun.join in step with two models trained in turn", function()
     if not util.have_launcher() then pending("crun-lua not built") return end
     for r = 0, 2 do assert.are.equal("ok", load(r).join_two, "rank " .. r) end

@@ -25,8 +25,10 @@
 -- the forward ran).
 --
 -- Join (uneven inputs): crun.join({ddp}, fn) runs fn (the rank's own loop).
--- While some rank still trains, each training forward all-reduces a small
--- "still active" tensor; ranks that finished shadow that all-reduce, the
+-- While some rank still trains, each forward (training or evaluation)
+-- all-reduces a small "still active" tensor that also says whether a
+-- synchronised backward follows (a backward after an evaluation-mode forward
+-- announces itself the same way first); ranks that finished shadow that all-reduce, the
 -- forwards' buffer broadcasts (broadcast_buffers: from the highest rank still
 -- training once some rank finished, torch's authoritative rank) and the
 -- gradient all-reduces with zeros, so nobody hangs. Gradients are still
@@ -381,11 +383,13 @@ function DDP:_finalize()
 end
 
 --- Forward of the wrapped module. Under crun.join it first tells ranks that
--- already finished that this rank still trains.
+-- already finished that this rank still runs (in training or evaluation: the
+-- buffers' broadcast is replayed either way), and whether a synchronised
+-- backward follows (in training, outside no_sync).
 function DDP:forward(x)
   self:_check_open("forward")
   self.pass_sync = self.require_sync -- torch reads no_sync at forward
-  if self.join_enabled and self.join_lead and self.module.training then self:_notify_join() end
+  if self.join_enabled and self.join_lead then self:_notify_join(self.pass_sync and self.module.training) end
   if self.broadcast_buffers then self:_sync_buffers(self.join_enabled and self.join_ctx.src or 0) end
   self.output, self.fwd_calls = self:_counted_forward(x)
   return self.output
@@ -401,6 +405,9 @@ function DDP:backward(x, gy)
   -- backward without a DDP forward reads the flag now
   local sync = self.pass_sync
   if sync == nil then sync = self.require_sync end
+  -- a synchronised backward that joined ranks were not told of at forward
+  -- (after a forward in evaluation mode): they are told now, before its all_reduces
+  if sync and self.join_enabled and not self.join_ctx.told_sync then self:_notify_join(true, self.join_index) end
   self.in_backward, self.in_sync, self.leaf_seen = true, sync, {}
   local ok, err = pcall(self.module.backward, self.module, x, gy)
   self.in_backward = false
@@ -487,17 +494,20 @@ end
 
 -- ---------------------------------------------------------------- Join
 
--- Active rank, each training forward: [1, sync?] summed over the group.
--- Active rank, each training forward: [1, sync?, 0] summed over the group;
--- the third entry counts joined ranks asking everyone to stop.
-function DDP:_notify_join()
-  local t = T().zeros({3}, "float64")
-  t[1], t[2] = 1, self.pass_sync and 1 or 0
+-- Active rank, each forward of the first model: [1, sync, 0, 0] summed over
+-- the group (sync: a synchronised backward follows); the third entry counts
+-- joined ranks asking everyone to stop. backward_of = k: instead, model k's
+-- synchronised backward follows a forward that said it would not ([1, 1, 0, k]).
+function DDP:_notify_join(sync, backward_of)
+  local t = T().zeros({4}, "float64")
+  t[1], t[2], t[4] = 1, sync and 1 or 0, backward_of or 0
   dist().all_reduce(t, "sum", self.copts)
   if t[3] > 0 then
     error(string.format("EINTR: join on rank %d: %d rank(s) ran out of inputs (throw_on_early_termination)",
       self.rank, math.tointeger(t[3])), 0)
   end
+  if backward_of then return end
+  self.join_ctx.told_sync = sync
   self.join_ctx.src = self:_buffer_source(t[1], self.rank)
 end
 
@@ -530,7 +540,7 @@ local function join_finish(joinables, throw)
   local lead = joinables[1]
   local d = dist()
   while true do
-    local t = T().zeros({3}, "float64")
+    local t = T().zeros({4}, "float64")
     t[3] = throw and 1 or 0
     d.all_reduce(t, "sum", lead.copts)
     if t[1] == 0 then break end
@@ -538,12 +548,23 @@ local function join_finish(joinables, throw)
       error(string.format("EINTR: join on rank %d: this rank ran out of inputs while %d still train "
         .. "(throw_on_early_termination)", lead.rank, math.tointeger(t[1])), 0)
     end
-    -- each model in list order: its forward's buffer broadcast, then its
-    -- backward's all_reduces (torch's join hooks, in the joinables' order)
-    local src = lead:_buffer_source(t[1], -1)
-    for _, j in ipairs(joinables) do
-      if j.broadcast_buffers then j:_sync_buffers(src) end
-      j:_shadow(t[2])
+    if t[4] > 0 then
+      -- model k's backward after a forward in evaluation mode: its all_reduces only
+      local k = math.tointeger(t[4] // t[1])
+      if not joinables[k] or t[4] % t[1] ~= 0 then
+        error(string.format("EMISMATCH: join on rank %d: the ranks still training announced the backward of "
+          .. "different models (sum of their indices %d over %d ranks)", lead.rank, math.tointeger(t[4]),
+          math.tointeger(t[1])), 0)
+      end
+      joinables[k]:_shadow(1)
+    else
+      -- each model in list order: its forward's buffer broadcast, then its
+      -- backward's all_reduces (torch's join hooks, in the joinables' order)
+      local src = lead:_buffer_source(t[1], -1)
+      for _, j in ipairs(joinables) do
+        if j.broadcast_buffers then j:_sync_buffers(src) end
+        j:_shadow(t[2])
+      end
     end
   end
   local key = T().zeros({1}, "float64")
@@ -572,13 +593,15 @@ function ddp.join(joinables, fn, opts)
       type(joinables), type(fn))
   end
   opts = require("crun.opts").check(JOIN_OPTS, "join", opts)
-  local ctx = {src = 0, buffers = false} -- shared by the joinables: where this iteration's buffers come from
+  -- shared by the joinables: where this iteration's buffers come from, and
+  -- whether the first model's last forward told joined ranks a synchronised backward follows
+  local ctx = {src = 0, buffers = false, told_sync = false}
   for k, j in ipairs(joinables) do
     if getmetatable(j) ~= DDP then
       require("crun.opts").fail("EINVAL: join: entry %d of the list is a %s, a DDP model is expected", k, type(j))
     end
     -- only the first model announces "still training", once per iteration
-    j.join_enabled, j.join_iters, j.join_lead, j.join_ctx = true, 0, k == 1, ctx
+    j.join_enabled, j.join_iters, j.join_lead, j.join_ctx, j.join_index = true, 0, k == 1, ctx, k
     ctx.buffers = ctx.buffers or (j.broadcast_buffers and #(j.module.buffers and j.module:buffers() or {}) > 0)
   end
   local res = table.pack(pcall(fn))

@@ -74,6 +74,46 @@ for i, p in ipairs((m:parameters())) do rec.params[i] = p:clone() end
 for i, p in ipairs((ref:parameters())) do rec.ref[i] = p:clone() end
 rec.buffers = {}
 for i, b in ipairs(m:buffers()) do rec.buffers[i] = b:clone() end
+-- (2c) crun.join with an evaluation forward after each step (its buffer
+-- broadcast is replayed by joined ranks), and (2d) training in evaluation
+-- mode (frozen BatchNorm: a forward in eval mode, then a synchronised
+-- backward, which joined ranks are told of at backward). Saved: "ok" and the
+-- parameters' largest relative error against one process doing the same.
+local function max_err(a, b)
+  local e = 0
+  for i, p in ipairs((a:parameters())) do
+    local q = (b:parameters())[i]
+    e = math.max(e, (p - q):abs():max() / math.max(q:abs():max(), 1e-300))
+  end
+  return e
+end
+for _, mode in ipairs{"eval_after", "eval_train"} do
+  local mm, rm = net(1 + rank), net(1)
+  local o = crun.optim.SGD(mm, {lr = 0.1})
+  local dd = crun.DDP(mm)
+  if mode == "eval_train" then mm:evaluate(); rm:evaluate() end
+  rec[mode] = pcall_msg(function()
+    crun.join({dd}, function()
+      for s = 1, 2 + rank do
+        o:zero_grad()
+        fwd_bwd(dd, batch(s, rank))
+        o:step()
+        if mode == "eval_after" then
+          mm:evaluate(); dd:forward(batch(s, rank)); mm:train()
+        end
+      end
+    end)
+  end)
+  dd:close()
+  local ro = crun.optim.SGD(rm, {lr = 0.1 / world})
+  for s = 1, 2 + world - 1 do
+    ro:zero_grad()
+    for r = 0, world - 1 do if s <= 2 + r then fwd_bwd(rm, batch(s, r)) end end
+    ro:step()
+  end
+  rec[mode .. "_err"] = max_err(mm, rm)
+end
+
 -- (2b) two models in one join, each trained in turn (torch shadows each
 -- joinable's buffer broadcast and all_reduces in list order)
 do
