@@ -28,6 +28,17 @@ local function fwd_bwd(m, x, y)
   m:backward(x, crit:backward(o, y))
 end
 local function pcall_msg(f) local ok, err = pcall(f); return ok and "ok" or tostring(err) end
+-- The uneven schedule of the join cases (rank r trains 2 + r steps) on one
+-- process: step s sums the gradients of the ranks that still train, divided
+-- by the world size (SGD with lr / world).
+local function train_ref(m)
+  local o = crun.optim.SGD(m, {lr = 0.1 / world})
+  for s = 1, 2 + world - 1 do
+    o:zero_grad()
+    for r = 0, world - 1 do if s <= 2 + r then fwd_bwd(m, batch(s, r)) end end
+    o:step()
+  end
+end
 
 -- (1) DDP over the group {1, 2}: eval forward takes the buffers of the
 -- group's rank 0 (global rank 1)
@@ -61,14 +72,7 @@ rec.join = pcall_msg(function()
   end)
 end)
 d:close()
--- reference on one process: step s sums the gradients of the ranks that
--- still train, divided by the world size (SGD with lr / world)
-local ropt = crun.optim.SGD(ref, {lr = 0.1 / world})
-for s = 1, 2 + world - 1 do
-  ropt:zero_grad()
-  for r = 0, world - 1 do if s <= 2 + r then fwd_bwd(ref, batch(s, r)) end end
-  ropt:step()
-end
+train_ref(ref)
 rec.params, rec.ref = {}, {}
 for i, p in ipairs((m:parameters())) do rec.params[i] = p:clone() end
 for i, p in ipairs((ref:parameters())) do rec.ref[i] = p:clone() end
@@ -105,12 +109,7 @@ for _, mode in ipairs{"eval_after", "eval_train"} do
     end)
   end)
   dd:close()
-  local ro = crun.optim.SGD(rm, {lr = 0.1 / world})
-  for s = 1, 2 + world - 1 do
-    ro:zero_grad()
-    for r = 0, world - 1 do if s <= 2 + r then fwd_bwd(rm, batch(s, r)) end end
-    ro:step()
-  end
+  train_ref(rm)
   rec[mode .. "_err"] = max_err(mm, rm)
 end
 
