@@ -186,6 +186,30 @@ describe("FSDP", function()
     end)
   end
 
+  -- FSDP had no clip_grad_norm_; nn.utils.clip_grad_norm_ of the shards
+  -- alone would clip each rank by its own shards' norm
+  for _, world in ipairs{1, 3} do
+    it(string.format("clip_grad_norm_ takes the norm over every rank's shards, as DDP's whole gradients, "
+      .. "on %d rank(s)", world), function()
+      if not have then pending("crun-lua not built") return end
+      assert(os.execute("mkdir -p " .. dir))
+      run_job(world, dir, "clip")
+      for r = 0, world - 1 do
+        local got = serialize.load(string.format("%s/clip.r%d.crun", dir, r)).clip
+        local n = 0
+        for name, c in pairs(got) do
+          n = n + 1
+          local where = string.format("%d ranks, rank %d, %s", world, r, name)
+          assert.is_true(c.want > 0.05, where .. ": the case must clip, norm " .. c.want)
+          assert.is_true(math.abs(c.got - c.want) <= 1e-12 * c.want, string.format("%s: %.17g vs %.17g", where,
+            c.got, c.want))
+          if r == 0 then assert.is_true(c.param_err <= 1e-12, where .. ": parameters " .. c.param_err) end
+        end
+        assert.are.equal(9, n)
+      end
+    end)
+  end
+
   -- FSDP had no load_state_dict: torch's model.load_state_dict(full) was
   -- a raw 'attempt to call a nil value'
   for _, world in ipairs{1, 3} do

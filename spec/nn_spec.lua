@@ -542,3 +542,100 @@ describe("nn names and keyed state dicts", function()
     assert.is_truthy(err:match("^EINVAL: load_state_dict: strict must be true or false"), err)
   end)
 end)
+
+-- torch.nn.utils's clipping; expected norms from plain Lua loops over the
+-- gradients' elements (signed, non-periodic values).
+describe("nn.utils.clip_grad_norm_ / clip_grad_value_", function()
+  local function setup_grads()
+    local m = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2))
+    local _, grads = m:parameters()
+    local k = 0
+    for _, g in ipairs(grads) do
+      local f = g:view(g:numel())
+      for i = 1, g:numel() do
+        k = k + 1
+        f[i] = ((k * 7919) % 23 - 11) / 8 * (k % 3 == 0 and -1 or 1) -- exact in float32
+      end
+    end
+    return m, grads
+  end
+  local function values(grads)
+    local v = {}
+    for _, g in ipairs(grads) do
+      local f = g:view(g:numel())
+      for i = 1, g:numel() do v[#v + 1] = f[i] end
+    end
+    return v
+  end
+  local function norm(v, p)
+    local acc = 0
+    for _, x in ipairs(v) do
+      if p == math.huge then acc = math.max(acc, math.abs(x)) else acc = acc + math.abs(x) ^ p end
+    end
+    return p == math.huge and acc or acc ^ (1 / p)
+  end
+
+  it("returns the total norm and scales every gradient by max_norm / (norm + 1e-6) when above it", function()
+    for _, p in ipairs{2, 1, 3, math.huge} do
+      local m, grads = setup_grads()
+      local before = values(grads)
+      local want = norm(before, p)
+      local got = nn.utils.clip_grad_norm_(m, 0.75, p == math.huge and "inf" or p)
+      assert.is_true(math.abs(got - want) <= 1e-12 * want, string.format("p %s: %.17g vs %.17g", p, got, want))
+      local coef = 0.75 / (want + 1e-6)
+      for i, x in ipairs(values(grads)) do
+        assert.is_true(math.abs(x - before[i] * coef) <= 1e-6 * math.abs(before[i] * coef) + 1e-30,
+          string.format("p %s, element %d: %.9g vs %.9g", p, i, x, before[i] * coef))
+      end
+      assert.is_true(math.abs(norm(values(grads), p) - 0.75) < 1e-5)
+    end
+    -- below max_norm: untouched; a list of gradients works as a module does
+    local _, grads = setup_grads()
+    local before = values(grads)
+    local got = nn.utils.clip_grad_norm_(grads, 1e3, {norm_type = 2})
+    assert.is_true(math.abs(got - norm(before, 2)) <= 1e-12 * got)
+    assert.are.same(before, values(grads))
+  end)
+
+  it("a non-finite norm scales as torch, or raises ERANGE with error_if_nonfinite and changes nothing", function()
+    local m, grads = setup_grads()
+    grads[1]:view(grads[1]:numel())[2] = math.huge
+    local before = values(grads)
+    local ok, err = pcall(nn.utils.clip_grad_norm_, m, 1, 2, {error_if_nonfinite = true})
+    assert.is_false(ok)
+    assert.are.equal("ERANGE: clip_grad_norm_: the total norm of order 2 of the gradients is inf, so it cannot be "
+      .. "clipped (error_if_nonfinite = false scales the gradients by it anyway, as torch)", err)
+    assert.are.same(before, values(grads))
+    assert.are.equal(math.huge, nn.utils.clip_grad_norm_(m, 1))
+    local v = values(grads)
+    assert.is_true(v[2] ~= v[2]) -- inf * 0
+    assert.are.equal(0, v[1])
+  end)
+
+  it("clip_grad_value_ clamps each element, and bad arguments are EINVAL", function()
+    local m, grads = setup_grads()
+    local before = values(grads)
+    nn.utils.clip_grad_value_(m, 0.5)
+    for i, x in ipairs(values(grads)) do assert.are.equal(math.max(-0.5, math.min(0.5, before[i])), x) end
+    local cases = {
+      {function() nn.utils.clip_grad_norm_(m, -1) end, "EINVAL: clip_grad_norm_: max_norm must be a number >= 0, got -1"},
+      {function() nn.utils.clip_grad_norm_(m, 1, 0) end,
+       'EINVAL: clip_grad_norm_: norm_type must be a number > 0 or "inf", got 0'},
+      {function() nn.utils.clip_grad_norm_(m, 1, "l2") end,
+       'EINVAL: clip_grad_norm_: norm_type must be a number > 0 or "inf", got l2'},
+      {function() nn.utils.clip_grad_norm_({T.zeros({2}), 3}, 1) end,
+       "EINVAL: clip_grad_norm_: gradient 2 is a number, a tensor is expected"},
+      {function() nn.utils.clip_grad_norm_(m, 1, 2, {norm_type = 2}) end,
+       "EINVAL: clip_grad_norm_: norm_type given twice (argument 3 and the options)"},
+      {function() nn.utils.clip_grad_value_(m, 0 / 0) end,
+       "EINVAL: clip_grad_value_: clip_value must be a number >= 0, got " .. tostring(0 / 0)},
+      {function() nn.utils.clip_grad_norm_(42, 1) end,
+       "EINVAL: clip_grad_norm_: a crun.nn module or a list of gradient tensors is expected, got number"},
+    }
+    for _, c in ipairs(cases) do
+      local ok, err = pcall(c[1])
+      assert.is_false(ok)
+      assert.are.equal(c[2], err)
+    end
+  end)
+end)

@@ -499,6 +499,30 @@ function FSDP:zero_grad()
   for _, u in ipairs(self.units) do u.grad_shard:zero() end
 end
 
+--- clip_grad_norm_(max_norm[, norm_type=2][, {error_if_nonfinite=false}]) ->
+-- the total norm of the whole model's gradients (a number, the same on every
+-- rank): each rank's shards' part of it is summed (max for "inf") over the
+-- group, then every shard is scaled as nn.utils.clip_grad_norm_ scales
+-- (torch's FSDP.clip_grad_norm_). A collective: every rank calls it, after
+-- backward. NO_SHARD ranks hold whole gradients: their norm is their own.
+function FSDP:clip_grad_norm_(max_norm, norm_type, opts)
+  local U = require "crun.nn_utils"
+  local F = "FSDP:clip_grad_norm_"
+  local p, nonfinite = U.clip_args(F, max_norm, norm_type, opts)
+  local _, grads = self:parameters()
+  local part = U.part(grads, p)
+  if self.strategy ~= "NO_SHARD" and self.world > 1 then
+    -- [part, NaN seen]: a max need not carry a NaN through
+    local t = T().zeros({2}, "float64")
+    t[1], t[2] = part == part and part or 0, part == part and 0 or 1
+    dist().all_reduce(t, p == math.huge and "max" or "sum", self.copts)
+    part = t[2] > 0 and 0 / 0 or t[1]
+  end
+  local total = U.total(part, p)
+  U.scale(grads, total, max_norm, p, nonfinite, F)
+  return total
+end
+
 function FSDP:train() self.module:train(); return self end
 function FSDP:evaluate() self.module:evaluate(); return self end
 FSDP.eval = FSDP.evaluate

@@ -811,6 +811,8 @@ end
 
 MSE.backward = grad_from_forward("MSECriterion")
 
+nn.utils = require "crun.nn_utils"
+
 require("crun.nn_layers")(nn, {K = K, O = O, ensure = ensure, contig = contig, check_tensor = check_tensor,
   unaliased = unaliased, next_seed = next_seed, T = T})
 

@@ -243,6 +243,34 @@ elseif mode == "bn" then
   rec.bn.keyed_sd = ok and "returned" or tostring(e)
   sd2 = fresh:state_dict()
   if rank == 0 then rec.bn.unchanged_err = sd_err(sd2) end
+elseif mode == "clip" then
+  -- clip_grad_norm_ of an FSDP model (the norm over every rank's shards)
+  -- against nn.utils.clip_grad_norm_ of the DDP reference, which holds
+  -- whole averaged gradients; then one SGD step on each, and the parameters
+  -- compared. Saved per case: both totals and the parameters' error (rank 0).
+  rec.clip = {}
+  for _, strat in ipairs{"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD"} do
+    for _, nt in ipairs{2, "inf", 3} do
+      local ddp = crun.DDP(model("float64", 1 + rank))
+      local fs = crun.FSDP(model("float64", 1 + rank), {sharding_strategy = strat, auto_wrap = {min_params = 60}})
+      local ropt, fopt = crun.optim.SGD(ddp, {lr = 0.5}), crun.optim.SGD(fs, {lr = 0.5})
+      fwd_bwd(ddp, "float64", 1)
+      fwd_bwd(fs, "float64", 1)
+      local c = {want = nn.utils.clip_grad_norm_(ddp, 0.05, nt)}
+      -- FSDP through nn.utils (which hands it to the model) and directly
+      c.got = nt == 2 and nn.utils.clip_grad_norm_(fs, 0.05) or fs:clip_grad_norm_(0.05, nt)
+      ropt:step()
+      fopt:step()
+      local full = fs:state_dict()
+      if rank == 0 then
+        c.param_err = 0
+        local want = flat_params(ddp)
+        for i = 1, #want do c.param_err = math.max(c.param_err, util.max_rel_err(want[i], full[i])) end
+      end
+      ddp:close()
+      rec.clip[strat .. "_" .. tostring(nt)] = c
+    end
+  end
 elseif mode == "parts" then
   -- load_sharded_state_dict given an incomplete or inconsistent list of parts
   local fs = crun.FSDP(model("float64", 1), {sharding_strategy = "FULL_SHARD"})
