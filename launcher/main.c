@@ -96,13 +96,16 @@ static const char usage_text[] =
     "  --no-prefix             do not prefix worker lines with \"[rank] \"\n"
     "  -m, --module            run the module named in place of the script, found on\n"
     "                          package.path (LUA_PATH honoured), as python -m does\n"
+    "  --run-path              accepted for torchrun's sake: a script is always run by its\n"
+    "                          path (-m finds one on package.path), so it has no effect\n"
     "  -i                      interactive mode: a prompt whose lines run on every rank\n"
     "                          (after the script, if one is given; -n N without a script\n"
     "                          also opens it); the store then takes a free port unless\n"
     "                          --master-port is given, and there are no restarts\n"
     "  -h, --help              this text\n"
     "  --version               the crun version\n"
-    "Options may also be written --name=value.\n"
+    "Options may also be written --name=value, and -n, -r, -t with the value\n"
+    "attached (-n4, -r3, -t0:3).\n"
     "\n"
     "Output: every line a worker prints is shown whole, prefixed with its rank;\n"
     "worker stdout goes to stdout, stderr to stderr. Workers read /dev/null.\n"
@@ -176,17 +179,19 @@ static int parse_seconds(const char *opt, const char *v, double *out) {
 }
 
 /* Copies the option name of arg ("--nproc_per_node=4" -> "--nproc-per-node")
- * into name and returns the inline value ("4") or NULL. */
+ * into name and returns the inline value ("4") or NULL. A short option that
+ * takes a value may have it attached, as argparse allows: "-n4", "-r3",
+ * "-t0:3", "-r=3". */
 static const char *split_option(const char *arg, char *name, size_t n) {
+  if (arg[1] && arg[1] != '-' && strchr("nrt", arg[1]) && arg[2]) {
+    snprintf(name, n, "-%c", arg[1]);
+    return arg + 2 + (arg[2] == '=');
+  }
   const char *eq = strchr(arg, '=');
   size_t len = eq ? (size_t)(eq - arg) : strlen(arg);
   if (len >= n) len = n - 1;
   for (size_t i = 0; i < len; i++) name[i] = (i >= 2 && arg[i] == '_') ? '-' : arg[i];
   name[len] = 0;
-  if (strncmp(arg, "-n", 2) == 0 && arg[1] == 'n' && arg[2] && arg[2] != '=' && !eq) {
-    name[2] = 0; /* "-n4" */
-    return arg + 2;
-  }
   return eq ? eq + 1 : NULL;
 }
 
@@ -405,6 +410,7 @@ static int apply_flag(crun__opts_t *o, const char *name) {
   else if (!strcmp(name, "-i")) o->repl = 1;
   else if (!strcmp(name, "-m") || !strcmp(name, "--module")) o->module = 1;
   else if (!strcmp(name, "--standalone")) o->standalone = 1;
+  else if (!strcmp(name, "--run-path")) return 0; /* a script is always run by path */
   else if (!strcmp(name, "-h") || !strcmp(name, "--help")) { fputs(usage_text, stdout); return -1; }
   else if (!strcmp(name, "--version")) {
     printf("crun-lua %s (%s)\n", CRUN_VERSION_STRING, LUA_RELEASE);

@@ -159,6 +159,59 @@ describe("crun-lua --redirects, --tee and --local-ranks-filter", function()
   end)
 end)
 
+describe("crun-lua takes torchrun's command-line forms", function()
+  it("takes a short option's value attached (-r3, -t2, -n2, -r=1), as argparse does", function()
+    local both = {"attempt_0/rank_0.stderr", "attempt_0/rank_0.stdout", "attempt_0/rank_1.stderr",
+                  "attempt_0/rank_1.stdout"}
+    for _, c in ipairs({ -- options, stdout shown, stderr shown, log files
+      {"-n2 -r3", false, false, both},
+      {"-n2 -t2", true, true, {"attempt_0/rank_0.stderr", "attempt_0/rank_1.stderr"}},
+      {"-n2 -r=1 -t0:2", false, true, {"attempt_0/rank_0.stderr", "attempt_0/rank_0.stdout", "attempt_0/rank_1.stdout"}},
+      {"-n2 -t 1", true, true, {"attempt_0/rank_0.stdout", "attempt_0/rank_1.stdout"}},
+    }) do
+      local dir = U.tmpdir()
+      local r = U.run(c[1] .. " --master-port 0 --log-dir " .. q(dir) .. " " .. q(FIX .. "output.lua"))
+      assert.are.equal(0, r.code, c[1] .. " gave: " .. r.err)
+      for rank = 0, 1 do
+        assert.are.equal(c[2], r.out:find("[" .. rank .. "] out-a-" .. rank .. "-b\n", 1, true) ~= nil,
+                         c[1] .. " rank " .. rank .. " stdout:\n" .. r.out)
+        assert.are.equal(c[3], r.err:find("[" .. rank .. "] err-" .. rank .. "\n", 1, true) ~= nil,
+                         c[1] .. " rank " .. rank .. " stderr:\n" .. r.err)
+      end
+      assert.are.same(c[4], files_under(dir), c[1])
+      U.rmrf(dir)
+    end
+  end)
+
+  it("accepts --run-path and --run_path (a Lua script is always run by path)", function()
+    for _, flag in ipairs({"--run-path", "--run_path"}) do
+      local r = U.run("-n 2 " .. flag .. " --master-port 0 " .. q(FIX .. "env.lua"))
+      assert.are.equal(0, r.code, flag .. " gave: " .. r.err)
+      assert.are.equal("2", U.env_by_rank(r.out)[1].WORLD_SIZE, r.out)
+    end
+    assert.is_truthy(U.run("--help").out:find("--run-path", 1, true))
+  end)
+
+  it("takes every option in torchrun's underscore spelling", function()
+    local dir = U.tmpdir()
+    local r = U.run("--nproc_per_node=2 --nnodes 1 --node_rank 0 --master_addr 127.0.0.1 --master_port 0 " ..
+                    "--rdzv_backend static --rdzv_id under-1 --rdzv_conf join_timeout=20 --rdzv_timeout 20 " ..
+                    "--max_restarts 1 --monitor_interval 1 --log_dir " .. q(dir) .. " --redirects 0 --tee 3 " ..
+                    "--local_ranks_filter 1 --grace_period 2 --cpu_bind none --no_prefix --run_path " ..
+                    q(FIX .. "env.lua"))
+    assert.are.equal(0, r.code, r.err)
+    local e = U.env_by_rank(r.out)
+    assert.is_nil(e[0], r.out)          -- filtered out
+    assert.are.equal("2", e[1].WORLD_SIZE)
+    assert.are.equal("under-1", e[1].TORCHELASTIC_RUN_ID)
+    assert.are.equal("1", e[1].TORCHELASTIC_MAX_RESTARTS)
+    assert.is_nil(r.out:find("[1]", 1, true), r.out) -- --no_prefix
+    assert.are.same({"attempt_0/rank_0.stderr", "attempt_0/rank_0.stdout", "attempt_0/rank_1.stderr",
+                     "attempt_0/rank_1.stdout"}, files_under(dir))
+    U.rmrf(dir)
+  end)
+end)
+
 describe("crun-lua -m, --nproc-per-node, --standalone, --monitor-interval", function()
   it("runs a module found on package.path with -m, as python -m", function()
     local env = "LUA_PATH=" .. q(FIX .. "mods/?.lua;;")
