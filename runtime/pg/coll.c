@@ -104,6 +104,14 @@ static int check_apart(const crun_pg_t *pg, int kind, const void *one, const voi
   return 0;
 }
 
+/* A point-to-point tag must be 0 or more: torch's gloo ("Tag must be
+ * nonnegative") and MPI refuse a negative one, so every backend does. */
+static int check_tag(const crun_pg_t *pg, int kind, const crun_coll_opts_t *o) {
+  if (!o || o->tag >= 0) return 0;
+  return crun_error(CRUN_EINVAL, "%s on rank %d: tag %d is negative (tags must be 0 or more, as in "
+                    "torch.distributed)", crun__coll_name(kind), pg->rank, o->tag);
+}
+
 /* Copies an array of `size` buffer pointers, checking each one. */
 static int copy_ptrs(crun_pg_t *pg, int kind, const void *const *src, size_t count, const char *what, void ***dst) {
   if (!src) return crun_error(CRUN_EINVAL, "%s on rank %d: the %s list is NULL", crun__coll_name(kind), pg->rank, what);
@@ -155,6 +163,7 @@ static int premul_copies(crun_work_t *w, const void *const *ins, int n) {
 int crun_pg_send(crun_pg_t *pg, const void *buf, size_t count, crun_dtype_t dt, int dst,
                  const crun_coll_opts_t *opts, crun_work_t **work) {
   CRUN_CHECK(check_common(pg, CRUN__COLL_SEND, dt, 0, 0));
+  CRUN_CHECK(check_tag(pg, CRUN__COLL_SEND, opts));
   CRUN_CHECK(check_rank(pg, CRUN__COLL_SEND, "destination rank", dst));
   if (dst == pg->rank) return crun_error(CRUN_EINVAL, "send on rank %d: cannot send to itself", pg->rank);
   CRUN_CHECK(check_buf(pg, CRUN__COLL_SEND, buf, count, "buffer"));
@@ -167,6 +176,7 @@ int crun_pg_send(crun_pg_t *pg, const void *buf, size_t count, crun_dtype_t dt, 
 int crun_pg_recv(crun_pg_t *pg, void *buf, size_t count, crun_dtype_t dt, int src,
                  const crun_coll_opts_t *opts, int *src_out, crun_work_t **work) {
   CRUN_CHECK(check_common(pg, CRUN__COLL_RECV, dt, 0, 0));
+  CRUN_CHECK(check_tag(pg, CRUN__COLL_RECV, opts));
   if (src != CRUN_ANY_SOURCE) CRUN_CHECK(check_rank(pg, CRUN__COLL_RECV, "source rank", src));
   if (src == pg->rank) return crun_error(CRUN_EINVAL, "recv on rank %d: cannot receive from itself", pg->rank);
   if (src == CRUN_ANY_SOURCE && (is_cuda(opts) && pg->be_dev ? pg->be_dev : pg->be)->device)
