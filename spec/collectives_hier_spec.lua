@@ -76,6 +76,17 @@ describe("collectives across fake hosts", function()
         assert.is_true(tonumber(s) < 5, "rank " .. q .. " took " .. s .. " s: " .. err)
         assert.is_truthy(err:find("^EMISMATCH: "), err)
       end
+      -- every error names the user's call first ("all_reduce #1 on rank 2: "),
+      -- never an internal stage ("shm collective #1", "shm broadcast #1")
+      for q = 0, 3 do
+        local err = out:match("rank " .. q .. ": failed after [%d.]+ s: ([^\n]*)")
+        local call = mode == "bcast_root" and "broadcast" or mode == "reduce_root" and "reduce"
+                     or (mode == "kind" and q == 3) and "reduce" or "all_reduce"
+        if err then
+          assert.is_truthy(err:find("^EMISMATCH: " .. call .. " #1 on rank %d[: ]"), err)
+          assert.is_falsy(err:find("shm %a+ #"), err)
+        end
+      end
       for _, q in ipairs({0, 1}) do   -- these agree with each other: a result must be theirs, else an error
         local vals = out:match("rank " .. q .. ": ok ([%d,]+)")
         local err = out:match("rank " .. q .. ": failed after [%d.]+ s: ([^\n]*)")

@@ -64,6 +64,11 @@ describe("crun.dist arguments", function()
      "EINVAL: gather_object: dst 7 is out of range (0..0)"},
     {"broadcast_object_list(l, 7)", function() dist.broadcast_object_list({1}, 7) end,
      "EINVAL: broadcast_object_list: src 7 is out of range (0..0)"},
+    -- torch's gloo and MPI refuse a negative tag: every backend does, naming it
+    {"send(t, 0, {tag = -1})", function() dist.send(T.ones{2}, 0, {tag = -1}) end,
+     "EINVAL: send on rank 0: tag -1 is negative (tags must be 0 or more, as in torch.distributed)"},
+    {"irecv(t, 0, {tag = -7})", function() dist.irecv(T.ones{2}, 0, {tag = -7}) end,
+     "EINVAL: recv on rank 0: tag -7 is negative (tags must be 0 or more, as in torch.distributed)"},
     {"new_group(5)", function() dist.new_group(5) end,
      "EINVAL: bad argument #1 to 'new_group' (list of ranks expected)"},
   }

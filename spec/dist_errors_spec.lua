@@ -64,6 +64,28 @@ describe("dist failures", function()
     end)
   end
 
+  -- A check only the root makes (its own buffers overlap) fails the call
+  -- there; over TCP the root fails the group with its reason, so that every
+  -- rank learns it: a scatter's receivers in the call itself, a gather's
+  -- senders (who wait for nothing) in their next call, never as an EMISMATCH
+  -- between later calls.
+  for _, k in ipairs{{"rootgather", "gather on rank 0: the input overlaps the output for rank 0"},
+                     {"rootscatter", "scatter on rank 0: the output overlaps the input for rank 0"}} do
+    it("tell every rank why the root refused its " .. k[1]:sub(5) .. " (CRUN_SHM=0)", function()
+      local res, out = scenario(k[1])
+      for r = 0, 2 do
+        local l = {}
+        for line in (res[r] .. "\n"):gmatch("(.-)\n") do l[#l + 1] = line end
+        local first = l[1] ~= "ok" and l[1] or l[2]
+        if r == 0 or k[1] == "rootscatter" then first = l[1] end
+        assert.is_truthy(first and first:match("^error EINVAL: ") and first:find(k[2], 1, true),
+                         "rank " .. r .. ": " .. res[r] .. "\n" .. out)
+        assert.is_truthy(l[2] and l[2]:match("^error E") and l[2]:find(k[2], 1, true), "rank " .. r .. ": " .. res[r])
+        assert.is_falsy(res[r]:find("EMISMATCH", 1, true), res[r])
+      end
+    end)
+  end
+
   -- new_group's timeout is the new group's: a rank that reaches new_group later
   -- than that does not fail the agreement on (and so break) the default group.
   it("let a rank reach new_group later than the new group's timeout", function()

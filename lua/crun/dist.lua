@@ -525,7 +525,7 @@ function dist.monitored_barrier(opts, timeout, wait_all_ranks)
   if verdict ~= "ok" then error(verdict, 0) end
 end
 
---- send(t, dst[, opts{tag=, group=}])
+--- send(t, dst[, opts{tag=, group=}]); tag >= 0 (torch refuses a negative one)
 function dist.send(t, dst, opts)
   opts = O.check(P2P, "send", opts)
   local g = group_of(opts, "send")

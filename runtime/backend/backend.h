@@ -30,6 +30,11 @@ typedef struct crun_backend_vtable {
   /* Optional: checks that the backend can run kind on dt (with op when it
    * reduces) before anything is queued; ENOTSUP naming them otherwise. */
   int (*validate)(int kind, crun_dtype_t dt, int has_op, crun_reduce_op_t op, int rank);
+  /* Optional: non-zero when failing the group (abort) reaches every peer of
+   * call c while it runs or at its next call, so that a rank whose own check
+   * refused c can tell them why (coll.c); 0 or NULL: it cannot, and the
+   * refusing rank only returns its error. */
+  int (*abort_reaches)(void *state, const crun__coll_t *c);
   crun_backend_fn send, recv, broadcast, all_reduce, reduce, all_gather, gather,
       scatter, reduce_scatter, all_to_all, barrier;
 } crun_backend_vtable_t;

@@ -1,6 +1,7 @@
 /* coll.c — the public collective entry points: validate the arguments on
  * this rank (a clear EINVAL naming the call and rank), describe the operation
  * and hand it to the group's queue. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -104,6 +105,14 @@ static int check_apart(const crun_pg_t *pg, int kind, const void *one, const voi
   return 0;
 }
 
+/* A point-to-point tag must be 0 or more: torch's gloo ("Tag must be
+ * nonnegative") and MPI refuse a negative one, so every backend does. */
+static int check_tag(const crun_pg_t *pg, int kind, const crun_coll_opts_t *o) {
+  if (!o || o->tag >= 0) return 0;
+  return crun_error(CRUN_EINVAL, "%s on rank %d: tag %d is negative (tags must be 0 or more, as in "
+                    "torch.distributed)", crun__coll_name(kind), pg->rank, o->tag);
+}
+
 /* Copies an array of `size` buffer pointers, checking each one. */
 static int copy_ptrs(crun_pg_t *pg, int kind, const void *const *src, size_t count, const char *what, void ***dst) {
   if (!src) return crun_error(CRUN_EINVAL, "%s on rank %d: the %s list is NULL", crun__coll_name(kind), pg->rank, what);
@@ -136,6 +145,35 @@ static int submit(crun_pg_t *pg, crun_work_t *w, crun_work_t **work, int *src_ou
     if (crun__r < 0) { crun_work_release(w); return crun__r; }         \
   } while (0)
 
+/* A check only this rank makes (the root's own list of buffers) failed with
+ * rc: its peers cannot see that and would finish the call without it, or
+ * wait for it, and meet its next call as an EMISMATCH. When the backend can
+ * reach them, the group fails with this rank's text, so every peer fails this
+ * call (or, a gather's senders, who wait for nothing, their next one) naming
+ * this rank and its reason. Failure path only. Releases w; returns rc. */
+static int refuse(crun_pg_t *pg, crun_work_t *w, int rc) {
+  const crun_backend_vtable_t *be = pg->be;
+  if (pg->size > 1 && !w->c.cuda && be->abort_reaches && be->abort_reaches(pg->be_state, &w->c)) {
+    char mine[512], seq[32] = "", text[700];
+    snprintf(mine, sizeof mine, "%s", crun_last_error());
+    if (!atomic_load(&pg->queued) && !atomic_load(&pg->busy))
+      snprintf(seq, sizeof seq, " #%llu", (unsigned long long)atomic_load(&pg->next_seq) + 1);
+    snprintf(text, sizeof text, "%s (rank %d, the root, refused its part of %s%s: the group stops)", mine,
+             pg->rank, crun__coll_name(w->c.kind), seq);
+    crun__pg_fail(pg, rc, text);
+    size_t n = strlen(crun_err_name(rc));
+    crun_error(rc, "%s", strncmp(mine, crun_err_name(rc), n) == 0 && mine[n] == ':' ? mine + n + 2 : mine);
+  }
+  crun_work_release(w);
+  return rc;
+}
+
+#define REFUSE_WORK(w, call)                                           \
+  do {                                                                 \
+    int crun__r = (call);                                              \
+    if (crun__r < 0) return refuse(pg, w, crun__r);                    \
+  } while (0)
+
 /* premul_sum (torch's make_premul_sum): the work sums scaled copies of the
  * inputs, owned by the work, so that an input that is not also the output is
  * left as the caller gave it (reduce on a non-root rank, reduce_scatter);
@@ -155,6 +193,7 @@ static int premul_copies(crun_work_t *w, const void *const *ins, int n) {
 int crun_pg_send(crun_pg_t *pg, const void *buf, size_t count, crun_dtype_t dt, int dst,
                  const crun_coll_opts_t *opts, crun_work_t **work) {
   CRUN_CHECK(check_common(pg, CRUN__COLL_SEND, dt, 0, 0));
+  CRUN_CHECK(check_tag(pg, CRUN__COLL_SEND, opts));
   CRUN_CHECK(check_rank(pg, CRUN__COLL_SEND, "destination rank", dst));
   if (dst == pg->rank) return crun_error(CRUN_EINVAL, "send on rank %d: cannot send to itself", pg->rank);
   CRUN_CHECK(check_buf(pg, CRUN__COLL_SEND, buf, count, "buffer"));
@@ -167,6 +206,7 @@ int crun_pg_send(crun_pg_t *pg, const void *buf, size_t count, crun_dtype_t dt, 
 int crun_pg_recv(crun_pg_t *pg, void *buf, size_t count, crun_dtype_t dt, int src,
                  const crun_coll_opts_t *opts, int *src_out, crun_work_t **work) {
   CRUN_CHECK(check_common(pg, CRUN__COLL_RECV, dt, 0, 0));
+  CRUN_CHECK(check_tag(pg, CRUN__COLL_RECV, opts));
   if (src != CRUN_ANY_SOURCE) CRUN_CHECK(check_rank(pg, CRUN__COLL_RECV, "source rank", src));
   if (src == pg->rank) return crun_error(CRUN_EINVAL, "recv on rank %d: cannot receive from itself", pg->rank);
   if (src == CRUN_ANY_SOURCE && (is_cuda(opts) && pg->be_dev ? pg->be_dev : pg->be)->device)
@@ -249,9 +289,9 @@ int crun_pg_gather(crun_pg_t *pg, const void *in, void *const *outs, size_t coun
   w->c.in = in;
   w->c.root = root;
   if (pg->rank == root)
-    FAIL_WORK(w, copy_ptrs(pg, CRUN__COLL_GATHER, (const void *const *)outs, count, "output", &w->c.outs));
+    REFUSE_WORK(w, copy_ptrs(pg, CRUN__COLL_GATHER, (const void *const *)outs, count, "output", &w->c.outs));
   if (pg->rank == root && !is_cuda(opts))
-    FAIL_WORK(w, check_apart(pg, CRUN__COLL_GATHER, in, (const void *const *)outs, count, dt, "input", "output"));
+    REFUSE_WORK(w, check_apart(pg, CRUN__COLL_GATHER, in, (const void *const *)outs, count, dt, "input", "output"));
   return submit(pg, w, work, NULL);
 }
 
@@ -264,9 +304,9 @@ int crun_pg_scatter(crun_pg_t *pg, void *out, const void *const *ins, size_t cou
   w->c.buf = out;
   w->c.root = root;
   if (pg->rank == root)
-    FAIL_WORK(w, copy_ptrs(pg, CRUN__COLL_SCATTER, ins, count, "input", (void ***)&w->c.ins));
+    REFUSE_WORK(w, copy_ptrs(pg, CRUN__COLL_SCATTER, ins, count, "input", (void ***)&w->c.ins));
   if (pg->rank == root && !is_cuda(opts))
-    FAIL_WORK(w, check_apart(pg, CRUN__COLL_SCATTER, out, ins, count, dt, "output", "input"));
+    REFUSE_WORK(w, check_apart(pg, CRUN__COLL_SCATTER, out, ins, count, dt, "output", "input"));
   return submit(pg, w, work, NULL);
 }
 

@@ -16,6 +16,8 @@
 --             a while); ranks 1-2 all_reduce again
 --   a2akind   rank 1 calls all_to_all (blocks of 4) where the others all_reduce
 --   subcount  in new_group{1, 2}, rank 1 all_reduces 3 elements, rank 2 five
+--   rootgather / rootscatter  the root's (rank 0's) buffers overlap, which
+--             only it can see; then an all_reduce
 --   objcallK  rank 0 broadcasts an int64[K] tensor of -5s where the others
 --             call broadcast_object_list (K = 1, 2: the size word, or more)
 local crun = require "crun"
@@ -94,6 +96,13 @@ elseif mode == "a2akind" then
 elseif mode == "subcount" then
   local g = dist.new_group({1, 2})
   if rank == 0 then record(true) else record(pcall(dist.all_reduce, T.ones({rank == 1 and 3 or 5}), "sum", {group = g})) end
+elseif mode == "rootgather" or mode == "rootscatter" then
+  local big = T.ones({5})
+  local a, b = big:narrow(1, 1, 4), big:narrow(1, 2, 4)
+  local list = rank == 0 and {a, T.zeros({4}), T.zeros({4})} or nil
+  local f = mode == "rootgather" and dist.gather or dist.scatter
+  record(pcall(f, rank == 0 and b or T.ones({4}), list, 0))
+  record(pcall(dist.all_reduce, T.ones({2})))
 elseif mode:match("^objcall%d$") then
   if rank == 0 then
     record(pcall(dist.broadcast, T.full({tonumber(mode:sub(-1))}, -5, "int64"), 0))

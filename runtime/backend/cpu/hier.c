@@ -154,9 +154,27 @@ static int reps_run(hier_t *h, crun__coll_t *c) {
 /* How the shared-memory engine describes h_agree's stage (SIG_WORDS int64). */
 #define CHECK_STAGE "all_gather(int64[5])"
 
-/* Adds to a shm stage's error which group ranks its (local) ranks are. */
-static int shm_err(hier_t *h, int rc) {
-  char map[160];
+/* The text of a shared-memory stage's error after its own "shm <op> #<n> on
+ * rank <local rank>: " prefix, which names the stage and a local rank. */
+static const char *shm_body(const char *t) {
+  const char *on = strncmp(t, "shm ", 4) == 0 ? strstr(t, " on rank ") : NULL;
+  const char *colon = on ? strstr(on, ": ") : NULL;
+  return colon ? colon + 2 : t;
+}
+
+/* The group rank of this host's local rank k (k itself when out of range). */
+static int local_to_group(const hier_t *h, int k) {
+  for (int q = 0, j = 0; q < h->pg->size; q++)
+    if (h->host_of[q] == h->host && j++ == k) return q;
+  return k;
+}
+
+/* Rewrites a shm stage's error (status rc) of the user's call c so that it
+ * names c and this rank's group rank first, then what the stage said, the
+ * stage, and which group ranks the stage's local ranks are:
+ * "all_reduce #7 on rank 2: <text> (stage: node-local broadcast) [...]". */
+static int shm_err(hier_t *h, const crun__coll_t *c, const char *stage, int rc) {
+  char map[160], desc[64];
   size_t used = 0;
   map[0] = 0;
   for (int q = 0; q < h->pg->size && used + 12 < sizeof map; q++)
@@ -169,15 +187,21 @@ static int shm_err(hier_t *h, int rc) {
   /* h_agree's stage, met by a rank that went straight to its first stage */
   const char *note = rc == CRUN_EMISMATCH && strstr(t, CHECK_STAGE) ? "; " CHECK_STAGE " is its check of a "
                      "broadcast, reduce or avg all_reduce: the ranks' calls differ" : "";
-  return crun_error(rc, "%s [hierarchical engine: shm ranks 0.. on host %d are group ranks %s%s]", t,
-                    h->host, map, note);
+  crun__coll_desc(c, desc, sizeof desc);
+  const char *body = shm_body(t);
+  int k, n = 0;
+  if (sscanf(body, "rank %d failed first: %n", &k, &n) == 1 && n > 0) /* relayed: its text says the rest */
+    return crun_error(rc, "%s on rank %d (stage: %s): rank %d failed first: %s", desc, h->pg->rank, stage,
+                      local_to_group(h, k), body + n);
+  return crun_error(rc, "%s on rank %d: %s (stage: %s) [hierarchical engine: the stage's ranks 0.. are "
+                    "group ranks %s on host %d%s]", desc, h->pg->rank, body, stage, map, h->host, note);
 }
 
-#define SHM(call)                                                             \
+#define SHM(stage, call)                                                      \
   do {                                                                        \
     crun__shm_comm_label(h->comm, c->seq);                                    \
     int shm_rc_ = (call);                                                     \
-    if (shm_rc_ < 0) return shm_err(h, shm_rc_);                              \
+    if (shm_rc_ < 0) return shm_err(h, c, stage, shm_rc_);                    \
   } while (0)
 
 /* The TCP stage among reps; a failure also aborts this host's communicator,
@@ -320,7 +344,7 @@ static int pipe_all_reduce(hier_t *h, crun__coll_t *c, const crun__coll_t *s, in
       crun__shm_comm_label(h->comm, c->seq);
       rc = crun__shm_reduce_scatter(h->comm, seg + (size_t)j * (n / (size_t)l) * p.es, seg, n / (size_t)l,
                                     c->dt, s->op, left(c));
-      if (rc < 0) { rc = shm_err(h, rc); break; }
+      if (rc < 0) { rc = shm_err(h, c, "node-local reduce_scatter", rc); break; }
       pipe_post(&p, &p.ready, k + 1);
     }
     if (k >= 1) {
@@ -331,7 +355,7 @@ static int pipe_all_reduce(hier_t *h, crun__coll_t *c, const crun__coll_t *s, in
       crun__shm_comm_label(h->comm, c->seq);
       rc = crun__shm_all_gather(h->comm, seg, seg + (size_t)j * (n / (size_t)l) * p.es, n / (size_t)l, c->dt,
                                 left(c));
-      if (rc < 0) rc = shm_err(h, rc);
+      if (rc < 0) rc = shm_err(h, c, "node-local all_gather", rc);
     }
   }
   if (threaded) {
@@ -357,11 +381,11 @@ static int h_all_reduce_split(hier_t *h, crun__coll_t *c, crun__coll_t *s) {
     int rc = pipe_all_reduce(h, c, s, l, j);
     if (rc != CRUN_ENOTSUP) return rc;
   }
-  SHM(crun__shm_reduce_scatter(h->comm, mine, c->buf, q, c->dt, s->op, left(c)));
+  SHM("node-local reduce_scatter", crun__shm_reduce_scatter(h->comm, mine, c->buf, q, c->dt, s->op, left(c)));
   s->buf = mine;
   s->count = q;
   CRUN_CHECK(reps_stage(h, s));
-  SHM(crun__shm_all_gather(h->comm, c->buf, mine, q, c->dt, left(c)));
+  SHM("node-local all_gather", crun__shm_all_gather(h->comm, c->buf, mine, q, c->dt, left(c)));
   return 0;
 }
 
@@ -375,9 +399,9 @@ static int h_all_reduce(hier_t *h, crun__coll_t *c) {
     return crun__finish_avg(&all, c, c->buf, c->count);
   }
   set_reps(h, -1);
-  if (h->comm) SHM(crun__shm_reduce(h->comm, c->buf, NULL, c->count, c->dt, s.op, 0, left(c)));
+  if (h->comm) SHM("node-local reduce", crun__shm_reduce(h->comm, c->buf, NULL, c->count, c->dt, s.op, 0, left(c)));
   if (is_rep(h)) CRUN_CHECK(reps_stage(h, &s));
-  if (h->comm) SHM(crun__shm_broadcast(h->comm, c->buf, c->count, c->dt, 0, left(c)));
+  if (h->comm) SHM("node-local broadcast", crun__shm_broadcast(h->comm, c->buf, c->count, c->dt, 0, left(c)));
   return crun__finish_avg(&all, c, c->buf, c->count);
 }
 
@@ -386,7 +410,7 @@ static int h_broadcast(hier_t *h, crun__coll_t *c) {
   crun__coll_t s = *c;
   s.root = h->host_of[c->root];
   if (is_rep(h)) CRUN_CHECK(reps_stage(h, &s));
-  if (h->comm) SHM(crun__shm_broadcast(h->comm, c->buf, c->count, c->dt, h->lrank_of[h->reps[h->host]], left(c)));
+  if (h->comm) SHM("node-local broadcast", crun__shm_broadcast(h->comm, c->buf, c->count, c->dt, h->lrank_of[h->reps[h->host]], left(c)));
   return 0;
 }
 
@@ -404,7 +428,7 @@ static int h_reduce(hier_t *h, crun__coll_t *c) {
     crun__shm_comm_label(h->comm, c->seq);
     rc = crun__shm_reduce(h->comm, tmp, root ? NULL : c->buf, c->count, c->dt, s.op,
                           h->lrank_of[h->reps[h->host]], left(c));
-    if (rc < 0) rc = shm_err(h, rc);
+    if (rc < 0) rc = shm_err(h, c, "node-local reduce", rc);
   } else if (!root) {
     memcpy(tmp, c->buf, bytes);
   }
@@ -418,9 +442,9 @@ static int h_reduce(hier_t *h, crun__coll_t *c) {
 
 static int h_barrier(hier_t *h, crun__coll_t *c) {
   set_reps(h, -1);
-  if (h->comm) SHM(crun__shm_barrier(h->comm, left(c)));
+  if (h->comm) SHM("node-local barrier in", crun__shm_barrier(h->comm, left(c)));
   if (is_rep(h)) CRUN_CHECK(reps_stage(h, c));
-  if (h->comm) SHM(crun__shm_barrier(h->comm, left(c)));
+  if (h->comm) SHM("node-local barrier out", crun__shm_barrier(h->comm, left(c)));
   return 0;
 }
 
@@ -474,7 +498,7 @@ static int h_agree(hier_t *h, const crun__coll_t *c) {
   for (int j = 0; rc == 0 && bad < 0 && j < l; j++)
     if (memcmp(all + (size_t)j * SIG_WORDS, mine, sizeof mine)) bad = j;
   if (rc < 0) {
-    rc = shm_err(h, rc);
+    rc = shm_err(h, c, "node-local check that the calls agree", rc);
   } else if (bad >= 0) {
     int q = 0;   /* group rank of local rank `bad` */
     for (int k = -1; q < h->pg->size; q++)
