@@ -292,3 +292,48 @@ describe("in-place ops on overlapping views", function()
     end)
   end
 end)
+
+-- What a program ported from torch computes the same way here (dims 1-based).
+describe("torch parity", function()
+  -- Sum along 1-based dim d of the nested table v (shape s), flattened.
+  local function sums_along(v, s, d)
+    local out, idx = {}, {}
+    local function at(t, k) for i = 1, #k do t = t[k[i]] end return t end
+    local function walk(level)
+      if level > #s then
+        if idx[d] ~= 1 then return end
+        local k, acc = {}, 0
+        for i = 1, #s do k[i] = idx[i] end
+        for j = 1, s[d] do k[d] = j; acc = acc + at(v, k) end
+        out[#out + 1] = acc
+        return
+      end
+      for i = 1, s[level] do idx[level] = i; walk(level + 1) end
+    end
+    walk(1)
+    return out
+  end
+
+  it("softmax / log_softmax without a dim take torch's implicit dim (1 for 1-d and 3-d, else 2) and warn once", function()
+    for _, shape in ipairs({{5}, {3, 4}, {2, 3, 4}, {2, 3, 2, 2}}) do
+      local n = 1
+      for _, s in ipairs(shape) do n = n * s end
+      local x = (T.arange(n, "float64") * 0.37 - 1.3):pow(3):view(shape)
+      local want = (#shape == 1 or #shape == 3) and 1 or 2
+      local p = x:softmax()
+      for i, v in ipairs(sums_along(p:totable(), shape, want)) do
+        assert.is_true(math.abs(v - 1) < 1e-12, #shape .. "-d: sum " .. i .. " along dim " .. want .. " is " .. v)
+      end
+      assert.same(x:softmax(want):totable(), p:totable())
+      assert.same(x:log_softmax(want):totable(), x:log_softmax():totable())
+      assert.same(x:softmax(want):totable(), T.softmax(x):totable())
+    end
+    local p = io.popen([[lua5.4 -e 'local T = require "crun.tensor"
+      local x = T.ones(2, 3, 4)
+      x:softmax(); x:log_softmax(); T.softmax(x); x:softmax(3)' 2>&1]])
+    local out = p:read("a")
+    p:close()
+    assert.equal(1, select(2, out:gsub("implicit dim", "")), out)
+    assert.matches("softmax: implicit dim choice is deprecated", out)
+  end)
+end)

@@ -267,6 +267,23 @@ function T.stack(list, dim)
   return out
 end
 
+--- t:softmax([dim]) / t:log_softmax([dim]): along dim (1-based, negative
+--- from the end). With no dim, torch's implicit (deprecated) choice of
+--- F.softmax / nn.Softmax(): dim 1 of a 0-, 1- or 3-d tensor, else dim 2,
+--- with a warning once per process.
+for _, name in ipairs({"softmax", "log_softmax"}) do
+  local f = methods[name]
+  methods[name] = function(t, dim)
+    if dim == nil and T.is_tensor(t) then
+      local nd = t:dim()
+      dim = (nd <= 1 or nd == 3) and 1 or 2
+      O.warn_once("softmax_dim", "%s: implicit dim choice is deprecated, as in torch: dim %d of this %d-d tensor " ..
+                  "taken by torch's rule (1-based; pass the dim)", name, dim, nd)
+    end
+    return f(t, dim)
+  end
+end
+
 --- Function forms of the math methods: T.exp(t), T.add(a, b), T.softmax(t, dim), ...
 local function_forms = {"add", "sub", "mul", "div", "pow", "maximum", "minimum", "eq", "ne",
   "lt", "le", "gt", "ge", "neg", "exp", "log", "tanh", "sigmoid", "relu", "sqrt", "abs", "sin",
