@@ -1076,13 +1076,23 @@ static void push_scalar_of(lua_State *L, crun_tensor_t *t) {
   crun_tensor_release(h);
 }
 
+/* Reads a reduction's dim at arg as check_dim, except that a 0-d tensor
+ * takes dim 1 or -1 (torch's 0 or -1): then -1, the reduction over all. */
+static int check_reduce_dim(lua_State *L, int arg, const crun_tensor_t *t) {
+  if (crun_tensor_ndim(t) == 0 && lua_isinteger(L, arg)) {
+    lua_Integer d = lua_tointeger(L, arg);
+    if (d == 1 || d == -1) return -1;
+  }
+  return check_dim(L, arg, t);
+}
+
 /* Reduction (upvalue 1): t:sum() -> number; t:sum(dim[, keepdim]) -> tensor;
  * t:sum(nil, true) -> a tensor with every size 1 (torch's dim=None,
  * keepdim=True); max/min with a dim also return the 1-based positions. */
 static int m_reduce(lua_State *L) {
   crun_dimred_t op = (crun_dimred_t)lua_tointeger(L, lua_upvalueindex(1));
   crun_tensor_t *a = crun_l_check_tensor(L, 1), *v = NULL, *ix = NULL;
-  int all = lua_isnoneornil(L, 2), dim = all ? -1 : check_dim(L, 2, a), keep = lua_toboolean(L, 3);
+  int all = lua_isnoneornil(L, 2), dim = all ? -1 : check_reduce_dim(L, 2, a), keep = lua_toboolean(L, 3);
   int with_idx = !all && (op == CRUN_DIMRED_MAX || op == CRUN_DIMRED_MIN);
   CRUN_L_CHECK(L, crun_tensor_reduce_dim(op, a, dim, keep, 1, &v, with_idx ? &ix : NULL));
   if (all && !keep) {
@@ -1100,8 +1110,8 @@ static int m_reduce(lua_State *L) {
  * dim; with no dim and keepdim, a tensor with every size 1, as torch's). */
 static int arg_common(lua_State *L, crun_dimred_t op) {
   crun_tensor_t *a = crun_l_check_tensor(L, 1), *v = NULL, *ix = NULL;
-  int all = lua_isnoneornil(L, 2), dim = all ? -1 : check_dim(L, 2, a), keep = lua_toboolean(L, 3);
-  if ((all ? crun_tensor_numel(a) : crun_tensor_shape(a)[dim]) == 0) /* (reduce_dim would name max / min) */
+  int all = lua_isnoneornil(L, 2), dim = all ? -1 : check_reduce_dim(L, 2, a), keep = lua_toboolean(L, 3);
+  if ((dim < 0 ? crun_tensor_numel(a) : crun_tensor_shape(a)[dim]) == 0) /* (reduce_dim would name max / min) */
     return crun_l_error(L, "EINVAL: %s over an empty dim (no identity)", op == CRUN_DIMRED_MAX ? "argmax" : "argmin");
   CRUN_L_CHECK(L, crun_tensor_reduce_dim(op, a, dim, keep, 1, &v, &ix));
   crun_tensor_release(v);

@@ -336,4 +336,31 @@ describe("torch parity", function()
     assert.equal(1, select(2, out:gsub("implicit dim", "")), out)
     assert.matches("softmax: implicit dim choice is deprecated", out)
   end)
+
+  it("reductions of a 0-d tensor accept dim 1 and -1 (torch's 0 and -1) and give 0-d tensors", function()
+    local s = T.tensor(-2.75, "float64")
+    for _, d in ipairs({1, -1}) do
+      for _, op in ipairs({"sum", "mean", "prod", "max", "min"}) do
+        local v, ix = s[op](s, d)
+        assert.equal(0, v:dim(), op)
+        assert.equal(-2.75, v:item(), op)
+        if op == "max" or op == "min" then assert.equal(1, ix:item(), op) end
+        assert.equal(0, s[op](s, d, true):dim(), op .. " keepdim")
+      end
+      for _, op in ipairs({"argmax", "argmin"}) do
+        assert.equal(0, s[op](s, d):dim(), op)
+        assert.equal(1, s[op](s, d):item(), op)
+      end
+      assert.equal(1, s:softmax(d):item())
+      assert.equal(0, s:log_softmax(d):item())
+      assert.equal(0, s:softmax(d):dim())
+    end
+    assert.equal(1, s:softmax():item())
+    assert.equal("int64", T.tensor(7, "int32"):sum(1):dtype())
+    local ok, err = pcall(function() return s:sum(2) end)
+    assert.is_false(ok)
+    assert.matches("^EINVAL: .*dim 2 out of range for a 0%-d tensor", err)
+    ok, err = pcall(function() return s:softmax(0) end)
+    assert.matches("^EINVAL: .*dim 0 out of range for a 0%-d tensor", err)
+  end)
 end)

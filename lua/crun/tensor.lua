@@ -270,7 +270,8 @@ end
 --- t:softmax([dim]) / t:log_softmax([dim]): along dim (1-based, negative
 --- from the end). With no dim, torch's implicit (deprecated) choice of
 --- F.softmax / nn.Softmax(): dim 1 of a 0-, 1- or 3-d tensor, else dim 2,
---- with a warning once per process.
+--- with a warning once per process. A 0-d tensor takes dim 1 or -1 (torch's
+--- 0 or -1) and gives a 0-d 1 (log: 0), as torch's.
 for _, name in ipairs({"softmax", "log_softmax"}) do
   local f = methods[name]
   methods[name] = function(t, dim)
@@ -279,6 +280,9 @@ for _, name in ipairs({"softmax", "log_softmax"}) do
       dim = (nd <= 1 or nd == 3) and 1 or 2
       O.warn_once("softmax_dim", "%s: implicit dim choice is deprecated, as in torch: dim %d of this %d-d tensor " ..
                   "taken by torch's rule (1-based; pass the dim)", name, dim, nd)
+    end
+    if T.is_tensor(t) and t:dim() == 0 and (dim == 1 or dim == -1) then
+      return f(t:reshape({1}), 1):reshape({})
     end
     return f(t, dim)
   end
