@@ -998,6 +998,18 @@ static crun_tensor_t *exact_int64_scalar(lua_State *L, int idx, const crun_tenso
   return s;
 }
 
+/* torch's promotion of an integer or bool tensor t meeting the Lua float at
+ * idx (2.0, 0.5, n / 2): a float32 copy of t, for the caller to release;
+ * NULL when t's dtype or the scalar needs no promotion. */
+static crun_tensor_t *promoted_for_float_scalar(lua_State *L, int idx, crun_tensor_t *t) {
+  crun_dtype_t dt = crun_tensor_dtype(t);
+  if (!(crun_dtype_is_integer(dt) || dt == CRUN_BOOL) || lua_type(L, idx) != LUA_TNUMBER || lua_isinteger(L, idx))
+    return NULL;
+  crun_tensor_t *f;
+  CRUN_L_CHECK(L, crun_tensor_to(t, CRUN_FLOAT32, &f));
+  return f;
+}
+
 /* Binary op on (tensor|number, tensor|number), new result or in place. The
  * op is the closure's upvalue 1, in-place flag upvalue 2. t:add(x, alpha)
  * and t:sub(x, alpha) scale a tensor x by alpha first (torch's alpha). */
@@ -1013,6 +1025,11 @@ static int m_binop(lua_State *L) {
     CRUN_L_CHECK(L, crun_tensor_binop_scalar(CRUN_BIN_MUL, b, crun_l_checknumber(L, 3), 0, &scaled));
     b = scaled;
   }
+  /* (not in place: torch refuses to write a float result into an int tensor) */
+  crun_tensor_t *promoted = inplace ? NULL : !a ? promoted_for_float_scalar(L, 1, b)
+                          : !b && lua_isnoneornil(L, 3) ? promoted_for_float_scalar(L, 2, a) : NULL;
+  if (promoted && !a) b = promoted;
+  else if (promoted) a = promoted;
   crun_tensor_t *exact = !a ? exact_int64_scalar(L, 1, b)
                        : !b && lua_isnoneornil(L, 3) ? exact_int64_scalar(L, 2, a) : NULL;
   if (exact) {
@@ -1029,6 +1046,7 @@ static int m_binop(lua_State *L) {
     rc = crun_tensor_binop_scalar(op, b, crun_l_checknumber(L, 1), 1, &r);
   }
   crun_tensor_release(scaled);
+  crun_tensor_release(promoted);
   if (rc < 0) crun_l_fail(L, rc);
   if (inplace) {
     lua_settop(L, 1);

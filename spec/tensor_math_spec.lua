@@ -222,7 +222,7 @@ describe("indexing", function()
 end)
 
 describe("dtype rules", function()
-  it("integer tensors support add/sub/mul/comparisons, not float math", function()
+  it("integer tensors support add/sub/mul/comparisons, not float math in place", function()
     local i = T.new({1, 2, 3}, "int64")
     assert.same({2, 4, 6}, (i + i):totable())
     assert.same({3, 6, 9}, (i * 3):totable())
@@ -233,7 +233,7 @@ describe("dtype rules", function()
     assert.matches("^ENOTSUP: div is not supported on int64", err)
     ok, err = pcall(function() return i:exp() end)
     assert.matches("^ENOTSUP: exp needs a float32 or float64 tensor, got int64", err)
-    ok, err = pcall(function() return i * 0.5 end)
+    ok, err = pcall(function() return i:mul_(0.5) end)
     assert.matches("non%-integral scalar", err)
   end)
 
@@ -362,5 +362,29 @@ describe("torch parity", function()
     assert.matches("^EINVAL: .*dim 2 out of range for a 0%-d tensor", err)
     ok, err = pcall(function() return s:softmax(0) end)
     assert.matches("^EINVAL: .*dim 0 out of range for a 0%-d tensor", err)
+  end)
+  it("an integer or bool tensor with a Lua float scalar computes in float32, as torch's", function()
+    local vals = {1000000000, -7, 3, -123457}
+    local a = T.tensor(vals, "int32")
+    local cases = {
+      {a * 4.0, function(v) return v * 4 end},
+      {a + 0.5, function(v) return v + 0.5 end},
+      {2.25 - a, function(v) return 2.25 - v end},
+      {a:mul(-1.5), function(v) return v * -1.5 end},
+    }
+    for i, c in ipairs(cases) do
+      assert.equal("float32", c[1]:dtype(), "case " .. i)
+      local want = {}
+      for j, v in ipairs(vals) do want[j] = string.unpack("f", string.pack("f", c[2](v))) end
+      assert.same(want, c[1]:totable(), "case " .. i)
+    end
+    assert.same({0, 1, 0, 1}, a:lt(2.5):totable()) -- as floats: 3 < 2.5 is false
+    assert.same({3 * 2.0 ^ 62}, (T.tensor({3}) * 2.0 ^ 62):totable()) -- int64 wrapped to -2^62
+    assert.same({1.25, 0.25}, (T.tensor({true, false}) + 0.25):totable())
+    assert.same({2000000000, -14, 6, -246914}, (a * 2):totable()) -- a Lua integer keeps int32
+    assert.equal("int32", (a * 2):dtype())
+    local ok, err = pcall(function() return a:clone():add_(0.5) end) -- in place keeps int32, as torch refuses
+    assert.is_false(ok)
+    assert.matches("^ENOTSUP: add: int32 tensor with non%-integral scalar 0.5", err)
   end)
 end)
