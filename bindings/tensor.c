@@ -998,16 +998,34 @@ static crun_tensor_t *exact_int64_scalar(lua_State *L, int idx, const crun_tenso
   return s;
 }
 
-/* torch's promotion of an integer or bool tensor t meeting the Lua float at
- * idx (2.0, 0.5, n / 2): a float32 copy of t, for the caller to release;
- * NULL when t's dtype or the scalar needs no promotion. */
-static crun_tensor_t *promoted_for_float_scalar(lua_State *L, int idx, crun_tensor_t *t) {
-  crun_dtype_t dt = crun_tensor_dtype(t);
-  if (!(crun_dtype_is_integer(dt) || dt == CRUN_BOOL) || lua_type(L, idx) != LUA_TNUMBER || lua_isinteger(L, idx))
-    return NULL;
-  crun_tensor_t *f;
-  CRUN_L_CHECK(L, crun_tensor_to(t, CRUN_FLOAT32, &f));
-  return f;
+static int is_float_dtype(crun_dtype_t dt) { return !crun_dtype_is_integer(dt) && dt != CRUN_BOOL; }
+
+/* torch's promotion of an integer or bool tensor t: to other's float dtype
+ * when other is a float tensor, else float32. *out is the converted copy
+ * (the caller releases it), or NULL when t is a float tensor already. */
+static int float_promoted(crun_tensor_t *t, const crun_tensor_t *other, crun_tensor_t **out) {
+  *out = NULL;
+  if (is_float_dtype(crun_tensor_dtype(t))) return 0;
+  crun_dtype_t to = other && is_float_dtype(crun_tensor_dtype(other)) ? crun_tensor_dtype(other) : CRUN_FLOAT32;
+  return crun_tensor_to(t, to, out);
+}
+
+/* Promotes the operands of a new (not in-place) op as torch does: an integer
+ * or bool tensor meeting a Lua float (2.0, 0.5, n / 2) and any operand of
+ * true division compute in float. *pa / *pb are the copies made (or NULL). */
+static int promote_operands(lua_State *L, crun_binop_t op, crun_tensor_t *a, crun_tensor_t *b,
+                            crun_tensor_t **pa, crun_tensor_t **pb) {
+  int div = op == CRUN_BIN_DIV, rc = 0;
+  *pa = *pb = NULL;
+  if (a && b && div) {
+    rc = float_promoted(a, b, pa);
+    if (rc == 0) rc = float_promoted(b, a, pb);
+  } else if (a && !b && lua_isnoneornil(L, 3) && lua_type(L, 2) == LUA_TNUMBER && (div || !lua_isinteger(L, 2))) {
+    rc = float_promoted(a, NULL, pa);
+  } else if (!a && (div || !lua_isinteger(L, 1))) {
+    rc = float_promoted(b, NULL, pb);
+  }
+  return rc;
 }
 
 /* Binary op on (tensor|number, tensor|number), new result or in place. The
@@ -1026,10 +1044,14 @@ static int m_binop(lua_State *L) {
     b = scaled;
   }
   /* (not in place: torch refuses to write a float result into an int tensor) */
-  crun_tensor_t *promoted = inplace ? NULL : !a ? promoted_for_float_scalar(L, 1, b)
-                          : !b && lua_isnoneornil(L, 3) ? promoted_for_float_scalar(L, 2, a) : NULL;
-  if (promoted && !a) b = promoted;
-  else if (promoted) a = promoted;
+  crun_tensor_t *pa = NULL, *pb = NULL;
+  if (!inplace && (rc = promote_operands(L, op, a, b, &pa, &pb)) < 0) {
+    crun_tensor_release(pa);
+    crun_tensor_release(scaled);
+    crun_l_fail(L, rc);
+  }
+  if (pa) a = pa;
+  if (pb) b = pb;
   crun_tensor_t *exact = !a ? exact_int64_scalar(L, 1, b)
                        : !b && lua_isnoneornil(L, 3) ? exact_int64_scalar(L, 2, a) : NULL;
   if (exact) {
@@ -1046,7 +1068,8 @@ static int m_binop(lua_State *L) {
     rc = crun_tensor_binop_scalar(op, b, crun_l_checknumber(L, 1), 1, &r);
   }
   crun_tensor_release(scaled);
-  crun_tensor_release(promoted);
+  crun_tensor_release(pa);
+  crun_tensor_release(pb);
   if (rc < 0) crun_l_fail(L, rc);
   if (inplace) {
     lua_settop(L, 1);

@@ -228,7 +228,7 @@ describe("dtype rules", function()
     assert.same({3, 6, 9}, (i * 3):totable())
     assert.same({0, 1, 1}, i:gt(1):totable())
     assert.equal("uint8", i:eq(2):dtype())
-    local ok, err = pcall(function() return i / 2 end)
+    local ok, err = pcall(function() return i:div_(2) end)
     assert.is_false(ok)
     assert.matches("^ENOTSUP: div is not supported on int64", err)
     ok, err = pcall(function() return i:exp() end)
@@ -386,5 +386,29 @@ describe("torch parity", function()
     local ok, err = pcall(function() return a:clone():add_(0.5) end) -- in place keeps int32, as torch refuses
     assert.is_false(ok)
     assert.matches("^ENOTSUP: add: int32 tensor with non%-integral scalar 0.5", err)
+  end)
+  it("/ and div of integer tensors are true division in float32 (float64 beside a float64), as torch's", function()
+    local f32 = function(x) return string.unpack("f", string.pack("f", x)) end
+    local av, bv = {7, -7, 5, -5, 0}, {2, 2, -3, -3, 6}
+    local a, b = T.tensor(av, "int32"), T.tensor(bv, "int64")
+    local q, q4, r9, qd = {}, {}, {}, {}
+    for i = 1, #av do
+      q[i], q4[i] = f32(av[i] / bv[i]), f32(av[i] / 4)
+      r9[i] = av[i] ~= 0 and f32(9 / av[i]) or math.huge
+      qd[i] = av[i] / (bv[i] + 0.5)
+    end
+    assert.equal("float32", (a / b):dtype())
+    assert.same(q, (a / b):totable())
+    assert.same(q, a:div(b):totable())
+    assert.same(q4, (a / 4):totable())
+    assert.same(r9, (9 / a):totable())
+    assert.same(qd, (a / (b:double() + 0.5)):totable())
+    assert.equal("float64", (a / T.tensor(bv, "float64")):dtype())
+    local z = (T.tensor({5, -5, 0}, "int16") / 0):totable()
+    assert.same({math.huge, -math.huge}, {z[1], z[2]})
+    assert.is_true(z[3] ~= z[3])
+    local ok, err = pcall(function() return a:clone():div_(2) end)
+    assert.is_false(ok)
+    assert.matches("^ENOTSUP: div is not supported on int32", err)
   end)
 end)
