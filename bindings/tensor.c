@@ -1010,9 +1010,17 @@ static int float_promoted(crun_tensor_t *t, const crun_tensor_t *other, crun_ten
   return crun_tensor_to(t, to, out);
 }
 
+/* A bool tensor meeting a Lua integer computes in int64, as torch's (m * 3
+ * counts 3 per true; m:eq(2) is all false). */
+static int int_promoted(crun_tensor_t *t, crun_tensor_t **out) {
+  *out = NULL;
+  return crun_tensor_dtype(t) == CRUN_BOOL ? crun_tensor_to(t, CRUN_INT64, out) : 0;
+}
+
 /* Promotes the operands of a new (not in-place) op as torch does: an integer
  * or bool tensor meeting a Lua float (2.0, 0.5, n / 2) and any operand of
- * true division compute in float. *pa / *pb are the copies made (or NULL). */
+ * true division compute in float, a bool tensor meeting a Lua integer in
+ * int64. *pa / *pb are the copies made (or NULL). */
 static int promote_operands(lua_State *L, crun_binop_t op, crun_tensor_t *a, crun_tensor_t *b,
                             crun_tensor_t **pa, crun_tensor_t **pb) {
   int div = op == CRUN_BIN_DIV, rc = 0;
@@ -1020,10 +1028,10 @@ static int promote_operands(lua_State *L, crun_binop_t op, crun_tensor_t *a, cru
   if (a && b && div) {
     rc = float_promoted(a, b, pa);
     if (rc == 0) rc = float_promoted(b, a, pb);
-  } else if (a && !b && lua_isnoneornil(L, 3) && lua_type(L, 2) == LUA_TNUMBER && (div || !lua_isinteger(L, 2))) {
-    rc = float_promoted(a, NULL, pa);
-  } else if (!a && (div || !lua_isinteger(L, 1))) {
-    rc = float_promoted(b, NULL, pb);
+  } else if (a && !b && lua_isnoneornil(L, 3) && lua_type(L, 2) == LUA_TNUMBER) {
+    rc = div || !lua_isinteger(L, 2) ? float_promoted(a, NULL, pa) : int_promoted(a, pa);
+  } else if (!a) {
+    rc = div || !lua_isinteger(L, 1) ? float_promoted(b, NULL, pb) : int_promoted(b, pb);
   }
   return rc;
 }
