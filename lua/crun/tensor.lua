@@ -288,6 +288,26 @@ for _, name in ipairs({"softmax", "log_softmax"}) do
   end
 end
 
+--- t:div(x[, {rounding_mode=}]) / t:div_: true division (integer tensors
+--- divide in float, as torch's). torch's rounding_mode "floor" / "trunc" is
+--- ENOTSUP rather than ignored (x:div(2, {rounding_mode = "floor"}) must not
+--- quietly give x / 2).
+local DIV = O.spec{"rounding_mode"}
+for _, name in ipairs({"div", "div_"}) do
+  local f = methods[name]
+  methods[name] = function(a, b, opts)
+    if opts ~= nil then
+      local mode = opts
+      if type(opts) == "table" and getmetatable(opts) == nil then mode = O.check(DIV, name, opts).rounding_mode end
+      if mode ~= nil then
+        O.fail("ENOTSUP: %s: rounding_mode '%s' is not supported: crun's div is true division " ..
+               "(for float tensors, (a / b):floor() is torch's 'floor' but where a / b rounds)", name, tostring(mode))
+      end
+    end
+    return f(a, b)
+  end
+end
+
 --- Function forms of the math methods: T.exp(t), T.add(a, b), T.softmax(t, dim), ...
 local function_forms = {"add", "sub", "mul", "div", "pow", "maximum", "minimum", "eq", "ne",
   "lt", "le", "gt", "ge", "neg", "exp", "log", "tanh", "sigmoid", "relu", "sqrt", "abs", "sin",
