@@ -998,6 +998,44 @@ static crun_tensor_t *exact_int64_scalar(lua_State *L, int idx, const crun_tenso
   return s;
 }
 
+static int is_float_dtype(crun_dtype_t dt) { return !crun_dtype_is_integer(dt) && dt != CRUN_BOOL; }
+
+/* torch's promotion of an integer or bool tensor t: to other's float dtype
+ * when other is a float tensor, else float32. *out is the converted copy
+ * (the caller releases it), or NULL when t is a float tensor already. */
+static int float_promoted(crun_tensor_t *t, const crun_tensor_t *other, crun_tensor_t **out) {
+  *out = NULL;
+  if (is_float_dtype(crun_tensor_dtype(t))) return 0;
+  crun_dtype_t to = other && is_float_dtype(crun_tensor_dtype(other)) ? crun_tensor_dtype(other) : CRUN_FLOAT32;
+  return crun_tensor_to(t, to, out);
+}
+
+/* A bool tensor meeting a Lua integer computes in int64, as torch's (m * 3
+ * counts 3 per true; m:eq(2) is all false). */
+static int int_promoted(crun_tensor_t *t, crun_tensor_t **out) {
+  *out = NULL;
+  return crun_tensor_dtype(t) == CRUN_BOOL ? crun_tensor_to(t, CRUN_INT64, out) : 0;
+}
+
+/* Promotes the operands of a new (not in-place) op as torch does: an integer
+ * or bool tensor meeting a Lua float (2.0, 0.5, n / 2) and any operand of
+ * true division compute in float, a bool tensor meeting a Lua integer in
+ * int64. *pa / *pb are the copies made (or NULL). */
+static int promote_operands(lua_State *L, crun_binop_t op, crun_tensor_t *a, crun_tensor_t *b,
+                            crun_tensor_t **pa, crun_tensor_t **pb) {
+  int div = op == CRUN_BIN_DIV, rc = 0;
+  *pa = *pb = NULL;
+  if (a && b && div) {
+    rc = float_promoted(a, b, pa);
+    if (rc == 0) rc = float_promoted(b, a, pb);
+  } else if (a && !b && lua_isnoneornil(L, 3) && lua_type(L, 2) == LUA_TNUMBER) {
+    rc = div || !lua_isinteger(L, 2) ? float_promoted(a, NULL, pa) : int_promoted(a, pa);
+  } else if (!a) {
+    rc = div || !lua_isinteger(L, 1) ? float_promoted(b, NULL, pb) : int_promoted(b, pb);
+  }
+  return rc;
+}
+
 /* Binary op on (tensor|number, tensor|number), new result or in place. The
  * op is the closure's upvalue 1, in-place flag upvalue 2. t:add(x, alpha)
  * and t:sub(x, alpha) scale a tensor x by alpha first (torch's alpha). */
@@ -1013,6 +1051,15 @@ static int m_binop(lua_State *L) {
     CRUN_L_CHECK(L, crun_tensor_binop_scalar(CRUN_BIN_MUL, b, crun_l_checknumber(L, 3), 0, &scaled));
     b = scaled;
   }
+  /* (not in place: torch refuses to write a float result into an int tensor) */
+  crun_tensor_t *pa = NULL, *pb = NULL;
+  if (!inplace && (rc = promote_operands(L, op, a, b, &pa, &pb)) < 0) {
+    crun_tensor_release(pa);
+    crun_tensor_release(scaled);
+    crun_l_fail(L, rc);
+  }
+  if (pa) a = pa;
+  if (pb) b = pb;
   crun_tensor_t *exact = !a ? exact_int64_scalar(L, 1, b)
                        : !b && lua_isnoneornil(L, 3) ? exact_int64_scalar(L, 2, a) : NULL;
   if (exact) {
@@ -1029,6 +1076,8 @@ static int m_binop(lua_State *L) {
     rc = crun_tensor_binop_scalar(op, b, crun_l_checknumber(L, 1), 1, &r);
   }
   crun_tensor_release(scaled);
+  crun_tensor_release(pa);
+  crun_tensor_release(pb);
   if (rc < 0) crun_l_fail(L, rc);
   if (inplace) {
     lua_settop(L, 1);
@@ -1076,13 +1125,23 @@ static void push_scalar_of(lua_State *L, crun_tensor_t *t) {
   crun_tensor_release(h);
 }
 
+/* Reads a reduction's dim at arg as check_dim, except that a 0-d tensor
+ * takes dim 1 or -1 (torch's 0 or -1): then -1, the reduction over all. */
+static int check_reduce_dim(lua_State *L, int arg, const crun_tensor_t *t) {
+  if (crun_tensor_ndim(t) == 0 && lua_isinteger(L, arg)) {
+    lua_Integer d = lua_tointeger(L, arg);
+    if (d == 1 || d == -1) return -1;
+  }
+  return check_dim(L, arg, t);
+}
+
 /* Reduction (upvalue 1): t:sum() -> number; t:sum(dim[, keepdim]) -> tensor;
  * t:sum(nil, true) -> a tensor with every size 1 (torch's dim=None,
  * keepdim=True); max/min with a dim also return the 1-based positions. */
 static int m_reduce(lua_State *L) {
   crun_dimred_t op = (crun_dimred_t)lua_tointeger(L, lua_upvalueindex(1));
   crun_tensor_t *a = crun_l_check_tensor(L, 1), *v = NULL, *ix = NULL;
-  int all = lua_isnoneornil(L, 2), dim = all ? -1 : check_dim(L, 2, a), keep = lua_toboolean(L, 3);
+  int all = lua_isnoneornil(L, 2), dim = all ? -1 : check_reduce_dim(L, 2, a), keep = lua_toboolean(L, 3);
   int with_idx = !all && (op == CRUN_DIMRED_MAX || op == CRUN_DIMRED_MIN);
   CRUN_L_CHECK(L, crun_tensor_reduce_dim(op, a, dim, keep, 1, &v, with_idx ? &ix : NULL));
   if (all && !keep) {
@@ -1100,8 +1159,8 @@ static int m_reduce(lua_State *L) {
  * dim; with no dim and keepdim, a tensor with every size 1, as torch's). */
 static int arg_common(lua_State *L, crun_dimred_t op) {
   crun_tensor_t *a = crun_l_check_tensor(L, 1), *v = NULL, *ix = NULL;
-  int all = lua_isnoneornil(L, 2), dim = all ? -1 : check_dim(L, 2, a), keep = lua_toboolean(L, 3);
-  if ((all ? crun_tensor_numel(a) : crun_tensor_shape(a)[dim]) == 0) /* (reduce_dim would name max / min) */
+  int all = lua_isnoneornil(L, 2), dim = all ? -1 : check_reduce_dim(L, 2, a), keep = lua_toboolean(L, 3);
+  if ((dim < 0 ? crun_tensor_numel(a) : crun_tensor_shape(a)[dim]) == 0) /* (reduce_dim would name max / min) */
     return crun_l_error(L, "EINVAL: %s over an empty dim (no identity)", op == CRUN_DIMRED_MAX ? "argmax" : "argmin");
   CRUN_L_CHECK(L, crun_tensor_reduce_dim(op, a, dim, keep, 1, &v, &ix));
   crun_tensor_release(v);

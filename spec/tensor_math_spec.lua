@@ -222,18 +222,18 @@ describe("indexing", function()
 end)
 
 describe("dtype rules", function()
-  it("integer tensors support add/sub/mul/comparisons, not float math", function()
+  it("integer tensors support add/sub/mul/comparisons, not float math in place", function()
     local i = T.new({1, 2, 3}, "int64")
     assert.same({2, 4, 6}, (i + i):totable())
     assert.same({3, 6, 9}, (i * 3):totable())
-    assert.same({0, 1, 1}, i:gt(1):totable())
-    assert.equal("uint8", i:eq(2):dtype())
-    local ok, err = pcall(function() return i / 2 end)
+    assert.same({false, true, true}, i:gt(1):totable())
+    assert.equal("bool", i:eq(2):dtype())
+    local ok, err = pcall(function() return i:div_(2) end)
     assert.is_false(ok)
     assert.matches("^ENOTSUP: div is not supported on int64", err)
     ok, err = pcall(function() return i:exp() end)
     assert.matches("^ENOTSUP: exp needs a float32 or float64 tensor, got int64", err)
-    ok, err = pcall(function() return i * 0.5 end)
+    ok, err = pcall(function() return i:mul_(0.5) end)
     assert.matches("non%-integral scalar", err)
   end)
 
@@ -291,4 +291,160 @@ describe("in-place ops on overlapping views", function()
       assert.are.same({0, 2, 4, 6, 8, 10}, flat(s))
     end)
   end
+end)
+
+-- What a program ported from torch computes the same way here (dims 1-based).
+describe("torch parity", function()
+  -- Sum along 1-based dim d of the nested table v (shape s), flattened.
+  local function sums_along(v, s, d)
+    local out, idx = {}, {}
+    local function at(t, k) for i = 1, #k do t = t[k[i]] end return t end
+    local function walk(level)
+      if level > #s then
+        if idx[d] ~= 1 then return end
+        local k, acc = {}, 0
+        for i = 1, #s do k[i] = idx[i] end
+        for j = 1, s[d] do k[d] = j; acc = acc + at(v, k) end
+        out[#out + 1] = acc
+        return
+      end
+      for i = 1, s[level] do idx[level] = i; walk(level + 1) end
+    end
+    walk(1)
+    return out
+  end
+
+  it("softmax / log_softmax without a dim take torch's implicit dim (1 for 1-d and 3-d, else 2) and warn once", function()
+    for _, shape in ipairs({{5}, {3, 4}, {2, 3, 4}, {2, 3, 2, 2}}) do
+      local n = 1
+      for _, s in ipairs(shape) do n = n * s end
+      local x = (T.arange(n, "float64") * 0.37 - 1.3):pow(3):view(shape)
+      local want = (#shape == 1 or #shape == 3) and 1 or 2
+      local p = x:softmax()
+      for i, v in ipairs(sums_along(p:totable(), shape, want)) do
+        assert.is_true(math.abs(v - 1) < 1e-12, #shape .. "-d: sum " .. i .. " along dim " .. want .. " is " .. v)
+      end
+      assert.same(x:softmax(want):totable(), p:totable())
+      assert.same(x:log_softmax(want):totable(), x:log_softmax():totable())
+      assert.same(x:softmax(want):totable(), T.softmax(x):totable())
+    end
+    local p = io.popen([[lua5.4 -e 'local T = require "crun.tensor"
+      local x = T.ones(2, 3, 4)
+      x:softmax(); x:log_softmax(); T.softmax(x); x:softmax(3)' 2>&1]])
+    local out = p:read("a")
+    p:close()
+    assert.equal(1, select(2, out:gsub("implicit dim", "")), out)
+    assert.matches("softmax: implicit dim choice is deprecated", out)
+  end)
+
+  it("reductions of a 0-d tensor accept dim 1 and -1 (torch's 0 and -1) and give 0-d tensors", function()
+    local s = T.tensor(-2.75, "float64")
+    for _, d in ipairs({1, -1}) do
+      for _, op in ipairs({"sum", "mean", "prod", "max", "min"}) do
+        local v, ix = s[op](s, d)
+        assert.equal(0, v:dim(), op)
+        assert.equal(-2.75, v:item(), op)
+        if op == "max" or op == "min" then assert.equal(1, ix:item(), op) end
+        assert.equal(0, s[op](s, d, true):dim(), op .. " keepdim")
+      end
+      for _, op in ipairs({"argmax", "argmin"}) do
+        assert.equal(0, s[op](s, d):dim(), op)
+        assert.equal(1, s[op](s, d):item(), op)
+      end
+      assert.equal(1, s:softmax(d):item())
+      assert.equal(0, s:log_softmax(d):item())
+      assert.equal(0, s:softmax(d):dim())
+    end
+    assert.equal(1, s:softmax():item())
+    assert.equal("int64", T.tensor(7, "int32"):sum(1):dtype())
+    local ok, err = pcall(function() return s:sum(2) end)
+    assert.is_false(ok)
+    assert.matches("^EINVAL: .*dim 2 out of range for a 0%-d tensor", err)
+    ok, err = pcall(function() return s:softmax(0) end)
+    assert.matches("^EINVAL: .*dim 0 out of range for a 0%-d tensor", err)
+  end)
+  it("an integer or bool tensor with a Lua float scalar computes in float32, as torch's", function()
+    local vals = {1000000000, -7, 3, -123457}
+    local a = T.tensor(vals, "int32")
+    local cases = {
+      {a * 4.0, function(v) return v * 4 end},
+      {a + 0.5, function(v) return v + 0.5 end},
+      {2.25 - a, function(v) return 2.25 - v end},
+      {a:mul(-1.5), function(v) return v * -1.5 end},
+    }
+    for i, c in ipairs(cases) do
+      assert.equal("float32", c[1]:dtype(), "case " .. i)
+      local want = {}
+      for j, v in ipairs(vals) do want[j] = string.unpack("f", string.pack("f", c[2](v))) end
+      assert.same(want, c[1]:totable(), "case " .. i)
+    end
+    assert.same({false, true, false, true}, a:lt(2.5):totable()) -- as floats: 3 < 2.5 is false
+    assert.same({3 * 2.0 ^ 62}, (T.tensor({3}) * 2.0 ^ 62):totable()) -- int64 wrapped to -2^62
+    assert.same({1.25, 0.25}, (T.tensor({true, false}) + 0.25):totable())
+    assert.same({2000000000, -14, 6, -246914}, (a * 2):totable()) -- a Lua integer keeps int32
+    assert.equal("int32", (a * 2):dtype())
+    local ok, err = pcall(function() return a:clone():add_(0.5) end) -- in place keeps int32, as torch refuses
+    assert.is_false(ok)
+    assert.matches("^ENOTSUP: add: int32 tensor with non%-integral scalar 0.5", err)
+  end)
+  it("/ and div of integer tensors are true division in float32 (float64 beside a float64), as torch's", function()
+    local f32 = function(x) return string.unpack("f", string.pack("f", x)) end
+    local av, bv = {7, -7, 5, -5, 0}, {2, 2, -3, -3, 6}
+    local a, b = T.tensor(av, "int32"), T.tensor(bv, "int64")
+    local q, q4, r9, qd = {}, {}, {}, {}
+    for i = 1, #av do
+      q[i], q4[i] = f32(av[i] / bv[i]), f32(av[i] / 4)
+      r9[i] = av[i] ~= 0 and f32(9 / av[i]) or math.huge
+      qd[i] = av[i] / (bv[i] + 0.5)
+    end
+    assert.equal("float32", (a / b):dtype())
+    assert.same(q, (a / b):totable())
+    assert.same(q, a:div(b):totable())
+    assert.same(q4, (a / 4):totable())
+    assert.same(r9, (9 / a):totable())
+    assert.same(qd, (a / (b:double() + 0.5)):totable())
+    assert.equal("float64", (a / T.tensor(bv, "float64")):dtype())
+    local z = (T.tensor({5, -5, 0}, "int16") / 0):totable()
+    assert.same({math.huge, -math.huge}, {z[1], z[2]})
+    assert.is_true(z[3] ~= z[3])
+    local ok, err = pcall(function() return a:clone():div_(2) end)
+    assert.is_false(ok)
+    assert.matches("^ENOTSUP: div is not supported on int32", err)
+  end)
+  it("comparisons give bool tensors, whose elements are Lua booleans; bool with bool: add = or, mul = and", function()
+    local a, b = T.tensor({3.5, -2, 7.25, 0}), T.tensor({1, -2, 9, -0.5})
+    local m = a:gt(b)
+    assert.equal("bool", m:dtype())
+    assert.same({true, false, false, true}, m:totable())
+    assert.is_false(a:lt(b)[1]) -- (a uint8 0 here was truthy in Lua)
+    assert.is_false(T.tensor(-3):gt(0):item())
+    assert.same({false, true, false, false}, a:eq(-2):totable())
+    assert.equal("bool", T.tensor({4, -1}, "int32"):le(2):dtype())
+    local n = a:ge(b)
+    assert.same({true, true, false, true}, (m + n):totable())
+    assert.same({true, false, false, true}, (m * n):totable())
+    assert.same({false, true, false, false}, m:ne(n):totable())
+    assert.equal(2, m:sum())
+    assert.same({1, 0, 0, 1}, m:float():totable())
+    assert.same({3, 0, 0, 3}, (m * 3):totable()) -- a Lua integer: int64, as torch's
+    assert.equal("int64", (m * 3):dtype())
+    assert.same({false, false, false, false}, m:eq(2):totable())
+    local ok, err = pcall(function() return m - n end)
+    assert.is_false(ok)
+    assert.matches("^ENOTSUP: sub is not supported on bool tensors", err)
+  end)
+  it("div with torch's rounding_mode refuses instead of dividing truly", function()
+    local x = T.tensor({-7.5, 7.25, 2.125})
+    for _, mode in ipairs({{rounding_mode = "floor"}, {rounding_mode = "trunc"}, "floor"}) do
+      local ok, err = pcall(function() return x:div(2, mode) end)
+      assert.is_false(ok)
+      assert.matches("^ENOTSUP: div: rounding_mode", err)
+      ok, err = pcall(function() return T.div(x, T.tensor({2.0, -2, 2}), mode) end)
+      assert.matches("^ENOTSUP: div: rounding_mode", err)
+      ok, err = pcall(function() return x:clone():div_(2, mode) end)
+      assert.matches("^ENOTSUP: div_: rounding_mode", err)
+    end
+    assert.same({-3.75, 3.625, 1.0625}, x:div(2, {}):totable())
+    assert.same({-3.75, 3.625, 1.0625}, x:div(2, {rounding_mode = nil}):totable())
+  end)
 end)

@@ -39,14 +39,20 @@ function M.spec(t)
   return s
 end
 
-local function warn_inert(fname, key, why)
-  local id = fname .. "\0" .. key
+--- Writes "crun: " .. string.format(fmt, ...) and a newline on stderr, the
+--- first time this process reaches it with this `id`, on rank 0 only (or
+--- outside a job): a warning that repeats nothing and floods no log.
+function M.warn_once(id, fmt, ...)
   if warned[id] then return end
   warned[id] = true
   local rank = os.getenv("RANK")
   if rank == nil or rank == "0" then
-    io.stderr:write(string.format("crun: %s: option '%s' has no effect in crun (%s)\n", fname, key, why))
+    io.stderr:write("crun: " .. string.format(fmt, ...) .. "\n")
   end
+end
+
+local function warn_inert(fname, key, why)
+  M.warn_once(fname .. "\0" .. key, "%s: option '%s' has no effect in crun (%s)", fname, key, why)
 end
 
 --- Returns v, or def when v is nil; raises "EINVAL: fname: what must be an

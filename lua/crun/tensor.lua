@@ -267,6 +267,47 @@ function T.stack(list, dim)
   return out
 end
 
+--- t:softmax([dim]) / t:log_softmax([dim]): along dim (1-based, negative
+--- from the end). With no dim, torch's implicit (deprecated) choice of
+--- F.softmax / nn.Softmax(): dim 1 of a 0-, 1- or 3-d tensor, else dim 2,
+--- with a warning once per process. A 0-d tensor takes dim 1 or -1 (torch's
+--- 0 or -1) and gives a 0-d 1 (log: 0), as torch's.
+for _, name in ipairs({"softmax", "log_softmax"}) do
+  local f = methods[name]
+  methods[name] = function(t, dim)
+    if dim == nil and T.is_tensor(t) then
+      local nd = t:dim()
+      dim = (nd <= 1 or nd == 3) and 1 or 2
+      O.warn_once("softmax_dim", "%s: implicit dim choice is deprecated, as in torch: dim %d of this %d-d tensor " ..
+                  "taken by torch's rule (1-based; pass the dim)", name, dim, nd)
+    end
+    if T.is_tensor(t) and t:dim() == 0 and (dim == 1 or dim == -1) then
+      return f(t:reshape({1}), 1):reshape({})
+    end
+    return f(t, dim)
+  end
+end
+
+--- t:div(x[, {rounding_mode=}]) / t:div_: true division (integer tensors
+--- divide in float, as torch's). torch's rounding_mode "floor" / "trunc" is
+--- ENOTSUP rather than ignored (x:div(2, {rounding_mode = "floor"}) must not
+--- quietly give x / 2).
+local DIV = O.spec{"rounding_mode"}
+for _, name in ipairs({"div", "div_"}) do
+  local f = methods[name]
+  methods[name] = function(a, b, opts)
+    if opts ~= nil then
+      local mode = opts
+      if type(opts) == "table" and getmetatable(opts) == nil then mode = O.check(DIV, name, opts).rounding_mode end
+      if mode ~= nil then
+        O.fail("ENOTSUP: %s: rounding_mode '%s' is not supported: crun's div is true division " ..
+               "(for float tensors, (a / b):floor() is torch's 'floor' but where a / b rounds)", name, tostring(mode))
+      end
+    end
+    return f(a, b)
+  end
+end
+
 --- Function forms of the math methods: T.exp(t), T.add(a, b), T.softmax(t, dim), ...
 local function_forms = {"add", "sub", "mul", "div", "pow", "maximum", "minimum", "eq", "ne",
   "lt", "le", "gt", "ge", "neg", "exp", "log", "tanh", "sigmoid", "relu", "sqrt", "abs", "sin",

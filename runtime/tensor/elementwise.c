@@ -81,6 +81,10 @@ BIN_COMMON(i64, int64_t, uint64_t)
 BIN_COMMON(u8, uint8_t, unsigned)
 BIN_COMMON(i8, int8_t, unsigned)
 BIN_COMMON(i16, int16_t, unsigned)
+/* bool with bool, as torch's: add is or (mul, maximum and minimum on 0/1 are
+ * already and, or and and); sub stays unsupported. */
+#define E_OR(tn, T, U, x, y) ((uint8_t)((x) | (y)))
+BIN(b8, uint8_t, unsigned, add, uint8_t, E_OR)
 BIN(f32, float, float, div, float, E_DIV)
 BIN(f64, double, double, div, double, E_DIV)
 BIN(f32, float, float, pow, float, E_POW)
@@ -101,6 +105,10 @@ static const bin_fn bin_table[CRUN_DTYPE_COUNT][CRUN_BINOP_COUNT][3] = {
     [CRUN_UINT8] = {BIN_ROW_COMMON(u8)},
     [CRUN_INT8] = {BIN_ROW_COMMON(i8)},
     [CRUN_INT16] = {BIN_ROW_COMMON(i16)},
+    [CRUN_BOOL] = {[CRUN_BIN_ADD] = BE(b8, add), [CRUN_BIN_MUL] = BE(u8, mul), [CRUN_BIN_MAXIMUM] = BE(u8, maximum),
+                   [CRUN_BIN_MINIMUM] = BE(u8, minimum), [CRUN_BIN_EQ] = BE(u8, eq), [CRUN_BIN_NE] = BE(u8, ne),
+                   [CRUN_BIN_LT] = BE(u8, lt), [CRUN_BIN_LE] = BE(u8, le), [CRUN_BIN_GT] = BE(u8, gt),
+                   [CRUN_BIN_GE] = BE(u8, ge)},
 };
 
 /* Unary expressions on x for float type tn. */
@@ -187,6 +195,9 @@ int crun_unop_parse(const char *name, crun_unop_t *out) {
 /* ------------------------------------------------------------ drivers */
 
 static int is_cmp(crun_binop_t op) { return op >= CRUN_BIN_EQ; }
+
+/* The dtype of a op b for an a of dtype dt: bool for a comparison (torch's). */
+static crun_dtype_t result_dtype(crun_binop_t op, crun_dtype_t dt) { return is_cmp(op) ? CRUN_BOOL : dt; }
 
 static int same_shape(int nd, const int64_t *s, const crun_tensor_t *t) {
   return nd == t->ndim && memcmp(s, t->shape, (size_t)nd * sizeof *s) == 0;
@@ -315,7 +326,7 @@ int crun_tensor_binop_out(crun_binop_t op, crun_tensor_t *a, crun_tensor_t *b, c
   int nd;
   int64_t shape[CRUN_MAX_DIMS];
   CRUN_CHECK(broadcast_shape(what, a, b, &nd, shape));
-  CRUN_CHECK(check_out(what, out, is_cmp(op) ? CRUN_UINT8 : a->dt, nd, shape));
+  CRUN_CHECK(check_out(what, out, result_dtype(op, a->dt), nd, shape));
   if (crun_tensor_numel(out) == 0) return 0;
   /* -1 (host) on every side keeps the AND negative: one branch */
   if (__builtin_expect((a->st->device & b->st->device & out->st->device) >= 0, 0)) return crun__dev_binop(op, a, b, out);
@@ -341,7 +352,7 @@ int crun_tensor_binop(crun_binop_t op, crun_tensor_t *a, crun_tensor_t *b, crun_
   int nd;
   int64_t shape[CRUN_MAX_DIMS];
   CRUN_CHECK(broadcast_shape(crun_binop_name(op) ? crun_binop_name(op) : "binop", a, b, &nd, shape));
-  CRUN_CHECK(crun_tensor_empty_on(is_cmp(op) ? CRUN_UINT8 : a->dt, nd, shape, a->st->device, out));
+  CRUN_CHECK(crun_tensor_empty_on(result_dtype(op, a->dt), nd, shape, a->st->device, out));
   int rc = crun_tensor_binop_out(op, a, b, *out);
   if (rc < 0) crun_tensor_release(*out);
   return rc;
@@ -367,7 +378,7 @@ int crun_tensor_binop_scalar_out(crun_binop_t op, crun_tensor_t *a, double s, in
                                  crun_tensor_t *out) {
   const char *what = crun_binop_name(op) ? crun_binop_name(op) : "binop";
   CRUN_CHECK(check_bin(op, a->dt));
-  CRUN_CHECK(check_out(what, out, is_cmp(op) ? CRUN_UINT8 : a->dt, a->ndim, a->shape));
+  CRUN_CHECK(check_out(what, out, result_dtype(op, a->dt), a->ndim, a->shape));
   _Alignas(8) unsigned char buf[8];
   CRUN_CHECK(scalar_of(what, a->dt, s, buf));
   if (crun_tensor_numel(a) == 0) return 0;
@@ -388,7 +399,7 @@ int crun_tensor_binop_scalar_out(crun_binop_t op, crun_tensor_t *a, double s, in
 int crun_tensor_binop_scalar(crun_binop_t op, crun_tensor_t *a, double s, int reverse,
                              crun_tensor_t **out) {
   CRUN_CHECK(check_bin(op, a->dt));
-  CRUN_CHECK(crun_tensor_empty_on(is_cmp(op) ? CRUN_UINT8 : a->dt, a->ndim, a->shape, a->st->device, out));
+  CRUN_CHECK(crun_tensor_empty_on(result_dtype(op, a->dt), a->ndim, a->shape, a->st->device, out));
   int rc = crun_tensor_binop_scalar_out(op, a, s, reverse, *out);
   if (rc < 0) crun_tensor_release(*out);
   return rc;

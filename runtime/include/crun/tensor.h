@@ -171,7 +171,8 @@ int crun_tensor_normal_(crun_tensor_t *t, crun_generator_t *g, double mean, doub
  * Element-wise ops, reductions along a dim, BLAS products, indexing and
  * softmax. Float ops need float32 or float64 (CRUN_ENOTSUP for other dtypes,
  * named in the message); add/sub/mul/maximum/minimum and the comparisons also
- * take int32, int64 and uint8. Binary ops broadcast with numpy's rules. Each
+ * take int32, int64, int16, int8 and uint8, and bool (add = or, mul/minimum =
+ * and, maximum = or, the comparisons; not sub). Binary ops broadcast with numpy's rules. Each
  * `_out` form writes into an existing `out` of the result shape and dtype;
  * out may be an input (in-place). Functions returning `**out` give a new
  * tensor (one reference). Indices in index tensors are counted from `base`
@@ -206,7 +207,7 @@ const char *crun_unop_name(crun_unop_t op);
 int crun_binop_parse(const char *name, crun_binop_t *out);
 int crun_unop_parse(const char *name, crun_unop_t *out);
 
-/* out = a op b, broadcast; comparisons give uint8 0/1. */
+/* out = a op b, broadcast; comparisons give bool (as torch's). */
 int crun_tensor_binop(crun_binop_t op, crun_tensor_t *a, crun_tensor_t *b, crun_tensor_t **out);
 int crun_tensor_binop_out(crun_binop_t op, crun_tensor_t *a, crun_tensor_t *b, crun_tensor_t *out);
 
