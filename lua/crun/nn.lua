@@ -541,9 +541,6 @@ Sequential.eval = Sequential.evaluate
 
 local CrossEntropy = nn.class("CrossEntropyCriterion")
 
---- CrossEntropyCriterion{reduction="mean"|"sum"}: log-softmax + negative log
--- likelihood of 1-based class labels (int64/int32 tensor [N]), fused.
--- After forward, self.correct holds how many rows' argmax equal their label.
 --- nn.mlp(inputs, hidden, layers, outputs): a Sequential of `layers` hidden
 -- Linear+ReLU layers of width `hidden`, then a Linear classifier to `outputs`
 -- (layers = 0 gives a linear model). jobs/train.lua and jobs/evaluate.lua
@@ -569,6 +566,9 @@ local function sum_reduction(fname, opts)
   return red == "sum"
 end
 
+--- CrossEntropyCriterion{reduction="mean"|"sum"}: log-softmax + negative log
+-- likelihood of 1-based class labels (int64/int32 tensor [N]), fused.
+-- After forward, self.correct holds how many rows' argmax equal their label.
 function nn.CrossEntropyCriterion(opts)
   local self = setmetatable({}, CrossEntropy):_init()
   self.sum = sum_reduction("nn.CrossEntropyCriterion", opts)
