@@ -58,7 +58,7 @@ end
 
 print(string.format("crun store demo: %d processes met on 127.0.0.1:%d", WORLD, store:port()))
 for _, g in ipairs(greetings) do print("  " .. g) end
-print(string.format("  arrived = %s, sum of ranks = %s (expected %d), arrival order: %s",
+print(string.format("  arrived = %s, sum of ranks = %s (expected %d), append order: %s",
                     store:get("arrived"), store:get("sum_of_ranks"), WORLD * (WORLD - 1) // 2,
                     store:get("order")))
 print(string.format("  keys in the store: %d; every rank read all %d greetings: %s; %.0f ms",

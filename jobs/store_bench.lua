@@ -17,6 +17,7 @@
 --
 --   lua5.4 jobs/store_bench.lua [--lat-ops 10000] [--clients 8] [--tput-ops 5000]
 --                               [--torch-csv FILE] [--out FILE]
+--   (plain lua5.4 finds crun once build/env.sh is sourced, or crun is installed)
 -- With --torch-csv (the --out file of the anchor) the table shows torch's
 -- figures side by side; --lat-ops 0 runs the throughput tests only.
 local crun = require "crun"

@@ -3,6 +3,7 @@
 --
 --   lua5.4 jobs/store_scale.lua [--clients 10000] [--procs 8] [--timeout 120]
 --   CRUN_STORE_UNIX=0 lua5.4 jobs/store_scale.lua      # loopback TCP, not the unix socket
+--   (plain lua5.4 finds crun once build/env.sh is sourced, or crun is installed)
 --
 -- The server lives in this process. Each of --procs child processes opens
 -- one control connection and waits for "go"; then it opens its share of the

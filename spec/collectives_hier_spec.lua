@@ -129,4 +129,14 @@ describe("collectives across fake hosts", function()
     assert.are_not.equal(0, code)
     assert.is_truthy(out:find("CRUN_TRANSPORT=udp: expected tcp, shm or auto", 1, true), out)
   end)
+
+  -- a misspelt algorithm name was ignored: the job ran the default algorithms
+  it("reject a CRUN_ALGO naming no algorithm", function()
+    local code, out = run.run(2, "spec/helpers/dist_stress.lua", "", {limit = 60, env = "CRUN_ALGO=ring,chian"})
+    assert.are_not.equal(0, code)
+    for r = 0, 1 do
+      assert.is_truthy(out:find("[" .. r .. "] crun-lua: EINVAL: CRUN_ALGO=ring,chian: unknown algorithm 'chian' (known: ",
+                                1, true), out)
+    end
+  end)
 end)

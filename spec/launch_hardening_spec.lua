@@ -167,6 +167,17 @@ describe("log files never follow a link (item 12)", function()
       dir .. "/dbg.0.log: it is a symbolic link (not followed); logging to stderr instead", 1, true), r.err)
     assert.are.equal(1, U.count(r.err, "CRUN_DEBUG_FILE="), r.err) -- said once
   end)
+
+  -- a misspelt level or subsystem left the log at WARN, or empty, without a word
+  it("CRUN_DEBUG and CRUN_DEBUG_SUBSYS name an unknown value on stderr", function()
+    local r = U.run("-n 2 --master-port 0 " .. q(U.FIX .. "env.lua"), "CRUN_DEBUG=INOF CRUN_DEBUG_SUBSYS=STORE,COLLS")
+    assert.are.equal(0, r.code, r.err)
+    assert.is_truthy(r.err:find("EINVAL: CRUN_DEBUG=INOF: expected NONE, WARN, INFO or TRACE; logging at WARN",
+                                1, true), r.err)
+    assert.is_truthy(r.err:find("EINVAL: CRUN_DEBUG_SUBSYS=STORE,COLLS: unknown subsystem 'COLLS' (known: " ..
+                                "CORE, STORE, PG, COLL, NET, SHM, DDP, LAUNCH, LUA; ALL, or ^ to exclude)", 1, true), r.err)
+    assert.are.equal(1, U.count(r.err, "CRUN_DEBUG=INOF"), r.err) -- by the launcher, not by every rank
+  end)
 end)
 
 describe("/dev/shm after the launcher is killed during start-up (item 14)", function()

@@ -327,6 +327,16 @@ describe("crun.metrics.SummaryWriter", function()
     assert.truthy(not ok and err:match("^EIO: SummaryWriter: cannot create directory /proc/crun%-no"), err)
   end)
 
+  -- a misspelt option (filename_sufix) was ignored, as was a suffix of the wrong type
+  it("raises EINVAL for an unknown option or a filename_suffix that is no string", function()
+    local ok, err = pcall(metrics.SummaryWriter, dir .. "/opts", {filename_sufix = ".x"})
+    assert.truthy(not ok and err:find("EINVAL: SummaryWriter: unknown option 'filename_sufix'", 1, true), err)
+    ok, err = pcall(metrics.SummaryWriter, dir .. "/opts", {filename_suffix = 3})
+    assert.truthy(not ok and err:find("EINVAL: SummaryWriter: filename_suffix must be a string, got number", 1, true), err)
+    local w <close> = metrics.SummaryWriter(dir .. "/opts", {flush_secs = 10, max_queue = 5}) -- torch's, inert
+    assert.truthy(w:paths():find("/opts/", 1, true))
+  end)
+
   it("gets loss, accuracy, samples/s and step time from jobs/train.lua --logdir (rank 0)", function()
     local crun_lua = os.getenv("CRUN_LUA")
     if not crun_lua then

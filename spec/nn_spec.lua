@@ -45,6 +45,26 @@ describe("nn modules (float64)", function()
     for _, v in ipairs(util.list(m.weight)) do assert.is_true(math.abs(v) <= bound) end
   end)
 
+  -- device= was accepted as inert: Linear{device = "cuda"} made host parameters
+  it("Linear and Conv2d make their parameters on the device their options name", function()
+    for _, make in ipairs{function(o) return nn.Linear(3, 2, o) end, function(o) return nn.Conv2d(1, 2, 3, o) end} do
+      local m = make{device = "cpu"}
+      assert.are.equal("cpu", m:parameters()[1]:device())
+      local ok, err = pcall(make, {device = "gpu"})
+      assert.is_false(ok)
+      assert.is_truthy(tostring(err):find("^EINVAL: nn%.%w+: unknown device 'gpu'"), err)
+      ok, err = pcall(make, {device = "cuda:0"})
+      if require("crun").cuda.is_available() then
+        assert.is_true(ok, err)
+        local params, grads = err:parameters()
+        assert.are.same({"cuda:0", "cuda:0"}, {params[1]:device(), grads[1]:device()})
+      else
+        assert.is_false(ok)
+        assert.is_truthy(tostring(err):find("^ENOTSUP: "), err)
+      end
+    end
+  end)
+
   it("Linear passes a gradient check, with and without bias", function()
     gradcheck(nn.Linear(5, 3), randn({4, 5}, 2))
     gradcheck(nn.Linear(5, 3, {bias = false}), randn({4, 5}, 3))

@@ -141,6 +141,15 @@ describe("crun.store with 8 processes", function()
     out = p:read("a")
     assert.is_falsy(p:close())
     assert.is_truthy(out:match("EINVAL: crun.store.from_env: MASTER_PORT is 'abc', not a port number"), out)
+    -- CRUN_STORE_TIMEOUT that is no number of seconds: said so (it fell back to the default)
+    for _, bad in ipairs({"30s", "-1", "nan"}) do
+      p = io.popen(string.format("MASTER_ADDR=127.0.0.1 MASTER_PORT=%d RANK=1 CRUN_STORE_TIMEOUT=%s %s -e %s 2>&1",
+                                 m:port(), bad, LUA, q([[require("crun").store.from_env()]])), "r")
+      out = p:read("a")
+      assert.is_falsy(p:close(), out)
+      assert.is_truthy(out:find("EINVAL: crun.store.from_env: CRUN_STORE_TIMEOUT is '" .. bad ..
+                                "', not a number of seconds >= 0", 1, true), out)
+    end
     m:close()
   end)
 end)

@@ -319,7 +319,7 @@ end
 -- TensorDataset or a list {X, Y, ...} of tensors whose first dimension is the
 -- sample dimension. opts: batch_size=1, sampler= (a DistributedSampler or
 -- LocalSampler; default 1..N in order), shuffle=false (a LocalSampler shuffled
--- per epoch with seed=; exclusive with sampler=, as in torch), drop_last=false.
+-- per epoch with seed=, default 0; exclusive with sampler=, as in torch), drop_last=false.
 -- torch's worker options (num_workers, pin_memory, ...) have no effect in
 -- crun and are reported once; any other key raises EINVAL.
 function data.DataLoader(a, b)
@@ -439,8 +439,9 @@ function data.all_reduce_metrics(metrics)
   return out
 end
 
---- Exactly-once distributed evaluation. opts: size (data set size),
--- batch_size, fn(indices) -> table of additive metrics for that batch of
+--- Exactly-once distributed evaluation. opts: size (data set size) or
+-- dataset (anything with a length, as DistributedSampler takes),
+-- batch_size (default 256), fn(indices) -> table of additive metrics for that batch of
 -- 1-based indices (e.g. {correct=, loss_sum=, count=}), and optionally
 -- num_replicas / rank. Each sample is evaluated by exactly one rank (no
 -- padding duplicates); the metric sums over every rank are returned
@@ -488,7 +489,8 @@ end
 -- noise in every dimension. No hyperplane separates the arms, so an MLP beats
 -- a linear model by a wide margin. Returns X (list of `n` rows of `dims`
 -- numbers) and Y (list of 1-based class labels). The same opts give the same
--- numbers on every machine (splitmix64 + Box-Muller).
+-- numbers on every machine (splitmix64 + Box-Muller). opts: n=10000,
+-- classes=4, dims=16, turns=1, noise=0.05, seed=1234.
 local SPIRALS = O.spec{"n", "classes", "dims", "turns", "noise", "seed"}
 
 function data.make_spirals(opts)

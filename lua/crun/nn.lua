@@ -28,7 +28,7 @@ local nn = {}
 local O = require "crun.opts"
 local is_tensor = require("crun.tensor").is_tensor
 
-local LINEAR = O.spec{"bias", "dtype", "seed", inert = {device = "crun tensors live in host memory"}}
+local LINEAR = O.spec{"bias", "dtype", "seed", "device"}
 local DROPOUT = O.spec{"seed", inert = {inplace = "crun's Dropout writes its own output buffer"}}
 local CROSS_ENTROPY = O.spec{"reduction"}
 
@@ -427,8 +427,18 @@ end
 local Linear = nn.class("Linear")
 nn.LinearClass = Linear
 
---- Linear(in, out, {bias=true, dtype=, seed=}): y = x W^T + b with
--- W [out, in] and b [out] drawn uniformly from +-1/sqrt(in) (torch's default).
+-- Moves a new layer's parameters and gradients to opts.device ("cpu",
+-- "cuda", "cuda:N" or N; nil: stay on the host), as torch's device= does.
+local function place_layer(fname, m, device)
+  if device == nil then return m end
+  local dev = require("crun.cuda").device_index(device, fname)
+  if dev >= 0 then m:to(dev) end
+  return m
+end
+
+--- Linear(in, out, {bias=true, dtype=, seed=, device=}): y = x W^T + b with
+-- W [out, in] and b [out] drawn uniformly from +-1/sqrt(in) (torch's default),
+-- drawn on the host and moved to device ("cpu", "cuda", "cuda:N" or N).
 function nn.Linear(nin, nout, opts)
   opts = O.check(LINEAR, "nn.Linear", opts)
   O.int("nn.Linear", "in_features", nin, 1)
@@ -451,7 +461,7 @@ function nn.Linear(nin, nout, opts)
     self.gradBias = T().zeros({nout}, dt)
     self._params[2], self._grads[2] = self.bias, self.gradBias
   end
-  return self
+  return place_layer("nn.Linear", self, opts.device)
 end
 
 function Linear:_set_grad(i, t)
@@ -699,9 +709,6 @@ Sequential.eval = Sequential.evaluate
 
 local CrossEntropy = nn.class("CrossEntropyCriterion")
 
---- CrossEntropyCriterion{reduction="mean"|"sum"}: log-softmax + negative log
--- likelihood of 1-based class labels (int64/int32 tensor [N]), fused.
--- After forward, self.correct holds how many rows' argmax equal their label.
 --- nn.mlp(inputs, hidden, layers, outputs): a Sequential of `layers` hidden
 -- Linear+ReLU layers of width `hidden`, then a Linear classifier to `outputs`
 -- (layers = 0 gives a linear model). jobs/train.lua and jobs/evaluate.lua
@@ -727,6 +734,9 @@ local function sum_reduction(fname, opts)
   return red == "sum"
 end
 
+--- CrossEntropyCriterion{reduction="mean"|"sum"}: log-softmax + negative log
+-- likelihood of 1-based class labels (int64/int32 tensor [N]), fused.
+-- After forward, self.correct holds how many rows' argmax equal their label.
 function nn.CrossEntropyCriterion(opts)
   local self = setmetatable({}, CrossEntropy):_init()
   self.sum = sum_reduction("nn.CrossEntropyCriterion", opts)
@@ -814,6 +824,6 @@ MSE.backward = grad_from_forward("MSECriterion")
 nn.utils = require "crun.nn_utils"
 
 require("crun.nn_layers")(nn, {K = K, O = O, ensure = ensure, contig = contig, check_tensor = check_tensor,
-  unaliased = unaliased, next_seed = next_seed, T = T})
+  unaliased = unaliased, next_seed = next_seed, T = T, place_layer = place_layer})
 
 return nn

@@ -10,8 +10,7 @@ return function(nn, H)
   local K, O, ensure, contig, check_tensor, T = H.K, H.O, H.ensure, H.contig, H.check_tensor, H.T
   local unaliased = H.unaliased
 
-  local CONV = O.spec{"stride", "padding", "dilation", "bias", "dtype", "seed",
-    inert = {device = "crun tensors live in host memory"}}
+  local CONV = O.spec{"stride", "padding", "dilation", "bias", "dtype", "seed", "device"}
   local POOL = O.spec{"stride", "padding", "count_include_pad"}
   local BN = O.spec{"eps", "momentum", "affine", "track_running_stats", "dtype", "group", "process_group"}
   local LN = O.spec{"eps", "elementwise_affine", "dtype"}
@@ -51,9 +50,10 @@ return function(nn, H)
   local Conv2d = nn.class("Conv2d")
   nn.Conv2dClass = Conv2d
 
-  --- Conv2d(in, out, kernel, {stride=1, padding=0, dilation=1, bias=true, dtype=, seed=}):
+  --- Conv2d(in, out, kernel, {stride=1, padding=0, dilation=1, bias=true, dtype=, seed=, device=}):
   -- kernel, stride, padding, dilation are an int or {h, w}. Weight [out, in,
-  -- kh, kw] and bias drawn uniformly from +-1/sqrt(in kh kw) (torch's default).
+  -- kh, kw] and bias drawn uniformly from +-1/sqrt(in kh kw) (torch's default),
+  -- then moved to device as nn.Linear's (its forward has no device kernel yet).
   function nn.Conv2d(cin, cout, kernel, opts)
     local fn = "nn.Conv2d"
     opts = O.check(CONV, fn, opts)
@@ -78,7 +78,7 @@ return function(nn, H)
       self.gradBias = T().zeros({cout}, self.dtype)
       self._params[2], self._grads[2] = self.bias, self.gradBias
     end
-    return self
+    return H.place_layer(fn, self, opts.device)
   end
 
   function Conv2d:describe()

@@ -19,7 +19,7 @@ local SAVE_OPTS = O.spec{inert = {
   pickle_protocol = "crun save files are not pickles",
   _use_new_zipfile_serialization = "crun has one file format"}}
 local LOAD_OPTS = O.spec{inert = {
-  map_location = "crun tensors live in host memory",
+  map_location = "crun.load makes host tensors (move them with :to() or :cuda())",
   weights_only = "a crun save file holds only data, never code",
   mmap = "crun.load reads the whole file",
   pickle_module = "crun save files are not pickles"}}

@@ -73,7 +73,8 @@ end
 --- Builds a TCP store from the torchrun variables MASTER_ADDR / MASTER_PORT.
 -- Under crun-lua (CRUN_LAUNCHER=1) the launcher hosts the server and every
 -- rank is a client; otherwise rank 0 (RANK, default 0) hosts it, as torch's
--- env:// does. opts may override host, port, is_master, timeout, world_size.
+-- env:// does. opts may override host, port, is_master, timeout, world_size;
+-- the timeout defaults to CRUN_STORE_TIMEOUT (seconds) when that is set.
 -- CRUN_STORE_PREFIX (set by crun-lua under --rdzv-backend c10d) puts every key
 -- under that prefix, so jobs with different run ids share one store safely.
 function M.from_env(opts)
@@ -90,12 +91,19 @@ function M.from_env(opts)
   if is_master == nil then
     is_master = os.getenv("CRUN_LAUNCHER") == nil and rank == 0
   end
+  local env_timeout, timeout = os.getenv("CRUN_STORE_TIMEOUT"), opts.timeout
+  if timeout == nil and env_timeout and env_timeout ~= "" then
+    timeout = tonumber(env_timeout)
+    if not timeout or timeout < 0 or timeout ~= timeout then
+      O.fail("EINVAL: crun.store.from_env: CRUN_STORE_TIMEOUT is '%s', not a number of seconds >= 0", env_timeout)
+    end
+  end
   local s = core.store_tcp{
     host = opts.host or os.getenv("MASTER_ADDR") or "127.0.0.1",
     port = port,
     is_master = is_master,
     world_size = opts.world_size,
-    timeout = opts.timeout or tonumber(os.getenv("CRUN_STORE_TIMEOUT") or ""),
+    timeout = timeout,
     token = opts.token,
   }
   -- crun-lua --rdzv-backend c10d: the endpoint's store may serve other run ids

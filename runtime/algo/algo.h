@@ -46,6 +46,11 @@ typedef struct {
  * CRUN_ALGO's value (NULL: getenv it). */
 const crun__algo_t *crun__algo_pick(const crun__coll_t *c, int size, const char *algo_env);
 
+/* Checks CRUN_ALGO's comma list: each item an algorithm's name ("ring") or
+ * full name ("allreduce_ring"). Returns 0, or EINVAL naming the unknown item
+ * (a misspelt name would silently leave the default algorithms in place). */
+int crun__algo_check_env(const char *env);
+
 /* Helpers shared by the algorithms. */
 static inline size_t crun__esize(const crun__coll_t *c) { return crun_dtype_size(c->dt); }
 

@@ -1,5 +1,6 @@
 /* common.c — the step helpers every algorithm uses and the algorithm choice
  * (CRUN_ALGO override, else by message size and world size). */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -32,6 +33,37 @@ static const crun__algo_t *const all_algos[] = {
     CRUN_ALGO_LIST(CRUN_X_ALGO_REF)
 #undef CRUN_X_ALGO_REF
 };
+
+static const char *const all_names[] = {
+#define CRUN_X_ALGO_NAME(name) #name,
+    CRUN_ALGO_LIST(CRUN_X_ALGO_NAME)
+#undef CRUN_X_ALGO_NAME
+};
+
+/* Whether item (len bytes) is an algorithm's name or its full name. */
+static int known_algo(const char *item, size_t len) {
+  for (size_t i = 0; i < sizeof all_algos / sizeof all_algos[0]; i++)
+    if ((strlen(all_algos[i]->name) == len && !strncmp(item, all_algos[i]->name, len)) ||
+        (strlen(all_names[i]) == len && !strncmp(item, all_names[i], len)))
+      return 1;
+  return 0;
+}
+
+int crun__algo_check_env(const char *env) {
+  if (!env || !*env) return 0;
+  for (const char *p = env;; p++) {
+    size_t len = strcspn(p, ",");
+    if (!known_algo(p, len)) {
+      char known[512] = "";
+      for (size_t i = 0; i < sizeof all_names / sizeof all_names[0]; i++)
+        snprintf(known + strlen(known), sizeof known - strlen(known), "%s%s", i ? ", " : "", all_names[i]);
+      return crun_error(CRUN_EINVAL, "CRUN_ALGO=%s: unknown algorithm '%.*s' (known: %s, or the part after '_')",
+                        env, (int)len, p, known);
+    }
+    p += len;
+    if (!*p) return 0;
+  }
+}
 
 /* Returns the algorithm for `kind` named in the comma list CRUN_ALGO, or NULL. */
 static const crun__algo_t *env_pick(int kind, const char *env) {

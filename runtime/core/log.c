@@ -30,13 +30,34 @@ static struct {
   int rank;
 } g = {PTHREAD_ONCE_INIT, PTHREAD_MUTEX_INITIALIZER, CRUN_LOG_WARN, ~0u, NULL, -1};
 
-/* Parses a level name; WARN when unknown. */
+/* Whether this process names a bad CRUN_DEBUG* value on stderr: once per
+ * process (crun_log_init parses again), and not in a worker crun-lua started
+ * (CRUN_LAUNCHER), whose launcher already said it. */
+static int should_warn(int *warned) {
+  return !(*warned)++ && !getenv("CRUN_LAUNCHER");
+}
+
+/* Parses a level name; WARN, named on stderr, when unknown. */
 static int parse_level(const char *s) {
+  static int warned;
   if (!s || !*s) return CRUN_LOG_WARN;
   for (int i = 0; i <= CRUN_LOG_TRACE; i++)
     if (strcasecmp(s, level_names[i]) == 0) return i;
   if (strcasecmp(s, "VERSION") == 0) return CRUN_LOG_WARN;
+  if (should_warn(&warned))
+    fprintf(stderr, "crun: EINVAL: CRUN_DEBUG=%s: expected NONE, WARN, INFO or TRACE; logging at WARN\n", s);
   return CRUN_LOG_WARN;
+}
+
+/* Names an unknown subsystem of CRUN_DEBUG_SUBSYS=s on stderr. */
+static void warn_subsys(const char *s, const char *tok) {
+  static int warned;
+  if (!should_warn(&warned)) return;
+  char known[128] = "";
+  for (int i = 0; i < CRUN_SUB_COUNT; i++)
+    snprintf(known + strlen(known), sizeof known - strlen(known), "%s%s", i ? ", " : "", subsys_names[i]);
+  fprintf(stderr, "crun: EINVAL: CRUN_DEBUG_SUBSYS=%s: unknown subsystem '%s' (known: %s; ALL, or ^ to exclude)\n",
+          s, tok, known);
 }
 
 /* Parses "STORE,PG" (or "^NET" to exclude) into a bit mask. */
@@ -46,9 +67,12 @@ static unsigned parse_subsys(const char *s) {
   unsigned mask = 0;
   char buf[256];
   snprintf(buf, sizeof buf, "%s", s + negate);
-  for (char *save, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save))
+  for (char *save, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+    int found = 0;
     for (int i = 0; i < CRUN_SUB_COUNT; i++)
-      if (strcasecmp(tok, subsys_names[i]) == 0) mask |= 1u << i;
+      if (strcasecmp(tok, subsys_names[i]) == 0) mask |= 1u << i, found = 1;
+    if (!found) warn_subsys(s, tok);
+  }
   return negate ? ~mask : mask;
 }
 

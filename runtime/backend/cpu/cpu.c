@@ -43,9 +43,10 @@ static int cpu_create(crun_pg_t *pg, void **state) {
   if (!b) return crun_error(CRUN_ENOMEM, "cpu backend");
   b->pg = pg;
   crun__transport_t mode;
-  int rc = crun__cpu_transport(&mode);
-  if (rc == 0) rc = crun__tcp_open(pg, &b->tcp);
   const char *algo = getenv("CRUN_ALGO");
+  int rc = crun__cpu_transport(&mode);
+  if (rc == 0) rc = crun__algo_check_env(algo);
+  if (rc == 0) rc = crun__tcp_open(pg, &b->tcp);
   if (rc == 0 && !(b->algo = strdup(algo ? algo : ""))) {
     crun__tcp_close(b->tcp);
     rc = crun_error(CRUN_ENOMEM, "cpu backend");
