@@ -178,6 +178,16 @@ describe("log files never follow a link (item 12)", function()
                                 "CORE, STORE, PG, COLL, NET, SHM, DDP, LAUNCH, LUA; ALL, or ^ to exclude)", 1, true), r.err)
     assert.are.equal(1, U.count(r.err, "CRUN_DEBUG=INOF"), r.err) -- by the launcher, not by every rank
   end)
+
+  -- crun_env_int / crun_env_double fell back to their default without a word
+  it("a CRUN_* number that does not parse is named on stderr, once per process", function()
+    local r = U.run("-n 2 --master-port 0 " .. q(U.FIX .. "env.lua"), "CRUN_HEAP_SLOT_GB=64G CRUN_HEAP_CACHE=99999999999999999999")
+    assert.are.equal(0, r.code, r.err)
+    -- the heap's size: read by the launcher, which maps it; the cache's: by each rank
+    assert.are.equal(1, U.count(r.err, "EINVAL: CRUN_HEAP_SLOT_GB=64G is not an integer; the default 64 is used"), r.err)
+    assert.are.equal(2, U.count(r.err, "EINVAL: CRUN_HEAP_CACHE=99999999999999999999 is not an integer in range; "
+      .. "the default 256 is used"), r.err)
+  end)
 end)
 
 describe("/dev/shm after the launcher is killed during start-up (item 14)", function()
