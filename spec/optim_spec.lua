@@ -291,3 +291,107 @@ describe("optim update rules", function()
     assert.matches("^EINVAL: SGD: options 'learningRate' and 'lr' name the same thing with different values", err)
   end)
 end)
+
+-- torch.optim.lr_scheduler: each rate against its closed form (written from
+-- torch's documentation, computed here), to 1e-12 relative.
+describe("optim.lr_scheduler", function()
+  local L = optim.lr_scheduler
+  local function opt()
+    return optim.SGD({T.zeros({1})}, {T.zeros({1})}, {lr = 0.1})
+  end
+  local function rates(make, n)
+    local o = opt()
+    local s = make(o)
+    local out = {o.opts.lr}
+    for _ = 1, n do o:step(); s:step(); out[#out + 1] = o.opts.lr end
+    assert.are.same({out[#out]}, s:get_last_lr())
+    return out
+  end
+  local function check(name, got, want)
+    for e = 0, #got - 1 do
+      local w = want(e)
+      assert.is_true(math.abs(got[e + 1] - w) <= 1e-12 * math.abs(w),
+        string.format("%s epoch %d: %.17g vs %.17g", name, e, got[e + 1], w))
+    end
+  end
+
+  it("gives each schedule's rates, epoch by epoch", function()
+    local function count_le(list, e)
+      local k = 0
+      for _, m in ipairs(list) do if m <= e then k = k + 1 end end
+      return k
+    end
+    local cases = {
+      {"StepLR", function(o) return L.StepLR(o, {step_size = 3, gamma = 0.5}) end,
+       function(e) return 0.1 * 0.5 ^ (e // 3) end},
+      {"MultiStepLR", function(o) return L.MultiStepLR(o, {milestones = {2, 5, 5, 9}, gamma = 0.3}) end,
+       function(e) return 0.1 * 0.3 ^ count_le({2, 5, 5, 9}, e) end},
+      {"ExponentialLR", function(o) return L.ExponentialLR(o, {gamma = 0.9}) end, function(e) return 0.1 * 0.9 ^ e end},
+      {"CosineAnnealingLR", function(o) return L.CosineAnnealingLR(o, {T_max = 5, eta_min = 0.01}) end,
+       function(e) return 0.01 + (0.1 - 0.01) * (1 + math.cos(math.pi * e / 5)) / 2 end},
+      {"LinearLR", function(o) return L.LinearLR(o, {start_factor = 0.25, end_factor = 0.75, total_iters = 6}) end,
+       function(e) return 0.1 * (0.25 + 0.5 * math.min(e, 6) / 6) end},
+      {"ConstantLR", function(o) return L.ConstantLR(o, {factor = 0.5, total_iters = 4}) end,
+       function(e) return e < 4 and 0.05 or 0.1 end},
+      {"LambdaLR", function(o) return L.LambdaLR(o, function(e) return 1 / (e + 1) end) end,
+       function(e) return 0.1 / (e + 1) end},
+      {"MultiplicativeLR", function(o) return L.MultiplicativeLR(o, function() return 0.95 end) end,
+       function(e) return 0.1 * 0.95 ^ e end},
+    }
+    for _, c in ipairs(cases) do check(c[1], rates(c[2], 12), c[3]) end
+    -- two on one optimizer chain, as torch's: the product of both factors
+    local o = opt()
+    local a, b = L.StepLR(o, {step_size = 3, gamma = 0.5}), L.ExponentialLR(o, {gamma = 0.9})
+    local got = {o.opts.lr}
+    for _ = 1, 12 do a:step(); b:step(); got[#got + 1] = o.opts.lr end
+    check("StepLR+ExponentialLR", got, function(e) return 0.1 * 0.5 ^ (e // 3) * 0.9 ^ e end)
+  end)
+
+  it("ReduceLROnPlateau halves the rate after patience epochs without improvement, then cools down", function()
+    local o = opt()
+    local s = L.ReduceLROnPlateau(o, {patience = 2, cooldown = 1, factor = 0.5})
+    -- by hand: best 5, 4; then 4.5, 4.2, 4.1 are 3 bad epochs > 2 -> 0.05 and a
+    -- cooldown of 1 (4.3); 3 is the new best; 3.5, 3.6, 3.7 -> 0.025; cooldown (3.8); 3.9 bad
+    local want = {0.1, 0.1, 0.1, 0.1, 0.05, 0.05, 0.05, 0.05, 0.05, 0.025, 0.025, 0.025}
+    for i, m in ipairs{5, 4, 4.5, 4.2, 4.1, 4.3, 3, 3.5, 3.6, 3.7, 3.8, 3.9} do
+      s:step(m)
+      assert.are.equal(want[i], o.opts.lr, "step " .. i)
+    end
+    -- mode max with an absolute threshold: 1.05 is no improvement over 1 by 0.1
+    local o2 = opt()
+    local s2 = L.ReduceLROnPlateau(o2, {mode = "max", threshold_mode = "abs", threshold = 0.1, patience = 0, min_lr = 0.02})
+    for _, m in ipairs{1, 1.05, 1.2, 1.25, 1.26} do s2:step(m) end
+    assert.are.equal(0.02, o2.opts.lr) -- 0.1 -> 0.01 floored at min_lr, then no change below eps
+  end)
+
+  it("state_dict resumes a schedule where it stopped, and bad arguments are EINVAL", function()
+    local o = opt()
+    local s = L.CosineAnnealingLR(o, {T_max = 7})
+    for _ = 1, 4 do s:step() end
+    local sd = s:state_dict()
+    local want = {}
+    for i = 1, 3 do s:step(); want[i] = o.opts.lr end
+    local o2 = opt()
+    local s2 = L.CosineAnnealingLR(o2, {T_max = 7})
+    s2:load_state_dict(sd)
+    for i = 1, 3 do s2:step(); assert.are.equal(want[i], o2.opts.lr, "step " .. i) end
+    local cases = {
+      {function() L.StepLR(opt(), {step_size = 0}) end, "^EINVAL: StepLR: step_size must be an integer >= 1, got 0"},
+      {function() L.StepLR(opt(), {step_size = 2, gamm = 0.1}) end, "^EINVAL: StepLR: unknown option 'gamm'"},
+      {function() L.ExponentialLR(opt()) end, "^EINVAL: ExponentialLR: gamma is required"},
+      {function() L.MultiStepLR(opt(), {milestones = {3, 1.5}}) end, "^EINVAL: MultiStepLR: milestone 2 must be an integer"},
+      {function() L.LinearLR(opt(), {start_factor = 0}) end, "^EINVAL: LinearLR: start_factor must be in %(0, 1%], got 0"},
+      {function() L.StepLR({}, {step_size = 2}) end, "^EINVAL: StepLR: a crun.optim optimizer is expected"},
+      {function() L.ReduceLROnPlateau(opt(), {mode = "lower"}) end, '^EINVAL: ReduceLROnPlateau: mode must be "min" or "max"'},
+      {function() L.ReduceLROnPlateau(opt()):step("x") end, "^EINVAL: ReduceLROnPlateau:step: the metric must be a number"},
+      {function() L.StepLR(opt(), {step_size = 2}):step(3) end, "^EINVAL: StepLR:step: an epoch argument is not supported"},
+      {function() s2:load_state_dict(L.StepLR(opt(), {step_size = 2}):state_dict()) end,
+       "^EINVAL: CosineAnnealingLR:load_state_dict: a state_dict%(%) of a CosineAnnealingLR is expected, got StepLR"},
+    }
+    for _, c in ipairs(cases) do
+      local ok, err = pcall(c[1])
+      assert.is_false(ok)
+      assert.is_truthy(tostring(err):match(c[2]), tostring(err))
+    end
+  end)
+end)

@@ -263,4 +263,7 @@ end
 require("crun.trace")._wrap(SGD, "step", "SGD", "optim")
 require("crun.trace")._wrap(Adam, "step", "Adam", "optim")
 
+--- torch.optim.lr_scheduler's schedules (crun/lr_scheduler.lua).
+optim.lr_scheduler = require "crun.lr_scheduler"
+
 return optim
