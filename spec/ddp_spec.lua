@@ -201,6 +201,9 @@ describe("DDP equivalence", function()
         .. '"module.2.weight", "module.2.bias"; unexpected key(s) in state_dict: "0.weight" (strict = false loads '
         .. 'the keys that match)')
       assert.are.equal(4, #seq:state_dict())
+      local names = {}
+      for name, p in seq:named_parameters() do names[#names + 1] = name .. ":" .. p:numel() end
+      assert.are.equal("module.0.weight:12 module.0.bias:4 module.2.weight:8 module.2.bias:2", table.concat(names, " "))
       -- a closed DDP raises
       local okc, errc = pcall(m.forward, m, x)
       assert.is_false(okc)

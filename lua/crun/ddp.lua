@@ -449,6 +449,9 @@ function DDP:no_sync(fn)
 end
 
 function DDP:parameters() return self.module:parameters() end
+--- named_parameters / named_buffers: the module's, under "module." as torch's DDP names them.
+function DDP:named_parameters(prefix) return self.module:named_parameters((prefix or "") .. "module.") end
+function DDP:named_buffers(prefix) return self.module:named_buffers((prefix or "") .. "module.") end
 function DDP:zero_grad() return self.module:zero_grad() end
 function DDP:train() self.module:train(); return self end
 function DDP:evaluate() self.module:evaluate(); return self end
