@@ -267,11 +267,12 @@ function T.stack(list, dim)
   return out
 end
 
---- t:softmax([dim]) / t:log_softmax([dim]): along dim (1-based, negative
---- from the end). With no dim, torch's implicit (deprecated) choice of
---- F.softmax / nn.Softmax(): dim 1 of a 0-, 1- or 3-d tensor, else dim 2,
---- with a warning once per process. A 0-d tensor takes dim 1 or -1 (torch's
---- 0 or -1) and gives a 0-d 1 (log: 0), as torch's.
+-- t:softmax([dim]) / t:log_softmax([dim]): along dim (1-based, negative
+-- from the end). With no dim, torch's implicit (deprecated) choice of
+-- F.softmax / nn.Softmax(): dim 1 of a 0-, 1- or 3-d tensor, else dim 2,
+-- with a warning once per process. A 0-d tensor takes dim 1 or -1 (torch's
+-- 0 or -1) and gives a 0-d 1 (log: 0), as torch's. (A plain comment: LDoc
+-- cannot attach a doc block to a loop.)
 for _, name in ipairs({"softmax", "log_softmax"}) do
   local f = methods[name]
   methods[name] = function(t, dim)
