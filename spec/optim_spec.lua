@@ -395,3 +395,26 @@ describe("optim.lr_scheduler", function()
     end
   end)
 end)
+
+describe("optim param_groups", function()
+  it("is torch's one-group list, whose fields read and write opt.opts", function()
+    local p, g = {T.zeros({3})}, {T.zeros({3})}
+    for _, make in ipairs{function() return optim.SGD(p, g, {lr = 0.1, momentum = 0.9}) end,
+                          function() return optim.Adam(p, g, {lr = 0.1}) end} do
+      local o = make()
+      assert.are.equal(1, #o.param_groups)
+      assert.are.equal(0.1, o.param_groups[1].lr)
+      assert.are.equal(p[1], o.param_groups[1].params[1])
+      for _, group in ipairs(o.param_groups) do group.lr = 0.025 end
+      assert.are.equal(0.025, o.opts.lr)
+      o.opts = {lr = 0.5, momentum = 0, dampening = 0, weight_decay = 0, nesterov = false, maximize = false,
+        betas = {0.9, 0.999}, eps = 1e-8, amsgrad = false}
+      assert.are.equal(0.5, o.param_groups[1].lr) -- follows a replaced opts
+    end
+    -- a scheduler's rate shows there too
+    local o = optim.SGD(p, g, {lr = 0.1})
+    local s = optim.lr_scheduler.StepLR(o, {step_size = 1, gamma = 0.5})
+    s:step()
+    assert.are.equal(0.05, o.param_groups[1].lr)
+  end)
+end)

@@ -35,6 +35,7 @@ local function check_case(name, rec, world, r)
   local tol = name:match("f32") and 1e-5 or 1e-12
   assert.is_true(rec.param_err <= tol, where .. ": parameters differ from DDP's by " .. rec.param_err)
   assert.is_true(rec.roundtrip_err <= tol, where .. ": after load_state_dict, parameters differ by " .. rec.roundtrip_err)
+  assert.are.same({1, 0.5}, rec.groups_lr, where .. ": param_groups")
   assert.are.same(OWNERS[world], rec.owner, where)
   assert.are.same(TOTALS[world], rec.rank_numel, where)
   -- the state covers exactly this rank's parameters

@@ -87,6 +87,23 @@ end
 local Optimizer = {}
 Optimizer.__index = Optimizer
 
+--- opt.param_groups: torch's list of parameter groups, here the one group:
+-- {{lr =, momentum =, ..., params = {...}}}, whose option fields read and
+-- write opt.opts (so `for _, g in ipairs(opt.param_groups) do g.lr = x end`
+-- sets the rate, as in torch). Made on each read: it follows a replaced opts.
+function optim.param_groups(self)
+  local opts = rawget(self, "opts")
+  return {setmetatable({params = rawget(self, "params")}, {__index = opts, __newindex = opts})}
+end
+
+-- cls.__index for an optimizer class: its methods, and param_groups.
+function optim.index_with_groups(cls)
+  return function(self, k)
+    if k == "param_groups" then return optim.param_groups(self) end
+    return cls[k]
+  end
+end
+
 -- Built from a module: takes its current gradient tensors (DDP's
 -- gradient_as_bucket_view swaps them for bucket views after wrapping).
 function Optimizer:_refresh()
@@ -173,7 +190,7 @@ end
 -- ---------------------------------------------------------------- SGD
 
 local SGD = setmetatable({}, {__index = Optimizer})
-SGD.__index = SGD
+SGD.__index = optim.index_with_groups(SGD)
 
 --- SGD(model | params, grads, {lr=, momentum=0, dampening=0, weight_decay=0, nesterov=false, maximize=false}):
 --- lr is required; options are checked as Adam's are (see below).
@@ -210,7 +227,7 @@ end
 -- ---------------------------------------------------------------- Adam / AdamW
 
 local Adam = setmetatable({}, {__index = Optimizer})
-Adam.__index = Adam
+Adam.__index = optim.index_with_groups(Adam)
 
 local function adam(kind, decoupled, default_wd, a, b, c)
   local params, grads, o, module = unpack_args(kind, a, b, c)

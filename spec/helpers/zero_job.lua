@@ -105,6 +105,11 @@ local function run_case(c)
     state_numel = z.opt:state_numel(), owned = z.opt.own, owner = z.opt.owner, rank_numel = z.opt.rank_numel,
     local_entries = 0}
   for _ in pairs(z.opt.optim.state) do rec.local_entries = rec.local_entries + 1 end
+  -- torch's param_groups: one group, whose lr writes through to the wrapped optimizer
+  local lr = z.opt.opts.lr
+  for _, grp in ipairs(z.opt.param_groups) do grp.lr = lr / 2 end
+  rec.groups_lr = {#z.opt.param_groups, z.opt.optim.opts.lr / lr}
+  z.opt.opts.lr = lr
   local to = world - 1
   z.opt:consolidate_state_dict(to)
   local sd
