@@ -234,7 +234,8 @@ static int serve_store(crun__agent_t *a) {
 }
 
 /* Connects one client to node 0's store, retrying until the rendezvous
- * deadline (in one-second tries, so that Ctrl-C ends the wait). */
+ * deadline (in one-second tries, so that Ctrl-C ends the wait). A wrong
+ * secret and a host name that does not exist (EINVAL) fail at once. */
 static int connect_store(crun__agent_t *a, crun_store_t **out) {
   const crun__opts_t *o = a->o;
   double timeout = o->c10d ? o->join_timeout : o->rdzv_timeout;
@@ -242,9 +243,16 @@ static int connect_store(crun__agent_t *a, crun_store_t **out) {
                               .connect_timeout = SLICE};
   double deadline = crun_clock() + timeout;
   int rc;
-  while ((rc = crun_store_tcp_new(&to, out)) < 0 && rc != CRUN_EACCES && crun_clock() < deadline) { /* a wrong secret stays wrong */
+  while ((rc = crun_store_tcp_new(&to, out)) < 0 && rc != CRUN_EACCES && rc != CRUN_EINVAL &&
+         crun_clock() < deadline) {
     if (crun__signals_pending()) return crun_error(CRUN_EINTR, "rendezvous: interrupted by a signal");
+    struct timespec pause = {0, 50 * 1000000L}; /* a try that failed at once (no route) is not a busy loop */
+    nanosleep(&pause, NULL);
   }
+  if (rc == CRUN_EINVAL && o->c10d)
+    return crun_error(rc, "rendezvous '%s': --rdzv-endpoint %s: %s", o->run_id, a->host, bare_error());
+  if (rc == CRUN_EINVAL)
+    return crun_error(rc, "node %d: --master-addr %s: %s", o->node_rank, a->host, bare_error());
   if (rc < 0 && o->c10d)
     return crun_error(rc, "rendezvous '%s': cannot reach the store at %s:%d within %g s: %s", o->run_id,
                       a->host, a->port, timeout, bare_error());
