@@ -141,6 +141,43 @@ describe("crun-lua elastic c10d jobs", function()
                                   1, true), rs3.err)
   end)
 
+  it("notices at once, naming it, a node whose crun-lua leaves by SIGTERM (not after heartbeat_timeout)", function()
+    -- the workers never talk to each other, so only the agents can tell that a node left
+    local port, dir = U.free_port(), U.tmpdir()
+    U.write(dir .. "/job.lua", [[
+print("UP node=" .. os.getenv("GROUP_RANK") .. " nodes=" .. os.getenv("GROUP_WORLD_SIZE"))
+io.stdout:flush()
+for _ = 1, 600 do
+  local f = io.open(arg[1] .. "/go")
+  if f then f:close(); break end
+  os.execute("sleep 0.05")
+end
+]])
+    local opts = string.format("--nnodes 1:2 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:%d --rdzv-id leave " ..
+                               "--rdzv-conf last_call_timeout=1,heartbeat_timeout=20,join_timeout=30 --rdzv-timeout 30 " ..
+                               "-n 1 %s %s", port, q(dir .. "/job.lua"), q(dir))
+    local a = U.start(opts, ENV)
+    U.sleep(0.3) -- a serves the endpoint; b leaves
+    local b = U.start(opts, ENV)
+    local ok, err = pcall(function()
+      await({a, b}, "out", "nodes=2", 30, 2)
+      os.execute("kill -TERM " .. b.pid)
+      local t0 = os.time()
+      await({a}, "err", "rendezvous 'leave' round 1: 1 node(s), world size 1 (", 30)
+      local took = os.time() - t0
+      assert(took <= 5, "noticed after " .. took .. " s (heartbeat_timeout 20 s):\n" .. so_far({a}, "err"))
+    end)
+    U.write(dir .. "/go", "")
+    local ra, rb = table.unpack(U.wait_all({a, b}, 30))
+    U.rmrf(dir)
+    assert(ok, err)
+    assert.are.equal(143, rb.code, rb.err)
+    assert.are.equal(0, ra.code, ra.err)
+    local host = ra.err:match("rendezvous 'leave' round 1: 1 node%(s%), world size 1 %(node 1 %(([^,]+), pid " ..
+                              b.pid .. "%) left the job: its crun%-lua ended%)\n")
+    assert.is_truthy(host and #host > 0, ra.err)
+  end)
+
   it("fails naming the lost node when fewer than MIN nodes are left", function()
     local port, dir = U.free_port(), U.tmpdir()
     local opts = c10d(port, "few", "2:3") .. " -n 1 " .. JOB .. " " .. q(dir)
