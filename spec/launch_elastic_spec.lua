@@ -249,6 +249,28 @@ end
 end)
 
 describe("examples/elastic_train.lua options", function()
+  it("trains afresh when run again with the same run id (it resumed the finished run and trained nothing)", function()
+    local ex = q(U.SOURCE .. "/examples/elastic_train.lua")
+    local id = U.unique_marker("again"):gsub("[^%w]", "-")
+    local ckpt = "/tmp/crun-elastic-" .. id .. ".crun" -- the default path for this run id
+    local runs = {}
+    for i = 1, 2 do
+      runs[i] = U.run("-n 2 --master-port 0 --rdzv-id " .. id .. " " .. ex .. " --epochs 2 --samples 8 --batch 2", nil, 60)
+    end
+    os.remove(ckpt)
+    for i, r in ipairs(runs) do
+      assert.are.equal(0, r.code, "run " .. i .. ": " .. r.err)
+      assert.is_nil(r.out:find("resumed at", 1, true), "run " .. i .. ":\n" .. r.out)
+      for epoch = 1, 2 do
+        assert.are.equal(1, count(r.out, "[0] checkpoint epoch " .. epoch .. " consumed 8/8 world 2\n"), "run " .. i .. ":\n" .. r.out)
+      end
+      assert.are.equal(1, count(r.out, "[0] done: 2 epochs, world size 2"), r.out)
+    end
+    assert.is_truthy(runs[2].out:find("[0] " .. ckpt .. " holds a finished run (2 epochs): training afresh", 1, true),
+                     runs[2].out)
+    assert.are.equal(runs[1].out:match("done: [^\n]*"), runs[2].out:match("done: [^\n]*")) -- the same training
+  end)
+
   it("refuses values that are not what an option takes, before training (--batch 2.5 trained on 2-sample batches)", function()
     local ex = q(U.SOURCE .. "/examples/elastic_train.lua")
     for _, c in ipairs{{"--batch", "0", "a whole number >= 1"}, {"--batch", "2.5", "a whole number >= 1"},
