@@ -300,6 +300,20 @@ static const char *kind_of(mode_t m) {
   return "not a regular file";
 }
 
+/* Creates dir and any parent it lacks (as torchrun's os.makedirs); 0, or -1
+ * with errno set. */
+static int mkdir_parents(const char *dir) {
+  char p[4096];
+  if (snprintf(p, sizeof p, "%s", dir) >= (int)sizeof p) return errno = ENAMETOOLONG, -1;
+  for (char *s = p + 1; *s; s++) {
+    if (*s != '/') continue;
+    *s = 0;
+    if (mkdir(p, 0777) < 0 && errno != EEXIST) return -1;
+    *s = '/';
+  }
+  return mkdir(p, 0777) < 0 && errno != EEXIST ? -1 : 0;
+}
+
 /* Opens <log_dir>/attempt_<k>/rank_<r>.<what> for writing; -1 on failure
  * with the reason recorded. Nothing is followed or truncated in place: the
  * attempt directory is opened O_NOFOLLOW, the file created O_EXCL|O_NOFOLLOW;
@@ -310,7 +324,10 @@ static int open_log(const crun__opts_t *o, int attempt, int rank, const char *wh
   char path[4096], name[64];
   int dfd = -1, fd = -1;
   snprintf(path, sizeof path, "%s/attempt_%d", o->log_dir, attempt);
-  if (mkdir(o->log_dir, 0777) < 0 && errno != EEXIST) goto fail;
+  if (mkdir_parents(o->log_dir) < 0) {
+    crun_error(CRUN_ESYS, "cannot create the log directory %s: %s", o->log_dir, strerror(errno));
+    return -1;
+  }
   if (mkdir(path, 0777) < 0 && errno != EEXIST) goto fail;
   dfd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   if (dfd < 0) {

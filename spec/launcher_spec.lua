@@ -355,7 +355,7 @@ describe("crun-lua output", function()
   it("names the log directory that cannot be created", function()
     local r = U.run("-n 1 --master-port 0 --log-dir /proc/nope " .. q(FIX .. "env.lua"))
     assert.are_not.equal(0, r.code)
-    assert.is_truthy(r.err:find("cannot create log file /proc/nope", 1, true), r.err)
+    assert.is_truthy(r.err:find("ESYS: cannot create the log directory /proc/nope: No such file or directory", 1, true), r.err)
   end)
 end)
 
