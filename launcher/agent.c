@@ -153,8 +153,8 @@ static void store_process(const char *host, int port, int wfd) {
     int n;
     while ((n = crun__store_server_clients(srv)) > 0 && sigtimedwait(&term, NULL, &slice) != SIGTERM) {
       if (said > 0 && crun_clock() >= said) {
-        fprintf(stderr, "crun-lua: job done; still serving the rendezvous store at %s:%d for %d "
-                        "client(s) of other runs until they leave (Ctrl-C stops it)\n", host, r.port, n);
+        fprintf(stderr, "crun-lua: still serving the rendezvous store at %s:%d for %d connection(s) "
+                        "(other nodes or runs) until they leave (Ctrl-C stops it)\n", host, r.port, n);
         said = -1;
       }
     }
@@ -901,8 +901,9 @@ int crun__agent_failure_fd(crun__agent_t *a) {
   return a && multi(a) ? a->fail_pipe[0] : -1;
 }
 
-/* c10d: the endpoint's store may serve other jobs (other run ids) too;
- * keeps serving while any client is connected, interruptible by a signal.
+/* c10d: the endpoint's store may serve other jobs (other run ids), and the
+ * other nodes of this one when this node leaves early, too; keeps serving
+ * while any client is connected, interruptible by a signal.
  * A client that dies is disconnected by its kernel, so this ends when the
  * other jobs end; it is said once on stderr when it lasts. */
 static void serve_others(crun__agent_t *a) {
@@ -910,8 +911,9 @@ static void serve_others(crun__agent_t *a) {
   int n;
   while ((n = crun__store_server_clients(a->server)) > 0 && !crun__signals_pending()) {
     if (said > 0 && crun_clock() >= said) {
-      fprintf(stderr, "crun-lua: job done; still serving the rendezvous store at %s:%d for %d "
-                      "client(s) of other runs until they leave (Ctrl-C stops it)\n", a->host, a->port, n);
+      fprintf(stderr, "crun-lua: %s; still serving the rendezvous store at %s:%d for %d connection(s) "
+                      "(other nodes or runs) until they leave (Ctrl-C stops it)\n",
+              a->done ? "job done" : "this node left the job", a->host, a->port, n);
       said = -1;
     }
     usleep(20000);

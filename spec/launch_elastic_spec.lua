@@ -178,6 +178,41 @@ end
     assert.is_truthy(host and #host > 0, ra.err)
   end)
 
+  it("keeps serving the endpoint's store for the others when the node serving it leaves by SIGTERM, saying why", function()
+    local port, dir = U.free_port(), U.tmpdir()
+    U.write(dir .. "/job.lua", [[
+print("UP node=" .. os.getenv("GROUP_RANK") .. " nodes=" .. os.getenv("GROUP_WORLD_SIZE"))
+io.stdout:flush()
+for _ = 1, 600 do
+  local f = io.open(arg[1] .. "/go")
+  if f then f:close(); break end
+  os.execute("sleep 0.05")
+end
+]])
+    local opts = string.format("--nnodes 1:2 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:%d --rdzv-id serve " ..
+                               "--rdzv-conf last_call_timeout=1,heartbeat_timeout=20,join_timeout=30 --rdzv-timeout 30 " ..
+                               "-n 1 %s %s", port, q(dir .. "/job.lua"), q(dir))
+    local a = U.start(opts, ENV)
+    U.sleep(0.3) -- a serves the endpoint and leaves
+    local b = U.start(opts, ENV)
+    local ok, err = pcall(function()
+      await({a, b}, "out", "nodes=2", 30, 2)
+      os.execute("kill -TERM " .. a.pid)
+      await({b}, "err", "rendezvous 'serve' round 1: 1 node(s), world size 1 (node 0 (", 10)
+      await({a}, "err", "still serving", 10)
+    end)
+    U.write(dir .. "/go", "")
+    local ra, rb = table.unpack(U.wait_all({a, b}, 30))
+    U.rmrf(dir)
+    assert(ok, err)
+    assert.are.equal(0, rb.code, rb.err)
+    assert.are.equal(143, ra.code, ra.err)
+    assert.is_nil(ra.err:find("job done", 1, true), ra.err)
+    assert.is_truthy(ra.err:find("crun%-lua: this node left the job; still serving the rendezvous store at 127%.0%.0%.1:" ..
+                                 port .. " for %d+ connection%(s%) %(other nodes or runs%) until they leave %(Ctrl%-C stops it%)\n"),
+                     ra.err)
+  end)
+
   it("fails naming the lost node when fewer than MIN nodes are left", function()
     local port, dir = U.free_port(), U.tmpdir()
     local opts = c10d(port, "few", "2:3") .. " -n 1 " .. JOB .. " " .. q(dir)
