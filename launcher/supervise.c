@@ -775,13 +775,25 @@ static void ensure_fd_limit(int nproc) {
   setrlimit(RLIMIT_NOFILE, &rl);
 }
 
-/* The closing lines: every attempt when there were several, and the code. */
+/* The closing list shows this many attempts at each end (each attempt's
+ * failure was reported when it happened). */
+#define SUMMARY_ENDS 5
+
+/* The closing lines: the attempts when there were several (the first and
+ * last SUMMARY_ENDS of a long run), and the code. */
 static void final_summary(sup_t *s, const failure_t *hist, int attempts, int code) {
   char ft[CRUN_VERDICT_MAX + 100], sb[32];
   if (attempts > 1) {
     say("%s after %d attempt%s:", code == 0 ? "job succeeded" : "job failed", attempts,
         attempts == 1 ? "" : "s");
-    for (int i = 0; i < attempts; i++) say("  attempt %d: %s", i, failure_text(&hist[i], ft, sizeof ft));
+    int elide = attempts > 2 * SUMMARY_ENDS + 1;
+    for (int i = 0; i < attempts; i++) {
+      if (elide && i == SUMMARY_ENDS)
+        say("  ... attempts %d to %d (%d more), each reported above when it ended", i,
+            attempts - SUMMARY_ENDS - 1, attempts - 2 * SUMMARY_ENDS);
+      if (elide && i >= SUMMARY_ENDS && i < attempts - SUMMARY_ENDS) continue;
+      say("  attempt %d: %s", i, failure_text(&hist[i], ft, sizeof ft));
+    }
   }
   if (s->signal_seen)
     say("stopped by %s; exit code %d", signame(s->signal_seen, sb, sizeof sb), code);

@@ -421,6 +421,25 @@ describe("crun-lua failures", function()
     assert.is_truthy(r.err:match("attempt 0: rank 1 %(pid %d+%) exited with code 5"), r.err)
     assert.is_truthy(r.err:match("attempt 1: rank 1 %(pid %d+%) exited with code 5"), r.err)
   end)
+
+  it("keeps the closing list short after many restarts (it listed every one of --max-restarts 1000)", function()
+    local dir = U.tmpdir()
+    U.write(dir .. "/fail.lua", "os.exit(3)\n")
+    local r = U.run("-n 1 --master-port 0 --max-restarts 40 " .. q(dir .. "/fail.lua"))
+    U.rmrf(dir)
+    assert.are.equal(3, r.code, r.err)
+    local summary = r.err:match("crun%-lua: job failed after 41 attempts:\n(.*)$")
+    assert.is_string(summary, r.err)
+    local lines = U.lines(summary)
+    assert.is_true(#lines <= 12, summary)
+    for _, k in ipairs({0, 4, 36, 40}) do
+      assert.is_truthy(summary:match("attempt " .. k .. ": rank 0 %(pid %d+%) exited with code 3\n"), summary)
+    end
+    assert.is_truthy(summary:find("crun-lua:   ... attempts 5 to 35 (31 more), each reported above when it ended\n", 1, true),
+                     summary)
+    assert.is_nil(summary:find("attempt 20:", 1, true), summary)
+    assert.is_truthy(summary:find("crun-lua: exit code 3 (from rank 0)\n", 1, true), summary)
+  end)
 end)
 
 describe("crun-lua signals", function()
