@@ -14,7 +14,10 @@
 -- they load the checkpoint, and the sampler hands the rest of the
 -- interrupted epoch out across the new world (load_state_dict), so no sample
 -- of that epoch is repeated or skipped. Steps taken after the last
--- checkpoint are lost with the old world and taken again.
+-- checkpoint are lost with the old world and taken again. The last
+-- checkpoint is marked finished: a new crun-lua job that finds it (run again
+-- with the same run id, so the same default --ckpt) trains afresh and says
+-- so; only a restart or a new round of the job that wrote it resumes it.
 --
 -- Options: --epochs 3 --samples 240 --batch 4 (per rank) --ckpt-every 2
 -- --lr 0.02 --seed 7 --step-delay S (sleep after each step, to watch it)
@@ -58,8 +61,19 @@ local opt = optim.Adam(net, {lr = o.lr})
 local sampler = data.DistributedSampler{size = o.samples, shuffle = true, seed = o.seed}
 local seen = {} -- seen[epoch] = {{index, world}, ...}, in the order the samples were consumed
 local first = 1
-if crun.serialize.exists(o.ckpt) then
-  local ck = crun.load(o.ckpt)
+-- the first attempt of this crun-lua job: no restart yet, and round 0 of a c10d
+-- job (its CRUN_STORE_PREFIX ends in the round number)
+local launched = os.getenv("TORCHELASTIC_RESTART_COUNT") == "0" and
+                 not (os.getenv("CRUN_STORE_PREFIX") or ""):match("/[1-9]%d*$")
+local ck = crun.serialize.exists(o.ckpt) and crun.load(o.ckpt) or nil
+if ck and ck.finished and launched then
+  if rank == 0 then
+    print(string.format("%s holds a finished run (%d epochs): training afresh (another --ckpt keeps it)", o.ckpt,
+                        ck.sampler.epoch))
+  end
+  ck = nil
+end
+if ck then
   net:load_state_dict(ck.model)
   opt:load_state_dict(ck.optim)
   sampler:load_state_dict(ck.sampler)
@@ -84,7 +98,8 @@ local function checkpoint(epoch, taken, pending)
       for _, idx in ipairs(list) do table.insert(seen[epoch], {idx, world}) end
     end
     local st = sampler:state_dict(taken)
-    crun.save(o.ckpt, {model = net:state_dict(), optim = opt:state_dict(), sampler = st, seen = seen})
+    crun.save(o.ckpt, {model = net:state_dict(), optim = opt:state_dict(), sampler = st, seen = seen,
+                       finished = epoch == o.epochs and st.consumed >= o.samples})
     print(string.format("checkpoint epoch %d consumed %d/%d world %d", epoch, st.consumed, o.samples, world))
     io.stdout:flush()
   end

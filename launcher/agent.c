@@ -31,6 +31,9 @@
  *   change      why the membership changed: a node lost, or nodes waiting
  *               to join (joined > closed while the round is below MAX)
  *   end/<node>  the node's exit code for the round, once its workers ended
+ *   gone/<node> set by a member whose crun-lua ends before the job did (a
+ *               signal, an error): the others count it lost at once rather
+ *               than after heartbeat_timeout
  *   verdict     how the round ended (see rdzv.c), set by the first agent
  *               that sees every member ended or lost
  * The watcher thread beats and polls those; any of failed, change, a lost
@@ -82,6 +85,8 @@ struct crun__agent {
   crun__node_t *members;       /* the round's nodes, by node rank */
   int64_t *seen;               /* each member's last heartbeat count seen ... */
   double *seen_at;             /* ... and when it last moved (own clock) */
+  char *gone;                  /* each member's gone/<node> seen */
+  int done;                    /* the job succeeded (a "done" verdict) */
   double last_beat;
   /* why the watcher stopped the workers: written by the watcher thread, read
    * by the supervise loop once the wake-up pipe is readable, both under
@@ -148,8 +153,8 @@ static void store_process(const char *host, int port, int wfd) {
     int n;
     while ((n = crun__store_server_clients(srv)) > 0 && sigtimedwait(&term, NULL, &slice) != SIGTERM) {
       if (said > 0 && crun_clock() >= said) {
-        fprintf(stderr, "crun-lua: job done; still serving the rendezvous store at %s:%d for %d "
-                        "client(s) of other runs until they leave (Ctrl-C stops it)\n", host, r.port, n);
+        fprintf(stderr, "crun-lua: still serving the rendezvous store at %s:%d for %d connection(s) "
+                        "(other nodes or runs) until they leave (Ctrl-C stops it)\n", host, r.port, n);
         said = -1;
       }
     }
@@ -234,7 +239,8 @@ static int serve_store(crun__agent_t *a) {
 }
 
 /* Connects one client to node 0's store, retrying until the rendezvous
- * deadline (in one-second tries, so that Ctrl-C ends the wait). */
+ * deadline (in one-second tries, so that Ctrl-C ends the wait). A wrong
+ * secret and a host name that does not exist (EINVAL) fail at once. */
 static int connect_store(crun__agent_t *a, crun_store_t **out) {
   const crun__opts_t *o = a->o;
   double timeout = o->c10d ? o->join_timeout : o->rdzv_timeout;
@@ -242,9 +248,16 @@ static int connect_store(crun__agent_t *a, crun_store_t **out) {
                               .connect_timeout = SLICE};
   double deadline = crun_clock() + timeout;
   int rc;
-  while ((rc = crun_store_tcp_new(&to, out)) < 0 && rc != CRUN_EACCES && crun_clock() < deadline) { /* a wrong secret stays wrong */
+  while ((rc = crun_store_tcp_new(&to, out)) < 0 && rc != CRUN_EACCES && rc != CRUN_EINVAL &&
+         crun_clock() < deadline) {
     if (crun__signals_pending()) return crun_error(CRUN_EINTR, "rendezvous: interrupted by a signal");
+    struct timespec pause = {0, 50 * 1000000L}; /* a try that failed at once (no route) is not a busy loop */
+    nanosleep(&pause, NULL);
   }
+  if (rc == CRUN_EINVAL && o->c10d)
+    return crun_error(rc, "rendezvous '%s': --rdzv-endpoint %s: %s", o->run_id, a->host, bare_error());
+  if (rc == CRUN_EINVAL)
+    return crun_error(rc, "node %d: --master-addr %s: %s", o->node_rank, a->host, bare_error());
   if (rc < 0 && o->c10d)
     return crun_error(rc, "rendezvous '%s': cannot reach the store at %s:%d within %g s: %s", o->run_id,
                       a->host, a->port, timeout, bare_error());
@@ -374,10 +387,12 @@ static int c10d_round(crun__agent_t *a, int round, crun__placement_t *base) {
   free(a->members);
   free(a->seen);
   free(a->seen_at);
+  free(a->gone);
   a->members = r.nodes;
   a->seen = calloc((size_t)r.nnodes, sizeof *a->seen);
   a->seen_at = calloc((size_t)r.nnodes, sizeof *a->seen_at);
-  if (!a->seen || !a->seen_at) return crun_error(CRUN_ENOMEM, "rendezvous: out of memory");
+  a->gone = calloc((size_t)r.nnodes, 1);
+  if (!a->seen || !a->seen_at || !a->gone) return crun_error(CRUN_ENOMEM, "rendezvous: out of memory");
   double now = crun_clock();
   for (int m = 0; m < r.nnodes; m++) {
     a->seen[m] = -1;
@@ -479,24 +494,40 @@ static int beat(crun__agent_t *a, crun_store_t *st) {
   return 0;
 }
 
-/* c10d: looks at member m's heartbeat; *quiet 1 when it has not moved for
- * heartbeat_timeout since this agent began to look. */
+/* c10d: looks at member m's heartbeat; *quiet 1 when it said it left
+ * (gone/<m>) or its heartbeat has not moved for heartbeat_timeout since this
+ * agent began to look. */
 static int silent(crun__agent_t *a, crun_store_t *st, int m, int *quiet) {
   char k[200];
   int64_t v = 0;
+  if (!a->gone[m]) {
+    const char *kp = rk(a, k, sizeof k, "gone/%lld", m);
+    int found = 0;
+    CRUN_CHECK(crun_store_check(st, &kp, 1, &found));
+    a->gone[m] = (char)found;
+  }
   CRUN_CHECK(crun_store_add(st, rk(a, k, sizeof k, "hb/%lld", m), 0, &v));
   double now = crun_clock();
   if (v != a->seen[m]) {
     a->seen[m] = v;
     a->seen_at[m] = now;
   }
-  *quiet = now - a->seen_at[m] >= a->o->heartbeat_timeout;
+  *quiet = a->gone[m] || now - a->seen_at[m] >= a->o->heartbeat_timeout;
   return 0;
 }
 
 /* "node 2 (h2, pid 77)" for member m. */
 static void node_name(const crun__agent_t *a, int m, char *buf, size_t n) {
   snprintf(buf, n, "node %d (%s, pid %ld)", m, a->members[m].host, a->members[m].pid);
+}
+
+/* "node 2 (h2, pid 77) lost: no heartbeat for 3 s", or "... left the job:
+ * its crun-lua ended" for a member that said so (gone/<m>). */
+static void node_lost(const crun__agent_t *a, int m, char *buf, size_t n) {
+  char name[160];
+  node_name(a, m, name, sizeof name);
+  if (a->gone[m]) snprintf(buf, n, "%s left the job: its crun-lua ended", name);
+  else snprintf(buf, n, "%s lost: no heartbeat for %g s", name, a->o->heartbeat_timeout);
 }
 
 /* Reads key as text into buf when it exists (*found). */
@@ -548,9 +579,7 @@ static int c10d_look(crun__agent_t *a, crun_store_t *st) {
       int quiet = 0;
       if (m != a->node_rank) CRUN_CHECK(silent(a, st, m, &quiet));
       if (!quiet) continue;
-      char name[160];
-      node_name(a, m, name, sizeof name);
-      snprintf(text, sizeof text, "%s lost: no heartbeat for %g s", name, o->heartbeat_timeout);
+      node_lost(a, m, text, sizeof text);
       found = 1;
     }
     if (found) CRUN_CHECK(set_once(st, rk(a, k, sizeof k, "change", 0), text));
@@ -754,8 +783,8 @@ static int c10d_decide(crun__agent_t *a, int *decided) {
     all_ok = 0;
     nlost++;
     if (lo + 16 < sizeof lost) lo += (size_t)snprintf(lost + lo, sizeof lost - lo, "%s%d", lo ? "," : "", m);
-    char name[160];
-    node_name(a, m, name, sizeof name);
+    char name[240];
+    node_lost(a, m, name, sizeof name);
     if (no + strlen(name) + 4 < sizeof names)
       no += (size_t)snprintf(names + no, sizeof names - no, "%s%s", no ? ", " : "", name);
   }
@@ -770,7 +799,7 @@ static int c10d_decide(crun__agent_t *a, int *decided) {
     snprintf(verdict, sizeof verdict, "done %d 0 - every node succeeded", a->restarts);
   } else if (nlost || has_change) {
     char why[CRUN_VERDICT_MAX / 2 + 64];
-    if (nlost) snprintf(why, sizeof why, "%s lost: no heartbeat for %g s", names, o->heartbeat_timeout);
+    if (nlost) snprintf(why, sizeof why, "%s", names);
     else snprintf(why, sizeof why, "%.*s", CRUN_VERDICT_MAX / 2, change);
     if (left < o->min_nodes)
       snprintf(verdict, sizeof verdict, "end %d 0 %s %s; %d node(s) left, fewer than the minimum %d "
@@ -838,7 +867,7 @@ static int c10d_end(crun__agent_t *a, int code, int stopped, crun__next_t *next)
   if (listed(v.lost, a->node_rank))
     return crun_error(CRUN_ESTATE, "rendezvous '%s' round %d: this node (node %d) was declared lost (%s); "
                       "the job went on without it", o->run_id, a->round, a->node_rank, v.text);
-  if (!strcmp(v.kind, "done")) *next = CRUN__NEXT_DONE;
+  if (!strcmp(v.kind, "done")) *next = CRUN__NEXT_DONE, a->done = 1;
   else if (!strcmp(v.kind, "next")) *next = v.restarts > a->restarts ? CRUN__NEXT_RESTART : CRUN__NEXT_ROUND;
   else if (strcmp(v.lost, "-")) /* too few nodes left */
     return crun_error(CRUN_ESTATE, "rendezvous '%s' round %d: %s", o->run_id, a->round, v.text);
@@ -872,8 +901,9 @@ int crun__agent_failure_fd(crun__agent_t *a) {
   return a && multi(a) ? a->fail_pipe[0] : -1;
 }
 
-/* c10d: the endpoint's store may serve other jobs (other run ids) too;
- * keeps serving while any client is connected, interruptible by a signal.
+/* c10d: the endpoint's store may serve other jobs (other run ids), and the
+ * other nodes of this one when this node leaves early, too; keeps serving
+ * while any client is connected, interruptible by a signal.
  * A client that dies is disconnected by its kernel, so this ends when the
  * other jobs end; it is said once on stderr when it lasts. */
 static void serve_others(crun__agent_t *a) {
@@ -881,21 +911,27 @@ static void serve_others(crun__agent_t *a) {
   int n;
   while ((n = crun__store_server_clients(a->server)) > 0 && !crun__signals_pending()) {
     if (said > 0 && crun_clock() >= said) {
-      fprintf(stderr, "crun-lua: job done; still serving the rendezvous store at %s:%d for %d "
-                      "client(s) of other runs until they leave (Ctrl-C stops it)\n", a->host, a->port, n);
+      fprintf(stderr, "crun-lua: %s; still serving the rendezvous store at %s:%d for %d connection(s) "
+                      "(other nodes or runs) until they leave (Ctrl-C stops it)\n",
+              a->done ? "job done" : "this node left the job", a->host, a->port, n);
       said = -1;
     }
     usleep(20000);
   }
 }
 
-/* Static multi-node: this node's crun-lua ends before the job succeeded; it
- * fails the current attempt (the other nodes' watchers stop their workers)
- * and says it left, so that no node waits rdzv_timeout for it at a barrier
- * (not an agent refused at join: it never held its node rank). Best effort:
- * the store may be gone already. */
+/* This node's crun-lua ends before the job succeeded. Static: it fails the
+ * current attempt (the other nodes' watchers stop their workers) and says it
+ * left, so that no node waits rdzv_timeout for it at a barrier (not an agent
+ * refused at join: it never held its node rank). c10d: a member of a round
+ * sets gone/<node>, so that the others count it lost at once, not after
+ * heartbeat_timeout. Best effort: the store may be gone already. */
 static void leave(crun__agent_t *a) {
-  char k[160], val[160], host[64] = "?";
+  char k[200], val[160], host[64] = "?";
+  if (a->o->c10d && a->store && a->members && !a->done) {
+    crun_store_set(a->store, rk(a, k, sizeof k, "gone/%lld", a->node_rank), "1", 1);
+    return;
+  }
   if (a->o->c10d || a->nnodes < 2 || !a->store || !a->joined || a->succeeded) return;
   gethostname(host, sizeof host - 1);
   host[strcspn(host, " \t\n")] = 0;
@@ -933,6 +969,7 @@ void crun__agent_stop(crun__agent_t *a) {
   free(a->members);
   free(a->seen);
   free(a->seen_at);
+  free(a->gone);
   pthread_mutex_destroy(&a->wake_mu);
   free(a);
 }

@@ -300,6 +300,20 @@ static const char *kind_of(mode_t m) {
   return "not a regular file";
 }
 
+/* Creates dir and any parent it lacks (as torchrun's os.makedirs); 0, or -1
+ * with errno set. */
+static int mkdir_parents(const char *dir) {
+  char p[4096];
+  if (snprintf(p, sizeof p, "%s", dir) >= (int)sizeof p) return errno = ENAMETOOLONG, -1;
+  for (char *s = p + 1; *s; s++) {
+    if (*s != '/') continue;
+    *s = 0;
+    if (mkdir(p, 0777) < 0 && errno != EEXIST) return -1;
+    *s = '/';
+  }
+  return mkdir(p, 0777) < 0 && errno != EEXIST ? -1 : 0;
+}
+
 /* Opens <log_dir>/attempt_<k>/rank_<r>.<what> for writing; -1 on failure
  * with the reason recorded. Nothing is followed or truncated in place: the
  * attempt directory is opened O_NOFOLLOW, the file created O_EXCL|O_NOFOLLOW;
@@ -310,7 +324,10 @@ static int open_log(const crun__opts_t *o, int attempt, int rank, const char *wh
   char path[4096], name[64];
   int dfd = -1, fd = -1;
   snprintf(path, sizeof path, "%s/attempt_%d", o->log_dir, attempt);
-  if (mkdir(o->log_dir, 0777) < 0 && errno != EEXIST) goto fail;
+  if (mkdir_parents(o->log_dir) < 0) {
+    crun_error(CRUN_ESYS, "cannot create the log directory %s: %s", o->log_dir, strerror(errno));
+    return -1;
+  }
   if (mkdir(path, 0777) < 0 && errno != EEXIST) goto fail;
   dfd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   if (dfd < 0) {
@@ -758,13 +775,25 @@ static void ensure_fd_limit(int nproc) {
   setrlimit(RLIMIT_NOFILE, &rl);
 }
 
-/* The closing lines: every attempt when there were several, and the code. */
+/* The closing list shows this many attempts at each end (each attempt's
+ * failure was reported when it happened). */
+#define SUMMARY_ENDS 5
+
+/* The closing lines: the attempts when there were several (the first and
+ * last SUMMARY_ENDS of a long run), and the code. */
 static void final_summary(sup_t *s, const failure_t *hist, int attempts, int code) {
   char ft[CRUN_VERDICT_MAX + 100], sb[32];
   if (attempts > 1) {
     say("%s after %d attempt%s:", code == 0 ? "job succeeded" : "job failed", attempts,
         attempts == 1 ? "" : "s");
-    for (int i = 0; i < attempts; i++) say("  attempt %d: %s", i, failure_text(&hist[i], ft, sizeof ft));
+    int elide = attempts > 2 * SUMMARY_ENDS + 1;
+    for (int i = 0; i < attempts; i++) {
+      if (elide && i == SUMMARY_ENDS)
+        say("  ... attempts %d to %d (%d more), each reported above when it ended", i,
+            attempts - SUMMARY_ENDS - 1, attempts - 2 * SUMMARY_ENDS);
+      if (elide && i >= SUMMARY_ENDS && i < attempts - SUMMARY_ENDS) continue;
+      say("  attempt %d: %s", i, failure_text(&hist[i], ft, sizeof ft));
+    }
   }
   if (s->signal_seen)
     say("stopped by %s; exit code %d", signame(s->signal_seen, sb, sizeof sb), code);

@@ -141,6 +141,78 @@ describe("crun-lua elastic c10d jobs", function()
                                   1, true), rs3.err)
   end)
 
+  it("notices at once, naming it, a node whose crun-lua leaves by SIGTERM (not after heartbeat_timeout)", function()
+    -- the workers never talk to each other, so only the agents can tell that a node left
+    local port, dir = U.free_port(), U.tmpdir()
+    U.write(dir .. "/job.lua", [[
+print("UP node=" .. os.getenv("GROUP_RANK") .. " nodes=" .. os.getenv("GROUP_WORLD_SIZE"))
+io.stdout:flush()
+for _ = 1, 600 do
+  local f = io.open(arg[1] .. "/go")
+  if f then f:close(); break end
+  os.execute("sleep 0.05")
+end
+]])
+    local opts = string.format("--nnodes 1:2 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:%d --rdzv-id leave " ..
+                               "--rdzv-conf last_call_timeout=1,heartbeat_timeout=20,join_timeout=30 --rdzv-timeout 30 " ..
+                               "-n 1 %s %s", port, q(dir .. "/job.lua"), q(dir))
+    local a = U.start(opts, ENV)
+    U.sleep(0.3) -- a serves the endpoint; b leaves
+    local b = U.start(opts, ENV)
+    local ok, err = pcall(function()
+      await({a, b}, "out", "nodes=2", 30, 2)
+      os.execute("kill -TERM " .. b.pid)
+      local t0 = os.time()
+      await({a}, "err", "rendezvous 'leave' round 1: 1 node(s), world size 1 (", 30)
+      local took = os.time() - t0
+      assert(took <= 5, "noticed after " .. took .. " s (heartbeat_timeout 20 s):\n" .. so_far({a}, "err"))
+    end)
+    U.write(dir .. "/go", "")
+    local ra, rb = table.unpack(U.wait_all({a, b}, 30))
+    U.rmrf(dir)
+    assert(ok, err)
+    assert.are.equal(143, rb.code, rb.err)
+    assert.are.equal(0, ra.code, ra.err)
+    local host = ra.err:match("rendezvous 'leave' round 1: 1 node%(s%), world size 1 %(node 1 %(([^,]+), pid " ..
+                              b.pid .. "%) left the job: its crun%-lua ended%)\n")
+    assert.is_truthy(host and #host > 0, ra.err)
+  end)
+
+  it("keeps serving the endpoint's store for the others when the node serving it leaves by SIGTERM, saying why", function()
+    local port, dir = U.free_port(), U.tmpdir()
+    U.write(dir .. "/job.lua", [[
+print("UP node=" .. os.getenv("GROUP_RANK") .. " nodes=" .. os.getenv("GROUP_WORLD_SIZE"))
+io.stdout:flush()
+for _ = 1, 600 do
+  local f = io.open(arg[1] .. "/go")
+  if f then f:close(); break end
+  os.execute("sleep 0.05")
+end
+]])
+    local opts = string.format("--nnodes 1:2 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:%d --rdzv-id serve " ..
+                               "--rdzv-conf last_call_timeout=1,heartbeat_timeout=20,join_timeout=30 --rdzv-timeout 30 " ..
+                               "-n 1 %s %s", port, q(dir .. "/job.lua"), q(dir))
+    local a = U.start(opts, ENV)
+    U.sleep(0.3) -- a serves the endpoint and leaves
+    local b = U.start(opts, ENV)
+    local ok, err = pcall(function()
+      await({a, b}, "out", "nodes=2", 30, 2)
+      os.execute("kill -TERM " .. a.pid)
+      await({b}, "err", "rendezvous 'serve' round 1: 1 node(s), world size 1 (node 0 (", 10)
+      await({a}, "err", "still serving", 10)
+    end)
+    U.write(dir .. "/go", "")
+    local ra, rb = table.unpack(U.wait_all({a, b}, 30))
+    U.rmrf(dir)
+    assert(ok, err)
+    assert.are.equal(0, rb.code, rb.err)
+    assert.are.equal(143, ra.code, ra.err)
+    assert.is_nil(ra.err:find("job done", 1, true), ra.err)
+    assert.is_truthy(ra.err:find("crun%-lua: this node left the job; still serving the rendezvous store at 127%.0%.0%.1:" ..
+                                 port .. " for %d+ connection%(s%) %(other nodes or runs%) until they leave %(Ctrl%-C stops it%)\n"),
+                     ra.err)
+  end)
+
   it("fails naming the lost node when fewer than MIN nodes are left", function()
     local port, dir = U.free_port(), U.tmpdir()
     local opts = c10d(port, "few", "2:3") .. " -n 1 " .. JOB .. " " .. q(dir)
@@ -212,6 +284,28 @@ describe("crun-lua elastic c10d jobs", function()
 end)
 
 describe("examples/elastic_train.lua options", function()
+  it("trains afresh when run again with the same run id (it resumed the finished run and trained nothing)", function()
+    local ex = q(U.SOURCE .. "/examples/elastic_train.lua")
+    local id = U.unique_marker("again"):gsub("[^%w]", "-")
+    local ckpt = "/tmp/crun-elastic-" .. id .. ".crun" -- the default path for this run id
+    local runs = {}
+    for i = 1, 2 do
+      runs[i] = U.run("-n 2 --master-port 0 --rdzv-id " .. id .. " " .. ex .. " --epochs 2 --samples 8 --batch 2", nil, 60)
+    end
+    os.remove(ckpt)
+    for i, r in ipairs(runs) do
+      assert.are.equal(0, r.code, "run " .. i .. ": " .. r.err)
+      assert.is_nil(r.out:find("resumed at", 1, true), "run " .. i .. ":\n" .. r.out)
+      for epoch = 1, 2 do
+        assert.are.equal(1, count(r.out, "[0] checkpoint epoch " .. epoch .. " consumed 8/8 world 2\n"), "run " .. i .. ":\n" .. r.out)
+      end
+      assert.are.equal(1, count(r.out, "[0] done: 2 epochs, world size 2"), r.out)
+    end
+    assert.is_truthy(runs[2].out:find("[0] " .. ckpt .. " holds a finished run (2 epochs): training afresh", 1, true),
+                     runs[2].out)
+    assert.are.equal(runs[1].out:match("done: [^\n]*"), runs[2].out:match("done: [^\n]*")) -- the same training
+  end)
+
   it("refuses values that are not what an option takes, before training (--batch 2.5 trained on 2-sample batches)", function()
     local ex = q(U.SOURCE .. "/examples/elastic_train.lua")
     for _, c in ipairs{{"--batch", "0", "a whole number >= 1"}, {"--batch", "2.5", "a whole number >= 1"},

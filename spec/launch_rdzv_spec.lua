@@ -178,6 +178,21 @@ describe("crun-lua c10d rendezvous errors", function()
                                  ": only 1 of at least 2 node(s) joined round 0 within join_timeout 3 s", 1, true), r0.err)
   end)
 
+  it("fails at once, naming it, on a store address that does not resolve (it retried until the deadline)", function()
+    -- .invalid never resolves (RFC 6761): a permanent EAI_NONAME, not a DNS hiccup to wait out
+    local host = "no-such-host.invalid"
+    for _, args in ipairs({
+      "--nnodes 2 --node-rank 1 --master-addr " .. host .. " --master-port 29555 --rdzv-timeout 20",
+      "--nnodes 2 --rdzv-backend c10d --rdzv-endpoint " .. host .. ":29555 --rdzv-timeout 20",
+    }) do
+      local r = U.run(args .. " -n 1 " .. JOB, ENV)
+      assert.are.equal(1, r.code, r.err)
+      assert.is_truthy(r.err:find("EINVAL: ", 1, true) and r.err:find("cannot resolve '" .. host .. "'", 1, true), r.err)
+      assert.is_true(r.seconds <= 2, args .. ": took " .. r.seconds .. " s")
+      assert.are.equal("", r.out)
+    end
+  end)
+
   it("ends the wait for the round on SIGTERM, saying so", function()
     local port = U.free_port()
     local h = U.start(c10d(port, "term", 2, "join_timeout=20") .. " -n 1 " .. JOB, ENV)

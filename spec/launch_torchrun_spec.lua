@@ -144,6 +144,21 @@ describe("crun-lua --redirects, --tee and --local-ranks-filter", function()
     os.execute("rm -rf " .. q(dir))
   end)
 
+  it("creates a --log-dir whose parents do not exist yet, as torchrun's makedirs", function()
+    local dir = U.tmpdir()
+    local r = U.run("-n 2 --master-port 0 --log-dir " .. q(dir .. "/runs/job-1") .. " -r 3 " .. q(FIX .. "output.lua"))
+    assert.are.equal(0, r.code, r.err)
+    for rank = 0, 1 do
+      assert.are.equal("err-" .. rank .. "\n", U.slurp(string.format("%s/runs/job-1/attempt_0/rank_%d.stderr", dir, rank)))
+    end
+    local f = dir .. "/file"
+    U.write(f, "")
+    r = U.run("-n 1 --master-port 0 --log-dir " .. q(f .. "/sub") .. " -r 3 " .. q(FIX .. "output.lua"))
+    assert.are.equal(1, r.code, r.err)
+    assert.is_truthy(r.err:find("ESYS: cannot create the log directory " .. f .. "/sub: Not a directory", 1, true), r.err)
+    U.rmrf(dir)
+  end)
+
   it("shows only the listed local ranks with --local-ranks-filter; files keep every rank", function()
     local dir = U.tmpdir()
     local r = U.run("-n 4 --master-port 0 --local_ranks_filter 1,3 --log-dir " .. q(dir) .. " --tee 3 " ..

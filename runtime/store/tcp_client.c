@@ -106,21 +106,25 @@ static int finish_connect(int fd, double deadline) {
   return err;
 }
 
-/* connect_once's result when the host name does not resolve: not an errno,
+/* connect_once's results when the host name does not resolve: not errnos,
  * so that a real "no route to host" (a cable pulled) is not reported as a
- * name that does not resolve. */
+ * name that does not resolve. NO_NAME is for good (the name does not exist:
+ * EAI_NONAME, EAI_FAIL, ...); NAME_AGAIN may pass (a DNS server that did not
+ * answer: EAI_AGAIN), so it is tried again until the deadline. */
 #define CONNECT_NO_NAME (-(1 << 20))
+#define CONNECT_NAME_AGAIN (-(1 << 20) - 1)
 
-/* One connect attempt to every address of host:port; returns fd, -errno or
- * CONNECT_NO_NAME. */
-static int connect_once(const char *host, int port, double deadline) {
+/* One connect attempt to every address of host:port; returns fd, -errno,
+ * CONNECT_NO_NAME or CONNECT_NAME_AGAIN (then *gai is getaddrinfo's code). */
+static int connect_once(const char *host, int port, double deadline, int *gai) {
   struct addrinfo hints = {0}, *res = NULL;
   char ps[16];
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
   snprintf(ps, sizeof ps, "%d", port);
-  int gai = getaddrinfo(host, ps, &hints, &res);
-  if (gai != 0) return CONNECT_NO_NAME;
+  *gai = getaddrinfo(host, ps, &hints, &res);
+  if (*gai != 0)
+    return *gai == EAI_AGAIN || *gai == EAI_SYSTEM || *gai == EAI_MEMORY ? CONNECT_NAME_AGAIN : CONNECT_NO_NAME;
   int err = ECONNREFUSED;
   for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
     int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
@@ -233,13 +237,14 @@ static int client_handshake(tcp_store_t *t, int fd, int local, double deadline) 
 static int tcp_connect(tcp_store_t *t, double deadline) {
   long sleep_us = 5000;
   double t0 = crun_clock();
+  int gai = 0;
   for (;;) {
     int fd = connect_local(t->host, t->port), local = fd >= 0;
     if (local && !served_by_this_user(t, fd)) {
       close(fd);
       fd = -1, local = 0;
     }
-    if (fd < 0) fd = connect_once(t->host, t->port, deadline);
+    if (fd < 0) fd = connect_once(t->host, t->port, deadline, &gai);
     if (fd >= 0) {
       int rc = client_handshake(t, fd, local, deadline);
       if (rc == 0) {
@@ -254,12 +259,16 @@ static int tcp_connect(tcp_store_t *t, double deadline) {
       fd = -ECONNRESET;
     }
     double left = deadline - crun_clock();
-    if (left <= 0 || fd == CONNECT_NO_NAME || fd == -EHOSTUNREACH) {
+    if (fd == CONNECT_NO_NAME) /* a name that does not exist will not come to exist by waiting */
+      return crun_error(CRUN_EINVAL, "cannot connect to the store at %s:%d: cannot resolve '%s': %s", t->host,
+                        t->port, t->host, gai_strerror(gai));
+    if (left <= 0 || fd == -EHOSTUNREACH) {
       int st = fd == -ECONNREFUSED ? CRUN_ECONNREFUSED : fd == -ETIMEDOUT ? CRUN_ETIMEDOUT : CRUN_ESYS;
-      return crun_error(st, "cannot connect to the store at %s:%d within %.1f s: %s%s", t->host,
-                        t->port, crun_clock() - t0,
-                        fd == CONNECT_NO_NAME ? "cannot resolve the host" : strerror(-fd),
-                        st == CRUN_ECONNREFUSED ? " (is the master running?)" : "");
+      char why[160];
+      if (fd == CONNECT_NAME_AGAIN) snprintf(why, sizeof why, "cannot resolve '%s' (%s)", t->host, gai_strerror(gai));
+      else snprintf(why, sizeof why, "%s%s", strerror(-fd), st == CRUN_ECONNREFUSED ? " (is the master running?)" : "");
+      return crun_error(st, "cannot connect to the store at %s:%d within %.1f s: %s", t->host, t->port,
+                        crun_clock() - t0, why);
     }
     long us = sleep_us < left * 1e6 ? sleep_us : (long)(left * 1e6) + 1;
     struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
