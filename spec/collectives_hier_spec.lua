@@ -98,6 +98,22 @@ describe("collectives across fake hosts", function()
     end)
   end
 
+  -- the hosts disagree on the root as a whole: each host's check sees one
+  -- root, and the stage across hosts sees host indices only (every rank
+  -- returned "ok" with its own host's root's data); the ranks agree on it
+  -- over TCP first
+  it("fail on every rank when the hosts broadcast from different roots", function()
+    local _, out = run.run(4, "spec/helpers/dist_hier_mismatch.lua", "host_root",
+                           {limit = 60, env = "CRUN_HOST_ID=rank_div:2"})
+    for q = 0, 3 do
+      local s, err = out:match("rank " .. q .. ": failed after ([%d.]+) s: ([^\n]*)")
+      assert.is_not_nil(s, "rank " .. q .. " did not fail; output:\n" .. out)
+      assert.is_true(tonumber(s) < 2, err)
+      assert.are.equal("EMISMATCH: broadcast #1 on rank " .. q .. ": the ranks disagree on src: rank 0 gave 0, rank 2 "
+                       .. "gave 2 (every rank must give the same)", err)
+    end
+  end)
+
   -- the hierarchical engine added where every rank is to a timeout that
   -- already said so (from its TCP stage, or from the rank that reported it):
   -- '...; ranks 0-2 are at all_reduce #2; rank 3 is at all_reduce #1; ranks

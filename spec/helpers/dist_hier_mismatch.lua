@@ -4,6 +4,7 @@
 --   reduce_root: reduce to rank 1, the others to rank 0
 --   kind:        reduce to rank 0, the others all_reduce
 --   avg:         all_reduce avg, the others all_reduce sum
+--   host_root:   ranks 2-3 (one host) broadcast from rank 2, ranks 0-1 from rank 0
 -- Every rank fills its tensor with 100 + rank and prints
 -- "rank R: ok <values> after S s" or "rank R: failed after S s: <error>".
 local crun = require "crun"
@@ -17,6 +18,7 @@ local ok, err = pcall(function()
   if mode == "bcast_root" then dist.broadcast(t, odd and 1 or 0)
   elseif mode == "reduce_root" then dist.reduce(t, odd and 1 or 0)
   elseif mode == "kind" then if odd then dist.reduce(t, 0) else dist.all_reduce(t) end
+  elseif mode == "host_root" then dist.broadcast(t, r >= 2 and 2 or 0)
   elseif mode == "avg" then dist.all_reduce(t, odd and "avg" or "sum")
   else error("unknown mode " .. tostring(mode)) end
 end)

@@ -139,6 +139,7 @@ static int cpu_coll(void *state, crun__coll_t *c) {
     return b->engine.run(b->engine.state, c);
   }
   crun__obs_posted();
+  CRUN_CHECK(crun__root_agree(&b->link, c));
   return crun__cpu_run_link(&b->link, c);
 }
 

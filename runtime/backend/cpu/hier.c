@@ -527,6 +527,7 @@ static int h_needs_agree(const crun__coll_t *c) {
 
 static int h_dispatch(hier_t *h, crun__coll_t *c) {
   if (h->comm && h_needs_agree(c)) CRUN_CHECK(h_agree(h, c));
+  CRUN_CHECK(crun__root_agree(&h->base, c)); /* across hosts: the stages see only host indices */
   switch (c->kind) {
   case CRUN__COLL_ALL_REDUCE: return h_all_reduce(h, c);
   case CRUN__COLL_BROADCAST: return h_broadcast(h, c);
