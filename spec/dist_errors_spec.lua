@@ -112,6 +112,21 @@ describe("dist failures", function()
     end)
   end
 
+  -- The same for the bindings' own check of the root's list (its length):
+  -- every rank fails the call itself (the others wait in the root check).
+  for _, k in ipairs{"gather", "scatter"} do
+    it("tell every rank why the root refused its " .. k .. " list (CRUN_SHM=0)", function()
+      local res, out = scenario("rootlist" .. k)
+      local why = "EINVAL: bad argument #2 to '" .. k .. "' (list of 3 tensors expected, got 1)"
+      for r = 0, 2 do
+        local first = res[r]:match("^[^\n]*")
+        assert.is_truthy(first:find("error " .. why, 1, true), "rank " .. r .. ": " .. res[r] .. "\n" .. out)
+        if r > 0 then assert.is_truthy(first:find("rank 0, the root, refused its part of " .. k, 1, true), first) end
+        assert.is_falsy(res[r]:find("EMISMATCH", 1, true), res[r])
+      end
+    end)
+  end
+
   -- new_group's timeout is the new group's: a rank that reaches new_group later
   -- than that does not fail the agreement on (and so break) the default group.
   it("let a rank reach new_group later than the new group's timeout", function()

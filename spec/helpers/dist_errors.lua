@@ -18,6 +18,8 @@
 --   subcount  in new_group{1, 2}, rank 1 all_reduces 3 elements, rank 2 five
 --   rootgather / rootscatter  the root's (rank 0's) buffers overlap, which
 --             only it can see; then an all_reduce
+--   rootlistgather / rootlistscatter  the root's list holds 1 tensor, not 3;
+--             then an all_reduce
 --   roots_K   rank 1 calls K (broadcast, reduce, gather, scatter) with root 1,
 --             the others with root 0 (works on any world size >= 2)
 --   objcallK  rank 0 broadcasts an int64[K] tensor of -5s where the others
@@ -98,6 +100,10 @@ elseif mode == "a2akind" then
 elseif mode == "subcount" then
   local g = dist.new_group({1, 2})
   if rank == 0 then record(true) else record(pcall(dist.all_reduce, T.ones({rank == 1 and 3 or 5}), "sum", {group = g})) end
+elseif mode == "rootlistgather" or mode == "rootlistscatter" then
+  local f = mode == "rootlistgather" and dist.gather or dist.scatter
+  record(pcall(f, T.ones({4}), rank == 0 and {T.zeros({4})} or nil, 0))
+  record(pcall(dist.all_reduce, T.ones({2})))
 elseif mode == "rootgather" or mode == "rootscatter" then
   local big = T.ones({5})
   local a, b = big:narrow(1, 1, 4), big:narrow(1, 2, 4)
