@@ -305,13 +305,42 @@ static int l_all_gather(lua_State *L) {
   return finish(L, rc, w, async, 2, 3, 2);
 }
 
+/* check_list under lua_pcall: (nil, t, list, ptrs, n, fname) */
+static int l_check_list_p(lua_State *L) {
+  check_list(L, 3, (int)lua_tointeger(L, 5), crun_l_check_tensor(L, 2), lua_tostring(L, 6), lua_touserdata(L, 4));
+  return 0;
+}
+
+/* check_list of the root's list (argument 3), which only the root checks: a
+ * failure is refused for the call (crun_pg_refuse: the peers learn why)
+ * before it is raised. */
+static void check_root_list(lua_State *L, crun_pg_t *pg, int root, int n, const char *fname, void **ptrs) {
+  if (lua_type(L, 3) != LUA_TTABLE) {
+    lua_pushfstring(L, "bad argument #2 to '%s' (table expected, got %s)", fname, luaL_typename(L, 3));
+  } else {
+    lua_pushcfunction(L, l_check_list_p);
+    lua_pushnil(L);
+    lua_pushvalue(L, 2);
+    lua_pushvalue(L, 3);
+    lua_pushlightuserdata(L, ptrs);
+    lua_pushinteger(L, n);
+    lua_pushstring(L, fname);
+    if (lua_pcall(L, 6, 0, 0) == LUA_OK) return;
+    const char *m = lua_tostring(L, -1);
+    lua_pushstring(L, m && strncmp(m, "EINVAL: ", 8) == 0 ? m + 8 : m ? m : "bad list");
+  }
+  const char *text = lua_tostring(L, -1);
+  crun_pg_refuse(pg, fname, root, CRUN_EINVAL, text);
+  crun_l_error(L, "EINVAL: %s", text);
+}
+
 /* pg:gather(t, list_or_nil, dst[, opts]); the list is needed on dst only. */
 static int l_gather(lua_State *L) {
   crun_pg_t *pg = check_pg(L, 1);
   crun_tensor_t *t = check_tensor(L, 2, "gather");
   int dst = check_rank_arg(L, 4, pg, "gather", "dst"), n = crun_pg_size(pg);
   void **outs = lua_newuserdatauv(L, sizeof(void *) * (size_t)n, 0);
-  if (dst == crun_pg_rank(pg)) check_list(L, 3, n, t, "gather", outs);
+  if (dst == crun_pg_rank(pg)) check_root_list(L, pg, dst, n, "gather", outs);
   crun_coll_opts_t o;
   int async = check_opts(L, 5, &o, "gather");
   o.cuda = crun_tensor_device(t) >= 0;
@@ -326,7 +355,7 @@ static int l_scatter(lua_State *L) {
   crun_tensor_t *t = check_tensor(L, 2, "scatter");
   int src = check_rank_arg(L, 4, pg, "scatter", "src"), n = crun_pg_size(pg);
   void **ins = lua_newuserdatauv(L, sizeof(void *) * (size_t)n, 0);
-  if (src == crun_pg_rank(pg)) check_list(L, 3, n, t, "scatter", ins);
+  if (src == crun_pg_rank(pg)) check_root_list(L, pg, src, n, "scatter", ins);
   crun_coll_opts_t o;
   int async = check_opts(L, 5, &o, "scatter");
   o.cuda = crun_tensor_device(t) >= 0;

@@ -98,6 +98,37 @@ describe("collectives across fake hosts", function()
     end)
   end
 
+  -- a rank whose group failed outside the engine (a p2p recv that met
+  -- another dtype) is failed at once for its host's ranks too: they waited
+  -- for it in the node-local barrier until it exited ('destroyed the group')
+  it("fail the same host's ranks at once when a rank's group failed in a recv", function()
+    local _, out = run.run(4, "spec/helpers/dist_hier_mismatch.lua", "p2p_barrier",
+                           {limit = 60, env = "CRUN_HOST_ID=rank_div:2"})
+    for q = 0, 3 do
+      local s, err = out:match("rank " .. q .. ": failed after ([%d.]+) s: ([^\n]*)")
+      assert.is_not_nil(s, "rank " .. q .. " did not fail; output:\n" .. out)
+      if q ~= 1 then assert.is_true(tonumber(s) < 2, "rank " .. q .. " took " .. s .. " s: " .. err) end -- 1 sleeps
+      assert.is_truthy(err:find("EMISMATCH: recv from rank 0 (tag 0) on rank 1 expected int32[3], rank 0 sent "
+                                .. "float32[3]", 1, true) or err:find("expected float32[3], rank 0 sent int32[3]", 1, true), err)
+    end
+  end)
+
+  -- the hosts disagree on the root as a whole: each host's check sees one
+  -- root, and the stage across hosts sees host indices only (every rank
+  -- returned "ok" with its own host's root's data); the ranks agree on it
+  -- over TCP first
+  it("fail on every rank when the hosts broadcast from different roots", function()
+    local _, out = run.run(4, "spec/helpers/dist_hier_mismatch.lua", "host_root",
+                           {limit = 60, env = "CRUN_HOST_ID=rank_div:2"})
+    for q = 0, 3 do
+      local s, err = out:match("rank " .. q .. ": failed after ([%d.]+) s: ([^\n]*)")
+      assert.is_not_nil(s, "rank " .. q .. " did not fail; output:\n" .. out)
+      assert.is_true(tonumber(s) < 2, err)
+      assert.are.equal("EMISMATCH: broadcast #1 on rank " .. q .. ": the ranks disagree on src: rank 0 gave 0, rank 2 "
+                       .. "gave 2 (every rank must give the same)", err)
+    end
+  end)
+
   -- the hierarchical engine added where every rank is to a timeout that
   -- already said so (from its TCP stage, or from the rank that reported it):
   -- '...; ranks 0-2 are at all_reduce #2; rank 3 is at all_reduce #1; ranks

@@ -36,12 +36,38 @@ describe("dist failures", function()
     expect.count(scenario("count"))
   end)
 
-  -- Ranks that each take themselves for the broadcast's root only send, so no
-  -- receiver sees the disagreement in a header: the frames nobody received
-  -- are reported when the group is destroyed (the shm engine compares the
-  -- ranks' descriptions first and fails the broadcast itself).
-  it("warn at destroy about a broadcast whose src differed over TCP", function()
-    local res, out = scenario("root")
+  -- Ranks that disagree on a rooted collective's src/dst: a rank that takes
+  -- itself for the root only sends, and a gather's two roots wait for each
+  -- other, so no data frame shows it. The ranks agree on the root first, and
+  -- every rank fails the call itself, naming both roots and the ranks that
+  -- gave them, within a second (timeout 30 s).
+  local function scenario_n(n, mode, env)
+    local dir = run.tmpdir()
+    local _, out = run.run(n, SCRIPT, mode .. " " .. dir, {limit = 60, env = env})
+    local res = {}
+    for r = 0, n - 1 do res[r] = run.text(dir, r) end
+    run.cleanup(dir)
+    return res, out
+  end
+  for _, k in ipairs{{"broadcast", "src"}, {"reduce", "dst"}, {"gather", "dst"}, {"scatter", "src"}} do
+    for _, n in ipairs{2, 3} do
+      it(string.format("report a %s whose %s differs between ranks at once (tcp, %d ranks)", k[1], k[2], n), function()
+        local res, out = scenario_n(n, "roots_" .. k[1], "CRUN_SHM=0")
+        for r = 0, n - 1 do
+          local want = string.format("error EMISMATCH: %s #1 on rank %d: the ranks disagree on %s: rank 0 gave 0, "
+                                     .. "rank 1 gave 1", k[1], r, k[2])
+          assert.is_truthy(res[r]:find(want, 1, true), "rank " .. r .. ": " .. res[r] .. "\n" .. out)
+          assert.is_true(tonumber(res[r]:match("elapsed ([%d.]+)")) < 2, res[r])
+        end
+      end)
+    end
+  end
+
+  -- Without that check (CRUN_ROOT_CHECK=0), ranks that each take themselves
+  -- for the broadcast's root only send: the frames nobody received are
+  -- reported when the group is destroyed.
+  it("warn at destroy about a broadcast whose src differed over TCP (CRUN_ROOT_CHECK=0)", function()
+    local res, out = scenario("root", {limit = 60, env = "CRUN_SHM=0 CRUN_ROOT_CHECK=0"})
     for r = 0, 2 do assert.are.equal("ok", res[r], out) end
     assert.is_truthy(out:find("WARN PG: EMISMATCH: group 'default/0': rank %d sent broadcast #1 float32%[4%] root %d to rank %d, and no operation of rank %d received it"), out)
   end)
@@ -81,6 +107,21 @@ describe("dist failures", function()
         assert.is_truthy(first and first:match("^error EINVAL: ") and first:find(k[2], 1, true),
                          "rank " .. r .. ": " .. res[r] .. "\n" .. out)
         assert.is_truthy(l[2] and l[2]:match("^error E") and l[2]:find(k[2], 1, true), "rank " .. r .. ": " .. res[r])
+        assert.is_falsy(res[r]:find("EMISMATCH", 1, true), res[r])
+      end
+    end)
+  end
+
+  -- The same for the bindings' own check of the root's list (its length):
+  -- every rank fails the call itself (the others wait in the root check).
+  for _, k in ipairs{"gather", "scatter"} do
+    it("tell every rank why the root refused its " .. k .. " list (CRUN_SHM=0)", function()
+      local res, out = scenario("rootlist" .. k)
+      local why = "EINVAL: bad argument #2 to '" .. k .. "' (list of 3 tensors expected, got 1)"
+      for r = 0, 2 do
+        local first = res[r]:match("^[^\n]*")
+        assert.is_truthy(first:find("error " .. why, 1, true), "rank " .. r .. ": " .. res[r] .. "\n" .. out)
+        if r > 0 then assert.is_truthy(first:find("rank 0, the root, refused its part of " .. k, 1, true), first) end
         assert.is_falsy(res[r]:find("EMISMATCH", 1, true), res[r])
       end
     end)

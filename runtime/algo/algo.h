@@ -11,7 +11,9 @@
 
 /* One step: send sbytes to `to` and/or receive rbytes from `from` (-1: none).
  * With red_dst set, received elements are reduced (c->op) into red_dst as
- * they arrive, rbuf being scratch of rbytes. */
+ * they arrive, rbuf being scratch of rbytes. check: a root_agree step
+ * (crun__root_agree), whose frames do not carry the call's data and are
+ * compared without the root. */
 typedef struct {
   int to;
   const void *sbuf;
@@ -20,6 +22,7 @@ typedef struct {
   void *rbuf;
   size_t rbytes;
   void *red_dst;
+  int check;
 } crun__xfer_t;
 
 typedef struct crun__link {
@@ -66,6 +69,11 @@ int crun__send(crun__link_t *l, crun__coll_t *c, int to, const void *buf, size_t
 int crun__recv(crun__link_t *l, crun__coll_t *c, int from, void *buf, size_t bytes);
 int crun__sendrecv(crun__link_t *l, crun__coll_t *c, int to, const void *sbuf, size_t sbytes,
                    int from, void *rbuf, size_t rbytes);
+
+/* For a rooted collective on a link of 2 or more ranks: the ranks agree on
+ * c->root before any data moves (root_agree.c); EMISMATCH naming both roots
+ * and the ranks that gave them otherwise, on every rank. */
+int crun__root_agree(crun__link_t *l, crun__coll_t *c);
 
 /* Divides the result by the group size when c->op is AVG. */
 int crun__finish_avg(crun__link_t *l, crun__coll_t *c, void *buf, size_t count);

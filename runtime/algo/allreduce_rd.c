@@ -31,7 +31,7 @@ static int run(crun__link_t *l, crun__coll_t *c) {
       CRUN_CHECK(crun__send(l, c, r + 1, c->buf, bytes));
       v = -1;
     } else {
-      crun__xfer_t x = {-1, NULL, 0, r - 1, tmp, bytes, c->buf};
+      crun__xfer_t x = {-1, NULL, 0, r - 1, tmp, bytes, c->buf, 0};
       CRUN_CHECK(l->xfer(l->impl, c, &x));
       v = r / 2;
     }

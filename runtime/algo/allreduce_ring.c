@@ -13,7 +13,7 @@ static int ring(crun__link_t *l, crun__coll_t *c, char *buf, size_t count, char 
   for (int s = 0; s < p - 1; s++) {
     crun__block(count, p, (r - s + p) % p, &so, &sn);
     crun__block(count, p, (r - s - 1 + 2 * p) % p, &ro, &rn);
-    crun__xfer_t x = {right, buf + so * es, sn * es, left, tmp, rn * es, buf + ro * es};
+    crun__xfer_t x = {right, buf + so * es, sn * es, left, tmp, rn * es, buf + ro * es, 0};
     CRUN_CHECK(l->xfer(l->impl, c, &x));
   }
   for (int s = 0; s < p - 1; s++) {

@@ -12,8 +12,8 @@ static int run(crun__link_t *l, crun__coll_t *c) {
   char *buf = c->buf;
   for (size_t k = 0; k <= nseg; k++) {
     size_t so = (k - 1) * SEG, ro = k * SEG;
-    crun__xfer_t x = {-1, NULL, 0, -1, NULL, 0, NULL};
-    if (k > 0 && next >= 0) x = (crun__xfer_t){next, buf + so, bytes - so < SEG ? bytes - so : SEG, -1, NULL, 0, NULL};
+    crun__xfer_t x = {-1, NULL, 0, -1, NULL, 0, NULL, 0};
+    if (k > 0 && next >= 0) x = (crun__xfer_t){next, buf + so, bytes - so < SEG ? bytes - so : SEG, -1, NULL, 0, NULL, 0};
     if (k < nseg && prev >= 0) {
       x.from = prev;
       x.rbuf = buf + ro;

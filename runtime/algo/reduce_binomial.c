@@ -18,7 +18,7 @@ static int run(crun__link_t *l, crun__coll_t *c) {
       return 0;
     }
     if (v + mask < p) {
-      crun__xfer_t x = {-1, NULL, 0, (v + mask + c->root) % p, tmp, bytes, acc};
+      crun__xfer_t x = {-1, NULL, 0, (v + mask + c->root) % p, tmp, bytes, acc, 0};
       CRUN_CHECK(l->xfer(l->impl, c, &x));
     }
   }

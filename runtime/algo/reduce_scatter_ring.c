@@ -17,7 +17,7 @@ static int ring(crun__link_t *l, crun__coll_t *c, size_t off, size_t n, char *s)
     int rb = (r - st - 2 + 2 * p) % p;
     char *dst = st == p - 2 ? (char *)c->buf + off * es : acc[st % 2];
     if (bytes) memcpy(dst, (const char *)c->ins[rb] + off * es, bytes);
-    crun__xfer_t x = {right, send, bytes, left, tmp, bytes, dst};
+    crun__xfer_t x = {right, send, bytes, left, tmp, bytes, dst, 0};
     CRUN_CHECK(l->xfer(l->impl, c, &x));
     send = dst;
   }

@@ -74,6 +74,11 @@ typedef struct crun__engine {
   int (*supports)(void *state, const crun__coll_t *c);
   int (*run)(void *state, crun__coll_t *c);
   void (*destroy)(void *state);
+  /* Optional: the group failed on this rank (status, text); makes the peers
+   * waiting in the engine, now or at their next call, fail with that text
+   * instead of waiting for this rank until it exits or their deadline. Never
+   * blocks; may run on another thread than run. */
+  void (*abort)(void *state, int status, const char *text);
   int posts_obs; /* run calls crun__obs_posted before it waits (core/trace_int.h) */
 } crun__engine_t;
 

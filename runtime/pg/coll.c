@@ -146,26 +146,40 @@ static int submit(crun_pg_t *pg, crun_work_t *w, crun_work_t **work, int *src_ou
   } while (0)
 
 /* A check only this rank makes (the root's own list of buffers) failed with
- * rc: its peers cannot see that and would finish the call without it, or
- * wait for it, and meet its next call as an EMISMATCH. When the backend can
- * reach them, the group fails with this rank's text, so every peer fails this
- * call (or, a gather's senders, who wait for nothing, their next one) naming
- * this rank and its reason. Failure path only. Releases w; returns rc. */
-static int refuse(crun_pg_t *pg, crun_work_t *w, int rc) {
+ * rc for call c: its peers cannot see that and would finish the call without
+ * it, or wait for it, and meet its next call as an EMISMATCH. When the
+ * backend can reach them, the group fails with this rank's text, so every
+ * peer fails this call (or, a gather's senders, who wait for nothing, their
+ * next one) naming this rank and its reason. Failure path only; returns rc
+ * with the text of crun_last_error() kept. */
+static int refuse_call(crun_pg_t *pg, const crun__coll_t *c, int rc) {
   const crun_backend_vtable_t *be = pg->be;
-  if (pg->size > 1 && !w->c.cuda && be->abort_reaches && be->abort_reaches(pg->be_state, &w->c)) {
-    char mine[512], seq[32] = "", text[700];
-    snprintf(mine, sizeof mine, "%s", crun_last_error());
-    if (!atomic_load(&pg->queued) && !atomic_load(&pg->busy))
-      snprintf(seq, sizeof seq, " #%llu", (unsigned long long)atomic_load(&pg->next_seq) + 1);
-    snprintf(text, sizeof text, "%s (rank %d, the root, refused its part of %s%s: the group stops)", mine,
-             pg->rank, crun__coll_name(w->c.kind), seq);
-    crun__pg_fail(pg, rc, text);
-    size_t n = strlen(crun_err_name(rc));
-    crun_error(rc, "%s", strncmp(mine, crun_err_name(rc), n) == 0 && mine[n] == ':' ? mine + n + 2 : mine);
-  }
+  if (pg->size < 2 || c->cuda || !be->abort_reaches || !be->abort_reaches(pg->be_state, c)) return rc;
+  char mine[512], seq[32] = "", text[700];
+  snprintf(mine, sizeof mine, "%s", crun_last_error());
+  if (!atomic_load(&pg->queued) && !atomic_load(&pg->busy))
+    snprintf(seq, sizeof seq, " #%llu", (unsigned long long)atomic_load(&pg->next_seq) + 1);
+  snprintf(text, sizeof text, "%s (rank %d, the root, refused its part of %s%s: the group stops)", mine,
+           pg->rank, crun__coll_name(c->kind), seq);
+  crun__pg_fail(pg, rc, text);
+  size_t n = strlen(crun_err_name(rc));
+  return crun_error(rc, "%s", strncmp(mine, crun_err_name(rc), n) == 0 && mine[n] == ':' ? mine + n + 2 : mine);
+}
+
+/* refuse_call for work w, which it releases. */
+static int refuse(crun_pg_t *pg, crun_work_t *w, int rc) {
+  rc = refuse_call(pg, &w->c, rc);
   crun_work_release(w);
   return rc;
+}
+
+int crun_pg_refuse(crun_pg_t *pg, const char *call, int root, int status, const char *text) {
+  crun__coll_t c = {.kind = -1, .root = root};
+  for (int k = 0; k < CRUN__COLL_COUNT && call; k++)
+    if (strcmp(call, crun__coll_name(k)) == 0) c.kind = k;
+  crun_error(status, "%s", text ? text : "refused");
+  if (!pg || c.kind < 0 || status >= 0) return status;
+  return refuse_call(pg, &c, status);
 }
 
 #define REFUSE_WORK(w, call)                                           \

@@ -12,12 +12,13 @@
 #define CRUN__TCP_MAGIC 0x314e5243u /* "CRN1" */
 #define CRUN__TCP_HELLO 0x4f4c4548u /* "HELO" */
 #define CRUN__KIND_ABORT 0xff
+#define CRUN__HDR_CHECK 1u
 
 /* The header in front of every frame (host byte order: one host family). */
 typedef struct {
   uint32_t magic;
   uint32_t group;
-  uint8_t kind, dtype, op, algo;
+  uint8_t kind, dtype, op, algo;  /* algo: CRUN__HDR_CHECK on a root_agree frame */
   int32_t root;
   int32_t tag;
   uint32_t status;   /* abort frames: -status */

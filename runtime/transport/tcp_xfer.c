@@ -33,6 +33,7 @@ typedef struct {
   int watch_to;           /* also watch `to` for an abort/EOF while only sending */
   /* receive side */
   int from, rstate, stash_only;
+  int check;              /* a root_agree step (crun__xfer_t.check) */
   crun__hdr_t rh;
   size_t hgot, rbytes, rgot, reduced;
   char *rp;
@@ -102,10 +103,18 @@ static int classify(io_t *io, const crun__hdr_t *h) {
     return 0;
   }
   if (h->kind == CRUN__COLL_SEND) return 1;
+  int check = h->algo == CRUN__HDR_CHECK; /* a root_agree frame: its root is compared by its payload */
   int same = h->kind == c->kind && h->seq == c->seq && h->dtype == hdr_dtype(c) &&
              h->count == hdr_count(c, io->rbytes) &&
-             (!crun__coll_reduces(c->kind) || h->op == c->op) && (!crun__coll_rooted(c->kind) || h->root == c->root);
+             (!crun__coll_reduces(c->kind) || h->op == c->op) &&
+             (check || !crun__coll_rooted(c->kind) || h->root == c->root);
   if (!same) return mismatch(io, h);
+  if (check != io->check) {
+    char desc[64];
+    crun__coll_desc(c, desc, sizeof desc);
+    return crun_error(CRUN_EPROTO, "%s on rank %d: rank %d %s the ranks' check of the root (different "
+                      "CRUN_ROOT_CHECK settings?)", desc, io->t->rank, io->from, check ? "sent" : "skipped");
+  }
   if (h->nbytes != io->rbytes) {
     char desc[64];
     crun__coll_desc(c, desc, sizeof desc);
@@ -358,7 +367,9 @@ static int run_step(crun__tcp_t *t, crun__coll_t *c, const crun__xfer_t *x, int 
   io_t io = {.t = t, .c = c, .to = x->to, .sp = x->sbuf, .sbytes = x->sbytes, .watch_to = 1,
              .from = x->from, .rp = x->rbuf, .rbytes = x->rbytes, .red_dst = x->red_dst,
              .stash_only = stash_only, .rstate = RX_HDR};
+  io.check = x->check;
   if (x->to >= 0) fill_hdr(t, c, x->sbytes, &io.th);
+  if (x->to >= 0 && x->check) io.th.algo = CRUN__HDR_CHECK;
   int rc = 0;
   if (x->from >= 0 && !stash_only) rc = crun__tcp_settle(t, x->from, c->deadline);
   if (x->from >= 0 && !stash_only && rc >= 0) rc = rx_from_stash(&io);

@@ -18,6 +18,10 @@
 --   subcount  in new_group{1, 2}, rank 1 all_reduces 3 elements, rank 2 five
 --   rootgather / rootscatter  the root's (rank 0's) buffers overlap, which
 --             only it can see; then an all_reduce
+--   rootlistgather / rootlistscatter  the root's list holds 1 tensor, not 3;
+--             then an all_reduce
+--   roots_K   rank 1 calls K (broadcast, reduce, gather, scatter) with root 1,
+--             the others with root 0 (works on any world size >= 2)
 --   objcallK  rank 0 broadcasts an int64[K] tensor of -5s where the others
 --             call broadcast_object_list (K = 1, 2: the size word, or more)
 local crun = require "crun"
@@ -98,6 +102,10 @@ elseif mode == "a2akind" then
 elseif mode == "subcount" then
   local g = dist.new_group({1, 2})
   if rank == 0 then record(true) else record(pcall(dist.all_reduce, T.ones({rank == 1 and 3 or 5}), "sum", {group = g})) end
+elseif mode == "rootlistgather" or mode == "rootlistscatter" then
+  local f = mode == "rootlistgather" and dist.gather or dist.scatter
+  record(pcall(f, T.ones({4}), rank == 0 and {T.zeros({4})} or nil, 0))
+  record(pcall(dist.all_reduce, T.ones({2})))
 elseif mode == "rootgather" or mode == "rootscatter" then
   local big = T.ones({5})
   local a, b = big:narrow(1, 1, 4), big:narrow(1, 2, 4)
@@ -105,6 +113,17 @@ elseif mode == "rootgather" or mode == "rootscatter" then
   local f = mode == "rootgather" and dist.gather or dist.scatter
   record(pcall(f, rank == 0 and b or T.ones({4}), list, 0))
   record(pcall(dist.all_reduce, T.ones({2})))
+elseif mode:match("^roots_") then
+  local k, n = mode:sub(7), dist.get_world_size()
+  local root = rank == 1 and 1 or 0
+  local t0 = crun.clock()
+  local list = {}
+  for j = 1, n do list[j] = T.full({4}, -j) end
+  if k == "broadcast" then record(pcall(dist.broadcast, T.full({4}, rank), root))
+  elseif k == "reduce" then record(pcall(dist.reduce, T.full({4}, rank), root))
+  elseif k == "gather" then record(pcall(dist.gather, T.full({4}, rank), rank == root and list or nil, root))
+  else record(pcall(dist.scatter, T.zeros({4}), rank == root and list or nil, root)) end
+  out:write(string.format("elapsed %.3f\n", crun.clock() - t0))
 elseif mode:match("^objcall%d$") then
   if rank == 0 then
     record(pcall(dist.broadcast, T.full({tonumber(mode:sub(-1))}, -5, "int64"), 0))

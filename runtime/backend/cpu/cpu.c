@@ -66,7 +66,9 @@ static int cpu_create(crun_pg_t *pg, void **state) {
 }
 
 static void cpu_abort(void *state, int status, const char *text) {
-  crun__tcp_abort(((cpu_t *)state)->tcp, status, text);
+  cpu_t *b = state;
+  crun__tcp_abort(b->tcp, status, text);
+  if (b->has_engine && b->engine.abort) b->engine.abort(b->engine.state, status, text);
 }
 
 static void cpu_destroy(void *state) {
@@ -140,14 +142,16 @@ static int cpu_coll(void *state, crun__coll_t *c) {
     return b->engine.run(b->engine.state, c);
   }
   crun__obs_posted();
+  CRUN_CHECK(crun__root_agree(&b->link, c));
   return crun__cpu_run_link(&b->link, c);
 }
 
 /* The TCP mesh's abort frames reach every peer of a call the mesh runs; a
- * call an engine runs (the peers wait in shared memory) is not told. */
+ * call an engine runs (the peers wait in shared memory) is told only by an
+ * engine that can abort. */
 static int cpu_abort_reaches(void *state, const crun__coll_t *c) {
   cpu_t *b = state;
-  return !(b->has_engine && b->engine.supports(b->engine.state, c));
+  return !(b->has_engine && b->engine.supports(b->engine.state, c)) || b->engine.abort;
 }
 
 static int cpu_send(void *state, crun__coll_t *c) { return crun__tcp_send(((cpu_t *)state)->tcp, c); }

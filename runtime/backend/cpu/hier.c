@@ -527,6 +527,7 @@ static int h_needs_agree(const crun__coll_t *c) {
 
 static int h_dispatch(hier_t *h, crun__coll_t *c) {
   if (h->comm && h_needs_agree(c)) CRUN_CHECK(h_agree(h, c));
+  CRUN_CHECK(crun__root_agree(&h->base, c)); /* across hosts: the stages see only host indices */
   switch (c->kind) {
   case CRUN__COLL_ALL_REDUCE: return h_all_reduce(h, c);
   case CRUN__COLL_BROADCAST: return h_broadcast(h, c);
@@ -541,6 +542,15 @@ static int h_run(void *state, crun__coll_t *c) {
   hier_t *h = state;
   if (h->comm) crun__shm_comm_label(h->comm, c->seq);
   return crun__pg_timeout_report(h->pg, h_dispatch(h, c));
+}
+
+/* The group failed on this rank: this host's ranks fail at once with its
+ * text (the communicator's abort record) instead of waiting for it. */
+static void h_abort(void *state, int status, const char *text) {
+  hier_t *h = state;
+  /* a failure of the engine's own stage has written the record already */
+  if (h->comm && !atomic_load_explicit(&h->comm->hdr->abort_rank, memory_order_acquire))
+    crun__shm_fail(h->comm, status, "%s", text);
 }
 
 static void h_destroy(void *state) {
@@ -587,7 +597,7 @@ static int hier_open(crun_pg_t *pg, const crun__link_t *tcp, int *host_of, int n
   }
   int ar = agree_ok(pg, rc == 0, &all);
   if (ar < 0 || !all) { h_destroy(h); return ar < 0 ? ar : CRUN_ENOTSUP; }
-  *out = (crun__engine_t){.name = "hier", .state = h, .supports = h_supports, .run = h_run,
+  *out = (crun__engine_t){.name = "hier", .state = h, .supports = h_supports, .run = h_run, .abort = h_abort,
                           .destroy = h_destroy};
   if (pg->rank == 0)
     CRUN_LOG(INFO, SHM, "group of %d ranks on %d hosts uses the hierarchical engine", n, nhosts);
