@@ -447,4 +447,30 @@ describe("torch parity", function()
     assert.same({-3.75, 3.625, 1.0625}, x:div(2, {}):totable())
     assert.same({-3.75, 3.625, 1.0625}, x:div(2, {rounding_mode = nil}):totable())
   end)
+  it("round with decimals rounds to that many digits, half to even, as torch's round(x, decimals=)", function()
+    local f32 = function(x) return string.unpack("f", string.pack("f", x)) end
+    local function half_even(y)
+      local f = math.floor(y)
+      if y - f ~= 0.5 then return math.floor(y + 0.5) end
+      return f % 2 == 0 and f or f + 1
+    end
+    local vals = {1.2345, -2.3456, 3.5, 0.125, -0.375, 1234.5, 125, -135}
+    for _, dt in ipairs({"float64", "float32"}) do
+      local cast = dt == "float32" and f32 or function(v) return v end
+      local x = T.tensor(vals, dt)
+      for _, d in ipairs({2, 1, -1, 0}) do
+        local p, want = cast(10.0 ^ math.abs(d)), {}
+        for i, v in ipairs(vals) do
+          v = cast(v)
+          want[i] = d >= 0 and cast(half_even(cast(v * p)) / p) or cast(half_even(cast(v / p)) * p)
+        end
+        assert.same(want, x:round(d):totable(), dt .. " decimals " .. d)
+        assert.same(want, x:round({decimals = d}):totable(), dt .. " {decimals} " .. d)
+        assert.same(want, x:clone():round_(d):totable(), dt .. " round_ " .. d)
+      end
+    end
+    local ok, err = pcall(function() return T.ones(2):round(1.5) end)
+    assert.is_false(ok)
+    assert.matches("^EINVAL: round: decimals must be an integer, got 1.5", err)
+  end)
 end)

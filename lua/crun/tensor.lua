@@ -308,6 +308,27 @@ for _, name in ipairs({"div", "div_"}) do
   end
 end
 
+--- t:round([decimals]) / t:round_: to the nearest integer, half to even;
+--- with decimals (or {decimals=}) to that many digits after the point (before
+--- it when negative), computed as torch's round(x, decimals=): x * 10^d
+--- rounded, divided by 10^d, in t's dtype.
+local ROUND = O.spec{"decimals"}
+for _, name in ipairs({"round", "round_"}) do
+  local f, inplace = methods[name], name == "round_"
+  methods[name] = function(t, d)
+    if type(d) == "table" and getmetatable(d) == nil then d = O.check(ROUND, name, d).decimals end
+    if d == nil or d == 0 or not T.is_tensor(t) or t:dtype():find("float") == nil then return f(t) end
+    if math.type(d) ~= "integer" then O.fail("EINVAL: round: decimals must be an integer, got %s", tostring(d)) end
+    local p = 10.0 ^ math.abs(d)
+    if inplace then
+      if d > 0 then return f(t:mul_(p)):div_(p) end
+      return f(t:div_(p)):mul_(p)
+    end
+    if d > 0 then return f(t * p):div_(p) end
+    return f(t / p):mul_(p)
+  end
+end
+
 --- Function forms of the math methods: T.exp(t), T.add(a, b), T.softmax(t, dim), ...
 local function_forms = {"add", "sub", "mul", "div", "pow", "maximum", "minimum", "eq", "ne",
   "lt", "le", "gt", "ge", "neg", "exp", "log", "tanh", "sigmoid", "relu", "sqrt", "abs", "sin",
