@@ -473,4 +473,28 @@ describe("torch parity", function()
     assert.is_false(ok)
     assert.matches("^EINVAL: round: decimals must be an integer, got 1.5", err)
   end)
+  it("reductions and softmax take torch's dtype= and keepdim= options instead of ignoring them", function()
+    local vals = {1, -2, 16777217, 3}
+    local x = T.tensor(vals, "int32")
+    local s64 = 0
+    for _, v in ipairs(vals) do s64 = s64 + v end
+    assert.equal("float64", x:sum(1, false, "float64"):dtype())
+    assert.equal(s64, x:sum(1, false, "float64"):item())
+    assert.equal(s64, x:sum(1, {dtype = "float64"}):item())
+    assert.same({s64}, x:sum(1, {keepdim = true, dtype = "float64"}):totable())
+    assert.equal(s64 / 4, x:mean(1, false, {dtype = "float64"}):item())
+    assert.equal(0, x:max(1, {keepdim = false}):dim())
+    assert.equal(1, x:max(1, {keepdim = true}):dim())
+    assert.same({3}, x:argmax(1, {keepdim = true}):totable())
+    local y = T.tensor({0.1, -0.7, 2.3})
+    local p64 = y:double():softmax(1)
+    assert.same(p64:totable(), y:softmax(1, "float64"):totable())
+    assert.same(p64:totable(), y:softmax(1, {dtype = "float64"}):totable())
+    assert.same(y:double():log_softmax(1):totable(), y:log_softmax(1, "float64"):totable())
+    for _, bad in ipairs({0, 1, "yes"}) do
+      local ok, err = pcall(function() return x:sum(1, bad) end)
+      assert.is_false(ok)
+      assert.matches("^EINVAL: sum: keepdim must be true or false", err)
+    end
+  end)
 end)

@@ -267,14 +267,24 @@ function T.stack(list, dim)
   return out
 end
 
---- t:softmax([dim]) / t:log_softmax([dim]): along dim (1-based, negative
---- from the end). With no dim, torch's implicit (deprecated) choice of
+--- t:softmax([dim][, dtype]) / t:log_softmax: along dim (1-based, negative
+--- from the end), on t converted to dtype first when given (a name or
+--- {dtype=}, torch's dtype=). With no dim, torch's implicit (deprecated) choice of
 --- F.softmax / nn.Softmax(): dim 1 of a 0-, 1- or 3-d tensor, else dim 2,
 --- with a warning once per process. A 0-d tensor takes dim 1 or -1 (torch's
 --- 0 or -1) and gives a 0-d 1 (log: 0), as torch's.
+--- A dtype given as "float64" or {dtype = "float64"} (torch's dtype=), or nil.
+local DTYPE = O.spec{"dtype"}
+local function dtype_arg(fname, d)
+  if type(d) == "table" and getmetatable(d) == nil then return O.check(DTYPE, fname, d).dtype end
+  return d
+end
+
 for _, name in ipairs({"softmax", "log_softmax"}) do
   local f = methods[name]
-  methods[name] = function(t, dim)
+  methods[name] = function(t, dim, dtype)
+    dtype = dtype_arg(name, dtype)
+    if dtype ~= nil and T.is_tensor(t) then t = t:to(dtype) end -- (torch converts the input first)
     if dim == nil and T.is_tensor(t) then
       local nd = t:dim()
       dim = (nd <= 1 or nd == 3) and 1 or 2
@@ -326,6 +336,31 @@ for _, name in ipairs({"round", "round_"}) do
     end
     if d > 0 then return f(t * p):div_(p) end
     return f(t / p):mul_(p)
+  end
+end
+
+--- t:sum([dim][, keepdim][, dtype]) and mean / prod; t:max([dim][, keepdim])
+--- and min / argmax / argmin: keepdim is true, false or nil, or an options
+--- table {keepdim=, dtype=} (torch's keywords); dtype (sum, mean, prod: a
+--- name or {dtype=}) converts t first, as torch's dtype=. Anything else in
+--- those places is EINVAL rather than read as Lua truth (a 0 is true there).
+local REDUCE = {with_dtype = O.spec{"keepdim", "dtype"}, plain = O.spec{"keepdim"}}
+for _, name in ipairs({"sum", "mean", "prod", "max", "min", "argmax", "argmin"}) do
+  local f, with_dtype = methods[name], name == "sum" or name == "mean" or name == "prod"
+  methods[name] = function(t, dim, keepdim, dtype)
+    if type(keepdim) == "table" and getmetatable(keepdim) == nil then
+      local o = O.check(with_dtype and REDUCE.with_dtype or REDUCE.plain, name, keepdim)
+      keepdim, dtype = o.keepdim, o.dtype or dtype
+    end
+    if keepdim ~= nil and type(keepdim) ~= "boolean" then
+      O.fail("EINVAL: %s: keepdim must be true or false, got %s", name, tostring(keepdim))
+    end
+    if dtype ~= nil then
+      if not with_dtype then O.fail("EINVAL: %s: unexpected argument #4 (%s); %s takes no dtype", name, tostring(dtype), name) end
+      dtype = dtype_arg(name, dtype)
+      if dtype ~= nil and T.is_tensor(t) then t = t:to(dtype) end
+    end
+    return f(t, dim, keepdim)
   end
 end
 
