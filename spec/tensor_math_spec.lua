@@ -497,4 +497,18 @@ describe("torch parity", function()
       assert.matches("^EINVAL: sum: keepdim must be true or false", err)
     end
   end)
+  it("clamp with a nan bound is EINVAL (torch gives nan everywhere, crun ignored the bound)", function()
+    local x = T.tensor({1.5, -2.25, 0.75})
+    for _, b in ipairs({{0 / 0, 1}, {-1, 0 / 0}, {0 / 0}}) do
+      local ok, err = pcall(function() return x:clamp(b[1], b[2]) end)
+      assert.is_false(ok)
+      assert.matches("^EINVAL: clamp: m[ai][nx] is nan", err)
+      ok, err = pcall(function() return x:clone():clamp_(b[1], b[2]) end)
+      assert.matches("^EINVAL: clamp: m[ai][nx] is nan", err)
+    end
+    local y = T.tensor({1.5, 0 / 0, -2.25})
+    local c = y:clamp(-1, 1):totable()
+    assert.same({1, -1}, {c[1], c[3]})
+    assert.is_true(c[2] ~= c[2]) -- a nan element stays nan, as torch's
+  end)
 end)

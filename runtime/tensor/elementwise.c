@@ -450,6 +450,8 @@ int crun_tensor_unop(crun_unop_t op, crun_tensor_t *a, crun_tensor_t **out) {
 }
 
 int crun_tensor_clamp_out(crun_tensor_t *a, double lo, double hi, crun_tensor_t *out) {
+  if (lo != lo || hi != hi) /* (torch's result is nan everywhere; ignoring the bound would differ silently) */
+    return crun_error(CRUN_EINVAL, "clamp: %s is nan", lo != lo ? "min" : "max");
   if (lo > hi) return crun_error(CRUN_EINVAL, "clamp: min %g > max %g", lo, hi);
   CRUN_CHECK(check_float("clamp", a->dt));
   return unary_drive("clamp", CRUN_UN_NEG, a, out, NULL, a->dt == CRUN_FLOAT32 ? clamp_f32 : clamp_f64, lo, hi);

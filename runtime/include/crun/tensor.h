@@ -221,7 +221,8 @@ int crun_tensor_binop_scalar_out(crun_binop_t op, crun_tensor_t *a, double s, in
 int crun_tensor_unop(crun_unop_t op, crun_tensor_t *a, crun_tensor_t **out);
 int crun_tensor_unop_out(crun_unop_t op, crun_tensor_t *a, crun_tensor_t *out);
 
-/* out = min(max(a, lo), hi); pass -INFINITY / INFINITY for one side. */
+/* out = min(max(a, lo), hi); pass -INFINITY / INFINITY for one side. A nan
+ * element stays nan; lo > hi or a nan bound is CRUN_EINVAL. */
 int crun_tensor_clamp(crun_tensor_t *a, double lo, double hi, crun_tensor_t **out);
 int crun_tensor_clamp_out(crun_tensor_t *a, double lo, double hi, crun_tensor_t *out);
 
