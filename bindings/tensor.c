@@ -998,16 +998,47 @@ static crun_tensor_t *exact_int64_scalar(lua_State *L, int idx, const crun_tenso
   return s;
 }
 
-static int is_float_dtype(crun_dtype_t dt) { return !crun_dtype_is_integer(dt) && dt != CRUN_BOOL; }
 
-/* torch's promotion of an integer or bool tensor t: to other's float dtype
- * when other is a float tensor, else float32. *out is the converted copy
- * (the caller releases it), or NULL when t is a float tensor already. */
-static int float_promoted(crun_tensor_t *t, const crun_tensor_t *other, crun_tensor_t **out) {
+/* 0 for bool, 1 for the integers, 2 for the floats: torch's kinds. */
+static int dtype_kind(crun_dtype_t dt) { return dt == CRUN_BOOL ? 0 : crun_dtype_is_integer(dt) ? 1 : 2; }
+
+/* torch.promote_types: the wider of a kind, the higher kind across kinds;
+ * uint8 with int8 is int16, float16 with bfloat16 float32. */
+static crun_dtype_t promote_types(crun_dtype_t a, crun_dtype_t b) {
+  if (a == b) return a;
+  if (dtype_kind(a) != dtype_kind(b)) return dtype_kind(a) > dtype_kind(b) ? a : b;
+  if (dtype_kind(a) == 1) {
+    int ua = a == CRUN_UINT8, ub = b == CRUN_UINT8;
+    size_t sa = crun_dtype_size(a), sb = crun_dtype_size(b);
+    if ((ua || ub) && sa == sb) return CRUN_INT16; /* uint8 with int8 */
+    if (ua || ub) return ua ? b : a;              /* uint8 with a wider signed one */
+    return sa > sb ? a : b;
+  }
+  size_t sa = crun_dtype_size(a), sb = crun_dtype_size(b);
+  if (sa == sb) return CRUN_FLOAT32; /* float16 with bfloat16 */
+  return sa > sb ? a : b;
+}
+
+/* torch.result_type of two tensors: a 0-d one beside a tensor with dims
+ * counts only when of a higher kind. */
+static crun_dtype_t result_type(const crun_tensor_t *a, const crun_tensor_t *b) {
+  crun_dtype_t da = crun_tensor_dtype(a), db = crun_tensor_dtype(b);
+  int za = crun_tensor_ndim(a) == 0, zb = crun_tensor_ndim(b) == 0;
+  if (za == zb) return promote_types(da, db);
+  crun_dtype_t dd = za ? db : da, dz = za ? da : db;
+  return dtype_kind(dz) > dtype_kind(dd) ? promote_types(dd, dz) : dd;
+}
+
+/* *out = t converted to dt (the caller releases it), or NULL when t has dt. */
+static int converted(crun_tensor_t *t, crun_dtype_t dt, crun_tensor_t **out) {
   *out = NULL;
-  if (is_float_dtype(crun_tensor_dtype(t))) return 0;
-  crun_dtype_t to = other && is_float_dtype(crun_tensor_dtype(other)) ? crun_tensor_dtype(other) : CRUN_FLOAT32;
-  return crun_tensor_to(t, to, out);
+  return crun_tensor_dtype(t) == dt ? 0 : crun_tensor_to(t, dt, out);
+}
+
+/* An integer or bool tensor t meeting a Lua float, or divided: float32. */
+static int float_promoted(crun_tensor_t *t, crun_tensor_t **out) {
+  *out = NULL;
+  return dtype_kind(crun_tensor_dtype(t)) == 2 ? 0 : converted(t, CRUN_FLOAT32, out);
 }
 
 /* A bool tensor meeting a Lua integer computes in int64, as torch's (m * 3
@@ -1017,21 +1048,24 @@ static int int_promoted(crun_tensor_t *t, crun_tensor_t **out) {
   return crun_tensor_dtype(t) == CRUN_BOOL ? crun_tensor_to(t, CRUN_INT64, out) : 0;
 }
 
-/* Promotes the operands of a new (not in-place) op as torch does: an integer
- * or bool tensor meeting a Lua float (2.0, 0.5, n / 2) and any operand of
- * true division compute in float, a bool tensor meeting a Lua integer in
- * int64. *pa / *pb are the copies made (or NULL). */
+/* Promotes the operands of a new (not in-place) op as torch does: two
+ * tensors meet in their result_type; an integer or bool tensor meeting a
+ * Lua float (2.0, 0.5, n / 2) and the operands of true division compute in
+ * float, a bool tensor meeting a Lua integer in int64. *pa / *pb are the
+ * copies made (or NULL). */
 static int promote_operands(lua_State *L, crun_binop_t op, crun_tensor_t *a, crun_tensor_t *b,
                             crun_tensor_t **pa, crun_tensor_t **pb) {
   int div = op == CRUN_BIN_DIV, rc = 0;
   *pa = *pb = NULL;
-  if (a && b && div) {
-    rc = float_promoted(a, b, pa);
-    if (rc == 0) rc = float_promoted(b, a, pb);
+  if (a && b) {
+    crun_dtype_t dt = result_type(a, b);
+    if (div && dtype_kind(dt) != 2) dt = CRUN_FLOAT32;
+    rc = converted(a, dt, pa);
+    if (rc == 0) rc = converted(b, dt, pb);
   } else if (a && !b && lua_isnoneornil(L, 3) && lua_type(L, 2) == LUA_TNUMBER) {
-    rc = div || !lua_isinteger(L, 2) ? float_promoted(a, NULL, pa) : int_promoted(a, pa);
+    rc = div || !lua_isinteger(L, 2) ? float_promoted(a, pa) : int_promoted(a, pa);
   } else if (!a) {
-    rc = div || !lua_isinteger(L, 1) ? float_promoted(b, NULL, pb) : int_promoted(b, pb);
+    rc = div || !lua_isinteger(L, 1) ? float_promoted(b, pb) : int_promoted(b, pb);
   }
   return rc;
 }
