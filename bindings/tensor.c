@@ -1053,9 +1053,9 @@ static int int_promoted(crun_tensor_t *t, crun_tensor_t **out) {
  * Lua float (2.0, 0.5, n / 2) and the operands of true division compute in
  * float, a bool tensor meeting a Lua integer in int64. *pa / *pb are the
  * copies made (or NULL). */
-static int promote_operands(lua_State *L, crun_binop_t op, crun_tensor_t *a, crun_tensor_t *b,
+static int promote_operands(lua_State *L, int div, crun_tensor_t *a, crun_tensor_t *b,
                             crun_tensor_t **pa, crun_tensor_t **pb) {
-  int div = op == CRUN_BIN_DIV, rc = 0;
+  int rc = 0;
   *pa = *pb = NULL;
   if (a && b) {
     crun_dtype_t dt = result_type(a, b);
@@ -1087,7 +1087,7 @@ static int m_binop(lua_State *L) {
   }
   /* (not in place: torch refuses to write a float result into an int tensor) */
   crun_tensor_t *pa = NULL, *pb = NULL;
-  if (!inplace && (rc = promote_operands(L, op, a, b, &pa, &pb)) < 0) {
+  if (!inplace && (rc = promote_operands(L, op == CRUN_BIN_DIV, a, b, &pa, &pb)) < 0) {
     crun_tensor_release(pa);
     crun_tensor_release(scaled);
     crun_l_fail(L, rc);
@@ -1118,6 +1118,44 @@ static int m_binop(lua_State *L) {
     return 1;
   }
   return push_owned(L, 0, &r);
+}
+
+/* *out = a 0-d tensor of dt holding the Lua number at idx; CRUN_ERANGE when
+ * an integer does not fit dt. */
+static int scalar_tensor(lua_State *L, int idx, crun_dtype_t dt, crun_tensor_t **out) {
+  CRUN_CHECK(crun_tensor_new(dt, 0, NULL, out));
+  int rc;
+  if (lua_isinteger(L, idx) && crun_dtype_is_integer(dt)) {
+    int64_t v = (int64_t)lua_tointeger(L, idx), got, at[1] = {0};
+    rc = crun_tensor_fill_int64(*out, v);
+    if (rc == 0 && (rc = crun_tensor_get_int64(*out, at, &got)) == 0 && got != v)
+      rc = crun_error(CRUN_ERANGE, "scalar %lld out of range for %s", (long long)v, crun_dtype_name(dt));
+  } else {
+    rc = crun_tensor_fill(*out, lua_tonumber(L, idx));
+  }
+  if (rc < 0) crun_tensor_release(*out);
+  return rc;
+}
+
+/* floor_divide / remainder / fmod (upvalue 1) on (tensor|number,
+ * tensor|number), promoted as the arithmetic ops; also // and %. */
+static int m_divmod(lua_State *L) {
+  crun_divmod_t op = (crun_divmod_t)lua_tointeger(L, lua_upvalueindex(1));
+  crun_tensor_t *a = test_tensor(L, 1), *b = test_tensor(L, 2), *pa = NULL, *pb = NULL, *s = NULL, *r = NULL;
+  if (!a && !b) return crun_l_argerror(L, 1, "tensor expected");
+  if (!a) crun_l_checknumber(L, 1); /* raise before anything is allocated */
+  if (!b) crun_l_checknumber(L, 2);
+  lua_settop(L, 2);
+  int rc = promote_operands(L, 0, a, b, &pa, &pb);
+  if (pa) a = pa;
+  if (pb) b = pb;
+  if (rc == 0 && !a) rc = scalar_tensor(L, 1, crun_tensor_dtype(b), &s), a = s;
+  if (rc == 0 && !b) rc = scalar_tensor(L, 2, crun_tensor_dtype(a), &s), b = s;
+  if (rc == 0) rc = crun_tensor_divmod(op, a, b, &r);
+  crun_tensor_release(pa);
+  crun_tensor_release(pb);
+  crun_tensor_release(s);
+  return push_owned(L, rc, &r);
 }
 
 /* Unary op (upvalue 1), in place when upvalue 2 is true. */
@@ -1358,6 +1396,12 @@ static void tensor_math_methods(lua_State *L) {
 #undef CRUN_X_RN
   };
   for (int op = 0; op < CRUN_DIMRED_COUNT; op++) set_op(L, reds[op], m_reduce, op, 0);
+  static const char *divmods[] = {
+#define CRUN_X_DM(NAME, name) #name,
+      CRUN_DIVMOD_MAP(CRUN_X_DM)
+#undef CRUN_X_DM
+  };
+  for (int op = 0; op < CRUN_DIVMOD_COUNT; op++) set_op(L, divmods[op], m_divmod, op, 0);
   static const luaL_Reg fns[] = {
       {"clamp", m_clamp}, {"clamp_", m_clamp_}, {"argmax", m_argmax}, {"argmin", m_argmin},
       {"matmul", m_matmul}, {"mm", m_mm}, {"addmm_", m_addmm_}, {"index_select", m_index_select},
@@ -1366,8 +1410,11 @@ static void tensor_math_methods(lua_State *L) {
   luaL_setfuncs(L, fns, 0);
 }
 
-/* Arithmetic metamethods: + - * / ^ and unary minus (element-wise). */
+/* Arithmetic metamethods: + - * / // % ^ and unary minus (element-wise;
+ * // and % round toward -inf, as Lua's and torch's). */
 static void set_arith_meta(lua_State *L) {
+  set_op(L, "__idiv", m_divmod, CRUN_DIVMOD_FLOOR_DIVIDE, 0);
+  set_op(L, "__mod", m_divmod, CRUN_DIVMOD_REMAINDER, 0);
   set_op(L, "__add", m_binop, CRUN_BIN_ADD, 0);
   set_op(L, "__sub", m_binop, CRUN_BIN_SUB, 0);
   set_op(L, "__mul", m_binop, CRUN_BIN_MUL, 0);

@@ -544,4 +544,43 @@ describe("torch parity", function()
     assert.is_false(ok) -- in place: the output's dtype is fixed
     assert.matches("^EINVAL: add: dtype mismatch, int32 and int64", err)
   end)
+  it("floor_divide, remainder (// and %) round toward -inf and fmod toward 0, as torch's", function()
+    local av, bv = {7, -7, 7, -7, 0, 13, -1, 2147483647}, {3, 3, -3, -3, -5, 4, 6, -2}
+    for _, dt in ipairs({"int32", "int64", "float32", "float64"}) do
+      local a, b = T.tensor(av, dt), T.tensor(bv, dt)
+      local fd, rm, fm = {}, {}, {}
+      for i = 1, #av do
+        local x, y = av[i], bv[i]
+        if dt:find("float") then x, y = x + 0.0, y + 0.0 end
+        fd[i], rm[i], fm[i] = x // y, x % y, math.fmod(x, y)
+        if dt == "float32" then fd[i], rm[i], fm[i] = (string.unpack("f", string.pack("f", fd[i]))), rm[i], fm[i] end
+      end
+      if dt == "float32" then -- 2147483647 is 2147483648 in float32
+        fd[8], rm[8], fm[8] = -1073741824.0, 0.0, 0.0
+      end
+      assert.same(fd, a:floor_divide(b):totable(), dt .. " floor_divide")
+      assert.same(fd, (a // b):totable(), dt .. " //")
+      assert.same(rm, a:remainder(b):totable(), dt .. " remainder")
+      assert.same(rm, (a % b):totable(), dt .. " %")
+      assert.same(fm, a:fmod(b):totable(), dt .. " fmod")
+      assert.equal(dt, (a % b):dtype())
+    end
+    local a = T.tensor({17, -17, 5}, "int32")
+    assert.same({17 // 3, -17 // 3, 5 // 3}, (a // 3):totable())
+    assert.same({17 % 3, -17 % 3, 5 % 3}, (a % 3):totable())
+    assert.same({29 % 17, 29 % -17, 29 % 5}, (29 % a):totable())
+    assert.same({math.fmod(17, 3), math.fmod(-17, 3), math.fmod(5, 3)}, a:fmod(3):totable())
+    assert.same({math.fmod(17, 3), math.fmod(-17, 3), math.fmod(5, 3)}, T.fmod(a, 3):totable())
+    assert.same({17 % 2.5, -17 % 2.5, 5 % 2.5}, (a % 2.5):totable()) -- a Lua float: float32
+    assert.same({math.mininteger}, (T.tensor({math.mininteger}) // -1):totable()) -- wraps, as torch's
+    local ok, err = pcall(function() return a // T.tensor({1, 0, 2}, "int32") end)
+    assert.is_false(ok)
+    assert.matches("^EINVAL: floor_divide: integer division by zero", err)
+    ok, err = pcall(function() return a % 0 end)
+    assert.matches("^EINVAL: remainder: integer division by zero", err)
+    local z = T.tensor({1.5, -1.5}) // 0
+    assert.same({math.huge, -math.huge}, z:totable())
+    local r = T.tensor({1.5}):remainder(0):item()
+    assert.is_true(r ~= r)
+  end)
 end)

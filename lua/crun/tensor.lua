@@ -365,7 +365,9 @@ for _, name in ipairs({"sum", "mean", "prod", "max", "min", "argmax", "argmin"})
 end
 
 --- Function forms of the math methods: T.exp(t), T.add(a, b), T.softmax(t, dim), ...
-local function_forms = {"add", "sub", "mul", "div", "pow", "maximum", "minimum", "eq", "ne",
+--- (t:floor_divide(x) / t // x and t:remainder(x) / t % x round toward -inf,
+--- t:fmod(x) toward 0, as torch's; a zero integer divisor is EINVAL.)
+local function_forms = {"add", "sub", "mul", "div", "floor_divide", "remainder", "fmod", "pow", "maximum", "minimum", "eq", "ne",
   "lt", "le", "gt", "ge", "neg", "exp", "log", "tanh", "sigmoid", "relu", "sqrt", "abs", "sin",
   "cos", "floor", "ceil", "round", "sign", "reciprocal", "square", "log1p", "expm1", "rsqrt",
   "clamp", "sum", "mean", "prod", "max", "min", "argmax", "argmin", "mm", "softmax",

@@ -217,6 +217,23 @@ int crun_tensor_binop_scalar(crun_binop_t op, crun_tensor_t *a, double s, int re
 int crun_tensor_binop_scalar_out(crun_binop_t op, crun_tensor_t *a, double s, int reverse,
                                  crun_tensor_t *out);
 
+/* torch's floor_divide (a // b, rounding toward -inf), remainder (a % b,
+ * the sign of b) and fmod (the sign of a). */
+#define CRUN_DIVMOD_MAP(X) X(FLOOR_DIVIDE, floor_divide) X(REMAINDER, remainder) X(FMOD, fmod)
+
+typedef enum {
+#define CRUN_X_DM(NAME, name) CRUN_DIVMOD_##NAME,
+  CRUN_DIVMOD_MAP(CRUN_X_DM)
+#undef CRUN_X_DM
+  CRUN_DIVMOD_COUNT
+} crun_divmod_t;
+
+/* out = a op b, broadcast, in the dtype of a and b (which must match): on
+ * integers exact (wrapping as torch's: INT64_MIN // -1 is INT64_MIN), a zero
+ * divisor CRUN_EINVAL; on float32 / float64 with torch's formulas (x // 0 is
+ * inf or nan, x % 0 nan). Host tensors only (CRUN_ENOTSUP on a device). */
+int crun_tensor_divmod(crun_divmod_t op, crun_tensor_t *a, crun_tensor_t *b, crun_tensor_t **out);
+
 /* out = f(a) element-wise. */
 int crun_tensor_unop(crun_unop_t op, crun_tensor_t *a, crun_tensor_t **out);
 int crun_tensor_unop_out(crun_unop_t op, crun_tensor_t *a, crun_tensor_t *out);
