@@ -1396,12 +1396,10 @@ static void tensor_math_methods(lua_State *L) {
 #undef CRUN_X_RN
   };
   for (int op = 0; op < CRUN_DIMRED_COUNT; op++) set_op(L, reds[op], m_reduce, op, 0);
-  static const char *divmods[] = {
-#define CRUN_X_DM(NAME, name) #name,
-      CRUN_DIVMOD_MAP(CRUN_X_DM)
-#undef CRUN_X_DM
-  };
-  for (int op = 0; op < CRUN_DIVMOD_COUNT; op++) set_op(L, divmods[op], m_divmod, op, 0);
+  set_op(L, "floor_divide", m_divmod, CRUN_DIVMOD_FLOOR_DIVIDE, 0);
+  set_op(L, "remainder", m_divmod, CRUN_DIVMOD_REMAINDER, 0);
+  set_op(L, "fmod", m_divmod, CRUN_DIVMOD_FMOD, 0);
+  set_op(L, "_div_trunc", m_divmod, CRUN_DIVMOD_DIV_TRUNC, 0); /* (div's rounding_mode="trunc") */
   static const luaL_Reg fns[] = {
       {"clamp", m_clamp}, {"clamp_", m_clamp_}, {"argmax", m_argmax}, {"argmin", m_argmin},
       {"matmul", m_matmul}, {"mm", m_mm}, {"addmm_", m_addmm_}, {"index_select", m_index_select},

@@ -433,20 +433,32 @@ describe("torch parity", function()
     assert.is_false(ok)
     assert.matches("^ENOTSUP: sub is not supported on bool tensors", err)
   end)
-  it("div with torch's rounding_mode refuses instead of dividing truly", function()
-    local x = T.tensor({-7.5, 7.25, 2.125})
-    for _, mode in ipairs({{rounding_mode = "floor"}, {rounding_mode = "trunc"}, "floor"}) do
-      local ok, err = pcall(function() return x:div(2, mode) end)
-      assert.is_false(ok)
-      assert.matches("^ENOTSUP: div: rounding_mode", err)
-      ok, err = pcall(function() return T.div(x, T.tensor({2.0, -2, 2}), mode) end)
-      assert.matches("^ENOTSUP: div: rounding_mode", err)
-      ok, err = pcall(function() return x:clone():div_(2, mode) end)
-      assert.matches("^ENOTSUP: div_: rounding_mode", err)
+  it("div with torch's rounding_mode floor / trunc rounds the quotient (integers stay integers)", function()
+    local av, bv = {-7.5, 7.25, 2.125, -9, 0}, {2, -2, 0.5, 4, -3}
+    local x, y = T.tensor(av), T.tensor(bv)
+    local fl, tr = {}, {}
+    for i = 1, #av do
+      local q = av[i] / bv[i]
+      fl[i], tr[i] = math.floor(q) + 0.0, (q < 0 and math.ceil(q) or math.floor(q)) + 0.0
     end
-    assert.same({-3.75, 3.625, 1.0625}, x:div(2, {}):totable())
-    assert.same({-3.75, 3.625, 1.0625}, x:div(2, {rounding_mode = nil}):totable())
+    assert.same(fl, x:div(y, {rounding_mode = "floor"}):totable())
+    assert.same(tr, x:div(y, {rounding_mode = "trunc"}):totable())
+    assert.same(tr, T.div(x, y, {rounding_mode = "trunc"}):totable())
+    assert.same(fl, x:clone():div_(y, {rounding_mode = "floor"}):totable())
+    local a = T.tensor({-7, 7, -9, 12}, "int32")
+    local r = a:div(T.tensor({2, -2, 4, 5}, "int32"), {rounding_mode = "trunc"})
+    assert.equal("int32", r:dtype())
+    assert.same({-3, -3, -2, 2}, r:totable())
+    assert.same({-7 // 2, 7 // 2, -9 // 2, 12 // 2}, a:div(2, {rounding_mode = "floor"}):totable())
+    assert.same({-4, 3, -5, 6}, a:clone():div_(2, {rounding_mode = "floor"}):totable())
+    assert.same({-3.75, -3.625, 4.25, -2.25, -0.0}, x:div(y, {}):totable())
+    local ok, err = pcall(function() return x:div(2, {rounding_mode = "round"}) end)
+    assert.is_false(ok)
+    assert.matches("^EINVAL: div: rounding_mode must be 'floor', 'trunc' or nil, got round", err)
+    ok, err = pcall(function() return a:div(0, {rounding_mode = "trunc"}) end)
+    assert.matches("^EINVAL: div_trunc: integer division by zero", err)
   end)
+
   it("round with decimals rounds to that many digits, half to even, as torch's round(x, decimals=)", function()
     local f32 = function(x) return (string.unpack("f", string.pack("f", x))) end
     local function half_even(y)

@@ -299,22 +299,21 @@ for _, name in ipairs({"softmax", "log_softmax"}) do
 end
 
 --- t:div(x[, {rounding_mode=}]) / t:div_: true division (integer tensors
---- divide in float, as torch's). torch's rounding_mode "floor" / "trunc" is
---- ENOTSUP rather than ignored (x:div(2, {rounding_mode = "floor"}) must not
---- quietly give x / 2).
+--- divide in float, as torch's); rounding_mode "floor" rounds the quotient
+--- toward -inf (floor_divide), "trunc" toward 0, both in the operands'
+--- promoted dtype (integers stay integers; a zero integer divisor is EINVAL).
 local DIV = O.spec{"rounding_mode"}
+local DIV_ROUNDED = {floor = methods.floor_divide, trunc = methods._div_trunc}
 for _, name in ipairs({"div", "div_"}) do
   local f = methods[name]
   methods[name] = function(a, b, opts)
-    if opts ~= nil then
-      local mode = opts
-      if type(opts) == "table" and getmetatable(opts) == nil then mode = O.check(DIV, name, opts).rounding_mode end
-      if mode ~= nil then
-        O.fail("ENOTSUP: %s: rounding_mode '%s' is not supported: crun's div is true division " ..
-               "(for float tensors, (a / b):floor() is torch's 'floor' but where a / b rounds)", name, tostring(mode))
-      end
-    end
-    return f(a, b)
+    local mode = opts
+    if type(opts) == "table" and getmetatable(opts) == nil then mode = O.check(DIV, "div", opts).rounding_mode end
+    if mode == nil then return f(a, b) end
+    local rounded = DIV_ROUNDED[mode]
+    if rounded == nil then O.fail("EINVAL: div: rounding_mode must be 'floor', 'trunc' or nil, got %s", tostring(mode)) end
+    if name == "div_" then return a:copy(rounded(a, b)) end
+    return rounded(a, b)
   end
 end
 

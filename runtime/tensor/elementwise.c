@@ -481,13 +481,15 @@ static const char *divmod_name(crun_divmod_t op) {
 static int64_t divmod_int(crun_divmod_t op, int64_t x, int64_t y) {
   int64_t q = y == -1 ? (int64_t)(0u - (uint64_t)x) : x / y, r = y == -1 ? 0 : x % y;
   if (op == CRUN_DIVMOD_FMOD) return r;
+  if (op == CRUN_DIVMOD_DIV_TRUNC) return q;
   if (r != 0 && (r < 0) != (y < 0)) q -= 1, r += y;
   return op == CRUN_DIVMOD_FLOOR_DIVIDE ? q : r;
 }
 
 /* x op y in T (float or double), as torch's kernels compute them. */
-#define DIVMOD_FLOAT(tn, T, FMOD, FLOOR)                                       \
+#define DIVMOD_FLOAT(tn, T, FMOD, FLOOR, TRUNC)                                \
   static T divmod_##tn(crun_divmod_t op, T x, T y) {                           \
+    if (op == CRUN_DIVMOD_DIV_TRUNC) return TRUNC(x / y);                      \
     T m = FMOD(x, y);                                                          \
     if (op == CRUN_DIVMOD_FMOD) return m;                                      \
     int adjust = m != 0 && (y < 0) != (m < 0);                                 \
@@ -499,8 +501,8 @@ static int64_t divmod_int(crun_divmod_t op, int64_t x, int64_t y) {
     T f = FLOOR(q);                                                            \
     return q - f > (T)0.5 ? f + 1 : f;                                         \
   }
-DIVMOD_FLOAT(f32, float, fmodf, floorf)
-DIVMOD_FLOAT(f64, double, fmod, floor)
+DIVMOD_FLOAT(f32, float, fmodf, floorf, truncf)
+DIVMOD_FLOAT(f64, double, fmod, floor, trunc)
 
 /* Runs op over contiguous A and B (the result's shape) into contiguous O. */
 static int divmod_run(crun_divmod_t op, crun_tensor_t *A, crun_tensor_t *B, crun_tensor_t *O) {

@@ -217,9 +217,10 @@ int crun_tensor_binop_scalar(crun_binop_t op, crun_tensor_t *a, double s, int re
 int crun_tensor_binop_scalar_out(crun_binop_t op, crun_tensor_t *a, double s, int reverse,
                                  crun_tensor_t *out);
 
-/* torch's floor_divide (a // b, rounding toward -inf), remainder (a % b,
- * the sign of b) and fmod (the sign of a). */
-#define CRUN_DIVMOD_MAP(X) X(FLOOR_DIVIDE, floor_divide) X(REMAINDER, remainder) X(FMOD, fmod)
+/* torch's floor_divide (a // b, rounding toward -inf; also div with
+ * rounding_mode="floor"), remainder (a % b, the sign of b), fmod (the sign
+ * of a) and div with rounding_mode="trunc" (toward 0). */
+#define CRUN_DIVMOD_MAP(X) X(FLOOR_DIVIDE, floor_divide) X(REMAINDER, remainder) X(FMOD, fmod) X(DIV_TRUNC, div_trunc)
 
 typedef enum {
 #define CRUN_X_DM(NAME, name) CRUN_DIVMOD_##NAME,
