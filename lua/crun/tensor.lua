@@ -343,10 +343,13 @@ end
 --- table {keepdim=, dtype=} (torch's keywords); dtype (sum, mean, prod: a
 --- name or {dtype=}) converts t first, as torch's dtype=. Anything else in
 --- those places is EINVAL rather than read as Lua truth (a 0 is true there).
+--- t:max(u) / t:min(u) with a tensor u are t:maximum(u) / t:minimum(u).
 local REDUCE = {with_dtype = O.spec{"keepdim", "dtype"}, plain = O.spec{"keepdim"}}
 for _, name in ipairs({"sum", "mean", "prod", "max", "min", "argmax", "argmin"}) do
   local f, with_dtype = methods[name], name == "sum" or name == "mean" or name == "prod"
+  local elementwise = (name == "max" or name == "min") and methods[name .. "imum"]
   methods[name] = function(t, dim, keepdim, dtype)
+    if elementwise and T.is_tensor(dim) then return elementwise(t, dim) end -- torch.max(a, b)
     if type(keepdim) == "table" and getmetatable(keepdim) == nil then
       local o = O.check(with_dtype and REDUCE.with_dtype or REDUCE.plain, name, keepdim)
       keepdim, dtype = o.keepdim, o.dtype or dtype
