@@ -603,4 +603,27 @@ describe("torch parity", function()
     assert.is_true(mx[3] ~= mx[3] and mx[4] ~= mx[4] and mn[3] ~= mn[3] and mn[4] ~= mn[4]) -- nan wins
     assert.same({3, 5}, T.tensor({3, -1}, "int32"):max(T.tensor({2, 5})):totable())
   end)
+  it("neg, abs and sign of integer tensors, wrapping as torch's (abs of the minimum is the minimum)", function()
+    local vals = {7, -3, 0, -2147483648, 2147483647}
+    local a = T.tensor(vals, "int32")
+    local neg, abs, sign = {}, {}, {}
+    for i, v in ipairs(vals) do
+      neg[i] = v == -2147483648 and v or -v
+      abs[i] = v < 0 and neg[i] or v
+      sign[i] = v > 0 and 1 or v < 0 and -1 or 0
+    end
+    for _, r in ipairs({{a:neg(), neg}, {-a, neg}, {T.neg(a), neg}, {a:abs(), abs}, {a:sign(), sign},
+                        {a:clone():neg_(), neg}, {a:clone():abs_(), abs}, {a:clone():sign_(), sign}}) do
+      assert.equal("int32", r[1]:dtype())
+      assert.same(r[2], r[1]:totable())
+    end
+    local u = T.tensor({0, 5, 255}, "uint8")
+    assert.same({0, 251, 1}, (-u):totable())
+    assert.same({0, 5, 255}, u:abs():totable())
+    assert.same({0, 1, 1}, u:sign():totable())
+    assert.same({-5, 9}, (-T.tensor({5, -9}, "int8")):totable())
+    local ok, err = pcall(function() return -T.tensor({true}) end)
+    assert.is_false(ok)
+    assert.matches("^ENOTSUP: neg needs a float32 or float64 tensor, got bool", err)
+  end)
 end)

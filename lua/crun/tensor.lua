@@ -366,6 +366,28 @@ for _, name in ipairs({"sum", "mean", "prod", "max", "min", "argmax", "argmin"})
   end
 end
 
+--- t:neg() / t:abs() / t:sign() (their _ forms, and -t) also on integer
+--- tensors, as torch's: in t's dtype, wrapping (-x and abs(x) of the minimum
+--- are the minimum; uint8's -x is 256 - x).
+local INT_DTYPES = {int8 = true, int16 = true, int32 = true, int64 = true, uint8 = true}
+local int_unary = {
+  neg = function(t) return 0 - t end, -- (a Lua integer keeps t's dtype)
+  abs = function(t) return t:dtype() == "uint8" and t:clone() or t:maximum(0 - t) end,
+  sign = function(t) return t:gt(0):to(t:dtype()) - t:lt(0):to(t:dtype()) end,
+}
+for name, g in pairs(int_unary) do
+  local f, f_ = methods[name], methods[name .. "_"]
+  methods[name] = function(t)
+    if T.is_tensor(t) and INT_DTYPES[t:dtype()] then return g(t) end
+    return f(t)
+  end
+  methods[name .. "_"] = function(t)
+    if T.is_tensor(t) and INT_DTYPES[t:dtype()] then return t:copy(g(t)) end
+    return f_(t)
+  end
+end
+mt.__unm = function(t) return methods.neg(t) end
+
 --- Function forms of the math methods: T.exp(t), T.add(a, b), T.softmax(t, dim), ...
 --- (t:floor_divide(x) / t // x and t:remainder(x) / t % x round toward -inf,
 --- t:fmod(x) toward 0, as torch's; a zero integer divisor is EINVAL.)
