@@ -1085,15 +1085,34 @@ static int m_binop(lua_State *L) {
     CRUN_L_CHECK(L, crun_tensor_binop_scalar(CRUN_BIN_MUL, b, crun_l_checknumber(L, 3), 0, &scaled));
     b = scaled;
   }
-  /* (not in place: torch refuses to write a float result into an int tensor) */
-  crun_tensor_t *pa = NULL, *pb = NULL;
-  if (!inplace && (rc = promote_operands(L, op == CRUN_BIN_DIV, a, b, &pa, &pb)) < 0) {
+  /* In place into another dtype (a tensor operand of another dtype, a
+   * comparison, or a true division of integers): computed as a new result,
+   * then cast into `into`, as torch's; where torch refuses the cast (a float
+   * into an integer or bool tensor, an integer into bool) it is EINVAL. */
+  crun_tensor_t *into = NULL, *pa = NULL, *pb = NULL;
+  if (inplace && ((b && crun_tensor_dtype(b) != crun_tensor_dtype(a)) ||
+                  (op >= CRUN_BIN_EQ && crun_tensor_dtype(a) != CRUN_BOOL) ||
+                  (op == CRUN_BIN_DIV && dtype_kind(crun_tensor_dtype(a)) != 2))) {
+    into = a;
+    inplace = 0;
+  }
+  /* (a Lua float meeting an int tensor in place keeps the old rule: ENOTSUP
+   * when not integral) */
+  if ((!inplace || into) && (rc = into && !b && op != CRUN_BIN_DIV ? 0 : promote_operands(L, op == CRUN_BIN_DIV, a, b, &pa, &pb)) < 0) {
     crun_tensor_release(pa);
     crun_tensor_release(scaled);
     crun_l_fail(L, rc);
   }
   if (pa) a = pa;
   if (pb) b = pb;
+  if (into && op < CRUN_BIN_EQ && dtype_kind(crun_tensor_dtype(a)) > dtype_kind(crun_tensor_dtype(into))) {
+    const char *from = crun_dtype_name(crun_tensor_dtype(a)); /* (static names: valid past the releases) */
+    crun_tensor_release(pa);
+    crun_tensor_release(pb);
+    crun_tensor_release(scaled);
+    return crun_l_error(L, "EINVAL: %s_: result type %s can't be cast to %s (the tensor written in place)",
+                        crun_binop_name(op), from, crun_dtype_name(crun_tensor_dtype(into)));
+  }
   crun_tensor_t *exact = !a ? exact_int64_scalar(L, 1, b)
                        : !b && lua_isnoneornil(L, 3) ? exact_int64_scalar(L, 2, a) : NULL;
   if (exact) {
@@ -1112,8 +1131,12 @@ static int m_binop(lua_State *L) {
   crun_tensor_release(scaled);
   crun_tensor_release(pa);
   crun_tensor_release(pb);
+  if (into) {
+    if (rc == 0) rc = crun_tensor_copy(into, r);
+    crun_tensor_release(r);
+  }
   if (rc < 0) crun_l_fail(L, rc);
-  if (inplace) {
+  if (inplace || into) {
     lua_settop(L, 1);
     return 1;
   }
