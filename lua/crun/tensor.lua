@@ -144,6 +144,15 @@ checked_factory("rand", 1, RANDOM)
 checked_factory("randn", 1, RANDOM)
 checked_factory("randint", 3, RANDOM)
 
+--- T.randint([low,] high, shape[, opts]): torch's forms; low defaults to 0.
+do
+  local randint = T.randint
+  T.randint = function(a, b, ...)
+    if math.type(a) == "integer" and type(b) == "table" and getmetatable(b) == nil then return randint(0, a, b, ...) end
+    return randint(a, b, ...)
+  end
+end
+
 -- The dtype torch.tensor infers for data: float32 when an entry is a Lua
 -- float, else int64 when one is an integer, else bool when there are
 -- booleans; float32 for no entries. Entries that are neither go to T.new,
