@@ -652,4 +652,34 @@ describe("torch parity", function()
       assert.matches("^EINVAL: %a+_: " .. c[2], err)
     end
   end)
+  it("var and std default to the unbiased estimate (correction 1), as torch's", function()
+    local rows = {{2.5, -1.25, 7, 0.5, -3.75}, {1, 4.5, -2, 9.25, 0.125}}
+    local x = T.tensor(rows, "float64")
+    local function var_of(v, c)
+      local m, s = 0, 0
+      for _, e in ipairs(v) do m = m + e end
+      m = m / #v
+      for _, e in ipairs(v) do s = s + (e - m) * (e - m) end
+      return s / (#v - c)
+    end
+    local function near(a, b, what) assert.is_true(math.abs(a - b) <= 1e-12 * (1 + math.abs(b)), what .. ": " .. a .. " vs " .. b) end
+    local all = {}
+    for _, r in ipairs(rows) do for _, e in ipairs(r) do all[#all + 1] = e end end
+    near(x:var(), var_of(all, 1), "var()")
+    near(x:std(), math.sqrt(var_of(all, 1)), "std()")
+    near(x:var(nil, false), var_of(all, 0), "var(nil, false)")
+    near(x:var(nil, {correction = 0}), var_of(all, 0), "var{correction=0}")
+    local v2 = x:var(2)
+    assert.same({2}, v2:size())
+    for i = 1, 2 do near(v2[i], var_of(rows[i], 1), "var(2) row " .. i) end
+    local s1 = x:std(1, {keepdim = true})
+    assert.same({1, 5}, s1:size())
+    for j = 1, 5 do near(s1[1][j], math.sqrt(var_of({rows[1][j], rows[2][j]}, 1)), "std(1) col " .. j) end
+    near(x:std(-1, false)[2], math.sqrt(var_of(rows[2], 0)), "std(-1, false)")
+    local one = T.tensor({3.5}):var()
+    assert.is_true(one ~= one) -- one element, unbiased: nan, as torch's
+    local ok, err = pcall(function() return T.tensor({1, 2}):var() end)
+    assert.is_false(ok)
+    assert.matches("^ENOTSUP: var needs a float tensor, got int64", err)
+  end)
 end)

@@ -397,13 +397,46 @@ for name, g in pairs(int_unary) do
 end
 mt.__unm = function(t) return methods.neg(t) end
 
+--- t:var([dim][, unbiased][, keepdim]) / t:std: the variance (its square
+--- root) over every element (a number) or along dim (a tensor), divided by
+--- n - correction: unbiased (correction 1) unless unbiased is false, as
+--- torch's; options {unbiased=, correction=, keepdim=} may stand in the
+--- second place. Float tensors only.
+local VAR = O.spec{"unbiased", "correction", "keepdim"}
+local function variance(name, t, dim, unbiased, keepdim)
+  local correction = 1
+  if type(unbiased) == "table" and getmetatable(unbiased) == nil then
+    local o = O.check(VAR, name, unbiased)
+    if o.unbiased ~= nil and o.correction ~= nil then O.fail("EINVAL: %s: give unbiased or correction, not both", name) end
+    correction = o.correction or (o.unbiased == false and 0 or 1)
+    keepdim = o.keepdim
+  elseif unbiased ~= nil then
+    if type(unbiased) ~= "boolean" then O.fail("EINVAL: %s: unbiased must be true or false, got %s", name, tostring(unbiased)) end
+    correction = unbiased and 1 or 0
+  end
+  if not T.is_tensor(t) then argerror(1, name, "tensor expected, got %s", type(t)) end
+  if not t:dtype():find("float") then O.fail("ENOTSUP: %s needs a float tensor, got %s (convert with :double())", name, t:dtype()) end
+  if dim == nil then
+    local d = t - t:mean()
+    return (d * d):sum(nil, keepdim) / (t:numel() - correction)
+  end
+  local n = t:dim() == 0 and 1 or t:size(dim)
+  local d = t - t:mean(dim, true)
+  return (d * d):sum(dim, keepdim) / (n - correction)
+end
+function methods.var(t, dim, unbiased, keepdim) return variance("var", t, dim, unbiased, keepdim) end
+function methods.std(t, dim, unbiased, keepdim)
+  local v = variance("std", t, dim, unbiased, keepdim)
+  return T.is_tensor(v) and v:sqrt() or math.sqrt(v)
+end
+
 --- Function forms of the math methods: T.exp(t), T.add(a, b), T.softmax(t, dim), ...
 --- (t:floor_divide(x) / t // x and t:remainder(x) / t % x round toward -inf,
 --- t:fmod(x) toward 0, as torch's; a zero integer divisor is EINVAL.)
 local function_forms = {"add", "sub", "mul", "div", "floor_divide", "remainder", "fmod", "pow", "maximum", "minimum", "eq", "ne",
   "lt", "le", "gt", "ge", "neg", "exp", "log", "tanh", "sigmoid", "relu", "sqrt", "abs", "sin",
   "cos", "floor", "ceil", "round", "sign", "reciprocal", "square", "log1p", "expm1", "rsqrt",
-  "clamp", "sum", "mean", "prod", "max", "min", "argmax", "argmin", "mm", "softmax",
+  "clamp", "sum", "mean", "prod", "var", "std", "max", "min", "argmax", "argmin", "mm", "softmax",
   "log_softmax", "index_select", "gather", "transpose", "t", "narrow", "select", "view",
   "reshape", "clone", "contiguous", "numel", "equal", "allclose"}
 for _, name in ipairs(function_forms) do
