@@ -1250,6 +1250,15 @@ static int m_reduce(lua_State *L) {
   return 2;
 }
 
+/* t:cumsum(dim) / t:cumprod(dim) (upvalue 1: the op): running sums or
+ * products along dim, torch's; a 0-d tensor takes dim 1 or -1. */
+static int m_cumulate(lua_State *L) {
+  crun_dimred_t op = (crun_dimred_t)lua_tointeger(L, lua_upvalueindex(1));
+  crun_tensor_t *a = crun_l_check_tensor(L, 1), *r;
+  if (lua_isnoneornil(L, 2)) return crun_l_argerror(L, 2, "dim expected (torch's cumsum / cumprod need one)");
+  return push_owned(L, crun_tensor_cumulate(op, a, check_reduce_dim(L, 2, a), &r), &r);
+}
+
 /* t:argmax([dim[, keepdim]]) / t:argmin: 1-based positions (a number with no
  * dim; with no dim and keepdim, a tensor with every size 1, as torch's). */
 static int arg_common(lua_State *L, crun_dimred_t op) {
@@ -1419,6 +1428,8 @@ static void tensor_math_methods(lua_State *L) {
 #undef CRUN_X_RN
   };
   for (int op = 0; op < CRUN_DIMRED_COUNT; op++) set_op(L, reds[op], m_reduce, op, 0);
+  set_op(L, "cumsum", m_cumulate, CRUN_DIMRED_SUM, 0);
+  set_op(L, "cumprod", m_cumulate, CRUN_DIMRED_PROD, 0);
   set_op(L, "floor_divide", m_divmod, CRUN_DIVMOD_FLOOR_DIVIDE, 0);
   set_op(L, "remainder", m_divmod, CRUN_DIVMOD_REMAINDER, 0);
   set_op(L, "fmod", m_divmod, CRUN_DIVMOD_FMOD, 0);

@@ -682,4 +682,33 @@ describe("torch parity", function()
     assert.is_false(ok)
     assert.matches("^ENOTSUP: var needs a float tensor, got int64", err)
   end)
+  it("cumsum and cumprod along a dim; integers and bools accumulate in int64, as torch's", function()
+    local rows = {{3, -1, 4, -1, 5}, {-9, 2, 6, -5, 3}}
+    local function scan(v, prod)
+      local out, acc = {}, prod and 1 or 0
+      for i, e in ipairs(v) do acc = prod and acc * e or acc + e; out[i] = acc end
+      return out
+    end
+    for _, dt in ipairs({"int32", "float64", "int8"}) do
+      local x = T.tensor(rows, dt)
+      local c2, p2 = x:cumsum(2), x:cumprod(-1)
+      assert.equal(dt:find("int") and "int64" or dt, c2:dtype())
+      assert.same({scan(rows[1]), scan(rows[2])}, c2:totable())
+      assert.same({scan(rows[1], true), scan(rows[2], true)}, p2:totable())
+      local c1 = x:cumsum(1):totable()
+      assert.same(rows[1], c1[1])
+      for j = 1, 5 do assert.equal(rows[1][j] + rows[2][j], c1[2][j]) end
+    end
+    assert.same({100, 200, 300}, T.tensor({100, 100, 100}, "int8"):cumsum(1):totable()) -- int64: no wrap
+    assert.same({1, 1, 2}, T.tensor({true, false, true}):cumsum(1):totable())
+    assert.same({0.5, 1.75}, T.tensor({0.5, 1.25}):cumsum(1, "float64"):totable())
+    assert.equal("float64", T.tensor({0.5, 1.25}):cumsum(1, {dtype = "float64"}):dtype())
+    local c = T.tensor({1.5, 0 / 0, 2}):cumsum(1):totable()
+    assert.is_true(c[1] == 1.5 and c[2] ~= c[2] and c[3] ~= c[3])
+    assert.equal(-2.5, T.tensor(-2.5):cumsum(1):item())
+    assert.same({0, 3}, T.zeros(0, 3):cumsum(1):size())
+    local ok, err = pcall(function() return T.ones(2):cumsum() end)
+    assert.is_false(ok)
+    assert.matches("dim", err)
+  end)
 end)

@@ -397,6 +397,18 @@ for name, g in pairs(int_unary) do
 end
 mt.__unm = function(t) return methods.neg(t) end
 
+--- t:cumsum(dim[, dtype]) / t:cumprod: running sums / products along dim
+--- (integers and bools give int64, as torch's); dtype (a name or {dtype=})
+--- converts t first.
+for _, name in ipairs({"cumsum", "cumprod"}) do
+  local f = methods[name]
+  methods[name] = function(t, dim, dtype)
+    dtype = dtype_arg(name, dtype)
+    if dtype ~= nil and T.is_tensor(t) then t = t:to(dtype) end
+    return f(t, dim)
+  end
+end
+
 --- t:var([dim][, unbiased][, keepdim]) / t:std: the variance (its square
 --- root) over every element (a number) or along dim (a tensor), divided by
 --- n - correction: unbiased (correction 1) unless unbiased is false, as
@@ -436,7 +448,7 @@ end
 local function_forms = {"add", "sub", "mul", "div", "floor_divide", "remainder", "fmod", "pow", "maximum", "minimum", "eq", "ne",
   "lt", "le", "gt", "ge", "neg", "exp", "log", "tanh", "sigmoid", "relu", "sqrt", "abs", "sin",
   "cos", "floor", "ceil", "round", "sign", "reciprocal", "square", "log1p", "expm1", "rsqrt",
-  "clamp", "sum", "mean", "prod", "var", "std", "max", "min", "argmax", "argmin", "mm", "softmax",
+  "clamp", "sum", "mean", "prod", "cumsum", "cumprod", "var", "std", "max", "min", "argmax", "argmin", "mm", "softmax",
   "log_softmax", "index_select", "gather", "transpose", "t", "narrow", "select", "view",
   "reshape", "clone", "contiguous", "numel", "equal", "allclose"}
 for _, name in ipairs(function_forms) do

@@ -261,6 +261,12 @@ typedef enum {
 int crun_tensor_reduce_dim(crun_dimred_t op, crun_tensor_t *a, int dim, int keepdim, int64_t base,
                            crun_tensor_t **values, crun_tensor_t **indices);
 
+/* Running sums (op CRUN_DIMRED_SUM) or products (CRUN_DIMRED_PROD) along
+ * `dim` (0-based; -1 for a 0-d tensor): torch's cumsum / cumprod, in the
+ * shape of a. Integer and bool dtypes accumulate in (and give) int64,
+ * floats accumulate in double. Host tensors only. */
+int crun_tensor_cumulate(crun_dimred_t op, crun_tensor_t *a, int dim, crun_tensor_t **out);
+
 /* C = alpha * op(A) op(B) + beta * C for 2-d float tensors of one dtype,
  * op(X) = X or X^T; C must not overlap A or B. Uses OpenBLAS gemm. */
 int crun_tensor_gemm(int trans_a, int trans_b, double alpha, crun_tensor_t *A, crun_tensor_t *B,
