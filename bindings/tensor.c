@@ -998,16 +998,47 @@ static crun_tensor_t *exact_int64_scalar(lua_State *L, int idx, const crun_tenso
   return s;
 }
 
-static int is_float_dtype(crun_dtype_t dt) { return !crun_dtype_is_integer(dt) && dt != CRUN_BOOL; }
 
-/* torch's promotion of an integer or bool tensor t: to other's float dtype
- * when other is a float tensor, else float32. *out is the converted copy
- * (the caller releases it), or NULL when t is a float tensor already. */
-static int float_promoted(crun_tensor_t *t, const crun_tensor_t *other, crun_tensor_t **out) {
+/* 0 for bool, 1 for the integers, 2 for the floats: torch's kinds. */
+static int dtype_kind(crun_dtype_t dt) { return dt == CRUN_BOOL ? 0 : crun_dtype_is_integer(dt) ? 1 : 2; }
+
+/* torch.promote_types: the wider of a kind, the higher kind across kinds;
+ * uint8 with int8 is int16, float16 with bfloat16 float32. */
+static crun_dtype_t promote_types(crun_dtype_t a, crun_dtype_t b) {
+  if (a == b) return a;
+  if (dtype_kind(a) != dtype_kind(b)) return dtype_kind(a) > dtype_kind(b) ? a : b;
+  if (dtype_kind(a) == 1) {
+    int ua = a == CRUN_UINT8, ub = b == CRUN_UINT8;
+    size_t sa = crun_dtype_size(a), sb = crun_dtype_size(b);
+    if ((ua || ub) && sa == sb) return CRUN_INT16; /* uint8 with int8 */
+    if (ua || ub) return ua ? b : a;              /* uint8 with a wider signed one */
+    return sa > sb ? a : b;
+  }
+  size_t sa = crun_dtype_size(a), sb = crun_dtype_size(b);
+  if (sa == sb) return CRUN_FLOAT32; /* float16 with bfloat16 */
+  return sa > sb ? a : b;
+}
+
+/* torch.result_type of two tensors: a 0-d one beside a tensor with dims
+ * counts only when of a higher kind. */
+static crun_dtype_t result_type(const crun_tensor_t *a, const crun_tensor_t *b) {
+  crun_dtype_t da = crun_tensor_dtype(a), db = crun_tensor_dtype(b);
+  int za = crun_tensor_ndim(a) == 0, zb = crun_tensor_ndim(b) == 0;
+  if (za == zb) return promote_types(da, db);
+  crun_dtype_t dd = za ? db : da, dz = za ? da : db;
+  return dtype_kind(dz) > dtype_kind(dd) ? promote_types(dd, dz) : dd;
+}
+
+/* *out = t converted to dt (the caller releases it), or NULL when t has dt. */
+static int converted(crun_tensor_t *t, crun_dtype_t dt, crun_tensor_t **out) {
   *out = NULL;
-  if (is_float_dtype(crun_tensor_dtype(t))) return 0;
-  crun_dtype_t to = other && is_float_dtype(crun_tensor_dtype(other)) ? crun_tensor_dtype(other) : CRUN_FLOAT32;
-  return crun_tensor_to(t, to, out);
+  return crun_tensor_dtype(t) == dt ? 0 : crun_tensor_to(t, dt, out);
+}
+
+/* An integer or bool tensor t meeting a Lua float, or divided: float32. */
+static int float_promoted(crun_tensor_t *t, crun_tensor_t **out) {
+  *out = NULL;
+  return dtype_kind(crun_tensor_dtype(t)) == 2 ? 0 : converted(t, CRUN_FLOAT32, out);
 }
 
 /* A bool tensor meeting a Lua integer computes in int64, as torch's (m * 3
@@ -1017,21 +1048,24 @@ static int int_promoted(crun_tensor_t *t, crun_tensor_t **out) {
   return crun_tensor_dtype(t) == CRUN_BOOL ? crun_tensor_to(t, CRUN_INT64, out) : 0;
 }
 
-/* Promotes the operands of a new (not in-place) op as torch does: an integer
- * or bool tensor meeting a Lua float (2.0, 0.5, n / 2) and any operand of
- * true division compute in float, a bool tensor meeting a Lua integer in
- * int64. *pa / *pb are the copies made (or NULL). */
-static int promote_operands(lua_State *L, crun_binop_t op, crun_tensor_t *a, crun_tensor_t *b,
+/* Promotes the operands of a new (not in-place) op as torch does: two
+ * tensors meet in their result_type; an integer or bool tensor meeting a
+ * Lua float (2.0, 0.5, n / 2) and the operands of true division compute in
+ * float, a bool tensor meeting a Lua integer in int64. *pa / *pb are the
+ * copies made (or NULL). */
+static int promote_operands(lua_State *L, int div, crun_tensor_t *a, crun_tensor_t *b,
                             crun_tensor_t **pa, crun_tensor_t **pb) {
-  int div = op == CRUN_BIN_DIV, rc = 0;
+  int rc = 0;
   *pa = *pb = NULL;
-  if (a && b && div) {
-    rc = float_promoted(a, b, pa);
-    if (rc == 0) rc = float_promoted(b, a, pb);
+  if (a && b) {
+    crun_dtype_t dt = result_type(a, b);
+    if (div && dtype_kind(dt) != 2) dt = CRUN_FLOAT32;
+    rc = converted(a, dt, pa);
+    if (rc == 0) rc = converted(b, dt, pb);
   } else if (a && !b && lua_isnoneornil(L, 3) && lua_type(L, 2) == LUA_TNUMBER) {
-    rc = div || !lua_isinteger(L, 2) ? float_promoted(a, NULL, pa) : int_promoted(a, pa);
+    rc = div || !lua_isinteger(L, 2) ? float_promoted(a, pa) : int_promoted(a, pa);
   } else if (!a) {
-    rc = div || !lua_isinteger(L, 1) ? float_promoted(b, NULL, pb) : int_promoted(b, pb);
+    rc = div || !lua_isinteger(L, 1) ? float_promoted(b, pb) : int_promoted(b, pb);
   }
   return rc;
 }
@@ -1051,15 +1085,34 @@ static int m_binop(lua_State *L) {
     CRUN_L_CHECK(L, crun_tensor_binop_scalar(CRUN_BIN_MUL, b, crun_l_checknumber(L, 3), 0, &scaled));
     b = scaled;
   }
-  /* (not in place: torch refuses to write a float result into an int tensor) */
-  crun_tensor_t *pa = NULL, *pb = NULL;
-  if (!inplace && (rc = promote_operands(L, op, a, b, &pa, &pb)) < 0) {
+  /* In place into another dtype (a tensor operand of another dtype, a
+   * comparison, or a true division of integers): computed as a new result,
+   * then cast into `into`, as torch's; where torch refuses the cast (a float
+   * into an integer or bool tensor, an integer into bool) it is EINVAL. */
+  crun_tensor_t *into = NULL, *pa = NULL, *pb = NULL;
+  if (inplace && ((b && crun_tensor_dtype(b) != crun_tensor_dtype(a)) ||
+                  (op >= CRUN_BIN_EQ && crun_tensor_dtype(a) != CRUN_BOOL) ||
+                  (op == CRUN_BIN_DIV && dtype_kind(crun_tensor_dtype(a)) != 2))) {
+    into = a;
+    inplace = 0;
+  }
+  /* (a Lua float meeting an int tensor in place keeps the old rule: ENOTSUP
+   * when not integral) */
+  if ((!inplace || into) && (rc = into && !b && op != CRUN_BIN_DIV ? 0 : promote_operands(L, op == CRUN_BIN_DIV, a, b, &pa, &pb)) < 0) {
     crun_tensor_release(pa);
     crun_tensor_release(scaled);
     crun_l_fail(L, rc);
   }
   if (pa) a = pa;
   if (pb) b = pb;
+  if (into && op < CRUN_BIN_EQ && dtype_kind(crun_tensor_dtype(a)) > dtype_kind(crun_tensor_dtype(into))) {
+    const char *from = crun_dtype_name(crun_tensor_dtype(a)); /* (static names: valid past the releases) */
+    crun_tensor_release(pa);
+    crun_tensor_release(pb);
+    crun_tensor_release(scaled);
+    return crun_l_error(L, "EINVAL: %s_: result type %s can't be cast to %s (the tensor written in place)",
+                        crun_binop_name(op), from, crun_dtype_name(crun_tensor_dtype(into)));
+  }
   crun_tensor_t *exact = !a ? exact_int64_scalar(L, 1, b)
                        : !b && lua_isnoneornil(L, 3) ? exact_int64_scalar(L, 2, a) : NULL;
   if (exact) {
@@ -1078,12 +1131,54 @@ static int m_binop(lua_State *L) {
   crun_tensor_release(scaled);
   crun_tensor_release(pa);
   crun_tensor_release(pb);
+  if (into) {
+    if (rc == 0) rc = crun_tensor_copy(into, r);
+    crun_tensor_release(r);
+  }
   if (rc < 0) crun_l_fail(L, rc);
-  if (inplace) {
+  if (inplace || into) {
     lua_settop(L, 1);
     return 1;
   }
   return push_owned(L, 0, &r);
+}
+
+/* *out = a 0-d tensor of dt holding the Lua number at idx; CRUN_ERANGE when
+ * an integer does not fit dt. */
+static int scalar_tensor(lua_State *L, int idx, crun_dtype_t dt, crun_tensor_t **out) {
+  CRUN_CHECK(crun_tensor_new(dt, 0, NULL, out));
+  int rc;
+  if (lua_isinteger(L, idx) && crun_dtype_is_integer(dt)) {
+    int64_t v = (int64_t)lua_tointeger(L, idx), got, at[1] = {0};
+    rc = crun_tensor_fill_int64(*out, v);
+    if (rc == 0 && (rc = crun_tensor_get_int64(*out, at, &got)) == 0 && got != v)
+      rc = crun_error(CRUN_ERANGE, "scalar %lld out of range for %s", (long long)v, crun_dtype_name(dt));
+  } else {
+    rc = crun_tensor_fill(*out, lua_tonumber(L, idx));
+  }
+  if (rc < 0) crun_tensor_release(*out);
+  return rc;
+}
+
+/* floor_divide / remainder / fmod (upvalue 1) on (tensor|number,
+ * tensor|number), promoted as the arithmetic ops; also // and %. */
+static int m_divmod(lua_State *L) {
+  crun_divmod_t op = (crun_divmod_t)lua_tointeger(L, lua_upvalueindex(1));
+  crun_tensor_t *a = test_tensor(L, 1), *b = test_tensor(L, 2), *pa = NULL, *pb = NULL, *s = NULL, *r = NULL;
+  if (!a && !b) return crun_l_argerror(L, 1, "tensor expected");
+  if (!a) crun_l_checknumber(L, 1); /* raise before anything is allocated */
+  if (!b) crun_l_checknumber(L, 2);
+  lua_settop(L, 2);
+  int rc = promote_operands(L, 0, a, b, &pa, &pb);
+  if (pa) a = pa;
+  if (pb) b = pb;
+  if (rc == 0 && !a) rc = scalar_tensor(L, 1, crun_tensor_dtype(b), &s), a = s;
+  if (rc == 0 && !b) rc = scalar_tensor(L, 2, crun_tensor_dtype(a), &s), b = s;
+  if (rc == 0) rc = crun_tensor_divmod(op, a, b, &r);
+  crun_tensor_release(pa);
+  crun_tensor_release(pb);
+  crun_tensor_release(s);
+  return push_owned(L, rc, &r);
 }
 
 /* Unary op (upvalue 1), in place when upvalue 2 is true. */
@@ -1153,6 +1248,15 @@ static int m_reduce(lua_State *L) {
   if (!with_idx) return 1;
   push_owned(L, 0, &ix);
   return 2;
+}
+
+/* t:cumsum(dim) / t:cumprod(dim) (upvalue 1: the op): running sums or
+ * products along dim, torch's; a 0-d tensor takes dim 1 or -1. */
+static int m_cumulate(lua_State *L) {
+  crun_dimred_t op = (crun_dimred_t)lua_tointeger(L, lua_upvalueindex(1));
+  crun_tensor_t *a = crun_l_check_tensor(L, 1), *r;
+  if (lua_isnoneornil(L, 2)) return crun_l_argerror(L, 2, "dim expected (torch's cumsum / cumprod need one)");
+  return push_owned(L, crun_tensor_cumulate(op, a, check_reduce_dim(L, 2, a), &r), &r);
 }
 
 /* t:argmax([dim[, keepdim]]) / t:argmin: 1-based positions (a number with no
@@ -1324,6 +1428,12 @@ static void tensor_math_methods(lua_State *L) {
 #undef CRUN_X_RN
   };
   for (int op = 0; op < CRUN_DIMRED_COUNT; op++) set_op(L, reds[op], m_reduce, op, 0);
+  set_op(L, "cumsum", m_cumulate, CRUN_DIMRED_SUM, 0);
+  set_op(L, "cumprod", m_cumulate, CRUN_DIMRED_PROD, 0);
+  set_op(L, "floor_divide", m_divmod, CRUN_DIVMOD_FLOOR_DIVIDE, 0);
+  set_op(L, "remainder", m_divmod, CRUN_DIVMOD_REMAINDER, 0);
+  set_op(L, "fmod", m_divmod, CRUN_DIVMOD_FMOD, 0);
+  set_op(L, "_div_trunc", m_divmod, CRUN_DIVMOD_DIV_TRUNC, 0); /* (div's rounding_mode="trunc") */
   static const luaL_Reg fns[] = {
       {"clamp", m_clamp}, {"clamp_", m_clamp_}, {"argmax", m_argmax}, {"argmin", m_argmin},
       {"matmul", m_matmul}, {"mm", m_mm}, {"addmm_", m_addmm_}, {"index_select", m_index_select},
@@ -1332,8 +1442,11 @@ static void tensor_math_methods(lua_State *L) {
   luaL_setfuncs(L, fns, 0);
 }
 
-/* Arithmetic metamethods: + - * / ^ and unary minus (element-wise). */
+/* Arithmetic metamethods: + - * / // % ^ and unary minus (element-wise;
+ * // and % round toward -inf, as Lua's and torch's). */
 static void set_arith_meta(lua_State *L) {
+  set_op(L, "__idiv", m_divmod, CRUN_DIVMOD_FLOOR_DIVIDE, 0);
+  set_op(L, "__mod", m_divmod, CRUN_DIVMOD_REMAINDER, 0);
   set_op(L, "__add", m_binop, CRUN_BIN_ADD, 0);
   set_op(L, "__sub", m_binop, CRUN_BIN_SUB, 0);
   set_op(L, "__mul", m_binop, CRUN_BIN_MUL, 0);

@@ -144,6 +144,15 @@ checked_factory("rand", 1, RANDOM)
 checked_factory("randn", 1, RANDOM)
 checked_factory("randint", 3, RANDOM)
 
+--- T.randint([low,] high, shape[, opts]): torch's forms; low defaults to 0.
+do
+  local randint = T.randint
+  T.randint = function(a, b, ...)
+    if math.type(a) == "integer" and type(b) == "table" and getmetatable(b) == nil then return randint(0, a, b, ...) end
+    return randint(a, b, ...)
+  end
+end
+
 -- The dtype torch.tensor infers for data: float32 when an entry is a Lua
 -- float, else int64 when one is an integer, else bool when there are
 -- booleans; float32 for no entries. Entries that are neither go to T.new,
@@ -267,15 +276,25 @@ function T.stack(list, dim)
   return out
 end
 
--- t:softmax([dim]) / t:log_softmax([dim]): along dim (1-based, negative
--- from the end). With no dim, torch's implicit (deprecated) choice of
+-- t:softmax([dim][, dtype]) / t:log_softmax: along dim (1-based, negative
+-- from the end), on t converted to dtype first when given (a name or
+-- {dtype=}, torch's dtype=). With no dim, torch's implicit (deprecated) choice of
 -- F.softmax / nn.Softmax(): dim 1 of a 0-, 1- or 3-d tensor, else dim 2,
 -- with a warning once per process. A 0-d tensor takes dim 1 or -1 (torch's
--- 0 or -1) and gives a 0-d 1 (log: 0), as torch's. (A plain comment: LDoc
+-- 0 or -1) and gives a 0-d 1 (log: 0), as torch's. (Plain comments: LDoc
 -- cannot attach a doc block to a loop.)
+-- A dtype given as "float64" or {dtype = "float64"} (torch's dtype=), or nil.
+local DTYPE = O.spec{"dtype"}
+local function dtype_arg(fname, d)
+  if type(d) == "table" and getmetatable(d) == nil then return O.check(DTYPE, fname, d).dtype end
+  return d
+end
+
 for _, name in ipairs({"softmax", "log_softmax"}) do
   local f = methods[name]
-  methods[name] = function(t, dim)
+  methods[name] = function(t, dim, dtype)
+    dtype = dtype_arg(name, dtype)
+    if dtype ~= nil and T.is_tensor(t) then t = t:to(dtype) end -- (torch converts the input first)
     if dim == nil and T.is_tensor(t) then
       local nd = t:dim()
       dim = (nd <= 1 or nd == 3) and 1 or 2
@@ -290,30 +309,147 @@ for _, name in ipairs({"softmax", "log_softmax"}) do
 end
 
 --- t:div(x[, {rounding_mode=}]) / t:div_: true division (integer tensors
---- divide in float, as torch's). torch's rounding_mode "floor" / "trunc" is
---- ENOTSUP rather than ignored (x:div(2, {rounding_mode = "floor"}) must not
---- quietly give x / 2).
+--- divide in float, as torch's); rounding_mode "floor" rounds the quotient
+--- toward -inf (floor_divide), "trunc" toward 0, both in the operands'
+--- promoted dtype (integers stay integers; a zero integer divisor is EINVAL).
 local DIV = O.spec{"rounding_mode"}
+local DIV_ROUNDED = {floor = methods.floor_divide, trunc = methods._div_trunc}
 for _, name in ipairs({"div", "div_"}) do
   local f = methods[name]
   methods[name] = function(a, b, opts)
-    if opts ~= nil then
-      local mode = opts
-      if type(opts) == "table" and getmetatable(opts) == nil then mode = O.check(DIV, name, opts).rounding_mode end
-      if mode ~= nil then
-        O.fail("ENOTSUP: %s: rounding_mode '%s' is not supported: crun's div is true division " ..
-               "(for float tensors, (a / b):floor() is torch's 'floor' but where a / b rounds)", name, tostring(mode))
-      end
-    end
-    return f(a, b)
+    local mode = opts
+    if type(opts) == "table" and getmetatable(opts) == nil then mode = O.check(DIV, "div", opts).rounding_mode end
+    if mode == nil then return f(a, b) end
+    local rounded = DIV_ROUNDED[mode]
+    if rounded == nil then O.fail("EINVAL: div: rounding_mode must be 'floor', 'trunc' or nil, got %s", tostring(mode)) end
+    if name == "div_" then return a:copy(rounded(a, b)) end
+    return rounded(a, b)
   end
 end
 
+--- t:round([decimals]) / t:round_: to the nearest integer, half to even;
+--- with decimals (or {decimals=}) to that many digits after the point (before
+--- it when negative), computed as torch's round(x, decimals=): x * 10^d
+--- rounded, divided by 10^d, in t's dtype.
+local ROUND = O.spec{"decimals"}
+for _, name in ipairs({"round", "round_"}) do
+  local f, inplace = methods[name], name == "round_"
+  methods[name] = function(t, d)
+    if type(d) == "table" and getmetatable(d) == nil then d = O.check(ROUND, name, d).decimals end
+    if d == nil or d == 0 or not T.is_tensor(t) or t:dtype():find("float") == nil then return f(t) end
+    if math.type(d) ~= "integer" then O.fail("EINVAL: round: decimals must be an integer, got %s", tostring(d)) end
+    local p = 10.0 ^ math.abs(d)
+    if inplace then
+      if d > 0 then return f(t:mul_(p)):div_(p) end
+      return f(t:div_(p)):mul_(p)
+    end
+    if d > 0 then return f(t * p):div_(p) end
+    return f(t / p):mul_(p)
+  end
+end
+
+--- t:sum([dim][, keepdim][, dtype]) and mean / prod; t:max([dim][, keepdim])
+--- and min / argmax / argmin: keepdim is true, false or nil, or an options
+--- table {keepdim=, dtype=} (torch's keywords); dtype (sum, mean, prod: a
+--- name or {dtype=}) converts t first, as torch's dtype=. Anything else in
+--- those places is EINVAL rather than read as Lua truth (a 0 is true there).
+--- t:max(u) / t:min(u) with a tensor u are t:maximum(u) / t:minimum(u).
+local REDUCE = {with_dtype = O.spec{"keepdim", "dtype"}, plain = O.spec{"keepdim"}}
+for _, name in ipairs({"sum", "mean", "prod", "max", "min", "argmax", "argmin"}) do
+  local f, with_dtype = methods[name], name == "sum" or name == "mean" or name == "prod"
+  local elementwise = (name == "max" or name == "min") and methods[name .. "imum"]
+  methods[name] = function(t, dim, keepdim, dtype)
+    if elementwise and T.is_tensor(dim) then return elementwise(t, dim) end -- torch.max(a, b)
+    if type(keepdim) == "table" and getmetatable(keepdim) == nil then
+      local o = O.check(with_dtype and REDUCE.with_dtype or REDUCE.plain, name, keepdim)
+      keepdim, dtype = o.keepdim, o.dtype or dtype
+    end
+    if keepdim ~= nil and type(keepdim) ~= "boolean" then
+      O.fail("EINVAL: %s: keepdim must be true or false, got %s", name, tostring(keepdim))
+    end
+    if dtype ~= nil then
+      if not with_dtype then O.fail("EINVAL: %s: unexpected argument #4 (%s); %s takes no dtype", name, tostring(dtype), name) end
+      dtype = dtype_arg(name, dtype)
+      if dtype ~= nil and T.is_tensor(t) then t = t:to(dtype) end
+    end
+    return f(t, dim, keepdim)
+  end
+end
+
+--- t:neg() / t:abs() / t:sign() (their _ forms, and -t) also on integer
+--- tensors, as torch's: in t's dtype, wrapping (-x and abs(x) of the minimum
+--- are the minimum; uint8's -x is 256 - x).
+local INT_DTYPES = {int8 = true, int16 = true, int32 = true, int64 = true, uint8 = true}
+local int_unary = {
+  neg = function(t) return 0 - t end, -- (a Lua integer keeps t's dtype)
+  abs = function(t) return t:dtype() == "uint8" and t:clone() or t:maximum(0 - t) end,
+  sign = function(t) return t:gt(0):to(t:dtype()) - t:lt(0):to(t:dtype()) end,
+}
+for name, g in pairs(int_unary) do
+  local f, f_ = methods[name], methods[name .. "_"]
+  methods[name] = function(t)
+    if T.is_tensor(t) and INT_DTYPES[t:dtype()] then return g(t) end
+    return f(t)
+  end
+  methods[name .. "_"] = function(t)
+    if T.is_tensor(t) and INT_DTYPES[t:dtype()] then return t:copy(g(t)) end
+    return f_(t)
+  end
+end
+mt.__unm = function(t) return methods.neg(t) end
+
+--- t:cumsum(dim[, dtype]) / t:cumprod: running sums / products along dim
+--- (integers and bools give int64, as torch's); dtype (a name or {dtype=})
+--- converts t first.
+for _, name in ipairs({"cumsum", "cumprod"}) do
+  local f = methods[name]
+  methods[name] = function(t, dim, dtype)
+    dtype = dtype_arg(name, dtype)
+    if dtype ~= nil and T.is_tensor(t) then t = t:to(dtype) end
+    return f(t, dim)
+  end
+end
+
+--- t:var([dim][, unbiased][, keepdim]) / t:std: the variance (its square
+--- root) over every element (a number) or along dim (a tensor), divided by
+--- n - correction: unbiased (correction 1) unless unbiased is false, as
+--- torch's; options {unbiased=, correction=, keepdim=} may stand in the
+--- second place. Float tensors only.
+local VAR = O.spec{"unbiased", "correction", "keepdim"}
+local function variance(name, t, dim, unbiased, keepdim)
+  local correction = 1
+  if type(unbiased) == "table" and getmetatable(unbiased) == nil then
+    local o = O.check(VAR, name, unbiased)
+    if o.unbiased ~= nil and o.correction ~= nil then O.fail("EINVAL: %s: give unbiased or correction, not both", name) end
+    correction = o.correction or (o.unbiased == false and 0 or 1)
+    keepdim = o.keepdim
+  elseif unbiased ~= nil then
+    if type(unbiased) ~= "boolean" then O.fail("EINVAL: %s: unbiased must be true or false, got %s", name, tostring(unbiased)) end
+    correction = unbiased and 1 or 0
+  end
+  if not T.is_tensor(t) then argerror(1, name, "tensor expected, got %s", type(t)) end
+  if not t:dtype():find("float") then O.fail("ENOTSUP: %s needs a float tensor, got %s (convert with :double())", name, t:dtype()) end
+  if dim == nil then
+    local d = t - t:mean()
+    return (d * d):sum(nil, keepdim) / (t:numel() - correction)
+  end
+  local n = t:dim() == 0 and 1 or t:size(dim)
+  local d = t - t:mean(dim, true)
+  return (d * d):sum(dim, keepdim) / (n - correction)
+end
+function methods.var(t, dim, unbiased, keepdim) return variance("var", t, dim, unbiased, keepdim) end
+function methods.std(t, dim, unbiased, keepdim)
+  local v = variance("std", t, dim, unbiased, keepdim)
+  return T.is_tensor(v) and v:sqrt() or math.sqrt(v)
+end
+
 --- Function forms of the math methods: T.exp(t), T.add(a, b), T.softmax(t, dim), ...
-local function_forms = {"add", "sub", "mul", "div", "pow", "maximum", "minimum", "eq", "ne",
+--- (t:floor_divide(x) / t // x and t:remainder(x) / t % x round toward -inf,
+--- t:fmod(x) toward 0, as torch's; a zero integer divisor is EINVAL.)
+local function_forms = {"add", "sub", "mul", "div", "floor_divide", "remainder", "fmod", "pow", "maximum", "minimum", "eq", "ne",
   "lt", "le", "gt", "ge", "neg", "exp", "log", "tanh", "sigmoid", "relu", "sqrt", "abs", "sin",
   "cos", "floor", "ceil", "round", "sign", "reciprocal", "square", "log1p", "expm1", "rsqrt",
-  "clamp", "sum", "mean", "prod", "max", "min", "argmax", "argmin", "mm", "softmax",
+  "clamp", "sum", "mean", "prod", "cumsum", "cumprod", "var", "std", "max", "min", "argmax", "argmin", "mm", "softmax",
   "log_softmax", "index_select", "gather", "transpose", "t", "narrow", "select", "view",
   "reshape", "clone", "contiguous", "numel", "equal", "allclose"}
 for _, name in ipairs(function_forms) do

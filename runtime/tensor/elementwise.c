@@ -450,6 +450,8 @@ int crun_tensor_unop(crun_unop_t op, crun_tensor_t *a, crun_tensor_t **out) {
 }
 
 int crun_tensor_clamp_out(crun_tensor_t *a, double lo, double hi, crun_tensor_t *out) {
+  if (lo != lo || hi != hi) /* (torch's result is nan everywhere; ignoring the bound would differ silently) */
+    return crun_error(CRUN_EINVAL, "clamp: %s is nan", lo != lo ? "min" : "max");
   if (lo > hi) return crun_error(CRUN_EINVAL, "clamp: min %g > max %g", lo, hi);
   CRUN_CHECK(check_float("clamp", a->dt));
   return unary_drive("clamp", CRUN_UN_NEG, a, out, NULL, a->dt == CRUN_FLOAT32 ? clamp_f32 : clamp_f64, lo, hi);
@@ -460,5 +462,93 @@ int crun_tensor_clamp(crun_tensor_t *a, double lo, double hi, crun_tensor_t **ou
   CRUN_CHECK(crun_tensor_empty_on(a->dt, a->ndim, a->shape, a->st->device, out));
   int rc = crun_tensor_clamp_out(a, lo, hi, *out);
   if (rc < 0) crun_tensor_release(*out);
+  return rc;
+}
+
+/* ------------------------------------------------------------ divmod */
+
+static const char *divmod_name(crun_divmod_t op) {
+  static const char *names[] = {
+#define CRUN_X_DM(NAME, name) #name,
+      CRUN_DIVMOD_MAP(CRUN_X_DM)
+#undef CRUN_X_DM
+  };
+  return (unsigned)op < CRUN_DIVMOD_COUNT ? names[op] : "divmod";
+}
+
+/* x op y on int64s (y != 0): the truncated quotient and remainder, moved
+ * toward -inf when their signs call for it; y == -1 wraps INT64_MIN. */
+static int64_t divmod_int(crun_divmod_t op, int64_t x, int64_t y) {
+  int64_t q = y == -1 ? (int64_t)(0u - (uint64_t)x) : x / y, r = y == -1 ? 0 : x % y;
+  if (op == CRUN_DIVMOD_FMOD) return r;
+  if (op == CRUN_DIVMOD_DIV_TRUNC) return q;
+  if (r != 0 && (r < 0) != (y < 0)) q -= 1, r += y;
+  return op == CRUN_DIVMOD_FLOOR_DIVIDE ? q : r;
+}
+
+/* x op y in T (float or double), as torch's kernels compute them. */
+#define DIVMOD_FLOAT(tn, T, FMOD, FLOOR, TRUNC)                                \
+  static T divmod_##tn(crun_divmod_t op, T x, T y) {                           \
+    if (op == CRUN_DIVMOD_DIV_TRUNC) return TRUNC(x / y);                      \
+    T m = FMOD(x, y);                                                          \
+    if (op == CRUN_DIVMOD_FMOD) return m;                                      \
+    int adjust = m != 0 && (y < 0) != (m < 0);                                 \
+    if (op == CRUN_DIVMOD_REMAINDER) return adjust ? m + y : m;                \
+    if (y == 0) return x / y;                                                  \
+    T q = (x - m) / y;                                                         \
+    if (adjust) q -= 1;                                                        \
+    if (q == 0) return copysign(0.0, (double)(x / y));                         \
+    T f = FLOOR(q);                                                            \
+    return q - f > (T)0.5 ? f + 1 : f;                                         \
+  }
+DIVMOD_FLOAT(f32, float, fmodf, floorf, truncf)
+DIVMOD_FLOAT(f64, double, fmod, floor, trunc)
+
+/* Runs op over contiguous A and B (the result's shape) into contiguous O. */
+static int divmod_run(crun_divmod_t op, crun_tensor_t *A, crun_tensor_t *B, crun_tensor_t *O) {
+  int64_t n = crun_tensor_numel(O);
+  const void *a = crun_tensor_data(A), *b = crun_tensor_data(B);
+  void *o = crun_tensor_data(O);
+  for (int64_t i = 0; i < n; i++) {
+    switch (O->dt) {
+      case CRUN_FLOAT32: ((float *)o)[i] = divmod_f32(op, ((const float *)a)[i], ((const float *)b)[i]); break;
+      case CRUN_FLOAT64: ((double *)o)[i] = divmod_f64(op, ((const double *)a)[i], ((const double *)b)[i]); break;
+      default: {
+        int64_t y = crun__elem_get_int64(O->dt, b, i);
+        if (y == 0) return crun_error(CRUN_EINVAL, "%s: integer division by zero (element %lld)", divmod_name(op), (long long)i + 1);
+        crun__elem_set_int64(O->dt, o, i, divmod_int(op, crun__elem_get_int64(O->dt, a, i), y));
+      }
+    }
+  }
+  return 0;
+}
+
+int crun_tensor_divmod(crun_divmod_t op, crun_tensor_t *a, crun_tensor_t *b, crun_tensor_t **out) {
+  const char *what = divmod_name(op);
+  if ((unsigned)op >= CRUN_DIVMOD_COUNT) return crun_error(CRUN_EINVAL, "bad divmod op %d", (int)op);
+  if (a->dt != b->dt)
+    return crun_error(CRUN_EINVAL, "%s: dtype mismatch, %s and %s (convert one with :to())", what,
+                      crun_dtype_name(a->dt), crun_dtype_name(b->dt));
+  if (!(crun_dtype_is_integer(a->dt) || a->dt == CRUN_FLOAT32 || a->dt == CRUN_FLOAT64))
+    return crun_error(CRUN_ENOTSUP, "%s is not supported on %s tensors (convert with :float() or :double())", what,
+                      crun_dtype_name(a->dt));
+  if (a->st->device >= 0 || b->st->device >= 0)
+    return crun_error(CRUN_ENOTSUP, "%s: not implemented for a tensor on cuda:%d (copy it to the host with :cpu() first)",
+                      what, a->st->device >= 0 ? a->st->device : b->st->device);
+  int nd;
+  int64_t shape[CRUN_MAX_DIMS];
+  CRUN_CHECK(broadcast_shape(what, a, b, &nd, shape));
+  crun_tensor_t *A = NULL, *B = NULL, *O = NULL;
+  int rc;
+  CRUN_CHECK_GOTO(materialize(a, nd, shape, &A), rc, done);
+  CRUN_CHECK_GOTO(materialize(b, nd, shape, &B), rc, done);
+  CRUN_CHECK_GOTO(crun_tensor_empty(a->dt, nd, shape, &O), rc, done);
+  CRUN_CHECK_GOTO(divmod_run(op, A, B, O), rc, done);
+  *out = O;
+  O = NULL;
+done:
+  crun_tensor_release(A);
+  crun_tensor_release(B);
+  crun_tensor_release(O);
   return rc;
 }

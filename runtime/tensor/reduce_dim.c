@@ -189,3 +189,48 @@ fail:
   crun_tensor_release(I);
   return rc;
 }
+
+/* Scans n elements at stride `inner` from contiguous src into dst (of dt). */
+static void scan_slice(int prod, crun_dtype_t st, const void *src, crun_dtype_t dt, void *dst, int64_t at,
+                       int64_t n, int64_t inner) {
+  if (crun_dtype_is_integer(dt)) {
+    uint64_t acc = prod ? 1 : 0; /* (wraps as torch's int64) */
+    for (int64_t k = 0, i = at; k < n; k++, i += inner) {
+      uint64_t v = (uint64_t)crun__elem_get_int64(st, src, i);
+      acc = prod ? acc * v : acc + v;
+      crun__elem_set_int64(dt, dst, i, (int64_t)acc);
+    }
+    return;
+  }
+  double acc = prod ? 1 : 0;
+  for (int64_t k = 0, i = at; k < n; k++, i += inner) {
+    double v = crun_elem_get_double(st, src, i);
+    acc = prod ? acc * v : acc + v;
+    crun_elem_set_double(dt, dst, i, acc);
+  }
+}
+
+int crun_tensor_cumulate(crun_dimred_t op, crun_tensor_t *a, int dim, crun_tensor_t **out) {
+  const char *what = op == CRUN_DIMRED_PROD ? "cumprod" : "cumsum";
+  if (op != CRUN_DIMRED_SUM && op != CRUN_DIMRED_PROD) return crun_error(CRUN_EINVAL, "cumulate: bad op %d", (int)op);
+  if (a->ndim == 0 ? dim != -1 && dim != 0 : dim < 0 || dim >= a->ndim)
+    return crun_error(CRUN_EINVAL, "%s: dim %d out of range for a %d-d tensor", what, dim + 1, a->ndim);
+  if (a->st->device >= 0)
+    return crun_error(CRUN_ENOTSUP, "%s: not implemented for a tensor on cuda:%d (copy it to the host with :cpu() first)",
+                      what, a->st->device);
+  int64_t outer = 1, n = a->ndim == 0 ? 1 : a->shape[dim], inner = 1;
+  for (int d = 0; d < a->ndim; d++) {
+    if (d < dim) outer *= a->shape[d];
+    if (d > dim) inner *= a->shape[d];
+  }
+  crun_tensor_t *A;
+  CRUN_CHECK(crun_tensor_contiguous(a, &A));
+  crun_dtype_t dt = crun_dtype_is_integer(a->dt) || a->dt == CRUN_BOOL ? CRUN_INT64 : a->dt;
+  int rc = crun_tensor_empty(dt, a->ndim, a->shape, out);
+  for (int64_t o = 0; rc == 0 && o < outer; o++)
+    for (int64_t j = 0; j < inner; j++)
+      scan_slice(op == CRUN_DIMRED_PROD, a->dt, crun_tensor_data(A), dt, crun_tensor_data(*out), o * n * inner + j, n,
+                 inner);
+  crun_tensor_release(A);
+  return rc;
+}

@@ -217,11 +217,30 @@ int crun_tensor_binop_scalar(crun_binop_t op, crun_tensor_t *a, double s, int re
 int crun_tensor_binop_scalar_out(crun_binop_t op, crun_tensor_t *a, double s, int reverse,
                                  crun_tensor_t *out);
 
+/* torch's floor_divide (a // b, rounding toward -inf; also div with
+ * rounding_mode="floor"), remainder (a % b, the sign of b), fmod (the sign
+ * of a) and div with rounding_mode="trunc" (toward 0). */
+#define CRUN_DIVMOD_MAP(X) X(FLOOR_DIVIDE, floor_divide) X(REMAINDER, remainder) X(FMOD, fmod) X(DIV_TRUNC, div_trunc)
+
+typedef enum {
+#define CRUN_X_DM(NAME, name) CRUN_DIVMOD_##NAME,
+  CRUN_DIVMOD_MAP(CRUN_X_DM)
+#undef CRUN_X_DM
+  CRUN_DIVMOD_COUNT
+} crun_divmod_t;
+
+/* out = a op b, broadcast, in the dtype of a and b (which must match): on
+ * integers exact (wrapping as torch's: INT64_MIN // -1 is INT64_MIN), a zero
+ * divisor CRUN_EINVAL; on float32 / float64 with torch's formulas (x // 0 is
+ * inf or nan, x % 0 nan). Host tensors only (CRUN_ENOTSUP on a device). */
+int crun_tensor_divmod(crun_divmod_t op, crun_tensor_t *a, crun_tensor_t *b, crun_tensor_t **out);
+
 /* out = f(a) element-wise. */
 int crun_tensor_unop(crun_unop_t op, crun_tensor_t *a, crun_tensor_t **out);
 int crun_tensor_unop_out(crun_unop_t op, crun_tensor_t *a, crun_tensor_t *out);
 
-/* out = min(max(a, lo), hi); pass -INFINITY / INFINITY for one side. */
+/* out = min(max(a, lo), hi); pass -INFINITY / INFINITY for one side. A nan
+ * element stays nan; lo > hi or a nan bound is CRUN_EINVAL. */
 int crun_tensor_clamp(crun_tensor_t *a, double lo, double hi, crun_tensor_t **out);
 int crun_tensor_clamp_out(crun_tensor_t *a, double lo, double hi, crun_tensor_t *out);
 
@@ -241,6 +260,12 @@ typedef enum {
  * fail with CRUN_EINVAL (no identity). */
 int crun_tensor_reduce_dim(crun_dimred_t op, crun_tensor_t *a, int dim, int keepdim, int64_t base,
                            crun_tensor_t **values, crun_tensor_t **indices);
+
+/* Running sums (op CRUN_DIMRED_SUM) or products (CRUN_DIMRED_PROD) along
+ * `dim` (0-based; -1 for a 0-d tensor): torch's cumsum / cumprod, in the
+ * shape of a. Integer and bool dtypes accumulate in (and give) int64,
+ * floats accumulate in double. Host tensors only. */
+int crun_tensor_cumulate(crun_dimred_t op, crun_tensor_t *a, int dim, crun_tensor_t **out);
 
 /* C = alpha * op(A) op(B) + beta * C for 2-d float tensors of one dtype,
  * op(X) = X or X^T; C must not overlap A or B. Uses OpenBLAS gemm. */
