@@ -144,7 +144,7 @@ checked_factory("rand", 1, RANDOM)
 checked_factory("randn", 1, RANDOM)
 checked_factory("randint", 3, RANDOM)
 
---- T.randint([low,] high, shape[, opts]): torch's forms; low defaults to 0.
+-- T.randint([low,] high, shape[, opts]): torch's forms; low defaults to 0.
 do
   local randint = T.randint
   T.randint = function(a, b, ...)
@@ -398,9 +398,9 @@ for name, g in pairs(int_unary) do
 end
 mt.__unm = function(t) return methods.neg(t) end
 
---- t:cumsum(dim[, dtype]) / t:cumprod: running sums / products along dim
---- (integers and bools give int64, as torch's); dtype (a name or {dtype=})
---- converts t first.
+-- t:cumsum(dim[, dtype]) / t:cumprod: running sums / products along dim
+-- (integers and bools give int64, as torch's); dtype (a name or {dtype=})
+-- converts t first.
 for _, name in ipairs({"cumsum", "cumprod"}) do
   local f = methods[name]
   methods[name] = function(t, dim, dtype)
