@@ -141,8 +141,10 @@ describe("crun-lua elastic c10d jobs", function()
                                   1, true), rs3.err)
   end)
 
-  it("notices at once, naming it, a node whose crun-lua leaves by SIGTERM (not after heartbeat_timeout)", function()
-    -- the workers never talk to each other, so only the agents can tell that a node left
+  -- A c10d job of 1 to 2 nodes, one worker each, under rendezvous id `id`:
+  -- each worker prints "UP node=<group rank> nodes=<n>" and waits (up to 30
+  -- s) for the file <dir>/go. Returns the endpoint's port, dir and the options.
+  local function two_node_job(id)
     local port, dir = U.free_port(), U.tmpdir()
     U.write(dir .. "/job.lua", [[
 print("UP node=" .. os.getenv("GROUP_RANK") .. " nodes=" .. os.getenv("GROUP_WORLD_SIZE"))
@@ -153,9 +155,14 @@ for _ = 1, 600 do
   os.execute("sleep 0.05")
 end
 ]])
-    local opts = string.format("--nnodes 1:2 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:%d --rdzv-id leave " ..
-                               "--rdzv-conf last_call_timeout=1,heartbeat_timeout=20,join_timeout=30 --rdzv-timeout 30 " ..
-                               "-n 1 %s %s", port, q(dir .. "/job.lua"), q(dir))
+    return port, dir, string.format("--nnodes 1:2 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:%d --rdzv-id %s " ..
+                                    "--rdzv-conf last_call_timeout=1,heartbeat_timeout=20,join_timeout=30 " ..
+                                    "--rdzv-timeout 30 -n 1 %s %s", port, id, q(dir .. "/job.lua"), q(dir))
+  end
+
+  it("notices at once, naming it, a node whose crun-lua leaves by SIGTERM (not after heartbeat_timeout)", function()
+    -- the workers never talk to each other, so only the agents can tell that a node left
+    local port, dir, opts = two_node_job("leave")
     local a = U.start(opts, ENV)
     U.sleep(0.3) -- a serves the endpoint; b leaves
     local b = U.start(opts, ENV)
@@ -179,19 +186,7 @@ end
   end)
 
   it("keeps serving the endpoint's store for the others when the node serving it leaves by SIGTERM, saying why", function()
-    local port, dir = U.free_port(), U.tmpdir()
-    U.write(dir .. "/job.lua", [[
-print("UP node=" .. os.getenv("GROUP_RANK") .. " nodes=" .. os.getenv("GROUP_WORLD_SIZE"))
-io.stdout:flush()
-for _ = 1, 600 do
-  local f = io.open(arg[1] .. "/go")
-  if f then f:close(); break end
-  os.execute("sleep 0.05")
-end
-]])
-    local opts = string.format("--nnodes 1:2 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:%d --rdzv-id serve " ..
-                               "--rdzv-conf last_call_timeout=1,heartbeat_timeout=20,join_timeout=30 --rdzv-timeout 30 " ..
-                               "-n 1 %s %s", port, q(dir .. "/job.lua"), q(dir))
+    local port, dir, opts = two_node_job("serve")
     local a = U.start(opts, ENV)
     U.sleep(0.3) -- a serves the endpoint and leaves
     local b = U.start(opts, ENV)
