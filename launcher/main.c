@@ -98,6 +98,8 @@ static const char usage_text[] =
     "  --no-prefix             do not prefix worker lines with \"[rank] \"\n"
     "  -m, --module            run the module named in place of the script, found on\n"
     "                          package.path (LUA_PATH honoured), as python -m does\n"
+    "  --start-method M        accepted for torchrun's sake (spawn, fork or forkserver): each\n"
+    "                          worker is forked with a fresh Lua state, whatever M says\n"
     "  --run-path              accepted for torchrun's sake: a script is always run by its\n"
     "                          path (-m finds one on package.path), so it has no effect\n"
     "  -i                      interactive mode: a prompt whose lines run on every rank\n"
@@ -211,7 +213,7 @@ static const char *const valued[] = {"-n", "--nproc-per-node", "--nnodes", "--no
                                      "--rdzv-endpoint", "--rdzv-id", "--rdzv-conf",
                                      "--monitor-interval", "-r", "--redirects",
                                      "--local-ranks-filter", "--role", "--timeline",
-                                     "--merge-timeline", NULL};
+                                     "--merge-timeline", "--start-method", NULL};
 
 static int is_valued(const char *name) {
   for (int i = 0; valued[i]; i++)
@@ -359,6 +361,10 @@ static int apply_torchrun(crun__opts_t *o, const char *name, const char *v, int 
     o->run_id = v;
   } else if (!strcmp(name, "--rdzv-conf")) return parse_rdzv_conf(name, v, o);
   else if (!strcmp(name, "--monitor-interval")) return parse_seconds(name, v, &o->monitor_interval) ? EXIT_USAGE : 0;
+  else if (!strcmp(name, "--start-method")) { /* workers are always forked, each with a fresh Lua state */
+    if (strcmp(v, "spawn") && strcmp(v, "fork") && strcmp(v, "forkserver"))
+      return usage_error("--start-method: unknown method '%s' (expected spawn, fork or forkserver)", v);
+  }
   else if (!strcmp(name, "-r") || !strcmp(name, "--redirects")) {
     if (check_selector("--redirects", v, 0)) return EXIT_USAGE;
     o->redirects = v;
@@ -453,7 +459,7 @@ static int apply_pet_env(crun__opts_t *o, int *layout) {
                                       "--rdzv-id", "--rdzv-conf", "--max-restarts", "--monitor-interval",
                                       "--role", "--log-dir", "--redirects", "--tee", "--node-rank",
                                       "--master-addr", "--master-port", "--standalone", "--module",
-                                      "--run-path", NULL};
+                                      "--run-path", "--start-method", NULL};
   int rc = 0;
   for (int i = 0; names[i] && rc == 0; i++) {
     char var[64] = "PET_";

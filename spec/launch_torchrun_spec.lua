@@ -233,7 +233,7 @@ describe("crun-lua takes torchrun's command-line forms", function()
     local r = U.run("--nproc_per_node=2 --nnodes 1 --node_rank 0 --master_addr 127.0.0.1 --master_port 0 " ..
                     "--rdzv_backend static --rdzv_id under-1 --rdzv_conf join_timeout=20 --rdzv_timeout 20 " ..
                     "--max_restarts 1 --monitor_interval 1 --log_dir " .. q(dir) .. " --redirects 0 --tee 3 " ..
-                    "--local_ranks_filter 1 --grace_period 2 --cpu_bind none --no_prefix --run_path " ..
+                    "--local_ranks_filter 1 --grace_period 2 --cpu_bind none --no_prefix --run_path --start_method spawn " ..
                     q(FIX .. "env.lua"))
     assert.are.equal(0, r.code, r.err)
     local e = U.env_by_rank(r.out)
@@ -330,6 +330,7 @@ describe("crun-lua torchrun options: bad values", function()
       {"-m", "%-m needs a module name"},
       {"-m -i", "%-m runs a module; it does not go with %-i"},
       {"--standalone=1 x.lua", "option %-%-standalone takes no value"},
+      {"--start-method thread x.lua", "%-%-start%-method: unknown method 'thread' %(expected spawn, fork or forkserver%)"},
     }
     for _, v in ipairs({"inf", "nan", "-1", "soon"}) do -- read once a worker failed: checked at start
       cases[#cases + 1] = {"x.lua", "CRUN_STOP_DELAY: expected a number of seconds, got '" .. v:gsub("%-", "%%-") .. "'",
