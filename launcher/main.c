@@ -98,6 +98,8 @@ static const char usage_text[] =
     "  --no-prefix             do not prefix worker lines with \"[rank] \"\n"
     "  -m, --module            run the module named in place of the script, found on\n"
     "                          package.path (LUA_PATH honoured), as python -m does\n"
+    "  --start-method M        accepted for torchrun's sake (spawn, fork or forkserver): each\n"
+    "                          worker is forked with a fresh Lua state, whatever M says\n"
     "  --run-path              accepted for torchrun's sake: a script is always run by its\n"
     "                          path (-m finds one on package.path), so it has no effect\n"
     "  -i                      interactive mode: a prompt whose lines run on every rank\n"
@@ -106,6 +108,8 @@ static const char usage_text[] =
     "                          --master-port is given, and there are no restarts\n"
     "  -h, --help              this text\n"
     "  --version               the crun version\n"
+    "As torchrun, each option takes its default from PET_<NAME> (PET_NPROC_PER_NODE,\n"
+    "PET_NNODES, PET_MASTER_ADDR, ...; a flag from a non-zero PET_STANDALONE=1).\n"
     "Options may also be written --name=value, and -n, -r, -t with the value\n"
     "attached (-n4, -r3, -t0:3).\n"
     "\n"
@@ -143,6 +147,9 @@ static const char usage_text[] =
     "           --rdzv-id job7 -n 8 train.lua                                    (on every node)\n"
     "  mpirun -np 4 crun-lua job.lua            ranks from mpirun, no spawning\n";
 
+/* The PET_* variable whose value is being applied, if any (named in errors). */
+static const char *g_from_env;
+
 /* Prints a usage error and returns the exit code for it. */
 static int usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static int usage_error(const char *fmt, ...) {
@@ -150,6 +157,7 @@ static int usage_error(const char *fmt, ...) {
   va_start(ap, fmt);
   fprintf(stderr, "crun-lua: ");
   vfprintf(stderr, fmt, ap);
+  if (g_from_env) fprintf(stderr, " (%s in the environment)", g_from_env);
   fprintf(stderr, "\n(see crun-lua --help)\n");
   va_end(ap);
   return EXIT_USAGE;
@@ -205,7 +213,7 @@ static const char *const valued[] = {"-n", "--nproc-per-node", "--nnodes", "--no
                                      "--rdzv-endpoint", "--rdzv-id", "--rdzv-conf",
                                      "--monitor-interval", "-r", "--redirects",
                                      "--local-ranks-filter", "--role", "--timeline",
-                                     "--merge-timeline", NULL};
+                                     "--merge-timeline", "--start-method", NULL};
 
 static int is_valued(const char *name) {
   for (int i = 0; valued[i]; i++)
@@ -353,6 +361,10 @@ static int apply_torchrun(crun__opts_t *o, const char *name, const char *v, int 
     o->run_id = v;
   } else if (!strcmp(name, "--rdzv-conf")) return parse_rdzv_conf(name, v, o);
   else if (!strcmp(name, "--monitor-interval")) return parse_seconds(name, v, &o->monitor_interval) ? EXIT_USAGE : 0;
+  else if (!strcmp(name, "--start-method")) { /* workers are always forked, each with a fresh Lua state */
+    if (strcmp(v, "spawn") && strcmp(v, "fork") && strcmp(v, "forkserver"))
+      return usage_error("--start-method: unknown method '%s' (expected spawn, fork or forkserver)", v);
+  }
   else if (!strcmp(name, "-r") || !strcmp(name, "--redirects")) {
     if (check_selector("--redirects", v, 0)) return EXIT_USAGE;
     o->redirects = v;
@@ -438,10 +450,38 @@ static int apply_tee(crun__opts_t *o, const char *inline_v, const char *next) {
   return 0;
 }
 
+/* torchrun takes each option's default from PET_<OPTION> (Kubeflow's
+ * PyTorchJob sets PET_NNODES, PET_NPROC_PER_NODE, PET_MASTER_ADDR, ...); flags
+ * from a PET_ value that is a non-zero integer. Applied before argv, which
+ * wins. Returns 0 or an exit code. */
+static int apply_pet_env(crun__opts_t *o, int *layout) {
+  static const char *const names[] = {"--nnodes", "--nproc-per-node", "--rdzv-backend", "--rdzv-endpoint",
+                                      "--rdzv-id", "--rdzv-conf", "--max-restarts", "--monitor-interval",
+                                      "--role", "--log-dir", "--redirects", "--tee", "--node-rank",
+                                      "--master-addr", "--master-port", "--standalone", "--module",
+                                      "--run-path", "--start-method", NULL};
+  int rc = 0;
+  for (int i = 0; names[i] && rc == 0; i++) {
+    char var[64] = "PET_";
+    for (size_t k = 2; names[i][k] && k < 58; k++)
+      var[k + 2] = names[i][k] == '-' ? '_' : (char)(names[i][k] - 'a' + 'A'), var[k + 3] = 0;
+    const char *v = getenv(var);
+    if (!v || !*v) continue;
+    g_from_env = var;
+    if (!strcmp(names[i], "--tee")) rc = apply_tee(o, v, NULL) < 0 ? EXIT_USAGE : 0;
+    else if (is_valued(names[i])) rc = apply_valued(o, names[i], v, layout);
+    else if (strtol(v, NULL, 10) != 0) rc = apply_flag(o, names[i]);
+    g_from_env = NULL;
+  }
+  return rc;
+}
+
 /* Parses argv into o. Returns 0 to go on, -1 to exit 0, or an exit code.
  * *layout is set when -n, --nnodes or --rdzv-backend was given. */
 static int parse_args(crun__opts_t *o, int argc, char **argv, int *layout) {
   int i = 1;
+  int rc0 = apply_pet_env(o, layout);
+  if (rc0) return rc0;
   for (; i < argc; i++) {
     const char *a = argv[i];
     if (a[0] != '-' || a[1] == 0) break;

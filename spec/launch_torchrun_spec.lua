@@ -207,12 +207,33 @@ describe("crun-lua takes torchrun's command-line forms", function()
     assert.is_truthy(U.run("--help").out:find("--run-path", 1, true))
   end)
 
+  it("takes its defaults from torchrun's PET_* variables (as Kubeflow sets them); the command line wins", function()
+    local r = U.run("--master-port 0 " .. q(FIX .. "env.lua"),
+                    "PET_NPROC_PER_NODE=3 PET_MAX_RESTARTS=2 PET_RDZV_ID=pet-1 PET_ROLE=petrole")
+    assert.are.equal(0, r.code, r.err)
+    local e = U.env_by_rank(r.out)
+    assert.are.equal("3", e[2].WORLD_SIZE)
+    assert.are.equal("2", e[2].TORCHELASTIC_MAX_RESTARTS)
+    assert.are.equal("pet-1", e[2].TORCHELASTIC_RUN_ID)
+    assert.are.equal("petrole", e[2].ROLE_NAME)
+    r = U.run("-n 2 --master-port 0 " .. q(FIX .. "env.lua"), "PET_NPROC_PER_NODE=3")
+    assert.are.equal(0, r.code, r.err)
+    assert.are.equal("2", U.env_by_rank(r.out)[1].WORLD_SIZE)
+    r = U.run(q(FIX .. "env.lua"), "PET_STANDALONE=1 PET_NPROC_PER_NODE=2")
+    assert.are.equal(0, r.code, r.err)
+    assert.are.equal(32, #U.env_by_rank(r.out)[1].TORCHELASTIC_RUN_ID)
+    r = U.run("--master-port 0 " .. q(FIX .. "env.lua"), "PET_NNODES=two")
+    assert.are.equal(2, r.code, r.err)
+    assert.is_truthy(r.err:find("crun-lua: --nnodes: expected an integer in 1..65536, got 'two' (PET_NNODES in the environment)", 1, true), r.err)
+    assert.are.equal("", r.out)
+  end)
+
   it("takes every option in torchrun's underscore spelling", function()
     local dir = U.tmpdir()
     local r = U.run("--nproc_per_node=2 --nnodes 1 --node_rank 0 --master_addr 127.0.0.1 --master_port 0 " ..
                     "--rdzv_backend static --rdzv_id under-1 --rdzv_conf join_timeout=20 --rdzv_timeout 20 " ..
                     "--max_restarts 1 --monitor_interval 1 --log_dir " .. q(dir) .. " --redirects 0 --tee 3 " ..
-                    "--local_ranks_filter 1 --grace_period 2 --cpu_bind none --no_prefix --run_path " ..
+                    "--local_ranks_filter 1 --grace_period 2 --cpu_bind none --no_prefix --run_path --start_method spawn " ..
                     q(FIX .. "env.lua"))
     assert.are.equal(0, r.code, r.err)
     local e = U.env_by_rank(r.out)
@@ -309,6 +330,7 @@ describe("crun-lua torchrun options: bad values", function()
       {"-m", "%-m needs a module name"},
       {"-m -i", "%-m runs a module; it does not go with %-i"},
       {"--standalone=1 x.lua", "option %-%-standalone takes no value"},
+      {"--start-method thread x.lua", "%-%-start%-method: unknown method 'thread' %(expected spawn, fork or forkserver%)"},
     }
     for _, v in ipairs({"inf", "nan", "-1", "soon"}) do -- read once a worker failed: checked at start
       cases[#cases + 1] = {"x.lua", "CRUN_STOP_DELAY: expected a number of seconds, got '" .. v:gsub("%-", "%%-") .. "'",
