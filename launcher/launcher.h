@@ -63,6 +63,7 @@ typedef struct {
   const char *merge_timeline; /* --merge-timeline: merge and exit */
   int no_prefix;            /* --no-prefix */
   int repl;                 /* -i */
+  int no_python;            /* --no-python: the "script" is a program each worker execs */
   double grace;             /* --grace-period: SIGTERM -> SIGKILL, seconds */
   const char *cpu_bind;     /* --cpu-bind: auto, core or none (NULL: auto) */
   double rdzv_timeout;      /* --rdzv-timeout: nodes must join within, seconds */
@@ -96,6 +97,8 @@ void crun__worker_setenv(const crun__opts_t *o, const crun__placement_t *p);
  * the lua interpreter does. Returns the process exit code: 0 on success, the
  * os.exit() code, or 1 after printing a Lua error with its traceback. */
 int crun__worker_run(const crun__opts_t *o);
+/* --no-python: CRUN_EINVAL unless prog names an executable file (on PATH when it has no '/'). */
+int crun__program_check(const char *prog);
 
 /* -m: finds module `name` on package.path (crun's lua dir first, LUA_PATH
  * honoured) and writes its file's path into path. Returns 0 or CRUN_EINVAL

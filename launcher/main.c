@@ -100,6 +100,10 @@ static const char usage_text[] =
     "                          package.path (LUA_PATH honoured), as python -m does\n"
     "  --start-method M        accepted for torchrun's sake (spawn, fork or forkserver): each\n"
     "                          worker is forked with a fresh Lua state, whatever M says\n"
+    "  --no-python             the script is a program (a C program linking libcrunrt, a shell\n"
+    "                          script): each worker execs it, with its arguments and the\n"
+    "                          variables below, as torchrun --no-python (found on PATH when\n"
+    "                          it has no '/')\n"
     "  --run-path              accepted for torchrun's sake: a script is always run by its\n"
     "                          path (-m finds one on package.path), so it has no effect\n"
     "  -i                      interactive mode: a prompt whose lines run on every rank\n"
@@ -425,6 +429,7 @@ static int apply_flag(crun__opts_t *o, const char *name) {
   else if (!strcmp(name, "-m") || !strcmp(name, "--module")) o->module = 1;
   else if (!strcmp(name, "--standalone")) o->standalone = 1;
   else if (!strcmp(name, "--run-path")) return 0; /* a script is always run by path */
+  else if (!strcmp(name, "--no-python")) o->no_python = 1;
   else if (!strcmp(name, "-h") || !strcmp(name, "--help")) { fputs(usage_text, stdout); return -1; }
   else if (!strcmp(name, "--version")) {
     printf("crun-lua %s (%s)\n", CRUN_VERSION_STRING, LUA_RELEASE);
@@ -459,7 +464,7 @@ static int apply_pet_env(crun__opts_t *o, int *layout) {
                                       "--rdzv-id", "--rdzv-conf", "--max-restarts", "--monitor-interval",
                                       "--role", "--log-dir", "--redirects", "--tee", "--node-rank",
                                       "--master-addr", "--master-port", "--standalone", "--module",
-                                      "--run-path", "--start-method", NULL};
+                                      "--run-path", "--start-method", "--no-python", NULL};
   int rc = 0;
   for (int i = 0; names[i] && rc == 0; i++) {
     char var[64] = "PET_";
@@ -594,6 +599,8 @@ static int check_opts(crun__opts_t *o) {
   if (!(o->heartbeat_timeout >= 0.1))
     return usage_error("--rdzv-conf heartbeat_timeout: %g s is below 0.1 s (nodes beat every heartbeat_timeout / 4: "
                        "every node would count as lost)", o->heartbeat_timeout);
+  if (o->no_python && (o->module || o->repl))
+    return usage_error("--no-python runs a program on every worker; it does not go with %s", o->module ? "-m" : "-i");
   if (o->module && o->repl) return usage_error("-m runs a module; it does not go with -i");
   if (o->module && !o->script) return usage_error("-m needs a module name");
   if (!o->script && !o->repl) return usage_error("no script given");
@@ -714,7 +721,7 @@ int main(int argc, char **argv) {
   if (o.standalone && !strcmp(o.run_id, "none")) fresh_run_id(&o);
   if ((rc = resolve_module(&o))) return rc;
   if (o.repl) return o.nnodes == 1 && (rc = ensure_token(&o)) ? rc : crun__repl_run(&o); /* -i is one node */
-  if (crun__script_check(o.script) < 0) {
+  if (o.no_python ? crun__program_check(o.script) < 0 : crun__script_check(o.script) < 0) {
     fprintf(stderr, "crun-lua: %s\n", crun_last_error() + strlen("EINVAL: "));
     return 1;
   }

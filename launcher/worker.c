@@ -228,7 +228,57 @@ static int run_script(lua_State *L, const crun__opts_t *o) {
   return lua_pcall(L, nargs, 0, base);
 }
 
+/* The program that execvp would run for prog (PATH searched when it has no
+ * '/') into path; 0, or CRUN_EINVAL naming what is wrong. */
+static int program_path(const char *prog, char *path, size_t n) {
+  struct stat st;
+  if (!prog || !*prog) return crun_error(CRUN_EINVAL, "--no-python: no program given");
+  if (strchr(prog, '/')) {
+    if (stat(prog, &st) != 0) return crun_error(CRUN_EINVAL, "--no-python: %s: %s", prog, strerror(errno));
+    if (!S_ISREG(st.st_mode) || access(prog, X_OK) != 0)
+      return crun_error(CRUN_EINVAL, "--no-python: %s is not an executable file", prog);
+    snprintf(path, n, "%s", prog);
+    return 0;
+  }
+  const char *dirs = getenv("PATH");
+  for (const char *d = dirs ? dirs : "/usr/bin:/bin"; d && *d;) {
+    const char *end = strchr(d, ':');
+    size_t len = end ? (size_t)(end - d) : strlen(d);
+    if ((size_t)snprintf(path, n, "%.*s/%s", (int)len, len ? d : ".", prog) < n && stat(path, &st) == 0 &&
+        S_ISREG(st.st_mode) && access(path, X_OK) == 0)
+      return 0;
+    d = end ? end + 1 : NULL;
+  }
+  return crun_error(CRUN_EINVAL, "--no-python: %s: no executable of that name on PATH", prog);
+}
+
+int crun__program_check(const char *prog) {
+  char path[4096];
+  return program_path(prog, path, sizeof path);
+}
+
+/* --no-python: replaces this worker with the program, its arguments after it
+ * and the environment the launcher set; returns (127) only when exec fails. */
+static int exec_program(const crun__opts_t *o) {
+  char path[4096];
+  if (program_path(o->script, path, sizeof path) < 0) {
+    fprintf(stderr, "crun-lua: %s\n", crun_last_error() + strlen("EINVAL: "));
+    return 127;
+  }
+  int n = o->argc - o->script_index;
+  char **args = calloc((size_t)n + 1, sizeof *args);
+  if (!args) return 127;
+  for (int i = 0; i < n; i++) args[i] = o->argv[o->script_index + i];
+  fflush(stdout);
+  fflush(stderr);
+  execv(path, args);
+  fprintf(stderr, "crun-lua: --no-python: cannot run %s: %s\n", path, strerror(errno));
+  free(args);
+  return 127;
+}
+
 int crun__worker_run(const crun__opts_t *o) {
+  if (o->no_python) return exec_program(o);
   lua_State *L = g_prepared ? g_prepared : crun__lua_state_new();
   g_prepared = NULL; /* this process's copy is used (and closed) once */
   if (!L) {

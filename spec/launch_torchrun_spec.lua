@@ -175,6 +175,30 @@ describe("crun-lua --redirects, --tee and --local-ranks-filter", function()
 end)
 
 describe("crun-lua takes torchrun's command-line forms", function()
+  -- --no-python was an unknown option: a C program linking libcrunrt had no launcher
+  it("--no-python execs a program on every worker, with its arguments and torchrun's variables", function()
+    local r = U.run("-n 3 --master-port 0 --no_python sh -c " ..
+                    q('echo "rank $RANK of $WORLD_SIZE local $LOCAL_RANK arg $0 $1"') .. " x y")
+    assert.are.equal(0, r.code, r.err)
+    for k = 0, 2 do
+      assert.is_truthy(r.out:find(string.format("[%d] rank %d of 3 local %d arg x y", k, k, k), 1, true), r.out)
+    end
+    local exe = os.getenv("CRUN_BUILD_DIR") and os.getenv("CRUN_BUILD_DIR") .. "/examples/allreduce"
+    if exe and U.slurp(exe) then -- the C example, through the launcher's store
+      r = U.run("-n 2 --master-port 0 --no-python " .. q(exe))
+      assert.are.equal(0, r.code, r.err)
+      assert.are.equal(2, U.count(r.out, ": all_reduce ok "), r.out)
+    end
+    r = U.run("-n 2 --master-port 0 --no-python sh -c " .. q("exit $((RANK + 3))"))
+    assert.is_true(r.code == 3 or r.code == 4, r.err)
+    r = U.run("-n 2 --no-python ./no-such-program")
+    assert.are.equal(1, r.code)
+    assert.is_truthy(r.err:find("crun-lua: --no-python: ./no-such-program: No such file or directory", 1, true), r.err)
+    r = U.run("-n 2 --no-python -i sh")
+    assert.are.equal(2, r.code, r.err)
+    assert.is_truthy(r.err:find("--no-python runs a program on every worker; it does not go with -i", 1, true), r.err)
+  end)
+
   it("takes a short option's value attached (-r3, -t2, -n2, -r=1), as argparse does", function()
     local both = {"attempt_0/rank_0.stderr", "attempt_0/rank_0.stdout", "attempt_0/rank_1.stderr",
                   "attempt_0/rank_1.stdout"}
