@@ -19,6 +19,16 @@ local function scenario(mode, opts)
   return res, out
 end
 
+-- n ranks (2 or 3) over TCP alone unless env says otherwise.
+local function scenario_n(n, mode, env)
+  local dir = run.tmpdir()
+  local _, out = run.run(n, SCRIPT, mode .. " " .. dir, {limit = 60, env = env or "CRUN_SHM=0"})
+  local res = {}
+  for r = 0, n - 1 do res[r] = run.text(dir, r) end
+  run.cleanup(dir)
+  return res, out
+end
+
 describe("dist failures", function()
   it("report a different collective on every rank, naming both calls", function()
     expect.mismatch(scenario("mismatch"))
@@ -41,14 +51,6 @@ describe("dist failures", function()
   -- other, so no data frame shows it. The ranks agree on the root first, and
   -- every rank fails the call itself, naming both roots and the ranks that
   -- gave them, within a second (timeout 30 s).
-  local function scenario_n(n, mode, env)
-    local dir = run.tmpdir()
-    local _, out = run.run(n, SCRIPT, mode .. " " .. dir, {limit = 60, env = env})
-    local res = {}
-    for r = 0, n - 1 do res[r] = run.text(dir, r) end
-    run.cleanup(dir)
-    return res, out
-  end
   for _, k in ipairs{{"broadcast", "src"}, {"reduce", "dst"}, {"gather", "dst"}, {"scatter", "src"}} do
     for _, n in ipairs{2, 3} do
       it(string.format("report a %s whose %s differs between ranks at once (tcp, %d ranks)", k[1], k[2], n), function()
@@ -92,39 +94,41 @@ describe("dist failures", function()
 
   -- A check only the root makes (its own buffers overlap) fails the call
   -- there; over TCP the root fails the group with its reason, so that every
-  -- rank learns it: a scatter's receivers in the call itself, a gather's
-  -- senders (who wait for nothing) in their next call, never as an EMISMATCH
-  -- between later calls.
+  -- rank learns it (in the call itself: they wait for the root in the check
+  -- of the root, or for its data), never as an EMISMATCH between later calls.
   for _, k in ipairs{{"rootgather", "gather on rank 0: the input overlaps the output for rank 0"},
                      {"rootscatter", "scatter on rank 0: the output overlaps the input for rank 0"}} do
-    it("tell every rank why the root refused its " .. k[1]:sub(5) .. " (CRUN_SHM=0)", function()
-      local res, out = scenario(k[1])
-      for r = 0, 2 do
-        local l = {}
-        for line in (res[r] .. "\n"):gmatch("(.-)\n") do l[#l + 1] = line end
-        local first = l[1] ~= "ok" and l[1] or l[2]
-        if r == 0 or k[1] == "rootscatter" then first = l[1] end
-        assert.is_truthy(first and first:match("^error EINVAL: ") and first:find(k[2], 1, true),
-                         "rank " .. r .. ": " .. res[r] .. "\n" .. out)
-        assert.is_truthy(l[2] and l[2]:match("^error E") and l[2]:find(k[2], 1, true), "rank " .. r .. ": " .. res[r])
-        assert.is_falsy(res[r]:find("EMISMATCH", 1, true), res[r])
-      end
-    end)
+    for _, n in ipairs{2, 3} do
+      it("tell every rank why the root refused its " .. k[1]:sub(5) .. " (CRUN_SHM=0, " .. n .. " ranks)", function()
+        local res, out = scenario_n(n, k[1])
+        for r = 0, n - 1 do
+          local l = {}
+          for line in (res[r] .. "\n"):gmatch("(.-)\n") do l[#l + 1] = line end
+          local first = l[1]
+          assert.is_truthy(first and first:match("^error EINVAL: ") and first:find(k[2], 1, true),
+                           "rank " .. r .. ": " .. res[r] .. "\n" .. out)
+          assert.is_truthy(l[2] and l[2]:match("^error E") and l[2]:find(k[2], 1, true), "rank " .. r .. ": " .. res[r])
+          assert.is_falsy(res[r]:find("EMISMATCH", 1, true), res[r])
+        end
+      end)
+    end
   end
 
   -- The same for the bindings' own check of the root's list (its length):
   -- every rank fails the call itself (the others wait in the root check).
   for _, k in ipairs{"gather", "scatter"} do
-    it("tell every rank why the root refused its " .. k .. " list (CRUN_SHM=0)", function()
-      local res, out = scenario("rootlist" .. k)
-      local why = "EINVAL: bad argument #2 to '" .. k .. "' (list of 3 tensors expected, got 1)"
-      for r = 0, 2 do
-        local first = res[r]:match("^[^\n]*")
-        assert.is_truthy(first:find("error " .. why, 1, true), "rank " .. r .. ": " .. res[r] .. "\n" .. out)
-        if r > 0 then assert.is_truthy(first:find("rank 0, the root, refused its part of " .. k, 1, true), first) end
-        assert.is_falsy(res[r]:find("EMISMATCH", 1, true), res[r])
-      end
-    end)
+    for _, n in ipairs{2, 3} do
+      it("tell every rank why the root refused its " .. k .. " list (CRUN_SHM=0, " .. n .. " ranks)", function()
+        local res, out = scenario_n(n, "rootlist" .. k)
+        local why = "EINVAL: bad argument #2 to '" .. k .. "' (list of " .. n .. " tensors expected, got 1)"
+        for r = 0, n - 1 do
+          local first = res[r]:match("^[^\n]*")
+          assert.is_truthy(first:find("error " .. why, 1, true), "rank " .. r .. ": " .. res[r] .. "\n" .. out)
+          if r > 0 then assert.is_truthy(first:find("rank 0, the root, refused its part of " .. k, 1, true), first) end
+          assert.is_falsy(res[r]:find("EMISMATCH", 1, true), res[r])
+        end
+      end)
+    end
   end
 
   -- new_group's timeout is the new group's: a rank that reaches new_group later

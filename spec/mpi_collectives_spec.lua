@@ -146,6 +146,17 @@ describe("the mpi backend", function()
     expect.count(scenario("count"))
   end)
 
+  -- a check only the root makes (its buffers overlap, its list is short):
+  -- its abort notice reaches the peers, who fail the call naming its reason
+  it("tells every rank why the root refused its gather or scatter", function()
+    for mode, why in pairs{rootgather = "gather on rank 0: the input overlaps the output for rank 0",
+                           rootscatter = "scatter on rank 0: the output overlaps the input for rank 0",
+                           rootlistgather = "bad argument #2 to 'gather' (list of 3 tensors expected, got 1)"} do
+      local res, out = scenario(mode)
+      expect.root_refused(res, out, why)
+    end
+  end)
+
   it("times out naming the late rank and where every rank is; the late rank fails too", function()
     local res, out = scenario("timeout")
     for r = 0, 1 do

@@ -6,6 +6,7 @@
  * itself for the root only sends) or leaves two roots waiting for each other
  * until the timeout; now every rank fails the call itself, with the same
  * text. CRUN_ROOT_CHECK=0 skips it (one step less per rooted call). */
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -26,13 +27,17 @@ static void fold(int64_t *mine, const int64_t *got) {
   }
 }
 
+/* CRUN_ROOT_CHECK, read once (groups on several threads may race to read
+ * it: each stores the same value). */
 static int enabled(void) {
-  static int on = -1; /* read once; a benign race writes the same value */
-  if (on < 0) {
+  static atomic_int on = -1;
+  int v = atomic_load_explicit(&on, memory_order_relaxed);
+  if (v < 0) {
     const char *e = getenv("CRUN_ROOT_CHECK");
-    on = !(e && strcmp(e, "0") == 0);
+    v = !(e && strcmp(e, "0") == 0);
+    atomic_store_explicit(&on, v, memory_order_relaxed);
   }
-  return on;
+  return v;
 }
 
 int crun__root_agree(crun__link_t *l, crun__coll_t *c) {

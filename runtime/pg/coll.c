@@ -149,9 +149,9 @@ static int submit(crun_pg_t *pg, crun_work_t *w, crun_work_t **work, int *src_ou
  * rc for call c: its peers cannot see that and would finish the call without
  * it, or wait for it, and meet its next call as an EMISMATCH. When the
  * backend can reach them, the group fails with this rank's text, so every
- * peer fails this call (or, a gather's senders, who wait for nothing, their
- * next one) naming this rank and its reason. Failure path only; returns rc
- * with the text of crun_last_error() kept. */
+ * peer fails this call (without algo/root_agree.c's check, a gather's
+ * senders, who wait for nothing, their next one) naming this rank and its
+ * reason. Failure path only; returns rc with crun_last_error()'s text kept. */
 static int refuse_call(crun_pg_t *pg, const crun__coll_t *c, int rc) {
   const crun_backend_vtable_t *be = pg->be;
   if (pg->size < 2 || c->cuda || !be->abort_reaches || !be->abort_reaches(pg->be_state, c)) return rc;

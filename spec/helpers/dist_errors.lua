@@ -18,7 +18,7 @@
 --   subcount  in new_group{1, 2}, rank 1 all_reduces 3 elements, rank 2 five
 --   rootgather / rootscatter  the root's (rank 0's) buffers overlap, which
 --             only it can see; then an all_reduce
---   rootlistgather / rootlistscatter  the root's list holds 1 tensor, not 3;
+--   rootlistgather / rootlistscatter  the root's list holds 1 tensor, not n;
 --             then an all_reduce
 --   roots_K   rank 1 calls K (broadcast, reduce, gather, scatter) with root 1,
 --             the others with root 0 (works on any world size >= 2)
@@ -109,7 +109,8 @@ elseif mode == "rootlistgather" or mode == "rootlistscatter" then
 elseif mode == "rootgather" or mode == "rootscatter" then
   local big = T.ones({5})
   local a, b = big:narrow(1, 1, 4), big:narrow(1, 2, 4)
-  local list = rank == 0 and {a, T.zeros({4}), T.zeros({4})} or nil
+  local list = rank == 0 and {a} or nil
+  for j = 2, rank == 0 and dist.get_world_size() or 0 do list[j] = T.zeros({4}) end
   local f = mode == "rootgather" and dist.gather or dist.scatter
   record(pcall(f, rank == 0 and b or T.ones({4}), list, 0))
   record(pcall(dist.all_reduce, T.ones({2})))

@@ -26,4 +26,15 @@ function M.count(res, out)
   end
 end
 
+-- Rank 0, the root, refused its part of a gather/scatter (rootgather,
+-- rootscatter, rootlist* modes): every rank's first error names its reason
+-- `why`, and no rank sees an EMISMATCH between unrelated calls.
+function M.root_refused(res, out, why)
+  for r = 0, 2 do
+    local first = res[r]:match("^ok\n([^\n]*)") or res[r]:match("^[^\n]*")
+    assert.is_truthy(first:match("^error EINVAL: ") and first:find(why, 1, true), "rank " .. r .. ": " .. res[r] .. "\n" .. out)
+    assert.is_falsy(res[r]:find("EMISMATCH", 1, true), res[r])
+  end
+end
+
 return M

@@ -221,6 +221,13 @@ static void mpi_abort(void *state, int status, const char *text) {
   }
 }
 
+/* Every wait of the backend polls for abort notices (crun__mpi_wait): a peer
+ * of any call learns of this rank's failure while it waits. */
+static int mpi_abort_reaches(void *state, const crun__coll_t *c) {
+  (void)c;
+  return state != NULL;
+}
+
 /* Frees the abort notice unless a send of it is still pending (then leaks it). */
 static void drop_abort(crun__mpi_t *b, int alive) {
   int pending = 0;
@@ -250,6 +257,7 @@ static void mpi_destroy(void *state) {
 
 const crun_backend_vtable_t crun__backend_mpi = {
     .name = "mpi", .create = mpi_create, .abort = mpi_abort, .destroy = mpi_destroy,
+    .abort_reaches = mpi_abort_reaches,
     .send = crun__mpi_send, .recv = crun__mpi_recv, .broadcast = crun__mpi_coll,
     .all_reduce = crun__mpi_coll, .reduce = crun__mpi_coll, .all_gather = crun__mpi_coll,
     .gather = crun__mpi_coll, .scatter = crun__mpi_coll, .reduce_scatter = crun__mpi_coll,
