@@ -1259,6 +1259,16 @@ static int m_cumulate(lua_State *L) {
   return push_owned(L, crun_tensor_cumulate(op, a, check_reduce_dim(L, 2, a), &r), &r);
 }
 
+/* t:sort([dim[, descending]]) -> values, 1-based positions: along dim (the
+ * last by default), nan the largest, equal values in their order. */
+static int m_sort(lua_State *L) {
+  crun_tensor_t *a = crun_l_check_tensor(L, 1), *v = NULL, *ix = NULL;
+  int dim = lua_isnoneornil(L, 2) ? crun_tensor_ndim(a) - 1 : check_reduce_dim(L, 2, a);
+  CRUN_L_CHECK(L, crun_tensor_sort(a, dim, lua_toboolean(L, 3), 1, &v, &ix));
+  push_owned(L, 0, &v);
+  return 1 + push_owned(L, 0, &ix);
+}
+
 /* t:argmax([dim[, keepdim]]) / t:argmin: 1-based positions (a number with no
  * dim; with no dim and keepdim, a tensor with every size 1, as torch's). */
 static int arg_common(lua_State *L, crun_dimred_t op) {
@@ -1428,6 +1438,8 @@ static void tensor_math_methods(lua_State *L) {
 #undef CRUN_X_RN
   };
   for (int op = 0; op < CRUN_DIMRED_COUNT; op++) set_op(L, reds[op], m_reduce, op, 0);
+  lua_pushcfunction(L, m_sort);
+  lua_setfield(L, -2, "sort");
   set_op(L, "cumsum", m_cumulate, CRUN_DIMRED_SUM, 0);
   set_op(L, "cumprod", m_cumulate, CRUN_DIMRED_PROD, 0);
   set_op(L, "floor_divide", m_divmod, CRUN_DIVMOD_FLOOR_DIVIDE, 0);

@@ -711,4 +711,57 @@ describe("torch parity", function()
     assert.is_false(ok)
     assert.matches("dim", err)
   end)
+  it("sort, argsort and topk: nan is the largest, equal values keep their order (torch's stable sort)", function()
+    local nan = 0 / 0
+    local v = {3, 1, nan, 1, 3, -0.5, 0.25, -math.huge, 1}
+    local x = T.tensor(v, "float64")
+    -- the expected order: by value (nan last), then by position
+    local order = {}
+    for i = 1, #v do order[i] = i end
+    local function key(e) return e ~= e and math.huge * 2 or e end
+    local function before(i, j)
+      local a, b = v[i], v[j]
+      if a ~= a and b ~= b then return i < j end
+      if a ~= a then return false end
+      if b ~= b then return true end
+      if a ~= b then return a < b end
+      return i < j
+    end
+    table.sort(order, before)
+    local vals, idx = x:sort()
+    assert.same(order, idx:totable())
+    for k, i in ipairs(order) do
+      local got = vals[k]
+      assert.is_true(got == v[i] or (got ~= got and v[i] ~= v[i]), "sorted value " .. k)
+    end
+    local desc = {}
+    table.sort(order, function(i, j)
+      local a, b = v[i], v[j]
+      if (a ~= a) ~= (b ~= b) then return a ~= a end
+      if a == b or (a ~= a and b ~= b) then return i < j end
+      return a > b
+    end)
+    local dv, di = x:sort(1, true)
+    assert.same(order, di:totable())
+    assert.same(order, x:argsort(1, true):totable())
+    assert.same(order, select(2, x:sort{descending = true}):totable())
+    local tv, ti = x:topk(4)
+    assert.same({order[1], order[2], order[3], order[4]}, ti:totable())
+    assert.equal(3, tv[2])
+    local lv, li = x:topk(3, 1, false)
+    assert.same({8, 6, 7}, li:totable())
+    assert.same({-math.huge, -0.5, 0.25}, lv:totable())
+    local m = T.tensor({{3, -1, 2}, {0, 5, -4}}, "int32")
+    local sv, si = m:sort(1)
+    assert.same({{0, -1, -4}, {3, 5, 2}}, sv:totable())
+    assert.same({{2, 1, 2}, {1, 2, 1}}, si:totable())
+    assert.same({{3, 2}, {5, 0}}, (m:topk(2)):totable())
+    assert.same({{1, 3}, {2, 1}}, select(2, m:topk(2, {dim = 2})):totable())
+    assert.same({{3, 5, 2}}, m:topk(1, 1):totable())
+    local big = T.tensor({math.maxinteger, math.maxinteger - 1})
+    assert.same({math.maxinteger - 1, math.maxinteger}, (big:sort()):totable()) -- int64 compared exactly
+    local ok, err = pcall(function() return m:topk(4) end)
+    assert.is_false(ok)
+    assert.matches("^EINVAL: topk: k 4 out of range for dim 2 of size 3", err)
+  end)
 end)

@@ -409,6 +409,50 @@ for _, name in ipairs({"cumsum", "cumprod"}) do
   end
 end
 
+--- t:sort([dim][, descending]) or t:sort{dim=, descending=, stable=} ->
+--- values, 1-based positions: along dim (the last by default), nan the
+--- largest, equal values in their original order (torch's stable sort; its
+--- unstable default may order ties otherwise). t:argsort(...) -> positions.
+local SORT = O.spec{"dim", "descending", "stable"}
+do
+  local sort = methods.sort
+  function methods.sort(t, dim, descending)
+    if type(dim) == "table" and getmetatable(dim) == nil then
+      local o = O.check(SORT, "sort", dim)
+      dim, descending = o.dim, o.descending
+    end
+    if descending ~= nil and type(descending) ~= "boolean" then
+      O.fail("EINVAL: sort: descending must be true or false, got %s", tostring(descending))
+    end
+    return sort(t, dim, descending)
+  end
+end
+function methods.argsort(t, dim, descending) return select(2, methods.sort(t, dim, descending)) end
+
+--- t:topk(k[, dim][, largest][, sorted]) or t:topk(k, {dim=, largest=, sorted=})
+--- -> values, 1-based positions of the k largest (smallest when largest is
+--- false) along dim (the last by default), largest first (nan counts as the
+--- largest, as torch's); always sorted.
+local TOPK = O.spec{"dim", "largest", "sorted"}
+function methods.topk(t, k, dim, largest)
+  if type(dim) == "table" and getmetatable(dim) == nil then
+    local o = O.check(TOPK, "topk", dim)
+    dim, largest = o.dim, o.largest
+  end
+  if largest ~= nil and type(largest) ~= "boolean" then
+    O.fail("EINVAL: topk: largest must be true or false, got %s", tostring(largest))
+  end
+  if not T.is_tensor(t) then argerror(1, "topk", "tensor expected, got %s", type(t)) end
+  local d = dim or (t:dim() == 0 and 1 or t:dim())
+  local n = t:dim() == 0 and 1 or t:size(d)
+  if math.type(k) ~= "integer" or k < 0 or k > n then
+    O.fail("EINVAL: topk: k %s out of range for dim %d of size %d", tostring(k), d, n)
+  end
+  local v, i = methods.sort(t, d, largest ~= false)
+  if t:dim() == 0 then return v, i end
+  return v:narrow(d, 1, k):contiguous(), i:narrow(d, 1, k):contiguous()
+end
+
 --- t:var([dim][, unbiased][, keepdim]) / t:std: the variance (its square
 --- root) over every element (a number) or along dim (a tensor), divided by
 --- n - correction: unbiased (correction 1) unless unbiased is false, as
@@ -448,7 +492,7 @@ end
 local function_forms = {"add", "sub", "mul", "div", "floor_divide", "remainder", "fmod", "pow", "maximum", "minimum", "eq", "ne",
   "lt", "le", "gt", "ge", "neg", "exp", "log", "tanh", "sigmoid", "relu", "sqrt", "abs", "sin",
   "cos", "floor", "ceil", "round", "sign", "reciprocal", "square", "log1p", "expm1", "rsqrt",
-  "clamp", "sum", "mean", "prod", "cumsum", "cumprod", "var", "std", "max", "min", "argmax", "argmin", "mm", "softmax",
+  "clamp", "sum", "mean", "prod", "cumsum", "cumprod", "var", "std", "sort", "argsort", "topk", "max", "min", "argmax", "argmin", "mm", "softmax",
   "log_softmax", "index_select", "gather", "transpose", "t", "narrow", "select", "view",
   "reshape", "clone", "contiguous", "numel", "equal", "allclose"}
 for _, name in ipairs(function_forms) do
