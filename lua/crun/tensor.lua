@@ -453,6 +453,27 @@ function methods.topk(t, k, dim, largest)
   return v:narrow(d, 1, k):contiguous(), i:narrow(d, 1, k):contiguous()
 end
 
+--- t:expand(sizes...) or t:expand({sizes}): a size of -1 keeps that dim's
+--- size, as torch's (only for t's own dims: new leading dims need a size).
+do
+  local expand = methods.expand
+  function methods.expand(t, ...)
+    local sizes = table.pack(...)
+    if type(sizes[1]) == "table" then sizes = table.pack(table.unpack(sizes[1])) end
+    if not T.is_tensor(t) then return expand(t, ...) end -- (the binding names the bad argument)
+    local lead, fixed = sizes.n - t:dim(), {}
+    for i = 1, sizes.n do
+      local s = sizes[i]
+      if s == -1 then
+        if i <= lead then O.fail("EINVAL: expand: -1 for new dim %d (only a dim of the tensor keeps its size)", i) end
+        s = t:size(i - lead)
+      end
+      fixed[i] = s
+    end
+    return expand(t, fixed)
+  end
+end
+
 --- t:var([dim][, unbiased][, keepdim]) / t:std: the variance (its square
 --- root) over every element (a number) or along dim (a tensor), divided by
 --- n - correction: unbiased (correction 1) unless unbiased is false, as
