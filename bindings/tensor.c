@@ -998,7 +998,6 @@ static crun_tensor_t *exact_int64_scalar(lua_State *L, int idx, const crun_tenso
   return s;
 }
 
-
 /* 0 for bool, 1 for the integers, 2 for the floats: torch's kinds. */
 static int dtype_kind(crun_dtype_t dt) { return dt == CRUN_BOOL ? 0 : crun_dtype_is_integer(dt) ? 1 : 2; }
 
@@ -1096,10 +1095,11 @@ static int m_binop(lua_State *L) {
     into = a;
     inplace = 0;
   }
-  /* (a Lua float meeting an int tensor in place keeps the old rule: ENOTSUP
-   * when not integral) */
-  if ((!inplace || into) && (rc = into && !b && op != CRUN_BIN_DIV ? 0 : promote_operands(L, op == CRUN_BIN_DIV, a, b, &pa, &pb)) < 0) {
+  /* (a Lua float meeting an int tensor in place otherwise keeps the old
+   * rule: ENOTSUP when not integral) */
+  if (!inplace && (rc = promote_operands(L, op == CRUN_BIN_DIV, a, b, &pa, &pb)) < 0) {
     crun_tensor_release(pa);
+    crun_tensor_release(pb);
     crun_tensor_release(scaled);
     crun_l_fail(L, rc);
   }

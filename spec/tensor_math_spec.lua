@@ -642,6 +642,9 @@ describe("torch parity", function()
     local e = T.tensor({3, -4}, "int64")
     e:eq_(T.tensor({3, 4}, "int32"))
     assert.same({1, 0}, e:totable())
+    local k = T.tensor({0, 1, -2}, "int32")
+    k:gt_(0.5) -- compared as floats, as torch's
+    assert.same({0, 1, 0}, k:totable())
     for _, c in ipairs({
       {function() T.tensor({1, 2}, "int32"):add_(T.tensor({0.5, 1})) end, "result type float32 can't be cast to int32"},
       {function() T.tensor({1, 2}, "int32"):div_(T.tensor({2, 2}, "int32")) end, "result type float32 can't be cast to int32"},
