@@ -775,4 +775,28 @@ describe("torch parity", function()
     assert.is_false(ok) -- -1 for a new leading dim has no size to keep
     assert.matches("^EINVAL: expand: %-1 for new dim 1", err)
   end)
+  it("clamp of integer tensors, in their dtype (float bounds: float32, as torch's)", function()
+    local vals = {-7, 3, 12, 0, -1}
+    local a = T.tensor(vals, "int32")
+    local want, half = {}, {}
+    for i, v in ipairs(vals) do
+      want[i] = math.min(math.max(v, -2), 5)
+      half[i] = math.min(math.max(v, -1.5), 4.5)
+    end
+    assert.equal("int32", a:clamp(-2, 5):dtype())
+    assert.same(want, a:clamp(-2, 5):totable())
+    assert.same(want, a:clone():clamp_(-2, 5):totable())
+    assert.same(want, T.clamp(a, -2, 5):totable())
+    local h = a:clamp(-1.5, 4.5)
+    assert.equal("float32", h:dtype())
+    assert.same(half, h:totable())
+    local lo = {}
+    for i, v in ipairs(vals) do lo[i] = math.max(v, 1) end
+    assert.same(lo, a:clamp(1):totable())
+    local ok, err = pcall(function() return a:clone():clamp_(0.5, 2) end)
+    assert.is_false(ok)
+    assert.matches("^EINVAL: clamp_: result type float32 can't be cast to int32", err)
+    ok, err = pcall(function() return a:clamp(5, -2) end)
+    assert.matches("^EINVAL: clamp: min 5 > max %-2", err)
+  end)
 end)

@@ -474,6 +474,29 @@ do
   end
 end
 
+--- t:clamp([min][, max]) / t:clamp_ also on integer tensors, as torch's:
+--- in their dtype with integer bounds, in float32 with a Lua float bound
+--- (clamp_ then refuses, as torch does). min > max or a nan bound is EINVAL,
+--- as for float tensors.
+for _, name in ipairs({"clamp", "clamp_"}) do
+  local f = methods[name]
+  methods[name] = function(t, lo, hi)
+    if not (T.is_tensor(t) and INT_DTYPES[t:dtype()]) then return f(t, lo, hi) end
+    for _, b in ipairs({lo, hi}) do
+      if b ~= b then O.fail("EINVAL: clamp: %s is nan", b == lo and "min" or "max") end
+    end
+    if lo ~= nil and hi ~= nil and lo > hi then O.fail("EINVAL: clamp: min %s > max %s", tostring(lo), tostring(hi)) end
+    local r = t
+    if lo ~= nil then r = r:maximum(lo) end
+    if hi ~= nil then r = r:minimum(hi) end
+    if name == "clamp" then return r == t and t:clone() or r end
+    if r:dtype() ~= t:dtype() then
+      O.fail("EINVAL: clamp_: result type %s can't be cast to %s (the tensor written in place)", r:dtype(), t:dtype())
+    end
+    return r == t and t or t:copy(r)
+  end
+end
+
 --- t:var([dim][, unbiased][, keepdim]) / t:std: the variance (its square
 --- root) over every element (a number) or along dim (a tensor), divided by
 --- n - correction: unbiased (correction 1) unless unbiased is false, as
