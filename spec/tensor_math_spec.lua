@@ -231,8 +231,8 @@ describe("dtype rules", function()
     local ok, err = pcall(function() return i:div_(2) end)
     assert.is_false(ok)
     assert.matches("^EINVAL: div_: result type float32 can't be cast to int64", err)
-    ok, err = pcall(function() return i:exp() end)
-    assert.matches("^ENOTSUP: exp needs a float32 or float64 tensor, got int64", err)
+    ok, err = pcall(function() return i:exp_() end)
+    assert.matches("^EINVAL: exp_: result type float32 can't be cast to int64", err)
     ok, err = pcall(function() return i:mul_(0.5) end)
     assert.matches("non%-integral scalar", err)
   end)
@@ -798,5 +798,31 @@ describe("torch parity", function()
     assert.matches("^EINVAL: clamp_: result type float32 can't be cast to int32", err)
     ok, err = pcall(function() return a:clamp(5, -2) end)
     assert.matches("^EINVAL: clamp: min 5 > max %-2", err)
+  end)
+  it("float math of integer and bool tensors computes in float32; floor/ceil/round/relu/square keep integers, as torch's", function()
+    local f32 = function(x) return (string.unpack("f", string.pack("f", x))) end
+    local vals = {4, 9, -1, 0, 2}
+    local a = T.tensor(vals, "int64")
+    local s = a:sqrt()
+    assert.equal("float32", s:dtype())
+    local got = s:totable()
+    for i, v in ipairs(vals) do
+      if v < 0 then assert.is_true(got[i] ~= got[i]) else assert.equal(f32(math.sqrt(v)), got[i]) end
+    end
+    assert.same({f32(math.exp(4)), f32(math.exp(9))}, {a:exp()[1], a:exp()[2]})
+    assert.equal("float32", T.tensor({true, false}):sigmoid():dtype())
+    assert.equal(f32(1 / 9), a:reciprocal()[2])
+    for _, name in ipairs({"floor", "ceil", "round"}) do
+      assert.equal("int64", a[name](a):dtype(), name)
+      assert.same(vals, a[name](a):totable(), name)
+    end
+    assert.same({4, 9, 0, 0, 2}, a:relu():totable())
+    assert.equal("int64", a:relu():dtype())
+    local sq = T.tensor({46341, -3}, "int32"):square()
+    assert.equal("int32", sq:dtype())
+    assert.same({46341 * 46341 - (1 << 32), 9}, sq:totable()) -- wraps, as torch's
+    local ok, err = pcall(function() return a:clone():sqrt_() end)
+    assert.is_false(ok)
+    assert.matches("^EINVAL: sqrt_: result type float32 can't be cast to int64", err)
   end)
 end)

@@ -497,6 +497,40 @@ for _, name in ipairs({"clamp", "clamp_"}) do
   end
 end
 
+--- The float math of integer and bool tensors, as torch's: exp, log, tanh,
+--- sigmoid, sqrt, sin, cos, reciprocal, log1p, expm1 and rsqrt compute in
+--- float32 (their _ forms refuse: the result is not of the tensor's dtype);
+--- floor, ceil and round of an integer tensor are a copy, relu and square
+--- stay in its dtype (square wraps).
+local FLOAT_UNARY = {"exp", "log", "tanh", "sigmoid", "sqrt", "sin", "cos", "reciprocal", "log1p", "expm1", "rsqrt"}
+local function int_or_bool(t) return T.is_tensor(t) and (INT_DTYPES[t:dtype()] or t:dtype() == "bool") end
+for _, name in ipairs(FLOAT_UNARY) do
+  local f, f_ = methods[name], methods[name .. "_"]
+  methods[name] = function(t) return f(int_or_bool(t) and t:to("float32") or t) end
+  methods[name .. "_"] = function(t)
+    if int_or_bool(t) then
+      O.fail("EINVAL: %s_: result type float32 can't be cast to %s (the tensor written in place)", name, t:dtype())
+    end
+    return f_(t)
+  end
+end
+local int_same = {
+  floor = function(t) return t:clone() end, ceil = function(t) return t:clone() end,
+  relu = function(t) return t:maximum(0) end, square = function(t) return t * t end,
+}
+for name, g in pairs(int_same) do
+  local f, f_ = methods[name], methods[name .. "_"]
+  methods[name] = function(t) if T.is_tensor(t) and INT_DTYPES[t:dtype()] then return g(t) end return f(t) end
+  methods[name .. "_"] = function(t) if T.is_tensor(t) and INT_DTYPES[t:dtype()] then return t:copy(g(t)) end return f_(t) end
+end
+for _, name in ipairs({"round", "round_"}) do
+  local f = methods[name]
+  methods[name] = function(t, d)
+    if T.is_tensor(t) and INT_DTYPES[t:dtype()] and (d == nil or d == 0) then return name == "round" and t:clone() or t end
+    return f(t, d)
+  end
+end
+
 --- t:var([dim][, unbiased][, keepdim]) / t:std: the variance (its square
 --- root) over every element (a number) or along dim (a tensor), divided by
 --- n - correction: unbiased (correction 1) unless unbiased is false, as
