@@ -145,12 +145,10 @@ checked_factory("randn", 1, RANDOM)
 checked_factory("randint", 3, RANDOM)
 
 --- T.randint([low,] high, shape[, opts]): torch's forms; low defaults to 0.
-do
-  local randint = T.randint
-  T.randint = function(a, b, ...)
-    if math.type(a) == "integer" and type(b) == "table" and getmetatable(b) == nil then return randint(0, a, b, ...) end
-    return randint(a, b, ...)
-  end
+local randint_low_high = T.randint
+function T.randint(a, b, ...)
+  if math.type(a) == "integer" and type(b) == "table" and getmetatable(b) == nil then return randint_low_high(0, a, b, ...) end
+  return randint_low_high(a, b, ...)
 end
 
 -- The dtype torch.tensor infers for data: float32 when an entry is a Lua
@@ -400,7 +398,8 @@ mt.__unm = function(t) return methods.neg(t) end
 --- t:cumsum(dim[, dtype]) / t:cumprod: running sums / products along dim
 --- (integers and bools give int64, as torch's); dtype (a name or {dtype=})
 --- converts t first.
-for _, name in ipairs({"cumsum", "cumprod"}) do
+local CUMULATIVE = {"cumsum", "cumprod"}
+for _, name in ipairs(CUMULATIVE) do
   local f = methods[name]
   methods[name] = function(t, dim, dtype)
     dtype = dtype_arg(name, dtype)
@@ -455,30 +454,29 @@ end
 
 --- t:expand(sizes...) or t:expand({sizes}): a size of -1 keeps that dim's
 --- size, as torch's (only for t's own dims: new leading dims need a size).
-do
-  local expand = methods.expand
-  function methods.expand(t, ...)
-    local sizes = table.pack(...)
-    if type(sizes[1]) == "table" then sizes = table.pack(table.unpack(sizes[1])) end
-    if not T.is_tensor(t) then return expand(t, ...) end -- (the binding names the bad argument)
-    local lead, fixed = sizes.n - t:dim(), {}
-    for i = 1, sizes.n do
-      local s = sizes[i]
-      if s == -1 then
-        if i <= lead then O.fail("EINVAL: expand: -1 for new dim %d (only a dim of the tensor keeps its size)", i) end
-        s = t:size(i - lead)
-      end
-      fixed[i] = s
+local expand_sizes = methods.expand
+function methods.expand(t, ...)
+  local sizes = table.pack(...)
+  if type(sizes[1]) == "table" then sizes = table.pack(table.unpack(sizes[1])) end
+  if not T.is_tensor(t) then return expand_sizes(t, ...) end -- (the binding names the bad argument)
+  local lead, fixed = sizes.n - t:dim(), {}
+  for i = 1, sizes.n do
+    local s = sizes[i]
+    if s == -1 then
+      if i <= lead then O.fail("EINVAL: expand: -1 for new dim %d (only a dim of the tensor keeps its size)", i) end
+      s = t:size(i - lead)
     end
-    return expand(t, fixed)
+    fixed[i] = s
   end
+  return expand_sizes(t, fixed)
 end
 
 --- t:clamp([min][, max]) / t:clamp_ also on integer tensors, as torch's:
 --- in their dtype with integer bounds, in float32 with a Lua float bound
 --- (clamp_ then refuses, as torch does). min > max or a nan bound is EINVAL,
 --- as for float tensors.
-for _, name in ipairs({"clamp", "clamp_"}) do
+local CLAMPS = {"clamp", "clamp_"}
+for _, name in ipairs(CLAMPS) do
   local f = methods[name]
   methods[name] = function(t, lo, hi)
     if not (T.is_tensor(t) and INT_DTYPES[t:dtype()]) then return f(t, lo, hi) end
