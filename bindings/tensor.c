@@ -1493,6 +1493,24 @@ static const luaL_Reg tensor_fns[] = {
     {"addmm", t_addmm}, {"linear", t_linear}, {"linear_backward", t_linear_backward}, {NULL, NULL}};
 
 
+/* Records each function of the methods table (on the top of the stack)
+ * under its name in the registry's CRUN_L_METHOD_NAMES, so that an argument
+ * error raised while crun.tensor's Lua wrapper of t:sum calls the binding
+ * through a local still reads "bad argument #1 to 'sum'" (crun_l_argerror). */
+static void record_method_names(lua_State *L) {
+  lua_newtable(L);
+  lua_pushnil(L);
+  while (lua_next(L, -3)) { /* name at -2, function at -1 */
+    if (lua_type(L, -2) == LUA_TSTRING && lua_iscfunction(L, -1)) {
+      lua_pushvalue(L, -2);
+      lua_rawset(L, -4); /* names[function] = name */
+    } else {
+      lua_pop(L, 1);
+    }
+  }
+  lua_setfield(L, LUA_REGISTRYINDEX, CRUN_L_METHOD_NAMES);
+}
+
 /* Creates the metatable "crun.Tensor": __index dispatches through the methods
  * table (left on the stack for the caller). */
 static void open_tensor_class(lua_State *L) {
@@ -1501,6 +1519,7 @@ static void open_tensor_class(lua_State *L) {
   lua_newtable(L); /* methods */
   luaL_setfuncs(L, tensor_methods, 0);
   tensor_math_methods(L);
+  record_method_names(L);
   lua_pushvalue(L, -1);
   lua_pushcclosure(L, m_index, 1);
   lua_setfield(L, -3, "__index");
