@@ -825,4 +825,25 @@ describe("torch parity", function()
     assert.is_false(ok)
     assert.matches("^EINVAL: sqrt_: result type float32 can't be cast to int64", err)
   end)
+  it("an integer tensor to a non-negative integer power stays integer and wraps, as torch's", function()
+    local vals = {3, -2, 0, 7, -1}
+    local a = T.tensor(vals, "int32")
+    for _, k in ipairs({0, 1, 2, 5, 13}) do
+      local want = {}
+      for i, v in ipairs(vals) do
+        local p = 1
+        for _ = 1, k do p = p * v end
+        want[i] = (p + (1 << 31)) % (1 << 32) - (1 << 31) -- int32 wrap
+      end
+      local r = a:pow(k)
+      assert.equal("int32", r:dtype())
+      assert.same(want, r:totable(), "k = " .. k)
+      assert.same(want, (a ^ k):totable(), "^ " .. k)
+      assert.same(want, a:clone():pow_(k):totable(), "pow_ " .. k)
+    end
+    assert.equal("float32", a:pow(0.5):dtype())
+    local ok, err = pcall(function() return a:pow(-1) end)
+    assert.is_false(ok)
+    assert.matches("^EINVAL: pow: integers to negative integer powers are not allowed", err)
+  end)
 end)

@@ -529,6 +529,31 @@ for _, name in ipairs({"round", "round_"}) do
   end
 end
 
+--- t:pow(k) / t ^ k / t:pow_(k) of an integer tensor with a Lua integer k
+--- >= 0: in its dtype, wrapping, as torch's (by repeated squaring); a
+--- negative k is EINVAL, as torch refuses it. (A float k computes in float32.)
+local function int_power(t, k)
+  if k < 0 then O.fail("EINVAL: pow: integers to negative integer powers are not allowed (got %d)", k) end
+  local r, base = T.ones(t:size(), t:dtype(), {device = t:device()}), t
+  while k > 0 do
+    if k % 2 == 1 then r = r * base end
+    k = k // 2
+    if k > 0 then base = base * base end
+  end
+  return r
+end
+local POWS = {"pow", "pow_"}
+for _, name in ipairs(POWS) do
+  local f = methods[name]
+  methods[name] = function(t, k)
+    if T.is_tensor(t) and INT_DTYPES[t:dtype()] and math.type(k) == "integer" then
+      return name == "pow" and int_power(t, k) or t:copy(int_power(t, k))
+    end
+    return f(t, k)
+  end
+end
+mt.__pow = function(a, b) return methods.pow(a, b) end
+
 --- t:var([dim][, unbiased][, keepdim]) / t:std: the variance (its square
 --- root) over every element (a number) or along dim (a tensor), divided by
 --- n - correction: unbiased (correction 1) unless unbiased is false, as
