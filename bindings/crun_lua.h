@@ -25,6 +25,11 @@ int crun_l_error(lua_State *L, const char *fmt, ...);
  * self), without a position prefix. Never returns. */
 int crun_l_argerror(lua_State *L, int arg, const char *msg);
 
+/* Registry key of the table {C function = method name} of crun.Tensor's
+ * methods: a method that a Lua wrapper calls through a local (not as
+ * t:name) is still named, and its self not counted, in argument errors. */
+#define CRUN_L_METHOD_NAMES "crun.method_names"
+
 /* lauxlib's argument checks with the status first (check.c): each raises
  * "EINVAL: bad argument #n to 'f' (T expected, got U)" like crun_l_argerror.
  * Every binding uses these instead of luaL_check* / luaL_opt*. */

@@ -52,12 +52,36 @@ static const char *global_func_name(lua_State *L) {
   return NULL;
 }
 
+/* The method name recorded for the function on the top of the stack
+ * (CRUN_L_METHOD_NAMES), or NULL; the stack is left as it was. */
+static const char *recorded_method_name(lua_State *L) {
+  const char *name = NULL;
+  if (lua_getfield(L, LUA_REGISTRYINDEX, CRUN_L_METHOD_NAMES) == LUA_TTABLE) {
+    lua_pushvalue(L, -2);
+    if (lua_rawget(L, -2) == LUA_TSTRING) name = lua_tostring(L, -1); /* (the table keeps it alive) */
+    lua_pop(L, 1);
+  }
+  lua_pop(L, 1);
+  return name;
+}
+
+/* Whether a call named so came through a local, an upvalue or no name (a
+ * Lua wrapper's call of the binding), not as a method, field or global. */
+static int called_unnamed(const lua_Debug *ar) {
+  static const char *named[] = {"method", "field", "global", "metamethod"};
+  for (size_t i = 0; ar->namewhat && i < sizeof named / sizeof *named; i++)
+    if (strcmp(ar->namewhat, named[i]) == 0) return 0;
+  return 1;
+}
+
 int crun_l_argerror(lua_State *L, int arg, const char *msg) {
   lua_Debug ar;
   const char *name = "?";
   if (lua_getstack(L, 0, &ar)) {
     lua_getinfo(L, "nf", &ar);
     int hidden_self = lua_iscfunction(L, -1) && crun_l_hidden_self(lua_tocfunction(L, -1));
+    const char *method = called_unnamed(&ar) ? recorded_method_name(L) : NULL;
+    if (method) ar.name = method, ar.namewhat = "method";
     if (ar.name) {
       name = ar.name;
       lua_pop(L, 1);

@@ -998,7 +998,6 @@ static crun_tensor_t *exact_int64_scalar(lua_State *L, int idx, const crun_tenso
   return s;
 }
 
-
 /* 0 for bool, 1 for the integers, 2 for the floats: torch's kinds. */
 static int dtype_kind(crun_dtype_t dt) { return dt == CRUN_BOOL ? 0 : crun_dtype_is_integer(dt) ? 1 : 2; }
 
@@ -1096,10 +1095,11 @@ static int m_binop(lua_State *L) {
     into = a;
     inplace = 0;
   }
-  /* (a Lua float meeting an int tensor in place keeps the old rule: ENOTSUP
-   * when not integral) */
-  if ((!inplace || into) && (rc = into && !b && op != CRUN_BIN_DIV ? 0 : promote_operands(L, op == CRUN_BIN_DIV, a, b, &pa, &pb)) < 0) {
+  /* (a Lua float meeting an int tensor in place otherwise keeps the old
+   * rule: ENOTSUP when not integral) */
+  if (!inplace && (rc = promote_operands(L, op == CRUN_BIN_DIV, a, b, &pa, &pb)) < 0) {
     crun_tensor_release(pa);
+    crun_tensor_release(pb);
     crun_tensor_release(scaled);
     crun_l_fail(L, rc);
   }
@@ -1257,6 +1257,16 @@ static int m_cumulate(lua_State *L) {
   crun_tensor_t *a = crun_l_check_tensor(L, 1), *r;
   if (lua_isnoneornil(L, 2)) return crun_l_argerror(L, 2, "dim expected (torch's cumsum / cumprod need one)");
   return push_owned(L, crun_tensor_cumulate(op, a, check_reduce_dim(L, 2, a), &r), &r);
+}
+
+/* t:sort([dim[, descending]]) -> values, 1-based positions: along dim (the
+ * last by default), nan the largest, equal values in their order. */
+static int m_sort(lua_State *L) {
+  crun_tensor_t *a = crun_l_check_tensor(L, 1), *v = NULL, *ix = NULL;
+  int dim = lua_isnoneornil(L, 2) ? crun_tensor_ndim(a) - 1 : check_reduce_dim(L, 2, a);
+  CRUN_L_CHECK(L, crun_tensor_sort(a, dim, lua_toboolean(L, 3), 1, &v, &ix));
+  push_owned(L, 0, &v);
+  return 1 + push_owned(L, 0, &ix);
 }
 
 /* t:argmax([dim[, keepdim]]) / t:argmin: 1-based positions (a number with no
@@ -1428,6 +1438,8 @@ static void tensor_math_methods(lua_State *L) {
 #undef CRUN_X_RN
   };
   for (int op = 0; op < CRUN_DIMRED_COUNT; op++) set_op(L, reds[op], m_reduce, op, 0);
+  lua_pushcfunction(L, m_sort);
+  lua_setfield(L, -2, "sort");
   set_op(L, "cumsum", m_cumulate, CRUN_DIMRED_SUM, 0);
   set_op(L, "cumprod", m_cumulate, CRUN_DIMRED_PROD, 0);
   set_op(L, "floor_divide", m_divmod, CRUN_DIVMOD_FLOOR_DIVIDE, 0);
@@ -1481,6 +1493,24 @@ static const luaL_Reg tensor_fns[] = {
     {"addmm", t_addmm}, {"linear", t_linear}, {"linear_backward", t_linear_backward}, {NULL, NULL}};
 
 
+/* Records each function of the methods table (on the top of the stack)
+ * under its name in the registry's CRUN_L_METHOD_NAMES, so that an argument
+ * error raised while crun.tensor's Lua wrapper of t:sum calls the binding
+ * through a local still reads "bad argument #1 to 'sum'" (crun_l_argerror). */
+static void record_method_names(lua_State *L) {
+  lua_newtable(L);
+  lua_pushnil(L);
+  while (lua_next(L, -3)) { /* name at -2, function at -1 */
+    if (lua_type(L, -2) == LUA_TSTRING && lua_iscfunction(L, -1)) {
+      lua_pushvalue(L, -2);
+      lua_rawset(L, -4); /* names[function] = name */
+    } else {
+      lua_pop(L, 1);
+    }
+  }
+  lua_setfield(L, LUA_REGISTRYINDEX, CRUN_L_METHOD_NAMES);
+}
+
 /* Creates the metatable "crun.Tensor": __index dispatches through the methods
  * table (left on the stack for the caller). */
 static void open_tensor_class(lua_State *L) {
@@ -1489,6 +1519,7 @@ static void open_tensor_class(lua_State *L) {
   lua_newtable(L); /* methods */
   luaL_setfuncs(L, tensor_methods, 0);
   tensor_math_methods(L);
+  record_method_names(L);
   lua_pushvalue(L, -1);
   lua_pushcclosure(L, m_index, 1);
   lua_setfield(L, -3, "__index");

@@ -231,8 +231,8 @@ describe("dtype rules", function()
     local ok, err = pcall(function() return i:div_(2) end)
     assert.is_false(ok)
     assert.matches("^EINVAL: div_: result type float32 can't be cast to int64", err)
-    ok, err = pcall(function() return i:exp() end)
-    assert.matches("^ENOTSUP: exp needs a float32 or float64 tensor, got int64", err)
+    ok, err = pcall(function() return i:exp_() end)
+    assert.matches("^EINVAL: exp_: result type float32 can't be cast to int64", err)
     ok, err = pcall(function() return i:mul_(0.5) end)
     assert.matches("non%-integral scalar", err)
   end)
@@ -642,6 +642,9 @@ describe("torch parity", function()
     local e = T.tensor({3, -4}, "int64")
     e:eq_(T.tensor({3, 4}, "int32"))
     assert.same({1, 0}, e:totable())
+    local k = T.tensor({0, 1, -2}, "int32")
+    k:gt_(0.5) -- compared as floats, as torch's
+    assert.same({0, 1, 0}, k:totable())
     for _, c in ipairs({
       {function() T.tensor({1, 2}, "int32"):add_(T.tensor({0.5, 1})) end, "result type float32 can't be cast to int32"},
       {function() T.tensor({1, 2}, "int32"):div_(T.tensor({2, 2}, "int32")) end, "result type float32 can't be cast to int32"},
@@ -710,5 +713,137 @@ describe("torch parity", function()
     local ok, err = pcall(function() return T.ones(2):cumsum() end)
     assert.is_false(ok)
     assert.matches("dim", err)
+  end)
+  it("sort, argsort and topk: nan is the largest, equal values keep their order (torch's stable sort)", function()
+    local nan = 0 / 0
+    local v = {3, 1, nan, 1, 3, -0.5, 0.25, -math.huge, 1}
+    local x = T.tensor(v, "float64")
+    -- the expected order: by value (nan last), then by position
+    local order = {}
+    for i = 1, #v do order[i] = i end
+    local function key(e) return e ~= e and math.huge * 2 or e end
+    local function before(i, j)
+      local a, b = v[i], v[j]
+      if a ~= a and b ~= b then return i < j end
+      if a ~= a then return false end
+      if b ~= b then return true end
+      if a ~= b then return a < b end
+      return i < j
+    end
+    table.sort(order, before)
+    local vals, idx = x:sort()
+    assert.same(order, idx:totable())
+    for k, i in ipairs(order) do
+      local got = vals[k]
+      assert.is_true(got == v[i] or (got ~= got and v[i] ~= v[i]), "sorted value " .. k)
+    end
+    local desc = {}
+    table.sort(order, function(i, j)
+      local a, b = v[i], v[j]
+      if (a ~= a) ~= (b ~= b) then return a ~= a end
+      if a == b or (a ~= a and b ~= b) then return i < j end
+      return a > b
+    end)
+    local dv, di = x:sort(1, true)
+    assert.same(order, di:totable())
+    assert.same(order, x:argsort(1, true):totable())
+    assert.same(order, select(2, x:sort{descending = true}):totable())
+    local tv, ti = x:topk(4)
+    assert.same({order[1], order[2], order[3], order[4]}, ti:totable())
+    assert.equal(3, tv[2])
+    local lv, li = x:topk(3, 1, false)
+    assert.same({8, 6, 7}, li:totable())
+    assert.same({-math.huge, -0.5, 0.25}, lv:totable())
+    local m = T.tensor({{3, -1, 2}, {0, 5, -4}}, "int32")
+    local sv, si = m:sort(1)
+    assert.same({{0, -1, -4}, {3, 5, 2}}, sv:totable())
+    assert.same({{2, 1, 2}, {1, 2, 1}}, si:totable())
+    assert.same({{3, 2}, {5, 0}}, (m:topk(2)):totable())
+    assert.same({{1, 3}, {2, 1}}, select(2, m:topk(2, {dim = 2})):totable())
+    assert.same({{3, 5, 2}}, m:topk(1, 1):totable())
+    local big = T.tensor({math.maxinteger, math.maxinteger - 1})
+    assert.same({math.maxinteger - 1, math.maxinteger}, (big:sort()):totable()) -- int64 compared exactly
+    local ok, err = pcall(function() return m:topk(4) end)
+    assert.is_false(ok)
+    assert.matches("^EINVAL: topk: k 4 out of range for dim 2 of size 3", err)
+  end)
+  it("expand takes -1 for a dim it keeps, as torch's", function()
+    local x = T.tensor({{1.5}, {-2}, {7}})
+    assert.same({{1.5, 1.5, 1.5, 1.5}, {-2, -2, -2, -2}, {7, 7, 7, 7}}, x:expand(-1, 4):totable())
+    assert.same({2, 3, 2}, x:expand({2, -1, 2}):size())
+    local ok, err = pcall(function() return x:expand(-1, 4, 2) end)
+    assert.is_false(ok) -- -1 for a new leading dim has no size to keep
+    assert.matches("^EINVAL: expand: %-1 for new dim 1", err)
+  end)
+  it("clamp of integer tensors, in their dtype (float bounds: float32, as torch's)", function()
+    local vals = {-7, 3, 12, 0, -1}
+    local a = T.tensor(vals, "int32")
+    local want, half = {}, {}
+    for i, v in ipairs(vals) do
+      want[i] = math.min(math.max(v, -2), 5)
+      half[i] = math.min(math.max(v, -1.5), 4.5)
+    end
+    assert.equal("int32", a:clamp(-2, 5):dtype())
+    assert.same(want, a:clamp(-2, 5):totable())
+    assert.same(want, a:clone():clamp_(-2, 5):totable())
+    assert.same(want, T.clamp(a, -2, 5):totable())
+    local h = a:clamp(-1.5, 4.5)
+    assert.equal("float32", h:dtype())
+    assert.same(half, h:totable())
+    local lo = {}
+    for i, v in ipairs(vals) do lo[i] = math.max(v, 1) end
+    assert.same(lo, a:clamp(1):totable())
+    local ok, err = pcall(function() return a:clone():clamp_(0.5, 2) end)
+    assert.is_false(ok)
+    assert.matches("^EINVAL: clamp_: result type float32 can't be cast to int32", err)
+    ok, err = pcall(function() return a:clamp(5, -2) end)
+    assert.matches("^EINVAL: clamp: min 5 > max %-2", err)
+  end)
+  it("float math of integer and bool tensors computes in float32; floor/ceil/round/relu/square keep integers, as torch's", function()
+    local f32 = function(x) return (string.unpack("f", string.pack("f", x))) end
+    local vals = {4, 9, -1, 0, 2}
+    local a = T.tensor(vals, "int64")
+    local s = a:sqrt()
+    assert.equal("float32", s:dtype())
+    local got = s:totable()
+    for i, v in ipairs(vals) do
+      if v < 0 then assert.is_true(got[i] ~= got[i]) else assert.equal(f32(math.sqrt(v)), got[i]) end
+    end
+    assert.same({f32(math.exp(4)), f32(math.exp(9))}, {a:exp()[1], a:exp()[2]})
+    assert.equal("float32", T.tensor({true, false}):sigmoid():dtype())
+    assert.equal(f32(1 / 9), a:reciprocal()[2])
+    for _, name in ipairs({"floor", "ceil", "round"}) do
+      assert.equal("int64", a[name](a):dtype(), name)
+      assert.same(vals, a[name](a):totable(), name)
+    end
+    assert.same({4, 9, 0, 0, 2}, a:relu():totable())
+    assert.equal("int64", a:relu():dtype())
+    local sq = T.tensor({46341, -3}, "int32"):square()
+    assert.equal("int32", sq:dtype())
+    assert.same({46341 * 46341 - (1 << 32), 9}, sq:totable()) -- wraps, as torch's
+    local ok, err = pcall(function() return a:clone():sqrt_() end)
+    assert.is_false(ok)
+    assert.matches("^EINVAL: sqrt_: result type float32 can't be cast to int64", err)
+  end)
+  it("an integer tensor to a non-negative integer power stays integer and wraps, as torch's", function()
+    local vals = {3, -2, 0, 7, -1}
+    local a = T.tensor(vals, "int32")
+    for _, k in ipairs({0, 1, 2, 5, 13}) do
+      local want = {}
+      for i, v in ipairs(vals) do
+        local p = 1
+        for _ = 1, k do p = p * v end
+        want[i] = (p + (1 << 31)) % (1 << 32) - (1 << 31) -- int32 wrap
+      end
+      local r = a:pow(k)
+      assert.equal("int32", r:dtype())
+      assert.same(want, r:totable(), "k = " .. k)
+      assert.same(want, (a ^ k):totable(), "^ " .. k)
+      assert.same(want, a:clone():pow_(k):totable(), "pow_ " .. k)
+    end
+    assert.equal("float32", a:pow(0.5):dtype())
+    local ok, err = pcall(function() return a:pow(-1) end)
+    assert.is_false(ok)
+    assert.matches("^EINVAL: pow: integers to negative integer powers are not allowed", err)
   end)
 end)

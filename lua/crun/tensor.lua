@@ -144,13 +144,11 @@ checked_factory("rand", 1, RANDOM)
 checked_factory("randn", 1, RANDOM)
 checked_factory("randint", 3, RANDOM)
 
--- T.randint([low,] high, shape[, opts]): torch's forms; low defaults to 0.
-do
-  local randint = T.randint
-  T.randint = function(a, b, ...)
-    if math.type(a) == "integer" and type(b) == "table" and getmetatable(b) == nil then return randint(0, a, b, ...) end
-    return randint(a, b, ...)
-  end
+--- T.randint([low,] high, shape[, opts]): torch's forms; low defaults to 0.
+local randint_low_high = T.randint
+function T.randint(a, b, ...)
+  if math.type(a) == "integer" and type(b) == "table" and getmetatable(b) == nil then return randint_low_high(0, a, b, ...) end
+  return randint_low_high(a, b, ...)
 end
 
 -- The dtype torch.tensor infers for data: float32 when an entry is a Lua
@@ -398,10 +396,11 @@ for name, g in pairs(int_unary) do
 end
 mt.__unm = function(t) return methods.neg(t) end
 
--- t:cumsum(dim[, dtype]) / t:cumprod: running sums / products along dim
--- (integers and bools give int64, as torch's); dtype (a name or {dtype=})
--- converts t first.
-for _, name in ipairs({"cumsum", "cumprod"}) do
+--- t:cumsum(dim[, dtype]) / t:cumprod: running sums / products along dim
+--- (integers and bools give int64, as torch's); dtype (a name or {dtype=})
+--- converts t first.
+local CUMULATIVE = {"cumsum", "cumprod"}
+for _, name in ipairs(CUMULATIVE) do
   local f = methods[name]
   methods[name] = function(t, dim, dtype)
     dtype = dtype_arg(name, dtype)
@@ -409,6 +408,152 @@ for _, name in ipairs({"cumsum", "cumprod"}) do
     return f(t, dim)
   end
 end
+
+--- t:sort([dim][, descending]) or t:sort{dim=, descending=, stable=} ->
+--- values, 1-based positions: along dim (the last by default), nan the
+--- largest, equal values in their original order (torch's stable sort; its
+--- unstable default may order ties otherwise). t:argsort(...) -> positions.
+local SORT = O.spec{"dim", "descending", "stable"}
+do
+  local sort = methods.sort
+  function methods.sort(t, dim, descending)
+    if type(dim) == "table" and getmetatable(dim) == nil then
+      local o = O.check(SORT, "sort", dim)
+      dim, descending = o.dim, o.descending
+    end
+    if descending ~= nil and type(descending) ~= "boolean" then
+      O.fail("EINVAL: sort: descending must be true or false, got %s", tostring(descending))
+    end
+    return sort(t, dim, descending)
+  end
+end
+function methods.argsort(t, dim, descending) return select(2, methods.sort(t, dim, descending)) end
+
+--- t:topk(k[, dim][, largest][, sorted]) or t:topk(k, {dim=, largest=, sorted=})
+--- -> values, 1-based positions of the k largest (smallest when largest is
+--- false) along dim (the last by default), largest first (nan counts as the
+--- largest, as torch's); always sorted.
+local TOPK = O.spec{"dim", "largest", "sorted"}
+function methods.topk(t, k, dim, largest)
+  if type(dim) == "table" and getmetatable(dim) == nil then
+    local o = O.check(TOPK, "topk", dim)
+    dim, largest = o.dim, o.largest
+  end
+  if largest ~= nil and type(largest) ~= "boolean" then
+    O.fail("EINVAL: topk: largest must be true or false, got %s", tostring(largest))
+  end
+  if not T.is_tensor(t) then argerror(1, "topk", "tensor expected, got %s", type(t)) end
+  local d = dim or (t:dim() == 0 and 1 or t:dim())
+  local n = t:dim() == 0 and 1 or t:size(d)
+  if math.type(k) ~= "integer" or k < 0 or k > n then
+    O.fail("EINVAL: topk: k %s out of range for dim %d of size %d", tostring(k), d, n)
+  end
+  local v, i = methods.sort(t, d, largest ~= false)
+  if t:dim() == 0 then return v, i end
+  return v:narrow(d, 1, k):contiguous(), i:narrow(d, 1, k):contiguous()
+end
+
+--- t:expand(sizes...) or t:expand({sizes}): a size of -1 keeps that dim's
+--- size, as torch's (only for t's own dims: new leading dims need a size).
+local expand_sizes = methods.expand
+function methods.expand(t, ...)
+  local sizes = table.pack(...)
+  if type(sizes[1]) == "table" then sizes = table.pack(table.unpack(sizes[1])) end
+  if not T.is_tensor(t) then return expand_sizes(t, ...) end -- (the binding names the bad argument)
+  local lead, fixed = sizes.n - t:dim(), {}
+  for i = 1, sizes.n do
+    local s = sizes[i]
+    if s == -1 then
+      if i <= lead then O.fail("EINVAL: expand: -1 for new dim %d (only a dim of the tensor keeps its size)", i) end
+      s = t:size(i - lead)
+    end
+    fixed[i] = s
+  end
+  return expand_sizes(t, fixed)
+end
+
+--- t:clamp([min][, max]) / t:clamp_ also on integer tensors, as torch's:
+--- in their dtype with integer bounds, in float32 with a Lua float bound
+--- (clamp_ then refuses, as torch does). min > max or a nan bound is EINVAL,
+--- as for float tensors.
+local CLAMPS = {"clamp", "clamp_"}
+for _, name in ipairs(CLAMPS) do
+  local f = methods[name]
+  methods[name] = function(t, lo, hi)
+    if not (T.is_tensor(t) and INT_DTYPES[t:dtype()]) then return f(t, lo, hi) end
+    for _, b in ipairs({lo, hi}) do
+      if b ~= b then O.fail("EINVAL: clamp: %s is nan", b == lo and "min" or "max") end
+    end
+    if lo ~= nil and hi ~= nil and lo > hi then O.fail("EINVAL: clamp: min %s > max %s", tostring(lo), tostring(hi)) end
+    local r = t
+    if lo ~= nil then r = r:maximum(lo) end
+    if hi ~= nil then r = r:minimum(hi) end
+    if name == "clamp" then return r == t and t:clone() or r end
+    if r:dtype() ~= t:dtype() then
+      O.fail("EINVAL: clamp_: result type %s can't be cast to %s (the tensor written in place)", r:dtype(), t:dtype())
+    end
+    return r == t and t or t:copy(r)
+  end
+end
+
+--- The float math of integer and bool tensors, as torch's: exp, log, tanh,
+--- sigmoid, sqrt, sin, cos, reciprocal, log1p, expm1 and rsqrt compute in
+--- float32 (their _ forms refuse: the result is not of the tensor's dtype);
+--- floor, ceil and round of an integer tensor are a copy, relu and square
+--- stay in its dtype (square wraps).
+local FLOAT_UNARY = {"exp", "log", "tanh", "sigmoid", "sqrt", "sin", "cos", "reciprocal", "log1p", "expm1", "rsqrt"}
+local function int_or_bool(t) return T.is_tensor(t) and (INT_DTYPES[t:dtype()] or t:dtype() == "bool") end
+for _, name in ipairs(FLOAT_UNARY) do
+  local f, f_ = methods[name], methods[name .. "_"]
+  methods[name] = function(t) return f(int_or_bool(t) and t:to("float32") or t) end
+  methods[name .. "_"] = function(t)
+    if int_or_bool(t) then
+      O.fail("EINVAL: %s_: result type float32 can't be cast to %s (the tensor written in place)", name, t:dtype())
+    end
+    return f_(t)
+  end
+end
+local int_same = {
+  floor = function(t) return t:clone() end, ceil = function(t) return t:clone() end,
+  relu = function(t) return t:maximum(0) end, square = function(t) return t * t end,
+}
+for name, g in pairs(int_same) do
+  local f, f_ = methods[name], methods[name .. "_"]
+  methods[name] = function(t) if T.is_tensor(t) and INT_DTYPES[t:dtype()] then return g(t) end return f(t) end
+  methods[name .. "_"] = function(t) if T.is_tensor(t) and INT_DTYPES[t:dtype()] then return t:copy(g(t)) end return f_(t) end
+end
+for _, name in ipairs({"round", "round_"}) do
+  local f = methods[name]
+  methods[name] = function(t, d)
+    if T.is_tensor(t) and INT_DTYPES[t:dtype()] and (d == nil or d == 0) then return name == "round" and t:clone() or t end
+    return f(t, d)
+  end
+end
+
+--- t:pow(k) / t ^ k / t:pow_(k) of an integer tensor with a Lua integer k
+--- >= 0: in its dtype, wrapping, as torch's (by repeated squaring); a
+--- negative k is EINVAL, as torch refuses it. (A float k computes in float32.)
+local function int_power(t, k)
+  if k < 0 then O.fail("EINVAL: pow: integers to negative integer powers are not allowed (got %d)", k) end
+  local r, base = T.ones(t:size(), t:dtype(), {device = t:device()}), t
+  while k > 0 do
+    if k % 2 == 1 then r = r * base end
+    k = k // 2
+    if k > 0 then base = base * base end
+  end
+  return r
+end
+local POWS = {"pow", "pow_"}
+for _, name in ipairs(POWS) do
+  local f = methods[name]
+  methods[name] = function(t, k)
+    if T.is_tensor(t) and INT_DTYPES[t:dtype()] and math.type(k) == "integer" then
+      return name == "pow" and int_power(t, k) or t:copy(int_power(t, k))
+    end
+    return f(t, k)
+  end
+end
+mt.__pow = function(a, b) return methods.pow(a, b) end
 
 --- t:var([dim][, unbiased][, keepdim]) / t:std: the variance (its square
 --- root) over every element (a number) or along dim (a tensor), divided by
@@ -449,7 +594,7 @@ end
 local function_forms = {"add", "sub", "mul", "div", "floor_divide", "remainder", "fmod", "pow", "maximum", "minimum", "eq", "ne",
   "lt", "le", "gt", "ge", "neg", "exp", "log", "tanh", "sigmoid", "relu", "sqrt", "abs", "sin",
   "cos", "floor", "ceil", "round", "sign", "reciprocal", "square", "log1p", "expm1", "rsqrt",
-  "clamp", "sum", "mean", "prod", "cumsum", "cumprod", "var", "std", "max", "min", "argmax", "argmin", "mm", "softmax",
+  "clamp", "sum", "mean", "prod", "cumsum", "cumprod", "var", "std", "sort", "argsort", "topk", "max", "min", "argmax", "argmin", "mm", "softmax",
   "log_softmax", "index_select", "gather", "transpose", "t", "narrow", "select", "view",
   "reshape", "clone", "contiguous", "numel", "equal", "allclose"}
 for _, name in ipairs(function_forms) do

@@ -267,6 +267,13 @@ int crun_tensor_reduce_dim(crun_dimred_t op, crun_tensor_t *a, int dim, int keep
  * floats accumulate in double. Host tensors only. */
 int crun_tensor_cumulate(crun_dimred_t op, crun_tensor_t *a, int dim, crun_tensor_t **out);
 
+/* torch's sort along `dim` (0-based; -1 for a 0-d tensor): *values holds
+ * each slice ordered ascending (descending when `descending`), nan the
+ * largest, equal values in their original order (torch's stable=True);
+ * *indices (int64) their positions counted from `base`. Host tensors only. */
+int crun_tensor_sort(crun_tensor_t *a, int dim, int descending, int64_t base, crun_tensor_t **values,
+                     crun_tensor_t **indices);
+
 /* C = alpha * op(A) op(B) + beta * C for 2-d float tensors of one dtype,
  * op(X) = X or X^T; C must not overlap A or B. Uses OpenBLAS gemm. */
 int crun_tensor_gemm(int trans_a, int trans_b, double alpha, crun_tensor_t *A, crun_tensor_t *B,
