@@ -111,6 +111,15 @@ static int eng_run(void *state, crun__coll_t *c) {
   return crun__pg_timeout_report(e->pg, dispatch(e->comm, c, c->timeout));
 }
 
+/* The group failed on this rank (backend.h crun__engine_t.abort): the peers
+ * waiting in the engine, now or at their next call, fail with its text. */
+static void eng_abort(void *state, int status, const char *text) {
+  eng_t *e = state;
+  /* a failure of the engine's own has written the record already */
+  if (e->comm && !atomic_load_explicit(&e->comm->hdr->abort_rank, memory_order_acquire))
+    crun__shm_fail(e->comm, status, "%s", text);
+}
+
 static void eng_destroy(void *state) {
   eng_t *e = state;
   crun__shm_comm_destroy(e->comm);
@@ -138,7 +147,7 @@ int crun__shm_engine_open(crun_pg_t *pg, crun__engine_t *out) {
   e->pg = pg;
   e->comm = c;
   *out = (crun__engine_t){.name = "shm", .state = e, .supports = eng_supports,
-                          .run = eng_run, .destroy = eng_destroy, .posts_obs = 1};
+                          .run = eng_run, .destroy = eng_destroy, .abort = eng_abort, .posts_obs = 1};
   CRUN_LOG(INFO, SHM, "group of %d ranks uses the shared-memory engine", pg->size);
   return 0;
 }
