@@ -472,10 +472,7 @@ function DDP:state_dict(opts)
   return self.module:state_dict(type(opts) == "table" and opts.keyed and under_module(opts) or opts)
 end
 function DDP:load_state_dict(sd, opts)
-  local keyed = false
-  for k in pairs(type(sd) == "table" and sd or {}) do
-    if type(k) == "string" then keyed = true break end
-  end
+  local keyed = require("crun.nn").state_dict_key(sd) ~= nil
   return self.module:load_state_dict(sd, keyed and under_module(opts or {}) or opts)
 end
 

@@ -600,11 +600,10 @@ end
 -- ({u, e} records) and bufs, or for params alone.
 local function check_full_sd(sd, params, bufs)
   local F = "EINVAL: FSDP:load_state_dict: "
-  for k in pairs(type(sd) == "table" and sd or {}) do
-    if type(k) == "string" then
-      O.fail(F .. "a state dict keyed by names (key \"%s\") is not supported yet: FSDP loads the list form "
-        .. "(state_dict() without keyed)", k)
-    end
+  local key = require("crun.nn").state_dict_key(sd)
+  if key then
+    O.fail(F .. "a state dict keyed by names (key \"%s\") is not supported yet: FSDP loads the list form "
+      .. "(state_dict() without keyed)", key)
   end
   local n = type(sd) == "table" and #sd
   if n ~= #params + #bufs and n ~= #params then

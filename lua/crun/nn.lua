@@ -301,6 +301,13 @@ end
 
 local STATE_DICT = O.spec{"keyed", "prefix", inert = {keep_vars = "crun tensors carry no autograd state"}}
 
+-- opts.prefix of state_dict / load_state_dict: nil or a string.
+local function check_prefix(fname, opts)
+  if opts.prefix ~= nil and type(opts.prefix) ~= "string" then
+    O.fail("EINVAL: %s: prefix must be a string, got %s", fname, type(opts.prefix))
+  end
+end
+
 --- The model's state for crun.save: by default a plain list of copies of the
 -- parameter values then the buffer values. {keyed = true} gives torch's
 -- form instead: name -> copy ("0.weight", "1.running_mean", ...; the names of
@@ -309,9 +316,7 @@ local STATE_DICT = O.spec{"keyed", "prefix", inert = {keep_vars = "crun tensors 
 function Module:state_dict(opts)
   opts = O.check(STATE_DICT, "state_dict", opts)
   O.bool("state_dict", "keyed", opts.keyed, false)
-  if opts.prefix ~= nil and type(opts.prefix) ~= "string" then
-    O.fail("EINVAL: state_dict: prefix must be a string, got %s", type(opts.prefix))
-  end
+  check_prefix("state_dict", opts)
   local sd = {}
   if opts.keyed then
     local byname = keyed_entries(self, opts.prefix or "")
@@ -328,12 +333,26 @@ local function shape_str(t)
   return t:dim() == 0 and "scalar" or table.concat(t:size(), "x")
 end
 
--- Whether sd is keyed by names (a string key), not a list.
-local function is_keyed(sd)
+--- nn.state_dict_key(sd): a name sd is keyed by (its first string key), or
+-- nil for a list (or what is no table): tells torch's keyed form from
+-- state_dict()'s list (DDP and FSDP ask too).
+function nn.state_dict_key(sd)
+  if type(sd) ~= "table" then return nil end
   for k in pairs(sd) do
-    if type(k) == "string" then return true end
+    if type(k) == "string" then return k end
   end
-  return false
+  return nil
+end
+
+-- Refuses state dict entry v for the model's tensor p unless it is a tensor
+-- of p's shape; entry and what name it in the error ("entry 3" / "tensor 3").
+local function check_entry(v, p, entry, what)
+  if not is_tensor(v) then
+    O.fail("EINVAL: load_state_dict: %s is a %s, a tensor is expected", entry, type(v))
+  end
+  if shape_str(v) ~= shape_str(p) then
+    O.fail("EINVAL: load_state_dict: %s has shape %s, the model's has %s", what, shape_str(v), shape_str(p))
+  end
 end
 
 -- "a", "b" and "c" -> '"a", "b", "c"' (torch's way of listing keys).
@@ -368,13 +387,7 @@ local function load_keyed(self, sd, strict, prefix)
       table.concat(parts, "; "))
   end
   for _, name in ipairs(names) do
-    local v = sd[name]
-    if v ~= nil and not is_tensor(v) then
-      O.fail("EINVAL: load_state_dict: entry \"%s\" is a %s, a tensor is expected", name, type(v))
-    end
-    if v ~= nil and shape_str(v) ~= shape_str(byname[name]) then
-      O.fail("EINVAL: load_state_dict: \"%s\" has shape %s, the model's has %s", name, shape_str(v), shape_str(byname[name]))
-    end
+    if sd[name] ~= nil then check_entry(sd[name], byname[name], 'entry "' .. name .. '"', '"' .. name .. '"') end
   end
   for _, name in ipairs(names) do
     if sd[name] ~= nil then byname[name]:copy(sd[name]) end
@@ -395,10 +408,8 @@ end
 function Module:load_state_dict(sd, opts)
   opts = O.check(LOAD_STATE_DICT, "load_state_dict", opts)
   local strict = O.bool("load_state_dict", "strict", opts.strict, true)
-  if opts.prefix ~= nil and type(opts.prefix) ~= "string" then
-    O.fail("EINVAL: load_state_dict: prefix must be a string, got %s", type(opts.prefix))
-  end
-  if type(sd) == "table" and is_keyed(sd) then return load_keyed(self, sd, strict, opts.prefix or "") end
+  check_prefix("load_state_dict", opts)
+  if nn.state_dict_key(sd) then return load_keyed(self, sd, strict, opts.prefix or "") end
   if opts.prefix ~= nil then
     O.fail("EINVAL: load_state_dict: prefix applies to a state dict keyed by names; this one is a list")
   end
@@ -411,14 +422,7 @@ function Module:load_state_dict(sd, opts)
     O.fail("EINVAL: load_state_dict: expected %d tensors, got %s (%d parameters, %d buffers)", #params + #bufs,
       type(sd) == "table" and tostring(#sd) or type(sd), #params, #bufs)
   end
-  for i, p in ipairs(all) do
-    if not is_tensor(sd[i]) then
-      O.fail("EINVAL: load_state_dict: entry %d is a %s, a tensor is expected", i, type(sd[i]))
-    end
-    if shape_str(sd[i]) ~= shape_str(p) then
-      O.fail("EINVAL: load_state_dict: tensor %d has shape %s, the model's has %s", i, shape_str(sd[i]), shape_str(p))
-    end
-  end
+  for i, p in ipairs(all) do check_entry(sd[i], p, "entry " .. i, "tensor " .. i) end
   for i, p in ipairs(all) do p:copy(sd[i]) end
 end
 

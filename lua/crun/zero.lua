@@ -35,10 +35,7 @@ local function dist() return require "crun.dist" end
 local function core() return require "crun.core" end
 
 local Z = {}
-Z.__index = function(self, k) -- its methods, and torch's param_groups (crun.optim.param_groups)
-  if k == "param_groups" then return require("crun.optim").param_groups(self) end
-  return Z[k]
-end
+Z.__index = require("crun.optim").index_with_groups(Z) -- its methods, and torch's param_groups
 Z.__name = "crun.ZeroRedundancyOptimizer"
 
 local OWN_KEYS = {group = true, parameters_as_bucket_view = true}
