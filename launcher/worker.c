@@ -265,15 +265,10 @@ static int exec_program(const crun__opts_t *o) {
     fprintf(stderr, "crun-lua: %s\n", crun_last_error() + strlen("EINVAL: "));
     return 127;
   }
-  int n = o->argc - o->script_index;
-  char **args = calloc((size_t)n + 1, sizeof *args);
-  if (!args) return 127;
-  for (int i = 0; i < n; i++) args[i] = o->argv[o->script_index + i];
   fflush(stdout);
   fflush(stderr);
-  execv(path, args);
+  execv(path, o->argv + o->script_index); /* the program as given, its arguments; main's argv ends in NULL */
   fprintf(stderr, "crun-lua: --no-python: cannot run %s: %s\n", path, strerror(errno));
-  free(args);
   return 127;
 }
 
