@@ -130,8 +130,9 @@ local function measure(fn, iters, warmup, no_barrier, sync, a, b, cap, budget)
   for _ = 1, warmup do fn(a, b); if sync then sync() end end
   if not iters then
     local pace = T.new({(crun.clock() - w0) / math.max(warmup, 1)}, "float64")
+    if sync then pace = pace:cuda() end -- an nccl group takes CUDA tensors only
     dist.all_reduce(pace, "max")
-    local t = pace:totable()[1]
+    local t = pace:cpu():totable()[1]
     iters = math.max(3, math.min(cap, t > 0 and math.floor(budget / t) or cap))
   end
   -- a plain Lua table while timing (no binding call per iteration: with
