@@ -219,6 +219,19 @@ else
     local t = dev("float32", rank, 9)
     dist.all_reduce(t, dist.make_premul_sum(0.5))
     expect(t, 9, function(i) return 0.5 * reduced("float32", "sum", i) end, "premul_sum")
+    -- past 16 KiB, in place and out of place: NCCL's one-rank kernel (before
+    -- 2.29.7) leaves the tail of such a count unscaled
+    for _, dn in ipairs({{"float64", 4099}, {"float32", 4097}}) do
+      local dtype, n = dn[1], dn[2]
+      local a = dev(dtype, rank, n)
+      dist.all_reduce(a, dist.make_premul_sum(0.5))
+      expect(a, n, function(i) return 0.5 * reduced(dtype, "sum", i) end, "premul_sum all_reduce " .. dtype)
+      local list = {}
+      for j = 1, size do list[j] = dev(dtype, rank, n) end
+      local o = T.zeros({n}, dtype):cuda()
+      dist.reduce_scatter(o, list, dist.make_premul_sum(0.25))
+      expect(o, n, function(i) return 0.25 * reduced(dtype, "sum", i) end, "premul_sum reduce_scatter " .. dtype)
+    end
   end)
   case("bitwise ops are ENOTSUP naming op and dtype", function()
     fails_with(function() dist.all_reduce(dev("int32", rank, 3), "bxor") end, "ENOTSUP", "bxor on int32",

@@ -430,6 +430,24 @@ static void scale(call_t *k, void *buf, size_t n) {
   if (k->factor != 1) crun_scale_mul(k->dt, buf, buf, n, k->factor);
 }
 
+/* What NCCL writes of a one-rank avg or premul_sum on a floating type.
+ * Before 2.29.7 (the double answers for the nccl.h it was built against)
+ * its one-rank kernel splits n elements over min(32, ceil(n*es / 16 KiB))
+ * blocks of alignUp(n / blocks, 16 B) elements each, and that can end short
+ * of n: the last elements stay as they were (seen on an H200 with 2.28.9).
+ * The double writes the same prefix, so crun's one-rank way round it
+ * (red_op in runtime/backend/nccl/nccl.c) is tested here. */
+static size_t onerank_written(const call_t *k, ncclRedOp_t op, size_t n) {
+  if (NCCL_VERSION_CODE >= NCCL_VERSION(2, 29, 7) || k->comm->nranks != 1 || n == 0) return n;
+  if (op != ncclAvg && (int)op < (int)ncclNumOps) return n; /* sum, prod, min, max: a plain copy */
+  if (k->dt != CRUN_FLOAT16 && k->dt != CRUN_BFLOAT16 && k->dt != CRUN_FLOAT32 && k->dt != CRUN_FLOAT64)
+    return n; /* integer avg is a sum and a division: the copy too */
+  size_t blocks = (n * k->es + 16383) / 16384, pack = 16 / k->es;
+  if (blocks > 32) blocks = 32;
+  size_t each = (n / blocks + pack - 1) / pack * pack;
+  return blocks * each < n ? blocks * each : n;
+}
+
 ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype, ncclRedOp_t op,
                            ncclComm_t comm, cudaStream_t stream) {
   call_t k;
@@ -443,7 +461,7 @@ ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count, n
   scale(&k, s, count);
   crun_work_t *w = NULL;
   r = crun_pg_all_reduce(comm->pg, s, count, k.dt, k.op, NULL, &w) < 0 ? ncclSystemError : await(comm, w, "ncclAllReduce");
-  if (r == ncclSuccess) copy_out(recvbuff, s, count * k.es);
+  if (r == ncclSuccess) copy_out(recvbuff, s, onerank_written(&k, op, count) * k.es);
   return finish(&k, r, s, NULL);
 }
 
@@ -460,7 +478,7 @@ ncclResult_t ncclReduce(const void *sendbuff, void *recvbuff, size_t count, nccl
   scale(&k, s, count);
   crun_work_t *w = NULL;
   r = crun_pg_reduce(comm->pg, s, count, k.dt, k.op, root, NULL, &w) < 0 ? ncclSystemError : await(comm, w, "ncclReduce");
-  if (r == ncclSuccess && comm->rank == root) copy_out(recvbuff, s, count * k.es);
+  if (r == ncclSuccess && comm->rank == root) copy_out(recvbuff, s, onerank_written(&k, op, count) * k.es);
   return finish(&k, r, s, NULL);
 }
 
@@ -522,7 +540,7 @@ ncclResult_t ncclReduceScatter(const void *sendbuff, void *recvbuff, size_t recv
   r = crun_pg_reduce_scatter(comm->pg, d, ins, recvcount, k.dt, k.op, NULL, &w) < 0 ? ncclSystemError
                                                                                      : await(comm, w, "ncclReduceScatter");
   free(ins);
-  if (r == ncclSuccess) copy_out(recvbuff, d, bytes);
+  if (r == ncclSuccess) copy_out(recvbuff, d, onerank_written(&k, op, recvcount) * k.es);
   return finish(&k, r, s, d);
 }
 

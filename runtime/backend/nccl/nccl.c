@@ -9,6 +9,7 @@
 
 #include "backend/nccl/nccl_int.h"
 #include "cuda/cuda_int.h"
+#include "cuda/launch.h"
 
 /* The caller's current stream on dev (crun.cuda.current_stream). */
 static cudaStream_t current_stream(int dev) { return (cudaStream_t)crun__cuda_current_stream(dev); }
@@ -278,11 +279,30 @@ static int enqueue(crun__nccl_t *b, crun__coll_t *c, enqueue_fn fn, cudaStream_t
 }
 
 /* The reduce op of c, created for premul_sum (destroy with op_done). */
-static int red_op(crun__nccl_t *b, const crun__coll_t *c, ncclDataType_t t, ncclRedOp_t *op, const char *desc) {
-  if (c->op != CRUN_OP_PREMUL_SUM) return crun__nccl_op(c->dt, c->op, op, desc, b->pg->rank);
+/* The NCCL op for c's reduction; *post (else 1) is a factor to scale the
+ * result by afterwards. A one-rank group never asks NCCL for avg or
+ * premul_sum: there avg is the identity and premul_sum a scaling, so it asks
+ * for ncclSum (a copy) and scales the result itself. NCCL's own one-rank
+ * kernel for those ops drops the tail before 2.29.7 (it gives each of up to
+ * 32 blocks alignUp(n / blocks, 16 B) elements, which can end short of n).
+ * On an H200 with NCCL 2.28.9, reduce_scatter avg of 4099 float64 left the
+ * last element unwritten; tests/gpu_double reproduces that kernel's split. */
+static int red_op(crun__nccl_t *b, const crun__coll_t *c, ncclDataType_t t, ncclRedOp_t *op, double *post,
+                  const char *desc) {
+  *post = 1;
+  if (c->op != CRUN_OP_PREMUL_SUM) {
+    CRUN_CHECK(crun__nccl_op(c->dt, c->op, op, desc, b->pg->rank));
+    if (b->pg->size == 1 && c->op == CRUN_OP_AVG) *op = ncclSum;
+    return 0;
+  }
   if (c->dt != CRUN_FLOAT32 && c->dt != CRUN_FLOAT64 && c->dt != CRUN_FLOAT16 && c->dt != CRUN_BFLOAT16)
     return crun_error(CRUN_ENOTSUP, "%s on rank %d: reduce op premul_sum on %s is not supported by backend nccl",
                       desc, b->pg->rank, crun_dtype_name(c->dt));
+  if (b->pg->size == 1) {
+    *op = ncclSum;
+    *post = c->premul;
+    return 0;
+  }
   unsigned char scalar[8];
   crun_elem_set_double(c->dt, scalar, 0, c->premul);
   ncclComm_t comm;
@@ -290,9 +310,17 @@ static int red_op(crun__nccl_t *b, const crun__coll_t *c, ncclDataType_t t, nccl
   return 0;
 }
 
-static void red_done(crun__nccl_t *b, const crun__coll_t *c, ncclRedOp_t op) {
+/* Destroys an op red_op created (ncclSum and the other built-in ops stay). */
+static void red_done(crun__nccl_t *b, ncclRedOp_t op) {
   ncclComm_t comm; /* once aborted, the op went with the communicator */
-  if (c->op == CRUN_OP_PREMUL_SUM) (void)GATED(b, comm, ncclRedOpDestroy(op, comm));
+  if ((int)op >= (int)ncclNumOps) (void)GATED(b, comm, ncclRedOpDestroy(op, comm));
+}
+
+/* A one-rank premul_sum's scaling (red_op's *post), on the group's stream. */
+static int post_scale(crun__nccl_t *b, const crun__coll_t *c, double post, const char *desc) {
+  if (post == 1 || c->count == 0) return 0;
+  (void)desc; /* the launcher's error names the kernel and the dtype */
+  return crun__cuda_binary_scalar(CRUN_BIN_MUL, c->dt, c->buf, c->buf, (int64_t)c->count, post, 0, b->stream);
 }
 
 static int reduces(int kind) {
@@ -308,11 +336,12 @@ static int q_all_reduce(crun__nccl_t *b, crun__coll_t *c, const char *desc) {
   ncclRedOp_t op;
   size_t k;
   CRUN_CHECK(types(b, c, &t, &k, desc));
-  CRUN_CHECK(red_op(b, c, t, &op, desc));
+  double post;
+  CRUN_CHECK(red_op(b, c, t, &op, &post, desc));
   ncclComm_t comm;
   ncclResult_t r = GATED(b, comm, ncclAllReduce(c->buf, c->buf, c->count * k, t, op, comm, b->stream));
-  red_done(b, c, op);
-  return r == ncclSuccess ? 0 : fail_on(b, r, desc, "ncclAllReduce");
+  red_done(b, op);
+  return r == ncclSuccess ? post_scale(b, c, post, desc) : fail_on(b, r, desc, "ncclAllReduce");
 }
 
 static int q_reduce(crun__nccl_t *b, crun__coll_t *c, const char *desc) {
@@ -320,11 +349,12 @@ static int q_reduce(crun__nccl_t *b, crun__coll_t *c, const char *desc) {
   ncclRedOp_t op;
   size_t k;
   CRUN_CHECK(types(b, c, &t, &k, desc));
-  CRUN_CHECK(red_op(b, c, t, &op, desc));
+  double post;
+  CRUN_CHECK(red_op(b, c, t, &op, &post, desc));
   ncclComm_t comm;
   ncclResult_t r = GATED(b, comm, ncclReduce(c->buf, c->buf, c->count * k, t, op, c->root, comm, b->stream));
-  red_done(b, c, op);
-  return r == ncclSuccess ? 0 : fail_on(b, r, desc, "ncclReduce");
+  red_done(b, op);
+  return r == ncclSuccess ? post_scale(b, c, post, desc) : fail_on(b, r, desc, "ncclReduce");
 }
 
 static int q_broadcast(crun__nccl_t *b, crun__coll_t *c, const char *desc) {
@@ -380,12 +410,13 @@ static int q_reduce_scatter(crun__nccl_t *b, crun__coll_t *c, const char *desc) 
   if (!flat) CRUN_CHECK(scratch(b, bytes * p, &src, desc));
   int rc = 0;
   for (size_t r = 0; !flat && rc == 0 && r < p; r++) rc = copy(b, (char *)src + r * bytes, c->ins[r], bytes, desc);
-  if (rc == 0) rc = red_op(b, c, t, &op, desc);
+  double post = 1;
+  if (rc == 0) rc = red_op(b, c, t, &op, &post, desc);
   if (rc == 0) {
     ncclComm_t comm;
     ncclResult_t nr = GATED(b, comm, ncclReduceScatter(src, c->buf, c->count * k, t, op, comm, b->stream));
-    red_done(b, c, op);
-    if (nr != ncclSuccess) rc = fail_on(b, nr, desc, "ncclReduceScatter");
+    red_done(b, op);
+    rc = nr == ncclSuccess ? post_scale(b, c, post, desc) : fail_on(b, nr, desc, "ncclReduceScatter");
   }
   if (!flat) unscratch(b, bytes * p, src);
   return rc;
