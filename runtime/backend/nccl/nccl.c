@@ -278,7 +278,6 @@ static int enqueue(crun__nccl_t *b, crun__coll_t *c, enqueue_fn fn, cudaStream_t
   return 0;
 }
 
-/* The reduce op of c, created for premul_sum (destroy with op_done). */
 /* The NCCL op for c's reduction; *post (else 1) is a factor to scale the
  * result by afterwards. A one-rank group never asks NCCL for avg or
  * premul_sum: there avg is the identity and premul_sum a scaling, so it asks
