@@ -124,17 +124,17 @@ void crun__pg_p2p_done(crun_pg_t *pg, crun__coll_t *c, int rc) {
   if (crun__obs_on) crun__obs_end(pg, w, rc, 0);
   w->status = rc < 0 ? rc : 0;
   if (rc < 0) w->err = failure_text(pg, crun_last_error());
+  /* the group is broken before done is published: a caller that sees its
+   * failed p2p and calls again finds the group ESTATE, not still whole */
+  if (rc < 0 && rc != CRUN_ECLOSED) break_group(pg, rc, w->err ? w->err : "p2p failure");
   /* once done is set, a blocking caller may return and free w (or leave the
    * frame it lives in): what comes after takes nothing from it */
-  char *text = rc < 0 && rc != CRUN_ECLOSED ? strdup(w->err ? w->err : "p2p failure") : NULL;
   pthread_mutex_lock(&pg->mu);
   pg->npending--;
   w->done = 1;
   pthread_cond_broadcast(&pg->cv);
   int queued = w->queued;
   pthread_mutex_unlock(&pg->mu);
-  if (text) break_group(pg, rc, text);
-  free(text);
   if (queued) work_unref(w);
 }
 
