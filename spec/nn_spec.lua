@@ -192,6 +192,28 @@ describe("nn modules (float64)", function()
     net:train()
     assert.is_true(d.training)
   end)
+
+  it("train(false) is evaluate(), as torch's module.train(False), down to every submodule", function()
+    local d, bn = nn.Dropout(0.5), nn.BatchNorm1d(2)
+    local lone = nn.Dropout(0.5)
+    local net = nn.Sequential(nn.Linear(2, 2), nn.Sequential(d, bn))
+    assert.are.equal(net, net:train(false))
+    assert.are.same({false, false, false, false}, {net.training, net.modules[2].training, d.training, bn.training})
+    lone:train(false)
+    assert.is_false(lone.training)
+    -- in evaluation mode Dropout passes its input through
+    local x = T.tensor({{-1.5, 2.25}, {0.75, -3}}, "float64")
+    assert.are.equal(x, lone:forward(x))
+    net:train(true)
+    assert.are.same({true, true, true, true}, {net.training, net.modules[2].training, d.training, bn.training})
+    net:train(false); net:train()
+    assert.is_true(d.training)
+    for _, m in ipairs{net, lone} do
+      local ok, err = pcall(m.train, m, 0)
+      assert.is_false(ok)
+      assert.matches("^EINVAL: nn%.%a+:train: mode must be a boolean, got 0", err)
+    end
+  end)
 end)
 
 describe("nn criteria (float64)", function()

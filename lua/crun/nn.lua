@@ -152,8 +152,22 @@ function Module:zero_grad()
   for _, g in ipairs(grads) do g:fill(0) end
 end
 
---- Training mode (Dropout drops) / evaluation mode (Dropout passes through).
-function Module:train() self.training = true; return self end
+-- train()'s mode: true when nil (torch's default), else a boolean (EINVAL
+-- naming the module otherwise).
+local function train_mode(m, mode)
+  if mode == nil then return true end
+  if type(mode) ~= "boolean" then
+    local name = (m.__name or "crun.nn.Module"):gsub("^crun%.nn%.", "nn.")
+    O.fail("EINVAL: %s:train: mode must be a boolean, got %s", name, tostring(mode))
+  end
+  return mode
+end
+nn._train_mode = train_mode
+
+--- train([mode=true]): training mode (Dropout drops, BatchNorm uses batch
+-- statistics); train(false) is evaluate(), as torch's module.train(False).
+-- evaluate() / eval(): evaluation mode. Both return self.
+function Module:train(mode) self.training = train_mode(self, mode); return self end
 function Module:evaluate() self.training = false; return self end
 Module.eval = Module.evaluate
 
@@ -696,9 +710,12 @@ function Sequential:buffers()
   return out
 end
 
-function Sequential:train()
-  self.training = true
-  for _, m in ipairs(self.modules) do m:train() end
+function Sequential:train(mode)
+  mode = train_mode(self, mode)
+  self.training = mode
+  for _, m in ipairs(self.modules) do
+    if mode then m:train() else m:evaluate() end -- (a module of the user's may define only these)
+  end
   return self
 end
 
