@@ -417,4 +417,41 @@ describe("optim param_groups", function()
     s:step()
     assert.are.equal(0.05, o.param_groups[1].lr)
   end)
+
+  it("Adam's and AdamW's betas read and write through param_groups, as torch's group['betas']", function()
+    for _, kind in ipairs{"Adam", "AdamW"} do
+      local n, lr, wd = 5, 0.02, 0.1
+      local p, g = T.zeros({n}, "float64"), T.zeros({n}, "float64")
+      local fp, fg = util.flat(p), util.flat(g)
+      for i = 1, n do fp[i] = p0(i) end
+      local o = optim[kind]({p}, {g}, {lr = lr, weight_decay = wd})
+      assert.are.same({0.9, 0.999}, o.param_groups[1].betas)
+      -- reference: torch's rule with betas {0.9, 0.999} for steps 1-2, then {0.5, 0.8}
+      local rp, m, v = {}, {}, {}
+      for i = 1, n do rp[i], m[i], v[i] = p0(i), 0, 0 end
+      for k = 1, 4 do
+        if k == 3 then
+          for _, group in ipairs(o.param_groups) do group.betas = {0.5, 0.8} end
+        end
+        local b1, b2 = k < 3 and 0.9 or 0.5, k < 3 and 0.999 or 0.8
+        for i = 1, n do
+          fg[i] = grad(i, k)
+          local gi = grad(i, k)
+          if kind == "AdamW" then rp[i] = rp[i] * (1 - lr * wd) else gi = gi + wd * rp[i] end
+          m[i] = m[i] * b1 + (1 - b1) * gi
+          v[i] = v[i] * b2 + (1 - b2) * gi * gi
+          rp[i] = rp[i] - (lr / (1 - b1 ^ k)) * m[i] / (math.sqrt(v[i]) / math.sqrt(1 - b2 ^ k) + 1e-8)
+        end
+        o:step()
+      end
+      assert.are.same({0.5, 0.8}, o.param_groups[1].betas)
+      for i, x in ipairs(util.list(p)) do
+        assert.is_true(math.abs(x - rp[i]) < 1e-12, kind .. " element " .. i .. ": " .. x .. " vs " .. rp[i])
+      end
+      o.param_groups[1].betas = {0.9, 1}
+      local ok, err = pcall(o.step, o)
+      assert.is_false(ok)
+      assert.matches("^EINVAL: " .. kind .. ":step: betas%[2%] must be in %[0, 1%), got 1", err)
+    end
+  end)
 end)

@@ -229,21 +229,29 @@ end
 local Adam = setmetatable({}, {__index = Optimizer})
 Adam.__index = optim.index_with_groups(Adam)
 
+-- Returns beta1, beta2 of betas, a pair of numbers in [0, 1) (EINVAL naming
+-- fname otherwise).
+local function check_betas(fname, betas)
+  if type(betas) ~= "table" or #betas ~= 2 then
+    O.fail("EINVAL: %s: betas must be a pair {beta1, beta2}, got %s", fname, tostring(betas))
+  end
+  for i = 1, 2 do
+    local bi = O.num(fname, "betas[" .. i .. "]", betas[i], 0)
+    if bi >= 1 then O.fail("EINVAL: %s: betas[%d] must be in [0, 1), got %s", fname, i, tostring(bi)) end
+  end
+  return betas[1], betas[2]
+end
+
+-- opts.betas is what step() reads, as torch's group["betas"]: param_groups
+-- and a replaced opts can change it between steps.
 local function adam(kind, decoupled, default_wd, a, b, c)
   local params, grads, o, module = unpack_args(kind, a, b, c)
   o = O.check(ADAM_OPTS, kind, o)
-  local betas = o.betas or {0.9, 0.999}
-  if type(betas) ~= "table" or #betas ~= 2 then
-    O.fail("EINVAL: %s: betas must be a pair {beta1, beta2}, got %s", kind, tostring(betas))
-  end
-  for i = 1, 2 do
-    local bi = O.num(kind, "betas[" .. i .. "]", betas[i], 0)
-    if bi >= 1 then O.fail("EINVAL: %s: betas[%d] must be in [0, 1), got %s", kind, i, tostring(bi)) end
-  end
-  return setmetatable({kind = kind, params = params, grads = grads, module = module, state = {},
-    opts = {lr = O.num(kind, "lr", o.lr, 0, 1e-3), beta1 = betas[1], beta2 = betas[2],
+  local b1, b2 = check_betas(kind, o.betas or {0.9, 0.999})
+  return setmetatable({kind = kind, params = params, grads = grads, module = module, state = {}, decoupled = decoupled,
+    opts = {lr = O.num(kind, "lr", o.lr, 0, 1e-3), betas = {b1, b2},
       eps = O.num(kind, "eps", o.eps, 0, 1e-8),
-      weight_decay = O.num(kind, "weight_decay", o.weight_decay, 0, default_wd), decoupled = decoupled,
+      weight_decay = O.num(kind, "weight_decay", o.weight_decay, 0, default_wd),
       amsgrad = O.bool(kind, "amsgrad", o.amsgrad, false), maximize = O.bool(kind, "maximize", o.maximize, false)}}, Adam)
 end
 
@@ -256,9 +264,18 @@ function optim.Adam(a, b, c) return adam("Adam", false, 0, a, b, c) end
 --- AdamW: Adam with decoupled weight decay (default 1e-2), as torch.optim.AdamW.
 function optim.AdamW(a, b, c) return adam("AdamW", true, 1e-2, a, b, c) end
 
+-- The C kernel's options for this step: opts with betas split, and AdamW's
+-- decoupled decay (the optimizer's kind, not an option a replaced opts could drop).
+local function kernel_opts(self)
+  local o = self.opts
+  local b1, b2 = check_betas(self.kind .. ":step", o.betas)
+  return {lr = o.lr, beta1 = b1, beta2 = b2, eps = o.eps, weight_decay = o.weight_decay, decoupled = self.decoupled,
+    amsgrad = o.amsgrad, maximize = o.maximize}
+end
+
 function Adam:step()
   self:_refresh()
-  local o = self.opts
+  local o = kernel_opts(self)
   for i, p in ipairs(self.params) do
     local s = self.state[i]
     if not s then
