@@ -328,6 +328,21 @@ describe("nn.BatchNorm1d / BatchNorm2d (float64)", function()
     end
   end)
 
+  it("without running statistics uses the batch's in evaluation too, and refuses one value per channel there", function()
+    local m = nn.BatchNorm1d(2, {track_running_stats = false, affine = false})
+    m:evaluate()
+    local x = T.tensor({{1.5, -2}, {-0.5, 4}, {2.75, 1}}, "float64")
+    local mean, var = channel_stats(x)
+    assert.is_true(util.max_rel_err(m:forward(x), bn_ref(x, mean, var, {1, 1}, {0, 0}, 1e-5)) < 1e-12)
+    for _, mode in ipairs{"evaluate", "train"} do
+      m[mode](m)
+      local ok, err = pcall(m.forward, m, T.tensor({{1.5, -2}}, "float64"))
+      assert.is_false(ok, mode)
+      assert.matches("^EINVAL: nn.BatchNorm1d:forward: expected more than 1 value per channel when using batch " ..
+        "statistics, got input of shape 1x2", err)
+    end
+  end)
+
   it("passes gradient checks in training and in evaluation", function()
     for _, c in ipairs{{"BatchNorm1d", {5, 3}}, {"BatchNorm1d", {3, 2, 4}}, {"BatchNorm2d", {2, 3, 3, 4}}} do
       local m = nn[c[1]](c[2][2])

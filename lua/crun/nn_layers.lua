@@ -313,9 +313,9 @@ return function(nn, H)
       K.nn_bn_reduce(x, nil, nil, nil, sums)
       local n
       sums, n = self:_sum(sums, per)
-      if n <= 1 and self.training then
-        O.fail("EINVAL: %s:forward: expected more than 1 value per channel when training, got input of shape %s",
-          self.fname, table.concat(x:size(), "x"))
+      if n <= 1 then -- (also in evaluation without running statistics, as torch: the batch's are used)
+        O.fail("EINVAL: %s:forward: expected more than 1 value per channel when using batch statistics, got input " ..
+          "of shape %s", self.fname, table.concat(x:size(), "x"))
       end
       for i = 1, c do mean[i] = sums[i] / n end
       local sq = stat(c)
