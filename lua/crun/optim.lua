@@ -116,15 +116,31 @@ function Optimizer:zero_grad()
   for _, g in ipairs(self.grads) do g:fill(0) end
 end
 
---- Optimizer state (buffers and step counts) as plain tables and tensors, for crun.save.
+-- A copy of opts (its tables copied too: betas), less `params`.
+local function copy_opts(o)
+  local c = {}
+  for k, v in pairs(o) do
+    if k ~= "params" then c[k] = type(v) == "table" and table.move(v, 1, #v, 1, {}) or v end
+  end
+  return c
+end
+
+--- Optimizer state as plain tables and tensors, for crun.save: {kind=,
+-- state = {[i] = buffers and step counts}, param_groups = {{lr=, ...,
+-- params = {1, ..., n}}}} (torch's form: the one group's options, the rate a
+-- schedule or the user set included, and its parameters' indices).
 function Optimizer:state_dict()
+  self:_refresh()
   local st = {}
   for i, s in pairs(self.state) do
     local c = {}
     for k, v in pairs(s) do c[k] = type(v) == "userdata" and v:clone() or v end
     st[i] = c
   end
-  return {state = st, kind = self.kind}
+  local group, idx = copy_opts(self.opts), {}
+  for i = 1, #self.params do idx[i] = i end
+  group.params = idx
+  return {state = st, kind = self.kind, param_groups = {group}}
 end
 
 -- The state entries that are tensors, and those each parameter's state must hold.
@@ -165,8 +181,32 @@ local function load_entry(self, F, i, s, dry)
   return c
 end
 
---- Restores a state_dict(); tensors are copied into fresh buffers. Every
--- entry is checked against its parameter first (EINVAL, the state unchanged).
+-- The options of state dict param_groups (torch's form, one group): a copy of
+-- the group less params, every option the optimizer has present with a value
+-- of the same type; EINVAL otherwise, or when the group's parameter count differs.
+local function loaded_opts(self, F, groups)
+  if type(groups) ~= "table" or #groups ~= 1 or type(groups[1]) ~= "table" then
+    O.fail("EINVAL: %s: param_groups must be a list of one group (crun's optimizers have one), got %s", F,
+      type(groups) == "table" and #groups .. " groups" or type(groups))
+  end
+  local g = groups[1]
+  if g.params ~= nil and (type(g.params) ~= "table" or #g.params ~= #self.params) then
+    O.fail("EINVAL: %s: the state's parameter group has %s parameters, the optimizer's %d", F,
+      type(g.params) == "table" and tostring(#g.params) or type(g.params), #self.params)
+  end
+  local o = copy_opts(g)
+  for k, v in pairs(self.opts) do
+    if type(o[k]) ~= type(v) then
+      O.fail("EINVAL: %s: option %s of the state's parameter group is a %s, the optimizer's a %s", F, k, type(o[k]), type(v))
+    end
+  end
+  return o
+end
+
+--- Restores a state_dict(): the buffers and step counts, copied into fresh
+-- tensors, and the group's options when it has param_groups (lr, momentum,
+-- betas, ...: torch restores them, so a resumed run goes on at the saved
+-- rate). Everything is checked first (EINVAL, the optimizer unchanged).
 function Optimizer:load_state_dict(sd)
   local F = self.kind .. ":load_state_dict"
   if type(sd) ~= "table" or sd.kind ~= self.kind or type(sd.state) ~= "table" then
@@ -174,9 +214,11 @@ function Optimizer:load_state_dict(sd)
       type(sd) ~= "table" and type(sd) or sd.kind ~= self.kind and tostring(sd.kind) or "a state of type " .. type(sd.state))
   end
   self:_refresh()
+  local opts = sd.param_groups == nil and self.opts or loaded_opts(self, F, sd.param_groups)
+  local view = setmetatable({opts = opts}, {__index = self}) -- (amsgrad's buffers are the loaded opts')
   local state = {}
-  for i, s in pairs(sd.state) do state[i] = load_entry(self, F, i, s) end
-  self.state = state
+  for i, s in pairs(sd.state) do state[i] = load_entry(view, F, i, s) end
+  self.state, self.opts = state, opts
 end
 
 -- For wrappers holding part of a model (ZeroRedundancyOptimizer): checks
