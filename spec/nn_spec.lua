@@ -193,6 +193,38 @@ describe("nn modules (float64)", function()
     assert.is_true(d.training)
   end)
 
+  it("a module of the user's finds its children in self.modules, and refuses a child held only in a field", function()
+    local Net = nn.class("SpecNet")
+    local function new_net()
+      local self = setmetatable({}, Net):_init()
+      self.fc1, self.drop, self.fc2 = nn.Linear(3, 4), nn.Dropout(0.5), nn.Linear(4, 2, {bias = false})
+      self.modules = {self.fc1, self.drop, self.fc2}
+      self.crit = nn.MSECriterion() -- a module without parameters may sit in a field
+      return self
+    end
+    local net = new_net()
+    local params, grads = net:parameters()
+    assert.are.same({net.fc1.weight, net.fc1.bias, net.fc2.weight}, params)
+    assert.are.same({net.fc1.gradWeight, net.fc1.gradBias, net.fc2.gradWeight}, grads)
+    net.fc1.gradWeight:fill(1.5)
+    net:zero_grad()
+    assert.are.same({0, 0, 0}, {net.fc1.gradWeight:max(), net.fc1.gradWeight:min(), net.fc2.gradWeight:max()})
+    net:train(false)
+    assert.is_false(net.drop.training)
+    net:train()
+    assert.is_true(net.drop.training)
+    local bn = nn.BatchNorm1d(2)
+    net.modules[#net.modules + 1] = bn
+    assert.are.same({bn.running_mean, bn.running_var, bn.num_batches_tracked}, net:buffers())
+    -- torch finds self.fc3 = nn.Linear(...) as a child; crun would leave it out of the optimizer: EINVAL
+    net.fc3 = nn.Linear(2, 2)
+    local ok, err = pcall(net.parameters, net)
+    assert.is_false(ok)
+    assert.matches("^EINVAL: nn.SpecNet:parameters: field 'fc3' holds nn.Linear%(2 %-> 2%), whose parameters are " ..
+      "not among this module's", err)
+    assert.has_error(function() require("crun.optim").SGD(net, {lr = 0.1}) end)
+  end)
+
   it("train(false) is evaluate(), as torch's module.train(False), down to every submodule", function()
     local d, bn = nn.Dropout(0.5), nn.BatchNorm1d(2)
     local lone = nn.Dropout(0.5)

@@ -130,12 +130,55 @@ function Module:_init()
   return self
 end
 
---- Returns (params, grads): two lists of tensors in registration order.
-function Module:parameters()
-  local p, g = {}, {}
-  for i, t in ipairs(self._params or {}) do
-    p[#p + 1], g[#g + 1] = t, self._grads[i]
+-- True when v is an instance of a class nn.class made (a crun.nn module).
+local function is_module(v)
+  local mt = type(v) == "table" and getmetatable(v)
+  return type(mt) == "table" and type(mt.__name) == "string" and mt.__name:sub(1, 8) == "crun.nn."
+end
+
+-- EINVAL when a field of m (a string key not starting with "_") holds a module
+-- whose parameters are not all in `seen` (those parameters() found through
+-- m.modules): torch finds children in any attribute (self.fc1 = nn.Linear(...)),
+-- crun only in the list m.modules, and an optimizer, DDP or state_dict built
+-- from m would silently leave that module's parameters out.
+local function check_fields(m, seen)
+  for k, v in pairs(m) do
+    if type(k) == "string" and k:sub(1, 1) ~= "_" and v ~= m and is_module(v) then
+      for _, t in ipairs((v:parameters())) do
+        if not seen[t] then
+          O.fail("EINVAL: %s:parameters: field '%s' holds %s, whose parameters are not among this module's: crun " ..
+            "finds a module's children in its list self.modules (as Sequential's), not in other fields as torch does; " ..
+            "list it in self.modules", (m.__name or "crun.nn.Module"):gsub("^crun%.nn%.", "nn."), k,
+            (v:describe():match("^[^\n]*")))
+        end
+      end
+    end
   end
+end
+
+--- Returns (params, grads): two lists of tensors in registration order: a
+-- leaf's own, or a container's children's (self.modules, in order), each
+-- tensor once, as torch's parameters(): a module added twice (weight tying,
+-- Sequential(l, act, l)) listed its weight twice, and an optimizer then
+-- stepped it twice with its (already summed) gradient.
+function Module:parameters()
+  local p, g, seen = {}, {}, {}
+  if self.modules then
+    for _, m in ipairs(self.modules) do
+      local mp, mg = m:parameters()
+      for i = 1, #mp do
+        if not seen[mp[i]] then
+          seen[mp[i]] = true
+          p[#p + 1], g[#g + 1] = mp[i], mg[i]
+        end
+      end
+    end
+  else
+    for i, t in ipairs(self._params or {}) do
+      seen[t], p[#p + 1], g[#g + 1] = true, t, self._grads[i]
+    end
+  end
+  check_fields(self, seen)
   return p, g
 end
 
@@ -167,8 +210,20 @@ nn._train_mode = train_mode
 --- train([mode=true]): training mode (Dropout drops, BatchNorm uses batch
 -- statistics); train(false) is evaluate(), as torch's module.train(False).
 -- evaluate() / eval(): evaluation mode. Both return self.
-function Module:train(mode) self.training = train_mode(self, mode); return self end
-function Module:evaluate() self.training = false; return self end
+function Module:train(mode)
+  mode = train_mode(self, mode)
+  self.training = mode
+  for _, m in ipairs(self.modules or {}) do
+    if mode then m:train() else m:evaluate() end -- (a module of the user's may define only these)
+  end
+  return self
+end
+
+function Module:evaluate()
+  self.training = false
+  for _, m in ipairs(self.modules or {}) do m:evaluate() end
+  return self
+end
 Module.eval = Module.evaluate
 
 --- Calls fn(module) after each backward of this module, once its
@@ -221,7 +276,15 @@ end
 -- registration order. DDP broadcasts them from rank 0 before each forward
 -- (broadcast_buffers), and state_dict() saves them after the parameters.
 function Module:buffers()
-  local out = {}
+  local out, seen = {}, {}
+  if self.modules then
+    for _, m in ipairs(self.modules) do
+      for _, b in ipairs(m:buffers()) do
+        if not seen[b] then seen[b], out[#out + 1] = true, b end
+      end
+    end
+    return out
+  end
   for _, b in ipairs(self._buffers or {}) do out[#out + 1] = self[b] end
   return out
 end
@@ -683,48 +746,6 @@ function Sequential:backward(x, gy)
   return gy
 end
 
--- Each tensor once, as torch's parameters(): a module added twice (weight
--- tying, Sequential(l, act, l)) listed its weight twice, and an optimizer
--- then stepped it twice with its (already summed) gradient.
-function Sequential:parameters()
-  local p, g, seen = {}, {}, {}
-  for _, m in ipairs(self.modules) do
-    local mp, mg = m:parameters()
-    for i = 1, #mp do
-      if not seen[mp[i]] then
-        seen[mp[i]] = true
-        p[#p + 1], g[#g + 1] = mp[i], mg[i]
-      end
-    end
-  end
-  return p, g
-end
-
-function Sequential:buffers()
-  local out, seen = {}, {}
-  for _, m in ipairs(self.modules) do
-    for _, b in ipairs(m:buffers()) do
-      if not seen[b] then seen[b], out[#out + 1] = true, b end
-    end
-  end
-  return out
-end
-
-function Sequential:train(mode)
-  mode = train_mode(self, mode)
-  self.training = mode
-  for _, m in ipairs(self.modules) do
-    if mode then m:train() else m:evaluate() end -- (a module of the user's may define only these)
-  end
-  return self
-end
-
-function Sequential:evaluate()
-  self.training = false
-  for _, m in ipairs(self.modules) do m:evaluate() end
-  return self
-end
-Sequential.eval = Sequential.evaluate
 
 -- ---------------------------------------------------------------- criteria
 
