@@ -225,6 +225,25 @@ describe("nn modules (float64)", function()
     assert.has_error(function() require("crun.optim").SGD(net, {lr = 0.1}) end)
   end)
 
+  it("apply visits every submodule depth first, then the module, and children lists the direct ones once", function()
+    local l1, l2, act = nn.Linear(2, 3), nn.Linear(3, 3), nn.Tanh()
+    local inner = nn.Sequential(l2, act, l2) -- l2 twice (tied): visited once, as torch's
+    local net = nn.Sequential(l1, inner)
+    local seen = {}
+    assert.are.equal(net, net:apply(function(m) seen[#seen + 1] = m end))
+    assert.are.same({l1, l2, act, inner, net}, seen)
+    local kids = {}
+    for m in inner:children() do kids[#kids + 1] = m end
+    assert.are.same({l2, act}, kids)
+    assert.is_nil(l1:children()())
+    -- torch's use: re-initialise the Linear layers' weights
+    net:apply(function(m) if m.weight then m.weight:fill(0.25) end end)
+    assert.are.same({0.25, 0.25}, {l1.weight:min(), l2.weight:max()})
+    local ok, err = pcall(net.apply, net, 3)
+    assert.is_false(ok)
+    assert.matches("^EINVAL: nn.Sequential:apply: a function is expected, got number", err)
+  end)
+
   it("train(false) is evaluate(), as torch's module.train(False), down to every submodule", function()
     local d, bn = nn.Dropout(0.5), nn.BatchNorm1d(2)
     local lone = nn.Dropout(0.5)

@@ -226,6 +226,38 @@ function Module:evaluate()
 end
 Module.eval = Module.evaluate
 
+-- The distinct modules of self.modules in order (a module added twice once,
+-- as torch's children()), or an empty list for a leaf.
+local function distinct_children(self)
+  local out, seen = {}, {}
+  for _, m in ipairs(self.modules or {}) do
+    if not seen[m] then seen[m], out[#out + 1] = true, m end
+  end
+  return out
+end
+
+--- children(): iterates the direct submodules, each once, in order:
+-- `for m in net:children() do ... end` (torch's module.children()).
+function Module:children()
+  local list, i = distinct_children(self), 0
+  return function()
+    i = i + 1
+    return list[i]
+  end
+end
+
+--- apply(fn): calls fn(m) on every submodule, depth first, then on self
+-- (torch's module.apply, as in net:apply(init_weights)); returns self.
+function Module:apply(fn)
+  if type(fn) ~= "function" then
+    O.fail("EINVAL: %s:apply: a function is expected, got %s", (self.__name or "crun.nn.Module"):gsub("^crun%.nn%.", "nn."),
+      type(fn))
+  end
+  for _, m in ipairs(distinct_children(self)) do m:apply(fn) end
+  fn(self)
+  return self
+end
+
 --- Calls fn(module) after each backward of this module, once its
 -- parameter gradients are final. Returns a handle with :remove().
 function Module:add_grad_hook(fn)
