@@ -256,6 +256,26 @@ describe("nn pooling and Flatten (float64)", function()
     gradcheck(nn.AvgPool2d(2), randn({1, 2, 4, 6}, 43))
   end)
 
+  it("MaxPool2d and AvgPool2d take torch's positional (kernel, stride, padding), and refuse more", function()
+    local x = randn({2, 2, 7, 6}, 45)
+    local mp, ap = nn.MaxPool2d(3, 2, 1), nn.AvgPool2d(3, 2, 1)
+    local ym = mp:forward(x)
+    assert.are.same({2, 2, 4, 3}, ym:size()) -- (7 + 2 - 3) // 2 + 1, (6 + 2 - 3) // 2 + 1
+    assert.is_true(util.max_rel_err(ym, pool_ref(x, "max", {3, 3}, {2, 2}, {1, 1})) == 0)
+    assert.is_true(util.max_rel_err(ap:forward(x), pool_ref(x, "avg", {3, 3}, {2, 2}, {1, 1}, true)) < 1e-12)
+    for _, c in ipairs{
+      {function() nn.MaxPool2d(3, 2, 1, 2) end,
+       "^EINVAL: nn.MaxPool2d: 1 positional argument%(s%) after padding %(torch's dilation, return_indices, ceil_mode%)"},
+      {function() nn.AvgPool2d(3, 2, 1, true) end,
+       "^EINVAL: nn.AvgPool2d: 1 positional argument%(s%) after padding %(torch's ceil_mode"},
+      {function() nn.MaxPool2d(3, {stride = 2}, 1) end, "^EINVAL: nn.MaxPool2d: a third argument"},
+    } do
+      local ok, err = pcall(c[1])
+      assert.is_false(ok)
+      assert.matches(c[2], err)
+    end
+  end)
+
   it("Flatten keeps the batch dim and passes a gradient check", function()
     local x = randn({3, 2, 2, 5}, 44)
     local y = nn.Flatten():forward(x)
