@@ -205,7 +205,6 @@ local function train_mode(m, mode)
   end
   return mode
 end
-nn._train_mode = train_mode
 
 --- train([mode=true]): training mode (Dropout drops, BatchNorm uses batch
 -- statistics); train(false) is evaluate(), as torch's module.train(False).
