@@ -256,6 +256,26 @@ describe("nn pooling and Flatten (float64)", function()
     gradcheck(nn.AvgPool2d(2), randn({1, 2, 4, 6}, 43))
   end)
 
+  it("MaxPool2d and AvgPool2d take torch's positional (kernel, stride, padding), and refuse more", function()
+    local x = randn({2, 2, 7, 6}, 45)
+    local mp, ap = nn.MaxPool2d(3, 2, 1), nn.AvgPool2d(3, 2, 1)
+    local ym = mp:forward(x)
+    assert.are.same({2, 2, 4, 3}, ym:size()) -- (7 + 2 - 3) // 2 + 1, (6 + 2 - 3) // 2 + 1
+    assert.is_true(util.max_rel_err(ym, pool_ref(x, "max", {3, 3}, {2, 2}, {1, 1})) == 0)
+    assert.is_true(util.max_rel_err(ap:forward(x), pool_ref(x, "avg", {3, 3}, {2, 2}, {1, 1}, true)) < 1e-12)
+    for _, c in ipairs{
+      {function() nn.MaxPool2d(3, 2, 1, 2) end,
+       "^EINVAL: nn.MaxPool2d: 1 positional argument%(s%) after padding %(torch's dilation, return_indices, ceil_mode%)"},
+      {function() nn.AvgPool2d(3, 2, 1, true) end,
+       "^EINVAL: nn.AvgPool2d: 1 positional argument%(s%) after padding %(torch's ceil_mode"},
+      {function() nn.MaxPool2d(3, {stride = 2}, 1) end, "^EINVAL: nn.MaxPool2d: a third argument"},
+    } do
+      local ok, err = pcall(c[1])
+      assert.is_false(ok)
+      assert.matches(c[2], err)
+    end
+  end)
+
   it("Flatten keeps the batch dim and passes a gradient check", function()
     local x = randn({3, 2, 2, 5}, 44)
     local y = nn.Flatten():forward(x)
@@ -325,6 +345,21 @@ describe("nn.BatchNorm1d / BatchNorm2d (float64)", function()
       local ok, err = pcall(nn.BatchNorm1d, 2, bad)
       assert.is_false(ok)
       assert.matches("^EINVAL: nn.BatchNorm1d: " .. (bad.eps and "eps" or "momentum") .. " must be", err)
+    end
+  end)
+
+  it("without running statistics uses the batch's in evaluation too, and refuses one value per channel there", function()
+    local m = nn.BatchNorm1d(2, {track_running_stats = false, affine = false})
+    m:evaluate()
+    local x = T.tensor({{1.5, -2}, {-0.5, 4}, {2.75, 1}}, "float64")
+    local mean, var = channel_stats(x)
+    assert.is_true(util.max_rel_err(m:forward(x), bn_ref(x, mean, var, {1, 1}, {0, 0}, 1e-5)) < 1e-12)
+    for _, mode in ipairs{"evaluate", "train"} do
+      m[mode](m)
+      local ok, err = pcall(m.forward, m, T.tensor({{1.5, -2}}, "float64"))
+      assert.is_false(ok, mode)
+      assert.matches("^EINVAL: nn.BatchNorm1d:forward: expected more than 1 value per channel when using batch " ..
+        "statistics, got input of shape 1x2", err)
     end
   end)
 

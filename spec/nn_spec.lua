@@ -192,6 +192,79 @@ describe("nn modules (float64)", function()
     net:train()
     assert.is_true(d.training)
   end)
+
+  it("a module of the user's finds its children in self.modules, and refuses a child held only in a field", function()
+    local Net = nn.class("SpecNet")
+    local function new_net()
+      local self = setmetatable({}, Net):_init()
+      self.fc1, self.drop, self.fc2 = nn.Linear(3, 4), nn.Dropout(0.5), nn.Linear(4, 2, {bias = false})
+      self.modules = {self.fc1, self.drop, self.fc2}
+      self.crit = nn.MSECriterion() -- a module without parameters may sit in a field
+      return self
+    end
+    local net = new_net()
+    local params, grads = net:parameters()
+    assert.are.same({net.fc1.weight, net.fc1.bias, net.fc2.weight}, params)
+    assert.are.same({net.fc1.gradWeight, net.fc1.gradBias, net.fc2.gradWeight}, grads)
+    net.fc1.gradWeight:fill(1.5)
+    net:zero_grad()
+    assert.are.same({0, 0, 0}, {net.fc1.gradWeight:max(), net.fc1.gradWeight:min(), net.fc2.gradWeight:max()})
+    net:train(false)
+    assert.is_false(net.drop.training)
+    net:train()
+    assert.is_true(net.drop.training)
+    local bn = nn.BatchNorm1d(2)
+    net.modules[#net.modules + 1] = bn
+    assert.are.same({bn.running_mean, bn.running_var, bn.num_batches_tracked}, net:buffers())
+    -- torch finds self.fc3 = nn.Linear(...) as a child; crun would leave it out of the optimizer: EINVAL
+    net.fc3 = nn.Linear(2, 2)
+    local ok, err = pcall(net.parameters, net)
+    assert.is_false(ok)
+    assert.matches("^EINVAL: nn.SpecNet:parameters: field 'fc3' holds nn.Linear%(2 %-> 2%), whose parameters are " ..
+      "not among this module's", err)
+    assert.has_error(function() require("crun.optim").SGD(net, {lr = 0.1}) end)
+  end)
+
+  it("apply visits every submodule depth first, then the module, and children lists the direct ones once", function()
+    local l1, l2, act = nn.Linear(2, 3), nn.Linear(3, 3), nn.Tanh()
+    local inner = nn.Sequential(l2, act, l2) -- l2 twice (tied): visited once, as torch's
+    local net = nn.Sequential(l1, inner)
+    local seen = {}
+    assert.are.equal(net, net:apply(function(m) seen[#seen + 1] = m end))
+    assert.are.same({l1, l2, act, inner, net}, seen)
+    local kids = {}
+    for m in inner:children() do kids[#kids + 1] = m end
+    assert.are.same({l2, act}, kids)
+    assert.is_nil(l1:children()())
+    -- torch's use: re-initialise the Linear layers' weights
+    net:apply(function(m) if m.weight then m.weight:fill(0.25) end end)
+    assert.are.same({0.25, 0.25}, {l1.weight:min(), l2.weight:max()})
+    local ok, err = pcall(net.apply, net, 3)
+    assert.is_false(ok)
+    assert.matches("^EINVAL: nn.Sequential:apply: a function is expected, got number", err)
+  end)
+
+  it("train(false) is evaluate(), as torch's module.train(False), down to every submodule", function()
+    local d, bn = nn.Dropout(0.5), nn.BatchNorm1d(2)
+    local lone = nn.Dropout(0.5)
+    local net = nn.Sequential(nn.Linear(2, 2), nn.Sequential(d, bn))
+    assert.are.equal(net, net:train(false))
+    assert.are.same({false, false, false, false}, {net.training, net.modules[2].training, d.training, bn.training})
+    lone:train(false)
+    assert.is_false(lone.training)
+    -- in evaluation mode Dropout passes its input through
+    local x = T.tensor({{-1.5, 2.25}, {0.75, -3}}, "float64")
+    assert.are.equal(x, lone:forward(x))
+    net:train(true)
+    assert.are.same({true, true, true, true}, {net.training, net.modules[2].training, d.training, bn.training})
+    net:train(false); net:train()
+    assert.is_true(d.training)
+    for _, m in ipairs{net, lone} do
+      local ok, err = pcall(m.train, m, 0)
+      assert.is_false(ok)
+      assert.matches("^EINVAL: nn%.%a+:train: mode must be a boolean, got 0", err)
+    end
+  end)
 end)
 
 describe("nn criteria (float64)", function()

@@ -197,6 +197,51 @@ describe("optim update rules", function()
     assert.are.equal(3, o2.state[1].step)
   end)
 
+  it("state_dict carries the group's options, as torch's param_groups, and load_state_dict restores them", function()
+    -- a run that lowered its rate and changed betas, saved, then resumed by an optimizer built as at the start
+    local p, g = T.tensor({0.5, -1.25, 2}, "float64"), T.tensor({0.3, -0.7, 1.1}, "float64")
+    local o = optim.AdamW({p}, {g}, {lr = 0.1, weight_decay = 0.2})
+    o:step()
+    o.param_groups[1].lr, o.param_groups[1].betas = 0.01, {0.5, 0.8}
+    local path = os.tmpname()
+    require("crun").save(path, o:state_dict())
+    local sd = require("crun").load(path)
+    os.remove(path)
+    assert.are.same({1}, sd.param_groups[1].params)
+    local p2 = p:clone()
+    local o2 = optim.AdamW({p2}, {g}, {lr = 0.1, weight_decay = 0.2})
+    o2:load_state_dict(sd)
+    assert.are.equal(0.01, o2.param_groups[1].lr)
+    assert.are.same({0.5, 0.8}, o2.param_groups[1].betas)
+    -- step 2 by hand from the saved state: AdamW's decay, then Adam's rule with lr 0.01 and betas {0.5, 0.8}
+    local x, m1, v1, want = util.list(p2), util.list(sd.state[1].exp_avg), util.list(sd.state[1].exp_avg_sq), {}
+    for i, gi in ipairs{0.3, -0.7, 1.1} do
+      local m, v = 0.5 * m1[i] + 0.5 * gi, 0.8 * v1[i] + 0.2 * gi * gi
+      want[i] = x[i] * (1 - 0.01 * 0.2) - (0.01 / (1 - 0.5 ^ 2)) * m / (math.sqrt(v) / math.sqrt(1 - 0.8 ^ 2) + 1e-8)
+    end
+    o:step(); o2:step()
+    assert.are.same(util.list(p), util.list(p2))
+    for i, w in ipairs(want) do
+      assert.is_true(math.abs(util.list(p2)[i] - w) < 1e-14, "element " .. i .. ": " .. util.list(p2)[i] .. " vs " .. w)
+    end
+    -- a group for another parameter count, or with an option of the wrong type, is refused and nothing changes
+    local bad = o2:state_dict()
+    bad.param_groups[1].params = {1, 2}
+    local ok, err = pcall(o2.load_state_dict, o2, bad)
+    assert.is_false(ok)
+    assert.matches("^EINVAL: AdamW:load_state_dict: the state's parameter group has 2 parameters, the optimizer's 1", err)
+    bad = o2:state_dict()
+    bad.param_groups[1].lr = "0.5"
+    ok, err = pcall(o2.load_state_dict, o2, bad)
+    assert.is_false(ok)
+    assert.matches("^EINVAL: AdamW:load_state_dict: option lr of the state's parameter group is a string", err)
+    assert.are.equal(0.01, o2.opts.lr)
+    -- a state without param_groups (an older crun's) keeps the optimizer's options
+    local s = optim.SGD({p}, {g}, {lr = 0.25, momentum = 0.5})
+    s:load_state_dict({kind = "SGD", state = {}})
+    assert.are.equal(0.25, s.opts.lr)
+  end)
+
   it("load_state_dict keeps its state when refused, casts tensors to the parameter's dtype, and SGD "
     .. "starts a missing momentum buffer", function()
     local p, g = T.zeros({3}, "float64"), T.ones({3}, "float64")
@@ -416,5 +461,42 @@ describe("optim param_groups", function()
     local s = optim.lr_scheduler.StepLR(o, {step_size = 1, gamma = 0.5})
     s:step()
     assert.are.equal(0.05, o.param_groups[1].lr)
+  end)
+
+  it("Adam's and AdamW's betas read and write through param_groups, as torch's group['betas']", function()
+    for _, kind in ipairs{"Adam", "AdamW"} do
+      local n, lr, wd = 5, 0.02, 0.1
+      local p, g = T.zeros({n}, "float64"), T.zeros({n}, "float64")
+      local fp, fg = util.flat(p), util.flat(g)
+      for i = 1, n do fp[i] = p0(i) end
+      local o = optim[kind]({p}, {g}, {lr = lr, weight_decay = wd})
+      assert.are.same({0.9, 0.999}, o.param_groups[1].betas)
+      -- reference: torch's rule with betas {0.9, 0.999} for steps 1-2, then {0.5, 0.8}
+      local rp, m, v = {}, {}, {}
+      for i = 1, n do rp[i], m[i], v[i] = p0(i), 0, 0 end
+      for k = 1, 4 do
+        if k == 3 then
+          for _, group in ipairs(o.param_groups) do group.betas = {0.5, 0.8} end
+        end
+        local b1, b2 = k < 3 and 0.9 or 0.5, k < 3 and 0.999 or 0.8
+        for i = 1, n do
+          fg[i] = grad(i, k)
+          local gi = grad(i, k)
+          if kind == "AdamW" then rp[i] = rp[i] * (1 - lr * wd) else gi = gi + wd * rp[i] end
+          m[i] = m[i] * b1 + (1 - b1) * gi
+          v[i] = v[i] * b2 + (1 - b2) * gi * gi
+          rp[i] = rp[i] - (lr / (1 - b1 ^ k)) * m[i] / (math.sqrt(v[i]) / math.sqrt(1 - b2 ^ k) + 1e-8)
+        end
+        o:step()
+      end
+      assert.are.same({0.5, 0.8}, o.param_groups[1].betas)
+      for i, x in ipairs(util.list(p)) do
+        assert.is_true(math.abs(x - rp[i]) < 1e-12, kind .. " element " .. i .. ": " .. x .. " vs " .. rp[i])
+      end
+      o.param_groups[1].betas = {0.9, 1}
+      local ok, err = pcall(o.step, o)
+      assert.is_false(ok)
+      assert.matches("^EINVAL: " .. kind .. ":step: betas%[2%] must be in %[0, 1%), got 1", err)
+    end
   end)
 end)

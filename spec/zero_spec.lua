@@ -36,6 +36,7 @@ local function check_case(name, rec, world, r)
   assert.is_true(rec.param_err <= tol, where .. ": parameters differ from DDP's by " .. rec.param_err)
   assert.is_true(rec.roundtrip_err <= tol, where .. ": after load_state_dict, parameters differ by " .. rec.roundtrip_err)
   assert.are.same({1, 0.5}, rec.groups_lr, where .. ": param_groups")
+  assert.are.equal(1, rec.loaded_lr, where .. ": the rate load_state_dict restored")
   assert.are.same(OWNERS[world], rec.owner, where)
   assert.are.same(TOTALS[world], rec.rank_numel, where)
   -- the state covers exactly this rank's parameters

@@ -453,7 +453,7 @@ function DDP:parameters() return self.module:parameters() end
 function DDP:named_parameters(prefix) return self.module:named_parameters((prefix or "") .. "module.") end
 function DDP:named_buffers(prefix) return self.module:named_buffers((prefix or "") .. "module.") end
 function DDP:zero_grad() return self.module:zero_grad() end
-function DDP:train() self.module:train(); return self end
+function DDP:train(mode) self.module:train(mode); return self end
 function DDP:evaluate() self.module:evaluate(); return self end
 DDP.eval = DDP.evaluate
 -- A keyed state dict of a DDP model names its entries "module.<name>", as

@@ -523,7 +523,7 @@ function FSDP:clip_grad_norm_(max_norm, norm_type, opts)
   return total
 end
 
-function FSDP:train() self.module:train(); return self end
+function FSDP:train(mode) self.module:train(mode); return self end
 function FSDP:evaluate() self.module:evaluate(); return self end
 FSDP.eval = FSDP.evaluate
 

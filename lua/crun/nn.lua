@@ -130,12 +130,55 @@ function Module:_init()
   return self
 end
 
---- Returns (params, grads): two lists of tensors in registration order.
-function Module:parameters()
-  local p, g = {}, {}
-  for i, t in ipairs(self._params or {}) do
-    p[#p + 1], g[#g + 1] = t, self._grads[i]
+-- True when v is an instance of a class nn.class made (a crun.nn module).
+local function is_module(v)
+  local mt = type(v) == "table" and getmetatable(v)
+  return type(mt) == "table" and type(mt.__name) == "string" and mt.__name:sub(1, 8) == "crun.nn."
+end
+
+-- EINVAL when a field of m (a string key not starting with "_") holds a module
+-- whose parameters are not all in `seen` (those parameters() found through
+-- m.modules): torch finds children in any attribute (self.fc1 = nn.Linear(...)),
+-- crun only in the list m.modules, and an optimizer, DDP or state_dict built
+-- from m would silently leave that module's parameters out.
+local function check_fields(m, seen)
+  for k, v in pairs(m) do
+    if type(k) == "string" and k:sub(1, 1) ~= "_" and v ~= m and is_module(v) then
+      for _, t in ipairs((v:parameters())) do
+        if not seen[t] then
+          O.fail("EINVAL: %s:parameters: field '%s' holds %s, whose parameters are not among this module's: crun " ..
+            "finds a module's children in its list self.modules (as Sequential's), not in other fields as torch does; " ..
+            "list it in self.modules", (m.__name or "crun.nn.Module"):gsub("^crun%.nn%.", "nn."), k,
+            (v:describe():match("^[^\n]*")))
+        end
+      end
+    end
   end
+end
+
+--- Returns (params, grads): two lists of tensors in registration order: a
+-- leaf's own, or a container's children's (self.modules, in order), each
+-- tensor once, as torch's parameters(): a module added twice (weight tying,
+-- Sequential(l, act, l)) listed its weight twice, and an optimizer then
+-- stepped it twice with its (already summed) gradient.
+function Module:parameters()
+  local p, g, seen = {}, {}, {}
+  if self.modules then
+    for _, m in ipairs(self.modules) do
+      local mp, mg = m:parameters()
+      for i = 1, #mp do
+        if not seen[mp[i]] then
+          seen[mp[i]] = true
+          p[#p + 1], g[#g + 1] = mp[i], mg[i]
+        end
+      end
+    end
+  else
+    for i, t in ipairs(self._params or {}) do
+      seen[t], p[#p + 1], g[#g + 1] = true, t, self._grads[i]
+    end
+  end
+  check_fields(self, seen)
   return p, g
 end
 
@@ -152,10 +195,67 @@ function Module:zero_grad()
   for _, g in ipairs(grads) do g:fill(0) end
 end
 
---- Training mode (Dropout drops) / evaluation mode (Dropout passes through).
-function Module:train() self.training = true; return self end
-function Module:evaluate() self.training = false; return self end
+-- train()'s mode: true when nil (torch's default), else a boolean (EINVAL
+-- naming the module otherwise).
+local function train_mode(m, mode)
+  if mode == nil then return true end
+  if type(mode) ~= "boolean" then
+    local name = (m.__name or "crun.nn.Module"):gsub("^crun%.nn%.", "nn.")
+    O.fail("EINVAL: %s:train: mode must be a boolean, got %s", name, tostring(mode))
+  end
+  return mode
+end
+
+--- train([mode=true]): training mode (Dropout drops, BatchNorm uses batch
+-- statistics); train(false) is evaluate(), as torch's module.train(False).
+-- evaluate() / eval(): evaluation mode. Both return self.
+function Module:train(mode)
+  mode = train_mode(self, mode)
+  self.training = mode
+  for _, m in ipairs(self.modules or {}) do
+    if mode then m:train() else m:evaluate() end -- (a module of the user's may define only these)
+  end
+  return self
+end
+
+function Module:evaluate()
+  self.training = false
+  for _, m in ipairs(self.modules or {}) do m:evaluate() end
+  return self
+end
 Module.eval = Module.evaluate
+
+-- The distinct modules of self.modules in order (a module added twice once,
+-- as torch's children()), or an empty list for a leaf.
+local function distinct_children(self)
+  local out, seen = {}, {}
+  for _, m in ipairs(self.modules or {}) do
+    if not seen[m] then seen[m], out[#out + 1] = true, m end
+  end
+  return out
+end
+
+--- children(): iterates the direct submodules, each once, in order:
+-- `for m in net:children() do ... end` (torch's module.children()).
+function Module:children()
+  local list, i = distinct_children(self), 0
+  return function()
+    i = i + 1
+    return list[i]
+  end
+end
+
+--- apply(fn): calls fn(m) on every submodule, depth first, then on self
+-- (torch's module.apply, as in net:apply(init_weights)); returns self.
+function Module:apply(fn)
+  if type(fn) ~= "function" then
+    O.fail("EINVAL: %s:apply: a function is expected, got %s", (self.__name or "crun.nn.Module"):gsub("^crun%.nn%.", "nn."),
+      type(fn))
+  end
+  for _, m in ipairs(distinct_children(self)) do m:apply(fn) end
+  fn(self)
+  return self
+end
 
 --- Calls fn(module) after each backward of this module, once its
 -- parameter gradients are final. Returns a handle with :remove().
@@ -207,7 +307,15 @@ end
 -- registration order. DDP broadcasts them from rank 0 before each forward
 -- (broadcast_buffers), and state_dict() saves them after the parameters.
 function Module:buffers()
-  local out = {}
+  local out, seen = {}, {}
+  if self.modules then
+    for _, m in ipairs(self.modules) do
+      for _, b in ipairs(m:buffers()) do
+        if not seen[b] then seen[b], out[#out + 1] = true, b end
+      end
+    end
+    return out
+  end
   for _, b in ipairs(self._buffers or {}) do out[#out + 1] = self[b] end
   return out
 end
@@ -669,45 +777,6 @@ function Sequential:backward(x, gy)
   return gy
 end
 
--- Each tensor once, as torch's parameters(): a module added twice (weight
--- tying, Sequential(l, act, l)) listed its weight twice, and an optimizer
--- then stepped it twice with its (already summed) gradient.
-function Sequential:parameters()
-  local p, g, seen = {}, {}, {}
-  for _, m in ipairs(self.modules) do
-    local mp, mg = m:parameters()
-    for i = 1, #mp do
-      if not seen[mp[i]] then
-        seen[mp[i]] = true
-        p[#p + 1], g[#g + 1] = mp[i], mg[i]
-      end
-    end
-  end
-  return p, g
-end
-
-function Sequential:buffers()
-  local out, seen = {}, {}
-  for _, m in ipairs(self.modules) do
-    for _, b in ipairs(m:buffers()) do
-      if not seen[b] then seen[b], out[#out + 1] = true, b end
-    end
-  end
-  return out
-end
-
-function Sequential:train()
-  self.training = true
-  for _, m in ipairs(self.modules) do m:train() end
-  return self
-end
-
-function Sequential:evaluate()
-  self.training = false
-  for _, m in ipairs(self.modules) do m:evaluate() end
-  return self
-end
-Sequential.eval = Sequential.evaluate
 
 -- ---------------------------------------------------------------- criteria
 

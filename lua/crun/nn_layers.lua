@@ -115,12 +115,29 @@ return function(nn, H)
     return {kh = kh, kw = kw, stride_h = sh, stride_w = sw, pad_h = ph, pad_w = pw}
   end
 
+  -- The options table of a pooling layer called (kernel, opts) or torch's
+  -- positional (kernel, stride[, padding]); a further positional argument
+  -- (torch's dilation, ceil_mode, ...) is EINVAL, not dropped.
+  local function pool_opts(fn, opts, padding, ...)
+    if type(opts) ~= "number" and type(opts) ~= "table" and opts ~= nil then return opts end -- (O.check says what)
+    if type(opts) == "number" then opts = {stride = opts, padding = padding}
+    elseif padding ~= nil then
+      O.fail("EINVAL: %s: a third argument (torch's padding) follows a stride, got it after an options table", fn)
+    end
+    if select("#", ...) > 0 then
+      O.fail("EINVAL: %s: %d positional argument(s) after padding (torch's %s): crun takes kernel, stride, padding " ..
+        "or kernel and an options table", fn, select("#", ...),
+        fn == "nn.MaxPool2d" and "dilation, return_indices, ceil_mode" or "ceil_mode, count_include_pad, divisor_override")
+    end
+    return opts
+  end
+
   local MaxPool2d = nn.class("MaxPool2d")
 
-  --- MaxPool2d(kernel, {stride=kernel, padding=0}) (also MaxPool2d(k, stride)).
-  function nn.MaxPool2d(kernel, opts)
-    if type(opts) == "number" then opts = {stride = opts} end
-    opts = O.check(POOL, "nn.MaxPool2d", opts)
+  --- MaxPool2d(kernel, {stride=kernel, padding=0}) (also torch's positional
+  -- MaxPool2d(k, stride[, padding])).
+  function nn.MaxPool2d(kernel, opts, ...)
+    opts = O.check(POOL, "nn.MaxPool2d", pool_opts("nn.MaxPool2d", opts, ...))
     local self = setmetatable({}, MaxPool2d):_init()
     self.geom = pool_geom("nn.MaxPool2d", kernel, opts)
     return self
@@ -154,10 +171,10 @@ return function(nn, H)
 
   local AvgPool2d = nn.class("AvgPool2d")
 
-  --- AvgPool2d(kernel, {stride=kernel, padding=0, count_include_pad=true}).
-  function nn.AvgPool2d(kernel, opts)
-    if type(opts) == "number" then opts = {stride = opts} end
-    opts = O.check(POOL, "nn.AvgPool2d", opts)
+  --- AvgPool2d(kernel, {stride=kernel, padding=0, count_include_pad=true})
+  -- (also torch's positional AvgPool2d(k, stride[, padding])).
+  function nn.AvgPool2d(kernel, opts, ...)
+    opts = O.check(POOL, "nn.AvgPool2d", pool_opts("nn.AvgPool2d", opts, ...))
     local self = setmetatable({}, AvgPool2d):_init()
     self.geom = pool_geom("nn.AvgPool2d", kernel, opts)
     self.count_include_pad = O.bool("nn.AvgPool2d", "count_include_pad", opts.count_include_pad, true) ~= false
@@ -313,9 +330,9 @@ return function(nn, H)
       K.nn_bn_reduce(x, nil, nil, nil, sums)
       local n
       sums, n = self:_sum(sums, per)
-      if n <= 1 and self.training then
-        O.fail("EINVAL: %s:forward: expected more than 1 value per channel when training, got input of shape %s",
-          self.fname, table.concat(x:size(), "x"))
+      if n <= 1 then -- (also in evaluation without running statistics, as torch: the batch's are used)
+        O.fail("EINVAL: %s:forward: expected more than 1 value per channel when using batch statistics, got input " ..
+          "of shape %s", self.fname, table.concat(x:size(), "x"))
       end
       for i = 1, c do mean[i] = sums[i] / n end
       local sq = stat(c)

@@ -116,15 +116,31 @@ function Optimizer:zero_grad()
   for _, g in ipairs(self.grads) do g:fill(0) end
 end
 
---- Optimizer state (buffers and step counts) as plain tables and tensors, for crun.save.
+-- A copy of opts (its tables copied too: betas), less `params`.
+local function copy_opts(o)
+  local c = {}
+  for k, v in pairs(o) do
+    if k ~= "params" then c[k] = type(v) == "table" and table.move(v, 1, #v, 1, {}) or v end
+  end
+  return c
+end
+
+--- Optimizer state as plain tables and tensors, for crun.save: {kind=,
+-- state = {[i] = buffers and step counts}, param_groups = {{lr=, ...,
+-- params = {1, ..., n}}}} (torch's form: the one group's options, the rate a
+-- schedule or the user set included, and its parameters' indices).
 function Optimizer:state_dict()
+  self:_refresh()
   local st = {}
   for i, s in pairs(self.state) do
     local c = {}
     for k, v in pairs(s) do c[k] = type(v) == "userdata" and v:clone() or v end
     st[i] = c
   end
-  return {state = st, kind = self.kind}
+  local group, idx = copy_opts(self.opts), {}
+  for i = 1, #self.params do idx[i] = i end
+  group.params = idx
+  return {state = st, kind = self.kind, param_groups = {group}}
 end
 
 -- The state entries that are tensors, and those each parameter's state must hold.
@@ -165,8 +181,32 @@ local function load_entry(self, F, i, s, dry)
   return c
 end
 
---- Restores a state_dict(); tensors are copied into fresh buffers. Every
--- entry is checked against its parameter first (EINVAL, the state unchanged).
+-- The options of state dict param_groups (torch's form, one group): a copy of
+-- the group less params, every option the optimizer has present with a value
+-- of the same type; EINVAL otherwise, or when the group's parameter count differs.
+local function loaded_opts(self, F, groups)
+  if type(groups) ~= "table" or #groups ~= 1 or type(groups[1]) ~= "table" then
+    O.fail("EINVAL: %s: param_groups must be a list of one group (crun's optimizers have one), got %s", F,
+      type(groups) == "table" and #groups .. " groups" or type(groups))
+  end
+  local g = groups[1]
+  if g.params ~= nil and (type(g.params) ~= "table" or #g.params ~= #self.params) then
+    O.fail("EINVAL: %s: the state's parameter group has %s parameters, the optimizer's %d", F,
+      type(g.params) == "table" and tostring(#g.params) or type(g.params), #self.params)
+  end
+  local o = copy_opts(g)
+  for k, v in pairs(self.opts) do
+    if type(o[k]) ~= type(v) then
+      O.fail("EINVAL: %s: option %s of the state's parameter group is a %s, the optimizer's a %s", F, k, type(o[k]), type(v))
+    end
+  end
+  return o
+end
+
+--- Restores a state_dict(): the buffers and step counts, copied into fresh
+-- tensors, and the group's options when it has param_groups (lr, momentum,
+-- betas, ...: torch restores them, so a resumed run goes on at the saved
+-- rate). Everything is checked first (EINVAL, the optimizer unchanged).
 function Optimizer:load_state_dict(sd)
   local F = self.kind .. ":load_state_dict"
   if type(sd) ~= "table" or sd.kind ~= self.kind or type(sd.state) ~= "table" then
@@ -174,9 +214,11 @@ function Optimizer:load_state_dict(sd)
       type(sd) ~= "table" and type(sd) or sd.kind ~= self.kind and tostring(sd.kind) or "a state of type " .. type(sd.state))
   end
   self:_refresh()
+  local opts = sd.param_groups == nil and self.opts or loaded_opts(self, F, sd.param_groups)
+  local view = setmetatable({opts = opts}, {__index = self}) -- (amsgrad's buffers are the loaded opts')
   local state = {}
-  for i, s in pairs(sd.state) do state[i] = load_entry(self, F, i, s) end
-  self.state = state
+  for i, s in pairs(sd.state) do state[i] = load_entry(view, F, i, s) end
+  self.state, self.opts = state, opts
 end
 
 -- For wrappers holding part of a model (ZeroRedundancyOptimizer): checks
@@ -229,21 +271,29 @@ end
 local Adam = setmetatable({}, {__index = Optimizer})
 Adam.__index = optim.index_with_groups(Adam)
 
+-- Returns beta1, beta2 of betas, a pair of numbers in [0, 1) (EINVAL naming
+-- fname otherwise).
+local function check_betas(fname, betas)
+  if type(betas) ~= "table" or #betas ~= 2 then
+    O.fail("EINVAL: %s: betas must be a pair {beta1, beta2}, got %s", fname, tostring(betas))
+  end
+  for i = 1, 2 do
+    local bi = O.num(fname, "betas[" .. i .. "]", betas[i], 0)
+    if bi >= 1 then O.fail("EINVAL: %s: betas[%d] must be in [0, 1), got %s", fname, i, tostring(bi)) end
+  end
+  return betas[1], betas[2]
+end
+
+-- opts.betas is what step() reads, as torch's group["betas"]: param_groups
+-- and a replaced opts can change it between steps.
 local function adam(kind, decoupled, default_wd, a, b, c)
   local params, grads, o, module = unpack_args(kind, a, b, c)
   o = O.check(ADAM_OPTS, kind, o)
-  local betas = o.betas or {0.9, 0.999}
-  if type(betas) ~= "table" or #betas ~= 2 then
-    O.fail("EINVAL: %s: betas must be a pair {beta1, beta2}, got %s", kind, tostring(betas))
-  end
-  for i = 1, 2 do
-    local bi = O.num(kind, "betas[" .. i .. "]", betas[i], 0)
-    if bi >= 1 then O.fail("EINVAL: %s: betas[%d] must be in [0, 1), got %s", kind, i, tostring(bi)) end
-  end
-  return setmetatable({kind = kind, params = params, grads = grads, module = module, state = {},
-    opts = {lr = O.num(kind, "lr", o.lr, 0, 1e-3), beta1 = betas[1], beta2 = betas[2],
+  local b1, b2 = check_betas(kind, o.betas or {0.9, 0.999})
+  return setmetatable({kind = kind, params = params, grads = grads, module = module, state = {}, decoupled = decoupled,
+    opts = {lr = O.num(kind, "lr", o.lr, 0, 1e-3), betas = {b1, b2},
       eps = O.num(kind, "eps", o.eps, 0, 1e-8),
-      weight_decay = O.num(kind, "weight_decay", o.weight_decay, 0, default_wd), decoupled = decoupled,
+      weight_decay = O.num(kind, "weight_decay", o.weight_decay, 0, default_wd),
       amsgrad = O.bool(kind, "amsgrad", o.amsgrad, false), maximize = O.bool(kind, "maximize", o.maximize, false)}}, Adam)
 end
 
@@ -256,9 +306,18 @@ function optim.Adam(a, b, c) return adam("Adam", false, 0, a, b, c) end
 --- AdamW: Adam with decoupled weight decay (default 1e-2), as torch.optim.AdamW.
 function optim.AdamW(a, b, c) return adam("AdamW", true, 1e-2, a, b, c) end
 
+-- The C kernel's options for this step: opts with betas split, and AdamW's
+-- decoupled decay (the optimizer's kind, not an option a replaced opts could drop).
+local function kernel_opts(self)
+  local o = self.opts
+  local b1, b2 = check_betas(self.kind .. ":step", o.betas)
+  return {lr = o.lr, beta1 = b1, beta2 = b2, eps = o.eps, weight_decay = o.weight_decay, decoupled = self.decoupled,
+    amsgrad = o.amsgrad, maximize = o.maximize}
+end
+
 function Adam:step()
   self:_refresh()
-  local o = self.opts
+  local o = kernel_opts(self)
   for i, p in ipairs(self.params) do
     local s = self.state[i]
     if not s then

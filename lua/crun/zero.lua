@@ -326,7 +326,15 @@ function Z:consolidate_state_dict(to)
     end
   end
   self.consolidated = self.rank == to and {kind = self.optim.kind, state = state,
-    zero = {world_size = self.world, num_params = #self.params}} or nil
+    param_groups = self:_groups(#self.params), zero = {world_size = self.world, num_params = #self.params}} or nil
+end
+
+-- The wrapped optimizer's param_groups in a state dict (its options), for n parameters.
+function Z:_groups(n)
+  local g = self.optim:state_dict().param_groups[1]
+  g.params = {}
+  for i = 1, n do g.params[i] = i end
+  return {g}
 end
 
 -- Every rank must name the same destination (else the sends and receives
@@ -404,7 +412,22 @@ function Z:load_state_dict(sd)
   self.optim:_check_state(sd, self.params, "ZeroRedundancyOptimizer:load_state_dict")
   local mine = {kind = sd.kind, state = {}}
   for li, gi in ipairs(self.own) do mine.state[li] = sd.state[gi] end
+  if sd.param_groups ~= nil then -- the options, for this rank's parameters (checked there)
+    local g = type(sd.param_groups) == "table" and sd.param_groups[1]
+    if type(g) == "table" and type(g.params) == "table" and #g.params ~= #self.params then
+      error(string.format("EINVAL: ZeroRedundancyOptimizer:load_state_dict on %s: the state's parameter group has "
+        .. "%d parameters, the model %d", self:_rk(self.rank), #g.params, #self.params), 0)
+    end
+    mine.param_groups = sd.param_groups
+    if type(g) == "table" and g.params ~= nil then
+      local own = {}
+      for k, v in pairs(g) do own[k] = v end
+      own.params = {table.unpack(g.params, 1, #self.own)}
+      mine.param_groups = {own}
+    end
+  end
   self.optim:load_state_dict(mine)
+  self.opts = self.optim.opts -- (the loaded options: step() hands z.opts to the wrapped optimizer)
   self.consolidated = nil
 end
 

@@ -122,7 +122,9 @@ local function run_case(c)
   end
   sd = crun.dist.broadcast_object(sd, to)
   local z2 = crun.optim.ZeroRedundancyOptimizer(z.ddp, CLASSES[c.opt], OPTS[c.opt])
+  z2.opts.lr = lr * 7 -- the state's param_groups bring the saved rate back, as torch's
   z2:load_state_dict(sd)
+  rec.loaded_lr = z2.opts.lr / lr
   train(ref.ddp, ref.opt, c.dtype, STEPS + 1, STEPS + 2)
   train(z.ddp, z2, c.dtype, STEPS + 1, STEPS + 2)
   rec.roundtrip_err = params_err(ref.net:parameters(), z.net:parameters())
