@@ -691,8 +691,9 @@ local function packed(list)
   return t
 end
 
---- broadcast_object_list(list, src[, opts]): every rank's list gets src's
--- elements in place (torch: the lists have the same length on every rank).
+--- broadcast_object_list(list, src[, opts]): every other rank's list gets
+-- src's elements in place (torch: the lists have the same length on every
+-- rank); src's list keeps its own objects, not copies of them, as in torch.
 function dist.broadcast_object_list(list, src, opts)
   if type(list) ~= "table" then fail("EINVAL: broadcast_object_list: a list is expected") end
   opts = O.check(OBJ, "broadcast_object_list", opts)
@@ -705,6 +706,7 @@ function dist.broadcast_object_list(list, src, opts)
     fail("EMISMATCH: broadcast_object_list on rank %d: the list has %d elements, rank %d's has %d",
          g:global_rank(g:rank()), #list, src or 0, got.n)
   end
+  if g:rank() == gsrc then return end
   for i = 1, got.n do list[i] = got[i] end
 end
 

@@ -263,6 +263,26 @@ function cases.ddp_group()
   model:close()
 end
 
+-- broadcast_object_list leaves src's own objects in its list (torch does not
+-- replace them with copies): a table src keeps mutating stays the list's
+-- entry there; every other rank gets a copy of the values src sent
+function cases.object_list_src()
+  local src = size - 1
+  local cfg, w = {lr = -0.25, steps = {3, -7}}, T.new({-1.5, 2.25}, "float64")
+  local list = rank == src and {cfg, w, "tail"} or {false, false, false}
+  dist.broadcast_object_list(list, src)
+  if rank == src then
+    check(rawequal(list[1], cfg) and rawequal(list[2], w), "src's list entries were replaced: %s %s",
+          tostring(list[1]), tostring(list[2]))
+    cfg.lr = 7  -- torch's src sees its later changes through the list
+    check(list[1].lr == 7, "src's list[1] is not its own table")
+  else
+    check(not rawequal(list[1], cfg) and list[1].lr == -0.25 and list[1].steps[2] == -7, "list[1] on rank %d", rank)
+    check(list[2][1] == -1.5 and list[2][2] == 2.25 and list[2]:dtype() == "float64", "list[2] on rank %d", rank)
+  end
+  check(list[3] == "tail", "list[3] on rank %d is %s", rank, tostring(list[3]))
+end
+
 -- a broadcast_object_list past table.unpack's limit (about a million values)
 function cases.object_list_1m()
   local n = 1000001
