@@ -415,11 +415,12 @@ function dist.all_to_all(outs, ins, opts)
 end
 
 --- Splits dim 1 of a contiguous tensor into views of the given sizes (equal
---- when sizes is nil); fails naming fname and what when they do not add up.
+--- when sizes is nil or empty, as torch's None or []); fails naming fname and
+--- what when they do not add up.
 local function split_dim1(t, n, sizes, fname, what)
   if not tensor_arg(t, fname, what .. " tensor"):is_contiguous() then fail("EINVAL: %s: the %s tensor must be contiguous", fname, what) end
   local rows = t:dim() == 0 and 1 or t:size()[1]
-  if sizes == nil then
+  if sizes == nil or (type(sizes) == "table" and next(sizes) == nil) then
     if rows % n ~= 0 then
       fail("EINVAL: %s: dim 1 of the %s tensor (%d) is not divisible by the group size %d; pass split sizes",
            fname, what, rows, n)
@@ -451,6 +452,7 @@ end
 -- torch's one-tensor all_to_all: dim 1 of input is cut into blocks (equal, or
 -- input_split_sizes rows each); block j goes to rank j, and output receives
 -- rank j's block for this rank at its j-th block (output_split_sizes rows).
+-- A nil or empty split list means equal blocks, as None or [] in torch.
 function dist.all_to_all_single(output, input, out_splits, in_splits, opts)
   if type(out_splits) == "table" and #out_splits == 0 and next(out_splits) ~= nil then
     out_splits, in_splits, opts = nil, nil, out_splits

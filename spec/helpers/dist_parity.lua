@@ -170,6 +170,17 @@ function cases.a2a_single()
   for j = 0, size - 1 do
     for k = 1, 2 do check(y[2 * j + k] == j * 100 + 2 * rank + k - 0.5, "equal split %d/%d", j, k) end
   end
+  -- empty split lists mean equal blocks, as torch's [] (one side or both)
+  for _, sp in ipairs{{{}, {}}, {{}, nil}, {nil, {}}} do
+    local y2 = T.full({2 * size}, 99999, "float64")
+    dist.all_to_all_single(y2, x, sp[1], sp[2], {})
+    for j = 0, size - 1 do
+      for k = 1, 2 do
+        check(y2[2 * j + k] == j * 100 + 2 * rank + k - 0.5, "empty split lists: element %d is %s", 2 * j + k,
+              tostring(y2[2 * j + k]))
+      end
+    end
+  end
   expect_error("^EINVAL: all_to_all_single: input split sizes add up to", dist.all_to_all_single, output, input,
                out_splits, {nin + 1, table.unpack(in_splits, 2)})
 end
