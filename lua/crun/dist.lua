@@ -130,6 +130,14 @@ function dist.init_process_group(backend, opts)
   state.pg = core.pg_new{store = store, rank = rank, world_size = world_size, timeout = timeout,
                          backend = backend, name = opts.group_name or "default"}
   state.store, state.close_store = store, close_at_destroy
+  if backend ~= "mpi" then
+    -- monitored_barrier's keys are this incarnation's: a group made after
+    -- destroy_process_group on the same store (the launcher's outlives it)
+    -- must not find the released verdicts of the one before (as pg.c counts)
+    local name = opts.group_name or "default"
+    local n = store:add("crun/monitored_barrier/" .. name .. "/incarnation", 1)
+    state.mb_prefix = string.format("crun/monitored_barrier/%s/%d/", name, (n - 1) // world_size)
+  end
   core.set_log_rank(rank)
   core.flight_arm() -- SIGUSR1 dumps the flight recorder (crun/trace.h)
   if core.trace_enabled() and backend ~= "mpi" then -- the timeline's clocks, aligned to rank 0's
@@ -496,7 +504,7 @@ function dist.monitored_barrier(opts, timeout, wait_all_ranks)
   local seq = (state.mb_seq[g] or 0) + 1
   state.mb_seq[g] = seq
   local store = state.store
-  local base = string.format("crun/monitored_barrier/%d/%d/", state.gid[g] or 0, seq)
+  local base = string.format("%s%d/%d/", state.mb_prefix, state.gid[g] or 0, seq)
   local me, n = g:rank(), g:size()
   -- "released" holds the one verdict every rank raises (or "ok"): the first
   -- of rank 0's and of a rank that gave up waiting for it is kept

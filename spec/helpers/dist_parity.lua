@@ -274,6 +274,28 @@ function cases.ddp_group()
   model:close()
 end
 
+-- monitored_barrier after destroy_process_group and a new init on the same
+-- (launcher's) store: it still waits for every rank, and a verdict of the
+-- group before (here an ETIMEDOUT naming the last rank) is not raised again
+function cases.monitored_reinit()
+  dist.monitored_barrier({timeout = 10})
+  if rank ~= size - 1 then
+    expect_error("^ETIMEDOUT: monitored_barrier: rank " .. (size - 1) .. " did not arrive", dist.monitored_barrier,
+                 {timeout = 0.5})
+  end
+  dist.barrier()
+  dist.destroy_process_group()
+  dist.init_process_group("gloo", {timeout = 30})
+  dist.monitored_barrier({timeout = 10})  -- the default group's first, as before
+  local ok, err = pcall(dist.monitored_barrier, {timeout = 10})
+  check(ok, "the second monitored_barrier after re-init raised %s", tostring(err))
+  if rank == 0 then os.execute("sleep 1") end
+  local t0 = require("crun.core").clock()
+  dist.monitored_barrier({timeout = 10})
+  local waited = require("crun.core").clock() - t0
+  check(rank == 0 or waited > 0.7, "monitored_barrier returned after %.3f s, before rank 0 (1 s late) arrived", waited)
+end
+
 -- broadcast_object_list leaves src's own objects in its list (torch does not
 -- replace them with copies): a table src keeps mutating stays the list's
 -- entry there; every other rank gets a copy of the values src sent
