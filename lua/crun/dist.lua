@@ -170,6 +170,10 @@ function dist.is_available() return true end
 -- "attempt to index" from deep inside dist.
 local function resolve(group, fname)
   if group == nil then return default_pg(fname) end
+  if group == NON_MEMBER then  -- torch raises here too ("Invalid process group specified")
+    fail("EINVAL: %s on rank %d: this rank is not in the group (new_group gave it GroupMember.NON_GROUP_MEMBER)",
+         fname, state.pg and state.pg:rank() or -1)
+  end
   local mt = type(group) == "userdata" and getmetatable(group)
   if type(mt) ~= "table" or mt.__name ~= "crun.ProcessGroup" then
     local got = type(mt) == "table" and type(mt.__name) == "string" and mt.__name or type(group)
@@ -236,7 +240,6 @@ end
 --- get_process_group_ranks(g) -> the global ranks of g, in group-rank order.
 function dist.get_process_group_ranks(group)
   local g = resolve(group, "get_process_group_ranks")
-  if g == NON_MEMBER then fail("EINVAL: get_process_group_ranks: this rank is not in the group") end
   local out = {}
   for r = 0, g:size() - 1 do out[r + 1] = g:global_rank(r) end
   return out
