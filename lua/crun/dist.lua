@@ -581,10 +581,34 @@ function dist.P2POp(op, tensor, peer, group, tag)
   return {op = kind, tensor = tensor, peer = peer, group = group, tag = tag}
 end
 
+-- Checks entry i of a batch before any entry is posted: one raising after
+-- others were posted would leave those orphaned, a receive among them taking
+-- the data meant for a later batch (and its Work holding up the collector
+-- until the timeout).
+local function check_p2p_entry(p, i)
+  local g = group_of({group = p.group}, "batch_isend_irecv")
+  if not g then return end
+  local where = string.format("batch_isend_irecv on rank %d: entry %d (%s %s %s)", state.pg:rank(), i, p.op,
+                              p.op == "isend" and "to" or "from", tostring(p.peer))
+  local mt = getmetatable(p.tensor)
+  if type(p.tensor) ~= "userdata" or type(mt) ~= "table" or mt.__name ~= "crun.Tensor" then
+    fail("EINVAL: %s: the tensor must be a crun.Tensor, got %s", where, type(p.tensor))
+  end
+  if not p.tensor:is_contiguous() then fail("EINVAL: %s: the tensor must be contiguous", where) end
+  if math.type(p.peer) ~= "integer" then fail("EINVAL: %s: the peer must be an integer rank", where) end
+  local peer = to_group_rank(g, p.peer, where)
+  if peer < 0 or peer >= g:size() then fail("EINVAL: %s: peer is out of range (0..%d)", where, g:size() - 1) end
+  if peer == g:rank() then fail("EINVAL: %s: the peer is this rank", where) end
+  if p.tag ~= nil and (math.type(p.tag) ~= "integer" or p.tag < 0) then
+    fail("EINVAL: %s: tag %s is not an integer >= 0 (as in torch.distributed)", where, tostring(p.tag))
+  end
+end
+
 --- batch_isend_irecv(ops) -> a list of crun.Work, one per op (wait on each).
 -- Every op is posted before any is waited on, and sends and receives progress
 -- independently, so a batch in which every rank sends right and receives left
--- (in either order) cannot deadlock.
+-- (in either order) cannot deadlock. Every entry is checked before the first
+-- is posted: a bad one raises EINVAL naming it and posts nothing.
 function dist.batch_isend_irecv(ops)
   if type(ops) ~= "table" or #ops == 0 then fail("EINVAL: batch_isend_irecv: a non-empty list of P2POp is expected") end
   local g0
@@ -595,6 +619,7 @@ function dist.batch_isend_irecv(ops)
     if i == 1 then g0 = p.group end
     if p.group ~= g0 then fail("EINVAL: batch_isend_irecv: entry %d is on another group than entry 1", i) end
   end
+  for i, p in ipairs(ops) do check_p2p_entry(p, i) end
   local works = {}
   for i, p in ipairs(ops) do
     local o = {group = p.group, tag = p.tag}

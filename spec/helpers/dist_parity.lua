@@ -202,6 +202,40 @@ function cases.batch()
   expect_error("^EINVAL: P2POp: op must be dist.isend or dist.irecv", dist.P2POp, dist.send, out, right)
 end
 
+-- a batch with a bad entry raises EINVAL naming it and posts none of its
+-- entries: an irecv posted before the bad one would otherwise be left
+-- behind and take the data of the next batch's send
+function cases.batch_bad_entry()
+  local right, left = (rank + 1) % size, (rank - 1 + size) % size
+  local core = require "crun.core"
+  local got = T.full({3}, -1, "int64")
+  for _, bad in ipairs{
+    {dist.P2POp(dist.isend, T.ones({2}), size + 3), "peer is out of range %(0%.%." .. (size - 1) .. "%)"},
+    {dist.P2POp(dist.isend, T.ones({2}), rank), "the peer is this rank"},
+    {dist.P2POp(dist.isend, "x", right), "the tensor must be a crun.Tensor, got string"},
+    {dist.P2POp(dist.isend, T.ones({2}), right, nil, -2), "tag %-2 is not an integer >= 0"},
+    {dist.P2POp(dist.isend, T.ones({2, 3}):transpose(1, 2), right), "the tensor must be contiguous"},
+  } do
+    expect_error("^EINVAL: batch_isend_irecv on rank " .. rank .. ": entry 2 %(isend to %-?%d+%): " .. bad[2],
+                 dist.batch_isend_irecv, {dist.P2POp(dist.irecv, got, left), bad[1]})
+  end
+  local g = dist.new_group({0, 1})
+  if rank <= 1 and size > 2 then
+    expect_error("^EINVAL: batch_isend_irecv on rank " .. rank .. ": entry 2 %(isend to " .. (size - 1) ..
+                 "%): rank " .. (size - 1) .. " is not in the group", dist.batch_isend_irecv,
+                 {dist.P2POp(dist.irecv, got, 1 - rank, g), dist.P2POp(dist.isend, got, size - 1, g)})
+  end
+  collectgarbage(); collectgarbage()
+  local t0 = core.clock()
+  local out = T.new({rank * 1009 - 7, -rank, rank * rank + 3}, "int64")
+  local ws = dist.batch_isend_irecv{dist.P2POp(dist.isend, out, right), dist.P2POp(dist.irecv, got, left)}
+  for _, w in ipairs(ws) do w:wait(10) end
+  check(got[1] == left * 1009 - 7 and got[2] == -left and got[3] == left * left + 3,
+        "the batch after the refused ones got %d %d %d from rank %d", got[1], got[2], got[3], left)
+  dist.barrier()
+  check(core.clock() - t0 < 10, "the good batch took %.1f s", core.clock() - t0)
+end
+
 function cases.monitored()
   dist.monitored_barrier({timeout = 10})
   dist.monitored_barrier({timeout = 10, wait_all_ranks = true})
