@@ -380,14 +380,27 @@ local function blocks_of(big, n, per, fname, what)
   return list
 end
 
+-- The Work of a one-tensor collective run on views of its output t, with its
+-- result list made {t} as torch's (w:result() is the table the Work keeps,
+-- so emptying it in place changes what result() and get_future give).
+local function result_is(w, t)
+  if w then
+    local r = w:result()
+    for i = #r, 1, -1 do r[i] = nil end
+    r[1] = t
+  end
+  return w
+end
+
 --- all_gather_into_tensor(out, t[, opts]): torch's form with one output
 --- tensor of world_size * t:numel() elements, rank r's input in block r.
+--- With async_op the Work's result() is {out}.
 function dist.all_gather_into_tensor(out, t, opts)
   opts = O.check(COLL, "all_gather_into_tensor", opts)
   local g = group_of(opts, "all_gather_into_tensor")
   if not g then return nil end
   local per = tensor_arg(t, "all_gather_into_tensor", "input tensor"):numel()
-  return g:all_gather(blocks_of(out, g:size(), per, "all_gather_into_tensor", "output"), t, opts)
+  return result_is(g:all_gather(blocks_of(out, g:size(), per, "all_gather_into_tensor", "output"), t, opts), out)
 end
 
 --- reduce_scatter_tensor(out, input[, op][, opts]): torch's form with one
@@ -464,6 +477,7 @@ end
 -- input_split_sizes rows each); block j goes to rank j, and output receives
 -- rank j's block for this rank at its j-th block (output_split_sizes rows).
 -- A nil or empty split list means equal blocks, as None or [] in torch.
+-- With async_op the Work's result() is {output}, as torch's.
 function dist.all_to_all_single(output, input, out_splits, in_splits, opts)
   if type(out_splits) == "table" and #out_splits == 0 and next(out_splits) ~= nil then
     out_splits, in_splits, opts = nil, nil, out_splits
@@ -477,7 +491,7 @@ function dist.all_to_all_single(output, input, out_splits, in_splits, opts)
   local n = g:size()
   local outs = split_dim1(output, n, out_splits, "all_to_all_single", "output")
   local ins = split_dim1(input, n, in_splits, "all_to_all_single", "input")
-  return g:all_to_all(outs, ins, opts)
+  return result_is(g:all_to_all(outs, ins, opts), output)
 end
 
 function dist.barrier(opts)
