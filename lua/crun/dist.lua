@@ -705,6 +705,16 @@ local function gather_values(v, g, opts, fname)
   return gather_made(function() return v end, g, opts, fname)
 end
 
+-- Raises EINVAL naming the rank unless list is a table. The object
+-- collectives call it after their exchange (or, on a root, inside the value
+-- it sends), so that a rank passing a wrong list fails alone, the others
+-- completing instead of waiting for it until the timeout.
+local function not_a_list(list, fname, what)
+  if type(list) ~= "table" then
+    fail("EINVAL: %s on rank %d: the %s must be a table, got %s", fname, state.pg:rank(), what, type(list))
+  end
+end
+
 -- Whether t is an options table of the object collectives (keys group/timeout only).
 local function is_obj_opts(t)
   if type(t) ~= "table" or getmetatable(t) ~= nil or next(t) == nil then return false end
@@ -726,11 +736,11 @@ function dist.all_gather_object(...)
     if not g then return nil end
     return gather_values(a, g, o, "all_gather_object")
   end
-  if type(a) ~= "table" then fail("EINVAL: all_gather_object: the output list must be a table") end
   opts = O.check(OBJ, "all_gather_object", opts)
   local g = group_of(opts, "all_gather_object")
   if not g then return nil end
   local vals = gather_values(b, g, opts, "all_gather_object")
+  not_a_list(a, "all_gather_object", "output list")  -- after the exchange: the others are not left waiting
   for i = 1, g:size() do a[i] = vals[i] end
   for i = #a, g:size() + 1, -1 do a[i] = nil end
 end
@@ -747,13 +757,15 @@ end
 -- src's elements in place (torch: the lists have the same length on every
 -- rank); src's list keeps its own objects, not copies of them, as in torch.
 function dist.broadcast_object_list(list, src, opts)
-  if type(list) ~= "table" then fail("EINVAL: broadcast_object_list: a list is expected") end
   opts = O.check(OBJ, "broadcast_object_list", opts)
   local g = group_of(opts, "broadcast_object_list")
   if not g then return nil end
   local gsrc = obj_root(g, src or 0, "broadcast_object_list", "src")
-  local got = broadcast_made(function() return packed(list) end, g, gsrc, opts,
-                             "broadcast_object_list")
+  local got = broadcast_made(function()
+    not_a_list(list, "broadcast_object_list", "object list")
+    return packed(list)
+  end, g, gsrc, opts, "broadcast_object_list")
+  not_a_list(list, "broadcast_object_list", "object list")
   if got.n ~= #list then
     fail("EMISMATCH: broadcast_object_list on rank %d: the list has %d elements, rank %d's has %d",
          g:global_rank(g:rank()), #list, src or 0, got.n)
@@ -782,7 +794,6 @@ end
 --- scatter_object_list(out, in, src[, opts]): out[1] gets src's in[r+1] on
 -- group rank r; in is read on src only.
 function dist.scatter_object_list(out, input, src, opts)
-  if type(out) ~= "table" then fail("EINVAL: scatter_object_list: the output list must be a table") end
   opts = O.check(OBJ, "scatter_object_list", opts)
   local g = group_of(opts, "scatter_object_list")
   if not g then return nil end
@@ -794,6 +805,7 @@ function dist.scatter_object_list(out, input, src, opts)
     end
     return packed(input)
   end, g, gsrc, opts, "scatter_object_list")
+  not_a_list(out, "scatter_object_list", "output list")
   out[1] = all[g:rank() + 1]
 end
 
