@@ -40,6 +40,31 @@ describe("crun.dist arguments", function()
     end
   end
 
+  -- new_group's placeholder on a rank outside the group: the calls that need
+  -- the rank's place in it raise, naming the placeholder (not "got table",
+  -- which read as if it had not come from new_group); get_rank/get_world_size
+  -- give -1 and collectives do nothing, as in torch
+  for _, c in ipairs{
+    {"get_group_rank", function(g) return dist.get_group_rank(g, 0) end},
+    {"get_global_rank", function(g) return dist.get_global_rank(g, 0) end},
+    {"get_process_group_ranks", function(g) return dist.get_process_group_ranks(g) end},
+    {"get_backend", function(g) return dist.get_backend(g) end},
+  } do
+    it(c[1] .. " names NON_GROUP_MEMBER when given it", function()
+      local ok, err = pcall(c[2], dist.GroupMember.NON_GROUP_MEMBER)
+      assert.is_false(ok)
+      assert.equal("EINVAL: " .. c[1] .. " on rank 0: this rank is not in the group (new_group gave it "
+                   .. "GroupMember.NON_GROUP_MEMBER)", err)
+    end)
+  end
+  it("get_rank and get_world_size give -1 for NON_GROUP_MEMBER, collectives nil", function()
+    local non = dist.GroupMember.NON_GROUP_MEMBER
+    assert.equal(-1, dist.get_rank(non))
+    assert.equal(-1, dist.get_world_size(non))
+    assert.is_nil(dist.all_reduce(T.ones{2}, "sum", {group = non, async_op = true}))
+    assert.equal(-1, dist.recv(T.ones{2}, 0, {group = non}))
+  end)
+
   -- Other misused arguments: the same "EINVAL: <call>: ..." form.
   local misuse = {
     {"destroy_process_group(5)", function() dist.destroy_process_group(5) end,

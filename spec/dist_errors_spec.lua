@@ -92,6 +92,33 @@ describe("dist failures", function()
     end)
   end
 
+  -- A rank that passes something other than a list as an object
+  -- collective's list fails alone (after the exchange), the others complete
+  -- instead of waiting for it until the timeout; a src that does fails the
+  -- call on every rank, naming itself.
+  it("fail only the rank whose object list is not a table, promptly", function()
+    local t0 = os.time()
+    local res, out = scenario("objlist")
+    assert.is_true(os.time() - t0 < 20, "took " .. (os.time() - t0) .. " s\n" .. out)
+    local src = "error EINVAL: broadcast_object_list: rank 0 could not send its object: broadcast_object_list on "
+                .. "rank 0: the object list must be a table, got string"
+    for r = 0, 2 do
+      local l = {}
+      for line in (res[r] .. "\n"):gmatch("(.-)\n") do l[#l + 1] = line end
+      local want
+      if r == 1 then
+        want = {"error EINVAL: all_gather_object on rank 1: the output list must be a table, got string", "gathered ",
+                "error EINVAL: broadcast_object_list on rank 1: the object list must be a table, got string",
+                "broadcast false,false",
+                "error EINVAL: scatter_object_list on rank 1: the output list must be a table, got string",
+                "scattered nil", src, "ok", "sum 3"}
+      else
+        want = {"ok", "gathered -1,-8,-15", "ok", "broadcast x,-3", "ok", "scattered " .. (-10 * (r + 1)), src, "ok", "sum 3"}
+      end
+      assert.are.same(want, {table.unpack(l, 1, 9)}, "rank " .. r .. ": " .. res[r] .. "\n" .. out)
+    end
+  end)
+
   -- A check only the root makes (its own buffers overlap) fails the call
   -- there; the root fails the group with its reason (over TCP, and through the
   -- shared-memory engine's abort record), so that every

@@ -130,6 +130,14 @@ function dist.init_process_group(backend, opts)
   state.pg = core.pg_new{store = store, rank = rank, world_size = world_size, timeout = timeout,
                          backend = backend, name = opts.group_name or "default"}
   state.store, state.close_store = store, close_at_destroy
+  if backend ~= "mpi" then
+    -- monitored_barrier's keys are this incarnation's: a group made after
+    -- destroy_process_group on the same store (the launcher's outlives it)
+    -- must not find the released verdicts of the one before (as pg.c counts)
+    local name = opts.group_name or "default"
+    local n = store:add("crun/monitored_barrier/" .. name .. "/incarnation", 1)
+    state.mb_prefix = string.format("crun/monitored_barrier/%s/%d/", name, (n - 1) // world_size)
+  end
   core.set_log_rank(rank)
   core.flight_arm() -- SIGUSR1 dumps the flight recorder (crun/trace.h)
   if core.trace_enabled() and backend ~= "mpi" then -- the timeline's clocks, aligned to rank 0's
@@ -162,6 +170,10 @@ function dist.is_available() return true end
 -- "attempt to index" from deep inside dist.
 local function resolve(group, fname)
   if group == nil then return default_pg(fname) end
+  if group == NON_MEMBER then  -- torch raises here too ("Invalid process group specified")
+    fail("EINVAL: %s on rank %d: this rank is not in the group (new_group gave it GroupMember.NON_GROUP_MEMBER)",
+         fname, state.pg and state.pg:rank() or -1)
+  end
   local mt = type(group) == "userdata" and getmetatable(group)
   if type(mt) ~= "table" or mt.__name ~= "crun.ProcessGroup" then
     local got = type(mt) == "table" and type(mt.__name) == "string" and mt.__name or type(group)
@@ -228,7 +240,6 @@ end
 --- get_process_group_ranks(g) -> the global ranks of g, in group-rank order.
 function dist.get_process_group_ranks(group)
   local g = resolve(group, "get_process_group_ranks")
-  if g == NON_MEMBER then fail("EINVAL: get_process_group_ranks: this rank is not in the group") end
   local out = {}
   for r = 0, g:size() - 1 do out[r + 1] = g:global_rank(r) end
   return out
@@ -369,14 +380,27 @@ local function blocks_of(big, n, per, fname, what)
   return list
 end
 
+-- The Work of a one-tensor collective run on views of its output t, with its
+-- result list made {t} as torch's (w:result() is the table the Work keeps,
+-- so emptying it in place changes what result() and get_future give).
+local function result_is(w, t)
+  if w then
+    local r = w:result()
+    for i = #r, 1, -1 do r[i] = nil end
+    r[1] = t
+  end
+  return w
+end
+
 --- all_gather_into_tensor(out, t[, opts]): torch's form with one output
 --- tensor of world_size * t:numel() elements, rank r's input in block r.
+--- With async_op the Work's result() is {out}.
 function dist.all_gather_into_tensor(out, t, opts)
   opts = O.check(COLL, "all_gather_into_tensor", opts)
   local g = group_of(opts, "all_gather_into_tensor")
   if not g then return nil end
   local per = tensor_arg(t, "all_gather_into_tensor", "input tensor"):numel()
-  return g:all_gather(blocks_of(out, g:size(), per, "all_gather_into_tensor", "output"), t, opts)
+  return result_is(g:all_gather(blocks_of(out, g:size(), per, "all_gather_into_tensor", "output"), t, opts), out)
 end
 
 --- reduce_scatter_tensor(out, input[, op][, opts]): torch's form with one
@@ -415,11 +439,12 @@ function dist.all_to_all(outs, ins, opts)
 end
 
 --- Splits dim 1 of a contiguous tensor into views of the given sizes (equal
---- when sizes is nil); fails naming fname and what when they do not add up.
+--- when sizes is nil or empty, as torch's None or []); fails naming fname and
+--- what when they do not add up.
 local function split_dim1(t, n, sizes, fname, what)
   if not tensor_arg(t, fname, what .. " tensor"):is_contiguous() then fail("EINVAL: %s: the %s tensor must be contiguous", fname, what) end
   local rows = t:dim() == 0 and 1 or t:size()[1]
-  if sizes == nil then
+  if sizes == nil or (type(sizes) == "table" and next(sizes) == nil) then
     if rows % n ~= 0 then
       fail("EINVAL: %s: dim 1 of the %s tensor (%d) is not divisible by the group size %d; pass split sizes",
            fname, what, rows, n)
@@ -451,6 +476,8 @@ end
 -- torch's one-tensor all_to_all: dim 1 of input is cut into blocks (equal, or
 -- input_split_sizes rows each); block j goes to rank j, and output receives
 -- rank j's block for this rank at its j-th block (output_split_sizes rows).
+-- A nil or empty split list means equal blocks, as None or [] in torch.
+-- With async_op the Work's result() is {output}, as torch's.
 function dist.all_to_all_single(output, input, out_splits, in_splits, opts)
   if type(out_splits) == "table" and #out_splits == 0 and next(out_splits) ~= nil then
     out_splits, in_splits, opts = nil, nil, out_splits
@@ -464,7 +491,7 @@ function dist.all_to_all_single(output, input, out_splits, in_splits, opts)
   local n = g:size()
   local outs = split_dim1(output, n, out_splits, "all_to_all_single", "output")
   local ins = split_dim1(input, n, in_splits, "all_to_all_single", "input")
-  return g:all_to_all(outs, ins, opts)
+  return result_is(g:all_to_all(outs, ins, opts), output)
 end
 
 function dist.barrier(opts)
@@ -494,7 +521,7 @@ function dist.monitored_barrier(opts, timeout, wait_all_ranks)
   local seq = (state.mb_seq[g] or 0) + 1
   state.mb_seq[g] = seq
   local store = state.store
-  local base = string.format("crun/monitored_barrier/%d/%d/", state.gid[g] or 0, seq)
+  local base = string.format("%s%d/%d/", state.mb_prefix, state.gid[g] or 0, seq)
   local me, n = g:rank(), g:size()
   -- "released" holds the one verdict every rank raises (or "ok"): the first
   -- of rank 0's and of a rank that gave up waiting for it is kept
@@ -568,10 +595,34 @@ function dist.P2POp(op, tensor, peer, group, tag)
   return {op = kind, tensor = tensor, peer = peer, group = group, tag = tag}
 end
 
+-- Checks entry i of a batch before any entry is posted: one raising after
+-- others were posted would leave those orphaned, a receive among them taking
+-- the data meant for a later batch (and its Work holding up the collector
+-- until the timeout).
+local function check_p2p_entry(p, i)
+  local g = group_of({group = p.group}, "batch_isend_irecv")
+  if not g then return end
+  local where = string.format("batch_isend_irecv on rank %d: entry %d (%s %s %s)", state.pg:rank(), i, p.op,
+                              p.op == "isend" and "to" or "from", tostring(p.peer))
+  local mt = getmetatable(p.tensor)
+  if type(p.tensor) ~= "userdata" or type(mt) ~= "table" or mt.__name ~= "crun.Tensor" then
+    fail("EINVAL: %s: the tensor must be a crun.Tensor, got %s", where, type(p.tensor))
+  end
+  if not p.tensor:is_contiguous() then fail("EINVAL: %s: the tensor must be contiguous", where) end
+  if math.type(p.peer) ~= "integer" then fail("EINVAL: %s: the peer must be an integer rank", where) end
+  local peer = to_group_rank(g, p.peer, where)
+  if peer < 0 or peer >= g:size() then fail("EINVAL: %s: peer is out of range (0..%d)", where, g:size() - 1) end
+  if peer == g:rank() then fail("EINVAL: %s: the peer is this rank", where) end
+  if p.tag ~= nil and (math.type(p.tag) ~= "integer" or p.tag < 0) then
+    fail("EINVAL: %s: tag %s is not an integer >= 0 (as in torch.distributed)", where, tostring(p.tag))
+  end
+end
+
 --- batch_isend_irecv(ops) -> a list of crun.Work, one per op (wait on each).
 -- Every op is posted before any is waited on, and sends and receives progress
 -- independently, so a batch in which every rank sends right and receives left
--- (in either order) cannot deadlock.
+-- (in either order) cannot deadlock. Every entry is checked before the first
+-- is posted: a bad one raises EINVAL naming it and posts nothing.
 function dist.batch_isend_irecv(ops)
   if type(ops) ~= "table" or #ops == 0 then fail("EINVAL: batch_isend_irecv: a non-empty list of P2POp is expected") end
   local g0
@@ -582,6 +633,7 @@ function dist.batch_isend_irecv(ops)
     if i == 1 then g0 = p.group end
     if p.group ~= g0 then fail("EINVAL: batch_isend_irecv: entry %d is on another group than entry 1", i) end
   end
+  for i, p in ipairs(ops) do check_p2p_entry(p, i) end
   local works = {}
   for i, p in ipairs(ops) do
     local o = {group = p.group, tag = p.tag}
@@ -653,6 +705,16 @@ local function gather_values(v, g, opts, fname)
   return gather_made(function() return v end, g, opts, fname)
 end
 
+-- Raises EINVAL naming the rank unless list is a table. The object
+-- collectives call it after their exchange (or, on a root, inside the value
+-- it sends), so that a rank passing a wrong list fails alone, the others
+-- completing instead of waiting for it until the timeout.
+local function not_a_list(list, fname, what)
+  if type(list) ~= "table" then
+    fail("EINVAL: %s on rank %d: the %s must be a table, got %s", fname, state.pg:rank(), what, type(list))
+  end
+end
+
 -- Whether t is an options table of the object collectives (keys group/timeout only).
 local function is_obj_opts(t)
   if type(t) ~= "table" or getmetatable(t) ~= nil or next(t) == nil then return false end
@@ -674,11 +736,11 @@ function dist.all_gather_object(...)
     if not g then return nil end
     return gather_values(a, g, o, "all_gather_object")
   end
-  if type(a) ~= "table" then fail("EINVAL: all_gather_object: the output list must be a table") end
   opts = O.check(OBJ, "all_gather_object", opts)
   local g = group_of(opts, "all_gather_object")
   if not g then return nil end
   local vals = gather_values(b, g, opts, "all_gather_object")
+  not_a_list(a, "all_gather_object", "output list")  -- after the exchange: the others are not left waiting
   for i = 1, g:size() do a[i] = vals[i] end
   for i = #a, g:size() + 1, -1 do a[i] = nil end
 end
@@ -691,20 +753,24 @@ local function packed(list)
   return t
 end
 
---- broadcast_object_list(list, src[, opts]): every rank's list gets src's
--- elements in place (torch: the lists have the same length on every rank).
+--- broadcast_object_list(list, src[, opts]): every other rank's list gets
+-- src's elements in place (torch: the lists have the same length on every
+-- rank); src's list keeps its own objects, not copies of them, as in torch.
 function dist.broadcast_object_list(list, src, opts)
-  if type(list) ~= "table" then fail("EINVAL: broadcast_object_list: a list is expected") end
   opts = O.check(OBJ, "broadcast_object_list", opts)
   local g = group_of(opts, "broadcast_object_list")
   if not g then return nil end
   local gsrc = obj_root(g, src or 0, "broadcast_object_list", "src")
-  local got = broadcast_made(function() return packed(list) end, g, gsrc, opts,
-                             "broadcast_object_list")
+  local got = broadcast_made(function()
+    not_a_list(list, "broadcast_object_list", "object list")
+    return packed(list)
+  end, g, gsrc, opts, "broadcast_object_list")
+  not_a_list(list, "broadcast_object_list", "object list")
   if got.n ~= #list then
     fail("EMISMATCH: broadcast_object_list on rank %d: the list has %d elements, rank %d's has %d",
          g:global_rank(g:rank()), #list, src or 0, got.n)
   end
+  if g:rank() == gsrc then return end
   for i = 1, got.n do list[i] = got[i] end
 end
 
@@ -728,7 +794,6 @@ end
 --- scatter_object_list(out, in, src[, opts]): out[1] gets src's in[r+1] on
 -- group rank r; in is read on src only.
 function dist.scatter_object_list(out, input, src, opts)
-  if type(out) ~= "table" then fail("EINVAL: scatter_object_list: the output list must be a table") end
   opts = O.check(OBJ, "scatter_object_list", opts)
   local g = group_of(opts, "scatter_object_list")
   if not g then return nil end
@@ -740,6 +805,7 @@ function dist.scatter_object_list(out, input, src, opts)
     end
     return packed(input)
   end, g, gsrc, opts, "scatter_object_list")
+  not_a_list(out, "scatter_object_list", "output list")
   out[1] = all[g:rank() + 1]
 end
 

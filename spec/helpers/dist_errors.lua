@@ -8,6 +8,9 @@
 --             destroys the group
 --   object    rank 1's all_gather_object value does not serialize, then src
 --             rank 0's scatter_object_list input is short; then an all_reduce
+--   objlist   rank 1 passes a string where all_gather_object,
+--             broadcast_object_list and scatter_object_list take a list, then
+--             src rank 0 does for broadcast_object_list; then an all_reduce
 --   ngslow    rank 1 reaches new_group({0, 1}, {timeout = 0.2}) 1 s after the
 --             others; then an all_reduce on the default group
 --   mblate    rank 0 reaches monitored_barrier{timeout = 0.5} after the others
@@ -69,6 +72,22 @@ elseif mode == "root" then
 elseif mode == "object" then
   record(pcall(dist.all_gather_object, rank == 1 and print or rank))
   record(pcall(dist.scatter_object_list, {}, rank == 0 and {1} or nil, 0))
+  local t = T.ones({2})
+  record(pcall(dist.all_reduce, t))
+  out:write("sum ", t[1], "\n")
+elseif mode == "objlist" then
+  local bad = "notalist"
+  local mine = {}
+  record(pcall(dist.all_gather_object, rank == 1 and bad or mine, -7 * rank - 1))
+  out:write("gathered ", table.concat(mine, ","), "\n")
+  local bl = {false, false}
+  if rank == 0 then bl = {"x", -3} end
+  record(pcall(dist.broadcast_object_list, rank == 1 and bad or bl, 0))
+  out:write("broadcast ", tostring(bl[1]), ",", tostring(bl[2]), "\n")
+  local so = {}
+  record(pcall(dist.scatter_object_list, rank == 1 and bad or so, rank == 0 and {-10, -20, -30} or nil, 0))
+  out:write("scattered ", tostring(so[1]), "\n")
+  record(pcall(dist.broadcast_object_list, rank == 0 and bad or {0}, 0))
   local t = T.ones({2})
   record(pcall(dist.all_reduce, t))
   out:write("sum ", t[1], "\n")

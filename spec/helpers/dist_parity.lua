@@ -170,6 +170,17 @@ function cases.a2a_single()
   for j = 0, size - 1 do
     for k = 1, 2 do check(y[2 * j + k] == j * 100 + 2 * rank + k - 0.5, "equal split %d/%d", j, k) end
   end
+  -- empty split lists mean equal blocks, as torch's [] (one side or both)
+  for _, sp in ipairs{{{}, {}}, {{}, nil}, {nil, {}}} do
+    local y2 = T.full({2 * size}, 99999, "float64")
+    dist.all_to_all_single(y2, x, sp[1], sp[2], {})
+    for j = 0, size - 1 do
+      for k = 1, 2 do
+        check(y2[2 * j + k] == j * 100 + 2 * rank + k - 0.5, "empty split lists: element %d is %s", 2 * j + k,
+              tostring(y2[2 * j + k]))
+      end
+    end
+  end
   expect_error("^EINVAL: all_to_all_single: input split sizes add up to", dist.all_to_all_single, output, input,
                out_splits, {nin + 1, table.unpack(in_splits, 2)})
 end
@@ -189,6 +200,40 @@ function cases.batch()
     check(got[i] == left * 1000003 - i, "element %d from rank %d: %d", i, left, got[i])
   end
   expect_error("^EINVAL: P2POp: op must be dist.isend or dist.irecv", dist.P2POp, dist.send, out, right)
+end
+
+-- a batch with a bad entry raises EINVAL naming it and posts none of its
+-- entries: an irecv posted before the bad one would otherwise be left
+-- behind and take the data of the next batch's send
+function cases.batch_bad_entry()
+  local right, left = (rank + 1) % size, (rank - 1 + size) % size
+  local core = require "crun.core"
+  local got = T.full({3}, -1, "int64")
+  for _, bad in ipairs{
+    {dist.P2POp(dist.isend, T.ones({2}), size + 3), "peer is out of range %(0%.%." .. (size - 1) .. "%)"},
+    {dist.P2POp(dist.isend, T.ones({2}), rank), "the peer is this rank"},
+    {dist.P2POp(dist.isend, "x", right), "the tensor must be a crun.Tensor, got string"},
+    {dist.P2POp(dist.isend, T.ones({2}), right, nil, -2), "tag %-2 is not an integer >= 0"},
+    {dist.P2POp(dist.isend, T.ones({2, 3}):transpose(1, 2), right), "the tensor must be contiguous"},
+  } do
+    expect_error("^EINVAL: batch_isend_irecv on rank " .. rank .. ": entry 2 %(isend to %-?%d+%): " .. bad[2],
+                 dist.batch_isend_irecv, {dist.P2POp(dist.irecv, got, left), bad[1]})
+  end
+  local g = dist.new_group({0, 1})
+  if rank <= 1 and size > 2 then
+    expect_error("^EINVAL: batch_isend_irecv on rank " .. rank .. ": entry 2 %(isend to " .. (size - 1) ..
+                 "%): rank " .. (size - 1) .. " is not in the group", dist.batch_isend_irecv,
+                 {dist.P2POp(dist.irecv, got, 1 - rank, g), dist.P2POp(dist.isend, got, size - 1, g)})
+  end
+  collectgarbage(); collectgarbage()
+  local t0 = core.clock()
+  local out = T.new({rank * 1009 - 7, -rank, rank * rank + 3}, "int64")
+  local ws = dist.batch_isend_irecv{dist.P2POp(dist.isend, out, right), dist.P2POp(dist.irecv, got, left)}
+  for _, w in ipairs(ws) do w:wait(10) end
+  check(got[1] == left * 1009 - 7 and got[2] == -left and got[3] == left * left + 3,
+        "the batch after the refused ones got %d %d %d from rank %d", got[1], got[2], got[3], left)
+  dist.barrier()
+  check(core.clock() - t0 < 10, "the good batch took %.1f s", core.clock() - t0)
 end
 
 function cases.monitored()
@@ -261,6 +306,48 @@ function cases.ddp_group()
   dist.broadcast(other, 0, {group = g})
   check(mine:equal(other), "parameters equal on both group ranks after training")
   model:close()
+end
+
+-- monitored_barrier after destroy_process_group and a new init on the same
+-- (launcher's) store: it still waits for every rank, and a verdict of the
+-- group before (here an ETIMEDOUT naming the last rank) is not raised again
+function cases.monitored_reinit()
+  dist.monitored_barrier({timeout = 10})
+  if rank ~= size - 1 then
+    expect_error("^ETIMEDOUT: monitored_barrier: rank " .. (size - 1) .. " did not arrive", dist.monitored_barrier,
+                 {timeout = 0.5})
+  end
+  dist.barrier()
+  dist.destroy_process_group()
+  dist.init_process_group("gloo", {timeout = 30})
+  dist.monitored_barrier({timeout = 10})  -- the default group's first, as before
+  local ok, err = pcall(dist.monitored_barrier, {timeout = 10})
+  check(ok, "the second monitored_barrier after re-init raised %s", tostring(err))
+  if rank == 0 then os.execute("sleep 1") end
+  local t0 = require("crun.core").clock()
+  dist.monitored_barrier({timeout = 10})
+  local waited = require("crun.core").clock() - t0
+  check(rank == 0 or waited > 0.7, "monitored_barrier returned after %.3f s, before rank 0 (1 s late) arrived", waited)
+end
+
+-- broadcast_object_list leaves src's own objects in its list (torch does not
+-- replace them with copies): a table src keeps mutating stays the list's
+-- entry there; every other rank gets a copy of the values src sent
+function cases.object_list_src()
+  local src = size - 1
+  local cfg, w = {lr = -0.25, steps = {3, -7}}, T.new({-1.5, 2.25}, "float64")
+  local list = rank == src and {cfg, w, "tail"} or {false, false, false}
+  dist.broadcast_object_list(list, src)
+  if rank == src then
+    check(rawequal(list[1], cfg) and rawequal(list[2], w), "src's list entries were replaced: %s %s",
+          tostring(list[1]), tostring(list[2]))
+    cfg.lr = 7  -- torch's src sees its later changes through the list
+    check(list[1].lr == 7, "src's list[1] is not its own table")
+  else
+    check(not rawequal(list[1], cfg) and list[1].lr == -0.25 and list[1].steps[2] == -7, "list[1] on rank %d", rank)
+    check(list[2][1] == -1.5 and list[2][2] == 2.25 and list[2]:dtype() == "float64", "list[2] on rank %d", rank)
+  end
+  check(list[3] == "tail", "list[3] on rank %d is %s", rank, tostring(list[3]))
 end
 
 -- a broadcast_object_list past table.unpack's limit (about a million values)

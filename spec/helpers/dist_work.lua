@@ -68,6 +68,25 @@ function cases.result()
   local rl = wg:result()
   check(#rl == size, "all_gather result has %d tensors", #rl)
   for r = 1, size do check(rl[r] == outs[r] and rl[r][3] == (r - 1) * 10 - 7, "all_gather result %d", r) end
+  -- the one-tensor forms' result() and future value are {output}, as torch's
+  -- (not the per-rank blocks they are done on)
+  local big = T.zeros({size * 3}, "int64")
+  local wb = dist.all_gather_into_tensor(big, T.full({3}, rank * 7 - 11, "int64"), {async_op = true})
+  local fb = wb:get_future():then_(function(f) return f:value()[1]:numel() end)
+  wb:wait()
+  check(#wb:result() == 1 and rawequal(wb:result()[1], big), "all_gather_into_tensor result is {out}, got %d tensors",
+        #wb:result())
+  check(fb:wait() == size * 3, "all_gather_into_tensor future value[1] has %s elements", tostring(fb:wait()))
+  local a2o, a2i = T.zeros({size * 2}, "int64"), T.zeros({size * 2}, "int64")
+  for i = 1, size * 2 do a2i[i] = rank * 101 - i end
+  local wa = dist.all_to_all_single(a2o, a2i, {async_op = true})
+  local va = wa:get_future():wait()
+  check(#va == 1 and rawequal(va[1], a2o), "all_to_all_single future value is {output}, got %d tensors", #va)
+  for j = 0, size - 1 do
+    for k = 1, 2 do
+      check(a2o[2 * j + k] == j * 101 - (2 * rank + k), "all_to_all_single element %d: %d", 2 * j + k, a2o[2 * j + k])
+    end
+  end
 end
 
 function cases.pinned()
