@@ -227,6 +227,51 @@ describe("nn layer sizes and options at the edges", function()
     end
   end)
 
+  -- a ported script spelling an option at torch's default (groups = 1, ceil_mode = false, device = "cpu", ...)
+  -- was EINVAL ("unknown option") although crun computes exactly that
+  it("accept torch's options at their default value and refuse other values naming option and value", function()
+    local x = randn({2, 2, 6, 5}, 25)
+    local function same(a, b, what) assert.is_true(util.max_rel_err(a, b) == 0, what) end
+    same(nn.Conv2d(2, 3, 3, {groups = 1, padding_mode = "zeros", dilation = {1, 1}, device = "cpu", seed = 7,
+      dtype = "float64"}):forward(x), nn.Conv2d(2, 3, 3, {seed = 7, dtype = "float64"}):forward(x), "Conv2d")
+    same(nn.MaxPool2d(2, {dilation = 1, return_indices = false, ceil_mode = false}):forward(x),
+      pool_ref(x, "max", {2, 2}, {2, 2}, {0, 0}), "MaxPool2d")
+    same(nn.AvgPool2d(2, {ceil_mode = false, count_include_pad = true}):forward(x),
+      pool_ref(x, "avg", {2, 2}, {2, 2}, {0, 0}, true), "AvgPool2d")
+    local bn = nn.BatchNorm2d(2, {affine = true, track_running_stats = true, device = "cpu", dtype = "float64"})
+    same(bn:forward(x), nn.BatchNorm2d(2, {dtype = "float64"}):forward(x), "BatchNorm2d")
+    same(nn.LayerNorm(5, {elementwise_affine = true, device = -1, dtype = "float64"}):forward(x),
+      nn.LayerNorm(5, {dtype = "float64"}):forward(x), "LayerNorm")
+    local idx = T.tensor({3, 1, 4}, "int64")
+    same(nn.Embedding(4, 3, {norm_type = 2, scale_grad_by_freq = false, sparse = false, device = "cpu", seed = 5,
+      dtype = "float64"}):forward(idx), nn.Embedding(4, 3, {seed = 5, dtype = "float64"}):forward(idx), "Embedding")
+    for _, c in ipairs{
+      {function() nn.Conv2d(2, 4, 3, {groups = 2}) end,
+       '^ENOTSUP: nn.Conv2d: groups = 2 is not implemented %(crun computes only torch\'s default, groups = 1%)'},
+      {function() nn.Conv2d(2, 4, 3, {padding_mode = "reflect"}) end,
+       '^ENOTSUP: nn.Conv2d: padding_mode = "reflect" is not implemented %(crun computes only torch\'s default, ' ..
+       'padding_mode = "zeros"%)'},
+      {function() nn.MaxPool2d(2, {dilation = {1, 2}}) end, "^ENOTSUP: nn.MaxPool2d: dilation = {1, 2} is not implemented"},
+      {function() nn.MaxPool2d(2, {return_indices = true}) end, "^ENOTSUP: nn.MaxPool2d: return_indices = true"},
+      {function() nn.MaxPool2d(2, {ceil_mode = true}) end, "^ENOTSUP: nn.MaxPool2d: ceil_mode = true"},
+      {function() nn.MaxPool2d(2, {count_include_pad = false}) end, "^EINVAL: nn.MaxPool2d: unknown option 'count_include_pad'"},
+      {function() nn.AvgPool2d(2, {ceil_mode = true}) end, "^ENOTSUP: nn.AvgPool2d: ceil_mode = true"},
+      {function() nn.AvgPool2d(2, {divisor_override = 3}) end,
+       "^ENOTSUP: nn.AvgPool2d: divisor_override = 3 is not implemented %(crun computes only torch's default, " ..
+       "divisor_override = None%)"},
+      {function() nn.Embedding(4, 3, {max_norm = 1}) end, "^ENOTSUP: nn.Embedding: max_norm = 1 is not implemented"},
+      {function() nn.Embedding(4, 3, {sparse = true}) end, "^ENOTSUP: nn.Embedding: sparse = true is not implemented"},
+      {function() nn.Embedding(4, 3, {norm_type = 1}) end, "^ENOTSUP: nn.Embedding: norm_type = 1 is not implemented"},
+      {function() nn.BatchNorm1d(3, {device = "cuda:0"}) end,
+       '^ENOTSUP: nn.BatchNorm1d: device = cuda:0 is not implemented %(this layer computes on the host'},
+      {function() nn.LayerNorm(3, {device = "tpu"}) end, "^EINVAL: nn.LayerNorm: unknown device 'tpu'"},
+    } do
+      local ok, err = pcall(c[1])
+      assert.is_false(ok)
+      assert.matches(c[2], tostring(err))
+    end
+  end)
+
   for _, c in ipairs(cases) do
     it(c[1], function()
       local ok, err = pcall(c[2])
@@ -265,15 +310,30 @@ describe("nn pooling and Flatten (float64)", function()
     assert.is_true(util.max_rel_err(ap:forward(x), pool_ref(x, "avg", {3, 3}, {2, 2}, {1, 1}, true)) < 1e-12)
     for _, c in ipairs{
       {function() nn.MaxPool2d(3, 2, 1, 2) end,
-       "^EINVAL: nn.MaxPool2d: 1 positional argument%(s%) after padding %(torch's dilation, return_indices, ceil_mode%)"},
+       "^ENOTSUP: nn.MaxPool2d: dilation = 2 is not implemented %(crun computes only torch's default, dilation = 1%)"},
       {function() nn.AvgPool2d(3, 2, 1, true) end,
-       "^EINVAL: nn.AvgPool2d: 1 positional argument%(s%) after padding %(torch's ceil_mode"},
+       "^ENOTSUP: nn.AvgPool2d: ceil_mode = true is not implemented"},
+      {function() nn.AvgPool2d(3, 2, 1, false, true, nil, 1) end,
+       "^EINVAL: nn.AvgPool2d: 6 positional arguments after the kernel, torch's AvgPool2d has 5 %(stride, padding, " ..
+       "ceil_mode, count_include_pad, divisor_override%)"},
       {function() nn.MaxPool2d(3, {stride = 2}, 1) end, "^EINVAL: nn.MaxPool2d: a third argument"},
     } do
       local ok, err = pcall(c[1])
       assert.is_false(ok)
       assert.matches(c[2], err)
     end
+  end)
+
+  -- torch's positional defaults (dilation 1, return_indices/ceil_mode false, count_include_pad true) were EINVAL
+  it("MaxPool2d and AvgPool2d take torch's later positional arguments at their defaults", function()
+    local x = randn({2, 2, 7, 6}, 46)
+    local ym = nn.MaxPool2d(3, 2, 1, 1, false, false):forward(x)
+    assert.is_true(util.max_rel_err(ym, pool_ref(x, "max", {3, 3}, {2, 2}, {1, 1})) == 0)
+    for _, inc in ipairs{true, false} do
+      local ya = nn.AvgPool2d(3, 2, 1, false, inc):forward(x)
+      assert.is_true(util.max_rel_err(ya, pool_ref(x, "avg", {3, 3}, {2, 2}, {1, 1}, inc)) < 1e-12)
+    end
+    assert.are.same({2, 2, 2, 2}, nn.MaxPool2d(3, nil, 0, {1, 1}):forward(x):size()) -- stride=None: the kernel
   end)
 
   it("Flatten keeps the batch dim and passes a gradient check", function()

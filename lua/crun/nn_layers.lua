@@ -10,11 +10,25 @@ return function(nn, H)
   local K, O, ensure, contig, check_tensor, T = H.K, H.O, H.ensure, H.contig, H.check_tensor, H.T
   local unaliased = H.unaliased
 
-  local CONV = O.spec{"stride", "padding", "dilation", "bias", "dtype", "seed", "device"}
-  local POOL = O.spec{"stride", "padding", "count_include_pad"}
-  local BN = O.spec{"eps", "momentum", "affine", "track_running_stats", "dtype", "group", "process_group"}
-  local LN = O.spec{"eps", "elementwise_affine", "dtype"}
-  local EMB = O.spec{"padding_idx", "dtype", "seed"}
+  -- fixed: torch's options that crun computes at their default value only
+  -- (accepted at it, ENOTSUP naming option and value otherwise).
+  local CONV = O.spec{"stride", "padding", "dilation", "bias", "dtype", "seed", "device",
+    fixed = {groups = 1, padding_mode = "zeros"}}
+  local MAXPOOL = O.spec{"stride", "padding", fixed = {dilation = 1, return_indices = false, ceil_mode = false}}
+  local AVGPOOL = O.spec{"stride", "padding", "count_include_pad", fixed = {ceil_mode = false, divisor_override = O.NONE}}
+  local BN = O.spec{"eps", "momentum", "affine", "track_running_stats", "dtype", "group", "process_group", "device"}
+  local LN = O.spec{"eps", "elementwise_affine", "dtype", "device"}
+  local EMB = O.spec{"padding_idx", "dtype", "seed", "device",
+    fixed = {max_norm = O.NONE, norm_type = 2, scale_grad_by_freq = false, sparse = false}}
+
+  -- ENOTSUP unless device (a layer's device= option) is nil or the host: the
+  -- layers built with it compute on the host only.
+  local function host_device(fname, device)
+    if device ~= nil and require("crun.cuda").device_index(device, fname) >= 0 then
+      O.fail("ENOTSUP: %s: device = %s is not implemented (this layer computes on the host: device = \"cpu\")",
+        fname, tostring(device))
+    end
+  end
 
   local function dtype_of(fname, dt)
     dt = dt or nn.get_default_dtype()
@@ -51,7 +65,8 @@ return function(nn, H)
   nn.Conv2dClass = Conv2d
 
   --- Conv2d(in, out, kernel, {stride=1, padding=0, dilation=1, bias=true, dtype=, seed=, device=}):
-  -- kernel, stride, padding, dilation are an int or {h, w}. Weight [out, in,
+  -- kernel, stride, padding, dilation are an int or {h, w}. torch's groups
+  -- and padding_mode are accepted at their defaults (1, "zeros") only. Weight [out, in,
   -- kh, kw] and bias drawn uniformly from +-1/sqrt(in kh kw) (torch's default),
   -- then moved to device as nn.Linear's (its forward has no device kernel yet).
   function nn.Conv2d(cin, cout, kernel, opts)
@@ -115,29 +130,41 @@ return function(nn, H)
     return {kh = kh, kw = kw, stride_h = sh, stride_w = sw, pad_h = ph, pad_w = pw}
   end
 
-  -- The options table of a pooling layer called (kernel, opts) or torch's
-  -- positional (kernel, stride[, padding]); a further positional argument
-  -- (torch's dilation, ceil_mode, ...) is EINVAL, not dropped.
-  local function pool_opts(fn, opts, padding, ...)
+  -- torch's positional arguments of each pooling layer after the kernel.
+  local POSITIONAL = {
+    ["nn.MaxPool2d"] = {"stride", "padding", "dilation", "return_indices", "ceil_mode"},
+    ["nn.AvgPool2d"] = {"stride", "padding", "ceil_mode", "count_include_pad", "divisor_override"},
+  }
+
+  -- The options table of a pooling layer called (kernel, opts) or with
+  -- torch's positional arguments (kernel, stride, padding, ...: named by
+  -- POSITIONAL, so that the options check sees them); an argument after an
+  -- options table, or past torch's last, is EINVAL, not dropped.
+  local function pool_opts(fn, opts, ...)
     if type(opts) ~= "number" and type(opts) ~= "table" and opts ~= nil then return opts end -- (O.check says what)
-    if type(opts) == "number" then opts = {stride = opts, padding = padding}
-    elseif padding ~= nil then
-      O.fail("EINVAL: %s: a third argument (torch's padding) follows a stride, got it after an options table", fn)
+    local names, n = POSITIONAL[fn], select("#", ...)
+    if type(opts) == "table" then
+      if n > 0 then
+        O.fail("EINVAL: %s: a third argument (torch's padding) follows a stride, got it after an options table", fn)
+      end
+      return opts
     end
-    if select("#", ...) > 0 then
-      O.fail("EINVAL: %s: %d positional argument(s) after padding (torch's %s): crun takes kernel, stride, padding " ..
-        "or kernel and an options table", fn, select("#", ...),
-        fn == "nn.MaxPool2d" and "dilation, return_indices, ceil_mode" or "ceil_mode, count_include_pad, divisor_override")
+    if n + 1 > #names then
+      O.fail("EINVAL: %s: %d positional arguments after the kernel, torch's %s has %d (%s)", fn, n + 1, fn:sub(4),
+        #names, table.concat(names, ", "))
     end
-    return opts
+    local o = {stride = opts} -- (nil: torch's stride=None, the kernel)
+    for i = 1, n do o[names[i + 1]] = (select(i, ...)) end
+    return o
   end
 
   local MaxPool2d = nn.class("MaxPool2d")
 
   --- MaxPool2d(kernel, {stride=kernel, padding=0}) (also torch's positional
-  -- MaxPool2d(k, stride[, padding])).
+  -- MaxPool2d(k, stride, padding, ...)). torch's dilation, return_indices and
+  -- ceil_mode are accepted at their defaults (1, false, false) only.
   function nn.MaxPool2d(kernel, opts, ...)
-    opts = O.check(POOL, "nn.MaxPool2d", pool_opts("nn.MaxPool2d", opts, ...))
+    opts = O.check(MAXPOOL, "nn.MaxPool2d", pool_opts("nn.MaxPool2d", opts, ...))
     local self = setmetatable({}, MaxPool2d):_init()
     self.geom = pool_geom("nn.MaxPool2d", kernel, opts)
     return self
@@ -172,9 +199,10 @@ return function(nn, H)
   local AvgPool2d = nn.class("AvgPool2d")
 
   --- AvgPool2d(kernel, {stride=kernel, padding=0, count_include_pad=true})
-  -- (also torch's positional AvgPool2d(k, stride[, padding])).
+  -- (also torch's positional AvgPool2d(k, stride, padding, ...)). torch's
+  -- ceil_mode is accepted at its default (false) only, divisor_override not at all.
   function nn.AvgPool2d(kernel, opts, ...)
-    opts = O.check(POOL, "nn.AvgPool2d", pool_opts("nn.AvgPool2d", opts, ...))
+    opts = O.check(AVGPOOL, "nn.AvgPool2d", pool_opts("nn.AvgPool2d", opts, ...))
     local self = setmetatable({}, AvgPool2d):_init()
     self.geom = pool_geom("nn.AvgPool2d", kernel, opts)
     self.count_include_pad = O.bool("nn.AvgPool2d", "count_include_pad", opts.count_include_pad, true) ~= false
@@ -261,6 +289,7 @@ return function(nn, H)
   local function batch_norm(cls, fn, c, dims, opts)
     opts = O.check(BN, fn, opts)
     O.int(fn, "num_features", c, 1)
+    host_device(fn, opts.device)
     local self = setmetatable({}, cls):_init()
     self.num_features, self.dims, self.fname = c, dims, fn
     self.eps = opts.eps or 1e-5
@@ -291,7 +320,7 @@ return function(nn, H)
   end
 
   --- BatchNorm1d(C, {eps=1e-5, momentum=0.1 (false: cumulative average), affine=true,
-  --- track_running_stats=true, dtype=}): input [N, C] or [N, C, L].
+  --- track_running_stats=true, dtype=, device="cpu"}): input [N, C] or [N, C, L].
   function nn.BatchNorm1d(c, opts) return batch_norm(BatchNorm, "nn.BatchNorm1d", c, {[2] = true, [3] = true}, opts) end
 
   --- BatchNorm2d(C, {...}): input [N, C, H, W]. Same options as BatchNorm1d.
@@ -449,11 +478,12 @@ return function(nn, H)
 
   local LayerNorm = nn.class("LayerNorm")
 
-  --- LayerNorm(normalized_shape, {eps=1e-5, elementwise_affine=true, dtype=}):
+  --- LayerNorm(normalized_shape, {eps=1e-5, elementwise_affine=true, dtype=, device="cpu"}):
   -- normalises over the last dims (an int or a list of sizes); weight 1, bias 0.
   function nn.LayerNorm(shape, opts)
     local fn = "nn.LayerNorm"
     opts = O.check(LN, fn, opts)
+    host_device(fn, opts.device)
     if type(shape) ~= "table" then shape = {shape} end
     local d = 1
     for i, v in ipairs(shape) do d = d * O.int(fn, "normalized_shape[" .. i .. "]", v, 1) end
@@ -503,13 +533,16 @@ return function(nn, H)
 
   local Embedding = nn.class("Embedding")
 
-  --- Embedding(num, dim, {padding_idx=, dtype=, seed=}): a table of `num`
+  --- Embedding(num, dim, {padding_idx=, dtype=, seed=, device="cpu"}): a table of `num`
   -- vectors drawn from N(0, 1); forward(idx) looks up 1-based int64/int32
   -- indices of any shape -> [idx..., dim]. The padding_idx row (1-based) is
   -- zero and gets no gradient. backward returns nil (indices have none).
+  -- torch's max_norm, norm_type, scale_grad_by_freq and sparse are accepted
+  -- at their defaults (none, 2, false, false) only.
   function nn.Embedding(num, dim, opts)
     local fn = "nn.Embedding"
     opts = O.check(EMB, fn, opts)
+    host_device(fn, opts.device)
     O.int(fn, "num_embeddings", num, 1)
     O.int(fn, "embedding_dim", dim, 1)
     local self = setmetatable({}, Embedding):_init()

@@ -8,7 +8,10 @@
 --
 -- An unknown key raises "EINVAL: DDP: unknown option 'x' (accepted: ...)"; an
 -- inert key (accepted for torch's sake, no effect in crun) is dropped and
--- reported once per process, on rank 0 only, on stderr.
+-- reported once per process, on rank 0 only, on stderr. A `fixed` key
+-- (fixed = {groups = 1}: torch's option, crun computes only that value) is
+-- dropped silently when it holds that value (or a list of it: {1, 1}) and is
+-- "ENOTSUP: nn.Conv2d: groups = 2 is not implemented ..." otherwise.
 local M = {}
 
 local warned = {}
@@ -27,13 +30,15 @@ function M.fail(fmt, ...)
 end
 
 --- Builds a spec from a list of accepted keys plus optional `aliases`
---- (alias -> key) and `inert` (key -> why it has no effect) maps.
+--- (alias -> key), `inert` (key -> why it has no effect) and `fixed` (key ->
+--- the one value crun computes, torch's default) maps.
 function M.spec(t)
-  local s = {known = {}, aliases = t.aliases or {}, inert = t.inert or {}}
+  local s = {known = {}, aliases = t.aliases or {}, inert = t.inert or {}, fixed = t.fixed or {}}
   local names = {}
   for _, k in ipairs(t) do s.known[k] = true; names[#names + 1] = k end
   for k in pairs(s.aliases) do names[#names + 1] = k end
   for k in pairs(s.inert) do names[#names + 1] = k end
+  for k in pairs(s.fixed) do names[#names + 1] = k end
   table.sort(names)
   s.accepted = table.concat(names, ", ")
   return s
@@ -83,6 +88,38 @@ function M.bool(fname, what, v, def)
   return v
 end
 
+--- The `fixed` value of an option whose torch default is None (max_norm,
+--- divisor_override, weight): any value given is ENOTSUP.
+M.NONE = setmetatable({}, {__tostring = function() return "None" end})
+
+-- True when v is def, or a non-empty list of def only ({1, 1} for 1).
+local function is_fixed_value(v, def)
+  if v == def then return true end
+  if def == M.NONE then return false end
+  if type(v) ~= "table" or #v == 0 then return false end
+  for k, x in pairs(v) do
+    if math.type(k) ~= "integer" or x ~= def then return false end
+  end
+  return true
+end
+
+-- "2", "\"reflect\"" or "{2, 1}" for an option's value in a message.
+local function show(v)
+  if type(v) == "string" then return string.format("%q", v) end
+  if type(v) ~= "table" or v == M.NONE then return tostring(v) end
+  local parts = {}
+  for i = 1, #v do parts[i] = show(v[i]) end
+  return "{" .. table.concat(parts, ", ") .. "}"
+end
+
+-- Raises ENOTSUP unless fixed option k of fname holds the value crun computes.
+local function check_fixed(fname, k, v, def)
+  if not is_fixed_value(v, def) then
+    M.fail("ENOTSUP: %s: %s = %s is not implemented (crun computes only torch's default, %s = %s)", fname, k,
+      show(v), k, show(def))
+  end
+end
+
 --- Checks `opts` (nil or a table) against spec `s` for the call `fname`.
 --- Returns `opts` itself when every key is known and none needs renaming,
 --- otherwise a new table with aliases renamed and inert keys dropped.
@@ -94,8 +131,9 @@ function M.check(s, fname, opts)
   local copy
   for k, v in pairs(opts) do
     if not s.known[k] then
-      local to, why = s.aliases[k], s.inert[k]
-      if to == nil and why == nil then
+      local to, why, fixed = s.aliases[k], s.inert[k], s.fixed[k]
+      if fixed ~= nil then check_fixed(fname, k, v, fixed) end
+      if to == nil and why == nil and fixed == nil then
         M.fail("EINVAL: %s: unknown option '%s' (accepted: %s)", fname, tostring(k), s.accepted)
       end
       if not copy then
@@ -108,7 +146,7 @@ function M.check(s, fname, opts)
           M.fail("EINVAL: %s: options '%s' and '%s' name the same thing with different values", fname, k, to)
         end
         copy[to] = v
-      else
+      elseif why ~= nil then
         warn_inert(fname, k, why)
       end
     end
