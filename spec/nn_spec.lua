@@ -306,6 +306,32 @@ describe("nn criteria (float64)", function()
     assert.is_true(util.max_rel_err(g, num) < TOL)
   end)
 
+  -- CrossEntropyCriterion{ignore_index = -100, label_smoothing = 0} (torch's defaults, spelled out) was EINVAL
+  it("CrossEntropy and ClassNLL accept torch's weight/ignore_index/label_smoothing defaults, refuse other values", function()
+    local x, y = randn({4, 3}, 15), T.new({3, 1, 2, 3}, "int64")
+    local ce = nn.CrossEntropyCriterion{ignore_index = -100, label_smoothing = 0, reduction = "mean"}
+    assert.are.equal(nn.CrossEntropyCriterion():forward(x, y), ce:forward(x, y))
+    local nll = nn.ClassNLLCriterion{ignore_index = -100}
+    local ref = 0
+    for i = 1, 4 do ref = ref - x[i][y[i]] end
+    assert.is_true(math.abs(nll:forward(x, y) - ref / 4) < 1e-12)
+    for _, c in ipairs{
+      {function() nn.CrossEntropyCriterion{ignore_index = 0} end,
+       "^ENOTSUP: nn.CrossEntropyCriterion: ignore_index = 0 is not implemented %(crun computes only torch's default, " ..
+       "ignore_index = %-100%)"},
+      {function() nn.CrossEntropyCriterion{label_smoothing = 0.1} end,
+       "^ENOTSUP: nn.CrossEntropyCriterion: label_smoothing = 0.1 is not implemented"},
+      {function() nn.CrossEntropyCriterion{weight = T.new({1, 2, 1}, "float64")} end,
+       "^ENOTSUP: nn.CrossEntropyCriterion: weight = .* is not implemented %(crun computes only torch's default, weight = None%)"},
+      {function() nn.ClassNLLCriterion{ignore_index = 2} end, "^ENOTSUP: nn.ClassNLLCriterion: ignore_index = 2"},
+      {function() nn.MSECriterion{ignore_index = -100} end, "^EINVAL: nn.MSECriterion: unknown option 'ignore_index'"},
+    } do
+      local ok, err = pcall(c[1])
+      assert.is_false(ok)
+      assert.matches(c[2], tostring(err))
+    end
+  end)
+
   it("MSE matches its formula and passes a gradient check", function()
     local x, t = randn({3, 4}, 13), randn({3, 4}, 14)
     local c = nn.MSECriterion()
@@ -493,9 +519,10 @@ describe("nn bad input", function()
     local ok, err = pcall(nn.Linear, 2, 2, {bais = false})
     assert.is_false(ok)
     assert.are.equal("EINVAL: nn.Linear: unknown option 'bais' (accepted: bias, device, dtype, seed)", err)
-    ok, err = pcall(nn.CrossEntropyCriterion, {label_smoothing = 0.1})
+    ok, err = pcall(nn.CrossEntropyCriterion, {label_smooting = 0.1})
     assert.is_false(ok)
-    assert.are.equal("EINVAL: nn.CrossEntropyCriterion: unknown option 'label_smoothing' (accepted: reduction)", err)
+    assert.are.equal("EINVAL: nn.CrossEntropyCriterion: unknown option 'label_smooting' (accepted: ignore_index, " ..
+      "label_smoothing, reduction, weight)", err)
     ok, err = pcall(nn.Dropout, 0.5, {sead = 1})
     assert.is_false(ok)
     assert.are.equal("EINVAL: nn.Dropout: unknown option 'sead' (accepted: inplace, seed)", err)

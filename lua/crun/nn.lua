@@ -30,7 +30,14 @@ local is_tensor = require("crun.tensor").is_tensor
 
 local LINEAR = O.spec{"bias", "dtype", "seed", "device"}
 local DROPOUT = O.spec{"seed", inert = {inplace = "crun's Dropout writes its own output buffer"}}
-local CROSS_ENTROPY = O.spec{"reduction"}
+-- The criteria's options: torch's weight, ignore_index and label_smoothing
+-- are accepted at their defaults only (crun computes none of them).
+local CRITERION = {
+  ["nn.CrossEntropyCriterion"] = O.spec{"reduction",
+    fixed = {weight = O.NONE, ignore_index = -100, label_smoothing = 0}},
+  ["nn.ClassNLLCriterion"] = O.spec{"reduction", fixed = {weight = O.NONE, ignore_index = -100}},
+  ["nn.MSECriterion"] = O.spec{"reduction"},
+}
 
 local default_dtype = "float32"
 local seed_base, seed_count = 0, 0
@@ -797,9 +804,10 @@ function nn.mlp(inputs, hidden, layers, outputs)
 end
 
 -- true when a criterion's options ask for reduction="sum" (torch's
--- "mean" is the default; "none" and unknown options are EINVAL).
+-- "mean" is the default; "none" and unknown options are EINVAL, torch's
+-- other options at a value but their default ENOTSUP).
 local function sum_reduction(fname, opts)
-  opts = O.check(CROSS_ENTROPY, fname, opts)
+  opts = O.check(CRITERION[fname], fname, opts)
   local red = opts.reduction or "mean"
   if red ~= "mean" and red ~= "sum" then
     O.fail("EINVAL: %s: reduction must be \"mean\" or \"sum\", got %s", fname, tostring(red))
