@@ -104,6 +104,26 @@ describe("nn modules (float64)", function()
   -- nn.ReLU computed x > 0 ? x : 0, which turned NaN into 0 (hiding a diverged
   -- layer), while t:relu() and torch.nn.ReLU pass NaN on; backward then gave
   -- 0 where torch's threshold_backward passes the gradient
+  -- nn.Tanh(3) and nn.ReLU("yes") were taken, the argument dropped without a word
+  it("ReLU takes torch's inplace (true is reported as inert), Tanh and Sigmoid take no argument", function()
+    local x = randn({3, 4}, 9)
+    local want = util.list(nn.ReLU():forward(x))
+    for _, m in ipairs{nn.ReLU(false), nn.ReLU(true), nn.ReLU{inplace = false}, nn.ReLU{inplace = true}} do
+      assert.are.same(want, util.list(m:forward(x)))
+    end
+    for _, c in ipairs{
+      {function() nn.Tanh(3) end, "^EINVAL: nn.Tanh takes no arguments, got 1"},
+      {function() nn.Sigmoid({}) end, "^EINVAL: nn.Sigmoid takes no arguments, got 1"},
+      {function() nn.ReLU("yes") end, "^EINVAL: nn.ReLU: inplace must be true or false, got yes"},
+      {function() nn.ReLU{inplce = true} end, "^EINVAL: nn.ReLU: unknown option 'inplce'"},
+      {function() nn.ReLU(true, 2) end, "^EINVAL: nn.ReLU: one argument %(torch's inplace%) at most, got 2"},
+    } do
+      local ok, err = pcall(c[1])
+      assert.is_false(ok)
+      assert.matches(c[2], tostring(err))
+    end
+  end)
+
   it("ReLU passes NaN on, forward and backward, as t:relu() and torch do", function()
     for _, dt in ipairs{"float32", "float64"} do
       local m = nn.ReLU()

@@ -619,15 +619,38 @@ end
 
 local Activation = nn.class("Activation")
 
-local function activation(kind, label)
-  return function()
+local INPLACE = O.spec{"inplace"}
+
+-- Checks torch's inplace argument of fname (a boolean, positional, or in an
+-- options table {inplace = }): false is what crun does; true is reported
+-- once (crun writes the module's own output buffer, the input is left as it
+-- was); anything else is EINVAL.
+local function inplace_arg(fname, v)
+  if type(v) == "table" then v = O.check(INPLACE, fname, v).inplace end
+  if v == nil or v == false then return end
+  if v ~= true then O.fail("EINVAL: %s: inplace must be true or false, got %s", fname, tostring(v)) end
+  O.warn_once(fname .. "\0inplace", "%s: inplace = true has no effect in crun (the module writes its own output " ..
+    "buffer; the input is left unchanged)", fname)
+end
+
+-- The constructor of an activation: ReLU takes torch's inplace (see
+-- inplace_arg), Tanh and Sigmoid nothing (an argument is EINVAL, not dropped).
+local function activation(kind, label, takes_inplace)
+  return function(...)
+    local fname = "nn." .. label
+    if takes_inplace then
+      if select("#", ...) > 1 then O.fail("EINVAL: %s: one argument (torch's inplace) at most, got %d", fname, select("#", ...)) end
+      inplace_arg(fname, (...))
+    elseif select("#", ...) > 0 then
+      O.fail("EINVAL: %s takes no arguments, got %d", fname, select("#", ...))
+    end
     local self = setmetatable({}, Activation):_init()
     self.kind, self.label = kind, label
     return self
   end
 end
 
-nn.ReLU = activation("relu", "ReLU")
+nn.ReLU = activation("relu", "ReLU", true)
 nn.Tanh = activation("tanh", "Tanh")
 nn.Sigmoid = activation("sigmoid", "Sigmoid")
 
