@@ -201,7 +201,23 @@ describe("nn modules (float64)", function()
     for i, v in ipairs(g) do assert.are.equal(2 * y[i], v) end
     m:evaluate()
     assert.are.equal(x, m:forward(x))
-    assert.has_error(function() nn.Dropout(1) end)
+    assert.has_error(function() nn.Dropout(1.25) end)
+  end)
+
+  -- nn.Dropout(1) was EINVAL; torch's drops everything: input * 0 in training (NaN and inf stay NaN), a zero
+  -- gradient, the input itself in evaluation
+  it("Dropout(1) outputs input * 0 and a zero gradient in training, and passes through in evaluate()", function()
+    local m = nn.Dropout(1)
+    local x = T.new({{1.5, -2, 0 / 0}, {1 / 0, 0.25, -3}}, "float64")
+    local y, xs = util.list(m:forward(x)), util.list(x)
+    for i, v in ipairs(xs) do
+      local want = v * 0
+      if want ~= want then assert.is_true(y[i] ~= y[i], "element " .. i) else assert.are.equal(want, y[i]) end
+    end
+    assert.are.equal(-1 / 0, 1 / y[2]) -- (-2 * 0 is -0, as torch's)
+    assert.are.same({0, 0, 0, 0, 0, 0}, util.list(m:backward(x, T.new({{2, -1, 3}, {0.5, 4, -7}}, "float64"))))
+    m:evaluate()
+    assert.are.equal(x, m:forward(x))
   end)
 
   it("train()/evaluate() reach every submodule", function()
@@ -470,8 +486,8 @@ describe("nn bad input", function()
       {function() m:forward("x") end, "^EINVAL: Linear:forward: input must be a tensor, got string"},
       {function() nn.Sequential():add(42) end, "^EINVAL: Sequential:add: an nn module is expected, got number"},
       {function() nn.Sequential():backward() end, "^ESTATE: Sequential:backward called before forward"},
-      {function() nn.Dropout(1) end, "^EINVAL: nn.Dropout: p must be in %[0, 1%), got 1"},
-      {function() nn.Dropout(0 / 0) end, "^EINVAL: nn.Dropout: p must be in %[0, 1%)"},
+      {function() nn.Dropout(1.5) end, "^EINVAL: nn.Dropout: p must be in %[0, 1%], got 1.5"},
+      {function() nn.Dropout(0 / 0) end, "^EINVAL: nn.Dropout: p must be in %[0, 1%]"},
       {function() nn.set_default_dtype("float16") end, "^EINVAL: nn.set_default_dtype: float32 or float64 expected"},
       {function() nn.manual_seed("x") end, "^EINVAL: nn.manual_seed: seed must be an integer"},
       {function() m:load_state_dict({T.zeros({3})}) end, "^EINVAL: load_state_dict: expected 2 tensors, got 1"},

@@ -718,12 +718,13 @@ end
 local Dropout = nn.class("Dropout")
 
 --- Dropout(p=0.5, {seed=}): in training, zeroes each element with
--- probability p and scales the rest by 1/(1-p); identity in evaluate().
+-- probability p and scales the rest by 1/(1-p) (p = 1: input * 0, as
+-- torch's); identity in evaluate().
 function nn.Dropout(p, opts)
   p = p or 0.5
   opts = O.check(DROPOUT, "nn.Dropout", opts)
-  if type(p) ~= "number" or not (p >= 0 and p < 1) then
-    O.fail("EINVAL: nn.Dropout: p must be in [0, 1), got %s", tostring(p))
+  if type(p) ~= "number" or not (p >= 0 and p <= 1) then
+    O.fail("EINVAL: nn.Dropout: p must be in [0, 1], got %s", tostring(p))
   end
   local self = setmetatable({}, Dropout):_init()
   self.p = p
@@ -742,6 +743,11 @@ function Dropout:forward(x)
   x = contig(x)
   self.output = ensure(self.output ~= x and self.output or nil, x:size(), x:dtype(), x:device())
   self.mask = ensure(self.mask, x:size(), x:dtype(), x:device())
+  if self.p == 1 then -- every element dropped: x * 0 (NaN stays NaN, as torch's), the gradient 0
+    self.mask:fill(0)
+    K.nn_mul(x, self.mask, self.output)
+    return self.output
+  end
   self.state = K.nn_dropout_forward(x, self.output, self.mask, self.p, self.state)
   return self.output
 end
