@@ -220,6 +220,27 @@ describe("nn modules (float64)", function()
     assert.are.equal(x, m:forward(x))
   end)
 
+  -- torch's Dropout(p=0.3) ported as nn.Dropout{p = 0.3}, and Dropout(0.5, False), were EINVAL
+  it("Dropout takes torch's {p =, inplace =} and positional (p, inplace)", function()
+    local x = T.ones({50, 40}, "float64")
+    local want = util.list(nn.Dropout(0.3, {seed = 5}):forward(x))
+    for _, m in ipairs{nn.Dropout{p = 0.3, seed = 5}, nn.Dropout{p = 0.3, inplace = false, seed = 5}} do
+      assert.are.same(want, util.list(m:forward(x)))
+    end
+    assert.are.equal(0.5, nn.Dropout{inplace = false}.p)
+    assert.are.equal(0.25, nn.Dropout(0.25, false).p)
+    assert.are.equal(0.25, nn.Dropout(0.25, true).p)
+    for _, c in ipairs{
+      {function() nn.Dropout(0.2, {p = 0.3}) end, "^EINVAL: nn.Dropout: p given twice"},
+      {function() nn.Dropout{p = 2} end, "^EINVAL: nn.Dropout: p must be in %[0, 1%], got 2"},
+      {function() nn.Dropout(0.5, {inplace = 1}) end, "^EINVAL: nn.Dropout: inplace must be true or false, got 1"},
+    } do
+      local ok, err = pcall(c[1])
+      assert.is_false(ok)
+      assert.matches(c[2], tostring(err))
+    end
+  end)
+
   it("train()/evaluate() reach every submodule", function()
     local d = nn.Dropout(0.5)
     local net = nn.Sequential(nn.Linear(2, 2), d)
@@ -561,7 +582,7 @@ describe("nn bad input", function()
       "label_smoothing, reduction, weight)", err)
     ok, err = pcall(nn.Dropout, 0.5, {sead = 1})
     assert.is_false(ok)
-    assert.are.equal("EINVAL: nn.Dropout: unknown option 'sead' (accepted: inplace, seed)", err)
+    assert.are.equal("EINVAL: nn.Dropout: unknown option 'sead' (accepted: inplace, p, seed)", err)
     local a = nn.Linear(3, 2, {seed = 11, device = "cpu", dtype = "float64"})
     local b = nn.Linear(3, 2, {seed = 11, dtype = "float64"})
     assert.are.same(a.weight:totable(), b.weight:totable())

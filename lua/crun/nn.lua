@@ -29,7 +29,7 @@ local O = require "crun.opts"
 local is_tensor = require("crun.tensor").is_tensor
 
 local LINEAR = O.spec{"bias", "dtype", "seed", "device"}
-local DROPOUT = O.spec{"seed", inert = {inplace = "crun's Dropout writes its own output buffer"}}
+local DROPOUT = O.spec{"p", "seed", "inplace"}
 -- The criteria's options: torch's weight, ignore_index and label_smoothing
 -- are accepted at their defaults only (crun computes none of them).
 local CRITERION = {
@@ -717,12 +717,18 @@ end
 
 local Dropout = nn.class("Dropout")
 
---- Dropout(p=0.5, {seed=}): in training, zeroes each element with
+--- Dropout(p=0.5, {seed=, inplace=false}): in training, zeroes each element with
 -- probability p and scales the rest by 1/(1-p) (p = 1: input * 0, as
 -- torch's); identity in evaluate().
+-- Also torch's forms: Dropout{p =, inplace =} and Dropout(p, inplace); inplace
+-- as ReLU's (true is reported once: crun writes its own output buffer).
 function nn.Dropout(p, opts)
-  p = p or 0.5
+  if type(p) == "table" and opts == nil then p, opts = nil, p end
+  if type(opts) == "boolean" then opts = {inplace = opts} end
   opts = O.check(DROPOUT, "nn.Dropout", opts)
+  if p ~= nil and opts.p ~= nil then O.fail("EINVAL: nn.Dropout: p given twice (%s and p = %s)", tostring(p), tostring(opts.p)) end
+  p = p or opts.p or 0.5
+  inplace_arg("nn.Dropout", opts.inplace)
   if type(p) ~= "number" or not (p >= 0 and p <= 1) then
     O.fail("EINVAL: nn.Dropout: p must be in [0, 1], got %s", tostring(p))
   end
