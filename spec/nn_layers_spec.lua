@@ -383,6 +383,40 @@ describe("nn.BatchNorm1d / BatchNorm2d (float64)", function()
     end
   end)
 
+  -- an empty batch was EINVAL ("expected more than 1 value per channel"); torch 1.13 gives an empty output,
+  -- counts the batch in num_batches_tracked and leaves the running statistics as they are
+  it("takes an empty batch in training and evaluation: empty output, running statistics kept, batch counted", function()
+    for _, c in ipairs{{"BatchNorm1d", {0, 3}}, {"BatchNorm1d", {0, 3, 4}}, {"BatchNorm2d", {0, 3, 2, 2}},
+                       {"BatchNorm2d", {2, 3, 0, 0}}} do
+      for _, mom in ipairs{0.25, false} do
+        local m = nn[c[1]](3, {momentum = mom})
+        m.running_mean:copy(T.new({0.5, -1.25, 2}, "float64"))
+        m.running_var:copy(T.new({2, 0.75, 3.5}, "float64"))
+        m.gradWeight:fill(0.125)
+        local x = T.zeros(c[2], "float64")
+        assert.are.same(c[2], m:forward(x):size())
+        assert.are.same({0.5, -1.25, 2}, util.list(m.running_mean))
+        assert.are.same({2, 0.75, 3.5}, util.list(m.running_var))
+        assert.are.equal(1, m.num_batches_tracked[1])
+        assert.are.same(c[2], m:backward(x, T.zeros(c[2], "float64")):size())
+        assert.are.same({0.125, 0.125, 0.125}, util.list(m.gradWeight)) -- (a sum over nothing added)
+        -- the next batch's momentum counts the empty one: cumulative 1/2
+        local x2 = randn({4, 3}, 61)
+        if c[1] == "BatchNorm1d" and #c[2] == 2 then
+          m:forward(x2)
+          local mean = channel_stats(x2)
+          local w = mom or 0.5
+          assert.is_true(math.abs(m.running_mean[1] - ((1 - w) * 0.5 + w * mean[1])) < 1e-12)
+        end
+        m:evaluate()
+        assert.are.same(c[2], m:forward(x):size())
+        local nt = nn[c[1]](3, {track_running_stats = false})
+        nt:evaluate()
+        assert.are.same(c[2], nt:forward(x):size())
+      end
+    end
+  end)
+
   it("momentum=false keeps a cumulative average", function()
     local m = nn.BatchNorm1d(2, {momentum = false})
     local means = {{}, {}}

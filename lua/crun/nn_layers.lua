@@ -345,6 +345,31 @@ return function(nn, H)
 
   local function stat(c) return T().zeros({c}, "float64") end
 
+  -- self.mean and self.invstd from the per-channel sums of x over n > 0
+  -- values (the group's, for SyncBatchNorm), and in training with running
+  -- statistics their update.
+  function BatchNorm:_batch_stats(x, sums, n)
+    local c, mean, invstd = self.num_features, self.mean, self.invstd
+    if n == 1 then -- (also in evaluation without running statistics, as torch: the batch's are used)
+      O.fail("EINVAL: %s:forward: expected more than 1 value per channel when using batch statistics, got input " ..
+        "of shape %s", self.fname, table.concat(x:size(), "x"))
+    end
+    for i = 1, c do mean[i] = sums[i] / n end
+    local sq = stat(c)
+    K.nn_bn_reduce(x, mean, x, mean, sq)
+    sq = self:_sum(sq, 0)
+    for i = 1, c do invstd[i] = 1 / math.sqrt(sq[i] / n + self.eps) end
+    if self.training and self.track_running_stats then
+      self.num_batches_tracked[1] = self.num_batches_tracked[1] + 1
+      local m = self.momentum or 1 / self.num_batches_tracked[1]
+      local rm, rv = self.running_mean, self.running_var
+      for i = 1, c do
+        rm[i] = (1 - m) * rm[i] + m * mean[i]
+        rv[i] = (1 - m) * rv[i] + m * sq[i] / (n - 1)
+      end
+    end
+  end
+
   function BatchNorm:forward(x)
     self:_check_input(x, "forward")
     x = contig(x)
@@ -359,24 +384,13 @@ return function(nn, H)
       K.nn_bn_reduce(x, nil, nil, nil, sums)
       local n
       sums, n = self:_sum(sums, per)
-      if n <= 1 then -- (also in evaluation without running statistics, as torch: the batch's are used)
-        O.fail("EINVAL: %s:forward: expected more than 1 value per channel when using batch statistics, got input " ..
-          "of shape %s", self.fname, table.concat(x:size(), "x"))
-      end
-      for i = 1, c do mean[i] = sums[i] / n end
-      local sq = stat(c)
-      K.nn_bn_reduce(x, mean, x, mean, sq)
-      sq = self:_sum(sq, 0)
-      for i = 1, c do invstd[i] = 1 / math.sqrt(sq[i] / n + self.eps) end
       self.count = n
-      if self.training and self.track_running_stats then
-        self.num_batches_tracked[1] = self.num_batches_tracked[1] + 1
-        local m = self.momentum or 1 / self.num_batches_tracked[1]
-        local rm, rv = self.running_mean, self.running_var
-        for i = 1, c do
-          rm[i] = (1 - m) * rm[i] + m * mean[i]
-          rv[i] = (1 - m) * rv[i] + m * sq[i] / (n - 1)
-        end
+      if n == 0 then -- an empty batch (the whole group's): torch gives an empty output, counts the batch in
+        mean:fill(0) -- num_batches_tracked and leaves the running statistics as they are
+        invstd:fill(1)
+        if self.training and self.track_running_stats then self.num_batches_tracked[1] = self.num_batches_tracked[1] + 1 end
+      else
+        self:_batch_stats(x, sums, n)
       end
     else
       for i = 1, c do
@@ -399,14 +413,14 @@ return function(nn, H)
     K.nn_bn_reduce(gy, nil, nil, nil, sdy)
     K.nn_bn_reduce(gy, nil, x, self.mean, sdx)
     if self.affine then K.nn_bn_param_grads(sdy, sdx, self.invstd, self.gradWeight, self.gradBias) end
-    if self.used_batch_stats then
+    if self.used_batch_stats and self.count > 0 then -- (an empty batch's gradInput is empty)
       local both = T().zeros({2 * c}, "float64")
       for i = 1, c do both[i], both[c + i] = sdy[i], sdx[i] end
       both = self:_sum(both, 0)
       local mdy, mdx = stat(c), stat(c)
       for i = 1, c do mdy[i], mdx[i] = both[i] / self.count, both[c + i] / self.count end
       K.nn_bn_backward_input(gy, x, self.mean, self.invstd, self.weight, mdy, mdx, self.gradInput)
-    else
+    elseif not self.used_batch_stats then
       K.nn_bn_backward_input(gy, x, self.mean, self.invstd, self.weight, nil, nil, self.gradInput)
     end
     self:_grads_ready()

@@ -59,6 +59,30 @@ for step = 1, 2 do
   close(sync.running_var, ref.running_var, "running_var after step " .. step)
 end
 
+-- An empty batch on every rank: an empty output and gradInput, the running statistics
+-- kept, the batch counted (torch 1.13); then rank 0 empty and the others not: rank 0
+-- still takes part in the reductions and every rank gets the others' statistics.
+do
+  local s = nn.SyncBatchNorm(C, {dtype = "float64", momentum = 0.5})
+  s.running_mean:fill(0.75)
+  local e = T.zeros({0, C, 2, 2}, "float64")
+  check(#s:forward(e):size() == 4 and s.output:numel() == 0, "output of an empty batch")
+  check(s:backward(e, e):numel() == 0, "gradInput of an empty batch")
+  close(s.running_mean, {0.75, 0.75, 0.75}, "running_mean after an empty batch", 0)
+  check(s.num_batches_tracked[1] == 1, "num_batches_tracked after an empty batch")
+  local X = T.randn({world - 1 + 2, C, 2, 2}, {seed = 90, dtype = "float64"})
+  local b = build("BatchNorm2d")
+  s.weight:copy(b.weight)
+  s.bias:copy(b.bias)
+  b.running_mean:fill(0.75)
+  b.momentum = 0.5
+  local Y = b:forward(X)
+  local f, n = rank <= 1 and 1 or rank + 2, rank == 0 and 0 or (rank == 1 and 3 or 1) -- (rows 1-3 on rank 1, one each after)
+  local y = s:forward(X:narrow(1, f, n):contiguous())
+  close(y, Y:narrow(1, f, n), "output with rank 0's slice empty")
+  close(s.running_mean, b.running_mean, "running_mean with rank 0's slice empty")
+end
+
 -- group=: on 4 ranks, ranks {0, 1} and {2, 3} each normalise over their own pair's batch.
 if world == 4 then
   local groups = {crun.dist.new_group({0, 1}), crun.dist.new_group({2, 3})}
