@@ -150,6 +150,33 @@ describe("optim update rules", function()
     for _, v in ipairs(util.list(m.gradWeight)) do assert.are.equal(0, v) end
   end)
 
+  -- zero_grad(true) (torch's set_to_none=True) was taken and zero-filled: torch then skips a parameter that the
+  -- next backward does not reach (no weight decay, no momentum), crun stepped it
+  it("zero_grad(false) zero-fills; torch's set_to_none = true is ENOTSUP, the gradients left as they were", function()
+    local nn = require "crun.nn"
+    local m = nn.Linear(2, 2)
+    local objs = {{m, "nn.Linear:zero_grad"}, {optim.SGD(m, {lr = 0.5}), "SGD:zero_grad"},
+                  {optim.Adam(m), "Adam:zero_grad"}, {optim.AdamW(m), "AdamW:zero_grad"}}
+    for _, c in ipairs(objs) do
+      for _, arg in ipairs{true, {set_to_none = true}} do
+        m.gradWeight:fill(1.5)
+        local ok, err = pcall(c[1].zero_grad, c[1], arg)
+        assert.is_false(ok)
+        assert.matches("^ENOTSUP: " .. c[2]:gsub("%.", "%%.") .. ": set_to_none = true is not implemented: crun's " ..
+          "gradients are tensors that backward accumulates into, and zero_grad zero%-fills them", err)
+        assert.are.same({1.5, 1.5, 1.5, 1.5}, util.list(m.gradWeight))
+      end
+      for _, arg in ipairs{false, {set_to_none = false}, {}} do
+        m.gradWeight:fill(1.5)
+        c[1]:zero_grad(arg)
+        assert.are.same({0, 0, 0, 0}, util.list(m.gradWeight))
+      end
+      local ok, err = pcall(c[1].zero_grad, c[1], 1)
+      assert.is_false(ok)
+      assert.matches("^EINVAL: " .. c[2]:gsub("%.", "%%.") .. ": set_to_none must be true or false, got 1", err)
+    end
+  end)
+
   -- optim.c: the updates run with FTZ/DAZ, so that state decaying under zero
   -- gradients becomes zero instead of a subnormal float (slow on the CPU);
   -- CRUN_OPTIM_DENORMALS=ieee keeps IEEE behaviour

@@ -452,7 +452,10 @@ function DDP:parameters() return self.module:parameters() end
 --- named_parameters / named_buffers: the module's, under "module." as torch's DDP names them.
 function DDP:named_parameters(prefix) return self.module:named_parameters((prefix or "") .. "module.") end
 function DDP:named_buffers(prefix) return self.module:named_buffers((prefix or "") .. "module.") end
-function DDP:zero_grad() return self.module:zero_grad() end
+function DDP:zero_grad(set_to_none)
+  require("crun.opts").zero_grad_arg("DDP:zero_grad", set_to_none)
+  return self.module:zero_grad()
+end
 function DDP:train(mode) self.module:train(mode); return self end
 function DDP:evaluate() self.module:evaluate(); return self end
 DDP.eval = DDP.evaluate

@@ -495,7 +495,8 @@ function FSDP:parameters()
   return p, g
 end
 
-function FSDP:zero_grad()
+function FSDP:zero_grad(set_to_none)
+  O.zero_grad_arg("FSDP:zero_grad", set_to_none)
   for _, u in ipairs(self.units) do u.grad_shard:zero() end
 end
 

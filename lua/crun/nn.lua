@@ -196,8 +196,10 @@ function Module:num_parameters()
   return n
 end
 
---- Sets every parameter gradient to zero.
-function Module:zero_grad()
+--- zero_grad([set_to_none=false]): sets every parameter gradient to zero
+--- (torch's set_to_none = true is ENOTSUP: see opts.zero_grad_arg).
+function Module:zero_grad(set_to_none)
+  O.zero_grad_arg((self.__name or "crun.nn.Module"):gsub("^crun%.nn%.", "nn.") .. ":zero_grad", set_to_none)
   local _, grads = self:parameters()
   for _, g in ipairs(grads) do g:fill(0) end
 end

@@ -110,8 +110,10 @@ function Optimizer:_refresh()
   if self.module then self.params, self.grads = self.module:parameters() end
 end
 
---- Sets every gradient to zero.
-function Optimizer:zero_grad()
+--- zero_grad([set_to_none=false]): sets every gradient to zero (torch's
+--- set_to_none = true is ENOTSUP: see opts.zero_grad_arg).
+function Optimizer:zero_grad(set_to_none)
+  O.zero_grad_arg(self.kind .. ":zero_grad", set_to_none)
   self:_refresh()
   for _, g in ipairs(self.grads) do g:fill(0) end
 end

@@ -120,6 +120,24 @@ local function check_fixed(fname, k, v, def)
   end
 end
 
+--- Checks the argument of a zero_grad (fname names it): torch's set_to_none,
+--- positional or {set_to_none = }. false (and nil) is what crun does; true is
+--- ENOTSUP: crun's gradients are tensors that every backward accumulates
+--- into (a leaf written by the user need not report which it wrote), so there
+--- is no "none" for an optimizer to skip, and zero-filling instead would
+--- silently go on stepping (weight decay, momentum) a parameter that torch leaves.
+function M.zero_grad_arg(fname, v)
+  if type(v) == "table" then
+    local o = M.check(M.spec{"set_to_none"}, fname, v)
+    v = o.set_to_none
+  end
+  if v == nil or v == false then return end
+  if v ~= true then M.fail("EINVAL: %s: set_to_none must be true or false, got %s", fname, tostring(v)) end
+  M.fail("ENOTSUP: %s: set_to_none = true is not implemented: crun's gradients are tensors that backward " ..
+    "accumulates into, and zero_grad zero-fills them (torch's set_to_none = false); call zero_grad() or " ..
+    "zero_grad(false)", fname)
+end
+
 --- Checks `opts` (nil or a table) against spec `s` for the call `fname`.
 --- Returns `opts` itself when every key is known and none needs renaming,
 --- otherwise a new table with aliases renamed and inert keys dropped.

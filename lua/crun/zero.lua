@@ -210,8 +210,10 @@ function Z:_global(r)
   return r
 end
 
---- Sets every gradient (not only this rank's) to zero.
-function Z:zero_grad()
+--- Sets every gradient (not only this rank's) to zero (set_to_none as the
+--- optimizers': false only).
+function Z:zero_grad(set_to_none)
+  O.zero_grad_arg("ZeroRedundancyOptimizer:zero_grad", set_to_none)
   self:_refresh()
   for _, g in ipairs(self.grads) do g:fill(0) end
 end
