@@ -227,6 +227,28 @@ describe("nn layer sizes and options at the edges", function()
     end
   end)
 
+  -- torch's Conv2d(..., padding="same") / "valid" were EINVAL ("padding must be an integer")
+  it("Conv2d takes torch's padding \"valid\" and \"same\" (stride 1, even total padding)", function()
+    local x = randn({2, 2, 6, 5}, 26)
+    local function conv(k, o) o.seed, o.dtype = 8, "float64" return nn.Conv2d(2, 3, k, o):forward(x) end
+    assert.are.same(util.list(conv(3, {})), util.list(conv(3, {padding = "valid"})))
+    local same = conv({3, 5}, {padding = "same"})
+    assert.are.same({2, 3, 6, 5}, same:size())
+    assert.are.same(util.list(conv({3, 5}, {padding = {1, 2}})), util.list(same))
+    assert.are.same(util.list(conv(3, {padding = {2, 2}, dilation = 2})), util.list(conv(3, {padding = "same", dilation = 2})))
+    for _, c in ipairs{
+      {function() nn.Conv2d(2, 3, 3, {padding = "same", stride = 2}) end,
+       '^EINVAL: nn.Conv2d: padding = "same" needs stride 1, got 2,2'},
+      {function() nn.Conv2d(2, 3, {2, 3}, {padding = "same"}) end,
+       '^ENOTSUP: nn.Conv2d: padding = "same" with kernel 2x3 and dilation 1,1 needs uneven padding'},
+      {function() nn.Conv2d(2, 3, 3, {padding = "full"}) end, "^EINVAL: nn.Conv2d: padding must be an integer"},
+    } do
+      local ok, err = pcall(c[1])
+      assert.is_false(ok)
+      assert.matches(c[2], tostring(err))
+    end
+  end)
+
   -- a ported script spelling an option at torch's default (groups = 1, ceil_mode = false, device = "cpu", ...)
   -- was EINVAL ("unknown option") although crun computes exactly that
   it("accept torch's options at their default value and refuse other values naming option and value", function()

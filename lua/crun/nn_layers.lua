@@ -61,11 +61,29 @@ return function(nn, H)
 
   -- ---------------------------------------------------------------- Conv2d
 
+  -- Conv2d's padding h, w: an int or {h, w}, or torch's "valid" (0) or
+  -- "same" (stride 1; dilation * (kernel - 1) / 2 each side: an odd total,
+  -- which torch pads one more on the bottom/right, is ENOTSUP).
+  local function conv_padding(fn, padding, kh, kw, sh, sw, dh, dw)
+    if padding == "valid" then return 0, 0 end
+    if padding ~= "same" then return pair(fn, "padding", padding or 0, 0) end
+    if sh ~= 1 or sw ~= 1 then
+      O.fail("EINVAL: %s: padding = \"same\" needs stride 1, got %d,%d (as torch's)", fn, sh, sw)
+    end
+    local th, tw = dh * (kh - 1), dw * (kw - 1)
+    if th % 2 ~= 0 or tw % 2 ~= 0 then
+      O.fail("ENOTSUP: %s: padding = \"same\" with kernel %dx%d and dilation %d,%d needs uneven padding (torch " ..
+        "adds the odd one at the bottom/right), which crun does not compute: give padding explicitly", fn, kh, kw, dh, dw)
+    end
+    return th // 2, tw // 2
+  end
+
   local Conv2d = nn.class("Conv2d")
   nn.Conv2dClass = Conv2d
 
   --- Conv2d(in, out, kernel, {stride=1, padding=0, dilation=1, bias=true, dtype=, seed=, device=}):
-  -- kernel, stride, padding, dilation are an int or {h, w}. torch's groups
+  -- kernel, stride, padding, dilation are an int or {h, w}; padding may be
+  -- torch's "valid" or "same" (see conv_padding). torch's groups
   -- and padding_mode are accepted at their defaults (1, "zeros") only. Weight [out, in,
   -- kh, kw] and bias drawn uniformly from +-1/sqrt(in kh kw) (torch's default),
   -- then moved to device as nn.Linear's (its forward has no device kernel yet).
@@ -77,8 +95,8 @@ return function(nn, H)
     local self = setmetatable({}, Conv2d):_init()
     self.kh, self.kw = pair(fn, "kernel_size", kernel, 1)
     local sh, sw = pair(fn, "stride", opts.stride or 1, 1)
-    local ph, pw = pair(fn, "padding", opts.padding or 0, 0)
     local dh, dw = pair(fn, "dilation", opts.dilation or 1, 1)
+    local ph, pw = conv_padding(fn, opts.padding, self.kh, self.kw, sh, sw, dh, dw)
     self.geom = {stride_h = sh, stride_w = sw, pad_h = ph, pad_w = pw, dil_h = dh, dil_w = dw}
     O.bool(fn, "bias", opts.bias, true)
     self.in_channels, self.out_channels, self.dtype = cin, cout, dtype_of(fn, opts.dtype)
