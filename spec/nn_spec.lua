@@ -668,6 +668,52 @@ describe("nn names and keyed state dicts", function()
     assert.are.equal("0.weight:2x2 0.bias:2", names_of(nn.Sequential(l, nn.ReLU(), l):named_parameters()))
   end)
 
+  -- a module of the user's with self.fc1 = nn.Linear(...) named it "0.weight" where torch says "fc1.weight"
+  it("a user's module names a child held in a field by the field, as torch; Sequential stays positional", function()
+    local Net = nn.class("SpecNamedNet")
+    function Net:forward(x)
+      for _, m in ipairs(self.modules) do x = m:forward(x) end
+      return x
+    end
+    local function new_net(seed)
+      nn.manual_seed(seed)
+      local self = setmetatable({}, Net):_init()
+      self.fc1, self.bn, self.fc2 = nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Linear(4, 2, {bias = false})
+      self.modules = {self.fc1, self.bn, nn.ReLU(), self.fc2, nn.Linear(2, 2)} -- the last in no field
+      return self
+    end
+    local a = new_net(1)
+    assert.are.equal("fc1.weight:4x3 fc1.bias:4 bn.weight:4 bn.bias:4 fc2.weight:2x4 4.weight:2x2 4.bias:2",
+      names_of(a:named_parameters()))
+    assert.are.equal("bn.running_mean:4 bn.running_var:4 bn.num_batches_tracked:1", names_of(a:named_buffers()))
+    local seq = nn.Sequential(nn.Linear(2, 2))
+    seq.head = seq.modules[1]
+    assert.are.equal("0.weight:2x2 0.bias:2", names_of(seq:named_parameters()))
+    -- keyed round trip under the field names
+    local x = T.randn({5, 3}, {seed = 6, dtype = "float32"})
+    a:forward(x)
+    local sd = a:state_dict{keyed = true}
+    assert.is_truthy(sd["fc2.weight"] and sd["bn.running_mean"] and sd["4.bias"])
+    local b = new_net(2)
+    local res = b:load_state_dict(sd)
+    assert.are.same({{}, {}}, {res.missing_keys, res.unexpected_keys})
+    a:evaluate(); b:evaluate()
+    assert.are.equal(0, (a:forward(x) - b:forward(x)):abs():max())
+    -- a checkpoint keyed by the positional names crun gave before loads too (strict)
+    local old = {}
+    for k, v in pairs(sd) do
+      local f = k:match("^(%a%w*)%.")
+      local pos = ({fc1 = "0", bn = "1", fc2 = "3"})[f]
+      old[pos and (pos .. k:sub(#f + 1)) or k] = v
+    end
+    assert.is_truthy(old["0.weight"] and old["1.running_var"] and old["3.weight"])
+    local c = new_net(3)
+    res = c:load_state_dict(old)
+    assert.are.same({{}, {}}, {res.missing_keys, res.unexpected_keys})
+    c:evaluate()
+    assert.are.equal(0, (a:forward(x) - c:forward(x)):abs():max())
+  end)
+
   it("a keyed state_dict round-trips through load_state_dict and crun.save", function()
     local a, b = model(1), model(2)
     local x = T.randn({5, 3}, {seed = 4, dtype = "float32"})

@@ -356,15 +356,34 @@ local function param_name(m, i, t)
   return best or tostring(i)
 end
 
+-- The name of the i-th child of container m: the string field of m that
+-- holds it (torch's self.fc1 = nn.Linear(...) gives "fc1"; the first in
+-- sorted order if several do; fields starting with "_" and `modules` aside),
+-- else, and always in a Sequential or when `positional`, its 0-based position.
+local function child_name(m, i, child, positional)
+  local best
+  if not (positional or m._positional_names) then
+    for k, v in pairs(m) do
+      if v == child and type(k) == "string" and k:sub(1, 1) ~= "_" and k ~= "modules" and (best == nil or k < best) then
+        best = k
+      end
+    end
+  end
+  return best or tostring(i - 1)
+end
+
 -- Appends {name, tensor} for every parameter (what = "params") or buffer
 -- ("buffers") of m under `prefix`, in parameters()/buffers() order. A
--- container's children are named by their 0-based position, as in torch's
--- nn.Sequential ("0.weight", "2.bias", "1.running_mean"). dedup: a tensor
+-- container's children are named by child_name: their field, or their
+-- 0-based position as in torch's nn.Sequential ("0.weight", "2.bias",
+-- "1.running_mean"); `positional` names them all by position. dedup: a tensor
 -- reached twice (weight tying) is listed once, under its first name (torch's
 -- named_parameters); else under each name (torch's state_dict).
-local function collect_named(m, what, prefix, out, seen, dedup)
+local function collect_named(m, what, prefix, out, seen, dedup, positional)
   if m.modules then
-    for i, child in ipairs(m.modules) do collect_named(child, what, prefix .. (i - 1) .. ".", out, seen, dedup) end
+    for i, child in ipairs(m.modules) do
+      collect_named(child, what, prefix .. child_name(m, i, child, positional) .. ".", out, seen, dedup, positional)
+    end
     return out
   end
   local list = what == "params" and (m._params or {}) or {}
@@ -392,7 +411,9 @@ end
 --- Iterates (name, tensor) over the parameters in parameters() order, named
 -- as torch names them: `for name, p in net:named_parameters() do ... end`
 -- gives "0.weight", "0.bias", "2.weight", ... for a Sequential (children by
--- 0-based position, as torch's), "weight"/"bias" for a lone layer. A tied
+-- 0-based position, as torch's), "fc1.weight", ... for a module of the user's
+-- whose child self.modules lists is also held in field fc1 (by position
+-- where no field holds it), "weight"/"bias" for a lone layer. A tied
 -- tensor comes once, under its first name. prefix (optional) goes before each name.
 function Module:named_parameters(prefix)
   return named_iter(collect_named(self, "params", prefix or "", {}, {}, true))
@@ -404,16 +425,22 @@ function Module:named_buffers(prefix)
 end
 
 -- Name -> tensor (the module's own, not copies) of every parameter and
--- buffer, under each of its names, and the names in order.
+-- buffer, under each of its names, the names in order, and name -> the
+-- positional name of the same tensor where it differs (a child held in a
+-- field: "fc1.weight" -> "0.weight", the name crun gave it before fields
+-- named children, which load_state_dict still takes).
 local function keyed_entries(m, prefix)
   local all = collect_named(m, "params", prefix, {}, {}, false)
   collect_named(m, "buffers", prefix, all, {}, false)
-  local byname, names = {}, {}
-  for _, e in ipairs(all) do
+  local pos = collect_named(m, "params", prefix, {}, {}, false, true)
+  collect_named(m, "buffers", prefix, pos, {}, false, true)
+  local byname, names, alias = {}, {}, {}
+  for i, e in ipairs(all) do
     if byname[e[1]] == nil then names[#names + 1] = e[1] end
     byname[e[1]] = e[2]
+    if pos[i][1] ~= e[1] then alias[e[1]] = pos[i][1] end
   end
-  return byname, names
+  return byname, names, alias
 end
 
 local STATE_DICT = O.spec{"keyed", "prefix", inert = {keep_vars = "crun tensors carry no autograd state"}}
@@ -483,16 +510,18 @@ local LOAD_STATE_DICT = O.spec{"strict", "prefix", inert = {assign = "crun copie
 
 -- load_state_dict of a keyed state dict (torch's form).
 local function load_keyed(self, sd, strict, prefix)
-  local byname, names = keyed_entries(self, prefix)
-  local missing, unexpected = {}, {}
-  for _, name in ipairs(names) do
-    if sd[name] == nil then missing[#missing + 1] = name end
+  local byname, names, alias = keyed_entries(self, prefix)
+  local missing, unexpected, key_of, used = {}, {}, {}, {}
+  for _, name in ipairs(names) do -- (a checkpoint from before children were named by field: its positional name)
+    local k = sd[name] == nil and alias[name] and sd[alias[name]] ~= nil and alias[name] or name
+    key_of[name], used[k] = k, true
+    if sd[k] == nil then missing[#missing + 1] = name end
   end
   for k in pairs(sd) do
     if type(k) ~= "string" then
       O.fail("EINVAL: load_state_dict: a state dict keyed by names has a key of type %s (%s)", type(k), tostring(k))
     end
-    if byname[k] == nil then unexpected[#unexpected + 1] = k end
+    if not used[k] then unexpected[#unexpected + 1] = k end
   end
   table.sort(unexpected)
   if strict and (#missing > 0 or #unexpected > 0) then
@@ -504,10 +533,12 @@ local function load_keyed(self, sd, strict, prefix)
       table.concat(parts, "; "))
   end
   for _, name in ipairs(names) do
-    if sd[name] ~= nil then check_entry(sd[name], byname[name], 'entry "' .. name .. '"', '"' .. name .. '"') end
+    local k = key_of[name]
+    if sd[k] ~= nil then check_entry(sd[k], byname[name], 'entry "' .. k .. '"', '"' .. k .. '"') end
   end
   for _, name in ipairs(names) do
-    if sd[name] ~= nil then byname[name]:copy(sd[name]) end
+    local v = sd[key_of[name]]
+    if v ~= nil then byname[name]:copy(v) end
   end
   return {missing_keys = missing, unexpected_keys = unexpected}
 end
@@ -775,6 +806,7 @@ end
 -- ---------------------------------------------------------------- Sequential
 
 local Sequential = nn.class("Sequential")
+Sequential._positional_names = true -- (its children are named "0", "1", ... even if a field holds one)
 
 --- Sequential(m1, m2, ...): applies its modules in order.
 function nn.Sequential(...)
