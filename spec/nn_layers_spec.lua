@@ -287,6 +287,11 @@ describe("nn layer sizes and options at the edges", function()
       {function() nn.BatchNorm1d(3, {device = "cuda:0"}) end,
        '^ENOTSUP: nn.BatchNorm1d: device = cuda:0 is not implemented %(this layer computes on the host'},
       {function() nn.LayerNorm(3, {device = "tpu"}) end, "^EINVAL: nn.LayerNorm: unknown device 'tpu'"},
+      -- a plain BatchNorm took SyncBatchNorm's group and ignored it
+      {function() nn.BatchNorm2d(3, {group = {}}) end, "^EINVAL: nn.BatchNorm2d: unknown option 'group'"},
+      {function() nn.BatchNorm1d(3, {process_group = {}}) end, "^EINVAL: nn.BatchNorm1d: unknown option 'process_group'"},
+      {function() nn.SyncBatchNorm(3, {group = 1, process_group = 2}) end,
+       "^EINVAL: nn.SyncBatchNorm: options 'process_group' and 'group' name the same thing with different values"},
     } do
       local ok, err = pcall(c[1])
       assert.is_false(ok)

@@ -16,7 +16,9 @@ return function(nn, H)
     fixed = {groups = 1, padding_mode = "zeros"}}
   local MAXPOOL = O.spec{"stride", "padding", fixed = {dilation = 1, return_indices = false, ceil_mode = false}}
   local AVGPOOL = O.spec{"stride", "padding", "count_include_pad", fixed = {ceil_mode = false, divisor_override = O.NONE}}
-  local BN = O.spec{"eps", "momentum", "affine", "track_running_stats", "dtype", "group", "process_group", "device"}
+  local BN = O.spec{"eps", "momentum", "affine", "track_running_stats", "dtype", "device"}
+  local SYNC_BN = O.spec{"eps", "momentum", "affine", "track_running_stats", "dtype", "device", "group",
+    aliases = {process_group = "group"}}
   local LN = O.spec{"eps", "elementwise_affine", "dtype", "device"}
   local EMB = O.spec{"padding_idx", "dtype", "seed", "device",
     fixed = {max_norm = O.NONE, norm_type = 2, scale_grad_by_freq = false, sparse = false}}
@@ -305,7 +307,7 @@ return function(nn, H)
   -- Builds a batch-norm module of class cls over `c` channels for inputs of
   -- `dims` (a set of allowed ranks).
   local function batch_norm(cls, fn, c, dims, opts)
-    opts = O.check(BN, fn, opts)
+    opts = O.check(fn == "nn.SyncBatchNorm" and SYNC_BN or BN, fn, opts) -- (a plain BatchNorm has no group)
     O.int(fn, "num_features", c, 1)
     host_device(fn, opts.device)
     local self = setmetatable({}, cls):_init()
@@ -321,7 +323,7 @@ return function(nn, H)
     self.affine = O.bool(fn, "affine", opts.affine, true) ~= false
     self.track_running_stats = O.bool(fn, "track_running_stats", opts.track_running_stats, true) ~= false
     self.dtype = dtype_of(fn, opts.dtype)
-    self.group = opts.group or opts.process_group
+    self.group = opts.group
     self._params, self._grads = {}, {}
     if self.affine then
       self.weight, self.bias = T().ones({c}, self.dtype), T().zeros({c}, self.dtype)
