@@ -160,6 +160,23 @@ describe("dist failures", function()
     end end
   end
 
+  -- A gather/scatter list on a rank that is not the root is an error, as in
+  -- torch ("must NOT be specified on non-destination ranks"), on every rank.
+  for _, k in ipairs{{"gather", "gather_list", "destination"}, {"scatter", "scatter_list", "source"}} do
+    for _, n in ipairs{2, 3} do for _, env in ipairs{"CRUN_SHM=0", "CRUN_SHM=1"} do
+      it(string.format("tell every rank that non-root rank 1 gave a %s (%s, %d ranks)", k[2], env, n), function()
+        local res, out = scenario_n(n, "nonroot" .. k[1], env)
+        local why = string.format("%s on rank 1: %s must not be given on a rank that is not the %s (rank 0), as in "
+                                  .. "torch.distributed", k[1], k[2], k[3])
+        for r = 0, n - 1 do
+          local first = res[r]:match("^[^\n]*")
+          assert.is_truthy(first:match("^error EINVAL: ") and first:find(why, 1, true), "rank " .. r .. ": " .. res[r] .. "\n" .. out)
+          assert.is_falsy(res[r]:find("EMISMATCH", 1, true), res[r])
+        end
+      end)
+    end end
+  end
+
   -- new_group's timeout is the new group's: a rank that reaches new_group later
   -- than that does not fail the agreement on (and so break) the default group.
   it("let a rank reach new_group later than the new group's timeout", function()
