@@ -353,6 +353,23 @@ static void check_no_list(lua_State *L, crun_pg_t *pg, int root, const char *fna
   crun_l_error(L, "EINVAL: %s", text);
 }
 
+/* pg:refuse(call, message[, root]): this rank's own check of its arguments
+ * to collective `call` ("all_to_all", "gather", ...) failed with message
+ * ("EINVAL: ..."): fails the group so that every peer fails that call naming
+ * this rank and message (crun_pg_refuse), then raises message. */
+static int l_refuse(lua_State *L) {
+  crun_pg_t *pg = check_pg(L, 1);
+  const char *call = luaL_checkstring(L, 2), *msg = luaL_checkstring(L, 3);
+  int root = (int)luaL_optinteger(L, 4, -1), status = CRUN_EINVAL;
+  for (int rc = -1; strcmp(crun_err_name(rc), "EUNKNOWN") != 0; rc--) {
+    size_t k = strlen(crun_err_name(rc));
+    if (strncmp(msg, crun_err_name(rc), k) == 0 && strncmp(msg + k, ": ", 2) == 0) status = rc, msg += k + 2;
+  }
+  crun_pg_refuse(pg, call, root, status, msg);
+  lua_pushfstring(L, "%s: %s", crun_err_name(status), msg);
+  return lua_error(L);
+}
+
 /* pg:gather(t, list_or_nil, dst[, opts]); the list is needed on dst only. */
 static int l_gather(lua_State *L) {
   crun_pg_t *pg = check_pg(L, 1);
@@ -796,7 +813,7 @@ void crun_l_open_pg(lua_State *L) {
       {"reduce_scatter", l_reduce_scatter}, {"all_to_all", l_all_to_all}, {"barrier", l_barrier},
       {"send", l_send}, {"recv", l_recv}, {"broadcast_bytes", l_broadcast_bytes},
       {"all_gather_bytes", l_all_gather_bytes}, {"new_group", l_new_group}, {"rank", l_rank},
-      {"size", l_size}, {"backend", l_backend}, {"next_seq", l_next_seq},
+      {"size", l_size}, {"backend", l_backend}, {"next_seq", l_next_seq}, {"refuse", l_refuse},
       {"global_rank", l_global_rank}, {"timeout", l_timeout}, {"destroy", l_destroy},
       {"__gc", l_destroy}, {"__close", l_destroy}, {"__tostring", l_pg_tostring}, {NULL, NULL}};
   static const luaL_Reg work_methods[] = {

@@ -181,7 +181,7 @@ function cases.a2a_single()
       end
     end
   end
-  expect_error("^EINVAL: all_to_all_single: input split sizes add up to", dist.all_to_all_single, output, input,
+  expect_error("^EINVAL: all_to_all_single on rank " .. rank .. ": input split sizes add up to", dist.all_to_all_single, output, input,
                out_splits, {nin + 1, table.unpack(in_splits, 2)})
 end
 
