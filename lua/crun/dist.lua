@@ -748,15 +748,27 @@ local function is_obj_opts(t)
   return true
 end
 
+-- Whether all_gather_object(a, b) is crun's all_gather_object(v, opts): b
+-- is an options table and a is no output list, or b names a process group
+-- (a value no rank can send, so never torch's object).
+local function gather_opts_form(a, b)
+  if not is_obj_opts(b) then return false end
+  local g = b.group
+  local mt = type(g) == "userdata" and getmetatable(g)
+  return type(a) ~= "table" or g == NON_MEMBER or type(mt) == "table" and mt.__name == "crun.ProcessGroup"
+end
+
 --- all_gather_object(list, obj[, opts]): torch's form, fills list[1..n] with
 -- every rank's obj (nil included). all_gather_object(v[, opts]) -> that list
--- (crun's convenience; chosen when there is one argument or the second is an
--- options table {group=, timeout=}: all_gather_object(list, nil) is torch's).
+-- (crun's convenience). With two arguments the second is options only when
+-- it is a table of group/timeout and either the first is not a table or its
+-- group is a process group (or NON_GROUP_MEMBER): all_gather_object(list,
+-- {timeout = 5}) gathers {timeout = 5} into list, and a table v with a
+-- timeout alone takes {group = dist.group.WORLD, timeout = 5}.
 function dist.all_gather_object(...)
   local a, b, opts = ...
   local nargs = select("#", ...)
-  local torch_form = nargs >= 3 or (nargs == 2 and not is_obj_opts(b))
-  if not torch_form then
+  if nargs <= 1 or (nargs == 2 and gather_opts_form(a, b)) then
     local o = O.check(OBJ, "all_gather_object", b)
     local g = group_of(o, "all_gather_object")
     if not g then return nil end

@@ -274,6 +274,29 @@ function cases.objects()
   check(ret == nil and with_nil[1] == nil and with_nil[size] == size - 1,
         "all_gather_object(list, nil) fills the list: [1] = %s, [%d] = %s, returned %s", tostring(with_nil[1]),
         size, tostring(with_nil[size]), tostring(ret))
+  -- torch's form whose object looks like options ({timeout=}, a group that
+  -- is no process group): the object, not options, whatever the first
+  -- argument; a {group = <process group>} (which cannot be sent) is options
+  for _, mk in ipairs{function(r) return {timeout = 3 * r - 4} end, function(r) return {group = "g" .. r} end,
+                      function(r) return {group = r - 9, timeout = -r} end} do
+    local l = {"stale"}
+    local got = dist.all_gather_object(l, mk(rank))
+    check(got == nil and #l == size, "all_gather_object(list, %s) returned %s and filled %d entries",
+          tostring(next(mk(rank))), tostring(got), #l)
+    for r = 1, size do
+      local want = mk(r - 1)
+      for k, v in pairs(want) do check(l[r][k] == v, "entry %d.%s is %s, expected %s", r, k, tostring(l[r][k]), tostring(v)) end
+    end
+    local l3 = {}
+    check(dist.all_gather_object(l3, mk(rank), {timeout = 20}) == nil and l3[size].timeout == mk(size - 1).timeout,
+          "all_gather_object(list, obj, opts) with an options-like obj")
+  end
+  for _, o in ipairs{{timeout = 20}, {group = dist.group.WORLD}, {group = dist.group.WORLD, timeout = 20}} do
+    local conv = dist.all_gather_object(3 * rank - 11, o)
+    check(conv[size] == 3 * (size - 1) - 11, "all_gather_object(v, opts) still returns the list")
+    local tab = dist.all_gather_object({k = -rank}, o.group and o or {group = dist.group.WORLD, timeout = 20})
+    check(tab[size].k == 1 - size, "all_gather_object(table, {group=}) still returns the list")
+  end
   local out = rank == size - 1 and {} or nil
   dist.gather_object(-rank, out, size - 1)
   if rank == size - 1 then for r = 1, size do check(out[r] == -(r - 1), "gather_object %d", r) end end
