@@ -209,14 +209,47 @@ function dist.get_backend(group) return resolve(group, "get_backend"):backend() 
 --- The default group's store (for users who need extra keys).
 function dist.get_store() default_pg("get_store"); return state.store end
 
+-- torch's positional arguments of new_group after ranks, in order.
+local NEW_GROUP_POS = {"timeout", "backend", "pg_options", "use_local_synchronization"}
+
+-- new_group's options from its arguments after ranks: one options table, or
+-- torch's positional (timeout, backend, pg_options, use_local_synchronization);
+-- anything else is EINVAL rather than silently dropped.
+local function new_group_opts(...)
+  local n, a = select("#", ...), ...
+  if type(a) == "table" then
+    if n > 1 then
+      fail("EINVAL: new_group: %d argument%s after the options table (pass torch's positional timeout, "
+           .. "backend, ... or one table {timeout=, backend=}, not both)", n - 1, n > 2 and "s" or "")
+    end
+    return a
+  end
+  if n > #NEW_GROUP_POS then
+    fail("EINVAL: new_group: %d arguments (torch's positional ranks, timeout, backend, pg_options, "
+         .. "use_local_synchronization at most)", n + 1)
+  end
+  if a ~= nil and type(a) ~= "number" then
+    fail("EINVAL: new_group: argument #2 (timeout) must be a number of seconds or an options table, got %s", type(a))
+  end
+  local backend = select(2, ...)
+  if backend ~= nil and type(backend) ~= "string" then
+    fail("EINVAL: new_group: argument #3 (backend) must be a string, got %s", type(backend))
+  end
+  local o = {}
+  for i, k in ipairs(NEW_GROUP_POS) do o[k] = select(i, ...) end
+  if o.use_local_synchronization == false then o.use_local_synchronization = nil end  -- torch's default
+  return o
+end
+
 --- new_group(ranks[, opts{timeout=, backend=}]): every rank of the default
 -- group calls it with the same ranks (in any order: as in torch, group rank i
 -- is the i-th lowest global rank). Ranks that disagree get EMISMATCH naming
--- the lists. torch's positional new_group(ranks, timeout) works too.
-function dist.new_group(ranks, opts)
+-- the lists. torch's positional new_group(ranks, timeout, backend[,
+-- pg_options[, use_local_synchronization]]) works too; more arguments, or
+-- any after an options table, are EINVAL.
+function dist.new_group(ranks, ...)
   local pg = default_pg("new_group")
-  if type(opts) == "number" then opts = {timeout = opts} end
-  opts = O.check(NEW_GROUP, "new_group", opts)
+  local opts = O.check(NEW_GROUP, "new_group", new_group_opts(...))
   if opts.backend ~= nil then
     local want = BACKEND_ALIAS[opts.backend] or opts.backend
     if want ~= "auto" and want ~= pg:backend() then

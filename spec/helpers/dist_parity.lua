@@ -37,6 +37,25 @@ function cases.init()
                dist.all_reduce, T.ones({2}), "sum", {async = true})
   expect_error("^EINVAL: send: unknown option 'dst'", dist.send, T.ones({2}), (rank + 1) % size, {dst = 1})
   expect_error("^ENOTSUP: new_group: backend 'mpi' differs", dist.new_group, {0}, {backend = "mpi"})
+  -- torch's positional new_group(ranks, timeout, backend[, pg_options[, use_local_synchronization]])
+  expect_error("^ENOTSUP: new_group: backend 'mpi' differs", dist.new_group, {0}, 30, "mpi")
+  expect_error("^ENOTSUP: new_group: backend 'mpi' differs", dist.new_group, {0}, nil, "mpi")
+  expect_error("^EINVAL: new_group: argument #3 %(backend%) must be a string", dist.new_group, {0}, 30, 7)
+  expect_error("^EINVAL: new_group: argument #2 %(timeout%) must be a number of seconds or an options table, got string",
+               dist.new_group, {0}, "gloo")
+  expect_error("^EINVAL: new_group: 1 argument after the options table %(pass torch's positional timeout, backend, ",
+               dist.new_group, {0}, {timeout = 5}, "gloo")
+  expect_error("^EINVAL: new_group: 6 arguments %(torch's positional ranks, timeout, backend, pg_options, "
+               .. "use_local_synchronization at most%)", dist.new_group, {0}, 5, "gloo", nil, false, "desc")
+  local g = dist.new_group({0, size - 1}, 17.5, "gloo")
+  if rank == 0 or rank == size - 1 then
+    check(g:timeout() == 17.5, "new_group(ranks, 17.5, 'gloo') has timeout %s", tostring(g:timeout()))
+    local t = T.full({3}, rank - 4, "int32")
+    dist.all_reduce(t, "sum", {group = g})
+    check(t[3] == (size - 1) - 8, "all_reduce on the positional new_group gave %d", t[3])
+  else
+    check(g == dist.GroupMember.NON_GROUP_MEMBER, "non-member placeholder from the positional new_group")
+  end
   dist.barrier()
 end
 
