@@ -334,6 +334,42 @@ static void check_root_list(lua_State *L, crun_pg_t *pg, int root, int n, const 
   crun_l_error(L, "EINVAL: %s", text);
 }
 
+/* A rank other than the root must give no list (argument 3) to fname, or
+ * an empty one (torch: "must NOT be specified on non-destination ranks"):
+ * one that does is refused for the call, so that every rank fails it. */
+static void check_no_list(lua_State *L, crun_pg_t *pg, int root, const char *fname, const char *list,
+                          const char *role) {
+  if (lua_isnoneornil(L, 3)) return;
+  if (lua_type(L, 3) == LUA_TTABLE) {
+    lua_pushnil(L);
+    if (!lua_next(L, 3)) return; /* {}: torch's falsy [] */
+    lua_pop(L, 2);
+  }
+  lua_pushfstring(L, "%s on rank %d: %s must not be given on a rank that is not the %s (rank %d), as in "
+                  "torch.distributed (pass nil)", fname, crun_pg_global_rank(pg, crun_pg_rank(pg)), list, role,
+                  crun_pg_global_rank(pg, root));
+  const char *text = lua_tostring(L, -1);
+  crun_pg_refuse(pg, fname, root, CRUN_EINVAL, text);
+  crun_l_error(L, "EINVAL: %s", text);
+}
+
+/* pg:refuse(call, message[, root]): this rank's own check of its arguments
+ * to collective `call` ("all_to_all", "gather", ...) failed with message
+ * ("EINVAL: ..."): fails the group so that every peer fails that call naming
+ * this rank and message (crun_pg_refuse), then raises message. */
+static int l_refuse(lua_State *L) {
+  crun_pg_t *pg = check_pg(L, 1);
+  const char *call = luaL_checkstring(L, 2), *msg = luaL_checkstring(L, 3);
+  int root = (int)luaL_optinteger(L, 4, -1), status = CRUN_EINVAL;
+  for (int rc = -1; strcmp(crun_err_name(rc), "EUNKNOWN") != 0; rc--) {
+    size_t k = strlen(crun_err_name(rc));
+    if (strncmp(msg, crun_err_name(rc), k) == 0 && strncmp(msg + k, ": ", 2) == 0) status = rc, msg += k + 2;
+  }
+  crun_pg_refuse(pg, call, root, status, msg);
+  lua_pushfstring(L, "%s: %s", crun_err_name(status), msg);
+  return lua_error(L);
+}
+
 /* pg:gather(t, list_or_nil, dst[, opts]); the list is needed on dst only. */
 static int l_gather(lua_State *L) {
   crun_pg_t *pg = check_pg(L, 1);
@@ -341,6 +377,7 @@ static int l_gather(lua_State *L) {
   int dst = check_rank_arg(L, 4, pg, "gather", "dst"), n = crun_pg_size(pg);
   void **outs = lua_newuserdatauv(L, sizeof(void *) * (size_t)n, 0);
   if (dst == crun_pg_rank(pg)) check_root_list(L, pg, dst, n, "gather", outs);
+  else check_no_list(L, pg, dst, "gather", "gather_list", "destination");
   crun_coll_opts_t o;
   int async = check_opts(L, 5, &o, "gather");
   o.cuda = crun_tensor_device(t) >= 0;
@@ -356,6 +393,7 @@ static int l_scatter(lua_State *L) {
   int src = check_rank_arg(L, 4, pg, "scatter", "src"), n = crun_pg_size(pg);
   void **ins = lua_newuserdatauv(L, sizeof(void *) * (size_t)n, 0);
   if (src == crun_pg_rank(pg)) check_root_list(L, pg, src, n, "scatter", ins);
+  else check_no_list(L, pg, src, "scatter", "scatter_list", "source");
   crun_coll_opts_t o;
   int async = check_opts(L, 5, &o, "scatter");
   o.cuda = crun_tensor_device(t) >= 0;
@@ -775,7 +813,7 @@ void crun_l_open_pg(lua_State *L) {
       {"reduce_scatter", l_reduce_scatter}, {"all_to_all", l_all_to_all}, {"barrier", l_barrier},
       {"send", l_send}, {"recv", l_recv}, {"broadcast_bytes", l_broadcast_bytes},
       {"all_gather_bytes", l_all_gather_bytes}, {"new_group", l_new_group}, {"rank", l_rank},
-      {"size", l_size}, {"backend", l_backend}, {"next_seq", l_next_seq},
+      {"size", l_size}, {"backend", l_backend}, {"next_seq", l_next_seq}, {"refuse", l_refuse},
       {"global_rank", l_global_rank}, {"timeout", l_timeout}, {"destroy", l_destroy},
       {"__gc", l_destroy}, {"__close", l_destroy}, {"__tostring", l_pg_tostring}, {NULL, NULL}};
   static const luaL_Reg work_methods[] = {

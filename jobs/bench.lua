@@ -16,7 +16,8 @@
 -- signature check adds store round trips to every call: CRUN_NCCL_CHECK=0
 -- measures NCCL alone.
 -- Collectives: all_reduce, all_gather, broadcast, reduce_scatter, all_to_all,
--- and the one-tensor forms all_gather_into_tensor and reduce_scatter_tensor.
+-- and the one-tensor forms all_gather_into_tensor, reduce_scatter_tensor and
+-- all_to_all_single (equal blocks, no split sizes).
 -- size is the whole buffer in bytes as nccl-tests counts it (all_gather: the
 -- gathered output; reduce_scatter: the input of all blocks; all_to_all: the
 -- send buffer). Each iteration starts after a barrier (--no-barrier: back to
@@ -83,6 +84,7 @@ local BUS = {
   broadcast = function() return 1 end,
   all_gather_into_tensor = function(n) return (n - 1) / n end,
   reduce_scatter_tensor = function(n) return (n - 1) / n end,
+  all_to_all_single = function(n) return (n - 1) / n end,
 }
 
 -- Returns a function running one op of `bytes` total, the element count and
@@ -107,6 +109,11 @@ local function setup(o, n, bytes, esize)
   if o.cuda then big = big:cuda() end
   if o.coll == "all_gather_into_tensor" then return function() dist.all_gather_into_tensor(big, t) end, per * n end
   if o.coll == "reduce_scatter_tensor" then return function() dist.reduce_scatter_tensor(t, big, o.op) end, per * n end
+  if o.coll == "all_to_all_single" then
+    local big2 = T.ones({per * n}, o.dtype)
+    if o.cuda then big2 = big2:cuda() end
+    return function() dist.all_to_all_single(big2, big) end, per * n
+  end
   usage("unknown collective " .. o.coll)
 end
 

@@ -160,6 +160,48 @@ describe("dist failures", function()
     end end
   end
 
+  -- all_to_all_single's split sizes (and tensors) are checked on each rank
+  -- alone: a rank whose sizes are wrong refuses the call for the group, so every rank fails
+  -- it naming that rank and the fault, not the next call with an EMISMATCH.
+  for _, k in ipairs{{"len", "input split sizes must be a list of %d integers (one per rank), got %d"},
+                     {"sum", "input split sizes add up to %d, dim 1 of the input tensor is %d"},
+                     {"neg", "input split size 1 is -1"},
+                     {"dtype", "the output tensor is float64, the input float32"}} do
+    for _, n in ipairs{2, 3} do for _, env in ipairs{"CRUN_SHM=0", "CRUN_SHM=1"} do
+      it(string.format("tell every rank why rank 1 refused all_to_all_single (%s splits, %s, %d ranks)", k[1], env, n),
+         function()
+        local res, out = scenario_n(n, "a2asplit_" .. k[1], env)
+        local why = "all_to_all_single on rank 1: " .. (k[1] == "len" and k[2]:format(n, n - 1)
+                                                         or k[1] == "sum" and k[2]:format(2 * n + 1, 2 * n) or k[2])
+        for r = 0, n - 1 do
+          local l = {}
+          for line in (res[r] .. "\n"):gmatch("(.-)\n") do l[#l + 1] = line end
+          assert.is_truthy(l[1] and l[1]:match("^error EINVAL: ") and l[1]:find(why, 1, true),
+                           "rank " .. r .. ": " .. res[r] .. "\n" .. out)
+          assert.is_truthy(l[2] and l[2]:match("^error E") and l[2]:find(why, 1, true), "rank " .. r .. ": " .. res[r])
+          assert.is_falsy(res[r]:find("EMISMATCH", 1, true), res[r])
+        end
+      end)
+    end end
+  end
+
+  -- A gather/scatter list on a rank that is not the root is an error, as in
+  -- torch ("must NOT be specified on non-destination ranks"), on every rank.
+  for _, k in ipairs{{"gather", "gather_list", "destination"}, {"scatter", "scatter_list", "source"}} do
+    for _, n in ipairs{2, 3} do for _, env in ipairs{"CRUN_SHM=0", "CRUN_SHM=1"} do
+      it(string.format("tell every rank that non-root rank 1 gave a %s (%s, %d ranks)", k[2], env, n), function()
+        local res, out = scenario_n(n, "nonroot" .. k[1], env)
+        local why = string.format("%s on rank 1: %s must not be given on a rank that is not the %s (rank 0), as in "
+                                  .. "torch.distributed", k[1], k[2], k[3])
+        for r = 0, n - 1 do
+          local first = res[r]:match("^[^\n]*")
+          assert.is_truthy(first:match("^error EINVAL: ") and first:find(why, 1, true), "rank " .. r .. ": " .. res[r] .. "\n" .. out)
+          assert.is_falsy(res[r]:find("EMISMATCH", 1, true), res[r])
+        end
+      end)
+    end end
+  end
+
   -- new_group's timeout is the new group's: a rank that reaches new_group later
   -- than that does not fail the agreement on (and so break) the default group.
   it("let a rank reach new_group later than the new group's timeout", function()

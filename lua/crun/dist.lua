@@ -209,14 +209,47 @@ function dist.get_backend(group) return resolve(group, "get_backend"):backend() 
 --- The default group's store (for users who need extra keys).
 function dist.get_store() default_pg("get_store"); return state.store end
 
+-- torch's positional arguments of new_group after ranks, in order.
+local NEW_GROUP_POS = {"timeout", "backend", "pg_options", "use_local_synchronization"}
+
+-- new_group's options from its arguments after ranks: one options table, or
+-- torch's positional (timeout, backend, pg_options, use_local_synchronization);
+-- anything else is EINVAL rather than silently dropped.
+local function new_group_opts(...)
+  local n, a = select("#", ...), ...
+  if type(a) == "table" then
+    if n > 1 then
+      fail("EINVAL: new_group: %d argument%s after the options table (pass torch's positional timeout, "
+           .. "backend, ... or one table {timeout=, backend=}, not both)", n - 1, n > 2 and "s" or "")
+    end
+    return a
+  end
+  if n > #NEW_GROUP_POS then
+    fail("EINVAL: new_group: %d arguments (torch's positional ranks, timeout, backend, pg_options, "
+         .. "use_local_synchronization at most)", n + 1)
+  end
+  if a ~= nil and type(a) ~= "number" then
+    fail("EINVAL: new_group: argument #2 (timeout) must be a number of seconds or an options table, got %s", type(a))
+  end
+  local backend = select(2, ...)
+  if backend ~= nil and type(backend) ~= "string" then
+    fail("EINVAL: new_group: argument #3 (backend) must be a string, got %s", type(backend))
+  end
+  local o = {}
+  for i, k in ipairs(NEW_GROUP_POS) do o[k] = select(i, ...) end
+  if o.use_local_synchronization == false then o.use_local_synchronization = nil end  -- torch's default
+  return o
+end
+
 --- new_group(ranks[, opts{timeout=, backend=}]): every rank of the default
 -- group calls it with the same ranks (in any order: as in torch, group rank i
 -- is the i-th lowest global rank). Ranks that disagree get EMISMATCH naming
--- the lists. torch's positional new_group(ranks, timeout) works too.
-function dist.new_group(ranks, opts)
+-- the lists. torch's positional new_group(ranks, timeout, backend[,
+-- pg_options[, use_local_synchronization]]) works too; more arguments, or
+-- any after an options table, are EINVAL.
+function dist.new_group(ranks, ...)
   local pg = default_pg("new_group")
-  if type(opts) == "number" then opts = {timeout = opts} end
-  opts = O.check(NEW_GROUP, "new_group", opts)
+  local opts = O.check(NEW_GROUP, "new_group", new_group_opts(...))
   if opts.backend ~= nil then
     local want = BACKEND_ALIAS[opts.backend] or opts.backend
     if want ~= "auto" and want ~= pg:backend() then
@@ -438,31 +471,39 @@ function dist.all_to_all(outs, ins, opts)
   if g then return g:all_to_all(outs, ins, opts) end
 end
 
+-- Raises EINVAL for fname on this (global) rank.
+local function split_fail(fname, fmt, ...) fail("EINVAL: %s on rank %d: " .. fmt, fname, state.pg:rank(), ...) end
+
 --- Splits dim 1 of a contiguous tensor into views of the given sizes (equal
---- when sizes is nil or empty, as torch's None or []); fails naming fname and
---- what when they do not add up.
+--- when sizes is nil or empty, as torch's None or []); fails with EINVAL
+--- naming fname, this rank and what when they do not add up.
 local function split_dim1(t, n, sizes, fname, what)
-  if not tensor_arg(t, fname, what .. " tensor"):is_contiguous() then fail("EINVAL: %s: the %s tensor must be contiguous", fname, what) end
+  local mt = getmetatable(t)
+  if type(t) ~= "userdata" or type(mt) ~= "table" or mt.__name ~= "crun.Tensor" then
+    split_fail(fname, "the %s tensor must be a crun.Tensor, got %s", what, type(t))
+  end
+  if not t:is_contiguous() then split_fail(fname, "the %s tensor must be contiguous", what) end
   local rows = t:dim() == 0 and 1 or t:size()[1]
   if sizes == nil or (type(sizes) == "table" and next(sizes) == nil) then
     if rows % n ~= 0 then
-      fail("EINVAL: %s: dim 1 of the %s tensor (%d) is not divisible by the group size %d; pass split sizes",
-           fname, what, rows, n)
+      split_fail(fname, "dim 1 of the %s tensor (%d) is not divisible by the group size %d; pass split sizes",
+                 what, rows, n)
     end
     sizes = {}
     for i = 1, n do sizes[i] = rows // n end
   end
   if type(sizes) ~= "table" or #sizes ~= n then
-    fail("EINVAL: %s: %s split sizes must be a list of %d integers", fname, what, n)
+    split_fail(fname, "%s split sizes must be a list of %d integers (one per rank), got %s", what, n,
+               type(sizes) == "table" and #sizes or type(sizes))
   end
   local views, at, total = {}, 1, 0
   for i = 1, n do
     local k = sizes[i]
-    if math.type(k) ~= "integer" or k < 0 then fail("EINVAL: %s: %s split size %d is %s", fname, what, i, tostring(k)) end
+    if math.type(k) ~= "integer" or k < 0 then split_fail(fname, "%s split size %d is %s", what, i, tostring(k)) end
     total = total + k
   end
   if total ~= rows then
-    fail("EINVAL: %s: %s split sizes add up to %d, dim 1 of the %s tensor is %d", fname, what, total, what, rows)
+    split_fail(fname, "%s split sizes add up to %d, dim 1 of the %s tensor is %d", what, total, what, rows)
   end
   local flat = t:dim() == 0 and t:view(1) or t
   for i = 1, n do
@@ -472,12 +513,32 @@ local function split_dim1(t, n, sizes, fname, what)
   return views
 end
 
+-- all_to_all_single's own checks (split sizes, tensors) on this rank: a
+-- failure is refused for the group (pg:refuse), so that every rank fails the
+-- call naming this rank and the fault, rather than the others waiting in the
+-- exchange and meeting this rank's next call as an EMISMATCH.
+local function a2a_views(g, output, input, out_splits, in_splits)
+  local n = g:size()
+  local ok, outs = pcall(split_dim1, output, n, out_splits, "all_to_all_single", "output")
+  local ins
+  if ok then ok, ins = pcall(split_dim1, input, n, in_splits, "all_to_all_single", "input") else ins = outs end
+  if ok and output:dtype() ~= input:dtype() then
+    ok, ins = false, string.format("EINVAL: all_to_all_single on rank %d: the output tensor is %s, the input %s",
+                                   state.pg:rank(), output:dtype(), input:dtype())
+  end
+  if not ok then g:refuse("all_to_all", tostring(ins)) end
+  return outs, ins
+end
+
 --- all_to_all_single(output, input[, output_split_sizes][, input_split_sizes][, opts]):
 -- torch's one-tensor all_to_all: dim 1 of input is cut into blocks (equal, or
 -- input_split_sizes rows each); block j goes to rank j, and output receives
 -- rank j's block for this rank at its j-th block (output_split_sizes rows).
 -- A nil or empty split list means equal blocks, as None or [] in torch.
--- With async_op the Work's result() is {output}, as torch's.
+-- Split sizes (or tensors) that are wrong on one rank fail the call on every
+-- rank with EINVAL naming that rank, and the group stops (torch's would
+-- leave the others waiting). With async_op the Work's result() is {output},
+-- as torch's.
 function dist.all_to_all_single(output, input, out_splits, in_splits, opts)
   if type(out_splits) == "table" and #out_splits == 0 and next(out_splits) ~= nil then
     out_splits, in_splits, opts = nil, nil, out_splits
@@ -488,9 +549,7 @@ function dist.all_to_all_single(output, input, out_splits, in_splits, opts)
   opts = O.check(COLL, "all_to_all_single", opts)
   local g = group_of(opts, "all_to_all_single")
   if not g then return nil end
-  local n = g:size()
-  local outs = split_dim1(output, n, out_splits, "all_to_all_single", "output")
-  local ins = split_dim1(input, n, in_splits, "all_to_all_single", "input")
+  local outs, ins = a2a_views(g, output, input, out_splits, in_splits)
   return result_is(g:all_to_all(outs, ins, opts), output)
 end
 
@@ -722,15 +781,27 @@ local function is_obj_opts(t)
   return true
 end
 
+-- Whether all_gather_object(a, b) is crun's all_gather_object(v, opts): b
+-- is an options table and a is no output list, or b names a process group
+-- (a value no rank can send, so never torch's object).
+local function gather_opts_form(a, b)
+  if not is_obj_opts(b) then return false end
+  local g = b.group
+  local mt = type(g) == "userdata" and getmetatable(g)
+  return type(a) ~= "table" or g == NON_MEMBER or type(mt) == "table" and mt.__name == "crun.ProcessGroup"
+end
+
 --- all_gather_object(list, obj[, opts]): torch's form, fills list[1..n] with
 -- every rank's obj (nil included). all_gather_object(v[, opts]) -> that list
--- (crun's convenience; chosen when there is one argument or the second is an
--- options table {group=, timeout=}: all_gather_object(list, nil) is torch's).
+-- (crun's convenience). With two arguments the second is options only when
+-- it is a table of group/timeout and either the first is not a table or its
+-- group is a process group (or NON_GROUP_MEMBER): all_gather_object(list,
+-- {timeout = 5}) gathers {timeout = 5} into list, and a table v with a
+-- timeout alone takes {group = dist.group.WORLD, timeout = 5}.
 function dist.all_gather_object(...)
   local a, b, opts = ...
   local nargs = select("#", ...)
-  local torch_form = nargs >= 3 or (nargs == 2 and not is_obj_opts(b))
-  if not torch_form then
+  if nargs <= 1 or (nargs == 2 and gather_opts_form(a, b)) then
     local o = O.check(OBJ, "all_gather_object", b)
     local g = group_of(o, "all_gather_object")
     if not g then return nil end

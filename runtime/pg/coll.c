@@ -145,8 +145,9 @@ static int submit(crun_pg_t *pg, crun_work_t *w, crun_work_t **work, int *src_ou
     if (crun__r < 0) { crun_work_release(w); return crun__r; }         \
   } while (0)
 
-/* A check only this rank makes (the root's own list of buffers) failed with
- * rc for call c: its peers cannot see that and would finish the call without
+/* A check only this rank makes (the root's own list of buffers, a list on a
+ * rank that is not the root, a rank's all_to_all split sizes) failed with rc
+ * for call c: its peers cannot see that and would finish the call without
  * it, or wait for it, and meet its next call as an EMISMATCH. When the
  * backend can reach them, the group fails with this rank's text, so every
  * peer fails this call (without algo/root_agree.c's check, a gather's
@@ -159,8 +160,9 @@ static int refuse_call(crun_pg_t *pg, const crun__coll_t *c, int rc) {
   snprintf(mine, sizeof mine, "%s", crun_last_error());
   if (!atomic_load(&pg->queued) && !atomic_load(&pg->busy))
     snprintf(seq, sizeof seq, " #%llu", (unsigned long long)atomic_load(&pg->next_seq) + 1);
-  snprintf(text, sizeof text, "%s (rank %d, the root, refused its part of %s%s: the group stops)", mine,
-           pg->rank, crun__coll_name(c->kind), seq);
+  int root = crun__coll_rooted(c->kind) && c->root == pg->rank;
+  snprintf(text, sizeof text, "%s (rank %d%s refused its part of %s%s: the group stops)", mine, pg->rank,
+           root ? ", the root," : "", crun__coll_name(c->kind), seq);
   crun__pg_fail(pg, rc, text);
   size_t n = strlen(crun_err_name(rc));
   return crun_error(rc, "%s", strncmp(mine, crun_err_name(rc), n) == 0 && mine[n] == ':' ? mine + n + 2 : mine);

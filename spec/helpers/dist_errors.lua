@@ -23,6 +23,12 @@
 --             only it can see; then an all_reduce
 --   rootlistgather / rootlistscatter  the root's list holds 1 tensor, not n;
 --             then an all_reduce
+--   a2asplit_K  rank 1 gives all_to_all_single bad input split sizes, K: len
+--             (one entry short), sum (one row too many), neg (a -1, sum right),
+--             dtype (a float64 output for a float32 input); the others good
+--             ones; then an all_reduce
+--   nonrootgather / nonrootscatter  non-root rank 1 passes a list (root 0);
+--             then an all_reduce
 --   roots_K   rank 1 calls K (broadcast, reduce, gather, scatter) with root 1,
 --             the others with root 0 (works on any world size >= 2)
 --   objcallK  rank 0 broadcasts an int64[K] tensor of -5s where the others
@@ -132,6 +138,23 @@ elseif mode == "rootgather" or mode == "rootscatter" then
   for j = 2, rank == 0 and dist.get_world_size() or 0 do list[j] = T.zeros({4}) end
   local f = mode == "rootgather" and dist.gather or dist.scatter
   record(pcall(f, rank == 0 and b or T.ones({4}), list, 0))
+  record(pcall(dist.all_reduce, T.ones({2})))
+elseif mode:match("^a2asplit_") then
+  local n, k = dist.get_world_size(), mode:sub(10)
+  local splits = {}
+  for j = 1, n do splits[j] = 2 end
+  if rank == 1 and k == "len" then splits[n] = nil end
+  if rank == 1 and k == "sum" then splits[1] = 3 end
+  if rank == 1 and k == "neg" then splits[1], splits[2] = -1, 5 end
+  local input = T.full({2 * n}, rank - 3)
+  local output = T.zeros({2 * n}, rank == 1 and k == "dtype" and "float64" or "float32")
+  record(pcall(dist.all_to_all_single, output, input, nil, splits))
+  record(pcall(dist.all_reduce, T.ones({2})))
+elseif mode == "nonrootgather" or mode == "nonrootscatter" then
+  local list = {}
+  for j = 1, dist.get_world_size() do list[j] = T.zeros({4}) end
+  local f = mode == "nonrootgather" and dist.gather or dist.scatter
+  record(pcall(f, T.full({4}, rank - 5), (rank == 0 or rank == 1) and list or nil, 0))
   record(pcall(dist.all_reduce, T.ones({2})))
 elseif mode:match("^roots_") then
   local k, n = mode:sub(7), dist.get_world_size()

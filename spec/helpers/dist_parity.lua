@@ -37,6 +37,25 @@ function cases.init()
                dist.all_reduce, T.ones({2}), "sum", {async = true})
   expect_error("^EINVAL: send: unknown option 'dst'", dist.send, T.ones({2}), (rank + 1) % size, {dst = 1})
   expect_error("^ENOTSUP: new_group: backend 'mpi' differs", dist.new_group, {0}, {backend = "mpi"})
+  -- torch's positional new_group(ranks, timeout, backend[, pg_options[, use_local_synchronization]])
+  expect_error("^ENOTSUP: new_group: backend 'mpi' differs", dist.new_group, {0}, 30, "mpi")
+  expect_error("^ENOTSUP: new_group: backend 'mpi' differs", dist.new_group, {0}, nil, "mpi")
+  expect_error("^EINVAL: new_group: argument #3 %(backend%) must be a string", dist.new_group, {0}, 30, 7)
+  expect_error("^EINVAL: new_group: argument #2 %(timeout%) must be a number of seconds or an options table, got string",
+               dist.new_group, {0}, "gloo")
+  expect_error("^EINVAL: new_group: 1 argument after the options table %(pass torch's positional timeout, backend, ",
+               dist.new_group, {0}, {timeout = 5}, "gloo")
+  expect_error("^EINVAL: new_group: 6 arguments %(torch's positional ranks, timeout, backend, pg_options, "
+               .. "use_local_synchronization at most%)", dist.new_group, {0}, 5, "gloo", nil, false, "desc")
+  local g = dist.new_group({0, size - 1}, 17.5, "gloo")
+  if rank == 0 or rank == size - 1 then
+    check(g:timeout() == 17.5, "new_group(ranks, 17.5, 'gloo') has timeout %s", tostring(g:timeout()))
+    local t = T.full({3}, rank - 4, "int32")
+    dist.all_reduce(t, "sum", {group = g})
+    check(t[3] == (size - 1) - 8, "all_reduce on the positional new_group gave %d", t[3])
+  else
+    check(g == dist.GroupMember.NON_GROUP_MEMBER, "non-member placeholder from the positional new_group")
+  end
   dist.barrier()
 end
 
@@ -181,7 +200,7 @@ function cases.a2a_single()
       end
     end
   end
-  expect_error("^EINVAL: all_to_all_single: input split sizes add up to", dist.all_to_all_single, output, input,
+  expect_error("^EINVAL: all_to_all_single on rank " .. rank .. ": input split sizes add up to", dist.all_to_all_single, output, input,
                out_splits, {nin + 1, table.unpack(in_splits, 2)})
 end
 
@@ -274,6 +293,29 @@ function cases.objects()
   check(ret == nil and with_nil[1] == nil and with_nil[size] == size - 1,
         "all_gather_object(list, nil) fills the list: [1] = %s, [%d] = %s, returned %s", tostring(with_nil[1]),
         size, tostring(with_nil[size]), tostring(ret))
+  -- torch's form whose object looks like options ({timeout=}, a group that
+  -- is no process group): the object, not options, whatever the first
+  -- argument; a {group = <process group>} (which cannot be sent) is options
+  for _, mk in ipairs{function(r) return {timeout = 3 * r - 4} end, function(r) return {group = "g" .. r} end,
+                      function(r) return {group = r - 9, timeout = -r} end} do
+    local l = {"stale"}
+    local got = dist.all_gather_object(l, mk(rank))
+    check(got == nil and #l == size, "all_gather_object(list, %s) returned %s and filled %d entries",
+          tostring(next(mk(rank))), tostring(got), #l)
+    for r = 1, size do
+      local want = mk(r - 1)
+      for k, v in pairs(want) do check(l[r][k] == v, "entry %d.%s is %s, expected %s", r, k, tostring(l[r][k]), tostring(v)) end
+    end
+    local l3 = {}
+    check(dist.all_gather_object(l3, mk(rank), {timeout = 20}) == nil and l3[size].timeout == mk(size - 1).timeout,
+          "all_gather_object(list, obj, opts) with an options-like obj")
+  end
+  for _, o in ipairs{{timeout = 20}, {group = dist.group.WORLD}, {group = dist.group.WORLD, timeout = 20}} do
+    local conv = dist.all_gather_object(3 * rank - 11, o)
+    check(conv[size] == 3 * (size - 1) - 11, "all_gather_object(v, opts) still returns the list")
+    local tab = dist.all_gather_object({k = -rank}, o.group and o or {group = dist.group.WORLD, timeout = 20})
+    check(tab[size].k == 1 - size, "all_gather_object(table, {group=}) still returns the list")
+  end
   local out = rank == size - 1 and {} or nil
   dist.gather_object(-rank, out, size - 1)
   if rank == size - 1 then for r = 1, size do check(out[r] == -(r - 1), "gather_object %d", r) end end

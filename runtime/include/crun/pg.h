@@ -117,10 +117,12 @@ double crun_pg_get_timeout(const crun_pg_t *pg);
 uint64_t crun_pg_next_seq(const crun_pg_t *pg);
 
 /* For a binding whose own argument check of collective `call` ("gather",
- * "scatter") failed on this rank alone (a root's list of tensors): records
- * (status, text) as the last error and, when the group's backend can reach
- * the peers of that call (the TCP mesh), fails the group with the text so
- * that they fail the call, or their next one, naming this rank and its reason
+ * "scatter", "all_to_all") failed on this rank alone (a root's list of
+ * tensors, a list given to a rank that is not the root, a rank's split
+ * sizes); root: the call's root, or -1. Records (status, text) as the last
+ * error and, when the group's backend can reach the peers of that call (the
+ * TCP mesh, the shared-memory engine), fails the group with the text so that
+ * they fail the call, or their next one, naming this rank and its reason
  * rather than a later EMISMATCH. Does not block. Returns status (< 0). */
 int crun_pg_refuse(crun_pg_t *pg, const char *call, int root, int status, const char *text);
 
