@@ -81,4 +81,14 @@ function util.tmpdir()
   return d
 end
 
+--- Each case {fn, pattern} raises an error whose text matches pattern.
+function util.refuses(cases)
+  local check = require "luassert" -- busted's assert (the spec's global, not this module's)
+  for _, c in ipairs(cases) do
+    local ok, err = pcall(c[1])
+    check.is_false(ok, c[2])
+    check.matches(c[2], tostring(err))
+  end
+end
+
 return util
