@@ -478,10 +478,7 @@ local function split_fail(fname, fmt, ...) fail("EINVAL: %s on rank %d: " .. fmt
 --- when sizes is nil or empty, as torch's None or []); fails with EINVAL
 --- naming fname, this rank and what when they do not add up.
 local function split_dim1(t, n, sizes, fname, what)
-  local mt = getmetatable(t)
-  if type(t) ~= "userdata" or type(mt) ~= "table" or mt.__name ~= "crun.Tensor" then
-    split_fail(fname, "the %s tensor must be a crun.Tensor, got %s", what, type(t))
-  end
+  tensor_arg(t, fname .. " on rank " .. state.pg:rank(), what .. " tensor")
   if not t:is_contiguous() then split_fail(fname, "the %s tensor must be contiguous", what) end
   local rows = t:dim() == 0 and 1 or t:size()[1]
   if sizes == nil or (type(sizes) == "table" and next(sizes) == nil) then
@@ -663,10 +660,7 @@ local function check_p2p_entry(p, i)
   if not g then return end
   local where = string.format("batch_isend_irecv on rank %d: entry %d (%s %s %s)", state.pg:rank(), i, p.op,
                               p.op == "isend" and "to" or "from", tostring(p.peer))
-  local mt = getmetatable(p.tensor)
-  if type(p.tensor) ~= "userdata" or type(mt) ~= "table" or mt.__name ~= "crun.Tensor" then
-    fail("EINVAL: %s: the tensor must be a crun.Tensor, got %s", where, type(p.tensor))
-  end
+  tensor_arg(p.tensor, where, "tensor")
   if not p.tensor:is_contiguous() then fail("EINVAL: %s: the tensor must be contiguous", where) end
   if math.type(p.peer) ~= "integer" then fail("EINVAL: %s: the peer must be an integer rank", where) end
   local peer = to_group_rank(g, p.peer, where)
