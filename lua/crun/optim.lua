@@ -139,10 +139,16 @@ function Optimizer:state_dict()
     for k, v in pairs(s) do c[k] = type(v) == "userdata" and v:clone() or v end
     st[i] = c
   end
+  return {state = st, kind = self.kind, param_groups = {self:_group_dict(#self.params)}}
+end
+
+-- The one parameter group of a state dict: a copy of the options, and
+-- params = {1, ..., n} (n parameters' indices).
+function Optimizer:_group_dict(n)
   local group, idx = copy_opts(self.opts), {}
-  for i = 1, #self.params do idx[i] = i end
+  for i = 1, n do idx[i] = i end
   group.params = idx
-  return {state = st, kind = self.kind, param_groups = {group}}
+  return group
 end
 
 -- The state entries that are tensors, and those each parameter's state must hold.

@@ -328,15 +328,8 @@ function Z:consolidate_state_dict(to)
     end
   end
   self.consolidated = self.rank == to and {kind = self.optim.kind, state = state,
-    param_groups = self:_groups(#self.params), zero = {world_size = self.world, num_params = #self.params}} or nil
-end
-
--- The wrapped optimizer's param_groups in a state dict (its options), for n parameters.
-function Z:_groups(n)
-  local g = self.optim:state_dict().param_groups[1]
-  g.params = {}
-  for i = 1, n do g.params[i] = i end
-  return {g}
+    param_groups = {self.optim:_group_dict(#self.params)},
+    zero = {world_size = self.world, num_params = #self.params}} or nil
 end
 
 -- Every rank must name the same destination (else the sends and receives
