@@ -129,7 +129,10 @@ function nn.class(name, parent)
   return c
 end
 
-function Module:describe() return (self.__name or "crun.nn.Module"):gsub("^crun%.nn%.", "nn.") end
+-- m's class as users write it: "nn.Linear" for crun.nn.Linear.
+local function label(m) return ((m.__name or "crun.nn.Module"):gsub("^crun%.nn%.", "nn.")) end
+
+function Module:describe() return label(self) end
 
 function Module:_init()
   self.training = true
@@ -155,7 +158,7 @@ local function check_fields(m, seen)
         if not seen[t] then
           O.fail("EINVAL: %s:parameters: field '%s' holds %s, whose parameters are not among this module's: crun " ..
             "finds a module's children in its list self.modules (as Sequential's), not in other fields as torch does; " ..
-            "list it in self.modules", (m.__name or "crun.nn.Module"):gsub("^crun%.nn%.", "nn."), k,
+            "list it in self.modules", label(m), k,
             (v:describe():match("^[^\n]*")))
         end
       end
@@ -199,7 +202,7 @@ end
 --- zero_grad([set_to_none=false]): sets every parameter gradient to zero
 --- (torch's set_to_none = true is ENOTSUP: see opts.zero_grad_arg).
 function Module:zero_grad(set_to_none)
-  O.zero_grad_arg((self.__name or "crun.nn.Module"):gsub("^crun%.nn%.", "nn.") .. ":zero_grad", set_to_none)
+  O.zero_grad_arg(label(self) .. ":zero_grad", set_to_none)
   local _, grads = self:parameters()
   for _, g in ipairs(grads) do g:fill(0) end
 end
@@ -209,8 +212,7 @@ end
 local function train_mode(m, mode)
   if mode == nil then return true end
   if type(mode) ~= "boolean" then
-    local name = (m.__name or "crun.nn.Module"):gsub("^crun%.nn%.", "nn.")
-    O.fail("EINVAL: %s:train: mode must be a boolean, got %s", name, tostring(mode))
+    O.fail("EINVAL: %s:train: mode must be a boolean, got %s", label(m), tostring(mode))
   end
   return mode
 end
@@ -258,7 +260,7 @@ end
 -- (torch's module.apply, as in net:apply(init_weights)); returns self.
 function Module:apply(fn)
   if type(fn) ~= "function" then
-    O.fail("EINVAL: %s:apply: a function is expected, got %s", (self.__name or "crun.nn.Module"):gsub("^crun%.nn%.", "nn."),
+    O.fail("EINVAL: %s:apply: a function is expected, got %s", label(self),
       type(fn))
   end
   for _, m in ipairs(distinct_children(self)) do m:apply(fn) end
