@@ -122,6 +122,7 @@ describe("FSDP", function()
       local rec = serialize.load(dir .. "/resume.r0.crun")
       assert.is_true(rec.load_err <= 1e-15, "parameters after loading differ by " .. rec.load_err)
       assert.are.equal(STEPS, rec.steps_in_state)
+      assert.are.same({lr = 0.01, betas = {0.8, 0.99}}, rec.resumed_opts)
       if world == 4 then
         assert.is_true(rec.after_err <= 1e-12, "two more steps differ from DDP's by " .. rec.after_err)
       end

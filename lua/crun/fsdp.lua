@@ -651,9 +651,12 @@ function FSDP:load_state_dict(sd)
 end
 
 --- sharded_state_dict([optim]) -> this rank's part: {world=, rank=, optim_kind=,
--- units = {{numel=, shard=, optim={key=tensor|number}}}}; save one per rank.
+-- optim_param_groups = {{lr=, ..., params = {1, ..., units}}} (the options,
+-- as torch's optimizer state dict holds them), units = {{numel=, shard=,
+-- optim={key=tensor|number}}}}; save one per rank.
 function FSDP:sharded_state_dict(optim)
-  local sd = {world = self.world, rank = self.rank, units = {}, optim_kind = optim and optim.kind}
+  local sd = {world = self.world, rank = self.rank, units = {}, optim_kind = optim and optim.kind,
+    optim_param_groups = optim and {optim:_group_dict(#self.units)}}
   for k, u in ipairs(self.units) do
     local rec = {numel = u.numel, shard = u.shard:clone()}
     local st = optim and optim.state and optim.state[k]
@@ -782,9 +785,10 @@ end
 --- load_sharded_state_dict(parts[, optim]): parts is the list of every old
 -- rank's sharded_state_dict (any world size); each rank takes its own
 -- slice of every unit's parameters (and of the optimizer state's tensors).
--- Everything is checked first (the parts, the optimizer: it must step this
--- model's shards and be of the checkpoint's kind); on an error nothing is
--- loaded.
+-- The optimizer also takes the checkpoint's options (lr, betas, ...), as
+-- torch's load does. Everything is checked first (the parts, the optimizer:
+-- it must step this model's shards and be of the checkpoint's kind); on an
+-- error nothing is loaded.
 function FSDP:load_sharded_state_dict(parts, optim)
   parts = by_rank(parts)
   for r, p in ipairs(parts) do -- (a unit more or less: a checkpoint of another model)
@@ -803,8 +807,11 @@ function FSDP:load_sharded_state_dict(parts, optim)
       any = any or state[k] ~= nil
     end
   end
-  -- the optimizer's own checks (required tensors, sizes, step) before any copy
-  if any then optim:load_state_dict({kind = optim.kind, state = state}) end
+  -- the optimizer's own checks (required tensors, sizes, step, the group's
+  -- options) before any copy; the options (lr, betas, ...) as torch restores
+  -- them, so that a resumed run goes on at the saved rate
+  local groups = optim ~= nil and parts[1].optim_param_groups
+  if any or groups then optim:load_state_dict({kind = optim.kind, state = state, param_groups = groups or nil}) end
   for k, u in ipairs(self.units) do u.shard:copy(shards[k]) end
 end
 

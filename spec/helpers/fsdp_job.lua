@@ -343,8 +343,10 @@ else
   for k = 0, 3 do parts[#parts + 1] = crun.load(string.format("%s/ckpt.r%d.crun", out, k)).sd end
   local net = model("float64", 99) -- other weights: the checkpoint must replace them
   local fs = crun.FSDP(net, {sharding_strategy = "FULL_SHARD"})
-  local fopt = crun.optim.Adam(fs, OPTS.adam)
+  -- other options too: the checkpoint's param_groups must replace them
+  local fopt = crun.optim.Adam(fs, {lr = 0.5, betas = {0.5, 0.6}})
   fs:load_sharded_state_dict(parts, fopt)
+  rec.resumed_opts = {lr = fopt.param_groups[1].lr, betas = fopt.param_groups[1].betas}
   local ref = crun.load(out .. "/ckpt.r0.crun").ref
   local full = fs:state_dict()
   if rank == 0 then
