@@ -199,6 +199,15 @@ static void nccl_abort(void *state, int status, const char *text) {
   crun__nccl_abort_comm(state, status, text, 1);
 }
 
+/* The abort posts a notice to the group's board (watch.c) that every peer
+ * reads: in the signature check of its next collective (check.c), and while
+ * it waits inside NCCL, through its watchdog (with the check off, for
+ * send/recv): every peer of every call learns of it. */
+static int nccl_abort_reaches(void *state, const crun__coll_t *c) {
+  (void)c;
+  return state != NULL;
+}
+
 /* ---------------------------------------------------------------- device work */
 
 static int op_wait(void *dev, int host, double timeout) {
@@ -521,6 +530,7 @@ static int nccl_available(void) {
 
 const crun_backend_vtable_t crun__backend_nccl = {
     .name = "nccl", .available = nccl_available, .validate = nccl_validate, .create = nccl_create, .abort = nccl_abort, .destroy = nccl_destroy, .split = nccl_split,
+    .abort_reaches = nccl_abort_reaches,
     .device = 1, .send = nccl_p2p, .recv = nccl_p2p, .broadcast = nccl_coll, .all_reduce = nccl_coll,
     .reduce = nccl_coll, .all_gather = nccl_coll, .gather = nccl_coll, .scatter = nccl_coll,
     .reduce_scatter = nccl_coll, .all_to_all = nccl_coll, .barrier = nccl_coll};

@@ -33,6 +33,7 @@ typedef struct crun__nccl_op {
   atomic_int refs;
   cudaEvent_t end;              /* NULL while the host is still inside NCCL */
   double deadline;              /* crun_clock() value */
+  double begun;                 /* crun_clock() at op_begin */
   double timeout;
   int device;
   int status;                   /* 0, or the failure (err holds the text) */

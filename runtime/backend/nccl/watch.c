@@ -159,11 +159,29 @@ void crun__nccl_missing(crun__nccl_t *b, const char *desc, char *who, size_t wca
   free(late);
 }
 
+/* A peer's abort notice was read (crun_last_error(): "ENAME: <desc> on rank
+ * r: a peer aborted the group: <notice>"): fails each pending operation
+ * naming itself, then aborts the communicator and breaks the group. */
+static void peer_aborted(crun__nccl_t *b, int rc) {
+  static const char mark[] = "a peer aborted the group: ";
+  char full[1400], one[1400];
+  snprintf(full, sizeof full, "%s", crun_last_error());
+  const char *bare = strstr(full, ": "), *notice = strstr(full, mark);
+  pthread_mutex_lock(&b->mu);
+  for (crun__nccl_op_t *op = b->pending; notice && op; op = op->next) {
+    snprintf(one, sizeof one, "%s on rank %d: %s", op->desc, b->pg->rank, notice);
+    fail_op_locked(op, rc, one);
+  }
+  pthread_mutex_unlock(&b->mu);
+  crun__nccl_abort_comm(b, rc, bare ? bare + 2 : full, 0);
+  crun__pg_fail(b->pg, rc, full);
+}
+
 /* One pass of the watchdog over the pending operations. Called with mu held;
  * may drop it around calls that block. */
 static void scan_locked(crun__nccl_t *b, double *next_notice) {
   double now = crun_clock();
-  crun__nccl_op_t *expired = NULL;
+  crun__nccl_op_t *expired = NULL, *oldest = NULL;
   for (crun__nccl_op_t *op = b->pending, *nx; op; op = nx) {
     nx = op->next;
     if (op->done) { unlink_locked(b, op); continue; }
@@ -174,6 +192,7 @@ static void scan_locked(crun__nccl_t *b, double *next_notice) {
       continue;
     }
     if (!expired && now >= op->deadline) expired = op;
+    if (!oldest || op->begun < oldest->begun) oldest = op;
   }
   /* mu held and not marked: the abort cannot swap the communicator out */
   if (atomic_load(&b->aborted)) return;
@@ -209,19 +228,16 @@ static void scan_locked(crun__nccl_t *b, double *next_notice) {
     pthread_mutex_lock(&b->mu);
     return;
   }
-  if (b->pending && now >= *next_notice) {
+  /* only an operation waiting NOTICE_S or longer can be one a peer never
+   * comes to: one that would end by itself (the call before the one a peer
+   * refused) is not failed by the notice */
+  if (oldest && now >= *next_notice && now - oldest->begun >= NOTICE_S) {
     *next_notice = now + NOTICE_S;
-    char desc[64]; /* copied under mu: op_begin writes it */
-    snprintf(desc, sizeof desc, "%s", b->last_desc);
+    char desc[64];
+    snprintf(desc, sizeof desc, "%s", oldest->desc);
     pthread_mutex_unlock(&b->mu);
     int rc = crun__nccl_poll_abort(b, desc);
-    if (rc < 0) {
-      char full[1400];
-      snprintf(full, sizeof full, "%s", crun_last_error());
-      const char *bare = strstr(full, ": ");
-      crun__nccl_abort_comm(b, rc, bare ? bare + 2 : full, 0);
-      crun__pg_fail(b->pg, rc, full);
-    }
+    if (rc < 0) peer_aborted(b, rc);
     pthread_mutex_lock(&b->mu);
   }
 }
@@ -278,6 +294,7 @@ int crun__nccl_op_begin(crun__nccl_t *b, const crun__coll_t *c, crun__nccl_op_t 
   atomic_init(&op->refs, 2); /* the pending list's and the caller's */
   op->deadline = c->deadline;
   op->timeout = c->timeout;
+  op->begun = crun_clock();
   op->device = b->device;
   crun__coll_desc(c, op->desc, sizeof op->desc);
   pthread_mutex_lock(&b->mu);
