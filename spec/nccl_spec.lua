@@ -108,4 +108,18 @@ describe("the nccl backend", function()
       run.cleanup(dir)
     end) end
   end end end
+
+  -- The same for the root's own check of its gather list (bindings).
+  for _, check in ipairs({"1", "0"}) do
+    it(("tells every rank why the root refused its gather list (CRUN_NCCL_CHECK=%s, 2 ranks)"):format(check), function()
+      local dir, code, out = job(2, "refuse_gather", "CRUN_NCCL_CHECK=" .. check)
+      for r = 0, 1 do
+        assert.are.same({"ok every rank fails gather, or a sender its next call, naming the root", "ok estate after the refusal",
+                         "done 2"},
+                        run.lines(dir, r), "rank " .. r .. ": " .. out)
+      end
+      assert.are.equal(0, code, out)
+      run.cleanup(dir)
+    end)
+  end
 end)

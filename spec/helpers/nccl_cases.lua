@@ -14,6 +14,8 @@
 --   refuse    rank 1's all_to_all_single split sizes are wrong: every rank
 --             fails that call (#2) with EINVAL naming rank 1 and its fault,
 --             then ESTATE; refuse_auto: the same on a group of backend "auto"
+--   refuse_gather  the root's gather list is short: every rank fails gather #2
+--             naming the root and its fault, then ESTATE
 local crun = require "crun"
 local dist, T = crun.dist, crun.tensor
 
@@ -136,6 +138,26 @@ elseif mode == "refuse" or mode == "refuse_auto" then
     local t0 = os.time()
     fails_with(function() dist.all_to_all_single(output, input, nil, splits, {timeout = 20}) end, "EINVAL: ", why,
                table.unpack(peer))
+    if os.time() - t0 > 10 then error("the refusal took " .. (os.time() - t0) .. " s to reach rank " .. rank) end
+  end)
+  case("estate after the refusal", function()
+    fails_with(function() dist.broadcast(t, 0) end, "ESTATE")
+  end)
+elseif mode == "refuse_gather" then
+  local t = dev("float32", rank, 3)
+  dist.all_reduce(t) -- #1
+  -- a sender (rank > 0) may find its gather done (NCCL took its send
+  -- without the root): then its next call fails instead
+  case("every rank fails gather, or a sender its next call, naming the root", function()
+    local why = "bad argument #2 to 'gather' (list of " .. size .. " tensors expected, got 1)"
+    local t0 = os.time()
+    local ok, err = pcall(dist.gather, t, rank == 0 and {T.zeros({3}, "float32"):cuda()} or nil, 0, {timeout = 20})
+    if ok and rank > 0 then ok, err = pcall(dist.broadcast, t, 0, {timeout = 20}) end
+    if ok then error("expected an error, got none") end
+    err = tostring(err)
+    for _, w in ipairs({"EINVAL: ", why, rank > 0 and "rank 0, the root, refused its part of gather #2" or why}) do
+      if not err:find(w, 1, true) then error("error lacks '" .. w .. "': " .. err) end
+    end
     if os.time() - t0 > 10 then error("the refusal took " .. (os.time() - t0) .. " s to reach rank " .. rank) end
   end)
   case("estate after the refusal", function()
