@@ -315,6 +315,7 @@ static int l_check_list_p(lua_State *L) {
  * failure is refused for the call (crun_pg_refuse: the peers learn why)
  * before it is raised. */
 static void check_root_list(lua_State *L, crun_pg_t *pg, int root, int n, const char *fname, void **ptrs) {
+  crun_coll_opts_t o = {.cuda = crun_tensor_device(crun_l_check_tensor(L, 2)) >= 0};
   if (lua_type(L, 3) != LUA_TTABLE) {
     lua_pushfstring(L, "bad argument #2 to '%s' (table expected, got %s)", fname, luaL_typename(L, 3));
   } else {
@@ -330,7 +331,7 @@ static void check_root_list(lua_State *L, crun_pg_t *pg, int root, int n, const 
     lua_pushstring(L, m && strncmp(m, "EINVAL: ", 8) == 0 ? m + 8 : m ? m : "bad list");
   }
   const char *text = lua_tostring(L, -1);
-  crun_pg_refuse(pg, fname, root, CRUN_EINVAL, text);
+  crun_pg_refuse(pg, fname, root, &o, CRUN_EINVAL, text);
   crun_l_error(L, "EINVAL: %s", text);
 }
 
@@ -349,23 +350,27 @@ static void check_no_list(lua_State *L, crun_pg_t *pg, int root, const char *fna
                   "torch.distributed (pass nil)", fname, crun_pg_global_rank(pg, crun_pg_rank(pg)), list, role,
                   crun_pg_global_rank(pg, root));
   const char *text = lua_tostring(L, -1);
-  crun_pg_refuse(pg, fname, root, CRUN_EINVAL, text);
+  crun_coll_opts_t o = {.cuda = crun_tensor_device(crun_l_check_tensor(L, 2)) >= 0};
+  crun_pg_refuse(pg, fname, root, &o, CRUN_EINVAL, text);
   crun_l_error(L, "EINVAL: %s", text);
 }
 
-/* pg:refuse(call, message[, root]): this rank's own check of its arguments
- * to collective `call` ("all_to_all", "gather", ...) failed with message
- * ("EINVAL: ..."): fails the group so that every peer fails that call naming
- * this rank and message (crun_pg_refuse), then raises message. */
+/* pg:refuse(call, message[, root[, cuda]]): this rank's own check of its
+ * arguments to collective `call` ("all_to_all", "gather", ...) failed with
+ * message ("EINVAL: ..."): fails the group so that every peer fails that
+ * call naming this rank and message (crun_pg_refuse), then raises message.
+ * cuda: the call was on CUDA tensors (a group of backend "auto" runs it on
+ * its device backend). */
 static int l_refuse(lua_State *L) {
   crun_pg_t *pg = check_pg(L, 1);
   const char *call = luaL_checkstring(L, 2), *msg = luaL_checkstring(L, 3);
   int root = (int)luaL_optinteger(L, 4, -1), status = CRUN_EINVAL;
+  crun_coll_opts_t o = {.cuda = lua_toboolean(L, 5)};
   for (int rc = -1; strcmp(crun_err_name(rc), "EUNKNOWN") != 0; rc--) {
     size_t k = strlen(crun_err_name(rc));
     if (strncmp(msg, crun_err_name(rc), k) == 0 && strncmp(msg + k, ": ", 2) == 0) status = rc, msg += k + 2;
   }
-  crun_pg_refuse(pg, call, root, status, msg);
+  crun_pg_refuse(pg, call, root, &o, status, msg);
   lua_pushfstring(L, "%s: %s", crun_err_name(status), msg);
   return lua_error(L);
 }

@@ -91,4 +91,35 @@ describe("the nccl backend", function()
       run.cleanup(dir)
     end)
   end end
+
+  -- A rank whose own check refuses a call (all_to_all_single's split sizes)
+  -- fails the group; the nccl backend's abort notice reaches the peers in
+  -- the signature check, or (CRUN_NCCL_CHECK=0) through the watchdog while
+  -- they wait inside NCCL, so they fail that call naming rank 1 and why.
+  for _, n in ipairs({2, 3}) do for _, check in ipairs({"1", "0"}) do for _, m in ipairs({"refuse", "refuse_auto"}) do
+    if fits(n) then it(("tells every rank why rank 1 refused all_to_all_single (%s, CRUN_NCCL_CHECK=%s, %d ranks)")
+                       :format(m == "refuse" and "nccl" or "auto", check, n), function()
+      local dir, code, out = job(n, m, "CRUN_NCCL_CHECK=" .. check)
+      for r = 0, n - 1 do
+        assert.are.same({"ok every rank fails all_to_all_single naming rank 1", "ok estate after the refusal", "done 2"},
+                        run.lines(dir, r), "rank " .. r .. ": " .. out)
+      end
+      assert.are.equal(0, code, out)
+      run.cleanup(dir)
+    end) end
+  end end end
+
+  -- The same for the root's own check of its gather list (bindings).
+  for _, check in ipairs({"1", "0"}) do
+    it(("tells every rank why the root refused its gather list (CRUN_NCCL_CHECK=%s, 2 ranks)"):format(check), function()
+      local dir, code, out = job(2, "refuse_gather", "CRUN_NCCL_CHECK=" .. check)
+      for r = 0, 1 do
+        assert.are.same({"ok every rank fails gather, or a sender its next call, naming the root", "ok estate after the refusal",
+                         "done 2"},
+                        run.lines(dir, r), "rank " .. r .. ": " .. out)
+      end
+      assert.are.equal(0, code, out)
+      run.cleanup(dir)
+    end)
+  end
 end)

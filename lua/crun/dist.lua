@@ -510,6 +510,12 @@ local function split_dim1(t, n, sizes, fname, what)
   return views
 end
 
+-- Whether t is a crun.Tensor on a CUDA device.
+local function on_cuda(t)
+  local mt = getmetatable(t)
+  return type(t) == "userdata" and type(mt) == "table" and mt.__name == "crun.Tensor" and t:is_cuda()
+end
+
 -- all_to_all_single's own checks (split sizes, tensors) on this rank: a
 -- failure is refused for the group (pg:refuse), so that every rank fails the
 -- call naming this rank and the fault, rather than the others waiting in the
@@ -523,7 +529,9 @@ local function a2a_views(g, output, input, out_splits, in_splits)
     ok, ins = false, string.format("EINVAL: all_to_all_single on rank %d: the output tensor is %s, the input %s",
                                    state.pg:rank(), output:dtype(), input:dtype())
   end
-  if not ok then g:refuse("all_to_all", tostring(ins)) end
+  if not ok then
+    g:refuse("all_to_all", tostring(ins), nil, on_cuda(input) or on_cuda(output))
+  end
   return outs, ins
 end
 

@@ -154,8 +154,11 @@ static int submit(crun_pg_t *pg, crun_work_t *w, crun_work_t **work, int *src_ou
  * senders, who wait for nothing, their next one) naming this rank and its
  * reason. Failure path only; returns rc with crun_last_error()'s text kept. */
 static int refuse_call(crun_pg_t *pg, const crun__coll_t *c, int rc) {
-  const crun_backend_vtable_t *be = pg->be;
-  if (pg->size < 2 || c->cuda || !be->abort_reaches || !be->abort_reaches(pg->be_state, c)) return rc;
+  /* the backend that runs c (backend "auto": the device one for CUDA
+   * buffers, unusable until its first CUDA call connected it) */
+  const crun_backend_vtable_t *be = c->cuda && pg->be_dev ? pg->be_dev : pg->be;
+  void *state = be == pg->be_dev ? pg->be_dev_state : pg->be_state;
+  if (pg->size < 2 || !state || !be->abort_reaches || !be->abort_reaches(state, c)) return rc;
   char mine[512], seq[32] = "", text[700];
   snprintf(mine, sizeof mine, "%s", crun_last_error());
   if (!atomic_load(&pg->queued) && !atomic_load(&pg->busy))
@@ -175,8 +178,9 @@ static int refuse(crun_pg_t *pg, crun_work_t *w, int rc) {
   return rc;
 }
 
-int crun_pg_refuse(crun_pg_t *pg, const char *call, int root, int status, const char *text) {
-  crun__coll_t c = {.kind = -1, .root = root};
+int crun_pg_refuse(crun_pg_t *pg, const char *call, int root, const crun_coll_opts_t *opts, int status,
+                   const char *text) {
+  crun__coll_t c = {.kind = -1, .root = root, .cuda = opts && opts->cuda};
   for (int k = 0; k < CRUN__COLL_COUNT && call; k++)
     if (strcmp(call, crun__coll_name(k)) == 0) c.kind = k;
   crun_error(status, "%s", text ? text : "refused");

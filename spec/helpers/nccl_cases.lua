@@ -11,11 +11,16 @@
 --   mismatch  rank 1 passes a different count: EMISMATCH everywhere, then ESTATE
 --   hang      the last rank never calls all_reduce #2 (it sleeps past the 1 s
 --             deadline): ETIMEDOUT naming it, then ESTATE
+--   refuse    rank 1's all_to_all_single split sizes are wrong: every rank
+--             fails that call (#2) with EINVAL naming rank 1 and its fault,
+--             then ESTATE; refuse_auto: the same on a group of backend "auto"
+--   refuse_gather  the root's gather list is short: every rank fails gather #2
+--             naming the root and its fault, then ESTATE
 local crun = require "crun"
 local dist, T = crun.dist, crun.tensor
 
 local outdir, mode = assert(arg[1], "usage: nccl_cases.lua OUTDIR MODE"), arg[2] or "matrix"
-dist.init_process_group{backend = "nccl", timeout = 30}
+dist.init_process_group{backend = mode == "refuse_auto" and "auto" or "nccl", timeout = 30}
 local rank, size = dist.get_rank(), dist.get_world_size()
 local out = assert(io.open(outdir .. "/rank" .. rank .. ".txt", "w"))
 local ncases = 0
@@ -119,6 +124,45 @@ elseif mode == "hang" then
       fails_with(function() dist.broadcast(t, 0) end, "ESTATE")
     end)
   end
+elseif mode == "refuse" or mode == "refuse_auto" then
+  local t = dev("float32", rank, 3)
+  dist.all_reduce(t) -- #1 (on "auto": connects the device backend)
+  local input, output = dev("float32", rank, 2 * size), T.zeros({2 * size}, "float32"):cuda()
+  local splits = {}
+  for i = 1, size do splits[i] = 2 end
+  if rank == 1 then splits[1] = 3 end
+  case("every rank fails all_to_all_single naming rank 1", function()
+    local why = "all_to_all_single on rank 1: input split sizes add up to " .. (2 * size + 1) ..
+                ", dim 1 of the input tensor is " .. (2 * size)
+    local peer = rank == 1 and {} or {"all_to_all #2 on rank " .. rank, "rank 1 refused its part of all_to_all #2"}
+    local t0 = os.time()
+    fails_with(function() dist.all_to_all_single(output, input, nil, splits, {timeout = 20}) end, "EINVAL: ", why,
+               table.unpack(peer))
+    if os.time() - t0 > 10 then error("the refusal took " .. (os.time() - t0) .. " s to reach rank " .. rank) end
+  end)
+  case("estate after the refusal", function()
+    fails_with(function() dist.broadcast(t, 0) end, "ESTATE")
+  end)
+elseif mode == "refuse_gather" then
+  local t = dev("float32", rank, 3)
+  dist.all_reduce(t) -- #1
+  -- a sender (rank > 0) may find its gather done (NCCL took its send
+  -- without the root): then its next call fails instead
+  case("every rank fails gather, or a sender its next call, naming the root", function()
+    local why = "bad argument #2 to 'gather' (list of " .. size .. " tensors expected, got 1)"
+    local t0 = os.time()
+    local ok, err = pcall(dist.gather, t, rank == 0 and {T.zeros({3}, "float32"):cuda()} or nil, 0, {timeout = 20})
+    if ok and rank > 0 then ok, err = pcall(dist.broadcast, t, 0, {timeout = 20}) end
+    if ok then error("expected an error, got none") end
+    err = tostring(err)
+    for _, w in ipairs({"EINVAL: ", why, rank > 0 and "rank 0, the root, refused its part of gather #2" or why}) do
+      if not err:find(w, 1, true) then error("error lacks '" .. w .. "': " .. err) end
+    end
+    if os.time() - t0 > 10 then error("the refusal took " .. (os.time() - t0) .. " s to reach rank " .. rank) end
+  end)
+  case("estate after the refusal", function()
+    fails_with(function() dist.broadcast(t, 0) end, "ESTATE")
+  end)
 else
   for _, dtype in ipairs(DTYPES) do
     for _, op in ipairs(OPS) do

@@ -17,7 +17,9 @@
  * CRUN_CUDA_DOUBLE_MEM (bytes of memory per device, default 1 GiB).
  * Fresh device memory is filled with 0xA5 bytes (cudaMalloc does not zero).
  * A stream stalled on an event for CRUN_CUDA_DOUBLE_STALL_S seconds (default
- * 120) aborts the process with a message: a double never hangs a test. */
+ * 120) aborts the process with a message: a double never hangs a test; so
+ * does any call with an event after cudaEventDestroy (the last 4096
+ * destroyed events are kept to catch that). */
 #include <cuda_runtime_api.h>
 
 #include <pthread.h>
@@ -35,6 +37,7 @@ typedef enum { OP_COPY, OP_COPY2D, OP_SET, OP_RECORD, OP_WAIT, OP_FREE, OP_HOSTF
 
 struct CUevent_st { /* cudaEvent_t points at one of these */
   int device, timing, destroyed, qrefs; /* qrefs: queued ops pointing here */
+  int evicted; /* destroyed and out of the graveyard: freed once qrefs is 0 */
   uint64_t recorded, done; /* sequence numbers: recorded <= done means complete */
   double t_ms;
 };
@@ -125,10 +128,35 @@ static void run_op(dbl_op_t *op) {
   }
 }
 
-/* Runs under g_mu: completes record / wait / free ops; returns 0 when the
- * op must run outside the lock. */
+/* Destroyed events are kept (the last DBL_GRAVE of them) so that a later
+ * call with one is caught: events_live aborts the process naming the call
+ * (with CUDA that handle may already be another event: an event pool that
+ * destroyed an event some operation still waits on or queries). */
+#define DBL_GRAVE 4096
+static struct CUevent_st *g_grave[DBL_GRAVE];
+static int g_grave_at;
+
+static void bury_locked(struct CUevent_st *ev) {
+  struct CUevent_st *old = g_grave[g_grave_at];
+  g_grave[g_grave_at] = ev;
+  g_grave_at = (g_grave_at + 1) % DBL_GRAVE;
+  if (!old) return;
+  old->evicted = 1;
+  if (old->qrefs == 0) free(old);
+}
+
+/* Aborts the process when ev was destroyed (a use after cudaEventDestroy). */
+static void event_live(const struct CUevent_st *ev, const char *call) {
+  pthread_mutex_lock(&g_mu);
+  int dead = ev->destroyed;
+  pthread_mutex_unlock(&g_mu);
+  if (!dead) return;
+  fprintf(stderr, "cudart_double: %s on an event after cudaEventDestroy (a use after free with CUDA); aborting\n", call);
+  abort();
+}
+
 static void event_unref_locked(struct CUevent_st *ev) {
-  if (--ev->qrefs == 0 && ev->destroyed) free(ev);
+  if (--ev->qrefs == 0 && ev->evicted) free(ev);
 }
 
 static int run_locked(struct CUstream_st *s, dbl_op_t *op) {
@@ -406,6 +434,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t st) {
 
 cudaError_t cudaStreamWaitEvent(cudaStream_t st, cudaEvent_t ev, unsigned int flags) {
   if (!ev) return ret(cudaErrorInvalidResourceHandle);
+  event_live(ev, "cudaStreamWaitEvent");
   pthread_mutex_lock(&g_mu);
   uint64_t seq = ev->recorded; /* the work recorded so far; never recorded: nothing to wait for */
   pthread_mutex_unlock(&g_mu);
@@ -431,20 +460,21 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t *out, unsigned int flags) {
 
 cudaError_t cudaEventCreate(cudaEvent_t *out) { return cudaEventCreateWithFlags(out, 0); }
 
-/* Like CUDA: returns at once; the event is freed when no queued record or
- * wait refers to it any more. */
+/* Like CUDA: returns at once; queued records and waits still complete.
+ * The event goes to the graveyard (bury_locked), freed later. */
 cudaError_t cudaEventDestroy(cudaEvent_t ev) {
   if (!ev) return ret(cudaErrorInvalidResourceHandle);
+  event_live(ev, "cudaEventDestroy");
   pthread_mutex_lock(&g_mu);
   ev->destroyed = 1;
-  int now = ev->qrefs == 0;
+  bury_locked(ev);
   pthread_mutex_unlock(&g_mu);
-  if (now) free(ev);
   return cudaSuccess;
 }
 
 cudaError_t cudaEventRecord(cudaEvent_t ev, cudaStream_t st) {
   if (!ev) return ret(cudaErrorInvalidResourceHandle);
+  event_live(ev, "cudaEventRecord");
   pthread_mutex_lock(&g_mu);
   uint64_t seq = ++ev->recorded;
   pthread_mutex_unlock(&g_mu);
@@ -460,6 +490,7 @@ cudaError_t cudaEventRecord(cudaEvent_t ev, cudaStream_t st) {
 
 cudaError_t cudaEventQuery(cudaEvent_t ev) {
   if (!ev) return ret(cudaErrorInvalidResourceHandle);
+  event_live(ev, "cudaEventQuery");
   pthread_mutex_lock(&g_mu);
   int done = ev->done >= ev->recorded;
   pthread_mutex_unlock(&g_mu);
@@ -468,6 +499,7 @@ cudaError_t cudaEventQuery(cudaEvent_t ev) {
 
 cudaError_t cudaEventSynchronize(cudaEvent_t ev) {
   if (!ev) return ret(cudaErrorInvalidResourceHandle);
+  event_live(ev, "cudaEventSynchronize");
   pthread_mutex_lock(&g_mu);
   while (ev->done < ev->recorded) pthread_cond_wait(&g_cv, &g_mu);
   pthread_mutex_unlock(&g_mu);
@@ -475,7 +507,10 @@ cudaError_t cudaEventSynchronize(cudaEvent_t ev) {
 }
 
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b) {
-  if (!a || !b || !a->timing || !b->timing) return ret(cudaErrorInvalidResourceHandle);
+  if (!a || !b) return ret(cudaErrorInvalidResourceHandle);
+  event_live(a, "cudaEventElapsedTime");
+  event_live(b, "cudaEventElapsedTime");
+  if (!a->timing || !b->timing) return ret(cudaErrorInvalidResourceHandle);
   pthread_mutex_lock(&g_mu);
   int recorded = a->recorded && b->recorded;
   int done = a->done >= a->recorded && b->done >= b->recorded;

@@ -73,6 +73,7 @@ static int setup(crun__nccl_t *b, const char *what) {
     return cuda_fail(e, what, b->pg->rank, "cudaStreamCreateWithFlags");
   if ((e = cudaEventCreateWithFlags(&b->ready, cudaEventDisableTiming)) != cudaSuccess)
     return cuda_fail(e, what, b->pg->rank, "cudaEventCreateWithFlags");
+  CRUN_CHECK(crun__nccl_events_new(&b->events));
   CRUN_CHECK(crun__cuda_alloc(b->device, sizeof(float), b->stream, &b->one));
   b->check = env_check();
   return crun__nccl_watch_start(b);
@@ -101,6 +102,7 @@ static void nccl_destroy(void *state) {
   if (b->one) crun__cuda_free(b->device, b->one, sizeof(float), b->stream);
   if (b->stream) cudaStreamSynchronize(b->stream);
   if (b->ready) cudaEventDestroy(b->ready);
+  crun__nccl_events_release(b->events); /* the spares; an op still held gives its event back later */
   if (b->stream) cudaStreamDestroy(b->stream);
   pthread_mutex_destroy(&b->mu);
   pthread_cond_destroy(&b->cv);
@@ -197,6 +199,15 @@ static int nccl_split(void *parent_state, crun_pg_t *pg, void **state) {
 
 static void nccl_abort(void *state, int status, const char *text) {
   crun__nccl_abort_comm(state, status, text, 1);
+}
+
+/* The abort posts a notice to the group's board (watch.c) that every peer
+ * reads: in the signature check of its next collective (check.c), and while
+ * it waits inside NCCL, through its watchdog (with the check off, for
+ * send/recv): every peer of every call learns of it. */
+static int nccl_abort_reaches(void *state, const crun__coll_t *c) {
+  (void)c;
+  return state != NULL;
 }
 
 /* ---------------------------------------------------------------- device work */
@@ -521,6 +532,7 @@ static int nccl_available(void) {
 
 const crun_backend_vtable_t crun__backend_nccl = {
     .name = "nccl", .available = nccl_available, .validate = nccl_validate, .create = nccl_create, .abort = nccl_abort, .destroy = nccl_destroy, .split = nccl_split,
+    .abort_reaches = nccl_abort_reaches,
     .device = 1, .send = nccl_p2p, .recv = nccl_p2p, .broadcast = nccl_coll, .all_reduce = nccl_coll,
     .reduce = nccl_coll, .all_gather = nccl_coll, .gather = nccl_coll, .scatter = nccl_coll,
     .reduce_scatter = nccl_coll, .all_to_all = nccl_coll, .barrier = nccl_coll};

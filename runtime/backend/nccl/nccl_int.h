@@ -28,11 +28,32 @@
 
 #include "backend/backend.h"
 
+/* A group's spare end events, at most CRUN__NCCL_EVENTS of them: creating
+ * and destroying a CUDA event costs several microseconds, so an operation
+ * takes one from here and gives it back when its last reference goes (not
+ * before: op_wait's cudaStreamWaitEvent and the queries use it until then).
+ * refs: the group's and one per operation holding an event taken from it,
+ * so that a handle released after its group still finds it. */
+#define CRUN__NCCL_EVENTS 64
+typedef struct crun__nccl_events {
+  pthread_mutex_t mu;
+  atomic_int refs;
+  int n;
+  cudaEvent_t spare[CRUN__NCCL_EVENTS];
+} crun__nccl_events_t;
+
+/* A new pool (refs 1: the group's) into *out; ENOMEM. */
+int crun__nccl_events_new(crun__nccl_events_t **out);
+/* Drops the group's reference: the last one destroys the spare events. */
+void crun__nccl_events_release(crun__nccl_events_t *p);
+
 /* One enqueued operation the watchdog follows until its end event fired. */
 typedef struct crun__nccl_op {
   atomic_int refs;
   cudaEvent_t end;              /* NULL while the host is still inside NCCL */
+  crun__nccl_events_t *events;  /* where end came from and goes back to */
   double deadline;              /* crun_clock() value */
+  double begun;                 /* crun_clock() at op_begin */
   double timeout;
   int device;
   int status;                   /* 0, or the failure (err holds the text) */
@@ -49,6 +70,7 @@ typedef struct crun__nccl {
   _Atomic(ncclComm_t) comm;
   cudaStream_t stream;
   cudaEvent_t ready;            /* recorded on the caller's stream */
+  crun__nccl_events_t *events;  /* the operations' end events */
   int device;
   int check;                    /* CRUN_NCCL_CHECK */
   uint64_t last_checked;        /* seq of our previous signature key (0: none) */
@@ -100,7 +122,9 @@ void crun__nccl_watch_stop(crun__nccl_t *b);
 /* Registers an operation about to enter NCCL (deadline from c) into *out:
  * ESTATE once the group is marked aborted, ENOMEM. */
 int crun__nccl_op_begin(crun__nccl_t *b, const crun__coll_t *c, crun__nccl_op_t **out);
-/* The host left NCCL with rc: records the end event (rc == 0) or fails it. */
+/* The host left NCCL with rc: records the end event (one of the group's
+ * pool, given back by crun__nccl_op_unref's last reference) when rc == 0,
+ * else fails the operation. */
 int crun__nccl_op_end(crun__nccl_t *b, crun__nccl_op_t *op, int rc);
 void crun__nccl_op_unref(crun__nccl_op_t *op);
 /* Aborts the communicator once, recording why (rc, text); wakes waiters.

@@ -18,9 +18,55 @@
 #define NOTICE_S 0.25   /* store polling period for peers' abort notices */
 #define IDLE_S 0.1      /* async-error polling period with nothing pending */
 
+int crun__nccl_events_new(crun__nccl_events_t **out) {
+  crun__nccl_events_t *p = calloc(1, sizeof *p);
+  if (!p) return crun_error(CRUN_ENOMEM, "nccl backend: event pool");
+  pthread_mutex_init(&p->mu, NULL);
+  atomic_init(&p->refs, 1);
+  *out = p;
+  return 0;
+}
+
+static void events_unref(crun__nccl_events_t *p) {
+  if (atomic_fetch_sub(&p->refs, 1) != 1) return;
+  for (int i = 0; i < p->n; i++) cudaEventDestroy(p->spare[i]);
+  pthread_mutex_destroy(&p->mu);
+  free(p);
+}
+
+void crun__nccl_events_release(crun__nccl_events_t *p) {
+  if (p) events_unref(p);
+}
+
+/* A spare event of p, else a new one, into *ev; the caller holds a
+ * reference to p until it gives the event back (events_put). Runs on the
+ * group's device. */
+static cudaError_t events_get(crun__nccl_events_t *p, cudaEvent_t *ev) {
+  *ev = NULL;
+  pthread_mutex_lock(&p->mu);
+  if (p->n > 0) *ev = p->spare[--p->n];
+  pthread_mutex_unlock(&p->mu);
+  cudaError_t e = *ev ? cudaSuccess : cudaEventCreateWithFlags(ev, cudaEventDisableTiming);
+  if (e == cudaSuccess) atomic_fetch_add(&p->refs, 1);
+  return e;
+}
+
+/* Gives ev back to p: kept when its last record has completed (nothing on a
+ * stream still records it; a stream's earlier wait on it keeps that record)
+ * and p has room, else destroyed. Drops the reference events_get took. */
+static void events_put(crun__nccl_events_t *p, cudaEvent_t ev) {
+  int keep = cudaEventQuery(ev) == cudaSuccess;
+  pthread_mutex_lock(&p->mu);
+  keep = keep && p->n < CRUN__NCCL_EVENTS;
+  if (keep) p->spare[p->n++] = ev;
+  pthread_mutex_unlock(&p->mu);
+  if (!keep) cudaEventDestroy(ev);
+  events_unref(p);
+}
+
 void crun__nccl_op_unref(crun__nccl_op_t *op) {
   if (!op || atomic_fetch_sub(&op->refs, 1) != 1) return;
-  if (op->end) cudaEventDestroy(op->end);
+  if (op->end) events_put(op->events, op->end); /* no one can wait on it any more */
   free(op->err);
   free(op);
 }
@@ -159,11 +205,29 @@ void crun__nccl_missing(crun__nccl_t *b, const char *desc, char *who, size_t wca
   free(late);
 }
 
+/* A peer's abort notice was read (crun_last_error(): "ENAME: <desc> on rank
+ * r: a peer aborted the group: <notice>"): fails each pending operation
+ * naming itself, then aborts the communicator and breaks the group. */
+static void peer_aborted(crun__nccl_t *b, int rc) {
+  static const char mark[] = "a peer aborted the group: ";
+  char full[1400], one[1400];
+  snprintf(full, sizeof full, "%s", crun_last_error());
+  const char *bare = strstr(full, ": "), *notice = strstr(full, mark);
+  pthread_mutex_lock(&b->mu);
+  for (crun__nccl_op_t *op = b->pending; notice && op; op = op->next) {
+    snprintf(one, sizeof one, "%s on rank %d: %s", op->desc, b->pg->rank, notice);
+    fail_op_locked(op, rc, one);
+  }
+  pthread_mutex_unlock(&b->mu);
+  crun__nccl_abort_comm(b, rc, bare ? bare + 2 : full, 0);
+  crun__pg_fail(b->pg, rc, full);
+}
+
 /* One pass of the watchdog over the pending operations. Called with mu held;
  * may drop it around calls that block. */
 static void scan_locked(crun__nccl_t *b, double *next_notice) {
   double now = crun_clock();
-  crun__nccl_op_t *expired = NULL;
+  crun__nccl_op_t *expired = NULL, *oldest = NULL;
   for (crun__nccl_op_t *op = b->pending, *nx; op; op = nx) {
     nx = op->next;
     if (op->done) { unlink_locked(b, op); continue; }
@@ -174,6 +238,7 @@ static void scan_locked(crun__nccl_t *b, double *next_notice) {
       continue;
     }
     if (!expired && now >= op->deadline) expired = op;
+    if (!oldest || op->begun < oldest->begun) oldest = op;
   }
   /* mu held and not marked: the abort cannot swap the communicator out */
   if (atomic_load(&b->aborted)) return;
@@ -209,19 +274,16 @@ static void scan_locked(crun__nccl_t *b, double *next_notice) {
     pthread_mutex_lock(&b->mu);
     return;
   }
-  if (b->pending && now >= *next_notice) {
+  /* only an operation waiting NOTICE_S or longer can be one a peer never
+   * comes to: one that would end by itself (the call before the one a peer
+   * refused) is not failed by the notice */
+  if (oldest && now >= *next_notice && now - oldest->begun >= NOTICE_S) {
     *next_notice = now + NOTICE_S;
-    char desc[64]; /* copied under mu: op_begin writes it */
-    snprintf(desc, sizeof desc, "%s", b->last_desc);
+    char desc[64];
+    snprintf(desc, sizeof desc, "%s", oldest->desc);
     pthread_mutex_unlock(&b->mu);
     int rc = crun__nccl_poll_abort(b, desc);
-    if (rc < 0) {
-      char full[1400];
-      snprintf(full, sizeof full, "%s", crun_last_error());
-      const char *bare = strstr(full, ": ");
-      crun__nccl_abort_comm(b, rc, bare ? bare + 2 : full, 0);
-      crun__pg_fail(b->pg, rc, full);
-    }
+    if (rc < 0) peer_aborted(b, rc);
     pthread_mutex_lock(&b->mu);
   }
 }
@@ -278,6 +340,7 @@ int crun__nccl_op_begin(crun__nccl_t *b, const crun__coll_t *c, crun__nccl_op_t 
   atomic_init(&op->refs, 2); /* the pending list's and the caller's */
   op->deadline = c->deadline;
   op->timeout = c->timeout;
+  op->begun = crun_clock();
   op->device = b->device;
   crun__coll_desc(c, op->desc, sizeof op->desc);
   pthread_mutex_lock(&b->mu);
@@ -300,14 +363,13 @@ int crun__nccl_op_begin(crun__nccl_t *b, const crun__coll_t *c, crun__nccl_op_t 
 int crun__nccl_op_end(crun__nccl_t *b, crun__nccl_op_t *op, int rc) {
   char text[1400] = "";
   cudaEvent_t ev = NULL;
-  if (rc == 0 && cudaEventCreateWithFlags(&ev, cudaEventDisableTiming) == cudaSuccess &&
-      cudaEventRecord(ev, b->stream) != cudaSuccess) {
-    cudaEventDestroy(ev);
+  if (rc == 0 && events_get(b->events, &ev) == cudaSuccess && cudaEventRecord(ev, b->stream) != cudaSuccess) {
+    events_put(b->events, ev);
     ev = NULL;
   }
   if (rc < 0) snprintf(text, sizeof text, "%s", crun_last_error());
   pthread_mutex_lock(&b->mu);
-  if (rc == 0 && ev) op->end = ev;
+  if (rc == 0 && ev) op->end = ev, op->events = b->events;
   else if (rc == 0) rc = crun_error(CRUN_EIO, "%s on rank %d: cannot record the end event", op->desc, b->pg->rank);
   if (op->done && op->status < 0) { /* the watchdog failed it meanwhile: its text wins */
     rc = op->status;

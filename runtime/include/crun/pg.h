@@ -119,12 +119,15 @@ uint64_t crun_pg_next_seq(const crun_pg_t *pg);
 /* For a binding whose own argument check of collective `call` ("gather",
  * "scatter", "all_to_all") failed on this rank alone (a root's list of
  * tensors, a list given to a rank that is not the root, a rank's split
- * sizes); root: the call's root, or -1. Records (status, text) as the last
- * error and, when the group's backend can reach the peers of that call (the
- * TCP mesh, the shared-memory engine), fails the group with the text so that
- * they fail the call, or their next one, naming this rank and its reason
- * rather than a later EMISMATCH. Does not block. Returns status (< 0). */
-int crun_pg_refuse(crun_pg_t *pg, const char *call, int root, int status, const char *text);
+ * sizes); root: the call's root, or -1; opts: the call's options (cuda
+ * picks the backend of a group of backend "auto"; NULL: host buffers).
+ * Records (status, text) as the last error and, when the backend that would
+ * run the call can reach its peers (the TCP mesh, the shared-memory engine,
+ * MPI, NCCL's abort notice), fails the group with the text so that they fail
+ * the call, or their next one, naming this rank and its reason rather than a
+ * later EMISMATCH. Does not block. Returns status (< 0). */
+int crun_pg_refuse(crun_pg_t *pg, const char *call, int root, const crun_coll_opts_t *opts, int status,
+                   const char *text);
 
 /* ---------------------------------------------------------------- p2p */
 

@@ -9,7 +9,9 @@
  * (ETIMEDOUT naming it, from the signature check and, with the check off,
  * from the watchdog), an asynchronous NCCL error (EIO), ESTATE after an
  * abort, and an abort from another thread racing the collectives (the
- * communicator is never passed to NCCL after ncclCommAbort freed it).
+ * communicator is never passed to NCCL after ncclCommAbort freed it), and
+ * the end events' pool (an event serves a new operation only once no
+ * handle holds the one it ended).
  * Expected values are computed here from the inputs' formula. */
 #include <math.h>
 #include <pthread.h>
@@ -18,6 +20,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "backend/nccl/nccl_int.h" /* the end events' pool */
 #include "harness.h"
 #include "pg/pg_internal.h" /* crun__pg_fail: the abort another thread makes */
 #include "test_pg_util.h"
@@ -469,8 +472,53 @@ TEST(abort_races_collectives) {
   unsetenv("CRUN_NCCL_CHECK");
 }
 
+static void nap_ms(long ms) {
+  struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+  nanosleep(&ts, NULL);
+}
+
+/* The end event of w, a device work of the nccl backend. */
+static cudaEvent_t end_of(crun_work_t *w) { return w->c.dev ? ((crun__nccl_op_t *)w->c.dev)->end : NULL; }
+
+/* The end events come from the group's pool: an operation whose handle is
+ * still held keeps its event after the watchdog saw it end (a later
+ * operation gets another one: its handle may still make a stream wait on
+ * it), a released one's event serves the next operation, and the pool
+ * keeps at most CRUN__NCCL_EVENTS. */
+static void event_pool(crun_pg_t *pg, void *arg) {
+  (void)arg;
+  int r = crun_pg_rank(pg), n = crun_pg_size(pg);
+  float x = (float)r;
+  crun_work_t *a = NULL, *b = NULL, *c = NULL;
+  EXPECT_OK(crun_pg_all_reduce(pg, &x, 1, CRUN_FLOAT32, CRUN_OP_MAX, &DEV, &a));
+  EXPECT_OK(crun_work_synchronize(a, 10));
+  nap_ms(300); /* the watchdog saw it end and dropped its reference */
+  EXPECT_OK(crun_pg_all_reduce(pg, &x, 1, CRUN_FLOAT32, CRUN_OP_MAX, &DEV, &b));
+  EXPECT_OK(crun_work_synchronize(b, 10));
+  cudaEvent_t ea = end_of(a), eb = end_of(b);
+  EXPECT(ea && eb && ea != eb);
+  EXPECT_OK(crun_work_wait(a, 10)); /* the caller's stream waits on a's own event */
+  crun_work_release(a);
+  crun_work_release(b);
+  nap_ms(300);
+  EXPECT_OK(crun_pg_all_reduce(pg, &x, 1, CRUN_FLOAT32, CRUN_OP_MAX, &DEV, &c));
+  EXPECT_OK(crun_work_synchronize(c, 10));
+  EXPECT(end_of(c) == ea || end_of(c) == eb);
+  crun_work_release(c);
+  for (int i = 0; i < 200; i++) EXPECT_OK(crun_pg_all_reduce(pg, &x, 1, CRUN_FLOAT32, CRUN_OP_MAX, &DEV, NULL));
+  EXPECT_OK(crun_pg_barrier(pg, NULL, NULL));
+  nap_ms(300);
+  crun__nccl_events_t *ev = ((crun__nccl_t *)pg->be_state)->events;
+  pthread_mutex_lock(&ev->mu);
+  EXPECT(ev->n > 0 && ev->n <= CRUN__NCCL_EVENTS);
+  pthread_mutex_unlock(&ev->mu);
+  EXPECT(x == (float)(n - 1));
+}
+
+TEST(end_events_come_from_a_bounded_pool) { EXPECT_EQ_INT(spawn(2, "nccl", event_pool, NULL, 30), 0); }
+
 #define CRUN_TESTS(X) X(reductions_1_to_4_ranks) X(data_movement_1_to_4_ranks) X(premul_async_and_subgroups) \
   X(auto_serves_cpu_and_cuda) X(wrong_device_and_unsupported_ops) X(mismatch_names_both_calls)               \
   X(hang_signature_check_names_missing_rank) X(hang_watchdog_aborts_and_names_missing_rank)                    \
-  X(async_error_aborts_every_rank) X(abort_races_collectives)
+  X(async_error_aborts_every_rank) X(abort_races_collectives) X(end_events_come_from_a_bounded_pool)
 CRUN_TEST_MAIN()
