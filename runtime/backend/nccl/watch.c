@@ -354,7 +354,9 @@ int crun__nccl_op_begin(crun__nccl_t *b, const crun__coll_t *c, crun__nccl_op_t 
   snprintf(b->last_desc, sizeof b->last_desc, "%s", op->desc);
   op->next = b->pending;
   b->pending = op;
-  pthread_cond_broadcast(&b->cv);
+  /* no wake-up: an idle watchdog looks again within IDLE_S, which every
+   * deadline tolerates, and a wake-up per call (a futex call, the watchdog
+   * taking mu and querying events) is the caller's time */
   pthread_mutex_unlock(&b->mu);
   *out = op;
   return 0;
@@ -378,7 +380,7 @@ int crun__nccl_op_end(crun__nccl_t *b, crun__nccl_op_t *op, int rc) {
   } else if (rc < 0) {
     fail_op_locked(op, rc, text[0] ? strchr(text, ' ') + 1 : "NCCL failure");
   }
-  pthread_cond_broadcast(&b->cv);
+  if (rc < 0) pthread_cond_broadcast(&b->cv); /* a success waits for the watchdog's next look */
   pthread_mutex_unlock(&b->mu);
   return rc;
 }
