@@ -299,6 +299,11 @@ describe("optim update rules", function()
        "^EINVAL: SGD: parameter 1 %(float32%[3%]%) and its gradient %(float32%[4%]%) differ"},
       {function() optim.SGD({p}, {g}, {lr = 0.1, momentum = "0.9"}) end, "^EINVAL: SGD: momentum must be a number"},
       {function() optim.Adam({p}, {g, g}) end, "^EINVAL: Adam: a module, or lists of params and grads"},
+      -- torch's SGD(model.parameters(), lr=...) was "a module, or lists of params and grads of equal length"
+      {function() optim.SGD(require("crun.nn").Linear(2, 3):parameters(), {lr = 0.1}) end,
+       "^EINVAL: SGD: 2 parameters and no gradients %(torch's SGD%(model.parameters%(%), ...%)%): crun's gradients " ..
+       "are tensors of their own; pass the module, SGD%(model, opts%), or SGD%(params, grads, opts%)"},
+      {function() optim.Adam({p}) end, "^EINVAL: Adam: 1 parameters and no gradients"},
       {function() optim.Adam({p}, {g}, {betas = {0.9}}) end, "^EINVAL: Adam: betas must be a pair"},
       {function() optim.Adam({p}, {g}, {betas = {0.9, 1}}) end, "^EINVAL: Adam: betas%[2%] must be in %[0, 1%)"},
       {function() optim.AdamW({p}, {g}, {eps = -1e-8}) end, "^EINVAL: AdamW: eps must be a number >= 0"},

@@ -68,6 +68,11 @@ local function unpack_args(fname, a, b, c)
   else
     params, grads, opts = a, b, c
   end
+  if not module and type(params) == "table" and #params > 0 and (grads == nil or type(grads) == "table" and #grads == 0) then
+    O.fail("EINVAL: %s: %d parameters and no gradients (torch's %s(model.parameters(), ...)): crun's gradients are " ..
+      "tensors of their own; pass the module, %s(model, opts), or %s(params, grads, opts) with params, grads = " ..
+      "model:parameters()", fname, #params, fname, fname, fname)
+  end
   if type(params) ~= "table" or type(grads) ~= "table" or #params ~= #grads then
     O.fail("EINVAL: %s: a module, or lists of params and grads of equal length, is expected", fname)
   end
