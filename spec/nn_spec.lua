@@ -184,6 +184,31 @@ describe("nn modules (float64)", function()
     assert.is_truthy(tostring(net):match("nn.Linear%(4 %-> 6%)"))
   end)
 
+  -- torch's model(x) and criterion(out, y) were "attempt to call a table value",
+  -- and nn.CrossEntropyLoss / nn.MSELoss / nn.NLLLoss nil
+  it("modules, criteria, DDP and FSDP models are callable (m(x) is m:forward(x)), with torch's loss names", function()
+    local crun = require "crun"
+    local net = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+    local x, y = randn({5, 3}, 41), T.new({2, 1, 1, 2, 2}, "int64")
+    local out = net(x):clone()
+    assert.is_true(out:equal(net:forward(x)))
+    assert.is_true(nn.Linear(3, 4, {seed = 5})(x):equal(nn.Linear(3, 4, {seed = 5}):forward(x)))
+    assert.are.equal(nn.CrossEntropyCriterion():forward(out, y), nn.CrossEntropyLoss()(out, y))
+    assert.are.equal(nn.ClassNLLCriterion():forward(out, y), nn.NLLLoss()(out, y))
+    local t = randn({5, 2}, 42)
+    assert.are.equal(nn.MSECriterion():forward(out, t), nn.MSELoss()(out, t))
+    assert.is_true(nn.CrossEntropyLoss{reduction = "none"}(out, y):equal(
+      nn.CrossEntropyCriterion{reduction = "none"}:forward(out, y)))
+    local dist = crun.dist
+    dist.init_process_group{backend = "cpu", world_size = 1, rank = 0, store = crun.store.hash()}
+    local ok, err = pcall(function()
+      assert.is_true(crun.DDP(net)(x):equal(out))
+      assert.is_true(crun.FSDP(nn.Sequential(nn.Linear(3, 2, {seed = 6})))(x):equal(nn.Linear(3, 2, {seed = 6}):forward(x)))
+    end)
+    dist.destroy_process_group()
+    assert(ok, err)
+  end)
+
   it("Dropout drops with probability p, scales the rest, and is identity in evaluate()", function()
     local m = nn.Dropout(0.25, {seed = 3})
     local x = T.ones({100, 40}, "float64")

@@ -108,13 +108,15 @@ local Module = {}
 Module.__index = Module
 nn.Module = Module
 
---- Creates a subclass: `local Foo = nn.class("Foo", parent)`.
+--- Creates a subclass: `local Foo = nn.class("Foo", parent)`. Its instances
+--- are callable, as torch's modules: m(x) is m:forward(x).
 function nn.class(name, parent)
   parent = parent or Module
   local c = setmetatable({}, {__index = parent})
   c.__index = c
   c.__name = "crun.nn." .. name
   c.__tostring = function(self) return self:describe() end
+  c.__call = function(self, ...) return self:forward(...) end -- torch's model(x), criterion(out, y)
   c._parent = parent
   require("crun.trace")._watch(c, name) -- forward/backward are spans with the timeline on
   return c
@@ -913,6 +915,7 @@ function nn.CrossEntropyCriterion(opts)
   return self
 end
 nn.CrossEntropy = nn.CrossEntropyCriterion
+nn.CrossEntropyLoss = nn.CrossEntropyCriterion -- (torch's name)
 
 function CrossEntropy:forward(x, labels)
   check_tensor(x, "CrossEntropyCriterion:forward", "input")
@@ -951,6 +954,8 @@ function nn.ClassNLLCriterion(opts)
   self.sum = self.reduction == "sum"
   return self
 end
+
+nn.NLLLoss = nn.ClassNLLCriterion
 
 -- The sum from a mean over n terms (0 for none: the mean is nan there).
 local function mean_to_sum(mean, n) return n == 0 and 0 or mean * n end
@@ -997,6 +1002,7 @@ function nn.MSECriterion(opts)
   return self
 end
 nn.MSE = nn.MSECriterion
+nn.MSELoss = nn.MSECriterion
 
 function MSE:forward(x, t)
   check_tensor(x, "MSECriterion:forward", "input")
