@@ -147,6 +147,21 @@ describe("element access", function()
     assert.same({1, 2, 3, 4}, a[3]:totable())
   end)
 
+  -- torch's (pred == y).sum().item(): crun's full reductions give a Lua
+  -- number, and .item() on it was "attempt to index a number value"
+  it("item() and tolist() on a full reduction's number give the number; other methods are EINVAL", function()
+    local x = T.new({{1.5, -2.25, 3}, {-0.5, 4.75, -6}}, "float64")
+    local pred, y = x:argmax(2), T.new({3, 1}, "int64")
+    assert.equal(1, pred:eq(y):sum():item())
+    assert.equal(math.type(1), math.type(pred:eq(y):sum():item()))
+    assert.equal(0.5, x:sum():item())
+    assert.equal(4.75, x:max():tolist())
+    assert.equal(0.5 / 6, x:mean():item())
+    local ok, err = pcall(function() return x:sum():numpy() end)
+    assert.is_false(ok)
+    assert.matches("^EINVAL: 0.5 is a Lua number, which has no method 'numpy' %(a reduction over every element", err)
+  end)
+
   it("out-of-range indices name the index and the size", function()
     local a = T.zeros({3, 4})
     local ok, err = pcall(function() return a[4] end)

@@ -104,6 +104,22 @@ for _, name in ipairs({"item", "totable", "bytes"}) do
 end
 methods.tolist = methods.totable
 
+-- t:sum(), t:max(), t:eq(u):sum(), ... over every element return a Lua number
+-- where torch returns a 0-d tensor, and ported code reads it with .item():
+-- numbers get item() (the number itself) and tolist(); another method on a
+-- number is EINVAL saying so instead of "attempt to index a number value".
+-- (Set only when nothing else gave numbers a metatable.)
+local NUMBER_METHODS = {item = function(n) return n end, tolist = function(n) return n end}
+if debug.getmetatable(0) == nil then
+  debug.setmetatable(0, {__index = function(n, k)
+    local m = NUMBER_METHODS[k]
+    if m then return m end
+    O.fail("EINVAL: %s is a Lua number, which has no method '%s' (a reduction over every element, t:sum(), " ..
+      "t:max(), ..., gives a number where torch gives a 0-d tensor; only item() and tolist() work on it)",
+      tostring(n), tostring(k))
+  end})
+end
+
 -- Options of the random factories: crun's seed, torch's dtype, generator,
 -- device and pin_memory; requires_grad/layout change nothing. (zeros, ones,
 -- empty, full, new and arange read {device =, dtype =, pin_memory =} in C.)
