@@ -159,6 +159,29 @@ local function check_fields(m, seen)
   end
 end
 
+-- parameter tensor -> {leaf, index}, filled by parameters(), for
+-- nn.grads_for (weak keys: a parameter nothing else holds is dropped).
+local PARAM_OF = setmetatable({}, {__mode = "k"})
+
+--- nn.grads_for(list) -> the gradient tensors of a list of parameters, as
+--- their modules hold them now (a DDP bucket view too), so torch's
+--- f(model.parameters(), ...) ports as f(model:parameters(), ...); nil when no
+--- entry is a parameter listed by a module's parameters() (a list of
+--- gradients, say); EINVAL when only some are.
+function nn.grads_for(list)
+  local grads, known = {}, 0
+  for i, t in ipairs(list) do
+    local e = PARAM_OF[t]
+    if e and e[1]._params[e[2]] == t then grads[i], known = e[1]._grads[e[2]], known + 1 end
+  end
+  if known == 0 then return nil end
+  if known < #list then
+    O.fail("EINVAL: nn.grads_for: %d of the %d tensors are a module's parameters, the others are not: pass a " ..
+      "module, model:parameters(), or a list of gradient tensors", known, #list)
+  end
+  return grads
+end
+
 --- Returns (params, grads): two lists of tensors in registration order: a
 -- leaf's own, or a container's children's (self.modules, in order), each
 -- tensor once, as torch's parameters(): a module added twice (weight tying,
@@ -179,6 +202,7 @@ function Module:parameters()
   else
     for i, t in ipairs(self._params or {}) do
       seen[t], p[#p + 1], g[#g + 1] = true, t, self._grads[i]
+      PARAM_OF[t] = {self, i}
     end
   end
   check_fields(self, seen)
