@@ -205,6 +205,66 @@ describe("views", function()
     assert.same({12}, a:view({12}):size())
   end)
 
+  -- torch's unsqueeze, squeeze, flatten, permute and detach were nil methods
+  it("unsqueeze, squeeze, flatten, permute (every order of 3 and 4 dims) and detach, as torch's", function()
+    local x = T.arange(24, "float64"):sub(7.5):view(2, 3, 4)
+    assert.same({2, 3, 4, 1}, x:unsqueeze(-1):size())
+    assert.same({2, 1, 3, 4}, x:unsqueeze(2):size())
+    assert.same({1, 3, 1}, T.zeros({1, 3, 1}):squeeze(2):size())
+    assert.same({3, 1}, T.zeros({1, 3, 1}):squeeze(1):size())
+    assert.same({3}, T.zeros({1, 3, 1}):squeeze():size())
+    assert.same({2, 12}, x:flatten(2):size())
+    assert.same({6, 4}, T.flatten(x, 1, 2):size())
+    local xt = x:transpose(1, 3)  -- 4x3x2, not contiguous
+    local f = xt:flatten()
+    for i = 1, 4 do for j = 1, 3 do for k = 1, 2 do
+      assert.equal(x[k][j][i], f[(i - 1) * 6 + (j - 1) * 2 + k])
+    end end end
+    assert.is_true(x:unsqueeze(1):is_same_storage(x))
+    assert.equal(x, x:detach())
+    -- every permutation of 3 and of 4 dims, against the definition r[i...] = x[i at p]
+    local function perms(n)
+      local out = {}
+      local function go(p, used)
+        if #p == n then out[#out + 1] = {table.unpack(p)} return end
+        for d = 1, n do if not used[d] then used[d] = true; p[#p + 1] = d; go(p, used); p[#p] = nil; used[d] = nil end end
+      end
+      go({}, {})
+      return out
+    end
+    local y = T.arange(120, "float64"):mul(-0.5):add(3.25):view(2, 3, 4, 5)
+    for _, src in ipairs({x, y}) do
+      local n = src:dim()
+      for _, p in ipairs(perms(n)) do
+        local r = src:permute(p)
+        for i = 1, n do assert.equal(src:size(p[i]), r:size(i)) end
+        local flat = r:contiguous():view(r:numel())
+        local idx, k = {}, 0
+        local function walk(d)
+          if d > n then
+            k = k + 1
+            local at = {}
+            for i = 1, n do at[p[i]] = idx[i] end
+            assert.equal(src[at], flat[k], table.concat(p, ","))
+            return
+          end
+          for i = 1, r:size(d) do idx[d] = i; walk(d + 1) end
+        end
+        walk(1)
+      end
+    end
+    for _, c in ipairs{
+      {function() return x:permute(1, 1, 2) end, "^EINVAL: permute: dim 1 repeated"},
+      {function() return x:permute(1, 2) end, "^EINVAL: permute: 2 dims given for a tensor of 3"},
+      {function() return x:unsqueeze(5) end, "^EINVAL: unsqueeze: dim 5 out of range 1..4"},
+      {function() return x:flatten(3, 2) end, "^EINVAL: flatten: start dim 3 after end dim 2"},
+    } do
+      local ok, err = pcall(c[1])
+      assert.is_false(ok)
+      assert.matches(c[2], err)
+    end
+  end)
+
   it("view of a non-contiguous tensor fails, reshape and contiguous copy", function()
     local a = T.arange(6, "float32"):view(2, 3)
     local ok, err = pcall(function() return a:t():view(6) end)

@@ -488,6 +488,81 @@ function methods.expand(t, ...)
   return expand_sizes(t, fixed)
 end
 
+-- A 1-based dim of a tensor of n dims (torch's negative dims count from
+-- the end: -1 is n); EINVAL naming fname outside 1..n.
+local function dim_of(fname, d, n)
+  if math.type(d) ~= "integer" then O.fail("EINVAL: %s: dim must be an integer, got %s", fname, tostring(d)) end
+  local r = d < 0 and n + 1 + d or d
+  if r < 1 or r > n then O.fail("EINVAL: %s: dim %d out of range 1..%d (or -%d..-1)", fname, d, n, n) end
+  return r
+end
+
+-- t reshaped to sizes: a view when t is contiguous, else a copy (crun's views
+-- are of contiguous tensors; torch's unsqueeze/squeeze/flatten are views always).
+local function reshaped(t, sizes)
+  if t:is_contiguous() then return t:view(sizes) end
+  return t:reshape(sizes)
+end
+
+--- t:unsqueeze(d): a size-1 dim inserted at 1-based d (1..dim+1; -1 appends).
+function methods.unsqueeze(t, d)
+  local s = t:size()
+  table.insert(s, dim_of("unsqueeze", d, #s + 1), 1)
+  return reshaped(t, s)
+end
+
+--- t:squeeze([d]): without the size-1 dims (only dim d, when it is size 1).
+function methods.squeeze(t, d)
+  local s, out = t:size(), {}
+  if d ~= nil then d = dim_of("squeeze", d, math.max(#s, 1)) end
+  for i, n in ipairs(s) do
+    if n ~= 1 or (d ~= nil and i ~= d) then out[#out + 1] = n end
+  end
+  return reshaped(t, out)
+end
+
+--- t:flatten([start=1][, end=-1]): dims start..end merged into one.
+function methods.flatten(t, a, b)
+  local s = t:size()
+  if #s == 0 then return reshaped(t, {1}) end
+  a, b = dim_of("flatten", a or 1, #s), dim_of("flatten", b or -1, #s)
+  if a > b then O.fail("EINVAL: flatten: start dim %d after end dim %d", a, b) end
+  local out, n = {}, 1
+  for i = 1, #s do
+    if i < a or i > b then out[#out + 1] = s[i] else n = n * s[i]; if i == b then out[#out + 1] = n end end
+  end
+  return reshaped(t, out)
+end
+
+--- t:permute(d1, d2, ...) or t:permute({d1, ...}): a view with dim i of the
+--- result being dim d_i of t (1-based; a permutation of 1..dim, as torch's).
+function methods.permute(t, ...)
+  local p = table.pack(...)
+  if type(p[1]) == "table" then p = table.pack(table.unpack(p[1])) end
+  local n, seen = t:dim(), {}
+  if p.n ~= n then O.fail("EINVAL: permute: %d dims given for a tensor of %d", p.n, n) end
+  local where, at = {}, {}   -- where[k]: the position of t's dim k in r; at[i]: the dim of t at position i
+  for i = 1, n do
+    local d = dim_of("permute", p[i], n)
+    if seen[d] then O.fail("EINVAL: permute: dim %d repeated", d) end
+    seen[d], where[i], at[i] = true, i, i
+    p[i] = d
+  end
+  local r = t
+  for i = 1, n do -- bring dim p[i] of t to position i by one swap
+    local j = where[p[i]]
+    if j ~= i then
+      r = r:transpose(i, j)
+      local k = at[i]
+      at[i], at[j], where[p[i]], where[k] = p[i], k, i, j
+    end
+  end
+  return r
+end
+
+--- t:detach(): t itself (crun records no autograd graph to detach from).
+function methods.detach(t) return t end
+
 --- t:clamp([min][, max]) / t:clamp_ also on integer tensors, as torch's:
 --- in their dtype with integer bounds, in float32 with a Lua float bound
 --- (clamp_ then refuses, as torch does). min > max or a nan bound is EINVAL,
@@ -612,7 +687,7 @@ local function_forms = {"add", "sub", "mul", "div", "floor_divide", "remainder",
   "cos", "floor", "ceil", "round", "sign", "reciprocal", "square", "log1p", "expm1", "rsqrt",
   "clamp", "sum", "mean", "prod", "cumsum", "cumprod", "var", "std", "sort", "argsort", "topk", "max", "min", "argmax", "argmin", "mm", "softmax",
   "log_softmax", "index_select", "gather", "transpose", "t", "narrow", "select", "view",
-  "reshape", "clone", "contiguous", "numel", "equal", "allclose"}
+  "reshape", "clone", "contiguous", "numel", "equal", "allclose", "unsqueeze", "squeeze", "flatten", "permute"}
 for _, name in ipairs(function_forms) do
   if T[name] == nil then
     local m = methods[name]
