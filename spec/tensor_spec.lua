@@ -265,6 +265,32 @@ describe("views", function()
     end
   end)
 
+  -- torch's out.argmax(dim=1) and x.clamp(min=0) ported as keyword tables were
+  -- "bad argument #1 to 'argmax' (number expected, got table)"
+  it("reductions and clamp take torch's keywords as a table: argmax{dim=}, sum{dim=, keepdim=}, clamp{min=}", function()
+    local x = T.new({{1.5, -2.25, 3}, {-0.5, 4.75, -6}}, "float64")
+    assert.same({3, 2}, x:argmax{dim = 2}:totable())
+    assert.same({{3}, {2}}, x:argmax{dim = 2, keepdim = true}:totable())
+    assert.same({2, 3}, x:argmin{dim = 2}:totable())
+    assert.same({1, 2, 1}, x:argmax{dim = 1}:totable())
+    assert.same({2.25, -1.75}, x:sum{dim = 2}:totable())
+    assert.same({{1, 2.5, -3}}, x:sum{dim = 1, keepdim = true}:totable())
+    local v, i = x:max{dim = 2}
+    assert.same({3, 4.75}, v:totable())
+    assert.same({3, 2}, i:totable())
+    assert.same({{1.5, 0, 3}, {0, 4.75, 0}}, x:clamp{min = 0}:totable())
+    assert.same({{1.5, -2.25, 2}, {-0.5, 2, -6}}, x:clamp{max = 2}:totable())
+    assert.same({{1.5, -1, 2}, {-0.5, 2, -1}}, x:clone():clamp_{min = -1, max = 2}:totable())
+    for _, c in ipairs{
+      {function() return x:argmax{axis = 2} end, "^EINVAL: argmax: unknown option 'axis'"},
+      {function() return x:clamp{} end, "^EINVAL: clamp: at least one of min and max is needed"},
+    } do
+      local ok, err = pcall(c[1])
+      assert.is_false(ok)
+      assert.matches(c[2], err)
+    end
+  end)
+
   it("view of a non-contiguous tensor fails, reshape and contiguous copy", function()
     local a = T.arange(6, "float32"):view(2, 3)
     local ok, err = pcall(function() return a:t():view(6) end)

@@ -363,17 +363,23 @@ for _, name in ipairs({"round", "round_"}) do
 end
 
 --- t:sum([dim][, keepdim][, dtype]) and mean / prod; t:max([dim][, keepdim])
---- and min / argmax / argmin: keepdim is true, false or nil, or an options
+--- and min / argmax / argmin, or all as one table t:argmax{dim=, keepdim=}
+--- (torch's keywords): keepdim is true, false or nil, or an options
 --- table {keepdim=, dtype=} (torch's keywords); dtype (sum, mean, prod: a
 --- name or {dtype=}) converts t first, as torch's dtype=. Anything else in
 --- those places is EINVAL rather than read as Lua truth (a 0 is true there).
 --- t:max(u) / t:min(u) with a tensor u are t:maximum(u) / t:minimum(u).
 local REDUCE = {with_dtype = O.spec{"keepdim", "dtype"}, plain = O.spec{"keepdim"}}
+local REDUCE_KW = {with_dtype = O.spec{"dim", "keepdim", "dtype"}, plain = O.spec{"dim", "keepdim"}}
 for _, name in ipairs({"sum", "mean", "prod", "max", "min", "argmax", "argmin"}) do
   local f, with_dtype = methods[name], name == "sum" or name == "mean" or name == "prod"
   local elementwise = (name == "max" or name == "min") and methods[name .. "imum"]
   methods[name] = function(t, dim, keepdim, dtype)
     if elementwise and T.is_tensor(dim) then return elementwise(t, dim) end -- torch.max(a, b)
+    if type(dim) == "table" and getmetatable(dim) == nil then -- torch's t.argmax(dim=1, keepdim=True)
+      local o = O.check(with_dtype and REDUCE_KW.with_dtype or REDUCE_KW.plain, name, dim)
+      dim, keepdim, dtype = o.dim, o.keepdim, o.dtype
+    end
     if type(keepdim) == "table" and getmetatable(keepdim) == nil then
       local o = O.check(with_dtype and REDUCE.with_dtype or REDUCE.plain, name, keepdim)
       keepdim, dtype = o.keepdim, o.dtype or dtype
@@ -563,14 +569,21 @@ end
 --- t:detach(): t itself (crun records no autograd graph to detach from).
 function methods.detach(t) return t end
 
---- t:clamp([min][, max]) / t:clamp_ also on integer tensors, as torch's:
+--- t:clamp([min][, max]) or t:clamp{min=, max=} (torch's keywords) / t:clamp_
+--- also on integer tensors, as torch's:
 --- in their dtype with integer bounds, in float32 with a Lua float bound
 --- (clamp_ then refuses, as torch does). min > max or a nan bound is EINVAL,
 --- as for float tensors.
 local CLAMPS = {"clamp", "clamp_"}
+local CLAMP_KW = O.spec{"min", "max"}
 for _, name in ipairs(CLAMPS) do
   local f = methods[name]
   methods[name] = function(t, lo, hi)
+    if type(lo) == "table" and getmetatable(lo) == nil then -- torch's clamp(min=0)
+      local o = O.check(CLAMP_KW, name, lo)
+      lo, hi = o.min, o.max
+      if lo == nil and hi == nil then O.fail("EINVAL: %s: at least one of min and max is needed", name) end
+    end
     if not (T.is_tensor(t) and INT_DTYPES[t:dtype()]) then return f(t, lo, hi) end
     for _, b in ipairs({lo, hi}) do
       if b ~= b then O.fail("EINVAL: clamp: %s is nan", b == lo and "min" or "max") end
