@@ -291,6 +291,29 @@ describe("views", function()
     end
   end)
 
+  -- x.all(), x.any() and x.norm() were nil methods
+  it("all, any and norm, over every element and along a dim", function()
+    local x = T.new({{1.5, 0, -3}, {-0.5, 4.75, -6}}, "float64")
+    assert.is_false(x:all())
+    assert.is_true(x:any())
+    assert.is_true(x:ne(100):all())
+    assert.is_false(T.zeros({2, 2}):any())
+    assert.same({true, false, true}, x:all(1):totable())
+    assert.same({false, true}, x:all(2):totable())
+    assert.same({{true}, {true}}, x:any(2, true):totable())
+    local ss = 0
+    for _, v in ipairs({1.5, 0, -3, -0.5, 4.75, -6}) do ss = ss + v * v end
+    assert.is_true(math.abs(x:norm() - math.sqrt(ss)) < 1e-12)
+    assert.is_true(math.abs(x:norm(1) - 15.75) < 1e-12)
+    assert.equal(6, x:norm("inf"))
+    local r = x:norm(2, 2)
+    assert.is_true(math.abs(r[1] - math.sqrt(1.5 ^ 2 + 9)) < 1e-12 and math.abs(r[2] - math.sqrt(0.25 + 4.75 ^ 2 + 36)) < 1e-12)
+    assert.is_true(math.abs(x:norm(3) - (1.5 ^ 3 + 27 + 0.125 + 4.75 ^ 3 + 216) ^ (1 / 3)) < 1e-12)
+    local ok, err = pcall(function() return T.new({1, 2}, "int64"):norm() end)
+    assert.is_false(ok)
+    assert.matches("^EINVAL: norm: a float tensor is expected, got int64", err)
+  end)
+
   it("view of a non-contiguous tensor fails, reshape and contiguous copy", function()
     local a = T.arange(6, "float32"):view(2, 3)
     local ok, err = pcall(function() return a:t():view(6) end)

@@ -566,6 +566,39 @@ function methods.permute(t, ...)
   return r
 end
 
+--- t:all([dim][, keepdim]) / t:any: whether every (some) element is
+--- nonzero: a Lua boolean over every element (as t:sum() gives a number),
+--- a bool tensor along dim.
+for name, test in pairs({all = function(nz, n) return nz:eq(n) end, any = function(nz) return nz:gt(0) end}) do
+  methods[name] = function(t, dim, keepdim)
+    local nz = t:ne(0)
+    if dim == nil then
+      local c = nz:sum()
+      return name == "all" and c == t:numel() or name == "any" and c > 0
+    end
+    dim = dim_of(name, dim, t:dim())
+    return test(nz:sum(dim, keepdim), t:size(dim))
+  end
+end
+
+--- t:norm([p=2][, dim][, keepdim]): the p-norm (p a number > 0, math.huge or
+--- "inf", "fro" for 2) over every element (a number) or along dim (a
+--- tensor), of a float tensor, as torch's.
+function methods.norm(t, p, dim, keepdim)
+  if p == nil or p == "fro" then p = 2 elseif p == "inf" then p = math.huge end
+  if type(p) ~= "number" or not (p > 0) then O.fail("EINVAL: norm: p must be a number > 0, \"inf\" or \"fro\", got %s", tostring(p)) end
+  if not t:dtype():find("float") then O.fail("EINVAL: norm: a float tensor is expected, got %s (convert with :double())", t:dtype()) end
+  if dim ~= nil then dim = dim_of("norm", dim, t:dim()) end
+  local a = t:abs()
+  if p == math.huge then return dim and a:max(dim, keepdim) or a:max() end
+  if p == 2 then
+    local s = dim and a:square():sum(dim, keepdim) or a:square():sum()
+    return dim and s:sqrt() or math.sqrt(s)
+  end
+  local s = dim and a:pow(p):sum(dim, keepdim) or a:pow(p):sum()
+  return dim and s:pow(1 / p) or s ^ (1 / p)
+end
+
 --- t:detach(): t itself (crun records no autograd graph to detach from).
 function methods.detach(t) return t end
 
