@@ -184,6 +184,31 @@ describe("nn modules (float64)", function()
     assert.is_truthy(tostring(net):match("nn.Linear%(4 %-> 6%)"))
   end)
 
+  -- torch's model(x) and criterion(out, y) were "attempt to call a table value",
+  -- and nn.CrossEntropyLoss / nn.MSELoss / nn.NLLLoss nil
+  it("modules, criteria, DDP and FSDP models are callable (m(x) is m:forward(x)), with torch's loss names", function()
+    local crun = require "crun"
+    local net = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+    local x, y = randn({5, 3}, 41), T.new({2, 1, 1, 2, 2}, "int64")
+    local out = net(x):clone()
+    assert.is_true(out:equal(net:forward(x)))
+    assert.is_true(nn.Linear(3, 4, {seed = 5})(x):equal(nn.Linear(3, 4, {seed = 5}):forward(x)))
+    assert.are.equal(nn.CrossEntropyCriterion():forward(out, y), nn.CrossEntropyLoss()(out, y))
+    assert.are.equal(nn.ClassNLLCriterion():forward(out, y), nn.NLLLoss()(out, y))
+    local t = randn({5, 2}, 42)
+    assert.are.equal(nn.MSECriterion():forward(out, t), nn.MSELoss()(out, t))
+    assert.is_true(nn.CrossEntropyLoss{reduction = "none"}(out, y):equal(
+      nn.CrossEntropyCriterion{reduction = "none"}:forward(out, y)))
+    local dist = crun.dist
+    dist.init_process_group{backend = "cpu", world_size = 1, rank = 0, store = crun.store.hash()}
+    local ok, err = pcall(function()
+      assert.is_true(crun.DDP(net)(x):equal(out))
+      assert.is_true(crun.FSDP(nn.Sequential(nn.Linear(3, 2, {seed = 6})))(x):equal(nn.Linear(3, 2, {seed = 6}):forward(x)))
+    end)
+    dist.destroy_process_group()
+    assert(ok, err)
+  end)
+
   it("Dropout drops with probability p, scales the rest, and is identity in evaluate()", function()
     local m = nn.Dropout(0.25, {seed = 3})
     local x = T.ones({100, 40}, "float64")
@@ -410,13 +435,61 @@ describe("nn criteria (float64)", function()
     assert.are.equal(0, nn.MSECriterion{reduction = "sum"}:forward(T.zeros({0, 2}, "float64"), T.zeros({0, 2}, "float64")))
     assert.are.equal(0, nn.ClassNLLCriterion{reduction = "sum"}:forward(T.zeros({0, 3}, "float64"), T.zeros({0}, "int64")))
     for _, mk in ipairs{nn.MSECriterion, nn.ClassNLLCriterion} do
-      local ok, err = pcall(mk, {reduction = "none"})
+      local ok, err = pcall(mk, {reduction = "avg"})
       assert.is_false(ok)
-      assert.matches("^EINVAL: nn%.%w+: reduction must be \"mean\" or \"sum\", got none", err)
+      assert.matches("^EINVAL: nn%.%w+: reduction must be \"mean\", \"sum\" or \"none\", got avg", err)
       ok, err = pcall(mk, {size_average = false})
       assert.is_false(ok)
       assert.matches("^EINVAL", err)
     end
+  end)
+
+  -- reduction = "none" was EINVAL: torch's per-sample losses for a masked or
+  -- weighted mean (loss * w):sum() / w:sum(), whose gradient backward takes
+  it("reduction = \"none\" gives per-element losses, and backward scales each by grad_loss", function()
+    local x, y = randn({5, 3}, 31), T.new({2, 3, 1, 3, 2}, "int64")
+    local w = T.new({0.5, -1.25, 2, 0, 0.75}, "float64")
+    local ce, nll = nn.CrossEntropyCriterion{reduction = "none"}, nn.ClassNLLCriterion{reduction = "none"}
+    local l_ce, l_nll = ce:forward(x, y), nll:forward(x, y)
+    assert.are.same({5}, l_ce:size())
+    assert.are.same({5}, l_nll:size())
+    local g_ce, g_nll = ce:backward(x, y, w), nll:backward(x, y, w)
+    for i = 1, 5 do
+      local s = 0
+      for j = 1, 3 do s = s + math.exp(x[i][j]) end
+      assert.is_true(math.abs(l_ce[i] - (math.log(s) - x[i][y[i]])) < 1e-12, "CrossEntropy row " .. i)
+      assert.are.equal(-x[i][y[i]], l_nll[i])
+      for j = 1, 3 do
+        local hot = j == y[i] and 1 or 0
+        assert.is_true(math.abs(g_ce[i][j] - w[i] * (math.exp(x[i][j]) / s - hot)) < 1e-12)
+        assert.are.equal(-w[i] * hot, g_nll[i][j])
+      end
+    end
+    for _, c in ipairs{ce, nll} do -- d(sum(loss .* w))/dx against finite differences
+      local g = c:backward(x, y, w)
+      assert.is_true(util.max_rel_err(g, util.numgrad(function() return util.dot(c:forward(x, y), w) end, x)) < TOL)
+    end
+    local a, t, r = randn({2, 3}, 32), randn({2, 3}, 33), randn({2, 3}, 34)
+    local mse = nn.MSECriterion{reduction = "none"}
+    local l, g = mse:forward(a, t), mse:backward(a, t, r)
+    for i = 1, 2 do
+      for j = 1, 3 do
+        assert.are.equal((a[i][j] - t[i][j]) ^ 2, l[i][j])
+        assert.is_true(math.abs(g[i][j] - 2 * (a[i][j] - t[i][j]) * r[i][j]) < 1e-12)
+      end
+    end
+    -- an empty batch gives no losses; backward needs grad_loss of the losses' shape
+    assert.are.same({0}, ce:forward(T.zeros({0, 3}, "float64"), T.zeros({0}, "int64")):size())
+    assert.are.same({0, 3}, ce:backward(nil, nil, T.zeros({0}, "float64")):size())
+    util.refuses{
+      {function() ce:forward(x, y); ce:backward(x, y) end,
+       "^EINVAL: CrossEntropyCriterion:backward: reduction = \"none\" needs the gradient of the per%-element " ..
+       "losses: backward%(input, target, grad_loss%) with grad_loss of shape 5 "},
+      {function() nll:backward(x, y, T.zeros({4}, "float64")) end,
+       "^EINVAL: ClassNLLCriterion:backward: grad_loss has shape 4, the losses of the last forward 5"},
+      {function() nn.MSECriterion{reduction = "none"}:backward(a, t, r) end,
+       "^ESTATE: MSECriterion:backward called before forward"},
+    }
   end)
 
   -- torch: the mean over no rows is 0/0 = nan (sum: 0); crun gave 0, which
@@ -519,8 +592,8 @@ describe("nn bad input", function()
        "^EINVAL: MSECriterion:forward: the target's shape 3x2 differs from the input's 2x3"},
       {function() nn.ClassNLLCriterion():forward(T.zeros({2, 3}), T.new({1}, "int64")) end,
        "^EINVAL: ClassNLLCriterion:forward: input must be %[N, C%] and labels %[N%], got 2x3 and 1"},
-      {function() nn.CrossEntropyCriterion{reduction = "none"} end,
-       "^EINVAL: nn.CrossEntropyCriterion: reduction must be \"mean\" or \"sum\", got none"},
+      {function() nn.CrossEntropyCriterion{reduction = "elementwise_mean"} end,
+       "^EINVAL: nn.CrossEntropyCriterion: reduction must be \"mean\", \"sum\" or \"none\", got elementwise_mean"},
     }
     for i, c in ipairs(cases) do
       local ok, err = pcall(c[1])

@@ -288,6 +288,38 @@ describe("optim update rules", function()
     assert.are.same({1, 1, 1}, util.list(s.state[1].momentum_buffer))
   end)
 
+  -- torch's SGD(model.parameters(), lr=...) was EINVAL ("a module, or lists of
+  -- params and grads of equal length"); clip_grad_norm_(model:parameters())
+  -- clipped the parameters themselves
+  it("takes torch's (model:parameters(), opts), stepping with the gradients the module holds at each step", function()
+    local nn = require "crun.nn"
+    local a, b = nn.Linear(3, 2, {seed = 8}), nn.Linear(3, 2, {seed = 8})
+    local oa, ob = optim.SGD(a:parameters(), {lr = 0.5, momentum = 0.9}), optim.SGD(b, {lr = 0.5, momentum = 0.9})
+    local x = T.new({{0.5, -1.25, 2}, {-0.75, 1.5, 0.25}})
+    for _ = 1, 2 do
+      for _, m in ipairs{a, b} do
+        m:zero_grad()
+        m:backward(x, m:forward(x):clone():mul(0.5):add(-0.125))
+      end
+      oa:step(); ob:step()
+    end
+    assert.is_true(a.weight:equal(b.weight) and a.bias:equal(b.bias))
+    -- a gradient tensor swapped after the optimizer was built (DDP's bucket views) is the one stepped
+    local g2 = T.new({-1.5, 2.25})
+    a:_set_grad(2, g2)
+    local before = a.bias:clone()
+    optim.SGD(a:parameters(), {lr = 1}):step()
+    assert.is_true(math.abs(a.bias[1] - (before[1] + 1.5)) < 1e-6 and math.abs(a.bias[2] - (before[2] - 2.25)) < 1e-6)
+    -- clip_grad_norm_ of the parameters' list clips their gradients, not the parameters
+    local w = a.weight:clone()
+    a.gradWeight:fill(0)
+    local total = nn.utils.clip_grad_norm_(a:parameters(), 0.5)
+    assert.is_true(math.abs(total - math.sqrt(1.5 ^ 2 + 2.25 ^ 2)) < 1e-6)
+    assert.is_true(a.weight:equal(w))
+    assert.is_true(math.abs(a.gradBias[1] * 2.25 + a.gradBias[2] * 1.5) < 1e-6)
+    assert.is_true(math.abs(math.sqrt(a.gradBias[1] ^ 2 + a.gradBias[2] ^ 2) - 0.5) < 1e-5)
+  end)
+
   it("rejects bad arguments with EINVAL", function()
     local p, g = T.zeros({3}), T.zeros({3})
     local cases = {
@@ -299,6 +331,11 @@ describe("optim update rules", function()
        "^EINVAL: SGD: parameter 1 %(float32%[3%]%) and its gradient %(float32%[4%]%) differ"},
       {function() optim.SGD({p}, {g}, {lr = 0.1, momentum = "0.9"}) end, "^EINVAL: SGD: momentum must be a number"},
       {function() optim.Adam({p}, {g, g}) end, "^EINVAL: Adam: a module, or lists of params and grads"},
+      -- tensors that are no module's parameters, without gradients: was "a module, or lists of params and grads"
+      {function() optim.SGD({p, g}, {lr = 0.1}) end,
+       "^EINVAL: SGD: 2 parameters and no gradients %(torch's SGD%(model.parameters%(%), ...%)%): crun's gradients " ..
+       "are tensors of their own; pass the module, SGD%(model, opts%), or SGD%(params, grads, opts%)"},
+      {function() optim.Adam({p}) end, "^EINVAL: Adam: 1 parameters and no gradients"},
       {function() optim.Adam({p}, {g}, {betas = {0.9}}) end, "^EINVAL: Adam: betas must be a pair"},
       {function() optim.Adam({p}, {g}, {betas = {0.9, 1}}) end, "^EINVAL: Adam: betas%[2%] must be in %[0, 1%)"},
       {function() optim.AdamW({p}, {g}, {eps = -1e-8}) end, "^EINVAL: AdamW: eps must be a number >= 0"},

@@ -41,6 +41,17 @@ local function minus1(list)
   return o
 end
 
+describe("DataLoader iterated as torch's `for x, y in loader`", function()
+  -- was "attempt to call a table value (for iterator 'for iterator')"
+  it("is EINVAL naming loader:iter()", function()
+    local T = require "crun.tensor"
+    local loader = require("crun.data").DataLoader({T.zeros({4, 2}), T.zeros({4})}, {batch_size = 2})
+    local ok, err = pcall(function() for _ in loader do end end)
+    assert.is_false(ok)
+    assert.matches("^EINVAL: DataLoader: iterate with `for i, x, y in loader:iter%(%) do`", err)
+  end)
+end)
+
 describe("DistributedSampler without shuffle", function()
   it("matches torch's formulas for many sizes, replicas and drop_last", function()
     local cases = 0

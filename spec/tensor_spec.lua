@@ -147,6 +147,21 @@ describe("element access", function()
     assert.same({1, 2, 3, 4}, a[3]:totable())
   end)
 
+  -- torch's (pred == y).sum().item(): crun's full reductions give a Lua
+  -- number, and .item() on it was "attempt to index a number value"
+  it("item() and tolist() on a full reduction's number give the number; other methods are EINVAL", function()
+    local x = T.new({{1.5, -2.25, 3}, {-0.5, 4.75, -6}}, "float64")
+    local pred, y = x:argmax(2), T.new({3, 1}, "int64")
+    assert.equal(1, pred:eq(y):sum():item())
+    assert.equal(math.type(1), math.type(pred:eq(y):sum():item()))
+    assert.equal(0.5, x:sum():item())
+    assert.equal(4.75, x:max():tolist())
+    assert.equal(0.5 / 6, x:mean():item())
+    local ok, err = pcall(function() return x:sum():numpy() end)
+    assert.is_false(ok)
+    assert.matches("^EINVAL: 0.5 is a Lua number, which has no method 'numpy' %(a reduction over every element", err)
+  end)
+
   it("out-of-range indices name the index and the size", function()
     local a = T.zeros({3, 4})
     local ok, err = pcall(function() return a[4] end)
@@ -188,6 +203,115 @@ describe("views", function()
     assert.is_true(a:is_same_storage(tr))
     assert.same({2, 2, 3}, a:view(2, -1, 3):size())
     assert.same({12}, a:view({12}):size())
+  end)
+
+  -- torch's unsqueeze, squeeze, flatten, permute and detach were nil methods
+  it("unsqueeze, squeeze, flatten, permute (every order of 3 and 4 dims) and detach, as torch's", function()
+    local x = T.arange(24, "float64"):sub(7.5):view(2, 3, 4)
+    assert.same({2, 3, 4, 1}, x:unsqueeze(-1):size())
+    assert.same({2, 1, 3, 4}, x:unsqueeze(2):size())
+    assert.same({1, 3, 1}, T.zeros({1, 3, 1}):squeeze(2):size())
+    assert.same({3, 1}, T.zeros({1, 3, 1}):squeeze(1):size())
+    assert.same({3}, T.zeros({1, 3, 1}):squeeze():size())
+    assert.same({2, 12}, x:flatten(2):size())
+    assert.same({6, 4}, T.flatten(x, 1, 2):size())
+    local xt = x:transpose(1, 3)  -- 4x3x2, not contiguous
+    local f = xt:flatten()
+    for i = 1, 4 do for j = 1, 3 do for k = 1, 2 do
+      assert.equal(x[k][j][i], f[(i - 1) * 6 + (j - 1) * 2 + k])
+    end end end
+    assert.is_true(x:unsqueeze(1):is_same_storage(x))
+    assert.equal(x, x:detach())
+    -- every permutation of 3 and of 4 dims, against the definition r[i...] = x[i at p]
+    local function perms(n)
+      local out = {}
+      local function go(p, used)
+        if #p == n then out[#out + 1] = {table.unpack(p)} return end
+        for d = 1, n do if not used[d] then used[d] = true; p[#p + 1] = d; go(p, used); p[#p] = nil; used[d] = nil end end
+      end
+      go({}, {})
+      return out
+    end
+    local y = T.arange(120, "float64"):mul(-0.5):add(3.25):view(2, 3, 4, 5)
+    for _, src in ipairs({x, y}) do
+      local n = src:dim()
+      for _, p in ipairs(perms(n)) do
+        local r = src:permute(p)
+        for i = 1, n do assert.equal(src:size(p[i]), r:size(i)) end
+        local flat = r:contiguous():view(r:numel())
+        local idx, k = {}, 0
+        local function walk(d)
+          if d > n then
+            k = k + 1
+            local at = {}
+            for i = 1, n do at[p[i]] = idx[i] end
+            assert.equal(src[at], flat[k], table.concat(p, ","))
+            return
+          end
+          for i = 1, r:size(d) do idx[d] = i; walk(d + 1) end
+        end
+        walk(1)
+      end
+    end
+    for _, c in ipairs{
+      {function() return x:permute(1, 1, 2) end, "^EINVAL: permute: dim 1 repeated"},
+      {function() return x:permute(1, 2) end, "^EINVAL: permute: 2 dims given for a tensor of 3"},
+      {function() return x:unsqueeze(5) end, "^EINVAL: unsqueeze: dim 5 out of range 1..4"},
+      {function() return x:flatten(3, 2) end, "^EINVAL: flatten: start dim 3 after end dim 2"},
+    } do
+      local ok, err = pcall(c[1])
+      assert.is_false(ok)
+      assert.matches(c[2], err)
+    end
+  end)
+
+  -- torch's out.argmax(dim=1) and x.clamp(min=0) ported as keyword tables were
+  -- "bad argument #1 to 'argmax' (number expected, got table)"
+  it("reductions and clamp take torch's keywords as a table: argmax{dim=}, sum{dim=, keepdim=}, clamp{min=}", function()
+    local x = T.new({{1.5, -2.25, 3}, {-0.5, 4.75, -6}}, "float64")
+    assert.same({3, 2}, x:argmax{dim = 2}:totable())
+    assert.same({{3}, {2}}, x:argmax{dim = 2, keepdim = true}:totable())
+    assert.same({2, 3}, x:argmin{dim = 2}:totable())
+    assert.same({1, 2, 1}, x:argmax{dim = 1}:totable())
+    assert.same({2.25, -1.75}, x:sum{dim = 2}:totable())
+    assert.same({{1, 2.5, -3}}, x:sum{dim = 1, keepdim = true}:totable())
+    local v, i = x:max{dim = 2}
+    assert.same({3, 4.75}, v:totable())
+    assert.same({3, 2}, i:totable())
+    assert.same({{1.5, 0, 3}, {0, 4.75, 0}}, x:clamp{min = 0}:totable())
+    assert.same({{1.5, -2.25, 2}, {-0.5, 2, -6}}, x:clamp{max = 2}:totable())
+    assert.same({{1.5, -1, 2}, {-0.5, 2, -1}}, x:clone():clamp_{min = -1, max = 2}:totable())
+    for _, c in ipairs{
+      {function() return x:argmax{axis = 2} end, "^EINVAL: argmax: unknown option 'axis'"},
+      {function() return x:clamp{} end, "^EINVAL: clamp: at least one of min and max is needed"},
+    } do
+      local ok, err = pcall(c[1])
+      assert.is_false(ok)
+      assert.matches(c[2], err)
+    end
+  end)
+
+  -- x.all(), x.any() and x.norm() were nil methods
+  it("all, any and norm, over every element and along a dim", function()
+    local x = T.new({{1.5, 0, -3}, {-0.5, 4.75, -6}}, "float64")
+    assert.is_false(x:all())
+    assert.is_true(x:any())
+    assert.is_true(x:ne(100):all())
+    assert.is_false(T.zeros({2, 2}):any())
+    assert.same({true, false, true}, x:all(1):totable())
+    assert.same({false, true}, x:all(2):totable())
+    assert.same({{true}, {true}}, x:any(2, true):totable())
+    local ss = 0
+    for _, v in ipairs({1.5, 0, -3, -0.5, 4.75, -6}) do ss = ss + v * v end
+    assert.is_true(math.abs(x:norm() - math.sqrt(ss)) < 1e-12)
+    assert.is_true(math.abs(x:norm(1) - 15.75) < 1e-12)
+    assert.equal(6, x:norm("inf"))
+    local r = x:norm(2, 2)
+    assert.is_true(math.abs(r[1] - math.sqrt(1.5 ^ 2 + 9)) < 1e-12 and math.abs(r[2] - math.sqrt(0.25 + 4.75 ^ 2 + 36)) < 1e-12)
+    assert.is_true(math.abs(x:norm(3) - (1.5 ^ 3 + 27 + 0.125 + 4.75 ^ 3 + 216) ^ (1 / 3)) < 1e-12)
+    local ok, err = pcall(function() return T.new({1, 2}, "int64"):norm() end)
+    assert.is_false(ok)
+    assert.matches("^EINVAL: norm: a float tensor is expected, got int64", err)
   end)
 
   it("view of a non-contiguous tensor fails, reshape and contiguous copy", function()

@@ -303,6 +303,12 @@ end
 local Loader = {}
 Loader.__index = Loader
 Loader.__name = "crun.DataLoader"
+-- torch's `for x, y in loader` lands here (Lua calls the loader as the
+-- iterator): EINVAL naming crun's form instead of "attempt to call a table value".
+Loader.__call = function()
+  O.fail("EINVAL: DataLoader: iterate with `for i, x, y in loader:iter() do` (i: the batch number, from 1), " ..
+    "not `for x, y in loader do` (torch's form)")
+end
 
 -- The list of tensors behind a loader's data set: a TensorDataset's, or a
 -- list {X, Y, ...} of tensors with the same number of rows.

@@ -49,6 +49,7 @@ local ELSIZE = {float32 = 4, float64 = 8, float16 = 2, bfloat16 = 2}
 
 local DDP = {}
 DDP.__index = DDP
+DDP.__call = function(self, x) return self:forward(x) end -- torch's ddp_model(x)
 DDP.__name = "crun.DDP"
 
 -- Checks that every parameter has a dtype DDP can average.

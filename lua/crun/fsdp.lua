@@ -49,6 +49,7 @@ local STRATEGIES = {FULL_SHARD = true, SHARD_GRAD_OP = true, NO_SHARD = true}
 local FSDP = {}
 FSDP.__index = FSDP
 FSDP.__name = "crun.FSDP"
+FSDP.__call = function(self, x) return self:forward(x) end -- torch's model(x)
 
 -- ---------------------------------------------------------------- units
 

@@ -67,15 +67,6 @@ end
 -- crun.tensor.
 local function T() return require "crun.tensor" end
 
--- backward(x, target) for a criterion whose forward computed the gradient:
--- returns it (an error naming `name` before any forward).
-local function grad_from_forward(name)
-  return function(self)
-    if not self.output then O.fail("ESTATE: %s:backward called before forward", name) end
-    return self.gradInput
-  end
-end
-
 -- Returns buf when it already has `shape`, dtype and device ("cpu" when
 -- nil), else a new zero tensor there.
 local function ensure(buf, shape, dtype, device)
@@ -117,13 +108,15 @@ local Module = {}
 Module.__index = Module
 nn.Module = Module
 
---- Creates a subclass: `local Foo = nn.class("Foo", parent)`.
+--- Creates a subclass: `local Foo = nn.class("Foo", parent)`. Its instances
+--- are callable, as torch's modules: m(x) is m:forward(x).
 function nn.class(name, parent)
   parent = parent or Module
   local c = setmetatable({}, {__index = parent})
   c.__index = c
   c.__name = "crun.nn." .. name
   c.__tostring = function(self) return self:describe() end
+  c.__call = function(self, ...) return self:forward(...) end -- torch's model(x), criterion(out, y)
   c._parent = parent
   require("crun.trace")._watch(c, name) -- forward/backward are spans with the timeline on
   return c
@@ -166,6 +159,29 @@ local function check_fields(m, seen)
   end
 end
 
+-- parameter tensor -> {leaf, index}, filled by parameters(), for
+-- nn.grads_for (weak keys: a parameter nothing else holds is dropped).
+local PARAM_OF = setmetatable({}, {__mode = "k"})
+
+--- nn.grads_for(list) -> the gradient tensors of a list of parameters, as
+--- their modules hold them now (a DDP bucket view too), so torch's
+--- f(model.parameters(), ...) ports as f(model:parameters(), ...); nil when no
+--- entry is a parameter listed by a module's parameters() (a list of
+--- gradients, say); EINVAL when only some are.
+function nn.grads_for(list)
+  local grads, known = {}, 0
+  for i, t in ipairs(list) do
+    local e = PARAM_OF[t]
+    if e and e[1]._params[e[2]] == t then grads[i], known = e[1]._grads[e[2]], known + 1 end
+  end
+  if known == 0 then return nil end
+  if known < #list then
+    O.fail("EINVAL: nn.grads_for: %d of the %d tensors are a module's parameters, the others are not: pass a " ..
+      "module, model:parameters(), or a list of gradient tensors", known, #list)
+  end
+  return grads
+end
+
 --- Returns (params, grads): two lists of tensors in registration order: a
 -- leaf's own, or a container's children's (self.modules, in order), each
 -- tensor once, as torch's parameters(): a module added twice (weight tying,
@@ -186,6 +202,7 @@ function Module:parameters()
   else
     for i, t in ipairs(self._params or {}) do
       seen[t], p[#p + 1], g[#g + 1] = true, t, self._grads[i]
+      PARAM_OF[t] = {self, i}
     end
   end
   check_fields(self, seen)
@@ -858,8 +875,6 @@ end
 
 -- ---------------------------------------------------------------- criteria
 
-local CrossEntropy = nn.class("CrossEntropyCriterion")
-
 --- nn.mlp(inputs, hidden, layers, outputs): a Sequential of `layers` hidden
 -- Linear+ReLU layers of width `hidden`, then a Linear classifier to `outputs`
 -- (layers = 0 gives a linear model). jobs/train.lua and jobs/evaluate.lua
@@ -874,50 +889,97 @@ function nn.mlp(inputs, hidden, layers, outputs)
   return net:add(nn.Linear(width, outputs))
 end
 
--- true when a criterion's options ask for reduction="sum" (torch's
--- "mean" is the default; "none" and unknown options are EINVAL, torch's
--- other options at a value but their default ENOTSUP).
-local function sum_reduction(fname, opts)
+-- A criterion's reduction from its options: "mean" (torch's default), "sum"
+-- or "none" (anything else, and unknown options, EINVAL; torch's other
+-- options at a value but their default ENOTSUP).
+local function reduction_of(fname, opts)
   opts = O.check(CRITERION[fname], fname, opts)
   local red = opts.reduction or "mean"
-  if red ~= "mean" and red ~= "sum" then
-    O.fail("EINVAL: %s: reduction must be \"mean\" or \"sum\", got %s", fname, tostring(red))
+  if red ~= "mean" and red ~= "sum" and red ~= "none" then
+    O.fail("EINVAL: %s: reduction must be \"mean\", \"sum\" or \"none\", got %s", fname, tostring(red))
   end
-  return red == "sum"
+  return red
 end
 
---- CrossEntropyCriterion{reduction="mean"|"sum"}: log-softmax + negative log
--- likelihood of 1-based class labels (int64/int32 tensor [N]), fused.
--- After forward, self.correct holds how many rows' argmax equal their label.
+-- Checks backward's grad_loss for reduction "none": a tensor of the shape of
+-- the losses forward returned (the gradient of whatever the caller reduced
+-- them to); returns it in x's dtype.
+local function none_grad(name, self, gy)
+  if not self.output then O.fail("ESTATE: %s:backward called before forward", name) end
+  if gy == nil then
+    O.fail("EINVAL: %s:backward: reduction = \"none\" needs the gradient of the per-element losses: " ..
+      "backward(input, target, grad_loss) with grad_loss of shape %s (torch's loss.backward() through your " ..
+      "reduction; for (loss * w):sum() / w:sum() pass w / w:sum())", name, shape_str(self.output))
+  end
+  check_tensor(gy, name .. ":backward", "grad_loss")
+  if shape_str(gy) ~= shape_str(self.output) then
+    O.fail("EINVAL: %s:backward: grad_loss has shape %s, the losses of the last forward %s", name, shape_str(gy),
+      shape_str(self.output))
+  end
+  return contig(gy:to(self.output:dtype()))
+end
+
+-- The per-row picks x[i][labels[i]] of [N, C] x as an [N] tensor.
+local function picked(x, labels)
+  local n = x:size(1)
+  return x:gather(2, contig(labels):view(n, 1)):view(n)
+end
+
+local CrossEntropy = nn.class("CrossEntropyCriterion")
+
+--- CrossEntropyCriterion{reduction="mean"|"sum"|"none"}: log-softmax +
+-- negative log likelihood of 1-based class labels (int64/int32 tensor [N]),
+-- fused. "none" returns the [N] per-row losses (a tensor) and its backward
+-- takes their gradient: backward(x, labels, grad_loss). After forward,
+-- self.correct holds how many rows' argmax equal their label.
 function nn.CrossEntropyCriterion(opts)
   local self = setmetatable({}, CrossEntropy):_init()
-  self.sum = sum_reduction("nn.CrossEntropyCriterion", opts)
+  self.reduction = reduction_of("nn.CrossEntropyCriterion", opts)
+  self.sum = self.reduction == "sum"
   return self
 end
 nn.CrossEntropy = nn.CrossEntropyCriterion
+nn.CrossEntropyLoss = nn.CrossEntropyCriterion -- (torch's name)
 
 function CrossEntropy:forward(x, labels)
   check_tensor(x, "CrossEntropyCriterion:forward", "input")
   check_tensor(labels, "CrossEntropyCriterion:forward", "labels")
   x = contig(x)
   self.gradInput = ensure(self.gradInput, x:size(), x:dtype(), x:device())
-  self.output, self.correct = K.nn_cross_entropy(x, contig(labels), self.gradInput, self.sum)
+  local none = self.reduction == "none"
+  self.output, self.correct = K.nn_cross_entropy(x, contig(labels), self.gradInput, self.sum or none)
+  if none then  -- (gradInput holds softmax - onehot, each row's own gradient)
+    self.rows = self.gradInput
+    self.output = picked(x:log_softmax(2), labels):neg()
+  end
   return self.output
 end
 
---- Returns d loss / d input for the last forward (computed there).
-CrossEntropy.backward = grad_from_forward("CrossEntropyCriterion")
+--- Returns d loss / d input for the last forward (computed there); with
+-- reduction "none", the rows' gradients scaled by grad_loss (a new tensor).
+function CrossEntropy:backward(x, labels, gy)
+  if self.reduction ~= "none" then
+    if not self.output then O.fail("ESTATE: CrossEntropyCriterion:backward called before forward") end
+    return self.gradInput
+  end
+  gy = none_grad("CrossEntropyCriterion", self, gy)
+  return self.rows:mul(gy:view(gy:numel(), 1))
+end
 
 local ClassNLL = nn.class("ClassNLLCriterion")
 
---- ClassNLLCriterion{reduction="mean"|"sum"}: mean (or sum) of
--- -input[i][label_i] (use after LogSoftMax); the mean is nan for an empty
--- batch, as torch's (so are the mean losses of CrossEntropy and MSE).
+--- ClassNLLCriterion{reduction="mean"|"sum"|"none"}: mean (or sum, or the
+-- [N] tensor) of -input[i][label_i] (use after LogSoftMax); the mean is nan
+-- for an empty batch, as torch's (so are the mean losses of CrossEntropy and
+-- MSE). "none"'s backward takes the losses' gradient: backward(x, labels, grad_loss).
 function nn.ClassNLLCriterion(opts)
   local self = setmetatable({}, ClassNLL):_init()
-  self.sum = sum_reduction("nn.ClassNLLCriterion", opts)
+  self.reduction = reduction_of("nn.ClassNLLCriterion", opts)
+  self.sum = self.reduction == "sum"
   return self
 end
+
+nn.NLLLoss = nn.ClassNLLCriterion
 
 -- The sum from a mean over n terms (0 for none: the mean is nan there).
 local function mean_to_sum(mean, n) return n == 0 and 0 or mean * n end
@@ -929,15 +991,23 @@ function ClassNLL:forward(x, labels)
     O.fail("EINVAL: ClassNLLCriterion:forward: input must be [N, C] and labels [N], got %s and %s",
       table.concat(x:size(), "x"), table.concat(labels:size(), "x"))
   end
-  self.output = K.nn_nll(contig(x), contig(labels))
+  self.output = K.nn_nll(contig(x), contig(labels)) -- (checks the labels)
   if self.sum then self.output = mean_to_sum(self.output, x:size(1)) end
+  if self.reduction == "none" then self.output = picked(contig(x), labels):neg() end
   return self.output
 end
 
-function ClassNLL:backward(x, labels)
+function ClassNLL:backward(x, labels, gy)
   check_tensor(x, "ClassNLLCriterion:backward", "input")
   check_tensor(labels, "ClassNLLCriterion:backward", "labels")
   x = contig(x)
+  if self.reduction == "none" then
+    gy = none_grad("ClassNLLCriterion", self, gy)
+    local n = gy:numel()
+    self.gradInput = T().zeros(x:size(), x:dtype(), {device = x:device()})
+    if n > 0 then self.gradInput:scatter_add_(2, contig(labels):view(n, 1), gy:neg():view(n, 1)) end
+    return self.gradInput
+  end
   self.gradInput = ensure(self.gradInput, x:size(), x:dtype(), x:device())
   K.nn_nll(x, contig(labels), self.gradInput)
   if self.sum and x:size(1) > 0 then self.gradInput:mul_(x:size(1)) end
@@ -946,14 +1016,17 @@ end
 
 local MSE = nn.class("MSECriterion")
 
---- MSECriterion{reduction="mean"|"sum"}: mean (or sum) of (input - target)^2
--- over all elements.
+--- MSECriterion{reduction="mean"|"sum"|"none"}: mean (or sum, or the
+-- elementwise tensor) of (input - target)^2 over all elements; "none"'s
+-- backward takes the losses' gradient: backward(x, t, grad_loss).
 function nn.MSECriterion(opts)
   local self = setmetatable({}, MSE):_init()
-  self.sum = sum_reduction("nn.MSECriterion", opts)
+  self.reduction = reduction_of("nn.MSECriterion", opts)
+  self.sum = self.reduction == "sum"
   return self
 end
 nn.MSE = nn.MSECriterion
+nn.MSELoss = nn.MSECriterion
 
 function MSE:forward(x, t)
   check_tensor(x, "MSECriterion:forward", "input")
@@ -962,6 +1035,11 @@ function MSE:forward(x, t)
     O.fail("EINVAL: MSECriterion:forward: the target's shape %s differs from the input's %s", shape_str(t), shape_str(x))
   end
   x = contig(x)
+  if self.reduction == "none" then
+    self.diff = x - contig(t):to(x:dtype())
+    self.output = self.diff:square()
+    return self.output
+  end
   self.gradInput = ensure(self.gradInput, x:size(), x:dtype(), x:device())
   self.output = K.nn_mse(x, contig(t), self.gradInput)
   if self.sum then
@@ -971,7 +1049,15 @@ function MSE:forward(x, t)
   return self.output
 end
 
-MSE.backward = grad_from_forward("MSECriterion")
+function MSE:backward(x, t, gy)
+  if self.reduction ~= "none" then
+    if not self.output then O.fail("ESTATE: MSECriterion:backward called before forward") end
+    return self.gradInput
+  end
+  gy = none_grad("MSECriterion", self, gy)
+  self.gradInput = self.diff:mul(gy):mul_(2)
+  return self.gradInput
+end
 
 nn.utils = require "crun.nn_utils"
 

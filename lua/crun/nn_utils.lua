@@ -17,13 +17,14 @@ local O = require "crun.opts"
 
 local function is_tensor(v) return require("crun.tensor").is_tensor(v) end
 
--- The gradient tensors of x (a module or a list of tensors), checked.
+-- The gradient tensors of x (a module, a list of its parameters, torch's
+-- model.parameters(), or a list of gradient tensors), checked.
 local function grads_of(x, fname)
   local grads
   if type(x) == "table" and type(x.parameters) == "function" then
     grads = select(2, x:parameters())
   elseif type(x) == "table" then
-    grads = x
+    grads = require("crun.nn").grads_for(x) or x
   else
     O.fail("EINVAL: %s: a crun.nn module or a list of gradient tensors is expected, got %s", fname, type(x))
   end

@@ -58,7 +58,9 @@ function optim.check_not_sharded(fname, module)
   end
 end
 
--- Returns params, grads, opts, module from (model, opts) or (params, grads, opts).
+-- Returns params, grads, opts, module from (model, opts), (params, grads, opts)
+-- or torch's (params, opts) with a module's parameters (module: a stand-in whose
+-- parameters() gives their gradient tensors of the time).
 local function unpack_args(fname, a, b, c)
   local params, grads, opts, module
   if type(a) == "table" and type(a.parameters) == "function" then
@@ -67,6 +69,17 @@ local function unpack_args(fname, a, b, c)
     opts, module = b, a
   else
     params, grads, opts = a, b, c
+  end
+  if not module and type(params) == "table" and #params > 0 and (grads == nil or type(grads) == "table" and #grads == 0) then
+    local nn = require "crun.nn"
+    local found = nn.grads_for(params) -- torch's SGD(model.parameters(), opts)
+    if found then -- (each step takes the modules' gradient tensors of the time, as from a module)
+      local p, g, o = unpack_args(fname, params, found, grads)
+      return p, g, o, {parameters = function() return params, nn.grads_for(params) end}
+    end
+    O.fail("EINVAL: %s: %d parameters and no gradients (torch's %s(model.parameters(), ...)): crun's gradients are " ..
+      "tensors of their own; pass the module, %s(model, opts), or %s(params, grads, opts) with params, grads = " ..
+      "model:parameters()", fname, #params, fname, fname, fname)
   end
   if type(params) ~= "table" or type(grads) ~= "table" or #params ~= #grads then
     O.fail("EINVAL: %s: a module, or lists of params and grads of equal length, is expected", fname)

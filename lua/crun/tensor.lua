@@ -104,6 +104,22 @@ for _, name in ipairs({"item", "totable", "bytes"}) do
 end
 methods.tolist = methods.totable
 
+-- t:sum(), t:max(), t:eq(u):sum(), ... over every element return a Lua number
+-- where torch returns a 0-d tensor, and ported code reads it with .item():
+-- numbers get item() (the number itself) and tolist(); another method on a
+-- number is EINVAL saying so instead of "attempt to index a number value".
+-- (Set only when nothing else gave numbers a metatable.)
+local NUMBER_METHODS = {item = function(n) return n end, tolist = function(n) return n end}
+if debug.getmetatable(0) == nil then
+  debug.setmetatable(0, {__index = function(n, k)
+    local m = NUMBER_METHODS[k]
+    if m then return m end
+    O.fail("EINVAL: %s is a Lua number, which has no method '%s' (a reduction over every element, t:sum(), " ..
+      "t:max(), ..., gives a number where torch gives a 0-d tensor; only item() and tolist() work on it)",
+      tostring(n), tostring(k))
+  end})
+end
+
 -- Options of the random factories: crun's seed, torch's dtype, generator,
 -- device and pin_memory; requires_grad/layout change nothing. (zeros, ones,
 -- empty, full, new and arange read {device =, dtype =, pin_memory =} in C.)
@@ -347,17 +363,23 @@ for _, name in ipairs({"round", "round_"}) do
 end
 
 --- t:sum([dim][, keepdim][, dtype]) and mean / prod; t:max([dim][, keepdim])
---- and min / argmax / argmin: keepdim is true, false or nil, or an options
+--- and min / argmax / argmin, or all as one table t:argmax{dim=, keepdim=}
+--- (torch's keywords): keepdim is true, false or nil, or an options
 --- table {keepdim=, dtype=} (torch's keywords); dtype (sum, mean, prod: a
 --- name or {dtype=}) converts t first, as torch's dtype=. Anything else in
 --- those places is EINVAL rather than read as Lua truth (a 0 is true there).
 --- t:max(u) / t:min(u) with a tensor u are t:maximum(u) / t:minimum(u).
 local REDUCE = {with_dtype = O.spec{"keepdim", "dtype"}, plain = O.spec{"keepdim"}}
+local REDUCE_KW = {with_dtype = O.spec{"dim", "keepdim", "dtype"}, plain = O.spec{"dim", "keepdim"}}
 for _, name in ipairs({"sum", "mean", "prod", "max", "min", "argmax", "argmin"}) do
   local f, with_dtype = methods[name], name == "sum" or name == "mean" or name == "prod"
   local elementwise = (name == "max" or name == "min") and methods[name .. "imum"]
   methods[name] = function(t, dim, keepdim, dtype)
     if elementwise and T.is_tensor(dim) then return elementwise(t, dim) end -- torch.max(a, b)
+    if type(dim) == "table" and getmetatable(dim) == nil then -- torch's t.argmax(dim=1, keepdim=True)
+      local o = O.check(with_dtype and REDUCE_KW.with_dtype or REDUCE_KW.plain, name, dim)
+      dim, keepdim, dtype = o.dim, o.keepdim, o.dtype
+    end
     if type(keepdim) == "table" and getmetatable(keepdim) == nil then
       local o = O.check(with_dtype and REDUCE.with_dtype or REDUCE.plain, name, keepdim)
       keepdim, dtype = o.keepdim, o.dtype or dtype
@@ -472,14 +494,129 @@ function methods.expand(t, ...)
   return expand_sizes(t, fixed)
 end
 
---- t:clamp([min][, max]) / t:clamp_ also on integer tensors, as torch's:
+-- A 1-based dim of a tensor of n dims (torch's negative dims count from
+-- the end: -1 is n); EINVAL naming fname outside 1..n.
+local function dim_of(fname, d, n)
+  if math.type(d) ~= "integer" then O.fail("EINVAL: %s: dim must be an integer, got %s", fname, tostring(d)) end
+  local r = d < 0 and n + 1 + d or d
+  if r < 1 or r > n then O.fail("EINVAL: %s: dim %d out of range 1..%d (or -%d..-1)", fname, d, n, n) end
+  return r
+end
+
+-- t reshaped to sizes: a view when t is contiguous, else a copy (crun's views
+-- are of contiguous tensors; torch's unsqueeze/squeeze/flatten are views always).
+local function reshaped(t, sizes)
+  if t:is_contiguous() then return t:view(sizes) end
+  return t:reshape(sizes)
+end
+
+--- t:unsqueeze(d): a size-1 dim inserted at 1-based d (1..dim+1; -1 appends).
+function methods.unsqueeze(t, d)
+  local s = t:size()
+  table.insert(s, dim_of("unsqueeze", d, #s + 1), 1)
+  return reshaped(t, s)
+end
+
+--- t:squeeze([d]): without the size-1 dims (only dim d, when it is size 1).
+function methods.squeeze(t, d)
+  local s, out = t:size(), {}
+  if d ~= nil then d = dim_of("squeeze", d, math.max(#s, 1)) end
+  for i, n in ipairs(s) do
+    if n ~= 1 or (d ~= nil and i ~= d) then out[#out + 1] = n end
+  end
+  return reshaped(t, out)
+end
+
+--- t:flatten([start=1][, end=-1]): dims start..end merged into one.
+function methods.flatten(t, a, b)
+  local s = t:size()
+  if #s == 0 then return reshaped(t, {1}) end
+  a, b = dim_of("flatten", a or 1, #s), dim_of("flatten", b or -1, #s)
+  if a > b then O.fail("EINVAL: flatten: start dim %d after end dim %d", a, b) end
+  local out, n = {}, 1
+  for i = 1, #s do
+    if i < a or i > b then out[#out + 1] = s[i] else n = n * s[i]; if i == b then out[#out + 1] = n end end
+  end
+  return reshaped(t, out)
+end
+
+--- t:permute(d1, d2, ...) or t:permute({d1, ...}): a view with dim i of the
+--- result being dim d_i of t (1-based; a permutation of 1..dim, as torch's).
+function methods.permute(t, ...)
+  local p = table.pack(...)
+  if type(p[1]) == "table" then p = table.pack(table.unpack(p[1])) end
+  local n, seen = t:dim(), {}
+  if p.n ~= n then O.fail("EINVAL: permute: %d dims given for a tensor of %d", p.n, n) end
+  local where, at = {}, {}   -- where[k]: the position of t's dim k in r; at[i]: the dim of t at position i
+  for i = 1, n do
+    local d = dim_of("permute", p[i], n)
+    if seen[d] then O.fail("EINVAL: permute: dim %d repeated", d) end
+    seen[d], where[i], at[i] = true, i, i
+    p[i] = d
+  end
+  local r = t
+  for i = 1, n do -- bring dim p[i] of t to position i by one swap
+    local j = where[p[i]]
+    if j ~= i then
+      r = r:transpose(i, j)
+      local k = at[i]
+      at[i], at[j], where[p[i]], where[k] = p[i], k, i, j
+    end
+  end
+  return r
+end
+
+--- t:all([dim][, keepdim]) / t:any: whether every (some) element is
+--- nonzero: a Lua boolean over every element (as t:sum() gives a number),
+--- a bool tensor along dim.
+for name, test in pairs({all = function(nz, n) return nz:eq(n) end, any = function(nz) return nz:gt(0) end}) do
+  methods[name] = function(t, dim, keepdim)
+    local nz = t:ne(0)
+    if dim == nil then
+      local c = nz:sum()
+      return name == "all" and c == t:numel() or name == "any" and c > 0
+    end
+    dim = dim_of(name, dim, t:dim())
+    return test(nz:sum(dim, keepdim), t:size(dim))
+  end
+end
+
+--- t:norm([p=2][, dim][, keepdim]): the p-norm (p a number > 0, math.huge or
+--- "inf", "fro" for 2) over every element (a number) or along dim (a
+--- tensor), of a float tensor, as torch's.
+function methods.norm(t, p, dim, keepdim)
+  if p == nil or p == "fro" then p = 2 elseif p == "inf" then p = math.huge end
+  if type(p) ~= "number" or not (p > 0) then O.fail("EINVAL: norm: p must be a number > 0, \"inf\" or \"fro\", got %s", tostring(p)) end
+  if not t:dtype():find("float") then O.fail("EINVAL: norm: a float tensor is expected, got %s (convert with :double())", t:dtype()) end
+  if dim ~= nil then dim = dim_of("norm", dim, t:dim()) end
+  local a = t:abs()
+  if p == math.huge then return dim and a:max(dim, keepdim) or a:max() end
+  if p == 2 then
+    local s = dim and a:square():sum(dim, keepdim) or a:square():sum()
+    return dim and s:sqrt() or math.sqrt(s)
+  end
+  local s = dim and a:pow(p):sum(dim, keepdim) or a:pow(p):sum()
+  return dim and s:pow(1 / p) or s ^ (1 / p)
+end
+
+--- t:detach(): t itself (crun records no autograd graph to detach from).
+function methods.detach(t) return t end
+
+--- t:clamp([min][, max]) or t:clamp{min=, max=} (torch's keywords) / t:clamp_
+--- also on integer tensors, as torch's:
 --- in their dtype with integer bounds, in float32 with a Lua float bound
 --- (clamp_ then refuses, as torch does). min > max or a nan bound is EINVAL,
 --- as for float tensors.
 local CLAMPS = {"clamp", "clamp_"}
+local CLAMP_KW = O.spec{"min", "max"}
 for _, name in ipairs(CLAMPS) do
   local f = methods[name]
   methods[name] = function(t, lo, hi)
+    if type(lo) == "table" and getmetatable(lo) == nil then -- torch's clamp(min=0)
+      local o = O.check(CLAMP_KW, name, lo)
+      lo, hi = o.min, o.max
+      if lo == nil and hi == nil then O.fail("EINVAL: %s: at least one of min and max is needed", name) end
+    end
     if not (T.is_tensor(t) and INT_DTYPES[t:dtype()]) then return f(t, lo, hi) end
     for _, b in ipairs({lo, hi}) do
       if b ~= b then O.fail("EINVAL: clamp: %s is nan", b == lo and "min" or "max") end
@@ -596,7 +733,7 @@ local function_forms = {"add", "sub", "mul", "div", "floor_divide", "remainder",
   "cos", "floor", "ceil", "round", "sign", "reciprocal", "square", "log1p", "expm1", "rsqrt",
   "clamp", "sum", "mean", "prod", "cumsum", "cumprod", "var", "std", "sort", "argsort", "topk", "max", "min", "argmax", "argmin", "mm", "softmax",
   "log_softmax", "index_select", "gather", "transpose", "t", "narrow", "select", "view",
-  "reshape", "clone", "contiguous", "numel", "equal", "allclose"}
+  "reshape", "clone", "contiguous", "numel", "equal", "allclose", "unsqueeze", "squeeze", "flatten", "permute"}
 for _, name in ipairs(function_forms) do
   if T[name] == nil then
     local m = methods[name]

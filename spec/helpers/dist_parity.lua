@@ -392,6 +392,44 @@ function cases.object_list_src()
   check(list[3] == "tail", "list[3] on rank %d is %s", rank, tostring(list[3]))
 end
 
+-- torch's positional group (and async_op / tag after it): all_reduce(t, op,
+-- group), send(t, dst, group, tag), ... on a group of ranks 0 and 1; the other
+-- ranks pass NON_GROUP_MEMBER there and take no part (they raised
+-- "options must be a table, got userdata", or ran the collective on WORLD)
+function cases.positional_group()
+  local g = dist.new_group({0, 1})
+  local member = rank <= 1
+  check(member == (g ~= dist.GroupMember.NON_GROUP_MEMBER), "new_group membership")
+  local function v() return T.new({rank + 1.5, -(2 * rank + 0.25)}, "float64") end
+  local t = v()
+  check((dist.all_reduce(t, "sum", g)) == nil, "all_reduce returned something")
+  local want = member and {4, -2.5} or {rank + 1.5, -(2 * rank + 0.25)}
+  check(t[1] == want[1] and t[2] == want[2], "all_reduce(t, op, group): %g %g", t[1], t[2])
+  t = v()
+  local w = dist.all_reduce(t, dist.ReduceOp.MAX, g, true)
+  if member then w:wait() else check(w == nil, "a non-member got a Work") end
+  check(not member or t[1] == 2.5 and t[2] == -0.25, "all_reduce(t, op, group, true): %g %g", t[1], t[2])
+  t = v()
+  dist.broadcast(t, 1, g)
+  check(not member or t[1] == 2.5 and t[2] == -2.25, "broadcast(t, src, group): %g %g", t[1], t[2])
+  t = v()
+  dist.reduce(t, 0, "sum", g)
+  check(rank ~= 0 or t[1] == 4 and t[2] == -2.5, "reduce(t, dst, op, group): %g %g", t[1], t[2])
+  dist.barrier(g)
+  t = v()
+  if rank == 0 then
+    dist.send(t, 1, g, 7)
+    dist.isend(t, 1, g, 9):wait()
+  elseif rank == 1 then
+    local u = T.zeros({2}, "float64")
+    check(dist.recv(u, 0, g, 7) == 0 and u[1] == 1.5 and u[2] == -0.25, "recv(t, src, group, tag): %g %g", u[1], u[2])
+    u:zero()
+    dist.irecv(u, 0, g, 9):wait()
+    check(u[1] == 1.5 and u[2] == -0.25, "irecv(t, src, group, tag): %g %g", u[1], u[2])
+  end
+  dist.barrier()
+end
+
 -- a broadcast_object_list past table.unpack's limit (about a million values)
 function cases.object_list_1m()
   local n = 1000001
