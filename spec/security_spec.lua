@@ -80,4 +80,45 @@ describe("security", function()
       assert.is_truthy(a:match("^127%.0%.0%.1:"), "a listener on " .. a)
     end
   end)
+  -- Another user's process on the same host (run with setpriv as `nobody`;
+  -- the spec must run as root to switch users).
+  local function as_nobody(cmd)
+    return string.format("setpriv --reuid=nobody --regid=%s --clear-groups env LUA_PATH=%q LUA_CPATH=%q %s",
+                         io.popen("id -g nobody"):read("l"), package.path, package.cpath, cmd)
+  end
+  local function can_switch_user()
+    local p = io.popen("id -u; command -v setpriv")
+    local out = p:read("a")
+    p:close()
+    return out:match("^0\n") and out:find("setpriv", 1, true) and os.execute("id nobody >/dev/null 2>&1")
+  end
+
+  it("a store without a secret serves no other user's process on its host (TCP or unix socket), and its "
+     .. "clients refuse another user's server on the port", function()
+    if not can_switch_user() then pending("needs root and setpriv to act as user nobody") return end
+    local store = require("crun").store
+    local srv = store.server{host = "127.0.0.1", port = 0, token = ""}
+    local s = store.tcp{host = "127.0.0.1", port = srv:port(), token = "", timeout = 5}
+    s:set("secret", "-271")
+    for _, env in ipairs{"", "CRUN_STORE_UNIX=0 "} do
+      local p = io.popen(as_nobody(env .. "lua5.4 spec/helpers/neighbour_store.lua client " .. srv:port()) .. " 2>&1")
+      local out = p:read("a")
+      p:close()
+      assert.is_truthy(out:find("refused: EACCES: the store server 127.0.0.1:" .. srv:port()
+                                .. " serves only its own user's processes on its host", 1, true), env .. out)
+      assert.is_falsy(out:find("-271", 1, true), out)
+    end
+    assert.are.equal("-271", s:get("secret"))
+    s:close()
+    srv:stop()
+    -- the neighbour holds the port: a client without a secret refuses its server
+    local p = io.popen(as_nobody("lua5.4 spec/helpers/neighbour_store.lua server") .. " 2>&1 & echo $!")
+    local pid, port = p:read("l"), tonumber(p:read("l"))
+    p:close()
+    local ok, err = pcall(store.tcp, {host = "127.0.0.1", port = port, token = "", timeout = 3})
+    os.execute("kill " .. pid .. " 2>/dev/null")
+    assert.is_false(ok)
+    assert.is_truthy(tostring(err):find("EACCES: the store server 127.0.0.1:" .. port
+                                       .. " is a process of another user", 1, true), tostring(err))
+  end)
 end)
