@@ -121,4 +121,45 @@ describe("security", function()
     assert.is_truthy(tostring(err):find("EACCES: the store server 127.0.0.1:" .. port
                                        .. " is a process of another user", 1, true), tostring(err))
   end)
+  it("a job without a secret refuses another user's process that claims a rank on its mesh port "
+     .. "(it would get the rank's all_reduce data)", function()
+    if not can_switch_user() then pending("needs root and setpriv to act as user nobody") return end
+    local store = require("crun").store
+    local srv = store.server{host = "127.0.0.1", port = 0, token = ""}
+    local s = store.tcp{host = "127.0.0.1", port = srv:port(), token = "", timeout = 5}
+    local outs = {os.tmpname(), os.tmpname()}
+    for r = 0, 1 do -- rank 1 comes 2 s late: the neighbour connects first
+      os.execute(string.format("CRUN_SHM=0 timeout -s KILL 20 lua5.4 spec/helpers/neighbour_mesh_job.lua %d %d %d > %s 2>&1 &",
+                               r, srv:port(), 2 * r, outs[r + 1]))
+    end
+    local addr
+    for _ = 1, 200 do
+      for _, k in ipairs(s:list_keys()) do if k == "default/0/tcp/0" then addr = s:get(k) end end
+      if addr then break end
+      os.execute("sleep 0.025")
+    end
+    assert.is_truthy(addr, "rank 0 never published its mesh address")
+    local p = io.popen(as_nobody("timeout 10 python3 spec/helpers/neighbour_mesh.py 127.0.0.1 "
+                                 .. addr:match(":(%d+)$") .. " default/0 1 2") .. " 2>&1")
+    local attack = p:read("a")
+    p:close()
+    local got = {}
+    for _ = 1, 200 do
+      for r = 1, 2 do
+        local f = io.open(outs[r])
+        got[r] = f and f:read("a") or ""
+        if f then f:close() end
+      end
+      if got[1]:find("all_reduce:", 1, true) and got[2]:find("all_reduce:", 1, true) then break end
+      os.execute("sleep 0.05")
+    end
+    os.remove(outs[1]); os.remove(outs[2])
+    s:close()
+    srv:stop()
+    assert.is_truthy(attack:find("attacker: refused", 1, true), attack)
+    assert.is_falsy(attack:find("stole", 1, true), attack)
+    for r = 0, 1 do -- (-3.5 + r) summed over ranks 0, 1; 7.25 twice; (-11 - r) summed
+      assert.is_truthy(got[r + 1]:find("rank " .. r .. " all_reduce: true -6.0,14.5,-23.0", 1, true), got[r + 1])
+    end
+  end)
 end)

@@ -5,7 +5,9 @@
  * and, when the job has a secret, passes the challenge-response of
  * core/auth.h bound to (group, connector, acceptor) before it is used. A
  * connection that fails either (junk bytes, a forged hello, no proof) is
- * closed and logged once; the mesh goes on accepting the real ranks. The
+ * closed and logged once; the mesh goes on accepting the real ranks. A job
+ * without a secret refuses another user's process on this host instead
+ * (refuse_stranger), both ways. The
  * acceptor runs every handshake in progress at once (accept_higher), so a
  * stranger that connects and stalls delays nobody; a connector whose
  * handshake was cut connects again until its deadline. */
@@ -184,6 +186,13 @@ static int connect_lower(crun__tcp_t *t, int j, double deadline) {
   for (int refused = 0;;) {
     int fd = dial(addr, colon + 1, deadline);
     if (fd < 0) return fd;
+    long uid;
+    if (!t->auth.on && crun__peer_stranger(fd, &uid)) {
+      close(fd);
+      return crun_error(CRUN_EACCES, "rank %d's address %s:%s is served by another user's process (uid %ld) on this "
+                        "host, and the job has no secret (CRUN_TOKEN) to check it with: refusing to send to it",
+                        j, addr, colon + 1, uid);
+    }
     crun__hello_t h = {CRUN__TCP_HELLO, t->group, t->rank, t->size};
     rc = io_full(fd, &h, sizeof h, 1, deadline);
     if (rc == 0) rc = prove(t, fd, j, deadline);
@@ -262,6 +271,25 @@ static int advance(crun__tcp_t *t, pending_t *p, char *why, size_t wn) {
   return 1;
 }
 
+/* Without a secret a hello is all a connection shows, so another user's
+ * process on this host could claim a rank's place (its port is listed in
+ * /proc/net/tcp, the group id is a hash of the group's name) and read or
+ * feed the collectives: such a peer (crun__peer_stranger) is told why
+ * (crun__auth_deny) and closed. Returns 1 when fd was refused. */
+static int refuse_stranger(crun__tcp_t *t, int fd) {
+  long uid;
+  if (t->auth.on || !crun__peer_stranger(fd, &uid)) return 0;
+  unsigned char deny[CRUN__AUTH_GREET];
+  crun__auth_deny(deny);
+  (void)send_now(fd, deny, sizeof deny);
+  close(fd);
+  if (t->refused++ == 0)
+    CRUN_LOG(WARN, NET, "group '%s' rank %d: refused a mesh connection from another user's process (uid %ld) on "
+             "this host: the job has no secret (CRUN_TOKEN) to tell it from a rank (further ones are counted)",
+             t->pg->prefix, t->rank, uid);
+  return 1;
+}
+
 /* Accepts the size - 1 - rank higher ranks by the deadline. */
 static int accept_higher(crun__tcp_t *t, int lfd, double deadline) {
   pending_t p[MESH_PENDING];
@@ -297,6 +325,7 @@ static int accept_higher(crun__tcp_t *t, int lfd, double deadline) {
         }
         continue;
       }
+      if (refuse_stranger(t, fd)) continue;
       tune_socket(fd);
       if (n == MESH_PENDING) { /* full: the oldest goes */
         int old = 0;
