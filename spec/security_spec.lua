@@ -162,4 +162,22 @@ describe("security", function()
       assert.is_truthy(got[r + 1]:find("rank " .. r .. " all_reduce: true -6.0,14.5,-23.0", 1, true), got[r + 1])
     end
   end)
+  -- a unix socket's connect waits, with no timeout, while the listener's
+  -- backlog is full: a name held that way (by anyone: abstract names have no
+  -- owner) used to hang every client of the store in connect()
+  it("a client does not hang on a store socket name held with a full backlog (it goes over TCP)", function()
+    local p = io.popen("timeout -s KILL 20 python3 spec/helpers/squat_store_name.py 15 2>&1 & echo $!")
+    local pid, port = p:read("l"), tonumber(p:read("l"))
+    p:close()
+    assert.is_truthy(port, "the squatter printed no port")
+    local code = string.format([[local store = require("crun").store
+      local srv = store.server{host = "127.0.0.1", port = %d, token = "-7"}
+      local s = store.tcp{host = "127.0.0.1", port = %d, token = "-7", timeout = 3}
+      s:set("k", "-13.5"); print("got " .. s:get("k"))]], port, port)
+    local c = io.popen("timeout -s KILL 10 lua5.4 -e " .. string.format("%q", code) .. " 2>&1; echo rc=$?")
+    local out = c:read("a")
+    c:close()
+    os.execute("kill " .. pid .. " 2>/dev/null")
+    assert.is_truthy(out:find("got -13.5\nrc=0", 1, true), out)
+  end)
 end)

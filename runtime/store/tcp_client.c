@@ -156,7 +156,11 @@ static int is_loopback(const char *host) {
 }
 
 /* Connects to the server's unix socket when it runs on this host and was
- * bound to host (or to the wildcard); returns the fd or -1. */
+ * bound to host (or to the wildcard); returns the fd (blocking) or -1. The
+ * connect does not wait: a unix socket's connect blocks, with no timeout,
+ * while the listener's backlog is full, and the name is public, so another
+ * user could hold it with a backlog nobody accepts from. A full backlog
+ * counts as no socket (the client goes over TCP). */
 static int connect_local(const char *host, int port) {
   if (!is_loopback(host) || crun_env_int("CRUN_STORE_UNIX", 1) == 0) return -1;
   const char *v6 = strchr(host, ':') ? "::" : NULL;
@@ -164,9 +168,12 @@ static int connect_local(const char *host, int port) {
   for (int i = 0; i < 2; i++) {
     struct sockaddr_un un;
     socklen_t len = crun__store_local_addr(names[i], port, &un);
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0) return -1;
-    if (connect(fd, (struct sockaddr *)&un, len) == 0) return fd;
+    if (connect(fd, (struct sockaddr *)&un, len) == 0) {
+      fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+      return fd;
+    }
     close(fd);
   }
   return -1;
