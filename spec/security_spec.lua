@@ -180,4 +180,26 @@ describe("security", function()
     os.execute("kill " .. pid .. " 2>/dev/null")
     assert.is_truthy(out:find("got -13.5\nrc=0", 1, true), out)
   end)
+  -- the mesh's connect was blocking: an address that drops SYNs (a listener
+  -- with a full backlog, a host gone from the network) held the rank for the
+  -- kernel's SYN retries (about 2 minutes) whatever the group's timeout
+  it("a rank whose peer's mesh address drops its SYNs fails at the group's timeout, not minutes later", function()
+    local p = io.popen("timeout -s KILL 20 python3 spec/helpers/full_backlog_tcp.py 15 2>&1 & echo $!")
+    local pid, port = p:read("l"), tonumber(p:read("l"))
+    p:close()
+    assert.is_truthy(port, "no listener port")
+    local code = string.format([[local crun = require "crun"
+      local srv = crun.store.server{host = "127.0.0.1", port = 0, token = "-3"}
+      local st = crun.store.tcp{host = "127.0.0.1", port = srv:port(), token = "-3", timeout = 5}
+      st:set("default/0/tcp/0", "127.0.0.1:%d")
+      print(pcall(crun.dist.init_process_group, {backend = "cpu", store = st, rank = 1, world_size = 2, timeout = 2}))]],
+      port)
+    local c = io.popen("CRUN_SHM=0 timeout -s KILL 10 lua5.4 -e " .. string.format("%q", code) .. " 2>&1; echo rc=$?")
+    local out = c:read("a")
+    c:close()
+    os.execute("kill " .. pid .. " 2>/dev/null")
+    assert.is_truthy(out:find("false\tETIMEDOUT: group 'default/0' on rank 1: mesh not connected, missing ranks 0 "
+                              .. "(ETIMEDOUT: connect to 127.0.0.1:" .. port, 1, true), out)
+    assert.is_truthy(out:find("rc=0", 1, true), out)
+  end)
 end)

@@ -119,6 +119,21 @@ static int io_full(int fd, void *buf, size_t n, int writing, double deadline) {
   return 0;
 }
 
+/* One connect of a non-blocking fd, finished by the deadline: 0, or -1 with
+ * errno (ETIMEDOUT at the deadline). A blocking connect waited for the
+ * kernel's SYN retries (about 2 minutes) whatever the deadline: a peer
+ * address that drops SYNs (a listener whose backlog is full, a host gone
+ * from the network) held the rank that long past its timeout. */
+static int connect_by(int fd, const struct addrinfo *ai, double deadline) {
+  if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0) return 0;
+  if (errno != EINPROGRESS) return -1;
+  int r = crun__tcp_wait_fd(fd, POLLOUT, deadline), e = 0;
+  socklen_t el = sizeof e;
+  if (r <= 0) return errno = ETIMEDOUT, -1;
+  if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &el) < 0) return -1;
+  return e ? (errno = e, -1) : 0;
+}
+
 /* Connects to host:port, retrying refused connects until the deadline. */
 static int dial(const char *host, const char *port, double deadline) {
   struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM}, *ai = NULL;
@@ -126,15 +141,16 @@ static int dial(const char *host, const char *port, double deadline) {
   if (rc != 0) return crun_error(CRUN_EINVAL, "cannot resolve '%s': %s", host, gai_strerror(rc));
   int fd = -1;
   while (fd < 0) {
-    fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     tune_socket(fd);
-    if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0) break;
+    if (connect_by(fd, ai, deadline) == 0) break;
     int e = errno;
     close(fd);
     fd = -1;
     if (crun_clock() > deadline) {
       freeaddrinfo(ai);
-      return crun_error(CRUN_ECONNREFUSED, "connect to %s:%s: %s", host, port, strerror(e));
+      return crun_error(e == ETIMEDOUT ? CRUN_ETIMEDOUT : CRUN_ECONNREFUSED, "connect to %s:%s: %s", host, port,
+                        strerror(e));
     }
     struct timespec ts = {0, 10 * 1000 * 1000};
     nanosleep(&ts, NULL);
