@@ -202,4 +202,38 @@ describe("security", function()
                               .. "(ETIMEDOUT: connect to 127.0.0.1:" .. port, 1, true), out)
     assert.is_truthy(out:find("rc=0", 1, true), out)
   end)
+  -- a file store in a shared directory (torch's init_method file:///tmp/...)
+  -- used a file that another user made first (world-writable: they read the
+  -- job's keys and forge their own), and wrote through a planted link
+  it("a file store refuses a file of another user, a world-writable one, and a symbolic link", function()
+    local store = require("crun").store
+    local dir = os.tmpname()
+    os.remove(dir)
+    assert(os.execute("mkdir -m 1777 " .. dir))
+    local function refused(path, pattern)
+      local ok, err = pcall(store.file, path)
+      assert.is_false(ok, path)
+      assert.is_truthy(tostring(err):find(pattern, 1, true), tostring(err))
+    end
+    assert(os.execute("touch " .. dir .. "/ww && chmod 0666 " .. dir .. "/ww"))
+    refused(dir .. "/ww", "EACCES: file store '" .. dir .. "/ww' is writable by every user (mode 666)")
+    local target = dir .. "/mine"
+    assert(io.open(target, "w")):close()
+    assert(os.execute("ln -s " .. target .. " " .. dir .. "/link"))
+    refused(dir .. "/link", "EINVAL: file store '" .. dir .. "/link' is a symbolic link")
+    local f = assert(io.open(target))
+    assert.are.equal("", f:read("a")) -- nothing was written through the link
+    f:close()
+    if can_switch_user() then
+      assert(os.execute(as_nobody("sh -c 'umask 0; : > " .. dir .. "/theirs; chmod 0644 " .. dir .. "/theirs'")))
+      refused(dir .. "/theirs", "EACCES: file store '" .. dir .. "/theirs' belongs to uid ")
+    end
+    local s = store.file(dir .. "/fresh") -- a new file: private to this user
+    s:set("k", "-8")
+    local p = io.popen("stat -c %a " .. dir .. "/fresh")
+    assert.are.equal("600", p:read("l"))
+    p:close()
+    s:close()
+    os.execute("rm -rf " .. dir)
+  end)
 end)
