@@ -9,6 +9,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -352,6 +353,21 @@ static int check_target(lua_State *L, const char *path) {
     return save_fail(L, "cannot check", path, errno);
   }
   return 0;
+}
+
+/* named_fifo(path): true when path leads to a fifo in a file system (made
+ * by mkfifo), not to an anonymous pipe (/dev/stdin, a shell's <(...)):
+ * opening the first blocks until some process opens it for writing, which
+ * may be never (a neighbour's fifo planted where a checkpoint is looked
+ * for). crun.load and crun.serialize.exists refuse it. */
+#define PIPEFS_MAGIC_ 0x50495045
+static int l_named_fifo(lua_State *L) {
+  const char *path = crun_l_checkstring(L, 1);
+  struct stat st;
+  struct statfs fs;
+  lua_pushboolean(L, stat(path, &st) == 0 && S_ISFIFO(st.st_mode) &&
+                         !(statfs(path, &fs) == 0 && fs.f_type == PIPEFS_MAGIC_));
+  return 1;
 }
 
 static int l_save_file(lua_State *L) {
@@ -930,7 +946,7 @@ void crun_l_open_train(lua_State *L) {
       {"nn_layer_norm_backward", l_layer_norm_backward}, {"nn_embedding_forward", l_embedding_forward},
       {"nn_embedding_backward", l_embedding_backward}, {"gunzip_file", l_gunzip_file},
       {"optim_sgd", l_sgd}, {"optim_adam", l_adam},
-      {"fsync_path", l_fsync_path}, {"save_file", l_save_file}, {"getpid", l_getpid}, {"blas_threads", l_blas_threads},
+      {"fsync_path", l_fsync_path}, {"save_file", l_save_file}, {"named_fifo", l_named_fifo}, {"getpid", l_getpid}, {"blas_threads", l_blas_threads},
       {"sampler_indices", l_sampler_indices}, {"sampler_len", l_sampler_len}, {"permutation", l_permutation},
       {"reducer_new", l_reducer_new}, {"zero_partition", l_zero_partition},
       {"fsdp_layout", l_fsdp_layout}, {"fsdp_shard_range", l_fsdp_shard_range}, {"fsdp_view", l_fsdp_view},

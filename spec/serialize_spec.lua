@@ -101,6 +101,30 @@ describe("crun.save / crun.load", function()
     assert.matches("^EPROTO: crun.load: /dev/zero is not a crun save file", err)
   end)
 
+  -- a fifo planted where a checkpoint is looked for (by another user in a
+  -- shared directory) made crun.load and exists() block in open() forever,
+  -- waiting for a writer; a pipe (/dev/stdin) is still read
+  it("refuses a named fifo instead of waiting for a writer, and still reads a pipe", function()
+    local dir = os.tmpname()
+    os.remove(dir)
+    assert(os.execute("mkdir " .. dir .. " && mkfifo " .. dir .. "/ckpt.crun"))
+    local code = string.format([[local s = require "crun.serialize"
+      local ok, err = pcall(s.load, %q); print(ok, err); print(s.exists(%q))]], dir .. "/ckpt.crun", dir .. "/ckpt.crun")
+    local p = io.popen("timeout -s KILL 5 lua5.4 -e " .. string.format("%q", code) .. " 2>&1; echo rc=$?")
+    local out = p:read("a")
+    p:close()
+    assert.is_truthy(out:find("false\tEINVAL: crun.load: " .. dir .. "/ckpt.crun is a fifo, not a save file", 1, true), out)
+    assert.is_truthy(out:find("\nfalse\nrc=0", 1, true), out)
+    local path = dir .. "/real.crun"
+    serialize.save(path, {w = -2.5, n = 7})
+    p = io.popen("timeout -s KILL 5 lua5.4 -e 'local v = require(\"crun.serialize\").load(\"/dev/stdin\"); "
+                 .. "print(v.w, v.n)' < " .. path .. " 2>&1")
+    out = p:read("a")
+    p:close()
+    os.execute("rm -rf " .. dir)
+    assert.are.equal("-2.5\t7\n", out)
+  end)
+
   it("refuses a tensor that claims more elements than its bytes before allocating them", function()
     -- a float32 tensor of 2^20 x 2^20 (4 TiB) carried by 11 bytes (found by tests/fuzz/checkpoint)
     local body = "CRUNSAV1" .. "X" .. string.pack("<s1<I1<i8<i8<s8", "float32", 2, 1 << 20, 1 << 20, "-1.5e3;7;-2")

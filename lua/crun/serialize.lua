@@ -249,12 +249,17 @@ local function errno_status(code)
 end
 
 --- Loads a value saved by save(). Raises ENOTFOUND when path is missing,
--- EACCES when it cannot be read, EINVAL for a directory, EIO for other read
+-- EACCES when it cannot be read, EINVAL for a directory or a named fifo
+-- (mkfifo: its open would wait for a writer; a pipe is read), EIO for other read
 -- failures, EPROTO when the file is not a complete crun save file. opts takes
 -- torch.load's map_location/weights_only/mmap (no effect in crun).
 function serialize.load(path, opts)
   check_path("crun.load", path)
   O.check(LOAD_OPTS, "crun.load", opts)
+  if core().named_fifo(path) then -- its open would wait for a writer, maybe forever
+    O.fail("EINVAL: crun.load: %s is a fifo, not a save file (opening it waits until some process writes it; "
+           .. "a pipe such as /dev/stdin is read)", path)
+  end
   local f, msg, code = io.open(path, "rb")
   if not f then O.fail("%s: crun.load: cannot open %s (%s)", errno_status(code), path, tostring(msg)) end
   -- the magic first: /dev/zero, or a big file that is no save file, is
@@ -279,6 +284,7 @@ end
 --- Returns true when path holds a file (for "resume if a checkpoint exists").
 function serialize.exists(path)
   if type(path) ~= "string" or path:find("\0", 1, true) then return false end -- (io.open would cut it)
+  if core().named_fifo(path) then return false end -- (io.open would wait for a writer)
   local f = io.open(path, "rb")
   if f then f:close() return true end
   return false

@@ -1,14 +1,25 @@
 /* auth.c — the job secret and its challenge-response (see auth.h). */
 #include "core/auth.h"
 
+#include <arpa/inet.h>
+#include <errno.h>
+#include <linux/inet_diag.h>
+#include <linux/netlink.h>
+#include <linux/sock_diag.h>
+#include <netinet/in.h>
 #include <sodium.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
 
 #include "crun.h"
 
 static const unsigned char GREET_AUTH[8] = {'c', 'r', 'u', 'n', 'a', 'u', 't', 'h'};
 static const unsigned char GREET_OPEN[8] = {'c', 'r', 'u', 'n', 'o', 'p', 'e', 'n'};
+static const unsigned char GREET_DENY[8] = {'c', 'r', 'u', 'n', 'd', 'e', 'n', 'y'};
 
 int crun__auth_init(crun__auth_t *a, const char *token) {
   memset(a, 0, sizeof *a);
@@ -57,6 +68,10 @@ int crun__auth_answer(const crun__auth_t *a, const char *ctx, const char *peer,
                       const unsigned char greet[CRUN__AUTH_GREET], unsigned char out[CRUN__AUTH_ANSWER],
                       unsigned char want_proof[CRUN__AUTH_PROOF]) {
   int open = memcmp(greet, GREET_OPEN, 8) == 0, authed = memcmp(greet, GREET_AUTH, 8) == 0;
+  if (memcmp(greet, GREET_DENY, 8) == 0)
+    return crun_error(CRUN_EACCES, "%s serves only its own user's processes on its host, and this one runs as "
+                      "another user (uid %ld): without a secret nothing else tells a job's process from a "
+                      "neighbour's; give both sides the same CRUN_TOKEN", peer, (long)geteuid());
   if (!open && !authed)
     return crun_error(CRUN_EPROTO, "%s did not greet as a crun endpoint (not a crun server, or another protocol)", peer);
   if (authed && !a->on)
@@ -89,4 +104,102 @@ int crun__auth_check_proof(const unsigned char want[CRUN__AUTH_PROOF], const uns
     return crun_error(CRUN_EACCES, "%s answered without the job's secret (a different CRUN_TOKEN, or not the job's server)",
                       peer);
   return 0;
+}
+
+void crun__auth_deny(unsigned char out[CRUN__AUTH_GREET]) {
+  memset(out, 0, CRUN__AUTH_GREET);
+  memcpy(out, GREET_DENY, 8);
+}
+
+/* Asks the kernel (NETLINK_SOCK_DIAG) for the uid of the TCP socket on this
+ * host whose own end is src:sport and whose peer is dst:dport (addresses of
+ * `family`, network order). 1 and *uid when found, 0 when there is none, -1
+ * when the kernel cannot be asked. */
+static int diag_uid(int family, const void *src, uint16_t sport, const void *dst, uint16_t dport, long *uid) {
+  struct {
+    struct nlmsghdr nh;
+    struct inet_diag_req_v2 r;
+  } req;
+  memset(&req, 0, sizeof req);
+  req.nh.nlmsg_len = sizeof req;
+  req.nh.nlmsg_type = SOCK_DIAG_BY_FAMILY;
+  req.nh.nlmsg_flags = NLM_F_REQUEST;
+  req.r.sdiag_family = (uint8_t)family;
+  req.r.sdiag_protocol = IPPROTO_TCP;
+  req.r.idiag_states = ~0u;
+  req.r.id.idiag_sport = sport;
+  req.r.id.idiag_dport = dport;
+  memcpy(req.r.id.idiag_src, src, family == AF_INET ? 4 : 16);
+  memcpy(req.r.id.idiag_dst, dst, family == AF_INET ? 4 : 16);
+  req.r.id.idiag_cookie[0] = req.r.id.idiag_cookie[1] = INET_DIAG_NOCOOKIE;
+  int nl = socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_SOCK_DIAG);
+  if (nl < 0) return -1;
+  struct timeval tv = {1, 0}; /* the kernel answers at once; never wait longer */
+  setsockopt(nl, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  long buf[1024];
+  ssize_t n = send(nl, &req, sizeof req, 0) == (ssize_t)sizeof req ? recv(nl, buf, sizeof buf, 0) : -1;
+  close(nl);
+  int found = -1;
+  for (struct nlmsghdr *h = (struct nlmsghdr *)buf; n > 0 && NLMSG_OK(h, (size_t)n); h = NLMSG_NEXT(h, n)) {
+    if (h->nlmsg_type == NLMSG_ERROR) {
+      const struct nlmsgerr *e = NLMSG_DATA(h);
+      found = e->error == -ENOENT ? 0 : -1;
+      break;
+    }
+    if (h->nlmsg_type == SOCK_DIAG_BY_FAMILY) {
+      const struct inet_diag_msg *m = NLMSG_DATA(h);
+      *uid = (long)m->idiag_uid;
+      found = 1;
+      break;
+    }
+  }
+  return found;
+}
+
+/* The uid of the TCP peer of fd on this host (see crun__peer_stranger):
+ * 1 found, 0 not on this host, -1 unknown; *loop: the peer's address is a
+ * loopback one. An IPv4 peer of an IPv6 socket (::ffff:a.b.c.d) is looked
+ * up as the IPv4 socket it is, then as an IPv6 one. */
+static int tcp_peer_uid(int fd, long *uid, int *loop) {
+  struct sockaddr_storage me, peer;
+  socklen_t ml = sizeof me, pl = sizeof peer;
+  if (getsockname(fd, (struct sockaddr *)&me, &ml) < 0 || getpeername(fd, (struct sockaddr *)&peer, &pl) < 0)
+    return -1;
+  if (peer.ss_family == AF_INET) {
+    const struct sockaddr_in *p = (const void *)&peer, *m = (const void *)&me;
+    *loop = (ntohl(p->sin_addr.s_addr) >> 24) == 127;
+    return diag_uid(AF_INET, &p->sin_addr, p->sin_port, &m->sin_addr, m->sin_port, uid);
+  }
+  if (peer.ss_family != AF_INET6) return -1;
+  const struct sockaddr_in6 *p = (const void *)&peer, *m = (const void *)&me;
+  int mapped = IN6_IS_ADDR_V4MAPPED(&p->sin6_addr) && IN6_IS_ADDR_V4MAPPED(&m->sin6_addr);
+  *loop = IN6_IS_ADDR_LOOPBACK(&p->sin6_addr) || (mapped && p->sin6_addr.s6_addr[12] == 127);
+  int r = mapped ? diag_uid(AF_INET, p->sin6_addr.s6_addr + 12, p->sin6_port, m->sin6_addr.s6_addr + 12,
+                            m->sin6_port, uid) : 0;
+  return r != 0 ? r : diag_uid(AF_INET6, &p->sin6_addr, p->sin6_port, &m->sin6_addr, m->sin6_port, uid);
+}
+
+int crun__peer_stranger(int fd, long *uid) {
+  struct sockaddr_storage ss;
+  socklen_t sl = sizeof ss;
+  int loop = 0, found;
+  *uid = -1;
+  if (getsockname(fd, (struct sockaddr *)&ss, &sl) < 0) return 1;
+  if (ss.ss_family == AF_UNIX) {
+    struct ucred cred;
+    socklen_t cl = sizeof cred;
+    found = getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) == 0 ? 1 : -1;
+    if (found == 1) *uid = (long)cred.uid;
+  } else {
+    found = tcp_peer_uid(fd, uid, &loop);
+  }
+  if (found == 1) return !(*uid == (long)geteuid() || *uid == 0);
+  if (found < 0 && ss.ss_family != AF_UNIX) {
+    static _Atomic int warned; /* no sock_diag here (a seccomp filter?): served as before, unchecked */
+    if (!atomic_exchange(&warned, 1))
+      CRUN_LOG(WARN, NET, "cannot ask the kernel who owns a TCP peer (NETLINK_SOCK_DIAG: %s): endpoints "
+               "without a secret cannot tell this host's other users from the job; set CRUN_TOKEN", strerror(errno));
+    return 0;
+  }
+  return found < 0 || loop; /* SO_PEERCRED failed, or a loopback peer that is nowhere: refused */
 }

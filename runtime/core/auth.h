@@ -5,7 +5,8 @@
  * hex) and its workers inherit it; jobs started by mpirun, srun or by hand
  * are given one by the user. Any text works: it is hashed into a 32-byte key.
  * The secret never crosses the wire. Without CRUN_TOKEN, auth is off (a
- * store made by hand in one process tree, as torch's TCPStore has it).
+ * store made by hand in one process tree, as torch's TCPStore has it);
+ * then crun__peer_stranger keeps other users' processes on the host out.
  *
  * Exchange (acceptor A, connector C; MAC = HMAC-SHA-256 from libsodium):
  *   A -> C  greeting: "crunauth" + 32-byte nonce nA   ("crunopen" + zeros when A has no secret)
@@ -53,6 +54,22 @@ int crun__auth_answer(const crun__auth_t *a, const char *ctx, const char *peer,
  * the answer is not from a holder of the secret. */
 int crun__auth_check_answer(const crun__auth_t *a, const char *ctx, const unsigned char nonce[32],
                             const unsigned char answer[CRUN__AUTH_ANSWER], unsigned char proof[CRUN__AUTH_PROOF]);
+
+/* Acceptor without a secret: the greeting that refuses a connector it will
+ * not serve (crun__peer_stranger); crun__auth_answer makes it EACCES. */
+void crun__auth_deny(unsigned char out[CRUN__AUTH_GREET]);
+
+/* Whether the other end of the connected socket fd is a process of another
+ * user on this host (not this process's effective user, not root): such a
+ * peer must not be served by, nor trusted as, an endpoint without a secret.
+ * A unix socket's peer is known from SO_PEERCRED; a TCP peer's socket is
+ * looked up on this host by its address and port (NETLINK_SOCK_DIAG, as
+ * `ss -e` does), so a neighbour is caught on any local address, loopback or
+ * not. A TCP peer not found on this host is remote: 0 (only a secret can
+ * tell who it is), except on a loopback address, where a peer that cannot
+ * be identified is refused. Writes the peer's uid to *uid when known (else
+ * -1). Blocks for one netlink round trip at most. */
+int crun__peer_stranger(int fd, long *uid);
 
 /* Connector: 0 when the acceptor's proof matches, else EACCES naming peer. */
 int crun__auth_check_proof(const unsigned char want[CRUN__AUTH_PROOF], const unsigned char got[CRUN__AUTH_PROOF],

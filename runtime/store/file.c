@@ -445,13 +445,36 @@ static int fs_join(file_store_t *f) {
   return rc;
 }
 
+/* A store file is this user's (or root's), and only its owner may write it:
+ * in a shared directory (/tmp, as torch's init_method file:///tmp/... has
+ * it) another user could have made the file first, world-writable, and then
+ * read the job's keys and forge its own. EACCES naming the owner. */
+static int fs_check_owner(file_store_t *f) {
+  struct stat st;
+  if (fstat(f->fd, &st) < 0) return crun_error(CRUN_ESYS, "file store '%s': fstat: %s", f->path, strerror(errno));
+  if (st.st_uid != geteuid() && st.st_uid != 0)
+    return crun_error(CRUN_EACCES, "file store '%s' belongs to uid %ld, not to this user (uid %ld): another user "
+                      "made it and could read and forge its keys; use a path of your own", f->path,
+                      (long)st.st_uid, (long)geteuid());
+  if (st.st_mode & (S_IWGRP | S_IWOTH))
+    return crun_error(CRUN_EACCES, "file store '%s' is writable by %s (mode %03o): they could forge its keys; "
+                      "chmod go-w it or use another path", f->path, st.st_mode & S_IWOTH ? "every user" : "its group",
+                      (unsigned)(st.st_mode & 0777));
+  return 0;
+}
+
 /* Opens path and joins its log, again when it was removed under us (a last
- * user leaving as we open). */
+ * user leaving as we open). The file is made 0600, never through a
+ * symbolic link (one planted at the path would have the log written
+ * wherever it points). */
 static int fs_open(file_store_t *f) {
   for (int attempt = 0; attempt < 100; attempt++) {
     if (f->fd >= 0) close(f->fd);
-    f->fd = open(f->path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    f->fd = open(f->path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (f->fd < 0 && errno == ELOOP)
+      return crun_error(CRUN_EINVAL, "file store '%s' is a symbolic link: refusing to write through it", f->path);
     if (f->fd < 0) return crun_error(CRUN_ESYS, "file store '%s': open: %s", f->path, strerror(errno));
+    CRUN_CHECK(fs_check_owner(f));
     CRUN_CHECK(fs_lock(f, LOCK_EX));
     int rc = fs_join(f);
     fs_unlock(f);

@@ -62,6 +62,7 @@ typedef struct {
   crun__sarg_t *rargs;         /* the last reply's arguments (views into rbuf) */
   unsigned rnargs, rargcap;
   crun__auth_t auth;           /* the job's secret (core/auth.h) */
+  int no_local;                /* the server refused this user on its unix socket: TCP only */
   double spin;                 /* seconds to poll for a reply before blocking (tcp_proto.h) */
   double rtt;                  /* recent round trips (a moving average, capped samples), s */
   int async_set;               /* set returns once sent (tcp_proto.h, "Pipelined sets") */
@@ -155,7 +156,11 @@ static int is_loopback(const char *host) {
 }
 
 /* Connects to the server's unix socket when it runs on this host and was
- * bound to host (or to the wildcard); returns the fd or -1. */
+ * bound to host (or to the wildcard); returns the fd (blocking) or -1. The
+ * connect does not wait: a unix socket's connect blocks, with no timeout,
+ * while the listener's backlog is full, and the name is public, so another
+ * user could hold it with a backlog nobody accepts from. A full backlog
+ * counts as no socket (the client goes over TCP). */
 static int connect_local(const char *host, int port) {
   if (!is_loopback(host) || crun_env_int("CRUN_STORE_UNIX", 1) == 0) return -1;
   const char *v6 = strchr(host, ':') ? "::" : NULL;
@@ -163,9 +168,12 @@ static int connect_local(const char *host, int port) {
   for (int i = 0; i < 2; i++) {
     struct sockaddr_un un;
     socklen_t len = crun__store_local_addr(names[i], port, &un);
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0) return -1;
-    if (connect(fd, (struct sockaddr *)&un, len) == 0) return fd;
+    if (connect(fd, (struct sockaddr *)&un, len) == 0) {
+      fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+      return fd;
+    }
     close(fd);
   }
   return -1;
@@ -193,13 +201,24 @@ static int read_exact(int fd, void *buf, size_t n, double deadline) {
  * job's keys. Then the client goes over TCP (and says so once). */
 static int served_by_this_user(tcp_store_t *t, int fd) {
   static int warned;
-  struct ucred cred;
-  socklen_t cl = sizeof cred;
-  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) == 0 && (cred.uid == geteuid() || cred.uid == 0)) return 1;
+  long uid;
+  if (!crun__peer_stranger(fd, &uid)) return 1;
   if (!warned++)
-    CRUN_LOG(WARN, STORE, "the store's unix socket for %s:%d is held by uid %d (pid %d), not this user: "
-             "ignoring it and connecting over TCP", t->host, t->port, (int)cred.uid, (int)cred.pid);
+    CRUN_LOG(WARN, STORE, "the store's unix socket for %s:%d is held by uid %ld, not this user: "
+             "ignoring it and connecting over TCP", t->host, t->port, uid);
   return 0;
+}
+
+/* Without a secret nothing proves the server is the job's: a TCP server on
+ * this host run by another user (one that took the port first) is refused
+ * with EACCES before anything is sent to it. With a secret the handshake
+ * decides. Returns 0 or EACCES naming the store. */
+static int check_tcp_server(tcp_store_t *t, int fd) {
+  long uid;
+  if (t->auth.on || !crun__peer_stranger(fd, &uid)) return 0;
+  return crun_error(CRUN_EACCES, "the store server %s:%d is a process of another user (uid %ld) on this host, and "
+                    "this client has no secret to check it with: refusing to talk to it (a neighbour may hold the "
+                    "port; give the job a CRUN_TOKEN)", t->host, t->port, uid);
 }
 
 /* Proves the job's secret to the server on a new connection, and checks
@@ -239,20 +258,25 @@ static int tcp_connect(tcp_store_t *t, double deadline) {
   double t0 = crun_clock();
   int gai = 0;
   for (;;) {
-    int fd = connect_local(t->host, t->port), local = fd >= 0;
+    int fd = t->no_local ? -1 : connect_local(t->host, t->port), local = fd >= 0;
     if (local && !served_by_this_user(t, fd)) {
       close(fd);
       fd = -1, local = 0;
     }
     if (fd < 0) fd = connect_once(t->host, t->port, deadline, &gai);
     if (fd >= 0) {
-      int rc = client_handshake(t, fd, local, deadline);
+      int rc = local ? 0 : check_tcp_server(t, fd);
+      if (rc == 0) rc = client_handshake(t, fd, local, deadline);
       if (rc == 0) {
         t->fd = fd;
         t->rlen = t->rused = 0;
         return 0;
       }
       close(fd);
+      if (local && rc == CRUN_EACCES) { /* the server serves only its own user there: TCP may admit us */
+        t->no_local = 1;
+        continue;
+      }
       /* a wrong secret stays wrong; a handshake cut short (a busy server
        * shedding connections) is tried again until the deadline */
       if (rc == CRUN_EACCES || rc == CRUN_EPROTO || crun_clock() >= deadline) return rc;

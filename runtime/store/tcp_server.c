@@ -826,14 +826,25 @@ static void expire_pending(crun_store_server_t *srv, conn_t *keep) {
   if (pending >= PENDING_MAX && oldest) refuse(oldest, "too many connections in the handshake");
 }
 
-/* Whether the peer of a unix-socket connection runs as this user (or root). */
-static int same_user(conn_t *c) {
+/* Refuses c when its peer is another user's process on this host: always on
+ * the unix socket (its name is public), and on TCP when the store has no
+ * secret (then nothing else tells the job's clients from a neighbour's; see
+ * crun__peer_stranger). The peer is told why (crun__auth_deny) before the
+ * connection closes. Returns 1 when c was refused. */
+static int refuse_stranger(conn_t *c) {
   uv_os_fd_t fd;
-  struct ucred cred;
-  socklen_t cl = sizeof cred;
-  if (uv_fileno((uv_handle_t *)&c->h, &fd) != 0 || getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) != 0)
-    return 0;
-  return cred.uid == geteuid() || cred.uid == 0;
+  long uid = -1;
+  if (!c->local && c->srv->auth.on) return 0;
+  if (uv_fileno((uv_handle_t *)&c->h, &fd) == 0 && !crun__peer_stranger(fd, &uid)) return 0;
+  unsigned char deny[CRUN__AUTH_GREET];
+  crun__auth_deny(deny);
+  uv_buf_t b = uv_buf_init((char *)deny, sizeof deny);
+  (void)uv_try_write((uv_stream_t *)&c->h, &b, 1); /* a fresh socket takes it; else the close tells */
+  char why[128];
+  snprintf(why, sizeof why, "%s is another user (uid %ld)%s", c->local ? "the unix socket's peer" : "the TCP peer",
+           uid, c->local ? "" : " on this host, and the store has no secret (CRUN_TOKEN)");
+  refuse(c, why);
+  return 1;
 }
 
 /* Initializes c's handle for the listener it arrives on. */
@@ -868,7 +879,7 @@ static void on_connection(uv_stream_t *server, int status) {
   atomic_fetch_add(&srv->nconns, 1);
   atomic_fetch_add(&srv->accepted, 1);
   CRUN_LOG(TRACE, STORE, "store server %s: connection from %s", srv->addr, c->peer);
-  if (local && !same_user(c)) return refuse(c, "the unix socket's peer is another user");
+  if (refuse_stranger(c)) return;
   c->since = crun_clock();
   expire_pending(srv, c);
   wreq_t *w = malloc(sizeof *w + CRUN__AUTH_GREET);

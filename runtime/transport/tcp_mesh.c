@@ -5,7 +5,9 @@
  * and, when the job has a secret, passes the challenge-response of
  * core/auth.h bound to (group, connector, acceptor) before it is used. A
  * connection that fails either (junk bytes, a forged hello, no proof) is
- * closed and logged once; the mesh goes on accepting the real ranks. The
+ * closed and logged once; the mesh goes on accepting the real ranks. A job
+ * without a secret refuses another user's process on this host instead
+ * (refuse_stranger), both ways. The
  * acceptor runs every handshake in progress at once (accept_higher), so a
  * stranger that connects and stalls delays nobody; a connector whose
  * handshake was cut connects again until its deadline. */
@@ -117,6 +119,21 @@ static int io_full(int fd, void *buf, size_t n, int writing, double deadline) {
   return 0;
 }
 
+/* One connect of a non-blocking fd, finished by the deadline: 0, or -1 with
+ * errno (ETIMEDOUT at the deadline). A blocking connect waited for the
+ * kernel's SYN retries (about 2 minutes) whatever the deadline: a peer
+ * address that drops SYNs (a listener whose backlog is full, a host gone
+ * from the network) held the rank that long past its timeout. */
+static int connect_by(int fd, const struct addrinfo *ai, double deadline) {
+  if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0) return 0;
+  if (errno != EINPROGRESS) return -1;
+  int r = crun__tcp_wait_fd(fd, POLLOUT, deadline), e = 0;
+  socklen_t el = sizeof e;
+  if (r <= 0) return errno = ETIMEDOUT, -1;
+  if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &el) < 0) return -1;
+  return e ? (errno = e, -1) : 0;
+}
+
 /* Connects to host:port, retrying refused connects until the deadline. */
 static int dial(const char *host, const char *port, double deadline) {
   struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM}, *ai = NULL;
@@ -124,15 +141,16 @@ static int dial(const char *host, const char *port, double deadline) {
   if (rc != 0) return crun_error(CRUN_EINVAL, "cannot resolve '%s': %s", host, gai_strerror(rc));
   int fd = -1;
   while (fd < 0) {
-    fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     tune_socket(fd);
-    if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0) break;
+    if (connect_by(fd, ai, deadline) == 0) break;
     int e = errno;
     close(fd);
     fd = -1;
     if (crun_clock() > deadline) {
       freeaddrinfo(ai);
-      return crun_error(CRUN_ECONNREFUSED, "connect to %s:%s: %s", host, port, strerror(e));
+      return crun_error(e == ETIMEDOUT ? CRUN_ETIMEDOUT : CRUN_ECONNREFUSED, "connect to %s:%s: %s", host, port,
+                        strerror(e));
     }
     struct timespec ts = {0, 10 * 1000 * 1000};
     nanosleep(&ts, NULL);
@@ -184,6 +202,13 @@ static int connect_lower(crun__tcp_t *t, int j, double deadline) {
   for (int refused = 0;;) {
     int fd = dial(addr, colon + 1, deadline);
     if (fd < 0) return fd;
+    long uid;
+    if (!t->auth.on && crun__peer_stranger(fd, &uid)) {
+      close(fd);
+      return crun_error(CRUN_EACCES, "rank %d's address %s:%s is served by another user's process (uid %ld) on this "
+                        "host, and the job has no secret (CRUN_TOKEN) to check it with: refusing to send to it",
+                        j, addr, colon + 1, uid);
+    }
     crun__hello_t h = {CRUN__TCP_HELLO, t->group, t->rank, t->size};
     rc = io_full(fd, &h, sizeof h, 1, deadline);
     if (rc == 0) rc = prove(t, fd, j, deadline);
@@ -262,6 +287,25 @@ static int advance(crun__tcp_t *t, pending_t *p, char *why, size_t wn) {
   return 1;
 }
 
+/* Without a secret a hello is all a connection shows, so another user's
+ * process on this host could claim a rank's place (its port is listed in
+ * /proc/net/tcp, the group id is a hash of the group's name) and read or
+ * feed the collectives: such a peer (crun__peer_stranger) is told why
+ * (crun__auth_deny) and closed. Returns 1 when fd was refused. */
+static int refuse_stranger(crun__tcp_t *t, int fd) {
+  long uid;
+  if (t->auth.on || !crun__peer_stranger(fd, &uid)) return 0;
+  unsigned char deny[CRUN__AUTH_GREET];
+  crun__auth_deny(deny);
+  (void)send_now(fd, deny, sizeof deny);
+  close(fd);
+  if (t->refused++ == 0)
+    CRUN_LOG(WARN, NET, "group '%s' rank %d: refused a mesh connection from another user's process (uid %ld) on "
+             "this host: the job has no secret (CRUN_TOKEN) to tell it from a rank (further ones are counted)",
+             t->pg->prefix, t->rank, uid);
+  return 1;
+}
+
 /* Accepts the size - 1 - rank higher ranks by the deadline. */
 static int accept_higher(crun__tcp_t *t, int lfd, double deadline) {
   pending_t p[MESH_PENDING];
@@ -297,6 +341,7 @@ static int accept_higher(crun__tcp_t *t, int lfd, double deadline) {
         }
         continue;
       }
+      if (refuse_stranger(t, fd)) continue;
       tune_socket(fd);
       if (n == MESH_PENDING) { /* full: the oldest goes */
         int old = 0;
