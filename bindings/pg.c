@@ -3,6 +3,7 @@
  * lua/crun/dist.lua) and crun.Work (async handles that keep their tensors
  * alive until the work finished). Ranks are 0-based, as in torch. */
 #include <limits.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -514,6 +515,103 @@ static int l_all_to_all(lua_State *L) {
   return finish(L, rc, w, async, 2, 3, 2);
 }
 
+/* all_to_all_single's fault text on this rank (global rank, as torch
+ * numbers ranks in messages): pushes "all_to_all_single on rank R: <fmt>". */
+static int single_fault(lua_State *L, crun_pg_t *pg, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  lua_pushfstring(L, "all_to_all_single on rank %d: ", crun_pg_global_rank(pg, crun_pg_rank(pg)));
+  lua_pushvfstring(L, fmt, ap);
+  va_end(ap);
+  lua_concat(L, 2);
+  return 1;
+}
+
+/* The split sizes at sidx for a dim 1 of `rows` rows (nil or {}: equal
+ * blocks, as torch's None or []) into sizes[0..n-1]. Returns 0, or 1 with
+ * the fault pushed (single_fault), raising nothing. */
+static int split_sizes(lua_State *L, crun_pg_t *pg, int sidx, int n, lua_Integer rows, const char *what,
+                       lua_Integer *sizes) {
+  int equal = lua_isnoneornil(L, sidx);
+  if (!equal && lua_istable(L, sidx)) {
+    lua_pushnil(L);
+    equal = !lua_next(L, sidx);
+    if (!equal) lua_pop(L, 2);
+  }
+  if (equal && rows % n != 0)
+    return single_fault(L, pg, "dim 1 of the %s tensor (%I) is not divisible by the group size %d; pass split sizes",
+                        what, rows, n);
+  for (int i = 0; equal && i < n; i++) sizes[i] = rows / n;
+  if (equal) return 0;
+  if (!lua_istable(L, sidx) || luaL_len(L, sidx) != n)
+    return single_fault(L, pg, "%s split sizes must be a list of %d integers (one per rank), got %s", what, n,
+                        lua_istable(L, sidx) ? lua_pushfstring(L, "%I", luaL_len(L, sidx)) : luaL_typename(L, sidx));
+  lua_Unsigned total = 0; /* wraps as Lua's sum would */
+  for (int i = 0; i < n; i++) {
+    lua_geti(L, sidx, i + 1);
+    sizes[i] = lua_tointeger(L, -1);
+    if (!lua_isinteger(L, -1) || sizes[i] < 0)
+      return single_fault(L, pg, "%s split size %d is %s", what, i + 1, luaL_tolstring(L, -1, NULL));
+    lua_pop(L, 1);
+    total += (lua_Unsigned)sizes[i];
+  }
+  if ((lua_Integer)total != rows)
+    return single_fault(L, pg, "%s split sizes add up to %I, dim 1 of the %s tensor is %I", what, (lua_Integer)total,
+                        what, rows);
+  return 0;
+}
+
+/* The blocks of dim 1 of the tensor at idx (all_to_all_single's `what`
+ * tensor, split by the sizes at sidx) as n pointers and element counts, no
+ * view made. Returns the tensor, or NULL with the fault pushed. */
+static crun_tensor_t *split_dim1(lua_State *L, crun_pg_t *pg, int idx, int sidx, const char *what, void **ptrs,
+                                 size_t *counts) {
+  int n = crun_pg_size(pg);
+  crun_tensor_t *t = crun_l_test_tensor(L, idx);
+  if (!t && luaL_testudata(L, idx, "crun.Tensor")) return single_fault(L, pg, "the %s tensor is closed", what), NULL;
+  if (!t) return single_fault(L, pg, "the %s tensor must be a crun.Tensor, got %s", what, luaL_typename(L, idx)), NULL;
+  if (!crun_tensor_is_contiguous(t)) return single_fault(L, pg, "the %s tensor must be contiguous", what), NULL;
+  lua_Integer rows = crun_tensor_ndim(t) == 0 ? 1 : crun_tensor_shape(t)[0];
+  lua_Integer *sizes = lua_newuserdatauv(L, sizeof(lua_Integer) * (size_t)n, 0);
+  if (split_sizes(L, pg, sidx, n, rows, what, sizes)) return NULL;
+  size_t per_row = rows ? (size_t)crun_tensor_numel(t) / (size_t)rows : 0, es = crun_dtype_size(crun_tensor_dtype(t));
+  char *at = crun_tensor_data(t);
+  for (int i = 0; i < n; i++) {
+    ptrs[i] = at;
+    counts[i] = (size_t)sizes[i] * per_row;
+    at += counts[i] * es;
+  }
+  lua_pop(L, 1);
+  return t;
+}
+
+/* pg:all_to_all_single(output, input, out_splits, in_splits[, opts]):
+ * dist.all_to_all_single's exchange on blocks of dim 1 of two contiguous
+ * tensors, given to the runtime as pointers (no Lua view per block). A fault
+ * of this rank's arguments (tensors, split sizes, dtypes, devices) is refused
+ * for the group: every rank fails the call naming this rank and the fault. */
+static int l_all_to_all_single(lua_State *L) {
+  crun_pg_t *pg = check_pg(L, 1);
+  int n = crun_pg_size(pg);
+  void **p = lua_newuserdatauv(L, (sizeof(void *) + sizeof(size_t)) * 2 * (size_t)n, 0);
+  size_t *cnt = (size_t *)(p + 2 * n);
+  crun_tensor_t *out = split_dim1(L, pg, 2, 4, "output", p, cnt), *in = NULL;
+  if (out) in = split_dim1(L, pg, 3, 5, "input", p + n, cnt + n);
+  if (in && crun_tensor_dtype(out) != crun_tensor_dtype(in))
+    single_fault(L, pg, "the output tensor is %s, the input %s", crun_dtype_name(crun_tensor_dtype(out)),
+                 crun_dtype_name(crun_tensor_dtype(in))), in = NULL;
+  if (!in || a2a_pair_fault(L, n, crun_tensor_device(out), crun_tensor_device(in), crun_tensor_dtype(out),
+                            crun_tensor_dtype(in)))
+    refuse_top(L, pg, "all_to_all", -1);
+  crun_coll_opts_t o;
+  int async = check_opts(L, 6, &o, "all_to_all");
+  o.cuda = crun_tensor_device(out) >= 0;
+  crun_work_t *w = NULL;
+  int rc = crun_pg_all_to_all(pg, p, cnt, (const void *const *)(p + n), cnt + n, crun_tensor_dtype(out), &o,
+                              WORK_ARG(async));
+  return finish(L, rc, w, async, 2, 3, 2);
+}
+
 /* pg:barrier([opts]) */
 static int l_barrier(lua_State *L) {
   crun_pg_t *pg = check_pg(L, 1);
@@ -857,7 +955,8 @@ void crun_l_open_pg(lua_State *L) {
   static const luaL_Reg pg_methods[] = {
       {"all_reduce", l_all_reduce}, {"broadcast", l_broadcast}, {"reduce", l_reduce},
       {"all_gather", l_all_gather}, {"gather", l_gather}, {"scatter", l_scatter},
-      {"reduce_scatter", l_reduce_scatter}, {"all_to_all", l_all_to_all}, {"barrier", l_barrier},
+      {"reduce_scatter", l_reduce_scatter}, {"all_to_all", l_all_to_all},
+      {"all_to_all_single", l_all_to_all_single}, {"barrier", l_barrier},
       {"send", l_send}, {"recv", l_recv}, {"broadcast_bytes", l_broadcast_bytes},
       {"all_gather_bytes", l_all_gather_bytes}, {"new_group", l_new_group}, {"rank", l_rank},
       {"size", l_size}, {"backend", l_backend}, {"next_seq", l_next_seq}, {"refuse", l_refuse},

@@ -471,62 +471,6 @@ function dist.all_to_all(outs, ins, opts)
   if g then return g:all_to_all(outs, ins, opts) end
 end
 
--- Raises EINVAL for fname on this (global) rank.
-local function split_fail(fname, fmt, ...) fail("EINVAL: %s on rank %d: " .. fmt, fname, state.pg:rank(), ...) end
-
---- Splits dim 1 of a contiguous tensor into views of the given sizes (equal
---- when sizes is nil or empty, as torch's None or []); fails with EINVAL
---- naming fname, this rank and what when they do not add up.
-local function split_dim1(t, n, sizes, fname, what)
-  tensor_arg(t, fname .. " on rank " .. state.pg:rank(), what .. " tensor")
-  if not t:is_contiguous() then split_fail(fname, "the %s tensor must be contiguous", what) end
-  local rows = t:dim() == 0 and 1 or t:size()[1]
-  if sizes == nil or (type(sizes) == "table" and next(sizes) == nil) then
-    if rows % n ~= 0 then
-      split_fail(fname, "dim 1 of the %s tensor (%d) is not divisible by the group size %d; pass split sizes",
-                 what, rows, n)
-    end
-    sizes = {}
-    for i = 1, n do sizes[i] = rows // n end
-  end
-  if type(sizes) ~= "table" or #sizes ~= n then
-    split_fail(fname, "%s split sizes must be a list of %d integers (one per rank), got %s", what, n,
-               type(sizes) == "table" and #sizes or type(sizes))
-  end
-  local views, at, total = {}, 1, 0
-  for i = 1, n do
-    local k = sizes[i]
-    if math.type(k) ~= "integer" or k < 0 then split_fail(fname, "%s split size %d is %s", what, i, tostring(k)) end
-    total = total + k
-  end
-  if total ~= rows then
-    split_fail(fname, "%s split sizes add up to %d, dim 1 of the %s tensor is %d", what, total, what, rows)
-  end
-  local flat = t:dim() == 0 and t:view(1) or t
-  for i = 1, n do
-    views[i] = flat:narrow(1, at, sizes[i])
-    at = at + sizes[i]
-  end
-  return views
-end
-
--- all_to_all_single's own checks (split sizes, tensors) on this rank: a
--- failure is refused for the group (pg:refuse), so that every rank fails the
--- call naming this rank and the fault, rather than the others waiting in the
--- exchange and meeting this rank's next call as an EMISMATCH.
-local function a2a_views(g, output, input, out_splits, in_splits)
-  local n = g:size()
-  local ok, outs = pcall(split_dim1, output, n, out_splits, "all_to_all_single", "output")
-  local ins
-  if ok then ok, ins = pcall(split_dim1, input, n, in_splits, "all_to_all_single", "input") else ins = outs end
-  if ok and output:dtype() ~= input:dtype() then
-    ok, ins = false, string.format("EINVAL: all_to_all_single on rank %d: the output tensor is %s, the input %s",
-                                   state.pg:rank(), output:dtype(), input:dtype())
-  end
-  if not ok then g:refuse("all_to_all", tostring(ins)) end
-  return outs, ins
-end
-
 --- all_to_all_single(output, input[, output_split_sizes][, input_split_sizes][, opts]):
 -- torch's one-tensor all_to_all: dim 1 of input is cut into blocks (equal, or
 -- input_split_sizes rows each); block j goes to rank j, and output receives
@@ -546,8 +490,10 @@ function dist.all_to_all_single(output, input, out_splits, in_splits, opts)
   opts = O.check(COLL, "all_to_all_single", opts)
   local g = group_of(opts, "all_to_all_single")
   if not g then return nil end
-  local outs, ins = a2a_views(g, output, input, out_splits, in_splits)
-  return result_is(g:all_to_all(outs, ins, opts), output)
+  -- the binding cuts dim 1 into blocks itself (no view per block: a view is
+  -- a new userdata, which was most of a small call's time) and refuses a
+  -- fault of this rank's arguments for the group
+  return g:all_to_all_single(output, input, out_splits, in_splits, opts)
 end
 
 function dist.barrier(opts)
