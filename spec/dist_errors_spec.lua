@@ -212,14 +212,23 @@ describe("dist failures", function()
     {"all_to_all", "notensor", "bad argument #1 to 'all_to_all' (entry 2: crun.Tensor expected, got string)"},
     {"all_to_all", "self", "all_to_all on rank 1: sends 4 elements to itself but expects 3"},
     {"all_to_all_single", "self", "all_to_all on rank 1: sends 1 elements to itself but expects 2"},
+    {"all_gather_into_tensor", "size", function(n)
+      return ("all_gather_into_tensor: the output tensor has %d elements, expected %d (world size %d x 4)"):format(
+        4 * n + 1, 4 * n, n)
+    end},
+    {"reduce_scatter_tensor", "size", function(n)
+      return ("reduce_scatter_tensor: the input tensor has %d elements, expected %d (world size %d x 4)"):format(
+        4 * n - 1, 4 * n, n)
+    end},
   }
   for _, k in ipairs(LISTBAD) do
     for _, run_on in ipairs{{2, "CRUN_SHM=0"}, {3, "CRUN_SHM=0"}, {3, "CRUN_SHM=1"}} do
       local n, env = run_on[1], run_on[2]
       it(string.format("tell every rank why rank 1 refused its %s (%s, %s, %d ranks)", k[1], k[2], env, n), function()
         local res, out = scenario_n(n, "listbad:" .. k[1] .. ":" .. k[2], env)
-        local why = k[3]:format(n, n - 1)
-        local kind = k[1] == "all_to_all_single" and "all_to_all" or k[1]
+        local why = type(k[3]) == "function" and k[3](n) or k[3]:format(n, n - 1)
+        local kind = ({all_to_all_single = "all_to_all", all_gather_into_tensor = "all_gather",
+                       reduce_scatter_tensor = "reduce_scatter"})[k[1]] or k[1]
         for r = 0, n - 1 do
           local l = {}
           for line in (res[r] .. "\n"):gmatch("(.-)\n") do l[#l + 1] = line end

@@ -389,24 +389,32 @@ function dist.all_gather(list, t, opts)
   if g then return g:all_gather(list, t, opts) end
 end
 
--- Returns t when it is a crun.Tensor, else fails naming fname and what.
-local function tensor_arg(t, fname, what)
+-- The fault of t as fname's `what` ("EINVAL: ..."), or nil when it is a crun.Tensor.
+local function not_tensor(t, fname, what)
   local mt = getmetatable(t)
   if type(t) ~= "userdata" or type(mt) ~= "table" or mt.__name ~= "crun.Tensor" then
-    fail("EINVAL: %s: the %s must be a crun.Tensor, got %s", fname, what, type(t))
+    return string.format("EINVAL: %s: the %s must be a crun.Tensor, got %s", fname, what, type(t))
   end
+end
+
+-- Returns t when it is a crun.Tensor, else fails naming fname and what.
+local function tensor_arg(t, fname, what)
+  local bad = not_tensor(t, fname, what)
+  if bad then error(bad, 0) end
   return t
 end
 
 --- Views of a contiguous tensor as `n` equal consecutive blocks (1-D), each
---- `per` elements; fails naming fname when the sizes do not match.
-local function blocks_of(big, n, per, fname, what)
-  if not tensor_arg(big, fname, what .. " tensor"):is_contiguous() then
-    fail("EINVAL: %s: the %s tensor must be contiguous", fname, what)
-  end
+--- the size of tensor `one`: nil and the fault ("EINVAL: ...", naming fname
+--- and the tensors, big's `what` first) when a tensor or a size is wrong.
+local function blocks_of(big, one, n, fname, what, one_what)
+  local bad = not_tensor(one, fname, one_what .. " tensor") or not_tensor(big, fname, what .. " tensor")
+  if bad then return nil, bad end
+  local per = one:numel()
+  if not big:is_contiguous() then return nil, string.format("EINVAL: %s: the %s tensor must be contiguous", fname, what) end
   if big:numel() ~= n * per then
-    fail("EINVAL: %s: the %s tensor has %d elements, expected %d (world size %d x %d)",
-         fname, what, big:numel(), n * per, n, per)
+    return nil, string.format("EINVAL: %s: the %s tensor has %d elements, expected %d (world size %d x %d)",
+                              fname, what, big:numel(), n * per, n, per)
   end
   local flat, list = big:view(n * per), {}
   for r = 1, n do list[r] = flat:narrow(1, (r - 1) * per + 1, per) end
@@ -432,8 +440,11 @@ function dist.all_gather_into_tensor(out, t, opts)
   opts = O.check(COLL, "all_gather_into_tensor", opts)
   local g = group_of(opts, "all_gather_into_tensor")
   if not g then return nil end
-  local per = tensor_arg(t, "all_gather_into_tensor", "input tensor"):numel()
-  return result_is(g:all_gather(blocks_of(out, g:size(), per, "all_gather_into_tensor", "output"), t, opts), out)
+  -- a fault only this rank sees is refused for the group, so that every rank
+  -- fails this call naming it (pg:refuse), rather than the others waiting
+  local list, bad = blocks_of(out, t, g:size(), "all_gather_into_tensor", "output", "input")
+  if not list then g:refuse("all_gather", bad) end
+  return result_is(g:all_gather(list, t, opts), out)
 end
 
 --- reduce_scatter_tensor(out, input[, op][, opts]): torch's form with one
@@ -443,8 +454,9 @@ function dist.reduce_scatter_tensor(out, input, op, opts)
   op, opts = split_op(op, opts, COLL, "reduce_scatter_tensor")
   local g = group_of(opts, "reduce_scatter_tensor")
   if not g then return nil end
-  local per = tensor_arg(out, "reduce_scatter_tensor", "output tensor"):numel()
-  return g:reduce_scatter(out, blocks_of(input, g:size(), per, "reduce_scatter_tensor", "input"), op, opts)
+  local list, bad = blocks_of(input, out, g:size(), "reduce_scatter_tensor", "input", "output")
+  if not list then g:refuse("reduce_scatter", bad) end  -- for the group, as all_gather_into_tensor's
+  return g:reduce_scatter(out, list, op, opts)
 end
 
 function dist.gather(t, list, dst, opts)

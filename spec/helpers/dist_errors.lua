@@ -28,7 +28,8 @@
 --             dtype (a float64 output for a float32 input); the others good
 --             ones; then an all_reduce
 --   listbad:C:K  rank 1 gives list-form collective C (all_gather,
---             reduce_scatter, all_to_all, or all_to_all_single) a bad argument,
+--             reduce_scatter, all_to_all, or all_to_all_single, or the tensor
+--             forms all_gather_into_tensor, reduce_scatter_tensor) a bad argument,
 --             fault K (see the spec), which only rank 1 can see; the others
 --             good ones; then an all_reduce
 --   nonrootgather / nonrootscatter  non-root rank 1 passes a list (root 0);
@@ -174,7 +175,11 @@ elseif mode:match("^listbad:") then
     else ins[1], one = big:narrow(1, 1, 4), big:narrow(1, 2, 4) end
   end
   if bad and k == "self" then outs[rank + 1] = T.zeros({3}) end
-  if c == "all_gather" then record(pcall(dist.all_gather, outs, one))
+  if c == "all_gather_into_tensor" then  -- k == "size": rank 1's output has one element too many
+    record(pcall(dist.all_gather_into_tensor, T.zeros({4 * n + (bad and 1 or 0)}), one))
+  elseif c == "reduce_scatter_tensor" then  -- k == "size": rank 1's input has one element too few
+    record(pcall(dist.reduce_scatter_tensor, T.zeros({4}), T.full({4 * n - (bad and 1 or 0)}, rank - 2)))
+  elseif c == "all_gather" then record(pcall(dist.all_gather, outs, one))
   elseif c == "reduce_scatter" then record(pcall(dist.reduce_scatter, one, ins))
   elseif c == "all_to_all" then record(pcall(dist.all_to_all, outs, ins))
   else  -- all_to_all_single, 2 rows per rank; rank 1 sends 3 to rank 0 and 1 to itself (k == "self")
