@@ -90,6 +90,11 @@ lua_Integer crun_l_optfield_range(lua_State *L, int idx, const char *field, lua_
  * bad-argument error when it is not one or is closed); no reference taken. */
 crun_tensor_t *crun_l_check_tensor(lua_State *L, int idx);
 
+/* The tensor at idx when it is an open crun.Tensor, else NULL (raises
+ * nothing: a check that must do something before it raises, such as refuse
+ * a collective for its group, names the problem itself). */
+crun_tensor_t *crun_l_test_tensor(lua_State *L, int idx);
+
 /* The tensor at idx when it is an open, contiguous CPU tensor, else NULL
  * (raises nothing: the caller takes its checked path, which names the
  * problem). */

@@ -3,6 +3,7 @@
  * lua/crun/dist.lua) and crun.Work (async handles that keep their tensors
  * alive until the work finished). Ranks are 0-based, as in torch. */
 #include <limits.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -97,24 +98,81 @@ static int check_opts(lua_State *L, int idx, crun_coll_opts_t *o, const char *fn
   return crun_l_optfield_boolean(L, idx, "async_op", 0);
 }
 
-/* Fills ptrs[0..n-1] from the list of tensors at idx, each like `like`. */
-static void check_list(lua_State *L, int idx, int n, crun_tensor_t *like, const char *fname, void **ptrs) {
-  crun_l_checktype(L, idx, LUA_TTABLE);
+/* The type name of the value at idx as lauxlib's errors give it: its
+ * metatable's __name (crun.Tensor, ...) or its basic type. Pushes it. */
+static const char *type_of(lua_State *L, int idx) {
+  if (luaL_getmetafield(L, idx, "__name") == LUA_TSTRING) return lua_tostring(L, -1);
+  return lua_pushstring(L, luaL_typename(L, idx));
+}
+
+/* The open, contiguous tensor at idx: argument arg of fname, or entry `entry`
+ * (1-based) of its list when entry > 0. Else NULL with the fault pushed
+ * ("bad argument #arg to 'fname' (...)", no status): the caller refuses the
+ * call for the group before it raises it. */
+static crun_tensor_t *tensor_fault(lua_State *L, int idx, int arg, int entry, const char *fname) {
+  crun_tensor_t *t = crun_l_test_tensor(L, idx);
+  if (t && crun_tensor_is_contiguous(t)) return t;
+  const char *what = entry ? lua_pushfstring(L, "tensor %d", entry) : "tensor";
+  if (!t && !luaL_testudata(L, idx, "crun.Tensor"))
+    lua_pushfstring(L, "bad argument #%d to '%s' (%s%scrun.Tensor expected, got %s)", arg, fname,
+                    entry ? lua_pushfstring(L, "entry %d", entry) : "", entry ? ": " : "", type_of(L, idx));
+  else if (!t)
+    lua_pushfstring(L, "bad argument #%d to '%s' (%s is closed)", arg, fname, what);
+  else
+    lua_pushfstring(L, "bad argument #%d to '%s' (%s must be contiguous; call :contiguous())", arg, fname, what);
+  return NULL;
+}
+
+/* Checks that the value at idx (argument idx - 1 of method fname) is a list
+ * of n open contiguous tensors, each on the device of `like`, of its dtype
+ * and size, and fills ptrs[0..n-1] with their data. Returns 0, or 1 with the
+ * fault pushed (no status), raising nothing. */
+static int list_fault(lua_State *L, int idx, int n, crun_tensor_t *like, const char *fname, void **ptrs) {
+  int arg = idx - 1;
+  if (!lua_istable(L, idx))
+    return lua_pushfstring(L, "bad argument #%d to '%s' (table expected, got %s)", arg, fname, type_of(L, idx)), 1;
   if ((int)luaL_len(L, idx) != n)
-    crun_l_error(L, "EINVAL: bad argument #%d to '%s' (list of %d tensors expected, got %d)", idx - 1, fname, n, (int)luaL_len(L, idx));
+    return lua_pushfstring(L, "bad argument #%d to '%s' (list of %d tensors expected, got %d)", arg, fname, n,
+                           (int)luaL_len(L, idx)), 1;
   for (int i = 0; i < n; i++) {
     lua_geti(L, idx, i + 1);
-    crun_tensor_t *t = check_tensor(L, lua_gettop(L), fname);
+    crun_tensor_t *t = tensor_fault(L, lua_gettop(L), arg, i + 1, fname);
+    if (!t) return 1;
     if (crun_tensor_device(t) != crun_tensor_device(like))
-      crun_l_error(L, "EINVAL: bad argument #%d to '%s' (tensor %d is on %s, the other argument on %s)", idx - 1, fname,
-                   i + 1, crun_tensor_device(t) >= 0 ? "cuda" : "cpu", crun_tensor_device(like) >= 0 ? "cuda" : "cpu");
+      return lua_pushfstring(L, "bad argument #%d to '%s' (tensor %d is on %s, the other argument on %s)", arg, fname,
+                             i + 1, crun_tensor_device(t) >= 0 ? "cuda" : "cpu",
+                             crun_tensor_device(like) >= 0 ? "cuda" : "cpu"), 1;
     if (crun_tensor_dtype(t) != crun_tensor_dtype(like) || crun_tensor_numel(t) != crun_tensor_numel(like))
-      crun_l_error(L, "EINVAL: bad argument #%d to '%s' (tensor %d is %s[%d], expected %s[%d] like the other argument)",
-                 idx - 1, fname, i + 1, crun_dtype_name(crun_tensor_dtype(t)), (int)crun_tensor_numel(t),
-                 crun_dtype_name(crun_tensor_dtype(like)), (int)crun_tensor_numel(like));
+      return lua_pushfstring(L, "bad argument #%d to '%s' (tensor %d is %s[%d], expected %s[%d] like the other "
+                             "argument)", arg, fname, i + 1, crun_dtype_name(crun_tensor_dtype(t)),
+                             (int)crun_tensor_numel(t), crun_dtype_name(crun_tensor_dtype(like)),
+                             (int)crun_tensor_numel(like)), 1;
     ptrs[i] = crun_tensor_data(t);
     lua_pop(L, 1);
   }
+  return 0;
+}
+
+/* This rank's own check of its arguments to collective `call` of pg failed
+ * with the text at the top of the stack (no status): refuses the call for the
+ * group (crun_pg_refuse: every peer fails this call naming this rank and the
+ * text, rather than waiting for it and meeting its next call as an
+ * EMISMATCH), then raises "EINVAL: text". root: the call's root, or -1;
+ * cuda: the call's tensors are on a device (a group of backend "auto" runs
+ * it on its device backend, which must carry the refusal). */
+static int refuse_top(lua_State *L, crun_pg_t *pg, const char *call, int root, int cuda) {
+  const char *text = lua_tostring(L, -1);
+  crun_coll_opts_t o = {.cuda = cuda};
+  crun_pg_refuse(pg, call, root, &o, CRUN_EINVAL, text);
+  return crun_l_error(L, "EINVAL: %s", text);
+}
+
+/* The tensor argument at idx of collective fname (tensor_fault), refused for
+ * the group when it is not one. */
+static crun_tensor_t *refusing_tensor(lua_State *L, crun_pg_t *pg, int idx, const char *fname) {
+  crun_tensor_t *t = tensor_fault(L, idx, idx - 1, 0, fname);
+  if (!t) refuse_top(L, pg, fname, -1, 0);
+  return t;
 }
 
 /* Appends the value at idx to the holder table at the top of the stack
@@ -290,13 +348,14 @@ static int l_reduce(lua_State *L) {
   return finish(L, rc, w, async, 2, 2, 2);
 }
 
-/* pg:all_gather(list_out, t[, opts]) */
+/* pg:all_gather(list_out, t[, opts]). A fault of the arguments that only
+ * this rank sees is refused for the group (refuse_top). */
 static int l_all_gather(lua_State *L) {
   crun_pg_t *pg = check_pg(L, 1);
-  crun_tensor_t *t = check_tensor(L, 3, "all_gather");
+  crun_tensor_t *t = refusing_tensor(L, pg, 3, "all_gather");
   int n = crun_pg_size(pg);
   void **outs = lua_newuserdatauv(L, sizeof(void *) * (size_t)n, 0);
-  check_list(L, 2, n, t, "all_gather", outs);
+  if (list_fault(L, 2, n, t, "all_gather", outs)) refuse_top(L, pg, "all_gather", -1, crun_tensor_device(t) >= 0);
   crun_coll_opts_t o;
   int async = check_opts(L, 4, &o, "all_gather");
   o.cuda = crun_tensor_device(t) >= 0;
@@ -305,34 +364,11 @@ static int l_all_gather(lua_State *L) {
   return finish(L, rc, w, async, 2, 3, 2);
 }
 
-/* check_list under lua_pcall: (nil, t, list, ptrs, n, fname) */
-static int l_check_list_p(lua_State *L) {
-  check_list(L, 3, (int)lua_tointeger(L, 5), crun_l_check_tensor(L, 2), lua_tostring(L, 6), lua_touserdata(L, 4));
-  return 0;
-}
-
-/* check_list of the root's list (argument 3), which only the root checks: a
- * failure is refused for the call (crun_pg_refuse: the peers learn why)
- * before it is raised. */
+/* The root's list (argument 3) of a gather/scatter, which only the root
+ * checks: a fault is refused for the call (the peers learn why). */
 static void check_root_list(lua_State *L, crun_pg_t *pg, int root, int n, const char *fname, void **ptrs) {
-  crun_coll_opts_t o = {.cuda = crun_tensor_device(crun_l_check_tensor(L, 2)) >= 0};
-  if (lua_type(L, 3) != LUA_TTABLE) {
-    lua_pushfstring(L, "bad argument #2 to '%s' (table expected, got %s)", fname, luaL_typename(L, 3));
-  } else {
-    lua_pushcfunction(L, l_check_list_p);
-    lua_pushnil(L);
-    lua_pushvalue(L, 2);
-    lua_pushvalue(L, 3);
-    lua_pushlightuserdata(L, ptrs);
-    lua_pushinteger(L, n);
-    lua_pushstring(L, fname);
-    if (lua_pcall(L, 6, 0, 0) == LUA_OK) return;
-    const char *m = lua_tostring(L, -1);
-    lua_pushstring(L, m && strncmp(m, "EINVAL: ", 8) == 0 ? m + 8 : m ? m : "bad list");
-  }
-  const char *text = lua_tostring(L, -1);
-  crun_pg_refuse(pg, fname, root, &o, CRUN_EINVAL, text);
-  crun_l_error(L, "EINVAL: %s", text);
+  crun_tensor_t *t = crun_l_check_tensor(L, 2);
+  if (list_fault(L, 3, n, t, fname, ptrs)) refuse_top(L, pg, fname, root, crun_tensor_device(t) >= 0);
 }
 
 /* A rank other than the root must give no list (argument 3) to fname, or
@@ -349,10 +385,7 @@ static void check_no_list(lua_State *L, crun_pg_t *pg, int root, const char *fna
   lua_pushfstring(L, "%s on rank %d: %s must not be given on a rank that is not the %s (rank %d), as in "
                   "torch.distributed (pass nil)", fname, crun_pg_global_rank(pg, crun_pg_rank(pg)), list, role,
                   crun_pg_global_rank(pg, root));
-  const char *text = lua_tostring(L, -1);
-  crun_coll_opts_t o = {.cuda = crun_tensor_device(crun_l_check_tensor(L, 2)) >= 0};
-  crun_pg_refuse(pg, fname, root, &o, CRUN_EINVAL, text);
-  crun_l_error(L, "EINVAL: %s", text);
+  refuse_top(L, pg, fname, root, crun_tensor_device(crun_l_check_tensor(L, 2)) >= 0);
 }
 
 /* pg:refuse(call, message[, root[, cuda]]): this rank's own check of its
@@ -408,13 +441,14 @@ static int l_scatter(lua_State *L) {
   return finish(L, rc, w, async, 2, 3, 2);
 }
 
-/* pg:reduce_scatter(out, list_in[, op][, opts]) */
+/* pg:reduce_scatter(out, list_in[, op][, opts]); argument faults are refused
+ * for the group, as all_gather's. */
 static int l_reduce_scatter(lua_State *L) {
   crun_pg_t *pg = check_pg(L, 1);
-  crun_tensor_t *t = check_tensor(L, 2, "reduce_scatter");
+  crun_tensor_t *t = refusing_tensor(L, pg, 2, "reduce_scatter");
   int n = crun_pg_size(pg);
   void **ins = lua_newuserdatauv(L, sizeof(void *) * (size_t)n, 0);
-  check_list(L, 3, n, t, "reduce_scatter", ins);
+  if (list_fault(L, 3, n, t, "reduce_scatter", ins)) refuse_top(L, pg, "reduce_scatter", -1, crun_tensor_device(t) >= 0);
   crun_reduce_op_t op = check_op(L, 4);
   crun_coll_opts_t o;
   int async = check_opts(L, 5, &o, "reduce_scatter");
@@ -426,49 +460,162 @@ static int l_reduce_scatter(lua_State *L) {
   return finish(L, rc, w, async, 2, 3, 2);
 }
 
-/* Fills ptrs/counts from a list of n tensors of one dtype (any sizes). */
-static crun_dtype_t check_any_list(lua_State *L, int idx, int n, const char *fname, void **ptrs, size_t *counts,
-                                   int *dev) {
-  crun_l_checktype(L, idx, LUA_TTABLE);
+/* Fills ptrs/counts from the list at idx (argument idx - 1 of fname) of n
+ * open contiguous tensors of one dtype (*dt) and device (*dev), any sizes.
+ * Returns 0, or 1 with the fault pushed (no status), raising nothing. */
+static int any_list_fault(lua_State *L, int idx, int n, const char *fname, void **ptrs, size_t *counts, int *dev,
+                          crun_dtype_t *dt) {
+  int arg = idx - 1;
+  if (!lua_istable(L, idx))
+    return lua_pushfstring(L, "bad argument #%d to '%s' (table expected, got %s)", arg, fname, type_of(L, idx)), 1;
   if ((int)luaL_len(L, idx) != n)
-    crun_l_error(L, "EINVAL: bad argument #%d to '%s' (list of %d tensors expected, got %d)", idx - 1, fname, n, (int)luaL_len(L, idx));
-  crun_dtype_t dt = CRUN_FLOAT32;
+    return lua_pushfstring(L, "bad argument #%d to '%s' (list of %d tensors expected, got %d)", arg, fname, n,
+                           (int)luaL_len(L, idx)), 1;
   for (int i = 0; i < n; i++) {
     lua_geti(L, idx, i + 1);
-    crun_tensor_t *t = check_tensor(L, lua_gettop(L), fname);
-    if (i > 0 && crun_tensor_dtype(t) != dt)
-      crun_l_error(L, "EINVAL: bad argument #%d to '%s' (tensor %d is %s, tensor 1 is %s)", idx - 1, fname, i + 1,
-                 crun_dtype_name(crun_tensor_dtype(t)), crun_dtype_name(dt));
+    crun_tensor_t *t = tensor_fault(L, lua_gettop(L), arg, i + 1, fname);
+    if (!t) return 1;
+    if (i > 0 && crun_tensor_dtype(t) != *dt)
+      return lua_pushfstring(L, "bad argument #%d to '%s' (tensor %d is %s, tensor 1 is %s)", arg, fname, i + 1,
+                             crun_dtype_name(crun_tensor_dtype(t)), crun_dtype_name(*dt)), 1;
     if (i > 0 && crun_tensor_device(t) != *dev)
-      crun_l_error(L, "EINVAL: bad argument #%d to '%s' (tensor %d is on %s, tensor 1 on %s)", idx - 1, fname, i + 1,
-                   crun_tensor_device(t) >= 0 ? "cuda" : "cpu", *dev >= 0 ? "cuda" : "cpu");
+      return lua_pushfstring(L, "bad argument #%d to '%s' (tensor %d is on %s, tensor 1 on %s)", arg, fname, i + 1,
+                             crun_tensor_device(t) >= 0 ? "cuda" : "cpu", *dev >= 0 ? "cuda" : "cpu"), 1;
     *dev = crun_tensor_device(t);
-    dt = crun_tensor_dtype(t);
+    *dt = crun_tensor_dtype(t);
     ptrs[i] = crun_tensor_data(t);
     counts[i] = (size_t)crun_tensor_numel(t);
     lua_pop(L, 1);
   }
-  return dt;
+  return 0;
 }
 
-/* pg:all_to_all(outs, ins[, opts]): ins[j] goes to rank j-1, outs[j] comes from it. */
+/* Whether outputs (on device dvo, of dtype dto) and inputs (dvi, dti) of an
+ * all_to_all agree; else 1 with the fault pushed (no status). */
+static int a2a_pair_fault(lua_State *L, int n, int dvo, int dvi, crun_dtype_t dto, crun_dtype_t dti) {
+  if (n > 0 && (dvo >= 0) != (dvi >= 0))
+    return lua_pushfstring(L, "bad argument #1 to 'all_to_all' (outputs are on %s, inputs on %s)",
+                           dvo >= 0 ? "cuda" : "cpu", dvi >= 0 ? "cuda" : "cpu"), 1;
+  if (dto != dti)
+    return lua_pushfstring(L, "bad argument #1 to 'all_to_all' (outputs are %s, inputs %s)", crun_dtype_name(dto),
+                           crun_dtype_name(dti)), 1;
+  return 0;
+}
+
+/* pg:all_to_all(outs, ins[, opts]): ins[j] goes to rank j-1, outs[j] comes
+ * from it; argument faults are refused for the group, as all_gather's. */
 static int l_all_to_all(lua_State *L) {
   crun_pg_t *pg = check_pg(L, 1);
   int n = crun_pg_size(pg);
   void **p = lua_newuserdatauv(L, (sizeof(void *) + sizeof(size_t)) * 2 * (size_t)n, 0);
   size_t *cnt = (size_t *)(p + 2 * n);
   int dvo = -1, dvi = -1;
-  crun_dtype_t dto = check_any_list(L, 2, n, "all_to_all", p, cnt, &dvo);
-  crun_dtype_t dti = check_any_list(L, 3, n, "all_to_all", p + n, cnt + n, &dvi);
-  if (n > 0 && (dvo >= 0) != (dvi >= 0))
-    crun_l_error(L, "EINVAL: bad argument #1 to 'all_to_all' (outputs are on %s, inputs on %s)", dvo >= 0 ? "cuda" : "cpu",
-                 dvi >= 0 ? "cuda" : "cpu");
-  if (dto != dti) crun_l_error(L, "EINVAL: bad argument #1 to 'all_to_all' (outputs are %s, inputs %s)", crun_dtype_name(dto), crun_dtype_name(dti));
+  crun_dtype_t dto = CRUN_FLOAT32, dti = CRUN_FLOAT32;
+  if (any_list_fault(L, 2, n, "all_to_all", p, cnt, &dvo, &dto) ||
+      any_list_fault(L, 3, n, "all_to_all", p + n, cnt + n, &dvi, &dti) || a2a_pair_fault(L, n, dvo, dvi, dto, dti))
+    refuse_top(L, pg, "all_to_all", -1, dvo >= 0 || dvi >= 0);
   crun_coll_opts_t o;
   int async = check_opts(L, 4, &o, "all_to_all");
   o.cuda = dvo >= 0;
   crun_work_t *w = NULL;
   int rc = crun_pg_all_to_all(pg, p, cnt, (const void *const *)(p + n), cnt + n, dto, &o, WORK_ARG(async));
+  return finish(L, rc, w, async, 2, 3, 2);
+}
+
+/* all_to_all_single's fault text on this rank (global rank, as torch
+ * numbers ranks in messages): pushes "all_to_all_single on rank R: <fmt>". */
+static int single_fault(lua_State *L, crun_pg_t *pg, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  lua_pushfstring(L, "all_to_all_single on rank %d: ", crun_pg_global_rank(pg, crun_pg_rank(pg)));
+  lua_pushvfstring(L, fmt, ap);
+  va_end(ap);
+  lua_concat(L, 2);
+  return 1;
+}
+
+/* The split sizes at sidx for a dim 1 of `rows` rows (nil or {}: equal
+ * blocks, as torch's None or []) into sizes[0..n-1]. Returns 0, or 1 with
+ * the fault pushed (single_fault), raising nothing. */
+static int split_sizes(lua_State *L, crun_pg_t *pg, int sidx, int n, lua_Integer rows, const char *what,
+                       lua_Integer *sizes) {
+  int equal = lua_isnoneornil(L, sidx);
+  if (!equal && lua_istable(L, sidx)) {
+    lua_pushnil(L);
+    equal = !lua_next(L, sidx);
+    if (!equal) lua_pop(L, 2);
+  }
+  if (equal && rows % n != 0)
+    return single_fault(L, pg, "dim 1 of the %s tensor (%I) is not divisible by the group size %d; pass split sizes",
+                        what, rows, n);
+  for (int i = 0; equal && i < n; i++) sizes[i] = rows / n;
+  if (equal) return 0;
+  if (!lua_istable(L, sidx) || luaL_len(L, sidx) != n)
+    return single_fault(L, pg, "%s split sizes must be a list of %d integers (one per rank), got %s", what, n,
+                        lua_istable(L, sidx) ? lua_pushfstring(L, "%I", luaL_len(L, sidx)) : luaL_typename(L, sidx));
+  lua_Unsigned total = 0; /* wraps as Lua's sum would */
+  for (int i = 0; i < n; i++) {
+    lua_geti(L, sidx, i + 1);
+    sizes[i] = lua_tointeger(L, -1);
+    if (!lua_isinteger(L, -1) || sizes[i] < 0)
+      return single_fault(L, pg, "%s split size %d is %s", what, i + 1, luaL_tolstring(L, -1, NULL));
+    lua_pop(L, 1);
+    total += (lua_Unsigned)sizes[i];
+  }
+  if ((lua_Integer)total != rows)
+    return single_fault(L, pg, "%s split sizes add up to %I, dim 1 of the %s tensor is %I", what, (lua_Integer)total,
+                        what, rows);
+  return 0;
+}
+
+/* The blocks of dim 1 of the tensor at idx (all_to_all_single's `what`
+ * tensor, split by the sizes at sidx) as n pointers and element counts, no
+ * view made. Returns the tensor, or NULL with the fault pushed. */
+static crun_tensor_t *split_dim1(lua_State *L, crun_pg_t *pg, int idx, int sidx, const char *what, void **ptrs,
+                                 size_t *counts) {
+  int n = crun_pg_size(pg);
+  crun_tensor_t *t = crun_l_test_tensor(L, idx);
+  if (!t && luaL_testudata(L, idx, "crun.Tensor")) return single_fault(L, pg, "the %s tensor is closed", what), NULL;
+  if (!t) return single_fault(L, pg, "the %s tensor must be a crun.Tensor, got %s", what, luaL_typename(L, idx)), NULL;
+  if (!crun_tensor_is_contiguous(t)) return single_fault(L, pg, "the %s tensor must be contiguous", what), NULL;
+  lua_Integer rows = crun_tensor_ndim(t) == 0 ? 1 : crun_tensor_shape(t)[0];
+  lua_Integer *sizes = lua_newuserdatauv(L, sizeof(lua_Integer) * (size_t)n, 0);
+  if (split_sizes(L, pg, sidx, n, rows, what, sizes)) return NULL;
+  size_t per_row = rows ? (size_t)crun_tensor_numel(t) / (size_t)rows : 0, es = crun_dtype_size(crun_tensor_dtype(t));
+  char *at = crun_tensor_data(t);
+  for (int i = 0; i < n; i++) {
+    ptrs[i] = at;
+    counts[i] = (size_t)sizes[i] * per_row;
+    at += counts[i] * es;
+  }
+  lua_pop(L, 1);
+  return t;
+}
+
+/* pg:all_to_all_single(output, input, out_splits, in_splits[, opts]):
+ * dist.all_to_all_single's exchange on blocks of dim 1 of two contiguous
+ * tensors, given to the runtime as pointers (no Lua view per block). A fault
+ * of this rank's arguments (tensors, split sizes, dtypes, devices) is refused
+ * for the group: every rank fails the call naming this rank and the fault. */
+static int l_all_to_all_single(lua_State *L) {
+  crun_pg_t *pg = check_pg(L, 1);
+  int n = crun_pg_size(pg);
+  void **p = lua_newuserdatauv(L, (sizeof(void *) + sizeof(size_t)) * 2 * (size_t)n, 0);
+  size_t *cnt = (size_t *)(p + 2 * n);
+  crun_tensor_t *out = split_dim1(L, pg, 2, 4, "output", p, cnt), *in = NULL;
+  if (out) in = split_dim1(L, pg, 3, 5, "input", p + n, cnt + n);
+  if (in && crun_tensor_dtype(out) != crun_tensor_dtype(in))
+    single_fault(L, pg, "the output tensor is %s, the input %s", crun_dtype_name(crun_tensor_dtype(out)),
+                 crun_dtype_name(crun_tensor_dtype(in))), in = NULL;
+  if (!in || a2a_pair_fault(L, n, crun_tensor_device(out), crun_tensor_device(in), crun_tensor_dtype(out),
+                            crun_tensor_dtype(in)))
+    refuse_top(L, pg, "all_to_all", -1, (out && crun_tensor_device(out) >= 0) || (in && crun_tensor_device(in) >= 0));
+  crun_coll_opts_t o;
+  int async = check_opts(L, 6, &o, "all_to_all");
+  o.cuda = crun_tensor_device(out) >= 0;
+  crun_work_t *w = NULL;
+  int rc = crun_pg_all_to_all(pg, p, cnt, (const void *const *)(p + n), cnt + n, crun_tensor_dtype(out), &o,
+                              WORK_ARG(async));
   return finish(L, rc, w, async, 2, 3, 2);
 }
 
@@ -815,7 +962,8 @@ void crun_l_open_pg(lua_State *L) {
   static const luaL_Reg pg_methods[] = {
       {"all_reduce", l_all_reduce}, {"broadcast", l_broadcast}, {"reduce", l_reduce},
       {"all_gather", l_all_gather}, {"gather", l_gather}, {"scatter", l_scatter},
-      {"reduce_scatter", l_reduce_scatter}, {"all_to_all", l_all_to_all}, {"barrier", l_barrier},
+      {"reduce_scatter", l_reduce_scatter}, {"all_to_all", l_all_to_all},
+      {"all_to_all_single", l_all_to_all_single}, {"barrier", l_barrier},
       {"send", l_send}, {"recv", l_recv}, {"broadcast_bytes", l_broadcast_bytes},
       {"all_gather_bytes", l_all_gather_bytes}, {"new_group", l_new_group}, {"rank", l_rank},
       {"size", l_size}, {"backend", l_backend}, {"next_seq", l_next_seq}, {"refuse", l_refuse},

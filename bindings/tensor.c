@@ -29,6 +29,13 @@ crun_tensor_t *crun_l_check_tensor(lua_State *L, int idx) {
   return box->t;
 }
 
+crun_tensor_t *crun_l_test_tensor(lua_State *L, int idx) {
+  static _Atomic int slot = -1;
+  tbox *box = crun_l_testudata_cached(L, idx, TENSOR_MT, &slot);
+  if (!box) box = luaL_testudata(L, idx, TENSOR_MT); /* a state whose metatable is not the cached one */
+  return box ? box->t : NULL;
+}
+
 crun_tensor_t *crun_l_plain_cpu_tensor(lua_State *L, int idx) {
   static _Atomic int slot = -1;
   tbox *box = crun_l_testudata_cached(L, idx, TENSOR_MT, &slot);

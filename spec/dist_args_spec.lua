@@ -81,6 +81,8 @@ describe("crun.dist arguments", function()
      "EINVAL: reduce_scatter_tensor: the output tensor must be a crun.Tensor, got nil"},
     {"all_to_all_single(nil, t)", function() dist.all_to_all_single(nil, T.ones{2}) end,
      "EINVAL: all_to_all_single on rank 0: the output tensor must be a crun.Tensor, got nil"},
+    {"all_to_all_single(closed, t)", function() local c = T.zeros{2}; c:close(); dist.all_to_all_single(c, T.ones{2}) end,
+     "EINVAL: all_to_all_single on rank 0: the output tensor is closed"},
     {"get_group_rank(WORLD, 7)", function() dist.get_group_rank(dist.group.WORLD, 7) end,
      "EINVAL: get_group_rank: rank 7 is not in the group"},
     {"isend(t, 0, 5)", function() dist.isend(T.ones{2}, 0, 5) end,

@@ -185,6 +185,65 @@ describe("dist failures", function()
     end end
   end
 
+  -- The list forms (all_gather, reduce_scatter, all_to_all) check their
+  -- arguments on each rank alone too (the bindings' list checks, the
+  -- runtime's overlap and self-count checks): a rank whose list is wrong
+  -- refuses the call for the group, so every rank fails that call naming
+  -- rank 1 and the fault (%d: the world size), never the next call with an
+  -- EMISMATCH or a timeout.
+  local LISTBAD = {
+    {"all_gather", "len", "bad argument #1 to 'all_gather' (list of %d tensors expected, got %d)"},
+    {"all_gather", "dtype", "bad argument #1 to 'all_gather' (tensor 2 is float64[4], expected float32[4] like "
+                            .. "the other argument)"},
+    {"all_gather", "notensor", "bad argument #1 to 'all_gather' (entry 2: crun.Tensor expected, got number)"},
+    {"all_gather", "input", "bad argument #2 to 'all_gather' (crun.Tensor expected, got string)"},
+    {"all_gather", "overlap", "all_gather on rank 1: the input overlaps the output for rank 0 (only this rank's "
+                              .. "may be the input itself)"},
+    {"reduce_scatter", "len", "bad argument #2 to 'reduce_scatter' (list of %d tensors expected, got %d)"},
+    {"reduce_scatter", "size", "bad argument #2 to 'reduce_scatter' (tensor 2 is float32[3], expected float32[4] "
+                               .. "like the other argument)"},
+    {"reduce_scatter", "noncontig", "bad argument #2 to 'reduce_scatter' (tensor 2 must be contiguous; call "
+                                    .. ":contiguous())"},
+    {"reduce_scatter", "overlap", "reduce_scatter on rank 1: the output overlaps the input for rank 0 (inputs are "
+                                  .. "read while the output is written: give a separate output)"},
+    {"all_to_all", "len", "bad argument #2 to 'all_to_all' (list of %d tensors expected, got %d)"},
+    {"all_to_all", "dtype", "bad argument #2 to 'all_to_all' (tensor 2 is float64, tensor 1 is float32)"},
+    {"all_to_all", "mixed", "bad argument #1 to 'all_to_all' (outputs are float64, inputs float32)"},
+    {"all_to_all", "notensor", "bad argument #1 to 'all_to_all' (entry 2: crun.Tensor expected, got string)"},
+    {"all_to_all", "self", "all_to_all on rank 1: sends 4 elements to itself but expects 3"},
+    {"all_to_all_single", "self", "all_to_all on rank 1: sends 1 elements to itself but expects 2"},
+    {"all_gather_into_tensor", "size", function(n)
+      return ("all_gather_into_tensor: the output tensor has %d elements, expected %d (world size %d x 4)"):format(
+        4 * n + 1, 4 * n, n)
+    end},
+    {"reduce_scatter_tensor", "size", function(n)
+      return ("reduce_scatter_tensor: the input tensor has %d elements, expected %d (world size %d x 4)"):format(
+        4 * n - 1, 4 * n, n)
+    end},
+  }
+  for _, k in ipairs(LISTBAD) do
+    for _, run_on in ipairs{{2, "CRUN_SHM=0"}, {3, "CRUN_SHM=0"}, {3, "CRUN_SHM=1"}} do
+      local n, env = run_on[1], run_on[2]
+      it(string.format("tell every rank why rank 1 refused its %s (%s, %s, %d ranks)", k[1], k[2], env, n), function()
+        local res, out = scenario_n(n, "listbad:" .. k[1] .. ":" .. k[2], env)
+        local why = type(k[3]) == "function" and k[3](n) or k[3]:format(n, n - 1)
+        local kind = ({all_to_all_single = "all_to_all", all_gather_into_tensor = "all_gather",
+                       reduce_scatter_tensor = "reduce_scatter"})[k[1]] or k[1]
+        for r = 0, n - 1 do
+          local l = {}
+          for line in (res[r] .. "\n"):gmatch("(.-)\n") do l[#l + 1] = line end
+          assert.is_truthy(l[1] and l[1]:match("^error EINVAL: ") and l[1]:find(why, 1, true),
+                           "rank " .. r .. ": " .. res[r] .. "\n" .. out)
+          if r ~= 1 then
+            assert.is_truthy(l[1]:find("rank 1 refused its part of " .. kind, 1, true), "rank " .. r .. ": " .. l[1])
+          end
+          assert.is_truthy(l[2] and l[2]:match("^error E") and l[2]:find(why, 1, true), "rank " .. r .. ": " .. res[r])
+          assert.is_falsy(res[r]:find("EMISMATCH", 1, true), res[r])
+        end
+      end)
+    end
+  end
+
   -- A gather/scatter list on a rank that is not the root is an error, as in
   -- torch ("must NOT be specified on non-destination ranks"), on every rank.
   for _, k in ipairs{{"gather", "gather_list", "destination"}, {"scatter", "scatter_list", "source"}} do

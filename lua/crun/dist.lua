@@ -346,16 +346,6 @@ function dist.get_global_rank(group, group_rank)
   return resolve(group, "get_global_rank"):global_rank(group_rank)
 end
 
--- torch's positional trailing arguments: a process group (or
--- NON_GROUP_MEMBER) in the options' place and the argument after it (named
--- `name`: all_reduce(t, op, group, async_op), send(t, dst, group, tag)) make
--- the options table {group =, [name] =}; anything else is the options as given.
-local function group_form(opts, name, v)
-  if type(opts) ~= "userdata" and opts ~= NON_MEMBER then return opts end
-  return {group = opts, [name] = v}
-end
-local ASYNC, TAG = "async_op", "tag"
-
 --- Parses (op, opts) where op may be left out; checks opts against spec.
 local function split_op(op, opts, spec, fname)
   if type(op) == "table" then op, opts = nil, op end
@@ -368,8 +358,7 @@ local function group_of(opts, fname)
   return resolve(g, fname)
 end
 
-function dist.all_reduce(t, op, opts, async_op)
-  opts = group_form(opts, ASYNC, async_op)
+function dist.all_reduce(t, op, opts)
   op, opts = split_op(op, opts, COLL, "all_reduce")
   local g = group_of(opts, "all_reduce")
   if g then return g:all_reduce(t, op, opts) end
@@ -380,8 +369,7 @@ end
 -- function above (core.fast_all_reduce, bindings/pg.c).
 dist.all_reduce = core.fast_all_reduce(state, dist.all_reduce)
 
-function dist.broadcast(t, src, opts, async_op)
-  opts = group_form(opts, ASYNC, async_op)
+function dist.broadcast(t, src, opts)
   local pg = state.pg
   if opts == nil and pg and math.type(src) == "integer" then return pg:broadcast(t, src) end
   opts = O.check(COLL, "broadcast", opts)
@@ -389,8 +377,7 @@ function dist.broadcast(t, src, opts, async_op)
   if g then return g:broadcast(t, to_group_rank(g, src, "broadcast"), opts) end
 end
 
-function dist.reduce(t, dst, op, opts, async_op)
-  opts = group_form(opts, ASYNC, async_op)
+function dist.reduce(t, dst, op, opts)
   op, opts = split_op(op, opts, COLL, "reduce")
   local g = group_of(opts, "reduce")
   if g then return g:reduce(t, to_group_rank(g, dst, "reduce"), op, opts) end
@@ -402,24 +389,32 @@ function dist.all_gather(list, t, opts)
   if g then return g:all_gather(list, t, opts) end
 end
 
--- Returns t when it is a crun.Tensor, else fails naming fname and what.
-local function tensor_arg(t, fname, what)
+-- The fault of t as fname's `what` ("EINVAL: ..."), or nil when it is a crun.Tensor.
+local function not_tensor(t, fname, what)
   local mt = getmetatable(t)
   if type(t) ~= "userdata" or type(mt) ~= "table" or mt.__name ~= "crun.Tensor" then
-    fail("EINVAL: %s: the %s must be a crun.Tensor, got %s", fname, what, type(t))
+    return string.format("EINVAL: %s: the %s must be a crun.Tensor, got %s", fname, what, type(t))
   end
+end
+
+-- Returns t when it is a crun.Tensor, else fails naming fname and what.
+local function tensor_arg(t, fname, what)
+  local bad = not_tensor(t, fname, what)
+  if bad then error(bad, 0) end
   return t
 end
 
 --- Views of a contiguous tensor as `n` equal consecutive blocks (1-D), each
---- `per` elements; fails naming fname when the sizes do not match.
-local function blocks_of(big, n, per, fname, what)
-  if not tensor_arg(big, fname, what .. " tensor"):is_contiguous() then
-    fail("EINVAL: %s: the %s tensor must be contiguous", fname, what)
-  end
+--- the size of tensor `one`: nil and the fault ("EINVAL: ...", naming fname
+--- and the tensors, big's `what` first) when a tensor or a size is wrong.
+local function blocks_of(big, one, n, fname, what, one_what)
+  local bad = not_tensor(one, fname, one_what .. " tensor") or not_tensor(big, fname, what .. " tensor")
+  if bad then return nil, bad end
+  local per = one:numel()
+  if not big:is_contiguous() then return nil, string.format("EINVAL: %s: the %s tensor must be contiguous", fname, what) end
   if big:numel() ~= n * per then
-    fail("EINVAL: %s: the %s tensor has %d elements, expected %d (world size %d x %d)",
-         fname, what, big:numel(), n * per, n, per)
+    return nil, string.format("EINVAL: %s: the %s tensor has %d elements, expected %d (world size %d x %d)",
+                              fname, what, big:numel(), n * per, n, per)
   end
   local flat, list = big:view(n * per), {}
   for r = 1, n do list[r] = flat:narrow(1, (r - 1) * per + 1, per) end
@@ -438,6 +433,13 @@ local function result_is(w, t)
   return w
 end
 
+-- Whether t is a crun.Tensor on a CUDA device (a refusal of a call on device
+-- tensors goes through the device backend of a group of backend "auto").
+local function on_cuda(t)
+  local mt = getmetatable(t)
+  return type(t) == "userdata" and type(mt) == "table" and mt.__name == "crun.Tensor" and t:is_cuda()
+end
+
 --- all_gather_into_tensor(out, t[, opts]): torch's form with one output
 --- tensor of world_size * t:numel() elements, rank r's input in block r.
 --- With async_op the Work's result() is {out}.
@@ -445,8 +447,11 @@ function dist.all_gather_into_tensor(out, t, opts)
   opts = O.check(COLL, "all_gather_into_tensor", opts)
   local g = group_of(opts, "all_gather_into_tensor")
   if not g then return nil end
-  local per = tensor_arg(t, "all_gather_into_tensor", "input tensor"):numel()
-  return result_is(g:all_gather(blocks_of(out, g:size(), per, "all_gather_into_tensor", "output"), t, opts), out)
+  -- a fault only this rank sees is refused for the group, so that every rank
+  -- fails this call naming it (pg:refuse), rather than the others waiting
+  local list, bad = blocks_of(out, t, g:size(), "all_gather_into_tensor", "output", "input")
+  if not list then g:refuse("all_gather", bad, nil, on_cuda(out) or on_cuda(t)) end
+  return result_is(g:all_gather(list, t, opts), out)
 end
 
 --- reduce_scatter_tensor(out, input[, op][, opts]): torch's form with one
@@ -456,8 +461,9 @@ function dist.reduce_scatter_tensor(out, input, op, opts)
   op, opts = split_op(op, opts, COLL, "reduce_scatter_tensor")
   local g = group_of(opts, "reduce_scatter_tensor")
   if not g then return nil end
-  local per = tensor_arg(out, "reduce_scatter_tensor", "output tensor"):numel()
-  return g:reduce_scatter(out, blocks_of(input, g:size(), per, "reduce_scatter_tensor", "input"), op, opts)
+  local list, bad = blocks_of(input, out, g:size(), "reduce_scatter_tensor", "input", "output")
+  if not list then g:refuse("reduce_scatter", bad, nil, on_cuda(out) or on_cuda(input)) end  -- as all_gather_into_tensor's
+  return g:reduce_scatter(out, list, op, opts)
 end
 
 function dist.gather(t, list, dst, opts)
@@ -484,70 +490,6 @@ function dist.all_to_all(outs, ins, opts)
   if g then return g:all_to_all(outs, ins, opts) end
 end
 
--- Raises EINVAL for fname on this (global) rank.
-local function split_fail(fname, fmt, ...) fail("EINVAL: %s on rank %d: " .. fmt, fname, state.pg:rank(), ...) end
-
---- Splits dim 1 of a contiguous tensor into views of the given sizes (equal
---- when sizes is nil or empty, as torch's None or []); fails with EINVAL
---- naming fname, this rank and what when they do not add up.
-local function split_dim1(t, n, sizes, fname, what)
-  tensor_arg(t, fname .. " on rank " .. state.pg:rank(), what .. " tensor")
-  if not t:is_contiguous() then split_fail(fname, "the %s tensor must be contiguous", what) end
-  local rows = t:dim() == 0 and 1 or t:size()[1]
-  if sizes == nil or (type(sizes) == "table" and next(sizes) == nil) then
-    if rows % n ~= 0 then
-      split_fail(fname, "dim 1 of the %s tensor (%d) is not divisible by the group size %d; pass split sizes",
-                 what, rows, n)
-    end
-    sizes = {}
-    for i = 1, n do sizes[i] = rows // n end
-  end
-  if type(sizes) ~= "table" or #sizes ~= n then
-    split_fail(fname, "%s split sizes must be a list of %d integers (one per rank), got %s", what, n,
-               type(sizes) == "table" and #sizes or type(sizes))
-  end
-  local views, at, total = {}, 1, 0
-  for i = 1, n do
-    local k = sizes[i]
-    if math.type(k) ~= "integer" or k < 0 then split_fail(fname, "%s split size %d is %s", what, i, tostring(k)) end
-    total = total + k
-  end
-  if total ~= rows then
-    split_fail(fname, "%s split sizes add up to %d, dim 1 of the %s tensor is %d", what, total, what, rows)
-  end
-  local flat = t:dim() == 0 and t:view(1) or t
-  for i = 1, n do
-    views[i] = flat:narrow(1, at, sizes[i])
-    at = at + sizes[i]
-  end
-  return views
-end
-
--- Whether t is a crun.Tensor on a CUDA device.
-local function on_cuda(t)
-  local mt = getmetatable(t)
-  return type(t) == "userdata" and type(mt) == "table" and mt.__name == "crun.Tensor" and t:is_cuda()
-end
-
--- all_to_all_single's own checks (split sizes, tensors) on this rank: a
--- failure is refused for the group (pg:refuse), so that every rank fails the
--- call naming this rank and the fault, rather than the others waiting in the
--- exchange and meeting this rank's next call as an EMISMATCH.
-local function a2a_views(g, output, input, out_splits, in_splits)
-  local n = g:size()
-  local ok, outs = pcall(split_dim1, output, n, out_splits, "all_to_all_single", "output")
-  local ins
-  if ok then ok, ins = pcall(split_dim1, input, n, in_splits, "all_to_all_single", "input") else ins = outs end
-  if ok and output:dtype() ~= input:dtype() then
-    ok, ins = false, string.format("EINVAL: all_to_all_single on rank %d: the output tensor is %s, the input %s",
-                                   state.pg:rank(), output:dtype(), input:dtype())
-  end
-  if not ok then
-    g:refuse("all_to_all", tostring(ins), nil, on_cuda(input) or on_cuda(output))
-  end
-  return outs, ins
-end
-
 --- all_to_all_single(output, input[, output_split_sizes][, input_split_sizes][, opts]):
 -- torch's one-tensor all_to_all: dim 1 of input is cut into blocks (equal, or
 -- input_split_sizes rows each); block j goes to rank j, and output receives
@@ -567,12 +509,13 @@ function dist.all_to_all_single(output, input, out_splits, in_splits, opts)
   opts = O.check(COLL, "all_to_all_single", opts)
   local g = group_of(opts, "all_to_all_single")
   if not g then return nil end
-  local outs, ins = a2a_views(g, output, input, out_splits, in_splits)
-  return result_is(g:all_to_all(outs, ins, opts), output)
+  -- the binding cuts dim 1 into blocks itself (no view per block: a view is
+  -- a new userdata, which was most of a small call's time) and refuses a
+  -- fault of this rank's arguments for the group
+  return g:all_to_all_single(output, input, out_splits, in_splits, opts)
 end
 
-function dist.barrier(opts, async_op)
-  opts = group_form(opts, ASYNC, async_op)
+function dist.barrier(opts)
   local pg = state.pg
   if opts == nil and pg then return pg:barrier() end
   opts = O.check(COLL, "barrier", opts)
@@ -630,19 +573,17 @@ function dist.monitored_barrier(opts, timeout, wait_all_ranks)
   if verdict ~= "ok" then error(verdict, 0) end
 end
 
---- send(t, dst[, opts{tag=, group=}]); tag >= 0 (torch refuses a negative one).
---- send, recv, isend and irecv also take torch's positional (group[, tag]) there,
---- all_reduce, broadcast, reduce and barrier (group[, async_op]).
-function dist.send(t, dst, opts, tag)
-  opts = O.check(P2P, "send", group_form(opts, TAG, tag))
+--- send(t, dst[, opts{tag=, group=}]); tag >= 0 (torch refuses a negative one)
+function dist.send(t, dst, opts)
+  opts = O.check(P2P, "send", opts)
   local g = group_of(opts, "send")
   if g then return g:send(t, to_group_rank(g, dst, "send"), opts) end
 end
 
 --- recv(t[, src][, opts{tag=, group=}]) -> the sender's global rank
-function dist.recv(t, src, opts, tag)
+function dist.recv(t, src, opts)
   if type(src) == "table" then src, opts = nil, src end
-  opts = O.check(P2P, "recv", group_form(opts, TAG, tag))
+  opts = O.check(P2P, "recv", opts)
   local g = group_of(opts, "recv")
   if not g then return -1 end
   local from = g:recv(t, src and to_group_rank(g, src, "recv"), opts)
@@ -658,12 +599,10 @@ end
 
 --- isend / irecv: as send / recv with async_op; return a crun.Work. After
 -- wait, w:source() is the sender's rank in the group (global for the default group).
-function dist.isend(t, dst, opts, tag)
-  return dist.send(t, dst, with_async(O.check(P2P, "isend", group_form(opts, TAG, tag))))
-end
-function dist.irecv(t, src, opts, tag)
+function dist.isend(t, dst, opts) return dist.send(t, dst, with_async(O.check(P2P, "isend", opts))) end
+function dist.irecv(t, src, opts)
   if type(src) == "table" then src, opts = nil, src end
-  opts = O.check(P2P, "irecv", group_form(opts, TAG, tag))
+  opts = O.check(P2P, "irecv", opts)
   local g = group_of(opts, "irecv")
   if g then return g:recv(t, src and to_group_rank(g, src, "irecv"), with_async(opts)) end
 end

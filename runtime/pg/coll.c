@@ -146,7 +146,8 @@ static int submit(crun_pg_t *pg, crun_work_t *w, crun_work_t **work, int *src_ou
   } while (0)
 
 /* A check only this rank makes (the root's own list of buffers, a list on a
- * rank that is not the root, a rank's all_to_all split sizes) failed with rc
+ * rank that is not the root, a rank's all_to_all split sizes, its list-form
+ * buffers overlapping, the count it sends itself) failed with rc
  * for call c: its peers cannot see that and would finish the call without
  * it, or wait for it, and meet its next call as an EMISMATCH. When the
  * backend can reach them, the group fails with this rank's text, so every
@@ -294,9 +295,9 @@ int crun_pg_all_gather(crun_pg_t *pg, void *const *outs, const void *in, size_t 
   CRUN_CHECK(check_buf(pg, CRUN__COLL_ALL_GATHER, in, count, "input"));
   NEW_WORK(w, CRUN__COLL_ALL_GATHER, dt, count);
   w->c.in = in;
-  FAIL_WORK(w, copy_ptrs(pg, CRUN__COLL_ALL_GATHER, (const void *const *)outs, count, "output", &w->c.outs));
+  REFUSE_WORK(w, copy_ptrs(pg, CRUN__COLL_ALL_GATHER, (const void *const *)outs, count, "output", &w->c.outs));
   if (!is_cuda(opts))
-    FAIL_WORK(w, check_apart(pg, CRUN__COLL_ALL_GATHER, in, (const void *const *)outs, count, dt, "input", "output"));
+    REFUSE_WORK(w, check_apart(pg, CRUN__COLL_ALL_GATHER, in, (const void *const *)outs, count, dt, "input", "output"));
   return submit(pg, w, work, NULL);
 }
 
@@ -336,14 +337,14 @@ int crun_pg_reduce_scatter(crun_pg_t *pg, void *out, const void *const *ins, siz
   CRUN_CHECK(check_common(pg, CRUN__COLL_REDUCE_SCATTER, dt, 1, op));
   CRUN_CHECK(check_buf(pg, CRUN__COLL_REDUCE_SCATTER, out, count, "output"));
   size_t bytes = count * crun_dtype_size(dt);
-  for (int i = 0; ins && !is_cuda(opts) && i < pg->size; i++)
-    if (overlaps(out, bytes, ins[i], bytes))
-      return crun_error(CRUN_EINVAL, "reduce_scatter on rank %d: the output overlaps the input for rank %d (inputs "
-                        "are read while the output is written: give a separate output)", pg->rank, i);
   NEW_WORK(w, CRUN__COLL_REDUCE_SCATTER, dt, count);
   w->c.buf = out;
   w->c.op = op;
-  FAIL_WORK(w, copy_ptrs(pg, CRUN__COLL_REDUCE_SCATTER, ins, count, "input", (void ***)&w->c.ins));
+  for (int i = 0; ins && !is_cuda(opts) && i < pg->size; i++)
+    if (overlaps(out, bytes, ins[i], bytes))
+      REFUSE_WORK(w, crun_error(CRUN_EINVAL, "reduce_scatter on rank %d: the output overlaps the input for rank %d "
+                                "(inputs are read while the output is written: give a separate output)", pg->rank, i));
+  REFUSE_WORK(w, copy_ptrs(pg, CRUN__COLL_REDUCE_SCATTER, ins, count, "input", (void ***)&w->c.ins));
   w->c.premul = premul_factor(opts);
   if (op == CRUN_OP_PREMUL_SUM && !is_cuda(opts)) {
     FAIL_WORK(w, premul_copies(w, ins, pg->size));
@@ -409,18 +410,18 @@ int crun_pg_all_to_all(crun_pg_t *pg, void *const *outs, const size_t *out_count
                        const crun_coll_opts_t *opts, crun_work_t **work) {
   CRUN_CHECK(check_common(pg, CRUN__COLL_ALL_TO_ALL, dt, 0, 0));
   NEW_WORK(w, CRUN__COLL_ALL_TO_ALL, dt, 0);
-  FAIL_WORK(w, copy_counts(pg, out_counts, "output", &w->c.out_counts));
-  FAIL_WORK(w, copy_counts(pg, in_counts, "input", &w->c.in_counts));
-  FAIL_WORK(w, copy_ptrs(pg, CRUN__COLL_ALL_TO_ALL, (const void *const *)outs, 0, "output", &w->c.outs));
-  FAIL_WORK(w, copy_ptrs(pg, CRUN__COLL_ALL_TO_ALL, ins, 0, "input", (void ***)&w->c.ins));
+  REFUSE_WORK(w, copy_counts(pg, out_counts, "output", &w->c.out_counts));
+  REFUSE_WORK(w, copy_counts(pg, in_counts, "input", &w->c.in_counts));
+  REFUSE_WORK(w, copy_ptrs(pg, CRUN__COLL_ALL_TO_ALL, (const void *const *)outs, 0, "output", &w->c.outs));
+  REFUSE_WORK(w, copy_ptrs(pg, CRUN__COLL_ALL_TO_ALL, ins, 0, "input", (void ***)&w->c.ins));
   for (int i = 0; i < pg->size; i++) {
     w->c.count += in_counts[i];
     if ((!outs[i] && out_counts[i]) || (!ins[i] && in_counts[i]))
-      FAIL_WORK(w, crun_error(CRUN_EINVAL, "all_to_all on rank %d: buffer %d is NULL", pg->rank, i));
+      REFUSE_WORK(w, crun_error(CRUN_EINVAL, "all_to_all on rank %d: buffer %d is NULL", pg->rank, i));
   }
   if (in_counts[pg->rank] != out_counts[pg->rank])
-    FAIL_WORK(w, crun_error(CRUN_EINVAL, "all_to_all on rank %d: sends %zu elements to itself but expects %zu",
-                            pg->rank, in_counts[pg->rank], out_counts[pg->rank]));
+    REFUSE_WORK(w, crun_error(CRUN_EINVAL, "all_to_all on rank %d: sends %zu elements to itself but expects %zu",
+                              pg->rank, in_counts[pg->rank], out_counts[pg->rank]));
   if (!is_cuda(opts)) FAIL_WORK(w, a2a_unalias(w, pg->size));
   return submit(pg, w, work, NULL);
 }

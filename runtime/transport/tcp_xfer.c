@@ -163,7 +163,21 @@ static int rx_from_stash(io_t *io) {
   return 0;
 }
 
-/* Sends what the socket takes now; 1 progress, 0 would block, <0 error. */
+/* The abort frame that `to` sent (it failed the group), read and turned into
+ * our error; 0 when none waits on its connection. Never blocks. */
+static int abort_from_to(io_t *io) {
+  crun__hdr_t h;
+  ssize_t k = recv(io->t->fds[io->to], &h, HDR, MSG_PEEK | MSG_DONTWAIT);
+  if (k != (ssize_t)HDR || h.kind != CRUN__KIND_ABORT) return 0;
+  char text[4097] = "";
+  size_t n = h.nbytes > 4096 ? 4096 : h.nbytes;
+  recv(io->t->fds[io->to], &h, HDR, MSG_DONTWAIT);
+  recv(io->t->fds[io->to], text, n, MSG_DONTWAIT);
+  return aborted_by(io, io->to, &h, text);
+}
+
+/* Sends what the socket takes now; 1 progress, 0 would block, <0 error. A
+ * broken connection reports the peer's abort frame when one came first. */
 static int tx_some(io_t *io) {
   size_t total = HDR + io->sbytes;
   if (io->toff >= total || io->t->outq[io->to]) return 0; /* earlier sends to `to` go first */
@@ -183,7 +197,9 @@ static int tx_some(io_t *io) {
     return 1;
   }
   if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return errno == EINTR;
-  return peer_died(io, io->to, k < 0 ? strerror(errno) : "closed");
+  const char *how = k < 0 ? strerror(errno) : "closed";
+  int r = abort_from_to(io); /* a peer that failed the group and left sent why before it closed */
+  return r < 0 ? r : peer_died(io, io->to, how);
 }
 
 /* Reads up to n bytes of the receive side; returns bytes, 0 would block, <0 error. */
@@ -289,12 +305,7 @@ static int peek_abort(io_t *io) {
   ssize_t k = recv(io->t->fds[io->to], &h, HDR, MSG_PEEK | MSG_DONTWAIT);
   if (k == 0) return peer_died(io, io->to, "closed");
   io->watch_to = 0;
-  if (k != (ssize_t)HDR || h.kind != CRUN__KIND_ABORT) return 0;
-  char text[4097] = "";
-  size_t n = h.nbytes > 4096 ? 4096 : h.nbytes;
-  recv(io->t->fds[io->to], &h, HDR, MSG_DONTWAIT);
-  recv(io->t->fds[io->to], text, n, MSG_DONTWAIT);
-  return aborted_by(io, io->to, &h, text);
+  return abort_from_to(io);
 }
 
 /* The step's deadline passed: name the peer and where every rank is. */

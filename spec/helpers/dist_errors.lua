@@ -27,6 +27,11 @@
 --             (one entry short), sum (one row too many), neg (a -1, sum right),
 --             dtype (a float64 output for a float32 input); the others good
 --             ones; then an all_reduce
+--   listbad:C:K  rank 1 gives list-form collective C (all_gather,
+--             reduce_scatter, all_to_all, or all_to_all_single, or the tensor
+--             forms all_gather_into_tensor, reduce_scatter_tensor) a bad argument,
+--             fault K (see the spec), which only rank 1 can see; the others
+--             good ones; then an all_reduce
 --   nonrootgather / nonrootscatter  non-root rank 1 passes a list (root 0);
 --             then an all_reduce
 --   roots_K   rank 1 calls K (broadcast, reduce, gather, scatter) with root 1,
@@ -149,6 +154,41 @@ elseif mode:match("^a2asplit_") then
   local input = T.full({2 * n}, rank - 3)
   local output = T.zeros({2 * n}, rank == 1 and k == "dtype" and "float64" or "float32")
   record(pcall(dist.all_to_all_single, output, input, nil, splits))
+  record(pcall(dist.all_reduce, T.ones({2})))
+elseif mode:match("^listbad:") then
+  local n, c, k = dist.get_world_size(), mode:match("^listbad:([%w_]+):(%w+)$")
+  local bad = rank == 1
+  local function list(make) local l = {} for j = 1, n do l[j] = make(j) end return l end
+  local outs = list(function() return T.zeros({4}) end)
+  local ins = list(function(j) return T.full({4}, -7 * rank - j) end)
+  local big = T.zeros({5})  -- two overlapping 4-element views of it: big[1..4] and big[2..5]
+  local one = T.full({4}, rank - 3)
+  if bad and k == "len" then (c == "all_gather" and outs or ins)[n] = nil end
+  if bad and k == "dtype" then (c == "all_gather" and outs or ins)[2] = T.zeros({4}, "float64") end
+  if bad and k == "size" then ins[2] = T.zeros({3}) end
+  if bad and k == "notensor" then (c == "reduce_scatter" and ins or outs)[2] = c == "all_to_all" and "x" or 7 end
+  if bad and k == "noncontig" then ins[2] = T.zeros({2, 2}):t() end
+  if bad and k == "mixed" then outs = list(function() return T.zeros({4}, "float64") end) end
+  if bad and k == "input" then one = "x" end
+  if bad and k == "overlap" then
+    if c == "all_gather" then outs[1], one = big:narrow(1, 1, 4), big:narrow(1, 2, 4)
+    else ins[1], one = big:narrow(1, 1, 4), big:narrow(1, 2, 4) end
+  end
+  if bad and k == "self" then outs[rank + 1] = T.zeros({3}) end
+  if c == "all_gather_into_tensor" then  -- k == "size": rank 1's output has one element too many
+    record(pcall(dist.all_gather_into_tensor, T.zeros({4 * n + (bad and 1 or 0)}), one))
+  elseif c == "reduce_scatter_tensor" then  -- k == "size": rank 1's input has one element too few
+    record(pcall(dist.reduce_scatter_tensor, T.zeros({4}), T.full({4 * n - (bad and 1 or 0)}, rank - 2)))
+  elseif c == "all_gather" then record(pcall(dist.all_gather, outs, one))
+  elseif c == "reduce_scatter" then record(pcall(dist.reduce_scatter, one, ins))
+  elseif c == "all_to_all" then record(pcall(dist.all_to_all, outs, ins))
+  else  -- all_to_all_single, 2 rows per rank; rank 1 sends 3 to rank 0 and 1 to itself (k == "self")
+    local splits = {}
+    for j = 1, n do splits[j] = 2 end
+    local insplits = {table.unpack(splits)}
+    if bad then insplits[1], insplits[2] = 3, 1 end
+    record(pcall(dist.all_to_all_single, T.zeros({2 * n}), T.full({2 * n}, rank - 3), splits, insplits))
+  end
   record(pcall(dist.all_reduce, T.ones({2})))
 elseif mode == "nonrootgather" or mode == "nonrootscatter" then
   local list = {}

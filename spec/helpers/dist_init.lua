@@ -128,12 +128,18 @@ case("timeout_option_reaches_the_group", function()
 end)
 
 case("tensor_forms_check_sizes", function()
+  -- a wrong size refuses the call for the group (every rank fails it, and the
+  -- group stops, as for a fault on one rank alone): a new group for each
   dist.init_process_group{}
   local n = dist.get_world_size()
   expect_error("^EINVAL: all_gather_into_tensor: the output tensor has 3 elements, expected " .. 2 * n,
                dist.all_gather_into_tensor, T.zeros({3}), T.ones({2}))
+  dist.destroy_process_group()
+  dist.init_process_group{}
   expect_error("^EINVAL: reduce_scatter_tensor: the input tensor must be contiguous",
                dist.reduce_scatter_tensor, T.zeros({2}), T.zeros({2, 2 * n}):transpose(1, 2))
+  dist.destroy_process_group()
+  dist.init_process_group{}
   local out = T.zeros({n, 2}) -- any shape with the right element count
   dist.all_gather_into_tensor(out, T.full({2}, rank))
   assert(out[n][2] == n - 1)
