@@ -346,6 +346,16 @@ function dist.get_global_rank(group, group_rank)
   return resolve(group, "get_global_rank"):global_rank(group_rank)
 end
 
+-- torch's positional trailing arguments: a process group (or
+-- NON_GROUP_MEMBER) in the options' place and the argument after it (named
+-- `name`: all_reduce(t, op, group, async_op), send(t, dst, group, tag)) make
+-- the options table {group =, [name] =}; anything else is the options as given.
+local function group_form(opts, name, v)
+  if type(opts) ~= "userdata" and opts ~= NON_MEMBER then return opts end
+  return {group = opts, [name] = v}
+end
+local ASYNC, TAG = "async_op", "tag"
+
 --- Parses (op, opts) where op may be left out; checks opts against spec.
 local function split_op(op, opts, spec, fname)
   if type(op) == "table" then op, opts = nil, op end
@@ -358,7 +368,8 @@ local function group_of(opts, fname)
   return resolve(g, fname)
 end
 
-function dist.all_reduce(t, op, opts)
+function dist.all_reduce(t, op, opts, async_op)
+  opts = group_form(opts, ASYNC, async_op)
   op, opts = split_op(op, opts, COLL, "all_reduce")
   local g = group_of(opts, "all_reduce")
   if g then return g:all_reduce(t, op, opts) end
@@ -369,7 +380,8 @@ end
 -- function above (core.fast_all_reduce, bindings/pg.c).
 dist.all_reduce = core.fast_all_reduce(state, dist.all_reduce)
 
-function dist.broadcast(t, src, opts)
+function dist.broadcast(t, src, opts, async_op)
+  opts = group_form(opts, ASYNC, async_op)
   local pg = state.pg
   if opts == nil and pg and math.type(src) == "integer" then return pg:broadcast(t, src) end
   opts = O.check(COLL, "broadcast", opts)
@@ -377,7 +389,8 @@ function dist.broadcast(t, src, opts)
   if g then return g:broadcast(t, to_group_rank(g, src, "broadcast"), opts) end
 end
 
-function dist.reduce(t, dst, op, opts)
+function dist.reduce(t, dst, op, opts, async_op)
+  opts = group_form(opts, ASYNC, async_op)
   op, opts = split_op(op, opts, COLL, "reduce")
   local g = group_of(opts, "reduce")
   if g then return g:reduce(t, to_group_rank(g, dst, "reduce"), op, opts) end
@@ -515,7 +528,8 @@ function dist.all_to_all_single(output, input, out_splits, in_splits, opts)
   return g:all_to_all_single(output, input, out_splits, in_splits, opts)
 end
 
-function dist.barrier(opts)
+function dist.barrier(opts, async_op)
+  opts = group_form(opts, ASYNC, async_op)
   local pg = state.pg
   if opts == nil and pg then return pg:barrier() end
   opts = O.check(COLL, "barrier", opts)
@@ -573,17 +587,19 @@ function dist.monitored_barrier(opts, timeout, wait_all_ranks)
   if verdict ~= "ok" then error(verdict, 0) end
 end
 
---- send(t, dst[, opts{tag=, group=}]); tag >= 0 (torch refuses a negative one)
-function dist.send(t, dst, opts)
-  opts = O.check(P2P, "send", opts)
+--- send(t, dst[, opts{tag=, group=}]); tag >= 0 (torch refuses a negative one).
+--- send, recv, isend and irecv also take torch's positional (group[, tag]) there,
+--- all_reduce, broadcast, reduce and barrier (group[, async_op]).
+function dist.send(t, dst, opts, tag)
+  opts = O.check(P2P, "send", group_form(opts, TAG, tag))
   local g = group_of(opts, "send")
   if g then return g:send(t, to_group_rank(g, dst, "send"), opts) end
 end
 
 --- recv(t[, src][, opts{tag=, group=}]) -> the sender's global rank
-function dist.recv(t, src, opts)
+function dist.recv(t, src, opts, tag)
   if type(src) == "table" then src, opts = nil, src end
-  opts = O.check(P2P, "recv", opts)
+  opts = O.check(P2P, "recv", group_form(opts, TAG, tag))
   local g = group_of(opts, "recv")
   if not g then return -1 end
   local from = g:recv(t, src and to_group_rank(g, src, "recv"), opts)
@@ -599,10 +615,12 @@ end
 
 --- isend / irecv: as send / recv with async_op; return a crun.Work. After
 -- wait, w:source() is the sender's rank in the group (global for the default group).
-function dist.isend(t, dst, opts) return dist.send(t, dst, with_async(O.check(P2P, "isend", opts))) end
-function dist.irecv(t, src, opts)
+function dist.isend(t, dst, opts, tag)
+  return dist.send(t, dst, with_async(O.check(P2P, "isend", group_form(opts, TAG, tag))))
+end
+function dist.irecv(t, src, opts, tag)
   if type(src) == "table" then src, opts = nil, src end
-  opts = O.check(P2P, "irecv", opts)
+  opts = O.check(P2P, "irecv", group_form(opts, TAG, tag))
   local g = group_of(opts, "irecv")
   if g then return g:recv(t, src and to_group_rank(g, src, "irecv"), with_async(opts)) end
 end
