@@ -566,9 +566,9 @@ function methods.permute(t, ...)
   return r
 end
 
---- t:all([dim][, keepdim]) / t:any: whether every (some) element is
---- nonzero: a Lua boolean over every element (as t:sum() gives a number),
---- a bool tensor along dim.
+-- t:all([dim][, keepdim]) / t:any: whether every (some) element is
+-- nonzero: a Lua boolean over every element (as t:sum() gives a number),
+-- a bool tensor along dim.
 for name, test in pairs({all = function(nz, n) return nz:eq(n) end, any = function(nz) return nz:gt(0) end}) do
   methods[name] = function(t, dim, keepdim)
     local nz = t:ne(0)
