@@ -725,6 +725,123 @@ function methods.std(t, dim, unbiased, keepdim)
   return T.is_tensor(v) and v:sqrt() or math.sqrt(v)
 end
 
+-- ------------------------------------------------------------ selection
+
+-- ENOTSUP naming fname when a tensor of the list lives on a device (a
+-- host-only op; never a silent copy).
+local function host_only(fname, ...)
+  for _, t in ipairs({...}) do
+    if T.is_tensor(t) and C.device_of(t) >= 0 then
+      O.fail("ENOTSUP: %s: not implemented for a tensor on cuda:%d (copy it to the host with :cpu() first)",
+        fname, C.device_of(t))
+    end
+  end
+end
+
+-- torch's kind of a dtype or a Lua scalar: 0 bool, 1 integer, 2 float.
+local function kind_of(x)
+  if type(x) == "boolean" then return 0 elseif math.type(x) == "integer" then return 1 elseif type(x) == "number" then return 2 end
+  local dt = x:dtype()
+  return dt == "bool" and 0 or INT_DTYPES[dt] and 1 or 2
+end
+local KIND_DEFAULT = {[0] = "bool", "int64", "float32"}
+
+-- torch.result_type of two operands (tensors or Lua scalars): a 0-d tensor
+-- beside one with dims, or a scalar beside a tensor, counts only when of a
+-- higher kind (a scalar then brings its kind's default dtype).
+local function result_type(a, b)
+  local ta, tb = T.is_tensor(a), T.is_tensor(b)
+  if not ta and not tb then return KIND_DEFAULT[math.max(kind_of(a), kind_of(b))] end
+  if ta and tb and (a:dim() == 0) == (b:dim() == 0) then return promote(a:dtype(), b:dtype()) end
+  local main, side = a, b
+  if not ta or (tb and a:dim() == 0) then main, side = b, a end
+  if kind_of(side) <= kind_of(main) then return main:dtype() end
+  return T.is_tensor(side) and promote(main:dtype(), side:dtype()) or KIND_DEFAULT[kind_of(side)]
+end
+
+-- x (a tensor or a Lua scalar: argument n of fname) as a tensor of dtype dt.
+local function as_tensor(fname, n, x, dt)
+  if T.is_tensor(x) then return x:to(dt) end
+  if type(x) ~= "number" and type(x) ~= "boolean" then argerror(n, fname, "tensor or number expected, got %s", type(x)) end
+  if type(x) == "boolean" then x = x and 1 or 0 end
+  return T.full({}, x, dt)
+end
+
+--- T.where(cond, a, b): a where cond is true, else b, element by element
+--- (torch.where): cond a bool tensor; a and b tensors or numbers, of the
+--- dtype torch.result_type gives them; the three broadcast. A select, not
+--- arithmetic: inf and nan are taken as they are. Host tensors only
+--- (ENOTSUP on a device). t:where(cond, b) is T.where(cond, t, b).
+function T.where(cond, a, b)
+  if not T.is_tensor(cond) then argerror(1, "where", "bool tensor expected, got %s", type(cond)) end
+  if a == nil and b == nil then
+    O.fail("ENOTSUP: where: the one-argument form (torch.where(cond), the indices of the true elements) is not implemented")
+  end
+  for n, x in pairs({[2] = a, [3] = b}) do
+    if not T.is_tensor(x) and type(x) ~= "number" and type(x) ~= "boolean" then
+      argerror(n, "where", "tensor or number expected, got %s", type(x))
+    end
+  end
+  host_only("where", cond, a, b)
+  local dt = result_type(a, b)
+  return C._where(cond, as_tensor("where", 2, a, dt), as_tensor("where", 3, b, dt))
+end
+function methods.where(t, cond, b) return T.where(cond, t, b) end
+
+--- t:masked_fill(mask, value) -> a copy of t with value where mask (a bool
+--- tensor broadcasting with t) is true; value a number or 0-d tensor,
+--- converted to t's dtype (2.5 into an integer tensor is 2, as torch's).
+--- t:masked_fill_(mask, value) writes t in place (mask must then broadcast
+--- to t's shape). Inf and nan are kept or written as they are. Host tensors
+--- only (ENOTSUP on a device).
+function methods.masked_fill(t, mask, value)
+  if not T.is_tensor(t) then argerror(1, "masked_fill", "tensor expected, got %s", type(t)) end
+  if not T.is_tensor(mask) then argerror(2, "masked_fill", "bool tensor expected, got %s", type(mask)) end
+  if T.is_tensor(value) and value:dim() ~= 0 then
+    argerror(3, "masked_fill", "a number or a 0-d tensor expected, got a %d-d tensor", value:dim())
+  end
+  host_only("masked_fill", t, mask, value)
+  return C._where(mask, as_tensor("masked_fill", 3, value, t:dtype()), t)
+end
+function methods.masked_fill_(t, mask, value)
+  local r = methods.masked_fill(t, mask, value)
+  if table.concat(r:size(), "x") ~= table.concat(t:size(), "x") then
+    O.fail("EINVAL: masked_fill_: the mask's shape %s does not broadcast to the tensor's %s (the tensor written in place)",
+      table.concat(mask:size(), "x"), table.concat(t:size(), "x"))
+  end
+  return t:copy(r)
+end
+
+local UNIQUE = O.spec{"sorted", "return_inverse", "return_counts", "dim"}
+
+--- t:unique([{sorted=true, return_inverse=, return_counts=}]) -> the
+--- distinct values of t, ascending, as a 1-d tensor of t's dtype (torch's
+--- default; sorted=false gives the same order); with return_inverse also
+--- where each element of t went (1-based positions, t's shape, int64), with
+--- return_counts how often each value occurs (int64), in that order, as
+--- torch's. nan is unequal to itself: each nan stays, after the numbers.
+--- Host tensors only; dim is not implemented.
+function methods.unique(t, opts)
+  if not T.is_tensor(t) then argerror(1, "unique", "tensor expected, got %s", type(t)) end
+  local o = O.check(UNIQUE, "unique", opts)
+  if o.dim ~= nil then O.fail("ENOTSUP: unique: dim is not implemented (only the unique elements of the whole tensor)") end
+  host_only("unique", t)
+  local n = t:numel()
+  local sorted, pos = t:reshape({n}):sort(1)
+  local v, p = n > 0 and sorted:totable() or {}, n > 0 and pos:totable() or {}
+  local vals, counts, inverse = {}, {}, {}
+  for i = 1, n do
+    if i == 1 or v[i] ~= v[i - 1] then vals[#vals + 1], counts[#vals + 1] = v[i], 0 end
+    counts[#vals] = counts[#vals] + 1
+    inverse[p[i]] = #vals
+  end
+  local function tensor_of(list, dt) return #list == 0 and T.empty({0}, dt) or T.new(list, dt) end
+  local out = {tensor_of(vals, t:dtype())}
+  if o.return_inverse then out[#out + 1] = tensor_of(inverse, "int64"):reshape(t:size()) end
+  if o.return_counts then out[#out + 1] = tensor_of(counts, "int64") end
+  return table.unpack(out)
+end
+
 --- Function forms of the math methods: T.exp(t), T.add(a, b), T.softmax(t, dim), ...
 --- (t:floor_divide(x) / t // x and t:remainder(x) / t % x round toward -inf,
 --- t:fmod(x) toward 0, as torch's; a zero integer divisor is EINVAL.)
@@ -733,7 +850,8 @@ local function_forms = {"add", "sub", "mul", "div", "floor_divide", "remainder",
   "cos", "floor", "ceil", "round", "sign", "reciprocal", "square", "log1p", "expm1", "rsqrt",
   "clamp", "sum", "mean", "prod", "cumsum", "cumprod", "var", "std", "sort", "argsort", "topk", "max", "min", "argmax", "argmin", "mm", "softmax",
   "log_softmax", "index_select", "gather", "transpose", "t", "narrow", "select", "view",
-  "reshape", "clone", "contiguous", "numel", "equal", "allclose", "unsqueeze", "squeeze", "flatten", "permute"}
+  "reshape", "clone", "contiguous", "numel", "equal", "allclose", "unsqueeze", "squeeze", "flatten", "permute",
+  "masked_fill", "unique"}
 for _, name in ipairs(function_forms) do
   if T[name] == nil then
     local m = methods[name]
