@@ -812,6 +812,61 @@ function methods.masked_fill_(t, mask, value)
   return t:copy(r)
 end
 
+-- ------------------------------------------------------------ more factories
+
+-- x rounded to the nearest float32 (string.pack converts as C's cast does).
+local function f32(x) return (string.unpack("f", string.pack("f", x))) end
+
+local LINSPACE = O.spec{"dtype", "device", inert = {requires_grad = "crun tensors record no autograd graph"}}
+
+--- T.linspace(start, stop, steps[, {dtype=, device=}]): steps values from
+--- start to stop, evenly spaced, as torch.linspace: float32 by default; the
+--- first half counted up from start, the second down from stop (so both
+--- ends are exact), in the dtype's precision (integers: in double,
+--- truncated toward zero, as torch's); steps = 1 gives {start}, 0 an empty tensor.
+function T.linspace(start, stop, steps, opts)
+  if type(start) ~= "number" then argerror(1, "linspace", "number expected, got %s", type(start)) end
+  if type(stop) ~= "number" then argerror(2, "linspace", "number expected, got %s", type(stop)) end
+  if math.type(steps) ~= "integer" or steps < 0 then argerror(3, "linspace", "integer >= 0 expected, got %s", tostring(steps)) end
+  local o = O.check(LINSPACE, "tensor.linspace", opts)
+  local dt = o.dtype or "float32"
+  local r = dt == "float32" and f32 or function(x) return x end
+  local step = steps > 1 and r((stop - start) / (steps - 1)) or 0
+  local vals, half = {}, steps // 2
+  for i = 0, steps - 1 do
+    vals[i + 1] = i < half and r(start + r(step * i)) or r(stop - r(step * (steps - 1 - i)))
+  end
+  if steps == 1 then vals[1] = r(start) end
+  if INT_DTYPES[dt] then
+    for i, v in ipairs(vals) do vals[i] = v < 0 and math.ceil(v) or math.floor(v) end
+  end
+  local t = steps == 0 and T.empty({0}, dt) or T.new(vals, dt)
+  return place(t, o.device ~= nil and CU().device_index(o.device, "tensor.linspace") or nil)
+end
+
+local RANDPERM = O.spec{"seed", "dtype", "generator", "device", inert = {requires_grad = "crun tensors record no autograd graph"}}
+
+--- T.randperm(n[, {seed=, generator=, dtype=, device=}]): a random
+--- permutation of 1..n (int64 by default). 1-BASED, unlike torch's 0..n-1:
+--- crun's indices are 1-based (index_select, gather, argmax and sort's
+--- positions), so x:index_select(1, T.randperm(n)) shuffles rows as torch's
+--- x[torch.randperm(n)] does. seed gives the same permutation on every rank
+--- (the splitmix64 Fisher-Yates of crun.data's sampler); without one it is
+--- drawn from the generator (the default one unless given).
+function T.randperm(n, opts)
+  if math.type(n) ~= "integer" or n < 0 then argerror(1, "randperm", "integer >= 0 expected, got %s", tostring(n)) end
+  local o = O.check(RANDPERM, "tensor.randperm", opts)
+  local seed = o.seed
+  if seed == nil then
+    local g = o.generator
+    seed = g and g:random() or T.randint(0, 1 << 53, {1}, "int64"):item()
+  end
+  local perm = core.permutation(n, seed)
+  for i = 1, n do perm[i] = perm[i] + 1 end
+  local t = n == 0 and T.empty({0}, o.dtype or "int64") or T.new(perm, o.dtype or "int64")
+  return place(t, o.device ~= nil and CU().device_index(o.device, "tensor.randperm") or nil)
+end
+
 local UNIQUE = O.spec{"sorted", "return_inverse", "return_counts", "dim"}
 
 --- t:unique([{sorted=true, return_inverse=, return_counts=}]) -> the
