@@ -223,6 +223,19 @@ describe("element access", function()
     assert.matches("^EINVAL: 0.5 is a Lua number, which has no method 'numpy' %(a reduction over every element", err)
   end)
 
+  -- torch's x.all().item(): crun's all/any over every element give a Lua
+  -- boolean, and .item() on it was "attempt to index a boolean value"
+  it("item() and tolist() on all()'s and any()'s boolean give the boolean; other methods are EINVAL", function()
+    local x = T.tensor({{1.5, -2.0}, {0.0, 3.25}})
+    assert.is_false(x:all():item())
+    assert.is_true(x:any():item())
+    assert.is_true(x:ne(7):all():tolist())
+    assert.is_false(T.zeros({3}):any():item())
+    local ok, err = pcall(function() return x:all():numpy() end)
+    assert.is_false(ok)
+    assert.matches("^EINVAL: false is a Lua boolean, which has no method 'numpy'", err)
+  end)
+
   it("out-of-range indices name the index and the size", function()
     local a = T.zeros({3, 4})
     local ok, err = pcall(function() return a[4] end)

@@ -120,6 +120,20 @@ if debug.getmetatable(0) == nil then
   end})
 end
 
+-- t:all() and t:any() give a Lua boolean (if t:all() then ... reads as in
+-- torch), and ported code reads torch's 0-d result with .item(): booleans
+-- get item() and tolist() (the boolean itself) as numbers do; another
+-- method on a boolean is EINVAL saying so.
+local BOOLEAN_METHODS = {item = function(b) return b end, tolist = function(b) return b end}
+if debug.getmetatable(true) == nil then
+  debug.setmetatable(true, {__index = function(b, k)
+    local m = BOOLEAN_METHODS[k]
+    if m then return m end
+    O.fail("EINVAL: %s is a Lua boolean, which has no method '%s' (t:all() and t:any() over every element " ..
+      "give a boolean where torch gives a 0-d tensor; only item() and tolist() work on it)", tostring(b), tostring(k))
+  end})
+end
+
 -- Options of the random factories: crun's seed, torch's dtype, generator,
 -- device and pin_memory; requires_grad/layout change nothing. (zeros, ones,
 -- empty, full, new and arange read {device =, dtype =, pin_memory =} in C.)
