@@ -9,7 +9,9 @@
 -- backward(x, t, grad_loss) (the gradient of whatever the caller reduced
 -- the losses to). The input is a float tensor, the target one of its shape
 -- (torch would broadcast a different shape: EINVAL here, as MSECriterion).
--- The math is tensor ops, so a tensor on a device computes there.
+-- The math is tensor ops, each with a device kernel, so a tensor on a
+-- device should compute there (not yet run on a device: an op without a
+-- kernel fails with ENOTSUP naming it, never silently).
 return function(nn, H)
   local O, contig, check_tensor, none_grad, shape_str = H.O, H.contig, H.check_tensor, H.none_grad, H.shape_str
 
@@ -86,16 +88,14 @@ return function(nn, H)
     return cls
   end
 
-  --- AbsCriterion{reduction=} / nn.L1Loss: |x - t|; its gradient sign(x - t)
-  --- (0 where they are equal, as torch's).
+  -- (Each loss's doc block sits above its torch alias, where LDoc can attach it.)
   define("AbsCriterion", {"reduction"}, nil,
     function(_, x, t) return (x - t):abs() end,
     function(_, x, t) return (x - t):sign() end)
+  --- AbsCriterion{reduction=} / nn.L1Loss: |x - t|; its gradient sign(x - t)
+  --- (0 where they are equal, as torch's).
   nn.L1Loss = nn.AbsCriterion
 
-  --- SmoothL1Criterion{reduction=, beta=1} / nn.SmoothL1Loss: 0.5 d^2 / beta
-  --- where |d| < beta, else |d| - 0.5 beta, for d = x - t (beta = 0 is the
-  --- L1 loss, as torch's; a negative beta EINVAL).
   define("SmoothL1Criterion", {"reduction", "beta"},
     function(self, o, fname) self.beta = O.num(fname, "beta", o.beta, 0, 1.0) end,
     function(self, x, t)
@@ -108,13 +108,11 @@ return function(nn, H)
       if self.beta == 0 then return (x - t):sign() end
       return (x - t):clamp(-self.beta, self.beta) / self.beta
     end)
+  --- SmoothL1Criterion{reduction=, beta=1} / nn.SmoothL1Loss: 0.5 d^2 / beta
+  --- where |d| < beta, else |d| - 0.5 beta, for d = x - t (beta = 0 is the
+  --- L1 loss, as torch's; a negative beta EINVAL).
   nn.SmoothL1Loss = nn.SmoothL1Criterion
 
-  --- BCECriterion{reduction=, weight=} / nn.BCELoss: -(t log x + (1 - t)
-  --- log(1 - x)) of probabilities x in [0, 1] (else EINVAL, as torch's),
-  --- each log clamped at -100 as torch's (so x = 0 or 1 gives a finite
-  --- loss); the gradient is (x - t) / max(x (1 - x), 1e-12), torch's.
-  --- weight (broadcasting with x) scales each element's loss.
   define("BCECriterion", {"reduction", "weight"},
     function(self, o, fname) self.weight = tensor_opt(fname, "weight", o.weight) end,
     function(_, x, t)
@@ -125,14 +123,13 @@ return function(nn, H)
       return -(t * x:log():clamp(-100) + (1 - t) * (1 - x):log():clamp(-100))
     end,
     function(_, x, t) return (x - t) / (x * (1 - x)):clamp(1e-12) end)
+  --- BCECriterion{reduction=, weight=} / nn.BCELoss: -(t log x + (1 - t)
+  --- log(1 - x)) of probabilities x in [0, 1] (else EINVAL, as torch's),
+  --- each log clamped at -100 as torch's (so x = 0 or 1 gives a finite
+  --- loss); the gradient is (x - t) / max(x (1 - x), 1e-12), torch's.
+  --- weight (broadcasting with x) scales each element's loss.
   nn.BCELoss = nn.BCECriterion
 
-  --- BCEWithLogitsCriterion{reduction=, weight=, pos_weight=} /
-  --- nn.BCEWithLogitsLoss: BCE of sigmoid(x), in the stable form
-  --- (1 - t) x + l (log(1 + exp(-|x|)) + max(-x, 0)), l = 1 + (pos_weight - 1) t
-  --- (finite for any finite x); the gradient sigmoid(x) l - pos_weight t.
-  --- pos_weight (broadcasting with x, e.g. one per class) weighs the
-  --- positive targets; weight scales each element's loss.
   define("BCEWithLogitsCriterion", {"reduction", "weight", "pos_weight"},
     function(self, o, fname)
       self.weight = tensor_opt(fname, "weight", o.weight)
@@ -149,5 +146,11 @@ return function(nn, H)
       local pw = like(self.pos_weight, x)
       return x:sigmoid() * ((pw - 1) * t + 1) - pw * t
     end)
+  --- BCEWithLogitsCriterion{reduction=, weight=, pos_weight=} /
+  --- nn.BCEWithLogitsLoss: BCE of sigmoid(x), in the stable form
+  --- (1 - t) x + l (log(1 + exp(-|x|)) + max(-x, 0)), l = 1 + (pos_weight - 1) t
+  --- (finite for any finite x); the gradient sigmoid(x) l - pos_weight t.
+  --- pos_weight (broadcasting with x, e.g. one per class) weighs the
+  --- positive targets; weight scales each element's loss.
   nn.BCEWithLogitsLoss = nn.BCEWithLogitsCriterion
 end

@@ -580,9 +580,10 @@ function methods.permute(t, ...)
   return r
 end
 
---- t:all([dim][, keepdim]) / t:any: whether every (some) element is
---- nonzero: a Lua boolean over every element (as t:sum() gives a number),
---- a bool tensor along dim.
+-- t:all([dim][, keepdim]) / t:any: whether every (some) element is
+-- nonzero: a Lua boolean over every element (as t:sum() gives a number;
+-- :item() on it gives it back), a bool tensor along dim. (Plain comments:
+-- LDoc cannot attach a doc block to a loop.)
 for name, test in pairs({all = function(nz, n) return nz:eq(n) end, any = function(nz) return nz:gt(0) end}) do
   methods[name] = function(t, dim, keepdim)
     local nz = t:ne(0)
