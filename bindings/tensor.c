@@ -1418,6 +1418,13 @@ static int softmax_common(lua_State *L, int use_log) {
 static int m_softmax(lua_State *L) { return softmax_common(L, 0); }
 static int m_log_softmax(lua_State *L) { return softmax_common(L, 1); }
 
+/* core.tensor._where(cond, a, b): cond ? a : b over three tensors (crun.tensor's
+ * T.where turns scalars into tensors and promotes the dtypes first). */
+static int t_where(lua_State *L) {
+  crun_tensor_t *c = crun_l_check_tensor(L, 1), *a = crun_l_check_tensor(L, 2), *b = crun_l_check_tensor(L, 3), *r;
+  return push_owned(L, crun_tensor_where(c, a, b, &r), &r);
+}
+
 /* Registers name -> closure(fn, op, inplace) into the table at -1. */
 static void set_op(lua_State *L, const char *name, lua_CFunction fn, int op, int inplace) {
   lua_pushinteger(L, op);
@@ -1497,7 +1504,8 @@ static const luaL_Reg tensor_fns[] = {
     {"arange", t_arange}, {"new", t_new}, {"from_bytes", t_from_bytes},
     {"rand", t_rand}, {"randn", t_randn}, {"randint", t_randint}, {"Generator", t_generator},
     {"manual_seed", t_manual_seed}, {"is_tensor", t_is_tensor}, {"matmul", m_matmul},
-    {"addmm", t_addmm}, {"linear", t_linear}, {"linear_backward", t_linear_backward}, {NULL, NULL}};
+    {"addmm", t_addmm}, {"linear", t_linear}, {"linear_backward", t_linear_backward}, {"_where", t_where},
+    {NULL, NULL}};
 
 
 /* Records each function of the methods table (on the top of the stack)

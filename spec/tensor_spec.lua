@@ -109,6 +109,67 @@ describe("factories", function()
     assert.equal(0, T.arange(0):numel())
   end)
 
+  -- torch.linspace / torch.randperm had no crun counterpart
+  it("linspace: steps values from start to stop as torch's, float32 by default, both ends exact", function()
+    local f32 = function(x) return (string.unpack("f", string.pack("f", x))) end
+    -- torch's formula: the first half up from start, the rest down from stop
+    local function want(a, b, n, r)
+      local step, out = n > 1 and r((b - a) / (n - 1)) or 0, {}
+      for i = 0, n - 1 do out[i + 1] = i < n // 2 and r(a + r(step * i)) or r(b - r(step * (n - 1 - i))) end
+      if n == 1 then out[1] = r(a) end
+      return out
+    end
+    local t = T.linspace(-1.5, 2.25, 7)
+    assert.equal("float32", t:dtype())
+    assert.same(want(-1.5, 2.25, 7, f32), t:totable())
+    assert.equal(-1.5, t[1]); assert.equal(2.25, t[7])
+    local d = T.linspace(3, -0.7, 6, {dtype = "float64"})
+    assert.equal("float64", d:dtype())
+    assert.same(want(3, -0.7, 6, function(x) return x end), d:totable())
+    assert.same({-0.7}, T.linspace(-0.7, 5, 1, {dtype = "float64"}):totable()) -- steps = 1 gives start
+    assert.same({0}, T.linspace(-1, 1, 0):size())
+    -- integers: computed in double, truncated toward zero (-1.67 -> -1)
+    local i = T.linspace(-5, 5, 4, {dtype = "int64"})
+    assert.equal("int64", i:dtype())
+    assert.same({-5, -1, 1, 5}, i:totable())
+    local ok, err = pcall(T.linspace, 0, 1, -2)
+    assert.is_false(ok)
+    assert.matches("^EINVAL: bad argument #3 to 'linspace' %(integer >= 0 expected, got %-2%)", err)
+    ok, err = pcall(T.linspace, 0, 1, 3, {dtipe = "float64"})
+    assert.matches("dtipe", err)
+  end)
+
+  it("randperm: a permutation of 1..n (1-based, as crun's indices), fixed by a seed", function()
+    for _, n in ipairs({0, 1, 7, 100}) do
+      local p = T.randperm(n, {seed = 11})
+      assert.equal("int64", p:dtype())
+      assert.same({n}, p:size())
+      local seen = {}
+      for _, v in ipairs(n > 0 and p:totable() or {}) do
+        assert.is_true(v >= 1 and v <= n and not seen[v], "n = " .. n)
+        seen[v] = true
+      end
+    end
+    assert.same(T.randperm(50, {seed = 11}):totable(), T.randperm(50, {seed = 11}):totable())
+    assert.is_false(T.randperm(50, {seed = 11}):equal(T.randperm(50, {seed = -12})))
+    -- the same order as crun.data's seeded shuffle (0-based there)
+    local perm, want = T.randperm(9, {seed = 5}):totable(), require("crun.data").permutation(9, 5)
+    for k = 1, 9 do want[k] = want[k] + 1 end
+    assert.same(want, perm)
+    -- without a seed: from the default generator, so manual_seed repeats it
+    T.manual_seed(-3)
+    local a = T.randperm(40):totable()
+    T.manual_seed(-3)
+    assert.same(a, T.randperm(40):totable())
+    assert.equal("int32", T.randperm(4, {dtype = "int32"}):dtype())
+    -- shuffling rows: x:index_select(1, randperm(n)) moves whole rows
+    local x = T.tensor({{1, -1}, {2, -2}, {3, -3}})
+    local y = x:index_select(1, T.randperm(3, {seed = 2}))
+    for r = 1, 3 do assert.equal(-y[r][1], y[r][2]) end
+    local ok, err = pcall(T.randperm, -1)
+    assert.matches("^EINVAL: bad argument #1 to 'randperm' %(integer >= 0 expected, got %-1%)", err)
+  end)
+
   it("rand / randn are reproducible from a seed and differ across seeds", function()
     local a, b = T.randn({50}, {seed = 7}), T.randn({50}, {seed = 7})
     assert.is_true(a:equal(b))
@@ -160,6 +221,19 @@ describe("element access", function()
     local ok, err = pcall(function() return x:sum():numpy() end)
     assert.is_false(ok)
     assert.matches("^EINVAL: 0.5 is a Lua number, which has no method 'numpy' %(a reduction over every element", err)
+  end)
+
+  -- torch's x.all().item(): crun's all/any over every element give a Lua
+  -- boolean, and .item() on it was "attempt to index a boolean value"
+  it("item() and tolist() on all()'s and any()'s boolean give the boolean; other methods are EINVAL", function()
+    local x = T.tensor({{1.5, -2.0}, {0.0, 3.25}})
+    assert.is_false(x:all():item())
+    assert.is_true(x:any():item())
+    assert.is_true(x:ne(7):all():tolist())
+    assert.is_false(T.zeros({3}):any():item())
+    local ok, err = pcall(function() return x:all():numpy() end)
+    assert.is_false(ok)
+    assert.matches("^EINVAL: false is a Lua boolean, which has no method 'numpy'", err)
   end)
 
   it("out-of-range indices name the index and the size", function()

@@ -1063,5 +1063,7 @@ nn.utils = require "crun.nn_utils"
 
 require("crun.nn_layers")(nn, {K = K, O = O, ensure = ensure, contig = contig, check_tensor = check_tensor,
   unaliased = unaliased, next_seed = next_seed, T = T, place_layer = place_layer})
+require("crun.nn_losses")(nn, {O = O, contig = contig, check_tensor = check_tensor, none_grad = none_grad,
+  shape_str = shape_str})
 
 return nn

@@ -120,6 +120,20 @@ if debug.getmetatable(0) == nil then
   end})
 end
 
+-- t:all() and t:any() give a Lua boolean (if t:all() then ... reads as in
+-- torch), and ported code reads torch's 0-d result with .item(): booleans
+-- get item() and tolist() (the boolean itself) as numbers do; another
+-- method on a boolean is EINVAL saying so.
+local BOOLEAN_METHODS = {item = function(b) return b end, tolist = function(b) return b end}
+if debug.getmetatable(true) == nil then
+  debug.setmetatable(true, {__index = function(b, k)
+    local m = BOOLEAN_METHODS[k]
+    if m then return m end
+    O.fail("EINVAL: %s is a Lua boolean, which has no method '%s' (t:all() and t:any() over every element " ..
+      "give a boolean where torch gives a 0-d tensor; only item() and tolist() work on it)", tostring(b), tostring(k))
+  end})
+end
+
 -- Options of the random factories: crun's seed, torch's dtype, generator,
 -- device and pin_memory; requires_grad/layout change nothing. (zeros, ones,
 -- empty, full, new and arange read {device =, dtype =, pin_memory =} in C.)
@@ -567,8 +581,9 @@ function methods.permute(t, ...)
 end
 
 -- t:all([dim][, keepdim]) / t:any: whether every (some) element is
--- nonzero: a Lua boolean over every element (as t:sum() gives a number),
--- a bool tensor along dim.
+-- nonzero: a Lua boolean over every element (as t:sum() gives a number;
+-- :item() on it gives it back), a bool tensor along dim. (Plain comments:
+-- LDoc cannot attach a doc block to a loop.)
 for name, test in pairs({all = function(nz, n) return nz:eq(n) end, any = function(nz) return nz:gt(0) end}) do
   methods[name] = function(t, dim, keepdim)
     local nz = t:ne(0)
@@ -725,6 +740,178 @@ function methods.std(t, dim, unbiased, keepdim)
   return T.is_tensor(v) and v:sqrt() or math.sqrt(v)
 end
 
+-- ------------------------------------------------------------ selection
+
+-- ENOTSUP naming fname when a tensor of the list lives on a device (a
+-- host-only op; never a silent copy).
+local function host_only(fname, ...)
+  for _, t in ipairs({...}) do
+    if T.is_tensor(t) and C.device_of(t) >= 0 then
+      O.fail("ENOTSUP: %s: not implemented for a tensor on cuda:%d (copy it to the host with :cpu() first)",
+        fname, C.device_of(t))
+    end
+  end
+end
+
+-- torch's kind of a dtype or a Lua scalar: 0 bool, 1 integer, 2 float.
+local function kind_of(x)
+  if type(x) == "boolean" then return 0 elseif math.type(x) == "integer" then return 1 elseif type(x) == "number" then return 2 end
+  local dt = x:dtype()
+  return dt == "bool" and 0 or INT_DTYPES[dt] and 1 or 2
+end
+local KIND_DEFAULT = {[0] = "bool", "int64", "float32"}
+
+-- torch.result_type of two operands (tensors or Lua scalars): a 0-d tensor
+-- beside one with dims, or a scalar beside a tensor, counts only when of a
+-- higher kind (a scalar then brings its kind's default dtype).
+local function result_type(a, b)
+  local ta, tb = T.is_tensor(a), T.is_tensor(b)
+  if not ta and not tb then return KIND_DEFAULT[math.max(kind_of(a), kind_of(b))] end
+  if ta and tb and (a:dim() == 0) == (b:dim() == 0) then return promote(a:dtype(), b:dtype()) end
+  local main, side = a, b
+  if not ta or (tb and a:dim() == 0) then main, side = b, a end
+  if kind_of(side) <= kind_of(main) then return main:dtype() end
+  return T.is_tensor(side) and promote(main:dtype(), side:dtype()) or KIND_DEFAULT[kind_of(side)]
+end
+
+-- x (a tensor or a Lua scalar: argument n of fname) as a tensor of dtype dt.
+local function as_tensor(fname, n, x, dt)
+  if T.is_tensor(x) then return x:to(dt) end
+  if type(x) ~= "number" and type(x) ~= "boolean" then argerror(n, fname, "tensor or number expected, got %s", type(x)) end
+  if type(x) == "boolean" then x = x and 1 or 0 end
+  return T.full({}, x, dt)
+end
+
+--- T.where(cond, a, b): a where cond is true, else b, element by element
+--- (torch.where): cond a bool tensor; a and b tensors or numbers, of the
+--- dtype torch.result_type gives them; the three broadcast. A select, not
+--- arithmetic: inf and nan are taken as they are. Host tensors only
+--- (ENOTSUP on a device). t:where(cond, b) is T.where(cond, t, b).
+function T.where(cond, a, b)
+  if not T.is_tensor(cond) then argerror(1, "where", "bool tensor expected, got %s", type(cond)) end
+  if a == nil and b == nil then
+    O.fail("ENOTSUP: where: the one-argument form (torch.where(cond), the indices of the true elements) is not implemented")
+  end
+  for n, x in pairs({[2] = a, [3] = b}) do
+    if not T.is_tensor(x) and type(x) ~= "number" and type(x) ~= "boolean" then
+      argerror(n, "where", "tensor or number expected, got %s", type(x))
+    end
+  end
+  host_only("where", cond, a, b)
+  local dt = result_type(a, b)
+  return C._where(cond, as_tensor("where", 2, a, dt), as_tensor("where", 3, b, dt))
+end
+function methods.where(t, cond, b) return T.where(cond, t, b) end
+
+--- t:masked_fill(mask, value) -> a copy of t with value where mask (a bool
+--- tensor broadcasting with t) is true; value a number or 0-d tensor,
+--- converted to t's dtype (2.5 into an integer tensor is 2, as torch's).
+--- t:masked_fill_(mask, value) writes t in place (mask must then broadcast
+--- to t's shape). Inf and nan are kept or written as they are. Host tensors
+--- only (ENOTSUP on a device).
+function methods.masked_fill(t, mask, value)
+  if not T.is_tensor(t) then argerror(1, "masked_fill", "tensor expected, got %s", type(t)) end
+  if not T.is_tensor(mask) then argerror(2, "masked_fill", "bool tensor expected, got %s", type(mask)) end
+  if T.is_tensor(value) and value:dim() ~= 0 then
+    argerror(3, "masked_fill", "a number or a 0-d tensor expected, got a %d-d tensor", value:dim())
+  end
+  host_only("masked_fill", t, mask, value)
+  return C._where(mask, as_tensor("masked_fill", 3, value, t:dtype()), t)
+end
+function methods.masked_fill_(t, mask, value)
+  local r = methods.masked_fill(t, mask, value)
+  if table.concat(r:size(), "x") ~= table.concat(t:size(), "x") then
+    O.fail("EINVAL: masked_fill_: the mask's shape %s does not broadcast to the tensor's %s (the tensor written in place)",
+      table.concat(mask:size(), "x"), table.concat(t:size(), "x"))
+  end
+  return t:copy(r)
+end
+
+-- ------------------------------------------------------------ more factories
+
+-- x rounded to the nearest float32 (string.pack converts as C's cast does).
+local function f32(x) return (string.unpack("f", string.pack("f", x))) end
+
+local LINSPACE = O.spec{"dtype", "device", inert = {requires_grad = "crun tensors record no autograd graph"}}
+
+--- T.linspace(start, stop, steps[, {dtype=, device=}]): steps values from
+--- start to stop, evenly spaced, as torch.linspace: float32 by default; the
+--- first half counted up from start, the second down from stop (so both
+--- ends are exact), in the dtype's precision (integers: in double,
+--- truncated toward zero, as torch's); steps = 1 gives {start}, 0 an empty tensor.
+function T.linspace(start, stop, steps, opts)
+  if type(start) ~= "number" then argerror(1, "linspace", "number expected, got %s", type(start)) end
+  if type(stop) ~= "number" then argerror(2, "linspace", "number expected, got %s", type(stop)) end
+  if math.type(steps) ~= "integer" or steps < 0 then argerror(3, "linspace", "integer >= 0 expected, got %s", tostring(steps)) end
+  local o = O.check(LINSPACE, "tensor.linspace", opts)
+  local dt = o.dtype or "float32"
+  local r = dt == "float32" and f32 or function(x) return x end
+  local step = steps > 1 and r((stop - start) / (steps - 1)) or 0
+  local vals, half = {}, steps // 2
+  for i = 0, steps - 1 do
+    vals[i + 1] = i < half and r(start + r(step * i)) or r(stop - r(step * (steps - 1 - i)))
+  end
+  if steps == 1 then vals[1] = r(start) end
+  if INT_DTYPES[dt] then
+    for i, v in ipairs(vals) do vals[i] = v < 0 and math.ceil(v) or math.floor(v) end
+  end
+  local t = steps == 0 and T.empty({0}, dt) or T.new(vals, dt)
+  return place(t, o.device ~= nil and CU().device_index(o.device, "tensor.linspace") or nil)
+end
+
+local RANDPERM = O.spec{"seed", "dtype", "generator", "device", inert = {requires_grad = "crun tensors record no autograd graph"}}
+
+--- T.randperm(n[, {seed=, generator=, dtype=, device=}]): a random
+--- permutation of 1..n (int64 by default). 1-BASED, unlike torch's 0..n-1:
+--- crun's indices are 1-based (index_select, gather, argmax and sort's
+--- positions), so x:index_select(1, T.randperm(n)) shuffles rows as torch's
+--- x[torch.randperm(n)] does. seed gives the same permutation on every rank
+--- (the splitmix64 Fisher-Yates of crun.data's sampler); without one it is
+--- drawn from the generator (the default one unless given).
+function T.randperm(n, opts)
+  if math.type(n) ~= "integer" or n < 0 then argerror(1, "randperm", "integer >= 0 expected, got %s", tostring(n)) end
+  local o = O.check(RANDPERM, "tensor.randperm", opts)
+  local seed = o.seed
+  if seed == nil then
+    local g = o.generator
+    seed = g and g:random() or T.randint(0, 1 << 53, {1}, "int64"):item()
+  end
+  local perm = core.permutation(n, seed)
+  for i = 1, n do perm[i] = perm[i] + 1 end
+  local t = n == 0 and T.empty({0}, o.dtype or "int64") or T.new(perm, o.dtype or "int64")
+  return place(t, o.device ~= nil and CU().device_index(o.device, "tensor.randperm") or nil)
+end
+
+local UNIQUE = O.spec{"sorted", "return_inverse", "return_counts", "dim"}
+
+--- t:unique([{sorted=true, return_inverse=, return_counts=}]) -> the
+--- distinct values of t, ascending, as a 1-d tensor of t's dtype (torch's
+--- default; sorted=false gives the same order); with return_inverse also
+--- where each element of t went (1-based positions, t's shape, int64), with
+--- return_counts how often each value occurs (int64), in that order, as
+--- torch's. nan is unequal to itself: each nan stays, after the numbers.
+--- Host tensors only; dim is not implemented.
+function methods.unique(t, opts)
+  if not T.is_tensor(t) then argerror(1, "unique", "tensor expected, got %s", type(t)) end
+  local o = O.check(UNIQUE, "unique", opts)
+  if o.dim ~= nil then O.fail("ENOTSUP: unique: dim is not implemented (only the unique elements of the whole tensor)") end
+  host_only("unique", t)
+  local n = t:numel()
+  local sorted, pos = t:reshape({n}):sort(1)
+  local v, p = n > 0 and sorted:totable() or {}, n > 0 and pos:totable() or {}
+  local vals, counts, inverse = {}, {}, {}
+  for i = 1, n do
+    if i == 1 or v[i] ~= v[i - 1] then vals[#vals + 1], counts[#vals + 1] = v[i], 0 end
+    counts[#vals] = counts[#vals] + 1
+    inverse[p[i]] = #vals
+  end
+  local function tensor_of(list, dt) return #list == 0 and T.empty({0}, dt) or T.new(list, dt) end
+  local out = {tensor_of(vals, t:dtype())}
+  if o.return_inverse then out[#out + 1] = tensor_of(inverse, "int64"):reshape(t:size()) end
+  if o.return_counts then out[#out + 1] = tensor_of(counts, "int64") end
+  return table.unpack(out)
+end
+
 --- Function forms of the math methods: T.exp(t), T.add(a, b), T.softmax(t, dim), ...
 --- (t:floor_divide(x) / t // x and t:remainder(x) / t % x round toward -inf,
 --- t:fmod(x) toward 0, as torch's; a zero integer divisor is EINVAL.)
@@ -733,7 +920,8 @@ local function_forms = {"add", "sub", "mul", "div", "floor_divide", "remainder",
   "cos", "floor", "ceil", "round", "sign", "reciprocal", "square", "log1p", "expm1", "rsqrt",
   "clamp", "sum", "mean", "prod", "cumsum", "cumprod", "var", "std", "sort", "argsort", "topk", "max", "min", "argmax", "argmin", "mm", "softmax",
   "log_softmax", "index_select", "gather", "transpose", "t", "narrow", "select", "view",
-  "reshape", "clone", "contiguous", "numel", "equal", "allclose", "unsqueeze", "squeeze", "flatten", "permute"}
+  "reshape", "clone", "contiguous", "numel", "equal", "allclose", "unsqueeze", "squeeze", "flatten", "permute",
+  "masked_fill", "unique"}
 for _, name in ipairs(function_forms) do
   if T[name] == nil then
     local m = methods[name]

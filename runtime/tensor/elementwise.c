@@ -203,23 +203,30 @@ static int same_shape(int nd, const int64_t *s, const crun_tensor_t *t) {
   return nd == t->ndim && memcmp(s, t->shape, (size_t)nd * sizeof *s) == 0;
 }
 
-/* Computes the broadcast shape of a and b (numpy rules). */
-static int broadcast_shape(const char *what, const crun_tensor_t *a, const crun_tensor_t *b,
-                           int *nd, int64_t *shape) {
-  int n = a->ndim > b->ndim ? a->ndim : b->ndim;
-  for (int d = n - 1, da = a->ndim - 1, db = b->ndim - 1; d >= 0; d--, da--, db--) {
-    int64_t x = da >= 0 ? a->shape[da] : 1, y = db >= 0 ? b->shape[db] : 1;
+/* Computes the broadcast shape of shapes sa (na dims) and sb (nb dims), numpy rules. */
+static int broadcast_dims(const char *what, int na, const int64_t *sa, int nb, const int64_t *sb,
+                          int *nd, int64_t *shape) {
+  int n = na > nb ? na : nb;
+  int64_t r[CRUN_MAX_DIMS];
+  for (int d = n - 1, da = na - 1, db = nb - 1; d >= 0; d--, da--, db--) {
+    int64_t x = da >= 0 ? sa[da] : 1, y = db >= 0 ? sb[db] : 1;
     if (x != y && x != 1 && y != 1) {
       char s1[128], s2[128];
       return crun_error(CRUN_EINVAL, "%s: shapes %s and %s cannot be broadcast (dim %d: %lld vs %lld)",
-                        what, crun__shape_str(a->ndim, a->shape, s1, sizeof s1),
-                        crun__shape_str(b->ndim, b->shape, s2, sizeof s2), d + 1,
-                        (long long)x, (long long)y);
+                        what, crun__shape_str(na, sa, s1, sizeof s1), crun__shape_str(nb, sb, s2, sizeof s2),
+                        d + 1, (long long)x, (long long)y);
     }
-    shape[d] = x == 1 ? y : x;
+    r[d] = x == 1 ? y : x;
   }
+  memcpy(shape, r, (size_t)n * sizeof *r);
   *nd = n;
   return 0;
+}
+
+/* Computes the broadcast shape of a and b (numpy rules). */
+static int broadcast_shape(const char *what, const crun_tensor_t *a, const crun_tensor_t *b,
+                           int *nd, int64_t *shape) {
+  return broadcast_dims(what, a->ndim, a->shape, b->ndim, b->shape, nd, shape);
 }
 
 /* Returns a contiguous tensor holding t broadcast to shape (t itself when
@@ -547,6 +554,71 @@ int crun_tensor_divmod(crun_divmod_t op, crun_tensor_t *a, crun_tensor_t *b, cru
   *out = O;
   O = NULL;
 done:
+  crun_tensor_release(A);
+  crun_tensor_release(B);
+  crun_tensor_release(O);
+  return rc;
+}
+
+/* ------------------------------------------------------------ where */
+
+/* o[i] = c[i] ? a[i] : b[i] over n elements of T (a copy of the bits). */
+#define WHERE_RUN(T, o, c, a, b, n)                                            \
+  do {                                                                         \
+    T *o_ = (T *)(o);                                                          \
+    const T *a_ = (const T *)(a), *b_ = (const T *)(b);                        \
+    VLOOP(n, o_[i] = (c)[i] ? a_[i] : b_[i]);                                  \
+  } while (0)
+
+/* Selects over contiguous C, A, B of the result's shape into contiguous O. */
+static void where_run(crun_tensor_t *C, crun_tensor_t *A, crun_tensor_t *B, crun_tensor_t *O) {
+  size_t n = (size_t)crun_tensor_numel(O);
+  const uint8_t *c = crun_tensor_data(C);
+  const void *a = crun_tensor_data(A), *b = crun_tensor_data(B);
+  void *o = crun_tensor_data(O);
+  switch (crun_dtype_size(O->dt)) {
+    case 1: WHERE_RUN(uint8_t, o, c, a, b, n); break;
+    case 2: WHERE_RUN(uint16_t, o, c, a, b, n); break;
+    case 4: WHERE_RUN(uint32_t, o, c, a, b, n); break;
+    default: WHERE_RUN(uint64_t, o, c, a, b, n); break;
+  }
+}
+
+/* Validates where's operands: cond bool or uint8, a and b of one dtype, all on the host. */
+static int where_check(const crun_tensor_t *cond, const crun_tensor_t *a, const crun_tensor_t *b) {
+  if (cond->dt != CRUN_BOOL && cond->dt != CRUN_UINT8)
+    return crun_error(CRUN_EINVAL, "where: the condition must be a bool tensor, got %s (compare, e.g. m:ne(0), "
+                      "or convert with :bool())", crun_dtype_name(cond->dt));
+  if (a->dt != b->dt)
+    return crun_error(CRUN_EINVAL, "where: dtype mismatch, %s and %s (convert one with :to())",
+                      crun_dtype_name(a->dt), crun_dtype_name(b->dt));
+  const crun_tensor_t *ts[3] = {cond, a, b};
+  for (int i = 0; i < 3; i++)
+    if (ts[i]->st->device >= 0)
+      return crun_error(CRUN_ENOTSUP, "where: not implemented for a tensor on cuda:%d (copy it to the host with "
+                        ":cpu() first)", ts[i]->st->device);
+  return 0;
+}
+
+int crun_tensor_where(crun_tensor_t *cond, crun_tensor_t *a, crun_tensor_t *b, crun_tensor_t **out) {
+  CRUN_CHECK(where_check(cond, a, b));
+  int nd;
+  int64_t shape[CRUN_MAX_DIMS];
+  CRUN_CHECK(broadcast_shape("where", a, b, &nd, shape));
+  CRUN_CHECK(broadcast_dims("where", cond->ndim, cond->shape, nd, shape, &nd, shape));
+  crun_tensor_t *C = NULL, *A = NULL, *B = NULL, *O = NULL;
+  int rc;
+  CRUN_CHECK_GOTO(crun_tensor_empty(a->dt, nd, shape, &O), rc, done);
+  if (crun_tensor_numel(O) > 0) {
+    CRUN_CHECK_GOTO(materialize(cond, nd, shape, &C), rc, done);
+    CRUN_CHECK_GOTO(materialize(a, nd, shape, &A), rc, done);
+    CRUN_CHECK_GOTO(materialize(b, nd, shape, &B), rc, done);
+    where_run(C, A, B, O);
+  }
+  *out = O;
+  O = NULL;
+done:
+  crun_tensor_release(C);
   crun_tensor_release(A);
   crun_tensor_release(B);
   crun_tensor_release(O);

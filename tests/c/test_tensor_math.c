@@ -139,6 +139,42 @@ TEST(softmax_rows_sum_to_one) {
   crun_tensor_release(a); crun_tensor_release(p);
 }
 
+/* where over a transposed (strided) a, a broadcast row b and a column
+ * condition; int64 values past 2^53 and nan are copied bit for bit. */
+TEST(where_selects_broadcast_and_strided) {
+  int64_t s23[] = {2, 3}, s3[] = {3}, s21[] = {2, 1};
+  crun_tensor_t *m = seq(CRUN_FLOAT64, 2, (int64_t[]){3, 2}, 1.5, 0.25), *a, *b = seq(CRUN_FLOAT64, 1, s3, 2.5, 1), *c, *r;
+  EXPECT_OK(crun_tensor_transpose(m, 0, 1, &a)); /* 2x3, not contiguous */
+  EXPECT_OK(crun_tensor_from_data(CRUN_BOOL, 2, s21, (uint8_t[]){0, 1}, 2, &c));
+  crun_elem_set_double(CRUN_FLOAT64, crun_tensor_data(b), 1, NAN);
+  EXPECT_OK(crun_tensor_where(c, a, b, &r));
+  EXPECT(crun_tensor_ndim(r) == 2 && crun_tensor_shape(r)[0] == 2 && crun_tensor_shape(r)[1] == 3);
+  for (int64_t j = 0; j < 3; j++) {
+    double bj = crun_elem_get_double(CRUN_FLOAT64, crun_tensor_data(b), j);
+    EXPECT(j == 1 ? isnan(get2(r, 0, j)) : get2(r, 0, j) == bj); /* row 0: condition false */
+    EXPECT(get2(r, 1, j) == get2(m, j, 1));                        /* row 1: a = m^T */
+  }
+  crun_tensor_t *i1, *i2, *ri;
+  int64_t big = ((int64_t)1 << 60) + 1;
+  EXPECT_OK(crun_tensor_from_data(CRUN_INT64, 1, s3, (int64_t[]){big, -big, 7}, 24, &i1));
+  EXPECT_OK(crun_tensor_from_data(CRUN_INT64, 1, s3, (int64_t[]){-5, big - 2, -big}, 24, &i2));
+  crun_tensor_t *c3;
+  EXPECT_OK(crun_tensor_from_data(CRUN_BOOL, 1, s3, (uint8_t[]){1, 0, 0}, 3, &c3));
+  EXPECT_OK(crun_tensor_where(c3, i1, i2, &ri));
+  const int64_t *v = crun_tensor_data(ri);
+  EXPECT(v[0] == big && v[1] == big - 2 && v[2] == -big);
+  EXPECT_STATUS(crun_tensor_where(c3, i1, b, &r), CRUN_EINVAL);   /* int64 with float64 */
+  EXPECT_STATUS(crun_tensor_where(i1, i1, i2, &r), CRUN_EINVAL);  /* an int64 condition */
+  EXPECT_STATUS(crun_tensor_where(c, a, i1, &r), CRUN_EINVAL);    /* dtypes, before shapes */
+  crun_tensor_t *s2, *c2;
+  EXPECT_OK(crun_tensor_new(CRUN_FLOAT64, 2, s23, &s2));
+  EXPECT_OK(crun_tensor_new(CRUN_BOOL, 1, (int64_t[]){2}, &c2));
+  EXPECT_STATUS(crun_tensor_where(c2, s2, s2, &r), CRUN_EINVAL); /* condition 2 vs values 2x3 */
+  crun_tensor_release(c2); crun_tensor_release(s2); crun_tensor_release(c3); crun_tensor_release(ri); crun_tensor_release(i1);
+  crun_tensor_release(i2); crun_tensor_release(r); crun_tensor_release(c); crun_tensor_release(b);
+  crun_tensor_release(a); crun_tensor_release(m);
+}
+
 /* Prints timings of the main kernels (only with CRUN_BENCH=1). */
 TEST(bench_math) {
   if (!crun_env_int("CRUN_BENCH", 0)) return;
@@ -165,6 +201,6 @@ TEST(bench_math) {
   crun_tensor_release(A); crun_tensor_release(B); crun_tensor_release(C);
 }
 
-#define CRUN_TESTS(X) X(gemm_every_layout) X(gemm_into_transposed_output_and_errors) \
+#define CRUN_TESTS(X) X(where_selects_broadcast_and_strided) X(gemm_every_layout) X(gemm_into_transposed_output_and_errors) \
   X(broadcast_and_inplace_on_views) X(reduce_and_index_base0) X(softmax_rows_sum_to_one) X(bench_math)
 CRUN_TEST_MAIN()

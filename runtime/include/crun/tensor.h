@@ -235,6 +235,13 @@ typedef enum {
  * inf or nan, x % 0 nan). Host tensors only (CRUN_ENOTSUP on a device). */
 int crun_tensor_divmod(crun_divmod_t op, crun_tensor_t *a, crun_tensor_t *b, crun_tensor_t **out);
 
+/* out = cond ? a : b element by element (torch.where): cond is a bool (or
+ * uint8: non-zero is true) tensor, a and b share one dtype, the result has
+ * theirs; the three broadcast with numpy's rules. A select, not arithmetic:
+ * the picked elements are copied bit for bit (inf and nan stay). Host
+ * tensors only (CRUN_ENOTSUP on a device). */
+int crun_tensor_where(crun_tensor_t *cond, crun_tensor_t *a, crun_tensor_t *b, crun_tensor_t **out);
+
 /* out = f(a) element-wise. */
 int crun_tensor_unop(crun_unop_t op, crun_tensor_t *a, crun_tensor_t **out);
 int crun_tensor_unop_out(crun_unop_t op, crun_tensor_t *a, crun_tensor_t *out);

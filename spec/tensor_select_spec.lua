@@ -1,0 +1,168 @@
+-- crun.tensor's element-wise selection: T.where, masked_fill(_), unique.
+-- Expected values come from plain Lua loops over the same inputs.
+local T = require "crun.tensor"
+
+local nan, inf = 0 / 0, math.huge
+
+-- a[i] or b[i] by c[i], over Lua lists (nan compared as "nan").
+local function pick(c, a, b)
+  local r = {}
+  for i = 1, #c do r[i] = c[i] and a[i] or b[i] end
+  return r
+end
+
+-- A list with nan and inf written as strings, so that assert.same can compare them.
+local function shown(list)
+  local r = {}
+  for i, v in ipairs(list) do r[i] = v ~= v and "nan" or v == inf and "inf" or v == -inf and "-inf" or v end
+  return r
+end
+
+describe("T.where", function()
+  -- torch.where(cond, a, b) had no crun counterpart; a * c + b * (1 - c)
+  -- turns inf and nan into nan where they are not picked
+  it("picks a or b by a bool condition, keeping inf and nan (a select, not arithmetic)", function()
+    local cv = {true, false, false, true, true, false, true}
+    local av = {1.5, nan, -inf, -2.25, inf, 7.125, 0.0}
+    local bv = {-3.5, 4.75, 2.0, nan, -0.5, inf, -9.0}
+    for _, dt in ipairs({"float32", "float64"}) do
+      local r = T.where(T.tensor(cv), T.tensor(av, dt), T.tensor(bv, dt))
+      assert.equal(dt, r:dtype())
+      assert.same(shown(pick(cv, av, bv)), shown(r:totable()), dt)
+    end
+    local iv, jv = {7, -3, 12, -40, 5, 2, -1}, {-8, 6, -11, 9, 0, -2, 33}
+    for _, dt in ipairs({"int64", "int32", "int16", "int8", "uint8", "bool"}) do
+      local a, b = T.tensor(iv):to(dt), T.tensor(jv):to(dt)
+      local r = T.where(T.tensor(cv), a, b)
+      assert.equal(dt, r:dtype())
+      assert.same(pick(cv, a:totable(), b:totable()), r:totable(), dt)
+    end
+  end)
+
+  it("broadcasts the condition and both values with numpy's rules", function()
+    local cond = T.tensor({{true}, {false}, {true}})              -- 3x1
+    local a = T.tensor({{-1.5, 2.5, -3.25, 4.0}}, "float64")       -- 1x4
+    local b = T.tensor({{10.5}, {-20.25}, {30.0}}, "float64")      -- 3x1
+    local r = T.where(cond, a, b)
+    assert.same({3, 4}, r:size())
+    local cv, av, bv = {true, false, true}, a:totable()[1], {10.5, -20.25, 30.0}
+    for i = 1, 3 do
+      for j = 1, 4 do assert.equal(cv[i] and av[j] or bv[i], r[i][j], i .. "," .. j) end
+    end
+    local ok, err = pcall(T.where, T.tensor({true, false}), T.zeros({3}), T.zeros({3}))
+    assert.is_false(ok)
+    assert.matches("^EINVAL: where: shapes .* cannot be broadcast", err)
+    assert.same({0, 4}, T.where(T.zeros({0, 1}, "bool"), a, 1.0):size())
+  end)
+
+  it("takes numbers for a and b and gives torch's result dtype", function()
+    local c = T.tensor({true, false, true, false})
+    local ints = T.tensor({5, -6, 7, -8})
+    local r = T.where(c, ints, 0.5)
+    assert.equal("float32", r:dtype())
+    assert.same({5, 0.5, 7, 0.5}, r:totable())
+    r = T.where(c, T.tensor({5, -6, 7, -8}, "int32"), -9)
+    assert.equal("int32", r:dtype())
+    assert.same({5, -9, 7, -9}, r:totable())
+    r = T.where(c, -1.5, 2)
+    assert.equal("float32", r:dtype())
+    assert.same({-1.5, 2, -1.5, 2}, r:totable())
+    assert.equal("int64", T.where(c, 3, -4):dtype())
+    r = T.where(c, ints, T.tensor({0.25, -0.75, 1.5, 2.0}, "float64"))
+    assert.equal("float64", r:dtype())
+    assert.same({5, -0.75, 7, 2.0}, r:totable())
+    assert.same({-1, -6, -1, -8}, ints:where(T.tensor({false, true, false, true}), -1):totable()) -- (torch's x.where(c, y))
+  end)
+
+  it("refuses a non-bool condition, a missing value and a bad value with clear errors", function()
+    local x = T.tensor({1.5, -2.5})
+    local ok, err = pcall(T.where, T.tensor({1, 0}), x, x)
+    assert.matches("^EINVAL: where: the condition must be a bool tensor, got int64", err)
+    ok, err = pcall(T.where, x:gt(0))
+    assert.is_false(ok)
+    assert.matches("^ENOTSUP: where: the one%-argument form", err)
+    ok, err = pcall(T.where, x:gt(0), x, "zero")
+    assert.matches("^EINVAL: bad argument #3 to 'where' %(tensor or number expected, got string%)", err)
+    ok, err = pcall(T.where, true, x, x)
+    assert.matches("^EINVAL: bad argument #1 to 'where' %(bool tensor expected", err)
+  end)
+end)
+
+describe("masked_fill", function()
+  it("writes the value where the mask is true, also inf and nan, and keeps nan elsewhere", function()
+    local xv = {2.5, nan, -inf, -1.25, 6.0}
+    local mv = {false, true, false, true, false}
+    local x = T.tensor(xv, "float64")
+    local want = {}
+    for i, v in ipairs(xv) do want[i] = mv[i] and 0 or v end
+    assert.same(shown(want), shown(x:masked_fill(T.tensor(mv), 0):totable()))
+    assert.same(shown(xv), shown(x:totable())) -- (a copy: x unchanged)
+    for i, v in ipairs(xv) do want[i] = mv[i] and -inf or v end
+    assert.same(shown(want), shown(x:masked_fill(T.tensor(mv), -inf):totable()))
+    for i, v in ipairs(xv) do want[i] = mv[i] and nan or v end
+    assert.same(shown(want), shown(T.masked_fill(x, T.tensor(mv), T.tensor(nan)):totable()))
+    -- the attention-mask idiom: scores:masked_fill(mask, -inf) then softmax
+    local s = T.tensor({{0.5, -1.0, 2.0}, {1.5, 0.25, -0.75}})
+    local mask = T.tensor({{false, false, true}, {false, true, true}})
+    local p = s:masked_fill(mask, -inf):softmax(2)
+    local e1, e2 = math.exp(0.5), math.exp(-1.0)
+    assert.near(e1 / (e1 + e2), p[1][1], 1e-6)
+    assert.same({1, 0, 0}, p[2]:totable())
+  end)
+
+  it("converts the value to the tensor's dtype and masked_fill_ writes in place", function()
+    local a = T.tensor({4, -5, 6, -7})
+    local m = T.tensor({true, false, false, true})
+    local r = a:masked_fill(m, 2.5)
+    assert.equal("int64", r:dtype())
+    assert.same({2, -5, 6, 2}, r:totable()) -- truncated, as torch's
+    assert.equal(a, a:masked_fill_(m, -9))
+    assert.same({-9, -5, 6, -9}, a:totable())
+    local b = T.tensor({{1.5, -2.5}, {3.5, -4.5}}, "float64")
+    b:masked_fill_(T.tensor({false, true}), 0.125) -- the mask broadcasts over rows
+    assert.same({{1.5, 0.125}, {3.5, 0.125}}, b:totable())
+    local ok, err = pcall(function() return T.tensor({1.5, 2.5}):masked_fill_(T.tensor({{true, false}, {false, true}}), 0) end)
+    assert.is_false(ok)
+    assert.matches("^EINVAL: masked_fill_: the mask's shape 2x2 does not broadcast to the tensor's 2", err)
+    ok, err = pcall(function() return T.tensor({1.5, 2.5}):masked_fill(T.tensor({1, 0}), 0) end)
+    assert.matches("^EINVAL: where: the condition must be a bool tensor, got int64", err)
+  end)
+end)
+
+describe("unique", function()
+  it("gives the sorted distinct values, and with the options the inverse and the counts", function()
+    local xv = {{3, -1, 7, 3}, {-1, 12, 3, -8}}
+    local x = T.tensor(xv)
+    -- expected from a plain count
+    local seen, vals = {}, {}
+    for _, row in ipairs(xv) do for _, v in ipairs(row) do
+      if not seen[v] then seen[v] = 0; vals[#vals + 1] = v end
+      seen[v] = seen[v] + 1
+    end end
+    table.sort(vals)
+    local pos, counts = {}, {}
+    for i, v in ipairs(vals) do pos[v], counts[i] = i, seen[v] end
+    local inverse = {}
+    for i, row in ipairs(xv) do inverse[i] = {} for j, v in ipairs(row) do inverse[i][j] = pos[v] end end
+    local u = x:unique()
+    assert.equal("int64", u:dtype())
+    assert.same(vals, u:totable())
+    local u2, inv, cnt = T.unique(x, {return_inverse = true, return_counts = true})
+    assert.same(vals, u2:totable())
+    assert.same(inverse, inv:totable())
+    assert.same(counts, cnt:totable())
+    local _, c2 = x:unique({return_counts = true})
+    assert.same(counts, c2:totable())
+    -- x[inverse] rebuilds x (1-based positions, as crun's index_select)
+    assert.same(xv, u:index_select(1, inv:view(8)):view(2, 4):totable())
+  end)
+
+  it("handles floats, nan (each nan its own value, last) and empty tensors", function()
+    local u = T.tensor({2.5, nan, -0.5, 2.5, nan}, "float64"):unique()
+    assert.same({-0.5, 2.5, "nan", "nan"}, shown(u:totable()))
+    assert.same({0}, T.zeros({0, 3}):unique():size())
+    local ok, err = pcall(function() return T.tensor({1, 2}):unique({dim = 1}) end)
+    assert.is_false(ok)
+    assert.matches("^ENOTSUP: unique: dim is not implemented", err)
+  end)
+end)
