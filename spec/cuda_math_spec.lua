@@ -158,6 +158,39 @@ describe("nn and optim on a device", function()
     assert.is_true(nn.ClassNLLCriterion():forward(e, ey) ~= nn.ClassNLLCriterion():forward(e, ey))
   end)
 
+  it_gpu("L1, SmoothL1, BCE and BCEWithLogits losses on a device, every reduction, as on the host", function()
+    for _, dt in ipairs{"float32", "float64"} do
+      local x, tt = randn({37, 53}, 11, dt), randn({37, 53}, 13, dt)
+      local p = nn.Sigmoid():forward(x):clone()
+      local t01 = T.rand({37, 53}, {seed = 12, dtype = dt})
+      local pw = T.full({53}, 1.5, {dtype = dt})
+      for _, c in ipairs{{"L1Loss", {}, x, tt}, {"SmoothL1Loss", {beta = 0.7}, x, tt}, {"BCELoss", {}, p, t01},
+                         {"BCEWithLogitsLoss", {}, x, t01}, {"BCEWithLogitsLoss", {pos_weight = pw}, x, t01}} do
+        for _, red in ipairs{"mean", "sum", "none"} do
+          local what = string.format("%s%s %s %s", c[1], c[2].beta and " beta" or c[2].pos_weight and " pos_weight" or "",
+                                     red, dt)
+          local ho, dopts = {reduction = red}, {reduction = red}
+          for k, v in pairs(c[2]) do ho[k], dopts[k] = v, type(v) == "userdata" and v:cuda() or v end
+          local hc, dc = nn[c[1]](ho), nn[c[1]](dopts)
+          local xh, th = c[3], c[4]
+          local fh, fd = hc:forward(xh, th), dc:forward(xh:cuda(), th:cuda())
+          if red == "none" then same(what, fh, fd) else close(what, fh, fd) end
+          local g = red == "none" and randn({37, 53}, 14, dt) or nil
+          same(what .. ": its gradient", hc:backward(xh, th, g), dc:backward(xh:cuda(), th:cuda(), g and g:cuda()))
+        end
+      end
+    end
+    -- the select ops have no device kernel: ENOTSUP, never a wrong answer
+    local d = randn({5}, 3):cuda()
+    for name, f in pairs{where = function() return T.where(d:gt(0), d, 0) end,
+                         masked_fill = function() return d:masked_fill(d:gt(0), 1) end,
+                         unique = function() return d:unique() end} do
+      local ok, err = pcall(f)
+      assert.is_false(ok, name)
+      assert.matches("^ENOTSUP: " .. name .. ": not implemented for a tensor on cuda:0", tostring(err))
+    end
+  end)
+
   it_gpu("Dropout on a device is reproducible from its seed", function()
     local x = randn({257, 9}, 7):cuda()
     local a, b = nn.Dropout(0.25, {seed = 42}), nn.Dropout(0.25, {seed = 42})
