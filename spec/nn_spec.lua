@@ -1,6 +1,7 @@
 -- crun.nn: forward values against plain Lua references, and finite-difference
 -- gradient checks (float64) of every module and criterion.
 local nn = require "crun.nn"
+local each_raises = require("helpers.common").each_raises
 local util = require "helpers.train_util"
 local T = util.T()
 
@@ -595,11 +596,7 @@ describe("nn bad input", function()
       {function() nn.CrossEntropyCriterion{reduction = "elementwise_mean"} end,
        "^EINVAL: nn.CrossEntropyCriterion: reduction must be \"mean\", \"sum\" or \"none\", got elementwise_mean"},
     }
-    for i, c in ipairs(cases) do
-      local ok, err = pcall(c[1])
-      assert.is_false(ok, "case " .. i)
-      assert.matches(c[2], err)
-    end
+    each_raises(cases)
   end)
 
   -- these fell through to a bare Lua error ("attempt to call a nil value (method

@@ -1,6 +1,7 @@
 -- DistributedSampler: torch's formulas for num_samples, padding, striding and
 -- drop_last; shuffled epochs are permutations identical on every rank.
 local data = require "crun.data"
+local each_raises = require("helpers.common").each_raises
 local torch_ref = require "helpers.torch_ref"
 
 -- torch's DistributedSampler.__iter__ for shuffle=False, written the way torch
@@ -258,11 +259,7 @@ describe("DistributedSampler from a data set", function()
        "^EINVAL: DistributedSampler: needs a data set"},
       {function() data.DistributedSampler({1}, 3) end, "^EINVAL: DistributedSampler: options must be a table"},
     }
-    for i, c in ipairs(cases) do
-      local ok, err = pcall(c[1])
-      assert.is_false(ok, "case " .. i)
-      assert.matches(c[2], err)
-    end
+    each_raises(cases)
   end)
 end)
 

@@ -1,6 +1,7 @@
 -- crun.serialize: save/load round trips of plain values with tensors, atomic
 -- writes, and clear errors for truncated or foreign files.
 local serialize = require "crun.serialize"
+local each_raises = require("helpers.common").each_raises
 local util = require "helpers.train_util"
 local T = util.T()
 
@@ -196,11 +197,7 @@ describe("crun.save / crun.load", function()
        "^EINVAL: crun.load: unknown option 'map' %(accepted: map_location, mmap, pickle_module, weights_only%)$"},
       {function() serialize.save(dir, 1) end, "^EINVAL: crun.save: "},
     }
-    for i, c in ipairs(cases) do
-      local ok, err = pcall(c[1])
-      assert.is_false(ok, "case " .. i)
-      assert.matches(c[2], err)
-    end
+    each_raises(cases)
     local path = dir .. "/torch_opts.crun"
     serialize.save(path, {x = 1}, {pickle_protocol = 2})
     assert.are.same({x = 1}, serialize.load(path, {map_location = "cpu", weights_only = true}))

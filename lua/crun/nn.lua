@@ -892,13 +892,18 @@ end
 -- A criterion's reduction from its options: "mean" (torch's default), "sum"
 -- or "none" (anything else, and unknown options, EINVAL; torch's other
 -- options at a value but their default ENOTSUP).
-local function reduction_of(fname, opts)
-  opts = O.check(CRITERION[fname], fname, opts)
-  local red = opts.reduction or "mean"
+-- The reduction option's value red: "mean" (torch's default, when nil),
+-- "sum" or "none"; EINVAL naming fname otherwise.
+local function check_reduction(fname, red)
+  red = red or "mean"
   if red ~= "mean" and red ~= "sum" and red ~= "none" then
     O.fail("EINVAL: %s: reduction must be \"mean\", \"sum\" or \"none\", got %s", fname, tostring(red))
   end
   return red
+end
+
+local function reduction_of(fname, opts)
+  return check_reduction(fname, O.check(CRITERION[fname], fname, opts).reduction)
 end
 
 -- Checks backward's grad_loss for reduction "none": a tensor of the shape of
@@ -1064,6 +1069,6 @@ nn.utils = require "crun.nn_utils"
 require("crun.nn_layers")(nn, {K = K, O = O, ensure = ensure, contig = contig, check_tensor = check_tensor,
   unaliased = unaliased, next_seed = next_seed, T = T, place_layer = place_layer})
 require("crun.nn_losses")(nn, {O = O, contig = contig, check_tensor = check_tensor, none_grad = none_grad,
-  shape_str = shape_str})
+  shape_str = shape_str, check_reduction = check_reduction})
 
 return nn

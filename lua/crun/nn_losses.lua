@@ -14,15 +14,7 @@
 -- kernel fails with ENOTSUP naming it, never silently).
 return function(nn, H)
   local O, contig, check_tensor, none_grad, shape_str = H.O, H.contig, H.check_tensor, H.none_grad, H.shape_str
-
-  -- The reduction option: "mean" (torch's default), "sum" or "none".
-  local function reduction_of(fname, red)
-    red = red or "mean"
-    if red ~= "mean" and red ~= "sum" and red ~= "none" then
-      O.fail("EINVAL: %s: reduction must be \"mean\", \"sum\" or \"none\", got %s", fname, tostring(red))
-    end
-    return red
-  end
+  local check_reduction = H.check_reduction -- "mean" (torch's default), "sum" or "none"
 
   -- x and t checked (tensors of one shape, x float); returns x contiguous
   -- and t in x's dtype.
@@ -58,7 +50,7 @@ return function(nn, H)
     nn[name] = function(opts)
       local self = setmetatable({}, cls):_init()
       local o = O.check(spec, fname, opts)
-      self.reduction = reduction_of(fname, o.reduction)
+      self.reduction = check_reduction(fname, o.reduction)
       if init then init(self, o, fname) end
       return self
     end

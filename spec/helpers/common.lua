@@ -123,4 +123,15 @@ function M.wait_rc(dir, timeout)
   return tonumber(M.wait_for(function() return M.slurp(dir .. "/rc") end, timeout))
 end
 
+--- Asserts that each case {f, pattern} of the list raises an error that
+--- matches pattern (a failure names the case's index).
+function M.each_raises(cases)
+  local assert = require "luassert"
+  for i, c in ipairs(cases) do
+    local ok, err = pcall(c[1])
+    assert.is_false(ok, "case " .. i)
+    assert.matches(c[2], err)
+  end
+end
+
 return M
