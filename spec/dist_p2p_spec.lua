@@ -50,6 +50,10 @@ describe("dist p2p", function()
     job(2, "paused", "0", 1, "CRUN_TCP_UNEXPECTED_MAX=4194304")
   end)
 
+  it("an all_reduce whose frame waits behind a full buffer of unreceived sends completes", function()
+    job(2, "held_coll", "0", 1, "CRUN_TCP_UNEXPECTED_MAX=4194304 CRUN_RING_SLICE=524288")
+  end)
+
   it("examples/ring_allreduce.lua on 4 ranks", function()
     local code, out = run.run(4, "examples/ring_allreduce.lua", "", {limit = 60})
     assert.are.equal(0, code, out)

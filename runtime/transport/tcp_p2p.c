@@ -330,8 +330,9 @@ static void prx_header(crun__tcp_t *t, int j) {
   if (!crun__stash_fits(t, x->h.nbytes)) {
     if (x->state != CRUN__PRX_HELD)
       CRUN_LOG(INFO, NET, "rank %d: stash full (%d frames, %zu of %zu bytes): stop reading rank %d at its "
-               "frame with tag %d of %llu bytes until a recv takes it or the stash drains", t->rank, t->stash_n,
-               t->stash_bytes, t->stash_max, j, x->h.tag, (unsigned long long)x->h.nbytes);
+               "%s frame (tag %d, %llu bytes) until a recv takes it or the stash drains", t->rank, t->stash_n,
+               t->stash_bytes, t->stash_max, j, crun__coll_name(x->h.kind), x->h.tag,
+               (unsigned long long)x->h.nbytes);
     x->state = CRUN__PRX_HELD;
     return;
   }

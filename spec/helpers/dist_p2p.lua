@@ -9,7 +9,9 @@
 -- no receive takes yet ahead of the one rank 0 waits for; rank 0 prints its
 -- peak RSS growth), overrun (an all_reduce behind 8 MiB of sends no receive
 -- took, over a 4 MiB CRUN_TCP_UNEXPECTED_MAX, fails naming them), paused
--- (a recv behind such sends times out saying the reading is paused). Every rank prints
+-- (a recv behind such sends times out saying the reading is paused),
+-- held_coll (an all_reduce whose own frame waits behind a full 4 MiB buffer
+-- of sends still completes, and so do the sends). Every rank prints
 -- "rank <r> ok <case>" when all its checks passed; a failed check errors.
 local crun = require "crun"
 local dist, T = crun.dist, crun.tensor
@@ -204,6 +206,39 @@ function cases.paused()
   end
   store:wait({"paused_done"}, 30) -- the sender stays until the receiver has judged
   return true
+end
+
+function cases.held_coll()
+  local n, store = 262144, dist.get_store()
+  local want = 3.5 - 1.25
+  if rank == 1 then
+    local works = {}
+    for i = 1, 3 do works[i] = dist.isend(T.full({n}, i - 2, "int32"), 0, {tag = 1}) end
+    works[4] = dist.isend(T.full({230000}, 11, "int32"), 0, {tag = 1}) -- 4065984 of 4194304 bytes used
+    store:set("held_posted", "1")
+    local big = T.full({300000}, 3.5, "float32")
+    dist.all_reduce(big, "sum")
+    check(big, want, "all_reduce behind the held sends")
+    dist.send(T.full({2}, -7, "int32"), 0, {tag = 2})
+    for _, w in ipairs(works) do w:wait() end
+  elseif rank == 0 then
+    local last = T.zeros({2}, "int32")
+    local w = dist.irecv(last, 1, {tag = 2})        -- the background reader fills the buffer
+    store:wait({"held_posted"}, 30)
+    os.execute("sleep 0.5")
+    local big = T.full({300000}, -1.25, "float32")
+    dist.all_reduce(big, "sum")
+    check(big, want, "all_reduce behind the held sends")
+    local buf, b4 = T.zeros({n}, "int32"), T.zeros({230000}, "int32")
+    for i = 1, 3 do
+      dist.recv(buf, 1, {tag = 1})
+      check(buf, i - 2, "message " .. i .. " of tag 1")
+    end
+    dist.recv(b4, 1, {tag = 1})
+    check(b4, 11, "message 4 of tag 1")
+    w:wait()
+    check(last, -7, "the tag 2 message")
+  end
 end
 
 assert(cases[case], "unknown case " .. case)
