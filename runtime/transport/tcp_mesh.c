@@ -437,6 +437,10 @@ static void check_unread(crun__tcp_t *t) {
       warn_unread(t, j, &t->stash[j]->h);
       continue;
     }
+    if (t->prx && t->prx[j].state == CRUN__PRX_HELD) { /* read up to its header, then held */
+      warn_unread(t, j, &t->prx[j].h);
+      continue;
+    }
     if (t->prx && t->prx[j].frame) continue; /* a background read in progress: not judged */
     crun__hdr_t h;
     char why[128];

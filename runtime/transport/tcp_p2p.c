@@ -7,7 +7,14 @@
  * peer a posted receive waits on, so a posted send never keeps a later
  * receive from running (isend+recv rings over any message size). Frames to
  * one peer leave in issue order, and frames of one peer are matched to
- * receives in posting order per tag, as torch promises. */
+ * receives in posting order per tag, as torch promises.
+ *
+ * Frames no receive takes yet wait in a per-peer stash, bounded for the group
+ * by CRUN_TCP_UNEXPECTED_MAX bytes: a frame that does not fit is left unread
+ * (its header kept, HELD) until a receive for it is posted or the stash
+ * drains, so TCP's flow control stalls the sender instead of this rank's
+ * memory growing. A collective that must read past such a frame fails with
+ * ENOMEM naming it (crun__stash_full). */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,6 +45,52 @@ static void op_end(crun__tcp_t *t, crun__p2p_op_t *op, int rc) {
 #define OP_FAIL(t, op, st, ...) op_end((t), (op), crun_error((st), __VA_ARGS__))
 
 static void op_desc(const crun__p2p_op_t *op, char *buf, size_t cap) { crun__coll_desc(op->c, buf, cap); }
+
+/* ---------------------------------------------------------------- the stash's limit */
+
+/* What a stashed frame counts against the limit: its payload and its record. */
+static size_t stash_cost(uint64_t nbytes) { return (size_t)nbytes + sizeof(crun__stash_t); }
+
+int crun__stash_fits(const crun__tcp_t *t, uint64_t nbytes) {
+  /* stash_bytes <= stash_max < 2^60 and nbytes <= stash_max: no overflow */
+  return nbytes <= t->stash_max && t->stash_bytes + stash_cost(nbytes) <= t->stash_max;
+}
+
+crun__stash_t *crun__stash_new(crun__tcp_t *t, const crun__hdr_t *h) {
+  crun__stash_t *s = calloc(1, sizeof *s);
+  if (s && !(s->data = malloc(h->nbytes ? (size_t)h->nbytes : 1))) {
+    free(s);
+    s = NULL;
+  }
+  if (!s) return NULL;
+  s->h = *h;
+  t->stash_bytes += stash_cost(h->nbytes);
+  t->stash_n++;
+  return s;
+}
+
+void crun__stash_free(crun__tcp_t *t, crun__stash_t *s) {
+  if (!s) return;
+  t->stash_bytes -= stash_cost(s->h.nbytes);
+  t->stash_n--;
+  free(s->data);
+  free(s);
+}
+
+int crun__stash_full(const crun__tcp_t *t, const char *desc, int from, const crun__hdr_t *h) {
+  return crun_error(CRUN_ENOMEM, "%s on rank %d: rank %d sent a frame (tag %d, %llu bytes) no recv took that "
+                    "would have to be buffered, but %d such frames already hold %zu bytes of the limit of %zu "
+                    "(CRUN_TCP_UNEXPECTED_MAX): post the receives for them first, or raise the limit",
+                    desc, t->rank, from, h->tag, (unsigned long long)h->nbytes, t->stash_n, t->stash_bytes,
+                    t->stash_max);
+}
+
+/* The limit from CRUN_TCP_UNEXPECTED_MAX (bytes; default 256 MiB, at most 2^60). */
+static size_t stash_limit(void) {
+  long v = crun_env_int("CRUN_TCP_UNEXPECTED_MAX", 256l << 20);
+  if (v < 0) v = 256l << 20;
+  return (size_t)v > ((size_t)1 << 60) ? (size_t)1 << 60 : (size_t)v;
+}
 
 /* Unlinks and returns the first posted receive from `peer` (or any) with
  * `tag`; NULL when none. */
@@ -78,8 +131,7 @@ static int match_one(crun__tcp_t *t) {
       int rc = check_frame(t, op, j, &s->h);
       if (rc == 0 && op->nbytes) memcpy(op->c->buf, s->data, op->nbytes);
       op->c->src_out = j;
-      free(s->data);
-      free(s);
+      crun__stash_free(t, s);
       op_end(t, op, rc);
       return 1;
     }
@@ -163,9 +215,21 @@ static int send_locked(crun__tcp_t *t, crun__coll_t *c) {
 
 /* ---------------------------------------------------------------- receives */
 
+/* Can the held frame of peer j move on: a receive posted for it, or room in
+ * the stash? */
+static int held_ready(const crun__tcp_t *t, int j) {
+  const crun__hdr_t *h = &t->prx[j].h;
+  if (crun__stash_fits(t, h->nbytes)) return 1;
+  if (h->kind != CRUN__COLL_SEND) return 0;
+  for (const crun__p2p_op_t *op = t->posted; op; op = op->next)
+    if ((op->peer == j || op->peer == CRUN_ANY_SOURCE) && op->c->tag == h->tag) return 1;
+  return 0;
+}
+
 /* Does a pending receive wait on peer j (or is a frame of j half read)? */
 static int wants_peer(crun__tcp_t *t, int j) {
   if (j == t->rank || t->fds[j] < 0 || t->prx[j].state == CRUN__PRX_DEAD) return 0;
+  if (t->prx[j].state == CRUN__PRX_HELD) return held_ready(t, j);
   if (t->prx[j].state != CRUN__PRX_HDR || t->prx[j].hgot) return 1;
   if (t->closed[j]) return 0;
   for (crun__p2p_op_t *op = t->posted; op; op = op->next)
@@ -180,6 +244,13 @@ static void unmatched_note(const crun__tcp_t *t, int peer, char *buf, size_t cap
   buf[0] = 0;
   for (int j = 0; j < t->size; j++) {
     if (peer != CRUN_ANY_SOURCE && j != peer) continue;
+    if (t->prx && t->prx[j].state == CRUN__PRX_HELD) {
+      snprintf(buf, cap, " (reading from rank %d is paused: its next frame, tag %d of %llu bytes, does not fit "
+               "beside the %d frames no recv took yet (%zu bytes; limit CRUN_TCP_UNEXPECTED_MAX=%zu): post "
+               "their receives first, or raise the limit)", j, t->prx[j].h.tag,
+               (unsigned long long)t->prx[j].h.nbytes, t->stash_n, t->stash_bytes, t->stash_max);
+      return;
+    }
     for (const crun__stash_t *s = t->stash[j]; s; s = s->next) {
       if (s->h.kind != CRUN__COLL_SEND) continue;
       const char *dt = crun_dtype_name((crun_dtype_t)s->h.dtype);
@@ -195,7 +266,8 @@ static void peer_gone(crun__tcp_t *t, int j, const char *how) {
   crun__prx_t *x = &t->prx[j];
   x->state = CRUN__PRX_DEAD;
   t->closed[j] = 1;
-  if (x->frame) { free(x->frame->data); free(x->frame); x->frame = NULL; }
+  crun__stash_free(t, x->frame);
+  x->frame = NULL;
   int open = 0;
   for (int k = 0; k < t->size; k++) open += k != t->rank && !t->closed[k];
   crun__p2p_op_t *op = x->direct;
@@ -207,7 +279,7 @@ static void peer_gone(crun__tcp_t *t, int j, const char *how) {
       if (!(op = *pp)) return;
       *pp = op->next;
     }
-    char desc[64], note[160];
+    char desc[64], note[320];
     op_desc(op, desc, sizeof desc);
     unmatched_note(t, op->peer, note, sizeof note);
     if (op->peer == CRUN_ANY_SOURCE)
@@ -255,16 +327,20 @@ static void prx_header(crun__tcp_t *t, int j) {
     x->state = CRUN__PRX_DIRECT;
     return;
   }
-  x->frame = calloc(1, sizeof *x->frame);
-  if (x->frame) x->frame->data = malloc(x->h.nbytes ? x->h.nbytes : 1);
-  if (!x->frame || !x->frame->data) {
-    if (x->frame) free(x->frame);
-    x->frame = NULL;
+  if (!crun__stash_fits(t, x->h.nbytes)) {
+    if (x->state != CRUN__PRX_HELD)
+      CRUN_LOG(INFO, NET, "rank %d: stash full (%d frames, %zu of %zu bytes): stop reading rank %d at its "
+               "%s frame (tag %d, %llu bytes) until a recv takes it or the stash drains", t->rank, t->stash_n,
+               t->stash_bytes, t->stash_max, j, crun__coll_name(x->h.kind), x->h.tag,
+               (unsigned long long)x->h.nbytes);
+    x->state = CRUN__PRX_HELD;
+    return;
+  }
+  if (!(x->frame = crun__stash_new(t, &x->h))) {
     x->state = CRUN__PRX_DEAD;
     crun__tcp_fail_all(t, CRUN_ENOMEM, "out of memory for a received frame");
     return;
   }
-  x->frame->h = x->h;
   x->state = CRUN__PRX_STASH;
 }
 
@@ -315,7 +391,10 @@ static int pump_reads(crun__tcp_t *t, int j) {
   while (x->state != CRUN__PRX_DEAD && wants_peer(t, j)) {
     ssize_t k;
     size_t n = x->h.nbytes;
-    if (x->state == CRUN__PRX_HDR) {
+    if (x->state == CRUN__PRX_HELD) { /* wants_peer: it can move on now */
+      prx_after_header(t, j);
+      progress = 1;
+    } else if (x->state == CRUN__PRX_HDR) {
       if ((k = prx_read(t, j, (char *)&x->h + x->hgot, HDR - x->hgot)) <= 0) return progress;
       progress = 1;
       if ((x->hgot += (size_t)k) == HDR) prx_after_header(t, j);
@@ -382,7 +461,7 @@ static void expire(crun__tcp_t *t) {
       peer = j;
     }
     if (!op) return;
-    char desc[64], where[1024], note[160] = "";
+    char desc[64], where[1024], note[320] = "";
     op_desc(op, desc, sizeof desc);
     crun__pg_progress_report(t->pg, where, sizeof where);
     int is_send = op->c->kind == CRUN__COLL_SEND;
@@ -512,6 +591,7 @@ int crun__tcp_p2p_init(crun__tcp_t *t) {
   pthread_mutexattr_destroy(&a);
   pthread_cond_init(&t->cv, NULL);
   t->has_mu = 1;
+  t->stash_max = stash_limit();
   t->pg->pump = tcp_progress;
   t->pg->pump_arg = t;
   return 0;
@@ -564,7 +644,8 @@ int crun__tcp_recv(crun__tcp_t *t, crun__coll_t *c) { return p2p_call(t, c, recv
 
 int crun__tcp_settle(crun__tcp_t *t, int peer, double deadline) {
   crun__prx_t *x = &t->prx[peer];
-  while (x->state != CRUN__PRX_DEAD && (x->state != CRUN__PRX_HDR || x->hgot)) {
+  /* a held frame stays for the step (tcp_xfer.c takes its header over) */
+  while (x->state != CRUN__PRX_DEAD && x->state != CRUN__PRX_HELD && (x->state != CRUN__PRX_HDR || x->hgot)) {
     if (crun__tcp_pump(t, -1)) continue;
     if (crun_clock() >= deadline)
       return crun_error(CRUN_ETIMEDOUT, "rank %d: a frame from rank %d stayed half received", t->rank, peer);

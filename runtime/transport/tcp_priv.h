@@ -82,8 +82,11 @@ typedef struct crun__p2p_op {
 } crun__p2p_op_t;
 
 /* The background reader of one peer: frames for posted receives go straight
- * to their buffer, anything else to the stash. */
-enum { CRUN__PRX_HDR, CRUN__PRX_DIRECT, CRUN__PRX_STASH, CRUN__PRX_ABORT, CRUN__PRX_DEAD };
+ * to their buffer, anything else to the stash. HELD: a header was read whose
+ * frame no receive takes and that does not fit in the stash's limit: the
+ * reader stops there (TCP then stalls the sender) until a receive for it is
+ * posted or the stash drains. */
+enum { CRUN__PRX_HDR, CRUN__PRX_DIRECT, CRUN__PRX_STASH, CRUN__PRX_ABORT, CRUN__PRX_DEAD, CRUN__PRX_HELD };
 typedef struct {
   int state;
   crun__hdr_t h;
@@ -103,6 +106,9 @@ struct crun__tcp {
   char *tx_dirty;       /* a frame to that peer was left half sent */
   char *closed;         /* the peer closed its side (seen by an any-source recv) */
   crun__stash_t **stash;/* per-peer FIFO */
+  size_t stash_bytes;   /* what every stashed frame costs (crun__stash_new), all peers */
+  size_t stash_max;     /* the bound on stash_bytes: CRUN_TCP_UNEXPECTED_MAX */
+  int stash_n;          /* stashed frames (and ones being read into the stash) */
   int aborted;
   crun__p2p_op_t **outq;  /* per-peer FIFO of sends not fully written */
   crun__p2p_op_t *posted; /* receives in posting order */
@@ -137,6 +143,21 @@ int crun__tcp_settle(crun__tcp_t *t, int peer, double deadline);
 
 /* Gives stashed send frames to posted receives that match them. */
 void crun__tcp_match(crun__tcp_t *t);
+
+/* Whether a frame of nbytes payload fits in the stash's limit now. */
+int crun__stash_fits(const crun__tcp_t *t, uint64_t nbytes);
+
+/* A stash record for a frame with header h and room for its payload, counted
+ * against the limit; NULL when out of memory. The caller checked the limit. */
+crun__stash_t *crun__stash_new(crun__tcp_t *t, const crun__hdr_t *h);
+
+/* Frees a stash record (NULL: nothing) and gives back what it counted. */
+void crun__stash_free(crun__tcp_t *t, crun__stash_t *s);
+
+/* The error for a frame of peer `from` (header h) that a blocking step must
+ * read but cannot buffer: ENOMEM naming the step (desc), the peer, the tag,
+ * the sizes and the limit. */
+int crun__stash_full(const crun__tcp_t *t, const char *desc, int from, const crun__hdr_t *h);
 
 /* Fails every pending p2p operation with status/text (no group break when
  * status is CRUN_ECLOSED). */

@@ -155,8 +155,7 @@ static int rx_from_stash(io_t *io) {
     else if (io->rbytes)
       memcpy(io->rp, s->data, io->rbytes);
     io->rh = s->h;
-    free(s->data);
-    free(s);
+    crun__stash_free(io->t, s);
     io->rstate = RX_DONE;
     return 1;
   }
@@ -227,10 +226,13 @@ static int rx_header_done(io_t *io) {
   int r = classify(io, h);
   if (r < 0) return r;
   if (r == 0) return rx_enter_payload(io, h);
-  io->pending = calloc(1, sizeof *io->pending);
-  if (io->pending) io->pending->data = malloc(h->nbytes ? h->nbytes : 1);
-  if (!io->pending || !io->pending->data) return crun_error(CRUN_ENOMEM, "stash of %llu bytes", (unsigned long long)h->nbytes);
-  io->pending->h = *h;
+  if (!crun__stash_fits(io->t, h->nbytes)) { /* the step's own frame is behind it: cannot wait */
+    char desc[64];
+    crun__coll_desc(io->c, desc, sizeof desc);
+    return crun__stash_full(io->t, desc, io->from, h);
+  }
+  if (!(io->pending = crun__stash_new(io->t, h)))
+    return crun_error(CRUN_ENOMEM, "stash of %llu bytes", (unsigned long long)h->nbytes);
   io->rgot = 0;
   io->rstate = RX_STASH;
   return 0;
@@ -370,7 +372,7 @@ static int io_run(io_t *io) {
 }
 
 static void io_free(io_t *io) {
-  if (io->pending) { free(io->pending->data); free(io->pending); }
+  crun__stash_free(io->t, io->pending);
   free(io->abort_text);
 }
 
@@ -384,6 +386,11 @@ static int run_step(crun__tcp_t *t, crun__coll_t *c, const crun__xfer_t *x, int 
   int rc = 0;
   if (x->from >= 0 && !stash_only) rc = crun__tcp_settle(t, x->from, c->deadline);
   if (x->from >= 0 && !stash_only && rc >= 0) rc = rx_from_stash(&io);
+  if (rc == 0 && x->from >= 0 && !stash_only && t->prx[x->from].state == CRUN__PRX_HELD) {
+    io.rh = t->prx[x->from].h; /* the background reader stopped after this header: the step goes on */
+    t->prx[x->from].state = CRUN__PRX_HDR;
+    rc = rx_header_done(&io);
+  }
   if (rc >= 0) rc = io_run(&io);
   io_free(&io);
   return rc;

@@ -5,7 +5,13 @@
 -- all_reduce and uneven all_to_all, then a 128 KiB ring), a2a_ring (uneven
 -- all_to_all then a 128 KiB isend+recv ring), tag (a recv whose tag no send
 -- used times out naming the frame that waits with another tag; ends the
--- group, so it skips the closing barrier). Every rank prints
+-- group, so it skips the closing barrier), flood (rank 1 sends 48 MiB that
+-- no receive takes yet ahead of the one rank 0 waits for; rank 0 prints its
+-- peak RSS growth), overrun (an all_reduce behind 8 MiB of sends no receive
+-- took, over a 4 MiB CRUN_TCP_UNEXPECTED_MAX, fails naming them), paused
+-- (a recv behind such sends times out saying the reading is paused),
+-- held_coll (an all_reduce whose own frame waits behind a full 4 MiB buffer
+-- of sends still completes, and so do the sends). Every rank prints
 -- "rank <r> ok <case>" when all its checks passed; a failed check errors.
 local crun = require "crun"
 local dist, T = crun.dist, crun.tensor
@@ -126,6 +132,113 @@ function cases.tag()
   end
   store:wait({"p2p_tag_done"}, 30) -- the sender stays until the receiver has judged
   return true
+end
+
+-- the kB a /proc/self/status field holds
+local function status_kb(field)
+  local f = assert(io.open("/proc/self/status"))
+  local s = f:read("a")
+  f:close()
+  return tonumber(s:match(field .. ":%s*(%d+)"))
+end
+
+function cases.flood()
+  local N, n, store = 48, 262144, dist.get_store()   -- 48 messages of 1 MiB
+  if rank == 1 then
+    local works = {}
+    for i = 1, N do works[i] = dist.isend(T.full({n}, i * 7 - 3, "int32"), 0, {tag = 1}) end
+    works[N + 1] = dist.isend(T.full({3}, -5, "int32"), 0, {tag = 2})
+    store:set("flood_posted", "1")
+    for _, w in ipairs(works) do w:wait() end
+  elseif rank == 0 then
+    local buf, last = T.zeros({n}, "int32"), T.zeros({3}, "int32")
+    local rss0 = status_kb("VmRSS")
+    local w = dist.irecv(last, 1, {tag = 2})          -- behind all 48 MiB of tag 1
+    store:wait({"flood_posted"}, 30)
+    os.execute("sleep 0.5")                           -- the background reader runs meanwhile
+    for i = 1, N do
+      dist.recv(buf, 1, {tag = 1})
+      check(buf, i * 7 - 3, "message " .. i .. " of tag 1")
+    end
+    w:wait()
+    check(last, -5, "the tag 2 message")
+    print(string.format("rank 0 peak rss growth %d kB", status_kb("VmHWM") - rss0))
+  end
+end
+
+function cases.overrun()
+  local n = 262144
+  local works = {}
+  if rank == 1 then
+    for i = 1, 8 do works[i] = dist.isend(T.full({n}, i - 4, "int32"), 0, {tag = 3}) end
+  end
+  local ok, err = pcall(dist.all_reduce, T.ones({5}), "sum")
+  if rank == 0 then
+    local want = "^ENOMEM: all_reduce #1 on rank 0: rank 1 sent a frame %(tag 3, 1048576 bytes%) no recv took"
+    if ok or not tostring(err):find(want) or not tostring(err):find("limit of 4194304 %(CRUN_TCP_UNEXPECTED_MAX%)") then
+      error("rank 0: overrun reported as " .. tostring(err), 0)
+    end
+  elseif not ok and not tostring(err):find("^E%u+: ") then  -- rank 1 may have finished its part first
+    error("rank " .. rank .. ": all_reduce failed without a status: " .. tostring(err), 0)
+  end
+  for _, w in ipairs(works) do
+    local wok, werr = pcall(w.wait, w)                 -- rank 0 failed the group: sends fail or were taken
+    if not wok and not tostring(werr):find("^E%u+: ") then error("rank 1: isend failed with " .. tostring(werr), 0) end
+  end
+  return true
+end
+
+function cases.paused()
+  local store = dist.get_store()
+  if rank == 1 then
+    local works = {}
+    for i = 1, 8 do works[i] = dist.isend(T.full({262144}, 5 - i, "int32"), 0, {tag = 1}) end
+    works[9] = dist.isend(T.full({2}, 9, "int32"), 0, {tag = 2})
+    store:set("paused_posted", "1")
+  elseif rank == 0 then
+    store:wait({"paused_posted"}, 30)
+    local ok, err = pcall(dist.recv, T.zeros({2}, "int32"), 1, {tag = 2, timeout = 1})
+    local want = "^ETIMEDOUT: recv from rank 1 %(tag 2%) on rank 0: no data from rank 1 after 1.0 s %(reading from "
+                 .. "rank 1 is paused: its next frame, tag 1 of 1048576 bytes, does not fit beside the 3 frames no "
+                 .. "recv took yet %(3145920 bytes; limit CRUN_TCP_UNEXPECTED_MAX=4194304%)"
+    if ok or not tostring(err):find(want) then error("rank 0: paused reader reported as " .. tostring(err), 0) end
+    store:set("paused_done", "1")
+  end
+  store:wait({"paused_done"}, 30) -- the sender stays until the receiver has judged
+  return true
+end
+
+function cases.held_coll()
+  local n, store = 262144, dist.get_store()
+  local want = 3.5 - 1.25
+  if rank == 1 then
+    local works = {}
+    for i = 1, 3 do works[i] = dist.isend(T.full({n}, i - 2, "int32"), 0, {tag = 1}) end
+    works[4] = dist.isend(T.full({230000}, 11, "int32"), 0, {tag = 1}) -- 4065984 of 4194304 bytes used
+    store:set("held_posted", "1")
+    local big = T.full({300000}, 3.5, "float32")
+    dist.all_reduce(big, "sum")
+    check(big, want, "all_reduce behind the held sends")
+    dist.send(T.full({2}, -7, "int32"), 0, {tag = 2})
+    for _, w in ipairs(works) do w:wait() end
+  elseif rank == 0 then
+    local last = T.zeros({2}, "int32")
+    local w = dist.irecv(last, 1, {tag = 2})        -- the background reader fills the buffer
+    store:wait({"held_posted"}, 30)
+    os.execute("sleep 0.5")
+    local big = T.full({300000}, -1.25, "float32")
+    dist.all_reduce(big, "sum")
+    check(big, want, "all_reduce behind the held sends")
+    local buf, b4 = T.zeros({n}, "int32"), T.zeros({230000}, "int32")
+    for i = 1, 3 do
+      dist.recv(buf, 1, {tag = 1})
+      check(buf, i - 2, "message " .. i .. " of tag 1")
+    end
+    dist.recv(b4, 1, {tag = 1})
+    check(b4, 11, "message 4 of tag 1")
+    w:wait()
+    check(last, -7, "the tag 2 message")
+  end
 end
 
 assert(cases[case], "unknown case " .. case)

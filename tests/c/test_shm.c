@@ -9,6 +9,8 @@
 #include <math.h>
 #include <signal.h>
 #include <stdint.h>
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -725,6 +727,66 @@ TEST(creator_killed_during_create) {
   expect_shm_clean(p0);
 }
 
+/* A hostile header: rank 0 (a child) creates the segment; this process, as
+ * rank 1, rewrites its header with `corrupt` before attaching, and the
+ * attach must fail cleanly with EPROTO naming the segment and the rank. */
+static void attach_hostile(void (*corrupt)(shm_header_t *h)) {
+  snprintf(store_path, sizeof store_path, "/tmp/crun_shm_test_%d", (int)getpid());
+  unlink(store_path);
+  pid_t p0 = fork();
+  if (p0 == 0) {
+    crun_store_t *s = NULL;
+    crun__shm_comm_t *c = NULL;
+    EXPECT_OK(crun_store_file_new(store_path, &s));
+    EXPECT_STATUS(crun__shm_comm_create(s, "t", 0, 2, 0.8, &c), CRUN_ETIMEDOUT);
+    _exit(0);
+  }
+  crun_store_t *s = NULL;
+  crun__shm_comm_t *c = NULL;
+  EXPECT_OK(crun_store_file_new(store_path, &s));
+  const char *keys[1] = {"t/shm_name"};
+  EXPECT_OK(crun_store_wait(s, keys, 1, 10));
+  crun_buf_t v = {0};
+  EXPECT_OK(crun_store_get(s, keys[0], &v));
+  char name[128];
+  snprintf(name, sizeof name, "%.*s", (int)v.len, (const char *)v.data);
+  crun_buf_free(&v);
+  int fd = shm_open(name, O_RDWR, 0600);
+  EXPECT(fd >= 0);
+  shm_header_t *h = mmap(NULL, sizeof *h, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  EXPECT(h != MAP_FAILED);
+  close(fd);
+  corrupt(h);
+  munmap(h, sizeof *h);
+  EXPECT_STATUS(crun__shm_comm_create(s, "t", 1, 2, 1.5, &c), CRUN_EPROTO);
+  expect_text("rank 1");
+  expect_text(name);
+  expect_text("bad header");
+  int st;
+  waitpid(p0, &st, 0);
+  EXPECT(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  crun_store_release(s);
+  unlink(store_path);
+  expect_shm_clean(p0);
+}
+
+/* (64 + small) * 2 * 2 ranks wraps past 2^64 back to the true layout's size. */
+static void wrap_small(shm_header_t *h) { h->small_bytes += 1ull << 62; }
+/* chunk * nbuf * 2 ranks wraps (nbuf * 2 is even) back to the true size. */
+static void wrap_chunk(shm_header_t *h) { h->chunk += 1ull << 63; }
+/* A total past the mapping, and a buffer count past int. */
+static void past_mapping(shm_header_t *h) { h->total *= 2; }
+static void huge_nbuf(shm_header_t *h) { h->nbuf = 0x80000002u; }
+
+TEST(hostile_header_refused) {
+  unsetenv("CRUN_SHM_CHUNK");
+  unsetenv("CRUN_SHM_SMALL");
+  attach_hostile(wrap_small);
+  attach_hostile(wrap_chunk);
+  attach_hostile(past_mapping);
+  attach_hostile(huge_nbuf);
+}
+
 /* A long pseudo-random sequence of every collective and size on few, small
  * buffers (two of 16 KiB), so that every reuse of a slot or buffer across
  * ops and paths is exercised; every result is checked. */
@@ -783,7 +845,7 @@ TEST(mixed_sequence_2_and_8_ranks) {
   X(block_lists_1_to_4_ranks) X(gather_scatter_1_to_4_ranks)                                   \
   X(all_to_all_v_1_to_4_and_8_ranks) X(all_to_all_v_count_mismatch) X(barrier_1_to_4_ranks) X(oversubscribed_8_ranks) X(default_layout_3_ranks)                    \
   X(mismatched_collective) X(mismatched_count) X(timeout_names_missing_rank) X(bad_arguments)   \
-  X(peer_killed_mid_collective) X(create_times_out) X(creator_killed_during_create)          \
+  X(peer_killed_mid_collective) X(create_times_out) X(creator_killed_during_create) X(hostile_header_refused)          \
   X(mixed_sequence_2_and_8_ranks) X(direct_path_1_to_4_ranks) X(direct_path_needs_every_rank)  \
   X(direct_path_off_by_env) X(direct_path_timeout_names_missing_rank) X(direct_path_peer_killed)
 CRUN_TEST_MAIN()

@@ -2,6 +2,7 @@
  * communicator, and the per-process set-up (peer pidfds, waiting policy). */
 #include "transport/shm/shm_int.h"
 
+#include "core/checked.h"
 #include "core/heap.h"
 
 #include <errno.h>
@@ -18,33 +19,59 @@
 
 static size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
+/* v rounded up to a multiple of a into *out; non-zero on overflow. */
+static int round_up_ok(size_t v, size_t a, size_t *out) {
+  if (crun__add_size(v, a - 1, out)) return 1;
+  *out = *out / a * a;
+  return 0;
+}
+
+/* The geometry a segment's header describes: rank 0's own choice, or an
+ * attaching rank's one copy of the header (read once, then only the copy is
+ * used: the header lives in memory another process writes). */
+typedef struct { uint32_t size, nbuf; uint64_t total, small_bytes, chunk; } shm_geom_t;
+
 /* Offsets of the parts of a segment for the given layout. */
 typedef struct { size_t pids, ctrl, small, large, total; } shm_layout_t;
 
-static shm_layout_t layout_of(int size, size_t small_bytes, size_t chunk, int nbuf) {
-  shm_layout_t l;
-  l.pids = round_up(sizeof(shm_header_t), SHM_LINE);
-  l.ctrl = round_up(l.pids + sizeof(int32_t) * (size_t)size, SHM_LINE);
-  l.small = l.ctrl + sizeof(shm_ctrl_t) * (size_t)size;
-  l.large = round_up(l.small + (SHM_LINE + small_bytes) * 2 * (size_t)size, 4096);
-  l.total = l.large + chunk * (size_t)nbuf * (size_t)size;
-  return l;
+/* The layout of g into *l; non-zero when a size or offset overflows size_t
+ * (the header's numbers may be anything). */
+static int layout_of(const shm_geom_t *g, shm_layout_t *l) {
+  size_t n = g->size, t;
+  l->pids = round_up(sizeof(shm_header_t), SHM_LINE);
+  if (crun__mul_size(sizeof(int32_t), n, &t) || crun__add_size(l->pids, t, &t) ||
+      round_up_ok(t, SHM_LINE, &l->ctrl))
+    return 1;
+  if (crun__mul_size(sizeof(shm_ctrl_t), n, &t) || crun__add_size(l->ctrl, t, &l->small)) return 1;
+  if (crun__add_size(SHM_LINE, g->small_bytes, &t) || crun__mul_size(t, 2 * n, &t) ||
+      crun__add_size(l->small, t, &t) || round_up_ok(t, 4096, &l->large))
+    return 1;
+  if (crun__mul_size(g->chunk, g->nbuf, &t) || crun__mul_size(t, n, &t) ||
+      crun__add_size(l->large, t, &l->total))
+    return 1;
+  return 0;
 }
 
-/* Points the communicator's fields at the parts of its mapped segment. */
-static void bind_layout(crun__shm_comm_t *c) {
-  shm_header_t *h = c->base;
-  shm_layout_t l = layout_of(c->size, h->small_bytes, h->chunk, (int)h->nbuf);
-  c->hdr = h;
-  c->pids = (int32_t *)(void *)((char *)c->base + l.pids);
-  c->ctrl = (shm_ctrl_t *)(void *)((char *)c->base + l.ctrl);
-  c->small = (char *)c->base + l.small;
-  c->small_bytes = h->small_bytes;
-  c->small_stride = SHM_LINE + h->small_bytes;
-  c->large = (char *)c->base + l.large;
-  c->chunk = h->chunk;
-  c->nbuf = (int)h->nbuf;
+/* Points the communicator's fields at the parts of its mapped segment, from
+ * the checked geometry g and its layout l (never from the shared header). */
+static void bind_layout(crun__shm_comm_t *c, const shm_geom_t *g, const shm_layout_t *l) {
+  c->hdr = c->base;
+  c->pids = (int32_t *)(void *)((char *)c->base + l->pids);
+  c->ctrl = (shm_ctrl_t *)(void *)((char *)c->base + l->ctrl);
+  c->small = (char *)c->base + l->small;
+  c->small_bytes = g->small_bytes;
+  c->small_stride = SHM_LINE + g->small_bytes;
+  c->large = (char *)c->base + l->large;
+  c->chunk = g->chunk;
+  c->nbuf = (int)g->nbuf;
 }
+
+/* The bounds rank 0 keeps the segment's sizes in (an attaching rank refuses
+ * a header outside them). */
+#define SHM_SMALL_MAX ((size_t)64 << 20)
+#define SHM_CHUNK_MAX ((size_t)256 << 20)
+#define SHM_NBUF_MIN 2
+#define SHM_NBUF_MAX 16
 
 /* Rank 0: creates and sizes a fresh segment, fills its header, maps it. */
 static int segment_create(crun__shm_comm_t *c) {
@@ -53,14 +80,19 @@ static int segment_create(crun__shm_comm_t *c) {
   size_t small = round_up((size_t)(small_env >= 0 ? small_env : 32768), SHM_LINE);
   size_t chunk = (size_t)(chunk_env > 0 ? chunk_env : 512 * 1024);
   long nbuf = crun_env_int("CRUN_SHM_NBUF", 3);
-  if (small > (64u << 20)) small = 64u << 20;
+  if (small > SHM_SMALL_MAX) small = SHM_SMALL_MAX;
   if (small < 8 * (size_t)c->size) small = 8 * (size_t)c->size; /* all_to_all_v counts */
   if (chunk < 256 * (size_t)c->size) chunk = 256 * (size_t)c->size;
-  if (chunk > (256u << 20)) chunk = 256u << 20;
+  if (chunk > SHM_CHUNK_MAX) chunk = SHM_CHUNK_MAX;
   chunk = round_up(chunk, 4096);
-  if (nbuf < 2) nbuf = 2;
-  if (nbuf > 16) nbuf = 16;
-  shm_layout_t l = layout_of(c->size, small, chunk, (int)nbuf);
+  if (nbuf < SHM_NBUF_MIN) nbuf = SHM_NBUF_MIN;
+  if (nbuf > SHM_NBUF_MAX) nbuf = SHM_NBUF_MAX;
+  shm_geom_t g = {.size = (uint32_t)c->size, .nbuf = (uint32_t)nbuf, .small_bytes = small, .chunk = chunk};
+  shm_layout_t l;
+  if (layout_of(&g, &l))
+    return crun_error(CRUN_EINVAL, "shm create on rank 0: the segment's size overflows "
+                      "(lower CRUN_SHM_CHUNK or CRUN_SHM_SMALL)");
+  g.total = l.total;
   static _Atomic unsigned counter;
   snprintf(c->name, sizeof c->name, "/crun-shm-%d-%u-%08lx", (int)getpid(),
            atomic_fetch_add(&counter, 1), (unsigned long)(crun_clock_ns() & 0xffffffffu));
@@ -89,14 +121,34 @@ static int segment_create(crun__shm_comm_t *c) {
   }
   c->len = l.total;
   shm_header_t *h = c->base;
-  h->size = (uint32_t)c->size;
-  h->nbuf = (uint32_t)nbuf;
-  h->total = l.total;
-  h->small_bytes = small;
-  h->chunk = chunk;
+  h->size = g.size;
+  h->nbuf = g.nbuf;
+  h->total = g.total;
+  h->small_bytes = g.small_bytes;
+  h->chunk = g.chunk;
   atomic_store(&h->attached, 0);
   atomic_store_explicit((_Atomic uint64_t *)&h->magic, SHM_MAGIC, memory_order_release);
+  bind_layout(c, &g, &l);
   return 0;
+}
+
+/* Why geometry g (an attaching rank's copy of the header) cannot be this
+ * group's segment of len bytes: NULL when it can, the layout into *l. */
+static const char *geom_fault(const crun__shm_comm_t *c, const shm_geom_t *g, shm_layout_t *l) {
+  if (g->nbuf < SHM_NBUF_MIN || g->nbuf > SHM_NBUF_MAX) return "buffer count out of range";
+  if (g->chunk == 0 || g->chunk > SHM_CHUNK_MAX || g->chunk % 4096) return "chunk size out of range";
+  if (g->small_bytes < 8 * (uint64_t)c->size || g->small_bytes > SHM_SMALL_MAX)
+    return "one-shot slot size out of range";
+  if (layout_of(g, l)) return "its sizes overflow";
+  if (g->total != c->len || l->total != c->len) return "its sizes do not match the mapping";
+  return NULL;
+}
+
+/* Copies the header's geometry out of shared memory, each field read once. */
+static shm_geom_t geom_read(const crun__shm_comm_t *c) {
+  const volatile shm_header_t *h = c->base;
+  return (shm_geom_t){.size = h->size, .nbuf = h->nbuf, .total = h->total,
+                      .small_bytes = h->small_bytes, .chunk = h->chunk};
 }
 
 /* Ranks > 0: opens the segment rank 0 published and checks its header. */
@@ -123,17 +175,21 @@ static int segment_attach(crun__shm_comm_t *c) {
   close(fd);
   if (rc < 0) return rc;
   shm_header_t *h = c->base;
-  if (atomic_load_explicit((_Atomic uint64_t *)&h->magic, memory_order_acquire) != SHM_MAGIC ||
-      h->total != c->len)
+  if (atomic_load_explicit((_Atomic uint64_t *)&h->magic, memory_order_acquire) != SHM_MAGIC)
     return crun_error(CRUN_EPROTO, "shm attach on rank %d: '%s' is not a crun segment",
                       c->rank, c->name);
-  if ((int)h->size != c->size)
+  shm_geom_t g = geom_read(c);
+  if ((int)g.size != c->size)
     return crun_error(CRUN_EMISMATCH, "shm attach on rank %d: rank 0 created the group with "
-                      "size %u, this rank was given size %d", c->rank, h->size, c->size);
-  shm_layout_t l = layout_of(c->size, h->small_bytes, h->chunk, (int)h->nbuf);
-  if (l.total != c->len)
-    return crun_error(CRUN_EPROTO, "shm attach on rank %d: bad layout in '%s'", c->rank,
-                      c->name);
+                      "size %u, this rank was given size %d", c->rank, g.size, c->size);
+  shm_layout_t l;
+  const char *why = geom_fault(c, &g, &l);
+  if (why)
+    return crun_error(CRUN_EPROTO, "shm attach on rank %d: segment '%s' (%zu bytes) has a bad "
+                      "header: %s (buffers %u x chunk %llu, one-shot %llu, total %llu)", c->rank,
+                      c->name, c->len, why, g.nbuf, (unsigned long long)g.chunk,
+                      (unsigned long long)g.small_bytes, (unsigned long long)g.total);
+  bind_layout(c, &g, &l);
   return 0;
 }
 
@@ -279,7 +335,6 @@ static int create_steps(crun__shm_comm_t *c, crun_store_t *store, const char *pr
   }
   CRUN_CHECK(exchange_name(c, store, key, c->timeout));
   if (c->rank != 0) CRUN_CHECK(segment_attach(c));
-  bind_layout(c);
   CRUN_CHECK(attach_all(c, deadline));
   if (c->rank == 0) {
     shm_unlink(c->name); /* normally done by the last rank already */
