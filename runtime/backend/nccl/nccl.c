@@ -73,7 +73,7 @@ static int setup(crun__nccl_t *b, const char *what) {
     return cuda_fail(e, what, b->pg->rank, "cudaStreamCreateWithFlags");
   if ((e = cudaEventCreateWithFlags(&b->ready, cudaEventDisableTiming)) != cudaSuccess)
     return cuda_fail(e, what, b->pg->rank, "cudaEventCreateWithFlags");
-  CRUN_CHECK(crun__nccl_events_new(&b->events));
+  CRUN_CHECK(crun__nccl_pool_new(&b->pool));
   CRUN_CHECK(crun__cuda_alloc(b->device, sizeof(float), b->stream, &b->one));
   b->check = env_check();
   return crun__nccl_watch_start(b);
@@ -102,7 +102,7 @@ static void nccl_destroy(void *state) {
   if (b->one) crun__cuda_free(b->device, b->one, sizeof(float), b->stream);
   if (b->stream) cudaStreamSynchronize(b->stream);
   if (b->ready) cudaEventDestroy(b->ready);
-  crun__nccl_events_release(b->events); /* the spares; an op still held gives its event back later */
+  crun__nccl_pool_release(b->pool); /* the spares; an op still held goes back later */
   if (b->stream) cudaStreamDestroy(b->stream);
   pthread_mutex_destroy(&b->mu);
   pthread_cond_destroy(&b->cv);

@@ -28,40 +28,44 @@
 
 #include "backend/backend.h"
 
-/* A group's spare end events, at most CRUN__NCCL_EVENTS of them: creating
- * and destroying a CUDA event costs several microseconds, so an operation
- * takes one from here and gives it back when its last reference goes (not
- * before: op_wait's cudaStreamWaitEvent and the queries use it until then).
- * refs: the group's and one per operation holding an event taken from it,
- * so that a handle released after its group still finds it. */
-#define CRUN__NCCL_EVENTS 64
-typedef struct crun__nccl_events {
-  pthread_mutex_t mu;
-  atomic_int refs;
-  int n;
-  cudaEvent_t spare[CRUN__NCCL_EVENTS];
-} crun__nccl_events_t;
-
-/* A new pool (refs 1: the group's) into *out; ENOMEM. */
-int crun__nccl_events_new(crun__nccl_events_t **out);
-/* Drops the group's reference: the last one destroys the spare events. */
-void crun__nccl_events_release(crun__nccl_events_t *p);
-
 /* One enqueued operation the watchdog follows until its end event fired. */
 typedef struct crun__nccl_op {
   atomic_int refs;
-  cudaEvent_t end;              /* NULL while the host is still inside NCCL */
-  crun__nccl_events_t *events;  /* where end came from and goes back to */
+  cudaEvent_t end;              /* NULL while the host is still inside NCCL; then ev, recorded */
+  cudaEvent_t ev;               /* the op's own event, kept with it in the pool (NULL: none yet) */
+  struct crun__nccl_pool *pool; /* where the op came from and goes back to */
   double deadline;              /* crun_clock() value */
-  double begun;                 /* crun_clock() at op_begin */
+  double begun;                 /* when it began (crun_clock()'s base) */
   double timeout;
   int device;
   int status;                   /* 0, or the failure (err holds the text) */
+  int ended;                    /* end was seen complete (set under the group's mu) */
   atomic_int done;              /* set last, after status and err (op_wait reads it without mu) */
   char *err;
   char desc[64];                /* "all_reduce #3" */
   struct crun__nccl_op *next;
 } crun__nccl_op_t;
+
+/* A group's spare operations, at most CRUN__NCCL_SPARE of them, each with
+ * its end event: allocating an operation and creating and destroying a CUDA
+ * event (several microseconds) per call cost more than the call's own host
+ * time, so an operation comes from here and goes back when its last
+ * reference goes (not before: op_wait's cudaStreamWaitEvent and the queries
+ * use its event until then); its event is kept only once its record has
+ * completed. refs: the group's and one per operation taken from it, so that
+ * a handle released after its group still finds it. */
+#define CRUN__NCCL_SPARE 64
+typedef struct crun__nccl_pool {
+  pthread_mutex_t mu;
+  atomic_int refs;
+  int n;                        /* spare operations (guarded by mu) */
+  crun__nccl_op_t *spare;       /* linked by next */
+} crun__nccl_pool_t;
+
+/* A new pool (refs 1: the group's) into *out; ENOMEM. */
+int crun__nccl_pool_new(crun__nccl_pool_t **out);
+/* Drops the group's reference: the last one frees the spares. */
+void crun__nccl_pool_release(crun__nccl_pool_t *p);
 
 typedef struct crun__nccl {
   crun_pg_t *pg;
@@ -70,7 +74,7 @@ typedef struct crun__nccl {
   _Atomic(ncclComm_t) comm;
   cudaStream_t stream;
   cudaEvent_t ready;            /* recorded on the caller's stream */
-  crun__nccl_events_t *events;  /* the operations' end events */
+  crun__nccl_pool_t *pool;      /* spare operations and their end events */
   int device;
   int check;                    /* CRUN_NCCL_CHECK */
   uint64_t last_checked;        /* seq of our previous signature key (0: none) */
@@ -78,7 +82,8 @@ typedef struct crun__nccl {
   /* watchdog */
   pthread_mutex_t mu;
   pthread_cond_t cv;
-  crun__nccl_op_t *pending;
+  crun__nccl_op_t *pending;     /* oldest first: one stream, so they end in this order */
+  crun__nccl_op_t *pending_tail;
   char last_desc[64];           /* the latest operation (guarded by mu) */
   int stop, has_watch;
   pthread_t watch;
@@ -120,11 +125,13 @@ ncclResult_t crun__nccl_exit(crun__nccl_t *b, ncclResult_t r);
 int crun__nccl_watch_start(crun__nccl_t *b);
 void crun__nccl_watch_stop(crun__nccl_t *b);
 /* Registers an operation about to enter NCCL (deadline from c) into *out:
+ * one of the group's pool, after giving back the pending ones that ended
+ * when the pool ran dry (the watchdog looks only every few milliseconds);
  * ESTATE once the group is marked aborted, ENOMEM. */
 int crun__nccl_op_begin(crun__nccl_t *b, const crun__coll_t *c, crun__nccl_op_t **out);
-/* The host left NCCL with rc: records the end event (one of the group's
- * pool, given back by crun__nccl_op_unref's last reference) when rc == 0,
- * else fails the operation. */
+/* The host left NCCL with rc: records the operation's end event (created
+ * on its first use, kept with it in the pool) when rc == 0, else fails the
+ * operation. */
 int crun__nccl_op_end(crun__nccl_t *b, crun__nccl_op_t *op, int rc);
 void crun__nccl_op_unref(crun__nccl_op_t *op);
 /* Aborts the communicator once, recording why (rc, text); wakes waiters.
