@@ -100,6 +100,7 @@ static void nccl_destroy(void *state) {
     ncclCommDestroy(comm);
   }
   if (b->one) crun__cuda_free(b->device, b->one, sizeof(float), b->stream);
+  if (b->scratch) crun__cuda_free(b->device, b->scratch, b->scratch_cap, b->stream);
   if (b->stream) cudaStreamSynchronize(b->stream);
   if (b->ready) cudaEventDestroy(b->ready);
   crun__nccl_pool_release(b->pool); /* the spares; an op still held goes back later */
@@ -376,14 +377,24 @@ static int q_broadcast(crun__nccl_t *b, crun__coll_t *c, const char *desc) {
   return 0;
 }
 
-/* A device scratch buffer of n bytes, stream-ordered on the group's stream
- * (the device's pool: it shows in the memory figures); free with unscratch. */
+/* The group's device scratch of at least n bytes into *p: all_gather and
+ * reduce_scatter stage blocks that are not one contiguous run there. It is
+ * kept for the next call (cudaMallocAsync and cudaFreeAsync per call cost
+ * microseconds) and grows when a call needs more; it is used only on the
+ * group's stream, in order, so a call never finds it still in use; it shows
+ * in the device's memory figures until the group is destroyed. */
 static int scratch(crun__nccl_t *b, size_t n, void **p, const char *desc) {
-  (void)desc;
-  return crun__cuda_alloc(b->device, n ? n : 1, b->stream, p);
+  (void)desc; /* the allocator's error names the size and the device's memory */
+  if (n == 0) n = 1; /* NCCL is given no NULL buffer */
+  if (n > b->scratch_cap) {
+    if (b->scratch) crun__cuda_free(b->device, b->scratch, b->scratch_cap, b->stream);
+    b->scratch = NULL, b->scratch_cap = 0;
+    CRUN_CHECK(crun__cuda_alloc(b->device, n, b->stream, &b->scratch));
+    b->scratch_cap = n;
+  }
+  *p = b->scratch;
+  return 0;
 }
-
-static void unscratch(crun__nccl_t *b, size_t n, void *p) { crun__cuda_free(b->device, p, n ? n : 1, b->stream); }
 
 static int copy(crun__nccl_t *b, void *dst, const void *src, size_t n, const char *desc) {
   if (n == 0 || dst == src) return 0;
@@ -405,7 +416,6 @@ static int q_all_gather(crun__nccl_t *b, crun__coll_t *c, const char *desc) {
   ncclResult_t nr = GATED(b, comm, ncclAllGather(c->in, dst, c->count * k, t, comm, b->stream));
   int rc = nr == ncclSuccess ? 0 : fail_on(b, nr, desc, "ncclAllGather");
   for (size_t r = 0; !flat && rc == 0 && r < p; r++) rc = copy(b, c->outs[r], (char *)dst + r * bytes, bytes, desc);
-  if (!flat) unscratch(b, bytes * p, dst);
   return rc;
 }
 
@@ -428,7 +438,6 @@ static int q_reduce_scatter(crun__nccl_t *b, crun__coll_t *c, const char *desc) 
     red_done(b, op);
     rc = nr == ncclSuccess ? post_scale(b, c, post, desc) : fail_on(b, nr, desc, "ncclReduceScatter");
   }
-  if (!flat) unscratch(b, bytes * p, src);
   return rc;
 }
 

@@ -79,6 +79,8 @@ typedef struct crun__nccl {
   int check;                    /* CRUN_NCCL_CHECK */
   uint64_t last_checked;        /* seq of our previous signature key (0: none) */
   void *one;                    /* device scratch of one float: barrier */
+  void *scratch;                /* staging of all_gather/reduce_scatter (nccl.c's scratch) */
+  size_t scratch_cap;           /* its bytes */
   /* watchdog */
   pthread_mutex_t mu;
   pthread_cond_t cv;

@@ -531,7 +531,7 @@ static void every_collective(crun_pg_t *pg, float *a, float *blk, size_t c) {
   EXPECT_OK(crun_pg_all_reduce(pg, a, c, CRUN_FLOAT32, CRUN_OP_AVG, &DEV, NULL));
   EXPECT_OK(crun_pg_reduce(pg, a, c, CRUN_FLOAT32, CRUN_OP_MAX, 0, &DEV, NULL));
   EXPECT_OK(crun_pg_broadcast(pg, a, c, CRUN_FLOAT32, 0, &DEV, NULL));
-  for (int flat = 1; flat < 2; flat++) {
+  for (int flat = 0; flat < 2; flat++) {
     for (int j = 0; j < n; j++) ins[j] = outs[j] = blk + (size_t)(flat ? j : n - 1 - j) * c;
     EXPECT_OK(crun_pg_all_gather(pg, outs, a, c, CRUN_FLOAT32, &DEV, NULL));
     EXPECT_OK(crun_pg_reduce_scatter(pg, a, ins, c, CRUN_FLOAT32, CRUN_OP_SUM, &DEV, NULL));
