@@ -28,6 +28,20 @@
 
 #include "backend/backend.h"
 
+/* What names an operation in a text ("all_reduce #3": crun__coll_desc's
+ * fields), kept instead of the text, which only a failure needs. */
+typedef struct crun__nccl_name {
+  int kind, root, tag;
+  uint64_t seq;
+} crun__nccl_name_t;
+
+/* The name of c. */
+static inline crun__nccl_name_t crun__nccl_name_of(const crun__coll_t *c) {
+  return (crun__nccl_name_t){c->kind, c->root, c->tag, c->seq};
+}
+/* Writes n's text ("all_reduce #3") into buf. */
+void crun__nccl_name_text(const crun__nccl_name_t *n, char *buf, size_t cap);
+
 /* One enqueued operation the watchdog follows until its end event fired. */
 typedef struct crun__nccl_op {
   atomic_int refs;
@@ -35,14 +49,14 @@ typedef struct crun__nccl_op {
   cudaEvent_t ev;               /* the op's own event, kept with it in the pool (NULL: none yet) */
   struct crun__nccl_pool *pool; /* where the op came from and goes back to */
   double deadline;              /* crun_clock() value */
-  double begun;                 /* when it began (crun_clock()'s base) */
+  double begun;                 /* when the group started it (crun_clock()'s base) */
   double timeout;
   int device;
   int status;                   /* 0, or the failure (err holds the text) */
   int ended;                    /* end was seen complete (set under the group's mu) */
   atomic_int done;              /* set last, after status and err (op_wait reads it without mu) */
   char *err;
-  char desc[64];                /* "all_reduce #3" */
+  crun__nccl_name_t name;       /* all_reduce #3 */
   struct crun__nccl_op *next;
 } crun__nccl_op_t;
 
@@ -86,7 +100,8 @@ typedef struct crun__nccl {
   pthread_cond_t cv;
   crun__nccl_op_t *pending;     /* oldest first: one stream, so they end in this order */
   crun__nccl_op_t *pending_tail;
-  char last_desc[64];           /* the latest operation (guarded by mu) */
+  crun__nccl_name_t last;       /* the latest operation (guarded by mu) */
+  int has_last;
   int stop, has_watch;
   pthread_t watch;
   _Atomic int aborted;          /* marked for abort (set under mu): the gate refuses */

@@ -18,6 +18,13 @@
 #define NOTICE_S 0.25   /* store polling period for peers' abort notices */
 #define IDLE_S 0.1      /* async-error polling period with nothing pending */
 
+void crun__nccl_name_text(const crun__nccl_name_t *n, char *buf, size_t cap) {
+  crun__coll_t c;
+  memset(&c, 0, sizeof c);
+  c.kind = n->kind, c.root = n->root, c.tag = n->tag, c.seq = n->seq;
+  crun__coll_desc(&c, buf, cap);
+}
+
 int crun__nccl_pool_new(crun__nccl_pool_t **out) {
   crun__nccl_pool_t *p = calloc(1, sizeof *p);
   if (!p) return crun_error(CRUN_ENOMEM, "nccl backend: operation pool");
@@ -248,12 +255,13 @@ void crun__nccl_missing(crun__nccl_t *b, const char *desc, char *who, size_t wca
  * naming itself, then aborts the communicator and breaks the group. */
 static void peer_aborted(crun__nccl_t *b, int rc) {
   static const char mark[] = "a peer aborted the group: ";
-  char full[1400], one[1400];
+  char full[1400], one[1400], desc[64];
   snprintf(full, sizeof full, "%s", crun_last_error());
   const char *bare = strstr(full, ": "), *notice = strstr(full, mark);
   pthread_mutex_lock(&b->mu);
   for (crun__nccl_op_t *op = b->pending; notice && op; op = op->next) {
-    snprintf(one, sizeof one, "%s on rank %d: %s", op->desc, b->pg->rank, notice);
+    crun__nccl_name_text(&op->name, desc, sizeof desc);
+    snprintf(one, sizeof one, "%s on rank %d: %s", desc, b->pg->rank, notice);
     fail_op_locked(op, rc, one);
   }
   pthread_mutex_unlock(&b->mu);
@@ -287,8 +295,11 @@ static void scan_locked(crun__nccl_t *b, double *next_notice) {
   char text[1400];
   if (ae != ncclSuccess && ae != ncclInProgress) {
     const char *last = ncclGetLastError(comm);
+    char what[64] = "the communicator"; /* the latest operation, pending or not */
+    if (b->pending_tail) crun__nccl_name_text(&b->pending_tail->name, what, sizeof what);
+    else if (b->has_last) crun__nccl_name_text(&b->last, what, sizeof what);
     snprintf(text, sizeof text, "EIO: %s on rank %d: NCCL reported an asynchronous error: %s%s%s; the communicator "
-             "was aborted", b->pending_tail ? b->pending_tail->desc : b->last_desc[0] ? b->last_desc : "the communicator", b->pg->rank, ncclGetErrorString(ae), last && *last ? ": " : "",
+             "was aborted", what, b->pg->rank, ncclGetErrorString(ae), last && *last ? ": " : "",
              last && *last ? last : "");
     pthread_mutex_unlock(&b->mu);
     crun__nccl_abort_comm(b, CRUN_EIO, text + 5, 1);
@@ -298,7 +309,7 @@ static void scan_locked(crun__nccl_t *b, double *next_notice) {
   }
   if (expired) {
     char desc[64], who[256], where[768];
-    snprintf(desc, sizeof desc, "%s", expired->desc);
+    crun__nccl_name_text(&expired->name, desc, sizeof desc);
     double timeout = expired->timeout;
     atomic_fetch_add(&expired->refs, 1);
     pthread_mutex_unlock(&b->mu);
@@ -319,7 +330,7 @@ static void scan_locked(crun__nccl_t *b, double *next_notice) {
   if (oldest && now >= *next_notice && now - oldest->begun >= NOTICE_S) {
     *next_notice = now + NOTICE_S;
     char desc[64];
-    snprintf(desc, sizeof desc, "%s", oldest->desc);
+    crun__nccl_name_text(&oldest->name, desc, sizeof desc);
     pthread_mutex_unlock(&b->mu);
     int rc = crun__nccl_poll_abort(b, desc);
     if (rc < 0) peer_aborted(b, rc);
@@ -375,10 +386,10 @@ void crun__nccl_watch_stop(crun__nccl_t *b) {
 }
 
 int crun__nccl_op_begin(crun__nccl_t *b, const crun__coll_t *c, crun__nccl_op_t **out) {
-  char desc[64];
-  crun__coll_desc(c, desc, sizeof desc);
   pthread_mutex_lock(&b->mu);
   if (atomic_load(&b->aborted)) { /* marked since run() looked: the abort did not fail this one */
+    char desc[64];
+    crun__coll_desc(c, desc, sizeof desc);
     int rc = crun_error(CRUN_ESTATE, "%s on rank %d: the communicator was aborted: %s", desc, b->pg->rank,
                         b->fail_text ? b->fail_text : "?");
     pthread_mutex_unlock(&b->mu);
@@ -396,10 +407,10 @@ int crun__nccl_op_begin(crun__nccl_t *b, const crun__coll_t *c, crun__nccl_op_t 
   atomic_init(&op->refs, 2); /* the pending list's and the caller's */
   op->deadline = c->deadline;
   op->timeout = c->timeout;
-  op->begun = crun_clock();
+  op->begun = c->deadline - c->timeout; /* when the group started it: no clock read of our own */
   op->device = b->device;
-  memcpy(op->desc, desc, sizeof desc);
-  snprintf(b->last_desc, sizeof b->last_desc, "%s", op->desc);
+  op->name = b->last = crun__nccl_name_of(c);
+  b->has_last = 1;
   if (b->pending_tail) b->pending_tail->next = op;
   else b->pending = op;
   b->pending_tail = op;
@@ -422,7 +433,11 @@ int crun__nccl_op_end(crun__nccl_t *b, crun__nccl_op_t *op, int rc) {
   if (rc < 0) snprintf(text, sizeof text, "%s", crun_last_error());
   pthread_mutex_lock(&b->mu);
   if (rc == 0 && recorded) op->end = op->ev;
-  else if (rc == 0) rc = crun_error(CRUN_EIO, "%s on rank %d: cannot record the end event", op->desc, b->pg->rank);
+  else if (rc == 0) {
+    char desc[64];
+    crun__nccl_name_text(&op->name, desc, sizeof desc);
+    rc = crun_error(CRUN_EIO, "%s on rank %d: cannot record the end event", desc, b->pg->rank);
+  }
   if (op->done && op->status < 0) { /* the watchdog failed it meanwhile: its text wins */
     rc = op->status;
     snprintf(text, sizeof text, "%s", op->err);
