@@ -105,7 +105,7 @@ typedef struct crun__nccl {
   int stop, has_watch;
   pthread_t watch;
   _Atomic int aborted;          /* marked for abort (set under mu): the gate refuses */
-  int inside;                   /* threads through the gate, not out yet (guarded by mu) */
+  _Atomic int inside;           /* threads through the gate, not out yet (the gate: watch.c) */
   int fail_rc;                  /* why (guarded by mu) */
   char *fail_text;
 } crun__nccl_t;

@@ -142,22 +142,32 @@ static void after(double s, struct timespec *ts) {
   if (ts->tv_nsec >= 1000000000) { ts->tv_sec++; ts->tv_nsec -= 1000000000; }
 }
 
-int crun__nccl_enter(crun__nccl_t *b, ncclComm_t *comm) {
-  pthread_mutex_lock(&b->mu);
-  ncclComm_t c = atomic_load(&b->comm);
-  int ok = c && !atomic_load(&b->aborted);
-  if (ok) {
-    b->inside++;
-    *comm = c;
-  }
+/* Leaves the gate; the last one out wakes an abort waiting for it. */
+static void gate_leave(crun__nccl_t *b) {
+  if (atomic_fetch_sub(&b->inside, 1) != 1 || !atomic_load(&b->aborted)) return;
+  pthread_mutex_lock(&b->mu); /* the abort checks inside and sleeps under mu: no lost wake-up */
+  pthread_cond_broadcast(&b->cv);
   pthread_mutex_unlock(&b->mu);
-  return ok ? 0 : -1;
+}
+
+/* Without mu (two atomic operations per call, and no wait behind a watchdog
+ * scan that holds mu): a thread counts itself inside before it reads the
+ * mark, and the abort marks before it reads the count (both sequentially
+ * consistent), so either the thread sees the mark and leaves, or the abort
+ * sees it inside and waits for it. */
+int crun__nccl_enter(crun__nccl_t *b, ncclComm_t *comm) {
+  atomic_fetch_add(&b->inside, 1);
+  ncclComm_t c = atomic_load(&b->comm);
+  if (c && !atomic_load(&b->aborted)) {
+    *comm = c;
+    return 0;
+  }
+  gate_leave(b);
+  return -1;
 }
 
 ncclResult_t crun__nccl_exit(crun__nccl_t *b, ncclResult_t r) {
-  pthread_mutex_lock(&b->mu);
-  if (--b->inside == 0 && atomic_load(&b->aborted)) pthread_cond_broadcast(&b->cv);
-  pthread_mutex_unlock(&b->mu);
+  gate_leave(b);
   return r;
 }
 
@@ -166,10 +176,10 @@ ncclResult_t crun__nccl_exit(crun__nccl_t *b, ncclResult_t r) {
 static void drain_gate_locked(crun__nccl_t *b) {
   struct timespec ts;
   after(CRUN__NCCL_GRACE_S, &ts);
-  while (b->inside > 0)
-    if (pthread_cond_timedwait(&b->cv, &b->mu, &ts) != 0 && b->inside > 0) {
+  while (atomic_load(&b->inside) > 0)
+    if (pthread_cond_timedwait(&b->cv, &b->mu, &ts) != 0 && atomic_load(&b->inside) > 0) {
       CRUN_LOG(INFO, PG, "nccl group '%s': %d thread(s) still inside NCCL after %.2f s: ncclCommAbort unblocks them",
-               b->pg->prefix, b->inside, CRUN__NCCL_GRACE_S);
+               b->pg->prefix, atomic_load(&b->inside), CRUN__NCCL_GRACE_S);
       return;
     }
 }
