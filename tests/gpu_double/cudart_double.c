@@ -93,6 +93,10 @@ static _Thread_local cudaError_t tl_last;
 static _Atomic long g_counts[CRUN_DBL_NCOUNTED];
 #define COUNT(k) atomic_fetch_add_explicit(&g_counts[CRUN_DBL_##k], 1, memory_order_relaxed)
 
+void crun_dbl_count_add(crun_dbl_counted_t k) {
+  if (k < CRUN_DBL_NCOUNTED) atomic_fetch_add_explicit(&g_counts[k], 1, memory_order_relaxed);
+}
+
 long crun_dbl_count(crun_dbl_counted_t k) { return k < CRUN_DBL_NCOUNTED ? atomic_load(&g_counts[k]) : -1; }
 
 const char *crun_dbl_count_name(crun_dbl_counted_t k) {

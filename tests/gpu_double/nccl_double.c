@@ -141,6 +141,7 @@ static long entry_delay_us(void) {
  * the call is one an operation makes (the entry delay applies; not to the
  * watchdog's polls, which hold the group's lock). */
 static void entry(ncclComm_t comm, const char *fn, int stall) {
+  if (stall) crun_dbl_count_add(CRUN_DBL_NCCL_OP); /* an operation's call (double_counts.h) */
   long us = stall ? entry_delay_us() : 0;
   if (us > 0) {
     struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
@@ -625,6 +626,7 @@ static ncclResult_t p2p_run(const p2p_t *ops, int n) {
 }
 
 ncclResult_t ncclGroupStart(void) {
+  crun_dbl_count_add(CRUN_DBL_NCCL_OP);
   group_depth++;
   return ncclSuccess;
 }

@@ -369,6 +369,7 @@ static int q_all_reduce(crun__nccl_t *b, crun__coll_t *c, desc_t *desc) {
   CRUN_CHECK(types(b, c, &t, &k, desc));
   double post;
   CRUN_CHECK(red_op(b, c, t, &op, &post, desc));
+  if (b->pg->size == 1) return post_scale(b, c, post, desc); /* in place: the result is the input */
   ncclComm_t comm;
   ncclResult_t r = GATED(b, comm, ncclAllReduce(c->buf, c->buf, c->count * k, t, op, comm, b->stream));
   red_done(b, op);
@@ -382,6 +383,7 @@ static int q_reduce(crun__nccl_t *b, crun__coll_t *c, desc_t *desc) {
   CRUN_CHECK(types(b, c, &t, &k, desc));
   double post;
   CRUN_CHECK(red_op(b, c, t, &op, &post, desc));
+  if (b->pg->size == 1) return post_scale(b, c, post, desc);
   ncclComm_t comm;
   ncclResult_t r = GATED(b, comm, ncclReduce(c->buf, c->buf, c->count * k, t, op, c->root, comm, b->stream));
   red_done(b, op);
@@ -392,6 +394,7 @@ static int q_broadcast(crun__nccl_t *b, crun__coll_t *c, desc_t *desc) {
   ncclDataType_t t;
   size_t k;
   CRUN_CHECK(types(b, c, &t, &k, desc));
+  if (b->pg->size == 1) return 0;
   ncclComm_t comm;
   NCCL_TRY(b, comm, ncclBroadcast(c->buf, c->buf, c->count * k, t, c->root, comm, b->stream), desc);
   return 0;
@@ -428,6 +431,7 @@ static int q_all_gather(crun__nccl_t *b, crun__coll_t *c, desc_t *desc) {
   ncclDataType_t t;
   size_t k, bytes = c->count * crun_dtype_size(c->dt), p = (size_t)b->pg->size;
   CRUN_CHECK(types(b, c, &t, &k, desc));
+  if (p == 1) return copy(b, c->outs[0], c->in, bytes, desc);
   int flat = 1;
   for (size_t r = 1; r < p; r++) flat &= (char *)c->outs[r] == (char *)c->outs[0] + r * bytes;
   void *dst = c->outs[0];
@@ -444,6 +448,12 @@ static int q_reduce_scatter(crun__nccl_t *b, crun__coll_t *c, desc_t *desc) {
   ncclRedOp_t op;
   size_t k, bytes = c->count * crun_dtype_size(c->dt), p = (size_t)b->pg->size;
   CRUN_CHECK(types(b, c, &t, &k, desc));
+  if (p == 1) { /* this rank's block is the result */
+    double post = 1;
+    int rc = copy(b, c->buf, c->ins[0], bytes, desc);
+    if (rc == 0) rc = red_op(b, c, t, &op, &post, desc);
+    return rc == 0 ? post_scale(b, c, post, desc) : rc;
+  }
   int flat = 1;
   for (size_t r = 1; r < p; r++) flat &= (const char *)c->ins[r] == (const char *)c->ins[0] + r * bytes;
   void *src = (void *)c->ins[0];
@@ -470,6 +480,9 @@ static int grouped(crun__nccl_t *b, crun__coll_t *c, desc_t *desc) {
   size_t k, es = crun_dtype_size(c->dt);
   int me = b->pg->rank, n = b->pg->size, rc = 0;
   CRUN_CHECK(types(b, c, &t, &k, desc));
+  if (n == 1 && c->kind == CRUN__COLL_GATHER) return copy(b, c->outs[0], c->in, c->count * es, desc);
+  if (n == 1 && c->kind == CRUN__COLL_SCATTER) return copy(b, c->buf, c->ins[0], c->count * es, desc);
+  if (n == 1 && c->kind == CRUN__COLL_ALL_TO_ALL) return copy(b, c->outs[0], c->ins[0], c->in_counts[0] * es, desc);
   ncclComm_t comm;
   if (crun__nccl_enter(b, &comm) < 0) return fail_on(b, ncclInvalidUsage, desc, "ncclGroupStart");
   ncclResult_t r = ncclGroupStart();
@@ -509,6 +522,7 @@ static int grouped(crun__nccl_t *b, crun__coll_t *c, desc_t *desc) {
 /* barrier: an all_reduce of one float on the device, then a host wait. */
 static int q_barrier(crun__nccl_t *b, crun__coll_t *c, desc_t *desc) {
   (void)c;
+  if (b->pg->size == 1) return 0; /* the end event: after the caller's work */
   ncclComm_t comm;
   NCCL_TRY(b, comm, ncclAllReduce(b->one, b->one, 1, ncclFloat32, ncclSum, comm, b->stream), desc);
   return 0;

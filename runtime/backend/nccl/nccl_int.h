@@ -6,7 +6,10 @@
  * makes that stream wait for the caller's current stream, enqueues the NCCL
  * operation(s) on it and records an end event; the caller's stream then
  * waits on that event (torch's semantics: no host wait). Gather, scatter,
- * all_to_all and send/recv are grouped ncclSend/ncclRecv.
+ * all_to_all and send/recv are grouped ncclSend/ncclRecv. A one-rank group
+ * makes no NCCL call: its result is the input, or a device-to-device copy of
+ * it on the group's stream (NCCL's own one-rank path makes the same copy
+ * after its enqueue's host work).
  *
  * Before each collective a host-side signature check (check.c; on unless
  * CRUN_NCCL_CHECK=0) compares the calls of every rank through the store, as
