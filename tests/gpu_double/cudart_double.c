@@ -23,11 +23,14 @@
 #include <cuda_runtime_api.h>
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+#include "double_counts.h"
 
 #define DBL_MAX_DEV 16
 
@@ -86,6 +89,24 @@ static struct CUmemPoolHandle_st g_pools[DBL_MAX_DEV];
 static dbl_alloc_t *g_allocs;
 static _Thread_local int tl_dev;
 static _Thread_local cudaError_t tl_last;
+
+static _Atomic long g_counts[CRUN_DBL_NCOUNTED];
+#define COUNT(k) atomic_fetch_add_explicit(&g_counts[CRUN_DBL_##k], 1, memory_order_relaxed)
+
+void crun_dbl_count_add(crun_dbl_counted_t k) {
+  if (k < CRUN_DBL_NCOUNTED) atomic_fetch_add_explicit(&g_counts[k], 1, memory_order_relaxed);
+}
+
+long crun_dbl_count(crun_dbl_counted_t k) { return k < CRUN_DBL_NCOUNTED ? atomic_load(&g_counts[k]) : -1; }
+
+const char *crun_dbl_count_name(crun_dbl_counted_t k) {
+  static const char *names[] = {
+#define CRUN_DBL_X(name, text) text,
+      CRUN_DBL_COUNTED(CRUN_DBL_X)
+#undef CRUN_DBL_X
+  };
+  return k < CRUN_DBL_NCOUNTED ? names[k] : "?";
+}
 
 static double now_ms(void) {
   struct timespec ts;
@@ -373,6 +394,7 @@ cudaError_t cudaDeviceCanAccessPeer(int *can, int device, int peer) {
 
 /* Waits until every stream of the current device is idle. */
 cudaError_t cudaDeviceSynchronize(void) {
+  COUNT(HOST_SYNC);
   pthread_mutex_lock(&g_mu);
   init_locked();
   for (;;) {
@@ -389,6 +411,7 @@ cudaError_t cudaDeviceSynchronize(void) {
 /* ---------------------------------------------------------------- streams */
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *out, unsigned int flags) {
+  COUNT(STREAM_CREATE);
   pthread_mutex_lock(&g_mu);
   init_locked();
   struct CUstream_st *s = tl_dev < g_ndev ? stream_new_locked(tl_dev) : NULL;
@@ -425,6 +448,11 @@ cudaError_t cudaStreamQuery(cudaStream_t st) {
 }
 
 cudaError_t cudaStreamSynchronize(cudaStream_t st) {
+  COUNT(HOST_SYNC);
+  return crun_dbl_stream_sync(st);
+}
+
+cudaError_t crun_dbl_stream_sync(cudaStream_t st) {
   pthread_mutex_lock(&g_mu);
   struct CUstream_st *s = resolve_locked(st);
   while (s && !idle_locked(s)) pthread_cond_wait(&g_cv, &g_mu);
@@ -450,6 +478,7 @@ cudaError_t cudaLaunchHostFunc(cudaStream_t st, cudaHostFn_t fn, void *arg) {
 /* ---------------------------------------------------------------- events */
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *out, unsigned int flags) {
+  COUNT(EVENT_CREATE);
   struct CUevent_st *e = calloc(1, sizeof *e);
   if (!e) return ret(cudaErrorMemoryAllocation);
   e->device = tl_dev;
@@ -463,6 +492,7 @@ cudaError_t cudaEventCreate(cudaEvent_t *out) { return cudaEventCreateWithFlags(
 /* Like CUDA: returns at once; queued records and waits still complete.
  * The event goes to the graveyard (bury_locked), freed later. */
 cudaError_t cudaEventDestroy(cudaEvent_t ev) {
+  COUNT(EVENT_DESTROY);
   if (!ev) return ret(cudaErrorInvalidResourceHandle);
   event_live(ev, "cudaEventDestroy");
   pthread_mutex_lock(&g_mu);
@@ -498,6 +528,7 @@ cudaError_t cudaEventQuery(cudaEvent_t ev) {
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t ev) {
+  COUNT(HOST_SYNC);
   if (!ev) return ret(cudaErrorInvalidResourceHandle);
   event_live(ev, "cudaEventSynchronize");
   pthread_mutex_lock(&g_mu);
@@ -532,6 +563,7 @@ static dbl_alloc_t *find_locked(const void *p) {
 }
 
 cudaError_t cudaMallocAsync(void **out, size_t n, cudaStream_t st) {
+  COUNT(MALLOC);
   pthread_mutex_lock(&g_mu);
   struct CUstream_st *s = resolve_locked(st);
   int d = s ? s->device : 0;
@@ -563,6 +595,7 @@ cudaError_t cudaMallocAsync(void **out, size_t n, cudaStream_t st) {
 }
 
 cudaError_t cudaFreeAsync(void *p, cudaStream_t st) {
+  COUNT(FREE);
   if (!p) return cudaSuccess;
   pthread_mutex_lock(&g_mu);
   dbl_alloc_t *a = find_locked(p);
@@ -574,6 +607,7 @@ cudaError_t cudaFreeAsync(void *p, cudaStream_t st) {
 }
 
 cudaError_t cudaHostAlloc(void **out, size_t n, unsigned int flags) {
+  COUNT(MALLOC);
   dbl_alloc_t *a = calloc(1, sizeof *a);
   void *p = a ? aligned_alloc(256, (n + 255) / 256 * 256 + 256) : NULL;
   if (!p) {
@@ -591,6 +625,7 @@ cudaError_t cudaHostAlloc(void **out, size_t n, unsigned int flags) {
 
 /* Like CUDA, waits for all queued work first (a pending copy may read p). */
 cudaError_t cudaFreeHost(void *p) {
+  COUNT(FREE);
   pthread_mutex_lock(&g_mu);
   for (;;) {
     int busy = 0;

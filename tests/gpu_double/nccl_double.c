@@ -6,8 +6,8 @@
  * with the cpu backend among the same ranks: ncclGetUniqueId starts a store
  * server and writes its address and a fresh name into the id (NCCL's own
  * bootstrap works the same way), ncclCommInitRank joins it. Operations run at
- * on the calling thread once the stream reached them (cudaStreamSynchronize
- * on the CUDA runtime double: earlier work on the stream, and what the stream
+ * on the calling thread once the stream reached them (crun_dbl_stream_sync,
+ * the CUDA runtime double's uncounted cudaStreamSynchronize: earlier work on the stream, and what the stream
  * waits for, has run), as if the device ran them at that moment, through
  * the inner group's collectives on staging copies (an aborted operation may
  * still finish on the inner group later; it then only touches the staging).
@@ -44,6 +44,7 @@
 #include <unistd.h>
 
 #include "crun.h"
+#include "double_counts.h"
 
 struct ncclComm {
   crun_pg_t *pg;
@@ -140,6 +141,7 @@ static long entry_delay_us(void) {
  * the call is one an operation makes (the entry delay applies; not to the
  * watchdog's polls, which hold the group's lock). */
 static void entry(ncclComm_t comm, const char *fn, int stall) {
+  if (stall) crun_dbl_count_add(CRUN_DBL_NCCL_OP); /* an operation's call (double_counts.h) */
   long us = stall ? entry_delay_us() : 0;
   if (us > 0) {
     struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
@@ -452,7 +454,7 @@ ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count, n
                            ncclComm_t comm, cudaStream_t stream) {
   call_t k;
   entry(comm, "ncclAllReduce", 1);
-  if (cudaStreamSynchronize(stream) != cudaSuccess) return fail(comm, ncclUnhandledCudaError, "stream%s", "");
+  if (crun_dbl_stream_sync(stream) != cudaSuccess) return fail(comm, ncclUnhandledCudaError, "stream%s", "");
   ncclResult_t r = prepare(&k, comm, datatype, 1, op, "ncclAllReduce");
   if (r != ncclSuccess) return r;
   if (injected(comm)) return ncclSuccess;
@@ -469,7 +471,7 @@ ncclResult_t ncclReduce(const void *sendbuff, void *recvbuff, size_t count, nccl
                         int root, ncclComm_t comm, cudaStream_t stream) {
   call_t k;
   entry(comm, "ncclReduce", 1);
-  if (cudaStreamSynchronize(stream) != cudaSuccess) return fail(comm, ncclUnhandledCudaError, "stream%s", "");
+  if (crun_dbl_stream_sync(stream) != cudaSuccess) return fail(comm, ncclUnhandledCudaError, "stream%s", "");
   ncclResult_t r = prepare(&k, comm, datatype, 1, op, "ncclReduce");
   if (r != ncclSuccess) return r;
   if (injected(comm)) return ncclSuccess;
@@ -486,7 +488,7 @@ ncclResult_t ncclBroadcast(const void *sendbuff, void *recvbuff, size_t count, n
                            ncclComm_t comm, cudaStream_t stream) {
   call_t k;
   entry(comm, "ncclBroadcast", 1);
-  if (cudaStreamSynchronize(stream) != cudaSuccess) return fail(comm, ncclUnhandledCudaError, "stream%s", "");
+  if (crun_dbl_stream_sync(stream) != cudaSuccess) return fail(comm, ncclUnhandledCudaError, "stream%s", "");
   ncclResult_t r = prepare(&k, comm, datatype, 0, ncclSum, "ncclBroadcast");
   if (r != ncclSuccess) return r;
   if (injected(comm)) return ncclSuccess;
@@ -506,7 +508,7 @@ ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t sendcoun
                            ncclComm_t comm, cudaStream_t stream) {
   call_t k;
   entry(comm, "ncclAllGather", 1);
-  if (cudaStreamSynchronize(stream) != cudaSuccess) return fail(comm, ncclUnhandledCudaError, "stream%s", "");
+  if (crun_dbl_stream_sync(stream) != cudaSuccess) return fail(comm, ncclUnhandledCudaError, "stream%s", "");
   ncclResult_t r = prepare(&k, comm, datatype, 0, ncclSum, "ncclAllGather");
   if (r != ncclSuccess) return r;
   if (injected(comm)) return ncclSuccess;
@@ -526,7 +528,7 @@ ncclResult_t ncclReduceScatter(const void *sendbuff, void *recvbuff, size_t recv
                                ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
   call_t k;
   entry(comm, "ncclReduceScatter", 1);
-  if (cudaStreamSynchronize(stream) != cudaSuccess) return fail(comm, ncclUnhandledCudaError, "stream%s", "");
+  if (crun_dbl_stream_sync(stream) != cudaSuccess) return fail(comm, ncclUnhandledCudaError, "stream%s", "");
   ncclResult_t r = prepare(&k, comm, datatype, 1, op, "ncclReduceScatter");
   if (r != ncclSuccess) return r;
   if (injected(comm)) return ncclSuccess;
@@ -570,14 +572,14 @@ static ncclResult_t p2p_add(int send, const void *buf, size_t count, ncclDataTyp
 ncclResult_t ncclSend(const void *sendbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
                       cudaStream_t stream) {
   entry(comm, "ncclSend", 1);
-  if (cudaStreamSynchronize(stream) != cudaSuccess) return fail(comm, ncclUnhandledCudaError, "stream%s", "");
+  if (crun_dbl_stream_sync(stream) != cudaSuccess) return fail(comm, ncclUnhandledCudaError, "stream%s", "");
   return p2p_add(1, sendbuff, count, datatype, peer, comm);
 }
 
 ncclResult_t ncclRecv(void *recvbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
                       cudaStream_t stream) {
   entry(comm, "ncclRecv", 1);
-  if (cudaStreamSynchronize(stream) != cudaSuccess) return fail(comm, ncclUnhandledCudaError, "stream%s", "");
+  if (crun_dbl_stream_sync(stream) != cudaSuccess) return fail(comm, ncclUnhandledCudaError, "stream%s", "");
   return p2p_add(0, recvbuff, count, datatype, peer, comm);
 }
 
@@ -624,6 +626,7 @@ static ncclResult_t p2p_run(const p2p_t *ops, int n) {
 }
 
 ncclResult_t ncclGroupStart(void) {
+  crun_dbl_count_add(CRUN_DBL_NCCL_OP);
   group_depth++;
   return ncclSuccess;
 }

@@ -6,7 +6,10 @@
  * makes that stream wait for the caller's current stream, enqueues the NCCL
  * operation(s) on it and records an end event; the caller's stream then
  * waits on that event (torch's semantics: no host wait). Gather, scatter,
- * all_to_all and send/recv are grouped ncclSend/ncclRecv.
+ * all_to_all and send/recv are grouped ncclSend/ncclRecv. A one-rank group
+ * makes no NCCL call: its result is the input, or a device-to-device copy of
+ * it on the group's stream (NCCL's own one-rank path makes the same copy
+ * after its enqueue's host work).
  *
  * Before each collective a host-side signature check (check.c; on unless
  * CRUN_NCCL_CHECK=0) compares the calls of every rank through the store, as
@@ -28,40 +31,58 @@
 
 #include "backend/backend.h"
 
-/* A group's spare end events, at most CRUN__NCCL_EVENTS of them: creating
- * and destroying a CUDA event costs several microseconds, so an operation
- * takes one from here and gives it back when its last reference goes (not
- * before: op_wait's cudaStreamWaitEvent and the queries use it until then).
- * refs: the group's and one per operation holding an event taken from it,
- * so that a handle released after its group still finds it. */
-#define CRUN__NCCL_EVENTS 64
-typedef struct crun__nccl_events {
-  pthread_mutex_t mu;
-  atomic_int refs;
-  int n;
-  cudaEvent_t spare[CRUN__NCCL_EVENTS];
-} crun__nccl_events_t;
+/* What names an operation in a text ("all_reduce #3": crun__coll_desc's
+ * fields), kept instead of the text, which only a failure needs. */
+typedef struct crun__nccl_name {
+  int kind, root, tag;
+  uint64_t seq;
+} crun__nccl_name_t;
 
-/* A new pool (refs 1: the group's) into *out; ENOMEM. */
-int crun__nccl_events_new(crun__nccl_events_t **out);
-/* Drops the group's reference: the last one destroys the spare events. */
-void crun__nccl_events_release(crun__nccl_events_t *p);
+/* The name of c. */
+static inline crun__nccl_name_t crun__nccl_name_of(const crun__coll_t *c) {
+  return (crun__nccl_name_t){c->kind, c->root, c->tag, c->seq};
+}
+/* Writes n's text ("all_reduce #3") into buf. */
+void crun__nccl_name_text(const crun__nccl_name_t *n, char *buf, size_t cap);
 
 /* One enqueued operation the watchdog follows until its end event fired. */
 typedef struct crun__nccl_op {
   atomic_int refs;
-  cudaEvent_t end;              /* NULL while the host is still inside NCCL */
-  crun__nccl_events_t *events;  /* where end came from and goes back to */
+  cudaEvent_t end;              /* NULL while the host is still inside NCCL; then ev, recorded */
+  cudaEvent_t ev;               /* the op's own event, kept with it in the pool (NULL: none yet) */
+  struct crun__nccl_pool *pool; /* where the op came from and goes back to */
   double deadline;              /* crun_clock() value */
-  double begun;                 /* crun_clock() at op_begin */
+  double begun;                 /* when the group started it (crun_clock()'s base) */
   double timeout;
   int device;
   int status;                   /* 0, or the failure (err holds the text) */
+  int ended;                    /* end was seen complete (set under the group's mu) */
   atomic_int done;              /* set last, after status and err (op_wait reads it without mu) */
   char *err;
-  char desc[64];                /* "all_reduce #3" */
+  crun__nccl_name_t name;       /* all_reduce #3 */
   struct crun__nccl_op *next;
 } crun__nccl_op_t;
+
+/* A group's spare operations, at most CRUN__NCCL_SPARE of them, each with
+ * its end event: allocating an operation and creating and destroying a CUDA
+ * event (several microseconds) per call cost more than the call's own host
+ * time, so an operation comes from here and goes back when its last
+ * reference goes (not before: op_wait's cudaStreamWaitEvent and the queries
+ * use its event until then); its event is kept only once its record has
+ * completed. refs: the group's and one per operation taken from it, so that
+ * a handle released after its group still finds it. */
+#define CRUN__NCCL_SPARE 64
+typedef struct crun__nccl_pool {
+  pthread_mutex_t mu;
+  atomic_int refs;
+  int n;                        /* spare operations (guarded by mu) */
+  crun__nccl_op_t *spare;       /* linked by next */
+} crun__nccl_pool_t;
+
+/* A new pool (refs 1: the group's) into *out; ENOMEM. */
+int crun__nccl_pool_new(crun__nccl_pool_t **out);
+/* Drops the group's reference: the last one frees the spares. */
+void crun__nccl_pool_release(crun__nccl_pool_t *p);
 
 typedef struct crun__nccl {
   crun_pg_t *pg;
@@ -70,20 +91,24 @@ typedef struct crun__nccl {
   _Atomic(ncclComm_t) comm;
   cudaStream_t stream;
   cudaEvent_t ready;            /* recorded on the caller's stream */
-  crun__nccl_events_t *events;  /* the operations' end events */
+  crun__nccl_pool_t *pool;      /* spare operations and their end events */
   int device;
   int check;                    /* CRUN_NCCL_CHECK */
   uint64_t last_checked;        /* seq of our previous signature key (0: none) */
   void *one;                    /* device scratch of one float: barrier */
+  void *scratch;                /* staging of all_gather/reduce_scatter (nccl.c's scratch) */
+  size_t scratch_cap;           /* its bytes */
   /* watchdog */
   pthread_mutex_t mu;
   pthread_cond_t cv;
-  crun__nccl_op_t *pending;
-  char last_desc[64];           /* the latest operation (guarded by mu) */
+  crun__nccl_op_t *pending;     /* oldest first: one stream, so they end in this order */
+  crun__nccl_op_t *pending_tail;
+  crun__nccl_name_t last;       /* the latest operation (guarded by mu) */
+  int has_last;
   int stop, has_watch;
   pthread_t watch;
   _Atomic int aborted;          /* marked for abort (set under mu): the gate refuses */
-  int inside;                   /* threads through the gate, not out yet (guarded by mu) */
+  _Atomic int inside;           /* threads through the gate, not out yet (the gate: watch.c) */
   int fail_rc;                  /* why (guarded by mu) */
   char *fail_text;
 } crun__nccl_t;
@@ -120,11 +145,13 @@ ncclResult_t crun__nccl_exit(crun__nccl_t *b, ncclResult_t r);
 int crun__nccl_watch_start(crun__nccl_t *b);
 void crun__nccl_watch_stop(crun__nccl_t *b);
 /* Registers an operation about to enter NCCL (deadline from c) into *out:
+ * one of the group's pool, after giving back the pending ones that ended
+ * when the pool ran dry (the watchdog looks only every few milliseconds);
  * ESTATE once the group is marked aborted, ENOMEM. */
 int crun__nccl_op_begin(crun__nccl_t *b, const crun__coll_t *c, crun__nccl_op_t **out);
-/* The host left NCCL with rc: records the end event (one of the group's
- * pool, given back by crun__nccl_op_unref's last reference) when rc == 0,
- * else fails the operation. */
+/* The host left NCCL with rc: records the operation's end event (created
+ * on its first use, kept with it in the pool) when rc == 0, else fails the
+ * operation. */
 int crun__nccl_op_end(crun__nccl_t *b, crun__nccl_op_t *op, int rc);
 void crun__nccl_op_unref(crun__nccl_op_t *op);
 /* Aborts the communicator once, recording why (rc, text); wakes waiters.

@@ -18,57 +18,82 @@
 #define NOTICE_S 0.25   /* store polling period for peers' abort notices */
 #define IDLE_S 0.1      /* async-error polling period with nothing pending */
 
-int crun__nccl_events_new(crun__nccl_events_t **out) {
-  crun__nccl_events_t *p = calloc(1, sizeof *p);
-  if (!p) return crun_error(CRUN_ENOMEM, "nccl backend: event pool");
+void crun__nccl_name_text(const crun__nccl_name_t *n, char *buf, size_t cap) {
+  crun__coll_t c;
+  memset(&c, 0, sizeof c);
+  c.kind = n->kind, c.root = n->root, c.tag = n->tag, c.seq = n->seq;
+  crun__coll_desc(&c, buf, cap);
+}
+
+int crun__nccl_pool_new(crun__nccl_pool_t **out) {
+  crun__nccl_pool_t *p = calloc(1, sizeof *p);
+  if (!p) return crun_error(CRUN_ENOMEM, "nccl backend: operation pool");
   pthread_mutex_init(&p->mu, NULL);
   atomic_init(&p->refs, 1);
   *out = p;
   return 0;
 }
 
-static void events_unref(crun__nccl_events_t *p) {
+static void op_destroy(crun__nccl_op_t *op) {
+  if (op->ev) cudaEventDestroy(op->ev);
+  free(op);
+}
+
+static void pool_unref(crun__nccl_pool_t *p) {
   if (atomic_fetch_sub(&p->refs, 1) != 1) return;
-  for (int i = 0; i < p->n; i++) cudaEventDestroy(p->spare[i]);
+  for (crun__nccl_op_t *op = p->spare, *nx; op; op = nx) nx = op->next, op_destroy(op);
   pthread_mutex_destroy(&p->mu);
   free(p);
 }
 
-void crun__nccl_events_release(crun__nccl_events_t *p) {
-  if (p) events_unref(p);
+void crun__nccl_pool_release(crun__nccl_pool_t *p) {
+  if (p) pool_unref(p);
 }
 
-/* A spare event of p, else a new one, into *ev; the caller holds a
- * reference to p until it gives the event back (events_put). Runs on the
- * group's device. */
-static cudaError_t events_get(crun__nccl_events_t *p, cudaEvent_t *ev) {
-  *ev = NULL;
+/* A spare operation of p, reset (its event kept), else NULL; the operation
+ * holds a reference to p until its last reference goes. */
+static crun__nccl_op_t *op_take(crun__nccl_pool_t *p) {
   pthread_mutex_lock(&p->mu);
-  if (p->n > 0) *ev = p->spare[--p->n];
+  crun__nccl_op_t *op = p->spare;
+  if (op) p->spare = op->next, p->n--;
   pthread_mutex_unlock(&p->mu);
-  cudaError_t e = *ev ? cudaSuccess : cudaEventCreateWithFlags(ev, cudaEventDisableTiming);
-  if (e == cudaSuccess) atomic_fetch_add(&p->refs, 1);
-  return e;
+  if (!op) return NULL;
+  cudaEvent_t ev = op->ev;
+  memset(op, 0, sizeof *op);
+  op->ev = ev;
+  op->pool = p;
+  atomic_fetch_add(&p->refs, 1);
+  return op;
 }
 
-/* Gives ev back to p: kept when its last record has completed (nothing on a
- * stream still records it; a stream's earlier wait on it keeps that record)
- * and p has room, else destroyed. Drops the reference events_get took. */
-static void events_put(crun__nccl_events_t *p, cudaEvent_t ev) {
-  int keep = cudaEventQuery(ev) == cudaSuccess;
-  pthread_mutex_lock(&p->mu);
-  keep = keep && p->n < CRUN__NCCL_EVENTS;
-  if (keep) p->spare[p->n++] = ev;
-  pthread_mutex_unlock(&p->mu);
-  if (!keep) cudaEventDestroy(ev);
-  events_unref(p);
+/* A new operation of p (no event yet), else NULL. */
+static crun__nccl_op_t *op_new(crun__nccl_pool_t *p) {
+  crun__nccl_op_t *op = calloc(1, sizeof *op);
+  if (!op) return NULL;
+  op->pool = p;
+  atomic_fetch_add(&p->refs, 1);
+  return op;
 }
 
+/* The last reference to op went: it goes back to its pool, its event with
+ * it when the event's record has completed (nothing on a stream still
+ * records it; a stream's earlier wait on it keeps that record) and the pool
+ * has room; else both go. */
 void crun__nccl_op_unref(crun__nccl_op_t *op) {
   if (!op || atomic_fetch_sub(&op->refs, 1) != 1) return;
-  if (op->end) events_put(op->events, op->end); /* no one can wait on it any more */
+  crun__nccl_pool_t *p = op->pool;
   free(op->err);
-  free(op);
+  op->err = NULL;
+  if (op->ev && !op->ended && cudaEventQuery(op->ev) != cudaSuccess) {
+    cudaEventDestroy(op->ev); /* no one can wait on it any more */
+    op->ev = NULL;
+  }
+  pthread_mutex_lock(&p->mu);
+  int keep = p->n < CRUN__NCCL_SPARE;
+  if (keep) op->next = p->spare, p->spare = op, p->n++;
+  pthread_mutex_unlock(&p->mu);
+  if (!keep) op_destroy(op);
+  pool_unref(p);
 }
 
 /* Fails op with (rc, text) unless it already ended. Called with mu held. */
@@ -81,12 +106,32 @@ static void fail_op_locked(crun__nccl_op_t *op, int rc, const char *text) {
 
 /* Removes op from the pending list. Called with mu held. */
 static void unlink_locked(crun__nccl_t *b, crun__nccl_op_t *op) {
-  for (crun__nccl_op_t **p = &b->pending; *p; p = &(*p)->next)
+  crun__nccl_op_t *prev = NULL;
+  for (crun__nccl_op_t **p = &b->pending; *p; prev = *p, p = &(*p)->next)
     if (*p == op) {
       *p = op->next;
+      if (b->pending_tail == op) b->pending_tail = prev;
       crun__nccl_op_unref(op);
       return;
     }
+}
+
+/* Marks op, whose end event completed, done and unlinks it. Called with mu held. */
+static void ended_locked(crun__nccl_t *b, crun__nccl_op_t *op) {
+  op->ended = 1;
+  atomic_store(&op->done, 1);
+  unlink_locked(b, op);
+}
+
+/* Unlinks the oldest pending operations whose end event completed (they end
+ * in order: one stream), giving them back to the pool unless a handle still
+ * holds them. Called with mu held. */
+static void reap_locked(crun__nccl_t *b) {
+  crun__nccl_op_t *op;
+  while ((op = b->pending) && (op->done || (op->end && cudaEventQuery(op->end) == cudaSuccess))) {
+    if (op->done) unlink_locked(b, op);
+    else ended_locked(b, op);
+  }
 }
 
 /* Sets *ts to `s` seconds from now on CLOCK_MONOTONIC (the clock of b->cv). */
@@ -97,22 +142,32 @@ static void after(double s, struct timespec *ts) {
   if (ts->tv_nsec >= 1000000000) { ts->tv_sec++; ts->tv_nsec -= 1000000000; }
 }
 
-int crun__nccl_enter(crun__nccl_t *b, ncclComm_t *comm) {
-  pthread_mutex_lock(&b->mu);
-  ncclComm_t c = atomic_load(&b->comm);
-  int ok = c && !atomic_load(&b->aborted);
-  if (ok) {
-    b->inside++;
-    *comm = c;
-  }
+/* Leaves the gate; the last one out wakes an abort waiting for it. */
+static void gate_leave(crun__nccl_t *b) {
+  if (atomic_fetch_sub(&b->inside, 1) != 1 || !atomic_load(&b->aborted)) return;
+  pthread_mutex_lock(&b->mu); /* the abort checks inside and sleeps under mu: no lost wake-up */
+  pthread_cond_broadcast(&b->cv);
   pthread_mutex_unlock(&b->mu);
-  return ok ? 0 : -1;
+}
+
+/* Without mu (two atomic operations per call, and no wait behind a watchdog
+ * scan that holds mu): a thread counts itself inside before it reads the
+ * mark, and the abort marks before it reads the count (both sequentially
+ * consistent), so either the thread sees the mark and leaves, or the abort
+ * sees it inside and waits for it. */
+int crun__nccl_enter(crun__nccl_t *b, ncclComm_t *comm) {
+  atomic_fetch_add(&b->inside, 1);
+  ncclComm_t c = atomic_load(&b->comm);
+  if (c && !atomic_load(&b->aborted)) {
+    *comm = c;
+    return 0;
+  }
+  gate_leave(b);
+  return -1;
 }
 
 ncclResult_t crun__nccl_exit(crun__nccl_t *b, ncclResult_t r) {
-  pthread_mutex_lock(&b->mu);
-  if (--b->inside == 0 && atomic_load(&b->aborted)) pthread_cond_broadcast(&b->cv);
-  pthread_mutex_unlock(&b->mu);
+  gate_leave(b);
   return r;
 }
 
@@ -121,10 +176,10 @@ ncclResult_t crun__nccl_exit(crun__nccl_t *b, ncclResult_t r) {
 static void drain_gate_locked(crun__nccl_t *b) {
   struct timespec ts;
   after(CRUN__NCCL_GRACE_S, &ts);
-  while (b->inside > 0)
-    if (pthread_cond_timedwait(&b->cv, &b->mu, &ts) != 0 && b->inside > 0) {
+  while (atomic_load(&b->inside) > 0)
+    if (pthread_cond_timedwait(&b->cv, &b->mu, &ts) != 0 && atomic_load(&b->inside) > 0) {
       CRUN_LOG(INFO, PG, "nccl group '%s': %d thread(s) still inside NCCL after %.2f s: ncclCommAbort unblocks them",
-               b->pg->prefix, b->inside, CRUN__NCCL_GRACE_S);
+               b->pg->prefix, atomic_load(&b->inside), CRUN__NCCL_GRACE_S);
       return;
     }
 }
@@ -210,12 +265,13 @@ void crun__nccl_missing(crun__nccl_t *b, const char *desc, char *who, size_t wca
  * naming itself, then aborts the communicator and breaks the group. */
 static void peer_aborted(crun__nccl_t *b, int rc) {
   static const char mark[] = "a peer aborted the group: ";
-  char full[1400], one[1400];
+  char full[1400], one[1400], desc[64];
   snprintf(full, sizeof full, "%s", crun_last_error());
   const char *bare = strstr(full, ": "), *notice = strstr(full, mark);
   pthread_mutex_lock(&b->mu);
   for (crun__nccl_op_t *op = b->pending; notice && op; op = op->next) {
-    snprintf(one, sizeof one, "%s on rank %d: %s", op->desc, b->pg->rank, notice);
+    crun__nccl_name_text(&op->name, desc, sizeof desc);
+    snprintf(one, sizeof one, "%s on rank %d: %s", desc, b->pg->rank, notice);
     fail_op_locked(op, rc, one);
   }
   pthread_mutex_unlock(&b->mu);
@@ -228,15 +284,16 @@ static void peer_aborted(crun__nccl_t *b, int rc) {
 static void scan_locked(crun__nccl_t *b, double *next_notice) {
   double now = crun_clock();
   crun__nccl_op_t *expired = NULL, *oldest = NULL;
+  int may_end = 1; /* every operation before this one ended: this one may have (one stream: in order) */
   for (crun__nccl_op_t *op = b->pending, *nx; op; op = nx) {
     nx = op->next;
     if (op->done) { unlink_locked(b, op); continue; }
-    if (op->end && cudaEventQuery(op->end) == cudaSuccess) {
-      op->done = 1;
-      unlink_locked(b, op);
+    if (may_end && op->end && cudaEventQuery(op->end) == cudaSuccess) {
+      ended_locked(b, op);
       pthread_cond_broadcast(&b->cv);
       continue;
     }
+    may_end = 0;
     if (!expired && now >= op->deadline) expired = op;
     if (!oldest || op->begun < oldest->begun) oldest = op;
   }
@@ -248,8 +305,11 @@ static void scan_locked(crun__nccl_t *b, double *next_notice) {
   char text[1400];
   if (ae != ncclSuccess && ae != ncclInProgress) {
     const char *last = ncclGetLastError(comm);
+    char what[64] = "the communicator"; /* the latest operation, pending or not */
+    if (b->pending_tail) crun__nccl_name_text(&b->pending_tail->name, what, sizeof what);
+    else if (b->has_last) crun__nccl_name_text(&b->last, what, sizeof what);
     snprintf(text, sizeof text, "EIO: %s on rank %d: NCCL reported an asynchronous error: %s%s%s; the communicator "
-             "was aborted", b->pending ? b->pending->desc : b->last_desc[0] ? b->last_desc : "the communicator", b->pg->rank, ncclGetErrorString(ae), last && *last ? ": " : "",
+             "was aborted", what, b->pg->rank, ncclGetErrorString(ae), last && *last ? ": " : "",
              last && *last ? last : "");
     pthread_mutex_unlock(&b->mu);
     crun__nccl_abort_comm(b, CRUN_EIO, text + 5, 1);
@@ -259,7 +319,7 @@ static void scan_locked(crun__nccl_t *b, double *next_notice) {
   }
   if (expired) {
     char desc[64], who[256], where[768];
-    snprintf(desc, sizeof desc, "%s", expired->desc);
+    crun__nccl_name_text(&expired->name, desc, sizeof desc);
     double timeout = expired->timeout;
     atomic_fetch_add(&expired->refs, 1);
     pthread_mutex_unlock(&b->mu);
@@ -280,7 +340,7 @@ static void scan_locked(crun__nccl_t *b, double *next_notice) {
   if (oldest && now >= *next_notice && now - oldest->begun >= NOTICE_S) {
     *next_notice = now + NOTICE_S;
     char desc[64];
-    snprintf(desc, sizeof desc, "%s", oldest->desc);
+    crun__nccl_name_text(&oldest->name, desc, sizeof desc);
     pthread_mutex_unlock(&b->mu);
     int rc = crun__nccl_poll_abort(b, desc);
     if (rc < 0) peer_aborted(b, rc);
@@ -332,28 +392,38 @@ void crun__nccl_watch_stop(crun__nccl_t *b) {
     b->pending = op->next;
     crun__nccl_op_unref(op);
   }
+  b->pending_tail = NULL;
 }
 
 int crun__nccl_op_begin(crun__nccl_t *b, const crun__coll_t *c, crun__nccl_op_t **out) {
-  crun__nccl_op_t *op = calloc(1, sizeof *op);
-  if (!op) return crun_error(CRUN_ENOMEM, "%s on rank %d", crun__coll_name(c->kind), b->pg->rank);
+  pthread_mutex_lock(&b->mu);
+  if (atomic_load(&b->aborted)) { /* marked since run() looked: the abort did not fail this one */
+    char desc[64];
+    crun__coll_desc(c, desc, sizeof desc);
+    int rc = crun_error(CRUN_ESTATE, "%s on rank %d: the communicator was aborted: %s", desc, b->pg->rank,
+                        b->fail_text ? b->fail_text : "?");
+    pthread_mutex_unlock(&b->mu);
+    return rc;
+  }
+  crun__nccl_op_t *op = op_take(b->pool);
+  if (!op) { /* dry: the watchdog has not looked yet at the ones that ended */
+    reap_locked(b);
+    if (!(op = op_take(b->pool))) op = op_new(b->pool);
+  }
+  if (!op) {
+    pthread_mutex_unlock(&b->mu);
+    return crun_error(CRUN_ENOMEM, "%s on rank %d", crun__coll_name(c->kind), b->pg->rank);
+  }
   atomic_init(&op->refs, 2); /* the pending list's and the caller's */
   op->deadline = c->deadline;
   op->timeout = c->timeout;
-  op->begun = crun_clock();
+  op->begun = c->deadline - c->timeout; /* when the group started it: no clock read of our own */
   op->device = b->device;
-  crun__coll_desc(c, op->desc, sizeof op->desc);
-  pthread_mutex_lock(&b->mu);
-  if (atomic_load(&b->aborted)) { /* marked since run() looked: the abort did not fail this one */
-    int rc = crun_error(CRUN_ESTATE, "%s on rank %d: the communicator was aborted: %s", op->desc, b->pg->rank,
-                        b->fail_text ? b->fail_text : "?");
-    pthread_mutex_unlock(&b->mu);
-    free(op);
-    return rc;
-  }
-  snprintf(b->last_desc, sizeof b->last_desc, "%s", op->desc);
-  op->next = b->pending;
-  b->pending = op;
+  op->name = b->last = crun__nccl_name_of(c);
+  b->has_last = 1;
+  if (b->pending_tail) b->pending_tail->next = op;
+  else b->pending = op;
+  b->pending_tail = op;
   /* no wake-up: an idle watchdog looks again within IDLE_S, which every
    * deadline tolerates, and a wake-up per call (a futex call, the watchdog
    * taking mu and querying events) is the caller's time */
@@ -363,16 +433,21 @@ int crun__nccl_op_begin(crun__nccl_t *b, const crun__coll_t *c, crun__nccl_op_t 
 }
 
 int crun__nccl_op_end(crun__nccl_t *b, crun__nccl_op_t *op, int rc) {
-  char text[1400] = "";
-  cudaEvent_t ev = NULL;
-  if (rc == 0 && events_get(b->events, &ev) == cudaSuccess && cudaEventRecord(ev, b->stream) != cudaSuccess) {
-    events_put(b->events, ev);
-    ev = NULL;
+  char text[1400];
+  text[0] = 0;
+  int recorded = 0;
+  if (rc == 0) { /* the op's own event: its record, if any, completed before it came back to the pool */
+    cudaError_t e = op->ev ? cudaSuccess : cudaEventCreateWithFlags(&op->ev, cudaEventDisableTiming);
+    recorded = e == cudaSuccess && cudaEventRecord(op->ev, b->stream) == cudaSuccess;
   }
   if (rc < 0) snprintf(text, sizeof text, "%s", crun_last_error());
   pthread_mutex_lock(&b->mu);
-  if (rc == 0 && ev) op->end = ev, op->events = b->events;
-  else if (rc == 0) rc = crun_error(CRUN_EIO, "%s on rank %d: cannot record the end event", op->desc, b->pg->rank);
+  if (rc == 0 && recorded) op->end = op->ev;
+  else if (rc == 0) {
+    char desc[64];
+    crun__nccl_name_text(&op->name, desc, sizeof desc);
+    rc = crun_error(CRUN_EIO, "%s on rank %d: cannot record the end event", desc, b->pg->rank);
+  }
   if (op->done && op->status < 0) { /* the watchdog failed it meanwhile: its text wins */
     rc = op->status;
     snprintf(text, sizeof text, "%s", op->err);

@@ -10,7 +10,7 @@
  * from the watchdog), an asynchronous NCCL error (EIO), ESTATE after an
  * abort, and an abort from another thread racing the collectives (the
  * communicator is never passed to NCCL after ncclCommAbort freed it), and
- * the end events' pool (an event serves a new operation only once no
+ * the operations' pool (an end event serves a new operation only once no
  * handle holds the one it ended).
  * Expected values are computed here from the inputs' formula. */
 #include <math.h>
@@ -20,7 +20,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "backend/nccl/nccl_int.h" /* the end events' pool */
+#include "../double_counts.h"         /* what a call asked of the CUDA double */
+#include "backend/nccl/nccl_int.h" /* the operations' pool */
 #include "harness.h"
 #include "pg/pg_internal.h" /* crun__pg_fail: the abort another thread makes */
 #include "test_pg_util.h"
@@ -480,11 +481,11 @@ static void nap_ms(long ms) {
 /* The end event of w, a device work of the nccl backend. */
 static cudaEvent_t end_of(crun_work_t *w) { return w->c.dev ? ((crun__nccl_op_t *)w->c.dev)->end : NULL; }
 
-/* The end events come from the group's pool: an operation whose handle is
- * still held keeps its event after the watchdog saw it end (a later
- * operation gets another one: its handle may still make a stream wait on
- * it), a released one's event serves the next operation, and the pool
- * keeps at most CRUN__NCCL_EVENTS. */
+/* The end events come with the operations from the group's pool: an
+ * operation whose handle is still held keeps its event after the watchdog
+ * saw it end (a later operation gets another one: its handle may still make
+ * a stream wait on it), a released one's event serves the next operation,
+ * and the pool keeps at most CRUN__NCCL_SPARE. */
 static void event_pool(crun_pg_t *pg, void *arg) {
   (void)arg;
   int r = crun_pg_rank(pg), n = crun_pg_size(pg);
@@ -508,17 +509,93 @@ static void event_pool(crun_pg_t *pg, void *arg) {
   for (int i = 0; i < 200; i++) EXPECT_OK(crun_pg_all_reduce(pg, &x, 1, CRUN_FLOAT32, CRUN_OP_MAX, &DEV, NULL));
   EXPECT_OK(crun_pg_barrier(pg, NULL, NULL));
   nap_ms(300);
-  crun__nccl_events_t *ev = ((crun__nccl_t *)pg->be_state)->events;
-  pthread_mutex_lock(&ev->mu);
-  EXPECT(ev->n > 0 && ev->n <= CRUN__NCCL_EVENTS);
-  pthread_mutex_unlock(&ev->mu);
+  crun__nccl_pool_t *pool = ((crun__nccl_t *)pg->be_state)->pool;
+  pthread_mutex_lock(&pool->mu);
+  EXPECT(pool->n > 0 && pool->n <= CRUN__NCCL_SPARE);
+  pthread_mutex_unlock(&pool->mu);
   EXPECT(x == (float)(n - 1));
 }
 
 TEST(end_events_come_from_a_bounded_pool) { EXPECT_EQ_INT(spawn(2, "nccl", event_pool, NULL, 30), 0); }
 
+/* One blocking call of every collective of the nccl backend on c floats
+ * per block: all_gather and reduce_scatter into one flat run and into
+ * separate (reversed) blocks, rooted ones from root 0, send/recv around the
+ * ring. */
+static void every_collective(crun_pg_t *pg, float *a, float *blk, size_t c) {
+  int r = crun_pg_rank(pg), n = crun_pg_size(pg);
+  void *outs[4];
+  const void *ins[4];
+  size_t cnt[4];
+  EXPECT_OK(crun_pg_all_reduce(pg, a, c, CRUN_FLOAT32, CRUN_OP_SUM, &DEV, NULL));
+  EXPECT_OK(crun_pg_all_reduce(pg, a, c, CRUN_FLOAT32, CRUN_OP_AVG, &DEV, NULL));
+  EXPECT_OK(crun_pg_reduce(pg, a, c, CRUN_FLOAT32, CRUN_OP_MAX, 0, &DEV, NULL));
+  EXPECT_OK(crun_pg_broadcast(pg, a, c, CRUN_FLOAT32, 0, &DEV, NULL));
+  for (int flat = 0; flat < 2; flat++) {
+    for (int j = 0; j < n; j++) ins[j] = outs[j] = blk + (size_t)(flat ? j : n - 1 - j) * c;
+    EXPECT_OK(crun_pg_all_gather(pg, outs, a, c, CRUN_FLOAT32, &DEV, NULL));
+    EXPECT_OK(crun_pg_reduce_scatter(pg, a, ins, c, CRUN_FLOAT32, CRUN_OP_SUM, &DEV, NULL));
+  }
+  for (int j = 0; j < n; j++) outs[j] = blk + (size_t)j * c, ins[j] = blk + (size_t)(n + j) * c, cnt[j] = c;
+  EXPECT_OK(crun_pg_gather(pg, a, r == 0 ? outs : NULL, c, CRUN_FLOAT32, 0, &DEV, NULL));
+  EXPECT_OK(crun_pg_scatter(pg, a, r == 0 ? ins : NULL, c, CRUN_FLOAT32, 0, &DEV, NULL));
+  EXPECT_OK(crun_pg_all_to_all(pg, outs, cnt, ins, cnt, CRUN_FLOAT32, &DEV, NULL));
+  if (n < 2) return;
+  crun_work_t *sw = NULL;
+  EXPECT_OK(crun_pg_send(pg, a, c, CRUN_FLOAT32, (r + 1) % n, &DEV, &sw));
+  EXPECT_OK(crun_pg_recv(pg, blk, c, CRUN_FLOAT32, (r + n - 1) % n, &DEV, NULL, NULL));
+  EXPECT_OK(crun_work_wait(sw, 0));
+  crun_work_release(sw);
+}
+
+/* A collective in steady state asks the GPU for no memory, no event, no
+ * stream and no host wait: each costs microseconds, more than the call's
+ * own budget (cudaMallocAsync for all_gather's scratch; a new end event
+ * when the spare ones are still held by operations the watchdog has not
+ * looked at yet). The test waits for the device after each round (that
+ * wait is its own, counted out), never for the watchdog. A group keeps as
+ * many operations, each with its event, as were ever in flight at once: a
+ * few more events are fine when that high-water mark grows in the timed
+ * rounds (the double's streams are threads the scheduler may hold back).
+ * A one-rank group does not enter NCCL at all: its result is a local copy
+ * at most (NCCL's own one-rank path would make that copy after its
+ * enqueue's host work). */
+static void steady_state(crun_pg_t *pg, void *arg) {
+  (void)arg;
+  int dev = 0, n = crun_pg_size(pg);
+  size_t c = 5;
+  float *a = calloc(c, sizeof *a), *blk = calloc(c * 2 * (size_t)n, sizeof *blk);
+  EXPECT_OK(crun_cuda_current_device(&dev));
+  for (int i = 0; i < 3; i++) every_collective(pg, a, blk, c); /* warm-up: the pools fill, the scratch grows */
+  EXPECT_OK(crun_cuda_synchronize(dev));
+  long before[CRUN_DBL_NCOUNTED];
+  for (int k = 0; k < CRUN_DBL_NCOUNTED; k++) before[k] = crun_dbl_count((crun_dbl_counted_t)k);
+  int rounds = 40;
+  for (int i = 0; i < rounds; i++) {
+    every_collective(pg, a, blk, c);
+    EXPECT_OK(crun_cuda_synchronize(dev));
+  }
+  for (int k = 0; k < CRUN_DBL_NCOUNTED; k++) {
+    long d = crun_dbl_count((crun_dbl_counted_t)k) - before[k] - (k == CRUN_DBL_HOST_SYNC ? rounds : 0);
+    if (k == CRUN_DBL_NCCL_OP && n > 1) continue; /* one rank's collective is a local copy at most */
+    if (d > (k == CRUN_DBL_EVENT_CREATE ? 3 : 0))
+      crun_test_fail(__FILE__, __LINE__, "world size %d: %ld x %s in %d rounds of every collective", n, d,
+                     crun_dbl_count_name((crun_dbl_counted_t)k), rounds);
+  }
+  EXPECT_OK(crun_pg_barrier(pg, NULL, NULL));
+  free(a);
+  free(blk);
+}
+
+TEST(steady_state_calls_allocate_nothing) {
+  setenv("CRUN_NCCL_CHECK", "0", 1); /* the store is not the device's business */
+  for (int n = 1; n <= 3; n++) EXPECT_EQ_INT(spawn(n, "nccl", steady_state, NULL, 30), 0);
+  unsetenv("CRUN_NCCL_CHECK");
+}
+
 #define CRUN_TESTS(X) X(reductions_1_to_4_ranks) X(data_movement_1_to_4_ranks) X(premul_async_and_subgroups) \
   X(auto_serves_cpu_and_cuda) X(wrong_device_and_unsupported_ops) X(mismatch_names_both_calls)               \
   X(hang_signature_check_names_missing_rank) X(hang_watchdog_aborts_and_names_missing_rank)                    \
-  X(async_error_aborts_every_rank) X(abort_races_collectives) X(end_events_come_from_a_bounded_pool)
+  X(async_error_aborts_every_rank) X(abort_races_collectives) X(end_events_come_from_a_bounded_pool) \
+  X(steady_state_calls_allocate_nothing)
 CRUN_TEST_MAIN()
