@@ -24,6 +24,8 @@ local dist = {}
 local COLL = O.spec{"async_op", "group", "timeout"}
 local P2P = O.spec{"async_op", "group", "timeout", "tag"}
 local OBJ = O.spec{"group", "timeout"}
+local OBJ_LIST = O.spec{"group", "timeout",
+  inert = {device = "crun serializes objects on the host (a nccl group stages them through the current device)"}}
 local INIT = O.spec{"backend", "init_method", "world_size", "rank", "store", "timeout", "group_name",
   inert = {pg_options = "crun's backends take no per-group options", device_id = "no device binding in crun's cpu backends"}}
 local NEW_GROUP = O.spec{"timeout", "backend",
@@ -352,7 +354,9 @@ end
 -- the options table {group =, [name] =}; anything else is the options as given.
 local function group_form(opts, name, v)
   if type(opts) ~= "userdata" and opts ~= NON_MEMBER then return opts end
-  return {group = opts, [name] = v}
+  local o = {group = opts}
+  if name then o[name] = v end  -- the object collectives take nothing after it
+  return o
 end
 local ASYNC, TAG = "async_op", "tag"
 
@@ -396,8 +400,8 @@ function dist.reduce(t, dst, op, opts, async_op)
   if g then return g:reduce(t, to_group_rank(g, dst, "reduce"), op, opts) end
 end
 
-function dist.all_gather(list, t, opts)
-  opts = O.check(COLL, "all_gather", opts)
+function dist.all_gather(list, t, opts, async_op)
+  opts = O.check(COLL, "all_gather", group_form(opts, ASYNC, async_op))
   local g = group_of(opts, "all_gather")
   if g then return g:all_gather(list, t, opts) end
 end
@@ -456,8 +460,8 @@ end
 --- all_gather_into_tensor(out, t[, opts]): torch's form with one output
 --- tensor of world_size * t:numel() elements, rank r's input in block r.
 --- With async_op the Work's result() is {out}.
-function dist.all_gather_into_tensor(out, t, opts)
-  opts = O.check(COLL, "all_gather_into_tensor", opts)
+function dist.all_gather_into_tensor(out, t, opts, async_op)
+  opts = O.check(COLL, "all_gather_into_tensor", group_form(opts, ASYNC, async_op))
   local g = group_of(opts, "all_gather_into_tensor")
   if not g then return nil end
   -- a fault only this rank sees is refused for the group, so that every rank
@@ -470,8 +474,8 @@ end
 --- reduce_scatter_tensor(out, input[, op][, opts]): torch's form with one
 --- input tensor of world_size * out:numel() elements; rank r gets block r
 --- reduced over every rank.
-function dist.reduce_scatter_tensor(out, input, op, opts)
-  op, opts = split_op(op, opts, COLL, "reduce_scatter_tensor")
+function dist.reduce_scatter_tensor(out, input, op, opts, async_op)
+  op, opts = split_op(op, group_form(opts, ASYNC, async_op), COLL, "reduce_scatter_tensor")
   local g = group_of(opts, "reduce_scatter_tensor")
   if not g then return nil end
   local list, bad = blocks_of(input, out, g:size(), "reduce_scatter_tensor", "input", "output")
@@ -479,26 +483,26 @@ function dist.reduce_scatter_tensor(out, input, op, opts)
   return g:reduce_scatter(out, list, op, opts)
 end
 
-function dist.gather(t, list, dst, opts)
-  opts = O.check(COLL, "gather", opts)
+function dist.gather(t, list, dst, opts, async_op)
+  opts = O.check(COLL, "gather", group_form(opts, ASYNC, async_op))
   local g = group_of(opts, "gather")
   if g then return g:gather(t, list, to_group_rank(g, dst or 0, "gather"), opts) end
 end
 
-function dist.scatter(t, list, src, opts)
-  opts = O.check(COLL, "scatter", opts)
+function dist.scatter(t, list, src, opts, async_op)
+  opts = O.check(COLL, "scatter", group_form(opts, ASYNC, async_op))
   local g = group_of(opts, "scatter")
   if g then return g:scatter(t, list, to_group_rank(g, src or 0, "scatter"), opts) end
 end
 
-function dist.reduce_scatter(out, list, op, opts)
-  op, opts = split_op(op, opts, COLL, "reduce_scatter")
+function dist.reduce_scatter(out, list, op, opts, async_op)
+  op, opts = split_op(op, group_form(opts, ASYNC, async_op), COLL, "reduce_scatter")
   local g = group_of(opts, "reduce_scatter")
   if g then return g:reduce_scatter(out, list, op, opts) end
 end
 
-function dist.all_to_all(outs, ins, opts)
-  opts = O.check(COLL, "all_to_all", opts)
+function dist.all_to_all(outs, ins, opts, async_op)
+  opts = O.check(COLL, "all_to_all", group_form(opts, ASYNC, async_op))
   local g = group_of(opts, "all_to_all")
   if g then return g:all_to_all(outs, ins, opts) end
 end
@@ -512,7 +516,8 @@ end
 -- rank with EINVAL naming that rank, and the group stops (torch's would
 -- leave the others waiting). With async_op the Work's result() is {output},
 -- as torch's.
-function dist.all_to_all_single(output, input, out_splits, in_splits, opts)
+function dist.all_to_all_single(output, input, out_splits, in_splits, opts, async_op)
+  opts = group_form(opts, ASYNC, async_op)
   if type(out_splits) == "table" and #out_splits == 0 and next(out_splits) ~= nil then
     out_splits, in_splits, opts = nil, nil, out_splits
   end
@@ -588,8 +593,11 @@ function dist.monitored_barrier(opts, timeout, wait_all_ranks)
 end
 
 --- send(t, dst[, opts{tag=, group=}]); tag >= 0 (torch refuses a negative one).
---- send, recv, isend and irecv also take torch's positional (group[, tag]) there,
---- all_reduce, broadcast, reduce and barrier (group[, async_op]).
+--- send, recv, isend and irecv also take torch's positional (group[, tag]) there;
+--- every tensor collective takes torch's positional (group[, async_op]) in the
+--- options' place (all_to_all_single after both split lists), the object
+--- collectives torch's positional group (broadcast_object_list a device after
+--- it, which has no effect), monitored_barrier (group, timeout, wait_all_ranks).
 function dist.send(t, dst, opts, tag)
   opts = O.check(P2P, "send", group_form(opts, TAG, tag))
   local g = group_of(opts, "send")
@@ -784,7 +792,7 @@ function dist.all_gather_object(...)
     if not g then return nil end
     return gather_values(a, g, o, "all_gather_object")
   end
-  opts = O.check(OBJ, "all_gather_object", opts)
+  opts = O.check(OBJ, "all_gather_object", group_form(opts))
   local g = group_of(opts, "all_gather_object")
   if not g then return nil end
   local vals = gather_values(b, g, opts, "all_gather_object")
@@ -804,8 +812,8 @@ end
 --- broadcast_object_list(list, src[, opts]): every other rank's list gets
 -- src's elements in place (torch: the lists have the same length on every
 -- rank); src's list keeps its own objects, not copies of them, as in torch.
-function dist.broadcast_object_list(list, src, opts)
-  opts = O.check(OBJ, "broadcast_object_list", opts)
+function dist.broadcast_object_list(list, src, opts, device)
+  opts = O.check(OBJ_LIST, "broadcast_object_list", group_form(opts, "device", device))
   local g = group_of(opts, "broadcast_object_list")
   if not g then return nil end
   local gsrc = obj_root(g, src or 0, "broadcast_object_list", "src")
@@ -825,7 +833,7 @@ end
 --- gather_object(obj, list, dst[, opts]): dst's list gets every rank's obj
 -- (list[r+1] from group rank r); list is ignored (may be nil) elsewhere.
 function dist.gather_object(obj, list, dst, opts)
-  opts = O.check(OBJ, "gather_object", opts)
+  opts = O.check(OBJ, "gather_object", group_form(opts))
   local g = group_of(opts, "gather_object")
   if not g then return nil end
   local gdst = obj_root(g, dst or 0, "gather_object", "dst")
@@ -842,7 +850,7 @@ end
 --- scatter_object_list(out, in, src[, opts]): out[1] gets src's in[r+1] on
 -- group rank r; in is read on src only.
 function dist.scatter_object_list(out, input, src, opts)
-  opts = O.check(OBJ, "scatter_object_list", opts)
+  opts = O.check(OBJ, "scatter_object_list", group_form(opts))
   local g = group_of(opts, "scatter_object_list")
   if not g then return nil end
   local gsrc = obj_root(g, src or 0, "scatter_object_list", "src")
