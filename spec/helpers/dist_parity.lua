@@ -533,6 +533,31 @@ function cases.positional_group()
   dist.barrier()
   positional_objects(g, member)
   positional_lists(g, member)
+  -- torch's None in the group's place is the default group, async_op and
+  -- timeout after it still count; after an options table they are EINVAL
+  t = T.new({rank * 4 - 2.5}, "float64")
+  w = dist.all_reduce(t, "sum", nil, true)
+  check(type(w) == "userdata", "all_reduce(t, op, nil, true) returned %s, expected a Work", tostring(w))
+  w:wait()
+  local sum = 0
+  for r = 0, size - 1 do sum = sum + r * 4 - 2.5 end
+  check(t[1] == sum, "all_reduce(t, op, nil, true) gave %g, expected %g", t[1], sum)
+  local list = {}
+  for r = 1, size do list[r] = T.zeros({1}, "int32") end
+  w = dist.all_gather(list, T.new({7 - 3 * rank}, "int32"), nil, true)
+  check(type(w) == "userdata", "all_gather(list, t, nil, true) returned %s, expected a Work", tostring(w))
+  w:wait()
+  for r = 1, size do check(list[r][1] == 7 - 3 * (r - 1), "all_gather(list, t, nil, true)[%d] = %d", r, list[r][1]) end
+  expect_error("^EINVAL: all_gather: async_op given after an options table %(pass torch's positional group, async_op "
+               .. "or one table {group=, async_op=}%)", dist.all_gather, list, T.zeros({1}, "int32"), {group = g}, true)
+  expect_error("^EINVAL: send: tag given after an options table", dist.send, T.zeros({1}), 0, {}, 3)
+  expect_error("^EINVAL: broadcast_object_list: device given after an options table", dist.broadcast_object_list,
+               {1}, 0, {group = g}, "cuda")
+  expect_error("^EINVAL: monitored_barrier: arguments after an options table", dist.monitored_barrier, {}, 5)
+  if rank == 0 then  -- the others do not come: rank 0 gives up after its 0.3 s, not the group's 30
+    expect_error("^ETIMEDOUT: monitored_barrier: ranks? [%d, ]+ did not arrive within 0.3 s",
+                 dist.monitored_barrier, nil, 0.3, true)
+  end
   dist.barrier()
 end
 
