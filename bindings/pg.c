@@ -619,6 +619,87 @@ static int l_all_to_all_single(lua_State *L) {
   return finish(L, rc, w, async, 2, 3, 2);
 }
 
+/* The tensor at idx, `what` tensor of fname: open, or NULL with the fault
+ * pushed ("fname: the what tensor ...", no status), raising nothing. */
+static crun_tensor_t *whole_tensor(lua_State *L, int idx, const char *fname, const char *what) {
+  crun_tensor_t *t = crun_l_test_tensor(L, idx);
+  if (t) return t;
+  if (luaL_testudata(L, idx, "crun.Tensor")) return lua_pushfstring(L, "%s: the %s tensor is closed", fname, what), NULL;
+  lua_pushfstring(L, "%s: the %s tensor must be a crun.Tensor, got %s", fname, what, luaL_typename(L, idx));
+  return NULL;
+}
+
+/* The tensor `big` at bidx as n equal consecutive blocks, each the size of
+ * the tensor `one` at oidx (all_gather_into_tensor's output and input,
+ * reduce_scatter_tensor's input and output: what names them), into ptrs
+ * (no view made); *onep gets one. Returns 0, or 1 with the fault pushed (no
+ * status; *cuda set when a tensor is on a device), raising nothing. */
+static int blocks_fault(lua_State *L, crun_pg_t *pg, const char *fname, int bidx, int oidx, const char *const what[2],
+                        void **ptrs, crun_tensor_t **onep, int *cuda) {
+  int n = crun_pg_size(pg);
+  crun_tensor_t *one = whole_tensor(L, oidx, fname, what[1]), *big = one ? whole_tensor(L, bidx, fname, what[0]) : NULL;
+  if (!big) return 1;
+  *cuda = crun_tensor_device(one) >= 0 || crun_tensor_device(big) >= 0;
+  int64_t per = crun_tensor_numel(one);
+  if (!crun_tensor_is_contiguous(big)) return lua_pushfstring(L, "%s: the %s tensor must be contiguous", fname, what[0]), 1;
+  if (crun_tensor_numel(big) != n * per)
+    return lua_pushfstring(L, "%s: the %s tensor has %I elements, expected %I (world size %d x %I)", fname, what[0],
+                           (lua_Integer)crun_tensor_numel(big), (lua_Integer)(n * per), n, (lua_Integer)per), 1;
+  if (!crun_tensor_is_contiguous(one)) return lua_pushfstring(L, "%s: the %s tensor must be contiguous", fname, what[1]), 1;
+  if (crun_tensor_dtype(big) != crun_tensor_dtype(one))
+    return lua_pushfstring(L, "%s: the %s tensor is %s, the %s %s", fname, what[0], crun_dtype_name(crun_tensor_dtype(big)),
+                           what[1], crun_dtype_name(crun_tensor_dtype(one))), 1;
+  if (crun_tensor_device(big) != crun_tensor_device(one))
+    return lua_pushfstring(L, "%s: the %s tensor is on %s, the %s on %s", fname, what[0],
+                           crun_tensor_device(big) >= 0 ? "cuda" : "cpu", what[1],
+                           crun_tensor_device(one) >= 0 ? "cuda" : "cpu"), 1;
+  size_t bytes = (size_t)per * crun_dtype_size(crun_tensor_dtype(one));
+  for (int i = 0; i < n; i++) ptrs[i] = (char *)crun_tensor_data(big) + (size_t)i * bytes;
+  *onep = one;
+  return 0;
+}
+
+/* pg:all_gather_into_tensor(out, t[, opts]): dist.all_gather_into_tensor's
+ * all_gather into n consecutive blocks of out, given to the runtime as
+ * pointers (no Lua view per block). A fault of this rank's arguments is
+ * refused for the group (call "all_gather"). Work result: {out}. */
+static int l_all_gather_into_tensor(lua_State *L) {
+  static const char *const what[2] = {"output", "input"};
+  crun_pg_t *pg = check_pg(L, 1);
+  void **outs = lua_newuserdatauv(L, sizeof(void *) * (size_t)crun_pg_size(pg), 0);
+  crun_tensor_t *t = NULL;
+  int cuda = 0;
+  if (blocks_fault(L, pg, "all_gather_into_tensor", 2, 3, what, outs, &t, &cuda)) refuse_top(L, pg, "all_gather", -1, cuda);
+  crun_coll_opts_t o;
+  int async = check_opts(L, 4, &o, "all_gather_into_tensor");
+  o.cuda = cuda;
+  crun_work_t *w = NULL;
+  int rc = crun_pg_all_gather(pg, outs, crun_tensor_data(t), (size_t)crun_tensor_numel(t), crun_tensor_dtype(t), &o,
+                              WORK_ARG(async));
+  return finish(L, rc, w, async, 2, 3, 2);
+}
+
+/* pg:reduce_scatter_tensor(out, input[, op][, opts]): dist.reduce_scatter_tensor's
+ * reduce_scatter of n consecutive blocks of input, as all_gather_into_tensor's
+ * (refused as call "reduce_scatter"). Work result: {out}. */
+static int l_reduce_scatter_tensor(lua_State *L) {
+  static const char *const what[2] = {"input", "output"};
+  crun_pg_t *pg = check_pg(L, 1);
+  void **ins = lua_newuserdatauv(L, sizeof(void *) * (size_t)crun_pg_size(pg), 0);
+  crun_tensor_t *t = NULL;
+  int cuda = 0;
+  if (blocks_fault(L, pg, "reduce_scatter_tensor", 3, 2, what, ins, &t, &cuda)) refuse_top(L, pg, "reduce_scatter", -1, cuda);
+  crun_reduce_op_t op = check_op(L, 4);
+  crun_coll_opts_t o;
+  int async = check_opts(L, 5, &o, "reduce_scatter_tensor");
+  o.cuda = cuda;
+  o.premul_factor = premul_arg(L, 4, op);
+  crun_work_t *w = NULL;
+  int rc = crun_pg_reduce_scatter(pg, crun_tensor_data(t), (const void *const *)ins, (size_t)crun_tensor_numel(t),
+                                  crun_tensor_dtype(t), op, &o, WORK_ARG(async));
+  return finish(L, rc, w, async, 2, 3, 2);
+}
+
 /* pg:barrier([opts]) */
 static int l_barrier(lua_State *L) {
   crun_pg_t *pg = check_pg(L, 1);
@@ -963,7 +1044,8 @@ void crun_l_open_pg(lua_State *L) {
       {"all_reduce", l_all_reduce}, {"broadcast", l_broadcast}, {"reduce", l_reduce},
       {"all_gather", l_all_gather}, {"gather", l_gather}, {"scatter", l_scatter},
       {"reduce_scatter", l_reduce_scatter}, {"all_to_all", l_all_to_all},
-      {"all_to_all_single", l_all_to_all_single}, {"barrier", l_barrier},
+      {"all_to_all_single", l_all_to_all_single}, {"all_gather_into_tensor", l_all_gather_into_tensor},
+      {"reduce_scatter_tensor", l_reduce_scatter_tensor}, {"barrier", l_barrier},
       {"send", l_send}, {"recv", l_recv}, {"broadcast_bytes", l_broadcast_bytes},
       {"all_gather_bytes", l_all_gather_bytes}, {"new_group", l_new_group}, {"rank", l_rank},
       {"size", l_size}, {"backend", l_backend}, {"next_seq", l_next_seq}, {"refuse", l_refuse},

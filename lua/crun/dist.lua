@@ -427,66 +427,25 @@ local function tensor_arg(t, fname, what)
   return t
 end
 
---- Views of a contiguous tensor as `n` equal consecutive blocks (1-D), each
---- the size of tensor `one`: nil and the fault ("EINVAL: ...", naming fname
---- and the tensors, big's `what` first) when a tensor or a size is wrong.
-local function blocks_of(big, one, n, fname, what, one_what)
-  local bad = not_tensor(one, fname, one_what .. " tensor") or not_tensor(big, fname, what .. " tensor")
-  if bad then return nil, bad end
-  local per = one:numel()
-  if not big:is_contiguous() then return nil, string.format("EINVAL: %s: the %s tensor must be contiguous", fname, what) end
-  if big:numel() ~= n * per then
-    return nil, string.format("EINVAL: %s: the %s tensor has %d elements, expected %d (world size %d x %d)",
-                              fname, what, big:numel(), n * per, n, per)
-  end
-  local flat, list = big:view(n * per), {}
-  for r = 1, n do list[r] = flat:narrow(1, (r - 1) * per + 1, per) end
-  return list
-end
-
--- The Work of a one-tensor collective run on views of its output t, with its
--- result list made {t} as torch's (w:result() is the table the Work keeps,
--- so emptying it in place changes what result() and get_future give).
-local function result_is(w, t)
-  if w then
-    local r = w:result()
-    for i = #r, 1, -1 do r[i] = nil end
-    r[1] = t
-  end
-  return w
-end
-
--- Whether t is a crun.Tensor on a CUDA device (a refusal of a call on device
--- tensors goes through the device backend of a group of backend "auto").
-local function on_cuda(t)
-  local mt = getmetatable(t)
-  return type(t) == "userdata" and type(mt) == "table" and mt.__name == "crun.Tensor" and t:is_cuda()
-end
-
 --- all_gather_into_tensor(out, t[, opts]): torch's form with one output
 --- tensor of world_size * t:numel() elements, rank r's input in block r.
---- With async_op the Work's result() is {out}.
+--- With async_op the Work's result() is {out}. The binding cuts out into
+--- blocks itself (no view per block: a view is a new userdata), and refuses
+--- a fault only this rank sees for the group, so that every rank fails this
+--- call naming it, rather than the others waiting.
 function dist.all_gather_into_tensor(out, t, opts, async_op)
   opts = O.check(COLL, "all_gather_into_tensor", group_form(opts, ASYNC, async_op, "all_gather_into_tensor"))
   local g = group_of(opts, "all_gather_into_tensor")
-  if not g then return nil end
-  -- a fault only this rank sees is refused for the group, so that every rank
-  -- fails this call naming it (pg:refuse), rather than the others waiting
-  local list, bad = blocks_of(out, t, g:size(), "all_gather_into_tensor", "output", "input")
-  if not list then g:refuse("all_gather", bad, nil, on_cuda(out) or on_cuda(t)) end
-  return result_is(g:all_gather(list, t, opts), out)
+  if g then return g:all_gather_into_tensor(out, t, opts) end
 end
 
 --- reduce_scatter_tensor(out, input[, op][, opts]): torch's form with one
 --- input tensor of world_size * out:numel() elements; rank r gets block r
---- reduced over every rank.
+--- reduced over every rank (faults refused as all_gather_into_tensor's).
 function dist.reduce_scatter_tensor(out, input, op, opts, async_op)
   op, opts = split_op(op, group_form(opts, ASYNC, async_op, "reduce_scatter_tensor"), COLL, "reduce_scatter_tensor")
   local g = group_of(opts, "reduce_scatter_tensor")
-  if not g then return nil end
-  local list, bad = blocks_of(input, out, g:size(), "reduce_scatter_tensor", "input", "output")
-  if not list then g:refuse("reduce_scatter", bad, nil, on_cuda(out) or on_cuda(input)) end  -- as all_gather_into_tensor's
-  return g:reduce_scatter(out, list, op, opts)
+  if g then return g:reduce_scatter_tensor(out, input, op, opts) end
 end
 
 function dist.gather(t, list, dst, opts, async_op)

@@ -175,10 +175,14 @@ elseif mode:match("^listbad:") then
     else ins[1], one = big:narrow(1, 1, 4), big:narrow(1, 2, 4) end
   end
   if bad and k == "self" then outs[rank + 1] = T.zeros({3}) end
-  if c == "all_gather_into_tensor" then  -- k == "size": rank 1's output has one element too many
-    record(pcall(dist.all_gather_into_tensor, T.zeros({4 * n + (bad and 1 or 0)}), one))
-  elseif c == "reduce_scatter_tensor" then  -- k == "size": rank 1's input has one element too few
-    record(pcall(dist.reduce_scatter_tensor, T.zeros({4}), T.full({4 * n - (bad and 1 or 0)}, rank - 2)))
+  if c == "all_gather_into_tensor" then  -- rank 1's output: one element too many ("size"), closed ("closed")
+    local o = T.zeros({4 * n + (bad and k == "size" and 1 or 0)})
+    if bad and k == "closed" then o:close() end
+    record(pcall(dist.all_gather_into_tensor, o, one))
+  elseif c == "reduce_scatter_tensor" then  -- rank 1's input one element too few ("size"), its output closed
+    local o = T.zeros({4})
+    if bad and k == "closed" then o:close() end
+    record(pcall(dist.reduce_scatter_tensor, o, T.full({4 * n - (bad and k == "size" and 1 or 0)}, rank - 2)))
   elseif c == "all_gather" then record(pcall(dist.all_gather, outs, one))
   elseif c == "reduce_scatter" then record(pcall(dist.reduce_scatter, one, ins))
   elseif c == "all_to_all" then record(pcall(dist.all_to_all, outs, ins))
