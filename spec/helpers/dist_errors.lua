@@ -194,6 +194,17 @@ elseif mode:match("^listbad:") then
     record(pcall(dist.all_to_all_single, T.zeros({2 * n}), T.full({2 * n}, rank - 3), splits, insplits))
   end
   record(pcall(dist.all_reduce, T.ones({2})))
+elseif mode:match("^badop:") then  -- rank 1 alone gives an unknown op ("name") or a NaN premul_sum factor ("nan")
+  local n, c, k = dist.get_world_size(), mode:match("^badop:([%w_]+):(%w+)$")
+  local op = rank ~= 1 and "sum" or k == "name" and "nosuchop" or "premul_sum:nan"
+  if c == "all_reduce" then record(pcall(dist.all_reduce, T.full({4}, rank - 3), op))
+  elseif c == "reduce" then record(pcall(dist.reduce, T.full({4}, rank - 3), 0, op))
+  elseif c == "reduce_scatter" then
+    local ins = {}
+    for j = 1, n do ins[j] = T.full({4}, -7 * rank - j) end
+    record(pcall(dist.reduce_scatter, T.zeros({4}), ins, op))
+  else record(pcall(dist.reduce_scatter_tensor, T.zeros({4}), T.full({4 * n}, rank - 2), op)) end
+  record(pcall(dist.all_reduce, T.ones({2})))
 elseif mode == "nonrootgather" or mode == "nonrootscatter" then
   local list = {}
   for j = 1, dist.get_world_size() do list[j] = T.zeros({4}) end
