@@ -63,28 +63,62 @@ static int check_rank_arg(lua_State *L, int idx, crun_pg_t *pg, const char *fnam
   return (int)crun_l_check_range(L, crun_l_checkinteger(L, idx), 0, crun_pg_size(pg) - 1, fname, what);
 }
 
-/* Reads the reduce op at idx: a name ("sum", "SUM", dist.ReduceOp.SUM); default sum. */
-static crun_reduce_op_t check_op(lua_State *L, int idx) {
+/* The type name of the value at idx as lauxlib's errors give it: its
+ * metatable's __name (crun.Tensor, ...) or its basic type. Pushes it. */
+static const char *type_of(lua_State *L, int idx) {
+  if (luaL_getmetafield(L, idx, "__name") == LUA_TSTRING) return lua_tostring(L, -1);
+  return lua_pushstring(L, luaL_typename(L, idx));
+}
+
+static int refuse_top(lua_State *L, crun_pg_t *pg, const char *call, int root, int cuda);
+
+/* The reduce op (at idx) of reducing method fname was wrong on this rank,
+ * with the fault pushed (no status): refuses the call for the group, as a
+ * list fault is (refuse_top), so that the peers fail it naming this rank
+ * rather than meeting its next call. Every reducing method has its group at
+ * slot 1 and its (output) tensor at slot 2, reduce its root at slot 3; the
+ * _tensor forms run as the collective without the suffix. */
+static int op_refuse(lua_State *L, const char *fname) {
+  crun_pg_t *pg = check_pg(L, 1);
+  crun_tensor_t *t = crun_l_test_tensor(L, 2);
+  char call[32];
+  size_t k = strlen(fname);
+  if (k > 7 && strcmp(fname + k - 7, "_tensor") == 0) k -= 7;
+  snprintf(call, sizeof call, "%.*s", (int)k, fname);
+  int root = strcmp(fname, "reduce") == 0 ? (int)lua_tointeger(L, 3) : -1;
+  return refuse_top(L, pg, call, root, t && crun_tensor_device(t) >= 0);
+}
+
+/* Reads the reduce op at idx of method fname: a name ("sum", "SUM",
+ * dist.ReduceOp.SUM); default sum. Anything else is refused (op_refuse). */
+static crun_reduce_op_t check_op(lua_State *L, int idx, const char *fname) {
   if (lua_isnoneornil(L, idx)) return CRUN_OP_SUM;
   crun_reduce_op_t op;
-  const char *name = crun_l_checkstring(L, idx);
+  const char *name = lua_tostring(L, idx);
+  if (!name) {
+    lua_pushfstring(L, "bad argument #%d to '%s' (reduce op name expected, got %s)", idx - 1, fname, type_of(L, idx));
+    return op_refuse(L, fname);
+  }
   if (strncmp(name, "premul_sum:", 11) == 0) return CRUN_OP_PREMUL_SUM;
-  if (crun_reduce_op_parse(name, &op) < 0)
-    crun_l_error(L, "EINVAL: bad argument #%d (unknown reduce op '%s'; use sum, product, min, max, avg, band, bor or bxor)",
-               idx - 1, name);
+  if (crun_reduce_op_parse(name, &op) < 0) {
+    lua_pushfstring(L, "bad argument #%d to '%s' (unknown reduce op '%s'; use sum, product, min, max, avg, band, bor "
+                    "or bxor)", idx - 1, fname, name);
+    return op_refuse(L, fname);
+  }
   return op;
 }
 
 /* The factor of "premul_sum:<factor>" (dist.make_premul_sum) at idx, for
- * an op check_op read as premul_sum; EINVAL when there is none. */
-static double premul_arg(lua_State *L, int idx, crun_reduce_op_t op) {
+ * an op check_op read as premul_sum; none or a NaN one is refused (op_refuse). */
+static double premul_arg(lua_State *L, int idx, crun_reduce_op_t op, const char *fname) {
   if (op != CRUN_OP_PREMUL_SUM) return 1.0;
   const char *s = lua_tostring(L, idx), *c = s ? strchr(s, ':') : NULL;
   char *end = NULL;
   double f = c ? strtod(c + 1, &end) : 0;
   if (!c || end == c + 1 || *end != '\0')
-    crun_l_error(L, "EINVAL: premul_sum needs a factor: use dist.make_premul_sum(factor)");
-  if (f != f) crun_l_error(L, "EINVAL: premul_sum: the factor is NaN (dist.make_premul_sum refuses it too)");
+    return lua_pushliteral(L, "premul_sum needs a factor: use dist.make_premul_sum(factor)"), op_refuse(L, fname);
+  if (f != f)
+    return lua_pushliteral(L, "premul_sum: the factor is NaN (dist.make_premul_sum refuses it too)"), op_refuse(L, fname);
   return f;
 }
 
@@ -96,13 +130,6 @@ static int check_opts(lua_State *L, int idx, crun_coll_opts_t *o, const char *fn
   o->timeout = crun_l_optfield_number(L, idx, "timeout", 0);
   o->tag = (int)crun_l_optfield_range(L, idx, "tag", 0, INT_MIN, INT_MAX, fname);
   return crun_l_optfield_boolean(L, idx, "async_op", 0);
-}
-
-/* The type name of the value at idx as lauxlib's errors give it: its
- * metatable's __name (crun.Tensor, ...) or its basic type. Pushes it. */
-static const char *type_of(lua_State *L, int idx) {
-  if (luaL_getmetafield(L, idx, "__name") == LUA_TSTRING) return lua_tostring(L, -1);
-  return lua_pushstring(L, luaL_typename(L, idx));
 }
 
 /* The open, contiguous tensor at idx: argument arg of fname, or entry `entry`
@@ -249,11 +276,11 @@ static void unpin_if_done(lua_State *L, int idx) {
 /* pg:all_reduce(t[, op][, opts]) on pg, the checked group at slot 1 */
 static int all_reduce_on(lua_State *L, crun_pg_t *pg) {
   crun_tensor_t *t = check_tensor(L, 2, "all_reduce");
-  crun_reduce_op_t op = check_op(L, 3);
+  crun_reduce_op_t op = check_op(L, 3, "all_reduce");
   crun_coll_opts_t o;
   int async = check_opts(L, 4, &o, "all_reduce");
   o.cuda = crun_tensor_device(t) >= 0;
-  o.premul_factor = premul_arg(L, 3, op);
+  o.premul_factor = premul_arg(L, 3, op, "all_reduce");
   crun_work_t *w = NULL;
   int rc = crun_pg_all_reduce(pg, crun_tensor_data(t), (size_t)crun_tensor_numel(t), crun_tensor_dtype(t), op, &o, WORK_ARG(async));
   return finish(L, rc, w, async, 2, 2, 2);
@@ -338,11 +365,11 @@ static int l_reduce(lua_State *L) {
   crun_pg_t *pg = check_pg(L, 1);
   crun_tensor_t *t = check_tensor(L, 2, "reduce");
   int dst = check_rank_arg(L, 3, pg, "reduce", "dst");
-  crun_reduce_op_t op = check_op(L, 4);
+  crun_reduce_op_t op = check_op(L, 4, "reduce");
   crun_coll_opts_t o;
   int async = check_opts(L, 5, &o, "reduce");
   o.cuda = crun_tensor_device(t) >= 0;
-  o.premul_factor = premul_arg(L, 4, op);
+  o.premul_factor = premul_arg(L, 4, op, "reduce");
   crun_work_t *w = NULL;
   int rc = crun_pg_reduce(pg, crun_tensor_data(t), (size_t)crun_tensor_numel(t), crun_tensor_dtype(t), op, dst, &o, WORK_ARG(async));
   return finish(L, rc, w, async, 2, 2, 2);
@@ -449,11 +476,11 @@ static int l_reduce_scatter(lua_State *L) {
   int n = crun_pg_size(pg);
   void **ins = lua_newuserdatauv(L, sizeof(void *) * (size_t)n, 0);
   if (list_fault(L, 3, n, t, "reduce_scatter", ins)) refuse_top(L, pg, "reduce_scatter", -1, crun_tensor_device(t) >= 0);
-  crun_reduce_op_t op = check_op(L, 4);
+  crun_reduce_op_t op = check_op(L, 4, "reduce_scatter");
   crun_coll_opts_t o;
   int async = check_opts(L, 5, &o, "reduce_scatter");
   o.cuda = crun_tensor_device(t) >= 0;
-  o.premul_factor = premul_arg(L, 4, op);
+  o.premul_factor = premul_arg(L, 4, op, "reduce_scatter");
   crun_work_t *w = NULL;
   int rc = crun_pg_reduce_scatter(pg, crun_tensor_data(t), (const void *const *)ins, (size_t)crun_tensor_numel(t),
                                   crun_tensor_dtype(t), op, &o, WORK_ARG(async));
@@ -616,6 +643,87 @@ static int l_all_to_all_single(lua_State *L) {
   crun_work_t *w = NULL;
   int rc = crun_pg_all_to_all(pg, p, cnt, (const void *const *)(p + n), cnt + n, crun_tensor_dtype(out), &o,
                               WORK_ARG(async));
+  return finish(L, rc, w, async, 2, 3, 2);
+}
+
+/* The tensor at idx, `what` tensor of fname: open, or NULL with the fault
+ * pushed ("fname: the what tensor ...", no status), raising nothing. */
+static crun_tensor_t *whole_tensor(lua_State *L, int idx, const char *fname, const char *what) {
+  crun_tensor_t *t = crun_l_test_tensor(L, idx);
+  if (t) return t;
+  if (luaL_testudata(L, idx, "crun.Tensor")) return lua_pushfstring(L, "%s: the %s tensor is closed", fname, what), NULL;
+  lua_pushfstring(L, "%s: the %s tensor must be a crun.Tensor, got %s", fname, what, luaL_typename(L, idx));
+  return NULL;
+}
+
+/* The tensor `big` at bidx as n equal consecutive blocks, each the size of
+ * the tensor `one` at oidx (all_gather_into_tensor's output and input,
+ * reduce_scatter_tensor's input and output: what names them), into ptrs
+ * (no view made); *onep gets one. Returns 0, or 1 with the fault pushed (no
+ * status; *cuda set when a tensor is on a device), raising nothing. */
+static int blocks_fault(lua_State *L, crun_pg_t *pg, const char *fname, int bidx, int oidx, const char *const what[2],
+                        void **ptrs, crun_tensor_t **onep, int *cuda) {
+  int n = crun_pg_size(pg);
+  crun_tensor_t *one = whole_tensor(L, oidx, fname, what[1]), *big = one ? whole_tensor(L, bidx, fname, what[0]) : NULL;
+  if (!big) return 1;
+  *cuda = crun_tensor_device(one) >= 0 || crun_tensor_device(big) >= 0;
+  int64_t per = crun_tensor_numel(one);
+  if (!crun_tensor_is_contiguous(big)) return lua_pushfstring(L, "%s: the %s tensor must be contiguous", fname, what[0]), 1;
+  if (crun_tensor_numel(big) != n * per)
+    return lua_pushfstring(L, "%s: the %s tensor has %I elements, expected %I (world size %d x %I)", fname, what[0],
+                           (lua_Integer)crun_tensor_numel(big), (lua_Integer)(n * per), n, (lua_Integer)per), 1;
+  if (!crun_tensor_is_contiguous(one)) return lua_pushfstring(L, "%s: the %s tensor must be contiguous", fname, what[1]), 1;
+  if (crun_tensor_dtype(big) != crun_tensor_dtype(one))
+    return lua_pushfstring(L, "%s: the %s tensor is %s, the %s %s", fname, what[0], crun_dtype_name(crun_tensor_dtype(big)),
+                           what[1], crun_dtype_name(crun_tensor_dtype(one))), 1;
+  if (crun_tensor_device(big) != crun_tensor_device(one))
+    return lua_pushfstring(L, "%s: the %s tensor is on %s, the %s on %s", fname, what[0],
+                           crun_tensor_device(big) >= 0 ? "cuda" : "cpu", what[1],
+                           crun_tensor_device(one) >= 0 ? "cuda" : "cpu"), 1;
+  size_t bytes = (size_t)per * crun_dtype_size(crun_tensor_dtype(one));
+  for (int i = 0; i < n; i++) ptrs[i] = (char *)crun_tensor_data(big) + (size_t)i * bytes;
+  *onep = one;
+  return 0;
+}
+
+/* pg:all_gather_into_tensor(out, t[, opts]): dist.all_gather_into_tensor's
+ * all_gather into n consecutive blocks of out, given to the runtime as
+ * pointers (no Lua view per block). A fault of this rank's arguments is
+ * refused for the group (call "all_gather"). Work result: {out}. */
+static int l_all_gather_into_tensor(lua_State *L) {
+  static const char *const what[2] = {"output", "input"};
+  crun_pg_t *pg = check_pg(L, 1);
+  void **outs = lua_newuserdatauv(L, sizeof(void *) * (size_t)crun_pg_size(pg), 0);
+  crun_tensor_t *t = NULL;
+  int cuda = 0;
+  if (blocks_fault(L, pg, "all_gather_into_tensor", 2, 3, what, outs, &t, &cuda)) refuse_top(L, pg, "all_gather", -1, cuda);
+  crun_coll_opts_t o;
+  int async = check_opts(L, 4, &o, "all_gather_into_tensor");
+  o.cuda = cuda;
+  crun_work_t *w = NULL;
+  int rc = crun_pg_all_gather(pg, outs, crun_tensor_data(t), (size_t)crun_tensor_numel(t), crun_tensor_dtype(t), &o,
+                              WORK_ARG(async));
+  return finish(L, rc, w, async, 2, 3, 2);
+}
+
+/* pg:reduce_scatter_tensor(out, input[, op][, opts]): dist.reduce_scatter_tensor's
+ * reduce_scatter of n consecutive blocks of input, as all_gather_into_tensor's
+ * (refused as call "reduce_scatter"). Work result: {out}. */
+static int l_reduce_scatter_tensor(lua_State *L) {
+  static const char *const what[2] = {"input", "output"};
+  crun_pg_t *pg = check_pg(L, 1);
+  void **ins = lua_newuserdatauv(L, sizeof(void *) * (size_t)crun_pg_size(pg), 0);
+  crun_tensor_t *t = NULL;
+  int cuda = 0;
+  if (blocks_fault(L, pg, "reduce_scatter_tensor", 3, 2, what, ins, &t, &cuda)) refuse_top(L, pg, "reduce_scatter", -1, cuda);
+  crun_reduce_op_t op = check_op(L, 4, "reduce_scatter_tensor");
+  crun_coll_opts_t o;
+  int async = check_opts(L, 5, &o, "reduce_scatter_tensor");
+  o.cuda = cuda;
+  o.premul_factor = premul_arg(L, 4, op, "reduce_scatter_tensor");
+  crun_work_t *w = NULL;
+  int rc = crun_pg_reduce_scatter(pg, crun_tensor_data(t), (const void *const *)ins, (size_t)crun_tensor_numel(t),
+                                  crun_tensor_dtype(t), op, &o, WORK_ARG(async));
   return finish(L, rc, w, async, 2, 3, 2);
 }
 
@@ -963,7 +1071,8 @@ void crun_l_open_pg(lua_State *L) {
       {"all_reduce", l_all_reduce}, {"broadcast", l_broadcast}, {"reduce", l_reduce},
       {"all_gather", l_all_gather}, {"gather", l_gather}, {"scatter", l_scatter},
       {"reduce_scatter", l_reduce_scatter}, {"all_to_all", l_all_to_all},
-      {"all_to_all_single", l_all_to_all_single}, {"barrier", l_barrier},
+      {"all_to_all_single", l_all_to_all_single}, {"all_gather_into_tensor", l_all_gather_into_tensor},
+      {"reduce_scatter_tensor", l_reduce_scatter_tensor}, {"barrier", l_barrier},
       {"send", l_send}, {"recv", l_recv}, {"broadcast_bytes", l_broadcast_bytes},
       {"all_gather_bytes", l_all_gather_bytes}, {"new_group", l_new_group}, {"rank", l_rank},
       {"size", l_size}, {"backend", l_backend}, {"next_seq", l_next_seq}, {"refuse", l_refuse},

@@ -79,6 +79,21 @@ describe("crun.dist arguments", function()
      "EINVAL: reduce_scatter_tensor: the input tensor must be a crun.Tensor, got nil"},
     {"reduce_scatter_tensor(nil, t)", function() dist.reduce_scatter_tensor(nil, T.ones{2}) end,
      "EINVAL: reduce_scatter_tensor: the output tensor must be a crun.Tensor, got nil"},
+    -- a closed tensor, a strided one, another dtype: named, not "bad argument to 'numel'" or a list entry's fault
+    {"all_gather_into_tensor(out, closed)", function() local c = T.ones{2}; c:close(); dist.all_gather_into_tensor(T.ones{2}, c) end,
+     "EINVAL: all_gather_into_tensor: the input tensor is closed"},
+    {"all_gather_into_tensor(closed, t)", function() local c = T.ones{2}; c:close(); dist.all_gather_into_tensor(c, T.ones{2}) end,
+     "EINVAL: all_gather_into_tensor: the output tensor is closed"},
+    {"reduce_scatter_tensor(closed, t)", function() local c = T.ones{2}; c:close(); dist.reduce_scatter_tensor(c, T.ones{2}) end,
+     "EINVAL: reduce_scatter_tensor: the output tensor is closed"},
+    {"reduce_scatter_tensor(t, closed)", function() local c = T.ones{2}; c:close(); dist.reduce_scatter_tensor(T.ones{2}, c) end,
+     "EINVAL: reduce_scatter_tensor: the input tensor is closed"},
+    {"all_gather_into_tensor(out, strided)", function()
+      dist.all_gather_into_tensor(T.ones{4}, T.ones({2, 2}):transpose(1, 2)) end,
+     "EINVAL: all_gather_into_tensor: the input tensor must be contiguous"},
+    {"reduce_scatter_tensor(float64, float32)", function()
+      dist.reduce_scatter_tensor(T.ones({3}, "float64"), T.ones{3}) end,
+     "EINVAL: reduce_scatter_tensor: the input tensor is float32, the output float64"},
     {"all_to_all_single(nil, t)", function() dist.all_to_all_single(nil, T.ones{2}) end,
      "EINVAL: all_to_all_single on rank 0: the output tensor must be a crun.Tensor, got nil"},
     {"all_to_all_single(closed, t)", function() local c = T.zeros{2}; c:close(); dist.all_to_all_single(c, T.ones{2}) end,

@@ -220,6 +220,8 @@ describe("dist failures", function()
       return ("reduce_scatter_tensor: the input tensor has %d elements, expected %d (world size %d x 4)"):format(
         4 * n - 1, 4 * n, n)
     end},
+    {"all_gather_into_tensor", "closed", "all_gather_into_tensor: the output tensor is closed"},
+    {"reduce_scatter_tensor", "closed", "reduce_scatter_tensor: the output tensor is closed"},
   }
   for _, k in ipairs(LISTBAD) do
     for _, run_on in ipairs{{2, "CRUN_SHM=0"}, {3, "CRUN_SHM=0"}, {3, "CRUN_SHM=1"}} do
@@ -241,6 +243,35 @@ describe("dist failures", function()
           assert.is_falsy(res[r]:find("EMISMATCH", 1, true), res[r])
         end
       end)
+    end
+  end
+
+  -- A reduce op that is wrong on one rank alone (an unknown name, a NaN
+  -- premul_sum factor) is refused for the group as the list faults are:
+  -- every rank fails that call naming rank 1's fault, not the next one with
+  -- an EMISMATCH.
+  for _, c in ipairs{{"all_reduce", 2, "all_reduce"}, {"reduce", 3, "reduce"}, {"reduce_scatter", 3, "reduce_scatter"},
+                     {"reduce_scatter_tensor", 3, "reduce_scatter"}} do
+    for _, k in ipairs{"name", "nan"} do
+      for _, run_on in ipairs{{2, "CRUN_SHM=0"}, {3, "CRUN_SHM=0"}, {3, "CRUN_SHM=1"}} do
+        local n, env = run_on[1], run_on[2]
+        it(string.format("tell every rank why rank 1 refused its %s (bad op: %s, %s, %d ranks)", c[1], k, env, n), function()
+          local res, out = scenario_n(n, "badop:" .. c[1] .. ":" .. k, env)
+          local why = k == "nan" and "premul_sum: the factor is NaN (dist.make_premul_sum refuses it too)"
+            or string.format("bad argument #%d to '%s' (unknown reduce op 'nosuchop'; use sum, ", c[2], c[1])
+          for r = 0, n - 1 do
+            local l = {}
+            for line in (res[r] .. "\n"):gmatch("(.-)\n") do l[#l + 1] = line end
+            assert.is_truthy(l[1] and l[1]:match("^error EINVAL: ") and l[1]:find(why, 1, true),
+                             "rank " .. r .. ": " .. res[r] .. "\n" .. out)
+            if r ~= 1 then
+              assert.is_truthy(l[1]:find("rank 1 refused its part of " .. c[3], 1, true), "rank " .. r .. ": " .. l[1])
+            end
+            assert.is_truthy(l[2] and l[2]:match("^error E") and l[2]:find(why, 1, true), "rank " .. r .. ": " .. res[r])
+            assert.is_falsy(res[r]:find("EMISMATCH", 1, true), res[r])
+          end
+        end)
+      end
     end
   end
 

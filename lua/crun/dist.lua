@@ -24,6 +24,8 @@ local dist = {}
 local COLL = O.spec{"async_op", "group", "timeout"}
 local P2P = O.spec{"async_op", "group", "timeout", "tag"}
 local OBJ = O.spec{"group", "timeout"}
+local OBJ_LIST = O.spec{"group", "timeout",
+  inert = {device = "crun serializes objects on the host (a nccl group stages them through the current device)"}}
 local INIT = O.spec{"backend", "init_method", "world_size", "rank", "store", "timeout", "group_name",
   inert = {pg_options = "crun's backends take no per-group options", device_id = "no device binding in crun's cpu backends"}}
 local NEW_GROUP = O.spec{"timeout", "backend",
@@ -349,10 +351,18 @@ end
 -- torch's positional trailing arguments: a process group (or
 -- NON_GROUP_MEMBER) in the options' place and the argument after it (named
 -- `name`: all_reduce(t, op, group, async_op), send(t, dst, group, tag)) make
--- the options table {group =, [name] =}; anything else is the options as given.
-local function group_form(opts, name, v)
-  if type(opts) ~= "userdata" and opts ~= NON_MEMBER then return opts end
-  return {group = opts, [name] = v}
+-- the options table {group =, [name] =}, nil there being torch's None (the
+-- default group); anything else is the options as given, with nothing after
+-- them (EINVAL naming fname).
+local function group_form(opts, name, v, fname)
+  if v == nil and type(opts) ~= "userdata" and opts ~= NON_MEMBER then return opts end
+  if type(opts) == "table" and opts ~= NON_MEMBER then  -- {group=...}, true: which async_op was meant?
+    fail("EINVAL: %s: %s given after an options table (pass torch's positional group, %s or one table {group=, %s=})",
+         fname, name, name, name)
+  end
+  local o = {group = opts}  -- opts nil: torch's group=None, the default group
+  if name then o[name] = v end  -- the object collectives take nothing after it
+  return o
 end
 local ASYNC, TAG = "async_op", "tag"
 
@@ -369,7 +379,7 @@ local function group_of(opts, fname)
 end
 
 function dist.all_reduce(t, op, opts, async_op)
-  opts = group_form(opts, ASYNC, async_op)
+  opts = group_form(opts, ASYNC, async_op, "all_reduce")
   op, opts = split_op(op, opts, COLL, "all_reduce")
   local g = group_of(opts, "all_reduce")
   if g then return g:all_reduce(t, op, opts) end
@@ -381,7 +391,7 @@ end
 dist.all_reduce = core.fast_all_reduce(state, dist.all_reduce)
 
 function dist.broadcast(t, src, opts, async_op)
-  opts = group_form(opts, ASYNC, async_op)
+  opts = group_form(opts, ASYNC, async_op, "broadcast")
   local pg = state.pg
   if opts == nil and pg and math.type(src) == "integer" then return pg:broadcast(t, src) end
   opts = O.check(COLL, "broadcast", opts)
@@ -390,14 +400,14 @@ function dist.broadcast(t, src, opts, async_op)
 end
 
 function dist.reduce(t, dst, op, opts, async_op)
-  opts = group_form(opts, ASYNC, async_op)
+  opts = group_form(opts, ASYNC, async_op, "reduce")
   op, opts = split_op(op, opts, COLL, "reduce")
   local g = group_of(opts, "reduce")
   if g then return g:reduce(t, to_group_rank(g, dst, "reduce"), op, opts) end
 end
 
-function dist.all_gather(list, t, opts)
-  opts = O.check(COLL, "all_gather", opts)
+function dist.all_gather(list, t, opts, async_op)
+  opts = O.check(COLL, "all_gather", group_form(opts, ASYNC, async_op, "all_gather"))
   local g = group_of(opts, "all_gather")
   if g then return g:all_gather(list, t, opts) end
 end
@@ -417,88 +427,47 @@ local function tensor_arg(t, fname, what)
   return t
 end
 
---- Views of a contiguous tensor as `n` equal consecutive blocks (1-D), each
---- the size of tensor `one`: nil and the fault ("EINVAL: ...", naming fname
---- and the tensors, big's `what` first) when a tensor or a size is wrong.
-local function blocks_of(big, one, n, fname, what, one_what)
-  local bad = not_tensor(one, fname, one_what .. " tensor") or not_tensor(big, fname, what .. " tensor")
-  if bad then return nil, bad end
-  local per = one:numel()
-  if not big:is_contiguous() then return nil, string.format("EINVAL: %s: the %s tensor must be contiguous", fname, what) end
-  if big:numel() ~= n * per then
-    return nil, string.format("EINVAL: %s: the %s tensor has %d elements, expected %d (world size %d x %d)",
-                              fname, what, big:numel(), n * per, n, per)
-  end
-  local flat, list = big:view(n * per), {}
-  for r = 1, n do list[r] = flat:narrow(1, (r - 1) * per + 1, per) end
-  return list
-end
-
--- The Work of a one-tensor collective run on views of its output t, with its
--- result list made {t} as torch's (w:result() is the table the Work keeps,
--- so emptying it in place changes what result() and get_future give).
-local function result_is(w, t)
-  if w then
-    local r = w:result()
-    for i = #r, 1, -1 do r[i] = nil end
-    r[1] = t
-  end
-  return w
-end
-
--- Whether t is a crun.Tensor on a CUDA device (a refusal of a call on device
--- tensors goes through the device backend of a group of backend "auto").
-local function on_cuda(t)
-  local mt = getmetatable(t)
-  return type(t) == "userdata" and type(mt) == "table" and mt.__name == "crun.Tensor" and t:is_cuda()
-end
-
 --- all_gather_into_tensor(out, t[, opts]): torch's form with one output
 --- tensor of world_size * t:numel() elements, rank r's input in block r.
---- With async_op the Work's result() is {out}.
-function dist.all_gather_into_tensor(out, t, opts)
-  opts = O.check(COLL, "all_gather_into_tensor", opts)
+--- With async_op the Work's result() is {out}. The binding cuts out into
+--- blocks itself (no view per block: a view is a new userdata), and refuses
+--- a fault only this rank sees for the group, so that every rank fails this
+--- call naming it, rather than the others waiting.
+function dist.all_gather_into_tensor(out, t, opts, async_op)
+  opts = O.check(COLL, "all_gather_into_tensor", group_form(opts, ASYNC, async_op, "all_gather_into_tensor"))
   local g = group_of(opts, "all_gather_into_tensor")
-  if not g then return nil end
-  -- a fault only this rank sees is refused for the group, so that every rank
-  -- fails this call naming it (pg:refuse), rather than the others waiting
-  local list, bad = blocks_of(out, t, g:size(), "all_gather_into_tensor", "output", "input")
-  if not list then g:refuse("all_gather", bad, nil, on_cuda(out) or on_cuda(t)) end
-  return result_is(g:all_gather(list, t, opts), out)
+  if g then return g:all_gather_into_tensor(out, t, opts) end
 end
 
 --- reduce_scatter_tensor(out, input[, op][, opts]): torch's form with one
 --- input tensor of world_size * out:numel() elements; rank r gets block r
---- reduced over every rank.
-function dist.reduce_scatter_tensor(out, input, op, opts)
-  op, opts = split_op(op, opts, COLL, "reduce_scatter_tensor")
+--- reduced over every rank (faults refused as all_gather_into_tensor's).
+function dist.reduce_scatter_tensor(out, input, op, opts, async_op)
+  op, opts = split_op(op, group_form(opts, ASYNC, async_op, "reduce_scatter_tensor"), COLL, "reduce_scatter_tensor")
   local g = group_of(opts, "reduce_scatter_tensor")
-  if not g then return nil end
-  local list, bad = blocks_of(input, out, g:size(), "reduce_scatter_tensor", "input", "output")
-  if not list then g:refuse("reduce_scatter", bad, nil, on_cuda(out) or on_cuda(input)) end  -- as all_gather_into_tensor's
-  return g:reduce_scatter(out, list, op, opts)
+  if g then return g:reduce_scatter_tensor(out, input, op, opts) end
 end
 
-function dist.gather(t, list, dst, opts)
-  opts = O.check(COLL, "gather", opts)
+function dist.gather(t, list, dst, opts, async_op)
+  opts = O.check(COLL, "gather", group_form(opts, ASYNC, async_op, "gather"))
   local g = group_of(opts, "gather")
   if g then return g:gather(t, list, to_group_rank(g, dst or 0, "gather"), opts) end
 end
 
-function dist.scatter(t, list, src, opts)
-  opts = O.check(COLL, "scatter", opts)
+function dist.scatter(t, list, src, opts, async_op)
+  opts = O.check(COLL, "scatter", group_form(opts, ASYNC, async_op, "scatter"))
   local g = group_of(opts, "scatter")
   if g then return g:scatter(t, list, to_group_rank(g, src or 0, "scatter"), opts) end
 end
 
-function dist.reduce_scatter(out, list, op, opts)
-  op, opts = split_op(op, opts, COLL, "reduce_scatter")
+function dist.reduce_scatter(out, list, op, opts, async_op)
+  op, opts = split_op(op, group_form(opts, ASYNC, async_op, "reduce_scatter"), COLL, "reduce_scatter")
   local g = group_of(opts, "reduce_scatter")
   if g then return g:reduce_scatter(out, list, op, opts) end
 end
 
-function dist.all_to_all(outs, ins, opts)
-  opts = O.check(COLL, "all_to_all", opts)
+function dist.all_to_all(outs, ins, opts, async_op)
+  opts = O.check(COLL, "all_to_all", group_form(opts, ASYNC, async_op, "all_to_all"))
   local g = group_of(opts, "all_to_all")
   if g then return g:all_to_all(outs, ins, opts) end
 end
@@ -512,7 +481,8 @@ end
 -- rank with EINVAL naming that rank, and the group stops (torch's would
 -- leave the others waiting). With async_op the Work's result() is {output},
 -- as torch's.
-function dist.all_to_all_single(output, input, out_splits, in_splits, opts)
+function dist.all_to_all_single(output, input, out_splits, in_splits, opts, async_op)
+  opts = group_form(opts, ASYNC, async_op, "all_to_all_single")
   if type(out_splits) == "table" and #out_splits == 0 and next(out_splits) ~= nil then
     out_splits, in_splits, opts = nil, nil, out_splits
   end
@@ -529,7 +499,7 @@ function dist.all_to_all_single(output, input, out_splits, in_splits, opts)
 end
 
 function dist.barrier(opts, async_op)
-  opts = group_form(opts, ASYNC, async_op)
+  opts = group_form(opts, ASYNC, async_op, "barrier")
   local pg = state.pg
   if opts == nil and pg then return pg:barrier() end
   opts = O.check(COLL, "barrier", opts)
@@ -543,8 +513,12 @@ end
 -- not arrive (every such rank with wait_all_ranks); the other ranks get the
 -- same error. Not for hot loops: it is for finding the rank that is stuck.
 function dist.monitored_barrier(opts, timeout, wait_all_ranks)
-  if type(opts) == "userdata" or opts == NON_MEMBER then  -- torch's positional form
+  if type(opts) == "userdata" or opts == NON_MEMBER or opts == nil and (timeout ~= nil or wait_all_ranks ~= nil) then
+    -- torch's positional form (a nil group: torch's None, the default group)
     opts = {group = opts, timeout = timeout, wait_all_ranks = wait_all_ranks}
+  elseif timeout ~= nil or wait_all_ranks ~= nil then
+    fail("EINVAL: monitored_barrier: arguments after an options table (pass torch's positional group, timeout, "
+         .. "wait_all_ranks or one table {group=, timeout=, wait_all_ranks=})")
   end
   opts = O.check(MONITORED, "monitored_barrier", opts)
   local g = group_of(opts, "monitored_barrier")
@@ -588,10 +562,13 @@ function dist.monitored_barrier(opts, timeout, wait_all_ranks)
 end
 
 --- send(t, dst[, opts{tag=, group=}]); tag >= 0 (torch refuses a negative one).
---- send, recv, isend and irecv also take torch's positional (group[, tag]) there,
---- all_reduce, broadcast, reduce and barrier (group[, async_op]).
+--- send, recv, isend and irecv also take torch's positional (group[, tag]) there;
+--- every tensor collective takes torch's positional (group[, async_op]) in the
+--- options' place (all_to_all_single after both split lists), the object
+--- collectives torch's positional group (broadcast_object_list a device after
+--- it, which has no effect), monitored_barrier (group, timeout, wait_all_ranks).
 function dist.send(t, dst, opts, tag)
-  opts = O.check(P2P, "send", group_form(opts, TAG, tag))
+  opts = O.check(P2P, "send", group_form(opts, TAG, tag, "send"))
   local g = group_of(opts, "send")
   if g then return g:send(t, to_group_rank(g, dst, "send"), opts) end
 end
@@ -599,7 +576,7 @@ end
 --- recv(t[, src][, opts{tag=, group=}]) -> the sender's global rank
 function dist.recv(t, src, opts, tag)
   if type(src) == "table" then src, opts = nil, src end
-  opts = O.check(P2P, "recv", group_form(opts, TAG, tag))
+  opts = O.check(P2P, "recv", group_form(opts, TAG, tag, "recv"))
   local g = group_of(opts, "recv")
   if not g then return -1 end
   local from = g:recv(t, src and to_group_rank(g, src, "recv"), opts)
@@ -616,11 +593,11 @@ end
 --- isend / irecv: as send / recv with async_op; return a crun.Work. After
 -- wait, w:source() is the sender's rank in the group (global for the default group).
 function dist.isend(t, dst, opts, tag)
-  return dist.send(t, dst, with_async(O.check(P2P, "isend", group_form(opts, TAG, tag))))
+  return dist.send(t, dst, with_async(O.check(P2P, "isend", group_form(opts, TAG, tag, "isend"))))
 end
 function dist.irecv(t, src, opts, tag)
   if type(src) == "table" then src, opts = nil, src end
-  opts = O.check(P2P, "irecv", group_form(opts, TAG, tag))
+  opts = O.check(P2P, "irecv", group_form(opts, TAG, tag, "irecv"))
   local g = group_of(opts, "irecv")
   if g then return g:recv(t, src and to_group_rank(g, src, "irecv"), with_async(opts)) end
 end
@@ -784,7 +761,7 @@ function dist.all_gather_object(...)
     if not g then return nil end
     return gather_values(a, g, o, "all_gather_object")
   end
-  opts = O.check(OBJ, "all_gather_object", opts)
+  opts = O.check(OBJ, "all_gather_object", group_form(opts, nil, nil, "all_gather_object"))
   local g = group_of(opts, "all_gather_object")
   if not g then return nil end
   local vals = gather_values(b, g, opts, "all_gather_object")
@@ -804,8 +781,8 @@ end
 --- broadcast_object_list(list, src[, opts]): every other rank's list gets
 -- src's elements in place (torch: the lists have the same length on every
 -- rank); src's list keeps its own objects, not copies of them, as in torch.
-function dist.broadcast_object_list(list, src, opts)
-  opts = O.check(OBJ, "broadcast_object_list", opts)
+function dist.broadcast_object_list(list, src, opts, device)
+  opts = O.check(OBJ_LIST, "broadcast_object_list", group_form(opts, "device", device, "broadcast_object_list"))
   local g = group_of(opts, "broadcast_object_list")
   if not g then return nil end
   local gsrc = obj_root(g, src or 0, "broadcast_object_list", "src")
@@ -825,7 +802,7 @@ end
 --- gather_object(obj, list, dst[, opts]): dst's list gets every rank's obj
 -- (list[r+1] from group rank r); list is ignored (may be nil) elsewhere.
 function dist.gather_object(obj, list, dst, opts)
-  opts = O.check(OBJ, "gather_object", opts)
+  opts = O.check(OBJ, "gather_object", group_form(opts, nil, nil, "gather_object"))
   local g = group_of(opts, "gather_object")
   if not g then return nil end
   local gdst = obj_root(g, dst or 0, "gather_object", "dst")
@@ -842,7 +819,7 @@ end
 --- scatter_object_list(out, in, src[, opts]): out[1] gets src's in[r+1] on
 -- group rank r; in is read on src only.
 function dist.scatter_object_list(out, input, src, opts)
-  opts = O.check(OBJ, "scatter_object_list", opts)
+  opts = O.check(OBJ, "scatter_object_list", group_form(opts, nil, nil, "scatter_object_list"))
   local g = group_of(opts, "scatter_object_list")
   if not g then return nil end
   local gsrc = obj_root(g, src or 0, "scatter_object_list", "src")

@@ -175,10 +175,14 @@ elseif mode:match("^listbad:") then
     else ins[1], one = big:narrow(1, 1, 4), big:narrow(1, 2, 4) end
   end
   if bad and k == "self" then outs[rank + 1] = T.zeros({3}) end
-  if c == "all_gather_into_tensor" then  -- k == "size": rank 1's output has one element too many
-    record(pcall(dist.all_gather_into_tensor, T.zeros({4 * n + (bad and 1 or 0)}), one))
-  elseif c == "reduce_scatter_tensor" then  -- k == "size": rank 1's input has one element too few
-    record(pcall(dist.reduce_scatter_tensor, T.zeros({4}), T.full({4 * n - (bad and 1 or 0)}, rank - 2)))
+  if c == "all_gather_into_tensor" then  -- rank 1's output: one element too many ("size"), closed ("closed")
+    local o = T.zeros({4 * n + (bad and k == "size" and 1 or 0)})
+    if bad and k == "closed" then o:close() end
+    record(pcall(dist.all_gather_into_tensor, o, one))
+  elseif c == "reduce_scatter_tensor" then  -- rank 1's input one element too few ("size"), its output closed
+    local o = T.zeros({4})
+    if bad and k == "closed" then o:close() end
+    record(pcall(dist.reduce_scatter_tensor, o, T.full({4 * n - (bad and k == "size" and 1 or 0)}, rank - 2)))
   elseif c == "all_gather" then record(pcall(dist.all_gather, outs, one))
   elseif c == "reduce_scatter" then record(pcall(dist.reduce_scatter, one, ins))
   elseif c == "all_to_all" then record(pcall(dist.all_to_all, outs, ins))
@@ -189,6 +193,17 @@ elseif mode:match("^listbad:") then
     if bad then insplits[1], insplits[2] = 3, 1 end
     record(pcall(dist.all_to_all_single, T.zeros({2 * n}), T.full({2 * n}, rank - 3), splits, insplits))
   end
+  record(pcall(dist.all_reduce, T.ones({2})))
+elseif mode:match("^badop:") then  -- rank 1 alone gives an unknown op ("name") or a NaN premul_sum factor ("nan")
+  local n, c, k = dist.get_world_size(), mode:match("^badop:([%w_]+):(%w+)$")
+  local op = rank ~= 1 and "sum" or k == "name" and "nosuchop" or "premul_sum:nan"
+  if c == "all_reduce" then record(pcall(dist.all_reduce, T.full({4}, rank - 3), op))
+  elseif c == "reduce" then record(pcall(dist.reduce, T.full({4}, rank - 3), 0, op))
+  elseif c == "reduce_scatter" then
+    local ins = {}
+    for j = 1, n do ins[j] = T.full({4}, -7 * rank - j) end
+    record(pcall(dist.reduce_scatter, T.zeros({4}), ins, op))
+  else record(pcall(dist.reduce_scatter_tensor, T.zeros({4}), T.full({4 * n}, rank - 2), op)) end
   record(pcall(dist.all_reduce, T.ones({2})))
 elseif mode == "nonrootgather" or mode == "nonrootscatter" then
   local list = {}

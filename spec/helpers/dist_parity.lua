@@ -396,6 +396,109 @@ end
 -- group), send(t, dst, group, tag), ... on a group of ranks 0 and 1; the other
 -- ranks pass NON_GROUP_MEMBER there and take no part (they raised
 -- "options must be a table, got userdata", or ran the collective on WORLD)
+-- Element k of the block global rank r sends to group rank q (signed, not periodic).
+local function el(r, q, k) return 10.5 * r - 3 * q - 1.25 * k + q * k end
+local function blk(r, q) return T.new({el(r, q, 1), el(r, q, 2)}, "float64") end
+local function zeros(n) return T.zeros({n}, "float64") end
+local function zlist() return {zeros(2), zeros(2)} end
+
+-- Checks t's elements against want (a list), naming what; on a rank outside
+-- the group, that t kept its zeros (nothing ran).
+local function expect_vals(t, want, member, what)
+  local got = t:totable()
+  for i = 1, #got do
+    local w = member and want[i] or 0
+    check(got[i] == w, "%s: element %d is %s, expected %s", what, i, tostring(got[i]), tostring(w))
+  end
+end
+
+-- A call's result: nil, or a Work (waited on) when async; on a rank outside
+-- the group, nil always.
+local function ran(what, member, async, ...)
+  local w = ...
+  if not member or not async then
+    check(select("#", ...) == 0 or w == nil, "%s returned %s", what, tostring(w))
+  else
+    check(type(w) == "userdata", "%s returned %s, expected a Work", what, tostring(w))
+    w:wait()
+  end
+end
+
+-- The tensor collectives of torch's signatures with a positional process
+-- group (g, of global ranks 0 and 1) and async_op after it, on every rank:
+-- a rank outside g (NON_GROUP_MEMBER) returns nil and touches nothing.
+local function positional_lists(g, member)
+  local gr = member and rank or -1
+  for _, async in ipairs{false, true} do
+    local a = async or nil
+    local tag = async and ", true)" or ")"
+    local list = zlist()
+    ran("all_gather(list, t, group" .. tag, member, async, dist.all_gather(list, blk(rank, 0), g, a))
+    for q = 0, 1 do expect_vals(list[q + 1], blk(q, 0):totable(), member, "all_gather block " .. q) end
+    list = rank == 1 and zlist() or nil
+    ran("gather(t, list, 1, group" .. tag, member, async, dist.gather(blk(rank, 1), list, 1, g, a))
+    if rank == 1 then for q = 0, 1 do expect_vals(list[q + 1], blk(q, 1):totable(), member, "gather block " .. q) end end
+    local t = zeros(2)
+    ran("scatter(t, list, 0, group" .. tag, member, async,
+        dist.scatter(t, rank == 0 and {blk(0, 0), blk(0, 1)} or nil, 0, g, a))
+    expect_vals(t, blk(0, gr):totable(), member, "scatter")
+    t = zeros(2)
+    ran("reduce_scatter(out, list, 'sum', group" .. tag, member, async,
+        dist.reduce_scatter(t, {blk(rank, 0), blk(rank, 1)}, "sum", g, a))
+    expect_vals(t, {el(0, gr, 1) + el(1, gr, 1), el(0, gr, 2) + el(1, gr, 2)}, member, "reduce_scatter")
+    list = zlist()
+    ran("all_to_all(outs, ins, group" .. tag, member, async, dist.all_to_all(list, {blk(rank, 0), blk(rank, 1)}, g, a))
+    for q = 0, 1 do expect_vals(list[q + 1], blk(q, gr):totable(), member, "all_to_all block " .. q) end
+    t = zeros(4)
+    ran("all_gather_into_tensor(out, t, group" .. tag, member, async, dist.all_gather_into_tensor(t, blk(rank, 0), g, a))
+    expect_vals(t, {el(0, 0, 1), el(0, 0, 2), el(1, 0, 1), el(1, 0, 2)}, member, "all_gather_into_tensor")
+    t = zeros(2)
+    local big = T.new({el(rank, 0, 1), el(rank, 0, 2), el(rank, 1, 1), el(rank, 1, 2)}, "float64")
+    ran("reduce_scatter_tensor(out, in, 'max', group" .. tag, member, async,
+        dist.reduce_scatter_tensor(t, big, "max", g, a))
+    expect_vals(t, {math.max(el(0, gr, 1), el(1, gr, 1)), math.max(el(0, gr, 2), el(1, gr, 2))}, member,
+                "reduce_scatter_tensor")
+    -- rank r sends r + 1 elements to group rank 0, 2 - r to group rank 1
+    local mine = {}
+    for k = 1, 3 do mine[k] = el(rank, 9, k) end
+    local ins, outs = {rank + 1, 2 - rank}, {1, 2}
+    if rank == 1 then outs = {2, 1} end
+    t = zeros(3)
+    ran("all_to_all_single(out, in, outs, ins, group" .. tag, member, async,
+        dist.all_to_all_single(t, T.new(mine, "float64"), member and outs or nil, member and ins or nil, g, a))
+    local want = gr == 0 and {el(0, 9, 1), el(1, 9, 1), el(1, 9, 2)} or {el(0, 9, 2), el(0, 9, 3), el(1, 9, 3)}
+    expect_vals(t, want, member, "all_to_all_single")
+    t = zeros(2)
+    ran("all_to_all_single(out, in, nil, nil, group" .. tag, member, async,
+        dist.all_to_all_single(t, T.new({el(rank, 5, 1), el(rank, 5, 2)}, "float64"), nil, nil, g, a))
+    expect_vals(t, {el(0, 5, gr + 1), el(1, 5, gr + 1)}, member, "all_to_all_single (equal blocks)")
+  end
+end
+
+-- The object collectives and monitored_barrier with torch's positional group.
+local function positional_objects(g, member)
+  local list = rank == 1 and {"s" .. rank, -rank - 0.5, {k = rank * 3 - 7}} or {false, false, false}
+  check(dist.broadcast_object_list(list, 1, g) == nil, "broadcast_object_list returned something")
+  local want = member and {"s1", -1.5, -4} or {false, false}
+  check(list[1] == want[1] and list[2] == want[2] and (member and list[3].k == -4 or list[3] == false),
+        "broadcast_object_list(list, 1, group): %s %s", tostring(list[1]), tostring(list[2]))
+  local l = {"stale"}
+  check(dist.all_gather_object(l, {r = rank - 4}, g) == nil, "all_gather_object returned something")
+  check(member and #l == 2 and l[1].r == -4 and l[2].r == -3 or not member and #l == 1 and l[1] == "stale",
+        "all_gather_object(list, obj, group): %d entries", #l)
+  l = rank == 0 and {} or nil
+  check(dist.gather_object(rank * 2 - 5.5, l, 0, g) == nil, "gather_object returned something")
+  check(rank ~= 0 or l[1] == -5.5 and l[2] == -3.5, "gather_object(obj, list, 0, group): %s %s",
+        tostring(l and l[1]), tostring(l and l[2]))
+  local out = {"stale"}
+  check(dist.scatter_object_list(out, rank == 1 and {-11, "to1"} or nil, 1, g) == nil,
+        "scatter_object_list returned something")
+  local w = not member and "stale" or rank == 0 and -11 or "to1"
+  check(out[1] == w, "scatter_object_list(out, in, 1, group): %s, expected %s", tostring(out[1]), tostring(w))
+  check(dist.monitored_barrier(g, 10) == nil, "monitored_barrier(group, timeout) returned something")
+  check(dist.monitored_barrier(g, 10, true) == nil, "monitored_barrier(group, timeout, true) returned something")
+end
+
 function cases.positional_group()
   local g = dist.new_group({0, 1})
   local member = rank <= 1
@@ -426,6 +529,34 @@ function cases.positional_group()
     u:zero()
     dist.irecv(u, 0, g, 9):wait()
     check(u[1] == 1.5 and u[2] == -0.25, "irecv(t, src, group, tag): %g %g", u[1], u[2])
+  end
+  dist.barrier()
+  positional_objects(g, member)
+  positional_lists(g, member)
+  -- torch's None in the group's place is the default group, async_op and
+  -- timeout after it still count; after an options table they are EINVAL
+  t = T.new({rank * 4 - 2.5}, "float64")
+  w = dist.all_reduce(t, "sum", nil, true)
+  check(type(w) == "userdata", "all_reduce(t, op, nil, true) returned %s, expected a Work", tostring(w))
+  w:wait()
+  local sum = 0
+  for r = 0, size - 1 do sum = sum + r * 4 - 2.5 end
+  check(t[1] == sum, "all_reduce(t, op, nil, true) gave %g, expected %g", t[1], sum)
+  local list = {}
+  for r = 1, size do list[r] = T.zeros({1}, "int32") end
+  w = dist.all_gather(list, T.new({7 - 3 * rank}, "int32"), nil, true)
+  check(type(w) == "userdata", "all_gather(list, t, nil, true) returned %s, expected a Work", tostring(w))
+  w:wait()
+  for r = 1, size do check(list[r][1] == 7 - 3 * (r - 1), "all_gather(list, t, nil, true)[%d] = %d", r, list[r][1]) end
+  expect_error("^EINVAL: all_gather: async_op given after an options table %(pass torch's positional group, async_op "
+               .. "or one table {group=, async_op=}%)", dist.all_gather, list, T.zeros({1}, "int32"), {group = g}, true)
+  expect_error("^EINVAL: send: tag given after an options table", dist.send, T.zeros({1}), 0, {}, 3)
+  expect_error("^EINVAL: broadcast_object_list: device given after an options table", dist.broadcast_object_list,
+               {1}, 0, {group = g}, "cuda")
+  expect_error("^EINVAL: monitored_barrier: arguments after an options table", dist.monitored_barrier, {}, 5)
+  if rank == 0 then  -- the others do not come: rank 0 gives up after its 0.3 s, not the group's 30
+    expect_error("^ETIMEDOUT: monitored_barrier: ranks? [%d, ]+ did not arrive within 0.3 s",
+                 dist.monitored_barrier, nil, 0.3, true)
   end
   dist.barrier()
 end
