@@ -33,11 +33,17 @@ local function case(name, fn)
 end
 
 -- Raises unless fn raises an error containing every text of `want`.
+-- Fails unless fn raises an error holding every string given; a list of
+-- strings is satisfied by any one of them.
 local function fails_with(fn, ...)
   local ok, err = pcall(fn)
   if ok then error("expected an error, got none", 2) end
   for _, w in ipairs({...}) do
-    if not tostring(err):find(w, 1, true) then error("error lacks '" .. w .. "': " .. tostring(err), 2) end
+    local any = false
+    for _, s in ipairs(type(w) == "table" and w or {w}) do any = any or tostring(err):find(s, 1, true) ~= nil end
+    if not any then
+      error("error lacks '" .. (type(w) == "table" and table.concat(w, "' or '") or w) .. "': " .. tostring(err), 2)
+    end
   end
 end
 
@@ -117,8 +123,14 @@ elseif mode == "hang" then
     os.execute("sleep 3") -- never calls all_reduce #2 in time
   else
     case("timeout names the missing rank", function()
+      -- the progress board a rank publishes is at most 200 ms old: on a loaded
+      -- machine a peer that did reach #2 may still be shown at #1 with rank 2
+      local last = size - 1
       fails_with(function() dist.all_reduce(t, "sum", {timeout = 1}) end, "ETIMEDOUT", "all_reduce #2 on rank " .. rank,
-                 "no data from rank " .. (size - 1), "rank " .. (size - 1) .. " is at all_reduce #1")
+                 "no data from rank " .. last, {"rank " .. last .. " is at all_reduce #1",
+                                                 "ranks " .. (last - 1) .. "-" .. last .. " are at all_reduce #1",
+                                                 "ranks 0-" .. last .. " are at all_reduce #1",
+                                                 "ranks 0," .. last .. " are at all_reduce #1"})
     end)
     case("estate after the abort", function()
       fails_with(function() dist.broadcast(t, 0) end, "ESTATE")
