@@ -213,6 +213,21 @@ describe("the mpi backend", function()
     run.cleanup(dir)
   end)
 
+  -- as on the cpu backend (dist_errors_spec): a bad src/dst on rank 1 alone
+  it("tells every rank why rank 1 refused a rooted collective over a bad root", function()
+    for _, c in ipairs{{"broadcast", "src"}, {"reduce", "dst"}, {"gather", "dst"}, {"scatter", "src"}} do
+      for _, k in ipairs{"range", "outside"} do
+        local res, out = scenario("rootarg:" .. c[1] .. ":" .. k)
+        local why = c[1] .. " on rank 1: " .. c[2] .. (k == "range" and " 3 is out of range (0..2)" or " 6 is not in the group")
+        for r = 0, 2 do
+          local l1, l2 = res[r]:match("^([^\n]*)\n([^\n]*)$")
+          assert.is_truthy(l1 and l1:match("^error EINVAL: ") and l1:find(why, 1, true), "rank " .. r .. ": " .. res[r] .. "\n" .. out)
+          assert.is_truthy(l2 and l2:match("^error E") and l2:find(why, 1, true), "rank " .. r .. ": " .. res[r])
+        end
+      end
+    end
+  end)
+
   it("times out naming the late rank and where every rank is; the late rank fails too", function()
     local res, out = scenario("timeout")
     for r = 0, 1 do
