@@ -347,11 +347,31 @@ static int l_fast_all_reduce(lua_State *L) {
   return 1;
 }
 
+/* The root (src or dst, a group rank) at idx of rooted collective fname,
+ * whose tensor is at slot 2: as check_rank_arg, but a fault, which only this
+ * rank sees, is refused for the group (refuse_top), so that every rank fails
+ * the call naming this rank and the fault rather than the peers waiting for
+ * it and meeting its next call as an EMISMATCH. */
+static int refusing_root_arg(lua_State *L, int idx, crun_pg_t *pg, const char *fname, const char *what) {
+  int ok;
+  lua_Integer v = lua_tointegerx(L, idx, &ok);
+  if (ok && v >= 0 && v < crun_pg_size(pg)) return (int)v;
+  int me = crun_pg_global_rank(pg, crun_pg_rank(pg));
+  if (ok)
+    lua_pushfstring(L, "%s on rank %d: %s %I is out of range (0..%d)", fname, me, what, (LUAI_UACINT)v,
+                    crun_pg_size(pg) - 1);
+  else if (lua_type(L, idx) == LUA_TNUMBER)
+    lua_pushfstring(L, "%s on rank %d: %s %f is not an integer", fname, me, what, (LUAI_UACNUMBER)lua_tonumber(L, idx));
+  else
+    lua_pushfstring(L, "%s on rank %d: %s must be an integer rank, got %s", fname, me, what, type_of(L, idx));
+  return refuse_top(L, pg, fname, -1, crun_tensor_device(crun_l_check_tensor(L, 2)) >= 0);
+}
+
 /* pg:broadcast(t, src[, opts]) */
 static int l_broadcast(lua_State *L) {
   crun_pg_t *pg = check_pg(L, 1);
   crun_tensor_t *t = check_tensor(L, 2, "broadcast");
-  int src = check_rank_arg(L, 3, pg, "broadcast", "src");
+  int src = refusing_root_arg(L, 3, pg, "broadcast", "src");
   crun_coll_opts_t o;
   int async = check_opts(L, 4, &o, "broadcast");
   o.cuda = crun_tensor_device(t) >= 0;
@@ -364,7 +384,7 @@ static int l_broadcast(lua_State *L) {
 static int l_reduce(lua_State *L) {
   crun_pg_t *pg = check_pg(L, 1);
   crun_tensor_t *t = check_tensor(L, 2, "reduce");
-  int dst = check_rank_arg(L, 3, pg, "reduce", "dst");
+  int dst = refusing_root_arg(L, 3, pg, "reduce", "dst");
   crun_reduce_op_t op = check_op(L, 4, "reduce");
   crun_coll_opts_t o;
   int async = check_opts(L, 5, &o, "reduce");
@@ -439,7 +459,7 @@ static int l_refuse(lua_State *L) {
 static int l_gather(lua_State *L) {
   crun_pg_t *pg = check_pg(L, 1);
   crun_tensor_t *t = check_tensor(L, 2, "gather");
-  int dst = check_rank_arg(L, 4, pg, "gather", "dst"), n = crun_pg_size(pg);
+  int dst = refusing_root_arg(L, 4, pg, "gather", "dst"), n = crun_pg_size(pg);
   void **outs = lua_newuserdatauv(L, sizeof(void *) * (size_t)n, 0);
   if (dst == crun_pg_rank(pg)) check_root_list(L, pg, dst, n, "gather", outs);
   else check_no_list(L, pg, dst, "gather", "gather_list", "destination");
@@ -455,7 +475,7 @@ static int l_gather(lua_State *L) {
 static int l_scatter(lua_State *L) {
   crun_pg_t *pg = check_pg(L, 1);
   crun_tensor_t *t = check_tensor(L, 2, "scatter");
-  int src = check_rank_arg(L, 4, pg, "scatter", "src"), n = crun_pg_size(pg);
+  int src = refusing_root_arg(L, 4, pg, "scatter", "src"), n = crun_pg_size(pg);
   void **ins = lua_newuserdatauv(L, sizeof(void *) * (size_t)n, 0);
   if (src == crun_pg_rank(pg)) check_root_list(L, pg, src, n, "scatter", ins);
   else check_no_list(L, pg, src, "scatter", "scatter_list", "source");

@@ -185,6 +185,34 @@ describe("dist failures", function()
     end end
   end
 
+  -- A rooted collective's src/dst is checked on each rank alone too (the
+  -- bindings' range check; dist's global-to-group mapping for a subgroup): a
+  -- rank whose root is bad refuses the call for the group, so every rank fails
+  -- it naming rank 1 and the fault. Before, rank 1 alone raised; its peers
+  -- waited for it and met its next call as an EMISMATCH.
+  for _, c in ipairs{{"broadcast", "src"}, {"reduce", "dst"}, {"gather", "dst"}, {"scatter", "src"}} do
+    for _, k in ipairs{"range", "type", "outside"} do
+      for _, n in ipairs{2, 3} do for _, env in ipairs{"CRUN_SHM=0", "CRUN_SHM=1"} do
+        it(string.format("tell every rank why rank 1 refused %s (bad %s: %s, %s, %d ranks)", c[1], c[2], k, env, n),
+           function()
+          local res, out = scenario_n(n, "rootarg:" .. c[1] .. ":" .. k, env)
+          local why = c[1] .. " on rank 1: " .. c[2] ..
+                      (k == "range" and (" " .. n .. " is out of range (0.." .. (n - 1) .. ")")
+                       or k == "type" and " must be an integer rank, got string"
+                       or (" " .. (n + 3) .. " is not in the group"))
+          for r = 0, n - 1 do
+            local l = {}
+            for line in (res[r] .. "\n"):gmatch("(.-)\n") do l[#l + 1] = line end
+            assert.is_truthy(l[1] and l[1]:match("^error EINVAL: ") and l[1]:find(why, 1, true),
+                             "rank " .. r .. ": " .. res[r] .. "\n" .. out)
+            assert.is_truthy(l[2] and l[2]:match("^error E") and l[2]:find(why, 1, true), "rank " .. r .. ": " .. res[r])
+            assert.is_falsy(res[r]:find("EMISMATCH", 1, true), res[r])
+          end
+        end)
+      end end
+    end
+  end
+
   -- The list forms (all_gather, reduce_scatter, all_to_all) check their
   -- arguments on each rank alone too (the bindings' list checks, the
   -- runtime's overlap and self-count checks): a rank whose list is wrong

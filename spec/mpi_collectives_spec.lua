@@ -157,6 +157,77 @@ describe("the mpi backend", function()
     end
   end)
 
+  -- rank 0's signature for the refused call is never received by rank 1: with
+  -- the communicators freed at destroy, Open MPI gave their context ids to the
+  -- next group, which got that stale message (EMISMATCH "rank 0 sent all_to_all
+  -- #1") or crashed in MPI_Comm_dup (mca_pml_ob1_add_comm) when it was smaller
+  it("makes and uses a new group cleanly after a group's call was refused and the group destroyed", function()
+    local dir = run.tmpdir()
+    C.write(dir .. "/job.lua", [[
+      local crun = require "crun"
+      local dist, T = crun.dist, crun.tensor
+      dist.init_process_group{timeout = 20}
+      local r, n = dist.get_rank(), dist.get_world_size()
+      local o = assert(io.open(arg[1] .. "/rank" .. r .. ".txt", "w"))
+      local function say(ok, err) o:write(ok and "ok" or ("error " .. tostring(err)), "\n"); o:flush() end
+      local all = {}
+      for j = 0, n - 1 do all[#all + 1] = j end
+      for round = 1, 3 do
+        local g = dist.new_group(all)
+        local splits = {}
+        for j = 1, n do splits[j] = 2 end
+        if r == 1 then splits[1] = 3 end   -- one row too many: refused on rank 1 alone
+        say(pcall(dist.all_to_all_single, T.zeros({2 * n}), T.full({2 * n}, -r - 1), nil, splits, g))
+        dist.destroy_process_group(g)
+        local g2 = dist.new_group({0, 1})  -- smaller than g when n is 3
+        if g2 ~= dist.GroupMember.NON_GROUP_MEMBER then
+          local x = T.full({3}, -r - round)
+          local ok, err = pcall(dist.all_reduce, x, "sum", g2)
+          say(ok and x:totable()[1] == -1 - 2 * round and x:totable()[3] == -1 - 2 * round, ok and x[1] or err)
+          dist.destroy_process_group(g2)
+        end
+        local y = T.full({2}, -r - round)
+        local ok, err = pcall(dist.all_reduce, y)
+        say(ok and y[2] == -n * (n - 1) / 2 - n * round, ok and y[2] or err)
+      end
+      dist.destroy_process_group()
+    ]])
+    for _, n in ipairs({2, 3}) do
+      local code, out = mpi.run(n, dir .. "/job.lua", dir, {limit = 60})
+      for r = 0, n - 1 do
+        local lines = run.lines(dir, r)
+        local want = r < 2 and 9 or 6
+        assert.are.equal(want, #lines, "n=" .. n .. " rank " .. r .. ":\n" .. table.concat(lines, "\n") .. "\n" .. out)
+        for i, l in ipairs(lines) do
+          local first = i == 1 or (r < 2 and (i == 4 or i == 7)) or (r >= 2 and (i == 3 or i == 5))
+          if first then
+            local who = r == 1 and "^error EINVAL: " or "^error EINVAL: .*%[reported by rank 1"
+            assert.is_truthy(l:match(who), "n=" .. n .. " rank " .. r .. " line " .. i .. ": " .. l .. "\n" .. out)
+          else
+            assert.are.equal("ok", l, "n=" .. n .. " rank " .. r .. " line " .. i .. "\n" .. out)
+          end
+        end
+      end
+      assert.are.equal(0, code, out)
+    end
+    run.cleanup(dir)
+  end)
+
+  -- as on the cpu backend (dist_errors_spec): a bad src/dst on rank 1 alone
+  it("tells every rank why rank 1 refused a rooted collective over a bad root", function()
+    for _, c in ipairs{{"broadcast", "src"}, {"reduce", "dst"}, {"gather", "dst"}, {"scatter", "src"}} do
+      for _, k in ipairs{"range", "outside"} do
+        local res, out = scenario("rootarg:" .. c[1] .. ":" .. k)
+        local why = c[1] .. " on rank 1: " .. c[2] .. (k == "range" and " 3 is out of range (0..2)" or " 6 is not in the group")
+        for r = 0, 2 do
+          local l1, l2 = res[r]:match("^([^\n]*)\n([^\n]*)$")
+          assert.is_truthy(l1 and l1:match("^error EINVAL: ") and l1:find(why, 1, true), "rank " .. r .. ": " .. res[r] .. "\n" .. out)
+          assert.is_truthy(l2 and l2:match("^error E") and l2:find(why, 1, true), "rank " .. r .. ": " .. res[r])
+        end
+      end
+    end
+  end)
+
   it("times out naming the late rank and where every rank is; the late rank fails too", function()
     local res, out = scenario("timeout")
     for r = 0, 1 do

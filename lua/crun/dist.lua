@@ -323,18 +323,37 @@ function dist.new_subgroups(group_size, opts)
   return dist.new_subgroups_by_enumeration(lists, opts)
 end
 
---- Global rank -> rank in group (and back), cached per group.
-local function to_group_rank(g, global, fname)
-  if g == state.pg then return global end
+-- Global rank -> rank in group g (a subgroup), built once per group.
+local function group_map(g)
   local m = state.maps[g]
   if not m then
     m = {}
     for r = 0, g:size() - 1 do m[g:global_rank(r)] = r end
     state.maps[g] = m
   end
-  local r = m[global]
+  return m
+end
+
+--- Global rank -> rank in group (and back), cached per group.
+local function to_group_rank(g, global, fname)
+  if g == state.pg then return global end
+  local r = group_map(g)[global]
   if r == nil then fail("EINVAL: %s: rank %s is not in the group", fname, tostring(global)) end
   return r
+end
+
+--- to_group_rank for the root (`what`: "src" or "dst") of rooted collective
+--- fname on tensor t: a rank outside the group, which only this rank sees, is
+--- refused for the group (pg:refuse), so that every rank fails the call
+--- naming this rank rather than the peers waiting for it and meeting its
+--- next call as an EMISMATCH.
+local function root_rank(g, global, fname, what, t)
+  if g == state.pg then return global end
+  local r = group_map(g)[global]
+  if r ~= nil then return r end
+  local ok, cuda = pcall(function() return t:is_cuda() end)
+  g:refuse(fname, string.format("EINVAL: %s on rank %d: %s %s is not in the group", fname, state.pg:rank(), what,
+                                tostring(global)), -1, ok and cuda or false)
 end
 
 function dist.get_group_rank(group, global_rank)
@@ -396,14 +415,14 @@ function dist.broadcast(t, src, opts, async_op)
   if opts == nil and pg and math.type(src) == "integer" then return pg:broadcast(t, src) end
   opts = O.check(COLL, "broadcast", opts)
   local g = group_of(opts, "broadcast")
-  if g then return g:broadcast(t, to_group_rank(g, src, "broadcast"), opts) end
+  if g then return g:broadcast(t, root_rank(g, src, "broadcast", "src", t), opts) end
 end
 
 function dist.reduce(t, dst, op, opts, async_op)
   opts = group_form(opts, ASYNC, async_op, "reduce")
   op, opts = split_op(op, opts, COLL, "reduce")
   local g = group_of(opts, "reduce")
-  if g then return g:reduce(t, to_group_rank(g, dst, "reduce"), op, opts) end
+  if g then return g:reduce(t, root_rank(g, dst, "reduce", "dst", t), op, opts) end
 end
 
 function dist.all_gather(list, t, opts, async_op)
@@ -451,13 +470,13 @@ end
 function dist.gather(t, list, dst, opts, async_op)
   opts = O.check(COLL, "gather", group_form(opts, ASYNC, async_op, "gather"))
   local g = group_of(opts, "gather")
-  if g then return g:gather(t, list, to_group_rank(g, dst or 0, "gather"), opts) end
+  if g then return g:gather(t, list, root_rank(g, dst or 0, "gather", "dst", t), opts) end
 end
 
 function dist.scatter(t, list, src, opts, async_op)
   opts = O.check(COLL, "scatter", group_form(opts, ASYNC, async_op, "scatter"))
   local g = group_of(opts, "scatter")
-  if g then return g:scatter(t, list, to_group_rank(g, src or 0, "scatter"), opts) end
+  if g then return g:scatter(t, list, root_rank(g, src or 0, "scatter", "src", t), opts) end
 end
 
 function dist.reduce_scatter(out, list, op, opts, async_op)

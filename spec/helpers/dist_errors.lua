@@ -36,6 +36,10 @@
 --             then an all_reduce
 --   roots_K   rank 1 calls K (broadcast, reduce, gather, scatter) with root 1,
 --             the others with root 0 (works on any world size >= 2)
+--   rootarg:C:K  rank 1 alone gives rooted collective C (broadcast, reduce,
+--             gather, scatter) a bad root, K: range (group rank n), type (the
+--             string "x"), outside (on new_group(all ranks), global rank n + 3,
+--             not in it); the others root 0; then an all_reduce on that group
 --   objcallK  rank 0 broadcasts an int64[K] tensor of -5s where the others
 --             call broadcast_object_list (K = 1, 2: the size word, or more)
 local crun = require "crun"
@@ -222,6 +226,20 @@ elseif mode:match("^roots_") then
   elseif k == "gather" then record(pcall(dist.gather, T.full({4}, rank), rank == root and list or nil, root))
   else record(pcall(dist.scatter, T.zeros({4}), rank == root and list or nil, root)) end
   out:write(string.format("elapsed %.3f\n", crun.clock() - t0))
+elseif mode:match("^rootarg:") then
+  local n, c, k = dist.get_world_size(), mode:match("^rootarg:(%w+):(%w+)$")
+  local all = {}
+  for j = 0, n - 1 do all[#all + 1] = j end
+  local g = k == "outside" and dist.new_group(all) or nil
+  local root = rank ~= 1 and 0 or k == "range" and n or k == "type" and "x" or n + 3
+  local list
+  if rank == 0 then list = {} for j = 1, n do list[j] = T.full({4}, -j - 10 * rank) end end
+  local t = T.full({4}, -rank - 1)
+  if c == "broadcast" then record(pcall(dist.broadcast, t, root, g))
+  elseif c == "reduce" then record(pcall(dist.reduce, t, root, "sum", g))
+  elseif c == "gather" then record(pcall(dist.gather, t, list, root, g))
+  else record(pcall(dist.scatter, t, list, root, g)) end
+  record(pcall(dist.all_reduce, T.ones({2}), "sum", g))
 elseif mode:match("^objcall%d$") then
   if rank == 0 then
     record(pcall(dist.broadcast, T.full({tonumber(mode:sub(-1))}, -5, "int64"), 0))

@@ -137,11 +137,6 @@ static int timed_out(crun__mpi_t *b, const crun__coll_t *c) {
                     c->timeout, where);
 }
 
-/* Frees our own signature sends that are still pending (the group is failing). */
-static void drop_sends(crun__mpi_t *b) {
-  for (int p = 0; p < b->size; p++)
-    if (b->reqs[b->size + p] != MPI_REQUEST_NULL) MPI_Request_free(&b->reqs[b->size + p]);
-}
 
 /* Decides whether a peer may have given up on this call before our
  * signature reached it (see the top of the file). */
@@ -187,6 +182,5 @@ int crun__mpi_check(crun__mpi_t *b, crun__coll_t *c) {
   if (rc == 1) rc = timed_out(b, c);
   for (int p = 0; p < n; p++)
     if (b->reqs[p] != MPI_REQUEST_NULL) MPI_Cancel(&b->reqs[p]), MPI_Wait(&b->reqs[p], MPI_STATUS_IGNORE);
-  drop_sends(b);
-  return rc;
+  return rc; /* our own signature sends may still be pending: the group's destroy keeps them (group.c) */
 }

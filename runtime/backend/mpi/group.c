@@ -2,6 +2,7 @@
  * members (every member must create the group, in the same order), then
  * MPI_Comm_create_group over their MPI ranks; abort notices between members;
  * teardown. */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -138,6 +139,7 @@ static crun__mpi_t *state_new(crun_pg_t *pg) {
   b->reqs = malloc(2 * n * sizeof(MPI_Request));
   b->watch.rank = pg->rank;
   for (size_t p = 0; b->sig_in && p < n; p++) b->sig_in[p * CRUN__SIG_WORDS + CRUN__SIG_KIND] = -1;
+  for (size_t p = 0; b->reqs && p < 2 * n; p++) b->reqs[p] = MPI_REQUEST_NULL; /* read at destroy (keep_pending) */
   if (b->sig_out && b->sig_in && b->reqs) return b;
   free(b->sig_out), free(b->sig_in), free(b->reqs), free(b);
   return NULL;
@@ -228,16 +230,70 @@ static int mpi_abort_reaches(void *state, const crun__coll_t *c) {
   return state != NULL;
 }
 
-/* Frees the abort notice unless a send of it is still pending (then leaks it). */
-static void drop_abort(crun__mpi_t *b, int alive) {
-  int pending = 0;
-  for (int p = 0; b->abort_reqs && alive && p < b->size; p++) {
+/* A destroyed group's communicators and its abort notice still in flight.
+ * MPI cannot take back a message its receiver never matched (a signature
+ * sent before a peer refused the call, an abort notice, a "left" notice),
+ * and Open MPI hands such a message, when it arrives after its communicator
+ * was freed, to the next communicator given the same context id: a later
+ * group then read the dead group's traffic as its own (EMISMATCH "rank 0
+ * sent all_to_all #1") or, when it had fewer ranks, crashed in
+ * MPI_Comm_dup (mca_pml_ob1_add_comm). So a group's communicators are never
+ * freed: they are retired here until MPI_Finalize, and the stray messages
+ * stay on them, unread. Each costs a context id (Open MPI 4 has about 65000
+ * per process) and a little memory. */
+typedef struct retired {
+  MPI_Comm comm, ctrl;
+  MPI_Request *reqs;         /* sends still pending: 2 x nreqs, abort notices then signatures */
+  int nreqs;
+  void *bufs[2];             /* what they read (abort notice, signatures): freed once they completed */
+  struct retired *next;
+} retired_t;
+
+static pthread_mutex_t g_retired_lock = PTHREAD_MUTEX_INITIALIZER;
+static retired_t *g_retired;
+
+/* Frees the buffers of retired groups whose sends have completed (callers
+ * hold g_retired_lock). */
+static void sweep_retired(void) {
+  for (retired_t *r = g_retired; r; r = r->next) {
     int done = 1;
-    if (b->abort_reqs[p] != MPI_REQUEST_NULL) MPI_Test(&b->abort_reqs[p], &done, MPI_STATUS_IGNORE);
-    if (!done) MPI_Request_free(&b->abort_reqs[p]), pending = 1;
+    if (!r->reqs || MPI_Testall(2 * r->nreqs, r->reqs, &done, MPI_STATUSES_IGNORE) != MPI_SUCCESS || !done)
+      continue;
+    free(r->bufs[0]), free(r->bufs[1]), free(r->reqs);
+    r->bufs[0] = r->bufs[1] = NULL, r->reqs = NULL;
   }
-  if (!pending) free(b->abort_msg);
-  free(b->abort_reqs);
+}
+
+/* Takes b's sends still pending (its abort notice; the signatures of a
+ * failed check, check.c) and their buffers into r; returns
+ * 0 when none is pending (then the buffers stay with b). */
+static int keep_pending(retired_t *r, crun__mpi_t *b) {
+  int n = b->size, pending = 0;
+  MPI_Request *q = malloc(sizeof(MPI_Request) * 2 * (size_t)n);
+  if (!q) return 0; /* then the buffers are freed under MPI: as before, best effort */
+  for (int p = 0; p < n; p++) {
+    q[p] = b->abort_msg && b->abort_reqs ? b->abort_reqs[p] : MPI_REQUEST_NULL; /* both: mpi_abort set them */
+    q[n + p] = b->reqs[n + p];
+    pending |= q[p] != MPI_REQUEST_NULL || q[n + p] != MPI_REQUEST_NULL;
+  }
+  if (!pending) return free(q), 0;
+  r->reqs = q, r->nreqs = n;
+  r->bufs[0] = b->abort_msg, r->bufs[1] = b->sig_out;
+  b->abort_msg = NULL, b->sig_out = NULL;
+  return 1;
+}
+
+/* Moves b's communicators and pending sends to the retired list. */
+static void retire(crun__mpi_t *b) {
+  retired_t *r = calloc(1, sizeof *r);
+  if (!r) return; /* the communicators stay allocated all the same */
+  r->comm = b->comm, r->ctrl = b->ctrl;
+  b->comm = b->ctrl = MPI_COMM_NULL;
+  keep_pending(r, b);
+  pthread_mutex_lock(&g_retired_lock);
+  r->next = g_retired, g_retired = r;
+  sweep_retired();
+  pthread_mutex_unlock(&g_retired_lock);
 }
 
 static void mpi_destroy(void *state) {
@@ -246,10 +302,11 @@ static void mpi_destroy(void *state) {
   int alive = crun__mpi_alive();
   crun__mpi_watch_remove(&b->watch);
   if (alive) crun__mpi_sends_drain(b, b->pg->timeout < 10 ? b->pg->timeout : 10);
-  drop_abort(b, alive);
   if (alive && b->ctrl != MPI_COMM_NULL && b->size > 1) notify_left(b);
-  if (alive && b->ctrl != MPI_COMM_NULL) MPI_Comm_free(&b->ctrl);
+  if (alive && b->comm != MPI_COMM_NULL && b->size > 1) retire(b);
+  if (alive && b->ctrl != MPI_COMM_NULL) MPI_Comm_free(&b->ctrl); /* one rank: nothing can be in flight */
   if (alive && b->comm != MPI_COMM_NULL) MPI_Comm_free(&b->comm);
+  free(b->abort_msg), free(b->abort_reqs);
   free(b->stage[0]), free(b->stage[1]);
   free(b->sig_out), free(b->sig_in), free(b->reqs);
   free(b);
