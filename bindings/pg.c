@@ -600,16 +600,19 @@ static int split_sizes(lua_State *L, crun_pg_t *pg, int sidx, int n, lua_Integer
   if (!lua_istable(L, sidx) || luaL_len(L, sidx) != n)
     return single_fault(L, pg, "%s split sizes must be a list of %d integers (one per rank), got %s", what, n,
                         lua_istable(L, sidx) ? lua_pushfstring(L, "%I", luaL_len(L, sidx)) : luaL_typename(L, sidx));
-  lua_Unsigned total = 0; /* wraps as Lua's sum would */
+  lua_Integer total = 0; /* never wraps: a sum right only modulo 2^64 would address far past the tensor */
   for (int i = 0; i < n; i++) {
     lua_geti(L, sidx, i + 1);
     sizes[i] = lua_tointeger(L, -1);
     if (!lua_isinteger(L, -1) || sizes[i] < 0)
       return single_fault(L, pg, "%s split size %d is %s", what, i + 1, luaL_tolstring(L, -1, NULL));
     lua_pop(L, 1);
-    total += (lua_Unsigned)sizes[i];
+    if (sizes[i] > LUA_MAXINTEGER - total)
+      return single_fault(L, pg, "%s split sizes add up to more than %I, dim 1 of the %s tensor is %I", what,
+                          (lua_Integer)LUA_MAXINTEGER, what, rows);
+    total += sizes[i];
   }
-  if ((lua_Integer)total != rows)
+  if (total != rows)
     return single_fault(L, pg, "%s split sizes add up to %I, dim 1 of the %s tensor is %I", what, (lua_Integer)total,
                         what, rows);
   return 0;

@@ -213,6 +213,20 @@ describe("dist failures", function()
     end
   end
 
+  -- Split sizes whose sum is right only modulo 2^64 (each a valid integer)
+  -- are refused like any wrong sum, never used to address far outside the
+  -- tensor (4 ranks: 2 and 3 cannot wrap with rank 1's own block right).
+  it("tell every rank why rank 1 refused all_to_all_single (split sizes that wrap, 4 ranks)", function()
+    local res, out = scenario_n(4, "a2asplit_wrap", "CRUN_SHM=0")
+    local why = "all_to_all_single on rank 1: input split sizes add up to more than "
+                .. math.maxinteger .. ", dim 1 of the input tensor is 8"
+    for r = 0, 3 do
+      local first = (res[r] or ""):match("^[^\n]*")
+      assert.is_truthy(first:match("^error EINVAL: ") and first:find(why, 1, true), "rank " .. r .. ": "
+                       .. tostring(res[r]) .. "\n" .. out)
+    end
+  end)
+
   -- The list forms (all_gather, reduce_scatter, all_to_all) check their
   -- arguments on each rank alone too (the bindings' list checks, the
   -- runtime's overlap and self-count checks): a rank whose list is wrong

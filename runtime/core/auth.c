@@ -3,9 +3,11 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <ifaddrs.h>
 #include <linux/inet_diag.h>
 #include <linux/netlink.h>
 #include <linux/sock_diag.h>
+#include <net/if.h>
 #include <netinet/in.h>
 #include <sodium.h>
 #include <stdatomic.h>
@@ -113,9 +115,11 @@ void crun__auth_deny(unsigned char out[CRUN__AUTH_GREET]) {
 
 /* Asks the kernel (NETLINK_SOCK_DIAG) for the uid of the TCP socket on this
  * host whose own end is src:sport and whose peer is dst:dport (addresses of
- * `family`, network order). 1 and *uid when found, 0 when there is none, -1
- * when the kernel cannot be asked. */
-static int diag_uid(int family, const void *src, uint16_t sport, const void *dst, uint16_t dport, long *uid) {
+ * `family`, network order) and that is bound to interface `ifindex` (0:
+ * none). 1 and *uid when found, 0 when there is none, -1 when the kernel
+ * cannot be asked. */
+static int diag_uid(int family, const void *src, uint16_t sport, const void *dst, uint16_t dport, unsigned ifindex,
+                    long *uid) {
   struct {
     struct nlmsghdr nh;
     struct inet_diag_req_v2 r;
@@ -129,6 +133,7 @@ static int diag_uid(int family, const void *src, uint16_t sport, const void *dst
   req.r.idiag_states = ~0u;
   req.r.id.idiag_sport = sport;
   req.r.id.idiag_dport = dport;
+  req.r.id.idiag_if = ifindex;
   memcpy(req.r.id.idiag_src, src, family == AF_INET ? 4 : 16);
   memcpy(req.r.id.idiag_dst, dst, family == AF_INET ? 4 : 16);
   req.r.id.idiag_cookie[0] = req.r.id.idiag_cookie[1] = INET_DIAG_NOCOOKIE;
@@ -156,10 +161,48 @@ static int diag_uid(int family, const void *src, uint16_t sport, const void *dst
   return found;
 }
 
+/* Whether addr (of family) is one of this host's own addresses: 1, 0, or
+ * -1 when they cannot be listed. */
+static int own_addr(int family, const void *addr) {
+  struct ifaddrs *all;
+  if (getifaddrs(&all) < 0) return -1;
+  int hit = 0;
+  for (const struct ifaddrs *i = all; i && !hit; i = i->ifa_next) {
+    if (!i->ifa_addr || i->ifa_addr->sa_family != family) continue;
+    const void *a = family == AF_INET ? (const void *)&((const struct sockaddr_in *)i->ifa_addr)->sin_addr
+                                      : (const void *)&((const struct sockaddr_in6 *)i->ifa_addr)->sin6_addr;
+    hit = memcmp(a, addr, family == AF_INET ? 4 : 16) == 0;
+  }
+  freeifaddrs(all);
+  return hit;
+}
+
+/* diag_uid for a socket bound to no interface, else, when src is one of
+ * this host's addresses, to any: the kernel's lookup matches a socket bound
+ * to an interface (SO_BINDTODEVICE, which any user may set) only when asked
+ * for that interface, and a stranger must not hide so. *local: src is this
+ * host's (a loopback address counts too). */
+static int host_uid(int family, const void *src, uint16_t sport, const void *dst, uint16_t dport, long *uid,
+                    int *local) {
+  int r = diag_uid(family, src, sport, dst, dport, 0, uid);
+  if (r != 0) return r;
+  int own = own_addr(family, src);
+  if (own < 0) return -1;
+  *local |= own;
+  if (!own) return 0;
+  struct if_nameindex *ifs = if_nameindex();
+  if (!ifs) return -1;
+  for (const struct if_nameindex *i = ifs; r == 0 && i->if_index; i++)
+    r = diag_uid(family, src, sport, dst, dport, i->if_index, uid);
+  if_freenameindex(ifs);
+  return r;
+}
+
 /* The uid of the TCP peer of fd on this host (see crun__peer_stranger):
- * 1 found, 0 not on this host, -1 unknown; *loop: the peer's address is a
- * loopback one. An IPv4 peer of an IPv6 socket (::ffff:a.b.c.d) is looked
- * up as the IPv4 socket it is, then as an IPv6 one. */
+ * 1 found, 0 not on this host, -1 unknown; *loop: the peer's address is
+ * this host's (a loopback one, or one of its interfaces'). An IPv4 peer of
+ * an IPv6 socket (::ffff:a.b.c.d) is looked up as the IPv4 socket it is,
+ * then as an IPv6 one. */
 static int tcp_peer_uid(int fd, long *uid, int *loop) {
   struct sockaddr_storage me, peer;
   socklen_t ml = sizeof me, pl = sizeof peer;
@@ -168,15 +211,15 @@ static int tcp_peer_uid(int fd, long *uid, int *loop) {
   if (peer.ss_family == AF_INET) {
     const struct sockaddr_in *p = (const void *)&peer, *m = (const void *)&me;
     *loop = (ntohl(p->sin_addr.s_addr) >> 24) == 127;
-    return diag_uid(AF_INET, &p->sin_addr, p->sin_port, &m->sin_addr, m->sin_port, uid);
+    return host_uid(AF_INET, &p->sin_addr, p->sin_port, &m->sin_addr, m->sin_port, uid, loop);
   }
   if (peer.ss_family != AF_INET6) return -1;
   const struct sockaddr_in6 *p = (const void *)&peer, *m = (const void *)&me;
   int mapped = IN6_IS_ADDR_V4MAPPED(&p->sin6_addr) && IN6_IS_ADDR_V4MAPPED(&m->sin6_addr);
   *loop = IN6_IS_ADDR_LOOPBACK(&p->sin6_addr) || (mapped && p->sin6_addr.s6_addr[12] == 127);
-  int r = mapped ? diag_uid(AF_INET, p->sin6_addr.s6_addr + 12, p->sin6_port, m->sin6_addr.s6_addr + 12,
-                            m->sin6_port, uid) : 0;
-  return r != 0 ? r : diag_uid(AF_INET6, &p->sin6_addr, p->sin6_port, &m->sin6_addr, m->sin6_port, uid);
+  int r = mapped ? host_uid(AF_INET, p->sin6_addr.s6_addr + 12, p->sin6_port, m->sin6_addr.s6_addr + 12,
+                            m->sin6_port, uid, loop) : 0;
+  return r != 0 ? r : host_uid(AF_INET6, &p->sin6_addr, p->sin6_port, &m->sin6_addr, m->sin6_port, uid, loop);
 }
 
 int crun__peer_stranger(int fd, long *uid) {
@@ -201,5 +244,5 @@ int crun__peer_stranger(int fd, long *uid) {
                "without a secret cannot tell this host's other users from the job; set CRUN_TOKEN", strerror(errno));
     return 0;
   }
-  return found < 0 || loop; /* SO_PEERCRED failed, or a loopback peer that is nowhere: refused */
+  return found < 0 || loop; /* SO_PEERCRED failed, or a peer of this host's that is nowhere: refused */
 }

@@ -64,11 +64,14 @@ void crun__auth_deny(unsigned char out[CRUN__AUTH_GREET]);
  * peer must not be served by, nor trusted as, an endpoint without a secret.
  * A unix socket's peer is known from SO_PEERCRED; a TCP peer's socket is
  * looked up on this host by its address and port (NETLINK_SOCK_DIAG, as
- * `ss -e` does), so a neighbour is caught on any local address, loopback or
+ * `ss -e` does; on one of this host's addresses, also as a socket bound to
+ * each interface, which the kernel's lookup finds only when asked for that
+ * interface), so a neighbour is caught on any local address, loopback or
  * not. A TCP peer not found on this host is remote: 0 (only a secret can
- * tell who it is), except on a loopback address, where a peer that cannot
- * be identified is refused. Writes the peer's uid to *uid when known (else
- * -1). Blocks for one netlink round trip at most. */
+ * tell who it is), except on an address of this host (loopback or not),
+ * where a peer that cannot be identified is refused. Writes the peer's uid
+ * to *uid when known (else -1). Blocks for a few netlink round trips at
+ * most (one per interface for a local peer bound to one). */
 int crun__peer_stranger(int fd, long *uid);
 
 /* Connector: 0 when the acceptor's proof matches, else EACCES naming peer. */

@@ -25,6 +25,7 @@
 --             then an all_reduce
 --   a2asplit_K  rank 1 gives all_to_all_single bad input split sizes, K: len
 --             (one entry short), sum (one row too many), neg (a -1, sum right),
+--             wrap (sizes near 2^63 whose sum wraps to the right one; 4 ranks),
 --             dtype (a float64 output for a float32 input); the others good
 --             ones; then an all_reduce
 --   listbad:C:K  rank 1 gives list-form collective C (all_gather,
@@ -155,6 +156,9 @@ elseif mode:match("^a2asplit_") then
   if rank == 1 and k == "len" then splits[n] = nil end
   if rank == 1 and k == "sum" then splits[1] = 3 end
   if rank == 1 and k == "neg" then splits[1], splits[2] = -1, 5 end
+  if rank == 1 and k == "wrap" then  -- 4 ranks: its own block right, the sum right modulo 2^64
+    splits[1], splits[3], splits[4] = math.maxinteger, math.maxinteger, 2 * n
+  end
   local input = T.full({2 * n}, rank - 3)
   local output = T.zeros({2 * n}, rank == 1 and k == "dtype" and "float64" or "float32")
   record(pcall(dist.all_to_all_single, output, input, nil, splits))

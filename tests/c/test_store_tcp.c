@@ -18,6 +18,8 @@
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <dirent.h>
+#include <ifaddrs.h>
+#include <net/if.h>
 #include <stdio.h>
 #include <unistd.h>
 
@@ -634,6 +636,64 @@ TEST(tcp_unix_socket_taken_by_another_user) {
   EXPECT(c == 'n');
 }
 
+/* A non-loopback IPv4 address of this host and its interface's name into
+ * addr/ifname; 0 when there is none. */
+static int host_ipv4(struct in_addr *addr, char *ifname, size_t cap) {
+  struct ifaddrs *all, *i;
+  int found = 0;
+  if (getifaddrs(&all) < 0) return 0;
+  for (i = all; i && !found; i = i->ifa_next) {
+    if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET || (i->ifa_flags & IFF_LOOPBACK)) continue;
+    *addr = ((const struct sockaddr_in *)i->ifa_addr)->sin_addr;
+    snprintf(ifname, cap, "%s", i->ifa_name);
+    found = 1;
+  }
+  freeifaddrs(all);
+  return found;
+}
+
+/* Another user's process on this host that binds its socket to an interface
+ * (SO_BINDTODEVICE, open to every user) and connects to one of the host's
+ * own addresses is still found as the stranger it is: the kernel's exact
+ * lookup by address and port alone does not see a socket bound to a device. */
+TEST(tcp_stranger_bound_to_a_device) {
+  struct in_addr ip;
+  char ifname[IF_NAMESIZE];
+  if (geteuid() != 0 || !host_ipv4(&ip, ifname, sizeof ifname)) {
+    printf("SKIP: needs root to act as another user, and a non-loopback IPv4 address\n");
+    return;
+  }
+  int lfd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr = ip};
+  socklen_t sl = sizeof sa;
+  EXPECT(bind(lfd, (struct sockaddr *)&sa, sizeof sa) == 0 && listen(lfd, 4) == 0);
+  EXPECT(getsockname(lfd, (struct sockaddr *)&sa, &sl) == 0);
+  for (int bound = 0; bound < 2; bound++) {
+    pid_t kid = fork();
+    if (kid == 0) { /* the stranger: connects, then waits to be closed */
+      alarm(10);
+      if (setgid(65534) != 0 || setuid(65534) != 0) _exit(3);
+      int fd = socket(AF_INET, SOCK_STREAM, 0);
+      if (bound && setsockopt(fd, SOL_SOCKET, SO_BINDTODEVICE, ifname, (socklen_t)strlen(ifname)) != 0) _exit(4);
+      if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) _exit(5);
+      char b;
+      _exit(recv(fd, &b, 1, 0) == 0 ? 0 : 6);
+    }
+    int c = accept(lfd, NULL, NULL);
+    EXPECT(c >= 0);
+    long uid = -2;
+    int stranger = crun__peer_stranger(c, &uid);
+    close(c);
+    int st;
+    waitpid(kid, &st, 0);
+    EXPECT(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    if (!stranger) crun_test_fail(__FILE__, __LINE__, "a peer of uid 65534 %s was not taken for a stranger (uid %ld)",
+                                  bound ? "bound to a device" : "", uid);
+    EXPECT_EQ_INT(uid, 65534);
+  }
+  close(lfd);
+}
+
 /* Resident memory of this process in MiB. */
 static long rss_mib(void) {
   long pages = 0, rss = 0;
@@ -1194,7 +1254,8 @@ TEST(tcp_wait_timeouts_on_the_wire) {
 #define CRUN_TESTS(X) X(tcp_semantics) X(tcp_get_is_parked_until_set) X(tcp_port_in_use) \
   X(tcp_listen_address_unresolvable) X(tcp_connect_refused) X(tcp_world_size_join) X(tcp_hostile_frames) X(tcp_server_goes_away) \
   X(tcp_thousand_clients) X(tcp_multiprocess_race) X(tcp_big_value) X(tcp_pipelined_clients) X(tcp_both_transports) \
-  X(tcp_secret) X(tcp_handshake_stall_is_etimedout) X(tcp_unix_socket_taken_by_another_user) X(tcp_client_that_never_reads) \
+  X(tcp_secret) X(tcp_handshake_stall_is_etimedout) X(tcp_unix_socket_taken_by_another_user) X(tcp_stranger_bound_to_a_device) \
+  X(tcp_client_that_never_reads) \
   X(tcp_waiters_by_key) X(tcp_idle_connection_flood) X(tcp_queues) X(tcp_queue_opcodes) X(tcp_async_set) X(tcp_async_set_lost) \
   X(tcp_spin_setting) X(tcp_idle_server_sleeps) X(tcp_timed_out_wait_keeps_connection) X(tcp_set_at_the_deadline) \
   X(tcp_wait_timeouts_on_the_wire)
