@@ -448,10 +448,10 @@ static int q_reduce_scatter(crun__nccl_t *b, crun__coll_t *c, desc_t *desc) {
   ncclRedOp_t op;
   size_t k, bytes = c->count * crun_dtype_size(c->dt), p = (size_t)b->pg->size;
   CRUN_CHECK(types(b, c, &t, &k, desc));
-  if (p == 1) { /* this rank's block is the result */
+  if (p == 1) { /* this rank's block is the result (the op checked before anything is written) */
     double post = 1;
-    int rc = copy(b, c->buf, c->ins[0], bytes, desc);
-    if (rc == 0) rc = red_op(b, c, t, &op, &post, desc);
+    int rc = red_op(b, c, t, &op, &post, desc);
+    if (rc == 0) rc = copy(b, c->buf, c->ins[0], bytes, desc);
     return rc == 0 ? post_scale(b, c, post, desc) : rc;
   }
   int flat = 1;

@@ -340,6 +340,24 @@ TEST(wrong_device_and_unsupported_ops) {
   EXPECT_EQ_INT(spawn(2, "cpu", wrong_device, NULL, 30), 0);
 }
 
+/* A one-rank group answers without NCCL: an op it refuses must leave the
+ * output as it was, as at n ranks (reduce_scatter copied the block first). */
+static void one_rank_refused_op(crun_pg_t *pg, void *arg) {
+  (void)arg;
+  int32_t in = -5, out = 7;
+  const void *ins[1] = {&in};
+  EXPECT_STATUS(crun_pg_reduce_scatter(pg, &out, ins, 1, CRUN_INT32, CRUN_OP_BXOR, &DEV, NULL), CRUN_ENOTSUP);
+  EXPECT_TEXT("bxor on int32");
+  EXPECT_EQ_INT(out, 7);
+  crun_coll_opts_t pm = DEV;
+  pm.premul_factor = 0.5;
+  EXPECT_STATUS(crun_pg_reduce_scatter(pg, &out, ins, 1, CRUN_INT32, CRUN_OP_PREMUL_SUM, &pm, NULL), CRUN_EINVAL);
+  EXPECT_TEXT("premul_sum is only defined on floating dtypes");
+  EXPECT_EQ_INT(out, 7);
+}
+
+TEST(one_rank_refused_op_leaves_the_output) { EXPECT_EQ_INT(spawn(1, "nccl", one_rank_refused_op, NULL, 30), 0); }
+
 static void mismatch(crun_pg_t *pg, void *arg) {
   (void)arg;
   int r = crun_pg_rank(pg);
@@ -597,5 +615,5 @@ TEST(steady_state_calls_allocate_nothing) {
   X(auto_serves_cpu_and_cuda) X(wrong_device_and_unsupported_ops) X(mismatch_names_both_calls)               \
   X(hang_signature_check_names_missing_rank) X(hang_watchdog_aborts_and_names_missing_rank)                    \
   X(async_error_aborts_every_rank) X(abort_races_collectives) X(end_events_come_from_a_bounded_pool) \
-  X(steady_state_calls_allocate_nothing)
+  X(steady_state_calls_allocate_nothing) X(one_rank_refused_op_leaves_the_output)
 CRUN_TEST_MAIN()
