@@ -29,6 +29,24 @@ local function scenario_n(n, mode, env)
   return res, out
 end
 
+-- Asserts what each of the n ranks saw after rank 1 (or the root) refused a
+-- call: its first line is the EINVAL naming why, its second (the group's next
+-- call) fails with the same text, and no EMISMATCH; with kind, a peer's first
+-- line also says rank 1 refused its part of that call.
+local function every_rank_refused(res, out, n, why, kind)
+  for r = 0, n - 1 do
+    local l = {}
+    for line in (res[r] .. "\n"):gmatch("(.-)\n") do l[#l + 1] = line end
+    assert.is_truthy(l[1] and l[1]:match("^error EINVAL: ") and l[1]:find(why, 1, true),
+                     "rank " .. r .. ": " .. res[r] .. "\n" .. out)
+    if kind and r ~= 1 then
+      assert.is_truthy(l[1]:find("rank 1 refused its part of " .. kind, 1, true), "rank " .. r .. ": " .. l[1])
+    end
+    assert.is_truthy(l[2] and l[2]:match("^error E") and l[2]:find(why, 1, true), "rank " .. r .. ": " .. res[r])
+    assert.is_falsy(res[r]:find("EMISMATCH", 1, true), res[r])
+  end
+end
+
 describe("dist failures", function()
   it("report a different collective on every rank, naming both calls", function()
     expect.mismatch(scenario("mismatch"))
@@ -129,15 +147,7 @@ describe("dist failures", function()
     for _, n in ipairs{2, 3} do for _, env in ipairs{"CRUN_SHM=0", "CRUN_SHM=1"} do
       it("tell every rank why the root refused its " .. k[1]:sub(5) .. " (" .. env .. ", " .. n .. " ranks)", function()
         local res, out = scenario_n(n, k[1], env)
-        for r = 0, n - 1 do
-          local l = {}
-          for line in (res[r] .. "\n"):gmatch("(.-)\n") do l[#l + 1] = line end
-          local first = l[1]
-          assert.is_truthy(first and first:match("^error EINVAL: ") and first:find(k[2], 1, true),
-                           "rank " .. r .. ": " .. res[r] .. "\n" .. out)
-          assert.is_truthy(l[2] and l[2]:match("^error E") and l[2]:find(k[2], 1, true), "rank " .. r .. ": " .. res[r])
-          assert.is_falsy(res[r]:find("EMISMATCH", 1, true), res[r])
-        end
+        every_rank_refused(res, out, n, k[2])
       end)
     end end
   end
@@ -173,14 +183,7 @@ describe("dist failures", function()
         local res, out = scenario_n(n, "a2asplit_" .. k[1], env)
         local why = "all_to_all_single on rank 1: " .. (k[1] == "len" and k[2]:format(n, n - 1)
                                                          or k[1] == "sum" and k[2]:format(2 * n + 1, 2 * n) or k[2])
-        for r = 0, n - 1 do
-          local l = {}
-          for line in (res[r] .. "\n"):gmatch("(.-)\n") do l[#l + 1] = line end
-          assert.is_truthy(l[1] and l[1]:match("^error EINVAL: ") and l[1]:find(why, 1, true),
-                           "rank " .. r .. ": " .. res[r] .. "\n" .. out)
-          assert.is_truthy(l[2] and l[2]:match("^error E") and l[2]:find(why, 1, true), "rank " .. r .. ": " .. res[r])
-          assert.is_falsy(res[r]:find("EMISMATCH", 1, true), res[r])
-        end
+        every_rank_refused(res, out, n, why)
       end)
     end end
   end
@@ -200,14 +203,7 @@ describe("dist failures", function()
                       (k == "range" and (" " .. n .. " is out of range (0.." .. (n - 1) .. ")")
                        or k == "type" and " must be an integer rank, got string"
                        or (" " .. (n + 3) .. " is not in the group"))
-          for r = 0, n - 1 do
-            local l = {}
-            for line in (res[r] .. "\n"):gmatch("(.-)\n") do l[#l + 1] = line end
-            assert.is_truthy(l[1] and l[1]:match("^error EINVAL: ") and l[1]:find(why, 1, true),
-                             "rank " .. r .. ": " .. res[r] .. "\n" .. out)
-            assert.is_truthy(l[2] and l[2]:match("^error E") and l[2]:find(why, 1, true), "rank " .. r .. ": " .. res[r])
-            assert.is_falsy(res[r]:find("EMISMATCH", 1, true), res[r])
-          end
+          every_rank_refused(res, out, n, why)
         end)
       end end
     end
@@ -273,17 +269,7 @@ describe("dist failures", function()
         local why = type(k[3]) == "function" and k[3](n) or k[3]:format(n, n - 1)
         local kind = ({all_to_all_single = "all_to_all", all_gather_into_tensor = "all_gather",
                        reduce_scatter_tensor = "reduce_scatter"})[k[1]] or k[1]
-        for r = 0, n - 1 do
-          local l = {}
-          for line in (res[r] .. "\n"):gmatch("(.-)\n") do l[#l + 1] = line end
-          assert.is_truthy(l[1] and l[1]:match("^error EINVAL: ") and l[1]:find(why, 1, true),
-                           "rank " .. r .. ": " .. res[r] .. "\n" .. out)
-          if r ~= 1 then
-            assert.is_truthy(l[1]:find("rank 1 refused its part of " .. kind, 1, true), "rank " .. r .. ": " .. l[1])
-          end
-          assert.is_truthy(l[2] and l[2]:match("^error E") and l[2]:find(why, 1, true), "rank " .. r .. ": " .. res[r])
-          assert.is_falsy(res[r]:find("EMISMATCH", 1, true), res[r])
-        end
+        every_rank_refused(res, out, n, why, kind)
       end)
     end
   end
@@ -301,17 +287,7 @@ describe("dist failures", function()
           local res, out = scenario_n(n, "badop:" .. c[1] .. ":" .. k, env)
           local why = k == "nan" and "premul_sum: the factor is NaN (dist.make_premul_sum refuses it too)"
             or string.format("bad argument #%d to '%s' (unknown reduce op 'nosuchop'; use sum, ", c[2], c[1])
-          for r = 0, n - 1 do
-            local l = {}
-            for line in (res[r] .. "\n"):gmatch("(.-)\n") do l[#l + 1] = line end
-            assert.is_truthy(l[1] and l[1]:match("^error EINVAL: ") and l[1]:find(why, 1, true),
-                             "rank " .. r .. ": " .. res[r] .. "\n" .. out)
-            if r ~= 1 then
-              assert.is_truthy(l[1]:find("rank 1 refused its part of " .. c[3], 1, true), "rank " .. r .. ": " .. l[1])
-            end
-            assert.is_truthy(l[2] and l[2]:match("^error E") and l[2]:find(why, 1, true), "rank " .. r .. ": " .. res[r])
-            assert.is_falsy(res[r]:find("EMISMATCH", 1, true), res[r])
-          end
+          every_rank_refused(res, out, n, why, c[3])
         end)
       end
     end
