@@ -105,34 +105,24 @@ end
 methods.tolist = methods.totable
 
 -- t:sum(), t:max(), t:eq(u):sum(), ... over every element return a Lua number
--- where torch returns a 0-d tensor, and ported code reads it with .item():
--- numbers get item() (the number itself) and tolist(); another method on a
--- number is EINVAL saying so instead of "attempt to index a number value".
--- (Set only when nothing else gave numbers a metatable.)
-local NUMBER_METHODS = {item = function(n) return n end, tolist = function(n) return n end}
-if debug.getmetatable(0) == nil then
-  debug.setmetatable(0, {__index = function(n, k)
-    local m = NUMBER_METHODS[k]
+-- and t:all() / t:any() a Lua boolean (if t:all() then ... reads as in
+-- torch), where torch returns a 0-d tensor, and ported code reads it with
+-- .item(): numbers and booleans get item() and tolist() (the value itself);
+-- another method on one is EINVAL saying why instead of "attempt to index a
+-- number value". (Set only when nothing else gave that type a metatable.)
+local function scalar_methods(sample, kind, why)
+  if debug.getmetatable(sample) ~= nil then return end
+  local own = {item = function(v) return v end, tolist = function(v) return v end}
+  debug.setmetatable(sample, {__index = function(v, k)
+    local m = own[k]
     if m then return m end
-    O.fail("EINVAL: %s is a Lua number, which has no method '%s' (a reduction over every element, t:sum(), " ..
-      "t:max(), ..., gives a number where torch gives a 0-d tensor; only item() and tolist() work on it)",
-      tostring(n), tostring(k))
+    O.fail("EINVAL: %s is a Lua %s, which has no method '%s' (%s; only item() and tolist() work on it)", tostring(v),
+      kind, tostring(k), why)
   end})
 end
-
--- t:all() and t:any() give a Lua boolean (if t:all() then ... reads as in
--- torch), and ported code reads torch's 0-d result with .item(): booleans
--- get item() and tolist() (the boolean itself) as numbers do; another
--- method on a boolean is EINVAL saying so.
-local BOOLEAN_METHODS = {item = function(b) return b end, tolist = function(b) return b end}
-if debug.getmetatable(true) == nil then
-  debug.setmetatable(true, {__index = function(b, k)
-    local m = BOOLEAN_METHODS[k]
-    if m then return m end
-    O.fail("EINVAL: %s is a Lua boolean, which has no method '%s' (t:all() and t:any() over every element " ..
-      "give a boolean where torch gives a 0-d tensor; only item() and tolist() work on it)", tostring(b), tostring(k))
-  end})
-end
+scalar_methods(0, "number", "a reduction over every element, t:sum(), t:max(), ..., gives a number where torch " ..
+  "gives a 0-d tensor")
+scalar_methods(true, "boolean", "t:all() and t:any() over every element give a boolean where torch gives a 0-d tensor")
 
 -- Options of the random factories: crun's seed, torch's dtype, generator,
 -- device and pin_memory; requires_grad/layout change nothing. (zeros, ones,
@@ -829,6 +819,9 @@ end
 
 -- ------------------------------------------------------------ more factories
 
+-- A 1-d tensor of dtype dt holding list (T.new takes no empty list).
+local function new_1d(list, dt) return #list == 0 and T.empty({0}, dt) or T.new(list, dt) end
+
 -- x rounded to the nearest float32 (string.pack converts as C's cast does).
 local function f32(x) return (string.unpack("f", string.pack("f", x))) end
 
@@ -855,7 +848,7 @@ function T.linspace(start, stop, steps, opts)
   if INT_DTYPES[dt] then
     for i, v in ipairs(vals) do vals[i] = v < 0 and math.ceil(v) or math.floor(v) end
   end
-  local t = steps == 0 and T.empty({0}, dt) or T.new(vals, dt)
+  local t = new_1d(vals, dt)
   return place(t, o.device ~= nil and CU().device_index(o.device, "tensor.linspace") or nil)
 end
 
@@ -878,7 +871,7 @@ function T.randperm(n, opts)
   end
   local perm = core.permutation(n, seed)
   for i = 1, n do perm[i] = perm[i] + 1 end
-  local t = n == 0 and T.empty({0}, o.dtype or "int64") or T.new(perm, o.dtype or "int64")
+  local t = new_1d(perm, o.dtype or "int64")
   return place(t, o.device ~= nil and CU().device_index(o.device, "tensor.randperm") or nil)
 end
 
@@ -905,10 +898,9 @@ function methods.unique(t, opts)
     counts[#vals] = counts[#vals] + 1
     inverse[p[i]] = #vals
   end
-  local function tensor_of(list, dt) return #list == 0 and T.empty({0}, dt) or T.new(list, dt) end
-  local out = {tensor_of(vals, t:dtype())}
-  if o.return_inverse then out[#out + 1] = tensor_of(inverse, "int64"):reshape(t:size()) end
-  if o.return_counts then out[#out + 1] = tensor_of(counts, "int64") end
+  local out = {new_1d(vals, t:dtype())}
+  if o.return_inverse then out[#out + 1] = new_1d(inverse, "int64"):reshape(t:size()) end
+  if o.return_counts then out[#out + 1] = new_1d(counts, "int64") end
   return table.unpack(out)
 end
 
