@@ -431,18 +431,12 @@ function dist.all_gather(list, t, opts, async_op)
   if g then return g:all_gather(list, t, opts) end
 end
 
--- The fault of t as fname's `what` ("EINVAL: ..."), or nil when it is a crun.Tensor.
-local function not_tensor(t, fname, what)
-  local mt = getmetatable(t)
-  if type(t) ~= "userdata" or type(mt) ~= "table" or mt.__name ~= "crun.Tensor" then
-    return string.format("EINVAL: %s: the %s must be a crun.Tensor, got %s", fname, what, type(t))
-  end
-end
-
 -- Returns t when it is a crun.Tensor, else fails naming fname and what.
 local function tensor_arg(t, fname, what)
-  local bad = not_tensor(t, fname, what)
-  if bad then error(bad, 0) end
+  local mt = getmetatable(t)
+  if type(t) ~= "userdata" or type(mt) ~= "table" or mt.__name ~= "crun.Tensor" then
+    fail("EINVAL: %s: the %s must be a crun.Tensor, got %s", fname, what, type(t))
+  end
   return t
 end
 
