@@ -63,6 +63,9 @@ static int check_rank_arg(lua_State *L, int idx, crun_pg_t *pg, const char *fnam
   return (int)crun_l_check_range(L, crun_l_checkinteger(L, idx), 0, crun_pg_size(pg) - 1, fname, what);
 }
 
+/* "cuda" for a tensor on a device (device index dev >= 0), else "cpu". */
+static const char *place(int dev) { return dev >= 0 ? "cuda" : "cpu"; }
+
 /* The type name of the value at idx as lauxlib's errors give it: its
  * metatable's __name (crun.Tensor, ...) or its basic type. Pushes it. */
 static const char *type_of(lua_State *L, int idx) {
@@ -150,25 +153,32 @@ static crun_tensor_t *tensor_fault(lua_State *L, int idx, int arg, int entry, co
   return NULL;
 }
 
+/* Whether the value at idx (argument idx - 1 of method fname) is not a list
+ * of n entries: 1 with the fault pushed (no status), else 0. */
+static int list_len_fault(lua_State *L, int idx, int n, const char *fname) {
+  if (!lua_istable(L, idx))
+    return lua_pushfstring(L, "bad argument #%d to '%s' (table expected, got %s)", idx - 1, fname, type_of(L, idx)), 1;
+  if ((int)luaL_len(L, idx) != n)
+    return lua_pushfstring(L, "bad argument #%d to '%s' (list of %d tensors expected, got %d)", idx - 1, fname, n,
+                           (int)luaL_len(L, idx)), 1;
+  return 0;
+}
+
 /* Checks that the value at idx (argument idx - 1 of method fname) is a list
  * of n open contiguous tensors, each on the device of `like`, of its dtype
  * and size, and fills ptrs[0..n-1] with their data. Returns 0, or 1 with the
  * fault pushed (no status), raising nothing. */
 static int list_fault(lua_State *L, int idx, int n, crun_tensor_t *like, const char *fname, void **ptrs) {
   int arg = idx - 1;
-  if (!lua_istable(L, idx))
-    return lua_pushfstring(L, "bad argument #%d to '%s' (table expected, got %s)", arg, fname, type_of(L, idx)), 1;
-  if ((int)luaL_len(L, idx) != n)
-    return lua_pushfstring(L, "bad argument #%d to '%s' (list of %d tensors expected, got %d)", arg, fname, n,
-                           (int)luaL_len(L, idx)), 1;
+  if (list_len_fault(L, idx, n, fname)) return 1;
   for (int i = 0; i < n; i++) {
     lua_geti(L, idx, i + 1);
     crun_tensor_t *t = tensor_fault(L, lua_gettop(L), arg, i + 1, fname);
     if (!t) return 1;
     if (crun_tensor_device(t) != crun_tensor_device(like))
       return lua_pushfstring(L, "bad argument #%d to '%s' (tensor %d is on %s, the other argument on %s)", arg, fname,
-                             i + 1, crun_tensor_device(t) >= 0 ? "cuda" : "cpu",
-                             crun_tensor_device(like) >= 0 ? "cuda" : "cpu"), 1;
+                             i + 1, place(crun_tensor_device(t)),
+                             place(crun_tensor_device(like))), 1;
     if (crun_tensor_dtype(t) != crun_tensor_dtype(like) || crun_tensor_numel(t) != crun_tensor_numel(like))
       return lua_pushfstring(L, "bad argument #%d to '%s' (tensor %d is %s[%d], expected %s[%d] like the other "
                              "argument)", arg, fname, i + 1, crun_dtype_name(crun_tensor_dtype(t)),
@@ -513,11 +523,7 @@ static int l_reduce_scatter(lua_State *L) {
 static int any_list_fault(lua_State *L, int idx, int n, const char *fname, void **ptrs, size_t *counts, int *dev,
                           crun_dtype_t *dt) {
   int arg = idx - 1;
-  if (!lua_istable(L, idx))
-    return lua_pushfstring(L, "bad argument #%d to '%s' (table expected, got %s)", arg, fname, type_of(L, idx)), 1;
-  if ((int)luaL_len(L, idx) != n)
-    return lua_pushfstring(L, "bad argument #%d to '%s' (list of %d tensors expected, got %d)", arg, fname, n,
-                           (int)luaL_len(L, idx)), 1;
+  if (list_len_fault(L, idx, n, fname)) return 1;
   for (int i = 0; i < n; i++) {
     lua_geti(L, idx, i + 1);
     crun_tensor_t *t = tensor_fault(L, lua_gettop(L), arg, i + 1, fname);
@@ -527,7 +533,7 @@ static int any_list_fault(lua_State *L, int idx, int n, const char *fname, void 
                              crun_dtype_name(crun_tensor_dtype(t)), crun_dtype_name(*dt)), 1;
     if (i > 0 && crun_tensor_device(t) != *dev)
       return lua_pushfstring(L, "bad argument #%d to '%s' (tensor %d is on %s, tensor 1 on %s)", arg, fname, i + 1,
-                             crun_tensor_device(t) >= 0 ? "cuda" : "cpu", *dev >= 0 ? "cuda" : "cpu"), 1;
+                             place(crun_tensor_device(t)), place(*dev)), 1;
     *dev = crun_tensor_device(t);
     *dt = crun_tensor_dtype(t);
     ptrs[i] = crun_tensor_data(t);
@@ -542,7 +548,7 @@ static int any_list_fault(lua_State *L, int idx, int n, const char *fname, void 
 static int a2a_pair_fault(lua_State *L, int n, int dvo, int dvi, crun_dtype_t dto, crun_dtype_t dti) {
   if (n > 0 && (dvo >= 0) != (dvi >= 0))
     return lua_pushfstring(L, "bad argument #1 to 'all_to_all' (outputs are on %s, inputs on %s)",
-                           dvo >= 0 ? "cuda" : "cpu", dvi >= 0 ? "cuda" : "cpu"), 1;
+                           place(dvo), place(dvi)), 1;
   if (dto != dti)
     return lua_pushfstring(L, "bad argument #1 to 'all_to_all' (outputs are %s, inputs %s)", crun_dtype_name(dto),
                            crun_dtype_name(dti)), 1;
@@ -701,8 +707,8 @@ static int blocks_fault(lua_State *L, crun_pg_t *pg, const char *fname, int bidx
                            what[1], crun_dtype_name(crun_tensor_dtype(one))), 1;
   if (crun_tensor_device(big) != crun_tensor_device(one))
     return lua_pushfstring(L, "%s: the %s tensor is on %s, the %s on %s", fname, what[0],
-                           crun_tensor_device(big) >= 0 ? "cuda" : "cpu", what[1],
-                           crun_tensor_device(one) >= 0 ? "cuda" : "cpu"), 1;
+                           place(crun_tensor_device(big)), what[1],
+                           place(crun_tensor_device(one))), 1;
   size_t bytes = (size_t)per * crun_dtype_size(crun_tensor_dtype(one));
   for (int i = 0; i < n; i++) ptrs[i] = (char *)crun_tensor_data(big) + (size_t)i * bytes;
   *onep = one;
