@@ -123,15 +123,18 @@ static void ended_locked(crun__nccl_t *b, crun__nccl_op_t *op) {
   unlink_locked(b, op);
 }
 
-/* Unlinks the oldest pending operations whose end event completed (they end
- * in order: one stream), giving them back to the pool unless a handle still
- * holds them. Called with mu held. */
-static void reap_locked(crun__nccl_t *b) {
+/* Unlinks the oldest pending operations that are done or whose end event
+ * completed (they end in order: one stream), giving them back to the pool
+ * unless a handle still holds them. Returns how many it saw end. Called
+ * with mu held. */
+static int reap_locked(crun__nccl_t *b) {
   crun__nccl_op_t *op;
+  int ended = 0;
   while ((op = b->pending) && (op->done || (op->end && cudaEventQuery(op->end) == cudaSuccess))) {
     if (op->done) unlink_locked(b, op);
-    else ended_locked(b, op);
+    else ended_locked(b, op), ended++;
   }
+  return ended;
 }
 
 /* Sets *ts to `s` seconds from now on CLOCK_MONOTONIC (the clock of b->cv). */
@@ -284,16 +287,12 @@ static void peer_aborted(crun__nccl_t *b, int rc) {
 static void scan_locked(crun__nccl_t *b, double *next_notice) {
   double now = crun_clock();
   crun__nccl_op_t *expired = NULL, *oldest = NULL;
-  int may_end = 1; /* every operation before this one ended: this one may have (one stream: in order) */
+  /* the ended ones lead the list (one stream: in order); nothing after the
+   * first that has not ended can have */
+  if (reap_locked(b)) pthread_cond_broadcast(&b->cv); /* nccl_destroy waits for the list to empty */
   for (crun__nccl_op_t *op = b->pending, *nx; op; op = nx) {
     nx = op->next;
     if (op->done) { unlink_locked(b, op); continue; }
-    if (may_end && op->end && cudaEventQuery(op->end) == cudaSuccess) {
-      ended_locked(b, op);
-      pthread_cond_broadcast(&b->cv);
-      continue;
-    }
-    may_end = 0;
     if (!expired && now >= op->deadline) expired = op;
     if (!oldest || op->begun < oldest->begun) oldest = op;
   }
@@ -363,9 +362,7 @@ static void *watch_main(void *arg) {
     }
     scan_locked(b, &next_notice);
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    ts.tv_nsec += (long)(period * 1e9);
-    if (ts.tv_nsec >= 1000000000) { ts.tv_sec++; ts.tv_nsec -= 1000000000; }
+    after(period, &ts);
     pthread_cond_timedwait(&b->cv, &b->mu, &ts);
   }
   pthread_mutex_unlock(&b->mu);
