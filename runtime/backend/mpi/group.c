@@ -286,7 +286,7 @@ static int keep_pending(retired_t *r, crun__mpi_t *b) {
 /* Moves b's communicators and pending sends to the retired list. */
 static void retire(crun__mpi_t *b) {
   retired_t *r = calloc(1, sizeof *r);
-  if (!r) return; /* the communicators stay allocated all the same */
+  if (!r) return; /* out of memory: mpi_destroy frees them as it used to (strays may then reach a later group) */
   r->comm = b->comm, r->ctrl = b->ctrl;
   b->comm = b->ctrl = MPI_COMM_NULL;
   keep_pending(r, b);
