@@ -93,6 +93,13 @@ static void push_buf(lua_State *L, crun_buf_t *b) {
 
 /* ------------------------------------------------------------ constructors */
 
+/* store_flush_sets(): crun_store_flush_sets (store.h) */
+static int l_store_flush_sets(lua_State *L) {
+  (void)L;
+  crun_store_flush_sets();
+  return 0;
+}
+
 /* store.tcp{host=, port=, is_master=, world_size=, timeout=, connect_timeout=, token=, async_set=} */
 static int l_store_tcp(lua_State *L) {
   crun_l_checktype(L, 1, LUA_TTABLE);
@@ -104,7 +111,8 @@ static int l_store_tcp(lua_State *L) {
   o.timeout = crun_l_optfield_number(L, 1, "timeout", 0);
   o.connect_timeout = crun_l_optfield_number(L, 1, "connect_timeout", 0);
   o.token = crun_l_optfield_string(L, 1, "token", NULL); /* nil: CRUN_TOKEN; "": none */
-  o.async_set = crun_l_optfield_boolean(L, 1, "async_set", 0);
+  int async = crun_l_optfield_boolean(L, 1, "async_set", -1); /* -1: not given */
+  o.async_set = async < 0 ? 0 : async ? 1 : -1; /* 0: the default (on unless CRUN_STORE_ASYNC_SET=0) */
   if (o.port < 0) return crun_l_error(L, "EINVAL: bad argument #1 to 'tcp' (field 'port' is required)");
   /* NaN or inf reached the client's deadline arithmetic and came back as
    * "ETIMEDOUT: the store server sent no greeting" at once */
@@ -440,7 +448,7 @@ void crun_l_open_store(lua_State *L) {
       {"port", srv_port}, {"stop", srv_stop}, {"__gc", srv_stop}, {"__close", srv_stop},
       {NULL, NULL}};
   static const luaL_Reg fns[] = {
-      {"store_tcp", l_store_tcp}, {"store_file", l_store_file}, {"store_hash", l_store_hash},
+      {"store_tcp", l_store_tcp}, {"store_flush_sets", l_store_flush_sets}, {"store_file", l_store_file}, {"store_hash", l_store_hash},
       {"store_prefix", l_store_prefix}, {"store_server", l_store_server}, {NULL, NULL}};
   crun_l_newclass(L, STORE_MT, methods);
   crun_l_newclass(L, SERVER_MT, srv_methods);

@@ -23,6 +23,7 @@ local kinds = {
   end,
   tcp = function() return S.tcp{port = 0, is_master = true, timeout = 10}, function() end end,
   tcp_async_set = function() return S.tcp{port = 0, is_master = true, timeout = 10, async_set = true}, function() end end,
+  tcp_acked = function() return S.tcp{port = 0, is_master = true, timeout = 10, async_set = false}, function() end end,
   prefix_tcp = function()
     return S.prefix("t", S.tcp{port = 0, is_master = true, timeout = 10}), function() end
   end,
@@ -47,7 +48,7 @@ local function expect_error(pat, f, ...)
   return err
 end
 
-for _, name in ipairs({"hash", "file", "prefix_hash", "prefix_file", "tcp", "tcp_async_set", "prefix_tcp"}) do
+for _, name in ipairs({"hash", "file", "prefix_hash", "prefix_file", "tcp", "tcp_async_set", "tcp_acked", "prefix_tcp"}) do
   describe("crun.store " .. name, function()
     local s, cleanup
     before_each(function() s, cleanup = kinds[name]() end)

@@ -540,6 +540,7 @@ function dist.monitored_barrier(opts, timeout, wait_all_ranks)
   if g:backend() == "mpi" then  -- no shared store under mpirun: MPI's own barrier, bounded
     return g:barrier({timeout = timeout})
   end
+  core.store_flush_sets()  -- this process's sets before the barrier are seen after it, as with barrier
   local seq = (state.mb_seq[g] or 0) + 1
   state.mb_seq[g] = seq
   local store = state.store

@@ -27,10 +27,12 @@ local FROM_ENV = O.spec{"host", "port", "is_master", "timeout", "world_size", "t
 -- async_set=}. port=0 with is_master=true picks a free port (see s:port()). token is the
 -- job's secret that every connection proves (default: CRUN_TOKEN, which
 -- crun-lua sets; "" for none): see the README's Security section.
--- async_set=true (or CRUN_STORE_ASYNC_SET=1): set returns once sent, as
--- torch's does; its failure surfaces at this store's next call (which is
--- then not run), and other clients may see the key a moment later
--- (runtime/store/README.md).
+-- set returns once sent, as torch's does (async_set, the default): its
+-- failure surfaces at this store's next call (which is then not run), and
+-- other clients see the key once one of this store's later calls returned or
+-- after a dist.barrier() in this process (a get or wait of it simply waits).
+-- async_set=false (or CRUN_STORE_ASYNC_SET=0) makes each set wait for the
+-- server's acknowledgement (runtime/store/README.md).
 function M.tcp(opts)
   if type(opts) ~= "table" then
     O.fail("EINVAL: crun.store.tcp: an options table is expected, got %s", type(opts))

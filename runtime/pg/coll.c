@@ -428,6 +428,7 @@ int crun_pg_all_to_all(crun_pg_t *pg, void *const *outs, const size_t *out_count
 
 int crun_pg_barrier(crun_pg_t *pg, const crun_coll_opts_t *opts, crun_work_t **work) {
   CRUN_CHECK(check_common(pg, CRUN__COLL_BARRIER, CRUN_UINT8, 0, 0));
+  crun_store_flush_sets(); /* a set made before the barrier is seen after it (store.h) */
   NEW_WORK(w, CRUN__COLL_BARRIER, CRUN_UINT8, 0);
   return submit(pg, w, work, NULL);
 }

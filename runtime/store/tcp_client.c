@@ -49,7 +49,7 @@
  * are read (64 acks are 512 bytes: no socket buffer ever fills). */
 #define ASYNC_SET_WINDOW 64
 
-typedef struct {
+typedef struct tcp_store {
   crun_store_t base;
   pthread_mutex_t mu;
   int fd, port;
@@ -68,7 +68,25 @@ typedef struct {
   int async_set;               /* set returns once sent (tcp_proto.h, "Pipelined sets") */
   unsigned unacked;            /* sets sent whose acknowledgement is not read yet */
   unsigned lost;               /* unacknowledged sets of a connection that was lost */
+  int late_rc;                 /* a failure crun_store_flush_sets found: the next call's */
+  char late_msg[400];
+  struct tcp_store *prev, *next; /* the process's async_set clients (g_async) */
 } tcp_store_t;
+
+/* Every async_set client of this process, for crun_store_flush_sets, and the
+ * number of their sets not yet acknowledged (0: a flush has nothing to do). */
+static struct {
+  pthread_mutex_t mu;
+  tcp_store_t *head;
+  unsigned long unacked;
+} g_async = {PTHREAD_MUTEX_INITIALIZER, NULL, 0};
+
+/* Moves t->unacked to n, keeping the process's count. */
+static void set_unacked(tcp_store_t *t, unsigned n) {
+  if (n > t->unacked) __atomic_add_fetch(&g_async.unacked, n - t->unacked, __ATOMIC_RELAXED);
+  else __atomic_sub_fetch(&g_async.unacked, t->unacked - n, __ATOMIC_RELAXED);
+  t->unacked = n;
+}
 
 #define T(s) ((tcp_store_t *)(s))
 
@@ -307,7 +325,7 @@ static void drop_conn(tcp_store_t *t) {
   t->fd = -1;
   t->rlen = t->rused = 0;
   t->lost += t->unacked;
-  t->unacked = 0;
+  set_unacked(t, 0);
 }
 
 /* ------------------------------------------------------------ framing */
@@ -521,7 +539,7 @@ static int drain_acks(tcp_store_t *t, double deadline) {
     long flen = 0;
     int rc = recv_frame(t, deadline, &w, &flen);
     if (rc < 0) return t->rtt = rtt, rc;
-    t->unacked--;
+    set_unacked(t, t->unacked - 1);
     rc = parse_reply(t, flen, &w);
     if (rc < 0 && !first) first = rc, error_text(msg, sizeof msg);
   }
@@ -529,6 +547,14 @@ static int drain_acks(tcp_store_t *t, double deadline) {
   if (!first) return 0;
   return crun_error(first, "an earlier set failed (async_set: set does not wait for the server; "
                     "this call was not run): %s", msg);
+}
+
+/* Fails with what crun_store_flush_sets found wrong with this handle's sets
+ * (once: the call that reports it is not run). */
+static int late_error(tcp_store_t *t) {
+  int rc = t->late_rc;
+  t->late_rc = 0;
+  return crun_error(rc, "%s", t->late_msg);
 }
 
 /* Connects when there is no connection, within RECONNECT_WINDOW. */
@@ -541,6 +567,7 @@ static int ensure_conn(tcp_store_t *t, double deadline) {
 /* Sends one request and waits for its reply before the deadline (lock held). */
 static int do_request(tcp_store_t *t, int op, unsigned n, const void *const *a, const size_t *l,
                       double deadline, const what_t *what) {
+  if (t->late_rc) return late_error(t);
   if (t->unacked) CRUN_CHECK(drain_acks(t, deadline));
   long len = encode(t, op, n, a, l), flen = 0;
   if (len < 0) return (int)len;
@@ -589,13 +616,14 @@ static int parked_request(tcp_store_t *t, int op, unsigned n, const void **a, si
  * (async_set); once ASYNC_SET_WINDOW are outstanding it reads them first.
  * Lock held. */
 static int send_set(tcp_store_t *t, const void *const *a, const size_t *l, const what_t *what) {
+  if (t->late_rc) return late_error(t);
   double deadline = crun_clock() + crun_store_get_timeout(&t->base);
   if (t->unacked >= ASYNC_SET_WINDOW) CRUN_CHECK(drain_acks(t, deadline));
   long len = encode(t, CRUN__SOP_SET, 2, a, l);
   if (len < 0) return (int)len;
   CRUN_CHECK(ensure_conn(t, deadline));
   CRUN_CHECK(send_all(t, (size_t)len, what));
-  t->unacked++;
+  set_unacked(t, t->unacked + 1);
   return 0;
 }
 
@@ -839,8 +867,32 @@ static int k_list_keys(crun_store_t *s, crun_store_keys_t *out) {
 
 static int k_port(crun_store_t *s) { return T(s)->port; }
 
+/* Takes t off the process's async_set clients (it may not be on them). */
+static void async_unlist(tcp_store_t *t) {
+  pthread_mutex_lock(&g_async.mu);
+  if (t->prev) t->prev->next = t->next;
+  else if (g_async.head == t) g_async.head = t->next;
+  if (t->next) t->next->prev = t->prev;
+  t->prev = t->next = NULL;
+  pthread_mutex_unlock(&g_async.mu);
+}
+
+void crun_store_flush_sets(void) {
+  if (!__atomic_load_n(&g_async.unacked, __ATOMIC_RELAXED)) return;
+  pthread_mutex_lock(&g_async.mu);
+  for (tcp_store_t *t = g_async.head; t; t = t->next) {
+    pthread_mutex_lock(&t->mu);
+    int rc = t->unacked && !t->late_rc ? note_lost(t, drain_acks(t, deadline_now(&t->base))) : 0;
+    if (rc < 0) t->late_rc = rc, snprintf(t->late_msg, sizeof t->late_msg, "%s", crun_last_error());
+    pthread_mutex_unlock(&t->mu);
+  }
+  pthread_mutex_unlock(&g_async.mu);
+}
+
 static void k_destroy(crun_store_t *s) {
   tcp_store_t *t = T(s);
+  async_unlist(t);
+  if (t->late_rc) CRUN_LOG(WARN, STORE, "closing the store %s:%d: %s", t->host, t->port, t->late_msg);
   if (t->unacked && t->fd >= 0 && drain_acks(t, deadline_now(s)) < 0) /* sets before a close are applied */
     CRUN_LOG(WARN, STORE, "closing the store %s:%d: %s", t->host, t->port, crun_last_error());
   drop_conn(t);
@@ -907,13 +959,19 @@ int crun_store_tcp_new(const crun_store_tcp_opts_t *opts, crun_store_t **out) {
   crun_store_set_timeout(&t->base, opts->timeout);
   pthread_mutex_init(&t->mu, NULL);
   t->spin = crun__store_spin_seconds(CRUN_STORE_SPIN_US_CLIENT);
-  t->async_set = opts->async_set || crun_env_int("CRUN_STORE_ASYNC_SET", 0) != 0;
+  t->async_set = opts->async_set > 0 || (opts->async_set == 0 && crun_env_int("CRUN_STORE_ASYNC_SET", 1) != 0);
   t->fd = -1;
   t->port = opts->port;
   int rc = tcp_open(t, opts);
   if (rc < 0) {
     k_destroy(&t->base);
     return rc;
+  }
+  if (t->async_set) {
+    pthread_mutex_lock(&g_async.mu);
+    if ((t->next = g_async.head)) t->next->prev = t;
+    g_async.head = t;
+    pthread_mutex_unlock(&g_async.mu);
   }
   *out = &t->base;
   return 0;

@@ -936,6 +936,7 @@ TEST(tcp_queue_opcodes) {
   /* LIST_KEYS: the count, then the plain keys NUL-terminated */
   EXPECT_OK(crun_store_set(s, "k1", "v", 1));
   EXPECT_OK(crun_store_set(s, "k22", "v", 1));
+  crun_store_flush_sets(); /* s's sets do not wait (async_set): y sees them once flushed */
   fl = frame_of(f, CRUN__SOP_LIST_KEYS, 0, NULL, NULL);
   EXPECT(send(y, f, fl, 0) == (ssize_t)fl);
   EXPECT_EQ_INT(read_reply(y, r, sizeof r, &arg, &alen), 0);
@@ -1002,6 +1003,124 @@ static void *hang_up_server(void *arg) {
   EXPECT(read_exact(fd, in, 8) == 0); /* the set's header */
   close(fd);
   return NULL;
+}
+
+/* A server that greets one client (no secret), reads its first request (a
+ * set), and acknowledges it 300 ms later. */
+static void *slow_ack_server(void *arg) {
+  int lfd = *(int *)arg, fd = accept(lfd, NULL, NULL);
+  crun__auth_t auth;
+  unsigned char greet[CRUN__AUTH_GREET], nonce[32], in[256];
+  crun__auth_init(&auth, "");
+  crun__auth_greet(&auth, greet, nonce);
+  EXPECT(send(fd, greet, sizeof greet, 0) == (ssize_t)sizeof greet);
+  EXPECT(read_exact(fd, in, CRUN__AUTH_ANSWER) == 0);
+  EXPECT(read_exact(fd, in, 8) == 0 && in[5] == CRUN__SOP_SET);
+  uint32_t len = crun__get_u32(in);
+  EXPECT(len >= 4 && len - 4 <= sizeof in && read_exact(fd, in, len - 4) == 0);
+  usleep(300000);
+  uint8_t ok[8];
+  crun__put_u32(ok, 4);
+  ok[4] = CRUN_STORE_PROTO_VERSION, ok[5] = 0, ok[6] = ok[7] = 0;
+  EXPECT(send(fd, ok, sizeof ok, 0) == (ssize_t)sizeof ok);
+  EXPECT(read_exact(fd, in, 1) != 0); /* the client closes */
+  close(fd);
+  return NULL;
+}
+
+/* The default client's sets do not wait; crun_store_flush_sets waits for
+ * their acknowledgements, so every one is visible to the other clients
+ * before it returns. */
+TEST(tcp_flush_sets) {
+  int lfd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in sa = {.sin_family = AF_INET};
+  socklen_t sl = sizeof sa;
+  inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+  EXPECT(bind(lfd, (struct sockaddr *)&sa, sl) == 0 && listen(lfd, 1) == 0);
+  EXPECT(getsockname(lfd, (struct sockaddr *)&sa, &sl) == 0);
+  pthread_t th;
+  pthread_create(&th, NULL, slow_ack_server, &lfd);
+  crun_store_tcp_opts_t so = {.host = "127.0.0.1", .port = ntohs(sa.sin_port), .timeout = 10,
+                              .connect_timeout = 5, .token = ""};
+  crun_store_t *slow = NULL;
+  EXPECT_OK(crun_store_tcp_new(&so, &slow));
+  double t0 = crun_clock();
+  EXPECT_OK(crun_store_set(slow, "k", "v", 1)); /* returns at once */
+  double t1 = crun_clock();
+  crun_store_flush_sets(); /* returns with the acknowledgement */
+  double t2 = crun_clock();
+  EXPECT(t1 - t0 < 0.2 && t2 - t0 >= 0.29);
+  crun_store_release(slow); /* nothing left to read */
+  pthread_join(th, NULL);
+  close(lfd);
+
+  int port;
+  crun_store_server_t *srv = local_server(&port);
+  crun_store_tcp_opts_t o = {.host = "127.0.0.1", .port = port, .timeout = 10, .connect_timeout = 5};
+  int y = raw_connect(port); /* another client, over TCP; first, so the server looks at it first */
+  crun_store_t *a = NULL, *c = NULL;
+  EXPECT_OK(crun_store_tcp_new(&o, &a));
+  EXPECT_OK(crun_store_tcp_new(&o, &c));
+  char k[32];
+  uint8_t f[128], r[128];
+  const uint8_t *arg;
+  uint32_t alen;
+  int seen = 0;
+  size_t vl = 1 << 20;
+  char *v = calloc(1, vl);
+  for (int round = 0; round < 10; round++) {
+    for (int i = 0; i < 2; i++) { /* two handles, each with a set in flight */
+      snprintf(k, sizeof k, "r%d/%d", round, i);
+      EXPECT_OK(crun_store_set(i % 2 ? c : a, k, v, vl));
+    }
+    crun_store_flush_sets();
+    size_t fl = frame_of(f, CRUN__SOP_CHECK, 2, (const void *[]){k, "r0/0"}, (size_t[]){strlen(k), 4});
+    EXPECT(send(y, f, fl, 0) == (ssize_t)fl);
+    EXPECT_EQ_INT(read_reply(y, r, sizeof r, &arg, &alen), 0);
+    seen += alen == 8 && crun__get_i64(arg) == 1;
+  }
+  EXPECT_EQ_INT(seen, 10);
+  free(v);
+  crun_store_flush_sets(); /* nothing in flight: returns at once */
+  close(y);
+  crun_store_release(a);
+  crun_store_release(c);
+  crun_store_server_stop(srv);
+}
+
+/* A lost set that a flush finds is reported by the handle's next call;
+ * async_set = -1 makes the set itself wait and report it. */
+static void lost_set(int async, int flush) {
+  int lfd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in sa = {.sin_family = AF_INET};
+  socklen_t sl = sizeof sa;
+  inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+  EXPECT(bind(lfd, (struct sockaddr *)&sa, sl) == 0 && listen(lfd, 1) == 0);
+  EXPECT(getsockname(lfd, (struct sockaddr *)&sa, &sl) == 0);
+  pthread_t th;
+  pthread_create(&th, NULL, hang_up_server, &lfd);
+  crun_store_tcp_opts_t o = {.host = "127.0.0.1", .port = ntohs(sa.sin_port), .timeout = 10,
+                             .connect_timeout = 5, .token = "", .async_set = async};
+  crun_store_t *a = NULL;
+  EXPECT_OK(crun_store_tcp_new(&o, &a));
+  if (async < 0) {
+    EXPECT_STATUS(crun_store_set(a, "lost", "x", 1), CRUN_ECONNRESET); /* the set tells */
+    pthread_join(th, NULL);
+  } else {
+    EXPECT_OK(crun_store_set(a, "lost", "x", 1)); /* sent: returns at once */
+    pthread_join(th, NULL);
+    if (flush) crun_store_flush_sets();
+    crun_buf_t got = {0};
+    EXPECT_STATUS(crun_store_get(a, "lost", &got), CRUN_ECONNRESET); /* the next call tells */
+    EXPECT(strstr(crun_last_error(), "1 earlier set (async_set) never acknowledged") != NULL);
+  }
+  crun_store_release(a);
+  close(lfd);
+}
+
+TEST(tcp_flush_sets_lost) {
+  lost_set(0, 1);
+  lost_set(-1, 0);
 }
 
 TEST(tcp_async_set_lost) {
@@ -1256,7 +1375,7 @@ TEST(tcp_wait_timeouts_on_the_wire) {
   X(tcp_thousand_clients) X(tcp_multiprocess_race) X(tcp_big_value) X(tcp_pipelined_clients) X(tcp_both_transports) \
   X(tcp_secret) X(tcp_handshake_stall_is_etimedout) X(tcp_unix_socket_taken_by_another_user) X(tcp_stranger_bound_to_a_device) \
   X(tcp_client_that_never_reads) \
-  X(tcp_waiters_by_key) X(tcp_idle_connection_flood) X(tcp_queues) X(tcp_queue_opcodes) X(tcp_async_set) X(tcp_async_set_lost) \
+  X(tcp_waiters_by_key) X(tcp_idle_connection_flood) X(tcp_queues) X(tcp_queue_opcodes) X(tcp_async_set) X(tcp_async_set_lost) X(tcp_flush_sets) X(tcp_flush_sets_lost) \
   X(tcp_spin_setting) X(tcp_idle_server_sleeps) X(tcp_timed_out_wait_keeps_connection) X(tcp_set_at_the_deadline) \
   X(tcp_wait_timeouts_on_the_wire)
 CRUN_TEST_MAIN()

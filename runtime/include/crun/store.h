@@ -64,22 +64,31 @@ typedef struct {
   double timeout;        /* seconds for every blocking call; <=0 means the default */
   double connect_timeout;/* seconds to keep retrying the connect; <=0 means `timeout` */
   const char *token;     /* the job's secret; NULL: CRUN_TOKEN from the environment; "": none */
-  int async_set;         /* 1: set returns once sent, as torch's (see crun_store_tcp_new);
-                            0: CRUN_STORE_ASYNC_SET=1 in the environment turns it on */
+  int async_set;         /* 0: the default, on unless CRUN_STORE_ASYNC_SET=0 in the
+                            environment; 1: on; -1: off (see crun_store_tcp_new) */
 } crun_store_tcp_opts_t;
 
 /* Creates a TCP store client, starting an embedded server first when
  * opts->is_master. Blocks until connected (retrying until the deadline).
  *
- * async_set (torch's semantics; off by default): a set returns once its
- * request is sent, without waiting for the server's acknowledgement. This
- * handle's later calls see it (one connection, served in order), and so does
- * any call of another client made after one of this handle's later calls
- * returned; before that, another client may not see it yet. A set that
- * failed (or was lost with the connection) makes this handle's next call
- * fail with its status, and that call is not run. Closing the store waits
- * for the acknowledgements. */
+ * async_set (on by default: torch's TCPStore set does the same): a set
+ * returns once its request is sent, without waiting for the server's
+ * acknowledgement. This handle's later calls see it (one connection, served
+ * in order), and so does any call of another client made after one of this
+ * handle's later calls returned, or after crun_store_flush_sets (which every
+ * barrier of a process group calls) returned in this process; before that,
+ * another client may not see it yet (its get or wait simply waits). A set
+ * that failed (or was lost with the connection) makes this handle's next
+ * call fail with its status, and that call is not run. Closing the store
+ * waits for the acknowledgements. async_set = -1 makes every set wait for
+ * its acknowledgement, so that the set itself reports its failure. */
 int crun_store_tcp_new(const crun_store_tcp_opts_t *opts, crun_store_t **out);
+
+/* Waits until the server applied every set that this process's TCP store
+ * clients sent without waiting (async_set), each within its handle's
+ * timeout; returns at once when there are none. A failure is kept for that
+ * handle's next call (which reports it and is not run), not returned here. */
+void crun_store_flush_sets(void);
 
 /* Returns the port a TCP store is connected to (the picked one for port 0);
  * -1 for other kinds. */
