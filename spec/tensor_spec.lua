@@ -280,6 +280,30 @@ describe("views", function()
     assert.same({12}, a:view({12}):size())
   end)
 
+  -- torch's slice assignment t[1:3] = v / t[:, 2] = 0 is written through a
+  -- view; copy_ (torch's name) was a nil method
+  it("slice assignment through views: narrow(d, s, n):copy_(src), select(d, i):fill_(v) land in the base", function()
+    local rows, cols = 4, 5
+    local want, src = {}, {}
+    for i = 1, rows do want[i] = {} for j = 1, cols do want[i][j] = (i * 7 - j * 3) * 0.5 - 1 end end
+    local a = T.tensor(want, "float64")
+    for i = 1, 2 do src[i] = {} for j = 1, cols do src[i][j] = -(i * 11 + j * j) * 0.25 end end
+    assert.equal(a, a:narrow(1, 2, 2):copy_(T.tensor(src, "float64")) and a) -- torch's a[1:3] = src
+    for i = 1, 2 do want[i + 1] = {table.unpack(src[i])} end
+    a:select(2, 4):fill_(-2.75)                                      -- torch's a[:, 3] = -2.75
+    for i = 1, rows do want[i][4] = -2.75 end
+    a:narrow(2, 1, 2):narrow(1, 4, 1):copy_(T.tensor({9.5, -8.25}, "float64")) -- a[3:4, 0:2] = v (v broadcast)
+    want[4][1], want[4][2] = 9.5, -8.25
+    assert.same(want, a:totable())
+    local at = a:t()                                                 -- through a transposed view
+    at:select(1, 5):copy_(T.tensor({-1.5, 2.25, -3.125, 4.0625}, "float64"))
+    for i, v in ipairs({-1.5, 2.25, -3.125, 4.0625}) do want[i][5] = v end
+    assert.same(want, a:totable())
+    local ok, err = pcall(function() return a:narrow(1, 1, 2):copy_(T.zeros({3}, "float64")) end)
+    assert.is_false(ok)
+    assert.matches("^EINVAL: copy_: ", err)
+  end)
+
   -- torch's unsqueeze, squeeze, flatten, permute and detach were nil methods
   it("unsqueeze, squeeze, flatten, permute (every order of 3 and 4 dims) and detach, as torch's", function()
     local x = T.arange(24, "float64"):sub(7.5):view(2, 3, 4)

@@ -93,6 +93,27 @@ function methods.to(t, a, b)
   return t
 end
 
+--- t:copy_(src) -> t: torch's copy_: src's values written into t (converted
+--- to t's dtype), src broadcast to t's shape as torch's (a shape that does
+--- not broadcast is EINVAL). A write into a view lands in its base, so
+--- t:narrow(1, 2, 2):copy_(v) is torch's t[1:3] = v and t:select(2, 3):fill_(x)
+--- its t[:, 2] = x. (t:copy(src), Torch7's, takes no broadcast.)
+local copy_same = methods.copy
+function methods.copy_(t, src)
+  if not T.is_tensor(t) then argerror(1, "copy_", "tensor expected, got %s", type(t)) end
+  if not T.is_tensor(src) then argerror(2, "copy_", "tensor expected, got %s", type(src)) end
+  local ts, ss = t:size(), src:size()
+  if table.concat(ts, "x") ~= table.concat(ss, "x") then
+    local ok, e = pcall(methods.expand, src, ts)
+    if not ok then
+      O.fail("EINVAL: copy_: the source's shape %s does not broadcast to the destination's %s", table.concat(ss, "x"),
+        table.concat(ts, "x"))
+    end
+    src = e
+  end
+  return copy_same(t, src)
+end
+
 -- Element reads go through a host copy on a device tensor (as torch's, they
 -- wait for the device).
 for _, name in ipairs({"item", "totable", "bytes"}) do
