@@ -74,13 +74,46 @@ describe("T.where", function()
     assert.same({-1, -6, -1, -8}, ints:where(T.tensor({false, true, false, true}), -1):totable()) -- (torch's x.where(c, y))
   end)
 
+  -- torch.where(cond) (the indices of the non-zero elements) was ENOTSUP
+  it("with one argument gives the 1-based indices of the non-zero elements, one int64 tensor per dim", function()
+    local xv = {{{0.5, 0, -2.25}, {0, 0, 7}}, {{-0.125, 3, 0}, {0 / 0, 0, -1}}} -- nan is non-zero, as torch's
+    local want = {{}, {}, {}}
+    for i = 1, 2 do for j = 1, 2 do for k = 1, 3 do
+      if xv[i][j][k] ~= 0 then want[1][#want[1] + 1], want[2][#want[2] + 1], want[3][#want[3] + 1] = i, j, k end
+    end end end
+    local x = T.tensor(xv, "float64")
+    local r = table.pack(T.where(x))
+    assert.equal(3, r.n)
+    for d = 1, 3 do
+      assert.equal("int64", r[d]:dtype())
+      assert.same(want[d], r[d]:totable())
+    end
+    local b = table.pack(T.where(x:lt(0)))               -- a bool condition, as the usual torch.where(x < 0)
+    assert.same({{1, 2, 2}, {1, 1, 2}, {3, 1, 3}}, {b[1]:totable(), b[2]:totable(), b[3]:totable()})
+    -- x[where] read back through the indices gives the non-zero values in order
+    for n = 1, #want[1] do assert.not_equal(0, xv[want[1][n]][want[2][n]][want[3][n]]) end
+    -- nonzero: the same as an [n, dims] matrix; {as_tuple = true} as where
+    local nz = x:nonzero()
+    assert.same({#want[1], 3}, nz:size())
+    for n = 1, #want[1] do assert.same({want[1][n], want[2][n], want[3][n]}, nz[n]:totable()) end
+    local tv = table.pack(T.tensor({0, -3, 0, 5, 9}):nonzero({as_tuple = true}))
+    assert.equal(1, tv.n)
+    assert.same({2, 4, 5}, tv[1]:totable())
+    -- nothing non-zero: empty index tensors; a 0-d tensor counts as one element
+    local e = table.pack(T.where(T.zeros({2, 3}, "bool")))
+    assert.same({{0}, {0}}, {e[1]:size(), e[2]:size()})
+    assert.same({0, 2}, T.zeros({2, 3}):nonzero():size())
+    assert.same({1}, T.where(T.tensor(true)):totable())
+    assert.same({0}, T.where(T.tensor(0.0)):size())
+  end)
+
   it("refuses a non-bool condition, a missing value and a bad value with clear errors", function()
     local x = T.tensor({1.5, -2.5})
     local ok, err = pcall(T.where, T.tensor({1, 0}), x, x)
     assert.matches("^EINVAL: where: the condition must be a bool tensor, got int64", err)
-    ok, err = pcall(T.where, x:gt(0))
+    ok, err = pcall(T.where, x:gt(0), x)
     assert.is_false(ok)
-    assert.matches("^ENOTSUP: where: the one%-argument form", err)
+    assert.matches("^EINVAL: bad argument #3 to 'where' %(tensor or number expected, got nil%)", err)
     ok, err = pcall(T.where, x:gt(0), x, "zero")
     assert.matches("^EINVAL: bad argument #3 to 'where' %(tensor or number expected, got string%)", err)
     ok, err = pcall(T.where, true, x, x)

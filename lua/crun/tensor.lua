@@ -798,14 +798,17 @@ end
 --- dtype torch.result_type gives them; the three broadcast. A select, not
 --- arithmetic: inf and nan are taken as they are. Host tensors only
 --- (ENOTSUP on a device). t:where(cond, b) is T.where(cond, t, b).
+--- T.where(cond) with one argument is cond:nonzero({as_tuple = true}): the
+--- 1-BASED indices of cond's non-zero elements, one int64 tensor per dim
+--- (as crun's other indices; torch's are 0-based).
 function T.where(cond, a, b)
   if not T.is_tensor(cond) then argerror(1, "where", "bool tensor expected, got %s", type(cond)) end
-  if a == nil and b == nil then
-    O.fail("ENOTSUP: where: the one-argument form (torch.where(cond), the indices of the true elements) is not implemented")
-  end
-  for n, x in pairs({[2] = a, [3] = b}) do
+  if a == nil and b == nil then return methods.nonzero(cond, {as_tuple = true}) end
+  local values = {a, b} -- (either may be nil: a missing b is named, not skipped)
+  for i = 1, 2 do
+    local x = values[i]
     if not T.is_tensor(x) and type(x) ~= "number" and type(x) ~= "boolean" then
-      argerror(n, "where", "tensor or number expected, got %s", type(x))
+      argerror(i + 1, "where", "tensor or number expected, got %s", type(x))
     end
   end
   host_only("where", cond, a, b)
@@ -925,6 +928,47 @@ function methods.unique(t, opts)
   return table.unpack(out)
 end
 
+local NONZERO = O.spec{"as_tuple"}
+
+--- t:nonzero([{as_tuple=}]) -> an [n, dims] int64 tensor of the 1-BASED
+--- indices of t's n non-zero elements (nan counts as non-zero), in
+--- row-major order, as torch.nonzero but 1-based (crun's indices are, see
+--- randperm); {as_tuple = true} gives them as one 1-d int64 tensor per dim
+--- (several return values), torch's as_tuple=True and T.where(t). A 0-d
+--- tensor counts as one element ({n, 0}; as_tuple: one tensor). Host only.
+function methods.nonzero(t, opts)
+  if not T.is_tensor(t) then argerror(1, "nonzero", "tensor expected, got %s", type(t)) end
+  local o = O.check(NONZERO, "nonzero", opts)
+  host_only("nonzero", t)
+  local shape, n = t:size(), t:numel()
+  local nd = #shape
+  local flags = n > 0 and t:ne(0):reshape({n}):totable() or {}
+  local cols, k = {}, 0
+  for d = 1, math.max(nd, 1) do cols[d] = {} end
+  for i = 1, n do
+    if flags[i] then
+      k = k + 1
+      local r = i - 1
+      for d = nd, 1, -1 do cols[d][k], r = r % shape[d] + 1, r // shape[d] end
+      if nd == 0 then cols[1][k] = 1 end
+    end
+  end
+  if o.as_tuple then
+    for d = 1, #cols do cols[d] = new_1d(cols[d], "int64") end
+    return table.unpack(cols)
+  end
+  local out = T.empty({k, nd}, "int64")
+  if k > 0 and nd > 0 then
+    local rows = {}
+    for j = 1, k do
+      rows[j] = {}
+      for d = 1, nd do rows[j][d] = cols[d][j] end
+    end
+    out:copy(T.new(rows, "int64"))
+  end
+  return out
+end
+
 --- Function forms of the math methods: T.exp(t), T.add(a, b), T.softmax(t, dim), ...
 --- (t:floor_divide(x) / t // x and t:remainder(x) / t % x round toward -inf,
 --- t:fmod(x) toward 0, as torch's; a zero integer divisor is EINVAL.)
@@ -934,7 +978,7 @@ local function_forms = {"add", "sub", "mul", "div", "floor_divide", "remainder",
   "clamp", "sum", "mean", "prod", "cumsum", "cumprod", "var", "std", "sort", "argsort", "topk", "max", "min", "argmax", "argmin", "mm", "softmax",
   "log_softmax", "index_select", "gather", "transpose", "t", "narrow", "select", "view",
   "reshape", "clone", "contiguous", "numel", "equal", "allclose", "unsqueeze", "squeeze", "flatten", "permute",
-  "masked_fill", "unique"}
+  "masked_fill", "unique", "nonzero"}
 for _, name in ipairs(function_forms) do
   if T[name] == nil then
     local m = methods[name]
