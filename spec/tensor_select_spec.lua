@@ -162,6 +162,81 @@ describe("masked_fill", function()
   end)
 end)
 
+-- t[mask] raised "integer index expected, got userdata" and masked_select /
+-- masked_scatter_ were nil methods
+describe("boolean-mask indexing", function()
+  local xv = {{1.5, -2.25, 3.125}, {-4.5, 5.75, -6.0625}}
+  local mv = {{true, false, true}, {false, true, true}}
+
+  -- the elements of xv where mv is true, row-major (a plain loop)
+  local function selected()
+    local r = {}
+    for i = 1, 2 do for j = 1, 3 do if mv[i][j] then r[#r + 1] = xv[i][j] end end end
+    return r
+  end
+
+  it("t[mask] and masked_select give the selected elements as a 1-d tensor, in row-major order", function()
+    local x, m = T.tensor(xv, "float64"), T.tensor(mv)
+    assert.same(selected(), x[m]:totable())
+    assert.same(selected(), x:masked_select(m):totable())
+    assert.same(selected(), T.masked_select(x, m):totable())
+    -- masked_select broadcasts the mask (here a column) as torch's
+    local col = T.tensor({{false}, {true}})
+    assert.same(xv[2], x:masked_select(col):totable())
+    -- a mask over the leading dims selects whole rows (torch's x[rowmask])
+    assert.same({xv[2]}, x[T.tensor({false, true})]:totable())
+    assert.same({0, 3}, x[T.tensor({false, false})]:size())
+    assert.same({0}, x[T.zeros({2, 3}, "bool")]:size())
+  end)
+
+  it("t[mask] = v writes a number, or the values of a tensor in order, into t (also through a view)", function()
+    local x, m = T.tensor(xv, "float64"), T.tensor(mv)
+    x[m] = -9.5
+    local want = {}
+    for i = 1, 2 do want[i] = {} for j = 1, 3 do want[i][j] = mv[i][j] and -9.5 or xv[i][j] end end
+    assert.same(want, x:totable())
+    local vals, k = {}, #selected()
+    for n = 1, k do vals[n] = n * 1.25 - 7 end
+    x = T.tensor(xv, "float64")
+    x[m] = T.tensor(vals, "float64")
+    local n = 0
+    for i = 1, 2 do for j = 1, 3 do if mv[i][j] then n = n + 1; want[i][j] = vals[n] end end end
+    assert.same(want, x:totable())
+    -- masked_scatter_ is the same, taking the first values of a longer source
+    local y = T.tensor(xv, "float64")
+    table.insert(vals, 99.5)
+    assert.equal(y, y:masked_scatter_(m, T.tensor(vals, "float64")))
+    assert.same(want, y:totable())
+    -- a row mask with a row value (broadcast), written through a transposed view into its base
+    local base = T.tensor(xv, "float64")
+    local view = base:t()                                    -- 3 x 2
+    view[T.tensor({true, false, true})] = T.tensor({0.5, -0.25}, "float64")
+    assert.same({{0.5, -2.25, 0.5}, {-0.25, 5.75, -0.25}}, base:totable())
+  end)
+
+  it("refuses a non-bool index, a mask of the wrong shape and a short source with clear errors", function()
+    local x = T.tensor(xv, "float64")
+    local ok, err = pcall(function() return x[T.tensor({1, 2})] end)
+    assert.is_false(ok)
+    assert.matches("^EINVAL: t%[index%]: indexing by an int64 tensor .*index_select", err)
+    ok, err = pcall(function() return x[T.tensor({true, false, true})] end)
+    assert.is_false(ok)
+    assert.matches("^EINVAL: t%[mask%]: the mask's shape 3 does not match the tensor's leading dims 2x3", err)
+    ok, err = pcall(function() x[T.tensor(mv)] = T.tensor({1.5, 2.5}, "float64") end)
+    assert.is_false(ok)
+    assert.matches("^EINVAL: t%[mask%] = v: v's shape 2 does not broadcast to the 4 selected elements", err)
+    ok, err = pcall(function() x[T.tensor(mv)] = "one" end)
+    assert.is_false(ok)
+    assert.matches("^EINVAL: t%[mask%] = v: v must be a number, a boolean or a tensor, got string", err)
+    ok, err = pcall(function() return x:masked_scatter_(T.tensor(mv), T.tensor({1.5}, "float64")) end)
+    assert.is_false(ok)
+    assert.matches("^EINVAL: masked_scatter_: the source has 1 elements, the mask selects 4", err)
+    ok, err = pcall(function() return x:masked_select(T.tensor({1, 0, 1})) end)
+    assert.is_false(ok)
+    assert.matches("^EINVAL: masked_select: the mask must be a bool tensor, got int64", err)
+  end)
+end)
+
 describe("unique", function()
   it("gives the sorted distinct values, and with the options the inverse and the counts", function()
     local xv = {{3, -1, 7, 3}, {-1, 12, 3, -8}}

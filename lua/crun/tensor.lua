@@ -969,6 +969,132 @@ function methods.nonzero(t, opts)
   return out
 end
 
+-- ------------------------------------------------------------ boolean masks
+
+-- "2x3" for a size list ("" for a 0-d tensor's).
+local function shape_of(s) return table.concat(s, "x") end
+
+-- Checks that mask (argument n of fname) is a bool tensor.
+local function check_mask(fname, n, mask)
+  if not T.is_tensor(mask) then argerror(n, fname, "bool tensor expected, got %s", type(mask)) end
+  if mask:dtype() ~= "bool" then O.fail("EINVAL: %s: the mask must be a bool tensor, got %s", fname, mask:dtype()) end
+end
+
+-- The shape sizes a and b broadcast to (torch's rule), or EINVAL naming fname.
+local function broadcast_shape(fname, a, b)
+  local n, out = math.max(#a, #b), {}
+  for i = 1, n do
+    local x, y = a[#a - n + i] or 1, b[#b - n + i] or 1
+    if x ~= y and x ~= 1 and y ~= 1 then
+      O.fail("EINVAL: %s: shapes %s and %s cannot be broadcast", fname, shape_of(a), shape_of(b))
+    end
+    out[i] = x == 1 and y or x
+  end
+  return out
+end
+
+-- The 1-based flat positions of the true elements of bool tensor m, as a 1-d int64 tensor.
+local function true_positions(m)
+  local n = m:numel()
+  local flags, pos = n > 0 and m:reshape({n}):totable() or {}, {}
+  for i = 1, n do if flags[i] then pos[#pos + 1] = i end end
+  return new_1d(pos, "int64")
+end
+
+--- t:masked_select(mask) / T.masked_select(t, mask) -> a 1-d tensor of t's
+--- elements where mask (a bool tensor, broadcast with t as torch's) is
+--- true, in row-major order. Host tensors only. t[mask] is the same for a
+--- mask of t's shape.
+function methods.masked_select(t, mask)
+  if not T.is_tensor(t) then argerror(1, "masked_select", "tensor expected, got %s", type(t)) end
+  check_mask("masked_select", 2, mask)
+  host_only("masked_select", t, mask)
+  local shape = broadcast_shape("masked_select", t:size(), mask:size())
+  local n = 1
+  for _, s in ipairs(shape) do n = n * s end
+  return t:expand(shape):reshape({n}):index_select(1, true_positions(mask:expand(shape)))
+end
+
+--- t:masked_scatter_(mask, source) -> t: writes source's first k elements
+--- (row-major, converted to t's dtype) into the k places where mask (a bool
+--- tensor broadcasting to t's shape) is true, in row-major order, as
+--- torch's; a source of fewer than k elements is EINVAL. Host tensors only.
+function methods.masked_scatter_(t, mask, src)
+  if not T.is_tensor(t) then argerror(1, "masked_scatter_", "tensor expected, got %s", type(t)) end
+  check_mask("masked_scatter_", 2, mask)
+  if not T.is_tensor(src) then argerror(3, "masked_scatter_", "tensor expected, got %s", type(src)) end
+  host_only("masked_scatter_", t, mask, src)
+  local shape, n = t:size(), t:numel()
+  local ok, full = pcall(methods.expand, mask, shape)
+  if not ok then
+    O.fail("EINVAL: masked_scatter_: the mask's shape %s does not broadcast to the tensor's %s", shape_of(mask:size()),
+      shape_of(shape))
+  end
+  if n == 0 then return t end
+  local m = full:reshape({n})
+  local rank = m:cumsum(1)                 -- (int64) how many true elements up to each place
+  local k = rank[n]
+  if src:numel() < k then
+    O.fail("EINVAL: masked_scatter_: the source has %d elements, the mask selects %d", src:numel(), k)
+  end
+  if k == 0 then return t end
+  local vals = src:reshape({src:numel()}):narrow(1, 1, k):to(t:dtype()):gather(1, rank:clamp(1, k))
+  return t:copy(T.where(m, vals, t:reshape({n})):view(shape))
+end
+
+-- The mask of t[mask]: a bool tensor of t's leading dims' shape (torch's
+-- rule); returns the number of leading elements and t's other dims.
+local function leading_mask(fname, t, mask)
+  if mask:dtype() ~= "bool" then
+    O.fail("EINVAL: t[index]: indexing by an %s tensor is not supported (a bool mask selects; for positions use " ..
+      "t:index_select(dim, idx), whose indices are 1-based)", mask:dtype())
+  end
+  local ts, ms = t:size(), mask:size()
+  local lead, rest = 1, {}
+  for d = 1, #ts do
+    if d <= #ms then
+      if ms[d] ~= ts[d] then ms = nil; break end
+      lead = lead * ts[d]
+    else rest[#rest + 1] = ts[d] end
+  end
+  if ms == nil or #mask:size() > #ts then
+    O.fail("EINVAL: %s: the mask's shape %s does not match the tensor's leading dims %s", fname, shape_of(mask:size()),
+      shape_of(ts))
+  end
+  return lead, rest
+end
+
+-- t[mask]: the elements (or the rows of the trailing dims) where mask, a bool
+-- tensor of t's leading dims' shape, is true: [k, trailing dims...], as torch's.
+function mt.__crun_index_tensor(t, mask)
+  host_only("t[mask]", t, mask)
+  local lead, rest = leading_mask("t[mask]", t, mask)
+  return t:reshape({lead, table.unpack(rest)}):index_select(1, true_positions(mask))
+end
+
+-- t[mask] = v: v (a number, a boolean or a tensor broadcasting to the
+-- [k, trailing dims...] selection, torch's index_put_) written where mask is
+-- true; lands in t's storage, also when t is a view.
+function mt.__crun_newindex_tensor(t, mask, v)
+  host_only("t[mask] = v", t, mask, v)
+  if not T.is_tensor(v) and type(v) ~= "number" and type(v) ~= "boolean" then
+    O.fail("EINVAL: t[mask] = v: v must be a number, a boolean or a tensor, got %s", type(v))
+  end
+  local _, rest = leading_mask("t[mask] = v", t, mask)
+  local ones = {table.unpack(mask:size())}
+  for _ = 1, #rest do ones[#ones + 1] = 1 end
+  local full = mask:reshape(ones):expand(t:size())
+  if not T.is_tensor(v) or v:numel() == 1 and v:dim() == 0 then return methods.masked_fill_(t, full, v) end
+  local k = mask:to("int64"):sum()
+  local sel = {k, table.unpack(rest)}
+  local ok, vb = pcall(methods.expand, v, sel)
+  if not ok then
+    O.fail("EINVAL: t[mask] = v: v's shape %s does not broadcast to the %s selected elements", shape_of(v:size()),
+      shape_of(sel))
+  end
+  methods.masked_scatter_(t, full, vb)
+end
+
 --- Function forms of the math methods: T.exp(t), T.add(a, b), T.softmax(t, dim), ...
 --- (t:floor_divide(x) / t // x and t:remainder(x) / t % x round toward -inf,
 --- t:fmod(x) toward 0, as torch's; a zero integer divisor is EINVAL.)
@@ -978,7 +1104,7 @@ local function_forms = {"add", "sub", "mul", "div", "floor_divide", "remainder",
   "clamp", "sum", "mean", "prod", "cumsum", "cumprod", "var", "std", "sort", "argsort", "topk", "max", "min", "argmax", "argmin", "mm", "softmax",
   "log_softmax", "index_select", "gather", "transpose", "t", "narrow", "select", "view",
   "reshape", "clone", "contiguous", "numel", "equal", "allclose", "unsqueeze", "squeeze", "flatten", "permute",
-  "masked_fill", "unique", "nonzero"}
+  "masked_fill", "unique", "nonzero", "masked_select"}
 for _, name in ipairs(function_forms) do
   if T[name] == nil then
     local m = methods[name]
