@@ -269,8 +269,47 @@ describe("unique", function()
     local u = T.tensor({2.5, nan, -0.5, 2.5, nan}, "float64"):unique()
     assert.same({-0.5, 2.5, "nan", "nan"}, shown(u:totable()))
     assert.same({0}, T.zeros({0, 3}):unique():size())
-    local ok, err = pcall(function() return T.tensor({1, 2}):unique({dim = 1}) end)
+  end)
+
+  -- unique{dim=} was ENOTSUP
+  it("along a dim gives the distinct rows (columns), sorted, with torch's inverse and counts", function()
+    local rv = {{3, -1, 7}, {-2, 5, 0}, {3, -1, 7}, {3, -1, -4}, {-2, 5, 0}, {-2, 5, 0}}
+    -- expected: the distinct rows, sorted by a plain lexicographic compare
+    local function less(a, b)
+      for j = 1, #a do if a[j] ~= b[j] then return a[j] < b[j] end end
+      return false
+    end
+    local vals = {}
+    for _, r in ipairs(rv) do
+      local seen = false
+      for _, v in ipairs(vals) do if not less(v, r) and not less(r, v) then seen = true end end
+      if not seen then vals[#vals + 1] = r end
+    end
+    table.sort(vals, less)
+    local inverse, counts = {}, {}
+    for i, r in ipairs(rv) do
+      for k, v in ipairs(vals) do
+        if not less(v, r) and not less(r, v) then inverse[i], counts[k] = k, (counts[k] or 0) + 1 end
+      end
+    end
+    local x = T.tensor(rv, "int32")
+    local u, inv, cnt = T.unique(x, {dim = 1, return_inverse = true, return_counts = true})
+    assert.equal("int32", u:dtype())
+    assert.same(vals, u:totable())
+    assert.same(inverse, inv:totable())
+    assert.same(counts, cnt:totable())
+    -- columns: dim 2 of the transpose (also -1) gives the transposed rows
+    local uc, invc = x:t():unique({dim = -1, return_inverse = true})
+    assert.same(vals, uc:t():totable())
+    assert.same(inverse, invc:totable())
+    -- floats of a 3-d tensor along its middle dim; u:index_select(dim, inverse) rebuilds x
+    local f = T.tensor({{{0.5, -1.5}, {2.25, 0}, {0.5, -1.5}}, {{-3, 4}, {1, 1}, {-3, 4}}}, "float64")
+    local uf, invf = f:unique({dim = 2, return_inverse = true})
+    assert.same({2, 2, 2}, uf:size())
+    assert.same({{{0.5, -1.5}, {2.25, 0}}, {{-3, 4}, {1, 1}}}, uf:totable())
+    assert.same(f:totable(), uf:index_select(2, invf):totable())
+    local ok, err = pcall(function() return x:unique({dim = 3}) end)
     assert.is_false(ok)
-    assert.matches("^ENOTSUP: unique: dim is not implemented", err)
+    assert.matches("^EINVAL: unique: dim 3 out of range", err)
   end)
 end)

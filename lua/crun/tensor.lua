@@ -901,18 +901,55 @@ end
 
 local UNIQUE = O.spec{"sorted", "return_inverse", "return_counts", "dim"}
 
+-- x < y for one element of two slices: numbers ascending, nan after them.
+local function elem_less(x, y) return x < y or (y ~= y and x == x) end
+
+-- unique{dim=d} of t (d checked): the distinct slices along d, sorted
+-- lexicographically (ties by position, so the order is a strict one even
+-- with nan); slices with a nan never equal another.
+local function unique_dim(t, d, o)
+  local n = t:size(d)
+  local rows = n > 0 and t:transpose(1, d):contiguous():reshape({n, t:numel() // n}):totable() or {}
+  local order = {}
+  for i = 1, n do order[i] = i end
+  table.sort(order, function(a, b)
+    local ra, rb = rows[a], rows[b]
+    for j = 1, #ra do
+      if elem_less(ra[j], rb[j]) then return true elseif elem_less(rb[j], ra[j]) then return false end
+    end
+    return a < b
+  end)
+  local function same(a, b)
+    for j = 1, #a do if a[j] ~= b[j] then return false end end
+    return true
+  end
+  local firsts, counts, inverse = {}, {}, {}
+  for k, i in ipairs(order) do
+    if k == 1 or not same(rows[i], rows[order[k - 1]]) then firsts[#firsts + 1], counts[#firsts + 1] = i, 0 end
+    counts[#firsts] = counts[#firsts] + 1
+    inverse[i] = #firsts
+  end
+  local out = {t:index_select(d, new_1d(firsts, "int64"))}
+  if o.return_inverse then out[#out + 1] = new_1d(inverse, "int64") end
+  if o.return_counts then out[#out + 1] = new_1d(counts, "int64") end
+  return table.unpack(out)
+end
+
 --- t:unique([{sorted=true, return_inverse=, return_counts=}]) -> the
 --- distinct values of t, ascending, as a 1-d tensor of t's dtype (torch's
 --- default; sorted=false gives the same order); with return_inverse also
 --- where each element of t went (1-based positions, t's shape, int64), with
 --- return_counts how often each value occurs (int64), in that order, as
 --- torch's. nan is unequal to itself: each nan stays, after the numbers.
---- Host tensors only; dim is not implemented.
+--- With dim (1-based, negative from the end), the distinct slices along dim
+--- (rows for dim 1 of a matrix), sorted lexicographically, as a tensor of
+--- t's shape but that dim; the inverse then has one entry per slice of t.
+--- Host tensors only.
 function methods.unique(t, opts)
   if not T.is_tensor(t) then argerror(1, "unique", "tensor expected, got %s", type(t)) end
   local o = O.check(UNIQUE, "unique", opts)
-  if o.dim ~= nil then O.fail("ENOTSUP: unique: dim is not implemented (only the unique elements of the whole tensor)") end
   host_only("unique", t)
+  if o.dim ~= nil then return unique_dim(t, dim_of("unique", o.dim, t:dim()), o) end
   local n = t:numel()
   local sorted, pos = t:reshape({n}):sort(1)
   local v, p = n > 0 and sorted:totable() or {}, n > 0 and pos:totable() or {}
