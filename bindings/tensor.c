@@ -281,7 +281,8 @@ static int t_empty(lua_State *L) {
   return push_placed(L, rc, &t, p);
 }
 
-/* tensor.full(shape, value[, dtype]) */
+/* tensor.full(shape, value[, dtype]): without a dtype, torch's for the
+ * value: int64 for a Lua integer, bool for a boolean, float32 for a float. */
 static double check_fill_value(lua_State *L, int idx);
 static int fill_value(lua_State *L, int idx, crun_tensor_t *t, double v);
 
@@ -291,7 +292,8 @@ static int t_full(lua_State *L) {
   crun_l_checktype(L, 1, LUA_TTABLE);
   read_shape(L, 1, shape, &nd);
   double v = check_fill_value(L, 2);
-  place_t p = read_place(L, 3, CRUN_FLOAT32);
+  crun_dtype_t def = lua_isinteger(L, 2) ? CRUN_INT64 : lua_isboolean(L, 2) ? CRUN_BOOL : CRUN_FLOAT32;
+  place_t p = read_place(L, 3, def);
   check_fits(L, 2, p.dt, 2);
   crun_tensor_t *t;
   int rc = crun_tensor_new(p.dt, nd, shape, &t);

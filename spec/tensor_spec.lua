@@ -19,6 +19,25 @@ describe("factories", function()
     assert.equal(0, T.zeros({0, 3}):numel())
   end)
 
+  -- T.full(shape, 3) gave float32 where torch.full((2,), 3) gives int64 (and True bool)
+  it("full without a dtype takes torch's: int64 for an integer value, bool for a boolean, float32 for a float", function()
+    local i = T.full({2, 3}, -7)
+    assert.equal("int64", i:dtype())
+    assert.same({{-7, -7, -7}, {-7, -7, -7}}, i:totable())
+    assert.equal("int64", T.full({2}, (1 << 53) + 1):dtype())
+    assert.same({(1 << 53) + 1}, T.full({1}, (1 << 53) + 1):totable()) -- exact past 2^53
+    local b = T.full({3}, true)
+    assert.equal("bool", b:dtype())
+    assert.same({true, true, true}, b:totable())
+    assert.same({false, false}, T.full({2}, false):totable())
+    assert.equal("float32", T.full({2}, -2.5):dtype())
+    assert.equal("float32", T.full({2}, 3.0):dtype())          -- a Lua float, as torch's 3.0
+    assert.equal("float64", T.full({2}, 3, "float64"):dtype()) -- a dtype still wins
+    assert.equal("float64", T.full({2}, 3, {dtype = "float64"}):dtype())
+    assert.equal("int64", T.full({2}, 3, {device = "cpu"}):dtype())
+    assert.equal("float32", T.full_like(T.zeros({2}), 3):dtype())  -- full_like keeps the tensor's
+  end)
+
   it("new builds from nested tables and rejects ragged ones", function()
     local b = T.new({{1, 2}, {3, 4}}, "int32")
     assert.same({{1, 2}, {3, 4}}, b:totable())
@@ -645,7 +664,7 @@ describe("garbage collection", function()
     collectgarbage("collect")
     local alive = setmetatable({}, {__mode = "k"})
     for i = 1, 200 do
-      local tmp = T.full({256, 1024}, i) -- 1 MiB of float32
+      local tmp = T.full({256, 1024}, i, "float32") -- 1 MiB of float32
       alive[tmp] = true
     end
     local n = 0
