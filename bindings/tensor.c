@@ -281,7 +281,8 @@ static int t_empty(lua_State *L) {
   return push_placed(L, rc, &t, p);
 }
 
-/* tensor.full(shape, value[, dtype]) */
+/* tensor.full(shape, value[, dtype]): without a dtype, torch's for the
+ * value: int64 for a Lua integer, bool for a boolean, float32 for a float. */
 static double check_fill_value(lua_State *L, int idx);
 static int fill_value(lua_State *L, int idx, crun_tensor_t *t, double v);
 
@@ -291,7 +292,8 @@ static int t_full(lua_State *L) {
   crun_l_checktype(L, 1, LUA_TTABLE);
   read_shape(L, 1, shape, &nd);
   double v = check_fill_value(L, 2);
-  place_t p = read_place(L, 3, CRUN_FLOAT32);
+  crun_dtype_t def = lua_isinteger(L, 2) ? CRUN_INT64 : lua_isboolean(L, 2) ? CRUN_BOOL : CRUN_FLOAT32;
+  place_t p = read_place(L, 3, def);
   check_fits(L, 2, p.dt, 2);
   crun_tensor_t *t;
   int rc = crun_tensor_new(p.dt, nd, shape, &t);
@@ -878,7 +880,19 @@ static int64_t row_index(lua_State *L, const crun_tensor_t *t, lua_Integer i) {
   return i - 1;
 }
 
-/* t[k]: methods by name; t[i] a number (1-d) or a view of row i; t[{i,j}] an element. */
+/* t[k] or t[k] = v (nargs 2 or 3 on the stack) with a tensor k: handed to
+ * the Lua handler that crun.tensor sets as the metatable's field `name`
+ * (mask indexing); its results are returned. */
+static int by_tensor_key(lua_State *L, const char *name, int nargs) {
+  if (luaL_getmetafield(L, 1, name) == LUA_TNIL)
+    return crun_l_argerror(L, 2, "indexing by a tensor needs crun.tensor (require \"crun.tensor\")");
+  lua_insert(L, 1);
+  lua_call(L, nargs, 1);
+  return 1;
+}
+
+/* t[k]: methods by name; t[i] a number (1-d) or a view of row i; t[{i,j}]
+ * an element; t[mask] crun.tensor's mask selection. */
 static int m_index(lua_State *L) {
   crun_tensor_t *t = crun_l_check_tensor(L, 1);
   if (lua_type(L, 2) == LUA_TSTRING) {
@@ -886,6 +900,7 @@ static int m_index(lua_State *L) {
     lua_rawget(L, lua_upvalueindex(1));
     return 1;
   }
+  if (test_tensor(L, 2)) return by_tensor_key(L, "__crun_index_tensor", 2);
   int isint;
   lua_Integer key = lua_tointegerx(L, 2, &isint); /* 2 and 2.0 alike */
   if (isint) {
@@ -906,9 +921,15 @@ static int m_index(lua_State *L) {
   return crun_l_argerror(L, 2, lua_pushfstring(L, "integer index expected, got %s", luaL_typename(L, 2)));
 }
 
-/* t[i] = v: sets an element (1-d) or fills / copies row i; t[{i,j}] = v. */
+/* t[i] = v: sets an element (1-d) or fills / copies row i; t[{i,j}] = v;
+ * t[mask] = v crun.tensor's masked assignment. */
 static int m_newindex(lua_State *L) {
   crun_tensor_t *t = crun_l_check_tensor(L, 1);
+  if (test_tensor(L, 2)) {
+    lua_settop(L, 3);
+    by_tensor_key(L, "__crun_newindex_tensor", 3);
+    return 0;
+  }
   if (lua_istable(L, 2)) {
     int64_t idx[CRUN_MAX_DIMS];
     table_index(L, 2, t, idx);

@@ -84,6 +84,15 @@ static int l_cross_entropy(lua_State *L) {
   return 2;
 }
 
+/* nn_cross_entropy_rows(x, labels, losses, grad|nil) -> correct (reduction "none", host) */
+static int l_cross_entropy_rows(lua_State *L) {
+  int64_t correct;
+  CRUN_L_CHECK(L, crun_nn_cross_entropy_rows(crun_l_check_tensor(L, 1), crun_l_check_tensor(L, 2),
+                                             crun_l_check_tensor(L, 3), &correct, opt_tensor(L, 4)));
+  lua_pushinteger(L, (lua_Integer)correct);
+  return 1;
+}
+
 /* nn_mse(x, t, grad|nil) -> loss */
 static int l_mse(lua_State *L) {
   double loss;
@@ -935,7 +944,7 @@ void crun_l_open_train(lua_State *L) {
       {"nn_linear_forward", l_linear_forward}, {"nn_linear_backward", l_linear_backward},
       {"nn_act_forward", l_act_forward}, {"nn_act_backward", l_act_backward},
       {"nn_log_softmax_forward", l_lsm_forward}, {"nn_log_softmax_backward", l_lsm_backward},
-      {"nn_cross_entropy", l_cross_entropy}, {"nn_mse", l_mse}, {"nn_nll", l_nll},
+      {"nn_cross_entropy", l_cross_entropy}, {"nn_cross_entropy_rows", l_cross_entropy_rows}, {"nn_mse", l_mse}, {"nn_nll", l_nll},
       {"nn_dropout_forward", l_dropout_forward}, {"nn_mul", l_mul},
       {"nn_conv2d_out_size", l_conv2d_out_size}, {"nn_conv2d_forward", l_conv2d_forward},
       {"nn_conv2d_backward", l_conv2d_backward}, {"nn_pool2d_out_size", l_pool2d_out_size},

@@ -21,6 +21,6 @@ tensor = T.ones({1})
 dist.all_reduce(tensor, "sum", {group = group})    -- a no-op on ranks outside the group
 print(string.format("Rank %d after the group all_reduce: %s", rank, tensor[1]))
 
-local w = dist.all_reduce(T.full({3}, rank), "max", {async_op = true})
+local w = dist.all_reduce(T.full({3}, rank, "float32"), "max", {async_op = true})
 w:wait()
 dist.destroy_process_group()

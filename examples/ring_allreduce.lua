@@ -27,7 +27,7 @@ end
 
 dist.init_process_group{backend = "cpu"}
 local rank, size = dist.get_rank(), dist.get_world_size()
-local t = T.full({4}, rank + 1)
+local t = T.full({4}, rank + 1, "float32")
 local result = T.zeros({4})
 ring_allreduce(t, result)
 local expected = size * (size + 1) / 2

@@ -177,16 +177,16 @@ describe("the mpi backend", function()
         local splits = {}
         for j = 1, n do splits[j] = 2 end
         if r == 1 then splits[1] = 3 end   -- one row too many: refused on rank 1 alone
-        say(pcall(dist.all_to_all_single, T.zeros({2 * n}), T.full({2 * n}, -r - 1), nil, splits, g))
+        say(pcall(dist.all_to_all_single, T.zeros({2 * n}), T.full({2 * n}, -r - 1, "float32"), nil, splits, g))
         dist.destroy_process_group(g)
         local g2 = dist.new_group({0, 1})  -- smaller than g when n is 3
         if g2 ~= dist.GroupMember.NON_GROUP_MEMBER then
-          local x = T.full({3}, -r - round)
+          local x = T.full({3}, -r - round, "float32")
           local ok, err = pcall(dist.all_reduce, x, "sum", g2)
           say(ok and x:totable()[1] == -1 - 2 * round and x:totable()[3] == -1 - 2 * round, ok and x[1] or err)
           dist.destroy_process_group(g2)
         end
-        local y = T.full({2}, -r - round)
+        local y = T.full({2}, -r - round, "float32")
         local ok, err = pcall(dist.all_reduce, y)
         say(ok and y[2] == -n * (n - 1) / 2 - n * round, ok and y[2] or err)
       end

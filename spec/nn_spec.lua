@@ -493,6 +493,32 @@ describe("nn criteria (float64)", function()
     }
   end)
 
+  -- reduction = "none" ran the fused kernel and then log_softmax again for
+  -- the losses (twice the forward's work)
+  it("reduction = \"none\" takes the losses from the one fused pass, not a second log_softmax", function()
+    local n, c = 7, 5
+    local x = randn({n, c}, 41):mul(3)
+    local y = T.new({3, 1, 5, 5, 2, 4, 1}, "int64")
+    local calls, lsm = 0, T.methods.log_softmax
+    T.methods.log_softmax = function(...) calls = calls + 1; return lsm(...) end
+    local ce = nn.CrossEntropyLoss{reduction = "none"}
+    local ok, l = pcall(ce.forward, ce, x, y)
+    T.methods.log_softmax = lsm
+    assert.is_true(ok, tostring(l))
+    assert.are.equal(0, calls)
+    local correct = 0
+    for i = 1, n do -- expected from a plain loop: log(sum exp) - x[label]
+      local s, best = 0, 1
+      for j = 1, c do s = s + math.exp(x[i][j]); if x[i][j] > x[i][best] then best = j end end
+      assert.is_true(math.abs(l[i] - (math.log(s) - x[i][y[i]])) < 1e-12, "row " .. i)
+      if best == y[i] then correct = correct + 1 end
+    end
+    assert.are.equal(correct, ce.correct)
+    local f = nn.CrossEntropyLoss{reduction = "none"}:forward(x:float(), y) -- float32 losses of float32 logits
+    assert.are.equal("float32", f:dtype())
+    for i = 1, n do assert.is_true(math.abs(f[i] - l[i]) < 1e-5) end
+  end)
+
   -- torch: the mean over no rows is 0/0 = nan (sum: 0); crun gave 0, which
   -- an averaging loop would count as a perfect batch
   it("the mean loss of an empty batch is nan, the sum 0, as torch's", function()

@@ -27,7 +27,7 @@ describe("hostile tensor arguments", function()
     {"transpose dim maxinteger", function() return a:transpose(M, 1) end, "dim 9223372036854775807 out of range for a 2%-d tensor"},
     {"zeros of maxinteger", function() return T.zeros({M}) end, "^EINVAL: tensor: shape too large"},
     {"zeros whose product wraps", function() return T.zeros({1 << 31, 1 << 31, 1 << 31}) end, "^EINVAL: tensor: shape too large"},
-    {"full of 4 TiB", function() return T.full({1 << 40}, 1) end, "^ENOMEM: tensor: cannot allocate 4398046511104 bytes"},
+    {"full of 4 TiB", function() return T.full({1 << 40}, 1, "float32") end, "^ENOMEM: tensor: cannot allocate 4398046511104 bytes"},
     {"arange of maxinteger", function() return T.arange(M) end, "range too large"},
     {"index at maxinteger", function() return a[M] end, "index 9223372036854775807 out of range"},
     {"index at mininteger", function() return a[m] end, "index %-9223372036854775808 out of range"},
@@ -107,9 +107,9 @@ describe("hostile tensor arguments", function()
   end)
 
   it("leaves the neighbouring tensor alone", function()
-    local x, y = T.zeros({8}), T.full({8}, 7)
+    local x, y = T.zeros({8}), T.full({8}, 7, "float32")
     pcall(function() x:narrow(1, 2, M):fill(1) end)
-    assert.is_true(y:equal(T.full({8}, 7)))
+    assert.is_true(y:equal(T.full({8}, 7, "float32")))
     assert.is_true(x:equal(T.zeros({8})))
   end)
 

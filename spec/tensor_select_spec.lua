@@ -74,13 +74,46 @@ describe("T.where", function()
     assert.same({-1, -6, -1, -8}, ints:where(T.tensor({false, true, false, true}), -1):totable()) -- (torch's x.where(c, y))
   end)
 
+  -- torch.where(cond) (the indices of the non-zero elements) was ENOTSUP
+  it("with one argument gives the 1-based indices of the non-zero elements, one int64 tensor per dim", function()
+    local xv = {{{0.5, 0, -2.25}, {0, 0, 7}}, {{-0.125, 3, 0}, {0 / 0, 0, -1}}} -- nan is non-zero, as torch's
+    local want = {{}, {}, {}}
+    for i = 1, 2 do for j = 1, 2 do for k = 1, 3 do
+      if xv[i][j][k] ~= 0 then want[1][#want[1] + 1], want[2][#want[2] + 1], want[3][#want[3] + 1] = i, j, k end
+    end end end
+    local x = T.tensor(xv, "float64")
+    local r = table.pack(T.where(x))
+    assert.equal(3, r.n)
+    for d = 1, 3 do
+      assert.equal("int64", r[d]:dtype())
+      assert.same(want[d], r[d]:totable())
+    end
+    local b = table.pack(T.where(x:lt(0)))               -- a bool condition, as the usual torch.where(x < 0)
+    assert.same({{1, 2, 2}, {1, 1, 2}, {3, 1, 3}}, {b[1]:totable(), b[2]:totable(), b[3]:totable()})
+    -- x[where] read back through the indices gives the non-zero values in order
+    for n = 1, #want[1] do assert.not_equal(0, xv[want[1][n]][want[2][n]][want[3][n]]) end
+    -- nonzero: the same as an [n, dims] matrix; {as_tuple = true} as where
+    local nz = x:nonzero()
+    assert.same({#want[1], 3}, nz:size())
+    for n = 1, #want[1] do assert.same({want[1][n], want[2][n], want[3][n]}, nz[n]:totable()) end
+    local tv = table.pack(T.tensor({0, -3, 0, 5, 9}):nonzero({as_tuple = true}))
+    assert.equal(1, tv.n)
+    assert.same({2, 4, 5}, tv[1]:totable())
+    -- nothing non-zero: empty index tensors; a 0-d tensor counts as one element
+    local e = table.pack(T.where(T.zeros({2, 3}, "bool")))
+    assert.same({{0}, {0}}, {e[1]:size(), e[2]:size()})
+    assert.same({0, 2}, T.zeros({2, 3}):nonzero():size())
+    assert.same({1}, T.where(T.tensor(true)):totable())
+    assert.same({0}, T.where(T.tensor(0.0)):size())
+  end)
+
   it("refuses a non-bool condition, a missing value and a bad value with clear errors", function()
     local x = T.tensor({1.5, -2.5})
     local ok, err = pcall(T.where, T.tensor({1, 0}), x, x)
     assert.matches("^EINVAL: where: the condition must be a bool tensor, got int64", err)
-    ok, err = pcall(T.where, x:gt(0))
+    ok, err = pcall(T.where, x:gt(0), x)
     assert.is_false(ok)
-    assert.matches("^ENOTSUP: where: the one%-argument form", err)
+    assert.matches("^EINVAL: bad argument #3 to 'where' %(tensor or number expected, got nil%)", err)
     ok, err = pcall(T.where, x:gt(0), x, "zero")
     assert.matches("^EINVAL: bad argument #3 to 'where' %(tensor or number expected, got string%)", err)
     ok, err = pcall(T.where, true, x, x)
@@ -129,6 +162,81 @@ describe("masked_fill", function()
   end)
 end)
 
+-- t[mask] raised "integer index expected, got userdata" and masked_select /
+-- masked_scatter_ were nil methods
+describe("boolean-mask indexing", function()
+  local xv = {{1.5, -2.25, 3.125}, {-4.5, 5.75, -6.0625}}
+  local mv = {{true, false, true}, {false, true, true}}
+
+  -- the elements of xv where mv is true, row-major (a plain loop)
+  local function selected()
+    local r = {}
+    for i = 1, 2 do for j = 1, 3 do if mv[i][j] then r[#r + 1] = xv[i][j] end end end
+    return r
+  end
+
+  it("t[mask] and masked_select give the selected elements as a 1-d tensor, in row-major order", function()
+    local x, m = T.tensor(xv, "float64"), T.tensor(mv)
+    assert.same(selected(), x[m]:totable())
+    assert.same(selected(), x:masked_select(m):totable())
+    assert.same(selected(), T.masked_select(x, m):totable())
+    -- masked_select broadcasts the mask (here a column) as torch's
+    local col = T.tensor({{false}, {true}})
+    assert.same(xv[2], x:masked_select(col):totable())
+    -- a mask over the leading dims selects whole rows (torch's x[rowmask])
+    assert.same({xv[2]}, x[T.tensor({false, true})]:totable())
+    assert.same({0, 3}, x[T.tensor({false, false})]:size())
+    assert.same({0}, x[T.zeros({2, 3}, "bool")]:size())
+  end)
+
+  it("t[mask] = v writes a number, or the values of a tensor in order, into t (also through a view)", function()
+    local x, m = T.tensor(xv, "float64"), T.tensor(mv)
+    x[m] = -9.5
+    local want = {}
+    for i = 1, 2 do want[i] = {} for j = 1, 3 do want[i][j] = mv[i][j] and -9.5 or xv[i][j] end end
+    assert.same(want, x:totable())
+    local vals, k = {}, #selected()
+    for n = 1, k do vals[n] = n * 1.25 - 7 end
+    x = T.tensor(xv, "float64")
+    x[m] = T.tensor(vals, "float64")
+    local n = 0
+    for i = 1, 2 do for j = 1, 3 do if mv[i][j] then n = n + 1; want[i][j] = vals[n] end end end
+    assert.same(want, x:totable())
+    -- masked_scatter_ is the same, taking the first values of a longer source
+    local y = T.tensor(xv, "float64")
+    table.insert(vals, 99.5)
+    assert.equal(y, y:masked_scatter_(m, T.tensor(vals, "float64")))
+    assert.same(want, y:totable())
+    -- a row mask with a row value (broadcast), written through a transposed view into its base
+    local base = T.tensor(xv, "float64")
+    local view = base:t()                                    -- 3 x 2
+    view[T.tensor({true, false, true})] = T.tensor({0.5, -0.25}, "float64")
+    assert.same({{0.5, -2.25, 0.5}, {-0.25, 5.75, -0.25}}, base:totable())
+  end)
+
+  it("refuses a non-bool index, a mask of the wrong shape and a short source with clear errors", function()
+    local x = T.tensor(xv, "float64")
+    local ok, err = pcall(function() return x[T.tensor({1, 2})] end)
+    assert.is_false(ok)
+    assert.matches("^EINVAL: t%[index%]: indexing by an int64 tensor .*index_select", err)
+    ok, err = pcall(function() return x[T.tensor({true, false, true})] end)
+    assert.is_false(ok)
+    assert.matches("^EINVAL: t%[mask%]: the mask's shape 3 does not match the tensor's leading dims 2x3", err)
+    ok, err = pcall(function() x[T.tensor(mv)] = T.tensor({1.5, 2.5}, "float64") end)
+    assert.is_false(ok)
+    assert.matches("^EINVAL: t%[mask%] = v: v's shape 2 does not broadcast to the 4 selected elements", err)
+    ok, err = pcall(function() x[T.tensor(mv)] = "one" end)
+    assert.is_false(ok)
+    assert.matches("^EINVAL: t%[mask%] = v: v must be a number, a boolean or a tensor, got string", err)
+    ok, err = pcall(function() return x:masked_scatter_(T.tensor(mv), T.tensor({1.5}, "float64")) end)
+    assert.is_false(ok)
+    assert.matches("^EINVAL: masked_scatter_: the source has 1 elements, the mask selects 4", err)
+    ok, err = pcall(function() return x:masked_select(T.tensor({1, 0, 1})) end)
+    assert.is_false(ok)
+    assert.matches("^EINVAL: masked_select: the mask must be a bool tensor, got int64", err)
+  end)
+end)
+
 describe("unique", function()
   it("gives the sorted distinct values, and with the options the inverse and the counts", function()
     local xv = {{3, -1, 7, 3}, {-1, 12, 3, -8}}
@@ -161,8 +269,47 @@ describe("unique", function()
     local u = T.tensor({2.5, nan, -0.5, 2.5, nan}, "float64"):unique()
     assert.same({-0.5, 2.5, "nan", "nan"}, shown(u:totable()))
     assert.same({0}, T.zeros({0, 3}):unique():size())
-    local ok, err = pcall(function() return T.tensor({1, 2}):unique({dim = 1}) end)
+  end)
+
+  -- unique{dim=} was ENOTSUP
+  it("along a dim gives the distinct rows (columns), sorted, with torch's inverse and counts", function()
+    local rv = {{3, -1, 7}, {-2, 5, 0}, {3, -1, 7}, {3, -1, -4}, {-2, 5, 0}, {-2, 5, 0}}
+    -- expected: the distinct rows, sorted by a plain lexicographic compare
+    local function less(a, b)
+      for j = 1, #a do if a[j] ~= b[j] then return a[j] < b[j] end end
+      return false
+    end
+    local vals = {}
+    for _, r in ipairs(rv) do
+      local seen = false
+      for _, v in ipairs(vals) do if not less(v, r) and not less(r, v) then seen = true end end
+      if not seen then vals[#vals + 1] = r end
+    end
+    table.sort(vals, less)
+    local inverse, counts = {}, {}
+    for i, r in ipairs(rv) do
+      for k, v in ipairs(vals) do
+        if not less(v, r) and not less(r, v) then inverse[i], counts[k] = k, (counts[k] or 0) + 1 end
+      end
+    end
+    local x = T.tensor(rv, "int32")
+    local u, inv, cnt = T.unique(x, {dim = 1, return_inverse = true, return_counts = true})
+    assert.equal("int32", u:dtype())
+    assert.same(vals, u:totable())
+    assert.same(inverse, inv:totable())
+    assert.same(counts, cnt:totable())
+    -- columns: dim 2 of the transpose (also -1) gives the transposed rows
+    local uc, invc = x:t():unique({dim = -1, return_inverse = true})
+    assert.same(vals, uc:t():totable())
+    assert.same(inverse, invc:totable())
+    -- floats of a 3-d tensor along its middle dim; u:index_select(dim, inverse) rebuilds x
+    local f = T.tensor({{{0.5, -1.5}, {2.25, 0}, {0.5, -1.5}}, {{-3, 4}, {1, 1}, {-3, 4}}}, "float64")
+    local uf, invf = f:unique({dim = 2, return_inverse = true})
+    assert.same({2, 2, 2}, uf:size())
+    assert.same({{{0.5, -1.5}, {2.25, 0}}, {{-3, 4}, {1, 1}}}, uf:totable())
+    assert.same(f:totable(), uf:index_select(2, invf):totable())
+    local ok, err = pcall(function() return x:unique({dim = 3}) end)
     assert.is_false(ok)
-    assert.matches("^ENOTSUP: unique: dim is not implemented", err)
+    assert.matches("^EINVAL: unique: dim 3 out of range", err)
   end)
 end)

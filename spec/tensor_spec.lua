@@ -19,6 +19,25 @@ describe("factories", function()
     assert.equal(0, T.zeros({0, 3}):numel())
   end)
 
+  -- T.full(shape, 3) gave float32 where torch.full((2,), 3) gives int64 (and True bool)
+  it("full without a dtype takes torch's: int64 for an integer value, bool for a boolean, float32 for a float", function()
+    local i = T.full({2, 3}, -7)
+    assert.equal("int64", i:dtype())
+    assert.same({{-7, -7, -7}, {-7, -7, -7}}, i:totable())
+    assert.equal("int64", T.full({2}, (1 << 53) + 1):dtype())
+    assert.same({(1 << 53) + 1}, T.full({1}, (1 << 53) + 1):totable()) -- exact past 2^53
+    local b = T.full({3}, true)
+    assert.equal("bool", b:dtype())
+    assert.same({true, true, true}, b:totable())
+    assert.same({false, false}, T.full({2}, false):totable())
+    assert.equal("float32", T.full({2}, -2.5):dtype())
+    assert.equal("float32", T.full({2}, 3.0):dtype())          -- a Lua float, as torch's 3.0
+    assert.equal("float64", T.full({2}, 3, "float64"):dtype()) -- a dtype still wins
+    assert.equal("float64", T.full({2}, 3, {dtype = "float64"}):dtype())
+    assert.equal("int64", T.full({2}, 3, {device = "cpu"}):dtype())
+    assert.equal("float32", T.full_like(T.zeros({2}), 3):dtype())  -- full_like keeps the tensor's
+  end)
+
   it("new builds from nested tables and rejects ragged ones", function()
     local b = T.new({{1, 2}, {3, 4}}, "int32")
     assert.same({{1, 2}, {3, 4}}, b:totable())
@@ -278,6 +297,30 @@ describe("views", function()
     assert.is_true(a:is_same_storage(tr))
     assert.same({2, 2, 3}, a:view(2, -1, 3):size())
     assert.same({12}, a:view({12}):size())
+  end)
+
+  -- torch's slice assignment t[1:3] = v / t[:, 2] = 0 is written through a
+  -- view; copy_ (torch's name) was a nil method
+  it("slice assignment through views: narrow(d, s, n):copy_(src), select(d, i):fill_(v) land in the base", function()
+    local rows, cols = 4, 5
+    local want, src = {}, {}
+    for i = 1, rows do want[i] = {} for j = 1, cols do want[i][j] = (i * 7 - j * 3) * 0.5 - 1 end end
+    local a = T.tensor(want, "float64")
+    for i = 1, 2 do src[i] = {} for j = 1, cols do src[i][j] = -(i * 11 + j * j) * 0.25 end end
+    assert.equal(a, a:narrow(1, 2, 2):copy_(T.tensor(src, "float64")) and a) -- torch's a[1:3] = src
+    for i = 1, 2 do want[i + 1] = {table.unpack(src[i])} end
+    a:select(2, 4):fill_(-2.75)                                      -- torch's a[:, 3] = -2.75
+    for i = 1, rows do want[i][4] = -2.75 end
+    a:narrow(2, 1, 2):narrow(1, 4, 1):copy_(T.tensor({9.5, -8.25}, "float64")) -- a[3:4, 0:2] = v (v broadcast)
+    want[4][1], want[4][2] = 9.5, -8.25
+    assert.same(want, a:totable())
+    local at = a:t()                                                 -- through a transposed view
+    at:select(1, 5):copy_(T.tensor({-1.5, 2.25, -3.125, 4.0625}, "float64"))
+    for i, v in ipairs({-1.5, 2.25, -3.125, 4.0625}) do want[i][5] = v end
+    assert.same(want, a:totable())
+    local ok, err = pcall(function() return a:narrow(1, 1, 2):copy_(T.zeros({3}, "float64")) end)
+    assert.is_false(ok)
+    assert.matches("^EINVAL: copy_: ", err)
   end)
 
   -- torch's unsqueeze, squeeze, flatten, permute and detach were nil methods
@@ -621,7 +664,7 @@ describe("garbage collection", function()
     collectgarbage("collect")
     local alive = setmetatable({}, {__mode = "k"})
     for i = 1, 200 do
-      local tmp = T.full({256, 1024}, i) -- 1 MiB of float32
+      local tmp = T.full({256, 1024}, i, "float32") -- 1 MiB of float32
       alive[tmp] = true
     end
     local n = 0

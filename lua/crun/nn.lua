@@ -18,7 +18,7 @@
 -- to start all-reducing a bucket while backward goes on.
 
 -- The C kernels, wrapped so that a failure also names this process's rank.
-local K = require("crun.tensor")._rank_kernels{"nn_act_backward", "nn_act_forward", "nn_cross_entropy", "nn_dropout_forward", "nn_linear_backward", "nn_linear_forward", "nn_log_softmax_backward", "nn_log_softmax_forward", "nn_mse", "nn_mul",
+local K = require("crun.tensor")._rank_kernels{"nn_act_backward", "nn_act_forward", "nn_cross_entropy", "nn_cross_entropy_rows", "nn_dropout_forward", "nn_linear_backward", "nn_linear_forward", "nn_log_softmax_backward", "nn_log_softmax_forward", "nn_mse", "nn_mul",
   "nn_conv2d_out_size", "nn_conv2d_forward", "nn_conv2d_backward", "nn_pool2d_out_size", "nn_maxpool2d_forward",
   "nn_maxpool2d_backward", "nn_avgpool2d_forward", "nn_avgpool2d_backward", "nn_bn_reduce", "nn_bn_apply",
   "nn_bn_backward_input", "nn_bn_param_grads", "nn_layer_norm_forward", "nn_layer_norm_backward",
@@ -951,12 +951,18 @@ function CrossEntropy:forward(x, labels)
   check_tensor(labels, "CrossEntropyCriterion:forward", "labels")
   x = contig(x)
   self.gradInput = ensure(self.gradInput, x:size(), x:dtype(), x:device())
-  local none = self.reduction == "none"
-  self.output, self.correct = K.nn_cross_entropy(x, contig(labels), self.gradInput, self.sum or none)
-  if none then  -- (gradInput holds softmax - onehot, each row's own gradient)
-    self.rows = self.gradInput
-    self.output = picked(x:log_softmax(2), labels):neg()
+  if self.reduction ~= "none" then
+    self.output, self.correct = K.nn_cross_entropy(x, contig(labels), self.gradInput, self.sum)
+    return self.output
   end
+  self.rows = self.gradInput -- (softmax - onehot: each row's own gradient)
+  if x:is_cuda() then        -- (no device kernel for the per-row losses: log_softmax gives them)
+    self.correct = select(2, K.nn_cross_entropy(x, contig(labels), self.gradInput, true))
+    self.output = picked(x:log_softmax(2), labels):neg()
+    return self.output
+  end
+  self.output = T().empty({x:dim() == 2 and x:size(1) or 0}, x:dtype())
+  self.correct = K.nn_cross_entropy_rows(x, contig(labels), self.output, self.gradInput)
   return self.output
 end
 

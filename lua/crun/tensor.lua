@@ -93,6 +93,27 @@ function methods.to(t, a, b)
   return t
 end
 
+--- t:copy_(src) -> t: torch's copy_: src's values written into t (converted
+--- to t's dtype), src broadcast to t's shape as torch's (a shape that does
+--- not broadcast is EINVAL). A write into a view lands in its base, so
+--- t:narrow(1, 2, 2):copy_(v) is torch's t[1:3] = v and t:select(2, 3):fill_(x)
+--- its t[:, 2] = x. (t:copy(src), Torch7's, takes no broadcast.)
+local copy_same = methods.copy
+function methods.copy_(t, src)
+  if not T.is_tensor(t) then argerror(1, "copy_", "tensor expected, got %s", type(t)) end
+  if not T.is_tensor(src) then argerror(2, "copy_", "tensor expected, got %s", type(src)) end
+  local ts, ss = t:size(), src:size()
+  if table.concat(ts, "x") ~= table.concat(ss, "x") then
+    local ok, e = pcall(methods.expand, src, ts)
+    if not ok then
+      O.fail("EINVAL: copy_: the source's shape %s does not broadcast to the destination's %s", table.concat(ss, "x"),
+        table.concat(ts, "x"))
+    end
+    src = e
+  end
+  return copy_same(t, src)
+end
+
 -- Element reads go through a host copy on a device tensor (as torch's, they
 -- wait for the device).
 for _, name in ipairs({"item", "totable", "bytes"}) do
@@ -777,14 +798,17 @@ end
 --- dtype torch.result_type gives them; the three broadcast. A select, not
 --- arithmetic: inf and nan are taken as they are. Host tensors only
 --- (ENOTSUP on a device). t:where(cond, b) is T.where(cond, t, b).
+--- T.where(cond) with one argument is cond:nonzero({as_tuple = true}): the
+--- 1-BASED indices of cond's non-zero elements, one int64 tensor per dim
+--- (as crun's other indices; torch's are 0-based).
 function T.where(cond, a, b)
   if not T.is_tensor(cond) then argerror(1, "where", "bool tensor expected, got %s", type(cond)) end
-  if a == nil and b == nil then
-    O.fail("ENOTSUP: where: the one-argument form (torch.where(cond), the indices of the true elements) is not implemented")
-  end
-  for n, x in pairs({[2] = a, [3] = b}) do
+  if a == nil and b == nil then return methods.nonzero(cond, {as_tuple = true}) end
+  local values = {a, b} -- (either may be nil: a missing b is named, not skipped)
+  for i = 1, 2 do
+    local x = values[i]
     if not T.is_tensor(x) and type(x) ~= "number" and type(x) ~= "boolean" then
-      argerror(n, "where", "tensor or number expected, got %s", type(x))
+      argerror(i + 1, "where", "tensor or number expected, got %s", type(x))
     end
   end
   host_only("where", cond, a, b)
@@ -877,18 +901,55 @@ end
 
 local UNIQUE = O.spec{"sorted", "return_inverse", "return_counts", "dim"}
 
+-- x < y for one element of two slices: numbers ascending, nan after them.
+local function elem_less(x, y) return x < y or (y ~= y and x == x) end
+
+-- unique{dim=d} of t (d checked): the distinct slices along d, sorted
+-- lexicographically (ties by position, so the order is a strict one even
+-- with nan); slices with a nan never equal another.
+local function unique_dim(t, d, o)
+  local n = t:size(d)
+  local rows = n > 0 and t:transpose(1, d):contiguous():reshape({n, t:numel() // n}):totable() or {}
+  local order = {}
+  for i = 1, n do order[i] = i end
+  table.sort(order, function(a, b)
+    local ra, rb = rows[a], rows[b]
+    for j = 1, #ra do
+      if elem_less(ra[j], rb[j]) then return true elseif elem_less(rb[j], ra[j]) then return false end
+    end
+    return a < b
+  end)
+  local function same(a, b)
+    for j = 1, #a do if a[j] ~= b[j] then return false end end
+    return true
+  end
+  local firsts, counts, inverse = {}, {}, {}
+  for k, i in ipairs(order) do
+    if k == 1 or not same(rows[i], rows[order[k - 1]]) then firsts[#firsts + 1], counts[#firsts + 1] = i, 0 end
+    counts[#firsts] = counts[#firsts] + 1
+    inverse[i] = #firsts
+  end
+  local out = {t:index_select(d, new_1d(firsts, "int64"))}
+  if o.return_inverse then out[#out + 1] = new_1d(inverse, "int64") end
+  if o.return_counts then out[#out + 1] = new_1d(counts, "int64") end
+  return table.unpack(out)
+end
+
 --- t:unique([{sorted=true, return_inverse=, return_counts=}]) -> the
 --- distinct values of t, ascending, as a 1-d tensor of t's dtype (torch's
 --- default; sorted=false gives the same order); with return_inverse also
 --- where each element of t went (1-based positions, t's shape, int64), with
 --- return_counts how often each value occurs (int64), in that order, as
 --- torch's. nan is unequal to itself: each nan stays, after the numbers.
---- Host tensors only; dim is not implemented.
+--- With dim (1-based, negative from the end), the distinct slices along dim
+--- (rows for dim 1 of a matrix), sorted lexicographically, as a tensor of
+--- t's shape but that dim; the inverse then has one entry per slice of t.
+--- Host tensors only.
 function methods.unique(t, opts)
   if not T.is_tensor(t) then argerror(1, "unique", "tensor expected, got %s", type(t)) end
   local o = O.check(UNIQUE, "unique", opts)
-  if o.dim ~= nil then O.fail("ENOTSUP: unique: dim is not implemented (only the unique elements of the whole tensor)") end
   host_only("unique", t)
+  if o.dim ~= nil then return unique_dim(t, dim_of("unique", o.dim, t:dim()), o) end
   local n = t:numel()
   local sorted, pos = t:reshape({n}):sort(1)
   local v, p = n > 0 and sorted:totable() or {}, n > 0 and pos:totable() or {}
@@ -904,6 +965,173 @@ function methods.unique(t, opts)
   return table.unpack(out)
 end
 
+local NONZERO = O.spec{"as_tuple"}
+
+--- t:nonzero([{as_tuple=}]) -> an [n, dims] int64 tensor of the 1-BASED
+--- indices of t's n non-zero elements (nan counts as non-zero), in
+--- row-major order, as torch.nonzero but 1-based (crun's indices are, see
+--- randperm); {as_tuple = true} gives them as one 1-d int64 tensor per dim
+--- (several return values), torch's as_tuple=True and T.where(t). A 0-d
+--- tensor counts as one element ({n, 0}; as_tuple: one tensor). Host only.
+function methods.nonzero(t, opts)
+  if not T.is_tensor(t) then argerror(1, "nonzero", "tensor expected, got %s", type(t)) end
+  local o = O.check(NONZERO, "nonzero", opts)
+  host_only("nonzero", t)
+  local shape, n = t:size(), t:numel()
+  local nd = #shape
+  local flags = n > 0 and t:ne(0):reshape({n}):totable() or {}
+  local cols, k = {}, 0
+  for d = 1, math.max(nd, 1) do cols[d] = {} end
+  for i = 1, n do
+    if flags[i] then
+      k = k + 1
+      local r = i - 1
+      for d = nd, 1, -1 do cols[d][k], r = r % shape[d] + 1, r // shape[d] end
+      if nd == 0 then cols[1][k] = 1 end
+    end
+  end
+  if o.as_tuple then
+    for d = 1, #cols do cols[d] = new_1d(cols[d], "int64") end
+    return table.unpack(cols)
+  end
+  local out = T.empty({k, nd}, "int64")
+  if k > 0 and nd > 0 then
+    local rows = {}
+    for j = 1, k do
+      rows[j] = {}
+      for d = 1, nd do rows[j][d] = cols[d][j] end
+    end
+    out:copy(T.new(rows, "int64"))
+  end
+  return out
+end
+
+-- ------------------------------------------------------------ boolean masks
+
+-- "2x3" for a size list ("" for a 0-d tensor's).
+local function shape_of(s) return table.concat(s, "x") end
+
+-- Checks that mask (argument n of fname) is a bool tensor.
+local function check_mask(fname, n, mask)
+  if not T.is_tensor(mask) then argerror(n, fname, "bool tensor expected, got %s", type(mask)) end
+  if mask:dtype() ~= "bool" then O.fail("EINVAL: %s: the mask must be a bool tensor, got %s", fname, mask:dtype()) end
+end
+
+-- The shape sizes a and b broadcast to (torch's rule), or EINVAL naming fname.
+local function broadcast_shape(fname, a, b)
+  local n, out = math.max(#a, #b), {}
+  for i = 1, n do
+    local x, y = a[#a - n + i] or 1, b[#b - n + i] or 1
+    if x ~= y and x ~= 1 and y ~= 1 then
+      O.fail("EINVAL: %s: shapes %s and %s cannot be broadcast", fname, shape_of(a), shape_of(b))
+    end
+    out[i] = x == 1 and y or x
+  end
+  return out
+end
+
+-- The 1-based flat positions of the true elements of bool tensor m, as a 1-d int64 tensor.
+local function true_positions(m)
+  local n = m:numel()
+  local flags, pos = n > 0 and m:reshape({n}):totable() or {}, {}
+  for i = 1, n do if flags[i] then pos[#pos + 1] = i end end
+  return new_1d(pos, "int64")
+end
+
+--- t:masked_select(mask) / T.masked_select(t, mask) -> a 1-d tensor of t's
+--- elements where mask (a bool tensor, broadcast with t as torch's) is
+--- true, in row-major order. Host tensors only. t[mask] is the same for a
+--- mask of t's shape.
+function methods.masked_select(t, mask)
+  if not T.is_tensor(t) then argerror(1, "masked_select", "tensor expected, got %s", type(t)) end
+  check_mask("masked_select", 2, mask)
+  host_only("masked_select", t, mask)
+  local shape = broadcast_shape("masked_select", t:size(), mask:size())
+  local n = 1
+  for _, s in ipairs(shape) do n = n * s end
+  return t:expand(shape):reshape({n}):index_select(1, true_positions(mask:expand(shape)))
+end
+
+--- t:masked_scatter_(mask, source) -> t: writes source's first k elements
+--- (row-major, converted to t's dtype) into the k places where mask (a bool
+--- tensor broadcasting to t's shape) is true, in row-major order, as
+--- torch's; a source of fewer than k elements is EINVAL. Host tensors only.
+function methods.masked_scatter_(t, mask, src)
+  if not T.is_tensor(t) then argerror(1, "masked_scatter_", "tensor expected, got %s", type(t)) end
+  check_mask("masked_scatter_", 2, mask)
+  if not T.is_tensor(src) then argerror(3, "masked_scatter_", "tensor expected, got %s", type(src)) end
+  host_only("masked_scatter_", t, mask, src)
+  local shape, n = t:size(), t:numel()
+  local ok, full = pcall(methods.expand, mask, shape)
+  if not ok then
+    O.fail("EINVAL: masked_scatter_: the mask's shape %s does not broadcast to the tensor's %s", shape_of(mask:size()),
+      shape_of(shape))
+  end
+  if n == 0 then return t end
+  local m = full:reshape({n})
+  local rank = m:cumsum(1)                 -- (int64) how many true elements up to each place
+  local k = rank[n]
+  if src:numel() < k then
+    O.fail("EINVAL: masked_scatter_: the source has %d elements, the mask selects %d", src:numel(), k)
+  end
+  if k == 0 then return t end
+  local vals = src:reshape({src:numel()}):narrow(1, 1, k):to(t:dtype()):gather(1, rank:clamp(1, k))
+  return t:copy(T.where(m, vals, t:reshape({n})):view(shape))
+end
+
+-- The mask of t[mask]: a bool tensor of t's leading dims' shape (torch's
+-- rule); returns the number of leading elements and t's other dims.
+local function leading_mask(fname, t, mask)
+  if mask:dtype() ~= "bool" then
+    O.fail("EINVAL: t[index]: indexing by an %s tensor is not supported (a bool mask selects; for positions use " ..
+      "t:index_select(dim, idx), whose indices are 1-based)", mask:dtype())
+  end
+  local ts, ms = t:size(), mask:size()
+  local lead, rest = 1, {}
+  for d = 1, #ts do
+    if d <= #ms then
+      if ms[d] ~= ts[d] then ms = nil; break end
+      lead = lead * ts[d]
+    else rest[#rest + 1] = ts[d] end
+  end
+  if ms == nil or #mask:size() > #ts then
+    O.fail("EINVAL: %s: the mask's shape %s does not match the tensor's leading dims %s", fname, shape_of(mask:size()),
+      shape_of(ts))
+  end
+  return lead, rest
+end
+
+-- t[mask]: the elements (or the rows of the trailing dims) where mask, a bool
+-- tensor of t's leading dims' shape, is true: [k, trailing dims...], as torch's.
+function mt.__crun_index_tensor(t, mask)
+  host_only("t[mask]", t, mask)
+  local lead, rest = leading_mask("t[mask]", t, mask)
+  return t:reshape({lead, table.unpack(rest)}):index_select(1, true_positions(mask))
+end
+
+-- t[mask] = v: v (a number, a boolean or a tensor broadcasting to the
+-- [k, trailing dims...] selection, torch's index_put_) written where mask is
+-- true; lands in t's storage, also when t is a view.
+function mt.__crun_newindex_tensor(t, mask, v)
+  host_only("t[mask] = v", t, mask, v)
+  if not T.is_tensor(v) and type(v) ~= "number" and type(v) ~= "boolean" then
+    O.fail("EINVAL: t[mask] = v: v must be a number, a boolean or a tensor, got %s", type(v))
+  end
+  local _, rest = leading_mask("t[mask] = v", t, mask)
+  local ones = {table.unpack(mask:size())}
+  for _ = 1, #rest do ones[#ones + 1] = 1 end
+  local full = mask:reshape(ones):expand(t:size())
+  if not T.is_tensor(v) or v:numel() == 1 and v:dim() == 0 then return methods.masked_fill_(t, full, v) end
+  local k = mask:to("int64"):sum()
+  local sel = {k, table.unpack(rest)}
+  local ok, vb = pcall(methods.expand, v, sel)
+  if not ok then
+    O.fail("EINVAL: t[mask] = v: v's shape %s does not broadcast to the %s selected elements", shape_of(v:size()),
+      shape_of(sel))
+  end
+  methods.masked_scatter_(t, full, vb)
+end
+
 --- Function forms of the math methods: T.exp(t), T.add(a, b), T.softmax(t, dim), ...
 --- (t:floor_divide(x) / t // x and t:remainder(x) / t % x round toward -inf,
 --- t:fmod(x) toward 0, as torch's; a zero integer divisor is EINVAL.)
@@ -913,7 +1141,7 @@ local function_forms = {"add", "sub", "mul", "div", "floor_divide", "remainder",
   "clamp", "sum", "mean", "prod", "cumsum", "cumprod", "var", "std", "sort", "argsort", "topk", "max", "min", "argmax", "argmin", "mm", "softmax",
   "log_softmax", "index_select", "gather", "transpose", "t", "narrow", "select", "view",
   "reshape", "clone", "contiguous", "numel", "equal", "allclose", "unsqueeze", "squeeze", "flatten", "permute",
-  "masked_fill", "unique"}
+  "masked_fill", "unique", "nonzero", "masked_select"}
 for _, name in ipairs(function_forms) do
   if T[name] == nil then
     local m = methods[name]

@@ -53,6 +53,32 @@ static int check_labels(const char *fn, const crun_tensor_t *labels, int64_t row
 CE_ROW(float, expf)
 CE_ROW(double, exp)
 
+/* The host loop of cross entropy over rows x [rows, c]: adds each row's
+ * loss to *total and writes it into losses (x's dtype) when given, grad
+ * (nullable) gets softmax - onehot scaled by scale; returns the rows whose
+ * argmax is their label. */
+static int64_t ce_host(const crun_tensor_t *x, const crun_tensor_t *labels, int64_t rows, int64_t c,
+                       double scale, crun_tensor_t *losses, double *total, crun_tensor_t *grad) {
+  int64_t ok = 0, am;
+  int f32 = crun_tensor_dtype(x) == CRUN_FLOAT32;
+  for (int64_t i = 0; i < rows; i++) {
+    int64_t l = label_at(labels, i) - 1;
+    double r;
+    if (f32) {
+      r = ce_row_float((const float *)crun_tensor_data(x) + i * c, c, l,
+                       grad ? (float *)crun_tensor_data(grad) + i * c : NULL, scale, &am);
+      if (losses) ((float *)crun_tensor_data(losses))[i] = (float)r;
+    } else {
+      r = ce_row_double((const double *)crun_tensor_data(x) + i * c, c, l,
+                        grad ? (double *)crun_tensor_data(grad) + i * c : NULL, scale, &am);
+      if (losses) ((double *)crun_tensor_data(losses))[i] = r;
+    }
+    *total += r;
+    ok += am == l;
+  }
+  return ok;
+}
+
 int crun_nn_cross_entropy(const crun_tensor_t *x, const crun_tensor_t *labels, int sum,
                           double *loss, int64_t *correct, crun_tensor_t *grad) {
   int64_t rows, c;
@@ -68,19 +94,27 @@ int crun_nn_cross_entropy(const crun_tensor_t *x, const crun_tensor_t *labels, i
   double scale = sum ? 1.0 : 1.0 / (double)rows, total = 0;
   if (CRUN__ON_DEV(x) || CRUN__ON_DEV(labels) || CRUN__ON_DEV(grad))
     return crun__dev_cross_entropy(x, labels, scale, loss, correct, grad);
-  int64_t ok = 0, am;
-  int f32 = crun_tensor_dtype(x) == CRUN_FLOAT32;
-  for (int64_t i = 0; i < rows; i++) {
-    int64_t l = label_at(labels, i) - 1;
-    if (f32)
-      total += ce_row_float((const float *)crun_tensor_data(x) + i * c, c, l,
-                            grad ? (float *)crun_tensor_data(grad) + i * c : NULL, scale, &am);
-    else
-      total += ce_row_double((const double *)crun_tensor_data(x) + i * c, c, l,
-                             grad ? (double *)crun_tensor_data(grad) + i * c : NULL, scale, &am);
-    ok += am == l;
-  }
+  int64_t ok = ce_host(x, labels, rows, c, scale, NULL, &total, grad);
   if (loss) *loss = total * scale;
+  if (correct) *correct = ok;
+  return 0;
+}
+
+int crun_nn_cross_entropy_rows(const crun_tensor_t *x, const crun_tensor_t *labels, crun_tensor_t *losses,
+                               int64_t *correct, crun_tensor_t *grad) {
+  int64_t rows, c;
+  double total = 0;
+  CRUN_CHECK(crun__train_check_2d("CrossEntropy", "input", x, &rows, &c));
+  if (c == 0) return crun_error(CRUN_EINVAL, "CrossEntropy: input has 0 classes");
+  CRUN_CHECK(check_labels("CrossEntropy", labels, rows, c));
+  if (grad) CRUN_CHECK(crun__train_check_like("CrossEntropy", "gradInput", x, grad));
+  CRUN_CHECK(crun__train_check_float("CrossEntropy", "losses", losses));
+  if (crun_tensor_dtype(losses) != crun_tensor_dtype(x) || crun_tensor_numel(losses) != rows)
+    return crun_error(CRUN_EINVAL, "CrossEntropy: losses must be %lld elements of the input's dtype",
+                      (long long)rows);
+  if (CRUN__ON_DEV(x) || CRUN__ON_DEV(labels) || CRUN__ON_DEV(grad) || CRUN__ON_DEV(losses))
+    return crun_error(CRUN_ENOTSUP, "CrossEntropy: per-row losses are computed on the host only");
+  int64_t ok = ce_host(x, labels, rows, c, 1.0, losses, &total, grad);
   if (correct) *correct = ok;
   return 0;
 }

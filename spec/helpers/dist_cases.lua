@@ -426,10 +426,10 @@ end)
 case("async_ordering", function()
   local ts, ws = {}, {}
   for k = 1, 5 do
-    ts[k] = T.full({50000}, rank + k)
+    ts[k] = T.full({50000}, rank + k, "float32")
     ws[k] = dist.all_reduce(ts[k], "sum", {async_op = true})
   end
-  local x = T.full({1}, rank)
+  local x = T.full({1}, rank, "float32")
   dist.all_reduce(x, "max")   -- blocking, queued behind the async ones
   assert(x[1] == size - 1, "blocking all_reduce behind async ones gave " .. x[1])
   for k = 5, 1, -1 do
@@ -451,8 +451,8 @@ end)
 case("send_recv_tags_and_any_source", function()
   if size < 2 then return end
   if rank == 0 then
-    dist.send(T.full({3}, 11), 1, {tag = 1})
-    dist.send(T.full({3}, 22), 1, {tag = 2})
+    dist.send(T.full({3}, 11, "float32"), 1, {tag = 1})
+    dist.send(T.full({3}, 22, "float32"), 1, {tag = 2})
     local seen = {}
     for _ = 1, size - 1 do
       local b = T.zeros({2}, "int64")
@@ -484,12 +484,12 @@ case("sub_groups", function()
   local other = rank % 2 == 0 and go or ge
   assert(other == dist.GroupMember.NON_GROUP_MEMBER)
   local members = rank % 2 == 0 and evens or odds
-  local t = T.full({5}, rank)
+  local t = T.full({5}, rank, "float32")
   dist.all_reduce(t, "sum", {group = mine})
   local want = 0
   for _, r in ipairs(members) do want = want + r end
   assert(t[1] == want, "group all_reduce gave " .. t[1] .. ", expected " .. want)
-  local b = T.full({2}, rank)
+  local b = T.full({2}, rank, "float32")
   dist.broadcast(b, members[#members], {group = mine})   -- src is a global rank
   assert(b[2] == members[#members])
   assert(dist.get_world_size(mine) == #members)

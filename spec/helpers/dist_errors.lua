@@ -82,7 +82,7 @@ elseif mode == "timeout" then
     if rank == 0 then os.execute("sleep 1") end
   end
 elseif mode == "root" then
-  local ok, err = pcall(dist.broadcast, T.full({4}, rank), rank)
+  local ok, err = pcall(dist.broadcast, T.full({4}, rank, "float32"), rank)
   if ok then ok, err = pcall(dist.destroy_process_group) end
   record(ok, err)
 elseif mode == "object" then
@@ -159,7 +159,7 @@ elseif mode:match("^a2asplit_") then
   if rank == 1 and k == "wrap" then  -- 4 ranks: its own block right, the sum right modulo 2^64
     splits[1], splits[3], splits[4] = math.maxinteger, math.maxinteger, 2 * n
   end
-  local input = T.full({2 * n}, rank - 3)
+  local input = T.full({2 * n}, rank - 3, "float32")
   local output = T.zeros({2 * n}, rank == 1 and k == "dtype" and "float64" or "float32")
   record(pcall(dist.all_to_all_single, output, input, nil, splits))
   record(pcall(dist.all_reduce, T.ones({2})))
@@ -168,9 +168,9 @@ elseif mode:match("^listbad:") then
   local bad = rank == 1
   local function list(make) local l = {} for j = 1, n do l[j] = make(j) end return l end
   local outs = list(function() return T.zeros({4}) end)
-  local ins = list(function(j) return T.full({4}, -7 * rank - j) end)
+  local ins = list(function(j) return T.full({4}, -7 * rank - j, "float32") end)
   local big = T.zeros({5})  -- two overlapping 4-element views of it: big[1..4] and big[2..5]
-  local one = T.full({4}, rank - 3)
+  local one = T.full({4}, rank - 3, "float32")
   if bad and k == "len" then (c == "all_gather" and outs or ins)[n] = nil end
   if bad and k == "dtype" then (c == "all_gather" and outs or ins)[2] = T.zeros({4}, "float64") end
   if bad and k == "size" then ins[2] = T.zeros({3}) end
@@ -190,7 +190,7 @@ elseif mode:match("^listbad:") then
   elseif c == "reduce_scatter_tensor" then  -- rank 1's input one element too few ("size"), its output closed
     local o = T.zeros({4})
     if bad and k == "closed" then o:close() end
-    record(pcall(dist.reduce_scatter_tensor, o, T.full({4 * n - (bad and k == "size" and 1 or 0)}, rank - 2)))
+    record(pcall(dist.reduce_scatter_tensor, o, T.full({4 * n - (bad and k == "size" and 1 or 0)}, rank - 2, "float32")))
   elseif c == "all_gather" then record(pcall(dist.all_gather, outs, one))
   elseif c == "reduce_scatter" then record(pcall(dist.reduce_scatter, one, ins))
   elseif c == "all_to_all" then record(pcall(dist.all_to_all, outs, ins))
@@ -199,35 +199,35 @@ elseif mode:match("^listbad:") then
     for j = 1, n do splits[j] = 2 end
     local insplits = {table.unpack(splits)}
     if bad then insplits[1], insplits[2] = 3, 1 end
-    record(pcall(dist.all_to_all_single, T.zeros({2 * n}), T.full({2 * n}, rank - 3), splits, insplits))
+    record(pcall(dist.all_to_all_single, T.zeros({2 * n}), T.full({2 * n}, rank - 3, "float32"), splits, insplits))
   end
   record(pcall(dist.all_reduce, T.ones({2})))
 elseif mode:match("^badop:") then  -- rank 1 alone gives an unknown op ("name") or a NaN premul_sum factor ("nan")
   local n, c, k = dist.get_world_size(), mode:match("^badop:([%w_]+):(%w+)$")
   local op = rank ~= 1 and "sum" or k == "name" and "nosuchop" or "premul_sum:nan"
-  if c == "all_reduce" then record(pcall(dist.all_reduce, T.full({4}, rank - 3), op))
-  elseif c == "reduce" then record(pcall(dist.reduce, T.full({4}, rank - 3), 0, op))
+  if c == "all_reduce" then record(pcall(dist.all_reduce, T.full({4}, rank - 3, "float32"), op))
+  elseif c == "reduce" then record(pcall(dist.reduce, T.full({4}, rank - 3, "float32"), 0, op))
   elseif c == "reduce_scatter" then
     local ins = {}
-    for j = 1, n do ins[j] = T.full({4}, -7 * rank - j) end
+    for j = 1, n do ins[j] = T.full({4}, -7 * rank - j, "float32") end
     record(pcall(dist.reduce_scatter, T.zeros({4}), ins, op))
-  else record(pcall(dist.reduce_scatter_tensor, T.zeros({4}), T.full({4 * n}, rank - 2), op)) end
+  else record(pcall(dist.reduce_scatter_tensor, T.zeros({4}), T.full({4 * n}, rank - 2, "float32"), op)) end
   record(pcall(dist.all_reduce, T.ones({2})))
 elseif mode == "nonrootgather" or mode == "nonrootscatter" then
   local list = {}
   for j = 1, dist.get_world_size() do list[j] = T.zeros({4}) end
   local f = mode == "nonrootgather" and dist.gather or dist.scatter
-  record(pcall(f, T.full({4}, rank - 5), (rank == 0 or rank == 1) and list or nil, 0))
+  record(pcall(f, T.full({4}, rank - 5, "float32"), (rank == 0 or rank == 1) and list or nil, 0))
   record(pcall(dist.all_reduce, T.ones({2})))
 elseif mode:match("^roots_") then
   local k, n = mode:sub(7), dist.get_world_size()
   local root = rank == 1 and 1 or 0
   local t0 = crun.clock()
   local list = {}
-  for j = 1, n do list[j] = T.full({4}, -j) end
-  if k == "broadcast" then record(pcall(dist.broadcast, T.full({4}, rank), root))
-  elseif k == "reduce" then record(pcall(dist.reduce, T.full({4}, rank), root))
-  elseif k == "gather" then record(pcall(dist.gather, T.full({4}, rank), rank == root and list or nil, root))
+  for j = 1, n do list[j] = T.full({4}, -j, "float32") end
+  if k == "broadcast" then record(pcall(dist.broadcast, T.full({4}, rank, "float32"), root))
+  elseif k == "reduce" then record(pcall(dist.reduce, T.full({4}, rank, "float32"), root))
+  elseif k == "gather" then record(pcall(dist.gather, T.full({4}, rank, "float32"), rank == root and list or nil, root))
   else record(pcall(dist.scatter, T.zeros({4}), rank == root and list or nil, root)) end
   out:write(string.format("elapsed %.3f\n", crun.clock() - t0))
 elseif mode:match("^rootarg:") then
@@ -237,8 +237,8 @@ elseif mode:match("^rootarg:") then
   local g = k == "outside" and dist.new_group(all) or nil
   local root = rank ~= 1 and 0 or k == "range" and n or k == "type" and "x" or n + 3
   local list
-  if rank == 0 then list = {} for j = 1, n do list[j] = T.full({4}, -j - 10 * rank) end end
-  local t = T.full({4}, -rank - 1)
+  if rank == 0 then list = {} for j = 1, n do list[j] = T.full({4}, -j - 10 * rank, "float32") end end
+  local t = T.full({4}, -rank - 1, "float32")
   if c == "broadcast" then record(pcall(dist.broadcast, t, root, g))
   elseif c == "reduce" then record(pcall(dist.reduce, t, root, "sum", g))
   elseif c == "gather" then record(pcall(dist.gather, t, list, root, g))

@@ -22,7 +22,7 @@ local function expect_error(pattern, fn, ...)
 end
 
 local function sum_check()
-  local t = T.full({3}, rank + 1)
+  local t = T.full({3}, rank + 1, "float32")
   dist.all_reduce(t)
   assert(t[1] == size * (size + 1) / 2, "all_reduce gave " .. t[1])
 end
@@ -141,7 +141,7 @@ case("tensor_forms_check_sizes", function()
   dist.destroy_process_group()
   dist.init_process_group{}
   local out = T.zeros({n, 2}) -- any shape with the right element count
-  dist.all_gather_into_tensor(out, T.full({2}, rank))
+  dist.all_gather_into_tensor(out, T.full({2}, rank, "float32"))
   assert(out[n][2] == n - 1)
   dist.destroy_process_group()
 end)

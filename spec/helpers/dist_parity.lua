@@ -340,7 +340,7 @@ function cases.ddp_group()
     opt:zero_grad()
     local x = T.randn({2, 4}, {seed = 10 * s + rank})
     local out = model:forward(x)
-    model:backward(x, T.ones_like and T.ones_like(out) or T.full(out:size(), 1))
+    model:backward(x, T.ones_like and T.ones_like(out) or T.full(out:size(), 1, "float32"))
     opt:step()
   end
   local mine = net.modules and net:parameters()[1] or net:parameters()[1]

@@ -6,12 +6,12 @@ dist.init_process_group{timeout = 60}
 local r, n = dist.get_rank(), dist.get_world_size()
 local t0 = crun.clock()
 for k = 1, 200 do
-  local t = T.full({k * 37}, r)
+  local t = T.full({k * 37}, r, "float32")
   dist.all_reduce(t, "sum")
   assert(t[1] == n * (n - 1) / 2)
   local list = {}
   for j = 1, n do list[j] = T.zeros({5}) end
-  dist.all_gather(list, T.full({5}, r))
+  dist.all_gather(list, T.full({5}, r, "float32"))
   assert(list[n][1] == n - 1)
   dist.barrier()
 end

@@ -43,7 +43,7 @@ if case == "outsider" then
     check(not dist.get_store():check({"crun/repl/chunk"}), "the outsider's key is there")
   end
   dist.barrier()
-  local t = T.full({4}, rank + 1)
+  local t = T.full({4}, rank + 1, "float32")
   dist.all_reduce(t)
   check(t[4] == dist.get_world_size() * (dist.get_world_size() + 1) / 2, "all_reduce after the outsiders: %s", t[4])
 elseif case == "mesh" then
@@ -71,7 +71,7 @@ elseif case == "mesh" then
     os.execute("sleep 1.5")  -- the forger claims this rank's place first
   end
   dist.init_process_group{backend = "cpu", timeout = 30}
-  local t = T.full({1000}, rank + 1)
+  local t = T.full({1000}, rank + 1, "float32")
   dist.all_reduce(t)
   check(t[1000] == 6 and t[1] == 6, "all_reduce after junk and a forged hello gave %s", t[1])
 elseif case == "stall" then
@@ -88,7 +88,7 @@ elseif case == "stall" then
     os.execute("sleep 1.5")  -- after the strangers
   end
   dist.init_process_group{backend = "cpu", timeout = 30}
-  local t = T.full({1000}, rank + 1)
+  local t = T.full({1000}, rank + 1, "float32")
   dist.all_reduce(t)
   check(t[1000] == 6 and t[1] == 6, "all_reduce after 150 stalled connections gave %s", t[1])
 end

@@ -63,6 +63,13 @@ int crun_nn_log_softmax_backward(const crun_tensor_t *y, const crun_tensor_t *gy
 int crun_nn_cross_entropy(const crun_tensor_t *x, const crun_tensor_t *labels, int sum,
                           double *loss, int64_t *correct, crun_tensor_t *grad);
 
+/* Cross entropy with reduction "none": losses (a contiguous [N] tensor of
+ * x's dtype) gets each row's -log softmax(x)[label], grad (NULL to skip)
+ * each row's own gradient softmax - onehot, *correct as crun_nn_cross_entropy,
+ * all in one pass. Host tensors only (CRUN_ENOTSUP on a device). */
+int crun_nn_cross_entropy_rows(const crun_tensor_t *x, const crun_tensor_t *labels, crun_tensor_t *losses,
+                               int64_t *correct, crun_tensor_t *grad);
+
 /* ClassNLLCriterion: *loss = -mean over rows of x[i, label_i] (x holds
  * log-probabilities [N, C], labels as cross entropy's); grad (nullable) gets
  * -1/N at each row's label and 0 elsewhere. No rows: *loss = nan. */
