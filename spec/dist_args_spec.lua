@@ -164,6 +164,41 @@ describe("crun.dist arguments", function()
     assert.same({2.5, 2.5}, t:totable())
   end)
 
+  -- crun's form with the op left out puts the options table in the op's
+  -- place: a group or async_op after it (torch's positional places) was
+  -- dropped without a word (all_reduce(t, {group = g}, nil, true) returned
+  -- nothing, blocking); now EINVAL, as after an options table in the group's place
+  it("refuses a group or async_op after an options table in the op's place", function()
+    local g = dist.new_group{0}
+    local after = "given after an options table (pass torch's positional group, async_op or one table {group=, "
+                  .. "async_op=})"
+    for _, c in ipairs{
+      {"all_reduce", "async_op", function() return dist.all_reduce(T.ones{2}, {group = g}, nil, true) end},
+      {"all_reduce", "async_op", function() return dist.all_reduce(T.ones{2}, {group = g}, nil, false) end},
+      {"all_reduce", "group", function() return dist.all_reduce(T.ones{2}, {async_op = true}, g) end},
+      {"reduce", "async_op", function() return dist.reduce(T.ones{2}, 0, {group = g}, nil, true) end},
+      {"reduce", "group", function() return dist.reduce(T.ones{2}, 0, {async_op = true}, g) end},
+      {"reduce_scatter", "async_op", function() return dist.reduce_scatter(T.zeros{2}, {T.ones{2}}, {group = g}, nil, true) end},
+      {"reduce_scatter_tensor", "async_op", function()
+        return dist.reduce_scatter_tensor(T.zeros{2}, T.ones{2}, {group = g}, nil, true) end},
+      {"reduce_scatter_tensor", "group", function()
+        return dist.reduce_scatter_tensor(T.zeros{2}, T.ones{2}, {async_op = true}, g) end},
+    } do
+      local ok, err = pcall(c[3])
+      assert.is_false(ok, c[1] .. " " .. c[2])
+      assert.equal("EINVAL: " .. c[1] .. ": " .. c[2] .. " " .. after, err)
+    end
+    -- torch's positional forms still take them
+    local t = T.new{1.5, -2.25}
+    local w = dist.all_reduce(t, "max", g, true)
+    assert.equal("crun.Work", getmetatable(w).__name)
+    w:wait()
+    w = dist.reduce(t, 0, nil, g, true)
+    assert.equal("crun.Work", getmetatable(w).__name)
+    w:wait()
+    assert.same({1.5, -2.25}, t:totable())
+  end)
+
   it("still takes a real group and the default one", function()
     local g = dist.new_group{0}
     local t = T.ones{2}

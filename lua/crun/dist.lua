@@ -373,11 +373,17 @@ end
 -- the options table {group =, [name] =}, nil there being torch's None (the
 -- default group); anything else is the options as given, with nothing after
 -- them (EINVAL naming fname).
+-- Raises EINVAL for an argument (`what`) after fname's options table, where
+-- torch's positional group and `name` (async_op, tag) would go.
+local function after_table(fname, what, name)
+  fail("EINVAL: %s: %s given after an options table (pass torch's positional group, %s or one table {group=, %s=})",
+       fname, what, name, name)
+end
+
 local function group_form(opts, name, v, fname)
   if v == nil and type(opts) ~= "userdata" and opts ~= NON_MEMBER then return opts end
   if type(opts) == "table" and opts ~= NON_MEMBER then  -- {group=...}, true: which async_op was meant?
-    fail("EINVAL: %s: %s given after an options table (pass torch's positional group, %s or one table {group=, %s=})",
-         fname, name, name, name)
+    after_table(fname, name, name)
   end
   local o = {group = opts}  -- opts nil: torch's group=None, the default group
   if name then o[name] = v end  -- the object collectives take nothing after it
@@ -385,10 +391,17 @@ local function group_form(opts, name, v, fname)
 end
 local ASYNC, TAG = "async_op", "tag"
 
---- Parses (op, opts) where op may be left out; checks opts against spec.
-local function split_op(op, opts, spec, fname)
-  if type(op) == "table" then op, opts = nil, op end
-  return op, O.check(spec, fname, opts)
+--- Parses (op, group-or-opts, async_op), torch's positional form or crun's
+--- with the op left out and the options table in its place (then nothing may
+--- follow it: a group or async_op there would otherwise be dropped); checks
+--- the options against COLL.
+local function split_op(op, opts, async_op, fname)
+  if type(op) ~= "table" or op == NON_MEMBER then
+    return op, O.check(COLL, fname, group_form(opts, ASYNC, async_op, fname))
+  end
+  if opts ~= nil then after_table(fname, "group", ASYNC) end
+  if async_op ~= nil then after_table(fname, ASYNC, ASYNC) end
+  return nil, O.check(COLL, fname, op)
 end
 
 local function group_of(opts, fname)
@@ -398,8 +411,7 @@ local function group_of(opts, fname)
 end
 
 function dist.all_reduce(t, op, opts, async_op)
-  opts = group_form(opts, ASYNC, async_op, "all_reduce")
-  op, opts = split_op(op, opts, COLL, "all_reduce")
+  op, opts = split_op(op, opts, async_op, "all_reduce")
   local g = group_of(opts, "all_reduce")
   if g then return g:all_reduce(t, op, opts) end
 end
@@ -419,8 +431,7 @@ function dist.broadcast(t, src, opts, async_op)
 end
 
 function dist.reduce(t, dst, op, opts, async_op)
-  opts = group_form(opts, ASYNC, async_op, "reduce")
-  op, opts = split_op(op, opts, COLL, "reduce")
+  op, opts = split_op(op, opts, async_op, "reduce")
   local g = group_of(opts, "reduce")
   if g then return g:reduce(t, root_rank(g, dst, "reduce", "dst", t), op, opts) end
 end
@@ -456,7 +467,7 @@ end
 --- input tensor of world_size * out:numel() elements; rank r gets block r
 --- reduced over every rank (faults refused as all_gather_into_tensor's).
 function dist.reduce_scatter_tensor(out, input, op, opts, async_op)
-  op, opts = split_op(op, group_form(opts, ASYNC, async_op, "reduce_scatter_tensor"), COLL, "reduce_scatter_tensor")
+  op, opts = split_op(op, opts, async_op, "reduce_scatter_tensor")
   local g = group_of(opts, "reduce_scatter_tensor")
   if g then return g:reduce_scatter_tensor(out, input, op, opts) end
 end
@@ -474,7 +485,7 @@ function dist.scatter(t, list, src, opts, async_op)
 end
 
 function dist.reduce_scatter(out, list, op, opts, async_op)
-  op, opts = split_op(op, group_form(opts, ASYNC, async_op, "reduce_scatter"), COLL, "reduce_scatter")
+  op, opts = split_op(op, opts, async_op, "reduce_scatter")
   local g = group_of(opts, "reduce_scatter")
   if g then return g:reduce_scatter(out, list, op, opts) end
 end
