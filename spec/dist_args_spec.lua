@@ -168,7 +168,7 @@ describe("crun.dist arguments", function()
   -- place: a group or async_op after it (torch's positional places) was
   -- dropped without a word (all_reduce(t, {group = g}, nil, true) returned
   -- nothing, blocking); now EINVAL, as after an options table in the group's place
-  it("refuses a group or async_op after an options table in the op's place", function()
+  it("refuses a group or async_op after an options table in the op's or a split list's place", function()
     local g = dist.new_group{0}
     local after = "given after an options table (pass torch's positional group, async_op or one table {group=, "
                   .. "async_op=})"
@@ -188,7 +188,28 @@ describe("crun.dist arguments", function()
       assert.is_false(ok, c[1] .. " " .. c[2])
       assert.equal("EINVAL: " .. c[1] .. ": " .. c[2] .. " " .. after, err)
     end
+    -- all_to_all_single: the table in either split list's place
+    for _, c in ipairs{
+      {"input split sizes", function() return dist.all_to_all_single(T.zeros{2}, T.ones{2}, {async_op = true}, {2}) end},
+      {"async_op", function() return dist.all_to_all_single(T.zeros{2}, T.ones{2}, {group = g}, nil, nil, true) end},
+      {"group", function() return dist.all_to_all_single(T.zeros{2}, T.ones{2}, {async_op = true}, nil, g) end},
+      {"group", function() return dist.all_to_all_single(T.zeros{2}, T.ones{2}, nil, {async_op = true}, g) end},
+      {"async_op", function() return dist.all_to_all_single(T.zeros{2}, T.ones{2}, {2}, {group = g}, nil, true) end},
+    } do
+      local ok, err = pcall(c[2])
+      assert.is_false(ok, "all_to_all_single " .. c[1])
+      assert.equal("EINVAL: all_to_all_single: " .. c[1] .. " " .. after, err)
+    end
     -- torch's positional forms still take them
+    local out = T.zeros{2}
+    local w = dist.all_to_all_single(out, T.new{-1.5, 2.25}, {2}, {2}, g, true)
+    assert.equal("crun.Work", getmetatable(w).__name)
+    w:wait()
+    assert.same({-1.5, 2.25}, out:totable())
+    dist.all_to_all_single(out, T.new{0.5, -3}, {group = g})
+    assert.same({0.5, -3}, out:totable())
+    dist.all_to_all_single(out, T.new{-0.25, 7}, {2}, {group = g})
+    assert.same({-0.25, 7}, out:totable())
     local t = T.new{1.5, -2.25}
     local w = dist.all_reduce(t, "max", g, true)
     assert.equal("crun.Work", getmetatable(w).__name)

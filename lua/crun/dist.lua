@@ -496,6 +496,28 @@ function dist.all_to_all(outs, ins, opts, async_op)
   if g then return g:all_to_all(outs, ins, opts) end
 end
 
+-- Whether v is an options table rather than a split list (a table with keys
+-- and no list part).
+local function is_opts(v) return type(v) == "table" and #v == 0 and next(v) ~= nil end
+
+-- all_to_all_single's (out_splits, in_splits, opts) from its arguments after
+-- the tensors: an options table may stand in either split list's place, and
+-- then nothing may follow it (a split list, group or async_op there would
+-- otherwise be dropped).
+local function a2a_args(out_splits, in_splits, opts, async_op)
+  local fname = "all_to_all_single"
+  if is_opts(out_splits) then
+    if in_splits ~= nil then after_table(fname, "input split sizes", ASYNC) end
+    out_splits, in_splits = nil, out_splits
+  end
+  if is_opts(in_splits) then
+    if opts ~= nil then after_table(fname, "group", ASYNC) end
+    if async_op ~= nil then after_table(fname, ASYNC, ASYNC) end
+    return out_splits, nil, in_splits
+  end
+  return out_splits, in_splits, group_form(opts, ASYNC, async_op, fname)
+end
+
 --- all_to_all_single(output, input[, output_split_sizes][, input_split_sizes][, opts]):
 -- torch's one-tensor all_to_all: dim 1 of input is cut into blocks (equal, or
 -- input_split_sizes rows each); block j goes to rank j, and output receives
@@ -506,13 +528,7 @@ end
 -- leave the others waiting). With async_op the Work's result() is {output},
 -- as torch's.
 function dist.all_to_all_single(output, input, out_splits, in_splits, opts, async_op)
-  opts = group_form(opts, ASYNC, async_op, "all_to_all_single")
-  if type(out_splits) == "table" and #out_splits == 0 and next(out_splits) ~= nil then
-    out_splits, in_splits, opts = nil, nil, out_splits
-  end
-  if opts == nil and type(in_splits) == "table" and #in_splits == 0 and next(in_splits) ~= nil then
-    in_splits, opts = nil, in_splits
-  end
+  out_splits, in_splits, opts = a2a_args(out_splits, in_splits, opts, async_op)
   opts = O.check(COLL, "all_to_all_single", opts)
   local g = group_of(opts, "all_to_all_single")
   if not g then return nil end
