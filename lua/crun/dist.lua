@@ -614,9 +614,18 @@ function dist.send(t, dst, opts, tag)
 end
 
 --- recv(t[, src][, opts{tag=, group=}]) -> the sender's global rank
+-- recv's and irecv's (src, opts) from (src, opts, tag): src may be left out,
+-- an options table in its place, and then nothing may follow it.
+local function recv_args(src, opts, tag, fname)
+  if type(src) ~= "table" then return src, group_form(opts, TAG, tag, fname) end
+  if opts ~= nil then after_table(fname, "group", TAG) end
+  if tag ~= nil then after_table(fname, TAG, TAG) end
+  return nil, src
+end
+
 function dist.recv(t, src, opts, tag)
-  if type(src) == "table" then src, opts = nil, src end
-  opts = O.check(P2P, "recv", group_form(opts, TAG, tag, "recv"))
+  src, opts = recv_args(src, opts, tag, "recv")
+  opts = O.check(P2P, "recv", opts)
   local g = group_of(opts, "recv")
   if not g then return -1 end
   local from = g:recv(t, src and to_group_rank(g, src, "recv"), opts)
@@ -636,8 +645,8 @@ function dist.isend(t, dst, opts, tag)
   return dist.send(t, dst, with_async(O.check(P2P, "isend", group_form(opts, TAG, tag, "isend"))))
 end
 function dist.irecv(t, src, opts, tag)
-  if type(src) == "table" then src, opts = nil, src end
-  opts = O.check(P2P, "irecv", group_form(opts, TAG, tag, "irecv"))
+  src, opts = recv_args(src, opts, tag, "irecv")
+  opts = O.check(P2P, "irecv", opts)
   local g = group_of(opts, "irecv")
   if g then return g:recv(t, src and to_group_rank(g, src, "irecv"), with_async(opts)) end
 end
