@@ -232,6 +232,23 @@ describe("crun.dist arguments", function()
     end
   end)
 
+  -- torch code checks get_backend() == "gloo" (or dist.Backend.GLOO); crun's
+  -- cpu backend answered "cpu", so such a check failed, and dist.Backend was nil
+  it("get_backend gives torch's name gloo for the cpu backend, and takes it back", function()
+    assert.equal("gloo", dist.get_backend())
+    assert.equal(dist.Backend.GLOO, dist.get_backend())
+    assert.equal("cpu", dist.group.WORLD:backend())
+    assert.equal("gloo", dist.Backend("GLOO"))
+    assert.equal("nccl", dist.Backend("nccl"))
+    local ok, err = pcall(dist.Backend, "cpu")
+    assert.is_false(ok)
+    assert.equal("EINVAL: Backend: unknown backend cpu (gloo, nccl, mpi or ucc, in any case)", err)
+    for _, b in ipairs{dist.Backend.GLOO, "GLOO", "cpu", "auto"} do
+      local g = dist.new_group({0}, {backend = b})
+      assert.equal("gloo", dist.get_backend(g), b)
+    end
+  end)
+
   it("still takes a real group and the default one", function()
     local g = dist.new_group{0}
     local t = T.ones{2}

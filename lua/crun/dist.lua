@@ -35,6 +35,8 @@ local MONITORED = O.spec{"group", "timeout", "wait_all_ranks"}
 
 -- torch's backend names -> crun's
 local BACKEND_ALIAS = {gloo = "cpu", ["cpu:gloo"] = "cpu", ["cpu:gloo,cuda:nccl"] = "auto"}
+-- crun's backend names -> torch's, as get_backend returns them
+local TORCH_BACKEND = {cpu = "gloo"}
 
 dist.ReduceOp = {SUM = "sum", PRODUCT = "product", MIN = "min", MAX = "max", AVG = "avg",
   BAND = "band", BOR = "bor", BXOR = "bxor", PREMUL_SUM = "premul_sum"}
@@ -59,6 +61,26 @@ local state = {pg = nil, store = nil, groups = {}, maps = setmetatable({}, {__mo
 
 -- Raises a status-prefixed error (no position: the text starts with the name).
 local function fail(fmt, ...) error(string.format(fmt, ...), 0) end
+
+-- crun's name for backend name b (torch's, any case, or crun's own).
+local function crun_backend(b)
+  if type(b) ~= "string" then return b end  -- the runtime names what it got
+  local l = b:lower()
+  return BACKEND_ALIAS[l] or l
+end
+
+--- dist.Backend: torch's names as fields (dist.Backend.GLOO == "gloo"), and
+-- dist.Backend(name) -> the lowercase name, as torch's Backend("GLOO").
+-- The names get_backend returns; init_process_group takes them and crun's.
+dist.Backend = setmetatable({UNDEFINED = "undefined", GLOO = "gloo", NCCL = "nccl", UCC = "ucc", MPI = "mpi"}, {
+  __call = function(B, name)
+    local v = type(name) == "string" and rawget(B, name:upper())
+    if not v or v == B.UNDEFINED then
+      fail("EINVAL: Backend: unknown backend %s (gloo, nccl, mpi or ucc, in any case)", tostring(name))
+    end
+    return v
+  end,
+})
 
 local function default_pg(fname)
   if not state.pg then
@@ -118,7 +140,7 @@ function dist.init_process_group(backend, opts)
   end
   local timeout = opts.timeout or 300
   local backend = opts.backend or os.getenv("CRUN_BACKEND") or "auto"
-  backend = BACKEND_ALIAS[backend] or backend
+  backend = crun_backend(backend)
   if backend == "auto" and core.have_mpi and (os.getenv("OMPI_COMM_WORLD_SIZE") or os.getenv("PMI_SIZE"))
      and not os.getenv("CRUN_LAUNCHER") then
     backend = "mpi"  -- as runtime/backend/backend.c decides it
@@ -206,7 +228,14 @@ function dist.get_world_size(group)
   return resolve(group, "get_world_size"):size()
 end
 
-function dist.get_backend(group) return resolve(group, "get_backend"):backend() end
+--- get_backend([group]) -> torch's name of the group's backend: "gloo" for
+-- crun's cpu backend (so torch's `get_backend() == "gloo"` and
+-- `== dist.Backend.GLOO` checks hold), "mpi" and "nccl" as they are. The
+-- group's own g:backend() gives crun's name ("cpu").
+function dist.get_backend(group)
+  local b = resolve(group, "get_backend"):backend()
+  return TORCH_BACKEND[b] or b
+end
 
 --- The default group's store (for users who need extra keys).
 function dist.get_store() default_pg("get_store"); return state.store end
@@ -253,7 +282,7 @@ function dist.new_group(ranks, ...)
   local pg = default_pg("new_group")
   local opts = O.check(NEW_GROUP, "new_group", new_group_opts(...))
   if opts.backend ~= nil then
-    local want = BACKEND_ALIAS[opts.backend] or opts.backend
+    local want = crun_backend(opts.backend)
     if want ~= "auto" and want ~= pg:backend() then
       fail("ENOTSUP: new_group: backend '%s' differs from the default group's '%s' (crun builds sub-groups on the "
            .. "default group's backend)", opts.backend, pg:backend())
