@@ -249,6 +249,33 @@ describe("crun.dist arguments", function()
     end
   end)
 
+  -- torch's positional timeout and backend after the rank lists (and after
+  -- new_subgroups' unused group) were dropped: the groups got the default
+  -- timeout and any backend was taken
+  it("new_subgroups and new_subgroups_by_enumeration take torch's positional timeout and backend", function()
+    local mismatch = "ENOTSUP: new_group: backend 'mpi' differs from the default group's 'cpu' (crun builds "
+                     .. "sub-groups on the default group's backend)"
+    for _, c in ipairs{
+      {"by_enumeration", function(...) return dist.new_subgroups_by_enumeration({{0}}, ...) end},
+      {"new_subgroups", function(...) return dist.new_subgroups(1, nil, ...) end},
+    } do
+      local ok, err = pcall(c[2], 12.5, "mpi")
+      assert.is_false(ok, c[1])
+      assert.equal(mismatch, err)
+      local g = c[2](12.5, "gloo")
+      assert.equal(12.5, g:timeout(), c[1])
+    end
+    local ok, err = pcall(dist.new_subgroups, {timeout = 3}, nil, 5)
+    assert.is_false(ok)
+    assert.equal("EINVAL: new_subgroups: arguments after the options table (pass one table {timeout=, backend=} or "
+                 .. "torch's positional group_size, group, timeout, backend)", err)
+    ok, err = pcall(dist.new_subgroups, 1, {timeout = 3}, 5)
+    assert.is_false(ok)
+    assert.equal("EINVAL: new_subgroups: argument #2 must be an options table {timeout=, backend=} with nothing "
+                 .. "after it, or nil (torch's positional group, which it does not use), got table", err)
+    assert.equal(3, dist.new_subgroups(1, {timeout = 3}):timeout())
+  end)
+
   it("still takes a real group and the default one", function()
     local g = dist.new_group{0}
     local t = T.ones{2}

@@ -312,7 +312,9 @@ end
 --- new_subgroups_by_enumeration(list_of_rank_lists[, opts]) -> this rank's
 -- subgroup (NON_GROUP_MEMBER when in none), and every subgroup (this rank's
 -- entries hold its group, the others NON_GROUP_MEMBER), as torch returns them.
-function dist.new_subgroups_by_enumeration(lists, opts)
+-- torch's positional (lists, timeout, backend, pg_options) works too: what
+-- follows the lists is new_group's.
+function dist.new_subgroups_by_enumeration(lists, ...)
   if type(lists) ~= "table" or #lists == 0 then
     fail("EINVAL: new_subgroups_by_enumeration: a non-empty list of rank lists is expected")
   end
@@ -325,7 +327,7 @@ function dist.new_subgroups_by_enumeration(lists, opts)
     end
   end
   for i, ranks in ipairs(lists) do
-    local g = dist.new_group(ranks, opts)
+    local g = dist.new_group(ranks, ...)
     all[i] = g
     if g ~= NON_MEMBER then mine = g end
   end
@@ -334,9 +336,17 @@ end
 
 --- new_subgroups([group_size][, opts]) -> this rank's subgroup and every
 -- subgroup: consecutive blocks of group_size ranks (default: LOCAL_WORLD_SIZE,
--- one subgroup per node); the world size must be a multiple of it.
-function dist.new_subgroups(group_size, opts)
-  if type(group_size) == "table" then group_size, opts = nil, group_size end
+-- one subgroup per node); the world size must be a multiple of it. torch's
+-- positional (group_size, group, timeout, backend, pg_options) works too, its
+-- unused group nil.
+function dist.new_subgroups(group_size, opts, ...)
+  if type(group_size) == "table" then
+    if opts ~= nil or select("#", ...) > 0 then
+      fail("EINVAL: new_subgroups: arguments after the options table (pass one table {timeout=, backend=} or "
+           .. "torch's positional group_size, group, timeout, backend)")
+    end
+    group_size, opts = nil, group_size
+  end
   local n = default_pg("new_subgroups"):size()
   group_size = group_size or env_int("LOCAL_WORLD_SIZE") or n
   if math.type(group_size) ~= "integer" or group_size < 1 or n % group_size ~= 0 then
@@ -348,6 +358,11 @@ function dist.new_subgroups(group_size, opts)
     local l = {}
     for r = b * group_size, (b + 1) * group_size - 1 do l[#l + 1] = r end
     lists[#lists + 1] = l
+  end
+  if opts == nil then return dist.new_subgroups_by_enumeration(lists, ...) end  -- torch's group=None
+  if type(opts) ~= "table" or select("#", ...) > 0 then
+    fail("EINVAL: new_subgroups: argument #2 must be an options table {timeout=, backend=} with nothing after it, or "
+         .. "nil (torch's positional group, which it does not use), got %s", type(opts))
   end
   return dist.new_subgroups_by_enumeration(lists, opts)
 end
