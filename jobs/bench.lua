@@ -219,7 +219,7 @@ local function main()
   if o.csv then
     out("collective,ranks,bytes,count,dtype,op,time_us,algbw_gbs,busbw_gbs\n")
   else
-    out("# crun bench: %s on %d ranks, backend %s, %s%s, %s\n", o.coll, n, dist.get_backend(), o.dtype,
+    out("# crun bench: %s on %d ranks, backend %s, %s%s, %s\n", o.coll, n, dist.group.WORLD:backend(), o.dtype,
         o.cuda and " on cuda" or "",
         (o.coll == "all_reduce" or o.coll:find("^reduce_scatter")) and o.op or "-")
     out("# %12s %12s %9s %7s %12s %12s %12s\n", "size(B)", "count", "type", "redop", "time(us)", "algbw(GB/s)", "busbw(GB/s)")

@@ -67,7 +67,7 @@ local me = {
   rank = rank,
   host = read_first_line("/proc/sys/kernel/hostname"),
   pid = crun.core.getpid and crun.core.getpid() or -1,
-  backend = dist.get_backend(),
+  backend = dist.group.WORLD:backend(),
   omp = os.getenv("OMP_NUM_THREADS") or "unset",
   store_us = store_us, ar_us = ar_us, barrier_us = barrier_us,
   problems = problems,

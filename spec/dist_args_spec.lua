@@ -164,6 +164,118 @@ describe("crun.dist arguments", function()
     assert.same({2.5, 2.5}, t:totable())
   end)
 
+  -- crun's form with the op left out puts the options table in the op's
+  -- place: a group or async_op after it (torch's positional places) was
+  -- dropped without a word (all_reduce(t, {group = g}, nil, true) returned
+  -- nothing, blocking); now EINVAL, as after an options table in the group's place
+  it("refuses a group or async_op after an options table in the op's or a split list's place", function()
+    local g = dist.new_group{0}
+    local after = "given after an options table (pass torch's positional group, async_op or one table {group=, "
+                  .. "async_op=})"
+    for _, c in ipairs{
+      {"all_reduce", "async_op", function() return dist.all_reduce(T.ones{2}, {group = g}, nil, true) end},
+      {"all_reduce", "async_op", function() return dist.all_reduce(T.ones{2}, {group = g}, nil, false) end},
+      {"all_reduce", "group", function() return dist.all_reduce(T.ones{2}, {async_op = true}, g) end},
+      {"reduce", "async_op", function() return dist.reduce(T.ones{2}, 0, {group = g}, nil, true) end},
+      {"reduce", "group", function() return dist.reduce(T.ones{2}, 0, {async_op = true}, g) end},
+      {"reduce_scatter", "async_op", function() return dist.reduce_scatter(T.zeros{2}, {T.ones{2}}, {group = g}, nil, true) end},
+      {"reduce_scatter_tensor", "async_op", function()
+        return dist.reduce_scatter_tensor(T.zeros{2}, T.ones{2}, {group = g}, nil, true) end},
+      {"reduce_scatter_tensor", "group", function()
+        return dist.reduce_scatter_tensor(T.zeros{2}, T.ones{2}, {async_op = true}, g) end},
+    } do
+      local ok, err = pcall(c[3])
+      assert.is_false(ok, c[1] .. " " .. c[2])
+      assert.equal("EINVAL: " .. c[1] .. ": " .. c[2] .. " " .. after, err)
+    end
+    -- all_to_all_single: the table in either split list's place
+    for _, c in ipairs{
+      {"input split sizes", function() return dist.all_to_all_single(T.zeros{2}, T.ones{2}, {async_op = true}, {2}) end},
+      {"async_op", function() return dist.all_to_all_single(T.zeros{2}, T.ones{2}, {group = g}, nil, nil, true) end},
+      {"group", function() return dist.all_to_all_single(T.zeros{2}, T.ones{2}, {async_op = true}, nil, g) end},
+      {"group", function() return dist.all_to_all_single(T.zeros{2}, T.ones{2}, nil, {async_op = true}, g) end},
+      {"async_op", function() return dist.all_to_all_single(T.zeros{2}, T.ones{2}, {2}, {group = g}, nil, true) end},
+    } do
+      local ok, err = pcall(c[2])
+      assert.is_false(ok, "all_to_all_single " .. c[1])
+      assert.equal("EINVAL: all_to_all_single: " .. c[1] .. " " .. after, err)
+    end
+    -- torch's positional forms still take them
+    local out = T.zeros{2}
+    local w = dist.all_to_all_single(out, T.new{-1.5, 2.25}, {2}, {2}, g, true)
+    assert.equal("crun.Work", getmetatable(w).__name)
+    w:wait()
+    assert.same({-1.5, 2.25}, out:totable())
+    dist.all_to_all_single(out, T.new{0.5, -3}, {group = g})
+    assert.same({0.5, -3}, out:totable())
+    dist.all_to_all_single(out, T.new{-0.25, 7}, {2}, {group = g})
+    assert.same({-0.25, 7}, out:totable())
+    local t = T.new{1.5, -2.25}
+    local w = dist.all_reduce(t, "max", g, true)
+    assert.equal("crun.Work", getmetatable(w).__name)
+    w:wait()
+    w = dist.reduce(t, 0, nil, g, true)
+    assert.equal("crun.Work", getmetatable(w).__name)
+    w:wait()
+    assert.same({1.5, -2.25}, t:totable())
+  end)
+
+  -- recv(t, opts) leaves src out: a group after that table was dropped
+  -- (the receive ran on the default group)
+  it("recv and irecv refuse a group after an options table in src's place", function()
+    local g = dist.new_group{0}
+    for _, f in ipairs{"recv", "irecv"} do
+      local ok, err = pcall(dist[f], T.zeros{2}, {tag = 3}, g)
+      assert.is_false(ok, f)
+      assert.equal("EINVAL: " .. f .. ": group given after an options table (pass torch's positional group, tag or "
+                   .. "one table {group=, tag=})", err)
+    end
+  end)
+
+  -- torch code checks get_backend() == "gloo" (or dist.Backend.GLOO); crun's
+  -- cpu backend answered "cpu", so such a check failed, and dist.Backend was nil
+  it("get_backend gives torch's name gloo for the cpu backend, and takes it back", function()
+    assert.equal("gloo", dist.get_backend())
+    assert.equal(dist.Backend.GLOO, dist.get_backend())
+    assert.equal("cpu", dist.group.WORLD:backend())
+    assert.equal("gloo", dist.Backend("GLOO"))
+    assert.equal("nccl", dist.Backend("nccl"))
+    local ok, err = pcall(dist.Backend, "cpu")
+    assert.is_false(ok)
+    assert.equal("EINVAL: Backend: unknown backend cpu (gloo, nccl, mpi or ucc, in any case)", err)
+    for _, b in ipairs{dist.Backend.GLOO, "GLOO", "cpu", "auto"} do
+      local g = dist.new_group({0}, {backend = b})
+      assert.equal("gloo", dist.get_backend(g), b)
+    end
+  end)
+
+  -- torch's positional timeout and backend after the rank lists (and after
+  -- new_subgroups' unused group) were dropped: the groups got the default
+  -- timeout and any backend was taken
+  it("new_subgroups and new_subgroups_by_enumeration take torch's positional timeout and backend", function()
+    local mismatch = "ENOTSUP: new_group: backend 'mpi' differs from the default group's 'cpu' (crun builds "
+                     .. "sub-groups on the default group's backend)"
+    for _, c in ipairs{
+      {"by_enumeration", function(...) return dist.new_subgroups_by_enumeration({{0}}, ...) end},
+      {"new_subgroups", function(...) return dist.new_subgroups(1, nil, ...) end},
+    } do
+      local ok, err = pcall(c[2], 12.5, "mpi")
+      assert.is_false(ok, c[1])
+      assert.equal(mismatch, err)
+      local g = c[2](12.5, "gloo")
+      assert.equal(12.5, g:timeout(), c[1])
+    end
+    local ok, err = pcall(dist.new_subgroups, {timeout = 3}, nil, 5)
+    assert.is_false(ok)
+    assert.equal("EINVAL: new_subgroups: arguments after the options table (pass one table {timeout=, backend=} or "
+                 .. "torch's positional group_size, group, timeout, backend)", err)
+    ok, err = pcall(dist.new_subgroups, 1, {timeout = 3}, 5)
+    assert.is_false(ok)
+    assert.equal("EINVAL: new_subgroups: argument #2 must be an options table {timeout=, backend=} with nothing "
+                 .. "after it, or nil (torch's positional group, which it does not use), got table", err)
+    assert.equal(3, dist.new_subgroups(1, {timeout = 3}):timeout())
+  end)
+
   it("still takes a real group and the default one", function()
     local g = dist.new_group{0}
     local t = T.ones{2}

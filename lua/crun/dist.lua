@@ -35,6 +35,8 @@ local MONITORED = O.spec{"group", "timeout", "wait_all_ranks"}
 
 -- torch's backend names -> crun's
 local BACKEND_ALIAS = {gloo = "cpu", ["cpu:gloo"] = "cpu", ["cpu:gloo,cuda:nccl"] = "auto"}
+-- crun's backend names -> torch's, as get_backend returns them
+local TORCH_BACKEND = {cpu = "gloo"}
 
 dist.ReduceOp = {SUM = "sum", PRODUCT = "product", MIN = "min", MAX = "max", AVG = "avg",
   BAND = "band", BOR = "bor", BXOR = "bxor", PREMUL_SUM = "premul_sum"}
@@ -59,6 +61,26 @@ local state = {pg = nil, store = nil, groups = {}, maps = setmetatable({}, {__mo
 
 -- Raises a status-prefixed error (no position: the text starts with the name).
 local function fail(fmt, ...) error(string.format(fmt, ...), 0) end
+
+-- crun's name for backend name b (torch's, any case, or crun's own).
+local function crun_backend(b)
+  if type(b) ~= "string" then return b end  -- the runtime names what it got
+  local l = b:lower()
+  return BACKEND_ALIAS[l] or l
+end
+
+--- dist.Backend: torch's names as fields (dist.Backend.GLOO == "gloo"), and
+-- dist.Backend(name) -> the lowercase name, as torch's Backend("GLOO").
+-- The names get_backend returns; init_process_group takes them and crun's.
+dist.Backend = setmetatable({UNDEFINED = "undefined", GLOO = "gloo", NCCL = "nccl", UCC = "ucc", MPI = "mpi"}, {
+  __call = function(B, name)
+    local v = type(name) == "string" and rawget(B, name:upper())
+    if not v or v == B.UNDEFINED then
+      fail("EINVAL: Backend: unknown backend %s (gloo, nccl, mpi or ucc, in any case)", tostring(name))
+    end
+    return v
+  end,
+})
 
 local function default_pg(fname)
   if not state.pg then
@@ -118,7 +140,7 @@ function dist.init_process_group(backend, opts)
   end
   local timeout = opts.timeout or 300
   local backend = opts.backend or os.getenv("CRUN_BACKEND") or "auto"
-  backend = BACKEND_ALIAS[backend] or backend
+  backend = crun_backend(backend)
   if backend == "auto" and core.have_mpi and (os.getenv("OMPI_COMM_WORLD_SIZE") or os.getenv("PMI_SIZE"))
      and not os.getenv("CRUN_LAUNCHER") then
     backend = "mpi"  -- as runtime/backend/backend.c decides it
@@ -206,7 +228,14 @@ function dist.get_world_size(group)
   return resolve(group, "get_world_size"):size()
 end
 
-function dist.get_backend(group) return resolve(group, "get_backend"):backend() end
+--- get_backend([group]) -> torch's name of the group's backend: "gloo" for
+-- crun's cpu backend (so torch's `get_backend() == "gloo"` and
+-- `== dist.Backend.GLOO` checks hold), "mpi" and "nccl" as they are. The
+-- group's own g:backend() gives crun's name ("cpu").
+function dist.get_backend(group)
+  local b = resolve(group, "get_backend"):backend()
+  return TORCH_BACKEND[b] or b
+end
 
 --- The default group's store (for users who need extra keys).
 function dist.get_store() default_pg("get_store"); return state.store end
@@ -253,7 +282,7 @@ function dist.new_group(ranks, ...)
   local pg = default_pg("new_group")
   local opts = O.check(NEW_GROUP, "new_group", new_group_opts(...))
   if opts.backend ~= nil then
-    local want = BACKEND_ALIAS[opts.backend] or opts.backend
+    local want = crun_backend(opts.backend)
     if want ~= "auto" and want ~= pg:backend() then
       fail("ENOTSUP: new_group: backend '%s' differs from the default group's '%s' (crun builds sub-groups on the "
            .. "default group's backend)", opts.backend, pg:backend())
@@ -283,7 +312,9 @@ end
 --- new_subgroups_by_enumeration(list_of_rank_lists[, opts]) -> this rank's
 -- subgroup (NON_GROUP_MEMBER when in none), and every subgroup (this rank's
 -- entries hold its group, the others NON_GROUP_MEMBER), as torch returns them.
-function dist.new_subgroups_by_enumeration(lists, opts)
+-- torch's positional (lists, timeout, backend, pg_options) works too: what
+-- follows the lists is new_group's.
+function dist.new_subgroups_by_enumeration(lists, ...)
   if type(lists) ~= "table" or #lists == 0 then
     fail("EINVAL: new_subgroups_by_enumeration: a non-empty list of rank lists is expected")
   end
@@ -296,7 +327,7 @@ function dist.new_subgroups_by_enumeration(lists, opts)
     end
   end
   for i, ranks in ipairs(lists) do
-    local g = dist.new_group(ranks, opts)
+    local g = dist.new_group(ranks, ...)
     all[i] = g
     if g ~= NON_MEMBER then mine = g end
   end
@@ -305,9 +336,17 @@ end
 
 --- new_subgroups([group_size][, opts]) -> this rank's subgroup and every
 -- subgroup: consecutive blocks of group_size ranks (default: LOCAL_WORLD_SIZE,
--- one subgroup per node); the world size must be a multiple of it.
-function dist.new_subgroups(group_size, opts)
-  if type(group_size) == "table" then group_size, opts = nil, group_size end
+-- one subgroup per node); the world size must be a multiple of it. torch's
+-- positional (group_size, group, timeout, backend, pg_options) works too, its
+-- unused group nil.
+function dist.new_subgroups(group_size, opts, ...)
+  if type(group_size) == "table" then
+    if opts ~= nil or select("#", ...) > 0 then
+      fail("EINVAL: new_subgroups: arguments after the options table (pass one table {timeout=, backend=} or "
+           .. "torch's positional group_size, group, timeout, backend)")
+    end
+    group_size, opts = nil, group_size
+  end
   local n = default_pg("new_subgroups"):size()
   group_size = group_size or env_int("LOCAL_WORLD_SIZE") or n
   if math.type(group_size) ~= "integer" or group_size < 1 or n % group_size ~= 0 then
@@ -319,6 +358,11 @@ function dist.new_subgroups(group_size, opts)
     local l = {}
     for r = b * group_size, (b + 1) * group_size - 1 do l[#l + 1] = r end
     lists[#lists + 1] = l
+  end
+  if opts == nil then return dist.new_subgroups_by_enumeration(lists, ...) end  -- torch's group=None
+  if type(opts) ~= "table" or select("#", ...) > 0 then
+    fail("EINVAL: new_subgroups: argument #2 must be an options table {timeout=, backend=} with nothing after it, or "
+         .. "nil (torch's positional group, which it does not use), got %s", type(opts))
   end
   return dist.new_subgroups_by_enumeration(lists, opts)
 end
@@ -373,11 +417,17 @@ end
 -- the options table {group =, [name] =}, nil there being torch's None (the
 -- default group); anything else is the options as given, with nothing after
 -- them (EINVAL naming fname).
+-- Raises EINVAL for an argument (`what`) after fname's options table, where
+-- torch's positional group and `name` (async_op, tag) would go.
+local function after_table(fname, what, name)
+  fail("EINVAL: %s: %s given after an options table (pass torch's positional group, %s or one table {group=, %s=})",
+       fname, what, name, name)
+end
+
 local function group_form(opts, name, v, fname)
   if v == nil and type(opts) ~= "userdata" and opts ~= NON_MEMBER then return opts end
   if type(opts) == "table" and opts ~= NON_MEMBER then  -- {group=...}, true: which async_op was meant?
-    fail("EINVAL: %s: %s given after an options table (pass torch's positional group, %s or one table {group=, %s=})",
-         fname, name, name, name)
+    after_table(fname, name, name)
   end
   local o = {group = opts}  -- opts nil: torch's group=None, the default group
   if name then o[name] = v end  -- the object collectives take nothing after it
@@ -385,10 +435,17 @@ local function group_form(opts, name, v, fname)
 end
 local ASYNC, TAG = "async_op", "tag"
 
---- Parses (op, opts) where op may be left out; checks opts against spec.
-local function split_op(op, opts, spec, fname)
-  if type(op) == "table" then op, opts = nil, op end
-  return op, O.check(spec, fname, opts)
+--- Parses (op, group-or-opts, async_op), torch's positional form or crun's
+--- with the op left out and the options table in its place (then nothing may
+--- follow it: a group or async_op there would otherwise be dropped); checks
+--- the options against COLL.
+local function split_op(op, opts, async_op, fname)
+  if type(op) ~= "table" or op == NON_MEMBER then
+    return op, O.check(COLL, fname, group_form(opts, ASYNC, async_op, fname))
+  end
+  if opts ~= nil then after_table(fname, "group", ASYNC) end
+  if async_op ~= nil then after_table(fname, ASYNC, ASYNC) end
+  return nil, O.check(COLL, fname, op)
 end
 
 local function group_of(opts, fname)
@@ -398,8 +455,7 @@ local function group_of(opts, fname)
 end
 
 function dist.all_reduce(t, op, opts, async_op)
-  opts = group_form(opts, ASYNC, async_op, "all_reduce")
-  op, opts = split_op(op, opts, COLL, "all_reduce")
+  op, opts = split_op(op, opts, async_op, "all_reduce")
   local g = group_of(opts, "all_reduce")
   if g then return g:all_reduce(t, op, opts) end
 end
@@ -419,8 +475,7 @@ function dist.broadcast(t, src, opts, async_op)
 end
 
 function dist.reduce(t, dst, op, opts, async_op)
-  opts = group_form(opts, ASYNC, async_op, "reduce")
-  op, opts = split_op(op, opts, COLL, "reduce")
+  op, opts = split_op(op, opts, async_op, "reduce")
   local g = group_of(opts, "reduce")
   if g then return g:reduce(t, root_rank(g, dst, "reduce", "dst", t), op, opts) end
 end
@@ -456,7 +511,7 @@ end
 --- input tensor of world_size * out:numel() elements; rank r gets block r
 --- reduced over every rank (faults refused as all_gather_into_tensor's).
 function dist.reduce_scatter_tensor(out, input, op, opts, async_op)
-  op, opts = split_op(op, group_form(opts, ASYNC, async_op, "reduce_scatter_tensor"), COLL, "reduce_scatter_tensor")
+  op, opts = split_op(op, opts, async_op, "reduce_scatter_tensor")
   local g = group_of(opts, "reduce_scatter_tensor")
   if g then return g:reduce_scatter_tensor(out, input, op, opts) end
 end
@@ -474,7 +529,7 @@ function dist.scatter(t, list, src, opts, async_op)
 end
 
 function dist.reduce_scatter(out, list, op, opts, async_op)
-  op, opts = split_op(op, group_form(opts, ASYNC, async_op, "reduce_scatter"), COLL, "reduce_scatter")
+  op, opts = split_op(op, opts, async_op, "reduce_scatter")
   local g = group_of(opts, "reduce_scatter")
   if g then return g:reduce_scatter(out, list, op, opts) end
 end
@@ -483,6 +538,28 @@ function dist.all_to_all(outs, ins, opts, async_op)
   opts = O.check(COLL, "all_to_all", group_form(opts, ASYNC, async_op, "all_to_all"))
   local g = group_of(opts, "all_to_all")
   if g then return g:all_to_all(outs, ins, opts) end
+end
+
+-- Whether v is an options table rather than a split list (a table with keys
+-- and no list part).
+local function is_opts(v) return type(v) == "table" and #v == 0 and next(v) ~= nil end
+
+-- all_to_all_single's (out_splits, in_splits, opts) from its arguments after
+-- the tensors: an options table may stand in either split list's place, and
+-- then nothing may follow it (a split list, group or async_op there would
+-- otherwise be dropped).
+local function a2a_args(out_splits, in_splits, opts, async_op)
+  local fname = "all_to_all_single"
+  if is_opts(out_splits) then
+    if in_splits ~= nil then after_table(fname, "input split sizes", ASYNC) end
+    out_splits, in_splits = nil, out_splits
+  end
+  if is_opts(in_splits) then
+    if opts ~= nil then after_table(fname, "group", ASYNC) end
+    if async_op ~= nil then after_table(fname, ASYNC, ASYNC) end
+    return out_splits, nil, in_splits
+  end
+  return out_splits, in_splits, group_form(opts, ASYNC, async_op, fname)
 end
 
 --- all_to_all_single(output, input[, output_split_sizes][, input_split_sizes][, opts]):
@@ -495,13 +572,7 @@ end
 -- leave the others waiting). With async_op the Work's result() is {output},
 -- as torch's.
 function dist.all_to_all_single(output, input, out_splits, in_splits, opts, async_op)
-  opts = group_form(opts, ASYNC, async_op, "all_to_all_single")
-  if type(out_splits) == "table" and #out_splits == 0 and next(out_splits) ~= nil then
-    out_splits, in_splits, opts = nil, nil, out_splits
-  end
-  if opts == nil and type(in_splits) == "table" and #in_splits == 0 and next(in_splits) ~= nil then
-    in_splits, opts = nil, in_splits
-  end
+  out_splits, in_splits, opts = a2a_args(out_splits, in_splits, opts, async_op)
   opts = O.check(COLL, "all_to_all_single", opts)
   local g = group_of(opts, "all_to_all_single")
   if not g then return nil end
@@ -588,9 +659,18 @@ function dist.send(t, dst, opts, tag)
 end
 
 --- recv(t[, src][, opts{tag=, group=}]) -> the sender's global rank
+-- recv's and irecv's (src, opts) from (src, opts, tag): src may be left out,
+-- an options table in its place, and then nothing may follow it.
+local function recv_args(src, opts, tag, fname)
+  if type(src) ~= "table" then return src, group_form(opts, TAG, tag, fname) end
+  if opts ~= nil then after_table(fname, "group", TAG) end
+  if tag ~= nil then after_table(fname, TAG, TAG) end
+  return nil, src
+end
+
 function dist.recv(t, src, opts, tag)
-  if type(src) == "table" then src, opts = nil, src end
-  opts = O.check(P2P, "recv", group_form(opts, TAG, tag, "recv"))
+  src, opts = recv_args(src, opts, tag, "recv")
+  opts = O.check(P2P, "recv", opts)
   local g = group_of(opts, "recv")
   if not g then return -1 end
   local from = g:recv(t, src and to_group_rank(g, src, "recv"), opts)
@@ -610,8 +690,8 @@ function dist.isend(t, dst, opts, tag)
   return dist.send(t, dst, with_async(O.check(P2P, "isend", group_form(opts, TAG, tag, "isend"))))
 end
 function dist.irecv(t, src, opts, tag)
-  if type(src) == "table" then src, opts = nil, src end
-  opts = O.check(P2P, "irecv", group_form(opts, TAG, tag, "irecv"))
+  src, opts = recv_args(src, opts, tag, "irecv")
+  opts = O.check(P2P, "irecv", opts)
   local g = group_of(opts, "irecv")
   if g then return g:recv(t, src and to_group_rank(g, src, "irecv"), with_async(opts)) end
 end

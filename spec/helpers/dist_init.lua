@@ -36,7 +36,7 @@ end)
 case("env", function()
   dist.init_process_group{}
   assert(dist.is_initialized() and dist.get_rank() == rank and dist.get_world_size() == size)
-  assert(dist.get_backend() == "cpu")
+  assert(dist.get_backend() == "gloo" and dist.group.WORLD:backend() == "cpu")
   sum_check()
   expect_error("^ESTATE: init_process_group: already initialized", dist.init_process_group, {})
   dist.destroy_process_group()

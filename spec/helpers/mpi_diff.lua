@@ -120,7 +120,7 @@ for trial = 1, trials do
     movement(seed, n, dtype)
   end
 end
-local backend = dist.get_backend()
+local backend = dist.group.WORLD:backend()
 dist.barrier()
 os.execute("mkdir -p '" .. outdir .. "/" .. backend .. "'")
 S.save(outdir .. "/" .. backend .. "/rank" .. rank .. ".bin", {order = order, results = results})

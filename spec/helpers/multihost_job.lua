@@ -40,7 +40,7 @@ end
 
 local function check()
   print(string.format("rank %d of %d on %s (local %s, backend %s)", r, n, hostname(),
-                      os.getenv("LOCAL_RANK") or os.getenv("OMPI_COMM_WORLD_LOCAL_RANK"), dist.get_backend()))
+                      os.getenv("LOCAL_RANK") or os.getenv("OMPI_COMM_WORLD_LOCAL_RANK"), dist.group.WORLD:backend()))
   local cases = 0
   -- counts cross the shm chunk (512 KiB), the hierarchical split (64 KiB) and TCP's pieces
   for _, job in ipairs({{"sum", "int64", 70001}, {"sum", "float64", 262147}, {"max", "float32", 1},
