@@ -11,9 +11,9 @@
 -- separate lua5.4 processes connecting to 127.0.0.1, so every op crosses a
 -- socket: crun's same-host clients use the server's unix socket
 -- (CRUN_STORE_UNIX=0 in the environment forces loopback TCP, as torch uses).
--- torch 1.13's set sends without waiting for a reply; crun's set waits for
--- its acknowledgement (a round trip), unless CRUN_STORE_ASYNC_SET=1 in the
--- environment gives it torch's semantics (the title then says so). Values: 16 B.
+-- torch 1.13's set sends without waiting for a reply, and so does crun's by
+-- default; CRUN_STORE_ASYNC_SET=0 in the environment makes each crun set wait
+-- for its acknowledgement (a round trip; the title then says so). Values: 16 B.
 --
 --   lua5.4 jobs/store_bench.lua [--lat-ops 10000] [--clients 8] [--tput-ops 5000]
 --                               [--torch-csv FILE] [--out FILE]
@@ -170,7 +170,7 @@ local function main()
   local function f(v, fmt) return v and string.format(fmt, v) or "-" end
   print(string.format("crun TCP store (%s%s) vs torch TCPStore (127.0.0.1, value 16 B; us = microseconds)",
                       os.getenv("CRUN_STORE_UNIX") == "0" and "loopback TCP" or "unix socket",
-                      os.getenv("CRUN_STORE_ASYNC_SET") == "1" and ", async_set: set does not wait" or ""))
+                      os.getenv("CRUN_STORE_ASYNC_SET") == "0" and ", acknowledged sets: each set waits" or ""))
   print(string.format("%-18s %7s %8s | %9s %9s | %9s %9s | %11s %11s %7s", "test", "clients",
                       "ops/cli", "crun med", "torch med", "crun p99", "torch p99", "crun ops/s",
                       "torch ops/s", "speedup"))

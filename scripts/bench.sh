@@ -49,10 +49,13 @@ for s in $SECTIONS; do
     OUT=$WORK/lat ANCHORS=$WORK/anchors-coll bash bench/lat_rounds.sh "$BUILD" "${LAT_ROUNDS:-7}" | tee "$WORK/coll_lat.txt" ;;
   store)
     $PY "$ANCHORS/store/store_bench.py" --out "$WORK/store_torch.csv" > "$WORK/store_torch.txt" 2>&1
-    for u in 1 0; do
-      CRUN_STORE_UNIX=$u LUA_PATH="$BUILD/lua/?.lua;$BUILD/lua/?/init.lua;;" LUA_CPATH="$BUILD/lua/?.so;;" \
-        lua5.4 jobs/store_bench.lua --torch-csv "$WORK/store_torch.csv" --out "$WORK/store_crun_unix$u.csv" \
-        | tee "$WORK/store_unix$u.txt"
+    # the default (set returns once sent, as torch's), then acknowledged sets (CRUN_STORE_ASYNC_SET=0)
+    for a in 1 0; do
+      for u in 1 0; do
+        CRUN_STORE_ASYNC_SET=$a CRUN_STORE_UNIX=$u LUA_PATH="$BUILD/lua/?.lua;$BUILD/lua/?/init.lua;;" \
+          LUA_CPATH="$BUILD/lua/?.so;;" lua5.4 jobs/store_bench.lua --torch-csv "$WORK/store_torch.csv" \
+          --out "$WORK/store_crun_unix$u${a/1/}.csv" | tee "$WORK/store_unix$u${a/1/}.txt"
+      done
     done
     # the floor of any acknowledged request/reply store here (bench/store_floor.c)
     if cc -O2 -o "$WORK/store_floor" bench/store_floor.c -lpthread; then
@@ -130,7 +133,14 @@ if "store" in sections:
                 tt = float(torch["throughput_setget"]["agg_ops_per_s"])
                 floor = (f"; the floor here, a bare C echo server (bench/store_floor.c, 8 clients): "
                          f"{max(fl) / 1e3:.0f}k round trips/s = {max(fl) / tt:.1f}x torch")
-        target(f"store 8-client set+get >= 4x torch ({name})", t >= 4, f"{t:.1f}x{floor}")
+        acked = ""
+        pa = f"{work}/store_crun_unix{u}0.csv"
+        if os.path.exists(pa):
+            ca = {r["test"]: r for r in csv.DictReader(open(pa))}
+            ta = float(ca["throughput_setget"]["agg_ops_per_s"]) / float(torch["throughput_setget"]["agg_ops_per_s"])
+            acked = f"; with acknowledged sets (CRUN_STORE_ASYNC_SET=0, not torch's semantics) {ta:.1f}x"
+        target(f"store 8-client set+get >= 4x torch ({name}; set as torch's, not waiting)", t >= 4,
+               f"{t:.1f}x{acked}{floor}")
 if "launch" in sections and os.path.exists(f"{work}/launch/launch.json"):
     res = json.load(open(f"{work}/launch/launch.json"))["results"]
     ms = res[0]["median"] * 1e3
