@@ -881,7 +881,10 @@ void crun_store_flush_sets(void) {
   if (!__atomic_load_n(&g_async.unacked, __ATOMIC_RELAXED)) return;
   pthread_mutex_lock(&g_async.mu);
   for (tcp_store_t *t = g_async.head; t; t = t->next) {
-    pthread_mutex_lock(&t->mu);
+    /* A handle busy in another thread's call is skipped: a request reads its
+     * handle's acknowledgements before it is sent, and waiting here for a
+     * parked get could wait on a key that a peer sets only after the barrier. */
+    if (pthread_mutex_trylock(&t->mu) != 0) continue;
     int rc = t->unacked && !t->late_rc ? note_lost(t, drain_acks(t, deadline_now(&t->base))) : 0;
     if (rc < 0) t->late_rc = rc, snprintf(t->late_msg, sizeof t->late_msg, "%s", crun_last_error());
     pthread_mutex_unlock(&t->mu);

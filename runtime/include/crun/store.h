@@ -87,7 +87,9 @@ int crun_store_tcp_new(const crun_store_tcp_opts_t *opts, crun_store_t **out);
 /* Waits until the server applied every set that this process's TCP store
  * clients sent without waiting (async_set), each within its handle's
  * timeout; returns at once when there are none. A failure is kept for that
- * handle's next call (which reports it and is not run), not returned here. */
+ * handle's next call (which reports it and is not run), not returned here.
+ * A handle that another thread is using at that moment is skipped (its
+ * call reads the acknowledgements before its own request). */
 void crun_store_flush_sets(void);
 
 /* Returns the port a TCP store is connected to (the picked one for port 0);
