@@ -248,6 +248,43 @@ describe("the mpi backend", function()
     end
   end)
 
+  -- each group takes two of MPI's communicator ids (about 65000 per process):
+  -- past them, new_group crashed inside Open MPI (mca_pml_ob1_isend, at about
+  -- 32700 groups). A limit (CRUN_MPI_MAX_GROUPS, 5 here; the default group is
+  -- one) refuses a creation on every member, naming the rank that is full.
+  it("refuses a new group on every member when one of them holds CRUN_MPI_MAX_GROUPS groups", function()
+    local dir = run.tmpdir()
+    C.write(dir .. "/job.lua", [[
+      local crun = require "crun"
+      local dist, T = crun.dist, crun.tensor
+      dist.init_process_group{timeout = 20}
+      local r = dist.get_rank()
+      local o = assert(io.open(arg[1] .. "/rank" .. r .. ".txt", "w"))
+      local keep = {}
+      for i = 1, 4 do keep[i] = dist.new_group({0, 2}) end
+      local ok, err = pcall(dist.new_group, {0, 1})
+      o:write(ok and "ok" or tostring(err), "\n")
+      local x = T.full({2}, -r - 1)
+      ok, err = pcall(dist.all_reduce, x)
+      o:write(ok and tostring(x[2]) or tostring(err), "\n")
+      o:close()
+      dist.destroy_process_group()
+    ]])
+    local code, out = mpi.run(3, dir .. "/job.lua", dir, {limit = 60, env = {CRUN_MPI_MAX_GROUPS = "5"}})
+    for r = 0, 2 do
+      local l1, l2 = run.text(dir, r):match("^([^\n]*)\n([^\n]*)$")
+      if r == 2 then assert.are.equal("ok", l1, out)
+      else
+        assert.is_truthy(l1 and l1:match("^ERANGE: creating group '[^']*' %(backend mpi%) on rank " .. r ..
+                         ": the limit of 5 MPI groups per process is reached on rank 0 %(CRUN_MPI_MAX_GROUPS"),
+                         "rank " .. r .. ": " .. tostring(l1) .. "\n" .. out)
+      end
+      assert.are.equal("-6.0", l2, "rank " .. r .. "\n" .. out)
+    end
+    assert.are.equal(0, code, out)
+    run.cleanup(dir)
+  end)
+
   it("times out naming the late rank and where every rank is; the late rank fails too", function()
     local res, out = scenario("timeout")
     for r = 0, 1 do

@@ -61,24 +61,56 @@ static int join_timeout(const crun_pg_t *pg, MPI_Request *recvs, double timeout)
                     pg->prefix, pg->rank, who, timeout);
 }
 
-/* Compares the members' join messages with ours. */
-static int join_compare(const crun_pg_t *pg, const int64_t *mine, const int64_t *theirs) {
-  for (int i = 0; i < pg->size; i++) {
-    const int64_t *t = theirs + 3 * i;
-    if (i == pg->rank || (t[0] == mine[0] && t[1] == mine[1] && t[2] == mine[2])) continue;
-    return crun_error(CRUN_EMISMATCH, "creating group '%s' (backend mpi) on rank %d: rank %d is creating another "
-                      "group (%lld ranks) at the same time; every rank must create the same groups, with the "
-                      "same rank lists, in the same order", pg->prefix, pg->rank, i, (long long)t[2]);
-  }
-  return 0;
+/* Groups of this process whose communicators are not freed (alive, or
+ * destroyed and retired). Each holds two of MPI's communicator context ids,
+ * which run out (Open MPI 4: about 65000 per process, and a creation past
+ * them crashed in MPI); so creating a group is refused on every member once
+ * one of them holds max_groups(). */
+static atomic_int g_groups;
+
+/* CRUN_MPI_MAX_GROUPS, default 32000 (64000 communicators). */
+static int max_groups(void) {
+  long m = crun_env_int("CRUN_MPI_MAX_GROUPS", 32000);
+  return m < 1 ? 1 : m > 32000 ? 32000 : (int)m;
 }
 
-/* Every member sends (group id, hash of the rank list, size) to every other
- * and waits for theirs until the group's timeout. */
+/* The ERANGE of a creation refused because `who` (group ranks) hold max_groups(). */
+static int no_room(const crun_pg_t *pg, const char *who) {
+  return crun_error(CRUN_ERANGE, "creating group '%s' (backend mpi) on rank %d: the limit of %d MPI groups per "
+                    "process is reached on %s (CRUN_MPI_MAX_GROUPS; each group takes two of MPI's communicator "
+                    "ids, about 65000 per process); destroy the groups no longer used", pg->prefix, pg->rank,
+                    max_groups(), who);
+}
+
+/* Join message words: group id, hash of the rank list, size, room (1 when
+ * the sender may create one more group). */
+enum { JOIN_ID, JOIN_HASH, JOIN_SIZE, JOIN_ROOM, JOIN_WORDS };
+
+/* Compares the members' join messages with ours, then their room. */
+static int join_compare(const crun_pg_t *pg, const int64_t *mine, const int64_t *theirs) {
+  for (int i = 0; i < pg->size; i++) {
+    const int64_t *t = theirs + JOIN_WORDS * i;
+    if (i == pg->rank || (t[JOIN_ID] == mine[JOIN_ID] && t[JOIN_HASH] == mine[JOIN_HASH] &&
+                          t[JOIN_SIZE] == mine[JOIN_SIZE])) continue;
+    return crun_error(CRUN_EMISMATCH, "creating group '%s' (backend mpi) on rank %d: rank %d is creating another "
+                      "group (%lld ranks) at the same time; every rank must create the same groups, with the "
+                      "same rank lists, in the same order", pg->prefix, pg->rank, i, (long long)t[JOIN_SIZE]);
+  }
+  int *full = malloc(sizeof(int) * (size_t)pg->size), n = 0;
+  for (int i = 0; full && i < pg->size; i++)
+    if (!(i == pg->rank ? mine : theirs + JOIN_WORDS * i)[JOIN_ROOM]) full[n++] = i;
+  char who[256] = "some ranks";
+  if (full && n) crun__ranks_text(who, sizeof who, full, n);
+  free(full);
+  return full && !n ? 0 : no_room(pg, who);
+}
+
+/* Every member sends (group id, hash of the rank list, size, room) to every
+ * other and waits for theirs until the group's timeout. */
 static int join_members(const crun_pg_t *pg, MPI_Comm join) {
-  int n = pg->size, rc = 0;
-  if (n < 2) return 0;
-  int64_t *mine = malloc(sizeof(int64_t) * 3), *theirs = malloc(sizeof(int64_t) * 3 * (size_t)n);
+  int n = pg->size, rc = 0, room = atomic_load(&g_groups) < max_groups();
+  if (n < 2) return room ? 0 : no_room(pg, "this rank");
+  int64_t *mine = malloc(sizeof(int64_t) * JOIN_WORDS), *theirs = malloc(sizeof(int64_t) * JOIN_WORDS * (size_t)n);
   MPI_Request *reqs = malloc(sizeof(MPI_Request) * 2 * (size_t)n);
   if (!mine || !theirs || !reqs) {
     free(mine), free(theirs), free(reqs);
@@ -86,12 +118,12 @@ static int join_members(const crun_pg_t *pg, MPI_Comm join) {
   }
   uint64_t h = 1469598103934665603ull;
   for (int i = 0; i < n; i++) h = (h ^ (uint64_t)pg->global[i]) * 1099511628211ull;
-  mine[0] = pg->group_id, mine[1] = (int64_t)h, mine[2] = n;
+  mine[JOIN_ID] = pg->group_id, mine[JOIN_HASH] = (int64_t)h, mine[JOIN_SIZE] = n, mine[JOIN_ROOM] = room;
   for (int i = 0; i < 2 * n; i++) reqs[i] = MPI_REQUEST_NULL;
   for (int i = 0; i < n; i++) {
     if (i == pg->rank) continue;
-    MPI_Irecv(theirs + 3 * i, 3, MPI_INT64_T, pg->global[i], CRUN__MPI_TAG_JOIN, join, &reqs[i]);
-    MPI_Isend(mine, 3, MPI_INT64_T, pg->global[i], CRUN__MPI_TAG_JOIN, join, &reqs[n + i]);
+    MPI_Irecv(theirs + JOIN_WORDS * i, JOIN_WORDS, MPI_INT64_T, pg->global[i], CRUN__MPI_TAG_JOIN, join, &reqs[i]);
+    MPI_Isend(mine, JOIN_WORDS, MPI_INT64_T, pg->global[i], CRUN__MPI_TAG_JOIN, join, &reqs[n + i]);
   }
   rc = crun__mpi_wait(NULL, reqs, 2 * n, 0, crun_clock() + pg->timeout, "group handshake");
   if (rc == 1) rc = join_timeout(pg, reqs, pg->timeout);
@@ -99,7 +131,7 @@ static int join_members(const crun_pg_t *pg, MPI_Comm join) {
   int sends_done = 1;
   for (int i = n; i < 2 * n; i++)
     if (reqs[i] != MPI_REQUEST_NULL) MPI_Request_free(&reqs[i]), sends_done = 0;
-  if (sends_done) free(mine); /* else MPI may still read it: leak 24 bytes */
+  if (sends_done) free(mine); /* else MPI may still read it: leak 32 bytes */
   free(theirs);
   free(reqs);
   return rc;
@@ -156,6 +188,8 @@ static int mpi_create(crun_pg_t *pg, void **state) {
   crun__mpi_t *b = state_new(pg);
   if (!b) return crun_error(CRUN_ENOMEM, "mpi backend state");
   crun__mpi_watch_add(&b->watch);
+  atomic_fetch_add(&g_groups, 1);
+  b->counted = 1;
   int rc = make_comms(b, world);
   if (rc < 0) {
     mpi_destroy(b);
@@ -246,6 +280,7 @@ typedef struct retired {
   MPI_Request *reqs;         /* sends still pending: 2 x nreqs, abort notices then signatures */
   int nreqs;
   void *bufs[2];             /* what they read (abort notice, signatures): freed once they completed */
+  int counted;               /* holds one of g_groups */
   struct retired *next;
 } retired_t;
 
@@ -289,6 +324,7 @@ static void retire(crun__mpi_t *b) {
   if (!r) return; /* out of memory: mpi_destroy frees them as it used to (strays may then reach a later group) */
   r->comm = b->comm, r->ctrl = b->ctrl;
   b->comm = b->ctrl = MPI_COMM_NULL;
+  r->counted = b->counted, b->counted = 0;
   keep_pending(r, b);
   pthread_mutex_lock(&g_retired_lock);
   r->next = g_retired, g_retired = r;
@@ -306,6 +342,7 @@ static void mpi_destroy(void *state) {
   if (alive && b->comm != MPI_COMM_NULL && b->size > 1) retire(b);
   if (alive && b->ctrl != MPI_COMM_NULL) MPI_Comm_free(&b->ctrl); /* one rank: nothing can be in flight */
   if (alive && b->comm != MPI_COMM_NULL) MPI_Comm_free(&b->comm);
+  if (b->counted) atomic_fetch_sub(&g_groups, 1);
   free(b->abort_msg), free(b->abort_reqs);
   free(b->stage[0]), free(b->stage[1]);
   free(b->sig_out), free(b->sig_in), free(b->reqs);

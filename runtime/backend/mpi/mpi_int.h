@@ -57,6 +57,7 @@ typedef struct crun__mpi {
   char *abort_msg;               /* our own notice, kept while its sends are pending */
   MPI_Request *abort_reqs;
   crun__mpi_send_t *sends;       /* buffered sends in flight */
+  int counted;                   /* holds one of group.c's count of groups */
   crun__mpi_watch_t watch;
 } crun__mpi_t;
 
