@@ -285,6 +285,57 @@ describe("the mpi backend", function()
     run.cleanup(dir)
   end)
 
+  -- a destroyed group's communicators were retired for good (two context ids
+  -- each), so a loop of new_group + destroy hit the limit (Open MPI's crash
+  -- before it); they are freed once every member left and nothing is in
+  -- flight. Each group leaves a send its peer never receives: a communicator
+  -- reused too early would hand it to a later group's recv (same tag).
+  it("frees destroyed groups, so new_group + destroy in a loop never runs out (CRUN_MPI_MAX_GROUPS=6)", function()
+    local dir = run.tmpdir()
+    C.write(dir .. "/job.lua", [[
+      local crun = require "crun"
+      local dist, T = crun.dist, crun.tensor
+      dist.init_process_group{timeout = 20}
+      local r = dist.get_rank()
+      local o = assert(io.open(arg[1] .. "/rank" .. r .. ".txt", "w"))
+      local lists, good, bad = {{0, 1, 2}, {0, 1}, {1, 2}}, 0, nil
+      for i = 1, 150 do
+        local list = lists[i % 3 + 1]
+        local ok, g = pcall(dist.new_group, list)
+        if not ok then bad = bad or ("new_group " .. i .. ": " .. tostring(g)) end
+        if ok and g ~= dist.GroupMember.NON_GROUP_MEMBER then
+          local x, want = T.full({3}, -(r + 1) * i), 0
+          for _, m in ipairs(list) do want = want - (m + 1) * i end
+          dist.all_reduce(x, "sum", g)
+          local a, b = list[1], list[2]
+          local y = T.zeros({4})
+          if r == a then
+            dist.send(T.full({4}, -i), b, {group = g, tag = 7})
+            dist.send(T.full({4}, -i - 0.5), b, {group = g, tag = 7})   -- never received
+          elseif r == b then
+            dist.recv(y, a, {group = g, tag = 7})
+          end
+          if x[3] ~= want or (r == b and y[4] ~= -i) then
+            bad = bad or string.format("group %d: sum %g (want %d), recv %g", i, x[3], want, y[4])
+          end
+          dist.destroy_process_group(g)
+          good = good + 1
+        end
+      end
+      local x = T.full({2}, -r - 1)
+      local ok, err = pcall(dist.all_reduce, x)
+      o:write(bad or ("ok " .. good), "\n", ok and tostring(x[2]) or tostring(err), "\n")
+      o:close()
+      dist.destroy_process_group()
+    ]])
+    local code, out = mpi.run(3, dir .. "/job.lua", dir, {limit = 90, env = {CRUN_MPI_MAX_GROUPS = "6"}})
+    for r = 0, 2 do
+      assert.are.equal(string.format("ok %d\n-6.0", r == 1 and 150 or 100), run.text(dir, r), "rank " .. r .. "\n" .. out)
+    end
+    assert.are.equal(0, code, out)
+    run.cleanup(dir)
+  end)
+
   it("times out naming the late rank and where every rank is; the late rank fails too", function()
     local res, out = scenario("timeout")
     for r = 0, 1 do

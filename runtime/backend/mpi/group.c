@@ -178,12 +178,14 @@ static crun__mpi_t *state_new(crun_pg_t *pg) {
 }
 
 static void mpi_destroy(void *state);
+static void reclaim(void);
 
 static int mpi_create(crun_pg_t *pg, void **state) {
   MPI_Comm world, join;
   CRUN_CHECK(check_launch(pg));
   CRUN_CHECK(crun__mpi_up(&world, &join));
   CRUN_CHECK(check_world(pg, world));
+  reclaim();
   CRUN_CHECK(join_members(pg, join));
   crun__mpi_t *b = state_new(pg);
   if (!b) return crun_error(CRUN_ENOMEM, "mpi backend state");
@@ -228,15 +230,21 @@ int crun__mpi_poll_left(crun__mpi_t *b, int p, const char *desc) {
   return crun_error(CRUN_EPEERDIED, "%s on rank %d: rank %d destroyed the group and will not join", desc, b->rank, p);
 }
 
-/* Tells every peer that this rank destroyed the group (one empty message on
- * ctrl each, never received: peers waiting for this rank's signature probe
- * for it), so they fail at once instead of at their deadline. */
+/* Tells every peer that this rank destroyed the group: one empty message on
+ * ctrl each (a live peer waiting for this rank's signature probes for it, so
+ * it fails at once instead of at its deadline) and one on comm (tag
+ * crun__mpi_tag_ub, which user messages cannot use). Each is the last this
+ * rank sends on its communicator: a peer that retired the group too and has
+ * received both from every rank knows that nothing more will come
+ * (sweep_retired). */
 static void notify_left(crun__mpi_t *b) {
   static const char none = 0;   /* the sends may outlive the group */
+  int ub = crun__mpi_tag_ub(b->comm);
   for (int p = 0; p < b->size; p++) {
-    MPI_Request r = MPI_REQUEST_NULL;
-    if (p != b->rank && MPI_Isend(&none, 0, MPI_CHAR, p, CRUN__MPI_TAG_LEFT, b->ctrl, &r) == MPI_SUCCESS)
-      MPI_Request_free(&r);
+    MPI_Request r = MPI_REQUEST_NULL, q = MPI_REQUEST_NULL;
+    if (p == b->rank) continue;
+    if (MPI_Isend(&none, 0, MPI_CHAR, p, CRUN__MPI_TAG_LEFT, b->ctrl, &r) == MPI_SUCCESS) MPI_Request_free(&r);
+    if (MPI_Isend(&none, 0, MPI_CHAR, p, ub, b->comm, &q) == MPI_SUCCESS) MPI_Request_free(&q);
   }
 }
 
@@ -264,19 +272,23 @@ static int mpi_abort_reaches(void *state, const crun__coll_t *c) {
   return state != NULL;
 }
 
-/* A destroyed group's communicators and its abort notice still in flight.
- * MPI cannot take back a message its receiver never matched (a signature
- * sent before a peer refused the call, an abort notice, a "left" notice),
- * and Open MPI hands such a message, when it arrives after its communicator
- * was freed, to the next communicator given the same context id: a later
- * group then read the dead group's traffic as its own (EMISMATCH "rank 0
- * sent all_to_all #1") or, when it had fewer ranks, crashed in
- * MPI_Comm_dup (mca_pml_ob1_add_comm). So a group's communicators are never
- * freed: they are retired here until MPI_Finalize, and the stray messages
- * stay on them, unread. Each costs a context id (Open MPI 4 has about 65000
- * per process) and a little memory. */
+/* A destroyed group's communicators and its sends still in flight. MPI
+ * cannot take back a message its receiver never matched (a signature sent
+ * before a peer refused the call, an abort notice, a "left" notice, a user
+ * send never received), and Open MPI hands such a message, when it arrives
+ * after its communicator was freed, to the next communicator given the same
+ * context id: a later group then read the dead group's traffic as its own
+ * (EMISMATCH "rank 0 sent all_to_all #1") or, when it had fewer ranks,
+ * crashed in MPI_Comm_dup (mca_pml_ob1_add_comm). So a destroyed group's
+ * communicators are retired here: sweep_retired receives and drops whatever
+ * still arrives on them, and frees them once every peer's two "left"
+ * notices (notify_left: its last messages there) came and this rank's own
+ * sends completed. A group whose peers never destroy it stays retired until
+ * MPI_Finalize (holding a context id; see max_groups). */
 typedef struct retired {
   MPI_Comm comm, ctrl;
+  int size, rank, gone;      /* gone: peers whose both notices came */
+  unsigned char *seen;       /* seen[p]: 1 = p's notice on ctrl came, 2 = on comm, 3 = both */
   MPI_Request *reqs;         /* sends still pending: 2 x nreqs, abort notices then signatures */
   int nreqs;
   void *bufs[2];             /* what they read (abort notice, signatures): freed once they completed */
@@ -287,16 +299,64 @@ typedef struct retired {
 static pthread_mutex_t g_retired_lock = PTHREAD_MUTEX_INITIALIZER;
 static retired_t *g_retired;
 
-/* Frees the buffers of retired groups whose sends have completed (callers
- * hold g_retired_lock). */
-static void sweep_retired(void) {
-  for (retired_t *r = g_retired; r; r = r->next) {
-    int done = 1;
-    if (!r->reqs || MPI_Testall(2 * r->nreqs, r->reqs, &done, MPI_STATUSES_IGNORE) != MPI_SUCCESS || !done)
-      continue;
-    free(r->bufs[0]), free(r->bufs[1]), free(r->reqs);
-    r->bufs[0] = r->bufs[1] = NULL, r->reqs = NULL;
+/* Receives and drops what arrived on a retired communicator (at most 64
+ * messages a call), noting the peers' "left" notices (tag `left`) in seen[]
+ * as `bit`. A message is received whole into scratch memory: Open MPI's
+ * shared-memory single copy writes a large message's full length even into
+ * a receive that truncates it (EFAULT into NULL). */
+static void drain(retired_t *r, MPI_Comm c, int left, unsigned char bit) {
+  for (int k = 0; k < 64; k++) {
+    int flag = 0, n = 0;
+    MPI_Message m;
+    MPI_Status st;
+    if (MPI_Improbe(MPI_ANY_SOURCE, MPI_ANY_TAG, c, &flag, &m, &st) != MPI_SUCCESS || !flag) return;
+    MPI_Get_count(&st, MPI_BYTE, &n);   /* MPI_UNDEFINED past 2^31-1 bytes */
+    void *scratch = n > 0 ? malloc((size_t)n) : NULL;
+    MPI_Mrecv(scratch, scratch ? n : 0, MPI_BYTE, &m, MPI_STATUS_IGNORE); /* no memory: truncated, best effort */
+    free(scratch);
+    int p = st.MPI_SOURCE;
+    if (st.MPI_TAG != left || p < 0 || p >= r->size || (r->seen[p] & bit)) continue;
+    r->seen[p] |= bit;
+    if (r->seen[p] == 3) r->gone++;
   }
+}
+
+/* Frees the buffers of retired r's sends once they completed; returns 1
+ * when none is pending. */
+static int sends_done(retired_t *r) {
+  int done = 1;
+  if (!r->reqs) return 1;
+  if (MPI_Testall(2 * r->nreqs, r->reqs, &done, MPI_STATUSES_IGNORE) != MPI_SUCCESS || !done) return 0;
+  free(r->bufs[0]), free(r->bufs[1]), free(r->reqs);
+  r->bufs[0] = r->bufs[1] = NULL, r->reqs = NULL;
+  return 1;
+}
+
+/* Drains every retired group and frees those every peer left whose sends
+ * completed (callers hold g_retired_lock; MPI is alive). */
+static void sweep_retired(void) {
+  for (retired_t **q = &g_retired; *q;) {
+    retired_t *r = *q;
+    drain(r, r->ctrl, CRUN__MPI_TAG_LEFT, 1);
+    drain(r, r->comm, crun__mpi_tag_ub(r->comm), 2);
+    if (!sends_done(r) || !r->seen || r->gone < r->size - 1) {
+      q = &r->next;
+      continue;
+    }
+    *q = r->next;
+    MPI_Comm_free(&r->ctrl);
+    MPI_Comm_free(&r->comm);
+    if (r->counted) atomic_fetch_sub(&g_groups, 1);
+    free(r->seen);
+    free(r);
+  }
+}
+
+/* Sweeps the retired groups (before a group is created: frees what it can). */
+static void reclaim(void) {
+  pthread_mutex_lock(&g_retired_lock);
+  if (g_retired && crun__mpi_alive()) sweep_retired();
+  pthread_mutex_unlock(&g_retired_lock);
 }
 
 /* Takes b's sends still pending (its abort notice; the signatures of a
@@ -323,6 +383,9 @@ static void retire(crun__mpi_t *b) {
   retired_t *r = calloc(1, sizeof *r);
   if (!r) return; /* out of memory: mpi_destroy frees them as it used to (strays may then reach a later group) */
   r->comm = b->comm, r->ctrl = b->ctrl;
+  r->size = b->size, r->rank = b->rank;
+  r->seen = calloc((size_t)b->size, 1); /* NULL (no memory): never freed, as before */
+  if (r->seen) r->seen[b->rank] = 3;
   b->comm = b->ctrl = MPI_COMM_NULL;
   r->counted = b->counted, b->counted = 0;
   keep_pending(r, b);

@@ -67,6 +67,10 @@ typedef struct crun__mpi {
  * group-creation handshake. Fails clearly when the level is lower. */
 int crun__mpi_up(MPI_Comm *world, MPI_Comm *join);
 
+/* MPI_TAG_UB of communicator c (at least 32767). The mpi backend keeps this
+ * tag for its own "left" notice on a group's comm: user tags are 0..ub-1. */
+int crun__mpi_tag_ub(MPI_Comm c);
+
 /* Non-zero when MPI may still be called (initialized and not finalized). */
 int crun__mpi_alive(void);
 

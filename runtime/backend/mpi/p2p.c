@@ -28,11 +28,9 @@ static void make_types(void) {
   }
 }
 
-/* Checks the tag against MPI's range. */
+/* Checks the tag against MPI's range, less its top (group.c's notice). */
 static int check_tag(const crun__mpi_t *b, const crun__coll_t *c, const char *desc) {
-  int *ub = NULL, flag = 0;
-  MPI_Comm_get_attr(b->comm, MPI_TAG_UB, &ub, &flag);
-  int max = flag && ub ? *ub : 32767;
+  int max = crun__mpi_tag_ub(b->comm) - 1;
   if (c->tag >= 0 && c->tag <= max && c->count <= INT32_MAX) return 0;
   if (c->count > INT32_MAX)
     return crun_error(CRUN_ERANGE, "%s on rank %d: %zu elements exceed the mpi backend's limit of %d per message",
