@@ -292,6 +292,7 @@ typedef struct retired {
   MPI_Request *reqs;         /* sends still pending: 2 x nreqs, abort notices then signatures */
   int nreqs;
   void *bufs[2];             /* what they read (abort notice, signatures): freed once they completed */
+  crun__mpi_send_t *sends;   /* user sends still pending (p2p.c), freed once they completed */
   int counted;               /* holds one of g_groups */
   struct retired *next;
 } retired_t;
@@ -339,7 +340,8 @@ static void sweep_retired(void) {
     retired_t *r = *q;
     drain(r, r->ctrl, CRUN__MPI_TAG_LEFT, 1);
     drain(r, r->comm, crun__mpi_tag_ub(r->comm), 2);
-    if (!sends_done(r) || !r->seen || r->gone < r->size - 1) {
+    int idle = crun__mpi_sends_reap(&r->sends) & sends_done(r);
+    if (!idle || !r->seen || r->gone < r->size - 1) {
       q = &r->next;
       continue;
     }
@@ -388,6 +390,7 @@ static void retire(crun__mpi_t *b) {
   if (r->seen) r->seen[b->rank] = 3;
   b->comm = b->ctrl = MPI_COMM_NULL;
   r->counted = b->counted, b->counted = 0;
+  r->sends = b->sends, b->sends = NULL;
   keep_pending(r, b);
   pthread_mutex_lock(&g_retired_lock);
   r->next = g_retired, g_retired = r;
@@ -406,6 +409,8 @@ static void mpi_destroy(void *state) {
   if (alive && b->ctrl != MPI_COMM_NULL) MPI_Comm_free(&b->ctrl); /* one rank: nothing can be in flight */
   if (alive && b->comm != MPI_COMM_NULL) MPI_Comm_free(&b->comm);
   if (b->counted) atomic_fetch_sub(&g_groups, 1);
+  for (crun__mpi_send_t *s = b->sends; alive && s; s = s->next) /* not retired (no memory): MPI finishes them, */
+    MPI_Request_free(&s->req);                                    /* their memory stays (MPI may read it) */
   free(b->abort_msg), free(b->abort_reqs);
   free(b->stage[0]), free(b->stage[1]);
   free(b->sig_out), free(b->sig_in), free(b->reqs);

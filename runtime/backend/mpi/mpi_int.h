@@ -112,8 +112,12 @@ void *crun__mpi_stage(crun__mpi_t *b, int i, size_t n);
 /* Runs any collective (coll.c): the vtable's collective slots. */
 int crun__mpi_coll(void *state, crun__coll_t *c);
 
-/* Finishes the buffered sends, waiting up to `wait` seconds (teardown). */
+/* Waits up to `wait` seconds for the buffered sends to complete, freeing
+ * those that did (teardown); the others stay in b->sends. */
 void crun__mpi_sends_drain(crun__mpi_t *b, double wait);
+
+/* Frees the completed sends of a list; returns 1 when none is left. */
+int crun__mpi_sends_reap(crun__mpi_send_t **list);
 
 /* Point-to-point: the vtable's send and recv slots. */
 int crun__mpi_send(void *state, crun__coll_t *c);
