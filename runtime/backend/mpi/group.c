@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "backend/mpi/mpi_int.h"
 
@@ -105,9 +106,62 @@ static int join_compare(const crun_pg_t *pg, const int64_t *mine, const int64_t 
   return full && !n ? 0 : no_room(pg, who);
 }
 
+/* A group's creation tag, for its join messages and MPI_Comm_create_group:
+ * from its id, so every member computes the same, and spread over MPI's
+ * whole tag range (ub: MPI_TAG_UB of the join and world communicators). */
+static int group_tag(const crun_pg_t *pg, int ub) { return 16 + (int)(pg->group_id % (uint32_t)(ub - 16)); }
+
+/* Tags of the creations in progress in this process. MPI matches two
+ * concurrent MPI_Comm_create_group calls on one communicator by tag alone,
+ * and the join messages too: two groups created at once by two threads with
+ * one tag paired one rank's group with the other's on its peer (each
+ * all_reduce summed the other group's data). A creation whose tag is in use
+ * here waits for that one to finish. */
+typedef struct claim { int tag; struct claim *next; } claim_t;
+static pthread_mutex_t g_claims_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_claims_cv = PTHREAD_COND_INITIALIZER;
+static claim_t *g_claims;
+
+static int tag_busy(int tag) {
+  for (claim_t *c = g_claims; c; c = c->next)
+    if (c->tag == tag) return 1;
+  return 0;
+}
+
+/* Takes tag c->tag for pg's creation, waiting up to pg's timeout while
+ * another creation in this process holds it. */
+static int claim_tag(const crun_pg_t *pg, claim_t *c) {
+  struct timespec until;
+  clock_gettime(CLOCK_REALTIME, &until);
+  double t = pg->timeout < 1e6 ? pg->timeout : 1e6;
+  until.tv_sec += (time_t)t;
+  until.tv_nsec += (long)((t - (double)(time_t)t) * 1e9);
+  if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
+  int rc = 0;
+  pthread_mutex_lock(&g_claims_lock);
+  while (tag_busy(c->tag) && rc == 0) rc = pthread_cond_timedwait(&g_claims_cv, &g_claims_lock, &until);
+  if (!tag_busy(c->tag)) c->next = g_claims, g_claims = c, rc = 0;
+  pthread_mutex_unlock(&g_claims_lock);
+  if (rc == 0) return 0;
+  return crun_error(CRUN_ETIMEDOUT, "creating group '%s' (backend mpi) on rank %d: another group this process is "
+                    "creating has the same MPI tag %d and did not finish within %.1f s", pg->prefix, pg->rank,
+                    c->tag, pg->timeout);
+}
+
+static void release_tag(claim_t *c) {
+  pthread_mutex_lock(&g_claims_lock);
+  for (claim_t **p = &g_claims; *p; p = &(*p)->next)
+    if (*p == c) {
+      *p = c->next;
+      break;
+    }
+  pthread_cond_broadcast(&g_claims_cv);
+  pthread_mutex_unlock(&g_claims_lock);
+}
+
 /* Every member sends (group id, hash of the rank list, size, room) to every
- * other and waits for theirs until the group's timeout. */
-static int join_members(const crun_pg_t *pg, MPI_Comm join) {
+ * other, with the group's tag, and waits for theirs until the group's timeout. */
+static int join_members(const crun_pg_t *pg, MPI_Comm join, int tag) {
   int n = pg->size, rc = 0, room = atomic_load(&g_groups) < max_groups();
   if (n < 2) return room ? 0 : no_room(pg, "this rank");
   int64_t *mine = malloc(sizeof(int64_t) * JOIN_WORDS), *theirs = malloc(sizeof(int64_t) * JOIN_WORDS * (size_t)n);
@@ -122,8 +176,8 @@ static int join_members(const crun_pg_t *pg, MPI_Comm join) {
   for (int i = 0; i < 2 * n; i++) reqs[i] = MPI_REQUEST_NULL;
   for (int i = 0; i < n; i++) {
     if (i == pg->rank) continue;
-    MPI_Irecv(theirs + JOIN_WORDS * i, JOIN_WORDS, MPI_INT64_T, pg->global[i], CRUN__MPI_TAG_JOIN, join, &reqs[i]);
-    MPI_Isend(mine, JOIN_WORDS, MPI_INT64_T, pg->global[i], CRUN__MPI_TAG_JOIN, join, &reqs[n + i]);
+    MPI_Irecv(theirs + JOIN_WORDS * i, JOIN_WORDS, MPI_INT64_T, pg->global[i], tag, join, &reqs[i]);
+    MPI_Isend(mine, JOIN_WORDS, MPI_INT64_T, pg->global[i], tag, join, &reqs[n + i]);
   }
   rc = crun__mpi_wait(NULL, reqs, 2 * n, 0, crun_clock() + pg->timeout, "group handshake");
   if (rc == 1) rc = join_timeout(pg, reqs, pg->timeout);
@@ -138,13 +192,13 @@ static int join_members(const crun_pg_t *pg, MPI_Comm join) {
 }
 
 /* Makes comm (over the members' MPI ranks, in group order) and ctrl. */
-static int make_comms(crun__mpi_t *b, MPI_Comm world) {
+static int make_comms(crun__mpi_t *b, MPI_Comm world, int tag) {
   crun_pg_t *pg = b->pg;
   MPI_Group wg, g;
   MPI_Comm_group(world, &wg);
   MPI_Group_incl(wg, pg->size, pg->global, &g);
   crun__mpi_watch_begin(&b->watch, pg->timeout, "creating a group", "MPI_Comm_create_group");
-  int rc = MPI_Comm_create_group(world, g, (int)(pg->group_id & 0x7fff), &b->comm);
+  int rc = MPI_Comm_create_group(world, g, tag, &b->comm);
   if (rc == MPI_SUCCESS) rc = MPI_Comm_dup(b->comm, &b->ctrl);
   crun__mpi_watch_end(&b->watch);
   MPI_Group_free(&g);
@@ -186,13 +240,19 @@ static int mpi_create(crun_pg_t *pg, void **state) {
   CRUN_CHECK(crun__mpi_up(&world, &join));
   CRUN_CHECK(check_world(pg, world));
   reclaim();
-  CRUN_CHECK(join_members(pg, join));
-  crun__mpi_t *b = state_new(pg);
-  if (!b) return crun_error(CRUN_ENOMEM, "mpi backend state");
+  claim_t claim = {.tag = group_tag(pg, crun__mpi_tag_ub(join))};
+  CRUN_CHECK(claim_tag(pg, &claim));
+  int rc = join_members(pg, join, claim.tag);
+  crun__mpi_t *b = rc < 0 ? NULL : state_new(pg);
+  if (!b) {
+    release_tag(&claim);
+    return rc < 0 ? rc : crun_error(CRUN_ENOMEM, "mpi backend state");
+  }
   crun__mpi_watch_add(&b->watch);
   atomic_fetch_add(&g_groups, 1);
   b->counted = 1;
-  int rc = make_comms(b, world);
+  rc = make_comms(b, world, claim.tag);
+  release_tag(&claim);
   if (rc < 0) {
     mpi_destroy(b);
     return rc;

@@ -20,7 +20,7 @@
 #include "backend/backend.h"
 
 /* Tags of the ctrl communicators. */
-enum { CRUN__MPI_TAG_SIG = 1, CRUN__MPI_TAG_ABORT = 2, CRUN__MPI_TAG_JOIN = 3, CRUN__MPI_TAG_LEFT = 4 };
+enum { CRUN__MPI_TAG_SIG = 1, CRUN__MPI_TAG_ABORT = 2, CRUN__MPI_TAG_LEFT = 4 };
 
 /* Signature words of one call (sent as MPI_INT64_T): the first
  * CRUN__SIG_CMP must match between ranks; DEADLINE is the sender's deadline
