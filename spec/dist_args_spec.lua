@@ -103,9 +103,9 @@ describe("crun.dist arguments", function()
     {"isend(t, 0, 5)", function() dist.isend(T.ones{2}, 0, 5) end,
      "EINVAL: isend: options must be a table, got number"},
     {"gather_object(v, list, 7)", function() dist.gather_object(1, {}, 7) end,
-     "EINVAL: gather_object: dst 7 is out of range (0..0)"},
+     "EINVAL: gather_object on rank 0: dst 7 is out of range (0..0)"},
     {"broadcast_object_list(l, 7)", function() dist.broadcast_object_list({1}, 7) end,
-     "EINVAL: broadcast_object_list: src 7 is out of range (0..0)"},
+     "EINVAL: broadcast_object_list on rank 0: src 7 is out of range (0..0)"},
     -- torch's gloo and MPI refuse a negative tag: every backend does, naming it
     {"send(t, 0, {tag = -1})", function() dist.send(T.ones{2}, 0, {tag = -1}) end,
      "EINVAL: send on rank 0: tag -1 is negative (tags must be 0 or more, as in torch.distributed)"},

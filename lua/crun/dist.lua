@@ -750,14 +750,19 @@ function dist.batch_isend_irecv(ops)
 end
 
 -- The group rank of an object collective's root (a global rank, src or dst
--- as `what` says), range-checked here: the byte collectives under it would
--- name themselves, and gather_object with no rank its dst would do nothing.
-local function obj_root(g, r, fname, what)
-  local gr = to_group_rank(g, r, fname)
-  if math.type(gr) ~= "integer" or gr < 0 or gr >= g:size() then
-    fail("EINVAL: %s: %s %s is out of range (0..%d)", fname, what, tostring(r), g:size() - 1)
-  end
-  return gr
+-- as `what` says), checked here: the byte collectives under it would name
+-- themselves, and gather_object with no rank its dst would do nothing. A bad
+-- root, which only this rank may see, is refused for the group as `call`
+-- (the byte collective the peers are in: "broadcast" or "all_gather"), so
+-- that every rank fails the call naming this rank and the fault rather than
+-- the peers meeting its next call as an EMISMATCH (as root_rank does).
+local function obj_root(g, r, fname, what, call)
+  local gr = r
+  if g ~= state.pg then gr = group_map(g)[r] end
+  if math.type(gr) == "integer" and gr >= 0 and gr < g:size() then return gr end
+  local why = gr == nil and "is not in the group" or string.format("is out of range (0..%d)", g:size() - 1)
+  g:refuse(call, string.format("EINVAL: %s on rank %d: %s %s %s", fname, state.pg:rank(), what, tostring(r), why), -1,
+           false)
 end
 
 -- A rank whose object cannot be sent (it does not serialize, or a check of
@@ -796,7 +801,7 @@ function dist.broadcast_object(v, src, opts)
   opts = O.check(OBJ, "broadcast_object", opts)
   local g = group_of(opts, "broadcast_object")
   if not g then return nil end
-  local gsrc = obj_root(g, src or 0, "broadcast_object", "src")
+  local gsrc = obj_root(g, src or 0, "broadcast_object", "src", "broadcast")
   return broadcast_made(function() return v end, g, gsrc, opts, "broadcast_object")
 end
 
@@ -879,7 +884,7 @@ function dist.broadcast_object_list(list, src, opts, device)
   opts = O.check(OBJ_LIST, "broadcast_object_list", group_form(opts, "device", device, "broadcast_object_list"))
   local g = group_of(opts, "broadcast_object_list")
   if not g then return nil end
-  local gsrc = obj_root(g, src or 0, "broadcast_object_list", "src")
+  local gsrc = obj_root(g, src or 0, "broadcast_object_list", "src", "broadcast")
   local got = broadcast_made(function()
     not_a_list(list, "broadcast_object_list", "object list")
     return packed(list)
@@ -899,7 +904,7 @@ function dist.gather_object(obj, list, dst, opts)
   opts = O.check(OBJ, "gather_object", group_form(opts, nil, nil, "gather_object"))
   local g = group_of(opts, "gather_object")
   if not g then return nil end
-  local gdst = obj_root(g, dst or 0, "gather_object", "dst")
+  local gdst = obj_root(g, dst or 0, "gather_object", "dst", "all_gather")
   local vals = gather_made(function()
     if g:rank() == gdst and type(list) ~= "table" then
       fail("EINVAL: gather_object on rank %d (dst): the output list must be a table", g:global_rank(gdst))
@@ -916,7 +921,7 @@ function dist.scatter_object_list(out, input, src, opts)
   opts = O.check(OBJ, "scatter_object_list", group_form(opts, nil, nil, "scatter_object_list"))
   local g = group_of(opts, "scatter_object_list")
   if not g then return nil end
-  local gsrc = obj_root(g, src or 0, "scatter_object_list", "src")
+  local gsrc = obj_root(g, src or 0, "scatter_object_list", "src", "broadcast")
   local all = broadcast_made(function()
     if type(input) ~= "table" or #input ~= g:size() then
       fail("EINVAL: scatter_object_list on rank %d (src): the input list must have %d elements",

@@ -41,6 +41,11 @@
 --             gather, scatter) a bad root, K: range (group rank n), type (the
 --             string "x"), outside (on new_group(all ranks), global rank n + 3,
 --             not in it); the others root 0; then an all_reduce on that group
+--   objroot:C  rank 1 alone gives object collective C (broadcast_object_list,
+--             gather_object, scatter_object_list, broadcast_object) a bad
+--             root: on new_group(all ranks) global rank n + 3 (not in it), then
+--             an all_reduce on that group; then on the default group rank n
+--             (out of range), then an all_reduce; the others root 0
 --   objcallK  rank 0 broadcasts an int64[K] tensor of -5s where the others
 --             call broadcast_object_list (K = 1, 2: the size word, or more)
 local crun = require "crun"
@@ -244,6 +249,19 @@ elseif mode:match("^rootarg:") then
   elseif c == "gather" then record(pcall(dist.gather, t, list, root, g))
   else record(pcall(dist.scatter, t, list, root, g)) end
   record(pcall(dist.all_reduce, T.ones({2}), "sum", g))
+elseif mode:match("^objroot:") then
+  local n, c = dist.get_world_size(), mode:match("^objroot:([%w_]+)$")
+  local all = {}
+  for j = 0, n - 1 do all[#all + 1] = j end
+  for _, g in ipairs{dist.new_group(all), dist.group.WORLD} do
+    local root = rank ~= 1 and 0 or g == dist.group.WORLD and n or n + 3
+    if c == "broadcast_object_list" then record(pcall(dist.broadcast_object_list, {-rank - 1}, root, g))
+    elseif c == "gather_object" then record(pcall(dist.gather_object, -rank - 1, rank == 0 and {} or nil, root, g))
+    elseif c == "scatter_object_list" then
+      record(pcall(dist.scatter_object_list, {}, rank == 0 and all or nil, root, g))
+    else record(pcall(dist.broadcast_object, -rank - 1, root, {group = g})) end
+    record(pcall(dist.all_reduce, T.ones({2}), "sum", g))
+  end
 elseif mode:match("^objcall%d$") then
   if rank == 0 then
     record(pcall(dist.broadcast, T.full({tonumber(mode:sub(-1))}, -5, "int64"), 0))

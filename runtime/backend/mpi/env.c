@@ -100,6 +100,12 @@ int crun__mpi_up(MPI_Comm *world, MPI_Comm *join) {
   return rc;
 }
 
+int crun__mpi_tag_ub(MPI_Comm c) {
+  int *ub = NULL, flag = 0;
+  MPI_Comm_get_attr(c, MPI_TAG_UB, &ub, &flag);
+  return flag && ub && *ub > 32767 ? *ub : 32767;
+}
+
 int crun__mpi_alive(void) {
   int inited = 0, fin = 0;
   MPI_Initialized(&inited);

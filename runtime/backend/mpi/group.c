@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "backend/mpi/mpi_int.h"
 
@@ -61,24 +62,109 @@ static int join_timeout(const crun_pg_t *pg, MPI_Request *recvs, double timeout)
                     pg->prefix, pg->rank, who, timeout);
 }
 
-/* Compares the members' join messages with ours. */
+/* Groups of this process whose communicators are not freed (alive, or
+ * destroyed and retired). Each holds two of MPI's communicator context ids,
+ * which run out (Open MPI 4: about 65000 per process, and a creation past
+ * them crashed in MPI); so creating a group is refused on every member once
+ * one of them holds max_groups(). */
+static atomic_int g_groups;
+
+/* CRUN_MPI_MAX_GROUPS, default 32000 (64000 communicators). */
+static int max_groups(void) {
+  long m = crun_env_int("CRUN_MPI_MAX_GROUPS", 32000);
+  return m < 1 ? 1 : m > 32000 ? 32000 : (int)m;
+}
+
+/* The ERANGE of a creation refused because `who` (group ranks) hold max_groups(). */
+static int no_room(const crun_pg_t *pg, const char *who) {
+  return crun_error(CRUN_ERANGE, "creating group '%s' (backend mpi) on rank %d: the limit of %d MPI groups per "
+                    "process is reached on %s (CRUN_MPI_MAX_GROUPS; each group takes two of MPI's communicator "
+                    "ids, about 65000 per process); destroy the groups no longer used", pg->prefix, pg->rank,
+                    max_groups(), who);
+}
+
+/* Join message words: group id, hash of the rank list, size, room (1 when
+ * the sender may create one more group). */
+enum { JOIN_ID, JOIN_HASH, JOIN_SIZE, JOIN_ROOM, JOIN_WORDS };
+
+/* Compares the members' join messages with ours, then their room. */
 static int join_compare(const crun_pg_t *pg, const int64_t *mine, const int64_t *theirs) {
   for (int i = 0; i < pg->size; i++) {
-    const int64_t *t = theirs + 3 * i;
-    if (i == pg->rank || (t[0] == mine[0] && t[1] == mine[1] && t[2] == mine[2])) continue;
+    const int64_t *t = theirs + JOIN_WORDS * i;
+    if (i == pg->rank || (t[JOIN_ID] == mine[JOIN_ID] && t[JOIN_HASH] == mine[JOIN_HASH] &&
+                          t[JOIN_SIZE] == mine[JOIN_SIZE])) continue;
     return crun_error(CRUN_EMISMATCH, "creating group '%s' (backend mpi) on rank %d: rank %d is creating another "
                       "group (%lld ranks) at the same time; every rank must create the same groups, with the "
-                      "same rank lists, in the same order", pg->prefix, pg->rank, i, (long long)t[2]);
+                      "same rank lists, in the same order", pg->prefix, pg->rank, i, (long long)t[JOIN_SIZE]);
   }
+  int *full = malloc(sizeof(int) * (size_t)pg->size), n = 0;
+  for (int i = 0; full && i < pg->size; i++)
+    if (!(i == pg->rank ? mine : theirs + JOIN_WORDS * i)[JOIN_ROOM]) full[n++] = i;
+  char who[256] = "some ranks";
+  if (full && n) crun__ranks_text(who, sizeof who, full, n);
+  free(full);
+  return full && !n ? 0 : no_room(pg, who);
+}
+
+/* A group's creation tag, for its join messages and MPI_Comm_create_group:
+ * from its id, so every member computes the same, and spread over MPI's
+ * whole tag range (ub: MPI_TAG_UB of the join and world communicators). */
+static int group_tag(const crun_pg_t *pg, int ub) { return 16 + (int)(pg->group_id % (uint32_t)(ub - 16)); }
+
+/* Tags of the creations in progress in this process. MPI matches two
+ * concurrent MPI_Comm_create_group calls on one communicator by tag alone,
+ * and the join messages too: two groups created at once by two threads with
+ * one tag paired one rank's group with the other's on its peer (each
+ * all_reduce summed the other group's data). A creation whose tag is in use
+ * here waits for that one to finish. */
+typedef struct claim { int tag; struct claim *next; } claim_t;
+static pthread_mutex_t g_claims_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_claims_cv = PTHREAD_COND_INITIALIZER;
+static claim_t *g_claims;
+
+static int tag_busy(int tag) {
+  for (claim_t *c = g_claims; c; c = c->next)
+    if (c->tag == tag) return 1;
   return 0;
 }
 
-/* Every member sends (group id, hash of the rank list, size) to every other
- * and waits for theirs until the group's timeout. */
-static int join_members(const crun_pg_t *pg, MPI_Comm join) {
-  int n = pg->size, rc = 0;
-  if (n < 2) return 0;
-  int64_t *mine = malloc(sizeof(int64_t) * 3), *theirs = malloc(sizeof(int64_t) * 3 * (size_t)n);
+/* Takes tag c->tag for pg's creation, waiting up to pg's timeout while
+ * another creation in this process holds it. */
+static int claim_tag(const crun_pg_t *pg, claim_t *c) {
+  struct timespec until;
+  clock_gettime(CLOCK_REALTIME, &until);
+  double t = pg->timeout < 1e6 ? pg->timeout : 1e6;
+  until.tv_sec += (time_t)t;
+  until.tv_nsec += (long)((t - (double)(time_t)t) * 1e9);
+  if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
+  int rc = 0;
+  pthread_mutex_lock(&g_claims_lock);
+  while (tag_busy(c->tag) && rc == 0) rc = pthread_cond_timedwait(&g_claims_cv, &g_claims_lock, &until);
+  if (!tag_busy(c->tag)) c->next = g_claims, g_claims = c, rc = 0;
+  pthread_mutex_unlock(&g_claims_lock);
+  if (rc == 0) return 0;
+  return crun_error(CRUN_ETIMEDOUT, "creating group '%s' (backend mpi) on rank %d: another group this process is "
+                    "creating has the same MPI tag %d and did not finish within %.1f s", pg->prefix, pg->rank,
+                    c->tag, pg->timeout);
+}
+
+static void release_tag(claim_t *c) {
+  pthread_mutex_lock(&g_claims_lock);
+  for (claim_t **p = &g_claims; *p; p = &(*p)->next)
+    if (*p == c) {
+      *p = c->next;
+      break;
+    }
+  pthread_cond_broadcast(&g_claims_cv);
+  pthread_mutex_unlock(&g_claims_lock);
+}
+
+/* Every member sends (group id, hash of the rank list, size, room) to every
+ * other, with the group's tag, and waits for theirs until the group's timeout. */
+static int join_members(const crun_pg_t *pg, MPI_Comm join, int tag) {
+  int n = pg->size, rc = 0, room = atomic_load(&g_groups) < max_groups();
+  if (n < 2) return room ? 0 : no_room(pg, "this rank");
+  int64_t *mine = malloc(sizeof(int64_t) * JOIN_WORDS), *theirs = malloc(sizeof(int64_t) * JOIN_WORDS * (size_t)n);
   MPI_Request *reqs = malloc(sizeof(MPI_Request) * 2 * (size_t)n);
   if (!mine || !theirs || !reqs) {
     free(mine), free(theirs), free(reqs);
@@ -86,12 +172,12 @@ static int join_members(const crun_pg_t *pg, MPI_Comm join) {
   }
   uint64_t h = 1469598103934665603ull;
   for (int i = 0; i < n; i++) h = (h ^ (uint64_t)pg->global[i]) * 1099511628211ull;
-  mine[0] = pg->group_id, mine[1] = (int64_t)h, mine[2] = n;
+  mine[JOIN_ID] = pg->group_id, mine[JOIN_HASH] = (int64_t)h, mine[JOIN_SIZE] = n, mine[JOIN_ROOM] = room;
   for (int i = 0; i < 2 * n; i++) reqs[i] = MPI_REQUEST_NULL;
   for (int i = 0; i < n; i++) {
     if (i == pg->rank) continue;
-    MPI_Irecv(theirs + 3 * i, 3, MPI_INT64_T, pg->global[i], CRUN__MPI_TAG_JOIN, join, &reqs[i]);
-    MPI_Isend(mine, 3, MPI_INT64_T, pg->global[i], CRUN__MPI_TAG_JOIN, join, &reqs[n + i]);
+    MPI_Irecv(theirs + JOIN_WORDS * i, JOIN_WORDS, MPI_INT64_T, pg->global[i], tag, join, &reqs[i]);
+    MPI_Isend(mine, JOIN_WORDS, MPI_INT64_T, pg->global[i], tag, join, &reqs[n + i]);
   }
   rc = crun__mpi_wait(NULL, reqs, 2 * n, 0, crun_clock() + pg->timeout, "group handshake");
   if (rc == 1) rc = join_timeout(pg, reqs, pg->timeout);
@@ -99,20 +185,20 @@ static int join_members(const crun_pg_t *pg, MPI_Comm join) {
   int sends_done = 1;
   for (int i = n; i < 2 * n; i++)
     if (reqs[i] != MPI_REQUEST_NULL) MPI_Request_free(&reqs[i]), sends_done = 0;
-  if (sends_done) free(mine); /* else MPI may still read it: leak 24 bytes */
+  if (sends_done) free(mine); /* else MPI may still read it: leak 32 bytes */
   free(theirs);
   free(reqs);
   return rc;
 }
 
 /* Makes comm (over the members' MPI ranks, in group order) and ctrl. */
-static int make_comms(crun__mpi_t *b, MPI_Comm world) {
+static int make_comms(crun__mpi_t *b, MPI_Comm world, int tag) {
   crun_pg_t *pg = b->pg;
   MPI_Group wg, g;
   MPI_Comm_group(world, &wg);
   MPI_Group_incl(wg, pg->size, pg->global, &g);
   crun__mpi_watch_begin(&b->watch, pg->timeout, "creating a group", "MPI_Comm_create_group");
-  int rc = MPI_Comm_create_group(world, g, (int)(pg->group_id & 0x7fff), &b->comm);
+  int rc = MPI_Comm_create_group(world, g, tag, &b->comm);
   if (rc == MPI_SUCCESS) rc = MPI_Comm_dup(b->comm, &b->ctrl);
   crun__mpi_watch_end(&b->watch);
   MPI_Group_free(&g);
@@ -146,17 +232,27 @@ static crun__mpi_t *state_new(crun_pg_t *pg) {
 }
 
 static void mpi_destroy(void *state);
+static void reclaim(void);
 
 static int mpi_create(crun_pg_t *pg, void **state) {
   MPI_Comm world, join;
   CRUN_CHECK(check_launch(pg));
   CRUN_CHECK(crun__mpi_up(&world, &join));
   CRUN_CHECK(check_world(pg, world));
-  CRUN_CHECK(join_members(pg, join));
-  crun__mpi_t *b = state_new(pg);
-  if (!b) return crun_error(CRUN_ENOMEM, "mpi backend state");
+  reclaim();
+  claim_t claim = {.tag = group_tag(pg, crun__mpi_tag_ub(join))};
+  CRUN_CHECK(claim_tag(pg, &claim));
+  int rc = join_members(pg, join, claim.tag);
+  crun__mpi_t *b = rc < 0 ? NULL : state_new(pg);
+  if (!b) {
+    release_tag(&claim);
+    return rc < 0 ? rc : crun_error(CRUN_ENOMEM, "mpi backend state");
+  }
   crun__mpi_watch_add(&b->watch);
-  int rc = make_comms(b, world);
+  atomic_fetch_add(&g_groups, 1);
+  b->counted = 1;
+  rc = make_comms(b, world, claim.tag);
+  release_tag(&claim);
   if (rc < 0) {
     mpi_destroy(b);
     return rc;
@@ -194,15 +290,21 @@ int crun__mpi_poll_left(crun__mpi_t *b, int p, const char *desc) {
   return crun_error(CRUN_EPEERDIED, "%s on rank %d: rank %d destroyed the group and will not join", desc, b->rank, p);
 }
 
-/* Tells every peer that this rank destroyed the group (one empty message on
- * ctrl each, never received: peers waiting for this rank's signature probe
- * for it), so they fail at once instead of at their deadline. */
+/* Tells every peer that this rank destroyed the group: one empty message on
+ * ctrl each (a live peer waiting for this rank's signature probes for it, so
+ * it fails at once instead of at its deadline) and one on comm (tag
+ * crun__mpi_tag_ub, which user messages cannot use). Each is the last this
+ * rank sends on its communicator: a peer that retired the group too and has
+ * received both from every rank knows that nothing more will come
+ * (sweep_retired). */
 static void notify_left(crun__mpi_t *b) {
   static const char none = 0;   /* the sends may outlive the group */
+  int ub = crun__mpi_tag_ub(b->comm);
   for (int p = 0; p < b->size; p++) {
-    MPI_Request r = MPI_REQUEST_NULL;
-    if (p != b->rank && MPI_Isend(&none, 0, MPI_CHAR, p, CRUN__MPI_TAG_LEFT, b->ctrl, &r) == MPI_SUCCESS)
-      MPI_Request_free(&r);
+    MPI_Request r = MPI_REQUEST_NULL, q = MPI_REQUEST_NULL;
+    if (p == b->rank) continue;
+    if (MPI_Isend(&none, 0, MPI_CHAR, p, CRUN__MPI_TAG_LEFT, b->ctrl, &r) == MPI_SUCCESS) MPI_Request_free(&r);
+    if (MPI_Isend(&none, 0, MPI_CHAR, p, ub, b->comm, &q) == MPI_SUCCESS) MPI_Request_free(&q);
   }
 }
 
@@ -230,38 +332,93 @@ static int mpi_abort_reaches(void *state, const crun__coll_t *c) {
   return state != NULL;
 }
 
-/* A destroyed group's communicators and its abort notice still in flight.
- * MPI cannot take back a message its receiver never matched (a signature
- * sent before a peer refused the call, an abort notice, a "left" notice),
- * and Open MPI hands such a message, when it arrives after its communicator
- * was freed, to the next communicator given the same context id: a later
- * group then read the dead group's traffic as its own (EMISMATCH "rank 0
- * sent all_to_all #1") or, when it had fewer ranks, crashed in
- * MPI_Comm_dup (mca_pml_ob1_add_comm). So a group's communicators are never
- * freed: they are retired here until MPI_Finalize, and the stray messages
- * stay on them, unread. Each costs a context id (Open MPI 4 has about 65000
- * per process) and a little memory. */
+/* A destroyed group's communicators and its sends still in flight. MPI
+ * cannot take back a message its receiver never matched (a signature sent
+ * before a peer refused the call, an abort notice, a "left" notice, a user
+ * send never received), and Open MPI hands such a message, when it arrives
+ * after its communicator was freed, to the next communicator given the same
+ * context id: a later group then read the dead group's traffic as its own
+ * (EMISMATCH "rank 0 sent all_to_all #1") or, when it had fewer ranks,
+ * crashed in MPI_Comm_dup (mca_pml_ob1_add_comm). So a destroyed group's
+ * communicators are retired here: sweep_retired receives and drops whatever
+ * still arrives on them, and frees them once every peer's two "left"
+ * notices (notify_left: its last messages there) came and this rank's own
+ * sends completed. A group whose peers never destroy it stays retired until
+ * MPI_Finalize (holding a context id; see max_groups). */
 typedef struct retired {
   MPI_Comm comm, ctrl;
+  int size, rank, gone;      /* gone: peers whose both notices came */
+  unsigned char *seen;       /* seen[p]: 1 = p's notice on ctrl came, 2 = on comm, 3 = both */
   MPI_Request *reqs;         /* sends still pending: 2 x nreqs, abort notices then signatures */
   int nreqs;
   void *bufs[2];             /* what they read (abort notice, signatures): freed once they completed */
+  crun__mpi_send_t *sends;   /* user sends still pending (p2p.c), freed once they completed */
+  int counted;               /* holds one of g_groups */
   struct retired *next;
 } retired_t;
 
 static pthread_mutex_t g_retired_lock = PTHREAD_MUTEX_INITIALIZER;
 static retired_t *g_retired;
 
-/* Frees the buffers of retired groups whose sends have completed (callers
- * hold g_retired_lock). */
-static void sweep_retired(void) {
-  for (retired_t *r = g_retired; r; r = r->next) {
-    int done = 1;
-    if (!r->reqs || MPI_Testall(2 * r->nreqs, r->reqs, &done, MPI_STATUSES_IGNORE) != MPI_SUCCESS || !done)
-      continue;
-    free(r->bufs[0]), free(r->bufs[1]), free(r->reqs);
-    r->bufs[0] = r->bufs[1] = NULL, r->reqs = NULL;
+/* Receives and drops what arrived on a retired communicator (at most 64
+ * messages a call), noting the peers' "left" notices (tag `left`) in seen[]
+ * as `bit`. A message is received whole into scratch memory: Open MPI's
+ * shared-memory single copy writes a large message's full length even into
+ * a receive that truncates it (EFAULT into NULL). */
+static void drain(retired_t *r, MPI_Comm c, int left, unsigned char bit) {
+  for (int k = 0; k < 64; k++) {
+    int flag = 0, n = 0;
+    MPI_Message m;
+    MPI_Status st;
+    if (MPI_Improbe(MPI_ANY_SOURCE, MPI_ANY_TAG, c, &flag, &m, &st) != MPI_SUCCESS || !flag) return;
+    MPI_Get_count(&st, MPI_BYTE, &n);   /* MPI_UNDEFINED past 2^31-1 bytes */
+    void *scratch = n > 0 ? malloc((size_t)n) : NULL;
+    MPI_Mrecv(scratch, scratch ? n : 0, MPI_BYTE, &m, MPI_STATUS_IGNORE); /* no memory: truncated, best effort */
+    free(scratch);
+    int p = st.MPI_SOURCE;
+    if (st.MPI_TAG != left || p < 0 || p >= r->size || (r->seen[p] & bit)) continue;
+    r->seen[p] |= bit;
+    if (r->seen[p] == 3) r->gone++;
   }
+}
+
+/* Frees the buffers of retired r's sends once they completed; returns 1
+ * when none is pending. */
+static int sends_done(retired_t *r) {
+  int done = 1;
+  if (!r->reqs) return 1;
+  if (MPI_Testall(2 * r->nreqs, r->reqs, &done, MPI_STATUSES_IGNORE) != MPI_SUCCESS || !done) return 0;
+  free(r->bufs[0]), free(r->bufs[1]), free(r->reqs);
+  r->bufs[0] = r->bufs[1] = NULL, r->reqs = NULL;
+  return 1;
+}
+
+/* Drains every retired group and frees those every peer left whose sends
+ * completed (callers hold g_retired_lock; MPI is alive). */
+static void sweep_retired(void) {
+  for (retired_t **q = &g_retired; *q;) {
+    retired_t *r = *q;
+    drain(r, r->ctrl, CRUN__MPI_TAG_LEFT, 1);
+    drain(r, r->comm, crun__mpi_tag_ub(r->comm), 2);
+    int idle = crun__mpi_sends_reap(&r->sends) & sends_done(r);
+    if (!idle || !r->seen || r->gone < r->size - 1) {
+      q = &r->next;
+      continue;
+    }
+    *q = r->next;
+    MPI_Comm_free(&r->ctrl);
+    MPI_Comm_free(&r->comm);
+    if (r->counted) atomic_fetch_sub(&g_groups, 1);
+    free(r->seen);
+    free(r);
+  }
+}
+
+/* Sweeps the retired groups (before a group is created: frees what it can). */
+static void reclaim(void) {
+  pthread_mutex_lock(&g_retired_lock);
+  if (g_retired && crun__mpi_alive()) sweep_retired();
+  pthread_mutex_unlock(&g_retired_lock);
 }
 
 /* Takes b's sends still pending (its abort notice; the signatures of a
@@ -288,7 +445,12 @@ static void retire(crun__mpi_t *b) {
   retired_t *r = calloc(1, sizeof *r);
   if (!r) return; /* out of memory: mpi_destroy frees them as it used to (strays may then reach a later group) */
   r->comm = b->comm, r->ctrl = b->ctrl;
+  r->size = b->size, r->rank = b->rank;
+  r->seen = calloc((size_t)b->size, 1); /* NULL (no memory): never freed, as before */
+  if (r->seen) r->seen[b->rank] = 3;
   b->comm = b->ctrl = MPI_COMM_NULL;
+  r->counted = b->counted, b->counted = 0;
+  r->sends = b->sends, b->sends = NULL;
   keep_pending(r, b);
   pthread_mutex_lock(&g_retired_lock);
   r->next = g_retired, g_retired = r;
@@ -306,6 +468,9 @@ static void mpi_destroy(void *state) {
   if (alive && b->comm != MPI_COMM_NULL && b->size > 1) retire(b);
   if (alive && b->ctrl != MPI_COMM_NULL) MPI_Comm_free(&b->ctrl); /* one rank: nothing can be in flight */
   if (alive && b->comm != MPI_COMM_NULL) MPI_Comm_free(&b->comm);
+  if (b->counted) atomic_fetch_sub(&g_groups, 1);
+  for (crun__mpi_send_t *s = b->sends; alive && s; s = s->next) /* not retired (no memory): MPI finishes them, */
+    MPI_Request_free(&s->req);                                    /* their memory stays (MPI may read it) */
   free(b->abort_msg), free(b->abort_reqs);
   free(b->stage[0]), free(b->stage[1]);
   free(b->sig_out), free(b->sig_in), free(b->reqs);

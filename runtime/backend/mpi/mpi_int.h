@@ -20,7 +20,7 @@
 #include "backend/backend.h"
 
 /* Tags of the ctrl communicators. */
-enum { CRUN__MPI_TAG_SIG = 1, CRUN__MPI_TAG_ABORT = 2, CRUN__MPI_TAG_JOIN = 3, CRUN__MPI_TAG_LEFT = 4 };
+enum { CRUN__MPI_TAG_SIG = 1, CRUN__MPI_TAG_ABORT = 2, CRUN__MPI_TAG_LEFT = 4 };
 
 /* Signature words of one call (sent as MPI_INT64_T): the first
  * CRUN__SIG_CMP must match between ranks; DEADLINE is the sender's deadline
@@ -57,6 +57,7 @@ typedef struct crun__mpi {
   char *abort_msg;               /* our own notice, kept while its sends are pending */
   MPI_Request *abort_reqs;
   crun__mpi_send_t *sends;       /* buffered sends in flight */
+  int counted;                   /* holds one of group.c's count of groups */
   crun__mpi_watch_t watch;
 } crun__mpi_t;
 
@@ -65,6 +66,10 @@ typedef struct crun__mpi {
  * wide duplicates of MPI_COMM_WORLD: *world for groups, *join for the
  * group-creation handshake. Fails clearly when the level is lower. */
 int crun__mpi_up(MPI_Comm *world, MPI_Comm *join);
+
+/* MPI_TAG_UB of communicator c (at least 32767). The mpi backend keeps this
+ * tag for its own "left" notice on a group's comm: user tags are 0..ub-1. */
+int crun__mpi_tag_ub(MPI_Comm c);
 
 /* Non-zero when MPI may still be called (initialized and not finalized). */
 int crun__mpi_alive(void);
@@ -107,8 +112,12 @@ void *crun__mpi_stage(crun__mpi_t *b, int i, size_t n);
 /* Runs any collective (coll.c): the vtable's collective slots. */
 int crun__mpi_coll(void *state, crun__coll_t *c);
 
-/* Finishes the buffered sends, waiting up to `wait` seconds (teardown). */
+/* Waits up to `wait` seconds for the buffered sends to complete, freeing
+ * those that did (teardown); the others stay in b->sends. */
 void crun__mpi_sends_drain(crun__mpi_t *b, double wait);
+
+/* Frees the completed sends of a list; returns 1 when none is left. */
+int crun__mpi_sends_reap(crun__mpi_send_t **list);
 
 /* Point-to-point: the vtable's send and recv slots. */
 int crun__mpi_send(void *state, crun__coll_t *c);

@@ -28,11 +28,9 @@ static void make_types(void) {
   }
 }
 
-/* Checks the tag against MPI's range. */
+/* Checks the tag against MPI's range, less its top (group.c's notice). */
 static int check_tag(const crun__mpi_t *b, const crun__coll_t *c, const char *desc) {
-  int *ub = NULL, flag = 0;
-  MPI_Comm_get_attr(b->comm, MPI_TAG_UB, &ub, &flag);
-  int max = flag && ub ? *ub : 32767;
+  int max = crun__mpi_tag_ub(b->comm) - 1;
   if (c->tag >= 0 && c->tag <= max && c->count <= INT32_MAX) return 0;
   if (c->count > INT32_MAX)
     return crun_error(CRUN_ERANGE, "%s on rank %d: %zu elements exceed the mpi backend's limit of %d per message",
@@ -52,26 +50,26 @@ static int msg_type(int64_t *hdr, void *buf, const crun__coll_t *c, MPI_Datatype
   return rc == MPI_SUCCESS ? MPI_Type_commit(out) : rc;
 }
 
+int crun__mpi_sends_reap(crun__mpi_send_t **list) {
+  crun__mpi_send_t **p = list;
+  while (*p) {
+    int done = 0;
+    if (MPI_Test(&(*p)->req, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) done = 1;
+    if (!done) { p = &(*p)->next; continue; }
+    crun__mpi_send_t *s = *p;
+    *p = s->next;
+    free(s);
+  }
+  return *list == NULL;
+}
+
 /* Drops the finished buffered sends; with wait > 0, first waits up to that
- * many seconds for the others, then lets MPI finish them (their memory is
- * then left allocated: MPI may still read it). */
+ * many seconds for the others (which stay in b->sends: group.c keeps them
+ * with the retired group until they complete). */
 static void reap(crun__mpi_t *b, double wait) {
   crun__mpi_spin_t spin = {0};
   double end = crun_clock() + wait;
-  for (;;) {
-    crun__mpi_send_t **p = &b->sends;
-    while (*p) {
-      int done = 0;
-      if (MPI_Test(&(*p)->req, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) done = 1;
-      if (!done && !(wait > 0 && crun_clock() >= end)) { p = &(*p)->next; continue; }
-      crun__mpi_send_t *s = *p;
-      *p = s->next;
-      if (done) free(s);
-      else MPI_Request_free(&s->req);
-    }
-    if (!b->sends || wait <= 0) return;
-    crun__mpi_relax(&spin);
-  }
+  while (!crun__mpi_sends_reap(&b->sends) && wait > 0 && crun_clock() < end) crun__mpi_relax(&spin);
 }
 
 void crun__mpi_sends_drain(crun__mpi_t *b, double wait) { reap(b, wait); }
