@@ -226,10 +226,21 @@ static int held_ready(const crun__tcp_t *t, int j) {
   return 0;
 }
 
-/* Does a pending receive wait on peer j (or is a frame of j half read)? */
+/* Would peer j's going away fail a posted receive: one from j, or one from
+ * any source when every other peer is closed already? */
+static int held_waiter(const crun__tcp_t *t, int j) {
+  int open = 0;
+  for (int k = 0; k < t->size; k++) open += k != t->rank && k != j && !t->closed[k];
+  for (const crun__p2p_op_t *op = t->posted; op; op = op->next)
+    if (op->peer == j || (op->peer == CRUN_ANY_SOURCE && !open)) return 1;
+  return 0;
+}
+
+/* Does a pending receive wait on peer j (or is a frame of j half read)? A
+ * held reader is watched for its peer's hang-up while a receive waits on it. */
 static int wants_peer(crun__tcp_t *t, int j) {
   if (j == t->rank || t->fds[j] < 0 || t->prx[j].state == CRUN__PRX_DEAD) return 0;
-  if (t->prx[j].state == CRUN__PRX_HELD) return held_ready(t, j);
+  if (t->prx[j].state == CRUN__PRX_HELD) return held_ready(t, j) || held_waiter(t, j);
   if (t->prx[j].state != CRUN__PRX_HDR || t->prx[j].hgot) return 1;
   if (t->closed[j]) return 0;
   for (crun__p2p_op_t *op = t->posted; op; op = op->next)
@@ -264,6 +275,8 @@ static void unmatched_note(const crun__tcp_t *t, int peer, char *buf, size_t cap
 /* Fails the receives that can no longer be served after peer j went away. */
 static void peer_gone(crun__tcp_t *t, int j, const char *how) {
   crun__prx_t *x = &t->prx[j];
+  char held[320] = ""; /* why the frames j sent last were not read */
+  if (x->state == CRUN__PRX_HELD) unmatched_note(t, j, held, sizeof held);
   x->state = CRUN__PRX_DEAD;
   t->closed[j] = 1;
   crun__stash_free(t, x->frame);
@@ -282,6 +295,7 @@ static void peer_gone(crun__tcp_t *t, int j, const char *how) {
     char desc[64], note[320];
     op_desc(op, desc, sizeof desc);
     unmatched_note(t, op->peer, note, sizeof note);
+    if (held[0]) snprintf(note, sizeof note, "%s", held);
     if (op->peer == CRUN_ANY_SOURCE)
       OP_FAIL(t, op, CRUN_EPEERDIED, "%s on rank %d: every peer closed its connection%s", desc, t->rank, note);
     else
@@ -375,6 +389,21 @@ static void prx_abort_done(crun__tcp_t *t, int j) {
   crun__tcp_fail_all(t, st, text);
 }
 
+/* Peer j's reader is held and a receive waits on it: when j hung up (its
+ * frames now end at what this socket holds, and the one in front is held) or
+ * the connection failed, fails those receives as peer_gone does, so they do
+ * not wait for their deadline; 1 then. Without a waiter the held frame stays
+ * readable for a receive posted later. */
+static int held_watch(crun__tcp_t *t, int j) {
+  struct pollfd p = {t->fds[j], POLLRDHUP, 0};
+  if (poll(&p, 1, 0) <= 0 || !(p.revents & (POLLRDHUP | POLLHUP | POLLERR))) return 0;
+  int err = 0;
+  socklen_t len = sizeof err;
+  if (!(p.revents & POLLERR) || getsockopt(t->fds[j], SOL_SOCKET, SO_ERROR, &err, &len) < 0) err = 0;
+  peer_gone(t, j, err ? strerror(err) : "closed");
+  return 1;
+}
+
 /* A header was read whole: zero-byte frames end at once. */
 static void prx_after_header(crun__tcp_t *t, int j) {
   crun__prx_t *x = &t->prx[j];
@@ -391,7 +420,8 @@ static int pump_reads(crun__tcp_t *t, int j) {
   while (x->state != CRUN__PRX_DEAD && wants_peer(t, j)) {
     ssize_t k;
     size_t n = x->h.nbytes;
-    if (x->state == CRUN__PRX_HELD) { /* wants_peer: it can move on now */
+    if (x->state == CRUN__PRX_HELD) { /* wants_peer: it can move on, or a receive waits on it */
+      if (!held_ready(t, j)) return held_watch(t, j) | progress;
       prx_after_header(t, j);
       progress = 1;
     } else if (x->state == CRUN__PRX_HDR) {
@@ -494,7 +524,9 @@ void crun__tcp_pump_events(crun__tcp_t *t, int skip) {
   for (int j = 0; j < t->size; j++) {
     if (j == t->rank || t->fds[j] < 0) continue;
     if (t->outq[j]) t->pfd[j].events |= POLLOUT;
-    if (j != skip && wants_peer(t, j)) t->pfd[j].events |= POLLIN;
+    if (j == skip || !wants_peer(t, j)) continue;
+    /* a held reader waits for its peer's hang-up only: its bytes are there */
+    t->pfd[j].events |= t->prx[j].state == CRUN__PRX_HELD && !held_ready(t, j) ? POLLRDHUP : POLLIN;
   }
 }
 
