@@ -47,7 +47,8 @@
 --             while rank 1 goes away 0.3 s in; K: recv (a blocking recv
 --             from it), irecv (an irecv's wait), held (a recv of tag 2 while
 --             rank 1's 1 MiB tag-1 isend waits unread behind
---             CRUN_TCP_UNEXPECTED_MAX=65536), isend (a 64 MiB isend it never
+--             CRUN_TCP_UNEXPECTED_MAX=65536), anyheld (the same with a recv
+--             from any source), isend (a 64 MiB isend it never
 --             receives); H: kill (SIGKILL), left (destroy_process_group, then
 --             stays up 3 s) or exit (os.exit without destroying the group).
 --             Rank 0 writes what its wait raised and "elapsed <s>".
@@ -277,7 +278,7 @@ elseif mode:match("^p2p:") then
   local kind, how = mode:match("^p2p:(%w+):(%w+)$")
   if rank == 1 then
     dist.barrier()
-    if kind == "held" then dist.isend(T.full({262144}, -3, "int32"), 0, {tag = 1}) end
+    if kind == "held" or kind == "anyheld" then dist.isend(T.full({262144}, -3, "int32"), 0, {tag = 1}) end
     os.execute("sleep 0.3")
     if how == "kill" then
       os.execute("kill -9 " .. io.open("/proc/self/stat"):read("n"))
@@ -296,6 +297,8 @@ elseif mode:match("^p2p:") then
     local ok, err
     if kind == "recv" or kind == "held" then
       ok, err = pcall(dist.recv, T.zeros({2}, "int32"), 1, {tag = 2})
+    elseif kind == "anyheld" then
+      ok, err = pcall(dist.recv, T.zeros({2}, "int32"), {tag = 2})
     elseif kind == "irecv" then
       local got = T.zeros({4}, "int32")
       local wr = dist.irecv(got, 1, {tag = 2})
