@@ -368,6 +368,25 @@ describe("dist failures", function()
     end)
   end
 
+  -- A peer that failed its group (its recv of tag 9 timed out) and stays up:
+  -- rank 0's pending send or recv to it fails at once with that peer's
+  -- reason, not when the peer exits or at rank 0's own deadline.
+  for _, kind in ipairs{"isend", "recv"} do
+    it("fail a pending " .. kind .. " with the reason of a peer that failed its group and stays up (tcp)", function()
+      local dir = run.tmpdir()
+      local _, out = run.run(2, SCRIPT, "p2p:" .. kind .. ":fail " .. dir,
+                             {limit = 60, direct = true, env = "CRUN_SHM=0 CRUN_TCP_UNEXPECTED_MAX=65536"})
+      local t0, t1 = run.text(dir, 0), run.text(dir, 1)
+      run.cleanup(dir)
+      local why = "recv from rank 0 (tag 9) on rank 1: no data from rank 0 after 0.5 s"
+      assert.are.equal(1, t1:find("error ETIMEDOUT: " .. why, 1, true), t1 .. "\n" .. out)
+      local mine = kind == "isend" and "send to rank 1 (tag 2)" or "recv from rank 1 (tag 2)"
+      assert.are.equal(1, t0:find("error ETIMEDOUT: " .. mine .. " on rank 0: " .. why, 1, true), t0 .. "\n" .. out)
+      assert.is_truthy(t0:find("[reported by rank 1; rank 0 was in a point-to-point operation]", 1, true), t0)
+      assert.is_true(tonumber(t0:match("elapsed ([%d.]+)")) < 2.5, t0) -- rank 1 stays up 3 s
+    end)
+  end
+
   -- The shm engine compares an all_to_all's per-peer counts after the ops
   -- agree: a different op names it without a count.
   it("describe an all_to_all met by an all_reduce by its dtype alone (shm)", function()

@@ -50,7 +50,9 @@
 --             CRUN_TCP_UNEXPECTED_MAX=65536), anyheld (the same with a recv
 --             from any source), isend (a 64 MiB isend it never
 --             receives); H: kill (SIGKILL), left (destroy_process_group, then
---             stays up 3 s) or exit (os.exit without destroying the group).
+--             stays up 3 s), exit (os.exit without destroying the group) or
+--             fail (its recv of tag 9 from rank 0 times out after 0.5 s,
+--             which ends its group; then it stays up 3 s).
 --             Rank 0 writes what its wait raised and "elapsed <s>".
 local crun = require "crun"
 local dist, T = crun.dist, crun.tensor
@@ -284,6 +286,10 @@ elseif mode:match("^p2p:") then
       os.execute("kill -9 " .. io.open("/proc/self/stat"):read("n"))
     elseif how == "exit" then
       record(true)
+      os.exit(0)
+    elseif how == "fail" then
+      record(pcall(dist.recv, T.zeros({2}, "int32"), 0, {tag = 9, timeout = 0.5}))
+      os.execute("sleep 3")
       os.exit(0)
     end
     dist.destroy_process_group()
