@@ -19,10 +19,11 @@ local function scenario(mode, opts)
   return res, out
 end
 
--- n ranks (2 or 3) over TCP alone unless env says otherwise.
-local function scenario_n(n, mode, env)
+-- n ranks (2 or 3) over TCP alone unless env says otherwise; direct: started
+-- without the launcher (which would stop the others when a rank dies).
+local function scenario_n(n, mode, env, direct)
   local dir = run.tmpdir()
-  local _, out = run.run(n, SCRIPT, mode .. " " .. dir, {limit = 60, env = env or "CRUN_SHM=0"})
+  local _, out = run.run(n, SCRIPT, mode .. " " .. dir, {limit = 60, env = env or "CRUN_SHM=0", direct = direct})
   local res = {}
   for r = 0, n - 1 do res[r] = run.text(dir, r) end
   run.cleanup(dir)
@@ -367,6 +368,17 @@ describe("dist failures", function()
       assert.are.equal(k[2] == "kill" and "" or "ok", t1, out)
     end)
   end
+
+  -- A recv from any source that was filling its buffer from rank 1 when rank 1
+  -- died names rank 1, not "every peer closed" (rank 2 is still there).
+  it("name the peer whose frame a recv from any source was taking when it died (tcp, 3 ranks)", function()
+    local res, out = scenario_n(3, "p2panymid", "CRUN_SHM=0", true)
+    assert.are.equal(1, res[0]:find("error EPEERDIED: recv from any rank (tag 2) on rank 0: connection to rank 1 "
+                                    .. "closed (the process died or left the group)", 1, true), res[0] .. "\n" .. out)
+    assert.is_true(tonumber(res[0]:match("elapsed ([%d.]+)")) < 10, res[0])
+    assert.are.equal("", res[1])
+    assert.are.equal("ok", res[2])
+  end)
 
   -- A peer that failed its group (its recv of tag 9 timed out) and stays up:
   -- rank 0's pending send or recv to it fails at once with that peer's

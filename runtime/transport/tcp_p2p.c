@@ -321,7 +321,7 @@ static void peer_gone(crun__tcp_t *t, int j, const char *how) {
     unmatched_note(t, op->peer, note, sizeof note);
     if (held[0]) snprintf(note, sizeof note, "%s", held);
     if (op->c->kind == CRUN__COLL_SEND) note[0] = 0;
-    if (op->peer == CRUN_ANY_SOURCE)
+    if (op->peer == CRUN_ANY_SOURCE && !open) /* else it was taking j's frame (direct) */
       OP_FAIL(t, op, CRUN_EPEERDIED, "%s on rank %d: every peer closed its connection%s", desc, t->rank, note);
     else
       OP_FAIL(t, op, CRUN_EPEERDIED, "%s on rank %d: connection to rank %d %s (the process died or left the group)%s",

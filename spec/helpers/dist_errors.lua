@@ -54,6 +54,9 @@
 --             fail (its recv of tag 9 from rank 0 times out after 0.5 s,
 --             which ends its group; then it stays up 3 s).
 --             Rank 0 writes what its wait raised and "elapsed <s>".
+--   p2panymid 3 ranks: rank 1 isends 16 MiB to rank 0 and is killed 0.3 s
+--             later; rank 0 posts a recv from any source 1 s in, which takes
+--             the part of that frame that arrived; rank 2 stays up
 local crun = require "crun"
 local dist, T = crun.dist, crun.tensor
 local mode, outdir = arg[1], arg[2]
@@ -276,6 +279,21 @@ elseif mode == "kill" then
   end
   record(ok, err)
   out:write(string.format("elapsed %.3f\n", crun.clock() - t0))
+elseif mode == "p2panymid" then
+  dist.barrier()
+  if rank == 1 then
+    dist.isend(T.full({4 << 20}, -3, "int32"), 0, {tag = 2})
+    os.execute("sleep 0.3")
+    os.execute("kill -9 " .. io.open("/proc/self/stat"):read("n"))
+  elseif rank == 0 then
+    os.execute("sleep 1")
+    local t0 = crun.clock()
+    record(pcall(dist.recv, T.zeros({4 << 20}, "int32"), {tag = 2}))
+    out:write(string.format("elapsed %.3f\n", crun.clock() - t0))
+  else
+    record(true)
+    os.execute("sleep 3")
+  end
 elseif mode:match("^p2p:") then
   local kind, how = mode:match("^p2p:(%w+):(%w+)$")
   if rank == 1 then
