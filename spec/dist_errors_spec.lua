@@ -19,10 +19,11 @@ local function scenario(mode, opts)
   return res, out
 end
 
--- n ranks (2 or 3) over TCP alone unless env says otherwise.
-local function scenario_n(n, mode, env)
+-- n ranks (2 or 3) over TCP alone unless env says otherwise; direct: started
+-- without the launcher (which would stop the others when a rank dies).
+local function scenario_n(n, mode, env, direct)
   local dir = run.tmpdir()
-  local _, out = run.run(n, SCRIPT, mode .. " " .. dir, {limit = 60, env = env or "CRUN_SHM=0"})
+  local _, out = run.run(n, SCRIPT, mode .. " " .. dir, {limit = 60, env = env or "CRUN_SHM=0", direct = direct})
   local res = {}
   for r = 0, n - 1 do res[r] = run.text(dir, r) end
   run.cleanup(dir)
@@ -367,6 +368,62 @@ describe("dist failures", function()
         assert.is_truthy(t:find("rank 0 destroyed the group", 1, true) or t:find("connection to rank 0", 1, true), t)
         assert.is_true(tonumber(t:match("elapsed ([%d.]+)")) < 3, t)
       end
+    end)
+  end
+
+  -- A point-to-point operation that waits on a peer over TCP fails with
+  -- EPEERDIED naming it as soon as the peer goes away (killed, destroyed the
+  -- group, or exited), not at its 30 s deadline: also a recv whose reader is
+  -- paused behind a frame of that peer too large for the stash (from it, or
+  -- from any source). Rank 1 goes (rank 0 hosts the store of a direct job).
+  local p2p_want = {recv = "recv from rank 1 (tag 2) on rank 0: connection to rank 1 ",
+                    send = "send to rank 1 (tag 2) on rank 0: connection to rank 1 ",
+                    any = "recv from any rank (tag 2) on rank 0: every peer closed its connection"}
+  for _, k in ipairs{{"recv", "kill"}, {"recv", "left"}, {"irecv", "kill"}, {"irecv", "left"},
+                     {"held", "kill"}, {"held", "exit"}, {"anyheld", "kill"}, {"isend", "kill"},
+                     {"isend", "left"}} do
+    it(string.format("fail a pending %s with EPEERDIED at once when the peer goes (%s, tcp)", k[1], k[2]), function()
+      local dir = run.tmpdir()
+      local _, out = run.run(2, SCRIPT, "p2p:" .. k[1] .. ":" .. k[2] .. " " .. dir,
+                             {limit = 60, direct = true, env = "CRUN_SHM=0 CRUN_TCP_UNEXPECTED_MAX=65536"})
+      local t0, t1 = run.text(dir, 0), run.text(dir, 1)
+      run.cleanup(dir)
+      local what = p2p_want[k[1] == "isend" and "send" or k[1] == "anyheld" and "any" or "recv"]
+      assert.is_truthy(t0:find("error EPEERDIED: " .. what, 1, true) == 1, t0 .. "\n" .. out)
+      if k[1]:find("held") then assert.is_truthy(t0:find("(reading from rank 1 is paused: ", 1, true), t0) end
+      -- a peer that left stays up 3 s: the error came from its destroy
+      assert.is_true(tonumber(t0:match("elapsed ([%d.]+)")) < (k[2] == "left" and 2.5 or 10), t0)
+      assert.are.equal(k[2] == "kill" and "" or "ok", t1, out)
+    end)
+  end
+
+  -- A recv from any source that was filling its buffer from rank 1 when rank 1
+  -- died names rank 1, not "every peer closed" (rank 2 is still there).
+  it("name the peer whose frame a recv from any source was taking when it died (tcp, 3 ranks)", function()
+    local res, out = scenario_n(3, "p2panymid", "CRUN_SHM=0", true)
+    assert.are.equal(1, res[0]:find("error EPEERDIED: recv from any rank (tag 2) on rank 0: connection to rank 1 "
+                                    .. "closed (the process died or left the group)", 1, true), res[0] .. "\n" .. out)
+    assert.is_true(tonumber(res[0]:match("elapsed ([%d.]+)")) < 10, res[0])
+    assert.are.equal("", res[1])
+    assert.are.equal("ok", res[2])
+  end)
+
+  -- A peer that failed its group (its recv of tag 9 timed out) and stays up:
+  -- rank 0's pending send or recv to it fails at once with that peer's
+  -- reason, not when the peer exits or at rank 0's own deadline.
+  for _, kind in ipairs{"isend", "recv"} do
+    it("fail a pending " .. kind .. " with the reason of a peer that failed its group and stays up (tcp)", function()
+      local dir = run.tmpdir()
+      local _, out = run.run(2, SCRIPT, "p2p:" .. kind .. ":fail " .. dir,
+                             {limit = 60, direct = true, env = "CRUN_SHM=0 CRUN_TCP_UNEXPECTED_MAX=65536"})
+      local t0, t1 = run.text(dir, 0), run.text(dir, 1)
+      run.cleanup(dir)
+      local why = "recv from rank 0 (tag 9) on rank 1: no data from rank 0 after 0.5 s"
+      assert.are.equal(1, t1:find("error ETIMEDOUT: " .. why, 1, true), t1 .. "\n" .. out)
+      local mine = kind == "isend" and "send to rank 1 (tag 2)" or "recv from rank 1 (tag 2)"
+      assert.are.equal(1, t0:find("error ETIMEDOUT: " .. mine .. " on rank 0: " .. why, 1, true), t0 .. "\n" .. out)
+      assert.is_truthy(t0:find("[reported by rank 1; rank 0 was in a point-to-point operation]", 1, true), t0)
+      assert.is_true(tonumber(t0:match("elapsed ([%d.]+)")) < 2.5, t0) -- rank 1 stays up 3 s
     end)
   end
 

@@ -14,7 +14,14 @@
  * (its header kept, HELD) until a receive for it is posted or the stash
  * drains, so TCP's flow control stalls the sender instead of this rank's
  * memory growing. A collective that must read past such a frame fails with
- * ENOMEM naming it (crun__stash_full). */
+ * ENOMEM naming it (crun__stash_full).
+ *
+ * A peer that goes away (killed, closed, or failed its group: it then sends
+ * an abort frame and shuts its side) fails every operation pending on it at
+ * once, with EPEERDIED or the peer's reason: a receive reads the close or
+ * the abort frame, a send the socket takes nothing of looks for the hang-up
+ * and then reads what the peer left, and a reader paused at a held frame is
+ * watched for the hang-up while anything waits on that peer. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,6 +52,16 @@ static void op_end(crun__tcp_t *t, crun__p2p_op_t *op, int rc) {
 #define OP_FAIL(t, op, st, ...) op_end((t), (op), crun_error((st), __VA_ARGS__))
 
 static void op_desc(const crun__p2p_op_t *op, char *buf, size_t cap) { crun__coll_desc(op->c, buf, cap); }
+
+/* Has peer j shut its side of the connection (or did it fail)? Polls without
+ * waiting and remembers a hang-up in prx[j].hup: what j left is then read to
+ * its end (an abort frame, or the close). */
+static int peer_hung_up(crun__tcp_t *t, int j) {
+  if (t->prx[j].hup) return 1;
+  struct pollfd p = {t->fds[j], POLLRDHUP, 0};
+  if (poll(&p, 1, 0) <= 0 || !(p.revents & (POLLRDHUP | POLLHUP | POLLERR))) return 0;
+  return t->prx[j].hup = 1;
+}
 
 /* ---------------------------------------------------------------- the stash's limit */
 
@@ -173,7 +190,9 @@ static int op_write(crun__tcp_t *t, crun__p2p_op_t *op) {
   return 1;
 }
 
-/* Pumps the send FIFO of peer j; 1 on progress. */
+/* Pumps the send FIFO of peer j; 1 on progress. A send the socket takes
+ * nothing of checks whether j hung up: a peer that failed its group shuts
+ * its side and reads no more, and its abort frame says why. */
 static int pump_sends(crun__tcp_t *t, int j) {
   int progress = 0;
   while (t->outq[j]) {
@@ -181,6 +200,7 @@ static int pump_sends(crun__tcp_t *t, int j) {
     size_t before = op->off;
     int r = op_write(t, op);
     progress |= op->off != before;
+    if (r == 0 && op->off == before) peer_hung_up(t, j); /* then pump_reads reads what j left */
     if (r == 0) break;
     t->outq[j] = op->next;
     op_end(t, op, r < 0 ? r : 0);
@@ -226,11 +246,24 @@ static int held_ready(const crun__tcp_t *t, int j) {
   return 0;
 }
 
-/* Does a pending receive wait on peer j (or is a frame of j half read)? */
+/* Would peer j's going away fail a pending operation: a send to j, a
+ * receive from j, or one from any source when every other peer is closed? */
+static int held_waiter(const crun__tcp_t *t, int j) {
+  if (t->outq[j]) return 1;
+  int open = 0;
+  for (int k = 0; k < t->size; k++) open += k != t->rank && k != j && !t->closed[k];
+  for (const crun__p2p_op_t *op = t->posted; op; op = op->next)
+    if (op->peer == j || (op->peer == CRUN_ANY_SOURCE && !open)) return 1;
+  return 0;
+}
+
+/* Does a pending receive wait on peer j (or is a frame of j half read, or
+ * did j hang up)? A held reader is watched for its peer's hang-up while an
+ * operation waits on it. */
 static int wants_peer(crun__tcp_t *t, int j) {
   if (j == t->rank || t->fds[j] < 0 || t->prx[j].state == CRUN__PRX_DEAD) return 0;
-  if (t->prx[j].state == CRUN__PRX_HELD) return held_ready(t, j);
-  if (t->prx[j].state != CRUN__PRX_HDR || t->prx[j].hgot) return 1;
+  if (t->prx[j].state == CRUN__PRX_HELD) return held_ready(t, j) || held_waiter(t, j);
+  if (t->prx[j].state != CRUN__PRX_HDR || t->prx[j].hgot || t->prx[j].hup) return 1;
   if (t->closed[j]) return 0;
   for (crun__p2p_op_t *op = t->posted; op; op = op->next)
     if (op->peer == j || op->peer == CRUN_ANY_SOURCE) return 1;
@@ -261,9 +294,12 @@ static void unmatched_note(const crun__tcp_t *t, int peer, char *buf, size_t cap
   }
 }
 
-/* Fails the receives that can no longer be served after peer j went away. */
+/* Fails the receives that can no longer be served after peer j went away,
+ * and the sends to j (a peer that shut its side reads no more either). */
 static void peer_gone(crun__tcp_t *t, int j, const char *how) {
   crun__prx_t *x = &t->prx[j];
+  char held[320] = ""; /* why the frames j sent last were not read */
+  if (x->state == CRUN__PRX_HELD) unmatched_note(t, j, held, sizeof held);
   x->state = CRUN__PRX_DEAD;
   t->closed[j] = 1;
   crun__stash_free(t, x->frame);
@@ -276,13 +312,16 @@ static void peer_gone(crun__tcp_t *t, int j, const char *how) {
     if (!op) {
       crun__p2p_op_t **pp = &t->posted;
       while (*pp && !((*pp)->peer == j || ((*pp)->peer == CRUN_ANY_SOURCE && !open))) pp = &(*pp)->next;
+      if (!*pp) pp = &t->outq[j];
       if (!(op = *pp)) return;
       *pp = op->next;
     }
     char desc[64], note[320];
     op_desc(op, desc, sizeof desc);
     unmatched_note(t, op->peer, note, sizeof note);
-    if (op->peer == CRUN_ANY_SOURCE)
+    if (held[0]) snprintf(note, sizeof note, "%s", held);
+    if (op->c->kind == CRUN__COLL_SEND) note[0] = 0;
+    if (op->peer == CRUN_ANY_SOURCE && !open) /* else it was taking j's frame (direct) */
       OP_FAIL(t, op, CRUN_EPEERDIED, "%s on rank %d: every peer closed its connection%s", desc, t->rank, note);
     else
       OP_FAIL(t, op, CRUN_EPEERDIED, "%s on rank %d: connection to rank %d %s (the process died or left the group)%s",
@@ -375,6 +414,20 @@ static void prx_abort_done(crun__tcp_t *t, int j) {
   crun__tcp_fail_all(t, st, text);
 }
 
+/* Peer j's reader is held and an operation waits on j: when j hung up (its
+ * frames now end at what this socket holds, and the one in front is held) or
+ * the connection failed, fails them as peer_gone does, so they do not wait
+ * for their deadline; 1 then. Without a waiter the held frame stays readable
+ * for a receive posted later. */
+static int held_watch(crun__tcp_t *t, int j) {
+  if (!peer_hung_up(t, j)) return 0;
+  int err = 0;
+  socklen_t len = sizeof err;
+  if (getsockopt(t->fds[j], SOL_SOCKET, SO_ERROR, &err, &len) < 0) err = 0;
+  peer_gone(t, j, err ? strerror(err) : "closed");
+  return 1;
+}
+
 /* A header was read whole: zero-byte frames end at once. */
 static void prx_after_header(crun__tcp_t *t, int j) {
   crun__prx_t *x = &t->prx[j];
@@ -391,7 +444,8 @@ static int pump_reads(crun__tcp_t *t, int j) {
   while (x->state != CRUN__PRX_DEAD && wants_peer(t, j)) {
     ssize_t k;
     size_t n = x->h.nbytes;
-    if (x->state == CRUN__PRX_HELD) { /* wants_peer: it can move on now */
+    if (x->state == CRUN__PRX_HELD) { /* wants_peer: it can move on, or a receive waits on it */
+      if (!held_ready(t, j)) return held_watch(t, j) | progress;
       prx_after_header(t, j);
       progress = 1;
     } else if (x->state == CRUN__PRX_HDR) {
@@ -493,8 +547,10 @@ int crun__tcp_pump(crun__tcp_t *t, int skip) {
 void crun__tcp_pump_events(crun__tcp_t *t, int skip) {
   for (int j = 0; j < t->size; j++) {
     if (j == t->rank || t->fds[j] < 0) continue;
-    if (t->outq[j]) t->pfd[j].events |= POLLOUT;
-    if (j != skip && wants_peer(t, j)) t->pfd[j].events |= POLLIN;
+    if (t->outq[j]) t->pfd[j].events |= POLLOUT | (t->prx[j].hup ? 0 : POLLRDHUP);
+    if (j == skip || !wants_peer(t, j)) continue;
+    /* a held reader waits for its peer's hang-up only: its bytes are there */
+    t->pfd[j].events |= t->prx[j].state == CRUN__PRX_HELD && !held_ready(t, j) ? POLLRDHUP : POLLIN;
   }
 }
 

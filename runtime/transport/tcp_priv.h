@@ -94,6 +94,8 @@ typedef struct {
   crun__stash_t *frame;     /* STASH: the frame being read */
   crun__p2p_op_t *direct;   /* DIRECT: the receive being filled */
   char *text;               /* ABORT: its text */
+  int hup;                  /* the peer shut its side (seen by a send stuck on it or a held
+                             * reader): what it left is read to its end */
 } crun__prx_t;
 
 struct crun__tcp {

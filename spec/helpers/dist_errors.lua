@@ -48,6 +48,20 @@
 --             (out of range), then an all_reduce; the others root 0
 --   objcallK  rank 0 broadcasts an int64[K] tensor of -5s where the others
 --             call broadcast_object_list (K = 1, 2: the size word, or more)
+--   p2p:K:H   2 ranks: rank 0 waits on a point-to-point operation with rank 1
+--             while rank 1 goes away 0.3 s in; K: recv (a blocking recv
+--             from it), irecv (an irecv's wait), held (a recv of tag 2 while
+--             rank 1's 1 MiB tag-1 isend waits unread behind
+--             CRUN_TCP_UNEXPECTED_MAX=65536), anyheld (the same with a recv
+--             from any source), isend (a 64 MiB isend it never
+--             receives); H: kill (SIGKILL), left (destroy_process_group, then
+--             stays up 3 s), exit (os.exit without destroying the group) or
+--             fail (its recv of tag 9 from rank 0 times out after 0.5 s,
+--             which ends its group; then it stays up 3 s).
+--             Rank 0 writes what its wait raised and "elapsed <s>".
+--   p2panymid 3 ranks: rank 1 isends 16 MiB to rank 0 and is killed 0.3 s
+--             later; rank 0 posts a recv from any source 1 s in, which takes
+--             the part of that frame that arrived; rank 2 stays up
 local crun = require "crun"
 local dist, T = crun.dist, crun.tensor
 local mode, outdir = arg[1], arg[2]
@@ -283,5 +297,59 @@ elseif mode == "kill" then
   end
   record(ok, err)
   out:write(string.format("elapsed %.3f\n", crun.clock() - t0))
+elseif mode == "p2panymid" then
+  dist.barrier()
+  if rank == 1 then
+    dist.isend(T.full({4 << 20}, -3, "int32"), 0, {tag = 2})
+    os.execute("sleep 0.3")
+    os.execute("kill -9 " .. io.open("/proc/self/stat"):read("n"))
+  elseif rank == 0 then
+    os.execute("sleep 1")
+    local t0 = crun.clock()
+    record(pcall(dist.recv, T.zeros({4 << 20}, "int32"), {tag = 2}))
+    out:write(string.format("elapsed %.3f\n", crun.clock() - t0))
+  else
+    record(true)
+    os.execute("sleep 3")
+  end
+elseif mode:match("^p2p:") then
+  local kind, how = mode:match("^p2p:(%w+):(%w+)$")
+  if rank == 1 then
+    dist.barrier()
+    if kind == "held" or kind == "anyheld" then dist.isend(T.full({262144}, -3, "int32"), 0, {tag = 1}) end
+    os.execute("sleep 0.3")
+    if how == "kill" then
+      os.execute("kill -9 " .. io.open("/proc/self/stat"):read("n"))
+    elseif how == "exit" then
+      record(true)
+      os.exit(0)
+    elseif how == "fail" then
+      record(pcall(dist.recv, T.zeros({2}, "int32"), 0, {tag = 9, timeout = 0.5}))
+      os.execute("sleep 3")
+      os.exit(0)
+    end
+    dist.destroy_process_group()
+    record(true)
+    os.execute("sleep 3")
+  else
+    dist.barrier()
+    local big = kind == "isend" and T.full({16 << 20}, 11, "int32") or nil
+    local w = kind == "isend" and dist.isend(big, 1, {tag = 2}) or nil
+    local t0 = crun.clock()
+    local ok, err
+    if kind == "recv" or kind == "held" then
+      ok, err = pcall(dist.recv, T.zeros({2}, "int32"), 1, {tag = 2})
+    elseif kind == "anyheld" then
+      ok, err = pcall(dist.recv, T.zeros({2}, "int32"), {tag = 2})
+    elseif kind == "irecv" then
+      local got = T.zeros({4}, "int32")
+      local wr = dist.irecv(got, 1, {tag = 2})
+      ok, err = pcall(wr.wait, wr)
+    else
+      ok, err = pcall(w.wait, w)
+    end
+    record(ok, err)
+    out:write(string.format("elapsed %.3f\n", crun.clock() - t0))
+  end
 end
 out:close()
