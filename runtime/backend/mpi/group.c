@@ -422,19 +422,19 @@ static retired_t *g_retired;
 
 /* Receives and drops what arrived on a retired communicator (at most 64
  * messages a call), noting the peers' "left" notices (tag `left`) in seen[]
- * as `bit`. A message is received whole into scratch memory: Open MPI's
- * shared-memory single copy writes a large message's full length even into
- * a receive that truncates it (EFAULT into NULL). */
+ * as `bit`. A message is received whole into a small sink
+ * (crun__mpi_mrecv_head): Open MPI writes a message's full length even into
+ * a receive that truncates it. (Before, a message past 2^31-1 bytes, or one
+ * whose scratch copy could not be allocated, was received into NULL.) */
 static void drain(retired_t *r, MPI_Comm c, int left, unsigned char bit) {
   for (int k = 0; k < 64; k++) {
-    int flag = 0, n = 0;
+    int flag = 0;
+    MPI_Count n = 0;
     MPI_Message m;
     MPI_Status st;
     if (MPI_Improbe(MPI_ANY_SOURCE, MPI_ANY_TAG, c, &flag, &m, &st) != MPI_SUCCESS || !flag) return;
-    MPI_Get_count(&st, MPI_BYTE, &n);   /* MPI_UNDEFINED past 2^31-1 bytes */
-    void *scratch = n > 0 ? malloc((size_t)n) : NULL;
-    MPI_Mrecv(scratch, scratch ? n : 0, MPI_BYTE, &m, MPI_STATUS_IGNORE); /* no memory: truncated, best effort */
-    free(scratch);
+    MPI_Get_elements_x(&st, MPI_BYTE, &n);
+    crun__mpi_mrecv_head(&m, n, NULL, 0);
     int p = st.MPI_SOURCE;
     if (st.MPI_TAG != left || p < 0 || p >= r->size || (r->seen[p] & bit)) continue;
     r->seen[p] |= bit;
