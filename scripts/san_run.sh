@@ -41,7 +41,7 @@ case "$kind" in
     export PMIX_MCA_mca_base_component_disable_dlclose=1
     # glibc has no frame pointers: under mpirun unwind slowly and fully, so
     # that leaks inside Open MPI's own vasprintf calls name Open MPI
-    case "$name" in mpi_*|multihost_spec) ASAN_OPTIONS="fast_unwind_on_malloc=0${ASAN_OPTIONS:+:$ASAN_OPTIONS}" ;; esac
+    case "$name" in mpi_*|multihost_spec|test_mpi_*) ASAN_OPTIONS="fast_unwind_on_malloc=0${ASAN_OPTIONS:+:$ASAN_OPTIONS}" ;; esac
     export ASAN_OPTIONS="halt_on_error=1:handle_segv=0:allocator_may_return_null=1:detect_leaks=0:include_if_exists=$on/%b:log_path=$dir/asan:strict_string_checks=1:detect_stack_use_after_return=1:check_initialization_order=1${ASAN_OPTIONS:+:$ASAN_OPTIONS}"
     export LSAN_OPTIONS="suppressions=$here/lsan.supp:print_suppressions=0${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
     export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:log_path=$dir/ubsan${UBSAN_OPTIONS:+:$UBSAN_OPTIONS}"

@@ -45,15 +45,24 @@ static int check_world(const crun_pg_t *pg, MPI_Comm world) {
   return 0;
 }
 
-/* Names the members whose join message has not arrived and cancels the receives. */
-static int join_timeout(const crun_pg_t *pg, MPI_Request *recvs, double timeout) {
-  int *missing = malloc(sizeof(int) * (size_t)pg->size), n = 0;
-  for (int i = 0; i < pg->size; i++) {
+/* Cancels the join receives still pending (recvs[0..n-1]), so none writes
+ * into the join's buffer after it is freed; returns how many were pending
+ * and, with missing not NULL, lists their ranks there. */
+static int cancel_recvs(MPI_Request *recvs, int n, int *missing) {
+  int k = 0;
+  for (int i = 0; i < n; i++) {
     if (recvs[i] == MPI_REQUEST_NULL) continue;
     MPI_Cancel(&recvs[i]);
     MPI_Wait(&recvs[i], MPI_STATUS_IGNORE);
-    if (missing) missing[n++] = i;
+    if (missing) missing[k] = i;
+    k++;
   }
+  return k;
+}
+
+/* Names the members whose join message has not arrived and cancels the receives. */
+static int join_timeout(const crun_pg_t *pg, MPI_Request *recvs, double timeout) {
+  int *missing = malloc(sizeof(int) * (size_t)pg->size), n = cancel_recvs(recvs, pg->size, missing);
   char who[256] = "some ranks";
   if (missing) crun__ranks_text(who, sizeof who, missing, n);
   free(missing);
@@ -159,8 +168,61 @@ static void release_tag(claim_t *c) {
   pthread_mutex_unlock(&g_claims_lock);
 }
 
+/* Join messages whose sends had not completed when their creation returned
+ * (it failed: a member never joined, or, over TCP, one that had not yet
+ * connected to this rank and was not calling MPI). MPI may still read such a
+ * message, so it stays here with its send requests until they complete, and
+ * is freed then (reclaim, at each group creation and destroy). Before, it
+ * was handed to MPI_Request_free and leaked. */
+typedef struct join_out {
+  int64_t *msg;
+  MPI_Request *reqs;   /* n sends */
+  int n;
+  struct join_out *next;
+} join_out_t;
+static pthread_mutex_t g_joins_lock = PTHREAD_MUTEX_INITIALIZER;
+static join_out_t *g_joins;
+
+/* Frees the kept join messages whose sends completed (MPI is alive). */
+static void sweep_joins(void) {
+  pthread_mutex_lock(&g_joins_lock);
+  for (join_out_t **q = &g_joins; *q;) {
+    join_out_t *j = *q;
+    int done = 0;
+    if (MPI_Testall(j->n, j->reqs, &done, MPI_STATUSES_IGNORE) != MPI_SUCCESS || !done) {
+      q = &j->next;
+      continue;
+    }
+    *q = j->next;
+    free(j->msg), free(j->reqs), free(j);
+  }
+  pthread_mutex_unlock(&g_joins_lock);
+}
+
+/* Frees msg once the n sends reading it (sends[0..n-1]) completed: at once
+ * when they have, else by sweep_joins; takes msg and, when it keeps them,
+ * the requests (then returns 1: the caller must not free `sends`). */
+static int keep_join(int64_t *msg, MPI_Request *sends, int n) {
+  int pending = 0;
+  for (int i = 0; i < n; i++) pending |= sends[i] != MPI_REQUEST_NULL;
+  join_out_t *j = pending ? malloc(sizeof *j) : NULL;
+  if (!pending) return free(msg), 0;
+  if (!j) { /* no memory for the record: MPI finishes the sends, msg stays (32 bytes) */
+    for (int i = 0; i < n; i++)
+      if (sends[i] != MPI_REQUEST_NULL) MPI_Request_free(&sends[i]);
+    return 0;
+  }
+  j->msg = msg, j->reqs = sends, j->n = n;
+  pthread_mutex_lock(&g_joins_lock);
+  j->next = g_joins, g_joins = j;
+  pthread_mutex_unlock(&g_joins_lock);
+  return 1;
+}
+
 /* Every member sends (group id, hash of the rank list, size, room) to every
- * other, with the group's tag, and waits for theirs until the group's timeout. */
+ * other, with the group's tag, and waits for theirs until the group's timeout.
+ * Returns with no receive pending; a send still pending keeps its message
+ * alive (keep_join). */
 static int join_members(const crun_pg_t *pg, MPI_Comm join, int tag) {
   int n = pg->size, rc = 0, room = atomic_load(&g_groups) < max_groups();
   if (n < 2) return room ? 0 : no_room(pg, "this rank");
@@ -182,12 +244,10 @@ static int join_members(const crun_pg_t *pg, MPI_Comm join, int tag) {
   rc = crun__mpi_wait(NULL, reqs, 2 * n, 0, crun_clock() + pg->timeout, "group handshake");
   if (rc == 1) rc = join_timeout(pg, reqs, pg->timeout);
   else if (rc == 0) rc = join_compare(pg, mine, theirs);
-  int sends_done = 1;
-  for (int i = n; i < 2 * n; i++)
-    if (reqs[i] != MPI_REQUEST_NULL) MPI_Request_free(&reqs[i]), sends_done = 0;
-  if (sends_done) free(mine); /* else MPI may still read it: leak 32 bytes */
+  else cancel_recvs(reqs, n, NULL); /* MPI failed: nothing may write into theirs once freed */
   free(theirs);
-  free(reqs);
+  memmove(reqs, reqs + n, sizeof(MPI_Request) * (size_t)n); /* the sends */
+  if (!keep_join(mine, reqs, n)) free(reqs);
   return rc;
 }
 
@@ -362,19 +422,19 @@ static retired_t *g_retired;
 
 /* Receives and drops what arrived on a retired communicator (at most 64
  * messages a call), noting the peers' "left" notices (tag `left`) in seen[]
- * as `bit`. A message is received whole into scratch memory: Open MPI's
- * shared-memory single copy writes a large message's full length even into
- * a receive that truncates it (EFAULT into NULL). */
+ * as `bit`. A message is received whole into a small sink
+ * (crun__mpi_mrecv_head): Open MPI writes a message's full length even into
+ * a receive that truncates it. (Before, a message past 2^31-1 bytes, or one
+ * whose scratch copy could not be allocated, was received into NULL.) */
 static void drain(retired_t *r, MPI_Comm c, int left, unsigned char bit) {
   for (int k = 0; k < 64; k++) {
-    int flag = 0, n = 0;
+    int flag = 0;
+    MPI_Count n = 0;
     MPI_Message m;
     MPI_Status st;
     if (MPI_Improbe(MPI_ANY_SOURCE, MPI_ANY_TAG, c, &flag, &m, &st) != MPI_SUCCESS || !flag) return;
-    MPI_Get_count(&st, MPI_BYTE, &n);   /* MPI_UNDEFINED past 2^31-1 bytes */
-    void *scratch = n > 0 ? malloc((size_t)n) : NULL;
-    MPI_Mrecv(scratch, scratch ? n : 0, MPI_BYTE, &m, MPI_STATUS_IGNORE); /* no memory: truncated, best effort */
-    free(scratch);
+    MPI_Get_elements_x(&st, MPI_BYTE, &n);
+    crun__mpi_mrecv_head(&m, n, NULL, 0);
     int p = st.MPI_SOURCE;
     if (st.MPI_TAG != left || p < 0 || p >= r->size || (r->seen[p] & bit)) continue;
     r->seen[p] |= bit;
@@ -414,10 +474,13 @@ static void sweep_retired(void) {
   }
 }
 
-/* Sweeps the retired groups (before a group is created: frees what it can). */
+/* Sweeps the kept join messages and the retired groups (before a group is
+ * created: frees what it can). */
 static void reclaim(void) {
+  if (!crun__mpi_alive()) return;
+  sweep_joins();
   pthread_mutex_lock(&g_retired_lock);
-  if (g_retired && crun__mpi_alive()) sweep_retired();
+  if (g_retired) sweep_retired();
   pthread_mutex_unlock(&g_retired_lock);
 }
 
@@ -464,6 +527,7 @@ static void mpi_destroy(void *state) {
   int alive = crun__mpi_alive();
   crun__mpi_watch_remove(&b->watch);
   if (alive) crun__mpi_sends_drain(b, b->pg->timeout < 10 ? b->pg->timeout : 10);
+  if (alive) sweep_joins();
   if (alive && b->ctrl != MPI_COMM_NULL && b->size > 1) notify_left(b);
   if (alive && b->comm != MPI_COMM_NULL && b->size > 1) retire(b);
   if (alive && b->ctrl != MPI_COMM_NULL) MPI_Comm_free(&b->ctrl); /* one rank: nothing can be in flight */

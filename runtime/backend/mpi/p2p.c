@@ -154,16 +154,38 @@ static int mismatch(crun__mpi_t *b, crun__coll_t *c, const char *desc, int from,
                     want, c->count, from, got, (long long)h[1], c->tag);
 }
 
-/* Receives a message of another size into scratch memory and reports it. */
+/* Bytes of the sink that crun__mpi_mrecv_head drops a message's rest into. */
+#define SINK 4096
+
+int crun__mpi_mrecv_head(MPI_Message *m, MPI_Count bytes, void *head, size_t keep) {
+  char sink[SINK];
+  MPI_Count k = head && bytes > 0 ? (bytes < (MPI_Count)keep ? bytes : (MPI_Count)keep) : 0;
+  MPI_Count rest = bytes > k ? bytes - k : 0, q = rest / SINK;
+  if (q > INT32_MAX) return MPI_ERR_COUNT; /* over 8 TiB: a crun message is at most 16 GiB */
+  MPI_Datatype blk, zero, t = MPI_DATATYPE_NULL;
+  int lens[3] = {(int)k, (int)q, (int)(rest % SINK)};
+  MPI_Aint at[3];
+  MPI_Get_address(k ? head : sink, &at[0]);
+  MPI_Get_address(sink, &at[1]);
+  at[2] = at[1];
+  MPI_Type_contiguous(SINK, MPI_BYTE, &blk);
+  MPI_Type_create_resized(blk, 0, 0, &zero); /* SINK bytes, extent 0: each copy lands on the last */
+  MPI_Datatype types[3] = {MPI_BYTE, zero, MPI_BYTE};
+  int rc = MPI_Type_create_struct(3, lens, at, types, &t);
+  if (rc == MPI_SUCCESS) rc = MPI_Type_commit(&t);
+  if (rc == MPI_SUCCESS) rc = MPI_Mrecv(MPI_BOTTOM, 1, t, m, MPI_STATUS_IGNORE);
+  if (t != MPI_DATATYPE_NULL) MPI_Type_free(&t);
+  MPI_Type_free(&zero);
+  MPI_Type_free(&blk);
+  return rc;
+}
+
+/* Receives a message of another size (its header and, whatever its length,
+ * nothing else) and reports it as an EMISMATCH naming both sides. */
 static int recv_wrong(crun__mpi_t *b, crun__coll_t *c, const char *desc, MPI_Message *m, int from, MPI_Count got) {
-  char *s = got <= INT32_MAX ? crun__mpi_stage(b, 1, (size_t)got) : NULL;
-  if (!s) {
-    MPI_Mrecv(NULL, 0, MPI_BYTE, m, MPI_STATUS_IGNORE); /* truncates: only the size is reported */
-    return mismatch(b, c, desc, from, NULL, 0, (long long)got);
-  }
-  MPI_Mrecv(s, (int)got, MPI_BYTE, m, MPI_STATUS_IGNORE);
   int64_t h[2] = {-1, 0};
-  if (got >= HDR) memcpy(h, s, HDR);
+  int rc = crun__mpi_mrecv_head(m, got, h, HDR);
+  if (rc != MPI_SUCCESS) return crun__mpi_fail(rc, desc, b->rank, "MPI_Mrecv");
   return mismatch(b, c, desc, from, h, got >= HDR && h[0] >= 0 && h[0] < CRUN_DTYPE_COUNT, (long long)got);
 }
 
