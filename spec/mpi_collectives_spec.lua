@@ -264,7 +264,7 @@ describe("the mpi backend", function()
       for i = 1, 4 do keep[i] = dist.new_group({0, 2}) end
       local ok, err = pcall(dist.new_group, {0, 1})
       o:write(ok and "ok" or tostring(err), "\n")
-      local x = T.full({2}, -r - 1)
+      local x = T.full({2}, -r - 1, "float32")
       ok, err = pcall(dist.all_reduce, x)
       o:write(ok and tostring(x[2]) or tostring(err), "\n")
       o:close()
@@ -304,13 +304,13 @@ describe("the mpi backend", function()
         local ok, g = pcall(dist.new_group, list)
         if not ok then bad = bad or ("new_group " .. i .. ": " .. tostring(g)) end
         if ok and g ~= dist.GroupMember.NON_GROUP_MEMBER then
-          local x, want = T.full({3}, -(r + 1) * i), 0
+          local x, want = T.full({3}, -(r + 1) * i, "float32"), 0
           for _, m in ipairs(list) do want = want - (m + 1) * i end
           dist.all_reduce(x, "sum", g)
           local a, b = list[1], list[2]
           local y = T.zeros({4})
           if r == a then
-            dist.send(T.full({4}, -i), b, {group = g, tag = 7})
+            dist.send(T.full({4}, -i, "float32"), b, {group = g, tag = 7})
             dist.send(T.full({4}, -i - 0.5), b, {group = g, tag = 7})   -- never received
           elseif r == b then
             dist.recv(y, a, {group = g, tag = 7})
@@ -322,7 +322,7 @@ describe("the mpi backend", function()
           good = good + 1
         end
       end
-      local x = T.full({2}, -r - 1)
+      local x = T.full({2}, -r - 1, "float32")
       local ok, err = pcall(dist.all_reduce, x)
       o:write(bad or ("ok " .. good), "\n", ok and tostring(x[2]) or tostring(err), "\n")
       o:close()
@@ -354,7 +354,7 @@ describe("the mpi backend", function()
           if k then return tonumber(k) // 1024 end
         end
       end
-      local x, keep = T.full({1 << 20}, -1), {}
+      local x, keep = T.full({1 << 20}, -1, "float32"), {}
       collectgarbage()
       local before = rss()
       for i = 1, 8 do
