@@ -67,6 +67,8 @@ typedef struct tcp_store {
   double rtt;                  /* recent round trips (a moving average, capped samples), s */
   int async_set;               /* set returns once sent (tcp_proto.h, "Pipelined sets") */
   unsigned unacked;            /* sets sent whose acknowledgement is not read yet */
+  uint64_t sent, settled;      /* sets sent without waiting, and those acknowledged or lost,
+                                  ever (atomic: a flush reads them without the lock) */
   unsigned lost;               /* unacknowledged sets of a connection that was lost */
   int late_rc;                 /* a failure crun_store_flush_sets found: the next call's */
   char late_msg[400];
@@ -81,10 +83,16 @@ static struct {
   unsigned long unacked;
 } g_async = {PTHREAD_MUTEX_INITIALIZER, NULL, 0};
 
-/* Moves t->unacked to n, keeping the process's count. */
+/* Moves t->unacked to n, keeping the process's count and t's sent and
+ * settled sets (a drop from m to n settles m - n: read or lost). */
 static void set_unacked(tcp_store_t *t, unsigned n) {
-  if (n > t->unacked) __atomic_add_fetch(&g_async.unacked, n - t->unacked, __ATOMIC_RELAXED);
-  else __atomic_sub_fetch(&g_async.unacked, t->unacked - n, __ATOMIC_RELAXED);
+  if (n > t->unacked) {
+    __atomic_add_fetch(&g_async.unacked, n - t->unacked, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&t->sent, n - t->unacked, __ATOMIC_RELEASE);
+  } else {
+    __atomic_sub_fetch(&g_async.unacked, t->unacked - n, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&t->settled, t->unacked - n, __ATOMIC_RELEASE);
+  }
   t->unacked = n;
 }
 
@@ -877,18 +885,30 @@ static void async_unlist(tcp_store_t *t) {
   pthread_mutex_unlock(&g_async.mu);
 }
 
+/* Waits until every set sent on t before this call is acknowledged or
+ * lost, within t's timeout. A handle busy in another thread's call is not
+ * waited for as a whole (a parked get could wait on a key that a peer sets
+ * only after the barrier): that call reads the acknowledgements before its
+ * own request, so this polls until they are read or the lock is free. */
+static void flush_one(tcp_store_t *t) {
+  uint64_t target = __atomic_load_n(&t->sent, __ATOMIC_ACQUIRE);
+  double deadline = deadline_now(&t->base);
+  while (__atomic_load_n(&t->settled, __ATOMIC_ACQUIRE) < target) {
+    if (pthread_mutex_trylock(&t->mu) == 0) {
+      int rc = t->unacked && !t->late_rc ? note_lost(t, drain_acks(t, deadline)) : 0;
+      if (rc < 0) t->late_rc = rc, snprintf(t->late_msg, sizeof t->late_msg, "%s", crun_last_error());
+      pthread_mutex_unlock(&t->mu);
+      return;
+    }
+    if (crun_clock() >= deadline) return; /* the busy call reports what went wrong */
+    nanosleep(&(struct timespec){0, 50000}, NULL);
+  }
+}
+
 void crun_store_flush_sets(void) {
   if (!__atomic_load_n(&g_async.unacked, __ATOMIC_RELAXED)) return;
   pthread_mutex_lock(&g_async.mu);
-  for (tcp_store_t *t = g_async.head; t; t = t->next) {
-    /* A handle busy in another thread's call is skipped: a request reads its
-     * handle's acknowledgements before it is sent, and waiting here for a
-     * parked get could wait on a key that a peer sets only after the barrier. */
-    if (pthread_mutex_trylock(&t->mu) != 0) continue;
-    int rc = t->unacked && !t->late_rc ? note_lost(t, drain_acks(t, deadline_now(&t->base))) : 0;
-    if (rc < 0) t->late_rc = rc, snprintf(t->late_msg, sizeof t->late_msg, "%s", crun_last_error());
-    pthread_mutex_unlock(&t->mu);
-  }
+  for (tcp_store_t *t = g_async.head; t; t = t->next) flush_one(t);
   pthread_mutex_unlock(&g_async.mu);
 }
 
