@@ -73,6 +73,7 @@ typedef struct tcp_store {
   int late_rc;                 /* a failure crun_store_flush_sets found: the next call's */
   char late_msg[400];
   struct tcp_store *prev, *next; /* the process's async_set clients (g_async) */
+  unsigned gen;                /* g_async.gen at creation: another one in a forked child */
 } tcp_store_t;
 
 /* Every async_set client of this process, for crun_store_flush_sets, and the
@@ -81,12 +82,30 @@ static struct {
   pthread_mutex_t mu;
   tcp_store_t *head;
   unsigned long unacked;
-} g_async = {PTHREAD_MUTEX_INITIALIZER, NULL, 0};
+  unsigned gen; /* one more in each forked child */
+} g_async = {PTHREAD_MUTEX_INITIALIZER, NULL, 0, 0};
+
+/* In a forked child the parent's clients are not this process's: their
+ * sockets are shared with the parent (or closed and their numbers reused),
+ * so a flush or a close there must not read the parent's acknowledgements.
+ * The list starts empty, its lock fresh (another thread may have held it). */
+static void async_after_fork(void) {
+  pthread_mutex_init(&g_async.mu, NULL);
+  g_async.head = NULL;
+  g_async.unacked = 0;
+  g_async.gen++;
+}
+
+static void async_init(void) { pthread_atfork(NULL, NULL, async_after_fork); }
+
+/* Whether t was inherited from the parent process (fork). */
+static int inherited(const tcp_store_t *t) { return t->gen != g_async.gen; }
 
 /* Moves t->unacked to n, keeping the process's count and t's sent and
  * settled sets (a drop from m to n settles m - n: read or lost). */
 static void set_unacked(tcp_store_t *t, unsigned n) {
-  if (n > t->unacked) {
+  if (inherited(t)) { /* counted in the parent */
+  } else if (n > t->unacked) {
     __atomic_add_fetch(&g_async.unacked, n - t->unacked, __ATOMIC_RELAXED);
     __atomic_add_fetch(&t->sent, n - t->unacked, __ATOMIC_RELEASE);
   } else {
@@ -877,6 +896,7 @@ static int k_port(crun_store_t *s) { return T(s)->port; }
 
 /* Takes t off the process's async_set clients (it may not be on them). */
 static void async_unlist(tcp_store_t *t) {
+  if (inherited(t)) return; /* on the parent's list only */
   pthread_mutex_lock(&g_async.mu);
   if (t->prev) t->prev->next = t->next;
   else if (g_async.head == t) g_async.head = t->next;
@@ -916,7 +936,7 @@ static void k_destroy(crun_store_t *s) {
   tcp_store_t *t = T(s);
   async_unlist(t);
   if (t->late_rc) CRUN_LOG(WARN, STORE, "closing the store %s:%d: %s", t->host, t->port, t->late_msg);
-  if (t->unacked && t->fd >= 0 && drain_acks(t, deadline_now(s)) < 0) /* sets before a close are applied */
+  if (t->unacked && t->fd >= 0 && !inherited(t) && drain_acks(t, deadline_now(s)) < 0) /* sets before a close are applied */
     CRUN_LOG(WARN, STORE, "closing the store %s:%d: %s", t->host, t->port, crun_last_error());
   drop_conn(t);
   if (t->server) crun_store_server_stop(t->server);
@@ -982,6 +1002,9 @@ int crun_store_tcp_new(const crun_store_tcp_opts_t *opts, crun_store_t **out) {
   crun_store_set_timeout(&t->base, opts->timeout);
   pthread_mutex_init(&t->mu, NULL);
   t->spin = crun__store_spin_seconds(CRUN_STORE_SPIN_US_CLIENT);
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once(&once, async_init);
+  t->gen = g_async.gen;
   t->async_set = opts->async_set > 0 || (opts->async_set == 0 && crun_env_int("CRUN_STORE_ASYNC_SET", 1) != 0);
   t->fd = -1;
   t->port = opts->port;

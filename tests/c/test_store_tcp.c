@@ -1151,6 +1151,33 @@ TEST(tcp_flush_sets_busy_handle) {
   close(lfd);
 }
 
+/* A forked child's flush leaves the parent's handles alone: it would read
+ * (steal) the acknowledgements on the socket the two share, and the
+ * parent's next call would wait for them until its timeout. */
+TEST(tcp_flush_sets_in_forked_child) {
+  int port;
+  crun_store_server_t *srv = local_server(&port);
+  crun_store_tcp_opts_t o = {.host = "127.0.0.1", .port = port, .timeout = 2, .connect_timeout = 5,
+                             .async_set = 1};
+  crun_store_t *a = NULL;
+  EXPECT_OK(crun_store_tcp_new(&o, &a));
+  EXPECT_OK(crun_store_set(a, "k", "v", 1)); /* its acknowledgement is left unread */
+  usleep(50000);
+  pid_t pid = fork();
+  if (pid == 0) {
+    crun_store_flush_sets(); /* as a barrier in the child would */
+    _exit(0);
+  }
+  int st = 0;
+  EXPECT(pid > 0 && waitpid(pid, &st, 0) == pid && WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  crun_buf_t got = {0};
+  EXPECT_OK(crun_store_get(a, "k", &got)); /* reads its own acknowledgement first */
+  EXPECT(got.len == 1 && memcmp(got.data, "v", 1) == 0);
+  crun_buf_free(&got);
+  crun_store_release(a);
+  crun_store_server_stop(srv);
+}
+
 /* A lost set that a flush finds is reported by the handle's next call;
  * async_set = -1 makes the set itself wait and report it. */
 static void lost_set(int async, int flush) {
@@ -1438,7 +1465,7 @@ TEST(tcp_wait_timeouts_on_the_wire) {
   X(tcp_thousand_clients) X(tcp_multiprocess_race) X(tcp_big_value) X(tcp_pipelined_clients) X(tcp_both_transports) \
   X(tcp_secret) X(tcp_handshake_stall_is_etimedout) X(tcp_unix_socket_taken_by_another_user) X(tcp_stranger_bound_to_a_device) \
   X(tcp_client_that_never_reads) \
-  X(tcp_waiters_by_key) X(tcp_idle_connection_flood) X(tcp_queues) X(tcp_queue_opcodes) X(tcp_async_set) X(tcp_async_set_lost) X(tcp_flush_sets) X(tcp_flush_sets_busy_handle) X(tcp_flush_sets_lost) \
+  X(tcp_waiters_by_key) X(tcp_idle_connection_flood) X(tcp_queues) X(tcp_queue_opcodes) X(tcp_async_set) X(tcp_async_set_lost) X(tcp_flush_sets) X(tcp_flush_sets_busy_handle) X(tcp_flush_sets_in_forked_child) X(tcp_flush_sets_lost) \
   X(tcp_spin_setting) X(tcp_idle_server_sleeps) X(tcp_timed_out_wait_keeps_connection) X(tcp_set_at_the_deadline) \
   X(tcp_wait_timeouts_on_the_wire)
 CRUN_TEST_MAIN()
