@@ -96,7 +96,12 @@ static void async_after_fork(void) {
   g_async.gen++;
 }
 
-static void async_init(void) { pthread_atfork(NULL, NULL, async_after_fork); }
+static void flush_at_exit(void);
+
+static void async_init(void) {
+  pthread_atfork(NULL, NULL, async_after_fork);
+  atexit(flush_at_exit);
+}
 
 /* Whether t was inherited from the parent process (fork). */
 static int inherited(const tcp_store_t *t) { return t->gen != g_async.gen; }
@@ -929,6 +934,21 @@ void crun_store_flush_sets(void) {
   if (!__atomic_load_n(&g_async.unacked, __ATOMIC_RELAXED)) return;
   pthread_mutex_lock(&g_async.mu);
   for (tcp_store_t *t = g_async.head; t; t = t->next) flush_one(t);
+  pthread_mutex_unlock(&g_async.mu);
+}
+
+/* At exit (os.exit included) the sets not yet acknowledged are waited for:
+ * a TCP socket closed with unread acknowledgements is reset, and the reset
+ * discards the sets still in this side's send queue (a failure is logged:
+ * nobody is left to report it to). */
+static void flush_at_exit(void) {
+  if (!__atomic_load_n(&g_async.unacked, __ATOMIC_RELAXED)) return;
+  pthread_mutex_lock(&g_async.mu);
+  for (tcp_store_t *t = g_async.head; t; t = t->next) {
+    flush_one(t);
+    if (t->late_rc) CRUN_LOG(WARN, STORE, "exiting with sets to the store %s:%d not applied: %s", t->host,
+                             t->port, t->late_msg);
+  }
   pthread_mutex_unlock(&g_async.mu);
 }
 

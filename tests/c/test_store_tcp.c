@@ -1178,6 +1178,42 @@ TEST(tcp_flush_sets_in_forked_child) {
   crun_store_server_stop(srv);
 }
 
+/* A process that exits (exit, os.exit) without closing its store after sets
+ * it did not wait for: over TCP its socket closed with acknowledgements
+ * unread is reset, and the reset dropped the sets still in its send queue;
+ * the exit now waits for them. */
+TEST(tcp_async_sets_survive_exit) {
+  setenv("CRUN_STORE_UNIX", "0", 1); /* TCP, as every client on another host */
+  int port;
+  crun_store_server_t *srv = local_server(&port);
+  unsetenv("CRUN_STORE_UNIX");
+  crun_store_t *c = client(port, 10);
+  enum { N = 60 };
+  for (int round = 0; round < 3; round++) {
+    pid_t pid = fork();
+    if (pid == 0) {
+      crun_store_tcp_opts_t o = {.host = "127.0.0.1", .port = port, .timeout = 10, .async_set = 1};
+      crun_store_t *s = NULL;
+      size_t vl = 1 << 16;
+      char k[32], *v = calloc(1, vl);
+      if (!v || crun_store_tcp_new(&o, &s) < 0) _exit(2);
+      for (int i = 0; i < N; i++) {
+        snprintf(k, sizeof k, "x%d/%d", round, i);
+        if (crun_store_set(s, k, v, vl) < 0) _exit(3);
+      }
+      exit(0); /* the store is not closed */
+    }
+    int st = 0;
+    EXPECT(pid > 0 && waitpid(pid, &st, 0) == pid && WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    char kb[N][32];
+    const char *keys[N];
+    for (int i = 0; i < N; i++) snprintf(kb[i], sizeof kb[i], "x%d/%d", round, i), keys[i] = kb[i];
+    EXPECT_OK(crun_store_wait(c, keys, N, 3.0)); /* every set arrives */
+  }
+  crun_store_release(c);
+  crun_store_server_stop(srv);
+}
+
 /* A lost set that a flush finds is reported by the handle's next call;
  * async_set = -1 makes the set itself wait and report it. */
 static void lost_set(int async, int flush) {
@@ -1465,7 +1501,7 @@ TEST(tcp_wait_timeouts_on_the_wire) {
   X(tcp_thousand_clients) X(tcp_multiprocess_race) X(tcp_big_value) X(tcp_pipelined_clients) X(tcp_both_transports) \
   X(tcp_secret) X(tcp_handshake_stall_is_etimedout) X(tcp_unix_socket_taken_by_another_user) X(tcp_stranger_bound_to_a_device) \
   X(tcp_client_that_never_reads) \
-  X(tcp_waiters_by_key) X(tcp_idle_connection_flood) X(tcp_queues) X(tcp_queue_opcodes) X(tcp_async_set) X(tcp_async_set_lost) X(tcp_flush_sets) X(tcp_flush_sets_busy_handle) X(tcp_flush_sets_in_forked_child) X(tcp_flush_sets_lost) \
+  X(tcp_waiters_by_key) X(tcp_idle_connection_flood) X(tcp_queues) X(tcp_queue_opcodes) X(tcp_async_set) X(tcp_async_set_lost) X(tcp_flush_sets) X(tcp_flush_sets_busy_handle) X(tcp_flush_sets_in_forked_child) X(tcp_async_sets_survive_exit) X(tcp_flush_sets_lost) \
   X(tcp_spin_setting) X(tcp_idle_server_sleeps) X(tcp_timed_out_wait_keeps_connection) X(tcp_set_at_the_deadline) \
   X(tcp_wait_timeouts_on_the_wire)
 CRUN_TEST_MAIN()
