@@ -918,6 +918,7 @@ static void async_unlist(tcp_store_t *t) {
 static void flush_one(tcp_store_t *t) {
   uint64_t target = __atomic_load_n(&t->sent, __ATOMIC_ACQUIRE);
   double deadline = deadline_now(&t->base);
+  long ns = 20000;
   while (__atomic_load_n(&t->settled, __ATOMIC_ACQUIRE) < target) {
     if (pthread_mutex_trylock(&t->mu) == 0) {
       int rc = t->unacked && !t->late_rc ? note_lost(t, drain_acks(t, deadline)) : 0;
@@ -926,7 +927,8 @@ static void flush_one(tcp_store_t *t) {
       return;
     }
     if (crun_clock() >= deadline) return; /* the busy call reports what went wrong */
-    nanosleep(&(struct timespec){0, 50000}, NULL);
+    nanosleep(&(struct timespec){0, ns}, NULL);
+    if (ns < 1000000) ns *= 2; /* the holder reads them first: usually at once */
   }
 }
 
