@@ -67,10 +67,13 @@ typedef struct tcp_store {
   double rtt;                  /* recent round trips (a moving average, capped samples), s */
   int async_set;               /* set returns once sent (tcp_proto.h, "Pipelined sets") */
   unsigned unacked;            /* sets sent whose acknowledgement is not read yet */
+  uint64_t sent, settled;      /* sets sent without waiting, and those acknowledged or lost,
+                                  ever (atomic: a flush reads them without the lock) */
   unsigned lost;               /* unacknowledged sets of a connection that was lost */
   int late_rc;                 /* a failure crun_store_flush_sets found: the next call's */
   char late_msg[400];
   struct tcp_store *prev, *next; /* the process's async_set clients (g_async) */
+  unsigned gen;                /* g_async.gen at creation: another one in a forked child */
 } tcp_store_t;
 
 /* Every async_set client of this process, for crun_store_flush_sets, and the
@@ -79,12 +82,41 @@ static struct {
   pthread_mutex_t mu;
   tcp_store_t *head;
   unsigned long unacked;
-} g_async = {PTHREAD_MUTEX_INITIALIZER, NULL, 0};
+  unsigned gen; /* one more in each forked child */
+} g_async = {PTHREAD_MUTEX_INITIALIZER, NULL, 0, 0};
 
-/* Moves t->unacked to n, keeping the process's count. */
+/* In a forked child the parent's clients are not this process's: their
+ * sockets are shared with the parent (or closed and their numbers reused),
+ * so a flush or a close there must not read the parent's acknowledgements.
+ * The list starts empty, its lock fresh (another thread may have held it). */
+static void async_after_fork(void) {
+  pthread_mutex_init(&g_async.mu, NULL);
+  g_async.head = NULL;
+  g_async.unacked = 0;
+  g_async.gen++;
+}
+
+static void flush_at_exit(void);
+
+static void async_init(void) {
+  pthread_atfork(NULL, NULL, async_after_fork);
+  atexit(flush_at_exit);
+}
+
+/* Whether t was inherited from the parent process (fork). */
+static int inherited(const tcp_store_t *t) { return t->gen != g_async.gen; }
+
+/* Moves t->unacked to n, keeping the process's count and t's sent and
+ * settled sets (a drop from m to n settles m - n: read or lost). */
 static void set_unacked(tcp_store_t *t, unsigned n) {
-  if (n > t->unacked) __atomic_add_fetch(&g_async.unacked, n - t->unacked, __ATOMIC_RELAXED);
-  else __atomic_sub_fetch(&g_async.unacked, t->unacked - n, __ATOMIC_RELAXED);
+  if (inherited(t)) { /* counted in the parent */
+  } else if (n > t->unacked) {
+    __atomic_add_fetch(&g_async.unacked, n - t->unacked, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&t->sent, n - t->unacked, __ATOMIC_RELEASE);
+  } else {
+    __atomic_sub_fetch(&g_async.unacked, t->unacked - n, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&t->settled, t->unacked - n, __ATOMIC_RELEASE);
+  }
   t->unacked = n;
 }
 
@@ -869,6 +901,7 @@ static int k_port(crun_store_t *s) { return T(s)->port; }
 
 /* Takes t off the process's async_set clients (it may not be on them). */
 static void async_unlist(tcp_store_t *t) {
+  if (inherited(t)) return; /* on the parent's list only */
   pthread_mutex_lock(&g_async.mu);
   if (t->prev) t->prev->next = t->next;
   else if (g_async.head == t) g_async.head = t->next;
@@ -877,17 +910,46 @@ static void async_unlist(tcp_store_t *t) {
   pthread_mutex_unlock(&g_async.mu);
 }
 
+/* Waits until every set sent on t before this call is acknowledged or
+ * lost, within t's timeout. A handle busy in another thread's call is not
+ * waited for as a whole (a parked get could wait on a key that a peer sets
+ * only after the barrier): that call reads the acknowledgements before its
+ * own request, so this polls until they are read or the lock is free. */
+static void flush_one(tcp_store_t *t) {
+  uint64_t target = __atomic_load_n(&t->sent, __ATOMIC_ACQUIRE);
+  double deadline = deadline_now(&t->base);
+  long ns = 20000;
+  while (__atomic_load_n(&t->settled, __ATOMIC_ACQUIRE) < target) {
+    if (pthread_mutex_trylock(&t->mu) == 0) {
+      int rc = t->unacked && !t->late_rc ? note_lost(t, drain_acks(t, deadline)) : 0;
+      if (rc < 0) t->late_rc = rc, snprintf(t->late_msg, sizeof t->late_msg, "%s", crun_last_error());
+      pthread_mutex_unlock(&t->mu);
+      return;
+    }
+    if (crun_clock() >= deadline) return; /* the busy call reports what went wrong */
+    nanosleep(&(struct timespec){0, ns}, NULL);
+    if (ns < 1000000) ns *= 2; /* the holder reads them first: usually at once */
+  }
+}
+
 void crun_store_flush_sets(void) {
   if (!__atomic_load_n(&g_async.unacked, __ATOMIC_RELAXED)) return;
   pthread_mutex_lock(&g_async.mu);
+  for (tcp_store_t *t = g_async.head; t; t = t->next) flush_one(t);
+  pthread_mutex_unlock(&g_async.mu);
+}
+
+/* At exit (os.exit included) the sets not yet acknowledged are waited for:
+ * a TCP socket closed with unread acknowledgements is reset, and the reset
+ * discards the sets still in this side's send queue (a failure is logged:
+ * nobody is left to report it to). */
+static void flush_at_exit(void) {
+  if (!__atomic_load_n(&g_async.unacked, __ATOMIC_RELAXED)) return;
+  pthread_mutex_lock(&g_async.mu);
   for (tcp_store_t *t = g_async.head; t; t = t->next) {
-    /* A handle busy in another thread's call is skipped: a request reads its
-     * handle's acknowledgements before it is sent, and waiting here for a
-     * parked get could wait on a key that a peer sets only after the barrier. */
-    if (pthread_mutex_trylock(&t->mu) != 0) continue;
-    int rc = t->unacked && !t->late_rc ? note_lost(t, drain_acks(t, deadline_now(&t->base))) : 0;
-    if (rc < 0) t->late_rc = rc, snprintf(t->late_msg, sizeof t->late_msg, "%s", crun_last_error());
-    pthread_mutex_unlock(&t->mu);
+    flush_one(t);
+    if (t->late_rc) CRUN_LOG(WARN, STORE, "exiting with sets to the store %s:%d not applied: %s", t->host,
+                             t->port, t->late_msg);
   }
   pthread_mutex_unlock(&g_async.mu);
 }
@@ -896,7 +958,7 @@ static void k_destroy(crun_store_t *s) {
   tcp_store_t *t = T(s);
   async_unlist(t);
   if (t->late_rc) CRUN_LOG(WARN, STORE, "closing the store %s:%d: %s", t->host, t->port, t->late_msg);
-  if (t->unacked && t->fd >= 0 && drain_acks(t, deadline_now(s)) < 0) /* sets before a close are applied */
+  if (t->unacked && t->fd >= 0 && !inherited(t) && drain_acks(t, deadline_now(s)) < 0) /* sets before a close are applied */
     CRUN_LOG(WARN, STORE, "closing the store %s:%d: %s", t->host, t->port, crun_last_error());
   drop_conn(t);
   if (t->server) crun_store_server_stop(t->server);
@@ -962,6 +1024,9 @@ int crun_store_tcp_new(const crun_store_tcp_opts_t *opts, crun_store_t **out) {
   crun_store_set_timeout(&t->base, opts->timeout);
   pthread_mutex_init(&t->mu, NULL);
   t->spin = crun__store_spin_seconds(CRUN_STORE_SPIN_US_CLIENT);
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once(&once, async_init);
+  t->gen = g_async.gen;
   t->async_set = opts->async_set > 0 || (opts->async_set == 0 && crun_env_int("CRUN_STORE_ASYNC_SET", 1) != 0);
   t->fd = -1;
   t->port = opts->port;

@@ -1088,6 +1088,132 @@ TEST(tcp_flush_sets) {
   crun_store_server_stop(srv);
 }
 
+/* A server that greets one client (no secret), reads its first request (a
+ * set), acknowledges it 300 ms later, then answers one CHECK with 1. */
+static void *slow_ack_check_server(void *arg) {
+  int lfd = *(int *)arg, fd = accept(lfd, NULL, NULL);
+  crun__auth_t auth;
+  unsigned char greet[CRUN__AUTH_GREET], nonce[32];
+  uint8_t in[256];
+  crun__auth_init(&auth, "");
+  crun__auth_greet(&auth, greet, nonce);
+  EXPECT(send(fd, greet, sizeof greet, 0) == (ssize_t)sizeof greet);
+  EXPECT(read_exact(fd, in, CRUN__AUTH_ANSWER) == 0);
+  for (int op = CRUN__SOP_SET; op >= 0; op = op == CRUN__SOP_SET ? CRUN__SOP_CHECK : -1) {
+    EXPECT(read_exact(fd, in, 8) == 0 && in[5] == op);
+    uint32_t len = crun__get_u32(in);
+    EXPECT(len >= 4 && len - 4 <= sizeof in && read_exact(fd, in, len - 4) == 0);
+    if (op == CRUN__SOP_SET) usleep(300000);
+    uint8_t one[8], r[64];
+    crun__put_i64(one, 1);
+    size_t rl = op == CRUN__SOP_SET ? frame_of(r, 0, 0, NULL, NULL) : frame_of(r, 0, 1, (const void *[]){one}, (size_t[]){8});
+    EXPECT(send(fd, r, rl, 0) == (ssize_t)rl);
+  }
+  EXPECT(read_exact(fd, in, 1) != 0); /* the client closes */
+  close(fd);
+  return NULL;
+}
+
+static void *check_k(void *arg) {
+  int all = 0;
+  EXPECT_OK(crun_store_check(arg, (const char *[]){"k"}, 1, &all));
+  EXPECT(all == 1);
+  return NULL;
+}
+
+/* A flush waits for the acknowledgements of a handle that another thread is
+ * using at that moment (that thread reads them before its own request):
+ * skipping it let a barrier end before the set was applied (the progress
+ * board's publisher thread sets on the same handle as the group's store). */
+TEST(tcp_flush_sets_busy_handle) {
+  int lfd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in sa = {.sin_family = AF_INET};
+  socklen_t sl = sizeof sa;
+  inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+  EXPECT(bind(lfd, (struct sockaddr *)&sa, sl) == 0 && listen(lfd, 1) == 0);
+  EXPECT(getsockname(lfd, (struct sockaddr *)&sa, &sl) == 0);
+  pthread_t th, user;
+  pthread_create(&th, NULL, slow_ack_check_server, &lfd);
+  crun_store_tcp_opts_t so = {.host = "127.0.0.1", .port = ntohs(sa.sin_port), .timeout = 10,
+                              .connect_timeout = 5, .token = "", .async_set = 1};
+  crun_store_t *slow = NULL;
+  EXPECT_OK(crun_store_tcp_new(&so, &slow));
+  double t0 = crun_clock();
+  EXPECT_OK(crun_store_set(slow, "k", "v", 1)); /* returns at once */
+  pthread_create(&user, NULL, check_k, slow); /* holds the handle while it reads the ack */
+  usleep(50000);
+  crun_store_flush_sets();
+  double t1 = crun_clock();
+  EXPECT(t1 - t0 >= 0.29); /* not before the set was acknowledged */
+  pthread_join(user, NULL);
+  crun_store_release(slow);
+  pthread_join(th, NULL);
+  close(lfd);
+}
+
+/* A forked child's flush leaves the parent's handles alone: it would read
+ * (steal) the acknowledgements on the socket the two share, and the
+ * parent's next call would wait for them until its timeout. */
+TEST(tcp_flush_sets_in_forked_child) {
+  int port;
+  crun_store_server_t *srv = local_server(&port);
+  crun_store_tcp_opts_t o = {.host = "127.0.0.1", .port = port, .timeout = 2, .connect_timeout = 5,
+                             .async_set = 1};
+  crun_store_t *a = NULL;
+  EXPECT_OK(crun_store_tcp_new(&o, &a));
+  EXPECT_OK(crun_store_set(a, "k", "v", 1)); /* its acknowledgement is left unread */
+  usleep(50000);
+  pid_t pid = fork();
+  if (pid == 0) {
+    crun_store_flush_sets(); /* as a barrier in the child would */
+    _exit(0);
+  }
+  int st = 0;
+  EXPECT(pid > 0 && waitpid(pid, &st, 0) == pid && WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  crun_buf_t got = {0};
+  EXPECT_OK(crun_store_get(a, "k", &got)); /* reads its own acknowledgement first */
+  EXPECT(got.len == 1 && memcmp(got.data, "v", 1) == 0);
+  crun_buf_free(&got);
+  crun_store_release(a);
+  crun_store_server_stop(srv);
+}
+
+/* A process that exits (exit, os.exit) without closing its store after sets
+ * it did not wait for: over TCP its socket closed with acknowledgements
+ * unread is reset, and the reset dropped the sets still in its send queue;
+ * the exit now waits for them. */
+TEST(tcp_async_sets_survive_exit) {
+  setenv("CRUN_STORE_UNIX", "0", 1); /* TCP, as every client on another host */
+  int port;
+  crun_store_server_t *srv = local_server(&port);
+  unsetenv("CRUN_STORE_UNIX");
+  crun_store_t *c = client(port, 10);
+  enum { N = 60 };
+  for (int round = 0; round < 3; round++) {
+    pid_t pid = fork();
+    if (pid == 0) {
+      crun_store_tcp_opts_t o = {.host = "127.0.0.1", .port = port, .timeout = 10, .async_set = 1};
+      crun_store_t *s = NULL;
+      size_t vl = 1 << 16;
+      char k[32], *v = calloc(1, vl);
+      if (!v || crun_store_tcp_new(&o, &s) < 0) _exit(2);
+      for (int i = 0; i < N; i++) {
+        snprintf(k, sizeof k, "x%d/%d", round, i);
+        if (crun_store_set(s, k, v, vl) < 0) _exit(3);
+      }
+      exit(0); /* the store is not closed */
+    }
+    int st = 0;
+    EXPECT(pid > 0 && waitpid(pid, &st, 0) == pid && WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    char kb[N][32];
+    const char *keys[N];
+    for (int i = 0; i < N; i++) snprintf(kb[i], sizeof kb[i], "x%d/%d", round, i), keys[i] = kb[i];
+    EXPECT_OK(crun_store_wait(c, keys, N, 3.0)); /* every set arrives */
+  }
+  crun_store_release(c);
+  crun_store_server_stop(srv);
+}
+
 /* A lost set that a flush finds is reported by the handle's next call;
  * async_set = -1 makes the set itself wait and report it. */
 static void lost_set(int async, int flush) {
@@ -1375,7 +1501,7 @@ TEST(tcp_wait_timeouts_on_the_wire) {
   X(tcp_thousand_clients) X(tcp_multiprocess_race) X(tcp_big_value) X(tcp_pipelined_clients) X(tcp_both_transports) \
   X(tcp_secret) X(tcp_handshake_stall_is_etimedout) X(tcp_unix_socket_taken_by_another_user) X(tcp_stranger_bound_to_a_device) \
   X(tcp_client_that_never_reads) \
-  X(tcp_waiters_by_key) X(tcp_idle_connection_flood) X(tcp_queues) X(tcp_queue_opcodes) X(tcp_async_set) X(tcp_async_set_lost) X(tcp_flush_sets) X(tcp_flush_sets_lost) \
+  X(tcp_waiters_by_key) X(tcp_idle_connection_flood) X(tcp_queues) X(tcp_queue_opcodes) X(tcp_async_set) X(tcp_async_set_lost) X(tcp_flush_sets) X(tcp_flush_sets_busy_handle) X(tcp_flush_sets_in_forked_child) X(tcp_async_sets_survive_exit) X(tcp_flush_sets_lost) \
   X(tcp_spin_setting) X(tcp_idle_server_sleeps) X(tcp_timed_out_wait_keeps_connection) X(tcp_set_at_the_deadline) \
   X(tcp_wait_timeouts_on_the_wire)
 CRUN_TEST_MAIN()
