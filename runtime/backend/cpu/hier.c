@@ -34,8 +34,9 @@
  *               reduce among them to the root;
  *   barrier:    shm barrier, TCP barrier among first ranks, shm barrier.
  * all_gather, reduce_scatter, gather, scatter and all_to_all stay on the flat
- * TCP algorithms (their data crosses hosts once anyway). avg runs as sum and
- * divides by the group size once at the end. Before a broadcast, a reduce or
+ * TCP algorithms (their data crosses hosts once anyway). avg sums in shared
+ * memory; its TCP stage carries avg (frames that say so) and divides by the
+ * group size. Before a broadcast, a reduce or
  * an avg all_reduce the ranks of each host compare their calls (h_agree):
  * the stages cannot see a root or avg that differs. */
 #include "backend/cpu/hier.h"
@@ -144,10 +145,13 @@ static double left(const crun__coll_t *c) {
   return t > 1e-3 ? t : 1e-3;
 }
 
-/* Runs c (kind, root in representative indices) among reps over TCP. */
+/* Runs c (kind, root in representative indices) among reps over TCP. An avg
+ * stays avg there, so that its frames say so (a rank that sums meets one
+ * that averages as an EMISMATCH), and divides by the group's size: the
+ * shared-memory stages before it sum. */
 static int reps_run(hier_t *h, crun__coll_t *c) {
   sub_t s = {&h->base, h->reps};
-  crun__link_t l = {h->host, h->nhosts, &s, sub_xfer, sub_scratch, h->base.algo};
+  crun__link_t l = {h->host, h->nhosts, &s, sub_xfer, sub_scratch, h->base.algo, h->pg->size};
   return crun__cpu_run_link(&l, c);
 }
 
@@ -213,6 +217,9 @@ static int reps_stage(hier_t *h, crun__coll_t *c) {
 }
 
 static int is_rep(const hier_t *h) { return h->reps[h->host] == h->pg->rank; }
+
+/* The op of c's shared-memory stages: avg sums there (its TCP stage divides). */
+static crun_reduce_op_t local_op(const crun__coll_t *c) { return c->op == CRUN_OP_AVG ? CRUN_OP_SUM : c->op; }
 
 /* reps[x] = the root on the root's host, else the host's first rank. */
 static void set_reps(hier_t *h, int root) {
@@ -343,7 +350,7 @@ static int pipe_all_reduce(hier_t *h, crun__coll_t *c, const crun__coll_t *s, in
       char *seg = p.buf + off * p.es;
       crun__shm_comm_label(h->comm, c->seq);
       rc = crun__shm_reduce_scatter(h->comm, seg + (size_t)j * (n / (size_t)l) * p.es, seg, n / (size_t)l,
-                                    c->dt, s->op, left(c));
+                                    c->dt, local_op(c), left(c));
       if (rc < 0) { rc = shm_err(h, c, "node-local reduce_scatter", rc); break; }
       pipe_post(&p, &p.ready, k + 1);
     }
@@ -381,7 +388,7 @@ static int h_all_reduce_split(hier_t *h, crun__coll_t *c, crun__coll_t *s) {
     int rc = pipe_all_reduce(h, c, s, l, j);
     if (rc != CRUN_ENOTSUP) return rc;
   }
-  SHM("node-local reduce_scatter", crun__shm_reduce_scatter(h->comm, mine, c->buf, q, c->dt, s->op, left(c)));
+  SHM("node-local reduce_scatter", crun__shm_reduce_scatter(h->comm, mine, c->buf, q, c->dt, local_op(c), left(c)));
   s->buf = mine;
   s->count = q;
   CRUN_CHECK(reps_stage(h, s));
@@ -389,20 +396,18 @@ static int h_all_reduce_split(hier_t *h, crun__coll_t *c, crun__coll_t *s) {
   return 0;
 }
 
+/* avg's TCP stage divides (reps_run); the shared-memory ones sum. */
 static int h_all_reduce(hier_t *h, crun__coll_t *c) {
   crun__coll_t s = *c;
-  if (c->op == CRUN_OP_AVG) s.op = CRUN_OP_SUM;
-  crun__link_t all = {h->pg->rank, h->pg->size, NULL, NULL, NULL, NULL};
   if (h->column && c->count * crun_dtype_size(c->dt) >= h->split_bytes &&
-      c->count % (size_t)crun__shm_comm_size(h->comm) == 0) {
-    CRUN_CHECK(h_all_reduce_split(h, c, &s));
-    return crun__finish_avg(&all, c, c->buf, c->count);
-  }
+      c->count % (size_t)crun__shm_comm_size(h->comm) == 0)
+    return h_all_reduce_split(h, c, &s);
   set_reps(h, -1);
-  if (h->comm) SHM("node-local reduce", crun__shm_reduce(h->comm, c->buf, NULL, c->count, c->dt, s.op, 0, left(c)));
+  if (h->comm)
+    SHM("node-local reduce", crun__shm_reduce(h->comm, c->buf, NULL, c->count, c->dt, local_op(c), 0, left(c)));
   if (is_rep(h)) CRUN_CHECK(reps_stage(h, &s));
   if (h->comm) SHM("node-local broadcast", crun__shm_broadcast(h->comm, c->buf, c->count, c->dt, 0, left(c)));
-  return crun__finish_avg(&all, c, c->buf, c->count);
+  return 0;
 }
 
 static int h_broadcast(hier_t *h, crun__coll_t *c) {
@@ -418,7 +423,6 @@ static int h_reduce(hier_t *h, crun__coll_t *c) {
   set_reps(h, c->root);
   crun__coll_t s = *c;
   s.root = h->host_of[c->root];
-  if (c->op == CRUN_OP_AVG) s.op = CRUN_OP_SUM;
   int root = h->pg->rank == c->root;
   size_t bytes = c->count * crun_dtype_size(c->dt);
   void *tmp = root ? c->buf : malloc(bytes ? bytes : 1);
@@ -426,18 +430,16 @@ static int h_reduce(hier_t *h, crun__coll_t *c) {
   int rc = 0;
   if (h->comm) {
     crun__shm_comm_label(h->comm, c->seq);
-    rc = crun__shm_reduce(h->comm, tmp, root ? NULL : c->buf, c->count, c->dt, s.op,
+    rc = crun__shm_reduce(h->comm, tmp, root ? NULL : c->buf, c->count, c->dt, local_op(c),
                           h->lrank_of[h->reps[h->host]], left(c));
     if (rc < 0) rc = shm_err(h, c, "node-local reduce", rc);
   } else if (!root) {
     memcpy(tmp, c->buf, bytes);
   }
   s.buf = tmp;
-  if (rc == 0 && is_rep(h)) rc = reps_stage(h, &s);
+  if (rc == 0 && is_rep(h)) rc = reps_stage(h, &s);   /* the root is its host's rep: avg divides there */
   if (!root) free(tmp);
-  if (rc < 0 || !root) return rc;
-  crun__link_t all = {h->pg->rank, h->pg->size, NULL, NULL, NULL, NULL};
-  return crun__finish_avg(&all, c, c->buf, c->count);
+  return rc;
 }
 
 static int h_barrier(hier_t *h, crun__coll_t *c) {
