@@ -96,26 +96,37 @@ describe("collectives across fake hosts", function()
     end)
   end
 
+  -- What dist_hier_disagree's ranks call in each mode: {the others, the odd ones}.
+  local SUM, AVG = "all_reduce(float32[3], sum)", "all_reduce(float32[3], avg)"
+  local CALLS = {avg = {SUM, AVG}, sum = {AVG, SUM}, max = {SUM, "all_reduce(float32[3], max)"},
+                 dtype = {SUM, "all_reduce(float64[3], sum)"}, count = {SUM, "all_reduce(float32[5], sum)"},
+                 kind = {SUM, "broadcast(float32[3], root 0)"}}
+
   -- Runs dist_hier_disagree <mode> <odd> on n ranks on hosts of 2
   -- (CRUN_HOST_ID=rank_div:2) and asserts that every rank failed the call
-  -- with EMISMATCH within seconds, none returning a value, and that the
-  -- group refused the next call. Returns each rank's error and the output.
+  -- within seconds, none returning a value, with an EMISMATCH that names
+  -- its own call and the other side's as the user made them (not the
+  -- engine's internal stages), and that the group refused the next call.
   local function every_rank_failed(n, mode, odd)
+    local is_odd = {}
+    for q in odd:gmatch("%d+") do is_odd[tonumber(q)] = true end
     local _, out = run.run(n, "spec/helpers/dist_hier_disagree.lua", mode .. " " .. odd,
                            {limit = 60, env = "CRUN_HOST_ID=rank_div:2"})
-    local errs = {}
     for q = 0, n - 1 do
       local where = string.format("rank %d (%s on rank %s of %d)", q, mode, odd, n)
       assert.is_nil(out:match("rank " .. q .. ": ok "), where .. " returned a result; output:\n" .. out)
       local s, err = out:match("rank " .. q .. ": failed after ([%d.]+) s: ([^\n]*)")
       assert.is_not_nil(s, where .. " did not report; output:\n" .. out)
       assert.is_true(tonumber(s) < 5, where .. " took " .. s .. " s: " .. err)
-      assert.is_truthy(err:find("^EMISMATCH: "), where .. ": " .. err)
+      local own, other = CALLS[mode][is_odd[q] and 2 or 1], CALLS[mode][is_odd[q] and 1 or 2]
+      local head = string.format("EMISMATCH: %s #1 on rank %d: rank ", own:match("^[%w_]+"), q)
+      local tail = string.format(" called %s but rank %d called %s [hierarchical engine]", other, q, own)
+      assert.are.equal(head, err:sub(1, #head), where .. ": " .. err)
+      assert.are.equal(tail, err:sub(-#tail), where .. ": " .. err)
+      assert.is_truthy(err:sub(#head + 1, -#tail - 1):match("^%d+$"), where .. ": " .. err)  -- the other rank
       local nxt = out:match("rank " .. q .. ": next ([^\n]*)")
       assert.is_truthy(nxt and nxt:find("^ESTATE: "), where .. ": next call: " .. tostring(nxt))
-      errs[q] = err
     end
-    return errs, out
   end
 
   -- One rank (rank 0, or the last rank, on the other host) calls something

@@ -36,9 +36,11 @@
  * all_gather, reduce_scatter, gather, scatter and all_to_all stay on the flat
  * TCP algorithms (their data crosses hosts once anyway). avg sums in shared
  * memory; its TCP stage carries avg (frames that say so) and divides by the
- * group size. Before a broadcast, a reduce or
- * an avg all_reduce the ranks of each host compare their calls (h_agree):
- * the stages cannot see a root or avg that differs. */
+ * group size. Before a broadcast, a reduce or an avg all_reduce the ranks of
+ * each host compare their calls (h_agree): the stages cannot see a root or
+ * an avg that differs. A mismatch that a stage finds names that stage's
+ * call; on that failure path the ranks publish their calls on the progress
+ * board, and each names the user's calls on both sides (h_explain). */
 #include "backend/cpu/hier.h"
 
 #include <errno.h>
@@ -539,11 +541,115 @@ static int h_dispatch(hier_t *h, crun__coll_t *c) {
   return crun_error(CRUN_ENOTSUP, "hierarchical engine: %s", crun__coll_name(c->kind));
 }
 
-/* Runs one collective; a timeout also says where every rank is. */
+/* ------------------------------------------ naming the calls that differ
+ * A stage that meets another call names the stages (the check's
+ * all_gather(int64[5]) against the reduce an all_reduce starts with), and a
+ * rank that was told of it by another names that rank's stage. On EMISMATCH
+ * (the failure path only) every rank publishes its own call under
+ * hier/call/<seq>/<rank> on the progress board and looks for a rank whose
+ * call differs, so that each names the user's calls on both sides. */
+
+/* The board key of rank q's call c. */
+static void call_key(const crun__coll_t *c, int q, char *key, size_t cap) {
+  snprintf(key, cap, "hier/call/%llu/%d", (unsigned long long)c->seq, q);
+}
+
+/* Reads rank q's published signature of c into sig when it is there now:
+ * 1 read, 0 not (yet) there. Never blocks. */
+static int call_peek(hier_t *h, const crun__coll_t *c, int q, int64_t *sig) {
+  char key[64];
+  const char *keys[1] = {key};
+  int there = 0;
+  crun_buf_t v = {0};
+  call_key(c, q, key, sizeof key);
+  if (crun_store_check(h->pg->board, keys, 1, &there) < 0 || !there) return 0;
+  if (crun_store_get(h->pg->board, key, &v) < 0) return 0;
+  int ok = v.len == sizeof(int64_t) * SIG_WORDS;
+  if (ok) memcpy(sig, v.data, v.len);
+  crun_buf_free(&v);
+  return ok;
+}
+
+/* Polls the ranks' published calls for up to `wait` seconds, until one
+ * differs from `mine` (its rank returned, its call in theirs) or every rank
+ * (only those on this host: local) has published; -1 when none differs.
+ * seen[q] marks the ranks already read. */
+static int call_find_diff(hier_t *h, const crun__coll_t *c, const int64_t *mine, int local, double wait,
+                          int64_t *theirs, char *seen) {
+  double until = crun_clock() + wait;
+  for (;;) {
+    int missing = 0;
+    for (int q = 0; q < h->pg->size; q++) {
+      if (seen[q]) continue;
+      if (!call_peek(h, c, q, theirs)) { missing += !local || h->host_of[q] == h->host; continue; }
+      seen[q] = 1;
+      if (memcmp(theirs, mine, sizeof(int64_t) * SIG_WORDS)) return q;
+    }
+    if (!missing || crun_clock() >= until) return -1;
+    struct timespec ts = {0, 5000000};
+    nanosleep(&ts, NULL);
+  }
+}
+
+/* Publishes mine (this rank's call c, which failed with EMISMATCH `text`)
+ * and returns a rank whose call differs (its call in theirs), or -1. The
+ * same host's ranks are failed first (they may wait for this one in a
+ * stage) and waited for up to half a second. When none of them differs,
+ * the group fails now with the stage's text (the ranks of other hosts may
+ * wait for this one over TCP, and publish only once they fail), and the
+ * rest are waited for up to a quarter of a second. A rank told of the
+ * failure finds the calls of those that told it at once. */
+static int call_compare(hier_t *h, const crun__coll_t *c, const char *text, const int64_t *mine,
+                        int64_t *theirs) {
+  if (h->comm && !atomic_load_explicit(&h->comm->hdr->abort_rank, memory_order_acquire))
+    crun__shm_fail(h->comm, CRUN_EMISMATCH, "%s", text);
+  char key[64], full[960], *seen = calloc((size_t)h->pg->size, 1);
+  call_key(c, h->pg->rank, key, sizeof key);
+  int q = -1;
+  if (seen && crun_store_set(h->pg->board, key, mine, sizeof(int64_t) * SIG_WORDS) == 0) {
+    seen[h->pg->rank] = 1;
+    q = call_find_diff(h, c, mine, 1, 0.5, theirs, seen);
+    if (q < 0) {
+      snprintf(full, sizeof full, "%s: %s", crun_err_name(CRUN_EMISMATCH), text);
+      crun__pg_fail(h->pg, CRUN_EMISMATCH, full);
+      q = call_find_diff(h, c, mine, 0, 0.25, theirs, seen);
+    }
+  }
+  free(seen);
+  return q;
+}
+
+/* This call's EMISMATCH rc unchanged, unless a rank is found whose call
+ * differs in more than the root (root_agree's and h_agree's texts name a
+ * root that differs already): then an EMISMATCH that names both calls, as
+ * the user made them. Out of line: a call that succeeds saves no registers
+ * or stack for it. */
+static __attribute__((noinline)) int h_explain(hier_t *h, const crun__coll_t *c, int rc) {
+  char text[900];
+  const char *name = crun_err_name(rc), *t = crun_last_error();
+  snprintf(text, sizeof text, "%s", strncmp(t, name, strlen(name)) == 0 && t[strlen(name)] == ':' ?
+           t + strlen(name) + 2 : t);
+  int64_t mine[SIG_WORDS], theirs[SIG_WORDS];
+  h_sig(c, mine);
+  int q = call_compare(h, c, text, mine, theirs), root_only = q >= 0;
+  for (int w = 0; q >= 0 && w < SIG_WORDS; w++) root_only = root_only && (w == SIG_ROOT || theirs[w] == mine[w]);
+  if (q < 0 || root_only) return crun_error(rc, "%s", text);
+  char desc[64], me[128], them[128];
+  crun__coll_desc(c, desc, sizeof desc);
+  h_sig_text(mine, me, sizeof me);
+  h_sig_text(theirs, them, sizeof them);
+  return crun_error(rc, "%s on rank %d: rank %d called %s but rank %d called %s [hierarchical engine]", desc,
+                    h->pg->rank, q, them, h->pg->rank, me);
+}
+
+/* Runs one collective; a timeout also says where every rank is, a
+ * mismatch which calls differ. */
 static int h_run(void *state, crun__coll_t *c) {
   hier_t *h = state;
   if (h->comm) crun__shm_comm_label(h->comm, c->seq);
-  return crun__pg_timeout_report(h->pg, h_dispatch(h, c));
+  int rc = h_dispatch(h, c);
+  if (rc == CRUN_EMISMATCH) rc = h_explain(h, c, rc);
+  return crun__pg_timeout_report(h->pg, rc);
 }
 
 /* The group failed on this rank: this host's ranks fail at once with its
