@@ -87,16 +87,66 @@ describe("collectives across fake hosts", function()
           assert.is_falsy(err:find("shm %a+ #"), err)
         end
       end
-      for _, q in ipairs({0, 1}) do   -- these agree with each other: a result must be theirs, else an error
-        local vals = out:match("rank " .. q .. ": ok ([%d,]+)")
+      for _, q in ipairs({0, 1}) do   -- the other host's ranks fail too: none returns a result
+        assert.is_nil(out:match("rank " .. q .. ": ok "), "rank " .. q .. " returned a result; output:\n" .. out)
         local err = out:match("rank " .. q .. ": failed after [%d.]+ s: ([^\n]*)")
-        assert.is_true(vals ~= nil or err ~= nil, "rank " .. q .. " did not report; output:\n" .. out)
-        if err then assert.is_truthy(err:find("^E[A-Z]+: "), err) end
-        if vals and mode == "bcast_root" then assert.are.equal("100,100,100", vals) end
-        if vals and (mode == "kind" or mode == "avg") then assert.are.equal("406,406,406", vals) end
+        assert.is_not_nil(err, "rank " .. q .. " did not report; output:\n" .. out)
+        assert.is_truthy(err:find("^EMISMATCH: "), err)
       end
     end)
   end
+
+  -- What dist_hier_disagree's ranks call in each mode: {the others, the odd ones}.
+  local SUM, AVG = "all_reduce(float32[3], sum)", "all_reduce(float32[3], avg)"
+  local CALLS = {avg = {SUM, AVG}, sum = {AVG, SUM}, max = {SUM, "all_reduce(float32[3], max)"},
+                 dtype = {SUM, "all_reduce(float64[3], sum)"}, count = {SUM, "all_reduce(float32[5], sum)"},
+                 kind = {SUM, "broadcast(float32[3], root 0)"}}
+
+  -- Runs dist_hier_disagree <mode> <odd> on n ranks on hosts of 2
+  -- (CRUN_HOST_ID=rank_div:2) and asserts that every rank failed the call
+  -- within seconds, none returning a value, with an EMISMATCH that names
+  -- its own call and the other side's as the user made them (not the
+  -- engine's internal stages), and that the group refused the next call.
+  local function every_rank_failed(n, mode, odd)
+    local is_odd = {}
+    for q in odd:gmatch("%d+") do is_odd[tonumber(q)] = true end
+    local _, out = run.run(n, "spec/helpers/dist_hier_disagree.lua", mode .. " " .. odd,
+                           {limit = 60, env = "CRUN_HOST_ID=rank_div:2"})
+    for q = 0, n - 1 do
+      local where = string.format("rank %d (%s on rank %s of %d)", q, mode, odd, n)
+      assert.is_nil(out:match("rank " .. q .. ": ok "), where .. " returned a result; output:\n" .. out)
+      local s, err = out:match("rank " .. q .. ": failed after ([%d.]+) s: ([^\n]*)")
+      assert.is_not_nil(s, where .. " did not report; output:\n" .. out)
+      assert.is_true(tonumber(s) < 5, where .. " took " .. s .. " s: " .. err)
+      local own, other = CALLS[mode][is_odd[q] and 2 or 1], CALLS[mode][is_odd[q] and 1 or 2]
+      local head = string.format("EMISMATCH: %s #1 on rank %d: rank ", own:match("^[%w_]+"), q)
+      local tail = string.format(" called %s but rank %d called %s [hierarchical engine]", other, q, own)
+      assert.are.equal(head, err:sub(1, #head), where .. ": " .. err)
+      assert.are.equal(tail, err:sub(-#tail), where .. ": " .. err)
+      assert.is_truthy(err:sub(#head + 1, -#tail - 1):match("^%d+$"), where .. ": " .. err)  -- the other rank
+      local nxt = out:match("rank " .. q .. ": next ([^\n]*)")
+      assert.is_truthy(nxt and nxt:find("^ESTATE: "), where .. ": next call: " .. tostring(nxt))
+    end
+  end
+
+  -- One rank (rank 0, or the last rank, on the other host) calls something
+  -- else than the rest: 4 ranks on hosts {0,1} {2,3}, 3 ranks on {0,1} {2}.
+  -- avg ran as sum in every stage, so a rank alone on its host that averaged
+  -- (or summed where the others averaged) met no check: each side returned
+  -- its own result (303 / 101) without an error.
+  for _, n in ipairs({4, 3}) do
+    for _, mode in ipairs({"avg", "sum", "max", "dtype", "count", "kind"}) do
+      it(string.format("fail every rank when one rank's %s differs (%d ranks on hosts of 2)", mode, n), function()
+        for _, odd in ipairs({0, n - 1}) do every_rank_failed(n, mode, tostring(odd)) end
+      end)
+    end
+  end
+
+  -- a whole host averages where the other sums: each host's ranks agree
+  it("fail every rank when one host averages and the other sums", function()
+    every_rank_failed(4, "avg", "2,3")
+    every_rank_failed(4, "sum", "0,1")
+  end)
 
   -- a rank whose group failed outside the engine (a p2p recv that met
   -- another dtype) is failed at once for its host's ranks too: they waited

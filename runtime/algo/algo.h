@@ -34,6 +34,9 @@ typedef struct crun__link {
   /* CRUN_ALGO as it was when the group was made ("" when unset), read once
    * rather than on every call; NULL: read the environment per call */
   const char *algo;
+  /* how many ranks an avg divides by (0: size); a stage among some ranks of
+   * a larger group (hier.c) divides by the group's size */
+  int avg_size;
 } crun__link_t;
 
 typedef int (*crun__algo_fn)(crun__link_t *l, crun__coll_t *c);
@@ -75,7 +78,7 @@ int crun__sendrecv(crun__link_t *l, crun__coll_t *c, int to, const void *sbuf, s
  * and the ranks that gave them otherwise, on every rank. */
 int crun__root_agree(crun__link_t *l, crun__coll_t *c);
 
-/* Divides the result by the group size when c->op is AVG. */
+/* Divides the result by l->avg_size (0: l->size) when c->op is AVG. */
 int crun__finish_avg(crun__link_t *l, crun__coll_t *c, void *buf, size_t count);
 
 #define CRUN_ALGO_LIST(X)                                                   \

@@ -25,7 +25,7 @@ int crun__sendrecv(crun__link_t *l, crun__coll_t *c, int to, const void *sbuf, s
 
 int crun__finish_avg(crun__link_t *l, crun__coll_t *c, void *buf, size_t count) {
   if (c->op != CRUN_OP_AVG || count == 0) return 0;
-  return crun_scale_div(c->dt, buf, count, (double)l->size);
+  return crun_scale_div(c->dt, buf, count, (double)(l->avg_size > 0 ? l->avg_size : l->size));
 }
 
 static const crun__algo_t *const all_algos[] = {

@@ -34,10 +34,13 @@
  *               reduce among them to the root;
  *   barrier:    shm barrier, TCP barrier among first ranks, shm barrier.
  * all_gather, reduce_scatter, gather, scatter and all_to_all stay on the flat
- * TCP algorithms (their data crosses hosts once anyway). avg runs as sum and
- * divides by the group size once at the end. Before a broadcast, a reduce or
- * an avg all_reduce the ranks of each host compare their calls (h_agree):
- * the stages cannot see a root or avg that differs. */
+ * TCP algorithms (their data crosses hosts once anyway). avg sums in shared
+ * memory; its TCP stage carries avg (frames that say so) and divides by the
+ * group size. Before a broadcast, a reduce or an avg all_reduce the ranks of
+ * each host compare their calls (h_agree): the stages cannot see a root or
+ * an avg that differs. A mismatch that a stage finds names that stage's
+ * call; on that failure path the ranks publish their calls on the progress
+ * board, and each names the user's calls on both sides (h_explain). */
 #include "backend/cpu/hier.h"
 
 #include <errno.h>
@@ -144,10 +147,13 @@ static double left(const crun__coll_t *c) {
   return t > 1e-3 ? t : 1e-3;
 }
 
-/* Runs c (kind, root in representative indices) among reps over TCP. */
+/* Runs c (kind, root in representative indices) among reps over TCP. An avg
+ * stays avg there, so that its frames say so (a rank that sums meets one
+ * that averages as an EMISMATCH), and divides by the group's size: the
+ * shared-memory stages before it sum. */
 static int reps_run(hier_t *h, crun__coll_t *c) {
   sub_t s = {&h->base, h->reps};
-  crun__link_t l = {h->host, h->nhosts, &s, sub_xfer, sub_scratch, h->base.algo};
+  crun__link_t l = {h->host, h->nhosts, &s, sub_xfer, sub_scratch, h->base.algo, h->pg->size};
   return crun__cpu_run_link(&l, c);
 }
 
@@ -213,6 +219,9 @@ static int reps_stage(hier_t *h, crun__coll_t *c) {
 }
 
 static int is_rep(const hier_t *h) { return h->reps[h->host] == h->pg->rank; }
+
+/* The op of c's shared-memory stages: avg sums there (its TCP stage divides). */
+static crun_reduce_op_t local_op(const crun__coll_t *c) { return c->op == CRUN_OP_AVG ? CRUN_OP_SUM : c->op; }
 
 /* reps[x] = the root on the root's host, else the host's first rank. */
 static void set_reps(hier_t *h, int root) {
@@ -343,7 +352,7 @@ static int pipe_all_reduce(hier_t *h, crun__coll_t *c, const crun__coll_t *s, in
       char *seg = p.buf + off * p.es;
       crun__shm_comm_label(h->comm, c->seq);
       rc = crun__shm_reduce_scatter(h->comm, seg + (size_t)j * (n / (size_t)l) * p.es, seg, n / (size_t)l,
-                                    c->dt, s->op, left(c));
+                                    c->dt, local_op(c), left(c));
       if (rc < 0) { rc = shm_err(h, c, "node-local reduce_scatter", rc); break; }
       pipe_post(&p, &p.ready, k + 1);
     }
@@ -381,7 +390,7 @@ static int h_all_reduce_split(hier_t *h, crun__coll_t *c, crun__coll_t *s) {
     int rc = pipe_all_reduce(h, c, s, l, j);
     if (rc != CRUN_ENOTSUP) return rc;
   }
-  SHM("node-local reduce_scatter", crun__shm_reduce_scatter(h->comm, mine, c->buf, q, c->dt, s->op, left(c)));
+  SHM("node-local reduce_scatter", crun__shm_reduce_scatter(h->comm, mine, c->buf, q, c->dt, local_op(c), left(c)));
   s->buf = mine;
   s->count = q;
   CRUN_CHECK(reps_stage(h, s));
@@ -389,20 +398,18 @@ static int h_all_reduce_split(hier_t *h, crun__coll_t *c, crun__coll_t *s) {
   return 0;
 }
 
+/* avg's TCP stage divides (reps_run); the shared-memory ones sum. */
 static int h_all_reduce(hier_t *h, crun__coll_t *c) {
   crun__coll_t s = *c;
-  if (c->op == CRUN_OP_AVG) s.op = CRUN_OP_SUM;
-  crun__link_t all = {h->pg->rank, h->pg->size, NULL, NULL, NULL, NULL};
   if (h->column && c->count * crun_dtype_size(c->dt) >= h->split_bytes &&
-      c->count % (size_t)crun__shm_comm_size(h->comm) == 0) {
-    CRUN_CHECK(h_all_reduce_split(h, c, &s));
-    return crun__finish_avg(&all, c, c->buf, c->count);
-  }
+      c->count % (size_t)crun__shm_comm_size(h->comm) == 0)
+    return h_all_reduce_split(h, c, &s);
   set_reps(h, -1);
-  if (h->comm) SHM("node-local reduce", crun__shm_reduce(h->comm, c->buf, NULL, c->count, c->dt, s.op, 0, left(c)));
+  if (h->comm)
+    SHM("node-local reduce", crun__shm_reduce(h->comm, c->buf, NULL, c->count, c->dt, local_op(c), 0, left(c)));
   if (is_rep(h)) CRUN_CHECK(reps_stage(h, &s));
   if (h->comm) SHM("node-local broadcast", crun__shm_broadcast(h->comm, c->buf, c->count, c->dt, 0, left(c)));
-  return crun__finish_avg(&all, c, c->buf, c->count);
+  return 0;
 }
 
 static int h_broadcast(hier_t *h, crun__coll_t *c) {
@@ -418,7 +425,6 @@ static int h_reduce(hier_t *h, crun__coll_t *c) {
   set_reps(h, c->root);
   crun__coll_t s = *c;
   s.root = h->host_of[c->root];
-  if (c->op == CRUN_OP_AVG) s.op = CRUN_OP_SUM;
   int root = h->pg->rank == c->root;
   size_t bytes = c->count * crun_dtype_size(c->dt);
   void *tmp = root ? c->buf : malloc(bytes ? bytes : 1);
@@ -426,18 +432,16 @@ static int h_reduce(hier_t *h, crun__coll_t *c) {
   int rc = 0;
   if (h->comm) {
     crun__shm_comm_label(h->comm, c->seq);
-    rc = crun__shm_reduce(h->comm, tmp, root ? NULL : c->buf, c->count, c->dt, s.op,
+    rc = crun__shm_reduce(h->comm, tmp, root ? NULL : c->buf, c->count, c->dt, local_op(c),
                           h->lrank_of[h->reps[h->host]], left(c));
     if (rc < 0) rc = shm_err(h, c, "node-local reduce", rc);
   } else if (!root) {
     memcpy(tmp, c->buf, bytes);
   }
   s.buf = tmp;
-  if (rc == 0 && is_rep(h)) rc = reps_stage(h, &s);
+  if (rc == 0 && is_rep(h)) rc = reps_stage(h, &s);   /* the root is its host's rep: avg divides there */
   if (!root) free(tmp);
-  if (rc < 0 || !root) return rc;
-  crun__link_t all = {h->pg->rank, h->pg->size, NULL, NULL, NULL, NULL};
-  return crun__finish_avg(&all, c, c->buf, c->count);
+  return rc;
 }
 
 static int h_barrier(hier_t *h, crun__coll_t *c) {
@@ -537,11 +541,115 @@ static int h_dispatch(hier_t *h, crun__coll_t *c) {
   return crun_error(CRUN_ENOTSUP, "hierarchical engine: %s", crun__coll_name(c->kind));
 }
 
-/* Runs one collective; a timeout also says where every rank is. */
+/* ------------------------------------------ naming the calls that differ
+ * A stage that meets another call names the stages (the check's
+ * all_gather(int64[5]) against the reduce an all_reduce starts with), and a
+ * rank that was told of it by another names that rank's stage. On EMISMATCH
+ * (the failure path only) every rank publishes its own call under
+ * hier/call/<seq>/<rank> on the progress board and looks for a rank whose
+ * call differs, so that each names the user's calls on both sides. */
+
+/* The board key of rank q's call c. */
+static void call_key(const crun__coll_t *c, int q, char *key, size_t cap) {
+  snprintf(key, cap, "hier/call/%llu/%d", (unsigned long long)c->seq, q);
+}
+
+/* Reads rank q's published signature of c into sig when it is there now:
+ * 1 read, 0 not (yet) there. Never blocks. */
+static int call_peek(hier_t *h, const crun__coll_t *c, int q, int64_t *sig) {
+  char key[64];
+  const char *keys[1] = {key};
+  int there = 0;
+  crun_buf_t v = {0};
+  call_key(c, q, key, sizeof key);
+  if (crun_store_check(h->pg->board, keys, 1, &there) < 0 || !there) return 0;
+  if (crun_store_get(h->pg->board, key, &v) < 0) return 0;
+  int ok = v.len == sizeof(int64_t) * SIG_WORDS;
+  if (ok) memcpy(sig, v.data, v.len);
+  crun_buf_free(&v);
+  return ok;
+}
+
+/* Polls the ranks' published calls for up to `wait` seconds, until one
+ * differs from `mine` (its rank returned, its call in theirs) or every rank
+ * (only those on this host: local) has published; -1 when none differs.
+ * seen[q] marks the ranks already read. */
+static int call_find_diff(hier_t *h, const crun__coll_t *c, const int64_t *mine, int local, double wait,
+                          int64_t *theirs, char *seen) {
+  double until = crun_clock() + wait;
+  for (;;) {
+    int missing = 0;
+    for (int q = 0; q < h->pg->size; q++) {
+      if (seen[q]) continue;
+      if (!call_peek(h, c, q, theirs)) { missing += !local || h->host_of[q] == h->host; continue; }
+      seen[q] = 1;
+      if (memcmp(theirs, mine, sizeof(int64_t) * SIG_WORDS)) return q;
+    }
+    if (!missing || crun_clock() >= until) return -1;
+    struct timespec ts = {0, 5000000};
+    nanosleep(&ts, NULL);
+  }
+}
+
+/* Publishes mine (this rank's call c, which failed with EMISMATCH `text`)
+ * and returns a rank whose call differs (its call in theirs), or -1. The
+ * same host's ranks are failed first (they may wait for this one in a
+ * stage) and waited for up to half a second. When none of them differs,
+ * the group fails now with the stage's text (the ranks of other hosts may
+ * wait for this one over TCP, and publish only once they fail), and the
+ * rest are waited for up to a quarter of a second. A rank told of the
+ * failure finds the calls of those that told it at once. */
+static int call_compare(hier_t *h, const crun__coll_t *c, const char *text, const int64_t *mine,
+                        int64_t *theirs) {
+  if (h->comm && !atomic_load_explicit(&h->comm->hdr->abort_rank, memory_order_acquire))
+    crun__shm_fail(h->comm, CRUN_EMISMATCH, "%s", text);
+  char key[64], full[960], *seen = calloc((size_t)h->pg->size, 1);
+  call_key(c, h->pg->rank, key, sizeof key);
+  int q = -1;
+  if (seen && crun_store_set(h->pg->board, key, mine, sizeof(int64_t) * SIG_WORDS) == 0) {
+    seen[h->pg->rank] = 1;
+    q = call_find_diff(h, c, mine, 1, 0.5, theirs, seen);
+    if (q < 0) {
+      snprintf(full, sizeof full, "%s: %s", crun_err_name(CRUN_EMISMATCH), text);
+      crun__pg_fail(h->pg, CRUN_EMISMATCH, full);
+      q = call_find_diff(h, c, mine, 0, 0.25, theirs, seen);
+    }
+  }
+  free(seen);
+  return q;
+}
+
+/* This call's EMISMATCH rc unchanged, unless a rank is found whose call
+ * differs in more than the root (root_agree's and h_agree's texts name a
+ * root that differs already): then an EMISMATCH that names both calls, as
+ * the user made them. Out of line: a call that succeeds saves no registers
+ * or stack for it. */
+static __attribute__((noinline)) int h_explain(hier_t *h, const crun__coll_t *c, int rc) {
+  char text[900];
+  const char *name = crun_err_name(rc), *t = crun_last_error();
+  snprintf(text, sizeof text, "%s", strncmp(t, name, strlen(name)) == 0 && t[strlen(name)] == ':' ?
+           t + strlen(name) + 2 : t);
+  int64_t mine[SIG_WORDS], theirs[SIG_WORDS];
+  h_sig(c, mine);
+  int q = call_compare(h, c, text, mine, theirs), root_only = q >= 0;
+  for (int w = 0; q >= 0 && w < SIG_WORDS; w++) root_only = root_only && (w == SIG_ROOT || theirs[w] == mine[w]);
+  if (q < 0 || root_only) return crun_error(rc, "%s", text);
+  char desc[64], me[128], them[128];
+  crun__coll_desc(c, desc, sizeof desc);
+  h_sig_text(mine, me, sizeof me);
+  h_sig_text(theirs, them, sizeof them);
+  return crun_error(rc, "%s on rank %d: rank %d called %s but rank %d called %s [hierarchical engine]", desc,
+                    h->pg->rank, q, them, h->pg->rank, me);
+}
+
+/* Runs one collective; a timeout also says where every rank is, a
+ * mismatch which calls differ. */
 static int h_run(void *state, crun__coll_t *c) {
   hier_t *h = state;
   if (h->comm) crun__shm_comm_label(h->comm, c->seq);
-  return crun__pg_timeout_report(h->pg, h_dispatch(h, c));
+  int rc = h_dispatch(h, c);
+  if (rc == CRUN_EMISMATCH) rc = h_explain(h, c, rc);
+  return crun__pg_timeout_report(h->pg, rc);
 }
 
 /* The group failed on this rank: this host's ranks fail at once with its
