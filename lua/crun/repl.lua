@@ -492,6 +492,7 @@ function Front:run(src, targets)
   local got, left, why = self:collect(live, function(r) return P .. n .. "/out/" .. r end,
     interrupt, limit and limit.wait, function(pending)
       self.store:set(P .. n .. "/timeout", limit.text) -- before the interrupt: the ranks look
+      self.store:check{P .. n .. "/timeout"} -- applied (set does not wait) before the signal that makes them look
       interrupt(pending)
     end)
   self:take_results(n, live, got, left, results, why)
