@@ -410,8 +410,10 @@ describe("dist failures", function()
 
   -- A peer that failed its group (its recv of tag 9 timed out) and stays up:
   -- rank 0's pending send or recv to it fails at once with that peer's
-  -- reason, not when the peer exits or at rank 0's own deadline.
-  for _, kind in ipairs{"isend", "recv"} do
+  -- reason, not when the peer exits or at rank 0's own deadline; also a recv
+  -- whose reader is paused at a frame of that peer too large for the stash
+  -- (the peer's abort frame waits behind it).
+  for _, kind in ipairs{"isend", "recv", "held"} do
     it("fail a pending " .. kind .. " with the reason of a peer that failed its group and stays up (tcp)", function()
       local dir = run.tmpdir()
       local _, out = run.run(2, SCRIPT, "p2p:" .. kind .. ":fail " .. dir,

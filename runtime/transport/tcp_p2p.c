@@ -21,7 +21,8 @@
  * once, with EPEERDIED or the peer's reason: a receive reads the close or
  * the abort frame, a send the socket takes nothing of looks for the hang-up
  * and then reads what the peer left, and a reader paused at a held frame is
- * watched for the hang-up while anything waits on that peer. */
+ * watched for the hang-up while anything waits on that peer (it then reads
+ * past that frame to the peer's abort frame, if one follows). */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -414,16 +415,46 @@ static void prx_abort_done(crun__tcp_t *t, int j) {
   crun__tcp_fail_all(t, st, text);
 }
 
+/* Peer j hung up while its reader is held: all j sent is in this socket.
+ * Reads past the held frame (nothing can take it now that j is gone) to see
+ * whether an abort frame follows it: j failed its group and says why. 1 with
+ * the reader reading that frame (prx_abort_done then fails what is pending
+ * with j's reason); 0 otherwise, the held header kept for peer_gone's note. */
+static int held_skip_to_abort(crun__tcp_t *t, int j) {
+  crun__prx_t *x = &t->prx[j];
+  char sink[4096];
+  for (uint64_t left = x->h.nbytes; left;) {
+    ssize_t k = recv(t->fds[j], sink, left < sizeof sink ? (size_t)left : sizeof sink, MSG_DONTWAIT);
+    if (k <= 0) return 0;
+    left -= (uint64_t)k;
+  }
+  crun__hdr_t h;
+  char why[160];
+  if (recv(t->fds[j], &h, HDR, MSG_PEEK | MSG_DONTWAIT) != (ssize_t)HDR || h.kind != CRUN__KIND_ABORT ||
+      crun__tcp_hdr_garbled(&h, t->group, t->rank, j, why, sizeof why) || !(x->text = calloc(1, CRUN__ABORT_TEXT_MAX + 1)))
+    return 0;
+  if (recv(t->fds[j], &x->h, HDR, MSG_DONTWAIT) != (ssize_t)HDR) { /* cannot fail after the peek */
+    free(x->text);
+    x->text = NULL;
+    return 0;
+  }
+  x->hgot = x->got = 0;
+  x->state = CRUN__PRX_ABORT;
+  return 1;
+}
+
 /* Peer j's reader is held and an operation waits on j: when j hung up (its
  * frames now end at what this socket holds, and the one in front is held) or
- * the connection failed, fails them as peer_gone does, so they do not wait
- * for their deadline; 1 then. Without a waiter the held frame stays readable
- * for a receive posted later. */
+ * the connection failed, fails them with the reason of j's abort frame when
+ * one waits behind the held frame, else as peer_gone does, so they do not
+ * wait for their deadline; 1 then. Without a waiter the held frame stays
+ * readable for a receive posted later. */
 static int held_watch(crun__tcp_t *t, int j) {
   if (!peer_hung_up(t, j)) return 0;
   int err = 0;
   socklen_t len = sizeof err;
   if (getsockopt(t->fds[j], SOL_SOCKET, SO_ERROR, &err, &len) < 0) err = 0;
+  if (held_skip_to_abort(t, j)) return 1; /* pump_reads reads it on */
   peer_gone(t, j, err ? strerror(err) : "closed");
   return 1;
 }
