@@ -390,6 +390,11 @@ describe("dist failures", function()
       run.cleanup(dir)
       local what = p2p_want[k[1] == "isend" and "send" or k[1] == "anyheld" and "any" or "recv"]
       assert.is_truthy(t0:find("error EPEERDIED: " .. what, 1, true) == 1, t0 .. "\n" .. out)
+      -- how it ended reads as a sentence: "closed (" or "failed: <errno text> ("
+      local how = t0:sub(#("error EPEERDIED: " .. what) + 1)
+      if k[1] ~= "anyheld" then
+        assert.is_truthy(how:match("^closed %(the process died") or how:match("^failed: %u[%a ]+ %(the process died"), t0)
+      end
       if k[1]:find("held") then assert.is_truthy(t0:find("(reading from rank 1 is paused: ", 1, true), t0) end
       -- a peer that left stays up 3 s: the error came from its destroy
       assert.is_true(tonumber(t0:match("elapsed ([%d.]+)")) < (k[2] == "left" and 2.5 or 10), t0)

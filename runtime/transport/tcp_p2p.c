@@ -183,10 +183,11 @@ static int op_write(crun__tcp_t *t, crun__p2p_op_t *op) {
     }
     if (k < 0 && errno == EINTR) continue;
     if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
-    char desc[64];
+    char desc[64], how[128];
+    crun__tcp_conn_how(k < 0 ? errno : 0, how, sizeof how);
     op_desc(op, desc, sizeof desc);
     return crun_error(CRUN_EPEERDIED, "%s on rank %d: connection to rank %d %s (the process died or left the group)",
-                      desc, t->rank, op->peer, k < 0 ? strerror(errno) : "closed");
+                      desc, t->rank, op->peer, how);
   }
   return 1;
 }
@@ -295,10 +296,13 @@ static void unmatched_note(const crun__tcp_t *t, int peer, char *buf, size_t cap
   }
 }
 
-/* Fails the receives that can no longer be served after peer j went away,
- * and the sends to j (a peer that shut its side reads no more either). */
-static void peer_gone(crun__tcp_t *t, int j, const char *how) {
+/* Fails the receives that can no longer be served after peer j went away
+ * (err: the connection's errno, 0 when j closed it), and the sends to j (a
+ * peer that shut its side reads no more either). */
+static void peer_gone(crun__tcp_t *t, int j, int err) {
   crun__prx_t *x = &t->prx[j];
+  char how[128];
+  crun__tcp_conn_how(err, how, sizeof how);
   char held[320] = ""; /* why the frames j sent last were not read */
   if (x->state == CRUN__PRX_HELD) unmatched_note(t, j, held, sizeof held);
   x->state = CRUN__PRX_DEAD;
@@ -336,7 +340,7 @@ static ssize_t prx_read(crun__tcp_t *t, int j, void *p, size_t n) {
   ssize_t k = recv(t->fds[j], p, n, MSG_DONTWAIT);
   if (k > 0) return k;
   if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return 0;
-  peer_gone(t, j, k == 0 ? "closed" : strerror(errno));
+  peer_gone(t, j, k == 0 ? 0 : errno);
   return -1;
 }
 
@@ -455,7 +459,7 @@ static int held_watch(crun__tcp_t *t, int j) {
   socklen_t len = sizeof err;
   if (getsockopt(t->fds[j], SOL_SOCKET, SO_ERROR, &err, &len) < 0) err = 0;
   if (held_skip_to_abort(t, j)) return 1; /* pump_reads reads it on */
-  peer_gone(t, j, err ? strerror(err) : "closed");
+  peer_gone(t, j, err);
   return 1;
 }
 

@@ -45,6 +45,11 @@ int crun__tcp_hello_check(const crun__hello_t *h, uint32_t group, int rank, int 
  * rank `rank`) lacks the frame magic or names another group; else 0. */
 int crun__tcp_hdr_garbled(const crun__hdr_t *h, uint32_t group, int rank, int from, char *text, size_t cap);
 
+/* How a connection to a peer ended, for "connection to rank N <how>":
+ * "closed" when err is 0 (the peer closed it), else "failed: <strerror(err)>";
+ * written into buf (cap bytes), which it returns. */
+const char *crun__tcp_conn_how(int err, char *buf, size_t cap);
+
 /* The part of an abort frame's text that is kept (the rest is read and dropped). */
 #define CRUN__ABORT_TEXT_MAX 4096
 

@@ -125,11 +125,12 @@ static int classify(io_t *io, const crun__hdr_t *h) {
   return 0;
 }
 
-static int peer_died(io_t *io, int peer, const char *how) {
-  char desc[64];
+/* The connection to peer ended (err: its errno, 0 when closed). */
+static int peer_died(io_t *io, int peer, int err) {
+  char desc[64], how[128];
   crun__coll_desc(io->c, desc, sizeof desc);
   return crun_error(CRUN_EPEERDIED, "%s on rank %d: connection to rank %d %s (the process died "
-                    "or left the group)", desc, io->t->rank, peer, how);
+                    "or left the group)", desc, io->t->rank, peer, crun__tcp_conn_how(err, how, sizeof how));
 }
 
 /* Turns a received abort frame into our error. */
@@ -196,18 +197,18 @@ static int tx_some(io_t *io) {
     return 1;
   }
   if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return errno == EINTR;
-  const char *how = k < 0 ? strerror(errno) : "closed";
+  int err = k < 0 ? errno : 0;
   int r = abort_from_to(io); /* a peer that failed the group and left sent why before it closed */
-  return r < 0 ? r : peer_died(io, io->to, how);
+  return r < 0 ? r : peer_died(io, io->to, err);
 }
 
 /* Reads up to n bytes of the receive side; returns bytes, 0 would block, <0 error. */
 static ssize_t rx_read(io_t *io, void *p, size_t n) {
   ssize_t k = recv(io->t->fds[io->from], p, n, MSG_DONTWAIT);
   if (k > 0) return k;
-  if (k == 0) return peer_died(io, io->from, "closed");
+  if (k == 0) return peer_died(io, io->from, 0);
   if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return 0;
-  return peer_died(io, io->from, strerror(errno));
+  return peer_died(io, io->from, errno);
 }
 
 /* A whole header arrived: decide where its payload goes. */
@@ -305,7 +306,7 @@ static int rx_some(io_t *io) {
 static int peek_abort(io_t *io) {
   crun__hdr_t h;
   ssize_t k = recv(io->t->fds[io->to], &h, HDR, MSG_PEEK | MSG_DONTWAIT);
-  if (k == 0) return peer_died(io, io->to, "closed");
+  if (k == 0) return peer_died(io, io->to, 0);
   io->watch_to = 0;
   return abort_from_to(io);
 }
