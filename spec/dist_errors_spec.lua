@@ -434,6 +434,26 @@ describe("dist failures", function()
     end)
   end
 
+  -- A recv that timed out with its frame half read (the sender stopped
+  -- midway) fails the group; an all_reduce that was waiting to read from that
+  -- sender names that timeout and the stream left mid-frame, not a broken
+  -- pipe, a dead peer or a garbled frame; the sender's calls name it too.
+  it("name the timed-out recv that left a stream mid-frame in a collective reading it (tcp)", function()
+    local res, out = scenario_n(2, "p2pcut")
+    local why = "recv from rank 1 (tag 2) on rank 0: no data from rank 1 after 1.0 s"
+    local l0 = {res[0]:match("^([^\n]*)\n([^\n]*)")}
+    assert.are.equal(1, (l0[1] or ""):find("error ESTATE: all_reduce #2 on rank 0: the group is unusable after an "
+                                           .. "earlier failure: ETIMEDOUT: " .. why, 1, true), res[0] .. "\n" .. out)
+    assert.is_truthy(l0[1]:find("(the connection from rank 1 stopped mid-frame where a receive from it failed)", 1,
+                                true), res[0])
+    assert.are.equal(1, (l0[2] or ""):find("error ETIMEDOUT: " .. why, 1, true), res[0])
+    local l1 = {res[1]:match("^([^\n]*)\n([^\n]*)")}
+    assert.is_truthy(l1[1] and l1[1]:match("^error E") and l1[1]:find(why, 1, true), res[1] .. "\n" .. out)
+    assert.is_truthy(l1[2] and l1[2]:match("^error E") and l1[2]:find("send to rank 0 (tag 2) on rank 1: " .. why, 1, true),
+                     res[1])
+    for r = 0, 1 do assert.is_falsy(res[r]:find("EPEERDIED") or res[r]:find("EPROTO"), res[r]) end
+  end)
+
   -- The shm engine compares an all_to_all's per-peer counts after the ops
   -- agree: a different op names it without a count.
   it("describe an all_to_all met by an all_reduce by its dtype alone (shm)", function()

@@ -465,6 +465,7 @@ void crun__tcp_close(crun__tcp_t *t) {
     if (t->prx && t->prx[j].frame) { free(t->prx[j].frame->data); free(t->prx[j].frame); }
     if (t->prx) free(t->prx[j].text);
   }
+  free(t->abort_why);
   free(t->outq);
   free(t->prx);
   free(t->pfd);

@@ -546,6 +546,7 @@ static void expire(crun__tcp_t *t) {
         op = t->prx[j].direct;
         t->prx[j].direct = NULL;
         t->prx[j].state = CRUN__PRX_DEAD; /* its frame is half read into a buffer we give back */
+        t->prx[j].cut = 1;
       }
       peer = j;
     }
@@ -755,6 +756,7 @@ void crun__tcp_fail_all(crun__tcp_t *t, int status, const char *text) {
       if ((op = t->prx[j].direct)) {
         t->prx[j].direct = NULL;
         t->prx[j].state = CRUN__PRX_DEAD;
+        t->prx[j].cut = 1;
       }
     if (!op) return;
     char desc[64];

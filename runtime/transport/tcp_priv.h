@@ -101,6 +101,8 @@ typedef struct {
   char *text;               /* ABORT: its text */
   int hup;                  /* the peer shut its side (seen by a send stuck on it or a held
                              * reader): what it left is read to its end */
+  int cut;                  /* DEAD: a receive that failed (timed out) left its frame half
+                             * read, so the stream stops mid-frame: a step cannot read on */
 } crun__prx_t;
 
 struct crun__tcp {
@@ -117,6 +119,7 @@ struct crun__tcp {
   size_t stash_max;     /* the bound on stash_bytes: CRUN_TCP_UNEXPECTED_MAX */
   int stash_n;          /* stashed frames (and ones being read into the stash) */
   int aborted;
+  char *abort_why;        /* aborted: why ("the group is unusable after an earlier failure: ...") */
   crun__p2p_op_t **outq;  /* per-peer FIFO of sends not fully written */
   crun__p2p_op_t *posted; /* receives in posting order */
   crun__prx_t *prx;       /* per-peer background reader */

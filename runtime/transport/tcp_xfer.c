@@ -167,9 +167,12 @@ static int rx_from_stash(io_t *io) {
  * our error; 0 when none waits on its connection. Never blocks. */
 static int abort_from_to(io_t *io) {
   crun__hdr_t h;
-  ssize_t k = recv(io->t->fds[io->to], &h, HDR, MSG_PEEK | MSG_DONTWAIT);
-  if (k != (ssize_t)HDR || h.kind != CRUN__KIND_ABORT) return 0;
   char text[4097] = "";
+  ssize_t k = recv(io->t->fds[io->to], &h, HDR, MSG_PEEK | MSG_DONTWAIT);
+  if (k != (ssize_t)HDR || h.kind != CRUN__KIND_ABORT ||
+      crun__tcp_hdr_garbled(&h, io->t->group, io->t->rank, io->to, text, sizeof text))
+    return 0; /* not a frame: a receive that failed left this stream mid-frame */
+  text[0] = 0;
   size_t n = h.nbytes > 4096 ? 4096 : h.nbytes;
   recv(io->t->fds[io->to], &h, HDR, MSG_DONTWAIT);
   recv(io->t->fds[io->to], text, n, MSG_DONTWAIT);
@@ -349,6 +352,26 @@ static int io_wait(io_t *io) {
   return 0;
 }
 
+/* The step cannot go on: the transport was aborted (an operation it pumped
+ * may have failed the group meanwhile: the sockets are shut for writing), or
+ * a receive that failed left the stream from `from` mid-frame. <0 with the
+ * cause then, else 0. */
+static int io_blocked(io_t *io) {
+  crun__tcp_t *t = io->t;
+  int cut = io->from >= 0 && io->rstate != RX_DONE && t->prx[io->from].state == CRUN__PRX_DEAD &&
+            t->prx[io->from].cut;
+  if (!t->aborted && !cut) return 0;
+  char desc[64], note[160] = "";
+  crun__coll_desc(io->c, desc, sizeof desc);
+  if (cut)
+    snprintf(note, sizeof note, "%sthe connection from rank %d stopped mid-frame where a receive from it failed",
+             t->aborted ? " (" : "", io->from);
+  if (!t->aborted)
+    return crun_error(CRUN_ESTATE, "%s on rank %d: %s", desc, t->rank, note);
+  return crun_error(CRUN_ESTATE, "%s on rank %d: %s%s%s", desc, t->rank,
+                    t->abort_why ? t->abort_why : "the tcp transport was aborted", note, cut ? ")" : "");
+}
+
 /* Drives both sides until done, an error, or the deadline. */
 static int io_run(io_t *io) {
   for (;;) {
@@ -366,6 +389,7 @@ static int io_run(io_t *io) {
     if (io->t->npending) {
       crun__tcp_match(io->t);
       progress |= crun__tcp_pump(io->t, rx_left ? io->from : -1);
+      if ((r = io_blocked(io)) < 0) return r;
     }
     if (!tx_left && !rx_left) return 0;
     if (!progress && (r = io_wait(io)) < 0) return r;
@@ -386,6 +410,7 @@ static int run_step(crun__tcp_t *t, crun__coll_t *c, const crun__xfer_t *x, int 
   if (x->to >= 0 && x->check) io.th.algo = CRUN__HDR_CHECK;
   int rc = 0;
   if (x->from >= 0 && !stash_only) rc = crun__tcp_settle(t, x->from, c->deadline);
+  if (rc >= 0) rc = io_blocked(&io); /* settling pumps: a pending receive may have failed */
   if (x->from >= 0 && !stash_only && rc >= 0) rc = rx_from_stash(&io);
   if (rc == 0 && x->from >= 0 && !stash_only && t->prx[x->from].state == CRUN__PRX_HELD) {
     io.rh = t->prx[x->from].h; /* the background reader stopped after this header: the step goes on */
@@ -413,6 +438,7 @@ void crun__tcp_abort(crun__tcp_t *t, int status, const char *text) {
   size_t len = cut ? (size_t)(cut - text) : strlen(text);
   char why[512];
   snprintf(why, sizeof why, "the group is unusable after an earlier failure: %.*s", (int)(len < 400 ? len : 400), text);
+  t->abort_why = strdup(why);
   for (int j = 0; j < t->size; j++) {
     if (t->fds[j] < 0) continue;
     if (!t->tx_dirty[j]) {

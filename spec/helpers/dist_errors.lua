@@ -59,6 +59,13 @@
 --             fail (its recv of tag 9 from rank 0 times out after 0.5 s,
 --             which ends its group; then it stays up 3 s).
 --             Rank 0 writes what its wait raised and "elapsed <s>".
+--   p2pcut    2 ranks: rank 1 isends 64 MiB to rank 0 and stops itself
+--             (SIGSTOP) 0.2 s later, for 1.5 s; rank 0 posts an irecv of it
+--             (timeout 1 s) 0.4 s in, which takes what arrived, and starts an
+--             all_reduce 0.1 s later, which must read from rank 1 past that
+--             half-read frame; then
+--             each rank waits on its p2p work. Each rank writes what its
+--             all_reduce raised, then what its wait raised.
 --   p2panymid 3 ranks: rank 1 isends 16 MiB to rank 0 and is killed 0.3 s
 --             later; rank 0 posts a recv from any source 1 s in, which takes
 --             the part of that frame that arrived; rank 2 stays up
@@ -297,6 +304,21 @@ elseif mode == "kill" then
   end
   record(ok, err)
   out:write(string.format("elapsed %.3f\n", crun.clock() - t0))
+elseif mode == "p2pcut" then
+  dist.barrier()
+  local n = 16 << 20
+  local w
+  if rank == 1 then
+    local pid = io.open("/proc/self/stat"):read("n")
+    w = dist.isend(T.full({n}, -3, "int32"), 0, {tag = 2})
+    os.execute("sleep 0.2; (sleep 1.5; kill -CONT " .. pid .. ") & kill -STOP " .. pid)
+  else
+    os.execute("sleep 0.4")
+    w = dist.irecv(T.zeros({n}, "int32"), 1, {tag = 2, timeout = 1})
+    os.execute("sleep 0.1")
+  end
+  record(pcall(dist.all_reduce, T.full({4}, rank - 2, "float32")))
+  record(pcall(w.wait, w))
 elseif mode == "p2panymid" then
   dist.barrier()
   if rank == 1 then
