@@ -531,9 +531,10 @@ static int recv_locked(crun__tcp_t *t, crun__coll_t *c) {
 
 /* ---------------------------------------------------------------- the pump */
 
-/* Fails the pending operations whose deadline passed. */
-static void expire(crun__tcp_t *t) {
+/* Fails the pending operations whose deadline passed; 1 when one was. */
+static int expire(crun__tcp_t *t) {
   double now = crun_clock();
+  int any = 0;
   for (int again = 1; again;) {
     again = 0;
     crun__p2p_op_t *op = NULL;
@@ -550,7 +551,8 @@ static void expire(crun__tcp_t *t) {
       }
       peer = j;
     }
-    if (!op) return;
+    if (!op) return any;
+    any = 1;
     char desc[64], where[1024], note[320] = "";
     op_desc(op, desc, sizeof desc);
     crun__pg_progress_report(t->pg, where, sizeof where);
@@ -567,6 +569,7 @@ static void expire(crun__tcp_t *t) {
               op->peer, op->c->timeout, note, where);
     again = 1;
   }
+  return any;
 }
 
 int crun__tcp_pump(crun__tcp_t *t, int skip) {
@@ -576,8 +579,9 @@ int crun__tcp_pump(crun__tcp_t *t, int skip) {
     if (t->outq[j]) progress |= pump_sends(t, j);
     if (j != skip) progress |= pump_reads(t, j);
   }
-  expire(t);
-  return progress;
+  /* an expiry is progress: a caller waiting for a reader to settle (a
+   * receive dropped mid-frame) must look again before it sleeps */
+  return expire(t) | progress;
 }
 
 void crun__tcp_pump_events(crun__tcp_t *t, int skip) {

@@ -60,12 +60,12 @@
 --             which ends its group; then it stays up 3 s).
 --             Rank 0 writes what its wait raised and "elapsed <s>".
 --   p2pcut    2 ranks: rank 1 isends 64 MiB to rank 0 and stops itself
---             (SIGSTOP) 0.2 s later, for 1.5 s; rank 0 posts an irecv of it
---             (timeout 1 s) 0.4 s in, which takes what arrived, and starts an
+--             (SIGSTOP) for 2.5 s; once it is stopped, rank 0 posts an irecv
+--             of it (timeout 1 s), which takes what arrived, and starts an
 --             all_reduce 0.1 s later, which must read from rank 1 past that
---             half-read frame; then
---             each rank waits on its p2p work. Each rank writes what its
---             all_reduce raised, then what its wait raised.
+--             half-read frame; then each rank waits on its p2p work. Each
+--             rank writes what its all_reduce raised, what its wait raised,
+--             and "elapsed <s>"; rank 0 then stays up until rank 1 resumed.
 --   p2panymid 3 ranks: rank 1 isends 16 MiB to rank 0 and is killed 0.3 s
 --             later; rank 0 posts a recv from any source 1 s in, which takes
 --             the part of that frame that arrived; rank 2 stays up
@@ -306,19 +306,35 @@ elseif mode == "kill" then
   out:write(string.format("elapsed %.3f\n", crun.clock() - t0))
 elseif mode == "p2pcut" then
   dist.barrier()
-  local n = 16 << 20
-  local w
+  local n, w = 16 << 20, nil
+  local pidfile = outdir .. "/pid1"
   if rank == 1 then
     local pid = io.open("/proc/self/stat"):read("n")
-    w = dist.isend(T.full({n}, -3, "int32"), 0, {tag = 2})
-    os.execute("sleep 0.2; (sleep 1.5; kill -CONT " .. pid .. ") & kill -STOP " .. pid)
+    w = dist.isend(T.full({n}, -3, "int32"), 0, {tag = 2}) -- rank 0 reads none of it yet
+    local f = assert(io.open(pidfile .. ".tmp", "w"))
+    f:write(pid, "\n")
+    f:close()
+    os.rename(pidfile .. ".tmp", pidfile)
+    os.execute("(sleep 2.5; kill -CONT " .. pid .. ") & kill -STOP " .. pid)
   else
-    os.execute("sleep 0.4")
+    local pid
+    for _ = 1, 500 do  -- until rank 1 is stopped (at most about 5 s)
+      local f = io.open(pidfile)
+      if f then pid = pid or f:read("n"); f:close() end
+      local st = pid and io.open("/proc/" .. pid .. "/stat")
+      local state = st and st:read("a"):match("^%d+ %b() (%a)")
+      if st then st:close() end
+      if state == "T" then break end
+      os.execute("sleep 0.01")
+    end
     w = dist.irecv(T.zeros({n}, "int32"), 1, {tag = 2, timeout = 1})
     os.execute("sleep 0.1")
   end
+  local t0 = crun.clock()
   record(pcall(dist.all_reduce, T.full({4}, rank - 2, "float32")))
   record(pcall(w.wait, w))
+  out:write(string.format("elapsed %.3f\n", crun.clock() - t0))
+  if rank == 0 then os.execute("sleep 3") end -- up until rank 1 resumed and read why
 elseif mode == "p2panymid" then
   dist.barrier()
   if rank == 1 then
