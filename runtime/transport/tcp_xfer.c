@@ -133,13 +133,21 @@ static int peer_died(io_t *io, int peer, int err) {
                     "or left the group)", desc, io->t->rank, peer, crun__tcp_conn_how(err, how, sizeof how));
 }
 
-/* Turns a received abort frame into our error. */
+/* Turns a received abort frame into our error. The frame was the peer's
+ * last: its reader stops there, and the pending p2p operations fail with
+ * the peer's reason now (else the pump, finding the connection closed next,
+ * would fail them with a bare EPEERDIED first). */
 static int aborted_by(io_t *io, int peer, const crun__hdr_t *h, const char *text) {
-  char desc[64];
+  crun__tcp_t *t = io->t;
+  char desc[64], p2p[4200];
   crun__coll_desc(io->c, desc, sizeof desc);
   int st;
   const char *body = crun__tcp_abort_body(h, text, &st);
-  return crun_error(st, "%s [reported by rank %d; rank %d was in %s]", body, peer, io->t->rank, desc);
+  t->prx[peer].state = CRUN__PRX_DEAD;
+  snprintf(p2p, sizeof p2p, "%s [reported by rank %d; rank %d was in a point-to-point operation]", body, peer,
+           t->rank);
+  crun__tcp_fail_all(t, st, p2p); /* before our error: it records theirs */
+  return crun_error(st, "%s [reported by rank %d; rank %d was in %s]", body, peer, t->rank, desc);
 }
 
 /* Uses a stashed frame when one matches the receive; 1 when consumed. */

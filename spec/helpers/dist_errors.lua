@@ -59,13 +59,14 @@
 --             fail (its recv of tag 9 from rank 0 times out after 0.5 s,
 --             which ends its group; then it stays up 3 s).
 --             Rank 0 writes what its wait raised and "elapsed <s>".
---   p2pcut    2 ranks: rank 1 isends 64 MiB to rank 0 and stops itself
---             (SIGSTOP) for 2.5 s; once it is stopped, rank 0 posts an irecv
---             of it (timeout 1 s), which takes what arrived, and starts an
---             all_reduce 0.1 s later, which must read from rank 1 past that
---             half-read frame; then each rank waits on its p2p work. Each
---             rank writes what its all_reduce raised, what its wait raised,
---             and "elapsed <s>"; rank 0 then stays up until rank 1 resumed.
+--   p2pcut    2 ranks: rank 1 isends 64 MiB to rank 0, which reads none
+--             of it yet; 0.3 s later rank 0 stops rank 1 (SIGSTOP) for 2.5 s,
+--             posts an irecv of it (timeout 1 s), which takes what arrived,
+--             and starts an all_reduce 0.1 s later, which must read from
+--             rank 1 past that half-read frame; then each rank waits on its
+--             p2p work. Each rank writes what its all_reduce raised, what its
+--             wait raised, and "elapsed <s>"; rank 0 then stays up until
+--             rank 1 resumed.
 --   p2panymid 3 ranks: rank 1 isends 16 MiB to rank 0 and is killed 0.3 s
 --             later; rank 0 posts a recv from any source 1 s in, which takes
 --             the part of that frame that arrived; rank 2 stays up
@@ -309,24 +310,22 @@ elseif mode == "p2pcut" then
   local n, w = 16 << 20, nil
   local pidfile = outdir .. "/pid1"
   if rank == 1 then
-    local pid = io.open("/proc/self/stat"):read("n")
-    w = dist.isend(T.full({n}, -3, "int32"), 0, {tag = 2}) -- rank 0 reads none of it yet
+    w = dist.isend(T.full({n}, -3, "int32"), 0, {tag = 2})
+    os.execute("sleep 0.3") -- the socket took what it could: the frame is half sent
     local f = assert(io.open(pidfile .. ".tmp", "w"))
-    f:write(pid, "\n")
+    f:write(io.open("/proc/self/stat"):read("n"), "\n")
     f:close()
     os.rename(pidfile .. ".tmp", pidfile)
-    os.execute("(sleep 2.5; kill -CONT " .. pid .. ") & kill -STOP " .. pid)
+    os.execute("sleep 1") -- stopped by rank 0 meanwhile
   else
     local pid
-    for _ = 1, 500 do  -- until rank 1 is stopped (at most about 5 s)
+    for _ = 1, 1000 do  -- at most about 10 s
       local f = io.open(pidfile)
-      if f then pid = pid or f:read("n"); f:close() end
-      local st = pid and io.open("/proc/" .. pid .. "/stat")
-      local state = st and st:read("a"):match("^%d+ %b() (%a)")
-      if st then st:close() end
-      if state == "T" then break end
+      if f then pid = f:read("n"); f:close() end
+      if pid then break end
       os.execute("sleep 0.01")
     end
+    os.execute("kill -STOP " .. pid .. "; (sleep 2.5; kill -CONT " .. pid .. ") &")
     w = dist.irecv(T.zeros({n}, "int32"), 1, {tag = 2, timeout = 1})
     os.execute("sleep 0.1")
   end
