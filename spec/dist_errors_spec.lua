@@ -434,6 +434,27 @@ describe("dist failures", function()
     end)
   end
 
+  -- destroy_process_group with an isend or irecv still pending (its Work
+  -- held) fails that Work with ECLOSED and closes the connections, as torch
+  -- aborts pending work there: the peer waiting on this rank fails at once
+  -- with EPEERDIED, not at its deadline (rank 0 stays up 3 s). The isend's
+  -- frame is half sent into a reader paused behind the stash's limit.
+  for _, kind in ipairs{"isend", "irecv"} do
+    it("fail pending " .. kind .. " work at destroy_process_group and tell the peer at once (tcp)", function()
+      local dir = run.tmpdir()
+      local _, out = run.run(2, SCRIPT, "destroypending:" .. kind .. " " .. dir,
+                             {limit = 60, env = "CRUN_SHM=0 CRUN_TCP_UNEXPECTED_MAX=65536"})
+      local t0, t1 = run.text(dir, 0), run.text(dir, 1)
+      run.cleanup(dir)
+      local mine = kind == "isend" and "send to rank 1 (tag 3)" or "recv from rank 1 (tag 3)"
+      assert.are.equal(1, t0:find("ok\nerror ECLOSED: " .. mine .. " on rank 0: the group was destroyed while it was "
+                                  .. "pending\n", 1, true), t0 .. "\n" .. out)
+      assert.are.equal(1, t1:find("error EPEERDIED: recv from rank 0 (tag 2) on rank 1: connection to rank 0 ", 1, true),
+                       t1 .. "\n" .. out)
+      for _, t in ipairs{t0, t1} do assert.is_true(tonumber(t:match("elapsed ([%d.]+)")) < 2.5, t) end
+    end)
+  end
+
   -- A recv that timed out with its frame half read (the sender stopped
   -- midway) fails the group; an all_reduce that was waiting to read from that
   -- sender names that timeout and the stream left mid-frame, not a broken

@@ -67,6 +67,12 @@
 --             p2p work. Each rank writes what its all_reduce raised, what its
 --             wait raised, and "elapsed <s>"; rank 0 then stays up until
 --             rank 1 resumed.
+--   destroypending:K  2 ranks: rank 0 starts K (an isend of 64 MiB to rank 1
+--             with tag 3, which rank 1 never receives; or an irecv of tag 3
+--             from rank 1, which never sends), then destroys the group,
+--             waits on that Work and stays up 3 s; rank 1 waits in a recv of
+--             tag 2 from rank 0. Rank 0 writes what destroy and the wait
+--             raised, rank 1 what its recv raised; each "elapsed <s>".
 --   p2panymid 3 ranks: rank 1 isends 16 MiB to rank 0 and is killed 0.3 s
 --             later; rank 0 posts a recv from any source 1 s in, which takes
 --             the part of that frame that arrived; rank 2 stays up
@@ -334,6 +340,22 @@ elseif mode == "p2pcut" then
   record(pcall(w.wait, w))
   out:write(string.format("elapsed %.3f\n", crun.clock() - t0))
   if rank == 0 then os.execute("sleep 3") end -- up until rank 1 resumed and read why
+elseif mode:match("^destroypending:") then
+  local kind = mode:match(":(%w+)$")
+  dist.barrier()
+  local t0 = crun.clock()
+  if rank == 0 then
+    local w = kind == "isend" and dist.isend(T.full({16 << 20}, -7, "int32"), 1, {tag = 3})
+              or dist.irecv(T.zeros({4}, "int32"), 1, {tag = 3})
+    os.execute("sleep 0.3")
+    record(pcall(dist.destroy_process_group))
+    record(pcall(w.wait, w))
+    out:write(string.format("elapsed %.3f\n", crun.clock() - t0))
+    os.execute("sleep 3")
+  else
+    record(pcall(dist.recv, T.zeros({4}, "int32"), 0, {tag = 2}))
+    out:write(string.format("elapsed %.3f\n", crun.clock() - t0))
+  end
 elseif mode == "p2panymid" then
   dist.barrier()
   if rank == 1 then
