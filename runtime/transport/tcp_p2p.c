@@ -693,11 +693,19 @@ int crun__tcp_p2p_init(crun__tcp_t *t) {
   return 0;
 }
 
-/* Starts the pump thread on the first pending operation. Called with mu held. */
-static void pump_start(crun__tcp_t *t) {
-  if (t->has_pump || t->pump_stop) return;
-  t->has_pump = pthread_create(&t->pump_th, NULL, pump_main, t) == 0;
-  if (!t->has_pump) CRUN_LOG(WARN, NET, "rank %d: no p2p pump thread; p2p progresses only inside calls", t->rank);
+/* Starts the pump thread before the first operation that may stay pending
+ * with no caller pumping it; <0 (ESYS naming c) when it cannot start: such an
+ * operation would then wait with nothing to progress it or end it at its
+ * deadline. Called with mu held. */
+static int pump_start(crun__tcp_t *t, const crun__coll_t *c) {
+  if (t->has_pump || t->pump_stop) return 0;
+  int e = pthread_create(&t->pump_th, NULL, pump_main, t);
+  t->has_pump = e == 0;
+  if (!e) return 0;
+  char desc[64];
+  crun__coll_desc(c, desc, sizeof desc);
+  return crun_error(CRUN_ESYS, "%s on rank %d: cannot start the thread that progresses point-to-point operations "
+                    "(%s)", desc, t->rank, strerror(e));
 }
 
 void crun__tcp_p2p_fini(crun__tcp_t *t) {
@@ -726,11 +734,9 @@ void crun__tcp_p2p_fini(crun__tcp_t *t) {
 static int p2p_call(crun__tcp_t *t, crun__coll_t *c, int (*fn)(crun__tcp_t *, crun__coll_t *)) {
   int caller_pumps = c->caller_pumps; /* c may be gone once fn returns */
   pthread_mutex_lock(&t->mu);
-  int rc = fn(t, c);
-  if (rc == CRUN__PENDING && !caller_pumps) {
-    pump_start(t);
-    wake_pump(t);
-  }
+  int rc = caller_pumps ? 0 : pump_start(t, c);
+  if (rc == 0) rc = fn(t, c);
+  if (rc == CRUN__PENDING && !caller_pumps) wake_pump(t);
   pthread_mutex_unlock(&t->mu);
   return rc;
 }
