@@ -962,8 +962,18 @@ static int l_timeout(lua_State *L) {
   return 1;
 }
 
-/* pg:destroy(): drops the group (queued work finishes first); idempotent. */
+/* pg:destroy(): destroys the group (queued work finishes first; pending
+ * p2p work fails with ECLOSED and the connections close, as torch's
+ * destroy_process_group aborts it); idempotent. */
 static int l_destroy(lua_State *L) {
+  l_pg *u = crun_l_checkudata(L, 1, PG_MT);
+  if (u->pg) crun_pg_destroy(u->pg);
+  u->pg = NULL;
+  return 0;
+}
+
+/* __gc: drops the group's reference; Work handles still held keep it up. */
+static int l_pg_gc(lua_State *L) {
   l_pg *u = crun_l_checkudata(L, 1, PG_MT);
   if (u->pg) crun_pg_release(u->pg);
   u->pg = NULL;
@@ -1106,7 +1116,7 @@ void crun_l_open_pg(lua_State *L) {
       {"all_gather_bytes", l_all_gather_bytes}, {"new_group", l_new_group}, {"rank", l_rank},
       {"size", l_size}, {"backend", l_backend}, {"next_seq", l_next_seq}, {"refuse", l_refuse},
       {"global_rank", l_global_rank}, {"timeout", l_timeout}, {"destroy", l_destroy},
-      {"__gc", l_destroy}, {"__close", l_destroy}, {"__tostring", l_pg_tostring}, {NULL, NULL}};
+      {"__gc", l_pg_gc}, {"__close", l_destroy}, {"__tostring", l_pg_tostring}, {NULL, NULL}};
   static const luaL_Reg work_methods[] = {
       {"wait", l_work_wait}, {"synchronize", l_work_synchronize}, {"is_completed", l_work_is_completed}, {"source", l_work_source},
       {"result", l_work_result}, {"exception", l_work_exception}, {"get_future", l_work_get_future},

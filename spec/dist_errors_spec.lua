@@ -390,6 +390,11 @@ describe("dist failures", function()
       run.cleanup(dir)
       local what = p2p_want[k[1] == "isend" and "send" or k[1] == "anyheld" and "any" or "recv"]
       assert.is_truthy(t0:find("error EPEERDIED: " .. what, 1, true) == 1, t0 .. "\n" .. out)
+      -- how it ended reads as a sentence: "closed (" or "failed: <errno text> ("
+      local how = t0:sub(#("error EPEERDIED: " .. what) + 1)
+      if k[1] ~= "anyheld" then
+        assert.is_truthy(how:match("^closed %(the process died") or how:match("^failed: %u[%a ]+ %(the process died"), t0)
+      end
       if k[1]:find("held") then assert.is_truthy(t0:find("(reading from rank 1 is paused: ", 1, true), t0) end
       -- a peer that left stays up 3 s: the error came from its destroy
       assert.is_true(tonumber(t0:match("elapsed ([%d.]+)")) < (k[2] == "left" and 2.5 or 10), t0)
@@ -410,8 +415,10 @@ describe("dist failures", function()
 
   -- A peer that failed its group (its recv of tag 9 timed out) and stays up:
   -- rank 0's pending send or recv to it fails at once with that peer's
-  -- reason, not when the peer exits or at rank 0's own deadline.
-  for _, kind in ipairs{"isend", "recv"} do
+  -- reason, not when the peer exits or at rank 0's own deadline; also a recv
+  -- whose reader is paused at a frame of that peer too large for the stash
+  -- (the peer's abort frame waits behind it).
+  for _, kind in ipairs{"isend", "recv", "held"} do
     it("fail a pending " .. kind .. " with the reason of a peer that failed its group and stays up (tcp)", function()
       local dir = run.tmpdir()
       local _, out = run.run(2, SCRIPT, "p2p:" .. kind .. ":fail " .. dir,
@@ -426,6 +433,50 @@ describe("dist failures", function()
       assert.is_true(tonumber(t0:match("elapsed ([%d.]+)")) < 2.5, t0) -- rank 1 stays up 3 s
     end)
   end
+
+  -- destroy_process_group with an isend or irecv still pending (its Work
+  -- held) fails that Work with ECLOSED and closes the connections, as torch
+  -- aborts pending work there: the peer waiting on this rank fails at once
+  -- with EPEERDIED, not at its deadline (rank 0 stays up 3 s). The isend's
+  -- frame is half sent into a reader paused behind the stash's limit.
+  for _, kind in ipairs{"isend", "irecv"} do
+    it("fail pending " .. kind .. " work at destroy_process_group and tell the peer at once (tcp)", function()
+      local dir = run.tmpdir()
+      local _, out = run.run(2, SCRIPT, "destroypending:" .. kind .. " " .. dir,
+                             {limit = 60, env = "CRUN_SHM=0 CRUN_TCP_UNEXPECTED_MAX=65536"})
+      local t0, t1 = run.text(dir, 0), run.text(dir, 1)
+      run.cleanup(dir)
+      local mine = kind == "isend" and "send to rank 1 (tag 3)" or "recv from rank 1 (tag 3)"
+      assert.are.equal(1, t0:find("ok\nerror ECLOSED: " .. mine .. " on rank 0: the group was destroyed while it was "
+                                  .. "pending\n", 1, true), t0 .. "\n" .. out)
+      assert.are.equal(1, t1:find("error EPEERDIED: recv from rank 0 (tag 2) on rank 1: connection to rank 0 ", 1, true),
+                       t1 .. "\n" .. out)
+      for _, t in ipairs{t0, t1} do assert.is_true(tonumber(t:match("elapsed ([%d.]+)")) < 2.5, t) end
+    end)
+  end
+
+  -- A recv that timed out with its frame half read (the sender stopped
+  -- midway) fails the group; an all_reduce that was waiting to read from that
+  -- sender names that timeout and the stream left mid-frame, not a broken
+  -- pipe, a dead peer or a garbled frame, and at once; the sender's calls
+  -- name it too.
+  it("name the timed-out recv that left a stream mid-frame in a collective reading it (tcp)", function()
+    local res, out = scenario_n(2, "p2pcut")
+    local why = "recv from rank 1 (tag 2) on rank 0: no data from rank 1 after 1.0 s"
+    local l0 = {res[0]:match("^([^\n]*)\n([^\n]*)")}
+    assert.are.equal(1, (l0[1] or ""):find("error ESTATE: all_reduce #2 on rank 0: the group is unusable after an "
+                                           .. "earlier failure: ETIMEDOUT: " .. why, 1, true), res[0] .. "\n" .. out)
+    assert.is_truthy(l0[1]:find("(the connection from rank 1 stopped mid-frame where a receive from it failed)", 1,
+                                true), res[0])
+    assert.are.equal(1, (l0[2] or ""):find("error ETIMEDOUT: " .. why, 1, true), res[0])
+    local l1 = {res[1]:match("^([^\n]*)\n([^\n]*)")}
+    assert.is_truthy(l1[1] and l1[1]:match("^error E") and l1[1]:find(why, 1, true), res[1] .. "\n" .. out)
+    assert.is_truthy(l1[2] and l1[2]:match("^error E") and l1[2]:find("send to rank 0 (tag 2) on rank 1: ", 1, true)
+                     and l1[2]:find(why, 1, true), res[1])
+    for r = 0, 1 do assert.is_falsy(res[r]:find("EPEERDIED") or res[r]:find("EPROTO"), res[r]) end
+    -- at the recv's deadline (0.9 s after rank 0's all_reduce started), not the all_reduce's (30 s)
+    assert.is_true(tonumber(res[0]:match("elapsed ([%d.]+)")) < 5, res[0])
+  end)
 
   -- The shm engine compares an all_to_all's per-peer counts after the ops
   -- agree: a different op names it without a count.

@@ -297,6 +297,20 @@ void crun_pg_release(crun_pg_t *pg) {
   free(pg);
 }
 
+void crun_pg_destroy(crun_pg_t *pg) {
+  if (!pg) return;
+  if (atomic_load(&pg->refs) > 1 && pg->be && pg->be_state && pg->be->destroy_pending && !pg->be_dev_state) {
+    crun__pg_queue_stop(pg); /* queued work runs first; nothing can be queued after */
+    pg->has_thread = 0;      /* joined: the last release does not join again */
+    crun__pg_progress_stop(pg);
+    pg->has_pub = 0;
+    void *state = pg->be_state;
+    pg->be_state = NULL;
+    pg->be->destroy(state); /* fails pending p2p work with ECLOSED (its Works finish) and closes */
+  }
+  crun_pg_release(pg);
+}
+
 int crun_pg_rank(const crun_pg_t *pg) { return pg->rank; }
 int crun_pg_size(const crun_pg_t *pg) { return pg->size; }
 int crun_pg_global_rank(const crun_pg_t *pg, int r) { return r >= 0 && r < pg->size ? pg->global[r] : -1; }

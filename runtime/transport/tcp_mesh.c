@@ -456,6 +456,14 @@ void crun__tcp_close(crun__tcp_t *t) {
   crun__tcp_p2p_fini(t);
   check_unread(t);
   for (int j = 0; t->fds && j < t->size; j++) {
+    if (t->fds[j] >= 0 && t->tx_dirty && t->tx_dirty[j]) {
+      /* a frame left half sent (a pending send failed at destroy): its rest
+       * would keep our close behind it, unseen by a peer that reads no more
+       * of it (a held reader); reset the connection instead */
+      struct linger lg = {1, 0};
+      if (setsockopt(t->fds[j], SOL_SOCKET, SO_LINGER, &lg, sizeof lg) < 0)
+        CRUN_LOG(INFO, NET, "SO_LINGER to rank %d: %s", j, strerror(errno));
+    }
     if (t->fds[j] >= 0) close(t->fds[j]);
     for (crun__stash_t *s = t->stash ? t->stash[j] : NULL, *n; s; s = n) {
       n = s->next;
@@ -465,6 +473,7 @@ void crun__tcp_close(crun__tcp_t *t) {
     if (t->prx && t->prx[j].frame) { free(t->prx[j].frame->data); free(t->prx[j].frame); }
     if (t->prx) free(t->prx[j].text);
   }
+  free(t->abort_why);
   free(t->outq);
   free(t->prx);
   free(t->pfd);

@@ -21,7 +21,8 @@
  * once, with EPEERDIED or the peer's reason: a receive reads the close or
  * the abort frame, a send the socket takes nothing of looks for the hang-up
  * and then reads what the peer left, and a reader paused at a held frame is
- * watched for the hang-up while anything waits on that peer. */
+ * watched for the hang-up while anything waits on that peer (it then reads
+ * past that frame to the peer's abort frame, if one follows). */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -182,10 +183,11 @@ static int op_write(crun__tcp_t *t, crun__p2p_op_t *op) {
     }
     if (k < 0 && errno == EINTR) continue;
     if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
-    char desc[64];
+    char desc[64], how[128];
+    crun__tcp_conn_how(k < 0 ? errno : 0, how, sizeof how);
     op_desc(op, desc, sizeof desc);
     return crun_error(CRUN_EPEERDIED, "%s on rank %d: connection to rank %d %s (the process died or left the group)",
-                      desc, t->rank, op->peer, k < 0 ? strerror(errno) : "closed");
+                      desc, t->rank, op->peer, how);
   }
   return 1;
 }
@@ -294,10 +296,13 @@ static void unmatched_note(const crun__tcp_t *t, int peer, char *buf, size_t cap
   }
 }
 
-/* Fails the receives that can no longer be served after peer j went away,
- * and the sends to j (a peer that shut its side reads no more either). */
-static void peer_gone(crun__tcp_t *t, int j, const char *how) {
+/* Fails the receives that can no longer be served after peer j went away
+ * (err: the connection's errno, 0 when j closed it), and the sends to j (a
+ * peer that shut its side reads no more either). */
+static void peer_gone(crun__tcp_t *t, int j, int err) {
   crun__prx_t *x = &t->prx[j];
+  char how[128];
+  crun__tcp_conn_how(err, how, sizeof how);
   char held[320] = ""; /* why the frames j sent last were not read */
   if (x->state == CRUN__PRX_HELD) unmatched_note(t, j, held, sizeof held);
   x->state = CRUN__PRX_DEAD;
@@ -335,7 +340,7 @@ static ssize_t prx_read(crun__tcp_t *t, int j, void *p, size_t n) {
   ssize_t k = recv(t->fds[j], p, n, MSG_DONTWAIT);
   if (k > 0) return k;
   if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return 0;
-  peer_gone(t, j, k == 0 ? "closed" : strerror(errno));
+  peer_gone(t, j, k == 0 ? 0 : errno);
   return -1;
 }
 
@@ -414,17 +419,47 @@ static void prx_abort_done(crun__tcp_t *t, int j) {
   crun__tcp_fail_all(t, st, text);
 }
 
+/* Peer j hung up while its reader is held: all j sent is in this socket.
+ * Reads past the held frame (nothing can take it now that j is gone) to see
+ * whether an abort frame follows it: j failed its group and says why. 1 with
+ * the reader reading that frame (prx_abort_done then fails what is pending
+ * with j's reason); 0 otherwise, the held header kept for peer_gone's note. */
+static int held_skip_to_abort(crun__tcp_t *t, int j) {
+  crun__prx_t *x = &t->prx[j];
+  char sink[4096];
+  for (uint64_t left = x->h.nbytes; left;) {
+    ssize_t k = recv(t->fds[j], sink, left < sizeof sink ? (size_t)left : sizeof sink, MSG_DONTWAIT);
+    if (k <= 0) return 0;
+    left -= (uint64_t)k;
+  }
+  crun__hdr_t h;
+  char why[160];
+  if (recv(t->fds[j], &h, HDR, MSG_PEEK | MSG_DONTWAIT) != (ssize_t)HDR || h.kind != CRUN__KIND_ABORT ||
+      crun__tcp_hdr_garbled(&h, t->group, t->rank, j, why, sizeof why) || !(x->text = calloc(1, CRUN__ABORT_TEXT_MAX + 1)))
+    return 0;
+  if (recv(t->fds[j], &x->h, HDR, MSG_DONTWAIT) != (ssize_t)HDR) { /* cannot fail after the peek */
+    free(x->text);
+    x->text = NULL;
+    return 0;
+  }
+  x->hgot = x->got = 0;
+  x->state = CRUN__PRX_ABORT;
+  return 1;
+}
+
 /* Peer j's reader is held and an operation waits on j: when j hung up (its
  * frames now end at what this socket holds, and the one in front is held) or
- * the connection failed, fails them as peer_gone does, so they do not wait
- * for their deadline; 1 then. Without a waiter the held frame stays readable
- * for a receive posted later. */
+ * the connection failed, fails them with the reason of j's abort frame when
+ * one waits behind the held frame, else as peer_gone does, so they do not
+ * wait for their deadline; 1 then. Without a waiter the held frame stays
+ * readable for a receive posted later. */
 static int held_watch(crun__tcp_t *t, int j) {
   if (!peer_hung_up(t, j)) return 0;
   int err = 0;
   socklen_t len = sizeof err;
   if (getsockopt(t->fds[j], SOL_SOCKET, SO_ERROR, &err, &len) < 0) err = 0;
-  peer_gone(t, j, err ? strerror(err) : "closed");
+  if (held_skip_to_abort(t, j)) return 1; /* pump_reads reads it on */
+  peer_gone(t, j, err);
   return 1;
 }
 
@@ -496,9 +531,10 @@ static int recv_locked(crun__tcp_t *t, crun__coll_t *c) {
 
 /* ---------------------------------------------------------------- the pump */
 
-/* Fails the pending operations whose deadline passed. */
-static void expire(crun__tcp_t *t) {
+/* Fails the pending operations whose deadline passed; 1 when one was. */
+static int expire(crun__tcp_t *t) {
   double now = crun_clock();
+  int any = 0;
   for (int again = 1; again;) {
     again = 0;
     crun__p2p_op_t *op = NULL;
@@ -511,10 +547,12 @@ static void expire(crun__tcp_t *t) {
         op = t->prx[j].direct;
         t->prx[j].direct = NULL;
         t->prx[j].state = CRUN__PRX_DEAD; /* its frame is half read into a buffer we give back */
+        t->prx[j].cut = 1;
       }
       peer = j;
     }
-    if (!op) return;
+    if (!op) return any;
+    any = 1;
     char desc[64], where[1024], note[320] = "";
     op_desc(op, desc, sizeof desc);
     crun__pg_progress_report(t->pg, where, sizeof where);
@@ -531,6 +569,7 @@ static void expire(crun__tcp_t *t) {
               op->peer, op->c->timeout, note, where);
     again = 1;
   }
+  return any;
 }
 
 int crun__tcp_pump(crun__tcp_t *t, int skip) {
@@ -540,8 +579,9 @@ int crun__tcp_pump(crun__tcp_t *t, int skip) {
     if (t->outq[j]) progress |= pump_sends(t, j);
     if (j != skip) progress |= pump_reads(t, j);
   }
-  expire(t);
-  return progress;
+  /* an expiry is progress: a caller waiting for a reader to settle (a
+   * receive dropped mid-frame) must look again before it sleeps */
+  return expire(t) | progress;
 }
 
 void crun__tcp_pump_events(crun__tcp_t *t, int skip) {
@@ -653,11 +693,19 @@ int crun__tcp_p2p_init(crun__tcp_t *t) {
   return 0;
 }
 
-/* Starts the pump thread on the first pending operation. Called with mu held. */
-static void pump_start(crun__tcp_t *t) {
-  if (t->has_pump || t->pump_stop) return;
-  t->has_pump = pthread_create(&t->pump_th, NULL, pump_main, t) == 0;
-  if (!t->has_pump) CRUN_LOG(WARN, NET, "rank %d: no p2p pump thread; p2p progresses only inside calls", t->rank);
+/* Starts the pump thread before the first operation that may stay pending
+ * with no caller pumping it; <0 (ESYS naming c) when it cannot start: such an
+ * operation would then wait with nothing to progress it or end it at its
+ * deadline. Called with mu held. */
+static int pump_start(crun__tcp_t *t, const crun__coll_t *c) {
+  if (t->has_pump || t->pump_stop) return 0;
+  int e = pthread_create(&t->pump_th, NULL, pump_main, t);
+  t->has_pump = e == 0;
+  if (!e) return 0;
+  char desc[64];
+  crun__coll_desc(c, desc, sizeof desc);
+  return crun_error(CRUN_ESYS, "%s on rank %d: cannot start the thread that progresses point-to-point operations "
+                    "(%s)", desc, t->rank, strerror(e));
 }
 
 void crun__tcp_p2p_fini(crun__tcp_t *t) {
@@ -686,11 +734,9 @@ void crun__tcp_p2p_fini(crun__tcp_t *t) {
 static int p2p_call(crun__tcp_t *t, crun__coll_t *c, int (*fn)(crun__tcp_t *, crun__coll_t *)) {
   int caller_pumps = c->caller_pumps; /* c may be gone once fn returns */
   pthread_mutex_lock(&t->mu);
-  int rc = fn(t, c);
-  if (rc == CRUN__PENDING && !caller_pumps) {
-    pump_start(t);
-    wake_pump(t);
-  }
+  int rc = caller_pumps ? 0 : pump_start(t, c);
+  if (rc == 0) rc = fn(t, c);
+  if (rc == CRUN__PENDING && !caller_pumps) wake_pump(t);
   pthread_mutex_unlock(&t->mu);
   return rc;
 }
@@ -720,6 +766,7 @@ void crun__tcp_fail_all(crun__tcp_t *t, int status, const char *text) {
       if ((op = t->prx[j].direct)) {
         t->prx[j].direct = NULL;
         t->prx[j].state = CRUN__PRX_DEAD;
+        t->prx[j].cut = 1;
       }
     if (!op) return;
     char desc[64];

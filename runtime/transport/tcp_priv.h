@@ -45,6 +45,11 @@ int crun__tcp_hello_check(const crun__hello_t *h, uint32_t group, int rank, int 
  * rank `rank`) lacks the frame magic or names another group; else 0. */
 int crun__tcp_hdr_garbled(const crun__hdr_t *h, uint32_t group, int rank, int from, char *text, size_t cap);
 
+/* How a connection to a peer ended, for "connection to rank N <how>":
+ * "closed" when err is 0 (the peer closed it), else "failed: <strerror(err)>";
+ * written into buf (cap bytes), which it returns. */
+const char *crun__tcp_conn_how(int err, char *buf, size_t cap);
+
 /* The part of an abort frame's text that is kept (the rest is read and dropped). */
 #define CRUN__ABORT_TEXT_MAX 4096
 
@@ -96,6 +101,8 @@ typedef struct {
   char *text;               /* ABORT: its text */
   int hup;                  /* the peer shut its side (seen by a send stuck on it or a held
                              * reader): what it left is read to its end */
+  int cut;                  /* DEAD: a receive that failed (timed out) left its frame half
+                             * read, so the stream stops mid-frame: a step cannot read on */
 } crun__prx_t;
 
 struct crun__tcp {
@@ -112,6 +119,7 @@ struct crun__tcp {
   size_t stash_max;     /* the bound on stash_bytes: CRUN_TCP_UNEXPECTED_MAX */
   int stash_n;          /* stashed frames (and ones being read into the stash) */
   int aborted;
+  char *abort_why;        /* aborted: why ("the group is unusable after an earlier failure: ...") */
   crun__p2p_op_t **outq;  /* per-peer FIFO of sends not fully written */
   crun__p2p_op_t *posted; /* receives in posting order */
   crun__prx_t *prx;       /* per-peer background reader */

@@ -6,6 +6,12 @@
 
 #include "transport/tcp_priv.h"
 
+const char *crun__tcp_conn_how(int err, char *buf, size_t cap) {
+  if (err) snprintf(buf, cap, "failed: %s", strerror(err));
+  else snprintf(buf, cap, "closed");
+  return buf;
+}
+
 int crun__tcp_hello_check(const crun__hello_t *h, uint32_t group, int rank, int size, const int *fds) {
   if (h->magic != CRUN__TCP_HELLO || h->group != group || h->rank <= rank || h->rank >= size ||
       h->size != size || fds[h->rank] >= 0)

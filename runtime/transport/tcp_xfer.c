@@ -125,20 +125,29 @@ static int classify(io_t *io, const crun__hdr_t *h) {
   return 0;
 }
 
-static int peer_died(io_t *io, int peer, const char *how) {
-  char desc[64];
+/* The connection to peer ended (err: its errno, 0 when closed). */
+static int peer_died(io_t *io, int peer, int err) {
+  char desc[64], how[128];
   crun__coll_desc(io->c, desc, sizeof desc);
   return crun_error(CRUN_EPEERDIED, "%s on rank %d: connection to rank %d %s (the process died "
-                    "or left the group)", desc, io->t->rank, peer, how);
+                    "or left the group)", desc, io->t->rank, peer, crun__tcp_conn_how(err, how, sizeof how));
 }
 
-/* Turns a received abort frame into our error. */
+/* Turns a received abort frame into our error. The frame was the peer's
+ * last: its reader stops there, and the pending p2p operations fail with
+ * the peer's reason now (else the pump, finding the connection closed next,
+ * would fail them with a bare EPEERDIED first). */
 static int aborted_by(io_t *io, int peer, const crun__hdr_t *h, const char *text) {
-  char desc[64];
+  crun__tcp_t *t = io->t;
+  char desc[64], p2p[4200];
   crun__coll_desc(io->c, desc, sizeof desc);
   int st;
   const char *body = crun__tcp_abort_body(h, text, &st);
-  return crun_error(st, "%s [reported by rank %d; rank %d was in %s]", body, peer, io->t->rank, desc);
+  t->prx[peer].state = CRUN__PRX_DEAD;
+  snprintf(p2p, sizeof p2p, "%s [reported by rank %d; rank %d was in a point-to-point operation]", body, peer,
+           t->rank);
+  crun__tcp_fail_all(t, st, p2p); /* before our error: it records theirs */
+  return crun_error(st, "%s [reported by rank %d; rank %d was in %s]", body, peer, t->rank, desc);
 }
 
 /* Uses a stashed frame when one matches the receive; 1 when consumed. */
@@ -166,9 +175,12 @@ static int rx_from_stash(io_t *io) {
  * our error; 0 when none waits on its connection. Never blocks. */
 static int abort_from_to(io_t *io) {
   crun__hdr_t h;
-  ssize_t k = recv(io->t->fds[io->to], &h, HDR, MSG_PEEK | MSG_DONTWAIT);
-  if (k != (ssize_t)HDR || h.kind != CRUN__KIND_ABORT) return 0;
   char text[4097] = "";
+  ssize_t k = recv(io->t->fds[io->to], &h, HDR, MSG_PEEK | MSG_DONTWAIT);
+  if (k != (ssize_t)HDR || h.kind != CRUN__KIND_ABORT ||
+      crun__tcp_hdr_garbled(&h, io->t->group, io->t->rank, io->to, text, sizeof text))
+    return 0; /* not a frame: a receive that failed left this stream mid-frame */
+  text[0] = 0;
   size_t n = h.nbytes > 4096 ? 4096 : h.nbytes;
   recv(io->t->fds[io->to], &h, HDR, MSG_DONTWAIT);
   recv(io->t->fds[io->to], text, n, MSG_DONTWAIT);
@@ -196,18 +208,18 @@ static int tx_some(io_t *io) {
     return 1;
   }
   if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return errno == EINTR;
-  const char *how = k < 0 ? strerror(errno) : "closed";
+  int err = k < 0 ? errno : 0;
   int r = abort_from_to(io); /* a peer that failed the group and left sent why before it closed */
-  return r < 0 ? r : peer_died(io, io->to, how);
+  return r < 0 ? r : peer_died(io, io->to, err);
 }
 
 /* Reads up to n bytes of the receive side; returns bytes, 0 would block, <0 error. */
 static ssize_t rx_read(io_t *io, void *p, size_t n) {
   ssize_t k = recv(io->t->fds[io->from], p, n, MSG_DONTWAIT);
   if (k > 0) return k;
-  if (k == 0) return peer_died(io, io->from, "closed");
+  if (k == 0) return peer_died(io, io->from, 0);
   if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return 0;
-  return peer_died(io, io->from, strerror(errno));
+  return peer_died(io, io->from, errno);
 }
 
 /* A whole header arrived: decide where its payload goes. */
@@ -305,7 +317,7 @@ static int rx_some(io_t *io) {
 static int peek_abort(io_t *io) {
   crun__hdr_t h;
   ssize_t k = recv(io->t->fds[io->to], &h, HDR, MSG_PEEK | MSG_DONTWAIT);
-  if (k == 0) return peer_died(io, io->to, "closed");
+  if (k == 0) return peer_died(io, io->to, 0);
   io->watch_to = 0;
   return abort_from_to(io);
 }
@@ -348,6 +360,26 @@ static int io_wait(io_t *io) {
   return 0;
 }
 
+/* The step cannot go on: the transport was aborted (an operation it pumped
+ * may have failed the group meanwhile: the sockets are shut for writing), or
+ * a receive that failed left the stream from `from` mid-frame. <0 with the
+ * cause then, else 0. */
+static int io_blocked(io_t *io) {
+  crun__tcp_t *t = io->t;
+  int cut = io->from >= 0 && io->rstate != RX_DONE && t->prx[io->from].state == CRUN__PRX_DEAD &&
+            t->prx[io->from].cut;
+  if (!t->aborted && !cut) return 0;
+  char desc[64], note[160] = "";
+  crun__coll_desc(io->c, desc, sizeof desc);
+  if (cut)
+    snprintf(note, sizeof note, "%sthe connection from rank %d stopped mid-frame where a receive from it failed",
+             t->aborted ? " (" : "", io->from);
+  if (!t->aborted)
+    return crun_error(CRUN_ESTATE, "%s on rank %d: %s", desc, t->rank, note);
+  return crun_error(CRUN_ESTATE, "%s on rank %d: %s%s%s", desc, t->rank,
+                    t->abort_why ? t->abort_why : "the tcp transport was aborted", note, cut ? ")" : "");
+}
+
 /* Drives both sides until done, an error, or the deadline. */
 static int io_run(io_t *io) {
   for (;;) {
@@ -365,6 +397,7 @@ static int io_run(io_t *io) {
     if (io->t->npending) {
       crun__tcp_match(io->t);
       progress |= crun__tcp_pump(io->t, rx_left ? io->from : -1);
+      if ((r = io_blocked(io)) < 0) return r;
     }
     if (!tx_left && !rx_left) return 0;
     if (!progress && (r = io_wait(io)) < 0) return r;
@@ -385,6 +418,7 @@ static int run_step(crun__tcp_t *t, crun__coll_t *c, const crun__xfer_t *x, int 
   if (x->to >= 0 && x->check) io.th.algo = CRUN__HDR_CHECK;
   int rc = 0;
   if (x->from >= 0 && !stash_only) rc = crun__tcp_settle(t, x->from, c->deadline);
+  if (rc >= 0) rc = io_blocked(&io); /* settling pumps: a pending receive may have failed */
   if (x->from >= 0 && !stash_only && rc >= 0) rc = rx_from_stash(&io);
   if (rc == 0 && x->from >= 0 && !stash_only && t->prx[x->from].state == CRUN__PRX_HELD) {
     io.rh = t->prx[x->from].h; /* the background reader stopped after this header: the step goes on */
@@ -412,6 +446,7 @@ void crun__tcp_abort(crun__tcp_t *t, int status, const char *text) {
   size_t len = cut ? (size_t)(cut - text) : strlen(text);
   char why[512];
   snprintf(why, sizeof why, "the group is unusable after an earlier failure: %.*s", (int)(len < 400 ? len : 400), text);
+  t->abort_why = strdup(why);
   for (int j = 0; j < t->size; j++) {
     if (t->fds[j] < 0) continue;
     if (!t->tx_dirty[j]) {

@@ -59,6 +59,20 @@
 --             fail (its recv of tag 9 from rank 0 times out after 0.5 s,
 --             which ends its group; then it stays up 3 s).
 --             Rank 0 writes what its wait raised and "elapsed <s>".
+--   p2pcut    2 ranks: rank 1 isends 64 MiB to rank 0, which reads none
+--             of it yet; 0.3 s later rank 0 stops rank 1 (SIGSTOP) for 2.5 s,
+--             posts an irecv of it (timeout 1 s), which takes what arrived,
+--             and starts an all_reduce 0.1 s later, which must read from
+--             rank 1 past that half-read frame; then each rank waits on its
+--             p2p work. Each rank writes what its all_reduce raised, what its
+--             wait raised, and "elapsed <s>"; rank 0 then stays up until
+--             rank 1 resumed.
+--   destroypending:K  2 ranks: rank 0 starts K (an isend of 64 MiB to rank 1
+--             with tag 3, which rank 1 never receives; or an irecv of tag 3
+--             from rank 1, which never sends), then destroys the group,
+--             waits on that Work and stays up 3 s; rank 1 waits in a recv of
+--             tag 2 from rank 0. Rank 0 writes what destroy and the wait
+--             raised, rank 1 what its recv raised; each "elapsed <s>".
 --   p2panymid 3 ranks: rank 1 isends 16 MiB to rank 0 and is killed 0.3 s
 --             later; rank 0 posts a recv from any source 1 s in, which takes
 --             the part of that frame that arrived; rank 2 stays up
@@ -297,6 +311,51 @@ elseif mode == "kill" then
   end
   record(ok, err)
   out:write(string.format("elapsed %.3f\n", crun.clock() - t0))
+elseif mode == "p2pcut" then
+  dist.barrier()
+  local n, w = 16 << 20, nil
+  local pidfile = outdir .. "/pid1"
+  if rank == 1 then
+    w = dist.isend(T.full({n}, -3, "int32"), 0, {tag = 2})
+    os.execute("sleep 0.3") -- the socket took what it could: the frame is half sent
+    local f = assert(io.open(pidfile .. ".tmp", "w"))
+    f:write(io.open("/proc/self/stat"):read("n"), "\n")
+    f:close()
+    os.rename(pidfile .. ".tmp", pidfile)
+    os.execute("sleep 1") -- stopped by rank 0 meanwhile
+  else
+    local pid
+    for _ = 1, 1000 do  -- at most about 10 s
+      local f = io.open(pidfile)
+      if f then pid = f:read("n"); f:close() end
+      if pid then break end
+      os.execute("sleep 0.01")
+    end
+    os.execute("kill -STOP " .. pid .. "; (sleep 2.5; kill -CONT " .. pid .. ") &")
+    w = dist.irecv(T.zeros({n}, "int32"), 1, {tag = 2, timeout = 1})
+    os.execute("sleep 0.1")
+  end
+  local t0 = crun.clock()
+  record(pcall(dist.all_reduce, T.full({4}, rank - 2, "float32")))
+  record(pcall(w.wait, w))
+  out:write(string.format("elapsed %.3f\n", crun.clock() - t0))
+  if rank == 0 then os.execute("sleep 3") end -- up until rank 1 resumed and read why
+elseif mode:match("^destroypending:") then
+  local kind = mode:match(":(%w+)$")
+  dist.barrier()
+  local t0 = crun.clock()
+  if rank == 0 then
+    local w = kind == "isend" and dist.isend(T.full({16 << 20}, -7, "int32"), 1, {tag = 3})
+              or dist.irecv(T.zeros({4}, "int32"), 1, {tag = 3})
+    os.execute("sleep 0.3")
+    record(pcall(dist.destroy_process_group))
+    record(pcall(w.wait, w))
+    out:write(string.format("elapsed %.3f\n", crun.clock() - t0))
+    os.execute("sleep 3")
+  else
+    record(pcall(dist.recv, T.zeros({4}, "int32"), 0, {tag = 2}))
+    out:write(string.format("elapsed %.3f\n", crun.clock() - t0))
+  end
 elseif mode == "p2panymid" then
   dist.barrier()
   if rank == 1 then

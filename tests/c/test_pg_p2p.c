@@ -2,8 +2,13 @@
  * where every rank posts its send (or its receive) before the matching call
  * (isend+recv and irecv+send, 8 B to 4 MiB, 2-4 ranks, with and without the
  * shared-memory engine), many messages in flight to one peer arriving in
- * order per tag, and p2p interleaved with collectives. */
+ * order per tag, and p2p interleaved with collectives; an async send whose
+ * pump thread cannot start. */
+#include <dlfcn.h>
+#include <errno.h>
+#include <pthread.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "test_pg_util.h"
 
@@ -226,6 +231,66 @@ TEST(any_source_then_collectives) {
   EXPECT_EQ_INT(pg_spawn_ex(4, any_source, NULL, 15.0, 60.0), 0);
 }
 
+/* The sanitizers define pthread_create themselves: no interposing there. */
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define NO_INTERPOSE 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define NO_INTERPOSE 1
+#endif
+#endif
+
+#ifndef NO_INTERPOSE
+/* While set, no thread of this process starts: the runtime, linked into this
+ * test, calls this pthread_create, which then fails with EAGAIN. */
+static volatile int no_threads;
+
+int pthread_create(pthread_t *th, const pthread_attr_t *a, void *(*fn)(void *), void *arg) {
+  int (*real)(pthread_t *, const pthread_attr_t *, void *(*)(void *), void *);
+  if (no_threads) return EAGAIN;
+  *(void **)&real = dlsym(RTLD_NEXT, "pthread_create");
+  return real ? real(th, a, fn, arg) : ENOSYS;
+}
+
+/* Rank 0's async send of 64 MiB (more than the sockets take) finds that the
+ * TCP transport's pump thread cannot start: it fails at once with ESYS
+ * naming that, instead of staying pending with nothing to progress or expire
+ * it (its wait, and the Lua Work's __gc, would then never end); rank 1,
+ * waiting in a recv from rank 0, fails with that reason too. */
+static void no_pump(crun_pg_t *pg, void *arg) {
+  (void)arg;
+  crun_work_t *w;
+  EXPECT_OK(crun_pg_barrier(pg, NULL, &w)); /* starts the group's own threads */
+  EXPECT_OK(crun_work_wait(w, 10));
+  crun_work_release(w);
+  if (crun_pg_rank(pg) != 0) {
+    uint8_t x;
+    crun_coll_opts_t o9 = {.tag = 9, .timeout = 10.0};
+    EXPECT_STATUS(crun_pg_recv(pg, &x, 1, CRUN_UINT8, 0, &o9, NULL, NULL), CRUN_ESYS);
+    EXPECT_TEXT("cannot start the thread that progresses");
+    return;
+  }
+  size_t n = 64u << 20;
+  uint8_t *b = calloc(n, 1);
+  EXPECT(b != NULL);
+  crun_coll_opts_t o = {.tag = 3, .timeout = 1.0};
+  no_threads = 1;
+  EXPECT_OK(crun_pg_send(pg, b, n, CRUN_UINT8, 1, &o, &w));
+  EXPECT_STATUS(crun_work_wait(w, 5), CRUN_ESYS);
+  no_threads = 0;
+  EXPECT_TEXT("send to rank 1 (tag 3) on rank 0: cannot start the thread that progresses");
+  crun_work_release(w);
+  free(b);
+}
+
+TEST(send_without_pump_thread) {
+  setenv("CRUN_SHM", "0", 1);
+  EXPECT_EQ_INT(pg_spawn_ex(2, no_pump, NULL, 15.0, 60.0), 0);
+}
+#else
+TEST(send_without_pump_thread) {} /* a sanitizer build: pthread_create is its own */
+#endif
+
 #define CRUN_TESTS(X) X(ring_exchange) X(ring_exchange_tcp) X(many_in_flight_in_order) X(p2p_between_collectives) \
-  X(send_pending_across_collective) X(any_source_then_collectives)
+  X(send_pending_across_collective) X(any_source_then_collectives) X(send_without_pump_thread)
 CRUN_TEST_MAIN()

@@ -158,7 +158,7 @@ static int cpu_send(void *state, crun__coll_t *c) { return crun__tcp_send(((cpu_
 static int cpu_recv(void *state, crun__coll_t *c) { return crun__tcp_recv(((cpu_t *)state)->tcp, c); }
 
 const crun_backend_vtable_t crun__backend_cpu = {
-    .name = "cpu", .posts_obs = 1, .create = cpu_create, .abort = cpu_abort, .destroy = cpu_destroy,
+    .name = "cpu", .posts_obs = 1, .destroy_pending = 1, .create = cpu_create, .abort = cpu_abort, .destroy = cpu_destroy,
     .abort_reaches = cpu_abort_reaches,
     .send = cpu_send, .recv = cpu_recv, .broadcast = cpu_coll, .all_reduce = cpu_coll,
     .reduce = cpu_coll, .all_gather = cpu_coll, .gather = cpu_coll, .scatter = cpu_coll,

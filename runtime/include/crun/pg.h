@@ -96,6 +96,16 @@ int crun_pg_new_group(crun_pg_t *parent, const int *ranks, int n, double timeout
 void crun_pg_retain(crun_pg_t *pg);
 void crun_pg_release(crun_pg_t *pg);
 
+/* Destroys the group for its owner (torch's destroy_process_group) and
+ * drops the owner's reference. Blocks while queued work runs. Where Work
+ * handles still hold the group, its point-to-point work still pending fails
+ * now with ECLOSED ("the group was destroyed while it was pending") and its
+ * connections close, so that peers waiting on this rank fail at once with
+ * EPEERDIED instead of at their deadline; those handles stay valid until
+ * released. (A group whose CUDA backend is connected, or whose backend
+ * cannot fail pending work early, is only released here.) */
+void crun_pg_destroy(crun_pg_t *pg);
+
 /* Returns this rank in the group / the number of ranks. */
 int crun_pg_rank(const crun_pg_t *pg);
 int crun_pg_size(const crun_pg_t *pg);
