@@ -12,8 +12,9 @@
  * reconnects, so a timed-out store stays usable. A server that goes away
  * yields CRUN_ECONNRESET for the call in flight; later calls try to
  * reconnect for up to 2 s and then fail with CRUN_ECONNREFUSED. With
- * async_set a set returns once sent and its acknowledgement is read later
- * (tcp_proto.h, "Pipelined sets"). */
+ * async_set (the default) a set returns once sent and the server does not
+ * answer it: the reply to the handle's next request (or a flush's PING)
+ * confirms it (tcp_proto.h, "Sets that do not wait"). */
 #include "store/store_impl.h"
 #include "store/tcp_proto.h"
 #include "core/auth.h"
@@ -45,9 +46,6 @@
  * server's ETIMEDOUT, which keeps the connection (tcp_proto.h); a server
  * silent that long loses it. */
 #define PARK_GRACE 1.0
-/* async_set: at most this many sets are sent before their acknowledgements
- * are read (64 acks are 512 bytes: no socket buffer ever fills). */
-#define ASYNC_SET_WINDOW 64
 
 typedef struct tcp_store {
   crun_store_t base;
@@ -66,10 +64,10 @@ typedef struct tcp_store {
   double spin;                 /* seconds to poll for a reply before blocking (tcp_proto.h) */
   double rtt;                  /* recent round trips (a moving average, capped samples), s */
   int async_set;               /* set returns once sent (tcp_proto.h, "Pipelined sets") */
-  unsigned unacked;            /* sets sent whose acknowledgement is not read yet */
-  uint64_t sent, settled;      /* sets sent without waiting, and those acknowledged or lost,
+  unsigned unacked;            /* sets sent without waiting that no reply confirmed yet */
+  uint64_t sent, settled;      /* sets sent without waiting, and those confirmed or lost,
                                   ever (atomic: a flush reads them without the lock) */
-  unsigned lost;               /* unacknowledged sets of a connection that was lost */
+  unsigned lost;               /* unconfirmed sets of a connection that was lost */
   int late_rc;                 /* a failure crun_store_flush_sets found: the next call's */
   char late_msg[400];
   struct tcp_store *prev, *next; /* the process's async_set clients (g_async) */
@@ -77,7 +75,7 @@ typedef struct tcp_store {
 } tcp_store_t;
 
 /* Every async_set client of this process, for crun_store_flush_sets, and the
- * number of their sets not yet acknowledged (0: a flush has nothing to do). */
+ * number of their sets not yet confirmed (0: a flush has nothing to do). */
 static struct {
   pthread_mutex_t mu;
   tcp_store_t *head;
@@ -87,7 +85,7 @@ static struct {
 
 /* In a forked child the parent's clients are not this process's: their
  * sockets are shared with the parent (or closed and their numbers reused),
- * so a flush or a close there must not read the parent's acknowledgements.
+ * so a flush or a close there must not talk on the parent's connections.
  * The list starts empty, its lock fresh (another thread may have held it). */
 static void async_after_fork(void) {
   pthread_mutex_init(&g_async.mu, NULL);
@@ -96,11 +94,8 @@ static void async_after_fork(void) {
   g_async.gen++;
 }
 
-static void flush_at_exit(void);
-
 static void async_init(void) {
   pthread_atfork(NULL, NULL, async_after_fork);
-  atexit(flush_at_exit);
 }
 
 /* Whether t was inherited from the parent process (fork). */
@@ -351,7 +346,7 @@ static int tcp_connect(tcp_store_t *t, double deadline) {
   }
 }
 
-/* Closes the connection; sets it had not acknowledged count as lost. */
+/* Closes the connection; sets no reply had confirmed count as lost. */
 static void drop_conn(tcp_store_t *t) {
   if (t->fd >= 0) close(t->fd);
   t->fd = -1;
@@ -465,8 +460,8 @@ static void rtt_note(tcp_store_t *t, double took) {
   t->rtt += (took - t->rtt) * 0.25;
 }
 
-/* Drops the previous reply frame from rbuf, keeping the bytes that came
- * after it (acknowledgements of pipelined sets arrive back to back). */
+/* Drops the previous reply frame from rbuf, keeping any bytes that came
+ * after it. */
 static void consume_frame(tcp_store_t *t) {
   if (t->rused < t->rlen) memmove(t->rbuf, t->rbuf + t->rused, t->rlen - t->rused);
   t->rlen -= t->rused;
@@ -558,27 +553,20 @@ static int note_lost(tcp_store_t *t, int rc) {
                     error_text(msg, sizeof msg), n, n == 1 ? "" : "s", n == 1 ? "it" : "they");
 }
 
-/* Reads the acknowledgements of every set sent without waiting, before the
- * deadline. Returns 0, or the first failed set's status (all are read), in
- * which case the caller does nothing else: the failure surfaces at the next
- * call, which is not run. The round-trip average is left as it was. */
-static int drain_acks(tcp_store_t *t, double deadline) {
-  const what_t w = {NULL, NULL, 0, "set (async_set, acknowledged late)"};
+/* Makes sure every set sent without waiting was applied, before the
+ * deadline: one PING, whose reply comes after them (the server serves a
+ * connection in order). Returns 0, or the status of the first set that
+ * failed (the server's reply to the PING then says so). */
+static int confirm_sets(tcp_store_t *t, double deadline) {
+  const what_t w = {NULL, NULL, 0, "set (async_set: confirming the sets sent without waiting)"};
   double rtt = t->rtt;
-  int first = 0;
-  char msg[400];
-  while (t->unacked > 0) {
-    long flen = 0;
-    int rc = recv_frame(t, deadline, &w, &flen);
-    if (rc < 0) return t->rtt = rtt, rc;
-    set_unacked(t, t->unacked - 1);
-    rc = parse_reply(t, flen, &w);
-    if (rc < 0 && !first) first = rc, error_text(msg, sizeof msg);
-  }
+  long len = encode(t, CRUN__SOP_PING, 0, NULL, NULL), flen = 0;
+  if (len < 0) return (int)len;
+  int rc = send_all(t, (size_t)len, &w);
+  if (rc == 0) rc = recv_frame(t, deadline, &w, &flen);
+  if (rc == 0) set_unacked(t, 0), rc = parse_reply(t, flen, &w);
   t->rtt = rtt;
-  if (!first) return 0;
-  return crun_error(first, "an earlier set failed (async_set: set does not wait for the server; "
-                    "this call was not run): %s", msg);
+  return rc;
 }
 
 /* Fails with what crun_store_flush_sets found wrong with this handle's sets
@@ -600,12 +588,12 @@ static int ensure_conn(tcp_store_t *t, double deadline) {
 static int do_request(tcp_store_t *t, int op, unsigned n, const void *const *a, const size_t *l,
                       double deadline, const what_t *what) {
   if (t->late_rc) return late_error(t);
-  if (t->unacked) CRUN_CHECK(drain_acks(t, deadline));
   long len = encode(t, op, n, a, l), flen = 0;
   if (len < 0) return (int)len;
   CRUN_CHECK(ensure_conn(t, deadline));
   CRUN_CHECK(send_all(t, (size_t)len, what));
   CRUN_CHECK(recv_frame(t, deadline, what, &flen));
+  if (t->unacked) set_unacked(t, 0); /* the server served them first */
   return parse_reply(t, flen, what);
 }
 
@@ -644,14 +632,12 @@ static int parked_request(tcp_store_t *t, int op, unsigned n, const void **a, si
   }
 }
 
-/* Sends a set and returns without waiting for its acknowledgement
- * (async_set); once ASYNC_SET_WINDOW are outstanding it reads them first.
- * Lock held. */
+/* Sends a set that the server does not answer (async_set, tcp_proto.h:
+ * "Sets that do not wait") and returns. Lock held. */
 static int send_set(tcp_store_t *t, const void *const *a, const size_t *l, const what_t *what) {
   if (t->late_rc) return late_error(t);
   double deadline = crun_clock() + crun_store_get_timeout(&t->base);
-  if (t->unacked >= ASYNC_SET_WINDOW) CRUN_CHECK(drain_acks(t, deadline));
-  long len = encode(t, CRUN__SOP_SET, 2, a, l);
+  long len = encode(t, CRUN__SOP_SET_NOREPLY, 2, a, l);
   if (len < 0) return (int)len;
   CRUN_CHECK(ensure_conn(t, deadline));
   CRUN_CHECK(send_all(t, (size_t)len, what));
@@ -910,25 +896,25 @@ static void async_unlist(tcp_store_t *t) {
   pthread_mutex_unlock(&g_async.mu);
 }
 
-/* Waits until every set sent on t before this call is acknowledged or
- * lost, within t's timeout. A handle busy in another thread's call is not
- * waited for as a whole (a parked get could wait on a key that a peer sets
- * only after the barrier): that call reads the acknowledgements before its
- * own request, so this polls until they are read or the lock is free. */
+/* Waits until every set sent on t before this call is confirmed or lost,
+ * within t's timeout. A handle busy in another thread's call is not waited
+ * for as a whole (a parked get could wait on a key that a peer sets only
+ * after the barrier): that call's reply confirms them (the server serves
+ * the connection in order), so this polls until one did or the lock is free. */
 static void flush_one(tcp_store_t *t) {
   uint64_t target = __atomic_load_n(&t->sent, __ATOMIC_ACQUIRE);
   double deadline = deadline_now(&t->base);
   long ns = 20000;
   while (__atomic_load_n(&t->settled, __ATOMIC_ACQUIRE) < target) {
     if (pthread_mutex_trylock(&t->mu) == 0) {
-      int rc = t->unacked && !t->late_rc ? note_lost(t, drain_acks(t, deadline)) : 0;
+      int rc = t->unacked && !t->late_rc ? note_lost(t, confirm_sets(t, deadline)) : 0;
       if (rc < 0) t->late_rc = rc, snprintf(t->late_msg, sizeof t->late_msg, "%s", crun_last_error());
       pthread_mutex_unlock(&t->mu);
       return;
     }
     if (crun_clock() >= deadline) return; /* the busy call reports what went wrong */
     nanosleep(&(struct timespec){0, ns}, NULL);
-    if (ns < 1000000) ns *= 2; /* the holder reads them first: usually at once */
+    if (ns < 1000000) ns *= 2; /* the holder's reply confirms them: usually at once */
   }
 }
 
@@ -939,26 +925,11 @@ void crun_store_flush_sets(void) {
   pthread_mutex_unlock(&g_async.mu);
 }
 
-/* At exit (os.exit included) the sets not yet acknowledged are waited for:
- * a TCP socket closed with unread acknowledgements is reset, and the reset
- * discards the sets still in this side's send queue (a failure is logged:
- * nobody is left to report it to). */
-static void flush_at_exit(void) {
-  if (!__atomic_load_n(&g_async.unacked, __ATOMIC_RELAXED)) return;
-  pthread_mutex_lock(&g_async.mu);
-  for (tcp_store_t *t = g_async.head; t; t = t->next) {
-    flush_one(t);
-    if (t->late_rc) CRUN_LOG(WARN, STORE, "exiting with sets to the store %s:%d not applied: %s", t->host,
-                             t->port, t->late_msg);
-  }
-  pthread_mutex_unlock(&g_async.mu);
-}
-
 static void k_destroy(crun_store_t *s) {
   tcp_store_t *t = T(s);
   async_unlist(t);
   if (t->late_rc) CRUN_LOG(WARN, STORE, "closing the store %s:%d: %s", t->host, t->port, t->late_msg);
-  if (t->unacked && t->fd >= 0 && !inherited(t) && drain_acks(t, deadline_now(s)) < 0) /* sets before a close are applied */
+  if (t->unacked && t->fd >= 0 && !inherited(t) && confirm_sets(t, deadline_now(s)) < 0) /* sets before a close are applied */
     CRUN_LOG(WARN, STORE, "closing the store %s:%d: %s", t->host, t->port, crun_last_error());
   drop_conn(t);
   if (t->server) crun_store_server_stop(t->server);

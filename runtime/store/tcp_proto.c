@@ -39,7 +39,8 @@ static int is_timeout(const crun__sarg_t *a) { return a->len == 8 && crun__get_i
 /* Returns NULL when op accepts n arguments, else the reason it does not. */
 static const char *arity_error(int op, unsigned n, const crun__sarg_t *a) {
   switch (op) {
-  case CRUN__SOP_SET: case CRUN__SOP_APPEND: case CRUN__SOP_QUEUE_PUSH: return n == 2 ? NULL : "needs 2 arguments";
+  case CRUN__SOP_SET: case CRUN__SOP_APPEND: case CRUN__SOP_QUEUE_PUSH: case CRUN__SOP_SET_NOREPLY:
+    return n == 2 ? NULL : "needs 2 arguments";
   case CRUN__SOP_DELETE: case CRUN__SOP_QUEUE_LEN: return n == 1 ? NULL : "needs 1 argument";
   case CRUN__SOP_GET: return n == 2 && is_timeout(&a[1]) ? NULL : "needs a key and an 8-byte timeout >= 0";
   case CRUN__SOP_WAIT: case CRUN__SOP_MULTI_GET:

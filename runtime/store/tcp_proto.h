@@ -9,8 +9,8 @@
  * The arguments exactly fill the frame. A reply with a non-zero code carries
  * one argument, the error text. Integers travel as 8-byte arguments.
  *
- * A client has one request in flight per connection, except for sets of an
- * async_set client ("Pipelined sets" below). The server answers
+ * A client has one request in flight per connection; sets that do not wait
+ * (SET_NOREPLY, "Sets that do not wait" below) have no reply. The server answers
  * GET, WAIT, MULTI_GET, JOIN_WAIT and QUEUE_POP only once their keys (the
  * join count, a queue item) exist: the request is parked on the server and
  * the client does not poll. Each carries its deadline as its last argument,
@@ -38,12 +38,16 @@
  * a reply of another version says that the server speaks it. Client and
  * server of one job come from the same build.
  *
- * Pipelined sets (async_set, off by default; torch's TCPStore set does
- * the same): the client sends a SET and returns; it reads the OK replies
- * before its next other request, or once 64 are outstanding. The server
- * serves a connection's frames in order and writes every reply of one pass
- * over a connection's buffered frames with one write, so the frames and
- * the protocol are unchanged.
+ * Sets that do not wait (async_set, the default; torch's TCPStore set does
+ * the same): the client sends SET_NOREPLY and returns; the server answers
+ * nothing. It serves a connection's frames in order, so the reply to the
+ * client's next request (a PING when the client only wants to know: a
+ * flush) says every earlier set was applied. A SET_NOREPLY that fails is
+ * kept on the connection: the next request gets that failure as its reply
+ * ("an earlier set failed ...; this call was not run") and is not run.
+ * With no reply to read, a client that exits or is killed right after its
+ * sets leaves nothing unread in its socket, so closing it never resets the
+ * connection (which would drop the sets still in flight).
  *
  * Transport: TCP, and for clients on the server's host an abstract unix
  * socket (crun__store_local_addr) that a server bound to a loopback or
@@ -88,7 +92,8 @@ typedef enum {
   CRUN__SOP_QUEUE_POP = 16, /* key, i64 timeout_ms (< 0: don't wait) -> value (parks) */
   CRUN__SOP_QUEUE_LEN = 17, /* key -> i64 items */
   CRUN__SOP_LIST_KEYS = 18, /* () -> i64 count, the keys NUL-terminated one after another */
-  CRUN__SOP_MAX = 18
+  CRUN__SOP_SET_NOREPLY = 19, /* key, value -> no reply ("Sets that do not wait" above) */
+  CRUN__SOP_MAX = 19
 } crun__sop;
 
 static inline void crun__put_u32(uint8_t *p, uint32_t v) {

@@ -61,6 +61,7 @@ struct crun_store_server {
   conn_t *join_waiters;       /* parked JOIN_WAITs */
   conn_t *ready, *ready_tail; /* parked ones to look at again */
   int draining;
+  size_t max_value;           /* the largest value a set may store (CRUN_STORE_MAX_VALUE_BYTES) */
   double spin;                /* seconds the loop polls after a request before it blocks */
   double active_at;           /* when the last request arrived (crun_clock) */
   int active_local;           /* it came over the unix socket */
@@ -98,6 +99,9 @@ struct conn {
   size_t off, len, cap;  /* unserved bytes are buf[off..len) */
   uint8_t *obuf;         /* replies not written yet (flush_out) */
   size_t olen, ocap;
+  int late_rc;           /* a set sent without waiting failed: the next request's reply */
+  unsigned late_more;    /* how many more failed after it */
+  char late[320];        /* its text */
   char peer[64];
 };
 
@@ -439,11 +443,50 @@ static int op_get(conn_t *c, const crun__sarg_t *a, unsigned n, int multi) {
   return FRAME_DONE;
 }
 
+/* Refuses a value of len bytes for key over the server's limit (ERANGE). */
+static int value_ok(conn_t *c, const crun__sarg_t *key, size_t len) {
+  if (len <= c->srv->max_value) return 0;
+  return crun_error(CRUN_ERANGE, "store: a value of %zu bytes for key '%.*s' is over this server's limit of %zu "
+                    "bytes (CRUN_STORE_MAX_VALUE_BYTES)", len, (int)(key->len > 200 ? 200 : key->len),
+                    (const char *)key->p, c->srv->max_value);
+}
+
+/* A set sent without waiting (SET_NOREPLY): applied, or its failure kept
+ * for the connection's next request, which gets it as its reply instead of
+ * running (the first failure; later ones are counted). Nothing is written. */
+static void set_noreply(conn_t *c, const crun__sarg_t *a) {
+  int rc = value_ok(c, &a[0], a[1].len);
+  if (rc == 0) rc = crun__kv_set(&c->srv->kv, KEY(a[0]), a[1].p, a[1].len);
+  if (rc == 0) return wake(c->srv, KEY(a[0]));
+  if (c->late_rc) {
+    c->late_more++;
+    return;
+  }
+  const char *m = crun_last_error(), *colon = strstr(m, ": "); /* without its "ENAME: " */
+  c->late_rc = rc;
+  snprintf(c->late, sizeof c->late, "%s", colon ? colon + 2 : m);
+  CRUN_LOG(WARN, STORE, "store server %s: a set from %s that did not wait failed (its next request is told): %s",
+           c->srv->addr, c->peer, c->late);
+}
+
+/* Answers c's request with the failure of an earlier set that did not wait
+ * (the request is not run). */
+static int reply_late(conn_t *c) {
+  int rc = c->late_rc;
+  char more[64] = "";
+  if (c->late_more) snprintf(more, sizeof more, " (and %u more after it)", c->late_more);
+  c->late_rc = 0, c->late_more = 0;
+  crun_error(rc, "an earlier set failed (set does not wait for the server; this call was not run): %s%s",
+             c->late, more);
+  reply_err(c, rc);
+  return FRAME_DONE;
+}
+
 static int op_cas(conn_t *c, const crun__sarg_t *a) {
   const void *res;
   size_t rlen;
-  int rc = crun__kv_compare_set(&c->srv->kv, KEY(a[0]), a[1].p, a[1].len, a[2].p, a[2].len,
-                                &res, &rlen);
+  int rc = value_ok(c, &a[0], a[2].len);
+  if (rc == 0) rc = crun__kv_compare_set(&c->srv->kv, KEY(a[0]), a[1].p, a[1].len, a[2].p, a[2].len, &res, &rlen);
   if (rc < 0) return reply_err(c, rc), FRAME_DONE;
   reply(c, 0, 1, &res, &rlen);
   wake(c->srv, KEY(a[0]));
@@ -451,6 +494,10 @@ static int op_cas(conn_t *c, const crun__sarg_t *a) {
 }
 
 static int op_multi_set(conn_t *c, const crun__sarg_t *a, unsigned n) {
+  for (unsigned i = 0; i < n; i += 2) {
+    int rc = value_ok(c, &a[i], a[i + 1].len);
+    if (rc < 0) return reply_err(c, rc), FRAME_DONE;
+  }
   for (unsigned i = 0; i < n; i += 2) {
     int rc = crun__kv_set(&c->srv->kv, KEY(a[i]), a[i + 1].p, a[i + 1].len);
     if (rc < 0) return reply_err(c, rc), FRAME_DONE;
@@ -560,14 +607,20 @@ static int run_op(conn_t *c, int op, const crun__sarg_t *a, unsigned n) {
   crun_store_server_t *srv = c->srv;
   int rc;
   int64_t v;
+  if (op == CRUN__SOP_SET_NOREPLY) return set_noreply(c, a), FRAME_DONE;
+  if (c->late_rc) return reply_late(c);
   switch (op) {
   case CRUN__SOP_SET:
-  case CRUN__SOP_APPEND:
-    rc = op == CRUN__SOP_SET ? crun__kv_set(&srv->kv, KEY(a[0]), a[1].p, a[1].len)
-                             : crun__kv_append(&srv->kv, KEY(a[0]), a[1].p, a[1].len);
+  case CRUN__SOP_APPEND: {
+    const crun__kv_entry_t *e = op == CRUN__SOP_APPEND ? crun__kv_find(&srv->kv, KEY(a[0])) : NULL;
+    rc = value_ok(c, &a[0], (e ? e->len : 0) + (size_t)a[1].len);
+    if (rc == 0)
+      rc = op == CRUN__SOP_SET ? crun__kv_set(&srv->kv, KEY(a[0]), a[1].p, a[1].len)
+                               : crun__kv_append(&srv->kv, KEY(a[0]), a[1].p, a[1].len);
     rc < 0 ? reply_err(c, rc) : reply_ok0(c);
     if (rc == 0) wake(srv, KEY(a[0]));
     return FRAME_DONE;
+  }
   case CRUN__SOP_GET: return op_get(c, a, 1, 0);
   case CRUN__SOP_MULTI_GET: return op_get(c, a, n - 1, 1);
   case CRUN__SOP_WAIT:
@@ -596,7 +649,8 @@ static int run_op(conn_t *c, int op, const crun__sarg_t *a, unsigned n) {
     if (srv->joined < crun__get_i64(a[0].p)) return park_timed(c, &a[1]);
     return reply_i64(c, srv->joined), FRAME_DONE;
   case CRUN__SOP_QUEUE_PUSH:
-    rc = crun__kv_qpush(&srv->queues, KEY(a[0]), a[1].p, a[1].len);
+    rc = value_ok(c, &a[0], a[1].len);
+    if (rc == 0) rc = crun__kv_qpush(&srv->queues, KEY(a[0]), a[1].p, a[1].len);
     rc < 0 ? reply_err(c, rc) : reply_ok0(c);
     if (rc == 0) wake_pop(srv, KEY(a[0]));
     return FRAME_DONE;
@@ -1078,6 +1132,8 @@ int crun_store_server_start_token(const char *host, int port, const char *token,
   }
   raise_fd_limit();
   srv->spin = crun__store_spin_seconds(CRUN_STORE_SPIN_US_SERVER);
+  long mv = crun_env_int("CRUN_STORE_MAX_VALUE_BYTES", 0);
+  srv->max_value = mv > 0 ? (size_t)mv : CRUN_STORE_MAX_FRAME;
   long ncpus = sysconf(_SC_NPROCESSORS_ONLN); /* the machine's: clients may run on any */
   srv->ncpus = ncpus > 0 ? (int)ncpus : 1;
   srv->round = 1; /* a connection's round starts at 0: its first request counts */

@@ -970,7 +970,7 @@ TEST(tcp_async_set) {
   crun_store_server_t *srv = local_server(&port);
   crun_store_t *a = async_client(port), *b = client(port, 10);
   char k[32], v[32];
-  for (int i = 0; i < 1000; i++) { /* many windows of unacknowledged sets */
+  for (int i = 0; i < 1000; i++) { /* many sets, none answered */
     snprintf(k, sizeof k, "k%d", i), snprintf(v, sizeof v, "v%d", i);
     EXPECT_OK(crun_store_set(a, k, v, strlen(v)));
   }
@@ -982,7 +982,7 @@ TEST(tcp_async_set) {
   EXPECT_OK(crun_store_num_keys(b, &n)); /* so does anyone once such a call returned */
   EXPECT(n == 1000);
   EXPECT_OK(crun_store_set(a, "last", "x", 1));
-  crun_store_release(a); /* a close waits for the acknowledgements */
+  crun_store_release(a); /* a close confirms them first */
   int all = 0;
   EXPECT_OK(crun_store_check(b, (const char *[]){"last"}, 1, &all));
   EXPECT(all == 1);
@@ -1005,32 +1005,39 @@ static void *hang_up_server(void *arg) {
   return NULL;
 }
 
-/* A server that greets one client (no secret), reads its first request (a
- * set), and acknowledges it 300 ms later. */
-static void *slow_ack_server(void *arg) {
+/* A server that greets one client (no secret), reads a set that it does
+ * not answer (SET_NOREPLY) and then one request, which it answers 300 ms
+ * later with an OK of no arguments (CHECK: with 1). */
+static void *slow_reply_server(void *arg) {
   int lfd = *(int *)arg, fd = accept(lfd, NULL, NULL);
   crun__auth_t auth;
-  unsigned char greet[CRUN__AUTH_GREET], nonce[32], in[256];
+  unsigned char greet[CRUN__AUTH_GREET], nonce[32];
+  uint8_t in[256];
   crun__auth_init(&auth, "");
   crun__auth_greet(&auth, greet, nonce);
   EXPECT(send(fd, greet, sizeof greet, 0) == (ssize_t)sizeof greet);
   EXPECT(read_exact(fd, in, CRUN__AUTH_ANSWER) == 0);
-  EXPECT(read_exact(fd, in, 8) == 0 && in[5] == CRUN__SOP_SET);
-  uint32_t len = crun__get_u32(in);
-  EXPECT(len >= 4 && len - 4 <= sizeof in && read_exact(fd, in, len - 4) == 0);
+  int op = 0;
+  for (int i = 0; i < 2; i++) {
+    EXPECT(read_exact(fd, in, 8) == 0 && (i > 0 || in[5] == CRUN__SOP_SET_NOREPLY));
+    op = in[5];
+    uint32_t len = crun__get_u32(in);
+    EXPECT(len >= 4 && len - 4 <= sizeof in && (len == 4 || read_exact(fd, in, len - 4) == 0));
+  }
   usleep(300000);
-  uint8_t ok[8];
-  crun__put_u32(ok, 4);
-  ok[4] = CRUN_STORE_PROTO_VERSION, ok[5] = 0, ok[6] = ok[7] = 0;
-  EXPECT(send(fd, ok, sizeof ok, 0) == (ssize_t)sizeof ok);
+  uint8_t one[8], r[64];
+  crun__put_i64(one, 1);
+  size_t rl = op == CRUN__SOP_CHECK ? frame_of(r, 0, 1, (const void *[]){one}, (size_t[]){8})
+                                    : frame_of(r, 0, 0, NULL, NULL);
+  EXPECT(send(fd, r, rl, 0) == (ssize_t)rl);
   EXPECT(read_exact(fd, in, 1) != 0); /* the client closes */
   close(fd);
   return NULL;
 }
 
-/* The default client's sets do not wait; crun_store_flush_sets waits for
- * their acknowledgements, so every one is visible to the other clients
- * before it returns. */
+/* The default client's sets do not wait; crun_store_flush_sets waits for a
+ * reply that comes after them, so every one is visible to the other
+ * clients before it returns. */
 TEST(tcp_flush_sets) {
   int lfd = socket(AF_INET, SOCK_STREAM, 0);
   struct sockaddr_in sa = {.sin_family = AF_INET};
@@ -1039,7 +1046,7 @@ TEST(tcp_flush_sets) {
   EXPECT(bind(lfd, (struct sockaddr *)&sa, sl) == 0 && listen(lfd, 1) == 0);
   EXPECT(getsockname(lfd, (struct sockaddr *)&sa, &sl) == 0);
   pthread_t th;
-  pthread_create(&th, NULL, slow_ack_server, &lfd);
+  pthread_create(&th, NULL, slow_reply_server, &lfd);
   crun_store_tcp_opts_t so = {.host = "127.0.0.1", .port = ntohs(sa.sin_port), .timeout = 10,
                               .connect_timeout = 5, .token = ""};
   crun_store_t *slow = NULL;
@@ -1047,7 +1054,7 @@ TEST(tcp_flush_sets) {
   double t0 = crun_clock();
   EXPECT_OK(crun_store_set(slow, "k", "v", 1)); /* returns at once */
   double t1 = crun_clock();
-  crun_store_flush_sets(); /* returns with the acknowledgement */
+  crun_store_flush_sets(); /* returns with the reply to its PING */
   double t2 = crun_clock();
   EXPECT(t1 - t0 < 0.2 && t2 - t0 >= 0.29);
   crun_store_release(slow); /* nothing left to read */
@@ -1088,32 +1095,6 @@ TEST(tcp_flush_sets) {
   crun_store_server_stop(srv);
 }
 
-/* A server that greets one client (no secret), reads its first request (a
- * set), acknowledges it 300 ms later, then answers one CHECK with 1. */
-static void *slow_ack_check_server(void *arg) {
-  int lfd = *(int *)arg, fd = accept(lfd, NULL, NULL);
-  crun__auth_t auth;
-  unsigned char greet[CRUN__AUTH_GREET], nonce[32];
-  uint8_t in[256];
-  crun__auth_init(&auth, "");
-  crun__auth_greet(&auth, greet, nonce);
-  EXPECT(send(fd, greet, sizeof greet, 0) == (ssize_t)sizeof greet);
-  EXPECT(read_exact(fd, in, CRUN__AUTH_ANSWER) == 0);
-  for (int op = CRUN__SOP_SET; op >= 0; op = op == CRUN__SOP_SET ? CRUN__SOP_CHECK : -1) {
-    EXPECT(read_exact(fd, in, 8) == 0 && in[5] == op);
-    uint32_t len = crun__get_u32(in);
-    EXPECT(len >= 4 && len - 4 <= sizeof in && read_exact(fd, in, len - 4) == 0);
-    if (op == CRUN__SOP_SET) usleep(300000);
-    uint8_t one[8], r[64];
-    crun__put_i64(one, 1);
-    size_t rl = op == CRUN__SOP_SET ? frame_of(r, 0, 0, NULL, NULL) : frame_of(r, 0, 1, (const void *[]){one}, (size_t[]){8});
-    EXPECT(send(fd, r, rl, 0) == (ssize_t)rl);
-  }
-  EXPECT(read_exact(fd, in, 1) != 0); /* the client closes */
-  close(fd);
-  return NULL;
-}
-
 static void *check_k(void *arg) {
   int all = 0;
   EXPECT_OK(crun_store_check(arg, (const char *[]){"k"}, 1, &all));
@@ -1121,10 +1102,10 @@ static void *check_k(void *arg) {
   return NULL;
 }
 
-/* A flush waits for the acknowledgements of a handle that another thread is
- * using at that moment (that thread reads them before its own request):
- * skipping it let a barrier end before the set was applied (the progress
- * board's publisher thread sets on the same handle as the group's store). */
+/* A flush waits for the sets of a handle that another thread is using at
+ * that moment (that thread's reply confirms them): skipping it let a
+ * barrier end before the set was applied (the progress board's publisher
+ * thread sets on the same handle as the group's store). */
 TEST(tcp_flush_sets_busy_handle) {
   int lfd = socket(AF_INET, SOCK_STREAM, 0);
   struct sockaddr_in sa = {.sin_family = AF_INET};
@@ -1133,27 +1114,27 @@ TEST(tcp_flush_sets_busy_handle) {
   EXPECT(bind(lfd, (struct sockaddr *)&sa, sl) == 0 && listen(lfd, 1) == 0);
   EXPECT(getsockname(lfd, (struct sockaddr *)&sa, &sl) == 0);
   pthread_t th, user;
-  pthread_create(&th, NULL, slow_ack_check_server, &lfd);
+  pthread_create(&th, NULL, slow_reply_server, &lfd);
   crun_store_tcp_opts_t so = {.host = "127.0.0.1", .port = ntohs(sa.sin_port), .timeout = 10,
                               .connect_timeout = 5, .token = "", .async_set = 1};
   crun_store_t *slow = NULL;
   EXPECT_OK(crun_store_tcp_new(&so, &slow));
   double t0 = crun_clock();
   EXPECT_OK(crun_store_set(slow, "k", "v", 1)); /* returns at once */
-  pthread_create(&user, NULL, check_k, slow); /* holds the handle while it reads the ack */
+  pthread_create(&user, NULL, check_k, slow); /* holds the handle until the reply */
   usleep(50000);
   crun_store_flush_sets();
   double t1 = crun_clock();
-  EXPECT(t1 - t0 >= 0.29); /* not before the set was acknowledged */
+  EXPECT(t1 - t0 >= 0.29); /* not before the set was confirmed */
   pthread_join(user, NULL);
   crun_store_release(slow);
   pthread_join(th, NULL);
   close(lfd);
 }
 
-/* A forked child's flush leaves the parent's handles alone: it would read
- * (steal) the acknowledgements on the socket the two share, and the
- * parent's next call would wait for them until its timeout. */
+/* A forked child's flush leaves the parent's handles alone: its PING on
+ * the socket the two share would put a reply there that the parent's next
+ * call would take for its own. */
 TEST(tcp_flush_sets_in_forked_child) {
   int port;
   crun_store_server_t *srv = local_server(&port);
@@ -1161,7 +1142,7 @@ TEST(tcp_flush_sets_in_forked_child) {
                              .async_set = 1};
   crun_store_t *a = NULL;
   EXPECT_OK(crun_store_tcp_new(&o, &a));
-  EXPECT_OK(crun_store_set(a, "k", "v", 1)); /* its acknowledgement is left unread */
+  EXPECT_OK(crun_store_set(a, "k", "v", 1)); /* not confirmed yet */
   usleep(50000);
   pid_t pid = fork();
   if (pid == 0) {
@@ -1171,17 +1152,17 @@ TEST(tcp_flush_sets_in_forked_child) {
   int st = 0;
   EXPECT(pid > 0 && waitpid(pid, &st, 0) == pid && WIFEXITED(st) && WEXITSTATUS(st) == 0);
   crun_buf_t got = {0};
-  EXPECT_OK(crun_store_get(a, "k", &got)); /* reads its own acknowledgement first */
+  EXPECT_OK(crun_store_get(a, "k", &got)); /* its reply, not one the child asked for */
   EXPECT(got.len == 1 && memcmp(got.data, "v", 1) == 0);
   crun_buf_free(&got);
   crun_store_release(a);
   crun_store_server_stop(srv);
 }
 
-/* A process that exits (exit, os.exit) without closing its store after sets
- * it did not wait for: over TCP its socket closed with acknowledgements
- * unread is reset, and the reset dropped the sets still in its send queue;
- * the exit now waits for them. */
+/* A process that exits or is killed without closing its store right after
+ * sets it did not wait for: every set arrives. (When the server answered
+ * them, a TCP socket closed with those answers unread was reset, and the
+ * reset dropped the sets still in its send queue.) */
 TEST(tcp_async_sets_survive_exit) {
   setenv("CRUN_STORE_UNIX", "0", 1); /* TCP, as every client on another host */
   int port;
@@ -1201,16 +1182,60 @@ TEST(tcp_async_sets_survive_exit) {
         snprintf(k, sizeof k, "x%d/%d", round, i);
         if (crun_store_set(s, k, v, vl) < 0) _exit(3);
       }
-      exit(0); /* the store is not closed */
+      if (round == 2) raise(SIGKILL); /* the store is not closed */
+      _exit(0);
     }
     int st = 0;
-    EXPECT(pid > 0 && waitpid(pid, &st, 0) == pid && WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    EXPECT(pid > 0 && waitpid(pid, &st, 0) == pid);
+    EXPECT(round == 2 ? WIFSIGNALED(st) : WIFEXITED(st) && WEXITSTATUS(st) == 0);
     char kb[N][32];
     const char *keys[N];
     for (int i = 0; i < N; i++) snprintf(kb[i], sizeof kb[i], "x%d/%d", round, i), keys[i] = kb[i];
     EXPECT_OK(crun_store_wait(c, keys, N, 3.0)); /* every set arrives */
   }
   crun_store_release(c);
+  crun_store_server_stop(srv);
+}
+
+/* A set that did not wait and failed on the server (here: a value over
+ * CRUN_STORE_MAX_VALUE_BYTES) fails the handle's next request, which is not
+ * run, once; the connection stays. A flush that finds it keeps it for that
+ * request. An acknowledged set reports it itself. */
+TEST(tcp_async_set_fails_on_server) {
+  setenv("CRUN_STORE_MAX_VALUE_BYTES", "100", 1);
+  int port;
+  crun_store_server_t *srv = local_server(&port);
+  unsetenv("CRUN_STORE_MAX_VALUE_BYTES");
+  crun_store_t *a = client(port, 10), *b = client(port, 10);
+  char big[200] = {0};
+  crun_buf_t got = {0};
+  int64_t n = 0;
+  for (int flush = 0; flush < 2; flush++) {
+    EXPECT_OK(crun_store_set(a, "small", "v", 1));
+    EXPECT_OK(crun_store_set(a, "big", big, sizeof big)); /* sent: returns at once */
+    EXPECT_OK(crun_store_set(a, "big2", big, 150));
+    EXPECT_OK(crun_store_set(a, "after", "w", 1)); /* applied: only the failure is kept */
+    if (flush) crun_store_flush_sets();
+    EXPECT_STATUS(crun_store_add(a, "counter", 1, &n), CRUN_ERANGE);
+    EXPECT(strstr(crun_last_error(), "an earlier set failed (set does not wait for the server; this call was not "
+                                     "run): store: a value of 200 bytes for key 'big' is over this server's limit "
+                                     "of 100 bytes (CRUN_STORE_MAX_VALUE_BYTES) (and 1 more after it)") != NULL);
+    EXPECT_OK(crun_store_add(a, "counter", 1, &n)); /* told once; the add before was not run */
+    EXPECT_EQ_INT((int)n, flush + 1);
+    EXPECT_OK(crun_store_get(b, "after", &got));
+    crun_buf_free(&got);
+    int all = 1;
+    EXPECT_OK(crun_store_check(b, (const char *[]){"big"}, 1, &all));
+    EXPECT(all == 0);
+  }
+  crun_store_tcp_opts_t o = {.host = "127.0.0.1", .port = port, .timeout = 10, .async_set = -1};
+  crun_store_t *w = NULL;
+  EXPECT_OK(crun_store_tcp_new(&o, &w));
+  EXPECT_STATUS(crun_store_set(w, "big", big, sizeof big), CRUN_ERANGE); /* the set itself */
+  EXPECT_OK(crun_store_set(w, "ok", "v", 1));
+  crun_store_release(w);
+  crun_store_release(a);
+  crun_store_release(b);
   crun_store_server_stop(srv);
 }
 
@@ -1501,7 +1526,7 @@ TEST(tcp_wait_timeouts_on_the_wire) {
   X(tcp_thousand_clients) X(tcp_multiprocess_race) X(tcp_big_value) X(tcp_pipelined_clients) X(tcp_both_transports) \
   X(tcp_secret) X(tcp_handshake_stall_is_etimedout) X(tcp_unix_socket_taken_by_another_user) X(tcp_stranger_bound_to_a_device) \
   X(tcp_client_that_never_reads) \
-  X(tcp_waiters_by_key) X(tcp_idle_connection_flood) X(tcp_queues) X(tcp_queue_opcodes) X(tcp_async_set) X(tcp_async_set_lost) X(tcp_flush_sets) X(tcp_flush_sets_busy_handle) X(tcp_flush_sets_in_forked_child) X(tcp_async_sets_survive_exit) X(tcp_flush_sets_lost) \
+  X(tcp_waiters_by_key) X(tcp_idle_connection_flood) X(tcp_queues) X(tcp_queue_opcodes) X(tcp_async_set) X(tcp_async_set_lost) X(tcp_flush_sets) X(tcp_flush_sets_busy_handle) X(tcp_flush_sets_in_forked_child) X(tcp_async_sets_survive_exit) X(tcp_flush_sets_lost) X(tcp_async_set_fails_on_server) \
   X(tcp_spin_setting) X(tcp_idle_server_sleeps) X(tcp_timed_out_wait_keeps_connection) X(tcp_set_at_the_deadline) \
   X(tcp_wait_timeouts_on_the_wire)
 CRUN_TEST_MAIN()

@@ -42,6 +42,7 @@ static void apply(crun__kv_t *kv, const crun__sreq_t *r) {
   size_t rlen;
   switch (r->op) {
   case CRUN__SOP_SET:
+  case CRUN__SOP_SET_NOREPLY:
     if (crun__kv_set(kv, (const char *)a[0].p, a[0].len, a[1].p, a[1].len) == 0) expect_value(kv, &a[0], a[1].p, a[1].len);
     break;
   case CRUN__SOP_APPEND: crun__kv_append(kv, (const char *)a[0].p, a[0].len, a[1].p, a[1].len); break;
