@@ -215,9 +215,15 @@ describe("collectives across fake hosts", function()
   it("reject a CRUN_ALGO naming no algorithm", function()
     local code, out = run.run(2, "spec/helpers/dist_stress.lua", "", {limit = 60, env = "CRUN_ALGO=ring,chian"})
     assert.are_not.equal(0, code)
+    -- each rank checks it on its own before any exchange: the first to fail
+    -- ends the job, so a rank that started later may be stopped before it
+    -- gets there (seen under load); none ran the job
+    local said = 0
     for r = 0, 1 do
-      assert.is_truthy(out:find("[" .. r .. "] crun-lua: EINVAL: CRUN_ALGO=ring,chian: unknown algorithm 'chian' (known: ",
-                                1, true), out)
+      said = said + (out:find("[" .. r .. "] crun-lua: EINVAL: CRUN_ALGO=ring,chian: unknown algorithm 'chian' (known: ",
+                              1, true) and 1 or 0)
     end
+    assert.is_true(said >= 1, out)
+    assert.is_nil(out:find("200 rounds in", 1, true), out)
   end)
 end)
