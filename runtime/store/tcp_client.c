@@ -633,9 +633,11 @@ static int parked_request(tcp_store_t *t, int op, unsigned n, const void **a, si
 }
 
 /* Sends a set that the server does not answer (async_set, tcp_proto.h:
- * "Sets that do not wait") and returns. Lock held. */
+ * "Sets that do not wait") and returns. A failure a flush kept is left for
+ * the next call that reads a reply, as the server does with its own: a set
+ * of another thread on this handle (the progress board's publisher) must
+ * not take it from the user. Lock held. */
 static int send_set(tcp_store_t *t, const void *const *a, const size_t *l, const what_t *what) {
-  if (t->late_rc) return late_error(t);
   double deadline = crun_clock() + crun_store_get_timeout(&t->base);
   long len = encode(t, CRUN__SOP_SET_NOREPLY, 2, a, l);
   if (len < 0) return (int)len;
@@ -896,6 +898,14 @@ static void async_unlist(tcp_store_t *t) {
   pthread_mutex_unlock(&g_async.mu);
 }
 
+/* Keeps the failure a flush found (the last error) for t's next call; one
+ * found while an earlier one is still kept is added to its text. */
+static void keep_late(tcp_store_t *t, int rc) {
+  size_t at = t->late_rc ? strlen(t->late_msg) : 0;
+  snprintf(t->late_msg + at, sizeof t->late_msg - at, "%s%s", at ? "; later: " : "", crun_last_error());
+  if (!t->late_rc) t->late_rc = rc;
+}
+
 /* Waits until every set sent on t before this call is confirmed or lost,
  * within t's timeout. A handle busy in another thread's call is not waited
  * for as a whole (a parked get could wait on a key that a peer sets only
@@ -907,8 +917,8 @@ static void flush_one(tcp_store_t *t) {
   long ns = 20000;
   while (__atomic_load_n(&t->settled, __ATOMIC_ACQUIRE) < target) {
     if (pthread_mutex_trylock(&t->mu) == 0) {
-      int rc = t->unacked && !t->late_rc ? note_lost(t, confirm_sets(t, deadline)) : 0;
-      if (rc < 0) t->late_rc = rc, snprintf(t->late_msg, sizeof t->late_msg, "%s", crun_last_error());
+      int rc = t->unacked ? note_lost(t, confirm_sets(t, deadline)) : 0;
+      if (rc < 0) keep_late(t, rc);
       pthread_mutex_unlock(&t->mu);
       return;
     }

@@ -1716,6 +1716,37 @@ TEST(tcp_max_value_every_op) {
   crun_store_server_stop(srv);
 }
 
+/* A set failure that a flush found is kept for a call that reads a reply,
+ * not taken by a set that does not wait: the progress board's publisher
+ * thread sets on the group's handle (through a prefix store), and a set of
+ * its took the user's failure away (it only logs it). */
+TEST(tcp_flush_failure_not_taken_by_a_set) {
+  setenv("CRUN_STORE_MAX_VALUE_BYTES", "100", 1);
+  int port;
+  crun_store_server_t *srv = local_server(&port);
+  unsetenv("CRUN_STORE_MAX_VALUE_BYTES");
+  crun_store_t *a = client(port, 10), *b = client(port, 10), *board = NULL;
+  EXPECT_OK(crun_store_prefix_new("board", a, &board));
+  uint8_t big[200];
+  for (int i = 0; i < 200; i++) big[i] = (uint8_t)(i * 11 - 9);
+  int64_t n = 0;
+  EXPECT_OK(crun_store_set(a, "big", big, sizeof big)); /* fails on the server */
+  crun_store_flush_sets();                              /* finds it: kept for a's next call */
+  EXPECT_OK(crun_store_set(board, "progress/0", "allreduce #3", 12)); /* sent all the same */
+  EXPECT_STATUS(crun_store_add(a, "counter", 1, &n), CRUN_ERANGE); /* the user is told */
+  EXPECT_TEXT("key 'big'");
+  EXPECT_OK(crun_store_add(a, "counter", 1, &n));
+  EXPECT_EQ_INT((int)n, 1);
+  crun_store_flush_sets();
+  int all = 0;
+  EXPECT_OK(crun_store_check(b, (const char *[]){"board/progress/0"}, 1, &all));
+  EXPECT(all == 1);
+  crun_store_release(board);
+  crun_store_release(a);
+  crun_store_release(b);
+  crun_store_server_stop(srv);
+}
+
 #define CRUN_TESTS(X) X(tcp_semantics) X(tcp_get_is_parked_until_set) X(tcp_port_in_use) \
   X(tcp_listen_address_unresolvable) X(tcp_connect_refused) X(tcp_world_size_join) X(tcp_hostile_frames) X(tcp_server_goes_away) \
   X(tcp_thousand_clients) X(tcp_multiprocess_race) X(tcp_big_value) X(tcp_pipelined_clients) X(tcp_both_transports) \
@@ -1724,5 +1755,6 @@ TEST(tcp_max_value_every_op) {
   X(tcp_waiters_by_key) X(tcp_idle_connection_flood) X(tcp_queues) X(tcp_queue_opcodes) X(tcp_async_set) X(tcp_async_set_lost) X(tcp_flush_sets) X(tcp_flush_sets_busy_handle) X(tcp_flush_sets_in_forked_child) X(tcp_async_sets_survive_exit) X(tcp_flush_sets_lost) X(tcp_async_set_fails_on_server) \
   X(tcp_spin_setting) X(tcp_idle_server_sleeps) X(tcp_timed_out_wait_keeps_connection) X(tcp_set_at_the_deadline) \
   X(tcp_wait_timeouts_on_the_wire) X(tcp_noreply_flood_is_bounded) X(tcp_noreply_behind_a_parked_get) \
-  X(tcp_noreply_failure_answers_one_request) X(tcp_max_value_every_op)
+  X(tcp_noreply_failure_answers_one_request) X(tcp_max_value_every_op) \
+  X(tcp_flush_failure_not_taken_by_a_set)
 CRUN_TEST_MAIN()

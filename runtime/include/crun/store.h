@@ -79,7 +79,8 @@ typedef struct {
  * barrier of a process group calls) returned in this process; before that,
  * another client may not see it yet (its get or wait simply waits). A set
  * that failed (or was lost with the connection) makes this handle's next
- * call fail with its status, and that call is not run. Closing the store
+ * call that waits for the server (not another set that does not wait) fail
+ * with its status, and that call is not run. Closing the store
  * waits for the acknowledgements. async_set = -1 makes every set wait for
  * its acknowledgement, so that the set itself reports its failure. */
 int crun_store_tcp_new(const crun_store_tcp_opts_t *opts, crun_store_t **out);
