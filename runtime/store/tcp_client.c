@@ -898,11 +898,13 @@ static void async_unlist(tcp_store_t *t) {
   pthread_mutex_unlock(&g_async.mu);
 }
 
-/* Keeps the failure a flush found (the last error) for t's next call; one
- * found while an earlier one is still kept is added to its text. */
+/* Keeps the failure a flush found (the last error, without its status
+ * name: late_error names it) for t's next call; one found while an earlier
+ * one is still kept is added to its text. */
 static void keep_late(tcp_store_t *t, int rc) {
+  char msg[400];
   size_t at = t->late_rc ? strlen(t->late_msg) : 0;
-  snprintf(t->late_msg + at, sizeof t->late_msg - at, "%s%s", at ? "; later: " : "", crun_last_error());
+  snprintf(t->late_msg + at, sizeof t->late_msg - at, "%s%s", at ? "; later: " : "", error_text(msg, sizeof msg));
   if (!t->late_rc) t->late_rc = rc;
 }
 

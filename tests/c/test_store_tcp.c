@@ -1735,6 +1735,7 @@ TEST(tcp_flush_failure_not_taken_by_a_set) {
   EXPECT_OK(crun_store_set(board, "progress/0", "allreduce #3", 12)); /* sent all the same */
   EXPECT_STATUS(crun_store_add(a, "counter", 1, &n), CRUN_ERANGE); /* the user is told */
   EXPECT_TEXT("key 'big'");
+  EXPECT(strncmp(crun_last_error(), "ERANGE: an earlier set failed", 29) == 0); /* named once */
   EXPECT_OK(crun_store_add(a, "counter", 1, &n));
   EXPECT_EQ_INT((int)n, 1);
   crun_store_flush_sets();
