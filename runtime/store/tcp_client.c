@@ -383,10 +383,11 @@ static long encode(tcp_store_t *t, int op, unsigned n, const void *const *a, con
   return (long)total;
 }
 
-static int send_all(tcp_store_t *t, size_t len, const what_t *what) {
+/* Sends len bytes of buf; a failure drops the connection. */
+static int send_bytes(tcp_store_t *t, const uint8_t *buf, size_t len, const what_t *what) {
   size_t done = 0;
   while (done < len) {
-    ssize_t w = send(t->fd, t->sbuf + done, len - done, MSG_NOSIGNAL);
+    ssize_t w = send(t->fd, buf + done, len - done, MSG_NOSIGNAL);
     if (w < 0 && errno == EINTR) continue;
     if (w < 0) {
       int e = errno;
@@ -398,6 +399,9 @@ static int send_all(tcp_store_t *t, size_t len, const what_t *what) {
   }
   return 0;
 }
+
+/* Sends the len bytes encoded in t->sbuf. */
+static int send_all(tcp_store_t *t, size_t len, const what_t *what) { return send_bytes(t, t->sbuf, len, what); }
 
 /* Returns the size of the complete frame in rbuf, 0 if incomplete, <0 if bad. */
 static long frame_ready(tcp_store_t *t, const what_t *what) {
@@ -584,6 +588,41 @@ static int ensure_conn(tcp_store_t *t, double deadline) {
   return tcp_connect(t, d < deadline ? d : deadline);
 }
 
+static void keep_late(tcp_store_t *t, int rc);
+
+/* Whether the server parks op until a key (the join count, an item) exists. */
+static int parks(int op) {
+  return op == CRUN__SOP_GET || op == CRUN__SOP_WAIT || op == CRUN__SOP_MULTI_GET || op == CRUN__SOP_JOIN_WAIT ||
+         op == CRUN__SOP_QUEUE_POP;
+}
+
+/* Before a request that may park, a PING goes ahead of it (in order on the
+ * connection): its reply confirms the sets sent without waiting, so that a
+ * flush in another thread need not wait for the parked request (its key
+ * may be set only after the barrier). Sends the PING. */
+static int ping_ahead(tcp_store_t *t, const what_t *what) {
+  uint8_t ping[CRUN_STORE_FRAME_HDR] = {0};
+  crun__put_u32(ping, CRUN_STORE_FRAME_HDR - 4);
+  ping[4] = CRUN_STORE_PROTO_VERSION, ping[5] = CRUN__SOP_PING;
+  return send_bytes(t, ping, sizeof ping, what);
+}
+
+/* Reads the reply to ping_ahead's PING: the sets before it are confirmed;
+ * a failure of theirs is kept for the next call (the request behind the
+ * PING runs all the same). */
+static int ping_reply(tcp_store_t *t, double deadline) {
+  const what_t w = {NULL, NULL, 0, "set (async_set: confirming the sets sent without waiting)"};
+  double rtt = t->rtt;
+  long flen = 0;
+  CRUN_CHECK(recv_frame(t, deadline, &w, &flen));
+  set_unacked(t, 0);
+  t->rtt = rtt;
+  int rc = parse_reply(t, flen, &w);
+  if (rc < 0 && t->fd < 0) return rc; /* a malformed reply: the connection is gone */
+  if (rc < 0) keep_late(t, rc);
+  return 0;
+}
+
 /* Sends one request and waits for its reply before the deadline (lock held). */
 static int do_request(tcp_store_t *t, int op, unsigned n, const void *const *a, const size_t *l,
                       double deadline, const what_t *what) {
@@ -591,7 +630,10 @@ static int do_request(tcp_store_t *t, int op, unsigned n, const void *const *a, 
   long len = encode(t, op, n, a, l), flen = 0;
   if (len < 0) return (int)len;
   CRUN_CHECK(ensure_conn(t, deadline));
+  int pinged = t->unacked && parks(op);
+  if (pinged) CRUN_CHECK(ping_ahead(t, what));
   CRUN_CHECK(send_all(t, (size_t)len, what));
+  if (pinged) CRUN_CHECK(ping_reply(t, deadline));
   CRUN_CHECK(recv_frame(t, deadline, what, &flen));
   if (t->unacked) set_unacked(t, 0); /* the server served them first */
   return parse_reply(t, flen, what);

@@ -1742,7 +1742,53 @@ TEST(tcp_flush_failure_not_taken_by_a_set) {
   int all = 0;
   EXPECT_OK(crun_store_check(b, (const char *[]){"board/progress/0"}, 1, &all));
   EXPECT(all == 1);
+  /* a get (which may park) confirms the sets ahead of it: their failure
+   * goes to the next call, the get itself runs */
+  crun_buf_t got = {0};
+  EXPECT_OK(crun_store_set(a, "big", big, sizeof big));
+  EXPECT_OK(crun_store_set(a, "x", "x1", 2));
+  EXPECT_OK(crun_store_get(a, "x", &got));
+  EXPECT(got.len == 2 && memcmp(got.data, "x1", 2) == 0);
+  crun_buf_free(&got);
+  EXPECT_STATUS(crun_store_add(a, "counter", 1, &n), CRUN_ERANGE);
+  EXPECT_TEXT("key 'big'");
+  EXPECT_OK(crun_store_add(a, "counter", 1, &n));
+  EXPECT_EQ_INT((int)n, 2);
   crun_store_release(board);
+  crun_store_release(a);
+  crun_store_release(b);
+  crun_store_server_stop(srv);
+}
+
+static void *get_go(void *arg) {
+  crun_buf_t got = {0};
+  EXPECT_OK(crun_store_get(arg, "go", &got));
+  EXPECT(got.len == 2 && memcmp(got.data, "-1", 2) == 0);
+  crun_buf_free(&got);
+  return NULL;
+}
+
+/* A flush does not wait for a get that another thread has parked on the
+ * same handle (its key may be set only after the barrier): the sets sent
+ * before that get are confirmed before it parks. */
+TEST(tcp_flush_sets_beside_a_parked_get) {
+  int port;
+  crun_store_server_t *srv = local_server(&port);
+  crun_store_t *a = client(port, 3), *b = client(port, 10);
+  EXPECT_OK(crun_store_set(a, "k", "v7", 2)); /* not confirmed yet */
+  pthread_t th;
+  pthread_create(&th, NULL, get_go, a); /* parks on "go", holding a */
+  usleep(100000);
+  double t0 = crun_clock();
+  crun_store_flush_sets();
+  double took = crun_clock() - t0;
+  int all = 0;
+  EXPECT_OK(crun_store_check(b, (const char *[]){"k"}, 1, &all));
+  EXPECT(all == 1);
+  EXPECT_OK(crun_store_set(b, "go", "-1", 2)); /* "after the barrier" */
+  pthread_join(th, NULL);
+  printf("the flush took %.3f s\n", took);
+  EXPECT(took < 1.0);
   crun_store_release(a);
   crun_store_release(b);
   crun_store_server_stop(srv);
@@ -1757,5 +1803,5 @@ TEST(tcp_flush_failure_not_taken_by_a_set) {
   X(tcp_spin_setting) X(tcp_idle_server_sleeps) X(tcp_timed_out_wait_keeps_connection) X(tcp_set_at_the_deadline) \
   X(tcp_wait_timeouts_on_the_wire) X(tcp_noreply_flood_is_bounded) X(tcp_noreply_behind_a_parked_get) \
   X(tcp_noreply_failure_answers_one_request) X(tcp_max_value_every_op) \
-  X(tcp_flush_failure_not_taken_by_a_set)
+  X(tcp_flush_failure_not_taken_by_a_set) X(tcp_flush_sets_beside_a_parked_get)
 CRUN_TEST_MAIN()
