@@ -383,12 +383,23 @@ static long encode(tcp_store_t *t, int op, unsigned n, const void *const *a, con
   return (long)total;
 }
 
-/* Sends len bytes of buf; a failure drops the connection. */
-static int send_bytes(tcp_store_t *t, const uint8_t *buf, size_t len, const what_t *what) {
+/* Sends len bytes of buf before the deadline (a server that takes nothing
+ * that long, stopped or stuck, would block a set forever: sets are not
+ * answered, so nothing else bounds them); a failure drops the connection. */
+static int send_bytes(tcp_store_t *t, const uint8_t *buf, size_t len, double deadline, const what_t *what) {
   size_t done = 0;
   while (done < len) {
-    ssize_t w = send(t->fd, buf + done, len - done, MSG_NOSIGNAL);
+    ssize_t w = send(t->fd, buf + done, len - done, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (w < 0 && errno == EINTR) continue;
+    if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      double left = deadline - crun_clock();
+      struct pollfd p = {t->fd, POLLOUT, 0};
+      if (left > 0 && (poll(&p, 1, (int)ceil(left * 1e3)) >= 0 || errno == EINTR)) continue;
+      drop_conn(t);
+      return crun_error(CRUN_ETIMEDOUT, "%s: the store server %s:%d took no more of the request within the "
+                        "deadline (%zu of %zu bytes sent: it is busy or stuck)", WHAT(what), t->host, t->port,
+                        done, len);
+    }
     if (w < 0) {
       int e = errno;
       drop_conn(t);
@@ -400,8 +411,10 @@ static int send_bytes(tcp_store_t *t, const uint8_t *buf, size_t len, const what
   return 0;
 }
 
-/* Sends the len bytes encoded in t->sbuf. */
-static int send_all(tcp_store_t *t, size_t len, const what_t *what) { return send_bytes(t, t->sbuf, len, what); }
+/* Sends the len bytes encoded in t->sbuf before the deadline. */
+static int send_all(tcp_store_t *t, size_t len, double deadline, const what_t *what) {
+  return send_bytes(t, t->sbuf, len, deadline, what);
+}
 
 /* Returns the size of the complete frame in rbuf, 0 if incomplete, <0 if bad. */
 static long frame_ready(tcp_store_t *t, const what_t *what) {
@@ -566,7 +579,7 @@ static int confirm_sets(tcp_store_t *t, double deadline) {
   double rtt = t->rtt;
   long len = encode(t, CRUN__SOP_PING, 0, NULL, NULL), flen = 0;
   if (len < 0) return (int)len;
-  int rc = send_all(t, (size_t)len, &w);
+  int rc = send_all(t, (size_t)len, deadline, &w);
   if (rc == 0) rc = recv_frame(t, deadline, &w, &flen);
   if (rc == 0) set_unacked(t, 0), rc = parse_reply(t, flen, &w);
   t->rtt = rtt;
@@ -600,11 +613,11 @@ static int parks(int op) {
  * connection): its reply confirms the sets sent without waiting, so that a
  * flush in another thread need not wait for the parked request (its key
  * may be set only after the barrier). Sends the PING. */
-static int ping_ahead(tcp_store_t *t, const what_t *what) {
+static int ping_ahead(tcp_store_t *t, double deadline, const what_t *what) {
   uint8_t ping[CRUN_STORE_FRAME_HDR] = {0};
   crun__put_u32(ping, CRUN_STORE_FRAME_HDR - 4);
   ping[4] = CRUN_STORE_PROTO_VERSION, ping[5] = CRUN__SOP_PING;
-  return send_bytes(t, ping, sizeof ping, what);
+  return send_bytes(t, ping, sizeof ping, deadline, what);
 }
 
 /* Reads the reply to ping_ahead's PING: the sets before it are confirmed;
@@ -631,8 +644,8 @@ static int do_request(tcp_store_t *t, int op, unsigned n, const void *const *a, 
   if (len < 0) return (int)len;
   CRUN_CHECK(ensure_conn(t, deadline));
   int pinged = t->unacked && parks(op);
-  if (pinged) CRUN_CHECK(ping_ahead(t, what));
-  CRUN_CHECK(send_all(t, (size_t)len, what));
+  if (pinged) CRUN_CHECK(ping_ahead(t, deadline, what));
+  CRUN_CHECK(send_all(t, (size_t)len, deadline, what));
   if (pinged) CRUN_CHECK(ping_reply(t, deadline));
   CRUN_CHECK(recv_frame(t, deadline, what, &flen));
   if (t->unacked) set_unacked(t, 0); /* the server served them first */
@@ -684,7 +697,7 @@ static int send_set(tcp_store_t *t, const void *const *a, const size_t *l, const
   long len = encode(t, CRUN__SOP_SET_NOREPLY, 2, a, l);
   if (len < 0) return (int)len;
   CRUN_CHECK(ensure_conn(t, deadline));
-  CRUN_CHECK(send_all(t, (size_t)len, what));
+  CRUN_CHECK(send_all(t, (size_t)len, deadline, what));
   set_unacked(t, t->unacked + 1);
   return 0;
 }

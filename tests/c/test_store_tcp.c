@@ -1794,6 +1794,53 @@ TEST(tcp_flush_sets_beside_a_parked_get) {
   crun_store_server_stop(srv);
 }
 
+static void *cont_later(void *arg) {
+  usleep(8000000);
+  kill(*(pid_t *)arg, SIGCONT);
+  return NULL;
+}
+
+/* Sets into a server that stopped reading (SIGSTOP) fail with ETIMEDOUT
+ * within the handle's timeout once the socket buffers are full, instead of
+ * blocking in send forever (sets are not answered: nothing else bounds
+ * them). */
+TEST(tcp_sets_into_a_stopped_server_time_out) {
+  int pfd[2];
+  EXPECT(pipe(pfd) == 0);
+  pid_t kid = fork();
+  if (kid == 0) {
+    int port;
+    crun_store_server_t *srv = NULL;
+    if (crun_store_server_start("127.0.0.1", 0, &srv) < 0) _exit(1);
+    port = crun_store_server_port(srv);
+    if (write(pfd[1], &port, sizeof port) != sizeof port) _exit(1);
+    for (;;) pause();
+  }
+  int port = 0;
+  EXPECT(read(pfd[0], &port, sizeof port) == sizeof port);
+  crun_store_t *a = client(port, 2);
+  size_t vlen = 256 << 10;
+  uint8_t *v = malloc(vlen);
+  for (size_t i = 0; i < vlen; i++) v[i] = (uint8_t)(i * 29u + (i >> 11) - 1);
+  EXPECT_OK(crun_store_set(a, "k", v, vlen));
+  EXPECT(kill(kid, SIGSTOP) == 0);
+  pthread_t th;
+  pthread_create(&th, NULL, cont_later, &kid);
+  double t0 = crun_clock();
+  int rc = 0, i;
+  for (i = 0; i < 256 && rc == 0; i++) rc = crun_store_set(a, "k", v, vlen);
+  double took = crun_clock() - t0;
+  printf("set #%d failed after %.2f s: %s\n", i, took, rc ? crun_last_error() : "(none)");
+  EXPECT_EQ_INT(rc, CRUN_ETIMEDOUT);
+  EXPECT(took < 4);
+  kill(kid, SIGKILL);
+  waitpid(kid, NULL, 0);
+  pthread_join(th, NULL);
+  crun_store_release(a);
+  free(v);
+  close(pfd[0]), close(pfd[1]);
+}
+
 #define CRUN_TESTS(X) X(tcp_semantics) X(tcp_get_is_parked_until_set) X(tcp_port_in_use) \
   X(tcp_listen_address_unresolvable) X(tcp_connect_refused) X(tcp_world_size_join) X(tcp_hostile_frames) X(tcp_server_goes_away) \
   X(tcp_thousand_clients) X(tcp_multiprocess_race) X(tcp_big_value) X(tcp_pipelined_clients) X(tcp_both_transports) \
@@ -1803,5 +1850,6 @@ TEST(tcp_flush_sets_beside_a_parked_get) {
   X(tcp_spin_setting) X(tcp_idle_server_sleeps) X(tcp_timed_out_wait_keeps_connection) X(tcp_set_at_the_deadline) \
   X(tcp_wait_timeouts_on_the_wire) X(tcp_noreply_flood_is_bounded) X(tcp_noreply_behind_a_parked_get) \
   X(tcp_noreply_failure_answers_one_request) X(tcp_max_value_every_op) \
-  X(tcp_flush_failure_not_taken_by_a_set) X(tcp_flush_sets_beside_a_parked_get)
+  X(tcp_flush_failure_not_taken_by_a_set) X(tcp_flush_sets_beside_a_parked_get) \
+  X(tcp_sets_into_a_stopped_server_time_out)
 CRUN_TEST_MAIN()
