@@ -383,11 +383,23 @@ static long encode(tcp_store_t *t, int op, unsigned n, const void *const *a, con
   return (long)total;
 }
 
-static int send_all(tcp_store_t *t, size_t len, const what_t *what) {
+/* Sends len bytes of buf before the deadline (a server that takes nothing
+ * that long, stopped or stuck, would block a set forever: sets are not
+ * answered, so nothing else bounds them); a failure drops the connection. */
+static int send_bytes(tcp_store_t *t, const uint8_t *buf, size_t len, double deadline, const what_t *what) {
   size_t done = 0;
   while (done < len) {
-    ssize_t w = send(t->fd, t->sbuf + done, len - done, MSG_NOSIGNAL);
+    ssize_t w = send(t->fd, buf + done, len - done, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (w < 0 && errno == EINTR) continue;
+    if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      double left = deadline - crun_clock();
+      struct pollfd p = {t->fd, POLLOUT, 0};
+      if (left > 0 && (poll(&p, 1, (int)ceil(left * 1e3)) >= 0 || errno == EINTR)) continue;
+      drop_conn(t);
+      return crun_error(CRUN_ETIMEDOUT, "%s: the store server %s:%d took no more of the request within the "
+                        "deadline (%zu of %zu bytes sent: it is busy or stuck)", WHAT(what), t->host, t->port,
+                        done, len);
+    }
     if (w < 0) {
       int e = errno;
       drop_conn(t);
@@ -397,6 +409,11 @@ static int send_all(tcp_store_t *t, size_t len, const what_t *what) {
     done += (size_t)w;
   }
   return 0;
+}
+
+/* Sends the len bytes encoded in t->sbuf before the deadline. */
+static int send_all(tcp_store_t *t, size_t len, double deadline, const what_t *what) {
+  return send_bytes(t, t->sbuf, len, deadline, what);
 }
 
 /* Returns the size of the complete frame in rbuf, 0 if incomplete, <0 if bad. */
@@ -562,7 +579,7 @@ static int confirm_sets(tcp_store_t *t, double deadline) {
   double rtt = t->rtt;
   long len = encode(t, CRUN__SOP_PING, 0, NULL, NULL), flen = 0;
   if (len < 0) return (int)len;
-  int rc = send_all(t, (size_t)len, &w);
+  int rc = send_all(t, (size_t)len, deadline, &w);
   if (rc == 0) rc = recv_frame(t, deadline, &w, &flen);
   if (rc == 0) set_unacked(t, 0), rc = parse_reply(t, flen, &w);
   t->rtt = rtt;
@@ -584,6 +601,41 @@ static int ensure_conn(tcp_store_t *t, double deadline) {
   return tcp_connect(t, d < deadline ? d : deadline);
 }
 
+static void keep_late(tcp_store_t *t, int rc);
+
+/* Whether the server parks op until a key (the join count, an item) exists. */
+static int parks(int op) {
+  return op == CRUN__SOP_GET || op == CRUN__SOP_WAIT || op == CRUN__SOP_MULTI_GET || op == CRUN__SOP_JOIN_WAIT ||
+         op == CRUN__SOP_QUEUE_POP;
+}
+
+/* Before a request that may park, a PING goes ahead of it (in order on the
+ * connection): its reply confirms the sets sent without waiting, so that a
+ * flush in another thread need not wait for the parked request (its key
+ * may be set only after the barrier). Sends the PING. */
+static int ping_ahead(tcp_store_t *t, double deadline, const what_t *what) {
+  uint8_t ping[CRUN_STORE_FRAME_HDR] = {0};
+  crun__put_u32(ping, CRUN_STORE_FRAME_HDR - 4);
+  ping[4] = CRUN_STORE_PROTO_VERSION, ping[5] = CRUN__SOP_PING;
+  return send_bytes(t, ping, sizeof ping, deadline, what);
+}
+
+/* Reads the reply to ping_ahead's PING: the sets before it are confirmed;
+ * a failure of theirs is kept for the next call (the request behind the
+ * PING runs all the same). */
+static int ping_reply(tcp_store_t *t, double deadline) {
+  const what_t w = {NULL, NULL, 0, "set (async_set: confirming the sets sent without waiting)"};
+  double rtt = t->rtt;
+  long flen = 0;
+  CRUN_CHECK(recv_frame(t, deadline, &w, &flen));
+  set_unacked(t, 0);
+  t->rtt = rtt;
+  int rc = parse_reply(t, flen, &w);
+  if (rc < 0 && t->fd < 0) return rc; /* a malformed reply: the connection is gone */
+  if (rc < 0) keep_late(t, rc);
+  return 0;
+}
+
 /* Sends one request and waits for its reply before the deadline (lock held). */
 static int do_request(tcp_store_t *t, int op, unsigned n, const void *const *a, const size_t *l,
                       double deadline, const what_t *what) {
@@ -591,7 +643,10 @@ static int do_request(tcp_store_t *t, int op, unsigned n, const void *const *a, 
   long len = encode(t, op, n, a, l), flen = 0;
   if (len < 0) return (int)len;
   CRUN_CHECK(ensure_conn(t, deadline));
-  CRUN_CHECK(send_all(t, (size_t)len, what));
+  int pinged = t->unacked && parks(op);
+  if (pinged) CRUN_CHECK(ping_ahead(t, deadline, what));
+  CRUN_CHECK(send_all(t, (size_t)len, deadline, what));
+  if (pinged) CRUN_CHECK(ping_reply(t, deadline));
   CRUN_CHECK(recv_frame(t, deadline, what, &flen));
   if (t->unacked) set_unacked(t, 0); /* the server served them first */
   return parse_reply(t, flen, what);
@@ -633,14 +688,16 @@ static int parked_request(tcp_store_t *t, int op, unsigned n, const void **a, si
 }
 
 /* Sends a set that the server does not answer (async_set, tcp_proto.h:
- * "Sets that do not wait") and returns. Lock held. */
+ * "Sets that do not wait") and returns. A failure a flush kept is left for
+ * the next call that reads a reply, as the server does with its own: a set
+ * of another thread on this handle (the progress board's publisher) must
+ * not take it from the user. Lock held. */
 static int send_set(tcp_store_t *t, const void *const *a, const size_t *l, const what_t *what) {
-  if (t->late_rc) return late_error(t);
   double deadline = crun_clock() + crun_store_get_timeout(&t->base);
   long len = encode(t, CRUN__SOP_SET_NOREPLY, 2, a, l);
   if (len < 0) return (int)len;
   CRUN_CHECK(ensure_conn(t, deadline));
-  CRUN_CHECK(send_all(t, (size_t)len, what));
+  CRUN_CHECK(send_all(t, (size_t)len, deadline, what));
   set_unacked(t, t->unacked + 1);
   return 0;
 }
@@ -896,6 +953,16 @@ static void async_unlist(tcp_store_t *t) {
   pthread_mutex_unlock(&g_async.mu);
 }
 
+/* Keeps the failure a flush found (the last error, without its status
+ * name: late_error names it) for t's next call; one found while an earlier
+ * one is still kept is added to its text. */
+static void keep_late(tcp_store_t *t, int rc) {
+  char msg[400];
+  size_t at = t->late_rc ? strlen(t->late_msg) : 0;
+  snprintf(t->late_msg + at, sizeof t->late_msg - at, "%s%s", at ? "; later: " : "", error_text(msg, sizeof msg));
+  if (!t->late_rc) t->late_rc = rc;
+}
+
 /* Waits until every set sent on t before this call is confirmed or lost,
  * within t's timeout. A handle busy in another thread's call is not waited
  * for as a whole (a parked get could wait on a key that a peer sets only
@@ -907,8 +974,8 @@ static void flush_one(tcp_store_t *t) {
   long ns = 20000;
   while (__atomic_load_n(&t->settled, __ATOMIC_ACQUIRE) < target) {
     if (pthread_mutex_trylock(&t->mu) == 0) {
-      int rc = t->unacked && !t->late_rc ? note_lost(t, confirm_sets(t, deadline)) : 0;
-      if (rc < 0) t->late_rc = rc, snprintf(t->late_msg, sizeof t->late_msg, "%s", crun_last_error());
+      int rc = t->unacked ? note_lost(t, confirm_sets(t, deadline)) : 0;
+      if (rc < 0) keep_late(t, rc);
       pthread_mutex_unlock(&t->mu);
       return;
     }

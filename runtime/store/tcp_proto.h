@@ -45,6 +45,11 @@
  * flush) says every earlier set was applied. A SET_NOREPLY that fails is
  * kept on the connection: the next request gets that failure as its reply
  * ("an earlier set failed ...; this call was not run") and is not run.
+ * Ahead of a request that may park (GET, WAIT, MULTI_GET, JOIN_WAIT,
+ * QUEUE_POP) the client sends a PING in the same burst and reads its reply
+ * first, so the sets are confirmed before the request parks (a flush in
+ * another thread does not wait for it); a failure that PING reports is kept
+ * for the client's next call.
  * With no reply to read, a client that exits or is killed right after its
  * sets leaves nothing unread in its socket, so closing it never resets the
  * connection (which would drop the sets still in flight).

@@ -1521,6 +1521,326 @@ TEST(tcp_wait_timeouts_on_the_wire) {
   crun_store_server_stop(srv);
 }
 
+/* A SET_NOREPLY frame of key k and a value of vlen bytes (from v) into buf. */
+static size_t noreply_frame(uint8_t *buf, const char *k, const void *v, size_t vlen) {
+  return frame_of(buf, CRUN__SOP_SET_NOREPLY, 2, (const void *[]){k, v}, (size_t[]){strlen(k), vlen});
+}
+
+typedef struct {
+  int fd;
+  const uint8_t *frames;
+  size_t len;      /* bytes of frames, sent over and over */
+  size_t limit;    /* stop after this many bytes */
+  double end;      /* or at this time */
+  size_t sent;
+} flood_t;
+
+/* Sends f->frames over and over without reading, until f->limit or f->end. */
+static void *flood(void *arg) {
+  flood_t *f = arg;
+  size_t off = 0;
+  while (f->sent < f->limit && crun_clock() < f->end) {
+    ssize_t n = send(f->fd, f->frames + off, f->len - off, MSG_NOSIGNAL);
+    if (n <= 0) break;
+    f->sent += (size_t)n;
+    off = (off + (size_t)n) % f->len;
+  }
+  return NULL;
+}
+
+/* Floods the server at port with unanswered sets (SET_NOREPLY) of one key,
+ * values of vlen bytes, up to limit bytes or secs seconds, never reading,
+ * while another client probes; checks the server's memory stays flat, the
+ * probes are answered promptly, the flood's next request is answered after
+ * all of them, and the last value is the one stored. */
+static void noreply_flood(int port, size_t vlen, size_t limit, double secs) {
+  crun_store_t *other = client(port, 10);
+  enum { COPIES = 16 };
+  uint8_t *v = malloc(vlen), *one = malloc(vlen + 64), *frames = malloc(COPIES * (vlen + 64));
+  for (size_t i = 0; i < vlen; i++) v[i] = (uint8_t)(i * 131u + (i >> 9) - 7);
+  size_t fl = noreply_frame(one, "flooded", v, vlen);
+  for (int i = 0; i < COPIES; i++) memcpy(frames + (size_t)i * fl, one, fl);
+  int64_t n;
+  EXPECT_OK(crun_store_num_keys(other, &n)); /* warm */
+  long before = rss_mib();
+  int fd = raw_connect(port);
+  flood_t f = {fd, frames, COPIES * fl, limit, crun_clock() + secs, 0};
+  pthread_t th;
+  pthread_create(&th, NULL, flood, &f);
+  double worst = 0;
+  int probes = 0;
+  while (crun_clock() < f.end && f.sent < f.limit) {
+    double t0 = crun_clock();
+    EXPECT_OK(crun_store_num_keys(other, &n));
+    double took = crun_clock() - t0;
+    if (took > worst) worst = took;
+    probes++;
+    usleep(20000);
+  }
+  pthread_join(th, NULL);
+  long grown = rss_mib() - before;
+  uint8_t ping[16], r[256];
+  const uint8_t *arg;
+  uint32_t alen;
+  size_t pl = frame_of(ping, CRUN__SOP_PING, 0, NULL, NULL);
+  EXPECT(send(fd, ping, pl, 0) == (ssize_t)pl);
+  EXPECT_EQ_INT(read_reply(fd, r, sizeof r, &arg, &alen), 0);
+  EXPECT(!readable(fd));
+  printf("flooded %zu MiB of unanswered %zu-byte sets; the server grew by %ld MiB; %d probes, worst %.3f s\n",
+         f.sent >> 20, vlen, grown, probes, worst);
+  EXPECT(f.sent >= limit / 2 || vlen < 1024); /* it read them: no stall */
+  EXPECT(grown < 64);
+  EXPECT(worst < 1.0);
+  crun_buf_t got = {0};
+  EXPECT_OK(crun_store_get(other, "flooded", &got));
+  EXPECT(got.len == vlen && memcmp(got.data, v, vlen) == 0);
+  crun_buf_free(&got);
+  close(fd);
+  free(v), free(one), free(frames);
+  crun_store_release(other);
+}
+
+/* A client that floods unanswered sets of one key and never reads (2 GiB
+ * of 64 KiB values, then 2 s of 9-byte ones): the server stays bounded in
+ * memory and keeps serving the others. */
+TEST(tcp_noreply_flood_is_bounded) {
+  int port;
+  crun_store_server_t *srv = local_server(&port);
+  noreply_flood(port, 65536 - 64, (size_t)2 << 30, 20);
+  noreply_flood(port, 9, (size_t)2 << 30, 2);
+  crun_store_server_stop(srv);
+}
+
+/* A raw client pipelines a GET that parks, a SET_NOREPLY of that key and
+ * another GET: the set is applied only after the parked GET is answered
+ * (ETIMEDOUT at its deadline), and the second GET sees it; nothing else is
+ * written. */
+TEST(tcp_noreply_behind_a_parked_get) {
+  int port;
+  crun_store_server_t *srv = local_server(&port);
+  crun_store_t *other = client(port, 10);
+  uint8_t buf[512], r[512], ms[8];
+  const uint8_t *arg;
+  uint32_t alen;
+  crun__put_i64(ms, 300);
+  size_t l = frame_of(buf, CRUN__SOP_GET, 2, (const void *[]){"pk", ms}, (size_t[]){2, 8});
+  l += noreply_frame(buf + l, "pk", "v-3", 3);
+  l += get_frame(buf + l, "pk");
+  int fd = raw_connect(port);
+  EXPECT(send(fd, buf, l, 0) == (ssize_t)l);
+  usleep(100000);
+  int all = 1;
+  EXPECT_OK(crun_store_check(other, (const char *[]){"pk"}, 1, &all));
+  EXPECT(all == 0); /* not applied ahead of the parked GET */
+  EXPECT_EQ_INT(read_reply(fd, r, sizeof r, &arg, &alen), -CRUN_ETIMEDOUT);
+  EXPECT_EQ_INT(read_reply(fd, r, sizeof r, &arg, &alen), 0);
+  EXPECT(alen == 3 && memcmp(arg, "v-3", 3) == 0);
+  usleep(50000);
+  EXPECT(!readable(fd));
+  close(fd);
+  crun_store_release(other);
+  crun_store_server_stop(srv);
+}
+
+/* Failing SET_NOREPLYs, then a GET that would park and a PING: the GET is
+ * answered at once with the first failure and the count of the others (not
+ * run), the PING normally; the kept failure is cleared by that one reply. */
+TEST(tcp_noreply_failure_answers_one_request) {
+  setenv("CRUN_STORE_MAX_VALUE_BYTES", "100", 1);
+  int port;
+  crun_store_server_t *srv = local_server(&port);
+  unsetenv("CRUN_STORE_MAX_VALUE_BYTES");
+  uint8_t big[200], buf[2048], r[2048];
+  for (int i = 0; i < 200; i++) big[i] = (uint8_t)(i * 7 - 3);
+  const uint8_t *arg;
+  uint32_t alen;
+  size_t l = noreply_frame(buf, "b1", big, 200);
+  l += noreply_frame(buf + l, "b2", big, 101);
+  l += noreply_frame(buf + l, "b3", big, 150);
+  l += noreply_frame(buf + l, "fine", big, 100);
+  l += get_frame(buf + l, "never");
+  l += frame_of(buf + l, CRUN__SOP_PING, 0, NULL, NULL);
+  l += noreply_frame(buf + l, "b4", big, 120);
+  l += frame_of(buf + l, CRUN__SOP_NUM_KEYS, 0, NULL, NULL);
+  l += frame_of(buf + l, CRUN__SOP_NUM_KEYS, 0, NULL, NULL);
+  int fd = raw_connect(port);
+  EXPECT(send(fd, buf, l, 0) == (ssize_t)l);
+  EXPECT_EQ_INT(read_reply(fd, r, sizeof r, &arg, &alen), -CRUN_ERANGE);
+  EXPECT(alen > 0 && memmem(arg, alen, "key 'b1'", 8) && memmem(arg, alen, "(and 2 more after it)", 21));
+  EXPECT_EQ_INT(read_reply(fd, r, sizeof r, &arg, &alen), 0); /* PING */
+  EXPECT_EQ_INT(read_reply(fd, r, sizeof r, &arg, &alen), -CRUN_ERANGE);
+  EXPECT(alen > 0 && memmem(arg, alen, "key 'b4'", 8) && !memmem(arg, alen, "more after", 10));
+  EXPECT_EQ_INT(read_reply(fd, r, sizeof r, &arg, &alen), 0);
+  EXPECT(alen == 8 && crun__get_i64(arg) == 1); /* "fine" only */
+  usleep(50000);
+  EXPECT(!readable(fd));
+  close(fd);
+  crun_store_server_stop(srv);
+}
+
+/* Every op that stores a value honours CRUN_STORE_MAX_VALUE_BYTES, and one
+ * refused stores nothing: set, append (the resulting length), compare_set,
+ * multi_set (all or nothing), queue_push. */
+TEST(tcp_max_value_every_op) {
+  setenv("CRUN_STORE_MAX_VALUE_BYTES", "100", 1);
+  int port;
+  crun_store_server_t *srv = local_server(&port);
+  unsetenv("CRUN_STORE_MAX_VALUE_BYTES");
+  crun_store_tcp_opts_t o = {.host = "127.0.0.1", .port = port, .timeout = 10, .async_set = -1};
+  crun_store_t *s = NULL;
+  EXPECT_OK(crun_store_tcp_new(&o, &s));
+  uint8_t v[101];
+  for (int i = 0; i < 101; i++) v[i] = (uint8_t)(i * 13 - 5);
+  int64_t n = -1;
+  int all = 1;
+  crun_buf_t got = {0};
+  EXPECT_STATUS(crun_store_set(s, "s", v, 101), CRUN_ERANGE);
+  EXPECT_OK(crun_store_set(s, "s", v, 100));
+  EXPECT_OK(crun_store_append(s, "a", v, 60));
+  EXPECT_STATUS(crun_store_append(s, "a", v, 41), CRUN_ERANGE);
+  EXPECT_OK(crun_store_append(s, "a", v, 40));
+  EXPECT_OK(crun_store_get(s, "a", &got));
+  EXPECT(got.len == 100);
+  crun_buf_free(&got);
+  EXPECT_STATUS(crun_store_compare_set(s, "c", "", 0, v, 101, &got), CRUN_ERANGE);
+  EXPECT_OK(crun_store_check(s, (const char *[]){"c"}, 1, &all));
+  EXPECT(all == 0);
+  EXPECT_STATUS(crun_store_multi_set(s, (const char *[]){"m1", "m2"}, 2, (const void *[]){v, v},
+                                     (size_t[]){5, 101}), CRUN_ERANGE);
+  EXPECT_OK(crun_store_check(s, (const char *[]){"m1"}, 1, &all));
+  EXPECT(all == 0);
+  EXPECT_STATUS(crun_store_queue_push(s, "q", v, 101), CRUN_ERANGE);
+  EXPECT_OK(crun_store_queue_len(s, "q", &n));
+  EXPECT(n == 0);
+  crun_store_release(s);
+  crun_store_server_stop(srv);
+}
+
+/* A set failure that a flush found is kept for a call that reads a reply,
+ * not taken by a set that does not wait: the progress board's publisher
+ * thread sets on the group's handle (through a prefix store), and a set of
+ * its took the user's failure away (it only logs it). */
+TEST(tcp_flush_failure_not_taken_by_a_set) {
+  setenv("CRUN_STORE_MAX_VALUE_BYTES", "100", 1);
+  int port;
+  crun_store_server_t *srv = local_server(&port);
+  unsetenv("CRUN_STORE_MAX_VALUE_BYTES");
+  crun_store_t *a = client(port, 10), *b = client(port, 10), *board = NULL;
+  EXPECT_OK(crun_store_prefix_new("board", a, &board));
+  uint8_t big[200];
+  for (int i = 0; i < 200; i++) big[i] = (uint8_t)(i * 11 - 9);
+  int64_t n = 0;
+  EXPECT_OK(crun_store_set(a, "big", big, sizeof big)); /* fails on the server */
+  crun_store_flush_sets();                              /* finds it: kept for a's next call */
+  EXPECT_OK(crun_store_set(board, "progress/0", "allreduce #3", 12)); /* sent all the same */
+  EXPECT_STATUS(crun_store_add(a, "counter", 1, &n), CRUN_ERANGE); /* the user is told */
+  EXPECT_TEXT("key 'big'");
+  EXPECT(strncmp(crun_last_error(), "ERANGE: an earlier set failed", 29) == 0); /* named once */
+  EXPECT_OK(crun_store_add(a, "counter", 1, &n));
+  EXPECT_EQ_INT((int)n, 1);
+  crun_store_flush_sets();
+  int all = 0;
+  EXPECT_OK(crun_store_check(b, (const char *[]){"board/progress/0"}, 1, &all));
+  EXPECT(all == 1);
+  /* a get (which may park) confirms the sets ahead of it: their failure
+   * goes to the next call, the get itself runs */
+  crun_buf_t got = {0};
+  EXPECT_OK(crun_store_set(a, "big", big, sizeof big));
+  EXPECT_OK(crun_store_set(a, "x", "x1", 2));
+  EXPECT_OK(crun_store_get(a, "x", &got));
+  EXPECT(got.len == 2 && memcmp(got.data, "x1", 2) == 0);
+  crun_buf_free(&got);
+  EXPECT_STATUS(crun_store_add(a, "counter", 1, &n), CRUN_ERANGE);
+  EXPECT_TEXT("key 'big'");
+  EXPECT_OK(crun_store_add(a, "counter", 1, &n));
+  EXPECT_EQ_INT((int)n, 2);
+  crun_store_release(board);
+  crun_store_release(a);
+  crun_store_release(b);
+  crun_store_server_stop(srv);
+}
+
+static void *get_go(void *arg) {
+  crun_buf_t got = {0};
+  EXPECT_OK(crun_store_get(arg, "go", &got));
+  EXPECT(got.len == 2 && memcmp(got.data, "-1", 2) == 0);
+  crun_buf_free(&got);
+  return NULL;
+}
+
+/* A flush does not wait for a get that another thread has parked on the
+ * same handle (its key may be set only after the barrier): the sets sent
+ * before that get are confirmed before it parks. */
+TEST(tcp_flush_sets_beside_a_parked_get) {
+  int port;
+  crun_store_server_t *srv = local_server(&port);
+  crun_store_t *a = client(port, 3), *b = client(port, 10);
+  EXPECT_OK(crun_store_set(a, "k", "v7", 2)); /* not confirmed yet */
+  pthread_t th;
+  pthread_create(&th, NULL, get_go, a); /* parks on "go", holding a */
+  usleep(100000);
+  double t0 = crun_clock();
+  crun_store_flush_sets();
+  double took = crun_clock() - t0;
+  int all = 0;
+  EXPECT_OK(crun_store_check(b, (const char *[]){"k"}, 1, &all));
+  EXPECT(all == 1);
+  EXPECT_OK(crun_store_set(b, "go", "-1", 2)); /* "after the barrier" */
+  pthread_join(th, NULL);
+  printf("the flush took %.3f s\n", took);
+  EXPECT(took < 1.0);
+  crun_store_release(a);
+  crun_store_release(b);
+  crun_store_server_stop(srv);
+}
+
+static void *cont_later(void *arg) {
+  usleep(8000000);
+  kill(*(pid_t *)arg, SIGCONT);
+  return NULL;
+}
+
+/* Sets into a server that stopped reading (SIGSTOP) fail with ETIMEDOUT
+ * within the handle's timeout once the socket buffers are full, instead of
+ * blocking in send forever (sets are not answered: nothing else bounds
+ * them). */
+TEST(tcp_sets_into_a_stopped_server_time_out) {
+  int pfd[2];
+  EXPECT(pipe(pfd) == 0);
+  pid_t kid = fork();
+  if (kid == 0) {
+    int port;
+    crun_store_server_t *srv = NULL;
+    if (crun_store_server_start("127.0.0.1", 0, &srv) < 0) _exit(1);
+    port = crun_store_server_port(srv);
+    if (write(pfd[1], &port, sizeof port) != sizeof port) _exit(1);
+    for (;;) pause();
+  }
+  int port = 0;
+  EXPECT(read(pfd[0], &port, sizeof port) == sizeof port);
+  crun_store_t *a = client(port, 2);
+  size_t vlen = 256 << 10;
+  uint8_t *v = malloc(vlen);
+  for (size_t i = 0; i < vlen; i++) v[i] = (uint8_t)(i * 29u + (i >> 11) - 1);
+  EXPECT_OK(crun_store_set(a, "k", v, vlen));
+  EXPECT(kill(kid, SIGSTOP) == 0);
+  pthread_t th;
+  pthread_create(&th, NULL, cont_later, &kid);
+  double t0 = crun_clock();
+  int rc = 0, i;
+  for (i = 0; i < 256 && rc == 0; i++) rc = crun_store_set(a, "k", v, vlen);
+  double took = crun_clock() - t0;
+  printf("set #%d failed after %.2f s: %s\n", i, took, rc ? crun_last_error() : "(none)");
+  EXPECT_EQ_INT(rc, CRUN_ETIMEDOUT);
+  EXPECT(took < 4);
+  kill(kid, SIGKILL);
+  waitpid(kid, NULL, 0);
+  pthread_join(th, NULL);
+  crun_store_release(a);
+  free(v);
+  close(pfd[0]), close(pfd[1]);
+}
+
 #define CRUN_TESTS(X) X(tcp_semantics) X(tcp_get_is_parked_until_set) X(tcp_port_in_use) \
   X(tcp_listen_address_unresolvable) X(tcp_connect_refused) X(tcp_world_size_join) X(tcp_hostile_frames) X(tcp_server_goes_away) \
   X(tcp_thousand_clients) X(tcp_multiprocess_race) X(tcp_big_value) X(tcp_pipelined_clients) X(tcp_both_transports) \
@@ -1528,5 +1848,8 @@ TEST(tcp_wait_timeouts_on_the_wire) {
   X(tcp_client_that_never_reads) \
   X(tcp_waiters_by_key) X(tcp_idle_connection_flood) X(tcp_queues) X(tcp_queue_opcodes) X(tcp_async_set) X(tcp_async_set_lost) X(tcp_flush_sets) X(tcp_flush_sets_busy_handle) X(tcp_flush_sets_in_forked_child) X(tcp_async_sets_survive_exit) X(tcp_flush_sets_lost) X(tcp_async_set_fails_on_server) \
   X(tcp_spin_setting) X(tcp_idle_server_sleeps) X(tcp_timed_out_wait_keeps_connection) X(tcp_set_at_the_deadline) \
-  X(tcp_wait_timeouts_on_the_wire)
+  X(tcp_wait_timeouts_on_the_wire) X(tcp_noreply_flood_is_bounded) X(tcp_noreply_behind_a_parked_get) \
+  X(tcp_noreply_failure_answers_one_request) X(tcp_max_value_every_op) \
+  X(tcp_flush_failure_not_taken_by_a_set) X(tcp_flush_sets_beside_a_parked_get) \
+  X(tcp_sets_into_a_stopped_server_time_out)
 CRUN_TEST_MAIN()

@@ -79,7 +79,8 @@ typedef struct {
  * barrier of a process group calls) returned in this process; before that,
  * another client may not see it yet (its get or wait simply waits). A set
  * that failed (or was lost with the connection) makes this handle's next
- * call fail with its status, and that call is not run. Closing the store
+ * call that waits for the server (not another set that does not wait) fail
+ * with its status, and that call is not run. Closing the store
  * waits for the acknowledgements. async_set = -1 makes every set wait for
  * its acknowledgement, so that the set itself reports its failure. */
 int crun_store_tcp_new(const crun_store_tcp_opts_t *opts, crun_store_t **out);
@@ -89,8 +90,10 @@ int crun_store_tcp_new(const crun_store_tcp_opts_t *opts, crun_store_t **out);
  * timeout; returns at once when there are none. A failure is kept for that
  * handle's next call (which reports it and is not run), not returned here.
  * A handle that another thread is using at that moment is waited for only
- * until that call has read the acknowledgements (it does so before its own
- * request), not until the call returns. In a forked child the handles
+ * until that call's sets are confirmed (a call that may block on a key
+ * sends a PING ahead of its request and reads its reply first; a failure
+ * that reply reports is kept for the handle's next call), not until the
+ * call returns. In a forked child the handles
  * inherited from the parent are not flushed, nor drained when destroyed
  * there: their acknowledgements arrive on the parent's socket. */
 void crun_store_flush_sets(void);
