@@ -30,6 +30,7 @@
 #include <sched.h>
 #include <stdatomic.h>
 #include <signal.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -459,7 +460,7 @@ static void set_noreply(conn_t *c, const crun__sarg_t *a) {
   if (rc == 0) rc = crun__kv_set(&c->srv->kv, KEY(a[0]), a[1].p, a[1].len);
   if (rc == 0) return wake(c->srv, KEY(a[0]));
   if (c->late_rc) {
-    c->late_more++;
+    if (c->late_more < UINT_MAX) c->late_more++;
     return;
   }
   const char *m = crun_last_error(), *colon = strstr(m, ": "); /* without its "ENAME: " */
@@ -1133,7 +1134,9 @@ int crun_store_server_start_token(const char *host, int port, const char *token,
   raise_fd_limit();
   srv->spin = crun__store_spin_seconds(CRUN_STORE_SPIN_US_SERVER);
   long mv = crun_env_int("CRUN_STORE_MAX_VALUE_BYTES", 0);
-  srv->max_value = mv > 0 ? (size_t)mv : CRUN_STORE_MAX_FRAME;
+  /* at most what a reply frame can carry back (its header, the value's length) */
+  size_t most = CRUN_STORE_MAX_FRAME - CRUN_STORE_FRAME_HDR - 4;
+  srv->max_value = mv > 0 && (unsigned long)mv < most ? (size_t)mv : most;
   long ncpus = sysconf(_SC_NPROCESSORS_ONLN); /* the machine's: clients may run on any */
   srv->ncpus = ncpus > 0 ? (int)ncpus : 1;
   srv->round = 1; /* a connection's round starts at 0: its first request counts */
