@@ -31,6 +31,19 @@ static crun_store_server_t *local_server(int *port) {
   return srv;
 }
 
+/* A TCP socket listening on 127.0.0.1 (a picked port, in *port): a fake
+ * server's. */
+static int loopback_listener(int *port) {
+  int lfd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in sa = {.sin_family = AF_INET};
+  socklen_t sl = sizeof sa;
+  inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+  EXPECT(bind(lfd, (struct sockaddr *)&sa, sl) == 0 && listen(lfd, 1) == 0);
+  EXPECT(getsockname(lfd, (struct sockaddr *)&sa, &sl) == 0);
+  *port = ntohs(sa.sin_port);
+  return lfd;
+}
+
 /* Opens a TCP client of the server on 127.0.0.1:port. */
 static crun_store_t *client(int port, double timeout) {
   crun_store_tcp_opts_t o = {.host = "127.0.0.1", .port = port, .timeout = timeout,
@@ -1039,15 +1052,10 @@ static void *slow_reply_server(void *arg) {
  * reply that comes after them, so every one is visible to the other
  * clients before it returns. */
 TEST(tcp_flush_sets) {
-  int lfd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in sa = {.sin_family = AF_INET};
-  socklen_t sl = sizeof sa;
-  inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
-  EXPECT(bind(lfd, (struct sockaddr *)&sa, sl) == 0 && listen(lfd, 1) == 0);
-  EXPECT(getsockname(lfd, (struct sockaddr *)&sa, &sl) == 0);
+  int lport, lfd = loopback_listener(&lport);
   pthread_t th;
   pthread_create(&th, NULL, slow_reply_server, &lfd);
-  crun_store_tcp_opts_t so = {.host = "127.0.0.1", .port = ntohs(sa.sin_port), .timeout = 10,
+  crun_store_tcp_opts_t so = {.host = "127.0.0.1", .port = lport, .timeout = 10,
                               .connect_timeout = 5, .token = ""};
   crun_store_t *slow = NULL;
   EXPECT_OK(crun_store_tcp_new(&so, &slow));
@@ -1107,15 +1115,10 @@ static void *check_k(void *arg) {
  * barrier end before the set was applied (the progress board's publisher
  * thread sets on the same handle as the group's store). */
 TEST(tcp_flush_sets_busy_handle) {
-  int lfd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in sa = {.sin_family = AF_INET};
-  socklen_t sl = sizeof sa;
-  inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
-  EXPECT(bind(lfd, (struct sockaddr *)&sa, sl) == 0 && listen(lfd, 1) == 0);
-  EXPECT(getsockname(lfd, (struct sockaddr *)&sa, &sl) == 0);
+  int lport, lfd = loopback_listener(&lport);
   pthread_t th, user;
   pthread_create(&th, NULL, slow_reply_server, &lfd);
-  crun_store_tcp_opts_t so = {.host = "127.0.0.1", .port = ntohs(sa.sin_port), .timeout = 10,
+  crun_store_tcp_opts_t so = {.host = "127.0.0.1", .port = lport, .timeout = 10,
                               .connect_timeout = 5, .token = "", .async_set = 1};
   crun_store_t *slow = NULL;
   EXPECT_OK(crun_store_tcp_new(&so, &slow));
@@ -1242,15 +1245,10 @@ TEST(tcp_async_set_fails_on_server) {
 /* A lost set that a flush finds is reported by the handle's next call;
  * async_set = -1 makes the set itself wait and report it. */
 static void lost_set(int async, int flush) {
-  int lfd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in sa = {.sin_family = AF_INET};
-  socklen_t sl = sizeof sa;
-  inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
-  EXPECT(bind(lfd, (struct sockaddr *)&sa, sl) == 0 && listen(lfd, 1) == 0);
-  EXPECT(getsockname(lfd, (struct sockaddr *)&sa, &sl) == 0);
+  int lport, lfd = loopback_listener(&lport);
   pthread_t th;
   pthread_create(&th, NULL, hang_up_server, &lfd);
-  crun_store_tcp_opts_t o = {.host = "127.0.0.1", .port = ntohs(sa.sin_port), .timeout = 10,
+  crun_store_tcp_opts_t o = {.host = "127.0.0.1", .port = lport, .timeout = 10,
                              .connect_timeout = 5, .token = "", .async_set = async};
   crun_store_t *a = NULL;
   EXPECT_OK(crun_store_tcp_new(&o, &a));
@@ -1275,15 +1273,10 @@ TEST(tcp_flush_sets_lost) {
 }
 
 TEST(tcp_async_set_lost) {
-  int lfd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in sa = {.sin_family = AF_INET};
-  socklen_t sl = sizeof sa;
-  inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
-  EXPECT(bind(lfd, (struct sockaddr *)&sa, sl) == 0 && listen(lfd, 1) == 0);
-  EXPECT(getsockname(lfd, (struct sockaddr *)&sa, &sl) == 0);
+  int lport, lfd = loopback_listener(&lport);
   pthread_t th;
   pthread_create(&th, NULL, hang_up_server, &lfd);
-  crun_store_tcp_opts_t o = {.host = "127.0.0.1", .port = ntohs(sa.sin_port), .timeout = 10,
+  crun_store_tcp_opts_t o = {.host = "127.0.0.1", .port = lport, .timeout = 10,
                              .connect_timeout = 5, .token = "", .async_set = 1};
   crun_store_t *a = NULL;
   EXPECT_OK(crun_store_tcp_new(&o, &a));
