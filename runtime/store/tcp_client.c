@@ -21,6 +21,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <math.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -394,7 +395,8 @@ static int send_bytes(tcp_store_t *t, const uint8_t *buf, size_t len, double dea
     if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
       double left = deadline - crun_clock();
       struct pollfd p = {t->fd, POLLOUT, 0};
-      if (left > 0 && (poll(&p, 1, (int)ceil(left * 1e3)) >= 0 || errno == EINTR)) continue;
+      int ms = left * 1e3 < INT_MAX ? (int)ceil(left * 1e3) : INT_MAX; /* a timeout may be 1e9 s */
+      if (left > 0 && (poll(&p, 1, ms) >= 0 || errno == EINTR)) continue;
       drop_conn(t);
       return crun_error(CRUN_ETIMEDOUT, "%s: the store server %s:%d took no more of the request within the "
                         "deadline (%zu of %zu bytes sent: it is busy or stuck)", WHAT(what), t->host, t->port,
