@@ -72,17 +72,17 @@ typedef struct {
  * opts->is_master. Blocks until connected (retrying until the deadline).
  *
  * async_set (on by default: torch's TCPStore set does the same): a set
- * returns once its request is sent, without waiting for the server's
- * acknowledgement. This handle's later calls see it (one connection, served
- * in order), and so does any call of another client made after one of this
- * handle's later calls returned, or after crun_store_flush_sets (which every
- * barrier of a process group calls) returned in this process; before that,
- * another client may not see it yet (its get or wait simply waits). A set
- * that failed (or was lost with the connection) makes this handle's next
- * call that waits for the server (not another set that does not wait) fail
- * with its status, and that call is not run. Closing the store
- * waits for the acknowledgements. async_set = -1 makes every set wait for
- * its acknowledgement, so that the set itself reports its failure. */
+ * returns once its request is sent; the server does not answer it. This
+ * handle's later calls see it (one connection, served in order), and so does
+ * any call of another client made after one of this handle's later calls
+ * returned, or after crun_store_flush_sets (which every barrier of a process
+ * group calls) returned in this process; before that, another client may
+ * not see it yet (its get or wait simply waits). A set that failed (or was
+ * lost with the connection) makes this handle's next call that waits for
+ * the server (not another set that does not wait) fail with its status, and
+ * that call is not run. Closing the store confirms its sets first (one
+ * PING). async_set = -1 makes every set wait for the server's
+ * acknowledgement, so that the set itself reports its failure. */
 int crun_store_tcp_new(const crun_store_tcp_opts_t *opts, crun_store_t **out);
 
 /* Waits until the server applied every set that this process's TCP store
@@ -93,9 +93,9 @@ int crun_store_tcp_new(const crun_store_tcp_opts_t *opts, crun_store_t **out);
  * until that call's sets are confirmed (a call that may block on a key
  * sends a PING ahead of its request and reads its reply first; a failure
  * that reply reports is kept for the handle's next call), not until the
- * call returns. In a forked child the handles
- * inherited from the parent are not flushed, nor drained when destroyed
- * there: their acknowledgements arrive on the parent's socket. */
+ * call returns. In a forked child the handles inherited from the parent
+ * are neither flushed nor confirmed when destroyed there: their socket is
+ * the parent's. */
 void crun_store_flush_sets(void);
 
 /* Returns the port a TCP store is connected to (the picked one for port 0);
