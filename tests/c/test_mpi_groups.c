@@ -140,6 +140,64 @@ static int worker_join_pending(void) {
 #endif
 }
 
+/* Worker of stale_join (2 ranks). Rank 0 creates group 'stale', which
+ * times out because rank 1 makes no MPI call for 2 s; then both create group
+ * 'n7tcjg3', whose MPI tag is the same (its id differs from 'stale''s by
+ * MPI_TAG_UB - 16, Open MPI's 2^31 - 1). Rank 0's join message for 'stale'
+ * still waits at rank 1: before, rank 1 took it as rank 0's join for
+ * 'n7tcjg3' (EMISMATCH there) while rank 0 went on into
+ * MPI_Comm_create_group and the watchdog aborted the job. Both must create
+ * the group, and an all_reduce over it must sum both ranks' data. */
+static int worker_stale_join(void) {
+#if CRUN_HAVE_MPI
+  int rank = atoi(getenv("OMPI_COMM_WORLD_RANK")), level = 0, bad = 0, *ub = NULL, flag = 0;
+  MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &level);
+  MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &flag);
+  uint32_t m = flag && ub && *ub > 32767 ? (uint32_t)*ub - 16 : 32767 - 16;
+  if (fnv1a("stale/0") % m != fnv1a("n7tcjg3/0") % m) { /* another MPI: the names do not collide there */
+    MPI_Finalize();
+    printf("rank %d: ok (MPI_TAG_UB %d: no tag collision to test)\n", rank, flag && ub ? *ub : -1);
+    return 0;
+  }
+  crun_store_t *st = NULL;
+  crun_pg_t *pg = NULL;
+  EXPECT(crun_store_hash_new(&st) == 0);
+  crun_pg_opts_t w = {.world_size = 2, .rank = rank, .backend = "mpi", .timeout = 5, .name = "warm", .store = st};
+  if (crun_pg_new(&w, &pg) < 0) printf("rank %d: creating 'warm': %s\n", rank, crun_last_error()), bad = 1;
+  if (pg) crun_pg_release(pg), pg = NULL; /* crun's MPI is up on both ranks */
+  MPI_Barrier(MPI_COMM_WORLD);
+  double t0 = MPI_Wtime();
+  if (rank == 0) {
+    crun_pg_opts_t o = {.world_size = 2, .rank = 0, .backend = "mpi", .timeout = 0.5, .name = "stale", .store = st};
+    int rc = crun_pg_new(&o, &pg);
+    const char *want = "ETIMEDOUT: creating group 'stale/0' (backend mpi) on rank 0: rank 1 did not join";
+    if (rc != CRUN_ETIMEDOUT || strncmp(crun_last_error(), want, strlen(want)))
+      printf("rank 0: creating 'stale': rc %d, %s\n", rc, rc < 0 ? crun_last_error() : "no error"), bad = 1;
+    if (pg) crun_pg_release(pg), pg = NULL;
+  } else {
+    sleep(2); /* busy: rank 0's creation of 'stale' times out meanwhile */
+  }
+  crun_pg_opts_t o = {.world_size = 2, .rank = rank, .backend = "mpi", .timeout = 5, .name = "n7tcjg3", .store = st};
+  int64_t v[3] = {-(3 + rank), 7 - 5 * rank, -(11 + 2 * rank)}, want[3] = {-7, 9, -24};
+  int rc = crun_pg_new(&o, &pg);
+  if (rc == 0) rc = crun_pg_all_reduce(pg, v, 3, CRUN_INT64, CRUN_OP_SUM, NULL, NULL);
+  if (rc < 0) printf("rank %d: creating 'n7tcjg3': %s\n", rank, crun_last_error()), bad = 1;
+  for (int i = 0; rc == 0 && i < 3; i++)
+    if (v[i] != want[i]) printf("rank %d: element %d is %lld, want %lld\n", rank, i, (long long)v[i], (long long)want[i]), bad = 1;
+  if (MPI_Wtime() - t0 > 4.5) printf("rank %d: took %.1f s\n", rank, MPI_Wtime() - t0), bad = 1;
+  if (pg) crun_pg_release(pg);
+  crun_store_release(st);
+  MPI_Barrier(MPI_COMM_WORLD);
+  MPI_Finalize();
+  if (!bad) printf("rank %d: ok\n", rank);
+  fflush(stdout);
+  return bad;
+#else
+  printf("not available in this build\n");
+  return 0;
+#endif
+}
+
 /* Runs this program as case `name` on n ranks of mpirun (with `mca`) and
  * checks that every rank said ok. */
 static void run_mpi_case(const char *name, int np, const char *mca) {
@@ -174,10 +232,13 @@ TEST(concurrent_colliding_groups) { run_mpi_case("colliding", 2, ""); }
 
 TEST(join_send_pending) { run_mpi_case("join_pending", 2, "--mca btl self,tcp"); }
 
-#define CRUN_TESTS(X) X(concurrent_colliding_groups) X(join_send_pending)
+TEST(stale_join) { run_mpi_case("stale_join", 2, ""); }
+
+#define CRUN_TESTS(X) X(concurrent_colliding_groups) X(join_send_pending) X(stale_join)
 
 int main(int argc, char **argv) {
   const char *which = getenv("CRUN_TEST_MPI_CASE");
+  if (getenv("OMPI_COMM_WORLD_SIZE") && which && !strcmp(which, "stale_join")) return worker_stale_join();
   if (getenv("OMPI_COMM_WORLD_SIZE")) return which && !strcmp(which, "join_pending") ? worker_join_pending() : worker();
   static const crun_test_case cases[] = {CRUN_TESTS(CRUN_X_CASE)};
   return crun_test_run(argc, argv, cases, sizeof cases / sizeof cases[0]);

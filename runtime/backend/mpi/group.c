@@ -92,9 +92,13 @@ static int no_room(const crun_pg_t *pg, const char *who) {
                     max_groups(), who);
 }
 
-/* Join message words: group id, hash of the rank list, size, room (1 when
- * the sender may create one more group). */
-enum { JOIN_ID, JOIN_HASH, JOIN_SIZE, JOIN_ROOM, JOIN_WORDS };
+/* Join message words: kind (JOIN_HELLO: the sender is creating the group;
+ * JOIN_ACK: it received the receiver's hello), the sender's attempt (a number
+ * no other creation in its process used), the attempt an ACK answers, then,
+ * in a hello, group id, hash of the rank list, size, room (1 when the sender
+ * may create one more group). */
+enum { JOIN_KIND, JOIN_SEQ, JOIN_ACKED, JOIN_ID, JOIN_HASH, JOIN_SIZE, JOIN_ROOM, JOIN_WORDS };
+enum { JOIN_HELLO = 1, JOIN_ACK = 2 };
 
 /* Compares the members' join messages with ours, then their room. */
 static int join_compare(const crun_pg_t *pg, const int64_t *mine, const int64_t *theirs) {
@@ -207,7 +211,7 @@ static int keep_join(int64_t *msg, MPI_Request *sends, int n) {
   for (int i = 0; i < n; i++) pending |= sends[i] != MPI_REQUEST_NULL;
   join_out_t *j = pending ? malloc(sizeof *j) : NULL;
   if (!pending) return free(msg), 0;
-  if (!j) { /* no memory for the record: MPI finishes the sends, msg stays (32 bytes) */
+  if (!j) { /* no memory for the record: MPI finishes the sends, msg stays (a few words a member) */
     for (int i = 0; i < n; i++)
       if (sends[i] != MPI_REQUEST_NULL) MPI_Request_free(&sends[i]);
     return 0;
@@ -219,35 +223,116 @@ static int keep_join(int64_t *msg, MPI_Request *sends, int n) {
   return 1;
 }
 
+/* Attempts of this process to create a group (JOIN_SEQ). */
+static atomic_llong g_attempts;
+
+/* One creation's handshake. A hello whose creation failed (a member never
+ * joined it) stays queued at that member, and MPI matches join messages by
+ * tag alone: a later creation there with the same tag took it as the
+ * current hello, so one rank failed (EMISMATCH) or went on while its peer
+ * did not, and blocked in MPI_Comm_create_group until the watchdog aborted
+ * the job. So every hello is acknowledged, and the ACK names the
+ * acknowledger's own attempt: a hello older than that is stale and dropped. */
+typedef struct {
+  int n, me;
+  int64_t seq;          /* this attempt */
+  int64_t *out;         /* out[0]: our hello; out[(1 + p) W]: our ACK to p (both read by sends) */
+  int64_t *in;          /* in[p W]: receive buffer for p */
+  int64_t *theirs;      /* theirs[p W]: p's latest hello */
+  int64_t *peer_seq;    /* p's attempt, from its ACK of ours; 0: not known yet */
+  char *owed;           /* owed[p]: out's ACK to p waits for the previous one's send */
+  MPI_Request *reqs;    /* receives [0, n), hellos [n, 2n), ACKs [2n, 3n) */
+} join_t;
+
+/* Takes the message just received from p. */
+static void join_take(join_t *j, int p) {
+  const int64_t *m = j->in + JOIN_WORDS * p;
+  if (m[JOIN_KIND] == JOIN_ACK && m[JOIN_ACKED] == j->seq) j->peer_seq[p] = m[JOIN_SEQ];
+  if (m[JOIN_KIND] != JOIN_HELLO) return; /* an ACK of an earlier attempt of ours: dropped */
+  memcpy(j->theirs + JOIN_WORDS * p, m, sizeof(int64_t) * JOIN_WORDS);
+  int64_t *ack = j->out + JOIN_WORDS * (1 + p);
+  ack[JOIN_KIND] = JOIN_ACK, ack[JOIN_SEQ] = j->seq, ack[JOIN_ACKED] = m[JOIN_SEQ];
+  j->owed[p] = 1;
+}
+
+/* 1 when p's current hello is here and p acknowledged ours (drops p's
+ * stale hello: one older than the attempt its ACK names). */
+static int join_done(join_t *j, int p) {
+  int64_t *t = j->theirs + JOIN_WORDS * p;
+  if (j->peer_seq[p] && t[JOIN_KIND] == JOIN_HELLO && t[JOIN_SEQ] < j->peer_seq[p]) t[JOIN_KIND] = 0;
+  return j->peer_seq[p] && t[JOIN_KIND] == JOIN_HELLO && t[JOIN_SEQ] == j->peer_seq[p];
+}
+
+/* One pass over the peers: takes what arrived, reposts the receives of the
+ * peers not done, sends the ACKs owed. Returns how many peers are not done
+ * or owed an ACK, or <0 when MPI failed. */
+static int join_pump(join_t *j, MPI_Comm join, const int *global, int tag) {
+  int left = 0, rc = MPI_SUCCESS;
+  for (int p = 0; p < j->n && rc == MPI_SUCCESS; p++) {
+    int got = 0, sent = 0;
+    if (p == j->me) continue;
+    if (j->reqs[p] != MPI_REQUEST_NULL && (rc = MPI_Test(&j->reqs[p], &got, MPI_STATUS_IGNORE)) == MPI_SUCCESS && got)
+      join_take(j, p);
+    if (rc == MPI_SUCCESS && !join_done(j, p) && j->reqs[p] == MPI_REQUEST_NULL)
+      rc = MPI_Irecv(j->in + JOIN_WORDS * p, JOIN_WORDS, MPI_INT64_T, global[p], tag, join, &j->reqs[p]);
+    MPI_Request *ack = &j->reqs[2 * j->n + p];
+    if (rc == MPI_SUCCESS && j->owed[p] && (rc = MPI_Test(ack, &sent, MPI_STATUS_IGNORE)) == MPI_SUCCESS && sent) {
+      rc = MPI_Isend(j->out + JOIN_WORDS * (1 + p), JOIN_WORDS, MPI_INT64_T, global[p], tag, join, ack);
+      j->owed[p] = 0;
+    }
+    left += j->reqs[p] != MPI_REQUEST_NULL || j->owed[p];
+  }
+  return rc == MPI_SUCCESS ? left : crun__mpi_fail(rc, "group handshake", j->me, "MPI_Test");
+}
+
+/* Exchanges hellos and ACKs with every other member until each one's
+ * current hello came and it acknowledged ours, or until the deadline
+ * (returns 1 then). */
+static int join_exchange(join_t *j, MPI_Comm join, const int *global, int tag, double deadline) {
+  crun__mpi_spin_t spin = {0};
+  for (int p = 0; p < j->n; p++) {
+    MPI_Request *hello = &j->reqs[j->n + p];
+    if (p != j->me && MPI_Isend(j->out, JOIN_WORDS, MPI_INT64_T, global[p], tag, join, hello) != MPI_SUCCESS)
+      return crun_error(CRUN_EIO, "group handshake on rank %d: MPI_Isend failed", j->me);
+  }
+  for (;;) {
+    int left = join_pump(j, join, global, tag);
+    if (left <= 0) return left;
+    if (crun_clock() >= deadline) return 1;
+    crun__mpi_relax(&spin);
+  }
+}
+
 /* Every member sends (group id, hash of the rank list, size, room) to every
- * other, with the group's tag, and waits for theirs until the group's timeout.
- * Returns with no receive pending; a send still pending keeps its message
- * alive (keep_join). */
+ * other, with the group's tag, and waits for theirs and their ACKs until the
+ * group's timeout (join_t). Returns with no receive pending; a send still
+ * pending keeps its message alive (keep_join). */
 static int join_members(const crun_pg_t *pg, MPI_Comm join, int tag) {
   int n = pg->size, rc = 0, room = atomic_load(&g_groups) < max_groups();
   if (n < 2) return room ? 0 : no_room(pg, "this rank");
-  int64_t *mine = malloc(sizeof(int64_t) * JOIN_WORDS), *theirs = malloc(sizeof(int64_t) * JOIN_WORDS * (size_t)n);
-  MPI_Request *reqs = malloc(sizeof(MPI_Request) * 2 * (size_t)n);
-  if (!mine || !theirs || !reqs) {
-    free(mine), free(theirs), free(reqs);
-    return crun_error(CRUN_ENOMEM, "group handshake");
+  size_t w = JOIN_WORDS * (size_t)n;
+  join_t j = {.n = n, .me = pg->rank, .seq = atomic_fetch_add(&g_attempts, 1) + 1};
+  j.out = calloc(w + JOIN_WORDS, sizeof(int64_t)), j.in = calloc(w, sizeof(int64_t));
+  j.theirs = calloc(w, sizeof(int64_t)), j.peer_seq = calloc((size_t)n, sizeof(int64_t));
+  j.owed = calloc((size_t)n, 1), j.reqs = malloc(sizeof(MPI_Request) * 3 * (size_t)n);
+  for (int i = 0; j.reqs && i < 3 * n; i++) j.reqs[i] = MPI_REQUEST_NULL;
+  if (j.out && j.in && j.theirs && j.peer_seq && j.owed && j.reqs) {
+    uint64_t h = 1469598103934665603ull;
+    for (int i = 0; i < n; i++) h = (h ^ (uint64_t)pg->global[i]) * 1099511628211ull;
+    int64_t *mine = j.out;
+    mine[JOIN_KIND] = JOIN_HELLO, mine[JOIN_SEQ] = j.seq, mine[JOIN_ID] = pg->group_id;
+    mine[JOIN_HASH] = (int64_t)h, mine[JOIN_SIZE] = n, mine[JOIN_ROOM] = room;
+    rc = join_exchange(&j, join, pg->global, tag, crun_clock() + pg->timeout);
+    if (rc == 1) rc = join_timeout(pg, j.reqs, pg->timeout);
+    else if (rc == 0) rc = join_compare(pg, mine, j.theirs);
+    else cancel_recvs(j.reqs, n, NULL); /* MPI failed: nothing may write into j.in once freed */
+  } else {
+    rc = crun_error(CRUN_ENOMEM, "group handshake");
   }
-  uint64_t h = 1469598103934665603ull;
-  for (int i = 0; i < n; i++) h = (h ^ (uint64_t)pg->global[i]) * 1099511628211ull;
-  mine[JOIN_ID] = pg->group_id, mine[JOIN_HASH] = (int64_t)h, mine[JOIN_SIZE] = n, mine[JOIN_ROOM] = room;
-  for (int i = 0; i < 2 * n; i++) reqs[i] = MPI_REQUEST_NULL;
-  for (int i = 0; i < n; i++) {
-    if (i == pg->rank) continue;
-    MPI_Irecv(theirs + JOIN_WORDS * i, JOIN_WORDS, MPI_INT64_T, pg->global[i], tag, join, &reqs[i]);
-    MPI_Isend(mine, JOIN_WORDS, MPI_INT64_T, pg->global[i], tag, join, &reqs[n + i]);
-  }
-  rc = crun__mpi_wait(NULL, reqs, 2 * n, 0, crun_clock() + pg->timeout, "group handshake");
-  if (rc == 1) rc = join_timeout(pg, reqs, pg->timeout);
-  else if (rc == 0) rc = join_compare(pg, mine, theirs);
-  else cancel_recvs(reqs, n, NULL); /* MPI failed: nothing may write into theirs once freed */
-  free(theirs);
-  memmove(reqs, reqs + n, sizeof(MPI_Request) * (size_t)n); /* the sends */
-  if (!keep_join(mine, reqs, n)) free(reqs);
+  free(j.in), free(j.theirs), free(j.peer_seq), free(j.owed);
+  if (!j.reqs || !j.out) return free(j.reqs), free(j.out), rc;
+  memmove(j.reqs, j.reqs + n, sizeof(MPI_Request) * 2 * (size_t)n); /* the hellos and ACKs */
+  if (!keep_join(j.out, j.reqs, 2 * n)) free(j.reqs);
   return rc;
 }
 
