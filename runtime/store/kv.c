@@ -45,10 +45,6 @@ crun__kv_entry_t *crun__kv_find(crun__kv_t *kv, const char *key, size_t klen) {
   return NULL;
 }
 
-/* A key's length for "%.*s": keys from the wire carry no NUL (at most 200
- * bytes of one are printed). */
-#define KLEN(klen) ((int)((klen) > 200 ? 200 : (klen)))
-
 /* Doubles the slot array when the load factor passes 1. */
 static void kv_grow(crun__kv_t *kv) {
   size_t n = kv->nslots * 2;
@@ -101,7 +97,7 @@ static int kv_reserve(crun__kv_entry_t *e, size_t len) {
 
 int crun__kv_set(crun__kv_t *kv, const char *key, size_t klen, const void *val, size_t len) {
   crun__kv_entry_t *e = kv_upsert(kv, key, klen);
-  if (!e) return crun_error(CRUN_ENOMEM, "store: out of memory for key '%.*s'", KLEN(klen), key);
+  if (!e) return crun_error(CRUN_ENOMEM, "store: out of memory for key '%.*s'", CRUN__KLEN(klen), key);
   CRUN_CHECK(kv_reserve(e, len));
   if (len) memcpy(e->val, val, len);
   e->len = len;
@@ -110,7 +106,7 @@ int crun__kv_set(crun__kv_t *kv, const char *key, size_t klen, const void *val, 
 
 int crun__kv_append(crun__kv_t *kv, const char *key, size_t klen, const void *val, size_t len) {
   crun__kv_entry_t *e = kv_upsert(kv, key, klen);
-  if (!e) return crun_error(CRUN_ENOMEM, "store: out of memory for key '%.*s'", KLEN(klen), key);
+  if (!e) return crun_error(CRUN_ENOMEM, "store: out of memory for key '%.*s'", CRUN__KLEN(klen), key);
   if (e->len + len > e->cap) CRUN_CHECK(kv_reserve(e, e->cap * 2 > e->len + len ? e->cap * 2 : e->len + len));
   if (len) memcpy(e->val + e->len, val, len);
   e->len += len;
@@ -202,9 +198,9 @@ int crun__kv_keys(const crun__kv_t *kv, crun_store_keys_t *out) {
 
 int crun__kv_qpush(crun__kv_t *kv, const char *key, size_t klen, const void *val, size_t len) {
   crun__kv_entry_t *e = kv_upsert(kv, key, klen);
-  if (!e) return crun_error(CRUN_ENOMEM, "store: out of memory for queue '%.*s'", KLEN(klen), key);
+  if (!e) return crun_error(CRUN_ENOMEM, "store: out of memory for queue '%.*s'", CRUN__KLEN(klen), key);
   if (len > SIZE_MAX / 2 - QHDR - e->len)
-    return crun_error(CRUN_ERANGE, "store: queue '%.*s' would pass %zu bytes", KLEN(klen), key, SIZE_MAX / 2);
+    return crun_error(CRUN_ERANGE, "store: queue '%.*s' would pass %zu bytes", CRUN__KLEN(klen), key, SIZE_MAX / 2);
   size_t need = e->len + QHDR + len;
   if (need > e->cap) {
     int rc = kv_reserve(e, e->cap * 2 > need ? e->cap * 2 : need);

@@ -4,6 +4,7 @@
 #ifndef CRUN_STORE_IMPL_H
 #define CRUN_STORE_IMPL_H
 
+#include <string.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -47,6 +48,16 @@ struct crun_store {
 
 /* Fills the common head (one reference, default timeout). */
 void crun__store_init(crun_store_t *s, const crun__store_ops_t *ops);
+
+/* A key's length for "%.*s": keys from the wire carry no NUL (at most 200
+ * bytes of one are printed). */
+#define CRUN__KLEN(klen) ((int)((klen) > 200 ? 200 : (klen)))
+
+/* The text of the last error on this thread without its leading "ENAME: ". */
+static inline const char *crun__store_error_body(void) {
+  const char *m = crun_last_error(), *colon = strstr(m, ": ");
+  return colon ? colon + 2 : m;
+}
 
 /* Formats up to a few keys as "'a', 'b' (+3 more)" into buf for error texts. */
 const char *crun__store_keys_str(const char *const *keys, size_t n, char *buf, size_t cap);

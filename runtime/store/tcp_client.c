@@ -556,8 +556,7 @@ static int parse_reply(tcp_store_t *t, long flen, const what_t *what) {
 
 /* Returns the text of the last error without its leading "ENAME: ". */
 static const char *error_text(char *buf, size_t cap) {
-  const char *m = crun_last_error(), *colon = strstr(m, ": ");
-  snprintf(buf, cap, "%s", colon ? colon + 2 : m);
+  snprintf(buf, cap, "%s", crun__store_error_body());
   return buf;
 }
 
@@ -572,20 +571,41 @@ static int note_lost(tcp_store_t *t, int rc) {
                     error_text(msg, sizeof msg), n, n == 1 ? "" : "s", n == 1 ? "it" : "they");
 }
 
-/* Makes sure every set sent without waiting was applied, before the
- * deadline: one PING, whose reply comes after them (the server serves a
- * connection in order). Returns 0, or the status of the first set that
- * failed (the server's reply to the PING then says so). */
-static int confirm_sets(tcp_store_t *t, double deadline) {
-  const what_t w = {NULL, NULL, 0, "set (async_set: confirming the sets sent without waiting)"};
+/* What a PING that confirms the sets sent without waiting is, for errors. */
+static const what_t CONFIRM = {NULL, NULL, 0, "set (async_set: confirming the sets sent without waiting)"};
+
+/* Sends a PING (built here: t->sbuf may hold the request it goes ahead of).
+ * Its reply comes after every set sent before it: the server serves a
+ * connection in order. */
+static int send_ping(tcp_store_t *t, double deadline, const what_t *what) {
+  uint8_t ping[CRUN_STORE_FRAME_HDR] = {0};
+  crun__put_u32(ping, CRUN_STORE_FRAME_HDR - 4);
+  ping[4] = CRUN_STORE_PROTO_VERSION, ping[5] = CRUN__SOP_PING;
+  return send_bytes(t, ping, sizeof ping, deadline, what);
+}
+
+static void keep_late(tcp_store_t *t, int rc);
+
+/* Reads the reply to send_ping's PING: the sets before it are confirmed.
+ * Returns 0, or the status of the first of them that failed (the server's
+ * reply says so), which with `keep` is kept for t's next call instead
+ * while the connection stays. The round-trip average is left as it was. */
+static int read_ping(tcp_store_t *t, double deadline, int keep) {
   double rtt = t->rtt;
-  long len = encode(t, CRUN__SOP_PING, 0, NULL, NULL), flen = 0;
-  if (len < 0) return (int)len;
-  int rc = send_all(t, (size_t)len, deadline, &w);
-  if (rc == 0) rc = recv_frame(t, deadline, &w, &flen);
-  if (rc == 0) set_unacked(t, 0), rc = parse_reply(t, flen, &w);
+  long flen = 0;
+  CRUN_CHECK(recv_frame(t, deadline, &CONFIRM, &flen));
+  set_unacked(t, 0);
   t->rtt = rtt;
+  int rc = parse_reply(t, flen, &CONFIRM);
+  if (rc < 0 && keep && t->fd >= 0) return keep_late(t, rc), 0;
   return rc;
+}
+
+/* Makes sure every set sent without waiting was applied, before the
+ * deadline: one PING and its reply. */
+static int confirm_sets(tcp_store_t *t, double deadline) {
+  CRUN_CHECK(send_ping(t, deadline, &CONFIRM));
+  return read_ping(t, deadline, 0);
 }
 
 /* Fails with what crun_store_flush_sets found wrong with this handle's sets
@@ -603,39 +623,10 @@ static int ensure_conn(tcp_store_t *t, double deadline) {
   return tcp_connect(t, d < deadline ? d : deadline);
 }
 
-static void keep_late(tcp_store_t *t, int rc);
-
 /* Whether the server parks op until a key (the join count, an item) exists. */
 static int parks(int op) {
   return op == CRUN__SOP_GET || op == CRUN__SOP_WAIT || op == CRUN__SOP_MULTI_GET || op == CRUN__SOP_JOIN_WAIT ||
          op == CRUN__SOP_QUEUE_POP;
-}
-
-/* Before a request that may park, a PING goes ahead of it (in order on the
- * connection): its reply confirms the sets sent without waiting, so that a
- * flush in another thread need not wait for the parked request (its key
- * may be set only after the barrier). Sends the PING. */
-static int ping_ahead(tcp_store_t *t, double deadline, const what_t *what) {
-  uint8_t ping[CRUN_STORE_FRAME_HDR] = {0};
-  crun__put_u32(ping, CRUN_STORE_FRAME_HDR - 4);
-  ping[4] = CRUN_STORE_PROTO_VERSION, ping[5] = CRUN__SOP_PING;
-  return send_bytes(t, ping, sizeof ping, deadline, what);
-}
-
-/* Reads the reply to ping_ahead's PING: the sets before it are confirmed;
- * a failure of theirs is kept for the next call (the request behind the
- * PING runs all the same). */
-static int ping_reply(tcp_store_t *t, double deadline) {
-  const what_t w = {NULL, NULL, 0, "set (async_set: confirming the sets sent without waiting)"};
-  double rtt = t->rtt;
-  long flen = 0;
-  CRUN_CHECK(recv_frame(t, deadline, &w, &flen));
-  set_unacked(t, 0);
-  t->rtt = rtt;
-  int rc = parse_reply(t, flen, &w);
-  if (rc < 0 && t->fd < 0) return rc; /* a malformed reply: the connection is gone */
-  if (rc < 0) keep_late(t, rc);
-  return 0;
 }
 
 /* Sends one request and waits for its reply before the deadline (lock held). */
@@ -645,10 +636,15 @@ static int do_request(tcp_store_t *t, int op, unsigned n, const void *const *a, 
   long len = encode(t, op, n, a, l), flen = 0;
   if (len < 0) return (int)len;
   CRUN_CHECK(ensure_conn(t, deadline));
+  /* Before a request that may park, a PING goes ahead of it: its reply
+   * confirms the sets sent without waiting, so that a flush in another
+   * thread need not wait for the parked request (its key may be set only
+   * after the barrier). A failure of those sets is kept for the next call;
+   * the request behind the PING runs all the same. */
   int pinged = t->unacked && parks(op);
-  if (pinged) CRUN_CHECK(ping_ahead(t, deadline, what));
+  if (pinged) CRUN_CHECK(send_ping(t, deadline, what));
   CRUN_CHECK(send_all(t, (size_t)len, deadline, what));
-  if (pinged) CRUN_CHECK(ping_reply(t, deadline));
+  if (pinged) CRUN_CHECK(read_ping(t, deadline, 1));
   CRUN_CHECK(recv_frame(t, deadline, what, &flen));
   if (t->unacked) set_unacked(t, 0); /* the server served them first */
   return parse_reply(t, flen, what);

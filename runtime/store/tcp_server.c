@@ -448,7 +448,7 @@ static int op_get(conn_t *c, const crun__sarg_t *a, unsigned n, int multi) {
 static int value_ok(conn_t *c, const crun__sarg_t *key, size_t len) {
   if (len <= c->srv->max_value) return 0;
   return crun_error(CRUN_ERANGE, "store: a value of %zu bytes for key '%.*s' is over this server's limit of %zu "
-                    "bytes (CRUN_STORE_MAX_VALUE_BYTES)", len, (int)(key->len > 200 ? 200 : key->len),
+                    "bytes (CRUN_STORE_MAX_VALUE_BYTES)", len, CRUN__KLEN(key->len),
                     (const char *)key->p, c->srv->max_value);
 }
 
@@ -463,9 +463,8 @@ static void set_noreply(conn_t *c, const crun__sarg_t *a) {
     if (c->late_more < UINT_MAX) c->late_more++;
     return;
   }
-  const char *m = crun_last_error(), *colon = strstr(m, ": "); /* without its "ENAME: " */
   c->late_rc = rc;
-  snprintf(c->late, sizeof c->late, "%s", colon ? colon + 2 : m);
+  snprintf(c->late, sizeof c->late, "%s", crun__store_error_body());
   CRUN_LOG(WARN, STORE, "store server %s: a set from %s that did not wait failed (its next request is told): %s",
            c->srv->addr, c->peer, c->late);
 }
