@@ -44,6 +44,15 @@ static int loopback_listener(int *port) {
   return lfd;
 }
 
+/* local_server with name=value in the environment while it starts (the
+ * server reads its settings then). */
+static crun_store_server_t *local_server_env(const char *name, const char *value, int *port) {
+  setenv(name, value, 1);
+  crun_store_server_t *srv = local_server(port);
+  unsetenv(name);
+  return srv;
+}
+
 /* Opens a TCP client of the server on 127.0.0.1:port. */
 static crun_store_t *client(int port, double timeout) {
   crun_store_tcp_opts_t o = {.host = "127.0.0.1", .port = port, .timeout = timeout,
@@ -1003,16 +1012,24 @@ TEST(tcp_async_set) {
   crun_store_server_stop(srv);
 }
 
-/* A server that greets one client (no secret), reads its first request and
- * hangs up without answering. */
-static void *hang_up_server(void *arg) {
-  int lfd = *(int *)arg, fd = accept(lfd, NULL, NULL);
+/* Accepts one client on lfd as a server with no secret: the greeting sent,
+ * the client's answer read, so its frames come next. */
+static int accept_greeted(int lfd) {
+  int fd = accept(lfd, NULL, NULL);
   crun__auth_t auth;
-  unsigned char greet[CRUN__AUTH_GREET], nonce[32], in[256];
+  unsigned char greet[CRUN__AUTH_GREET], nonce[32], in[CRUN__AUTH_ANSWER];
   crun__auth_init(&auth, "");
   crun__auth_greet(&auth, greet, nonce);
   EXPECT(send(fd, greet, sizeof greet, 0) == (ssize_t)sizeof greet);
   EXPECT(read_exact(fd, in, CRUN__AUTH_ANSWER) == 0);
+  return fd;
+}
+
+/* A server that greets one client (no secret), reads its first request and
+ * hangs up without answering. */
+static void *hang_up_server(void *arg) {
+  int fd = accept_greeted(*(int *)arg);
+  uint8_t in[256];
   EXPECT(read_exact(fd, in, 8) == 0); /* the set's header */
   close(fd);
   return NULL;
@@ -1022,14 +1039,8 @@ static void *hang_up_server(void *arg) {
  * not answer (SET_NOREPLY) and then one request, which it answers 300 ms
  * later with an OK of no arguments (CHECK: with 1). */
 static void *slow_reply_server(void *arg) {
-  int lfd = *(int *)arg, fd = accept(lfd, NULL, NULL);
-  crun__auth_t auth;
-  unsigned char greet[CRUN__AUTH_GREET], nonce[32];
+  int fd = accept_greeted(*(int *)arg);
   uint8_t in[256];
-  crun__auth_init(&auth, "");
-  crun__auth_greet(&auth, greet, nonce);
-  EXPECT(send(fd, greet, sizeof greet, 0) == (ssize_t)sizeof greet);
-  EXPECT(read_exact(fd, in, CRUN__AUTH_ANSWER) == 0);
   int op = 0;
   for (int i = 0; i < 2; i++) {
     EXPECT(read_exact(fd, in, 8) == 0 && (i > 0 || in[5] == CRUN__SOP_SET_NOREPLY));
@@ -1167,10 +1178,8 @@ TEST(tcp_flush_sets_in_forked_child) {
  * them, a TCP socket closed with those answers unread was reset, and the
  * reset dropped the sets still in its send queue.) */
 TEST(tcp_async_sets_survive_exit) {
-  setenv("CRUN_STORE_UNIX", "0", 1); /* TCP, as every client on another host */
   int port;
-  crun_store_server_t *srv = local_server(&port);
-  unsetenv("CRUN_STORE_UNIX");
+  crun_store_server_t *srv = local_server_env("CRUN_STORE_UNIX", "0", &port); /* TCP, as every client on another host */
   crun_store_t *c = client(port, 10);
   enum { N = 60 };
   for (int round = 0; round < 3; round++) {
@@ -1205,10 +1214,8 @@ TEST(tcp_async_sets_survive_exit) {
  * run, once; the connection stays. A flush that finds it keeps it for that
  * request. An acknowledged set reports it itself. */
 TEST(tcp_async_set_fails_on_server) {
-  setenv("CRUN_STORE_MAX_VALUE_BYTES", "100", 1);
   int port;
-  crun_store_server_t *srv = local_server(&port);
-  unsetenv("CRUN_STORE_MAX_VALUE_BYTES");
+  crun_store_server_t *srv = local_server_env("CRUN_STORE_MAX_VALUE_BYTES", "100", &port);
   crun_store_t *a = client(port, 10), *b = client(port, 10);
   char big[200] = {0};
   crun_buf_t got = {0};
@@ -1639,10 +1646,8 @@ TEST(tcp_noreply_behind_a_parked_get) {
  * answered at once with the first failure and the count of the others (not
  * run), the PING normally; the kept failure is cleared by that one reply. */
 TEST(tcp_noreply_failure_answers_one_request) {
-  setenv("CRUN_STORE_MAX_VALUE_BYTES", "100", 1);
   int port;
-  crun_store_server_t *srv = local_server(&port);
-  unsetenv("CRUN_STORE_MAX_VALUE_BYTES");
+  crun_store_server_t *srv = local_server_env("CRUN_STORE_MAX_VALUE_BYTES", "100", &port);
   uint8_t big[200], buf[2048], r[2048];
   for (int i = 0; i < 200; i++) big[i] = (uint8_t)(i * 7 - 3);
   const uint8_t *arg;
@@ -1675,10 +1680,8 @@ TEST(tcp_noreply_failure_answers_one_request) {
  * refused stores nothing: set, append (the resulting length), compare_set,
  * multi_set (all or nothing), queue_push. */
 TEST(tcp_max_value_every_op) {
-  setenv("CRUN_STORE_MAX_VALUE_BYTES", "100", 1);
   int port;
-  crun_store_server_t *srv = local_server(&port);
-  unsetenv("CRUN_STORE_MAX_VALUE_BYTES");
+  crun_store_server_t *srv = local_server_env("CRUN_STORE_MAX_VALUE_BYTES", "100", &port);
   crun_store_tcp_opts_t o = {.host = "127.0.0.1", .port = port, .timeout = 10, .async_set = -1};
   crun_store_t *s = NULL;
   EXPECT_OK(crun_store_tcp_new(&o, &s));
@@ -1714,10 +1717,8 @@ TEST(tcp_max_value_every_op) {
  * thread sets on the group's handle (through a prefix store), and a set of
  * its took the user's failure away (it only logs it). */
 TEST(tcp_flush_failure_not_taken_by_a_set) {
-  setenv("CRUN_STORE_MAX_VALUE_BYTES", "100", 1);
   int port;
-  crun_store_server_t *srv = local_server(&port);
-  unsetenv("CRUN_STORE_MAX_VALUE_BYTES");
+  crun_store_server_t *srv = local_server_env("CRUN_STORE_MAX_VALUE_BYTES", "100", &port);
   crun_store_t *a = client(port, 10), *b = client(port, 10), *board = NULL;
   EXPECT_OK(crun_store_prefix_new("board", a, &board));
   uint8_t big[200];
