@@ -37,4 +37,22 @@ function M.root_refused(res, out, why)
   end
 end
 
+-- Asserts what each of the n ranks saw in scenario objroot:fname (rank 1's
+-- bad root `what` on a subgroup, then on the default group): each call and
+-- the group's next fail on every rank naming rank 1 and the fault.
+function M.objroot_refused(res, out, n, fname, what)
+  for r = 0, n - 1 do
+    local l = {}
+    for line in (res[r] .. "\n"):gmatch("(.-)\n") do l[#l + 1] = line end
+    for i, why in ipairs{what .. " " .. (n + 3) .. " is not in the group", what .. " " .. n .. " is out of range (0.."
+                         .. (n - 1) .. ")"} do
+      why = fname .. " on rank 1: " .. why
+      local a, b = l[2 * i - 1], l[2 * i]
+      assert.is_truthy(a and a:match("^error EINVAL: ") and a:find(why, 1, true), "rank " .. r .. ": " .. res[r] .. "\n" .. out)
+      assert.is_truthy(b and b:match("^error E") and b:find(why, 1, true), "rank " .. r .. ": " .. res[r])
+    end
+    assert.is_falsy(res[r]:find("EMISMATCH", 1, true), res[r])
+  end
+end
+
 return M
