@@ -40,7 +40,8 @@
  * each host compare their calls (h_agree): the stages cannot see a root or
  * an avg that differs. A mismatch that a stage finds names that stage's
  * call; on that failure path the ranks publish their calls on the progress
- * board, and each names the user's calls on both sides (h_explain). */
+ * board, and each names the user's calls on both sides (h_explain), as
+ * does the group's failure text that a later call's ESTATE quotes. */
 #include "backend/cpu/hier.h"
 
 #include <errno.h>
@@ -597,13 +598,15 @@ static int call_find_diff(hier_t *h, const crun__coll_t *c, const int64_t *mine,
  * stage) and waited for up to half a second. When none of them differs,
  * the group fails now with the stage's text (the ranks of other hosts may
  * wait for this one over TCP, and publish only once they fail), and the
- * rest are waited for up to a quarter of a second. A rank told of the
- * failure finds the calls of those that told it at once. */
+ * rest are waited for up to a quarter of a second (the group's text is
+ * then the stage's: *failed says so). A rank told of the failure finds the
+ * calls of those that told it at once. */
 static int call_compare(hier_t *h, const crun__coll_t *c, const char *text, const int64_t *mine,
-                        int64_t *theirs) {
+                        int64_t *theirs, int *failed) {
   if (h->comm && !atomic_load_explicit(&h->comm->hdr->abort_rank, memory_order_acquire))
     crun__shm_fail(h->comm, CRUN_EMISMATCH, "%s", text);
   char key[64], full[960], *seen = calloc((size_t)h->pg->size, 1);
+  *failed = 0;
   call_key(c, h->pg->rank, key, sizeof key);
   int q = -1;
   if (seen && crun_store_set(h->pg->board, key, mine, sizeof(int64_t) * SIG_WORDS) == 0) {
@@ -612,11 +615,29 @@ static int call_compare(hier_t *h, const crun__coll_t *c, const char *text, cons
     if (q < 0) {
       snprintf(full, sizeof full, "%s: %s", crun_err_name(CRUN_EMISMATCH), text);
       crun__pg_fail(h->pg, CRUN_EMISMATCH, full);
+      *failed = 1;
       q = call_find_diff(h, c, mine, 0, 0.25, theirs, seen);
     }
   }
   free(seen);
   return q;
+}
+
+/* The group failed with the stage's text `was` (call_compare, while it
+ * looked for the other side's call): a later call's ESTATE quotes the
+ * group's text, so it becomes `now`, which names the user's calls. A text
+ * that another failure recorded first stays. */
+static void restate_group_failure(hier_t *h, const char *was, const char *now) {
+  crun_pg_t *pg = h->pg;
+  char *copy = strdup(now);
+  pthread_mutex_lock(&pg->mu);
+  if (copy && pg->broken && strcmp(pg->broken, was) == 0) {
+    free(pg->broken);
+    pg->broken = copy;
+    copy = NULL;
+  }
+  pthread_mutex_unlock(&pg->mu);
+  free(copy);
 }
 
 /* This call's EMISMATCH rc unchanged, unless a rank is found whose call
@@ -631,15 +652,21 @@ static __attribute__((noinline)) int h_explain(hier_t *h, const crun__coll_t *c,
            t + strlen(name) + 2 : t);
   int64_t mine[SIG_WORDS], theirs[SIG_WORDS];
   h_sig(c, mine);
-  int q = call_compare(h, c, text, mine, theirs), root_only = q >= 0;
+  int failed, q = call_compare(h, c, text, mine, theirs, &failed), root_only = q >= 0;
   for (int w = 0; q >= 0 && w < SIG_WORDS; w++) root_only = root_only && (w == SIG_ROOT || theirs[w] == mine[w]);
   if (q < 0 || root_only) return crun_error(rc, "%s", text);
   char desc[64], me[128], them[128];
   crun__coll_desc(c, desc, sizeof desc);
   h_sig_text(mine, me, sizeof me);
   h_sig_text(theirs, them, sizeof them);
-  return crun_error(rc, "%s on rank %d: rank %d called %s but rank %d called %s [hierarchical engine]", desc,
-                    h->pg->rank, q, them, h->pg->rank, me);
+  rc = crun_error(rc, "%s on rank %d: rank %d called %s but rank %d called %s [hierarchical engine]", desc,
+                  h->pg->rank, q, them, h->pg->rank, me);
+  if (failed) {
+    char was[960];
+    snprintf(was, sizeof was, "%s: %s", crun_err_name(rc), text);
+    restate_group_failure(h, was, crun_last_error());
+  }
+  return rc;
 }
 
 /* Runs one collective; a timeout also says where every rank is, a
