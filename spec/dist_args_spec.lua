@@ -276,6 +276,75 @@ describe("crun.dist arguments", function()
     assert.equal(3, dist.new_subgroups(1, {timeout = 3}):timeout())
   end)
 
+  -- torch raises TypeError for a positional argument beyond its signature
+  -- (all_reduce() takes from 1 to 4 positional arguments but 5 were given);
+  -- crun dropped it without a word (all_reduce(t, op, group, true, 42))
+  it("refuses an argument beyond torch's positional ones with EINVAL naming the call and its position", function()
+    local t, v = T.ones{2}, {-1.5, 2}
+    local p2p = {dist.P2POp("isend", T.ones{2}, 0)}
+    for _, x in ipairs{42, true} do
+      for _, c in ipairs{
+        {"all_reduce", 5, "tensor, op, group, async_op", function() return dist.all_reduce(t, "sum", nil, false, x) end},
+        {"all_reduce", 6, "tensor, op, group, async_op", function() return dist.all_reduce(t, "sum", nil, nil, nil, x) end},
+        {"broadcast", 5, "tensor, src, group, async_op", function() return dist.broadcast(t, 0, nil, false, x) end},
+        {"reduce", 6, "tensor, dst, op, group, async_op", function() return dist.reduce(t, 0, "sum", nil, false, x) end},
+        {"all_gather", 5, "tensor_list, tensor, group, async_op",
+         function() return dist.all_gather({T.zeros{2}}, t, nil, false, x) end},
+        {"all_gather_into_tensor", 5, "output_tensor, input_tensor, group, async_op",
+         function() return dist.all_gather_into_tensor(T.zeros{2}, t, nil, false, x) end},
+        {"reduce_scatter_tensor", 6, "output, input, op, group, async_op",
+         function() return dist.reduce_scatter_tensor(T.zeros{2}, t, "sum", nil, false, x) end},
+        {"gather", 6, "tensor, gather_list, dst, group, async_op",
+         function() return dist.gather(t, {T.zeros{2}}, 0, nil, false, x) end},
+        {"scatter", 6, "tensor, scatter_list, src, group, async_op",
+         function() return dist.scatter(T.zeros{2}, {t}, 0, nil, false, x) end},
+        {"reduce_scatter", 6, "output, input_list, op, group, async_op",
+         function() return dist.reduce_scatter(T.zeros{2}, {t}, "sum", nil, false, x) end},
+        {"all_to_all", 5, "output_tensor_list, input_tensor_list, group, async_op",
+         function() return dist.all_to_all({T.zeros{2}}, {t}, nil, false, x) end},
+        {"all_to_all_single", 7, "output, input, output_split_sizes, input_split_sizes, group, async_op",
+         function() return dist.all_to_all_single(T.zeros{2}, t, nil, nil, nil, false, x) end},
+        {"barrier", 3, "group, async_op", function() return dist.barrier(nil, false, x) end},
+        {"monitored_barrier", 4, "group, timeout, wait_all_ranks",
+         function() return dist.monitored_barrier(nil, 5, false, x) end},
+        {"send", 5, "tensor, dst, group, tag", function() return dist.send(t, 0, nil, 0, x) end},
+        {"recv", 5, "tensor, src, group, tag", function() return dist.recv(t, 0, nil, 0, x) end},
+        {"isend", 5, "tensor, dst, group, tag", function() return dist.isend(t, 0, nil, 0, x) end},
+        {"irecv", 5, "tensor, src, group, tag", function() return dist.irecv(t, 0, nil, 0, x) end},
+        {"broadcast_object", 4, "obj, src, group", function() return dist.broadcast_object(v, 0, nil, x) end},
+        {"all_gather_object", 4, "object_list, obj, group", function() return dist.all_gather_object({}, v, nil, x) end},
+        {"broadcast_object_list", 5, "object_list, src, group, device",
+         function() return dist.broadcast_object_list({v}, 0, nil, nil, x) end},
+        {"gather_object", 5, "obj, object_gather_list, dst, group",
+         function() return dist.gather_object(v, {}, 0, nil, x) end},
+        {"scatter_object_list", 5, "scatter_object_output_list, scatter_object_input_list, src, group",
+         function() return dist.scatter_object_list({}, {v}, 0, nil, x) end},
+        {"P2POp", 6, "op, tensor, peer, group, tag", function() return dist.P2POp("isend", t, 0, nil, 0, x) end},
+        {"batch_isend_irecv", 2, "p2p_op_list", function() return dist.batch_isend_irecv(p2p, x) end},
+      } do
+        local ok, err = pcall(c[4])
+        assert.is_false(ok, c[1] .. " #" .. c[2])
+        assert.equal(string.format("EINVAL: %s: argument #%d (%s) is one too many: %s takes %d positional arguments "
+                                   .. "at most (%s), as in torch", c[1], c[2], type(x), c[1], #c[3]:gsub("[^,]", "") + 1,
+                                   c[3]), err)
+      end
+    end
+    -- trailing nils are no arguments in Lua: wrappers pass theirs on
+    local u = T.new{-1.5, 2.25}
+    dist.all_reduce(u, "sum", nil, nil, nil, nil)
+    dist.broadcast(u, 0, nil, false, nil)
+    dist.reduce(u, 0, "max", nil, nil, nil)
+    assert.same({-1.5, 2.25}, u:totable())
+    assert.is_nil(dist.barrier(nil, nil, nil))
+    assert.same(v, dist.broadcast_object(v, 0, nil, nil))
+    local got = {}
+    dist.all_gather_object(got, v, nil, nil)
+    assert.same({v}, got)
+    local w = dist.all_reduce(u, "sum", nil, true, nil)
+    assert.equal("crun.Work", getmetatable(w).__name)
+    w:wait()
+  end)
+
   it("still takes a real group and the default one", function()
     local g = dist.new_group{0}
     local t = T.ones{2}

@@ -62,6 +62,40 @@ local state = {pg = nil, store = nil, groups = {}, maps = setmetatable({}, {__mo
 -- Raises a status-prefixed error (no position: the text starts with the name).
 local function fail(fmt, ...) error(string.format(fmt, ...), 0) end
 
+-- torch's positional parameters of each call, for too_many's text.
+local POSITIONAL = {
+  all_reduce = "tensor, op, group, async_op", broadcast = "tensor, src, group, async_op",
+  reduce = "tensor, dst, op, group, async_op", all_gather = "tensor_list, tensor, group, async_op",
+  all_gather_into_tensor = "output_tensor, input_tensor, group, async_op",
+  reduce_scatter_tensor = "output, input, op, group, async_op", gather = "tensor, gather_list, dst, group, async_op",
+  scatter = "tensor, scatter_list, src, group, async_op", reduce_scatter = "output, input_list, op, group, async_op",
+  all_to_all = "output_tensor_list, input_tensor_list, group, async_op",
+  all_to_all_single = "output, input, output_split_sizes, input_split_sizes, group, async_op",
+  barrier = "group, async_op", monitored_barrier = "group, timeout, wait_all_ranks",
+  send = "tensor, dst, group, tag", recv = "tensor, src, group, tag", isend = "tensor, dst, group, tag",
+  irecv = "tensor, src, group, tag", broadcast_object = "obj, src, group", all_gather_object = "object_list, obj, group",
+  broadcast_object_list = "object_list, src, group, device", gather_object = "obj, object_gather_list, dst, group",
+  scatter_object_list = "scatter_object_output_list, scatter_object_input_list, src, group",
+  P2POp = "op, tensor, peer, group, tag", batch_isend_irecv = "p2p_op_list",
+}
+
+-- Raises EINVAL naming fname and the position of the first non-nil value
+-- among `...`, the arguments after fname's positional ones (torch raises
+-- TypeError there). Nils there pass: a nil is no argument in Lua, and
+-- wrappers pass their trailing ones on. Callers test select("#", ...) > 0
+-- first, so that a call without extra arguments pays one select.
+local function too_many(fname, ...)
+  local names = POSITIONAL[fname]
+  local _, commas = names:gsub(",", "")
+  for i = 1, select("#", ...) do
+    local v = select(i, ...)
+    if v ~= nil then
+      fail("EINVAL: %s: argument #%d (%s) is one too many: %s takes %d positional arguments at most (%s), as in torch",
+           fname, commas + 1 + i, type(v), fname, commas + 1, names)
+    end
+  end
+end
+
 -- crun's name for backend name b (torch's, any case, or crun's own).
 local function crun_backend(b)
   if type(b) ~= "string" then return b end  -- the runtime names what it got
@@ -454,7 +488,8 @@ local function group_of(opts, fname)
   return resolve(g, fname)
 end
 
-function dist.all_reduce(t, op, opts, async_op)
+function dist.all_reduce(t, op, opts, async_op, ...)
+  if select("#", ...) > 0 then too_many("all_reduce", ...) end
   op, opts = split_op(op, opts, async_op, "all_reduce")
   local g = group_of(opts, "all_reduce")
   if g then return g:all_reduce(t, op, opts) end
@@ -465,7 +500,8 @@ end
 -- function above (core.fast_all_reduce, bindings/pg.c).
 dist.all_reduce = core.fast_all_reduce(state, dist.all_reduce)
 
-function dist.broadcast(t, src, opts, async_op)
+function dist.broadcast(t, src, opts, async_op, ...)
+  if select("#", ...) > 0 then too_many("broadcast", ...) end
   opts = group_form(opts, ASYNC, async_op, "broadcast")
   local pg = state.pg
   if opts == nil and pg and math.type(src) == "integer" then return pg:broadcast(t, src) end
@@ -474,13 +510,15 @@ function dist.broadcast(t, src, opts, async_op)
   if g then return g:broadcast(t, root_rank(g, src, "broadcast", "src", t), opts) end
 end
 
-function dist.reduce(t, dst, op, opts, async_op)
+function dist.reduce(t, dst, op, opts, async_op, ...)
+  if select("#", ...) > 0 then too_many("reduce", ...) end
   op, opts = split_op(op, opts, async_op, "reduce")
   local g = group_of(opts, "reduce")
   if g then return g:reduce(t, root_rank(g, dst, "reduce", "dst", t), op, opts) end
 end
 
-function dist.all_gather(list, t, opts, async_op)
+function dist.all_gather(list, t, opts, async_op, ...)
+  if select("#", ...) > 0 then too_many("all_gather", ...) end
   opts = O.check(COLL, "all_gather", group_form(opts, ASYNC, async_op, "all_gather"))
   local g = group_of(opts, "all_gather")
   if g then return g:all_gather(list, t, opts) end
@@ -501,7 +539,8 @@ end
 --- blocks itself (no view per block: a view is a new userdata), and refuses
 --- a fault only this rank sees for the group, so that every rank fails this
 --- call naming it, rather than the others waiting.
-function dist.all_gather_into_tensor(out, t, opts, async_op)
+function dist.all_gather_into_tensor(out, t, opts, async_op, ...)
+  if select("#", ...) > 0 then too_many("all_gather_into_tensor", ...) end
   opts = O.check(COLL, "all_gather_into_tensor", group_form(opts, ASYNC, async_op, "all_gather_into_tensor"))
   local g = group_of(opts, "all_gather_into_tensor")
   if g then return g:all_gather_into_tensor(out, t, opts) end
@@ -510,31 +549,36 @@ end
 --- reduce_scatter_tensor(out, input[, op][, opts]): torch's form with one
 --- input tensor of world_size * out:numel() elements; rank r gets block r
 --- reduced over every rank (faults refused as all_gather_into_tensor's).
-function dist.reduce_scatter_tensor(out, input, op, opts, async_op)
+function dist.reduce_scatter_tensor(out, input, op, opts, async_op, ...)
+  if select("#", ...) > 0 then too_many("reduce_scatter_tensor", ...) end
   op, opts = split_op(op, opts, async_op, "reduce_scatter_tensor")
   local g = group_of(opts, "reduce_scatter_tensor")
   if g then return g:reduce_scatter_tensor(out, input, op, opts) end
 end
 
-function dist.gather(t, list, dst, opts, async_op)
+function dist.gather(t, list, dst, opts, async_op, ...)
+  if select("#", ...) > 0 then too_many("gather", ...) end
   opts = O.check(COLL, "gather", group_form(opts, ASYNC, async_op, "gather"))
   local g = group_of(opts, "gather")
   if g then return g:gather(t, list, root_rank(g, dst or 0, "gather", "dst", t), opts) end
 end
 
-function dist.scatter(t, list, src, opts, async_op)
+function dist.scatter(t, list, src, opts, async_op, ...)
+  if select("#", ...) > 0 then too_many("scatter", ...) end
   opts = O.check(COLL, "scatter", group_form(opts, ASYNC, async_op, "scatter"))
   local g = group_of(opts, "scatter")
   if g then return g:scatter(t, list, root_rank(g, src or 0, "scatter", "src", t), opts) end
 end
 
-function dist.reduce_scatter(out, list, op, opts, async_op)
+function dist.reduce_scatter(out, list, op, opts, async_op, ...)
+  if select("#", ...) > 0 then too_many("reduce_scatter", ...) end
   op, opts = split_op(op, opts, async_op, "reduce_scatter")
   local g = group_of(opts, "reduce_scatter")
   if g then return g:reduce_scatter(out, list, op, opts) end
 end
 
-function dist.all_to_all(outs, ins, opts, async_op)
+function dist.all_to_all(outs, ins, opts, async_op, ...)
+  if select("#", ...) > 0 then too_many("all_to_all", ...) end
   opts = O.check(COLL, "all_to_all", group_form(opts, ASYNC, async_op, "all_to_all"))
   local g = group_of(opts, "all_to_all")
   if g then return g:all_to_all(outs, ins, opts) end
@@ -571,7 +615,8 @@ end
 -- rank with EINVAL naming that rank, and the group stops (torch's would
 -- leave the others waiting). With async_op the Work's result() is {output},
 -- as torch's.
-function dist.all_to_all_single(output, input, out_splits, in_splits, opts, async_op)
+function dist.all_to_all_single(output, input, out_splits, in_splits, opts, async_op, ...)
+  if select("#", ...) > 0 then too_many("all_to_all_single", ...) end
   out_splits, in_splits, opts = a2a_args(out_splits, in_splits, opts, async_op)
   opts = O.check(COLL, "all_to_all_single", opts)
   local g = group_of(opts, "all_to_all_single")
@@ -582,7 +627,8 @@ function dist.all_to_all_single(output, input, out_splits, in_splits, opts, asyn
   return g:all_to_all_single(output, input, out_splits, in_splits, opts)
 end
 
-function dist.barrier(opts, async_op)
+function dist.barrier(opts, async_op, ...)
+  if select("#", ...) > 0 then too_many("barrier", ...) end
   opts = group_form(opts, ASYNC, async_op, "barrier")
   local pg = state.pg
   if opts == nil and pg then return pg:barrier() end
@@ -596,7 +642,8 @@ end
 -- until the timeout and then raises ETIMEDOUT naming the first rank that did
 -- not arrive (every such rank with wait_all_ranks); the other ranks get the
 -- same error. Not for hot loops: it is for finding the rank that is stuck.
-function dist.monitored_barrier(opts, timeout, wait_all_ranks)
+function dist.monitored_barrier(opts, timeout, wait_all_ranks, ...)
+  if select("#", ...) > 0 then too_many("monitored_barrier", ...) end
   if type(opts) == "userdata" or opts == NON_MEMBER or opts == nil and (timeout ~= nil or wait_all_ranks ~= nil) then
     -- torch's positional form (a nil group: torch's None, the default group)
     opts = {group = opts, timeout = timeout, wait_all_ranks = wait_all_ranks}
@@ -652,7 +699,8 @@ end
 --- options' place (all_to_all_single after both split lists), the object
 --- collectives torch's positional group (broadcast_object_list a device after
 --- it, which has no effect), monitored_barrier (group, timeout, wait_all_ranks).
-function dist.send(t, dst, opts, tag)
+function dist.send(t, dst, opts, tag, ...)
+  if select("#", ...) > 0 then too_many("send", ...) end
   opts = O.check(P2P, "send", group_form(opts, TAG, tag, "send"))
   local g = group_of(opts, "send")
   if g then return g:send(t, to_group_rank(g, dst, "send"), opts) end
@@ -668,7 +716,8 @@ local function recv_args(src, opts, tag, fname)
   return nil, src
 end
 
-function dist.recv(t, src, opts, tag)
+function dist.recv(t, src, opts, tag, ...)
+  if select("#", ...) > 0 then too_many("recv", ...) end
   src, opts = recv_args(src, opts, tag, "recv")
   opts = O.check(P2P, "recv", opts)
   local g = group_of(opts, "recv")
@@ -686,10 +735,12 @@ end
 
 --- isend / irecv: as send / recv with async_op; return a crun.Work. After
 -- wait, w:source() is the sender's rank in the group (global for the default group).
-function dist.isend(t, dst, opts, tag)
+function dist.isend(t, dst, opts, tag, ...)
+  if select("#", ...) > 0 then too_many("isend", ...) end
   return dist.send(t, dst, with_async(O.check(P2P, "isend", group_form(opts, TAG, tag, "isend"))))
 end
-function dist.irecv(t, src, opts, tag)
+function dist.irecv(t, src, opts, tag, ...)
+  if select("#", ...) > 0 then too_many("irecv", ...) end
   src, opts = recv_args(src, opts, tag, "irecv")
   opts = O.check(P2P, "irecv", opts)
   local g = group_of(opts, "irecv")
@@ -698,7 +749,8 @@ end
 
 --- P2POp(op, tensor, peer[, group][, tag]): one operation of a batch for
 -- batch_isend_irecv; op is dist.isend or dist.irecv (or "isend"/"irecv").
-function dist.P2POp(op, tensor, peer, group, tag)
+function dist.P2POp(op, tensor, peer, group, tag, ...)
+  if select("#", ...) > 0 then too_many("P2POp", ...) end
   local kind = (op == dist.isend or op == "isend") and "isend" or (op == dist.irecv or op == "irecv") and "irecv"
   if not kind then fail("EINVAL: P2POp: op must be dist.isend or dist.irecv") end
   if math.type(peer) ~= "integer" then fail("EINVAL: P2POp: peer must be an integer rank, got %s", tostring(peer)) end
@@ -730,7 +782,8 @@ end
 -- independently, so a batch in which every rank sends right and receives left
 -- (in either order) cannot deadlock. Every entry is checked before the first
 -- is posted: a bad one raises EINVAL naming it and posts nothing.
-function dist.batch_isend_irecv(ops)
+function dist.batch_isend_irecv(ops, ...)
+  if select("#", ...) > 0 then too_many("batch_isend_irecv", ...) end
   if type(ops) ~= "table" or #ops == 0 then fail("EINVAL: batch_isend_irecv: a non-empty list of P2POp is expected") end
   local g0
   for i, p in ipairs(ops) do
@@ -797,7 +850,8 @@ end
 
 --- broadcast_object(v, src[, opts]) -> src's value on every rank (plain Lua
 -- values: nil, booleans, numbers, strings, tables of those, tensors).
-function dist.broadcast_object(v, src, opts)
+function dist.broadcast_object(v, src, opts, ...)
+  if select("#", ...) > 0 then too_many("broadcast_object", ...) end
   opts = O.check(OBJ, "broadcast_object", opts)
   local g = group_of(opts, "broadcast_object")
   if not g then return nil end
@@ -854,6 +908,7 @@ end
 function dist.all_gather_object(...)
   local a, b, opts = ...
   local nargs = select("#", ...)
+  if nargs > 3 then too_many("all_gather_object", select(4, ...)) end
   if nargs <= 1 or (nargs == 2 and gather_opts_form(a, b)) then
     local o = O.check(OBJ, "all_gather_object", b)
     local g = group_of(o, "all_gather_object")
@@ -880,7 +935,8 @@ end
 --- broadcast_object_list(list, src[, opts]): every other rank's list gets
 -- src's elements in place (torch: the lists have the same length on every
 -- rank); src's list keeps its own objects, not copies of them, as in torch.
-function dist.broadcast_object_list(list, src, opts, device)
+function dist.broadcast_object_list(list, src, opts, device, ...)
+  if select("#", ...) > 0 then too_many("broadcast_object_list", ...) end
   opts = O.check(OBJ_LIST, "broadcast_object_list", group_form(opts, "device", device, "broadcast_object_list"))
   local g = group_of(opts, "broadcast_object_list")
   if not g then return nil end
@@ -900,7 +956,8 @@ end
 
 --- gather_object(obj, list, dst[, opts]): dst's list gets every rank's obj
 -- (list[r+1] from group rank r); list is ignored (may be nil) elsewhere.
-function dist.gather_object(obj, list, dst, opts)
+function dist.gather_object(obj, list, dst, opts, ...)
+  if select("#", ...) > 0 then too_many("gather_object", ...) end
   opts = O.check(OBJ, "gather_object", group_form(opts, nil, nil, "gather_object"))
   local g = group_of(opts, "gather_object")
   if not g then return nil end
@@ -917,7 +974,8 @@ end
 
 --- scatter_object_list(out, in, src[, opts]): out[1] gets src's in[r+1] on
 -- group rank r; in is read on src only.
-function dist.scatter_object_list(out, input, src, opts)
+function dist.scatter_object_list(out, input, src, opts, ...)
+  if select("#", ...) > 0 then too_many("scatter_object_list", ...) end
   opts = O.check(OBJ, "scatter_object_list", group_form(opts, nil, nil, "scatter_object_list"))
   local g = group_of(opts, "scatter_object_list")
   if not g then return nil end
