@@ -345,6 +345,21 @@ describe("crun.dist arguments", function()
     w:wait()
   end)
 
+  -- torch's broadcast_object_list(object_list, src, group) takes the group
+  -- positionally, as every other object collective of crun's does; crun's
+  -- broadcast_object(v, src, group) refused it ("options must be a table")
+  it("broadcast_object takes torch's positional group, and still an options table", function()
+    local g = dist.new_group{0}
+    local v = {-3, "x", {2.5}}
+    assert.same(v, dist.broadcast_object(v, 0, g))
+    assert.same(v, dist.broadcast_object(v, 0, {group = g, timeout = 5}))
+    assert.same(v, dist.broadcast_object(v, 0, {timeout = 5}))
+    assert.same(v, dist.broadcast_object(v, nil, dist.group.WORLD))
+    local ok, err = pcall(dist.broadcast_object, v, 0, {group = g, tag = 1})
+    assert.is_false(ok)
+    assert.is_truthy(err:find("^EINVAL: broadcast_object"), err)
+  end)
+
   it("still takes a real group and the default one", function()
     local g = dist.new_group{0}
     local t = T.ones{2}

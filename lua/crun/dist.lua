@@ -849,10 +849,11 @@ local function broadcast_made(make, g, gsrc, opts, fname)
 end
 
 --- broadcast_object(v, src[, opts]) -> src's value on every rank (plain Lua
--- values: nil, booleans, numbers, strings, tables of those, tensors).
+-- values: nil, booleans, numbers, strings, tables of those, tensors); opts
+-- may be torch's positional group instead (as broadcast_object_list's).
 function dist.broadcast_object(v, src, opts, ...)
   if select("#", ...) > 0 then too_many("broadcast_object", ...) end
-  opts = O.check(OBJ, "broadcast_object", opts)
+  opts = O.check(OBJ, "broadcast_object", group_form(opts, nil, nil, "broadcast_object"))
   local g = group_of(opts, "broadcast_object")
   if not g then return nil end
   local gsrc = obj_root(g, src or 0, "broadcast_object", "src", "broadcast")
