@@ -17,6 +17,8 @@
 
 #if CRUN_HAVE_MPI
 #include <mpi.h>
+
+#include "backend/mpi/mpi_int.h"
 #endif
 
 static uint32_t fnv1a(const char *s) {
@@ -306,7 +308,10 @@ static int pair_sum(crun_store_t *st, int rank, const char *name, double t) {
  * needs from rank 1 at once, while rank 1's deadline passes before rank 0's
  * answer arrives. Before, rank 0 went into MPI_Comm_create_group alone and
  * the watchdog aborted the job; both ranks must fail, with ETIMEDOUT, well
- * within rank 0's timeout, and a group created next must work. */
+ * within rank 0's timeout, and a group created next must work. Rank 0's
+ * ACK and CONFIRM then wait at rank 1 for a creation that ended: the next
+ * group's creation and destroy must have drained them (before, they stayed
+ * queued until rank 1 next created a group with lateack's tag). */
 static int worker_join_deadline(void) {
 #if CRUN_HAVE_MPI
   int rank = atoi(getenv("OMPI_COMM_WORLD_RANK")), level = 0, bad = 0, *ub = NULL, flag = 0;
@@ -331,6 +336,10 @@ static int worker_join_deadline(void) {
            rank, both[0], both[1], CRUN_ETIMEDOUT, rc < 0 ? ": " : "", rc < 0 ? crun_last_error() : ""), bad = 1;
   if (took > 3) printf("rank %d: creating 'lateack' took %.1f s\n", rank, took), bad = 1;
   if (pair_sum(st, rank, "after", 5) < 0) bad = 1;
+  MPI_Comm world, join; /* crun's join communicator: what lateack left there was drained */
+  int queued = 0;
+  if (crun__mpi_up(&world, &join) == 0) MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, join, &queued, MPI_STATUS_IGNORE);
+  if (queued) printf("rank %d: join messages of an ended creation are still queued\n", rank), bad = 1;
   crun_store_release(st);
   MPI_Barrier(MPI_COMM_WORLD);
   MPI_Finalize();

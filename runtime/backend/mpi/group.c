@@ -211,6 +211,56 @@ static int keep_join(int64_t *msg, MPI_Request *sends, int n) {
   return 1;
 }
 
+/* Join messages that arrived after their creation here ended (an ACK or
+ * CONFIRM of a failed attempt, a peer's REFUSE, the hello of a peer whose
+ * creation failed) stayed queued in MPI until this rank next created a
+ * group with that tag, which could be never. So while no creation of this
+ * process is under way (none can be expecting one), drain_joins receives
+ * whatever waits on the join communicator (at each group creation and
+ * destroy): it drops ACKs, CONFIRMs and REFUSEs (they answer attempts of
+ * ours that ended), and keeps only the latest hello from each sender and
+ * tag (it may be the current one of a creation this rank has yet to make),
+ * dropping it when its sender's REFUSE of it comes; the creation with that
+ * tag takes it from here (stash_take). At most STASH_MAX hellos are kept.
+ * All under g_claims_lock. */
+typedef struct stash { int src, tag; int64_t msg[JOIN_WORDS]; struct stash *next; } stash_t;
+enum { STASH_MAX = 1024, DRAIN_MAX = 256 };
+static stash_t *g_stash;
+static int g_nstash;
+
+/* Files message m from MPI rank src on tag into the stash (see above). */
+static void stash_put(int src, int tag, const int64_t *m) {
+  stash_t **q = &g_stash;
+  while (*q && !((*q)->src == src && (*q)->tag == tag)) q = &(*q)->next;
+  if (*q && (m[JOIN_KIND] == JOIN_HELLO || (m[JOIN_KIND] == JOIN_REFUSE && (*q)->msg[JOIN_SEQ] == m[JOIN_SEQ]))) {
+    stash_t *old = *q;
+    *q = old->next, g_nstash--;
+    free(old);
+  }
+  stash_t *h = m[JOIN_KIND] == JOIN_HELLO && g_nstash < STASH_MAX ? malloc(sizeof *h) : NULL;
+  if (!h) return;
+  h->src = src, h->tag = tag, h->next = g_stash, g_stash = h, g_nstash++;
+  memcpy(h->msg, m, sizeof h->msg);
+}
+
+/* Receives and files what waits on the join communicator, when no creation
+ * of this process is under way (MPI is alive). */
+static void drain_joins(MPI_Comm join) {
+  pthread_mutex_lock(&g_claims_lock);
+  for (int k = 0; !g_claims && k < DRAIN_MAX; k++) {
+    int flag = 0;
+    int64_t w[JOIN_WORDS] = {0};
+    MPI_Count n = 0;
+    MPI_Message m;
+    MPI_Status st;
+    if (MPI_Improbe(MPI_ANY_SOURCE, MPI_ANY_TAG, join, &flag, &m, &st) != MPI_SUCCESS || !flag) break;
+    MPI_Get_elements_x(&st, MPI_BYTE, &n);
+    crun__mpi_mrecv_head(&m, n, w, sizeof w);
+    if (n == (MPI_Count)sizeof w) stash_put(st.MPI_SOURCE, st.MPI_TAG, w);
+  }
+  pthread_mutex_unlock(&g_claims_lock);
+}
+
 /* Attempts of this process to create a group (JOIN_SEQ). */
 static atomic_llong g_attempts;
 
@@ -256,6 +306,26 @@ static void join_take(join_t *j, int p) {
   int64_t *ack = j->out + JOIN_WORDS * (1 + p);
   ack[JOIN_KIND] = JOIN_ACK, ack[JOIN_SEQ] = j->seq, ack[JOIN_ACKED] = m[JOIN_SEQ];
   j->owed[p] = 1;
+}
+
+/* Takes the stashed hellos of the members on tag (drain_joins), in front of
+ * anything still queued in MPI (which came after them). */
+static void stash_take(join_t *j, const int *global, int tag) {
+  pthread_mutex_lock(&g_claims_lock);
+  for (stash_t **q = &g_stash; *q;) {
+    stash_t *h = *q;
+    int p = 0;
+    while (p < j->n && (p == j->me || global[p] != h->src)) p++;
+    if (h->tag != tag || p == j->n) {
+      q = &h->next;
+      continue;
+    }
+    memcpy(j->in + JOIN_WORDS * p, h->msg, sizeof h->msg);
+    join_take(j, p);
+    *q = h->next, g_nstash--;
+    free(h);
+  }
+  pthread_mutex_unlock(&g_claims_lock);
 }
 
 /* 1 when p's current hello is here and p acknowledged ours (drops p's
@@ -346,6 +416,7 @@ static int join_exchange(join_t *j, MPI_Comm join, const int *global, int tag, d
     if (p != j->me && MPI_Isend(j->out, JOIN_WORDS, MPI_INT64_T, global[p], tag, join, hello) != MPI_SUCCESS)
       return crun_error(CRUN_EIO, "group handshake on rank %d: MPI_Isend failed", j->me);
   }
+  stash_take(j, global, tag);
   for (;;) {
     CRUN_CHECK(join_pump(j, join, global, tag));
     int left = 0;
@@ -469,20 +540,21 @@ static crun__mpi_t *state_new(crun_pg_t *pg) {
 }
 
 static void mpi_destroy(void *state);
-static void reclaim(void);
+static void reclaim(MPI_Comm join);
 
 static int mpi_create(crun_pg_t *pg, void **state) {
   MPI_Comm world, join;
   CRUN_CHECK(check_launch(pg));
   CRUN_CHECK(crun__mpi_up(&world, &join));
   CRUN_CHECK(check_world(pg, world));
-  reclaim();
+  reclaim(join);
   claim_t claim = {.tag = group_tag(pg, crun__mpi_tag_ub(join))};
   CRUN_CHECK(claim_tag(pg, &claim));
   int rc = join_members(pg, join, claim.tag);
   crun__mpi_t *b = rc < 0 ? NULL : state_new(pg);
   if (!b) {
     release_tag(&claim);
+    if (rc < 0 && crun__mpi_alive()) drain_joins(join); /* what of this attempt already came */
     return rc < 0 ? rc : crun_error(CRUN_ENOMEM, "mpi backend state");
   }
   crun__mpi_watch_add(&b->watch);
@@ -651,11 +723,12 @@ static void sweep_retired(void) {
   }
 }
 
-/* Sweeps the kept join messages and the retired groups (before a group is
- * created: frees what it can). */
-static void reclaim(void) {
+/* Sweeps the kept join messages, the join messages queued here and the
+ * retired groups (before a group is created: frees what it can). */
+static void reclaim(MPI_Comm join) {
   if (!crun__mpi_alive()) return;
   sweep_joins();
+  drain_joins(join);
   pthread_mutex_lock(&g_retired_lock);
   if (g_retired) sweep_retired();
   pthread_mutex_unlock(&g_retired_lock);
@@ -704,7 +777,8 @@ static void mpi_destroy(void *state) {
   int alive = crun__mpi_alive();
   crun__mpi_watch_remove(&b->watch);
   if (alive) crun__mpi_sends_drain(b, b->pg->timeout < 10 ? b->pg->timeout : 10);
-  if (alive) sweep_joins();
+  MPI_Comm world, join;
+  if (alive && crun__mpi_up(&world, &join) == 0) sweep_joins(), drain_joins(join);
   if (alive && b->ctrl != MPI_COMM_NULL && b->size > 1) notify_left(b);
   if (alive && b->comm != MPI_COMM_NULL && b->size > 1) retire(b);
   if (alive && b->ctrl != MPI_COMM_NULL) MPI_Comm_free(&b->ctrl); /* one rank: nothing can be in flight */
