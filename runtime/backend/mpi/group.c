@@ -734,13 +734,49 @@ static void reclaim(MPI_Comm join) {
   pthread_mutex_unlock(&g_retired_lock);
 }
 
+/* How long a destroy waits for b's sends (the group's timeout, at most 10 s). */
+static double send_wait(const crun__mpi_t *b) { return b->pg->timeout < 10 ? b->pg->timeout : 10; }
+
+/* Hands the requests reqs[0..n-1] still pending to MPI (MPI_Request_free);
+ * returns 1 when there was one (then their buffer must never be freed). */
+static int let_go(MPI_Request *reqs, int n) {
+  int pending = 0;
+  for (int p = 0; reqs && p < n; p++)
+    if (reqs[p] != MPI_REQUEST_NULL) MPI_Request_free(&reqs[p]), pending = 1;
+  return pending;
+}
+
+/* When there is no memory to keep b's sends still pending (its abort
+ * notice, the signatures of a failed check) with a retired group: waits up
+ * to send_wait(b) for them; a buffer one of them still reads then is left
+ * allocated (leaked: a few bytes a peer) and its requests to MPI, so no send
+ * ever reads freed memory. (Before, mpi_destroy freed the buffers under the
+ * pending MPI_Isends.) */
+static void settle_pending(crun__mpi_t *b) {
+  int n = b->size, done_a = 1, done_s = 1;
+  MPI_Request *ab = b->abort_msg ? b->abort_reqs : NULL;
+  crun__mpi_spin_t spin = {0};
+  double end = crun_clock() + send_wait(b);
+  for (;;) {
+    if (ab && MPI_Testall(n, ab, &done_a, MPI_STATUSES_IGNORE) != MPI_SUCCESS) done_a = 0;
+    if (MPI_Testall(n, b->reqs + n, &done_s, MPI_STATUSES_IGNORE) != MPI_SUCCESS) done_s = 0;
+    if ((done_a && done_s) || crun_clock() >= end) break;
+    crun__mpi_relax(&spin);
+  }
+  int kept = 0;
+  if (let_go(ab, n)) b->abort_msg = NULL, kept = 1;
+  if (let_go(b->reqs + n, n)) b->sig_out = NULL, kept = 1;
+  CRUN_LOG(WARN, PG, "mpi group '%s' on rank %d: out of memory at destroy%s", b->pg->prefix, b->rank,
+           kept ? "; sends still pending keep their buffers (leaked)" : "");
+}
+
 /* Takes b's sends still pending (its abort notice; the signatures of a
  * failed check, check.c) and their buffers into r; returns
  * 0 when none is pending (then the buffers stay with b). */
 static int keep_pending(retired_t *r, crun__mpi_t *b) {
   int n = b->size, pending = 0;
   MPI_Request *q = malloc(sizeof(MPI_Request) * 2 * (size_t)n);
-  if (!q) return 0; /* then the buffers are freed under MPI: as before, best effort */
+  if (!q) return settle_pending(b), 0;
   for (int p = 0; p < n; p++) {
     q[p] = b->abort_msg && b->abort_reqs ? b->abort_reqs[p] : MPI_REQUEST_NULL; /* both: mpi_abort set them */
     q[n + p] = b->reqs[n + p];
@@ -756,7 +792,10 @@ static int keep_pending(retired_t *r, crun__mpi_t *b) {
 /* Moves b's communicators and pending sends to the retired list. */
 static void retire(crun__mpi_t *b) {
   retired_t *r = calloc(1, sizeof *r);
-  if (!r) return; /* out of memory: mpi_destroy frees them as it used to (strays may then reach a later group) */
+  if (!r) { /* no memory: mpi_destroy frees the communicators (strays may then reach a later group) */
+    settle_pending(b);
+    return;
+  }
   r->comm = b->comm, r->ctrl = b->ctrl;
   r->size = b->size, r->rank = b->rank;
   r->seen = calloc((size_t)b->size, 1); /* NULL (no memory): never freed, as before */
@@ -776,7 +815,7 @@ static void mpi_destroy(void *state) {
   if (!b) return;
   int alive = crun__mpi_alive();
   crun__mpi_watch_remove(&b->watch);
-  if (alive) crun__mpi_sends_drain(b, b->pg->timeout < 10 ? b->pg->timeout : 10);
+  if (alive) crun__mpi_sends_drain(b, send_wait(b));
   MPI_Comm world, join;
   if (alive && crun__mpi_up(&world, &join) == 0) sweep_joins(), drain_joins(join);
   if (alive && b->ctrl != MPI_COMM_NULL && b->size > 1) notify_left(b);
