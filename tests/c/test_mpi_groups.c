@@ -216,6 +216,19 @@ static int worker_join_pending(void) {
 #endif
 }
 
+#if CRUN_HAVE_MPI
+/* A two-rank worker's end: releases st, meets the other rank, finalizes MPI
+ * and says "rank R: ok" unless bad; returns bad. */
+static int worker_end(crun_store_t *st, int rank, int bad) {
+  crun_store_release(st);
+  MPI_Barrier(MPI_COMM_WORLD);
+  MPI_Finalize();
+  if (!bad) printf("rank %d: ok\n", rank);
+  fflush(stdout);
+  return bad;
+}
+#endif
+
 /* Worker of stale_join (2 ranks). Rank 0 creates group 'stale', which
  * times out because rank 1 makes no MPI call for 2 s; then both create group
  * 'n7tcjg3', whose MPI tag is the same (its id differs from 'stale''s by
@@ -262,12 +275,7 @@ static int worker_stale_join(void) {
     if (v[i] != want[i]) printf("rank %d: element %d is %lld, want %lld\n", rank, i, (long long)v[i], (long long)want[i]), bad = 1;
   if (MPI_Wtime() - t0 > 4.5) printf("rank %d: took %.1f s\n", rank, MPI_Wtime() - t0), bad = 1;
   if (pg) crun_pg_release(pg);
-  crun_store_release(st);
-  MPI_Barrier(MPI_COMM_WORLD);
-  MPI_Finalize();
-  if (!bad) printf("rank %d: ok\n", rank);
-  fflush(stdout);
-  return bad;
+  return worker_end(st, rank, bad);
 #else
   printf("not available in this build\n");
   return 0;
@@ -340,12 +348,7 @@ static int worker_join_deadline(void) {
   int queued = 0;
   if (crun__mpi_up(&world, &join) == 0) MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, join, &queued, MPI_STATUS_IGNORE);
   if (queued) printf("rank %d: join messages of an ended creation are still queued\n", rank), bad = 1;
-  crun_store_release(st);
-  MPI_Barrier(MPI_COMM_WORLD);
-  MPI_Finalize();
-  if (!bad) printf("rank %d: ok\n", rank);
-  fflush(stdout);
-  return bad;
+  return worker_end(st, rank, bad);
 #else
   printf("not available in this build\n");
   return 0;
