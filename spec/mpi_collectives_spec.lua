@@ -10,6 +10,17 @@ local expect = require "helpers.dist_expect"
 
 local ok, why = mpi.available()
 
+-- Writes dir/job.lua: the jobs' common start (crun, dist, T, the default
+-- group with `timeout`, r and n), then body.
+local function write_job(dir, timeout, body)
+  C.write(dir .. "/job.lua", string.format([[
+      local crun = require "crun"
+      local dist, T = crun.dist, crun.tensor
+      dist.init_process_group{timeout = %s}
+      local r, n = dist.get_rank(), dist.get_world_size()
+]], timeout) .. body)
+end
+
 local function scenario(mode)
   local dir = run.tmpdir()
   local _, out = mpi.run(3, "spec/helpers/dist_errors.lua", mode .. " " .. dir, {limit = 60})
@@ -55,11 +66,7 @@ describe("the mpi backend", function()
     -- rank 0 sends {1, 1} and receives {1, 1}: equal blocks; rank 1 sends {1, 0}.
     -- Choosing MPI_Alltoall from the local counts alone hung here.
     local dir = run.tmpdir()
-    C.write(dir .. "/job.lua", [[
-      local crun = require "crun"
-      local dist, T = crun.dist, crun.tensor
-      dist.init_process_group{timeout = 20}
-      local r, n = dist.get_rank(), dist.get_world_size()
+    write_job(dir, 20, [[
       local rows = {{1, 1, 2}, {1, 0, 3}, {4, 1, 0}}   -- rows[i][j]: from rank i-1 to rank j-1
       local ins, outs, nin, nout = {}, {}, 0, 0
       for j = 1, n do ins[j] = rows[r + 1][j]; outs[j] = rows[j][r + 1]; nin = nin + ins[j]; nout = nout + outs[j] end
@@ -90,10 +97,7 @@ describe("the mpi backend", function()
     -- timeout: every rank arrived "close to" its peers' deadlines and waited
     -- until 0.5 s past them, so each all_reduce took 0.8 s with timeout=0.3
     local dir = run.tmpdir()
-    C.write(dir .. "/job.lua", [[
-      local crun = require "crun"
-      local dist, T = crun.dist, crun.tensor
-      dist.init_process_group{timeout = 0.3}
+    write_job(dir, 0.3, [[
       local t = T.ones({4})
       dist.all_reduce(t)
       local t0 = crun.clock()
@@ -119,11 +123,7 @@ describe("the mpi backend", function()
     -- long past, so every rank failed 'arrived 9225167819247.4 s after rank
     -- 1's deadline' and the group was unusable
     local dir = run.tmpdir()
-    C.write(dir .. "/job.lua", [[
-      local crun = require "crun"
-      local dist, T = crun.dist, crun.tensor
-      dist.init_process_group{timeout = 30}
-      local r = dist.get_rank()
+    write_job(dir, 30, [[
       local t = T.full({3}, r + 1, "int32")
       local ok, err = pcall(dist.all_reduce, t, "sum", {timeout = math.huge})
       local ok2, err2 = pcall(dist.broadcast, t, 1, {timeout = math.huge})
@@ -163,11 +163,7 @@ describe("the mpi backend", function()
   -- #1") or crashed in MPI_Comm_dup (mca_pml_ob1_add_comm) when it was smaller
   it("makes and uses a new group cleanly after a group's call was refused and the group destroyed", function()
     local dir = run.tmpdir()
-    C.write(dir .. "/job.lua", [[
-      local crun = require "crun"
-      local dist, T = crun.dist, crun.tensor
-      dist.init_process_group{timeout = 20}
-      local r, n = dist.get_rank(), dist.get_world_size()
+    write_job(dir, 20, [[
       local o = assert(io.open(arg[1] .. "/rank" .. r .. ".txt", "w"))
       local function say(ok, err) o:write(ok and "ok" or ("error " .. tostring(err)), "\n"); o:flush() end
       local all = {}
@@ -244,11 +240,7 @@ describe("the mpi backend", function()
   -- one) refuses a creation on every member, naming the rank that is full.
   it("refuses a new group on every member when one of them holds CRUN_MPI_MAX_GROUPS groups", function()
     local dir = run.tmpdir()
-    C.write(dir .. "/job.lua", [[
-      local crun = require "crun"
-      local dist, T = crun.dist, crun.tensor
-      dist.init_process_group{timeout = 20}
-      local r = dist.get_rank()
+    write_job(dir, 20, [[
       local o = assert(io.open(arg[1] .. "/rank" .. r .. ".txt", "w"))
       local keep = {}
       for i = 1, 4 do keep[i] = dist.new_group({0, 2}) end
@@ -282,11 +274,7 @@ describe("the mpi backend", function()
   -- reused too early would hand it to a later group's recv (same tag).
   it("frees destroyed groups, so new_group + destroy in a loop never runs out (CRUN_MPI_MAX_GROUPS=6)", function()
     local dir = run.tmpdir()
-    C.write(dir .. "/job.lua", [[
-      local crun = require "crun"
-      local dist, T = crun.dist, crun.tensor
-      dist.init_process_group{timeout = 20}
-      local r = dist.get_rank()
+    write_job(dir, 20, [[
       local o = assert(io.open(arg[1] .. "/rank" .. r .. ".txt", "w"))
       local lists, good, bad = {{0, 1, 2}, {0, 1}, {1, 2}}, 0, nil
       for i = 1, 150 do
@@ -333,11 +321,7 @@ describe("the mpi backend", function()
   -- (mmap_threshold: freed blocks go back to the system, so RSS tells.)
   it("frees the copy of a send still pending at destroy once it completes", function()
     local dir = run.tmpdir()
-    C.write(dir .. "/job.lua", [[
-      local crun = require "crun"
-      local dist, T = crun.dist, crun.tensor
-      dist.init_process_group{timeout = 20}
-      local r = dist.get_rank()
+    write_job(dir, 20, [[
       local function rss()
         for l in io.lines("/proc/self/status") do
           local k = l:match("^VmRSS:%s+(%d+)")
@@ -383,11 +367,7 @@ describe("the mpi backend", function()
   for _, btl in ipairs({"shared memory", "tcp"}) do
     it("fails a recv of a 4 MiB message of another size cleanly over " .. btl, function()
       local dir = run.tmpdir()
-      C.write(dir .. "/job.lua", [[
-        local crun = require "crun"
-        local dist, T = crun.dist, crun.tensor
-        dist.init_process_group{timeout = 20}
-        local r = dist.get_rank()
+      write_job(dir, 20, [[
         local g = {dist.new_group({0, 1}), dist.new_group({0, 1}), dist.new_group({0, 1})}
         local out = {}
         if r == 0 then
@@ -453,11 +433,7 @@ describe("the mpi backend", function()
   it("fails a recv from a rank that destroyed the group promptly, after delivering what it sent", function()
     -- before, the second recv waited its whole 30 s timeout ('no data from rank 0')
     local dir = run.tmpdir()
-    C.write(dir .. "/job.lua", [[
-      local crun = require "crun"
-      local dist, T = crun.dist, crun.tensor
-      dist.init_process_group{timeout = 30}
-      local r = dist.get_rank()
+    write_job(dir, 30, [[
       local o = assert(io.open(arg[1] .. "/rank" .. r .. ".txt", "w"))
       dist.barrier()
       if r == 0 then

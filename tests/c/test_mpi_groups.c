@@ -3,8 +3,9 @@
  * the case by CRUN_TEST_MPI_CASE): two threads per rank creating a group
  * each, with the same MPI tag, one while the other is under way; a creation
  * that fails while its join message is still being sent; a stale join
- * message with the tag of a later group. Passes without running anything
- * when mpirun or the mpi backend is missing. */
+ * message with the tag of a later group; a creation whose last
+ * acknowledgement reaches one rank after its deadline. Passes without
+ * running anything when mpirun or the mpi backend is missing. */
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -16,6 +17,8 @@
 
 #if CRUN_HAVE_MPI
 #include <mpi.h>
+
+#include "backend/mpi/mpi_int.h"
 #endif
 
 static uint32_t fnv1a(const char *s) {
@@ -213,6 +216,19 @@ static int worker_join_pending(void) {
 #endif
 }
 
+#if CRUN_HAVE_MPI
+/* A two-rank worker's end: releases st, meets the other rank, finalizes MPI
+ * and says "rank R: ok" unless bad; returns bad. */
+static int worker_end(crun_store_t *st, int rank, int bad) {
+  crun_store_release(st);
+  MPI_Barrier(MPI_COMM_WORLD);
+  MPI_Finalize();
+  if (!bad) printf("rank %d: ok\n", rank);
+  fflush(stdout);
+  return bad;
+}
+#endif
+
 /* Worker of stale_join (2 ranks). Rank 0 creates group 'stale', which
  * times out because rank 1 makes no MPI call for 2 s; then both create group
  * 'n7tcjg3', whose MPI tag is the same (its id differs from 'stale''s by
@@ -259,12 +275,80 @@ static int worker_stale_join(void) {
     if (v[i] != want[i]) printf("rank %d: element %d is %lld, want %lld\n", rank, i, (long long)v[i], (long long)want[i]), bad = 1;
   if (MPI_Wtime() - t0 > 4.5) printf("rank %d: took %.1f s\n", rank, MPI_Wtime() - t0), bad = 1;
   if (pg) crun_pg_release(pg);
-  crun_store_release(st);
+  return worker_end(st, rank, bad);
+#else
+  printf("not available in this build\n");
+  return 0;
+#endif
+}
+
+#if CRUN_HAVE_MPI
+/* Rank 0's sends on the join tag of the group being tested (the test's own
+ * MPI_Isend, which crun's calls reach: the runtime is linked in statically).
+ * The send numbered g_hold_nth there (1: the first) waits g_hold_s seconds
+ * before it is started, as if the network held it. */
+static int g_hold_tag = -1, g_hold_nth, g_hold_seen;
+static double g_hold_s;
+
+int MPI_Isend(const void *buf, int count, MPI_Datatype dt, int dest, int tag, MPI_Comm comm, MPI_Request *req) {
+  if (tag == g_hold_tag && ++g_hold_seen == g_hold_nth) usleep((useconds_t)(g_hold_s * 1e6));
+  return PMPI_Isend(buf, count, dt, dest, tag, comm, req);
+}
+#endif
+
+/* Creates group `name` of both ranks (timeout t) and sums one int64 over it;
+ * returns the status, printing what went wrong. */
+static int pair_sum(crun_store_t *st, int rank, const char *name, double t) {
+  crun_pg_t *pg = NULL;
+  crun_pg_opts_t o = {.world_size = 2, .rank = rank, .backend = "mpi", .timeout = t, .name = name, .store = st};
+  int64_t v = -(5 + 3 * rank);
+  int rc = crun_pg_new(&o, &pg);
+  if (rc == 0) rc = crun_pg_all_reduce(pg, &v, 1, CRUN_INT64, CRUN_OP_SUM, NULL, NULL);
+  if (rc < 0) printf("rank %d: group '%s': %s\n", rank, name, crun_last_error());
+  else if (v != -13) printf("rank %d: group '%s' summed %lld, want -13\n", rank, name, (long long)v), rc = -1;
+  if (pg) crun_pg_release(pg);
+  return rc;
+}
+
+/* Worker of join_deadline (2 ranks). Rank 1 creates group 'lateack' with a
+ * 1 s timeout, rank 0 with 4 s; rank 0's acknowledgement of rank 1's join
+ * message (its second message there) is held 1.5 s. So rank 0 has all it
+ * needs from rank 1 at once, while rank 1's deadline passes before rank 0's
+ * answer arrives. Before, rank 0 went into MPI_Comm_create_group alone and
+ * the watchdog aborted the job; both ranks must fail, with ETIMEDOUT, well
+ * within rank 0's timeout, and a group created next must work. Rank 0's
+ * ACK and CONFIRM then wait at rank 1 for a creation that ended: the next
+ * group's creation and destroy must have drained them (before, they stayed
+ * queued until rank 1 next created a group with lateack's tag). */
+static int worker_join_deadline(void) {
+#if CRUN_HAVE_MPI
+  int rank = atoi(getenv("OMPI_COMM_WORLD_RANK")), level = 0, bad = 0, *ub = NULL, flag = 0;
+  MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &level);
+  MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &flag);
+  crun_store_t *st = NULL;
+  crun_pg_t *pg = NULL;
+  EXPECT(crun_store_hash_new(&st) == 0);
+  if (pair_sum(st, rank, "warm", 5) < 0) bad = 1; /* crun's MPI is up on both ranks */
   MPI_Barrier(MPI_COMM_WORLD);
-  MPI_Finalize();
-  if (!bad) printf("rank %d: ok\n", rank);
-  fflush(stdout);
-  return bad;
+  if (rank == 0) g_hold_tag = group_tag("lateack", flag && ub ? *ub : 0), g_hold_nth = 2, g_hold_s = 1.5;
+  double t0 = MPI_Wtime();
+  crun_pg_opts_t o = {.world_size = 2, .rank = rank, .backend = "mpi", .timeout = rank ? 1 : 4, .name = "lateack",
+                      .store = st};
+  int rc = crun_pg_new(&o, &pg), both[2] = {rc, rc};
+  double took = MPI_Wtime() - t0;
+  g_hold_tag = -1;
+  if (pg) crun_pg_release(pg), pg = NULL;
+  MPI_Allgather(&rc, 1, MPI_INT, both, 1, MPI_INT, MPI_COMM_WORLD);
+  if (both[0] != CRUN_ETIMEDOUT || both[1] != CRUN_ETIMEDOUT)
+    printf("rank %d: creating 'lateack' returned %d on rank 0 and %d on rank 1, want ETIMEDOUT (%d) on both%s%s\n",
+           rank, both[0], both[1], CRUN_ETIMEDOUT, rc < 0 ? ": " : "", rc < 0 ? crun_last_error() : ""), bad = 1;
+  if (took > 3) printf("rank %d: creating 'lateack' took %.1f s\n", rank, took), bad = 1;
+  if (pair_sum(st, rank, "after", 5) < 0) bad = 1;
+  MPI_Comm world, join; /* crun's join communicator: what lateack left there was drained */
+  int queued = 0;
+  if (crun__mpi_up(&world, &join) == 0) MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, join, &queued, MPI_STATUS_IGNORE);
+  if (queued) printf("rank %d: join messages of an ended creation are still queued\n", rank), bad = 1;
+  return worker_end(st, rank, bad);
 #else
   printf("not available in this build\n");
   return 0;
@@ -312,11 +396,14 @@ TEST(join_send_pending) { run_mpi_case("join_pending", 2, "--mca btl self,tcp");
 
 TEST(stale_join) { run_mpi_case("stale_join", 2, ""); }
 
-#define CRUN_TESTS(X) X(concurrent_colliding_groups) X(join_send_pending) X(stale_join)
+TEST(join_deadline) { run_mpi_case("join_deadline", 2, ""); }
+
+#define CRUN_TESTS(X) X(concurrent_colliding_groups) X(join_send_pending) X(stale_join) X(join_deadline)
 
 int main(int argc, char **argv) {
   const char *which = getenv("CRUN_TEST_MPI_CASE");
   if (getenv("OMPI_COMM_WORLD_SIZE") && which && !strcmp(which, "stale_join")) return worker_stale_join();
+  if (getenv("OMPI_COMM_WORLD_SIZE") && which && !strcmp(which, "join_deadline")) return worker_join_deadline();
   if (getenv("OMPI_COMM_WORLD_SIZE")) return which && !strcmp(which, "join_pending") ? worker_join_pending() : worker();
   static const crun_test_case cases[] = {CRUN_TESTS(CRUN_X_CASE)};
   return crun_test_run(argc, argv, cases, sizeof cases / sizeof cases[0]);

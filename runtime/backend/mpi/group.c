@@ -46,29 +46,13 @@ static int check_world(const crun_pg_t *pg, MPI_Comm world) {
 }
 
 /* Cancels the join receives still pending (recvs[0..n-1]), so none writes
- * into the join's buffer after it is freed; returns how many were pending
- * and, with missing not NULL, lists their ranks there. */
-static int cancel_recvs(MPI_Request *recvs, int n, int *missing) {
-  int k = 0;
+ * into the join's buffer after it is freed. */
+static void cancel_recvs(MPI_Request *recvs, int n) {
   for (int i = 0; i < n; i++) {
     if (recvs[i] == MPI_REQUEST_NULL) continue;
     MPI_Cancel(&recvs[i]);
     MPI_Wait(&recvs[i], MPI_STATUS_IGNORE);
-    if (missing) missing[k] = i;
-    k++;
   }
-  return k;
-}
-
-/* Names the members whose join message has not arrived and cancels the receives. */
-static int join_timeout(const crun_pg_t *pg, MPI_Request *recvs, double timeout) {
-  int *missing = malloc(sizeof(int) * (size_t)pg->size), n = cancel_recvs(recvs, pg->size, missing);
-  char who[256] = "some ranks";
-  if (missing) crun__ranks_text(who, sizeof who, missing, n);
-  free(missing);
-  return crun_error(CRUN_ETIMEDOUT, "creating group '%s' (backend mpi) on rank %d: %s did not join within %.1f s; "
-                    "every member must create the group, in the same order on every rank",
-                    pg->prefix, pg->rank, who, timeout);
 }
 
 /* Groups of this process whose communicators are not freed (alive, or
@@ -92,13 +76,17 @@ static int no_room(const crun_pg_t *pg, const char *who) {
                     max_groups(), who);
 }
 
-/* Join message words: kind (JOIN_HELLO: the sender is creating the group;
- * JOIN_ACK: it received the receiver's hello), the sender's attempt (a number
- * no other creation in its process used), the attempt an ACK answers, then,
- * in a hello, group id, hash of the rank list, size, room (1 when the sender
- * may create one more group). */
-enum { JOIN_KIND, JOIN_SEQ, JOIN_ACKED, JOIN_ID, JOIN_HASH, JOIN_SIZE, JOIN_ROOM, JOIN_WORDS };
-enum { JOIN_HELLO = 1, JOIN_ACK = 2 };
+/* Join message words: kind, the sender's attempt (a number no other
+ * creation in its process used), the receiver's attempt the message answers
+ * (ACK, CONFIRM, REFUSE; 0 when the sender does not know it), then, in a
+ * hello, group id, hash of the rank list, size, room (1 when the sender may
+ * create one more group) and the sender's timeout in ms. */
+enum { JOIN_KIND, JOIN_SEQ, JOIN_ACKED, JOIN_ID, JOIN_HASH, JOIN_SIZE, JOIN_ROOM, JOIN_WAIT, JOIN_WORDS };
+/* HELLO: the sender is creating the group; ACK: it received the receiver's
+ * hello; CONFIRM: it has every member's hello and ACK and will enter
+ * MPI_Comm_create_group once every member confirmed; REFUSE: it gave up
+ * (its deadline passed, or a member refused) and will not. */
+enum { JOIN_HELLO = 1, JOIN_ACK = 2, JOIN_CONFIRM = 3, JOIN_REFUSE = 4 };
 
 /* Compares the members' join messages with ours, then their room. */
 static int join_compare(const crun_pg_t *pg, const int64_t *mine, const int64_t *theirs) {
@@ -223,6 +211,56 @@ static int keep_join(int64_t *msg, MPI_Request *sends, int n) {
   return 1;
 }
 
+/* Join messages that arrived after their creation here ended (an ACK or
+ * CONFIRM of a failed attempt, a peer's REFUSE, the hello of a peer whose
+ * creation failed) stayed queued in MPI until this rank next created a
+ * group with that tag, which could be never. So while no creation of this
+ * process is under way (none can be expecting one), drain_joins receives
+ * whatever waits on the join communicator (at each group creation and
+ * destroy): it drops ACKs, CONFIRMs and REFUSEs (they answer attempts of
+ * ours that ended), and keeps only the latest hello from each sender and
+ * tag (it may be the current one of a creation this rank has yet to make),
+ * dropping it when its sender's REFUSE of it comes; the creation with that
+ * tag takes it from here (stash_take). At most STASH_MAX hellos are kept.
+ * All under g_claims_lock. */
+typedef struct stash { int src, tag; int64_t msg[JOIN_WORDS]; struct stash *next; } stash_t;
+enum { STASH_MAX = 1024, DRAIN_MAX = 256 };
+static stash_t *g_stash;
+static int g_nstash;
+
+/* Files message m from MPI rank src on tag into the stash (see above). */
+static void stash_put(int src, int tag, const int64_t *m) {
+  stash_t **q = &g_stash;
+  while (*q && !((*q)->src == src && (*q)->tag == tag)) q = &(*q)->next;
+  if (*q && (m[JOIN_KIND] == JOIN_HELLO || (m[JOIN_KIND] == JOIN_REFUSE && (*q)->msg[JOIN_SEQ] == m[JOIN_SEQ]))) {
+    stash_t *old = *q;
+    *q = old->next, g_nstash--;
+    free(old);
+  }
+  stash_t *h = m[JOIN_KIND] == JOIN_HELLO && g_nstash < STASH_MAX ? malloc(sizeof *h) : NULL;
+  if (!h) return;
+  h->src = src, h->tag = tag, h->next = g_stash, g_stash = h, g_nstash++;
+  memcpy(h->msg, m, sizeof h->msg);
+}
+
+/* Receives and files what waits on the join communicator, when no creation
+ * of this process is under way (MPI is alive). */
+static void drain_joins(MPI_Comm join) {
+  pthread_mutex_lock(&g_claims_lock);
+  for (int k = 0; !g_claims && k < DRAIN_MAX; k++) {
+    int flag = 0;
+    int64_t w[JOIN_WORDS] = {0};
+    MPI_Count n = 0;
+    MPI_Message m;
+    MPI_Status st;
+    if (MPI_Improbe(MPI_ANY_SOURCE, MPI_ANY_TAG, join, &flag, &m, &st) != MPI_SUCCESS || !flag) break;
+    MPI_Get_elements_x(&st, MPI_BYTE, &n);
+    crun__mpi_mrecv_head(&m, n, w, sizeof w);
+    if (n == (MPI_Count)sizeof w) stash_put(st.MPI_SOURCE, st.MPI_TAG, w);
+  }
+  pthread_mutex_unlock(&g_claims_lock);
+}
+
 /* Attempts of this process to create a group (JOIN_SEQ). */
 static atomic_llong g_attempts;
 
@@ -232,27 +270,62 @@ static atomic_llong g_attempts;
  * current hello, so one rank failed (EMISMATCH) or went on while its peer
  * did not, and blocked in MPI_Comm_create_group until the watchdog aborted
  * the job. So every hello is acknowledged, and the ACK names the
- * acknowledger's own attempt: a hello older than that is stale and dropped. */
+ * acknowledger's own attempt: a hello older than that is stale and dropped.
+ *
+ * Having every member's hello and ACK does not tell a rank that its peers
+ * have theirs: the last ACK a peer waits for may arrive after that peer's
+ * deadline. Before, a rank went into MPI_Comm_create_group then, alone, and
+ * the watchdog aborted the job. So a rank that has them sends CONFIRM to
+ * every member and enters only once every member confirmed; a rank whose
+ * deadline passes first sends REFUSE instead (it never confirmed), so a
+ * confirmed rank waiting for it fails too. A rank that confirmed waits for
+ * the others' word up to the longest member's timeout (each reaches CONFIRM
+ * or REFUSE within its own: every member started before its hello came). */
 typedef struct {
   int n, me;
   int64_t seq;          /* this attempt */
-  int64_t *out;         /* out[0]: our hello; out[(1 + p) W]: our ACK to p (both read by sends) */
+  int64_t *out;         /* out[0]: hello; out[(1 + p) W]: ACK to p; out[(1 + n + p) W]: CONFIRM/REFUSE to p */
   int64_t *in;          /* in[p W]: receive buffer for p */
   int64_t *theirs;      /* theirs[p W]: p's latest hello */
   int64_t *peer_seq;    /* p's attempt, from its ACK of ours; 0: not known yet */
   char *owed;           /* owed[p]: out's ACK to p waits for the previous one's send */
-  MPI_Request *reqs;    /* receives [0, n), hellos [n, 2n), ACKs [2n, 3n) */
+  char *fin;            /* fin[p]: p's CONFIRM or REFUSE of this attempt; 0 until it came */
+  MPI_Request *reqs;    /* receives [0, n), hellos [n, 2n), ACKs [2n, 3n), CONFIRM/REFUSE [3n, 4n) */
 } join_t;
 
 /* Takes the message just received from p. */
 static void join_take(join_t *j, int p) {
   const int64_t *m = j->in + JOIN_WORDS * p;
-  if (m[JOIN_KIND] == JOIN_ACK && m[JOIN_ACKED] == j->seq) j->peer_seq[p] = m[JOIN_SEQ];
-  if (m[JOIN_KIND] != JOIN_HELLO) return; /* an ACK of an earlier attempt of ours: dropped */
+  int64_t k = m[JOIN_KIND];
+  if (k == JOIN_ACK && m[JOIN_ACKED] == j->seq) j->peer_seq[p] = m[JOIN_SEQ];
+  if ((k == JOIN_CONFIRM || k == JOIN_REFUSE) &&
+      (m[JOIN_ACKED] == j->seq || (j->peer_seq[p] && m[JOIN_SEQ] == j->peer_seq[p])))
+    j->fin[p] = (char)k;
+  if (k != JOIN_HELLO) return; /* an ACK or word of an earlier attempt of ours: dropped */
   memcpy(j->theirs + JOIN_WORDS * p, m, sizeof(int64_t) * JOIN_WORDS);
   int64_t *ack = j->out + JOIN_WORDS * (1 + p);
   ack[JOIN_KIND] = JOIN_ACK, ack[JOIN_SEQ] = j->seq, ack[JOIN_ACKED] = m[JOIN_SEQ];
   j->owed[p] = 1;
+}
+
+/* Takes the stashed hellos of the members on tag (drain_joins), in front of
+ * anything still queued in MPI (which came after them). */
+static void stash_take(join_t *j, const int *global, int tag) {
+  pthread_mutex_lock(&g_claims_lock);
+  for (stash_t **q = &g_stash; *q;) {
+    stash_t *h = *q;
+    int p = 0;
+    while (p < j->n && (p == j->me || global[p] != h->src)) p++;
+    if (h->tag != tag || p == j->n) {
+      q = &h->next;
+      continue;
+    }
+    memcpy(j->in + JOIN_WORDS * p, h->msg, sizeof h->msg);
+    join_take(j, p);
+    *q = h->next, g_nstash--;
+    free(h);
+  }
+  pthread_mutex_unlock(&g_claims_lock);
 }
 
 /* 1 when p's current hello is here and p acknowledged ours (drops p's
@@ -263,31 +336,79 @@ static int join_done(join_t *j, int p) {
   return j->peer_seq[p] && t[JOIN_KIND] == JOIN_HELLO && t[JOIN_SEQ] == j->peer_seq[p];
 }
 
+/* 1 when nothing more is needed from or owed to p before confirming. */
+static int join_complete(join_t *j, int p) { return p == j->me || (join_done(j, p) && !j->owed[p]); }
+
 /* One pass over the peers: takes what arrived, reposts the receives of the
- * peers not done, sends the ACKs owed. Returns how many peers are not done
- * or owed an ACK, or <0 when MPI failed. */
+ * peers whose CONFIRM or REFUSE has not come, sends the ACKs owed. Returns 0,
+ * or <0 when MPI failed. */
 static int join_pump(join_t *j, MPI_Comm join, const int *global, int tag) {
-  int left = 0, rc = MPI_SUCCESS;
+  int rc = MPI_SUCCESS;
   for (int p = 0; p < j->n && rc == MPI_SUCCESS; p++) {
     int got = 0, sent = 0;
     if (p == j->me) continue;
     if (j->reqs[p] != MPI_REQUEST_NULL && (rc = MPI_Test(&j->reqs[p], &got, MPI_STATUS_IGNORE)) == MPI_SUCCESS && got)
       join_take(j, p);
-    if (rc == MPI_SUCCESS && !join_done(j, p) && j->reqs[p] == MPI_REQUEST_NULL)
+    if (rc == MPI_SUCCESS && !j->fin[p] && j->reqs[p] == MPI_REQUEST_NULL)
       rc = MPI_Irecv(j->in + JOIN_WORDS * p, JOIN_WORDS, MPI_INT64_T, global[p], tag, join, &j->reqs[p]);
     MPI_Request *ack = &j->reqs[2 * j->n + p];
     if (rc == MPI_SUCCESS && j->owed[p] && (rc = MPI_Test(ack, &sent, MPI_STATUS_IGNORE)) == MPI_SUCCESS && sent) {
       rc = MPI_Isend(j->out + JOIN_WORDS * (1 + p), JOIN_WORDS, MPI_INT64_T, global[p], tag, join, ack);
       j->owed[p] = 0;
     }
-    left += j->reqs[p] != MPI_REQUEST_NULL || j->owed[p];
   }
-  return rc == MPI_SUCCESS ? left : crun__mpi_fail(rc, "group handshake", j->me, "MPI_Test");
+  return rc == MPI_SUCCESS ? 0 : crun__mpi_fail(rc, "group handshake", j->me, "MPI_Test");
+}
+
+/* Sends `kind` (JOIN_CONFIRM or JOIN_REFUSE) to every other member, naming
+ * its attempt when known. */
+static int join_final(join_t *j, MPI_Comm join, const int *global, int tag, int kind) {
+  for (int p = 0; p < j->n; p++) {
+    int64_t *m = j->out + JOIN_WORDS * (1 + j->n + p), *t = j->theirs + JOIN_WORDS * p;
+    if (p == j->me) continue;
+    m[JOIN_KIND] = kind, m[JOIN_SEQ] = j->seq;
+    m[JOIN_ACKED] = j->peer_seq[p] ? j->peer_seq[p] : t[JOIN_KIND] == JOIN_HELLO ? t[JOIN_SEQ] : 0;
+    if (MPI_Isend(m, JOIN_WORDS, MPI_INT64_T, global[p], tag, join, &j->reqs[3 * j->n + p]) != MPI_SUCCESS)
+      return crun_error(CRUN_EIO, "group handshake on rank %d: MPI_Isend failed", j->me);
+  }
+  return 0;
+}
+
+/* The members for which `want` holds, as text in who[256]; returns how many. */
+static int join_who(join_t *j, int (*want)(join_t *, int), char who[256]) {
+  int *r = malloc(sizeof(int) * (size_t)j->n), k = 0;
+  for (int p = 0; p < j->n; p++)
+    if (want(j, p)) {
+      if (r) r[k] = p;
+      k++;
+    }
+  snprintf(who, 256, "some ranks");
+  if (r && k) crun__ranks_text(who, 256, r, k);
+  free(r);
+  return k;
+}
+
+static int join_missing(join_t *j, int p) { return !join_complete(j, p); }
+static int join_refused(join_t *j, int p) { return j->fin[p] == JOIN_REFUSE; }
+static int join_unconfirmed(join_t *j, int p) { return p != j->me && j->fin[p] != JOIN_CONFIRM; }
+
+/* The ETIMEDOUT of a creation: `who` did not join or confirm (`how`) within `timeout`. */
+static int join_timeout(const crun_pg_t *pg, const char *who, const char *how, double timeout) {
+  return crun_error(CRUN_ETIMEDOUT, "creating group '%s' (backend mpi) on rank %d: %s %s within %.1f s; "
+                    "every member must create the group, in the same order on every rank",
+                    pg->prefix, pg->rank, who, how, timeout);
+}
+
+/* The ETIMEDOUT of a creation that `who` refused. */
+static int join_gave_up(const crun_pg_t *pg, const char *who) {
+  return crun_error(CRUN_ETIMEDOUT, "creating group '%s' (backend mpi) on rank %d: %s gave up (not every member "
+                    "joined within its timeout); every member must create the group, in the same order on every "
+                    "rank", pg->prefix, pg->rank, who);
 }
 
 /* Exchanges hellos and ACKs with every other member until each one's
- * current hello came and it acknowledged ours, or until the deadline
- * (returns 1 then). */
+ * current hello came and it acknowledged ours (0), the deadline passes (1),
+ * or a member that has not acknowledged ours refused (2). */
 static int join_exchange(join_t *j, MPI_Comm join, const int *global, int tag, double deadline) {
   crun__mpi_spin_t spin = {0};
   for (int p = 0; p < j->n; p++) {
@@ -295,44 +416,86 @@ static int join_exchange(join_t *j, MPI_Comm join, const int *global, int tag, d
     if (p != j->me && MPI_Isend(j->out, JOIN_WORDS, MPI_INT64_T, global[p], tag, join, hello) != MPI_SUCCESS)
       return crun_error(CRUN_EIO, "group handshake on rank %d: MPI_Isend failed", j->me);
   }
+  stash_take(j, global, tag);
   for (;;) {
-    int left = join_pump(j, join, global, tag);
-    if (left <= 0) return left;
+    CRUN_CHECK(join_pump(j, join, global, tag));
+    int left = 0;
+    for (int p = 0; p < j->n; p++) {
+      if (j->fin[p] == JOIN_REFUSE && !join_done(j, p)) return 2;
+      left += !join_complete(j, p);
+    }
+    if (!left) return 0;
     if (crun_clock() >= deadline) return 1;
     crun__mpi_relax(&spin);
   }
 }
 
-/* Every member sends (group id, hash of the rank list, size, room) to every
- * other, with the group's tag, and waits for theirs and their ACKs until the
- * group's timeout (join_t). Returns with no receive pending; a send still
- * pending keeps its message alive (keep_join). */
+/* Waits for every other member's CONFIRM (0) until `wait` seconds from now;
+ * fails when one refused or did not answer in time. */
+static int join_confirmed(join_t *j, const crun_pg_t *pg, MPI_Comm join, int tag, double wait) {
+  crun__mpi_spin_t spin = {0};
+  double deadline = crun_clock() + wait;
+  char who[256];
+  for (;;) {
+    CRUN_CHECK(join_pump(j, join, pg->global, tag));
+    if (join_who(j, join_refused, who)) return join_gave_up(pg, who);
+    if (!join_who(j, join_unconfirmed, who)) return 0;
+    if (crun_clock() >= deadline) return join_timeout(pg, who, "did not confirm the group", wait);
+    crun__mpi_relax(&spin);
+  }
+}
+
+/* The longest timeout among the members (their hellos carry theirs), in s. */
+static double join_longest(join_t *j, double mine) {
+  for (int p = 0; p < j->n; p++)
+    if (p != j->me && (double)j->theirs[JOIN_WORDS * p + JOIN_WAIT] / 1e3 > mine)
+      mine = (double)j->theirs[JOIN_WORDS * p + JOIN_WAIT] / 1e3;
+  return mine;
+}
+
+/* Runs the handshake in j (allocated, out[0] filled): exchange, comparison,
+ * then CONFIRM and the others' CONFIRMs, or REFUSE when this rank gives up. */
+static int join_run(join_t *j, const crun_pg_t *pg, MPI_Comm join, int tag) {
+  char who[256];
+  int rc = join_exchange(j, join, pg->global, tag, crun_clock() + pg->timeout);
+  if (rc < 0) return rc;
+  if (rc == 1) join_who(j, join_missing, who), rc = join_timeout(pg, who, "did not join", pg->timeout);
+  else if (rc == 2) join_who(j, join_refused, who), rc = join_gave_up(pg, who);
+  else rc = join_compare(pg, j->out, j->theirs);
+  if (rc < 0) return join_final(j, join, pg->global, tag, JOIN_REFUSE), rc;
+  CRUN_CHECK(join_final(j, join, pg->global, tag, JOIN_CONFIRM));
+  return join_confirmed(j, pg, join, tag, join_longest(j, pg->timeout) + 1);
+}
+
+/* Every member sends (group id, hash of the rank list, size, room, timeout)
+ * to every other, with the group's tag, and waits for theirs, their ACKs and
+ * their CONFIRMs until the group's timeout (join_t). Returns with no receive
+ * pending; a send still pending keeps its message alive (keep_join). */
 static int join_members(const crun_pg_t *pg, MPI_Comm join, int tag) {
   int n = pg->size, rc = 0, room = atomic_load(&g_groups) < max_groups();
   if (n < 2) return room ? 0 : no_room(pg, "this rank");
   size_t w = JOIN_WORDS * (size_t)n;
   join_t j = {.n = n, .me = pg->rank, .seq = atomic_fetch_add(&g_attempts, 1) + 1};
-  j.out = calloc(w + JOIN_WORDS, sizeof(int64_t)), j.in = calloc(w, sizeof(int64_t));
+  j.out = calloc(2 * w + JOIN_WORDS, sizeof(int64_t)), j.in = calloc(w, sizeof(int64_t));
   j.theirs = calloc(w, sizeof(int64_t)), j.peer_seq = calloc((size_t)n, sizeof(int64_t));
-  j.owed = calloc((size_t)n, 1), j.reqs = malloc(sizeof(MPI_Request) * 3 * (size_t)n);
-  for (int i = 0; j.reqs && i < 3 * n; i++) j.reqs[i] = MPI_REQUEST_NULL;
-  if (j.out && j.in && j.theirs && j.peer_seq && j.owed && j.reqs) {
+  j.owed = calloc((size_t)n, 1), j.fin = calloc((size_t)n, 1), j.reqs = malloc(sizeof(MPI_Request) * 4 * (size_t)n);
+  for (int i = 0; j.reqs && i < 4 * n; i++) j.reqs[i] = MPI_REQUEST_NULL;
+  if (j.out && j.in && j.theirs && j.peer_seq && j.owed && j.fin && j.reqs) {
     uint64_t h = 1469598103934665603ull;
     for (int i = 0; i < n; i++) h = (h ^ (uint64_t)pg->global[i]) * 1099511628211ull;
     int64_t *mine = j.out;
     mine[JOIN_KIND] = JOIN_HELLO, mine[JOIN_SEQ] = j.seq, mine[JOIN_ID] = pg->group_id;
     mine[JOIN_HASH] = (int64_t)h, mine[JOIN_SIZE] = n, mine[JOIN_ROOM] = room;
-    rc = join_exchange(&j, join, pg->global, tag, crun_clock() + pg->timeout);
-    if (rc == 1) rc = join_timeout(pg, j.reqs, pg->timeout);
-    else if (rc == 0) rc = join_compare(pg, mine, j.theirs);
-    else cancel_recvs(j.reqs, n, NULL); /* MPI failed: nothing may write into j.in once freed */
+    mine[JOIN_WAIT] = (int64_t)(pg->timeout < 1e9 ? pg->timeout * 1e3 : 1e12);
+    rc = join_run(&j, pg, join, tag);
+    cancel_recvs(j.reqs, n); /* nothing may write into j.in once freed */
   } else {
     rc = crun_error(CRUN_ENOMEM, "group handshake");
   }
-  free(j.in), free(j.theirs), free(j.peer_seq), free(j.owed);
+  free(j.in), free(j.theirs), free(j.peer_seq), free(j.owed), free(j.fin);
   if (!j.reqs || !j.out) return free(j.reqs), free(j.out), rc;
-  memmove(j.reqs, j.reqs + n, sizeof(MPI_Request) * 2 * (size_t)n); /* the hellos and ACKs */
-  if (!keep_join(j.out, j.reqs, 2 * n)) free(j.reqs);
+  memmove(j.reqs, j.reqs + n, sizeof(MPI_Request) * 3 * (size_t)n); /* the hellos, ACKs, CONFIRMs/REFUSEs */
+  if (!keep_join(j.out, j.reqs, 3 * n)) free(j.reqs);
   return rc;
 }
 
@@ -377,20 +540,21 @@ static crun__mpi_t *state_new(crun_pg_t *pg) {
 }
 
 static void mpi_destroy(void *state);
-static void reclaim(void);
+static void reclaim(MPI_Comm join);
 
 static int mpi_create(crun_pg_t *pg, void **state) {
   MPI_Comm world, join;
   CRUN_CHECK(check_launch(pg));
   CRUN_CHECK(crun__mpi_up(&world, &join));
   CRUN_CHECK(check_world(pg, world));
-  reclaim();
+  reclaim(join);
   claim_t claim = {.tag = group_tag(pg, crun__mpi_tag_ub(join))};
   CRUN_CHECK(claim_tag(pg, &claim));
   int rc = join_members(pg, join, claim.tag);
   crun__mpi_t *b = rc < 0 ? NULL : state_new(pg);
   if (!b) {
     release_tag(&claim);
+    if (rc < 0 && crun__mpi_alive()) drain_joins(join); /* what of this attempt already came */
     return rc < 0 ? rc : crun_error(CRUN_ENOMEM, "mpi backend state");
   }
   crun__mpi_watch_add(&b->watch);
@@ -559,14 +723,51 @@ static void sweep_retired(void) {
   }
 }
 
-/* Sweeps the kept join messages and the retired groups (before a group is
- * created: frees what it can). */
-static void reclaim(void) {
+/* Sweeps the kept join messages, the join messages queued here and the
+ * retired groups (before a group is created: frees what it can). */
+static void reclaim(MPI_Comm join) {
   if (!crun__mpi_alive()) return;
   sweep_joins();
+  drain_joins(join);
   pthread_mutex_lock(&g_retired_lock);
   if (g_retired) sweep_retired();
   pthread_mutex_unlock(&g_retired_lock);
+}
+
+/* How long a destroy waits for b's sends (the group's timeout, at most 10 s). */
+static double send_wait(const crun__mpi_t *b) { return b->pg->timeout < 10 ? b->pg->timeout : 10; }
+
+/* Hands the requests reqs[0..n-1] still pending to MPI (MPI_Request_free);
+ * returns 1 when there was one (then their buffer must never be freed). */
+static int let_go(MPI_Request *reqs, int n) {
+  int pending = 0;
+  for (int p = 0; reqs && p < n; p++)
+    if (reqs[p] != MPI_REQUEST_NULL) MPI_Request_free(&reqs[p]), pending = 1;
+  return pending;
+}
+
+/* When there is no memory to keep b's sends still pending (its abort
+ * notice, the signatures of a failed check) with a retired group: waits up
+ * to send_wait(b) for them; a buffer one of them still reads then is left
+ * allocated (leaked: a few bytes a peer) and its requests to MPI, so no send
+ * ever reads freed memory. (Before, mpi_destroy freed the buffers under the
+ * pending MPI_Isends.) */
+static void settle_pending(crun__mpi_t *b) {
+  int n = b->size, done_a = 1, done_s = 1;
+  MPI_Request *ab = b->abort_msg ? b->abort_reqs : NULL;
+  crun__mpi_spin_t spin = {0};
+  double end = crun_clock() + send_wait(b);
+  for (;;) {
+    if (ab && MPI_Testall(n, ab, &done_a, MPI_STATUSES_IGNORE) != MPI_SUCCESS) done_a = 0;
+    if (MPI_Testall(n, b->reqs + n, &done_s, MPI_STATUSES_IGNORE) != MPI_SUCCESS) done_s = 0;
+    if ((done_a && done_s) || crun_clock() >= end) break;
+    crun__mpi_relax(&spin);
+  }
+  int kept = 0;
+  if (let_go(ab, n)) b->abort_msg = NULL, kept = 1;
+  if (let_go(b->reqs + n, n)) b->sig_out = NULL, kept = 1;
+  CRUN_LOG(WARN, PG, "mpi group '%s' on rank %d: out of memory at destroy%s", b->pg->prefix, b->rank,
+           kept ? "; sends still pending keep their buffers (leaked)" : "");
 }
 
 /* Takes b's sends still pending (its abort notice; the signatures of a
@@ -575,7 +776,7 @@ static void reclaim(void) {
 static int keep_pending(retired_t *r, crun__mpi_t *b) {
   int n = b->size, pending = 0;
   MPI_Request *q = malloc(sizeof(MPI_Request) * 2 * (size_t)n);
-  if (!q) return 0; /* then the buffers are freed under MPI: as before, best effort */
+  if (!q) return settle_pending(b), 0;
   for (int p = 0; p < n; p++) {
     q[p] = b->abort_msg && b->abort_reqs ? b->abort_reqs[p] : MPI_REQUEST_NULL; /* both: mpi_abort set them */
     q[n + p] = b->reqs[n + p];
@@ -591,7 +792,10 @@ static int keep_pending(retired_t *r, crun__mpi_t *b) {
 /* Moves b's communicators and pending sends to the retired list. */
 static void retire(crun__mpi_t *b) {
   retired_t *r = calloc(1, sizeof *r);
-  if (!r) return; /* out of memory: mpi_destroy frees them as it used to (strays may then reach a later group) */
+  if (!r) { /* no memory: mpi_destroy frees the communicators (strays may then reach a later group) */
+    settle_pending(b);
+    return;
+  }
   r->comm = b->comm, r->ctrl = b->ctrl;
   r->size = b->size, r->rank = b->rank;
   r->seen = calloc((size_t)b->size, 1); /* NULL (no memory): never freed, as before */
@@ -611,8 +815,9 @@ static void mpi_destroy(void *state) {
   if (!b) return;
   int alive = crun__mpi_alive();
   crun__mpi_watch_remove(&b->watch);
-  if (alive) crun__mpi_sends_drain(b, b->pg->timeout < 10 ? b->pg->timeout : 10);
-  if (alive) sweep_joins();
+  if (alive) crun__mpi_sends_drain(b, send_wait(b));
+  MPI_Comm world, join;
+  if (alive && crun__mpi_up(&world, &join) == 0) sweep_joins(), drain_joins(join);
   if (alive && b->ctrl != MPI_COMM_NULL && b->size > 1) notify_left(b);
   if (alive && b->comm != MPI_COMM_NULL && b->size > 1) retire(b);
   if (alive && b->ctrl != MPI_COMM_NULL) MPI_Comm_free(&b->ctrl); /* one rank: nothing can be in flight */
