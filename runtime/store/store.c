@@ -42,6 +42,13 @@ void crun_store_retain(crun_store_t *s) {
   if (s) atomic_fetch_add(&s->refs, 1);
 }
 
+int crun__store_try_retain(crun_store_t *s) {
+  int n = atomic_load(&s->refs);
+  while (n > 0)
+    if (atomic_compare_exchange_weak(&s->refs, &n, n + 1)) return 1;
+  return 0;
+}
+
 void crun_store_release(crun_store_t *s) {
   if (s && atomic_fetch_sub(&s->refs, 1) == 1) s->ops->destroy(s);
 }

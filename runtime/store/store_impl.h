@@ -49,6 +49,11 @@ struct crun_store {
 /* Fills the common head (one reference, default timeout). */
 void crun__store_init(crun_store_t *s, const crun__store_ops_t *ops);
 
+/* Takes a reference to s unless its last one is gone (its destroy has begun
+ * or is about to): returns 1 when taken. For a kind's own list of its
+ * stores, which finds a store there until its destroy takes it off. */
+int crun__store_try_retain(crun_store_t *s);
+
 /* A key's length for "%.*s": keys from the wire carry no NUL (at most 200
  * bytes of one are printed). */
 #define CRUN__KLEN(klen) ((int)((klen) > 200 ? 200 : (klen)))

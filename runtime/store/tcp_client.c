@@ -87,7 +87,9 @@ static struct {
 /* In a forked child the parent's clients are not this process's: their
  * sockets are shared with the parent (or closed and their numbers reused),
  * so a flush or a close there must not talk on the parent's connections.
- * The list starts empty, its lock fresh (another thread may have held it). */
+ * The list starts empty, its lock fresh (another thread may have held it).
+ * (A reference a parent's flush held at the fork stays counted in the
+ * child: that inherited handle is then never destroyed there, a leak only.) */
 static void async_after_fork(void) {
   pthread_mutex_init(&g_async.mu, NULL);
   g_async.head = NULL;
@@ -983,11 +985,40 @@ static void flush_one(tcp_store_t *t) {
   }
 }
 
+/* Takes a reference to each of the process's async_set clients (one its
+ * destroy is taking off the list is left out: that destroy confirms its
+ * sets) into *out, *n of them; *out is `local` when they fit there. The
+ * list's lock is held only meanwhile: a flush waits for a handle's reply
+ * without it, so one stuck handle holds up no other thread's client. */
+static int async_snapshot(tcp_store_t **local, size_t cap, tcp_store_t ***out, size_t *n) {
+  pthread_mutex_lock(&g_async.mu);
+  size_t len = 0;
+  for (tcp_store_t *t = g_async.head; t; t = t->next) len++;
+  tcp_store_t **all = len <= cap ? local : malloc(len * sizeof *all);
+  if (!all) {
+    pthread_mutex_unlock(&g_async.mu);
+    return crun_error(CRUN_ENOMEM, "store flush: out of memory for %zu clients", len);
+  }
+  *n = 0;
+  for (tcp_store_t *t = g_async.head; t; t = t->next)
+    if (crun__store_try_retain(&t->base)) all[(*n)++] = t;
+  pthread_mutex_unlock(&g_async.mu);
+  *out = all;
+  return 0;
+}
+
 void crun_store_flush_sets(void) {
   if (!__atomic_load_n(&g_async.unacked, __ATOMIC_RELAXED)) return;
-  pthread_mutex_lock(&g_async.mu);
-  for (tcp_store_t *t = g_async.head; t; t = t->next) flush_one(t);
-  pthread_mutex_unlock(&g_async.mu);
+  tcp_store_t *local[32], **all = NULL;
+  size_t n = 0;
+  if (async_snapshot(local, sizeof local / sizeof *local, &all, &n) < 0) {
+    CRUN_LOG(WARN, STORE, "%s: sets sent without waiting are not flushed", crun_last_error());
+    return;
+  }
+  /* a handle closed meanwhile is destroyed by the release that drops the
+   * last reference: here, once it is flushed */
+  for (size_t i = 0; i < n; i++) flush_one(all[i]), crun_store_release(&all[i]->base);
+  if (all != local) free(all);
 }
 
 static void k_destroy(crun_store_t *s) {

@@ -1146,6 +1146,65 @@ TEST(tcp_flush_sets_busy_handle) {
   close(lfd);
 }
 
+/* A server that greets one client (no secret) and reads its frames without
+ * answering any (a PING neither), until the client hangs up. */
+static void *mute_server(void *arg) {
+  int fd = accept_greeted(*(int *)arg);
+  uint8_t in[256];
+  while (read(fd, in, sizeof in) > 0) {
+  }
+  close(fd);
+  return NULL;
+}
+
+static void *flush_sets(void *arg) {
+  crun_store_flush_sets();
+  *(double *)arg = crun_clock();
+  return NULL;
+}
+
+/* A flush stuck on one handle (its server never answers the PING) holds no
+ * other thread up: creating a client, setting on it and closing it, and
+ * closing a handle the flush has yet to reach, each return at once (the
+ * process's list of handles was locked for the whole flush: every one of
+ * them waited out the stuck handle's timeout). The handle closed mid-flush
+ * is closed after the flush and its set is applied. */
+TEST(tcp_flush_sets_stuck_handle_blocks_no_one) {
+  int port, lport, lfd = loopback_listener(&lport);
+  crun_store_server_t *srv = local_server(&port);
+  pthread_t mute, flusher;
+  pthread_create(&mute, NULL, mute_server, &lfd);
+  crun_store_tcp_opts_t bo = {.host = "127.0.0.1", .port = port, .timeout = 10, .connect_timeout = 5,
+                              .async_set = 1};
+  crun_store_tcp_opts_t ao = {.host = "127.0.0.1", .port = lport, .timeout = 2, .connect_timeout = 5,
+                              .token = "", .async_set = 1};
+  crun_store_t *a = NULL, *b = NULL, *c = NULL;
+  EXPECT_OK(crun_store_tcp_new(&bo, &b));
+  EXPECT_OK(crun_store_tcp_new(&ao, &a)); /* newer: flushed before b */
+  EXPECT_OK(crun_store_set(b, "kb", "vb", 2));
+  EXPECT_OK(crun_store_set(a, "ka", "va", 2));
+  double t0 = crun_clock(), done = 0;
+  pthread_create(&flusher, NULL, flush_sets, &done);
+  usleep(100000); /* the flush waits on a */
+  EXPECT_OK(crun_store_tcp_new(&bo, &c));
+  EXPECT_OK(crun_store_set(c, "kc", "vc", 2));
+  crun_store_release(c);
+  crun_store_release(b);
+  double t1 = crun_clock();
+  EXPECT(t1 - t0 < 1.0); /* a's timeout is 2 s */
+  pthread_join(flusher, NULL);
+  EXPECT(done - t0 >= 1.9); /* a was waited for */
+  crun_store_t *y = client(port, 10);
+  int all = 0;
+  EXPECT_OK(crun_store_check(y, (const char *[]){"kb", "kc"}, 2, &all));
+  EXPECT(all == 1);
+  crun_store_release(y);
+  crun_store_release(a);
+  pthread_join(mute, NULL);
+  close(lfd);
+  crun_store_server_stop(srv);
+}
+
 /* A forked child's flush leaves the parent's handles alone: its PING on
  * the socket the two share would put a reply there that the parent's next
  * call would take for its own. */
@@ -1840,7 +1899,7 @@ TEST(tcp_sets_into_a_stopped_server_time_out) {
   X(tcp_thousand_clients) X(tcp_multiprocess_race) X(tcp_big_value) X(tcp_pipelined_clients) X(tcp_both_transports) \
   X(tcp_secret) X(tcp_handshake_stall_is_etimedout) X(tcp_unix_socket_taken_by_another_user) X(tcp_stranger_bound_to_a_device) \
   X(tcp_client_that_never_reads) \
-  X(tcp_waiters_by_key) X(tcp_idle_connection_flood) X(tcp_queues) X(tcp_queue_opcodes) X(tcp_async_set) X(tcp_async_set_lost) X(tcp_flush_sets) X(tcp_flush_sets_busy_handle) X(tcp_flush_sets_in_forked_child) X(tcp_async_sets_survive_exit) X(tcp_flush_sets_lost) X(tcp_async_set_fails_on_server) \
+  X(tcp_waiters_by_key) X(tcp_idle_connection_flood) X(tcp_queues) X(tcp_queue_opcodes) X(tcp_async_set) X(tcp_async_set_lost) X(tcp_flush_sets) X(tcp_flush_sets_busy_handle) X(tcp_flush_sets_stuck_handle_blocks_no_one) X(tcp_flush_sets_in_forked_child) X(tcp_async_sets_survive_exit) X(tcp_flush_sets_lost) X(tcp_async_set_fails_on_server) \
   X(tcp_spin_setting) X(tcp_idle_server_sleeps) X(tcp_timed_out_wait_keeps_connection) X(tcp_set_at_the_deadline) \
   X(tcp_wait_timeouts_on_the_wire) X(tcp_noreply_flood_is_bounded) X(tcp_noreply_behind_a_parked_get) \
   X(tcp_noreply_failure_answers_one_request) X(tcp_max_value_every_op) \

@@ -93,9 +93,12 @@ int crun_store_tcp_new(const crun_store_tcp_opts_t *opts, crun_store_t **out);
  * until that call's sets are confirmed (a call that may block on a key
  * sends a PING ahead of its request and reads its reply first; a failure
  * that reply reports is kept for the handle's next call), not until the
- * call returns. In a forked child the handles inherited from the parent
- * are neither flushed nor confirmed when destroyed there: their socket is
- * the parent's. */
+ * call returns. The handles are waited for one after another, each
+ * without holding up other threads' clients (creating, using or closing
+ * another handle returns as usual); a handle released meanwhile is
+ * destroyed (its connection closed) once this flush is done with it. In a
+ * forked child the handles inherited from the parent are neither flushed
+ * nor confirmed when destroyed there: their socket is the parent's. */
 void crun_store_flush_sets(void);
 
 /* Returns the port a TCP store is connected to (the picked one for port 0);
