@@ -677,7 +677,7 @@ int crun_flight_arm(void) {
   if (g.armed) goto out;
   struct sigaction old;
   if (sigaction(SIGUSR1, NULL, &old) == 0 && old.sa_handler != SIG_DFL && old.sa_handler != SIG_IGN) goto out;
-  if (pipe(g.pipe) < 0) {
+  if (pipe2(g.pipe, O_CLOEXEC) < 0) { /* not inherited by what a script runs */
     rc = crun_error(CRUN_ESYS, "flight recorder: pipe: %s", strerror(errno));
     goto out;
   }

@@ -8,6 +8,9 @@
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -58,5 +61,53 @@ TEST(sigusr1_after_lua_close) {
   rmdir(dir);
 }
 
-#define CRUN_TESTS(X) X(sigusr1_after_lua_close)
+/* The flight recorder's wake-up pipe is not inherited by the programs a
+ * script starts (os.execute, io.popen): both ends are close-on-exec. */
+/* Marks in seen[] the pipe fds this process has open (below 256); counts
+ * those not marked before that lack close-on-exec. */
+static int new_inheritable_pipes(char *seen, int *fresh) {
+  int inherited = 0;
+  DIR *d = opendir("/proc/self/fd");
+  struct dirent *e;
+  while (d && (e = readdir(d)) != NULL) {
+    char path[300], to[64] = "";
+    int fd = atoi(e->d_name);
+    snprintf(path, sizeof path, "/proc/self/fd/%s", e->d_name);
+    if (e->d_name[0] == '.' || fd == dirfd(d) || fd >= 256 || readlink(path, to, sizeof to - 1) < 0) continue;
+    if (strncmp(to, "pipe:", 5) != 0 || seen[fd]) continue;
+    seen[fd] = 1, (*fresh)++;
+    if (!(fcntl(fd, F_GETFD) & FD_CLOEXEC)) inherited++;
+  }
+  if (d) closedir(d);
+  return inherited;
+}
+
+/* The flight recorder's wake-up pipe is not inherited by the programs a
+ * script starts (os.execute, io.popen): both ends are close-on-exec. */
+TEST(flight_pipe_cloexec) {
+  const char *build = getenv("CRUN_BUILD_DIR");
+  EXPECT(build != NULL);
+  pid_t pid = fork();
+  if (pid == 0) {
+    char seen[256] = {0};
+    int fresh = 0;
+    (void)new_inheritable_pipes(seen, &fresh); /* the test's own (ctest's output pipes) */
+    fresh = 0;
+    lua_State *L = luaL_newstate();
+    luaL_openlibs(L);
+    char all[4096];
+    snprintf(all, sizeof all, "package.cpath = '%s/lua/?.so'\nrequire('crun.core').flight_arm()",
+             build ? build : ".");
+    if (luaL_dostring(L, all) != LUA_OK) _exit(3);
+    int inherited = new_inheritable_pipes(seen, &fresh);
+    _exit(fresh < 2 ? 4 : inherited ? 5 : 0);
+  }
+  int st = 0;
+  EXPECT(pid > 0 && waitpid(pid, &st, 0) == pid);
+  if (WIFEXITED(st) && WEXITSTATUS(st) == 4) fprintf(stderr, "  no pipe found after flight_arm\n");
+  if (WIFEXITED(st) && WEXITSTATUS(st) == 5) fprintf(stderr, "  a pipe end is inherited across exec\n");
+  EXPECT(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+}
+
+#define CRUN_TESTS(X) X(sigusr1_after_lua_close) X(flight_pipe_cloexec)
 CRUN_TEST_MAIN()
