@@ -179,6 +179,12 @@ int crun__tcp_p2p_init(crun__tcp_t *t);
 /* Stops the pump thread and fails what is still pending (close). */
 void crun__tcp_p2p_fini(crun__tcp_t *t);
 
+/* The reason peer j left on the group's board when it failed the group but
+ * could not send us its abort frame (crun__tcp_abort): 1 with h (an abort
+ * header naming its status) and text (cap bytes) set, else 0. Asks the
+ * store, bounded by the board's timeout: call it once a connection ended. */
+int crun__tcp_board_reason(crun__tcp_t *t, int j, crun__hdr_t *h, char *text, size_t cap);
+
 /* Returns 1 when fd is ready for `ev`, 0 at the deadline, <0 on poll error. */
 int crun__tcp_wait_fd(int fd, short ev, double deadline);
 
