@@ -41,8 +41,15 @@ typedef struct {
  * else CRUN_EPROTO naming what it claims. */
 int crun__tcp_hello_check(const crun__hello_t *h, uint32_t group, int rank, int size, const int *fds);
 
+/* The longest abort frame a reader takes (its text is kept to
+ * CRUN__ABORT_TEXT_MAX and crun__tcp_abort sends no more): a longer one is
+ * garbled, or a peer streaming bytes would keep a reader draining it
+ * forever, past every deadline. */
+#define CRUN__ABORT_FRAME_MAX (64u << 10)
+
 /* Returns 1 and writes why into text when h (a header from rank `from` to
- * rank `rank`) lacks the frame magic or names another group; else 0. */
+ * rank `rank`) lacks the frame magic, names another group, or is an abort
+ * frame longer than CRUN__ABORT_FRAME_MAX; else 0. */
 int crun__tcp_hdr_garbled(const crun__hdr_t *h, uint32_t group, int rank, int from, char *text, size_t cap);
 
 /* How a connection to a peer ended, for "connection to rank N <how>":

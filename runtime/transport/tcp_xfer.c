@@ -517,6 +517,7 @@ void crun__tcp_abort(crun__tcp_t *t, int status, const char *text) {
   t->aborted = 1;
   const char *cut = strstr(text, " [reported by rank");
   size_t len = cut ? (size_t)(cut - text) : strlen(text);
+  if (len > CRUN__ABORT_TEXT_MAX) len = CRUN__ABORT_TEXT_MAX; /* what a reader keeps */
   char why[512];
   snprintf(why, sizeof why, "the group is unusable after an earlier failure: %.*s", (int)(len < 400 ? len : 400), text);
   t->abort_why = strdup(why);
