@@ -19,7 +19,9 @@
  * A peer that goes away (killed, closed, or failed its group: it then sends
  * an abort frame and shuts its side) fails every operation pending on it at
  * once, with EPEERDIED or the peer's reason: a receive reads the close or
- * the abort frame, a send the socket takes nothing of looks for the hang-up
+ * the abort frame (or, when a half-sent frame or a full socket kept that
+ * frame out, the reason the peer left on the group's board before it reset
+ * the connection), a send the socket takes nothing of looks for the hang-up
  * and then reads what the peer left, and a reader paused at a held frame is
  * watched for the hang-up while anything waits on that peer (it then reads
  * past that frame to the peer's abort frame, if one follows). */
@@ -296,6 +298,26 @@ static void unmatched_note(const crun__tcp_t *t, int peer, char *buf, size_t cap
   }
 }
 
+/* Peer j failed its group for the reason (h, why) of its abort frame or of
+ * the board: every pending operation fails with it. */
+static void peer_aborted(crun__tcp_t *t, int j, const crun__hdr_t *h, const char *why) {
+  int st;
+  char text[4200];
+  const char *body = crun__tcp_abort_body(h, why, &st);
+  snprintf(text, sizeof text, "%s [reported by rank %d; rank %d was in a point-to-point operation]", body, j,
+           t->rank);
+  crun__tcp_fail_all(t, st, text);
+}
+
+/* An abort frame of peer j was read whole: every pending operation fails. */
+static void prx_abort_done(crun__tcp_t *t, int j) {
+  crun__prx_t *x = &t->prx[j];
+  x->state = CRUN__PRX_DEAD;
+  peer_aborted(t, j, &x->h, x->text);
+  free(x->text);
+  x->text = NULL;
+}
+
 /* Fails the receives that can no longer be served after peer j went away
  * (err: the connection's errno, 0 when j closed it), and the sends to j (a
  * peer that shut its side reads no more either). */
@@ -309,6 +331,12 @@ static void peer_gone(crun__tcp_t *t, int j, int err) {
   t->closed[j] = 1;
   crun__stash_free(t, x->frame);
   x->frame = NULL;
+  crun__hdr_t h;
+  char why[CRUN__ABORT_TEXT_MAX + 1];
+  if (crun__tcp_board_reason(t, j, &h, why, sizeof why)) { /* j failed its group: its abort frame could not come */
+    peer_aborted(t, j, &h, why);
+    return;
+  }
   int open = 0;
   for (int k = 0; k < t->size; k++) open += k != t->rank && !t->closed[k];
   crun__p2p_op_t *op = x->direct;
@@ -405,19 +433,6 @@ static void prx_frame_done(crun__tcp_t *t, int j) {
   crun__tcp_match(t);
 }
 
-/* An abort frame of peer j was read whole: every pending operation fails. */
-static void prx_abort_done(crun__tcp_t *t, int j) {
-  crun__prx_t *x = &t->prx[j];
-  x->state = CRUN__PRX_DEAD;
-  int st;
-  char text[4200];
-  const char *body = crun__tcp_abort_body(&x->h, x->text, &st);
-  snprintf(text, sizeof text, "%s [reported by rank %d; rank %d was in a point-to-point operation]", body, j,
-           t->rank);
-  free(x->text);
-  x->text = NULL;
-  crun__tcp_fail_all(t, st, text);
-}
 
 /* Peer j hung up while its reader is held: all j sent is in this socket.
  * Reads past the held frame (nothing can take it now that j is gone) to see

@@ -41,8 +41,15 @@ typedef struct {
  * else CRUN_EPROTO naming what it claims. */
 int crun__tcp_hello_check(const crun__hello_t *h, uint32_t group, int rank, int size, const int *fds);
 
+/* The longest abort frame a reader takes (its text is kept to
+ * CRUN__ABORT_TEXT_MAX and crun__tcp_abort sends no more): a longer one is
+ * garbled, or a peer streaming bytes would keep a reader draining it
+ * forever, past every deadline. */
+#define CRUN__ABORT_FRAME_MAX (64u << 10)
+
 /* Returns 1 and writes why into text when h (a header from rank `from` to
- * rank `rank`) lacks the frame magic or names another group; else 0. */
+ * rank `rank`) lacks the frame magic, names another group, or is an abort
+ * frame longer than CRUN__ABORT_FRAME_MAX; else 0. */
 int crun__tcp_hdr_garbled(const crun__hdr_t *h, uint32_t group, int rank, int from, char *text, size_t cap);
 
 /* How a connection to a peer ended, for "connection to rank N <how>":
@@ -178,6 +185,12 @@ int crun__tcp_p2p_init(crun__tcp_t *t);
 
 /* Stops the pump thread and fails what is still pending (close). */
 void crun__tcp_p2p_fini(crun__tcp_t *t);
+
+/* The reason peer j left on the group's board when it failed the group but
+ * could not send us its abort frame (crun__tcp_abort): 1 with h (an abort
+ * header naming its status) and text (cap bytes) set, else 0. Asks the
+ * store, bounded by the board's timeout: call it once a connection ended. */
+int crun__tcp_board_reason(crun__tcp_t *t, int j, crun__hdr_t *h, char *text, size_t cap);
 
 /* Returns 1 when fd is ready for `ev`, 0 at the deadline, <0 on poll error. */
 int crun__tcp_wait_fd(int fd, short ev, double deadline);

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/types.h>
 #include <sys/uio.h>
 
 #include "core/trace_int.h"
@@ -125,9 +126,15 @@ static int classify(io_t *io, const crun__hdr_t *h) {
   return 0;
 }
 
-/* The connection to peer ended (err: its errno, 0 when closed). */
+static int aborted_by(io_t *io, int peer, const crun__hdr_t *h, const char *text);
+
+/* The connection to peer ended (err: its errno, 0 when closed): the peer's
+ * reason when it failed the group and left it on the board (its abort frame
+ * could not reach us), else EPEERDIED. */
 static int peer_died(io_t *io, int peer, int err) {
-  char desc[64], how[128];
+  crun__hdr_t h;
+  char why[CRUN__ABORT_TEXT_MAX + 1], desc[64], how[128];
+  if (crun__tcp_board_reason(io->t, peer, &h, why, sizeof why)) return aborted_by(io, peer, &h, why);
   crun__coll_desc(io->c, desc, sizeof desc);
   return crun_error(CRUN_EPEERDIED, "%s on rank %d: connection to rank %d %s (the process died "
                     "or left the group)", desc, io->t->rank, peer, crun__tcp_conn_how(err, how, sizeof how));
@@ -438,26 +445,90 @@ int crun__tcp_xfer(crun__tcp_t *t, crun__coll_t *c, const crun__xfer_t *x) {
   return rc < 0 ? rc : 0;
 }
 
+/* The key on the group's board under which rank r leaves the reason it
+ * failed the group, for the peers its abort frame could not reach. */
+static void reason_key(int r, char *buf, size_t cap) { snprintf(buf, cap, "abort/%d", r); }
+
+int crun__tcp_board_reason(crun__tcp_t *t, int j, crun__hdr_t *h, char *text, size_t cap) {
+  crun_store_t *b = t->pg ? t->pg->board : NULL;
+  char key[32];
+  reason_key(j, key, sizeof key);
+  const char *k = key;
+  int ok = 0;
+  crun_buf_t v = {0};
+  if (!b || crun_store_check(b, &k, 1, &ok) < 0 || !ok || crun_store_get(b, key, &v) < 0) return 0;
+  snprintf(text, cap, "%.*s", (int)(v.len < cap ? v.len : cap - 1), (const char *)v.data);
+  crun_buf_free(&v);
+  char *end = NULL;
+  long st = strtol(text, &end, 10); /* "<-status> <text>" */
+  int got = end > text && *end == ' ' && st > 0 && st < 1000;
+  if (got) {
+    *h = (crun__hdr_t){.magic = CRUN__TCP_MAGIC, .group = t->group, .kind = CRUN__KIND_ABORT,
+                       .status = (uint32_t)st};
+    memmove(text, end + 1, strlen(end + 1) + 1);
+  }
+  return got;
+}
+
+/* Leaves why this rank failed the group on the board (bounded by the
+ * board's timeout), for a peer its abort frame cannot reach. */
+static void publish_reason(crun__tcp_t *t, int status, const char *text, size_t len) {
+  char key[32], *v = malloc(len + 16);
+  reason_key(t->rank, key, sizeof key);
+  if (!v || !t->pg || !t->pg->board) { free(v); return; }
+  int n = snprintf(v, len + 16, "%d %.*s", -status, (int)len, text);
+  if (crun_store_set(t->pg->board, key, v, (size_t)n) < 0)
+    CRUN_LOG(INFO, NET, "rank %d: could not leave the abort reason on the board: %s", t->rank, crun_last_error());
+  free(v);
+}
+
+/* Sends the abort frame to peer j; 1 when it went out whole, -1 when the
+ * connection is gone already (no one reads it), 0 when it could not go: a
+ * frame to j left half sent (tx_dirty) keeps it out, and so does a full
+ * socket. Never blocks. */
+static int abort_frame_to(crun__tcp_t *t, int j, int status, const char *text, size_t len) {
+  if (t->tx_dirty[j]) return 0;
+  crun__hdr_t h = {.magic = CRUN__TCP_MAGIC, .group = t->group, .kind = CRUN__KIND_ABORT,
+                   .status = (uint32_t)(-status), .nbytes = len};
+  struct iovec iov[2] = {{&h, HDR}, {(void *)text, len}};
+  struct msghdr m = {.msg_iov = iov, .msg_iovlen = 2};
+  ssize_t k = sendmsg(t->fds[j], &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+  if (k < 0) CRUN_LOG(INFO, NET, "abort frame to rank %d: %s", j, strerror(errno));
+  if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return -1;
+  return k == (ssize_t)(HDR + len);
+}
+
+/* Resets the connection to peer j at once (connect to AF_UNSPEC sends a
+ * RST): a peer behind our half-sent frame would otherwise see our close only
+ * after reading all of the frame's bytes still queued here, and a peer whose
+ * reader holds that frame never would. The peer then reads the reason from
+ * the board (crun__tcp_board_reason). */
+static void reset_conn(crun__tcp_t *t, int j) {
+  struct sockaddr sa = {.sa_family = AF_UNSPEC};
+  if (connect(t->fds[j], &sa, sizeof sa) < 0) {
+    CRUN_LOG(INFO, NET, "reset of the connection to rank %d: %s", j, strerror(errno));
+    shutdown(t->fds[j], SHUT_WR);
+  }
+}
+
 void crun__tcp_abort(crun__tcp_t *t, int status, const char *text) {
   if (!t || t->aborted) return;
   pthread_mutex_lock(&t->mu);
   t->aborted = 1;
   const char *cut = strstr(text, " [reported by rank");
   size_t len = cut ? (size_t)(cut - text) : strlen(text);
+  if (len > CRUN__ABORT_TEXT_MAX) len = CRUN__ABORT_TEXT_MAX; /* what a reader keeps */
   char why[512];
   snprintf(why, sizeof why, "the group is unusable after an earlier failure: %.*s", (int)(len < 400 ? len : 400), text);
   t->abort_why = strdup(why);
-  for (int j = 0; j < t->size; j++) {
+  for (int j = 0, published = 0; j < t->size; j++) {
     if (t->fds[j] < 0) continue;
-    if (!t->tx_dirty[j]) {
-      crun__hdr_t h = {.magic = CRUN__TCP_MAGIC, .group = t->group, .kind = CRUN__KIND_ABORT,
-                       .status = (uint32_t)(-status), .nbytes = len};
-      struct iovec iov[2] = {{&h, HDR}, {(void *)text, len}};
-      struct msghdr m = {.msg_iov = iov, .msg_iovlen = 2};
-      if (sendmsg(t->fds[j], &m, MSG_NOSIGNAL | MSG_DONTWAIT) < 0)
-        CRUN_LOG(INFO, NET, "abort frame to rank %d: %s", j, strerror(errno));
+    if (abort_frame_to(t, j, status, text, len) != 0) {
+      shutdown(t->fds[j], SHUT_WR);
+      continue;
     }
-    shutdown(t->fds[j], SHUT_WR);
+    if (!published++) publish_reason(t, status, text, len); /* before the reset the peer reacts to */
+    reset_conn(t, j);
   }
   crun__tcp_fail_all(t, CRUN_ESTATE, why);
   pthread_mutex_unlock(&t->mu);

@@ -379,8 +379,60 @@ static void stats_after_small(crun_pg_t *pg, void *arg) {
 
 TEST(stats_large_after_small) { pg_spawn(2, stats_after_small, NULL); }
 
+/* crun_work_wait(w, 0) sets no limit of its own: the operation's deadline
+ * (the group's timeout, here 0.5 s) ends it on every path. Rank 0 issues an
+ * async op rank 1 never matches (mode 0: a recv, 1: a 64 MiB send, 2: an
+ * all_reduce) and a barrier queued behind it, and waits on both with 0: the
+ * first ends with ETIMEDOUT in a few seconds, the second with ESTATE. Rank 1
+ * keeps the group until rank 0 says (flag file) that its waits returned. */
+typedef struct { int mode; char flag[64]; } wait0_t;
+
+static void wait_zero(crun_pg_t *pg, void *arg) {
+  wait0_t *a = arg;
+  if (crun_pg_rank(pg) == 1) {
+    double end = crun_clock() + 20;
+    while (access(a->flag, F_OK) != 0 && crun_clock() < end) usleep(10000);
+    return;
+  }
+  crun_pg_set_timeout(pg, 0.5);
+  size_t n = a->mode == 1 ? 64u << 20 : 16;
+  uint8_t *b = calloc(n, 1);
+  EXPECT(b != NULL);
+  crun_work_t *w, *w2;
+  if (a->mode == 0) EXPECT_OK(crun_pg_recv(pg, b, n, CRUN_UINT8, 1, NULL, NULL, &w));
+  if (a->mode == 1) EXPECT_OK(crun_pg_send(pg, b, n, CRUN_UINT8, 1, NULL, &w));
+  if (a->mode == 2) EXPECT_OK(crun_pg_all_reduce(pg, b, n, CRUN_UINT8, CRUN_OP_SUM, NULL, &w));
+  EXPECT_OK(crun_pg_barrier(pg, NULL, &w2));
+  double t0 = crun_clock();
+  EXPECT_STATUS(crun_work_wait(w, 0), CRUN_ETIMEDOUT);
+  EXPECT_STATUS(crun_work_wait(w2, 0), CRUN_ESTATE);
+  EXPECT(crun_clock() - t0 < 5.0);
+  crun_work_release(w);
+  crun_work_release(w2);
+  free(b);
+  FILE *f = fopen(a->flag, "w");
+  EXPECT(f != NULL);
+  fclose(f);
+}
+
+static void wait_zero_modes(const char *shm) {
+  setenv("CRUN_SHM", shm, 1);
+  for (int mode = 0; mode < 3; mode++) {
+    if (mode < 2 && shm[0] == '1') continue; /* p2p runs over TCP either way */
+    wait0_t a = {.mode = mode};
+    snprintf(a.flag, sizeof a.flag, "/tmp/crun_pgtest_w0_%d", (int)getpid());
+    unlink(a.flag);
+    EXPECT_EQ_INT(pg_spawn_ex(2, wait_zero, &a, 20.0, 30.0), 0);
+    unlink(a.flag);
+  }
+}
+
+TEST(wait_zero_ends_by_the_deadline) { wait_zero_modes("0"); }
+TEST(wait_zero_ends_by_the_deadline_shm) { wait_zero_modes("1"); }
+
 #define CRUN_TESTS(X) X(async_ordering) X(async_blocking_race) X(two_threads_one_group) X(tcp_two_threads_one_group) \
   X(stats_large_after_small) X(sub_groups) X(send_recv_matching) X(work_wait_timeout) \
   X(argument_errors) X(mismatch_reported_everywhere) X(timeout_names_ranks) X(peer_killed_mid_all_reduce) \
-  X(tcp_mismatch) X(tcp_timeout) X(tcp_peer_killed)
+  X(tcp_mismatch) X(tcp_timeout) X(tcp_peer_killed) X(wait_zero_ends_by_the_deadline) \
+  X(wait_zero_ends_by_the_deadline_shm)
 CRUN_TEST_MAIN()

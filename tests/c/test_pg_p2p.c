@@ -291,6 +291,64 @@ TEST(send_without_pump_thread) {
 TEST(send_without_pump_thread) {} /* a sanitizer build: pthread_create is its own */
 #endif
 
+/* Rank 0's async send of 64 MiB to rank 1 is left half written, then rank 0
+ * fails its group (a recv from rank 1 times out). Its abort frame cannot
+ * follow the half-sent frame, yet rank 1 must learn promptly that rank 0
+ * failed and why: mode 0: rank 1 waits in a recv from rank 0 with another
+ * tag (10 s) and, with a 1 MiB CRUN_TCP_UNEXPECTED_MAX, its reader holds
+ * that frame (it waited out its deadline); mode 1: rank 1 enters an
+ * all_reduce over TCP after rank 0 failed (it learnt only that the
+ * connection closed). Rank 0 keeps the group until rank 1 says, through a
+ * flag file, that its call returned. */
+typedef struct { int mode; char flag[64]; } half_t;
+
+static void abort_half_sent(crun_pg_t *pg, void *arg) {
+  half_t *a = arg;
+  crun_work_t *w;
+  EXPECT_OK(crun_pg_barrier(pg, NULL, NULL));
+  if (crun_pg_rank(pg) == 1) {
+    uint8_t x[64] = {0};
+    crun_coll_opts_t o7 = {.tag = 7, .timeout = 10.0};
+    double t0 = crun_clock();
+    if (a->mode == 1) usleep(1500 * 1000);
+    int rc = a->mode == 0 ? crun_pg_recv(pg, x, 1, CRUN_UINT8, 0, &o7, NULL, NULL)
+                          : crun_pg_all_reduce(pg, x, 64, CRUN_UINT8, CRUN_OP_SUM, &o7, NULL);
+    EXPECT_STATUS(rc, CRUN_ETIMEDOUT);
+    EXPECT(crun_clock() - t0 < 5.0);
+    EXPECT_TEXT("recv from rank 1 (tag 5) on rank 0: no data from rank 1");
+    EXPECT_TEXT("reported by rank 0");
+    FILE *f = fopen(a->flag, "w");
+    EXPECT(f != NULL);
+    fclose(f);
+    return;
+  }
+  size_t n = 64u << 20;
+  uint8_t *b = calloc(n, 1), x;
+  EXPECT(b != NULL);
+  crun_coll_opts_t o3 = {.tag = 3, .timeout = 10.0}, o5 = {.tag = 5, .timeout = 0.5};
+  EXPECT_OK(crun_pg_send(pg, b, n, CRUN_UINT8, 1, &o3, &w));
+  EXPECT_STATUS(crun_pg_recv(pg, &x, 1, CRUN_UINT8, 1, &o5, NULL, NULL), CRUN_ETIMEDOUT);
+  EXPECT(crun_work_wait(w, 15) < 0);
+  crun_work_release(w);
+  free(b);
+  double end = crun_clock() + 15;
+  while (access(a->flag, F_OK) != 0 && crun_clock() < end) usleep(10000);
+}
+
+TEST(abort_reaches_peer_behind_half_sent_frame) {
+  setenv("CRUN_SHM", "0", 1);
+  for (int mode = 0; mode < 2; mode++) {
+    half_t a = {.mode = mode};
+    snprintf(a.flag, sizeof a.flag, "/tmp/crun_pgtest_flag_%d", (int)getpid());
+    unlink(a.flag);
+    if (mode == 0) setenv("CRUN_TCP_UNEXPECTED_MAX", "1048576", 1);
+    EXPECT_EQ_INT(pg_spawn_ex(2, abort_half_sent, &a, 20.0, 40.0), 0);
+    unsetenv("CRUN_TCP_UNEXPECTED_MAX");
+    unlink(a.flag);
+  }
+}
+
 #define CRUN_TESTS(X) X(ring_exchange) X(ring_exchange_tcp) X(many_in_flight_in_order) X(p2p_between_collectives) \
-  X(send_pending_across_collective) X(any_source_then_collectives) X(send_without_pump_thread)
+  X(send_pending_across_collective) X(any_source_then_collectives) X(send_without_pump_thread) \
+  X(abort_reaches_peer_behind_half_sent_frame)
 CRUN_TEST_MAIN()

@@ -115,6 +115,22 @@ TEST(abort_text_bounds) {
   EXPECT_EQ_INT(st, CRUN_EIO);
 }
 
+/* An abort frame longer than CRUN__ABORT_FRAME_MAX is garbled: a reader
+ * drained any length before, so a peer streaming bytes behind an abort
+ * header of 2^40 bytes kept it reading past every deadline. */
+TEST(abort_frame_length_bound) {
+  crun__hdr_t h = {.magic = CRUN__TCP_MAGIC, .group = 0xabcd, .kind = CRUN__KIND_ABORT, .nbytes = 10007};
+  char text[160];
+  EXPECT_EQ_INT(crun__tcp_hdr_garbled(&h, 0xabcd, 0, 1, text, sizeof text), 0);
+  h.nbytes = CRUN__ABORT_FRAME_MAX;
+  EXPECT_EQ_INT(crun__tcp_hdr_garbled(&h, 0xabcd, 0, 1, text, sizeof text), 0);
+  h.nbytes = 1ull << 40;
+  EXPECT_EQ_INT(crun__tcp_hdr_garbled(&h, 0xabcd, 0, 1, text, sizeof text), 1);
+  EXPECT(strstr(text, "rank 0: garbled frame from rank 1 (an abort frame of 1099511627776 bytes") != NULL);
+  h.kind = CRUN__COLL_SEND; /* a data frame's length is checked against its receive */
+  EXPECT_EQ_INT(crun__tcp_hdr_garbled(&h, 0xabcd, 0, 1, text, sizeof text), 0);
+}
+
 /* tests/fuzz/corpus/checkpoint/regress-empty-tensor-huge-dims: an empty
  * tensor's other sizes are bounded too (their strides overflowed int64). */
 TEST(empty_tensor_huge_dims) {
@@ -137,5 +153,5 @@ TEST(call_shape_unknown_op) {
 }
 
 #define CRUN_TESTS(X) X(frame_lengths) X(request_header_and_arity) X(reply_errors) X(mesh_hello) \
-  X(abort_text_bounds) X(call_shape_unknown_op) X(empty_tensor_huge_dims)
+  X(abort_text_bounds) X(abort_frame_length_bound) X(call_shape_unknown_op) X(empty_tensor_huge_dims)
 CRUN_TEST_MAIN()

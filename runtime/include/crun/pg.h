@@ -199,8 +199,11 @@ int crun_pg_barrier(crun_pg_t *pg, const crun_coll_opts_t *opts, crun_work_t **w
 /* ---------------------------------------------------------------- Work */
 
 /* Blocks until the work finished or `timeout` seconds passed (<= 0, or more
- * than 1e9 as math.huge is: until it finished; the operation's own deadline
- * bounds that; NaN is CRUN_EINVAL). Returns the operation's
+ * than 1e9 as math.huge is: until it finished, which the operation's own
+ * deadline bounds: its opts.timeout or the group's, counted from when it
+ * starts to run, after the work queued before it, each bounded alike; a
+ * pending send or recv is failed at its deadline by the backend's pump
+ * thread; NaN is CRUN_EINVAL). Returns the operation's
  * status (its error text in crun_last_error()), or CRUN_ETIMEDOUT when the
  * wait itself timed out (the work keeps running). */
 int crun_work_wait(crun_work_t *w, double timeout);
