@@ -14,4 +14,15 @@
 /* CLOCK_MONOTONIC_COARSE in seconds (CLOCK_MONOTONIC where it is missing). */
 double crun__clock_coarse(void);
 
+/* The longest timeout anything takes (about 31 years): a longer one, or
+ * inf, is clamped to it, so every deadline stays a finite time (the
+ * nanoseconds of inf overflow a uint64_t and a timespec). */
+#define CRUN__MAX_TIMEOUT 1e9
+
+/* A group or operation timeout as used: NaN or <= 0 is `def` (the default),
+ * more than CRUN__MAX_TIMEOUT is CRUN__MAX_TIMEOUT. */
+static inline double crun__timeout_or(double seconds, double def) {
+  return !(seconds > 0) ? def : seconds > CRUN__MAX_TIMEOUT ? CRUN__MAX_TIMEOUT : seconds;
+}
+
 #endif

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "backend/backend.h"
+#include "core/clock_int.h"
 #include "cuda/cuda_int.h"
 
 /* A new Work for kind on pg with the per-call options applied: `local` (a
@@ -27,7 +28,7 @@ static crun_work_t *work_new(crun_pg_t *pg, int kind, crun_dtype_t dt, size_t co
   w->c.user_dt = -1;
   w->c.count = count;
   w->c.tag = o ? o->tag : 0;
-  w->c.timeout = o && o->timeout > 0 ? o->timeout : pg->timeout;
+  w->c.timeout = o ? crun__timeout_or(o->timeout, pg->timeout) : pg->timeout;
   w->c.src_out = -1;
   w->c.cuda = o && o->cuda;
   int dev = -1;

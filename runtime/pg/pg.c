@@ -7,6 +7,7 @@
 #include <time.h>
 
 #include "backend/backend.h"
+#include "core/clock_int.h"
 
 const char *crun__coll_name(int kind) {
   static const char *names[] = {
@@ -46,7 +47,7 @@ static crun_pg_t *pg_alloc(crun_store_t *base, const char *prefix, int rank, int
   pg->global = calloc((size_t)size, sizeof(int));
   pg->rank = rank;
   pg->size = size;
-  pg->timeout = timeout > 0 ? timeout : CRUN_PG_DEFAULT_TIMEOUT;
+  pg->timeout = crun__timeout_or(timeout, CRUN_PG_DEFAULT_TIMEOUT);
   pg->group_id = fnv1a(prefix);
   pg->base = base;
   crun_store_retain(base);
@@ -247,7 +248,7 @@ int crun_pg_new_group(crun_pg_t *parent, const int *ranks, int n, double timeout
   pthread_mutex_lock(&parent->mu);
   int idx = ++parent->nchildren; /* counted on every call, so ranks stay in step after an error */
   pthread_mutex_unlock(&parent->mu);
-  double t = timeout > 0 ? timeout : parent->timeout;
+  double t = crun__timeout_or(timeout, parent->timeout);
   /* `timeout` is the new group's operations'; the agreement (the parent's
    * operation: a failure breaks the parent) and the connection wait at
    * least the parent's, so that a short one does not cut them short */
@@ -315,7 +316,7 @@ int crun_pg_rank(const crun_pg_t *pg) { return pg->rank; }
 int crun_pg_size(const crun_pg_t *pg) { return pg->size; }
 int crun_pg_global_rank(const crun_pg_t *pg, int r) { return r >= 0 && r < pg->size ? pg->global[r] : -1; }
 const char *crun_pg_backend(const crun_pg_t *pg) { return pg->be ? pg->be->name : "none"; }
-void crun_pg_set_timeout(crun_pg_t *pg, double s) { pg->timeout = s > 0 ? s : CRUN_PG_DEFAULT_TIMEOUT; }
+void crun_pg_set_timeout(crun_pg_t *pg, double s) { pg->timeout = crun__timeout_or(s, CRUN_PG_DEFAULT_TIMEOUT); }
 double crun_pg_get_timeout(const crun_pg_t *pg) { return pg->timeout; }
 
 uint64_t crun_pg_next_seq(const crun_pg_t *pg) { return atomic_load(&((crun_pg_t *)pg)->next_seq) + 1; }

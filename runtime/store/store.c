@@ -1,6 +1,7 @@
 /* store.c — the public store API: argument checks, deadlines, reference
  * counting, then dispatch through the kind's vtable. */
 #include "store/store_impl.h"
+#include "core/clock_int.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -52,10 +53,6 @@ int crun__store_try_retain(crun_store_t *s) {
 void crun_store_release(crun_store_t *s) {
   if (s && atomic_fetch_sub(&s->refs, 1) == 1) s->ops->destroy(s);
 }
-
-/* The longest timeout queue_pop takes (about 31 years): every deadline
- * stays a finite number of milliseconds on the wire. */
-#define CRUN__MAX_TIMEOUT 1e9
 
 void crun_store_set_timeout(crun_store_t *s, double seconds) {
   if (!s) return;

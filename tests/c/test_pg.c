@@ -1,6 +1,7 @@
 /* test_pg.c — process group semantics on forked ranks: async ordering,
  * sub-groups, point-to-point matching by source and tag, argument errors,
  * and the failure reports (mismatch, timeout, a peer killed mid-collective). */
+#include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 
@@ -430,9 +431,33 @@ static void wait_zero_modes(const char *shm) {
 TEST(wait_zero_ends_by_the_deadline) { wait_zero_modes("0"); }
 TEST(wait_zero_ends_by_the_deadline_shm) { wait_zero_modes("1"); }
 
+/* A timeout of inf (or NaN, or more than 1e9 s) never makes a deadline that
+ * cannot pass: inf and huge ones are 1e9 s, NaN and <= 0 the default. */
+static void timeouts_clamped(crun_pg_t *pg, void *arg) {
+  (void)arg;
+  crun_pg_set_timeout(pg, INFINITY);
+  EXPECT(crun_pg_get_timeout(pg) == 1e9);
+  crun_pg_set_timeout(pg, 1e300);
+  EXPECT(crun_pg_get_timeout(pg) == 1e9);
+  crun_pg_set_timeout(pg, NAN);
+  EXPECT(crun_pg_get_timeout(pg) == CRUN_PG_DEFAULT_TIMEOUT);
+  crun_pg_set_timeout(pg, 7.5);
+  EXPECT(crun_pg_get_timeout(pg) == 7.5);
+  crun_pg_t *g = NULL;
+  int all[2] = {0, 1};
+  EXPECT_OK(crun_pg_new_group(pg, all, 2, INFINITY, &g));
+  EXPECT(g && crun_pg_get_timeout(g) == 1e9);
+  float v = (float)(crun_pg_rank(pg) + 1);
+  crun_coll_opts_t o = {.timeout = INFINITY};
+  EXPECT_OK(crun_pg_all_reduce(g, &v, 1, CRUN_FLOAT32, CRUN_OP_SUM, &o, NULL));
+  EXPECT(v == 3.0f);
+  crun_pg_destroy(g);
+}
+TEST(timeouts_clamped) { pg_spawn(2, timeouts_clamped, NULL); }
+
 #define CRUN_TESTS(X) X(async_ordering) X(async_blocking_race) X(two_threads_one_group) X(tcp_two_threads_one_group) \
   X(stats_large_after_small) X(sub_groups) X(send_recv_matching) X(work_wait_timeout) \
   X(argument_errors) X(mismatch_reported_everywhere) X(timeout_names_ranks) X(peer_killed_mid_all_reduce) \
   X(tcp_mismatch) X(tcp_timeout) X(tcp_peer_killed) X(wait_zero_ends_by_the_deadline) \
-  X(wait_zero_ends_by_the_deadline_shm)
+  X(wait_zero_ends_by_the_deadline_shm) X(timeouts_clamped)
 CRUN_TEST_MAIN()

@@ -61,7 +61,7 @@ typedef struct {
   crun_store_t *store;  /* rendezvous store; the group retains it */
   int rank;             /* 0 <= rank < world_size */
   int world_size;       /* >= 1 */
-  double timeout;       /* default deadline of every collective, s; <=0: 300 */
+  double timeout;       /* default deadline of every collective, s; <=0 or NaN: 300; at most 1e9 (inf: 1e9) */
   const char *backend;  /* "cpu", "mpi", "nccl" (CUDA buffers: opts.cuda); NULL or
                            "auto": cpu (mpi under mpirun), plus nccl for CUDA
                            buffers when built in and a GPU is present */
@@ -70,7 +70,7 @@ typedef struct {
 
 /* Per-call options; pass NULL for the defaults. */
 typedef struct {
-  double timeout;       /* deadline of this call in s; <=0: the group's */
+  double timeout;       /* deadline of this call in s; <=0 or NaN: the group's; at most 1e9 */
   int tag;              /* send/recv only: matched between the two sides */
   double premul_factor; /* CRUN_OP_PREMUL_SUM only: each input is multiplied by it */
   int cuda;             /* non-zero: the buffers are CUDA device memory of the
@@ -117,7 +117,8 @@ int crun_pg_global_rank(const crun_pg_t *pg, int r);
 /* Returns the backend name ("cpu"). */
 const char *crun_pg_backend(const crun_pg_t *pg);
 
-/* Sets / gets the default per-collective deadline (seconds). */
+/* Sets / gets the default per-collective deadline (seconds; <= 0 or NaN:
+ * the default, 300; more than 1e9, or inf, is 1e9: every wait ends). */
 void crun_pg_set_timeout(crun_pg_t *pg, double seconds);
 double crun_pg_get_timeout(const crun_pg_t *pg);
 
