@@ -33,12 +33,16 @@
  *   reduce:     shm reduce to the root (its host) or the first rank, TCP
  *               reduce among them to the root;
  *   barrier:    shm barrier, TCP barrier among first ranks, shm barrier.
- * all_gather, reduce_scatter, gather, scatter and all_to_all stay on the flat
- * TCP algorithms (their data crosses hosts once anyway). avg sums in shared
+ * all_gather, reduce_scatter, gather, scatter and all_to_all run on the flat
+ * TCP algorithms (their data crosses hosts once anyway), after the check
+ * below among the ranks of each host: a rank that called one of them where
+ * its host's ranks called a collective of the engine met no frame from
+ * them (they waited in shared memory, it over TCP) until the timeout; now
+ * they meet in shared memory and fail with EMISMATCH. avg sums in shared
  * memory; its TCP stage carries avg (frames that say so) and divides by the
- * group size. Before a broadcast, a reduce or an avg all_reduce the ranks of
- * each host compare their calls (h_agree): the stages cannot see a root or
- * an avg that differs. A mismatch that a stage finds names that stage's
+ * group size. Before a broadcast, a reduce, an avg all_reduce or a flat TCP
+ * collective the ranks of each host compare their calls (h_agree): the
+ * stages cannot see a root or an avg that differs, nor a TCP collective. A mismatch that a stage finds names that stage's
  * call; on that failure path the ranks publish their calls on the progress
  * board, and each names the user's calls on both sides (h_explain), as
  * does the group's failure text that a later call's ESTATE quotes. */
@@ -193,7 +197,7 @@ static int shm_err(hier_t *h, const crun__coll_t *c, const char *stage, int rc) 
   const char *t = strncmp(text, name, strlen(name)) == 0 ? text + strlen(name) + 2 : text;
   /* h_agree's stage, met by a rank that went straight to its first stage */
   const char *note = rc == CRUN_EMISMATCH && strstr(t, CHECK_STAGE) ? "; " CHECK_STAGE " is its check of a "
-                     "broadcast, reduce or avg all_reduce: the ranks' calls differ" : "";
+                     "broadcast, reduce, avg all_reduce or TCP collective: the ranks' calls differ" : "";
   crun__coll_desc(c, desc, sizeof desc);
   const char *body = shm_body(t);
   int k, n = 0;
@@ -453,30 +457,42 @@ static int h_barrier(hier_t *h, crun__coll_t *c) {
   return 0;
 }
 
-static int h_supports(void *state, const crun__coll_t *c) {
-  (void)state;
+/* Whether the engine's stages run c (else the flat TCP algorithms do). */
+static int h_staged(const crun__coll_t *c) {
   return c->kind == CRUN__COLL_ALL_REDUCE || c->kind == CRUN__COLL_BROADCAST ||
          c->kind == CRUN__COLL_REDUCE || c->kind == CRUN__COLL_BARRIER;
+}
+
+/* The engine takes every collective of the group: those it does not stage
+ * as well, so that their ranks check their calls against their host's. */
+static int h_supports(void *state, const crun__coll_t *c) {
+  (void)state;
+  (void)c;
+  return 1;
 }
 
 /* The words of c that every rank of the group must agree on. */
 enum { SIG_KIND, SIG_ROOT, SIG_DTYPE, SIG_COUNT, SIG_OP, SIG_WORDS };
 _Static_assert(SIG_WORDS == 5, "CHECK_STAGE names all_gather(int64[5])");
 
+/* all_to_all's counts are per peer and may differ between ranks: its
+ * frames check them. */
 static void h_sig(const crun__coll_t *c, int64_t *w) {
   w[SIG_KIND] = c->kind;
   w[SIG_ROOT] = crun__coll_rooted(c->kind) ? c->root : -1;
   w[SIG_DTYPE] = c->kind == CRUN__COLL_BARRIER ? -1 : (int64_t)c->dt;
-  w[SIG_COUNT] = c->kind == CRUN__COLL_BARRIER ? -1 : (int64_t)c->count;
+  w[SIG_COUNT] = c->kind == CRUN__COLL_BARRIER || c->kind == CRUN__COLL_ALL_TO_ALL ? -1 : (int64_t)c->count;
   w[SIG_OP] = crun__coll_reduces(c->kind) ? (int64_t)c->op : -1;
 }
 
-/* Writes "reduce(float32[3], sum, root 1)" for a signature. */
+/* Writes "reduce(float32[3], sum, root 1)" for a signature
+ * ("all_to_all(float32)": no count). */
 static void h_sig_text(const int64_t *w, char *buf, size_t cap) {
   int n = snprintf(buf, cap, "%s(", crun__coll_name((int)w[SIG_KIND]));
   if (w[SIG_DTYPE] >= 0 && n >= 0 && (size_t)n < cap)
-    n += snprintf(buf + n, cap - (size_t)n, "%s[%lld]", crun_dtype_name((crun_dtype_t)w[SIG_DTYPE]),
-                  (long long)w[SIG_COUNT]);
+    n += snprintf(buf + n, cap - (size_t)n, "%s", crun_dtype_name((crun_dtype_t)w[SIG_DTYPE]));
+  if (w[SIG_DTYPE] >= 0 && w[SIG_COUNT] >= 0 && n >= 0 && (size_t)n < cap)
+    n += snprintf(buf + n, cap - (size_t)n, "[%lld]", (long long)w[SIG_COUNT]);
   if (w[SIG_OP] >= 0 && n >= 0 && (size_t)n < cap)
     n += snprintf(buf + n, cap - (size_t)n, ", %s", crun_reduce_op_name((crun_reduce_op_t)w[SIG_OP]));
   if (w[SIG_ROOT] >= 0 && n >= 0 && (size_t)n < cap)
@@ -520,13 +536,15 @@ static int h_agree(hier_t *h, const crun__coll_t *c) {
 }
 
 /* Whether c needs h_agree: its root, or avg (run as sum), is invisible to
- * the stages. Every other call starts with a shared-memory stage whose own
- * check sees what differs (and a rank that runs h_agree meets one that does
- * not as a different stage), so the common sum all_reduce and barrier skip
- * the extra stage (about 15 us per small all_reduce with 2 ranks per host
- * on a loaded 2-core machine). */
+ * the stages, and a flat TCP collective has no shared-memory stage (its
+ * ranks would wait over TCP for ranks that wait for them in shared memory).
+ * Every other call starts with a shared-memory stage whose own check sees
+ * what differs (and a rank that runs h_agree meets one that does not as a
+ * different stage), so the common sum all_reduce and barrier skip the extra
+ * stage (about 15 us per small all_reduce with 2 ranks per host on a loaded
+ * 2-core machine; a TCP collective across hosts takes longer anyway). */
 static int h_needs_agree(const crun__coll_t *c) {
-  return c->kind == CRUN__COLL_BROADCAST || c->kind == CRUN__COLL_REDUCE ||
+  return c->kind == CRUN__COLL_BROADCAST || c->kind == CRUN__COLL_REDUCE || !h_staged(c) ||
          (c->kind == CRUN__COLL_ALL_REDUCE && c->op == CRUN_OP_AVG);
 }
 
@@ -539,7 +557,7 @@ static int h_dispatch(hier_t *h, crun__coll_t *c) {
   case CRUN__COLL_REDUCE: return h_reduce(h, c);
   case CRUN__COLL_BARRIER: return h_barrier(h, c);
   }
-  return crun_error(CRUN_ENOTSUP, "hierarchical engine: %s", crun__coll_name(c->kind));
+  return crun__cpu_run_link(&h->base, c);   /* the flat TCP algorithms */
 }
 
 /* ------------------------------------------ naming the calls that differ
