@@ -305,11 +305,13 @@ describe("dist failures", function()
   end
 
   -- An all_reduce argument that only the last rank refuses (avg of its bool
-  -- tensor where the others give float32) is refused for the group: that
-  -- rank fails it with its EINVAL, every peer fails the same call naming it
-  -- (not pairing it with the last rank's next call: an EMISMATCH, or a wrong
-  -- sum where the calls look alike), and every rank's next call is #2, ESTATE.
-  for _, k in ipairs{{"boolavg", "all_reduce on rank %d: avg is not defined on bool"}} do
+  -- tensor where the others give float32; its strided tensor, which the
+  -- bindings refuse) is refused for the group: that rank fails it with its
+  -- EINVAL, every peer fails the same call naming it (not pairing it with the
+  -- last rank's next call: an EMISMATCH, or a wrong sum where the calls look
+  -- alike), and every rank's next call is #2, ESTATE.
+  for _, k in ipairs{{"boolavg", "all_reduce on rank %d: avg is not defined on bool"},
+                     {"noncontig", "bad argument #1 to 'all_reduce' (tensor must be contiguous; call :contiguous())"}} do
     for _, run_on in ipairs{{2, "CRUN_SHM=0"}, {3, "CRUN_SHM=0"}, {3, "CRUN_SHM=1"}} do
       local n, env = run_on[1], run_on[2]
       it(string.format("fail every rank when rank %d alone refuses its all_reduce (%s, %s)", n - 1, k[1], env), function()
