@@ -205,11 +205,13 @@ static int refuse_top(lua_State *L, crun_pg_t *pg, const char *call, int root, i
 }
 
 /* The tensor argument at idx of collective fname (tensor_fault), refused for
- * the group when it is not one. */
+ * the group when it is not one (not a tensor, closed, strided): the peers'
+ * may be, and they would pair their call with this rank's next one. */
 static crun_tensor_t *refusing_tensor(lua_State *L, crun_pg_t *pg, int idx, const char *fname) {
   crun_tensor_t *t = tensor_fault(L, idx, idx - 1, 0, fname);
-  if (!t) refuse_top(L, pg, fname, -1, 0);
-  return t;
+  if (t) return t;
+  t = crun_l_test_tensor(L, idx);
+  return refuse_top(L, pg, fname, -1, t && crun_tensor_device(t) >= 0), NULL;
 }
 
 /* Appends the value at idx to the holder table at the top of the stack
@@ -285,7 +287,7 @@ static void unpin_if_done(lua_State *L, int idx) {
 
 /* pg:all_reduce(t[, op][, opts]) on pg, the checked group at slot 1 */
 static int all_reduce_on(lua_State *L, crun_pg_t *pg) {
-  crun_tensor_t *t = check_tensor(L, 2, "all_reduce");
+  crun_tensor_t *t = refusing_tensor(L, pg, 2, "all_reduce");
   crun_reduce_op_t op = check_op(L, 3, "all_reduce");
   crun_coll_opts_t o;
   int async = check_opts(L, 4, &o, "all_reduce");
@@ -380,7 +382,7 @@ static int refusing_root_arg(lua_State *L, int idx, crun_pg_t *pg, const char *f
 /* pg:broadcast(t, src[, opts]) */
 static int l_broadcast(lua_State *L) {
   crun_pg_t *pg = check_pg(L, 1);
-  crun_tensor_t *t = check_tensor(L, 2, "broadcast");
+  crun_tensor_t *t = refusing_tensor(L, pg, 2, "broadcast");
   int src = refusing_root_arg(L, 3, pg, "broadcast", "src");
   crun_coll_opts_t o;
   int async = check_opts(L, 4, &o, "broadcast");
@@ -393,7 +395,7 @@ static int l_broadcast(lua_State *L) {
 /* pg:reduce(t, dst[, op][, opts]) */
 static int l_reduce(lua_State *L) {
   crun_pg_t *pg = check_pg(L, 1);
-  crun_tensor_t *t = check_tensor(L, 2, "reduce");
+  crun_tensor_t *t = refusing_tensor(L, pg, 2, "reduce");
   int dst = refusing_root_arg(L, 3, pg, "reduce", "dst");
   crun_reduce_op_t op = check_op(L, 4, "reduce");
   crun_coll_opts_t o;
@@ -468,7 +470,7 @@ static int l_refuse(lua_State *L) {
 /* pg:gather(t, list_or_nil, dst[, opts]); the list is needed on dst only. */
 static int l_gather(lua_State *L) {
   crun_pg_t *pg = check_pg(L, 1);
-  crun_tensor_t *t = check_tensor(L, 2, "gather");
+  crun_tensor_t *t = refusing_tensor(L, pg, 2, "gather");
   int dst = refusing_root_arg(L, 4, pg, "gather", "dst"), n = crun_pg_size(pg);
   void **outs = lua_newuserdatauv(L, sizeof(void *) * (size_t)n, 0);
   if (dst == crun_pg_rank(pg)) check_root_list(L, pg, dst, n, "gather", outs);
@@ -484,7 +486,7 @@ static int l_gather(lua_State *L) {
 /* pg:scatter(t, list_or_nil, src[, opts]); the list is needed on src only. */
 static int l_scatter(lua_State *L) {
   crun_pg_t *pg = check_pg(L, 1);
-  crun_tensor_t *t = check_tensor(L, 2, "scatter");
+  crun_tensor_t *t = refusing_tensor(L, pg, 2, "scatter");
   int src = refusing_root_arg(L, 4, pg, "scatter", "src"), n = crun_pg_size(pg);
   void **ins = lua_newuserdatauv(L, sizeof(void *) * (size_t)n, 0);
   if (src == crun_pg_rank(pg)) check_root_list(L, pg, src, n, "scatter", ins);

@@ -304,6 +304,35 @@ describe("dist failures", function()
     end
   end
 
+  -- An all_reduce argument that only the last rank refuses (avg of its bool
+  -- tensor where the others give float32; its strided tensor, which the
+  -- bindings refuse) is refused for the group: that rank fails it with its
+  -- EINVAL, every peer fails the same call naming it (not pairing it with the
+  -- last rank's next call: an EMISMATCH, or a wrong sum where the calls look
+  -- alike), and every rank's next call is #2, ESTATE.
+  for _, k in ipairs{{"boolavg", "all_reduce on rank %d: avg is not defined on bool"},
+                     {"noncontig", "bad argument #1 to 'all_reduce' (tensor must be contiguous; call :contiguous())"}} do
+    for _, run_on in ipairs{{2, "CRUN_SHM=0"}, {3, "CRUN_SHM=0"}, {3, "CRUN_SHM=1"}} do
+      local n, env = run_on[1], run_on[2]
+      it(string.format("fail every rank when rank %d alone refuses its all_reduce (%s, %s)", n - 1, k[1], env), function()
+        local res, out = scenario_n(n, "localref:" .. k[1], env)
+        local why = k[2]:format(n - 1)
+        for r = 0, n - 1 do
+          local l = {}
+          for line in (res[r] .. "\n"):gmatch("(.-)\n") do l[#l + 1] = line end
+          local says = "rank " .. r .. ": " .. res[r] .. "\n" .. out
+          assert.is_truthy(l[1] and l[1]:match("^error EINVAL: ") and l[1]:find(why, 1, true), says)
+          if r ~= n - 1 then
+            assert.is_truthy(l[1]:find(string.format("rank %d refused its part of all_reduce #1", n - 1), 1, true), says)
+          end
+          assert.is_truthy(l[2] and l[2]:find(string.format("^error ESTATE: all_reduce #2 on rank %d: ", r))
+                           and l[2]:find(why, 1, true), says)
+          assert.is_truthy(tonumber(l[3]:match("^elapsed (%S+)")) < 10, says)
+        end
+      end)
+    end
+  end
+
   -- A gather/scatter list on a rank that is not the root is an error, as in
   -- torch ("must NOT be specified on non-destination ranks"), on every rank.
   for _, k in ipairs{{"gather", "gather_list", "destination"}, {"scatter", "scatter_list", "source"}} do

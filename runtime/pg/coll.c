@@ -140,15 +140,11 @@ static int submit(crun_pg_t *pg, crun_work_t *w, crun_work_t **work, int *src_ou
   crun_work_t *w = work_new(pg, kind, dt, count, opts, work ? NULL : &w##_local); \
   if (!w) return crun_error(CRUN_ENOMEM, "%s", crun__coll_name(kind))
 
-#define FAIL_WORK(w, call)                                             \
-  do {                                                                 \
-    int crun__r = (call);                                              \
-    if (crun__r < 0) { crun_work_release(w); return crun__r; }         \
-  } while (0)
-
 /* A check only this rank makes (the root's own list of buffers, a list on a
  * rank that is not the root, a rank's all_to_all split sizes, its list-form
- * buffers overlapping, the count it sends itself) failed with rc
+ * buffers overlapping, the count it sends itself, its dtype that takes no
+ * such reduce op, a NULL buffer: any check of a collective's arguments, as
+ * the peers' may pass theirs) failed with rc
  * for call c: its peers cannot see that and would finish the call without
  * it, or wait for it, and meet its next call as an EMISMATCH. When the
  * backend can reach them, the group fails with this rank's text, so every
@@ -163,8 +159,13 @@ static int refuse_call(crun_pg_t *pg, const crun__coll_t *c, int rc) {
   if (pg->size < 2 || !state || !be->abort_reaches || !be->abort_reaches(state, c)) return rc;
   char mine[512], seq[32] = "", text[700];
   snprintf(mine, sizeof mine, "%s", crun_last_error());
-  if (!atomic_load(&pg->queued) && !atomic_load(&pg->busy))
-    snprintf(seq, sizeof seq, " #%llu", (unsigned long long)atomic_load(&pg->next_seq) + 1);
+  /* with nothing queued or running, c would have been the group's next call:
+   * it takes that number, as the same call does on the peers, whose next
+   * call then has the same number as this rank's (ESTATE) */
+  uint64_t last = atomic_load(&pg->next_seq);
+  if (!atomic_load(&pg->queued) && !atomic_load(&pg->busy) &&
+      atomic_compare_exchange_strong(&pg->next_seq, &last, last + 1))
+    snprintf(seq, sizeof seq, " #%llu", (unsigned long long)last + 1);
   int root = crun__coll_rooted(c->kind) && c->root == pg->rank;
   snprintf(text, sizeof text, "%s (rank %d%s refused its part of %s%s: the group stops)", mine, pg->rank,
            root ? ", the root," : "", crun__coll_name(c->kind), seq);
@@ -189,6 +190,24 @@ int crun_pg_refuse(crun_pg_t *pg, const char *call, int root, const crun_coll_op
   if (!pg || c.kind < 0 || status >= 0) return status;
   return refuse_call(pg, &c, status);
 }
+
+/* refuse_call for collective kind of pg (root: its root, or -1), refused
+ * before it had a Work; a NULL group has no peers to tell. */
+static int refuse_kind(crun_pg_t *pg, int kind, int root, const crun_coll_opts_t *opts, int rc) {
+  if (!pg) return rc;
+  crun__coll_t c = {.kind = kind, .root = root, .cuda = is_cuda(opts)};
+  return refuse_call(pg, &c, rc);
+}
+
+/* Runs check `call` of this rank's own arguments to collective kind (on a
+ * rank whose peers may have passed theirs: a dtype that takes no such op,
+ * a NULL buffer, a root out of range): a failure refuses the call for the
+ * group (refuse_call), so that no peer pairs its call with this rank's next. */
+#define REFUSE_CHECK(kind, root, call)                                 \
+  do {                                                                 \
+    int crun__r = (call);                                              \
+    if (crun__r < 0) return refuse_kind(pg, kind, root, opts, crun__r); \
+  } while (0)
 
 #define REFUSE_WORK(w, call)                                           \
   do {                                                                 \
@@ -245,9 +264,9 @@ int crun_pg_recv(crun_pg_t *pg, void *buf, size_t count, crun_dtype_t dt, int sr
 
 int crun_pg_broadcast(crun_pg_t *pg, void *buf, size_t count, crun_dtype_t dt, int root,
                       const crun_coll_opts_t *opts, crun_work_t **work) {
-  CRUN_CHECK(check_common(pg, CRUN__COLL_BROADCAST, dt, 0, 0));
-  CRUN_CHECK(check_rank(pg, CRUN__COLL_BROADCAST, "root", root));
-  CRUN_CHECK(check_buf(pg, CRUN__COLL_BROADCAST, buf, count, "buffer"));
+  REFUSE_CHECK(CRUN__COLL_BROADCAST, root, check_common(pg, CRUN__COLL_BROADCAST, dt, 0, 0));
+  REFUSE_CHECK(CRUN__COLL_BROADCAST, root, check_rank(pg, CRUN__COLL_BROADCAST, "root", root));
+  REFUSE_CHECK(CRUN__COLL_BROADCAST, root, check_buf(pg, CRUN__COLL_BROADCAST, buf, count, "buffer"));
   NEW_WORK(w, CRUN__COLL_BROADCAST, dt, count);
   w->c.buf = buf;
   w->c.root = root;
@@ -256,10 +275,10 @@ int crun_pg_broadcast(crun_pg_t *pg, void *buf, size_t count, crun_dtype_t dt, i
 
 int crun_pg_all_reduce(crun_pg_t *pg, void *buf, size_t count, crun_dtype_t dt,
                        crun_reduce_op_t op, const crun_coll_opts_t *opts, crun_work_t **work) {
-  CRUN_CHECK(check_common(pg, CRUN__COLL_ALL_REDUCE, dt, 1, op));
-  CRUN_CHECK(check_buf(pg, CRUN__COLL_ALL_REDUCE, buf, count, "buffer"));
+  REFUSE_CHECK(CRUN__COLL_ALL_REDUCE, -1, check_common(pg, CRUN__COLL_ALL_REDUCE, dt, 1, op));
+  REFUSE_CHECK(CRUN__COLL_ALL_REDUCE, -1, check_buf(pg, CRUN__COLL_ALL_REDUCE, buf, count, "buffer"));
   if (op == CRUN_OP_PREMUL_SUM && !is_cuda(opts)) {
-    CRUN_CHECK(crun_scale_mul(dt, buf, buf, count, premul_factor(opts)));
+    REFUSE_CHECK(CRUN__COLL_ALL_REDUCE, -1, crun_scale_mul(dt, buf, buf, count, premul_factor(opts)));
     op = CRUN_OP_SUM;
   }
   NEW_WORK(w, CRUN__COLL_ALL_REDUCE, dt, count);
@@ -271,29 +290,29 @@ int crun_pg_all_reduce(crun_pg_t *pg, void *buf, size_t count, crun_dtype_t dt,
 
 int crun_pg_reduce(crun_pg_t *pg, void *buf, size_t count, crun_dtype_t dt, crun_reduce_op_t op,
                    int root, const crun_coll_opts_t *opts, crun_work_t **work) {
-  CRUN_CHECK(check_common(pg, CRUN__COLL_REDUCE, dt, 1, op));
-  CRUN_CHECK(check_rank(pg, CRUN__COLL_REDUCE, "root", root));
-  CRUN_CHECK(check_buf(pg, CRUN__COLL_REDUCE, buf, count, "buffer"));
+  REFUSE_CHECK(CRUN__COLL_REDUCE, root, check_common(pg, CRUN__COLL_REDUCE, dt, 1, op));
+  REFUSE_CHECK(CRUN__COLL_REDUCE, root, check_rank(pg, CRUN__COLL_REDUCE, "root", root));
+  REFUSE_CHECK(CRUN__COLL_REDUCE, root, check_buf(pg, CRUN__COLL_REDUCE, buf, count, "buffer"));
   NEW_WORK(w, CRUN__COLL_REDUCE, dt, count);
   w->c.buf = buf;
+  w->c.root = root;
   w->c.premul = premul_factor(opts);
   if (op == CRUN_OP_PREMUL_SUM && !is_cuda(opts)) {
     if (pg->rank != root) {
-      FAIL_WORK(w, premul_copies(w, NULL, 1));
+      REFUSE_WORK(w, premul_copies(w, NULL, 1));
       if (w->scratch) w->c.buf = w->scratch;
     }
-    FAIL_WORK(w, crun_scale_mul(dt, w->c.buf, buf, count, premul_factor(opts)));
+    REFUSE_WORK(w, crun_scale_mul(dt, w->c.buf, buf, count, premul_factor(opts)));
     op = CRUN_OP_SUM;
   }
   w->c.op = op;
-  w->c.root = root;
   return submit(pg, w, work, NULL);
 }
 
 int crun_pg_all_gather(crun_pg_t *pg, void *const *outs, const void *in, size_t count,
                        crun_dtype_t dt, const crun_coll_opts_t *opts, crun_work_t **work) {
-  CRUN_CHECK(check_common(pg, CRUN__COLL_ALL_GATHER, dt, 0, 0));
-  CRUN_CHECK(check_buf(pg, CRUN__COLL_ALL_GATHER, in, count, "input"));
+  REFUSE_CHECK(CRUN__COLL_ALL_GATHER, -1, check_common(pg, CRUN__COLL_ALL_GATHER, dt, 0, 0));
+  REFUSE_CHECK(CRUN__COLL_ALL_GATHER, -1, check_buf(pg, CRUN__COLL_ALL_GATHER, in, count, "input"));
   NEW_WORK(w, CRUN__COLL_ALL_GATHER, dt, count);
   w->c.in = in;
   REFUSE_WORK(w, copy_ptrs(pg, CRUN__COLL_ALL_GATHER, (const void *const *)outs, count, "output", &w->c.outs));
@@ -304,9 +323,9 @@ int crun_pg_all_gather(crun_pg_t *pg, void *const *outs, const void *in, size_t 
 
 int crun_pg_gather(crun_pg_t *pg, const void *in, void *const *outs, size_t count, crun_dtype_t dt,
                    int root, const crun_coll_opts_t *opts, crun_work_t **work) {
-  CRUN_CHECK(check_common(pg, CRUN__COLL_GATHER, dt, 0, 0));
-  CRUN_CHECK(check_rank(pg, CRUN__COLL_GATHER, "root", root));
-  CRUN_CHECK(check_buf(pg, CRUN__COLL_GATHER, in, count, "input"));
+  REFUSE_CHECK(CRUN__COLL_GATHER, root, check_common(pg, CRUN__COLL_GATHER, dt, 0, 0));
+  REFUSE_CHECK(CRUN__COLL_GATHER, root, check_rank(pg, CRUN__COLL_GATHER, "root", root));
+  REFUSE_CHECK(CRUN__COLL_GATHER, root, check_buf(pg, CRUN__COLL_GATHER, in, count, "input"));
   NEW_WORK(w, CRUN__COLL_GATHER, dt, count);
   w->c.in = in;
   w->c.root = root;
@@ -319,9 +338,9 @@ int crun_pg_gather(crun_pg_t *pg, const void *in, void *const *outs, size_t coun
 
 int crun_pg_scatter(crun_pg_t *pg, void *out, const void *const *ins, size_t count, crun_dtype_t dt,
                     int root, const crun_coll_opts_t *opts, crun_work_t **work) {
-  CRUN_CHECK(check_common(pg, CRUN__COLL_SCATTER, dt, 0, 0));
-  CRUN_CHECK(check_rank(pg, CRUN__COLL_SCATTER, "root", root));
-  CRUN_CHECK(check_buf(pg, CRUN__COLL_SCATTER, out, count, "output"));
+  REFUSE_CHECK(CRUN__COLL_SCATTER, root, check_common(pg, CRUN__COLL_SCATTER, dt, 0, 0));
+  REFUSE_CHECK(CRUN__COLL_SCATTER, root, check_rank(pg, CRUN__COLL_SCATTER, "root", root));
+  REFUSE_CHECK(CRUN__COLL_SCATTER, root, check_buf(pg, CRUN__COLL_SCATTER, out, count, "output"));
   NEW_WORK(w, CRUN__COLL_SCATTER, dt, count);
   w->c.buf = out;
   w->c.root = root;
@@ -335,8 +354,8 @@ int crun_pg_scatter(crun_pg_t *pg, void *out, const void *const *ins, size_t cou
 int crun_pg_reduce_scatter(crun_pg_t *pg, void *out, const void *const *ins, size_t count,
                            crun_dtype_t dt, crun_reduce_op_t op, const crun_coll_opts_t *opts,
                            crun_work_t **work) {
-  CRUN_CHECK(check_common(pg, CRUN__COLL_REDUCE_SCATTER, dt, 1, op));
-  CRUN_CHECK(check_buf(pg, CRUN__COLL_REDUCE_SCATTER, out, count, "output"));
+  REFUSE_CHECK(CRUN__COLL_REDUCE_SCATTER, -1, check_common(pg, CRUN__COLL_REDUCE_SCATTER, dt, 1, op));
+  REFUSE_CHECK(CRUN__COLL_REDUCE_SCATTER, -1, check_buf(pg, CRUN__COLL_REDUCE_SCATTER, out, count, "output"));
   size_t bytes = count * crun_dtype_size(dt);
   NEW_WORK(w, CRUN__COLL_REDUCE_SCATTER, dt, count);
   w->c.buf = out;
@@ -348,10 +367,10 @@ int crun_pg_reduce_scatter(crun_pg_t *pg, void *out, const void *const *ins, siz
   REFUSE_WORK(w, copy_ptrs(pg, CRUN__COLL_REDUCE_SCATTER, ins, count, "input", (void ***)&w->c.ins));
   w->c.premul = premul_factor(opts);
   if (op == CRUN_OP_PREMUL_SUM && !is_cuda(opts)) {
-    FAIL_WORK(w, premul_copies(w, ins, pg->size));
+    REFUSE_WORK(w, premul_copies(w, ins, pg->size));
     for (int i = 0; i < pg->size && bytes > 0; i++) {
       char *s = (char *)w->scratch + (size_t)i * bytes;
-      FAIL_WORK(w, crun_scale_mul(dt, s, ins[i], count, premul_factor(opts)));
+      REFUSE_WORK(w, crun_scale_mul(dt, s, ins[i], count, premul_factor(opts)));
       ((const void **)w->c.ins)[i] = s;
     }
     w->c.op = CRUN_OP_SUM;
@@ -409,7 +428,7 @@ static int a2a_unalias(crun_work_t *w, int n) {
 int crun_pg_all_to_all(crun_pg_t *pg, void *const *outs, const size_t *out_counts,
                        const void *const *ins, const size_t *in_counts, crun_dtype_t dt,
                        const crun_coll_opts_t *opts, crun_work_t **work) {
-  CRUN_CHECK(check_common(pg, CRUN__COLL_ALL_TO_ALL, dt, 0, 0));
+  REFUSE_CHECK(CRUN__COLL_ALL_TO_ALL, -1, check_common(pg, CRUN__COLL_ALL_TO_ALL, dt, 0, 0));
   NEW_WORK(w, CRUN__COLL_ALL_TO_ALL, dt, 0);
   REFUSE_WORK(w, copy_counts(pg, out_counts, "output", &w->c.out_counts));
   REFUSE_WORK(w, copy_counts(pg, in_counts, "input", &w->c.in_counts));
@@ -423,12 +442,12 @@ int crun_pg_all_to_all(crun_pg_t *pg, void *const *outs, const size_t *out_count
   if (in_counts[pg->rank] != out_counts[pg->rank])
     REFUSE_WORK(w, crun_error(CRUN_EINVAL, "all_to_all on rank %d: sends %zu elements to itself but expects %zu",
                               pg->rank, in_counts[pg->rank], out_counts[pg->rank]));
-  if (!is_cuda(opts)) FAIL_WORK(w, a2a_unalias(w, pg->size));
+  if (!is_cuda(opts)) REFUSE_WORK(w, a2a_unalias(w, pg->size));
   return submit(pg, w, work, NULL);
 }
 
 int crun_pg_barrier(crun_pg_t *pg, const crun_coll_opts_t *opts, crun_work_t **work) {
-  CRUN_CHECK(check_common(pg, CRUN__COLL_BARRIER, CRUN_UINT8, 0, 0));
+  REFUSE_CHECK(CRUN__COLL_BARRIER, -1, check_common(pg, CRUN__COLL_BARRIER, CRUN_UINT8, 0, 0));
   crun_store_flush_sets(); /* a set made before the barrier is seen after it (store.h) */
   NEW_WORK(w, CRUN__COLL_BARRIER, CRUN_UINT8, 0);
   return submit(pg, w, work, NULL);

@@ -33,6 +33,9 @@
 --             forms all_gather_into_tensor, reduce_scatter_tensor) a bad argument,
 --             fault K (see the spec), which only rank 1 can see; the others
 --             good ones; then an all_reduce
+--   localref:K  the last rank alone gives all_reduce a tensor that it
+--             refuses, K: boolavg (a bool tensor with avg; the others float32),
+--             noncontig (a transposed 2x2 view); then every rank all_reduces
 --   nonrootgather / nonrootscatter  non-root rank 1 passes a list (root 0);
 --             then an all_reduce
 --   roots_K   rank 1 calls K (broadcast, reduce, gather, scatter) with root 1,
@@ -246,6 +249,15 @@ elseif mode:match("^badop:") then  -- rank 1 alone gives an unknown op ("name") 
     record(pcall(dist.reduce_scatter, T.zeros({4}), ins, op))
   else record(pcall(dist.reduce_scatter_tensor, T.zeros({4}), T.full({4 * n}, rank - 2, "float32"), op)) end
   record(pcall(dist.all_reduce, T.ones({2})))
+elseif mode:match("^localref:") then  -- the last rank alone gives all_reduce an argument only it refuses
+  local k, last = mode:match("^localref:(%w+)$"), dist.get_world_size() - 1
+  local t0 = crun.clock()
+  local t = T.full({4}, -2.5 * rank - 1, "float32")
+  if rank == last and k == "boolavg" then t = T.zeros({4}, "bool") end
+  if rank == last and k == "noncontig" then t = T.full({2, 2}, -1.5, "float32"):t() end
+  record(pcall(dist.all_reduce, t, k == "boolavg" and dist.ReduceOp.AVG or nil))
+  record(pcall(dist.all_reduce, T.full({4}, rank - 3.5, "float32")))
+  out:write(string.format("elapsed %.3f\n", crun.clock() - t0))
 elseif mode == "nonrootgather" or mode == "nonrootscatter" then
   local list = {}
   for j = 1, dist.get_world_size() do list[j] = T.zeros({4}) end

@@ -199,8 +199,13 @@ static void bad_args(crun_pg_t *pg, void *arg) {
   EXPECT_TEXT("root 5 is out of range for a group of 2 ranks");
   EXPECT_STATUS(crun_pg_send(pg, f, 4, CRUN_FLOAT32, crun_pg_rank(pg), NULL, NULL), CRUN_EINVAL);
   EXPECT_STATUS(crun_pg_all_reduce(pg, NULL, 4, CRUN_FLOAT32, CRUN_OP_SUM, NULL, NULL), CRUN_EINVAL);
-  /* nothing above reached the wire: the group still works */
-  EXPECT_OK(crun_pg_all_reduce(pg, f, 4, CRUN_FLOAT32, CRUN_OP_SUM, NULL, NULL));
+  /* a refused collective stops the group, as a peer may have passed its
+   * arguments and would pair its call with this rank's next one (a refused
+   * send is this rank's alone); a refused call takes its number, as on the
+   * peers: the four collectives here took #1-#4 */
+  EXPECT_STATUS(crun_pg_all_reduce(pg, f, 4, CRUN_FLOAT32, CRUN_OP_SUM, NULL, NULL), CRUN_ESTATE);
+  EXPECT_TEXT("refused its part of all_reduce #1");
+  EXPECT_EQ_INT((int)crun_pg_next_seq(pg), 5);
 }
 
 TEST(argument_errors) { pg_spawn(2, bad_args, NULL); }

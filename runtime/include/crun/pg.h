@@ -136,7 +136,8 @@ uint64_t crun_pg_next_seq(const crun_pg_t *pg);
  * run the call can reach its peers (the TCP mesh, the shared-memory engine,
  * MPI, NCCL's abort notice), fails the group with the text so that they fail
  * the call, or their next one, naming this rank and its reason rather than a
- * later EMISMATCH. Does not block. Returns status (< 0). */
+ * later EMISMATCH; the refused call then takes its number (crun_pg_next_seq),
+ * as it does on the peers. Does not block. Returns status (< 0). */
 int crun_pg_refuse(crun_pg_t *pg, const char *call, int root, const crun_coll_opts_t *opts, int status,
                    const char *text);
 
@@ -155,7 +156,11 @@ int crun_pg_recv(crun_pg_t *pg, void *buf, size_t count, crun_dtype_t dt, int sr
 
 /* ---------------------------------------------------------------- collectives
  * `ins` / `outs` are arrays of `size` pointers, one block of `count` elements
- * per rank (entry i belongs to group rank i). */
+ * per rank (entry i belongs to group rank i). An argument a collective refuses
+ * (CRUN_EINVAL: a dtype its op is not defined on, a NULL buffer, a root out of
+ * range, ...) is refused for the group as crun_pg_refuse does: the peers may
+ * have passed theirs, so the group stops rather than pair their call with this
+ * rank's next one; every later call is CRUN_ESTATE. */
 
 /* Copies root's buf into buf on every rank. */
 int crun_pg_broadcast(crun_pg_t *pg, void *buf, size_t count, crun_dtype_t dt, int root,
