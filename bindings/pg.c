@@ -194,14 +194,15 @@ static int list_fault(lua_State *L, int idx, int n, crun_tensor_t *like, const c
  * with the text at the top of the stack (no status): refuses the call for the
  * group (crun_pg_refuse: every peer fails this call naming this rank and the
  * text, rather than waiting for it and meeting its next call as an
- * EMISMATCH), then raises "EINVAL: text". root: the call's root, or -1;
+ * EMISMATCH), then raises "EINVAL: text" (with "every rank refused ...: the group
+ * goes on" when every rank refused it: crun_pg_refuse). root: the call's root, or -1;
  * cuda: the call's tensors are on a device (a group of backend "auto" runs
  * it on its device backend, which must carry the refusal). */
 static int refuse_top(lua_State *L, crun_pg_t *pg, const char *call, int root, int cuda) {
   const char *text = lua_tostring(L, -1);
   crun_coll_opts_t o = {.cuda = cuda};
   crun_pg_refuse(pg, call, root, &o, CRUN_EINVAL, text);
-  return crun_l_error(L, "EINVAL: %s", text);
+  return crun_l_error(L, "%s", crun_last_error()); /* the text, and whether the group goes on */
 }
 
 /* The tensor argument at idx of collective fname (tensor_fault), refused for
@@ -450,7 +451,8 @@ static void check_no_list(lua_State *L, crun_pg_t *pg, int root, const char *fna
 /* pg:refuse(call, message[, root[, cuda]]): this rank's own check of its
  * arguments to collective `call` ("all_to_all", "gather", ...) failed with
  * message ("EINVAL: ..."): fails the group so that every peer fails that
- * call naming this rank and message (crun_pg_refuse), then raises message.
+ * call naming this rank and message (crun_pg_refuse), then raises message
+ * (with "every rank refused ...: the group goes on" when every rank did).
  * cuda: the call was on CUDA tensors (a group of backend "auto" runs it on
  * its device backend). */
 static int l_refuse(lua_State *L) {
@@ -463,7 +465,7 @@ static int l_refuse(lua_State *L) {
     if (strncmp(msg, crun_err_name(rc), k) == 0 && strncmp(msg + k, ": ", 2) == 0) status = rc, msg += k + 2;
   }
   crun_pg_refuse(pg, call, root, &o, status, msg);
-  lua_pushfstring(L, "%s: %s", crun_err_name(status), msg);
+  lua_pushstring(L, crun_last_error()); /* msg, and whether the group goes on */
   return lua_error(L);
 }
 

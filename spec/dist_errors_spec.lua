@@ -333,6 +333,29 @@ describe("dist failures", function()
     end
   end
 
+  -- The same refusal on every rank (a REPL line runs on every rank) stops
+  -- nothing: no rank sent or waits for anything of call #1, every rank
+  -- numbered it, and the group goes on as torch's does.
+  for _, k in ipairs{{"boolavg", "all_reduce on rank %d: avg is not defined on bool"},
+                     {"noncontig", "bad argument #1 to 'all_reduce' (tensor must be contiguous; call :contiguous())"}} do
+    for _, run_on in ipairs{{2, "CRUN_SHM=0"}, {3, "CRUN_SHM=1"}} do
+      local n, env = run_on[1], run_on[2]
+      it(string.format("go on when every rank refuses the same all_reduce (%s, %d ranks, %s)", k[1], n, env), function()
+        local res, out = scenario_n(n, "allref:" .. k[1], env)
+        local sum = -3.5 * n + n * (n - 1) / 2
+        for r = 0, n - 1 do
+          local l = {}
+          for line in (res[r] .. "\n"):gmatch("(.-)\n") do l[#l + 1] = line end
+          local says = "rank " .. r .. ": " .. res[r] .. "\n" .. out
+          assert.is_truthy(l[1] and l[1]:match("^error EINVAL: ") and l[1]:find(k[2]:format(r), 1, true)
+                           and l[1]:find("every rank refused all_reduce #1: the group goes on", 1, true), says)
+          assert.are.equal(string.format("ok %.2f %.2f", sum, sum), l[2], says)
+          assert.is_truthy(tonumber(l[3]:match("^elapsed (%S+)")) < 10, says)
+        end
+      end)
+    end
+  end
+
   -- A gather/scatter list on a rank that is not the root is an error, as in
   -- torch ("must NOT be specified on non-destination ranks"), on every rank.
   for _, k in ipairs{{"gather", "gather_list", "destination"}, {"scatter", "scatter_list", "source"}} do

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "backend/backend.h"
 #include "core/clock_int.h"
@@ -140,6 +141,83 @@ static int submit(crun_pg_t *pg, crun_work_t *w, crun_work_t **work, int *src_ou
   crun_work_t *w = work_new(pg, kind, dt, count, opts, work ? NULL : &w##_local); \
   if (!w) return crun_error(CRUN_ENOMEM, "%s", crun__coll_name(kind))
 
+/* Call number k of pg as peer q's progress board entry names it: 0 when
+ * q has run no collective yet or is in a send or recv (no number). */
+static uint64_t board_seq(crun_pg_t *pg, int q, int *gone) {
+  char key[32];
+  snprintf(key, sizeof key, "progress/%d", q);
+  const char *k = key;
+  int ok = 0;
+  crun_buf_t v = {0};
+  if (crun_store_check(pg->board, &k, 1, &ok) < 0 || (ok && crun_store_get(pg->board, key, &v) < 0)) {
+    *gone = 1;
+    return 0;
+  }
+  const char *hash = ok ? memchr(v.data, '#', v.len) : NULL;
+  uint64_t seq = 0;
+  for (const char *p = hash ? hash + 1 : NULL; p && p < (const char *)v.data + v.len && *p >= '0' && *p <= '9'; p++)
+    seq = seq * 10 + (uint64_t)(*p - '0');
+  crun_buf_free(&v);
+  return seq;
+}
+
+/* Whether peer q left "refused/<k>/<q>" on pg's board: 1 it did, 0 not yet
+ * (it has not reached call k), -1 it runs call k or a later one instead, or
+ * the board cannot be read. A peer sets its key before its own agreement
+ * ends, so one that refused k and moved on shows its key when looked at
+ * again after its progress. */
+static int peer_refused(crun_pg_t *pg, uint64_t k, int q) {
+  char key[64];
+  snprintf(key, sizeof key, "refused/%llu/%d", (unsigned long long)k, q);
+  const char *kp = key;
+  int ok = 0, gone = 0;
+  if (crun_store_check(pg->board, &kp, 1, &ok) < 0) return -1;
+  if (ok) return 1;
+  uint64_t at = board_seq(pg, q, &gone);
+  if (gone) return -1;
+  if (at < k) return 0;
+  return crun_store_check(pg->board, &kp, 1, &ok) == 0 && ok ? 1 : -1;
+}
+
+/* Whether every rank of pg refused its call number k, as this one did (rc,
+ * text): then no rank sent or waits for anything of it, every rank numbers
+ * its next call alike, and the group goes on, as torch's does after an
+ * argument error every rank made (the same line at the REPL, the same bad
+ * option in every rank's script). This rank leaves "refused/<k>/<rank>" on
+ * the group's board and waits, up to the group's timeout, until every peer
+ * either left its own (1) or runs call k or a later one instead (0: the
+ * group stops; a peer in call k shows on the progress board within its
+ * 200 ms period). Failure path only. */
+static int every_rank_refused(crun_pg_t *pg, uint64_t k, int rc, const char *text) {
+  char key[64], val[600];
+  snprintf(key, sizeof key, "refused/%llu/%d", (unsigned long long)k, pg->rank);
+  int len = snprintf(val, sizeof val, "%d %s", -rc, text);
+  char *done = calloc((size_t)pg->size, 1);
+  if (!done || !pg->board ||
+      crun_store_set(pg->board, key, val, (size_t)(len < (int)sizeof val ? len : (int)sizeof val - 1)) < 0) {
+    free(done);
+    return 0;
+  }
+  int left = pg->size - 1, ran = 0;
+  done[pg->rank] = 1;
+  double end = crun_clock() + pg->timeout;
+  useconds_t nap = 500;
+  while (left > 0 && !ran && crun_clock() < end) {
+    for (int q = 0; q < pg->size && !ran; q++) {
+      if (done[q]) continue;
+      int r = peer_refused(pg, k, q);
+      if (r > 0) done[q] = 1, left--;
+      ran = r < 0;
+    }
+    if (left > 0 && !ran) {
+      usleep(nap);
+      nap = nap < 20000 ? nap * 2 : 20000;
+    }
+  }
+  free(done);
+  return left == 0;
+}
+
 /* A check only this rank makes (the root's own list of buffers, a list on a
  * rank that is not the root, a rank's all_to_all split sizes, its list-form
  * buffers overlapping, the count it sends itself, its dtype that takes no
@@ -166,12 +244,16 @@ static int refuse_call(crun_pg_t *pg, const crun__coll_t *c, int rc) {
   if (!atomic_load(&pg->queued) && !atomic_load(&pg->busy) &&
       atomic_compare_exchange_strong(&pg->next_seq, &last, last + 1))
     snprintf(seq, sizeof seq, " #%llu", (unsigned long long)last + 1);
+  size_t n = strlen(crun_err_name(rc));
+  const char *body = strncmp(mine, crun_err_name(rc), n) == 0 && mine[n] == ':' ? mine + n + 2 : mine;
+  if (seq[0] && every_rank_refused(pg, last + 1, rc, body))
+    return crun_error(rc, "%s (every rank refused %s #%llu: the group goes on)", body, crun__coll_name(c->kind),
+                      (unsigned long long)last + 1);
   int root = crun__coll_rooted(c->kind) && c->root == pg->rank;
   snprintf(text, sizeof text, "%s (rank %d%s refused its part of %s%s: the group stops)", mine, pg->rank,
            root ? ", the root," : "", crun__coll_name(c->kind), seq);
   crun__pg_fail(pg, rc, text);
-  size_t n = strlen(crun_err_name(rc));
-  return crun_error(rc, "%s", strncmp(mine, crun_err_name(rc), n) == 0 && mine[n] == ':' ? mine + n + 2 : mine);
+  return crun_error(rc, "%s", body);
 }
 
 /* refuse_call for work w, which it releases. */

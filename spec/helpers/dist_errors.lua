@@ -36,6 +36,8 @@
 --   localref:K  the last rank alone gives all_reduce a tensor that it
 --             refuses, K: boolavg (a bool tensor with avg; the others float32),
 --             noncontig (a transposed 2x2 view); then every rank all_reduces
+--   allref:K  every rank gives all_reduce the argument localref:K gives on
+--             the last rank; then every rank all_reduces
 --   nonrootgather / nonrootscatter  non-root rank 1 passes a list (root 0);
 --             then an all_reduce
 --   roots_K   rank 1 calls K (broadcast, reduce, gather, scatter) with root 1,
@@ -257,6 +259,15 @@ elseif mode:match("^localref:") then  -- the last rank alone gives all_reduce an
   if rank == last and k == "noncontig" then t = T.full({2, 2}, -1.5, "float32"):t() end
   record(pcall(dist.all_reduce, t, k == "boolavg" and dist.ReduceOp.AVG or nil))
   record(pcall(dist.all_reduce, T.full({4}, rank - 3.5, "float32")))
+  out:write(string.format("elapsed %.3f\n", crun.clock() - t0))
+elseif mode:match("^allref:") then  -- every rank gives all_reduce the argument it refuses, as a REPL line does
+  local k = mode:match("^allref:(%w+)$")
+  local t0 = crun.clock()
+  local t = k == "boolavg" and T.zeros({4}, "bool") or T.full({2, 2}, -1.5 * rank, "float32"):t()
+  record(pcall(dist.all_reduce, t, k == "boolavg" and dist.ReduceOp.AVG or nil))
+  local u = T.full({4}, rank - 3.5, "float32")
+  local ok, err = pcall(dist.all_reduce, u)
+  out:write(ok and string.format("ok %.2f %.2f", u[1], u[4]) or ("error " .. tostring(err)), "\n")
   out:write(string.format("elapsed %.3f\n", crun.clock() - t0))
 elseif mode == "nonrootgather" or mode == "nonrootscatter" then
   local list = {}

@@ -137,7 +137,14 @@ uint64_t crun_pg_next_seq(const crun_pg_t *pg);
  * MPI, NCCL's abort notice), fails the group with the text so that they fail
  * the call, or their next one, naming this rank and its reason rather than a
  * later EMISMATCH; the refused call then takes its number (crun_pg_next_seq),
- * as it does on the peers. Does not block. Returns status (< 0). */
+ * as it does on the peers. When every rank refused that same call number
+ * (the same bad argument in every rank's script, a REPL line), the group
+ * goes on instead, as torch's does, and the text says so ("every rank
+ * refused <call> #N: the group goes on"). To tell the two apart it leaves
+ * "refused/<N>/<rank>" on the group's progress board and waits until every
+ * peer left its own or is seen in call N or later (the progress board, within
+ * 200 ms), at most the group's timeout: it blocks like the call it refuses.
+ * Returns status (< 0). */
 int crun_pg_refuse(crun_pg_t *pg, const char *call, int root, const crun_coll_opts_t *opts, int status,
                    const char *text);
 
@@ -160,7 +167,8 @@ int crun_pg_recv(crun_pg_t *pg, void *buf, size_t count, crun_dtype_t dt, int sr
  * (CRUN_EINVAL: a dtype its op is not defined on, a NULL buffer, a root out of
  * range, ...) is refused for the group as crun_pg_refuse does: the peers may
  * have passed theirs, so the group stops rather than pair their call with this
- * rank's next one; every later call is CRUN_ESTATE. */
+ * rank's next one (every later call is CRUN_ESTATE), unless every rank
+ * refused the same call. */
 
 /* Copies root's buf into buf on every rank. */
 int crun_pg_broadcast(crun_pg_t *pg, void *buf, size_t count, crun_dtype_t dt, int root,
