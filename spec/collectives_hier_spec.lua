@@ -163,6 +163,16 @@ describe("collectives across fake hosts", function()
     end
   end
 
+  -- A whole host calls all_gather (flat TCP) where the other all-reduces:
+  -- each host's check passed, the rank that stands for the all-reducing
+  -- host waited over TCP for the other host's, and the all_gather frame of
+  -- the same call sat unread on another connection: every rank failed with
+  -- ETIMEDOUT at the group's timeout (20 s here)
+  it("fail every rank at once when one host calls all_gather where the other all-reduces", function()
+    every_rank_failed(4, "all_gather", "2,3", 20)
+    every_rank_failed(4, "all_gather", "0,1", 20)
+  end)
+
   -- a whole host averages where the other sums: each host's ranks agree
   it("fail every rank when one host averages and the other sums", function()
     every_rank_failed(4, "avg", "2,3")

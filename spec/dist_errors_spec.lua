@@ -512,6 +512,34 @@ describe("dist failures", function()
     assert.is_true(tonumber(res[0]:match("elapsed ([%d.]+)")) < 5, res[0])
   end)
 
+  -- Ranks 0,1 all-reduce where ranks 2,3 all_gather (4 ranks over TCP):
+  -- each rank waited for a peer that sent it nothing while the frame that
+  -- showed the other call sat unread on another connection, so every rank
+  -- failed with ETIMEDOUT at the group's timeout (20 s) instead of at once.
+  for _, odd in ipairs{"2,3", "0,1"} do
+    it("fail every rank at once when ranks " .. odd .. " all_gather where the others all-reduce (tcp, 4 ranks)",
+       function()
+      local _, out = run.run(4, "spec/helpers/dist_hier_disagree.lua", "all_gather " .. odd .. " 20",
+                             {limit = 60, env = "CRUN_TRANSPORT=tcp"})
+      for q = 0, 3 do
+        local own = odd:find(tostring(q), 1, true) and "all_gather" or "all_reduce"
+        local s, err = out:match("rank " .. q .. ": failed after ([%d.]+) s: ([^\n]*)")
+        assert.is_not_nil(s, "rank " .. q .. " did not fail; output:\n" .. out)
+        assert.is_true(tonumber(s) < 5, "rank " .. q .. " took " .. s .. " s: " .. err)
+        -- the rank that saw the frame names both calls; the others relay it
+        local said = err:match("^EMISMATCH: %a+_%a+ #1 on rank (%d): rank %d sent %a+_%a+ #1 float32%[3%]")
+        assert.is_not_nil(said, "rank " .. q .. ": " .. err)
+        assert.is_truthy(err:find("all_reduce #1", 1, true) and err:find("all_gather #1", 1, true), err)
+        if tonumber(said) == q then
+          assert.is_truthy(err:find("^EMISMATCH: " .. own .. " #1 on rank " .. q .. ": "), err)
+        else
+          assert.is_truthy(err:find("; rank " .. q .. " was in " .. own .. " #1]", 1, true), err)
+        end
+        assert.is_truthy(out:find("rank " .. q .. ": next ESTATE: ", 1, true), out)
+      end
+    end)
+  end
+
   -- The shm engine compares an all_to_all's per-peer counts after the ops
   -- agree: a different op names it without a count.
   it("describe an all_to_all met by an all_reduce by its dtype alone (shm)", function()

@@ -341,8 +341,81 @@ static int timed_out(io_t *io) {
                     io->t->rank, io->to, io->c->timeout, where);
 }
 
+/* How long a step waits on its own peers before it looks at the others'
+ * next frames (peek_others): a frame that arrives sooner costs nothing. */
+#define PEEK_MS 50
+
+/* Whether h, a frame of another peer than the one this collective step
+ * waits for, belongs to the same call of the group yet names another
+ * collective: another kind, dtype or (reductions) op. The count and the
+ * root may differ between the frames of one call (all_to_all; the
+ * hierarchical engine's segments and host roots), and a later call or a
+ * point-to-point frame is no sign of anything. */
+static int other_call(const io_t *io, const crun__hdr_t *h) {
+  const crun__coll_t *c = io->c;
+  if (h->magic != CRUN__TCP_MAGIC || h->group != io->t->group || h->seq != c->seq ||
+      h->kind == CRUN__COLL_SEND || h->kind == CRUN__KIND_ABORT)
+    return 0;
+  return h->kind != c->kind || h->dtype != hdr_dtype(c) || (crun__coll_reduces(c->kind) && h->op != c->op);
+}
+
+/* Reports peer j's frame h of the same call that names another collective. */
+static int other_call_error(io_t *io, int j, const crun__hdr_t *h) {
+  const crun__coll_t *c = io->c;
+  char desc[64], mine[96], theirs[96];
+  crun__coll_desc(c, desc, sizeof desc);
+  crun__tcp_call_shape(mine, sizeof mine, hdr_dtype(c), hdr_count(c, io->rbytes), c->op, c->root,
+                       crun__coll_reduces(c->kind), 0);
+  crun__tcp_call_shape(theirs, sizeof theirs, h->dtype, h->count, h->op, h->root, crun__coll_reduces(h->kind), 0);
+  int peer = io->from >= 0 && io->rstate != RX_DONE ? io->from : io->to;
+  return crun_error(CRUN_EMISMATCH, "%s on rank %d: rank %d sent %s #%llu %s but rank %d called %s %s (seen "
+                    "while it waited for rank %d)", desc, io->t->rank, j, crun__coll_name(h->kind),
+                    (unsigned long long)h->seq, theirs, io->t->rank, crun__coll_name(c->kind), mine, peer);
+}
+
+/* Looks at what peer j sent ahead of what this rank read from it: its
+ * stashed frames, the header its background reader holds, and the next
+ * header on its socket (peeked, not read, and only where its stream is
+ * between frames). <0 when one is of this call but another collective. */
+static int peek_peer(io_t *io, int j) {
+  crun__tcp_t *t = io->t;
+  for (crun__stash_t *s = t->stash[j]; s; s = s->next)
+    if (other_call(io, &s->h)) return other_call_error(io, j, &s->h);
+  const crun__prx_t *p = &t->prx[j];
+  if (p->state == CRUN__PRX_HELD && other_call(io, &p->h)) return other_call_error(io, j, &p->h);
+  if (p->state != CRUN__PRX_HDR || p->hgot) return 0;
+  crun__hdr_t h;
+  if (recv(t->fds[j], &h, HDR, MSG_PEEK | MSG_DONTWAIT) == (ssize_t)HDR && other_call(io, &h))
+    return other_call_error(io, j, &h);
+  return 0;
+}
+
+/* A collective step that waited PEEK_MS for its peers looks whether another
+ * peer is in the same call with another collective (a whole host called
+ * something else, so no check among its ranks saw it, and its frame waits
+ * unread on a connection this step does not read): EMISMATCH now instead
+ * of a timeout. Runs under t->mu, so the pump thread reads no socket
+ * meanwhile; reads nothing, so frames that are early stay where they are. */
+static int peek_others(io_t *io) {
+  crun__tcp_t *t = io->t;
+  if (t->aborted) return 0;
+  for (int j = 0; j < t->size; j++) {
+    if (j == t->rank || t->fds[j] < 0 || (j == io->from && io->rstate != RX_DONE)) continue;
+    int r = peek_peer(io, j);
+    if (r < 0) return r;
+  }
+  return 0;
+}
+
+/* Whether a wait of this step may look at the other peers' frames. */
+static int may_peek(const io_t *io) {
+  int k = io->c->kind;
+  return k != CRUN__COLL_SEND && k != CRUN__COLL_RECV && !io->stash_only && io->t->size > 2;
+}
+
 /* Polls the step's sockets (and those pending p2p operations wait on) until
- * one is ready; <0 on timeout. */
+ * one is ready; <0 on timeout, or when another peer's frame shows that it
+ * is in this call with another collective (peek_others). */
 static int io_wait(io_t *io) {
   crun__tcp_t *t = io->t;
   struct pollfd *p = t->pfd;
@@ -358,10 +431,13 @@ static int io_wait(io_t *io) {
   double pl = crun__tcp_pump_deadline(t) - crun_clock();
   if (pl < left) left = pl > 0 ? pl : 0;
   int ms = left > 1000.0 ? 1000000 : (int)(left * 1000.0) + 1;
+  int peek = ms > PEEK_MS && may_peek(io);
+  if (peek) ms = PEEK_MS;
   uint64_t t0 = crun__obs_on ? crun_clock_ns() : 0; /* blocked on peers: core/trace_int.h */
   int k = poll(p, (nfds_t)t->size, ms);
   if (t0) crun__obs_wait_ns += crun_clock_ns() - t0;
   if (k < 0 && errno != EINTR) return crun_error(CRUN_ESYS, "poll: %s", strerror(errno));
+  if (k == 0 && peek) return peek_others(io);
   if (k > 0 && tx && io->watch_to && (p[io->to].revents & (POLLIN | POLLHUP)) && !(rx && io->from == io->to))
     return peek_abort(io);
   return 0;
