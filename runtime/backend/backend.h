@@ -29,6 +29,8 @@ typedef struct crun_backend_vtable {
   int posts_obs;    /* its collectives call crun__obs_posted (core/trace_int.h) */
   int destroy_pending; /* destroy fails pending p2p work (ECLOSED) and closes: crun_pg_destroy may
                         * call it while Work handles still hold the group */
+  int private_board; /* its ranks meet through the backend alone, each on a store of its own
+                      * (mpi under mpirun): no peer reads the group's progress board */
   /* Optional: checks that the backend can run kind on dt (with op when it
    * reduces) before anything is queued; ENOTSUP naming them otherwise. */
   int (*validate)(int kind, crun_dtype_t dt, int has_op, crun_reduce_op_t op, int rank);

@@ -246,7 +246,7 @@ static int refuse_call(crun_pg_t *pg, const crun__coll_t *c, int rc) {
     snprintf(seq, sizeof seq, " #%llu", (unsigned long long)last + 1);
   size_t n = strlen(crun_err_name(rc));
   const char *body = strncmp(mine, crun_err_name(rc), n) == 0 && mine[n] == ':' ? mine + n + 2 : mine;
-  if (seq[0] && every_rank_refused(pg, last + 1, rc, body))
+  if (seq[0] && !be->private_board && every_rank_refused(pg, last + 1, rc, body))
     return crun_error(rc, "%s (every rank refused %s #%llu: the group goes on)", body, crun__coll_name(c->kind),
                       (unsigned long long)last + 1);
   int root = crun__coll_rooted(c->kind) && c->root == pg->rank;

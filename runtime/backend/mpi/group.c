@@ -833,7 +833,7 @@ static void mpi_destroy(void *state) {
 
 const crun_backend_vtable_t crun__backend_mpi = {
     .name = "mpi", .create = mpi_create, .abort = mpi_abort, .destroy = mpi_destroy,
-    .abort_reaches = mpi_abort_reaches,
+    .abort_reaches = mpi_abort_reaches, .private_board = 1,
     .send = crun__mpi_send, .recv = crun__mpi_recv, .broadcast = crun__mpi_coll,
     .all_reduce = crun__mpi_coll, .reduce = crun__mpi_coll, .all_gather = crun__mpi_coll,
     .gather = crun__mpi_coll, .scatter = crun__mpi_coll, .reduce_scatter = crun__mpi_coll,
