@@ -338,7 +338,8 @@ describe("dist failures", function()
   -- positional ones) is refused for the call's group as the bindings' are:
   -- that rank fails with its EINVAL, every peer fails the same call naming
   -- it (never ok: the peers' call used to pair with the last rank's next
-  -- one, a wrong sum reported ok), and every rank's next call is ESTATE.
+  -- one, a wrong sum reported ok), and every rank's next call is ESTATE. So
+  -- is an option's value that the bindings refuse (a timeout that is no number).
   local LUAREF = {
     {"all_reduce", "badkey", "all_reduce", "unknown option 'asyncop'"},
     {"all_reduce", "badop", "all_reduce", "unknown reduce op 'summ'"},
@@ -350,11 +351,15 @@ describe("dist failures", function()
     {"barrier", "badkey", "barrier", "barrier: unknown option 'asyncop'"},
     {"barrier", "extra", "barrier", "argument #3 (number) is one too many"},
     {"barrier", "subkey", "barrier", "barrier: unknown option 'asyncop'"},
+    -- and the bindings' check of the options' values
+    {"all_reduce", "badtime", "all_reduce", "all_reduce: bad field 'timeout' (number expected, got string)"},
+    {"all_gather_object", "badtime", "all_gather", "all_gather_bytes: bad field 'timeout' (number expected, got string)"},
+    {"barrier", "badtime", "barrier", "barrier: bad field 'timeout' (number expected, got string)"},
   }
   for _, k in ipairs(LUAREF) do
     for _, run_on in ipairs{{2, "CRUN_SHM=0"}, {3, "CRUN_SHM=1"}} do
       local n, env = run_on[1], run_on[2]
-      it(string.format("fail every rank when rank %d alone refuses its %s in dist.lua (%s, %s)", n - 1, k[1], k[2], env),
+      it(string.format("fail every rank when rank %d alone refuses its %s's arguments (%s, %s)", n - 1, k[1], k[2], env),
          function()
         local res, out = scenario_n(n, "luaref:" .. k[1] .. ":" .. k[2], env)
         for r = 0, n - 1 do

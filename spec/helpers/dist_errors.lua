@@ -41,7 +41,8 @@
 --             all_gather_object, barrier), K: badkey (an unknown option key),
 --             badop (an unknown op name; all_reduce), extra (an argument past
 --             torch's positional ones), subkey (an unknown key beside group =
---             g, g = new_group(every rank)); the others a good C; then every
+--             g, g = new_group(every rank)), badtime (a timeout that is no
+--             number: the binding's check); the others a good C; then every
 --             rank all_reduces (on g for subkey)
 --   nonrootgather / nonrootscatter  non-root rank 1 passes a list (root 0);
 --             then an all_reduce
@@ -271,6 +272,7 @@ elseif mode:match("^luaref:") then  -- the last rank alone makes a mistake dist.
   local bad, t0 = rank == dist.get_world_size() - 1, crun.clock()
   local t, v = T.full({4}, -2.5 * rank - 1, "float32"), -1.5 * rank - 0.25
   local o = bad and {group = g, asyncop = true, timeot = 5} or {group = g}
+  if bad and k == "badtime" then o = {timeout = "soon"} end
   if c == "all_reduce" then
     if not bad then record(pcall(dist.all_reduce, t, "sum", {group = g}))
     elseif k == "badop" then record(pcall(dist.all_reduce, t, "summ"))
