@@ -125,10 +125,39 @@ static double premul_arg(lua_State *L, int idx, crun_reduce_op_t op, const char 
   return f;
 }
 
-/* Reads {timeout=, tag=, async_op=} at idx; returns async_op. */
-static int check_opts(lua_State *L, int idx, crun_coll_opts_t *o, const char *fname) {
+/* The fault of method fname's options at idx (not a table, a timeout that
+ * is no number, a tag that is no int), pushed (no status); 0 if none. */
+static int opts_fault(lua_State *L, int idx, const char *fname) {
+  if (!lua_istable(L, idx))
+    return lua_pushfstring(L, "bad argument #%d to '%s' (table expected, got %s)", idx - 1, fname, type_of(L, idx)), 1;
+  int ty = lua_getfield(L, idx, "timeout"), bad = ty != LUA_TNIL && !lua_isnumber(L, -1);
+  lua_pop(L, 1);
+  if (bad) return lua_pushfstring(L, "%s: bad field 'timeout' (number expected, got %s)", fname, lua_typename(L, ty)), 1;
+  ty = lua_getfield(L, idx, "tag");
+  lua_Integer v = lua_tointegerx(L, -1, &bad);
+  bad = ty != LUA_TNIL && (!bad || v < INT_MIN || v > INT_MAX);
+  lua_pop(L, 1);
+  if (bad) return lua_pushfstring(L, "%s: bad field 'tag' (an integer in int's range expected, got %s)", fname,
+                                  lua_typename(L, ty)), 1;
+  return 0;
+}
+
+/* Reads {timeout=, tag=, async_op=} at idx; returns async_op. A fault of
+ * collective fname's options (opts_fault) is refused for its group pg, as
+ * the peers' may be right (fname's "_tensor" or "_bytes" suffix dropped:
+ * the call the peers run); pg NULL (send, recv): raised on this rank alone. */
+static int check_opts(lua_State *L, int idx, crun_coll_opts_t *o, const char *fname, crun_pg_t *pg) {
   memset(o, 0, sizeof *o);
   if (lua_isnoneornil(L, idx)) return 0;
+  if (pg && opts_fault(L, idx, fname)) {
+    char call[32];
+    size_t k = strlen(fname);
+    if (k > 7 && strcmp(fname + k - 7, "_tensor") == 0) k -= 7;
+    else if (k > 6 && strcmp(fname + k - 6, "_bytes") == 0) k -= 6;
+    snprintf(call, sizeof call, "%.*s", (int)k, fname);
+    crun_tensor_t *t = crun_l_test_tensor(L, 2);
+    refuse_top(L, pg, call, -1, t && crun_tensor_device(t) >= 0);
+  }
   crun_l_checktype(L, idx, LUA_TTABLE);
   o->timeout = crun_l_optfield_number(L, idx, "timeout", 0);
   o->tag = (int)crun_l_optfield_range(L, idx, "tag", 0, INT_MIN, INT_MAX, fname);
@@ -291,7 +320,7 @@ static int all_reduce_on(lua_State *L, crun_pg_t *pg) {
   crun_tensor_t *t = refusing_tensor(L, pg, 2, "all_reduce");
   crun_reduce_op_t op = check_op(L, 3, "all_reduce");
   crun_coll_opts_t o;
-  int async = check_opts(L, 4, &o, "all_reduce");
+  int async = check_opts(L, 4, &o, "all_reduce", pg);
   o.cuda = crun_tensor_device(t) >= 0;
   o.premul_factor = premul_arg(L, 3, op, "all_reduce");
   crun_work_t *w = NULL;
@@ -386,7 +415,7 @@ static int l_broadcast(lua_State *L) {
   crun_tensor_t *t = refusing_tensor(L, pg, 2, "broadcast");
   int src = refusing_root_arg(L, 3, pg, "broadcast", "src");
   crun_coll_opts_t o;
-  int async = check_opts(L, 4, &o, "broadcast");
+  int async = check_opts(L, 4, &o, "broadcast", pg);
   o.cuda = crun_tensor_device(t) >= 0;
   crun_work_t *w = NULL;
   int rc = crun_pg_broadcast(pg, crun_tensor_data(t), (size_t)crun_tensor_numel(t), crun_tensor_dtype(t), src, &o, WORK_ARG(async));
@@ -400,7 +429,7 @@ static int l_reduce(lua_State *L) {
   int dst = refusing_root_arg(L, 3, pg, "reduce", "dst");
   crun_reduce_op_t op = check_op(L, 4, "reduce");
   crun_coll_opts_t o;
-  int async = check_opts(L, 5, &o, "reduce");
+  int async = check_opts(L, 5, &o, "reduce", pg);
   o.cuda = crun_tensor_device(t) >= 0;
   o.premul_factor = premul_arg(L, 4, op, "reduce");
   crun_work_t *w = NULL;
@@ -417,7 +446,7 @@ static int l_all_gather(lua_State *L) {
   void **outs = lua_newuserdatauv(L, sizeof(void *) * (size_t)n, 0);
   if (list_fault(L, 2, n, t, "all_gather", outs)) refuse_top(L, pg, "all_gather", -1, crun_tensor_device(t) >= 0);
   crun_coll_opts_t o;
-  int async = check_opts(L, 4, &o, "all_gather");
+  int async = check_opts(L, 4, &o, "all_gather", pg);
   o.cuda = crun_tensor_device(t) >= 0;
   crun_work_t *w = NULL;
   int rc = crun_pg_all_gather(pg, outs, crun_tensor_data(t), (size_t)crun_tensor_numel(t), crun_tensor_dtype(t), &o, WORK_ARG(async));
@@ -478,7 +507,7 @@ static int l_gather(lua_State *L) {
   if (dst == crun_pg_rank(pg)) check_root_list(L, pg, dst, n, "gather", outs);
   else check_no_list(L, pg, dst, "gather", "gather_list", "destination");
   crun_coll_opts_t o;
-  int async = check_opts(L, 5, &o, "gather");
+  int async = check_opts(L, 5, &o, "gather", pg);
   o.cuda = crun_tensor_device(t) >= 0;
   crun_work_t *w = NULL;
   int rc = crun_pg_gather(pg, crun_tensor_data(t), outs, (size_t)crun_tensor_numel(t), crun_tensor_dtype(t), dst, &o, WORK_ARG(async));
@@ -494,7 +523,7 @@ static int l_scatter(lua_State *L) {
   if (src == crun_pg_rank(pg)) check_root_list(L, pg, src, n, "scatter", ins);
   else check_no_list(L, pg, src, "scatter", "scatter_list", "source");
   crun_coll_opts_t o;
-  int async = check_opts(L, 5, &o, "scatter");
+  int async = check_opts(L, 5, &o, "scatter", pg);
   o.cuda = crun_tensor_device(t) >= 0;
   crun_work_t *w = NULL;
   int rc = crun_pg_scatter(pg, crun_tensor_data(t), (const void *const *)ins, (size_t)crun_tensor_numel(t),
@@ -512,7 +541,7 @@ static int l_reduce_scatter(lua_State *L) {
   if (list_fault(L, 3, n, t, "reduce_scatter", ins)) refuse_top(L, pg, "reduce_scatter", -1, crun_tensor_device(t) >= 0);
   crun_reduce_op_t op = check_op(L, 4, "reduce_scatter");
   crun_coll_opts_t o;
-  int async = check_opts(L, 5, &o, "reduce_scatter");
+  int async = check_opts(L, 5, &o, "reduce_scatter", pg);
   o.cuda = crun_tensor_device(t) >= 0;
   o.premul_factor = premul_arg(L, 4, op, "reduce_scatter");
   crun_work_t *w = NULL;
@@ -572,7 +601,7 @@ static int l_all_to_all(lua_State *L) {
       any_list_fault(L, 3, n, "all_to_all", p + n, cnt + n, &dvi, &dti) || a2a_pair_fault(L, n, dvo, dvi, dto, dti))
     refuse_top(L, pg, "all_to_all", -1, dvo >= 0 || dvi >= 0);
   crun_coll_opts_t o;
-  int async = check_opts(L, 4, &o, "all_to_all");
+  int async = check_opts(L, 4, &o, "all_to_all", pg);
   o.cuda = dvo >= 0;
   crun_work_t *w = NULL;
   int rc = crun_pg_all_to_all(pg, p, cnt, (const void *const *)(p + n), cnt + n, dto, &o, WORK_ARG(async));
@@ -671,7 +700,7 @@ static int l_all_to_all_single(lua_State *L) {
                             crun_tensor_dtype(in)))
     refuse_top(L, pg, "all_to_all", -1, (out && crun_tensor_device(out) >= 0) || (in && crun_tensor_device(in) >= 0));
   crun_coll_opts_t o;
-  int async = check_opts(L, 6, &o, "all_to_all");
+  int async = check_opts(L, 6, &o, "all_to_all", pg);
   o.cuda = crun_tensor_device(out) >= 0;
   crun_work_t *w = NULL;
   int rc = crun_pg_all_to_all(pg, p, cnt, (const void *const *)(p + n), cnt + n, crun_tensor_dtype(out), &o,
@@ -731,7 +760,7 @@ static int l_all_gather_into_tensor(lua_State *L) {
   int cuda = 0;
   if (blocks_fault(L, pg, "all_gather_into_tensor", 2, 3, what, outs, &t, &cuda)) refuse_top(L, pg, "all_gather", -1, cuda);
   crun_coll_opts_t o;
-  int async = check_opts(L, 4, &o, "all_gather_into_tensor");
+  int async = check_opts(L, 4, &o, "all_gather_into_tensor", pg);
   o.cuda = cuda;
   crun_work_t *w = NULL;
   int rc = crun_pg_all_gather(pg, outs, crun_tensor_data(t), (size_t)crun_tensor_numel(t), crun_tensor_dtype(t), &o,
@@ -751,7 +780,7 @@ static int l_reduce_scatter_tensor(lua_State *L) {
   if (blocks_fault(L, pg, "reduce_scatter_tensor", 3, 2, what, ins, &t, &cuda)) refuse_top(L, pg, "reduce_scatter", -1, cuda);
   crun_reduce_op_t op = check_op(L, 4, "reduce_scatter_tensor");
   crun_coll_opts_t o;
-  int async = check_opts(L, 5, &o, "reduce_scatter_tensor");
+  int async = check_opts(L, 5, &o, "reduce_scatter_tensor", pg);
   o.cuda = cuda;
   o.premul_factor = premul_arg(L, 4, op, "reduce_scatter_tensor");
   crun_work_t *w = NULL;
@@ -764,7 +793,7 @@ static int l_reduce_scatter_tensor(lua_State *L) {
 static int l_barrier(lua_State *L) {
   crun_pg_t *pg = check_pg(L, 1);
   crun_coll_opts_t o;
-  int async = check_opts(L, 2, &o, "barrier");
+  int async = check_opts(L, 2, &o, "barrier", pg);
   crun_work_t *w = NULL;
   int rc = crun_pg_barrier(pg, &o, WORK_ARG(async)); /* sets w: read it after the call */
   return finish(L, rc, w, async, 1, 1, 0);
@@ -776,7 +805,7 @@ static int l_send(lua_State *L) {
   crun_tensor_t *t = check_tensor(L, 2, "send");
   int dst = check_rank_arg(L, 3, pg, "send", "dst");
   crun_coll_opts_t o;
-  int async = check_opts(L, 4, &o, "send");
+  int async = check_opts(L, 4, &o, "send", NULL);
   o.cuda = crun_tensor_device(t) >= 0;
   crun_work_t *w = NULL;
   int rc = crun_pg_send(pg, crun_tensor_data(t), (size_t)crun_tensor_numel(t), crun_tensor_dtype(t), dst, &o, WORK_ARG(async));
@@ -789,7 +818,7 @@ static int l_recv(lua_State *L) {
   crun_tensor_t *t = check_tensor(L, 2, "recv");
   int src = lua_isnoneornil(L, 3) ? CRUN_ANY_SOURCE : check_rank_arg(L, 3, pg, "recv", "src");
   crun_coll_opts_t o;
-  int async = check_opts(L, 4, &o, "recv"), got = -1;
+  int async = check_opts(L, 4, &o, "recv", NULL), got = -1;
   o.cuda = crun_tensor_device(t) >= 0;
   crun_work_t *w = NULL;
   int rc = crun_pg_recv(pg, crun_tensor_data(t), (size_t)crun_tensor_numel(t), crun_tensor_dtype(t), src, &o,
@@ -883,7 +912,7 @@ static int l_broadcast_bytes(lua_State *L) {
   crun_pg_t *pg = check_pg(L, 1);
   int src = check_rank_arg(L, 3, pg, "broadcast_bytes", "src");
   crun_coll_opts_t o;
-  check_opts(L, 4, &o, "broadcast_bytes");
+  check_opts(L, 4, &o, "broadcast_bytes", pg);
   size_t len = 0;
   const char *s = src == crun_pg_rank(pg) ? crun_l_checklstring(L, 2, &len) : NULL;
   int64_t pair[2] = {BYTES_MAGIC, (int64_t)len};
@@ -903,7 +932,7 @@ static int l_all_gather_bytes(lua_State *L) {
   size_t len;
   const char *s = crun_l_checklstring(L, 2, &len);
   crun_coll_opts_t o;
-  check_opts(L, 3, &o, "all_gather_bytes");
+  check_opts(L, 3, &o, "all_gather_bytes", pg);
   int n = crun_pg_size(pg);
   int64_t *pairs = lua_newuserdatauv(L, (2 * sizeof(int64_t) + sizeof(void *)) * (size_t)n, 0);
   void **outs = (void **)(pairs + 2 * n);

@@ -333,6 +333,51 @@ describe("dist failures", function()
     end
   end
 
+  -- An argument mistake that the Lua layer (dist.lua) catches on the last
+  -- rank alone (an unknown option key, op name, or an argument past torch's
+  -- positional ones) is refused for the call's group as the bindings' are:
+  -- that rank fails with its EINVAL, every peer fails the same call naming
+  -- it (never ok: the peers' call used to pair with the last rank's next
+  -- one, a wrong sum reported ok), and every rank's next call is ESTATE. So
+  -- is an option's value that the bindings refuse (a timeout that is no number).
+  local LUAREF = {
+    {"all_reduce", "badkey", "all_reduce", "unknown option 'asyncop'"},
+    {"all_reduce", "badop", "all_reduce", "unknown reduce op 'summ'"},
+    {"all_reduce", "extra", "all_reduce", "argument #5 (number) is one too many"},
+    {"all_reduce", "subkey", "all_reduce", "unknown option 'asyncop'"},
+    {"all_gather_object", "badkey", "all_gather", "all_gather_object: unknown option 'timeot'"},
+    {"all_gather_object", "extra", "all_gather", "argument #4 (number) is one too many"},
+    {"all_gather_object", "subkey", "all_gather", "all_gather_object: unknown option 'timeot'"},
+    {"barrier", "badkey", "barrier", "barrier: unknown option 'asyncop'"},
+    {"barrier", "extra", "barrier", "argument #3 (number) is one too many"},
+    {"barrier", "subkey", "barrier", "barrier: unknown option 'asyncop'"},
+    -- and the bindings' check of the options' values
+    {"all_reduce", "badtime", "all_reduce", "all_reduce: bad field 'timeout' (number expected, got string)"},
+    {"all_gather_object", "badtime", "all_gather", "all_gather_bytes: bad field 'timeout' (number expected, got string)"},
+    {"barrier", "badtime", "barrier", "barrier: bad field 'timeout' (number expected, got string)"},
+  }
+  for _, k in ipairs(LUAREF) do
+    for _, run_on in ipairs{{2, "CRUN_SHM=0"}, {3, "CRUN_SHM=1"}} do
+      local n, env = run_on[1], run_on[2]
+      it(string.format("fail every rank when rank %d alone refuses its %s's arguments (%s, %s)", n - 1, k[1], k[2], env),
+         function()
+        local res, out = scenario_n(n, "luaref:" .. k[1] .. ":" .. k[2], env)
+        for r = 0, n - 1 do
+          local l = {}
+          for line in (res[r] .. "\n"):gmatch("(.-)\n") do l[#l + 1] = line end
+          local says = "rank " .. r .. ": " .. res[r] .. "\n" .. out
+          assert.is_truthy(l[1] and l[1]:match("^error EINVAL: ") and l[1]:find(k[4], 1, true), says)
+          if r ~= n - 1 then
+            assert.is_truthy(l[1]:find(string.format("rank %d refused its part of %s #1", n - 1, k[3]), 1, true), says)
+          end
+          assert.is_truthy(l[2] and l[2]:find(string.format("^error ESTATE: all_reduce #2 on rank %d: ", r))
+                           and l[2]:find(k[4], 1, true), says)
+          assert.is_truthy(tonumber(l[3]:match("^elapsed (%S+)")) < 10, says)
+        end
+      end)
+    end
+  end
+
   -- The same refusal on every rank (a REPL line runs on every rank) stops
   -- nothing: no rank sent or waits for anything of call #1, every rank
   -- numbered it, and the group goes on as torch's does.

@@ -62,6 +62,71 @@ local state = {pg = nil, store = nil, groups = {}, maps = setmetatable({}, {__mo
 -- Raises a status-prefixed error (no position: the text starts with the name).
 local function fail(fmt, ...) error(string.format(fmt, ...), 0) end
 
+-- The collective reading its arguments now: its name, its tensor (or nil)
+-- and its raw arguments that may carry its group: a and b where an options
+-- table may stand in for another argument (an op, a split list, an object),
+-- c where torch's positional group or an options table goes: cur_call and
+-- cur = {t, a, b, c}, set by the first statement of every collective (a few
+-- stores: nothing else on a call that passes), read by arg_fail only. cur
+-- holds its values weakly: a tensor or object is not kept past its call.
+local cur_call, cur = nil, setmetatable({false, false, false, false}, {__mode = "v"})
+
+-- The call the binding runs for collective fname, as its peers' refusal names it.
+local RUNS_AS = {all_gather_into_tensor = "all_gather", reduce_scatter_tensor = "reduce_scatter",
+  all_to_all_single = "all_to_all", monitored_barrier = "barrier", broadcast_object = "broadcast",
+  broadcast_object_list = "broadcast", scatter_object_list = "broadcast", all_gather_object = "all_gather",
+  gather_object = "all_gather"}
+
+local function is_pg(v)
+  local mt = type(v) == "userdata" and getmetatable(v)
+  return type(mt) == "table" and mt.__name == "crun.ProcessGroup"
+end
+
+-- The group that raw argument v names: a process group or NON_MEMBER
+-- itself, or an options table's `group`; false when it names none (nil, a
+-- table without group, and where not `strict` any other value); nil when it
+-- names something that is no group (group = 5; a number in the place of
+-- torch's positional group when `strict`).
+local function named_group(v, strict)
+  if v == NON_MEMBER or is_pg(v) then return v end
+  if type(v) == "table" and getmetatable(v) == nil then
+    local g = v.group
+    if g == nil then return false end
+    return (g == NON_MEMBER or is_pg(g)) and g or nil
+  end
+  if strict and v ~= nil then return nil end
+  return false
+end
+
+-- The group a refused call of the current collective runs on: the first
+-- that its raw arguments name, else the default group. nil where it cannot
+-- be known (a bad group argument) or this rank is not in it (NON_MEMBER:
+-- the peers do not wait for it).
+local function refusal_group()
+  local g = named_group(cur[2])
+  if g == false then g = named_group(cur[3]) end
+  if g == false then g = named_group(cur[4], true) end
+  if g == false then g = state.pg end
+  return g ~= NON_MEMBER and g or nil
+end
+
+-- Raises text, a fault of the arguments of call fname found on this rank
+-- alone. When fname is the collective reading its arguments (cur_call) and
+-- its group is known, it is refused for that group first (pg:refuse): the
+-- peers, whose arguments may have passed, fail this call naming this rank
+-- rather than pair it with this rank's next call (a wrong result or an
+-- EMISMATCH there), and the group stops. Other calls (send, recv, ...) and
+-- an unknown group raise here alone.
+local function arg_fail(fname, text)
+  local g = fname == cur_call and refusal_group()
+  if g then
+    local t = cur[1]
+    local ok, cuda = pcall(function() return t:is_cuda() end)
+    g:refuse(RUNS_AS[fname] or fname, text, -1, ok and cuda == true)
+  end
+  error(text, 0)
+end
+
 -- torch's positional parameters of each call, for too_many's text.
 local POSITIONAL = {
   all_reduce = "tensor, op, group, async_op", broadcast = "tensor, src, group, async_op",
@@ -90,8 +155,8 @@ local function too_many(fname, ...)
   for i = 1, select("#", ...) do
     local v = select(i, ...)
     if v ~= nil then
-      fail("EINVAL: %s: argument #%d (%s) is one too many: %s takes %d positional arguments at most (%s), as in torch",
-           fname, commas + 1 + i, type(v), fname, commas + 1, names)
+      arg_fail(fname, string.format("EINVAL: %s: argument #%d (%s) is one too many: %s takes %d positional "
+               .. "arguments at most (%s), as in torch", fname, commas + 1 + i, type(v), fname, commas + 1, names))
     end
   end
 end
@@ -454,8 +519,8 @@ end
 -- Raises EINVAL for an argument (`what`) after fname's options table, where
 -- torch's positional group and `name` (async_op, tag) would go.
 local function after_table(fname, what, name)
-  fail("EINVAL: %s: %s given after an options table (pass torch's positional group, %s or one table {group=, %s=})",
-       fname, what, name, name)
+  arg_fail(fname, string.format("EINVAL: %s: %s given after an options table (pass torch's positional group, %s "
+           .. "or one table {group=, %s=})", fname, what, name, name))
 end
 
 local function group_form(opts, name, v, fname)
@@ -475,11 +540,11 @@ local ASYNC, TAG = "async_op", "tag"
 --- the options against COLL.
 local function split_op(op, opts, async_op, fname)
   if type(op) ~= "table" or op == NON_MEMBER then
-    return op, O.check(COLL, fname, group_form(opts, ASYNC, async_op, fname))
+    return op, O.check(COLL, fname, group_form(opts, ASYNC, async_op, fname), arg_fail)
   end
   if opts ~= nil then after_table(fname, "group", ASYNC) end
   if async_op ~= nil then after_table(fname, ASYNC, ASYNC) end
-  return nil, O.check(COLL, fname, op)
+  return nil, O.check(COLL, fname, op, arg_fail)
 end
 
 local function group_of(opts, fname)
@@ -489,6 +554,7 @@ local function group_of(opts, fname)
 end
 
 function dist.all_reduce(t, op, opts, async_op, ...)
+  cur_call, cur[1], cur[2], cur[3], cur[4] = "all_reduce", t, op, nil, opts
   if select("#", ...) > 0 then too_many("all_reduce", ...) end
   op, opts = split_op(op, opts, async_op, "all_reduce")
   local g = group_of(opts, "all_reduce")
@@ -501,16 +567,18 @@ end
 dist.all_reduce = core.fast_all_reduce(state, dist.all_reduce)
 
 function dist.broadcast(t, src, opts, async_op, ...)
+  cur_call, cur[1], cur[2], cur[3], cur[4] = "broadcast", t, nil, nil, opts
   if select("#", ...) > 0 then too_many("broadcast", ...) end
   opts = group_form(opts, ASYNC, async_op, "broadcast")
   local pg = state.pg
   if opts == nil and pg and math.type(src) == "integer" then return pg:broadcast(t, src) end
-  opts = O.check(COLL, "broadcast", opts)
+  opts = O.check(COLL, "broadcast", opts, arg_fail)
   local g = group_of(opts, "broadcast")
   if g then return g:broadcast(t, root_rank(g, src, "broadcast", "src", t), opts) end
 end
 
 function dist.reduce(t, dst, op, opts, async_op, ...)
+  cur_call, cur[1], cur[2], cur[3], cur[4] = "reduce", t, op, nil, opts
   if select("#", ...) > 0 then too_many("reduce", ...) end
   op, opts = split_op(op, opts, async_op, "reduce")
   local g = group_of(opts, "reduce")
@@ -518,8 +586,9 @@ function dist.reduce(t, dst, op, opts, async_op, ...)
 end
 
 function dist.all_gather(list, t, opts, async_op, ...)
+  cur_call, cur[1], cur[2], cur[3], cur[4] = "all_gather", t, nil, nil, opts
   if select("#", ...) > 0 then too_many("all_gather", ...) end
-  opts = O.check(COLL, "all_gather", group_form(opts, ASYNC, async_op, "all_gather"))
+  opts = O.check(COLL, "all_gather", group_form(opts, ASYNC, async_op, "all_gather"), arg_fail)
   local g = group_of(opts, "all_gather")
   if g then return g:all_gather(list, t, opts) end
 end
@@ -540,8 +609,9 @@ end
 --- a fault only this rank sees for the group, so that every rank fails this
 --- call naming it, rather than the others waiting.
 function dist.all_gather_into_tensor(out, t, opts, async_op, ...)
+  cur_call, cur[1], cur[2], cur[3], cur[4] = "all_gather_into_tensor", out, nil, nil, opts
   if select("#", ...) > 0 then too_many("all_gather_into_tensor", ...) end
-  opts = O.check(COLL, "all_gather_into_tensor", group_form(opts, ASYNC, async_op, "all_gather_into_tensor"))
+  opts = O.check(COLL, "all_gather_into_tensor", group_form(opts, ASYNC, async_op, "all_gather_into_tensor"), arg_fail)
   local g = group_of(opts, "all_gather_into_tensor")
   if g then return g:all_gather_into_tensor(out, t, opts) end
 end
@@ -550,6 +620,7 @@ end
 --- input tensor of world_size * out:numel() elements; rank r gets block r
 --- reduced over every rank (faults refused as all_gather_into_tensor's).
 function dist.reduce_scatter_tensor(out, input, op, opts, async_op, ...)
+  cur_call, cur[1], cur[2], cur[3], cur[4] = "reduce_scatter_tensor", out, op, nil, opts
   if select("#", ...) > 0 then too_many("reduce_scatter_tensor", ...) end
   op, opts = split_op(op, opts, async_op, "reduce_scatter_tensor")
   local g = group_of(opts, "reduce_scatter_tensor")
@@ -557,20 +628,23 @@ function dist.reduce_scatter_tensor(out, input, op, opts, async_op, ...)
 end
 
 function dist.gather(t, list, dst, opts, async_op, ...)
+  cur_call, cur[1], cur[2], cur[3], cur[4] = "gather", t, nil, nil, opts
   if select("#", ...) > 0 then too_many("gather", ...) end
-  opts = O.check(COLL, "gather", group_form(opts, ASYNC, async_op, "gather"))
+  opts = O.check(COLL, "gather", group_form(opts, ASYNC, async_op, "gather"), arg_fail)
   local g = group_of(opts, "gather")
   if g then return g:gather(t, list, root_rank(g, dst or 0, "gather", "dst", t), opts) end
 end
 
 function dist.scatter(t, list, src, opts, async_op, ...)
+  cur_call, cur[1], cur[2], cur[3], cur[4] = "scatter", t, nil, nil, opts
   if select("#", ...) > 0 then too_many("scatter", ...) end
-  opts = O.check(COLL, "scatter", group_form(opts, ASYNC, async_op, "scatter"))
+  opts = O.check(COLL, "scatter", group_form(opts, ASYNC, async_op, "scatter"), arg_fail)
   local g = group_of(opts, "scatter")
   if g then return g:scatter(t, list, root_rank(g, src or 0, "scatter", "src", t), opts) end
 end
 
 function dist.reduce_scatter(out, list, op, opts, async_op, ...)
+  cur_call, cur[1], cur[2], cur[3], cur[4] = "reduce_scatter", out, op, nil, opts
   if select("#", ...) > 0 then too_many("reduce_scatter", ...) end
   op, opts = split_op(op, opts, async_op, "reduce_scatter")
   local g = group_of(opts, "reduce_scatter")
@@ -578,8 +652,9 @@ function dist.reduce_scatter(out, list, op, opts, async_op, ...)
 end
 
 function dist.all_to_all(outs, ins, opts, async_op, ...)
+  cur_call, cur[1], cur[2], cur[3], cur[4] = "all_to_all", nil, nil, nil, opts
   if select("#", ...) > 0 then too_many("all_to_all", ...) end
-  opts = O.check(COLL, "all_to_all", group_form(opts, ASYNC, async_op, "all_to_all"))
+  opts = O.check(COLL, "all_to_all", group_form(opts, ASYNC, async_op, "all_to_all"), arg_fail)
   local g = group_of(opts, "all_to_all")
   if g then return g:all_to_all(outs, ins, opts) end
 end
@@ -616,9 +691,10 @@ end
 -- leave the others waiting). With async_op the Work's result() is {output},
 -- as torch's.
 function dist.all_to_all_single(output, input, out_splits, in_splits, opts, async_op, ...)
+  cur_call, cur[1], cur[2], cur[3], cur[4] = "all_to_all_single", output, out_splits, in_splits, opts
   if select("#", ...) > 0 then too_many("all_to_all_single", ...) end
   out_splits, in_splits, opts = a2a_args(out_splits, in_splits, opts, async_op)
-  opts = O.check(COLL, "all_to_all_single", opts)
+  opts = O.check(COLL, "all_to_all_single", opts, arg_fail)
   local g = group_of(opts, "all_to_all_single")
   if not g then return nil end
   -- the binding cuts dim 1 into blocks itself (no view per block: a view is
@@ -628,11 +704,12 @@ function dist.all_to_all_single(output, input, out_splits, in_splits, opts, asyn
 end
 
 function dist.barrier(opts, async_op, ...)
+  cur_call, cur[1], cur[2], cur[3], cur[4] = "barrier", nil, nil, nil, opts
   if select("#", ...) > 0 then too_many("barrier", ...) end
   opts = group_form(opts, ASYNC, async_op, "barrier")
   local pg = state.pg
   if opts == nil and pg then return pg:barrier() end
-  opts = O.check(COLL, "barrier", opts)
+  opts = O.check(COLL, "barrier", opts, arg_fail)
   local g = group_of(opts, "barrier")
   if g then return g:barrier(opts) end
 end
@@ -643,15 +720,16 @@ end
 -- not arrive (every such rank with wait_all_ranks); the other ranks get the
 -- same error. Not for hot loops: it is for finding the rank that is stuck.
 function dist.monitored_barrier(opts, timeout, wait_all_ranks, ...)
+  cur_call, cur[1], cur[2], cur[3], cur[4] = "monitored_barrier", nil, nil, nil, opts
   if select("#", ...) > 0 then too_many("monitored_barrier", ...) end
   if type(opts) == "userdata" or opts == NON_MEMBER or opts == nil and (timeout ~= nil or wait_all_ranks ~= nil) then
     -- torch's positional form (a nil group: torch's None, the default group)
     opts = {group = opts, timeout = timeout, wait_all_ranks = wait_all_ranks}
   elseif timeout ~= nil or wait_all_ranks ~= nil then
-    fail("EINVAL: monitored_barrier: arguments after an options table (pass torch's positional group, timeout, "
-         .. "wait_all_ranks or one table {group=, timeout=, wait_all_ranks=})")
+    arg_fail("monitored_barrier", "EINVAL: monitored_barrier: arguments after an options table (pass torch's "
+             .. "positional group, timeout, wait_all_ranks or one table {group=, timeout=, wait_all_ranks=})")
   end
-  opts = O.check(MONITORED, "monitored_barrier", opts)
+  opts = O.check(MONITORED, "monitored_barrier", opts, arg_fail)
   local g = group_of(opts, "monitored_barrier")
   if not g then return end
   timeout = opts.timeout or g:timeout()
@@ -852,8 +930,9 @@ end
 -- values: nil, booleans, numbers, strings, tables of those, tensors); opts
 -- may be torch's positional group instead (as broadcast_object_list's).
 function dist.broadcast_object(v, src, opts, ...)
+  cur_call, cur[1], cur[2], cur[3], cur[4] = "broadcast_object", nil, nil, nil, opts
   if select("#", ...) > 0 then too_many("broadcast_object", ...) end
-  opts = O.check(OBJ, "broadcast_object", group_form(opts, nil, nil, "broadcast_object"))
+  opts = O.check(OBJ, "broadcast_object", group_form(opts, nil, nil, "broadcast_object"), arg_fail)
   local g = group_of(opts, "broadcast_object")
   if not g then return nil end
   local gsrc = obj_root(g, src or 0, "broadcast_object", "src", "broadcast")
@@ -908,15 +987,16 @@ end
 -- timeout alone takes {group = dist.group.WORLD, timeout = 5}.
 function dist.all_gather_object(...)
   local a, b, opts = ...
+  cur_call, cur[1], cur[2], cur[3], cur[4] = "all_gather_object", nil, b, nil, opts
   local nargs = select("#", ...)
   if nargs > 3 then too_many("all_gather_object", select(4, ...)) end
   if nargs <= 1 or (nargs == 2 and gather_opts_form(a, b)) then
-    local o = O.check(OBJ, "all_gather_object", b)
+    local o = O.check(OBJ, "all_gather_object", b, arg_fail)
     local g = group_of(o, "all_gather_object")
     if not g then return nil end
     return gather_values(a, g, o, "all_gather_object")
   end
-  opts = O.check(OBJ, "all_gather_object", group_form(opts, nil, nil, "all_gather_object"))
+  opts = O.check(OBJ, "all_gather_object", group_form(opts, nil, nil, "all_gather_object"), arg_fail)
   local g = group_of(opts, "all_gather_object")
   if not g then return nil end
   local vals = gather_values(b, g, opts, "all_gather_object")
@@ -937,8 +1017,9 @@ end
 -- src's elements in place (torch: the lists have the same length on every
 -- rank); src's list keeps its own objects, not copies of them, as in torch.
 function dist.broadcast_object_list(list, src, opts, device, ...)
+  cur_call, cur[1], cur[2], cur[3], cur[4] = "broadcast_object_list", nil, nil, nil, opts
   if select("#", ...) > 0 then too_many("broadcast_object_list", ...) end
-  opts = O.check(OBJ_LIST, "broadcast_object_list", group_form(opts, "device", device, "broadcast_object_list"))
+  opts = O.check(OBJ_LIST, "broadcast_object_list", group_form(opts, "device", device, "broadcast_object_list"), arg_fail)
   local g = group_of(opts, "broadcast_object_list")
   if not g then return nil end
   local gsrc = obj_root(g, src or 0, "broadcast_object_list", "src", "broadcast")
@@ -958,8 +1039,9 @@ end
 --- gather_object(obj, list, dst[, opts]): dst's list gets every rank's obj
 -- (list[r+1] from group rank r); list is ignored (may be nil) elsewhere.
 function dist.gather_object(obj, list, dst, opts, ...)
+  cur_call, cur[1], cur[2], cur[3], cur[4] = "gather_object", nil, nil, nil, opts
   if select("#", ...) > 0 then too_many("gather_object", ...) end
-  opts = O.check(OBJ, "gather_object", group_form(opts, nil, nil, "gather_object"))
+  opts = O.check(OBJ, "gather_object", group_form(opts, nil, nil, "gather_object"), arg_fail)
   local g = group_of(opts, "gather_object")
   if not g then return nil end
   local gdst = obj_root(g, dst or 0, "gather_object", "dst", "all_gather")
@@ -976,8 +1058,9 @@ end
 --- scatter_object_list(out, in, src[, opts]): out[1] gets src's in[r+1] on
 -- group rank r; in is read on src only.
 function dist.scatter_object_list(out, input, src, opts, ...)
+  cur_call, cur[1], cur[2], cur[3], cur[4] = "scatter_object_list", nil, nil, nil, opts
   if select("#", ...) > 0 then too_many("scatter_object_list", ...) end
-  opts = O.check(OBJ, "scatter_object_list", group_form(opts, nil, nil, "scatter_object_list"))
+  opts = O.check(OBJ, "scatter_object_list", group_form(opts, nil, nil, "scatter_object_list"), arg_fail)
   local g = group_of(opts, "scatter_object_list")
   if not g then return nil end
   local gsrc = obj_root(g, src or 0, "scatter_object_list", "src", "broadcast")

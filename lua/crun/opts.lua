@@ -112,10 +112,18 @@ local function show(v)
   return "{" .. table.concat(parts, ", ") .. "}"
 end
 
+-- Raises as M.fail does; first, when given, hands the text to raise(fname,
+-- text) (crun.dist refuses the call for its group there, see M.check).
+local function check_fail(raise, fname, fmt, ...)
+  local text = string.format(fmt, ...) .. rank_suffix()
+  if raise then raise(fname, text) end
+  error(text, 0)
+end
+
 -- Raises ENOTSUP unless fixed option k of fname holds the value crun computes.
-local function check_fixed(fname, k, v, def)
+local function check_fixed(fname, k, v, def, raise)
   if not is_fixed_value(v, def) then
-    M.fail("ENOTSUP: %s: %s = %s is not implemented (crun computes only torch's default, %s = %s)", fname, k,
+    check_fail(raise, fname, "ENOTSUP: %s: %s = %s is not implemented (crun computes only torch's default, %s = %s)", fname, k,
       show(v), k, show(def))
   end
 end
@@ -141,18 +149,20 @@ end
 --- Checks `opts` (nil or a table) against spec `s` for the call `fname`.
 --- Returns `opts` itself when every key is known and none needs renaming,
 --- otherwise a new table with aliases renamed and inert keys dropped.
-function M.check(s, fname, opts)
+--- A fault raises; `raise`, when given, is called first with (fname, the
+--- error's text) and may raise instead (crun.dist refuses the call there).
+function M.check(s, fname, opts, raise)
   if opts == nil then return {} end
   if type(opts) ~= "table" then
-    M.fail("EINVAL: %s: options must be a table, got %s", fname, type(opts))
+    check_fail(raise, fname, "EINVAL: %s: options must be a table, got %s", fname, type(opts))
   end
   local copy
   for k, v in pairs(opts) do
     if not s.known[k] then
       local to, why, fixed = s.aliases[k], s.inert[k], s.fixed[k]
-      if fixed ~= nil then check_fixed(fname, k, v, fixed) end
+      if fixed ~= nil then check_fixed(fname, k, v, fixed, raise) end
       if to == nil and why == nil and fixed == nil then
-        M.fail("EINVAL: %s: unknown option '%s' (accepted: %s)", fname, tostring(k), s.accepted)
+        check_fail(raise, fname, "EINVAL: %s: unknown option '%s' (accepted: %s)", fname, tostring(k), s.accepted)
       end
       if not copy then
         copy = {}
@@ -161,7 +171,7 @@ function M.check(s, fname, opts)
       copy[k] = nil
       if to ~= nil then
         if opts[to] ~= nil and opts[to] ~= v then
-          M.fail("EINVAL: %s: options '%s' and '%s' name the same thing with different values", fname, k, to)
+          check_fail(raise, fname, "EINVAL: %s: options '%s' and '%s' name the same thing with different values", fname, k, to)
         end
         copy[to] = v
       elseif why ~= nil then

@@ -38,6 +38,14 @@
 --             noncontig (a transposed 2x2 view); then every rank all_reduces
 --   allref:K  every rank gives all_reduce the argument localref:K gives on
 --             the last rank; then every rank all_reduces
+--   luaref:C:K  the last rank alone makes an argument mistake that the Lua
+--             layer (dist.lua) catches in collective C (all_reduce,
+--             all_gather_object, barrier), K: badkey (an unknown option key),
+--             badop (an unknown op name; all_reduce), extra (an argument past
+--             torch's positional ones), subkey (an unknown key beside group =
+--             g, g = new_group(every rank)), badtime (a timeout that is no
+--             number: the binding's check); the others a good C; then every
+--             rank all_reduces (on g for subkey)
 --   nonrootgather / nonrootscatter  non-root rank 1 passes a list (root 0);
 --             then an all_reduce
 --   roots_K   rank 1 calls K (broadcast, reduce, gather, scatter) with root 1,
@@ -268,6 +276,27 @@ elseif mode:match("^allref:") then  -- every rank gives all_reduce the argument 
   local u = T.full({4}, rank - 3.5, "float32")
   local ok, err = pcall(dist.all_reduce, u)
   out:write(ok and string.format("ok %.2f %.2f", u[1], u[4]) or ("error " .. tostring(err)), "\n")
+  out:write(string.format("elapsed %.3f\n", crun.clock() - t0))
+elseif mode:match("^luaref:") then  -- the last rank alone makes a mistake dist.lua catches
+  local c, k = mode:match("^luaref:([%w_]+):(%w+)$")
+  local g = k == "subkey" and dist.new_group() or nil
+  local bad, t0 = rank == dist.get_world_size() - 1, crun.clock()
+  local t, v = T.full({4}, -2.5 * rank - 1, "float32"), -1.5 * rank - 0.25
+  local o = bad and {group = g, asyncop = true, timeot = 5} or {group = g}
+  if bad and k == "badtime" then o = {timeout = "soon"} end
+  if c == "all_reduce" then
+    if not bad then record(pcall(dist.all_reduce, t, "sum", {group = g}))
+    elseif k == "badop" then record(pcall(dist.all_reduce, t, "summ"))
+    elseif k == "extra" then record(pcall(dist.all_reduce, t, "sum", nil, false, 5))
+    else o.timeot = nil; record(pcall(dist.all_reduce, t, o)) end
+  elseif c == "all_gather_object" then
+    if k == "extra" and bad then record(pcall(dist.all_gather_object, {}, v, nil, 7))
+    else o.asyncop = nil; record(pcall(dist.all_gather_object, {}, v, o)) end
+  elseif c == "barrier" then
+    if k == "extra" and bad then record(pcall(dist.barrier, nil, nil, 3))
+    else o.timeot = nil; record(pcall(dist.barrier, o)) end
+  end
+  record(pcall(dist.all_reduce, T.full({4}, rank - 3.5, "float32"), "sum", g))
   out:write(string.format("elapsed %.3f\n", crun.clock() - t0))
 elseif mode == "nonrootgather" or mode == "nonrootscatter" then
   local list = {}

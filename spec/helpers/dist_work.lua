@@ -121,9 +121,10 @@ end
 
 function cases.ranks()
   local t = T.zeros({4})
-  -- a rooted call's bad src/dst is refused for its group (every rank fails
-  -- it, and the group stops): each runs on a group of its own (a global rank
-  -- that is none of the group's; dist_errors_spec has the range texts)
+  -- a rooted call's bad src/dst, and an unknown option, is refused for its
+  -- group (every rank fails it, and the group stops): each runs on a group
+  -- of its own (a global rank that is none of the group's; dist_errors_spec
+  -- has the range texts)
   local all = {}
   for r = 0, size - 1 do all[#all + 1] = r end
   local function own(f) return function() f({group = dist.new_group(all)}) end end
@@ -135,7 +136,7 @@ function cases.ranks()
     {function() dist.send(t, (1 << 32) + 1) end, "^EINVAL: send: dst 4294967297 is out of range"},
     {own(function(o) dist.gather(t, nil, 1 << 33, o) end), on:format("gather") .. "dst 8589934592 is not in the group"},
     {function() dist.send(t, 1, {tag = 1 << 40}) end, "^EINVAL: send: tag 1099511627776 is out of range"},
-    {function() dist.all_reduce(t, "sum", {tga = 1}) end, "^EINVAL: all_reduce: unknown option 'tga'"},
+    {own(function(o) dist.all_reduce(t, "sum", {group = o.group, tga = 1}) end), "^EINVAL: all_reduce: unknown option 'tga'"},
     {function() dist.new_group({0, 1 << 32}) end, "^EINVAL: new_group: rank 4294967296 is out of range"},
   }
   for i, b in ipairs(bad) do
