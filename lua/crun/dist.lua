@@ -933,9 +933,11 @@ local function packed(list)
   return t
 end
 
---- broadcast_object_list(list, src[, opts]): every other rank's list gets
--- src's elements in place (torch: the lists have the same length on every
--- rank); src's list keeps its own objects, not copies of them, as in torch.
+--- broadcast_object_list(list, src[, opts]): every other rank's list becomes
+-- src's in place, whatever its length: torch's lists have one length, but
+-- its receivers' [None] * n is {} in Lua (a trailing None shortens a list),
+-- so a length check would refuse faithful ports. src's list keeps its own
+-- objects, not copies of them, as in torch.
 function dist.broadcast_object_list(list, src, opts, device, ...)
   if select("#", ...) > 0 then too_many("broadcast_object_list", ...) end
   opts = O.check(OBJ_LIST, "broadcast_object_list", group_form(opts, "device", device, "broadcast_object_list"))
@@ -947,11 +949,8 @@ function dist.broadcast_object_list(list, src, opts, device, ...)
     return packed(list)
   end, g, gsrc, opts, "broadcast_object_list")
   not_a_list(list, "broadcast_object_list", "object list")
-  if got.n ~= #list then
-    fail("EMISMATCH: broadcast_object_list on rank %d: the list has %d elements, rank %d's has %d",
-         g:global_rank(g:rank()), #list, src or 0, got.n)
-  end
   if g:rank() == gsrc then return end
+  for i = #list, got.n + 1, -1 do list[i] = nil end
   for i = 1, got.n do list[i] = got[i] end
 end
 
