@@ -223,6 +223,18 @@ end
 function dist.reset_stats(group) core.pg_stats(group or default_pg("reset_stats"), true) end
 function dist.is_available() return true end
 
+--- torch's backend probes: gloo is crun's cpu backend (always there); mpi
+-- and nccl as this build has them; ucc never.
+function dist.is_gloo_available() return true end
+function dist.is_mpi_available() return core.have_mpi == true end
+function dist.is_nccl_available() return core.have_nccl == true end
+function dist.is_ucc_available() return false end
+
+--- is_torchelastic_launched() -> whether a torchrun-style launcher started
+-- this process (crun-lua sets TORCHELASTIC_RUN_ID, as torchrun does, and
+-- torch checks that variable).
+function dist.is_torchelastic_launched() return os.getenv("TORCHELASTIC_RUN_ID") ~= nil end
+
 -- A process group, or nil for the default one; anything else (a tensor, a
 -- Work, a number passed as group=) raises EINVAL naming the call instead of
 -- "attempt to index" from deep inside dist.
