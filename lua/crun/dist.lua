@@ -446,15 +446,26 @@ local function root_rank(g, global, fname, what, t)
                                 tostring(global)), -1, ok and cuda or false)
 end
 
+-- rank, an integer (4.0 is 4), or EINVAL naming fname's argument `what`.
+local function rank_number(fname, what, rank)
+  local r = type(rank) == "number" and math.tointeger(rank)
+  if not r then
+    fail("EINVAL: %s: %s must be an integer, got %s", fname, what, type(rank) == "number" and tostring(rank) or type(rank))
+  end
+  return r
+end
+
 function dist.get_group_rank(group, global_rank)
   local g = resolve(group, "get_group_rank")
+  global_rank = rank_number("get_group_rank", "global_rank", global_rank)
   if g == state.pg and (math.type(global_rank) ~= "integer" or global_rank < 0 or global_rank >= g:size()) then
     fail("EINVAL: get_group_rank: rank %s is not in the group", tostring(global_rank))
   end
   return to_group_rank(g, global_rank, "get_group_rank")
 end
 function dist.get_global_rank(group, group_rank)
-  return resolve(group, "get_global_rank"):global_rank(group_rank)
+  local g = resolve(group, "get_global_rank")
+  return g:global_rank(rank_number("get_global_rank", "group_rank", group_rank))
 end
 
 -- torch's positional trailing arguments: a process group (or
