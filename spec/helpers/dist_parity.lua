@@ -395,6 +395,27 @@ function cases.object_list_src()
   check(list[3] == "tail", "list[3] on rank %d is %s", rank, tostring(list[3]))
 end
 
+-- torch's Work.source_rank() after an irecv from any rank: the sender's rank
+-- in the irecv's group (torch's recv() maps it to the global rank), on the
+-- default group and on a sub-group of the last two ranks.
+function cases.work_source_rank()
+  local a, b = size - 2, size - 1
+  local g = dist.new_group({a, b})
+  if rank == b then
+    local y = T.zeros({1}, "float64")
+    local w = dist.irecv(y, nil, g)
+    w:wait()
+    check(w:source_rank() == 0 and y[1] == -2.5, "sub-group source_rank %s, value %s", tostring(w:source_rank()), y[1])
+    w = dist.irecv(y)
+    w:wait()
+    check(w:source_rank() == 0 and y[1] == 6.75, "world source_rank %s, value %s", tostring(w:source_rank()), y[1])
+  elseif rank == a then
+    dist.send(T.new({-2.5}, "float64"), b, g)
+  end
+  if rank == 0 then dist.send(T.new({6.75}, "float64"), b) end
+  dist.barrier()
+end
+
 -- torch's receivers pass [None] * n, which Lua spells {} (and a trailing
 -- None shortens a list): every rank's list becomes src's, whatever its length
 -- was, and the group goes on in step.
