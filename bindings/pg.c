@@ -1059,7 +1059,8 @@ static int l_work_is_completed(lua_State *L) {
   return 1;
 }
 
-/* w:source() -> sender of a finished recv, else nil */
+/* w:source() (torch's w:source_rank()) -> the sender's rank in the recv's
+ * group once the recv finished, else nil */
 static int l_work_source(lua_State *L) {
   int s = crun_work_source(check_work(L, 1));
   if (s < 0) lua_pushnil(L);
@@ -1152,6 +1153,7 @@ void crun_l_open_pg(lua_State *L) {
       {"__gc", l_pg_gc}, {"__close", l_destroy}, {"__tostring", l_pg_tostring}, {NULL, NULL}};
   static const luaL_Reg work_methods[] = {
       {"wait", l_work_wait}, {"synchronize", l_work_synchronize}, {"is_completed", l_work_is_completed}, {"source", l_work_source},
+      {"source_rank", l_work_source},
       {"result", l_work_result}, {"exception", l_work_exception}, {"get_future", l_work_get_future},
       {"__gc", l_work_gc}, {"__close", l_work_gc}, {"__tostring", l_work_tostring}, {NULL, NULL}};
   crun_l_newclass(L, PG_MT, pg_methods);

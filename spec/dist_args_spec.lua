@@ -100,6 +100,15 @@ describe("crun.dist arguments", function()
      "EINVAL: all_to_all_single on rank 0: the output tensor is closed"},
     {"get_group_rank(WORLD, 7)", function() dist.get_group_rank(dist.group.WORLD, 7) end,
      "EINVAL: get_group_rank: rank 7 is not in the group"},
+    -- a rank that is no integer was "rank 0 is not in the group" for a string
+    -- "0", the binding's "bad argument #1 to 'global_rank'" for 0.5, and a
+    -- string "0" passed get_global_rank as the number 0
+    {"get_group_rank(WORLD, '0')", function() dist.get_group_rank(dist.group.WORLD, "0") end,
+     "EINVAL: get_group_rank: global_rank must be an integer, got string"},
+    {"get_global_rank(WORLD, 0.5)", function() dist.get_global_rank(dist.group.WORLD, 0.5) end,
+     "EINVAL: get_global_rank: group_rank must be an integer, got 0.5"},
+    {"get_global_rank(WORLD, '0')", function() dist.get_global_rank(dist.group.WORLD, "0") end,
+     "EINVAL: get_global_rank: group_rank must be an integer, got string"},
     {"isend(t, 0, 5)", function() dist.isend(T.ones{2}, 0, 5) end,
      "EINVAL: isend: options must be a table, got number"},
     {"gather_object(v, list, 7)", function() dist.gather_object(1, {}, 7) end,

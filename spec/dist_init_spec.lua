@@ -18,3 +18,30 @@ describe("dist.init_process_group", function()
     end)
   end
 end)
+
+-- torch's capability probes, which porting code calls before choosing a
+-- backend or reading torchrun's variables; they were missing (a nil call)
+describe("dist.is_*_available and is_torchelastic_launched", function()
+  it("answer as torch's for crun's backends and launcher", function()
+    local dist, core = require "crun.dist", require "crun.core"
+    assert.is_true(dist.is_gloo_available())
+    assert.are.equal(core.have_mpi == true, dist.is_mpi_available())
+    assert.are.equal(core.have_nccl == true, dist.is_nccl_available())
+    assert.is_false(dist.is_ucc_available())
+    local path = os.tmpname()
+    local f = assert(io.open(path, "w"))
+    f:write('print("launched", require("crun.dist").is_torchelastic_launched())\n')
+    f:close()
+    local function run_it(cmd)
+      local p = assert(io.popen(cmd .. " 2>&1"))
+      local out = p:read("a"); p:close()
+      return out
+    end
+    -- under crun-lua (which sets TORCHELASTIC_RUN_ID, as torchrun) and alone
+    local launched = run_it(string.format("env -u TORCHELASTIC_RUN_ID %s -n 1 --master-port 0 %s", os.getenv("CRUN_LUA"), path))
+    local alone = run_it(string.format("env -u TORCHELASTIC_RUN_ID lua5.4 %s", path))
+    os.remove(path)
+    assert.is_truthy(launched:find("launched\ttrue", 1, true), launched)
+    assert.is_truthy(alone:find("launched\tfalse", 1, true), alone)
+  end)
+end)

@@ -19,7 +19,7 @@ describe("torch.distributed parity", function()
   for _, c in ipairs{
     {"init", {2}}, {"default_call", {2, 3}}, {"new_group_sorted", {3, 4}}, {"new_group_mismatch", {3, 4}}, {"subgroups", {4}},
     {"a2a_single", {2, 3, 4}}, {"batch", {2, 3, 4}}, {"batch_bad_entry", {2, 3}}, {"monitored", {2, 4}}, {"monitored_reinit", {3}}, {"objects", {2, 3}},
-    {"object_list_1m", {2}}, {"object_list_src", {2, 3}}, {"ddp_group", {4}},
+    {"object_list_1m", {2}}, {"object_list_src", {2, 3}}, {"object_list_nil_slots", {2, 3}}, {"work_source_rank", {3}}, {"ddp_group", {4}},
     {"positional_group", {2, 3}},
   } do
     for _, n in ipairs(c[2]) do

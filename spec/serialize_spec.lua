@@ -154,6 +154,27 @@ describe("crun.save / crun.load", function()
       "EINVAL: crun.save: table key of type table at value cannot be saved")
   end)
 
+  -- torch.save(model) pickles the module and torch.load gives it back;
+  -- crun.save(path, model) saved its fields and loaded a plain table that
+  -- had lost its methods (and an __index's defaults) without a word
+  it("refuses a table with a metatable, naming it and where it is", function()
+    local Point = {__name = "my.Point"}
+    Point.__index = Point
+    local p = setmetatable({x = -2}, Point)
+    assert.has_error(function() serialize.dumps({model = {layer = p}}) end,
+      "EINVAL: crun.save: cannot save the table with a metatable (my.Point) at value.model.layer: it would load as "
+      .. "a plain table without its methods; save a plain table such as its state_dict()")
+    assert.has_error(function() serialize.dumps(setmetatable({}, {__index = function() return 5 end})) end,
+      "EINVAL: crun.save: cannot save the table with a metatable at value: it would load as a plain table without "
+      .. "its methods; save a plain table such as its state_dict()")
+    local nn = require "crun.nn"
+    local ok, err = pcall(serialize.dumps, nn.Linear(3, -(-2)))
+    assert.is_false(ok)
+    assert.is_truthy(err:match("^EINVAL: crun.save: cannot save the table with a metatable %(crun.nn.Linear%) at value:"),
+      err)
+    assert.is_truthy(serialize.loads(serialize.dumps(nn.Linear(3, 2):state_dict()))[1])
+  end)
+
   -- dumps built the path string of every value ("value.1.1.1...") whatever
   -- happened: memory quadratic in the depth (0.9 GB for 30000 levels), then a
   -- bare "stack overflow" near 100000 levels

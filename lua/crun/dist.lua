@@ -288,6 +288,18 @@ end
 function dist.reset_stats(group) core.pg_stats(group or default_pg("reset_stats"), true) end
 function dist.is_available() return true end
 
+--- torch's backend probes: gloo is crun's cpu backend (always there); mpi
+-- and nccl as this build has them; ucc never.
+function dist.is_gloo_available() return true end
+function dist.is_mpi_available() return core.have_mpi == true end
+function dist.is_nccl_available() return core.have_nccl == true end
+function dist.is_ucc_available() return false end
+
+--- is_torchelastic_launched() -> whether a torchrun-style launcher started
+-- this process (crun-lua sets TORCHELASTIC_RUN_ID, as torchrun does, and
+-- torch checks that variable).
+function dist.is_torchelastic_launched() return os.getenv("TORCHELASTIC_RUN_ID") ~= nil end
+
 -- A process group, or nil for the default one; anything else (a tensor, a
 -- Work, a number passed as group=) raises EINVAL naming the call instead of
 -- "attempt to index" from deep inside dist.
@@ -499,15 +511,26 @@ local function root_rank(g, global, fname, what, t)
                                 tostring(global)), -1, ok and cuda or false)
 end
 
+-- rank, an integer (4.0 is 4), or EINVAL naming fname's argument `what`.
+local function rank_number(fname, what, rank)
+  local r = type(rank) == "number" and math.tointeger(rank)
+  if not r then
+    fail("EINVAL: %s: %s must be an integer, got %s", fname, what, type(rank) == "number" and tostring(rank) or type(rank))
+  end
+  return r
+end
+
 function dist.get_group_rank(group, global_rank)
   local g = resolve(group, "get_group_rank")
+  global_rank = rank_number("get_group_rank", "global_rank", global_rank)
   if g == state.pg and (math.type(global_rank) ~= "integer" or global_rank < 0 or global_rank >= g:size()) then
     fail("EINVAL: get_group_rank: rank %s is not in the group", tostring(global_rank))
   end
   return to_group_rank(g, global_rank, "get_group_rank")
 end
 function dist.get_global_rank(group, group_rank)
-  return resolve(group, "get_global_rank"):global_rank(group_rank)
+  local g = resolve(group, "get_global_rank")
+  return g:global_rank(rank_number("get_global_rank", "group_rank", group_rank))
 end
 
 -- torch's positional trailing arguments: a process group (or
@@ -1013,9 +1036,11 @@ local function packed(list)
   return t
 end
 
---- broadcast_object_list(list, src[, opts]): every other rank's list gets
--- src's elements in place (torch: the lists have the same length on every
--- rank); src's list keeps its own objects, not copies of them, as in torch.
+--- broadcast_object_list(list, src[, opts]): every other rank's list becomes
+-- src's in place, whatever its length: torch's lists have one length, but
+-- its receivers' [None] * n is {} in Lua (a trailing None shortens a list),
+-- so a length check would refuse faithful ports. src's list keeps its own
+-- objects, not copies of them, as in torch.
 function dist.broadcast_object_list(list, src, opts, device, ...)
   cur_call, cur[1], cur[2], cur[3], cur[4] = "broadcast_object_list", nil, nil, nil, opts
   if select("#", ...) > 0 then too_many("broadcast_object_list", ...) end
@@ -1028,11 +1053,8 @@ function dist.broadcast_object_list(list, src, opts, device, ...)
     return packed(list)
   end, g, gsrc, opts, "broadcast_object_list")
   not_a_list(list, "broadcast_object_list", "object list")
-  if got.n ~= #list then
-    fail("EMISMATCH: broadcast_object_list on rank %d: the list has %d elements, rank %d's has %d",
-         g:global_rank(g:rank()), #list, src or 0, got.n)
-  end
   if g:rank() == gsrc then return end
+  for i = #list, got.n + 1, -1 do list[i] = nil end
   for i = 1, got.n do list[i] = got[i] end
 end
 

@@ -108,8 +108,21 @@ local function sorted_keys(tbl, at)
   return keys
 end
 
+-- Raises EINVAL for a table with a metatable (a module, a sampler, an
+-- object of the user's): it would load as a plain table without its methods,
+-- where torch.load gives back the object torch.save pickled.
+local function refuse_metatable(v, at)
+  local mt = getmetatable(v)
+  if mt == nil then return end
+  local name = type(mt) == "table" and rawget(mt, "__name")
+  O.fail("EINVAL: crun.save: cannot save the table with a metatable%s at %s: it would load as a plain table "
+         .. "without its methods; save a plain table such as its state_dict()",
+         type(name) == "string" and " (" .. name .. ")" or "", where(at))
+end
+
 local function encode_table(v, out, at, seen)
   if seen[v] then O.fail("EINVAL: crun.save: cycle in the value at %s", where(at)) end
+  refuse_metatable(v, at)
   local depth = at and at.depth or 0
   if depth >= MAX_DEPTH then
     O.fail("EINVAL: crun.save: tables nest deeper than %d levels", MAX_DEPTH)

@@ -397,6 +397,45 @@ function cases.object_list_src()
   check(list[3] == "tail", "list[3] on rank %d is %s", rank, tostring(list[3]))
 end
 
+-- torch's Work.source_rank() after an irecv from any rank: the sender's rank
+-- in the irecv's group (torch's recv() maps it to the global rank), on the
+-- default group and on a sub-group of the last two ranks.
+function cases.work_source_rank()
+  local a, b = size - 2, size - 1
+  local g = dist.new_group({a, b})
+  if rank == b then
+    local y = T.zeros({1}, "float64")
+    local w = dist.irecv(y, nil, g)
+    w:wait()
+    check(w:source_rank() == 0 and y[1] == -2.5, "sub-group source_rank %s, value %s", tostring(w:source_rank()), y[1])
+    w = dist.irecv(y)
+    w:wait()
+    check(w:source_rank() == 0 and y[1] == 6.75, "world source_rank %s, value %s", tostring(w:source_rank()), y[1])
+  elseif rank == a then
+    dist.send(T.new({-2.5}, "float64"), b, g)
+  end
+  if rank == 0 then dist.send(T.new({6.75}, "float64"), b) end
+  dist.barrier()
+end
+
+-- torch's receivers pass [None] * n, which Lua spells {} (and a trailing
+-- None shortens a list): every rank's list becomes src's, whatever its length
+-- was, and the group goes on in step.
+function cases.object_list_nil_slots()
+  local src = size - 1
+  local list
+  if rank == src then list = {-3, nil, 2.5, "x"}
+  elseif rank == 0 then list = {7, 7, 7, 7, 7, 7}  -- longer: the tail goes, as src's list has no such elements
+  else list = {} end
+  dist.broadcast_object_list(list, src)
+  check(list[1] == -3 and list[2] == nil and list[3] == 2.5 and list[4] == "x" and list[5] == nil and list[6] == nil,
+        "rank %d's list is {%s, %s, %s, %s, %s, %s}", rank, tostring(list[1]), tostring(list[2]), tostring(list[3]),
+        tostring(list[4]), tostring(list[5]), tostring(list[6]))
+  local t = T.new({rank + 0.5}, "float64")
+  dist.all_reduce(t)
+  check(t[1] == size * size / 2, "all_reduce after it gave %s", tostring(t[1]))
+end
+
 -- torch's positional group (and async_op / tag after it): all_reduce(t, op,
 -- group), send(t, dst, group, tag), ... on a group of ranks 0 and 1; the other
 -- ranks pass NON_GROUP_MEMBER there and take no part (they raised
