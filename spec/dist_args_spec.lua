@@ -313,7 +313,7 @@ describe("crun.dist arguments", function()
          function() return dist.all_to_all({T.zeros{2}}, {t}, nil, false, x) end},
         {"all_to_all_single", 7, "output, input, output_split_sizes, input_split_sizes, group, async_op",
          function() return dist.all_to_all_single(T.zeros{2}, t, nil, nil, nil, false, x) end},
-        {"barrier", 3, "group, async_op", function() return dist.barrier(nil, false, x) end},
+        {"barrier", 4, "group, async_op, device_ids", function() return dist.barrier(nil, false, nil, x) end},
         {"monitored_barrier", 4, "group, timeout, wait_all_ranks",
          function() return dist.monitored_barrier(nil, 5, false, x) end},
         {"send", 5, "tensor, dst, group, tag", function() return dist.send(t, 0, nil, 0, x) end},
@@ -345,6 +345,17 @@ describe("crun.dist arguments", function()
     dist.reduce(u, 0, "max", nil, nil, nil)
     assert.same({-1.5, 2.25}, u:totable())
     assert.is_nil(dist.barrier(nil, nil, nil))
+    -- torch's device_ids (a list of device indices) changes nothing in a barrier
+    assert.is_nil(dist.barrier(nil, false, {0}))
+    assert.is_nil(dist.barrier{device_ids = {0, 1}})
+    for _, bad in ipairs{"cuda:0", {0.5}, {-1}} do
+      local ok, err = pcall(dist.barrier, nil, nil, bad)
+      assert.is_false(ok)
+      assert.equal("EINVAL: barrier: device_ids must be a list of device indices (integers >= 0)", err)
+    end
+    local ok, err = pcall(dist.barrier, {}, nil, {0})
+    assert.is_false(ok)
+    assert.matches("^EINVAL: barrier: device_ids given after an options table", err)
     assert.same(v, dist.broadcast_object(v, 0, nil, nil))
     local got = {}
     dist.all_gather_object(got, v, nil, nil)

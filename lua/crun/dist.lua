@@ -32,6 +32,8 @@ local NEW_GROUP = O.spec{"timeout", "backend",
   inert = {pg_options = "crun's backends take no per-group options",
            use_local_synchronization = "crun's new_group always synchronizes the parent group"}}
 local MONITORED = O.spec{"group", "timeout", "wait_all_ranks"}
+local BARRIER = O.spec{"async_op", "group", "timeout",
+  inert = {device_ids = "a barrier moves no tensor; a nccl group's runs on the current device"}}
 
 -- torch's backend names -> crun's
 local BACKEND_ALIAS = {gloo = "cpu", ["cpu:gloo"] = "cpu", ["cpu:gloo,cuda:nccl"] = "auto"}
@@ -136,7 +138,7 @@ local POSITIONAL = {
   scatter = "tensor, scatter_list, src, group, async_op", reduce_scatter = "output, input_list, op, group, async_op",
   all_to_all = "output_tensor_list, input_tensor_list, group, async_op",
   all_to_all_single = "output, input, output_split_sizes, input_split_sizes, group, async_op",
-  barrier = "group, async_op", monitored_barrier = "group, timeout, wait_all_ranks",
+  barrier = "group, async_op, device_ids", monitored_barrier = "group, timeout, wait_all_ranks",
   send = "tensor, dst, group, tag", recv = "tensor, src, group, tag", isend = "tensor, dst, group, tag",
   irecv = "tensor, src, group, tag", broadcast_object = "obj, src, group", all_gather_object = "object_list, obj, group",
   broadcast_object_list = "object_list, src, group, device", gather_object = "obj, object_gather_list, dst, group",
@@ -726,13 +728,25 @@ function dist.all_to_all_single(output, input, out_splits, in_splits, opts, asyn
   return g:all_to_all_single(output, input, out_splits, in_splits, opts)
 end
 
-function dist.barrier(opts, async_op, ...)
+function dist.barrier(opts, async_op, device_ids, ...)
   cur_call, cur[1], cur[2], cur[3], cur[4] = "barrier", nil, nil, nil, opts
   if select("#", ...) > 0 then too_many("barrier", ...) end
+  local ids = device_ids
+  if ids ~= nil and type(opts) == "table" and opts ~= NON_MEMBER then after_table("barrier", "device_ids", "device_ids") end
   opts = group_form(opts, ASYNC, async_op, "barrier")
   local pg = state.pg
-  if opts == nil and pg then return pg:barrier() end
-  opts = O.check(COLL, "barrier", opts, arg_fail)
+  if opts == nil and ids == nil and pg then return pg:barrier() end
+  if ids == nil and type(opts) == "table" then ids = opts.device_ids end
+  if ids ~= nil then  -- torch's device_ids: a list of device indices, which changes nothing here
+    local bad = type(ids) ~= "table"
+    for i = 1, bad and 0 or #ids do bad = bad or math.type(ids[i]) ~= "integer" or ids[i] < 0 end
+    if bad then arg_fail("barrier", "EINVAL: barrier: device_ids must be a list of device indices (integers >= 0)") end
+    if device_ids ~= nil then
+      opts = opts or {}
+      opts.device_ids = device_ids
+    end
+  end
+  opts = O.check(BARRIER, "barrier", opts, arg_fail)
   local g = group_of(opts, "barrier")
   if g then return g:barrier(opts) end
 end
