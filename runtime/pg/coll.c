@@ -187,7 +187,7 @@ static int peer_refused(crun_pg_t *pg, uint64_t k, int q) {
  * the group's board and waits, up to the group's timeout, until every peer
  * either left its own (1) or runs call k or a later one instead (0: the
  * group stops; a peer in call k shows on the progress board within its
- * 200 ms period). Failure path only. */
+ * 200 ms period), or until the group fails. Failure path only. */
 static int every_rank_refused(crun_pg_t *pg, uint64_t k, int rc, const char *text) {
   char key[64], val[600];
   snprintf(key, sizeof key, "refused/%llu/%d", (unsigned long long)k, pg->rank);
@@ -202,7 +202,7 @@ static int every_rank_refused(crun_pg_t *pg, uint64_t k, int rc, const char *tex
   done[pg->rank] = 1;
   double end = crun_clock() + pg->timeout;
   useconds_t nap = 500;
-  while (left > 0 && !ran && crun_clock() < end) {
+  while (left > 0 && !ran && !atomic_load(&pg->is_broken) && crun_clock() < end) {
     for (int q = 0; q < pg->size && !ran; q++) {
       if (done[q]) continue;
       int r = peer_refused(pg, k, q);
@@ -246,7 +246,8 @@ static int refuse_call(crun_pg_t *pg, const crun__coll_t *c, int rc) {
     snprintf(seq, sizeof seq, " #%llu", (unsigned long long)last + 1);
   size_t n = strlen(crun_err_name(rc));
   const char *body = strncmp(mine, crun_err_name(rc), n) == 0 && mine[n] == ':' ? mine + n + 2 : mine;
-  if (seq[0] && !be->private_board && every_rank_refused(pg, last + 1, rc, body))
+  /* a group already unusable has no peer to agree with: theirs fail at once (ESTATE) */
+  if (seq[0] && !be->private_board && !atomic_load(&pg->is_broken) && every_rank_refused(pg, last + 1, rc, body))
     return crun_error(rc, "%s (every rank refused %s #%llu: the group goes on)", body, crun__coll_name(c->kind),
                       (unsigned long long)last + 1);
   int root = crun__coll_rooted(c->kind) && c->root == pg->rank;
