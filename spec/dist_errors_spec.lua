@@ -349,7 +349,7 @@ describe("dist failures", function()
     {"all_gather_object", "extra", "all_gather", "argument #4 (number) is one too many"},
     {"all_gather_object", "subkey", "all_gather", "all_gather_object: unknown option 'timeot'"},
     {"barrier", "badkey", "barrier", "barrier: unknown option 'asyncop'"},
-    {"barrier", "extra", "barrier", "argument #3 (number) is one too many"},
+    {"barrier", "extra", "barrier", "argument #4 (number) is one too many"},
     {"barrier", "subkey", "barrier", "barrier: unknown option 'asyncop'"},
     -- and the bindings' check of the options' values
     {"all_reduce", "badtime", "all_reduce", "all_reduce: bad field 'timeout' (number expected, got string)"},

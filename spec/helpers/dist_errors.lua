@@ -293,7 +293,7 @@ elseif mode:match("^luaref:") then  -- the last rank alone makes a mistake dist.
     if k == "extra" and bad then record(pcall(dist.all_gather_object, {}, v, nil, 7))
     else o.asyncop = nil; record(pcall(dist.all_gather_object, {}, v, o)) end
   elseif c == "barrier" then
-    if k == "extra" and bad then record(pcall(dist.barrier, nil, nil, 3))
+    if k == "extra" and bad then record(pcall(dist.barrier, nil, nil, nil, 3))
     else o.timeot = nil; record(pcall(dist.barrier, o)) end
   end
   record(pcall(dist.all_reduce, T.full({4}, rank - 3.5, "float32"), "sum", g))
