@@ -162,21 +162,35 @@ static uint64_t board_seq(crun_pg_t *pg, int q, int *gone) {
 }
 
 /* Whether peer q left "refused/<k>/<q>" on pg's board: 1 it did, 0 not yet
- * (it has not reached call k), -1 it runs call k or a later one instead, or
- * the board cannot be read. A peer sets its key before its own agreement
+ * (it has not reached call k), -1 it runs call k or a later one instead, it
+ * stopped the group by a refusal of its own ("stopped/<q>": one that took
+ * no number, beside its queued work or another thread's call), or the board
+ * cannot be read. A peer sets its key before its own agreement
  * ends, so one that refused k and moved on shows its key when looked at
  * again after its progress. */
 static int peer_refused(crun_pg_t *pg, uint64_t k, int q) {
-  char key[64];
+  char key[64], stop[32];
   snprintf(key, sizeof key, "refused/%llu/%d", (unsigned long long)k, q);
-  const char *kp = key;
+  snprintf(stop, sizeof stop, "stopped/%d", q);
+  const char *kp = key, *sp = stop;
   int ok = 0, gone = 0;
   if (crun_store_check(pg->board, &kp, 1, &ok) < 0) return -1;
   if (ok) return 1;
+  if (crun_store_check(pg->board, &sp, 1, &ok) < 0 || ok) return -1;
   uint64_t at = board_seq(pg, q, &gone);
   if (gone) return -1;
   if (at < k) return 0;
   return crun_store_check(pg->board, &kp, 1, &ok) == 0 && ok ? 1 : -1;
+}
+
+/* Leaves "stopped/<rank>" on pg's board before this rank's refusal stops
+ * the group, so that a peer waiting in every_rank_refused for a refusal this
+ * rank never numbered (peer_refused) stops at once, not at its timeout. */
+static void leave_stopped(crun_pg_t *pg) {
+  char key[32];
+  snprintf(key, sizeof key, "stopped/%d", pg->rank);
+  if (pg->board && crun_store_set(pg->board, key, "1", 1) < 0)
+    CRUN_LOG(INFO, PG, "could not leave %s on the board: %s", key, crun_last_error());
 }
 
 /* Whether every rank of pg refused its call number k, as this one did (rc,
@@ -253,6 +267,7 @@ static int refuse_call(crun_pg_t *pg, const crun__coll_t *c, int rc) {
   int root = crun__coll_rooted(c->kind) && c->root == pg->rank;
   snprintf(text, sizeof text, "%s (rank %d%s refused its part of %s%s: the group stops)", mine, pg->rank,
            root ? ", the root," : "", crun__coll_name(c->kind), seq);
+  if (!be->private_board) leave_stopped(pg);
   crun__pg_fail(pg, rc, text);
   return crun_error(rc, "%s", body);
 }
