@@ -164,8 +164,8 @@ static uint64_t board_seq(crun_pg_t *pg, int q, int *gone) {
 /* Whether peer q left "refused/<k>/<q>" on pg's board: 1 it did, 0 not yet
  * (it has not reached call k), -1 it runs call k or a later one instead, it
  * stopped the group by a refusal of its own ("stopped/<q>": one that took
- * no number, beside its queued work or another thread's call), or the board
- * cannot be read. A peer sets its key before its own agreement
+ * no number, beside its queued work or another thread's call) or closed it
+ * (pg.c, leave_closed), or the board cannot be read. A peer sets its key before its own agreement
  * ends, so one that refused k and moved on shows its key when looked at
  * again after its progress. */
 static int peer_refused(crun_pg_t *pg, uint64_t k, int q) {

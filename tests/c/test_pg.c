@@ -512,10 +512,30 @@ TEST(refusal_beside_unnumbered_refusal) {
   EXPECT_EQ_INT(pg_spawn_ex(2, refuse_beside_recv, NULL, 15.0, 40.0), 0);
 }
 
+/* Rank 1 closes the group after call #1; rank 0 then refuses all_reduce #2,
+ * which rank 1 will never call, let alone refuse: rank 0 fails at once (the
+ * group stops), as before the every-rank agreement, not after its timeout. */
+static void refuse_after_peer_closed(crun_pg_t *pg, void *arg) {
+  (void)arg;
+  float f[2] = {1.5f, -2.25f};
+  EXPECT_OK(crun_pg_all_reduce(pg, f, 2, CRUN_FLOAT32, CRUN_OP_SUM, NULL, NULL));
+  if (crun_pg_rank(pg) == 1) return; /* pg_spawn_ex releases the group */
+  usleep(400 * 1000);
+  double t0 = crun_clock();
+  EXPECT_STATUS(crun_pg_all_reduce(pg, f, 2, CRUN_FLOAT32, CRUN_OP_BXOR, NULL, NULL), CRUN_EINVAL);
+  EXPECT(crun_clock() - t0 < 3.0);
+  EXPECT(!strstr(crun_last_error(), "goes on"));
+}
+TEST(refusal_after_peer_closed) {
+  setenv("CRUN_SHM", "0", 1);
+  EXPECT_EQ_INT(pg_spawn_ex(2, refuse_after_peer_closed, NULL, 15.0, 40.0), 0);
+}
+
 #define CRUN_TESTS(X) X(async_ordering) X(async_blocking_race) X(two_threads_one_group) X(tcp_two_threads_one_group) \
   X(stats_large_after_small) X(sub_groups) X(send_recv_matching) X(work_wait_timeout) \
   X(argument_errors) X(mismatch_reported_everywhere) X(timeout_names_ranks) X(peer_killed_mid_all_reduce) \
   X(tcp_mismatch) X(tcp_timeout) X(tcp_peer_killed) X(wait_zero_ends_by_the_deadline) \
   X(wait_zero_ends_by_the_deadline_shm) X(timeouts_clamped) \
-  X(refusal_on_broken_group) X(refusal_beside_unnumbered_refusal)
+  X(refusal_on_broken_group) X(refusal_beside_unnumbered_refusal) \
+  X(refusal_after_peer_closed)
 CRUN_TEST_MAIN()
