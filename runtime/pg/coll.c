@@ -162,21 +162,35 @@ static uint64_t board_seq(crun_pg_t *pg, int q, int *gone) {
 }
 
 /* Whether peer q left "refused/<k>/<q>" on pg's board: 1 it did, 0 not yet
- * (it has not reached call k), -1 it runs call k or a later one instead, or
- * the board cannot be read. A peer sets its key before its own agreement
+ * (it has not reached call k), -1 it runs call k or a later one instead, it
+ * stopped the group by a refusal of its own ("stopped/<q>": one that took
+ * no number, beside its queued work or another thread's call) or closed it
+ * (pg.c, leave_closed), or the board cannot be read. A peer sets its key before its own agreement
  * ends, so one that refused k and moved on shows its key when looked at
  * again after its progress. */
 static int peer_refused(crun_pg_t *pg, uint64_t k, int q) {
-  char key[64];
+  char key[64], stop[32];
   snprintf(key, sizeof key, "refused/%llu/%d", (unsigned long long)k, q);
-  const char *kp = key;
+  snprintf(stop, sizeof stop, "stopped/%d", q);
+  const char *kp = key, *sp = stop;
   int ok = 0, gone = 0;
   if (crun_store_check(pg->board, &kp, 1, &ok) < 0) return -1;
   if (ok) return 1;
+  if (crun_store_check(pg->board, &sp, 1, &ok) < 0 || ok) return -1;
   uint64_t at = board_seq(pg, q, &gone);
   if (gone) return -1;
   if (at < k) return 0;
   return crun_store_check(pg->board, &kp, 1, &ok) == 0 && ok ? 1 : -1;
+}
+
+/* Leaves "stopped/<rank>" on pg's board before this rank's refusal stops
+ * the group, so that a peer waiting in every_rank_refused for a refusal this
+ * rank never numbered (peer_refused) stops at once, not at its timeout. */
+static void leave_stopped(crun_pg_t *pg) {
+  char key[32];
+  snprintf(key, sizeof key, "stopped/%d", pg->rank);
+  if (pg->board && crun_store_set(pg->board, key, "1", 1) < 0)
+    CRUN_LOG(INFO, PG, "could not leave %s on the board: %s", key, crun_last_error());
 }
 
 /* Whether every rank of pg refused its call number k, as this one did (rc,
@@ -187,7 +201,7 @@ static int peer_refused(crun_pg_t *pg, uint64_t k, int q) {
  * the group's board and waits, up to the group's timeout, until every peer
  * either left its own (1) or runs call k or a later one instead (0: the
  * group stops; a peer in call k shows on the progress board within its
- * 200 ms period). Failure path only. */
+ * 200 ms period), or until the group fails. Failure path only. */
 static int every_rank_refused(crun_pg_t *pg, uint64_t k, int rc, const char *text) {
   char key[64], val[600];
   snprintf(key, sizeof key, "refused/%llu/%d", (unsigned long long)k, pg->rank);
@@ -202,7 +216,7 @@ static int every_rank_refused(crun_pg_t *pg, uint64_t k, int rc, const char *tex
   done[pg->rank] = 1;
   double end = crun_clock() + pg->timeout;
   useconds_t nap = 500;
-  while (left > 0 && !ran && crun_clock() < end) {
+  while (left > 0 && !ran && !atomic_load(&pg->is_broken) && crun_clock() < end) {
     for (int q = 0; q < pg->size && !ran; q++) {
       if (done[q]) continue;
       int r = peer_refused(pg, k, q);
@@ -246,12 +260,14 @@ static int refuse_call(crun_pg_t *pg, const crun__coll_t *c, int rc) {
     snprintf(seq, sizeof seq, " #%llu", (unsigned long long)last + 1);
   size_t n = strlen(crun_err_name(rc));
   const char *body = strncmp(mine, crun_err_name(rc), n) == 0 && mine[n] == ':' ? mine + n + 2 : mine;
-  if (seq[0] && !be->private_board && every_rank_refused(pg, last + 1, rc, body))
+  /* a group already unusable has no peer to agree with: theirs fail at once (ESTATE) */
+  if (seq[0] && !be->private_board && !atomic_load(&pg->is_broken) && every_rank_refused(pg, last + 1, rc, body))
     return crun_error(rc, "%s (every rank refused %s #%llu: the group goes on)", body, crun__coll_name(c->kind),
                       (unsigned long long)last + 1);
   int root = crun__coll_rooted(c->kind) && c->root == pg->rank;
   snprintf(text, sizeof text, "%s (rank %d%s refused its part of %s%s: the group stops)", mine, pg->rank,
            root ? ", the root," : "", crun__coll_name(c->kind), seq);
+  if (!be->private_board) leave_stopped(pg);
   crun__pg_fail(pg, rc, text);
   return crun_error(rc, "%s", body);
 }

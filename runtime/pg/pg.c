@@ -279,10 +279,25 @@ int crun_pg_new_group(crun_pg_t *parent, const int *ranks, int n, double timeout
 
 void crun_pg_retain(crun_pg_t *pg) { atomic_fetch_add(&pg->refs, 1); }
 
+/* Leaves "stopped/<rank>" on the board of a group that ran a collective
+ * and is closed here while it still works: a peer that refuses a call
+ * this rank never makes (coll.c, every_rank_refused) stops at once instead
+ * of waiting its timeout for a refusal from a rank that is gone. Bounded by
+ * a short timeout: a store already gone costs a close little. */
+static void leave_closed(crun_pg_t *pg) {
+  if (!atomic_load(&pg->cur) || pg->size < 2 || !pg->board || atomic_load(&pg->is_broken) || (pg->be && pg->be->private_board)) return;
+  char key[32];
+  snprintf(key, sizeof key, "stopped/%d", pg->rank);
+  crun_store_set_timeout(pg->board, 0.25);
+  if (crun_store_set(pg->board, key, "closed", 6) < 0)
+    CRUN_LOG(INFO, PG, "could not leave %s on the board: %s", key, crun_last_error());
+}
+
 void crun_pg_release(crun_pg_t *pg) {
   if (!pg || atomic_fetch_sub(&pg->refs, 1) != 1) return;
   crun__pg_queue_stop(pg);
   crun__pg_progress_stop(pg);
+  leave_closed(pg);
   if (pg->be_dev && pg->be_dev_state) pg->be_dev->destroy(pg->be_dev_state);
   if (pg->be && pg->be_state) pg->be->destroy(pg->be_state);
   if (pg->store) crun_store_release(pg->store);

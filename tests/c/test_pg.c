@@ -463,9 +463,79 @@ static void timeouts_clamped(crun_pg_t *pg, void *arg) {
 }
 TEST(timeouts_clamped) { pg_spawn(2, timeouts_clamped, NULL); }
 
+/* A refusal on a group that is already unusable (here: rank 1 alone refused
+ * call #1, which stopped the group on both ranks) has no peer left to agree
+ * with: the peers' calls fail at once (ESTATE) and take no number, so
+ * waiting for them to refuse too would last the group's timeout. */
+static void refuse_broken(crun_pg_t *pg, void *arg) {
+  (void)arg;
+  int r = crun_pg_rank(pg);
+  float f[2] = {1.5f, -2.25f};
+  EXPECT_STATUS(crun_pg_all_reduce(pg, f, 2, CRUN_FLOAT32, r == 1 ? CRUN_OP_BXOR : CRUN_OP_SUM, NULL, NULL),
+                CRUN_EINVAL);
+  double t0 = crun_clock();
+  int rc = crun_pg_all_reduce(pg, f, 2, CRUN_FLOAT32, r == 0 ? CRUN_OP_BXOR : CRUN_OP_SUM, NULL, NULL);
+  EXPECT_EQ_INT(rc, r == 0 ? CRUN_EINVAL : CRUN_ESTATE);
+  EXPECT(crun_clock() - t0 < 3.0);
+  EXPECT(!strstr(crun_last_error(), "goes on"));
+}
+TEST(refusal_on_broken_group) { EXPECT_EQ_INT(pg_spawn_ex(2, refuse_broken, NULL, 15.0, 40.0), 0); }
+
+
+static void *recv_from_0(void *arg) {
+  float v = 0;
+  crun_pg_recv(arg, &v, 1, CRUN_FLOAT32, 0, NULL, NULL, NULL);
+  return NULL;
+}
+
+/* Rank 1 refuses all_reduce #1 while another of its threads is in a recv,
+ * so its refusal takes no number and stops the group; rank 0 refuses the
+ * same all_reduce as #1. Rank 0 must learn at once that rank 1 stopped
+ * instead of waiting its timeout for a refusal of #1 that never comes. */
+static void refuse_beside_recv(crun_pg_t *pg, void *arg) {
+  (void)arg;
+  int r = crun_pg_rank(pg);
+  float f[2] = {1.5f, -2.25f};
+  pthread_t th;
+  if (r == 1) EXPECT(pthread_create(&th, NULL, recv_from_0, pg) == 0);
+  usleep(r == 1 ? 100 * 1000 : 400 * 1000);
+  double t0 = crun_clock();
+  EXPECT_STATUS(crun_pg_all_reduce(pg, f, 2, CRUN_FLOAT32, CRUN_OP_BXOR, NULL, NULL), CRUN_EINVAL);
+  EXPECT(crun_clock() - t0 < 3.0);
+  EXPECT_TEXT("bxor");
+  EXPECT(!strstr(crun_last_error(), "goes on"));
+  EXPECT_STATUS(crun_pg_barrier(pg, NULL, NULL), CRUN_ESTATE);
+  if (r == 1) pthread_join(th, NULL);
+}
+TEST(refusal_beside_unnumbered_refusal) {
+  setenv("CRUN_SHM", "0", 1);
+  EXPECT_EQ_INT(pg_spawn_ex(2, refuse_beside_recv, NULL, 15.0, 40.0), 0);
+}
+
+/* Rank 1 closes the group after call #1; rank 0 then refuses all_reduce #2,
+ * which rank 1 will never call, let alone refuse: rank 0 fails at once (the
+ * group stops), as before the every-rank agreement, not after its timeout. */
+static void refuse_after_peer_closed(crun_pg_t *pg, void *arg) {
+  (void)arg;
+  float f[2] = {1.5f, -2.25f};
+  EXPECT_OK(crun_pg_all_reduce(pg, f, 2, CRUN_FLOAT32, CRUN_OP_SUM, NULL, NULL));
+  if (crun_pg_rank(pg) == 1) return; /* pg_spawn_ex releases the group */
+  usleep(400 * 1000);
+  double t0 = crun_clock();
+  EXPECT_STATUS(crun_pg_all_reduce(pg, f, 2, CRUN_FLOAT32, CRUN_OP_BXOR, NULL, NULL), CRUN_EINVAL);
+  EXPECT(crun_clock() - t0 < 3.0);
+  EXPECT(!strstr(crun_last_error(), "goes on"));
+}
+TEST(refusal_after_peer_closed) {
+  setenv("CRUN_SHM", "0", 1);
+  EXPECT_EQ_INT(pg_spawn_ex(2, refuse_after_peer_closed, NULL, 15.0, 40.0), 0);
+}
+
 #define CRUN_TESTS(X) X(async_ordering) X(async_blocking_race) X(two_threads_one_group) X(tcp_two_threads_one_group) \
   X(stats_large_after_small) X(sub_groups) X(send_recv_matching) X(work_wait_timeout) \
   X(argument_errors) X(mismatch_reported_everywhere) X(timeout_names_ranks) X(peer_killed_mid_all_reduce) \
   X(tcp_mismatch) X(tcp_timeout) X(tcp_peer_killed) X(wait_zero_ends_by_the_deadline) \
-  X(wait_zero_ends_by_the_deadline_shm) X(timeouts_clamped)
+  X(wait_zero_ends_by_the_deadline_shm) X(timeouts_clamped) \
+  X(refusal_on_broken_group) X(refusal_beside_unnumbered_refusal) \
+  X(refusal_after_peer_closed)
 CRUN_TEST_MAIN()
