@@ -1111,6 +1111,33 @@ function dist.scatter_object_list(out, input, src, opts, ...)
   out[1] = all[g:rank() + 1]
 end
 
+--- Returns f(...): the checks and local setup of a constructor that then
+--- runs collectives (DDP, FSDP, ZeroRedundancyOptimizer), whose first is
+--- `call` ("all_gather": their all_gather_object of the layout) on the
+--- group of `opts`, the constructor's raw options (its group or torch's
+--- process_group; none: the default group). A fault
+--- raised in f may be this rank's alone while its peers already wait in that
+--- call: it is refused for the group (pg:refuse) before it is raised, so that
+--- they fail the call at once naming this rank and the fault rather than
+--- wait out the group's timeout; when every rank refused the same call, the
+--- group goes on. Without a process group, or for NON_GROUP_MEMBER, the
+--- fault is raised here alone; a group option that is no group refuses the
+--- default group's call (where peers that passed nil are).
+function dist._setup(call, opts, f, ...)
+  local res = table.pack(pcall(f, ...))
+  if res[1] then return table.unpack(res, 2, res.n) end
+  local text = tostring(res[2])
+  local group = type(opts) == "table" and rawget(opts, "group") or nil
+  if group == nil and type(opts) == "table" then group = rawget(opts, "process_group") end
+  local g = is_pg(group) and group or (group ~= NON_MEMBER and state.pg) or nil
+  if g then
+    local ok, err = pcall(g.refuse, g, call, text, -1, false)
+    -- err: the text, and whether the group goes on (a closed group raises its own)
+    if not ok and type(err) == "string" and err:find(text:gsub("^%u+: ", ""), 1, true) then error(err, 0) end
+  end
+  error(res[2], 0)
+end
+
 --- dist.group(): the default group (crun.ProcessGroup) for direct method
 -- calls; dist.group.WORLD is the same object, as in torch.
 dist.group = setmetatable({}, {
