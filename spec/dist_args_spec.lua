@@ -429,4 +429,29 @@ describe("crun.dist arguments", function()
     w:wait()
     assert.is_nil(dist.broadcast(t(), 0, nil, false))
   end)
+
+  -- torch 2.x's new_group(..., use_local_synchronization = True) lets the
+  -- ranks outside the new group skip the call; crun's new_group synchronizes
+  -- the whole default group, so code relying on that blocked the members
+  -- until the timeout (the option only warned). Now ENOTSUP saying that every
+  -- rank must call it; false, torch's default, is taken as before.
+  it("refuses new_group's use_local_synchronization = true, which crun cannot honour", function()
+    local why = "ENOTSUP: new_group: use_local_synchronization = true is not implemented: crun's new_group "
+      .. "synchronizes the whole default group, so every rank of it must call new_group (members or not, with the "
+      .. "same ranks); pass false or leave it out"
+    for _, f in ipairs{function() return dist.new_group({0}, {use_local_synchronization = true}) end,
+                       function() return dist.new_group({0}, nil, nil, nil, true) end} do
+      local ok, err = pcall(f)
+      assert.is_false(ok)
+      assert.equal(why, err)
+    end
+    local ok, err = pcall(dist.new_group, {0}, {use_local_synchronization = "yes"})
+    assert.is_false(ok)
+    assert.equal("EINVAL: new_group: use_local_synchronization must be true or false, got yes", err)
+    for _, g in ipairs{dist.new_group({0}, {use_local_synchronization = false}), dist.new_group({0}, 5, nil, nil, false)} do
+      local t = T.new{-2.5, 1.25}
+      dist.all_reduce(t, "sum", {group = g})
+      assert.same({-2.5, 1.25}, {t[1], t[2]})
+    end
+  end)
 end)

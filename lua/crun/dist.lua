@@ -28,9 +28,8 @@ local OBJ_LIST = O.spec{"group", "timeout",
   inert = {device = "crun serializes objects on the host (a nccl group stages them through the current device)"}}
 local INIT = O.spec{"backend", "init_method", "world_size", "rank", "store", "timeout", "group_name",
   inert = {pg_options = "crun's backends take no per-group options", device_id = "no device binding in crun's cpu backends"}}
-local NEW_GROUP = O.spec{"timeout", "backend",
-  inert = {pg_options = "crun's backends take no per-group options",
-           use_local_synchronization = "crun's new_group always synchronizes the parent group"}}
+local NEW_GROUP = O.spec{"timeout", "backend", "use_local_synchronization",
+  inert = {pg_options = "crun's backends take no per-group options"}}
 local MONITORED = O.spec{"group", "timeout", "wait_all_ranks"}
 local BARRIER = O.spec{"async_op", "group", "timeout",
   inert = {device_ids = "a barrier moves no tensor; a nccl group's runs on the current device"}}
@@ -390,10 +389,17 @@ end
 -- is the i-th lowest global rank). Ranks that disagree get EMISMATCH naming
 -- the lists. torch's positional new_group(ranks, timeout, backend[,
 -- pg_options[, use_local_synchronization]]) works too; more arguments, or
--- any after an options table, are EINVAL.
+-- any after an options table, are EINVAL. use_local_synchronization = true
+-- (torch's: the ranks outside the group may skip the call) is ENOTSUP: crun
+-- synchronizes the whole default group, so every rank calls new_group.
 function dist.new_group(ranks, ...)
   local pg = default_pg("new_group")
   local opts = O.check(NEW_GROUP, "new_group", new_group_opts(...))
+  if O.bool("new_group", "use_local_synchronization", opts.use_local_synchronization, false) then
+    fail("ENOTSUP: new_group: use_local_synchronization = true is not implemented: crun's new_group synchronizes the "
+         .. "whole default group, so every rank of it must call new_group (members or not, with the same ranks); "
+         .. "pass false or leave it out")
+  end
   if opts.backend ~= nil then
     local want = crun_backend(opts.backend)
     if want ~= "auto" and want ~= pg:backend() then
