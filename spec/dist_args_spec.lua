@@ -119,7 +119,7 @@ describe("crun.dist arguments", function()
     {"send(t, 0, {tag = -1})", function() dist.send(T.ones{2}, 0, {tag = -1}) end,
      "EINVAL: send on rank 0: tag -1 is negative (tags must be 0 or more, as in torch.distributed)"},
     {"irecv(t, 0, {tag = -7})", function() dist.irecv(T.ones{2}, 0, {tag = -7}) end,
-     "EINVAL: recv on rank 0: tag -7 is negative (tags must be 0 or more, as in torch.distributed)"},
+     "EINVAL: irecv on rank 0: tag -7 is negative (tags must be 0 or more, as in torch.distributed)"},
     {"new_group(5)", function() dist.new_group(5) end,
      "EINVAL: bad argument #1 to 'new_group' (list of ranks expected)"},
   }
@@ -452,6 +452,33 @@ describe("crun.dist arguments", function()
       local t = T.new{-2.5, 1.25}
       dist.all_reduce(t, "sum", {group = g})
       assert.same({-2.5, 1.25}, {t[1], t[2]})
+    end
+  end)
+
+  -- isend and irecv ran as send and recv, whose names their faults carried
+  -- ("EINVAL: send on rank 0: cannot send to itself" for an isend); now each
+  -- fault names the call the user made, whichever layer finds it
+  it("names isend and irecv, not send and recv, in their faults", function()
+    local neg = "tag -1 is negative (tags must be 0 or more, as in torch.distributed)"
+    for _, c in ipairs{
+      {"EINVAL: isend on rank 0: cannot send to itself", function() return dist.isend(T.ones{2}, 0) end},
+      {"EINVAL: isend on rank 0: " .. neg, function() return dist.isend(T.ones{2}, 0, {tag = -1}) end},
+      {"EINVAL: isend on rank 0: " .. neg, function() return dist.isend(T.ones{2}, 0, nil, -1) end},
+      {"EINVAL: isend: dst 5 is out of range (0..0)", function() return dist.isend(T.ones{2}, 5) end},
+      {"EINVAL: bad argument #1 to 'isend' (crun.Tensor expected, got string)", function() return dist.isend("x", 0) end},
+      {"EINVAL: isend: group must be a crun.ProcessGroup (from new_group), got number",
+       function() return dist.isend(T.ones{2}, 0, {group = 5}) end},
+      {"EINVAL: irecv on rank 0: cannot receive from itself", function() return dist.irecv(T.ones{2}, 0) end},
+      {"EINVAL: irecv on rank 0: " .. neg, function() return dist.irecv(T.ones{2}, nil, {tag = -1}) end},
+      {"EINVAL: irecv: src 5 is out of range (0..0)", function() return dist.irecv(T.ones{2}, 5) end},
+      {"EINVAL: bad argument #1 to 'irecv' (crun.Tensor expected, got string)", function() return dist.irecv("x", 0) end},
+      -- and send / recv keep their own names
+      {"EINVAL: send on rank 0: cannot send to itself", function() return dist.send(T.ones{2}, 0) end},
+      {"EINVAL: recv on rank 0: " .. neg, function() return dist.recv(T.ones{2}, nil, {tag = -1}) end},
+    } do
+      local ok, err = pcall(c[2])
+      assert.is_false(ok, c[1])
+      assert.equal(c[1], err)
     end
   end)
 end)

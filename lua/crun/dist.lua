@@ -854,18 +854,39 @@ local function with_async(opts)
   return o
 end
 
+-- Returns what a group's p2p method `base` (send, recv), run for call fname
+-- (isend, irecv), returned (pcall's ok, ...), or raises its error with
+-- fname in base's place: the binding and the runtime name the method they
+-- run ("EINVAL: send on rank 0: ...", "bad argument #1 to 'send'"), the user
+-- called fname.
+local function as_called(fname, base, ok, ...)
+  if ok then return ... end
+  local e = ...
+  if type(e) == "string" then
+    e = e:gsub("^(%u+: )" .. base .. "([ :])", "%1" .. fname .. "%2", 1):gsub("'" .. base .. "'", "'" .. fname .. "'", 1)
+  end
+  error(e, 0)
+end
+
 --- isend / irecv: as send / recv with async_op; return a crun.Work. After
 -- wait, w:source() is the sender's rank in the group (global for the default group).
 function dist.isend(t, dst, opts, tag, ...)
   if select("#", ...) > 0 then too_many("isend", ...) end
-  return dist.send(t, dst, with_async(O.check(P2P, "isend", group_form(opts, TAG, tag, "isend"))))
+  opts = with_async(O.check(P2P, "isend", group_form(opts, TAG, tag, "isend")))
+  local g = group_of(opts, "isend")
+  if not g then return end
+  dst = to_group_rank(g, dst, "isend")
+  -- (a method call in a closure: the binding's argument errors then name 'send' and count from the tensor)
+  return as_called("isend", "send", pcall(function() return g:send(t, dst, opts) end))
 end
 function dist.irecv(t, src, opts, tag, ...)
   if select("#", ...) > 0 then too_many("irecv", ...) end
   src, opts = recv_args(src, opts, tag, "irecv")
   opts = O.check(P2P, "irecv", opts)
   local g = group_of(opts, "irecv")
-  if g then return g:recv(t, src and to_group_rank(g, src, "irecv"), with_async(opts)) end
+  if not g then return end
+  src, opts = src and to_group_rank(g, src, "irecv"), with_async(opts)
+  return as_called("irecv", "recv", pcall(function() return g:recv(t, src, opts) end))
 end
 
 --- P2POp(op, tensor, peer[, group][, tag]): one operation of a batch for
