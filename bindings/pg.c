@@ -125,8 +125,19 @@ static double premul_arg(lua_State *L, int idx, crun_reduce_op_t op, const char 
   return f;
 }
 
+/* The fault of the async_op field of method fname's options table at idx
+ * (anything but nil, true or false: torch's is a bool, and Lua's truth of 0
+ * or "" is not Python's), pushed (no status); 0 if none. */
+static int async_fault(lua_State *L, int idx, const char *fname) {
+  int ty = lua_getfield(L, idx, "async_op");
+  lua_pop(L, 1);
+  if (ty == LUA_TNIL || ty == LUA_TBOOLEAN) return 0;
+  return lua_pushfstring(L, "%s: bad field 'async_op' (boolean expected, got %s)", fname, lua_typename(L, ty)), 1;
+}
+
 /* The fault of method fname's options at idx (not a table, a timeout that
- * is no number, a tag that is no int), pushed (no status); 0 if none. */
+ * is no number, a tag that is no int, an async_op that is no boolean), pushed
+ * (no status); 0 if none. */
 static int opts_fault(lua_State *L, int idx, const char *fname) {
   if (!lua_istable(L, idx))
     return lua_pushfstring(L, "bad argument #%d to '%s' (table expected, got %s)", idx - 1, fname, type_of(L, idx)), 1;
@@ -139,21 +150,25 @@ static int opts_fault(lua_State *L, int idx, const char *fname) {
   lua_pop(L, 1);
   if (bad) return lua_pushfstring(L, "%s: bad field 'tag' (an integer in int's range expected, got %s)", fname,
                                   lua_typename(L, ty)), 1;
-  return 0;
+  return async_fault(L, idx, fname);
 }
 
 /* Reads {timeout=, tag=, async_op=} at idx; returns async_op. A fault of
  * collective fname's options (opts_fault) is refused for its group pg, as
- * the peers' may be right (fname's "_tensor" or "_bytes" suffix dropped:
- * the call the peers run); pg NULL (send, recv): raised on this rank alone. */
+ * the peers' may be right (fname's "_tensor", "_bytes" or "_single" suffix
+ * dropped: the call the peers run); pg NULL (send, recv): raised on this
+ * rank alone. */
 static int check_opts(lua_State *L, int idx, crun_coll_opts_t *o, const char *fname, crun_pg_t *pg) {
   memset(o, 0, sizeof *o);
   if (lua_isnoneornil(L, idx)) return 0;
+  if (!pg && lua_istable(L, idx) && async_fault(L, idx, fname))
+    return crun_l_error(L, "EINVAL: %s", lua_tostring(L, -1));
   if (pg && opts_fault(L, idx, fname)) {
     char call[32];
     size_t k = strlen(fname);
     if (k > 7 && strcmp(fname + k - 7, "_tensor") == 0) k -= 7;
     else if (k > 6 && strcmp(fname + k - 6, "_bytes") == 0) k -= 6;
+    else if (k > 7 && strcmp(fname + k - 7, "_single") == 0) k -= 7;
     snprintf(call, sizeof call, "%.*s", (int)k, fname);
     crun_tensor_t *t = crun_l_test_tensor(L, 2);
     refuse_top(L, pg, call, -1, t && crun_tensor_device(t) >= 0);
@@ -700,7 +715,7 @@ static int l_all_to_all_single(lua_State *L) {
                             crun_tensor_dtype(in)))
     refuse_top(L, pg, "all_to_all", -1, (out && crun_tensor_device(out) >= 0) || (in && crun_tensor_device(in) >= 0));
   crun_coll_opts_t o;
-  int async = check_opts(L, 6, &o, "all_to_all", pg);
+  int async = check_opts(L, 6, &o, "all_to_all_single", pg);
   o.cuda = crun_tensor_device(out) >= 0;
   crun_work_t *w = NULL;
   int rc = crun_pg_all_to_all(pg, p, cnt, (const void *const *)(p + n), cnt + n, crun_tensor_dtype(out), &o,

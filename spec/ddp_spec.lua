@@ -220,6 +220,19 @@ describe("DDP equivalence", function()
       check_world(world)
     end)
   end
+
+  -- An option wrong on one rank alone (a typo'd key) fails every rank's DDP
+  -- within seconds, naming that rank and its fault: the peers' parameter
+  -- check is refused for them, never left to wait out the group's timeout.
+  -- The same fault on every rank stops nothing.
+  it("fails every rank promptly when rank 1 alone passes a bad option (2 ranks)", function()
+    if not have then pending("crun-lua / crun.dist not built") return end
+    require("helpers.ctor_refuse").one("ddp", "DDP: unknown option 'bucket_cap_mbb'", "all_gather")
+  end)
+  it("goes on when every rank passes the same bad option (2 ranks)", function()
+    if not have then pending("crun-lua / crun.dist not built") return end
+    require("helpers.ctor_refuse").all("ddp", "DDP: unknown option 'bucket_cap_mbb'", "all_gather")
+  end)
 end)
 
 describe("examples/uneven_inputs.lua", function()

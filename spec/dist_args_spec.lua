@@ -119,7 +119,7 @@ describe("crun.dist arguments", function()
     {"send(t, 0, {tag = -1})", function() dist.send(T.ones{2}, 0, {tag = -1}) end,
      "EINVAL: send on rank 0: tag -1 is negative (tags must be 0 or more, as in torch.distributed)"},
     {"irecv(t, 0, {tag = -7})", function() dist.irecv(T.ones{2}, 0, {tag = -7}) end,
-     "EINVAL: recv on rank 0: tag -7 is negative (tags must be 0 or more, as in torch.distributed)"},
+     "EINVAL: irecv on rank 0: tag -7 is negative (tags must be 0 or more, as in torch.distributed)"},
     {"new_group(5)", function() dist.new_group(5) end,
      "EINVAL: bad argument #1 to 'new_group' (list of ranks expected)"},
   }
@@ -389,5 +389,96 @@ describe("crun.dist arguments", function()
     assert.equal(0, dist.get_global_rank(g, 0))
     assert.equal(0, dist.get_group_rank(g, 0))
     assert.equal(1, dist.get_world_size())
+  end)
+
+  -- async_op is a boolean, as torch's: a value Lua reads as true where Python
+  -- reads it as false (0, "") made crun's call async where torch's blocks, and
+  -- "yes" made any value an async Work; now EINVAL naming the call, in the
+  -- options table or torch's positional place, through dist or a group's method
+  it("refuses an async_op that is not true or false, naming the call", function()
+    local function t() return T.new{-1.5, 2.25} end
+    local calls = {
+      {"all_reduce", function(v) return dist.all_reduce(t(), "sum", {async_op = v}) end},
+      {"all_reduce", function(v) return dist.all_reduce(t(), "sum", nil, v) end},
+      {"all_reduce", function(v) return dist.group():all_reduce(t(), "sum", {async_op = v}) end},
+      {"broadcast", function(v) return dist.broadcast(t(), 0, nil, v) end},
+      {"reduce", function(v) return dist.reduce(t(), 0, "sum", nil, v) end},
+      {"all_gather", function(v) return dist.all_gather({T.zeros{2}}, t(), nil, v) end},
+      {"all_gather_into_tensor", function(v) return dist.all_gather_into_tensor(T.zeros{2}, t(), nil, v) end},
+      {"reduce_scatter", function(v) return dist.reduce_scatter(T.zeros{2}, {t()}, "sum", nil, v) end},
+      {"reduce_scatter_tensor", function(v) return dist.reduce_scatter_tensor(T.zeros{2}, t(), "sum", nil, v) end},
+      {"gather", function(v) return dist.gather(t(), {T.zeros{2}}, 0, nil, v) end},
+      {"scatter", function(v) return dist.scatter(T.zeros{2}, {t()}, 0, nil, v) end},
+      {"all_to_all", function(v) return dist.all_to_all({T.zeros{2}}, {t()}, nil, v) end},
+      {"all_to_all_single", function(v) return dist.all_to_all_single(T.zeros{2}, t(), nil, nil, nil, v) end},
+      {"barrier", function(v) return dist.barrier(nil, v) end},
+      {"barrier", function(v) return dist.barrier{async_op = v} end},
+      {"send", function(v) return dist.send(t(), 0, {async_op = v}) end},
+      {"recv", function(v) return dist.recv(T.zeros{2}, 0, {async_op = v}) end},
+    }
+    for _, c in ipairs(calls) do
+      for _, v in ipairs{"yes", 0, "", {}} do
+        local ok, err = pcall(c[2], v)
+        assert.is_false(ok, c[1] .. " took async_op = " .. tostring(v))
+        assert.equal(string.format("EINVAL: %s: bad field 'async_op' (boolean expected, got %s)", c[1], type(v)), err)
+      end
+    end
+    -- true and false still pick the forms
+    local w = dist.all_reduce(t(), "sum", {async_op = true})
+    assert.equal("crun.Work", getmetatable(w).__name)
+    w:wait()
+    assert.is_nil(dist.broadcast(t(), 0, nil, false))
+  end)
+
+  -- torch 2.x's new_group(..., use_local_synchronization = True) lets the
+  -- ranks outside the new group skip the call; crun's new_group synchronizes
+  -- the whole default group, so code relying on that blocked the members
+  -- until the timeout (the option only warned). Now ENOTSUP saying that every
+  -- rank must call it; false, torch's default, is taken as before.
+  it("refuses new_group's use_local_synchronization = true, which crun cannot honour", function()
+    local why = "ENOTSUP: new_group: use_local_synchronization = true is not implemented: crun's new_group "
+      .. "synchronizes the whole default group, so every rank of it must call new_group (members or not, with the "
+      .. "same ranks); pass false or leave it out"
+    for _, f in ipairs{function() return dist.new_group({0}, {use_local_synchronization = true}) end,
+                       function() return dist.new_group({0}, nil, nil, nil, true) end} do
+      local ok, err = pcall(f)
+      assert.is_false(ok)
+      assert.equal(why, err)
+    end
+    local ok, err = pcall(dist.new_group, {0}, {use_local_synchronization = "yes"})
+    assert.is_false(ok)
+    assert.equal("EINVAL: new_group: use_local_synchronization must be true or false, got yes", err)
+    for _, g in ipairs{dist.new_group({0}, {use_local_synchronization = false}), dist.new_group({0}, 5, nil, nil, false)} do
+      local t = T.new{-2.5, 1.25}
+      dist.all_reduce(t, "sum", {group = g})
+      assert.same({-2.5, 1.25}, {t[1], t[2]})
+    end
+  end)
+
+  -- isend and irecv ran as send and recv, whose names their faults carried
+  -- ("EINVAL: send on rank 0: cannot send to itself" for an isend); now each
+  -- fault names the call the user made, whichever layer finds it
+  it("names isend and irecv, not send and recv, in their faults", function()
+    local neg = "tag -1 is negative (tags must be 0 or more, as in torch.distributed)"
+    for _, c in ipairs{
+      {"EINVAL: isend on rank 0: cannot send to itself", function() return dist.isend(T.ones{2}, 0) end},
+      {"EINVAL: isend on rank 0: " .. neg, function() return dist.isend(T.ones{2}, 0, {tag = -1}) end},
+      {"EINVAL: isend on rank 0: " .. neg, function() return dist.isend(T.ones{2}, 0, nil, -1) end},
+      {"EINVAL: isend: dst 5 is out of range (0..0)", function() return dist.isend(T.ones{2}, 5) end},
+      {"EINVAL: bad argument #1 to 'isend' (crun.Tensor expected, got string)", function() return dist.isend("x", 0) end},
+      {"EINVAL: isend: group must be a crun.ProcessGroup (from new_group), got number",
+       function() return dist.isend(T.ones{2}, 0, {group = 5}) end},
+      {"EINVAL: irecv on rank 0: cannot receive from itself", function() return dist.irecv(T.ones{2}, 0) end},
+      {"EINVAL: irecv on rank 0: " .. neg, function() return dist.irecv(T.ones{2}, nil, {tag = -1}) end},
+      {"EINVAL: irecv: src 5 is out of range (0..0)", function() return dist.irecv(T.ones{2}, 5) end},
+      {"EINVAL: bad argument #1 to 'irecv' (crun.Tensor expected, got string)", function() return dist.irecv("x", 0) end},
+      -- and send / recv keep their own names
+      {"EINVAL: send on rank 0: cannot send to itself", function() return dist.send(T.ones{2}, 0) end},
+      {"EINVAL: recv on rank 0: " .. neg, function() return dist.recv(T.ones{2}, nil, {tag = -1}) end},
+    } do
+      local ok, err = pcall(c[2])
+      assert.is_false(ok, c[1])
+      assert.equal(c[1], err)
+    end
   end)
 end)

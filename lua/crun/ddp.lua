@@ -85,7 +85,9 @@ end
 -- device_ids, output_device, dim, check_reduction and mixed_precision are
 -- accepted and reported once on rank 0 as having no effect; any other key is
 -- EINVAL. Blocks until
--- rank 0's parameters have been broadcast to every rank of the group.
+-- rank 0's parameters have been broadcast to every rank of the group. A
+-- fault of the arguments on one rank alone fails every rank's DDP naming it
+-- (crun.dist._setup); the same fault on every rank leaves the group usable.
 -- overlap=false launches every all_reduce only after backward (for
 -- measuring how much overlap hides).
 local DDP_OPTS = require("crun.opts").spec{"bucket_cap_mb", "first_bucket_mb", "broadcast_buffers",
@@ -115,7 +117,9 @@ local function check_not_fsdp(module)
   end
 end
 
-function ddp.DDP(module, opts)
+-- DDP's checks of its arguments and its local setup, before any collective:
+-- the new model, its parameters indexed.
+local function prepare(module, opts)
   opts = require("crun.opts").check(DDP_OPTS, "DDP", opts)
   if type(module) ~= "table" or type(module.parameters) ~= "function" then
     require("crun.opts").fail("EINVAL: DDP: a crun.nn module is expected, got %s", type(module))
@@ -149,6 +153,14 @@ function ddp.DDP(module, opts)
   self.params, self.grads = module:parameters()
   check_dtypes(self.params, 2)
   self:_index_params()
+  return self, opts
+end
+
+function ddp.DDP(module, opts)
+  local d = dist()
+  local setup = d._setup or function(_, _, f, ...) return f(...) end -- (a stand-in crun.dist has none)
+  local self
+  self, opts = setup("all_gather", opts, prepare, module, opts) -- before _verify_params's all_gather
   self:_verify_params()
   self:_sync_params(0)
   if self.broadcast_buffers then self:_sync_buffers(0) end

@@ -28,9 +28,8 @@ local OBJ_LIST = O.spec{"group", "timeout",
   inert = {device = "crun serializes objects on the host (a nccl group stages them through the current device)"}}
 local INIT = O.spec{"backend", "init_method", "world_size", "rank", "store", "timeout", "group_name",
   inert = {pg_options = "crun's backends take no per-group options", device_id = "no device binding in crun's cpu backends"}}
-local NEW_GROUP = O.spec{"timeout", "backend",
-  inert = {pg_options = "crun's backends take no per-group options",
-           use_local_synchronization = "crun's new_group always synchronizes the parent group"}}
+local NEW_GROUP = O.spec{"timeout", "backend", "use_local_synchronization",
+  inert = {pg_options = "crun's backends take no per-group options"}}
 local MONITORED = O.spec{"group", "timeout", "wait_all_ranks"}
 local BARRIER = O.spec{"async_op", "group", "timeout",
   inert = {device_ids = "a barrier moves no tensor; a nccl group's runs on the current device"}}
@@ -390,10 +389,17 @@ end
 -- is the i-th lowest global rank). Ranks that disagree get EMISMATCH naming
 -- the lists. torch's positional new_group(ranks, timeout, backend[,
 -- pg_options[, use_local_synchronization]]) works too; more arguments, or
--- any after an options table, are EINVAL.
+-- any after an options table, are EINVAL. use_local_synchronization = true
+-- (torch's: the ranks outside the group may skip the call) is ENOTSUP: crun
+-- synchronizes the whole default group, so every rank calls new_group.
 function dist.new_group(ranks, ...)
   local pg = default_pg("new_group")
   local opts = O.check(NEW_GROUP, "new_group", new_group_opts(...))
+  if O.bool("new_group", "use_local_synchronization", opts.use_local_synchronization, false) then
+    fail("ENOTSUP: new_group: use_local_synchronization = true is not implemented: crun's new_group synchronizes the "
+         .. "whole default group, so every rank of it must call new_group (members or not, with the same ranks); "
+         .. "pass false or leave it out")
+  end
   if opts.backend ~= nil then
     local want = crun_backend(opts.backend)
     if want ~= "auto" and want ~= pg:backend() then
@@ -848,18 +854,39 @@ local function with_async(opts)
   return o
 end
 
+-- Returns what a group's p2p method `base` (send, recv), run for call fname
+-- (isend, irecv), returned (pcall's ok, ...), or raises its error with
+-- fname in base's place: the binding and the runtime name the method they
+-- run ("EINVAL: send on rank 0: ...", "bad argument #1 to 'send'"), the user
+-- called fname.
+local function as_called(fname, base, ok, ...)
+  if ok then return ... end
+  local e = ...
+  if type(e) == "string" then
+    e = e:gsub("^(%u+: )" .. base .. "([ :])", "%1" .. fname .. "%2", 1):gsub("'" .. base .. "'", "'" .. fname .. "'", 1)
+  end
+  error(e, 0)
+end
+
 --- isend / irecv: as send / recv with async_op; return a crun.Work. After
 -- wait, w:source() is the sender's rank in the group (global for the default group).
 function dist.isend(t, dst, opts, tag, ...)
   if select("#", ...) > 0 then too_many("isend", ...) end
-  return dist.send(t, dst, with_async(O.check(P2P, "isend", group_form(opts, TAG, tag, "isend"))))
+  opts = with_async(O.check(P2P, "isend", group_form(opts, TAG, tag, "isend")))
+  local g = group_of(opts, "isend")
+  if not g then return end
+  dst = to_group_rank(g, dst, "isend")
+  -- (a method call in a closure: the binding's argument errors then name 'send' and count from the tensor)
+  return as_called("isend", "send", pcall(function() return g:send(t, dst, opts) end))
 end
 function dist.irecv(t, src, opts, tag, ...)
   if select("#", ...) > 0 then too_many("irecv", ...) end
   src, opts = recv_args(src, opts, tag, "irecv")
   opts = O.check(P2P, "irecv", opts)
   local g = group_of(opts, "irecv")
-  if g then return g:recv(t, src and to_group_rank(g, src, "irecv"), with_async(opts)) end
+  if not g then return end
+  src, opts = src and to_group_rank(g, src, "irecv"), with_async(opts)
+  return as_called("irecv", "recv", pcall(function() return g:recv(t, src, opts) end))
 end
 
 --- P2POp(op, tensor, peer[, group][, tag]): one operation of a batch for
@@ -1109,6 +1136,33 @@ function dist.scatter_object_list(out, input, src, opts, ...)
   end, g, gsrc, opts, "scatter_object_list")
   not_a_list(out, "scatter_object_list", "output list")
   out[1] = all[g:rank() + 1]
+end
+
+--- Returns f(...): the checks and local setup of a constructor that then
+--- runs collectives (DDP, FSDP, ZeroRedundancyOptimizer), whose first is
+--- `call` ("all_gather": their all_gather_object of the layout) on the
+--- group of `opts`, the constructor's raw options (its group or torch's
+--- process_group; none: the default group). A fault
+--- raised in f may be this rank's alone while its peers already wait in that
+--- call: it is refused for the group (pg:refuse) before it is raised, so that
+--- they fail the call at once naming this rank and the fault rather than
+--- wait out the group's timeout; when every rank refused the same call, the
+--- group goes on. Without a process group, or for NON_GROUP_MEMBER, the
+--- fault is raised here alone; a group option that is no group refuses the
+--- default group's call (where peers that passed nil are).
+function dist._setup(call, opts, f, ...)
+  local res = table.pack(pcall(f, ...))
+  if res[1] then return table.unpack(res, 2, res.n) end
+  local text = tostring(res[2])
+  local group = type(opts) == "table" and rawget(opts, "group") or nil
+  if group == nil and type(opts) == "table" then group = rawget(opts, "process_group") end
+  local g = is_pg(group) and group or (group ~= NON_MEMBER and state.pg) or nil
+  if g then
+    local ok, err = pcall(g.refuse, g, call, text, -1, false)
+    -- err: the text, and whether the group goes on (a closed group raises its own)
+    if not ok and type(err) == "string" and err:find(text:gsub("^%u+: ", ""), 1, true) then error(err, 0) end
+  end
+  error(res[2], 0)
 end
 
 --- dist.group(): the default group (crun.ProcessGroup) for direct method

@@ -155,13 +155,9 @@ local function check_options(opts)
   return strategy, min_params, mp
 end
 
---- FSDP(module, {sharding_strategy="FULL_SHARD"|"SHARD_GRAD_OP"|"NO_SHARD",
--- auto_wrap={min_params=N}, group=, forward_prefetch=true, backward_prefetch=true,
--- mixed_precision={reduce_dtype=}}). Blocks: every rank must wrap the same
--- parameter shapes into the same units (checked; a difference raises
--- EMISMATCH on every rank), rank 0's parameters are broadcast, then each
--- rank keeps its shards.
-function M.FSDP(module, opts)
+-- FSDP's checks of its arguments and its local setup, before any
+-- collective: the new model, its units laid out.
+local function prepare(module, opts)
   opts = O.check(FSDP_OPTS, "FSDP", opts)
   if type(module) ~= "table" or type(module.leaves) ~= "function" then
     O.fail("EINVAL: FSDP: a crun.nn module is expected, got %s", type(module))
@@ -190,8 +186,23 @@ function M.FSDP(module, opts)
       check_param_dtype(mp, u)
     end
   end
+  return self
+end
+
+--- FSDP(module, {sharding_strategy="FULL_SHARD"|"SHARD_GRAD_OP"|"NO_SHARD",
+-- auto_wrap={min_params=N}, group=, forward_prefetch=true, backward_prefetch=true,
+-- mixed_precision={reduce_dtype=}}). Blocks: every rank must wrap the same
+-- parameter shapes into the same units (checked; a difference raises
+-- EMISMATCH on every rank), rank 0's parameters are broadcast, then each
+-- rank keeps its shards. A fault of the arguments on one rank alone fails
+-- every rank's FSDP naming it (crun.dist._setup); the same fault on every
+-- rank leaves the group usable.
+function M.FSDP(module, opts)
+  local setup = dist()._setup or function(_, _, f, ...) return f(...) end -- (a stand-in crun.dist has none)
+  local self = setup("all_gather", opts, prepare, module, opts) -- before _verify's all_gather
   self:_verify()
   for _, u in ipairs(self.units) do self:_shard(u) end
+  local strategy = self.strategy
   self.sched = core().fsdp_sched_new(#self.units, strategy, self.prefetch_fwd, self.prefetch_bwd)
   for k, u in ipairs(self.units) do
     for _, leaf in ipairs(u.leaves) do self:_wrap_leaf(leaf, u) end

@@ -104,11 +104,10 @@ local function check_distinct(params)
   end
 end
 
---- ZeroRedundancyOptimizer(model | {params, grads}, optim_class, {group=,
--- parameters_as_bucket_view=false, overlap_with_ddp=false, <optim_class's options>}).
--- Collective: every rank of the group calls it with the same parameter
--- shapes (checked; a difference raises EMISMATCH on every rank).
-function zero.new(a, optim_class, opts)
+-- ZeRO's checks of its arguments and its local setup, before any
+-- collective: the new optimizer, its parameters partitioned and its own
+-- ones' optimizer built (which checks that optimizer's options).
+local function prepare(a, optim_class, opts)
   local source = source_of(a)
   if type(optim_class) ~= "function" then
     error("EINVAL: bad argument #2 to 'ZeroRedundancyOptimizer' (an optimizer class such as crun.optim.Adam expected)", 0)
@@ -128,12 +127,25 @@ function zero.new(a, optim_class, opts)
   self.copts = self.group and {group = self.group} or nil
   self.params, self.grads = source()
   self:_partition()
-  self:_verify()
   local own_p, own_g = self:_own_lists()
   self.optim = optim_class(own_p, own_g, inner)
   -- the wrapped optimizer's options, as a plain optimizer's: z.opts.lr = x
   -- between steps changes the learning rate (crun's idiom, jobs/train.lua)
   self.opts = self.optim.opts
+  return self
+end
+
+--- ZeroRedundancyOptimizer(model | {params, grads}, optim_class, {group=,
+-- parameters_as_bucket_view=false, overlap_with_ddp=false, <optim_class's options>}).
+-- Collective: every rank of the group calls it with the same parameter
+-- shapes (checked; a difference raises EMISMATCH on every rank). A fault of
+-- the arguments (the wrapped optimizer's options included) on one rank
+-- alone fails every rank's constructor naming it (crun.dist._setup); the
+-- same fault on every rank leaves the group usable.
+function zero.new(a, optim_class, opts)
+  local setup = dist()._setup or function(_, _, f, ...) return f(...) end -- (a stand-in crun.dist has none)
+  local self = setup("all_gather", opts, prepare, a, optim_class, opts) -- before _verify's all_gather
+  self:_verify()
   return self
 end
 
