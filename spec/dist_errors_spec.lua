@@ -30,14 +30,40 @@ local function scenario_n(n, mode, env, direct)
   return res, out
 end
 
+-- Asserts what each of the n ranks saw after the last rank alone refused
+-- its part of call #1 (kind) for reason why: every rank fails #1 with the
+-- EINVAL (the peers naming the last rank), then #2 with ESTATE quoting it,
+-- within 10 s.
+local lone_refusal
+
+-- The lines of a rank's record.
+local function lines(text)
+  local l = {}
+  for line in (text .. "\n"):gmatch("(.-)\n") do l[#l + 1] = line end
+  return l
+end
+
+function lone_refusal(res, out, n, why, kind)
+  for r = 0, n - 1 do
+    local l = lines(res[r])
+    local says = "rank " .. r .. ": " .. res[r] .. "\n" .. out
+    assert.is_truthy(l[1] and l[1]:match("^error EINVAL: ") and l[1]:find(why, 1, true), says)
+    if r ~= n - 1 then
+      assert.is_truthy(l[1]:find(string.format("rank %d refused its part of %s #1", n - 1, kind), 1, true), says)
+    end
+    assert.is_truthy(l[2] and l[2]:find(string.format("^error ESTATE: all_reduce #2 on rank %d: ", r))
+                     and l[2]:find(why, 1, true), says)
+    assert.is_truthy(tonumber(l[3]:match("^elapsed (%S+)")) < 10, says)
+  end
+end
+
 -- Asserts what each of the n ranks saw after rank 1 (or the root) refused a
 -- call: its first line is the EINVAL naming why, its second (the group's next
 -- call) fails with the same text, and no EMISMATCH; with kind, a peer's first
 -- line also says rank 1 refused its part of that call.
 local function every_rank_refused(res, out, n, why, kind)
   for r = 0, n - 1 do
-    local l = {}
-    for line in (res[r] .. "\n"):gmatch("(.-)\n") do l[#l + 1] = line end
+    local l = lines(res[r])
     assert.is_truthy(l[1] and l[1]:match("^error EINVAL: ") and l[1]:find(why, 1, true),
                      "rank " .. r .. ": " .. res[r] .. "\n" .. out)
     if kind and r ~= 1 then
@@ -100,8 +126,7 @@ describe("dist failures", function()
     it("report an object collective's local failure on every rank (" .. env .. ")", function()
       local res, out = scenario("object", {limit = 60, env = env})
       for r = 0, 2 do
-        local l = {}
-        for line in (res[r] .. "\n"):gmatch("(.-)\n") do l[#l + 1] = line end
+        local l = lines(res[r])
         assert.is_truthy(l[1] and l[1]:find("^error EINVAL: all_gather_object: rank 1 could not send its object: "
                          .. "crun.save: cannot save a function"), "rank " .. r .. ": " .. res[r] .. "\n" .. out)
         assert.is_truthy(l[2] and l[2]:find("^error EINVAL: scatter_object_list: rank 0 could not send its object: "
@@ -122,8 +147,7 @@ describe("dist failures", function()
     local src = "error EINVAL: broadcast_object_list: rank 0 could not send its object: broadcast_object_list on "
                 .. "rank 0: the object list must be a table, got string"
     for r = 0, 2 do
-      local l = {}
-      for line in (res[r] .. "\n"):gmatch("(.-)\n") do l[#l + 1] = line end
+      local l = lines(res[r])
       local want
       if r == 1 then
         want = {"error EINVAL: all_gather_object on rank 1: the output list must be a table, got string", "gathered ",
@@ -317,18 +341,7 @@ describe("dist failures", function()
       it(string.format("fail every rank when rank %d alone refuses its all_reduce (%s, %s)", n - 1, k[1], env), function()
         local res, out = scenario_n(n, "localref:" .. k[1], env)
         local why = k[2]:format(n - 1)
-        for r = 0, n - 1 do
-          local l = {}
-          for line in (res[r] .. "\n"):gmatch("(.-)\n") do l[#l + 1] = line end
-          local says = "rank " .. r .. ": " .. res[r] .. "\n" .. out
-          assert.is_truthy(l[1] and l[1]:match("^error EINVAL: ") and l[1]:find(why, 1, true), says)
-          if r ~= n - 1 then
-            assert.is_truthy(l[1]:find(string.format("rank %d refused its part of all_reduce #1", n - 1), 1, true), says)
-          end
-          assert.is_truthy(l[2] and l[2]:find(string.format("^error ESTATE: all_reduce #2 on rank %d: ", r))
-                           and l[2]:find(why, 1, true), says)
-          assert.is_truthy(tonumber(l[3]:match("^elapsed (%S+)")) < 10, says)
-        end
+        lone_refusal(res, out, n, why, "all_reduce")
       end)
     end
   end
@@ -362,18 +375,7 @@ describe("dist failures", function()
       it(string.format("fail every rank when rank %d alone refuses its %s's arguments (%s, %s)", n - 1, k[1], k[2], env),
          function()
         local res, out = scenario_n(n, "luaref:" .. k[1] .. ":" .. k[2], env)
-        for r = 0, n - 1 do
-          local l = {}
-          for line in (res[r] .. "\n"):gmatch("(.-)\n") do l[#l + 1] = line end
-          local says = "rank " .. r .. ": " .. res[r] .. "\n" .. out
-          assert.is_truthy(l[1] and l[1]:match("^error EINVAL: ") and l[1]:find(k[4], 1, true), says)
-          if r ~= n - 1 then
-            assert.is_truthy(l[1]:find(string.format("rank %d refused its part of %s #1", n - 1, k[3]), 1, true), says)
-          end
-          assert.is_truthy(l[2] and l[2]:find(string.format("^error ESTATE: all_reduce #2 on rank %d: ", r))
-                           and l[2]:find(k[4], 1, true), says)
-          assert.is_truthy(tonumber(l[3]:match("^elapsed (%S+)")) < 10, says)
-        end
+        lone_refusal(res, out, n, k[4], k[3])
       end)
     end
   end
@@ -389,8 +391,7 @@ describe("dist failures", function()
         local res, out = scenario_n(n, "allref:" .. k[1], env)
         local sum = -3.5 * n + n * (n - 1) / 2
         for r = 0, n - 1 do
-          local l = {}
-          for line in (res[r] .. "\n"):gmatch("(.-)\n") do l[#l + 1] = line end
+          local l = lines(res[r])
           local says = "rank " .. r .. ": " .. res[r] .. "\n" .. out
           assert.is_truthy(l[1] and l[1]:match("^error EINVAL: ") and l[1]:find(k[2]:format(r), 1, true)
                            and l[1]:find("every rank refused all_reduce #1: the group goes on", 1, true), says)
