@@ -380,6 +380,23 @@ describe("dist failures", function()
     end
   end
 
+  -- Rank 0 refuses, then sends to rank 1, which receives before it makes the
+  -- same refusal: rank 0's wait for the peers to refuse too (or run the
+  -- call) is bounded (5 s), so both fail with the refusal instead of
+  -- waiting for each other until the group's timeout (300 s).
+  it("stop waiting for a peer's matching refusal after a bound when the peer waits for this rank (2 ranks)", function()
+    local res, out = scenario_n(2, "refusep2p")
+    for r = 0, 1 do
+      local l = lines(res[r])
+      local says = "rank " .. r .. ": " .. res[r] .. "\n" .. out
+      assert.is_truthy(l[1] and l[1]:match("^error E"), says)
+      assert.is_truthy(l[2] and l[2]:match("^error E"), says)
+      assert.is_truthy(res[r]:find("avg is not defined on bool", 1, true), says)
+      local s = tonumber(l[3]:match("^elapsed (%S+)"))
+      assert.is_truthy(s and s < 20, says)
+    end
+  end)
+
   -- The same refusal on every rank (a REPL line runs on every rank) stops
   -- nothing: no rank sent or waits for anything of call #1, every rank
   -- numbered it, and the group goes on as torch's does.

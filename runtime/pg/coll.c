@@ -198,10 +198,12 @@ static void leave_stopped(crun_pg_t *pg) {
  * its next call alike, and the group goes on, as torch's does after an
  * argument error every rank made (the same line at the REPL, the same bad
  * option in every rank's script). This rank leaves "refused/<k>/<rank>" on
- * the group's board and waits, up to the group's timeout, until every peer
+ * the group's board and waits, up to 5 s (REFUSE_AGREE_S; the group's timeout
+ * when shorter), until every peer
  * either left its own (1) or runs call k or a later one instead (0: the
  * group stops; a peer in call k shows on the progress board within its
  * 200 ms period), or until the group fails. Failure path only. */
+#define REFUSE_AGREE_S 5.0
 static int every_rank_refused(crun_pg_t *pg, uint64_t k, int rc, const char *text) {
   char key[64], val[600];
   snprintf(key, sizeof key, "refused/%llu/%d", (unsigned long long)k, pg->rank);
@@ -214,7 +216,10 @@ static int every_rank_refused(crun_pg_t *pg, uint64_t k, int rc, const char *tex
   }
   int left = pg->size - 1, ran = 0;
   done[pg->rank] = 1;
-  double end = crun_clock() + pg->timeout;
+  /* bounded well below the usual timeout: ranks that make the same mistake
+   * reach it close together, and a peer held elsewhere (a recv from this
+   * rank, which waits here) must not keep both until the timeout */
+  double end = crun_clock() + (pg->timeout < REFUSE_AGREE_S ? pg->timeout : REFUSE_AGREE_S);
   useconds_t nap = 500;
   while (left > 0 && !ran && !atomic_load(&pg->is_broken) && crun_clock() < end) {
     for (int q = 0; q < pg->size && !ran; q++) {

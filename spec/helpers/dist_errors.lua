@@ -36,6 +36,8 @@
 --   localref:K  the last rank alone gives all_reduce a tensor that it
 --             refuses, K: boolavg (a bool tensor with avg; the others float32),
 --             noncontig (a transposed 2x2 view); then every rank all_reduces
+--   refusep2p  rank 0 gives all_reduce a bool tensor with avg, then sends to
+--             rank 1; rank 1 receives, then makes the same call
 --   allref:K  every rank gives all_reduce the argument localref:K gives on
 --             the last rank; then every rank all_reduces
 --   luaref:C:K  the last rank alone makes an argument mistake that the Lua
@@ -267,6 +269,17 @@ elseif mode:match("^localref:") then  -- the last rank alone gives all_reduce an
   if rank == last and k == "noncontig" then t = T.full({2, 2}, -1.5, "float32"):t() end
   record(pcall(dist.all_reduce, t, k == "boolavg" and dist.ReduceOp.AVG or nil))
   record(pcall(dist.all_reduce, T.full({4}, rank - 3.5, "float32")))
+  out:write(string.format("elapsed %.3f\n", crun.clock() - t0))
+elseif mode == "refusep2p" then  -- rank 0 refuses, then sends to rank 1, which receives before the same refusal
+  local t0 = crun.clock()
+  local bad, msg = T.zeros({4}, "bool"), T.full({4}, -0.75, "float32")
+  if rank == 0 then
+    record(pcall(dist.all_reduce, bad, dist.ReduceOp.AVG))
+    record(pcall(dist.send, msg, 1))
+  else
+    record(pcall(dist.recv, msg, 0))
+    record(pcall(dist.all_reduce, bad, dist.ReduceOp.AVG))
+  end
   out:write(string.format("elapsed %.3f\n", crun.clock() - t0))
 elseif mode:match("^allref:") then  -- every rank gives all_reduce the argument it refuses, as a REPL line does
   local k = mode:match("^allref:(%w+)$")
