@@ -155,8 +155,9 @@ static int opts_fault(lua_State *L, int idx, const char *fname) {
 
 /* Reads {timeout=, tag=, async_op=} at idx; returns async_op. A fault of
  * collective fname's options (opts_fault) is refused for its group pg, as
- * the peers' may be right (fname's "_tensor", "_bytes" or "_single" suffix
- * dropped: the call the peers run); pg NULL (send, recv): raised on this
+ * the peers' may be right (fname's "_into_tensor", "_tensor", "_bytes" or
+ * "_single" suffix dropped: the call the peers run, which crun_pg_refuse
+ * must know, or it refuses nothing); pg NULL (send, recv): raised on this
  * rank alone. */
 static int check_opts(lua_State *L, int idx, crun_coll_opts_t *o, const char *fname, crun_pg_t *pg) {
   memset(o, 0, sizeof *o);
@@ -166,7 +167,8 @@ static int check_opts(lua_State *L, int idx, crun_coll_opts_t *o, const char *fn
   if (pg && opts_fault(L, idx, fname)) {
     char call[32];
     size_t k = strlen(fname);
-    if (k > 7 && strcmp(fname + k - 7, "_tensor") == 0) k -= 7;
+    if (k > 12 && strcmp(fname + k - 12, "_into_tensor") == 0) k -= 12;
+    else if (k > 7 && strcmp(fname + k - 7, "_tensor") == 0) k -= 7;
     else if (k > 6 && strcmp(fname + k - 6, "_bytes") == 0) k -= 6;
     else if (k > 7 && strcmp(fname + k - 7, "_single") == 0) k -= 7;
     snprintf(call, sizeof call, "%.*s", (int)k, fname);

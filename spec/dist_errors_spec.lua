@@ -368,6 +368,8 @@ describe("dist failures", function()
     {"all_reduce", "badtime", "all_reduce", "all_reduce: bad field 'timeout' (number expected, got string)"},
     {"all_gather_object", "badtime", "all_gather", "all_gather_bytes: bad field 'timeout' (number expected, got string)"},
     {"barrier", "badtime", "barrier", "barrier: bad field 'timeout' (number expected, got string)"},
+    {"all_gather_into_tensor", "badtime", "all_gather",
+     "all_gather_into_tensor: bad field 'timeout' (number expected, got string)"},
   }
   for _, k in ipairs(LUAREF) do
     for _, run_on in ipairs{{2, "CRUN_SHM=0"}, {3, "CRUN_SHM=1"}} do

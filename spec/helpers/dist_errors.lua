@@ -42,7 +42,7 @@
 --             the last rank; then every rank all_reduces
 --   luaref:C:K  the last rank alone makes an argument mistake that the Lua
 --             layer (dist.lua) catches in collective C (all_reduce,
---             all_gather_object, barrier), K: badkey (an unknown option key),
+--             all_gather_object, all_gather_into_tensor, barrier), K: badkey (an unknown option key),
 --             badop (an unknown op name; all_reduce), extra (an argument past
 --             torch's positional ones), subkey (an unknown key beside group =
 --             g, g = new_group(every rank)), badtime (a timeout that is no
@@ -305,6 +305,8 @@ elseif mode:match("^luaref:") then  -- the last rank alone makes a mistake dist.
   elseif c == "all_gather_object" then
     if k == "extra" and bad then record(pcall(dist.all_gather_object, {}, v, nil, 7))
     else o.asyncop = nil; record(pcall(dist.all_gather_object, {}, v, o)) end
+  elseif c == "all_gather_into_tensor" then
+    record(pcall(dist.all_gather_into_tensor, T.zeros({4 * dist.get_world_size()}), t, o))
   elseif c == "barrier" then
     if k == "extra" and bad then record(pcall(dist.barrier, nil, nil, nil, 3))
     else o.timeot = nil; record(pcall(dist.barrier, o)) end
