@@ -364,6 +364,7 @@ describe("dist failures", function()
     {"barrier", "badkey", "barrier", "barrier: unknown option 'asyncop'"},
     {"barrier", "extra", "barrier", "argument #4 (number) is one too many"},
     {"barrier", "subkey", "barrier", "barrier: unknown option 'asyncop'"},
+    {"all_reduce", "typogroup", "all_reduce", "all_reduce: unknown option 'grop'"},
     -- and the bindings' check of the options' values
     {"all_reduce", "badtime", "all_reduce", "all_reduce: bad field 'timeout' (number expected, got string)"},
     {"all_gather_object", "badtime", "all_gather", "all_gather_bytes: bad field 'timeout' (number expected, got string)"},

@@ -83,16 +83,32 @@ local function is_pg(v)
   return type(mt) == "table" and mt.__name == "crun.ProcessGroup"
 end
 
+-- The group that options table v, which has no `group`, holds under another
+-- key (a misspelled group =, torch's process_group =): the call is that
+-- group's, not the default group's; false when it holds none, nil when it
+-- holds two.
+local function group_under_other_key(v)
+  local found = false
+  for _, x in pairs(v) do
+    if x == NON_MEMBER or is_pg(x) then
+      if found and found ~= x then return nil end
+      found = x
+    end
+  end
+  return found
+end
+
 -- The group that raw argument v names: a process group or NON_MEMBER
--- itself, or an options table's `group`; false when it names none (nil, a
--- table without group, and where not `strict` any other value); nil when it
--- names something that is no group (group = 5; a number in the place of
--- torch's positional group when `strict`).
+-- itself, or an options table's `group` (or the one group it holds under
+-- another key); false when it names none (nil, a table holding no group,
+-- and where not `strict` any other value); nil when it names something that
+-- is no group (group = 5; a number in the place of torch's positional group
+-- when `strict`).
 local function named_group(v, strict)
   if v == NON_MEMBER or is_pg(v) then return v end
   if type(v) == "table" and getmetatable(v) == nil then
     local g = v.group
-    if g == nil then return false end
+    if g == nil then return group_under_other_key(v) end
     return (g == NON_MEMBER or is_pg(g)) and g or nil
   end
   if strict and v ~= nil then return nil end

@@ -46,8 +46,9 @@
 --             badop (an unknown op name; all_reduce), extra (an argument past
 --             torch's positional ones), subkey (an unknown key beside group =
 --             g, g = new_group(every rank)), badtime (a timeout that is no
---             number: the binding's check); the others a good C; then every
---             rank all_reduces (on g for subkey)
+--             number: the binding's check), typogroup (group misspelled
+--             grop = g: the call is g's); the others a good C; then every
+--             rank all_reduces (on g for subkey and typogroup)
 --   nonrootgather / nonrootscatter  non-root rank 1 passes a list (root 0);
 --             then an all_reduce
 --   roots_K   rank 1 calls K (broadcast, reduce, gather, scatter) with root 1,
@@ -292,11 +293,12 @@ elseif mode:match("^allref:") then  -- every rank gives all_reduce the argument 
   out:write(string.format("elapsed %.3f\n", crun.clock() - t0))
 elseif mode:match("^luaref:") then  -- the last rank alone makes a mistake dist.lua catches
   local c, k = mode:match("^luaref:([%w_]+):(%w+)$")
-  local g = k == "subkey" and dist.new_group() or nil
+  local g = (k == "subkey" or k == "typogroup") and dist.new_group() or nil
   local bad, t0 = rank == dist.get_world_size() - 1, crun.clock()
   local t, v = T.full({4}, -2.5 * rank - 1, "float32"), -1.5 * rank - 0.25
   local o = bad and {group = g, asyncop = true, timeot = 5} or {group = g}
   if bad and k == "badtime" then o = {timeout = "soon"} end
+  if bad and k == "typogroup" then o = {grop = g} end
   if c == "all_reduce" then
     if not bad then record(pcall(dist.all_reduce, t, "sum", {group = g}))
     elseif k == "badop" then record(pcall(dist.all_reduce, t, "summ"))
