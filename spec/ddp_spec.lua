@@ -229,6 +229,10 @@ describe("DDP equivalence", function()
     if not have then pending("crun-lua / crun.dist not built") return end
     require("helpers.ctor_refuse").one("ddp", "DDP: unknown option 'bucket_cap_mbb'", "all_gather")
   end)
+  it("fails every rank of its group promptly when rank 1 alone misspells process_group (2 ranks)", function()
+    if not have then pending("crun-lua / crun.dist not built") return end
+    require("helpers.ctor_refuse").one("ddpgroup", "DDP: unknown option 'proces_group'", "all_gather")
+  end)
   it("goes on when every rank passes the same bad option (2 ranks)", function()
     if not have then pending("crun-lua / crun.dist not built") return end
     require("helpers.ctor_refuse").all("ddp", "DDP: unknown option 'bucket_cap_mbb'", "all_gather")

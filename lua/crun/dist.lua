@@ -1157,8 +1157,9 @@ end
 --- Returns f(...): the checks and local setup of a constructor that then
 --- runs collectives (DDP, FSDP, ZeroRedundancyOptimizer), whose first is
 --- `call` ("all_gather": their all_gather_object of the layout) on the
---- group of `opts`, the constructor's raw options (its group or torch's
---- process_group; none: the default group). A fault
+--- group of `opts`, the constructor's raw options (its group, torch's
+--- process_group, or the one group it holds under a misspelled key; none:
+--- the default group). A fault
 --- raised in f may be this rank's alone while its peers already wait in that
 --- call: it is refused for the group (pg:refuse) before it is raised, so that
 --- they fail the call at once naming this rank and the fault rather than
@@ -1170,9 +1171,8 @@ function dist._setup(call, opts, f, ...)
   local res = table.pack(pcall(f, ...))
   if res[1] then return table.unpack(res, 2, res.n) end
   local text = tostring(res[2])
-  local group = type(opts) == "table" and rawget(opts, "group") or nil
-  if group == nil and type(opts) == "table" then group = rawget(opts, "process_group") end
-  local g = is_pg(group) and group or (group ~= NON_MEMBER and state.pg) or nil
+  local group = type(opts) == "table" and named_group(opts) or false -- group=, process_group= or a misspelling
+  local g = group ~= NON_MEMBER and (group or state.pg) or nil
   if g then
     local ok, err = pcall(g.refuse, g, call, text, -1, false)
     -- err: the text, and whether the group goes on (a closed group raises its own)

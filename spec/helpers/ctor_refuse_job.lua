@@ -4,6 +4,9 @@
 --         fsdp    sharding_strategy = "FULL" (a value no rank but the bad one sees)
 --         zero    parameters_as_bucket_vew = true (a typo'd option key)
 --         zerolr  the wrapped SGD's lr = -0.5 (its optimizer's own check)
+--         ddpgroup  DDP on g = new_group() (every rank), the bad one's
+--                 process_group misspelled proces_group (then the all_reduce
+--                 is g's)
 --   WHO   one     the last rank alone; the others pass good options
 --         all     every rank
 -- Then every rank all_reduces {rank - 3.5, ...} on the default group. Each
@@ -23,8 +26,11 @@ local function record(ok, err) out:write(ok and "ok" or ("error " .. tostring(er
 local bad = who == "all" or rank == world - 1
 nn.manual_seed(11)
 local m = nn.Sequential(nn.Linear(3, 5), nn.Tanh(), nn.Linear(5, 2))
+local g = ctor == "ddpgroup" and dist.new_group() or nil
 local t0 = crun.clock()
-if ctor == "ddp" then
+if ctor == "ddpgroup" then
+  record(pcall(crun.DDP, m, bad and {proces_group = g} or {process_group = g}))
+elseif ctor == "ddp" then
   record(pcall(crun.DDP, m, bad and {bucket_cap_mbb = 5} or {bucket_cap_mb = 5}))
 elseif ctor == "fsdp" then
   record(pcall(crun.FSDP, m, {sharding_strategy = bad and "FULL" or "FULL_SHARD"}))
@@ -35,7 +41,7 @@ elseif ctor == "zerolr" then
   record(pcall(crun.optim.ZeroRedundancyOptimizer, m, crun.optim.SGD, {lr = bad and -0.5 or 0.5}))
 end
 local u = T.full({4}, rank - 3.5, "float32")
-local ok, err = pcall(dist.all_reduce, u)
+local ok, err = pcall(dist.all_reduce, u, "sum", g)
 out:write(ok and string.format("ok %.2f", u[1]) or ("error " .. tostring(err)), "\n")
 out:write(string.format("elapsed %.3f\n", crun.clock() - t0))
 out:close()
