@@ -383,6 +383,25 @@ describe("dist failures", function()
     end
   end
 
+  -- monitored_barrier runs on the store, not as a call of the group: a
+  -- fault of its arguments on one rank alone is that rank's own error at
+  -- once, its peers' barrier names the rank that did not arrive (what it is
+  -- for), and the group goes on, as in torch. (Refused for the group, the
+  -- fault held that rank 5 s, told the peers nothing and stopped the group.)
+  it("keep a monitored_barrier's argument fault on its rank, the peers naming it (2 ranks)", function()
+    local res, out = scenario_n(2, "mbref")
+    local sum = 0
+    for r = 0, 1 do sum = sum + (r - 3.5) end
+    for r = 0, 1 do
+      local l, says = lines(res[r]), "rank " .. r .. ": " .. res[r] .. "\n" .. out
+      local want = r == 1 and "^error EINVAL: monitored_barrier: unknown option 'timeot'"
+                   or "^error ETIMEDOUT: monitored_barrier: rank 1 did not arrive within 3 s"
+      assert.is_truthy(l[1] and l[1]:find(want), says)
+      assert.is_falsy(l[1]:find("refused", 1, true), says)
+      assert.are.equal(string.format("ok %.2f", sum), l[2], says)
+    end
+  end)
+
   -- Rank 0 refuses, then sends to rank 1, which receives before it makes the
   -- same refusal: rank 0's wait for the peers to refuse too (or run the
   -- call) is bounded (5 s), so both fail with the refusal instead of

@@ -74,7 +74,7 @@ local cur_call, cur = nil, setmetatable({false, false, false, false}, {__mode = 
 
 -- The call the binding runs for collective fname, as its peers' refusal names it.
 local RUNS_AS = {all_gather_into_tensor = "all_gather", reduce_scatter_tensor = "reduce_scatter",
-  all_to_all_single = "all_to_all", monitored_barrier = "barrier", broadcast_object = "broadcast",
+  all_to_all_single = "all_to_all", broadcast_object = "broadcast",
   broadcast_object_list = "broadcast", scatter_object_list = "broadcast", all_gather_object = "all_gather",
   gather_object = "all_gather"}
 
@@ -778,17 +778,20 @@ end
 -- until the timeout and then raises ETIMEDOUT naming the first rank that did
 -- not arrive (every such rank with wait_all_ranks); the other ranks get the
 -- same error. Not for hot loops: it is for finding the rank that is stuck.
+--
+-- It runs on the store, not as a call of the group: a fault of its arguments
+-- stays this rank's (not recorded in cur, so arg_fail raises it here alone);
+-- the peers' barrier then names this rank as the one that did not arrive.
 function dist.monitored_barrier(opts, timeout, wait_all_ranks, ...)
-  cur_call, cur[1], cur[2], cur[3], cur[4] = "monitored_barrier", nil, nil, nil, opts
   if select("#", ...) > 0 then too_many("monitored_barrier", ...) end
   if type(opts) == "userdata" or opts == NON_MEMBER or opts == nil and (timeout ~= nil or wait_all_ranks ~= nil) then
     -- torch's positional form (a nil group: torch's None, the default group)
     opts = {group = opts, timeout = timeout, wait_all_ranks = wait_all_ranks}
   elseif timeout ~= nil or wait_all_ranks ~= nil then
-    arg_fail("monitored_barrier", "EINVAL: monitored_barrier: arguments after an options table (pass torch's "
-             .. "positional group, timeout, wait_all_ranks or one table {group=, timeout=, wait_all_ranks=})")
+    fail("EINVAL: monitored_barrier: arguments after an options table (pass torch's positional group, timeout, "
+         .. "wait_all_ranks or one table {group=, timeout=, wait_all_ranks=})")
   end
-  opts = O.check(MONITORED, "monitored_barrier", opts, arg_fail)
+  opts = O.check(MONITORED, "monitored_barrier", opts)
   local g = group_of(opts, "monitored_barrier")
   if not g then return end
   timeout = opts.timeout or g:timeout()

@@ -36,6 +36,8 @@
 --   localref:K  the last rank alone gives all_reduce a tensor that it
 --             refuses, K: boolavg (a bool tensor with avg; the others float32),
 --             noncontig (a transposed 2x2 view); then every rank all_reduces
+--   mbref     the last rank alone passes monitored_barrier an unknown option
+--             (timeout 3 s on every rank); then every rank all_reduces
 --   refusep2p  rank 0 gives all_reduce a bool tensor with avg, then sends to
 --             rank 1; rank 1 receives, then makes the same call
 --   allref:K  every rank gives all_reduce the argument localref:K gives on
@@ -270,6 +272,14 @@ elseif mode:match("^localref:") then  -- the last rank alone gives all_reduce an
   if rank == last and k == "noncontig" then t = T.full({2, 2}, -1.5, "float32"):t() end
   record(pcall(dist.all_reduce, t, k == "boolavg" and dist.ReduceOp.AVG or nil))
   record(pcall(dist.all_reduce, T.full({4}, rank - 3.5, "float32")))
+  out:write(string.format("elapsed %.3f\n", crun.clock() - t0))
+elseif mode == "mbref" then
+  local t0, o = crun.clock(), {timeout = 3}
+  if rank == dist.get_world_size() - 1 then o.timeot = 5 end
+  record(pcall(dist.monitored_barrier, o))
+  local u = T.full({4}, rank - 3.5, "float32")
+  local ok, err = pcall(dist.all_reduce, u)
+  out:write(ok and string.format("ok %.2f", u[1]) or ("error " .. tostring(err)), "\n")
   out:write(string.format("elapsed %.3f\n", crun.clock() - t0))
 elseif mode == "refusep2p" then  -- rank 0 refuses, then sends to rank 1, which receives before the same refusal
   local t0 = crun.clock()
