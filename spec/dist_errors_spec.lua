@@ -383,6 +383,17 @@ describe("dist failures", function()
     end
   end
 
+  -- An argument fault beside a destroyed group names the fault, not the
+  -- refusal that dist.lua could not make on that group (ECLOSED 'refuse()').
+  it("name an argument fault beside a destroyed group (2 ranks)", function()
+    local res, out = scenario_n(2, "destroyedref")
+    for r = 0, 1 do
+      local l, says = lines(res[r]), "rank " .. r .. ": " .. res[r] .. "\n" .. out
+      assert.is_truthy(l[1] and l[1]:find("^error EINVAL: all_reduce: unknown option 'asyncop'"), says)
+      assert.are.equal("ok", l[2], says)
+    end
+  end)
+
   -- monitored_barrier runs on the store, not as a call of the group: a
   -- fault of its arguments on one rank alone is that rank's own error at
   -- once, its peers' barrier names the rank that did not arrive (what it is

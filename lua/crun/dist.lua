@@ -133,13 +133,16 @@ end
 -- peers, whose arguments may have passed, fail this call naming this rank
 -- rather than pair it with this rank's next call (a wrong result or an
 -- EMISMATCH there), and the group stops. Other calls (send, recv, ...) and
--- an unknown group raise here alone.
+-- an unknown group raise here alone, and so does a destroyed group (its
+-- refuse() raises ECLOSED, which would hide the fault).
 local function arg_fail(fname, text)
   local g = fname == cur_call and refusal_group()
   if g then
     local t = cur[1]
     local ok, cuda = pcall(function() return t:is_cuda() end)
-    g:refuse(RUNS_AS[fname] or fname, text, -1, ok and cuda == true)
+    local _, err = pcall(g.refuse, g, RUNS_AS[fname] or fname, text, -1, ok and cuda == true)
+    -- err: the text, and whether the group goes on
+    if type(err) == "string" and err:find(text:gsub("^%u+: ", ""), 1, true) then error(err, 0) end
   end
   error(text, 0)
 end

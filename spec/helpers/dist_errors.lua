@@ -36,6 +36,8 @@
 --   localref:K  the last rank alone gives all_reduce a tensor that it
 --             refuses, K: boolavg (a bool tensor with avg; the others float32),
 --             noncontig (a transposed 2x2 view); then every rank all_reduces
+--   destroyedref  every rank gives all_reduce an unknown option beside the
+--             group = g it destroyed; then every rank all_reduces
 --   mbref     the last rank alone passes monitored_barrier an unknown option
 --             (timeout 3 s on every rank); then every rank all_reduces
 --   refusep2p  rank 0 gives all_reduce a bool tensor with avg, then sends to
@@ -273,6 +275,11 @@ elseif mode:match("^localref:") then  -- the last rank alone gives all_reduce an
   record(pcall(dist.all_reduce, t, k == "boolavg" and dist.ReduceOp.AVG or nil))
   record(pcall(dist.all_reduce, T.full({4}, rank - 3.5, "float32")))
   out:write(string.format("elapsed %.3f\n", crun.clock() - t0))
+elseif mode == "destroyedref" then
+  local g = dist.new_group()
+  dist.destroy_process_group(g)
+  record(pcall(dist.all_reduce, T.full({4}, rank - 1.5, "float32"), "sum", {group = g, asyncop = true}))
+  record(pcall(dist.all_reduce, T.full({4}, rank - 3.5, "float32")))
 elseif mode == "mbref" then
   local t0, o = crun.clock(), {timeout = 3}
   if rank == dist.get_world_size() - 1 then o.timeot = 5 end
