@@ -125,36 +125,39 @@ static double premul_arg(lua_State *L, int idx, crun_reduce_op_t op, const char 
   return f;
 }
 
-/* The fault of the async_op field of method fname's options table at idx
- * (anything but nil, true or false: torch's is a bool, and Lua's truth of 0
- * or "" is not Python's), pushed (no status); 0 if none. */
-static int async_fault(lua_State *L, int idx, const char *fname) {
-  int ty = lua_getfield(L, idx, "async_op");
-  lua_pop(L, 1);
-  if (ty == LUA_TNIL || ty == LUA_TBOOLEAN) return 0;
-  return lua_pushfstring(L, "%s: bad field 'async_op' (boolean expected, got %s)", fname, lua_typename(L, ty)), 1;
-}
-
-/* The fault of method fname's options at idx (not a table, a timeout that
- * is no number, a tag that is no int, an async_op that is no boolean), pushed
- * (no status); 0 if none. */
-static int opts_fault(lua_State *L, int idx, const char *fname) {
+/* Reads method fname's options at idx {timeout=, tag=, async_op=} into o
+ * and *async, each field once; 1 with the fault pushed (no status) when
+ * they are not a table, a timeout is no number, a tag no int or an
+ * async_op no boolean (torch's is a bool, and Lua's truth of 0 or "" is not
+ * Python's); 0 otherwise. */
+static int read_opts(lua_State *L, int idx, const char *fname, crun_coll_opts_t *o, int *async) {
   if (!lua_istable(L, idx))
     return lua_pushfstring(L, "bad argument #%d to '%s' (table expected, got %s)", idx - 1, fname, type_of(L, idx)), 1;
-  int ty = lua_getfield(L, idx, "timeout"), bad = ty != LUA_TNIL && !lua_isnumber(L, -1);
-  lua_pop(L, 1);
-  if (bad) return lua_pushfstring(L, "%s: bad field 'timeout' (number expected, got %s)", fname, lua_typename(L, ty)), 1;
+  int ty = lua_getfield(L, idx, "timeout");
+  if (ty != LUA_TNIL && !lua_isnumber(L, -1)) {
+    lua_pop(L, 1);
+    return lua_pushfstring(L, "%s: bad field 'timeout' (number expected, got %s)", fname, lua_typename(L, ty)), 1;
+  }
+  o->timeout = ty == LUA_TNIL ? 0 : lua_tonumber(L, -1);
   ty = lua_getfield(L, idx, "tag");
-  lua_Integer v = lua_tointegerx(L, -1, &bad);
-  bad = ty != LUA_TNIL && (!bad || v < INT_MIN || v > INT_MAX);
+  int isint = 0;
+  lua_Integer v = lua_tointegerx(L, -1, &isint);
+  lua_pop(L, 2);
+  if (ty != LUA_TNIL && !isint)
+    return lua_pushfstring(L, "%s: bad field 'tag' (integer expected, got %s)", fname, lua_typename(L, ty)), 1;
+  if (ty != LUA_TNIL && (v < INT_MIN || v > INT_MAX))
+    return lua_pushfstring(L, "%s: tag %I is out of range (%d..%d)", fname, (LUA_INTEGER)v, INT_MIN, INT_MAX), 1;
+  o->tag = ty == LUA_TNIL ? 0 : (int)v;
+  ty = lua_getfield(L, idx, "async_op");
+  *async = lua_toboolean(L, -1);
   lua_pop(L, 1);
-  if (bad) return lua_pushfstring(L, "%s: bad field 'tag' (an integer in int's range expected, got %s)", fname,
-                                  lua_typename(L, ty)), 1;
-  return async_fault(L, idx, fname);
+  if (ty != LUA_TNIL && ty != LUA_TBOOLEAN)
+    return lua_pushfstring(L, "%s: bad field 'async_op' (boolean expected, got %s)", fname, lua_typename(L, ty)), 1;
+  return 0;
 }
 
 /* Reads {timeout=, tag=, async_op=} at idx; returns async_op. A fault of
- * collective fname's options (opts_fault) is refused for its group pg, as
+ * collective fname's options (read_opts) is refused for its group pg, as
  * the peers' may be right (fname's "_into_tensor", "_tensor", "_bytes" or
  * "_single" suffix dropped: the call the peers run, which crun_pg_refuse
  * must know, or it refuses nothing); pg NULL (send, recv): raised on this
@@ -162,23 +165,18 @@ static int opts_fault(lua_State *L, int idx, const char *fname) {
 static int check_opts(lua_State *L, int idx, crun_coll_opts_t *o, const char *fname, crun_pg_t *pg) {
   memset(o, 0, sizeof *o);
   if (lua_isnoneornil(L, idx)) return 0;
-  if (!pg && lua_istable(L, idx) && async_fault(L, idx, fname))
-    return crun_l_error(L, "EINVAL: %s", lua_tostring(L, -1));
-  if (pg && opts_fault(L, idx, fname)) {
-    char call[32];
-    size_t k = strlen(fname);
-    if (k > 12 && strcmp(fname + k - 12, "_into_tensor") == 0) k -= 12;
-    else if (k > 7 && strcmp(fname + k - 7, "_tensor") == 0) k -= 7;
-    else if (k > 6 && strcmp(fname + k - 6, "_bytes") == 0) k -= 6;
-    else if (k > 7 && strcmp(fname + k - 7, "_single") == 0) k -= 7;
-    snprintf(call, sizeof call, "%.*s", (int)k, fname);
-    crun_tensor_t *t = crun_l_test_tensor(L, 2);
-    refuse_top(L, pg, call, -1, t && crun_tensor_device(t) >= 0);
-  }
-  crun_l_checktype(L, idx, LUA_TTABLE);
-  o->timeout = crun_l_optfield_number(L, idx, "timeout", 0);
-  o->tag = (int)crun_l_optfield_range(L, idx, "tag", 0, INT_MIN, INT_MAX, fname);
-  return crun_l_optfield_boolean(L, idx, "async_op", 0);
+  int async = 0;
+  if (!read_opts(L, idx, fname, o, &async)) return async;
+  if (!pg) return crun_l_error(L, "EINVAL: %s", lua_tostring(L, -1));
+  char call[32];
+  size_t k = strlen(fname);
+  if (k > 12 && strcmp(fname + k - 12, "_into_tensor") == 0) k -= 12;
+  else if (k > 7 && strcmp(fname + k - 7, "_tensor") == 0) k -= 7;
+  else if (k > 6 && strcmp(fname + k - 6, "_bytes") == 0) k -= 6;
+  else if (k > 7 && strcmp(fname + k - 7, "_single") == 0) k -= 7;
+  snprintf(call, sizeof call, "%.*s", (int)k, fname);
+  crun_tensor_t *t = crun_l_test_tensor(L, 2);
+  return refuse_top(L, pg, call, -1, t && crun_tensor_device(t) >= 0);
 }
 
 /* The open, contiguous tensor at idx: argument arg of fname, or entry `entry`

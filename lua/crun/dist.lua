@@ -63,14 +63,42 @@ local state = {pg = nil, store = nil, groups = {}, maps = setmetatable({}, {__mo
 -- Raises a status-prefixed error (no position: the text starts with the name).
 local function fail(fmt, ...) error(string.format(fmt, ...), 0) end
 
--- The collective reading its arguments now: its name, its tensor (or nil)
--- and its raw arguments that may carry its group: a and b where an options
--- table may stand in for another argument (an op, a split list, an object),
--- c where torch's positional group or an options table goes: cur_call and
--- cur = {t, a, b, c}, set by the first statement of every collective (a few
--- stores: nothing else on a call that passes), read by arg_fail only. cur
--- holds its values weakly: a tensor or object is not kept past its call.
-local cur_call, cur = nil, setmetatable({false, false, false, false}, {__mode = "v"})
+-- Where each collective keeps its raw arguments that a refusal reads: the
+-- parameter (or, for all_gather_object, local) positions of its tensor t,
+-- of a and b, where an options table may stand in for another argument (an
+-- op, a split list, an object), and of c, where torch's positional group
+-- or an options table goes (0: none). arg_fail reads them from the
+-- collective's frame (debug.getlocal), so a call that passes pays nothing.
+local ARGS = {
+  all_reduce = {1, 2, 0, 3}, broadcast = {1, 0, 0, 3}, reduce = {1, 3, 0, 4}, all_gather = {2, 0, 0, 3},
+  all_gather_into_tensor = {1, 0, 0, 3}, reduce_scatter_tensor = {1, 3, 0, 4}, gather = {1, 0, 0, 4},
+  scatter = {1, 0, 0, 4}, reduce_scatter = {1, 3, 0, 4}, all_to_all = {0, 0, 0, 3},
+  all_to_all_single = {1, 3, 4, 5}, barrier = {0, 0, 0, 1}, broadcast_object = {0, 0, 0, 3},
+  all_gather_object = {0, 2, 0, 3}, broadcast_object_list = {0, 0, 0, 3}, gather_object = {0, 0, 0, 4},
+  scatter_object_list = {0, 0, 0, 4},
+}
+-- dist's own collective functions -> their names (filled at the end of this
+-- file: a wrapper a user puts in dist's place is not one of them)
+local COLLECTIVE_OF = {}
+
+-- The raw arguments {t, a, b, c} of the running collective fname (its
+-- nearest frame on this coroutine's stack), or nil when fname is not
+-- running here (a check called from elsewhere).
+local function call_args(fname)
+  local pos = ARGS[fname]
+  for level = 3, 40 do
+    local info = pos and debug.getinfo(level, "f")
+    if not info then return nil end
+    if COLLECTIVE_OF[info.func] == fname then
+      local v = {}
+      for i = 1, 4 do
+        if pos[i] > 0 then v[i] = select(2, debug.getlocal(level, pos[i])) end
+      end
+      return v
+    end
+  end
+  return nil
+end
 
 -- The call the binding runs for collective fname, as its peers' refusal names it.
 local RUNS_AS = {all_gather_into_tensor = "all_gather", reduce_scatter_tensor = "reduce_scatter",
@@ -119,7 +147,7 @@ end
 -- that its raw arguments name, else the default group. nil where it cannot
 -- be known (a bad group argument) or this rank is not in it (NON_MEMBER:
 -- the peers do not wait for it).
-local function refusal_group()
+local function refusal_group(cur)
   local g = named_group(cur[2])
   if g == false then g = named_group(cur[3]) end
   if g == false then g = named_group(cur[4], true) end
@@ -128,7 +156,7 @@ local function refusal_group()
 end
 
 -- Raises text, a fault of the arguments of call fname found on this rank
--- alone. When fname is the collective reading its arguments (cur_call) and
+-- alone. When fname is a collective running on this stack (call_args) and
 -- its group is known, it is refused for that group first (pg:refuse): the
 -- peers, whose arguments may have passed, fail this call naming this rank
 -- rather than pair it with this rank's next call (a wrong result or an
@@ -136,7 +164,8 @@ end
 -- an unknown group raise here alone, and so does a destroyed group (its
 -- refuse() raises ECLOSED, which would hide the fault).
 local function arg_fail(fname, text)
-  local g = fname == cur_call and refusal_group()
+  local cur = call_args(fname)
+  local g = cur and refusal_group(cur)
   if g then
     local t = cur[1]
     local ok, cuda = pcall(function() return t:is_cuda() end)
@@ -167,8 +196,10 @@ local POSITIONAL = {
 -- Raises EINVAL naming fname and the position of the first non-nil value
 -- among `...`, the arguments after fname's positional ones (torch raises
 -- TypeError there). Nils there pass: a nil is no argument in Lua, and
--- wrappers pass their trailing ones on. Callers test select("#", ...) > 0
--- first, so that a call without extra arguments pays one select.
+-- wrappers pass their trailing ones on. The tensor collectives and barrier
+-- take two named extra parameters (a vararg function and select cost a
+-- call that passes ~45 ns in Lua 5.4) and look at those two only; the
+-- object collectives and the rest test select("#", ...) > 0 first.
 local function too_many(fname, ...)
   local names = POSITIONAL[fname]
   local _, commas = names:gsub(",", "")
@@ -603,9 +634,8 @@ local function group_of(opts, fname)
   return resolve(g, fname)
 end
 
-function dist.all_reduce(t, op, opts, async_op, ...)
-  cur_call, cur[1], cur[2], cur[3], cur[4] = "all_reduce", t, op, nil, opts
-  if select("#", ...) > 0 then too_many("all_reduce", ...) end
+function dist.all_reduce(t, op, opts, async_op, x1, x2)
+  if x1 ~= nil or x2 ~= nil then too_many("all_reduce", x1, x2) end
   op, opts = split_op(op, opts, async_op, "all_reduce")
   local g = group_of(opts, "all_reduce")
   if g then return g:all_reduce(t, op, opts) end
@@ -614,11 +644,11 @@ end
 -- without a Lua frame: with more ranks than cores every instruction of every
 -- rank adds latency. A C closure takes it and hands any other call to the
 -- function above (core.fast_all_reduce, bindings/pg.c).
+COLLECTIVE_OF[dist.all_reduce] = "all_reduce"  -- the Lua function, whose frame arg_fail reads
 dist.all_reduce = core.fast_all_reduce(state, dist.all_reduce)
 
-function dist.broadcast(t, src, opts, async_op, ...)
-  cur_call, cur[1], cur[2], cur[3], cur[4] = "broadcast", t, nil, nil, opts
-  if select("#", ...) > 0 then too_many("broadcast", ...) end
+function dist.broadcast(t, src, opts, async_op, x1, x2)
+  if x1 ~= nil or x2 ~= nil then too_many("broadcast", x1, x2) end
   opts = group_form(opts, ASYNC, async_op, "broadcast")
   local pg = state.pg
   if opts == nil and pg and math.type(src) == "integer" then return pg:broadcast(t, src) end
@@ -627,17 +657,15 @@ function dist.broadcast(t, src, opts, async_op, ...)
   if g then return g:broadcast(t, root_rank(g, src, "broadcast", "src", t), opts) end
 end
 
-function dist.reduce(t, dst, op, opts, async_op, ...)
-  cur_call, cur[1], cur[2], cur[3], cur[4] = "reduce", t, op, nil, opts
-  if select("#", ...) > 0 then too_many("reduce", ...) end
+function dist.reduce(t, dst, op, opts, async_op, x1, x2)
+  if x1 ~= nil or x2 ~= nil then too_many("reduce", x1, x2) end
   op, opts = split_op(op, opts, async_op, "reduce")
   local g = group_of(opts, "reduce")
   if g then return g:reduce(t, root_rank(g, dst, "reduce", "dst", t), op, opts) end
 end
 
-function dist.all_gather(list, t, opts, async_op, ...)
-  cur_call, cur[1], cur[2], cur[3], cur[4] = "all_gather", t, nil, nil, opts
-  if select("#", ...) > 0 then too_many("all_gather", ...) end
+function dist.all_gather(list, t, opts, async_op, x1, x2)
+  if x1 ~= nil or x2 ~= nil then too_many("all_gather", x1, x2) end
   opts = O.check(COLL, "all_gather", group_form(opts, ASYNC, async_op, "all_gather"), arg_fail)
   local g = group_of(opts, "all_gather")
   if g then return g:all_gather(list, t, opts) end
@@ -658,9 +686,8 @@ end
 --- blocks itself (no view per block: a view is a new userdata), and refuses
 --- a fault only this rank sees for the group, so that every rank fails this
 --- call naming it, rather than the others waiting.
-function dist.all_gather_into_tensor(out, t, opts, async_op, ...)
-  cur_call, cur[1], cur[2], cur[3], cur[4] = "all_gather_into_tensor", out, nil, nil, opts
-  if select("#", ...) > 0 then too_many("all_gather_into_tensor", ...) end
+function dist.all_gather_into_tensor(out, t, opts, async_op, x1, x2)
+  if x1 ~= nil or x2 ~= nil then too_many("all_gather_into_tensor", x1, x2) end
   opts = O.check(COLL, "all_gather_into_tensor", group_form(opts, ASYNC, async_op, "all_gather_into_tensor"), arg_fail)
   local g = group_of(opts, "all_gather_into_tensor")
   if g then return g:all_gather_into_tensor(out, t, opts) end
@@ -669,41 +696,36 @@ end
 --- reduce_scatter_tensor(out, input[, op][, opts]): torch's form with one
 --- input tensor of world_size * out:numel() elements; rank r gets block r
 --- reduced over every rank (faults refused as all_gather_into_tensor's).
-function dist.reduce_scatter_tensor(out, input, op, opts, async_op, ...)
-  cur_call, cur[1], cur[2], cur[3], cur[4] = "reduce_scatter_tensor", out, op, nil, opts
-  if select("#", ...) > 0 then too_many("reduce_scatter_tensor", ...) end
+function dist.reduce_scatter_tensor(out, input, op, opts, async_op, x1, x2)
+  if x1 ~= nil or x2 ~= nil then too_many("reduce_scatter_tensor", x1, x2) end
   op, opts = split_op(op, opts, async_op, "reduce_scatter_tensor")
   local g = group_of(opts, "reduce_scatter_tensor")
   if g then return g:reduce_scatter_tensor(out, input, op, opts) end
 end
 
-function dist.gather(t, list, dst, opts, async_op, ...)
-  cur_call, cur[1], cur[2], cur[3], cur[4] = "gather", t, nil, nil, opts
-  if select("#", ...) > 0 then too_many("gather", ...) end
+function dist.gather(t, list, dst, opts, async_op, x1, x2)
+  if x1 ~= nil or x2 ~= nil then too_many("gather", x1, x2) end
   opts = O.check(COLL, "gather", group_form(opts, ASYNC, async_op, "gather"), arg_fail)
   local g = group_of(opts, "gather")
   if g then return g:gather(t, list, root_rank(g, dst or 0, "gather", "dst", t), opts) end
 end
 
-function dist.scatter(t, list, src, opts, async_op, ...)
-  cur_call, cur[1], cur[2], cur[3], cur[4] = "scatter", t, nil, nil, opts
-  if select("#", ...) > 0 then too_many("scatter", ...) end
+function dist.scatter(t, list, src, opts, async_op, x1, x2)
+  if x1 ~= nil or x2 ~= nil then too_many("scatter", x1, x2) end
   opts = O.check(COLL, "scatter", group_form(opts, ASYNC, async_op, "scatter"), arg_fail)
   local g = group_of(opts, "scatter")
   if g then return g:scatter(t, list, root_rank(g, src or 0, "scatter", "src", t), opts) end
 end
 
-function dist.reduce_scatter(out, list, op, opts, async_op, ...)
-  cur_call, cur[1], cur[2], cur[3], cur[4] = "reduce_scatter", out, op, nil, opts
-  if select("#", ...) > 0 then too_many("reduce_scatter", ...) end
+function dist.reduce_scatter(out, list, op, opts, async_op, x1, x2)
+  if x1 ~= nil or x2 ~= nil then too_many("reduce_scatter", x1, x2) end
   op, opts = split_op(op, opts, async_op, "reduce_scatter")
   local g = group_of(opts, "reduce_scatter")
   if g then return g:reduce_scatter(out, list, op, opts) end
 end
 
-function dist.all_to_all(outs, ins, opts, async_op, ...)
-  cur_call, cur[1], cur[2], cur[3], cur[4] = "all_to_all", nil, nil, nil, opts
-  if select("#", ...) > 0 then too_many("all_to_all", ...) end
+function dist.all_to_all(outs, ins, opts, async_op, x1, x2)
+  if x1 ~= nil or x2 ~= nil then too_many("all_to_all", x1, x2) end
   opts = O.check(COLL, "all_to_all", group_form(opts, ASYNC, async_op, "all_to_all"), arg_fail)
   local g = group_of(opts, "all_to_all")
   if g then return g:all_to_all(outs, ins, opts) end
@@ -740,9 +762,8 @@ end
 -- rank with EINVAL naming that rank, and the group stops (torch's would
 -- leave the others waiting). With async_op the Work's result() is {output},
 -- as torch's.
-function dist.all_to_all_single(output, input, out_splits, in_splits, opts, async_op, ...)
-  cur_call, cur[1], cur[2], cur[3], cur[4] = "all_to_all_single", output, out_splits, in_splits, opts
-  if select("#", ...) > 0 then too_many("all_to_all_single", ...) end
+function dist.all_to_all_single(output, input, out_splits, in_splits, opts, async_op, x1, x2)
+  if x1 ~= nil or x2 ~= nil then too_many("all_to_all_single", x1, x2) end
   out_splits, in_splits, opts = a2a_args(out_splits, in_splits, opts, async_op)
   opts = O.check(COLL, "all_to_all_single", opts, arg_fail)
   local g = group_of(opts, "all_to_all_single")
@@ -753,9 +774,8 @@ function dist.all_to_all_single(output, input, out_splits, in_splits, opts, asyn
   return g:all_to_all_single(output, input, out_splits, in_splits, opts)
 end
 
-function dist.barrier(opts, async_op, device_ids, ...)
-  cur_call, cur[1], cur[2], cur[3], cur[4] = "barrier", nil, nil, nil, opts
-  if select("#", ...) > 0 then too_many("barrier", ...) end
+function dist.barrier(opts, async_op, device_ids, x1, x2)
+  if x1 ~= nil or x2 ~= nil then too_many("barrier", x1, x2) end
   local ids = device_ids
   if ids ~= nil and type(opts) == "table" and opts ~= NON_MEMBER then after_table("barrier", "device_ids", "device_ids") end
   opts = group_form(opts, ASYNC, async_op, "barrier")
@@ -1016,7 +1036,6 @@ end
 -- values: nil, booleans, numbers, strings, tables of those, tensors); opts
 -- may be torch's positional group instead (as broadcast_object_list's).
 function dist.broadcast_object(v, src, opts, ...)
-  cur_call, cur[1], cur[2], cur[3], cur[4] = "broadcast_object", nil, nil, nil, opts
   if select("#", ...) > 0 then too_many("broadcast_object", ...) end
   opts = O.check(OBJ, "broadcast_object", group_form(opts, nil, nil, "broadcast_object"), arg_fail)
   local g = group_of(opts, "broadcast_object")
@@ -1073,7 +1092,6 @@ end
 -- timeout alone takes {group = dist.group.WORLD, timeout = 5}.
 function dist.all_gather_object(...)
   local a, b, opts = ...
-  cur_call, cur[1], cur[2], cur[3], cur[4] = "all_gather_object", nil, b, nil, opts
   local nargs = select("#", ...)
   if nargs > 3 then too_many("all_gather_object", select(4, ...)) end
   if nargs <= 1 or (nargs == 2 and gather_opts_form(a, b)) then
@@ -1105,7 +1123,6 @@ end
 -- so a length check would refuse faithful ports. src's list keeps its own
 -- objects, not copies of them, as in torch.
 function dist.broadcast_object_list(list, src, opts, device, ...)
-  cur_call, cur[1], cur[2], cur[3], cur[4] = "broadcast_object_list", nil, nil, nil, opts
   if select("#", ...) > 0 then too_many("broadcast_object_list", ...) end
   opts = O.check(OBJ_LIST, "broadcast_object_list", group_form(opts, "device", device, "broadcast_object_list"), arg_fail)
   local g = group_of(opts, "broadcast_object_list")
@@ -1124,7 +1141,6 @@ end
 --- gather_object(obj, list, dst[, opts]): dst's list gets every rank's obj
 -- (list[r+1] from group rank r); list is ignored (may be nil) elsewhere.
 function dist.gather_object(obj, list, dst, opts, ...)
-  cur_call, cur[1], cur[2], cur[3], cur[4] = "gather_object", nil, nil, nil, opts
   if select("#", ...) > 0 then too_many("gather_object", ...) end
   opts = O.check(OBJ, "gather_object", group_form(opts, nil, nil, "gather_object"), arg_fail)
   local g = group_of(opts, "gather_object")
@@ -1143,7 +1159,6 @@ end
 --- scatter_object_list(out, in, src[, opts]): out[1] gets src's in[r+1] on
 -- group rank r; in is read on src only.
 function dist.scatter_object_list(out, input, src, opts, ...)
-  cur_call, cur[1], cur[2], cur[3], cur[4] = "scatter_object_list", nil, nil, nil, opts
   if select("#", ...) > 0 then too_many("scatter_object_list", ...) end
   opts = O.check(OBJ, "scatter_object_list", group_form(opts, nil, nil, "scatter_object_list"), arg_fail)
   local g = group_of(opts, "scatter_object_list")
@@ -1193,5 +1208,9 @@ dist.group = setmetatable({}, {
   __call = function() return default_pg("group") end,
   __index = function(_, k) if k == "WORLD" then return default_pg("group.WORLD") end end,
 })
+
+for fname in pairs(ARGS) do
+  if fname ~= "all_reduce" then COLLECTIVE_OF[dist[fname]] = fname end  -- all_reduce's is the C closure's callee
+end
 
 return dist
