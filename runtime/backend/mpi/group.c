@@ -626,7 +626,13 @@ static void mpi_abort(void *state, int status, const char *text) {
   if (len > 2000) len = 2000;
   b->abort_msg = malloc((size_t)len + 16);
   b->abort_reqs = malloc(sizeof(MPI_Request) * (size_t)b->size);
-  if (!b->abort_msg || !b->abort_reqs) return;
+  if (!b->abort_msg || !b->abort_reqs) { /* neither kept: a later abort tries again, and nothing leaks */
+    free(b->abort_msg), free(b->abort_reqs);
+    b->abort_msg = NULL, b->abort_reqs = NULL;
+    CRUN_LOG(WARN, PG, "mpi group '%s' on rank %d: out of memory: its peers are not told why it failed",
+             b->pg->prefix, b->rank);
+    return;
+  }
   int n = snprintf(b->abort_msg, (size_t)len + 16, "%d|%.*s", status, len, text);
   for (int p = 0; p < b->size; p++) {
     b->abort_reqs[p] = MPI_REQUEST_NULL;
