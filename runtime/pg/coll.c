@@ -146,10 +146,9 @@ static int submit(crun_pg_t *pg, crun_work_t *w, crun_work_t **work, int *src_ou
 static uint64_t board_seq(crun_pg_t *pg, int q, int *gone) {
   char key[32];
   snprintf(key, sizeof key, "progress/%d", q);
-  const char *k = key;
-  int ok = 0;
   crun_buf_t v = {0};
-  if (crun_store_check(pg->board, &k, 1, &ok) < 0 || (ok && crun_store_get(pg->board, key, &v) < 0)) {
+  int ok = crun__pg_board_peek(pg, key, &v);
+  if (ok < 0) {
     *gone = 1;
     return 0;
   }
@@ -181,16 +180,6 @@ static int peer_refused(crun_pg_t *pg, uint64_t k, int q) {
   if (gone) return -1;
   if (at < k) return 0;
   return crun_store_check(pg->board, &kp, 1, &ok) == 0 && ok ? 1 : -1;
-}
-
-/* Leaves "stopped/<rank>" on pg's board before this rank's refusal stops
- * the group, so that a peer waiting in every_rank_refused for a refusal this
- * rank never numbered (peer_refused) stops at once, not at its timeout. */
-static void leave_stopped(crun_pg_t *pg) {
-  char key[32];
-  snprintf(key, sizeof key, "stopped/%d", pg->rank);
-  if (pg->board && crun_store_set(pg->board, key, "1", 1) < 0)
-    CRUN_LOG(INFO, PG, "could not leave %s on the board: %s", key, crun_last_error());
 }
 
 /* Whether every rank of pg refused its call number k, as this one did (rc,
@@ -272,7 +261,8 @@ static int refuse_call(crun_pg_t *pg, const crun__coll_t *c, int rc) {
   int root = crun__coll_rooted(c->kind) && c->root == pg->rank;
   snprintf(text, sizeof text, "%s (rank %d%s refused its part of %s%s: the group stops)", mine, pg->rank,
            root ? ", the root," : "", crun__coll_name(c->kind), seq);
-  if (!be->private_board) leave_stopped(pg);
+  /* a peer waiting for a refusal this rank never numbered stops at once */
+  if (!be->private_board) crun__pg_leave_stopped(pg, "1");
   crun__pg_fail(pg, rc, text);
   return crun_error(rc, "%s", body);
 }

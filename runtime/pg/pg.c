@@ -286,11 +286,8 @@ void crun_pg_retain(crun_pg_t *pg) { atomic_fetch_add(&pg->refs, 1); }
  * a short timeout: a store already gone costs a close little. */
 static void leave_closed(crun_pg_t *pg) {
   if (!atomic_load(&pg->cur) || pg->size < 2 || !pg->board || atomic_load(&pg->is_broken) || (pg->be && pg->be->private_board)) return;
-  char key[32];
-  snprintf(key, sizeof key, "stopped/%d", pg->rank);
   crun_store_set_timeout(pg->board, 0.25);
-  if (crun_store_set(pg->board, key, "closed", 6) < 0)
-    CRUN_LOG(INFO, PG, "could not leave %s on the board: %s", key, crun_last_error());
+  crun__pg_leave_stopped(pg, "closed");
 }
 
 void crun_pg_release(crun_pg_t *pg) {
@@ -337,6 +334,20 @@ double crun_pg_get_timeout(const crun_pg_t *pg) { return pg->timeout; }
 uint64_t crun_pg_next_seq(const crun_pg_t *pg) { return atomic_load(&((crun_pg_t *)pg)->next_seq) + 1; }
 
 /* ---------------------------------------------------------------- progress board */
+
+int crun__pg_board_peek(crun_pg_t *pg, const char *key, crun_buf_t *out) {
+  int ok = 0;
+  if (!pg->board) return 0;
+  if (crun_store_check(pg->board, &key, 1, &ok) < 0 || (ok && crun_store_get(pg->board, key, out) < 0)) return -1;
+  return ok;
+}
+
+void crun__pg_leave_stopped(crun_pg_t *pg, const char *val) {
+  char key[32];
+  snprintf(key, sizeof key, "stopped/%d", pg->rank);
+  if (pg->board && crun_store_set(pg->board, key, val, strlen(val)) < 0)
+    CRUN_LOG(INFO, PG, "could not leave %s on the board: %s", key, crun_last_error());
+}
 
 static void progress_text(uint64_t v, char *buf, size_t cap) {
   int kind = (int)(v >> 56);
@@ -427,12 +438,9 @@ void crun__pg_progress_report(crun_pg_t *pg, char *out, size_t cap) {
   for (int r = 0; r < n; r++) {
     char key[32];
     snprintf(key, sizeof key, "progress/%d", r);
-    const char *k = key;
-    int ok = 0, rc;
     crun_buf_t v = {0};
-    rc = crun_store_check(pg->board, &k, 1, &ok);
-    if (rc == 0 && ok) rc = crun_store_get(pg->board, key, &v);
-    if (rc < 0) { /* the store is gone or slow: say so rather than guess, and stop asking */
+    int ok = crun__pg_board_peek(pg, key, &v);
+    if (ok < 0) { /* the store is gone or slow: say so rather than guess, and stop asking */
       snprintf(out, cap, "the progress board could not be read (%s)", crun_last_error());
       goto out;
     }

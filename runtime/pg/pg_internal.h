@@ -190,6 +190,16 @@ size_t crun__ranks_text(char *buf, size_t cap, const int *rs, int n);
  * unless the text already holds that report (from a stage below or a peer). */
 int crun__pg_timeout_report(crun_pg_t *pg, int rc);
 
+/* Reads key from pg's board without waiting for it (crun_store_get waits
+ * until a key exists): 1 with *out filled (crun_buf_free it), 0 when the key
+ * is not there (or pg has no board), -1 when the board cannot be read. */
+int crun__pg_board_peek(crun_pg_t *pg, const char *key, crun_buf_t *out);
+
+/* Leaves "stopped/<rank>" = val on pg's board: this rank's refusal stopped
+ * the group, or it closed a group that still worked, so a peer waiting in a
+ * refusal's agreement (coll.c) stops at once instead of at its bound. */
+void crun__pg_leave_stopped(crun_pg_t *pg, const char *val);
+
 /* Marks the current collective for the progress publisher. */
 void crun__pg_mark(crun_pg_t *pg, const crun__coll_t *c);
 

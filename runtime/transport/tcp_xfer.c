@@ -526,13 +526,10 @@ int crun__tcp_xfer(crun__tcp_t *t, crun__coll_t *c, const crun__xfer_t *x) {
 static void reason_key(int r, char *buf, size_t cap) { snprintf(buf, cap, "abort/%d", r); }
 
 int crun__tcp_board_reason(crun__tcp_t *t, int j, crun__hdr_t *h, char *text, size_t cap) {
-  crun_store_t *b = t->pg ? t->pg->board : NULL;
   char key[32];
   reason_key(j, key, sizeof key);
-  const char *k = key;
-  int ok = 0;
   crun_buf_t v = {0};
-  if (!b || crun_store_check(b, &k, 1, &ok) < 0 || !ok || crun_store_get(b, key, &v) < 0) return 0;
+  if (!t->pg || crun__pg_board_peek(t->pg, key, &v) <= 0) return 0;
   snprintf(text, cap, "%.*s", (int)(v.len < cap ? v.len : cap - 1), (const char *)v.data);
   crun_buf_free(&v);
   char *end = NULL;

@@ -577,12 +577,9 @@ static void call_key(const crun__coll_t *c, int q, char *key, size_t cap) {
  * 1 read, 0 not (yet) there. Never blocks. */
 static int call_peek(hier_t *h, const crun__coll_t *c, int q, int64_t *sig) {
   char key[64];
-  const char *keys[1] = {key};
-  int there = 0;
   crun_buf_t v = {0};
   call_key(c, q, key, sizeof key);
-  if (crun_store_check(h->pg->board, keys, 1, &there) < 0 || !there) return 0;
-  if (crun_store_get(h->pg->board, key, &v) < 0) return 0;
+  if (crun__pg_board_peek(h->pg, key, &v) <= 0) return 0;
   int ok = v.len == sizeof(int64_t) * SIG_WORDS;
   if (ok) memcpy(sig, v.data, v.len);
   crun_buf_free(&v);
