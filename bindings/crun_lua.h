@@ -95,10 +95,10 @@ crun_tensor_t *crun_l_check_tensor(lua_State *L, int idx);
  * a collective for its group, names the problem itself). */
 crun_tensor_t *crun_l_test_tensor(lua_State *L, int idx);
 
-/* The tensor at idx when it is an open, contiguous CPU tensor, else NULL
- * (raises nothing: the caller takes its checked path, which names the
- * problem). */
-crun_tensor_t *crun_l_plain_cpu_tensor(lua_State *L, int idx);
+/* The open tensor at idx, recognised by its metatable's address alone, or
+ * NULL (raises nothing: the caller takes its checked path, which names the
+ * problem). With crun__tensor_host_span: the one-call check of the hot path. */
+crun_tensor_t *crun_l_tensor_or_null(lua_State *L, int idx);
 
 /* Pushes a new "crun.Tensor" userdata for t; it takes its own reference
  * (crun_tensor_retain), so the caller still owns and releases its own. */

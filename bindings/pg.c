@@ -345,16 +345,16 @@ static int all_reduce_on(lua_State *L, crun_pg_t *pg) {
 
 static int l_all_reduce(lua_State *L) { return all_reduce_on(L, check_pg(L, 1)); }
 
-/* dist.all_reduce(t[, op][, opts]) as a C closure over (state, key "pg",
- * the Lua dist.all_reduce, the group last checked): the common call, on the
+/* dist.all_reduce(t[, op][, opts]) as a C closure over (the Lua
+ * dist.all_reduce, the default group or nil): the common call, on the
  * default group with no options, goes straight to all_reduce_on with the
  * group inserted as self; any other call goes to the Lua function. This saves
  * a Lua call frame per operation (~500 instructions of a ~3,000-instruction
- * 2-rank 8-byte all_reduce), and the group's metatable check (~200) while the
- * default group is the one checked last (upvalue 4 holds its address: only
- * groups are ever stored at state.pg, so an address seen again is a group's). crun_l_argerror
- * counts the inserted self as a method's (crun_l_hidden_self), so errors name
- * the user's argument numbers.
+ * 2-rank 8-byte all_reduce). dist.lua sets the group when it makes or
+ * destroys the default group (core.fast_all_reduce_group), so a call looks
+ * up neither state.pg (a table lookup by string, ~120 instructions) nor the
+ * group's metatable. crun_l_argerror counts the inserted self as a method's
+ * (crun_l_hidden_self), so errors name the user's argument numbers.
  * The commonest call of all, dist.all_reduce(t) of an open contiguous CPU
  * tensor on that group (a sum, blocking), skips the rest of the argument
  * reading too: no stack rotation, op or options parse, and the tensor is
@@ -363,28 +363,22 @@ static int l_all_reduce(lua_State *L) { return all_reduce_on(L, check_pg(L, 1));
  * takes the checked path, which names what is wrong. */
 static int l_dist_all_reduce(lua_State *L) {
   int n = lua_gettop(L);
-  if (n <= 2 && (n < 2 || !lua_istable(L, 2))) {
-    lua_pushvalue(L, lua_upvalueindex(2));
-    if (lua_rawget(L, lua_upvalueindex(1)) == LUA_TUSERDATA) {
-      l_pg *u = lua_touserdata(L, -1);
-      crun_tensor_t *t;
-      if (u == lua_touserdata(L, lua_upvalueindex(4)) && u->pg && (n < 2 || lua_isnil(L, 2)) &&
-          (t = crun_l_plain_cpu_tensor(L, 1))) {
-        int rc = crun_pg_all_reduce(u->pg, crun_tensor_data(t), (size_t)crun_tensor_numel(t),
-                                    crun_tensor_dtype(t), CRUN_OP_SUM, NULL, NULL);
-        return rc < 0 ? crun_l_fail(L, rc) : 0;
-      }
-      lua_insert(L, 1);
-      if (u != lua_touserdata(L, lua_upvalueindex(4))) {
-        check_pg(L, 1);
-        lua_pushlightuserdata(L, u);
-        lua_replace(L, lua_upvalueindex(4));
-      }
-      return all_reduce_on(L, live_pg(L, u));
+  l_pg *u;
+  if (n <= 2 && (n < 2 || !lua_istable(L, 2)) && (u = lua_touserdata(L, lua_upvalueindex(2)))) {
+    crun_tensor_t *t;
+    void *data;
+    size_t count;
+    crun_dtype_t dt;
+    if (u->pg && (n < 2 || lua_isnil(L, 2)) && (t = crun_l_tensor_or_null(L, 1)) &&
+        crun_tensor_host_span(t, &data, &count, &dt)) {
+      int rc = crun_pg_all_reduce(u->pg, data, count, dt, CRUN_OP_SUM, NULL, NULL);
+      return rc < 0 ? crun_l_fail(L, rc) : 0;
     }
-    lua_pop(L, 1);
+    lua_pushvalue(L, lua_upvalueindex(2));
+    lua_insert(L, 1);
+    return all_reduce_on(L, live_pg(L, u));
   }
-  lua_pushvalue(L, lua_upvalueindex(3));
+  lua_pushvalue(L, lua_upvalueindex(1));
   lua_insert(L, 1);
   lua_call(L, n, LUA_MULTRET);
   return lua_gettop(L);
@@ -392,16 +386,24 @@ static int l_dist_all_reduce(lua_State *L) {
 
 int crun_l_hidden_self(lua_CFunction f) { return f == l_dist_all_reduce; }
 
-/* core.fast_all_reduce(state, slow) -> the closure above */
+/* core.fast_all_reduce(slow) -> the closure above, with no group yet */
 static int l_fast_all_reduce(lua_State *L) {
-  crun_l_checktype(L, 1, LUA_TTABLE);
-  crun_l_checktype(L, 2, LUA_TFUNCTION);
-  lua_pushvalue(L, 1);
-  lua_pushliteral(L, "pg");
-  lua_pushvalue(L, 2);
+  crun_l_checktype(L, 1, LUA_TFUNCTION);
+  lua_settop(L, 1);
   lua_pushnil(L);
-  lua_pushcclosure(L, l_dist_all_reduce, 4);
+  lua_pushcclosure(L, l_dist_all_reduce, 2);
   return 1;
+}
+
+/* core.fast_all_reduce_group(closure, group or nil): the default group the
+ * closure serves from now on */
+static int l_fast_all_reduce_group(lua_State *L) {
+  if (lua_tocfunction(L, 1) != l_dist_all_reduce)
+    return crun_l_argerror(L, 1, "expected the closure of core.fast_all_reduce");
+  if (!lua_isnil(L, 2)) check_pg(L, 2);
+  lua_settop(L, 2);
+  lua_setupvalue(L, 1, 2);
+  return 0;
 }
 
 /* The root (src or dst, a group rank) at idx of rooted collective fname,
@@ -1177,4 +1179,6 @@ void crun_l_open_pg(lua_State *L) {
   lua_setfield(L, -2, "pg_new");
   lua_pushcfunction(L, l_fast_all_reduce);
   lua_setfield(L, -2, "fast_all_reduce");
+  lua_pushcfunction(L, l_fast_all_reduce_group);
+  lua_setfield(L, -2, "fast_all_reduce_group");
 }

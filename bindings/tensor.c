@@ -36,11 +36,10 @@ crun_tensor_t *crun_l_test_tensor(lua_State *L, int idx) {
   return box ? box->t : NULL;
 }
 
-crun_tensor_t *crun_l_plain_cpu_tensor(lua_State *L, int idx) {
+crun_tensor_t *crun_l_tensor_or_null(lua_State *L, int idx) {
   static _Atomic int slot = -1;
   tbox *box = crun_l_testudata_cached(L, idx, TENSOR_MT, &slot);
-  if (!box || !box->t || crun_tensor_device(box->t) >= 0 || !crun_tensor_is_contiguous(box->t)) return NULL;
-  return box->t;
+  return box ? box->t : NULL;
 }
 
 /* Lua's collector sees a tensor as its 16-byte box, not the storage behind

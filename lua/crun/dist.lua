@@ -80,6 +80,7 @@ local ARGS = {
 -- dist's own collective functions -> their names (filled at the end of this
 -- file: a wrapper a user puts in dist's place is not one of them)
 local COLLECTIVE_OF = {}
+local fast_all_reduce  -- dist.all_reduce's C closure (set below; bindings/pg.c)
 
 -- The raw arguments {t, a, b, c} of the running collective fname (its
 -- nearest frame on this coroutine's stack), or nil when fname is not
@@ -304,6 +305,7 @@ function dist.init_process_group(backend, opts)
   state.pg = core.pg_new{store = store, rank = rank, world_size = world_size, timeout = timeout,
                          backend = backend, name = opts.group_name or "default"}
   state.store, state.close_store = store, close_at_destroy
+  core.fast_all_reduce_group(fast_all_reduce, state.pg)
   if backend ~= "mpi" then
     -- monitored_barrier's keys are this incarnation's: a group made after
     -- destroy_process_group on the same store (the launcher's outlives it)
@@ -375,6 +377,7 @@ function dist.destroy_process_group(group)
     return
   end
   for _, g in ipairs(state.groups) do g:destroy() end
+  core.fast_all_reduce_group(fast_all_reduce, nil)
   if state.pg then state.pg:destroy() end
   if state.close_store and state.store then state.store:close() end  -- file://: counts this rank out
   state.pg, state.store, state.groups, state.ngroups, state.close_store = nil, nil, {}, 0, false
@@ -645,7 +648,8 @@ end
 -- rank adds latency. A C closure takes it and hands any other call to the
 -- function above (core.fast_all_reduce, bindings/pg.c).
 COLLECTIVE_OF[dist.all_reduce] = "all_reduce"  -- the Lua function, whose frame arg_fail reads
-dist.all_reduce = core.fast_all_reduce(state, dist.all_reduce)
+fast_all_reduce = core.fast_all_reduce(dist.all_reduce) -- told the default group by init and destroy
+dist.all_reduce = fast_all_reduce
 
 function dist.broadcast(t, src, opts, async_op, x1, x2)
   if x1 ~= nil or x2 ~= nil then too_many("broadcast", x1, x2) end

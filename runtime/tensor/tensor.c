@@ -175,6 +175,14 @@ void *crun_tensor_data(const crun_tensor_t *t) {
   return (char *)t->st->data + t->offset * (int64_t)crun_dtype_size(t->dt);
 }
 
+int crun_tensor_host_span(const crun_tensor_t *t, void **data, size_t *count, crun_dtype_t *dt) {
+  if (t->st->device >= 0 || !crun_tensor_is_contiguous(t)) return 0;
+  *data = crun_tensor_data(t);
+  *count = (size_t)crun_tensor_numel(t);
+  *dt = t->dt;
+  return 1;
+}
+
 int crun_tensor_same_storage(const crun_tensor_t *a, const crun_tensor_t *b) {
   return a->st == b->st;
 }

@@ -47,6 +47,14 @@ TEST(views_share_storage) {
   EXPECT_OK(crun_tensor_transpose(t, 0, 1, &tr));       /* 4x3 */
   EXPECT(crun_tensor_is_contiguous(row) && !crun_tensor_is_contiguous(col));
   EXPECT(!crun_tensor_is_contiguous(nar) && !crun_tensor_is_contiguous(tr));
+  /* the host span of a contiguous view starts at its offset; a strided one has none */
+  void *data = NULL;
+  size_t count = 0;
+  crun_dtype_t dt = CRUN_INT8;
+  EXPECT(crun_tensor_host_span(row, &data, &count, &dt));
+  EXPECT(data == (char *)crun_tensor_data(t) + 4 * sizeof(float) && count == 4 && dt == CRUN_FLOAT32);
+  EXPECT(!crun_tensor_host_span(col, &data, &count, &dt) && !crun_tensor_host_span(tr, &data, &count, &dt));
+  EXPECT(count == 4); /* left alone */
   int64_t i1 = 3;
   double v;
   EXPECT_OK(crun_tensor_get_double(row, &i1, &v));

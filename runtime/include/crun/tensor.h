@@ -66,6 +66,11 @@ int crun_tensor_is_contiguous(const crun_tensor_t *t);
 /* Returns the address of the first element (storage + offset). */
 void *crun_tensor_data(const crun_tensor_t *t);
 
+/* Returns 1 when t is contiguous in host memory, with its first element,
+ * element count and dtype in the out parameters (what a collective on it
+ * needs, in one call); else 0 and leaves them alone. */
+int crun_tensor_host_span(const crun_tensor_t *t, void **data, size_t *count, crun_dtype_t *dt);
+
 /* ---------------------------------------------------------------- creation
  * Shapes have 0..CRUN_MAX_DIMS dims, each >= 0 (a 0-d tensor holds one
  * element). Every function returning a tensor through `out` gives the caller
