@@ -39,6 +39,12 @@ typedef struct crun_backend_vtable {
    * refused c can tell them why (coll.c); 0 or NULL: it cannot, and the
    * refusing rank only returns its error. */
   int (*abort_reaches)(void *state, const crun__coll_t *c);
+  /* Optional: the function (and in *fn_state its state) that runs every
+   * call of kind on this group without the backend's own dispatch, or NULL
+   * when there is none. Asked once, when the group is made; the group then
+   * calls it directly for host calls of kind (an all_reduce: the hot path of
+   * a small one, pg/work.c crun__pg_execute). */
+  crun_backend_fn (*direct)(void *state, int kind, void **fn_state);
   crun_backend_fn send, recv, broadcast, all_reduce, reduce, all_gather, gather,
       scatter, reduce_scatter, all_to_all, barrier;
 } crun_backend_vtable_t;
@@ -84,6 +90,9 @@ typedef struct crun__engine {
    * blocks; may run on another thread than run. */
   void (*abort)(void *state, int status, const char *text);
   int posts_obs; /* run calls crun__obs_posted before it waits (core/trace_int.h) */
+  /* Optional: runs an all_reduce as run does, when supports takes every
+   * all_reduce (the backend's direct), setting crun__obs_algo itself */
+  int (*all_reduce)(void *state, crun__coll_t *c);
 } crun__engine_t;
 
 /* Optional hook, defined by the shm engine when it is linked in: called by the

@@ -82,6 +82,7 @@ static int pg_connect(crun_pg_t *pg, const crun_backend_vtable_t *be, const crun
   pg->be = be;
   int rc = be_make(be, pg, parent ? parent->be_state : NULL, &pg->be_state);
   if (rc < 0) pg->be = NULL;
+  if (rc == 0 && be->direct) pg->ar_fn = be->direct(pg->be_state, CRUN__COLL_ALL_REDUCE, &pg->ar_state);
   /* the device backend of "auto" connects on the first CUDA collective
    * (crun__pg_execute), as torch's does: a CPU-only job on a GPU machine never
    * opens NCCL; a sub-group of a parent whose communicator exists splits it */

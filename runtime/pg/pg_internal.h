@@ -97,6 +97,11 @@ struct crun_pg {
    * (torch's "cpu:gloo,cuda:nccl"); NULL otherwise */
   const struct crun_backend_vtable *be_dev;
   void *be_dev_state;
+  /* the function that runs every host all_reduce of the group, and its
+   * state, when the backend has one that skips its own dispatch (the
+   * shared-memory engine's: backend.h direct); NULL: the backend's slot */
+  int (*ar_fn)(void *state, struct crun__coll *c);
+  void *ar_state;
   char *broken;              /* error text once the group failed; guarded by mu */
   _Atomic int is_broken;     /* set after broken: lets the hot path skip mu */
   /* work queue */

@@ -77,8 +77,15 @@ int crun__pg_execute(crun_pg_t *pg, crun_work_t *w) {
     pthread_mutex_unlock(&pg->mu);
   }
   const struct crun_backend_vtable *be = c->cuda && pg->be_dev ? pg->be_dev : pg->be;
-  void *state = be == pg->be_dev ? pg->be_dev_state : pg->be_state;
-  crun_backend_fn fn = crun__backend_slot(be, c->kind);
+  void *state;
+  crun_backend_fn fn;
+  if (c->kind == CRUN__COLL_ALL_REDUCE && !c->cuda && pg->ar_fn) { /* backend.h direct */
+    state = pg->ar_state;
+    fn = pg->ar_fn;
+  } else {
+    state = be == pg->be_dev ? pg->be_dev_state : pg->be_state;
+    fn = crun__backend_slot(be, c->kind);
+  }
   if (broken) {
     rc = crun_error(CRUN_ESTATE, "%s on rank %d: the group is unusable after an earlier failure: %s",
                     w->desc, pg->rank, broken);

@@ -146,6 +146,18 @@ static int cpu_coll(void *state, crun__coll_t *c) {
   return crun__cpu_run_link(&b->link, c);
 }
 
+/* An engine that takes every all_reduce and runs one directly serves them
+ * without cpu_coll's per-call choice. */
+static crun_backend_fn cpu_direct(void *state, int kind, void **fn_state) {
+  cpu_t *b = state;
+  crun__coll_t probe = {.kind = kind};
+  if (kind != CRUN__COLL_ALL_REDUCE || !b->has_engine || !b->engine.all_reduce ||
+      !b->engine.supports(b->engine.state, &probe))
+    return NULL;
+  *fn_state = b->engine.state;
+  return b->engine.all_reduce;
+}
+
 /* The TCP mesh's abort frames reach every peer of a call the mesh runs; a
  * call an engine runs (the peers wait in shared memory) is told only by an
  * engine that can abort. */
@@ -159,7 +171,7 @@ static int cpu_recv(void *state, crun__coll_t *c) { return crun__tcp_recv(((cpu_
 
 const crun_backend_vtable_t crun__backend_cpu = {
     .name = "cpu", .posts_obs = 1, .destroy_pending = 1, .create = cpu_create, .abort = cpu_abort, .destroy = cpu_destroy,
-    .abort_reaches = cpu_abort_reaches,
+    .abort_reaches = cpu_abort_reaches, .direct = cpu_direct,
     .send = cpu_send, .recv = cpu_recv, .broadcast = cpu_coll, .all_reduce = cpu_coll,
     .reduce = cpu_coll, .all_gather = cpu_coll, .gather = cpu_coll, .scatter = cpu_coll,
     .reduce_scatter = cpu_coll, .all_to_all = cpu_coll, .barrier = cpu_coll};

@@ -6,6 +6,7 @@
  * the root for reduce) copies the reduced slices out. */
 #include "transport/shm/shm_int.h"
 
+#include <stdint.h>
 #include <string.h>
 
 #include "core/heap.h"
@@ -105,6 +106,29 @@ int crun__shm_allreduce(crun__shm_comm_t *c, void *buf, const void *sendbuf, siz
                         crun_dtype_t dt, crun_reduce_op_t op, double timeout) {
   CRUN_CHECK(crun__shm_begin(c, SHM_ALLREDUCE, dt, op, -1, count, 1, buf != NULL, timeout));
   return run(c, SHM_ALLREDUCE, buf, sendbuf, count, dt, op, -1);
+}
+
+int crun__shm_allreduce_call(crun__shm_comm_t *c, void *buf, size_t count, crun_dtype_t dt,
+                             crun_reduce_op_t op, uint64_t label, double deadline, double timeout) {
+  if (c->broken)
+    return crun_error(CRUN_ESTATE, "shm all_reduce on rank %d: the communicator is unusable after an "
+                      "earlier failure; destroy it", c->rank);
+  if (count > SIZE_MAX / 16) /* what begin's check allows */
+    return crun__shm_fail(c, CRUN_EINVAL, "shm all_reduce on rank %d: count %zu too large", c->rank, count);
+  CRUN_CHECK(crun__shm_start(c, SHM_ALLREDUCE, dt, op, -1, count, label, deadline, timeout));
+  size_t bytes = count * crun_dtype_size(dt);
+  if (bytes > c->small_bytes || count == 0) return run(c, SHM_ALLREDUCE, buf, NULL, count, dt, op, -1);
+  /* run()'s one-shot path, without its op record and indirect calls */
+  int b = crun__shm_small_open(c);
+  memcpy(crun__shm_small_data(c, c->rank, b), buf, bytes);
+  CRUN_CHECK(crun__shm_small_exchange(c, b));
+  const void *srcs[CRUN_SHM_MAX_RANKS];
+  for (int q = 0; q < c->size; q++) srcs[q] = q == c->rank ? buf : crun__shm_small_data(c, q, b);
+  int rc = crun_reduce_n(dt, op, buf, srcs, c->size, count);
+  if (rc == 0 && op == CRUN_OP_AVG) rc = crun_scale_div(dt, buf, count, c->size);
+  if (rc < 0) return crun__shm_fail_last(c, rc);
+  crun__shm_small_close(c, b);
+  return 0;
 }
 
 int crun__shm_reduce(crun__shm_comm_t *c, void *buf, const void *sendbuf, size_t count,

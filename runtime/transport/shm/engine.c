@@ -57,30 +57,23 @@ void crun__shm_comm_deadline(crun__shm_comm_t *c, double deadline, double timeou
   if (c) c->next_deadline = deadline, c->next_timeout = timeout;
 }
 
-/* Checks the arguments, starts op number opseq+1 and publishes its
- * description in this rank's ring. */
-int crun__shm_begin(crun__shm_comm_t *c, shm_kind_t kind, crun_dtype_t dt,
-                    crun_reduce_op_t op, int root, size_t count, size_t nblocks,
-                    int bufs_ok, double timeout) {
-  /* every collective begins here first thing, so the next op's deadline is
-   * consumed here even when its arguments are refused */
-  double next_deadline = c ? c->next_deadline : 0;
-  if (c) c->next_deadline = 0;
-  int rc = check_args(c, kind, dt, op, root, count, nblocks, bufs_ok);
-  if (rc < 0) return c && !c->broken ? crun__shm_fail_last(c, rc) : rc;
+/* Starts op number opseq+1 (labelled `label`, 0: opseq+1; due by deadline,
+ * 0: timeout from now, or the communicator's timeout when that is 0 too)
+ * and publishes its description in this rank's ring. */
+int crun__shm_start(crun__shm_comm_t *c, shm_kind_t kind, crun_dtype_t dt, crun_reduce_op_t op,
+                    int root, size_t count, uint64_t label, double deadline, double timeout) {
   int uses_op = kind == SHM_ALLREDUCE || kind == SHM_REDUCE || kind == SHM_REDUCE_SCATTER;
   int uses_root = kind == SHM_REDUCE || kind == SHM_BROADCAST || kind == SHM_GATHER ||
                   kind == SHM_SCATTER;
   c->opseq++;
-  c->label = c->next_label ? c->next_label : c->opseq;
-  c->next_label = 0;
+  c->label = label ? label : c->opseq;
   c->kind = kind;
   c->count = count;
   c->sig = (uint64_t)kind | (uint64_t)dt << 8 | (uint64_t)(uses_op ? op : 0) << 16 |
            (uint64_t)(uses_root ? root + 1 : 0) << 24;
-  if (next_deadline > 0) { /* the group's, set when the call started */
-    c->op_timeout = c->next_timeout;
-    c->deadline = next_deadline;
+  if (deadline > 0) { /* the group's, set when the call started */
+    c->op_timeout = timeout;
+    c->deadline = deadline;
   } else {
     c->op_timeout = timeout > 0 ? timeout : c->timeout;
     c->deadline = crun__clock_coarse() + c->op_timeout;
@@ -93,6 +86,22 @@ int crun__shm_begin(crun__shm_comm_t *c, shm_kind_t kind, crun_dtype_t dt,
   atomic_store_explicit(&d->count, count, memory_order_relaxed);
   atomic_store_explicit(&d->opseq, c->opseq, memory_order_release);
   return 0;
+}
+
+/* Checks the arguments, then crun__shm_start with the label and deadline
+ * the group set for this op (crun__shm_comm_label, crun__shm_comm_deadline). */
+int crun__shm_begin(crun__shm_comm_t *c, shm_kind_t kind, crun_dtype_t dt,
+                    crun_reduce_op_t op, int root, size_t count, size_t nblocks,
+                    int bufs_ok, double timeout) {
+  /* every collective begins here first thing, so the next op's label and
+   * deadline are consumed here even when its arguments are refused */
+  double next_deadline = c ? c->next_deadline : 0;
+  uint64_t next_label = c ? c->next_label : 0;
+  if (c) c->next_deadline = 0, c->next_label = 0;
+  int rc = check_args(c, kind, dt, op, root, count, nblocks, bufs_ok);
+  if (rc < 0) return c && !c->broken ? crun__shm_fail_last(c, rc) : rc;
+  return crun__shm_start(c, kind, dt, op, root, count, next_label, next_deadline,
+                         next_deadline > 0 ? c->next_timeout : timeout);
 }
 
 /* Checks every peer's description of this op in its ring (once every peer
@@ -127,9 +136,12 @@ static int check_small_descs(crun__shm_comm_t *c, int b) {
 
 /* One-shot path: fill this rank's slot, post, wait for every rank, finish
  * from every slot. Slots alternate between two buffers: a rank can't start op
- * s+2 before every rank posted s+1, i.e. finished reading op s. */
-int crun__shm_run_small(shm_op_t *o) {
-  crun__shm_comm_t *c = o->c;
+ * s+2 before every rank posted s+1, i.e. finished reading op s. The steps are
+ * crun__shm_small_open (the slot's header), the caller's fill of the slot's
+ * data, crun__shm_small_exchange (post, wait, check what the peers run) and
+ * crun__shm_small_close; crun__shm_run_small runs them for any collective,
+ * allreduce.c without its indirect calls for a group's small all_reduce. */
+int crun__shm_small_open(crun__shm_comm_t *c) {
   if (crun__obs_on) crun__obs_oneshot = 1; /* its end may be estimated (core/trace_int.h) */
   uint64_t s = ++c->small_seq;
   int b = (int)(s & 1);
@@ -137,18 +149,32 @@ int crun__shm_run_small(shm_op_t *o) {
   atomic_store_explicit(&h->opseq, c->opseq, memory_order_relaxed);
   atomic_store_explicit(&h->sig, c->sig, memory_order_relaxed);
   atomic_store_explicit(&h->count, c->count, memory_order_relaxed);
+  return b;
+}
+
+int crun__shm_small_exchange(crun__shm_comm_t *c, int b) {
+  crun__shm_post(c, &crun__shm_small_hdr(c, c->rank, b)->seq, c->small_seq);
+  CRUN_CHECK(crun__shm_wait(c, SHM_CTR_SMALL, -1, c->small_seq));
+  return check_small_descs(c, b);
+}
+
+void crun__shm_small_close(crun__shm_comm_t *c, int b) {
+  /* Every peer posted this op, so it has read this rank's other slot (the
+   * op before): take that slot's header line for writing now, while the
+   * caller is busy elsewhere, rather than at the next op's first store, whose
+   * wait for the peers' copies to go was a tenth of a 2-rank 8-byte op. */
+  __builtin_prefetch(crun__shm_small_hdr(c, c->rank, b ^ 1), 1, 3);
+}
+
+int crun__shm_run_small(shm_op_t *o) {
+  crun__shm_comm_t *c = o->c;
+  int b = crun__shm_small_open(c);
   if (o->fill && o->small_len) o->fill(o, crun__shm_small_data(c, c->rank, b));
-  crun__shm_post(c, &h->seq, s);
-  CRUN_CHECK(crun__shm_wait(c, SHM_CTR_SMALL, -1, s));
-  CRUN_CHECK(check_small_descs(c, b));
+  CRUN_CHECK(crun__shm_small_exchange(c, b));
   if (o->finish) {
     int rc = o->finish(o, b);
     if (rc < 0) return crun__shm_fail_last(c, rc);
   }
-  /* Every peer posted s, so it has read this rank's other slot (op s-1): take
-   * that slot's header line for writing now, while the caller is busy
-   * elsewhere, rather than at the next op's first store, whose wait for the
-   * peers' copies to go was a tenth of a 2-rank 8-byte op. */
-  __builtin_prefetch(crun__shm_small_hdr(c, c->rank, b ^ 1), 1, 3);
+  crun__shm_small_close(c, b);
   return 0;
 }

@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "backend/backend.h"
+#include "core/trace_int.h"
 
 /* Network namespaces count: ranks in different ones are on different hosts
  * even when they share the kernel (boot id), hostname and /dev/shm, as the
@@ -111,6 +112,15 @@ static int eng_run(void *state, crun__coll_t *c) {
   return crun__pg_timeout_report(e->pg, dispatch(e->comm, c, c->timeout));
 }
 
+/* eng_run for an all_reduce (crun__engine_t all_reduce: the cpu backend's
+ * direct): the group checked its arguments and set its deadline. */
+static int eng_all_reduce(void *state, crun__coll_t *c) {
+  eng_t *e = state;
+  if (crun__obs_on) crun__obs_algo = "shm";
+  return crun__pg_timeout_report(e->pg, crun__shm_allreduce_call(e->comm, c->buf, c->count, c->dt, c->op, c->seq,
+                                                                 c->deadline, c->timeout));
+}
+
 /* The group failed on this rank (backend.h crun__engine_t.abort): the peers
  * waiting in the engine, now or at their next call, fail with its text. */
 static void eng_abort(void *state, int status, const char *text) {
@@ -147,7 +157,8 @@ int crun__shm_engine_open(crun_pg_t *pg, crun__engine_t *out) {
   e->pg = pg;
   e->comm = c;
   *out = (crun__engine_t){.name = "shm", .state = e, .supports = eng_supports,
-                          .run = eng_run, .destroy = eng_destroy, .abort = eng_abort, .posts_obs = 1};
+                          .run = eng_run, .destroy = eng_destroy, .abort = eng_abort, .posts_obs = 1,
+                          .all_reduce = eng_all_reduce};
   CRUN_LOG(INFO, SHM, "group of %d ranks uses the shared-memory engine", pg->size);
   return 0;
 }

@@ -95,6 +95,12 @@ void crun__shm_host_identity(char *buf, size_t n);
 int crun__shm_allreduce(crun__shm_comm_t *c, void *buf, const void *sendbuf, size_t count,
                         crun_dtype_t dt, crun_reduce_op_t op, double timeout);
 
+/* A process group's in-place all_reduce, its dtype, op and buffer already
+ * checked by the group (pg/coll.c): op number `label` of the group, due by
+ * `deadline` (crun__clock_coarse() time; `timeout` is what the error says). */
+int crun__shm_allreduce_call(crun__shm_comm_t *c, void *buf, size_t count, crun_dtype_t dt,
+                             crun_reduce_op_t op, uint64_t label, double deadline, double timeout);
+
 /* Like allreduce, but only `root` receives the result in buf; the other
  * ranks' buf is left unchanged when sendbuf is given, else unspecified. */
 int crun__shm_reduce(crun__shm_comm_t *c, void *buf, const void *sendbuf, size_t count,

@@ -189,10 +189,15 @@ void crun__shm_sum_f32_multi(float *const *dsts, int nd, const float *const *src
 int crun__shm_blocks_ok(const crun__shm_comm_t *c, const void *const *list);
 
 /* engine.c */
+int crun__shm_start(crun__shm_comm_t *c, shm_kind_t kind, crun_dtype_t dt, crun_reduce_op_t op,
+                    int root, size_t count, uint64_t label, double deadline, double timeout);
 int crun__shm_begin(crun__shm_comm_t *c, shm_kind_t kind, crun_dtype_t dt,
                     crun_reduce_op_t op, int root, size_t count, size_t nblocks,
                     int bufs_ok, double timeout);
 int crun__shm_run_small(shm_op_t *o);
+int crun__shm_small_open(crun__shm_comm_t *c);
+int crun__shm_small_exchange(crun__shm_comm_t *c, int b);
+void crun__shm_small_close(crun__shm_comm_t *c, int b);
 int crun__shm_run_pipeline(shm_op_t *o);
 int crun__shm_check_ring(crun__shm_comm_t *c);
 
