@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include "backend/mpi/mpi_int.h"
+#include "core/fault.h"
 
 void *crun__mpi_stage(crun__mpi_t *b, int i, size_t n) {
   if (n > b->stage_cap[i]) {
@@ -98,7 +99,7 @@ static int join_compare(const crun_pg_t *pg, const int64_t *mine, const int64_t 
                       "group (%lld ranks) at the same time; every rank must create the same groups, with the "
                       "same rank lists, in the same order", pg->prefix, pg->rank, i, (long long)t[JOIN_SIZE]);
   }
-  int *full = malloc(sizeof(int) * (size_t)pg->size), n = 0;
+  int *full = CRUN__FAULT_MALLOC("mpi.room_text", sizeof(int) * (size_t)pg->size), n = 0;
   for (int i = 0; full && i < pg->size; i++)
     if (!(i == pg->rank ? mine : theirs + JOIN_WORDS * i)[JOIN_ROOM]) full[n++] = i;
   char who[256] = "some ranks";
@@ -197,7 +198,7 @@ static void sweep_joins(void) {
 static int keep_join(int64_t *msg, MPI_Request *sends, int n) {
   int pending = 0;
   for (int i = 0; i < n; i++) pending |= sends[i] != MPI_REQUEST_NULL;
-  join_out_t *j = pending ? malloc(sizeof *j) : NULL;
+  join_out_t *j = pending ? CRUN__FAULT_MALLOC("mpi.join_keep", sizeof *j) : NULL;
   if (!pending) return free(msg), 0;
   if (!j) { /* no memory for the record: MPI finishes the sends, msg stays (a few words a member) */
     for (int i = 0; i < n; i++)
@@ -237,7 +238,7 @@ static void stash_put(int src, int tag, const int64_t *m) {
     *q = old->next, g_nstash--;
     free(old);
   }
-  stash_t *h = m[JOIN_KIND] == JOIN_HELLO && g_nstash < STASH_MAX ? malloc(sizeof *h) : NULL;
+  stash_t *h = m[JOIN_KIND] == JOIN_HELLO && g_nstash < STASH_MAX ? CRUN__FAULT_MALLOC("mpi.stash", sizeof *h) : NULL;
   if (!h) return;
   h->src = src, h->tag = tag, h->next = g_stash, g_stash = h, g_nstash++;
   memcpy(h->msg, m, sizeof h->msg);
@@ -476,9 +477,12 @@ static int join_members(const crun_pg_t *pg, MPI_Comm join, int tag) {
   if (n < 2) return room ? 0 : no_room(pg, "this rank");
   size_t w = JOIN_WORDS * (size_t)n;
   join_t j = {.n = n, .me = pg->rank, .seq = atomic_fetch_add(&g_attempts, 1) + 1};
-  j.out = calloc(2 * w + JOIN_WORDS, sizeof(int64_t)), j.in = calloc(w, sizeof(int64_t));
-  j.theirs = calloc(w, sizeof(int64_t)), j.peer_seq = calloc((size_t)n, sizeof(int64_t));
-  j.owed = calloc((size_t)n, 1), j.fin = calloc((size_t)n, 1), j.reqs = malloc(sizeof(MPI_Request) * 4 * (size_t)n);
+  j.out = CRUN__FAULT_CALLOC("mpi.join", 2 * w + JOIN_WORDS, sizeof(int64_t));
+  j.in = CRUN__FAULT_CALLOC("mpi.join", w, sizeof(int64_t));
+  j.theirs = CRUN__FAULT_CALLOC("mpi.join", w, sizeof(int64_t));
+  j.peer_seq = CRUN__FAULT_CALLOC("mpi.join", (size_t)n, sizeof(int64_t));
+  j.owed = CRUN__FAULT_CALLOC("mpi.join", (size_t)n, 1), j.fin = CRUN__FAULT_CALLOC("mpi.join", (size_t)n, 1);
+  j.reqs = CRUN__FAULT_MALLOC("mpi.join", sizeof(MPI_Request) * 4 * (size_t)n);
   for (int i = 0; j.reqs && i < 4 * n; i++) j.reqs[i] = MPI_REQUEST_NULL;
   if (j.out && j.in && j.theirs && j.peer_seq && j.owed && j.fin && j.reqs) {
     uint64_t h = 1469598103934665603ull;
@@ -490,7 +494,8 @@ static int join_members(const crun_pg_t *pg, MPI_Comm join, int tag) {
     rc = join_run(&j, pg, join, tag);
     cancel_recvs(j.reqs, n); /* nothing may write into j.in once freed */
   } else {
-    rc = crun_error(CRUN_ENOMEM, "group handshake");
+    rc = crun_error(CRUN_ENOMEM, "creating group '%s' (backend mpi) on rank %d: no memory for the join handshake "
+                    "(%d members); no member can create the group", pg->prefix, pg->rank, n);
   }
   free(j.in), free(j.theirs), free(j.peer_seq), free(j.owed), free(j.fin);
   if (!j.reqs || !j.out) return free(j.reqs), free(j.out), rc;
@@ -522,7 +527,7 @@ static int make_comms(crun__mpi_t *b, MPI_Comm world, int tag) {
 
 /* Allocates the per-peer arrays of a group's state. */
 static crun__mpi_t *state_new(crun_pg_t *pg) {
-  crun__mpi_t *b = calloc(1, sizeof *b);
+  crun__mpi_t *b = CRUN__FAULT_CALLOC("mpi.state", 1, sizeof *b);
   if (!b) return NULL;
   size_t n = (size_t)pg->size;
   b->pg = pg, b->rank = pg->rank, b->size = pg->size;
@@ -555,7 +560,8 @@ static int mpi_create(crun_pg_t *pg, void **state) {
   if (!b) {
     release_tag(&claim);
     if (rc < 0 && crun__mpi_alive()) drain_joins(join); /* what of this attempt already came */
-    return rc < 0 ? rc : crun_error(CRUN_ENOMEM, "mpi backend state");
+    return rc < 0 ? rc : crun_error(CRUN_ENOMEM, "creating group '%s' (backend mpi) on rank %d: no memory for the "
+                                    "group's state (%d members)", pg->prefix, pg->rank, pg->size);
   }
   crun__mpi_watch_add(&b->watch);
   atomic_fetch_add(&g_groups, 1);
@@ -578,8 +584,9 @@ int crun__mpi_poll_abort(crun__mpi_t *b, const char *desc) {
   if (b->size < 2 || MPI_Iprobe(MPI_ANY_SOURCE, CRUN__MPI_TAG_ABORT, b->ctrl, &flag, &st) != MPI_SUCCESS || !flag)
     return 0;
   MPI_Get_count(&st, MPI_CHAR, &n);
-  char *msg = calloc((size_t)n + 1, 1);
-  if (!msg) return crun_error(CRUN_ENOMEM, "abort notice");
+  char *msg = CRUN__FAULT_CALLOC("mpi.abort_notice", (size_t)n + 1, 1);
+  if (!msg) return crun_error(CRUN_ENOMEM, "%s on rank %d: no memory to receive rank %d's abort notice (%d bytes)",
+                              desc, b->rank, st.MPI_SOURCE, n);
   MPI_Recv(msg, n, MPI_CHAR, st.MPI_SOURCE, CRUN__MPI_TAG_ABORT, b->ctrl, MPI_STATUS_IGNORE);
   char *bar = strchr(msg, '|');
   int status = bar ? atoi(msg) : CRUN_EIO;
@@ -624,13 +631,14 @@ static void mpi_abort(void *state, int status, const char *text) {
   const char *cut = strstr(text, " [reported by rank");
   int len = (int)(cut ? (size_t)(cut - text) : strlen(text));
   if (len > 2000) len = 2000;
-  b->abort_msg = malloc((size_t)len + 16);
-  b->abort_reqs = malloc(sizeof(MPI_Request) * (size_t)b->size);
+  b->abort_msg = CRUN__FAULT_MALLOC("mpi.abort_msg", (size_t)len + 16);
+  b->abort_reqs = CRUN__FAULT_MALLOC("mpi.abort_reqs", sizeof(MPI_Request) * (size_t)b->size);
   if (!b->abort_msg || !b->abort_reqs) { /* neither kept: a later abort tries again, and nothing leaks */
+    const char *what = b->abort_msg ? "request array" : "message";
     free(b->abort_msg), free(b->abort_reqs);
     b->abort_msg = NULL, b->abort_reqs = NULL;
-    CRUN_LOG(WARN, PG, "mpi group '%s' on rank %d: out of memory: its peers are not told why it failed",
-             b->pg->prefix, b->rank);
+    CRUN_LOG(WARN, PG, "ENOMEM: mpi group '%s' on rank %d: no memory for its abort notice's %s; its peers are not "
+             "told why it failed: %.*s", b->pg->prefix, b->rank, what, len, text);
     return;
   }
   int n = snprintf(b->abort_msg, (size_t)len + 16, "%d|%.*s", status, len, text);
@@ -772,8 +780,8 @@ static void settle_pending(crun__mpi_t *b) {
   int kept = 0;
   if (let_go(ab, n)) b->abort_msg = NULL, kept = 1;
   if (let_go(b->reqs + n, n)) b->sig_out = NULL, kept = 1;
-  CRUN_LOG(WARN, PG, "mpi group '%s' on rank %d: out of memory at destroy%s", b->pg->prefix, b->rank,
-           kept ? "; sends still pending keep their buffers (leaked)" : "");
+  CRUN_LOG(WARN, PG, "ENOMEM: destroying mpi group '%s' on rank %d: no memory to retire its communicators; %s",
+           b->pg->prefix, b->rank, kept ? "sends still pending keep their buffers (leaked)" : "its sends completed");
 }
 
 /* Takes b's sends still pending (its abort notice; the signatures of a
@@ -781,7 +789,7 @@ static void settle_pending(crun__mpi_t *b) {
  * 0 when none is pending (then the buffers stay with b). */
 static int keep_pending(retired_t *r, crun__mpi_t *b) {
   int n = b->size, pending = 0;
-  MPI_Request *q = malloc(sizeof(MPI_Request) * 2 * (size_t)n);
+  MPI_Request *q = CRUN__FAULT_MALLOC("mpi.keep_pending", sizeof(MPI_Request) * 2 * (size_t)n);
   if (!q) return settle_pending(b), 0;
   for (int p = 0; p < n; p++) {
     q[p] = b->abort_msg && b->abort_reqs ? b->abort_reqs[p] : MPI_REQUEST_NULL; /* both: mpi_abort set them */
@@ -797,7 +805,7 @@ static int keep_pending(retired_t *r, crun__mpi_t *b) {
 
 /* Moves b's communicators and pending sends to the retired list. */
 static void retire(crun__mpi_t *b) {
-  retired_t *r = calloc(1, sizeof *r);
+  retired_t *r = CRUN__FAULT_CALLOC("mpi.retire", 1, sizeof *r);
   if (!r) { /* no memory: mpi_destroy frees the communicators (strays may then reach a later group) */
     settle_pending(b);
     return;
