@@ -132,6 +132,8 @@ static int join_case(crun_store_t *st, int rank, const char *name, const char *s
 static int worker_join(crun_store_t *st, int rank) {
   int bad = join_case(st, rank, "jo1", "mpi.join:3", "ENOMEM: creating group 'jo1/0' (backend mpi) on rank 0: "
                       "no memory for the join handshake (2 members)");
+  bad |= join_case(st, rank, "st1", "mpi.state", "ENOMEM: creating group 'st1/0' (backend mpi) on rank 0: no "
+                   "memory for the group's state (2 members)");
   MPI_Barrier(MPI_COMM_WORLD);
   return bad | pair_sum(st, rank, "after");
 }

@@ -525,6 +525,10 @@ static int make_comms(crun__mpi_t *b, MPI_Comm world, int tag) {
   return 0;
 }
 
+static void state_free(crun__mpi_t *b) {
+  if (b) free(b->sig_out), free(b->sig_in), free(b->reqs), free(b);
+}
+
 /* Allocates the per-peer arrays of a group's state. */
 static crun__mpi_t *state_new(crun_pg_t *pg) {
   crun__mpi_t *b = CRUN__FAULT_CALLOC("mpi.state", 1, sizeof *b);
@@ -540,7 +544,7 @@ static crun__mpi_t *state_new(crun_pg_t *pg) {
   for (size_t p = 0; b->sig_in && p < n; p++) b->sig_in[p * CRUN__SIG_WORDS + CRUN__SIG_KIND] = -1;
   for (size_t p = 0; b->reqs && p < 2 * n; p++) b->reqs[p] = MPI_REQUEST_NULL; /* read at destroy (keep_pending) */
   if (b->sig_out && b->sig_in && b->reqs) return b;
-  free(b->sig_out), free(b->sig_in), free(b->reqs), free(b);
+  state_free(b);
   return NULL;
 }
 
@@ -553,15 +557,22 @@ static int mpi_create(crun_pg_t *pg, void **state) {
   CRUN_CHECK(crun__mpi_up(&world, &join));
   CRUN_CHECK(check_world(pg, world));
   reclaim(join);
+  /* before the handshake: once this rank confirmed, its peers enter
+   * MPI_Comm_create_group, and a failure here left them there until the
+   * watchdog aborted the job */
+  crun__mpi_t *b = state_new(pg);
+  if (!b)
+    return crun_error(CRUN_ENOMEM, "creating group '%s' (backend mpi) on rank %d: no memory for the group's state "
+                      "(%d members)", pg->prefix, pg->rank, pg->size);
   claim_t claim = {.tag = group_tag(pg, crun__mpi_tag_ub(join))};
-  CRUN_CHECK(claim_tag(pg, &claim));
-  int rc = join_members(pg, join, claim.tag);
-  crun__mpi_t *b = rc < 0 ? NULL : state_new(pg);
-  if (!b) {
+  int rc = claim_tag(pg, &claim);
+  if (rc < 0) return state_free(b), rc;
+  rc = join_members(pg, join, claim.tag);
+  if (rc < 0) {
     release_tag(&claim);
-    if (rc < 0 && crun__mpi_alive()) drain_joins(join); /* what of this attempt already came */
-    return rc < 0 ? rc : crun_error(CRUN_ENOMEM, "creating group '%s' (backend mpi) on rank %d: no memory for the "
-                                    "group's state (%d members)", pg->prefix, pg->rank, pg->size);
+    state_free(b);
+    if (crun__mpi_alive()) drain_joins(join); /* what of this attempt already came */
+    return rc;
   }
   crun__mpi_watch_add(&b->watch);
   atomic_fetch_add(&g_groups, 1);
