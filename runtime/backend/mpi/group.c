@@ -99,13 +99,17 @@ static int join_compare(const crun_pg_t *pg, const int64_t *mine, const int64_t 
                       "group (%lld ranks) at the same time; every rank must create the same groups, with the "
                       "same rank lists, in the same order", pg->prefix, pg->rank, i, (long long)t[JOIN_SIZE]);
   }
-  int *full = CRUN__FAULT_MALLOC("mpi.room_text", sizeof(int) * (size_t)pg->size), n = 0;
+  int n = 0;
+  for (int i = 0; i < pg->size; i++) n += !(i == pg->rank ? mine : theirs + JOIN_WORDS * i)[JOIN_ROOM];
+  if (!n) return 0; /* (before, no memory for the list below refused the group as if a rank were full) */
+  int *full = CRUN__FAULT_MALLOC("mpi.room_text", sizeof(int) * (size_t)pg->size);
+  char who[256] = "some ranks";
+  n = 0;
   for (int i = 0; full && i < pg->size; i++)
     if (!(i == pg->rank ? mine : theirs + JOIN_WORDS * i)[JOIN_ROOM]) full[n++] = i;
-  char who[256] = "some ranks";
-  if (full && n) crun__ranks_text(who, sizeof who, full, n);
+  if (full) crun__ranks_text(who, sizeof who, full, n);
   free(full);
-  return full && !n ? 0 : no_room(pg, who);
+  return no_room(pg, who);
 }
 
 /* A group's creation tag, for its join messages and MPI_Comm_create_group:
