@@ -248,6 +248,17 @@ static void stash_put(int src, int tag, const int64_t *m) {
   memcpy(h->msg, m, sizeof h->msg);
 }
 
+/* MPI_Improbe of any message on c. Open MPI's (ob1) looks for a match
+ * before it progresses, so the first probe after a while without MPI calls
+ * misses everything that arrived meanwhile: before, a drain after an idle
+ * spell took nothing (join messages stayed queued until a later one). A
+ * miss is probed once more, after that progress. */
+static int improbe_any(MPI_Comm c, int *flag, MPI_Message *m, MPI_Status *st) {
+  int rc = MPI_Improbe(MPI_ANY_SOURCE, MPI_ANY_TAG, c, flag, m, st);
+  if (rc == MPI_SUCCESS && !*flag) rc = MPI_Improbe(MPI_ANY_SOURCE, MPI_ANY_TAG, c, flag, m, st);
+  return rc;
+}
+
 /* Receives and files what waits on the join communicator, when no creation
  * of this process is under way (MPI is alive). */
 static void drain_joins(MPI_Comm join) {
@@ -258,7 +269,7 @@ static void drain_joins(MPI_Comm join) {
     MPI_Count n = 0;
     MPI_Message m;
     MPI_Status st;
-    if (MPI_Improbe(MPI_ANY_SOURCE, MPI_ANY_TAG, join, &flag, &m, &st) != MPI_SUCCESS || !flag) break;
+    if (improbe_any(join, &flag, &m, &st) != MPI_SUCCESS || !flag) break;
     MPI_Get_elements_x(&st, MPI_BYTE, &n);
     crun__mpi_mrecv_head(&m, n, w, sizeof w);
     if (n == (MPI_Count)sizeof w) stash_put(st.MPI_SOURCE, st.MPI_TAG, w);
@@ -710,7 +721,7 @@ static void drain(retired_t *r, MPI_Comm c, int left, unsigned char bit) {
     MPI_Count n = 0;
     MPI_Message m;
     MPI_Status st;
-    if (MPI_Improbe(MPI_ANY_SOURCE, MPI_ANY_TAG, c, &flag, &m, &st) != MPI_SUCCESS || !flag) return;
+    if (improbe_any(c, &flag, &m, &st) != MPI_SUCCESS || !flag) return;
     MPI_Get_elements_x(&st, MPI_BYTE, &n);
     crun__mpi_mrecv_head(&m, n, NULL, 0);
     int p = st.MPI_SOURCE;
