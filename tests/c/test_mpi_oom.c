@@ -146,6 +146,18 @@ static int worker_room(crun_store_t *st, int rank) {
   crun__fault_arm(NULL);
   return bad;
 }
+/* stash: rank 0's hello for group 'sh1' reaches rank 1 before rank 1
+ * creates it; rank 1's drain of the join communicator then has no memory to
+ * keep it. The hello must not be lost (before, it was received and dropped:
+ * rank 1 waited for it until its deadline and both failed). */
+static int worker_stash(crun_store_t *st, int rank) {
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (rank == 1) usleep(500000), crun__fault_arm("mpi.stash");
+  double t0 = MPI_Wtime();
+  int bad = pair_sum(st, rank, "sh1");
+  crun__fault_arm(NULL);
+  return bad | too_slow(rank, "sh1", t0, 2.5);
+}
 #endif
 
 /* Runs case `which` on this rank, after a first group of both ranks (crun's
@@ -162,6 +174,7 @@ static int worker(const char *which) {
   else if (!strcmp(which, "destroy")) bad |= worker_destroy(st, rank);
   else if (!strcmp(which, "join")) bad |= worker_join(st, rank);
   else if (!strcmp(which, "room")) bad |= worker_room(st, rank);
+  else if (!strcmp(which, "stash")) bad |= worker_stash(st, rank);
   else printf("rank %d: no case %s\n", rank, which), bad = 1;
   crun_store_release(st);
   MPI_Barrier(MPI_COMM_WORLD);
@@ -247,8 +260,10 @@ TEST(join_no_memory) { run_mpi_case("join", NULL); }
 
 TEST(room_text_no_memory) { run_mpi_case("room", NULL); }
 
+TEST(stash_no_memory) { run_mpi_case("stash", NULL); }
+
 #define CRUN_TESTS(X) X(fault_spec) X(abort_no_memory) X(destroy_no_memory) X(join_no_memory) \
-  X(room_text_no_memory)
+  X(room_text_no_memory) X(stash_no_memory)
 
 int main(int argc, char **argv) {
   const char *which = getenv("CRUN_TEST_MPI_CASE");

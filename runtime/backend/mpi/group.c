@@ -233,8 +233,9 @@ enum { STASH_MAX = 1024, DRAIN_MAX = 256 };
 static stash_t *g_stash;
 static int g_nstash;
 
-/* Files message m from MPI rank src on tag into the stash (see above). */
-static void stash_put(int src, int tag, const int64_t *m) {
+/* Files message m from MPI rank src on tag into the stash (see above), in
+ * `spare` when it keeps m; returns spare when it did not (NULL when it did). */
+static stash_t *stash_put(int src, int tag, const int64_t *m, stash_t *spare) {
   stash_t **q = &g_stash;
   while (*q && !((*q)->src == src && (*q)->tag == tag)) q = &(*q)->next;
   if (*q && (m[JOIN_KIND] == JOIN_HELLO || (m[JOIN_KIND] == JOIN_REFUSE && (*q)->msg[JOIN_SEQ] == m[JOIN_SEQ]))) {
@@ -242,10 +243,11 @@ static void stash_put(int src, int tag, const int64_t *m) {
     *q = old->next, g_nstash--;
     free(old);
   }
-  stash_t *h = m[JOIN_KIND] == JOIN_HELLO && g_nstash < STASH_MAX ? CRUN__FAULT_MALLOC("mpi.stash", sizeof *h) : NULL;
-  if (!h) return;
+  if (m[JOIN_KIND] != JOIN_HELLO || g_nstash >= STASH_MAX) return spare;
+  stash_t *h = spare;
   h->src = src, h->tag = tag, h->next = g_stash, g_stash = h, g_nstash++;
   memcpy(h->msg, m, sizeof h->msg);
+  return NULL;
 }
 
 /* MPI_Improbe of any message on c. Open MPI's (ob1) looks for a match
@@ -260,10 +262,15 @@ static int improbe_any(MPI_Comm c, int *flag, MPI_Message *m, MPI_Status *st) {
 }
 
 /* Receives and files what waits on the join communicator, when no creation
- * of this process is under way (MPI is alive). */
+ * of this process is under way (MPI is alive). The stash entry is allocated
+ * before a message is received: without memory the rest stays queued in MPI,
+ * where the creation with its tag receives it (before, a hello received
+ * then was dropped, and its creation here waited for it until its deadline). */
 static void drain_joins(MPI_Comm join) {
+  stash_t *spare = NULL;
   pthread_mutex_lock(&g_claims_lock);
   for (int k = 0; !g_claims && k < DRAIN_MAX; k++) {
+    if (!spare && !(spare = CRUN__FAULT_MALLOC("mpi.stash", sizeof *spare))) break;
     int flag = 0;
     int64_t w[JOIN_WORDS] = {0};
     MPI_Count n = 0;
@@ -272,9 +279,10 @@ static void drain_joins(MPI_Comm join) {
     if (improbe_any(join, &flag, &m, &st) != MPI_SUCCESS || !flag) break;
     MPI_Get_elements_x(&st, MPI_BYTE, &n);
     crun__mpi_mrecv_head(&m, n, w, sizeof w);
-    if (n == (MPI_Count)sizeof w) stash_put(st.MPI_SOURCE, st.MPI_TAG, w);
+    if (n == (MPI_Count)sizeof w) spare = stash_put(st.MPI_SOURCE, st.MPI_TAG, w, spare);
   }
   pthread_mutex_unlock(&g_claims_lock);
+  free(spare);
 }
 
 /* Attempts of this process to create a group (JOIN_SEQ). */
