@@ -455,7 +455,23 @@ static int join_exchange(join_t *j, MPI_Comm join, const int *global, int tag, d
 }
 
 /* Waits for every other member's CONFIRM (0) until `wait` seconds from now;
- * fails when one refused or did not answer in time. */
+ * fails when one refused or did not answer in time.
+ *
+ * The window that remains, and why it stays: `wait` is the longest member
+ * timeout + 1 s. A member's CONFIRM (or REFUSE) is sent within its own
+ * timeout, so only a message delayed more than 1 s past that (a sender
+ * stopped or descheduled between its decision and its MPI_Isend, a host
+ * swapping, a TCP link stalled) reaches this rank after it gave up. Then:
+ * this rank returns ETIMEDOUT ("rank p did not confirm the group"), while p,
+ * which has every CONFIRM including this rank's, enters
+ * MPI_Comm_create_group alone and stays there until the watchdog aborts the
+ * job after p's timeout ("creating a group (MPI_Comm_create_group) on rank p
+ * is still inside MPI past its deadline", exit 124). No further round can
+ * close it (agreement over messages with no bound on their delay is the two
+ * generals' problem: whatever message is last may be late), and p cannot
+ * back out: MPI_Comm_create_group cannot be cancelled and Open MPI 4.1 has no
+ * non-blocking form of it. Waiting for ever here instead would trade that
+ * bounded abort for an unbounded hang when p died. */
 static int join_confirmed(join_t *j, const crun_pg_t *pg, MPI_Comm join, int tag, double wait) {
   crun__mpi_spin_t spin = {0};
   double deadline = crun_clock() + wait;
