@@ -355,6 +355,45 @@ static int worker_join_deadline(void) {
 #endif
 }
 
+/* Worker of drain_idle (2 ranks). Rank 0's creation of 'lonely' times out
+ * while rank 1 makes no MPI call for 1 s; then both create 'after'. Rank
+ * 1's creation drains the join communicator first (rank 0's hello for
+ * 'lonely' is there): Open MPI's MPI_Improbe (ob1) looks for a match before
+ * it progresses, so the first probe after an idle second missed everything
+ * that arrived meanwhile and the drain took nothing. The hello must no
+ * longer be queued in MPI once 'after' exists (probed three times here). */
+static int worker_drain_idle(void) {
+#if CRUN_HAVE_MPI
+  int rank = atoi(getenv("OMPI_COMM_WORLD_RANK")), level = 0, bad = 0, *ub = NULL, flag = 0;
+  MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &level);
+  MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &flag);
+  crun_store_t *st = NULL;
+  crun_pg_t *pg = NULL;
+  EXPECT(crun_store_hash_new(&st) == 0);
+  if (pair_sum(st, rank, "warm", 5) < 0) bad = 1;
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (rank == 0) {
+    crun_pg_opts_t o = {.world_size = 2, .rank = 0, .backend = "mpi", .timeout = 0.3, .name = "lonely", .store = st};
+    if (crun_pg_new(&o, &pg) != CRUN_ETIMEDOUT) printf("rank 0: creating 'lonely' did not time out\n"), bad = 1;
+    if (pg) crun_pg_release(pg), pg = NULL;
+  } else {
+    sleep(1);
+  }
+  crun_pg_opts_t o = {.world_size = 2, .rank = rank, .backend = "mpi", .timeout = 5, .name = "after", .store = st};
+  if (crun_pg_new(&o, &pg) < 0) printf("rank %d: creating 'after': %s\n", rank, crun_last_error()), bad = 1;
+  MPI_Comm world, join;
+  int queued = 0, tag = group_tag("lonely", flag && ub ? *ub : 0);
+  for (int k = 0; rank == 1 && !queued && k < 3 && crun__mpi_up(&world, &join) == 0; k++)
+    MPI_Iprobe(0, tag, join, &queued, MPI_STATUS_IGNORE);
+  if (queued) printf("rank 1: rank 0's hello for 'lonely' is still queued in MPI after a creation\n"), bad = 1;
+  if (pg) crun_pg_release(pg);
+  return worker_end(st, rank, bad);
+#else
+  printf("not available in this build\n");
+  return 0;
+#endif
+}
+
 /* Runs this program as case `name` on n ranks of mpirun (with `mca`) and
  * checks that every rank said ok. */
 static void run_mpi_case(const char *name, int np, const char *mca) {
@@ -398,12 +437,15 @@ TEST(stale_join) { run_mpi_case("stale_join", 2, ""); }
 
 TEST(join_deadline) { run_mpi_case("join_deadline", 2, ""); }
 
-#define CRUN_TESTS(X) X(concurrent_colliding_groups) X(join_send_pending) X(stale_join) X(join_deadline)
+TEST(drain_idle) { run_mpi_case("drain_idle", 2, ""); }
+
+#define CRUN_TESTS(X) X(concurrent_colliding_groups) X(join_send_pending) X(stale_join) X(join_deadline) X(drain_idle)
 
 int main(int argc, char **argv) {
   const char *which = getenv("CRUN_TEST_MPI_CASE");
   if (getenv("OMPI_COMM_WORLD_SIZE") && which && !strcmp(which, "stale_join")) return worker_stale_join();
   if (getenv("OMPI_COMM_WORLD_SIZE") && which && !strcmp(which, "join_deadline")) return worker_join_deadline();
+  if (getenv("OMPI_COMM_WORLD_SIZE") && which && !strcmp(which, "drain_idle")) return worker_drain_idle();
   if (getenv("OMPI_COMM_WORLD_SIZE")) return which && !strcmp(which, "join_pending") ? worker_join_pending() : worker();
   static const crun_test_case cases[] = {CRUN_TESTS(CRUN_X_CASE)};
   return crun_test_run(argc, argv, cases, sizeof cases / sizeof cases[0]);

@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include "backend/mpi/mpi_int.h"
+#include "core/fault.h"
 
 void *crun__mpi_stage(crun__mpi_t *b, int i, size_t n) {
   if (n > b->stage_cap[i]) {
@@ -98,13 +99,17 @@ static int join_compare(const crun_pg_t *pg, const int64_t *mine, const int64_t 
                       "group (%lld ranks) at the same time; every rank must create the same groups, with the "
                       "same rank lists, in the same order", pg->prefix, pg->rank, i, (long long)t[JOIN_SIZE]);
   }
-  int *full = malloc(sizeof(int) * (size_t)pg->size), n = 0;
+  int n = 0;
+  for (int i = 0; i < pg->size; i++) n += !(i == pg->rank ? mine : theirs + JOIN_WORDS * i)[JOIN_ROOM];
+  if (!n) return 0; /* (before, no memory for the list below refused the group as if a rank were full) */
+  int *full = CRUN__FAULT_MALLOC("mpi.room_text", sizeof(int) * (size_t)pg->size);
+  char who[256] = "some ranks";
+  n = 0;
   for (int i = 0; full && i < pg->size; i++)
     if (!(i == pg->rank ? mine : theirs + JOIN_WORDS * i)[JOIN_ROOM]) full[n++] = i;
-  char who[256] = "some ranks";
-  if (full && n) crun__ranks_text(who, sizeof who, full, n);
+  if (full) crun__ranks_text(who, sizeof who, full, n);
   free(full);
-  return full && !n ? 0 : no_room(pg, who);
+  return no_room(pg, who);
 }
 
 /* A group's creation tag, for its join messages and MPI_Comm_create_group:
@@ -197,7 +202,7 @@ static void sweep_joins(void) {
 static int keep_join(int64_t *msg, MPI_Request *sends, int n) {
   int pending = 0;
   for (int i = 0; i < n; i++) pending |= sends[i] != MPI_REQUEST_NULL;
-  join_out_t *j = pending ? malloc(sizeof *j) : NULL;
+  join_out_t *j = pending ? CRUN__FAULT_MALLOC("mpi.join_keep", sizeof *j) : NULL;
   if (!pending) return free(msg), 0;
   if (!j) { /* no memory for the record: MPI finishes the sends, msg stays (a few words a member) */
     for (int i = 0; i < n; i++)
@@ -228,8 +233,9 @@ enum { STASH_MAX = 1024, DRAIN_MAX = 256 };
 static stash_t *g_stash;
 static int g_nstash;
 
-/* Files message m from MPI rank src on tag into the stash (see above). */
-static void stash_put(int src, int tag, const int64_t *m) {
+/* Files message m from MPI rank src on tag into the stash (see above), in
+ * `spare` when it keeps m; returns spare when it did not (NULL when it did). */
+static stash_t *stash_put(int src, int tag, const int64_t *m, stash_t *spare) {
   stash_t **q = &g_stash;
   while (*q && !((*q)->src == src && (*q)->tag == tag)) q = &(*q)->next;
   if (*q && (m[JOIN_KIND] == JOIN_HELLO || (m[JOIN_KIND] == JOIN_REFUSE && (*q)->msg[JOIN_SEQ] == m[JOIN_SEQ]))) {
@@ -237,28 +243,46 @@ static void stash_put(int src, int tag, const int64_t *m) {
     *q = old->next, g_nstash--;
     free(old);
   }
-  stash_t *h = m[JOIN_KIND] == JOIN_HELLO && g_nstash < STASH_MAX ? malloc(sizeof *h) : NULL;
-  if (!h) return;
+  if (m[JOIN_KIND] != JOIN_HELLO || g_nstash >= STASH_MAX) return spare;
+  stash_t *h = spare;
   h->src = src, h->tag = tag, h->next = g_stash, g_stash = h, g_nstash++;
   memcpy(h->msg, m, sizeof h->msg);
+  return NULL;
+}
+
+/* MPI_Improbe of any message on c. Open MPI's (ob1) looks for a match
+ * before it progresses, so the first probe after a while without MPI calls
+ * misses everything that arrived meanwhile: before, a drain after an idle
+ * spell took nothing (join messages stayed queued until a later one). A
+ * miss is probed once more, after that progress. */
+static int improbe_any(MPI_Comm c, int *flag, MPI_Message *m, MPI_Status *st) {
+  int rc = MPI_Improbe(MPI_ANY_SOURCE, MPI_ANY_TAG, c, flag, m, st);
+  if (rc == MPI_SUCCESS && !*flag) rc = MPI_Improbe(MPI_ANY_SOURCE, MPI_ANY_TAG, c, flag, m, st);
+  return rc;
 }
 
 /* Receives and files what waits on the join communicator, when no creation
- * of this process is under way (MPI is alive). */
+ * of this process is under way (MPI is alive). The stash entry is allocated
+ * before a message is received: without memory the rest stays queued in MPI,
+ * where the creation with its tag receives it (before, a hello received
+ * then was dropped, and its creation here waited for it until its deadline). */
 static void drain_joins(MPI_Comm join) {
+  stash_t *spare = NULL;
   pthread_mutex_lock(&g_claims_lock);
   for (int k = 0; !g_claims && k < DRAIN_MAX; k++) {
+    if (!spare && !(spare = CRUN__FAULT_MALLOC("mpi.stash", sizeof *spare))) break;
     int flag = 0;
     int64_t w[JOIN_WORDS] = {0};
     MPI_Count n = 0;
     MPI_Message m;
     MPI_Status st;
-    if (MPI_Improbe(MPI_ANY_SOURCE, MPI_ANY_TAG, join, &flag, &m, &st) != MPI_SUCCESS || !flag) break;
+    if (improbe_any(join, &flag, &m, &st) != MPI_SUCCESS || !flag) break;
     MPI_Get_elements_x(&st, MPI_BYTE, &n);
     crun__mpi_mrecv_head(&m, n, w, sizeof w);
-    if (n == (MPI_Count)sizeof w) stash_put(st.MPI_SOURCE, st.MPI_TAG, w);
+    if (n == (MPI_Count)sizeof w) spare = stash_put(st.MPI_SOURCE, st.MPI_TAG, w, spare);
   }
   pthread_mutex_unlock(&g_claims_lock);
+  free(spare);
 }
 
 /* Attempts of this process to create a group (JOIN_SEQ). */
@@ -431,7 +455,23 @@ static int join_exchange(join_t *j, MPI_Comm join, const int *global, int tag, d
 }
 
 /* Waits for every other member's CONFIRM (0) until `wait` seconds from now;
- * fails when one refused or did not answer in time. */
+ * fails when one refused or did not answer in time.
+ *
+ * The window that remains, and why it stays: `wait` is the longest member
+ * timeout + 1 s. A member's CONFIRM (or REFUSE) is sent within its own
+ * timeout, so only a message delayed more than 1 s past that (a sender
+ * stopped or descheduled between its decision and its MPI_Isend, a host
+ * swapping, a TCP link stalled) reaches this rank after it gave up. Then:
+ * this rank returns ETIMEDOUT ("rank p did not confirm the group"), while p,
+ * which has every CONFIRM including this rank's, enters
+ * MPI_Comm_create_group alone and stays there until the watchdog aborts the
+ * job after p's timeout ("creating a group (MPI_Comm_create_group) on rank p
+ * is still inside MPI past its deadline", exit 124). No further round can
+ * close it (agreement over messages with no bound on their delay is the two
+ * generals' problem: whatever message is last may be late), and p cannot
+ * back out: MPI_Comm_create_group cannot be cancelled and Open MPI 4.1 has no
+ * non-blocking form of it. Waiting for ever here instead would trade that
+ * bounded abort for an unbounded hang when p died. */
 static int join_confirmed(join_t *j, const crun_pg_t *pg, MPI_Comm join, int tag, double wait) {
   crun__mpi_spin_t spin = {0};
   double deadline = crun_clock() + wait;
@@ -476,9 +516,12 @@ static int join_members(const crun_pg_t *pg, MPI_Comm join, int tag) {
   if (n < 2) return room ? 0 : no_room(pg, "this rank");
   size_t w = JOIN_WORDS * (size_t)n;
   join_t j = {.n = n, .me = pg->rank, .seq = atomic_fetch_add(&g_attempts, 1) + 1};
-  j.out = calloc(2 * w + JOIN_WORDS, sizeof(int64_t)), j.in = calloc(w, sizeof(int64_t));
-  j.theirs = calloc(w, sizeof(int64_t)), j.peer_seq = calloc((size_t)n, sizeof(int64_t));
-  j.owed = calloc((size_t)n, 1), j.fin = calloc((size_t)n, 1), j.reqs = malloc(sizeof(MPI_Request) * 4 * (size_t)n);
+  j.out = CRUN__FAULT_CALLOC("mpi.join", 2 * w + JOIN_WORDS, sizeof(int64_t));
+  j.in = CRUN__FAULT_CALLOC("mpi.join", w, sizeof(int64_t));
+  j.theirs = CRUN__FAULT_CALLOC("mpi.join", w, sizeof(int64_t));
+  j.peer_seq = CRUN__FAULT_CALLOC("mpi.join", (size_t)n, sizeof(int64_t));
+  j.owed = CRUN__FAULT_CALLOC("mpi.join", (size_t)n, 1), j.fin = CRUN__FAULT_CALLOC("mpi.join", (size_t)n, 1);
+  j.reqs = CRUN__FAULT_MALLOC("mpi.join", sizeof(MPI_Request) * 4 * (size_t)n);
   for (int i = 0; j.reqs && i < 4 * n; i++) j.reqs[i] = MPI_REQUEST_NULL;
   if (j.out && j.in && j.theirs && j.peer_seq && j.owed && j.fin && j.reqs) {
     uint64_t h = 1469598103934665603ull;
@@ -490,7 +533,8 @@ static int join_members(const crun_pg_t *pg, MPI_Comm join, int tag) {
     rc = join_run(&j, pg, join, tag);
     cancel_recvs(j.reqs, n); /* nothing may write into j.in once freed */
   } else {
-    rc = crun_error(CRUN_ENOMEM, "group handshake");
+    rc = crun_error(CRUN_ENOMEM, "creating group '%s' (backend mpi) on rank %d: no memory for the join handshake "
+                    "(%d members); no member can create the group", pg->prefix, pg->rank, n);
   }
   free(j.in), free(j.theirs), free(j.peer_seq), free(j.owed), free(j.fin);
   if (!j.reqs || !j.out) return free(j.reqs), free(j.out), rc;
@@ -520,9 +564,13 @@ static int make_comms(crun__mpi_t *b, MPI_Comm world, int tag) {
   return 0;
 }
 
+static void state_free(crun__mpi_t *b) {
+  if (b) free(b->sig_out), free(b->sig_in), free(b->reqs), free(b);
+}
+
 /* Allocates the per-peer arrays of a group's state. */
 static crun__mpi_t *state_new(crun_pg_t *pg) {
-  crun__mpi_t *b = calloc(1, sizeof *b);
+  crun__mpi_t *b = CRUN__FAULT_CALLOC("mpi.state", 1, sizeof *b);
   if (!b) return NULL;
   size_t n = (size_t)pg->size;
   b->pg = pg, b->rank = pg->rank, b->size = pg->size;
@@ -535,7 +583,7 @@ static crun__mpi_t *state_new(crun_pg_t *pg) {
   for (size_t p = 0; b->sig_in && p < n; p++) b->sig_in[p * CRUN__SIG_WORDS + CRUN__SIG_KIND] = -1;
   for (size_t p = 0; b->reqs && p < 2 * n; p++) b->reqs[p] = MPI_REQUEST_NULL; /* read at destroy (keep_pending) */
   if (b->sig_out && b->sig_in && b->reqs) return b;
-  free(b->sig_out), free(b->sig_in), free(b->reqs), free(b);
+  state_free(b);
   return NULL;
 }
 
@@ -548,14 +596,22 @@ static int mpi_create(crun_pg_t *pg, void **state) {
   CRUN_CHECK(crun__mpi_up(&world, &join));
   CRUN_CHECK(check_world(pg, world));
   reclaim(join);
+  /* before the handshake: once this rank confirmed, its peers enter
+   * MPI_Comm_create_group, and a failure here left them there until the
+   * watchdog aborted the job */
+  crun__mpi_t *b = state_new(pg);
+  if (!b)
+    return crun_error(CRUN_ENOMEM, "creating group '%s' (backend mpi) on rank %d: no memory for the group's state "
+                      "(%d members)", pg->prefix, pg->rank, pg->size);
   claim_t claim = {.tag = group_tag(pg, crun__mpi_tag_ub(join))};
-  CRUN_CHECK(claim_tag(pg, &claim));
-  int rc = join_members(pg, join, claim.tag);
-  crun__mpi_t *b = rc < 0 ? NULL : state_new(pg);
-  if (!b) {
+  int rc = claim_tag(pg, &claim);
+  if (rc < 0) return state_free(b), rc;
+  rc = join_members(pg, join, claim.tag);
+  if (rc < 0) {
     release_tag(&claim);
-    if (rc < 0 && crun__mpi_alive()) drain_joins(join); /* what of this attempt already came */
-    return rc < 0 ? rc : crun_error(CRUN_ENOMEM, "mpi backend state");
+    state_free(b);
+    if (crun__mpi_alive()) drain_joins(join); /* what of this attempt already came */
+    return rc;
   }
   crun__mpi_watch_add(&b->watch);
   atomic_fetch_add(&g_groups, 1);
@@ -578,8 +634,9 @@ int crun__mpi_poll_abort(crun__mpi_t *b, const char *desc) {
   if (b->size < 2 || MPI_Iprobe(MPI_ANY_SOURCE, CRUN__MPI_TAG_ABORT, b->ctrl, &flag, &st) != MPI_SUCCESS || !flag)
     return 0;
   MPI_Get_count(&st, MPI_CHAR, &n);
-  char *msg = calloc((size_t)n + 1, 1);
-  if (!msg) return crun_error(CRUN_ENOMEM, "abort notice");
+  char *msg = CRUN__FAULT_CALLOC("mpi.abort_notice", (size_t)n + 1, 1);
+  if (!msg) return crun_error(CRUN_ENOMEM, "%s on rank %d: no memory to receive rank %d's abort notice (%d bytes)",
+                              desc, b->rank, st.MPI_SOURCE, n);
   MPI_Recv(msg, n, MPI_CHAR, st.MPI_SOURCE, CRUN__MPI_TAG_ABORT, b->ctrl, MPI_STATUS_IGNORE);
   char *bar = strchr(msg, '|');
   int status = bar ? atoi(msg) : CRUN_EIO;
@@ -624,13 +681,14 @@ static void mpi_abort(void *state, int status, const char *text) {
   const char *cut = strstr(text, " [reported by rank");
   int len = (int)(cut ? (size_t)(cut - text) : strlen(text));
   if (len > 2000) len = 2000;
-  b->abort_msg = malloc((size_t)len + 16);
-  b->abort_reqs = malloc(sizeof(MPI_Request) * (size_t)b->size);
+  b->abort_msg = CRUN__FAULT_MALLOC("mpi.abort_msg", (size_t)len + 16);
+  b->abort_reqs = CRUN__FAULT_MALLOC("mpi.abort_reqs", sizeof(MPI_Request) * (size_t)b->size);
   if (!b->abort_msg || !b->abort_reqs) { /* neither kept: a later abort tries again, and nothing leaks */
+    const char *what = b->abort_msg ? "request array" : "message";
     free(b->abort_msg), free(b->abort_reqs);
     b->abort_msg = NULL, b->abort_reqs = NULL;
-    CRUN_LOG(WARN, PG, "mpi group '%s' on rank %d: out of memory: its peers are not told why it failed",
-             b->pg->prefix, b->rank);
+    CRUN_LOG(WARN, PG, "ENOMEM: mpi group '%s' on rank %d: no memory for its abort notice's %s; its peers are not "
+             "told why it failed: %.*s", b->pg->prefix, b->rank, what, len, text);
     return;
   }
   int n = snprintf(b->abort_msg, (size_t)len + 16, "%d|%.*s", status, len, text);
@@ -687,7 +745,7 @@ static void drain(retired_t *r, MPI_Comm c, int left, unsigned char bit) {
     MPI_Count n = 0;
     MPI_Message m;
     MPI_Status st;
-    if (MPI_Improbe(MPI_ANY_SOURCE, MPI_ANY_TAG, c, &flag, &m, &st) != MPI_SUCCESS || !flag) return;
+    if (improbe_any(c, &flag, &m, &st) != MPI_SUCCESS || !flag) return;
     MPI_Get_elements_x(&st, MPI_BYTE, &n);
     crun__mpi_mrecv_head(&m, n, NULL, 0);
     int p = st.MPI_SOURCE;
@@ -772,8 +830,8 @@ static void settle_pending(crun__mpi_t *b) {
   int kept = 0;
   if (let_go(ab, n)) b->abort_msg = NULL, kept = 1;
   if (let_go(b->reqs + n, n)) b->sig_out = NULL, kept = 1;
-  CRUN_LOG(WARN, PG, "mpi group '%s' on rank %d: out of memory at destroy%s", b->pg->prefix, b->rank,
-           kept ? "; sends still pending keep their buffers (leaked)" : "");
+  CRUN_LOG(WARN, PG, "ENOMEM: destroying mpi group '%s' on rank %d: no memory to retire its communicators; %s",
+           b->pg->prefix, b->rank, kept ? "sends still pending keep their buffers (leaked)" : "its sends completed");
 }
 
 /* Takes b's sends still pending (its abort notice; the signatures of a
@@ -781,7 +839,7 @@ static void settle_pending(crun__mpi_t *b) {
  * 0 when none is pending (then the buffers stay with b). */
 static int keep_pending(retired_t *r, crun__mpi_t *b) {
   int n = b->size, pending = 0;
-  MPI_Request *q = malloc(sizeof(MPI_Request) * 2 * (size_t)n);
+  MPI_Request *q = CRUN__FAULT_MALLOC("mpi.keep_pending", sizeof(MPI_Request) * 2 * (size_t)n);
   if (!q) return settle_pending(b), 0;
   for (int p = 0; p < n; p++) {
     q[p] = b->abort_msg && b->abort_reqs ? b->abort_reqs[p] : MPI_REQUEST_NULL; /* both: mpi_abort set them */
@@ -797,7 +855,7 @@ static int keep_pending(retired_t *r, crun__mpi_t *b) {
 
 /* Moves b's communicators and pending sends to the retired list. */
 static void retire(crun__mpi_t *b) {
-  retired_t *r = calloc(1, sizeof *r);
+  retired_t *r = CRUN__FAULT_CALLOC("mpi.retire", 1, sizeof *r);
   if (!r) { /* no memory: mpi_destroy frees the communicators (strays may then reach a later group) */
     settle_pending(b);
     return;

@@ -1,0 +1,273 @@
+/* test_mpi_oom.c — the mpi backend out of memory, on purpose
+ * (core/fault.h, CRUN_FAULT_ALLOC): each case runs this program under
+ * `mpirun -np 2` (worker mode, chosen by OMPI_COMM_WORLD_SIZE; the case by
+ * CRUN_TEST_MPI_CASE); rank 0 arms a fault with crun__fault_arm. Every case
+ * checks the error text (ENOMEM, what, which rank), that no rank waits past
+ * its timeout, and that a group created next works. Leaks show in the
+ * address sanitizer build (make test-asan SAN_TESTS='-R mpi_oom'). Passes
+ * without running anything when mpirun or the mpi backend is missing. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/fault.h"
+#include "harness.h"
+
+#if CRUN_HAVE_MPI
+#include <mpi.h>
+
+/* Creates group `name` of both ranks with timeout t into *pg; returns the status. */
+static int pair_new(crun_store_t *st, int rank, const char *name, double t, crun_pg_t **pg) {
+  crun_pg_opts_t o = {.world_size = 2, .rank = rank, .backend = "mpi", .timeout = t, .name = name, .store = st};
+  *pg = NULL;
+  return crun_pg_new(&o, pg);
+}
+
+/* Creates group `name` of both ranks and sums one int64 over it; returns
+ * 1 when that failed (printed), else 0. */
+static int pair_sum(crun_store_t *st, int rank, const char *name) {
+  crun_pg_t *pg = NULL;
+  int64_t v = -(5 + 3 * rank);
+  int rc = pair_new(st, rank, name, 5, &pg);
+  if (rc == 0) rc = crun_pg_all_reduce(pg, &v, 1, CRUN_INT64, CRUN_OP_SUM, NULL, NULL);
+  if (rc < 0) printf("rank %d: group '%s': %s\n", rank, name, crun_last_error());
+  else if (v != -13) printf("rank %d: group '%s' summed %lld, want -13\n", rank, name, (long long)v), rc = -1;
+  if (pg) crun_pg_release(pg);
+  return rc < 0;
+}
+
+/* 1 (printed) unless rc is `want` and the error text starts with `text`. */
+static int expect_err(int rank, const char *what, int rc, int want, const char *text) {
+  if (rc == want && !strncmp(crun_last_error(), text, strlen(text))) return 0;
+  printf("rank %d: %s: rc %d (%s), want %s: %s...\n", rank, what, rc, rc < 0 ? crun_last_error() : "no error",
+         crun_err_name(want), text);
+  return 1;
+}
+
+/* 1 (printed) when more than `most` seconds passed since t0. */
+static int too_slow(int rank, const char *what, double t0, double most) {
+  double took = MPI_Wtime() - t0;
+  if (took <= most) return 0;
+  printf("rank %d: %s took %.1f s, want at most %.1f s\n", rank, what, took, most);
+  return 1;
+}
+
+/* abort: rank 0's all_reduce on group `name` times out (rank 1 is not
+ * there yet) with allocation `site` of its abort notice failing; rank 1
+ * calls later and fails at once (rank 0's deadline passed). The groups are
+ * destroyed, nothing crashes, the WARN names the group and the rank. */
+static int abort_case(crun_store_t *st, int rank, const char *name, const char *site) {
+  crun_pg_t *pg = NULL;
+  int64_t v = 1;
+  int bad = pair_new(st, rank, name, 1, &pg) < 0;
+  if (bad) printf("rank %d: group '%s': %s\n", rank, name, crun_last_error());
+  MPI_Barrier(MPI_COMM_WORLD);
+  double t0 = MPI_Wtime();
+  if (!bad && rank == 0) {
+    crun__fault_arm(site);
+    int rc = crun_pg_all_reduce(pg, &v, 1, CRUN_INT64, CRUN_OP_SUM, NULL, NULL);
+    crun__fault_arm(NULL);
+    bad |= expect_err(rank, name, rc, CRUN_ETIMEDOUT, "ETIMEDOUT: all_reduce #1 on rank 0: no data from rank 1");
+  } else if (!bad) {
+    usleep(1500000);
+    if (crun_pg_all_reduce(pg, &v, 1, CRUN_INT64, CRUN_OP_SUM, NULL, NULL) == 0)
+      printf("rank 1: all_reduce on '%s' after rank 0 gave up passed\n", name), bad = 1;
+  }
+  bad |= too_slow(rank, name, t0, 3);
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (pg) crun_pg_release(pg);
+  return bad;
+}
+
+static int worker_abort(crun_store_t *st, int rank) {
+  return abort_case(st, rank, "ab1", "mpi.abort_msg") | abort_case(st, rank, "ab2", "mpi.abort_reqs") |
+         pair_sum(st, rank, "after");
+}
+
+/* destroy: rank 0 destroys a failed group (its abort notice and signatures
+ * sent) with allocation `site` of the retirement failing, after rank 1
+ * destroyed it (so no notice of rank 1's arrives once rank 0 freed it). */
+static int destroy_case(crun_store_t *st, int rank, const char *name, const char *site) {
+  crun_pg_t *pg = NULL;
+  int64_t v = 1;
+  int bad = pair_new(st, rank, name, 0.5, &pg) < 0;
+  if (bad) printf("rank %d: group '%s': %s\n", rank, name, crun_last_error());
+  if (!bad && rank == 0 && crun_pg_all_reduce(pg, &v, 1, CRUN_INT64, CRUN_OP_SUM, NULL, NULL) == 0)
+    printf("rank 0: all_reduce on '%s' without rank 1 passed\n", name), bad = 1;
+  if (rank == 1 && pg) crun_pg_release(pg), pg = NULL;
+  MPI_Barrier(MPI_COMM_WORLD);
+  double t0 = MPI_Wtime();
+  crun__fault_arm(rank == 0 ? site : NULL);
+  if (pg) crun_pg_release(pg);
+  crun__fault_arm(NULL);
+  return bad | too_slow(rank, name, t0, 1.5);
+}
+
+static int worker_destroy(crun_store_t *st, int rank) {
+  int bad = destroy_case(st, rank, "de1", "mpi.keep_pending") | destroy_case(st, rank, "de2", "mpi.retire");
+  MPI_Barrier(MPI_COMM_WORLD);
+  return bad | pair_sum(st, rank, "after");
+}
+
+/* join: rank 0 has no memory for the join handshake of group 'jo1' (or
+ * for its state, 'st1'): it fails at once with ENOMEM naming the group,
+ * and rank 1 times out naming rank 0 (it cannot know why) within its own
+ * timeout, not in MPI until the watchdog. */
+static int join_case(crun_store_t *st, int rank, const char *name, const char *site, const char *want0) {
+  crun_pg_t *pg = NULL;
+  char want1[160];
+  snprintf(want1, sizeof want1, "ETIMEDOUT: creating group '%s/0' (backend mpi) on rank 1: rank 0 did not join "
+           "within 1.0 s", name);
+  MPI_Barrier(MPI_COMM_WORLD);
+  double t0 = MPI_Wtime();
+  crun__fault_arm(rank == 0 ? site : NULL);
+  int rc = pair_new(st, rank, name, 1, &pg);
+  crun__fault_arm(NULL);
+  int bad = expect_err(rank, name, rc, rank ? CRUN_ETIMEDOUT : CRUN_ENOMEM, rank ? want1 : want0);
+  if (pg) crun_pg_release(pg);
+  return bad | too_slow(rank, name, t0, rank ? 2 : 0.5);
+}
+
+static int worker_join(crun_store_t *st, int rank) {
+  int bad = join_case(st, rank, "jo1", "mpi.join:3", "ENOMEM: creating group 'jo1/0' (backend mpi) on rank 0: "
+                      "no memory for the join handshake (2 members)");
+  bad |= join_case(st, rank, "st1", "mpi.state", "ENOMEM: creating group 'st1/0' (backend mpi) on rank 0: no "
+                   "memory for the group's state (2 members)");
+  MPI_Barrier(MPI_COMM_WORLD);
+  return bad | pair_sum(st, rank, "after");
+}
+
+/* room: rank 0 cannot allocate the list of full ranks while comparing the
+ * join messages (no rank is full): the group is created all the same. */
+static int worker_room(crun_store_t *st, int rank) {
+  crun__fault_arm(rank == 0 ? "mpi.room_text" : NULL);
+  int bad = pair_sum(st, rank, "room");
+  crun__fault_arm(NULL);
+  return bad;
+}
+/* stash: rank 0's hello for group 'sh1' reaches rank 1 before rank 1
+ * creates it; rank 1's drain of the join communicator then has no memory to
+ * keep it. The hello must not be lost (before, it was received and dropped:
+ * rank 1 waited for it until its deadline and both failed). */
+static int worker_stash(crun_store_t *st, int rank) {
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (rank == 1) usleep(500000), crun__fault_arm("mpi.stash");
+  double t0 = MPI_Wtime();
+  int bad = pair_sum(st, rank, "sh1");
+  crun__fault_arm(NULL);
+  return bad | too_slow(rank, "sh1", t0, 2.5);
+}
+#endif
+
+/* Runs case `which` on this rank, after a first group of both ranks (crun's
+ * MPI set up on both); prints "rank R: ok" when it passed. */
+static int worker(const char *which) {
+#if CRUN_HAVE_MPI
+  int rank = atoi(getenv("OMPI_COMM_WORLD_RANK")), level = 0, bad = 0;
+  crun_store_t *st = NULL;
+  MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &level);
+  EXPECT(crun_store_hash_new(&st) == 0);
+  bad = pair_sum(st, rank, "warm");
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (!strcmp(which, "abort")) bad |= worker_abort(st, rank);
+  else if (!strcmp(which, "destroy")) bad |= worker_destroy(st, rank);
+  else if (!strcmp(which, "join")) bad |= worker_join(st, rank);
+  else if (!strcmp(which, "room")) bad |= worker_room(st, rank);
+  else if (!strcmp(which, "stash")) bad |= worker_stash(st, rank);
+  else printf("rank %d: no case %s\n", rank, which), bad = 1;
+  crun_store_release(st);
+  MPI_Barrier(MPI_COMM_WORLD);
+  MPI_Finalize();
+  if (!bad) printf("rank %d: ok\n", rank);
+  fflush(stdout);
+  return bad;
+#else
+  (void)which;
+  printf("not available in this build\n");
+  return 0;
+#endif
+}
+
+/* Runs this program as case `name` on 2 ranks of mpirun and checks that
+ * both said ok and that the output has each of want[] (NULL-ended). */
+static void run_mpi_case(const char *name, const char *const *want) {
+  if (system("command -v mpirun >/dev/null 2>&1") != 0) {
+    printf("SKIPPED: mpirun is not installed\n");
+    return;
+  }
+  static char out[65536];
+  char self[4096], cmd[8192];
+  ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  EXPECT(n > 0);
+  self[n] = 0;
+  snprintf(cmd, sizeof cmd, "unset CRUN_LAUNCHER RANK WORLD_SIZE CRUN_FAULT_ALLOC; CRUN_TEST_MPI_CASE=%s timeout -s "
+           "KILL 60 mpirun --allow-run-as-root --oversubscribe --mca btl_tcp_if_include lo --mca oob_tcp_if_include "
+           "lo -np 2 %s 2>&1", name, self);
+  FILE *p = popen(cmd, "r");
+  EXPECT(p != NULL);
+  size_t len = fread(out, 1, sizeof out - 1, p);
+  out[len] = 0;
+  int status = pclose(p);
+  if (strstr(out, "not available in this build")) {
+    printf("SKIPPED: no mpi backend\n");
+    return;
+  }
+  if (status != 0 || !strstr(out, "rank 0: ok") || !strstr(out, "rank 1: ok"))
+    crun_test_fail(__FILE__, __LINE__, "exit status %d\n%s", status, out);
+  for (; want && *want; want++)
+    if (!strstr(out, *want)) crun_test_fail(__FILE__, __LINE__, "no '%s' in the output:\n%s", *want, out);
+}
+
+/* The fault spec: the n-th, the n-th and later, every, "*", malformed. */
+TEST(fault_spec) {
+  EXPECT_OK(crun__fault_arm("t.a:2,t.b,t.c:2+"));
+  int got[4][3];
+  for (int i = 0; i < 4; i++)
+    got[i][0] = crun__fault_alloc("t.a"), got[i][1] = crun__fault_alloc("t.b"), got[i][2] = crun__fault_alloc("t.c");
+  EXPECT(!got[0][0] && got[1][0] && !got[2][0] && !got[3][0]);
+  EXPECT(got[0][1] && got[1][1] && got[2][1] && got[3][1]);
+  EXPECT(!got[0][2] && got[1][2] && got[2][2] && got[3][2]);
+  EXPECT(!crun__fault_alloc("t.other"));
+  EXPECT_OK(crun__fault_arm("*:3"));
+  EXPECT(!crun__fault_alloc("x") && !crun__fault_alloc("y") && crun__fault_alloc("z") && !crun__fault_alloc("x"));
+  EXPECT_STATUS(crun__fault_arm("t.a:0"), CRUN_EINVAL);
+  EXPECT_STATUS(crun__fault_arm("t.a:x"), CRUN_EINVAL);
+  EXPECT_STATUS(crun__fault_arm(":1"), CRUN_EINVAL);
+  EXPECT_OK(crun__fault_arm(NULL));
+  EXPECT(!crun__fault_alloc("t.b"));
+  void *m = CRUN__FAULT_MALLOC("t.b", 16);
+  EXPECT(m != NULL);
+  free(m);
+}
+
+TEST(abort_no_memory) {
+  static const char *const want[] = {
+      "ENOMEM: mpi group 'ab1/0' on rank 0: no memory for its abort notice's message; its peers are not told why it "
+      "failed: ETIMEDOUT: all_reduce #1 on rank 0",
+      "ENOMEM: mpi group 'ab2/0' on rank 0: no memory for its abort notice's request array", NULL};
+  run_mpi_case("abort", want);
+}
+
+TEST(destroy_no_memory) {
+  static const char *const want[] = {
+      "ENOMEM: destroying mpi group 'de1/0' on rank 0: no memory to retire its communicators",
+      "ENOMEM: destroying mpi group 'de2/0' on rank 0: no memory to retire its communicators", NULL};
+  run_mpi_case("destroy", want);
+}
+
+TEST(join_no_memory) { run_mpi_case("join", NULL); }
+
+TEST(room_text_no_memory) { run_mpi_case("room", NULL); }
+
+TEST(stash_no_memory) { run_mpi_case("stash", NULL); }
+
+#define CRUN_TESTS(X) X(fault_spec) X(abort_no_memory) X(destroy_no_memory) X(join_no_memory) \
+  X(room_text_no_memory) X(stash_no_memory)
+
+int main(int argc, char **argv) {
+  const char *which = getenv("CRUN_TEST_MPI_CASE");
+  if (getenv("OMPI_COMM_WORLD_SIZE") && which) return worker(which);
+  static const crun_test_case cases[] = {CRUN_TESTS(CRUN_X_CASE)};
+  return crun_test_run(argc, argv, cases, sizeof cases / sizeof cases[0]);
+}
