@@ -182,16 +182,45 @@ static int peer_refused(crun_pg_t *pg, uint64_t k, int q) {
   return crun_store_check(pg->board, &kp, 1, &ok) == 0 && ok ? 1 : -1;
 }
 
+/* The group's decision on its refused call k, once a rank made it: 1 the
+ * group goes on, 0 it stops, -1 none yet (or the board cannot be read). */
+static int decided(crun_pg_t *pg, uint64_t k) {
+  char key[48];
+  snprintf(key, sizeof key, "refusal/%llu", (unsigned long long)k);
+  crun_buf_t v = {0};
+  if (crun__pg_board_peek(pg, key, &v) <= 0) return -1;
+  int go = v.len == 2 && memcmp(v.data, "go", 2) == 0;
+  crun_buf_free(&v);
+  return go;
+}
+
+/* Makes the group's decision on its refused call k this rank's finding
+ * `go` unless a rank decided first: "refusal/<k>" is written once (the
+ * store's compare_set), and every rank returns what it holds, so that no
+ * rank says the group goes on while another stops it (a rank whose wait
+ * ended just as a late peer's refusal came). A board that cannot be
+ * written: 0 (this rank stops the group, which its peers then see). */
+static int decide(crun_pg_t *pg, uint64_t k, int go) {
+  char key[48];
+  snprintf(key, sizeof key, "refusal/%llu", (unsigned long long)k);
+  const char *mine = go ? "go" : "stop";
+  crun_buf_t v = {0};
+  if (crun_store_compare_set(pg->board, key, "", 0, mine, strlen(mine), &v) < 0) return 0;
+  go = v.len == 2 && memcmp(v.data, "go", 2) == 0;
+  crun_buf_free(&v);
+  return go;
+}
+
 /* Whether every rank of pg refused its call number k, as this one did (rc,
  * text): then no rank sent or waits for anything of it, every rank numbers
  * its next call alike, and the group goes on, as torch's does after an
  * argument error every rank made (the same line at the REPL, the same bad
  * option in every rank's script). This rank leaves "refused/<k>/<rank>" on
  * the group's board and waits, up to 5 s (REFUSE_AGREE_S; the group's timeout
- * when shorter), until every peer
- * either left its own (1) or runs call k or a later one instead (0: the
- * group stops; a peer in call k shows on the progress board within its
- * 200 ms period), or until the group fails. Failure path only. */
+ * when shorter), until every peer either left its own or runs call k or a
+ * later one instead (peer_refused), until a rank decided (decided), or until
+ * the group fails; then the group's one decision (decide) is the answer.
+ * Failure path only. */
 #define REFUSE_AGREE_S 5.0
 static int every_rank_refused(crun_pg_t *pg, uint64_t k, int rc, const char *text) {
   char key[64], val[600];
@@ -203,14 +232,14 @@ static int every_rank_refused(crun_pg_t *pg, uint64_t k, int rc, const char *tex
     free(done);
     return 0;
   }
-  int left = pg->size - 1, ran = 0;
+  int left = pg->size - 1, ran = 0, known = -1;
   done[pg->rank] = 1;
   /* bounded well below the usual timeout: ranks that make the same mistake
    * reach it close together, and a peer held elsewhere (a recv from this
    * rank, which waits here) must not keep both until the timeout */
   double end = crun_clock() + (pg->timeout < REFUSE_AGREE_S ? pg->timeout : REFUSE_AGREE_S);
   useconds_t nap = 500;
-  while (left > 0 && !ran && !atomic_load(&pg->is_broken) && crun_clock() < end) {
+  while (left > 0 && !ran && !atomic_load(&pg->is_broken) && crun_clock() < end && (known = decided(pg, k)) < 0) {
     for (int q = 0; q < pg->size && !ran; q++) {
       if (done[q]) continue;
       int r = peer_refused(pg, k, q);
@@ -223,7 +252,7 @@ static int every_rank_refused(crun_pg_t *pg, uint64_t k, int rc, const char *tex
     }
   }
   free(done);
-  return left == 0;
+  return known >= 0 ? known : decide(pg, k, left == 0);
 }
 
 /* A check only this rank makes (the root's own list of buffers, a list on a
