@@ -39,6 +39,11 @@ typedef struct crun_backend_vtable {
    * refused c can tell them why (coll.c); 0 or NULL: it cannot, and the
    * refusing rank only returns its error. */
   int (*abort_reaches)(void *state, const crun__coll_t *c);
+  /* Optional: non-zero when peer q of the group is gone for good (its
+   * process ended, or it closed or failed the group), as far as this rank
+   * can tell at once without blocking; 0 when it cannot tell. Read by a
+   * refusal's agreement (coll.c), so that it stops at once. */
+  int (*peer_gone)(void *state, int q);
   crun_backend_fn send, recv, broadcast, all_reduce, reduce, all_gather, gather,
       scatter, reduce_scatter, all_to_all, barrier;
 } crun_backend_vtable_t;

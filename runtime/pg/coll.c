@@ -160,14 +160,23 @@ static uint64_t board_seq(crun_pg_t *pg, int q, int *gone) {
   return seq;
 }
 
+/* The backend that runs collective c on pg, and its state. */
+static const crun_backend_vtable_t *coll_backend(const crun_pg_t *pg, const crun__coll_t *c, void **state) {
+  const crun_backend_vtable_t *be = c->cuda && pg->be_dev ? pg->be_dev : pg->be;
+  *state = be == pg->be_dev ? pg->be_dev_state : pg->be_state;
+  return be;
+}
+
 /* Whether peer q left "refused/<k>/<q>" on pg's board: 1 it did, 0 not yet
- * (it has not reached call k), -1 it runs call k or a later one instead, it
- * stopped the group by a refusal of its own ("stopped/<q>": one that took
- * no number, beside its queued work or another thread's call) or closed it
- * (pg.c, leave_closed), or the board cannot be read. A peer sets its key before its own agreement
- * ends, so one that refused k and moved on shows its key when looked at
- * again after its progress. */
-static int peer_refused(crun_pg_t *pg, uint64_t k, int q) {
+ * (it has not reached call k), -1 it will not: it runs call k or a later one
+ * instead, it stopped the group by a refusal of its own ("stopped/<q>": one
+ * that took no number, beside its queued work or another thread's call),
+ * closed the group (pg.c, leave_closed) or saw it fail (the backend's abort
+ * leaves stopped/<q> too), its process is gone (be's peer_gone: its end of
+ * the mesh closed), or the board cannot be read. A peer sets its key before
+ * its own agreement ends, so one that refused k and moved on shows its key
+ * when looked at again after its progress. */
+static int peer_refused(crun_pg_t *pg, const crun_backend_vtable_t *be, void *state, uint64_t k, int q) {
   char key[64], stop[32];
   snprintf(key, sizeof key, "refused/%llu/%d", (unsigned long long)k, q);
   snprintf(stop, sizeof stop, "stopped/%d", q);
@@ -175,6 +184,7 @@ static int peer_refused(crun_pg_t *pg, uint64_t k, int q) {
   int ok = 0, gone = 0;
   if (crun_store_check(pg->board, &kp, 1, &ok) < 0) return -1;
   if (ok) return 1;
+  if (be->peer_gone && state && be->peer_gone(state, q)) return -1;
   if (crun_store_check(pg->board, &sp, 1, &ok) < 0 || ok) return -1;
   uint64_t at = board_seq(pg, q, &gone);
   if (gone) return -1;
@@ -222,7 +232,9 @@ static int decide(crun_pg_t *pg, uint64_t k, int go) {
  * the group fails; then the group's one decision (decide) is the answer.
  * Failure path only. */
 #define REFUSE_AGREE_S 5.0
-static int every_rank_refused(crun_pg_t *pg, uint64_t k, int rc, const char *text) {
+static int every_rank_refused(crun_pg_t *pg, const crun__coll_t *c, uint64_t k, int rc, const char *text) {
+  void *state;
+  const crun_backend_vtable_t *be = coll_backend(pg, c, &state);
   char key[64], val[600];
   snprintf(key, sizeof key, "refused/%llu/%d", (unsigned long long)k, pg->rank);
   int len = snprintf(val, sizeof val, "%d %s", -rc, text);
@@ -242,7 +254,7 @@ static int every_rank_refused(crun_pg_t *pg, uint64_t k, int rc, const char *tex
   while (left > 0 && !ran && !atomic_load(&pg->is_broken) && crun_clock() < end && (known = decided(pg, k)) < 0) {
     for (int q = 0; q < pg->size && !ran; q++) {
       if (done[q]) continue;
-      int r = peer_refused(pg, k, q);
+      int r = peer_refused(pg, be, state, k, q);
       if (r > 0) done[q] = 1, left--;
       ran = r < 0;
     }
@@ -269,8 +281,8 @@ static int every_rank_refused(crun_pg_t *pg, uint64_t k, int rc, const char *tex
 static int refuse_call(crun_pg_t *pg, const crun__coll_t *c, int rc) {
   /* the backend that runs c (backend "auto": the device one for CUDA
    * buffers, unusable until its first CUDA call connected it) */
-  const crun_backend_vtable_t *be = c->cuda && pg->be_dev ? pg->be_dev : pg->be;
-  void *state = be == pg->be_dev ? pg->be_dev_state : pg->be_state;
+  void *state;
+  const crun_backend_vtable_t *be = coll_backend(pg, c, &state);
   if (pg->size < 2 || !state || !be->abort_reaches || !be->abort_reaches(state, c)) return rc;
   char mine[512], seq[32] = "", text[700];
   snprintf(mine, sizeof mine, "%s", crun_last_error());
@@ -284,7 +296,7 @@ static int refuse_call(crun_pg_t *pg, const crun__coll_t *c, int rc) {
   size_t n = strlen(crun_err_name(rc));
   const char *body = strncmp(mine, crun_err_name(rc), n) == 0 && mine[n] == ':' ? mine + n + 2 : mine;
   /* a group already unusable has no peer to agree with: theirs fail at once (ESTATE) */
-  if (seq[0] && !be->private_board && !atomic_load(&pg->is_broken) && every_rank_refused(pg, last + 1, rc, body))
+  if (seq[0] && !be->private_board && !atomic_load(&pg->is_broken) && every_rank_refused(pg, c, last + 1, rc, body))
     return crun_error(rc, "%s (every rank refused %s #%llu: the group goes on)", body, crun__coll_name(c->kind),
                       (unsigned long long)last + 1);
   int root = crun__coll_rooted(c->kind) && c->root == pg->rank;

@@ -558,6 +558,10 @@ TEST(refusal_after_peer_killed) {
   setenv("CRUN_SHM", "0", 1);
   EXPECT_EQ_INT(pg_spawn_ex(2, refuse_after_peer_killed, NULL, 15.0, 40.0), 1);
 }
+TEST(refusal_after_peer_killed_shm) {
+  setenv("CRUN_SHM", "1", 1);
+  EXPECT_EQ_INT(pg_spawn_ex(2, refuse_after_peer_killed, NULL, 15.0, 40.0), 1);
+}
 
 /* Rank 1's group fails for a reason of its own (a recv from rank 0 that
  * times out) and rank 1 stays up without closing it; rank 0 then refuses
@@ -624,6 +628,6 @@ TEST(refusal_decided_once) {
   X(tcp_mismatch) X(tcp_timeout) X(tcp_peer_killed) X(wait_zero_ends_by_the_deadline) \
   X(wait_zero_ends_by_the_deadline_shm) X(timeouts_clamped) \
   X(refusal_on_broken_group) X(refusal_beside_unnumbered_refusal) \
-  X(refusal_after_peer_closed) X(refusal_after_peer_killed) X(refusal_after_peer_failed) \
+  X(refusal_after_peer_closed) X(refusal_after_peer_killed) X(refusal_after_peer_killed_shm) X(refusal_after_peer_failed) \
   X(refusal_while_peer_in_recv) X(refusal_decided_once)
 CRUN_TEST_MAIN()
