@@ -136,6 +136,18 @@ static int submit(crun_pg_t *pg, crun_work_t *w, crun_work_t **work, int *src_ou
   return rc;
 }
 
+/* submit for a blocking send or recv w: while it waits, pg->p2p_wait names
+ * it (its peer, and a number of its own), which the publisher leaves on the
+ * board for a peer's refusal (peer_blocked). */
+static int submit_blocking_p2p(crun_pg_t *pg, crun_work_t *w, int *src_out) {
+  uint64_t gen = atomic_fetch_add_explicit(&pg->p2p_gen, 1, memory_order_relaxed) + 1;
+  uint64_t b = gen << 24 | (uint64_t)w->c.kind << 20 | (uint64_t)((w->c.root + 1) & 0xfffff);
+  atomic_store_explicit(&pg->p2p_wait, b, memory_order_relaxed);
+  int rc = submit(pg, w, NULL, src_out);
+  atomic_compare_exchange_strong(&pg->p2p_wait, &b, 0); /* unless another thread's wait replaced it */
+  return rc;
+}
+
 #define NEW_WORK(w, kind, dt, count)                                   \
   crun_work_t w##_local;                                               \
   crun_work_t *w = work_new(pg, kind, dt, count, opts, work ? NULL : &w##_local); \
@@ -167,6 +179,44 @@ static const crun_backend_vtable_t *coll_backend(const crun_pg_t *pg, const crun
   return be;
 }
 
+/* How long a peer must be seen blocked in one send or recv with this rank
+ * before a refusal counts on it never reaching the refused call: more than
+ * the publisher's 200 ms period, so that a wait that ended shows so. */
+#define REFUSE_BLOCKED_S 0.5
+
+/* What a refusal's agreement last saw of a peer's blocking send or recv. */
+typedef struct {
+  uint64_t gen;
+  double since;
+} blocked_seen_t;
+
+/* Whether peer q has waited, for REFUSE_BLOCKED_S or more (seen: what was
+ * seen of q before), in one blocking send to or recv from this rank
+ * ("blocked/<q>", published within 200 ms) while this rank has no send or
+ * recv going on in the background: only this rank could end that wait, and
+ * it waits in its refusal, so q never reaches the refused call. */
+static int peer_blocked(crun_pg_t *pg, int q, blocked_seen_t *seen) {
+  char key[32], text[64];
+  snprintf(key, sizeof key, "blocked/%d", q);
+  crun_buf_t v = {0};
+  if (crun__pg_board_peek(pg, key, &v) <= 0) return 0;
+  snprintf(text, sizeof text, "%.*s", (int)(v.len < sizeof text ? v.len : sizeof text - 1), (const char *)v.data);
+  crun_buf_free(&v);
+  int kind = -1, peer = -2;
+  unsigned long long gen = 0;
+  if (sscanf(text, "%d %d %llu", &kind, &peer, &gen) != 3 || (kind != CRUN__COLL_SEND && kind != CRUN__COLL_RECV) ||
+      !(peer == pg->rank || (peer == CRUN_ANY_SOURCE && pg->size == 2))) {
+    seen->gen = 0;
+    return 0;
+  }
+  double now = crun_clock();
+  if (seen->gen != gen) *seen = (blocked_seen_t){gen, now};
+  pthread_mutex_lock(&pg->mu);
+  int mine = pg->npending;
+  pthread_mutex_unlock(&pg->mu);
+  return !mine && now - seen->since >= REFUSE_BLOCKED_S;
+}
+
 /* Whether peer q left "refused/<k>/<q>" on pg's board: 1 it did, 0 not yet
  * (it has not reached call k), -1 it will not: it runs call k or a later one
  * instead, it stopped the group by a refusal of its own ("stopped/<q>": one
@@ -176,7 +226,8 @@ static const crun_backend_vtable_t *coll_backend(const crun_pg_t *pg, const crun
  * the mesh closed), or the board cannot be read. A peer sets its key before
  * its own agreement ends, so one that refused k and moved on shows its key
  * when looked at again after its progress. */
-static int peer_refused(crun_pg_t *pg, const crun_backend_vtable_t *be, void *state, uint64_t k, int q) {
+static int peer_refused(crun_pg_t *pg, const crun_backend_vtable_t *be, void *state, uint64_t k, int q,
+                        blocked_seen_t *seen) {
   char key[64], stop[32];
   snprintf(key, sizeof key, "refused/%llu/%d", (unsigned long long)k, q);
   snprintf(stop, sizeof stop, "stopped/%d", q);
@@ -188,7 +239,7 @@ static int peer_refused(crun_pg_t *pg, const crun_backend_vtable_t *be, void *st
   if (crun_store_check(pg->board, &sp, 1, &ok) < 0 || ok) return -1;
   uint64_t at = board_seq(pg, q, &gone);
   if (gone) return -1;
-  if (at < k) return 0;
+  if (at < k) return peer_blocked(pg, q, seen) ? -1 : 0;
   return crun_store_check(pg->board, &kp, 1, &ok) == 0 && ok ? 1 : -1;
 }
 
@@ -239,9 +290,11 @@ static int every_rank_refused(crun_pg_t *pg, const crun__coll_t *c, uint64_t k, 
   snprintf(key, sizeof key, "refused/%llu/%d", (unsigned long long)k, pg->rank);
   int len = snprintf(val, sizeof val, "%d %s", -rc, text);
   char *done = calloc((size_t)pg->size, 1);
-  if (!done || !pg->board ||
+  blocked_seen_t *seen = calloc((size_t)pg->size, sizeof *seen);
+  if (!done || !seen || !pg->board ||
       crun_store_set(pg->board, key, val, (size_t)(len < (int)sizeof val ? len : (int)sizeof val - 1)) < 0) {
     free(done);
+    free(seen);
     return 0;
   }
   int left = pg->size - 1, ran = 0, known = -1;
@@ -254,7 +307,7 @@ static int every_rank_refused(crun_pg_t *pg, const crun__coll_t *c, uint64_t k, 
   while (left > 0 && !ran && !atomic_load(&pg->is_broken) && crun_clock() < end && (known = decided(pg, k)) < 0) {
     for (int q = 0; q < pg->size && !ran; q++) {
       if (done[q]) continue;
-      int r = peer_refused(pg, be, state, k, q);
+      int r = peer_refused(pg, be, state, k, q, &seen[q]);
       if (r > 0) done[q] = 1, left--;
       ran = r < 0;
     }
@@ -264,6 +317,7 @@ static int every_rank_refused(crun_pg_t *pg, const crun__coll_t *c, uint64_t k, 
     }
   }
   free(done);
+  free(seen);
   return known >= 0 ? known : decide(pg, k, left == 0);
 }
 
@@ -375,7 +429,7 @@ int crun_pg_send(crun_pg_t *pg, const void *buf, size_t count, crun_dtype_t dt, 
   NEW_WORK(w, CRUN__COLL_SEND, dt, count);
   w->c.buf = (void *)buf;
   w->c.root = dst;
-  return submit(pg, w, work, NULL);
+  return work ? submit(pg, w, work, NULL) : submit_blocking_p2p(pg, w, NULL);
 }
 
 int crun_pg_recv(crun_pg_t *pg, void *buf, size_t count, crun_dtype_t dt, int src,
@@ -393,7 +447,7 @@ int crun_pg_recv(crun_pg_t *pg, void *buf, size_t count, crun_dtype_t dt, int sr
   NEW_WORK(w, CRUN__COLL_RECV, dt, count);
   w->c.buf = buf;
   w->c.root = src;
-  return submit(pg, w, work, src_out);
+  return work ? submit(pg, w, work, src_out) : submit_blocking_p2p(pg, w, src_out);
 }
 
 int crun_pg_broadcast(crun_pg_t *pg, void *buf, size_t count, crun_dtype_t dt, int root,

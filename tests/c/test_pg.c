@@ -607,6 +607,26 @@ TEST(refusal_while_peer_in_recv) {
   EXPECT_EQ_INT(pg_spawn_ex(2, refuse_while_peer_in_recv, NULL, 15.0, 40.0), 0);
 }
 
+/* Rank 1 receives from rank 0 (a recv that ends), then works 1 s before it
+ * makes the refusal rank 0 made right after its send: a recv that ended is
+ * no wait on rank 0, so the group goes on, as it did before the board named
+ * blocked sends and recvs. */
+static void refuse_after_recv_ended(crun_pg_t *pg, void *arg) {
+  (void)arg;
+  int r = crun_pg_rank(pg);
+  float f[2] = {1.5f, -2.25f};
+  if (r == 0) EXPECT_OK(crun_pg_send(pg, f, 2, CRUN_FLOAT32, 1, NULL, NULL));
+  else EXPECT_OK(crun_pg_recv(pg, f, 2, CRUN_FLOAT32, 0, NULL, NULL, NULL));
+  if (r == 1) usleep(1000 * 1000);
+  EXPECT_STATUS(crun_pg_all_reduce(pg, f, 2, CRUN_FLOAT32, CRUN_OP_BXOR, NULL, NULL), CRUN_EINVAL);
+  EXPECT_TEXT("every rank refused all_reduce #1: the group goes on");
+  EXPECT_OK(crun_pg_barrier(pg, NULL, NULL));
+}
+TEST(refusal_after_recv_ended) {
+  setenv("CRUN_SHM", "0", 1);
+  EXPECT_EQ_INT(pg_spawn_ex(2, refuse_after_recv_ended, NULL, 15.0, 40.0), 0);
+}
+
 /* Rank 1 refuses call #1 after rank 0's agreement on it gave up (group
  * timeout 1 s: a 1 s bound) and stopped the group: rank 1 finds rank 0's
  * refusal of #1 on the board but must not say the group goes on, since rank
@@ -629,5 +649,5 @@ TEST(refusal_decided_once) {
   X(wait_zero_ends_by_the_deadline_shm) X(timeouts_clamped) \
   X(refusal_on_broken_group) X(refusal_beside_unnumbered_refusal) \
   X(refusal_after_peer_closed) X(refusal_after_peer_killed) X(refusal_after_peer_killed_shm) X(refusal_after_peer_failed) \
-  X(refusal_while_peer_in_recv) X(refusal_decided_once)
+  X(refusal_while_peer_in_recv) X(refusal_after_recv_ended) X(refusal_decided_once)
 CRUN_TEST_MAIN()
