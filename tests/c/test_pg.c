@@ -627,6 +627,37 @@ TEST(refusal_after_recv_ended) {
   EXPECT_EQ_INT(pg_spawn_ex(2, refuse_after_recv_ended, NULL, 15.0, 40.0), 0);
 }
 
+/* Every rank issues an async all_reduce and at once refuses the next call
+ * (as a REPL line would), 20 times on fresh sub-groups: a refusal with that
+ * work still queued or running takes no number and stops the group, one
+ * after it took the number after it; either way the ranks must agree: a
+ * rank told "the group goes on" finds its next call working, one told it
+ * stops finds it ESTATE, and the async work's sum is right wherever it
+ * succeeded. */
+static void refuse_beside_async(crun_pg_t *pg, void *arg) {
+  (void)arg;
+  int all[2] = {0, 1};
+  for (int i = 0; i < 20; i++) {
+    crun_pg_t *g = NULL;
+    EXPECT_OK(crun_pg_new_group(pg, all, 2, 0, &g));
+    if (!g) return;
+    float a = 1.0f, f = 2.0f;
+    crun_work_t *w = NULL;
+    EXPECT_OK(crun_pg_all_reduce(g, &a, 1, CRUN_FLOAT32, CRUN_OP_SUM, NULL, &w));
+    EXPECT_STATUS(crun_pg_all_reduce(g, &f, 1, CRUN_FLOAT32, CRUN_OP_BXOR, NULL, NULL), CRUN_EINVAL);
+    int goes_on = strstr(crun_last_error(), "goes on") != NULL;
+    if (crun_work_wait(w, 10.0) == 0) EXPECT(a == 2.0f);
+    crun_work_release(w);
+    int rc = crun_pg_barrier(g, NULL, NULL);
+    EXPECT(goes_on ? rc == 0 : rc < 0);
+    crun_pg_destroy(g);
+  }
+}
+TEST(refusal_beside_async_work) {
+  setenv("CRUN_SHM", "0", 1);
+  EXPECT_EQ_INT(pg_spawn_ex(2, refuse_beside_async, NULL, 15.0, 120.0), 0);
+}
+
 /* Rank 1 refuses call #1 after rank 0's agreement on it gave up (group
  * timeout 1 s: a 1 s bound) and stopped the group: rank 1 finds rank 0's
  * refusal of #1 on the board but must not say the group goes on, since rank
@@ -649,5 +680,6 @@ TEST(refusal_decided_once) {
   X(wait_zero_ends_by_the_deadline_shm) X(timeouts_clamped) \
   X(refusal_on_broken_group) X(refusal_beside_unnumbered_refusal) \
   X(refusal_after_peer_closed) X(refusal_after_peer_killed) X(refusal_after_peer_killed_shm) X(refusal_after_peer_failed) \
-  X(refusal_while_peer_in_recv) X(refusal_after_recv_ended) X(refusal_decided_once)
+  X(refusal_while_peer_in_recv) X(refusal_after_recv_ended) X(refusal_decided_once) \
+  X(refusal_beside_async_work)
 CRUN_TEST_MAIN()
