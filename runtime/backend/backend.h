@@ -45,6 +45,11 @@ typedef struct crun_backend_vtable {
    * calls it directly for host calls of kind (an all_reduce: the hot path of
    * a small one, pg/work.c crun__pg_execute). */
   crun_backend_fn (*direct)(void *state, int kind, void **fn_state);
+  /* Optional: non-zero when peer q of the group is gone for good (its
+   * process ended, or it closed or failed the group), as far as this rank
+   * can tell at once without blocking; 0 when it cannot tell. Read by a
+   * refusal's agreement (coll.c), so that it stops at once. */
+  int (*peer_gone)(void *state, int q);
   crun_backend_fn send, recv, broadcast, all_reduce, reduce, all_gather, gather,
       scatter, reduce_scatter, all_to_all, barrier;
 } crun_backend_vtable_t;

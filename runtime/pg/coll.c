@@ -136,6 +136,18 @@ static int submit(crun_pg_t *pg, crun_work_t *w, crun_work_t **work, int *src_ou
   return rc;
 }
 
+/* submit for a blocking send or recv w: while it waits, pg->p2p_wait names
+ * it (its peer, and a number of its own), which the publisher leaves on the
+ * board for a peer's refusal (peer_blocked). */
+static int submit_blocking_p2p(crun_pg_t *pg, crun_work_t *w, int *src_out) {
+  uint64_t gen = atomic_fetch_add_explicit(&pg->p2p_gen, 1, memory_order_relaxed) + 1;
+  uint64_t b = gen << 24 | (uint64_t)w->c.kind << 20 | (uint64_t)((w->c.root + 1) & 0xfffff);
+  atomic_store_explicit(&pg->p2p_wait, b, memory_order_relaxed);
+  int rc = submit(pg, w, NULL, src_out);
+  atomic_compare_exchange_strong(&pg->p2p_wait, &b, 0); /* unless another thread's wait replaced it */
+  return rc;
+}
+
 #define NEW_WORK(w, kind, dt, count)                                   \
   crun_work_t w##_local;                                               \
   crun_work_t *w = work_new(pg, kind, dt, count, opts, work ? NULL : &w##_local); \
@@ -160,14 +172,62 @@ static uint64_t board_seq(crun_pg_t *pg, int q, int *gone) {
   return seq;
 }
 
+/* The backend that runs collective c on pg, and its state. */
+static const crun_backend_vtable_t *coll_backend(const crun_pg_t *pg, const crun__coll_t *c, void **state) {
+  const crun_backend_vtable_t *be = c->cuda && pg->be_dev ? pg->be_dev : pg->be;
+  *state = be == pg->be_dev ? pg->be_dev_state : pg->be_state;
+  return be;
+}
+
+/* How long a peer must be seen blocked in one send or recv with this rank
+ * before a refusal counts on it never reaching the refused call: more than
+ * the publisher's 200 ms period, so that a wait that ended shows so. */
+#define REFUSE_BLOCKED_S 0.5
+
+/* What a refusal's agreement last saw of a peer's blocking send or recv. */
+typedef struct {
+  uint64_t gen;
+  double since;
+} blocked_seen_t;
+
+/* Whether peer q has waited, for REFUSE_BLOCKED_S or more (seen: what was
+ * seen of q before), in one blocking send to or recv from this rank
+ * ("blocked/<q>", published within 200 ms) while this rank has no send or
+ * recv going on in the background: only this rank could end that wait, and
+ * it waits in its refusal, so q never reaches the refused call. */
+static int peer_blocked(crun_pg_t *pg, int q, blocked_seen_t *seen) {
+  char key[32], text[64];
+  snprintf(key, sizeof key, "blocked/%d", q);
+  crun_buf_t v = {0};
+  if (crun__pg_board_peek(pg, key, &v) <= 0) return 0;
+  snprintf(text, sizeof text, "%.*s", (int)(v.len < sizeof text ? v.len : sizeof text - 1), (const char *)v.data);
+  crun_buf_free(&v);
+  int kind = -1, peer = -2;
+  unsigned long long gen = 0;
+  if (sscanf(text, "%d %d %llu", &kind, &peer, &gen) != 3 || (kind != CRUN__COLL_SEND && kind != CRUN__COLL_RECV) ||
+      !(peer == pg->rank || (peer == CRUN_ANY_SOURCE && pg->size == 2))) {
+    seen->gen = 0;
+    return 0;
+  }
+  double now = crun_clock();
+  if (seen->gen != gen) *seen = (blocked_seen_t){gen, now};
+  pthread_mutex_lock(&pg->mu);
+  int mine = pg->npending;
+  pthread_mutex_unlock(&pg->mu);
+  return !mine && now - seen->since >= REFUSE_BLOCKED_S;
+}
+
 /* Whether peer q left "refused/<k>/<q>" on pg's board: 1 it did, 0 not yet
- * (it has not reached call k), -1 it runs call k or a later one instead, it
- * stopped the group by a refusal of its own ("stopped/<q>": one that took
- * no number, beside its queued work or another thread's call) or closed it
- * (pg.c, leave_closed), or the board cannot be read. A peer sets its key before its own agreement
- * ends, so one that refused k and moved on shows its key when looked at
- * again after its progress. */
-static int peer_refused(crun_pg_t *pg, uint64_t k, int q) {
+ * (it has not reached call k), -1 it will not: it runs call k or a later one
+ * instead, it stopped the group by a refusal of its own ("stopped/<q>": one
+ * that took no number, beside its queued work or another thread's call),
+ * closed the group (pg.c, leave_closed) or saw it fail (the backend's abort
+ * leaves stopped/<q> too), its process is gone (be's peer_gone: its end of
+ * the mesh closed), or the board cannot be read. A peer sets its key before
+ * its own agreement ends, so one that refused k and moved on shows its key
+ * when looked at again after its progress. */
+static int peer_refused(crun_pg_t *pg, const crun_backend_vtable_t *be, void *state, uint64_t k, int q,
+                        blocked_seen_t *seen) {
   char key[64], stop[32];
   snprintf(key, sizeof key, "refused/%llu/%d", (unsigned long long)k, q);
   snprintf(stop, sizeof stop, "stopped/%d", q);
@@ -175,11 +235,41 @@ static int peer_refused(crun_pg_t *pg, uint64_t k, int q) {
   int ok = 0, gone = 0;
   if (crun_store_check(pg->board, &kp, 1, &ok) < 0) return -1;
   if (ok) return 1;
+  if (be->peer_gone && state && be->peer_gone(state, q)) return -1;
   if (crun_store_check(pg->board, &sp, 1, &ok) < 0 || ok) return -1;
   uint64_t at = board_seq(pg, q, &gone);
   if (gone) return -1;
-  if (at < k) return 0;
+  if (at < k) return peer_blocked(pg, q, seen) ? -1 : 0;
   return crun_store_check(pg->board, &kp, 1, &ok) == 0 && ok ? 1 : -1;
+}
+
+/* The group's decision on its refused call k, once a rank made it: 1 the
+ * group goes on, 0 it stops, -1 none yet (or the board cannot be read). */
+static int decided(crun_pg_t *pg, uint64_t k) {
+  char key[48];
+  snprintf(key, sizeof key, "refusal/%llu", (unsigned long long)k);
+  crun_buf_t v = {0};
+  if (crun__pg_board_peek(pg, key, &v) <= 0) return -1;
+  int go = v.len == 2 && memcmp(v.data, "go", 2) == 0;
+  crun_buf_free(&v);
+  return go;
+}
+
+/* Makes the group's decision on its refused call k this rank's finding
+ * `go` unless a rank decided first: "refusal/<k>" is written once (the
+ * store's compare_set), and every rank returns what it holds, so that no
+ * rank says the group goes on while another stops it (a rank whose wait
+ * ended just as a late peer's refusal came). A board that cannot be
+ * written: 0 (this rank stops the group, which its peers then see). */
+static int decide(crun_pg_t *pg, uint64_t k, int go) {
+  char key[48];
+  snprintf(key, sizeof key, "refusal/%llu", (unsigned long long)k);
+  const char *mine = go ? "go" : "stop";
+  crun_buf_t v = {0};
+  if (crun_store_compare_set(pg->board, key, "", 0, mine, strlen(mine), &v) < 0) return 0;
+  go = v.len == 2 && memcmp(v.data, "go", 2) == 0;
+  crun_buf_free(&v);
+  return go;
 }
 
 /* Whether every rank of pg refused its call number k, as this one did (rc,
@@ -188,32 +278,36 @@ static int peer_refused(crun_pg_t *pg, uint64_t k, int q) {
  * argument error every rank made (the same line at the REPL, the same bad
  * option in every rank's script). This rank leaves "refused/<k>/<rank>" on
  * the group's board and waits, up to 5 s (REFUSE_AGREE_S; the group's timeout
- * when shorter), until every peer
- * either left its own (1) or runs call k or a later one instead (0: the
- * group stops; a peer in call k shows on the progress board within its
- * 200 ms period), or until the group fails. Failure path only. */
+ * when shorter), until every peer either left its own or runs call k or a
+ * later one instead (peer_refused), until a rank decided (decided), or until
+ * the group fails; then the group's one decision (decide) is the answer.
+ * Failure path only. */
 #define REFUSE_AGREE_S 5.0
-static int every_rank_refused(crun_pg_t *pg, uint64_t k, int rc, const char *text) {
+static int every_rank_refused(crun_pg_t *pg, const crun__coll_t *c, uint64_t k, int rc, const char *text) {
+  void *state;
+  const crun_backend_vtable_t *be = coll_backend(pg, c, &state);
   char key[64], val[600];
   snprintf(key, sizeof key, "refused/%llu/%d", (unsigned long long)k, pg->rank);
   int len = snprintf(val, sizeof val, "%d %s", -rc, text);
   char *done = calloc((size_t)pg->size, 1);
-  if (!done || !pg->board ||
+  blocked_seen_t *seen = calloc((size_t)pg->size, sizeof *seen);
+  if (!done || !seen || !pg->board ||
       crun_store_set(pg->board, key, val, (size_t)(len < (int)sizeof val ? len : (int)sizeof val - 1)) < 0) {
     free(done);
+    free(seen);
     return 0;
   }
-  int left = pg->size - 1, ran = 0;
+  int left = pg->size - 1, ran = 0, known = -1;
   done[pg->rank] = 1;
   /* bounded well below the usual timeout: ranks that make the same mistake
    * reach it close together, and a peer held elsewhere (a recv from this
    * rank, which waits here) must not keep both until the timeout */
   double end = crun_clock() + (pg->timeout < REFUSE_AGREE_S ? pg->timeout : REFUSE_AGREE_S);
   useconds_t nap = 500;
-  while (left > 0 && !ran && !atomic_load(&pg->is_broken) && crun_clock() < end) {
+  while (left > 0 && !ran && !atomic_load(&pg->is_broken) && crun_clock() < end && (known = decided(pg, k)) < 0) {
     for (int q = 0; q < pg->size && !ran; q++) {
       if (done[q]) continue;
-      int r = peer_refused(pg, k, q);
+      int r = peer_refused(pg, be, state, k, q, &seen[q]);
       if (r > 0) done[q] = 1, left--;
       ran = r < 0;
     }
@@ -223,7 +317,8 @@ static int every_rank_refused(crun_pg_t *pg, uint64_t k, int rc, const char *tex
     }
   }
   free(done);
-  return left == 0;
+  free(seen);
+  return known >= 0 ? known : decide(pg, k, left == 0);
 }
 
 /* A check only this rank makes (the root's own list of buffers, a list on a
@@ -240,8 +335,8 @@ static int every_rank_refused(crun_pg_t *pg, uint64_t k, int rc, const char *tex
 static int refuse_call(crun_pg_t *pg, const crun__coll_t *c, int rc) {
   /* the backend that runs c (backend "auto": the device one for CUDA
    * buffers, unusable until its first CUDA call connected it) */
-  const crun_backend_vtable_t *be = c->cuda && pg->be_dev ? pg->be_dev : pg->be;
-  void *state = be == pg->be_dev ? pg->be_dev_state : pg->be_state;
+  void *state;
+  const crun_backend_vtable_t *be = coll_backend(pg, c, &state);
   if (pg->size < 2 || !state || !be->abort_reaches || !be->abort_reaches(state, c)) return rc;
   char mine[512], seq[32] = "", text[700];
   snprintf(mine, sizeof mine, "%s", crun_last_error());
@@ -255,7 +350,7 @@ static int refuse_call(crun_pg_t *pg, const crun__coll_t *c, int rc) {
   size_t n = strlen(crun_err_name(rc));
   const char *body = strncmp(mine, crun_err_name(rc), n) == 0 && mine[n] == ':' ? mine + n + 2 : mine;
   /* a group already unusable has no peer to agree with: theirs fail at once (ESTATE) */
-  if (seq[0] && !be->private_board && !atomic_load(&pg->is_broken) && every_rank_refused(pg, last + 1, rc, body))
+  if (seq[0] && !be->private_board && !atomic_load(&pg->is_broken) && every_rank_refused(pg, c, last + 1, rc, body))
     return crun_error(rc, "%s (every rank refused %s #%llu: the group goes on)", body, crun__coll_name(c->kind),
                       (unsigned long long)last + 1);
   int root = crun__coll_rooted(c->kind) && c->root == pg->rank;
@@ -334,7 +429,7 @@ int crun_pg_send(crun_pg_t *pg, const void *buf, size_t count, crun_dtype_t dt, 
   NEW_WORK(w, CRUN__COLL_SEND, dt, count);
   w->c.buf = (void *)buf;
   w->c.root = dst;
-  return submit(pg, w, work, NULL);
+  return work ? submit(pg, w, work, NULL) : submit_blocking_p2p(pg, w, NULL);
 }
 
 int crun_pg_recv(crun_pg_t *pg, void *buf, size_t count, crun_dtype_t dt, int src,
@@ -352,7 +447,7 @@ int crun_pg_recv(crun_pg_t *pg, void *buf, size_t count, crun_dtype_t dt, int sr
   NEW_WORK(w, CRUN__COLL_RECV, dt, count);
   w->c.buf = buf;
   w->c.root = src;
-  return submit(pg, w, work, src_out);
+  return work ? submit(pg, w, work, src_out) : submit_blocking_p2p(pg, w, src_out);
 }
 
 int crun_pg_broadcast(crun_pg_t *pg, void *buf, size_t count, crun_dtype_t dt, int root,

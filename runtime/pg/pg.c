@@ -365,16 +365,34 @@ static void publish(crun_pg_t *pg, uint64_t v) {
     CRUN_LOG(INFO, PG, "could not publish progress: %s", crun_last_error());
 }
 
-/* Publishes the current collective at most every 200 ms, only when it changed. */
+/* Publishes "blocked/<rank>": the blocking send or recv b (pg->p2p_wait)
+ * this rank waits in, "<kind> <peer> <gen>", or "-" for none. */
+static void publish_blocked(crun_pg_t *pg, uint64_t b) {
+  char key[32], val[64] = "-";
+  snprintf(key, sizeof key, "blocked/%d", pg->rank);
+  if (b) snprintf(val, sizeof val, "%d %d %llu", (int)((b >> 20) & 0xf), (int)(b & 0xfffff) - 1,
+                  (unsigned long long)(b >> 24));
+  if (crun_store_set(pg->board, key, val, strlen(val)) < 0)
+    CRUN_LOG(INFO, PG, "could not publish %s: %s", key, crun_last_error());
+}
+
+/* Publishes the current collective, and the blocking send or recv this
+ * rank waits in, at most every 200 ms, only when they changed. */
 static void *publisher(void *arg) {
   crun_pg_t *pg = arg;
   pthread_mutex_lock(&pg->mu);
   while (!pg->pub_stop) {
-    uint64_t v = atomic_load(&pg->cur);
+    uint64_t v = atomic_load(&pg->cur), b = atomic_load(&pg->p2p_wait);
     if (v != pg->published) {
       pg->published = v;
       pthread_mutex_unlock(&pg->mu);
       publish(pg, v);
+      pthread_mutex_lock(&pg->mu);
+    }
+    if (b != pg->p2p_published) {
+      pg->p2p_published = b;
+      pthread_mutex_unlock(&pg->mu);
+      publish_blocked(pg, b);
       pthread_mutex_lock(&pg->mu);
     }
     struct timespec ts;

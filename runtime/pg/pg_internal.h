@@ -122,6 +122,13 @@ struct crun_pg {
   int pub_stop, has_pub;
   pthread_t pub_thread;
   pthread_cond_t pub_cv;
+  /* a blocking send or recv this rank's caller waits in (coll.c; 0: none):
+   * gen << 24 | kind << 20 | (peer + 1), published by the same thread as
+   * "blocked/<rank>" = "<kind> <peer> <gen>" (or "-"), which a peer's
+   * refusal reads (coll.c): a rank blocked on it cannot reach its call */
+  _Atomic uint64_t p2p_wait;
+  _Atomic uint32_t p2p_gen;
+  uint64_t p2p_published;
   /* point-to-point operations the backend progresses in the background */
   int npending;              /* guarded by mu */
   int (*pump)(void *arg, double wait_s); /* progresses them; set by the backend */

@@ -32,6 +32,11 @@ int crun__tcp_send(crun__tcp_t *t, crun__coll_t *c);
  * sets c->src_out; CRUN__PENDING and the end as for crun__tcp_send. */
 int crun__tcp_recv(crun__tcp_t *t, crun__coll_t *c);
 
+/* Whether peer j's end of the mesh is gone: its connection was closed or
+ * reset (its process ended, or it closed or failed the group), so j runs no
+ * further call of the group. Never blocks, reads nothing. */
+int crun__tcp_peer_gone(crun__tcp_t *t, int j);
+
 /* Sends an abort frame with the text to every peer it can reach without
  * blocking, then shuts every connection down. */
 void crun__tcp_abort(crun__tcp_t *t, int status, const char *text);

@@ -451,6 +451,14 @@ static void check_unread(crun__tcp_t *t) {
   }
 }
 
+int crun__tcp_peer_gone(crun__tcp_t *t, int j) {
+  if (!t || !t->fds || j < 0 || j >= t->size || j == t->rank || t->fds[j] < 0) return 0;
+  struct pollfd p = {.fd = t->fds[j], .events = POLLRDHUP};
+  /* the peer's FIN (its close, or its process's end) or RST; data still
+   * queued before it does not hide it */
+  return poll(&p, 1, 0) == 1 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
+}
+
 void crun__tcp_close(crun__tcp_t *t) {
   if (!t) return;
   crun__tcp_p2p_fini(t);

@@ -531,11 +531,155 @@ TEST(refusal_after_peer_closed) {
   EXPECT_EQ_INT(pg_spawn_ex(2, refuse_after_peer_closed, NULL, 15.0, 40.0), 0);
 }
 
+/* The seconds rank r's refusal of a float all_reduce (bxor) took, after
+ * EINVAL that does not say "goes on"; printed for the report. */
+static double refuse_bxor_timed(crun_pg_t *pg, const char *what) {
+  float f[2] = {1.5f, -2.25f};
+  double t0 = crun_clock();
+  EXPECT_STATUS(crun_pg_all_reduce(pg, f, 2, CRUN_FLOAT32, CRUN_OP_BXOR, NULL, NULL), CRUN_EINVAL);
+  double s = crun_clock() - t0;
+  EXPECT(!strstr(crun_last_error(), "goes on"));
+  fprintf(stderr, "rank %d: refusal %s took %.3f s\n", crun_pg_rank(pg), what, s);
+  return s;
+}
+
+/* Rank 1 is killed (SIGKILL, its group never closed) after call #1; rank 0
+ * then refuses call #2, which rank 1 will never reach: its connection's end
+ * tells rank 0 at once, not the agreement's 5 s bound. */
+static void refuse_after_peer_killed(crun_pg_t *pg, void *arg) {
+  (void)arg;
+  float f[2] = {1.5f, -2.25f};
+  EXPECT_OK(crun_pg_all_reduce(pg, f, 2, CRUN_FLOAT32, CRUN_OP_SUM, NULL, NULL));
+  if (crun_pg_rank(pg) == 1) raise(SIGKILL);
+  usleep(400 * 1000);
+  EXPECT(refuse_bxor_timed(pg, "after a killed peer") < 3.0);
+}
+TEST(refusal_after_peer_killed) {
+  setenv("CRUN_SHM", "0", 1);
+  EXPECT_EQ_INT(pg_spawn_ex(2, refuse_after_peer_killed, NULL, 15.0, 40.0), 1);
+}
+TEST(refusal_after_peer_killed_shm) {
+  setenv("CRUN_SHM", "1", 1);
+  EXPECT_EQ_INT(pg_spawn_ex(2, refuse_after_peer_killed, NULL, 15.0, 40.0), 1);
+}
+
+/* Rank 1's group fails for a reason of its own (a recv from rank 0 that
+ * times out) and rank 1 stays up without closing it; rank 0 then refuses
+ * call #2, which rank 1 will never reach: the failure left stopped/1 on the
+ * board, so rank 0 stops at once. */
+static void refuse_after_peer_failed(crun_pg_t *pg, void *arg) {
+  (void)arg;
+  float f[2] = {1.5f, -2.25f};
+  EXPECT_OK(crun_pg_all_reduce(pg, f, 2, CRUN_FLOAT32, CRUN_OP_SUM, NULL, NULL));
+  if (crun_pg_rank(pg) == 1) {
+    crun_coll_opts_t o = {.timeout = 0.2};
+    EXPECT_STATUS(crun_pg_recv(pg, f, 1, CRUN_FLOAT32, 0, &o, NULL, NULL), CRUN_ETIMEDOUT);
+    usleep(3500 * 1000);
+    return;
+  }
+  usleep(800 * 1000);
+  EXPECT(refuse_bxor_timed(pg, "after a peer's failed group") < 3.0);
+}
+TEST(refusal_after_peer_failed) {
+  setenv("CRUN_SHM", "0", 1);
+  EXPECT_EQ_INT(pg_spawn_ex(2, refuse_after_peer_failed, NULL, 15.0, 40.0), 0);
+}
+
+/* Rank 1 waits in a blocking recv from rank 0 while rank 0 refuses call #1:
+ * rank 1 cannot reach #1 until rank 0 sends, so rank 0 stops at once (the
+ * board shows whom rank 1's recv waits for) instead of after 5 s, and rank
+ * 1's recv fails with rank 0's refusal. */
+static void refuse_while_peer_in_recv(crun_pg_t *pg, void *arg) {
+  (void)arg;
+  float f[2] = {1.5f, -2.25f};
+  if (crun_pg_rank(pg) == 1) {
+    double t0 = crun_clock();
+    EXPECT(crun_pg_recv(pg, f, 1, CRUN_FLOAT32, 0, NULL, NULL, NULL) < 0);
+    EXPECT_TEXT("bxor");
+    EXPECT(crun_clock() - t0 < 3.5);
+    return;
+  }
+  usleep(300 * 1000);
+  EXPECT(refuse_bxor_timed(pg, "while the peer waits in a recv from it") < 3.0);
+}
+TEST(refusal_while_peer_in_recv) {
+  setenv("CRUN_SHM", "0", 1);
+  EXPECT_EQ_INT(pg_spawn_ex(2, refuse_while_peer_in_recv, NULL, 15.0, 40.0), 0);
+}
+
+/* Rank 1 receives from rank 0 (a recv that ends), then works 1 s before it
+ * makes the refusal rank 0 made right after its send: a recv that ended is
+ * no wait on rank 0, so the group goes on, as it did before the board named
+ * blocked sends and recvs. */
+static void refuse_after_recv_ended(crun_pg_t *pg, void *arg) {
+  (void)arg;
+  int r = crun_pg_rank(pg);
+  float f[2] = {1.5f, -2.25f};
+  if (r == 0) EXPECT_OK(crun_pg_send(pg, f, 2, CRUN_FLOAT32, 1, NULL, NULL));
+  else EXPECT_OK(crun_pg_recv(pg, f, 2, CRUN_FLOAT32, 0, NULL, NULL, NULL));
+  if (r == 1) usleep(1000 * 1000);
+  EXPECT_STATUS(crun_pg_all_reduce(pg, f, 2, CRUN_FLOAT32, CRUN_OP_BXOR, NULL, NULL), CRUN_EINVAL);
+  EXPECT_TEXT("every rank refused all_reduce #1: the group goes on");
+  EXPECT_OK(crun_pg_barrier(pg, NULL, NULL));
+}
+TEST(refusal_after_recv_ended) {
+  setenv("CRUN_SHM", "0", 1);
+  EXPECT_EQ_INT(pg_spawn_ex(2, refuse_after_recv_ended, NULL, 15.0, 40.0), 0);
+}
+
+/* Every rank issues an async all_reduce and at once refuses the next call
+ * (as a REPL line would), 20 times on fresh sub-groups: a refusal with that
+ * work still queued or running takes no number and stops the group, one
+ * after it took the number after it; either way the ranks must agree: a
+ * rank told "the group goes on" finds its next call working, one told it
+ * stops finds it ESTATE, and the async work's sum is right wherever it
+ * succeeded. */
+static void refuse_beside_async(crun_pg_t *pg, void *arg) {
+  (void)arg;
+  int all[2] = {0, 1};
+  for (int i = 0; i < 20; i++) {
+    crun_pg_t *g = NULL;
+    EXPECT_OK(crun_pg_new_group(pg, all, 2, 0, &g));
+    if (!g) return;
+    float a = 1.0f, f = 2.0f;
+    crun_work_t *w = NULL;
+    EXPECT_OK(crun_pg_all_reduce(g, &a, 1, CRUN_FLOAT32, CRUN_OP_SUM, NULL, &w));
+    EXPECT_STATUS(crun_pg_all_reduce(g, &f, 1, CRUN_FLOAT32, CRUN_OP_BXOR, NULL, NULL), CRUN_EINVAL);
+    int goes_on = strstr(crun_last_error(), "goes on") != NULL;
+    if (crun_work_wait(w, 10.0) == 0) EXPECT(a == 2.0f);
+    crun_work_release(w);
+    int rc = crun_pg_barrier(g, NULL, NULL);
+    EXPECT(goes_on ? rc == 0 : rc < 0);
+    crun_pg_destroy(g);
+  }
+}
+TEST(refusal_beside_async_work) {
+  setenv("CRUN_SHM", "0", 1);
+  EXPECT_EQ_INT(pg_spawn_ex(2, refuse_beside_async, NULL, 15.0, 120.0), 0);
+}
+
+/* Rank 1 refuses call #1 after rank 0's agreement on it gave up (group
+ * timeout 1 s: a 1 s bound) and stopped the group: rank 1 finds rank 0's
+ * refusal of #1 on the board but must not say the group goes on, since rank
+ * 0 said it stops: the decision is written once and both read it. */
+static void refuse_after_agreement_gave_up(crun_pg_t *pg, void *arg) {
+  (void)arg;
+  if (crun_pg_rank(pg) == 1) usleep(1700 * 1000);
+  refuse_bxor_timed(pg, "beside a late peer");
+  EXPECT(crun_pg_barrier(pg, NULL, NULL) < 0);
+}
+TEST(refusal_decided_once) {
+  setenv("CRUN_SHM", "0", 1);
+  EXPECT_EQ_INT(pg_spawn_ex(2, refuse_after_agreement_gave_up, NULL, 1.0, 40.0), 0);
+}
+
 #define CRUN_TESTS(X) X(async_ordering) X(async_blocking_race) X(two_threads_one_group) X(tcp_two_threads_one_group) \
   X(stats_large_after_small) X(sub_groups) X(send_recv_matching) X(work_wait_timeout) \
   X(argument_errors) X(mismatch_reported_everywhere) X(timeout_names_ranks) X(peer_killed_mid_all_reduce) \
   X(tcp_mismatch) X(tcp_timeout) X(tcp_peer_killed) X(wait_zero_ends_by_the_deadline) \
   X(wait_zero_ends_by_the_deadline_shm) X(timeouts_clamped) \
   X(refusal_on_broken_group) X(refusal_beside_unnumbered_refusal) \
-  X(refusal_after_peer_closed)
+  X(refusal_after_peer_closed) X(refusal_after_peer_killed) X(refusal_after_peer_killed_shm) X(refusal_after_peer_failed) \
+  X(refusal_while_peer_in_recv) X(refusal_after_recv_ended) X(refusal_decided_once) \
+  X(refusal_beside_async_work)
 CRUN_TEST_MAIN()

@@ -65,10 +65,16 @@ static int cpu_create(crun_pg_t *pg, void **state) {
   return 0;
 }
 
+/* The group failed on this rank (any failure: crun__pg_fail and the group's
+ * own bookkeeping call this once): the peers waiting in a call learn it from
+ * the mesh and the engine, and a peer waiting in a refusal's agreement
+ * (coll.c), which reads the board, from "stopped/<rank>", left last so that a
+ * slow store delays only this rank. */
 static void cpu_abort(void *state, int status, const char *text) {
   cpu_t *b = state;
   crun__tcp_abort(b->tcp, status, text);
   if (b->has_engine && b->engine.abort) b->engine.abort(b->engine.state, status, text);
+  if (b->pg->size > 1) crun__pg_leave_stopped(b->pg, "failed");
 }
 
 static void cpu_destroy(void *state) {
@@ -166,12 +172,14 @@ static int cpu_abort_reaches(void *state, const crun__coll_t *c) {
   return !(b->has_engine && b->engine.supports(b->engine.state, c)) || b->engine.abort;
 }
 
+static int cpu_peer_gone(void *state, int q) { return crun__tcp_peer_gone(((cpu_t *)state)->tcp, q); }
+
 static int cpu_send(void *state, crun__coll_t *c) { return crun__tcp_send(((cpu_t *)state)->tcp, c); }
 static int cpu_recv(void *state, crun__coll_t *c) { return crun__tcp_recv(((cpu_t *)state)->tcp, c); }
 
 const crun_backend_vtable_t crun__backend_cpu = {
     .name = "cpu", .posts_obs = 1, .destroy_pending = 1, .create = cpu_create, .abort = cpu_abort, .destroy = cpu_destroy,
-    .abort_reaches = cpu_abort_reaches, .direct = cpu_direct,
+    .abort_reaches = cpu_abort_reaches, .peer_gone = cpu_peer_gone, .direct = cpu_direct,
     .send = cpu_send, .recv = cpu_recv, .broadcast = cpu_coll, .all_reduce = cpu_coll,
     .reduce = cpu_coll, .all_gather = cpu_coll, .gather = cpu_coll, .scatter = cpu_coll,
     .reduce_scatter = cpu_coll, .all_to_all = cpu_coll, .barrier = cpu_coll};

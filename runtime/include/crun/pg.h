@@ -143,9 +143,12 @@ uint64_t crun_pg_next_seq(const crun_pg_t *pg);
  * refused <call> #N: the group goes on"). To tell the two apart it leaves
  * "refused/<N>/<rank>" on the group's progress board and waits until every
  * peer left its own or is seen in call N or later (the progress board, within
- * 200 ms), stopped or closed the group, at most 5 s (the group's timeout
- * when shorter; a peer that reaches the same refusal later finds the group
- * stopped): it blocks like the call it refuses.
+ * 200 ms), stopped, closed or failed the group, is gone (its end of the TCP
+ * mesh closed: killed), or waits (0.5 s seen) in a blocking send to or recv
+ * from this rank, at most 5 s (the group's timeout when shorter); the
+ * first rank to decide writes "refusal/<N>" (go or stop) once and every
+ * rank takes that decision, so a peer that reaches the same refusal later
+ * finds the group stopped: it blocks like the call it refuses.
  * Not on backend mpi, whose ranks share no store under mpirun: there the
  * group always stops. Returns status (< 0). */
 int crun_pg_refuse(crun_pg_t *pg, const char *call, int root, const crun_coll_opts_t *opts, int status,
