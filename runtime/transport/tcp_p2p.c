@@ -309,13 +309,12 @@ static void peer_aborted(crun__tcp_t *t, int j, const crun__hdr_t *h, const char
   crun__tcp_fail_all(t, st, text);
 }
 
-/* An abort frame of peer j was read whole: every pending operation fails. */
+/* An abort frame of peer j was read whole: every pending operation fails.
+ * The reason stays in x (h, text) for a collective step (tcp_xfer.c). */
 static void prx_abort_done(crun__tcp_t *t, int j) {
   crun__prx_t *x = &t->prx[j];
   x->state = CRUN__PRX_DEAD;
   peer_aborted(t, j, &x->h, x->text);
-  free(x->text);
-  x->text = NULL;
 }
 
 /* Fails the receives that can no longer be served after peer j went away
@@ -334,6 +333,9 @@ static void peer_gone(crun__tcp_t *t, int j, int err) {
   crun__hdr_t h;
   char why[CRUN__ABORT_TEXT_MAX + 1];
   if (crun__tcp_board_reason(t, j, &h, why, sizeof why)) { /* j failed its group: its abort frame could not come */
+    free(x->text); /* kept for a collective step, as prx_abort_done does */
+    x->h = h;
+    x->text = strdup(why);
     peer_aborted(t, j, &h, why);
     return;
   }

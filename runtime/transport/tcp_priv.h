@@ -105,7 +105,8 @@ typedef struct {
   size_t hgot, got;
   crun__stash_t *frame;     /* STASH: the frame being read */
   crun__p2p_op_t *direct;   /* DIRECT: the receive being filled */
-  char *text;               /* ABORT: its text */
+  char *text;               /* ABORT: its text; DEAD: the reason (h, text) when the peer failed
+                             * the group (its abort frame, or the board), else NULL */
   int hup;                  /* the peer shut its side (seen by a send stuck on it or a held
                              * reader): what it left is read to its end */
   int cut;                  /* DEAD: a receive that failed (timed out) left its frame half

@@ -134,6 +134,8 @@ static int aborted_by(io_t *io, int peer, const crun__hdr_t *h, const char *text
 static int peer_died(io_t *io, int peer, int err) {
   crun__hdr_t h;
   char why[CRUN__ABORT_TEXT_MAX + 1], desc[64], how[128];
+  const crun__prx_t *x = &io->t->prx[peer];
+  if (x->state == CRUN__PRX_DEAD && x->text) return aborted_by(io, peer, &x->h, x->text); /* the pump read it */
   if (crun__tcp_board_reason(io->t, peer, &h, why, sizeof why)) return aborted_by(io, peer, &h, why);
   crun__coll_desc(io->c, desc, sizeof desc);
   return crun_error(CRUN_EPEERDIED, "%s on rank %d: connection to rank %d %s (the process died "
@@ -413,14 +415,58 @@ static int may_peek(const io_t *io) {
   return k != CRUN__COLL_SEND && k != CRUN__COLL_RECV && !io->stash_only && io->t->size > 2;
 }
 
+/* Whether a waiting step watches peer j for a hang-up: the step neither
+ * sends to j nor reads from it now, and j's stream is between frames with
+ * no background read on it. */
+static int idle_peer(const io_t *io, int j, int tx, int rx) {
+  const crun__tcp_t *t = io->t;
+  const crun__prx_t *x = &t->prx[j];
+  return j != t->rank && t->fds[j] >= 0 && !(tx && j == io->to) && !(rx && j == io->from) && !t->closed[j] &&
+         x->state == CRUN__PRX_HDR && !x->hgot && !x->hup;
+}
+
+/* Peer j, whose connection this step does not read, hung up: it failed the
+ * group (its abort frame is the last thing it sent, or its reason is on the
+ * board when it reset the connection), closed the group, or died. The
+ * background reader reads what j left up to that end (its frames into the
+ * stash, for a later step). <0 with j's reason when j failed the group,
+ * else 0: this step goes on (a step that reads from j later finds its
+ * frames, then the close). */
+static int idle_peer_hung_up(io_t *io, int j, int rx) {
+  crun__tcp_t *t = io->t;
+  t->prx[j].hup = 1;
+  crun__tcp_pump(t, rx ? io->from : -1);
+  const crun__prx_t *x = &t->prx[j];
+  return x->state == CRUN__PRX_DEAD && x->text ? aborted_by(io, j, &x->h, x->text) : 0;
+}
+
+/* After a poll: looks at the idle peers that hung up (idle_peer_hung_up);
+ * <0 with the reason of one that failed the group. */
+static int idle_peers_check(io_t *io, int tx, int rx) {
+  crun__tcp_t *t = io->t;
+  for (int j = 0; j < t->size; j++) {
+    if (!(t->pfd[j].revents & (POLLRDHUP | POLLHUP | POLLERR)) || !idle_peer(io, j, tx, rx)) continue;
+    int r = idle_peer_hung_up(io, j, rx);
+    if (r < 0) return r;
+  }
+  return 0;
+}
+
 /* Polls the step's sockets (and those pending p2p operations wait on) until
  * one is ready; <0 on timeout, or when another peer's frame shows that it
- * is in this call with another collective (peek_others). */
+ * is in this call with another collective (peek_others). The other peers'
+ * sockets are polled for a hang-up too: a peer that failed the group sent
+ * its abort frame and then shut its side, so the step fails at once with
+ * that peer's reason (idle_peers_check) instead of when the failure reaches
+ * it through the peer it waits for. This costs nothing while the step's
+ * own peers keep it busy: only a step that would block polls. */
 static int io_wait(io_t *io) {
   crun__tcp_t *t = io->t;
   struct pollfd *p = t->pfd;
   int tx = io->to >= 0 && io->toff < HDR + io->sbytes, rx = io->from >= 0 && io->rstate != RX_DONE;
-  for (int j = 0; j < t->size; j++) p[j] = (struct pollfd){-1, 0, 0};
+  int watch = may_peek(io);
+  for (int j = 0; j < t->size; j++)
+    p[j] = (struct pollfd){-1, watch && idle_peer(io, j, tx, rx) ? POLLRDHUP : 0, 0};
   if (tx) p[io->to].events |= (short)(POLLOUT | (io->watch_to ? POLLIN : 0));
   if (rx) p[io->from].events |= POLLIN;
   crun__tcp_pump_events(t, rx ? io->from : -1);
@@ -438,6 +484,8 @@ static int io_wait(io_t *io) {
   if (t0) crun__obs_wait_ns += crun_clock_ns() - t0;
   if (k < 0 && errno != EINTR) return crun_error(CRUN_ESYS, "poll: %s", strerror(errno));
   if (k == 0 && peek) return peek_others(io);
+  int r = k > 0 && watch ? idle_peers_check(io, tx, rx) : 0;
+  if (r < 0) return r;
   if (k > 0 && tx && io->watch_to && (p[io->to].revents & (POLLIN | POLLHUP)) && !(rx && io->from == io->to))
     return peek_abort(io);
   return 0;
