@@ -401,7 +401,8 @@ int crun__tcp_open(crun_pg_t *pg, crun__tcp_t **out) {
   t->outq = calloc((size_t)pg->size, sizeof *t->outq);
   t->prx = calloc((size_t)pg->size, sizeof *t->prx);
   t->pfd = calloc((size_t)pg->size, sizeof *t->pfd);
-  if (!t->fds || !t->tx_dirty || !t->closed || !t->stash || !t->outq || !t->prx || !t->pfd) { crun__tcp_close(t); return crun_error(CRUN_ENOMEM, "tcp transport"); }
+  t->reset_due = calloc((size_t)pg->size, 1);
+  if (!t->fds || !t->tx_dirty || !t->closed || !t->stash || !t->outq || !t->prx || !t->pfd || !t->reset_due) { crun__tcp_close(t); return crun_error(CRUN_ENOMEM, "tcp transport"); }
   for (int j = 0; j < pg->size; j++) t->fds[j] = -1;
   int rc = crun__tcp_p2p_init(t);
   if (rc < 0) { crun__tcp_close(t); return rc; }
@@ -474,6 +475,8 @@ void crun__tcp_close(crun__tcp_t *t) {
     if (t->prx) free(t->prx[j].text);
   }
   free(t->abort_why);
+  free(t->reason_due);
+  free(t->reset_due);
   free(t->outq);
   free(t->prx);
   free(t->pfd);

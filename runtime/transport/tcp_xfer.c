@@ -563,9 +563,9 @@ static int run_step(crun__tcp_t *t, crun__coll_t *c, const crun__xfer_t *x, int 
 
 int crun__tcp_xfer(crun__tcp_t *t, crun__coll_t *c, const crun__xfer_t *x) {
   if (t->aborted) return crun_error(CRUN_ESTATE, "rank %d: the tcp transport was aborted", t->rank);
-  pthread_mutex_lock(&t->mu);
+  crun__tcp_lock(t);
   int rc = run_step(t, c, x, 0);
-  pthread_mutex_unlock(&t->mu);
+  crun__tcp_unlock(t);
   return rc < 0 ? rc : 0;
 }
 
@@ -591,16 +591,23 @@ int crun__tcp_board_reason(crun__tcp_t *t, int j, crun__hdr_t *h, char *text, si
   return got;
 }
 
-/* Leaves why this rank failed the group on the board (bounded by the
- * board's timeout), for a peer its abort frame cannot reach. */
-static void publish_reason(crun__tcp_t *t, int status, const char *text, size_t len) {
-  char key[32], *v = malloc(len + 16);
+/* The value publish_reason leaves: "<-status> <text>" (malloc'd; NULL
+ * without memory). */
+static char *reason_value(int status, const char *text, size_t len) {
+  char *v = malloc(len + 16);
+  if (v) snprintf(v, len + 16, "%d %.*s", -status, (int)len, text);
+  return v;
+}
+
+/* Leaves why this rank failed the group (v, from reason_value) on the
+ * board, for a peer its abort frame cannot reach; bounded by the board's
+ * timeout. Called without t->mu. */
+static void publish_reason(crun__tcp_t *t, const char *v) {
+  char key[32];
   reason_key(t->rank, key, sizeof key);
-  if (!v || !t->pg || !t->pg->board) { free(v); return; }
-  int n = snprintf(v, len + 16, "%d %.*s", -status, (int)len, text);
-  if (crun_store_set(t->pg->board, key, v, (size_t)n) < 0)
+  if (!t->pg || !t->pg->board) return;
+  if (crun_store_set(t->pg->board, key, v, strlen(v)) < 0)
     CRUN_LOG(INFO, NET, "rank %d: could not leave the abort reason on the board: %s", t->rank, crun_last_error());
-  free(v);
 }
 
 /* Sends the abort frame to peer j; 1 when it went out whole, -1 when the
@@ -632,9 +639,41 @@ static void reset_conn(crun__tcp_t *t, int j) {
   }
 }
 
+void crun__tcp_lock(crun__tcp_t *t) {
+  pthread_mutex_lock(&t->mu);
+  t->lock_depth++;
+}
+
+/* The part of an abort that waits for the outermost release of t->mu (its
+ * caller may be deep in a pump that holds it): leaves the reason on the
+ * board without the lock, then resets the connections its abort frame
+ * could not reach, so that a peer that sees the reset finds the reason. */
+static void abort_finish(crun__tcp_t *t, char *v) {
+  publish_reason(t, v);
+  free(v);
+  pthread_mutex_lock(&t->mu);
+  for (int j = 0; j < t->size; j++)
+    if (t->reset_due[j]) {
+      t->reset_due[j] = 0;
+      reset_conn(t, j);
+    }
+  pthread_mutex_unlock(&t->mu);
+}
+
+void crun__tcp_unlock(crun__tcp_t *t) {
+  char *v = --t->lock_depth == 0 ? t->reason_due : NULL;
+  t->reason_due = v ? NULL : t->reason_due;
+  pthread_mutex_unlock(&t->mu);
+  if (v) abort_finish(t, v);
+}
+
 void crun__tcp_abort(crun__tcp_t *t, int status, const char *text) {
   if (!t || t->aborted) return;
-  pthread_mutex_lock(&t->mu);
+  crun__tcp_lock(t);
+  if (t->aborted) { /* another thread's abort came first */
+    crun__tcp_unlock(t);
+    return;
+  }
   t->aborted = 1;
   const char *cut = strstr(text, " [reported by rank");
   size_t len = cut ? (size_t)(cut - text) : strlen(text);
@@ -642,15 +681,25 @@ void crun__tcp_abort(crun__tcp_t *t, int status, const char *text) {
   char why[512];
   snprintf(why, sizeof why, "the group is unusable after an earlier failure: %.*s", (int)(len < 400 ? len : 400), text);
   t->abort_why = strdup(why);
-  for (int j = 0, published = 0; j < t->size; j++) {
+  int resets = 0;
+  for (int j = 0; j < t->size; j++) {
     if (t->fds[j] < 0) continue;
     if (abort_frame_to(t, j, status, text, len) != 0) {
       shutdown(t->fds[j], SHUT_WR);
       continue;
     }
-    if (!published++) publish_reason(t, status, text, len); /* before the reset the peer reacts to */
-    reset_conn(t, j);
+    t->reset_due[j] = 1;
+    resets++;
   }
+  /* the reason goes on the board before those resets, the peers react to
+   * them: both at the outermost unlock (abort_finish); without memory for
+   * it, the resets go now (the peers see EPEERDIED) */
+  if (resets && !(t->reason_due = reason_value(status, text, len)))
+    for (int j = 0; j < t->size; j++)
+      if (t->reset_due[j]) {
+        t->reset_due[j] = 0;
+        reset_conn(t, j);
+      }
   crun__tcp_fail_all(t, CRUN_ESTATE, why);
-  pthread_mutex_unlock(&t->mu);
+  crun__tcp_unlock(t);
 }
