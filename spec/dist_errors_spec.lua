@@ -536,6 +536,20 @@ describe("dist failures", function()
     end)
   end
 
+  -- A rank that destroys a group another rank had failed (it never read that
+  -- failure) finds a frame no operation of it received: it says the group
+  -- had failed and why, not that the ranks' calls differed.
+  it("say at destroy that a frame was left unread because a peer had failed the group (tcp, 3 ranks)", function()
+    local res, out = scenario_n(3, "unreadabort", "CRUN_SHM=0")
+    local why = "ETIMEDOUT: recv from rank 2 (tag 9) on rank 1: no data from rank 2 after 0.5 s"
+    assert.are.equal(1, res[1]:find("error " .. why, 1, true), res[1] .. "\n" .. out)
+    assert.are.equal("ok", res[0], out)
+    assert.is_falsy(out:find("no operation of rank 0 received it", 1, true), out)
+    assert.is_truthy(out:find("WARN PG: group 'default/0' was destroyed on rank 0 after rank 1 had failed it (" .. why,
+                              1, true), out)
+    assert.is_truthy(out:find("rank 2's barrier #%d+ [^\n]*to rank 0 was left unread"), out)
+  end)
+
   -- A recv from any source that was filling its buffer from rank 1 when rank 1
   -- died names rank 1, not "every peer closed" (rank 2 is still there).
   it("name the peer whose frame a recv from any source was taking when it died (tcp, 3 ranks)", function()
