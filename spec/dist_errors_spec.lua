@@ -95,15 +95,19 @@ describe("dist failures", function()
   -- itself for the root only sends, and a gather's two roots wait for each
   -- other, so no data frame shows it. The ranks agree on the root first, and
   -- every rank fails the call itself, naming both roots and the ranks that
-  -- gave them, within a second (timeout 30 s).
+  -- gave them, within a second (timeout 30 s); or, when a rank that found it
+  -- first failed the group while this one still waited in the exchange on
+  -- another rank, with that rank's text, reported by it.
   for _, k in ipairs{{"broadcast", "src"}, {"reduce", "dst"}, {"gather", "dst"}, {"scatter", "src"}} do
     for _, n in ipairs{2, 3} do
       it(string.format("report a %s whose %s differs between ranks at once (tcp, %d ranks)", k[1], k[2], n), function()
         local res, out = scenario_n(n, "roots_" .. k[1], "CRUN_SHM=0")
         for r = 0, n - 1 do
-          local want = string.format("error EMISMATCH: %s #1 on rank %d: the ranks disagree on %s: rank 0 gave 0, "
-                                     .. "rank 1 gave 1", k[1], r, k[2])
-          assert.is_truthy(res[r]:find(want, 1, true), "rank " .. r .. ": " .. res[r] .. "\n" .. out)
+          local why = ": the ranks disagree on " .. k[2] .. ": rank 0 gave 0, rank 1 gave 1"
+          local by = tonumber(res[r]:match("^error EMISMATCH: " .. k[1] .. " #1 on rank (%d+)" .. why:gsub("%p", "%%%0")))
+          local seen = by == r or (by and res[r]:find(string.format("[reported by rank %d; rank %d was in %s #1]", by, r,
+                                                                    k[1]), 1, true))
+          assert.is_truthy(seen, "rank " .. r .. ": " .. res[r] .. "\n" .. out)
           assert.is_true(tonumber(res[r]:match("elapsed ([%d.]+)")) < 2, res[r])
         end
       end)
@@ -531,6 +535,20 @@ describe("dist failures", function()
       assert.are.equal(k[2] == "kill" and "" or "ok", t1, out)
     end)
   end
+
+  -- A rank that destroys a group another rank had failed (it never read that
+  -- failure) finds a frame no operation of it received: it says the group
+  -- had failed and why, not that the ranks' calls differed.
+  it("say at destroy that a frame was left unread because a peer had failed the group (tcp, 3 ranks)", function()
+    local res, out = scenario_n(3, "unreadabort", "CRUN_SHM=0")
+    local why = "ETIMEDOUT: recv from rank 2 (tag 9) on rank 1: no data from rank 2 after 0.5 s"
+    assert.are.equal(1, res[1]:find("error " .. why, 1, true), res[1] .. "\n" .. out)
+    assert.are.equal("ok", res[0], out)
+    assert.is_falsy(out:find("no operation of rank 0 received it", 1, true), out)
+    assert.is_truthy(out:find("WARN PG: group 'default/0' was destroyed on rank 0 after rank 1 had failed it (" .. why,
+                              1, true), out)
+    assert.is_truthy(out:find("rank 2's barrier #%d+ [^\n]*to rank 0 was left unread"), out)
+  end)
 
   -- A recv from any source that was filling its buffer from rank 1 when rank 1
   -- died names rank 1, not "every peer closed" (rank 2 is still there).

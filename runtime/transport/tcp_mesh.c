@@ -401,7 +401,8 @@ int crun__tcp_open(crun_pg_t *pg, crun__tcp_t **out) {
   t->outq = calloc((size_t)pg->size, sizeof *t->outq);
   t->prx = calloc((size_t)pg->size, sizeof *t->prx);
   t->pfd = calloc((size_t)pg->size, sizeof *t->pfd);
-  if (!t->fds || !t->tx_dirty || !t->closed || !t->stash || !t->outq || !t->prx || !t->pfd) { crun__tcp_close(t); return crun_error(CRUN_ENOMEM, "tcp transport"); }
+  t->reset_due = calloc((size_t)pg->size, 1);
+  if (!t->fds || !t->tx_dirty || !t->closed || !t->stash || !t->outq || !t->prx || !t->pfd || !t->reset_due) { crun__tcp_close(t); return crun_error(CRUN_ENOMEM, "tcp transport"); }
   for (int j = 0; j < pg->size; j++) t->fds[j] = -1;
   int rc = crun__tcp_p2p_init(t);
   if (rc < 0) { crun__tcp_close(t); return rc; }
@@ -417,37 +418,86 @@ int crun__tcp_open(crun_pg_t *pg, crun__tcp_t **out) {
  * with a different src on different ranks: each rank that took itself for
  * the root only sent), or a send no recv matched. Found when the group is
  * destroyed, the last point where it can be told; best effort (a frame still
- * on its way from another host is missed). */
-static void warn_unread(crun__tcp_t *t, int peer, const crun__hdr_t *h) {
+ * on its way from another host is missed). When a peer had failed the group
+ * (by: that rank, why: its reason), the frame was left by that failure, not
+ * by calls that differed, and the warning says so. */
+static void warn_unread(crun__tcp_t *t, int peer, const crun__hdr_t *h, int by, const char *why) {
   char shape[96];
+  const char *g = t->pg && t->pg->prefix ? t->pg->prefix : "?";
   crun__tcp_call_shape(shape, sizeof shape, h->dtype, h->count, h->op, h->root, 0, crun__coll_rooted(h->kind));
-  CRUN_LOG(WARN, PG, "EMISMATCH: group '%s': rank %d sent %s #%llu %s to rank %d, and no operation of rank %d "
-           "received it before the group was destroyed (the ranks' calls differed: e.g. a broadcast or reduce "
-           "given a different src on different ranks, or a send no recv matched)",
-           t->pg && t->pg->prefix ? t->pg->prefix : "?", peer, crun__coll_name(h->kind), (unsigned long long)h->seq,
-           shape, t->rank, t->rank);
+  if (by >= 0)
+    CRUN_LOG(WARN, PG, "group '%s' was destroyed on rank %d after rank %d had failed it (%s): rank %d's %s #%llu %s "
+             "to rank %d was left unread", g, t->rank, by, why, peer, crun__coll_name(h->kind),
+             (unsigned long long)h->seq, shape, t->rank);
+  else
+    CRUN_LOG(WARN, PG, "EMISMATCH: group '%s': rank %d sent %s #%llu %s to rank %d, and no operation of rank %d "
+             "received it before the group was destroyed (the ranks' calls differed: e.g. a broadcast or reduce "
+             "given a different src on different ranks, or a send no recv matched)", g, peer,
+             crun__coll_name(h->kind), (unsigned long long)h->seq, shape, t->rank, t->rank);
 }
 
-/* Looks for frames nobody received (warn_unread) on a group that did not fail. */
+/* The most of a connection peer_failed peeks at. */
+#define PEEK_AHEAD (256u << 10)
+
+/* Whether peer j failed the group, as far as this rank can tell without
+ * waiting or reading: the reason its background reader kept, or an abort
+ * frame on its connection behind at most PEEK_AHEAD bytes of other frames
+ * (j sends it last). 1 with "<status name>: <reason>" in why. */
+static int peer_failed(crun__tcp_t *t, int j, char *why, size_t cap) {
+  const crun__prx_t *x = &t->prx[j];
+  int st;
+  if (x->state == CRUN__PRX_DEAD && x->text) {
+    const char *body = crun__tcp_abort_body(&x->h, x->text, &st);
+    snprintf(why, cap, "%s: %s", crun_err_name(st), body);
+    return 1;
+  }
+  size_t pos = x->state == CRUN__PRX_HELD ? (size_t)x->h.nbytes : 0; /* the held frame's payload is next */
+  if ((x->state != CRUN__PRX_HDR && x->state != CRUN__PRX_HELD) || x->hgot || pos > PEEK_AHEAD) return 0;
+  char *b = malloc(PEEK_AHEAD + CRUN__ABORT_TEXT_MAX + 2 * sizeof(crun__hdr_t)), text[CRUN__ABORT_TEXT_MAX + 1];
+  ssize_t k = b ? recv(t->fds[j], b, PEEK_AHEAD + CRUN__ABORT_TEXT_MAX + 2 * sizeof(crun__hdr_t),
+                       MSG_PEEK | MSG_DONTWAIT) : -1;
+  int found = 0;
+  for (crun__hdr_t h; !found && k > 0 && pos + sizeof h <= (size_t)k; pos += sizeof h + (size_t)h.nbytes) {
+    memcpy(&h, b + pos, sizeof h);
+    if (crun__tcp_hdr_garbled(&h, t->group, t->rank, j, text, sizeof text) || h.nbytes > PEEK_AHEAD) break;
+    if (h.kind != CRUN__KIND_ABORT) continue;
+    size_t n = (size_t)k - pos - sizeof h;
+    snprintf(text, sizeof text, "%.*s", (int)(n < h.nbytes ? n : h.nbytes), b + pos + sizeof h);
+    const char *body = crun__tcp_abort_body(&h, text, &st);
+    snprintf(why, cap, "%s: %s", crun_err_name(st), body);
+    found = 1;
+  }
+  free(b);
+  return found;
+}
+
+/* The first frame of peer j that no operation took (its stashed frames,
+ * the header its reader holds, or the next one on its connection): 1 with
+ * it in h. */
+static int first_unread(crun__tcp_t *t, int j, crun__hdr_t *h) {
+  if (t->stash && t->stash[j]) return *h = t->stash[j]->h, 1;
+  if (t->prx && t->prx[j].state == CRUN__PRX_HELD) return *h = t->prx[j].h, 1; /* read up to its header, then held */
+  if (t->prx && (t->prx[j].frame || t->prx[j].state != CRUN__PRX_HDR || t->prx[j].hgot))
+    return 0; /* a background read in progress (or ended): not judged */
+  char why[128];
+  ssize_t n = recv(t->fds[j], h, sizeof *h, MSG_PEEK | MSG_DONTWAIT);
+  return n == (ssize_t)sizeof *h && !crun__tcp_hdr_garbled(h, t->group, t->rank, j, why, sizeof why) &&
+         h->kind < CRUN__COLL_COUNT; /* an abort frame's kind is past every operation's */
+}
+
+/* Looks for frames nobody received (warn_unread) on a group that did not
+ * fail here; a peer's failure that this rank never read explains them. */
 static void check_unread(crun__tcp_t *t) {
-  if (t->aborted || !t->fds) return;
+  if (t->aborted || !t->fds || !t->prx) return;
+  char why[600];
+  int by = -1;
   for (int j = 0; j < t->size; j++) {
-    if (t->fds[j] < 0) continue;
-    if (t->stash && t->stash[j]) {
-      warn_unread(t, j, &t->stash[j]->h);
-      continue;
-    }
-    if (t->prx && t->prx[j].state == CRUN__PRX_HELD) { /* read up to its header, then held */
-      warn_unread(t, j, &t->prx[j].h);
-      continue;
-    }
-    if (t->prx && t->prx[j].frame) continue; /* a background read in progress: not judged */
     crun__hdr_t h;
-    char why[128];
-    ssize_t n = recv(t->fds[j], &h, sizeof h, MSG_PEEK | MSG_DONTWAIT);
-    if (n == (ssize_t)sizeof h && !crun__tcp_hdr_garbled(&h, t->group, t->rank, j, why, sizeof why) &&
-        h.kind < CRUN__COLL_COUNT) /* an abort frame's kind is past every operation's */
-      warn_unread(t, j, &h);
+    if (t->fds[j] < 0 || !first_unread(t, j, &h)) continue;
+    for (int q = 0; by < 0 && q < t->size; q++) /* looked for once, at the first unread frame */
+      if (t->fds[q] >= 0 && peer_failed(t, q, why, sizeof why)) by = q;
+    if (by < 0) by = t->size; /* none failed: not looked for again */
+    warn_unread(t, j, &h, by < t->size ? by : -1, why);
   }
 }
 
@@ -482,6 +532,8 @@ void crun__tcp_close(crun__tcp_t *t) {
     if (t->prx) free(t->prx[j].text);
   }
   free(t->abort_why);
+  free(t->reason_due);
+  free(t->reset_due);
   free(t->outq);
   free(t->prx);
   free(t->pfd);

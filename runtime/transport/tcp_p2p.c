@@ -309,13 +309,12 @@ static void peer_aborted(crun__tcp_t *t, int j, const crun__hdr_t *h, const char
   crun__tcp_fail_all(t, st, text);
 }
 
-/* An abort frame of peer j was read whole: every pending operation fails. */
+/* An abort frame of peer j was read whole: every pending operation fails.
+ * The reason stays in x (h, text) for a collective step (tcp_xfer.c). */
 static void prx_abort_done(crun__tcp_t *t, int j) {
   crun__prx_t *x = &t->prx[j];
   x->state = CRUN__PRX_DEAD;
   peer_aborted(t, j, &x->h, x->text);
-  free(x->text);
-  x->text = NULL;
 }
 
 /* Fails the receives that can no longer be served after peer j went away
@@ -334,6 +333,9 @@ static void peer_gone(crun__tcp_t *t, int j, int err) {
   crun__hdr_t h;
   char why[CRUN__ABORT_TEXT_MAX + 1];
   if (crun__tcp_board_reason(t, j, &h, why, sizeof why)) { /* j failed its group: its abort frame could not come */
+    free(x->text); /* kept for a collective step, as prx_abort_done does */
+    x->h = h;
+    x->text = strdup(why);
     peer_aborted(t, j, &h, why);
     return;
   }
@@ -636,13 +638,13 @@ static void pump_wait(crun__tcp_t *t, int skip, double wait_s) {
  * operation): progress, wait up to wait_s, progress again. */
 static int tcp_progress(void *arg, double wait_s) {
   crun__tcp_t *t = arg;
-  pthread_mutex_lock(&t->mu);
+  crun__tcp_lock(t);
   int r = crun__tcp_pump(t, -1);
   if (!r && t->npending) {
     pump_wait(t, -1, wait_s);
     r = crun__tcp_pump(t, -1);
   }
-  pthread_mutex_unlock(&t->mu);
+  crun__tcp_unlock(t);
   return r;
 }
 
@@ -671,22 +673,29 @@ static int pump_poll_set(crun__tcp_t *t) {
  * drives the transport, progresses them. */
 static void *pump_main(void *arg) {
   crun__tcp_t *t = arg;
-  pthread_mutex_lock(&t->mu);
+  crun__tcp_lock(t);
   while (!t->pump_stop) {
+    if (t->reason_due) { /* an abort this thread's pumping caused: finish it */
+      crun__tcp_unlock(t);
+      crun__tcp_lock(t);
+      continue;
+    }
     if (!t->npending) {
+      t->lock_depth = 0; /* the wait releases mu */
       pthread_cond_wait(&t->cv, &t->mu);
+      t->lock_depth = 1;
       continue;
     }
     if (crun__tcp_pump(t, -1)) continue;
     int ms = pump_poll_set(t);
-    pthread_mutex_unlock(&t->mu);
+    crun__tcp_unlock(t);
     poll(t->tpfd, (nfds_t)t->size + 1, ms);
     char sink[64];
     if (t->tpfd[t->size].revents & POLLIN)
       while (read(t->wake[0], sink, sizeof sink) > 0) {}
-    pthread_mutex_lock(&t->mu);
+    crun__tcp_lock(t);
   }
-  pthread_mutex_unlock(&t->mu);
+  crun__tcp_unlock(t);
   return NULL;
 }
 
@@ -725,15 +734,15 @@ static int pump_start(crun__tcp_t *t, const crun__coll_t *c) {
 
 void crun__tcp_p2p_fini(crun__tcp_t *t) {
   if (!t->has_mu) return;
-  pthread_mutex_lock(&t->mu);
+  crun__tcp_lock(t);
   t->pump_stop = 1;
   wake_pump(t);
   int had = t->has_pump;
-  pthread_mutex_unlock(&t->mu);
+  crun__tcp_unlock(t);
   if (had) pthread_join(t->pump_th, NULL);
-  pthread_mutex_lock(&t->mu);
+  crun__tcp_lock(t);
   crun__tcp_fail_all(t, CRUN_ECLOSED, "the group was destroyed while it was pending");
-  pthread_mutex_unlock(&t->mu);
+  crun__tcp_unlock(t);
   if (t->pg->pump_arg == t) t->pg->pump = NULL;
   close(t->wake[0]);
   close(t->wake[1]);
@@ -748,11 +757,11 @@ void crun__tcp_p2p_fini(crun__tcp_t *t) {
  * returns, so c is not read after the call. */
 static int p2p_call(crun__tcp_t *t, crun__coll_t *c, int (*fn)(crun__tcp_t *, crun__coll_t *)) {
   int caller_pumps = c->caller_pumps; /* c may be gone once fn returns */
-  pthread_mutex_lock(&t->mu);
+  crun__tcp_lock(t);
   int rc = caller_pumps ? 0 : pump_start(t, c);
   if (rc == 0) rc = fn(t, c);
   if (rc == CRUN__PENDING && !caller_pumps) wake_pump(t);
-  pthread_mutex_unlock(&t->mu);
+  crun__tcp_unlock(t);
   return rc;
 }
 

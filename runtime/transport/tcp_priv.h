@@ -105,7 +105,8 @@ typedef struct {
   size_t hgot, got;
   crun__stash_t *frame;     /* STASH: the frame being read */
   crun__p2p_op_t *direct;   /* DIRECT: the receive being filled */
-  char *text;               /* ABORT: its text */
+  char *text;               /* ABORT: its text; DEAD: the reason (h, text) when the peer failed
+                             * the group (its abort frame, or the board), else NULL */
   int hup;                  /* the peer shut its side (seen by a send stuck on it or a held
                              * reader): what it left is read to its end */
   int cut;                  /* DEAD: a receive that failed (timed out) left its frame half
@@ -139,6 +140,11 @@ struct crun__tcp {
   pthread_cond_t cv;
   pthread_t pump_th;
   int has_mu, has_pump, pump_stop;
+  int lock_depth;         /* how deep its one holder holds mu (crun__tcp_lock) */
+  char *reason_due;       /* an abort's reason ("<-status> <text>") the outermost crun__tcp_unlock
+                           * leaves on the board, outside the lock; then it resets the
+                           * connections of reset_due[] */
+  char *reset_due;        /* size entries: the abort frame to that peer could not go */
   int wake[2];            /* a byte here wakes the pump thread's poll */
   struct pollfd *tpfd;    /* the pump thread's poll set: size + 1 entries */
 };
@@ -191,6 +197,13 @@ void crun__tcp_p2p_fini(crun__tcp_t *t);
  * header naming its status) and text (cap bytes) set, else 0. Asks the
  * store, bounded by the board's timeout: call it once a connection ended. */
 int crun__tcp_board_reason(crun__tcp_t *t, int j, crun__hdr_t *h, char *text, size_t cap);
+
+/* Take and release t->mu (recursive). The outermost release finishes an
+ * abort whose frame could not reach every peer: it leaves the reason on the
+ * group's board (the store may take up to the board's timeout, so no other
+ * thread waits on the transport meanwhile), then resets those connections. */
+void crun__tcp_lock(crun__tcp_t *t);
+void crun__tcp_unlock(crun__tcp_t *t);
 
 /* Returns 1 when fd is ready for `ev`, 0 at the deadline, <0 on poll error. */
 int crun__tcp_wait_fd(int fd, short ev, double deadline);

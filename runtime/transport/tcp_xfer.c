@@ -134,6 +134,8 @@ static int aborted_by(io_t *io, int peer, const crun__hdr_t *h, const char *text
 static int peer_died(io_t *io, int peer, int err) {
   crun__hdr_t h;
   char why[CRUN__ABORT_TEXT_MAX + 1], desc[64], how[128];
+  const crun__prx_t *x = &io->t->prx[peer];
+  if (x->state == CRUN__PRX_DEAD && x->text) return aborted_by(io, peer, &x->h, x->text); /* the pump read it */
   if (crun__tcp_board_reason(io->t, peer, &h, why, sizeof why)) return aborted_by(io, peer, &h, why);
   crun__coll_desc(io->c, desc, sizeof desc);
   return crun_error(CRUN_EPEERDIED, "%s on rank %d: connection to rank %d %s (the process died "
@@ -413,14 +415,58 @@ static int may_peek(const io_t *io) {
   return k != CRUN__COLL_SEND && k != CRUN__COLL_RECV && !io->stash_only && io->t->size > 2;
 }
 
+/* Whether a waiting step watches peer j for a hang-up: the step neither
+ * sends to j nor reads from it now, and j's stream is between frames with
+ * no background read on it. */
+static int idle_peer(const io_t *io, int j, int tx, int rx) {
+  const crun__tcp_t *t = io->t;
+  const crun__prx_t *x = &t->prx[j];
+  return j != t->rank && t->fds[j] >= 0 && !(tx && j == io->to) && !(rx && j == io->from) && !t->closed[j] &&
+         x->state == CRUN__PRX_HDR && !x->hgot && !x->hup;
+}
+
+/* Peer j, whose connection this step does not read, hung up: it failed the
+ * group (its abort frame is the last thing it sent, or its reason is on the
+ * board when it reset the connection), closed the group, or died. The
+ * background reader reads what j left up to that end (its frames into the
+ * stash, for a later step). <0 with j's reason when j failed the group,
+ * else 0: this step goes on (a step that reads from j later finds its
+ * frames, then the close). */
+static int idle_peer_hung_up(io_t *io, int j, int rx) {
+  crun__tcp_t *t = io->t;
+  t->prx[j].hup = 1;
+  crun__tcp_pump(t, rx ? io->from : -1);
+  const crun__prx_t *x = &t->prx[j];
+  return x->state == CRUN__PRX_DEAD && x->text ? aborted_by(io, j, &x->h, x->text) : 0;
+}
+
+/* After a poll: looks at the idle peers that hung up (idle_peer_hung_up);
+ * <0 with the reason of one that failed the group. */
+static int idle_peers_check(io_t *io, int tx, int rx) {
+  crun__tcp_t *t = io->t;
+  for (int j = 0; j < t->size; j++) {
+    if (!(t->pfd[j].revents & (POLLRDHUP | POLLHUP | POLLERR)) || !idle_peer(io, j, tx, rx)) continue;
+    int r = idle_peer_hung_up(io, j, rx);
+    if (r < 0) return r;
+  }
+  return 0;
+}
+
 /* Polls the step's sockets (and those pending p2p operations wait on) until
  * one is ready; <0 on timeout, or when another peer's frame shows that it
- * is in this call with another collective (peek_others). */
+ * is in this call with another collective (peek_others). The other peers'
+ * sockets are polled for a hang-up too: a peer that failed the group sent
+ * its abort frame and then shut its side, so the step fails at once with
+ * that peer's reason (idle_peers_check) instead of when the failure reaches
+ * it through the peer it waits for. This costs nothing while the step's
+ * own peers keep it busy: only a step that would block polls. */
 static int io_wait(io_t *io) {
   crun__tcp_t *t = io->t;
   struct pollfd *p = t->pfd;
   int tx = io->to >= 0 && io->toff < HDR + io->sbytes, rx = io->from >= 0 && io->rstate != RX_DONE;
-  for (int j = 0; j < t->size; j++) p[j] = (struct pollfd){-1, 0, 0};
+  int watch = may_peek(io);
+  for (int j = 0; j < t->size; j++)
+    p[j] = (struct pollfd){-1, watch && idle_peer(io, j, tx, rx) ? POLLRDHUP : 0, 0};
   if (tx) p[io->to].events |= (short)(POLLOUT | (io->watch_to ? POLLIN : 0));
   if (rx) p[io->from].events |= POLLIN;
   crun__tcp_pump_events(t, rx ? io->from : -1);
@@ -438,6 +484,8 @@ static int io_wait(io_t *io) {
   if (t0) crun__obs_wait_ns += crun_clock_ns() - t0;
   if (k < 0 && errno != EINTR) return crun_error(CRUN_ESYS, "poll: %s", strerror(errno));
   if (k == 0 && peek) return peek_others(io);
+  int r = k > 0 && watch ? idle_peers_check(io, tx, rx) : 0;
+  if (r < 0) return r;
   if (k > 0 && tx && io->watch_to && (p[io->to].revents & (POLLIN | POLLHUP)) && !(rx && io->from == io->to))
     return peek_abort(io);
   return 0;
@@ -515,9 +563,9 @@ static int run_step(crun__tcp_t *t, crun__coll_t *c, const crun__xfer_t *x, int 
 
 int crun__tcp_xfer(crun__tcp_t *t, crun__coll_t *c, const crun__xfer_t *x) {
   if (t->aborted) return crun_error(CRUN_ESTATE, "rank %d: the tcp transport was aborted", t->rank);
-  pthread_mutex_lock(&t->mu);
+  crun__tcp_lock(t);
   int rc = run_step(t, c, x, 0);
-  pthread_mutex_unlock(&t->mu);
+  crun__tcp_unlock(t);
   return rc < 0 ? rc : 0;
 }
 
@@ -543,16 +591,23 @@ int crun__tcp_board_reason(crun__tcp_t *t, int j, crun__hdr_t *h, char *text, si
   return got;
 }
 
-/* Leaves why this rank failed the group on the board (bounded by the
- * board's timeout), for a peer its abort frame cannot reach. */
-static void publish_reason(crun__tcp_t *t, int status, const char *text, size_t len) {
-  char key[32], *v = malloc(len + 16);
+/* The value publish_reason leaves: "<-status> <text>" (malloc'd; NULL
+ * without memory). */
+static char *reason_value(int status, const char *text, size_t len) {
+  char *v = malloc(len + 16);
+  if (v) snprintf(v, len + 16, "%d %.*s", -status, (int)len, text);
+  return v;
+}
+
+/* Leaves why this rank failed the group (v, from reason_value) on the
+ * board, for a peer its abort frame cannot reach; bounded by the board's
+ * timeout. Called without t->mu. */
+static void publish_reason(crun__tcp_t *t, const char *v) {
+  char key[32];
   reason_key(t->rank, key, sizeof key);
-  if (!v || !t->pg || !t->pg->board) { free(v); return; }
-  int n = snprintf(v, len + 16, "%d %.*s", -status, (int)len, text);
-  if (crun_store_set(t->pg->board, key, v, (size_t)n) < 0)
+  if (!t->pg || !t->pg->board) return;
+  if (crun_store_set(t->pg->board, key, v, strlen(v)) < 0)
     CRUN_LOG(INFO, NET, "rank %d: could not leave the abort reason on the board: %s", t->rank, crun_last_error());
-  free(v);
 }
 
 /* Sends the abort frame to peer j; 1 when it went out whole, -1 when the
@@ -584,9 +639,41 @@ static void reset_conn(crun__tcp_t *t, int j) {
   }
 }
 
+void crun__tcp_lock(crun__tcp_t *t) {
+  pthread_mutex_lock(&t->mu);
+  t->lock_depth++;
+}
+
+/* The part of an abort that waits for the outermost release of t->mu (its
+ * caller may be deep in a pump that holds it): leaves the reason on the
+ * board without the lock, then resets the connections its abort frame
+ * could not reach, so that a peer that sees the reset finds the reason. */
+static void abort_finish(crun__tcp_t *t, char *v) {
+  publish_reason(t, v);
+  free(v);
+  pthread_mutex_lock(&t->mu);
+  for (int j = 0; j < t->size; j++)
+    if (t->reset_due[j]) {
+      t->reset_due[j] = 0;
+      reset_conn(t, j);
+    }
+  pthread_mutex_unlock(&t->mu);
+}
+
+void crun__tcp_unlock(crun__tcp_t *t) {
+  char *v = --t->lock_depth == 0 ? t->reason_due : NULL;
+  t->reason_due = v ? NULL : t->reason_due;
+  pthread_mutex_unlock(&t->mu);
+  if (v) abort_finish(t, v);
+}
+
 void crun__tcp_abort(crun__tcp_t *t, int status, const char *text) {
   if (!t || t->aborted) return;
-  pthread_mutex_lock(&t->mu);
+  crun__tcp_lock(t);
+  if (t->aborted) { /* another thread's abort came first */
+    crun__tcp_unlock(t);
+    return;
+  }
   t->aborted = 1;
   const char *cut = strstr(text, " [reported by rank");
   size_t len = cut ? (size_t)(cut - text) : strlen(text);
@@ -594,15 +681,25 @@ void crun__tcp_abort(crun__tcp_t *t, int status, const char *text) {
   char why[512];
   snprintf(why, sizeof why, "the group is unusable after an earlier failure: %.*s", (int)(len < 400 ? len : 400), text);
   t->abort_why = strdup(why);
-  for (int j = 0, published = 0; j < t->size; j++) {
+  int resets = 0;
+  for (int j = 0; j < t->size; j++) {
     if (t->fds[j] < 0) continue;
     if (abort_frame_to(t, j, status, text, len) != 0) {
       shutdown(t->fds[j], SHUT_WR);
       continue;
     }
-    if (!published++) publish_reason(t, status, text, len); /* before the reset the peer reacts to */
-    reset_conn(t, j);
+    t->reset_due[j] = 1;
+    resets++;
   }
+  /* the reason goes on the board before those resets, the peers react to
+   * them: both at the outermost unlock (abort_finish); without memory for
+   * it, the resets go now (the peers see EPEERDIED) */
+  if (resets && !(t->reason_due = reason_value(status, text, len)))
+    for (int j = 0; j < t->size; j++)
+      if (t->reset_due[j]) {
+        t->reset_due[j] = 0;
+        reset_conn(t, j);
+      }
   crun__tcp_fail_all(t, CRUN_ESTATE, why);
-  pthread_mutex_unlock(&t->mu);
+  crun__tcp_unlock(t);
 }

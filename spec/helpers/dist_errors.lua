@@ -96,6 +96,11 @@
 --   p2panymid 3 ranks: rank 1 isends 16 MiB to rank 0 and is killed 0.3 s
 --             later; rank 0 posts a recv from any source 1 s in, which takes
 --             the part of that frame that arrived; rank 2 stays up
+--   unreadabort  3 ranks: rank 1 fails the group (its recv of tag 9 from
+--             rank 2 times out after 0.5 s) and stays up 3 s; rank 2 enters
+--             a barrier (its frame to rank 0 goes out, then it reads rank
+--             1's abort); rank 0 calls nothing for 2 s, then destroys the
+--             group. Each rank writes what its call raised ("ok" on rank 0).
 local crun = require "crun"
 local dist, T = crun.dist, crun.tensor
 local mode, outdir = arg[1], arg[2]
@@ -456,6 +461,19 @@ elseif mode == "p2panymid" then
   else
     record(true)
     os.execute("sleep 3")
+  end
+elseif mode == "unreadabort" then
+  dist.barrier()
+  if rank == 1 then
+    record(pcall(dist.recv, T.zeros({2}, "int32"), 2, {tag = 9, timeout = 0.5}))
+    os.execute("sleep 3")
+  elseif rank == 2 then
+    os.execute("sleep 0.1")
+    record(pcall(dist.barrier))
+  else
+    os.execute("sleep 2")
+    record(true)
+    dist.destroy_process_group()
   end
 elseif mode:match("^p2p:") then
   local kind, how = mode:match("^p2p:(%w+):(%w+)$")

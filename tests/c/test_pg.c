@@ -304,6 +304,40 @@ TEST(tcp_peer_killed) {
   EXPECT_EQ_INT(pg_spawn_ex(3, killed_case, NULL, 60.0, 30.0), 1);
 }
 
+/* Rank 1 fails the group (its recv from rank 2 times out after 0.5 s) while
+ * rank 0 waits in a barrier for rank 2, which sleeps 6 s: rank 0 fails at
+ * once with rank 1's reason, though its barrier step reads only rank 2's
+ * connection and rank 1's abort frame waits on another one (it had been
+ * learnt one hop later: when rank 2 woke and passed the failure on). */
+static void abort_elsewhere(crun_pg_t *pg, void *arg) {
+  (void)arg;
+  int r = crun_pg_rank(pg);
+  float x = 0;
+  EXPECT_OK(crun_pg_barrier(pg, NULL, NULL));
+  if (r == 1) {
+    crun_coll_opts_t o = {.tag = 9, .timeout = 0.5};
+    EXPECT_STATUS(crun_pg_recv(pg, &x, 1, CRUN_FLOAT32, 2, &o, NULL, NULL), CRUN_ETIMEDOUT);
+    usleep(3000 * 1000); /* stays up: rank 0 learns it from the abort frame, not a close */
+    return;
+  }
+  if (r == 2) {
+    usleep(6000 * 1000);
+    (void)crun_pg_barrier(pg, NULL, NULL); /* may pass: its frames go out before it reads any */
+    return;
+  }
+  double t0 = crun_clock();
+  EXPECT_STATUS(crun_pg_barrier(pg, NULL, NULL), CRUN_ETIMEDOUT);
+  EXPECT(crun_clock() - t0 < 2.5); /* rank 2 sleeps 6 s; the barrier's timeout is 20 s */
+  EXPECT_TEXT("recv from rank 2 (tag 9) on rank 1: no data from rank 2 after 0.5 s");
+  EXPECT_TEXT("[reported by rank 1; rank 0 was in barrier #2]");
+}
+
+TEST(tcp_abort_seen_while_waiting_on_another_peer) {
+  setenv("CRUN_TRANSPORT", "tcp", 1);
+  EXPECT_EQ_INT(pg_spawn_ex(3, abort_elsewhere, NULL, 20.0, 30.0), 0);
+  unsetenv("CRUN_TRANSPORT");
+}
+
 /* Two threads per rank issue the same all_reduce on one group, one blocking,
  * the other async every other call: whichever pairing the ranks' run orders
  * give, every sum is the group size. The ranks must agree on each
@@ -676,7 +710,7 @@ TEST(refusal_decided_once) {
 #define CRUN_TESTS(X) X(async_ordering) X(async_blocking_race) X(two_threads_one_group) X(tcp_two_threads_one_group) \
   X(stats_large_after_small) X(sub_groups) X(send_recv_matching) X(work_wait_timeout) \
   X(argument_errors) X(mismatch_reported_everywhere) X(timeout_names_ranks) X(peer_killed_mid_all_reduce) \
-  X(tcp_mismatch) X(tcp_timeout) X(tcp_peer_killed) X(wait_zero_ends_by_the_deadline) \
+  X(tcp_mismatch) X(tcp_timeout) X(tcp_peer_killed) X(tcp_abort_seen_while_waiting_on_another_peer) X(wait_zero_ends_by_the_deadline) \
   X(wait_zero_ends_by_the_deadline_shm) X(timeouts_clamped) \
   X(refusal_on_broken_group) X(refusal_beside_unnumbered_refusal) \
   X(refusal_after_peer_closed) X(refusal_after_peer_killed) X(refusal_after_peer_killed_shm) X(refusal_after_peer_failed) \

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "test_pg_util.h"
+#include "store/store_impl.h"
 
 static const size_t sizes[] = {8, 512u << 10, 4u << 20};
 
@@ -348,7 +349,110 @@ TEST(abort_reaches_peer_behind_half_sent_frame) {
   }
 }
 
+/* A store that takes 1.5 s to write an abort reason ("abort/<rank>" on the
+ * group's board) and passes everything else to the file store it wraps. */
+typedef struct { struct crun_store base; crun_store_t *in; } slow_t;
+#define IN(s) (((slow_t *)(void *)(s))->in)
+#define FWD(slot, ...) (IN(s)->ops->slot ? IN(s)->ops->slot(IN(s), __VA_ARGS__) : CRUN_ENOTSUP)
+static int slow_set(crun_store_t *s, const char *k, const void *v, size_t n) {
+  if (strstr(k, "abort/")) usleep(1500 * 1000);
+  return FWD(set, k, v, n);
+}
+static int slow_get(crun_store_t *s, const char *k, double d, crun_buf_t *o) { return FWD(get, k, d, o); }
+static int slow_add(crun_store_t *s, const char *k, int64_t d, int64_t *o) { return FWD(add, k, d, o); }
+static int slow_cas(crun_store_t *s, const char *k, const void *e, size_t el, const void *v, size_t vl, crun_buf_t *o) {
+  return FWD(compare_set, k, e, el, v, vl, o);
+}
+static int slow_wait(crun_store_t *s, const char *const *k, size_t n, double d) { return FWD(wait, k, n, d); }
+static int slow_check(crun_store_t *s, const char *const *k, size_t n, int *all) { return FWD(check, k, n, all); }
+static int slow_del(crun_store_t *s, const char *k, int *e) { return FWD(delete_key, k, e); }
+static int slow_num(crun_store_t *s, int64_t *o) { return FWD(num_keys, o); }
+static int slow_mget(crun_store_t *s, const char *const *k, size_t n, double d, crun_buf_t *o) {
+  return FWD(multi_get, k, n, d, o);
+}
+static int slow_mset(crun_store_t *s, const char *const *k, size_t n, const void *const *v, const size_t *l) {
+  return FWD(multi_set, k, n, v, l);
+}
+static void slow_destroy(crun_store_t *s) {
+  crun_store_release(IN(s));
+  free(s);
+}
+static const crun__store_ops_t slow_ops = {.kind = "slow", .set = slow_set, .get = slow_get, .add = slow_add,
+                                           .compare_set = slow_cas, .wait = slow_wait, .check = slow_check,
+                                           .delete_key = slow_del, .num_keys = slow_num, .multi_get = slow_mget,
+                                           .multi_set = slow_mset, .destroy = slow_destroy};
+
+/* Rank 0's pending isend (half sent, as in abort_half_sent mode 0) and the
+ * time its wait, on another thread, returned. */
+typedef struct { crun_work_t *w; double t_done; } waiter_t;
+
+static void *wait_send(void *arg) {
+  waiter_t *a = arg;
+  EXPECT(crun_work_wait(a->w, 15) < 0);
+  a->t_done = crun_clock();
+  return NULL;
+}
+
+/* Rank 0 fails the group with a frame to rank 1 half sent, so its reason
+ * goes on the board, which takes 1.5 s here: its pending isend fails at
+ * once all the same (it waited for the board write, which held the
+ * transport's lock), and rank 1 still reads the reason from the board. */
+static void slow_board(crun_pg_t *pg, void *arg) {
+  half_t *a = arg;
+  if (crun_pg_rank(pg) == 1) {
+    abort_half_sent(pg, arg); /* its rank 1: a recv the held frame keeps waiting, then the reason */
+    return;
+  }
+  EXPECT_OK(crun_pg_barrier(pg, NULL, NULL));
+  size_t n = 64u << 20;
+  uint8_t *b = calloc(n, 1), x;
+  EXPECT(b != NULL);
+  crun_coll_opts_t o3 = {.tag = 3, .timeout = 10.0}, o5 = {.tag = 5, .timeout = 0.5};
+  waiter_t wt = {0};
+  EXPECT_OK(crun_pg_send(pg, b, n, CRUN_UINT8, 1, &o3, &wt.w));
+  pthread_t th;
+  EXPECT(pthread_create(&th, NULL, wait_send, &wt) == 0);
+  double t0 = crun_clock();
+  EXPECT_STATUS(crun_pg_recv(pg, &x, 1, CRUN_UINT8, 1, &o5, NULL, NULL), CRUN_ETIMEDOUT);
+  pthread_join(th, NULL);
+  EXPECT(wt.t_done - t0 < 1.3); /* the recv's deadline (0.5 s), not behind the board write (1.5 s more) */
+  crun_work_release(wt.w);
+  free(b);
+  double end = crun_clock() + 15;
+  while (access(a->flag, F_OK) != 0 && crun_clock() < end) usleep(10000);
+}
+
+TEST(abort_reason_left_on_a_slow_board_outside_the_lock) {
+  setenv("CRUN_SHM", "0", 1);
+  setenv("CRUN_TCP_UNEXPECTED_MAX", "1048576", 1);
+  half_t a = {.mode = 0};
+  snprintf(a.flag, sizeof a.flag, "/tmp/crun_pgtest_flag_%d", (int)getpid());
+  unlink(a.flag);
+  char path[64];
+  snprintf(path, sizeof path, "/tmp/crun_pgtest_slow_%d", (int)getpid());
+  unlink(path);
+  pid_t pids[2];
+  for (int r = 0; r < 2; r++) {
+    if ((pids[r] = fork()) != 0) continue;
+    slow_t *s = calloc(1, sizeof *s);
+    EXPECT(s != NULL);
+    EXPECT_OK(crun_store_file_new(path, &s->in));
+    crun__store_init(&s->base, &slow_ops);
+    crun_pg_opts_t o = {.store = &s->base, .rank = r, .world_size = 2, .timeout = 20.0, .name = "t"};
+    crun_pg_t *pg = NULL;
+    EXPECT_OK(crun_pg_new(&o, &pg));
+    slow_board(pg, &a);
+    crun_pg_release(pg);
+    crun_store_release(&s->base);
+    _exit(0);
+  }
+  EXPECT_EQ_INT(pg_reap(2, pids, 40.0), 0);
+  unsetenv("CRUN_TCP_UNEXPECTED_MAX");
+  unlink(a.flag);
+  unlink(path);
+}
+
 #define CRUN_TESTS(X) X(ring_exchange) X(ring_exchange_tcp) X(many_in_flight_in_order) X(p2p_between_collectives) \
   X(send_pending_across_collective) X(any_source_then_collectives) X(send_without_pump_thread) \
-  X(abort_reaches_peer_behind_half_sent_frame)
+  X(abort_reaches_peer_behind_half_sent_frame) X(abort_reason_left_on_a_slow_board_outside_the_lock)
 CRUN_TEST_MAIN()
