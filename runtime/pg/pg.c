@@ -438,8 +438,7 @@ size_t crun__ranks_text(char *buf, size_t cap, const int *rs, int n) {
   return len;
 }
 
-int crun__pg_timeout_report(crun_pg_t *pg, int rc) {
-  if (rc != CRUN_ETIMEDOUT) return rc;
+int crun__pg_timeout_text(crun_pg_t *pg, int rc) {
   char where[512], text[1024];
   snprintf(text, sizeof text, "%s", crun_last_error() + strlen("ETIMEDOUT: "));
   crun__pg_progress_report(pg, where, sizeof where);

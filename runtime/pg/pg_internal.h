@@ -102,6 +102,7 @@ struct crun_pg {
    * shared-memory engine's: backend.h direct); NULL: the backend's slot */
   int (*ar_fn)(void *state, struct crun__coll *c);
   void *ar_state;
+  _Atomic uint32_t checked_call; /* the last call without options that passed coll.c's checks */
   char *broken;              /* error text once the group failed; guarded by mu */
   _Atomic int is_broken;     /* set after broken: lets the hot path skip mu */
   /* work queue */
@@ -200,7 +201,10 @@ size_t crun__ranks_text(char *buf, size_t cap, const int *rs, int n);
 /* Returns rc; when it is CRUN_ETIMEDOUT (an engine's timeout), first appends
  * the progress report to this thread's error text ("...; rank 3 is at ..."),
  * unless the text already holds that report (from a stage below or a peer). */
-int crun__pg_timeout_report(crun_pg_t *pg, int rc);
+int crun__pg_timeout_text(crun_pg_t *pg, int rc);
+static inline int crun__pg_timeout_report(crun_pg_t *pg, int rc) {
+  return rc == CRUN_ETIMEDOUT ? crun__pg_timeout_text(pg, rc) : rc;
+}
 
 /* Reads key from pg's board without waiting for it (crun_store_get waits
  * until a key exists): 1 with *out filled (crun_buf_free it), 0 when the key
