@@ -358,16 +358,14 @@ static int refuse_call(crun_pg_t *pg, const crun__coll_t *c, int rc) {
   /* with nothing queued or running, c would have been the group's next call:
    * it takes that number, as the same call does on the peers, whose next
    * call then has the same number as this rank's (ESTATE) */
-  uint64_t last = atomic_load(&pg->next_seq);
-  if (!atomic_load(&pg->queued) && !atomic_load(&pg->busy) &&
-      atomic_compare_exchange_strong(&pg->next_seq, &last, last + 1))
-    snprintf(seq, sizeof seq, " #%llu", (unsigned long long)last + 1);
+  uint64_t num = 0;
+  if (crun__pg_number_refused(pg, &num)) snprintf(seq, sizeof seq, " #%llu", (unsigned long long)num);
   size_t n = strlen(crun_err_name(rc));
   const char *body = strncmp(mine, crun_err_name(rc), n) == 0 && mine[n] == ':' ? mine + n + 2 : mine;
   /* a group already unusable has no peer to agree with: theirs fail at once (ESTATE) */
-  if (seq[0] && !be->private_board && !atomic_load(&pg->is_broken) && every_rank_refused(pg, c, last + 1, rc, body))
+  if (seq[0] && !be->private_board && !atomic_load(&pg->is_broken) && every_rank_refused(pg, c, num, rc, body))
     return crun_error(rc, "%s (every rank refused %s #%llu: the group goes on)", body, crun__coll_name(c->kind),
-                      (unsigned long long)last + 1);
+                      (unsigned long long)num);
   int root = crun__coll_rooted(c->kind) && c->root == pg->rank;
   snprintf(text, sizeof text, "%s (rank %d%s refused its part of %s%s: the group stops)", mine, pg->rank,
            root ? ", the root," : "", crun__coll_name(c->kind), seq);

@@ -183,6 +183,10 @@ void crun__pg_p2p_done(crun_pg_t *pg, crun__coll_t *c, int rc);
  * ownership of one reference of w. Returns the status of a blocking op. */
 int crun__pg_submit(crun_pg_t *pg, struct crun_work *w, crun_work_t **out);
 
+/* Takes the group's next call number for a call refused before it ran, when
+ * nothing is queued or running (1, the number in *seq), else 0. */
+int crun__pg_number_refused(crun_pg_t *pg, uint64_t *seq);
+
 /* Describes c ("all_reduce #3", "send to rank 1 tag 0") into buf. */
 void crun__coll_desc(const crun__coll_t *c, char *buf, size_t cap);
 

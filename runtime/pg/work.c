@@ -185,6 +185,21 @@ static void number(crun_pg_t *pg, crun__coll_t *c) {
   atomic_store_explicit(&pg->next_seq, c->seq, memory_order_relaxed);
 }
 
+/* Numbers a call that was refused before it ran, as number() would have
+ * had it run now: only with nothing queued and nothing running (busy taken
+ * here, so that no call is numbered meanwhile: number() reads and writes the
+ * counter in two steps). Returns 1 with its number in *seq, else 0. */
+int crun__pg_number_refused(crun_pg_t *pg, uint64_t *seq) {
+  if (!busy_take(pg)) return 0;
+  int ok = !atomic_load(&pg->queued);
+  if (ok) {
+    *seq = atomic_load_explicit(&pg->next_seq, memory_order_relaxed) + 1;
+    atomic_store_explicit(&pg->next_seq, *seq, memory_order_relaxed);
+  }
+  busy_give(pg);
+  return ok;
+}
+
 /* Runs the head of the queue, busy held. Called with pg->mu held; returns
  * with it held and busy given back. */
 static void run_head_locked(crun_pg_t *pg) {
