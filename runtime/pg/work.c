@@ -35,6 +35,10 @@ static void break_group(crun_pg_t *pg, int rc, const char *text) {
   if (first && crun__obs_on) crun__obs_failed(pg, rc, text);
   if (first && pg->be->abort) pg->be->abort(pg->be_state, rc, text);
   if (first && pg->be_dev && pg->be_dev_state && pg->be_dev->abort) pg->be_dev->abort(pg->be_dev_state, rc, text);
+  /* a peer waiting in a refusal's agreement (coll.c), which reads the board,
+   * learns it from "stopped/<rank>": left last, after the backends told the
+   * peers waiting in a call, so that a slow store delays only this rank */
+  if (first && pg->size > 1 && !pg->be->private_board) crun__pg_leave_stopped(pg, "failed");
 }
 
 void crun__pg_fail(crun_pg_t *pg, int rc, const char *text) { break_group(pg, rc, text); }

@@ -67,14 +67,12 @@ static int cpu_create(crun_pg_t *pg, void **state) {
 
 /* The group failed on this rank (any failure: crun__pg_fail and the group's
  * own bookkeeping call this once): the peers waiting in a call learn it from
- * the mesh and the engine, and a peer waiting in a refusal's agreement
- * (coll.c), which reads the board, from "stopped/<rank>", left last so that a
- * slow store delays only this rank. */
+ * the mesh and the engine (and a peer in a refusal's agreement from the
+ * board: pg/work.c break_group). */
 static void cpu_abort(void *state, int status, const char *text) {
   cpu_t *b = state;
   crun__tcp_abort(b->tcp, status, text);
   if (b->has_engine && b->engine.abort) b->engine.abort(b->engine.state, status, text);
-  if (b->pg->size > 1) crun__pg_leave_stopped(b->pg, "failed");
 }
 
 static void cpu_destroy(void *state) {
