@@ -158,6 +158,88 @@ static int worker_stash(crun_store_t *st, int rank) {
   crun__fault_arm(NULL);
   return bad | too_slow(rank, "sh1", t0, 2.5);
 }
+
+/* One collective of a stage case on pg; returns its status. */
+typedef int (*stage_call_fn)(crun_pg_t *pg, int rank);
+
+/* stage: rank 0 has no memory for a staging buffer of call `what` on group
+ * `name` (allocation `site`): both ranks fail at once with ENOMEM naming the
+ * call and rank 0 (rank 1 from rank 0's abort notice), well within the
+ * call's 2 s timeout. Before, rank 0 allocated after the signature exchange
+ * and rank 1, through it, waited inside the MPI collective until the
+ * watchdog aborted the job. */
+static int stage_case(crun_store_t *st, int rank, const char *name, const char *site, stage_call_fn call,
+                      const char *what) {
+  crun_pg_t *pg = NULL;
+  char want[128];
+  snprintf(want, sizeof want, "ENOMEM: %s on rank 0: no memory for its staging buffer", what);
+  int bad = pair_new(st, rank, name, 2, &pg) < 0;
+  if (bad) printf("rank %d: group '%s': %s\n", rank, name, crun_last_error());
+  MPI_Barrier(MPI_COMM_WORLD);
+  double t0 = MPI_Wtime();
+  crun__fault_arm(rank == 0 ? site : NULL);
+  int rc = bad ? CRUN_ENOMEM : call(pg, rank);
+  crun__fault_arm(NULL);
+  if (!bad) bad |= expect_err(rank, name, rc, CRUN_ENOMEM, want);
+  if (!bad && rank == 1 && !strstr(crun_last_error(), "[reported by rank 0; rank 1 was in "))
+    printf("rank 1: %s: not from rank 0's notice: %s\n", name, crun_last_error()), bad = 1;
+  bad |= too_slow(rank, name, t0, 1);
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (pg) crun_pg_release(pg);
+  return bad;
+}
+
+static int half_all_reduce(crun_pg_t *pg, int rank) {
+  uint16_t v[4] = {0x3c00, 0x3c00, 0x3c00, (uint16_t)(0x3c00 + rank)}; /* float16 1.0 */
+  return crun_pg_all_reduce(pg, v, 4, CRUN_FLOAT16, CRUN_OP_SUM, NULL, NULL);
+}
+
+static int half_reduce_scatter(crun_pg_t *pg, int rank) {
+  uint16_t a[3] = {0x3c00, 0x3c00, 0x3c00}, b[3] = {0x3c00, 0x3c00, (uint16_t)(0x3c00 + rank)}, out[3];
+  const void *ins[2] = {a, b};
+  return crun_pg_reduce_scatter(pg, out, ins, 3, CRUN_BFLOAT16, CRUN_OP_SUM, NULL, NULL);
+}
+
+/* all_gather into two blocks that are not back to back (in reverse order). */
+static int list_all_gather(crun_pg_t *pg, int rank) {
+  int32_t in[2] = {rank, rank}, blocks[5];
+  void *outs[2] = {blocks + 3, blocks};
+  return crun_pg_all_gather(pg, outs, in, 2, CRUN_INT32, NULL, NULL);
+}
+
+static int list_scatter(crun_pg_t *pg, int rank) {
+  int32_t blocks[5] = {1, 2, 3, 4, 5}, out[2];
+  const void *ins[2] = {blocks + 3, blocks};
+  (void)rank;
+  return crun_pg_scatter(pg, out, ins, 2, CRUN_INT32, 0, NULL, NULL);
+}
+
+/* all_to_all of 1 element to rank 0 and 2 to rank 1 from each rank. */
+static int a2a(crun_pg_t *pg, int rank) {
+  int32_t in[3] = {rank, rank, rank}, out[4];
+  size_t in_counts[2] = {1, 2}, out_counts[2] = {rank ? 2u : 1u, rank ? 2u : 1u};
+  const void *ins[2] = {in, in + 1};
+  void *outs[2] = {out, out + 2};
+  return crun_pg_all_to_all(pg, outs, out_counts, ins, in_counts, CRUN_INT32, NULL, NULL);
+}
+
+static int worker_stage_half(crun_store_t *st, int rank) {
+  int bad = stage_case(st, rank, "hf1", "mpi.stage_half", half_all_reduce, "all_reduce #1");
+  bad |= stage_case(st, rank, "hf2", "mpi.stage_half:2", half_reduce_scatter, "reduce_scatter #1");
+  return bad | pair_sum(st, rank, "after");
+}
+
+static int worker_stage_list(crun_store_t *st, int rank) {
+  int bad = stage_case(st, rank, "ls1", "mpi.stage_list", list_all_gather, "all_gather #1");
+  bad |= stage_case(st, rank, "ls2", "mpi.stage_list", list_scatter, "scatter #1");
+  return bad | pair_sum(st, rank, "after");
+}
+
+static int worker_stage_a2a(crun_store_t *st, int rank) {
+  int bad = stage_case(st, rank, "aa1", "mpi.stage_a2a", a2a, "all_to_all #1");
+  bad |= stage_case(st, rank, "aa2", "mpi.stage_a2a:2", a2a, "all_to_all #1");
+  return bad | pair_sum(st, rank, "after");
+}
 #endif
 
 /* Runs case `which` on this rank, after a first group of both ranks (crun's
@@ -175,6 +257,9 @@ static int worker(const char *which) {
   else if (!strcmp(which, "join")) bad |= worker_join(st, rank);
   else if (!strcmp(which, "room")) bad |= worker_room(st, rank);
   else if (!strcmp(which, "stash")) bad |= worker_stash(st, rank);
+  else if (!strcmp(which, "stage_half")) bad |= worker_stage_half(st, rank);
+  else if (!strcmp(which, "stage_list")) bad |= worker_stage_list(st, rank);
+  else if (!strcmp(which, "stage_a2a")) bad |= worker_stage_a2a(st, rank);
   else printf("rank %d: no case %s\n", rank, which), bad = 1;
   crun_store_release(st);
   MPI_Barrier(MPI_COMM_WORLD);
@@ -262,8 +347,14 @@ TEST(room_text_no_memory) { run_mpi_case("room", NULL); }
 
 TEST(stash_no_memory) { run_mpi_case("stash", NULL); }
 
+TEST(stage_half_no_memory) { run_mpi_case("stage_half", NULL); }
+
+TEST(stage_list_no_memory) { run_mpi_case("stage_list", NULL); }
+
+TEST(stage_a2a_no_memory) { run_mpi_case("stage_a2a", NULL); }
+
 #define CRUN_TESTS(X) X(fault_spec) X(abort_no_memory) X(destroy_no_memory) X(join_no_memory) \
-  X(room_text_no_memory) X(stash_no_memory)
+  X(room_text_no_memory) X(stash_no_memory) X(stage_half_no_memory) X(stage_list_no_memory) X(stage_a2a_no_memory)
 
 int main(int argc, char **argv) {
   const char *which = getenv("CRUN_TEST_MPI_CASE");

@@ -5,7 +5,11 @@
  * float32, rounded once at the end); avg is a sum divided once by the group
  * size (crun_scale_div, truncating for integers, as the cpu backend does).
  * Per-rank buffer lists that are not laid out back to back go through a
- * staging buffer. */
+ * staging buffer. A call's staging buffers (and all_to_all's layout) are
+ * taken before the signature exchange (reserve): a rank without memory then
+ * fails before it sent its signature, and its abort notice fails every peer
+ * waiting in the exchange, where a failure after it left those peers inside
+ * the MPI collective until the watchdog aborted the job. */
 #include <limits.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -87,8 +91,6 @@ static int is_half(crun_dtype_t dt) { return dt == CRUN_FLOAT16 || dt == CRUN_BF
     if (r_ != MPI_SUCCESS) return crun__mpi_fail(r_, d_, (b)->rank, name);   \
   } while (0)
 
-#define NOMEM(c) crun_error(CRUN_ENOMEM, "%s on rank %d: staging buffer", crun__coll_name((c)->kind), b->rank)
-
 /* ---------------------------------------------------------------- reductions */
 
 /* Copies n elements of src to dst as a reduction's working data: as they
@@ -111,26 +113,23 @@ static void red_out(crun__mpi_t *b, const crun__coll_t *c, void *buf, void *work
   else if (c->dt == CRUN_BFLOAT16) crun__f32_to_bf16_n(buf, work, n);
 }
 
-/* The working buffer of an in-place reduction on buf: buf itself or a float32 copy. */
-static void *red_buf(crun__mpi_t *b, const crun__coll_t *c, void *buf, size_t n) {
-  if (!is_half(c->dt)) return buf;
-  void *s = crun__mpi_stage(b, 0, n * sizeof(float));
-  return s ? red_in(c, s, buf, n) : NULL;
+/* The working buffer of an in-place reduction on buf: buf itself or its
+ * float32 copy in staging buffer s[0] (reserved). */
+static void *red_buf(const crun__coll_t *c, char *const *s, void *buf, size_t n) {
+  return is_half(c->dt) ? red_in(c, s[0], buf, n) : buf;
 }
 
 static MPI_Datatype red_type(const crun__coll_t *c) { return is_half(c->dt) ? MPI_FLOAT : crun__mpi_type(c->dt); }
 
-static int all_reduce(crun__mpi_t *b, crun__coll_t *c) {
-  void *w = red_buf(b, c, c->buf, c->count);
-  if (!w) return NOMEM(c);
+static int all_reduce(crun__mpi_t *b, crun__coll_t *c, char *const *s) {
+  void *w = red_buf(c, s, c->buf, c->count);
   RUN(b, c, "MPI_Allreduce", MPI_Allreduce(MPI_IN_PLACE, w, (int)c->count, red_type(c), mpi_op(c->dt, c->op), b->comm));
   red_out(b, c, c->buf, w, c->count);
   return 0;
 }
 
-static int reduce(crun__mpi_t *b, crun__coll_t *c) {
-  void *w = red_buf(b, c, c->buf, c->count);
-  if (!w) return NOMEM(c);
+static int reduce(crun__mpi_t *b, crun__coll_t *c, char *const *s) {
+  void *w = red_buf(c, s, c->buf, c->count);
   int root = c->root == b->rank;
   RUN(b, c, "MPI_Reduce", MPI_Reduce(root ? MPI_IN_PLACE : w, root ? w : NULL, (int)c->count, red_type(c),
                                      mpi_op(c->dt, c->op), c->root, b->comm));
@@ -146,15 +145,13 @@ static char *contiguous(void *const *ptrs, int n, size_t bytes) {
   return base;
 }
 
-static int reduce_scatter(crun__mpi_t *b, crun__coll_t *c) {
-  size_t n = c->count, es = crun_dtype_size(c->dt), ws = is_half(c->dt) ? sizeof(float) : es;
-  char *in = is_half(c->dt) ? NULL : contiguous((void *const *)c->ins, b->size, n * es);
-  if (!in) {
-    if (!(in = crun__mpi_stage(b, 0, (size_t)b->size * n * ws))) return NOMEM(c);
-    for (int r = 0; r < b->size; r++) red_in(c, in + (size_t)r * n * ws, c->ins[r], n);
-  }
-  void *out = is_half(c->dt) ? crun__mpi_stage(b, 1, n * ws) : c->buf;
-  if (!out) return NOMEM(c);
+/* Staged (s[0]: the blocks packed, widened for 16-bit floats; s[1]: a
+ * float32 result) where reserve found it needed. */
+static int reduce_scatter(crun__mpi_t *b, crun__coll_t *c, char *const *s) {
+  size_t n = c->count, ws = is_half(c->dt) ? sizeof(float) : crun_dtype_size(c->dt);
+  char *in = s[0] ? s[0] : (char *)c->ins[0];
+  for (int r = 0; s[0] && r < b->size; r++) red_in(c, in + (size_t)r * n * ws, c->ins[r], n);
+  void *out = s[1] ? s[1] : c->buf;
   RUN(b, c, "MPI_Reduce_scatter_block",
       MPI_Reduce_scatter_block(in, out, (int)n, red_type(c), mpi_op(c->dt, c->op), b->comm));
   red_out(b, c, c->buf, out, n);
@@ -174,24 +171,24 @@ static void unpack(void *const *ptrs, int n, const char *src, size_t bytes) {
     if (bytes) memcpy(ptrs[i], src + (size_t)i * bytes, bytes);
 }
 
-static int all_gather(crun__mpi_t *b, crun__coll_t *c) {
+/* Gathers into outs back to back, or into staging buffer s[0] (reserved
+ * when they are not) and then out to them. */
+static int all_gather(crun__mpi_t *b, crun__coll_t *c, char *const *s) {
   size_t bytes = c->count * crun_dtype_size(c->dt);
   MPI_Datatype t = crun__mpi_type(c->dt);
   int n = (int)c->count;
-  char *base = contiguous(c->outs, b->size, bytes);
-  if (base) {
+  if (!s[0]) {
     const void *in = c->in == c->outs[b->rank] ? MPI_IN_PLACE : c->in;
-    RUN(b, c, "MPI_Allgather", MPI_Allgather(in, n, t, base, n, t, b->comm));
+    RUN(b, c, "MPI_Allgather", MPI_Allgather(in, n, t, c->outs[0], n, t, b->comm));
     return 0;
   }
-  char *s = crun__mpi_stage(b, 0, bytes * (size_t)b->size);
-  if (!s) return NOMEM(c);
-  RUN(b, c, "MPI_Allgather", MPI_Allgather(c->in, n, t, s, n, t, b->comm));
-  unpack(c->outs, b->size, s, bytes);
+  RUN(b, c, "MPI_Allgather", MPI_Allgather(c->in, n, t, s[0], n, t, b->comm));
+  unpack(c->outs, b->size, s[0], bytes);
   return 0;
 }
 
-static int gather(crun__mpi_t *b, crun__coll_t *c) {
+/* As all_gather, on the root. */
+static int gather(crun__mpi_t *b, crun__coll_t *c, char *const *s) {
   size_t bytes = c->count * crun_dtype_size(c->dt);
   MPI_Datatype t = crun__mpi_type(c->dt);
   int n = (int)c->count;
@@ -199,20 +196,19 @@ static int gather(crun__mpi_t *b, crun__coll_t *c) {
     RUN(b, c, "MPI_Gather", MPI_Gather(c->in, n, t, NULL, 0, t, c->root, b->comm));
     return 0;
   }
-  char *base = contiguous(c->outs, b->size, bytes);
-  if (base) {
+  if (!s[0]) {
     const void *in = c->in == c->outs[b->rank] ? MPI_IN_PLACE : c->in;
-    RUN(b, c, "MPI_Gather", MPI_Gather(in, n, t, base, n, t, c->root, b->comm));
+    RUN(b, c, "MPI_Gather", MPI_Gather(in, n, t, c->outs[0], n, t, c->root, b->comm));
     return 0;
   }
-  char *s = crun__mpi_stage(b, 0, bytes * (size_t)b->size);
-  if (!s) return NOMEM(c);
-  RUN(b, c, "MPI_Gather", MPI_Gather(c->in, n, t, s, n, t, c->root, b->comm));
-  unpack(c->outs, b->size, s, bytes);
+  RUN(b, c, "MPI_Gather", MPI_Gather(c->in, n, t, s[0], n, t, c->root, b->comm));
+  unpack(c->outs, b->size, s[0], bytes);
   return 0;
 }
 
-static int scatter(crun__mpi_t *b, crun__coll_t *c) {
+/* Scatters from ins back to back, or (on the root) from their copy packed
+ * into staging buffer s[0] (reserved when they are not). */
+static int scatter(crun__mpi_t *b, crun__coll_t *c, char *const *s) {
   size_t bytes = c->count * crun_dtype_size(c->dt);
   MPI_Datatype t = crun__mpi_type(c->dt);
   int n = (int)c->count;
@@ -220,13 +216,10 @@ static int scatter(crun__mpi_t *b, crun__coll_t *c) {
     RUN(b, c, "MPI_Scatter", MPI_Scatter(NULL, 0, t, c->buf, n, t, c->root, b->comm));
     return 0;
   }
-  char *base = contiguous((void *const *)c->ins, b->size, bytes);
-  void *out = base && c->buf == c->ins[b->rank] ? MPI_IN_PLACE : c->buf;
-  if (!base) {
-    if (!(base = crun__mpi_stage(b, 0, bytes * (size_t)b->size))) return NOMEM(c);
-    for (int r = 0; r < b->size; r++)
-      if (bytes) memcpy(base + (size_t)r * bytes, c->ins[r], bytes);
-  }
+  char *base = s[0] ? s[0] : (char *)c->ins[0];
+  void *out = !s[0] && c->buf == c->ins[b->rank] ? MPI_IN_PLACE : c->buf;
+  for (int r = 0; s[0] && r < b->size; r++)
+    if (bytes) memcpy(base + (size_t)r * bytes, c->ins[r], bytes);
   RUN(b, c, "MPI_Scatter", MPI_Scatter(base, n, t, out, n, t, c->root, b->comm));
   return 0;
 }
@@ -245,7 +238,7 @@ static void a2a_copy(void *const *ptrs, const size_t *counts, int n, char *packe
 }
 
 /* Fills MPI's int counts and displacements; ERANGE when a total exceeds int. */
-static int a2a_layout(crun__mpi_t *b, crun__coll_t *c, const size_t *counts, int *cnt, int *disp, size_t *total) {
+static int a2a_layout(crun__mpi_t *b, const crun__coll_t *c, const size_t *counts, int *cnt, int *disp, size_t *total) {
   *total = 0;
   for (int i = 0; i < b->size; i++) {
     if (*total + counts[i] > INT_MAX)
@@ -269,25 +262,68 @@ static int a2a_run(crun__mpi_t *b, crun__coll_t *c, const char *s, char *r, cons
   return 0;
 }
 
-static int all_to_all(crun__mpi_t *b, crun__coll_t *c) {
-  size_t es = crun_dtype_size(c->dt), tin, tout;
-  int *lay = malloc(sizeof(int) * 4 * (size_t)b->size), rc;
-  if (!lay) return NOMEM(c);
-  if ((rc = a2a_layout(b, c, c->in_counts, lay, lay + b->size, &tin)) < 0 ||
-      (rc = a2a_layout(b, c, c->out_counts, lay + 2 * b->size, lay + 3 * b->size, &tout)) < 0) {
-    free(lay);
-    return rc;
-  }
-  char *s = crun__mpi_stage(b, 0, tin * es), *r = crun__mpi_stage(b, 1, tout * es);
-  if (!s || !r) {
-    free(lay);
-    return NOMEM(c);
-  }
-  a2a_copy((void *const *)c->ins, c->in_counts, b->size, s, es, 1);
-  rc = a2a_run(b, c, s, r, lay);
-  if (rc == 0) a2a_copy(c->outs, c->out_counts, b->size, r, es, -1);
-  free(lay);
+/* Packs ins into s[0], exchanges into s[1] and unpacks to outs (the
+ * layout in b->a2a_lay and both buffers reserved). */
+static int all_to_all(crun__mpi_t *b, crun__coll_t *c, char *const *s) {
+  size_t es = crun_dtype_size(c->dt);
+  a2a_copy((void *const *)c->ins, c->in_counts, b->size, s[0], es, 1);
+  int rc = a2a_run(b, c, s[0], s[1], b->a2a_lay);
+  if (rc == 0) a2a_copy(c->outs, c->out_counts, b->size, s[1], es, -1);
   return rc;
+}
+
+/* ---------------------------------------------------------------- reserve */
+
+/* Takes staging buffer i of `bytes` for c into s[i] (allocation `site`);
+ * `what` says what it holds. */
+static int take(crun__mpi_t *b, const crun__coll_t *c, char **s, int i, size_t bytes, const char *site,
+                const char *what) {
+  if ((s[i] = crun__mpi_stage(b, i, bytes, site))) return 0;
+  char desc[64];
+  crun__coll_desc(c, desc, sizeof desc);
+  return crun_error(CRUN_ENOMEM, "%s on rank %d: no memory for its staging buffer (%s, %zu bytes)", desc, b->rank,
+                    what, bytes);
+}
+
+/* reserve for all_to_all: its MPI counts and displacements into b->a2a_lay
+ * (ERANGE beyond int), then its send and receive buffers. */
+static int reserve_a2a(crun__mpi_t *b, const crun__coll_t *c, char **s) {
+  size_t es = crun_dtype_size(c->dt), tin, tout;
+  int *lay = b->a2a_lay, n = b->size;
+  CRUN_CHECK(a2a_layout(b, c, c->in_counts, lay, lay + n, &tin));
+  CRUN_CHECK(a2a_layout(b, c, c->out_counts, lay + 2 * n, lay + 3 * n, &tout));
+  CRUN_CHECK(take(b, c, s, 0, tin * es, "mpi.stage_a2a", "the blocks it sends, packed"));
+  return take(b, c, s, 1, tout * es, "mpi.stage_a2a", "the blocks it receives, packed");
+}
+
+/* Takes the staging buffers c needs on this rank into s[0..1] (NULL: none
+ * needed), before the signature exchange (see the top of the file): a
+ * float32 copy of a float16/bfloat16 reduction's data, a buffer list that
+ * is not back to back packed, all_to_all's packed blocks. Reused buffers:
+ * taking one allocates only when it grows. */
+static int reserve(crun__mpi_t *b, const crun__coll_t *c, char **s) {
+  size_t n = c->count, es = crun_dtype_size(c->dt), all = n * es * (size_t)b->size;
+  int root = c->root == b->rank;
+  s[0] = s[1] = NULL;
+  switch (c->kind) {
+  case CRUN__COLL_ALL_REDUCE: case CRUN__COLL_REDUCE:
+    if (!is_half(c->dt)) return 0;
+    return take(b, c, s, 0, n * sizeof(float), "mpi.stage_half", "its data as float32");
+  case CRUN__COLL_REDUCE_SCATTER:
+    if (!is_half(c->dt))
+      return contiguous((void *const *)c->ins, b->size, n * es)
+                 ? 0 : take(b, c, s, 0, all, "mpi.stage_list", "its inputs packed back to back");
+    CRUN_CHECK(take(b, c, s, 0, n * sizeof(float) * (size_t)b->size, "mpi.stage_half", "its inputs as float32"));
+    return take(b, c, s, 1, n * sizeof(float), "mpi.stage_half", "its result as float32");
+  case CRUN__COLL_ALL_GATHER: case CRUN__COLL_GATHER:
+    if ((c->kind == CRUN__COLL_GATHER && !root) || contiguous(c->outs, b->size, n * es)) return 0;
+    return take(b, c, s, 0, all, "mpi.stage_list", "its outputs packed back to back");
+  case CRUN__COLL_SCATTER:
+    if (!root || contiguous((void *const *)c->ins, b->size, n * es)) return 0;
+    return take(b, c, s, 0, all, "mpi.stage_list", "its inputs packed back to back");
+  case CRUN__COLL_ALL_TO_ALL: return reserve_a2a(b, c, s);
+  default: return 0;
+  }
 }
 
 /* ---------------------------------------------------------------- dispatch */
@@ -303,16 +339,18 @@ int crun__mpi_coll(void *state, crun__coll_t *c) {
   if (c->count > INT_MAX)
     return crun_error(CRUN_ERANGE, "%s #%llu on rank %d: %zu elements exceed the mpi backend's limit of %d per call",
                       crun__coll_name(c->kind), (unsigned long long)c->seq, b->rank, c->count, INT_MAX);
+  char *s[2];
+  CRUN_CHECK(reserve(b, c, s));
   if (b->check) CRUN_CHECK(crun__mpi_check(b, c));
   switch (c->kind) {
   case CRUN__COLL_BROADCAST: return broadcast(b, c);
-  case CRUN__COLL_ALL_REDUCE: return all_reduce(b, c);
-  case CRUN__COLL_REDUCE: return reduce(b, c);
-  case CRUN__COLL_ALL_GATHER: return all_gather(b, c);
-  case CRUN__COLL_GATHER: return gather(b, c);
-  case CRUN__COLL_SCATTER: return scatter(b, c);
-  case CRUN__COLL_REDUCE_SCATTER: return reduce_scatter(b, c);
-  case CRUN__COLL_ALL_TO_ALL: return all_to_all(b, c);
+  case CRUN__COLL_ALL_REDUCE: return all_reduce(b, c, s);
+  case CRUN__COLL_REDUCE: return reduce(b, c, s);
+  case CRUN__COLL_ALL_GATHER: return all_gather(b, c, s);
+  case CRUN__COLL_GATHER: return gather(b, c, s);
+  case CRUN__COLL_SCATTER: return scatter(b, c, s);
+  case CRUN__COLL_REDUCE_SCATTER: return reduce_scatter(b, c, s);
+  case CRUN__COLL_ALL_TO_ALL: return all_to_all(b, c, s);
   case CRUN__COLL_BARRIER: return barrier(b, c);
   }
   return crun_error(CRUN_ENOTSUP, "mpi backend: no collective %s", crun__coll_name(c->kind));

@@ -11,10 +11,10 @@
 #include "backend/mpi/mpi_int.h"
 #include "core/fault.h"
 
-void *crun__mpi_stage(crun__mpi_t *b, int i, size_t n) {
+void *crun__mpi_stage(crun__mpi_t *b, int i, size_t n, const char *site) {
   if (n > b->stage_cap[i]) {
     free(b->stage[i]);
-    b->stage[i] = malloc(n);
+    b->stage[i] = CRUN__FAULT_MALLOC(site, n);
     b->stage_cap[i] = b->stage[i] ? n : 0;
   }
   return b->stage[i] ? b->stage[i] : (n ? NULL : b);
@@ -565,7 +565,7 @@ static int make_comms(crun__mpi_t *b, MPI_Comm world, int tag) {
 }
 
 static void state_free(crun__mpi_t *b) {
-  if (b) free(b->sig_out), free(b->sig_in), free(b->reqs), free(b);
+  if (b) free(b->sig_out), free(b->sig_in), free(b->reqs), free(b->a2a_lay), free(b);
 }
 
 /* Allocates the per-peer arrays of a group's state. */
@@ -579,10 +579,11 @@ static crun__mpi_t *state_new(crun_pg_t *pg) {
   b->sig_out = calloc(n * CRUN__SIG_WORDS, sizeof(int64_t));
   b->sig_in = calloc(n * CRUN__SIG_WORDS, sizeof(int64_t));
   b->reqs = malloc(2 * n * sizeof(MPI_Request));
+  b->a2a_lay = malloc(4 * n * sizeof(int)); /* here, not per call: see coll.c's reserve */
   b->watch.rank = pg->rank;
   for (size_t p = 0; b->sig_in && p < n; p++) b->sig_in[p * CRUN__SIG_WORDS + CRUN__SIG_KIND] = -1;
   for (size_t p = 0; b->reqs && p < 2 * n; p++) b->reqs[p] = MPI_REQUEST_NULL; /* read at destroy (keep_pending) */
-  if (b->sig_out && b->sig_in && b->reqs) return b;
+  if (b->sig_out && b->sig_in && b->reqs && b->a2a_lay) return b;
   state_free(b);
   return NULL;
 }
@@ -891,7 +892,7 @@ static void mpi_destroy(void *state) {
     MPI_Request_free(&s->req);                                    /* their memory stays (MPI may read it) */
   free(b->abort_msg), free(b->abort_reqs);
   free(b->stage[0]), free(b->stage[1]);
-  free(b->sig_out), free(b->sig_in), free(b->reqs);
+  free(b->sig_out), free(b->sig_in), free(b->reqs), free(b->a2a_lay);
   free(b);
 }
 

@@ -51,7 +51,8 @@ typedef struct crun__mpi {
   int check;                     /* CRUN_MPI_CHECK: signature exchange before collectives */
   int64_t *sig_out, *sig_in;     /* size x CRUN__SIG_WORDS each */
   MPI_Request *reqs;             /* 2 x size */
-  void *stage[2];                /* reusable staging buffers */
+  void *stage[2];                /* reusable staging buffers (coll.c: taken before the exchange) */
+  int *a2a_lay;                  /* 4 x size: all_to_all's MPI counts and displacements */
   size_t stage_cap[2];
   int peer_aborted;              /* our failure came from a peer's abort notice */
   char *abort_msg;               /* our own notice, kept while its sends are pending */
@@ -106,8 +107,9 @@ void crun__mpi_watch_remove(crun__mpi_watch_t *w);
 int crun__mpi_check(crun__mpi_t *b, crun__coll_t *c);
 
 
-/* Returns staging buffer i (0 or 1) of at least n bytes, or NULL. */
-void *crun__mpi_stage(crun__mpi_t *b, int i, size_t n);
+/* Returns staging buffer i (0 or 1) of at least n bytes, or NULL; an
+ * allocation goes through fault site `site` (core/fault.h). */
+void *crun__mpi_stage(crun__mpi_t *b, int i, size_t n, const char *site);
 
 /* Runs any collective (coll.c): the vtable's collective slots. */
 int crun__mpi_coll(void *state, crun__coll_t *c);

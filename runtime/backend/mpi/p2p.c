@@ -194,7 +194,7 @@ static int recv_right(crun__mpi_t *b, crun__coll_t *c, const char *desc, MPI_Mes
   int64_t h[2];
   int rc;
   if (bytes <= SMALL) {
-    char *s = crun__mpi_stage(b, 1, HDR + bytes);
+    char *s = crun__mpi_stage(b, 1, HDR + bytes, "mpi.stage_recv");
     if (!s) return crun_error(CRUN_ENOMEM, "%s: staging buffer", desc);
     rc = MPI_Mrecv(s, (int)(HDR + bytes), MPI_BYTE, m, MPI_STATUS_IGNORE);
     memcpy(h, s, HDR);

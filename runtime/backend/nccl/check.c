@@ -157,11 +157,8 @@ out:
 }
 
 int crun__nccl_poll_abort(crun__nccl_t *b, const char *desc) {
-  const char *k = "nccl/abort";
-  int ok = 0;
-  if (crun_store_check(b->pg->board, &k, 1, &ok) < 0 || !ok) return 0;
   crun_buf_t v = {0};
-  if (crun_store_get(b->pg->board, k, &v) < 0) return 0;
+  if (crun__pg_board_peek(b->pg, "nccl/abort", &v) <= 0) return 0; /* none, or the board unreadable */
   /* the peer's status when its text names one ("ETIMEDOUT: ..."), else ESTATE */
   int st = CRUN_ESTATE;
   const char *t = v.data, *colon = memchr(t, ':', v.len);

@@ -251,11 +251,9 @@ void crun__nccl_missing(crun__nccl_t *b, const char *desc, char *who, size_t wca
     if (r == pg->rank) continue;
     char key[32];
     snprintf(key, sizeof key, "progress/%d", r);
-    const char *k = key;
-    int ok = 0;
     crun_buf_t v = {0};
-    if (crun_store_check(pg->board, &k, 1, &ok) < 0) break;
-    if (ok && crun_store_get(pg->board, key, &v) < 0) break;
+    int ok = crun__pg_board_peek(pg, key, &v);
+    if (ok < 0) break;
     if (!ok || v.len != strlen(desc) || memcmp(v.data, desc, v.len)) late[nl++] = r;
     crun_buf_free(&v);
   }
