@@ -676,6 +676,25 @@ describe("dist failures", function()
     end)
   end
 
+  -- A sub-group's refusal names the refusing rank once: its global rank and
+  -- then its group rank in the refusal's note. (The note said "rank 1" after
+  -- crun.opts's " (rank 2)": two ranks for one, and which was which?)
+  for _, env in ipairs{"CRUN_SHM=0", "CRUN_SHM=1"} do
+    it("name a sub-group's refusing rank once, global and group rank (" .. env .. ")", function()
+      local res, out = scenario("subref", {limit = 60, env = env})
+      local why = "EINVAL: all_reduce: unknown option 'timeot' (accepted: async_op, group, timeout)"
+      assert.are.equal("ok", res[0], out)
+      assert.are.equal("error " .. why .. " (rank 2)", lines(res[2])[1], out)
+      -- over TCP the text is the refusal's; shm's engine relays it after its own prefix
+      local peer = why .. " (rank 2 (group rank 1) refused its part of all_reduce #1: the group stops) "
+      local l1 = lines(res[1])[1]
+      if env == "CRUN_SHM=0" then assert.are.equal("error " .. peer, l1:sub(1, #peer + 6), res[1] .. "\n" .. out)
+      else assert.is_truthy(l1:find("^error EINVAL: shm all_reduce #1 on rank 0: rank 1 failed first: ")
+                            and l1:find(peer, 1, true), res[1] .. "\n" .. out) end
+      assert.is_truthy(res[1]:find("[group 'default/0/g1': its ranks 0-1 are global ranks 1,2]", 1, true), res[1])
+    end)
+  end
+
   -- An object collective on some ranks and a plain int64 broadcast on another:
   -- the receivers never take the tensor's elements for an object's size.
   for _, k in ipairs{1, 2} do

@@ -163,16 +163,21 @@ end
 -- rather than pair it with this rank's next call (a wrong result or an
 -- EMISMATCH there), and the group stops. Other calls (send, recv, ...) and
 -- an unknown group raise here alone, and so does a destroyed group (its
--- refuse() raises ECLOSED, which would hide the fault).
+-- refuse() raises ECLOSED, which would hide the fault). The peers' text
+-- names this rank in the refusal's own note ("rank 2 (group rank 1) refused
+-- its part of ..."), so crun.opts's " (rank N)" suffix stays on this rank's.
 local function arg_fail(fname, text)
   local cur = call_args(fname)
   local g = cur and refusal_group(cur)
   if g then
     local t = cur[1]
     local ok, cuda = pcall(function() return t:is_cuda() end)
-    local _, err = pcall(g.refuse, g, RUNS_AS[fname] or fname, text, -1, ok and cuda == true)
+    local suffix = text:match(" %(rank %d+%)$") or ""
+    local said = text:sub(1, #text - #suffix)
+    local _, err = pcall(g.refuse, g, RUNS_AS[fname] or fname, said, -1, ok and cuda == true)
     -- err: the text, and whether the group goes on
-    if type(err) == "string" and err:find(text:gsub("^%u+: ", ""), 1, true) then error(err, 0) end
+    local at = type(err) == "string" and select(2, err:find((said:gsub("^%u+: ", "")), 1, true))
+    if at then error(err:sub(1, at) .. suffix .. err:sub(at + 1), 0) end
   end
   error(text, 0)
 end

@@ -21,6 +21,8 @@
 --   subcount  in new_group{1, 2}, rank 1 all_reduces 3 elements, rank 2 five
 --   rootgather / rootscatter  the root's (rank 0's) buffers overlap, which
 --             only it can see; then an all_reduce
+--   subref    in new_group{1, 2}, rank 2 (its group rank 1) alone gives
+--             all_reduce an unknown option key; rank 1 a good call
 --   rootlistgather / rootlistscatter  the root's list holds 1 tensor, not n;
 --             then an all_reduce
 --   a2asplit_K  rank 1 gives all_to_all_single bad input split sizes, K: len
@@ -195,6 +197,10 @@ elseif mode == "a2akind" then
 elseif mode == "subcount" then
   local g = dist.new_group({1, 2})
   if rank == 0 then record(true) else record(pcall(dist.all_reduce, T.ones({rank == 1 and 3 or 5}), "sum", {group = g})) end
+elseif mode == "subref" then
+  local g = dist.new_group({1, 2})
+  local o = rank == 2 and {group = g, timeot = 1} or {group = g}
+  if rank == 0 then record(true) else record(pcall(dist.all_reduce, T.ones({4}), "sum", o)) end
 elseif mode == "rootlistgather" or mode == "rootlistscatter" then
   local f = mode == "rootlistgather" and dist.gather or dist.scatter
   record(pcall(f, T.ones({4}), rank == 0 and {T.zeros({4})} or nil, 0))
