@@ -420,7 +420,8 @@ describe("crun.dist arguments", function()
       for _, v in ipairs{"yes", 0, "", {}} do
         local ok, err = pcall(c[2], v)
         assert.is_false(ok, c[1] .. " took async_op = " .. tostring(v))
-        assert.equal(string.format("EINVAL: %s: bad field 'async_op' (boolean expected, got %s)", c[1], type(v)), err)
+        assert.equal(string.format("EINVAL: %s on rank 0: bad field 'async_op' (boolean expected, got %s)", c[1], type(v)),
+                     err)
       end
     end
     -- true and false still pick the forms
@@ -428,6 +429,29 @@ describe("crun.dist arguments", function()
     assert.equal("crun.Work", getmetatable(w).__name)
     w:wait()
     assert.is_nil(dist.broadcast(t(), 0, nil, false))
+  end)
+
+  -- The bindings' check of an option's value names the call and this rank,
+  -- as the other argument faults do (it named the call alone).
+  it("refuses an option of the wrong type naming the call and the rank", function()
+    local function t() return T.new{-1.5, 2.25} end
+    local cases = {
+      {"EINVAL: all_reduce on rank 0: bad field 'timeout' (number expected, got string)",
+       function() return dist.all_reduce(t(), "sum", {timeout = "x"}) end},
+      {"EINVAL: all_reduce on rank 0: bad field 'async_op' (boolean expected, got number)",
+       function() return dist.all_reduce(t(), "sum", {async_op = 3}) end},
+      {"EINVAL: broadcast on rank 0: bad field 'timeout' (number expected, got table)",
+       function() return dist.broadcast(t(), 0, {timeout = {}}) end},
+      {"EINVAL: send on rank 0: bad field 'tag' (integer expected, got string)",
+       function() return dist.group():send(t(), 0, {tag = "x"}) end},
+      {"EINVAL: recv on rank 0: tag 4294967296 is out of range (-2147483648..2147483647)",
+       function() return dist.group():recv(t(), 0, {tag = 1 << 32}) end},
+    }
+    for _, c in ipairs(cases) do
+      local ok, err = pcall(c[2])
+      assert.is_false(ok, c[1])
+      assert.equal(c[1], err)
+    end
   end)
 
   -- torch 2.x's new_group(..., use_local_synchronization = True) lets the

@@ -369,12 +369,13 @@ describe("dist failures", function()
     {"barrier", "extra", "barrier", "argument #4 (number) is one too many"},
     {"barrier", "subkey", "barrier", "barrier: unknown option 'asyncop'"},
     {"all_reduce", "typogroup", "all_reduce", "all_reduce: unknown option 'grop'"},
-    -- and the bindings' check of the options' values
-    {"all_reduce", "badtime", "all_reduce", "all_reduce: bad field 'timeout' (number expected, got string)"},
-    {"all_gather_object", "badtime", "all_gather", "all_gather_bytes: bad field 'timeout' (number expected, got string)"},
-    {"barrier", "badtime", "barrier", "barrier: bad field 'timeout' (number expected, got string)"},
+    -- and the bindings' check of the options' values, naming the rank (%d: the last one)
+    {"all_reduce", "badtime", "all_reduce", "all_reduce on rank %d: bad field 'timeout' (number expected, got string)"},
+    {"all_gather_object", "badtime", "all_gather",
+     "all_gather_bytes on rank %d: bad field 'timeout' (number expected, got string)"},
+    {"barrier", "badtime", "barrier", "barrier on rank %d: bad field 'timeout' (number expected, got string)"},
     {"all_gather_into_tensor", "badtime", "all_gather",
-     "all_gather_into_tensor: bad field 'timeout' (number expected, got string)"},
+     "all_gather_into_tensor on rank %d: bad field 'timeout' (number expected, got string)"},
   }
   for _, k in ipairs(LUAREF) do
     for _, run_on in ipairs{{2, "CRUN_SHM=0"}, {3, "CRUN_SHM=1"}} do
@@ -382,7 +383,7 @@ describe("dist failures", function()
       it(string.format("fail every rank when rank %d alone refuses its %s's arguments (%s, %s)", n - 1, k[1], k[2], env),
          function()
         local res, out = scenario_n(n, "luaref:" .. k[1] .. ":" .. k[2], env)
-        lone_refusal(res, out, n, k[4], k[3])
+        lone_refusal(res, out, n, k[4]:format(n - 1), k[3])
       end)
     end
   end
