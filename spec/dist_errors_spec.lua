@@ -361,6 +361,8 @@ describe("dist failures", function()
     {"all_reduce", "badkey", "all_reduce", "unknown option 'asyncop'"},
     {"all_reduce", "badop", "all_reduce", "unknown reduce op 'summ'"},
     {"all_reduce", "extra", "all_reduce", "argument #5 (number) is one too many"},
+    {"all_reduce", "asyncpos", "all_reduce",
+     "all_reduce on rank %d: bad argument #4 'async_op' (boolean expected, got number)"},
     {"all_reduce", "subkey", "all_reduce", "unknown option 'asyncop'"},
     {"all_gather_object", "badkey", "all_gather", "all_gather_object: unknown option 'timeot'"},
     {"all_gather_object", "extra", "all_gather", "argument #4 (number) is one too many"},

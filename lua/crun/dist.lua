@@ -612,8 +612,18 @@ local function after_table(fname, what, name)
            .. "or one table {group=, %s=})", fname, what, name, name))
 end
 
+-- Raises EINVAL for torch's positional async_op v of collective fname that
+-- is not a boolean, naming its argument position (the one after fname's
+-- group, ARGS) and this rank, as the bindings name an options table's field.
+local function async_fault(fname, v)
+  local where = state.pg and string.format("%s on rank %d", fname, state.pg:rank()) or fname
+  arg_fail(fname, string.format("EINVAL: %s: bad argument #%d 'async_op' (boolean expected, got %s)", where,
+                                ARGS[fname][4] + 1, type(v)))
+end
+
 local function group_form(opts, name, v, fname)
   if v == nil and type(opts) ~= "userdata" and opts ~= NON_MEMBER then return opts end
+  if name == "async_op" and v ~= nil and type(v) ~= "boolean" then async_fault(fname, v) end
   if type(opts) == "table" and opts ~= NON_MEMBER then  -- {group=...}, true: which async_op was meant?
     after_table(fname, name, name)
   end

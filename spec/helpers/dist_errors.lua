@@ -54,7 +54,8 @@
 --             g, g = new_group(every rank)), badtime (a timeout that is no
 --             number: the binding's check), typogroup (group misspelled
 --             grop = g: the call is g's); the others a good C; then every
---             rank all_reduces (on g for subkey and typogroup)
+--             rank all_reduces (on g for subkey and typogroup); asyncpos
+--             (all_reduce's positional async_op 3)
 --   nonrootgather / nonrootscatter  non-root rank 1 passes a list (root 0);
 --             then an all_reduce
 --   roots_K   rank 1 calls K (broadcast, reduce, gather, scatter) with root 1,
@@ -331,6 +332,7 @@ elseif mode:match("^luaref:") then  -- the last rank alone makes a mistake dist.
     if not bad then record(pcall(dist.all_reduce, t, "sum", {group = g}))
     elseif k == "badop" then record(pcall(dist.all_reduce, t, "summ"))
     elseif k == "extra" then record(pcall(dist.all_reduce, t, "sum", nil, false, 5))
+    elseif k == "asyncpos" then record(pcall(dist.all_reduce, t, "sum", nil, 3))
     else o.timeot = nil; record(pcall(dist.all_reduce, t, o)) end
   elseif c == "all_gather_object" then
     if k == "extra" and bad then record(pcall(dist.all_gather_object, {}, v, nil, 7))
