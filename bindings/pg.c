@@ -125,6 +125,21 @@ static double premul_arg(lua_State *L, int idx, crun_reduce_op_t op, const char 
   return f;
 }
 
+/* Pushes the fault of method fname's options on this rank: "fname on rank
+ * R: <fmt>", R the global rank of the group at slot 1 (as torch numbers
+ * ranks in messages; every method has its group there). Returns 1. */
+static int opts_fault(lua_State *L, const char *fname, const char *fmt, ...) {
+  const l_pg *u = luaL_testudata(L, 1, PG_MT);
+  int rank = !u ? -1 : u->pg ? crun_pg_global_rank(u->pg, crun_pg_rank(u->pg)) : u->rank;
+  va_list ap;
+  va_start(ap, fmt);
+  lua_pushfstring(L, "%s on rank %d: ", fname, rank);
+  lua_pushvfstring(L, fmt, ap);
+  va_end(ap);
+  lua_concat(L, 2);
+  return 1;
+}
+
 /* Reads method fname's options at idx {timeout=, tag=, async_op=} into o
  * and *async, each field once; 1 with the fault pushed (no status) when
  * they are not a table, a timeout is no number, a tag no int or an
@@ -136,7 +151,7 @@ static int read_opts(lua_State *L, int idx, const char *fname, crun_coll_opts_t 
   int ty = lua_getfield(L, idx, "timeout");
   if (ty != LUA_TNIL && !lua_isnumber(L, -1)) {
     lua_pop(L, 1);
-    return lua_pushfstring(L, "%s: bad field 'timeout' (number expected, got %s)", fname, lua_typename(L, ty)), 1;
+    return opts_fault(L, fname, "bad field 'timeout' (number expected, got %s)", lua_typename(L, ty));
   }
   o->timeout = ty == LUA_TNIL ? 0 : lua_tonumber(L, -1);
   ty = lua_getfield(L, idx, "tag");
@@ -144,15 +159,15 @@ static int read_opts(lua_State *L, int idx, const char *fname, crun_coll_opts_t 
   lua_Integer v = lua_tointegerx(L, -1, &isint);
   lua_pop(L, 2);
   if (ty != LUA_TNIL && !isint)
-    return lua_pushfstring(L, "%s: bad field 'tag' (integer expected, got %s)", fname, lua_typename(L, ty)), 1;
+    return opts_fault(L, fname, "bad field 'tag' (integer expected, got %s)", lua_typename(L, ty));
   if (ty != LUA_TNIL && (v < INT_MIN || v > INT_MAX))
-    return lua_pushfstring(L, "%s: tag %I is out of range (%d..%d)", fname, (LUA_INTEGER)v, INT_MIN, INT_MAX), 1;
+    return opts_fault(L, fname, "tag %I is out of range (%d..%d)", (LUA_INTEGER)v, INT_MIN, INT_MAX);
   o->tag = ty == LUA_TNIL ? 0 : (int)v;
   ty = lua_getfield(L, idx, "async_op");
   *async = lua_toboolean(L, -1);
   lua_pop(L, 1);
   if (ty != LUA_TNIL && ty != LUA_TBOOLEAN)
-    return lua_pushfstring(L, "%s: bad field 'async_op' (boolean expected, got %s)", fname, lua_typename(L, ty)), 1;
+    return opts_fault(L, fname, "bad field 'async_op' (boolean expected, got %s)", lua_typename(L, ty));
   return 0;
 }
 

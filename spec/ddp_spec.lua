@@ -233,6 +233,22 @@ describe("DDP equivalence", function()
     if not have then pending("crun-lua / crun.dist not built") return end
     require("helpers.ctor_refuse").one("ddpgroup", "DDP: unknown option 'proces_group'", "all_gather")
   end)
+  -- A group option that is no group at all (process_group = 5) names the
+  -- constructor, the rank and the key; it said "get_rank: group must be a
+  -- crun.ProcessGroup ...", the internal call that first used it. It is
+  -- refused on the default group, where the peers that passed none wait.
+  for _, c in ipairs{{"ddpnotgroup", "DDP"}, {"fsdpnotgroup", "FSDP"}, {"zeronotgroup", "ZeroRedundancyOptimizer"}} do
+    it("names the constructor and key when rank 1 alone passes a process_group that is no group: " .. c[2], function()
+      if not have then pending("crun-lua / crun.dist not built") return end
+      require("helpers.ctor_refuse").one(c[1], "EINVAL: " .. c[2] .. " on rank 1: process_group must be a "
+        .. "crun.ProcessGroup (from new_group), got number", "all_gather")
+    end)
+  end
+  it("names the key on every rank when every rank passes a process_group that is no group (2 ranks)", function()
+    if not have then pending("crun-lua / crun.dist not built") return end
+    require("helpers.ctor_refuse").all("ddpnotgroup", "EINVAL: DDP on rank %d: process_group must be a "
+      .. "crun.ProcessGroup (from new_group), got number", "all_gather")
+  end)
   it("goes on when every rank passes the same bad option (2 ranks)", function()
     if not have then pending("crun-lua / crun.dist not built") return end
     require("helpers.ctor_refuse").all("ddp", "DDP: unknown option 'bucket_cap_mbb'", "all_gather")

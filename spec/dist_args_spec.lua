@@ -395,23 +395,24 @@ describe("crun.dist arguments", function()
   -- reads it as false (0, "") made crun's call async where torch's blocks, and
   -- "yes" made any value an async Work; now EINVAL naming the call, in the
   -- options table or torch's positional place, through dist or a group's method
+  -- (a positional one by its argument number: it was called a "field")
   it("refuses an async_op that is not true or false, naming the call", function()
     local function t() return T.new{-1.5, 2.25} end
     local calls = {
       {"all_reduce", function(v) return dist.all_reduce(t(), "sum", {async_op = v}) end},
-      {"all_reduce", function(v) return dist.all_reduce(t(), "sum", nil, v) end},
+      {"all_reduce", function(v) return dist.all_reduce(t(), "sum", nil, v) end, 4},
       {"all_reduce", function(v) return dist.group():all_reduce(t(), "sum", {async_op = v}) end},
-      {"broadcast", function(v) return dist.broadcast(t(), 0, nil, v) end},
-      {"reduce", function(v) return dist.reduce(t(), 0, "sum", nil, v) end},
-      {"all_gather", function(v) return dist.all_gather({T.zeros{2}}, t(), nil, v) end},
-      {"all_gather_into_tensor", function(v) return dist.all_gather_into_tensor(T.zeros{2}, t(), nil, v) end},
-      {"reduce_scatter", function(v) return dist.reduce_scatter(T.zeros{2}, {t()}, "sum", nil, v) end},
-      {"reduce_scatter_tensor", function(v) return dist.reduce_scatter_tensor(T.zeros{2}, t(), "sum", nil, v) end},
-      {"gather", function(v) return dist.gather(t(), {T.zeros{2}}, 0, nil, v) end},
-      {"scatter", function(v) return dist.scatter(T.zeros{2}, {t()}, 0, nil, v) end},
-      {"all_to_all", function(v) return dist.all_to_all({T.zeros{2}}, {t()}, nil, v) end},
-      {"all_to_all_single", function(v) return dist.all_to_all_single(T.zeros{2}, t(), nil, nil, nil, v) end},
-      {"barrier", function(v) return dist.barrier(nil, v) end},
+      {"broadcast", function(v) return dist.broadcast(t(), 0, nil, v) end, 4},
+      {"reduce", function(v) return dist.reduce(t(), 0, "sum", nil, v) end, 5},
+      {"all_gather", function(v) return dist.all_gather({T.zeros{2}}, t(), nil, v) end, 4},
+      {"all_gather_into_tensor", function(v) return dist.all_gather_into_tensor(T.zeros{2}, t(), nil, v) end, 4},
+      {"reduce_scatter", function(v) return dist.reduce_scatter(T.zeros{2}, {t()}, "sum", nil, v) end, 5},
+      {"reduce_scatter_tensor", function(v) return dist.reduce_scatter_tensor(T.zeros{2}, t(), "sum", nil, v) end, 5},
+      {"gather", function(v) return dist.gather(t(), {T.zeros{2}}, 0, nil, v) end, 5},
+      {"scatter", function(v) return dist.scatter(T.zeros{2}, {t()}, 0, nil, v) end, 5},
+      {"all_to_all", function(v) return dist.all_to_all({T.zeros{2}}, {t()}, nil, v) end, 4},
+      {"all_to_all_single", function(v) return dist.all_to_all_single(T.zeros{2}, t(), nil, nil, nil, v) end, 6},
+      {"barrier", function(v) return dist.barrier(nil, v) end, 2},
       {"barrier", function(v) return dist.barrier{async_op = v} end},
       {"send", function(v) return dist.send(t(), 0, {async_op = v}) end},
       {"recv", function(v) return dist.recv(T.zeros{2}, 0, {async_op = v}) end},
@@ -420,7 +421,9 @@ describe("crun.dist arguments", function()
       for _, v in ipairs{"yes", 0, "", {}} do
         local ok, err = pcall(c[2], v)
         assert.is_false(ok, c[1] .. " took async_op = " .. tostring(v))
-        assert.equal(string.format("EINVAL: %s: bad field 'async_op' (boolean expected, got %s)", c[1], type(v)), err)
+        -- in the options table a field; in torch's positional place its argument number
+        local what = c[3] and string.format("bad argument #%d 'async_op'", c[3]) or "bad field 'async_op'"
+        assert.equal(string.format("EINVAL: %s on rank 0: %s (boolean expected, got %s)", c[1], what, type(v)), err)
       end
     end
     -- true and false still pick the forms
@@ -428,6 +431,29 @@ describe("crun.dist arguments", function()
     assert.equal("crun.Work", getmetatable(w).__name)
     w:wait()
     assert.is_nil(dist.broadcast(t(), 0, nil, false))
+  end)
+
+  -- The bindings' check of an option's value names the call and this rank,
+  -- as the other argument faults do (it named the call alone).
+  it("refuses an option of the wrong type naming the call and the rank", function()
+    local function t() return T.new{-1.5, 2.25} end
+    local cases = {
+      {"EINVAL: all_reduce on rank 0: bad field 'timeout' (number expected, got string)",
+       function() return dist.all_reduce(t(), "sum", {timeout = "x"}) end},
+      {"EINVAL: all_reduce on rank 0: bad field 'async_op' (boolean expected, got number)",
+       function() return dist.all_reduce(t(), "sum", {async_op = 3}) end},
+      {"EINVAL: broadcast on rank 0: bad field 'timeout' (number expected, got table)",
+       function() return dist.broadcast(t(), 0, {timeout = {}}) end},
+      {"EINVAL: send on rank 0: bad field 'tag' (integer expected, got string)",
+       function() return dist.group():send(t(), 0, {tag = "x"}) end},
+      {"EINVAL: recv on rank 0: tag 4294967296 is out of range (-2147483648..2147483647)",
+       function() return dist.group():recv(t(), 0, {tag = 1 << 32}) end},
+    }
+    for _, c in ipairs(cases) do
+      local ok, err = pcall(c[2])
+      assert.is_false(ok, c[1])
+      assert.equal(c[1], err)
+    end
   end)
 
   -- torch 2.x's new_group(..., use_local_synchronization = True) lets the

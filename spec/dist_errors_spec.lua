@@ -363,6 +363,8 @@ describe("dist failures", function()
     {"all_reduce", "badkey", "all_reduce", "unknown option 'asyncop'"},
     {"all_reduce", "badop", "all_reduce", "unknown reduce op 'summ'"},
     {"all_reduce", "extra", "all_reduce", "argument #5 (number) is one too many"},
+    {"all_reduce", "asyncpos", "all_reduce",
+     "all_reduce on rank %d: bad argument #4 'async_op' (boolean expected, got number)"},
     {"all_reduce", "subkey", "all_reduce", "unknown option 'asyncop'"},
     {"all_gather_object", "badkey", "all_gather", "all_gather_object: unknown option 'timeot'"},
     {"all_gather_object", "extra", "all_gather", "argument #4 (number) is one too many"},
@@ -371,12 +373,13 @@ describe("dist failures", function()
     {"barrier", "extra", "barrier", "argument #4 (number) is one too many"},
     {"barrier", "subkey", "barrier", "barrier: unknown option 'asyncop'"},
     {"all_reduce", "typogroup", "all_reduce", "all_reduce: unknown option 'grop'"},
-    -- and the bindings' check of the options' values
-    {"all_reduce", "badtime", "all_reduce", "all_reduce: bad field 'timeout' (number expected, got string)"},
-    {"all_gather_object", "badtime", "all_gather", "all_gather_bytes: bad field 'timeout' (number expected, got string)"},
-    {"barrier", "badtime", "barrier", "barrier: bad field 'timeout' (number expected, got string)"},
+    -- and the bindings' check of the options' values, naming the rank (%d: the last one)
+    {"all_reduce", "badtime", "all_reduce", "all_reduce on rank %d: bad field 'timeout' (number expected, got string)"},
+    {"all_gather_object", "badtime", "all_gather",
+     "all_gather_bytes on rank %d: bad field 'timeout' (number expected, got string)"},
+    {"barrier", "badtime", "barrier", "barrier on rank %d: bad field 'timeout' (number expected, got string)"},
     {"all_gather_into_tensor", "badtime", "all_gather",
-     "all_gather_into_tensor: bad field 'timeout' (number expected, got string)"},
+     "all_gather_into_tensor on rank %d: bad field 'timeout' (number expected, got string)"},
   }
   for _, k in ipairs(LUAREF) do
     for _, run_on in ipairs{{2, "CRUN_SHM=0"}, {3, "CRUN_SHM=1"}} do
@@ -384,7 +387,7 @@ describe("dist failures", function()
       it(string.format("fail every rank when rank %d alone refuses its %s's arguments (%s, %s)", n - 1, k[1], k[2], env),
          function()
         local res, out = scenario_n(n, "luaref:" .. k[1] .. ":" .. k[2], env)
-        lone_refusal(res, out, n, k[4], k[3])
+        lone_refusal(res, out, n, k[4]:format(n - 1), k[3])
       end)
     end
   end
@@ -675,6 +678,25 @@ describe("dist failures", function()
         assert.is_truthy(res[r]:match("^error EMISMATCH: "), "rank " .. r .. ": " .. res[r] .. "\n" .. out)
         assert.is_truthy(res[r]:find("[group 'default/0/g1': its ranks 0-1 are global ranks 1,2]", 1, true), res[r])
       end
+    end)
+  end
+
+  -- A sub-group's refusal names the refusing rank once: its global rank and
+  -- then its group rank in the refusal's note. (The note said "rank 1" after
+  -- crun.opts's " (rank 2)": two ranks for one, and which was which?)
+  for _, env in ipairs{"CRUN_SHM=0", "CRUN_SHM=1"} do
+    it("name a sub-group's refusing rank once, global and group rank (" .. env .. ")", function()
+      local res, out = scenario("subref", {limit = 60, env = env})
+      local why = "EINVAL: all_reduce: unknown option 'timeot' (accepted: async_op, group, timeout)"
+      assert.are.equal("ok", res[0], out)
+      assert.are.equal("error " .. why .. " (rank 2)", lines(res[2])[1], out)
+      -- over TCP the text is the refusal's; shm's engine relays it after its own prefix
+      local peer = why .. " (rank 2 (group rank 1) refused its part of all_reduce #1: the group stops) "
+      local l1 = lines(res[1])[1]
+      if env == "CRUN_SHM=0" then assert.are.equal("error " .. peer, l1:sub(1, #peer + 6), res[1] .. "\n" .. out)
+      else assert.is_truthy(l1:find("^error EINVAL: shm all_reduce #1 on rank 0: rank 1 failed first: ")
+                            and l1:find(peer, 1, true), res[1] .. "\n" .. out) end
+      assert.is_truthy(res[1]:find("[group 'default/0/g1': its ranks 0-1 are global ranks 1,2]", 1, true), res[1])
     end)
   end
 

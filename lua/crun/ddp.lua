@@ -120,6 +120,7 @@ end
 -- DDP's checks of its arguments and its local setup, before any collective:
 -- the new model, its parameters indexed.
 local function prepare(module, opts)
+  if dist()._group_arg then dist()._group_arg("DDP", opts) end
   opts = require("crun.opts").check(DDP_OPTS, "DDP", opts)
   if type(module) ~= "table" or type(module.parameters) ~= "function" then
     require("crun.opts").fail("EINVAL: DDP: a crun.nn module is expected, got %s", type(module))

@@ -163,16 +163,28 @@ end
 -- rather than pair it with this rank's next call (a wrong result or an
 -- EMISMATCH there), and the group stops. Other calls (send, recv, ...) and
 -- an unknown group raise here alone, and so does a destroyed group (its
--- refuse() raises ECLOSED, which would hide the fault).
+-- refuse() raises ECLOSED, which would hide the fault). The peers' text
+-- names this rank in the refusal's own note ("rank 2 (group rank 1) refused
+-- its part of ..."), so crun.opts's " (rank N)" suffix stays on this rank's.
+-- Refuses collective `call` of group g with fault text (pg:refuse) and
+-- raises what it says: the text, and whether the group goes on. A " (rank
+-- N)" suffix (crun.opts's) stays on this rank's text alone. Returns when
+-- the refusal raised something else (a destroyed group's ECLOSED).
+local function refuse_raise(g, call, text, cuda)
+  local suffix = text:match(" %(rank %d+%)$") or ""
+  local said = text:sub(1, #text - #suffix)
+  local _, err = pcall(g.refuse, g, call, said, -1, cuda)
+  local at = type(err) == "string" and select(2, err:find((said:gsub("^%u+: ", "")), 1, true))
+  if at then error(err:sub(1, at) .. suffix .. err:sub(at + 1), 0) end
+end
+
 local function arg_fail(fname, text)
   local cur = call_args(fname)
   local g = cur and refusal_group(cur)
   if g then
     local t = cur[1]
     local ok, cuda = pcall(function() return t:is_cuda() end)
-    local _, err = pcall(g.refuse, g, RUNS_AS[fname] or fname, text, -1, ok and cuda == true)
-    -- err: the text, and whether the group goes on
-    if type(err) == "string" and err:find(text:gsub("^%u+: ", ""), 1, true) then error(err, 0) end
+    refuse_raise(g, RUNS_AS[fname] or fname, text, ok and cuda == true)
   end
   error(text, 0)
 end
@@ -607,8 +619,18 @@ local function after_table(fname, what, name)
            .. "or one table {group=, %s=})", fname, what, name, name))
 end
 
+-- Raises EINVAL for torch's positional async_op v of collective fname that
+-- is not a boolean, naming its argument position (the one after fname's
+-- group, ARGS) and this rank, as the bindings name an options table's field.
+local function async_fault(fname, v)
+  local where = state.pg and string.format("%s on rank %d", fname, state.pg:rank()) or fname
+  arg_fail(fname, string.format("EINVAL: %s: bad argument #%d 'async_op' (boolean expected, got %s)", where,
+                                ARGS[fname][4] + 1, type(v)))
+end
+
 local function group_form(opts, name, v, fname)
   if v == nil and type(opts) ~= "userdata" and opts ~= NON_MEMBER then return opts end
+  if name == "async_op" and v ~= nil and type(v) ~= "boolean" then async_fault(fname, v) end
   if type(opts) == "table" and opts ~= NON_MEMBER then  -- {group=...}, true: which async_op was meant?
     after_table(fname, name, name)
   end
@@ -1192,17 +1214,32 @@ end
 --- group goes on. Without a process group, or for NON_GROUP_MEMBER, the
 --- fault is raised here alone; a group option that is no group refuses the
 --- default group's call (where peers that passed nil are).
+-- Internal (DDP, FSDP, ZeroRedundancyOptimizer): raises EINVAL naming
+-- constructor fname, this rank and the key when the raw options table opts
+-- holds a group= or process_group= that is no group (DDP(m,
+-- {process_group = 5})), instead of a fault of the internal call that
+-- first used it ("get_rank: group must be ..."). Raised in _setup's f, it
+-- refuses the default group's call, where the peers that passed nil wait.
+function dist._group_arg(fname, opts)
+  if type(opts) ~= "table" then return end
+  for _, k in ipairs{"group", "process_group"} do
+    local v = rawget(opts, k)
+    if v ~= nil and v ~= NON_MEMBER and not is_pg(v) then
+      local mt = getmetatable(v)
+      fail("EINVAL: %s on rank %d: %s must be a crun.ProcessGroup (from new_group), got %s", fname,
+           state.pg and state.pg:rank() or -1, k,
+           type(mt) == "table" and type(mt.__name) == "string" and mt.__name or type(v))
+    end
+  end
+end
+
 function dist._setup(call, opts, f, ...)
   local res = table.pack(pcall(f, ...))
   if res[1] then return table.unpack(res, 2, res.n) end
   local text = tostring(res[2])
   local group = type(opts) == "table" and named_group(opts) or false -- group=, process_group= or a misspelling
   local g = group ~= NON_MEMBER and (group or state.pg) or nil
-  if g then
-    local ok, err = pcall(g.refuse, g, call, text, -1, false)
-    -- err: the text, and whether the group goes on (a closed group raises its own)
-    if not ok and type(err) == "string" and err:find(text:gsub("^%u+: ", ""), 1, true) then error(err, 0) end
-  end
+  if g then refuse_raise(g, call, text, false) end  -- (a closed group raises its own: then res[2])
   error(res[2], 0)
 end
 

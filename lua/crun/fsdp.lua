@@ -158,6 +158,7 @@ end
 -- FSDP's checks of its arguments and its local setup, before any
 -- collective: the new model, its units laid out.
 local function prepare(module, opts)
+  if dist()._group_arg then dist()._group_arg("FSDP", opts) end
   opts = O.check(FSDP_OPTS, "FSDP", opts)
   if type(module) ~= "table" or type(module.leaves) ~= "function" then
     O.fail("EINVAL: FSDP: a crun.nn module is expected, got %s", type(module))

@@ -112,6 +112,7 @@ local function prepare(a, optim_class, opts)
   if type(optim_class) ~= "function" then
     error("EINVAL: bad argument #2 to 'ZeroRedundancyOptimizer' (an optimizer class such as crun.optim.Adam expected)", 0)
   end
+  if dist()._group_arg then dist()._group_arg("ZeroRedundancyOptimizer", opts) end
   opts = O.check(spec_for(optim_class), "ZeroRedundancyOptimizer", opts)
   local as_view = O.bool("ZeroRedundancyOptimizer", "parameters_as_bucket_view", opts.parameters_as_bucket_view, false)
   check_distinct(source())

@@ -366,8 +366,11 @@ static int refuse_call(crun_pg_t *pg, const crun__coll_t *c, int rc) {
   if (seq[0] && !be->private_board && !atomic_load(&pg->is_broken) && every_rank_refused(pg, c, num, rc, body))
     return crun_error(rc, "%s (every rank refused %s #%llu: the group goes on)", body, crun__coll_name(c->kind),
                       (unsigned long long)num);
-  int root = crun__coll_rooted(c->kind) && c->root == pg->rank;
-  snprintf(text, sizeof text, "%s (rank %d%s refused its part of %s%s: the group stops)", mine, pg->rank,
+  int root = crun__coll_rooted(c->kind) && c->root == pg->rank, g = pg->global[pg->rank];
+  char who[48]; /* this rank, once: "rank 2 (group rank 1)" on a sub-group whose ranks are shifted */
+  if (g == pg->rank) snprintf(who, sizeof who, "rank %d", g);
+  else snprintf(who, sizeof who, "rank %d (group rank %d)", g, pg->rank);
+  snprintf(text, sizeof text, "%s (%s%s refused its part of %s%s: the group stops)", mine, who,
            root ? ", the root," : "", crun__coll_name(c->kind), seq);
   /* a peer waiting for a refusal this rank never numbered stops at once */
   if (!be->private_board) crun__pg_leave_stopped(pg, "1");

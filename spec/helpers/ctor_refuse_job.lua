@@ -7,6 +7,8 @@
 --         ddpgroup  DDP on g = new_group() (every rank), the bad one's
 --                 process_group misspelled proces_group (then the all_reduce
 --                 is g's)
+--         ddpnotgroup / fsdpnotgroup / zeronotgroup  process_group = 5 (no
+--                 group at all; the good ranks pass none)
 --   WHO   one     the last rank alone; the others pass good options
 --         all     every rank
 -- Then every rank all_reduces {rank - 3.5, ...} on the default group. Each
@@ -30,6 +32,12 @@ local g = ctor == "ddpgroup" and dist.new_group() or nil
 local t0 = crun.clock()
 if ctor == "ddpgroup" then
   record(pcall(crun.DDP, m, bad and {proces_group = g} or {process_group = g}))
+elseif ctor == "ddpnotgroup" then
+  record(pcall(crun.DDP, m, bad and {process_group = 5} or nil))
+elseif ctor == "fsdpnotgroup" then
+  record(pcall(crun.FSDP, m, bad and {process_group = 5} or nil))
+elseif ctor == "zeronotgroup" then
+  record(pcall(crun.optim.ZeroRedundancyOptimizer, m, crun.optim.SGD, {lr = 0.1, process_group = bad and 5 or nil}))
 elseif ctor == "ddp" then
   record(pcall(crun.DDP, m, bad and {bucket_cap_mbb = 5} or {bucket_cap_mb = 5}))
 elseif ctor == "fsdp" then

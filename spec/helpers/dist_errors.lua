@@ -21,6 +21,8 @@
 --   subcount  in new_group{1, 2}, rank 1 all_reduces 3 elements, rank 2 five
 --   rootgather / rootscatter  the root's (rank 0's) buffers overlap, which
 --             only it can see; then an all_reduce
+--   subref    in new_group{1, 2}, rank 2 (its group rank 1) alone gives
+--             all_reduce an unknown option key; rank 1 a good call
 --   rootlistgather / rootlistscatter  the root's list holds 1 tensor, not n;
 --             then an all_reduce
 --   a2asplit_K  rank 1 gives all_to_all_single bad input split sizes, K: len
@@ -52,7 +54,8 @@
 --             g, g = new_group(every rank)), badtime (a timeout that is no
 --             number: the binding's check), typogroup (group misspelled
 --             grop = g: the call is g's); the others a good C; then every
---             rank all_reduces (on g for subkey and typogroup)
+--             rank all_reduces (on g for subkey and typogroup); asyncpos
+--             (all_reduce's positional async_op 3)
 --   nonrootgather / nonrootscatter  non-root rank 1 passes a list (root 0);
 --             then an all_reduce
 --   roots_K   rank 1 calls K (broadcast, reduce, gather, scatter) with root 1,
@@ -195,6 +198,10 @@ elseif mode == "a2akind" then
 elseif mode == "subcount" then
   local g = dist.new_group({1, 2})
   if rank == 0 then record(true) else record(pcall(dist.all_reduce, T.ones({rank == 1 and 3 or 5}), "sum", {group = g})) end
+elseif mode == "subref" then
+  local g = dist.new_group({1, 2})
+  local o = rank == 2 and {group = g, timeot = 1} or {group = g}
+  if rank == 0 then record(true) else record(pcall(dist.all_reduce, T.ones({4}), "sum", o)) end
 elseif mode == "rootlistgather" or mode == "rootlistscatter" then
   local f = mode == "rootlistgather" and dist.gather or dist.scatter
   record(pcall(f, T.ones({4}), rank == 0 and {T.zeros({4})} or nil, 0))
@@ -325,6 +332,7 @@ elseif mode:match("^luaref:") then  -- the last rank alone makes a mistake dist.
     if not bad then record(pcall(dist.all_reduce, t, "sum", {group = g}))
     elseif k == "badop" then record(pcall(dist.all_reduce, t, "summ"))
     elseif k == "extra" then record(pcall(dist.all_reduce, t, "sum", nil, false, 5))
+    elseif k == "asyncpos" then record(pcall(dist.all_reduce, t, "sum", nil, 3))
     else o.timeot = nil; record(pcall(dist.all_reduce, t, o)) end
   elseif c == "all_gather_object" then
     if k == "extra" and bad then record(pcall(dist.all_gather_object, {}, v, nil, 7))
