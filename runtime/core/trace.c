@@ -18,6 +18,7 @@
 #include "core/checked.h"
 #include "core/trace_int.h"
 #include "backend/backend.h"
+#include "tensor/dtype_int.h"
 
 #define OBS_DEFAULT_FLIGHT 2000
 #define OBS_DEFAULT_EVENTS 200000
@@ -209,7 +210,7 @@ static int group_of(crun_pg_t *pg) {
  * of what it sends). */
 static uint64_t op_bytes(const crun__coll_t *c) {
   size_t b;
-  if (crun__mul_size(c->count, crun_dtype_size(c->dt), &b)) return UINT64_MAX;
+  if (crun__mul_size(c->count, crun__dtype_size(c->dt), &b)) return UINT64_MAX;
   return b;
 }
 

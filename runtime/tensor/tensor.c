@@ -3,6 +3,7 @@
 
 #include "core/checked.h"
 #include "core/heap.h"
+#include "tensor/dtype_int.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -74,11 +75,11 @@ static void storage_release(crun__storage_t *st) {
 
 int crun_tensor_empty(crun_dtype_t dt, int ndim, const int64_t *shape, crun_tensor_t **out) {
   if (!out) return crun_error(CRUN_EINVAL, "tensor: out is NULL");
-  if (!crun_dtype_size(dt)) return crun_error(CRUN_EINVAL, "tensor: bad dtype %d", (int)dt);
+  if (!crun__dtype_size(dt)) return crun_error(CRUN_EINVAL, "tensor: bad dtype %d", (int)dt);
   CRUN_CHECK(crun__check_shape(ndim, shape, "tensor"));
   int64_t n = 1;
   for (int d = 0; d < ndim; d++) n *= shape[d];
-  size_t nbytes = (size_t)n * crun_dtype_size(dt);
+  size_t nbytes = (size_t)n * crun__dtype_size(dt);
   crun__storage_t *st = calloc(1, sizeof *st);
   /* large storage from the node's shared heap when the launcher made one
    * (same-host collectives then read it in place), else from malloc */
@@ -111,9 +112,9 @@ int crun_tensor_from_data(crun_dtype_t dt, int ndim, const int64_t *shape, const
                           size_t nbytes, crun_tensor_t **out) {
   /* the size is checked before anything is allocated: a corrupt checkpoint
    * that claims a huge shape for a few bytes costs nothing */
-  if (!crun_dtype_size(dt)) return crun_error(CRUN_EINVAL, "tensor_from_data: bad dtype %d", (int)dt);
+  if (!crun__dtype_size(dt)) return crun_error(CRUN_EINVAL, "tensor_from_data: bad dtype %d", (int)dt);
   CRUN_CHECK(crun__check_shape(ndim, shape, "tensor_from_data"));
-  size_t need = crun_dtype_size(dt);
+  size_t need = crun__dtype_size(dt);
   for (int d = 0; d < ndim; d++) need *= (size_t)shape[d]; /* < 2^53: checked above */
   if (nbytes != need) {
     char sh[128];
@@ -157,7 +158,7 @@ int64_t crun_tensor_numel(const crun_tensor_t *t) {
 }
 
 size_t crun_tensor_nbytes(const crun_tensor_t *t) {
-  return (size_t)crun_tensor_numel(t) * crun_dtype_size(t->dt);
+  return (size_t)crun_tensor_numel(t) * crun__dtype_size(t->dt);
 }
 
 int crun_tensor_is_contiguous(const crun_tensor_t *t) {
@@ -172,7 +173,7 @@ int crun_tensor_is_contiguous(const crun_tensor_t *t) {
 }
 
 void *crun_tensor_data(const crun_tensor_t *t) {
-  return (char *)t->st->data + t->offset * (int64_t)crun_dtype_size(t->dt);
+  return (char *)t->st->data + t->offset * (int64_t)crun__dtype_size(t->dt);
 }
 
 int crun_tensor_host_span(const crun_tensor_t *t, void **data, size_t *count, crun_dtype_t *dt) {
@@ -307,7 +308,7 @@ void crun__rowiter_init(crun__rowiter_t *it, const crun_tensor_t *t) {
   memset(it->idx, 0, sizeof it->idx);
   it->shape = t->shape;
   it->strides = t->strides;
-  it->es = crun_dtype_size(t->dt);
+  it->es = crun__dtype_size(t->dt);
   it->len = t->ndim > 0 ? t->shape[t->ndim - 1] : 1;
   it->step = t->ndim > 0 ? t->strides[t->ndim - 1] : 1;
   it->row = crun_tensor_data(t);

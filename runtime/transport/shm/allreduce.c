@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "core/heap.h"
+#include "tensor/dtype_int.h"
 
 /* Bounds of rank q's slice of a chunk of n elements (relative to the chunk). */
 static void slice_of(shm_op_t *o, size_t n, int q, size_t *lo, size_t *hi) {
@@ -72,7 +73,7 @@ static int ar_copy_out(shm_op_t *o, size_t t, int b) {
 static int run(crun__shm_comm_t *c, shm_kind_t kind, void *buf, const void *sendbuf,
                size_t count, crun_dtype_t dt, crun_reduce_op_t op, int root) {
   shm_op_t o = {.c = c, .kind = kind, .dt = dt, .op = op, .root = root, .count = count};
-  o.es = crun_dtype_size(dt);
+  o.es = crun__dtype_size(dt);
   o.in = sendbuf ? sendbuf : buf;
   o.out = buf;
   size_t bytes = count * o.es;
@@ -116,7 +117,7 @@ int crun__shm_allreduce_call(crun__shm_comm_t *c, void *buf, size_t count, crun_
   if (count > SIZE_MAX / 16) /* what begin's check allows */
     return crun__shm_fail(c, CRUN_EINVAL, "shm all_reduce on rank %d: count %zu too large", c->rank, count);
   CRUN_CHECK(crun__shm_start(c, SHM_ALLREDUCE, dt, op, -1, count, label, deadline, timeout));
-  size_t bytes = count * crun_dtype_size(dt);
+  size_t bytes = count * crun__dtype_size(dt);
   if (bytes > c->small_bytes || count == 0) return run(c, SHM_ALLREDUCE, buf, NULL, count, dt, op, -1);
   /* run()'s one-shot path, without its op record and indirect calls */
   int b = crun__shm_small_open(c);
