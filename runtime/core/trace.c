@@ -337,6 +337,27 @@ _Thread_local int crun__obs_oneshot;
 
 void crun__obs_end(crun_pg_t *pg, crun_work_t *w, int rc, int same_thread) {
   crun__coll_t *c = &w->c;
+  /* The commonest end, a one-shot collective that ran on this thread,
+   * passed without waiting and ends at its estimate (end_ticks), the timeline
+   * off: the entry's end and the counters alone, ~60 instructions where the
+   * general path below takes ~160, between this rank's result and its next
+   * post. */
+  if (crun__obs_oneshot && same_thread && rc >= 0 && w->obs.t_start && (unsigned)c->kind < CRUN__COLL_COUNT &&
+      crun__obs_wait_ns == w->obs.wait0 && !(crun__obs_on & CRUN__OBS_TIMELINE)) {
+    crun__obs_stat_t *s = &pg->obs_stats[c->kind];
+    uint64_t bytes = op_bytes(c);
+    if (s->est && bytes == s->est_bytes && s->est < short_ticks() && s->skip + 1 < OBS_SAMPLE) {
+      s->skip++;
+      crun__obs_oneshot = 0;
+      fr_t *e = entry(w->obs.id);
+      if (e) {
+        FR_SET(e, t_end, w->obs.t_start + s->est), FR_SET(e, wait, 0), FR_SET(e, status, 0);
+        FR_SET(e, state, (int8_t)ST_DONE);
+      }
+      stat_add(&s->ops, 1, 0), stat_add(&s->bytes, bytes, 0), stat_add(&s->time_ns, s->est, 0);
+      return;
+    }
+  }
   uint64_t wait = same_thread && w->obs.t_start ? crun__obs_wait_ns - w->obs.wait0 : 0;
   int known = c->kind >= 0 && c->kind < CRUN__COLL_COUNT, oneshot = crun__obs_oneshot;
   crun__obs_oneshot = 0;
