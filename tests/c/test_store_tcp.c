@@ -1476,6 +1476,55 @@ TEST(tcp_timed_out_wait_keeps_connection) {
   crun_store_server_stop(srv);
 }
 
+/* Over the unix socket (unix_socket) or loopback TCP only: gets on a
+ * missing key that time out (as torch's TCPStore, a user's timeout is an
+ * answer, not a broken connection) leave the handle's connection usable --
+ * a set and a get on the same handle then run with no new connection (the
+ * server's accept count) -- and a value set on that key after the timeout
+ * is never taken for the reply of a later, different request (a server
+ * still holding the timed-out get would answer it with that value). */
+static void timed_out_get_then_more(int unix_socket) {
+  int port;
+  crun_store_server_t *srv = unix_socket ? local_server(&port) : local_server_env("CRUN_STORE_UNIX", "0", &port);
+  if (!unix_socket) setenv("CRUN_STORE_UNIX", "0", 1); /* the clients too */
+  crun_store_t *s = client(port, 0.1), *setter = client(port, 10);
+  unsetenv("CRUN_STORE_UNIX");
+  EXPECT_OK(crun_store_set(setter, "other", "fresh", 5));
+  expect_value(setter, "other", "fresh"); /* applied: s sees it */
+  char name[64];
+  snprintf(name, sizeof name, "crun-store:127.0.0.1:%d", port);
+  EXPECT(unix_socket ? unix_sockets_named(name) >= 3 : unix_sockets_named(name) == 0); /* the transport asked */
+  unsigned long accepted = crun__store_server_accepted(srv);
+  EXPECT(accepted == 2);
+  crun_buf_t b = {0};
+  for (int i = 0; i < 4; i++) {
+    double t0 = crun_clock();
+    EXPECT_STATUS(crun_store_get(s, "late", &b), CRUN_ETIMEDOUT);
+    EXPECT_TEXT("get 'late'");
+    double dt = crun_clock() - t0;
+    if (dt < 0.095 || dt > 0.9) crun_test_fail(__FILE__, __LINE__, "get #%d returned after %.3f s", i, dt);
+  }
+  EXPECT_OK(crun_store_set(s, "mine", "v1", 2));
+  expect_value(s, "mine", "v1");
+  /* right after a timeout: a server that kept the get parked answers it now */
+  EXPECT_STATUS(crun_store_get(s, "late", &b), CRUN_ETIMEDOUT);
+  EXPECT_OK(crun_store_set(setter, "late", "stale", 5));
+  expect_value(setter, "late", "stale");
+  expect_value(s, "other", "fresh");
+  expect_value(s, "mine", "v1");
+  expect_value(s, "late", "stale"); /* its own request now */
+  unsigned long now = crun__store_server_accepted(srv);
+  if (now != accepted)
+    crun_test_fail(__FILE__, __LINE__, "%s: %lu connections accepted after the timeouts, %lu before",
+                   unix_socket ? "unix socket" : "TCP", now, accepted);
+  crun_store_release(setter);
+  crun_store_release(s);
+  crun_store_server_stop(srv);
+}
+
+TEST(tcp_timed_out_get_keeps_connection_unix) { timed_out_get_then_more(1); }
+TEST(tcp_timed_out_get_keeps_connection_tcp) { timed_out_get_then_more(0); }
+
 struct at_deadline { int port; double at; const char *key; };
 static void *set_at(void *arg) {
   struct at_deadline *d = arg;
@@ -1900,7 +1949,8 @@ TEST(tcp_sets_into_a_stopped_server_time_out) {
   X(tcp_secret) X(tcp_handshake_stall_is_etimedout) X(tcp_unix_socket_taken_by_another_user) X(tcp_stranger_bound_to_a_device) \
   X(tcp_client_that_never_reads) \
   X(tcp_waiters_by_key) X(tcp_idle_connection_flood) X(tcp_queues) X(tcp_queue_opcodes) X(tcp_async_set) X(tcp_async_set_lost) X(tcp_flush_sets) X(tcp_flush_sets_busy_handle) X(tcp_flush_sets_stuck_handle_blocks_no_one) X(tcp_flush_sets_in_forked_child) X(tcp_async_sets_survive_exit) X(tcp_flush_sets_lost) X(tcp_async_set_fails_on_server) \
-  X(tcp_spin_setting) X(tcp_idle_server_sleeps) X(tcp_timed_out_wait_keeps_connection) X(tcp_set_at_the_deadline) \
+  X(tcp_spin_setting) X(tcp_idle_server_sleeps) X(tcp_timed_out_wait_keeps_connection) X(tcp_timed_out_get_keeps_connection_unix) \
+  X(tcp_timed_out_get_keeps_connection_tcp) X(tcp_set_at_the_deadline) \
   X(tcp_wait_timeouts_on_the_wire) X(tcp_noreply_flood_is_bounded) X(tcp_noreply_behind_a_parked_get) \
   X(tcp_noreply_failure_answers_one_request) X(tcp_max_value_every_op) \
   X(tcp_flush_failure_not_taken_by_a_set) X(tcp_flush_sets_beside_a_parked_get) \
