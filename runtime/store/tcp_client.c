@@ -420,6 +420,15 @@ static int send_all(tcp_store_t *t, size_t len, double deadline, const what_t *w
   return send_bytes(t, t->sbuf, len, deadline, what);
 }
 
+/* Fails the request whose reply has no room in memory (cap bytes). The
+ * rest of that reply is still coming on the connection, so it goes: kept,
+ * the next request would take that reply for its own. */
+static int no_room(tcp_store_t *t, const what_t *what, size_t cap) {
+  drop_conn(t);
+  return crun_error(CRUN_ENOMEM, "%s: out of memory for a %zu-byte reply from the store %s:%d (connection closed)",
+                    WHAT(what), cap, t->host, t->port);
+}
+
 /* Returns the size of the complete frame in rbuf, 0 if incomplete, <0 if bad. */
 static long frame_ready(tcp_store_t *t, const what_t *what) {
   uint32_t flen = 0;
@@ -432,7 +441,7 @@ static long frame_ready(tcp_store_t *t, const what_t *what) {
   if (t->rlen < 4) return 0;
   if (t->rcap < 4 + (size_t)flen) {
     uint8_t *nb = realloc(t->rbuf, 4 + (size_t)flen);
-    if (!nb) return crun_error(CRUN_ENOMEM, "store: out of memory for a %u-byte reply", flen);
+    if (!nb) return no_room(t, what, 4 + (size_t)flen);
     t->rbuf = nb;
     t->rcap = 4 + (size_t)flen;
   }
@@ -512,7 +521,7 @@ static int recv_frame(tcp_store_t *t, double deadline, const what_t *what, long 
     if (t->rcap - t->rlen < 4096) {
       size_t cap = t->rcap * 2 > 65536 ? t->rcap * 2 : 65536;
       uint8_t *nb = realloc(t->rbuf, cap);
-      if (!nb) return crun_error(CRUN_ENOMEM, "store: out of memory for a reply");
+      if (!nb) return no_room(t, what, cap);
       t->rbuf = nb;
       t->rcap = cap;
     }

@@ -1476,6 +1476,132 @@ TEST(tcp_timed_out_wait_keeps_connection) {
   crun_store_server_stop(srv);
 }
 
+/* Over the unix socket (unix_socket) or loopback TCP only: gets on a
+ * missing key that time out (as torch's TCPStore, a user's timeout is an
+ * answer, not a broken connection) leave the handle's connection usable --
+ * a set and a get on the same handle then run with no new connection (the
+ * server's accept count) -- and a value set on that key after the timeout
+ * is never taken for the reply of a later, different request (a server
+ * still holding the timed-out get would answer it with that value). */
+static void timed_out_get_then_more(int unix_socket) {
+  int port;
+  crun_store_server_t *srv = unix_socket ? local_server(&port) : local_server_env("CRUN_STORE_UNIX", "0", &port);
+  if (!unix_socket) setenv("CRUN_STORE_UNIX", "0", 1); /* the clients too */
+  crun_store_t *s = client(port, 0.1), *setter = client(port, 10);
+  unsetenv("CRUN_STORE_UNIX");
+  EXPECT_OK(crun_store_set(setter, "other", "fresh", 5));
+  expect_value(setter, "other", "fresh"); /* applied: s sees it */
+  char name[64];
+  snprintf(name, sizeof name, "crun-store:127.0.0.1:%d", port);
+  EXPECT(unix_socket ? unix_sockets_named(name) >= 3 : unix_sockets_named(name) == 0); /* the transport asked */
+  unsigned long accepted = crun__store_server_accepted(srv);
+  EXPECT(accepted == 2);
+  crun_buf_t b = {0};
+  for (int i = 0; i < 4; i++) {
+    double t0 = crun_clock();
+    EXPECT_STATUS(crun_store_get(s, "late", &b), CRUN_ETIMEDOUT);
+    EXPECT_TEXT("get 'late'");
+    double dt = crun_clock() - t0;
+    if (dt < 0.095 || dt > 0.9) crun_test_fail(__FILE__, __LINE__, "get #%d returned after %.3f s", i, dt);
+  }
+  EXPECT_OK(crun_store_set(s, "mine", "v1", 2));
+  expect_value(s, "mine", "v1");
+  /* right after a timeout: a server that kept the get parked answers it now */
+  EXPECT_STATUS(crun_store_get(s, "late", &b), CRUN_ETIMEDOUT);
+  EXPECT_OK(crun_store_set(setter, "late", "stale", 5));
+  expect_value(setter, "late", "stale");
+  expect_value(s, "other", "fresh");
+  expect_value(s, "mine", "v1");
+  expect_value(s, "late", "stale"); /* its own request now */
+  unsigned long now = crun__store_server_accepted(srv);
+  if (now != accepted)
+    crun_test_fail(__FILE__, __LINE__, "%s: %lu connections accepted after the timeouts, %lu before",
+                   unix_socket ? "unix socket" : "TCP", now, accepted);
+  crun_store_release(setter);
+  crun_store_release(s);
+  crun_store_server_stop(srv);
+}
+
+TEST(tcp_timed_out_get_keeps_connection_unix) { timed_out_get_then_more(1); }
+TEST(tcp_timed_out_get_keeps_connection_tcp) { timed_out_get_then_more(0); }
+
+/* The sanitizers reserve terabytes of address space: no RLIMIT_AS there. */
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define NO_AS_LIMIT 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define NO_AS_LIMIT 1
+#endif
+#endif
+
+/* In a child (its address space limited so that a 64 MiB reply cannot be
+ * held): a get of a 64 MiB value fails with ENOMEM; with the limit lifted,
+ * a get of another key returns that key's value, not the rest of the
+ * reply the failed get left in the socket. Exit code: 0 ok, else the step. */
+static int enomem_get_child(int port) {
+  crun_store_t *s = NULL;
+  crun_store_tcp_opts_t o = {.host = "127.0.0.1", .port = port, .timeout = 10, .connect_timeout = 5};
+  if (crun_store_tcp_new(&o, &s) != 0) return 2;
+  crun_buf_t b = {0};
+  if (crun_store_get(s, "small", &b) != 0) return 3; /* connected, buffers made */
+  crun_buf_free(&b);
+  struct rlimit rl, low;
+  long pages = 0;
+  FILE *f = fopen("/proc/self/statm", "r");
+  if (!f || fscanf(f, "%ld", &pages) != 1) return 4;
+  fclose(f);
+  getrlimit(RLIMIT_AS, &rl);
+  low = rl;
+  low.rlim_cur = (rlim_t)pages * (rlim_t)sysconf(_SC_PAGESIZE) + (16u << 20);
+  if (setrlimit(RLIMIT_AS, &low) != 0) return 5;
+  int rc = crun_store_get(s, "big", &b);
+  setrlimit(RLIMIT_AS, &rl);
+  if (rc != CRUN_ENOMEM) return 6;
+  if (crun_store_get(s, "small", &b) != 0) return 7;
+  int same = b.len == 5 && memcmp(b.data, "small", 5) == 0;
+  crun_buf_free(&b);
+  crun_store_release(s);
+  return same ? 0 : 8;
+}
+
+/* A reply the client had no memory for is not left on its connection: the
+ * next request gets its own reply, not the rest of that one (a get of a
+ * large value under memory pressure, then a get of another key, returned
+ * the large value). Over the unix socket and loopback TCP. */
+TEST(tcp_reply_without_memory_is_not_taken_later) {
+#ifdef NO_AS_LIMIT
+  printf("SKIP: a sanitizer build (RLIMIT_AS)\n");
+#else
+  for (int unix_socket = 1; unix_socket >= 0; unix_socket--) {
+    int port;
+    crun_store_server_t *srv = unix_socket ? local_server(&port) : local_server_env("CRUN_STORE_UNIX", "0", &port);
+    crun_store_t *setter = client(port, 10);
+    size_t n = (size_t)64 << 20;
+    char *big = malloc(n);
+    EXPECT(big != NULL);
+    memset(big, 'b', n);
+    EXPECT_OK(crun_store_set(setter, "big", big, n));
+    free(big);
+    EXPECT_OK(crun_store_set(setter, "small", "small", 5));
+    expect_value(setter, "small", "small");
+    if (!unix_socket) setenv("CRUN_STORE_UNIX", "0", 1);
+    pid_t kid = fork();
+    if (kid == 0) {
+      alarm(30);
+      _exit(enomem_get_child(port));
+    }
+    unsetenv("CRUN_STORE_UNIX");
+    int st = 0;
+    EXPECT(waitpid(kid, &st, 0) == kid);
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+      crun_test_fail(__FILE__, __LINE__, "%s: the client child failed at step %d (8: a stale reply)",
+                     unix_socket ? "unix socket" : "TCP", WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+    crun_store_release(setter);
+    crun_store_server_stop(srv);
+  }
+#endif
+}
+
 struct at_deadline { int port; double at; const char *key; };
 static void *set_at(void *arg) {
   struct at_deadline *d = arg;
@@ -1900,7 +2026,9 @@ TEST(tcp_sets_into_a_stopped_server_time_out) {
   X(tcp_secret) X(tcp_handshake_stall_is_etimedout) X(tcp_unix_socket_taken_by_another_user) X(tcp_stranger_bound_to_a_device) \
   X(tcp_client_that_never_reads) \
   X(tcp_waiters_by_key) X(tcp_idle_connection_flood) X(tcp_queues) X(tcp_queue_opcodes) X(tcp_async_set) X(tcp_async_set_lost) X(tcp_flush_sets) X(tcp_flush_sets_busy_handle) X(tcp_flush_sets_stuck_handle_blocks_no_one) X(tcp_flush_sets_in_forked_child) X(tcp_async_sets_survive_exit) X(tcp_flush_sets_lost) X(tcp_async_set_fails_on_server) \
-  X(tcp_spin_setting) X(tcp_idle_server_sleeps) X(tcp_timed_out_wait_keeps_connection) X(tcp_set_at_the_deadline) \
+  X(tcp_spin_setting) X(tcp_idle_server_sleeps) X(tcp_timed_out_wait_keeps_connection) X(tcp_timed_out_get_keeps_connection_unix) \
+  X(tcp_timed_out_get_keeps_connection_tcp) X(tcp_reply_without_memory_is_not_taken_later) \
+  X(tcp_set_at_the_deadline) \
   X(tcp_wait_timeouts_on_the_wire) X(tcp_noreply_flood_is_bounded) X(tcp_noreply_behind_a_parked_get) \
   X(tcp_noreply_failure_answers_one_request) X(tcp_max_value_every_op) \
   X(tcp_flush_failure_not_taken_by_a_set) X(tcp_flush_sets_beside_a_parked_get) \
