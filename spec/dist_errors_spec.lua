@@ -669,6 +669,24 @@ describe("dist failures", function()
     end
   end)
 
+  -- Over TCP without the root check, rank m's all_to_all meets the others'
+  -- scatter from the last rank (which only sends): rank m alone sees it,
+  -- by the root's frame while it waits for rank m - 1, which sends it
+  -- nothing. Its text named its own side by the block it expects from rank
+  -- m - 1 (0 elements here): "called all_to_all float32[0]"; it names the
+  -- block from the rank whose frame it saw.
+  for _, k in ipairs{{3, 1}, {4, 1}, {4, 2}} do
+    local n, m = k[1], k[2]
+    it(string.format("describe rank %d's all_to_all met by a scatter by its block from the root (%d ranks, tcp)", m, n),
+       function()
+      local res, out = scenario_n(n, string.format("a2apeek:%d:scatterlast:%d", m, m - 1), "CRUN_SHM=0 CRUN_ROOT_CHECK=0")
+      local want = string.format("error EMISMATCH: all_to_all #1 on rank %d: rank %d sent scatter #1 float32[4] but rank "
+                                 .. "%d called all_to_all, whose block from rank %d is float32[4] (seen while it waited "
+                                 .. "for rank %d)", m, n - 1, m, n - 1, m - 1)
+      assert.are.equal(want, res[m], out)
+    end)
+  end
+
   -- A sub-group's reports name its own ranks: the text says which global ranks they are.
   for _, env in ipairs{"CRUN_SHM=0", "CRUN_SHM=1"} do
     it("name the global ranks of a sub-group whose count differs (" .. env .. ")", function()

@@ -151,15 +151,24 @@ static int submit(crun_pg_t *pg, crun_work_t *w, crun_work_t **work, int *src_ou
   return rc;
 }
 
+uint64_t crun__pg_p2p_block(crun_pg_t *pg, const crun__coll_t *c) {
+  uint64_t gen = atomic_fetch_add_explicit(&pg->p2p_gen, 1, memory_order_relaxed) + 1;
+  uint64_t b = gen << 24 | (uint64_t)c->kind << 20 | (uint64_t)((c->root + 1) & 0xfffff);
+  atomic_store_explicit(&pg->p2p_wait, b, memory_order_relaxed);
+  return b;
+}
+
+void crun__pg_p2p_unblock(crun_pg_t *pg, uint64_t b) {
+  atomic_compare_exchange_strong(&pg->p2p_wait, &b, 0); /* unless another thread's wait replaced it */
+}
+
 /* submit for a blocking send or recv w: while it waits, pg->p2p_wait names
  * it (its peer, and a number of its own), which the publisher leaves on the
  * board for a peer's refusal (peer_blocked). */
 static int submit_blocking_p2p(crun_pg_t *pg, crun_work_t *w, int *src_out) {
-  uint64_t gen = atomic_fetch_add_explicit(&pg->p2p_gen, 1, memory_order_relaxed) + 1;
-  uint64_t b = gen << 24 | (uint64_t)w->c.kind << 20 | (uint64_t)((w->c.root + 1) & 0xfffff);
-  atomic_store_explicit(&pg->p2p_wait, b, memory_order_relaxed);
+  uint64_t b = crun__pg_p2p_block(pg, &w->c);
   int rc = submit(pg, w, NULL, src_out);
-  atomic_compare_exchange_strong(&pg->p2p_wait, &b, 0); /* unless another thread's wait replaced it */
+  crun__pg_p2p_unblock(pg, b);
   return rc;
 }
 

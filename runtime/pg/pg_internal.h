@@ -179,6 +179,13 @@ void crun__pg_fail(crun_pg_t *pg, int rc, const char *text);
 /* Ends a pending p2p operation (rc < 0: crun_last_error() holds the text). */
 void crun__pg_p2p_done(crun_pg_t *pg, crun__coll_t *c, int rc);
 
+/* Names send or recv c as what this rank's caller waits in (pg->p2p_wait,
+ * which the publisher leaves on the board as "blocked/<rank>" for a peer's
+ * refusal, coll.c); returns the value to give crun__pg_p2p_unblock when the
+ * wait ends, which clears it unless another thread's wait replaced it. */
+uint64_t crun__pg_p2p_block(crun_pg_t *pg, const crun__coll_t *c);
+void crun__pg_p2p_unblock(crun_pg_t *pg, uint64_t b);
+
 /* Queues or inlines the work and, when blocking, waits for it. Takes
  * ownership of one reference of w. Returns the status of a blocking op. */
 int crun__pg_submit(crun_pg_t *pg, struct crun_work *w, crun_work_t **out);

@@ -377,6 +377,10 @@ int crun_work_wait(crun_work_t *w, double timeout) {
   clock_gettime(CLOCK_MONOTONIC, &ts);
   double end = (double)ts.tv_sec + ts.tv_nsec * 1e-9 + timeout;
   pthread_mutex_lock(&pg->mu);
+  /* an async send or recv: the board names its peer while the caller waits,
+   * as for a blocking one (a peer's refusal then need not wait for this rank) */
+  int p2p = w->c.kind == CRUN__COLL_SEND || w->c.kind == CRUN__COLL_RECV;
+  uint64_t blocked = !w->done && w->async && p2p ? crun__pg_p2p_block(pg, &w->c) : 0;
   while (!w->done) {
     if (timeout <= 0) {
       pthread_cond_wait(&pg->cv, &pg->mu);
@@ -386,11 +390,13 @@ int crun_work_wait(crun_work_t *w, double timeout) {
     ts.tv_nsec = (long)((end - (double)ts.tv_sec) * 1e9);
     if (pthread_cond_timedwait(&pg->cv, &pg->mu, &ts) != 0 && !w->done) {
       desc_locked(w);
+      if (blocked) crun__pg_p2p_unblock(pg, blocked);
       pthread_mutex_unlock(&pg->mu);
       return crun_error(CRUN_ETIMEDOUT, "wait on %s (rank %d) timed out after %.3g s; it is still running",
                         w->desc, pg->rank, timeout);
     }
   }
+  if (blocked) crun__pg_p2p_unblock(pg, blocked);
   pthread_mutex_unlock(&pg->mu);
   if (w->status < 0) return crun_error(w->status, "%s", strip_name(w->err));
   /* device work: the caller's current stream waits on its end event */

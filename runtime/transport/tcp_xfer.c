@@ -361,16 +361,22 @@ static int other_call(const io_t *io, const crun__hdr_t *h) {
   return h->kind != c->kind || h->dtype != hdr_dtype(c) || (crun__coll_reduces(c->kind) && h->op != c->op);
 }
 
-/* Reports peer j's frame h of the same call that names another collective. */
+/* Reports peer j's frame h of the same call that names another collective.
+ * An all_to_all is described by its block from j, the frame j owed: the
+ * step's own count is that of the block from `from` (before, the text
+ * showed it, "called all_to_all float32[0]" where that block was empty). */
 static int other_call_error(io_t *io, int j, const crun__hdr_t *h) {
   const crun__coll_t *c = io->c;
-  char desc[64], mine[96], theirs[96];
+  char desc[64], mine[128], theirs[96];
   crun__coll_desc(c, desc, sizeof desc);
-  crun__tcp_call_shape(mine, sizeof mine, hdr_dtype(c), hdr_count(c, io->rbytes), c->op, c->root,
+  int a2a = c->kind == CRUN__COLL_ALL_TO_ALL && c->out_counts;
+  uint64_t count = a2a ? c->out_counts[j] : hdr_count(c, io->rbytes);
+  int n = a2a ? snprintf(mine, sizeof mine, ", whose block from rank %d is ", j) : snprintf(mine, sizeof mine, " ");
+  crun__tcp_call_shape(mine + n, sizeof mine - (size_t)n, hdr_dtype(c), count, c->op, c->root,
                        crun__coll_reduces(c->kind), 0);
   crun__tcp_call_shape(theirs, sizeof theirs, h->dtype, h->count, h->op, h->root, crun__coll_reduces(h->kind), 0);
   int peer = io->from >= 0 && io->rstate != RX_DONE ? io->from : io->to;
-  return crun_error(CRUN_EMISMATCH, "%s on rank %d: rank %d sent %s #%llu %s but rank %d called %s %s (seen "
+  return crun_error(CRUN_EMISMATCH, "%s on rank %d: rank %d sent %s #%llu %s but rank %d called %s%s (seen "
                     "while it waited for rank %d)", desc, io->t->rank, j, crun__coll_name(h->kind),
                     (unsigned long long)h->seq, theirs, io->t->rank, crun__coll_name(c->kind), mine, peer);
 }

@@ -18,6 +18,11 @@
 --   left      rank 0 destroys the group after one all_reduce (and stays up
 --             a while); ranks 1-2 all_reduce again
 --   a2akind   rank 1 calls all_to_all (blocks of 4) where the others all_reduce
+--   a2apeek:M:C:Z  rank M calls all_to_all (blocks of 4 to every rank; 4
+--             elements from every rank but 0 from rank Z) where the others
+--             call C: all_reduce (16 elements), broadcast (16 from rank 0),
+--             bcastlast (from the last rank), scatterlast (4 each from the
+--             last rank) or barrier; then they stay up 1 s
 --   subcount  in new_group{1, 2}, rank 1 all_reduces 3 elements, rank 2 five
 --   rootgather / rootscatter  the root's (rank 0's) buffers overlap, which
 --             only it can see; then an all_reduce
@@ -195,6 +200,22 @@ elseif mode == "a2akind" then
   else
     record(pcall(dist.all_reduce, T.ones({16}), "sum"))
   end
+elseif mode:match("^a2apeek:") then
+  local m, c, z = mode:match("^a2apeek:(%d+):([%w_]+):(%d+)$")
+  m, z = tonumber(m), tonumber(z)
+  local n = dist.get_world_size()
+  if rank == m then
+    local outs, ins = {}, {}
+    for j = 1, n do outs[j], ins[j] = T.zeros({j - 1 == z and 0 or 4}), T.ones({4}) end
+    record(pcall(dist.all_to_all, outs, ins))
+  elseif c == "all_reduce" then record(pcall(dist.all_reduce, T.ones({16}), "sum"))
+  elseif c == "broadcast" or c == "bcastlast" then record(pcall(dist.broadcast, T.ones({16}), c == "broadcast" and 0 or n - 1))
+  elseif c == "scatterlast" then
+    local ins = nil
+    if rank == n - 1 then ins = {} for j = 1, n do ins[j] = T.full({4}, j, "float32") end end
+    record(pcall(dist.scatter, T.zeros({4}), ins, n - 1))
+  else record(pcall(dist.barrier)) end
+  if rank ~= m then os.execute("sleep 1") end  -- up while rank m looks at what they sent
 elseif mode == "subcount" then
   local g = dist.new_group({1, 2})
   if rank == 0 then record(true) else record(pcall(dist.all_reduce, T.ones({rank == 1 and 3 or 5}), "sum", {group = g})) end

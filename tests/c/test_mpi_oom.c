@@ -159,6 +159,55 @@ static int worker_stash(crun_store_t *st, int rank) {
   return bad | too_slow(rank, "sh1", t0, 2.5);
 }
 
+/* recv: rank 1 sends n floats of `name`'s value (a buffered send: it
+ * returns at once); rank 0 receives them with no memory for its staging
+ * buffer (allocation mpi.stage_recv): its recv fails with ENOMEM naming the
+ * call, the peer and rank 0, and the message must not be lost inside MPI.
+ * Both then destroy the group within 1 s (its timeout is 2 s), and the next
+ * send and recv between them, on a new group, deliver the right data.
+ * Before, rank 0 matched the message (MPI_Improbe) before it allocated and
+ * never received it: for a message MPI sends by rendezvous (over 4 KiB on
+ * shared memory) rank 1's send never completed, so destroying the group
+ * waited the group's timeout for it and then kept it forever. */
+static int recv_case(crun_store_t *st, int rank, const char *name, size_t n) {
+  crun_pg_t *pg = NULL;
+  float *v = malloc(n * sizeof *v);
+  int bad = !v || pair_new(st, rank, name, 2, &pg) < 0;
+  if (bad) printf("rank %d: group '%s': %s\n", rank, name, v ? crun_last_error() : "no memory");
+  for (size_t i = 0; v && i < n; i++) v[i] = 7.0f;
+  if (!bad && rank == 1 && crun_pg_send(pg, v, n, CRUN_FLOAT32, 0, NULL, NULL) < 0)
+    printf("rank 1: send on '%s': %s\n", name, crun_last_error()), bad = 1;
+  MPI_Barrier(MPI_COMM_WORLD);
+  double t0 = MPI_Wtime();
+  if (!bad && rank == 0) {
+    crun__fault_arm("mpi.stage_recv");
+    int rc = crun_pg_recv(pg, v, n, CRUN_FLOAT32, 1, NULL, NULL, NULL);
+    crun__fault_arm(NULL);
+    bad |= expect_err(rank, name, rc, CRUN_ENOMEM, "ENOMEM: recv from rank 1 (tag 0) on rank 0: no memory for its "
+                      "staging buffer");
+  }
+  if (pg) crun_pg_release(pg);
+  bad |= too_slow(rank, name, t0, 1);
+  MPI_Barrier(MPI_COMM_WORLD);
+  char next[32];
+  snprintf(next, sizeof next, "%s-next", name);
+  bad |= !v || pair_new(st, rank, next, 1, &pg) < 0;
+  for (size_t i = 0; !bad && i < n; i++) v[i] = rank ? 2.0f : -1.0f;
+  int rc = bad ? -1 : rank ? crun_pg_send(pg, v, n, CRUN_FLOAT32, 0, NULL, NULL)
+                           : crun_pg_recv(pg, v, n, CRUN_FLOAT32, 1, NULL, NULL, NULL);
+  if (!bad && rc < 0) printf("rank %d: group '%s': %s\n", rank, next, crun_last_error()), bad = 1;
+  for (size_t i = 0; !bad && i < n; i++)
+    if (v[i] != 2.0f) printf("rank 0: group '%s' received %g at %zu, want 2\n", next, v[i], i), bad = 1;
+  if (pg) crun_pg_release(pg);
+  free(v);
+  return bad;
+}
+
+static int worker_stage_recv(crun_store_t *st, int rank) {
+  int bad = recv_case(st, rank, "rv1", 2) | recv_case(st, rank, "rv2", 1536);
+  return bad | pair_sum(st, rank, "after");
+}
+
 /* One collective of a stage case on pg; returns its status. */
 typedef int (*stage_call_fn)(crun_pg_t *pg, int rank);
 
@@ -260,6 +309,7 @@ static int worker(const char *which) {
   else if (!strcmp(which, "stage_half")) bad |= worker_stage_half(st, rank);
   else if (!strcmp(which, "stage_list")) bad |= worker_stage_list(st, rank);
   else if (!strcmp(which, "stage_a2a")) bad |= worker_stage_a2a(st, rank);
+  else if (!strcmp(which, "stage_recv")) bad |= worker_stage_recv(st, rank);
   else printf("rank %d: no case %s\n", rank, which), bad = 1;
   crun_store_release(st);
   MPI_Barrier(MPI_COMM_WORLD);
@@ -353,8 +403,11 @@ TEST(stage_list_no_memory) { run_mpi_case("stage_list", NULL); }
 
 TEST(stage_a2a_no_memory) { run_mpi_case("stage_a2a", NULL); }
 
+TEST(stage_recv_no_memory) { run_mpi_case("stage_recv", NULL); }
+
 #define CRUN_TESTS(X) X(fault_spec) X(abort_no_memory) X(destroy_no_memory) X(join_no_memory) \
-  X(room_text_no_memory) X(stash_no_memory) X(stage_half_no_memory) X(stage_list_no_memory) X(stage_a2a_no_memory)
+  X(room_text_no_memory) X(stash_no_memory) X(stage_half_no_memory) X(stage_list_no_memory) X(stage_a2a_no_memory) \
+  X(stage_recv_no_memory)
 
 int main(int argc, char **argv) {
   const char *which = getenv("CRUN_TEST_MPI_CASE");

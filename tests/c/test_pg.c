@@ -641,6 +641,31 @@ TEST(refusal_while_peer_in_recv) {
   EXPECT_EQ_INT(pg_spawn_ex(2, refuse_while_peer_in_recv, NULL, 15.0, 40.0), 0);
 }
 
+/* As refusal_while_peer_in_recv, but rank 1 waits on the Work of an irecv
+ * from rank 0: that wait, too, only rank 0 can end, so rank 0 stops at once
+ * (before, the board showed no wait for an async recv's Work, and rank 0's
+ * refusal took the agreement's full 5 s). */
+static void refuse_while_peer_waits_irecv(crun_pg_t *pg, void *arg) {
+  (void)arg;
+  float f[2] = {1.5f, -2.25f};
+  if (crun_pg_rank(pg) == 1) {
+    double t0 = crun_clock();
+    crun_work_t *w = NULL;
+    EXPECT_OK(crun_pg_recv(pg, f, 1, CRUN_FLOAT32, 0, NULL, NULL, &w));
+    EXPECT(crun_work_wait(w, 10.0) < 0);
+    EXPECT_TEXT("bxor");
+    EXPECT(crun_clock() - t0 < 3.5);
+    crun_work_release(w);
+    return;
+  }
+  usleep(300 * 1000);
+  EXPECT(refuse_bxor_timed(pg, "while the peer waits on an irecv from it") < 3.0);
+}
+TEST(refusal_while_peer_waits_irecv) {
+  setenv("CRUN_SHM", "0", 1);
+  EXPECT_EQ_INT(pg_spawn_ex(2, refuse_while_peer_waits_irecv, NULL, 15.0, 40.0), 0);
+}
+
 /* Rank 1 receives from rank 0 (a recv that ends), then works 1 s before it
  * makes the refusal rank 0 made right after its send: a recv that ended is
  * no wait on rank 0, so the group goes on, as it did before the board named
@@ -714,6 +739,6 @@ TEST(refusal_decided_once) {
   X(wait_zero_ends_by_the_deadline_shm) X(timeouts_clamped) \
   X(refusal_on_broken_group) X(refusal_beside_unnumbered_refusal) \
   X(refusal_after_peer_closed) X(refusal_after_peer_killed) X(refusal_after_peer_killed_shm) X(refusal_after_peer_failed) \
-  X(refusal_while_peer_in_recv) X(refusal_after_recv_ended) X(refusal_decided_once) \
+  X(refusal_while_peer_in_recv) X(refusal_while_peer_waits_irecv) X(refusal_after_recv_ended) X(refusal_decided_once) \
   X(refusal_beside_async_work)
 CRUN_TEST_MAIN()

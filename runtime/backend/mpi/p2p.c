@@ -189,13 +189,13 @@ static int recv_wrong(crun__mpi_t *b, crun__coll_t *c, const char *desc, MPI_Mes
   return mismatch(b, c, desc, from, h, got >= HDR && h[0] >= 0 && h[0] < CRUN_DTYPE_COUNT, (long long)got);
 }
 
-/* Receives a message of the expected size into the buffer. */
-static int recv_right(crun__mpi_t *b, crun__coll_t *c, const char *desc, MPI_Message *m, int from, size_t bytes) {
+/* Receives a message of the expected size into the buffer (through the
+ * staging buffer s when small). */
+static int recv_right(crun__mpi_t *b, crun__coll_t *c, const char *desc, MPI_Message *m, int from, size_t bytes,
+                      char *s) {
   int64_t h[2];
   int rc;
   if (bytes <= SMALL) {
-    char *s = crun__mpi_stage(b, 1, HDR + bytes, "mpi.stage_recv");
-    if (!s) return crun_error(CRUN_ENOMEM, "%s: staging buffer", desc);
     rc = MPI_Mrecv(s, (int)(HDR + bytes), MPI_BYTE, m, MPI_STATUS_IGNORE);
     memcpy(h, s, HDR);
     if (rc == MPI_SUCCESS && h[0] == c->dt && bytes) memcpy(c->buf, s + HDR, bytes);
@@ -215,13 +215,20 @@ int crun__mpi_recv(void *state, crun__coll_t *c) {
   crun__coll_desc(c, desc, sizeof desc);
   CRUN_CHECK(check_tag(b, c, desc));
   reap(b, 0);
+  /* allocated before the probe: a message MPI_Improbe matched must be
+   * received, or it is lost inside MPI (before, a failure here left it
+   * matched and never received: a sender's rendezvous send never ended) */
+  size_t bytes = c->count * crun_dtype_size(c->dt);
+  char *s = bytes <= SMALL ? crun__mpi_stage(b, 1, HDR + bytes, "mpi.stage_recv") : NULL;
+  if (bytes <= SMALL && !s)
+    return crun_error(CRUN_ENOMEM, "%s on rank %d: no memory for its staging buffer (%zu bytes)", desc, b->rank,
+                      HDR + bytes);
   MPI_Message m;
   MPI_Status st;
   CRUN_CHECK(probe(b, c, desc, &m, &st));
   MPI_Count got = 0;
   MPI_Get_elements_x(&st, MPI_BYTE, &got);
-  size_t bytes = c->count * crun_dtype_size(c->dt);
   c->src_out = st.MPI_SOURCE;
   if (got != (MPI_Count)(HDR + bytes)) return recv_wrong(b, c, desc, &m, st.MPI_SOURCE, got);
-  return recv_right(b, c, desc, &m, st.MPI_SOURCE, bytes);
+  return recv_right(b, c, desc, &m, st.MPI_SOURCE, bytes, s);
 }
