@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "test_mpi_util.h"
 
 #if CRUN_HAVE_MPI
 #include <mpi.h>
@@ -405,26 +406,9 @@ static int worker_drain_idle(void) {
 /* Runs this program as case `name` on n ranks of mpirun (with `mca`) and
  * checks that every rank said ok. */
 static void run_mpi_case(const char *name, int np, const char *mca) {
-  if (system("command -v mpirun >/dev/null 2>&1") != 0) {
-    printf("SKIPPED: mpirun is not installed\n");
-    return;
-  }
-  char self[4096], cmd[8192], out[8192] = "";
-  ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-  EXPECT(n > 0);
-  self[n] = 0;
-  snprintf(cmd, sizeof cmd, "unset CRUN_LAUNCHER RANK WORLD_SIZE; CRUN_TEST_MPI_CASE=%s timeout -s KILL 120 mpirun "
-           "--allow-run-as-root --oversubscribe --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo %s -np %d %s 2>&1",
-           name, mca, np, self);
-  FILE *p = popen(cmd, "r");
-  EXPECT(p != NULL);
-  size_t len = fread(out, 1, sizeof out - 1, p);
-  out[len] = 0;
-  int status = pclose(p);
-  if (strstr(out, "not available in this build")) {
-    printf("SKIPPED: no mpi backend\n");
-    return;
-  }
+  char out[8192] = "";
+  int status = mpi_run_case(name, np, mca, 120, out, sizeof out);
+  if (status == -1) return;
   const char *skip = strstr(out, "skipped: ");
   if (skip && status == 0) {
     printf("SKIPPED: %.*s\n", (int)strcspn(skip + 9, "\n"), skip + 9);

@@ -13,6 +13,7 @@
 
 #include "core/fault.h"
 #include "harness.h"
+#include "test_mpi_util.h"
 
 #if CRUN_HAVE_MPI
 #include <mpi.h>
@@ -327,27 +328,9 @@ static int worker(const char *which) {
 /* Runs this program as case `name` on 2 ranks of mpirun and checks that
  * both said ok and that the output has each of want[] (NULL-ended). */
 static void run_mpi_case(const char *name, const char *const *want) {
-  if (system("command -v mpirun >/dev/null 2>&1") != 0) {
-    printf("SKIPPED: mpirun is not installed\n");
-    return;
-  }
   static char out[65536];
-  char self[4096], cmd[8192];
-  ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-  EXPECT(n > 0);
-  self[n] = 0;
-  snprintf(cmd, sizeof cmd, "unset CRUN_LAUNCHER RANK WORLD_SIZE CRUN_FAULT_ALLOC; CRUN_TEST_MPI_CASE=%s timeout -s "
-           "KILL 60 mpirun --allow-run-as-root --oversubscribe --mca btl_tcp_if_include lo --mca oob_tcp_if_include "
-           "lo -np 2 %s 2>&1", name, self);
-  FILE *p = popen(cmd, "r");
-  EXPECT(p != NULL);
-  size_t len = fread(out, 1, sizeof out - 1, p);
-  out[len] = 0;
-  int status = pclose(p);
-  if (strstr(out, "not available in this build")) {
-    printf("SKIPPED: no mpi backend\n");
-    return;
-  }
+  int status = mpi_run_case(name, 2, "", 60, out, sizeof out);
+  if (status == -1) return;
   if (status != 0 || !strstr(out, "rank 0: ok") || !strstr(out, "rank 1: ok"))
     crun_test_fail(__FILE__, __LINE__, "exit status %d\n%s", status, out);
   for (; want && *want; want++)
