@@ -218,17 +218,6 @@ static int worker_join_pending(void) {
 }
 
 #if CRUN_HAVE_MPI
-/* A two-rank worker's end: releases st, meets the other rank, finalizes MPI
- * and says "rank R: ok" unless bad; returns bad. */
-static int worker_end(crun_store_t *st, int rank, int bad) {
-  crun_store_release(st);
-  MPI_Barrier(MPI_COMM_WORLD);
-  MPI_Finalize();
-  if (!bad) printf("rank %d: ok\n", rank);
-  fflush(stdout);
-  return bad;
-}
-
 /* 1 when a message from src with tag (MPI_ANY_SOURCE / MPI_ANY_TAG: any)
  * is queued on crun's join communicator. Probed three times: Open MPI's
  * probe (ob1) looks for a match before it progresses, so one probe can miss
@@ -289,7 +278,7 @@ static int worker_stale_join(void) {
     if (v[i] != want[i]) printf("rank %d: element %d is %lld, want %lld\n", rank, i, (long long)v[i], (long long)want[i]), bad = 1;
   if (MPI_Wtime() - t0 > 4.5) printf("rank %d: took %.1f s\n", rank, MPI_Wtime() - t0), bad = 1;
   if (pg) crun_pg_release(pg);
-  return worker_end(st, rank, bad);
+  return mpi_worker_end(st, rank, bad);
 #else
   printf("not available in this build\n");
   return 0;
@@ -360,7 +349,7 @@ static int worker_join_deadline(void) {
   if (pair_sum(st, rank, "after", 5) < 0) bad = 1;
   if (join_queued(MPI_ANY_SOURCE, MPI_ANY_TAG)) /* what lateack left on crun's join communicator was drained */
     printf("rank %d: join messages of an ended creation are still queued\n", rank), bad = 1;
-  return worker_end(st, rank, bad);
+  return mpi_worker_end(st, rank, bad);
 #else
   printf("not available in this build\n");
   return 0;
@@ -396,7 +385,7 @@ static int worker_drain_idle(void) {
   if (rank == 1 && join_queued(0, group_tag("lonely", flag && ub ? *ub : 0)))
     printf("rank 1: rank 0's hello for 'lonely' is still queued in MPI after a creation\n"), bad = 1;
   if (pg) crun_pg_release(pg);
-  return worker_end(st, rank, bad);
+  return mpi_worker_end(st, rank, bad);
 #else
   printf("not available in this build\n");
   return 0;

@@ -312,12 +312,7 @@ static int worker(const char *which) {
   else if (!strcmp(which, "stage_a2a")) bad |= worker_stage_a2a(st, rank);
   else if (!strcmp(which, "stage_recv")) bad |= worker_stage_recv(st, rank);
   else printf("rank %d: no case %s\n", rank, which), bad = 1;
-  crun_store_release(st);
-  MPI_Barrier(MPI_COMM_WORLD);
-  MPI_Finalize();
-  if (!bad) printf("rank %d: ok\n", rank);
-  fflush(stdout);
-  return bad;
+  return mpi_worker_end(st, rank, bad);
 #else
   (void)which;
   printf("not available in this build\n");

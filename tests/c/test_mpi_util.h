@@ -38,4 +38,19 @@ static inline int mpi_run_case(const char *name, int np, const char *mca, int li
   return status;
 }
 
+#if CRUN_HAVE_MPI
+#include <mpi.h>
+
+/* A worker's end: releases st, meets the other ranks, finalizes MPI and
+ * says "rank R: ok" unless bad; returns bad. */
+static inline int mpi_worker_end(crun_store_t *st, int rank, int bad) {
+  crun_store_release(st);
+  MPI_Barrier(MPI_COMM_WORLD);
+  MPI_Finalize();
+  if (!bad) printf("rank %d: ok\n", rank);
+  fflush(stdout);
+  return bad;
+}
+#endif
+
 #endif
