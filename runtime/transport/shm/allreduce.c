@@ -19,9 +19,10 @@ static void slice_of(shm_op_t *o, size_t n, int q, size_t *lo, size_t *hi) {
 
 static void ar_fill(shm_op_t *o, char *mine) { memcpy(mine, o->in, o->small_len); }
 
+/* reduce's one-shot finish (all_reduce's is small_allreduce) */
 static int ar_finish(shm_op_t *o, int b) {
   crun__shm_comm_t *c = o->c;
-  if (o->kind == SHM_REDUCE && c->rank != o->root) return 0;
+  if (c->rank != o->root) return 0;
   const void *srcs[CRUN_SHM_MAX_RANKS];
   for (int q = 0; q < c->size; q++)
     srcs[q] = q == c->rank ? (const void *)o->in : crun__shm_small_data(c, q, b);
@@ -69,14 +70,33 @@ static int ar_copy_out(shm_op_t *o, size_t t, int b) {
   return 0;
 }
 
+/* A one-shot all_reduce of count elements (bytes, at most the slot's size)
+ * from in into out: crun__shm_run_small's steps without its op record and
+ * indirect calls, the path of every small all_reduce. */
+static int small_allreduce(crun__shm_comm_t *c, const void *in, void *out, size_t count, crun_dtype_t dt,
+                           crun_reduce_op_t op, size_t bytes) {
+  int b = crun__shm_small_open(c);
+  memcpy(crun__shm_small_data(c, c->rank, b), in, bytes);
+  CRUN_CHECK(crun__shm_small_exchange(c, b));
+  const void *srcs[CRUN_SHM_MAX_RANKS];
+  for (int q = 0; q < c->size; q++) srcs[q] = q == c->rank ? in : crun__shm_small_data(c, q, b);
+  int rc = crun_reduce_n(dt, op, out, srcs, c->size, count);
+  if (rc == 0 && op == CRUN_OP_AVG) rc = crun_scale_div(dt, out, count, c->size);
+  if (rc < 0) return crun__shm_fail_last(c, rc);
+  crun__shm_small_close(c, b);
+  return 0;
+}
+
 /* Runs all_reduce (root < 0) or reduce(root) once begin() accepted it. */
 static int run(crun__shm_comm_t *c, shm_kind_t kind, void *buf, const void *sendbuf,
                size_t count, crun_dtype_t dt, crun_reduce_op_t op, int root) {
+  size_t es = crun__dtype_size(dt), bytes = count * es;
+  if (kind == SHM_ALLREDUCE && count && bytes <= c->small_bytes)
+    return small_allreduce(c, sendbuf ? sendbuf : buf, buf, count, dt, op, bytes);
   shm_op_t o = {.c = c, .kind = kind, .dt = dt, .op = op, .root = root, .count = count};
-  o.es = crun__dtype_size(dt);
+  o.es = es;
   o.in = sendbuf ? sendbuf : buf;
   o.out = buf;
-  size_t bytes = count * o.es;
   if (bytes <= c->small_bytes) {
     o.small_len = bytes;
     o.fill = ar_fill;
@@ -117,19 +137,7 @@ int crun__shm_allreduce_call(crun__shm_comm_t *c, void *buf, size_t count, crun_
   if (count > SIZE_MAX / 16) /* what begin's check allows */
     return crun__shm_fail(c, CRUN_EINVAL, "shm all_reduce on rank %d: count %zu too large", c->rank, count);
   CRUN_CHECK(crun__shm_start(c, SHM_ALLREDUCE, dt, op, -1, count, label, deadline, timeout));
-  size_t bytes = count * crun__dtype_size(dt);
-  if (bytes > c->small_bytes || count == 0) return run(c, SHM_ALLREDUCE, buf, NULL, count, dt, op, -1);
-  /* run()'s one-shot path, without its op record and indirect calls */
-  int b = crun__shm_small_open(c);
-  memcpy(crun__shm_small_data(c, c->rank, b), buf, bytes);
-  CRUN_CHECK(crun__shm_small_exchange(c, b));
-  const void *srcs[CRUN_SHM_MAX_RANKS];
-  for (int q = 0; q < c->size; q++) srcs[q] = q == c->rank ? buf : crun__shm_small_data(c, q, b);
-  int rc = crun_reduce_n(dt, op, buf, srcs, c->size, count);
-  if (rc == 0 && op == CRUN_OP_AVG) rc = crun_scale_div(dt, buf, count, c->size);
-  if (rc < 0) return crun__shm_fail_last(c, rc);
-  crun__shm_small_close(c, b);
-  return 0;
+  return run(c, SHM_ALLREDUCE, buf, NULL, count, dt, op, -1);
 }
 
 int crun__shm_reduce(crun__shm_comm_t *c, void *buf, const void *sendbuf, size_t count,
