@@ -87,6 +87,9 @@ describe("collectives across fake hosts", function()
           assert.is_falsy(err:find("shm %a+ #"), err)
         end
       end
+      -- nor do the logs: the group's WARN carries the error's words, an
+      -- engine stage's own text stays at INFO
+      assert.is_nil(out:find("WARN SHM", 1, true), "a stage's text was logged at WARN; output:\n" .. out)
       for _, q in ipairs({0, 1}) do   -- the other host's ranks fail too: none returns a result
         assert.is_nil(out:match("rank " .. q .. ": ok "), "rank " .. q .. " returned a result; output:\n" .. out)
         local err = out:match("rank " .. q .. ": failed after [%d.]+ s: ([^\n]*)")

@@ -97,7 +97,11 @@ int crun__shm_fail(crun__shm_comm_t *c, int status, const char *fmt, ...) {
       futex_wake_all(&c->ctrl[q].bell);
     }
   }
-  CRUN_LOG(WARN, SHM, "%s", text);
+  /* INFO: every communicator serves a group's engine (the shm engine, or a
+   * stage of the hier engine), whose failure the group logs at WARN in the
+   * words the user gets (pg/work.c break_group); a WARN here repeated it, or
+   * quoted a hier stage's internal call */
+  CRUN_LOG(INFO, SHM, "%s", text);
   return crun_error(status, "%s", text);
 }
 
