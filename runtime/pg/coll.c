@@ -381,8 +381,8 @@ static int refuse_call(crun_pg_t *pg, const crun__coll_t *c, int rc) {
   else snprintf(who, sizeof who, "rank %d (group rank %d)", g, pg->rank);
   snprintf(text, sizeof text, "%s (%s%s refused its part of %s%s: the group stops)", mine, who,
            root ? ", the root," : "", crun__coll_name(c->kind), seq);
-  /* a peer waiting for a refusal this rank never numbered stops at once */
-  if (!be->private_board) crun__pg_leave_stopped(pg, "1");
+  /* a peer waiting for a refusal this rank never numbered stops at once:
+   * failing the group leaves stopped/<rank> on its board (work.c break_group) */
   crun__pg_fail(pg, rc, text);
   return crun_error(rc, "%s", body);
 }
