@@ -314,6 +314,14 @@ static uint64_t short_ticks(void) {
   return t;
 }
 
+/* Whether an operation that moved `bytes` and did not wait may end at its
+ * estimate (end_ticks): it moved as many as the group's last exact one-shot
+ * operation of its kind, which was short, and the clock was read within the
+ * last OBS_SAMPLE of them. */
+static int estimable(const crun__obs_stat_t *s, uint64_t bytes) {
+  return s->est && bytes == s->est_bytes && s->est < short_ticks() && s->skip + 1 < OBS_SAMPLE;
+}
+
 /* The end of an operation that started at t0, waited `wait` ns and moved
  * `bytes`, run by the shared-memory engine's one-shot path: the clock one
  * time in OBS_SAMPLE; else, when it did not wait and the group's last exact
@@ -326,8 +334,10 @@ static uint64_t short_ticks(void) {
  * thread that ran the operation, which holds the group's busy flag: one at a
  * time per group. */
 static uint64_t end_ticks(crun__obs_stat_t *s, uint64_t t0, uint64_t wait, uint64_t bytes) {
-  if (s->est && !wait && bytes == s->est_bytes && s->est < short_ticks() && ++s->skip < OBS_SAMPLE)
+  if (!wait && estimable(s, bytes)) {
+    s->skip++;
     return t0 + s->est;
+  }
   uint64_t t1 = ticks();
   if (t1 > t0) s->est = t1 - t0, s->est_bytes = bytes, s->skip = 0;
   return t1;
@@ -346,7 +356,7 @@ void crun__obs_end(crun_pg_t *pg, crun_work_t *w, int rc, int same_thread) {
       crun__obs_wait_ns == w->obs.wait0 && !(crun__obs_on & CRUN__OBS_TIMELINE)) {
     crun__obs_stat_t *s = &pg->obs_stats[c->kind];
     uint64_t bytes = op_bytes(c);
-    if (s->est && bytes == s->est_bytes && s->est < short_ticks() && s->skip + 1 < OBS_SAMPLE) {
+    if (estimable(s, bytes)) {
       s->skip++;
       crun__obs_oneshot = 0;
       fr_t *e = entry(w->obs.id);
