@@ -177,9 +177,17 @@ void *crun_tensor_data(const crun_tensor_t *t) {
 }
 
 int crun_tensor_host_span(const crun_tensor_t *t, void **data, size_t *count, crun_dtype_t *dt) {
-  if (t->st->device >= 0 || !crun_tensor_is_contiguous(t)) return 0;
-  *data = crun_tensor_data(t);
-  *count = (size_t)crun_tensor_numel(t);
+  if (t->st->device >= 0) return 0;
+  /* crun_tensor_is_contiguous and crun_tensor_numel in one pass (a call per
+   * small all_reduce from Lua) */
+  int64_t s = 1, n = 1;
+  for (int d = t->ndim - 1; d >= 0; d--) {
+    n *= t->shape[d];
+    if (t->shape[d] != 1 && n && t->strides[d] != s) return 0;
+    s *= t->shape[d];
+  }
+  *data = (char *)t->st->data + t->offset * (int64_t)crun__dtype_size(t->dt);
+  *count = (size_t)n;
   *dt = t->dt;
   return 1;
 }
