@@ -87,6 +87,22 @@ describe("dist failures", function()
     end
   end)
 
+  -- after calls that passed, a failing one breaks the group on every rank:
+  -- the next call fails at once with the group's failure (the group's lane
+  -- for repeated all_reduces, pg/work.c crun__pg_all_reduce_now, included)
+  it("fail every rank's next call after a mismatch that follows calls that passed (shm)", function()
+    local res, out = scenario("countlater", {limit = 60, env = "CRUN_SHM=1"})
+    for r = 0, 2 do
+      local l = lines(res[r])
+      local says = "rank " .. r .. ": " .. res[r] .. "\n" .. out
+      assert.are.equal("sum 243", l[1], says) -- 3^5
+      assert.is_truthy(l[2] and l[2]:match("^error EMISMATCH: "), says)
+      assert.is_truthy(l[3] and l[3]:find(string.format("^error ESTATE: all_reduce #%%d+ on rank %d: the group is "
+                                                        .. "unusable after an earlier failure: ", r)), says)
+      assert.is_truthy(l[3]:find("float32[3]", 1, true), says) -- the failure it quotes
+    end
+  end)
+
   it("report a different count on every rank", function()
     expect.count(scenario("count"))
   end)

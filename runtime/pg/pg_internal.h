@@ -186,6 +186,16 @@ void crun__pg_p2p_done(crun_pg_t *pg, crun__coll_t *c, int rc);
 uint64_t crun__pg_p2p_block(crun_pg_t *pg, const crun__coll_t *c);
 void crun__pg_p2p_unblock(crun_pg_t *pg, uint64_t b);
 
+/* The commonest call, a blocking all_reduce of host memory without options
+ * whose checks the group passed for the last call (coll.c checked_call), on a
+ * group whose backend runs all_reduce directly (pg->ar_fn) with nothing
+ * queued or running: what work_new, crun__pg_submit, run_inline and
+ * crun__pg_execute do for it, in one frame (~300 of ~1,400 instructions of
+ * a 2-rank 8-byte all_reduce). Returns the call's status, or 1 when it did
+ * not run it (no direct backend, the group broken, stopping or busy): the
+ * caller then takes the general path, which says why. */
+int crun__pg_all_reduce_now(crun_pg_t *pg, void *buf, size_t count, crun_dtype_t dt, crun_reduce_op_t op);
+
 /* Queues or inlines the work and, when blocking, waits for it. Takes
  * ownership of one reference of w. Returns the status of a blocking op. */
 int crun__pg_submit(crun_pg_t *pg, struct crun_work *w, crun_work_t **out);

@@ -20,6 +20,7 @@ void crun__coll_free(crun__coll_t *c) {
 
 /* Skips the "ENAME: " prefix of a recorded error text. */
 static const char *strip_name(const char *text) {
+  if (!text) return "(no memory for the failure's text)";
   const char *p = strstr(text, ": ");
   return p ? p + 2 : text;
 }
@@ -313,6 +314,36 @@ static int run_inline(crun_pg_t *pg, crun_work_t *w) {
   w->done = 1; /* the caller's: nobody else waits for it */
   busy_give(pg);
   return w->status < 0 ? crun_error(w->status, "%s", strip_name(w->err)) : 0;
+}
+
+int crun__pg_all_reduce_now(crun_pg_t *pg, void *buf, size_t count, crun_dtype_t dt, crun_reduce_op_t op) {
+  if (!pg->ar_fn || atomic_load_explicit(&pg->is_broken, memory_order_relaxed) || !busy_take(pg)) return 1;
+  if (atomic_load(&pg->queued) || atomic_load(&pg->stop)) {
+    busy_give(pg);
+    return 1;
+  }
+  /* what work_new, run_inline and crun__pg_execute do for this call */
+  crun_work_t w = {.pg = pg, .on_stack = 1,
+                   .c = {.kind = CRUN__COLL_ALL_REDUCE, .dt = dt, .user_dt = -1, .op = op, .count = count,
+                         .buf = buf, .timeout = pg->timeout, .src_out = -1, .premul = 1.0,
+                         .caller_pumps = pg->pump != NULL}};
+  atomic_init(&w.refs, 1);
+  number(pg, &w.c);
+  if (crun__obs_on) crun__obs_enqueue(pg, &w, 0);
+  w.c.deadline = crun__clock_coarse() + w.c.timeout;
+  crun__pg_mark(pg, &w.c);
+  int rc = pg->ar_fn(pg->ar_state, &w.c); /* the engine writes the held start after its post */
+  crun__obs_posted();
+  if (crun__obs_on) crun__obs_end(pg, &w, rc, 1);
+  if (rc < 0) {
+    w.err = failure_text(pg, crun_last_error());
+    break_group(pg, rc, w.err ? w.err : crun_last_error());
+  }
+  busy_give(pg);
+  if (rc >= 0) return 0;
+  rc = crun_error(rc, "%s", strip_name(w.err));
+  free(w.err);
+  return rc;
 }
 
 int crun__pg_submit(crun_pg_t *pg, crun_work_t *w, crun_work_t **out) {

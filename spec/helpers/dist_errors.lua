@@ -2,6 +2,8 @@
 -- writes what it saw to OUTDIR/rank<r>.txt ("error <text>", "ok", timings).
 --   mismatch  rank 2 calls all_gather where ranks 0-1 call all_reduce
 --   count     rank 2 calls all_reduce with 512 elements, the others 1024
+--   countlater  five all_reduces of 4 elements that pass, then rank 2 calls
+--             all_reduce with 3 elements, the others 4; then one more of 4
 --   timeout   rank 2 arrives 3 s late; the others use timeout=1
 --   kill      rank 2 kills itself (SIGKILL) while the others run large all_reduces
 --   root      every rank broadcasts with itself as src (each only sends), then
@@ -129,6 +131,12 @@ if mode == "mismatch" then
   record(ok, err)
 elseif mode == "count" then
   record(pcall(dist.all_reduce, T.ones({rank == 2 and 512 or 1024}), "sum"))
+elseif mode == "countlater" then
+  local t = T.ones({4})
+  for _ = 1, 5 do dist.all_reduce(t) end
+  out:write(string.format("sum %g\n", t[1]))
+  record(pcall(dist.all_reduce, T.ones({rank == 2 and 3 or 4})))
+  record(pcall(dist.all_reduce, T.ones({4})))
 elseif mode == "timeout" then
   dist.barrier()
   if rank == 2 then
