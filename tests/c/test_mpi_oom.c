@@ -161,16 +161,17 @@ static int worker_stash(crun_store_t *st, int rank) {
 }
 
 /* recv: rank 1 sends n floats of `name`'s value (a buffered send: it
- * returns at once); rank 0 receives them with no memory for its staging
- * buffer (allocation mpi.stage_recv): its recv fails with ENOMEM naming the
- * call, the peer and rank 0, and the message must not be lost inside MPI.
+ * returns at once); rank 0 receives them with fault `site` armed (no
+ * memory for its staging buffer: mpi.stage_recv): its recv fails with
+ * ENOMEM naming the call, the peer and rank 0 (its text starts with `want`),
+ * and the message must not be lost inside MPI.
  * Both then destroy the group within 1 s (its timeout is 2 s), and the next
  * send and recv between them, on a new group, deliver the right data.
  * Before, rank 0 matched the message (MPI_Improbe) before it allocated and
  * never received it: for a message MPI sends by rendezvous (over 4 KiB on
  * shared memory) rank 1's send never completed, so destroying the group
  * waited the group's timeout for it and then kept it forever. */
-static int recv_case(crun_store_t *st, int rank, const char *name, size_t n) {
+static int recv_case(crun_store_t *st, int rank, const char *name, size_t n, const char *site, const char *want) {
   crun_pg_t *pg = NULL;
   float *v = malloc(n * sizeof *v);
   int bad = !v || pair_new(st, rank, name, 2, &pg) < 0;
@@ -181,11 +182,10 @@ static int recv_case(crun_store_t *st, int rank, const char *name, size_t n) {
   MPI_Barrier(MPI_COMM_WORLD);
   double t0 = MPI_Wtime();
   if (!bad && rank == 0) {
-    crun__fault_arm("mpi.stage_recv");
+    crun__fault_arm(site);
     int rc = crun_pg_recv(pg, v, n, CRUN_FLOAT32, 1, NULL, NULL, NULL);
     crun__fault_arm(NULL);
-    bad |= expect_err(rank, name, rc, CRUN_ENOMEM, "ENOMEM: recv from rank 1 (tag 0) on rank 0: no memory for its "
-                      "staging buffer");
+    bad |= expect_err(rank, name, rc, CRUN_ENOMEM, want);
   }
   if (pg) crun_pg_release(pg);
   bad |= too_slow(rank, name, t0, 1);
@@ -205,7 +205,24 @@ static int recv_case(crun_store_t *st, int rank, const char *name, size_t n) {
 }
 
 static int worker_stage_recv(crun_store_t *st, int rank) {
-  int bad = recv_case(st, rank, "rv1", 2) | recv_case(st, rank, "rv2", 1536);
+  static const char want[] = "ENOMEM: recv from rank 1 (tag 0) on rank 0: no memory for its staging buffer";
+  int bad = recv_case(st, rank, "rv1", 2, "mpi.stage_recv", want);
+  bad |= recv_case(st, rank, "rv2", 1536, "mpi.stage_recv", want);
+  return bad | pair_sum(st, rank, "after");
+}
+
+/* recv_type: as recv_case, for a message too large for the staging buffer
+ * (256 KiB: MPI sends it by rendezvous over shared memory and TCP alike),
+ * received in place through a struct datatype whose creation fails (fault
+ * site mpi.msg_type). Rank 0's recv fails with ENOMEM naming the call, rank
+ * 0 and the sender, and the message is received and dropped. Before, the
+ * message MPI_Improbe had matched was never received: rank 1's send never
+ * completed, its destroy waited the group's timeout (2 s) for it, and rank 0
+ * reported an EIO from MPI_Mrecv, which it had not called. */
+static int worker_recv_type(crun_store_t *st, int rank) {
+  int bad = recv_case(st, rank, "rt1", 65536, "mpi.msg_type", "ENOMEM: recv from rank 1 (tag 0) on rank 0: "
+                      "MPI_Type_create_struct failed: MPI_ERR_NO_MEM: out of memory; the message from rank 1 "
+                      "(262160 bytes) was received and dropped");
   return bad | pair_sum(st, rank, "after");
 }
 
@@ -218,8 +235,8 @@ typedef int (*stage_call_fn)(crun_pg_t *pg, int rank);
  * call's 2 s timeout. Before, rank 0 allocated after the signature exchange
  * and rank 1, through it, waited inside the MPI collective until the
  * watchdog aborted the job. */
-static int stage_case(crun_store_t *st, int rank, const char *name, const char *site, stage_call_fn call,
-                      const char *what) {
+static int stage_case_on(crun_store_t *st, int rank, const char *name, const char *site, const char *site1,
+                         stage_call_fn call, const char *what) {
   crun_pg_t *pg = NULL;
   char want[128];
   snprintf(want, sizeof want, "ENOMEM: %s on rank 0: no memory for its staging buffer", what);
@@ -227,7 +244,7 @@ static int stage_case(crun_store_t *st, int rank, const char *name, const char *
   if (bad) printf("rank %d: group '%s': %s\n", rank, name, crun_last_error());
   MPI_Barrier(MPI_COMM_WORLD);
   double t0 = MPI_Wtime();
-  crun__fault_arm(rank == 0 ? site : NULL);
+  crun__fault_arm(rank == 0 ? site : site1);
   int rc = bad ? CRUN_ENOMEM : call(pg, rank);
   crun__fault_arm(NULL);
   if (!bad) bad |= expect_err(rank, name, rc, CRUN_ENOMEM, want);
@@ -237,6 +254,12 @@ static int stage_case(crun_store_t *st, int rank, const char *name, const char *
   MPI_Barrier(MPI_COMM_WORLD);
   if (pg) crun_pg_release(pg);
   return bad;
+}
+
+/* stage_case_on with no fault armed on rank 1. */
+static int stage_case(crun_store_t *st, int rank, const char *name, const char *site, stage_call_fn call,
+                      const char *what) {
+  return stage_case_on(st, rank, name, site, NULL, call, what);
 }
 
 static int half_all_reduce(crun_pg_t *pg, int rank) {
@@ -271,6 +294,18 @@ static int a2a(crun_pg_t *pg, int rank) {
   const void *ins[2] = {in, in + 1};
   void *outs[2] = {out, out + 2};
   return crun_pg_all_to_all(pg, outs, out_counts, ins, in_counts, CRUN_INT32, NULL, NULL);
+}
+
+/* notice: as stage_case (root 0 of a scatter fails for want of a staging
+ * buffer; rank 1, not the root, needs none), with every checked allocation
+ * of rank 1 failing ("*") while it waits in the signature exchange: rank 1
+ * still fails with rank 0's error, from its abort notice. Before, rank 1
+ * had no memory to receive the notice (a calloc of its length) and failed
+ * with an ENOMEM of its own ("no memory to receive rank 0's abort notice")
+ * that hid why the call failed; the notice stayed queued in MPI. */
+static int worker_notice(crun_store_t *st, int rank) {
+  int bad = stage_case_on(st, rank, "nt1", "mpi.stage_list", "*", list_scatter, "scatter #1");
+  return bad | pair_sum(st, rank, "after");
 }
 
 static int worker_stage_half(crun_store_t *st, int rank) {
@@ -311,6 +346,8 @@ static int worker(const char *which) {
   else if (!strcmp(which, "stage_list")) bad |= worker_stage_list(st, rank);
   else if (!strcmp(which, "stage_a2a")) bad |= worker_stage_a2a(st, rank);
   else if (!strcmp(which, "stage_recv")) bad |= worker_stage_recv(st, rank);
+  else if (!strcmp(which, "recv_type")) bad |= worker_recv_type(st, rank);
+  else if (!strcmp(which, "notice")) bad |= worker_notice(st, rank);
   else printf("rank %d: no case %s\n", rank, which), bad = 1;
   return mpi_worker_end(st, rank, bad);
 #else
@@ -383,9 +420,13 @@ TEST(stage_a2a_no_memory) { run_mpi_case("stage_a2a", NULL); }
 
 TEST(stage_recv_no_memory) { run_mpi_case("stage_recv", NULL); }
 
+TEST(recv_type_no_memory) { run_mpi_case("recv_type", NULL); }
+
+TEST(notice_no_memory) { run_mpi_case("notice", NULL); }
+
 #define CRUN_TESTS(X) X(fault_spec) X(abort_no_memory) X(destroy_no_memory) X(join_no_memory) \
   X(room_text_no_memory) X(stash_no_memory) X(stage_half_no_memory) X(stage_list_no_memory) X(stage_a2a_no_memory) \
-  X(stage_recv_no_memory)
+  X(stage_recv_no_memory) X(recv_type_no_memory) X(notice_no_memory)
 
 int main(int argc, char **argv) {
   const char *which = getenv("CRUN_TEST_MPI_CASE");

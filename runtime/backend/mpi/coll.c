@@ -237,13 +237,20 @@ static void a2a_copy(void *const *ptrs, const size_t *counts, int n, char *packe
   }
 }
 
-/* Fills MPI's int counts and displacements; ERANGE when a total exceeds int. */
-static int a2a_layout(crun__mpi_t *b, const crun__coll_t *c, const size_t *counts, int *cnt, int *disp, size_t *total) {
+/* Fills MPI's int counts and displacements from the blocks this rank sends
+ * (out 0) or receives (out 1); ERANGE when their total exceeds int. The
+ * test is count > INT_MAX - total: total + count wraps past SIZE_MAX (a
+ * count near it passed, and MPI got a negative count while the packing
+ * copied SIZE_MAX bytes into a staging buffer sized by the wrapped total). */
+static int a2a_layout(crun__mpi_t *b, const crun__coll_t *c, const size_t *counts, int out, int *cnt, int *disp,
+                      size_t *total) {
   *total = 0;
   for (int i = 0; i < b->size; i++) {
-    if (*total + counts[i] > INT_MAX)
-      return crun_error(CRUN_ERANGE, "all_to_all #%llu on rank %d: more than %d elements in one call are not "
-                        "supported by the mpi backend", (unsigned long long)c->seq, b->rank, INT_MAX);
+    if (counts[i] > (size_t)INT_MAX - *total)
+      return crun_error(CRUN_ERANGE, "all_to_all #%llu on rank %d: the blocks it %s add up to more than %d elements "
+                        "(the mpi backend's limit per call) at the one %s rank %d (%zu elements)",
+                        (unsigned long long)c->seq, b->rank, out ? "receives" : "sends", INT_MAX,
+                        out ? "from" : "for", i, counts[i]);
     cnt[i] = (int)counts[i];
     disp[i] = (int)*total;
     *total += counts[i];
@@ -290,8 +297,8 @@ static int take(crun__mpi_t *b, const crun__coll_t *c, char **s, int i, size_t b
 static int reserve_a2a(crun__mpi_t *b, const crun__coll_t *c, char **s) {
   size_t es = crun_dtype_size(c->dt), tin, tout;
   int *lay = b->a2a_lay, n = b->size;
-  CRUN_CHECK(a2a_layout(b, c, c->in_counts, lay, lay + n, &tin));
-  CRUN_CHECK(a2a_layout(b, c, c->out_counts, lay + 2 * n, lay + 3 * n, &tout));
+  CRUN_CHECK(a2a_layout(b, c, c->in_counts, 0, lay, lay + n, &tin));
+  CRUN_CHECK(a2a_layout(b, c, c->out_counts, 1, lay + 2 * n, lay + 3 * n, &tout));
   CRUN_CHECK(take(b, c, s, 0, tin * es, "mpi.stage_a2a", "the blocks it sends, packed"));
   return take(b, c, s, 1, tout * es, "mpi.stage_a2a", "the blocks it receives, packed");
 }

@@ -113,13 +113,17 @@ int crun__mpi_alive(void) {
   return inited && !fin;
 }
 
+int crun__mpi_status(int mpirc) {
+  int cls = 0;
+  MPI_Error_class(mpirc, &cls);
+  return cls == MPI_ERR_TRUNCATE ? CRUN_EMISMATCH : cls == MPI_ERR_NO_MEM ? CRUN_ENOMEM : CRUN_EIO;
+}
+
 int crun__mpi_fail(int mpirc, const char *desc, int rank, const char *call) {
   char text[MPI_MAX_ERROR_STRING + 1] = "";
-  int len = 0, cls = 0;
+  int len = 0;
   MPI_Error_string(mpirc, text, &len);
-  MPI_Error_class(mpirc, &cls);
-  int status = cls == MPI_ERR_TRUNCATE ? CRUN_EMISMATCH : CRUN_EIO;
-  return crun_error(status, "%s on rank %d: %s failed: %s", desc, rank, call, text);
+  return crun_error(crun__mpi_status(mpirc), "%s on rank %d: %s failed: %s", desc, rank, call, text);
 }
 
 void crun__mpi_relax(crun__mpi_spin_t *s) {

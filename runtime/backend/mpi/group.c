@@ -629,25 +629,40 @@ static int mpi_create(crun_pg_t *pg, void **state) {
   return 0;
 }
 
-int crun__mpi_poll_abort(crun__mpi_t *b, const char *desc) {
-  int flag = 0, n = 0;
-  MPI_Status st;
-  if (b->size < 2 || MPI_Iprobe(MPI_ANY_SOURCE, CRUN__MPI_TAG_ABORT, b->ctrl, &flag, &st) != MPI_SUCCESS || !flag)
-    return 0;
-  MPI_Get_count(&st, MPI_CHAR, &n);
-  char *msg = CRUN__FAULT_CALLOC("mpi.abort_notice", (size_t)n + 1, 1);
-  if (!msg) return crun_error(CRUN_ENOMEM, "%s on rank %d: no memory to receive rank %d's abort notice (%d bytes)",
-                              desc, b->rank, st.MPI_SOURCE, n);
-  MPI_Recv(msg, n, MPI_CHAR, st.MPI_SOURCE, CRUN__MPI_TAG_ABORT, b->ctrl, MPI_STATUS_IGNORE);
+/* Bytes of an abort notice kept: mpi_abort sends "<status>|" and at most
+ * 2000 bytes of text. */
+#define NOTICE_MAX 2048
+
+/* Receives matched abort notice m (status st) whole, into a buffer on the
+ * stack (a longer one is cut), and records the peer's error from it. */
+static int take_notice(crun__mpi_t *b, MPI_Message *m, const MPI_Status *st, const char *desc) {
+  char msg[NOTICE_MAX + 1] = "";
+  MPI_Count n = 0;
+  MPI_Get_elements_x(st, MPI_BYTE, &n);
+  int mrc = crun__mpi_mrecv_head(m, n, msg, NOTICE_MAX);
+  if (mrc != MPI_SUCCESS) msg[0] = 0;
   char *bar = strchr(msg, '|');
   int status = bar ? atoi(msg) : CRUN_EIO;
   if (status >= 0 || !strcmp(crun_err_name(status), "EUNKNOWN")) status = CRUN_EIO;
-  const char *text = bar ? bar + 1 : msg, *sp = strstr(text, ": ");
+  const char *text = bar ? bar + 1 : mrc == MPI_SUCCESS ? msg : "its abort notice could not be received";
+  const char *sp = strstr(text, ": ");
   if (sp && !strncmp(text, crun_err_name(status), (size_t)(sp - text))) text = sp + 2;
   b->peer_aborted = 1;
-  int rc = crun_error(status, "%s [reported by rank %d; rank %d was in %s]", text, st.MPI_SOURCE, b->rank, desc);
-  free(msg);
-  return rc;
+  return crun_error(status, "%s [reported by rank %d; rank %d was in %s]", text, st->MPI_SOURCE, b->rank, desc);
+}
+
+/* The notice is matched (MPI_Improbe) and received with no allocation:
+ * before, its buffer was calloc'd after an MPI_Iprobe, and without memory
+ * the call failed with an ENOMEM of its own that hid the peer's error,
+ * leaving the notice queued. */
+int crun__mpi_poll_abort(crun__mpi_t *b, const char *desc) {
+  int flag = 0;
+  MPI_Message m;
+  MPI_Status st;
+  if (b->size < 2 || MPI_Improbe(MPI_ANY_SOURCE, CRUN__MPI_TAG_ABORT, b->ctrl, &flag, &m, &st) != MPI_SUCCESS ||
+      !flag)
+    return 0;
+  return take_notice(b, &m, &st, desc);
 }
 
 int crun__mpi_poll_left(crun__mpi_t *b, int p, const char *desc) {

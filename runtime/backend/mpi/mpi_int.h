@@ -75,7 +75,11 @@ int crun__mpi_tag_ub(MPI_Comm c);
 /* Non-zero when MPI may still be called (initialized and not finalized). */
 int crun__mpi_alive(void);
 
-/* Records an EIO (EMISMATCH for truncation) naming the MPI call and error. */
+/* The crun status of MPI error code mpirc: EMISMATCH for a truncation,
+ * ENOMEM when MPI had no memory, else EIO. */
+int crun__mpi_status(int mpirc);
+
+/* Records crun__mpi_status(mpirc) naming the MPI call and error. */
 int crun__mpi_fail(int mpirc, const char *desc, int rank, const char *call);
 
 /* Waiting policy of polling loops: spin, then yield (at once when the host

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "backend/mpi/mpi_int.h"
+#include "core/fault.h"
 
 #define HDR 16
 #define SMALL 8192
@@ -38,8 +39,11 @@ static int check_tag(const crun__mpi_t *b, const crun__coll_t *c, const char *de
   return crun_error(CRUN_EINVAL, "%s on rank %d: tag %d is outside MPI's range 0..%d", desc, b->rank, c->tag, max);
 }
 
-/* Builds the datatype of (header, payload) at their absolute addresses. */
+/* Builds the datatype of (header, payload) at their absolute addresses;
+ * returns MPI's code (fault site mpi.msg_type: MPI_ERR_NO_MEM, as when MPI
+ * has no memory for the type). */
 static int msg_type(int64_t *hdr, void *buf, const crun__coll_t *c, MPI_Datatype *out) {
+  if (crun__fault_alloc("mpi.msg_type")) return MPI_ERR_NO_MEM;
   pthread_once(&g_types_once, make_types);
   int lens[2] = {HDR, (int)c->count};
   MPI_Aint at[2];
@@ -189,6 +193,25 @@ static int recv_wrong(crun__mpi_t *b, crun__coll_t *c, const char *desc, MPI_Mes
   return mismatch(b, c, desc, from, h, got >= HDR && h[0] >= 0 && h[0] < CRUN_DTYPE_COUNT, (long long)got);
 }
 
+/* Receives and drops matched message m (`got` bytes from rank `from`)
+ * that could not be received in place because MPI call `call` failed with
+ * mpirc, and reports that failure. A matched message must be received: left
+ * matched inside MPI, its sender's send never completes (a rendezvous send
+ * hung its sender's destroy until the group's timeout). */
+static int drop(crun__mpi_t *b, const char *desc, MPI_Message *m, int from, MPI_Count got, int mpirc,
+                const char *call) {
+  char why[MPI_MAX_ERROR_STRING + 1] = "", how[MPI_MAX_ERROR_STRING + 1] = "";
+  int len = 0, drc = crun__mpi_mrecv_head(m, got, NULL, 0);
+  MPI_Error_string(mpirc, why, &len);
+  if (drc == MPI_SUCCESS)
+    return crun_error(crun__mpi_status(mpirc), "%s on rank %d: %s failed: %s; the message from rank %d (%lld "
+                      "bytes) was received and dropped", desc, b->rank, call, why, from, (long long)got);
+  MPI_Error_string(drc, how, &len);
+  return crun_error(crun__mpi_status(mpirc), "%s on rank %d: %s failed: %s; dropping the message from rank %d "
+                    "(%lld bytes) failed too (%s): it stays in MPI and rank %d's send may never complete", desc,
+                    b->rank, call, why, from, (long long)got, how, from);
+}
+
 /* Receives a message of the expected size into the buffer (through the
  * staging buffer s when small). */
 static int recv_right(crun__mpi_t *b, crun__coll_t *c, const char *desc, MPI_Message *m, int from, size_t bytes,
@@ -202,7 +225,9 @@ static int recv_right(crun__mpi_t *b, crun__coll_t *c, const char *desc, MPI_Mes
   } else {
     MPI_Datatype t;
     rc = msg_type(h, c->buf, c, &t);
-    if (rc == MPI_SUCCESS) rc = MPI_Mrecv(MPI_BOTTOM, 1, t, m, MPI_STATUS_IGNORE), MPI_Type_free(&t);
+    if (rc != MPI_SUCCESS) return drop(b, desc, m, from, (MPI_Count)(HDR + bytes), rc, "MPI_Type_create_struct");
+    rc = MPI_Mrecv(MPI_BOTTOM, 1, t, m, MPI_STATUS_IGNORE);
+    MPI_Type_free(&t);
   }
   if (rc != MPI_SUCCESS) return crun__mpi_fail(rc, desc, b->rank, "MPI_Mrecv");
   if (h[0] != c->dt || h[1] != (int64_t)c->count) return mismatch(b, c, desc, from, h, h[0] >= 0 && h[0] < CRUN_DTYPE_COUNT, 0);
