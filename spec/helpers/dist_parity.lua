@@ -148,6 +148,24 @@ function cases.default_call()
   local closed = T.ones({2})
   closed:close()
   expect_error("bad argument #1 to '[%w.]*all_reduce' %(tensor is closed%)", dist.all_reduce, closed)
+  -- the binding's shortest path knows the last tensor it saw without its
+  -- metatable: closing or collecting that tensor must make it forget it, so
+  -- that the closed box, or another userdata that takes its memory (a file
+  -- handle's box is as large), is refused, not read as a tensor
+  local seen = T.ones({2})
+  dist.all_reduce(seen)
+  seen:close()
+  expect_error("bad argument #1 to '[%w.]*all_reduce' %(tensor is closed%)", dist.all_reduce, seen)
+  for _ = 1, 50 do
+    local gone = T.ones({2})
+    dist.all_reduce(gone)
+    gone = nil -- luacheck: ignore
+    collectgarbage()
+    collectgarbage()
+    local f = io.tmpfile()
+    expect_error("bad argument #1 to '[%w.]*all_reduce' %(crun.Tensor expected, got FILE%*%)", dist.all_reduce, f)
+    f:close()
+  end
   -- the same calls still work after the group was replaced
   dist.destroy_process_group()
   dist.init_process_group("gloo", {timeout = 30})
