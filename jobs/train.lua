@@ -182,7 +182,7 @@ end
 
 local function ckpt_path(o)
   local dir = o["ckpt-dir"] or ("/tmp/crun-train-" .. (os.getenv("USER") or "user"))
-  os.execute("mkdir -p '" .. dir .. "'")
+  if not o["no-ckpt"] then os.execute("mkdir -p '" .. dir .. "'") end -- --no-ckpt: nothing on disk
   return dir .. "/train.crun"
 end
 

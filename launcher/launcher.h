@@ -385,6 +385,11 @@ void crun__obs_dump_all(const pid_t *pids, const int *ranks, const int *running,
  * unless an analysis named it. */
 void crun__obs_cleanup(void);
 
+/* What the recorder writes in a dump directory: 1 for a dump
+ * ("flight_rank<r>.txt"), 2 for one a rank was still writing when it ended
+ * ("flight_rank<r>.txt.tmp": a rank killed then leaves it), 0 for any other name. */
+int crun__obs_dump_name(const char *name);
+
 /* Merges path.rank<r> (r < world; world < 0: every such file in path's
  * directory) into the trace at path and prints the summary. Returns 0, or 1
  * when nothing could be merged. */

@@ -173,10 +173,23 @@ static void shm_sweep(const pid_t *pids, int n) {
   closedir(d);
 }
 
+/* Removes the partial dumps (flight_rank<r>.txt.tmp: ranks killed while
+ * they wrote) in dir; they are of no use to anyone. */
+static void partial_dumps_sweep(const char *dir) {
+  DIR *d = opendir(dir);
+  if (!d) return;
+  char path[PATH_MAX + 300];
+  for (struct dirent *e; (e = readdir(d)) != NULL;)
+    if (crun__obs_dump_name(e->d_name) == 2 && snprintf(path, sizeof path, "%s/%s", dir, e->d_name) < (int)sizeof path)
+      unlink(path);
+  closedir(d);
+}
+
 /* Removes $TMPDIR/crun-flight-<launcher>-XXXXXX, the dump directory
- * crun-lua chose (launcher/trace_merge.c), when it is empty: a launcher
- * killed before its own cleanup leaves it. rmdir leaves one holding dumps,
- * which are kept for the user, and anything that is not a directory. */
+ * crun-lua chose (launcher/trace_merge.c), when it holds no dump: a launcher
+ * killed before its own cleanup leaves it. Partial dumps go first; rmdir
+ * leaves one holding dumps, which are kept for the user, and anything that
+ * is not a directory. */
 static void flight_sweep(pid_t launcher) {
   const char *tmp = getenv("TMPDIR");
   if (!tmp || !*tmp) tmp = "/tmp";
@@ -187,8 +200,10 @@ static void flight_sweep(pid_t launcher) {
   struct dirent *e;
   while ((e = readdir(d)) != NULL)
     if (strncmp(e->d_name, prefix, (size_t)np) == 0 && strlen(e->d_name) == (size_t)np + 6 &&
-        snprintf(path, sizeof path, "%s/%s", tmp, e->d_name) < (int)sizeof path)
+        snprintf(path, sizeof path, "%s/%s", tmp, e->d_name) < (int)sizeof path) {
+      partial_dumps_sweep(path);
       rmdir(path);
+    }
   closedir(d);
 }
 

@@ -236,12 +236,12 @@ static int found_ranks(const char *path, int **out) {
   return n;
 }
 
-/* Whether name is one the recorder writes: "flight_rank<digits>.txt". */
-static int is_dump_name(const char *name) {
+int crun__obs_dump_name(const char *name) {
   if (strncmp(name, "flight_rank", 11) != 0) return 0;
   const char *p = name + 11, *digits = p;
   while (*p >= '0' && *p <= '9') p++;
-  return p > digits && strcmp(p, ".txt") == 0;
+  if (p == digits) return 0;
+  return strcmp(p, ".txt") == 0 ? 1 : strcmp(p, ".txt.tmp") == 0 ? 2 : 0;
 }
 
 /* Removes the dumps in the directory crun-lua chose and the directory: one
@@ -252,7 +252,7 @@ void crun__obs_cleanup(void) {
   if (!d) return;
   char path[PATH_MAX + 300];
   for (struct dirent *e; (e = readdir(d)) != NULL;) { /* only what the recorder writes there */
-    if (!is_dump_name(e->d_name)) continue;
+    if (!crun__obs_dump_name(e->d_name)) continue;
     snprintf(path, sizeof path, "%s/%s", g_default_dir, e->d_name);
     unlink(path);
   }

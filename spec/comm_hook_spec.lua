@@ -7,6 +7,7 @@
 -- PeriodicModelAverager averages at torch's steps; post_localSGD_hook
 -- averages over the world, then over the subgroup; misuse is named.
 -- Every rank's observations come back from spec/helpers/comm_hook_job.lua.
+local tmpname = require("helpers.common").tmpname -- os.tmpname() under TMPDIR
 local util = require "helpers.train_util"
 local serialize = require "crun.serialize"
 
@@ -52,7 +53,7 @@ describe("DDP communication hooks", function()
   for world = 1, 4 do
     it(string.format("match the plain average, its rounding or its rank on %d rank(s)", world), function()
       if not have then pending("crun-lua not built") return end
-      local dir = os.tmpname()
+      local dir = tmpname()
       os.remove(dir)
       assert(os.execute("mkdir -p " .. dir))
       local ok, out = util.crun(world, "spec/helpers/comm_hook_job.lua", dir)

@@ -6,6 +6,7 @@
 -- is host memory, kernels are the host launchers of the same bodies) the
 -- results must be equal bit for bit; on a real GPU (spec.cuda_math_spec) to
 -- float rounding. Without a device ctest reports it skipped with the reason.
+local tmpname = require("helpers.common").tmpname -- os.tmpname() under TMPDIR
 local crun = require "crun"
 local T, cuda, nn, optim = crun.tensor, crun.cuda, crun.nn, crun.optim
 
@@ -226,7 +227,7 @@ describe("DDP on a device", function()
   end
 
   it_nccl("jobs/train.lua --device cuda trains with gradient buckets in device memory as the CPU run does", function()
-    local dir = os.tmpname()
+    local dir = tmpname()
     os.remove(dir)
     local cpu = train("cpu", dir .. "-cpu")
     local gpu, out = train("cuda", dir .. "-cuda")

@@ -1,5 +1,6 @@
 -- dist_init_spec.lua — init_process_group with env://, tcp://, file:// and
 -- store=, destroy and re-init, and the misuse errors, on 2 and 3 ranks.
+local tmpname = require("helpers.common").tmpname -- os.tmpname() under TMPDIR
 local run = require "helpers.dist_run"
 
 describe("dist.init_process_group", function()
@@ -28,7 +29,7 @@ describe("dist.is_*_available and is_torchelastic_launched", function()
     assert.are.equal(core.have_mpi == true, dist.is_mpi_available())
     assert.are.equal(core.have_nccl == true, dist.is_nccl_available())
     assert.is_false(dist.is_ucc_available())
-    local path = os.tmpname()
+    local path = tmpname()
     local f = assert(io.open(path, "w"))
     f:write('print("launched", require("crun.dist").is_torchelastic_launched())\n')
     f:close()

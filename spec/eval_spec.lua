@@ -88,6 +88,22 @@ describe("exactly-once evaluation", function()
 end)
 
 describe("jobs/train.lua and jobs/evaluate.lua", function()
+  -- --no-ckpt made the default checkpoint directory all the same, and left it
+  -- empty in /tmp (specs that train with --no-ckpt left /tmp/crun-train-<user>)
+  it("make no checkpoint directory with --no-ckpt", function()
+    if not util.have_launcher() then pending("crun-lua / crun.dist not built") return end
+    local user = "crun-eval-spec-" .. math.random(1, 1e9)
+    local default = "/tmp/crun-train-" .. user -- tmp-ok: where train.lua would make it
+    local p = io.popen(string.format("USER=%s timeout 120 %s -n 1 --master-port 0 jobs/train.lua --epochs 1 "
+      .. "--samples 200 --no-ckpt --quiet 2>&1; echo rc=$?", user, os.getenv("CRUN_LUA") or "build/crun-lua"))
+    local out = p:read("a")
+    p:close()
+    local made = os.execute("test -e " .. default)
+    os.execute("rmdir " .. default .. " 2>/dev/null")
+    assert.matches("rc=0%s*$", out)
+    assert.is_falsy(made, default .. " was made")
+  end)
+
   it("train an MLP past 95% on 3 ranks and evaluate its checkpoint on 2 ranks with the same accuracy", function()
     if not util.have_launcher() then pending("crun-lua / crun.dist not built") return end
     local dir = util.tmpdir()

@@ -8,6 +8,7 @@
 -- matches DDP under FULL_SHARD and SHARD_GRAD_OP; a sharded checkpoint saved at 4 ranks (with Adam's state)
 -- resumes at 1, 2, 3 and 4 ranks and continues exactly at 4.
 -- Every rank's observations come back from spec/helpers/fsdp_job.lua.
+local tmpname = require("helpers.common").tmpname -- os.tmpname() under TMPDIR
 local util = require "helpers.train_util"
 local serialize = require "crun.serialize"
 
@@ -24,7 +25,7 @@ end
 
 describe("FSDP", function()
   local have = util.have_launcher()
-  local dir = os.tmpname()
+  local dir = tmpname()
   os.remove(dir)
 
   it("splits a flat buffer into padded shards", function()

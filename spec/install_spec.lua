@@ -2,6 +2,7 @@
 -- that prefix only: a C program built with pkg-config, a CMake project with
 -- find_package(crun CONFIG) (shared and static), and lua5.4 with the installed
 -- module. The C programs run as a 2-rank job and check their own results.
+local tmpname = require("helpers.common").tmpname -- os.tmpname() under TMPDIR
 local build = os.getenv("CRUN_BUILD_DIR")
 local src = os.getenv("CRUN_SOURCE_DIR")
 
@@ -32,7 +33,7 @@ describe("an installed crun", function()
     pending("CRUN_BUILD_DIR / CRUN_SOURCE_DIR not set (run through ctest)")
     return
   end
-  local prefix = os.tmpname()
+  local prefix = tmpname()
   os.remove(prefix)
   local rc, out = sh("cmake --install " .. q(build) .. " --prefix " .. q(prefix))
 

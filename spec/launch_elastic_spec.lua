@@ -282,7 +282,7 @@ describe("examples/elastic_train.lua options", function()
   it("trains afresh when run again with the same run id (it resumed the finished run and trained nothing)", function()
     local ex = q(U.SOURCE .. "/examples/elastic_train.lua")
     local id = U.unique_marker("again"):gsub("[^%w]", "-")
-    local ckpt = "/tmp/crun-elastic-" .. id .. ".crun" -- the default path for this run id
+    local ckpt = "/tmp/crun-elastic-" .. id .. ".crun" -- tmp-ok: the example's default path for this run id (removed below)
     local runs = {}
     for i = 1, 2 do
       runs[i] = U.run("-n 2 --master-port 0 --rdzv-id " .. id .. " " .. ex .. " --epochs 2 --samples 8 --batch 2", nil, 60)

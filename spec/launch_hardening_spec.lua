@@ -291,6 +291,41 @@ describe("descendants that leave the process group (item 15)", function()
     assert.is_truthy(gone, "the dump directory of the killed launcher is left")
   end)
 
+  -- a rank killed while it wrote its dump leaves flight_rank<r>.txt.tmp; the
+  -- launcher removed only finished dumps and the watchdog only an empty
+  -- directory, so the rmdir failed and the directory stayed in TMPDIR though
+  -- no analysis named it
+  for _, killed in ipairs{false, true} do
+    it("leaves no dump directory holding only a rank's partial dump (flight_rank<r>.txt.tmp) when it "
+       .. (killed and "is killed with SIGKILL" or "ends"), function()
+      local dir, tmp = U.tmpdir(), U.tmpdir()
+      C.write(dir .. "/s.lua", "io.open(os.getenv('CRUN_FLIGHT_DIR') .. '/flight_rank' .. os.getenv('RANK') .. "
+        .. "'.txt.tmp', 'w'):close()\n" .. (killed and "os.execute('sleep 20')\n" or ""))
+      local function left()
+        local p = io.popen("cd " .. q(tmp) .. " && find . -mindepth 1 | sort")
+        local names = p:read("a")
+        p:close()
+        return names
+      end
+      local made, code = true, 0
+      if killed then
+        local pid = C.spawn(dir, "-n 2 --master-port 0 " .. q(dir .. "/s.lua"), "TMPDIR=" .. q(tmp))
+        made = C.wait_for(function() return select(2, left():gsub("%.txt%.tmp", "")) == 2 end, 10)
+        os.execute("kill -9 " .. pid)
+        C.wait_rc(dir, 10)
+      else
+        code = U.run("-n 2 --master-port 0 " .. q(dir .. "/s.lua"), "TMPDIR=" .. q(tmp)).code
+      end
+      local gone = C.wait_for(function() return left() == "" end, 10)
+      local names = left()
+      U.rmrf(dir)
+      os.execute("rm -rf " .. q(tmp))
+      assert.is_truthy(made, "the ranks wrote no partial dump")
+      assert.are.equal(0, code)
+      assert.is_truthy(gone, "left in TMPDIR:\n" .. names)
+    end)
+  end
+
   it("removes its cgroup directories, and those that launchers killed with SIGKILL left", function()
     local p = io.popen("awk '$9 == \"cgroup2\" {print $5}' /proc/self/mountinfo | head -1")
     local mnt = p:read("l")

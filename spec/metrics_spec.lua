@@ -4,6 +4,7 @@
 -- check value), then a minimal protobuf reader decodes the Event, Summary and
 -- HistogramProto messages, which are compared with what was written; the CSV
 -- too. Last, jobs/train.lua --logdir on 2 ranks.
+local tmpname = require("helpers.common").tmpname -- os.tmpname() under TMPDIR
 local crun = require "crun"
 local metrics = crun.metrics
 
@@ -151,7 +152,7 @@ describe("crun.metrics.SummaryWriter", function()
     pending("built without crun.metrics (no protobuf-c: apt-get install libprotobuf-c-dev protobuf-c-compiler; or CRUN_WITH_METRICS=OFF)")
     return
   end
-  local dir = os.tmpname()
+  local dir = tmpname()
   os.remove(dir)
   teardown(function() os.execute("rm -rf " .. q(dir)) end)
 

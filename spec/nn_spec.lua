@@ -1,5 +1,6 @@
 -- crun.nn: forward values against plain Lua references, and finite-difference
 -- gradient checks (float64) of every module and criterion.
+local tmpname = require("helpers.common").tmpname -- os.tmpname() under TMPDIR
 local nn = require "crun.nn"
 local each_raises = require("helpers.common").each_raises
 local util = require "helpers.train_util"
@@ -809,7 +810,7 @@ describe("nn names and keyed state dicts", function()
     assert.are.equal("0.bias 0.weight 1.bias 1.num_batches_tracked 1.running_mean 1.running_var 1.weight 3.weight",
       table.concat(keys, " "))
     assert.are_not.equal(a.modules[1].weight, sd["0.weight"]) -- copies
-    local path = os.tmpname()
+    local path = tmpname()
     require("crun").save(path, sd)
     local res = b:load_state_dict(require("crun").load(path))
     os.remove(path)

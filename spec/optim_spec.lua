@@ -1,6 +1,7 @@
 -- crun.optim: SGD and Adam/AdamW follow torch.optim's update rules. Checked
 -- against a plain Lua transcription of torch's formulas and, when Debian's
 -- torch is installed, against torch.optim itself.
+local tmpname = require("helpers.common").tmpname -- os.tmpname() under TMPDIR
 local optim = require "crun.optim"
 local each_raises = require("helpers.common").each_raises
 local util = require "helpers.train_util"
@@ -198,7 +199,7 @@ describe("optim update rules", function()
       print(m == 0 and "zero" or (m > 0 and m < 1.18e-38) and "subnormal" or tostring(m),
             b == 0 and "zero" or (b > 0 and b < 1.18e-38) and "subnormal" or tostring(b))
     ]]
-    local f = os.tmpname()
+    local f = tmpname()
     local h = io.open(f, "w"); h:write(script); h:close()
     local function run(env)
       local pipe = io.popen(env .. " lua5.4 " .. f .. " 2>&1")
@@ -231,7 +232,7 @@ describe("optim update rules", function()
     local o = optim.AdamW({p}, {g}, {lr = 0.1, weight_decay = 0.2})
     o:step()
     o.param_groups[1].lr, o.param_groups[1].betas = 0.01, {0.5, 0.8}
-    local path = os.tmpname()
+    local path = tmpname()
     require("crun").save(path, o:state_dict())
     local sd = require("crun").load(path)
     os.remove(path)

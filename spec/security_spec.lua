@@ -3,6 +3,7 @@
 -- store key over TCP or the unix socket, so it can neither plant a REPL chunk
 -- nor break the rendezvous; junk and a forged hello on a mesh port do not
 -- break the job or reach an all_reduce; listeners bind the published address.
+local tmpname = require("helpers.common").tmpname -- os.tmpname() under TMPDIR
 local run = require "helpers.dist_run"
 
 local function job(n, case, env)
@@ -51,12 +52,12 @@ describe("security", function()
     local crun_lua = os.getenv("CRUN_LUA")
     if not crun_lua then pending("CRUN_LUA is not set (run through ctest)") return end
     local marker = "crun-bind-" .. math.random(1, 1e9)
-    local script = os.tmpname()
+    local script = tmpname()
     local f = assert(io.open(script, "w"))
     f:write('local d = require("crun").dist; d.init_process_group{backend="cpu"}; d.barrier(); ' ..
             'io.open(arg[1] .. "." .. d.get_rank(), "w"):close(); os.execute("sleep 2"); d.barrier()\n')
     f:close()
-    local flag = os.tmpname()
+    local flag = tmpname()
     local p = io.popen(string.format("CRUN_SHM=0 timeout -s KILL 30 %s -n 2 --master-port 0 %s %s %s & echo $!",
                                      crun_lua, script, flag, marker))
     local pid = p:read("l")
@@ -127,7 +128,7 @@ describe("security", function()
     local store = require("crun").store
     local srv = store.server{host = "127.0.0.1", port = 0, token = ""}
     local s = store.tcp{host = "127.0.0.1", port = srv:port(), token = "", timeout = 5}
-    local outs = {os.tmpname(), os.tmpname()}
+    local outs = {tmpname(), tmpname()}
     for r = 0, 1 do -- rank 1 comes 2 s late: the neighbour connects first
       os.execute(string.format("CRUN_SHM=0 timeout -s KILL 20 lua5.4 spec/helpers/neighbour_mesh_job.lua %d %d %d > %s 2>&1 &",
                                r, srv:port(), 2 * r, outs[r + 1]))
@@ -207,7 +208,7 @@ describe("security", function()
   -- job's keys and forge their own), and wrote through a planted link
   it("a file store refuses a file of another user, a world-writable one, and a symbolic link", function()
     local store = require("crun").store
-    local dir = os.tmpname()
+    local dir = tmpname()
     os.remove(dir)
     assert(os.execute("mkdir -m 1777 " .. dir))
     local function refused(path, pattern)

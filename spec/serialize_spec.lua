@@ -1,5 +1,6 @@
 -- crun.serialize: save/load round trips of plain values with tensors, atomic
 -- writes, and clear errors for truncated or foreign files.
+local tmpname = require("helpers.common").tmpname -- os.tmpname() under TMPDIR
 local serialize = require "crun.serialize"
 local each_raises = require("helpers.common").each_raises
 local util = require "helpers.train_util"
@@ -106,7 +107,7 @@ describe("crun.save / crun.load", function()
   -- shared directory) made crun.load and exists() block in open() forever,
   -- waiting for a writer; a pipe (/dev/stdin) is still read
   it("refuses a named fifo instead of waiting for a writer, and still reads a pipe", function()
-    local dir = os.tmpname()
+    local dir = tmpname()
     os.remove(dir)
     assert(os.execute("mkdir " .. dir .. " && mkfifo " .. dir .. "/ckpt.crun"))
     local code = string.format([[local s = require "crun.serialize"

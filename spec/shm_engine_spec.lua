@@ -3,6 +3,7 @@
 -- gives the reference result for every dtype and op over one-shot and
 -- pipelined sizes, a late rank is reported as a timeout naming it, and no
 -- segment is left in /dev/shm afterwards.
+local tmpname = require("helpers.common").tmpname -- os.tmpname() under TMPDIR
 
 local WORKER = [==[
 local crun = require "crun"
@@ -147,7 +148,7 @@ local function have_launcher()
 end
 
 local function run(n, script)
-  local path = os.tmpname()
+  local path = tmpname()
   local f = assert(io.open(path, "w"))
   f:write(script)
   f:close()

@@ -2,6 +2,7 @@
 -- compare_set on one TCP store and on one file store; counts must be exact
 -- and every compare_set slot must have exactly one winner that everyone saw.
 -- Also: a client whose server process dies gets an error, not a hang.
+local tmpname = require("helpers.common").tmpname -- os.tmpname() under TMPDIR
 local crun = require "crun"
 local S = crun.store
 
@@ -60,7 +61,7 @@ describe("crun.store with 8 processes", function()
   end)
 
   it("file store: racing add and compare_set lose nothing", function()
-    local path = os.tmpname()
+    local path = tmpname()
     os.remove(path)
     local s = S.file(path)
     run_workers("file", path)
@@ -70,7 +71,7 @@ describe("crun.store with 8 processes", function()
   end)
 
   it("a client whose server process dies gets ECONNRESET, not a hang", function()
-    local portfile = os.tmpname()
+    local portfile = tmpname()
     local script = string.format([[
       local s = require("crun").store.tcp{host="127.0.0.1", port=0, is_master=true}
       local f = io.open(%q, "w"); f:write(s:port()); f:close()
@@ -171,7 +172,7 @@ local function queue_store(kind)
     local s = S.tcp{host = "127.0.0.1", port = 0, is_master = true, timeout = 60}
     return s, s:port(), function() end
   end
-  local path = os.tmpname()
+  local path = tmpname()
   os.remove(path)
   return S.file(path), path, function() os.remove(path) end
 end
@@ -237,7 +238,7 @@ end)
 
 describe("crun.store.file with world_size", function()
   local function fresh_path()
-    local path = os.tmpname()
+    local path = tmpname()
     os.remove(path)
     return path
   end

@@ -3,10 +3,11 @@
 local crun = require "crun"
 local S = crun.store
 
+local TMP = require("helpers.common").TMP
 local tmpn = 0
 local function tmpfile()
   tmpn = tmpn + 1
-  return string.format("/tmp/crun_store_spec_%d_%d_%d", os.time(), math.random(1, 1e9), tmpn)
+  return string.format("%s/crun_store_spec_%d_%d_%d", TMP, os.time(), math.random(1, 1e9), tmpn)
 end
 
 --- Each kind: a constructor returning a fresh store and a cleanup function.

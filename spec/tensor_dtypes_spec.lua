@@ -4,6 +4,7 @@
 -- is refused, as torch refuses it), element-
 -- wise ops and reductions, save/load and printing; bool as torch has it
 -- (true / false in Lua, any non-zero converts to true, sum counts).
+local tmpname = require("helpers.common").tmpname -- os.tmpname() under TMPDIR
 local crun = require "crun"
 local T = crun.tensor
 
@@ -109,7 +110,7 @@ describe("int8, int16 and bool tensors", function()
   end)
 
   it("save and load exactly, and print", function()
-    local path = os.tmpname()
+    local path = tmpname()
     local v = {a = T.new({-128, 127}, "int8"), b = T.new({true, false}, "bool"),
                c = T.new({-300, 300}, "int16")}
     crun.save(path, v)

@@ -2,6 +2,7 @@
 -- the integer range: each call raises a clear error (never a view past its
 -- storage, a crash or a wrap-around), and a tensor bigger than the machine
 -- is ENOMEM under crun-lua (shared heap) as it is under lua5.4.
+local tmpname = require("helpers.common").tmpname -- os.tmpname() under TMPDIR
 local T = require "crun.tensor"
 local M, m = math.maxinteger, math.mininteger
 
@@ -116,7 +117,7 @@ describe("hostile tensor arguments", function()
   it("a tensor bigger than the machine is ENOMEM under crun-lua too (shared heap)", function()
     local crun_lua = os.getenv("CRUN_LUA")
     if not crun_lua then pending("CRUN_LUA is not set (run through ctest)") return end
-    local path = os.tmpname()
+    local path = tmpname()
     local f = assert(io.open(path, "w"))
     f:write([[
 local T = require("crun").tensor

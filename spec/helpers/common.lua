@@ -34,17 +34,32 @@ function M.write(path, s)
   f:close()
 end
 
---- A fresh directory /tmp/crun-<tag>-spec.XXXXXX (removed by M.rmrf).
+--- Where temporary files go: $TMPDIR, which ctest sets to a directory of the
+-- spec's own, removed after it (tests/tmpdir_run.sh); /tmp without one.
+M.TMP = (os.getenv("TMPDIR") or "") ~= "" and os.getenv("TMPDIR") or "/tmp"
+
+--- A fresh directory M.TMP/crun-<tag>-spec.XXXXXX (removed by M.rmrf).
 function M.tmpdir(tag)
-  local p = io.popen("mktemp -d /tmp/crun-" .. tag .. "-spec.XXXXXX")
+  local p = io.popen("mktemp -d " .. M.q(M.TMP .. "/crun-" .. tag .. "-spec.XXXXXX"))
   local d = p:read("l")
   p:close()
   return d
 end
 
+--- A fresh empty file M.TMP/lua_XXXXXX: os.tmpname() under TMPDIR (Lua's
+-- own always makes it in /tmp, where a spec's leftovers would stay).
+function M.tmpname()
+  local p = io.popen("mktemp " .. M.q(M.TMP .. "/lua_XXXXXX"))
+  local name = p:read("l")
+  p:close()
+  return assert(name, "mktemp: cannot create a file in " .. M.TMP)
+end
+
 --- Removes a directory made by M.tmpdir (and nothing else).
 function M.rmrf(dir)
-  if dir and dir:match("^/tmp/crun%-[%w_]+%-spec%.") then os.execute("rm -rf " .. M.q(dir)) end
+  if dir and dir:sub(1, #M.TMP + 1) == M.TMP .. "/" and dir:sub(#M.TMP + 2):match("^crun%-[%w_]+%-spec%.[%w]+$") then
+    os.execute("rm -rf " .. M.q(dir))
+  end
 end
 
 --- Sleeps `s` seconds (fractions too) without a busy loop.

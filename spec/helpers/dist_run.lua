@@ -6,12 +6,13 @@
 -- MASTER_* set instead (rank 0 hosts the store), for cases where the
 -- launcher's own supervision (stopping the other ranks when one dies) would
 -- hide what the runtime does.
+local tmpname = require("helpers.common").tmpname -- os.tmpname() under TMPDIR
 local M = {}
 
 local function sh_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
 
 function M.tmpdir()
-  local p = os.tmpname()
+  local p = tmpname()
   os.remove(p)
   assert(os.execute("mkdir -p " .. sh_quote(p)))
   return p

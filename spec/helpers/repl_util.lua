@@ -90,8 +90,9 @@ end
 -- t:dead() (crun-lua's exit code once it ended), t:kill().
 function M.tmux(args, env)
   local sock = "crun-repl-spec-" .. sh("echo $$"):match("%d+") .. "-" .. math.random(1, 1e9)
-  local t = {sock = sock, rcfile = "/tmp/" .. sock .. ".rc"}
-  local function tm(rest) return sh("tmux -L " .. sock .. " " .. rest) end
+  local t = {sock = sock, rcfile = C.TMP .. "/" .. sock .. ".rc"}
+  -- the server's socket under TMPDIR (TMUX_TMPDIR), not in the shared /tmp/tmux-<uid>
+  local function tm(rest) return sh("TMUX_TMPDIR=" .. C.q(C.TMP) .. " tmux -L " .. sock .. " " .. rest) end
   -- the exit code goes to a file: tmux may notice the end of the pane late
   local inner = string.format("cd %s && %s %s %s; echo $? >%s.tmp; mv %s.tmp %s", M.q(M.SOURCE),
     env or "", M.q(M.CRUN_LUA), args, t.rcfile, t.rcfile, t.rcfile)

@@ -5,6 +5,7 @@
 -- A case calls pending(why) when torch cannot be imported, and FAILS when torch
 -- imports but the comparison script errors (exit status, traceback): a broken
 -- comparison must never pass silently.
+local tmpname = require("helpers.common").tmpname -- os.tmpname() under TMPDIR
 local M = {}
 
 -- The interpreters tried in order: CRUN_PYTHON when set, else Debian's
@@ -47,7 +48,7 @@ end
 --- Raises an error with the script's output when it exits non-zero.
 function M.run(script)
   assert(PYTHON, "torch_ref.run before torch_ref.missing() found torch")
-  local path = os.tmpname()
+  local path = tmpname()
   local f = assert(io.open(path, "w"))
   f:write(script)
   f:close()

@@ -73,12 +73,9 @@ function util.have_launcher()
   return (pcall(require, "crun.dist"))
 end
 
---- A fresh temporary directory.
+--- A fresh temporary directory (under $TMPDIR).
 function util.tmpdir()
-  local p = io.popen("mktemp -d /tmp/crun-train-spec.XXXXXX")
-  local d = p:read("l")
-  p:close()
-  return d
+  return require("helpers.common").tmpdir("train")
 end
 
 --- Each case {fn, pattern} raises an error whose text matches pattern.

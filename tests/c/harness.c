@@ -22,6 +22,17 @@ void crun_test_fail(const char *file, int line, const char *fmt, ...) {
   _exit(1);
 }
 
+void crun_test_tmp_path(char *out, size_t cap, const char *fmt, ...) {
+  const char *tmp = getenv("TMPDIR");
+  int n = snprintf(out, cap, "%s/", tmp && *tmp ? tmp : "/tmp");
+  va_list ap;
+  va_start(ap, fmt);
+  int m = n >= 0 && (size_t)n < cap ? vsnprintf(out + n, cap - (size_t)n, fmt, ap) : -1;
+  va_end(ap);
+  if (m < 0 || (size_t)n + (size_t)m >= cap)
+    crun_test_fail(__FILE__, __LINE__, "EINVAL: a temporary path under TMPDIR=%s does not fit in %zu bytes", tmp, cap);
+}
+
 /* Waits for pid up to deadline_s; on expiry kills its whole process group
  * (the case and anything it forked) and reports it. Returns the wait status. */
 static int wait_case(pid_t pid, int deadline_s, int *timed_out) {

@@ -6,6 +6,7 @@
 #ifndef CRUN_TEST_HARNESS_H
 #define CRUN_TEST_HARNESS_H
 
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +19,11 @@ typedef struct { const char *name; crun_test_fn fn; } crun_test_case;
 int crun_test_run(int argc, char **argv, const crun_test_case *cases, size_t n);
 void crun_test_fail(const char *file, int line, const char *fmt, ...)
     __attribute__((format(printf, 3, 4), noreturn));
+/* Writes $TMPDIR/<name> (TMPDIR unset or empty: /tmp) into out, the name
+ * made from fmt; a path that does not fit in cap fails the test. ctest runs
+ * every test with a TMPDIR of its own (tests/tmpdir_run.sh), removed after
+ * it, so nothing a test makes there stays in the shared /tmp. */
+void crun_test_tmp_path(char *out, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 #define TEST(name) static void test_##name(void)
 

@@ -46,7 +46,8 @@ TEST(env_parsing) {
 }
 
 TEST(log_levels_and_file) {
-  char path[] = "/tmp/crun_logXXXXXX";
+  char path[PATH_MAX];
+  crun_test_tmp_path(path, sizeof path, "crun_logXXXXXX");
   int fd = mkstemp(path);
   close(fd);
   setenv("CRUN_DEBUG", "INFO", 1);

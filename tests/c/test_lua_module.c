@@ -46,12 +46,13 @@ static int after_close_usr1(const char *code, const char *flight_dir) {
  * SIGUSR1 while the process exits still dumps (it ran the handler's
  * unmapped code: SIGSEGV at exit). */
 TEST(sigusr1_after_lua_close) {
-  char dir[] = "/tmp/crun-test-luamod-XXXXXX";
+  char dir[PATH_MAX];
+  crun_test_tmp_path(dir, sizeof dir, "crun-test-luamod-XXXXXX");
   EXPECT(mkdtemp(dir) != NULL);
   int st = after_close_usr1("require('crun.core').flight_arm()", dir);
   EXPECT(WIFEXITED(st) && WEXITSTATUS(st) == 0);
   if (WIFSIGNALED(st)) fprintf(stderr, "  child killed by signal %d\n", WTERMSIG(st));
-  char path[256];
+  char path[PATH_MAX + 32];
   snprintf(path, sizeof path, "%s/flight_rank0.txt", dir);
   FILE *f = fopen(path, "r");
   char line[64] = "";

@@ -183,8 +183,8 @@ static void wait_timeout(crun_pg_t *pg, void *arg) {
 }
 
 TEST(work_wait_timeout) {
-  char flag[64];
-  snprintf(flag, sizeof flag, "/tmp/crun_pgtest_flag_%d", (int)getpid());
+  char flag[PATH_MAX];
+  crun_test_tmp_path(flag, sizeof flag, "crun_pgtest_flag_%d", (int)getpid());
   unlink(flag);
   pg_spawn(2, wait_timeout, flag);
   unlink(flag);
@@ -428,7 +428,7 @@ TEST(stats_large_after_small) { pg_spawn(2, stats_after_small, NULL); }
  * all_reduce) and a barrier queued behind it, and waits on both with 0: the
  * first ends with ETIMEDOUT in a few seconds, the second with ESTATE. Rank 1
  * keeps the group until rank 0 says (flag file) that its waits returned. */
-typedef struct { int mode; char flag[64]; } wait0_t;
+typedef struct { int mode; char flag[PATH_MAX]; } wait0_t;
 
 static void wait_zero(crun_pg_t *pg, void *arg) {
   wait0_t *a = arg;
@@ -463,7 +463,7 @@ static void wait_zero_modes(const char *shm) {
   for (int mode = 0; mode < 3; mode++) {
     if (mode < 2 && shm[0] == '1') continue; /* p2p runs over TCP either way */
     wait0_t a = {.mode = mode};
-    snprintf(a.flag, sizeof a.flag, "/tmp/crun_pgtest_w0_%d", (int)getpid());
+    crun_test_tmp_path(a.flag, sizeof a.flag, "crun_pgtest_w0_%d", (int)getpid());
     unlink(a.flag);
     EXPECT_EQ_INT(pg_spawn_ex(2, wait_zero, &a, 20.0, 30.0), 0);
     unlink(a.flag);

@@ -301,7 +301,7 @@ TEST(send_without_pump_thread) {} /* a sanitizer build: pthread_create is its ow
  * all_reduce over TCP after rank 0 failed (it learnt only that the
  * connection closed). Rank 0 keeps the group until rank 1 says, through a
  * flag file, that its call returned. */
-typedef struct { int mode; char flag[64]; } half_t;
+typedef struct { int mode; char flag[PATH_MAX]; } half_t;
 
 static void abort_half_sent(crun_pg_t *pg, void *arg) {
   half_t *a = arg;
@@ -340,7 +340,7 @@ TEST(abort_reaches_peer_behind_half_sent_frame) {
   setenv("CRUN_SHM", "0", 1);
   for (int mode = 0; mode < 2; mode++) {
     half_t a = {.mode = mode};
-    snprintf(a.flag, sizeof a.flag, "/tmp/crun_pgtest_flag_%d", (int)getpid());
+    crun_test_tmp_path(a.flag, sizeof a.flag, "crun_pgtest_flag_%d", (int)getpid());
     unlink(a.flag);
     if (mode == 0) setenv("CRUN_TCP_UNEXPECTED_MAX", "1048576", 1);
     EXPECT_EQ_INT(pg_spawn_ex(2, abort_half_sent, &a, 20.0, 40.0), 0);
@@ -426,10 +426,10 @@ TEST(abort_reason_left_on_a_slow_board_outside_the_lock) {
   setenv("CRUN_SHM", "0", 1);
   setenv("CRUN_TCP_UNEXPECTED_MAX", "1048576", 1);
   half_t a = {.mode = 0};
-  snprintf(a.flag, sizeof a.flag, "/tmp/crun_pgtest_flag_%d", (int)getpid());
+  crun_test_tmp_path(a.flag, sizeof a.flag, "crun_pgtest_flag_%d", (int)getpid());
   unlink(a.flag);
-  char path[64];
-  snprintf(path, sizeof path, "/tmp/crun_pgtest_slow_%d", (int)getpid());
+  char path[PATH_MAX];
+  crun_test_tmp_path(path, sizeof path, "crun_pgtest_slow_%d", (int)getpid());
   unlink(path);
   pid_t pids[2];
   for (int r = 0; r < 2; r++) {

@@ -57,8 +57,8 @@ static inline int pg_reap(int n, const pid_t *pids, double limit) {
 static inline int pg_spawn_ex(int n, pg_rank_fn fn, void *arg, double timeout, double limit) {
   timeout *= pg_time_scale();
   limit *= pg_time_scale();
-  char path[64];
-  snprintf(path, sizeof path, "/tmp/crun_pgtest_%d_%ld", (int)getpid(), (long)time(NULL));
+  char path[PATH_MAX];
+  crun_test_tmp_path(path, sizeof path, "crun_pgtest_%d_%ld", (int)getpid(), (long)time(NULL));
   unlink(path);
   pid_t pids[64];
   if (n < 1 || n > (int)(sizeof pids / sizeof pids[0])) {

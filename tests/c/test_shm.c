@@ -152,7 +152,7 @@ static void xfree(void *p) {
 
 /* ---------------------------------------------------------------- ranks */
 
-static char store_path[64];
+static char store_path[PATH_MAX];
 static int expect_direct = -1; /* 1: some ops must take the direct path, 0: none */
 
 /* Fails when /dev/shm still holds a segment created by process pid. */
@@ -193,7 +193,7 @@ static void rank_main(int rank, int size, rank_fn fn) {
  * reaped (killed after 100 s); /dev/shm must be clean afterwards. */
 static int run_ranks(int size, rank_fn fn) {
   pid_t pids[16];
-  snprintf(store_path, sizeof store_path, "/tmp/crun_shm_test_%d", (int)getpid());
+  crun_test_tmp_path(store_path, sizeof store_path, "crun_shm_test_%d", (int)getpid());
   unlink(store_path);
   fflush(stdout);
   fflush(stderr);
@@ -681,7 +681,7 @@ static void create_alone(int rank) {
 }
 
 TEST(create_times_out) {
-  snprintf(store_path, sizeof store_path, "/tmp/crun_shm_test_%d", (int)getpid());
+  crun_test_tmp_path(store_path, sizeof store_path, "crun_shm_test_%d", (int)getpid());
   unlink(store_path);
   pid_t p[2];
   for (int r = 0; r < 2; r++)
@@ -698,7 +698,7 @@ TEST(create_times_out) {
 /* Rank 0 is killed while it waits for rank 2 (never started) to attach: rank
  * 1 times out and removes the segment, so nothing is left in /dev/shm. */
 TEST(creator_killed_during_create) {
-  snprintf(store_path, sizeof store_path, "/tmp/crun_shm_test_%d", (int)getpid());
+  crun_test_tmp_path(store_path, sizeof store_path, "crun_shm_test_%d", (int)getpid());
   unlink(store_path);
   pid_t p0 = fork();
   if (p0 == 0) {
@@ -731,7 +731,7 @@ TEST(creator_killed_during_create) {
  * rank 1, rewrites its header with `corrupt` before attaching, and the
  * attach must fail cleanly with EPROTO naming the segment and the rank. */
 static void attach_hostile(void (*corrupt)(shm_header_t *h)) {
-  snprintf(store_path, sizeof store_path, "/tmp/crun_shm_test_%d", (int)getpid());
+  crun_test_tmp_path(store_path, sizeof store_path, "crun_shm_test_%d", (int)getpid());
   unlink(store_path);
   pid_t p0 = fork();
   if (p0 == 0) {

@@ -34,9 +34,9 @@ TEST(hash_queues) {
   crun_store_release(s);
 }
 
-static char tmp_path[64];
+static char tmp_path[PATH_MAX];
 static const char *fresh_path(void) {
-  snprintf(tmp_path, sizeof tmp_path, "/tmp/crun_test_store_%d_XXXXXX", (int)getpid());
+  crun_test_tmp_path(tmp_path, sizeof tmp_path, "crun_test_store_%d_XXXXXX", (int)getpid());
   int fd = mkstemp(tmp_path);
   close(fd);
   unlink(tmp_path);

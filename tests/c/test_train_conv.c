@@ -82,7 +82,8 @@ TEST(maxpool_indices) {
 }
 
 TEST(gunzip_file) {
-  char path[] = "/tmp/crun-test-gz.XXXXXX";
+  char path[PATH_MAX];
+  crun_test_tmp_path(path, sizeof path, "crun-test-gz.XXXXXX");
   int fd = mkstemp(path);
   EXPECT(fd >= 0);
   close(fd);

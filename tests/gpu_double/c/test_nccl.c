@@ -30,8 +30,8 @@ typedef void (*rank_fn)(crun_pg_t *pg, void *arg);
 
 /* Forks n ranks joined in a group with `backend`; returns the number that failed. */
 static int spawn(int n, const char *backend, rank_fn fn, void *arg, double timeout) {
-  char path[96];
-  snprintf(path, sizeof path, "/tmp/crun_nccltest_%d_%ld", (int)getpid(), (long)time(NULL));
+  char path[PATH_MAX];
+  crun_test_tmp_path(path, sizeof path, "crun_nccltest_%d_%ld", (int)getpid(), (long)time(NULL));
   unlink(path);
   pid_t pids[8];
   if (n < 1 || n > (int)(sizeof pids / sizeof pids[0])) {
