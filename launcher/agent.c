@@ -630,6 +630,16 @@ static void *watch_c10d(void *arg) {
   return NULL;
 }
 
+/* Static: says in a->wake which node failed the attempt, from its failed key
+ * "<node>:<code>" (or "<node>:left"). */
+static void name_failure(crun__agent_t *a, const char *failed) {
+  int node = -1;
+  char what[16] = "";
+  if (sscanf(failed, "%d:%15s", &node, what) != 2) set_wake(a, "another node failed (it said '%s')", failed);
+  else if (!strcmp(what, "left")) set_wake(a, "node %d left the job", node);
+  else set_wake(a, "the workers of node %d failed (exit code %s)", node, what);
+}
+
 /* The watcher thread: wakes the supervise loop when attempt k failed anywhere. */
 static void *watch_main(void *arg) {
   crun__agent_t *a = arg;
@@ -651,8 +661,11 @@ static void *watch_main(void *arg) {
       break;
     }
     if (rc == CRUN_ETIMEDOUT) continue;
+    char failed[32];
     if (rc < 0) CRUN_LOG(WARN, LAUNCH, "lost the store of node 0: %s", crun_last_error());
-    set_wake(a, "%s", rc < 0 ? "lost the store of node 0" : "another node failed or went away");
+    if (rc < 0) set_wake(a, "%s", "lost the store of node 0");
+    else if (get_text(a->watch_store, kp, failed, sizeof failed, &found) == 0 && found) name_failure(a, failed);
+    else set_wake(a, "%s", "another node failed or went away");
     if (write(a->fail_pipe[1], "!", 1) < 0) CRUN_LOG(WARN, LAUNCH, "wake-up pipe: %s", strerror(errno));
     break;
   }
@@ -914,9 +927,9 @@ int crun__agent_end_attempt(crun__agent_t *a, int attempt, int code, int stopped
   snprintf(what, sizeof what, "end of attempt %d on node %d", attempt, a->node_rank);
   CRUN_CHECK(node_barrier(a, key(ck, sizeof ck, "attempt/%d/done", attempt),
                           key(flag, sizeof flag, "attempt/%d/alldone", attempt), what));
-  const char *kp = fk;
   int failed = 0;
-  CRUN_CHECK(crun_store_check(a->store, &kp, 1, &failed));
+  CRUN_CHECK(get_text(a->store, fk, val, sizeof val, &failed));
+  if (failed && code == 0) name_failure(a, val);
   *next = !failed ? CRUN__NEXT_DONE : attempt < a->o->max_restarts ? CRUN__NEXT_RESTART : CRUN__NEXT_FAIL;
   a->succeeded = *next == CRUN__NEXT_DONE;
   CRUN_CHECK(acknowledge(a, attempt));
