@@ -13,6 +13,8 @@
  *   attempt/<k>/joined  counter; the last node to arrive sets attempt/<k>/go
  *   attempt/<k>/failed  "<node>:<code>" of the first node whose workers failed
  *   attempt/<k>/done    counter; the last node to finish sets attempt/<k>/alldone
+ *   attempt/<k>/ack/<r> node r (not 0) is past that barrier; node 0 waits for
+ *                       every ack before it may stop the store
  *   left                "<node> <host> <pid>" of the first node whose crun-lua
  *                       ended before the job succeeded (a signal, an error, its
  *                       --max-restarts spent): the others stop waiting for it
@@ -20,6 +22,12 @@
  * attempt/<k>/failed and wakes the supervise loop through a pipe, so a failure
  * on any node stops the workers of every node. It does the same when the
  * store goes away (node 0 died).
+ * Shutdown: at the job's end node 0 keeps serving until every other node has
+ * closed its connections (at most LINGER s), after their acks: a node's last
+ * set (its ack, sent without waiting) is confirmed by one more round trip when
+ * it closes its client, and a store stopped in between would cut that short
+ * (a WARN ECONNRESET on a job that succeeded). A node whose job succeeded
+ * closes its clients right after its ack, so it writes nothing after that.
  *
  * c10d jobs are elastic: each attempt is one rendezvous round R (rdzv.c),
  * with these keys under "crun/rdzv/<run id>/<R>/":
@@ -61,6 +69,7 @@
 #define WATCH_SLICE 0.25
 #define LEFT_GRACE 2.0 /* s: a killed node's peers report their own errors first */
 #define SLICE 1.0
+#define LINGER 10.0 /* s: after every node's ack, node 0 serves until the others closed their clients */
 
 struct crun__agent {
   const crun__opts_t *o;
@@ -79,6 +88,7 @@ struct crun__agent {
   int port;
   int joined;                  /* static: this agent holds its node rank (join() took it) */
   int succeeded;               /* static: every node's workers succeeded */
+  int acked;                   /* static, node 0: every node acknowledged the last attempt's end */
   /* c10d */
   int round;                   /* the round this node runs */
   int restarts;                /* worker failures restarted so far (the verdicts') */
@@ -124,12 +134,14 @@ static const char *bare_error(void) {
  * (status, port, error text) through a pipe, then waits for SIGTERM (blocked
  * in the launcher, so inherited blocked) and dies with the launcher. A c10d
  * endpoint's process is told to drain instead (SIGUSR1): it serves until the
- * other runs' clients have left, as serve_others does in-process. */
+ * other runs' clients have left, as serve_others does in-process; node 0 of
+ * a static job that every node acknowledged drains the same way, for at
+ * most LINGER s, as linger does in-process. */
 typedef struct { int rc, port; char err[256]; } served_t;
 
 /* In the store's process: serves until SIGTERM, or after SIGUSR1 until no
- * client is left (or SIGTERM); never returns. */
-static void store_process(const char *host, int port, int wfd) {
+ * client is left (or SIGTERM, or `limit` s when limit >= 0); never returns. */
+static void store_process(const char *host, int port, double limit, int wfd) {
   prctl(PR_SET_PDEATHSIG, SIGKILL);
   sigset_t sigs, term;
   sigemptyset(&sigs);
@@ -148,10 +160,11 @@ static void store_process(const char *host, int port, int wfd) {
   if (sig == SIGUSR1) {
     sigemptyset(&term);
     sigaddset(&term, SIGTERM);
-    double said = crun_clock() + 1.0;
-    const struct timespec slice = {0, 20 * 1000 * 1000};
+    double said = limit < 0 ? crun_clock() + 1.0 : -1, end = crun_clock() + limit;
+    const struct timespec slice = {0, 5 * 1000 * 1000};
     int n;
-    while ((n = crun__store_server_clients(srv)) > 0 && sigtimedwait(&term, NULL, &slice) != SIGTERM) {
+    while ((n = crun__store_server_clients(srv)) > 0 && (limit < 0 || crun_clock() < end) &&
+           sigtimedwait(&term, NULL, &slice) != SIGTERM) {
       if (said > 0 && crun_clock() >= said) {
         fprintf(stderr, "crun-lua: still serving the rendezvous store at %s:%d for %d connection(s) "
                         "(other nodes or runs) until they leave (Ctrl-C stops it)\n", host, r.port, n);
@@ -174,7 +187,7 @@ static int start_server(crun__agent_t *a, const char *host, int port) {
     close(p[1]);
     return crun_error(CRUN_ESYS, "fork of the store process: %s", strerror(errno));
   }
-  if (pid == 0) store_process(host, port, p[1]);
+  if (pid == 0) store_process(host, port, a->o->c10d ? -1.0 : LINGER, p[1]);
   close(p[1]);
   a->server_pid = pid;
   served_t r = {.rc = CRUN_ESYS};
@@ -192,14 +205,15 @@ static int start_server(crun__agent_t *a, const char *host, int port) {
 }
 
 /* Stops the store's process (SIGTERM, then reaps it unless the supervise
- * loop already did). A c10d endpoint's process drains first: SIGUSR1, then
- * it ends when the other runs' clients have left; a signal to the launcher
- * cuts that short with SIGTERM. */
+ * loop already did). A c10d endpoint's process, and node 0's of a static job
+ * every node acknowledged, drain first: SIGUSR1, then it ends when the other
+ * clients have left (static: within LINGER s); a signal to the launcher cuts
+ * that short with SIGTERM. */
 static void stop_server(crun__agent_t *a) {
   if (a->server) crun_store_server_stop(a->server); /* a c10d endpoint served in-process */
   a->server = NULL;
   if (a->server_pid <= 0) return;
-  if (a->o->c10d && kill(a->server_pid, SIGUSR1) == 0) {
+  if ((a->o->c10d || a->acked) && kill(a->server_pid, SIGUSR1) == 0) {
     pid_t got;
     while ((got = waitpid(a->server_pid, NULL, WNOHANG)) == 0 && !crun__signals_pending()) usleep(20000);
     if (got == a->server_pid || (got < 0 && errno == ECHILD)) {
@@ -616,6 +630,16 @@ static void *watch_c10d(void *arg) {
   return NULL;
 }
 
+/* Static: says in a->wake which node failed the attempt, from its failed key
+ * "<node>:<code>" (or "<node>:left"). */
+static void name_failure(crun__agent_t *a, const char *failed) {
+  int node = -1;
+  char what[16] = "";
+  if (sscanf(failed, "%d:%15s", &node, what) != 2) set_wake(a, "another node failed (it said '%s')", failed);
+  else if (!strcmp(what, "left")) set_wake(a, "node %d left the job", node);
+  else set_wake(a, "the workers of node %d failed (exit code %s)", node, what);
+}
+
 /* The watcher thread: wakes the supervise loop when attempt k failed anywhere. */
 static void *watch_main(void *arg) {
   crun__agent_t *a = arg;
@@ -637,8 +661,11 @@ static void *watch_main(void *arg) {
       break;
     }
     if (rc == CRUN_ETIMEDOUT) continue;
+    char failed[32];
     if (rc < 0) CRUN_LOG(WARN, LAUNCH, "lost the store of node 0: %s", crun_last_error());
-    set_wake(a, "%s", rc < 0 ? "lost the store of node 0" : "another node failed or went away");
+    if (rc < 0) set_wake(a, "%s", "lost the store of node 0");
+    else if (get_text(a->watch_store, kp, failed, sizeof failed, &found) == 0 && found) name_failure(a, failed);
+    else set_wake(a, "%s", "another node failed or went away");
     if (write(a->fail_pipe[1], "!", 1) < 0) CRUN_LOG(WARN, LAUNCH, "wake-up pipe: %s", strerror(errno));
     break;
   }
@@ -686,6 +713,7 @@ static int node_barrier(crun__agent_t *a, const char *ck, const char *flag, cons
 
 int crun__agent_begin_attempt(crun__agent_t *a, int attempt, crun__placement_t *base) {
   set_wake(a, "%s", "");
+  a->acked = 0;
   if (a->o->c10d) {
     if (attempt > 0) CRUN_CHECK(c10d_round(a, a->round + 1, base));
     a->attempt = attempt;
@@ -720,6 +748,14 @@ void crun__agent_wake_reason(crun__agent_t *a, char *buf, size_t n) {
   pthread_mutex_unlock(&a->wake_mu);
 }
 
+/* Closes the agent's store clients (a close confirms the sets sent without
+ * waiting first); the agent writes nothing after this. */
+static void release_clients(crun__agent_t *a) {
+  if (a->watch_store) crun_store_release(a->watch_store);
+  if (a->store) crun_store_release(a->store);
+  a->watch_store = a->store = NULL;
+}
+
 /* Stops the watcher thread and empties the wake-up pipe. */
 static void stop_watcher(crun__agent_t *a) {
   if (!a->watching) return;
@@ -732,7 +768,8 @@ static void stop_watcher(crun__agent_t *a) {
 
 /* After the end barrier: other nodes tell node 0 they are done with the
  * store for this attempt, and node 0 waits for that, so that it never stops
- * the server while another node still waits on it. */
+ * the server while another node still waits on it (a->acked then: at the
+ * job's end it also waits for their clients to close, see linger). */
 static int acknowledge(crun__agent_t *a, int attempt) {
   char k[160];
   int nn = a->nnodes;
@@ -749,6 +786,7 @@ static int acknowledge(crun__agent_t *a, int attempt) {
     kp[r - 1] = keys[r];
   }
   if (rc == 0) rc = wait_sliced(a->store, kp, (size_t)nn - 1, a->o->rdzv_timeout);
+  a->acked = rc == 0;
   if (rc < 0 && rc != CRUN_ENOMEM)
     rc = crun_error(rc, "end of attempt %d: not every node confirmed within %g s: %s", attempt,
                     a->o->rdzv_timeout, bare_error());
@@ -889,16 +927,36 @@ int crun__agent_end_attempt(crun__agent_t *a, int attempt, int code, int stopped
   snprintf(what, sizeof what, "end of attempt %d on node %d", attempt, a->node_rank);
   CRUN_CHECK(node_barrier(a, key(ck, sizeof ck, "attempt/%d/done", attempt),
                           key(flag, sizeof flag, "attempt/%d/alldone", attempt), what));
-  const char *kp = fk;
   int failed = 0;
-  CRUN_CHECK(crun_store_check(a->store, &kp, 1, &failed));
+  CRUN_CHECK(get_text(a->store, fk, val, sizeof val, &failed));
+  if (failed && code == 0) name_failure(a, val);
   *next = !failed ? CRUN__NEXT_DONE : attempt < a->o->max_restarts ? CRUN__NEXT_RESTART : CRUN__NEXT_FAIL;
   a->succeeded = *next == CRUN__NEXT_DONE;
-  return acknowledge(a, attempt);
+  CRUN_CHECK(acknowledge(a, attempt));
+  if (a->succeeded && a->node_rank != 0) release_clients(a); /* said done: nothing more to write */
+  return 0;
 }
 
 int crun__agent_failure_fd(crun__agent_t *a) {
   return a && multi(a) ? a->fail_pipe[0] : -1;
+}
+
+/* Static, node 0, once every node acknowledged the job's end: serves until
+ * the other nodes closed their clients (their last sets, sent without
+ * waiting, are confirmed by a round trip at the close), at most LINGER s or
+ * until a signal. Nothing to wait for in-process with a sanitizer build (its
+ * store process drains by itself, see stop_server). */
+static void linger(crun__agent_t *a) {
+  double end = crun_clock() + LINGER;
+  int n;
+  while ((n = crun__store_server_clients(a->server)) > 0 && !crun__signals_pending()) {
+    if (crun_clock() >= end) {
+      CRUN_LOG(INFO, LAUNCH, "stopping the store with %d connection(s) still open %g s after every "
+               "node acknowledged the end of the job", n, LINGER);
+      return;
+    }
+    usleep(5000);
+  }
 }
 
 /* c10d: the endpoint's store may serve other jobs (other run ids), and the
@@ -960,9 +1018,9 @@ void crun__agent_stop(crun__agent_t *a) {
   if (!a) return;
   stop_watcher(a);
   leave(a);
-  if (a->watch_store) crun_store_release(a->watch_store);
-  if (a->store) crun_store_release(a->store);
+  release_clients(a);
   if (a->server && a->o->c10d) serve_others(a);
+  else if (a->server && a->acked) linger(a);
   stop_server(a);
   if (a->fail_pipe[0] >= 0) close(a->fail_pipe[0]);
   if (a->fail_pipe[1] >= 0) close(a->fail_pipe[1]);

@@ -260,7 +260,9 @@ typedef enum {
  * follows into *next. On c10d jobs the nodes agree on it through the round's
  * verdict; node 0 of the next round prints why it opened. A CRUN__NEXT_FAIL
  * that is not a worker failure comes with its reason in crun_last_error()
- * and a return of 1. Returns 0, 1, or a crun status. */
+ * and a return of 1. On static jobs, when this node's workers succeeded
+ * but another node's failed, crun__agent_wake_reason then names that node.
+ * Returns 0, 1, or a crun status. */
 int crun__agent_end_attempt(crun__agent_t *a, int attempt, int code, int stopped, crun__next_t *next);
 
 /* Copies why the watcher stopped the workers ("" when it did not) into buf. */

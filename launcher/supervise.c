@@ -850,9 +850,12 @@ static int run_attempts(sup_t *s, failure_t **hist, int *cap, int *attempts, str
       return code ? code : 1;
     }
     if (next == CRUN__NEXT_DONE) return 0;
-    if (code == 0) {
+    if (code == 0) { /* this node's workers succeeded; another node's did not */
       code = 1;
       (*hist)[attempt].remote = 1;
+      char why[CRUN_VERDICT_MAX];
+      crun__agent_wake_reason(s->agent, why, sizeof why);
+      if (why[0]) say("attempt %d failed: %s", attempt, why);
     }
     if (next == CRUN__NEXT_FAIL) return code;
     if (next == CRUN__NEXT_RESTART && !s->o->c10d)
