@@ -490,15 +490,11 @@ int crun_pg_broadcast(crun_pg_t *pg, void *buf, size_t count, crun_dtype_t dt, i
   return submit(pg, w, work, NULL);
 }
 
-int crun_pg_all_reduce(crun_pg_t *pg, void *buf, size_t count, crun_dtype_t dt,
-                       crun_reduce_op_t op, const crun_coll_opts_t *opts, crun_work_t **work) {
-  /* the commonest call: checked like the group's last one, which passed */
-  if (!opts && !work && pg && (buf || !count) && (unsigned)dt < CRUN_DTYPE_COUNT && (unsigned)op < CRUN_OP_COUNT &&
-      op != CRUN_OP_PREMUL_SUM &&
-      atomic_load_explicit(&pg->checked_call, memory_order_relaxed) == checked_code(CRUN__COLL_ALL_REDUCE, dt, 1, op)) {
-    int rc = crun__pg_all_reduce_now(pg, buf, count, dt, op);
-    if (rc <= 0) return rc;
-  }
+/* crun_pg_all_reduce's general path (out of line: the commonest call does
+ * not pay for its frame) */
+static __attribute__((noinline)) int all_reduce_checked(crun_pg_t *pg, void *buf, size_t count, crun_dtype_t dt,
+                                                        crun_reduce_op_t op, const crun_coll_opts_t *opts,
+                                                        crun_work_t **work) {
   REFUSE_CHECK(CRUN__COLL_ALL_REDUCE, -1, check_common(pg, CRUN__COLL_ALL_REDUCE, dt, 1, op));
   REFUSE_CHECK(CRUN__COLL_ALL_REDUCE, -1, check_buf(pg, CRUN__COLL_ALL_REDUCE, buf, count, "buffer"));
   if (op == CRUN_OP_PREMUL_SUM && !is_cuda(opts)) {
@@ -510,6 +506,18 @@ int crun_pg_all_reduce(crun_pg_t *pg, void *buf, size_t count, crun_dtype_t dt,
   w->c.op = op;
   w->c.premul = premul_factor(opts);
   return submit(pg, w, work, NULL);
+}
+
+int crun_pg_all_reduce(crun_pg_t *pg, void *buf, size_t count, crun_dtype_t dt,
+                       crun_reduce_op_t op, const crun_coll_opts_t *opts, crun_work_t **work) {
+  /* the commonest call: checked like the group's last one, which passed */
+  if (!opts && !work && pg && (buf || !count) && (unsigned)dt < CRUN_DTYPE_COUNT && (unsigned)op < CRUN_OP_COUNT &&
+      op != CRUN_OP_PREMUL_SUM &&
+      atomic_load_explicit(&pg->checked_call, memory_order_relaxed) == checked_code(CRUN__COLL_ALL_REDUCE, dt, 1, op)) {
+    int rc = crun__pg_all_reduce_now(pg, buf, count, dt, op);
+    if (rc <= 0) return rc;
+  }
+  return all_reduce_checked(pg, buf, count, dt, op, opts, work);
 }
 
 int crun_pg_reduce(crun_pg_t *pg, void *buf, size_t count, crun_dtype_t dt, crun_reduce_op_t op,

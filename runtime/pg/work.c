@@ -323,10 +323,13 @@ int crun__pg_all_reduce_now(crun_pg_t *pg, void *buf, size_t count, crun_dtype_t
     return 1;
   }
   /* what work_new, run_inline and crun__pg_execute do for this call */
-  crun_work_t w = {.pg = pg, .on_stack = 1,
-                   .c = {.kind = CRUN__COLL_ALL_REDUCE, .dt = dt, .user_dt = -1, .op = op, .count = count,
-                         .buf = buf, .timeout = pg->timeout, .src_out = -1, .premul = 1.0,
-                         .caller_pumps = pg->pump != NULL}};
+  crun_work_t w; /* every field but desc, which nothing reads on this path */
+  w.c = (crun__coll_t){.kind = CRUN__COLL_ALL_REDUCE, .dt = dt, .user_dt = -1, .op = op, .count = count,
+                       .buf = buf, .timeout = pg->timeout, .src_out = -1, .premul = 1.0,
+                       .caller_pumps = pg->pump != NULL};
+  w.obs = (crun__obs_op_t){0};
+  w.pg = pg, w.async = 0, w.on_stack = 1, w.queued = 0, w.done = 0, w.status = 0;
+  w.err = NULL, w.scratch = NULL, w.next = NULL, w.desc[0] = 0;
   atomic_init(&w.refs, 1);
   number(pg, &w.c);
   if (crun__obs_on) crun__obs_enqueue(pg, &w, 0);
