@@ -242,8 +242,8 @@ static int a2a_layout(crun__mpi_t *b, const crun__coll_t *c, const size_t *count
   *total = 0;
   for (int i = 0; i < b->size; i++) {
     if (*total + counts[i] > INT_MAX)
-      return crun_error(CRUN_ERANGE, "all_to_all #%llu on rank %d: more than %d elements in one call are not "
-                        "supported by the mpi backend", (unsigned long long)c->seq, b->rank, INT_MAX);
+      return crun_error(CRUN_ERANGE, "all_to_all #%llu on %s: more than %d elements in one call are not "
+                        "supported by the mpi backend", (unsigned long long)c->seq, CRUN__WHO(b->pg, b->rank), INT_MAX);
     cnt[i] = (int)counts[i];
     disp[i] = (int)*total;
     *total += counts[i];
@@ -281,7 +281,7 @@ static int take(crun__mpi_t *b, const crun__coll_t *c, char **s, int i, size_t b
   if ((s[i] = crun__mpi_stage(b, i, bytes, site))) return 0;
   char desc[64];
   crun__coll_desc(c, desc, sizeof desc);
-  return crun_error(CRUN_ENOMEM, "%s on rank %d: no memory for its staging buffer (%s, %zu bytes)", desc, b->rank,
+  return crun_error(CRUN_ENOMEM, "%s on %s: no memory for its staging buffer (%s, %zu bytes)", desc, CRUN__WHO(b->pg, b->rank),
                     what, bytes);
 }
 
@@ -337,8 +337,8 @@ static int barrier(crun__mpi_t *b, crun__coll_t *c) {
 int crun__mpi_coll(void *state, crun__coll_t *c) {
   crun__mpi_t *b = state;
   if (c->count > INT_MAX)
-    return crun_error(CRUN_ERANGE, "%s #%llu on rank %d: %zu elements exceed the mpi backend's limit of %d per call",
-                      crun__coll_name(c->kind), (unsigned long long)c->seq, b->rank, c->count, INT_MAX);
+    return crun_error(CRUN_ERANGE, "%s #%llu on %s: %zu elements exceed the mpi backend's limit of %d per call",
+                      crun__coll_name(c->kind), (unsigned long long)c->seq, CRUN__WHO(b->pg, b->rank), c->count, INT_MAX);
   char *s[2];
   CRUN_CHECK(reserve(b, c, s));
   if (b->check) CRUN_CHECK(crun__mpi_check(b, c));

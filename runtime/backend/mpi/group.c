@@ -636,8 +636,8 @@ int crun__mpi_poll_abort(crun__mpi_t *b, const char *desc) {
     return 0;
   MPI_Get_count(&st, MPI_CHAR, &n);
   char *msg = CRUN__FAULT_CALLOC("mpi.abort_notice", (size_t)n + 1, 1);
-  if (!msg) return crun_error(CRUN_ENOMEM, "%s on rank %d: no memory to receive rank %d's abort notice (%d bytes)",
-                              desc, b->rank, st.MPI_SOURCE, n);
+  if (!msg) return crun_error(CRUN_ENOMEM, "%s on %s: no memory to receive %s's abort notice (%d bytes)",
+                              desc, CRUN__WHO(b->pg, b->rank), CRUN__WHO(b->pg, st.MPI_SOURCE), n);
   MPI_Recv(msg, n, MPI_CHAR, st.MPI_SOURCE, CRUN__MPI_TAG_ABORT, b->ctrl, MPI_STATUS_IGNORE);
   char *bar = strchr(msg, '|');
   int status = bar ? atoi(msg) : CRUN_EIO;
@@ -645,7 +645,7 @@ int crun__mpi_poll_abort(crun__mpi_t *b, const char *desc) {
   const char *text = bar ? bar + 1 : msg, *sp = strstr(text, ": ");
   if (sp && !strncmp(text, crun_err_name(status), (size_t)(sp - text))) text = sp + 2;
   b->peer_aborted = 1;
-  int rc = crun_error(status, "%s [reported by rank %d; rank %d was in %s]", text, st.MPI_SOURCE, b->rank, desc);
+  int rc = crun_error(status, "%s [reported by %s; %s was in %s]", text, CRUN__WHO(b->pg, st.MPI_SOURCE), CRUN__WHO(b->pg, b->rank), desc);
   free(msg);
   return rc;
 }
@@ -654,7 +654,7 @@ int crun__mpi_poll_left(crun__mpi_t *b, int p, const char *desc) {
   int flag = 0;
   if (p == b->rank || MPI_Iprobe(p, CRUN__MPI_TAG_LEFT, b->ctrl, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS || !flag)
     return 0;
-  return crun_error(CRUN_EPEERDIED, "%s on rank %d: rank %d destroyed the group and will not join", desc, b->rank, p);
+  return crun_error(CRUN_EPEERDIED, "%s on %s: %s destroyed the group and will not join", desc, CRUN__WHO(b->pg, b->rank), CRUN__WHO(b->pg, p));
 }
 
 /* Tells every peer that this rank destroyed the group: one empty message on
