@@ -4,6 +4,7 @@
  * alive until the work finished). Ranks are 0-based, as in torch. */
 #include <limits.h>
 #include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -14,7 +15,7 @@
 
 typedef struct {
   crun_pg_t *pg;
-  int rank, size; /* kept for the error of a call on it once destroyed */
+  int rank, size, global; /* kept for the error of a call on it once destroyed */
 } l_pg;
 /* A Work: the handle, and whether the tensors it uses are still pinned.
  * User value 1: every value the operation uses (tensors of argument lists
@@ -25,14 +26,29 @@ typedef struct {
   int pinned;
 } l_work;
 
+/* How a message names group rank r whose global rank is g, as the runtime's
+ * do: "rank G" (dist.get_rank(), crun-lua's "[rank G]"), then " (group rank
+ * r)" when r is not G (a sub-group), so that one text reads one way. WHO(pg,
+ * r) is a "%s" argument that lives until the end of the full expression. */
+typedef struct {
+  char s[48];
+} who_t;
+static who_t who_of(int g, int r) {
+  who_t w;
+  if (g < 0 || g == r) snprintf(w.s, sizeof w.s, "rank %d", r);
+  else snprintf(w.s, sizeof w.s, "rank %d (group rank %d)", g, r);
+  return w;
+}
+#define WHO(pg, r) (who_of(crun_pg_global_rank((pg), (r)), (r)).s)
+
 /* Returns the live group of the userdata at idx (raises on a destroyed one). */
 /* u's group; raises ECLOSED once it was destroyed. */
 static crun_pg_t *live_pg(lua_State *L, const l_pg *u) {
   if (!u->pg) {
     lua_Debug ar;
     const char *call = lua_getstack(L, 0, &ar) && lua_getinfo(L, "n", &ar) ? ar.name : NULL;
-    crun_error(CRUN_ECLOSED, "rank %d %s%s%s a process group (%d rank%s) that was destroyed before "
-               "(destroy_process_group or pg:destroy())", u->rank, call ? "called " : "used", call ? call : "",
+    crun_error(CRUN_ECLOSED, "%s %s%s%s a process group (%d rank%s) that was destroyed before "
+               "(destroy_process_group or pg:destroy())", who_of(u->global, u->rank).s, call ? "called " : "used", call ? call : "",
                call ? "() on" : "", u->size, u->size == 1 ? "" : "s");
     crun_l_fail(L, CRUN_ECLOSED);
   }
@@ -46,7 +62,7 @@ crun_pg_t *crun_l_check_pg(lua_State *L, int idx) { return check_pg(L, idx); }
 static void push_pg(lua_State *L, crun_pg_t *pg) {
   l_pg *u = lua_newuserdatauv(L, sizeof *u, 0);
   u->pg = pg;
-  u->rank = crun_pg_rank(pg), u->size = crun_pg_size(pg);
+  u->rank = crun_pg_rank(pg), u->size = crun_pg_size(pg), u->global = crun_pg_global_rank(pg, u->rank);
   luaL_setmetatable(L, PG_MT);
 }
 
@@ -127,13 +143,13 @@ static double premul_arg(lua_State *L, int idx, crun_reduce_op_t op, const char 
 
 /* Pushes the fault of method fname's options on this rank: "fname on rank
  * R: <fmt>", R the global rank of the group at slot 1 (as torch numbers
- * ranks in messages; every method has its group there). Returns 1. */
+ * ranks in messages; every method has its group there), then its group rank
+ * on a sub-group (who_of). Returns 1. */
 static int opts_fault(lua_State *L, const char *fname, const char *fmt, ...) {
   const l_pg *u = luaL_testudata(L, 1, PG_MT);
-  int rank = !u ? -1 : u->pg ? crun_pg_global_rank(u->pg, crun_pg_rank(u->pg)) : u->rank;
   va_list ap;
   va_start(ap, fmt);
-  lua_pushfstring(L, "%s on rank %d: ", fname, rank);
+  lua_pushfstring(L, "%s on %s: ", fname, !u ? "rank -1" : who_of(u->global, u->rank).s);
   lua_pushvfstring(L, fmt, ap);
   va_end(ap);
   lua_concat(L, 2);
@@ -430,14 +446,14 @@ static int refusing_root_arg(lua_State *L, int idx, crun_pg_t *pg, const char *f
   int ok;
   lua_Integer v = lua_tointegerx(L, idx, &ok);
   if (ok && v >= 0 && v < crun_pg_size(pg)) return (int)v;
-  int me = crun_pg_global_rank(pg, crun_pg_rank(pg));
+  who_t me = who_of(crun_pg_global_rank(pg, crun_pg_rank(pg)), crun_pg_rank(pg));
   if (ok)
-    lua_pushfstring(L, "%s on rank %d: %s %I is out of range (0..%d)", fname, me, what, (LUAI_UACINT)v,
+    lua_pushfstring(L, "%s on %s: %s %I is out of range (0..%d)", fname, me.s, what, (LUAI_UACINT)v,
                     crun_pg_size(pg) - 1);
   else if (lua_type(L, idx) == LUA_TNUMBER)
-    lua_pushfstring(L, "%s on rank %d: %s %f is not an integer", fname, me, what, (LUAI_UACNUMBER)lua_tonumber(L, idx));
+    lua_pushfstring(L, "%s on %s: %s %f is not an integer", fname, me.s, what, (LUAI_UACNUMBER)lua_tonumber(L, idx));
   else
-    lua_pushfstring(L, "%s on rank %d: %s must be an integer rank, got %s", fname, me, what, type_of(L, idx));
+    lua_pushfstring(L, "%s on %s: %s must be an integer rank, got %s", fname, me.s, what, type_of(L, idx));
   return refuse_top(L, pg, fname, -1, crun_tensor_device(crun_l_check_tensor(L, 2)) >= 0);
 }
 
@@ -503,9 +519,8 @@ static void check_no_list(lua_State *L, crun_pg_t *pg, int root, const char *fna
     if (!lua_next(L, 3)) return; /* {}: torch's falsy [] */
     lua_pop(L, 2);
   }
-  lua_pushfstring(L, "%s on rank %d: %s must not be given on a rank that is not the %s (rank %d), as in "
-                  "torch.distributed (pass nil)", fname, crun_pg_global_rank(pg, crun_pg_rank(pg)), list, role,
-                  crun_pg_global_rank(pg, root));
+  lua_pushfstring(L, "%s on %s: %s must not be given on a rank that is not the %s (%s), as in "
+                  "torch.distributed (pass nil)", fname, WHO(pg, crun_pg_rank(pg)), list, role, WHO(pg, root));
   refuse_top(L, pg, fname, root, crun_tensor_device(crun_l_check_tensor(L, 2)) >= 0);
 }
 
@@ -645,7 +660,7 @@ static int l_all_to_all(lua_State *L) {
 static int single_fault(lua_State *L, crun_pg_t *pg, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
-  lua_pushfstring(L, "all_to_all_single on rank %d: ", crun_pg_global_rank(pg, crun_pg_rank(pg)));
+  lua_pushfstring(L, "all_to_all_single on %s: ", WHO(pg, crun_pg_rank(pg)));
   lua_pushvfstring(L, fmt, ap);
   va_end(ap);
   lua_concat(L, 2);
@@ -934,8 +949,8 @@ static int bytes_all_gather(crun_pg_t *pg, void **outs, const void *in, size_t n
 /* Checks the pair that group rank `from` sent (see BYTES_MAGIC). */
 static int check_len(crun_pg_t *pg, const int64_t *pair, int from) {
   if (pair[0] == BYTES_MAGIC && pair[1] >= 0) return 0;
-  return crun_error(CRUN_EMISMATCH, "object collective on rank %d: rank %d did not call one (it sent %lld, %lld where "
-                    "an object's size belongs): the ranks' calls differ", crun_pg_rank(pg), from,
+  return crun_error(CRUN_EMISMATCH, "object collective on %s: %s did not call one (it sent %lld, %lld where "
+                    "an object's size belongs): the ranks' calls differ", WHO(pg, crun_pg_rank(pg)), WHO(pg, from),
                     (long long)pair[0], (long long)pair[1]);
 }
 

@@ -734,6 +734,64 @@ describe("dist failures", function()
     end)
   end
 
+  -- On a sub-group whose ranks are not the global ones (new_group{1, 2}:
+  -- global rank 1 is its group rank 0, rank 2 its group rank 1), every text
+  -- names a rank by its global rank, what get_rank() returns and crun-lua's
+  -- "[rank N]" shows, then its group rank: "rank 2 (group rank 1)". (It said
+  -- "all_reduce on rank 1" for global rank 2, and "rank 0" for global rank
+  -- 1: which rank 1 was meant?) Over TCP: the shm engine's own texts are
+  -- another file's.
+  local SUBMAP = " [group 'default/0/g1': its ranks 0-1 are global ranks 1,2]"
+  local function subrank(k)
+    local dir = run.tmpdir()
+    local _, out = run.run(3, SCRIPT, "subrank:" .. k .. " " .. dir,
+                           {limit = 60, env = "CRUN_SHM=0", direct = k == "died"})
+    local res = {}
+    for r = 0, 2 do res[r] = lines(run.text(dir, r)) end
+    run.cleanup(dir)
+    assert.are.equal("ok", res[0][1], out)
+    return res, out
+  end
+
+  it("name a sub-group's rank by global rank, then group rank, in an argument check (subrank:arg)", function()
+    local res, out = subrank("arg")
+    local why = "EINVAL: all_reduce on rank 2 (group rank 1): avg is not defined on bool (torch has no bool average)"
+    local note = " (rank 2 (group rank 1) refused its part of all_reduce #1: the group stops)"
+    assert.are.equal("error " .. why, res[2][1], out)
+    assert.are.equal("error " .. why .. note .. " [reported by rank 2 (group rank 1); rank 1 (group rank 0) was in "
+                     .. "all_reduce #1]" .. SUBMAP, res[1][1], out)
+    for r = 1, 2 do -- the next call fails quoting it (its "on rank" is work.c's, left as it is)
+      assert.is_truthy(res[r][2]:find("^error ESTATE: all_reduce #2 on rank ")
+                       and res[r][2]:find(why .. note, 1, true), res[r][2])
+    end
+  end)
+
+  it("name a sub-group's ranks by global rank, then group rank, in a count mismatch (subrank:count)", function()
+    local res, out = subrank("count")
+    assert.are.equal("error EMISMATCH: all_reduce #1 on rank 1 (group rank 0) expected float32[3], rank 2 (group "
+                     .. "rank 1) sent all_reduce float32[5]" .. SUBMAP, res[1][1], out)
+    assert.are.equal("error EMISMATCH: all_reduce #1 on rank 2 (group rank 1) expected float32[5], rank 1 (group "
+                     .. "rank 0) sent all_reduce float32[3]" .. SUBMAP, res[2][1], out)
+  end)
+
+  it("name a sub-group's ranks by global rank, then group rank, in a timeout (subrank:timeout)", function()
+    local res, out = subrank("timeout")
+    assert.are.equal("error ETIMEDOUT: all_reduce #1 on rank 1 (group rank 0): no data from rank 2 (group rank 1) "
+                     .. "after 1.0 s; rank 1 (group rank 0) is at all_reduce #1; rank 2 (group rank 1) has not "
+                     .. "entered any collective" .. SUBMAP, res[1][1], out)
+    assert.are.equal("ok", res[2][1], out)
+    assert.is_falsy(out:find("rank 0's all_reduce", 1, true), out) -- the destroy's warning names rank 1 too
+  end)
+
+  it("name a sub-group's ranks by global rank, then group rank, when a peer dies (subrank:died)", function()
+    local res, out = subrank("died")
+    local l = res[1][1]
+    local head = "error EPEERDIED: all_reduce #1 on rank 1 (group rank 0): connection to rank 2 (group rank 1) "
+    assert.are.equal(head, l:sub(1, #head), out)
+    assert.are.equal(" (the process died or left the group)" .. SUBMAP, l:match(" %(the process died.*$"), l)
+    assert.are.equal("ok", res[2][1], out)
+  end)
+
   -- An object collective on some ranks and a plain int64 broadcast on another:
   -- the receivers never take the tensor's elements for an object's size.
   for _, k in ipairs{1, 2} do

@@ -117,9 +117,9 @@ describe("FSDP", function()
         end
         assert.is_true(rec.usable_after)
         if world >= 3 and r >= 1 then
-          assert.are.equal(string.format("EMISMATCH: FSDP: parameter 1 is float32[6x2] (unit 1) on group rank %d "
-            .. "(rank %d) but float32[3x5] (unit 1) on group rank 0 (rank 1) (every rank must wrap the same model, "
-            .. "with the same auto_wrap) (rank %d)", world - 2, world - 1, r), rec.group_mismatch, "rank " .. r)
+          assert.are.equal(string.format("EMISMATCH: FSDP: parameter 1 is float32[6x2] (unit 1) on rank %d "
+            .. "(group rank %d) but float32[3x5] (unit 1) on rank 1 (group rank 0) (every rank must wrap the same model, "
+            .. "with the same auto_wrap) (rank %d)", world - 1, world - 2, r), rec.group_mismatch, "rank " .. r)
         end
       end
     end)

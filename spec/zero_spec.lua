@@ -177,10 +177,10 @@ describe("ZeroRedundancyOptimizer", function()
               assert.are.equal(6, rec.consolidated_entries, where)
               assert.is_true(rec.consolidated_err <= 1e-12, where)
             else
-              -- on a sub-group a message names the group rank and the global one
-              assert.are.equal(string.format("ESTATE: ZeroRedundancyOptimizer:state_dict on group rank %d (rank %d): "
+              -- on a sub-group a message names the global rank and then the group one
+              assert.are.equal(string.format("ESTATE: ZeroRedundancyOptimizer:state_dict on rank %d (group rank %d): "
                 .. "no consolidated state here; call consolidate_state_dict(to) on every rank (to = %d) after the "
-                .. "last step", r - 1, r, r - 1), rec.state_dict_elsewhere, where)
+                .. "last step", r, r - 1, r - 1), rec.state_dict_elsewhere, where)
             end
           end
         else

@@ -570,6 +570,15 @@ local function to_group_rank(g, global, fname)
   return r
 end
 
+-- How a message names group rank r of g, as the runtime's do: "rank G", G
+-- its global rank (what get_rank() returns and crun-lua's "[rank G]" shows),
+-- then " (group rank r)" on a group whose rank r is not global rank r.
+local function who(g, r)
+  local gl = g == state.pg and r or g:global_rank(r)
+  if gl == r then return "rank " .. r end
+  return string.format("rank %d (group rank %d)", gl, r)
+end
+
 --- to_group_rank for the root (`what`: "src" or "dst") of rooted collective
 --- fname on tensor t: a rank outside the group, which only this rank sees, is
 --- refused for the group (pg:refuse), so that every rank fails the call
@@ -580,7 +589,7 @@ local function root_rank(g, global, fname, what, t)
   local r = group_map(g)[global]
   if r ~= nil then return r end
   local ok, cuda = pcall(function() return t:is_cuda() end)
-  g:refuse(fname, string.format("EINVAL: %s on rank %d: %s %s is not in the group", fname, state.pg:rank(), what,
+  g:refuse(fname, string.format("EINVAL: %s on %s: %s %s is not in the group", fname, who(g, g:rank()), what,
                                 tostring(global)), -1, ok and cuda or false)
 end
 
@@ -1024,7 +1033,7 @@ local function obj_root(g, r, fname, what, call)
   if g ~= state.pg then gr = group_map(g)[r] end
   if math.type(gr) == "integer" and gr >= 0 and gr < g:size() then return gr end
   local why = gr == nil and "is not in the group" or string.format("is out of range (0..%d)", g:size() - 1)
-  g:refuse(call, string.format("EINVAL: %s on rank %d: %s %s %s", fname, state.pg:rank(), what, tostring(r), why), -1,
+  g:refuse(call, string.format("EINVAL: %s on %s: %s %s %s", fname, who(g, g:rank()), what, tostring(r), why), -1,
            false)
 end
 
@@ -1042,12 +1051,12 @@ local function encode_made(make)
   return ok and bytes or OBJ_ERR .. tostring(bytes)
 end
 
--- Decodes the bytes global rank `who` sent; raises the error it carries.
-local function decode_from(b, who, fname)
+-- Decodes the bytes group rank r of g sent; raises the error it carries.
+local function decode_from(b, g, r, fname)
   if b:sub(1, #OBJ_ERR) == OBJ_ERR then
     local text = b:sub(#OBJ_ERR + 1)
     local status, rest = text:match("^(E%u+): (.*)$")
-    fail("%s: %s: rank %d could not send its object: %s", status or "EINVAL", fname, who, rest or text)
+    fail("%s: %s: %s could not send its object: %s", status or "EINVAL", fname, who(g, r), rest or text)
   end
   return require("crun.serialize").loads(b, fname)
 end
@@ -1055,7 +1064,7 @@ end
 -- The value make() returns on group rank gsrc (run there only), on every rank.
 local function broadcast_made(make, g, gsrc, opts, fname)
   local bytes = g:rank() == gsrc and encode_made(make) or nil
-  return decode_from(g:broadcast_bytes(bytes, gsrc, opts), g:global_rank(gsrc), fname)
+  return decode_from(g:broadcast_bytes(bytes, gsrc, opts), g, gsrc, fname)
 end
 
 --- broadcast_object(v, src[, opts]) -> src's value on every rank (plain Lua
@@ -1074,7 +1083,7 @@ end
 local function gather_made(make, g, opts, fname)
   local parts = g:all_gather_bytes(encode_made(make), opts)
   local out = {}
-  for i, b in ipairs(parts) do out[i] = decode_from(b, g:global_rank(i - 1), fname) end
+  for i, b in ipairs(parts) do out[i] = decode_from(b, g, i - 1, fname) end
   return out
 end
 
@@ -1174,7 +1183,7 @@ function dist.gather_object(obj, list, dst, opts, ...)
   local gdst = obj_root(g, dst or 0, "gather_object", "dst", "all_gather")
   local vals = gather_made(function()
     if g:rank() == gdst and type(list) ~= "table" then
-      fail("EINVAL: gather_object on rank %d (dst): the output list must be a table", g:global_rank(gdst))
+      fail("EINVAL: gather_object on %s (dst): the output list must be a table", who(g, gdst))
     end
     return obj
   end, g, opts, "gather_object")
@@ -1192,8 +1201,8 @@ function dist.scatter_object_list(out, input, src, opts, ...)
   local gsrc = obj_root(g, src or 0, "scatter_object_list", "src", "broadcast")
   local all = broadcast_made(function()
     if type(input) ~= "table" or #input ~= g:size() then
-      fail("EINVAL: scatter_object_list on rank %d (src): the input list must have %d elements",
-           g:global_rank(gsrc), g:size())
+      fail("EINVAL: scatter_object_list on %s (src): the input list must have %d elements",
+           who(g, gsrc), g:size())
     end
     return packed(input)
   end, g, gsrc, opts, "scatter_object_list")

@@ -221,11 +221,12 @@ function M.FSDP(module, opts)
   return self
 end
 
--- "rank r" in messages; on a group other than the world, "group rank r
--- (rank g)" with g the global rank.
+-- "rank r" in messages; on a group whose rank r is global rank g ~= r,
+-- "rank g (group rank r)", as the runtime's texts name a sub-group's rank.
 function FSDP:_rk(r)
-  if not self.group then return "rank " .. r end
-  return string.format("group rank %d (rank %d)", r, dist().get_global_rank(self.group, r))
+  local g = self.group and dist().get_global_rank(self.group, r) or r
+  if g == r then return "rank " .. r end
+  return string.format("rank %d (group rank %d)", g, r)
 end
 
 -- Every rank must wrap the same parameter shapes into the same units (else

@@ -210,11 +210,13 @@ function Z:_refresh()
   self.optim.params, self.optim.grads = self:_own_lists()
 end
 
--- "rank r" in messages; on a group other than the world, "group rank r
--- (rank g)" with g the global rank, so that no message is ambiguous.
+-- "rank r" in messages; on a group whose rank r is global rank g ~= r,
+-- "rank g (group rank r)", as the runtime's texts name a sub-group's rank
+-- (the global rank first: get_rank() and crun-lua's "[rank g]").
 function Z:_rk(r)
-  if not self.group then return "rank " .. r end
-  return string.format("group rank %d (rank %d)", r, self:_global(r))
+  local g = self.group and self:_global(r) or r
+  if g == r then return "rank " .. r end
+  return string.format("rank %d (group rank %d)", g, r)
 end
 
 -- Global rank of group rank r (broadcast/send/recv take global ranks).

@@ -44,13 +44,13 @@ static int is_cuda(const crun_coll_opts_t *o) { return o && o->cuda; }
 static int check_device(const crun_pg_t *pg, int kind, const crun_coll_opts_t *o) {
   int dev_be = pg->be_dev != NULL || pg->be->device;
   if (is_cuda(o) && !dev_be)
-    return crun_error(CRUN_EINVAL, "%s on rank %d: a CUDA tensor was given to a group with backend %s, which "
+    return crun_error(CRUN_EINVAL, "%s on %s: a CUDA tensor was given to a group with backend %s, which "
                       "works on CPU tensors (use backend \"nccl\", or \"auto\" on a GPU machine, or move the "
-                      "tensor with :cpu())", crun__coll_name(kind), pg->rank, pg->be->name);
+                      "tensor with :cpu())", crun__coll_name(kind), CRUN__WHO(pg, pg->rank), pg->be->name);
   if (!is_cuda(o) && pg->be->device && kind != CRUN__COLL_BARRIER)
-    return crun_error(CRUN_EINVAL, "%s on rank %d: a CPU tensor was given to a group with backend %s, which "
+    return crun_error(CRUN_EINVAL, "%s on %s: a CPU tensor was given to a group with backend %s, which "
                       "works on CUDA tensors (move it with :cuda(), or create the group with backend \"auto\" "
-                      "to serve both)", crun__coll_name(kind), pg->rank, pg->be->name);
+                      "to serve both)", crun__coll_name(kind), CRUN__WHO(pg, pg->rank), pg->be->name);
   return 0;
 }
 
@@ -66,11 +66,11 @@ static int check_common_full(const crun_pg_t *pg, int kind, crun_dtype_t dt, int
                              const crun_coll_opts_t *o) {
 #define name crun__coll_name(kind) /* only an error needs it */
   CRUN_CHECK(check_device(pg, kind, o));
-  if ((int)dt < 0 || dt >= CRUN_DTYPE_COUNT) return crun_error(CRUN_EINVAL, "%s on rank %d: bad dtype %d", name, pg->rank, (int)dt);
+  if ((int)dt < 0 || dt >= CRUN_DTYPE_COUNT) return crun_error(CRUN_EINVAL, "%s on %s: bad dtype %d", name, CRUN__WHO(pg, pg->rank), (int)dt);
   if (!has_op) return backend_validate(pg, kind, dt, 0, op, o);
-  if ((int)op < 0 || op >= CRUN_OP_COUNT) return crun_error(CRUN_EINVAL, "%s on rank %d: bad reduce op %d", name, pg->rank, (int)op);
+  if ((int)op < 0 || op >= CRUN_OP_COUNT) return crun_error(CRUN_EINVAL, "%s on %s: bad reduce op %d", name, CRUN__WHO(pg, pg->rank), (int)op);
   if (crun_reduce_op_check(dt, op) < 0)
-    return crun_error(CRUN_EINVAL, "%s on rank %d: %s", name, pg->rank, crun_last_error() + strlen("EINVAL: "));
+    return crun_error(CRUN_EINVAL, "%s on %s: %s", name, CRUN__WHO(pg, pg->rank), crun_last_error() + strlen("EINVAL: "));
   return backend_validate(pg, kind, dt, has_op, op, o);
 #undef name
 }
@@ -99,13 +99,13 @@ static int check_common_dev(crun_pg_t *pg, int kind, crun_dtype_t dt, int has_op
 
 static int check_rank(const crun_pg_t *pg, int kind, const char *what, int r) {
   if (r >= 0 && r < pg->size) return 0;
-  return crun_error(CRUN_EINVAL, "%s on rank %d: %s %d is out of range for a group of %d ranks",
-                    crun__coll_name(kind), pg->rank, what, r, pg->size);
+  return crun_error(CRUN_EINVAL, "%s on %s: %s %d is out of range for a group of %d ranks",
+                    crun__coll_name(kind), CRUN__WHO(pg, pg->rank), what, r, pg->size);
 }
 
 static int check_buf(const crun_pg_t *pg, int kind, const void *p, size_t count, const char *what) {
   if (p || count == 0) return 0;
-  return crun_error(CRUN_EINVAL, "%s on rank %d: %s is NULL", crun__coll_name(kind), pg->rank, what);
+  return crun_error(CRUN_EINVAL, "%s on %s: %s is NULL", crun__coll_name(kind), CRUN__WHO(pg, pg->rank), what);
 }
 
 /* Whether the byte ranges [a, a+na) and [b, b+nb) share a byte. */
@@ -121,8 +121,8 @@ static int check_apart(const crun_pg_t *pg, int kind, const void *one, const voi
   size_t bytes = count * crun_dtype_size(dt);
   for (int i = 0; list && i < pg->size; i++)
     if (overlaps(one, bytes, list[i], bytes) && !(i == pg->rank && list[i] == one))
-      return crun_error(CRUN_EINVAL, "%s on rank %d: the %s overlaps the %s for rank %d (only this rank's may be "
-                        "the %s itself)", crun__coll_name(kind), pg->rank, one_name, list_name, i, one_name);
+      return crun_error(CRUN_EINVAL, "%s on %s: the %s overlaps the %s for %s (only this rank's may be "
+                        "the %s itself)", crun__coll_name(kind), CRUN__WHO(pg, pg->rank), one_name, list_name, CRUN__WHO(pg, i), one_name);
   return 0;
 }
 
@@ -130,13 +130,13 @@ static int check_apart(const crun_pg_t *pg, int kind, const void *one, const voi
  * nonnegative") and MPI refuse a negative one, so every backend does. */
 static int check_tag(const crun_pg_t *pg, int kind, const crun_coll_opts_t *o) {
   if (!o || o->tag >= 0) return 0;
-  return crun_error(CRUN_EINVAL, "%s on rank %d: tag %d is negative (tags must be 0 or more, as in "
-                    "torch.distributed)", crun__coll_name(kind), pg->rank, o->tag);
+  return crun_error(CRUN_EINVAL, "%s on %s: tag %d is negative (tags must be 0 or more, as in "
+                    "torch.distributed)", crun__coll_name(kind), CRUN__WHO(pg, pg->rank), o->tag);
 }
 
 /* Copies an array of `size` buffer pointers, checking each one. */
 static int copy_ptrs(crun_pg_t *pg, int kind, const void *const *src, size_t count, const char *what, void ***dst) {
-  if (!src) return crun_error(CRUN_EINVAL, "%s on rank %d: the %s list is NULL", crun__coll_name(kind), pg->rank, what);
+  if (!src) return crun_error(CRUN_EINVAL, "%s on %s: the %s list is NULL", crun__coll_name(kind), CRUN__WHO(pg, pg->rank), what);
   *dst = malloc(sizeof(void *) * (size_t)pg->size);
   if (!*dst) return crun_error(CRUN_ENOMEM, "%s list", what);
   for (int i = 0; i < pg->size; i++) {
@@ -379,11 +379,9 @@ static int refuse_call(crun_pg_t *pg, const crun__coll_t *c, int rc) {
   if (seq[0] && !be->private_board && !atomic_load(&pg->is_broken) && every_rank_refused(pg, c, num, rc, body))
     return crun_error(rc, "%s (every rank refused %s #%llu: the group goes on)", body, crun__coll_name(c->kind),
                       (unsigned long long)num);
-  int root = crun__coll_rooted(c->kind) && c->root == pg->rank, g = pg->global[pg->rank];
-  char who[48]; /* this rank, once: "rank 2 (group rank 1)" on a sub-group whose ranks are shifted */
-  if (g == pg->rank) snprintf(who, sizeof who, "rank %d", g);
-  else snprintf(who, sizeof who, "rank %d (group rank %d)", g, pg->rank);
-  snprintf(text, sizeof text, "%s (%s%s refused its part of %s%s: the group stops)", mine, who,
+  int root = crun__coll_rooted(c->kind) && c->root == pg->rank;
+  /* this rank, once: "rank 2 (group rank 1)" on a sub-group whose ranks are shifted */
+  snprintf(text, sizeof text, "%s (%s%s refused its part of %s%s: the group stops)", mine, CRUN__WHO(pg, pg->rank),
            root ? ", the root," : "", crun__coll_name(c->kind), seq);
   /* a peer waiting for a refusal this rank never numbered stops at once:
    * failing the group leaves stopped/<rank> on its board (work.c break_group) */
@@ -453,7 +451,7 @@ int crun_pg_send(crun_pg_t *pg, const void *buf, size_t count, crun_dtype_t dt, 
   CRUN_CHECK(check_common(pg, CRUN__COLL_SEND, dt, 0, 0));
   CRUN_CHECK(check_tag(pg, CRUN__COLL_SEND, opts));
   CRUN_CHECK(check_rank(pg, CRUN__COLL_SEND, "destination rank", dst));
-  if (dst == pg->rank) return crun_error(CRUN_EINVAL, "send on rank %d: cannot send to itself", pg->rank);
+  if (dst == pg->rank) return crun_error(CRUN_EINVAL, "send on %s: cannot send to itself", CRUN__WHO(pg, pg->rank));
   CRUN_CHECK(check_buf(pg, CRUN__COLL_SEND, buf, count, "buffer"));
   NEW_WORK(w, CRUN__COLL_SEND, dt, count);
   w->c.buf = (void *)buf;
@@ -466,12 +464,12 @@ int crun_pg_recv(crun_pg_t *pg, void *buf, size_t count, crun_dtype_t dt, int sr
   CRUN_CHECK(check_common(pg, CRUN__COLL_RECV, dt, 0, 0));
   CRUN_CHECK(check_tag(pg, CRUN__COLL_RECV, opts));
   if (src != CRUN_ANY_SOURCE) CRUN_CHECK(check_rank(pg, CRUN__COLL_RECV, "source rank", src));
-  if (src == pg->rank) return crun_error(CRUN_EINVAL, "recv on rank %d: cannot receive from itself", pg->rank);
+  if (src == pg->rank) return crun_error(CRUN_EINVAL, "recv on %s: cannot receive from itself", CRUN__WHO(pg, pg->rank));
   if (src == CRUN_ANY_SOURCE && (is_cuda(opts) && pg->be_dev ? pg->be_dev : pg->be)->device)
-    return crun_error(CRUN_ENOTSUP, "recv from any rank on rank %d is not supported by backend nccl (NCCL needs "
-                      "the source rank)", pg->rank);
+    return crun_error(CRUN_ENOTSUP, "recv from any rank on %s is not supported by backend nccl (NCCL needs "
+                      "the source rank)", CRUN__WHO(pg, pg->rank));
   if (src == CRUN_ANY_SOURCE && pg->size < 2)
-    return crun_error(CRUN_EINVAL, "recv on rank %d: no other rank to receive from", pg->rank);
+    return crun_error(CRUN_EINVAL, "recv on %s: no other rank to receive from", CRUN__WHO(pg, pg->rank));
   CRUN_CHECK(check_buf(pg, CRUN__COLL_RECV, buf, count, "buffer"));
   NEW_WORK(w, CRUN__COLL_RECV, dt, count);
   w->c.buf = buf;
@@ -594,8 +592,8 @@ int crun_pg_reduce_scatter(crun_pg_t *pg, void *out, const void *const *ins, siz
   w->c.op = op;
   for (int i = 0; ins && !is_cuda(opts) && i < pg->size; i++)
     if (overlaps(out, bytes, ins[i], bytes))
-      REFUSE_WORK(w, crun_error(CRUN_EINVAL, "reduce_scatter on rank %d: the output overlaps the input for rank %d "
-                                "(inputs are read while the output is written: give a separate output)", pg->rank, i));
+      REFUSE_WORK(w, crun_error(CRUN_EINVAL, "reduce_scatter on %s: the output overlaps the input for %s "
+                                "(inputs are read while the output is written: give a separate output)", CRUN__WHO(pg, pg->rank), CRUN__WHO(pg, i)));
   REFUSE_WORK(w, copy_ptrs(pg, CRUN__COLL_REDUCE_SCATTER, ins, count, "input", (void ***)&w->c.ins));
   w->c.premul = premul_factor(opts);
   if (op == CRUN_OP_PREMUL_SUM && !is_cuda(opts)) {
@@ -612,7 +610,7 @@ int crun_pg_reduce_scatter(crun_pg_t *pg, void *out, const void *const *ins, siz
 
 /* Copies the per-peer counts of all_to_all. */
 static int copy_counts(crun_pg_t *pg, const size_t *src, const char *what, size_t **dst) {
-  if (!src) return crun_error(CRUN_EINVAL, "all_to_all on rank %d: %s counts are NULL", pg->rank, what);
+  if (!src) return crun_error(CRUN_EINVAL, "all_to_all on %s: %s counts are NULL", CRUN__WHO(pg, pg->rank), what);
   *dst = malloc(sizeof(size_t) * (size_t)pg->size);
   if (!*dst) return crun_error(CRUN_ENOMEM, "all_to_all counts");
   memcpy(*dst, src, sizeof(size_t) * (size_t)pg->size);
@@ -646,7 +644,7 @@ static int a2a_unalias(crun_work_t *w, int n) {
   if (!alias) return 0;
   for (int j = 0; j < n; j++) total += c->in_counts[j] * es;
   char *s = malloc(total);
-  if (!s) return crun_error(CRUN_ENOMEM, "all_to_all on rank %d: %zu bytes to copy in-place inputs", w->pg->rank, total);
+  if (!s) return crun_error(CRUN_ENOMEM, "all_to_all on %s: %zu bytes to copy in-place inputs", CRUN__WHO(w->pg, w->pg->rank), total);
   w->scratch = s;
   for (int j = 0; j < n; j++) {
     size_t b = c->in_counts[j] * es;
@@ -669,11 +667,11 @@ int crun_pg_all_to_all(crun_pg_t *pg, void *const *outs, const size_t *out_count
   for (int i = 0; i < pg->size; i++) {
     w->c.count += in_counts[i];
     if ((!outs[i] && out_counts[i]) || (!ins[i] && in_counts[i]))
-      REFUSE_WORK(w, crun_error(CRUN_EINVAL, "all_to_all on rank %d: buffer %d is NULL", pg->rank, i));
+      REFUSE_WORK(w, crun_error(CRUN_EINVAL, "all_to_all on %s: buffer %d is NULL", CRUN__WHO(pg, pg->rank), i));
   }
   if (in_counts[pg->rank] != out_counts[pg->rank])
-    REFUSE_WORK(w, crun_error(CRUN_EINVAL, "all_to_all on rank %d: sends %zu elements to itself but expects %zu",
-                              pg->rank, in_counts[pg->rank], out_counts[pg->rank]));
+    REFUSE_WORK(w, crun_error(CRUN_EINVAL, "all_to_all on %s: sends %zu elements to itself but expects %zu",
+                              CRUN__WHO(pg, pg->rank), in_counts[pg->rank], out_counts[pg->rank]));
   if (!is_cuda(opts)) REFUSE_WORK(w, a2a_unalias(w, pg->size));
   return submit(pg, w, work, NULL);
 }

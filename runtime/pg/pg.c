@@ -18,6 +18,14 @@ const char *crun__coll_name(int kind) {
   return kind >= 0 && kind < CRUN__COLL_COUNT ? names[kind] : "?";
 }
 
+crun__who_t crun__pg_who(const crun_pg_t *pg, int r) {
+  crun__who_t w;
+  int g = pg && r >= 0 && r < pg->size ? pg->global[r] : r;
+  if (g == r) snprintf(w.s, sizeof w.s, "rank %d", r);
+  else snprintf(w.s, sizeof w.s, "rank %d (group rank %d)", g, r);
+  return w;
+}
+
 void crun__coll_desc(const crun__coll_t *c, char *buf, size_t cap) {
   if (c->kind == CRUN__COLL_SEND)
     snprintf(buf, cap, "send to rank %d (tag %d)", c->root, c->tag);
@@ -438,6 +446,21 @@ size_t crun__ranks_text(char *buf, size_t cap, const int *rs, int n) {
   return len;
 }
 
+size_t crun__pg_ranks_text(const crun_pg_t *pg, char *buf, size_t cap, const int *rs, int n) {
+  int shifted = 0;
+  for (int i = 0; i < n && !shifted; i++) shifted = pg->global[rs[i]] != rs[i];
+  if (!shifted || n > 64) return crun__ranks_text(buf, cap, rs, n);
+  int gs[64];
+  for (int i = 0; i < n; i++) gs[i] = pg->global[rs[i]];
+  size_t len = crun__ranks_text(buf, cap, gs, n);
+  if (len + 8 < cap) {
+    len += (size_t)snprintf(buf + len, cap - len, " (group ");
+    if (len < cap) len += crun__ranks_text(buf + len, cap - len, rs, n);
+    if (len < cap) len += (size_t)snprintf(buf + len, cap - len, ")");
+  }
+  return len;
+}
+
 int crun__pg_timeout_text(crun_pg_t *pg, int rc) {
   char where[512], text[1024];
   snprintf(text, sizeof text, "%s", crun_last_error() + strlen("ETIMEDOUT: "));
@@ -472,7 +495,7 @@ void crun__pg_progress_report(crun_pg_t *pg, char *out, size_t cap) {
     for (int q = r; q < n; q++)
       if (!done[q] && !strcmp(txt[q], txt[r])) { rs[m++] = q; done[q] = 1; }
     if (len) len += (size_t)snprintf(out + len, cap - len, "; ");
-    if (len < cap) len += crun__ranks_text(out + len, cap - len, rs, m);
+    if (len < cap) len += crun__pg_ranks_text(pg, out + len, cap - len, rs, m);
     if (len < cap && txt[r][0])
       len += (size_t)snprintf(out + len, cap - len, " %s at %s", m > 1 ? "are" : "is", txt[r]);
     else if (len < cap)

@@ -204,6 +204,16 @@ int crun__pg_submit(crun_pg_t *pg, struct crun_work *w, crun_work_t **out);
  * nothing is queued or running (1, the number in *seq), else 0. */
 int crun__pg_number_refused(crun_pg_t *pg, uint64_t *seq);
 
+/* How an error text names rank r of group pg: "rank G", G its global rank
+ * (what dist.get_rank() returns and crun-lua's "[rank G]" prefix shows),
+ * then " (group rank r)" on a group whose rank r is not global rank r (a
+ * sub-group), so that one text is read one way on every rank. Use through
+ * CRUN__WHO(pg, r) as a "%s" argument: the array lives until the end of the
+ * full expression (C11 temporary lifetime). */
+typedef struct { char s[48]; } crun__who_t;
+crun__who_t crun__pg_who(const crun_pg_t *pg, int r);
+#define CRUN__WHO(pg, r) (crun__pg_who((pg), (r)).s)
+
 /* Describes c ("all_reduce #3", "send to rank 1 tag 0") into buf. */
 void crun__coll_desc(const crun__coll_t *c, char *buf, size_t cap);
 
@@ -218,6 +228,10 @@ void crun__pg_progress_report(crun_pg_t *pg, char *out, size_t cap);
 /* Writes "rank 3" or "ranks 0-2,5" (sorted ranks, runs joined) into buf;
  * returns the length written (snprintf-style, capped by cap). */
 size_t crun__ranks_text(char *buf, size_t cap, const int *rs, int n);
+/* crun__ranks_text for ranks rs of group pg, named as CRUN__WHO names one:
+ * by global rank, then, on a sub-group whose ranks are shifted, by group
+ * rank: "ranks 1-2 (group ranks 0-1)". */
+size_t crun__pg_ranks_text(const crun_pg_t *pg, char *buf, size_t cap, const int *rs, int n);
 
 /* Returns rc; when it is CRUN_ETIMEDOUT (an engine's timeout), first appends
  * the progress report to this thread's error text ("...; rank 3 is at ..."),

@@ -170,7 +170,7 @@ static int prove(crun__tcp_t *t, int fd, int j, double deadline) {
   char ctx[96], peer[64];
   unsigned char greet[CRUN__AUTH_GREET], answer[CRUN__AUTH_ANSWER], want[CRUN__AUTH_PROOF], got[CRUN__AUTH_PROOF];
   mesh_ctx(t, t->rank, j, ctx, sizeof ctx);
-  snprintf(peer, sizeof peer, "rank %d of the mesh", j);
+  snprintf(peer, sizeof peer, "%s of the mesh", CRUN__WHO(t->pg, j));
   CRUN_CHECK(io_full(fd, greet, sizeof greet, 0, deadline));
   CRUN_CHECK(crun__auth_answer(&t->auth, ctx, peer, greet, answer, want));
   CRUN_CHECK(io_full(fd, answer, sizeof answer, 1, deadline));
@@ -187,14 +187,14 @@ static int connect_lower(crun__tcp_t *t, int j, double deadline) {
   const char *keys[1] = {key};
   double left = deadline - crun_clock();
   int rc = crun_store_wait(t->pg->store, keys, 1, left > 0.001 ? left : 0.001);
-  if (rc < 0) return crun_error(rc, "rank %d never published its address", j);
+  if (rc < 0) return crun_error(rc, "%s never published its address", CRUN__WHO(t->pg, j));
   crun_buf_t v = {0};
   CRUN_CHECK(crun_store_get(t->pg->store, key, &v));
   char addr[128];
   snprintf(addr, sizeof addr, "%.*s", (int)v.len, (char *)v.data);
   crun_buf_free(&v);
   char *colon = strrchr(addr, ':');
-  if (!colon) return crun_error(CRUN_EPROTO, "bad address '%s' of rank %d", addr, j);
+  if (!colon) return crun_error(CRUN_EPROTO, "bad address '%s' of %s", addr, CRUN__WHO(t->pg, j));
   *colon = 0;
   /* A handshake the acceptor cut (its pending queue overflowed, or it took
    * this connection for a stranger that was too slow) is tried again until
@@ -205,9 +205,9 @@ static int connect_lower(crun__tcp_t *t, int j, double deadline) {
     long uid;
     if (!t->auth.on && crun__peer_stranger(fd, &uid)) {
       close(fd);
-      return crun_error(CRUN_EACCES, "rank %d's address %s:%s is served by another user's process (uid %ld) on this "
+      return crun_error(CRUN_EACCES, "%s's address %s:%s is served by another user's process (uid %ld) on this "
                         "host, and the job has no secret (CRUN_TOKEN) to check it with: refusing to send to it",
-                        j, addr, colon + 1, uid);
+                        CRUN__WHO(t->pg, j), addr, colon + 1, uid);
     }
     crun__hello_t h = {CRUN__TCP_HELLO, t->group, t->rank, t->size};
     rc = io_full(fd, &h, sizeof h, 1, deadline);
@@ -280,8 +280,8 @@ static int advance(crun__tcp_t *t, pending_t *p, char *why, size_t wn) {
   unsigned char proof[CRUN__AUTH_PROOF];
   mesh_ctx(t, p->h.rank, t->rank, ctx, sizeof ctx);
   if (crun__auth_check_answer(&t->auth, ctx, p->nonce, p->answer, proof) < 0)
-    return snprintf(why, wn, "no proof of the job's secret from a connection claiming rank %d", p->h.rank), -1;
-  if (t->fds[p->h.rank] >= 0) return snprintf(why, wn, "rank %d is connected already", p->h.rank), -1;
+    return snprintf(why, wn, "no proof of the job's secret from a connection claiming %s", CRUN__WHO(t->pg, p->h.rank)), -1;
+  if (t->fds[p->h.rank] >= 0) return snprintf(why, wn, "%s is connected already", CRUN__WHO(t->pg, p->h.rank)), -1;
   if (t->auth.on && send_now(p->fd, proof, sizeof proof) < 0) return snprintf(why, wn, "cannot send the proof"), -1;
   t->fds[p->h.rank] = p->fd;
   return 1;
@@ -381,8 +381,8 @@ static int build_mesh(crun__tcp_t *t, double deadline) {
     missing_list(t, miss, sizeof miss);
     char why[512];
     snprintf(why, sizeof why, "%s", crun_last_error());
-    return crun_error(rc, "group '%s' on rank %d: mesh not connected, missing ranks %s (%s)",
-                      t->pg->prefix, t->rank, miss, why);
+    return crun_error(rc, "group '%s' on %s: mesh not connected, missing ranks %s (%s)",
+                      t->pg->prefix, CRUN__WHO(t->pg, t->rank), miss, why);
   }
   return 0;
 }
@@ -426,14 +426,14 @@ static void warn_unread(crun__tcp_t *t, int peer, const crun__hdr_t *h, int by, 
   const char *g = t->pg && t->pg->prefix ? t->pg->prefix : "?";
   crun__tcp_call_shape(shape, sizeof shape, h->dtype, h->count, h->op, h->root, 0, crun__coll_rooted(h->kind));
   if (by >= 0)
-    CRUN_LOG(WARN, PG, "group '%s' was destroyed on rank %d after rank %d had failed it (%s): rank %d's %s #%llu %s "
-             "to rank %d was left unread", g, t->rank, by, why, peer, crun__coll_name(h->kind),
-             (unsigned long long)h->seq, shape, t->rank);
+    CRUN_LOG(WARN, PG, "group '%s' was destroyed on %s after %s had failed it (%s): %s's %s #%llu %s "
+             "to %s was left unread", g, CRUN__WHO(t->pg, t->rank), CRUN__WHO(t->pg, by), why, CRUN__WHO(t->pg, peer), crun__coll_name(h->kind),
+             (unsigned long long)h->seq, shape, CRUN__WHO(t->pg, t->rank));
   else
-    CRUN_LOG(WARN, PG, "EMISMATCH: group '%s': rank %d sent %s #%llu %s to rank %d, and no operation of rank %d "
+    CRUN_LOG(WARN, PG, "EMISMATCH: group '%s': %s sent %s #%llu %s to %s, and no operation of %s "
              "received it before the group was destroyed (the ranks' calls differed: e.g. a broadcast or reduce "
-             "given a different src on different ranks, or a send no recv matched)", g, peer,
-             crun__coll_name(h->kind), (unsigned long long)h->seq, shape, t->rank, t->rank);
+             "given a different src on different ranks, or a send no recv matched)", g, CRUN__WHO(t->pg, peer),
+             crun__coll_name(h->kind), (unsigned long long)h->seq, shape, CRUN__WHO(t->pg, t->rank), CRUN__WHO(t->pg, t->rank));
 }
 
 /* The most of a connection peer_failed peeks at. */

@@ -98,10 +98,10 @@ void crun__stash_free(crun__tcp_t *t, crun__stash_t *s) {
 }
 
 int crun__stash_full(const crun__tcp_t *t, const char *desc, int from, const crun__hdr_t *h) {
-  return crun_error(CRUN_ENOMEM, "%s on rank %d: rank %d sent a frame (tag %d, %llu bytes) no recv took that "
+  return crun_error(CRUN_ENOMEM, "%s on %s: %s sent a frame (tag %d, %llu bytes) no recv took that "
                     "would have to be buffered, but %d such frames already hold %zu bytes of the limit of %zu "
                     "(CRUN_TCP_UNEXPECTED_MAX): post the receives for them first, or raise the limit",
-                    desc, t->rank, from, h->tag, (unsigned long long)h->nbytes, t->stash_n, t->stash_bytes,
+                    desc, CRUN__WHO(t->pg, t->rank), CRUN__WHO(t->pg, from), h->tag, (unsigned long long)h->nbytes, t->stash_n, t->stash_bytes,
                     t->stash_max);
 }
 
@@ -133,8 +133,8 @@ static int check_frame(crun__tcp_t *t, const crun__p2p_op_t *op, int from, const
   char desc[64];
   op_desc(op, desc, sizeof desc);
   const char *mine = crun_dtype_name((crun_dtype_t)dt), *theirs = crun_dtype_name((crun_dtype_t)h->dtype);
-  return crun_error(CRUN_EMISMATCH, "%s on rank %d expected %s[%llu], rank %d sent %s[%llu] (tag %d)", desc,
-                    t->rank, mine ? mine : "?", (unsigned long long)(op->nbytes / elsize(c->dt)), from,
+  return crun_error(CRUN_EMISMATCH, "%s on %s expected %s[%llu], %s sent %s[%llu] (tag %d)", desc,
+                    CRUN__WHO(t->pg, t->rank), mine ? mine : "?", (unsigned long long)(op->nbytes / elsize(c->dt)), CRUN__WHO(t->pg, from),
                     theirs ? theirs : "?", (unsigned long long)h->count, h->tag);
 }
 
@@ -188,8 +188,8 @@ static int op_write(crun__tcp_t *t, crun__p2p_op_t *op) {
     char desc[64], how[128];
     crun__tcp_conn_how(k < 0 ? errno : 0, how, sizeof how);
     op_desc(op, desc, sizeof desc);
-    return crun_error(CRUN_EPEERDIED, "%s on rank %d: connection to rank %d %s (the process died or left the group)",
-                      desc, t->rank, op->peer, how);
+    return crun_error(CRUN_EPEERDIED, "%s on %s: connection to %s %s (the process died or left the group)",
+                      desc, CRUN__WHO(t->pg, t->rank), CRUN__WHO(t->pg, op->peer), how);
   }
   return 1;
 }
@@ -214,7 +214,7 @@ static int pump_sends(crun__tcp_t *t, int j) {
 }
 
 static int send_locked(crun__tcp_t *t, crun__coll_t *c) {
-  if (t->aborted) return crun_error(CRUN_ESTATE, "rank %d: the tcp transport was aborted", t->rank);
+  if (t->aborted) return crun_error(CRUN_ESTATE, "%s: the tcp transport was aborted", CRUN__WHO(t->pg, t->rank));
   crun__p2p_op_t *op = calloc(1, sizeof *op);
   if (!op) return crun_error(CRUN_ENOMEM, "send");
   op->c = c;
@@ -282,16 +282,16 @@ static void unmatched_note(const crun__tcp_t *t, int peer, char *buf, size_t cap
   for (int j = 0; j < t->size; j++) {
     if (peer != CRUN_ANY_SOURCE && j != peer) continue;
     if (t->prx && t->prx[j].state == CRUN__PRX_HELD) {
-      snprintf(buf, cap, " (reading from rank %d is paused: its next frame, tag %d of %llu bytes, does not fit "
+      snprintf(buf, cap, " (reading from %s is paused: its next frame, tag %d of %llu bytes, does not fit "
                "beside the %d frames no recv took yet (%zu bytes; limit CRUN_TCP_UNEXPECTED_MAX=%zu): post "
-               "their receives first, or raise the limit)", j, t->prx[j].h.tag,
+               "their receives first, or raise the limit)", CRUN__WHO(t->pg, j), t->prx[j].h.tag,
                (unsigned long long)t->prx[j].h.nbytes, t->stash_n, t->stash_bytes, t->stash_max);
       return;
     }
     for (const crun__stash_t *s = t->stash[j]; s; s = s->next) {
       if (s->h.kind != CRUN__COLL_SEND) continue;
       const char *dt = crun_dtype_name((crun_dtype_t)s->h.dtype);
-      snprintf(buf, cap, " (rank %d sent %s[%llu] with tag %d, which no recv took: do the tags differ?)", j,
+      snprintf(buf, cap, " (%s sent %s[%llu] with tag %d, which no recv took: do the tags differ?)", CRUN__WHO(t->pg, j),
                dt ? dt : "?", (unsigned long long)s->h.count, s->h.tag);
       return;
     }
@@ -304,8 +304,8 @@ static void peer_aborted(crun__tcp_t *t, int j, const crun__hdr_t *h, const char
   int st;
   char text[4200];
   const char *body = crun__tcp_abort_body(h, why, &st);
-  snprintf(text, sizeof text, "%s [reported by rank %d; rank %d was in a point-to-point operation]", body, j,
-           t->rank);
+  snprintf(text, sizeof text, "%s [reported by %s; %s was in a point-to-point operation]", body, CRUN__WHO(t->pg, j),
+           CRUN__WHO(t->pg, t->rank));
   crun__tcp_fail_all(t, st, text);
 }
 
@@ -357,10 +357,10 @@ static void peer_gone(crun__tcp_t *t, int j, int err) {
     if (held[0]) snprintf(note, sizeof note, "%s", held);
     if (op->c->kind == CRUN__COLL_SEND) note[0] = 0;
     if (op->peer == CRUN_ANY_SOURCE && !open) /* else it was taking j's frame (direct) */
-      OP_FAIL(t, op, CRUN_EPEERDIED, "%s on rank %d: every peer closed its connection%s", desc, t->rank, note);
+      OP_FAIL(t, op, CRUN_EPEERDIED, "%s on %s: every peer closed its connection%s", desc, CRUN__WHO(t->pg, t->rank), note);
     else
-      OP_FAIL(t, op, CRUN_EPEERDIED, "%s on rank %d: connection to rank %d %s (the process died or left the group)%s",
-              desc, t->rank, j, how, note);
+      OP_FAIL(t, op, CRUN_EPEERDIED, "%s on %s: connection to %s %s (the process died or left the group)%s",
+              desc, CRUN__WHO(t->pg, t->rank), CRUN__WHO(t->pg, j), how, note);
     op = NULL;
   }
 }
@@ -524,7 +524,7 @@ static int pump_reads(crun__tcp_t *t, int j) {
 }
 
 static int recv_locked(crun__tcp_t *t, crun__coll_t *c) {
-  if (t->aborted) return crun_error(CRUN_ESTATE, "rank %d: the tcp transport was aborted", t->rank);
+  if (t->aborted) return crun_error(CRUN_ESTATE, "%s: the tcp transport was aborted", CRUN__WHO(t->pg, t->rank));
   crun__p2p_op_t *op = calloc(1, sizeof *op);
   if (!op) return crun_error(CRUN_ENOMEM, "recv");
   op->c = c;
@@ -534,7 +534,7 @@ static int recv_locked(crun__tcp_t *t, crun__coll_t *c) {
     free(op);
     char desc[64];
     crun__coll_desc(c, desc, sizeof desc);
-    return crun_error(CRUN_EPEERDIED, "%s on rank %d: connection to rank %d is closed", desc, t->rank, c->root);
+    return crun_error(CRUN_EPEERDIED, "%s on %s: connection to %s is closed", desc, CRUN__WHO(t->pg, t->rank), CRUN__WHO(t->pg, c->root));
   }
   crun__p2p_op_t **pp = &t->posted;
   while (*pp) pp = &(*pp)->next;
@@ -576,14 +576,14 @@ static int expire(crun__tcp_t *t) {
     int is_send = op->c->kind == CRUN__COLL_SEND;
     if (!is_send) unmatched_note(t, op->peer, note, sizeof note);
     if (is_send)
-      OP_FAIL(t, op, CRUN_ETIMEDOUT, "%s on rank %d: rank %d took no data for %.1f s; %s", desc, t->rank, peer,
+      OP_FAIL(t, op, CRUN_ETIMEDOUT, "%s on %s: %s took no data for %.1f s; %s", desc, CRUN__WHO(t->pg, t->rank), CRUN__WHO(t->pg, peer),
               op->c->timeout, where);
     else if (op->peer == CRUN_ANY_SOURCE)
-      OP_FAIL(t, op, CRUN_ETIMEDOUT, "%s on rank %d: no sender after %.1f s%s; %s", desc, t->rank, op->c->timeout,
+      OP_FAIL(t, op, CRUN_ETIMEDOUT, "%s on %s: no sender after %.1f s%s; %s", desc, CRUN__WHO(t->pg, t->rank), op->c->timeout,
               note, where);
     else
-      OP_FAIL(t, op, CRUN_ETIMEDOUT, "%s on rank %d: no data from rank %d after %.1f s%s; %s", desc, t->rank,
-              op->peer, op->c->timeout, note, where);
+      OP_FAIL(t, op, CRUN_ETIMEDOUT, "%s on %s: no data from %s after %.1f s%s; %s", desc, CRUN__WHO(t->pg, t->rank),
+              CRUN__WHO(t->pg, op->peer), op->c->timeout, note, where);
     again = 1;
   }
   return any;
@@ -728,8 +728,8 @@ static int pump_start(crun__tcp_t *t, const crun__coll_t *c) {
   if (!e) return 0;
   char desc[64];
   crun__coll_desc(c, desc, sizeof desc);
-  return crun_error(CRUN_ESYS, "%s on rank %d: cannot start the thread that progresses point-to-point operations "
-                    "(%s)", desc, t->rank, strerror(e));
+  return crun_error(CRUN_ESYS, "%s on %s: cannot start the thread that progresses point-to-point operations "
+                    "(%s)", desc, CRUN__WHO(t->pg, t->rank), strerror(e));
 }
 
 void crun__tcp_p2p_fini(crun__tcp_t *t) {
@@ -774,7 +774,7 @@ int crun__tcp_settle(crun__tcp_t *t, int peer, double deadline) {
   while (x->state != CRUN__PRX_DEAD && x->state != CRUN__PRX_HELD && (x->state != CRUN__PRX_HDR || x->hgot)) {
     if (crun__tcp_pump(t, -1)) continue;
     if (crun_clock() >= deadline)
-      return crun_error(CRUN_ETIMEDOUT, "rank %d: a frame from rank %d stayed half received", t->rank, peer);
+      return crun_error(CRUN_ETIMEDOUT, "%s: a frame from %s stayed half received", CRUN__WHO(t->pg, t->rank), CRUN__WHO(t->pg, peer));
     pump_wait(t, -1, deadline - crun_clock());
   }
   return 0;
@@ -795,6 +795,6 @@ void crun__tcp_fail_all(crun__tcp_t *t, int status, const char *text) {
     if (!op) return;
     char desc[64];
     op_desc(op, desc, sizeof desc);
-    OP_FAIL(t, op, status, "%s on rank %d: %s", desc, t->rank, text);
+    OP_FAIL(t, op, status, "%s on %s: %s", desc, CRUN__WHO(t->pg, t->rank), text);
   }
 }

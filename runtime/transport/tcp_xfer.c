@@ -88,10 +88,10 @@ static int mismatch(io_t *io, const crun__hdr_t *h) {
   if (h->seq != c->seq && kind != CRUN__COLL_SEND)
     snprintf(seq, sizeof seq, " #%llu", (unsigned long long)h->seq);
   if (c->kind == CRUN__COLL_RECV)
-    return crun_error(CRUN_EMISMATCH, "%s on rank %d expected %s, rank %d sent %s (tag %d)",
-                      desc, io->t->rank, mine, io->from, theirs, h->tag);
-  return crun_error(CRUN_EMISMATCH, "%s on rank %d expected %s, rank %d sent %s%s %s", desc,
-                    io->t->rank, mine, io->from, crun__coll_name(kind), seq, theirs);
+    return crun_error(CRUN_EMISMATCH, "%s on %s expected %s, %s sent %s (tag %d)",
+                      desc, CRUN__WHO(io->t->pg, io->t->rank), mine, CRUN__WHO(io->t->pg, io->from), theirs, h->tag);
+  return crun_error(CRUN_EMISMATCH, "%s on %s expected %s, %s sent %s%s %s", desc,
+                    CRUN__WHO(io->t->pg, io->t->rank), mine, CRUN__WHO(io->t->pg, io->from), crun__coll_name(kind), seq, theirs);
 }
 
 /* Classifies a received header: 0 it is ours, 1 stash it, <0 mismatch. */
@@ -113,14 +113,14 @@ static int classify(io_t *io, const crun__hdr_t *h) {
   if (check != io->check) {
     char desc[64];
     crun__coll_desc(c, desc, sizeof desc);
-    return crun_error(CRUN_EPROTO, "%s on rank %d: rank %d %s the ranks' check of the root (different "
-                      "CRUN_ROOT_CHECK settings?)", desc, io->t->rank, io->from, check ? "sent" : "skipped");
+    return crun_error(CRUN_EPROTO, "%s on %s: %s %s the ranks' check of the root (different "
+                      "CRUN_ROOT_CHECK settings?)", desc, CRUN__WHO(io->t->pg, io->t->rank), CRUN__WHO(io->t->pg, io->from), check ? "sent" : "skipped");
   }
   if (h->nbytes != io->rbytes) {
     char desc[64];
     crun__coll_desc(c, desc, sizeof desc);
-    return crun_error(CRUN_EPROTO, "%s on rank %d: rank %d sent %llu bytes where %zu were expected "
-                      "(different CRUN_ALGO settings?)", desc, io->t->rank, io->from,
+    return crun_error(CRUN_EPROTO, "%s on %s: %s sent %llu bytes where %zu were expected "
+                      "(different CRUN_ALGO settings?)", desc, CRUN__WHO(io->t->pg, io->t->rank), CRUN__WHO(io->t->pg, io->from),
                       (unsigned long long)h->nbytes, io->rbytes);
   }
   return 0;
@@ -138,8 +138,8 @@ static int peer_died(io_t *io, int peer, int err) {
   if (x->state == CRUN__PRX_DEAD && x->text) return aborted_by(io, peer, &x->h, x->text); /* the pump read it */
   if (crun__tcp_board_reason(io->t, peer, &h, why, sizeof why)) return aborted_by(io, peer, &h, why);
   crun__coll_desc(io->c, desc, sizeof desc);
-  return crun_error(CRUN_EPEERDIED, "%s on rank %d: connection to rank %d %s (the process died "
-                    "or left the group)", desc, io->t->rank, peer, crun__tcp_conn_how(err, how, sizeof how));
+  return crun_error(CRUN_EPEERDIED, "%s on %s: connection to %s %s (the process died "
+                    "or left the group)", desc, CRUN__WHO(io->t->pg, io->t->rank), CRUN__WHO(io->t->pg, peer), crun__tcp_conn_how(err, how, sizeof how));
 }
 
 /* Turns a received abort frame into our error. The frame was the peer's
@@ -153,10 +153,10 @@ static int aborted_by(io_t *io, int peer, const crun__hdr_t *h, const char *text
   int st;
   const char *body = crun__tcp_abort_body(h, text, &st);
   t->prx[peer].state = CRUN__PRX_DEAD;
-  snprintf(p2p, sizeof p2p, "%s [reported by rank %d; rank %d was in a point-to-point operation]", body, peer,
-           t->rank);
+  snprintf(p2p, sizeof p2p, "%s [reported by %s; %s was in a point-to-point operation]", body, CRUN__WHO(t->pg, peer),
+           CRUN__WHO(t->pg, t->rank));
   crun__tcp_fail_all(t, st, p2p); /* before our error: it records theirs */
-  return crun_error(st, "%s [reported by rank %d; rank %d was in %s]", body, peer, t->rank, desc);
+  return crun_error(st, "%s [reported by %s; %s was in %s]", body, CRUN__WHO(t->pg, peer), CRUN__WHO(t->pg, t->rank), desc);
 }
 
 /* Uses a stashed frame when one matches the receive; 1 when consumed. */
@@ -337,10 +337,10 @@ static int timed_out(io_t *io) {
   crun__coll_desc(io->c, desc, sizeof desc);
   crun__pg_progress_report(io->t->pg, where, sizeof where);
   if (io->rstate != RX_DONE && io->from >= 0)
-    return crun_error(CRUN_ETIMEDOUT, "%s on rank %d: no data from rank %d after %.1f s; %s", desc,
-                      io->t->rank, io->from, io->c->timeout, where);
-  return crun_error(CRUN_ETIMEDOUT, "%s on rank %d: rank %d took no data for %.1f s; %s", desc,
-                    io->t->rank, io->to, io->c->timeout, where);
+    return crun_error(CRUN_ETIMEDOUT, "%s on %s: no data from %s after %.1f s; %s", desc,
+                      CRUN__WHO(io->t->pg, io->t->rank), CRUN__WHO(io->t->pg, io->from), io->c->timeout, where);
+  return crun_error(CRUN_ETIMEDOUT, "%s on %s: %s took no data for %.1f s; %s", desc,
+                    CRUN__WHO(io->t->pg, io->t->rank), CRUN__WHO(io->t->pg, io->to), io->c->timeout, where);
 }
 
 /* How long a step waits on its own peers before it looks at the others'
@@ -371,14 +371,14 @@ static int other_call_error(io_t *io, int j, const crun__hdr_t *h) {
   crun__coll_desc(c, desc, sizeof desc);
   int a2a = c->kind == CRUN__COLL_ALL_TO_ALL && c->out_counts;
   uint64_t count = a2a ? c->out_counts[j] : hdr_count(c, io->rbytes);
-  int n = a2a ? snprintf(mine, sizeof mine, ", whose block from rank %d is ", j) : snprintf(mine, sizeof mine, " ");
+  int n = a2a ? snprintf(mine, sizeof mine, ", whose block from %s is ", CRUN__WHO(io->t->pg, j)) : snprintf(mine, sizeof mine, " ");
   crun__tcp_call_shape(mine + n, sizeof mine - (size_t)n, hdr_dtype(c), count, c->op, c->root,
                        crun__coll_reduces(c->kind), 0);
   crun__tcp_call_shape(theirs, sizeof theirs, h->dtype, h->count, h->op, h->root, crun__coll_reduces(h->kind), 0);
   int peer = io->from >= 0 && io->rstate != RX_DONE ? io->from : io->to;
-  return crun_error(CRUN_EMISMATCH, "%s on rank %d: rank %d sent %s #%llu %s but rank %d called %s%s (seen "
-                    "while it waited for rank %d)", desc, io->t->rank, j, crun__coll_name(h->kind),
-                    (unsigned long long)h->seq, theirs, io->t->rank, crun__coll_name(c->kind), mine, peer);
+  return crun_error(CRUN_EMISMATCH, "%s on %s: %s sent %s #%llu %s but %s called %s%s (seen "
+                    "while it waited for %s)", desc, CRUN__WHO(io->t->pg, io->t->rank), CRUN__WHO(io->t->pg, j), crun__coll_name(h->kind),
+                    (unsigned long long)h->seq, theirs, CRUN__WHO(io->t->pg, io->t->rank), crun__coll_name(c->kind), mine, CRUN__WHO(io->t->pg, peer));
 }
 
 /* Looks at what peer j sent ahead of what this rank read from it: its
@@ -509,11 +509,11 @@ static int io_blocked(io_t *io) {
   char desc[64], note[160] = "";
   crun__coll_desc(io->c, desc, sizeof desc);
   if (cut)
-    snprintf(note, sizeof note, "%sthe connection from rank %d stopped mid-frame where a receive from it failed",
-             t->aborted ? " (" : "", io->from);
+    snprintf(note, sizeof note, "%sthe connection from %s stopped mid-frame where a receive from it failed",
+             t->aborted ? " (" : "", CRUN__WHO(t->pg, io->from));
   if (!t->aborted)
-    return crun_error(CRUN_ESTATE, "%s on rank %d: %s", desc, t->rank, note);
-  return crun_error(CRUN_ESTATE, "%s on rank %d: %s%s%s", desc, t->rank,
+    return crun_error(CRUN_ESTATE, "%s on %s: %s", desc, CRUN__WHO(t->pg, t->rank), note);
+  return crun_error(CRUN_ESTATE, "%s on %s: %s%s%s", desc, CRUN__WHO(t->pg, t->rank),
                     t->abort_why ? t->abort_why : "the tcp transport was aborted", note, cut ? ")" : "");
 }
 
@@ -568,7 +568,7 @@ static int run_step(crun__tcp_t *t, crun__coll_t *c, const crun__xfer_t *x, int 
 }
 
 int crun__tcp_xfer(crun__tcp_t *t, crun__coll_t *c, const crun__xfer_t *x) {
-  if (t->aborted) return crun_error(CRUN_ESTATE, "rank %d: the tcp transport was aborted", t->rank);
+  if (t->aborted) return crun_error(CRUN_ESTATE, "%s: the tcp transport was aborted", CRUN__WHO(t->pg, t->rank));
   crun__tcp_lock(t);
   int rc = run_step(t, c, x, 0);
   crun__tcp_unlock(t);

@@ -30,6 +30,13 @@
 --             only it can see; then an all_reduce
 --   subref    in new_group{1, 2}, rank 2 (its group rank 1) alone gives
 --             all_reduce an unknown option key; rank 1 a good call
+--   subrank:K in new_group{1, 2} (global rank 1 is its group rank 0, rank 2
+--             its group rank 1), over which rank 0 records "ok": K: arg
+--             (rank 2 alone all_reduces a bool tensor with avg, then both a
+--             good all_reduce), count (rank 1 all_reduces 3 elements, rank 2
+--             five), timeout (rank 1 all_reduces with timeout 1 s while rank
+--             2 sleeps 3 s, calling nothing), died (rank 2 exits at once
+--             without destroying anything; rank 1 all_reduces)
 --   rootlistgather / rootlistscatter  the root's list holds 1 tensor, not n;
 --             then an all_reduce
 --   a2asplit_K  rank 1 gives all_to_all_single bad input split sizes, K: len
@@ -231,6 +238,29 @@ elseif mode == "subref" then
   local g = dist.new_group({1, 2})
   local o = rank == 2 and {group = g, timeot = 1} or {group = g}
   if rank == 0 then record(true) else record(pcall(dist.all_reduce, T.ones({4}), "sum", o)) end
+elseif mode:match("^subrank:") then
+  local k = mode:match("^subrank:(%w+)$")
+  local g = dist.new_group({1, 2})
+  if rank == 0 then
+    record(true)
+  elseif k == "arg" then
+    local t = rank == 2 and T.zeros({4}, "bool") or T.ones({4})
+    record(pcall(dist.all_reduce, t, dist.ReduceOp.AVG, {group = g}))
+    record(pcall(dist.all_reduce, T.ones({4}), "sum", {group = g}))
+  elseif k == "count" then
+    record(pcall(dist.all_reduce, T.ones({rank == 1 and 3 or 5}), "sum", {group = g}))
+  elseif k == "timeout" and rank == 2 then
+    os.execute("sleep 3")
+    record(true)
+  elseif k == "timeout" then
+    record(pcall(dist.all_reduce, T.ones({4}), "sum", {group = g, timeout = 1}))
+  elseif k == "died" and rank == 2 then
+    record(true)
+    out:close()
+    os.exit(0, false)
+  elseif k == "died" then
+    record(pcall(dist.all_reduce, T.ones({4}), "sum", {group = g}))
+  end
 elseif mode == "rootlistgather" or mode == "rootlistscatter" then
   local f = mode == "rootlistgather" and dist.gather or dist.scatter
   record(pcall(f, T.ones({4}), rank == 0 and {T.zeros({4})} or nil, 0))

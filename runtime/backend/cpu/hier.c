@@ -123,8 +123,8 @@ static int map_hosts(crun_pg_t *pg, int *host_of, char *desc, size_t cap) {
     int h = 0;
     while (h < q && !(keys[h].len == keys[q].len && !memcmp(keys[h].data, keys[q].data, keys[q].len))) h++;
     host_of[q] = h < q ? host_of[h] : nhosts++;
-    if (used + 40 < cap) used += (size_t)snprintf(desc + used, cap - used, "%srank %d on host %d",
-                                                  q ? ", " : "", q, host_of[q]);
+    if (used + 40 < cap) used += (size_t)snprintf(desc + used, cap - used, "%s%s on host %d",
+                                                  q ? ", " : "", CRUN__WHO(pg, q), host_of[q]);
   }
   for (int q = 0; q < pg->size; q++) crun_buf_free(&keys[q]);
   free(keys);
@@ -202,10 +202,10 @@ static int shm_err(hier_t *h, const crun__coll_t *c, const char *stage, int rc) 
   const char *body = shm_body(t);
   int k, n = 0;
   if (sscanf(body, "rank %d failed first: %n", &k, &n) == 1 && n > 0) /* relayed: its text says the rest */
-    return crun_error(rc, "%s on rank %d (stage: %s): rank %d failed first: %s", desc, h->pg->rank, stage,
-                      local_to_group(h, k), body + n);
-  return crun_error(rc, "%s on rank %d: %s (stage: %s) [hierarchical engine: the stage's ranks 0.. are "
-                    "group ranks %s on host %d%s]", desc, h->pg->rank, body, stage, map, h->host, note);
+    return crun_error(rc, "%s on %s (stage: %s): %s failed first: %s", desc, CRUN__WHO(h->pg, h->pg->rank), stage,
+                      CRUN__WHO(h->pg, local_to_group(h, k)), body + n);
+  return crun_error(rc, "%s on %s: %s (stage: %s) [hierarchical engine: the stage's ranks 0.. are "
+                    "group ranks %s on host %d%s]", desc, CRUN__WHO(h->pg, h->pg->rank), body, stage, map, h->host, note);
 }
 
 #define SHM(stage, call)                                                      \
@@ -311,8 +311,8 @@ static int pipe_wait(pipe_t *p, int k, const crun__coll_t *c) {
     return crun_error(rc, "%s", t);
   }
   if (done <= k)
-    return crun_error(CRUN_ETIMEDOUT, "hierarchical all_reduce #%llu: rank %d: the TCP stage of segment %d of %d "
-                      "did not finish before the deadline", (unsigned long long)c->seq, p->h->pg->rank, k + 1,
+    return crun_error(CRUN_ETIMEDOUT, "hierarchical all_reduce #%llu: %s: the TCP stage of segment %d of %d "
+                      "did not finish before the deadline", (unsigned long long)c->seq, CRUN__WHO(p->h->pg, p->h->pg->rank), k + 1,
                       p->nseg);
   return 0;
 }
@@ -339,14 +339,14 @@ static int pipe_all_reduce(hier_t *h, crun__coll_t *c, const crun__coll_t *s, in
   /* glibc's init calls do not fail; if one did, this rank could not follow the
    * schedule its peers follow, so it fails rather than fall back */
   if (pthread_mutex_init(&p.mu, NULL))
-    return crun_error(CRUN_ENOMEM, "hierarchical all_reduce: rank %d: pipeline lock", h->pg->rank);
+    return crun_error(CRUN_ENOMEM, "hierarchical all_reduce: %s: pipeline lock", CRUN__WHO(h->pg, h->pg->rank));
   pthread_condattr_t ca;   /* timed waits count on the monotonic clock, as crun_clock does */
   int bad = pthread_condattr_init(&ca) || pthread_condattr_setclock(&ca, CLOCK_MONOTONIC) ||
             pthread_cond_init(&p.cv, &ca);
   pthread_condattr_destroy(&ca);
   if (bad) {
     pthread_mutex_destroy(&p.mu);
-    return crun_error(CRUN_ENOMEM, "hierarchical all_reduce: rank %d: pipeline condition", h->pg->rank);
+    return crun_error(CRUN_ENOMEM, "hierarchical all_reduce: %s: pipeline condition", CRUN__WHO(h->pg, h->pg->rank));
   }
   int threaded = pthread_create(&tid, NULL, pipe_worker, &p) == 0;
   int rc = 0, tcp_failed = 0;
@@ -433,7 +433,7 @@ static int h_reduce(hier_t *h, crun__coll_t *c) {
   int root = h->pg->rank == c->root;
   size_t bytes = c->count * crun_dtype_size(c->dt);
   void *tmp = root ? c->buf : malloc(bytes ? bytes : 1);
-  if (!tmp) return crun_error(CRUN_ENOMEM, "reduce: %zu-byte buffer on rank %d", bytes, h->pg->rank);
+  if (!tmp) return crun_error(CRUN_ENOMEM, "reduce: %zu-byte buffer on %s", bytes, CRUN__WHO(h->pg, h->pg->rank));
   int rc = 0;
   if (h->comm) {
     crun__shm_comm_label(h->comm, c->seq);
@@ -512,7 +512,7 @@ static int h_agree(hier_t *h, const crun__coll_t *c) {
   int l = crun__shm_comm_size(h->comm), bad = -1;
   int64_t local[16 * SIG_WORDS], mine[SIG_WORDS];
   int64_t *all = l <= 16 ? local : malloc(sizeof(int64_t) * SIG_WORDS * (size_t)l);
-  if (!all) return crun_error(CRUN_ENOMEM, "hierarchical engine: rank %d: call signatures", h->pg->rank);
+  if (!all) return crun_error(CRUN_ENOMEM, "hierarchical engine: %s: call signatures", CRUN__WHO(h->pg, h->pg->rank));
   h_sig(c, mine);
   crun__shm_comm_label(h->comm, c->seq);
   int rc = crun__shm_all_gather(h->comm, all, mine, SIG_WORDS, CRUN_INT64, left(c));
@@ -528,8 +528,8 @@ static int h_agree(hier_t *h, const crun__coll_t *c) {
     crun__coll_desc(c, desc, sizeof desc);
     h_sig_text(mine, me, sizeof me);
     h_sig_text(all + (size_t)bad * SIG_WORDS, them, sizeof them);
-    rc = crun_error(CRUN_EMISMATCH, "%s on rank %d: rank %d (same host) called %s but rank %d called %s "
-                    "[hierarchical engine]", desc, h->pg->rank, q, them, h->pg->rank, me);
+    rc = crun_error(CRUN_EMISMATCH, "%s on %s: %s (same host) called %s but %s called %s "
+                    "[hierarchical engine]", desc, CRUN__WHO(h->pg, h->pg->rank), CRUN__WHO(h->pg, q), them, CRUN__WHO(h->pg, h->pg->rank), me);
   }
   if (all != local) free(all);
   return rc;
@@ -674,8 +674,8 @@ static __attribute__((noinline)) int h_explain(hier_t *h, const crun__coll_t *c,
   crun__coll_desc(c, desc, sizeof desc);
   h_sig_text(mine, me, sizeof me);
   h_sig_text(theirs, them, sizeof them);
-  rc = crun_error(rc, "%s on rank %d: rank %d called %s but rank %d called %s [hierarchical engine]", desc,
-                  h->pg->rank, q, them, h->pg->rank, me);
+  rc = crun_error(rc, "%s on %s: %s called %s but %s called %s [hierarchical engine]", desc,
+                  CRUN__WHO(h->pg, h->pg->rank), CRUN__WHO(h->pg, q), them, CRUN__WHO(h->pg, h->pg->rank), me);
   if (failed) {
     char was[960];
     snprintf(was, sizeof was, "%s: %s", crun_err_name(rc), text);
@@ -779,14 +779,14 @@ int crun__cpu_engine_open(crun_pg_t *pg, crun__transport_t mode, const crun__lin
     free(host_of);
     int rc = crun__shm_engine_open ? crun__shm_engine_open(pg, out) : CRUN_ENOTSUP;
     if (rc < 0 && mode == CRUN__TR_SHM)
-      return crun_error(CRUN_EINVAL, "CRUN_TRANSPORT=shm: rank %d: the shared-memory engine could not "
-                        "attach (%s)", pg->rank, crun__shm_engine_open ? crun_last_error() : "not built in");
+      return crun_error(CRUN_EINVAL, "CRUN_TRANSPORT=shm: %s: the shared-memory engine could not "
+                        "attach (%s)", CRUN__WHO(pg, pg->rank), crun__shm_engine_open ? crun_last_error() : "not built in");
     return rc;
   }
   if (mode == CRUN__TR_SHM) {
     free(host_of);
-    return crun_error(CRUN_EINVAL, "CRUN_TRANSPORT=shm needs every rank on one host, but rank %d sees "
-                      "%d hosts: %s", pg->rank, nhosts, desc);
+    return crun_error(CRUN_EINVAL, "CRUN_TRANSPORT=shm needs every rank on one host, but %s sees "
+                      "%d hosts: %s", CRUN__WHO(pg, pg->rank), nhosts, desc);
   }
   if (nhosts == pg->size || crun_env_int("CRUN_HIER", 1) == 0) { free(host_of); return CRUN_ENOTSUP; }
   return hier_open(pg, tcp, host_of, nhosts, out);

@@ -73,7 +73,7 @@ static int mismatch(const crun__mpi_t *b, const crun__coll_t *c, int p, const in
   int dop = e[CRUN__SIG_OP] != t[CRUN__SIG_OP], droot = e[CRUN__SIG_ROOT] != t[CRUN__SIG_ROOT];
   shape(mine, sizeof mine, e, dop, droot);
   shape(theirs, sizeof theirs, t, dop, droot);
-  return crun_error(CRUN_EMISMATCH, "%s on rank %d expected %s, rank %d sent %s #%lld %s", desc, b->rank, mine, p,
+  return crun_error(CRUN_EMISMATCH, "%s on %s expected %s, %s sent %s #%lld %s", desc, CRUN__WHO(b->pg, b->rank), mine, CRUN__WHO(b->pg, p),
                     crun__coll_name((int)t[CRUN__SIG_KIND]), (long long)t[CRUN__SIG_SEQ], theirs);
 }
 
@@ -128,12 +128,12 @@ static int timed_out(crun__mpi_t *b, const crun__coll_t *c) {
     whereabouts(b, c, p, arrived, at[p], 64);
   }
   if (late && at && nl) {
-    crun__ranks_text(who, sizeof who, late, nl);
+    crun__pg_ranks_text(b->pg, who, sizeof who, late, nl);
     report(where, sizeof where, at, n, late);
   }
   free(late);
   free(at);
-  return crun_error(CRUN_ETIMEDOUT, "%s on rank %d: no data from %s after %.1f s%s", desc, b->rank, who,
+  return crun_error(CRUN_ETIMEDOUT, "%s on %s: no data from %s after %.1f s%s", desc, CRUN__WHO(b->pg, b->rank), who,
                     c->timeout, where);
 }
 
@@ -146,8 +146,8 @@ static int check_late(crun__mpi_t *b, crun__coll_t *c, double entered, const cha
     if (p == b->rank) continue;
     double pd = (double)b->sig_in[(size_t)p * CRUN__SIG_WORDS + CRUN__SIG_DEADLINE] * 1e-6;
     if (entered >= pd + g)
-      return crun_error(CRUN_ETIMEDOUT, "%s on rank %d: arrived %.1f s after rank %d's deadline for it; rank %d "
-                        "gave up waiting (timeout %.1f s)", desc, b->rank, entered - pd, p, p, c->timeout);
+      return crun_error(CRUN_ETIMEDOUT, "%s on %s: arrived %.1f s after %s's deadline for it; %s "
+                        "gave up waiting (timeout %.1f s)", desc, CRUN__WHO(b->pg, b->rank), entered - pd, CRUN__WHO(b->pg, p), CRUN__WHO(b->pg, p), c->timeout);
     if (entered > pd - g && pd + g > wait_until) wait_until = pd + g;
   }
   crun__mpi_spin_t spin = {0};

@@ -247,10 +247,10 @@ static int a2a_layout(crun__mpi_t *b, const crun__coll_t *c, const size_t *count
   *total = 0;
   for (int i = 0; i < b->size; i++) {
     if (counts[i] > (size_t)INT_MAX - *total)
-      return crun_error(CRUN_ERANGE, "all_to_all #%llu on rank %d: the blocks it %s add up to more than %d elements "
-                        "(the mpi backend's limit per call) at the one %s rank %d (%zu elements)",
-                        (unsigned long long)c->seq, b->rank, out ? "receives" : "sends", INT_MAX,
-                        out ? "from" : "for", i, counts[i]);
+      return crun_error(CRUN_ERANGE, "all_to_all #%llu on %s: the blocks it %s add up to more than %d elements "
+                        "(the mpi backend's limit per call) at the one %s %s (%zu elements)",
+                        (unsigned long long)c->seq, CRUN__WHO(b->pg, b->rank), out ? "receives" : "sends", INT_MAX,
+                        out ? "from" : "for", CRUN__WHO(b->pg, i), counts[i]);
     cnt[i] = (int)counts[i];
     disp[i] = (int)*total;
     *total += counts[i];
@@ -288,7 +288,7 @@ static int take(crun__mpi_t *b, const crun__coll_t *c, char **s, int i, size_t b
   if ((s[i] = crun__mpi_stage(b, i, bytes, site))) return 0;
   char desc[64];
   crun__coll_desc(c, desc, sizeof desc);
-  return crun_error(CRUN_ENOMEM, "%s on rank %d: no memory for its staging buffer (%s, %zu bytes)", desc, b->rank,
+  return crun_error(CRUN_ENOMEM, "%s on %s: no memory for its staging buffer (%s, %zu bytes)", desc, CRUN__WHO(b->pg, b->rank),
                     what, bytes);
 }
 
@@ -344,8 +344,8 @@ static int barrier(crun__mpi_t *b, crun__coll_t *c) {
 int crun__mpi_coll(void *state, crun__coll_t *c) {
   crun__mpi_t *b = state;
   if (c->count > INT_MAX)
-    return crun_error(CRUN_ERANGE, "%s #%llu on rank %d: %zu elements exceed the mpi backend's limit of %d per call",
-                      crun__coll_name(c->kind), (unsigned long long)c->seq, b->rank, c->count, INT_MAX);
+    return crun_error(CRUN_ERANGE, "%s #%llu on %s: %zu elements exceed the mpi backend's limit of %d per call",
+                      crun__coll_name(c->kind), (unsigned long long)c->seq, CRUN__WHO(b->pg, b->rank), c->count, INT_MAX);
   char *s[2];
   CRUN_CHECK(reserve(b, c, s));
   if (b->check) CRUN_CHECK(crun__mpi_check(b, c));

@@ -648,7 +648,8 @@ static int take_notice(crun__mpi_t *b, MPI_Message *m, const MPI_Status *st, con
   const char *sp = strstr(text, ": ");
   if (sp && !strncmp(text, crun_err_name(status), (size_t)(sp - text))) text = sp + 2;
   b->peer_aborted = 1;
-  return crun_error(status, "%s [reported by rank %d; rank %d was in %s]", text, st->MPI_SOURCE, b->rank, desc);
+  return crun_error(status, "%s [reported by %s; %s was in %s]", text, CRUN__WHO(b->pg, st->MPI_SOURCE),
+                    CRUN__WHO(b->pg, b->rank), desc);
 }
 
 /* The notice is matched (MPI_Improbe) and received with no allocation:
@@ -669,7 +670,7 @@ int crun__mpi_poll_left(crun__mpi_t *b, int p, const char *desc) {
   int flag = 0;
   if (p == b->rank || MPI_Iprobe(p, CRUN__MPI_TAG_LEFT, b->ctrl, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS || !flag)
     return 0;
-  return crun_error(CRUN_EPEERDIED, "%s on rank %d: rank %d destroyed the group and will not join", desc, b->rank, p);
+  return crun_error(CRUN_EPEERDIED, "%s on %s: %s destroyed the group and will not join", desc, CRUN__WHO(b->pg, b->rank), CRUN__WHO(b->pg, p));
 }
 
 /* Tells every peer that this rank destroyed the group: one empty message on

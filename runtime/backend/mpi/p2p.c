@@ -34,9 +34,9 @@ static int check_tag(const crun__mpi_t *b, const crun__coll_t *c, const char *de
   int max = crun__mpi_tag_ub(b->comm) - 1;
   if (c->tag >= 0 && c->tag <= max && c->count <= INT32_MAX) return 0;
   if (c->count > INT32_MAX)
-    return crun_error(CRUN_ERANGE, "%s on rank %d: %zu elements exceed the mpi backend's limit of %d per message",
-                      desc, b->rank, c->count, INT32_MAX);
-  return crun_error(CRUN_EINVAL, "%s on rank %d: tag %d is outside MPI's range 0..%d", desc, b->rank, c->tag, max);
+    return crun_error(CRUN_ERANGE, "%s on %s: %zu elements exceed the mpi backend's limit of %d per message",
+                      desc, CRUN__WHO(b->pg, b->rank), c->count, INT32_MAX);
+  return crun_error(CRUN_EINVAL, "%s on %s: tag %d is outside MPI's range 0..%d", desc, CRUN__WHO(b->pg, b->rank), c->tag, max);
 }
 
 /* Builds the datatype of (header, payload) at their absolute addresses;
@@ -103,7 +103,7 @@ int crun__mpi_send(void *state, crun__coll_t *c) {
   reap(b, 0);
   size_t bytes = c->count * crun_dtype_size(c->dt);
   crun__mpi_send_t *s = malloc(sizeof *s + HDR + bytes);
-  if (!s) return crun_error(CRUN_ENOMEM, "%s on rank %d: no memory to buffer %zu bytes", desc, b->rank, bytes);
+  if (!s) return crun_error(CRUN_ENOMEM, "%s on %s: no memory to buffer %zu bytes", desc, CRUN__WHO(b->pg, b->rank), bytes);
   int rc = start_send(b, c, bytes, s);
   if (rc != MPI_SUCCESS) {
     free(s);
@@ -137,13 +137,13 @@ static int probe(crun__mpi_t *b, crun__coll_t *c, const char *desc, MPI_Message 
     if (src != MPI_ANY_SOURCE && !gone && spin.spins % 256 == 255 && crun__mpi_poll_left(b, src, desc) < 0)
       gone = crun_clock();
     if (gone && crun_clock() >= gone + LEFT_GRACE)
-      return crun_error(CRUN_EPEERDIED, "%s on rank %d: rank %d destroyed the group without sending it", desc,
-                        b->rank, src);
+      return crun_error(CRUN_EPEERDIED, "%s on %s: %s destroyed the group without sending it", desc,
+                        CRUN__WHO(b->pg, b->rank), CRUN__WHO(b->pg, src));
     crun__mpi_relax(&spin);
   }
   if (src == MPI_ANY_SOURCE)
-    return crun_error(CRUN_ETIMEDOUT, "%s on rank %d: no sender after %.1f s", desc, b->rank, c->timeout);
-  return crun_error(CRUN_ETIMEDOUT, "%s on rank %d: no data from rank %d after %.1f s", desc, b->rank, c->root,
+    return crun_error(CRUN_ETIMEDOUT, "%s on %s: no sender after %.1f s", desc, CRUN__WHO(b->pg, b->rank), c->timeout);
+  return crun_error(CRUN_ETIMEDOUT, "%s on %s: no data from %s after %.1f s", desc, CRUN__WHO(b->pg, b->rank), CRUN__WHO(b->pg, c->root),
                     c->timeout);
 }
 
@@ -152,10 +152,10 @@ static int mismatch(crun__mpi_t *b, crun__coll_t *c, const char *desc, int from,
                     long long bytes) {
   const char *want = crun_dtype_name(c->dt), *got = has_hdr ? crun_dtype_name((crun_dtype_t)h[0]) : NULL;
   if (!got)
-    return crun_error(CRUN_EMISMATCH, "%s on rank %d expected %s[%zu], rank %d sent %lld bytes that are not a "
-                      "crun message (tag %d)", desc, b->rank, want, c->count, from, bytes, c->tag);
-  return crun_error(CRUN_EMISMATCH, "%s on rank %d expected %s[%zu], rank %d sent %s[%lld] (tag %d)", desc, b->rank,
-                    want, c->count, from, got, (long long)h[1], c->tag);
+    return crun_error(CRUN_EMISMATCH, "%s on %s expected %s[%zu], %s sent %lld bytes that are not a "
+                      "crun message (tag %d)", desc, CRUN__WHO(b->pg, b->rank), want, c->count, CRUN__WHO(b->pg, from), bytes, c->tag);
+  return crun_error(CRUN_EMISMATCH, "%s on %s expected %s[%zu], %s sent %s[%lld] (tag %d)", desc, CRUN__WHO(b->pg, b->rank),
+                    want, c->count, CRUN__WHO(b->pg, from), got, (long long)h[1], c->tag);
 }
 
 /* Bytes of the sink that crun__mpi_mrecv_head drops a message's rest into. */
@@ -204,12 +204,14 @@ static int drop(crun__mpi_t *b, const char *desc, MPI_Message *m, int from, MPI_
   int len = 0, drc = crun__mpi_mrecv_head(m, got, NULL, 0);
   MPI_Error_string(mpirc, why, &len);
   if (drc == MPI_SUCCESS)
-    return crun_error(crun__mpi_status(mpirc), "%s on rank %d: %s failed: %s; the message from rank %d (%lld "
-                      "bytes) was received and dropped", desc, b->rank, call, why, from, (long long)got);
+    return crun_error(crun__mpi_status(mpirc), "%s on %s: %s failed: %s; the message from %s (%lld "
+                      "bytes) was received and dropped", desc, CRUN__WHO(b->pg, b->rank), call, why,
+                      CRUN__WHO(b->pg, from), (long long)got);
   MPI_Error_string(drc, how, &len);
-  return crun_error(crun__mpi_status(mpirc), "%s on rank %d: %s failed: %s; dropping the message from rank %d "
-                    "(%lld bytes) failed too (%s): it stays in MPI and rank %d's send may never complete", desc,
-                    b->rank, call, why, from, (long long)got, how, from);
+  return crun_error(crun__mpi_status(mpirc), "%s on %s: %s failed: %s; dropping the message from %s "
+                    "(%lld bytes) failed too (%s): it stays in MPI and %s's send may never complete", desc,
+                    CRUN__WHO(b->pg, b->rank), call, why, CRUN__WHO(b->pg, from), (long long)got, how,
+                    CRUN__WHO(b->pg, from));
 }
 
 /* Receives a message of the expected size into the buffer (through the
@@ -246,7 +248,7 @@ int crun__mpi_recv(void *state, crun__coll_t *c) {
   size_t bytes = c->count * crun_dtype_size(c->dt);
   char *s = bytes <= SMALL ? crun__mpi_stage(b, 1, HDR + bytes, "mpi.stage_recv") : NULL;
   if (bytes <= SMALL && !s)
-    return crun_error(CRUN_ENOMEM, "%s on rank %d: no memory for its staging buffer (%zu bytes)", desc, b->rank,
+    return crun_error(CRUN_ENOMEM, "%s on %s: no memory for its staging buffer (%zu bytes)", desc, CRUN__WHO(b->pg, b->rank),
                       HDR + bytes);
   MPI_Message m;
   MPI_Status st;
