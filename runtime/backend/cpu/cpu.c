@@ -155,7 +155,9 @@ static int cpu_coll(void *state, crun__coll_t *c) {
 static crun_backend_fn cpu_direct(void *state, int kind, void **fn_state) {
   cpu_t *b = state;
   crun__coll_t probe = {.kind = kind};
-  if (kind != CRUN__COLL_ALL_REDUCE || !b->has_engine || !b->engine.all_reduce ||
+  /* the caller writes no held flight-recorder start before it: the engine
+   * must (posts_obs), as cpu_coll asks of an engine that does not */
+  if (kind != CRUN__COLL_ALL_REDUCE || !b->has_engine || !b->engine.all_reduce || !b->engine.posts_obs ||
       !b->engine.supports(b->engine.state, &probe))
     return NULL;
   *fn_state = b->engine.state;
