@@ -13,39 +13,66 @@
 #if CRUN_HAVE_MPI
 #include <mpi.h>
 
+/* One all_to_all of uint8 blocks on a group of 3 ranks (timeout 2 s) with
+ * counts ic (sent) and oc (received) per rank, expected to fail on rank r
+ * with status want_rc and an error text starting with want[r], every rank
+ * within 1.5 s. */
+static int a2a_fails(crun_store_t *st, int rank, const char *name, const size_t (*ic)[3], const size_t (*oc)[3],
+                     int want_rc, const char *const *want) {
+  /* the blocks at 0, 2, 4 and 8, 10, 12: a large block last, above every
+   * block of the other direction (rank 1 sends one to rank 2, which receives
+   * it from rank 1), so that no output overlaps an input (an in-place call
+   * would copy the inputs) */
+  uint8_t buf[16] = {0}, *lo = buf, *hi = buf + 8;
+  const void *ins[3] = {rank == 2 ? lo : hi, rank == 2 ? lo + 2 : hi + 2, rank == 2 ? lo + 4 : hi + 4};
+  void *outs[3] = {rank == 2 ? hi : lo, rank == 2 ? hi + 4 : lo + 2, rank == 2 ? hi + 2 : lo + 4};
+  crun_pg_t *pg = NULL;
+  crun_pg_opts_t o = {.world_size = 3, .rank = rank, .backend = "mpi", .timeout = 2, .name = name, .store = st};
+  int bad = crun_pg_new(&o, &pg) < 0;
+  if (bad) printf("rank %d: group '%s': %s\n", rank, name, crun_last_error());
+  double t0 = MPI_Wtime();
+  int rc = bad ? 0 : crun_pg_all_to_all(pg, outs, oc[rank], ins, ic[rank], CRUN_UINT8, NULL, NULL);
+  if (!bad && (rc != want_rc || strncmp(crun_last_error(), want[rank], strlen(want[rank]))))
+    printf("rank %d: %s: rc %d (%s), want %s...\n", rank, name, rc, rc < 0 ? crun_last_error() : "no error",
+           want[rank]), bad = 1;
+  if (MPI_Wtime() - t0 > 1.5) printf("rank %d: %s took %.1f s\n", rank, name, MPI_Wtime() - t0), bad = 1;
+  if (pg) crun_pg_release(pg);
+  return bad;
+}
+
 /* a2a_wrap (3 ranks): all_to_all where rank 1 sends rank 2 a block of
  * SIZE_MAX - 1 bytes after 2 bytes to the others, and rank 2 expects it
  * after 2 bytes from rank 0: on both, the running total of counts wraps
- * past SIZE_MAX to 0. Rank 1 and 2 must fail with ERANGE naming the block
- * and its size, rank 0 with their error (from an abort notice), all within
- * the 2 s timeout. Before, the layout's check (total + count > INT_MAX)
- * wrapped too and let the counts through: MPI got count -2 and rank 1
- * packed SIZE_MAX - 1 bytes into a staging buffer of 2 (a crash). */
+ * past SIZE_MAX to 0. crun_pg_all_to_all refuses such blocks on every
+ * backend (EINVAL naming the block, test_pg all_to_all_count_overflow):
+ * rank 1 and 2 fail with it, rank 0 from their abort notice, within the 2 s
+ * timeout. Then the mpi backend's own limit: rank 1 sends rank 2 2^31 - 1
+ * bytes after 2 to the others, which fits a size_t but not MPI's int
+ * counts: ERANGE from the mpi backend (rank 1: its total; rank 2: naming
+ * the block). Before its fix,
+ * that layout's check (total + count > INT_MAX) wrapped with counts near
+ * SIZE_MAX and let them through: MPI got count -2 and rank 1 packed
+ * SIZE_MAX - 1 bytes into a staging buffer of 2 (a crash). */
 static int worker_a2a_wrap(crun_store_t *st, int rank) {
   static const size_t ic[3][3] = {{1, 1, 2}, {1, 1, SIZE_MAX - 1}, {1, 1, 1}};
   static const size_t oc[3][3] = {{1, 1, 1}, {1, 1, 1}, {2, SIZE_MAX - 1, 1}};
   static const char *const want[3] = {
+      "EINVAL: all_to_all on rank ",
+      "EINVAL: all_to_all on rank 1: the input block for rank 2 (18446744073709551614 elements of 1 bytes) does "
+      "not fit in memory",
+      "EINVAL: all_to_all on rank 2: the output block for rank 1 (18446744073709551614 elements of 1 bytes) does "
+      "not fit in memory"};
+  static const size_t ic2[3][3] = {{1, 1, 2}, {1, 1, INT32_MAX}, {1, 1, 1}};
+  static const size_t oc2[3][3] = {{1, 1, 1}, {1, 1, 1}, {2, INT32_MAX, 1}};
+  static const char *const want2[3] = {
       "ERANGE: all_to_all #1 on rank ",
-      "ERANGE: all_to_all #1 on rank 1: the blocks it sends add up to more than 2147483647 elements (the mpi "
-      "backend's limit per call) at the one for rank 2 (18446744073709551614 elements)",
+      "ERANGE: all_to_all #1 on rank 1: 2147483649 elements exceed the mpi backend's limit of 2147483647 per call",
       "ERANGE: all_to_all #1 on rank 2: the blocks it receives add up to more than 2147483647 elements (the mpi "
-      "backend's limit per call) at the one from rank 1 (18446744073709551614 elements)"};
-  uint8_t buf[16] = {0}; /* inputs at 0, 2, 4; outputs from 8, above every input's span */
-  const void *ins[3] = {buf, buf + 2, buf + 4};
-  void *outs[3] = {buf + 8, buf + 10, buf + 12};
-  crun_pg_t *pg = NULL;
-  crun_pg_opts_t o = {.world_size = 3, .rank = rank, .backend = "mpi", .timeout = 2, .name = "wrap", .store = st};
-  int bad = crun_pg_new(&o, &pg) < 0;
-  if (bad) printf("rank %d: group 'wrap': %s\n", rank, crun_last_error());
-  double t0 = MPI_Wtime();
-  int rc = bad ? 0 : crun_pg_all_to_all(pg, outs, oc[rank], ins, ic[rank], CRUN_UINT8, NULL, NULL);
-  if (!bad && (rc != CRUN_ERANGE || strncmp(crun_last_error(), want[rank], strlen(want[rank]))))
-    printf("rank %d: rc %d (%s), want ERANGE: %s...\n", rank, rc, rc < 0 ? crun_last_error() : "no error",
-           want[rank]), bad = 1;
-  if (MPI_Wtime() - t0 > 1.5) printf("rank %d: all_to_all took %.1f s\n", rank, MPI_Wtime() - t0), bad = 1;
-  if (pg) crun_pg_release(pg);
-  return bad;
+      "backend's limit per call) at the one from rank 1 (2147483647 elements)"};
+  int bad = a2a_fails(st, rank, "wrap", ic, oc, CRUN_EINVAL, want);
+  return bad | a2a_fails(st, rank, "int", ic2, oc2, CRUN_ERANGE, want2);
 }
+
 #endif
 
 /* Runs case `which` on this rank; prints "rank R: ok" when it passed. */
