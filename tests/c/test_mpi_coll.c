@@ -1,5 +1,5 @@
 /* test_mpi_coll.c — the mpi backend's collectives at the edges of MPI's int
- * counts: each case runs this program under mpirun (worker mode, chosen by
+ * counts, and its point-to-point calls when peers leave: each case runs this program under mpirun (worker mode, chosen by
  * OMPI_COMM_WORLD_SIZE; the case by CRUN_TEST_MPI_CASE). Passes without
  * running anything when mpirun or the mpi backend is missing. */
 #include <stdint.h>
@@ -73,6 +73,48 @@ static int worker_a2a_wrap(crun_store_t *st, int rank) {
   return bad | a2a_fails(st, rank, "int", ic2, oc2, CRUN_ERANGE, want2);
 }
 
+/* any_left (3 ranks): ranks 1 and 2 destroy the group; rank 0's recv from
+ * any rank (timeout 10 s) must fail with EPEERDIED naming both within about
+ * LEFT_GRACE (1 s) of their notices, not wait for its deadline. Then a recv
+ * from any rank on a group where rank 1 alone left still waits (rank 2 may
+ * send): rank 2 sends after 1.5 s and rank 0 receives it. Before, an
+ * any-source recv never looked at the peers' notices: ETIMEDOUT after 10 s. */
+static int worker_any_left(crun_store_t *st, int rank) {
+  crun_pg_t *pg = NULL;
+  crun_pg_opts_t o = {.world_size = 3, .rank = rank, .backend = "mpi", .timeout = 10, .name = "al1", .store = st};
+  int bad = crun_pg_new(&o, &pg) < 0;
+  if (bad) printf("rank %d: group 'al1': %s\n", rank, crun_last_error());
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (!bad && rank == 0) {
+    static const char want[] = "EPEERDIED: recv from any rank (tag 0) on rank 0: ranks 1-2 destroyed the group "
+                               "without sending it";
+    int32_t x = 0;
+    double t0 = MPI_Wtime();
+    int rc = crun_pg_recv(pg, &x, 1, CRUN_INT32, CRUN_ANY_SOURCE, NULL, NULL, NULL);
+    if (rc != CRUN_EPEERDIED || strncmp(crun_last_error(), want, strlen(want)))
+      printf("rank 0: al1: rc %d (%s), want %s...\n", rc, rc < 0 ? crun_last_error() : "no error", want), bad = 1;
+    if (MPI_Wtime() - t0 > 3) printf("rank 0: al1: recv took %.1f s\n", MPI_Wtime() - t0), bad = 1;
+  }
+  if (pg) crun_pg_release(pg);
+  MPI_Barrier(MPI_COMM_WORLD);
+  o.name = "al2";
+  pg = NULL;
+  bad |= crun_pg_new(&o, &pg) < 0;
+  int32_t x = rank == 2 ? 42 : 0;
+  if (!bad && rank == 1) crun_pg_release(pg), pg = NULL;
+  if (!bad && rank == 2) {
+    usleep(1500 * 1000);
+    if (crun_pg_send(pg, &x, 1, CRUN_INT32, 0, NULL, NULL) < 0) printf("rank 2: al2: %s\n", crun_last_error()), bad = 1;
+  }
+  if (!bad && rank == 0) {
+    int src = -1, rc = crun_pg_recv(pg, &x, 1, CRUN_INT32, CRUN_ANY_SOURCE, NULL, &src, NULL);
+    if (rc < 0 || x != 42 || src != 2)
+      printf("rank 0: al2: rc %d (%s), got %d from %d\n", rc, rc < 0 ? crun_last_error() : "ok", x, src), bad = 1;
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (pg) crun_pg_release(pg);
+  return bad;
+}
 #endif
 
 /* Runs case `which` on this rank; prints "rank R: ok" when it passed. */
@@ -83,6 +125,7 @@ static int worker(const char *which) {
   MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &level);
   EXPECT(crun_store_hash_new(&st) == 0);
   if (!strcmp(which, "a2a_wrap")) bad |= worker_a2a_wrap(st, rank);
+  else if (!strcmp(which, "any_left")) bad |= worker_any_left(st, rank);
   else printf("rank %d: no case %s\n", rank, which), bad = 1;
   return mpi_worker_end(st, rank, bad);
 #else
@@ -110,7 +153,9 @@ static void run_mpi_case(const char *name, int np) {
 
 TEST(a2a_count_wrap) { run_mpi_case("a2a_wrap", 3); }
 
-#define CRUN_TESTS(X) X(a2a_count_wrap)
+TEST(any_source_recv_every_peer_left) { run_mpi_case("any_left", 3); }
+
+#define CRUN_TESTS(X) X(a2a_count_wrap) X(any_source_recv_every_peer_left)
 
 int main(int argc, char **argv) {
   const char *which = getenv("CRUN_TEST_MPI_CASE");

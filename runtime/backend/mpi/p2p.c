@@ -6,6 +6,7 @@
  * checks the size before receiving and the header after, so a sender with
  * another count or dtype gets an EMISMATCH naming both sides. */
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -122,23 +123,44 @@ int crun__mpi_send(void *state, crun__coll_t *c) {
  * may show up after the notice. */
 #define LEFT_GRACE 1.0
 
+/* Whether every rank that may send recv c (its source, or every peer for a
+ * recv from any rank) left its notice that it destroyed the group. */
+static int senders_left(crun__mpi_t *b, const crun__coll_t *c, const char *desc) {
+  if (c->root != CRUN_ANY_SOURCE) return crun__mpi_poll_left(b, c->root, desc) < 0;
+  for (int p = 0; p < b->size; p++)
+    if (p != b->rank && crun__mpi_poll_left(b, p, desc) == 0) return 0;
+  return 1;
+}
+
+/* The EPEERDIED of a recv whose possible senders all destroyed the group:
+ * its source, or every peer ("ranks 1-2") for a recv from any rank. */
+static int senders_gone(crun__mpi_t *b, const crun__coll_t *c, const char *desc) {
+  char who[256] = "every other rank";
+  int *rs = c->root == CRUN_ANY_SOURCE ? malloc(sizeof(int) * (size_t)b->size) : NULL, n = 0;
+  for (int p = 0; rs && p < b->size; p++)
+    if (p != b->rank) rs[n++] = p;
+  if (rs) crun__ranks_text(who, sizeof who, rs, n);
+  else if (c->root != CRUN_ANY_SOURCE) snprintf(who, sizeof who, "rank %d", c->root);
+  free(rs);
+  return crun_error(CRUN_EPEERDIED, "%s on rank %d: %s destroyed the group without sending it", desc, b->rank, who);
+}
+
 /* Polls for a message matching (source, tag) until the deadline, or until
- * LEFT_GRACE after the source's notice that it destroyed the group. */
+ * LEFT_GRACE after the notices that every rank that may send it destroyed
+ * the group (its source; for a recv from any rank, every peer: looked for
+ * every 256 polls, one peer after another until one that has not left). */
 static int probe(crun__mpi_t *b, crun__coll_t *c, const char *desc, MPI_Message *m, MPI_Status *st) {
   crun__mpi_spin_t spin = {0};
   int src = c->root == CRUN_ANY_SOURCE ? MPI_ANY_SOURCE : c->root;
-  double gone = 0;   /* when src's notice was seen */
+  double gone = 0;   /* when the last sender's notice was seen */
   for (;;) {
     int flag = 0, rc = MPI_Improbe(src, c->tag, b->comm, &flag, m, st);
     if (rc != MPI_SUCCESS) return crun__mpi_fail(rc, desc, b->rank, "MPI_Improbe");
     if (flag) return 0;
     if ((rc = crun__mpi_poll_abort(b, desc)) < 0) return rc;
     if (crun_clock() >= c->deadline) break;
-    if (src != MPI_ANY_SOURCE && !gone && spin.spins % 256 == 255 && crun__mpi_poll_left(b, src, desc) < 0)
-      gone = crun_clock();
-    if (gone && crun_clock() >= gone + LEFT_GRACE)
-      return crun_error(CRUN_EPEERDIED, "%s on rank %d: rank %d destroyed the group without sending it", desc,
-                        b->rank, src);
+    if (!gone && spin.spins % 256 == 255 && senders_left(b, c, desc)) gone = crun_clock();
+    if (gone && crun_clock() >= gone + LEFT_GRACE) return senders_gone(b, c, desc);
     crun__mpi_relax(&spin);
   }
   if (src == MPI_ANY_SOURCE)
