@@ -358,6 +358,48 @@ static int worker_sig(crun_store_t *st, int rank) {
   if (pg) crun_pg_release(pg);
   return bad | pair_sum(st, rank, "after");
 }
+
+/* sink: rank 1 sends 65536 floats (256 KiB: a rendezvous send), rank 0
+ * receives 100 with faults `site` armed in crun__mpi_mrecv_head, which must
+ * receive a message of another size whole: its datatypes cannot be made
+ * (mpi.sink_base: the shared SINK-byte block of extent 0; mpi.sink_type:
+ * the per-message struct), so it falls back (a heap copy of the message, or
+ * the shared block alone, which loses the header). Rank 0's recv fails with
+ * the status and text `want`, the message is received (rank 1's destroy
+ * does not wait for its send), and a group created next works. Before, the
+ * return codes of MPI_Type_contiguous and MPI_Type_create_resized were not
+ * checked: a failure went on with handles never set. */
+static int sink_case(crun_store_t *st, int rank, const char *name, const char *site, const char *want) {
+  size_t n = 65536;
+  crun_pg_t *pg = NULL;
+  float *v = calloc(n, sizeof *v);
+  int bad = !v || pair_new(st, rank, name, 2, &pg) < 0;
+  if (bad) printf("rank %d: group '%s': %s\n", rank, name, v ? crun_last_error() : "no memory");
+  if (!bad && rank == 1 && crun_pg_send(pg, v, n, CRUN_FLOAT32, 0, NULL, NULL) < 0)
+    printf("rank 1: send on '%s': %s\n", name, crun_last_error()), bad = 1;
+  MPI_Barrier(MPI_COMM_WORLD);
+  double t0 = MPI_Wtime();
+  if (!bad && rank == 0) {
+    crun__fault_arm(site);
+    int rc = crun_pg_recv(pg, v, 100, CRUN_FLOAT32, 1, NULL, NULL, NULL);
+    crun__fault_arm(NULL);
+    bad |= expect_err(rank, name, rc, CRUN_EMISMATCH, want);
+  }
+  if (pg) crun_pg_release(pg);
+  bad |= too_slow(rank, name, t0, 1);
+  MPI_Barrier(MPI_COMM_WORLD);
+  free(v);
+  return bad;
+}
+
+static int worker_sink(crun_store_t *st, int rank) {
+  int bad = sink_case(st, rank, "sk1", "mpi.sink_base,mpi.sink_type", "EMISMATCH: recv from rank 1 (tag 0) on rank "
+                      "0 expected float32[100], rank 1 sent float32[65536] (tag 0)");
+  bad |= sink_case(st, rank, "sk2", "mpi.sink_type", "EMISMATCH: recv from rank 1 (tag 0) on rank 0 expected "
+                   "float32[100], rank 1 sent 262160 bytes; its header was not read (MPI_Type_create_struct "
+                   "failed: MPI_ERR_NO_MEM: out of memory): the message was received and dropped");
+  return bad | pair_sum(st, rank, "after");
+}
 #endif
 
 /* Runs case `which` on this rank, after a first group of both ranks (crun's
@@ -382,6 +424,7 @@ static int worker(const char *which) {
   else if (!strcmp(which, "recv_type")) bad |= worker_recv_type(st, rank);
   else if (!strcmp(which, "notice")) bad |= worker_notice(st, rank);
   else if (!strcmp(which, "sig")) bad |= worker_sig(st, rank);
+  else if (!strcmp(which, "sink")) bad |= worker_sink(st, rank);
   else printf("rank %d: no case %s\n", rank, which), bad = 1;
   return mpi_worker_end(st, rank, bad);
 #else
@@ -460,9 +503,11 @@ TEST(notice_no_memory) { run_mpi_case("notice", NULL); }
 
 TEST(sig_irecv_fails) { run_mpi_case("sig", NULL); }
 
+TEST(sink_type_no_memory) { run_mpi_case("sink", NULL); }
+
 #define CRUN_TESTS(X) X(fault_spec) X(abort_no_memory) X(destroy_no_memory) X(join_no_memory) \
   X(room_text_no_memory) X(stash_no_memory) X(stage_half_no_memory) X(stage_list_no_memory) X(stage_a2a_no_memory) \
-  X(stage_recv_no_memory) X(recv_type_no_memory) X(notice_no_memory) X(sig_irecv_fails)
+  X(stage_recv_no_memory) X(recv_type_no_memory) X(notice_no_memory) X(sig_irecv_fails) X(sink_type_no_memory)
 
 int main(int argc, char **argv) {
   const char *which = getenv("CRUN_TEST_MPI_CASE");
