@@ -1,12 +1,14 @@
 /* coll.c — the public collective entry points: validate the arguments on
  * this rank (a clear EINVAL naming the call and rank), describe the operation
  * and hand it to the group's queue. */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "backend/backend.h"
+#include "core/checked.h"
 #include "core/clock_int.h"
 #include "cuda/cuda_int.h"
 
@@ -655,6 +657,29 @@ static int a2a_unalias(crun_work_t *w, int n) {
   return 0;
 }
 
+/* Checks all_to_all's blocks in one direction (bufs, counts: one per rank;
+ * what: "input" or "output"): a NULL buffer with a count is an EINVAL, and so
+ * is a block whose bytes (count x element size), or a sum of the blocks'
+ * counts or bytes, does not fit in a size_t, or a block that would end past
+ * the address space: no later size or pointer arithmetic (a2a_unalias, the
+ * engines) can then wrap. *sum (when not NULL): the sum of the counts. */
+static int a2a_check_blocks(const crun_pg_t *pg, const void *const *bufs, const size_t *counts, crun_dtype_t dt,
+                            const char *what, size_t *sum) {
+  size_t es = crun_dtype_size(dt), elems = 0, bytes = 0, b = 0;
+  for (int i = 0; i < pg->size; i++) {
+    if (!bufs[i] && counts[i])
+      return crun_error(CRUN_EINVAL, "all_to_all on %s: buffer %d is NULL", CRUN__WHO(pg, pg->rank), i);
+    if (crun__mul_size(counts[i], es, &b) || (uintptr_t)bufs[i] > UINTPTR_MAX - b)
+      return crun_error(CRUN_EINVAL, "all_to_all on %s: the %s block for %s (%zu elements of %zu bytes) "
+                        "does not fit in memory", CRUN__WHO(pg, pg->rank), what, CRUN__WHO(pg, i), counts[i], es);
+    if (crun__add_size(elems, counts[i], &elems) || crun__add_size(bytes, b, &bytes))
+      return crun_error(CRUN_EINVAL, "all_to_all on %s: the %s counts add up to more than %zu bytes at the "
+                        "one for %s (%zu elements)", CRUN__WHO(pg, pg->rank), what, SIZE_MAX, CRUN__WHO(pg, i), counts[i]);
+  }
+  if (sum) *sum = elems;
+  return 0;
+}
+
 int crun_pg_all_to_all(crun_pg_t *pg, void *const *outs, const size_t *out_counts,
                        const void *const *ins, const size_t *in_counts, crun_dtype_t dt,
                        const crun_coll_opts_t *opts, crun_work_t **work) {
@@ -664,11 +689,8 @@ int crun_pg_all_to_all(crun_pg_t *pg, void *const *outs, const size_t *out_count
   REFUSE_WORK(w, copy_counts(pg, in_counts, "input", &w->c.in_counts));
   REFUSE_WORK(w, copy_ptrs(pg, CRUN__COLL_ALL_TO_ALL, (const void *const *)outs, 0, "output", &w->c.outs));
   REFUSE_WORK(w, copy_ptrs(pg, CRUN__COLL_ALL_TO_ALL, ins, 0, "input", (void ***)&w->c.ins));
-  for (int i = 0; i < pg->size; i++) {
-    w->c.count += in_counts[i];
-    if ((!outs[i] && out_counts[i]) || (!ins[i] && in_counts[i]))
-      REFUSE_WORK(w, crun_error(CRUN_EINVAL, "all_to_all on %s: buffer %d is NULL", CRUN__WHO(pg, pg->rank), i));
-  }
+  REFUSE_WORK(w, a2a_check_blocks(pg, (const void *const *)outs, out_counts, dt, "output", NULL));
+  REFUSE_WORK(w, a2a_check_blocks(pg, ins, in_counts, dt, "input", &w->c.count));
   if (in_counts[pg->rank] != out_counts[pg->rank])
     REFUSE_WORK(w, crun_error(CRUN_EINVAL, "all_to_all on %s: sends %zu elements to itself but expects %zu",
                               CRUN__WHO(pg, pg->rank), in_counts[pg->rank], out_counts[pg->rank]));

@@ -298,13 +298,14 @@ static int a2a(crun_pg_t *pg, int rank) {
 
 /* notice: as stage_case (root 0 of a scatter fails for want of a staging
  * buffer; rank 1, not the root, needs none), with every checked allocation
- * of rank 1 failing ("*") while it waits in the signature exchange: rank 1
+ * of rank 1 failing while it waits in the signature exchange ("*:2+": all
+ * but its first, the post of its signature receive, mpi.sig_irecv): rank 1
  * still fails with rank 0's error, from its abort notice. Before, rank 1
  * had no memory to receive the notice (a calloc of its length) and failed
  * with an ENOMEM of its own ("no memory to receive rank 0's abort notice")
  * that hid why the call failed; the notice stayed queued in MPI. */
 static int worker_notice(crun_store_t *st, int rank) {
-  int bad = stage_case_on(st, rank, "nt1", "mpi.stage_list", "*", list_scatter, "scatter #1");
+  int bad = stage_case_on(st, rank, "nt1", "mpi.stage_list", "*:2+", list_scatter, "scatter #1");
   return bad | pair_sum(st, rank, "after");
 }
 
@@ -323,6 +324,80 @@ static int worker_stage_list(crun_store_t *st, int rank) {
 static int worker_stage_a2a(crun_store_t *st, int rank) {
   int bad = stage_case(st, rank, "aa1", "mpi.stage_a2a", a2a, "all_to_all #1");
   bad |= stage_case(st, rank, "aa2", "mpi.stage_a2a:2", a2a, "all_to_all #1");
+  return bad | pair_sum(st, rank, "after");
+}
+
+/* sig: rank 0 cannot post its receive of rank 1's call signature (fault
+ * site mpi.sig_irecv: MPI_Irecv fails with MPI_ERR_NO_MEM): rank 0's
+ * all_reduce fails with ENOMEM naming MPI_Irecv, the peer and rank 0, and
+ * rank 1's with that text, from rank 0's abort notice, both at once.
+ * Before, the failed receive left its request null, read as a signature
+ * that had arrived: rank 0 compared rank 1's last signature (none) with its
+ * call and reported an EMISMATCH that no rank had made. */
+static int sig_sum(crun_pg_t *pg, int rank) {
+  int64_t v = rank;
+  return crun_pg_all_reduce(pg, &v, 1, CRUN_INT64, CRUN_OP_SUM, NULL, NULL);
+}
+
+static int worker_sig(crun_store_t *st, int rank) {
+  static const char want[] = "ENOMEM: all_reduce #1 on rank 0: MPI_Irecv of the call signature from rank 1 "
+                             "failed: MPI_ERR_NO_MEM: out of memory";
+  crun_pg_t *pg = NULL;
+  int bad = pair_new(st, rank, "sg1", 2, &pg) < 0;
+  if (bad) printf("rank %d: group 'sg1': %s\n", rank, crun_last_error());
+  MPI_Barrier(MPI_COMM_WORLD);
+  double t0 = MPI_Wtime();
+  crun__fault_arm(rank == 0 ? "mpi.sig_irecv" : NULL);
+  int rc = bad ? CRUN_ENOMEM : sig_sum(pg, rank);
+  crun__fault_arm(NULL);
+  if (!bad) bad |= expect_err(rank, "sg1", rc, CRUN_ENOMEM, want);
+  if (!bad && rank == 1 && !strstr(crun_last_error(), "[reported by rank 0; rank 1 was in "))
+    printf("rank 1: sg1: not from rank 0's notice: %s\n", crun_last_error()), bad = 1;
+  bad |= too_slow(rank, "sg1", t0, 1);
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (pg) crun_pg_release(pg);
+  return bad | pair_sum(st, rank, "after");
+}
+
+/* sink: rank 1 sends 65536 floats (256 KiB: a rendezvous send), rank 0
+ * receives 100 with faults `site` armed in crun__mpi_mrecv_head, which must
+ * receive a message of another size whole: its datatypes cannot be made
+ * (mpi.sink_base: the shared SINK-byte block of extent 0; mpi.sink_type:
+ * the per-message struct), so it falls back (a heap copy of the message, or
+ * the shared block alone, which loses the header). Rank 0's recv fails with
+ * the status and text `want`, the message is received (rank 1's destroy
+ * does not wait for its send), and a group created next works. Before, the
+ * return codes of MPI_Type_contiguous and MPI_Type_create_resized were not
+ * checked: a failure went on with handles never set. */
+static int sink_case(crun_store_t *st, int rank, const char *name, const char *site, const char *want) {
+  size_t n = 65536;
+  crun_pg_t *pg = NULL;
+  float *v = calloc(n, sizeof *v);
+  int bad = !v || pair_new(st, rank, name, 2, &pg) < 0;
+  if (bad) printf("rank %d: group '%s': %s\n", rank, name, v ? crun_last_error() : "no memory");
+  if (!bad && rank == 1 && crun_pg_send(pg, v, n, CRUN_FLOAT32, 0, NULL, NULL) < 0)
+    printf("rank 1: send on '%s': %s\n", name, crun_last_error()), bad = 1;
+  MPI_Barrier(MPI_COMM_WORLD);
+  double t0 = MPI_Wtime();
+  if (!bad && rank == 0) {
+    crun__fault_arm(site);
+    int rc = crun_pg_recv(pg, v, 100, CRUN_FLOAT32, 1, NULL, NULL, NULL);
+    crun__fault_arm(NULL);
+    bad |= expect_err(rank, name, rc, CRUN_EMISMATCH, want);
+  }
+  if (pg) crun_pg_release(pg);
+  bad |= too_slow(rank, name, t0, 1);
+  MPI_Barrier(MPI_COMM_WORLD);
+  free(v);
+  return bad;
+}
+
+static int worker_sink(crun_store_t *st, int rank) {
+  int bad = sink_case(st, rank, "sk1", "mpi.sink_base,mpi.sink_type", "EMISMATCH: recv from rank 1 (tag 0) on rank "
+                      "0 expected float32[100], rank 1 sent float32[65536] (tag 0)");
+  bad |= sink_case(st, rank, "sk2", "mpi.sink_type", "EMISMATCH: recv from rank 1 (tag 0) on rank 0 expected "
+                   "float32[100], rank 1 sent 262160 bytes; its header was not read (MPI_Type_create_struct "
+                   "failed: MPI_ERR_NO_MEM: out of memory): the message was received and dropped");
   return bad | pair_sum(st, rank, "after");
 }
 #endif
@@ -348,6 +423,8 @@ static int worker(const char *which) {
   else if (!strcmp(which, "stage_recv")) bad |= worker_stage_recv(st, rank);
   else if (!strcmp(which, "recv_type")) bad |= worker_recv_type(st, rank);
   else if (!strcmp(which, "notice")) bad |= worker_notice(st, rank);
+  else if (!strcmp(which, "sig")) bad |= worker_sig(st, rank);
+  else if (!strcmp(which, "sink")) bad |= worker_sink(st, rank);
   else printf("rank %d: no case %s\n", rank, which), bad = 1;
   return mpi_worker_end(st, rank, bad);
 #else
@@ -424,9 +501,13 @@ TEST(recv_type_no_memory) { run_mpi_case("recv_type", NULL); }
 
 TEST(notice_no_memory) { run_mpi_case("notice", NULL); }
 
+TEST(sig_irecv_fails) { run_mpi_case("sig", NULL); }
+
+TEST(sink_type_no_memory) { run_mpi_case("sink", NULL); }
+
 #define CRUN_TESTS(X) X(fault_spec) X(abort_no_memory) X(destroy_no_memory) X(join_no_memory) \
   X(room_text_no_memory) X(stash_no_memory) X(stage_half_no_memory) X(stage_list_no_memory) X(stage_a2a_no_memory) \
-  X(stage_recv_no_memory) X(recv_type_no_memory) X(notice_no_memory)
+  X(stage_recv_no_memory) X(recv_type_no_memory) X(notice_no_memory) X(sig_irecv_fails) X(sink_type_no_memory)
 
 int main(int argc, char **argv) {
   const char *which = getenv("CRUN_TEST_MPI_CASE");

@@ -732,6 +732,60 @@ TEST(refusal_decided_once) {
   EXPECT_EQ_INT(pg_spawn_ex(2, refuse_after_agreement_gave_up, NULL, 1.0, 40.0), 0);
 }
 
+/* all_to_all counts whose sum or byte size does not fit in a size_t: an
+ * EINVAL naming the call, the rank and the count, before anything is sent
+ * (the refusal tells the peers why), instead of wrapped sizes reaching the
+ * in-place copy (a2a_unalias) or the engines. Case 0: every rank's input
+ * counts add up past SIZE_MAX (in place, uint8: two blocks of 2^63, each of
+ * which could end inside the address space); case 1: every rank's output
+ * block for its peer is over SIZE_MAX bytes (float32); case 2: rank 1 alone
+ * gives case 0's counts, rank 0 a valid call, which fails naming rank 1. */
+static void a2a_overflow_case(crun_pg_t *pg, int mode) {
+  int r = crun_pg_rank(pg), p = 1 - r;
+  uint8_t buf[16] = {0};
+  size_t in[2], out[2];
+  void *outs[2] = {buf, buf + 8};
+  const void *ins[2] = {buf, buf + 8};
+  in[r] = out[r] = 2;
+  in[p] = out[p] = 2;
+  crun_dtype_t dt = CRUN_UINT8;
+  if (mode == 0 || (mode == 2 && r == 1)) in[r] = out[r] = in[p] = SIZE_MAX / 2 + 1; /* 2^63 each: the sum wraps to 0 */
+  if (mode == 1) out[p] = SIZE_MAX / 4 + 1, dt = CRUN_FLOAT32;
+  int rc = crun_pg_all_to_all(pg, outs, out, ins, in, dt, NULL, NULL);
+  EXPECT_STATUS(rc, CRUN_EINVAL);
+  if (mode == 2 && r == 0) {
+    EXPECT_TEXT("rank 1 refused its part of all_to_all");
+    EXPECT_TEXT("the input counts add up to more than");
+    return;
+  }
+  char want[128];
+  snprintf(want, sizeof want, "all_to_all on rank %d: ", r);
+  EXPECT_TEXT(want);
+  if (mode == 1) snprintf(want, sizeof want, "the output block for rank %d (4611686018427387904 elements of 4 bytes)", p);
+  else snprintf(want, sizeof want, "the input counts add up to more than %zu bytes at the one for rank 1", SIZE_MAX);
+  EXPECT_TEXT(want);
+  if (mode != 2) EXPECT_TEXT(": the group goes on)");
+}
+
+static void a2a_overflow(crun_pg_t *pg, void *arg) {
+  (void)arg;
+  a2a_overflow_case(pg, 0);
+  a2a_overflow_case(pg, 1);
+  uint8_t x[2] = {1, 2}, y[2] = {0};
+  size_t one[2] = {1, 1};
+  void *outs[2] = {y, y + 1};
+  const void *ins[2] = {x, x + 1};
+  EXPECT_OK(crun_pg_all_to_all(pg, outs, one, ins, one, CRUN_UINT8, NULL, NULL)); /* the group went on */
+  EXPECT(y[0] == 1 + crun_pg_rank(pg) && y[1] == 1 + crun_pg_rank(pg));
+  a2a_overflow_case(pg, 2);
+}
+
+TEST(all_to_all_count_overflow) { EXPECT_EQ_INT(pg_spawn_ex(2, a2a_overflow, NULL, 10.0, 40.0), 0); }
+TEST(tcp_all_to_all_count_overflow) {
+  setenv("CRUN_SHM", "0", 1);
+  EXPECT_EQ_INT(pg_spawn_ex(2, a2a_overflow, NULL, 10.0, 40.0), 0);
+}
+
 #define CRUN_TESTS(X) X(async_ordering) X(async_blocking_race) X(two_threads_one_group) X(tcp_two_threads_one_group) \
   X(stats_large_after_small) X(sub_groups) X(send_recv_matching) X(work_wait_timeout) \
   X(argument_errors) X(mismatch_reported_everywhere) X(timeout_names_ranks) X(peer_killed_mid_all_reduce) \
@@ -740,5 +794,5 @@ TEST(refusal_decided_once) {
   X(refusal_on_broken_group) X(refusal_beside_unnumbered_refusal) \
   X(refusal_after_peer_closed) X(refusal_after_peer_killed) X(refusal_after_peer_killed_shm) X(refusal_after_peer_failed) \
   X(refusal_while_peer_in_recv) X(refusal_while_peer_waits_irecv) X(refusal_after_recv_ended) X(refusal_decided_once) \
-  X(refusal_beside_async_work)
+  X(refusal_beside_async_work) X(all_to_all_count_overflow) X(tcp_all_to_all_count_overflow)
 CRUN_TEST_MAIN()

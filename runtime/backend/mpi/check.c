@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "backend/mpi/mpi_int.h"
+#include "core/fault.h"
 
 #define GUARD 0.5 /* seconds around a peer's deadline where we cannot tell */
 
@@ -159,20 +160,49 @@ static int check_late(crun__mpi_t *b, crun__coll_t *c, double entered, const cha
   return 0;
 }
 
+/* Cancels the signature receives posted so far (reqs[0..n)) after posting
+ * call `call` to or from peer p failed with mpirc, and reports that with
+ * MPI's error (a receive never posted would read as a signature that came:
+ * an EMISMATCH against the last one, which nobody sent). The sends posted
+ * stay with the group (its destroy keeps them until they complete). */
+static int post_failed(crun__mpi_t *b, const crun__coll_t *c, int p, int mpirc, const char *call) {
+  char desc[64], why[MPI_MAX_ERROR_STRING + 1] = "";
+  int len = 0;
+  crun__coll_desc(c, desc, sizeof desc);
+  MPI_Error_string(mpirc, why, &len);
+  for (int q = 0; q < b->size; q++)
+    if (b->reqs[q] != MPI_REQUEST_NULL) MPI_Cancel(&b->reqs[q]), MPI_Wait(&b->reqs[q], MPI_STATUS_IGNORE);
+  return crun_error(crun__mpi_status(mpirc), "%s on %s: %s of %s %s failed: %s", desc, CRUN__WHO(b->pg, b->rank),
+                    call, strcmp(call, "MPI_Irecv") ? "its call signature to" : "the call signature from",
+                    CRUN__WHO(b->pg, p), why);
+}
+
+/* Posts the receive of peer p's signature and the send of ours (fault site
+ * mpi.sig_irecv: the receive fails with MPI_ERR_NO_MEM, as when MPI has no
+ * memory for its request); returns 0 or post_failed's error. */
+static int post(crun__mpi_t *b, const crun__coll_t *c, int p) {
+  int n = b->size;
+  int64_t *out = b->sig_out + (size_t)p * CRUN__SIG_WORDS;
+  int rc = crun__fault_alloc("mpi.sig_irecv") ? MPI_ERR_NO_MEM
+           : MPI_Irecv(b->sig_in + (size_t)p * CRUN__SIG_WORDS, CRUN__SIG_WORDS, MPI_INT64_T, p, CRUN__MPI_TAG_SIG,
+                       b->ctrl, &b->reqs[p]);
+  if (rc != MPI_SUCCESS) return post_failed(b, c, p, rc, "MPI_Irecv");
+  rc = MPI_Isend(out, CRUN__SIG_WORDS, MPI_INT64_T, p, CRUN__MPI_TAG_SIG, b->ctrl, &b->reqs[n + p]);
+  return rc == MPI_SUCCESS ? 0 : post_failed(b, c, p, rc, "MPI_Isend");
+}
+
 int crun__mpi_check(crun__mpi_t *b, crun__coll_t *c) {
   int n = b->size;
   if (n < 2) return 0;
   double entered = wall();
   int64_t dl = wall_us(entered + (c->deadline - crun_clock()));
+  for (int p = 0; p < n; p++) b->reqs[p] = b->reqs[n + p] = MPI_REQUEST_NULL;
   for (int p = 0; p < n; p++) {
-    b->reqs[p] = b->reqs[n + p] = MPI_REQUEST_NULL;
     if (p == b->rank) continue;
     int64_t *out = b->sig_out + (size_t)p * CRUN__SIG_WORDS;
     fill_sig(c, p, 0, out);
     out[CRUN__SIG_DEADLINE] = dl;
-    MPI_Irecv(b->sig_in + (size_t)p * CRUN__SIG_WORDS, CRUN__SIG_WORDS, MPI_INT64_T, p, CRUN__MPI_TAG_SIG, b->ctrl,
-              &b->reqs[p]);
-    MPI_Isend(out, CRUN__SIG_WORDS, MPI_INT64_T, p, CRUN__MPI_TAG_SIG, b->ctrl, &b->reqs[n + p]);
+    CRUN_CHECK(post(b, c, p));
   }
   char desc[64];
   crun__coll_desc(c, desc, sizeof desc);

@@ -261,6 +261,17 @@ static int improbe_any(MPI_Comm c, int *flag, MPI_Message *m, MPI_Status *st) {
   return rc;
 }
 
+/* Logs (WARN) that message `what` (n bytes from rank src, tag) could not be
+ * received whole (rc, rx: crun__mpi_mrecv_head's) and what became of it. */
+static void lost(int src, int tag, MPI_Count n, int rc, const crun__mpi_rx_t *rx, const char *what) {
+  char why[MPI_MAX_ERROR_STRING + 1] = "";
+  int len = 0;
+  MPI_Error_string(rc, why, &len);
+  CRUN_LOG(WARN, PG, "%s: %s of %lld bytes from rank %d (tag %d) could not be received: %s failed: %s; %s",
+           crun_err_name(crun__mpi_status(rc)), what, (long long)n, src, tag, rx->call, why,
+           rx->taken ? "it is dropped" : "it stays matched in MPI, and its sender's send may never complete");
+}
+
 /* Receives and files what waits on the join communicator, when no creation
  * of this process is under way (MPI is alive). The stash entry is allocated
  * before a message is received: without memory the rest stays queued in MPI,
@@ -278,7 +289,13 @@ static void drain_joins(MPI_Comm join) {
     MPI_Status st;
     if (improbe_any(join, &flag, &m, &st) != MPI_SUCCESS || !flag) break;
     MPI_Get_elements_x(&st, MPI_BYTE, &n);
-    crun__mpi_mrecv_head(&m, n, w, sizeof w);
+    crun__mpi_rx_t rx;
+    int rc = crun__mpi_mrecv_head(&m, n, w, sizeof w, &rx);
+    if (rc != MPI_SUCCESS) { /* a join message is a few words, received whole on the stack */
+      lost(st.MPI_SOURCE, st.MPI_TAG, n, rc, &rx, "a join message");
+      if (rx.taken) continue;
+      break; /* it stays matched; the rest stays queued for a later drain */
+    }
     if (n == (MPI_Count)sizeof w) spare = stash_put(st.MPI_SOURCE, st.MPI_TAG, w, spare);
   }
   pthread_mutex_unlock(&g_claims_lock);
@@ -639,7 +656,8 @@ static int take_notice(crun__mpi_t *b, MPI_Message *m, const MPI_Status *st, con
   char msg[NOTICE_MAX + 1] = "";
   MPI_Count n = 0;
   MPI_Get_elements_x(st, MPI_BYTE, &n);
-  int mrc = crun__mpi_mrecv_head(m, n, msg, NOTICE_MAX);
+  /* a notice (at most 2 KiB) is received whole on the stack */
+  int mrc = crun__mpi_mrecv_head(m, n, msg, NOTICE_MAX, NULL);
   if (mrc != MPI_SUCCESS) msg[0] = 0;
   char *bar = strchr(msg, '|');
   int status = bar ? atoi(msg) : CRUN_EIO;
@@ -764,7 +782,10 @@ static void drain(retired_t *r, MPI_Comm c, int left, unsigned char bit) {
     MPI_Status st;
     if (improbe_any(c, &flag, &m, &st) != MPI_SUCCESS || !flag) return;
     MPI_Get_elements_x(&st, MPI_BYTE, &n);
-    crun__mpi_mrecv_head(&m, n, NULL, 0);
+    crun__mpi_rx_t rx;
+    int rc = crun__mpi_mrecv_head(&m, n, NULL, 0, &rx);
+    if (rc != MPI_SUCCESS) lost(st.MPI_SOURCE, st.MPI_TAG, n, rc, &rx, "a message on a retired mpi group");
+    if (!rx.taken) return; /* the others would fail alike: they stay queued for the next sweep */
     int p = st.MPI_SOURCE;
     if (st.MPI_TAG != left || p < 0 || p >= r->size || (r->seen[p] & bit)) continue;
     r->seen[p] |= bit;

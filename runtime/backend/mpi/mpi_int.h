@@ -125,18 +125,34 @@ void crun__mpi_sends_drain(crun__mpi_t *b, double wait);
 /* Frees the completed sends of a list; returns 1 when none is left. */
 int crun__mpi_sends_reap(crun__mpi_send_t **list);
 
+/* What crun__mpi_mrecv_head did with its message: taken (1: received, or
+ * at least handed to MPI_Mrecv, so no longer matched in MPI; 0: still
+ * matched, its sender's send may never complete) and the MPI call that
+ * failed when it returned an error. */
+typedef struct {
+  int taken;
+  const char *call;
+} crun__mpi_rx_t;
+
 /* Receives matched message m (`bytes` long, from MPI_Get_elements_x) whole,
  * keeping its first `keep` bytes at most in head (NULL: none) and dropping
- * the rest in a few KiB on the stack; blocks like MPI_Mrecv; returns its
- * code. A receive into a buffer shorter than the message is not safe with
- * Open MPI 4.1: over shared memory and TCP alike it writes the whole message
- * past the buffer (4 MiB past a 16-byte one; into NULL: EFAULT or a crash),
- * and a message can exceed any memory we could give it (2^31-1 float64s).
- * So the rest is received with a datatype of its size whose extent is 0:
- * every block lands on the same sink bytes. (MPI calls a receive datatype
- * with overlapping entries erroneous; Open MPI unpacks it in order into the
- * sink, which only ever holds garbage, so that is safe there.) */
-int crun__mpi_mrecv_head(MPI_Message *m, MPI_Count bytes, void *head, size_t keep);
+ * the rest in a few KiB on the stack; blocks like MPI_Mrecv. Returns
+ * MPI_SUCCESS (the head kept), or the code of the MPI call that failed
+ * (rx, when not NULL: that call, and whether the message was taken anyway:
+ * when a datatype cannot be made, it falls back to receiving the message
+ * SINK bytes at a time through the shared extent-0 block, which loses the
+ * head, or into a heap copy; only when neither exists does the message
+ * stay matched). A message of at most 4 KiB is received whole on the stack,
+ * with no datatype. A receive into a buffer shorter than the message is
+ * not safe with Open MPI 4.1: over shared memory and TCP alike it writes
+ * the whole message past the buffer (4 MiB past a 16-byte one; into NULL:
+ * EFAULT or a crash), and a message can exceed any memory we could give it
+ * (2^31-1 float64s). So the rest is received with a datatype of its size
+ * whose extent is 0: every block lands on the same sink bytes. (MPI calls a
+ * receive datatype with overlapping entries erroneous; Open MPI unpacks it
+ * in order into the sink, which only ever holds garbage, so that is safe
+ * there.) */
+int crun__mpi_mrecv_head(MPI_Message *m, MPI_Count bytes, void *head, size_t keep, crun__mpi_rx_t *rx);
 
 /* Point-to-point: the vtable's send and recv slots. */
 int crun__mpi_send(void *state, crun__coll_t *c);
