@@ -120,10 +120,8 @@ static int worker_any_left(crun_store_t *st, int rank) {
 /* Runs case `which` on this rank; prints "rank R: ok" when it passed. */
 static int worker(const char *which) {
 #if CRUN_HAVE_MPI
-  int rank = atoi(getenv("OMPI_COMM_WORLD_RANK")), level = 0, bad = 0;
   crun_store_t *st = NULL;
-  MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &level);
-  EXPECT(crun_store_hash_new(&st) == 0);
+  int rank = mpi_worker_begin(&st), bad = 0;
   if (!strcmp(which, "a2a_wrap")) bad |= worker_a2a_wrap(st, rank);
   else if (!strcmp(which, "any_left")) bad |= worker_any_left(st, rank);
   else printf("rank %d: no case %s\n", rank, which), bad = 1;

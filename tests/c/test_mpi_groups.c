@@ -325,12 +325,10 @@ static int pair_sum(crun_store_t *st, int rank, const char *name, double t) {
  * queued until rank 1 next created a group with lateack's tag). */
 static int worker_join_deadline(void) {
 #if CRUN_HAVE_MPI
-  int rank = atoi(getenv("OMPI_COMM_WORLD_RANK")), level = 0, bad = 0, *ub = NULL, flag = 0;
-  MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &level);
-  MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &flag);
   crun_store_t *st = NULL;
   crun_pg_t *pg = NULL;
-  EXPECT(crun_store_hash_new(&st) == 0);
+  int rank = mpi_worker_begin(&st), bad = 0, *ub = NULL, flag = 0;
+  MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &flag);
   if (pair_sum(st, rank, "warm", 5) < 0) bad = 1; /* crun's MPI is up on both ranks */
   MPI_Barrier(MPI_COMM_WORLD);
   if (rank == 0) g_hold_tag = group_tag("lateack", flag && ub ? *ub : 0), g_hold_nth = 2, g_hold_s = 1.5;
@@ -365,12 +363,10 @@ static int worker_join_deadline(void) {
  * longer be queued in MPI once 'after' exists (probed three times here). */
 static int worker_drain_idle(void) {
 #if CRUN_HAVE_MPI
-  int rank = atoi(getenv("OMPI_COMM_WORLD_RANK")), level = 0, bad = 0, *ub = NULL, flag = 0;
-  MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &level);
-  MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &flag);
   crun_store_t *st = NULL;
   crun_pg_t *pg = NULL;
-  EXPECT(crun_store_hash_new(&st) == 0);
+  int rank = mpi_worker_begin(&st), bad = 0, *ub = NULL, flag = 0;
+  MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &flag);
   if (pair_sum(st, rank, "warm", 5) < 0) bad = 1;
   MPI_Barrier(MPI_COMM_WORLD);
   if (rank == 0) {

@@ -393,10 +393,8 @@ static int worker_sink(crun_store_t *st, int rank) {
  * MPI set up on both); prints "rank R: ok" when it passed. */
 static int worker(const char *which) {
 #if CRUN_HAVE_MPI
-  int rank = atoi(getenv("OMPI_COMM_WORLD_RANK")), level = 0, bad = 0;
   crun_store_t *st = NULL;
-  MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &level);
-  EXPECT(crun_store_hash_new(&st) == 0);
+  int rank = mpi_worker_begin(&st), bad = 0;
   bad = pair_sum(st, rank, "warm");
   MPI_Barrier(MPI_COMM_WORLD);
   if (!strcmp(which, "abort")) bad |= worker_abort(st, rank);

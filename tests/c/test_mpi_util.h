@@ -41,6 +41,15 @@ static inline int mpi_run_case(const char *name, int np, const char *mca, int li
 #if CRUN_HAVE_MPI
 #include <mpi.h>
 
+/* A worker's start: MPI with threads, and a store for its groups (a hash
+ * store: every rank of the job is this program). Returns this rank. */
+static inline int mpi_worker_begin(crun_store_t **st) {
+  int level = 0;
+  MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &level);
+  EXPECT(crun_store_hash_new(st) == 0);
+  return atoi(getenv("OMPI_COMM_WORLD_RANK"));
+}
+
 /* A worker's end: releases st, meets the other ranks, finalizes MPI and
  * says "rank R: ok" unless bad; returns bad. */
 static inline int mpi_worker_end(crun_store_t *st, int rank, int bad) {
