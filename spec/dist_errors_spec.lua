@@ -728,7 +728,8 @@ describe("dist failures", function()
       local peer = why .. " (rank 2 (group rank 1) refused its part of all_reduce #1: the group stops) "
       local l1 = lines(res[1])[1]
       if env == "CRUN_SHM=0" then assert.are.equal("error " .. peer, l1:sub(1, #peer + 6), res[1] .. "\n" .. out)
-      else assert.is_truthy(l1:find("^error EINVAL: shm all_reduce #1 on rank 0: rank 1 failed first: ")
+      else assert.is_truthy(l1:find("^error EINVAL: shm all_reduce #1 on rank 1 %(group rank 0%): rank 2 %(group rank "
+                                    .. "1%) failed first: ")
                             and l1:find(peer, 1, true), res[1] .. "\n" .. out) end
       assert.is_truthy(res[1]:find("[group 'default/0/g1': its ranks 0-1 are global ranks 1,2]", 1, true), res[1])
     end)
@@ -739,31 +740,59 @@ describe("dist failures", function()
   -- names a rank by its global rank, what get_rank() returns and crun-lua's
   -- "[rank N]" shows, then its group rank: "rank 2 (group rank 1)". (It said
   -- "all_reduce on rank 1" for global rank 2, and "rank 0" for global rank
-  -- 1: which rank 1 was meant?) Over TCP: the shm engine's own texts are
-  -- another file's.
+  -- 1: which rank 1 was meant?) Over TCP, and with the shm engine, whose
+  -- texts ("shm all_reduce #1 on rank 1 (group rank 0): ...") and the
+  -- group's next call ("the group is unusable") named group ranks.
   local SUBMAP = " [group 'default/0/g1': its ranks 0-1 are global ranks 1,2]"
-  local function subrank(k)
+  local function subrank(k, env)
     local dir = run.tmpdir()
     local _, out = run.run(3, SCRIPT, "subrank:" .. k .. " " .. dir,
-                           {limit = 60, env = "CRUN_SHM=0", direct = k == "died"})
+                           {limit = 60, env = env or "CRUN_SHM=0", direct = k == "died"})
     local res = {}
     for r = 0, 2 do res[r] = lines(run.text(dir, r)) end
     run.cleanup(dir)
     assert.are.equal("ok", res[0][1], out)
     return res, out
   end
+  local WHO = {[1] = "rank 1 (group rank 0)", [2] = "rank 2 (group rank 1)"}
+  -- The group's next call on rank r after failure `text` (its status included).
+  local function unusable(r, text)
+    return "error ESTATE: all_reduce #2 on " .. WHO[r] .. ": the group is unusable after an earlier failure: " .. text
+  end
+  -- What shm rank r says when rank p's failure `text` stopped it: its own
+  -- prefix, then rank p's text (as the engine recorded it).
+  local function relayed(st, kind, r, p, text)
+    return string.format("%s: shm %s #1 on %s: %s failed first: %s", st, kind, WHO[r], WHO[p], text)
+  end
+  -- What shm rank r said of a mismatch, own[q] being what rank q says when it
+  -- sees it: its own text, or the other's relayed when that one saw it first.
+  local function shm_mismatch(res, r, own, kind)
+    local p = 3 - r
+    local mine = "error EMISMATCH: " .. own[r] .. SUBMAP
+    return res[r][1] == mine and mine or "error " .. relayed("EMISMATCH", kind, r, p, own[p]) .. SUBMAP
+  end
 
   it("name a sub-group's rank by global rank, then group rank, in an argument check (subrank:arg)", function()
     local res, out = subrank("arg")
     local why = "EINVAL: all_reduce on rank 2 (group rank 1): avg is not defined on bool (torch has no bool average)"
     local note = " (rank 2 (group rank 1) refused its part of all_reduce #1: the group stops)"
+    local peer = why .. note .. " [reported by rank 2 (group rank 1); rank 1 (group rank 0) was in all_reduce #1]"
+                 .. SUBMAP
     assert.are.equal("error " .. why, res[2][1], out)
-    assert.are.equal("error " .. why .. note .. " [reported by rank 2 (group rank 1); rank 1 (group rank 0) was in "
-                     .. "all_reduce #1]" .. SUBMAP, res[1][1], out)
-    for r = 1, 2 do -- the next call fails quoting it (its "on rank" is work.c's, left as it is)
-      assert.is_truthy(res[r][2]:find("^error ESTATE: all_reduce #2 on rank ")
-                       and res[r][2]:find(why .. note, 1, true), res[r][2])
-    end
+    assert.are.equal("error " .. peer, res[1][1], out)
+    assert.are.equal(unusable(1, peer), res[1][2], out)
+    assert.are.equal(unusable(2, why .. note), res[2][2], out)
+  end)
+
+  it("name a sub-group's rank by global rank, then group rank, in an argument check (subrank:arg, shm)", function()
+    local res, out = subrank("arg", "CRUN_SHM=1")
+    local why = "all_reduce on rank 2 (group rank 1): avg is not defined on bool (torch has no bool average)"
+    local note = " (rank 2 (group rank 1) refused its part of all_reduce #1: the group stops)"
+    local peer = relayed("EINVAL", "all_reduce", 1, 2, "EINVAL: " .. why .. note .. SUBMAP)
+    assert.are.equal("error EINVAL: " .. why, res[2][1], out)
+    assert.are.equal("error " .. peer, res[1][1], out)
+    assert.are.equal(unusable(1, peer), res[1][2], out)
+    assert.are.equal(unusable(2, "EINVAL: " .. why .. note), res[2][2], out)
   end)
 
   it("name a sub-group's ranks by global rank, then group rank, in a count mismatch (subrank:count)", function()
@@ -774,14 +803,30 @@ describe("dist failures", function()
                      .. "rank 0) sent all_reduce float32[3]" .. SUBMAP, res[2][1], out)
   end)
 
-  it("name a sub-group's ranks by global rank, then group rank, in a timeout (subrank:timeout)", function()
-    local res, out = subrank("timeout")
-    assert.are.equal("error ETIMEDOUT: all_reduce #1 on rank 1 (group rank 0): no data from rank 2 (group rank 1) "
-                     .. "after 1.0 s; rank 1 (group rank 0) is at all_reduce #1; rank 2 (group rank 1) has not "
-                     .. "entered any collective" .. SUBMAP, res[1][1], out)
-    assert.are.equal("ok", res[2][1], out)
-    assert.is_falsy(out:find("rank 0's all_reduce", 1, true), out) -- the destroy's warning names rank 1 too
+  it("name a sub-group's ranks by global rank, then group rank, in a count mismatch (subrank:count, shm)", function()
+    local res, out = subrank("count", "CRUN_SHM=1")
+    local own = {}
+    for r = 1, 2 do
+      local p = 3 - r
+      own[r] = string.format("shm collective #1 on %s: %s called all_reduce(float32[%d], sum) but %s called "
+                             .. "all_reduce(float32[%d], sum)", WHO[r], WHO[p], p == 1 and 3 or 5, WHO[r],
+                             r == 1 and 3 or 5)
+    end
+    for r = 1, 2 do assert.are.equal(shm_mismatch(res, r, own, "all_reduce"), res[r][1], out) end
   end)
+
+  for _, env in ipairs{"CRUN_SHM=0", "CRUN_SHM=1"} do
+    local shm = env == "CRUN_SHM=1" and "shm " or ""
+    it("name a sub-group's ranks by global rank, then group rank, in a timeout (subrank:timeout, " .. env .. ")",
+       function()
+      local res, out = subrank("timeout", env)
+      assert.are.equal("error ETIMEDOUT: " .. shm .. "all_reduce #1 on rank 1 (group rank 0): no data from rank 2 "
+                       .. "(group rank 1) after 1.0 s; rank 1 (group rank 0) is at all_reduce #1; rank 2 (group rank "
+                       .. "1) has not entered any collective" .. SUBMAP, res[1][1], out)
+      assert.are.equal("ok", res[2][1], out)
+      assert.is_falsy(out:find("rank 0's all_reduce", 1, true), out) -- the destroy's warning names rank 1 too
+    end)
+  end
 
   it("name a sub-group's ranks by global rank, then group rank, when a peer dies (subrank:died)", function()
     local res, out = subrank("died")
@@ -790,6 +835,47 @@ describe("dist failures", function()
     assert.are.equal(head, l:sub(1, #head), out)
     assert.are.equal(" (the process died or left the group)" .. SUBMAP, l:match(" %(the process died.*$"), l)
     assert.are.equal("ok", res[2][1], out)
+  end)
+
+  it("name a sub-group's ranks by global rank, then group rank, when a peer dies (subrank:died, shm)", function()
+    local res, out = subrank("died", "CRUN_SHM=1")
+    local l = res[1][1]
+    local pid = l:match("^error EPEERDIED: shm all_reduce #1 on rank 1 %(group rank 0%): rank 2 %(group rank 1%) "
+                        .. "%(pid (%d+)%) died")
+    assert.is_truthy(pid, l .. "\n" .. out)
+    assert.are.equal("error EPEERDIED: shm all_reduce #1 on rank 1 (group rank 0): rank 2 (group rank 1) (pid " .. pid
+                     .. ") died" .. SUBMAP, l, out)
+    assert.are.equal("ok", res[2][1], out)
+  end)
+
+  -- Two ranks that each take themselves for the root: the root they gave is
+  -- the global rank (what broadcast's src is), the rank that gave it is
+  -- named as every rank is. Over TCP the ranks' check of the root sees it
+  -- (algo/root_agree.c), in the shm engine the op descriptions differ.
+  it("name a sub-group's ranks and roots by global rank when the ranks disagree on src (subrank:root)", function()
+    local res, out = subrank("root")
+    for r = 1, 2 do
+      local why = "EMISMATCH: broadcast #1 on " .. WHO[r] .. ": the ranks disagree on src: rank 1 (group rank 0) "
+                  .. "gave 1, rank 2 (group rank 1) gave 2 (every rank must give the same)" .. SUBMAP
+      assert.are.equal("error " .. why, res[r][1], out)
+      assert.are.equal(unusable(r, why), res[r][2], out)
+    end
+  end)
+
+  it("name a sub-group's ranks and roots by global rank when the ranks disagree on src (subrank:root, shm)",
+     function()
+    local res, out = subrank("root", "CRUN_SHM=1")
+    local own = {}
+    for r = 1, 2 do
+      local p = 3 - r
+      own[r] = string.format("shm collective #1 on %s: %s called broadcast(float32[4], root %d) but %s called "
+                             .. "broadcast(float32[4], root %d)", WHO[r], WHO[p], p, WHO[r], r)
+    end
+    for r = 1, 2 do
+      local why = shm_mismatch(res, r, own, "broadcast")
+      assert.are.equal(why, res[r][1], out)
+      assert.are.equal(unusable(r, why:sub(#"error " + 1)), res[r][2], out)
+    end
   end)
 
   -- An object collective on some ranks and a plain int64 broadcast on another:

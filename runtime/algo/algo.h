@@ -37,6 +37,9 @@ typedef struct crun__link {
   /* how many ranks an avg divides by (0: size); a stage among some ranks of
    * a larger group (hier.c) divides by the group's size */
   int avg_size;
+  /* the group whose ranks the link's ranks are, for error texts (CRUN__WHO);
+   * NULL on a link among other indices (hier.c's hosts): named as they are */
+  const crun_pg_t *pg;
 } crun__link_t;
 
 typedef int (*crun__algo_fn)(crun__link_t *l, crun__coll_t *c);

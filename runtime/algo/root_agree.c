@@ -40,6 +40,11 @@ static int enabled(void) {
   return v;
 }
 
+/* A root as the caller gave it: dist.lua's src/dst is a global rank. */
+static long long global_root(const crun__link_t *l, int64_t root) {
+  return root >= INT32_MIN && root <= INT32_MAX ? crun__pg_global(l->pg, (int)root) : (long long)root;
+}
+
 int crun__root_agree(crun__link_t *l, crun__coll_t *c) {
   if (l->size < 2 || !crun__coll_rooted(c->kind) || !enabled()) return 0;
   int64_t mine[WORDS] = {c->root, l->rank, c->root, l->rank}, got[WORDS];
@@ -52,9 +57,9 @@ int crun__root_agree(crun__link_t *l, crun__coll_t *c) {
   }
   if (mine[MIN_ROOT] == mine[MAX_ROOT]) return 0;
   char desc[64];
-  crun__coll_desc(c, desc, sizeof desc);
+  crun__pg_coll_desc(l->pg, c, desc, sizeof desc);
   const char *what = c->kind == CRUN__COLL_BROADCAST || c->kind == CRUN__COLL_SCATTER ? "src" : "dst";
-  return crun_error(CRUN_EMISMATCH, "%s on rank %d: the ranks disagree on %s: rank %lld gave %lld, rank %lld "
-                    "gave %lld (every rank must give the same)", desc, l->rank, what, (long long)mine[MIN_RANK],
-                    (long long)mine[MIN_ROOT], (long long)mine[MAX_RANK], (long long)mine[MAX_ROOT]);
+  return crun_error(CRUN_EMISMATCH, "%s on %s: the ranks disagree on %s: %s gave %lld, %s gave %lld (every rank "
+                    "must give the same)", desc, CRUN__WHO(l->pg, l->rank), what, CRUN__WHO(l->pg, (int)mine[MIN_RANK]),
+                    global_root(l, mine[MIN_ROOT]), CRUN__WHO(l->pg, (int)mine[MAX_RANK]), global_root(l, mine[MAX_ROOT]));
 }

@@ -32,8 +32,8 @@ typedef struct crun_backend_vtable {
   int private_board; /* its ranks meet through the backend alone, each on a store of its own
                       * (mpi under mpirun): no peer reads the group's progress board */
   /* Optional: checks that the backend can run kind on dt (with op when it
-   * reduces) before anything is queued; ENOTSUP naming them otherwise. */
-  int (*validate)(int kind, crun_dtype_t dt, int has_op, crun_reduce_op_t op, int rank);
+   * reduces) before anything is queued; ENOTSUP naming them (and pg's rank) otherwise. */
+  int (*validate)(int kind, crun_dtype_t dt, int has_op, crun_reduce_op_t op, const crun_pg_t *pg);
   /* Optional: non-zero when failing the group (abort) reaches every peer of
    * call c while it runs or at its next call, so that a rank whose own check
    * refused c can tell them why (coll.c); 0 or NULL: it cannot, and the

@@ -746,8 +746,8 @@ const char *crun_pg_stat_name(int i) { return i >= 0 && i < CRUN__COLL_COUNT ? c
 int crun_pg_stats(crun_pg_t *pg, crun_pg_stat_t *out, int reset) {
   if (!pg || !out) return crun_error(CRUN_EINVAL, "pg_stats: group and out are required");
   if (!crun__obs_on)
-    return crun_error(CRUN_ESTATE, "pg_stats on rank %d: statistics need the flight recorder or the timeline "
-                      "(CRUN_FLIGHT_RECORDER=0 and no CRUN_TIMELINE)", pg->rank);
+    return crun_error(CRUN_ESTATE, "pg_stats on %s: statistics need the flight recorder or the timeline "
+                      "(CRUN_FLIGHT_RECORDER=0 and no CRUN_TIMELINE)", CRUN__WHO(pg, pg->rank));
   double rate = tick_rate();
   for (int i = 0; i < CRUN__COLL_COUNT && i < CRUN_PG_STAT_OPS; i++) {
     crun__obs_stat_t *s = &pg->obs_stats[i];

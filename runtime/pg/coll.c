@@ -61,7 +61,7 @@ static int check_device(const crun_pg_t *pg, int kind, const crun_coll_opts_t *o
 static int backend_validate(const crun_pg_t *pg, int kind, crun_dtype_t dt, int has_op, crun_reduce_op_t op,
                             const crun_coll_opts_t *o) {
   const crun_backend_vtable_t *be = is_cuda(o) && pg->be_dev ? pg->be_dev : pg->be;
-  return be->validate ? be->validate(kind, dt, has_op, op, pg->rank) : 0;
+  return be->validate ? be->validate(kind, dt, has_op, op, pg) : 0;
 }
 
 static int check_common_full(const crun_pg_t *pg, int kind, crun_dtype_t dt, int has_op, crun_reduce_op_t op,

@@ -18,26 +18,30 @@ const char *crun__coll_name(int kind) {
   return kind >= 0 && kind < CRUN__COLL_COUNT ? names[kind] : "?";
 }
 
+int crun__pg_global(const crun_pg_t *pg, int r) { return pg && r >= 0 && r < pg->size ? pg->global[r] : r; }
+
 crun__who_t crun__pg_who(const crun_pg_t *pg, int r) {
   crun__who_t w;
-  int g = pg && r >= 0 && r < pg->size ? pg->global[r] : r;
+  int g = crun__pg_global(pg, r);
   if (g == r) snprintf(w.s, sizeof w.s, "rank %d", r);
   else snprintf(w.s, sizeof w.s, "rank %d (group rank %d)", g, r);
   return w;
 }
 
-void crun__coll_desc(const crun__coll_t *c, char *buf, size_t cap) {
+void crun__pg_coll_desc(const crun_pg_t *pg, const crun__coll_t *c, char *buf, size_t cap) {
   if (c->kind == CRUN__COLL_SEND)
-    snprintf(buf, cap, "send to rank %d (tag %d)", c->root, c->tag);
+    snprintf(buf, cap, "send to %s (tag %d)", CRUN__WHO(pg, c->root), c->tag);
   else if (c->kind == CRUN__COLL_RECV && c->root == CRUN_ANY_SOURCE)
     snprintf(buf, cap, "recv from any rank (tag %d)", c->tag);
   else if (c->kind == CRUN__COLL_RECV)
-    snprintf(buf, cap, "recv from rank %d (tag %d)", c->root, c->tag);
+    snprintf(buf, cap, "recv from %s (tag %d)", CRUN__WHO(pg, c->root), c->tag);
   else if (!c->seq) /* queued: numbered when it starts (crun__pg_execute) */
     snprintf(buf, cap, "%s (queued, not started)", crun__coll_name(c->kind));
   else
     snprintf(buf, cap, "%s #%llu", crun__coll_name(c->kind), (unsigned long long)c->seq);
 }
+
+void crun__coll_desc(const crun__coll_t *c, char *buf, size_t cap) { crun__pg_coll_desc(NULL, c, buf, cap); }
 
 static uint32_t fnv1a(const char *s) {
   uint32_t h = 2166136261u;

@@ -158,7 +158,7 @@ struct crun_work {
   int queued;                /* the queue holds a reference */
   int done, status;
   char *err;
-  char desc[48];
+  char desc[64];             /* crun__pg_coll_desc's text, written when a text needs it */
   void *scratch;             /* premul_sum: the scaled copies of the inputs */
   crun__obs_op_t obs;        /* timeline / flight recorder bookkeeping */
   struct crun_work *next;
@@ -213,8 +213,16 @@ int crun__pg_number_refused(crun_pg_t *pg, uint64_t *seq);
 typedef struct { char s[48]; } crun__who_t;
 crun__who_t crun__pg_who(const crun_pg_t *pg, int r);
 #define CRUN__WHO(pg, r) (crun__pg_who((pg), (r)).s)
+/* The global rank of group rank r (r when pg is NULL or r is not one of its
+ * ranks): how a text gives a root, which dist.lua's src/dst is. */
+int crun__pg_global(const crun_pg_t *pg, int r);
 
-/* Describes c ("all_reduce #3", "send to rank 1 tag 0") into buf. */
+/* Describes c, an operation of group pg, into buf: "all_reduce #3", "send
+ * to rank 1 (tag 0)", its peer named as CRUN__WHO names it ("recv from rank
+ * 2 (group rank 1) (tag 0)" on a sub-group). crun__coll_desc names the peer
+ * by its rank in the group it was given in, for a caller without the group
+ * (pg NULL does the same). */
+void crun__pg_coll_desc(const crun_pg_t *pg, const crun__coll_t *c, char *buf, size_t cap);
 void crun__coll_desc(const crun__coll_t *c, char *buf, size_t cap);
 
 /* Frees the owned arrays of a coll. */

@@ -67,7 +67,7 @@ static char *failure_text(const crun_pg_t *pg, const char *text) {
 /* Returns w's description, written on first use (not on the hot path: a
  * collective that succeeds never formats it). Called with pg->mu held. */
 static const char *desc_locked(crun_work_t *w) {
-  if (!w->desc[0]) crun__coll_desc(&w->c, w->desc, sizeof w->desc);
+  if (!w->desc[0]) crun__pg_coll_desc(w->pg, &w->c, w->desc, sizeof w->desc);
   return w->desc;
 }
 
@@ -92,8 +92,8 @@ int crun__pg_execute(crun_pg_t *pg, crun_work_t *w) {
     fn = crun__backend_slot(be, c->kind);
   }
   if (broken) {
-    rc = crun_error(CRUN_ESTATE, "%s on rank %d: the group is unusable after an earlier failure: %s",
-                    w->desc, pg->rank, broken);
+    rc = crun_error(CRUN_ESTATE, "%s on %s: the group is unusable after an earlier failure: %s",
+                    w->desc, CRUN__WHO(pg, pg->rank), broken);
   } else if (!fn) {
     rc = crun_error(CRUN_ENOTSUP, "%s is not supported by backend %s", crun__coll_name(c->kind), be->name);
   } else {
@@ -367,7 +367,8 @@ int crun__pg_submit(crun_pg_t *pg, crun_work_t *w, crun_work_t **out) {
   if (crun__obs_on) crun__obs_enqueue(pg, w, 1);
   crun_work_t *q = w->on_stack ? to_heap(w) : w;
   int rc = atomic_load(&pg->stop) ? crun_error(CRUN_ECLOSED, "group '%s' is being destroyed", pg->prefix)
-           : !q     ? crun_error(CRUN_ENOMEM, "%s on rank %d: no memory to queue it", crun__coll_name(w->c.kind), pg->rank)
+           : !q     ? crun_error(CRUN_ENOMEM, "%s on %s: no memory to queue it", crun__coll_name(w->c.kind),
+                                        CRUN__WHO(pg, pg->rank))
                     : enqueue_locked(pg, q);
   pthread_mutex_unlock(&pg->mu);
   if (rc < 0) {
@@ -426,8 +427,8 @@ int crun_work_wait(crun_work_t *w, double timeout) {
       desc_locked(w);
       if (blocked) crun__pg_p2p_unblock(pg, blocked);
       pthread_mutex_unlock(&pg->mu);
-      return crun_error(CRUN_ETIMEDOUT, "wait on %s (rank %d) timed out after %.3g s; it is still running",
-                        w->desc, pg->rank, timeout);
+      return crun_error(CRUN_ETIMEDOUT, "wait on %s on %s timed out after %.3g s; it is still running",
+                        w->desc, CRUN__WHO(pg, pg->rank), timeout);
     }
   }
   if (blocked) crun__pg_p2p_unblock(pg, blocked);

@@ -219,8 +219,8 @@ static int connect_lower(crun__tcp_t *t, int j, double deadline) {
     close(fd);
     int cut = rc == CRUN_EPEERDIED || rc == CRUN_ECONNRESET || (rc == CRUN_EACCES && ++refused < MESH_PROOF_TRIES);
     if (!cut || crun_clock() + 0.05 > deadline) return rc;
-    CRUN_LOG(INFO, NET, "group '%s' rank %d: handshake with rank %d cut (%s); connecting again", t->pg->prefix,
-             t->rank, j, crun_last_error());
+    CRUN_LOG(INFO, NET, "group '%s' %s: handshake with %s cut (%s); connecting again", t->pg->prefix,
+             CRUN__WHO(t->pg, t->rank), CRUN__WHO(t->pg, j), crun_last_error());
     struct timespec ts = {0, 20 * 1000 * 1000};
     nanosleep(&ts, NULL);
   }
@@ -245,8 +245,8 @@ typedef struct {
 static void drop_pending(crun__tcp_t *t, pending_t *p, int *n, int i, const char *why) {
   close(p[i].fd);
   if (why && t->refused++ == 0)
-    CRUN_LOG(WARN, NET, "group '%s' rank %d: refused a mesh connection: %s (further ones are counted)",
-             t->pg->prefix, t->rank, why);
+    CRUN_LOG(WARN, NET, "group '%s' %s: refused a mesh connection: %s (further ones are counted)",
+             t->pg->prefix, CRUN__WHO(t->pg, t->rank), why);
   p[i] = p[--*n];
 }
 
@@ -300,9 +300,9 @@ static int refuse_stranger(crun__tcp_t *t, int fd) {
   (void)send_now(fd, deny, sizeof deny);
   close(fd);
   if (t->refused++ == 0)
-    CRUN_LOG(WARN, NET, "group '%s' rank %d: refused a mesh connection from another user's process (uid %ld) on "
+    CRUN_LOG(WARN, NET, "group '%s' %s: refused a mesh connection from another user's process (uid %ld) on "
              "this host: the job has no secret (CRUN_TOKEN) to tell it from a rank (further ones are counted)",
-             t->pg->prefix, t->rank, uid);
+             t->pg->prefix, CRUN__WHO(t->pg, t->rank), uid);
   return 1;
 }
 
@@ -356,12 +356,27 @@ static int accept_higher(crun__tcp_t *t, int lfd, double deadline) {
   return rc;
 }
 
-/* Lists the peers that are still unconnected, for the timeout message. */
-static void missing_list(crun__tcp_t *t, char *buf, size_t cap) {
+/* Writes the peers that are still unconnected ("1,2"; by their global
+ * ranks when global) into buf; returns the length. */
+static size_t missing_ranks(crun__tcp_t *t, char *buf, size_t cap, int global) {
   size_t n = 0;
   buf[0] = 0;
   for (int j = 0; j < t->size && n + 12 < cap; j++)
-    if (j != t->rank && t->fds[j] < 0) n += (size_t)snprintf(buf + n, cap - n, "%s%d", n ? "," : "", j);
+    if (j != t->rank && t->fds[j] < 0)
+      n += (size_t)snprintf(buf + n, cap - n, "%s%d", n ? "," : "", global ? crun__pg_global(t->pg, j) : j);
+  return n;
+}
+
+/* Lists the unconnected peers for the timeout message, named as CRUN__WHO
+ * names a rank: "1,2", then " (group ranks 0,1)" on a sub-group. */
+static void missing_list(crun__tcp_t *t, char *buf, size_t cap) {
+  size_t n = missing_ranks(t, buf, cap, 1);
+  int shifted = 0;
+  for (int j = 0; j < t->size; j++) shifted |= j != t->rank && t->fds[j] < 0 && crun__pg_global(t->pg, j) != j;
+  if (!shifted || n + 32 >= cap) return;
+  n += (size_t)snprintf(buf + n, cap - n, " (group ranks ");
+  n += missing_ranks(t, buf + n, cap - n, 0);
+  snprintf(buf + n, cap - n, ")");
 }
 
 static int build_mesh(crun__tcp_t *t, double deadline) {
@@ -424,7 +439,8 @@ int crun__tcp_open(crun_pg_t *pg, crun__tcp_t **out) {
 static void warn_unread(crun__tcp_t *t, int peer, const crun__hdr_t *h, int by, const char *why) {
   char shape[96];
   const char *g = t->pg && t->pg->prefix ? t->pg->prefix : "?";
-  crun__tcp_call_shape(shape, sizeof shape, h->dtype, h->count, h->op, h->root, 0, crun__coll_rooted(h->kind));
+  crun__tcp_call_shape(shape, sizeof shape, h->dtype, h->count, h->op, crun__pg_global(t->pg, h->root), 0,
+                       crun__coll_rooted(h->kind));
   if (by >= 0)
     CRUN_LOG(WARN, PG, "group '%s' was destroyed on %s after %s had failed it (%s): %s's %s #%llu %s "
              "to %s was left unread", g, CRUN__WHO(t->pg, t->rank), CRUN__WHO(t->pg, by), why, CRUN__WHO(t->pg, peer), crun__coll_name(h->kind),
@@ -459,7 +475,7 @@ static int peer_failed(crun__tcp_t *t, int j, char *why, size_t cap) {
   int found = 0;
   for (crun__hdr_t h; !found && k > 0 && pos + sizeof h <= (size_t)k; pos += sizeof h + (size_t)h.nbytes) {
     memcpy(&h, b + pos, sizeof h);
-    if (crun__tcp_hdr_garbled(&h, t->group, t->rank, j, text, sizeof text) || h.nbytes > PEEK_AHEAD) break;
+    if (crun__tcp_hdr_garbled(&h, t->group, t->pg, t->rank, j, text, sizeof text) || h.nbytes > PEEK_AHEAD) break;
     if (h.kind != CRUN__KIND_ABORT) continue;
     size_t n = (size_t)k - pos - sizeof h;
     snprintf(text, sizeof text, "%.*s", (int)(n < h.nbytes ? n : h.nbytes), b + pos + sizeof h);
@@ -481,7 +497,7 @@ static int first_unread(crun__tcp_t *t, int j, crun__hdr_t *h) {
     return 0; /* a background read in progress (or ended): not judged */
   char why[128];
   ssize_t n = recv(t->fds[j], h, sizeof *h, MSG_PEEK | MSG_DONTWAIT);
-  return n == (ssize_t)sizeof *h && !crun__tcp_hdr_garbled(h, t->group, t->rank, j, why, sizeof why) &&
+  return n == (ssize_t)sizeof *h && !crun__tcp_hdr_garbled(h, t->group, t->pg, t->rank, j, why, sizeof why) &&
          h->kind < CRUN__COLL_COUNT; /* an abort frame's kind is past every operation's */
 }
 
@@ -520,7 +536,7 @@ void crun__tcp_close(crun__tcp_t *t) {
        * of it (a held reader); reset the connection instead */
       struct linger lg = {1, 0};
       if (setsockopt(t->fds[j], SOL_SOCKET, SO_LINGER, &lg, sizeof lg) < 0)
-        CRUN_LOG(INFO, NET, "SO_LINGER to rank %d: %s", j, strerror(errno));
+        CRUN_LOG(INFO, NET, "SO_LINGER to %s: %s", CRUN__WHO(t->pg, j), strerror(errno));
     }
     if (t->fds[j] >= 0) close(t->fds[j]);
     for (crun__stash_t *s = t->stash ? t->stash[j] : NULL, *n; s; s = n) {

@@ -54,7 +54,9 @@ static void op_end(crun__tcp_t *t, crun__p2p_op_t *op, int rc) {
 /* Fails op (already unlinked) with a formatted error. */
 #define OP_FAIL(t, op, st, ...) op_end((t), (op), crun_error((st), __VA_ARGS__))
 
-static void op_desc(const crun__p2p_op_t *op, char *buf, size_t cap) { crun__coll_desc(op->c, buf, cap); }
+static void op_desc(const crun__tcp_t *t, const crun__p2p_op_t *op, char *buf, size_t cap) {
+  crun__pg_coll_desc(t->pg, op->c, buf, cap);
+}
 
 /* Has peer j shut its side of the connection (or did it fail)? Polls without
  * waiting and remembers a hang-up in prx[j].hup: what j left is then read to
@@ -131,7 +133,7 @@ static int check_frame(crun__tcp_t *t, const crun__p2p_op_t *op, int from, const
   int dt = c->user_dt >= 0 ? c->user_dt : (int)c->dt;
   if (h->dtype == dt && h->nbytes == op->nbytes) return 0;
   char desc[64];
-  op_desc(op, desc, sizeof desc);
+  op_desc(t, op, desc, sizeof desc);
   const char *mine = crun_dtype_name((crun_dtype_t)dt), *theirs = crun_dtype_name((crun_dtype_t)h->dtype);
   return crun_error(CRUN_EMISMATCH, "%s on %s expected %s[%llu], %s sent %s[%llu] (tag %d)", desc,
                     CRUN__WHO(t->pg, t->rank), mine ? mine : "?", (unsigned long long)(op->nbytes / elsize(c->dt)), CRUN__WHO(t->pg, from),
@@ -187,7 +189,7 @@ static int op_write(crun__tcp_t *t, crun__p2p_op_t *op) {
     if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
     char desc[64], how[128];
     crun__tcp_conn_how(k < 0 ? errno : 0, how, sizeof how);
-    op_desc(op, desc, sizeof desc);
+    op_desc(t, op, desc, sizeof desc);
     return crun_error(CRUN_EPEERDIED, "%s on %s: connection to %s %s (the process died or left the group)",
                       desc, CRUN__WHO(t->pg, t->rank), CRUN__WHO(t->pg, op->peer), how);
   }
@@ -352,7 +354,7 @@ static void peer_gone(crun__tcp_t *t, int j, int err) {
       *pp = op->next;
     }
     char desc[64], note[320];
-    op_desc(op, desc, sizeof desc);
+    op_desc(t, op, desc, sizeof desc);
     unmatched_note(t, op->peer, note, sizeof note);
     if (held[0]) snprintf(note, sizeof note, "%s", held);
     if (op->c->kind == CRUN__COLL_SEND) note[0] = 0;
@@ -380,7 +382,7 @@ static void prx_header(crun__tcp_t *t, int j) {
   x->hgot = 0;
   x->got = 0;
   char text[160];
-  if (crun__tcp_hdr_garbled(&x->h, t->group, t->rank, j, text, sizeof text)) {
+  if (crun__tcp_hdr_garbled(&x->h, t->group, t->pg, t->rank, j, text, sizeof text)) {
     x->state = CRUN__PRX_DEAD;
     crun__tcp_fail_all(t, CRUN_EPROTO, text);
     return;
@@ -452,7 +454,7 @@ static int held_skip_to_abort(crun__tcp_t *t, int j) {
   crun__hdr_t h;
   char why[160];
   if (recv(t->fds[j], &h, HDR, MSG_PEEK | MSG_DONTWAIT) != (ssize_t)HDR || h.kind != CRUN__KIND_ABORT ||
-      crun__tcp_hdr_garbled(&h, t->group, t->rank, j, why, sizeof why) || !(x->text = calloc(1, CRUN__ABORT_TEXT_MAX + 1)))
+      crun__tcp_hdr_garbled(&h, t->group, t->pg, t->rank, j, why, sizeof why) || !(x->text = calloc(1, CRUN__ABORT_TEXT_MAX + 1)))
     return 0;
   if (recv(t->fds[j], &x->h, HDR, MSG_DONTWAIT) != (ssize_t)HDR) { /* cannot fail after the peek */
     free(x->text);
@@ -533,7 +535,7 @@ static int recv_locked(crun__tcp_t *t, crun__coll_t *c) {
   if (op->peer != CRUN_ANY_SOURCE && t->prx[op->peer].state == CRUN__PRX_DEAD && !t->stash[op->peer]) {
     free(op);
     char desc[64];
-    crun__coll_desc(c, desc, sizeof desc);
+    crun__pg_coll_desc(t->pg, c, desc, sizeof desc);
     return crun_error(CRUN_EPEERDIED, "%s on %s: connection to %s is closed", desc, CRUN__WHO(t->pg, t->rank), CRUN__WHO(t->pg, c->root));
   }
   crun__p2p_op_t **pp = &t->posted;
@@ -571,7 +573,7 @@ static int expire(crun__tcp_t *t) {
     if (!op) return any;
     any = 1;
     char desc[64], where[1024], note[320] = "";
-    op_desc(op, desc, sizeof desc);
+    op_desc(t, op, desc, sizeof desc);
     crun__pg_progress_report(t->pg, where, sizeof where);
     int is_send = op->c->kind == CRUN__COLL_SEND;
     if (!is_send) unmatched_note(t, op->peer, note, sizeof note);
@@ -727,7 +729,7 @@ static int pump_start(crun__tcp_t *t, const crun__coll_t *c) {
   t->has_pump = e == 0;
   if (!e) return 0;
   char desc[64];
-  crun__coll_desc(c, desc, sizeof desc);
+  crun__pg_coll_desc(t->pg, c, desc, sizeof desc);
   return crun_error(CRUN_ESYS, "%s on %s: cannot start the thread that progresses point-to-point operations "
                     "(%s)", desc, CRUN__WHO(t->pg, t->rank), strerror(e));
 }
@@ -794,7 +796,7 @@ void crun__tcp_fail_all(crun__tcp_t *t, int status, const char *text) {
       }
     if (!op) return;
     char desc[64];
-    op_desc(op, desc, sizeof desc);
+    op_desc(t, op, desc, sizeof desc);
     OP_FAIL(t, op, status, "%s on %s: %s", desc, CRUN__WHO(t->pg, t->rank), text);
   }
 }

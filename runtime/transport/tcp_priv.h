@@ -48,9 +48,11 @@ int crun__tcp_hello_check(const crun__hello_t *h, uint32_t group, int rank, int 
 #define CRUN__ABORT_FRAME_MAX (64u << 10)
 
 /* Returns 1 and writes why into text when h (a header from rank `from` to
- * rank `rank`) lacks the frame magic, names another group, or is an abort
- * frame longer than CRUN__ABORT_FRAME_MAX; else 0. */
-int crun__tcp_hdr_garbled(const crun__hdr_t *h, uint32_t group, int rank, int from, char *text, size_t cap);
+ * rank `rank` of group pg, named as CRUN__WHO names them; pg may be NULL)
+ * lacks the frame magic, names another group, or is an abort frame longer
+ * than CRUN__ABORT_FRAME_MAX; else 0. */
+int crun__tcp_hdr_garbled(const crun__hdr_t *h, uint32_t group, const crun_pg_t *pg, int rank, int from, char *text,
+                          size_t cap);
 
 /* How a connection to a peer ended, for "connection to rank N <how>":
  * "closed" when err is 0 (the peer closed it), else "failed: <strerror(err)>";

@@ -19,15 +19,16 @@ int crun__tcp_hello_check(const crun__hello_t *h, uint32_t group, int rank, int 
   return 0;
 }
 
-int crun__tcp_hdr_garbled(const crun__hdr_t *h, uint32_t group, int rank, int from, char *text, size_t cap) {
+int crun__tcp_hdr_garbled(const crun__hdr_t *h, uint32_t group, const crun_pg_t *pg, int rank, int from, char *text,
+                          size_t cap) {
   if (h->magic != CRUN__TCP_MAGIC || h->group != group) {
-    snprintf(text, cap, "rank %d: garbled frame from rank %d (magic %08x group %08x)", rank, from, h->magic,
-             h->group);
+    snprintf(text, cap, "%s: garbled frame from %s (magic %08x group %08x)", CRUN__WHO(pg, rank), CRUN__WHO(pg, from),
+             h->magic, h->group);
     return 1;
   }
   if (h->kind != CRUN__KIND_ABORT || h->nbytes <= CRUN__ABORT_FRAME_MAX) return 0;
-  snprintf(text, cap, "rank %d: garbled frame from rank %d (an abort frame of %llu bytes; at most %u)", rank, from,
-           (unsigned long long)h->nbytes, CRUN__ABORT_FRAME_MAX);
+  snprintf(text, cap, "%s: garbled frame from %s (an abort frame of %llu bytes; at most %u)", CRUN__WHO(pg, rank),
+           CRUN__WHO(pg, from), (unsigned long long)h->nbytes, CRUN__ABORT_FRAME_MAX);
   return 1;
 }
 

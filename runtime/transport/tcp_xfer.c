@@ -78,12 +78,14 @@ static void fill_hdr(crun__tcp_t *t, const crun__coll_t *c, size_t nbytes, crun_
 static int mismatch(io_t *io, const crun__hdr_t *h) {
   const crun__coll_t *c = io->c;
   char desc[64], mine[96], theirs[96], seq[32] = "";
-  crun__coll_desc(c, desc, sizeof desc);
+  crun__pg_coll_desc(io->t->pg, c, desc, sizeof desc);
   int kind = h->kind, dop = h->op != c->op, droot = h->root != c->root;
   uint64_t want = hdr_count(c, io->rbytes);
   int show_op = dop && crun__coll_reduces(c->kind), show_root = droot && crun__coll_rooted(c->kind);
-  crun__tcp_call_shape(mine, sizeof mine, hdr_dtype(c), want, c->op, c->root, show_op, show_root);
-  crun__tcp_call_shape(theirs, sizeof theirs, h->dtype, h->count, h->op, h->root,
+  const crun_pg_t *pg = io->t->pg; /* a root is named as the caller gave it: its global rank */
+  crun__tcp_call_shape(mine, sizeof mine, hdr_dtype(c), want, c->op, crun__pg_global(pg, c->root), show_op,
+                       show_root);
+  crun__tcp_call_shape(theirs, sizeof theirs, h->dtype, h->count, h->op, crun__pg_global(pg, h->root),
                        dop && crun__coll_reduces(kind), droot && crun__coll_rooted(kind));
   if (h->seq != c->seq && kind != CRUN__COLL_SEND)
     snprintf(seq, sizeof seq, " #%llu", (unsigned long long)h->seq);
@@ -112,13 +114,13 @@ static int classify(io_t *io, const crun__hdr_t *h) {
   if (!same) return mismatch(io, h);
   if (check != io->check) {
     char desc[64];
-    crun__coll_desc(c, desc, sizeof desc);
+    crun__pg_coll_desc(io->t->pg, c, desc, sizeof desc);
     return crun_error(CRUN_EPROTO, "%s on %s: %s %s the ranks' check of the root (different "
                       "CRUN_ROOT_CHECK settings?)", desc, CRUN__WHO(io->t->pg, io->t->rank), CRUN__WHO(io->t->pg, io->from), check ? "sent" : "skipped");
   }
   if (h->nbytes != io->rbytes) {
     char desc[64];
-    crun__coll_desc(c, desc, sizeof desc);
+    crun__pg_coll_desc(io->t->pg, c, desc, sizeof desc);
     return crun_error(CRUN_EPROTO, "%s on %s: %s sent %llu bytes where %zu were expected "
                       "(different CRUN_ALGO settings?)", desc, CRUN__WHO(io->t->pg, io->t->rank), CRUN__WHO(io->t->pg, io->from),
                       (unsigned long long)h->nbytes, io->rbytes);
@@ -137,7 +139,7 @@ static int peer_died(io_t *io, int peer, int err) {
   const crun__prx_t *x = &io->t->prx[peer];
   if (x->state == CRUN__PRX_DEAD && x->text) return aborted_by(io, peer, &x->h, x->text); /* the pump read it */
   if (crun__tcp_board_reason(io->t, peer, &h, why, sizeof why)) return aborted_by(io, peer, &h, why);
-  crun__coll_desc(io->c, desc, sizeof desc);
+  crun__pg_coll_desc(io->t->pg, io->c, desc, sizeof desc);
   return crun_error(CRUN_EPEERDIED, "%s on %s: connection to %s %s (the process died "
                     "or left the group)", desc, CRUN__WHO(io->t->pg, io->t->rank), CRUN__WHO(io->t->pg, peer), crun__tcp_conn_how(err, how, sizeof how));
 }
@@ -149,7 +151,7 @@ static int peer_died(io_t *io, int peer, int err) {
 static int aborted_by(io_t *io, int peer, const crun__hdr_t *h, const char *text) {
   crun__tcp_t *t = io->t;
   char desc[64], p2p[4200];
-  crun__coll_desc(io->c, desc, sizeof desc);
+  crun__pg_coll_desc(io->t->pg, io->c, desc, sizeof desc);
   int st;
   const char *body = crun__tcp_abort_body(h, text, &st);
   t->prx[peer].state = CRUN__PRX_DEAD;
@@ -187,7 +189,7 @@ static int abort_from_to(io_t *io) {
   char text[4097] = "";
   ssize_t k = recv(io->t->fds[io->to], &h, HDR, MSG_PEEK | MSG_DONTWAIT);
   if (k != (ssize_t)HDR || h.kind != CRUN__KIND_ABORT ||
-      crun__tcp_hdr_garbled(&h, io->t->group, io->t->rank, io->to, text, sizeof text))
+      crun__tcp_hdr_garbled(&h, io->t->group, io->t->pg, io->t->rank, io->to, text, sizeof text))
     return 0; /* not a frame: a receive that failed left this stream mid-frame */
   text[0] = 0;
   size_t n = h.nbytes > 4096 ? 4096 : h.nbytes;
@@ -235,7 +237,7 @@ static ssize_t rx_read(io_t *io, void *p, size_t n) {
 static int rx_header_done(io_t *io) {
   crun__hdr_t *h = &io->rh;
   char text[160];
-  if (crun__tcp_hdr_garbled(h, io->t->group, io->t->rank, io->from, text, sizeof text))
+  if (crun__tcp_hdr_garbled(h, io->t->group, io->t->pg, io->t->rank, io->from, text, sizeof text))
     return crun_error(CRUN_EPROTO, "%s", text);
   if (h->kind == CRUN__KIND_ABORT) {
     size_t n = h->nbytes > CRUN__ABORT_TEXT_MAX ? CRUN__ABORT_TEXT_MAX : h->nbytes;
@@ -249,7 +251,7 @@ static int rx_header_done(io_t *io) {
   if (r == 0) return rx_enter_payload(io, h);
   if (!crun__stash_fits(io->t, h->nbytes)) { /* the step's own frame is behind it: cannot wait */
     char desc[64];
-    crun__coll_desc(io->c, desc, sizeof desc);
+    crun__pg_coll_desc(io->t->pg, io->c, desc, sizeof desc);
     return crun__stash_full(io->t, desc, io->from, h);
   }
   if (!(io->pending = crun__stash_new(io->t, h)))
@@ -334,7 +336,7 @@ static int peek_abort(io_t *io) {
 /* The step's deadline passed: name the peer and where every rank is. */
 static int timed_out(io_t *io) {
   char desc[64], where[1024];
-  crun__coll_desc(io->c, desc, sizeof desc);
+  crun__pg_coll_desc(io->t->pg, io->c, desc, sizeof desc);
   crun__pg_progress_report(io->t->pg, where, sizeof where);
   if (io->rstate != RX_DONE && io->from >= 0)
     return crun_error(CRUN_ETIMEDOUT, "%s on %s: no data from %s after %.1f s; %s", desc,
@@ -368,13 +370,15 @@ static int other_call(const io_t *io, const crun__hdr_t *h) {
 static int other_call_error(io_t *io, int j, const crun__hdr_t *h) {
   const crun__coll_t *c = io->c;
   char desc[64], mine[128], theirs[96];
-  crun__coll_desc(c, desc, sizeof desc);
+  crun__pg_coll_desc(io->t->pg, c, desc, sizeof desc);
   int a2a = c->kind == CRUN__COLL_ALL_TO_ALL && c->out_counts;
   uint64_t count = a2a ? c->out_counts[j] : hdr_count(c, io->rbytes);
   int n = a2a ? snprintf(mine, sizeof mine, ", whose block from %s is ", CRUN__WHO(io->t->pg, j)) : snprintf(mine, sizeof mine, " ");
-  crun__tcp_call_shape(mine + n, sizeof mine - (size_t)n, hdr_dtype(c), count, c->op, c->root,
+  crun__tcp_call_shape(mine + n, sizeof mine - (size_t)n, hdr_dtype(c), count, c->op,
+                       crun__pg_global(io->t->pg, c->root),
                        crun__coll_reduces(c->kind), 0);
-  crun__tcp_call_shape(theirs, sizeof theirs, h->dtype, h->count, h->op, h->root, crun__coll_reduces(h->kind), 0);
+  crun__tcp_call_shape(theirs, sizeof theirs, h->dtype, h->count, h->op, crun__pg_global(io->t->pg, h->root),
+                       crun__coll_reduces(h->kind), 0);
   int peer = io->from >= 0 && io->rstate != RX_DONE ? io->from : io->to;
   return crun_error(CRUN_EMISMATCH, "%s on %s: %s sent %s #%llu %s but %s called %s%s (seen "
                     "while it waited for %s)", desc, CRUN__WHO(io->t->pg, io->t->rank), CRUN__WHO(io->t->pg, j), crun__coll_name(h->kind),
@@ -507,7 +511,7 @@ static int io_blocked(io_t *io) {
             t->prx[io->from].cut;
   if (!t->aborted && !cut) return 0;
   char desc[64], note[160] = "";
-  crun__coll_desc(io->c, desc, sizeof desc);
+  crun__pg_coll_desc(io->t->pg, io->c, desc, sizeof desc);
   if (cut)
     snprintf(note, sizeof note, "%sthe connection from %s stopped mid-frame where a receive from it failed",
              t->aborted ? " (" : "", CRUN__WHO(t->pg, io->from));

@@ -36,7 +36,10 @@
 --             good all_reduce), count (rank 1 all_reduces 3 elements, rank 2
 --             five), timeout (rank 1 all_reduces with timeout 1 s while rank
 --             2 sleeps 3 s, calling nothing), died (rank 2 exits at once
---             without destroying anything; rank 1 all_reduces)
+--             without destroying anything; rank 1 all_reduces; rank 0
+--             stays 2 s), root (each
+--             broadcasts 4 elements with itself as src: rank 1 src 1, rank 2
+--             src 2; then both all_reduce)
 --   rootlistgather / rootlistscatter  the root's list holds 1 tensor, not n;
 --             then an all_reduce
 --   a2asplit_K  rank 1 gives all_to_all_single bad input split sizes, K: len
@@ -243,6 +246,8 @@ elseif mode:match("^subrank:") then
   local g = dist.new_group({1, 2})
   if rank == 0 then
     record(true)
+    -- it holds the store without the launcher (died): stay while the group opens
+    if k == "died" then os.execute("sleep 2") end
   elseif k == "arg" then
     local t = rank == 2 and T.zeros({4}, "bool") or T.ones({4})
     record(pcall(dist.all_reduce, t, dist.ReduceOp.AVG, {group = g}))
@@ -259,6 +264,9 @@ elseif mode:match("^subrank:") then
     out:close()
     os.exit(0, false)
   elseif k == "died" then
+    record(pcall(dist.all_reduce, T.ones({4}), "sum", {group = g}))
+  elseif k == "root" then
+    record(pcall(dist.broadcast, T.ones({4}), rank, {group = g}))
     record(pcall(dist.all_reduce, T.ones({4}), "sum", {group = g}))
   end
 elseif mode == "rootlistgather" or mode == "rootlistscatter" then

@@ -121,14 +121,35 @@ TEST(abort_text_bounds) {
 TEST(abort_frame_length_bound) {
   crun__hdr_t h = {.magic = CRUN__TCP_MAGIC, .group = 0xabcd, .kind = CRUN__KIND_ABORT, .nbytes = 10007};
   char text[160];
-  EXPECT_EQ_INT(crun__tcp_hdr_garbled(&h, 0xabcd, 0, 1, text, sizeof text), 0);
+  EXPECT_EQ_INT(crun__tcp_hdr_garbled(&h, 0xabcd, NULL, 0, 1, text, sizeof text), 0);
   h.nbytes = CRUN__ABORT_FRAME_MAX;
-  EXPECT_EQ_INT(crun__tcp_hdr_garbled(&h, 0xabcd, 0, 1, text, sizeof text), 0);
+  EXPECT_EQ_INT(crun__tcp_hdr_garbled(&h, 0xabcd, NULL, 0, 1, text, sizeof text), 0);
   h.nbytes = 1ull << 40;
-  EXPECT_EQ_INT(crun__tcp_hdr_garbled(&h, 0xabcd, 0, 1, text, sizeof text), 1);
+  EXPECT_EQ_INT(crun__tcp_hdr_garbled(&h, 0xabcd, NULL, 0, 1, text, sizeof text), 1);
   EXPECT(strstr(text, "rank 0: garbled frame from rank 1 (an abort frame of 1099511627776 bytes") != NULL);
   h.kind = CRUN__COLL_SEND; /* a data frame's length is checked against its receive */
-  EXPECT_EQ_INT(crun__tcp_hdr_garbled(&h, 0xabcd, 0, 1, text, sizeof text), 0);
+  EXPECT_EQ_INT(crun__tcp_hdr_garbled(&h, 0xabcd, NULL, 0, 1, text, sizeof text), 0);
+}
+
+/* On a sub-group (new_group{1, 2}: group ranks 0-1 are global ranks 1-2) a
+ * garbled frame's text and an operation's description name a rank by its
+ * global rank, then its group rank, as the group's other texts do; they
+ * named the group rank alone ("rank 0: garbled frame from rank 1"). */
+TEST(subgroup_texts_name_global_ranks) {
+  int global[2] = {1, 2};
+  crun_pg_t pg = {.size = 2, .global = global};
+  crun__hdr_t h = {.magic = CRUN__TCP_MAGIC, .group = 0xdead};
+  char text[160];
+  EXPECT_EQ_INT(crun__tcp_hdr_garbled(&h, 0xabcd, &pg, 0, 1, text, sizeof text), 1);
+  EXPECT(strncmp(text, "rank 1 (group rank 0): garbled frame from rank 2 (group rank 1) (magic ", 71) == 0);
+  crun__coll_t c = {.kind = CRUN__COLL_SEND, .root = 1, .tag = 3};
+  crun__pg_coll_desc(&pg, &c, text, sizeof text);
+  EXPECT(strcmp(text, "send to rank 2 (group rank 1) (tag 3)") == 0);
+  c.kind = CRUN__COLL_RECV, c.root = 0;
+  crun__pg_coll_desc(&pg, &c, text, sizeof text);
+  EXPECT(strcmp(text, "recv from rank 1 (group rank 0) (tag 3)") == 0);
+  crun__coll_desc(&c, text, sizeof text); /* without the group: its rank */
+  EXPECT(strcmp(text, "recv from rank 0 (tag 3)") == 0);
 }
 
 /* tests/fuzz/corpus/checkpoint/regress-empty-tensor-huge-dims: an empty
@@ -153,5 +174,6 @@ TEST(call_shape_unknown_op) {
 }
 
 #define CRUN_TESTS(X) X(frame_lengths) X(request_header_and_arity) X(reply_errors) X(mesh_hello) \
-  X(abort_text_bounds) X(abort_frame_length_bound) X(call_shape_unknown_op) X(empty_tensor_huge_dims)
+  X(abort_text_bounds) X(abort_frame_length_bound) X(call_shape_unknown_op) X(empty_tensor_huge_dims) \
+  X(subgroup_texts_name_global_ranks)
 CRUN_TEST_MAIN()

@@ -59,7 +59,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     crun__hdr_t h;
     fuzz_take(&in, &h, sizeof h);
     char text[160];
-    int garbled = crun__tcp_hdr_garbled(&h, GROUP, 0, 1, text, sizeof text);
+    int garbled = crun__tcp_hdr_garbled(&h, GROUP, NULL, 0, 1, text, sizeof text);
     int long_abort = h.kind == CRUN__KIND_ABORT && h.nbytes > CRUN__ABORT_FRAME_MAX;
     if (garbled != (h.magic != CRUN__TCP_MAGIC || h.group != GROUP || long_abort)) FUZZ_FAIL("header check is wrong");
     if (garbled) {

@@ -52,7 +52,7 @@ static int cpu_create(crun_pg_t *pg, void **state) {
     rc = crun_error(CRUN_ENOMEM, "cpu backend");
   }
   if (rc < 0) { free(b); return rc; }
-  b->link = (crun__link_t){pg->rank, pg->size, b, link_xfer, link_scratch, b->algo, 0};
+  b->link = (crun__link_t){pg->rank, pg->size, b, link_xfer, link_scratch, b->algo, 0, pg};
   rc = crun__cpu_engine_open(pg, mode, &b->link, &b->engine);
   b->has_engine = rc == 0;
   if (rc < 0 && rc != CRUN_ENOTSUP) {

@@ -158,7 +158,7 @@ static double left(const crun__coll_t *c) {
  * shared-memory stages before it sum. */
 static int reps_run(hier_t *h, crun__coll_t *c) {
   sub_t s = {&h->base, h->reps};
-  crun__link_t l = {h->host, h->nhosts, &s, sub_xfer, sub_scratch, h->base.algo, h->pg->size};
+  crun__link_t l = {h->host, h->nhosts, &s, sub_xfer, sub_scratch, h->base.algo, h->pg->size, NULL};
   return crun__cpu_run_link(&l, c);
 }
 
@@ -198,7 +198,7 @@ static int shm_err(hier_t *h, const crun__coll_t *c, const char *stage, int rc) 
   /* h_agree's stage, met by a rank that went straight to its first stage */
   const char *note = rc == CRUN_EMISMATCH && strstr(t, CHECK_STAGE) ? "; " CHECK_STAGE " is its check of a "
                      "broadcast, reduce, avg all_reduce or TCP collective: the ranks' calls differ" : "";
-  crun__coll_desc(c, desc, sizeof desc);
+  crun__pg_coll_desc(h->pg, c, desc, sizeof desc);
   const char *body = shm_body(t);
   int k, n = 0;
   if (sscanf(body, "rank %d failed first: %n", &k, &n) == 1 && n > 0) /* relayed: its text says the rest */
@@ -525,7 +525,7 @@ static int h_agree(hier_t *h, const crun__coll_t *c) {
     for (int k = -1; q < h->pg->size; q++)
       if (h->host_of[q] == h->host && ++k == bad) break;
     char desc[64], me[128], them[128];
-    crun__coll_desc(c, desc, sizeof desc);
+    crun__pg_coll_desc(h->pg, c, desc, sizeof desc);
     h_sig_text(mine, me, sizeof me);
     h_sig_text(all + (size_t)bad * SIG_WORDS, them, sizeof them);
     rc = crun_error(CRUN_EMISMATCH, "%s on %s: %s (same host) called %s but %s called %s "
@@ -671,7 +671,7 @@ static __attribute__((noinline)) int h_explain(hier_t *h, const crun__coll_t *c,
   for (int w = 0; q >= 0 && w < SIG_WORDS; w++) root_only = root_only && (w == SIG_ROOT || theirs[w] == mine[w]);
   if (q < 0 || root_only) return crun_error(rc, "%s", text);
   char desc[64], me[128], them[128];
-  crun__coll_desc(c, desc, sizeof desc);
+  crun__pg_coll_desc(h->pg, c, desc, sizeof desc);
   h_sig_text(mine, me, sizeof me);
   h_sig_text(theirs, them, sizeof them);
   rc = crun_error(rc, "%s on %s: %s called %s but %s called %s [hierarchical engine]", desc,

@@ -70,7 +70,7 @@ static void shape(char *b, size_t cap, const int64_t *s, int show_op, int show_r
 /* Reports peer p's signature `t` against our expectation `e`. */
 static int mismatch(const crun__mpi_t *b, const crun__coll_t *c, int p, const int64_t *e, const int64_t *t) {
   char desc[64], mine[96], theirs[96];
-  crun__coll_desc(c, desc, sizeof desc);
+  crun__pg_coll_desc(b->pg, c, desc, sizeof desc);
   int dop = e[CRUN__SIG_OP] != t[CRUN__SIG_OP], droot = e[CRUN__SIG_ROOT] != t[CRUN__SIG_ROOT];
   shape(mine, sizeof mine, e, dop, droot);
   shape(theirs, sizeof theirs, t, dop, droot);
@@ -94,13 +94,14 @@ static int compare(const crun__mpi_t *b, const crun__coll_t *c) {
  * whose signature we got from it ("" when none yet). */
 static void whereabouts(const crun__mpi_t *b, const crun__coll_t *c, int p, int arrived, char *buf, size_t cap) {
   const int64_t *t = b->sig_in + (size_t)p * CRUN__SIG_WORDS;
-  if (arrived) crun__coll_desc(c, buf, cap);
+  if (arrived) crun__pg_coll_desc(b->pg, c, buf, cap);
   else if (t[CRUN__SIG_KIND] < 0) buf[0] = 0;
   else snprintf(buf, cap, "%s #%lld", crun__coll_name((int)t[CRUN__SIG_KIND]), (long long)t[CRUN__SIG_SEQ]);
 }
 
-/* Appends "rank 2 is at barrier #1; ranks 0-1 are at all_reduce #2" to out. */
-static void report(char *out, size_t cap, char (*at)[64], int n, int *rs) {
+/* Appends "rank 2 is at barrier #1; ranks 0-1 are at all_reduce #2" to out
+ * (ranks of group pg, named as crun__pg_ranks_text names them). */
+static void report(const crun_pg_t *pg, char *out, size_t cap, char (*at)[64], int n, int *rs) {
   size_t len = strlen(out);
   char *done = calloc((size_t)n, 1);
   for (int r = 0; done && r < n && len < cap; r++) {
@@ -109,7 +110,7 @@ static void report(char *out, size_t cap, char (*at)[64], int n, int *rs) {
     for (int q = r; q < n; q++)
       if (!done[q] && !strcmp(at[q], at[r])) rs[m++] = q, done[q] = 1;
     char who[256];
-    crun__ranks_text(who, sizeof who, rs, m);
+    crun__pg_ranks_text(pg, who, sizeof who, rs, m);
     if (at[r][0]) len += (size_t)snprintf(out + len, cap - len, "; %s %s at %s", who, m > 1 ? "are" : "is", at[r]);
     else len += (size_t)snprintf(out + len, cap - len, "; %s %s not entered any collective", who, m > 1 ? "have" : "has");
   }
@@ -121,7 +122,7 @@ static void report(char *out, size_t cap, char (*at)[64], int n, int *rs) {
 static int timed_out(crun__mpi_t *b, const crun__coll_t *c) {
   int n = b->size, nl = 0, *late = malloc(sizeof(int) * (size_t)n);
   char (*at)[64] = calloc((size_t)n, 64), desc[64], who[256] = "some ranks", where[1024] = "";
-  crun__coll_desc(c, desc, sizeof desc);
+  crun__pg_coll_desc(b->pg, c, desc, sizeof desc);
   for (int p = 0; late && at && p < n; p++) {
     MPI_Request *r = &b->reqs[p];
     int arrived = p == b->rank || *r == MPI_REQUEST_NULL;
@@ -130,7 +131,7 @@ static int timed_out(crun__mpi_t *b, const crun__coll_t *c) {
   }
   if (late && at && nl) {
     crun__pg_ranks_text(b->pg, who, sizeof who, late, nl);
-    report(where, sizeof where, at, n, late);
+    report(b->pg, where, sizeof where, at, n, late);
   }
   free(late);
   free(at);
@@ -205,7 +206,7 @@ int crun__mpi_check(crun__mpi_t *b, crun__coll_t *c) {
     CRUN_CHECK(post(b, c, p));
   }
   char desc[64];
-  crun__coll_desc(c, desc, sizeof desc);
+  crun__pg_coll_desc(b->pg, c, desc, sizeof desc);
   int rc = crun__mpi_wait(b, b->reqs, 2 * n, n, c->deadline, desc);
   if (rc == 0 && (rc = crun__mpi_poll_abort(b, desc)) == 0 && (rc = compare(b, c)) == 0)
     return check_late(b, c, entered, desc);

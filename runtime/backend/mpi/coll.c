@@ -84,11 +84,11 @@ static int is_half(crun_dtype_t dt) { return dt == CRUN_FLOAT16 || dt == CRUN_BF
 #define RUN(b, c, name, call)                                                \
   do {                                                                       \
     char d_[64];                                                             \
-    crun__coll_desc((c), d_, sizeof d_);                                     \
+    crun__pg_coll_desc((b)->pg, (c), d_, sizeof d_);                         \
     crun__mpi_watch_begin(&(b)->watch, (c)->timeout, d_, name);              \
     int r_ = (call);                                                         \
     crun__mpi_watch_end(&(b)->watch);                                        \
-    if (r_ != MPI_SUCCESS) return crun__mpi_fail(r_, d_, (b)->rank, name);   \
+    if (r_ != MPI_SUCCESS) return crun__mpi_fail(r_, d_, (b)->pg, (b)->rank, name);   \
   } while (0)
 
 /* ---------------------------------------------------------------- reductions */
@@ -287,7 +287,7 @@ static int take(crun__mpi_t *b, const crun__coll_t *c, char **s, int i, size_t b
                 const char *what) {
   if ((s[i] = crun__mpi_stage(b, i, bytes, site))) return 0;
   char desc[64];
-  crun__coll_desc(c, desc, sizeof desc);
+  crun__pg_coll_desc(b->pg, c, desc, sizeof desc);
   return crun_error(CRUN_ENOMEM, "%s on %s: no memory for its staging buffer (%s, %zu bytes)", desc, CRUN__WHO(b->pg, b->rank),
                     what, bytes);
 }

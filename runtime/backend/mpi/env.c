@@ -119,11 +119,11 @@ int crun__mpi_status(int mpirc) {
   return cls == MPI_ERR_TRUNCATE ? CRUN_EMISMATCH : cls == MPI_ERR_NO_MEM ? CRUN_ENOMEM : CRUN_EIO;
 }
 
-int crun__mpi_fail(int mpirc, const char *desc, int rank, const char *call) {
+int crun__mpi_fail(int mpirc, const char *desc, const crun_pg_t *pg, int rank, const char *call) {
   char text[MPI_MAX_ERROR_STRING + 1] = "";
   int len = 0;
   MPI_Error_string(mpirc, text, &len);
-  return crun_error(crun__mpi_status(mpirc), "%s on rank %d: %s failed: %s", desc, rank, call, text);
+  return crun_error(crun__mpi_status(mpirc), "%s on %s: %s failed: %s", desc, CRUN__WHO(pg, rank), call, text);
 }
 
 void crun__mpi_relax(crun__mpi_spin_t *s) {
@@ -168,7 +168,7 @@ int crun__mpi_wait(crun__mpi_t *b, MPI_Request *reqs, int n, int nrecv, double d
   for (;;) {
     int done = 0;
     int rc = MPI_Testall(n, reqs, &done, MPI_STATUSES_IGNORE);
-    if (rc != MPI_SUCCESS) return crun__mpi_fail(rc, desc, b ? b->rank : -1, "MPI_Testall");
+    if (rc != MPI_SUCCESS) return crun__mpi_fail(rc, desc, b ? b->pg : NULL, b ? b->rank : -1, "MPI_Testall");
     if (done) return 0;
     if (b && (rc = crun__mpi_poll_abort(b, desc)) < 0) return rc;
     if (b && spin.spins % 256 == 255 && (rc = peers_left(b, reqs, nrecv, desc)) < 0) return rc;
@@ -219,9 +219,9 @@ static void *watchdog_main(void *arg) {
     for (crun__mpi_watch_t *w = g_watches; w; w = w->next) {
       double d = atomic_load(&w->deadline);
       if (d <= 0 || now < d) continue;
-      CRUN_LOG(WARN, COLL, "ETIMEDOUT: %s on rank %d is still inside MPI past its deadline; a peer "
+      CRUN_LOG(WARN, COLL, "ETIMEDOUT: %s on %s is still inside MPI past its deadline; a peer "
                "never joined the operation or stopped inside it, and MPI cannot cancel it: aborting "
-               "the MPI job", w->what, w->rank);
+               "the MPI job", w->what, w->who);
       MPI_Abort(MPI_COMM_WORLD, 124);
     }
     pthread_mutex_unlock(&g_lock);

@@ -25,9 +25,9 @@ void *crun__mpi_stage(crun__mpi_t *b, int i, size_t n, const char *site) {
 static int check_launch(const crun_pg_t *pg) {
   int by_mpi = (getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") || getenv("PMIX_RANK")) && !getenv("CRUN_LAUNCHER");
   if (pg->size < 2 || crun__mpi_alive() || by_mpi) return 0;
-  return crun_error(CRUN_EINVAL, "backend mpi on rank %d: world_size is %d but this process was not started by "
+  return crun_error(CRUN_EINVAL, "backend mpi on %s: world_size is %d but this process was not started by "
                     "mpirun (no OMPI_COMM_WORLD_SIZE or PMI_SIZE); run `mpirun -np %d crun-lua script.lua` "
-                    "or use backend \"cpu\"", pg->rank, pg->size, pg->size);
+                    "or use backend \"cpu\"", CRUN__WHO(pg, pg->rank), pg->size, pg->size);
 }
 
 /* Checks the group's ranks against MPI's view of the world. */
@@ -37,8 +37,9 @@ static int check_world(const crun_pg_t *pg, MPI_Comm world) {
   MPI_Comm_size(world, &wsize);
   for (int i = 0; i < pg->size; i++)
     if (pg->global[i] >= wsize)
-      return crun_error(CRUN_EINVAL, "backend mpi on rank %d: the group needs rank %d but MPI has only %d "
-                        "processes (start the job with mpirun -np %d)", pg->rank, pg->global[i], wsize, pg->size);
+      return crun_error(CRUN_EINVAL, "backend mpi on %s: the group needs rank %d but MPI has only %d "
+                        "processes (start the job with mpirun -np %d)", CRUN__WHO(pg, pg->rank), pg->global[i], wsize,
+                        pg->size);
   if (pg->global[pg->rank] != wrank)
     return crun_error(CRUN_EINVAL, "backend mpi: this process is rank %d for crun but rank %d for MPI; with "
                       "backend mpi the ranks are the ones mpirun assigns (leave RANK unset)",
@@ -71,9 +72,10 @@ static int max_groups(void) {
 
 /* The ERANGE of a creation refused because `who` (group ranks) hold max_groups(). */
 static int no_room(const crun_pg_t *pg, const char *who) {
-  return crun_error(CRUN_ERANGE, "creating group '%s' (backend mpi) on rank %d: the limit of %d MPI groups per "
+  return crun_error(CRUN_ERANGE, "creating group '%s' (backend mpi) on %s: the limit of %d MPI groups per "
                     "process is reached on %s (CRUN_MPI_MAX_GROUPS; each group takes two of MPI's communicator "
-                    "ids, about 65000 per process); destroy the groups no longer used", pg->prefix, pg->rank,
+                    "ids, about 65000 per process); destroy the groups no longer used", pg->prefix,
+                    CRUN__WHO(pg, pg->rank),
                     max_groups(), who);
 }
 
@@ -95,9 +97,10 @@ static int join_compare(const crun_pg_t *pg, const int64_t *mine, const int64_t 
     const int64_t *t = theirs + JOIN_WORDS * i;
     if (i == pg->rank || (t[JOIN_ID] == mine[JOIN_ID] && t[JOIN_HASH] == mine[JOIN_HASH] &&
                           t[JOIN_SIZE] == mine[JOIN_SIZE])) continue;
-    return crun_error(CRUN_EMISMATCH, "creating group '%s' (backend mpi) on rank %d: rank %d is creating another "
+    return crun_error(CRUN_EMISMATCH, "creating group '%s' (backend mpi) on %s: %s is creating another "
                       "group (%lld ranks) at the same time; every rank must create the same groups, with the "
-                      "same rank lists, in the same order", pg->prefix, pg->rank, i, (long long)t[JOIN_SIZE]);
+                      "same rank lists, in the same order", pg->prefix, CRUN__WHO(pg, pg->rank), CRUN__WHO(pg, i),
+                      (long long)t[JOIN_SIZE]);
   }
   int n = 0;
   for (int i = 0; i < pg->size; i++) n += !(i == pg->rank ? mine : theirs + JOIN_WORDS * i)[JOIN_ROOM];
@@ -107,7 +110,7 @@ static int join_compare(const crun_pg_t *pg, const int64_t *mine, const int64_t 
   n = 0;
   for (int i = 0; full && i < pg->size; i++)
     if (!(i == pg->rank ? mine : theirs + JOIN_WORDS * i)[JOIN_ROOM]) full[n++] = i;
-  if (full) crun__ranks_text(who, sizeof who, full, n);
+  if (full) crun__pg_ranks_text(pg, who, sizeof who, full, n);
   free(full);
   return no_room(pg, who);
 }
@@ -149,8 +152,8 @@ static int claim_tag(const crun_pg_t *pg, claim_t *c) {
   if (!tag_busy(c->tag)) c->next = g_claims, g_claims = c, rc = 0;
   pthread_mutex_unlock(&g_claims_lock);
   if (rc == 0) return 0;
-  return crun_error(CRUN_ETIMEDOUT, "creating group '%s' (backend mpi) on rank %d: another group this process is "
-                    "creating has the same MPI tag %d and did not finish within %.1f s", pg->prefix, pg->rank,
+  return crun_error(CRUN_ETIMEDOUT, "creating group '%s' (backend mpi) on %s: another group this process is "
+                    "creating has the same MPI tag %d and did not finish within %.1f s", pg->prefix, CRUN__WHO(pg, pg->rank),
                     c->tag, pg->timeout);
 }
 
@@ -324,6 +327,7 @@ static atomic_llong g_attempts;
  * or REFUSE within its own: every member started before its hello came). */
 typedef struct {
   int n, me;
+  const crun_pg_t *pg;  /* the group being created: its texts name ranks by it */
   int64_t seq;          /* this attempt */
   int64_t *out;         /* out[0]: hello; out[(1 + p) W]: ACK to p; out[(1 + n + p) W]: CONFIRM/REFUSE to p */
   int64_t *in;          /* in[p W]: receive buffer for p */
@@ -398,7 +402,7 @@ static int join_pump(join_t *j, MPI_Comm join, const int *global, int tag) {
       j->owed[p] = 0;
     }
   }
-  return rc == MPI_SUCCESS ? 0 : crun__mpi_fail(rc, "group handshake", j->me, "MPI_Test");
+  return rc == MPI_SUCCESS ? 0 : crun__mpi_fail(rc, "group handshake", j->pg, j->me, "MPI_Test");
 }
 
 /* Sends `kind` (JOIN_CONFIRM or JOIN_REFUSE) to every other member, naming
@@ -410,7 +414,7 @@ static int join_final(join_t *j, MPI_Comm join, const int *global, int tag, int 
     m[JOIN_KIND] = kind, m[JOIN_SEQ] = j->seq;
     m[JOIN_ACKED] = j->peer_seq[p] ? j->peer_seq[p] : t[JOIN_KIND] == JOIN_HELLO ? t[JOIN_SEQ] : 0;
     if (MPI_Isend(m, JOIN_WORDS, MPI_INT64_T, global[p], tag, join, &j->reqs[3 * j->n + p]) != MPI_SUCCESS)
-      return crun_error(CRUN_EIO, "group handshake on rank %d: MPI_Isend failed", j->me);
+      return crun_error(CRUN_EIO, "group handshake on %s: MPI_Isend failed", CRUN__WHO(j->pg, j->me));
   }
   return 0;
 }
@@ -424,7 +428,7 @@ static int join_who(join_t *j, int (*want)(join_t *, int), char who[256]) {
       k++;
     }
   snprintf(who, 256, "some ranks");
-  if (r && k) crun__ranks_text(who, 256, r, k);
+  if (r && k) crun__pg_ranks_text(j->pg, who, 256, r, k);
   free(r);
   return k;
 }
@@ -435,16 +439,16 @@ static int join_unconfirmed(join_t *j, int p) { return p != j->me && j->fin[p] !
 
 /* The ETIMEDOUT of a creation: `who` did not join or confirm (`how`) within `timeout`. */
 static int join_timeout(const crun_pg_t *pg, const char *who, const char *how, double timeout) {
-  return crun_error(CRUN_ETIMEDOUT, "creating group '%s' (backend mpi) on rank %d: %s %s within %.1f s; "
+  return crun_error(CRUN_ETIMEDOUT, "creating group '%s' (backend mpi) on %s: %s %s within %.1f s; "
                     "every member must create the group, in the same order on every rank",
-                    pg->prefix, pg->rank, who, how, timeout);
+                    pg->prefix, CRUN__WHO(pg, pg->rank), who, how, timeout);
 }
 
 /* The ETIMEDOUT of a creation that `who` refused. */
 static int join_gave_up(const crun_pg_t *pg, const char *who) {
-  return crun_error(CRUN_ETIMEDOUT, "creating group '%s' (backend mpi) on rank %d: %s gave up (not every member "
+  return crun_error(CRUN_ETIMEDOUT, "creating group '%s' (backend mpi) on %s: %s gave up (not every member "
                     "joined within its timeout); every member must create the group, in the same order on every "
-                    "rank", pg->prefix, pg->rank, who);
+                    "rank", pg->prefix, CRUN__WHO(pg, pg->rank), who);
 }
 
 /* Exchanges hellos and ACKs with every other member until each one's
@@ -455,7 +459,7 @@ static int join_exchange(join_t *j, MPI_Comm join, const int *global, int tag, d
   for (int p = 0; p < j->n; p++) {
     MPI_Request *hello = &j->reqs[j->n + p];
     if (p != j->me && MPI_Isend(j->out, JOIN_WORDS, MPI_INT64_T, global[p], tag, join, hello) != MPI_SUCCESS)
-      return crun_error(CRUN_EIO, "group handshake on rank %d: MPI_Isend failed", j->me);
+      return crun_error(CRUN_EIO, "group handshake on %s: MPI_Isend failed", CRUN__WHO(j->pg, j->me));
   }
   stash_take(j, global, tag);
   for (;;) {
@@ -532,7 +536,7 @@ static int join_members(const crun_pg_t *pg, MPI_Comm join, int tag) {
   int n = pg->size, rc = 0, room = atomic_load(&g_groups) < max_groups();
   if (n < 2) return room ? 0 : no_room(pg, "this rank");
   size_t w = JOIN_WORDS * (size_t)n;
-  join_t j = {.n = n, .me = pg->rank, .seq = atomic_fetch_add(&g_attempts, 1) + 1};
+  join_t j = {.n = n, .me = pg->rank, .pg = pg, .seq = atomic_fetch_add(&g_attempts, 1) + 1};
   j.out = CRUN__FAULT_CALLOC("mpi.join", 2 * w + JOIN_WORDS, sizeof(int64_t));
   j.in = CRUN__FAULT_CALLOC("mpi.join", w, sizeof(int64_t));
   j.theirs = CRUN__FAULT_CALLOC("mpi.join", w, sizeof(int64_t));
@@ -550,8 +554,8 @@ static int join_members(const crun_pg_t *pg, MPI_Comm join, int tag) {
     rc = join_run(&j, pg, join, tag);
     cancel_recvs(j.reqs, n); /* nothing may write into j.in once freed */
   } else {
-    rc = crun_error(CRUN_ENOMEM, "creating group '%s' (backend mpi) on rank %d: no memory for the join handshake "
-                    "(%d members); no member can create the group", pg->prefix, pg->rank, n);
+    rc = crun_error(CRUN_ENOMEM, "creating group '%s' (backend mpi) on %s: no memory for the join handshake "
+                    "(%d members); no member can create the group", pg->prefix, CRUN__WHO(pg, pg->rank), n);
   }
   free(j.in), free(j.theirs), free(j.peer_seq), free(j.owed), free(j.fin);
   if (!j.reqs || !j.out) return free(j.reqs), free(j.out), rc;
@@ -572,7 +576,7 @@ static int make_comms(crun__mpi_t *b, MPI_Comm world, int tag) {
   crun__mpi_watch_end(&b->watch);
   MPI_Group_free(&g);
   MPI_Group_free(&wg);
-  if (rc != MPI_SUCCESS) return crun__mpi_fail(rc, "creating a group", pg->rank, "MPI_Comm_create_group");
+  if (rc != MPI_SUCCESS) return crun__mpi_fail(rc, "creating a group", pg, pg->rank, "MPI_Comm_create_group");
   MPI_Comm_set_errhandler(b->comm, MPI_ERRORS_RETURN);
   MPI_Comm_set_errhandler(b->ctrl, MPI_ERRORS_RETURN);
   int r = -1;
@@ -597,7 +601,7 @@ static crun__mpi_t *state_new(crun_pg_t *pg) {
   b->sig_in = calloc(n * CRUN__SIG_WORDS, sizeof(int64_t));
   b->reqs = malloc(2 * n * sizeof(MPI_Request));
   b->a2a_lay = malloc(4 * n * sizeof(int)); /* here, not per call: see coll.c's reserve */
-  b->watch.rank = pg->rank;
+  snprintf(b->watch.who, sizeof b->watch.who, "%s", CRUN__WHO(pg, pg->rank));
   for (size_t p = 0; b->sig_in && p < n; p++) b->sig_in[p * CRUN__SIG_WORDS + CRUN__SIG_KIND] = -1;
   for (size_t p = 0; b->reqs && p < 2 * n; p++) b->reqs[p] = MPI_REQUEST_NULL; /* read at destroy (keep_pending) */
   if (b->sig_out && b->sig_in && b->reqs && b->a2a_lay) return b;
@@ -619,8 +623,8 @@ static int mpi_create(crun_pg_t *pg, void **state) {
    * watchdog aborted the job */
   crun__mpi_t *b = state_new(pg);
   if (!b)
-    return crun_error(CRUN_ENOMEM, "creating group '%s' (backend mpi) on rank %d: no memory for the group's state "
-                      "(%d members)", pg->prefix, pg->rank, pg->size);
+    return crun_error(CRUN_ENOMEM, "creating group '%s' (backend mpi) on %s: no memory for the group's state "
+                      "(%d members)", pg->prefix, CRUN__WHO(pg, pg->rank), pg->size);
   claim_t claim = {.tag = group_tag(pg, crun__mpi_tag_ub(join))};
   int rc = claim_tag(pg, &claim);
   if (rc < 0) return state_free(b), rc;
@@ -722,8 +726,8 @@ static void mpi_abort(void *state, int status, const char *text) {
     const char *what = b->abort_msg ? "request array" : "message";
     free(b->abort_msg), free(b->abort_reqs);
     b->abort_msg = NULL, b->abort_reqs = NULL;
-    CRUN_LOG(WARN, PG, "ENOMEM: mpi group '%s' on rank %d: no memory for its abort notice's %s; its peers are not "
-             "told why it failed: %.*s", b->pg->prefix, b->rank, what, len, text);
+    CRUN_LOG(WARN, PG, "ENOMEM: mpi group '%s' on %s: no memory for its abort notice's %s; its peers are not "
+             "told why it failed: %.*s", b->pg->prefix, CRUN__WHO(b->pg, b->rank), what, len, text);
     return;
   }
   int n = snprintf(b->abort_msg, (size_t)len + 16, "%d|%.*s", status, len, text);
@@ -868,8 +872,8 @@ static void settle_pending(crun__mpi_t *b) {
   int kept = 0;
   if (let_go(ab, n)) b->abort_msg = NULL, kept = 1;
   if (let_go(b->reqs + n, n)) b->sig_out = NULL, kept = 1;
-  CRUN_LOG(WARN, PG, "ENOMEM: destroying mpi group '%s' on rank %d: no memory to retire its communicators; %s",
-           b->pg->prefix, b->rank, kept ? "sends still pending keep their buffers (leaked)" : "its sends completed");
+  CRUN_LOG(WARN, PG, "ENOMEM: destroying mpi group '%s' on %s: no memory to retire its communicators; %s",
+           b->pg->prefix, CRUN__WHO(b->pg, b->rank), kept ? "sends still pending keep their buffers (leaked)" : "its sends completed");
 }
 
 /* Takes b's sends still pending (its abort notice; the signatures of a

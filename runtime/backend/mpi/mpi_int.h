@@ -32,7 +32,7 @@ enum { CRUN__SIG_KIND, CRUN__SIG_SEQ, CRUN__SIG_DTYPE, CRUN__SIG_COUNT, CRUN__SI
 typedef struct crun__mpi_watch {
   _Atomic double deadline;       /* crun_clock() value; 0 when idle */
   char what[96];                 /* "all_reduce #3 (MPI_Allreduce)" */
-  int rank;
+  char who[48];                  /* this rank, as CRUN__WHO names it */
   struct crun__mpi_watch *next;  /* registry list, guarded by the registry lock */
 } crun__mpi_watch_t;
 
@@ -79,8 +79,9 @@ int crun__mpi_alive(void);
  * ENOMEM when MPI had no memory, else EIO. */
 int crun__mpi_status(int mpirc);
 
-/* Records crun__mpi_status(mpirc) naming the MPI call and error. */
-int crun__mpi_fail(int mpirc, const char *desc, int rank, const char *call);
+/* Records crun__mpi_status(mpirc) naming the MPI call and error, and rank
+ * `rank` of group pg as CRUN__WHO names it (pg may be NULL). */
+int crun__mpi_fail(int mpirc, const char *desc, const crun_pg_t *pg, int rank, const char *call);
 
 /* Waiting policy of polling loops: spin, then yield (at once when the host
  * runs more ranks than cores), then nap, so oversubscribed ranks progress. */

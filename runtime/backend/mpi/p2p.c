@@ -98,7 +98,7 @@ static int start_send(crun__mpi_t *b, crun__coll_t *c, size_t bytes, crun__mpi_s
 int crun__mpi_send(void *state, crun__coll_t *c) {
   crun__mpi_t *b = state;
   char desc[64];
-  crun__coll_desc(c, desc, sizeof desc);
+  crun__pg_coll_desc(b->pg, c, desc, sizeof desc);
   CRUN_CHECK(check_tag(b, c, desc));
   CRUN_CHECK(crun__mpi_poll_abort(b, desc));
   reap(b, 0);
@@ -108,7 +108,7 @@ int crun__mpi_send(void *state, crun__coll_t *c) {
   int rc = start_send(b, c, bytes, s);
   if (rc != MPI_SUCCESS) {
     free(s);
-    return crun__mpi_fail(rc, desc, b->rank, "MPI_Isend");
+    return crun__mpi_fail(rc, desc, b->pg, b->rank, "MPI_Isend");
   }
   s->next = b->sends;
   b->sends = s;
@@ -156,7 +156,7 @@ static int probe(crun__mpi_t *b, crun__coll_t *c, const char *desc, MPI_Message 
   double gone = 0;   /* when the last sender's notice was seen */
   for (;;) {
     int flag = 0, rc = MPI_Improbe(src, c->tag, b->comm, &flag, m, st);
-    if (rc != MPI_SUCCESS) return crun__mpi_fail(rc, desc, b->rank, "MPI_Improbe");
+    if (rc != MPI_SUCCESS) return crun__mpi_fail(rc, desc, b->pg, b->rank, "MPI_Improbe");
     if (flag) return 0;
     if ((rc = crun__mpi_poll_abort(b, desc)) < 0) return rc;
     if (crun_clock() >= c->deadline) break;
@@ -345,7 +345,7 @@ static int recv_right(crun__mpi_t *b, crun__coll_t *c, const char *desc, MPI_Mes
     rc = MPI_Mrecv(MPI_BOTTOM, 1, t, m, MPI_STATUS_IGNORE);
     MPI_Type_free(&t);
   }
-  if (rc != MPI_SUCCESS) return crun__mpi_fail(rc, desc, b->rank, "MPI_Mrecv");
+  if (rc != MPI_SUCCESS) return crun__mpi_fail(rc, desc, b->pg, b->rank, "MPI_Mrecv");
   if (h[0] != c->dt || h[1] != (int64_t)c->count) return mismatch(b, c, desc, from, h, h[0] >= 0 && h[0] < CRUN_DTYPE_COUNT, 0);
   return 0;
 }
@@ -353,7 +353,7 @@ static int recv_right(crun__mpi_t *b, crun__coll_t *c, const char *desc, MPI_Mes
 int crun__mpi_recv(void *state, crun__coll_t *c) {
   crun__mpi_t *b = state;
   char desc[64];
-  crun__coll_desc(c, desc, sizeof desc);
+  crun__pg_coll_desc(b->pg, c, desc, sizeof desc);
   CRUN_CHECK(check_tag(b, c, desc));
   reap(b, 0);
   /* allocated before the probe: a message MPI_Improbe matched must be

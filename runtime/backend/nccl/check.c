@@ -35,12 +35,14 @@ static void expect_from(const crun__coll_t *c, int p, int64_t *s) {
   s[SIG_ROOT] = crun__coll_rooted(c->kind) ? c->root : -1;
 }
 
-static void shape(char *b, size_t cap, const int64_t *s, int show_op, int show_root) {
+static void shape(const crun_pg_t *pg, char *b, size_t cap, const int64_t *s, int show_op, int show_root) {
   const char *dn = s[SIG_DTYPE] >= 0 && s[SIG_DTYPE] < CRUN_DTYPE_COUNT ? crun_dtype_name((crun_dtype_t)s[SIG_DTYPE]) : NULL;
   size_t n = (size_t)snprintf(b, cap, "%s[%lld]", dn ? dn : "?", (long long)s[SIG_COUNT]);
   if (show_op && s[SIG_OP] >= 0 && n < cap)
     n += (size_t)snprintf(b + n, cap - n, " %s", crun_reduce_op_name((crun_reduce_op_t)s[SIG_OP]));
-  if (show_root && s[SIG_ROOT] >= 0 && n < cap) snprintf(b + n, cap - n, " root %lld", (long long)s[SIG_ROOT]);
+  if (show_root && s[SIG_ROOT] >= 0 && n < cap) /* as the caller gave it: its global rank */
+    snprintf(b + n, cap - n, " root %lld",
+             s[SIG_ROOT] < pg->size ? (long long)pg->global[s[SIG_ROOT]] : (long long)s[SIG_ROOT]);
 }
 
 static void sig_key(char *k, size_t cap, uint64_t seq, int r) {
@@ -60,10 +62,10 @@ static int timed_out(crun__nccl_t *b, const crun__coll_t *c, const char *desc) {
     int ok = 0;
     if (crun_store_check(pg->board, &kp, 1, &ok) == 0 && !ok) late[nl++] = p;
   }
-  if (late && nl) crun__ranks_text(who, sizeof who, late, nl);
+  if (late && nl) crun__pg_ranks_text(pg, who, sizeof who, late, nl);
   free(late);
   crun__pg_progress_report(pg, where, sizeof where);
-  return crun_error(CRUN_ETIMEDOUT, "%s on rank %d: no data from %s after %.1f s%s%s", desc, pg->rank, who,
+  return crun_error(CRUN_ETIMEDOUT, "%s on %s: no data from %s after %.1f s%s%s", desc, CRUN__WHO(pg, pg->rank), who,
                     c->timeout, where[0] ? "; " : "", where);
 }
 
@@ -74,7 +76,9 @@ static int compare(crun__nccl_t *b, const crun__coll_t *c, crun_buf_t *v, const 
     if (p == pg->rank) continue;
     size_t want = sizeof(int64_t) * (SIG_WORDS + (size_t)(c->kind == CRUN__COLL_ALL_TO_ALL ? pg->size : 0));
     const crun_buf_t *x = &v[p];
-    if (x->len < sizeof t) return crun_error(CRUN_EIO, "%s on rank %d: rank %d's signature is %zu bytes", desc, pg->rank, p, x->len);
+    if (x->len < sizeof t)
+      return crun_error(CRUN_EIO, "%s on %s: %s's signature is %zu bytes", desc, CRUN__WHO(pg, pg->rank),
+                        CRUN__WHO(pg, p), x->len);
     memcpy(t, x->data, sizeof t);
     if (t[SIG_KIND] == CRUN__COLL_ALL_TO_ALL && x->len >= sizeof(int64_t) * (SIG_WORDS + (size_t)pg->size))
       memcpy(&t[SIG_COUNT], (const char *)x->data + sizeof(int64_t) * (SIG_WORDS + (size_t)pg->rank), sizeof(int64_t));
@@ -83,9 +87,10 @@ static int compare(crun__nccl_t *b, const crun__coll_t *c, crun_buf_t *v, const 
     if (memcmp(e, t, sizeof(int64_t) * SIG_CMP)) {
       char mine[96], theirs[96];
       int dop = e[SIG_OP] != t[SIG_OP], droot = e[SIG_ROOT] != t[SIG_ROOT];
-      shape(mine, sizeof mine, e, dop, droot);
-      shape(theirs, sizeof theirs, t, dop, droot);
-      return crun_error(CRUN_EMISMATCH, "%s on rank %d expected %s, rank %d sent %s #%lld %s", desc, pg->rank, mine, p,
+      shape(pg, mine, sizeof mine, e, dop, droot);
+      shape(pg, theirs, sizeof theirs, t, dop, droot);
+      return crun_error(CRUN_EMISMATCH, "%s on %s expected %s, %s sent %s #%lld %s", desc, CRUN__WHO(pg, pg->rank), mine,
+                        CRUN__WHO(pg, p),
                         crun__coll_name((int)t[SIG_KIND]), (long long)t[SIG_SEQ], theirs);
     }
   }
@@ -94,8 +99,9 @@ static int compare(crun__nccl_t *b, const crun__coll_t *c, crun_buf_t *v, const 
     memcpy(t, v[p].data, sizeof t);
     double pd = (double)t[SIG_DEADLINE] * 1e-6;
     if (entered >= pd + GUARD)
-      return crun_error(CRUN_ETIMEDOUT, "%s on rank %d: arrived %.1f s after rank %d's deadline for it; rank %d "
-                        "gave up waiting (timeout %.1f s)", desc, pg->rank, entered - pd, p, p, c->timeout);
+      return crun_error(CRUN_ETIMEDOUT, "%s on %s: arrived %.1f s after %s's deadline for it; %s "
+                        "gave up waiting (timeout %.1f s)", desc, CRUN__WHO(pg, pg->rank), entered - pd,
+                        CRUN__WHO(pg, p), CRUN__WHO(pg, p), c->timeout);
   }
   return 0;
 }
@@ -105,7 +111,7 @@ int crun__nccl_check(crun__nccl_t *b, crun__coll_t *c) {
   int n = pg->size, rc = 0;
   if (n < 2 || !b->check) return 0;
   char desc[64], k[64];
-  crun__coll_desc(c, desc, sizeof desc);
+  crun__pg_coll_desc(pg, c, desc, sizeof desc);
   double entered = wall();
   size_t words = SIG_WORDS + (size_t)(c->kind == CRUN__COLL_ALL_TO_ALL ? n : 0);
   int64_t *mine = calloc(words, sizeof(int64_t));
@@ -167,7 +173,7 @@ int crun__nccl_poll_abort(crun__nccl_t *b, const char *desc) {
     if (name && strlen(name) == (size_t)(colon - t) && !memcmp(name, t, (size_t)(colon - t))) { st = s; break; }
   }
   if (colon && st != CRUN_ESTATE) t = colon + 2 <= t + v.len ? colon + 2 : colon + 1;
-  int rc = crun_error(st, "%s on rank %d: a peer aborted the group: %.*s", desc, b->pg->rank,
+  int rc = crun_error(st, "%s on %s: a peer aborted the group: %.*s", desc, CRUN__WHO(b->pg, b->pg->rank),
                       (int)(v.len - (size_t)(t - (const char *)v.data)), t);
   crun_buf_free(&v);
   return rc;

@@ -19,8 +19,9 @@ static const struct {
 };
 
 int crun__nccl_dtype(crun_dtype_t dt, int reduces, crun_reduce_op_t op, ncclDataType_t *out, size_t *scale,
-                     const char *desc, int rank) {
-  if ((int)dt < 0 || dt >= CRUN_DTYPE_COUNT) return crun_error(CRUN_EINVAL, "%s on rank %d: bad dtype %d", desc, rank, (int)dt);
+                     const char *desc, const crun_pg_t *pg) {
+  if ((int)dt < 0 || dt >= CRUN_DTYPE_COUNT)
+    return crun_error(CRUN_EINVAL, "%s on %s: bad dtype %d", desc, CRUN__WHO(pg, pg->rank), (int)dt);
   *scale = 1;
   if (dtypes[dt].nccl >= 0) {
     *out = (ncclDataType_t)dtypes[dt].nccl;
@@ -31,14 +32,14 @@ int crun__nccl_dtype(crun_dtype_t dt, int reduces, crun_reduce_op_t op, ncclData
     return 0;
   }
   if (reduces)
-    return crun_error(CRUN_ENOTSUP, "%s on rank %d: %s on %s is not supported by backend nccl (NCCL has no %s type)",
-                      desc, rank, crun_reduce_op_name(op), crun_dtype_name(dt), crun_dtype_name(dt));
+    return crun_error(CRUN_ENOTSUP, "%s on %s: %s on %s is not supported by backend nccl (NCCL has no %s type)",
+                      desc, CRUN__WHO(pg, pg->rank), crun_reduce_op_name(op), crun_dtype_name(dt), crun_dtype_name(dt));
   *out = ncclUint8;
   *scale = (size_t)dtypes[dt].bytes;
   return 0;
 }
 
-int crun__nccl_op(crun_dtype_t dt, crun_reduce_op_t op, ncclRedOp_t *out, const char *desc, int rank) {
+int crun__nccl_op(crun_dtype_t dt, crun_reduce_op_t op, ncclRedOp_t *out, const char *desc, const crun_pg_t *pg) {
   if (dt == CRUN_BOOL && (op == CRUN_OP_SUM || op == CRUN_OP_MAX)) { *out = ncclMax; return 0; }
   if (dt == CRUN_BOOL && (op == CRUN_OP_PRODUCT || op == CRUN_OP_MIN)) { *out = ncclMin; return 0; }
   switch (op) {
@@ -52,14 +53,14 @@ int crun__nccl_op(crun_dtype_t dt, crun_reduce_op_t op, ncclRedOp_t *out, const 
     return 0;
   default: break;
   }
-  return crun_error(CRUN_ENOTSUP, "%s on rank %d: reduce op %s on %s is not supported by backend nccl "
-                    "(NCCL has sum, product, min, max, avg and premul_sum)", desc, rank, crun_reduce_op_name(op),
+  return crun_error(CRUN_ENOTSUP, "%s on %s: reduce op %s on %s is not supported by backend nccl "
+                    "(NCCL has sum, product, min, max, avg and premul_sum)", desc, CRUN__WHO(pg, pg->rank), crun_reduce_op_name(op),
                     crun_dtype_name(dt));
 }
 
-int crun__nccl_fail(ncclResult_t r, ncclComm_t comm, const char *desc, int rank, const char *call) {
+int crun__nccl_fail(ncclResult_t r, ncclComm_t comm, const char *desc, const crun_pg_t *pg, const char *call) {
   const char *last = ncclGetLastError(comm);
   int st = r == ncclInvalidArgument || r == ncclInvalidUsage ? CRUN_EINVAL : CRUN_EIO;
-  return crun_error(st, "%s on rank %d: %s failed: %s%s%s", desc, rank, call, ncclGetErrorString(r),
+  return crun_error(st, "%s on %s: %s failed: %s%s%s", desc, CRUN__WHO(pg, pg->rank), call, ncclGetErrorString(r),
                     last && *last ? ": " : "", last && *last ? last : "");
 }

@@ -14,8 +14,11 @@
 /* The caller's current stream on dev (crun.cuda.current_stream). */
 static cudaStream_t current_stream(int dev) { return (cudaStream_t)crun__cuda_current_stream(dev); }
 
-static int cuda_fail(cudaError_t e, const char *desc, int rank, const char *call) {
-  return crun_error(CRUN_EIO, "%s on rank %d: %s failed: %s", desc, rank, call, cudaGetErrorString(e));
+/* Records EIO for `call`'s error e in desc on pg's rank (pg NULL: a work
+ * that may outlive its group, named by desc alone). */
+static int cuda_fail(cudaError_t e, const char *desc, const crun_pg_t *pg, const char *call) {
+  if (!pg) return crun_error(CRUN_EIO, "%s: %s failed: %s", desc, call, cudaGetErrorString(e));
+  return crun_error(CRUN_EIO, "%s on %s: %s failed: %s", desc, CRUN__WHO(pg, pg->rank), call, cudaGetErrorString(e));
 }
 
 /* A call's description ("all_reduce #3"), written on first use (DESC): a
@@ -23,10 +26,11 @@ static int cuda_fail(cudaError_t e, const char *desc, int rank, const char *call
 typedef struct {
   const crun__coll_t *c;
   char text[64];
+  const crun_pg_t *pg; /* c's group: a peer is named as CRUN__WHO names it */
 } desc_t;
 
 static const char *DESC(desc_t *d) {
-  if (!d->text[0]) crun__coll_desc(d->c, d->text, sizeof d->text);
+  if (!d->text[0]) crun__pg_coll_desc(d->pg, d->c, d->text, sizeof d->text);
   return d->text;
 }
 
@@ -49,8 +53,8 @@ static int fail_on(crun__nccl_t *b, ncclResult_t r, desc_t *d, const char *call)
   }
   ncclComm_t comm;
   if (crun__nccl_enter(b, &comm) < 0)
-    return crun_error(CRUN_ESTATE, "%s on rank %d: %s: the communicator was aborted", desc, b->pg->rank, call);
-  int rc = crun__nccl_fail(r, comm, desc, b->pg->rank, call);
+    return crun_error(CRUN_ESTATE, "%s on %s: %s: the communicator was aborted", desc, CRUN__WHO(b->pg, b->pg->rank), call);
+  int rc = crun__nccl_fail(r, comm, desc, b->pg, call);
   crun__nccl_exit(b, ncclSuccess);
   return rc;
 }
@@ -81,11 +85,11 @@ static int setup(crun__nccl_t *b, const char *what) {
   pthread_cond_init(&b->cv, &ca);
   pthread_condattr_destroy(&ca);
   CRUN_CHECK(crun__cuda_current_device(&b->device)); /* under crun-lua: LOCAL_RANK's */
-  if ((e = cudaSetDevice(b->device)) != cudaSuccess) return cuda_fail(e, what, b->pg->rank, "cudaSetDevice");
+  if ((e = cudaSetDevice(b->device)) != cudaSuccess) return cuda_fail(e, what, b->pg, "cudaSetDevice");
   if ((e = cudaStreamCreateWithFlags(&b->stream, cudaStreamNonBlocking)) != cudaSuccess)
-    return cuda_fail(e, what, b->pg->rank, "cudaStreamCreateWithFlags");
+    return cuda_fail(e, what, b->pg, "cudaStreamCreateWithFlags");
   if ((e = cudaEventCreateWithFlags(&b->ready, cudaEventDisableTiming)) != cudaSuccess)
-    return cuda_fail(e, what, b->pg->rank, "cudaEventCreateWithFlags");
+    return cuda_fail(e, what, b->pg, "cudaEventCreateWithFlags");
   CRUN_CHECK(crun__nccl_pool_new(&b->pool));
   CRUN_CHECK(crun__cuda_alloc(b->device, sizeof(float), b->stream, &b->one));
   b->check = env_check();
@@ -143,11 +147,11 @@ static int join(crun_pg_t *pg) {
       if (crun_store_check(pg->board, &kp[r], 1, &ok) == 0 && !ok) late[nl++] = r;
     }
     char who[256] = "some ranks";
-    if (late && nl) crun__ranks_text(who, sizeof who, late, nl);
+    if (late && nl) crun__pg_ranks_text(pg, who, sizeof who, late, nl);
     free(late);
-    rc = crun_error(CRUN_ETIMEDOUT, "creating group '%s' (backend nccl) on rank %d: %s did not join within %.1f s; "
-                    "every member must create the group, in the same order on every rank", pg->prefix, pg->rank, who,
-                    pg->timeout);
+    rc = crun_error(CRUN_ETIMEDOUT, "creating group '%s' (backend nccl) on %s: %s did not join within %.1f s; "
+                    "every member must create the group, in the same order on every rank", pg->prefix,
+                    CRUN__WHO(pg, pg->rank), who, pg->timeout);
   }
   free(keys);
   free(kp);
@@ -164,14 +168,15 @@ static int nccl_create(crun_pg_t *pg, void **state) {
   ncclUniqueId id;
   if (rc == 0 && pg->rank == 0) {
     ncclResult_t r = ncclGetUniqueId(&id);
-    if (r != ncclSuccess) rc = crun__nccl_fail(r, NULL, what, pg->rank, "ncclGetUniqueId");
+    if (r != ncclSuccess) rc = crun__nccl_fail(r, NULL, what, pg, "ncclGetUniqueId");
     else rc = crun_store_set(pg->store, "nccl/id", &id, sizeof id);
   }
   if (rc == 0) rc = join(pg);
   if (rc == 0 && pg->rank != 0) {
     crun_buf_t v = {0};
     rc = crun_store_get(pg->store, "nccl/id", &v);
-    if (rc == 0 && v.len != sizeof id) rc = crun_error(CRUN_EIO, "%s on rank %d: the unique id in the store is %zu bytes", what, pg->rank, v.len);
+    if (rc == 0 && v.len != sizeof id) rc = crun_error(CRUN_EIO, "%s on %s: the unique id in the store is %zu bytes", what,
+                                                     CRUN__WHO(pg, pg->rank), v.len);
     if (rc == 0) memcpy(&id, v.data, sizeof id);
     crun_buf_free(&v);
   }
@@ -179,7 +184,7 @@ static int nccl_create(crun_pg_t *pg, void **state) {
     /* the watchdog (started by setup) reads b->comm meanwhile */
     ncclComm_t nc = NULL;
     ncclResult_t r = ncclCommInitRank(&nc, pg->size, id, pg->rank);
-    if (r != ncclSuccess) rc = crun__nccl_fail(r, NULL, what, pg->rank, "ncclCommInitRank");
+    if (r != ncclSuccess) rc = crun__nccl_fail(r, NULL, what, pg, "ncclCommInitRank");
     else set_comm(b, nc);
   }
   if (rc < 0) { nccl_destroy(b); return rc; }
@@ -192,11 +197,12 @@ static int nccl_create(crun_pg_t *pg, void **state) {
  * over the parent) cannot hang on a missing rank. */
 static int nccl_split(void *parent_state, crun_pg_t *pg, void **state) {
   crun__nccl_t *p = parent_state, *b = NULL;
-  desc_t d = {NULL, ""}; /* a text of its own (DESC formats none) */
+  desc_t d = {NULL, "", NULL}; /* a text of its own (DESC formats none) */
   const char *what = d.text;
   snprintf(d.text, sizeof d.text, "new_group on '%.40s'", p->pg->prefix);
   if (atomic_load(&p->aborted) || !p->comm)
-    return crun_error(CRUN_ESTATE, "%s on rank %d: the parent's communicator was aborted", what, p->pg->rank);
+    return crun_error(CRUN_ESTATE, "%s on %s: the parent's communicator was aborted", what,
+                      CRUN__WHO(p->pg, p->pg->rank));
   if (pg) {
     if (!(b = calloc(1, sizeof *b))) return crun_error(CRUN_ENOMEM, "nccl backend");
     b->pg = pg;
@@ -235,8 +241,8 @@ static int op_wait(void *dev, int host, double timeout) {
     if (op->status < 0) return crun_error(op->status, "%s", op->err);
     cudaError_t e = op->end ? cudaStreamWaitEvent(current_stream(op->device), op->end, 0) : cudaSuccess;
     if (e == cudaSuccess) return 0;
-    crun__nccl_name_text(&op->name, desc, sizeof desc);
-    return cuda_fail(e, desc, -1, "cudaStreamWaitEvent");
+    crun__nccl_name_text(NULL, &op->name, desc, sizeof desc); /* the op may outlive its group */
+    return cuda_fail(e, desc, NULL, "cudaStreamWaitEvent");
   }
   for (;;) {
     int st = atomic_load_explicit((_Atomic int *)&op->done, memory_order_acquire);
@@ -246,7 +252,7 @@ static int op_wait(void *dev, int host, double timeout) {
       return 0;
     }
     if (crun_clock() > end) {
-      crun__nccl_name_text(&op->name, desc, sizeof desc);
+      crun__nccl_name_text(NULL, &op->name, desc, sizeof desc);
       return crun_error(CRUN_ETIMEDOUT, "synchronize on %s timed out after %.3g s; it is still running", desc, timeout);
     }
     struct timespec ts = {0, 200 * 1000};
@@ -273,10 +279,10 @@ static int enqueue(crun__nccl_t *b, crun__coll_t *c, enqueue_fn fn, cudaStream_t
 /* Check, order after the caller's stream, enqueue, record the end event and
  * make the caller's stream wait on it. */
 static int run(crun__nccl_t *b, crun__coll_t *c, enqueue_fn fn) {
-  desc_t desc = {c, ""};
+  desc_t desc = {c, "", b->pg};
   if (atomic_load(&b->aborted)) {
     pthread_mutex_lock(&b->mu);
-    int rc = crun_error(CRUN_ESTATE, "%s on rank %d: the communicator was aborted: %s", DESC(&desc), b->pg->rank,
+    int rc = crun_error(CRUN_ESTATE, "%s on %s: the communicator was aborted: %s", DESC(&desc), CRUN__WHO(b->pg, b->pg->rank),
                         b->fail_text ? b->fail_text : "?");
     pthread_mutex_unlock(&b->mu);
     return rc;
@@ -296,12 +302,12 @@ static int run(crun__nccl_t *b, crun__coll_t *c, enqueue_fn fn) {
 static int enqueue(crun__nccl_t *b, crun__coll_t *c, enqueue_fn fn, cudaStream_t cur, desc_t *desc) {
   cudaError_t e = cudaEventRecord(b->ready, cur);
   if (e == cudaSuccess) e = cudaStreamWaitEvent(b->stream, b->ready, 0);
-  if (e != cudaSuccess) return cuda_fail(e, DESC(desc), b->pg->rank, "ordering after the current stream");
+  if (e != cudaSuccess) return cuda_fail(e, DESC(desc), b->pg, "ordering after the current stream");
   crun__nccl_op_t *op = NULL;
   CRUN_CHECK(crun__nccl_op_begin(b, c, &op));
   int rc = crun__nccl_op_end(b, op, fn(b, c, desc));
   if (rc == 0 && op->end && (e = cudaStreamWaitEvent(cur, op->end, 0)) != cudaSuccess)
-    rc = cuda_fail(e, DESC(desc), b->pg->rank, "cudaStreamWaitEvent");
+    rc = cuda_fail(e, DESC(desc), b->pg, "cudaStreamWaitEvent");
   if (rc < 0) { crun__nccl_op_unref(op); return rc; }
   c->dev = op;
   c->dev_ops = &dev_ops;
@@ -320,14 +326,14 @@ static int red_op(crun__nccl_t *b, const crun__coll_t *c, ncclDataType_t t, nccl
                   desc_t *desc) {
   *post = 1;
   if (c->op != CRUN_OP_PREMUL_SUM) {
-    if (crun__nccl_op(c->dt, c->op, op, "", b->pg->rank) < 0) /* again for the text */
-      return crun__nccl_op(c->dt, c->op, op, DESC(desc), b->pg->rank);
+    if (crun__nccl_op(c->dt, c->op, op, "", b->pg) < 0) /* again for the text */
+      return crun__nccl_op(c->dt, c->op, op, DESC(desc), b->pg);
     if (b->pg->size == 1 && c->op == CRUN_OP_AVG) *op = ncclSum;
     return 0;
   }
   if (c->dt != CRUN_FLOAT32 && c->dt != CRUN_FLOAT64 && c->dt != CRUN_FLOAT16 && c->dt != CRUN_BFLOAT16)
-    return crun_error(CRUN_ENOTSUP, "%s on rank %d: reduce op premul_sum on %s is not supported by backend nccl",
-                      DESC(desc), b->pg->rank, crun_dtype_name(c->dt));
+    return crun_error(CRUN_ENOTSUP, "%s on %s: reduce op premul_sum on %s is not supported by backend nccl",
+                      DESC(desc), CRUN__WHO(b->pg, b->pg->rank), crun_dtype_name(c->dt));
   if (b->pg->size == 1) {
     *op = ncclSum;
     *post = c->premul;
@@ -358,8 +364,8 @@ static int reduces(int kind) {
 }
 
 static int types(crun__nccl_t *b, const crun__coll_t *c, ncclDataType_t *t, size_t *n, desc_t *desc) {
-  int rc = crun__nccl_dtype(c->dt, reduces(c->kind), c->op, t, n, "", b->pg->rank);
-  return rc < 0 ? crun__nccl_dtype(c->dt, reduces(c->kind), c->op, t, n, DESC(desc), b->pg->rank) : rc;
+  int rc = crun__nccl_dtype(c->dt, reduces(c->kind), c->op, t, n, "", b->pg);
+  return rc < 0 ? crun__nccl_dtype(c->dt, reduces(c->kind), c->op, t, n, DESC(desc), b->pg) : rc;
 }
 
 static int q_all_reduce(crun__nccl_t *b, crun__coll_t *c, desc_t *desc) {
@@ -422,7 +428,7 @@ static int scratch(crun__nccl_t *b, size_t n, void **p, desc_t *desc) {
 static int copy(crun__nccl_t *b, void *dst, const void *src, size_t n, desc_t *desc) {
   if (n == 0 || dst == src) return 0;
   cudaError_t e = cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, b->stream);
-  return e == cudaSuccess ? 0 : cuda_fail(e, DESC(desc), b->pg->rank, "cudaMemcpyAsync");
+  return e == cudaSuccess ? 0 : cuda_fail(e, DESC(desc), b->pg, "cudaMemcpyAsync");
 }
 
 /* all_gather: native ncclAllGather into the outputs when they are one
@@ -549,22 +555,22 @@ static int nccl_coll(void *state, crun__coll_t *c) {
 static int nccl_p2p(void *state, crun__coll_t *c) {
   crun__nccl_t *b = state;
   if (c->kind == CRUN__COLL_RECV && c->root == CRUN_ANY_SOURCE)
-    return crun_error(CRUN_ENOTSUP, "recv from any rank on rank %d is not supported by backend nccl (NCCL needs the "
-                      "source rank)", b->pg->rank);
+    return crun_error(CRUN_ENOTSUP, "recv from any rank on %s is not supported by backend nccl (NCCL needs the "
+                      "source rank)", CRUN__WHO(b->pg, b->pg->rank));
   int rc = run(b, c, grouped);
   if (rc == 0 && c->kind == CRUN__COLL_RECV) c->src_out = c->root;
   return rc;
 }
 
-static int nccl_validate(int kind, crun_dtype_t dt, int has_op, crun_reduce_op_t op, int rank) {
+static int nccl_validate(int kind, crun_dtype_t dt, int has_op, crun_reduce_op_t op, const crun_pg_t *pg) {
   ncclDataType_t t;
   ncclRedOp_t o;
   size_t k;
   const char *name = crun__coll_name(kind);
   if (kind == CRUN__COLL_BARRIER) return 0;
-  CRUN_CHECK(crun__nccl_dtype(dt, has_op, op, &t, &k, name, rank));
+  CRUN_CHECK(crun__nccl_dtype(dt, has_op, op, &t, &k, name, pg));
   if (!has_op || op == CRUN_OP_PREMUL_SUM) return 0;
-  return crun__nccl_op(dt, op, &o, name, rank);
+  return crun__nccl_op(dt, op, &o, name, pg);
 }
 
 /* A GPU is visible to this process. */

@@ -42,8 +42,9 @@ typedef struct crun__nccl_name {
 static inline crun__nccl_name_t crun__nccl_name_of(const crun__coll_t *c) {
   return (crun__nccl_name_t){c->kind, c->root, c->tag, c->seq};
 }
-/* Writes n's text ("all_reduce #3") into buf. */
-void crun__nccl_name_text(const crun__nccl_name_t *n, char *buf, size_t cap);
+/* Writes n's text ("all_reduce #3"; a peer named as CRUN__WHO names it in
+ * group pg, which may be NULL) into buf. */
+void crun__nccl_name_text(const crun_pg_t *pg, const crun__nccl_name_t *n, char *buf, size_t cap);
 
 /* One enqueued operation the watchdog follows until its end event fired. */
 typedef struct crun__nccl_op {
@@ -117,14 +118,16 @@ typedef struct crun__nccl {
  * *scale to the element-count multiplier (1, or the size when a dtype NCCL
  * lacks moves as bytes). ENOTSUP naming op and dtype when NCCL cannot. */
 int crun__nccl_dtype(crun_dtype_t dt, int reduces, crun_reduce_op_t op, ncclDataType_t *out, size_t *scale,
-                     const char *desc, int rank);
+                     const char *desc, const crun_pg_t *pg);
 
 /* The NCCL op for op on dt (bool: sum/max -> max, product/min -> min);
  * ENOTSUP for bitwise ops, naming op and dtype. */
-int crun__nccl_op(crun_dtype_t dt, crun_reduce_op_t op, ncclRedOp_t *out, const char *desc, int rank);
+int crun__nccl_op(crun_dtype_t dt, crun_reduce_op_t op, ncclRedOp_t *out, const char *desc, const crun_pg_t *pg);
 
-/* Records "ENAME: <desc> on rank r: <call> failed: <nccl text>". */
-int crun__nccl_fail(ncclResult_t r, ncclComm_t comm, const char *desc, int rank, const char *call);
+/* Records "ENAME: <desc> on rank r: <call> failed: <nccl text>", rank r
+ * being pg's own, as CRUN__WHO names it (the texts of crun__nccl_dtype and
+ * crun__nccl_op too). */
+int crun__nccl_fail(ncclResult_t r, ncclComm_t comm, const char *desc, const crun_pg_t *pg, const char *call);
 
 /* The signature check of c (check.c). */
 int crun__nccl_check(crun__nccl_t *b, crun__coll_t *c);

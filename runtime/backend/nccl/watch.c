@@ -18,11 +18,11 @@
 #define NOTICE_S 0.25   /* store polling period for peers' abort notices */
 #define IDLE_S 0.1      /* async-error polling period with nothing pending */
 
-void crun__nccl_name_text(const crun__nccl_name_t *n, char *buf, size_t cap) {
+void crun__nccl_name_text(const crun_pg_t *pg, const crun__nccl_name_t *n, char *buf, size_t cap) {
   crun__coll_t c;
   memset(&c, 0, sizeof c);
   c.kind = n->kind, c.root = n->root, c.tag = n->tag, c.seq = n->seq;
-  crun__coll_desc(&c, buf, cap);
+  crun__pg_coll_desc(pg, &c, buf, cap);
 }
 
 int crun__nccl_pool_new(crun__nccl_pool_t **out) {
@@ -224,8 +224,8 @@ void crun__nccl_abort_comm(crun__nccl_t *b, int rc, const char *text, int notify
     int len = cut ? (int)(cut - text) : (int)strlen(text);
     const char *name = crun_err_name(rc); /* peers take the status from the text's prefix */
     int named = name && !strncmp(text, name, strlen(name)) && text[strlen(name)] == ':';
-    snprintf(msg, sizeof msg, "%s%s%.*s [reported by rank %d]", named || !name ? "" : name, named || !name ? "" : ": ",
-             len < 600 ? len : 600, text, b->pg->rank);
+    snprintf(msg, sizeof msg, "%s%s%.*s [reported by %s]", named || !name ? "" : name, named || !name ? "" : ": ",
+             len < 600 ? len : 600, text, CRUN__WHO(b->pg, b->pg->rank));
     const char *k = "nccl/abort";
     crun_buf_t old = {0};
     if (crun_store_compare_set(b->pg->board, k, "", 0, msg, strlen(msg), &old) < 0)
@@ -257,7 +257,7 @@ void crun__nccl_missing(crun__nccl_t *b, const char *desc, char *who, size_t wca
     if (!ok || v.len != strlen(desc) || memcmp(v.data, desc, v.len)) late[nl++] = r;
     crun_buf_free(&v);
   }
-  if (late && nl) crun__ranks_text(who, wcap, late, nl);
+  if (late && nl) crun__pg_ranks_text(pg, who, wcap, late, nl);
   free(late);
 }
 
@@ -271,8 +271,8 @@ static void peer_aborted(crun__nccl_t *b, int rc) {
   const char *bare = strstr(full, ": "), *notice = strstr(full, mark);
   pthread_mutex_lock(&b->mu);
   for (crun__nccl_op_t *op = b->pending; notice && op; op = op->next) {
-    crun__nccl_name_text(&op->name, desc, sizeof desc);
-    snprintf(one, sizeof one, "%s on rank %d: %s", desc, b->pg->rank, notice);
+    crun__nccl_name_text(b->pg, &op->name, desc, sizeof desc);
+    snprintf(one, sizeof one, "%s on %s: %s", desc, CRUN__WHO(b->pg, b->pg->rank), notice);
     fail_op_locked(op, rc, one);
   }
   pthread_mutex_unlock(&b->mu);
@@ -303,10 +303,10 @@ static void scan_locked(crun__nccl_t *b, double *next_notice) {
   if (ae != ncclSuccess && ae != ncclInProgress) {
     const char *last = ncclGetLastError(comm);
     char what[64] = "the communicator"; /* the latest operation, pending or not */
-    if (b->pending_tail) crun__nccl_name_text(&b->pending_tail->name, what, sizeof what);
-    else if (b->has_last) crun__nccl_name_text(&b->last, what, sizeof what);
-    snprintf(text, sizeof text, "EIO: %s on rank %d: NCCL reported an asynchronous error: %s%s%s; the communicator "
-             "was aborted", what, b->pg->rank, ncclGetErrorString(ae), last && *last ? ": " : "",
+    if (b->pending_tail) crun__nccl_name_text(b->pg, &b->pending_tail->name, what, sizeof what);
+    else if (b->has_last) crun__nccl_name_text(b->pg, &b->last, what, sizeof what);
+    snprintf(text, sizeof text, "EIO: %s on %s: NCCL reported an asynchronous error: %s%s%s; the communicator "
+             "was aborted", what, CRUN__WHO(b->pg, b->pg->rank), ncclGetErrorString(ae), last && *last ? ": " : "",
              last && *last ? last : "");
     pthread_mutex_unlock(&b->mu);
     crun__nccl_abort_comm(b, CRUN_EIO, text + 5, 1);
@@ -316,13 +316,13 @@ static void scan_locked(crun__nccl_t *b, double *next_notice) {
   }
   if (expired) {
     char desc[64], who[256], where[768];
-    crun__nccl_name_text(&expired->name, desc, sizeof desc);
+    crun__nccl_name_text(b->pg, &expired->name, desc, sizeof desc);
     double timeout = expired->timeout;
     atomic_fetch_add(&expired->refs, 1);
     pthread_mutex_unlock(&b->mu);
     crun__nccl_missing(b, desc, who, sizeof who, where, sizeof where);
-    snprintf(text, sizeof text, "%s on rank %d: NCCL did not finish within %.1f s, the watchdog aborted the "
-             "communicator; no data from %s%s%s", desc, b->pg->rank, timeout, who, where[0] ? "; " : "", where);
+    snprintf(text, sizeof text, "%s on %s: NCCL did not finish within %.1f s, the watchdog aborted the "
+             "communicator; no data from %s%s%s", desc, CRUN__WHO(b->pg, b->pg->rank), timeout, who, where[0] ? "; " : "", where);
     crun__nccl_abort_comm(b, CRUN_ETIMEDOUT, text, 1);
     char full[1500];
     snprintf(full, sizeof full, "ETIMEDOUT: %s", text);
@@ -337,7 +337,7 @@ static void scan_locked(crun__nccl_t *b, double *next_notice) {
   if (oldest && now >= *next_notice && now - oldest->begun >= NOTICE_S) {
     *next_notice = now + NOTICE_S;
     char desc[64];
-    crun__nccl_name_text(&oldest->name, desc, sizeof desc);
+    crun__nccl_name_text(b->pg, &oldest->name, desc, sizeof desc);
     pthread_mutex_unlock(&b->mu);
     int rc = crun__nccl_poll_abort(b, desc);
     if (rc < 0) peer_aborted(b, rc);
@@ -394,8 +394,8 @@ int crun__nccl_op_begin(crun__nccl_t *b, const crun__coll_t *c, crun__nccl_op_t 
   pthread_mutex_lock(&b->mu);
   if (atomic_load(&b->aborted)) { /* marked since run() looked: the abort did not fail this one */
     char desc[64];
-    crun__coll_desc(c, desc, sizeof desc);
-    int rc = crun_error(CRUN_ESTATE, "%s on rank %d: the communicator was aborted: %s", desc, b->pg->rank,
+    crun__pg_coll_desc(b->pg, c, desc, sizeof desc);
+    int rc = crun_error(CRUN_ESTATE, "%s on %s: the communicator was aborted: %s", desc, CRUN__WHO(b->pg, b->pg->rank),
                         b->fail_text ? b->fail_text : "?");
     pthread_mutex_unlock(&b->mu);
     return rc;
@@ -407,7 +407,7 @@ int crun__nccl_op_begin(crun__nccl_t *b, const crun__coll_t *c, crun__nccl_op_t 
   }
   if (!op) {
     pthread_mutex_unlock(&b->mu);
-    return crun_error(CRUN_ENOMEM, "%s on rank %d", crun__coll_name(c->kind), b->pg->rank);
+    return crun_error(CRUN_ENOMEM, "%s on %s", crun__coll_name(c->kind), CRUN__WHO(b->pg, b->pg->rank));
   }
   atomic_init(&op->refs, 2); /* the pending list's and the caller's */
   op->deadline = c->deadline;
@@ -440,8 +440,8 @@ int crun__nccl_op_end(crun__nccl_t *b, crun__nccl_op_t *op, int rc) {
   if (rc == 0 && recorded) op->end = op->ev;
   else if (rc == 0) {
     char desc[64];
-    crun__nccl_name_text(&op->name, desc, sizeof desc);
-    rc = crun_error(CRUN_EIO, "%s on rank %d: cannot record the end event", desc, b->pg->rank);
+    crun__nccl_name_text(b->pg, &op->name, desc, sizeof desc);
+    rc = crun_error(CRUN_EIO, "%s on %s: cannot record the end event", desc, CRUN__WHO(b->pg, b->pg->rank));
   }
   if (op->done && op->status < 0) { /* the watchdog failed it meanwhile: its text wins */
     rc = op->status;

@@ -132,10 +132,10 @@ int crun__shm_allreduce(crun__shm_comm_t *c, void *buf, const void *sendbuf, siz
 int crun__shm_allreduce_call(crun__shm_comm_t *c, void *buf, size_t count, crun_dtype_t dt,
                              crun_reduce_op_t op, uint64_t label, double deadline, double timeout) {
   if (c->broken)
-    return crun_error(CRUN_ESTATE, "shm all_reduce on rank %d: the communicator is unusable after an "
-                      "earlier failure; destroy it", c->rank);
+    return crun_error(CRUN_ESTATE, "shm all_reduce on %s: the communicator is unusable after an "
+                      "earlier failure; destroy it", SHM_WHO(c, c->rank));
   if (count > SIZE_MAX / 16) /* what begin's check allows */
-    return crun__shm_fail(c, CRUN_EINVAL, "shm all_reduce on rank %d: count %zu too large", c->rank, count);
+    return crun__shm_fail(c, CRUN_EINVAL, "shm all_reduce on %s: count %zu too large", SHM_WHO(c, c->rank), count);
   CRUN_CHECK(crun__shm_start(c, SHM_ALLREDUCE, dt, op, -1, count, label, deadline, timeout));
   size_t bytes = count * crun__dtype_size(dt);
   if (count && bytes <= c->small_bytes) /* run()'s first test, without its frame (~60 instructions) */

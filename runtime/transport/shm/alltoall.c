@@ -96,9 +96,9 @@ static int cnt_finish(shm_op_t *o, int b) {
   for (int q = 0; q < c->size; q++) {
     uint64_t sends = q == c->rank ? o->in_counts[q] : peer_count(c, q, c->rank, b);
     if (sends != o->out_counts[q])
-      return crun_error(CRUN_EMISMATCH, "shm all_to_all #%llu on rank %d: rank %d sends %llu "
+      return crun_error(CRUN_EMISMATCH, "shm all_to_all #%llu on %s: %s sends %llu "
                         "elements but this rank expects %zu", (unsigned long long)c->label,
-                        c->rank, q, (unsigned long long)sends, o->out_counts[q]);
+                        SHM_WHO(c, c->rank), SHM_WHO(c, q), (unsigned long long)sends, o->out_counts[q]);
     for (int j = 0; j < c->size; j++) {
       uint64_t v = q == c->rank ? o->in_counts[j] : peer_count(c, q, j, b);
       if (v > m) m = v;

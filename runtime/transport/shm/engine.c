@@ -22,28 +22,28 @@ static int check_args(crun__shm_comm_t *c, shm_kind_t kind, crun_dtype_t dt,
 #define name crun__shm_kind_name(kind) /* only an error needs it */
   if (!c) return crun_error(CRUN_EINVAL, "shm %s: communicator is NULL", name);
   if (c->broken)
-    return crun_error(CRUN_ESTATE, "shm %s on rank %d: the communicator is unusable after an "
-                      "earlier failure; destroy it", name, c->rank);
+    return crun_error(CRUN_ESTATE, "shm %s on %s: the communicator is unusable after an "
+                      "earlier failure; destroy it", name, SHM_WHO(c, c->rank));
   if ((unsigned)dt >= CRUN_DTYPE_COUNT)
-    return crun_error(CRUN_EINVAL, "shm %s on rank %d: unknown dtype %d", name, c->rank, dt);
+    return crun_error(CRUN_EINVAL, "shm %s on %s: unknown dtype %d", name, SHM_WHO(c, c->rank), dt);
   if (kind == SHM_ALLREDUCE || kind == SHM_REDUCE || kind == SHM_REDUCE_SCATTER) {
     if ((unsigned)op >= CRUN_OP_COUNT)
-      return crun_error(CRUN_EINVAL, "shm %s on rank %d: unknown reduce op %d", name, c->rank,
+      return crun_error(CRUN_EINVAL, "shm %s on %s: unknown reduce op %d", name, SHM_WHO(c, c->rank),
                         op);
     int rc = crun_reduce_op_check(dt, op);
     if (rc < 0)
-      return crun_error(rc, "shm %s on rank %d: %s", name, c->rank,
+      return crun_error(rc, "shm %s on %s: %s", name, SHM_WHO(c, c->rank),
                         crun_last_error() + strlen(crun_err_name(rc)) + 2);
   }
   if ((kind == SHM_REDUCE || kind == SHM_BROADCAST || kind == SHM_GATHER ||
        kind == SHM_SCATTER) && (root < 0 || root >= c->size))
-    return crun_error(CRUN_EINVAL, "shm %s on rank %d: root %d out of range 0..%d", name,
-                      c->rank, root, c->size - 1);
+    return crun_error(CRUN_EINVAL, "shm %s on %s: root %d out of range 0..%d", name,
+                      SHM_WHO(c, c->rank), root, c->size - 1);
   if (count > 0 && !bufs_ok)
-    return crun_error(CRUN_EINVAL, "shm %s on rank %d: buffer is NULL for count %zu", name,
-                      c->rank, count);
+    return crun_error(CRUN_EINVAL, "shm %s on %s: buffer is NULL for count %zu", name,
+                      SHM_WHO(c, c->rank), count);
   if (count > SIZE_MAX / 16 / nblocks)
-    return crun_error(CRUN_EINVAL, "shm %s on rank %d: count %zu too large", name, c->rank,
+    return crun_error(CRUN_EINVAL, "shm %s on %s: count %zu too large", name, SHM_WHO(c, c->rank),
                       count);
   return 0;
 #undef name
@@ -113,9 +113,9 @@ int crun__shm_check_ring(crun__shm_comm_t *c) {
     uint64_t sig = atomic_load_explicit(&d->sig, memory_order_relaxed);
     uint64_t count = atomic_load_explicit(&d->count, memory_order_relaxed);
     if (atomic_load_explicit(&d->opseq, memory_order_acquire) != c->opseq)
-      return crun__shm_fail(c, CRUN_EMISMATCH, "shm %s #%llu on rank %d: rank %d is on "
+      return crun__shm_fail(c, CRUN_EMISMATCH, "shm %s #%llu on %s: %s is on "
                             "another collective", crun__shm_kind_name(c->kind),
-                            (unsigned long long)c->label, c->rank, q);
+                            (unsigned long long)c->label, SHM_WHO(c, c->rank), SHM_WHO(c, q));
     CRUN_CHECK(crun__shm_check_desc(c, q, c->opseq, sig, count));
   }
   return 0;

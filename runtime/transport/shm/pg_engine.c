@@ -143,9 +143,10 @@ int crun__shm_engine_open(crun_pg_t *pg, crun__engine_t *out) {
   CRUN_CHECK(agree(pg, "host", host, &same));
   if (!same) return CRUN_ENOTSUP;
   crun__shm_comm_t *c = NULL;
-  int rc = crun__shm_comm_create(pg->store, "shm", pg->rank, pg->size, pg->timeout, &c);
+  /* its texts name the group's ranks as the group's own do */
+  int rc = crun__shm_comm_create_ranks(pg->store, "shm", pg->rank, pg->size, pg->global, pg->timeout, &c);
   if (rc < 0)
-    CRUN_LOG(WARN, SHM, "rank %d: shared memory unavailable, staying on TCP: %s", pg->rank,
+    CRUN_LOG(WARN, SHM, "%s: shared memory unavailable, staying on TCP: %s", CRUN__WHO(pg, pg->rank),
              crun_last_error());
   eng_t *e = rc == 0 ? calloc(1, sizeof *e) : NULL;
   rc = agree(pg, "ok", e ? "1" : "0", &ok);

@@ -90,27 +90,27 @@ static int segment_create(crun__shm_comm_t *c) {
   shm_geom_t g = {.size = (uint32_t)c->size, .nbuf = (uint32_t)nbuf, .small_bytes = small, .chunk = chunk};
   shm_layout_t l;
   if (layout_of(&g, &l))
-    return crun_error(CRUN_EINVAL, "shm create on rank 0: the segment's size overflows "
-                      "(lower CRUN_SHM_CHUNK or CRUN_SHM_SMALL)");
+    return crun_error(CRUN_EINVAL, "shm create on %s: the segment's size overflows "
+                      "(lower CRUN_SHM_CHUNK or CRUN_SHM_SMALL)", SHM_WHO(c, 0));
   g.total = l.total;
   static _Atomic unsigned counter;
   snprintf(c->name, sizeof c->name, "/crun-shm-%d-%u-%08lx", (int)getpid(),
            atomic_fetch_add(&counter, 1), (unsigned long)(crun_clock_ns() & 0xffffffffu));
   int fd = shm_open(c->name, O_RDWR | O_CREAT | O_EXCL, 0600);
   if (fd < 0)
-    return crun_error(CRUN_ESYS, "shm create on rank 0: shm_open('%s') failed: %s", c->name,
+    return crun_error(CRUN_ESYS, "shm create on %s: shm_open('%s') failed: %s", SHM_WHO(c, 0), c->name,
                       strerror(errno));
   int rc = 0, err;
   /* reserve the pages now: a full /dev/shm must fail here, not as SIGBUS later */
   if ((err = posix_fallocate(fd, 0, (off_t)l.total)) != 0) {
-    rc = crun_error(CRUN_ESYS, "shm create on rank 0: cannot reserve %zu bytes in /dev/shm "
+    rc = crun_error(CRUN_ESYS, "shm create on %s: cannot reserve %zu bytes in /dev/shm "
                     "for '%s': %s (mount a larger /dev/shm, lower CRUN_SHM_CHUNK, or set "
-                    "CRUN_SHM=0)", l.total, c->name, strerror(err));
+                    "CRUN_SHM=0)", SHM_WHO(c, 0), l.total, c->name, strerror(err));
   } else {
     c->base = mmap(NULL, l.total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (c->base == MAP_FAILED) {
       c->base = NULL;
-      rc = crun_error(CRUN_ESYS, "shm create on rank 0: mmap of %zu bytes failed: %s", l.total,
+      rc = crun_error(CRUN_ESYS, "shm create on %s: mmap of %zu bytes failed: %s", SHM_WHO(c, 0), l.total,
                       strerror(errno));
     }
   }
@@ -155,20 +155,20 @@ static shm_geom_t geom_read(const crun__shm_comm_t *c) {
 static int segment_attach(crun__shm_comm_t *c) {
   int fd = shm_open(c->name, O_RDWR, 0600);
   if (fd < 0)
-    return crun_error(CRUN_ESYS, "shm attach on rank %d: shm_open('%s') failed: %s (stale "
+    return crun_error(CRUN_ESYS, "shm attach on %s: shm_open('%s') failed: %s (stale "
                       "store key, or the prefix is shared by two communicators?)",
-                      c->rank, c->name, strerror(errno));
+                      SHM_WHO(c, c->rank), c->name, strerror(errno));
   struct stat st;
   int rc = 0;
   if (fstat(fd, &st) != 0 || (size_t)st.st_size < sizeof(shm_header_t)) {
-    rc = crun_error(CRUN_EPROTO, "shm attach on rank %d: segment '%s' is too small", c->rank,
+    rc = crun_error(CRUN_EPROTO, "shm attach on %s: segment '%s' is too small", SHM_WHO(c, c->rank),
                     c->name);
   } else {
     c->len = (size_t)st.st_size;
     c->base = mmap(NULL, c->len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (c->base == MAP_FAILED) {
       c->base = NULL;
-      rc = crun_error(CRUN_ESYS, "shm attach on rank %d: mmap failed: %s", c->rank,
+      rc = crun_error(CRUN_ESYS, "shm attach on %s: mmap failed: %s", SHM_WHO(c, c->rank),
                       strerror(errno));
     }
   }
@@ -176,17 +176,18 @@ static int segment_attach(crun__shm_comm_t *c) {
   if (rc < 0) return rc;
   shm_header_t *h = c->base;
   if (atomic_load_explicit((_Atomic uint64_t *)&h->magic, memory_order_acquire) != SHM_MAGIC)
-    return crun_error(CRUN_EPROTO, "shm attach on rank %d: '%s' is not a crun segment",
-                      c->rank, c->name);
+    return crun_error(CRUN_EPROTO, "shm attach on %s: '%s' is not a crun segment",
+                      SHM_WHO(c, c->rank), c->name);
   shm_geom_t g = geom_read(c);
   if ((int)g.size != c->size)
-    return crun_error(CRUN_EMISMATCH, "shm attach on rank %d: rank 0 created the group with "
-                      "size %u, this rank was given size %d", c->rank, g.size, c->size);
+    return crun_error(CRUN_EMISMATCH, "shm attach on %s: %s created the group with "
+                      "size %u, this rank was given size %d", SHM_WHO(c, c->rank), SHM_WHO(c, 0), g.size,
+                      c->size);
   shm_layout_t l;
   const char *why = geom_fault(c, &g, &l);
   if (why)
-    return crun_error(CRUN_EPROTO, "shm attach on rank %d: segment '%s' (%zu bytes) has a bad "
-                      "header: %s (buffers %u x chunk %llu, one-shot %llu, total %llu)", c->rank,
+    return crun_error(CRUN_EPROTO, "shm attach on %s: segment '%s' (%zu bytes) has a bad "
+                      "header: %s (buffers %u x chunk %llu, one-shot %llu, total %llu)", SHM_WHO(c, c->rank),
                       c->name, c->len, why, g.nbuf, (unsigned long long)g.chunk,
                       (unsigned long long)g.small_bytes, (unsigned long long)g.total);
   bind_layout(c, &g, &l);
@@ -195,11 +196,10 @@ static int segment_attach(crun__shm_comm_t *c) {
 
 /* Names the ranks that have not written their pid yet into buf. */
 static void missing_ranks(crun__shm_comm_t *c, char *buf, size_t n) {
-  size_t off = 0;
-  buf[0] = 0;
-  for (int q = 0; q < c->size && off + 16 < n; q++)
-    if (atomic_load((_Atomic int32_t *)&c->pids[q]) == 0)
-      off += (size_t)snprintf(buf + off, n - off, "%s%d", off ? ", " : "", q);
+  int qs[64], k = 0; /* the text holds fewer */
+  for (int q = 0; q < c->size && k < 64; q++)
+    if (atomic_load((_Atomic int32_t *)&c->pids[q]) == 0) qs[k++] = q;
+  crun__shm_ranks_text(c, qs, k, buf, n);
 }
 
 /* Registers this rank and waits (polling) until every rank has attached.
@@ -218,8 +218,8 @@ static int attach_all(crun__shm_comm_t *c, double deadline) {
     if (crun_clock() > deadline) {
       char who[256];
       missing_ranks(c, who, sizeof who);
-      return crun_error(CRUN_ETIMEDOUT, "shm create on rank %d: rank(s) %s did not attach "
-                        "to the segment within the timeout", c->rank, who);
+      return crun_error(CRUN_ETIMEDOUT, "shm create on %s: %s did not attach "
+                        "to the segment within the timeout", SHM_WHO(c, c->rank), who);
     }
     nanosleep(&nap, NULL);
   }
@@ -285,20 +285,20 @@ static int exchange_name(crun__shm_comm_t *c, crun_store_t *store, const char *k
   const char *keys[1] = {key};
   int rc = crun_store_wait(store, keys, 1, timeout);
   if (rc == CRUN_ETIMEDOUT)
-    return crun_error(CRUN_ETIMEDOUT, "shm create on rank %d: rank 0 did not publish the "
-                      "segment name under '%s' within %.1f s", c->rank, key, timeout);
+    return crun_error(CRUN_ETIMEDOUT, "shm create on %s: %s did not publish the "
+                      "segment name under '%s' within %.1f s", SHM_WHO(c, c->rank), SHM_WHO(c, 0), key, timeout);
   CRUN_CHECK(rc);
   crun_buf_t v = {0};
   CRUN_CHECK(crun_store_get(store, key, &v));
   if (v.len > 0 && ((char *)v.data)[0] == '!') {
     crun_buf_free(&v);
-    return crun_error(CRUN_EIO, "shm create on rank %d: rank 0 could not create the shared "
-                      "segment (see rank 0's error)", c->rank);
+    return crun_error(CRUN_EIO, "shm create on %s: %s could not create the shared "
+                      "segment (see its error)", SHM_WHO(c, c->rank), SHM_WHO(c, 0));
   }
   if (v.len == 0 || v.len >= sizeof c->name || ((char *)v.data)[0] != '/') {
     crun_buf_free(&v);
-    return crun_error(CRUN_EPROTO, "shm create on rank %d: store key '%s' does not hold a "
-                      "segment name", c->rank, key);
+    return crun_error(CRUN_EPROTO, "shm create on %s: store key '%s' does not hold a "
+                      "segment name", SHM_WHO(c, c->rank), key);
   }
   memcpy(c->name, v.data, v.len);
   c->name[v.len] = 0;
@@ -347,9 +347,21 @@ static int create_steps(crun__shm_comm_t *c, crun_store_t *store, const char *pr
 
 int crun__shm_comm_create(crun_store_t *store, const char *prefix, int rank, int size,
                           double timeout, crun__shm_comm_t **out) {
+  return crun__shm_comm_create_ranks(store, prefix, rank, size, NULL, timeout, out);
+}
+
+int crun__shm_comm_create_ranks(crun_store_t *store, const char *prefix, int rank, int size,
+                                const int *global, double timeout, crun__shm_comm_t **out) {
   CRUN_CHECK(check_create_args(store, prefix, rank, size, out));
   crun__shm_comm_t *c = calloc(1, sizeof *c);
-  if (!c) return crun_error(CRUN_ENOMEM, "shm create: out of memory");
+  int *map = global ? malloc(sizeof(int) * (size_t)size) : NULL;
+  if (!c || (global && !map)) {
+    free(c);
+    free(map);
+    return crun_error(CRUN_ENOMEM, "shm create: out of memory");
+  }
+  if (map) memcpy(map, global, sizeof(int) * (size_t)size);
+  c->global = map;
   c->rank = rank;
   c->size = size;
   c->timeout = timeout > 0 ? timeout : crun_store_get_timeout(store);
@@ -376,6 +388,7 @@ void crun__shm_comm_destroy(crun__shm_comm_t *c) {
       if (c->pidfd[q] >= 0) close(c->pidfd[q]);
   free(c->pidfd);
   if (c->base) munmap(c->base, c->len);
+  free(c->global);
   free(c);
 }
 

@@ -70,6 +70,13 @@ typedef struct crun__shm_comm crun__shm_comm_t;
 int crun__shm_comm_create(crun_store_t *store, const char *prefix, int rank, int size,
                           double timeout, crun__shm_comm_t **out);
 
+/* crun__shm_comm_create for the ranks of a process group: its error texts
+ * name rank q as the group's texts do, "rank G (group rank q)" where G =
+ * global[q] is not q (a sub-group). global (size entries) is copied; NULL
+ * names rank q "rank q", as crun__shm_comm_create does. */
+int crun__shm_comm_create_ranks(crun_store_t *store, const char *prefix, int rank, int size,
+                                const int *global, double timeout, crun__shm_comm_t **out);
+
 /* Unmaps the segment and frees the communicator; NULL is a no-op. Does not
  * synchronise with the other ranks. */
 void crun__shm_comm_destroy(crun__shm_comm_t *c);

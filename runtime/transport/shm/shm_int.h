@@ -103,6 +103,8 @@ struct crun__shm_comm {
   shm_kind_t kind;
   uint64_t sig, count;
   double deadline, op_timeout;
+  int *global;              /* error texts: rank q is global rank global[q]
+                               (crun__shm_comm_create_ranks; NULL: q) */
 };
 
 /* Per-op arguments of a collective, filled by the collective's entry point. */
@@ -161,6 +163,16 @@ static inline char *crun__shm_buf(crun__shm_comm_t *c, int q, int b) {
 }
 
 /* wait.c */
+/* How an error text names rank q of c: "rank q", or "rank G (group rank q)"
+ * when c was given global ranks (a process group's sub-group) and q's is G.
+ * Use through SHM_WHO(c, q) as a "%s" argument (the array lives to the end of
+ * the full expression). */
+typedef struct { char s[48]; } crun__shm_who_t;
+crun__shm_who_t crun__shm_who(const crun__shm_comm_t *c, int q);
+#define SHM_WHO(c, q) (crun__shm_who((c), (q)).s)
+/* Writes ranks qs[0..n) named as SHM_WHO names one: "rank 2", "ranks 1, 3",
+ * then " (group ranks 0, 2)" where they are not the global ranks. */
+void crun__shm_ranks_text(const crun__shm_comm_t *c, const int *qs, int n, char *buf, size_t cap);
 typedef struct { long iter, spins; uint64_t t0, last; int slept, cocore; } shm_waiter_t; /* last: latest clock read (the timeline's wait) */
 int crun__shm_ready(crun__shm_comm_t *c, shm_ctr_t ctr, int who, uint64_t target);
 int crun__shm_idle(crun__shm_comm_t *c, shm_waiter_t *w, shm_ctr_t ctr, int who, int q,

@@ -35,6 +35,36 @@ const char *crun__shm_kind_name(shm_kind_t k) {
   return "?";
 }
 
+crun__shm_who_t crun__shm_who(const crun__shm_comm_t *c, int q) {
+  crun__shm_who_t w;
+  int g = c && c->global && q >= 0 && q < c->size ? c->global[q] : q;
+  if (g == q) snprintf(w.s, sizeof w.s, "rank %d", q);
+  else snprintf(w.s, sizeof w.s, "rank %d (group rank %d)", g, q);
+  return w;
+}
+
+/* Writes "1, 3" (map: their map[] values) into buf; returns the length. */
+static size_t rank_list(char *buf, size_t cap, const int *qs, int n, const int *map) {
+  size_t off = 0;
+  buf[0] = 0;
+  for (int i = 0; i < n && off + 16 < cap; i++)
+    off += (size_t)snprintf(buf + off, cap - off, "%s%d", i ? ", " : "", map ? map[qs[i]] : qs[i]);
+  return off;
+}
+
+void crun__shm_ranks_text(const crun__shm_comm_t *c, const int *qs, int n, char *buf, size_t cap) {
+  int shifted = 0;
+  for (int i = 0; c->global && i < n && !shifted; i++) shifted = c->global[qs[i]] != qs[i];
+  const char *s = n > 1 ? "s" : "";
+  size_t off = (size_t)snprintf(buf, cap, "rank%s ", s);
+  if (off >= cap) return;
+  off += rank_list(buf + off, cap - off, qs, n, shifted ? c->global : NULL);
+  if (!shifted || off + 32 >= cap) return;
+  off += (size_t)snprintf(buf + off, cap - off, " (group rank%s ", s);
+  off += rank_list(buf + off, cap - off, qs, n, NULL);
+  snprintf(buf + off, cap - off, ")");
+}
+
 static inline void cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();
@@ -119,9 +149,9 @@ int crun__shm_check_abort(crun__shm_comm_t *c) {
   uint32_t who = atomic_load_explicit(&c->hdr->abort_rank, memory_order_acquire);
   if (!who || (int)who - 1 == c->rank) return 0;
   c->broken = 1;
-  return crun_error(c->hdr->abort_status, "shm %s #%llu on rank %d: rank %u failed first: %s",
-                    crun__shm_kind_name(c->kind), (unsigned long long)c->label, c->rank,
-                    who - 1, c->hdr->abort_text);
+  return crun_error(c->hdr->abort_status, "shm %s #%llu on %s: %s failed first: %s",
+                    crun__shm_kind_name(c->kind), (unsigned long long)c->label, SHM_WHO(c, c->rank),
+                    SHM_WHO(c, (int)who - 1), c->hdr->abort_text);
 }
 
 /* Returns non-zero when rank q's process has exited. */
@@ -142,21 +172,22 @@ static int check_peers(crun__shm_comm_t *c, shm_ctr_t ctr, int who, uint64_t tar
   for (int q = who < 0 ? 0 : who; q < (who < 0 ? c->size : who + 1); q++) {
     if (q == c->rank || atomic_load(counter(c, ctr, q, target)) >= target) continue;
     if (atomic_load_explicit(&c->ctrl[q].left, memory_order_acquire))
-      return crun__shm_fail(c, CRUN_EPEERDIED, "shm %s #%llu on rank %d: rank %d destroyed the group "
+      return crun__shm_fail(c, CRUN_EPEERDIED, "shm %s #%llu on %s: %s destroyed the group "
                             "(it left without taking part)", crun__shm_kind_name(c->kind),
-                            (unsigned long long)c->label, c->rank, q);
+                            (unsigned long long)c->label, SHM_WHO(c, c->rank), SHM_WHO(c, q));
     if (peer_dead(c, q))
-      return crun__shm_fail(c, CRUN_EPEERDIED, "shm %s #%llu on rank %d: rank %d (pid %d) "
+      return crun__shm_fail(c, CRUN_EPEERDIED, "shm %s #%llu on %s: %s (pid %d) "
                             "died", crun__shm_kind_name(c->kind),
-                            (unsigned long long)c->label, c->rank, q, (int)c->pids[q]);
+                            (unsigned long long)c->label, SHM_WHO(c, c->rank), SHM_WHO(c, q), (int)c->pids[q]);
   }
   return 0;
 }
 
 /* Writes "all_reduce(float32[1024], sum)" for an op signature (an
  * all_to_all with per-peer counts has none to show: "all_to_all(float32
- * blocks)"; its counts are compared once the ops agree). */
-static void describe(uint64_t sig, uint64_t count, char *buf, size_t n) {
+ * blocks)"; its counts are compared once the ops agree). A root is named by
+ * its global rank, as the caller gave it (dist.broadcast's src). */
+static void describe(const crun__shm_comm_t *c, uint64_t sig, uint64_t count, char *buf, size_t n) {
   shm_kind_t k = (shm_kind_t)(sig & 0xff);
   int root = (int)(sig >> 24) - 1;
   if (k == SHM_BARRIER) {
@@ -172,7 +203,9 @@ static void describe(uint64_t sig, uint64_t count, char *buf, size_t n) {
   if (k == SHM_ALLREDUCE || k == SHM_REDUCE || k == SHM_REDUCE_SCATTER)
     off += snprintf(buf + off, n - (size_t)off, ", %s",
                     crun_reduce_op_name((crun_reduce_op_t)((sig >> 16) & 0xff)));
-  if (root >= 0) off += snprintf(buf + off, n - (size_t)off, ", root %d", root);
+  if (root >= 0)
+    off += snprintf(buf + off, n - (size_t)off, ", root %d",
+                    c->global && root < c->size ? c->global[root] : root);
   snprintf(buf + off, n - (size_t)off, ")");
 }
 
@@ -182,11 +215,11 @@ int crun__shm_check_desc(crun__shm_comm_t *c, int q, uint64_t opseq, uint64_t si
   (void)opseq;
   if (sig == c->sig && count == c->count) return 0;
   char theirs[128], mine[128];
-  describe(sig, count, theirs, sizeof theirs);
-  describe(c->sig, c->count, mine, sizeof mine);
-  return crun__shm_fail(c, CRUN_EMISMATCH, "shm collective #%llu on rank %d: rank %d called %s "
-                        "but rank %d called %s", (unsigned long long)c->label, c->rank, q,
-                        theirs, c->rank, mine);
+  describe(c, sig, count, theirs, sizeof theirs);
+  describe(c, c->sig, c->count, mine, sizeof mine);
+  return crun__shm_fail(c, CRUN_EMISMATCH, "shm collective #%llu on %s: %s called %s "
+                        "but %s called %s", (unsigned long long)c->label, SHM_WHO(c, c->rank),
+                        SHM_WHO(c, q), theirs, SHM_WHO(c, c->rank), mine);
 }
 
 /* Checks q's op ring for the current op: catches ranks that took another
@@ -205,14 +238,13 @@ static _Atomic uint64_t *counter(crun__shm_comm_t *c, shm_ctr_t ctr, int q, uint
   return &c->ctrl[q].ctr[ctr];
 }
 
-/* Formats the ranks of the wait set still short of target. */
+/* Names the ranks of the wait set still short of target ("ranks 1, 2"). */
 static void laggards(crun__shm_comm_t *c, shm_ctr_t ctr, int who, uint64_t target, char *buf,
                      size_t n) {
-  size_t off = 0;
-  buf[0] = 0;
-  for (int q = who < 0 ? 0 : who; q < (who < 0 ? c->size : who + 1) && off + 16 < n; q++)
-    if (q != c->rank && atomic_load(counter(c, ctr, q, target)) < target)
-      off += (size_t)snprintf(buf + off, n - off, "%s%d", off ? ", " : "", q);
+  int qs[64], k = 0; /* the text holds fewer */
+  for (int q = who < 0 ? 0 : who; q < (who < 0 ? c->size : who + 1) && k < 64; q++)
+    if (q != c->rank && atomic_load(counter(c, ctr, q, target)) < target) qs[k++] = q;
+  crun__shm_ranks_text(c, qs, k, buf, n);
 }
 
 /* The slow checks done before each sleep: abort, dead peers, deadline. */
@@ -227,10 +259,9 @@ static int before_sleep(crun__shm_comm_t *c, shm_ctr_t ctr, int who, int q, uint
   if ((double)now * 1e-9 > c->deadline) {
     char late[300];
     laggards(c, ctr, who, target, late, sizeof late);
-    return crun__shm_fail(c, CRUN_ETIMEDOUT, "shm %s #%llu on rank %d: no data from rank%s %s "
-                          "after %.1f s", crun__shm_kind_name(c->kind),
-                          (unsigned long long)c->label, c->rank, strchr(late, ',') ? "s" : "",
-                          late, c->op_timeout);
+    return crun__shm_fail(c, CRUN_ETIMEDOUT, "shm %s #%llu on %s: no data from %s after %.1f s",
+                          crun__shm_kind_name(c->kind), (unsigned long long)c->label,
+                          SHM_WHO(c, c->rank), late, c->op_timeout);
   }
   return 0;
 }
