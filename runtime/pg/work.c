@@ -322,7 +322,10 @@ int crun__pg_all_reduce_now(crun_pg_t *pg, void *buf, size_t count, crun_dtype_t
     busy_give(pg);
     return 1;
   }
-  /* what work_new, run_inline and crun__pg_execute do for this call */
+  /* what work_new, run_inline and crun__pg_execute do for this call: a step
+   * added to or changed in those must be mirrored here (the specs that see
+   * a missing one: observe for the numbering and the recorder, dist_errors
+   * "...follows calls that passed" for the failure) */
   crun_work_t w; /* every field but desc, which nothing reads on this path */
   w.c = (crun__coll_t){.kind = CRUN__COLL_ALL_REDUCE, .dt = dt, .user_dt = -1, .op = op, .count = count,
                        .buf = buf, .timeout = pg->timeout, .src_out = -1, .premul = 1.0,
