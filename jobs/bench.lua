@@ -210,8 +210,14 @@ local function main()
     o.cuda = true
     sync = function() crun.cuda.synchronize() end
   end
+  -- --trace-cost's own timeline is dropped (trace.stop below), never written:
+  -- only the empty file os.tmpname made is left to remove
+  local scratch
   if o.timeline then crun.trace.start(o.timeline)
-  elseif o.trace_cost and not crun.trace.enabled() then crun.trace.start(os.tmpname()) end
+  elseif o.trace_cost and not crun.trace.enabled() then
+    scratch = os.tmpname()
+    crun.trace.start(scratch)
+  end
   dist.init_process_group{backend = o.cuda and "nccl" or nil}
   local n, rank = dist.get_world_size(), dist.get_rank()
   local esize = T.zeros({1}, o.dtype):bytes():len()
@@ -233,6 +239,7 @@ local function main()
   if o.trace_cost then
     trace_cost(o, n, sizes, esize, out)
     if not o.timeline then crun.trace.stop() end
+    if scratch then os.remove(scratch) end
     dist.destroy_process_group()
     return
   end
