@@ -1,6 +1,7 @@
 /* status.c — status names and messages from the one table, and the
  * thread-local last-error text. */
 #include "crun.h"
+#include "core/who.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -40,4 +41,12 @@ int crun_error(int status, const char *fmt, ...) {
   snprintf(last_error, sizeof last_error, "%s: %s", crun_err_name(status), text);
   CRUN_LOG(TRACE, CORE, "error recorded: %s", last_error);
   return status;
+}
+
+crun__who_t crun__who(const int *global, int n, int r) {
+  crun__who_t w;
+  int g = global && r >= 0 && r < n ? global[r] : r;
+  if (g == r) snprintf(w.s, sizeof w.s, "rank %d", r);
+  else snprintf(w.s, sizeof w.s, "rank %d (group rank %d)", g, r);
+  return w;
 }

@@ -21,11 +21,7 @@ const char *crun__coll_name(int kind) {
 int crun__pg_global(const crun_pg_t *pg, int r) { return pg && r >= 0 && r < pg->size ? pg->global[r] : r; }
 
 crun__who_t crun__pg_who(const crun_pg_t *pg, int r) {
-  crun__who_t w;
-  int g = crun__pg_global(pg, r);
-  if (g == r) snprintf(w.s, sizeof w.s, "rank %d", r);
-  else snprintf(w.s, sizeof w.s, "rank %d (group rank %d)", g, r);
-  return w;
+  return crun__who(pg ? pg->global : NULL, pg ? pg->size : 0, r);
 }
 
 void crun__pg_coll_desc(const crun_pg_t *pg, const crun__coll_t *c, char *buf, size_t cap) {

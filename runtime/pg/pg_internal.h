@@ -8,6 +8,7 @@
 
 #include "crun.h"
 #include "core/clock_int.h"
+#include "core/who.h"
 #include "core/trace_int.h"
 
 /* Every operation a group runs; also the `kind` byte of a wire header. */
@@ -204,13 +205,9 @@ int crun__pg_submit(crun_pg_t *pg, struct crun_work *w, crun_work_t **out);
  * nothing is queued or running (1, the number in *seq), else 0. */
 int crun__pg_number_refused(crun_pg_t *pg, uint64_t *seq);
 
-/* How an error text names rank r of group pg: "rank G", G its global rank
- * (what dist.get_rank() returns and crun-lua's "[rank G]" prefix shows),
- * then " (group rank r)" on a group whose rank r is not global rank r (a
- * sub-group), so that one text is read one way on every rank. Use through
- * CRUN__WHO(pg, r) as a "%s" argument: the array lives until the end of the
- * full expression (C11 temporary lifetime). */
-typedef struct { char s[48]; } crun__who_t;
+/* How an error text names rank r of group pg (core/who.h: "rank G", then
+ * " (group rank r)" on a sub-group). Use through CRUN__WHO(pg, r) as a "%s"
+ * argument. */
 crun__who_t crun__pg_who(const crun_pg_t *pg, int r);
 #define CRUN__WHO(pg, r) (crun__pg_who((pg), (r)).s)
 /* The global rank of group rank r (r when pg is NULL or r is not one of its

@@ -18,6 +18,7 @@
 #include <stdint.h>
 
 #include "core/clock_int.h"
+#include "core/who.h"
 #include "transport/shm/shm.h"
 
 #define SHM_LINE 64
@@ -167,8 +168,7 @@ static inline char *crun__shm_buf(crun__shm_comm_t *c, int q, int b) {
  * when c was given global ranks (a process group's sub-group) and q's is G.
  * Use through SHM_WHO(c, q) as a "%s" argument (the array lives to the end of
  * the full expression). */
-typedef struct { char s[48]; } crun__shm_who_t;
-crun__shm_who_t crun__shm_who(const crun__shm_comm_t *c, int q);
+crun__who_t crun__shm_who(const crun__shm_comm_t *c, int q); /* core/who.h's crun__who */
 #define SHM_WHO(c, q) (crun__shm_who((c), (q)).s)
 /* Writes ranks qs[0..n) named as SHM_WHO names one: "rank 2", "ranks 1, 3",
  * then " (group ranks 0, 2)" where they are not the global ranks. */

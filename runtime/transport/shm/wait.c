@@ -35,12 +35,8 @@ const char *crun__shm_kind_name(shm_kind_t k) {
   return "?";
 }
 
-crun__shm_who_t crun__shm_who(const crun__shm_comm_t *c, int q) {
-  crun__shm_who_t w;
-  int g = c && c->global && q >= 0 && q < c->size ? c->global[q] : q;
-  if (g == q) snprintf(w.s, sizeof w.s, "rank %d", q);
-  else snprintf(w.s, sizeof w.s, "rank %d (group rank %d)", g, q);
-  return w;
+crun__who_t crun__shm_who(const crun__shm_comm_t *c, int q) {
+  return crun__who(c ? c->global : NULL, c ? c->size : 0, q);
 }
 
 /* Writes "1, 3" (map: their map[] values) into buf; returns the length. */
