@@ -161,15 +161,24 @@ size_t crun_tensor_nbytes(const crun_tensor_t *t) {
   return (size_t)crun_tensor_numel(t) * crun__dtype_size(t->dt);
 }
 
-int crun_tensor_is_contiguous(const crun_tensor_t *t) {
-  int64_t s = 1;
+/* Whether t is laid out row-major without gaps (an empty tensor is, and a
+ * dim of size 1 takes any stride), with its element count in *numel:
+ * crun_tensor_is_contiguous and crun_tensor_host_span in one pass. */
+static inline int contiguous_numel(const crun_tensor_t *t, int64_t *numel) {
+  int64_t s = 1, n = 1;
+  int ok = 1;
   for (int d = t->ndim - 1; d >= 0; d--) {
-    if (t->shape[d] == 1) continue;
-    if (t->shape[d] == 0) return 1;
-    if (t->strides[d] != s) return 0;
+    n *= t->shape[d];
+    if (t->shape[d] != 1 && n && t->strides[d] != s) ok = 0;
     s *= t->shape[d];
   }
-  return 1;
+  *numel = n;
+  return ok;
+}
+
+int crun_tensor_is_contiguous(const crun_tensor_t *t) {
+  int64_t n;
+  return contiguous_numel(t, &n);
 }
 
 void *crun_tensor_data(const crun_tensor_t *t) {
@@ -177,15 +186,8 @@ void *crun_tensor_data(const crun_tensor_t *t) {
 }
 
 int crun_tensor_host_span(const crun_tensor_t *t, void **data, size_t *count, crun_dtype_t *dt) {
-  if (t->st->device >= 0) return 0;
-  /* crun_tensor_is_contiguous and crun_tensor_numel in one pass (a call per
-   * small all_reduce from Lua) */
-  int64_t s = 1, n = 1;
-  for (int d = t->ndim - 1; d >= 0; d--) {
-    n *= t->shape[d];
-    if (t->shape[d] != 1 && n && t->strides[d] != s) return 0;
-    s *= t->shape[d];
-  }
+  int64_t n;
+  if (t->st->device >= 0 || !contiguous_numel(t, &n)) return 0;
   *data = (char *)t->st->data + t->offset * (int64_t)crun__dtype_size(t->dt);
   *count = (size_t)n;
   *dt = t->dt;
