@@ -71,6 +71,22 @@ static const char *desc_locked(crun_work_t *w) {
   return w->desc;
 }
 
+/* Records how inline work w ended (rc < 0: failed, the text in
+ * crun_last_error()); one that ran (ran) and failed breaks the group. */
+static void ended(crun_pg_t *pg, crun_work_t *w, int rc, int ran) {
+  w->status = rc < 0 ? rc : 0;
+  if (rc >= 0) return;
+  w->err = ran ? failure_text(pg, crun_last_error()) : strdup(crun_last_error());
+  /* after the copy: aborting the backend fails pending p2p, which records text */
+  if (ran) break_group(pg, rc, w->err ? w->err : crun_last_error());
+}
+
+/* The status of inline work w once it ended, its failure's text recorded
+ * again for this thread. */
+static int inline_status(const crun_work_t *w) {
+  return w->status < 0 ? crun_error(w->status, "%s", strip_name(w->err)) : 0;
+}
+
 int crun__pg_execute(crun_pg_t *pg, crun_work_t *w) {
   crun__coll_t *c = &w->c;
   int rc, ran = 0;
@@ -122,10 +138,7 @@ int crun__pg_execute(crun_pg_t *pg, crun_work_t *w) {
   free(broken);
   crun__obs_posted();
   if (crun__obs_on) crun__obs_end(pg, w, rc, 1);
-  w->status = rc < 0 ? rc : 0;
-  if (rc < 0) w->err = ran ? failure_text(pg, crun_last_error()) : strdup(crun_last_error());
-  /* after the copy: aborting the backend fails pending p2p, which records text */
-  if (rc < 0 && ran) break_group(pg, rc, w->err ? w->err : crun_last_error());
+  ended(pg, w, rc, ran);
   return 0;
 }
 
@@ -313,7 +326,7 @@ static int run_inline(crun_pg_t *pg, crun_work_t *w) {
     if (pg->pump) pg->pump(pg->pump_arg, 0.05);
   w->done = 1; /* the caller's: nobody else waits for it */
   busy_give(pg);
-  return w->status < 0 ? crun_error(w->status, "%s", strip_name(w->err)) : 0;
+  return inline_status(w);
 }
 
 int crun__pg_all_reduce_now(crun_pg_t *pg, void *buf, size_t count, crun_dtype_t dt, crun_reduce_op_t op) {
@@ -341,13 +354,10 @@ int crun__pg_all_reduce_now(crun_pg_t *pg, void *buf, size_t count, crun_dtype_t
   int rc = pg->ar_fn(pg->ar_state, &w.c); /* the engine writes the held start after its post */
   crun__obs_posted();
   if (crun__obs_on) crun__obs_end(pg, &w, rc, 1);
-  if (rc < 0) {
-    w.err = failure_text(pg, crun_last_error());
-    break_group(pg, rc, w.err ? w.err : crun_last_error());
-  }
+  ended(pg, &w, rc, 1);
   busy_give(pg);
   if (rc >= 0) return 0;
-  rc = crun_error(rc, "%s", strip_name(w.err));
+  rc = inline_status(&w);
   free(w.err);
   return rc;
 }
